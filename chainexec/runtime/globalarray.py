@@ -1,0 +1,229 @@
+"""Distributed arrays in host memory, and a shared task counter, on MPI one-sided communication.
+
+A :class:`GlobalArray` is a dense array split by contiguous blocks of its first axis over all ranks
+of a communicator, held in one MPI RMA window (``MPI.Win.Allocate``). Any rank reads, writes or adds
+to any hyper-rectangular patch without the owners taking part (passive-target RMA), as Global Arrays
+does for NWChem. A :class:`TaskCounter` is NWChem's ``nxtval``: a shared integer on rank 0 that
+hands out task numbers by fetch-and-add, for dynamic load balancing.
+
+Memory model
+------------
+Each object holds one ``MPI_Win_lock_all`` epoch from creation to :meth:`free`; every ``get``,
+``put`` and ``accumulate`` flushes its targets before returning, so when it returns the patch's
+data are in the owners' memory (``put``/``accumulate``) or in the caller's buffer (``get``).
+
+- A ``put`` or ``accumulate`` is visible to every rank's ``get`` and ``local()`` once the writer
+  has returned from it and then passed a ``comm.Barrier()`` that the reader also passed.
+- Writes through ``local()`` are visible to other ranks' ``get`` after a ``comm.Barrier()`` too.
+  ``local()`` calls ``MPI_Win_sync`` each time, so call it after the Barrier instead of keeping one
+  view across Barriers (MPI-4 §12.7: the unified model, which MPICH gives ``Win.Allocate`` windows
+  and the constructor checks, needs that sync between RMA and plain loads and stores; strictly also
+  between an owner's stores and the Barrier, which MPICH's Barrier provides by fencing memory).
+- Concurrent ``accumulate`` calls into overlapping patches are safe: MPI makes accumulates of one
+  op on one predefined datatype atomic per element. Concurrent ``put`` into overlapping patches,
+  or ``put``/``local()`` writes concurrent with a ``get`` or ``accumulate`` of the same elements,
+  give undefined results; separate such phases by a Barrier.
+
+Progress
+--------
+Between ranks of one node MPICH does RMA through shared memory: an operation completes while its
+target computes without calling MPI. Between nodes (or with ``MPIR_CVAR_NOLOCAL=1``) MPICH may
+serve operations with active messages that the target handles only inside MPI calls (measured with
+the UCX netmod: get, put, accumulate and the counter's fetch-and-add all waited for a busy target);
+run with ``MPIR_CVAR_ASYNC_PROGRESS=1`` (a progress thread per rank) when ranks compute long
+without calling MPI.
+
+Nothing here counts bytes: the caller (the executor) counts them; a patch moves exactly
+``region size × itemsize`` bytes, split over owners as :meth:`GlobalArray.owners` tells.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+Region = tuple[slice, ...]
+
+
+class GlobalArray:
+    """Block-distributed dense array over all ranks' host memory, on one MPI RMA window.
+
+    Distribution: contiguous blocks of the first axis, as even as possible (rank r owns rows
+    ``[r·n // P, (r+1)·n // P)`` of n rows on P ranks, so ranks may own no rows when n < P); other
+    axes whole. A 0-d array or an array with no elements is owned wholly by rank 0. Created and
+    freed collectively over ``comm``.
+
+    Attributes:
+        shape, dtype: of the whole array.
+        rows: this rank's ``[lo, hi)`` rows of axis 0 (for a 0-d array: ``(0, 1)`` on rank 0 and
+            ``(1, 1)`` elsewhere, as if it had shape ``(1,)``).
+        nbytes_local: bytes of this rank's block (the window's size on this rank).
+    """
+
+    def __init__(self, comm: MPI.Comm, shape: tuple[int, ...], dtype, zero: bool = True):
+        """Allocate the window collectively; fill it with zeros if ``zero``, else leave it undefined."""
+        self.comm = comm
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self._mpi_type = from_numpy_dtype(self.dtype)
+        # A 0-d array is stored as shape (1,) so that one code path serves every rank count.
+        self._shape1 = self.shape or (1,)
+        self._bounds = self._row_bounds(self.shape, comm.size)
+        self.rows = (self._bounds[comm.rank], self._bounds[comm.rank + 1])
+        self._local_shape = (self.rows[1] - self.rows[0], *self._shape1[1:])
+        self.nbytes_local = math.prod(self._local_shape) * self.dtype.itemsize
+        self._win = MPI.Win.Allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
+        if self._win.Get_attr(MPI.WIN_MODEL) != MPI.WIN_UNIFIED:
+            raise RuntimeError("GlobalArray needs an MPI library with the unified RMA memory model")
+        self._block = np.frombuffer(self._win.tomemory(), self.dtype).reshape(self._local_shape)
+        if zero:
+            self._block[...] = 0
+        # One shared epoch on all targets for the array's life: operations then need only a flush,
+        # not a lock round trip each; NOCHECK because no rank ever takes an exclusive lock.
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._win.Sync()
+        comm.Barrier()
+
+    @staticmethod
+    def _row_bounds(shape: tuple[int, ...], nranks: int) -> list[int]:
+        """First row of each rank's block, plus the row count at the end (length nranks + 1)."""
+        n = shape[0] if shape else 1
+        if not shape or math.prod(shape) == 0:
+            return [0] + [n] * nranks
+        return [r * n // nranks for r in range(nranks + 1)]
+
+    def local(self) -> np.ndarray:
+        """Writable view of this rank's block, shape ``(hi - lo, *shape[1:])`` (``()`` for a 0-d
+        array on rank 0). Synchronises the window with memory first (see the module's memory model)."""
+        self._win.Sync()
+        return self._block.reshape(()) if not self.shape and self.comm.rank == 0 else self._block
+
+    def _normalise(self, region: Region) -> tuple[tuple[int, int], ...]:
+        """``[start, stop)`` per axis of ``region``: a tuple of step-1 slices, missing trailing axes whole."""
+        if len(region) > len(self.shape):
+            raise IndexError(f"region {region} has more axes than shape {self.shape}")
+        bounds = []
+        for s, n in zip(tuple(region) + (slice(None),) * (len(self.shape) - len(region)), self.shape):
+            if not isinstance(s, slice):
+                raise TypeError(f"region entries must be slices, got {s!r}")
+            start, stop, step = s.indices(n)
+            if step != 1:
+                raise ValueError(f"region slices must have step 1, got {s}")
+            bounds.append((start, max(start, stop)))
+        return tuple(bounds)
+
+    def owners(self, region: Region) -> list[tuple[int, tuple[int, int]]]:
+        """Ranks holding part of ``region``, each with the ``[lo, hi)`` rows of axis 0 it holds;
+        empty for an empty region. Lets a caller count bytes per owner (local versus remote)."""
+        bounds = self._normalise(region)
+        if any(b == a for a, b in bounds):
+            return []
+        a, b = bounds[0] if bounds else (0, 1)
+        return [(r, (max(a, self._bounds[r]), min(b, self._bounds[r + 1])))
+                for r in range(self.comm.size)
+                if max(a, self._bounds[r]) < min(b, self._bounds[r + 1])]
+
+    def _transfers(self, region: Region):
+        """Yield ``(owner, origin row slice, target datatype)`` per owner of ``region``: the rows of the
+        contiguous patch buffer that owner holds, and a committed subarray type that selects them
+        in the owner's block (so only the patch's bytes travel). The caller frees each type."""
+        bounds = self._normalise(region) or ((0, 1),)
+        patch_lo = bounds[0][0]
+        for rank, (lo, hi) in self.owners(region):
+            block_shape = (self._bounds[rank + 1] - self._bounds[rank], *self._shape1[1:])
+            sizes = (hi - lo, *(b - a for a, b in bounds[1:]))
+            starts = (lo - self._bounds[rank], *(a for a, _ in bounds[1:]))
+            dtype = self._mpi_type.Create_subarray(block_shape, sizes, starts).Commit()
+            yield rank, slice(lo - patch_lo, hi - patch_lo), dtype
+
+    def patch_shape(self, region: Region) -> tuple[int, ...]:
+        """Shape of the patch ``region`` selects."""
+        return tuple(b - a for a, b in self._normalise(region))
+
+    def _check(self, region: Region, data: np.ndarray) -> None:
+        """Raise unless ``data`` has the patch's shape and the array's dtype."""
+        if data.shape != self.patch_shape(region) or data.dtype != self.dtype:
+            raise ValueError(f"data {data.shape} {data.dtype} does not match patch "
+                             f"{self.patch_shape(region)} {self.dtype}")
+
+    def _run(self, region: Region, buf: np.ndarray, issue) -> None:
+        """Issue one RMA call per owner on the rows of ``buf`` it holds, then flush those owners."""
+        rows = buf.reshape(self.patch_shape(region) or (1,))  # a 0-d patch as one row
+        issued = []
+        for rank, sl, dtype in self._transfers(region):
+            chunk = rows[sl]
+            issue([chunk, chunk.size, self._mpi_type], rank, (0, 1, dtype))
+            issued.append((rank, dtype))
+        for rank, dtype in issued:
+            self._win.Flush(rank)
+            dtype.Free()
+
+    def get(self, region: Region, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy of the patch ``region`` (a C-contiguous array of the patch's shape), fetched
+        one-sidedly from however many owners it spans; written into ``out`` when given."""
+        if out is None:
+            out = np.empty(self.patch_shape(region), self.dtype)
+        self._check(region, out)
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        self._run(region, out, self._win.Get)
+        return out
+
+    def put(self, region: Region, data: np.ndarray) -> None:
+        """Overwrite the patch ``region`` with ``data`` (the patch's shape and the array's dtype)."""
+        self._check(region, data)
+        self._run(region, np.ascontiguousarray(data), self._win.Put)
+
+    def accumulate(self, region: Region, data: np.ndarray) -> None:
+        """Add ``data`` element-wise into the patch ``region``, atomically per element (MPI.SUM),
+        so several ranks may accumulate into overlapping patches at once."""
+        self._check(region, data)
+        self._run(region, np.ascontiguousarray(data),
+                  lambda origin, rank, target: self._win.Accumulate(origin, rank, target, MPI.SUM))
+
+    def free(self) -> None:
+        """Release the window (collective); the array and views from ``local()`` are then invalid."""
+        self._win.Unlock_all()
+        self._win.Free()
+        self._block = None
+
+
+class TaskCounter:
+    """Shared counter on rank 0 for dynamic load balancing, as NWChem's ``nxtval``: every rank calls
+    :meth:`next` when it wants work and gets the next unclaimed task number. Created, reset and freed
+    collectively over ``comm``."""
+
+    def __init__(self, comm: MPI.Comm):
+        """Allocate the counter (one int64 on rank 0) collectively, starting at 0."""
+        self.comm = comm
+        self._win = MPI.Win.Allocate(8 if comm.rank == 0 else 0, 8, comm=comm)
+        self._value = np.frombuffer(self._win.tomemory(), np.int64)
+        self._value[...] = 0
+        self._one = np.ones(1, np.int64)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._win.Sync()
+        comm.Barrier()
+
+    def next(self) -> int:
+        """Next task number: 0, 1, 2, … across all ranks, each value handed out exactly once.
+        One atomic fetch-and-add on rank 0 (see the module's note on progress)."""
+        result = np.empty(1, np.int64)
+        self._win.Fetch_and_op(self._one, result, 0, 0, MPI.SUM)
+        self._win.Flush(0)
+        return int(result[0])
+
+    def reset(self) -> None:
+        """Set the counter back to 0 (collective; no rank may be inside ``next`` meanwhile)."""
+        self.comm.Barrier()
+        self._win.Sync()
+        self._value[...] = 0
+        self._win.Sync()
+        self.comm.Barrier()
+
+    def free(self) -> None:
+        """Release the counter's window (collective)."""
+        self._win.Unlock_all()
+        self._win.Free()

@@ -1,0 +1,198 @@
+"""Checks GlobalArray and TaskCounter on however many ranks it is launched with (or none).
+
+Run by tests/runtime/test_globalarray.py as ``mpiexec -n N python mpi_globalarray_check.py SEED``
+(or without mpiexec; ``--self`` makes every rank check on its own MPI.COMM_SELF). Every rank keeps a
+replicated NumPy copy of each array, built from a random generator seeded identically on all ranks,
+and compares what it reads one-sidedly with it. Exits 0 after rank 0 prints ``OK``; any failure
+prints its traceback and aborts all ranks, so the launcher never hangs.
+"""
+
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from chainexec.runtime.globalarray import GlobalArray, TaskCounter
+
+DTYPES = (np.float64, np.float32, np.complex128)
+
+
+def random_values(rng, shape, dtype):
+    """Random normal values of ``dtype`` (never zeros: a zero-filled array would pass get checks)."""
+    values = rng.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        values = values + 1j * rng.standard_normal(shape)
+    return values.astype(dtype)
+
+
+def random_shape(rng, nranks):
+    """1 to 5 axes; axis 0 often shorter than the rank count, other axes uneven and small."""
+    ndim = int(rng.integers(1, 6))
+    first = int(rng.integers(1, 2 * nranks + 3))
+    return (first, *(int(n) for n in rng.integers(1, 5, ndim - 1)))
+
+
+def random_region(rng, shape):
+    """Random non-empty step-1 box; sometimes with open-ended or negative slice bounds."""
+    region = []
+    for n in shape:
+        a = int(rng.integers(0, n))
+        b = int(rng.integers(a + 1, n + 1))
+        region.append(slice(a - n if rng.random() < 0.2 else a, None if b == n else b))
+    return tuple(region)
+
+
+def check_patches(comm, rng, dtype):
+    """Fill through local(); get random patches (with and without ``out``); put and get back."""
+    shape = random_shape(rng, comm.size)
+    ref = random_values(rng, shape, dtype)
+    ga = GlobalArray(comm, shape, dtype, zero=False)
+    lo, hi = ga.rows
+    assert ga.local().shape == (hi - lo, *shape[1:]) and ga.nbytes_local == ref[lo:hi].nbytes
+    ga.local()[...] = ref[lo:hi]
+    comm.Barrier()
+
+    mine = np.random.default_rng(rng.integers(1 << 32) + comm.rank)  # different patches per rank
+    for _ in range(8):
+        region = random_region(mine, shape)
+        assert np.array_equal(ga.get(region), ref[region])
+        out = np.empty(ref[region].shape, dtype)
+        assert ga.get(region, out=out) is out and np.array_equal(out, ref[region])
+    assert np.array_equal(ga.get(()), ref)
+
+    # Each rank in turn puts a patch; all update the replicated copy alike.
+    for writer in range(comm.size):
+        region = random_region(rng, shape)
+        data = random_values(rng, ref[region].shape, dtype)
+        ref[region] = data
+        comm.Barrier()  # every rank has finished reading before the write (a get racing a put is undefined)
+        if comm.rank == writer:
+            ga.put(region, data)
+        comm.Barrier()
+        assert np.array_equal(ga.get(()), ref)
+    # All ranks put at once into disjoint slabs of rows, each spanning owners as it happens to.
+    cuts = np.sort(rng.integers(0, shape[0] + 1, comm.size - 1))
+    edges = [0, *cuts.tolist(), shape[0]]
+    box = random_region(rng, shape)[1:]
+    slabs = [(slice(edges[r], edges[r + 1]), *box) for r in range(comm.size)]
+    datas = [random_values(rng, ref[s].shape, dtype) for s in slabs]
+    for s, d in zip(slabs, datas):
+        ref[s] = d
+    comm.Barrier()
+    ga.put(slabs[comm.rank], datas[comm.rank])
+    comm.Barrier()
+    assert np.array_equal(ga.get(()), ref)
+    assert np.array_equal(ga.local(), ref[lo:hi])
+    comm.Barrier()  # no rank frees while another still reads
+    ga.free()
+
+
+def check_accumulate(comm, rng, dtype):
+    """All ranks accumulate into overlapping patches at once; the result is the sum."""
+    shape = random_shape(rng, comm.size)
+    ref = random_values(rng, shape, dtype)
+    ga = GlobalArray(comm, shape, dtype)
+    assert not ga.local().any()  # zero=True
+    comm.Barrier()
+    if comm.rank == 0:
+        ga.put((), ref)
+    comm.Barrier()
+    for rank in range(comm.size):
+        for _ in range(4):
+            region = random_region(rng, shape)
+            data = random_values(rng, ref[region].shape, dtype)
+            ref[region] += data
+            if rank == comm.rank:
+                ga.accumulate(region, data)
+    # A hot spot: every rank adds into the same patch many times, so lost updates would show.
+    hot = random_region(rng, shape)
+    datas = [random_values(rng, ref[hot].shape, dtype) for _ in range(comm.size)]
+    for _ in range(20):
+        ga.accumulate(hot, datas[comm.rank])
+    ref[hot] += 20 * sum(datas)
+    comm.Barrier()
+    # Ranks' adds arrive in any order, so allow rounding: ~100 adds an element, far below one lost add.
+    tol = 1000 * np.finfo(dtype).eps * np.abs(ref).max()
+    assert np.abs(ga.get(()) - ref).max() <= tol
+    comm.Barrier()
+    ga.free()
+
+
+def check_degenerate(comm, rng):
+    """0-d and empty arrays live on rank 0; bad regions and buffers are refused."""
+    scalar = GlobalArray(comm, (), np.float64)
+    value = random_values(rng, (), np.float64)
+    assert scalar.rows == ((0, 1) if comm.rank == 0 else (1, 1))
+    if comm.rank == comm.size - 1:
+        scalar.accumulate((), value)
+    comm.Barrier()
+    assert scalar.get(()) == value and scalar.get(()).shape == ()
+    if comm.rank == 0:
+        assert scalar.local() == value
+    comm.Barrier()
+    scalar.free()
+
+    empty = GlobalArray(comm, (3, 0, 2), np.float32)
+    assert empty.rows == ((0, 3) if comm.rank == 0 else (3, 3)) and empty.nbytes_local == 0
+    assert empty.get((slice(1, 3),)).shape == (2, 0, 2)
+    empty.free()
+
+    ga = GlobalArray(comm, (5, 3), np.float64)
+    for bad, error in (((slice(0, 4, 2),), ValueError), ((0,), TypeError),
+                       ((slice(None),) * 3, IndexError)):
+        try:
+            ga.get(bad)
+        except error:
+            pass
+        else:
+            raise AssertionError(f"region {bad} accepted")
+    for out in (np.empty((5, 3), np.float32), np.empty((3, 5), np.float64).T, np.empty((5, 2))):
+        try:
+            ga.get((), out=out)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"out {out.shape} {out.dtype} accepted")
+    assert ga.get((slice(2, 2),)).shape == (0, 3)  # empty patch, no transfer
+    ga.free()
+
+
+def check_counter(comm):
+    """Every rank draws until it gets a value past the task count: all values appear exactly once."""
+    ntasks = 100
+    counter = TaskCounter(comm)
+    for _ in range(2):  # the second round checks reset()
+        drawn = []
+        while not drawn or drawn[-1] < ntasks:
+            drawn.append(counter.next())
+        everything = sorted(v for values in comm.allgather(drawn) for v in values)
+        assert everything == list(range(ntasks + comm.size)), everything
+        counter.reset()
+    counter.free()
+
+
+def main():
+    seed = int(sys.argv[1])
+    comm = MPI.COMM_SELF if "--self" in sys.argv else MPI.COMM_WORLD
+    # Shapes and data are seeded alike on every rank of comm; under --self, ranks differ anyway.
+    rng = np.random.default_rng([seed, comm.size, MPI.COMM_WORLD.rank if comm is MPI.COMM_SELF else 0])
+    try:
+        for dtype in DTYPES:
+            for _ in range(4):
+                check_patches(comm, rng, dtype)
+                check_accumulate(comm, rng, dtype)
+        check_degenerate(comm, rng)
+        check_counter(comm)
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(1)
+        sys.exit(1)  # MPICH's Abort can return before the process manager kills the job
+    MPI.COMM_WORLD.Barrier()
+    if MPI.COMM_WORLD.rank == 0:
+        print("OK")
+
+
+if __name__ == "__main__":
+    main()
