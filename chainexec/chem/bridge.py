@@ -1,0 +1,147 @@
+"""Write the inputs of the closed-shell CCSD(T) triples energy to one HDF5 file.
+
+The file holds exactly what the (T) formula of PySCF's ``pyscf/cc/ccsd_t_slow.py`` reads, with the
+MO integrals in chemists' notation ``(pq|rs)`` (real orbitals) and every energy in Hartree:
+
+=========  ==============  ===========  ====================================================
+dataset    shape           ``indices``  meaning
+=========  ==============  ===========  ====================================================
+t1         (o, v)          ``ia``       CCSD singles amplitudes t_i^a (dimensionless)
+t2         (o, o, v, v)    ``ijab``     CCSD doubles amplitudes t_ij^ab (dimensionless)
+ovvv       (o, v, v, v)    ``iabc``     (ia|bc), PySCF ``eris.get_ovvv()`` (Hartree)
+ovoo       (o, v, o, o)    ``iajk``     (ia|jk), PySCF ``eris.ovoo`` (Hartree)
+ovov       (o, v, o, v)    ``iajb``     (ia|jb), PySCF ``eris.ovov`` (Hartree)
+e_occ      (o,)            ``i``        occupied orbital energies = Fock diagonal (Hartree)
+e_vir      (v,)            ``a``        virtual orbital energies = Fock diagonal (Hartree)
+f_vo       (v, o)          ``ai``       virtual-occupied Fock block f_ai (Hartree; ~0 for
+                                        converged canonical RHF, but it enters the formula)
+=========  ==============  ===========  ====================================================
+
+``o`` and ``v`` count *active* orbitals (frozen core removed). Each dataset carries the attribute
+``indices``. File attributes: ``nocc``, ``nvir``, ``units`` ("Hartree") and either the PySCF
+results (``e_hf`` total RHF energy, ``e_ccsd`` CCSD correlation energy, ``e_t`` PySCF's own
+``mycc.ccsd_t()``, ``atoms``, ``basis``, ``frozen``) or, for random inputs, ``synthetic=True`` and
+``seed``.
+
+Files are written to ``path + ".tmp"`` and renamed onto ``path`` with :func:`os.replace` only when
+complete, so a file at ``path`` is never partial; on any failure the temporary file is removed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+#: Dataset name -> index letters (o-class: i j k m, v-class: a b c f).
+INDICES = {
+    "t1": "ia",
+    "t2": "ijab",
+    "ovvv": "iabc",
+    "ovoo": "iajk",
+    "ovov": "iajb",
+    "e_occ": "i",
+    "e_vir": "a",
+    "f_vo": "ai",
+}
+
+
+def write_ccsd_inputs(atoms: str, basis: str, path, *, frozen: int = 0,
+                      conv_tol: float = 1e-12) -> dict:
+    """Run RHF + closed-shell RCCSD + (T) with PySCF and write the (T) inputs to ``path``.
+
+    ``atoms`` is a PySCF atom string in Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``),
+    ``basis`` a PySCF basis name, ``frozen`` the number of lowest orbitals kept frozen in CCSD.
+    ``conv_tol`` (Hartree) is the energy convergence threshold of both SCF and CCSD; the CCSD
+    amplitude-change threshold is ``sqrt(conv_tol)``. The integrals and orbital energies are
+    taken from the same ``eris`` object PySCF's ``ccsd_t()`` uses, so the stored ``e_t`` is the
+    (T) energy of exactly the stored arrays. Raises ``RuntimeError`` if SCF or CCSD does not
+    converge; nothing is written then.
+
+    Returns a summary: ``path``, ``nocc``, ``nvir``, ``e_hf``, ``e_ccsd``, ``e_t`` (Hartree).
+    """
+    from pyscf import cc, gto, scf  # optional dependency: extra "chem"
+
+    mol = gto.M(atom=atoms, basis=basis, verbose=0)
+    mf = scf.RHF(mol)
+    mf.conv_tol = conv_tol
+    mf.kernel()
+    if not mf.converged:
+        raise RuntimeError(f"RHF did not converge for {atoms!r} / {basis!r}")
+    mycc = cc.RCCSD(mf, frozen=frozen or None)
+    mycc.conv_tol = conv_tol
+    mycc.conv_tol_normt = conv_tol ** 0.5
+    eris = mycc.ao2mo()
+    mycc.kernel(eris=eris)
+    if not mycc.converged:
+        raise RuntimeError(f"CCSD did not converge for {atoms!r} / {basis!r}")
+    e_t = float(mycc.ccsd_t(eris=eris))
+
+    nocc, nvir = mycc.t1.shape
+    arrays = {
+        "t1": mycc.t1,
+        "t2": mycc.t2,
+        "ovvv": eris.get_ovvv(),
+        "ovoo": eris.ovoo,
+        "ovov": eris.ovov,
+        "e_occ": eris.mo_energy[:nocc],
+        "e_vir": eris.mo_energy[nocc:],
+        "f_vo": eris.fock[nocc:, :nocc],
+    }
+    summary = {"path": os.fspath(path), "nocc": nocc, "nvir": nvir,
+               "e_hf": float(mf.e_tot), "e_ccsd": float(mycc.e_corr), "e_t": e_t}
+    attrs = {"nocc": nocc, "nvir": nvir, "units": "Hartree", "e_hf": summary["e_hf"],
+             "e_ccsd": summary["e_ccsd"], "e_t": e_t, "atoms": atoms, "basis": basis,
+             "frozen": frozen}
+    _write_atomic(path, arrays, attrs)
+    return summary
+
+
+def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
+    """Write seeded random (T) inputs of physically sensible shape and scale to ``path``.
+
+    Same datasets as :func:`write_ccsd_inputs`, deterministic for a given ``seed``:
+    amplitudes ~1e-2; integrals ~1e-1 Hartree with the permutational symmetries of real
+    orbitals, (ia|jb) = (jb|ia), (ia|bc) = (ia|cb), (ia|jk) = (ia|kj), and t_ij^ab = t_ji^ba;
+    occupied energies in [-1.5, -0.3] and virtual in [0.2, 2.0] Hartree (gap >= 0.5 Hartree, so
+    every denominator is <= -1.5 Hartree); f_vo ~1e-3 Hartree, deliberately non-zero so that the
+    f_vo term of the formula is exercised. The file gets ``synthetic=True`` and ``seed`` instead
+    of PySCF energies. Returns ``{"path", "nocc", "nvir", "seed"}``.
+    """
+    rng = np.random.default_rng(seed)
+    o, v = nocc, nvir
+
+    def sym(x, axes):
+        return 0.5 * (x + x.transpose(axes))
+
+    arrays = {
+        "t1": 1e-2 * rng.standard_normal((o, v)),
+        "t2": sym(1e-2 * rng.standard_normal((o, o, v, v)), (1, 0, 3, 2)),
+        "ovvv": sym(1e-1 * rng.standard_normal((o, v, v, v)), (0, 1, 3, 2)),
+        "ovoo": sym(1e-1 * rng.standard_normal((o, v, o, o)), (0, 1, 3, 2)),
+        "ovov": sym(1e-1 * rng.standard_normal((o, v, o, v)), (2, 3, 0, 1)),
+        "e_occ": np.sort(rng.uniform(-1.5, -0.3, o)),
+        "e_vir": np.sort(rng.uniform(0.2, 2.0, v)),
+        "f_vo": 1e-3 * rng.standard_normal((v, o)),
+    }
+    attrs = {"nocc": o, "nvir": v, "units": "Hartree", "synthetic": True, "seed": seed}
+    _write_atomic(path, arrays, attrs)
+    return {"path": os.fspath(path), "nocc": o, "nvir": v, "seed": seed}
+
+
+def _write_atomic(path, arrays: dict, attrs: dict) -> None:
+    """Write ``arrays`` (named as in :data:`INDICES`) and file ``attrs`` to ``path`` atomically."""
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, array in arrays.items():
+                dset = f.create_dataset(name, data=np.asarray(array, dtype=np.float64))
+                dset.attrs["indices"] = INDICES[name]
+            f.attrs.update(attrs)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

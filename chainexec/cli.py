@@ -1,0 +1,102 @@
+"""``chainexec`` command line: parse arguments, call :mod:`chainexec.api`, print.
+
+User errors print one line and exit with status 2; a run whose measured movement differs from the
+prediction exits with status 1 (that is a bug in chainexec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from chainexec import api, report
+from chainexec.errors import ChainexecError
+from chainexec.planner.plan import to_dict
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="chainexec", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="dry run: print the loop nest and the predicted movement")
+    p.add_argument("config")
+    p.add_argument("--json", action="store_true", help="print the plan and prediction as JSON")
+    p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate")
+    r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
+    r.add_argument("config")
+    r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    r.add_argument("--machine")
+    r.add_argument("--report-json", metavar="PATH", help="write {predicted, measured, run} as JSON")
+    g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
+    g.add_argument("config")
+    v = sub.add_parser("verify", help="check a config's outputs against NumPy, independently of the runtime")
+    v.add_argument("config")
+    v.add_argument("--samples", type=int, default=300, help="output elements checked when too large for einsum")
+    v.add_argument("--full-limit", type=int, default=2 << 30, help="bytes up to which the whole chain is einsum'd")
+    return ap
+
+
+def _plan_json(plan) -> dict:
+    def ref(name, idx):
+        return f"{name}[{','.join(idx)}]"
+
+    contractions = [{"id": c.id, "output": ref(c.out, c.out_indices),
+                     "inputs": [ref(c.a, c.a_indices)] + ([ref(c.b, c.b_indices)] if c.b is not None else []),
+                     "flops": c.flops} for c in plan.contractions]
+    return {"predicted": plan.predicted, "contractions": contractions, "plan": to_dict(plan)}
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "plan":
+            plan = api.plan(args.config, args.machine)
+            if args.json:
+                print(json.dumps(_plan_json(plan), indent=1))
+            else:
+                print(report.loop_nest(plan))
+                print()
+                print(report.summary(plan))
+        elif args.command == "generate":
+            for name in api.generate(args.config):
+                print(f"wrote {name}")
+        elif args.command == "verify":
+            checks = api.verify(args.config, samples=args.samples, limit=args.full_limit)
+            for c in checks:
+                status = "ok" if c.ok else "FAILED"
+                print(f"{c.tensor}: {c.method} over {c.elements} elements, relative error "
+                      f"{c.relative_error:.3e} (tolerance {c.tolerance:.0e}) {status}")
+            return 0 if all(c.ok for c in checks) else 1
+        else:
+            result = api.run(args.config, backend=args.backend, machine=args.machine)
+            if result["run"]["rank"] == 0:
+                print(report.comparison(result["predicted"], result["measured"]))
+                if args.report_json:
+                    _write_json(args.report_json, {k: result[k] for k in ("predicted", "measured", "run")})
+            if not report.matches(result["predicted"], result["measured"]):
+                if result["run"]["rank"] == 0:
+                        print("chainexec: measured movement differs from the prediction (a bug)", file=sys.stderr)
+                return 1
+    except ChainexecError as err:
+        if args.command != "run" or _rank() == 0:
+            print(f"chainexec: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _rank() -> int:
+    from chainexec.runtime.comm import world
+
+    return world().rank
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""The one error type users see.
+
+Every problem with a user's input (config, HDF5 files, memory limits, output paths) is raised as a
+:class:`ChainexecError`; the CLI prints its one-line message and exits with status 2, without a
+traceback. Anything else escaping is a bug in chainexec and keeps its traceback.
+"""
+
+
+class ChainexecError(Exception):
+    """A user-facing error: ``str(err)`` is one line naming the file (and line) and the problem."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        self.path = path
+        self.line = line
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(f"{where}{message}")

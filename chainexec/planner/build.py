@@ -1,0 +1,145 @@
+"""From a validated spec to a Plan: binarize, tile each contraction at both levels, emit loop nests.
+
+Pure: no I/O, MPI or GPU. The nest of every contraction (planner v1, unfused) is output-stationary
+at both levels, the loop structure of the multi-level paper's Fig. 1 with no array resident::
+
+    for global tiles of the output indices:                 (all ranks)
+        alloc out@global; [load out@global if +=]
+        for global tiles of the contracted indices:
+            alloc+load a@global, b@global                     (disk → global, each rank its part)
+            for device tiles of the output indices:  parallel (ranks share these tiles)
+                alloc out@device
+                for device tiles of the contracted indices:
+                    alloc+get a@device, b@device               (global → device)
+                    compute
+                    free a@device, b@device
+                accumulate out@device; free out@device        (device → global)
+            free a@global, b@global
+        store out@global; free out@global                    (global → disk)
+
+Every intermediate is stored to disk between contractions; keeping it at a faster level is the
+fusion planner's job.
+"""
+
+from __future__ import annotations
+
+import math
+
+from chainexec.errors import ChainexecError
+from chainexec.planner.cost import predict
+from chainexec.planner.machine import Machine
+from chainexec.planner.order import binarize
+from chainexec.planner.plan import Contraction, Loop, Nest, Op, Plan, TensorInfo
+from chainexec.planner.tiling import choose_tiles, minimal_footprint
+from chainexec.spec import DTYPES, Spec, format_size
+
+
+def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
+    """Binarize every statement (operation-minimal order) into contractions; describe every tensor."""
+    tensors: dict[str, TensorInfo] = {}
+    outputs = {o.tensor: {"file": spec.resolve(o.file), "dataset": o.dataset} for o in spec.outputs}
+    for t in spec.tensors.values():
+        role = "input" if t.source is not None else "output" if t.name in outputs else "intermediate"
+        source = None
+        if t.source is not None:
+            source = {k: v for k, v in vars(t.source).items() if v is not None}
+            if "file" in source:
+                source["file"] = spec.resolve(source["file"])
+        tensors[t.name] = TensorInfo(t.name, list(t.indices), [spec.extents[i] for i in t.indices], t.dtype,
+                                     DTYPES[t.dtype], role, source, outputs.get(t.name))
+    result: list[Contraction] = []
+    for s, st in enumerate(spec.statements):
+        dtype = spec.tensors[st.lhs.tensor].dtype
+        names = [r.tensor for r in st.operands]
+        idx = [r.indices for r in st.operands]
+        steps = binarize(list(idx), st.lhs.indices, spec.extents)
+        if not steps:
+            result.append(Contraction(len(result), st.lhs.tensor, list(st.lhs.indices), names[0], list(idx[0]),
+                                      None, None, st.factor, st.accumulate,
+                                      math.prod(spec.extents[i] for i in st.lhs.indices), s))
+            continue
+        for k, step in enumerate(steps):
+            last = k == len(steps) - 1
+            out = st.lhs.tensor if last else f"_s{s}_{k}"
+            if not last:
+                tensors[out] = TensorInfo(out, list(step.indices), [spec.extents[i] for i in step.indices], dtype,
+                                          DTYPES[dtype], "intermediate")
+            names.append(out)
+            idx.append(step.indices)
+            result.append(Contraction(
+                len(result), out, list(step.indices), names[step.left], list(idx[step.left]),
+                names[step.right], list(idx[step.right]), st.factor if last else 1.0,
+                st.accumulate and last, step.flops, s))
+    return result, tensors
+
+
+def _data(op: str, level: str, tensor: str, indices, version=None) -> Op:
+    return Op(op, level, tensor=tensor, indices=list(indices), version=version)
+
+
+def nest(c: Contraction, glob: dict[str, int], dev: dict[str, int], extents: dict[str, int],
+         versions: dict[str, int]) -> Nest:
+    """The output-stationary two-level nest of one contraction (module docstring)."""
+    outs = c.out_indices
+    ks = [i for i in c.indices() if i not in outs]
+    operands = [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
+
+    def tiled(level_tiles, names, bound):
+        return {i: level_tiles[i] for i in names if level_tiles[i] < bound[i]}
+
+    reads = [versions.get(name, 0) for name, _ in operands]
+    written = versions.get(c.out, 0) + 1
+    inner_k = [_data(op, "device", name, ix)
+               for name, ix in operands for op in ("alloc", "get")]
+    inner_k.append(Op("compute", "device", contraction=c.id))
+    inner_k += [_data("free", "device", name, ix) for name, ix in operands]
+    dev_out = [_data("alloc", "device", c.out, outs),
+               *_loop("device", tiled(dev, ks, glob), False, inner_k),
+               _data("accumulate", "device", c.out, outs),
+               _data("free", "device", c.out, outs)]
+    glob_k = []
+    for (name, ix), version in zip(operands, reads):
+        glob_k += [_data("alloc", "global", name, ix), _data("load", "global", name, ix, version)]
+    glob_k += _loop("device", tiled(dev, outs, glob), True, dev_out)
+    glob_k += [_data("free", "global", name, ix) for name, ix in operands]
+    glob_out = [_data("alloc", "global", c.out, outs)]
+    if c.accumulate:
+        glob_out.append(_data("load", "global", c.out, outs, written - 1))
+    glob_out += _loop("global", tiled(glob, ks, extents), False, glob_k)
+    glob_out += [_data("store", "global", c.out, outs, written), _data("free", "global", c.out, outs)]
+    for name, _ in operands:
+        versions.setdefault(name, 0)
+    versions[c.out] = written
+    return Nest(c.id, _loop("global", tiled(glob, outs, extents), False, glob_out))
+
+
+def _loop(level: str, tiles: dict[str, int], parallel: bool, body: list) -> list:
+    """A loop over ``tiles`` around ``body``; no loop when no index is tiled, except that a parallel
+    band is always a loop (one iteration), so that exactly one rank runs its body."""
+    if tiles or parallel:
+        return [Loop(level, tiles, parallel, body)]
+    return body
+
+
+def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
+    """Plan a spec: binarize, tile for ``spec.machine`` limits, predict movement; pure."""
+    machine = machine or Machine()
+    cs, tensors = contractions(spec)
+    limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
+    nests = []
+    versions: dict[str, int] = {}
+    for c in cs:
+        item = tensors[c.out].itemsize
+        for level in ("global", "device"):
+            need = minimal_footprint(c, item)
+            if limits[level] < need:
+                raise ChainexecError(
+                    f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
+                    f"contraction {c.einsum()} needs at least {format_size(need)}",
+                    spec.path, spec.lines.get(("machine", f"{level}_memory")))
+        glob = choose_tiles(c, spec.extents, item, limits["global"], passes=True)
+        dev = choose_tiles(c, glob, item, limits["device"], passes=False)
+        nests.append(nest(c, glob, dev, spec.extents, versions))
+    plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch))
+    plan.predicted = predict(plan, machine)
+    return plan

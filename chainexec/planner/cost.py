@@ -1,0 +1,108 @@
+"""Predicted data movement, memory and flops of a plan, read off its loop nests.
+
+Bytes moved by one statement, summed over every iteration of the loops around it, factor per index
+because the tiles of different indices are independent: for a buffer over index set X,
+
+    Σ_iterations Π_{i∈X} extent_i(iteration)  =  Π_{i∈X} S_i · Π_{i∉X} N_i
+
+where, over the loops enclosing the statement that run over index i, N_i is the number of their
+iterations and S_i the sum of the range of i that the buffer sees in each (the whole extent E_i when
+every iteration sees its own tile, a multiple of it when deeper loops repeat a range). The runtime
+counts the bytes it actually moves; the two must agree exactly.
+
+Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
+is the largest sum of live full-size buffers at any point of the nest (global: the whole global
+array, all ranks together; device: one rank's device).
+"""
+
+from __future__ import annotations
+
+import math
+
+from chainexec.planner.machine import Machine
+from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan
+
+CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
+# The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
+REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
+                "alloc": None, "free": None, "compute": "device"}
+
+
+def _visible(level: str, region_level: str) -> bool:
+    """Whether a loop at ``level`` sets the range seen by a buffer at ``region_level``."""
+    return LEVELS.index(level) <= LEVELS.index(region_level)
+
+
+def _index_sums(loops: list[tuple[str, int]], extent: int, region_level: str) -> tuple[int, int]:
+    """(S_i, N_i) for one index: its enclosing loops as (level, tile), outermost first."""
+
+    def walk(k: int, lo: int, hi: int, seen: int) -> tuple[int, int]:
+        if k == len(loops):
+            return seen, 1
+        level, tile = loops[k]
+        s = n = 0
+        for start in range(lo, hi, tile):
+            stop = min(start + tile, hi)
+            ds, dn = walk(k + 1, start, stop, stop - start if _visible(level, region_level) else seen)
+            s, n = s + ds, n + dn
+        return s, n
+
+    return walk(0, 0, extent, extent)
+
+
+def op_bytes(op: Op, loops: list[Loop], extents: dict[str, int], itemsize: int) -> int:
+    """Bytes moved by ``op`` over all iterations of ``loops`` (outermost first)."""
+    total = 1
+    looped = {i for loop in loops for i in loop.tiles}
+    for i in looped | set(op.indices):
+        per_index = [(loop.level, loop.tiles[i]) for loop in loops if i in loop.tiles]
+        s, n = _index_sums(per_index, extents[i], REGION_LEVEL[op.op])
+        total *= s if i in op.indices else n
+    return total * itemsize
+
+
+def buffer_elements(indices: list[str], loops: list[Loop], level: str, extents: dict[str, int]) -> int:
+    """Elements of a full-size buffer at ``level`` inside ``loops``."""
+    size = 1
+    for i in indices:
+        tile = extents[i]
+        for loop in loops:
+            if i in loop.tiles and _visible(loop.level, level):
+                tile = min(tile, loop.tiles[i])
+        size *= tile
+    return size
+
+
+def predict(plan: Plan, machine: Machine) -> dict:
+    """The ``predicted`` record of a plan: bytes per category, flops, memory peak per level, time."""
+    moved = dict.fromkeys(CATEGORIES, 0)
+    peak = {"global": 0, "device": 0}
+
+    for nest in plan.nests:
+        live = {"global": 0, "device": 0}
+        sizes: dict[tuple, int] = {}
+
+        def walk(body, loops):
+            for node in body:
+                if isinstance(node, Loop):
+                    walk(node.body, loops + [node])
+                    continue
+                if node.op == "compute":
+                    continue
+                item = plan.tensors[node.tensor].itemsize
+                key = (node.tensor, tuple(node.indices), node.level)
+                if node.op == "alloc":
+                    sizes[key] = item * buffer_elements(node.indices, loops, node.level, plan.extents)
+                    live[node.level] += sizes[key]
+                    peak[node.level] = max(peak[node.level], live[node.level])
+                elif node.op == "free":
+                    live[node.level] -= sizes.pop(key)
+                else:
+                    moved[CATEGORY[node.op]] += op_bytes(node, loops, plan.extents, item)
+
+        walk(nest.body, [])
+
+    flops = sum(c.flops for c in plan.contractions)
+    seconds = machine.seconds(moved, flops)
+    return {"bytes": moved, "flops": flops, "memory_peak": peak, "seconds": seconds,
+            "total_seconds": max(seconds.values())}

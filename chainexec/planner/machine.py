@@ -1,0 +1,46 @@
+"""Machine model: the bandwidths and flop rate that turn predicted bytes and flops into seconds.
+
+The plan's predicted time per level is bytes / bandwidth (flops / rate for compute); the bound is
+their maximum, what a run that overlaps all levels perfectly would take (multi-level paper,
+section 4: movement at each level is costed separately). The defaults are conservative figures
+for one node; a machine file (JSON, same field names) replaces them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+
+LEVEL_TIMES = ("disk", "global<->device", "compute")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Rates in bytes per second (bandwidths) and flops per second, per rank."""
+
+    disk_read: float = 1.0e9
+    disk_write: float = 0.5e9
+    global_to_device: float = 10.0e9
+    device_to_global: float = 10.0e9
+    flop_rate: float = 20.0e9
+    source: str = "defaults"
+
+    def seconds(self, moved: dict[str, int], flops: int) -> dict[str, float]:
+        """Seconds per level for the given bytes per category and flops."""
+        return {
+            "disk": moved["disk->global"] / self.disk_read + moved["global->disk"] / self.disk_write,
+            "global<->device": moved["global->device"] / self.global_to_device
+            + moved["device->global"] / self.device_to_global,
+            "compute": flops / self.flop_rate,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Machine":
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known}, **({} if "source" in data else {"source": str(path)}))

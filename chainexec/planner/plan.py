@@ -1,0 +1,161 @@
+"""The Plan: plain data that the runtime interprets.
+
+A plan is a list of binary contractions plus, for each, a loop-nest tree of tiled loops and data
+statements. Every statement is tagged with its level (``disk``, ``global``, ``device``); every loop
+runs over tiles of one or more indices at one level.
+
+Region rule (what a buffer covers): a buffer of tensor X at level L spans, for each index i of X,
+the range of the innermost enclosing loop over i whose level is at or above L (``global`` loops set
+global and device ranges, ``device`` loops only device ranges), else the whole extent.
+
+Statements (``Op.op``):
+
+- ``alloc``/``free`` X at a level: a zero-filled buffer over the current region.
+- ``load`` X: disk → global (read from X's source or stored version ``version``).
+- ``store`` X: global → disk (write version ``version`` of X).
+- ``get`` X: global → device. ``accumulate`` X: device → global, added element-wise.
+- ``compute`` contraction k on the device buffers: ``out += factor · a · b``.
+
+Loops flagged ``parallel`` share their iterations among ranks; everything else runs on all ranks,
+each doing its own part of the global array (collective).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+LEVELS = ("disk", "global", "device")
+CATEGORIES = ("disk->global", "global->disk", "global->device", "device->global")
+
+
+@dataclass
+class TensorInfo:
+    """A tensor as the plan sees it. ``role`` is input, intermediate or output; ``source`` mirrors
+    :class:`chainexec.spec.Source` for inputs (as a dict); ``output`` is ``{file, dataset}``."""
+
+    name: str
+    indices: list[str]
+    shape: list[int]
+    dtype: str
+    itemsize: int
+    role: str
+    source: dict | None = None
+    output: dict | None = None
+
+
+@dataclass
+class Contraction:
+    """``out[out_indices] (+)= factor · a[a_indices] · b[b_indices]`` (``b`` may be None: a permuted
+    copy). ``statement`` is the position of the config statement it comes from; ``flops`` counts
+    2 per point of the joint index space (1 for a copy)."""
+
+    id: int
+    out: str
+    out_indices: list[str]
+    a: str
+    a_indices: list[str]
+    b: str | None
+    b_indices: list[str] | None
+    factor: float
+    accumulate: bool
+    flops: int
+    statement: int
+
+    def indices(self) -> list[str]:
+        seen = list(self.out_indices)
+        for i in self.a_indices + (self.b_indices or []):
+            if i not in seen:
+                seen.append(i)
+        return seen
+
+    def einsum(self) -> str:
+        rhs = "".join(self.a_indices) if self.b is None else f"{''.join(self.a_indices)},{''.join(self.b_indices)}"
+        return f"{rhs}->{''.join(self.out_indices)}"
+
+
+@dataclass
+class Op:
+    op: str
+    level: str
+    tensor: str | None = None
+    # A buffer is known by its tensor and the index names it is used with in this nest: one tensor
+    # may appear twice in a contraction (A[i,k]·A[j,k]); a fused intermediate keeps one name.
+    indices: list[str] | None = None
+    contraction: int | None = None
+    version: int | None = None
+
+
+@dataclass
+class Loop:
+    level: str
+    tiles: dict[str, int]
+    parallel: bool = False
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class Nest:
+    """The loop nest that computes one contraction, and which contraction."""
+
+    contraction: int
+    body: list
+
+
+@dataclass
+class Plan:
+    name: str
+    extents: dict[str, int]
+    tensors: dict[str, TensorInfo]
+    contractions: list[Contraction]
+    nests: list[Nest]
+    memory_limit: dict[str, int]
+    predicted: dict
+    scratch: str
+
+    def to_json(self) -> str:
+        return json.dumps(to_dict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        return from_dict(json.loads(text))
+
+
+def _node_to_dict(node) -> dict:
+    if isinstance(node, Loop):
+        return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
+                         "body": [_node_to_dict(n) for n in node.body]}}
+    return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
+
+
+def _node_from_dict(d: dict):
+    if "loop" in d:
+        loop = d["loop"]
+        return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]])
+    return Op(**d["op"])
+
+
+def to_dict(plan: Plan) -> dict:
+    return {
+        "name": plan.name,
+        "extents": plan.extents,
+        "tensors": {k: asdict(v) for k, v in plan.tensors.items()},
+        "contractions": [asdict(c) for c in plan.contractions],
+        "nests": [{"contraction": n.contraction, "body": [_node_to_dict(x) for x in n.body]} for n in plan.nests],
+        "memory_limit": plan.memory_limit,
+        "predicted": plan.predicted,
+        "scratch": plan.scratch,
+    }
+
+
+def from_dict(d: dict) -> Plan:
+    return Plan(
+        name=d["name"],
+        extents=dict(d["extents"]),
+        tensors={k: TensorInfo(**v) for k, v in d["tensors"].items()},
+        contractions=[Contraction(**c) for c in d["contractions"]],
+        nests=[Nest(n["contraction"], [_node_from_dict(x) for x in n["body"]]) for n in d["nests"]],
+        memory_limit=dict(d["memory_limit"]),
+        predicted=d["predicted"],
+        scratch=d["scratch"],
+    )

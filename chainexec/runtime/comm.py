@@ -1,0 +1,26 @@
+"""The MPI world: one rank per GPU, or a single process when started without mpirun.
+
+mpi4py initialises MPI on import; a process started without a launcher is a world of one rank
+(MPI singleton init), so the same code path serves both.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def world():
+    """COMM_WORLD (imported lazily so that planning never initialises MPI)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def local_rank(comm) -> int:
+    """This rank's position among the ranks of its node (for binding a GPU)."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED).rank

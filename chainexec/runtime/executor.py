@@ -1,0 +1,234 @@
+"""Walks a Plan's loop nests on every rank, moves tiles between levels, and counts every byte.
+
+The executor is the only interpreter of the plan (see :mod:`chainexec.planner.plan` for the region
+rule and the statements). Global buffers are :class:`GlobalArray` s (allocated collectively);
+device buffers belong to the :class:`Backend`. Statements outside parallel loops run on all ranks,
+each on its own rows of the global buffer (loads read exactly those rows from disk; stores write
+them); iterations of a parallel loop are dealt round-robin to ranks, with a barrier before (loads
+visible) and after (accumulations complete).
+
+Counting: each transfer adds its payload bytes to its category on the rank that performs it; the
+report sums the ranks. Memory: live bytes per level and their peak (global: all ranks' windows
+together, summed at each collective allocation; device: per rank, the largest rank's in the report).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+
+from chainexec.planner.cost import CATEGORY
+from chainexec.planner.machine import LEVEL_TIMES
+from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan
+from chainexec.runtime.device import Backend
+from chainexec.runtime.globalarray import GlobalArray
+from chainexec.runtime.store import Store
+
+
+# The level whose busy time a statement counts toward (the keys of Machine.seconds).
+OP_LEVEL = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device",
+            "compute": "compute"}
+
+
+class Counters:
+    """Bytes per category, flops, and live/peak bytes per level, on one rank."""
+
+    def __init__(self):
+        self.bytes = dict.fromkeys(CATEGORIES, 0)
+        self.seconds = dict.fromkeys(LEVEL_TIMES, 0.0)
+        self.flops = 0
+        self.live = {"global": 0, "device": 0}
+        self.peak = {"global": 0, "device": 0}
+
+    def move(self, category: str, nbytes: int) -> None:
+        self.bytes[category] += nbytes
+
+    def hold(self, level: str, nbytes: int) -> None:
+        self.live[level] += nbytes
+        self.peak[level] = max(self.peak[level], self.live[level])
+
+
+class Executor:
+    def __init__(self, plan: Plan, comm, backend: Backend):
+        self.plan = plan
+        self.comm = comm
+        self.backend = backend
+        self.store = Store(plan, comm)
+        self.counters = Counters()
+        self.ranges = {"global": {}, "device": {}}
+        self.buffers: dict[tuple, object] = {}
+        self.regions: dict[tuple, tuple] = {}
+
+    def run(self) -> dict:
+        """Execute every nest; return the measured record (summed over ranks) on every rank."""
+        start = time.perf_counter()
+        for nest in self.plan.nests:
+            self._body(nest.body)
+            c = self.plan.contractions[nest.contraction]
+            written = max(self._versions(nest.body))
+            self.store.close_version(c.out, written)
+        self.store.finish()
+        return self._measured(time.perf_counter() - start)
+
+    def _versions(self, body):
+        for node in body:
+            if isinstance(node, Loop):
+                yield from self._versions(node.body)
+            elif node.op == "store":
+                yield node.version
+
+    def _measured(self, seconds: float) -> dict:
+        """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time
+        inside that level's statements; ``total_seconds`` is the wall time of the slowest rank."""
+        total = self.comm.allreduce(np.array([self.counters.bytes[k] for k in CATEGORIES] + [self.counters.flops],
+                                             dtype=np.int64))
+        mx = _max()
+        return {
+            "bytes": {k: int(v) for k, v in zip(CATEGORIES, total[:-1])},
+            "flops": int(total[-1]),
+            "memory_peak": {"global": int(self.counters.peak["global"]),
+                            "device": int(self.comm.allreduce(self.counters.peak["device"], op=mx))},
+            "seconds": {k: float(self.comm.allreduce(v, op=mx)) for k, v in self.counters.seconds.items()},
+            "total_seconds": float(self.comm.allreduce(seconds, op=mx)),
+        }
+
+    # -- loop nest ---------------------------------------------------------------------------
+
+    def _range(self, level: str, index: str) -> tuple[int, int]:
+        if level == "device" and index in self.ranges["device"]:
+            return self.ranges["device"][index]
+        return self.ranges["global"].get(index, (0, self.plan.extents[index]))
+
+    def _region(self, level: str, indices) -> tuple[tuple[int, int], ...]:
+        return tuple(self._range(level, i) for i in indices)
+
+    def _body(self, body) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                self._loop(node)
+            else:
+                t0 = time.perf_counter()
+                getattr(self, "_" + node.op)(node)
+                if node.op in OP_LEVEL:
+                    self.counters.seconds[OP_LEVEL[node.op]] += time.perf_counter() - t0
+
+    def _loop(self, loop: Loop) -> None:
+        names = list(loop.tiles)
+        spans = []
+        for i in names:
+            lo, hi = self._range(loop.level, i)
+            spans.append([(s, min(s + loop.tiles[i], hi)) for s in range(lo, hi, loop.tiles[i])])
+        saved = dict(self.ranges[loop.level])
+        if loop.parallel:
+            self.comm.Barrier()
+        for n, combo in enumerate(itertools.product(*spans)):
+            if loop.parallel and n % self.comm.size != self.comm.rank:
+                continue
+            self.ranges[loop.level].update(zip(names, combo))
+            self._body(loop.body)
+        self.ranges[loop.level] = saved
+        if loop.parallel:
+            self.comm.Barrier()
+
+    # -- statements --------------------------------------------------------------------------
+
+    def _key(self, op: Op) -> tuple:
+        return (op.tensor, tuple(op.indices), op.level)
+
+    def _alloc(self, op: Op) -> None:
+        region = self._region(op.level, op.indices)
+        shape = tuple(b - a for a, b in region)
+        dtype = self.plan.tensors[op.tensor].dtype
+        if op.level == "global":
+            buf = GlobalArray(self.comm, shape, dtype)
+            # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
+            # peak is that of the whole global array at one moment, as planned.
+            nbytes = self.comm.allreduce(buf.nbytes_local)
+        else:
+            buf = self.backend.zeros(shape, dtype)
+            nbytes = buf.nbytes
+        self.buffers[self._key(op)] = buf
+        self.regions[self._key(op)] = region
+        self.counters.hold(op.level, nbytes)
+
+    def _free(self, op: Op) -> None:
+        key = self._key(op)
+        buf = self.buffers.pop(key)
+        del self.regions[key]
+        if op.level == "global":
+            self.counters.hold("global", -self.comm.allreduce(buf.nbytes_local))
+            buf.free()
+        else:
+            self.counters.hold("device", -buf.nbytes)
+
+    def _own_rows(self, ga: GlobalArray, region) -> tuple:
+        """This rank's rows of a global buffer, as a region of the whole tensor."""
+        if not region:
+            return region if ga.rows[1] > ga.rows[0] else None
+        lo, hi = ga.rows
+        if hi <= lo:
+            return None
+        return ((region[0][0] + lo, region[0][0] + hi),) + region[1:]
+
+    def _load(self, op: Op) -> None:
+        key = self._key(op)
+        ga = self.buffers[key]
+        part = self._own_rows(ga, self.regions[key])
+        if part is not None:
+            local = ga.local()
+            self.store.read(op.tensor, op.version, part, local)
+            self.counters.move(CATEGORY["load"], local.nbytes)
+
+    def _store(self, op: Op) -> None:
+        key = self._key(op)
+        ga = self.buffers[key]
+        part = self._own_rows(ga, self.regions[key])
+        if part is not None:
+            local = ga.local()
+            self.store.write(op.tensor, op.version, part, local)
+            self.counters.move(CATEGORY["store"], local.nbytes)
+
+    def _relative(self, op: Op):
+        """The device region of ``op`` as slices of the global buffer of the same tensor."""
+        gkey = (op.tensor, tuple(op.indices), "global")
+        outer = self.regions[gkey]
+        inner = self._region("device", op.indices)
+        return self.buffers[gkey], tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))
+
+    def _get(self, op: Op) -> None:
+        ga, sl = self._relative(op)
+        host = ga.get(sl)
+        key = self._key(op)
+        self.buffers[key][...] = self.backend.from_host(host)
+        self.counters.move(CATEGORY["get"], host.nbytes)
+
+    def _accumulate(self, op: Op) -> None:
+        ga, sl = self._relative(op)
+        host = np.ascontiguousarray(self.backend.to_host(self.buffers[self._key(op)]))
+        ga.accumulate(sl, host)
+        self.counters.move(CATEGORY["accumulate"], host.nbytes)
+
+    def _compute(self, op: Op) -> None:
+        c = self.plan.contractions[op.contraction]
+        out = self.buffers[(c.out, tuple(c.out_indices), "device")]
+        a = self.buffers[(c.a, tuple(c.a_indices), "device")]
+        b = self.buffers[(c.b, tuple(c.b_indices), "device")] if c.b is not None else None
+        self.backend.contract(c, out, a, b)
+        self.counters.flops += (2 if b is not None else 1) * math.prod(
+            n for n in _sizes(c, out, a, b).values())
+
+
+def _sizes(c, out, a, b) -> dict[str, int]:
+    size = dict(zip(c.out_indices, out.shape)) | dict(zip(c.a_indices, a.shape))
+    if b is not None:
+        size |= dict(zip(c.b_indices, b.shape))
+    return size
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX

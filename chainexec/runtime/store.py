@@ -1,0 +1,215 @@
+"""The disk level (α): HDF5 reads by hyperslab, shard writes joined by virtual datasets, outputs that
+are complete or absent.
+
+h5py from PyPI is serial, so no two processes ever write one file. Each rank writes the blocks it
+owns into its own shard file, one dataset per block (contiguous, no chunk read-modify-write); after
+a contraction rank 0 joins the blocks of that tensor version into a virtual dataset (VDS), through
+which any rank reads it back. Outputs are VDS files beside a ``<file>.parts/`` folder of shards,
+written under a temporary name and renamed into place only after the last contraction, with the
+attribute ``chainexec_complete`` — a killed run leaves no output file at all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from chainexec import generator
+from chainexec.errors import ChainexecError
+from chainexec.planner.plan import Plan, TensorInfo
+
+COMPLETE = "chainexec_complete"
+
+
+def check_inputs(plan: Plan) -> None:
+    """Every HDF5 source exists and matches its tensor's shape and dtype; raises ChainexecError."""
+    for t in plan.tensors.values():
+        if t.role != "input" or "file" not in t.source:
+            continue
+        path = t.source["file"]
+        if not os.path.exists(path):
+            raise ChainexecError(f"HDF5 file not found (input of tensor {t.name}; `chainexec generate` writes it)", path)
+        try:
+            with h5py.File(path, "r") as f:
+                if t.source["dataset"] not in f or not isinstance(f[t.source["dataset"]], h5py.Dataset):
+                    raise ChainexecError(f"no dataset {t.source['dataset']!r} (input of tensor {t.name})", path)
+                ds = f[t.source["dataset"]]
+                if tuple(ds.shape) != tuple(t.shape):
+                    raise ChainexecError(
+                        f"dataset {t.source['dataset']!r} has shape {tuple(ds.shape)} but tensor {t.name}"
+                        f"[{','.join(t.indices)}] has extents {tuple(t.shape)}", path)
+                if ds.dtype != np.dtype(t.dtype):
+                    raise ChainexecError(
+                        f"dataset {t.source['dataset']!r} has dtype {ds.dtype} but tensor {t.name} is {t.dtype}", path)
+        except OSError as err:
+            raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
+
+
+def prepare_outputs(plan: Plan) -> None:
+    """Make sure every output can be written and no stale output survives to look complete."""
+    for t in plan.tensors.values():
+        if t.role != "output":
+            continue
+        path = Path(t.output["file"])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            probe = path.parent / f".{path.name}.probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+            path.unlink(missing_ok=True)
+            shutil.rmtree(parts_dir(path), ignore_errors=True)
+        except OSError as err:
+            raise ChainexecError(f"output path is not writable ({err.strerror or err})", str(path)) from None
+
+
+def parts_dir(output_file: Path) -> Path:
+    return output_file.with_name(output_file.name + ".parts")
+
+
+def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
+    """``chainexec generate``: write every input that has a file and a seed, block by block."""
+    written = []
+    for t in plan.tensors.values():
+        if t.role != "input" or "file" not in t.source:
+            continue
+        if "seed" not in t.source:
+            raise ChainexecError(f"tensor {t.name} has no seed, so `chainexec generate` cannot write it",
+                                 t.source["file"])
+        path = Path(t.source["file"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with h5py.File(path, "a") as f:
+            if t.source["dataset"] in f:
+                del f[t.source["dataset"]]
+            ds = f.create_dataset(t.source["dataset"], shape=tuple(t.shape), dtype=t.dtype)
+            ds.attrs["indices"] = ",".join(t.indices)
+            rows = max(1, rows_per_block // max(1, int(np.prod(t.shape[1:], dtype=np.int64))))
+            first = t.shape[0] if t.shape else 1
+            for lo in range(0, first, rows):
+                region = ((lo, min(lo + rows, first)),) + tuple((0, n) for n in t.shape[1:])
+                data = generator.block(t.source["seed"], tuple(t.shape), region[: len(t.shape)], t.dtype)
+                ds[tuple(slice(a, b) for a, b in region[: len(t.shape)])] = data
+        written.append(f"{path}:{t.source['dataset']}")
+    return written
+
+
+class Store:
+    """One rank's view of the disk level during a run.
+
+    ``read`` fills a buffer from an input or a stored version; ``write`` adds a block to this rank's
+    shard of a version; ``close_version`` (collective) joins a version's blocks into a VDS;
+    ``finish`` (collective) renames complete outputs into place and removes scratch.
+    """
+
+    def __init__(self, plan: Plan, comm):
+        self.plan = plan
+        self.comm = comm
+        self.readers: dict[str, h5py.File] = {}
+        self.shard: h5py.File | None = None
+        self.blocks: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+        self.last_version: dict[str, int] = {}
+        self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank
+
+    def _version_base(self, t: TensorInfo, version: int) -> Path:
+        folder = parts_dir(Path(t.output["file"])) if t.role == "output" else Path(self.plan.scratch)
+        return folder / f"{t.name}.v{version}"
+
+    def read(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], out: np.ndarray) -> None:
+        t = self.plan.tensors[tensor]
+        if version == 0 and "random" in t.source:
+            out[...] = generator.block(t.source["random"], tuple(t.shape), region, t.dtype)
+            return
+        if version == 0:
+            path, name = t.source["file"], t.source["dataset"]
+        else:
+            path, name = str(self._version_base(t, version)) + ".h5", "data"
+        f = self.readers.get(path)
+        if f is None:
+            f = self.readers[path] = h5py.File(path, "r")
+        sel = tuple(slice(a, b) for a, b in region)
+        if out.size:
+            f[name].read_direct(out, source_sel=sel if sel else np.s_[()])
+
+    def write(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], data: np.ndarray) -> None:
+        if data.size == 0:
+            return
+        if self.shard is None:
+            base = self._version_base(self.plan.tensors[tensor], version)
+            base.mkdir(parents=True, exist_ok=True)
+            self.shard = h5py.File(base / f"rank{self.comm.rank}.h5", "w")
+        name = f"b{len(self.blocks)}"
+        self.shard.create_dataset(name, data=data)
+        self.blocks.append((name, region))
+
+    def close_version(self, tensor: str, version: int) -> None:
+        """Collective: join every rank's blocks of this version into ``<version>.h5`` (a VDS)."""
+        if self.shard is not None:
+            self.shard.close()
+            self.shard = None
+        gathered = self.comm.gather(self.blocks, root=0)
+        self.blocks = []
+        t = self.plan.tensors[tensor]
+        base = self._version_base(t, version)
+        if self.comm.rank == 0:
+            self.joined[tensor] = gathered
+            tmp = base.with_name(base.name + ".h5.tmp")
+            with h5py.File(tmp, "w") as f:
+                f.create_virtual_dataset("data", _layout(t, gathered, base.name), fillvalue=np.nan)
+            os.replace(tmp, str(base) + ".h5")
+        self.comm.Barrier()
+        old = self.last_version.get(tensor)
+        self.last_version[tensor] = version
+        if old is not None:
+            self._drop(t, old)
+
+    def _drop(self, t: TensorInfo, version: int, keep_shards: bool = False) -> None:
+        """A superseded version: close readers on it; rank 0 deletes its files once all have."""
+        base = self._version_base(t, version)
+        f = self.readers.pop(str(base) + ".h5", None)
+        if f is not None:
+            f.close()
+        self.comm.Barrier()
+        if self.comm.rank == 0:
+            if not keep_shards:
+                shutil.rmtree(base, ignore_errors=True)
+            Path(str(base) + ".h5").unlink(missing_ok=True)
+
+    def finish(self) -> None:
+        """Collective, after the last contraction: write each output file complete, then clean up."""
+        outputs = [t for t in self.plan.tensors.values() if t.role == "output"]
+        for t in outputs:
+            self._drop(t, self.last_version[t.name], keep_shards=True)
+        for f in self.readers.values():
+            f.close()
+        self.readers = {}
+        if self.comm.rank == 0:
+            by_file: dict[str, list[TensorInfo]] = {}
+            for t in outputs:
+                by_file.setdefault(t.output["file"], []).append(t)
+            for path, group in by_file.items():
+                tmp = path + ".tmp"
+                with h5py.File(tmp, "w") as f:
+                    for t in group:
+                        base = self._version_base(t, self.last_version[t.name])
+                        layout = _layout(t, self.joined[t.name], f"{base.parent.name}/{base.name}")
+                        ds = f.create_virtual_dataset(t.output["dataset"], layout, fillvalue=np.nan)
+                        ds.attrs["indices"] = ",".join(t.indices)
+                        ds.attrs["extents"] = np.array(t.shape, dtype=np.int64)
+                    f.attrs[COMPLETE] = True
+                os.replace(tmp, path)
+            shutil.rmtree(self.plan.scratch, ignore_errors=True)
+        self.comm.Barrier()
+
+
+def _layout(t: TensorInfo, gathered: list, prefix: str) -> h5py.VirtualLayout:
+    """A VDS layout of tensor ``t`` from each rank's blocks; shard paths relative to the VDS file."""
+    layout = h5py.VirtualLayout(shape=tuple(t.shape), dtype=t.dtype)
+    for rank, blocks in enumerate(gathered):
+        for name, region in blocks:
+            shape = tuple(b - a for a, b in region)
+            src = h5py.VirtualSource(f"{prefix}/rank{rank}.h5", name, shape=shape)
+            layout[tuple(slice(a, b) for a, b in region)] = src
+    return layout

@@ -1,0 +1,439 @@
+"""Chain spec: the YAML config parsed and validated into frozen dataclasses.
+
+The format is documented with a complete example in ``docs/config.md``. Parsing uses
+``yaml.safe_load`` for the data and ``yaml.compose`` (same safe loader) only to find the line of
+each item, so every error names the file, the line and the offending item.
+
+Paths inside a config (HDF5 inputs and outputs, scratch) are relative to the config file's folder.
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from chainexec.errors import ChainexecError
+
+DTYPES = {"float64": 8, "float32": 4}
+
+_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+# Names reach generated CUDA C source: C/C++/CUDA keywords would break it or change its meaning.
+_C_KEYWORDS = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto if
+    inline int long register restrict return short signed sizeof static struct switch typedef union
+    unsigned void volatile while bool true false class namespace template typename this new delete
+    private public protected virtual operator friend using try catch throw half dim3 threadIdx
+    blockIdx blockDim gridDim warpSize""".split()
+)
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an input tensor's values come from.
+
+    ``file``/``dataset``: an HDF5 dataset (``seed``, when given, lets ``chainexec generate`` write it).
+    ``random``: values made on the fly by the seeded element-wise generator (no file at all).
+    """
+
+    file: str | None = None
+    dataset: str | None = None
+    seed: int | None = None
+    random: int | None = None
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    indices: tuple[str, ...]
+    dtype: str
+    source: Source | None = None
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor reference in a statement, e.g. ``C[p,a]``."""
+
+    tensor: str
+    indices: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.tensor}[{','.join(self.indices)}]"
+
+
+@dataclass(frozen=True)
+class Statement:
+    """``lhs (=|+=) factor * operands[0] * operands[1] * ...`` (``-=`` is ``+=`` with factor -1)."""
+
+    lhs: Ref
+    accumulate: bool
+    factor: float
+    operands: tuple[Ref, ...]
+    text: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    tensor: str
+    file: str
+    dataset: str
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Memory per level in bytes: ``global_memory`` is the whole distributed global array (all ranks
+    together); ``device_memory`` is per rank (one GPU each)."""
+
+    global_memory: int
+    device_memory: int
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: str
+    name: str
+    extents: dict[str, int]
+    tensors: dict[str, Tensor]
+    statements: tuple[Statement, ...]
+    outputs: tuple[Output, ...]
+    machine: Machine
+    scratch: str
+    lines: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def itemsize(self, tensor: str) -> int:
+        return DTYPES[self.tensors[tensor].dtype]
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return tuple(self.extents[i] for i in self.tensors[tensor].indices)
+
+    def resolve(self, relpath: str) -> str:
+        """A path from the config, made absolute against the config file's folder."""
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), relpath))
+
+
+def parse_size(value, what: str) -> int:
+    """``8GiB``, ``512 MiB``, ``1e9``, ``1000000`` → bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: expected a size such as 8GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"{what}: size must be positive, got {value!r}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{what}: expected a size such as 8GiB or 512MiB, got {value!r}")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"{what}: size must be positive, got {value!r}")
+    return size
+
+
+def format_size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_identifier(name, what: str) -> str:
+    if not isinstance(name, str) or not _IDENT.match(name) or name in _C_KEYWORDS or keyword.iskeyword(name):
+        raise ValueError(
+            f"{what} {name!r} is not a plain identifier (letters, digits and _, starting with a letter; no keyword)"
+        )
+    return name
+
+
+_REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[([^\[\]]*)\]\s*$")
+_NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def _parse_ref(text: str) -> Ref:
+    m = _REF.match(text)
+    if not m:
+        raise ValueError(f"cannot read {text.strip()!r} as a tensor reference such as A[i,j]")
+    name = check_identifier(m.group(1), "tensor name")
+    inner = m.group(2).strip()
+    idx = tuple(s.strip() for s in inner.split(",")) if inner else ()
+    for i in idx:
+        check_identifier(i, "index name")
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"{text.strip()}: an index repeats within one tensor (diagonals are not supported)")
+    return Ref(name, idx)
+
+
+def parse_statement(text: str, line: int | None = None) -> Statement:
+    """Parse ``B[a,b] = 0.5 * A[a,k] * C[k,b]`` (``=``, ``+=`` or ``-=``)."""
+    if not isinstance(text, str):
+        raise ValueError(f"a statement must be a string such as 'C[i,j] = A[i,k] * B[k,j]', got {text!r}")
+    m = re.match(r"^(.*?)(\+=|-=|=)(.*)$", text)
+    if not m:
+        raise ValueError(f"statement {text!r} has no '=', '+=' or '-='")
+    lhs = _parse_ref(m.group(1))
+    op = m.group(2)
+    factor = -1.0 if op == "-=" else 1.0
+    rhs = m.group(3).strip()
+    if rhs.startswith("-"):
+        factor, rhs = -factor, rhs[1:]
+    operands = []
+    for term in rhs.split("*"):
+        if _NUMBER.match(term):
+            factor *= float(term)
+        elif term.strip():
+            operands.append(_parse_ref(term))
+        else:
+            raise ValueError(f"statement {text!r}: empty factor in the product")
+    if not operands:
+        raise ValueError(f"statement {text!r} has no tensor on its right-hand side")
+    return Statement(lhs, op != "=", factor, tuple(operands), text.strip(), line)
+
+
+def _line_map(node, prefix=()) -> dict:
+    """Map each item's path (tuple of keys / list positions) to its 1-based line in the YAML text."""
+    lines = {prefix: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            sub = prefix + (key.value,)
+            lines.update(_line_map(value, sub))
+            lines[sub] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, value in enumerate(node.value):
+            lines.update(_line_map(value, prefix + (i,)))
+    return lines
+
+
+_TOP_KEYS = {"name", "dtype", "ranges", "indices", "tensors", "statements", "outputs", "machine", "scratch"}
+_TENSOR_KEYS = {"indices", "dtype", "source"}
+_SOURCE_KEYS = {"file", "dataset", "seed", "random"}
+_OUTPUT_KEYS = {"file", "dataset"}
+_MACHINE_KEYS = {"global_memory", "device_memory"}
+
+
+class _Parser:
+    def __init__(self, path: str, lines: dict):
+        self.path = path
+        self.lines = lines
+
+    def fail(self, message: str, where=()) -> ChainexecError:
+        while where not in self.lines and where:
+            where = where[:-1]
+        return ChainexecError(message, self.path, self.lines.get(where))
+
+    def mapping(self, value, where, keys: set | None = None, what: str = "") -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(f"{what or '/'.join(map(str, where))} must be a mapping", where)
+        if keys is not None:
+            for k in value:
+                if k not in keys:
+                    raise self.fail(
+                        f"unknown key {k!r} in {what or 'the config'} (expected one of {', '.join(sorted(keys))})",
+                        where + (k,),
+                    )
+        return value
+
+    def ident(self, name, what, where):
+        try:
+            return check_identifier(name, what)
+        except ValueError as err:
+            raise self.fail(str(err), where) from None
+
+
+def load(path: str | Path) -> Spec:
+    """Read, parse and validate a config file; raises :class:`ChainexecError` on any problem."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ChainexecError(f"cannot read config: {err.strerror}", path) from None
+    return loads(text, path)
+
+
+def loads(text: str, path: str = "<config>") -> Spec:
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ChainexecError(
+            f"malformed YAML: {problem}", path, mark.line + 1 if mark else None
+        ) from None
+    p = _Parser(path, _line_map(node) if node is not None else {})
+    data = p.mapping(data, (), _TOP_KEYS, "the config")
+    for key in ("indices", "tensors", "statements", "outputs", "machine"):
+        if key not in data:
+            raise p.fail(f"missing required section {key!r}")
+
+    name = p.ident(data.get("name", Path(path).stem), "config name", ("name",))
+    default_dtype = data.get("dtype", "float64")
+    if default_dtype not in DTYPES:
+        raise p.fail(f"dtype {default_dtype!r} is not supported (float64 or float32)", ("dtype",))
+
+    ranges = p.mapping(data.get("ranges", {}), ("ranges",), None, "ranges")
+    for rname, rext in ranges.items():
+        p.ident(rname, "range name", ("ranges", rname))
+        if not isinstance(rext, int) or isinstance(rext, bool) or rext < 1:
+            raise p.fail(f"range {rname!r} must have a positive integer extent, got {rext!r}", ("ranges", rname))
+
+    extents: dict[str, int] = {}
+    for iname, ext in p.mapping(data["indices"], ("indices",), None, "indices").items():
+        p.ident(iname, "index name", ("indices", iname))
+        if isinstance(ext, str) and ext in ranges:
+            ext = ranges[ext]
+        if not isinstance(ext, int) or isinstance(ext, bool) or ext < 1:
+            raise p.fail(
+                f"index {iname!r} must have a positive integer extent or a range name, got {ext!r}",
+                ("indices", iname),
+            )
+        extents[iname] = ext
+
+    tensors: dict[str, Tensor] = {}
+    for tname, tdef in p.mapping(data["tensors"], ("tensors",), None, "tensors").items():
+        where = ("tensors", tname)
+        p.ident(tname, "tensor name", where)
+        tdef = p.mapping(tdef, where, _TENSOR_KEYS, f"tensor {tname!r}")
+        idx = tdef.get("indices")
+        if not isinstance(idx, list):
+            raise p.fail(f"tensor {tname!r} needs a list of indices", where)
+        for i in idx:
+            p.ident(i, "index name", where + ("indices",))
+            if i not in extents:
+                raise p.fail(f"tensor {tname!r} uses unknown index {i!r}", where + ("indices",))
+        if len(set(idx)) != len(idx):
+            raise p.fail(f"tensor {tname!r} repeats an index", where + ("indices",))
+        dtype = tdef.get("dtype", default_dtype)
+        if dtype not in DTYPES:
+            raise p.fail(f"tensor {tname!r}: dtype {dtype!r} is not supported (float64 or float32)", where + ("dtype",))
+        source = None
+        if "source" in tdef:
+            source = _parse_source(p, tdef["source"], where + ("source",), tname)
+        tensors[tname] = Tensor(tname, tuple(idx), dtype, source)
+
+    raw_statements = data["statements"]
+    if not isinstance(raw_statements, list) or not raw_statements:
+        raise p.fail("statements must be a non-empty list", ("statements",))
+    statements = []
+    for k, text_k in enumerate(raw_statements):
+        line = p.lines.get(("statements", k))
+        try:
+            st = parse_statement(text_k, line)
+        except ValueError as err:
+            raise p.fail(str(err), ("statements", k)) from None
+        statements.append(st)
+    _check_statements(p, statements, extents, tensors)
+
+    outputs = []
+    for oname, odef in p.mapping(data["outputs"], ("outputs",), None, "outputs").items():
+        where = ("outputs", oname)
+        p.ident(oname, "output tensor name", where)
+        odef = p.mapping(odef, where, _OUTPUT_KEYS, f"output {oname!r}")
+        if oname not in tensors or not any(s.lhs.tensor == oname for s in statements):
+            raise p.fail(f"output {oname!r} is not assigned by any statement", where)
+        if tensors[oname].source is not None:
+            raise p.fail(f"output {oname!r} is an input (it has a source)", where)
+        if not isinstance(odef.get("file"), str) or not isinstance(odef.get("dataset"), str):
+            raise p.fail(f"output {oname!r} needs 'file' and 'dataset'", where)
+        outputs.append(Output(oname, odef["file"], odef["dataset"]))
+    if not outputs:
+        raise p.fail("outputs must name at least one tensor", ("outputs",))
+
+    mdef = p.mapping(data["machine"], ("machine",), _MACHINE_KEYS, "machine")
+    sizes = {}
+    for key in _MACHINE_KEYS:
+        if key not in mdef:
+            raise p.fail(f"machine needs {key!r}", ("machine",))
+        try:
+            sizes[key] = parse_size(mdef[key], key)
+        except ValueError as err:
+            raise p.fail(str(err), ("machine", key)) from None
+    scratch = data.get("scratch", str(Path(outputs[0].file).parent / f".{name}.scratch"))
+    if not isinstance(scratch, str):
+        raise p.fail("scratch must be a folder path", ("scratch",))
+    return Spec(path, name, extents, tensors, tuple(statements), tuple(outputs), Machine(**sizes), scratch, p.lines)
+
+
+def _parse_source(p: _Parser, sdef, where, tname) -> Source:
+    sdef = p.mapping(sdef, where, _SOURCE_KEYS, f"source of {tname!r}")
+    for key in ("seed", "random"):
+        if key in sdef and (not isinstance(sdef[key], int) or isinstance(sdef[key], bool) or sdef[key] < 0):
+            raise p.fail(f"{key} of {tname!r} must be a non-negative integer", where + (key,))
+    if "random" in sdef:
+        if set(sdef) != {"random"}:
+            raise p.fail(f"source of {tname!r}: 'random' stands alone (no file, dataset or seed)", where)
+        return Source(random=sdef["random"])
+    if not isinstance(sdef.get("file"), str) or not isinstance(sdef.get("dataset"), str):
+        raise p.fail(f"source of {tname!r} needs 'file' and 'dataset' (or 'random: SEED')", where)
+    return Source(file=sdef["file"], dataset=sdef["dataset"], seed=sdef.get("seed"))
+
+
+def _check_statements(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:
+    """Indices known and consistent, every index in at least two places, tensors declared or assigned."""
+    assigned: set[str] = set()
+    for k, st in enumerate(statements):
+        where = ("statements", k)
+        refs = (st.lhs,) + st.operands
+        for ref in refs:
+            for i in ref.indices:
+                if i not in extents:
+                    raise p.fail(f"unknown index {i!r} in statement '{st.text}'", where)
+        for ref in st.operands:
+            t = tensors.get(ref.tensor)
+            if t is None:
+                raise p.fail(f"unknown tensor {ref.tensor!r} in statement '{st.text}'", where)
+            if t.source is None and ref.tensor not in assigned:
+                raise p.fail(f"tensor {ref.tensor!r} is read in '{st.text}' before any statement assigns it", where)
+            _check_shape(p, ref, t, extents, st, where)
+        lhs = tensors.get(st.lhs.tensor)
+        if lhs is None:
+            dtypes = {tensors[r.tensor].dtype for r in st.operands}
+            lhs = Tensor(st.lhs.tensor, st.lhs.indices, dtypes.pop() if len(dtypes) == 1 else "float64")
+            tensors[st.lhs.tensor] = lhs
+        elif lhs.source is not None:
+            raise p.fail(f"statement '{st.text}' assigns {st.lhs.tensor!r}, which is an input", where)
+        _check_shape(p, st.lhs, lhs, extents, st, where)
+        if st.accumulate and st.lhs.tensor not in assigned:
+            raise p.fail(f"'{st.text}' accumulates into {st.lhs.tensor!r} before any '=' assigns it", where)
+        for ref in st.operands:
+            if tensors[ref.tensor].dtype != lhs.dtype:
+                raise p.fail(
+                    f"dtype mismatch in '{st.text}': {ref.tensor} is {tensors[ref.tensor].dtype}, "
+                    f"{lhs.name} is {lhs.dtype}",
+                    where,
+                )
+        places: dict[str, int] = {}
+        for ref in refs:
+            for i in ref.indices:
+                places[i] = places.get(i, 0) + 1
+        for i, n in places.items():
+            if n < 2:
+                role = "kept" if i in st.lhs.indices else "contracted"
+                raise p.fail(
+                    f"index {i!r} appears only once in '{st.text}': it must appear in two places to be {role}",
+                    where,
+                )
+        assigned.add(st.lhs.tensor)
+
+
+def _check_shape(p, ref: Ref, t: Tensor, extents, st: Statement, where) -> None:
+    if len(ref.indices) != len(t.indices):
+        raise p.fail(f"{ref} in '{st.text}' has {len(ref.indices)} indices, {t.name} has {len(t.indices)}", where)
+    for mine, theirs in zip(ref.indices, t.indices):
+        if extents[mine] != extents[theirs]:
+            raise p.fail(
+                f"{ref} in '{st.text}': index {mine!r} has extent {extents[mine]} but {t.name}'s "
+                f"dimension {theirs!r} has {extents[theirs]}",
+                where,
+            )
+

@@ -1,0 +1,165 @@
+"""Independent check of a finished output: NumPy einsum on the whole chain, or sampled explicit sums.
+
+Shares no code with the planner or the runtime: it reads the config (spec) and the HDF5 files
+directly and evaluates the statements as written. When everything fits in memory (``limit`` bytes)
+each statement is one ``numpy.einsum`` call; otherwise ``samples`` random output elements are
+computed from the inputs alone, every intermediate expanded into the products that define it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from chainexec import generator
+from chainexec.errors import ChainexecError
+from chainexec.runtime.store import COMPLETE
+from chainexec.spec import DTYPES, Ref, Spec
+
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+
+
+@dataclass
+class Check:
+    tensor: str
+    method: str
+    relative_error: float
+    tolerance: float
+    elements: int
+
+    @property
+    def ok(self) -> bool:
+        return self.relative_error <= self.tolerance
+
+
+def _input(spec: Spec, name: str, region=None) -> np.ndarray:
+    t = spec.tensors[name]
+    shape = spec.shape(name)
+    region = region or tuple((0, n) for n in shape)
+    if t.source.random is not None:
+        return generator.block(t.source.random, shape, region, t.dtype)
+    path = spec.resolve(t.source.file)
+    try:
+        with h5py.File(path, "r") as f:
+            return f[t.source.dataset][tuple(slice(a, b) for a, b in region)]
+    except (OSError, KeyError) as err:
+        raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
+
+
+def read_output(spec: Spec, name: str) -> np.ndarray:
+    out = next(o for o in spec.outputs if o.tensor == name)
+    path = spec.resolve(out.file)
+    try:
+        with h5py.File(path, "r") as f:
+            if not f.attrs.get(COMPLETE, False):
+                raise ChainexecError("output is not marked complete", path)
+            return f[out.dataset][...]
+    except OSError as err:
+        raise ChainexecError(f"cannot read output ({err})", path) from None
+
+
+def full_reference(spec: Spec) -> dict[str, np.ndarray]:
+    """Every output by NumPy einsum, statement by statement."""
+    values = {n: _input(spec, n) for n, t in spec.tensors.items() if t.source is not None}
+    for st in spec.statements:
+        letters = _letters(spec)
+        terms = ",".join("".join(letters[i] for i in r.indices) for r in st.operands)
+        expr = f"{terms}->{''.join(letters[i] for i in st.lhs.indices)}"
+        result = st.factor * np.einsum(expr, *[values[r.tensor] for r in st.operands], optimize=True)
+        values[st.lhs.tensor] = values[st.lhs.tensor] + result if st.accumulate else result
+    return {o.tensor: values[o.tensor] for o in spec.outputs}
+
+
+def _letters(spec: Spec) -> dict[str, str]:
+    names = sorted(spec.extents)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    if len(names) > len(alphabet):
+        raise ChainexecError(f"verify supports at most {len(alphabet)} distinct indices", spec.path)
+    return dict(zip(names, alphabet))
+
+
+def expand(spec: Spec, name: str, upto: int | None = None) -> list[tuple[float, list[Ref], tuple[str, ...]]]:
+    """Tensor ``name`` as it stands before statement ``upto``: a sum of products of inputs, each
+    ``(factor, operands, kept indices)``; contracted indices of substituted definitions get fresh
+    names so that they never clash."""
+    if spec.tensors[name].source is not None:
+        return [(1.0, [Ref(name, spec.tensors[name].indices)], spec.tensors[name].indices)]
+    upto = len(spec.statements) if upto is None else upto
+    defining = [k for k in range(upto) if spec.statements[k].lhs.tensor == name]
+    last_set = max(k for k in defining if not spec.statements[k].accumulate)
+    counter = itertools.count()
+    terms = []
+    for k in (k for k in defining if k >= last_set):
+        st = spec.statements[k]
+        products = [(st.factor, [], st.lhs.indices)]
+        for ref in st.operands:
+            expanded = []
+            for factor, ops, kept in expand(spec, ref.tensor, k):
+                fresh = {}
+                rename = dict(zip(kept, ref.indices))
+                for op in ops:
+                    for i in op.indices:
+                        if i not in rename and i not in fresh:
+                            fresh[i] = f"{i}__{next(counter)}"
+                mapping = rename | fresh
+                expanded.append((factor, [Ref(op.tensor, tuple(mapping[i] for i in op.indices)) for op in ops]))
+            products = [(f1 * f2, o1 + o2, kept) for f1, o1, kept in products for f2, o2 in expanded]
+        terms.extend(products)
+    return terms
+
+
+def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[float, int]:
+    """(relative error, elements checked) over random elements of output ``name``."""
+    out = next(o for o in spec.outputs if o.tensor == name)
+    path = spec.resolve(out.file)
+    shape = spec.shape(name)
+    terms = expand(spec, name)
+    inputs = {r.tensor for _, ops, _ in terms for r in ops}
+    values = {n: _input(spec, n) for n in inputs}
+    worst = scale = 0.0
+    with h5py.File(path, "r") as f:
+        if not f.attrs.get(COMPLETE, False):
+            raise ChainexecError("output is not marked complete", path)
+        ds = f[out.dataset]
+        picks = {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)}
+        for point in sorted(picks):
+            ref = 0.0
+            for factor, ops, kept in terms:
+                at = dict(zip(kept, point))
+                letters, arrays, free = {}, [], []
+                for op in ops:
+                    sl = tuple(at.get(i, slice(None)) for i in op.indices)
+                    rest = [i for i in op.indices if i not in at]
+                    for i in rest:
+                        letters.setdefault(i, chr(ord("a") + len(letters)) if len(letters) < 26
+                                           else chr(ord("A") + len(letters) - 26))
+                    free.append("".join(letters[i] for i in rest))
+                    arrays.append(values[op.tensor][sl])
+                ref += factor * float(np.einsum(",".join(free) + "->", *arrays, optimize=True))
+            got = float(ds[point])
+            worst = max(worst, abs(got - ref))
+            scale = max(scale, abs(ref))
+    return worst / scale if scale else worst, len(picks)
+
+
+def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) -> list[Check]:
+    """Check every output against NumPy; ``limit`` bytes decide between full and sampled checks."""
+    total = sum(math.prod(spec.shape(n)) * DTYPES[t.dtype] for n, t in spec.tensors.items())
+    checks = []
+    if total <= limit:
+        reference = full_reference(spec)
+        for o in spec.outputs:
+            got = read_output(spec, o.tensor)
+            ref = reference[o.tensor]
+            err = float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), np.finfo(float).tiny))
+            checks.append(Check(o.tensor, "einsum", err, TOLERANCE[spec.tensors[o.tensor].dtype], ref.size))
+    else:
+        rng = np.random.default_rng(seed)
+        for o in spec.outputs:
+            err, n = _sampled(spec, o.tensor, samples, rng)
+            checks.append(Check(o.tensor, "sampled", err, TOLERANCE[spec.tensors[o.tensor].dtype], n))
+    return checks

@@ -1,0 +1,120 @@
+"""Tests of chainexec.chem.bridge: file layout, determinism, symmetries, atomic writes."""
+
+import h5py
+import numpy as np
+import pytest
+
+from chainexec.chem import bridge
+from chainexec.chem.bridge import synthetic_inputs, write_ccsd_inputs
+
+H2O = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
+
+
+def expected_shapes(o, v):
+    return {"t1": (o, v), "t2": (o, o, v, v), "ovvv": (o, v, v, v), "ovoo": (o, v, o, o),
+            "ovov": (o, v, o, v), "e_occ": (o,), "e_vir": (v,), "f_vo": (v, o)}
+
+
+def check_layout(f, o, v):
+    shapes = expected_shapes(o, v)
+    assert set(f.keys()) == set(shapes)
+    for name, shape in shapes.items():
+        assert f[name].shape == shape, name
+        assert f[name].dtype == np.float64, name
+        assert len(f[name].attrs["indices"]) == len(shape), name
+    assert f["ovvv"].attrs["indices"] == "iabc"
+    assert f["t2"].attrs["indices"] == "ijab"
+    assert f["f_vo"].attrs["indices"] == "ai"
+    assert f.attrs["nocc"] == o and f.attrs["nvir"] == v
+    assert f.attrs["units"] == "Hartree"
+
+
+def test_synthetic_layout_scale_and_symmetries(tmp_path):
+    o, v = 4, 7
+    info = synthetic_inputs(o, v, 11, tmp_path / "s.h5")
+    assert info == {"path": str(tmp_path / "s.h5"), "nocc": o, "nvir": v, "seed": 11}
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        check_layout(f, o, v)
+        assert f.attrs["synthetic"] and f.attrs["seed"] == 11
+        assert "e_t" not in f.attrs
+        x = {name: f[name][()] for name in f}
+    np.testing.assert_array_equal(x["ovov"], x["ovov"].transpose(2, 3, 0, 1))
+    np.testing.assert_array_equal(x["ovvv"], x["ovvv"].transpose(0, 1, 3, 2))
+    np.testing.assert_array_equal(x["ovoo"], x["ovoo"].transpose(0, 1, 3, 2))
+    np.testing.assert_array_equal(x["t2"], x["t2"].transpose(1, 0, 3, 2))
+    assert np.all(x["e_occ"] < -0.29) and np.all(x["e_vir"] > 0.19)
+    assert 1e-3 < np.abs(x["t2"]).mean() < 1e-1
+    assert 1e-2 < np.abs(x["ovov"]).mean() < 1.0
+    assert np.abs(x["f_vo"]).max() > 0
+
+
+def test_synthetic_is_deterministic_per_seed(tmp_path):
+    paths = [tmp_path / name for name in ("a.h5", "b.h5", "c.h5")]
+    for path, seed in zip(paths, (5, 5, 6)):
+        synthetic_inputs(3, 5, seed, path)
+    with h5py.File(paths[0], "r") as a, h5py.File(paths[1], "r") as b, \
+            h5py.File(paths[2], "r") as c:
+        for name in bridge.INDICES:
+            np.testing.assert_array_equal(a[name][()], b[name][()])
+            assert not np.array_equal(a[name][()], c[name][()]), name
+
+
+def test_failed_write_leaves_no_file_and_keeps_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "s.h5"
+    real_create = h5py.Group.create_dataset
+    calls = []
+
+    def failing_create(self, name, *args, **kwargs):
+        calls.append(name)
+        if len(calls) == 3:
+            raise OSError("simulated disk failure")
+        return real_create(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", failing_create)
+    with pytest.raises(OSError, match="simulated"):
+        synthetic_inputs(3, 5, 1, path)
+    assert not path.exists() and not (tmp_path / "s.h5.tmp").exists()
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", real_create)
+    synthetic_inputs(3, 5, 1, path)
+    old = path.read_bytes()
+    calls.clear()
+    monkeypatch.setattr(h5py.Group, "create_dataset", failing_create)
+    with pytest.raises(OSError, match="simulated"):
+        synthetic_inputs(3, 5, 2, path)
+    assert path.read_bytes() == old
+    assert not (tmp_path / "s.h5.tmp").exists()
+
+
+@pytest.fixture(scope="module")
+def h2o_frozen(tmp_path_factory):
+    pytest.importorskip("pyscf")
+    path = tmp_path_factory.mktemp("bridge") / "h2o.h5"
+    return write_ccsd_inputs(H2O, "cc-pvdz", path, frozen=1)
+
+
+def test_pyscf_file_layout_and_attributes(h2o_frozen):
+    # H2O/cc-pVDZ: 24 orbitals, 5 doubly occupied, 1 frozen core -> o = 4, v = 19.
+    assert (h2o_frozen["nocc"], h2o_frozen["nvir"]) == (4, 19)
+    with h5py.File(h2o_frozen["path"], "r") as f:
+        check_layout(f, 4, 19)
+        assert f.attrs["atoms"] == H2O and f.attrs["basis"] == "cc-pvdz"
+        assert f.attrs["frozen"] == 1
+        assert f.attrs["e_hf"] == pytest.approx(-76.0267720534, abs=1e-8)
+        for key in ("e_hf", "e_ccsd", "e_t"):
+            assert f.attrs[key] == h2o_frozen[key]
+        assert -0.3 < f.attrs["e_ccsd"] < -0.1 and -0.01 < f.attrs["e_t"] < 0
+        assert "synthetic" not in f.attrs
+        e_occ, e_vir = f["e_occ"][()], f["e_vir"][()]
+        ovov = f["ovov"][()]
+        assert np.all(e_occ < 0) and e_occ.max() < e_vir.min()
+        np.testing.assert_allclose(ovov, ovov.transpose(2, 3, 0, 1), atol=1e-12)
+        assert np.abs(f["f_vo"][()]).max() < 1e-6  # converged canonical RHF
+
+
+def test_invalid_basis_leaves_no_file(tmp_path):
+    pytest.importorskip("pyscf")
+    path = tmp_path / "bad.h5"
+    with pytest.raises(Exception):
+        write_ccsd_inputs(H2O, "no-such-basis-xyz", path)
+    assert not path.exists() and not (tmp_path / "bad.h5.tmp").exists()
