@@ -1,0 +1,157 @@
+"""Compile generated contraction kernels with NVRTC (through CuPy), cache them on disk, launch them.
+
+The source comes from :mod:`chainexec.planner.codegen`.  Compiled CUBINs are cached under
+``$CHAINEXEC_KERNEL_CACHE`` (default ``~/.cache/chainexec/kernels``) in files named by the
+SHA-256 of the source, the device's compute capability and the NVRTC options, so a kernel is
+compiled once per machine.  CuPy is imported lazily: this module imports on machines without it.
+
+Arrays are row-major (C order) CuPy arrays; the last index of each index string is stride-1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..planner.codegen import generate, grid_size, kernel_params
+from ..planner.kernelconf import Device, KernelConfig, choose_config, parse_contraction
+
+NVRTC_OPTIONS = ("--std=c++17",)
+"""Options passed to NVRTC besides the architecture (part of the cache key)."""
+
+_LOADED: dict = {}
+_LOCK = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Directory of the on-disk CUBIN cache (created on first use)."""
+    return Path(os.environ.get("CHAINEXEC_KERNEL_CACHE",
+                               Path.home() / ".cache" / "chainexec" / "kernels"))
+
+
+def cache_key(source: str, compute_capability: str) -> str:
+    """SHA-256 hex digest of the source, the compute capability (e.g. "90") and the options."""
+    text = "\0".join((source, compute_capability, *NVRTC_OPTIONS))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compile_cubin(source: str, name: str, compute_capability: str) -> bytes:
+    """Compile ``source`` to a CUBIN for ``sm_<compute_capability>`` with NVRTC.
+
+    Raises RuntimeError with NVRTC's log when compilation fails."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture=sm_{compute_capability}",
+                                        *NVRTC_OPTIONS])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC failed for {name}:\n{nvrtc.getProgramLog(prog)}") from exc
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def load_function(name: str, source: str):
+    """The CuPy kernel function ``name`` of ``source`` on the current device.
+
+    Looks in the in-process table, then the disk cache, and compiles only on a miss.  The CUBIN
+    is written to a temporary file and renamed, so concurrent processes never read half a file.
+    """
+    import cupy
+
+    dev = cupy.cuda.Device()
+    cc = str(dev.compute_capability)
+    key = cache_key(source, cc)
+    with _LOCK:
+        fn = _LOADED.get((key, dev.id))
+    if fn is not None:
+        return fn
+    path = cache_dir() / f"{key}.cubin"
+    if not path.exists():
+        cubin = compile_cubin(source, name, cc)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)
+    fn = cupy.RawModule(path=str(path)).get_function(name)
+    with _LOCK:
+        _LOADED[(key, dev.id)] = fn
+    return fn
+
+
+@dataclass(frozen=True)
+class ContractionKernel:
+    """A compiled kernel for ``C[c] = alpha * sum A[a]*B[b] + beta * C[c]`` (any extents)."""
+
+    config: KernelConfig
+    name: str
+    source: str
+    params: tuple[str, ...]
+    function: object
+
+    def extents(self, A, B, C=None) -> dict:
+        """Extents of every index read off the array shapes; ValueError if they disagree."""
+        out: dict = {}
+        for arr, idx, label in ((A, self.config.a, "A"), (B, self.config.b, "B"),
+                                (C, self.config.c, "C")):
+            if arr is None:
+                continue
+            if arr.ndim != len(idx):
+                raise ValueError(f"{label} has {arr.ndim} dims, expected {len(idx)} ({idx})")
+            for i, n in zip(idx, arr.shape):
+                if out.setdefault(i, int(n)) != n:
+                    raise ValueError(f"extent of {i!r} is {out[i]} elsewhere but {n} in {label}")
+        return out
+
+    def __call__(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0, stream=None):
+        """Compute into ``C`` (allocated when None, then ``beta`` must be 0) and return it.
+
+        All arrays must be C-contiguous CuPy arrays of the kernel's dtype; ``C`` must not
+        overlap ``A`` or ``B``.  With ``beta == 0`` the old contents of C are not read."""
+        import cupy
+        import numpy as np
+
+        dtype = np.dtype(self.config.dtype)
+        ext = self.extents(A, B, C)
+        if C is None:
+            if beta != 0:
+                raise ValueError("beta != 0 needs an existing C")
+            C = cupy.empty(tuple(ext[i] for i in self.config.c), dtype=dtype)
+        for label, arr in (("A", A), ("B", B), ("C", C)):
+            if not isinstance(arr, cupy.ndarray) or arr.dtype != dtype:
+                raise ValueError(f"{label} must be a cupy array of {dtype}")
+            if not arr.flags.c_contiguous:
+                raise ValueError(f"{label} must be C-contiguous (row-major)")
+        if max(ext.values()) >= 2**31:
+            raise ValueError("extents must be below 2**31")
+        if min(ext.values()) == 0 or A.size == 0 or B.size == 0:
+            raise ValueError("zero-sized extents are not supported")
+        args = (C, A, B, *(np.int32(ext[i]) for i in self.params), dtype.type(alpha),
+                dtype.type(beta))
+        launch = (grid_size(self.config, ext),), (self.config.threads,), args
+        if stream is None:
+            self.function(*launch)
+        else:
+            with stream:
+                self.function(*launch)
+        return C
+
+
+def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = None,
+               device: Device | None = None) -> ContractionKernel:
+    """Compiled kernel for a contraction: the model's choice for the representative ``sizes``
+    on ``device`` (default: the current GPU, :meth:`Device.from_cupy`) unless ``config`` is
+    given."""
+    parse_contraction(c, a, b, sizes)
+    if config is None:
+        config = choose_config(c, a, b, sizes, dtype, device or Device.from_cupy())
+    name, source = generate(c, a, b, sizes, dtype, config)
+    return ContractionKernel(config=config, name=name, source=source,
+                             params=kernel_params(c, a, b), function=load_function(name, source))
