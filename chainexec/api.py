@@ -47,8 +47,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None) -
     if comm.rank == 0:
         try:
             p = plan(config, machine)
-            store.check_inputs(p)
+            # Outputs first: a run that fails on its inputs must not leave an older output behind
+            # that looks like this run's result.
             store.prepare_outputs(p)
+            store.check_inputs(p)
             text = p.to_json()
         except ChainexecError as err:
             error = str(err)

@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both bootstrap .venv from nothing
+# but Python 3.11 and PyPI (MPI comes from the `mpich` wheel when the system has none).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+NP ?= 2
+
+.PHONY: demo test clean
+
+$(STAMP): pyproject.toml
+	rm -f $(VENV)/.installed-*
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,mpi,chem]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/chainexec plan configs/fourindex.yaml
+	$(BIN)/chainexec generate configs/fourindex.yaml
+	$(BIN)/mpiexec -n $(NP) $(BIN)/chainexec run configs/fourindex.yaml --report-json runs/fourindex/report.json
+	$(BIN)/chainexec verify configs/fourindex.yaml
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -ra
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

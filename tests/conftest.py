@@ -1,0 +1,58 @@
+"""Shared helpers: run the real CLI in a subprocess (under mpiexec for several ranks), write
+configs into a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+BIN = Path(sys.executable).parent
+
+
+def mpiexec() -> str | None:
+    local = BIN / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
+    """``chainexec ARGS`` as a user runs it; ``ranks`` launches it under ``mpiexec -n ranks``."""
+    cmd = [sys.executable, "-m", "chainexec.cli", *map(str, args)]
+    if ranks is not None:
+        launcher = mpiexec()
+        if launcher is None:
+            pytest.skip("no mpiexec")
+        cmd = [launcher, "-n", str(ranks), *cmd]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def write_config(folder: Path, config: dict, name: str = "chain.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def fourindex_config(n: int = 10, nmo: int = 8, global_memory="24KiB", device_memory="3KiB", seed=11) -> dict:
+    """A small four-index transform with uneven AO/MO extents and HDF5 inputs."""
+    return {
+        "name": "fourindex",
+        "indices": {**{i: n for i in "pqrs"}, **{i: nmo for i in "abcd"}},
+        "tensors": {
+            "A": {"indices": list("pqrs"), "source": {"file": "in.h5", "dataset": "A", "seed": seed}},
+            "C": {"indices": ["p", "a"], "source": {"file": "in.h5", "dataset": "C", "seed": seed + 1}},
+        },
+        "statements": ["B[a,b,c,d] = C[p,a] * C[q,b] * C[r,c] * C[s,d] * A[p,q,r,s]"],
+        "outputs": {"B": {"file": "out/result.h5", "dataset": "B"}},
+        "machine": {"global_memory": global_memory, "device_memory": device_memory},
+    }
+
+
+def read_report(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -1,0 +1,68 @@
+"""Binarization: the DP's flop count equals a brute-force minimum over every pairwise contraction
+sequence, and the four-index transform becomes four O(N⁵) steps."""
+
+from __future__ import annotations
+
+import math
+import random
+from functools import lru_cache
+
+import pytest
+
+from chainexec.planner.order import binarize
+
+
+def brute_force(operands, keep, extents) -> int:
+    """Minimum flops over all ways of repeatedly contracting two of the remaining tensors."""
+    keep = frozenset(keep)
+
+    @lru_cache(maxsize=None)
+    def best(tensors: frozenset) -> int:
+        if len(tensors) == 1:
+            return 0
+        items = sorted(tensors, key=sorted)
+        result = None
+        for x in range(len(items)):
+            for y in range(x + 1, len(items)):
+                rest = [t for k, t in enumerate(items) if k not in (x, y)]
+                needed = keep.union(*[set(t[0]) for t in rest]) if rest else keep
+                joint = set(items[x][0]) | set(items[y][0])
+                merged = (frozenset(joint & needed), items[x][1] | items[y][1])
+                cost = 2 * math.prod(extents[i] for i in joint) + best(frozenset(rest + [merged]))
+                result = cost if result is None else min(result, cost)
+        return result
+
+    # Each tensor carries the set of operand positions it holds, so equal index sets stay distinct.
+    return best(frozenset((frozenset(ix), frozenset([k])) for k, ix in enumerate(operands)))
+
+
+def random_product(seed: int):
+    rng = random.Random(seed)
+    names = "abcdefgh"
+    extents = {i: rng.randint(2, 9) for i in names}
+    n = rng.randint(2, 6)
+    operands = [tuple(rng.sample(names, rng.randint(1, 4))) for _ in range(n)]
+    count = {}
+    for ix in operands:
+        for i in ix:
+            count[i] = count.get(i, 0) + 1
+    keep = tuple(i for i in count if count[i] == 1 or rng.random() < 0.2)
+    return operands, keep, extents
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_equals_brute_force(seed):
+    operands, keep, extents = random_product(seed)
+    steps = binarize(operands, keep, extents)
+    assert len(steps) == len(operands) - 1
+    assert sum(s.flops for s in steps) == brute_force(operands, keep, extents)
+    assert steps[-1].indices == keep
+
+
+def test_fourindex_is_four_n5_steps():
+    n = 20
+    extents = {i: n for i in "pqrsabcd"}
+    operands = [("p", "a"), ("q", "b"), ("r", "c"), ("s", "d"), ("p", "q", "r", "s")]
+    steps = binarize(operands, ("a", "b", "c", "d"), extents)
+    assert [s.flops for s in steps] == [2 * n**5] * 4
+    assert all(len(s.indices) == 4 for s in steps)

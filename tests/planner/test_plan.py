@@ -1,0 +1,77 @@
+"""The Plan: JSON round trip, memory limits respected, predicted bytes equal to a tile-by-tile
+enumeration of the loop nest."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from chainexec import spec
+from chainexec.planner.build import make_plan
+from chainexec.planner.cost import CATEGORY
+from chainexec.planner.plan import Loop, Plan, to_dict
+from tests.conftest import fourindex_config, write_config
+from tests.runtime.test_chains import random_chain
+
+
+def _configs(tmp_path):
+    yield write_config(tmp_path, fourindex_config(), "four.yaml")
+    for seed in range(6):
+        yield write_config(tmp_path, random_chain(seed, tmp_path), f"chain{seed}.yaml")
+
+
+def enumerate_bytes(plan: Plan) -> dict:
+    """Bytes per category by walking every iteration of every loop (slow, independent of cost.py)."""
+    moved = dict.fromkeys(CATEGORY.values(), 0)
+
+    def walk(body, ranges):
+        for node in body:
+            if isinstance(node, Loop):
+                names = list(node.tiles)
+                spans = []
+                for i in names:
+                    lo, hi = ranges[node.level].get(i, ranges["global"].get(i, (0, plan.extents[i])))
+                    spans.append([(s, min(s + node.tiles[i], hi)) for s in range(lo, hi, node.tiles[i])])
+                for combo in itertools.product(*spans):
+                    inner = {lvl: dict(r) for lvl, r in ranges.items()}
+                    for lvl in (("global", "device") if node.level == "global" else ("device",)):
+                        inner[lvl].update(zip(names, combo))
+                    walk(node.body, inner)
+            elif node.op in CATEGORY:
+                level = "global" if node.op in ("load", "store") else "device"
+                size = math.prod(b - a for a, b in (ranges[level].get(i, (0, plan.extents[i])) for i in node.indices))
+                moved[CATEGORY[node.op]] += size * plan.tensors[node.tensor].itemsize
+
+    for nest in plan.nests:
+        walk(nest.body, {"global": {}, "device": {}})
+    return moved
+
+
+def test_json_round_trip(tmp_path):
+    for config in _configs(tmp_path):
+        plan = make_plan(spec.load(config))
+        again = Plan.from_json(plan.to_json())
+        assert to_dict(again) == to_dict(plan)
+
+
+def test_predicted_bytes_equal_enumeration(tmp_path):
+    for config in _configs(tmp_path):
+        plan = make_plan(spec.load(config))
+        assert enumerate_bytes(plan) == plan.predicted["bytes"]
+
+
+@pytest.mark.parametrize("device", ["1KiB", "3KiB", "100KiB"])
+@pytest.mark.parametrize("glob", ["8KiB", "40KiB", "10MiB"])
+def test_memory_limits_respected(tmp_path, glob, device):
+    plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(global_memory=glob, device_memory=device))))
+    for level in ("global", "device"):
+        assert 0 < plan.predicted["memory_peak"][level] <= plan.memory_limit[level]
+
+
+def test_flops_and_contractions(tmp_path):
+    plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(n=10, nmo=8))))
+    assert len(plan.contractions) == 4
+    assert plan.predicted["flops"] == sum(c.flops for c in plan.contractions)
+    assert plan.contractions[-1].out == "B"

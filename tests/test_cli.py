@@ -1,0 +1,138 @@
+"""Bad input: one line naming the file and the problem, exit status 2, no traceback, and no output
+that looks complete."""
+
+from __future__ import annotations
+
+import copy
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import fourindex_config, run_cli, write_config
+
+
+def _assert_clean_failure(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def _no_complete_output(folder):
+    out = folder / "out" / "result.h5"
+    if out.exists():
+        with h5py.File(out, "r") as f:
+            assert not f.attrs.get("chainexec_complete", False)
+
+
+SPEC_ERRORS = {
+    "malformed_yaml": (lambda text: text.replace("statements:", "statements: [oops"), ["chain.yaml:", "malformed YAML"]),
+    "unknown_index": (lambda text: text.replace("C[s,d] * A", "C[z,d] * A"), ["chain.yaml:", "unknown index 'z'"]),
+    "index_once": (lambda text: text.replace("C[s,d] * A[p,q,r,s]", "A[p,q,r,s]"),
+                   ["chain.yaml:", "appears only once"]),
+    "bad_tensor_name": (lambda text: text.replace("B[a,b,c,d] =", "B-1[a,b,c,d] ="), ["chain.yaml:", "tensor reference"]),
+    "bad_index_name": (lambda text: text.replace("  p: 10", "  p$: 10"), ["chain.yaml:", "not a plain identifier"]),
+    "keyword_name": (lambda text: text.replace("B[a,b,c,d] =", "int[a,b,c,d] =").replace("\n  B:", "\n  int:"),
+                     ["chain.yaml:", "not a plain identifier"]),
+    "tiny_device": (lambda text: text.replace("device_memory: 3KiB", "device_memory: 16"),
+                    ["chain.yaml:", "too small for any plan", "needs at least 24 B"]),
+    "unknown_key": (lambda text: text.replace("machine:", "machin:"), ["chain.yaml:", "unknown key 'machin'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPEC_ERRORS))
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_spec_errors(case, command, tmp_path):
+    edit, needles = SPEC_ERRORS[case]
+    config = write_config(tmp_path, fourindex_config(n=10, nmo=8))
+    config.write_text(edit(config.read_text()))
+    proc = run_cli(command, config)
+    _assert_clean_failure(proc, *needles)
+    _no_complete_output(tmp_path)
+
+
+def test_yaml_error_names_the_line(tmp_path):
+    config = write_config(tmp_path, fourindex_config())
+    lines = config.read_text().splitlines()
+    at = next(k for k, line in enumerate(lines) if "C[p,a]" in line)
+    lines[at] = lines[at].replace("C[p,a]", "C[p,a,zz]")
+    config.write_text("\n".join(lines) + "\n")
+    proc = run_cli("plan", config)
+    _assert_clean_failure(proc, f"chain.yaml:{at + 1}:", "unknown index 'zz'")
+
+
+def _with_inputs(tmp_path, mutate=None):
+    """A generated config whose input file is then changed by ``mutate(h5file)``; an older complete
+    output is left in place to check that a failed run does not leave it looking like its result."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    assert run_cli("run", config).returncode == 0
+    assert (tmp_path / "out" / "result.h5").exists()
+    if mutate:
+        with h5py.File(tmp_path / "in.h5", "a") as f:
+            mutate(f)
+    return config
+
+
+def _replace(name, data):
+    def mutate(f):
+        del f[name]
+        f[name] = data
+    return mutate
+
+
+INPUT_ERRORS = {
+    "shape": (_replace("C", np.random.default_rng(1).random((10, 9))), ["in.h5", "shape (10, 9)", "(10, 8)"]),
+    "dtype": (_replace("C", np.random.default_rng(2).random((10, 8)).astype(np.float32)), ["in.h5", "dtype float32"]),
+    "missing_dataset": (lambda f: f.__delitem__("A"), ["in.h5", "no dataset 'A'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INPUT_ERRORS))
+def test_input_errors(case, tmp_path):
+    mutate, needles = INPUT_ERRORS[case]
+    config = _with_inputs(tmp_path, mutate)
+    proc = run_cli("run", config, ranks=2)
+    _assert_clean_failure(proc, *needles)
+    assert not (tmp_path / "out" / "result.h5").exists()
+
+
+def test_missing_input_file(tmp_path):
+    config = _with_inputs(tmp_path)
+    (tmp_path / "in.h5").unlink()
+    proc = run_cli("run", config)
+    _assert_clean_failure(proc, "in.h5", "not found")
+    assert not (tmp_path / "out" / "result.h5").exists()
+
+
+def test_statement_dtype_mismatch(tmp_path):
+    cfg = fourindex_config()
+    cfg["tensors"]["C"]["dtype"] = "float32"
+    proc = run_cli("plan", write_config(tmp_path, cfg))
+    _assert_clean_failure(proc, "chain.yaml:", "dtype mismatch")
+
+
+def test_output_not_writable(tmp_path):
+    cfg = fourindex_config()
+    (tmp_path / "blocker").write_text("a file where a folder should be")
+    cfg["outputs"]["B"]["file"] = "blocker/result.h5"
+    config = write_config(tmp_path, cfg)
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config)
+    _assert_clean_failure(proc, "result.h5", "not writable")
+
+
+def test_float32_chain_runs(tmp_path):
+    cfg = copy.deepcopy(fourindex_config())
+    cfg["dtype"] = "float32"
+    config = write_config(tmp_path, cfg)
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config)
+    assert proc.returncode == 0, proc.stderr
+    check = run_cli("verify", config)
+    assert check.returncode == 0, check.stdout
+    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
+        assert f["B"].dtype == np.float32

@@ -1,0 +1,73 @@
+"""Spec parsing: statements, sizes, index classes, inferred intermediates, errors with lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from chainexec import spec
+from chainexec.errors import ChainexecError
+
+BASE = """\
+name: t
+ranges: {occ: 3, vir: 5}
+indices: {i: occ, j: occ, a: vir, b: vir, k: 4}
+tensors:
+  X: {indices: [i, a], source: {random: 1}}
+  Y: {indices: [a, j], source: {file: y.h5, dataset: Y, seed: 2}}
+statements:
+  - T[i,j] = 0.5 * X[i,a] * Y[a,j]
+  - T[i,j] -= X[i,b] * Y[b,j]
+outputs:
+  T: {file: out.h5, dataset: T}
+machine: {global_memory: 1MiB, device_memory: 64 KiB}
+"""
+
+
+def test_parses_a_complete_config():
+    s = spec.loads(BASE, "t.yaml")
+    assert s.extents == {"i": 3, "j": 3, "a": 5, "b": 5, "k": 4}
+    assert s.tensors["T"].indices == ("i", "j") and s.tensors["T"].source is None
+    assert s.statements[0].factor == 0.5 and not s.statements[0].accumulate
+    assert s.statements[1].factor == -1.0 and s.statements[1].accumulate
+    assert s.machine.global_memory == 2**20 and s.machine.device_memory == 64 * 2**10
+    assert s.tensors["Y"].source.seed == 2
+    assert s.statements[0].line == 8
+
+
+@pytest.mark.parametrize("text, factor, operands", [
+    ("C[i,j] = A[i,k] * B[k,j]", 1.0, 2),
+    ("C[i,j] += -2 * A[i,k] * 0.25 * B[k,j]", -0.5, 2),
+    ("C[] = A[i,k] * B[i,k]", 1.0, 2),
+    ("C[j,i] = A[i,j]", 1.0, 1),
+])
+def test_statement_forms(text, factor, operands):
+    st = spec.parse_statement(text)
+    assert st.factor == factor and len(st.operands) == operands
+
+
+@pytest.mark.parametrize("value, expected", [("8GiB", 8 * 2**30), ("1.5 MiB", 3 * 2**19), ("1e6", 10**6),
+                                             (4096, 4096), ("2GB", 2 * 10**9)])
+def test_sizes(value, expected):
+    assert spec.parse_size(value, "x") == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "eight", 0, True, "3 parsecs"])
+def test_bad_sizes(value):
+    with pytest.raises(ValueError):
+        spec.parse_size(value, "x")
+
+
+@pytest.mark.parametrize("edit, message, line", [
+    (("T[i,j] -= X[i,b]", "T[i,j] -= X[i,c]"), "unknown index 'c'", 9),
+    (("  - T[i,j] = 0.5", "  - T[i,j] += 0.5"), "before any '=' assigns it", 8),
+    (("X: {indices: [i, a]", "X: {indices: [i, k]"), "index 'a' has extent 5 but X's dimension 'k' has 4", 8),
+    (("outputs:\n  T:", "outputs:\n  Q:"), "output 'Q' is not assigned", 11),
+    (("device_memory: 64 KiB", "device_memory: lots"), "expected a size", 12),
+    (("name: t", "name: 1t"), "not a plain identifier", 1),
+    (("  - T[i,j] -= X[i,b] * Y[b,j]\n", "  - T[i,j] -= X[i,b] * Z[b,j]\n"), "unknown tensor 'Z'", 9),
+])
+def test_errors_name_file_and_line(edit, message, line):
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(BASE.replace(*edit), "t.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith(f"t.yaml:{line}:")
