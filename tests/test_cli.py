@@ -136,3 +136,30 @@ def test_float32_chain_runs(tmp_path):
     assert check.returncode == 0, check.stdout
     with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
         assert f["B"].dtype == np.float32
+
+
+def test_plan_json_names(tmp_path):
+    import json
+
+    proc = run_cli("plan", write_config(tmp_path, fourindex_config()), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data["predicted"]["bytes"]) == {"disk->global", "global->disk", "global->device", "device->global"}
+    assert set(data["predicted"]["memory_peak"]) == {"global", "device"}
+    # n = 10 AO, 8 MO: each step replaces one AO index by an MO index, 2·(8^k·10^(5-k)) flops.
+    assert data["predicted"]["flops"] == sum(2 * 8**k * 10 ** (5 - k) for k in range(1, 5))
+    assert [c["output"] for c in data["contractions"]][-1] == "B[a,b,c,d]"
+    assert all({"output", "inputs", "flops"} <= set(c) for c in data["contractions"])
+
+
+def test_report_keys_identical(tmp_path):
+    import json
+
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--report-json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert set(data["predicted"]) == set(data["measured"])
+    for key in ("bytes", "memory_peak", "seconds"):
+        assert set(data["predicted"][key]) == set(data["measured"][key])
