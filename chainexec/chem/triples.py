@@ -140,9 +140,10 @@ def ccsd_t_energy(source) -> float:
         return w
 
     def v0(p, q, r):
-        """V0[p,q,r,:,:,:] = (pa|qb) t1[r,c] + t2[p,q,a,b] f_vo[c,r]."""
-        return (np.einsum("ab,c->abc", ovov[p, :, q, :], t1[r])
-                + np.einsum("ab,c->abc", t2[p, q], f_vo[:, r]))
+        """V0[p,q,r,:,:,:] = (pa|qb) t1[r,c] + t2[p,q,a,b] f_vo[c,r], both outer products at once."""
+        pair = np.stack([ovov[p, :, q, :], t2[p, q]])
+        single = np.stack([t1[r], f_vo[:, r]])
+        return np.einsum("nab,nc->abc", pair, single, optimize=True)
 
     energy = 0.0
     for i in range(nocc):
@@ -163,11 +164,10 @@ def _pair_symmetrize(block, ijk) -> np.ndarray:
     For s = (1, 2, 0) the block at occupied (j, k, i) has virtual axes (b, c, a), hence the
     einsum "bca->abc" that puts it back in (a, b, c) order.
     """
-    total = None
-    for s in PAIR_PERMUTATIONS:
+    total = block(*ijk)  # s = identity
+    for s in PAIR_PERMUTATIONS[1:]:
         letters = "".join("abc"[n] for n in s)
-        term = np.einsum(f"{letters}->abc", block(*(ijk[n] for n in s)))
-        total = term.copy() if total is None else total + term
+        total += np.einsum(f"{letters}->abc", block(*(ijk[n] for n in s)))
     return total
 
 
