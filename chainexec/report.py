@@ -41,7 +41,7 @@ def loop_nest(plan: Plan) -> str:
                 lines.append(f"{pad}{node.op:<10} {ref} @{node.level}{extra}{version}")
 
     for nest in plan.nests:
-        lines.append(contraction_line(plan, nest.contraction))
+        lines += [contraction_line(plan, k) for k in nest.contractions]
         walk(nest.body, 1)
     return "\n".join(lines)
 

@@ -29,7 +29,8 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import predict
 from chainexec.planner.machine import Machine
 from chainexec.planner.order import binarize
-from chainexec.planner.plan import Contraction, Loop, Nest, Op, Plan, TensorInfo
+from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
+from chainexec.planner.plan import Contraction, Plan, TensorInfo
 from chainexec.planner.tiling import choose_tiles, minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
 
@@ -73,61 +74,12 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
     return result, tensors
 
 
-def _data(op: str, level: str, tensor: str, indices, version=None) -> Op:
-    return Op(op, level, tensor=tensor, indices=list(indices), version=version)
-
-
-def nest(c: Contraction, glob: dict[str, int], dev: dict[str, int], extents: dict[str, int],
-         versions: dict[str, int]) -> Nest:
-    """The output-stationary two-level nest of one contraction (module docstring)."""
-    outs = c.out_indices
-    ks = [i for i in c.indices() if i not in outs]
-    operands = [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
-
-    def tiled(level_tiles, names, bound):
-        return {i: level_tiles[i] for i in names if level_tiles[i] < bound[i]}
-
-    reads = [versions.get(name, 0) for name, _ in operands]
-    written = versions.get(c.out, 0) + 1
-    inner_k = [_data(op, "device", name, ix)
-               for name, ix in operands for op in ("alloc", "get")]
-    inner_k.append(Op("compute", "device", contraction=c.id))
-    inner_k += [_data("free", "device", name, ix) for name, ix in operands]
-    dev_out = [_data("alloc", "device", c.out, outs),
-               *_loop("device", tiled(dev, ks, glob), False, inner_k),
-               _data("accumulate", "device", c.out, outs),
-               _data("free", "device", c.out, outs)]
-    glob_k = []
-    for (name, ix), version in zip(operands, reads):
-        glob_k += [_data("alloc", "global", name, ix), _data("load", "global", name, ix, version)]
-    glob_k += _loop("device", tiled(dev, outs, glob), True, dev_out)
-    glob_k += [_data("free", "global", name, ix) for name, ix in operands]
-    glob_out = [_data("alloc", "global", c.out, outs)]
-    if c.accumulate:
-        glob_out.append(_data("load", "global", c.out, outs, written - 1))
-    glob_out += _loop("global", tiled(glob, ks, extents), False, glob_k)
-    glob_out += [_data("store", "global", c.out, outs, written), _data("free", "global", c.out, outs)]
-    for name, _ in operands:
-        versions.setdefault(name, 0)
-    versions[c.out] = written
-    return Nest(c.id, _loop("global", tiled(glob, outs, extents), False, glob_out))
-
-
-def _loop(level: str, tiles: dict[str, int], parallel: bool, body: list) -> list:
-    """A loop over ``tiles`` around ``body``; no loop when no index is tiled, except that a parallel
-    band is always a loop (one iteration), so that exactly one rank runs its body."""
-    if tiles or parallel:
-        return [Loop(level, tiles, parallel, body)]
-    return body
-
-
 def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
     """Plan a spec: binarize, tile for ``spec.machine`` limits, predict movement; pure."""
     machine = machine or Machine()
     cs, tensors = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
-    nests = []
-    versions: dict[str, int] = {}
+    groups = []
     for c in cs:
         item = tensors[c.out].itemsize
         for level in ("global", "device"):
@@ -139,7 +91,8 @@ def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
                     spec.path, spec.lines.get(("machine", f"{level}_memory")))
         glob = choose_tiles(c, spec.extents, item, limits["global"], passes=True)
         dev = choose_tiles(c, glob, item, limits["device"], passes=False)
-        nests.append(nest(c, glob, dev, spec.extents, versions))
+        groups.append(DiskGroup([DeviceGroup([c.id], glob, dev)]))
+    nests = Emitter(cs, spec.extents).schedule(Schedule(groups))
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch))
     plan.predicted = predict(plan, machine)
     return plan

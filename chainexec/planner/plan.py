@@ -96,9 +96,9 @@ class Loop:
 
 @dataclass
 class Nest:
-    """The loop nest that computes one contraction, and which contraction."""
+    """The loop nest that computes a sub-chain of contractions (one, or several fused)."""
 
-    contraction: int
+    contractions: list[int]
     body: list
 
 
@@ -141,7 +141,7 @@ def to_dict(plan: Plan) -> dict:
         "extents": plan.extents,
         "tensors": {k: asdict(v) for k, v in plan.tensors.items()},
         "contractions": [asdict(c) for c in plan.contractions],
-        "nests": [{"contraction": n.contraction, "body": [_node_to_dict(x) for x in n.body]} for n in plan.nests],
+        "nests": [{"contractions": n.contractions, "body": [_node_to_dict(x) for x in n.body]} for n in plan.nests],
         "memory_limit": plan.memory_limit,
         "predicted": plan.predicted,
         "scratch": plan.scratch,
@@ -154,7 +154,7 @@ def from_dict(d: dict) -> Plan:
         extents=dict(d["extents"]),
         tensors={k: TensorInfo(**v) for k, v in d["tensors"].items()},
         contractions=[Contraction(**c) for c in d["contractions"]],
-        nests=[Nest(n["contraction"], [_node_from_dict(x) for x in n["body"]]) for n in d["nests"]],
+        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]]) for n in d["nests"]],
         memory_limit=dict(d["memory_limit"]),
         predicted=d["predicted"],
         scratch=d["scratch"],

@@ -1,16 +1,23 @@
-"""Tile sizes for one contraction at one memory level.
+"""Tile sizes for one contraction on three levels: the schemes of the multi-level paper, section 4.
 
-Planner v1 tiles every contraction output-stationary at both levels (the loop structure of Fig. 1 of
-the multi-level paper, section 4, with the output tile held while the contracted indices stream):
-for each output tile, for each contracted tile, the A and B tiles are brought in. The movement that
-results is, in elements,
+The paper groups a contraction C[i,j] = Σ_k A[i,k]·B[k,j] into three composite indices: i (output
+indices from A, batch indices included), j (output indices from B) and k (contracted). With
+sizes in elements, Mβ the global budget and Mγ the device budget:
 
-    |A| · Π_{i ∈ out, i ∉ A} n_i  +  |B| · Π_{i ∈ out, i ∉ B} n_i  +  |C| · (1 + p · Π_{k ∉ out} n_k)
+- **one array fits** (Fig. 1, section 4): the smallest array stays at its level for the whole
+  contraction and the other two stream, so every array moves exactly once (eq. 4.1); when the
+  smallest array lies between Mβ/3 and Mβ this is the *mixed* scheme of eq. 4.10–4.12, with the
+  streamed tile Tj ≤ (Mβ − Ni·Nk)/(Ni + Nk);
+- **streaming** (eq. 4.4–4.7): output-stationary, Ti = Tj ≈ √Mβ, Tk = 1;
+- **equal tiles** (eq. 4.8): Ti = Tj = Tk = √(Mβ/3), trading a little disk traffic for much less
+  global↔device traffic;
+- the choice rule eq. 4.9: equal tiles win when √Mβ ≥ (√3 − 1)·Λαβ/Λβγ + √3 (the extracted text
+  prints Mβ on the left; the derivation from eq. 4.4, 4.5 and 4.8 with q_k = 2 gives √Mβ).
 
-with n_i = ⌈E_i / T_i⌉ tiles of index i: an operand is re-read once per tile of each output index
-it lacks. At the global level (p = 1) the output tile also receives one accumulation from the
-device per contracted tile; at the device level (p = 0) the output tile stays put over them. :func:`choose_tiles` shrinks tiles greedily, always taking the step that buys the most
-memory per element of extra movement, until the three buffers fit the level's budget.
+A composite tile size T is spread over its indices innermost-first (the fastest-varying index of
+the tensor gets its whole extent before the next is cut), so that tiles stay contiguous. Every
+scheme's tiles are then checked against the real footprint (element size, all three buffers) and
+shrunk greedily where the continuous formula overshoots (:func:`choose_tiles`).
 """
 
 from __future__ import annotations
@@ -29,14 +36,39 @@ def buffers(c: Contraction) -> list[list[str]]:
     return [c.out_indices, c.a_indices] + ([c.b_indices] if c.b is not None else [])
 
 
+def composites(c: Contraction) -> dict[str, list[str]]:
+    """The paper's composite indices: i (out indices of a, batch included), j (out indices of b
+    only), k (contracted), each listed innermost (fastest-varying in its operand) first."""
+    b = c.b_indices or []
+    i = [x for x in reversed(c.a_indices) if x in c.out_indices]
+    j = [x for x in reversed(b) if x in c.out_indices and x not in c.a_indices]
+    k = [x for x in reversed(c.a_indices) if x not in c.out_indices]
+    return {"i": i, "j": j, "k": k}
+
+
+def spread(names: list[str], extents: dict[str, int], size: float) -> dict[str, int]:
+    """Per-index tiles whose product is about ``size`` (≥ 1), innermost index filled first."""
+    tiles, left = {}, max(1.0, size)
+    for name in names:
+        t = max(1, min(extents[name], int(left)))
+        tiles[name] = t
+        left = max(1.0, left / t)
+    return tiles
+
+
 def footprint(c: Contraction, tiles: dict[str, int], itemsize: int) -> int:
     """Bytes of the output and operand tiles held together at full tile size."""
     return itemsize * sum(math.prod(tiles[i] for i in idx) for idx in buffers(c))
 
 
 def movement(c: Contraction, extents: dict[str, int], tiles: dict[str, int], passes: bool) -> int:
-    """Elements moved into and out of the level by the output-stationary nest (module docstring);
-    ``passes`` counts the output's accumulations from the level below (the global level)."""
+    """Elements moved into and out of a level by the output-stationary nest:
+
+        |A| · Π_{i ∈ out, i ∉ A} n_i + |B| · Π_{i ∈ out, i ∉ B} n_i + |C| · (1 + p · Π_{k ∉ out} n_k)
+
+    n_i = ⌈E_i / T_i⌉; an operand is re-read once per tile of each output index it lacks; with
+    ``passes`` (the global level) the output tile also takes one accumulation from the device per
+    contracted tile (eq. 4.5's q_k term)."""
     n = {i: tile_count(extents[i], tiles[i]) for i in tiles}
     out = set(c.out_indices)
     ks = [i for i in tiles if i not in out]
@@ -52,35 +84,75 @@ def minimal_footprint(c: Contraction, itemsize: int) -> int:
     return footprint(c, {i: 1 for i in c.indices()}, itemsize)
 
 
-def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int,
-                 passes: bool) -> dict[str, int] | None:
-    """Tile size per index of ``c`` (≤ ``extents``) whose buffers fit ``budget`` bytes, or None.
+def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int, passes: bool,
+                 start: dict[str, int] | None = None, free: list[str] | None = None) -> dict[str, int] | None:
+    """Tiles (≤ ``extents``, from ``start`` or whole extents) shrunk until the three buffers fit
+    ``budget`` bytes, cutting only ``free`` indices (default: all); None if that cannot fit.
 
-    Greedy: start from whole extents; while too large, among all single-index steps to the next
-    larger tile count, take the one with the least extra movement per byte freed (ties: the larger
-    index extent first, then name order, for determinism).
-    """
-    tiles = {i: extents[i] for i in c.indices()}
-    if footprint(c, {i: 1 for i in tiles}, itemsize) > budget:
+    Greedy: among single-index steps to the next larger tile count, take the one with the least
+    extra movement per byte freed (ties: larger tile, then name, for determinism)."""
+    tiles = {i: min(extents[i], (start or extents)[i]) for i in c.indices()}
+    free = set(tiles if free is None else free)
+    if footprint(c, {i: 1 if i in free else tiles[i] for i in tiles}, itemsize) > budget:
         return None
     mem, cost = footprint(c, tiles, itemsize), movement(c, extents, tiles, passes)
     while mem > budget:
         best = None
-        for i in sorted(tiles, key=lambda j: (-tiles[j], j)):
+        for i in sorted(free, key=lambda j: (-tiles[j], j)):
             if tiles[i] == 1:
                 continue
             trial = dict(tiles)
-            trial[i] = tile_count(extents[i], tile_count(extents[i], tiles[i]) + 1)
-            trial[i] = min(trial[i], tiles[i] - 1)
+            trial[i] = min(tile_count(extents[i], tile_count(extents[i], tiles[i]) + 1), tiles[i] - 1)
             freed = mem - footprint(c, trial, itemsize)
-            if freed <= 0:
-                continue
-            extra = movement(c, extents, trial, passes) - cost
-            score = extra / freed
+            score = (movement(c, extents, trial, passes) - cost) / freed
             if best is None or score < best[0]:
                 best = (score, trial)
-        if best is None:
-            return None
         tiles = best[1]
         mem, cost = footprint(c, tiles, itemsize), movement(c, extents, tiles, passes)
     return tiles
+
+
+def equal_tiles_win(m_beta: float, lam_ab: float, lam_bg: float) -> bool:
+    """Eq. 4.9: equal tiles beat streaming when √Mβ ≥ (√3 − 1)·Λαβ/Λβγ + √3 (Mβ in elements)."""
+    return math.sqrt(m_beta) >= (math.sqrt(3) - 1) * lam_ab / lam_bg + math.sqrt(3)
+
+
+def scheme_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int,
+                 scheme: str) -> tuple[dict[str, int], list[str]] | None:
+    """Tiles for one level by the named scheme, and the operands it keeps resident; None when the
+    scheme does not apply (e.g. no array fits) or nothing fits at all.
+
+    ``streaming``: Ti = Tj = √M, Tk = 1 (eq. 4.4–4.7). ``equal``: Ti = Tj = Tk = √(M/3) (eq. 4.8).
+    ``fits``: the smallest array whole and the others streamed so that it is read once (Fig. 1,
+    eq. 4.10–4.12). ``greedy``: whole extents shrunk by :func:`choose_tiles`."""
+    m = budget / itemsize
+    comp = composites(c)
+    passes = True
+    if scheme == "greedy":
+        tiles = choose_tiles(c, extents, itemsize, budget, passes)
+        return (tiles, []) if tiles else None
+    if scheme in ("streaming", "equal"):
+        side = math.sqrt(m) if scheme == "streaming" else math.sqrt(m / 3)
+        start = spread(comp["i"], extents, side) | spread(comp["j"], extents, side)
+        start |= spread(comp["k"], extents, 1 if scheme == "streaming" else side)
+        tiles = choose_tiles(c, extents, itemsize, budget, passes, start)
+        return (tiles, []) if tiles else None
+    if scheme != "fits":
+        raise ValueError(f"unknown tiling scheme {scheme!r}")
+    return _fits(c, extents, itemsize, budget)
+
+
+def _fits(c: Contraction, extents, itemsize, budget):
+    """Fig. 1: keep the smallest array X whole and never tile X's output indices, so that no
+    streamed array sits inside a loop that does not index it and every array moves once
+    (resident A: tiles over j and k; resident B: over i and k; resident C: over k only)."""
+    idx = dict(zip(("out", "a", "b"), buffers(c)))
+    sizes = {name: math.prod(extents[i] for i in ix) for name, ix in idx.items()}
+    smallest = min(sizes, key=lambda n: (sizes[n], n))
+    if sizes[smallest] * itemsize >= budget:
+        return None
+    free = [i for i in c.indices() if not (i in idx[smallest] and i in c.out_indices)]
+    tiles = choose_tiles(c, extents, itemsize, budget, True, free=free)
+    if tiles is None:
+        return None
+    return tiles, ([] if smallest == "out" else [c.a if smallest == "a" else c.b])

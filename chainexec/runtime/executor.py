@@ -67,18 +67,18 @@ class Executor:
         start = time.perf_counter()
         for nest in self.plan.nests:
             self._body(nest.body)
-            c = self.plan.contractions[nest.contraction]
-            written = max(self._versions(nest.body))
-            self.store.close_version(c.out, written)
+            for tensor, version in dict(self._stored(nest.body)).items():
+                self.store.close_version(tensor, version)
         self.store.finish()
         return self._measured(time.perf_counter() - start)
 
-    def _versions(self, body):
+    def _stored(self, body):
+        """(tensor, version) of every store statement in a nest."""
         for node in body:
             if isinstance(node, Loop):
-                yield from self._versions(node.body)
+                yield from self._stored(node.body)
             elif node.op == "store":
-                yield node.version
+                yield node.tensor, node.version
 
     def _measured(self, seconds: float) -> dict:
         """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time
@@ -211,14 +211,23 @@ class Executor:
         ga.accumulate(sl, host)
         self.counters.move(CATEGORY["accumulate"], host.nbytes)
 
+    def _view(self, tensor: str, indices) -> object:
+        """The device buffer of ``tensor[indices]``, cut to the current device region: a fused
+        intermediate's buffer spans more than the tile a contraction works on."""
+        key = (tensor, tuple(indices), "device")
+        buf, outer = self.buffers[key], self.regions[key]
+        inner = self._region("device", indices)
+        if inner == outer:
+            return buf
+        return buf[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))]
+
     def _compute(self, op: Op) -> None:
         c = self.plan.contractions[op.contraction]
-        out = self.buffers[(c.out, tuple(c.out_indices), "device")]
-        a = self.buffers[(c.a, tuple(c.a_indices), "device")]
-        b = self.buffers[(c.b, tuple(c.b_indices), "device")] if c.b is not None else None
+        out = self._view(c.out, c.out_indices)
+        a = self._view(c.a, c.a_indices)
+        b = self._view(c.b, c.b_indices) if c.b is not None else None
         self.backend.contract(c, out, a, b)
-        self.counters.flops += (2 if b is not None else 1) * math.prod(
-            n for n in _sizes(c, out, a, b).values())
+        self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
 
 
 def _sizes(c, out, a, b) -> dict[str, int]:

@@ -108,8 +108,9 @@ class Store:
         self.plan = plan
         self.comm = comm
         self.readers: dict[str, h5py.File] = {}
-        self.shard: h5py.File | None = None
-        self.blocks: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+        # Open shard file and blocks written so far, per (tensor, version) being written.
+        self.shards: dict[tuple[str, int], h5py.File] = {}
+        self.blocks: dict[tuple[str, int], list[tuple[str, tuple[tuple[int, int], ...]]]] = {}
         self.last_version: dict[str, int] = {}
         self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank
 
@@ -136,21 +137,22 @@ class Store:
     def write(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], data: np.ndarray) -> None:
         if data.size == 0:
             return
-        if self.shard is None:
+        key = (tensor, version)
+        if key not in self.shards:
             base = self._version_base(self.plan.tensors[tensor], version)
             base.mkdir(parents=True, exist_ok=True)
-            self.shard = h5py.File(base / f"rank{self.comm.rank}.h5", "w")
-        name = f"b{len(self.blocks)}"
-        self.shard.create_dataset(name, data=data)
-        self.blocks.append((name, region))
+            self.shards[key] = h5py.File(base / f"rank{self.comm.rank}.h5", "w")
+            self.blocks[key] = []
+        name = f"b{len(self.blocks[key])}"
+        self.shards[key].create_dataset(name, data=data)
+        self.blocks[key].append((name, region))
 
     def close_version(self, tensor: str, version: int) -> None:
         """Collective: join every rank's blocks of this version into ``<version>.h5`` (a VDS)."""
-        if self.shard is not None:
-            self.shard.close()
-            self.shard = None
-        gathered = self.comm.gather(self.blocks, root=0)
-        self.blocks = []
+        shard = self.shards.pop((tensor, version), None)
+        if shard is not None:
+            shard.close()
+        gathered = self.comm.gather(self.blocks.pop((tensor, version), []), root=0)
         t = self.plan.tensors[tensor]
         base = self._version_base(t, version)
         if self.comm.rank == 0:

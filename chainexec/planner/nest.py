@@ -1,0 +1,208 @@
+"""Loop-nest emission: a Schedule (which contractions are fused at which level, and the tile sizes)
+becomes the plan's statement trees.
+
+Levels follow the multi-level paper (section 5.2): a *disk group* is a sub-chain fused at the disk
+level — its intermediates live in the global array and never reach disk; inside it, a *device
+group* is a sub-chain fused at the global level — its intermediates live on the device and never
+reach the global array. A group of one contraction is unfused.
+
+Allocation placement follows Algorithm 1 of the paper: the buffer of an intermediate is allocated
+before the nest that produces it and freed after the nest that consumes it, so producer and
+consumer both run inside the loops common to them (the group's fused loop) and the intermediate is
+only ever a slab over those loops' tiles.
+
+Shapes of the emitted nests (G: global level, D: device level)::
+
+    single contraction (output-stationary, section 4 / Fig. 1 (d)):
+        [alloc+load resident operands @G]
+        for G tiles of out indices:  alloc out@G [load if +=]
+            for G tiles of contracted indices:  alloc+load streamed operands @G
+                parallel for D tiles of out indices:  alloc out@D
+                    for D tiles of contracted indices:  alloc+get operands @D; compute; free
+                    accumulate out@D; free
+                free streamed operands @G
+            store out@G; free
+
+    device group c_1..c_m (intermediates on the device):
+        for G tiles of the indices common to all outputs:
+            alloc out_m@G; alloc+load every other operand @G
+            parallel for D tiles of the common indices:
+                for k = 1..m: alloc I_k@D
+                    for D tiles of c_k's other indices: alloc+get operands @D; compute c_k; free
+                    free I_{k-1}@D
+                accumulate I_m@D; free
+            free operands @G; store out_m@G; free
+
+A disk group wraps its device groups in a G loop over the indices common to its outputs and keeps
+its intermediates' G buffers alive between producer and consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chainexec.planner.plan import Contraction, Loop, Nest, Op
+
+
+@dataclass
+class DeviceGroup:
+    """Contractions fused at the global level (device-resident intermediates), with their tiles.
+
+    ``glob``/``dev``: tile size per index at the global / device level (an index not listed, or
+    with a tile ≥ its range, is not tiled). ``resident``: operands of a single contraction loaded
+    once, outside its loops (Fig. 1: the array that fits stays)."""
+
+    contractions: list[int]
+    glob: dict[str, int]
+    dev: dict[str, int]
+    resident: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DiskGroup:
+    """Contractions fused at the disk level (global-resident intermediates): a G loop with tiles
+    ``tiles`` over the indices common to their outputs, around their device groups."""
+
+    groups: list[DeviceGroup]
+    tiles: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def contractions(self) -> list[int]:
+        return [k for g in self.groups for k in g.contractions]
+
+
+@dataclass
+class Schedule:
+    groups: list[DiskGroup]
+
+
+def common_indices(cs: list[Contraction]) -> list[str]:
+    """Indices present in every output of a sub-chain, in the last output's order."""
+    common = set(cs[0].out_indices)
+    for c in cs[1:]:
+        common &= set(c.out_indices)
+    return [i for i in cs[-1].out_indices if i in common]
+
+
+def _ref(op: str, level: str, tensor: str, indices, version=None) -> Op:
+    return Op(op, level, tensor=tensor, indices=list(indices), version=version)
+
+
+def _loop(level: str, tiles: dict[str, int], body: list, parallel: bool = False) -> list:
+    """A loop over the listed tiles around ``body``; none when nothing is tiled, except that a
+    parallel loop always exists (one iteration) so that exactly one rank runs its body."""
+    if tiles or parallel:
+        return [Loop(level, dict(tiles), parallel, body)]
+    return body
+
+
+def _operands(c: Contraction) -> list[tuple[str, list[str]]]:
+    return [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
+
+
+class Emitter:
+    """Emits the nests of a schedule, numbering stored versions of each tensor as it goes."""
+
+    def __init__(self, contractions: list[Contraction], extents: dict[str, int]):
+        self.cs = contractions
+        self.extents = extents
+        self.versions: dict[str, int] = {}
+
+    def _tiled(self, tiles: dict[str, int], names) -> dict[str, int]:
+        return {i: tiles[i] for i in names if i in tiles and tiles[i] < self.extents[i]}
+
+    def _load(self, name, ix) -> list[Op]:
+        return [_ref("alloc", "global", name, ix), _ref("load", "global", name, ix, self.versions.get(name, 0))]
+
+    def _store(self, c: Contraction) -> list[Op]:
+        self.versions[c.out] = self.versions.get(c.out, 0) + 1
+        return [_ref("store", "global", c.out, c.out_indices, self.versions[c.out]),
+                _ref("free", "global", c.out, c.out_indices)]
+
+    def _out_alloc(self, c: Contraction) -> list[Op]:
+        ops = [_ref("alloc", "global", c.out, c.out_indices)]
+        if c.accumulate:
+            ops.append(_ref("load", "global", c.out, c.out_indices, self.versions[c.out]))
+        return ops
+
+    def schedule(self, schedule: Schedule) -> list[Nest]:
+        return [Nest(g.contractions, self.disk_group(g)) for g in schedule.groups]
+
+    def disk_group(self, group: DiskGroup) -> list:
+        """Device groups in order; outputs consumed inside the group stay in the global array."""
+        members = group.contractions
+        kept = {self.cs[k].out for k in members[:-1]}
+        body: list = []
+        for dg in group.groups:
+            first = self.cs[dg.contractions[0]]
+            last = self.cs[dg.contractions[-1]]
+            if last.out in kept:
+                body.append(_ref("alloc", "global", last.out, last.out_indices))
+            body += self.device_group(dg, kept)
+            for name, ix in _operands(first):
+                if name in kept:
+                    body.append(_ref("free", "global", name, ix))
+        return _loop("global", self._tiled(group.tiles, common_indices([self.cs[k] for k in members])), body)
+
+    def device_group(self, group: DeviceGroup, kept: set[str]) -> list:
+        if len(group.contractions) == 1:
+            return self.single(self.cs[group.contractions[0]], group, kept)
+        return self.fused(group, kept)
+
+    def single(self, c: Contraction, g: DeviceGroup, kept: set[str]) -> list:
+        """One contraction, output-stationary at both levels (module docstring)."""
+        outs = c.out_indices
+        ks = [i for i in c.indices() if i not in outs]
+        resident = [(n, ix) for n, ix in _operands(c) if n in g.resident and n not in kept]
+        streamed = [(n, ix) for n, ix in _operands(c) if n not in g.resident and n not in kept]
+        inner = [op for n, ix in _operands(c) for op in (_ref("alloc", "device", n, ix), _ref("get", "device", n, ix))]
+        inner.append(Op("compute", "device", contraction=c.id))
+        inner += [_ref("free", "device", n, ix) for n, ix in _operands(c)]
+        dev_body = [_ref("alloc", "device", c.out, outs), *_loop("device", self._tiled(g.dev, ks), inner),
+                    _ref("accumulate", "device", c.out, outs), _ref("free", "device", c.out, outs)]
+        k_body = [op for n, ix in streamed for op in self._load(n, ix)]
+        k_body += _loop("device", self._tiled(g.dev, outs), dev_body, parallel=True)
+        k_body += [_ref("free", "global", n, ix) for n, ix in streamed]
+        stored = c.out not in kept
+        out_body = self._out_alloc(c) if stored else []
+        out_body += _loop("global", self._tiled(g.glob, ks), k_body)
+        if stored:
+            out_body += self._store(c)
+        body = [op for n, ix in resident for op in self._load(n, ix)]
+        body += _loop("global", self._tiled(g.glob, outs), out_body)
+        body += [_ref("free", "global", n, ix) for n, ix in resident]
+        return body
+
+    def fused(self, g: DeviceGroup, kept: set[str]) -> list:
+        """Contractions whose intermediates stay on the device (module docstring)."""
+        cs = [self.cs[k] for k in g.contractions]
+        inner = {c.out for c in cs[:-1]}
+        common = common_indices(cs)
+        loaded = []
+        for c in cs:
+            for n, ix in _operands(c):
+                if n not in inner and n not in kept and (n, ix) not in loaded:
+                    loaded.append((n, ix))
+        dev_body: list = []
+        for k, c in enumerate(cs):
+            dev_body.append(_ref("alloc", "device", c.out, c.out_indices))
+            work = [(n, ix) for n, ix in _operands(c) if n not in inner]
+            step = [op for n, ix in work for op in (_ref("alloc", "device", n, ix), _ref("get", "device", n, ix))]
+            step.append(Op("compute", "device", contraction=c.id))
+            step += [_ref("free", "device", n, ix) for n, ix in work]
+            rest = [i for i in c.indices() if i not in common]
+            dev_body += _loop("device", self._tiled(g.dev, rest), step)
+            if k > 0:
+                prev = cs[k - 1]
+                dev_body.append(_ref("free", "device", prev.out, prev.out_indices))
+        last = cs[-1]
+        dev_body += [_ref("accumulate", "device", last.out, last.out_indices),
+                     _ref("free", "device", last.out, last.out_indices)]
+        stored = last.out not in kept
+        body = self._out_alloc(last) if stored else []
+        body += [op for n, ix in loaded for op in self._load(n, ix)]
+        body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
+        body += [_ref("free", "global", n, ix) for n, ix in loaded]
+        if stored:
+            body += self._store(last)
+        return _loop("global", self._tiled(g.glob, common), body)
