@@ -1,0 +1,230 @@
+"""``chainexec calibrate``: measure this machine's bandwidths and flop rate into a machine file.
+
+The planner turns predicted bytes and flops into seconds with a :class:`Machine` (bytes/s per rank
+for disk reads and writes and for global↔device movement, flop/s per rank for compute). Its
+defaults are guesses; this module measures them, under the conditions of a run: ``ranks`` MPI
+ranks (``mpiexec -n ranks``, see :mod:`chainexec.calibrate_worker`) on this node, all measuring at
+once, so that each rate is one rank's share while the others work too.
+
+- disk write: h5py writes a contiguous float64 dataset and fsyncs it (each rank its own file);
+- disk read: the file's bytes past the page cache (O_DIRECT, else posix_fadvise DONTNEED);
+- global→device: a GlobalArray ``get`` of a block owned by another rank; on a GPU then a copy from
+  pinned host memory to the device, the two combined as consecutive steps (seconds per byte add);
+- device→global: device→pinned host copy (GPU only), then a GlobalArray ``accumulate``, which is
+  how the executor returns device tiles;
+- compute: the backend's float64 GEMM (numpy.matmul or cupy.matmul), 2·n³ flops per call.
+
+Every rate is the median over repetitions of (bytes or flops of one rank) / (seconds of the
+slowest rank in that repetition). The file holds the :class:`Machine` fields plus a ``details``
+object (raw samples, methods, sizes, units) that :meth:`Machine.from_file` ignores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from chainexec.calibrate_worker import ERROR_PREFIX
+from chainexec.errors import ChainexecError
+from chainexec.planner.machine import Machine
+from chainexec.spec import parse_size
+
+# Bytes per rank per repetition for the disk and global-array measurements: 256 MiB is far past
+# disk and RDMA latencies and the caches, yet quick on a node; --quick (tests) keeps the whole run
+# near a second on a 2-core machine.
+DEFAULT_SIZE = 256 << 20
+QUICK_SIZE = 4 << 20
+REPETITIONS = 5
+QUICK_REPETITIONS = 3
+# GEMM order per backend: large enough for the BLAS to reach its full rate, small enough for well
+# under a second per call (three 32 MiB matrices at n = 2048, three 8 MiB at 1024); 256 when quick.
+GEMM_N = {"cupy": 2048, "numpy": 1024}
+QUICK_GEMM_N = {"cupy": 256, "numpy": 256}
+
+
+def calibrate(path: str | Path, *, scratch: str | Path | None = None, size: int | None = None,
+              backend: str = "auto", ranks: int = 2, quick: bool = False) -> Machine:
+    """Measure this machine, write the machine file ``path`` (JSON, atomically) and return it.
+
+    Args:
+        path: machine file to write; its folder must exist and be writable (checked before any
+            measurement, so a typo costs no time).
+        scratch: folder for the disk test files, default ``path``'s folder. Put it on the
+            filesystem that holds the HDF5 inputs and outputs: that is the disk being modelled.
+        size: bytes per rank per repetition for the disk and global-array measurements
+            (default 256 MiB, quick 4 MiB); each rank needs about 2 × size of host memory.
+        backend: ``auto``, ``numpy`` or ``cupy``, as for ``chainexec run``.
+        ranks: MPI ranks to launch, as many as a run will use on this node (one per GPU).
+        quick: small sizes and 3 repetitions (about a second; for tests, not for planning).
+
+    Raises:
+        ChainexecError: ``path`` or ``scratch`` not writable, bad arguments, no mpiexec, or the
+            measurement failing (the message carries the failing rank's error).
+    """
+    path = Path(path)
+    _check_writable(path)
+    scratch = Path(scratch) if scratch is not None else path.parent
+    if not (scratch.is_dir() and os.access(scratch, os.W_OK)):
+        raise ChainexecError("scratch folder for the disk measurement is not a writable directory", str(scratch))
+    if ranks < 1:
+        raise ChainexecError(f"ranks must be at least 1, got {ranks}")
+    if size is not None and size < 1:
+        raise ChainexecError(f"size must be a positive number of bytes, got {size}")
+    if backend not in ("auto", "numpy", "cupy"):
+        raise ChainexecError(f"unknown backend {backend!r} (auto, numpy or cupy)")
+
+    config = {"scratch": str(scratch.resolve()),
+              "size": size or (QUICK_SIZE if quick else DEFAULT_SIZE),
+              "reps": QUICK_REPETITIONS if quick else REPETITIONS,
+              "gemm_n": QUICK_GEMM_N if quick else GEMM_N,
+              "backend": backend}
+    ranks_raw = _launch(config, ranks)
+    machine, details = _summarise(ranks_raw, quick)
+    _write_atomically(path, {**dataclasses.asdict(machine), "details": details})
+    return machine
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``chainexec calibrate`` options; their destinations are :func:`calibrate`'s parameters."""
+    parser.add_argument("path", help="machine file (JSON) to write; give it to plan/run as --machine")
+    parser.add_argument("--scratch", help="folder for the disk test files (default: the machine file's "
+                        "folder); use the filesystem that holds the HDF5 data")
+    parser.add_argument("--size", type=_size_argument, help="bytes per rank per repetition for disk and "
+                        f"global-array tests, e.g. 1GiB (default {DEFAULT_SIZE >> 20}MiB, quick {QUICK_SIZE >> 20}MiB)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    parser.add_argument("--ranks", type=int, default=2, help="MPI ranks to launch: as many as a run uses "
+                        "on this node (default 2)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions (for tests)")
+
+
+def _size_argument(text: str) -> int:
+    try:
+        return parse_size(text, "--size")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def _check_writable(path: Path) -> None:
+    """Raise :class:`ChainexecError` naming ``path`` unless the atomic write can succeed there: the
+    temporary file beside it can be created and ``path`` is not a directory."""
+    if path.is_dir():
+        raise ChainexecError("cannot write the machine file: it is a directory", str(path))
+    try:
+        _tmp(path).open("w").close()
+        _tmp(path).unlink()
+    except OSError as err:
+        raise ChainexecError(f"cannot write the machine file ({err.strerror or err})", str(path)) from None
+
+
+def _write_atomically(path: Path, data: dict) -> None:
+    """Write JSON to a temporary file beside ``path``, then rename it over ``path``: a reader sees the
+    old file or the whole new one, never a torn one."""
+    tmp = _tmp(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ChainexecError(f"cannot write the machine file ({err.strerror or err})", str(path)) from None
+
+
+def _mpiexec() -> str:
+    """The mpiexec of this Python's environment (the one its mpi4py was built with), else PATH's."""
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise ChainexecError(f"no mpiexec next to {sys.executable} or on PATH: calibrate launches "
+                             "ranks with it to measure global-array bandwidth between them")
+    return found
+
+
+def _launch(config: dict, ranks: int) -> list[dict]:
+    """Run the worker on ``ranks`` ranks; return each rank's raw timings."""
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "chainexec.calibrate_worker", json.dumps(config)]
+    # The worker imports this package: make that work from a source checkout that is not installed.
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        errors = proc.stderr.strip().splitlines()
+        marked = [line[len(ERROR_PREFIX):] for line in errors if line.startswith(ERROR_PREFIX)]
+        reason = marked[0] if marked else errors[-1] if errors else "no output"
+        raise ChainexecError(f"measurement failed under {cmd[0]} -n {ranks} (exit {proc.returncode}): {reason}")
+    return json.loads(lines[-1])["ranks"]
+
+
+def _rate(amount: float, samples_per_rank: list[list[float]]) -> dict:
+    """``amount`` (bytes or flops, one rank's) per second: per repetition over the slowest rank,
+    then the median over repetitions. Returns the rate and the per-repetition rates."""
+    per_rep = [amount / max(seconds) for seconds in zip(*samples_per_rank)]
+    return {"per_second": statistics.median(per_rep), "samples_per_second": per_rep}
+
+
+def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
+    """The :class:`Machine` and the ``details`` record from every rank's raw timings."""
+    first = raw[0]
+    disk, ga, gemm = first["disk"], first["global_array"], first["gemm"]
+
+    def over_ranks(group: str, key: str) -> list[list[float]]:
+        return [r[group][key] for r in raw]
+
+    write = _rate(disk["write_bytes"], over_ranks("disk", "write_s"))
+    read = _rate(disk["read_bytes"], over_ranks("disk", "read_s"))
+    get = _rate(ga["bytes"], over_ranks("global_array", "get_s"))
+    put = _rate(ga["bytes"], over_ranks("global_array", "put_s"))
+    acc = _rate(ga["bytes"], over_ranks("global_array", "accumulate_s"))
+    flops = 2 * gemm["n"] ** 3
+    gemm_rate = _rate(flops, over_ranks("gemm", "s"))
+
+    if first["host_device"] is not None:
+        nbytes = first["host_device"]["bytes"]
+        h2d = _rate(nbytes, over_ranks("host_device", "h2d_s"))
+        d2h = _rate(nbytes, over_ranks("host_device", "d2h_s"))
+        # A tile goes global → pinned host → device one step after the other: seconds per byte add.
+        to_device = 1 / (1 / get["per_second"] + 1 / h2d["per_second"])
+        to_global = 1 / (1 / acc["per_second"] + 1 / d2h["per_second"])
+        host_device = {"buffers": "pinned host (cupyx.empty_pinned), timed with CUDA events",
+                       "bytes_per_rank": nbytes, "host_to_device": h2d, "device_to_host": d2h}
+    else:
+        # NumPy's "device" is host memory: the get's destination is the device buffer already.
+        to_device, to_global = get["per_second"], acc["per_second"]
+        host_device = None
+
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    host = platform.node()
+    machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
+                      global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
+                      source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
+                             + (", quick" if quick else ""))
+    details = {
+        "units": {"bandwidths": "bytes/s per rank, all ranks measuring at once",
+                  "flop_rate": "flop/s per rank, all ranks computing at once",
+                  "rates": "median over repetitions of one rank's amount / the slowest rank's seconds"},
+        "date": date, "host": host, "cpu_count": os.cpu_count(), "ranks": len(raw),
+        "backend": first["backend"], "quick": quick, "repetitions": len(gemm["s"]),
+        "disk": {"bytes_per_rank": disk["write_bytes"], "file_bytes_per_rank": disk["read_bytes"],
+                 "write_method": "h5py contiguous float64 dataset, flush + fsync, one file per rank",
+                 "read_method": disk["read_method"], "write": write, "read": read},
+        "global_array": {"bytes_per_rank": ga["bytes"],
+                         "patch": "whole block of rank (r + 1) mod P" + ("" if len(raw) > 1 else " (its own: 1 rank)"),
+                         "get": get, "put": put, "accumulate": acc},
+        "host_device": host_device,
+        "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
+        "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),
+        "gemm": {"n": gemm["n"], "dtype": "float64", "flops_per_call": flops, **gemm_rate},
+    }
+    return machine, details

@@ -1,0 +1,231 @@
+"""One rank of ``chainexec calibrate``: times disk, global-array, host↔device and GEMM work.
+
+Launched by :func:`chainexec.calibrate.calibrate` as ``mpiexec -n P python -m
+chainexec.calibrate_worker CONFIG_JSON``. Every rank runs every measurement at the same time as
+the others (a Barrier before each repetition), because the machine file's rates are *per rank of a
+P-rank job on this node*: ranks share the disk, memory bus and cores as they do in ``chainexec
+run``. Each rank reports raw seconds per repetition; rank 0 gathers them and prints one JSON line
+on stdout, and the caller reduces them to rates (it owns units and medians). Any exception prints
+its traceback and aborts every rank, so the launcher never hangs.
+
+mpi4py (and so MPI) is imported only inside :func:`main`, so that the disk functions can be used and
+tested in a process that must not initialise MPI.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+# Read methods, from best to worst at keeping the page cache out of a read measurement.
+DIRECT = "O_DIRECT"
+FADVISE = "posix_fadvise(POSIX_FADV_DONTNEED) after fsync"
+CACHED = "plain read, page cache not defeated (neither O_DIRECT nor posix_fadvise available)"
+
+# Marks the line of stderr that names a rank's failure (see main).
+ERROR_PREFIX = "chainexec calibrate worker failed: "
+
+# Bytes per read call: large enough that per-call overhead is negligible against disk time, and a
+# multiple of every logical block size O_DIRECT may demand (512 B to 4 KiB).
+READ_CHUNK = 8 << 20
+# Columns of the global-array test matrix (float64): rows of 8 KiB, so a patch of a rank's block
+# is a few large contiguous runs, as the executor's tiles of the first axis are.
+GA_COLUMNS = 1024
+
+
+def write_seconds(path: Path, data: np.ndarray) -> float:
+    """Seconds to write ``data`` as one contiguous HDF5 dataset in a new file at ``path`` and make
+    it durable: h5py create + write, flush, fsync of the file's descriptor, close. This is how the
+    runtime's stores reach the disk, HDF5 overhead included; without the fsync the page cache would
+    absorb the write and the rate would be memory bandwidth."""
+    start = time.perf_counter()
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data)
+        f.flush()
+        os.fsync(f.id.get_vfd_handle())
+    return time.perf_counter() - start
+
+
+def read_method(path: Path) -> str:
+    """The best way to read ``path`` past the page cache that its filesystem supports: O_DIRECT when
+    opening with it and reading one aligned chunk works (tmpfs and some network filesystems refuse
+    with EINVAL), else posix_fadvise, else plain reads (whose rate is then the page cache's, as the name says)."""
+    if hasattr(os, "O_DIRECT"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            try:
+                with mmap.mmap(-1, READ_CHUNK) as buf:  # anonymous mmap: page-aligned, as O_DIRECT needs
+                    os.readv(fd, [buf])
+                return DIRECT
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    return FADVISE if hasattr(os, "posix_fadvise") else CACHED
+
+
+def read_seconds(path: Path, method: str) -> tuple[float, int]:
+    """(seconds, bytes) to read the whole file ``path`` with ``method`` (see :func:`read_method`),
+    in :data:`READ_CHUNK` pieces into one page-aligned buffer. The raw bytes of the HDF5 file are
+    read, not the dataset through h5py: O_DIRECT needs aligned buffers and offsets that HDF5's
+    default driver does not give, and the disk rate is what the planner needs."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if method == DIRECT else 0))
+    try:
+        if method == FADVISE:
+            # Only clean pages can be dropped: fsync again in case closing the HDF5 file dirtied any.
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with mmap.mmap(-1, READ_CHUNK) as buf:
+            total = 0
+            start = time.perf_counter()
+            while (n := os.readv(fd, [buf])) > 0:
+                total += n
+            return time.perf_counter() - start, total
+    finally:
+        os.close(fd)
+
+
+def _wall(fn) -> float:
+    """Wall-clock seconds of ``fn()``: right for work that is complete when it returns (NumPy, file
+    I/O, global-array calls, which flush their targets before returning)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _stopwatch(xp):
+    """``time(fn) -> seconds`` for work on array module ``xp``: the wall clock for NumPy, CUDA events
+    around ``fn`` on the current stream for CuPy (its kernels and copies return before they finish,
+    so the wall clock would time only their launch)."""
+    if xp is np:
+        return _wall
+
+    def time_cuda(fn) -> float:
+        start, end = xp.cuda.Event(), xp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return xp.cuda.get_elapsed_time(start, end) / 1e3  # milliseconds → seconds
+    return time_cuda
+
+
+def _repeat(comm, reps: int, clock, fn) -> list[float]:
+    """Seconds of ``reps`` calls of ``fn`` by ``clock``, every call started together on all ranks,
+    after one untimed warm-up call: first touch of pages, MPI's per-target and per-datatype setup,
+    CUDA context and cuBLAS handle, BLAS thread start all fall there (without it, the first
+    accumulate here ran 4× slower than the rest)."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        comm.Barrier()
+        samples.append(clock(fn))
+    return samples
+
+
+def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str) -> dict:
+    """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
+
+    ``size``: bytes per rank per repetition for the disk and global-array measurements;
+    ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``)."""
+    from chainexec.runtime.device import select
+    from chainexec.runtime.globalarray import GlobalArray
+
+    dev = select(backend, comm)
+    xp = dev.xp
+    stopwatch = _stopwatch(xp)
+    rng = np.random.default_rng(comm.rank)
+    result: dict = {"backend": dev.name}
+
+    # Disk: each rank its own file, as each rank reads its rows and writes its shard in a run.
+    data = rng.random(max(1, size // 8))
+    path = Path(scratch) / f".chainexec-calibrate-{os.getpid()}-{comm.rank}.h5"
+    try:
+        write_seconds(path, data)  # a file for the method probe, untimed
+        method = read_method(path)
+        writes, reads = [], []
+        for _ in range(reps):
+            comm.Barrier()
+            writes.append(write_seconds(path, data))
+            comm.Barrier()
+            seconds, nread = read_seconds(path, method)
+            reads.append(seconds)
+        result["disk"] = {"write_bytes": data.nbytes, "write_s": writes, "read_bytes": nread,
+                          "read_s": reads, "read_method": method}
+    finally:
+        path.unlink(missing_ok=True)
+    del data
+
+    # Global array: every rank moves the whole block of the next rank (another rank's memory
+    # whenever P > 1), all at once; host buffers are pinned on a GPU so that they can feed the copy.
+    rows = max(1, size // (8 * GA_COLUMNS))
+    shape = (rows, GA_COLUMNS)
+    if dev.name == "cupy":
+        import cupyx
+
+        host = cupyx.empty_pinned(shape, np.float64)
+    else:
+        host = np.empty(shape, np.float64)
+    host[...] = 1.0
+    ga = GlobalArray(comm, (comm.size * rows, GA_COLUMNS), np.float64, zero=False)
+    ga.local()[...] = 1.0
+    peer = (comm.rank + 1) % comm.size
+    region = (slice(peer * rows, (peer + 1) * rows),)
+    result["global_array"] = {
+        "bytes": host.nbytes, "peer": peer,
+        "get_s": _repeat(comm, reps, _wall, lambda: ga.get(region, out=host)),
+        "put_s": _repeat(comm, reps, _wall, lambda: ga.put(region, host)),
+        "accumulate_s": _repeat(comm, reps, _wall, lambda: ga.accumulate(region, host)),
+    }
+    comm.Barrier()
+    ga.free()
+
+    # Host↔device: only where the device is not host memory (on NumPy the get already lands there).
+    result["host_device"] = None
+    if dev.name == "cupy":
+        device_buf = xp.empty(shape, np.float64)
+        result["host_device"] = {
+            "bytes": host.nbytes,
+            "h2d_s": _repeat(comm, reps, stopwatch, lambda: device_buf.set(host)),
+            "d2h_s": _repeat(comm, reps, stopwatch, lambda: device_buf.get(out=host)),
+        }
+        del device_buf
+
+    # GEMM: float64 square matrices, the executor's contraction kernel on this backend.
+    n = gemm_n[dev.name]
+    a, b = (xp.asarray(rng.random((n, n))) for _ in range(2))
+    c = xp.empty((n, n), np.float64)
+    result["gemm"] = {"n": n, "s": _repeat(comm, reps, stopwatch, lambda: xp.matmul(a, b, out=c))}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """Run :func:`measure` with the JSON keyword arguments in ``argv[1]``; rank 0 prints
+    ``{"ranks": [result of rank 0, rank 1, …]}`` as one line."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        result = measure(comm, **json.loads(argv[1]))
+    except BaseException as err:
+        traceback.print_exc()
+        # One line the caller can find among all ranks' tracebacks and MPICH's abort messages.
+        print(f"{ERROR_PREFIX}{type(err).__name__}: {err}", file=sys.stderr)
+        sys.stderr.flush()
+        comm.Abort(1)
+    results = comm.gather(result, root=0)
+    if comm.rank == 0:
+        print(json.dumps({"ranks": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,150 @@
+"""``chainexec calibrate``: a quick calibration under mpiexec writes a machine file the planner reads,
+with plausible rates; bad paths fail before anything is measured; the disk read methods read the
+whole file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chainexec import spec
+from chainexec.calibrate import add_arguments, calibrate
+from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
+from chainexec.errors import ChainexecError
+from chainexec.planner.build import make_plan
+from chainexec.planner.machine import Machine
+from tests.conftest import mpiexec
+
+REPO = Path(__file__).resolve().parents[1]
+RATES = ("disk_read", "disk_write", "global_to_device", "device_to_global", "flop_rate")
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """One quick 2-rank calibration shared by the tests below: (machine file, returned Machine)."""
+    if mpiexec() is None:
+        pytest.skip("no mpiexec")
+    path = tmp_path_factory.mktemp("calibrate") / "machine.json"
+    return path, calibrate(path, quick=True, ranks=2)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_file_round_trips_with_plausible_rates(calibrated):
+    path, machine = calibrated
+    loaded = Machine.from_file(path)
+    assert loaded == machine
+    assert loaded.source.startswith("chainexec calibrate on ")
+    for name in RATES:
+        assert math.isfinite(getattr(loaded, name)) and getattr(loaded, name) > 0, name
+    # Wide ranges for a CPU node or a GPU (FP64 GEMM up to ~70 TFLOP/s): outside is a units or timing bug.
+    backend = json.loads(path.read_text())["details"]["backend"]
+    assert 1e8 <= loaded.flop_rate <= (1e13 if backend == "numpy" else 1e15)
+    assert 1e6 <= loaded.disk_read <= 1e11
+    assert 1e6 <= loaded.disk_write <= 1e11
+    assert 1e7 <= loaded.global_to_device <= 1e12
+    assert 1e6 <= loaded.device_to_global <= 1e12
+    assert not path.with_name(path.name + ".tmp").exists()
+
+
+@pytest.mark.mpi
+def test_details_record_how_and_what_was_measured(calibrated):
+    path, machine = calibrated
+    details = json.loads(path.read_text())["details"]
+    assert details["ranks"] == 2 and details["quick"] is True and details["repetitions"] == 3
+    assert details["disk"]["read_method"] in (DIRECT, FADVISE)
+    assert details["disk"]["read"]["per_second"] == machine.disk_read
+    assert details["disk"]["file_bytes_per_rank"] >= details["disk"]["bytes_per_rank"] > 0
+    assert details["gemm"]["flops_per_call"] == 2 * details["gemm"]["n"] ** 3
+    assert details["gemm"]["per_second"] == machine.flop_rate
+    # Medians of the per-repetition samples.
+    for group, key in (("disk", "write"), ("global_array", "get"), ("global_array", "accumulate")):
+        assert np.median(details[group][key]["samples_per_second"]) == details[group][key]["per_second"]
+    if details["backend"] == "numpy":
+        # On the CPU the device is host memory: global→device is the get, device→global the accumulate.
+        assert details["host_device"] is None
+        assert machine.global_to_device == details["global_array"]["get"]["per_second"]
+        assert machine.device_to_global == details["global_array"]["accumulate"]["per_second"]
+
+
+@pytest.mark.mpi
+def test_planner_predicts_with_the_calibrated_rates(calibrated):
+    path, _ = calibrated
+    loaded = Machine.from_file(path)
+    config = spec.load(REPO / "configs" / "fourindex.yaml")
+    default = make_plan(config, Machine()).predicted
+    measured = make_plan(config, loaded).predicted
+    assert measured["bytes"] == default["bytes"] and measured["flops"] == default["flops"]
+    moved = measured["bytes"]
+    expected = {
+        "disk": moved["disk->global"] / loaded.disk_read + moved["global->disk"] / loaded.disk_write,
+        "global<->device": moved["global->device"] / loaded.global_to_device
+        + moved["device->global"] / loaded.device_to_global,
+        "compute": measured["flops"] / loaded.flop_rate,
+    }
+    assert measured["seconds"] == pytest.approx(expected, rel=1e-12)
+    # Compute time scales inversely with the flop rate, against the defaults' prediction.
+    assert measured["seconds"]["compute"] / default["seconds"]["compute"] == pytest.approx(
+        Machine().flop_rate / loaded.flop_rate, rel=1e-12)
+    assert measured["seconds"] != default["seconds"]
+
+
+def test_unwritable_path_fails_before_measuring(tmp_path):
+    missing = tmp_path / "no-such-folder" / "machine.json"
+    with pytest.raises(ChainexecError, match="cannot write the machine file") as err:
+        calibrate(missing, quick=True)
+    assert str(missing) in str(err.value)
+    with pytest.raises(ChainexecError, match="is a directory") as err:
+        calibrate(tmp_path, quick=True)
+    assert str(tmp_path) in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_scratch(tmp_path):
+    scratch = tmp_path / "not-a-folder"
+    scratch.write_text("")
+    with pytest.raises(ChainexecError, match="scratch") as err:
+        calibrate(tmp_path / "machine.json", scratch=scratch, quick=True)
+    assert str(scratch) in str(err.value)
+    assert not (tmp_path / "machine.json").exists()
+
+
+def test_read_methods_read_the_whole_file(tmp_path):
+    """Whatever the filesystem supports (O_DIRECT on most local disks, else fadvise), and the fadvise
+    fallback always: the read returns every byte of the file that was written and fsynced."""
+    path = tmp_path / "probe.h5"
+    assert write_seconds(path, np.arange(300_000, dtype=np.float64)) > 0
+    for method in {read_method(path), FADVISE}:
+        seconds, nbytes = read_seconds(path, method)
+        assert seconds > 0 and nbytes == path.stat().st_size, method
+
+
+def test_arguments_match_calibrate():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = vars(parser.parse_args(["m.json", "--size", "8MiB", "--ranks", "3", "--quick"]))
+    assert args == {"path": "m.json", "scratch": None, "size": 8 << 20, "backend": "auto", "ranks": 3, "quick": True}
+    assert set(args) == set(inspect.signature(calibrate).parameters)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["m.json", "--size", "lots"])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_worker_failure_is_one_clear_error(tmp_path):
+    """A rank's error (here: CuPy asked for where there is none) comes back as the error's own line,
+    not as MPICH's abort message, and no machine file is written."""
+    if mpiexec() is None:
+        pytest.skip("no mpiexec")
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: the cupy backend may well work here")
+    with pytest.raises(ChainexecError, match="backend cupy is not usable here"):
+        calibrate(tmp_path / "machine.json", quick=True, backend="cupy")
+    assert not (tmp_path / "machine.json").exists()
