@@ -27,6 +27,9 @@ from .kernelconf import ELEM_BYTES, Contraction, KernelConfig, parse_contraction
 
 _CTYPE = {"float64": "double", "float32": "float"}
 _FMA = {"float64": "fma", "float32": "fmaf"}
+LOAD_UNROLL = 4
+"""Unroll factor of the cooperative load loop: full unrolling of up to 32 loads per thread
+(64-thread blocks) made ptxas spill; 4 keeps loads in flight without spills."""
 
 
 def kernel_params(c, a, b) -> tuple[str, ...]:
@@ -78,7 +81,7 @@ def _load_block(con: Contraction, cfg: KernelConfig, side: str, ctype: str) -> l
     kpos = {n: s for n, _, s in _digits(cfg.tbk)}
     lines = [f"    // (1) {side}-input {''.join(tensor)} -> s{side}[k][reg*{size_tb} + tb], "
              f"{total} elements in storage order",
-             "    #pragma unroll",
+             f"    #pragma unroll {min(iters, LOAD_UNROLL)}",
              f"    for (int j = 0; j < {iters}; ++j) {{",
              f"      const int e = tid + j * {cfg.threads};"]
     body = []
@@ -203,7 +206,9 @@ def generate(c, a, b, sizes: dict, dtype: str, config: KernelConfig) -> tuple[st
          f"// x-input {config.x_operand}: TBx={list(config.tbx)} REGx={list(config.regx)}",
          f"// y-input: TBy={list(config.tby)} REGy={list(config.regy)} TBk={list(config.tbk)}",
          f"// threads={config.threads} shared={smem} bytes",
-         f'extern "C" __global__ void __launch_bounds__({config.threads})',
+         # min 1 block per SM: ptxas may use up to 255 registers (without it, it capped a
+         # 256-thread float32 8x8 kernel at 128 registers and spilled)
+         f'extern "C" __global__ void __launch_bounds__({config.threads}, 1)',
          f"{name}({ctype}* __restrict__ C, const {ctype}* __restrict__ A, "
          f"const {ctype}* __restrict__ B,",
          "    " + ", ".join(f"const int n_{i}" for i in params) + f", const {ctype} alpha, "
