@@ -1,24 +1,9 @@
-"""From a validated spec to a Plan: binarize, tile each contraction at both levels, emit loop nests.
+"""From a validated spec to a Plan: binarize, choose fusion and tiles, emit loop nests, predict.
 
-Pure: no I/O, MPI or GPU. The nest of every contraction (planner v1, unfused) is output-stationary
-at both levels, the loop structure of the multi-level paper's Fig. 1 with no array resident::
-
-    for global tiles of the output indices:                 (all ranks)
-        alloc out@global; [load out@global if +=]
-        for global tiles of the contracted indices:
-            alloc+load a@global, b@global                     (disk → global, each rank its part)
-            for device tiles of the output indices:  parallel (ranks share these tiles)
-                alloc out@device
-                for device tiles of the contracted indices:
-                    alloc+get a@device, b@device               (global → device)
-                    compute
-                    free a@device, b@device
-                accumulate out@device; free out@device        (device → global)
-            free a@global, b@global
-        store out@global; free out@global                    (global → disk)
-
-Every intermediate is stored to disk between contractions; keeping it at a faster level is the
-fusion planner's job.
+Pure: no I/O, MPI or GPU. Binarization is :mod:`chainexec.planner.order`; the choice of fused
+sub-chains and tile sizes is :mod:`chainexec.planner.choose` (the multi-level paper's model plus
+an exhaustive search); the nest shapes are :mod:`chainexec.planner.nest`; predicted movement is
+:mod:`chainexec.planner.cost`.
 """
 
 from __future__ import annotations
@@ -29,9 +14,11 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import predict
 from chainexec.planner.machine import Machine
 from chainexec.planner.order import binarize
-from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
+from chainexec.planner.choose import choose
+from chainexec.planner.nest import Emitter
 from chainexec.planner.plan import Contraction, Plan, TensorInfo
-from chainexec.planner.tiling import choose_tiles, minimal_footprint
+from chainexec.planner.schedule import Context
+from chainexec.planner.tiling import minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
 
 
@@ -79,7 +66,6 @@ def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
     machine = machine or Machine()
     cs, tensors = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
-    groups = []
     for c in cs:
         item = tensors[c.out].itemsize
         for level in ("global", "device"):
@@ -89,10 +75,9 @@ def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
                     f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
                     f"contraction {c.einsum()} needs at least {format_size(need)}",
                     spec.path, spec.lines.get(("machine", f"{level}_memory")))
-        glob = choose_tiles(c, spec.extents, item, limits["global"], passes=True)
-        dev = choose_tiles(c, glob, item, limits["device"], passes=False)
-        groups.append(DiskGroup([DeviceGroup([c.id], glob, dev)]))
-    nests = Emitter(cs, spec.extents).schedule(Schedule(groups))
-    plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch))
+    schedule, alternatives = choose(Context(cs, tensors, spec.extents, limits, machine))
+    nests = Emitter(cs, spec.extents).schedule(schedule)
+    plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
+                alternatives)
     plan.predicted = predict(plan, machine)
     return plan

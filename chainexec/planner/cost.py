@@ -75,10 +75,15 @@ def buffer_elements(indices: list[str], loops: list[Loop], level: str, extents: 
 
 def predict(plan: Plan, machine: Machine) -> dict:
     """The ``predicted`` record of a plan: bytes per category, flops, memory peak per level, time."""
+    return predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine)
+
+
+def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> dict:
+    """:func:`predict` for loose parts of a plan (used to price candidate schedules)."""
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
 
-    for nest in plan.nests:
+    for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
 
@@ -89,20 +94,20 @@ def predict(plan: Plan, machine: Machine) -> dict:
                     continue
                 if node.op == "compute":
                     continue
-                item = plan.tensors[node.tensor].itemsize
+                item = tensors[node.tensor].itemsize
                 key = (node.tensor, tuple(node.indices), node.level)
                 if node.op == "alloc":
-                    sizes[key] = item * buffer_elements(node.indices, loops, node.level, plan.extents)
+                    sizes[key] = item * buffer_elements(node.indices, loops, node.level, extents)
                     live[node.level] += sizes[key]
                     peak[node.level] = max(peak[node.level], live[node.level])
                 elif node.op == "free":
                     live[node.level] -= sizes.pop(key)
                 else:
-                    moved[CATEGORY[node.op]] += op_bytes(node, loops, plan.extents, item)
+                    moved[CATEGORY[node.op]] += op_bytes(node, loops, extents, item)
 
         walk(nest.body, [])
 
-    flops = sum(c.flops for c in plan.contractions)
+    flops = sum(contractions[k].flops for nest in nests for k in nest.contractions)
     seconds = machine.seconds(moved, flops)
     return {"bytes": moved, "flops": flops, "memory_peak": peak, "seconds": seconds,
             "total_seconds": max(seconds.values())}

@@ -39,6 +39,7 @@ its intermediates' G buffers alive between producer and consumer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from chainexec.planner.plan import Contraction, Loop, Nest, Op
@@ -76,10 +77,14 @@ class Schedule:
     groups: list[DiskGroup]
 
 
-def common_indices(cs: list[Contraction]) -> list[str]:
-    """Indices present in every output of a sub-chain, in the last output's order."""
-    common = set(cs[0].out_indices)
-    for c in cs[1:]:
+def common_indices(cs: list[Contraction], extents: dict[str, int]) -> list[str]:
+    """The fused loops of a sub-chain: Common of section 5.1 over its fusable list I_0 … I_n —
+    every output and the chain's input I_0 (the larger operand of the first contraction), so that
+    no fused loop runs over an index I_0 lacks (which would re-read it); in the last output's order."""
+    first = cs[0]
+    operands = [first.a_indices] + ([first.b_indices] if first.b is not None else [])
+    common = set(max(operands, key=lambda ix: math.prod(extents[i] for i in ix)))
+    for c in cs:
         common &= set(c.out_indices)
     return [i for i in cs[-1].out_indices if i in common]
 
@@ -122,7 +127,7 @@ class Emitter:
     def _out_alloc(self, c: Contraction) -> list[Op]:
         ops = [_ref("alloc", "global", c.out, c.out_indices)]
         if c.accumulate:
-            ops.append(_ref("load", "global", c.out, c.out_indices, self.versions[c.out]))
+            ops.append(_ref("load", "global", c.out, c.out_indices, self.versions.get(c.out, 0)))
         return ops
 
     def schedule(self, schedule: Schedule) -> list[Nest]:
@@ -142,7 +147,7 @@ class Emitter:
             for name, ix in _operands(first):
                 if name in kept:
                     body.append(_ref("free", "global", name, ix))
-        return _loop("global", self._tiled(group.tiles, common_indices([self.cs[k] for k in members])), body)
+        return _loop("global", self._tiled(group.tiles, common_indices([self.cs[k] for k in members], self.extents)), body)
 
     def device_group(self, group: DeviceGroup, kept: set[str]) -> list:
         if len(group.contractions) == 1:
@@ -177,7 +182,7 @@ class Emitter:
         """Contractions whose intermediates stay on the device (module docstring)."""
         cs = [self.cs[k] for k in g.contractions]
         inner = {c.out for c in cs[:-1]}
-        common = common_indices(cs)
+        common = common_indices(cs, self.extents)
         loaded = []
         for c in cs:
             for n, ix in _operands(c):

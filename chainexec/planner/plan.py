@@ -112,6 +112,8 @@ class Plan:
     memory_limit: dict[str, int]
     predicted: dict
     scratch: str
+    # Every schedule the planner weighed, with its predicted record and whether it was chosen.
+    alternatives: list = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -145,6 +147,7 @@ def to_dict(plan: Plan) -> dict:
         "memory_limit": plan.memory_limit,
         "predicted": plan.predicted,
         "scratch": plan.scratch,
+        "alternatives": plan.alternatives,
     }
 
 
@@ -158,4 +161,5 @@ def from_dict(d: dict) -> Plan:
         memory_limit=dict(d["memory_limit"]),
         predicted=d["predicted"],
         scratch=d["scratch"],
+        alternatives=list(d.get("alternatives", [])),
     )

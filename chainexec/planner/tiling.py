@@ -56,9 +56,12 @@ def spread(names: list[str], extents: dict[str, int], size: float) -> dict[str, 
     return tiles
 
 
-def footprint(c: Contraction, tiles: dict[str, int], itemsize: int) -> int:
-    """Bytes of the output and operand tiles held together at full tile size."""
-    return itemsize * sum(math.prod(tiles[i] for i in idx) for idx in buffers(c))
+def footprint(c: Contraction, tiles: dict[str, int], itemsize: int, whole: dict[str, int] | None = None) -> int:
+    """Bytes of the output and operand tiles held together at full tile size; the buffers named in
+    ``whole`` (role → its element count: ``"a"`` or ``"b"``) are held entire (resident)."""
+    whole = whole or {}
+    return itemsize * sum(whole[role] if role in whole else math.prod(tiles[i] for i in idx)
+                          for role, idx in zip(("out", "a", "b"), buffers(c)))
 
 
 def movement(c: Contraction, extents: dict[str, int], tiles: dict[str, int], passes: bool) -> int:
@@ -85,7 +88,8 @@ def minimal_footprint(c: Contraction, itemsize: int) -> int:
 
 
 def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int, passes: bool,
-                 start: dict[str, int] | None = None, free: list[str] | None = None) -> dict[str, int] | None:
+                 start: dict[str, int] | None = None, free: list[str] | None = None,
+                 whole: dict[str, int] | None = None) -> dict[str, int] | None:
     """Tiles (≤ ``extents``, from ``start`` or whole extents) shrunk until the three buffers fit
     ``budget`` bytes, cutting only ``free`` indices (default: all); None if that cannot fit.
 
@@ -93,9 +97,9 @@ def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
     extra movement per byte freed (ties: larger tile, then name, for determinism)."""
     tiles = {i: min(extents[i], (start or extents)[i]) for i in c.indices()}
     free = set(tiles if free is None else free)
-    if footprint(c, {i: 1 if i in free else tiles[i] for i in tiles}, itemsize) > budget:
+    if footprint(c, {i: 1 if i in free else tiles[i] for i in tiles}, itemsize, whole) > budget:
         return None
-    mem, cost = footprint(c, tiles, itemsize), movement(c, extents, tiles, passes)
+    mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles, passes)
     while mem > budget:
         best = None
         for i in sorted(free, key=lambda j: (-tiles[j], j)):
@@ -103,12 +107,16 @@ def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
                 continue
             trial = dict(tiles)
             trial[i] = min(tile_count(extents[i], tile_count(extents[i], tiles[i]) + 1), tiles[i] - 1)
-            freed = mem - footprint(c, trial, itemsize)
+            freed = mem - footprint(c, trial, itemsize, whole)
+            if freed <= 0:
+                continue
             score = (movement(c, extents, trial, passes) - cost) / freed
             if best is None or score < best[0]:
                 best = (score, trial)
+        if best is None:
+            return None
         tiles = best[1]
-        mem, cost = footprint(c, tiles, itemsize), movement(c, extents, tiles, passes)
+        mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles, passes)
     return tiles
 
 
@@ -152,7 +160,8 @@ def _fits(c: Contraction, extents, itemsize, budget):
     if sizes[smallest] * itemsize >= budget:
         return None
     free = [i for i in c.indices() if not (i in idx[smallest] and i in c.out_indices)]
-    tiles = choose_tiles(c, extents, itemsize, budget, True, free=free)
+    whole = {} if smallest == "out" else {smallest: sizes[smallest]}
+    tiles = choose_tiles(c, extents, itemsize, budget, True, free=free, whole=whole)
     if tiles is None:
         return None
     return tiles, ([] if smallest == "out" else [c.a if smallest == "a" else c.b])

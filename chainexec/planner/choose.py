@@ -1,0 +1,162 @@
+"""Choosing a schedule: the paper's prescriptive choice, an exhaustive search, and the record of
+every alternative weighed (for ``chainexec plan`` to explain).
+
+Candidates:
+
+- ``unfused`` — every contraction alone, each tiled by its cheapest scheme (section 4.1);
+- ``paper: disk`` — fusion at the disk level only (intermediates kept in the global array);
+- ``paper: disk+global`` — the paper's procedure at both levels (section 5.2): cut links that are
+  not profitable at a level (eq. 5.1–5.3), then split each fusable list by dynamic programming
+  (section 5.1) into sub-chains that fit — first at the device level, then at the global level;
+- ``search`` — beyond the paper: every way of cutting each fusable list into disk groups and
+  each disk group into device groups, with every tiling scheme of each single contraction, priced
+  exactly. Costs of disk groups add up, so the best cut is found by dynamic programming over
+  positions, which is exhaustive. Run when every fusable list has at most ``SEARCH_LIMIT``
+  contractions.
+
+The rule: the plan uses the candidate with the least predicted movement time (disk plus
+global↔device seconds; compute is the same for all) among those that fit; ties go to the earlier
+candidate in the list above, so the paper's choice is kept unless the search finds a strictly
+better one.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+from chainexec.planner import fusion
+from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
+from chainexec.planner.schedule import Context, best_single, fit, movement_seconds, single_candidates
+
+SEARCH_LIMIT = 5
+
+
+def compositions(items: list[int]) -> list[list[list[int]]]:
+    """Every way to cut a list into consecutive non-empty parts."""
+    n = len(items)
+    result = []
+    for k in range(n):
+        for cuts in combinations(range(1, n), k):
+            bounds = [0, *cuts, n]
+            result.append([items[a:b] for a, b in zip(bounds, bounds[1:])])
+    return result
+
+
+class Chooser:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.singles = {c.id: best_single(ctx, c.id) for c in ctx.cs}
+        self.lists = fusion.fusable_lists(ctx.cs, ctx.tensors)
+        self._fit = lru_cache(maxsize=None)(self._fit_uncached)
+
+    def _fit_uncached(self, disk: tuple[tuple[int, ...], ...]) -> DiskGroup | None:
+        return fit(self.ctx, [list(g) for g in disk], self.singles)
+
+    def unfused(self) -> Schedule:
+        return Schedule([DiskGroup([self.singles[c.id]]) for c in self.ctx.cs])
+
+    def _profitable_runs(self, run: list[int], level: str) -> list[list[int]]:
+        """Cut a fusable list where a link fails eq. 5.1–5.3 at ``level``."""
+        parts = [[run[0]]]
+        for p, q in zip(run, run[1:]):
+            c_p, c_q = self.ctx.cs[p], self.ctx.cs[q]
+            if fusion.profitable(c_p, c_q, self.ctx.tensors[c_p.out], level, self.ctx.machine):
+                parts[-1].append(q)
+            else:
+                parts.append([q])
+        return parts
+
+    def _split(self, run: list[int], fits, price) -> list[list[int]]:
+        """Section 5.1's DP on one run: the cut after position k moves 2·|I_k| elements; among
+        equal-cost splits, the one whose pieces ``price`` lowest (exact movement seconds)."""
+        cut = [2 * fusion.size(self.ctx.tensors[self.ctx.cs[k].out]) for k in run]
+        pieces = fusion.split(len(run), lambda i, j: fits(run[i:j + 1]), lambda k: cut[k],
+                              lambda ps: sum(price(run[i:j + 1]) for i, j in ps))
+        return [run[i:j + 1] for i, j in pieces]
+
+    def _seconds(self, disk: tuple[tuple[int, ...], ...]) -> float:
+        group = self._fit(disk)
+        return float("inf") if group is None else movement_seconds(self.ctx.price(Schedule([group])))
+
+    def paper(self, device_level: bool) -> Schedule:
+        groups = []
+        for run in self.lists:
+            device_parts: list[list[int]] = []
+            for part in self._profitable_runs(run, "global") if device_level else [[k] for k in run]:
+                device_parts += self._split(part, lambda seg: self._fit(((*seg,),)) is not None,
+                                            lambda seg: self._seconds(((*seg,),)))
+            for part in self._profitable_runs(run, "disk"):
+                def within(seg, parts=device_parts):
+                    return tuple(tuple(p) for p in ([k for k in q if k in seg] for q in parts) if p)
+                for seg in self._split(part, lambda s: self._fit(within(s)) is not None,
+                                       lambda s: self._seconds(within(s))):
+                    groups.append(self._fit(within(seg)))
+        return Schedule(groups)
+
+    def search(self) -> Schedule | None:
+        """Exhaustive over cuts at both levels and single-contraction schemes (module docstring)."""
+        if any(len(run) > SEARCH_LIMIT for run in self.lists):
+            return None
+        options = {c.id: [g for _, g in single_candidates(self.ctx, c.id)] for c in self.ctx.cs}
+        groups: list[DiskGroup] = []
+        for run in self.lists:
+            best_at: dict[int, tuple[float, list[DiskGroup]]] = {0: (0.0, [])}
+            for end in range(1, len(run) + 1):
+                for start in range(end):
+                    seg = run[start:end]
+                    group = self._best_disk_group(seg, options)
+                    if group is None or start not in best_at:
+                        continue
+                    cost = best_at[start][0] + group[0]
+                    if end not in best_at or cost < best_at[end][0]:
+                        best_at[end] = (cost, best_at[start][1] + [group[1]])
+            groups += best_at[len(run)][1]
+        return Schedule(groups)
+
+    def _best_disk_group(self, seg: list[int], options) -> tuple[float, DiskGroup] | None:
+        """The cheapest way to run ``seg`` as one disk group: every cut into device groups; an
+        unfused contraction also tries every scheme tiling."""
+        trials = [(parts, self.singles) for parts in compositions(seg)]
+        if len(seg) == 1:
+            trials += [([seg], self.singles | {seg[0]: option}) for option in options[seg[0]]]
+        best = None
+        for parts, singles in trials:
+            group = fit(self.ctx, parts, singles)
+            if group is None:
+                continue
+            cost = movement_seconds(self.ctx.price(Schedule([group])))
+            if best is None or cost < best[0]:
+                best = (cost, group)
+        return best
+
+
+def choose(ctx: Context) -> tuple[Schedule, list[dict]]:
+    """The schedule to use and every alternative weighed: name, predicted record, chosen flag."""
+    chooser = Chooser(ctx)
+    candidates = [("unfused", chooser.unfused()), ("paper: disk", chooser.paper(device_level=False)),
+                  ("paper: disk+global", chooser.paper(device_level=True))]
+    searched = chooser.search()
+    if searched is not None:
+        candidates.append(("search", searched))
+    priced = []
+    for name, schedule in candidates:
+        pred = ctx.price(schedule)
+        priced.append({"name": name, "fits": ctx.fits(pred), "movement_seconds": movement_seconds(pred),
+                       "bytes": pred["bytes"], "seconds": pred["seconds"], "memory_peak": pred["memory_peak"],
+                       "groups": describe(schedule), "schedule": schedule})
+    usable = [p for p in priced if p["fits"]]
+    winner = min(usable, key=lambda p: p["movement_seconds"])
+    for p in priced:
+        p["chosen"] = p is winner
+    schedule = winner["schedule"]
+    for p in priced:
+        del p["schedule"]
+    return schedule, priced
+
+
+def describe(schedule: Schedule) -> str:
+    """``[0 1 | 2] [3]``: disk groups in brackets, device groups separated by ``|`` … fused
+    contractions inside one device group joined by spaces."""
+    return " ".join("[" + " | ".join(" ".join(map(str, g.contractions)) for g in d.groups) + "]"
+                    for d in schedule.groups)

@@ -1,0 +1,127 @@
+"""Schedules made concrete: tile sizes that fit each level, and the exact cost of a schedule.
+
+A candidate schedule (which sub-chains are fused at which level) is priced by emitting its loop
+nests and reading the predicted movement and memory peaks off them (:mod:`chainexec.planner.cost`)
+— the same numbers the runtime will measure, so candidates are compared on what will happen rather
+than on an approximation.
+
+Tiles of a single contraction come from the paper's schemes (:mod:`chainexec.planner.tiling`); a
+fused group's tiles are fitted to the memory limits by halving its largest tile at a level that
+overflows, checked against the emitted nest's exact peak after each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chainexec.planner.cost import predict_nests
+from chainexec.planner.machine import Machine
+from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule, common_indices
+from chainexec.planner.plan import Contraction, TensorInfo
+from chainexec.planner.tiling import scheme_tiles, tile_count
+
+SCHEMES = ("fits", "streaming", "equal", "greedy")
+
+
+@dataclass
+class Context:
+    """What every candidate is priced against: the contractions, tensors, extents, limits, machine."""
+
+    cs: list[Contraction]
+    tensors: dict[str, TensorInfo]
+    extents: dict[str, int]
+    limits: dict[str, int]
+    machine: Machine
+
+    def itemsize(self, k: int) -> int:
+        return self.tensors[self.cs[k].out].itemsize
+
+    def price(self, schedule: Schedule) -> dict:
+        """Predicted record (bytes, memory peaks, seconds) of a schedule's nests."""
+        nests = Emitter(self.cs, self.extents).schedule(schedule)
+        return predict_nests(nests, self.tensors, self.extents, self.cs, self.machine)
+
+    def fits(self, predicted: dict) -> bool:
+        return all(predicted["memory_peak"][lvl] <= self.limits[lvl] for lvl in ("global", "device"))
+
+
+def movement_seconds(predicted: dict) -> float:
+    """What the planner minimises: time spent moving data (compute is the same for every plan)."""
+    return predicted["seconds"]["disk"] + predicted["seconds"]["global<->device"]
+
+
+def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:
+    """One contraction tiled by each applicable scheme at the global level, each with the device
+    scheme that moves least between global and device; named ``global-scheme/device-scheme``."""
+    c = ctx.cs[k]
+    item = ctx.itemsize(k)
+    found = []
+    for gscheme in SCHEMES:
+        glob = scheme_tiles(c, ctx.extents, item, ctx.limits["global"], gscheme)
+        if glob is None:
+            continue
+        gtiles, resident = glob
+        best = None
+        for dscheme in SCHEMES[1:]:
+            dev = scheme_tiles(c, gtiles, item, ctx.limits["device"], dscheme)
+            if dev is None:
+                continue
+            group = DeviceGroup([k], gtiles, dev[0], resident)
+            pred = ctx.price(Schedule([DiskGroup([group])]))
+            if ctx.fits(pred) and (best is None or movement_seconds(pred) < best[0]):
+                best = (movement_seconds(pred), dscheme, group)
+        if best is not None:
+            found.append((f"{gscheme}/{best[1]}", best[2]))
+    return found
+
+
+def best_single(ctx: Context, k: int) -> DeviceGroup:
+    """The cheapest tiling of one contraction among the schemes."""
+    options = single_candidates(ctx, k)
+    return min(options, key=lambda o: movement_seconds(ctx.price(Schedule([DiskGroup([o[1]])]))))[1]
+
+
+def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) -> DiskGroup | None:
+    """Tiles for one disk group made of the given device groups (lists of contraction ids), so
+    that the emitted nest fits both levels; None when even unit tiles on the fused loops do not.
+
+    Starts from whole extents on fused loops (and the scheme tiles of single contractions) and
+    halves, at an overflowing level, the largest tile among the loops that level owns."""
+    members = [k for g in disk for k in g]
+    groups = []
+    for g in disk:
+        if len(g) == 1:
+            s = singles[g[0]]
+            groups.append(DeviceGroup(list(g), dict(s.glob), dict(s.dev), list(s.resident)))
+        else:
+            cs = [ctx.cs[k] for k in g]
+            common = common_indices(cs, ctx.extents)
+            rest = {i for c in cs for i in c.indices()}
+            groups.append(DeviceGroup(list(g), {i: ctx.extents[i] for i in common},
+                                      {i: ctx.extents[i] for i in rest}))
+    group = DiskGroup(groups)
+    if len(members) > 1:
+        group.tiles = {i: ctx.extents[i] for i in common_indices([ctx.cs[k] for k in members], ctx.extents)}
+    while True:
+        pred = ctx.price(Schedule([group]))
+        over = [lvl for lvl in ("device", "global") if pred["memory_peak"][lvl] > ctx.limits[lvl]]
+        if not over:
+            return group
+        if not _halve(group, over[0]):
+            return None
+
+
+def _halve(group: DiskGroup, level: str) -> bool:
+    """Halve the largest tile the given level owns in a group; False when all are 1."""
+    owned = [group.tiles] if level == "global" else []
+    for g in group.groups:
+        owned.append(g.glob if level == "global" else g.dev)
+    best = None
+    for tiles in owned:
+        for i, t in tiles.items():
+            if t > 1 and (best is None or t > best[0]):
+                best = (t, tiles, i)
+    if best is None:
+        return False
+    best[1][best[2]] = tile_count(best[0], 2)
+    return True
