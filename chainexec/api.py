@@ -30,9 +30,10 @@ def load_machine(path: str | None) -> Machine:
         raise ChainexecError(f"cannot read machine file ({err})", path) from None
 
 
-def plan(config: str | Path, machine: str | None = None) -> Plan:
-    """Load and plan a config (pure apart from reading the two files)."""
-    return make_plan(spec_mod.load(config), load_machine(machine))
+def plan(config: str | Path, machine: str | None = None, schedule: str | None = None) -> Plan:
+    """Load and plan a config (pure apart from reading the two files); ``schedule`` forces a
+    named alternative (see :func:`chainexec.planner.build.make_plan`)."""
+    return make_plan(spec_mod.load(config), load_machine(machine), schedule)
 
 
 def generate(config: str | Path) -> list[str]:
@@ -40,13 +41,13 @@ def generate(config: str | Path) -> list[str]:
     return store.write_random_inputs(plan(config))
 
 
-def run(config: str | Path, backend: str = "auto", machine: str | None = None) -> dict:
+def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank."""
     comm = world()
     text = error = None
     if comm.rank == 0:
         try:
-            p = plan(config, machine)
+            p = plan(config, machine, schedule)
             # Outputs first: a run that fails on its inputs must not leave an older output behind
             # that looks like this run's result.
             store.prepare_outputs(p)

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from chainexec import api, report
+from chainexec import api, calibrate, report
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import to_dict
 
@@ -23,10 +23,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--json", action="store_true", help="print the plan and prediction as JSON")
     p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
+    p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
     r.add_argument("config")
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
     r.add_argument("--machine")
+    r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     r.add_argument("--report-json", metavar="PATH", help="write {predicted, measured, run} as JSON")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
@@ -34,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("config")
     v.add_argument("--samples", type=int, default=300, help="output elements checked when too large for einsum")
     v.add_argument("--full-limit", type=int, default=2 << 30, help="bytes up to which the whole chain is einsum'd")
+    c = sub.add_parser("calibrate", help="measure this machine's bandwidths and flop rate into a machine file")
+    calibrate.add_arguments(c)
     return ap
 
 
@@ -44,7 +49,8 @@ def _plan_json(plan) -> dict:
     contractions = [{"id": c.id, "output": ref(c.out, c.out_indices),
                      "inputs": [ref(c.a, c.a_indices)] + ([ref(c.b, c.b_indices)] if c.b is not None else []),
                      "flops": c.flops} for c in plan.contractions]
-    return {"predicted": plan.predicted, "contractions": contractions, "plan": to_dict(plan)}
+    return {"predicted": plan.predicted, "contractions": contractions, "alternatives": plan.alternatives,
+            "plan": to_dict(plan)}
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -58,13 +64,21 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "plan":
-            plan = api.plan(args.config, args.machine)
+            plan = api.plan(args.config, args.machine, args.schedule)
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:
                 print(report.loop_nest(plan))
                 print()
                 print(report.summary(plan))
+                print()
+                print(report.alternatives(plan))
+            if args.plot:
+                report.plot_alternatives(plan, args.plot)
+        elif args.command == "calibrate":
+            options = {k: v for k, v in vars(args).items() if k != "command"}
+            machine = calibrate.calibrate(**options)
+            print(machine.to_json())
         elif args.command == "generate":
             for name in api.generate(args.config):
                 print(f"wrote {name}")
@@ -76,7 +90,7 @@ def main(argv=None) -> int:
                       f"{c.relative_error:.3e} (tolerance {c.tolerance:.0e}) {status}")
             return 0 if all(c.ok for c in checks) else 1
         else:
-            result = api.run(args.config, backend=args.backend, machine=args.machine)
+            result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule)
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
                 if args.report_json:

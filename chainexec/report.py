@@ -80,3 +80,47 @@ def matches(predicted: dict, measured: dict) -> bool:
     """Whether every movement category and memory peak was predicted exactly."""
     return all(predicted["bytes"][k] == measured["bytes"][k] for k in CATEGORY.values()) and all(
         predicted["memory_peak"][lvl] == measured["memory_peak"][lvl] for lvl in ("global", "device"))
+
+
+def alternatives(plan: Plan) -> str:
+    """The schedules the planner weighed: groups, predicted bytes per level, movement time."""
+    rows = [f"{'alternative':<24}{'groups':<24}{'disk bytes':>14}{'global<->device':>17}{'move s':>10}  "]
+    for a in plan.alternatives:
+        disk = a["bytes"]["disk->global"] + a["bytes"]["global->disk"]
+        dev = a["bytes"]["global->device"] + a["bytes"]["device->global"]
+        marks = ["<- chosen"] if a["chosen"] else ([] if a["fits"] else ["does not fit"])
+        marks += ["(paper's rule)"] if a.get("prescribed") else []
+        mark = " ".join(marks)
+        rows.append(f"{a['name']:<24}{a['groups']:<24}{format_size(disk):>14}{format_size(dev):>17}"
+                    f"{a['movement_seconds']:>10.3g}  {mark}")
+    rows.append("groups: [disk-level fused group], '|' separates device-level groups inside it; "
+                "#k scheme: contraction k alone, global/device tiling scheme")
+    return "\n".join(rows)
+
+
+def plot_alternatives(plan: Plan, path: str) -> None:
+    """Bar chart of predicted seconds per level for each alternative (matplotlib, optional extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from chainexec.errors import ChainexecError
+
+        raise ChainexecError("--plot needs matplotlib: pip install 'chainexec[plot]'") from None
+    shown = [a for a in plan.alternatives if a["kind"] == "schedule"]
+    names = [f"{a['name']}{' *' if a['chosen'] else ''}" for a in shown]
+    levels = list(shown[0]["seconds"]) if shown else []
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 1.5))
+    left = [0.0] * len(names)
+    for level in levels:
+        widths = [a["seconds"][level] for a in shown]
+        ax.barh(names, widths, left=left, label=level)
+        left = [x + w for x, w in zip(left, widths)]
+    ax.set_xlabel("predicted seconds (stacked per level; * = chosen)")
+    ax.set_title(f"{plan.name}: alternatives weighed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -61,8 +61,10 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
     return result, tensors
 
 
-def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
-    """Plan a spec: binarize, tile for ``spec.machine`` limits, predict movement; pure."""
+def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None = None) -> Plan:
+    """Plan a spec: binarize, choose fusion and tiles for ``spec.machine`` limits, predict
+    movement; pure. ``schedule`` forces one of the named alternatives (``unfused``,
+    ``paper: disk``, ``paper: disk+global``, ``search``) instead of the cheapest."""
     machine = machine or Machine()
     cs, tensors = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
@@ -75,8 +77,11 @@ def make_plan(spec: Spec, machine: Machine | None = None) -> Plan:
                     f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
                     f"contraction {c.einsum()} needs at least {format_size(need)}",
                     spec.path, spec.lines.get(("machine", f"{level}_memory")))
-    schedule, alternatives = choose(Context(cs, tensors, spec.extents, limits, machine))
-    nests = Emitter(cs, spec.extents).schedule(schedule)
+    try:
+        chosen, alternatives = choose(Context(cs, tensors, spec.extents, limits, machine), schedule)
+    except ValueError as err:
+        raise ChainexecError(str(err), spec.path) from None
+    nests = Emitter(cs, spec.extents).schedule(chosen)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives)
     plan.predicted = predict(plan, machine)

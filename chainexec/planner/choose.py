@@ -27,7 +27,7 @@ from itertools import combinations
 
 from chainexec.planner import fusion
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
-from chainexec.planner.schedule import Context, best_single, fit, movement_seconds, single_candidates
+from chainexec.planner.schedule import Context, fit, movement_seconds, prescribed_scheme, single_candidates
 
 SEARCH_LIMIT = 5
 
@@ -46,12 +46,30 @@ def compositions(items: list[int]) -> list[list[list[int]]]:
 class Chooser:
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.singles = {c.id: best_single(ctx, c.id) for c in ctx.cs}
+        self.tilings = {c.id: single_candidates(ctx, c.id) for c in ctx.cs}
+        self.singles = {k: min(options, key=lambda o: self._alone(o[1]))[1] for k, options in self.tilings.items()}
         self.lists = fusion.fusable_lists(ctx.cs, ctx.tensors)
         self._fit = lru_cache(maxsize=None)(self._fit_uncached)
 
+    def _alone(self, group: DeviceGroup) -> float:
+        return movement_seconds(self.ctx.price(Schedule([DiskGroup([group])])))
+
     def _fit_uncached(self, disk: tuple[tuple[int, ...], ...]) -> DiskGroup | None:
         return fit(self.ctx, [list(g) for g in disk], self.singles)
+
+    def tiling_record(self) -> list[dict]:
+        """Every scheme tried for each contraction run alone (section 4.1), the cheapest marked
+        chosen and the paper's own pick (Fig. 1 / eq. 4.9) marked prescribed."""
+        rows = []
+        for k, options in self.tilings.items():
+            prescribed = prescribed_scheme(self.ctx, k, [n for n, _ in options])
+            for name, group in options:
+                pred = self.ctx.price(Schedule([DiskGroup([group])]))
+                rows.append({"name": f"#{k} {name}", "kind": "tiling", "groups": f"[{k}]", "fits": True,
+                             "movement_seconds": movement_seconds(pred), "bytes": pred["bytes"],
+                             "seconds": pred["seconds"], "memory_peak": pred["memory_peak"],
+                             "chosen": group is self.singles[k], "prescribed": name == prescribed})
+        return rows
 
     def unfused(self) -> Schedule:
         return Schedule([DiskGroup([self.singles[c.id]]) for c in self.ctx.cs])
@@ -98,7 +116,7 @@ class Chooser:
         """Exhaustive over cuts at both levels and single-contraction schemes (module docstring)."""
         if any(len(run) > SEARCH_LIMIT for run in self.lists):
             return None
-        options = {c.id: [g for _, g in single_candidates(self.ctx, c.id)] for c in self.ctx.cs}
+        options = {k: [g for _, g in tilings] for k, tilings in self.tilings.items()}
         groups: list[DiskGroup] = []
         for run in self.lists:
             best_at: dict[int, tuple[float, list[DiskGroup]]] = {0: (0.0, [])}
@@ -131,8 +149,9 @@ class Chooser:
         return best
 
 
-def choose(ctx: Context) -> tuple[Schedule, list[dict]]:
-    """The schedule to use and every alternative weighed: name, predicted record, chosen flag."""
+def choose(ctx: Context, prefer: str | None = None) -> tuple[Schedule, list[dict]]:
+    """The schedule to use and every alternative weighed: name, predicted record, chosen flag.
+    ``prefer`` names a schedule alternative to use instead of the cheapest (it must fit)."""
     chooser = Chooser(ctx)
     candidates = [("unfused", chooser.unfused()), ("paper: disk", chooser.paper(device_level=False)),
                   ("paper: disk+global", chooser.paper(device_level=True))]
@@ -142,17 +161,20 @@ def choose(ctx: Context) -> tuple[Schedule, list[dict]]:
     priced = []
     for name, schedule in candidates:
         pred = ctx.price(schedule)
-        priced.append({"name": name, "fits": ctx.fits(pred), "movement_seconds": movement_seconds(pred),
+        priced.append({"name": name, "kind": "schedule", "fits": ctx.fits(pred), "movement_seconds": movement_seconds(pred),
                        "bytes": pred["bytes"], "seconds": pred["seconds"], "memory_peak": pred["memory_peak"],
                        "groups": describe(schedule), "schedule": schedule})
-    usable = [p for p in priced if p["fits"]]
+    usable = [p for p in priced if p["fits"] and (prefer is None or p["name"] == prefer)]
+    if not usable:
+        names = ", ".join(p["name"] for p in priced if p["fits"])
+        raise ValueError(f"no schedule named {prefer!r} fits (available: {names})")
     winner = min(usable, key=lambda p: p["movement_seconds"])
     for p in priced:
         p["chosen"] = p is winner
     schedule = winner["schedule"]
     for p in priced:
         del p["schedule"]
-    return schedule, priced
+    return schedule, priced + chooser.tiling_record()
 
 
 def describe(schedule: Schedule) -> str:

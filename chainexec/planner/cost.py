@@ -18,6 +18,7 @@ array, all ranks together; device: one rank's device).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan
@@ -33,8 +34,10 @@ def _visible(level: str, region_level: str) -> bool:
     return LEVELS.index(level) <= LEVELS.index(region_level)
 
 
-def _index_sums(loops: list[tuple[str, int]], extent: int, region_level: str) -> tuple[int, int]:
-    """(S_i, N_i) for one index: its enclosing loops as (level, tile), outermost first."""
+@lru_cache(maxsize=1 << 16)
+def _index_sums(loops: tuple[tuple[str, int], ...], extent: int, region_level: str) -> tuple[int, int]:
+    """(S_i, N_i) for one index: its enclosing loops as (level, tile), outermost first. Cached:
+    candidate schedules priced by the planner share most of their loops."""
 
     def walk(k: int, lo: int, hi: int, seen: int) -> tuple[int, int]:
         if k == len(loops):
@@ -55,7 +58,7 @@ def op_bytes(op: Op, loops: list[Loop], extents: dict[str, int], itemsize: int) 
     total = 1
     looped = {i for loop in loops for i in loop.tiles}
     for i in looped | set(op.indices):
-        per_index = [(loop.level, loop.tiles[i]) for loop in loops if i in loop.tiles]
+        per_index = tuple((loop.level, loop.tiles[i]) for loop in loops if i in loop.tiles)
         s, n = _index_sums(per_index, extents[i], REGION_LEVEL[op.op])
         total *= s if i in op.indices else n
     return total * itemsize

@@ -18,7 +18,7 @@ from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule, common_indices
 from chainexec.planner.plan import Contraction, TensorInfo
-from chainexec.planner.tiling import scheme_tiles, tile_count
+from chainexec.planner.tiling import equal_tiles_win, scheme_tiles, tile_count
 
 SCHEMES = ("fits", "streaming", "equal", "greedy")
 
@@ -75,10 +75,17 @@ def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:
     return found
 
 
-def best_single(ctx: Context, k: int) -> DeviceGroup:
-    """The cheapest tiling of one contraction among the schemes."""
-    options = single_candidates(ctx, k)
-    return min(options, key=lambda o: movement_seconds(ctx.price(Schedule([DiskGroup([o[1]])]))))[1]
+def prescribed_scheme(ctx: Context, k: int, names: list[str]) -> str | None:
+    """The paper's own pick among the tilings found for contraction k: an array that fits stays
+    (section 4, Fig. 1); otherwise equal tiles or streaming by the rule of eq. 4.9."""
+    item = ctx.itemsize(k)
+    lam_ab = item / ctx.machine.disk_read
+    lam_bg = item / ctx.machine.global_to_device
+    scheme = "equal" if equal_tiles_win(ctx.limits["global"] / item, lam_ab, lam_bg) else "streaming"
+    for name in names:
+        if name.startswith("fits/"):
+            return name
+    return next((n for n in names if n.startswith(scheme + "/")), None)
 
 
 def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) -> DiskGroup | None:
