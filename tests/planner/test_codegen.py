@@ -103,7 +103,7 @@ def _emulate(tmp_path, c, a, b, sizes, dtype, cfg, alpha, beta, seed):
     return np.linalg.norm(C - ref) / np.linalg.norm(ref)
 
 
-def _have_gxx20():
+def _have_gxx():
     return shutil.which("g++") is not None
 
 
@@ -124,7 +124,7 @@ EMU_CASES = [
 ]
 
 
-@pytest.mark.skipif(not _have_gxx20(), reason="g++ not found")
+@pytest.mark.skipif(not _have_gxx(), reason="g++ not found")
 @pytest.mark.parametrize("c,a,b,rep,run,dtype,alpha,beta", EMU_CASES,
                          ids=[f"{e[0]}-{e[1]}-{e[2]}-{e[5]}" for e in EMU_CASES])
 def test_emulated_kernel_matches_einsum(tmp_path, c, a, b, rep, run, dtype, alpha, beta):
@@ -135,7 +135,7 @@ def test_emulated_kernel_matches_einsum(tmp_path, c, a, b, rep, run, dtype, alph
     assert err <= (1e-12 if dtype == "float64" else 1e-5)
 
 
-@pytest.mark.skipif(not _have_gxx20(), reason="g++ not found")
+@pytest.mark.skipif(not _have_gxx(), reason="g++ not found")
 def test_emulated_alternative_configs(tmp_path):
     """Configs other than the chosen one (split indices, several TB entries) are right too."""
     c, a, b = "abcd", "dbea", "ec"
