@@ -1,0 +1,75 @@
+"""The schedule choice: the exhaustive search equals a brute-force enumeration, is never worse
+than the paper's prescriptive choice, and the planner uses the cheapest fitting alternative.
+Prints how far the paper's choice is from the search on each config (run with -s to see)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chainexec import spec
+from chainexec.planner.build import contractions, make_plan
+from chainexec.planner.choose import Chooser, compositions
+from chainexec.planner.machine import Machine
+from chainexec.planner.nest import Schedule
+from chainexec.planner.schedule import Context, fit, movement_seconds
+from tests.conftest import fourindex_config, write_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+PAPER = Machine.from_file(CONFIGS / "machines" / "paper2010.json")
+NAMES = ["expr_a", "expr_b", "expr_c", "expr_d", "expr_e", "fourindex"]
+
+
+def _get(plan, name):
+    return next(a for a in plan.alternatives if a["name"] == name)
+
+
+@pytest.mark.parametrize("machine", [Machine(), PAPER], ids=["default", "paper2010"])
+@pytest.mark.parametrize("name", NAMES)
+def test_search_never_worse_than_paper(name, machine):
+    plan = make_plan(spec.load(CONFIGS / f"{name}.yaml"), machine)
+    search = _get(plan, "search")
+    paper = _get(plan, "paper: disk+global")
+    gap = paper["movement_seconds"] / search["movement_seconds"]
+    print(f"{name}: paper {paper['groups']} {paper['movement_seconds']:.4g} s, "
+          f"search {search['groups']} {search['movement_seconds']:.4g} s, paper/search = {gap:.3f}")
+    assert search["movement_seconds"] <= paper["movement_seconds"] * (1 + 1e-12)
+    chosen = [a for a in plan.alternatives if a["chosen"] and a["kind"] == "schedule"]
+    assert len(chosen) == 1 and chosen[0]["movement_seconds"] == min(
+        a["movement_seconds"] for a in plan.alternatives if a["kind"] == "schedule" and a["fits"])
+    assert plan.predicted["bytes"] == chosen[0]["bytes"]
+
+
+@pytest.mark.parametrize("config", ["fourindex", "expr_d_small"])
+def test_search_equals_brute_force(config, tmp_path):
+    if config == "fourindex":
+        s = spec.load(write_config(tmp_path, fourindex_config(n=12, nmo=10, global_memory="96KiB",
+                                                             device_memory="8KiB")))
+    else:
+        text = (CONFIGS / "expr_d.yaml").read_text().replace("N: 40", "N: 5").replace("32GiB", "64KiB")
+        s = spec.loads(text.replace("1GiB", "6KiB"), str(CONFIGS / "expr_d.yaml"))
+    cs, tensors = contractions(s)
+    ctx = Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
+                  Machine())
+    chooser = Chooser(ctx)
+    searched = movement_seconds(ctx.price(chooser.search()))
+    (run,) = chooser.lists
+    best = None
+    for disk_cut in compositions(run):
+        for device_cuts in _products([compositions(seg) for seg in disk_cut]):
+            groups = [fit(ctx, parts, chooser.singles) for parts in device_cuts]
+            if any(g is None for g in groups):
+                continue
+            cost = movement_seconds(ctx.price(Schedule(groups)))
+            best = cost if best is None else min(best, cost)
+    assert searched <= best * (1 + 1e-12)
+
+
+def _products(options):
+    if not options:
+        yield []
+        return
+    for head in options[0]:
+        for tail in _products(options[1:]):
+            yield [head] + tail
