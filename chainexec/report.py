@@ -93,6 +93,11 @@ def alternatives(plan: Plan) -> str:
         mark = " ".join(marks)
         rows.append(f"{a['name']:<24}{a['groups']:<24}{format_size(disk):>14}{format_size(dev):>17}"
                     f"{a['movement_seconds']:>10.3g}  {mark}")
+    for a in plan.alternatives:
+        for r in a.get("recurrence", []):
+            rows.append(f"memory recurrence f(1,n) (section 5) for contractions {r['contractions']}: device "
+                        f"{format_size(r['device_bytes'])} (limit {format_size(r['limits']['device'])}), global "
+                        f"{format_size(r['global_bytes'])} (limit {format_size(r['limits']['global'])})")
     rows.append("groups: [disk-level fused group], '|' separates device-level groups inside it; "
                 "#k scheme: contraction k alone, global/device tiling scheme")
     return "\n".join(rows)

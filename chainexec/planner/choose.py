@@ -75,7 +75,8 @@ class Chooser:
         return Schedule([DiskGroup([self.singles[c.id]]) for c in self.ctx.cs])
 
     def _profitable_runs(self, run: list[int], level: str) -> list[list[int]]:
-        """Cut a fusable list where a link fails eq. 5.1–5.3 at ``level``."""
+        """Cut a fusable list where a link fails eq. 5.1–5.3 at ``level``, then detach an end
+        contraction whose large array must be re-read when eq. 5.4 says that does not pay."""
         parts = [[run[0]]]
         for p, q in zip(run, run[1:]):
             c_p, c_q = self.ctx.cs[p], self.ctx.cs[q]
@@ -83,7 +84,32 @@ class Chooser:
                 parts[-1].append(q)
             else:
                 parts.append([q])
-        return parts
+        result = []
+        for part in parts:
+            if len(part) > 2 and not self._end_pays(part[0], part[1:], level):
+                result.append(part[:1])
+                part = part[1:]
+            if len(part) > 2 and not self._end_pays(part[-1], part[:-1], level):
+                result += [part[:-1], part[-1:]]
+            else:
+                result.append(part)
+        return result
+
+    def _end_pays(self, end: int, rest: list[int], level: str) -> bool:
+        """Eq. 5.4 for the end contraction ``end`` of a run whose other contractions ``rest`` take
+        the fraction q of the level's memory (their fused nest's exact peak); trivially true when
+        the end contraction's arrays all fit the level."""
+        c = self.ctx.cs[end]
+        memory_level = "global" if level == "disk" else "device"
+        limit = self.ctx.limits[memory_level] / self.ctx.itemsize(end)
+        arrays = [c.a, c.out] + ([c.b] if c.b is not None else [])
+        if max(fusion.size(self.ctx.tensors[t]) for t in arrays) <= limit:
+            return True
+        group = self._fit(((*rest,),) if level == "global" else tuple((k,) for k in rest))
+        if group is None:
+            return False
+        q = self.ctx.price(Schedule([group]))["memory_peak"][memory_level] / self.ctx.limits[memory_level]
+        return fusion.first_last_profitable(fusion.link_ratio(c, self.ctx.tensors[c.out]), limit, q)
 
     def _split(self, run: list[int], fits, price) -> list[list[int]]:
         """Section 5.1's DP on one run: the cut after position k moves 2·|I_k| elements; among
@@ -96,6 +122,27 @@ class Chooser:
     def _seconds(self, disk: tuple[tuple[int, ...], ...]) -> float:
         group = self._fit(disk)
         return float("inf") if group is None else movement_seconds(self.ctx.price(Schedule([group])))
+
+    def recurrence(self) -> list[dict]:
+        """Section 5's memory recurrence for each fusable list, in bytes: f(1,n) at the device
+        level and its section-5.2 form at the global level, beside the limits (for explanation;
+        feasibility itself is decided on the emitted nests, see :mod:`chainexec.planner.fusion`)."""
+        rows = []
+        for run in self.lists:
+            cs = [self.ctx.cs[k] for k in run]
+            first = cs[0]
+            operands = [first.a_indices] + ([first.b_indices] if first.b is not None else [])
+            outs = [max(operands, key=len)] + [c.out_indices for c in cs]
+            item = self.ctx.itemsize(run[0])
+            ext = self.ctx.extents
+
+            def fits_device(i, j):
+                return fusion.memory_f(outs[i:j + 1], ext) * item <= self.ctx.limits["device"]
+
+            rows.append({"contractions": run, "device_bytes": fusion.memory_f(outs, ext) * item,
+                         "global_bytes": fusion.memory_f(outs, ext, fits_device) * item,
+                         "limits": dict(self.ctx.limits)})
+        return rows
 
     def paper(self, device_level: bool) -> Schedule:
         groups = []
@@ -161,7 +208,8 @@ def choose(ctx: Context, prefer: str | None = None) -> tuple[Schedule, list[dict
     priced = []
     for name, schedule in candidates:
         pred = ctx.price(schedule)
-        priced.append({"name": name, "kind": "schedule", "fits": ctx.fits(pred), "movement_seconds": movement_seconds(pred),
+        priced.append({"name": name, "kind": "schedule", "fits": ctx.fits(pred),
+                       **({"recurrence": chooser.recurrence()} if name == "paper: disk+global" else {}), "movement_seconds": movement_seconds(pred),
                        "bytes": pred["bytes"], "seconds": pred["seconds"], "memory_peak": pred["memory_peak"],
                        "groups": describe(schedule), "schedule": schedule})
     usable = [p for p in priced if p["fits"] and (prefer is None or p["name"] == prefer)]
