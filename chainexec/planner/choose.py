@@ -9,8 +9,8 @@ Candidates:
   not profitable at a level (eq. 5.1–5.3), then split each fusable list by dynamic programming
   (section 5.1) into sub-chains that fit — first at the device level, then at the global level;
 - ``search`` — beyond the paper: every way of cutting each fusable list into disk groups and
-  each disk group into device groups, with every tiling scheme of each single contraction, priced
-  exactly. Costs of disk groups add up, so the best cut is found by dynamic programming over
+  each disk group into device groups, with every tiling scheme of each unfused contraction and a
+  grid of global tile sizes around them (:func:`grid_candidates`), priced exactly. Costs of disk groups add up, so the best cut is found by dynamic programming over
   positions, which is exhaustive. Run when every fusable list has at most ``SEARCH_LIMIT``
   contractions.
 
@@ -27,7 +27,8 @@ from itertools import combinations
 
 from chainexec.planner import fusion
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
-from chainexec.planner.schedule import Context, fit, movement_seconds, prescribed_scheme, single_candidates
+from chainexec.planner.schedule import (Context, fit, grid_candidates, movement_seconds, prescribed_scheme,
+                                        single_candidates)
 
 SEARCH_LIMIT = 5
 
@@ -163,7 +164,7 @@ class Chooser:
         """Exhaustive over cuts at both levels and single-contraction schemes (module docstring)."""
         if any(len(run) > SEARCH_LIMIT for run in self.lists):
             return None
-        options = {k: [g for _, g in tilings] for k, tilings in self.tilings.items()}
+        options = {k: [g for _, g in tilings] + grid_candidates(self.ctx, k) for k, tilings in self.tilings.items()}
         groups: list[DiskGroup] = []
         for run in self.lists:
             best_at: dict[int, tuple[float, list[DiskGroup]]] = {0: (0.0, [])}

@@ -12,13 +12,14 @@ overflows, checked against the emitted nest's exact peak after each step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule, common_indices
 from chainexec.planner.plan import Contraction, TensorInfo
-from chainexec.planner.tiling import equal_tiles_win, scheme_tiles, tile_count
+from chainexec.planner.tiling import choose_tiles, composites, equal_tiles_win, scheme_tiles, spread, tile_count
 
 SCHEMES = ("fits", "streaming", "equal", "greedy")
 
@@ -58,20 +59,50 @@ def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:
     found = []
     for gscheme in SCHEMES:
         glob = scheme_tiles(c, ctx.extents, item, ctx.limits["global"], gscheme)
-        if glob is None:
+        if glob is not None:
+            best = _with_device(ctx, k, *glob)
+            if best is not None:
+                found.append((f"{gscheme}/{best[0]}", best[1]))
+    return found
+
+
+def _with_device(ctx: Context, k: int, gtiles: dict[str, int], resident: list[str]):
+    """(device scheme, group) of the device tiling that moves least under global tiles ``gtiles``."""
+    c = ctx.cs[k]
+    best = None
+    for dscheme in SCHEMES[1:]:
+        dev = scheme_tiles(c, gtiles, ctx.itemsize(k), ctx.limits["device"], dscheme)
+        if dev is None:
             continue
-        gtiles, resident = glob
-        best = None
-        for dscheme in SCHEMES[1:]:
-            dev = scheme_tiles(c, gtiles, item, ctx.limits["device"], dscheme)
-            if dev is None:
-                continue
-            group = DeviceGroup([k], gtiles, dev[0], resident)
-            pred = ctx.price(Schedule([DiskGroup([group])]))
-            if ctx.fits(pred) and (best is None or movement_seconds(pred) < best[0]):
-                best = (movement_seconds(pred), dscheme, group)
-        if best is not None:
-            found.append((f"{gscheme}/{best[1]}", best[2]))
+        group = DeviceGroup([k], gtiles, dev[0], resident)
+        pred = ctx.price(Schedule([DiskGroup([group])]))
+        if ctx.fits(pred) and (best is None or movement_seconds(pred) < best[0]):
+            best = (movement_seconds(pred), dscheme, group)
+    return best[1:] if best else None
+
+
+GRID = (0.25, 0.5, 1.0, 2.0)
+
+
+def grid_candidates(ctx: Context, k: int) -> list[DeviceGroup]:
+    """Beyond the paper's schemes: global tiles on a grid of composite sizes around them —
+    Ti = Tj = s·√M and Tk = t·√(M/3) for s, t in GRID (and Tk = 1) — shrunk to fit, each with
+    its best device scheme. For the exhaustive search."""
+    c = ctx.cs[k]
+    item = ctx.itemsize(k)
+    m = ctx.limits["global"] / item
+    comp = composites(c)
+    found = []
+    for s in GRID:
+        for t in (0.0,) + GRID:
+            side = s * math.sqrt(m)
+            start = spread(comp["i"], ctx.extents, side) | spread(comp["j"], ctx.extents, side)
+            start |= spread(comp["k"], ctx.extents, t * math.sqrt(m / 3) if t else 1)
+            tiles = choose_tiles(c, ctx.extents, item, ctx.limits["global"], True, start)
+            if tiles is not None:
+                best = _with_device(ctx, k, tiles, [])
+                if best is not None:
+                    found.append(best[1])
     return found
 
 
