@@ -1,0 +1,95 @@
+"""The SLURM batch scripts in jobs/: shape checks that run anywhere, and a real submission of
+jobs/fourindex.sbatch with 2 ranks when a SLURM controller with an idle node answers (CI sets
+one up with .ci/slurm-setup.sh; elsewhere that test skips)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from tests.conftest import fourindex_config, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "jobs").glob("*.sbatch"))
+JOB_TIMEOUT = 300  # seconds from submission to a finished job; the job itself takes ~5 s here
+
+
+def test_both_job_scripts_exist():
+    assert {p.name for p in SCRIPTS} >= {"fourindex.sbatch", "ccsd_t.sbatch"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_job_script_shape(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    lines = text.splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    # sbatch stops reading #SBATCH lines at the first command, so they must all come before it.
+    first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    directives = [line.split()[1] for line in lines[:first_command] if line.startswith("#SBATCH")]
+    assert not [line for line in lines[first_command:] if line.startswith("#SBATCH")]
+    options = {d.split("=")[0] for d in directives}
+    assert {"--job-name", "--ntasks-per-node", "--gpus-per-task", "--time", "--output"} <= options
+    assert "--gpus-per-task=1" in directives  # one rank per GPU
+    assert lines[first_command] == "set -euo pipefail"
+    assert re.search(r'^srun --mpi="\$SRUN_MPI" "\$CHAINEXEC" run "\$CONFIG"', text, re.M)
+    assert re.search(r"^SRUN_MPI=\$\{SRUN_MPI:-pmi2\}", text, re.M)
+
+
+def _sinfo_states() -> list[str]:
+    """Node states, or [] when no controller answers (sinfo retries a dead one for a long time)."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def _job_fields(job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30)
+    return dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+
+
+def test_fourindex_job_on_slurm(tmp_path):
+    if not (shutil.which("sbatch") and shutil.which("sinfo") and shutil.which("scontrol")):
+        pytest.skip("no SLURM client commands (sbatch, sinfo, scontrol)")
+    states = _sinfo_states()
+    if not {"idle", "mix"} & set(states):
+        pytest.skip(f"no idle SLURM node (sinfo: {states or 'no answer'})")
+    config = write_config(tmp_path, fourindex_config())
+    options = ["--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path}/job-%j.out"]
+    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
+    if "gpu" not in gres:
+        # The CI node has no GPUs; SLURM rejects --gpus-per-task=1 there, so ask for none.
+        options.append("--gpus-per-task=0")
+    venv = Path(sys.executable).parent.parent
+    export = f"--export=ALL,CHAINEXEC_HOME={REPO},VENV={venv},CONFIG={config},BACKEND=numpy"
+    submit = subprocess.run(["sbatch", "--parsable", *options, export, str(REPO / "jobs" / "fourindex.sbatch")],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while (fields := _job_fields(job)).get("JobState") in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], timeout=30)
+            pytest.fail(f"SLURM job {job} not finished after {JOB_TIMEOUT} s (state {fields.get('JobState')})")
+        time.sleep(1)
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert "chainexec-job: generating inputs" in log
+    assert "srun --mpi=pmi2 gives MPI world size(s): 2\n" in log
+    assert re.search(r"^B: einsum over 4096 elements, relative error \S+ \(tolerance 1e-12\) ok$", log, re.M), log
+    assert log.rstrip().endswith("chainexec-job: verify passed")
+    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
+        assert f.attrs["chainexec_complete"]
+    report = json.loads((tmp_path / f"chainexec-fourindex-{job}.json").read_text())
+    # (`run` exits 1 when measured movement differs from the prediction, so COMPLETED covers that.)
+    assert report["run"]["ranks"] == 2 and report["run"]["backend"] == "numpy"
