@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from chainexec import expr
 from chainexec.errors import ChainexecError
 
 DTYPES = {"float64": 8, "float32": 4}
@@ -45,12 +46,14 @@ class Source:
 
     ``file``/``dataset``: an HDF5 dataset (``seed``, when given, lets ``chainexec generate`` write it).
     ``random``: values made on the fly by the seeded element-wise generator (no file at all).
+    ``expr``: computed element-wise from other inputs (:mod:`chainexec.expr`), e.g. a denominator.
     """
 
     file: str | None = None
     dataset: str | None = None
     seed: int | None = None
     random: int | None = None
+    expr: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def _line_map(node, prefix=()) -> dict:
 
 _TOP_KEYS = {"name", "dtype", "ranges", "indices", "tensors", "statements", "outputs", "machine", "scratch"}
 _TENSOR_KEYS = {"indices", "dtype", "source"}
-_SOURCE_KEYS = {"file", "dataset", "seed", "random"}
+_SOURCE_KEYS = {"file", "dataset", "seed", "random", "expr"}
 _OUTPUT_KEYS = {"file", "dataset"}
 _MACHINE_KEYS = {"global_memory", "device_memory"}
 
@@ -321,6 +324,10 @@ def loads(text: str, path: str = "<config>") -> Spec:
             source = _parse_source(p, tdef["source"], where + ("source",), tname)
         tensors[tname] = Tensor(tname, tuple(idx), dtype, source)
 
+    for t in tensors.values():
+        if t.source is not None and t.source.expr is not None:
+            _check_expr(p, t, tensors, extents)
+
     raw_statements = data["statements"]
     if not isinstance(raw_statements, list) or not raw_statements:
         raise p.fail("statements must be a non-empty list", ("statements",))
@@ -373,9 +380,38 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
         if set(sdef) != {"random"}:
             raise p.fail(f"source of {tname!r}: 'random' stands alone (no file, dataset or seed)", where)
         return Source(random=sdef["random"])
+    if "expr" in sdef:
+        if set(sdef) != {"expr"} or not isinstance(sdef["expr"], str):
+            raise p.fail(f"source of {tname!r}: 'expr' stands alone and is a string", where)
+        try:
+            expr.parse(sdef["expr"])
+        except ValueError as err:
+            raise p.fail(f"tensor {tname!r}: {err}", where + ("expr",)) from None
+        return Source(expr=sdef["expr"])
     if not isinstance(sdef.get("file"), str) or not isinstance(sdef.get("dataset"), str):
         raise p.fail(f"source of {tname!r} needs 'file' and 'dataset' (or 'random: SEED')", where)
     return Source(file=sdef["file"], dataset=sdef["dataset"], seed=sdef.get("seed"))
+
+
+def _check_expr(p: _Parser, t: Tensor, tensors: dict, extents) -> None:
+    """A computed tensor reads inputs with a file or random source, over its own indices."""
+    where = ("tensors", t.name, "source", "expr")
+    for ref in expr.refs(expr.parse(t.source.expr)):
+        other = tensors.get(ref.tensor)
+        if other is None or other.source is None or other.source.expr is not None:
+            raise p.fail(f"tensor {t.name!r}: {ref.tensor!r} in its expression is not an input with a file "
+                         "or random source", where)
+        if len(ref.indices) != len(other.indices):
+            raise p.fail(f"tensor {t.name!r}: {ref.tensor} has {len(other.indices)} indices, the expression "
+                         f"gives {len(ref.indices)}", where)
+        for mine, theirs in zip(ref.indices, other.indices):
+            if mine not in t.indices:
+                raise p.fail(f"tensor {t.name!r}: index {mine!r} in its expression is not one of its indices", where)
+            if extents[mine] != extents[theirs]:
+                raise p.fail(f"tensor {t.name!r}: index {mine!r} has extent {extents[mine]} but {other.name}'s "
+                             f"dimension {theirs!r} has {extents[theirs]}", where)
+        if other.dtype != t.dtype:
+            raise p.fail(f"dtype mismatch in tensor {t.name!r}: {other.name} is {other.dtype}", where)
 
 
 def _check_statements(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:

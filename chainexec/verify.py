@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from chainexec import generator
+from chainexec import expr, generator
 from chainexec.errors import ChainexecError
 from chainexec.runtime.store import COMPLETE
 from chainexec.spec import DTYPES, Ref, Spec
@@ -42,6 +42,11 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
     region = region or tuple((0, n) for n in shape)
     if t.source.random is not None:
         return generator.block(t.source.random, shape, region, t.dtype)
+    if t.source.expr is not None:
+        tree = expr.parse(t.source.expr)
+        at = dict(zip(t.indices, region))
+        arrays = {r: _input(spec, r.tensor, tuple(at[i] for i in r.indices)) for r in expr.refs(tree)}
+        return np.broadcast_to(expr.evaluate(tree, arrays, t.indices, np), tuple(b - a for a, b in region))
     path = spec.resolve(t.source.file)
     try:
         with h5py.File(path, "r") as f:

@@ -81,7 +81,7 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
         chosen, alternatives = choose(Context(cs, tensors, spec.extents, limits, machine), schedule)
     except ValueError as err:
         raise ChainexecError(str(err), spec.path) from None
-    nests = Emitter(cs, spec.extents).schedule(chosen)
+    nests = Emitter(cs, spec.extents, tensors).schedule(chosen)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives)
     plan.predicted = predict(plan, machine)

@@ -26,7 +26,7 @@ from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan
 CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
-                "alloc": None, "free": None, "compute": "device"}
+                "alloc": None, "free": None, "compute": "device", "eval": "device"}
 
 
 def _visible(level: str, region_level: str) -> bool:
@@ -95,7 +95,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> di
                 if isinstance(node, Loop):
                     walk(node.body, loops + [node])
                     continue
-                if node.op == "compute":
+                if node.op in ("compute", "eval"):
                     continue
                 item = tensors[node.tensor].itemsize
                 key = (node.tensor, tuple(node.indices), node.level)

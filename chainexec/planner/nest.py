@@ -42,7 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from chainexec.planner.plan import Contraction, Loop, Nest, Op
+from chainexec import expr
+from chainexec.planner.plan import Contraction, Loop, Nest, Op, TensorInfo
 
 
 @dataclass
@@ -108,16 +109,45 @@ def _operands(c: Contraction) -> list[tuple[str, list[str]]]:
 class Emitter:
     """Emits the nests of a schedule, numbering stored versions of each tensor as it goes."""
 
-    def __init__(self, contractions: list[Contraction], extents: dict[str, int]):
+    def __init__(self, contractions: list[Contraction], extents: dict[str, int], tensors: dict[str, TensorInfo]):
         self.cs = contractions
         self.extents = extents
+        self.tensors = tensors
         self.versions: dict[str, int] = {}
 
     def _tiled(self, tiles: dict[str, int], names) -> dict[str, int]:
         return {i: tiles[i] for i in names if i in tiles and tiles[i] < self.extents[i]}
 
+    def _inputs_of(self, name, ix) -> list[tuple[str, list[str]]]:
+        """What a computed tensor (``source: {expr}``) used as ``name[ix]`` reads, renamed to ``ix``."""
+        t = self.tensors[name]
+        rename = dict(zip(t.indices, ix))
+        return [(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(expr.parse(t.source["expr"]))]
+
+    def _computed(self, name) -> bool:
+        source = self.tensors[name].source
+        return source is not None and "expr" in source
+
     def _load(self, name, ix) -> list[Op]:
+        """Bring ``name[ix]`` to the global level: read it, or, for a computed tensor, read what
+        its expression needs (it is made on the device, where it is used)."""
+        if self._computed(name):
+            return [op for n, i in self._inputs_of(name, ix) for op in self._load(n, i)]
         return [_ref("alloc", "global", name, ix), _ref("load", "global", name, ix, self.versions.get(name, 0))]
+
+    def _unload(self, name, ix) -> list[Op]:
+        if self._computed(name):
+            return [op for n, i in self._inputs_of(name, ix) for op in self._unload(n, i)]
+        return [_ref("free", "global", name, ix)]
+
+    def _fetch(self, name, ix) -> list[Op]:
+        """Bring ``name[ix]`` to the device: get it, or get its expression's inputs and evaluate."""
+        if self._computed(name):
+            inputs = self._inputs_of(name, ix)
+            ops = [op for n, i in inputs for op in self._fetch(n, i)]
+            ops += [_ref("alloc", "device", name, ix), _ref("eval", "device", name, ix)]
+            return ops + [_ref("free", "device", n, i) for n, i in inputs]
+        return [_ref("alloc", "device", name, ix), _ref("get", "device", name, ix)]
 
     def _store(self, c: Contraction) -> list[Op]:
         self.versions[c.out] = self.versions.get(c.out, 0) + 1
@@ -160,14 +190,14 @@ class Emitter:
         ks = [i for i in c.indices() if i not in outs]
         resident = [(n, ix) for n, ix in _operands(c) if n in g.resident and n not in kept]
         streamed = [(n, ix) for n, ix in _operands(c) if n not in g.resident and n not in kept]
-        inner = [op for n, ix in _operands(c) for op in (_ref("alloc", "device", n, ix), _ref("get", "device", n, ix))]
+        inner = [op for n, ix in _operands(c) for op in self._fetch(n, ix)]
         inner.append(Op("compute", "device", contraction=c.id))
         inner += [_ref("free", "device", n, ix) for n, ix in _operands(c)]
         dev_body = [_ref("alloc", "device", c.out, outs), *_loop("device", self._tiled(g.dev, ks), inner),
                     _ref("accumulate", "device", c.out, outs), _ref("free", "device", c.out, outs)]
         k_body = [op for n, ix in streamed for op in self._load(n, ix)]
         k_body += _loop("device", self._tiled(g.dev, outs), dev_body, parallel=True)
-        k_body += [_ref("free", "global", n, ix) for n, ix in streamed]
+        k_body += [op for n, ix in streamed for op in self._unload(n, ix)]
         stored = c.out not in kept
         out_body = self._out_alloc(c) if stored else []
         out_body += _loop("global", self._tiled(g.glob, ks), k_body)
@@ -175,7 +205,7 @@ class Emitter:
             out_body += self._store(c)
         body = [op for n, ix in resident for op in self._load(n, ix)]
         body += _loop("global", self._tiled(g.glob, outs), out_body)
-        body += [_ref("free", "global", n, ix) for n, ix in resident]
+        body += [op for n, ix in resident for op in self._unload(n, ix)]
         return body
 
     def fused(self, g: DeviceGroup, kept: set[str]) -> list:
@@ -192,7 +222,7 @@ class Emitter:
         for k, c in enumerate(cs):
             dev_body.append(_ref("alloc", "device", c.out, c.out_indices))
             work = [(n, ix) for n, ix in _operands(c) if n not in inner]
-            step = [op for n, ix in work for op in (_ref("alloc", "device", n, ix), _ref("get", "device", n, ix))]
+            step = [op for n, ix in work for op in self._fetch(n, ix)]
             step.append(Op("compute", "device", contraction=c.id))
             step += [_ref("free", "device", n, ix) for n, ix in work]
             rest = [i for i in c.indices() if i not in common]
@@ -207,7 +237,7 @@ class Emitter:
         body = self._out_alloc(last) if stored else []
         body += [op for n, ix in loaded for op in self._load(n, ix)]
         body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
-        body += [_ref("free", "global", n, ix) for n, ix in loaded]
+        body += [op for n, ix in loaded for op in self._unload(n, ix)]
         if stored:
             body += self._store(last)
         return _loop("global", self._tiled(g.glob, common), body)

@@ -39,7 +39,7 @@ class Context:
 
     def price(self, schedule: Schedule) -> dict:
         """Predicted record (bytes, memory peaks, seconds) of a schedule's nests."""
-        nests = Emitter(self.cs, self.extents).schedule(schedule)
+        nests = Emitter(self.cs, self.extents, self.tensors).schedule(schedule)
         return predict_nests(nests, self.tensors, self.extents, self.cs, self.machine)
 
     def fits(self, predicted: dict) -> bool:

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from chainexec import expr
 from chainexec.planner.cost import CATEGORY
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan
@@ -30,7 +31,7 @@ from chainexec.runtime.store import Store
 
 # The level whose busy time a statement counts toward (the keys of Machine.seconds).
 OP_LEVEL = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device",
-            "compute": "compute"}
+            "compute": "compute", "eval": "compute"}
 
 
 class Counters:
@@ -207,7 +208,9 @@ class Executor:
 
     def _accumulate(self, op: Op) -> None:
         ga, sl = self._relative(op)
-        host = np.ascontiguousarray(self.backend.to_host(self.buffers[self._key(op)]))
+        host = self.backend.to_host(self.buffers[self._key(op)])
+        if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)
+            host = host.copy(order="C")
         ga.accumulate(sl, host)
         self.counters.move(CATEGORY["accumulate"], host.nbytes)
 
@@ -220,6 +223,14 @@ class Executor:
         if inner == outer:
             return buf
         return buf[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))]
+
+    def _eval(self, op: Op) -> None:
+        """Fill a computed tensor's device tile from its expression's inputs (already on the device)."""
+        t = self.plan.tensors[op.tensor]
+        tree = expr.parse(t.source["expr"])
+        rename = dict(zip(t.indices, op.indices))
+        arrays = {r: self._view(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(tree)}
+        self._view(op.tensor, op.indices)[...] = expr.evaluate(tree, arrays, tuple(t.indices), self.backend.xp)
 
     def _compute(self, op: Op) -> None:
         c = self.plan.contractions[op.contraction]

@@ -1,0 +1,90 @@
+"""Element-wise expressions for computed tensors, e.g. an orbital-energy denominator::
+
+    1 / (e_occ[i] + e_occ[j] + e_occ[k] - e_vir[a] - e_vir[b] - e_vir[c])
+
+Parsed with :mod:`ast` (never evaluated as Python): only numbers, tensor references ``T[i,j]``,
+``+ - * /`` and parentheses are accepted. Indices broadcast: the value at a point of the computed
+tensor takes each reference at the same index values. Evaluation works on any array module
+(NumPy or CuPy) and on tiles: each reference is given as an array over its own index order.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+@dataclass(frozen=True)
+class Ref:
+    tensor: str
+    indices: tuple[str, ...]
+
+
+def parse(text: str) -> ast.expr:
+    """The validated expression tree; ValueError naming the offending part otherwise."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as err:
+        raise ValueError(f"cannot parse expression {text!r}: {err.msg}") from None
+    _check(tree, text)
+    return tree
+
+
+def _check(node: ast.AST, text: str) -> None:
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        _check(node.left, text)
+        _check(node.right, text)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        _check(node.operand, text)
+    elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        pass
+    elif isinstance(node, ast.Subscript):
+        _ref(node, text)
+    else:
+        raise ValueError(f"expression {text!r}: only numbers, T[i,...] references, + - * / and parentheses "
+                         f"are allowed, not {ast.unparse(node)!r}")
+
+
+def _ref(node: ast.Subscript, text: str) -> Ref:
+    if not isinstance(node.value, ast.Name):
+        raise ValueError(f"expression {text!r}: {ast.unparse(node)!r} is not a tensor reference")
+    items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if not all(isinstance(i, ast.Name) for i in items):
+        raise ValueError(f"expression {text!r}: indices of {ast.unparse(node)!r} must be index names")
+    return Ref(node.value.id, tuple(i.id for i in items))
+
+
+def refs(tree: ast.expr) -> list[Ref]:
+    """Every tensor reference in the tree, in order, without repeats."""
+    found: list[Ref] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            ref = _ref(node, "")
+            if ref not in found:
+                found.append(ref)
+    return found
+
+
+def evaluate(tree: ast.expr, arrays: dict[Ref, object], order: tuple[str, ...], xp):
+    """The expression over index order ``order``; ``arrays[ref]`` holds ``ref`` over its own index
+    order (the region being computed), and is broadcast along the indices it lacks."""
+
+    def value(node):
+        if isinstance(node, ast.BinOp):
+            left, right = value(node.left), value(node.right)
+            op = _OPS[type(node.op)]
+            return left + right if op == "+" else left - right if op == "-" else left * right if op == "*" \
+                else left / right
+        if isinstance(node, ast.UnaryOp):
+            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
+        if isinstance(node, ast.Constant):
+            return float(node.value)
+        ref = _ref(node, "")
+        array = arrays[ref]
+        present = [i for i in order if i in ref.indices]
+        array = xp.transpose(array, [ref.indices.index(i) for i in present])
+        return xp.reshape(array, [array.shape[present.index(i)] if i in present else 1 for i in order])
+
+    return value(tree)
