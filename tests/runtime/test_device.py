@@ -1,0 +1,149 @@
+"""The device seam on the CPU: the NumPy backend's ``contract`` against ``numpy.einsum`` on random
+contractions (batch indices, unary copies, factors, strided views of larger buffers, float32 and
+float64), host round trips, and ``select``'s errors.
+
+``random_case`` and ``embedded`` are shared with ``test_device_gpu.py``. The reference is
+``numpy.einsum`` in float64 on upcast inputs; it shares no code with the backend's TTGT path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chainexec.errors import ChainexecError
+from chainexec.planner.plan import Contraction
+from chainexec.runtime import device
+from chainexec.runtime.device import Backend, select
+
+TOL = {"float64": 1e-12, "float32": 1e-5}
+
+
+def random_case(rng: np.random.Generator, batch: bool, unary: bool = False, scalar: bool = False,
+                max_extent: int = 6):
+    """A random binary contraction (or unary permuted copy, or a full reduction to a scalar when
+    ``scalar``) with random index orders, extents in 1..max_extent and a random factor; one side
+    may have no external index. Index names are multi-character (``i0``, ``i1``, …), as in
+    configs. Returns ``(Contraction, extents)``."""
+    names = iter(f"i{k}" for k in range(20))
+    size = {}
+
+    def group(lo, hi):
+        out = [next(names) for _ in range(rng.integers(lo, hi + 1))]
+        size.update({i: int(rng.integers(1, max_extent + 1)) for i in out})
+        return out
+
+    factor = float(rng.choice([1.0, -0.5, 2.25]))
+    if unary:
+        idx = group(1, 4)
+        perm = [idx[k] for k in rng.permutation(len(idx))]
+        return Contraction(0, "X", perm, "A", idx, None, None, factor, True, 0, 0), size
+    bt = group(1, 2) if batch else []
+    if scalar:
+        ae, be, ks = [], [], group(1, 3)
+    else:
+        ae, be, ks = group(1, 2), group(0, 2), group(0, 2)
+    out, a, b = bt + ae + be, bt + ae + ks, bt + ks + be
+    out, a, b = ([t[k] for k in rng.permutation(len(t))] for t in (out, a, b))
+    return Contraction(0, "X", out, "A", a, "B", b, factor, True, 0, 0), size
+
+
+def embedded(rng: np.random.Generator, shape, dtype, xp=np, step: bool = False):
+    """A random array of ``shape`` as a strided view into a larger buffer (offsets on every axis,
+    and a step of 2 on the first axis when ``step``); returns ``(view, buffer, slices)``."""
+    pad = [int(rng.integers(1, 3)) for _ in shape]
+    strides = [2 if step and k == 0 else 1 for k in range(len(shape))]
+    big_shape = [p + s * n + 1 for p, s, n in zip(pad, strides, shape)]
+    big = xp.asarray(rng.standard_normal(big_shape).astype(dtype))
+    sl = tuple(slice(p, p + s * n, s) for p, s, n in zip(pad, strides, shape))
+    return big[sl], big, sl
+
+
+def reference(c: Contraction, out0, a, b) -> np.ndarray:
+    """``out0 + factor · einsum`` in float64 (numpy.einsum, single-letter subscripts)."""
+    letters = {i: chr(ord("a") + k) for k, i in enumerate(c.indices())}
+    sub = lambda idx: "".join(letters[i] for i in idx)  # noqa: E731
+    ops = [np.asarray(a, np.float64)] + ([np.asarray(b, np.float64)] if b is not None else [])
+    spec = ",".join(sub(t) for t in [c.a_indices] + ([c.b_indices] if b is not None else []))
+    return np.asarray(out0, np.float64) + c.factor * np.einsum(f"{spec}->{sub(c.out_indices)}", *ops)
+
+
+def relerr(got, ref) -> float:
+    return float(np.linalg.norm(np.asarray(got, np.float64) - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
+def test_numpy_contract_matches_einsum(kind, dtype):
+    """Contiguous operands and strided views (offsets, steps); the padding around ``out``'s view
+    must stay untouched."""
+    rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
+    backend = Backend()
+    for trial in range(40):
+        c, size = random_case(rng, batch=kind == "batch", unary=kind == "unary", scalar=kind == "scalar")
+        shape = lambda idx: [size[i] for i in idx]  # noqa: E731
+        views = trial % 2 == 1 and kind != "scalar"  # a 0-d output has no view to cut
+        step = trial % 4 == 3
+        if views:
+            a, _, _ = embedded(rng, shape(c.a_indices), dtype, step=step)
+            b = embedded(rng, shape(c.b_indices), dtype, step=step)[0] if c.b is not None else None
+            out, big, sl = embedded(rng, shape(c.out_indices), dtype, step=step)
+        else:
+            a = rng.standard_normal(shape(c.a_indices)).astype(dtype)
+            b = rng.standard_normal(shape(c.b_indices)).astype(dtype) if c.b is not None else None
+            out = big = rng.standard_normal(shape(c.out_indices)).astype(dtype)
+            sl = ...
+        before = big.copy()
+        ref = reference(c, out, a, b)
+        backend.contract(c, out, a, b)
+        assert out.dtype == np.dtype(dtype)
+        assert relerr(big[sl], ref) <= TOL[dtype], (c, size)
+        untouched = np.ones(big.shape, bool)
+        untouched[sl] = False
+        assert np.array_equal(big[untouched], before[untouched])
+
+
+def test_numpy_host_round_trip():
+    rng = np.random.default_rng(7)
+    backend = select("numpy")
+    host = rng.standard_normal((3, 4, 5))
+    dev = backend.from_host(host)
+    buf = backend.zeros(host.shape, host.dtype)
+    buf[...] = dev
+    assert np.array_equal(backend.to_host(buf), host)
+    assert backend.zeros((2, 3), np.float32).dtype == np.float32
+    assert not backend.zeros((2, 3), np.float64).any()
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def test_select_numpy_and_errors(monkeypatch):
+    monkeypatch.delenv("CHAINEXEC_GPU_METHOD", raising=False)
+    backend = select("numpy")
+    assert backend.name == "numpy" and backend.xp is np
+    with pytest.raises(ChainexecError, match="unknown backend"):
+        select("torch")
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "fastest")
+    with pytest.raises(ChainexecError, match="CHAINEXEC_GPU_METHOD"):
+        select("numpy")
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: see test_device_gpu.py")
+def test_select_without_gpu(monkeypatch):
+    """Without a GPU, ``cupy`` is a clean ChainexecError and ``auto`` falls back to NumPy."""
+    monkeypatch.delenv("CHAINEXEC_GPU_METHOD", raising=False)
+    with pytest.raises(ChainexecError, match="backend cupy is not usable here"):
+        select("cupy")
+    assert select("auto").name == "numpy"
+
+
+def test_cupy_backend_rejects_unknown_method():
+    with pytest.raises(ChainexecError, match="unknown GPU contraction method"):
+        device.CupyBackend(np, "fastest")

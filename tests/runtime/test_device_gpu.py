@@ -1,0 +1,214 @@
+"""The CuPy backend on a GPU: ``contract`` by each method (``ttgt``, ``kernel``, ``auto``) against
+``numpy.einsum`` on random contractions and strided views, the generated-kernel and TTGT paths
+against each other, pinned host round trips, ``select``, and whole runs (``chainexec run --backend
+cupy`` of the four-index transform and the scaled Expressions A–E, on 1 and 2 ranks) checked
+with ``chainexec verify`` / ``numpy.einsum`` and with measured bytes equal to the prediction.
+
+Skipped without CuPy or a CUDA device. Inputs are fresh random normals; the reference is
+``numpy.einsum`` in float64 on the host, which shares no code with either GPU path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+cupy = pytest.importorskip("cupy")
+try:
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        pytest.skip("no CUDA device", allow_module_level=True)
+except cupy.cuda.runtime.CUDARuntimeError:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from chainexec.planner.plan import Contraction  # noqa: E402
+from chainexec.runtime import kernels  # noqa: E402
+from chainexec.runtime.device import CupyBackend, select  # noqa: E402
+from tests.conftest import read_report, run_cli, write_config  # noqa: E402
+from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
+from tests.runtime.test_fused import SMALL, scaled  # noqa: E402
+from tests.runtime.test_fused import reference as fused_reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    """One on-disk kernel cache for the whole session (also for the CLI runs, which inherit the
+    environment), so that a kernel is compiled once; no method forced from outside."""
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
+    monkeypatch.delenv("CHAINEXEC_GPU_METHOD", raising=False)
+
+
+def _operands(rng, c, size, dtype, views: bool, step: bool):
+    """Host copies and device arrays (views into larger device buffers when ``views``)."""
+    shape = lambda idx: [size[i] for i in idx]  # noqa: E731
+    tensors = [c.out_indices, c.a_indices] + ([c.b_indices] if c.b is not None else [])
+    devs = []
+    for idx in tensors:
+        if views:
+            devs.append(embedded(rng, shape(idx), dtype, xp=cupy, step=step))
+        else:
+            arr = cupy.asarray(rng.standard_normal(shape(idx)).astype(dtype))
+            devs.append((arr, arr, ...))
+    out, big, sl = devs[0]
+    a = devs[1][0]
+    b = devs[2][0] if c.b is not None else None
+    return out, big, sl, a, b
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
+@pytest.mark.parametrize("method", ["ttgt", "kernel", "auto"])
+def test_contract_matches_einsum(method, kind, dtype):
+    """Every method, random contractions, contiguous and strided operands; the padding around
+    ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
+    really use the kernel when it is forced."""
+    rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
+    backend = CupyBackend(cupy, method)
+    for trial in range(12):
+        c, size = random_case(rng, batch=kind == "batch", unary=kind == "unary", scalar=kind == "scalar",
+                              max_extent=9)
+        views = trial % 2 == 1 and kind != "scalar"
+        out, big, sl, a, b = _operands(rng, c, size, dtype, views, step=trial % 4 == 3)
+        before = cupy.asnumpy(big)
+        ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), None if b is None else cupy.asnumpy(b))
+        backend.contract(c, out, a, b)
+        got = cupy.asnumpy(big)
+        assert relerr(got[sl], ref) <= TOL[dtype], (method, c, size)
+        untouched = np.ones(got.shape, bool)
+        untouched[sl] = False
+        assert np.array_equal(got[untouched], before[untouched])
+    for (out_idx, a_idx, b_idx, *_), choice in backend.choices.items():
+        eligible = kind == "plain" and all((out_idx, a_idx, b_idx))  # no batch index, no 0-d tensor
+        if method == "kernel" or (method == "auto" and not eligible):
+            assert choice.method == ("kernel" if eligible and method == "kernel" else "ttgt")
+        if method == "auto" and eligible:
+            assert set(choice.seconds) == {"kernel", "ttgt"} and min(choice.seconds.values()) > 0
+        if method == "ttgt":
+            assert choice.method == "ttgt"
+
+
+# Tile shapes as the executor meets them: the four-index transform's steps, a CCSD-like and a
+# (T)-like contraction, with odd extents (partial kernel tiles).
+AGREE = [
+    (["a", "q", "r", "s"], ["p", "a"], ["p", "q", "r", "s"], dict(p=37, q=33, r=31, s=29, a=35)),
+    (["a", "b", "r", "s"], ["q", "b"], ["a", "q", "r", "s"], dict(q=37, b=35, a=33, r=31, s=29)),
+    (["a", "b", "c", "s"], ["r", "c"], ["a", "b", "r", "s"], dict(r=37, c=35, a=33, b=31, s=29)),
+    (["a", "b", "c", "d"], ["s", "d"], ["a", "b", "c", "s"], dict(s=37, d=35, a=33, b=31, c=29)),
+    (["i", "j", "a", "b"], ["i", "k", "a", "c"], ["k", "c", "j", "b"], dict(i=11, j=13, a=21, b=19, k=9, c=23)),
+    (["h1", "h2", "h3", "h4", "h5", "h6"], ["h1", "h2", "h3", "h7"], ["h4", "h5", "h6", "h7"],
+     {f"h{k}": 7 + k for k in range(1, 8)}),
+]
+
+
+@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("case", range(len(AGREE)))
+def test_kernel_and_ttgt_agree(case, views):
+    """float64: the generated kernel and TTGT give the same result to 1e-12 (relative), and both
+    match numpy.einsum; with ``views`` every operand is a slice of a larger buffer."""
+    out_idx, a_idx, b_idx, size = AGREE[case]
+    rng = np.random.default_rng(100 + case)
+    c = Contraction(0, "X", out_idx, "A", a_idx, "B", b_idx, -1.5, True, 0, 0)
+    out, big, sl, a, b = _operands(rng, c, size, "float64", views, step=False)
+    ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
+    results = {}
+    for method in ("kernel", "ttgt"):
+        backend = CupyBackend(cupy, method)
+        work = big.copy()
+        backend.contract(c, work[sl], a, b)
+        (choice,) = backend.choices.values()
+        assert choice.method == method
+        results[method] = cupy.asnumpy(work)[sl]
+        assert relerr(results[method], ref) <= 1e-12
+    assert relerr(results["kernel"], np.asarray(results["ttgt"], np.float64)) <= 1e-12
+
+
+def test_host_round_trip_pinned():
+    rng = np.random.default_rng(5)
+    backend = CupyBackend(cupy)
+    host = rng.standard_normal((17, 9, 5))
+    dev = backend.from_host(host)
+    assert isinstance(dev, cupy.ndarray) and np.array_equal(cupy.asnumpy(dev), host)
+    view = dev[2:11, 1:8]
+    back = backend.to_host(view)
+    assert isinstance(back, np.ndarray) and back.flags.c_contiguous
+    assert np.array_equal(back, host[2:11, 1:8])
+    attrs = cupy.cuda.runtime.pointerGetAttributes(back.ctypes.data)
+    assert attrs.type == cupy.cuda.runtime.memoryTypeHost  # page-locked (CuPy's pinned pool)
+    again = backend.from_host(back)  # pinned input: direct DMA path
+    assert np.array_equal(cupy.asnumpy(again), host[2:11, 1:8])
+    assert np.array_equal(cupy.asnumpy(backend.from_host(host[::2, :, 1])), host[::2, :, 1])  # strided host
+    zero = backend.zeros((4, 3), np.float32)
+    assert zero.dtype == np.float32 and not zero.any()
+
+
+def test_select_binds_gpu(monkeypatch):
+    assert select("cupy").name == "cupy"
+    assert select("auto").name == "cupy"
+    assert cupy.cuda.Device().id == 0
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "ttgt")
+    assert select("cupy").method == "ttgt"
+
+
+def test_kernel_cache_reused():
+    """The second backend finds the first one's kernel in the in-process table (no recompile)."""
+    out_idx, a_idx, b_idx, size = AGREE[0]
+    rng = np.random.default_rng(3)
+    c = Contraction(0, "X", out_idx, "A", a_idx, "B", b_idx, 1.0, True, 0, 0)
+    out, _, _, a, b = _operands(rng, c, size, "float64", False, False)
+    CupyBackend(cupy, "kernel").contract(c, out, a, b)
+    loaded = len(kernels._LOADED)
+    CupyBackend(cupy, "kernel").contract(c, out, a, b)
+    assert len(kernels._LOADED) == loaded
+
+
+# -- whole runs ----------------------------------------------------------------------------------
+
+
+def _fourindex(folder: Path) -> Path:
+    """configs/fourindex.yaml with its files moved into ``folder``."""
+    cfg = yaml.safe_load((CONFIGS / "fourindex.yaml").read_text())
+    for t in cfg["tensors"].values():
+        t["source"]["file"] = "input.h5"
+    cfg["outputs"]["B"]["file"] = "output.h5"
+    return write_config(folder, cfg)
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_fourindex_runs_on_gpu(ranks, tmp_path):
+    config = _fourindex(tmp_path)
+    assert run_cli("generate", config).returncode == 0
+    report = tmp_path / "r.json"
+    proc = run_cli("run", config, "--backend", "cupy", "--report-json", report, ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_report(report)
+    assert result["run"]["backend"] == "cupy"
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
+    check = run_cli("verify", config)
+    assert check.returncode == 0 and " ok" in check.stdout, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("schedule", ["paper: disk", "paper: disk+global"])
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_fused_runs_on_gpu(name, schedule, ranks, tmp_path):
+    config, cfg = scaled(name, tmp_path)
+    report = tmp_path / "r.json"
+    proc = run_cli("run", config, "--backend", "cupy", "--schedule", schedule, "--report-json", report,
+                   ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_report(report)
+    assert result["run"]["backend"] == "cupy"
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
+    expected = fused_reference(cfg)
+    out = next(iter(cfg["outputs"]))
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        got = f[out][...]
+    assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
