@@ -10,10 +10,16 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from chainexec import api, calibrate, report
+from chainexec.chem import job
+from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import to_dict
+
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("config")
     v.add_argument("--samples", type=int, default=300, help="output elements checked when too large for einsum")
     v.add_argument("--full-limit", type=int, default=2 << 30, help="bytes up to which the whole chain is einsum'd")
+    ch = sub.add_parser("chem", help="prepare a CCSD(T) job: PySCF inputs (HDF5) and the config that reads them")
+    ch.add_argument("molecule", help=f"one of {', '.join(MOLECULES)}, or a PySCF atom string (Angstrom)")
+    ch.add_argument("--basis", default="cc-pvdz")
+    ch.add_argument("--frozen", type=int, default=0, help="frozen core orbitals")
+    ch.add_argument("--out", required=True, help="folder for inputs.h5 and ccsd_t.yaml")
+    ch.add_argument("--template", default=str(TEMPLATE), help="the (T) chain config to copy")
+    ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
+                    help="seeded random inputs of any size instead of PySCF")
     c = sub.add_parser("calibrate", help="measure this machine's bandwidths and flop rate into a machine file")
     calibrate.add_arguments(c)
     return ap
@@ -75,6 +89,11 @@ def main(argv=None) -> int:
                 print(report.alternatives(plan))
             if args.plot:
                 report.plot_alternatives(plan, args.plot)
+        elif args.command == "chem":
+            summary = job.prepare(args.molecule, args.out, basis=args.basis, frozen=args.frozen,
+                                  template=args.template, synthetic=tuple(args.synthetic) if args.synthetic else None)
+            print(json.dumps({k: v for k, v in summary.items() if k != "path"}))
+            print(f"wrote {os.path.join(args.out, 'inputs.h5')} and {os.path.join(args.out, 'ccsd_t.yaml')}")
         elif args.command == "calibrate":
             options = {k: v for k, v in vars(args).items() if k != "command"}
             machine = calibrate.calibrate(**options)

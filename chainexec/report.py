@@ -94,7 +94,7 @@ def alternatives(plan: Plan) -> str:
         rows.append(f"{a['name']:<24}{a['groups']:<24}{format_size(disk):>14}{format_size(dev):>17}"
                     f"{a['movement_seconds']:>10.3g}  {mark}")
     for a in plan.alternatives:
-        for r in a.get("recurrence", []):
+        for r in (r for r in a.get("recurrence", []) if len(r["contractions"]) > 1):
             rows.append(f"memory recurrence f(1,n) (section 5) for contractions {r['contractions']}: device "
                         f"{format_size(r['device_bytes'])} (limit {format_size(r['limits']['device'])}), global "
                         f"{format_size(r['global_bytes'])} (limit {format_size(r['limits']['global'])})")

@@ -27,8 +27,8 @@ from itertools import combinations
 
 from chainexec.planner import fusion
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
-from chainexec.planner.schedule import (Context, fit, grid_candidates, movement_seconds, prescribed_scheme,
-                                        single_candidates)
+from chainexec.planner.schedule import (Context, fit, grid_candidates, iterations, movement_seconds,
+                                        prescribed_scheme, single_candidates)
 
 SEARCH_LIMIT = 5
 
@@ -48,7 +48,8 @@ class Chooser:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.tilings = {c.id: single_candidates(ctx, c.id) for c in ctx.cs}
-        self.singles = {k: min(options, key=lambda o: self._alone(o[1]))[1] for k, options in self.tilings.items()}
+        self.singles = {k: min(options, key=lambda o: (self._alone(o[1]), iterations(ctx, o[1])))[1]
+                        for k, options in self.tilings.items()}
         self.lists = fusion.fusable_lists(ctx.cs, ctx.tensors)
         self._fit = lru_cache(maxsize=None)(self._fit_uncached)
 

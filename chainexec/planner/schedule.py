@@ -66,8 +66,19 @@ def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:
     return found
 
 
+def iterations(ctx: Context, group: DeviceGroup) -> int:
+    """Tiles a single contraction's nest visits at the device level: the tie-breaker between
+    tilings that move the same bytes (fewer, larger tiles cost less per-tile overhead)."""
+    count = 1
+    for i in ctx.cs[group.contractions[0]].indices():
+        glob = min(group.glob.get(i, ctx.extents[i]), ctx.extents[i])
+        count *= tile_count(ctx.extents[i], glob) * tile_count(glob, min(group.dev.get(i, glob), glob))
+    return count
+
+
 def _with_device(ctx: Context, k: int, gtiles: dict[str, int], resident: list[str]):
-    """(device scheme, group) of the device tiling that moves least under global tiles ``gtiles``."""
+    """(device scheme, group) of the device tiling that moves least under global tiles ``gtiles``
+    (ties: fewer device tiles)."""
     c = ctx.cs[k]
     best = None
     for dscheme in SCHEMES[1:]:
@@ -76,8 +87,9 @@ def _with_device(ctx: Context, k: int, gtiles: dict[str, int], resident: list[st
             continue
         group = DeviceGroup([k], gtiles, dev[0], resident)
         pred = ctx.price(Schedule([DiskGroup([group])]))
-        if ctx.fits(pred) and (best is None or movement_seconds(pred) < best[0]):
-            best = (movement_seconds(pred), dscheme, group)
+        key = (movement_seconds(pred), iterations(ctx, group))
+        if ctx.fits(pred) and (best is None or key < best[0]):
+            best = (key, dscheme, group)
     return best[1:] if best else None
 
 

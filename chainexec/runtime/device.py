@@ -73,6 +73,14 @@ def _ttgt_product(xp, c: Contraction, a, b):
     no batch index the GEMM is 2-D (one plain GEMM call)."""
     batch, aext, bext, ks, pa, pb, pout = _ttgt(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     size = _sizes(c, a, b)
+    if not ks:
+        # Nothing summed (Hadamard or outer product): an element-wise broadcast, not a batch of
+        # 1×1 GEMMs.
+        product = (a.transpose(pa).reshape([size[i] for i in batch + aext] + [1] * len(bext))
+                   * b.transpose(pb).reshape([size[i] for i in batch] + [1] * len(aext) + [size[i] for i in bext]))
+        if c.factor != 1.0:
+            product *= c.factor
+        return product.transpose(pout)
     nb, na, nbx, nk = (math.prod(size[i] for i in g) for g in (batch, aext, bext, ks))
     lead = (nb,) if batch else ()
     left = a.transpose(pa).reshape(lead + (na, nk))

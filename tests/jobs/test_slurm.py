@@ -93,3 +93,37 @@ def test_fourindex_job_on_slurm(tmp_path):
     report = json.loads((tmp_path / f"chainexec-fourindex-{job}.json").read_text())
     # (`run` exits 1 when measured movement differs from the prediction, so COMPLETED covers that.)
     assert report["run"]["ranks"] == 2 and report["run"]["backend"] == "numpy"
+
+
+def test_ccsd_t_job_on_slurm(tmp_path):
+    """The flagship job: H2O/cc-pVDZ (T) on 2 ranks under SLURM, energy equal to PySCF's."""
+    pytest.importorskip("pyscf")
+    if not (shutil.which("sbatch") and shutil.which("sinfo") and shutil.which("scontrol")):
+        pytest.skip("no SLURM client commands (sbatch, sinfo, scontrol)")
+    states = _sinfo_states()
+    if not {"idle", "mix"} & set(states):
+        pytest.skip(f"no idle SLURM node (sinfo: {states or 'no answer'})")
+    options = ["--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path}/job-%j.out"]
+    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
+    if "gpu" not in gres:
+        options.append("--gpus-per-task=0")
+    venv = Path(sys.executable).parent.parent
+    export = (f"--export=ALL,CHAINEXEC_HOME={REPO},VENV={venv},MOLECULE=h2o,BACKEND=numpy,"
+              f"WORKDIR={tmp_path / 'h2o'}")
+    submit = subprocess.run(["sbatch", "--parsable", *options, export, str(REPO / "jobs" / "ccsd_t.sbatch")],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while (fields := _job_fields(job)).get("JobState") in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], timeout=30)
+            pytest.fail(f"SLURM job {job} not finished after {JOB_TIMEOUT} s (state {fields.get('JobState')})")
+        time.sleep(1)
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert "srun --mpi=pmi2 gives MPI world size(s): 2\n" in log
+    assert log.rstrip().endswith("chainexec-job: energy check passed"), log
+    with h5py.File(tmp_path / "h2o" / "energy.h5", "r") as f, h5py.File(tmp_path / "h2o" / "inputs.h5", "r") as g:
+        assert f.attrs["chainexec_complete"]
+        assert abs(float(f["E"][()]) - float(g.attrs["e_t"])) <= 1e-10

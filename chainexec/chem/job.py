@@ -1,0 +1,70 @@
+"""``chainexec chem``: prepare a CCSD(T) job — PySCF inputs and the config that reads them.
+
+Writes ``OUT/inputs.h5`` (see :mod:`chainexec.chem.bridge`) and ``OUT/ccsd_t.yaml``: a copy of
+the (T) chain config (default ``configs/ccsd_t.yaml``) with the occupied and virtual extents of
+this molecule and its paths pointing at ``OUT``. Molecules are named (:data:`MOLECULES`) or given
+as a PySCF atom string.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from chainexec.errors import ChainexecError
+
+#: Equilibrium-like geometries in Angstrom (PySCF atom strings).
+MOLECULES = {
+    "h2o": "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692",
+    "n2": "N 0 0 0.5488; N 0 0 -0.5488",
+    "benzene": "; ".join([
+        "C 0.0000 1.3970 0", "C 1.2098 0.6985 0", "C 1.2098 -0.6985 0", "C 0.0000 -1.3970 0",
+        "C -1.2098 -0.6985 0", "C -1.2098 0.6985 0", "H 0.0000 2.4810 0", "H 2.1486 1.2405 0",
+        "H 2.1486 -1.2405 0", "H 0.0000 -2.4810 0", "H -2.1486 -1.2405 0", "H -2.1486 1.2405 0"]),
+}
+
+
+def prepare(molecule: str, out: str | Path, *, basis: str = "cc-pvdz", frozen: int = 0,
+            template: str | Path, synthetic: tuple[int, int, int] | None = None) -> dict:
+    """Write inputs and a config for ``molecule`` (a name or an atom string) into folder ``out``;
+    with ``synthetic=(nocc, nvir, seed)`` write seeded random inputs instead of running PySCF."""
+    from chainexec.chem import bridge
+
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
+    inputs = out / "inputs.h5"
+    if synthetic is not None:
+        summary = bridge.synthetic_inputs(*synthetic, inputs)
+    else:
+        try:
+            summary = bridge.write_ccsd_inputs(MOLECULES.get(molecule.lower(), molecule), basis, inputs,
+                                               frozen=frozen)
+        except ImportError:
+            raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ChainexecError(f"PySCF failed for {molecule!r} in {basis}: {err}") from None
+    write_config(template, out / "ccsd_t.yaml", summary["nocc"], summary["nvir"])
+    return summary
+
+
+def write_config(template: str | Path, path: Path, nocc: int, nvir: int) -> None:
+    """The template config with these extents and its files inside ``path``'s folder."""
+    try:
+        cfg = yaml.safe_load(Path(template).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ChainexecError(f"cannot read the (T) config template ({err})", str(template)) from None
+    cfg["ranges"] = {"occ": int(nocc), "vir": int(nvir)}
+    for t in cfg["tensors"].values():
+        if "file" in t.get("source", {}):
+            t["source"]["file"] = "inputs.h5"
+    for o in cfg["outputs"].values():
+        o["file"] = "energy.h5"
+    cfg["scratch"] = "scratch"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    os.replace(tmp, path)
