@@ -26,7 +26,7 @@ from functools import lru_cache
 from itertools import combinations
 
 from chainexec.planner import fusion
-from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
+from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
 from chainexec.planner.schedule import (Context, fit, grid_candidates, iterations, movement_seconds,
                                         prescribed_scheme, single_candidates)
 
@@ -82,7 +82,8 @@ class Chooser:
         parts = [[run[0]]]
         for p, q in zip(run, run[1:]):
             c_p, c_q = self.ctx.cs[p], self.ctx.cs[q]
-            if fusion.profitable(c_p, c_q, self.ctx.tensors[c_p.out], level, self.ctx.machine):
+            feeds = c_p.out in (c_q.a, c_q.b)
+            if not feeds or fusion.profitable(c_p, c_q, self.ctx.tensors[c_p.out], level, self.ctx.machine):
                 parts[-1].append(q)
             else:
                 parts.append([q])
@@ -114,9 +115,14 @@ class Chooser:
         return fusion.first_last_profitable(fusion.link_ratio(c, self.ctx.tensors[c.out]), limit, q)
 
     def _split(self, run: list[int], fits, price) -> list[list[int]]:
-        """Section 5.1's DP on one run: the cut after position k moves 2·|I_k| elements; among
-        equal-cost splits, the one whose pieces ``price`` lowest (exact movement seconds)."""
-        cut = [2 * fusion.size(self.ctx.tensors[self.ctx.cs[k].out]) for k in run]
+        """Section 5.1's DP on one run: a cut after position k moves 2·|I| elements for every
+        tensor I written up to k and still needed after it (the intermediate I_k of a linear
+        chain); among equal-cost splits, the one whose pieces ``price`` lowest."""
+        emitter = Emitter(self.ctx.cs, self.ctx.extents, self.ctx.tensors)
+        cut = []
+        for pos in range(len(run)):
+            open_ = set(emitter.writers(run[:pos + 1])) & emitter.needed_after(run[pos])
+            cut.append(2 * sum(fusion.size(self.ctx.tensors[t]) for t in open_))
         pieces = fusion.split(len(run), lambda i, j: fits(run[i:j + 1]), lambda k: cut[k],
                               lambda ps: sum(price(run[i:j + 1]) for i, j in ps))
         return [run[i:j + 1] for i, j in pieces]

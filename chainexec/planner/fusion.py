@@ -51,27 +51,28 @@ def graph(cs: list[Contraction]) -> nx.DiGraph:
 
 
 def fusable_lists(cs: list[Contraction], tensors: dict[str, TensorInfo]) -> list[list[int]]:
-    """Maximal runs c_k → c_k+1 → … where each intermediate is made from scratch, read exactly
-    once, by the next contraction, and is not an output; every contraction is in one run."""
+    """Maximal runs of consecutive contractions that stay linked: c_k+1 joins the run while some
+    tensor written in the run is still to be read or accumulated into at c_k+1 or later. For a
+    linear chain this is the paper's fusable list (each intermediate feeds the next contraction);
+    it also keeps together a tensor built by several ``+=`` terms and read several times (the
+    (T) chain's W, Z and R). Outputs may be written inside a run; they are stored from it."""
     g = graph(cs)
-    reads: dict[str, int] = {}
-    for c in cs:
-        for name in [c.a] + ([c.b] if c.b is not None else []):
-            reads[name] = reads.get(name, 0) + 1
     runs: list[list[int]] = []
     for c in cs:
-        if runs and _linked(cs[c.id - 1], c, g, tensors, reads):
+        if runs and _open(runs[-1], c.id, cs, g):
             runs[-1].append(c.id)
         else:
             runs.append([c.id])
     return runs
 
 
-def _linked(p: Contraction, q: Contraction, g: nx.DiGraph, tensors, reads) -> bool:
-    """p's output can stay at a faster level for q: q alone reads it, and p makes it from scratch
-    (a ``+=`` producer needs the stored previous value; a ``+=`` consumer writes a stored tensor)."""
-    return (g.has_edge(p.id, q.id) and g.out_degree(p.id) == 1 and tensors[p.out].role == "intermediate"
-            and reads.get(p.out) == 1 and not p.accumulate and not q.accumulate)
+def _open(run: list[int], k: int, cs: list[Contraction], g: nx.DiGraph) -> bool:
+    """Whether a tensor written in ``run`` is read (a graph edge) or accumulated into from k on."""
+    written = {cs[j].out for j in run}
+    for c in cs[k:]:
+        if any(g.has_edge(j, c.id) for j in run) or (c.accumulate and c.out in written):
+            return True
+    return False
 
 
 def size(tensor: TensorInfo) -> int:

@@ -163,21 +163,95 @@ class Emitter:
     def schedule(self, schedule: Schedule) -> list[Nest]:
         return [Nest(g.contractions, self.disk_group(g)) for g in schedule.groups]
 
+    def needed_after(self, k: int) -> set[str]:
+        """Tensors some contraction after position k reads or accumulates into, and outputs."""
+        needed = {t.name for t in self.tensors.values() if t.role == "output"}
+        for c in self.cs[k + 1:]:
+            needed.update(n for n, _ in _operands(c))
+            if c.accumulate:
+                needed.add(c.out)
+        return needed
+
+    def writers(self, ids: list[int]) -> dict[str, list[str]]:
+        """Tensors written in a sub-chain, with the index names of their first writer there."""
+        found: dict[str, list[str]] = {}
+        for k in ids:
+            found.setdefault(self.cs[k].out, self.cs[k].out_indices)
+        return found
+
+    def valid(self, ids: list[int]) -> bool:
+        """Whether a sub-chain can run fused with its written tensors kept at a faster level: no
+        tensor is read in it before it is written there; a ``+=`` onto a tensor made before the
+        sub-chain is not also read in it; and an exported tensor that lacks a fused index is only
+        written by contractions that sum over that index (its tiles' partial sums then add up)."""
+        written: set[str] = set()
+        for k in ids:
+            c = self.cs[k]
+            reads = {n for n, _ in _operands(c)}
+            later = {self.cs[j].out for j in ids if j > k}
+            if reads & later - written:
+                return False
+            if c.accumulate and c.out not in written and any(c.out in {n for n, _ in _operands(self.cs[j])}
+                                                              for j in ids):
+                return False
+            written.add(c.out)
+        common = set(self.group_common(ids))
+        exported = set(self.writers(ids)) & self.needed_after(ids[-1])
+        return all(common - set(self.cs[k].out_indices) <= set(self.cs[k].indices())
+                   for k in ids if self.cs[k].out in exported)
+
+    def group_common(self, ids: list[int]) -> list[str]:
+        """The fused loops of a sub-chain. A linear chain (each contraction reads the previous
+        one's output) uses the paper's Common (:func:`common_indices`). Otherwise: the indices of
+        every tensor written there — or, when that is empty (the chain ends in a reduction), of
+        every tensor kept inside it — minus any index that a reference renames (a permuted read
+        needs the whole range of the positions it permutes)."""
+        cs = [self.cs[k] for k in ids]
+        if all(p.out in {n for n, _ in _operands(q)} for p, q in zip(cs, cs[1:])) and \
+                len({c.out for c in cs}) == len(cs):
+            return common_indices(cs, self.extents)
+        writers = self.writers(ids)
+        sets = [set(ix) for ix in writers.values()]
+        common = set.intersection(*sets)
+        if not common:
+            inner = [set(ix) for t, ix in writers.items() if t not in self.needed_after(ids[-1])]
+            common = set.intersection(*inner) if inner else set()
+        for c in cs:
+            for name, ix in _operands(c) + [(c.out, c.out_indices)]:
+                if name in writers:
+                    common -= {i for pair in zip(ix, writers[name]) if pair[0] != pair[1] for i in pair}
+        first = next(iter(writers.values()))
+        return [i for i in first if i in common]
+
     def disk_group(self, group: DiskGroup) -> list:
-        """Device groups in order; outputs consumed inside the group stay in the global array."""
+        """Device groups in order. A tensor that one device group writes and a later one uses
+        stays in the global array between them (allocated before its first writer, stored after
+        its last use if it is needed after the group, then freed); nothing else moves to disk."""
         members = group.contractions
-        kept = {self.cs[k].out for k in members[:-1]}
+        written = self.writers(members)
+        after = self.needed_after(members[-1])
+        first, last = {}, {}
+        for pos, dg in enumerate(group.groups):
+            for k in dg.contractions:
+                c = self.cs[k]
+                for name in [n for n, _ in _operands(c)] + [c.out]:
+                    if name in written:
+                        first.setdefault(name, pos)
+                        last[name] = pos
+        kept = {name for name in written if last[name] > first[name]}
         body: list = []
-        for dg in group.groups:
-            first = self.cs[dg.contractions[0]]
-            last = self.cs[dg.contractions[-1]]
-            if last.out in kept:
-                body.append(_ref("alloc", "global", last.out, last.out_indices))
+        for pos, dg in enumerate(group.groups):
+            body += [op for name in sorted(kept) if first[name] == pos
+                     for op in self._out_alloc(self._first_writer(members, name))]
             body += self.device_group(dg, kept)
-            for name, ix in _operands(first):
-                if name in kept:
-                    body.append(_ref("free", "global", name, ix))
-        return _loop("global", self._tiled(group.tiles, common_indices([self.cs[k] for k in members], self.extents)), body)
+            for name in sorted(kept):
+                if last[name] == pos:
+                    body += (self._store(self._first_writer(members, name)) if name in after
+                             else [_ref("free", "global", name, written[name])])
+        return _loop("global", self._tiled(group.tiles, self.group_common(members)), body)
+
+    def _first_writer(self, ids: list[int], name: str) -> Contraction:
+        return next(self.cs[k] for k in ids if self.cs[k].out == name)
 
     def device_group(self, group: DeviceGroup, kept: set[str]) -> list:
         if len(group.contractions) == 1:
@@ -209,35 +283,50 @@ class Emitter:
         return body
 
     def fused(self, g: DeviceGroup, kept: set[str]) -> list:
-        """Contractions whose intermediates stay on the device (module docstring)."""
-        cs = [self.cs[k] for k in g.contractions]
-        inner = {c.out for c in cs[:-1]}
-        common = common_indices(cs, self.extents)
+        """Contractions whose written tensors stay on the device (module docstring): each is
+        allocated on the device at its first writer, freed after its last use in the group, and
+        only the ones needed later are accumulated to the global level (and stored unless the
+        enclosing disk group keeps them)."""
+        ids = g.contractions
+        cs = [self.cs[k] for k in ids]
+        common = self.group_common(ids)
+        writers = self.writers(ids)
+        exported = [t for t in writers if t in self.needed_after(ids[-1])]
+        last_use = {}
+        for pos, c in enumerate(cs):
+            for name in [n for n, _ in _operands(c)] + [c.out]:
+                last_use[name] = pos
         loaded = []
         for c in cs:
             for n, ix in _operands(c):
-                if n not in inner and n not in kept and (n, ix) not in loaded:
+                if n not in writers and n not in kept and (n, ix) not in loaded:
                     loaded.append((n, ix))
         dev_body: list = []
-        for k, c in enumerate(cs):
-            dev_body.append(_ref("alloc", "device", c.out, c.out_indices))
-            work = [(n, ix) for n, ix in _operands(c) if n not in inner]
+        live: set[str] = set()
+        for pos, c in enumerate(cs):
+            if c.out not in live:
+                dev_body.append(_ref("alloc", "device", c.out, writers[c.out]))
+                live.add(c.out)
+            work = [(n, ix) for n, ix in _operands(c) if n not in writers]
             step = [op for n, ix in work for op in self._fetch(n, ix)]
             step.append(Op("compute", "device", contraction=c.id))
             step += [_ref("free", "device", n, ix) for n, ix in work]
             rest = [i for i in c.indices() if i not in common]
             dev_body += _loop("device", self._tiled(g.dev, rest), step)
-            if k > 0:
-                prev = cs[k - 1]
-                dev_body.append(_ref("free", "device", prev.out, prev.out_indices))
-        last = cs[-1]
-        dev_body += [_ref("accumulate", "device", last.out, last.out_indices),
-                     _ref("free", "device", last.out, last.out_indices)]
-        stored = last.out not in kept
-        body = self._out_alloc(last) if stored else []
+            for name in sorted(live):
+                if last_use[name] == pos and name not in exported:
+                    dev_body.append(_ref("free", "device", name, writers[name]))
+                    live.discard(name)
+        for name in exported:
+            dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
+        stored = [name for name in exported if name not in kept]
+        body: list = []
+        for name in stored:
+            first = next(c for c in cs if c.out == name)
+            body += self._out_alloc(first)
         body += [op for n, ix in loaded for op in self._load(n, ix)]
         body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
         body += [op for n, ix in loaded for op in self._unload(n, ix)]
-        if stored:
-            body += self._store(last)
+        for name in stored:
+            body += self._store(next(c for c in cs if c.out == name))
         return _loop("global", self._tiled(g.glob, common), body)

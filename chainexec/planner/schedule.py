@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
-from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule, common_indices
+from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
 from chainexec.planner.plan import Contraction, TensorInfo
 from chainexec.planner.tiling import choose_tiles, composites, equal_tiles_win, scheme_tiles, spread, tile_count
 
@@ -138,6 +138,9 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
     Starts from whole extents on fused loops (and the scheme tiles of single contractions) and
     halves, at an overflowing level, the largest tile among the loops that level owns."""
     members = [k for g in disk for k in g]
+    emitter = Emitter(ctx.cs, ctx.extents, ctx.tensors)
+    if not emitter.valid(members) or not all(emitter.valid(g) for g in disk):
+        return None
     groups = []
     for g in disk:
         if len(g) == 1:
@@ -145,13 +148,13 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
             groups.append(DeviceGroup(list(g), dict(s.glob), dict(s.dev), list(s.resident)))
         else:
             cs = [ctx.cs[k] for k in g]
-            common = common_indices(cs, ctx.extents)
+            common = emitter.group_common(g)
             rest = {i for c in cs for i in c.indices()}
             groups.append(DeviceGroup(list(g), {i: ctx.extents[i] for i in common},
                                       {i: ctx.extents[i] for i in rest}))
     group = DiskGroup(groups)
     if len(members) > 1:
-        group.tiles = {i: ctx.extents[i] for i in common_indices([ctx.cs[k] for k in members], ctx.extents)}
+        group.tiles = {i: ctx.extents[i] for i in emitter.group_common(members)}
     while True:
         pred = ctx.price(Schedule([group]))
         over = [lvl for lvl in ("device", "global") if pred["memory_peak"][lvl] > ctx.limits[lvl]]

@@ -192,9 +192,18 @@ class Executor:
             self.store.write(op.tensor, op.version, part, local)
             self.counters.move(CATEGORY["store"], local.nbytes)
 
+    def _find(self, tensor: str, indices, level: str) -> tuple:
+        """The key of the live buffer holding ``tensor`` at ``level``: the one allocated under
+        these index names, else the tensor's buffer under other names (a renamed reference such
+        as Z[i,j,k,b,c,a] to Z allocated as Z[i,j,k,a,b,c]; positions, not names, address it)."""
+        key = (tensor, tuple(indices), level)
+        if key in self.buffers:
+            return key
+        return next(k for k in self.buffers if k[0] == tensor and k[2] == level)
+
     def _relative(self, op: Op):
         """The device region of ``op`` as slices of the global buffer of the same tensor."""
-        gkey = (op.tensor, tuple(op.indices), "global")
+        gkey = self._find(op.tensor, op.indices, "global")
         outer = self.regions[gkey]
         inner = self._region("device", op.indices)
         return self.buffers[gkey], tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))
@@ -217,7 +226,7 @@ class Executor:
     def _view(self, tensor: str, indices) -> object:
         """The device buffer of ``tensor[indices]``, cut to the current device region: a fused
         intermediate's buffer spans more than the tile a contraction works on."""
-        key = (tensor, tuple(indices), "device")
+        key = self._find(tensor, indices, "device")
         buf, outer = self.buffers[key], self.regions[key]
         inner = self._region("device", indices)
         if inner == outer:

@@ -137,7 +137,7 @@ def test_thresholds_follow_the_machine():
     assert math.isclose(fusion.threshold("disk", 8, PAPER, 0.5), 2 * fusion.threshold("disk", 8, PAPER, 1.0))
 
 
-def test_outputs_and_accumulations_cut_fusable_lists(tmp_path):
+def test_fusable_lists_follow_open_tensors(tmp_path):
     text = """
 indices: {i: 3, j: 4, k: 5, l: 2}
 tensors:
@@ -150,11 +150,14 @@ statements:
   - U[i,l] = T[i,j] * C[j,l]
   - U[i,l] += D[i,l]
   - V[i,l] = U[i,l] * D[i,l] * D[i,l]
+  - Q[i,l] = A[i,k] * B[k,j] * C[j,l]
 outputs:
   V: {file: v.h5, dataset: V}
+  Q: {file: q.h5, dataset: Q}
   T: {file: t.h5, dataset: T}
 machine: {global_memory: 1MiB, device_memory: 64KiB}
 """
     cs, tensors = contractions(spec.loads(text, str(tmp_path / "c.yaml")))
-    # T is an output (cut after 0); U is accumulated into (cut before 2 and after 1).
-    assert fusion.fusable_lists(cs, tensors) == [[0], [1], [2], [3, 4]]
+    # T feeds U, U takes a += and feeds V's product: one run; nothing written there is needed by
+    # Q's product, which starts a new run.
+    assert fusion.fusable_lists(cs, tensors) == [[0, 1, 2, 3, 4], [5, 6]]
