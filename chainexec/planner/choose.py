@@ -100,13 +100,18 @@ class Chooser:
 
     def _end_pays(self, end: int, rest: list[int], level: str) -> bool:
         """Eq. 5.4 for the end contraction ``end`` of a run whose other contractions ``rest`` take
-        the fraction q of the level's memory (their fused nest's exact peak); trivially true when
-        the end contraction's arrays all fit the level."""
+        the fraction q of the level's memory (their fused nest's exact peak). The arrays that
+        fusion makes re-read are the first contraction's inputs from outside the run and the last
+        contraction's output; when they fit the level, fusing the end costs nothing extra."""
         c = self.ctx.cs[end]
         memory_level = "global" if level == "disk" else "device"
         limit = self.ctx.limits[memory_level] / self.ctx.itemsize(end)
-        arrays = [c.a, c.out] + ([c.b] if c.b is not None else [])
-        if max(fusion.size(self.ctx.tensors[t]) for t in arrays) <= limit:
+        written = {self.ctx.cs[k].out for k in rest}
+        if end < rest[0]:
+            arrays = [n for n in (c.a, c.b) if n is not None and n not in written]
+        else:
+            arrays = [c.out]
+        if max((fusion.size(self.ctx.tensors[t]) for t in arrays), default=0) <= limit:
             return True
         group = self._fit(((*rest,),) if level == "global" else tuple((k,) for k in rest))
         if group is None:

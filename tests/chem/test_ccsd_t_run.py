@@ -46,3 +46,46 @@ def test_synthetic_equals_numpy_reference(tmp_path, nocc, nvir, seed, ranks):
     assert proc.returncode == 0, proc.stderr
     expected = ccsd_t_energy(tmp_path / "inputs.h5")
     assert abs(_energy(tmp_path) - expected) <= 1e-12 * abs(expected)
+
+
+def _moved(plan) -> dict[str, set[str]]:
+    """Statements that move each tensor between levels, over the whole plan."""
+    from chainexec.planner.plan import Loop
+
+    seen: dict[str, set[str]] = {}
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, Loop):
+                walk(node.body)
+            elif node.op in ("load", "store", "get", "accumulate"):
+                seen.setdefault(node.tensor, set()).add(node.op)
+
+    for nest in plan.nests:
+        walk(nest.body)
+    return seen
+
+
+@pytest.mark.parametrize("device_memory", ["2MiB", "256KiB"])
+def test_six_index_intermediates_stay_on_the_device(tmp_path, device_memory):
+    """W, V, Z, R and W·Dinv live only as device tiles fused with the energy reduction; with a
+    small device the fused loop over i, j, k tiles and 4 ranks share the tiles."""
+    import yaml
+
+    from chainexec import spec
+    from chainexec.planner.build import make_plan
+
+    assert run_cli("chem", "synthetic", "--synthetic", 4, 9, 5, "--out", tmp_path).returncode == 0
+    config = tmp_path / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"]["device_memory"] = device_memory
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    plan = make_plan(spec.load(config))
+    moved = _moved(plan)
+    six = [t for t, info in plan.tensors.items() if len(info.indices) == 6]
+    assert {"W", "V", "Z", "R", "Dinv"} <= set(six)
+    assert not any(t in moved for t in six), {t: moved[t] for t in six if t in moved}
+    assert moved["E"] == {"accumulate", "store"}
+    proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=4)
+    assert proc.returncode == 0, proc.stderr
+    assert abs(_energy(tmp_path) - ccsd_t_energy(tmp_path / "inputs.h5")) <= 1e-12 * abs(_energy(tmp_path))
