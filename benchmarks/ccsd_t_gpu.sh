@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# (T) on the GPU machine: benzene/cc-pVDZ inputs from PySCF (its own (T) step timed on all CPU
+# cores), then `chainexec run` with the CuPy backend (cold, then warm), energies compared.
+# Usage on the device (PySCF carried as a wheel): bash benchmarks/ccsd_t_gpu.sh OUTDIR
+set -euo pipefail
+out=${1:?output folder}
+work=$(mktemp -d)
+export PYTHONPATH=${PYTHONPATH:-}:$PWD
+export OMP_NUM_THREADS=$(nproc)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+/usr/bin/time -f "%e" -o "$out/chem_seconds.txt" python3 -m chainexec.cli chem benzene --basis cc-pvdz --out "$work/bz"
+python3 - "$work/bz/ccsd_t.yaml" <<'PY'
+import sys, yaml
+path = sys.argv[1]
+cfg = yaml.safe_load(open(path))
+cfg["machine"] = {"global_memory": "100GiB", "device_memory": "24GiB"}
+open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
+PY
+python3 -m chainexec.cli plan "$work/bz/ccsd_t.yaml" > "$out/plan.txt"
+for pass in cold warm; do
+  start=$(date +%s.%N)
+  python3 -m chainexec.cli run "$work/bz/ccsd_t.yaml" --backend cupy --report-json "$out/run_$pass.json" > "$out/run_$pass.txt"
+  end=$(date +%s.%N)
+  echo "$pass $(echo "$end - $start" | bc)" >> "$out/wall_seconds.txt"
+done
+python3 - "$work/bz" "$out" <<'PY'
+import json, sys, h5py
+folder, out = sys.argv[1], sys.argv[2]
+with h5py.File(f"{folder}/energy.h5") as f, h5py.File(f"{folder}/inputs.h5") as g:
+    e = float(f["E"][()]); ref = float(g.attrs["e_t"]); t_pyscf = float(g.attrs["e_t_seconds"])
+    o, v = int(g.attrs["nocc"]), int(g.attrs["nvir"])
+runs = {p: json.load(open(f"{out}/run_{p}.json")) for p in ("cold", "warm")}
+wall = dict(line.split() for line in open(f"{out}/wall_seconds.txt"))
+res = {"nocc": o, "nvir": v, "e_t_chainexec": e, "e_t_pyscf": ref, "difference": e - ref,
+       "pyscf_t_seconds": t_pyscf, "chainexec_wall_seconds": {k: float(x) for k, x in wall.items()},
+       "chainexec_measured": {p: r["measured"] for p, r in runs.items()},
+       "bytes_match": all(r["measured"]["bytes"] == r["predicted"]["bytes"] for r in runs.values())}
+json.dump(res, open(f"{out}/summary.json", "w"), indent=1)
+print(json.dumps(res, indent=1))
+PY
