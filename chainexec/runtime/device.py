@@ -189,7 +189,8 @@ class CupyBackend(Backend):
         import cupyx
 
         host = cupyx.empty_pinned(array.shape, array.dtype)
-        self.xp.ascontiguousarray(array).get(out=host)
+        # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
+        (array if array.flags.c_contiguous else array.copy()).get(out=host)
         return host
 
     def contract(self, c: Contraction, out, a, b) -> None:
