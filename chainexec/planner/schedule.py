@@ -165,16 +165,22 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
 
 
 def _halve(group: DiskGroup, level: str) -> bool:
-    """Halve the largest tile the given level owns in a group; False when all are 1."""
-    owned = [group.tiles] if level == "global" else []
-    for g in group.groups:
-        owned.append(g.glob if level == "global" else g.dev)
-    best = None
-    for tiles in owned:
-        for i, t in tiles.items():
-            if t > 1 and (best is None or t > best[0]):
-                best = (t, tiles, i)
-    if best is None:
+    """Halve the largest tile the given level owns in a group; False when all are 1.
+
+    On the device, the fused loops of a device group come first: they alone shrink the tensors
+    the group keeps on the device, while cutting a contraction's other indices only multiplies
+    small tiles (and per-tile overhead)."""
+    candidates = []  # (fused loop?, tile, the dict holding it, index)
+    if level == "global":
+        candidates += [(True, t, group.tiles, i) for i, t in group.tiles.items()]
+        candidates += [(True, t, g.glob, i) for g in group.groups for i, t in g.glob.items()]
+    else:
+        for g in group.groups:
+            fused = set(g.glob) if len(g.contractions) > 1 else set(g.dev)
+            candidates += [(i in fused, t, g.dev, i) for i, t in g.dev.items()]
+    candidates = [c for c in candidates if c[1] > 1]
+    if not candidates:
         return False
-    best[1][best[2]] = tile_count(best[0], 2)
+    _, tile, tiles, index = max(candidates, key=lambda c: (c[0], c[1]))
+    tiles[index] = tile_count(tile, 2)
     return True
