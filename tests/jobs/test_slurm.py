@@ -58,22 +58,23 @@ def _job_fields(job: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
 
 
-def test_fourindex_job_on_slurm(tmp_path):
+def _run_job(script: str, variables: str, folder: Path) -> tuple[str, str]:
+    """Submit ``jobs/SCRIPT`` on 2 ranks with extra ``--export`` variables and wait for it:
+    (job id, its log). Skips when no SLURM controller with an idle node answers."""
     if not (shutil.which("sbatch") and shutil.which("sinfo") and shutil.which("scontrol")):
         pytest.skip("no SLURM client commands (sbatch, sinfo, scontrol)")
     states = _sinfo_states()
     if not {"idle", "mix"} & set(states):
         pytest.skip(f"no idle SLURM node (sinfo: {states or 'no answer'})")
-    config = write_config(tmp_path, fourindex_config())
-    options = ["--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path}/job-%j.out"]
+    options = ["--nodes=1", "--ntasks-per-node=2", f"--output={folder}/job-%j.out"]
     gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
     if "gpu" not in gres:
         # The CI node has no GPUs; SLURM rejects --gpus-per-task=1 there, so ask for none.
         options.append("--gpus-per-task=0")
     venv = Path(sys.executable).parent.parent
-    export = f"--export=ALL,CHAINEXEC_HOME={REPO},VENV={venv},CONFIG={config},BACKEND=numpy"
-    submit = subprocess.run(["sbatch", "--parsable", *options, export, str(REPO / "jobs" / "fourindex.sbatch")],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    export = f"--export=ALL,CHAINEXEC_HOME={REPO},VENV={venv},BACKEND=numpy,{variables}"
+    submit = subprocess.run(["sbatch", "--parsable", *options, export, str(REPO / "jobs" / script)],
+                            capture_output=True, text=True, timeout=60, cwd=folder)
     assert submit.returncode == 0, submit.stderr
     job = submit.stdout.strip().split(";")[0]
     deadline = time.monotonic() + JOB_TIMEOUT
@@ -82,10 +83,16 @@ def test_fourindex_job_on_slurm(tmp_path):
             subprocess.run(["scancel", job], timeout=30)
             pytest.fail(f"SLURM job {job} not finished after {JOB_TIMEOUT} s (state {fields.get('JobState')})")
         time.sleep(1)
-    log = (tmp_path / f"job-{job}.out").read_text()
+    log = (folder / f"job-{job}.out").read_text()
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log
-    assert "chainexec-job: generating inputs" in log
     assert "srun --mpi=pmi2 gives MPI world size(s): 2\n" in log
+    return job, log
+
+
+def test_fourindex_job_on_slurm(tmp_path):
+    config = write_config(tmp_path, fourindex_config())
+    job, log = _run_job("fourindex.sbatch", f"CONFIG={config}", tmp_path)
+    assert "chainexec-job: generating inputs" in log
     assert re.search(r"^B: einsum over 4096 elements, relative error \S+ \(tolerance 1e-12\) ok$", log, re.M), log
     assert log.rstrip().endswith("chainexec-job: verify passed")
     with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
@@ -98,31 +105,7 @@ def test_fourindex_job_on_slurm(tmp_path):
 def test_ccsd_t_job_on_slurm(tmp_path):
     """The flagship job: H2O/cc-pVDZ (T) on 2 ranks under SLURM, energy equal to PySCF's."""
     pytest.importorskip("pyscf")
-    if not (shutil.which("sbatch") and shutil.which("sinfo") and shutil.which("scontrol")):
-        pytest.skip("no SLURM client commands (sbatch, sinfo, scontrol)")
-    states = _sinfo_states()
-    if not {"idle", "mix"} & set(states):
-        pytest.skip(f"no idle SLURM node (sinfo: {states or 'no answer'})")
-    options = ["--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path}/job-%j.out"]
-    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
-    if "gpu" not in gres:
-        options.append("--gpus-per-task=0")
-    venv = Path(sys.executable).parent.parent
-    export = (f"--export=ALL,CHAINEXEC_HOME={REPO},VENV={venv},MOLECULE=h2o,BACKEND=numpy,"
-              f"WORKDIR={tmp_path / 'h2o'}")
-    submit = subprocess.run(["sbatch", "--parsable", *options, export, str(REPO / "jobs" / "ccsd_t.sbatch")],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert submit.returncode == 0, submit.stderr
-    job = submit.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while (fields := _job_fields(job)).get("JobState") in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job], timeout=30)
-            pytest.fail(f"SLURM job {job} not finished after {JOB_TIMEOUT} s (state {fields.get('JobState')})")
-        time.sleep(1)
-    log = (tmp_path / f"job-{job}.out").read_text()
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log
-    assert "srun --mpi=pmi2 gives MPI world size(s): 2\n" in log
+    job, log = _run_job("ccsd_t.sbatch", f"MOLECULE=h2o,WORKDIR={tmp_path / 'h2o'}", tmp_path)
     assert log.rstrip().endswith("chainexec-job: energy check passed"), log
     with h5py.File(tmp_path / "h2o" / "energy.h5", "r") as f, h5py.File(tmp_path / "h2o" / "inputs.h5", "r") as g:
         assert f.attrs["chainexec_complete"]
