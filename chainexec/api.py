@@ -7,6 +7,8 @@ before anything is written.
 
 from __future__ import annotations
 
+import sys
+import traceback
 from pathlib import Path
 
 from chainexec import spec as spec_mod
@@ -60,7 +62,19 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         raise ChainexecError(error)
     p = Plan.from_json(text)
     chosen = select(backend, comm)
-    measured = Executor(p, comm, chosen).run()
+    try:
+        measured = Executor(p, comm, chosen).run()
+    except Exception as err:
+        # A failure on one rank would leave the others waiting in a collective for ever: report it
+        # and end the whole job (no output has been renamed into place, so nothing looks complete).
+        if comm.size == 1:
+            raise
+        if isinstance(err, ChainexecError):
+            print(f"chainexec: rank {comm.rank}: {err}", file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
+            sys.stderr.flush()
+        comm.Abort(2 if isinstance(err, ChainexecError) else 1)
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name}}
 
