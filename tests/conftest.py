@@ -56,3 +56,14 @@ def fourindex_config(n: int = 10, nmo: int = 8, global_memory="24KiB", device_me
 
 def read_report(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def require_gpu():
+    """CuPy, for GPU test modules; skips the whole module cleanly without CuPy or a CUDA device."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device", allow_module_level=True)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device", allow_module_level=True)
+    return cupy

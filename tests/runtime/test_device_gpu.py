@@ -17,12 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-cupy = pytest.importorskip("cupy")
-try:
-    if cupy.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except cupy.cuda.runtime.CUDARuntimeError:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from tests.conftest import require_gpu  # noqa: E402
+
+cupy = require_gpu()
 
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import kernels  # noqa: E402

@@ -8,12 +8,9 @@ module is skipped when CuPy or a CUDA device is missing.
 import numpy as np
 import pytest
 
-cupy = pytest.importorskip("cupy")
-try:
-    if cupy.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except cupy.cuda.runtime.CUDARuntimeError:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from tests.conftest import require_gpu  # noqa: E402
+
+cupy = require_gpu()
 
 from chainexec.planner.kernelconf import Device, choose_config, enumerate_configs  # noqa: E402
 from chainexec.runtime import kernels  # noqa: E402
