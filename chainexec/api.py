@@ -43,7 +43,8 @@ def generate(config: str | Path) -> list[str]:
     return store.write_random_inputs(plan(config))
 
 
-def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None) -> dict:
+def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
+        balance: str = "dynamic") -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank."""
     comm = world()
     text = error = None
@@ -62,8 +63,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         raise ChainexecError(error)
     p = Plan.from_json(text)
     chosen = select(backend, comm)
+    executor = Executor(p, comm, chosen, balance)
     try:
-        measured = Executor(p, comm, chosen).run()
+        measured = executor.run()
     except Exception as err:
         # A failure on one rank would leave the others waiting in a collective for ever: report it
         # and end the whole job (no output has been renamed into place, so nothing looks complete).
@@ -76,7 +78,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             sys.stderr.flush()
         comm.Abort(2 if isinstance(err, ChainexecError) else 1)
     return {"predicted": p.predicted, "measured": measured,
-            "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name}}
+            "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
+                    "balance": balance, "per_rank": executor.rank_times(measured["total_seconds"])}}
 
 
 def verify(config: str | Path, samples: int = 300, limit: int = 2 << 30) -> list[Check]:

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
     r.add_argument("--machine")
     r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
+    r.add_argument("--balance", default="dynamic", choices=("dynamic", "static"),
+                   help="hand parallel tiles out through a shared counter (dynamic) or round-robin (static)")
     r.add_argument("--report-json", metavar="PATH", help="write {predicted, measured, run} as JSON")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
@@ -109,9 +111,11 @@ def main(argv=None) -> int:
                       f"{c.relative_error:.3e} (tolerance {c.tolerance:.0e}) {status}")
             return 0 if all(c.ok for c in checks) else 1
         else:
-            result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule)
+            result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
+                             balance=args.balance)
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
+                print(report.ranks(result["run"]["per_rank"]))
                 if args.report_json:
                     _write_json(args.report_json, {k: result[k] for k in ("predicted", "measured", "run")})
             if not report.matches(result["predicted"], result["measured"]):

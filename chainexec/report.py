@@ -76,6 +76,13 @@ def comparison(predicted: dict, measured: dict) -> str:
     return "\n".join(rows)
 
 
+def ranks(per_rank: list[dict]) -> str:
+    """Per-rank busy and idle seconds and parallel tiles done (load balance at a glance)."""
+    rows = [f"{'rank':<6}{'busy s':>10}{'idle s':>10}{'tiles':>8}"]
+    rows += [f"{r['rank']:<6}{r['busy_seconds']:>10.3f}{r['idle_seconds']:>10.3f}{r['tiles']:>8d}" for r in per_rank]
+    return "\n".join(rows)
+
+
 def matches(predicted: dict, measured: dict) -> bool:
     """Whether every movement category and memory peak was predicted exactly."""
     return all(predicted["bytes"][k] == measured["bytes"][k] for k in CATEGORY.values()) and all(

@@ -25,7 +25,7 @@ from chainexec.planner.cost import CATEGORY
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan
 from chainexec.runtime.device import Backend
-from chainexec.runtime.globalarray import GlobalArray
+from chainexec.runtime.globalarray import GlobalArray, TaskCounter
 from chainexec.runtime.store import Store
 
 
@@ -53,25 +53,45 @@ class Counters:
 
 
 class Executor:
-    def __init__(self, plan: Plan, comm, backend: Backend):
+    def __init__(self, plan: Plan, comm, backend: Backend, balance: str = "dynamic"):
+        """``balance``: ``dynamic`` hands the iterations of each parallel loop out through a shared
+        counter (NWChem's nxtval: a rank takes the next tile when it is free); ``static`` deals
+        them round-robin. Either way every tile moves the same bytes, so the prediction holds."""
+        if balance not in ("dynamic", "static"):
+            raise ValueError(f"balance must be dynamic or static, not {balance!r}")
         self.plan = plan
         self.comm = comm
         self.backend = backend
+        self.balance = balance
+        self.counter = None
         self.store = Store(plan, comm)
         self.counters = Counters()
         self.ranges = {"global": {}, "device": {}}
+        self.idle = 0.0
+        self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""
         start = time.perf_counter()
+        if self.balance == "dynamic":
+            self.counter = TaskCounter(self.comm)
         for nest in self.plan.nests:
             self._body(nest.body)
             for tensor, version in dict(self._stored(nest.body)).items():
                 self.store.close_version(tensor, version)
         self.store.finish()
+        if self.counter is not None:
+            self.counter.free()
         return self._measured(time.perf_counter() - start)
+
+    def rank_times(self, total: float) -> list[dict]:
+        """Per rank (gathered on every rank): seconds waiting at the parallel loops' barriers
+        (idle), the rest (busy), and parallel tiles done."""
+        mine = {"rank": self.comm.rank, "busy_seconds": total - self.idle, "idle_seconds": self.idle,
+                "tiles": self.tiles_done}
+        return self.comm.allgather(mine)
 
     def _stored(self, body):
         """(tensor, version) of every store statement in a nest."""
@@ -123,16 +143,35 @@ class Executor:
             lo, hi = self._range(loop.level, i)
             spans.append([(s, min(s + loop.tiles[i], hi)) for s in range(lo, hi, loop.tiles[i])])
         saved = dict(self.ranges[loop.level])
+        combos = list(itertools.product(*spans))
         if loop.parallel:
-            self.comm.Barrier()
-        for n, combo in enumerate(itertools.product(*spans)):
-            if loop.parallel and n % self.comm.size != self.comm.rank:
-                continue
-            self.ranges[loop.level].update(zip(names, combo))
+            self._wait()
+            if self.counter is not None:
+                self.counter.reset()
+            mine = self._claim(len(combos))
+        else:
+            mine = range(len(combos))
+        for n in mine:
+            self.ranges[loop.level].update(zip(names, combos[n]))
             self._body(loop.body)
+            self.tiles_done += loop.parallel
         self.ranges[loop.level] = saved
         if loop.parallel:
-            self.comm.Barrier()
+            self._wait()
+
+    def _claim(self, count: int):
+        """This rank's iterations of a parallel loop of ``count``: from the shared counter as it
+        frees up (dynamic), or every size-th one (static)."""
+        if self.counter is None:
+            yield from range(self.comm.rank, count, self.comm.size)
+            return
+        while (n := self.counter.next()) < count:
+            yield n
+
+    def _wait(self) -> None:
+        t0 = time.perf_counter()
+        self.comm.Barrier()
+        self.idle += time.perf_counter() - t0
 
     # -- statements --------------------------------------------------------------------------
 
