@@ -44,7 +44,7 @@ def generate(config: str | Path) -> list[str]:
 
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
-        balance: str = "dynamic") -> dict:
+        balance: str = "dynamic", progress: bool = False) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank."""
     comm = world()
     text = error = None
@@ -63,7 +63,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         raise ChainexecError(error)
     p = Plan.from_json(text)
     chosen = select(backend, comm)
-    executor = Executor(p, comm, chosen, balance)
+    executor = Executor(p, comm, chosen, balance, progress)
     try:
         measured = executor.run()
     except Exception as err:

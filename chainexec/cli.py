@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
     r.add_argument("--machine")
     r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
+    r.add_argument("--quiet", action="store_true", help="no progress bar / progress lines on stderr")
     r.add_argument("--balance", default="dynamic", choices=("dynamic", "static"),
                    help="hand parallel tiles out through a shared counter (dynamic) or round-robin (static)")
     r.add_argument("--report-json", metavar="PATH", help="write {predicted, measured, run} as JSON")
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
             return 0 if all(c.ok for c in checks) else 1
         else:
             result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
-                             balance=args.balance)
+                             balance=args.balance, progress=not args.quiet)
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
                 print(report.ranks(result["run"]["per_rank"]))

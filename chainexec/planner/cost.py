@@ -114,3 +114,26 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> di
     seconds = machine.seconds(moved, flops)
     return {"bytes": moved, "flops": flops, "memory_peak": peak, "seconds": seconds,
             "total_seconds": max(seconds.values())}
+
+
+def parallel_tiles(plan: Plan) -> int:
+    """How many parallel-loop iterations (device tiles handed to ranks) the whole plan runs: the
+    total a progress report counts toward."""
+    total = 0
+
+    def walk(body, loops):
+        nonlocal total
+        for node in body:
+            if isinstance(node, Loop):
+                inner = loops + [node]
+                if node.parallel:
+                    count = 1
+                    for i in {i for loop in inner for i in loop.tiles}:
+                        count *= _index_sums(tuple((loop.level, loop.tiles[i]) for loop in inner if i in loop.tiles),
+                                             plan.extents[i], "device")[1]
+                    total += count
+                walk(node.body, inner)
+
+    for nest in plan.nests:
+        walk(nest.body, [])
+    return total

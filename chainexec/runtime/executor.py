@@ -21,11 +21,12 @@ import time
 import numpy as np
 
 from chainexec import expr
-from chainexec.planner.cost import CATEGORY
+from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan
 from chainexec.runtime.device import Backend
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
+from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
 
 
@@ -53,7 +54,7 @@ class Counters:
 
 
 class Executor:
-    def __init__(self, plan: Plan, comm, backend: Backend, balance: str = "dynamic"):
+    def __init__(self, plan: Plan, comm, backend: Backend, balance: str = "dynamic", progress: bool = False):
         """``balance``: ``dynamic`` hands the iterations of each parallel loop out through a shared
         counter (NWChem's nxtval: a rank takes the next tile when it is free); ``static`` deals
         them round-robin. Either way every tile moves the same bytes, so the prediction holds."""
@@ -64,6 +65,8 @@ class Executor:
         self.backend = backend
         self.balance = balance
         self.counter = None
+        self.progress = Progress(parallel_tiles(plan), len(plan.nests)) if progress and comm.rank == 0 else None
+        self.show_progress = progress
         self.store = Store(plan, comm)
         self.counters = Counters()
         self.ranges = {"global": {}, "device": {}}
@@ -77,14 +80,25 @@ class Executor:
         start = time.perf_counter()
         if self.balance == "dynamic":
             self.counter = TaskCounter(self.comm)
-        for nest in self.plan.nests:
+        for k, nest in enumerate(self.plan.nests, 1):
             self._body(nest.body)
             for tensor, version in dict(self._stored(nest.body)).items():
                 self.store.close_version(tensor, version)
+            if self.show_progress:
+                self._report(k)
+        if self.progress is not None:
+            self.progress.close()
         self.store.finish()
         if self.counter is not None:
             self.counter.free()
         return self._measured(time.perf_counter() - start)
+
+    def _report(self, nest: int) -> None:
+        """All ranks' tiles and bytes so far, summed (collective; after a nest, where all meet)."""
+        local = [self.tiles_done] + [self.counters.bytes[k] for k in CATEGORIES]
+        total = self.comm.reduce(np.array(local, dtype=np.int64), root=0)
+        if self.progress is not None:
+            self.progress.update(nest, int(total[0]), {k: int(v) for k, v in zip(CATEGORIES, total[1:])})
 
     def rank_times(self, total: float) -> list[dict]:
         """Per rank (gathered on every rank): seconds waiting at the parallel loops' barriers

@@ -9,6 +9,7 @@ import pytest
 
 from chainexec import spec
 from chainexec.planner.build import make_plan
+from chainexec.planner.cost import parallel_tiles
 from chainexec.planner.plan import Loop
 from tests.conftest import fourindex_config, read_report, run_cli, write_config
 
@@ -108,7 +109,7 @@ def test_load_balance_modes(fourindex, balance):
 
     for nest in plan.nests:
         count(nest.body, [])
-    assert sum(r["tiles"] for r in per_rank) == expected
+    assert sum(r["tiles"] for r in per_rank) == expected == parallel_tiles(plan)
     if balance == "static":  # round-robin: at most one tile apart per execution of a parallel loop
         assert max(r["tiles"] for r in per_rank) - min(r["tiles"] for r in per_rank) <= executions
     assert all(r["busy_seconds"] >= 0 and r["idle_seconds"] >= 0 for r in per_rank)
@@ -118,3 +119,16 @@ def test_load_balance_modes(fourindex, balance):
     with h5py.File(fourindex.parent / "out" / "result.h5", "r") as f:
         got = f["B"][...]
     assert np.max(np.abs(got - expected_b)) <= 1e-12 * np.max(np.abs(expected_b))
+
+
+def test_progress_lines(fourindex):
+    """Off a terminal, rank 0 logs one line per nest on stderr, ending at all tiles; --quiet is silent."""
+    plan = make_plan(spec.load(fourindex))
+    proc = run_cli("run", fourindex, ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("chainexec: nest ")]
+    assert len(lines) == len(plan.nests)
+    total = parallel_tiles(plan)
+    assert f"nest {len(plan.nests)}/{len(plan.nests)}, tiles {total}/{total}," in lines[-1]
+    quiet = run_cli("run", fourindex, "--quiet", ranks=2)
+    assert quiet.returncode == 0 and "chainexec: nest" not in quiet.stderr
