@@ -24,18 +24,17 @@ Usage (from the repository root, on a machine with a GPU)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+
+from chainexec.provenance import provenance
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,20 +47,7 @@ from chainexec.runtime import device  # noqa: E402
 
 def environment() -> dict:
     """Device, host, library versions, commit and date of this run."""
-    import cupy
-
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
-           "cpu_cores": os.cpu_count(), "cupy": cupy.__version__, "numpy": np.__version__,
-           "python": platform.python_version(), "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-           "driver": cupy.cuda.runtime.driverGetVersion(),
-           "command": " ".join([Path(sys.executable).name] + sys.argv)}
-    try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                       text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        env["commit"] = os.environ.get("CHAINEXEC_COMMIT", "unknown")
+    env = provenance(gpu=True)
     try:
         from threadpoolctl import threadpool_info
 

@@ -8,18 +8,15 @@ schedule and the paper/search gap.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
+from chainexec.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,12 +43,8 @@ def main() -> None:
                      "paper_over_search": alts["paper: disk+global"]["movement_seconds"]
                      / alts["search"]["movement_seconds"] if "search" in alts else None})
         print(f"{config.name:<16} {rows[-1]['plan_seconds_median'] * 1e3:8.1f} ms   {rows[-1]['chosen']}")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    record = {"benchmark": "plan_time", "commit": commit, "date": datetime.date.today().isoformat(),
-              "device": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (CPU only)",
-              "machine_model": machine.source, "command": "python benchmarks/plan_time.py"
-              + (f" --machine {args.machine}" if args.machine else ""), "results": rows}
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"plan_time_{record['date']}.json"
+    record = {"benchmark": "plan_time", **provenance(), "machine_model": machine.source, "results": rows}
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"plan_time_{record['date'][:10]}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -15,12 +15,9 @@ Usage: ``PYTHONPATH=. python3 benchmarks/tccg_kernels.py --out results.json [--s
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+
+from chainexec.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,23 +66,8 @@ def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> tupl
 
 def environment() -> dict:
     """Device, library versions, commit and date of this run."""
-    import cupy
-
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
-           "sm_count": props["multiProcessorCount"],
-           "compute_capability": f"{props['major']}{props['minor']}",
-           "cupy": cupy.__version__, "numpy": np.__version__, "python": platform.python_version(),
-           "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-           "driver": cupy.cuda.runtime.driverGetVersion(),
-           "cupy_accelerators": os.environ.get("CUPY_ACCELERATORS"),
-           "command": " ".join([Path(sys.executable).name] + sys.argv)}
-    try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                       text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        env["commit"] = os.environ.get("CHAINEXEC_COMMIT", "unknown")
+    env = provenance(gpu=True)
+    env["cupy_accelerators"] = os.environ.get("CUPY_ACCELERATORS")
     try:
         import torch
         env["torch"] = torch.__version__

@@ -11,6 +11,7 @@ tensor takes each reference at the same index values. Evaluation works on any ar
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from dataclasses import dataclass
 
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
@@ -22,8 +23,10 @@ class Ref:
     indices: tuple[str, ...]
 
 
+@lru_cache(maxsize=256)
 def parse(text: str) -> ast.expr:
-    """The validated expression tree; ValueError naming the offending part otherwise."""
+    """The validated expression tree; ValueError naming the offending part otherwise. Cached: the
+    runtime evaluates the same expression for every tile (callers never modify the tree)."""
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as err:

@@ -200,7 +200,7 @@ def generate(c, a, b, sizes: dict, dtype: str, config: KernelConfig) -> tuple[st
     tk = config.size_tbk
     smem = (px + py) * tk * ELEM_BYTES[dtype]
     rx, ry, tbx = config.size_regx, config.size_regy, config.size_tbx
-    L = [f"// chainexec generated kernel (COGENT, Algorithm 1), row-major tensors",
+    L = ["// chainexec generated kernel (COGENT, Algorithm 1), row-major tensors",
          f"// C[{''.join(con.c)}] = alpha * sum A[{''.join(con.a)}] * B[{''.join(con.b)}] "
          f"+ beta * C   ({dtype})",
          f"// x-input {config.x_operand}: TBx={list(config.tbx)} REGx={list(config.regx)}",

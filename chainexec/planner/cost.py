@@ -17,7 +17,6 @@ array, all ranks together; device: one rank's device).
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 from chainexec.planner.machine import Machine

@@ -94,6 +94,15 @@ class Loop:
     body: list = field(default_factory=list)
 
 
+def ops(body: list, loops: tuple = ()):
+    """Every statement of a loop-nest body, depth first, with the loops around it (outermost first)."""
+    for node in body:
+        if isinstance(node, Loop):
+            yield from ops(node.body, loops + (node,))
+        else:
+            yield node, loops
+
+
 @dataclass
 class Nest:
     """The loop nest that computes a sub-chain of contractions (one, or several fused)."""

@@ -23,7 +23,7 @@ import numpy as np
 from chainexec import expr
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan
+from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops
 from chainexec.runtime.device import Backend
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
 from chainexec.runtime.progress import Progress
@@ -107,13 +107,10 @@ class Executor:
                 "tiles": self.tiles_done}
         return self.comm.allgather(mine)
 
-    def _stored(self, body):
+    @staticmethod
+    def _stored(body):
         """(tensor, version) of every store statement in a nest."""
-        for node in body:
-            if isinstance(node, Loop):
-                yield from self._stored(node.body)
-            elif node.op == "store":
-                yield node.tensor, node.version
+        return [(op.tensor, op.version) for op, _ in ops(body) if op.op == "store"]
 
     def _measured(self, seconds: float) -> dict:
         """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time

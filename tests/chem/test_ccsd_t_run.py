@@ -50,19 +50,13 @@ def test_synthetic_equals_numpy_reference(tmp_path, nocc, nvir, seed, ranks):
 
 def _moved(plan) -> dict[str, set[str]]:
     """Statements that move each tensor between levels, over the whole plan."""
-    from chainexec.planner.plan import Loop
+    from chainexec.planner.plan import ops
 
     seen: dict[str, set[str]] = {}
-
-    def walk(body):
-        for node in body:
-            if isinstance(node, Loop):
-                walk(node.body)
-            elif node.op in ("load", "store", "get", "accumulate"):
-                seen.setdefault(node.tensor, set()).add(node.op)
-
     for nest in plan.nests:
-        walk(nest.body)
+        for op, _ in ops(nest.body):
+            if op.op in ("load", "store", "get", "accumulate"):
+                seen.setdefault(op.tensor, set()).add(op.op)
     return seen
 
 

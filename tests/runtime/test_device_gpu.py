@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import yaml
@@ -26,8 +25,7 @@ from chainexec.runtime import kernels  # noqa: E402
 from chainexec.runtime.device import CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
-from tests.runtime.test_fused import SMALL, scaled  # noqa: E402
-from tests.runtime.test_fused import reference as fused_reference  # noqa: E402
+from tests.runtime.test_fused import SMALL, check_fused_run  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -195,17 +193,4 @@ def test_fourindex_runs_on_gpu(ranks, tmp_path):
 @pytest.mark.parametrize("schedule", ["paper: disk", "paper: disk+global"])
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_fused_runs_on_gpu(name, schedule, ranks, tmp_path):
-    config, cfg = scaled(name, tmp_path)
-    report = tmp_path / "r.json"
-    proc = run_cli("run", config, "--backend", "cupy", "--schedule", schedule, "--report-json", report,
-                   ranks=ranks)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = read_report(report)
-    assert result["run"]["backend"] == "cupy"
-    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
-    assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
-    expected = fused_reference(cfg)
-    out = next(iter(cfg["outputs"]))
-    with h5py.File(tmp_path / "out.h5", "r") as f:
-        got = f[out][...]
-    assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+    check_fused_run(name, schedule, ranks, tmp_path, backend="cupy")

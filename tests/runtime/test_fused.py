@@ -14,7 +14,7 @@ import yaml
 from chainexec import spec
 from chainexec.generator import block
 from chainexec.planner.build import make_plan
-from chainexec.planner.plan import Loop
+from chainexec.planner.plan import ops
 from tests.conftest import read_report, run_cli, write_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -48,18 +48,12 @@ def reference(cfg: dict) -> np.ndarray:
 
 
 def _kept_levels(plan) -> dict[str, set[str]]:
-    """For every intermediate, the levels of the statements that move it."""
+    """For every intermediate, the statements that touch it."""
     seen: dict[str, set[str]] = {}
-
-    def walk(body):
-        for node in body:
-            if isinstance(node, Loop):
-                walk(node.body)
-            elif node.tensor is not None and plan.tensors[node.tensor].role == "intermediate":
-                seen.setdefault(node.tensor, set()).add(node.op)
-
     for nest in plan.nests:
-        walk(nest.body)
+        for op, _ in ops(nest.body):
+            if op.tensor is not None and plan.tensors[op.tensor].role == "intermediate":
+                seen.setdefault(op.tensor, set()).add(op.op)
     return seen
 
 
@@ -69,10 +63,10 @@ def test_fused_plans_keep_intermediates(name, tmp_path):
     s = spec.load(config)
     disk = make_plan(s, schedule="paper: disk")
     assert len(disk.nests) == 1, "fused at the disk level: one nest for the whole chain"
-    for tensor, ops in _kept_levels(disk).items():
-        assert not ops & {"store", "load"}, f"{tensor} reached the disk"
+    for tensor, touched in _kept_levels(disk).items():
+        assert not touched & {"store", "load"}, f"{tensor} reached the disk"
     both = make_plan(s, schedule="paper: disk+global")
-    device_fused = {t for t, ops in _kept_levels(both).items() if not ops & {"store", "load", "accumulate", "get"}}
+    device_fused = {t for t, touched in _kept_levels(both).items() if not touched & {"store", "load", "accumulate", "get"}}
     if name == "b":
         assert not device_fused
     else:
@@ -83,15 +77,22 @@ def test_fused_plans_keep_intermediates(name, tmp_path):
 @pytest.mark.parametrize("schedule", ["paper: disk", "paper: disk+global"])
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_fused_runs_match(name, schedule, ranks, tmp_path):
-    config, cfg = scaled(name, tmp_path)
-    report = tmp_path / "r.json"
-    proc = run_cli("run", config, "--schedule", schedule, "--report-json", report, ranks=ranks)
-    assert proc.returncode == 0, proc.stderr
+    check_fused_run(name, schedule, ranks, tmp_path)
+
+
+def check_fused_run(name, schedule, ranks, folder, *options, backend="numpy"):
+    """Run scaled Expression ``name`` under ``schedule``: exact bytes and memory, einsum ≤ 1e-12."""
+    config, cfg = scaled(name, folder)
+    report = folder / "r.json"
+    proc = run_cli("run", config, "--schedule", schedule, "--backend", backend, "--report-json", report,
+                   *options, ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     result = read_report(report)
+    assert result["run"]["backend"] == backend
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
     assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
     expected = reference(cfg)
     out = next(iter(cfg["outputs"]))
-    with h5py.File(tmp_path / "out.h5", "r") as f:
+    with h5py.File(folder / "out.h5", "r") as f:
         got = f[out][...]
     assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
