@@ -29,7 +29,8 @@ def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None) -> 
         if launcher is None:
             pytest.skip("no mpiexec")
         cmd = [launcher, "-n", str(ranks), *cmd]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Open MPI (the GPU machines' system MPI) refuses to start as root without these; MPICH ignores them.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
