@@ -45,7 +45,8 @@ def generate(config: str | Path) -> list[str]:
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
         balance: str = "dynamic", progress: bool = False) -> dict:
-    """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank."""
+    """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
+    (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`)."""
     comm = world()
     text = error = None
     if comm.rank == 0:
@@ -79,7 +80,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         comm.Abort(2 if isinstance(err, ChainexecError) else 1)
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
-                    "balance": balance, "per_rank": executor.rank_times(measured["total_seconds"])}}
+                    "balance": balance, "per_rank": executor.rank_times(measured["total_seconds"]),
+                    "memory_limit": p.memory_limit}}
 
 
 def verify(config: str | Path, samples: int = 300, limit: int = 2 << 30) -> list[Check]:

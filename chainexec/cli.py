@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--balance", default="dynamic", choices=("dynamic", "static"),
                    help="hand parallel tiles out through a shared counter (dynamic) or round-robin (static)")
     r.add_argument("--report-json", metavar="PATH", help="write {predicted, measured, run} as JSON")
+    r.add_argument("--report", action="store_true",
+                   help="print achieved vs the machine model's rate per level, wall vs bound, memory vs limits")
+    r.add_argument("--plot", metavar="FILE.png", help="draw the --report comparison (needs matplotlib)")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
     v = sub.add_parser("verify", help="check a config's outputs against NumPy, independently of the runtime")
@@ -117,8 +120,13 @@ def main(argv=None) -> int:
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
                 print(report.ranks(result["run"]["per_rank"]))
+                if args.report:
+                    print()
+                    print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"]))
                 if args.report_json:
                     _write_json(args.report_json, {k: result[k] for k in ("predicted", "measured", "run")})
+                if args.plot:
+                    report.plot_run(result["predicted"], result["measured"], args.plot)
             if not report.matches(result["predicted"], result["measured"]):
                 if result["run"]["rank"] == 0:
                         print("chainexec: measured movement differs from the prediction (a bug)", file=sys.stderr)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from chainexec.planner.cost import CATEGORY
+from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Plan
 from chainexec.spec import format_size
 
 _ARROW = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
+# The movement categories timed at each level of the machine model (``Machine.seconds``); the
+# third level, ``compute``, counts flops.
+LEVEL_CATEGORIES = {"disk": ("disk->global", "global->disk"), "global<->device": ("global->device", "device->global")}
 
 
 def contraction_line(plan: Plan, k: int) -> str:
@@ -93,8 +100,7 @@ def alternatives(plan: Plan) -> str:
     """The schedules the planner weighed: groups, predicted bytes per level, movement time."""
     rows = [f"{'alternative':<24}{'groups':<24}{'disk bytes':>14}{'global<->device':>17}{'move s':>10}  "]
     for a in plan.alternatives:
-        disk = a["bytes"]["disk->global"] + a["bytes"]["global->disk"]
-        dev = a["bytes"]["global->device"] + a["bytes"]["device->global"]
+        disk, dev = level_amount(a, "disk"), level_amount(a, "global<->device")
         marks = ["<- chosen"] if a["chosen"] else ([] if a["fits"] else ["does not fit"])
         marks += ["(paper's rule)"] if a.get("prescribed") else []
         mark = " ".join(marks)
@@ -110,8 +116,8 @@ def alternatives(plan: Plan) -> str:
     return "\n".join(rows)
 
 
-def plot_alternatives(plan: Plan, path: str) -> None:
-    """Bar chart of predicted seconds per level for each alternative (matplotlib, optional extra)."""
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend; a one-line error without the optional extra."""
     try:
         import matplotlib
 
@@ -121,6 +127,25 @@ def plot_alternatives(plan: Plan, path: str) -> None:
         from chainexec.errors import ChainexecError
 
         raise ChainexecError("--plot needs matplotlib: pip install 'chainexec[plot]'") from None
+    return plt
+
+
+def _save(fig, path: str) -> None:
+    """Write ``fig`` as PNG to ``path`` through a temporary file beside it: no partial file is left."""
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def plot_alternatives(plan: Plan, path: str) -> None:
+    """Bar chart of predicted seconds per level for each alternative (matplotlib, optional extra)."""
+    plt = _pyplot()
     shown = [a for a in plan.alternatives if a["kind"] == "schedule"]
     names = [f"{a['name']}{' *' if a['chosen'] else ''}" for a in shown]
     levels = list(shown[0]["seconds"]) if shown else []
@@ -134,5 +159,115 @@ def plot_alternatives(plan: Plan, path: str) -> None:
     ax.set_title(f"{plan.name}: alternatives weighed")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def level_amount(record: dict, level: str) -> int:
+    """What a predicted or measured record does at one machine level: bytes moved, flops for ``compute``."""
+    if level == "compute":
+        return record["flops"]
+    return sum(record["bytes"][k] for k in LEVEL_CATEGORIES[level])
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is zero or missing (nothing done or no time: no meaningful rate)."""
+    return a / b if a and b else None
+
+
+def level_rates(predicted: dict, measured: dict) -> list[dict]:
+    """Per machine level: ``predicted`` and ``measured`` amount (bytes; flops for compute), predicted
+    and measured busy ``seconds``, ``achieved`` rate (measured amount / measured seconds, per second),
+    ``bound`` rate (what the prediction used: predicted amount / predicted seconds) and
+    ``fraction`` = achieved / bound. Rates and fraction are None where undefined."""
+    rows = []
+    for level in LEVEL_TIMES:
+        p, m = level_amount(predicted, level), level_amount(measured, level)
+        achieved = _ratio(m, measured["seconds"][level])
+        bound = _ratio(p, predicted["seconds"][level])
+        rows.append({"level": level, "predicted": p, "measured": m,
+                     "predicted_seconds": predicted["seconds"][level], "seconds": measured["seconds"][level],
+                     "achieved": achieved, "bound": bound, "fraction": _ratio(achieved, bound)})
+    return rows
+
+
+def _amount(level: str, n: int) -> str:
+    """Bytes with binary units; flops (compute) as an exact integer."""
+    return f"{n:,d}" if level == "compute" else format_size(n)
+
+
+def _rate(level: str, per_second: float | None) -> str:
+    """GB/s (1e9 bytes), GFLOP/s for compute; "-" where undefined."""
+    if per_second is None:
+        return "-"
+    return f"{per_second / 1e9:.3f} {'GFLOP/s' if level == 'compute' else 'GB/s'}"
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def _memory_rows(measured: dict, memory_limit: dict[str, int]) -> list[str]:
+    """Per level with a limit: the measured peak (plan buffers) and, when the backend reports it, the
+    allocator high-water (scratch included) against the configured limit; rows above it are marked."""
+    rows = [f"{'memory':<20}{'measured':>14}{'limit':>14}{'of limit':>10}"]
+    for kind, per_level in (("peak", measured["memory_peak"]), ("high-water", measured.get("memory_high_water", {}))):
+        for level, limit in memory_limit.items():
+            if level in per_level:
+                n = per_level[level]
+                over = "   ABOVE LIMIT" if n > limit else ""
+                rows.append(f"{kind + ' ' + level:<20}{format_size(n):>14}{format_size(limit):>14}"
+                            f"{_percent(_ratio(n, limit)):>10}{over}")
+    return rows
+
+
+def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int]) -> str:
+    """Achieved against the machine model, per level (disk, global<->device, compute); the wall time
+    against the predicted bound; memory peaks against the limits (bytes per level)."""
+    rows = [f"{'level':<16}{'predicted':>16}{'measured':>16}{'busy s':>9}{'achieved':>17}{'bound':>17}"
+            f"{'achieved/bound':>16}"]
+    for r in level_rates(predicted, measured):
+        lvl = r["level"]
+        rows.append(f"{lvl:<16}{_amount(lvl, r['predicted']):>16}{_amount(lvl, r['measured']):>16}"
+                    f"{r['seconds']:>9.3f}{_rate(lvl, r['achieved']):>17}{_rate(lvl, r['bound']):>17}"
+                    f"{_percent(r['fraction']):>16}")
+    rows.append("(amounts: bytes; compute: flops. achieved = all ranks' amount / busiest rank's seconds;"
+                " bound = the prediction's rate)")
+    wall = _ratio(measured["total_seconds"], predicted["total_seconds"])
+    rows.append(f"wall s: measured {measured['total_seconds']:.3f}, predicted bound {predicted['total_seconds']:.3f}, "
+                f"measured/bound {'-' if wall is None else f'{wall:.2f}x'}")
+    return "\n".join(rows + _memory_rows(measured, memory_limit))
+
+
+def _grouped_bars(ax, levels: list[str], series: list[tuple[str, list[float]]], ylabel: str) -> None:
+    """Side-by-side bars per level, one colour per (label, values) series."""
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series):
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(levels))], values, width=width, label=label)
+    ax.set_xticks(range(len(levels)), levels)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+
+
+def plot_run(predicted: dict, measured: dict, path: str) -> None:
+    """PNG of :func:`run_report`'s comparison: achieved vs bound rate per level (GB/s; GFLOP/s for
+    compute; undefined rates drawn as 0), and predicted vs measured busy seconds per level
+    (matplotlib, optional extra)."""
+    plt = _pyplot()
+    rows = level_rates(predicted, measured)
+    levels = [r["level"] for r in rows]
+
+    def giga(key):
+        return [(r[key] or 0.0) / 1e9 for r in rows]
+
+    fig, (rates, seconds) = plt.subplots(1, 2, figsize=(11, 4))
+    _grouped_bars(rates, levels, [("achieved", giga("achieved")), ("bound (machine model)", giga("bound"))],
+                  "GB/s (compute: GFLOP/s)")
+    _grouped_bars(seconds, levels, [("measured", [r["seconds"] for r in rows]),
+                                    ("predicted", [r["predicted_seconds"] for r in rows])], "busy seconds")
+    rates.set_title("rate per level")
+    seconds.set_title(f"seconds per level (wall {measured['total_seconds']:.3g} s, "
+                      f"bound {predicted['total_seconds']:.3g} s)")
+    fig.tight_layout()
+    _save(fig, path)
     plt.close(fig)

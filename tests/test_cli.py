@@ -163,3 +163,27 @@ def test_report_keys_identical(tmp_path):
     assert set(data["predicted"]) == set(data["measured"])
     for key in ("bytes", "memory_peak", "seconds"):
         assert set(data["predicted"][key]) == set(data["measured"][key])
+
+
+def test_run_report_and_plot(tmp_path):
+    import json
+
+    from chainexec.spec import format_size
+
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    png = tmp_path / "out.png"
+    proc = run_cli("run", config, "--quiet", "--report", "--plot", png, "--report-json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads((tmp_path / "r.json").read_text())["measured"]
+    table = proc.stdout[proc.stdout.index("\nlevel "):]  # after the predicted/measured comparison
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
+    for level, categories in (("disk", ("disk->global", "global->disk")),
+                              ("global<->device", ("global->device", "device->global"))):
+        moved = sum(measured["bytes"][k] for k in categories)
+        assert " ".join(rows[level][3:5]) == format_size(moved)
+        if measured["seconds"][level] > 0:
+            assert float(rows[level][6]) == pytest.approx(moved / measured["seconds"][level] / 1e9, abs=6e-4)
+    assert int(rows["compute"][2].replace(",", "")) == measured["flops"]
+    assert {"wall", "peak"} <= set(rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,110 @@
+"""The run report (achieved vs the machine model per level, wall vs bound, memory vs limits) and its
+plot, on hand-made predicted/measured records whose rates are worked out here by hand."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from chainexec import report
+from chainexec.errors import ChainexecError
+from chainexec.spec import format_size
+
+MiB = 1 << 20
+LIMITS = {"global": 64 * MiB, "device": 4 * MiB}
+
+
+def _record(disk_in, disk_out, get, acc, flops, seconds, total, peaks) -> dict:
+    return {"bytes": {"disk->global": disk_in, "global->disk": disk_out, "global->device": get, "device->global": acc},
+            "flops": flops, "memory_peak": dict(zip(("global", "device"), peaks)),
+            "seconds": dict(zip(("disk", "global<->device", "compute"), seconds)), "total_seconds": total}
+
+
+# disk: 3e9 + 1e9 bytes; predicted in 8 s (bound 0.5 GB/s), measured 4 s (1 GB/s, 200 %).
+# global<->device: 1.5e9 + 0.5e9 bytes; predicted 0.2 s (10 GB/s), measured 0.5 s (4 GB/s, 40 %).
+# compute: 6e10 flops; predicted 3 s (20 GFLOP/s), measured 12 s (5 GFLOP/s, 25 %).
+# wall: measured 20 s against the bound 8 s: 2.5 times.
+PREDICTED = _record(3 * 10**9, 10**9, 15 * 10**8, 5 * 10**8, 6 * 10**10, (8.0, 0.2, 3.0), 8.0, (32 * MiB, 3 * MiB))
+MEASURED = _record(3 * 10**9, 10**9, 15 * 10**8, 5 * 10**8, 6 * 10**10, (4.0, 0.5, 12.0), 20.0, (32 * MiB, 3 * MiB))
+
+
+def _row(text: str, label: str) -> list[str]:
+    """The whitespace-separated fields of the one line that starts with ``label``."""
+    found = [line.split() for line in text.splitlines() if line.startswith(label + " ")]
+    assert len(found) == 1, text
+    return found[0]
+
+
+def test_rates_per_level():
+    rates = {r["level"]: r for r in report.level_rates(PREDICTED, MEASURED)}
+    assert list(rates) == ["disk", "global<->device", "compute"]
+    expected = {"disk": (4e9, 1e9, 0.5e9), "global<->device": (2e9, 4e9, 10e9), "compute": (6e10, 5e9, 20e9)}
+    for level, (amount, achieved, bound) in expected.items():
+        assert rates[level]["measured"] == rates[level]["predicted"] == amount
+        assert rates[level]["achieved"] == pytest.approx(achieved)
+        assert rates[level]["bound"] == pytest.approx(bound)
+        assert rates[level]["fraction"] == pytest.approx(achieved / bound)
+
+
+def test_table():
+    text = report.run_report(PREDICTED, MEASURED, LIMITS)
+    disk = format_size(4 * 10**9).split()
+    assert _row(text, "disk") == ["disk", *disk, *disk, "4.000", "1.000", "GB/s", "0.500", "GB/s", "200.0%"]
+    dev = format_size(2 * 10**9).split()
+    assert _row(text, "global<->device") == ["global<->device", *dev, *dev, "0.500", "4.000", "GB/s", "10.000", "GB/s",
+                                             "40.0%"]
+    assert _row(text, "compute") == ["compute", "60,000,000,000", "60,000,000,000", "12.000", "5.000", "GFLOP/s",
+                                     "20.000", "GFLOP/s", "25.0%"]
+    assert "measured 20.000, predicted bound 8.000, measured/bound 2.50x" in text
+    assert _row(text, "peak global") == ["peak", "global", "32.00", "MiB", "64.00", "MiB", "50.0%"]
+    assert _row(text, "peak device") == ["peak", "device", "3.00", "MiB", "4.00", "MiB", "75.0%"]
+    assert "high-water" not in text and "ABOVE LIMIT" not in text
+
+
+def test_zero_seconds_and_bytes_print_a_dash():
+    predicted = _record(0, 0, 10**9, 0, 10**9, (0.0, 0.1, 0.05), 0.0, (0, MiB))
+    measured = _record(0, 0, 10**9, 0, 10**9, (0.0, 0.2, 0.0), 0.3, (0, MiB))
+    text = report.run_report(predicted, measured, LIMITS)
+    # No disk movement, no time: no rate. Compute measured in no time: no achieved rate, no ratio.
+    assert _row(text, "disk")[-3:] == ["-", "-", "-"]
+    assert _row(text, "global<->device")[-5:] == ["5.000", "GB/s", "10.000", "GB/s", "50.0%"]
+    assert _row(text, "compute")[-4:] == ["-", "20.000", "GFLOP/s", "-"]
+    assert "measured/bound -" in text
+    assert _row(text, "peak global")[-1] == "-"
+
+
+def test_high_water_rows_marked_above_limit():
+    measured = dict(MEASURED, memory_high_water={"global": 40 * MiB, "device": 5 * MiB})
+    text = report.run_report(PREDICTED, measured, LIMITS)
+    assert _row(text, "high-water global") == ["high-water", "global", "40.00", "MiB", "64.00", "MiB", "62.5%"]
+    assert _row(text, "high-water device") == ["high-water", "device", "5.00", "MiB", "4.00", "MiB", "125.0%",
+                                               "ABOVE", "LIMIT"]
+    assert text.count("ABOVE LIMIT") == 1
+
+
+def test_plot_writes_a_png_and_nothing_else(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "run.png"
+    report.plot_run(PREDICTED, MEASURED, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["run.png"]
+
+
+def test_plot_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(ChainexecError, match="needs matplotlib"):
+        report.plot_run(PREDICTED, MEASURED, str(tmp_path / "run.png"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_plot_write_leaves_no_file(tmp_path):
+    class HalfWritten:
+        def savefig(self, path, format):
+            with open(path, "wb") as f:
+                f.write(b"\x89PNG")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        report._save(HalfWritten(), str(tmp_path / "run.png"))
+    assert list(tmp_path.iterdir()) == []
