@@ -1,10 +1,13 @@
-"""Check and time chainexec's generated COGENT kernels on the 48 TCCG contractions (needs a GPU).
+"""Check and time chainexec's generated kernels on the 48 TCCG contractions (needs a GPU).
 
 For each contraction and scale (1 = the sizes of ``shared/benchmarks/tccg.json``, 2 = every
-extent doubled) it picks the model's configuration for the current GPU, compiles it, checks the
-result against ``cupy.einsum`` on fresh random inputs (output poisoned with NaN first, so an
-unwritten element fails; relative Frobenius error), and times the kernel, ``cupy.einsum`` and,
-where importable, ``torch.einsum`` with CUDA events (median of repeats after a warm-up).
+extent doubled): the COGENT kernel of the model's configuration and the GETT tensor-core kernels
+of the GETT model's top three configurations are each checked against ``cupy.einsum`` on fresh
+random inputs (output poisoned with NaN first, so an unwritten element fails; relative Frobenius
+error; then the alpha/beta path) and timed beside TTGT, ``cupy.einsum`` and, where importable,
+``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events (median of repeats after a
+warm-up). ``chainexec`` is what the runtime's selector takes (the fastest of GETT, COGENT, TTGT and
+cupy.einsum); the measured cuBLAS DGEMM rate is recorded for scale.
 
 Layout: the index strings of tccg.json are used as given with **row-major** storage, i.e. the
 last letter of each string is the stride-1 index (the original TCCG strings are column-major).
@@ -15,6 +18,7 @@ Usage: ``PYTHONPATH=. python3 benchmarks/tccg_kernels.py --out results.json [--s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -26,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
+from chainexec.runtime.device import _ttgt_product
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,6 +82,60 @@ def environment() -> dict:
     return env
 
 
+def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float) -> list[dict]:
+    """The GETT model's top configurations for this case: each checked against ``ref`` (beta = 0
+    into a NaN-poisoned C, then alpha/beta) and timed with beta = 0."""
+    import cupy
+
+    from chainexec.planner import gett
+    from chainexec.runtime.kernels import GettTables, launch_gett
+
+    strides = tuple(dict(zip(idx, (s // x.itemsize for s in x.strides))) for idx, x in ((c, C), (a, A), (b, B)))
+    t = time.perf_counter()
+    probs = gett.variants(tuple(c), tuple(a), tuple(b), sizes, strides)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    cands = gett.candidates(probs, sms, top=3)
+    model_s = time.perf_counter() - t
+    tables = {o: GettTables(p, strides) for o, p in probs.items()}
+    rows = []
+    for order, cfg in cands:
+        prob = probs[order]
+        left, right = (B, A) if prob.swap else (A, B)
+        C[...] = cupy.nan
+        launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0)
+        err = rel_error(C, ref)
+        launch_gett(cfg, tables[order], C, left, right, 0.5, -2.0)
+        err_beta = rel_error(C, -1.5 * ref)
+        ms, reps = time_gpu(lambda: launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0), budget_s)
+        rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
+                     "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
+    return rows
+
+
+def cutensor_call(a, b, c, A, B, C):
+    """``C = A·B`` through cuTENSOR (``cupyx.cutensor``) as a callable, or None where libcutensor
+    is not installed."""
+    try:
+        from cupyx import cutensor
+
+        def call():
+            cutensor.contraction(1.0, A, tuple(a), B, tuple(b), 0.0, C, tuple(c))
+        call()
+        return call
+    except Exception:
+        return None
+
+
+def dgemm_gflops(n: int = 8192) -> float:
+    """Measured float64 GEMM rate of cuBLAS (``cupy.matmul``, n×n×n), GFLOP/s."""
+    import cupy
+
+    x = cupy.random.standard_normal((n, n))
+    y = cupy.random.standard_normal((n, n))
+    ms, _ = time_gpu(lambda: cupy.matmul(x, y), 2.0)
+    return 2 * n**3 / (ms * 1e-3) / 1e9
+
+
 def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -> dict:
     """Check and time one contraction at one scale; returns a JSON-ready row."""
     import cupy
@@ -97,14 +157,12 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
     A = rng.standard_normal([sizes[i] for i in a], dtype=dtype)
     B = rng.standard_normal([sizes[i] for i in b], dtype=dtype)
     C = cupy.full([sizes[i] for i in c], cupy.nan, dtype=dtype)
-    kernel(A, B, C)
     ref = cupy.einsum(f"{a},{b}->{c}", A, B)
+    kernel(A, B, C)
     err = rel_error(C, ref)
     # beta path: C <- 0.5 * A*B - 2 * C, compared with the same expression on the reference
     kernel(A, B, C, alpha=0.5, beta=-2.0)
-    ref *= -1.5
-    err_beta = rel_error(C, ref)
-    del ref
+    err_beta = rel_error(C, -1.5 * ref)
     cfg = kernel.config
     row = {"id": case["id"], "name": case["name"], "group": case["group"], "scale": scale,
            "sizes": sizes, "gflop": flops / 1e9, "dtype": dtype,
@@ -112,24 +170,44 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
            "config": {k: getattr(cfg, k) for k in ("x_operand", "tbx", "regx", "tby", "regy",
                                                   "tbk", "threads", "smem_bytes", "num_blocks",
                                                   "trans_total")}}
-    t, n = time_gpu(lambda: kernel(A, B, C), budget_s)
-    row["chainexec_ms"], row["chainexec_reps"] = t, n
-    t, n = time_gpu(lambda: cupy.einsum(f"{a},{b}->{c}", A, B), budget_s)
-    row["cupy_einsum_ms"], row["cupy_einsum_reps"] = t, n
+    times = {"cogent": time_gpu(lambda: kernel(A, B, C), budget_s)}
+    if dtype == "float64":
+        row["gett"] = gett_rows(c, a, b, sizes, A, B, C, ref, budget_s)
+        best = min(row["gett"], key=lambda r: r["ms"])
+        times["gett"] = (best["ms"], best["reps"])
+        row["rel_err"] = max([err] + [r["rel_err"] for r in row["gett"]])
+        row["rel_err_beta"] = max([err_beta] + [r["rel_err_beta"] for r in row["gett"]])
+    del ref
+    con = Contraction(id=0, out="C", out_indices=list(c), a="A", a_indices=list(a), b="B", b_indices=list(b),
+                      factor=1.0, accumulate=False, flops=flops, statement=0)
+    times["ttgt"] = time_gpu(lambda: _ttgt_product(cupy, con, A, B), budget_s)
+    times["cupy_einsum"] = time_gpu(lambda: cupy.einsum(f"{a},{b}->{c}", A, B), budget_s)
     cupy.get_default_memory_pool().free_all_blocks()
     if use_torch:
         import torch
 
         tA, tB = torch.from_dlpack(A), torch.from_dlpack(B)
-        t, n = time_gpu(lambda: torch.einsum(f"{a},{b}->{c}", tA, tB), budget_s)
-        row["torch_einsum_ms"], row["torch_einsum_reps"] = t, n
+        times["torch_einsum"] = time_gpu(lambda: torch.einsum(f"{a},{b}->{c}", tA, tB), budget_s)
         del tA, tB
         torch.cuda.empty_cache()
-    for key in ("chainexec", "cupy_einsum", "torch_einsum"):
+    cutensor = cutensor_call(a, b, c, A, B, C)
+    if cutensor is not None:
+        times["cutensor"] = time_gpu(cutensor, budget_s)
+    for key, (ms, reps) in times.items():
+        row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
+    # The runtime's selector (device.CupyBackend) picks the fastest of its methods: GETT, COGENT,
+    # TTGT and cupy.einsum; the libraries it is compared with are the others.
+    ours = {k: times[k][0] for k in ("gett", "cogent", "ttgt", "cupy_einsum") if k in times}
+    row["selector"] = min(ours, key=ours.get)
+    row["chainexec_ms"] = ours[row["selector"]]
+    row["generated_ms"] = min(times[k][0] for k in ("gett", "cogent") if k in times)
+    libs = {k: times[k][0] for k in ("cupy_einsum", "torch_einsum", "cutensor") if k in times}
+    row["best_library"] = min(libs, key=libs.get)
+    row["ratio_vs_best_library"] = libs[row["best_library"]] / row["chainexec_ms"]
+    row["generated_ratio_vs_best_library"] = libs[row["best_library"]] / row["generated_ms"]
+    for key in ("chainexec", "generated", "gett", "cogent", "ttgt", "cupy_einsum", "torch_einsum", "cutensor"):
         if f"{key}_ms" in row:
             row[f"{key}_gflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e9
-    del A, B, C
-    cupy.get_default_memory_pool().free_all_blocks()
     return row
 
 
@@ -151,14 +229,10 @@ def main(argv=None) -> int:
     cases = json.load(open(args.tccg))
     if args.ids:
         cases = [c for c in cases if c["id"] in args.ids]
-    use_torch = not args.no_torch
-    if use_torch:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            use_torch = False
+    use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     device = Device.from_cupy()
     result = {"environment": environment(), "device_model": asdict(device), "rows": [],
+              "dgemm_gflops": dgemm_gflops(),
               "layout": "row-major: the last letter of each index string is stride-1"}
     jobs = [(case, s) for s in args.scales for case in cases]
     t0 = time.perf_counter()
@@ -189,9 +263,12 @@ def main(argv=None) -> int:
                   flush=True)
         else:
             print(f"{row['id']:2d} x{s} {row['name']:18s} err={row['rel_err']:.1e}/"
-                  f"{row['rel_err_beta']:.1e} ours={row['chainexec_gflops']:7.0f} "
-                  f"cupy={row['cupy_einsum_gflops']:7.0f} "
-                  f"torch={row.get('torch_einsum_gflops', float('nan')):7.0f} GFLOP/s", flush=True)
+                  f"{row['rel_err_beta']:.1e} gett={row.get('gett_gflops', float('nan')):6.0f} "
+                  f"cogent={row['cogent_gflops']:6.0f} chainexec={row['chainexec_gflops']:6.0f} "
+                  f"({row['selector']}) cupy={row['cupy_einsum_gflops']:6.0f} "
+                  f"torch={row.get('torch_einsum_gflops', float('nan')):6.0f} "
+                  f"cutensor={row.get('cutensor_gflops', float('nan')):6.0f} GFLOP/s "
+                  f"x{row['ratio_vs_best_library']:.2f}", flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     tol = 1e-12 if args.dtype == "float64" else 1e-5
     bad = [r for r in result["rows"] if "skipped" not in r and (

@@ -7,32 +7,41 @@ it runs on a GPU.
 
 Views. The executor passes slices of larger buffers (a fused intermediate's buffer spans more tiles
 than one contraction works on), so ``out``, ``a`` and ``b`` may be non-contiguous. Both backends
-accept any strided view; contiguous copies are made only where a method needs them (the TTGT
-reshape of a permuted operand, the generated kernel's C-contiguous operands, a kernel result added
-into a non-contiguous ``out``). Such copies are transient workspace that the plan's device budget
-does not count.
+accept any strided view. On the GPU, GETT and the element-wise path work on the views directly
+and make no temporary arrays; ``ttgt``, ``einsum`` and the COGENT kernel make contiguous copies
+and product temporaries, transient workspace that the plan's device budget does not count
+(:meth:`Backend.pool_bytes` lets the executor report the allocator's high-water mark).
 
 Contraction methods on the GPU (:class:`CupyBackend`):
 
-* ``ttgt`` — transpose–transpose–GEMM–transpose: permute ``a`` to (batch, a-external, contracted)
-  and ``b`` to (batch, contracted, b-external), multiply with ``cupy.matmul`` (cuBLAS, FP64 tensor
-  cores on Hopper), add the product permuted to ``out``'s order. Works for every contraction.
+* element-wise — statements that sum over nothing (permuted copies, Hadamard and outer
+  products): one CuPy element-wise kernel ``y += f·x(·z)`` over broadcast views.
+* ``gett`` — the generated GETT kernel on FP64 tensor cores (:mod:`chainexec.planner.gett`):
+  gathers through offset tables, so any strided operands and batch indices; float64.
 * ``kernel`` — the generated COGENT kernel (:mod:`chainexec.runtime.kernels`) for the tile's
   extents, launched with ``alpha = factor, beta = 1`` straight into ``out`` when ``out`` is
   C-contiguous. Only for contractions without batch indices, in float32/float64.
+* ``ttgt`` — transpose–transpose–GEMM–transpose: permute ``a`` to (batch, a-external, contracted)
+  and ``b`` to (batch, contracted, b-external), multiply with ``cupy.matmul`` (cuBLAS, FP64 tensor
+  cores on Hopper), add the product permuted to ``out``'s order. Works for every contraction.
+* ``einsum`` — ``cupy.einsum`` itself, so the choice is never slower than it.
 
-``auto`` (the default) times both once per (contraction, tile shape, dtype) on the real operands —
-one untimed warm-up and the best of two CUDA-event-timed runs each, into scratch outputs — and
-keeps the faster for the rest of the process (:attr:`CupyBackend.choices`). The environment
-variable ``CHAINEXEC_GPU_METHOD`` (``auto``, ``kernel`` or ``ttgt``) forces a method for
-benchmarks; ``kernel`` falls back to ``ttgt`` where no kernel applies.
+``auto`` (the default) is the autotuner: the GETT cost model ranks its configurations and the top
+:data:`TUNE_TOP` are timed beside the other methods once per (contraction, shapes, strides,
+dtype) on the real operands — one untimed warm-up and the best of two CUDA-event-timed runs each —
+and the fastest is kept for the process (:attr:`CupyBackend.choices`) and across processes
+(:class:`TuningCache`). The environment variable ``CHAINEXEC_GPU_METHOD`` (one of
+:data:`METHODS`) forces a method for benchmarks; a method that does not apply falls back to
+``ttgt``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -41,7 +50,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.runtime.comm import local_rank
 
-METHODS = ("auto", "kernel", "ttgt")
+METHODS = ("auto", "gett", "kernel", "ttgt", "einsum")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts."""
 TIMED_RUNS = 2
 """CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
@@ -118,6 +127,11 @@ class Backend:
         """A device array as a host NumPy array (here: the same array)."""
         return array
 
+    def pool_bytes(self) -> int | None:
+        """Bytes the device allocator holds now, scratch included (None: no separate device
+        memory to watch, as with NumPy)."""
+        return None
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).
 
@@ -129,12 +143,76 @@ class Backend:
             out += _ttgt_product(np, c, a, b)
 
 
+TUNE_TOP = 3
+"""GETT configurations the model ranks best that the one-time autotune times."""
+GETT_MIN_OUTPUT = 4096
+"""Output elements below which GETT is not tried: a GEMM-shaped kernel needs output tiles to
+spread over the SMs (a dot product or a tiny output is a reduction, better left to cuBLAS)."""
+
+
+def _elementwise(xp, c: Contraction, out, a, b) -> None:
+    """``out += factor · a (· b)`` for statements that sum over nothing (copies, Hadamard and
+    outer products): one element-wise kernel over broadcast views of the operands in ``out``'s
+    index order, so no temporary array is made."""
+    def spread(arr, idx):
+        view = arr.transpose([idx.index(i) for i in c.out_indices if i in idx])
+        return view[tuple(slice(None) if i in idx else None for i in c.out_indices)]
+
+    if b is None:
+        _axpy(xp)(spread(a, c.a_indices), c.factor, out)
+    else:
+        _axpby(xp)(spread(a, c.a_indices), spread(b, c.b_indices), c.factor, out)
+
+
+@lru_cache(maxsize=None)
+def _axpy(xp):
+    return xp.ElementwiseKernel("T x, T f", "T y", "y += f * x", "chainexec_axpy")
+
+
+@lru_cache(maxsize=None)
+def _axpby(xp):
+    return xp.ElementwiseKernel("T x, T z, T f", "T y", "y += f * x * z", "chainexec_axpby")
+
+
+TUNE_BYTES = 64 << 20
+"""Output bytes above which the autotuner times a probe instead of the whole contraction."""
+
+
+def _probe(c: Contraction, out, a, b) -> tuple:
+    """Views of ``out``, ``a`` and ``b`` cut along ``out``'s slowest indices (the same index in
+    the inputs) until the output is at most :data:`TUNE_BYTES`: the strides, and so the
+    memory-access pattern every method sees, stay those of the real operands, at a fraction of
+    the cost of timing six methods on a multi-GiB tile. A cut index keeps at least 2 elements."""
+    order = sorted(range(out.ndim), key=lambda d: -out.strides[d])
+    views = [out, a, b]
+    for d in order:
+        if views[0].nbytes <= TUNE_BYTES:
+            break
+        name, n = c.out_indices[d], views[0].shape[d]
+        keep = max(2, n * TUNE_BYTES // views[0].nbytes)
+        for v, idx in enumerate((c.out_indices, c.a_indices, c.b_indices)):
+            if name in idx and keep < n:
+                cut = [slice(None)] * views[v].ndim
+                cut[idx.index(name)] = slice(0, keep)
+                views[v] = views[v][tuple(cut)]
+    return tuple(views)
+
+
+def _summed(c: Contraction) -> bool:
+    """Whether a binary statement sums over at least one index (else it is element-wise)."""
+    return any(i in c.b_indices and i not in c.out_indices for i in c.a_indices)
+
+
+def _strides(arr) -> tuple[int, ...]:
+    return tuple(s // arr.itemsize for s in arr.strides)
+
+
 @dataclass
 class Choice:
-    """How :class:`CupyBackend` contracts one (contraction, tile shape, dtype): ``method`` is
-    ``kernel`` or ``ttgt``; ``seconds`` the best timed run of each method compared (empty when
-    the method was forced or only TTGT applies); ``config`` the kernel's COGENT configuration
-    (tiles per index), when a kernel was built."""
+    """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
+    is ``gett``, ``kernel``, ``ttgt`` or ``einsum``; ``seconds`` the best timed run of every
+    candidate compared (empty when the method was forced or only one applies); ``config`` the
+    GETT order and configuration (:class:`~chainexec.planner.gett.GettConfig` fields), else None."""
 
     method: str
     seconds: dict = field(default_factory=dict)
@@ -144,12 +222,10 @@ class Choice:
 class CupyBackend(Backend):
     """CuPy on the rank's GPU: buffers from CuPy's memory pool, device→host copies into pinned
     (page-locked) memory from CuPy's pinned pool, host→device DMA straight from pinned inputs,
-    contractions by the faster of the generated
-    kernel and TTGT (see the module docstring).
+    contractions by the fastest of the candidate methods (see the module docstring).
 
     Everything runs on the current (default) stream; ``contract`` synchronizes before it returns,
-    so the executor's per-level seconds are the device's time, not just launch time. Transfers and
-    compute therefore do not overlap yet."""
+    so the executor's per-level seconds are the device's time, not just launch time."""
 
     name = "cupy"
 
@@ -161,6 +237,8 @@ class CupyBackend(Backend):
         self.method = method
         self.choices: dict[tuple, Choice] = {}
         self._kernels: dict[tuple, object] = {}
+        self._gett: dict[tuple, tuple] = {}
+        self.tuning = TuningCache(cupy)
 
     def from_host(self, host: np.ndarray):
         """``host`` copied to a new device array. A page-locked (pinned) ``host`` is DMA'd
@@ -193,10 +271,14 @@ class CupyBackend(Backend):
         (array if array.flags.c_contiguous else array.copy()).get(out=host)
         return host
 
+    def pool_bytes(self) -> int:
+        """Bytes CuPy's device memory pool holds now (live arrays and cached free blocks)."""
+        return int(self.xp.get_default_memory_pool().total_bytes())
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`."""
-        if b is None:
-            out += c.factor * _permuted(c, a)
+        if b is None or not _summed(c):
+            _elementwise(self.xp, c, out, a, b)
         else:
             self._run(self._choose(c, out, a, b), c, out, a, b)
         self.xp.cuda.get_current_stream().synchronize()
@@ -204,7 +286,7 @@ class CupyBackend(Backend):
     # -- method choice ---------------------------------------------------------------------
 
     def _kernel(self, c: Contraction, sizes: dict, dtype):
-        """The generated kernel for this contraction and tile extents, or None where no kernel
+        """The generated COGENT kernel for this contraction and tile extents, or None where none
         applies (batch index, a 0-d tensor, dtype, extents, no surviving configuration)."""
         key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
                str(dtype))
@@ -216,58 +298,176 @@ class CupyBackend(Backend):
                     and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
                 try:
                     kern = kernels.get_kernel(c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype))
-                except ValueError:  # batch index or no configuration survives: TTGT only
+                except ValueError:  # batch index or no configuration survives
                     kern = None
             self._kernels[key] = kern
         return self._kernels[key]
 
-    def _choose(self, c: Contraction, out, a, b) -> str:
-        """The method for this (contraction, shapes, dtype), decided once and cached."""
-        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, str(out.dtype))
+    def _problem(self, c: Contraction, out, a, b):
+        """GETT problems by order with their device tables, and the model's ranked
+        (order, configuration) candidates for these operands (float64 only), cached by shapes
+        and strides; None where GETT does not apply."""
+        if out.dtype != np.float64 or out.size < GETT_MIN_OUTPUT:
+            return None
+        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
+               _strides(out), _strides(a), _strides(b))
+        if key not in self._gett:
+            from chainexec.planner import gett
+            from chainexec.runtime import kernels
+
+            strides = tuple(dict(zip(idx, _strides(x))) for idx, x in
+                            ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+            probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices),
+                                  _sizes(c, a, b), strides)
+            sms = self.xp.cuda.Device().attributes["MultiProcessorCount"]
+            self._gett[key] = ({o: (p, kernels.GettTables(p, strides)) for o, p in probs.items()},
+                               gett.candidates(probs, sms, TUNE_TOP))
+        return self._gett[key]
+
+    def _candidates(self, c: Contraction, out, a, b) -> dict:
+        """Method name -> configuration (plain data, or None), for every method that applies:
+        ``gett:<order>:<config>`` for the model's top GETT candidates, ``kernel`` (COGENT),
+        ``ttgt`` and ``einsum``."""
+        cands = {}
+        gp = self._problem(c, out, a, b)
+        if gp is not None:
+            for order, cfg in gp[1]:
+                cands[f"gett:{order}:{cfg.name()}"] = {"order": order, **asdict(cfg)}
+        if self._kernel(c, _sizes(c, a, b), out.dtype) is not None:
+            cands["kernel"] = None
+        cands["ttgt"] = None
+        cands["einsum"] = None
+        return cands
+
+    def _choose(self, c: Contraction, out, a, b) -> tuple:
+        """(method, GETT config or None) for these operands, decided once: forced by
+        ``CHAINEXEC_GPU_METHOD``, else read from the tuning cache, else timed (the model
+        proposes the GETT configurations; the fastest candidate wins) and recorded. Large
+        operands are timed on a probe (:func:`_probe`): the same strides over fewer elements."""
+        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
+               _strides(out), _strides(a), _strides(b), str(out.dtype))
         choice = self.choices.get(key)
         if choice is None:
-            kern = None if self.method == "ttgt" else self._kernel(c, _sizes(c, a, b), out.dtype)
-            config = None if kern is None else dict(kern.config.tiles)
-            if kern is None:
-                choice = Choice("ttgt")
-            elif self.method == "kernel":
-                choice = Choice("kernel", config=config)
+            cands = self._candidates(c, out, a, b)
+            if self.method != "auto":
+                forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
+                choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:
-                seconds = {m: self._time(m, c, out, a, b) for m in ("kernel", "ttgt")}
-                choice = Choice(min(seconds, key=seconds.get), seconds, config)
+                choice = self.tuning.get(key)
+                if choice is None:
+                    po, pa, pb = _probe(c, out, a, b)
+                    cands = self._candidates(c, po, pa, pb)
+                    seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
+                    best = min(seconds, key=seconds.get)
+                    choice = Choice(best.split(":")[0], seconds, cands[best])
+                    self.tuning.put(key, choice)
             self.choices[key] = choice
-        return choice.method
+        return choice.method, choice.config
 
-    def _time(self, method: str, c: Contraction, out, a, b) -> float:
-        """Seconds of one contraction by ``method`` into a scratch output (best of
-        :data:`TIMED_RUNS` after one warm-up), timed with CUDA events."""
+    def _time(self, how: tuple, c: Contraction, out, a, b) -> float:
+        """Seconds of one contraction by ``how = (method, config)`` (best of :data:`TIMED_RUNS`
+        after one warm-up, CUDA events). GETT runs in place with ``alpha = 0, beta = 1`` (its cost
+        does not depend on alpha, and ``out`` keeps its strides, which the kernel's speed depends
+        on; a finite result is unchanged); the others write a scratch output."""
         cp = self.xp
-        scratch = cp.zeros(out.shape, out.dtype)
-        self._run(method, c, scratch, a, b)
+        if how[0] == "gett":
+            def run():
+                self._gett_call(how[1], c, out, a, b, alpha=0.0)
+        else:
+            scratch = cp.zeros(out.shape, out.dtype)
+
+            def run():
+                self._run(how, c, scratch, a, b)
+        try:
+            run()
+        except Exception:  # a candidate that cannot launch here (resources) is not chosen
+            return math.inf
         start, end = cp.cuda.Event(), cp.cuda.Event()
         best = math.inf
         for _ in range(TIMED_RUNS):
             start.record()
-            self._run(method, c, scratch, a, b)
+            run()
             end.record()
             end.synchronize()
             best = min(best, cp.cuda.get_elapsed_time(start, end) / 1e3)
         return best
 
-    def _run(self, method: str, c: Contraction, out, a, b) -> None:
-        """``out += factor · a·b`` by ``method``. The kernel needs C-contiguous operands (copied
-        when they are views); it accumulates in place (beta = 1) into a C-contiguous ``out``,
-        otherwise into a temporary that is then added to the view."""
+    def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float) -> None:
+        """The GETT kernel of ``config`` (its ``order`` and :class:`GettConfig` fields)."""
+        from chainexec.planner.gett import GettConfig
+        from chainexec.runtime import kernels
+
+        fields = dict(config)
+        order = fields.pop("order")
+        probs, cands = self._problem(c, out, a, b)
+        order = order if order in probs else next(iter(probs))
+        prob, tables = probs[order]
+        cfg = GettConfig(**fields)
+        if (cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast):
+            # chosen on a probe whose cut made another load direction win: the model's best here
+            cfg = next(x for o, x in cands if o == order)
+        left, right = (b, a) if prob.swap else (a, b)
+        kernels.launch_gett(cfg, tables, out, left, right, alpha, 1.0)
+
+    def _run(self, how: tuple, c: Contraction, out, a, b) -> None:
+        """``out += factor · a·b`` by ``how = (method, config)``. The COGENT kernel needs
+        C-contiguous operands (copied when they are views) and accumulates in place into a
+        C-contiguous ``out``, otherwise into a temporary then added; GETT takes any views."""
         cp = self.xp
-        if method == "ttgt":
+        method, config = how
+        if method == "gett":
+            self._gett_call(config, c, out, a, b, c.factor)
+        elif method == "ttgt":
             out += _ttgt_product(cp, c, a, b)
-            return
-        kern = self._kernel(c, _sizes(c, a, b), out.dtype)
-        left, right = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
-        if out.flags.c_contiguous:
-            kern(left, right, out, alpha=c.factor, beta=1.0)
+        elif method == "einsum":
+            sub = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.a_indices + c.b_indices))}
+            spec = "{},{}->{}".format(*("".join(sub[i] for i in idx) for idx in (c.a_indices, c.b_indices,
+                                                                                  c.out_indices)))
+            product = cp.einsum(spec, a, b)
+            out += product if c.factor == 1.0 else c.factor * product
         else:
-            out += kern(left, right, None, alpha=c.factor)
+            kern = self._kernel(c, _sizes(c, a, b), out.dtype)
+            left, right = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
+            if out.flags.c_contiguous:
+                kern(left, right, out, alpha=c.factor, beta=1.0)
+            else:
+                out += kern(left, right, None, alpha=c.factor)
+
+
+class TuningCache:
+    """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning.json``: key =
+    device name and (contraction, shapes, strides, dtype), value = the :class:`Choice`. Written
+    atomically (temporary file, then rename) after each new decision, merged with what other
+    processes wrote meanwhile."""
+
+    def __init__(self, cupy):
+        from chainexec.runtime.kernels import cache_dir
+
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        self.device = name.decode() if isinstance(name, bytes) else str(name)
+        self.path = cache_dir() / "tuning.json"
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _key(self, key: tuple) -> str:
+        return json.dumps([self.device, *key])
+
+    def get(self, key: tuple) -> Choice | None:
+        entry = self._read().get(self._key(key))
+        return None if entry is None else Choice(**entry)
+
+    def put(self, key: tuple, choice: Choice) -> None:
+        data = self._read()
+        data[self._key(key)] = asdict(choice)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self.path)
 
 
 def select(name: str = "auto", comm=None) -> Backend:

@@ -155,3 +155,58 @@ def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = N
     name, source = generate(c, a, b, sizes, dtype, config)
     return ContractionKernel(config=config, name=name, source=source,
                              params=kernel_params(c, a, b), function=load_function(name, source))
+
+
+def gett_function(cfg):
+    """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.planner.gett`) on the current device,
+    opted into the dynamic shared memory it needs (beyond the 48 KiB default)."""
+    from ..planner import gett
+
+    fn = load_function(cfg.name(), gett.source(cfg))
+    if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes():
+        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+    return fn
+
+
+class GettTables:
+    """The offset tables of one (contraction, shapes, strides) on the device, in one buffer.
+
+    Built once and reused for every tile of the same shape; ``views`` are the nine table
+    pointers in the kernel's argument order."""
+
+    def __init__(self, problem, strides):
+        import cupy
+        import numpy as np
+
+        from ..planner import gett
+
+        host = gett.tables(problem, strides)
+        flat = np.concatenate([host[t] for t in gett.TABLE_ORDER])
+        self.buffer = cupy.asarray(flat)
+        cuts = np.cumsum([0] + [host[t].size for t in gett.TABLE_ORDER])
+        self.views = tuple(self.buffer[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
+        self.dims = problem.dims
+
+
+MAX_GRID_Y = 65535
+"""CUDA's limit on gridDim.y (the batch dimension of a GETT launch)."""
+
+
+def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> None:
+    """``C = alpha·A·B + beta·C`` over the tables' index groups, for CuPy float64 arrays or
+    views (the tables already hold their strides; A and B as the tables were built, i.e.
+    swapped by the caller when the problem says so). Batches beyond gridDim.y's limit go in
+    several launches."""
+    import numpy as np
+
+    fn = gett_function(cfg)
+    M, N, K, L = tables.dims
+    tiles_n = -(-N // cfg.bn)
+    blocks = -(-M // cfg.bm) * tiles_n
+    am, ak, al, bk, bn, bl, cm, cn, cl = tables.views
+    for l0 in range(0, L, MAX_GRID_Y):
+        l1 = min(L, l0 + MAX_GRID_Y)
+        fn((blocks, l1 - l0), (cfg.threads,),
+           (C, A, B, am, ak, al[l0:l1], bk, bn, bl[l0:l1], cm, cn, cl[l0:l1],
+            np.int64(M), np.int64(N), np.int64(K), np.int64(tiles_n), np.float64(alpha), np.float64(beta)),
+           shared_mem=cfg.smem_bytes())

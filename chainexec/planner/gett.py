@@ -1,0 +1,509 @@
+"""GETT kernels on FP64 tensor cores: any binary contraction as one GEMM over index groups.
+
+Beyond COGENT (``papers/cogent-gpu-tensor-contraction-codegen.txt``), whose kernels use FP64 FMA
+units only, this generator targets the FP64 tensor cores of sm_80 and newer (``mma.sync ...
+m8n8k4 ... f64``; on sm_90 also ``m16n8k4``) with asynchronous global→shared copies
+(``cp.async``) in a multi-stage pipeline.
+
+The contraction ``C[c] (+)= alpha * sum A[a]*B[b]`` is the GEMM-like tensor-tensor product
+(GETT) of Springer & Bientinesi, the idea the strided-batched-GEMM paper
+(``papers/strided-batched-gemm-tensor-contractions.txt``, Section 2) generalizes: its indices fall
+into four groups -- batch ``L`` (in all three tensors), ``M`` (A and C), ``N`` (B and C) and
+``K`` (A and B, summed). Flattening each group turns every tensor access into a sum of two
+offsets: ``A[m,k] = A[offAm[m] + offAk[k]]``, ``B[k,n] = B[offBk[k] + offBn[n]]``,
+``C[m,n] = C[offCm[m] + offCn[n]]`` (plus ``off?l[l]`` per batch), where each table is the dot
+product of a group's multi-index with the tensor's strides. The kernel is then an ordinary tiled
+GEMM that gathers through the tables: no transposed copies of inputs or outputs, and any strided
+view (a tile of a larger buffer) works as is. Only the tile shape and two coalescing choices are
+compiled in (:class:`GettConfig`); the index structure lives in the tables, so one compiled
+kernel serves every contraction.
+
+Coalescing: the operand holding C's fastest-varying index (smallest stride) plays ``B``, so the
+stores run along ``n``; each group is ordered so its last index is the stride-1 index of the
+operand that loads it; a tile is loaded in whichever direction (along ``m``/``n`` or along ``k``)
+holds the operand's stride-1 index (``a_k_fast``, ``b_n_fast``), and shared memory is laid out
+in the same direction with a pitch of 4 mod 16 doubles, which makes both the cp.async stores and
+the tensor-core fragment reads free of bank conflicts.
+
+Pure Python (NumPy for the tables): the runtime compiles and launches
+(:mod:`chainexec.runtime.kernels`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MMA_SHAPES = {"m8n8k4": (8, 4), "m16n8k4": (16, 4), "m16n8k8": (16, 8)}
+"""FP64 MMA shapes -> (rows, k per instruction); the m16 shapes need sm_90."""
+_FRAGMENTS = {
+    # (A elements as (row, k) offsets from (lane>>2, lane&3), B elements as k offsets from lane&3)
+    "m8n8k4": (((0, 0),), (0,)),
+    "m16n8k4": (((0, 0), (8, 0)), (0,)),
+    "m16n8k8": (((0, 0), (8, 0), (0, 4), (8, 4)), (0, 4)),
+}
+"""Fragment layouts of the PTX ISA's FP64 ``mma`` shapes: lane ``l`` holds A at row
+``l>>2 + r`` and column ``l&3 + k``, B at row ``l&3 + k`` and column ``l>>2``, and C at row
+``l>>2`` (``+8`` for the second pair of the m16 shapes) and columns ``2(l&3) + {0, 1}``."""
+SMEM_LIMIT = 227 * 1024
+"""Dynamic shared memory one block may opt into on sm_90 (bytes)."""
+ELEM = 8
+"""Bytes per float64 element (the only type of these kernels)."""
+
+
+@dataclass(frozen=True)
+class GettConfig:
+    """Compiled-in shape of one kernel.
+
+    ``warps_m × warps_n`` warps per block, each computing ``mma_m × mma_n`` MMA tiles of
+    ``rows × 8`` (``mma`` one of :data:`MMA_SHAPES`), so the block tile is ``bm × bn`` with
+    ``bk`` summed per stage;
+    ``stages`` shared-memory buffers in flight (cp.async pipeline depth). ``a_k_fast``: A's tile
+    is loaded along k (A's stride-1 index is summed), else along m; ``b_n_fast``: B's along n,
+    else along k."""
+
+    warps_m: int
+    warps_n: int
+    mma_m: int
+    mma_n: int
+    bk: int
+    stages: int
+    mma: str
+    a_k_fast: bool
+    b_n_fast: bool
+
+    @property
+    def rows(self) -> int:
+        return MMA_SHAPES[self.mma][0]
+
+    @property
+    def kstep(self) -> int:
+        return MMA_SHAPES[self.mma][1]
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def bm(self) -> int:
+        return self.warps_m * self.mma_m * self.rows
+
+    @property
+    def bn(self) -> int:
+        return self.warps_n * self.mma_n * 8
+
+    def pitches(self) -> tuple[int, int]:
+        """Shared-memory row pitch (elements) of the A and B tiles: the loaded direction's length
+        plus 4, i.e. 4 mod 16 doubles, so 4 rows of a fragment read fall into distinct banks."""
+        return (self.bk if self.a_k_fast else self.bm) + 4, (self.bn if self.b_n_fast else self.bk) + 4
+
+    def stage_elems(self) -> tuple[int, int]:
+        """Elements of one stage of the A and B tiles in shared memory."""
+        pa, pb = self.pitches()
+        return (self.bm if self.a_k_fast else self.bk) * pa, (self.bk if self.b_n_fast else self.bn) * pb
+
+    def smem_bytes(self) -> int:
+        return self.stages * sum(self.stage_elems()) * ELEM
+
+    def valid(self) -> bool:
+        """Whether the cooperative loads divide evenly and the shared memory fits sm_90."""
+        t = self.threads
+        a_run = self.bk if self.a_k_fast else self.bm
+        b_run = self.bn if self.b_n_fast else self.bk
+        # 512 threads leave 128 registers each: too few for m16n8k8's larger fragments (spills)
+        return (self.mma in MMA_SHAPES and not (t > 256 and self.kstep == 8) and t % a_run == 0 and t % b_run == 0
+                and (self.bm * self.bk) % t == 0 and (self.bn * self.bk) % t == 0
+                and self.bk % self.kstep == 0 and self.smem_bytes() <= SMEM_LIMIT)
+
+    def name(self) -> str:
+        return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
+                f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}")
+
+
+TILES = ((2, 2, 4, 4, 16), (2, 2, 4, 4, 8), (2, 4, 4, 4, 16), (4, 2, 4, 4, 16), (2, 2, 8, 4, 16),
+         (2, 2, 2, 8, 16), (4, 4, 4, 4, 16), (2, 2, 4, 4, 32))
+"""Candidate (warps_m, warps_n, mma_m, mma_n, bk) in units of 8-row MMA tiles: 64×64 to 128×128
+block tiles; bk 8 for short sums, 32 for long ones."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One contraction on concrete strided operands, flattened to GETT form.
+
+    ``swap``: the caller's A and B were exchanged (B must hold C's stride-1 index). ``m, n, k, l``
+    are the index names of each group in table order (last = fastest), ``sizes`` their extents.
+    ``runs``: elements contiguous in memory along the direction C is stored and A and B are
+    loaded (for the cost model). Tables are int64 element offsets, built by :func:`tables`."""
+
+    m: tuple[str, ...]
+    n: tuple[str, ...]
+    k: tuple[str, ...]
+    l: tuple[str, ...]
+    sizes: dict
+    swap: bool
+    a_k_fast: bool
+    b_n_fast: bool
+    runs: tuple[int, int, int]
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        """Flattened (M, N, K, L) extents."""
+        return tuple(math.prod(self.sizes[i] for i in g) for g in (self.m, self.n, self.k, self.l))
+
+    def flops(self) -> int:
+        return 2 * math.prod(self.dims)
+
+
+def _fastest(strides: dict, group) -> str | None:
+    """The index of ``group`` with the smallest stride (extent-1 indices included last)."""
+    return min(group, key=lambda i: strides[i]) if group else None
+
+
+def _ordered(group, strides: dict) -> tuple[str, ...]:
+    """``group`` by decreasing stride in one tensor: the last index is that tensor's fastest."""
+    return tuple(sorted(group, key=lambda i: -strides[i]))
+
+
+ORDERS = ("load", "store")
+"""How a problem orders its M and N groups: ``load`` puts each operand's stride-1 index last
+(coalesced loads), ``store`` follows C's strides (coalesced stores). Which wins depends on how
+often the operands are re-read against how much C is written, so both are offered to the
+autotuner (:func:`variants`)."""
+
+
+def _run(strides: dict, group, sizes: dict) -> int:
+    """Elements contiguous in memory along the last index of ``group`` (1 unless stride 1)."""
+    if not group or strides[group[-1]] != 1:
+        return 1
+    return sizes[group[-1]]
+
+
+def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict],
+            order: str = "load") -> Problem:
+    """Flatten ``C[c] = sum A[a] B[b]`` for operands with ``strides`` (elements per index, one
+    dict per tensor C, A, B), the M and N groups in ``order`` (:data:`ORDERS`). Each operand
+    is loaded along whichever of its two groups has the smaller stride at its last index.
+    Raises ValueError for an index in one tensor only or repeated in one tensor."""
+    for name, idx in (("C", c), ("A", a), ("B", b)):
+        if len(set(idx)) != len(idx):
+            raise ValueError(f"repeated index in {name}[{','.join(idx)}]")
+    for i in set(c) | set(a) | set(b):
+        if (i in c) + (i in a) + (i in b) < 2:
+            raise ValueError(f"index {i!r} appears in one tensor only")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}")
+    sc, sa, sb = strides
+    ext = [i for i in c if sizes[i] > 1] or list(c)
+    fvi = _fastest(sc, [i for i in ext if not (i in a and i in b)])
+    swap = fvi is not None and fvi in a
+    if swap:
+        a, b, sa, sb = b, a, sb, sa
+    lg = [i for i in c if i in a and i in b]
+    mg = [i for i in c if i in a and i not in b]
+    ng = [i for i in c if i in b and i not in a]
+    kg = [i for i in a if i in b and i not in c]
+    a_fast = _fastest(sa, [i for i in mg + kg if sizes[i] > 1] or mg + kg)
+    k = _ordered(kg, sa if a_fast in kg else sb)
+    m = _ordered(mg, sc if order == "store" or a_fast in kg else sa)
+    b_fast = _fastest(sb, [i for i in ng + kg if sizes[i] > 1] or ng + kg)
+    n = _ordered(ng, sc if order == "store" or b_fast in kg else sb)
+
+    def last(strides_, group):
+        return strides_[group[-1]] if group else math.inf
+
+    a_k_fast = last(sa, k) < last(sa, m)
+    b_n_fast = last(sb, n) <= last(sb, k)
+    return Problem(m=m, n=n, k=k, l=tuple(lg), sizes=dict(sizes), swap=swap, a_k_fast=a_k_fast,
+                   b_n_fast=b_n_fast, runs=(_run(sc, n, sizes), _run(sa, k if a_k_fast else m, sizes),
+                                            _run(sb, n if b_n_fast else k, sizes)))
+
+
+def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict]) -> dict[str, Problem]:
+    """Order -> problem for the distinct problems of :data:`ORDERS` (one or two)."""
+    out: dict[str, Problem] = {}
+    for order in ORDERS:
+        p = problem(c, a, b, sizes, strides, order)
+        if p not in out.values():
+            out[order] = p
+    return out
+
+
+def _table(group, sizes: dict, strides: dict) -> np.ndarray:
+    """Element offset of every multi-index of ``group`` (row-major over the group, int64)."""
+    off = np.zeros(1, dtype=np.int64)
+    for i in group:
+        off = (off[:, None] + np.arange(sizes[i], dtype=np.int64) * strides[i]).ravel()
+    return off
+
+
+def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray]:
+    """The nine offset tables of ``p`` for the caller's (C, A, B) ``strides``: keys
+    ``am ak al bk bn bl cm cn cl`` (A and B as in the kernel, i.e. after ``p.swap``)."""
+    sc, sa, sb = strides
+    if p.swap:
+        sa, sb = sb, sa
+    return {"am": _table(p.m, p.sizes, sa), "ak": _table(p.k, p.sizes, sa), "al": _table(p.l, p.sizes, sa),
+            "bk": _table(p.k, p.sizes, sb), "bn": _table(p.n, p.sizes, sb), "bl": _table(p.l, p.sizes, sb),
+            "cm": _table(p.m, p.sizes, sc), "cn": _table(p.n, p.sizes, sc), "cl": _table(p.l, p.sizes, sc)}
+
+
+TABLE_ORDER = ("am", "ak", "al", "bk", "bn", "bl", "cm", "cn", "cl")
+"""Order of the table pointers in the kernel's signature."""
+
+
+def configs(p: Problem, stages: int = 3) -> list[GettConfig]:
+    """Every valid configuration of :data:`TILES` × :data:`MMA_SHAPES` for ``p``'s load
+    directions."""
+    out = []
+    for (wm, wn, mm, mn, bk), shape in itertools.product(TILES, MMA_SHAPES):
+        rows = MMA_SHAPES[shape][0]
+        if mm * 8 % rows == 0:
+            cfg = GettConfig(wm, wn, mm * 8 // rows, mn, bk, stages, shape, p.a_k_fast, p.b_n_fast)
+            if cfg.valid():
+                out.append(cfg)
+    return out
+
+
+def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3) -> list[tuple[str, GettConfig]]:
+    """The ``top`` (order, configuration) pairs the model ranks best among ``problems``
+    (:func:`variants`), the best of every order among them: the autotuner times these."""
+    ranked = sorted(((predicted_seconds(p, cfg, sm_count), order, cfg.name(), cfg)
+                     for order, p in problems.items() for cfg in configs(p)), key=lambda x: x[:3])
+    firsts = [next(x for x in ranked if x[1] == order) for order in problems]
+    rest = [x for x in ranked if x not in firsts]
+    return [(x[1], x[3]) for x in sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])]
+
+
+SECTOR = 32
+"""Bytes of one DRAM/L2 sector: a run of fewer contiguous bytes still moves a whole sector."""
+
+
+def _amplification(run: int, along: int) -> float:
+    """Bytes moved per useful byte for accesses whose contiguous run is ``run`` elements, of which
+    ``along`` consecutive ones are touched together."""
+    return max(1.0, SECTOR / (ELEM * min(run, along)))
+
+
+PEAK_FLOPS = 60e12
+"""FP64 tensor-core rate the model assumes (flop/s; H100 SXM peak is 67 TFLOP/s)."""
+DRAM_BYTES = 3.0e12
+"""DRAM bandwidth the model assumes (bytes/s; H100 SXM HBM3, measured ~3 TB/s)."""
+
+
+def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int) -> float:
+    """Roofline estimate that ranks configurations (the model proposes, timing decides):
+    padded flops over the peak, scaled by the wave quantization of blocks over SMs, against
+    DRAM traffic (each A tile read once per block column, each B tile once per block row, C
+    read and written once), each stream inflated by the sectors its access pattern wastes (C
+    is stored 8 consecutive n at a time)."""
+    M, N, K, L = p.dims
+    tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
+    blocks = tm * tn * L
+    slots = sm_count * max(1, min(SMEM_LIMIT // cfg.smem_bytes(), 2048 // cfg.threads))
+    waves = -(-blocks // slots)
+    flops = 2.0 * tm * cfg.bm * tn * cfg.bn * tk * cfg.bk * L
+    compute = flops / PEAK_FLOPS * (waves * slots / blocks)
+    run_c, run_a, run_b = p.runs
+    amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
+    amp_b = _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk)
+    traffic = ELEM * L * (M * K * tn * amp_a + K * N * tm * amp_b + 2 * M * N * _amplification(run_c, 8))
+    return max(compute, traffic / DRAM_BYTES)
+
+
+def _cp_async(dst: str, src: str, ok: str) -> str:
+    return (f'asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\\n" :: '
+            f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"(({ok}) ? 8 : 0));')
+
+
+def _load(cfg: GettConfig, side: str) -> list[str]:
+    """Per-stage cooperative cp.async of one operand tile (zero-filled outside the tensor).
+    The thread's rows/columns along the non-loaded direction are fixed for the whole kernel,
+    so their offsets sit in registers (``o<side>[r]``); the loaded direction's offsets are
+    read per stage from the tables."""
+    if side == "A":
+        run = cfg.bk if cfg.a_k_fast else cfg.bm
+        fast = "k" if cfg.a_k_fast else "m"
+    else:
+        run = cfg.bn if cfg.b_n_fast else cfg.bk
+        fast = "n" if cfg.b_n_fast else "k"
+    t = cfg.threads
+    step = t // run
+    count = (cfg.bm if side == "A" else cfg.bn) * cfg.bk // t
+    pitch = cfg.pitches()[0 if side == "A" else 1]
+    lo = side.lower()
+    lines = [f"    {{ // {side} tile: threads along {fast}"]
+    if fast == "k":
+        # The k offset is shared by the thread's rows; rows are the fixed direction.
+        lines += [f"      const long long kk = k0 + {lo}_fast;",
+                  "      const bool okk = kk < K;",
+                  f"      const long long ok_ = okk ? off{lo}k[kk] : 0;",
+                  "      #pragma unroll",
+                  f"      for (int r = 0; r < {count}; ++r)",
+                  "        " + _cp_async(f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]",
+                                         f"{side} + o{side}[r] + ok_", f"okk && v{side}[r]")]
+    else:
+        lines += ["      #pragma unroll",
+                  f"      for (int r = 0; r < {count}; ++r) {{",
+                  f"        const long long kk = k0 + {lo}_slow + r * {step};",
+                  "        const bool okk = kk < K;",
+                  f"        const long long ok_ = okk ? off{lo}k[kk] : 0;",
+                  "        " + _cp_async(f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]",
+                                         f"{side} + o{side}[0] + ok_", f"okk && v{side}[0]"),
+                  "      }"]
+    lines.append("    }")
+    return lines
+
+
+def _setup(cfg: GettConfig, side: str) -> list[str]:
+    """The thread's fixed coordinates and register offsets for loading one operand."""
+    if side == "A":
+        run = cfg.bk if cfg.a_k_fast else cfg.bm
+        k_fast, base, bound, table = cfg.a_k_fast, "bm", "M", "offam"
+        total = cfg.bm
+    else:
+        run = cfg.bn if cfg.b_n_fast else cfg.bk
+        k_fast, base, bound, table = not cfg.b_n_fast, "bn", "N", "offbn"
+        total = cfg.bn
+    t = cfg.threads
+    step = t // run
+    lo = side.lower()
+    lines = [f"  const int {lo}_fast = tid % {run};", f"  const int {lo}_slow = tid / {run};"]
+    if k_fast:  # rows (m or n) are the slow direction: one register offset per row loaded
+        count = total * cfg.bk // t
+        lines += [f"  long long o{side}[{count}]; bool v{side}[{count}];",
+                  "  #pragma unroll",
+                  f"  for (int r = 0; r < {count}; ++r) {{",
+                  f"    const long long x = {base} + {lo}_slow + r * {step};",
+                  f"    v{side}[r] = x < {bound};",
+                  f"    o{side}[r] = v{side}[r] ? {table}[x] : 0;",
+                  "  }"]
+    else:
+        lines += [f"  long long o{side}[1]; bool v{side}[1];",
+                  f"  v{side}[0] = {base} + {lo}_fast < {bound};",
+                  f"  o{side}[0] = v{side}[0] ? {table}[{base} + {lo}_fast] : 0;"]
+    return lines
+
+
+def source(cfg: GettConfig) -> str:
+    """CUDA C source of the kernel for ``cfg``.
+
+    Signature: ``(C, A, B, offam, offak, offal, offbk, offbn, offbl, offcm, offcn, offcl,
+    M, N, K, tilesN, alpha, beta)``; grid ``(ceil(M/bm) * tilesN, L)``, block ``cfg.threads``,
+    dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C not read when
+    ``beta == 0``). Every element of C is written by exactly one thread."""
+    if not cfg.valid():
+        raise ValueError(f"invalid GETT configuration {cfg}")
+    pa, pb = cfg.pitches()
+    sa, sb = cfg.stage_elems()
+    r = cfg.rows
+    wm, wn = cfg.mma_m * r, cfg.mma_n * 8
+    acc = 2 if r == 8 else 4
+    fa_offs, fb_offs = _FRAGMENTS[cfg.mma]
+    outs = ", ".join(f"%{q}" for q in range(acc))
+    ins_a = ", ".join(f"%{acc + q}" for q in range(len(fa_offs)))
+    ins_b = ", ".join(f"%{acc + len(fa_offs) + q}" for q in range(len(fb_offs)))
+    mma = (f'asm volatile("mma.sync.aligned.{cfg.mma}.row.col.f64.f64.f64.f64 {{{outs}}}, {{{ins_a}}}, {{{ins_b}}}, '
+           f'{{{outs}}};\\n" : ' + ", ".join(f'"+d"(acc[i][j][{q}])' for q in range(acc)) + " : "
+           + ", ".join([f'"d"(fa[i][{q}])' for q in range(len(fa_offs))] + [f'"d"(fb[j][{q}])' for q in range(len(fb_offs))])
+           + ");")
+
+    def a_at(row: str, col: str) -> str:
+        return f"sA[cur + ({row}) * {pa} + {col}]" if cfg.a_k_fast else f"sA[cur + ({col}) * {pa} + {row}]"
+
+    def b_at(kk: str, col: str) -> str:
+        return f"sB[curb + ({kk}) * {pb} + {col}]" if cfg.b_n_fast else f"sB[curb + ({col}) * {pb} + {kk}]"
+
+    frag_a = [f"fa[i][{q}] = {a_at(f'wm + i * {r} + {dr} + (lane >> 2)', f'kk + {dk} + (lane & 3)')};"
+              for q, (dr, dk) in enumerate(fa_offs)]
+    frag_b = [f"fb[j][{q}] = {b_at(f'kk + {dk} + (lane & 3)', 'wn + j * 8 + (lane >> 2)')};"
+              for q, dk in enumerate(fb_offs)]
+    L = [f"// chainexec GETT kernel on FP64 tensor cores ({cfg.mma}), cp.async {cfg.stages}-stage pipeline",
+         f"// block {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps_m}x{cfg.warps_n} warps of {cfg.mma_m}x{cfg.mma_n} MMA tiles;"
+         f" A along {'k' if cfg.a_k_fast else 'm'}, B along {'n' if cfg.b_n_fast else 'k'}",
+         f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
+         f"{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,",
+         "    " + ", ".join(f"const long long* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
+         "    const long long M, const long long N, const long long K, const long long tilesN,",
+         "    const double alpha, const double beta)",
+         "{",
+         f"  constexpr int A_STAGE = {sa}, B_STAGE = {sb};",
+         "  extern __shared__ double smem[];",
+         "  double* sA = smem;",
+         f"  double* sB = smem + {cfg.stages} * A_STAGE;",
+         "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
+         f"  const int wm = (warp / {cfg.warps_n}) * {wm}, wn = (warp % {cfg.warps_n}) * {wn};",
+         f"  const long long bm = ((long long)blockIdx.x / tilesN) * {cfg.bm};",
+         f"  const long long bn = ((long long)blockIdx.x % tilesN) * {cfg.bn};",
+         "  A += offal[blockIdx.y]; B += offbl[blockIdx.y]; C += offcl[blockIdx.y];"]
+    L += _setup(cfg, "A") + _setup(cfg, "B")
+    L += [f"  double acc[{cfg.mma_m}][{cfg.mma_n}][{acc}];",
+          "  #pragma unroll",
+          f"  for (int i = 0; i < {cfg.mma_m}; ++i)",
+          "    #pragma unroll",
+          f"    for (int j = 0; j < {cfg.mma_n}; ++j)",
+          "      #pragma unroll",
+          f"      for (int q = 0; q < {acc}; ++q) acc[i][j][q] = 0.0;",
+          f"  const long long tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
+          "  // prologue: the first stages-1 tiles in flight",
+          f"  for (int s = 0; s < {cfg.stages - 1}; ++s) {{",
+          "    const int st = s;",
+          f"    const long long k0 = (long long)s * {cfg.bk};",
+          "    if (s < tiles) {"]
+    L += ["  " + x for x in _load(cfg, "A") + _load(cfg, "B")]
+    L += ["    }",
+          '    asm volatile("cp.async.commit_group;\\n" ::);',
+          "  }",
+          "  for (long long t = 0; t < tiles; ++t) {",
+          "    {",
+          f"      const long long nt = t + {cfg.stages - 1};",
+          f"      const int st = (int)(nt % {cfg.stages});",
+          f"      const long long k0 = nt * {cfg.bk};",
+          "      if (nt < tiles) {"]
+    L += ["    " + x for x in _load(cfg, "A") + _load(cfg, "B")]
+    L += ["      }",
+          '      asm volatile("cp.async.commit_group;\\n" ::);',
+          "    }",
+          f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
+          "    __syncthreads();",
+          f"    const int cur = (int)(t % {cfg.stages}) * A_STAGE, curb = (int)(t % {cfg.stages}) * B_STAGE;",
+          "    #pragma unroll",
+          f"    for (int kk = 0; kk < {cfg.bk}; kk += {cfg.kstep}) {{",
+          f"      double fa[{cfg.mma_m}][{len(fa_offs)}], fb[{cfg.mma_n}][{len(fb_offs)}];",
+          "      #pragma unroll",
+          f"      for (int i = 0; i < {cfg.mma_m}; ++i) {{ {' '.join(frag_a)} }}",
+          "      #pragma unroll",
+          f"      for (int j = 0; j < {cfg.mma_n}; ++j) {{ {' '.join(frag_b)} }}",
+          "      #pragma unroll",
+          f"      for (int i = 0; i < {cfg.mma_m}; ++i)",
+          "        #pragma unroll",
+          f"        for (int j = 0; j < {cfg.mma_n}; ++j)",
+          f"          {mma}",
+          "    }",
+          "    __syncthreads();",
+          "  }",
+          '  asm volatile("cp.async.wait_group 0;\\n" ::);',
+          "  // epilogue: C = alpha*acc (+ beta*C); lanes 4q..4q+3 hold 8 consecutive n of one row",
+          "  #pragma unroll",
+          f"  for (int i = 0; i < {cfg.mma_m}; ++i)",
+          "    #pragma unroll",
+          f"    for (int h = 0; h < {r // 8}; ++h) {{",
+          f"      const long long m = bm + wm + i * {r} + h * 8 + (lane >> 2);",
+          "      if (m >= M) continue;",
+          "      const long long om = offcm[m];",
+          "      #pragma unroll",
+          f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
+          "        #pragma unroll",
+          "        for (int q = 0; q < 2; ++q) {",
+          "          const long long n = bn + wn + j * 8 + 2 * (lane & 3) + q;",
+          "          if (n < N) {",
+          "            double* p = C + om + offcn[n];",
+          "            const double v = alpha * acc[i][j][2 * h + q];",
+          "            *p = beta == 0.0 ? v : fma(beta, *p, v);",
+          "          }",
+          "        }",
+          "    }",
+          "}", ""]
+    return "\n".join(L)

@@ -1,0 +1,169 @@
+"""GPU tests of the GETT tensor-core kernels and the backend's method choice (skipped without a GPU).
+
+Every result is compared with ``numpy.einsum`` on the host on fresh random inputs (outputs poisoned
+with NaN where beta = 0, so an unwritten element fails); operands include strided views of larger
+buffers, batch indices and extent-1 indices; every valid configuration is run at least once.
+"""
+
+from itertools import product
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_gpu  # noqa: E402
+
+cupy = require_gpu()
+
+from chainexec.planner import gett  # noqa: E402
+from chainexec.planner.plan import Contraction  # noqa: E402
+from chainexec.runtime import device, kernels  # noqa: E402
+from tests.planner.test_gett import CASES, _arrays, _strides  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
+
+
+def _relerr(out, ref):
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+def _device_views(host_arrays, view):
+    """The arrays on the device; with ``view``, as interior slices of larger device buffers."""
+    out = []
+    for x in host_arrays:
+        if view:
+            big = cupy.full([n + 3 for n in x.shape], cupy.nan)
+            sl = tuple(slice(2, 2 + n) for n in x.shape)
+            big[sl] = cupy.asarray(x)
+            out.append(big[sl])
+        else:
+            out.append(cupy.asarray(np.ascontiguousarray(x)))
+    return out
+
+
+def _run(cfg, c, a, b, sizes, C, A, B, alpha, beta, order="load"):
+    strides = (_strides(C, c), _strides(A, a), _strides(B, b))
+    p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides, order)
+    tables = kernels.GettTables(p, strides)
+    left, right = (B, A) if p.swap else (A, B)
+    kernels.launch_gett(cfg, tables, C, left, right, alpha, beta)
+    return p
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("c,a,b,sizes", CASES)
+def test_top_candidates_match_numpy(c, a, b, sizes, view):
+    hC, hA, hB = _arrays(c, a, b, sizes, seed=3 + len(a), view=False)
+    ref = np.einsum(f"{a},{b}->{c}", hA, hB)
+    C, A, B = _device_views((hC, hA, hB), view)
+    strides = (_strides(C, c), _strides(A, a), _strides(B, b))
+    probs = gett.variants(tuple(c), tuple(a), tuple(b), sizes, strides)
+    for order, cfg in gett.candidates(probs, 132, top=4):
+        C[...] = cupy.nan
+        _run(cfg, c, a, b, sizes, C, A, B, 1.0, 0.0, order)
+        assert _relerr(C.get(), ref) <= 1e-12, cfg
+        C[...] = cupy.asarray(hC)
+        _run(cfg, c, a, b, sizes, C, A, B, 0.5, -1.25, order)
+        assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
+
+
+def test_every_configuration_is_correct():
+    """All tile shapes, both MMA shapes, all four load directions, odd extents (partial tiles)."""
+    sizes = dict(a=70, b=45, k=37)
+    layouts = {(True, True): ("ak", "kb"), (True, False): ("ak", "bk"), (False, True): ("ka", "kb"),
+               (False, False): ("ka", "bk")}
+    for (ak, bn), (a, b) in layouts.items():
+        hC, hA, hB = _arrays("ab", a, b, sizes, seed=7)
+        ref = np.einsum(f"{a},{b}->ab", hA, hB)
+        C, A, B = _device_views((hC, hA, hB), False)
+        for (wm, wn, mm, mn, bk), shape in product(gett.TILES, gett.MMA_SHAPES):
+            rows = gett.MMA_SHAPES[shape][0]
+            if mm * 8 % rows:
+                continue
+            cfg = gett.GettConfig(wm, wn, mm * 8 // rows, mn, bk, 3, shape, ak, bn)
+            if not cfg.valid():
+                continue
+            C[...] = cupy.nan
+            p = _run(cfg, "ab", a, b, sizes, C, A, B, 1.0, 0.0)
+            assert (p.a_k_fast, p.b_n_fast) == (ak, bn)
+            assert _relerr(C.get(), ref) <= 1e-12, cfg
+
+
+def _contraction(out, a, b, factor=1.0):
+    return Contraction(id=0, out=out[0], out_indices=list(out[1]), a=a[0], a_indices=list(a[1]),
+                       b=b[0], b_indices=list(b[1]), factor=factor, accumulate=True, flops=0, statement=0)
+
+
+@pytest.mark.parametrize("method", device.METHODS)
+def test_backend_methods_accumulate_into_views(method, monkeypatch):
+    """out += factor * a*b through every method on views of larger buffers, against einsum."""
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", method)
+    be = device.select("cupy")
+    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=7, f=11)
+    hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=1, view=False)
+    W, A, B = _device_views((hW, hA, hB), True)
+    c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=-0.75)
+    be.contract(c, W, A, B)
+    ref = hW - 0.75 * np.einsum("iafb,kjcf->ijkabc", hA, hB)
+    assert _relerr(W.get(), ref) <= 1e-12
+    forced = be.choices[next(iter(be.choices))].method
+    assert method == "auto" or forced == method or (method == "kernel" and forced == "ttgt")
+
+
+def test_elementwise_statements_make_no_temporaries():
+    be = device.select("cupy")
+    x = cupy.random.standard_normal((30, 40, 50))
+    y = cupy.random.standard_normal((50, 30))
+    out = cupy.random.standard_normal((30, 40, 50))
+    ref = out.get() + 2.0 * x.get() * np.einsum("ca->ac", y.get())[:, None, :]
+    pool = cupy.get_default_memory_pool()
+    before = pool.used_bytes()
+    be.contract(_contraction(("O", "abc"), ("X", "abc"), ("Y", "ca"), factor=2.0), out, x, y)
+    assert pool.used_bytes() == before
+    assert _relerr(out.get(), ref) <= 1e-14
+    z = cupy.random.standard_normal((50, 40, 30))
+    ref = out.get() - 3.0 * np.einsum("cba->abc", z.get())
+    be.contract(Contraction(id=1, out="O", out_indices=list("abc"), a="Z", a_indices=list("cba"), b=None,
+                            b_indices=None, factor=-3.0, accumulate=True, flops=0,
+                            statement=1), out, z, None)
+    assert _relerr(out.get(), ref) <= 1e-14
+
+
+def test_tuning_cache_is_reused_across_processes(monkeypatch):
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "auto")
+    sizes = dict(a=64, b=96, k=80)
+    hC, hA, hB = _arrays("ab", "ak", "kb", sizes, seed=2)
+    c = _contraction(("C", "ab"), ("A", "ak"), ("B", "kb"))
+    first = device.select("cupy")
+    C, A, B = _device_views((hC, hA, hB), False)
+    first.contract(c, C, A, B)
+    choice = next(iter(first.choices.values()))
+    assert choice.seconds and min(choice.seconds, key=choice.seconds.get).split(":")[0] == choice.method
+    assert first.tuning.path.exists()
+    second = device.select("cupy")  # a new process sees the file only
+    monkeypatch.setattr(device.CupyBackend, "_time", lambda *a: pytest.fail("re-timed"))
+    second.contract(c, C, A, B)
+    assert next(iter(second.choices.values())) == choice
+    assert _relerr(C.get(), hC + 2 * (hA @ hB)) <= 1e-12
+
+
+def test_large_operands_are_tuned_on_a_probe(monkeypatch):
+    """A tile above TUNE_BYTES is timed on views with its strides but fewer elements; the choice
+    then runs on the whole tile, correctly."""
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "auto")
+    monkeypatch.setattr(device, "TUNE_BYTES", 1 << 20)
+    be = device.select("cupy")
+    sizes = dict(i=6, j=5, k=7, a=10, b=9, c=8, f=12)
+    hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=4)
+    W, A, B = _device_views((hW, hA, hB), False)
+    seen = []
+    real = device.CupyBackend._time
+    monkeypatch.setattr(device.CupyBackend, "_time", lambda self, how, c, o, a, b: seen.append(o.nbytes) or real(
+        self, how, c, o, a, b))
+    be.contract(_contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf")), W, A, B)
+    assert seen and max(seen) <= 1 << 20 < W.nbytes
+    assert _relerr(W.get(), hW + np.einsum("iafb,kjcf->ijkabc", hA, hB)) <= 1e-12
