@@ -35,6 +35,12 @@ Shapes of the emitted nests (G: global level, D: device level)::
 
 A disk group wraps its device groups in a G loop over the indices common to its outputs and keeps
 its intermediates' G buffers alive between producer and consumer.
+
+References to one tensor under different index names (``ovvv[i,a,f,b]``, ``ovvv[i,a,f,c]``) share a
+buffer at a level where their regions are identical in every iteration (:func:`same_region`): one
+alloc+load per region at G; in a device group one alloc+get per region, kept on the device from
+its first user to its last. Such a reference has no buffer of its own; the executor finds the
+live buffer of the tensor that covers its region.
 """
 
 from __future__ import annotations
@@ -106,6 +112,17 @@ def _operands(c: Contraction) -> list[tuple[str, list[str]]]:
     return [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
 
 
+def same_region(ix, iy, tiled) -> bool:
+    """Whether two references to one tensor cover the same region in every iteration of loops that
+    tile the indices ``tiled``: position by position the same index, or two indices neither of
+    which is tiled (both span the whole extent). Positions, not names, decide."""
+    return len(ix) == len(iy) and all(x == y or (x not in tiled and y not in tiled) for x, y in zip(ix, iy))
+
+
+def _covered(refs, name: str, ix, tiled) -> bool:
+    return any(n == name and same_region(i, ix, tiled) for n, i in refs)
+
+
 class Emitter:
     """Emits the nests of a schedule, numbering stored versions of each tensor as it goes."""
 
@@ -128,26 +145,47 @@ class Emitter:
         source = self.tensors[name].source
         return source is not None and "expr" in source
 
-    def _load(self, name, ix) -> list[Op]:
-        """Bring ``name[ix]`` to the global level: read it, or, for a computed tensor, read what
-        its expression needs (it is made on the device, where it is used)."""
+    def _leaves(self, name, ix) -> list[tuple[str, list[str]]]:
+        """The stored tensors ``name[ix]`` needs at the global level: itself, or, for a computed
+        tensor, what its expression reads (it is made on the device, where it is used)."""
         if self._computed(name):
-            return [op for n, i in self._inputs_of(name, ix) for op in self._load(n, i)]
-        return [_ref("alloc", "global", name, ix), _ref("load", "global", name, ix, self.versions.get(name, 0))]
+            return [leaf for n, i in self._inputs_of(name, ix) for leaf in self._leaves(n, i)]
+        return [(name, list(ix))]
 
-    def _unload(self, name, ix) -> list[Op]:
-        if self._computed(name):
-            return [op for n, i in self._inputs_of(name, ix) for op in self._unload(n, i)]
-        return [_ref("free", "global", name, ix)]
+    def _loads(self, refs, tiled: set[str], alone=()) -> tuple[list[Op], list[Op]]:
+        """(alloc+load ops, free ops) bringing ``refs`` to the global level inside loops that tile
+        ``tiled``: one buffer per tensor and region — a reference whose region equals that of one
+        loaded before it (:func:`same_region`) shares its buffer (every reference here reads the
+        same stored version). Tensors in ``alone`` never share (one the nest also writes)."""
+        kept: list[tuple[str, list[str]]] = []
+        for name, ix in refs:
+            for leaf in self._leaves(name, ix):
+                shared = leaf in kept or leaf[0] not in alone and _covered(kept, *leaf, tiled)
+                if not shared:
+                    kept.append(leaf)
+        loads = [op for n, ix in kept
+                 for op in (_ref("alloc", "global", n, ix), _ref("load", "global", n, ix, self.versions.get(n, 0)))]
+        return loads, [_ref("free", "global", n, ix) for n, ix in kept]
 
-    def _fetch(self, name, ix) -> list[Op]:
-        """Bring ``name[ix]`` to the device: get it, or get its expression's inputs and evaluate."""
-        if self._computed(name):
-            inputs = self._inputs_of(name, ix)
-            ops = [op for n, i in inputs for op in self._fetch(n, i)]
-            ops += [_ref("alloc", "device", name, ix), _ref("eval", "device", name, ix)]
-            return ops + [_ref("free", "device", n, i) for n, i in inputs]
-        return [_ref("alloc", "device", name, ix), _ref("get", "device", name, ix)]
+    def _fetches(self, refs, tiled: set[str], live=(), alone=()) -> tuple[list[Op], list[Op]]:
+        """(fetch ops, free ops) bringing ``refs`` to the device inside loops that tile ``tiled``:
+        get each, or get a computed tensor's expression inputs, evaluate it and free them. A
+        reference whose region equals that of a live device buffer of the same tensor — one in
+        ``live`` or fetched before it here — reuses that buffer. Tensors in ``alone`` never share."""
+        live = list(live)
+        fetch: list[Op] = []
+        free: list[Op] = []
+        for name, ix in refs:
+            if (name, list(ix)) in live or (name not in alone and _covered(live, name, ix, tiled)):
+                continue
+            if self._computed(name):
+                inputs, done = self._fetches(self._inputs_of(name, ix), tiled, live, alone)
+                fetch += inputs + [_ref("alloc", "device", name, ix), _ref("eval", "device", name, ix)] + done
+            else:
+                fetch += [_ref("alloc", "device", name, ix), _ref("get", "device", name, ix)]
+            live.append((name, list(ix)))
+            free.append(_ref("free", "device", name, ix))
+        return fetch, free
 
     def _store(self, c: Contraction) -> list[Op]:
         self.versions[c.out] = self.versions.get(c.out, 0) + 1
@@ -239,54 +277,62 @@ class Emitter:
                         first.setdefault(name, pos)
                         last[name] = pos
         kept = {name for name in written if last[name] > first[name]}
+        tiles = self._tiled(group.tiles, self.group_common(members))
         body: list = []
         for pos, dg in enumerate(group.groups):
             body += [op for name in sorted(kept) if first[name] == pos
                      for op in self._out_alloc(self._first_writer(members, name))]
-            body += self.device_group(dg, kept)
+            body += self.device_group(dg, kept, set(tiles))
             for name in sorted(kept):
                 if last[name] == pos:
                     body += (self._store(self._first_writer(members, name)) if name in after
                              else [_ref("free", "global", name, written[name])])
-        return _loop("global", self._tiled(group.tiles, self.group_common(members)), body)
+        return _loop("global", tiles, body)
 
     def _first_writer(self, ids: list[int], name: str) -> Contraction:
         return next(self.cs[k] for k in ids if self.cs[k].out == name)
 
-    def device_group(self, group: DeviceGroup, kept: set[str]) -> list:
+    def device_group(self, group: DeviceGroup, kept: set[str], outer: set[str] = frozenset()) -> list:
+        """``outer``: the indices the enclosing disk group's loop tiles."""
         if len(group.contractions) == 1:
-            return self.single(self.cs[group.contractions[0]], group, kept)
-        return self.fused(group, kept)
+            return self.single(self.cs[group.contractions[0]], group, kept, outer)
+        return self.fused(group, kept, outer)
 
-    def single(self, c: Contraction, g: DeviceGroup, kept: set[str]) -> list:
-        """One contraction, output-stationary at both levels (module docstring)."""
+    def single(self, c: Contraction, g: DeviceGroup, kept: set[str], outer: set[str] = frozenset()) -> list:
+        """One contraction, output-stationary at both levels (module docstring). Operands that are
+        the same tensor over the same region share one buffer at each level."""
         outs = c.out_indices
         ks = [i for i in c.indices() if i not in outs]
         resident = [(n, ix) for n, ix in _operands(c) if n in g.resident and n not in kept]
         streamed = [(n, ix) for n, ix in _operands(c) if n not in g.resident and n not in kept]
-        inner = [op for n, ix in _operands(c) for op in self._fetch(n, ix)]
-        inner.append(Op("compute", "device", contraction=c.id))
-        inner += [_ref("free", "device", n, ix) for n, ix in _operands(c)]
+        alone = {c.out}
+        streamed_tiled = set(outer) | set(self._tiled(g.glob, outs)) | set(self._tiled(g.glob, ks))
+        device_tiled = streamed_tiled | set(self._tiled(g.dev, outs)) | set(self._tiled(g.dev, ks))
+        fetch, done = self._fetches(_operands(c), device_tiled, alone=alone)
+        inner = fetch + [Op("compute", "device", contraction=c.id)] + done
         dev_body = [_ref("alloc", "device", c.out, outs), *_loop("device", self._tiled(g.dev, ks), inner),
                     _ref("accumulate", "device", c.out, outs), _ref("free", "device", c.out, outs)]
-        k_body = [op for n, ix in streamed for op in self._load(n, ix)]
-        k_body += _loop("device", self._tiled(g.dev, outs), dev_body, parallel=True)
-        k_body += [op for n, ix in streamed for op in self._unload(n, ix)]
+        loads, unloads = self._loads(streamed, streamed_tiled, alone)
+        k_body = loads + _loop("device", self._tiled(g.dev, outs), dev_body, parallel=True) + unloads
         stored = c.out not in kept
         out_body = self._out_alloc(c) if stored else []
         out_body += _loop("global", self._tiled(g.glob, ks), k_body)
         if stored:
             out_body += self._store(c)
-        body = [op for n, ix in resident for op in self._load(n, ix)]
-        body += _loop("global", self._tiled(g.glob, outs), out_body)
-        body += [op for n, ix in resident for op in self._unload(n, ix)]
-        return body
+        loads, unloads = self._loads(resident, set(outer), alone)
+        return loads + _loop("global", self._tiled(g.glob, outs), out_body) + unloads
 
-    def fused(self, g: DeviceGroup, kept: set[str]) -> list:
+    def fused(self, g: DeviceGroup, kept: set[str], outer: set[str] = frozenset()) -> list:
         """Contractions whose written tensors stay on the device (module docstring): each is
         allocated on the device at its first writer, freed after its last use in the group, and
         only the ones needed later are accumulated to the global level (and stored unless the
-        enclosing disk group keeps them)."""
+        enclosing disk group keeps them).
+
+        Shared buffers: at the global level every reference to one tensor over the same region
+        (:func:`same_region` under the global tiles) uses one buffer and one load. On the device,
+        references of different contractions whose region is fixed by the fused loops alone (none
+        of their indices is tiled by a contraction's own device loop) and equal are fetched once,
+        before the first one's loop, and freed after the last one's."""
         ids = g.contractions
         cs = [self.cs[k] for k in ids]
         common = self.group_common(ids)
@@ -301,18 +347,30 @@ class Emitter:
             for n, ix in _operands(c):
                 if n not in writers and n not in kept and (n, ix) not in loaded:
                     loaded.append((n, ix))
+        global_tiled = set(outer) | set(self._tiled(g.glob, common))
+        fused_tiled = global_tiled | set(self._tiled(g.dev, common))
+        own = [set(self._tiled(g.dev, [i for i in c.indices() if i not in common])) for c in cs]
+        work = [[(n, ix) for n, ix in _operands(c) if n not in writers] for c in cs]
+        held = self._held(work, own, fused_tiled)
         dev_body: list = []
         live: set[str] = set()
+        holding: list[tuple[str, list[str]]] = []
         for pos, c in enumerate(cs):
             if c.out not in live:
                 dev_body.append(_ref("alloc", "device", c.out, writers[c.out]))
                 live.add(c.out)
-            work = [(n, ix) for n, ix in _operands(c) if n not in writers]
-            step = [op for n, ix in work for op in self._fetch(n, ix)]
-            step.append(Op("compute", "device", contraction=c.id))
-            step += [_ref("free", "device", n, ix) for n, ix in work]
+            for ref, first, _ in held:
+                if first == pos:
+                    dev_body += self._fetches([ref], fused_tiled, holding)[0]
+                    holding.append(ref)
+            fetch, done = self._fetches(work[pos], fused_tiled | own[pos], holding)
+            step = fetch + [Op("compute", "device", contraction=c.id)] + done
             rest = [i for i in c.indices() if i not in common]
             dev_body += _loop("device", self._tiled(g.dev, rest), step)
+            for ref, _, last in held:
+                if last == pos:
+                    dev_body.append(_ref("free", "device", *ref))
+                    holding.remove(ref)
             for name in sorted(live):
                 if last_use[name] == pos and name not in exported:
                     dev_body.append(_ref("free", "device", name, writers[name]))
@@ -324,9 +382,29 @@ class Emitter:
         for name in stored:
             first = next(c for c in cs if c.out == name)
             body += self._out_alloc(first)
-        body += [op for n, ix in loaded for op in self._load(n, ix)]
+        loads, unloads = self._loads(loaded, global_tiled)
+        body += loads
         body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
-        body += [op for n, ix in loaded for op in self._unload(n, ix)]
+        body += unloads
         for name in stored:
             body += self._store(next(c for c in cs if c.out == name))
         return _loop("global", self._tiled(g.glob, common), body)
+
+    @staticmethod
+    def _held(work, own, tiled: set[str]) -> list[tuple[tuple[str, list[str]], int, int]]:
+        """Device references of a fused group kept on the device across contractions: (the first
+        reference of a class, first and last position using it) for every class of references
+        whose region is set by the fused loops alone (no index in their contraction's own tiled
+        set ``own[pos]``) and equal (:func:`same_region` under ``tiled``), used at two positions
+        or more."""
+        classes: list[list] = []
+        for pos, refs in enumerate(work):
+            for name, ix in refs:
+                if set(ix) & own[pos]:
+                    continue
+                found = next((k for k in classes if k[0][0] == name and same_region(k[0][1], ix, tiled)), None)
+                if found is None:
+                    classes.append([(name, list(ix)), pos, pos])
+                else:
+                    found[2] = pos
+        return [(ref, first, last) for ref, first, last in classes if last > first]

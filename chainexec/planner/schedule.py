@@ -149,7 +149,7 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
         else:
             cs = [ctx.cs[k] for k in g]
             common = emitter.group_common(g)
-            rest = {i for c in cs for i in c.indices()}
+            rest = dict.fromkeys(i for c in cs for i in c.indices())  # ordered: the plan must not depend on hashing
             groups.append(DeviceGroup(list(g), {i: ctx.extents[i] for i in common},
                                       {i: ctx.extents[i] for i in rest}))
     group = DiskGroup(groups)

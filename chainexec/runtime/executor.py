@@ -244,12 +244,15 @@ class Executor:
 
     def _find(self, tensor: str, indices, level: str) -> tuple:
         """The key of the live buffer holding ``tensor`` at ``level``: the one allocated under
-        these index names, else the tensor's buffer under other names (a renamed reference such
-        as Z[i,j,k,b,c,a] to Z allocated as Z[i,j,k,a,b,c]; positions, not names, address it)."""
+        these index names, else the tensor's buffer under other names that covers this reference's
+        device region (a renamed reference such as Z[i,j,k,b,c,a] to Z allocated as Z[i,j,k,a,b,c],
+        or one sharing the buffer of an equal region; positions, not names, address it)."""
         key = (tensor, tuple(indices), level)
         if key in self.buffers:
             return key
-        return next(k for k in self.buffers if k[0] == tensor and k[2] == level)
+        need = self._region("device", indices)
+        return next(k for k in self.buffers if k[0] == tensor and k[2] == level
+                    and all(o <= a and b <= e for (a, b), (o, e) in zip(need, self.regions[k])))
 
     def _relative(self, op: Op):
         """The device region of ``op`` as slices of the global buffer of the same tensor."""
