@@ -14,7 +14,7 @@ python3 - "$work/bz/ccsd_t.yaml" <<'PY'
 import sys, yaml
 path = sys.argv[1]
 cfg = yaml.safe_load(open(path))
-cfg["machine"] = {"global_memory": "32GiB", "device_memory": "12GiB"}
+cfg["machine"] = {"global_memory": "32GiB", "device_memory": "40GiB"}
 open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
 PY
 python3 -m chainexec.cli plan "$work/bz/ccsd_t.yaml" > "$out/plan.txt"

@@ -132,6 +132,10 @@ class Backend:
         memory to watch, as with NumPy)."""
         return None
 
+    def host_empty(self, shape, dtype) -> np.ndarray:
+        """An uninitialized host array that :meth:`from_host` copies fastest (here: plain memory)."""
+        return np.empty(shape, dtype)
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).
 
@@ -274,6 +278,12 @@ class CupyBackend(Backend):
     def pool_bytes(self) -> int:
         """Bytes CuPy's device memory pool holds now (live arrays and cached free blocks)."""
         return int(self.xp.get_default_memory_pool().total_bytes())
+
+    def host_empty(self, shape, dtype) -> np.ndarray:
+        """A page-locked host array from CuPy's pinned pool (DMA'd by :meth:`from_host`)."""
+        import cupyx
+
+        return cupyx.empty_pinned(shape, dtype)
 
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`."""
