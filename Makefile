@@ -12,13 +12,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,mpi,chem]'
+	$(BIN)/python -m pip install -q -e '.[test,mpi,chem,plot]'
 	touch $@
 
 demo: $(STAMP)
 	$(BIN)/chainexec plan configs/fourindex.yaml
 	$(BIN)/chainexec generate configs/fourindex.yaml
-	$(BIN)/mpiexec -n $(NP) $(BIN)/chainexec run configs/fourindex.yaml --report-json runs/fourindex/report.json
+	$(BIN)/mpiexec -n $(NP) $(BIN)/chainexec run configs/fourindex.yaml --report --report-json runs/fourindex/report.json
 	$(BIN)/chainexec verify configs/fourindex.yaml
 
 test: $(STAMP)
