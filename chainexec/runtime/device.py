@@ -252,10 +252,11 @@ class CupyBackend(Backend):
         callers that receive their data into pinned memory."""
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
             host = host.copy(order="C")
-        if not self._pinned(host):
-            return self.xp.asarray(host)
-        dev = self.xp.empty(host.shape, host.dtype)
-        dev.set(host)  # synchronous from pinned memory
+        dev = self.xp.asarray(host)
+        # From page-locked memory the copy is asynchronous: wait for it, because the caller may
+        # hand ``host`` back to the pinned pool, where the next fetch overwrites it.
+        if self._pinned(host):
+            self.xp.cuda.get_current_stream().synchronize()
         return dev
 
     def _pinned(self, host: np.ndarray) -> bool:

@@ -145,6 +145,21 @@ def test_host_round_trip_pinned():
     assert zero.dtype == np.float32 and not zero.any()
 
 
+def test_pinned_buffers_can_be_reused_at_once():
+    """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
+    after ``from_host``; the next fetch may get the same block. The copy must be complete by
+    then (a regression: an asynchronous copy from reused pinned memory corrupted (T) tiles)."""
+    backend = CupyBackend(cupy)
+    copies = []
+    for v in range(12):
+        host = backend.host_empty((2048, 2048), np.float64)
+        host[...] = v
+        copies.append(backend.from_host(host))
+        del host  # back to the pinned pool: the next iteration reuses the block
+    assert [float(c.min()) for c in copies] == list(range(12))
+    assert [float(c.max()) for c in copies] == list(range(12))
+
+
 def test_select_binds_gpu(monkeypatch):
     assert select("cupy").name == "cupy"
     assert select("auto").name == "cupy"
