@@ -1,16 +1,18 @@
 """The device level (γ) behind one seam: NumPy on the CPU, CuPy on a GPU.
 
 Everything the executor does with device buffers goes through a :class:`Backend`: ``zeros``
-(allocate), ``from_host`` (host → device), ``to_host`` (device → host) and ``contract``
-(``out += factor · a·b``). The backend is chosen once (:func:`select`); no other module asks whether
+(allocate), ``upload`` (host → device buffer), ``to_host`` (device → host), ``contract``
+(``out += factor · a·b``) and ``limit`` (cap the device allocator at the configured memory). The backend is chosen once (:func:`select`); no other module asks whether
 it runs on a GPU.
 
 Views. The executor passes slices of larger buffers (a fused intermediate's buffer spans more tiles
 than one contraction works on), so ``out``, ``a`` and ``b`` may be non-contiguous. Both backends
 accept any strided view. On the GPU, GETT and the element-wise path work on the views directly
 and make no temporary arrays; ``ttgt``, ``einsum`` and the COGENT kernel make contiguous copies
-and product temporaries, transient workspace that the plan's device budget does not count
-(:meth:`Backend.pool_bytes` lets the executor report the allocator's high-water mark).
+and product temporaries, transient workspace outside the plan's buffers: the CuPy pool is capped
+at the configured device memory (:meth:`CupyBackend.limit`), so workspace only uses what the
+planned buffers leave free, and a contraction whose workspace does not fit runs through GETT
+instead (:meth:`Backend.pool_bytes` lets the executor report the allocator's high-water mark).
 
 Contraction methods on the GPU (:class:`CupyBackend`):
 
@@ -119,9 +121,13 @@ class Backend:
         """A zero-filled device buffer of ``shape`` (elements) and ``dtype``."""
         return self.xp.zeros(shape, dtype=dtype)
 
-    def from_host(self, host: np.ndarray):
-        """``host`` as a device array (here: the same array; the executor copies it into place)."""
-        return host
+    def upload(self, dst, host: np.ndarray) -> None:
+        """Copy ``host`` into the existing device buffer ``dst`` (same shape)."""
+        dst[...] = host
+
+    def limit(self, nbytes: int) -> None:
+        """Cap the device allocator at ``nbytes`` (the configured device memory). Nothing to cap
+        here: the NumPy backend's "device" is host memory, which the global level bounds."""
 
     def to_host(self, array) -> np.ndarray:
         """A device array as a host NumPy array (here: the same array)."""
@@ -133,7 +139,7 @@ class Backend:
         return None
 
     def host_empty(self, shape, dtype) -> np.ndarray:
-        """An uninitialized host array that :meth:`from_host` copies fastest (here: plain memory)."""
+        """An uninitialized host array that :meth:`upload` copies fastest (here: plain memory)."""
         return np.empty(shape, dtype)
 
     def contract(self, c: Contraction, out, a, b) -> None:
@@ -244,20 +250,24 @@ class CupyBackend(Backend):
         self._gett: dict[tuple, tuple] = {}
         self.tuning = TuningCache(cupy)
 
-    def from_host(self, host: np.ndarray):
-        """``host`` copied to a new device array. A page-locked (pinned) ``host`` is DMA'd
-        directly (about 55 GB/s on the H100 machine); a pageable one goes through the driver's own
-        staging (about 9 GB/s). Copying a pageable array into a pinned staging buffer first
-        measured no faster (the host memcpy is the bottleneck; ``docs/gpu.md``), so the gain needs
-        callers that receive their data into pinned memory."""
-        if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-            host = host.copy(order="C")
-        dev = self.xp.asarray(host)
-        # From page-locked memory the copy is asynchronous: wait for it, because the caller may
-        # hand ``host`` back to the pinned pool, where the next fetch overwrites it.
+    def upload(self, dst, host: np.ndarray) -> None:
+        """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about
+        55 GB/s from page-locked memory on the H100 machine, 9 GB/s through the driver's staging
+        from pageable memory), else through a contiguous temporary. A copy from page-locked
+        memory is asynchronous: it is waited for, because the caller may hand ``host`` back to
+        the pinned pool, where the next fetch would overwrite it in flight."""
+        if dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape:
+            dst.set(host)
+        else:
+            dst[...] = self.xp.asarray(host.copy(order="C"))
         if self._pinned(host):
             self.xp.cuda.get_current_stream().synchronize()
-        return dev
+
+    def limit(self, nbytes: int) -> None:
+        """Cap CuPy's device memory pool at ``nbytes``: planned buffers and every workspace
+        (TTGT and einsum temporaries, tuning scratch, GETT tables) must fit together. A method
+        whose workspace does not fit falls back to one that needs none (:meth:`contract`)."""
+        self.xp.get_default_memory_pool().set_limit(size=int(nbytes))
 
     def _pinned(self, host: np.ndarray) -> bool:
         """Whether ``host``'s memory is page-locked (allocated or registered through CUDA)."""
@@ -281,17 +291,33 @@ class CupyBackend(Backend):
         return int(self.xp.get_default_memory_pool().total_bytes())
 
     def host_empty(self, shape, dtype) -> np.ndarray:
-        """A page-locked host array from CuPy's pinned pool (DMA'd by :meth:`from_host`)."""
+        """A page-locked host array from CuPy's pinned pool (DMA'd by :meth:`upload`)."""
         import cupyx
 
         return cupyx.empty_pinned(shape, dtype)
 
     def contract(self, c: Contraction, out, a, b) -> None:
-        """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`."""
+        """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
+
+        When the chosen method's workspace does not fit under the memory limit (:meth:`limit`),
+        the contraction runs through GETT, which needs none (``out`` is untouched by the failed
+        attempt: every method adds its product only once it is complete)."""
         if b is None or not _summed(c):
             _elementwise(self.xp, c, out, a, b)
         else:
-            self._run(self._choose(c, out, a, b), c, out, a, b)
+            how = self._choose(c, out, a, b)
+            try:
+                self._run(how, c, out, a, b)
+            except self.xp.cuda.memory.OutOfMemoryError:
+                gp = self._problem(c, out, a, b) if how[0] != "gett" else None
+                if gp is None:
+                    raise ChainexecError(f"device memory: no room under the configured limit for the workspace of "
+                                         f"{c.out}[{','.join(c.out_indices)}] += {c.a}·{c.b} ({how[0]}, tile "
+                                         f"{'x'.join(map(str, out.shape))}); raise machine.device_memory") from None
+                order, cfg = gp[1][0]
+                fallback = {"order": order, **asdict(cfg)}
+                self._run(("gett", fallback), c, out, a, b)
+                self.choices[self._key(c, out, a, b)] = Choice("gett", config=fallback)
         self.xp.cuda.get_current_stream().synchronize()
 
     # -- method choice ---------------------------------------------------------------------
@@ -350,13 +376,18 @@ class CupyBackend(Backend):
         cands["einsum"] = None
         return cands
 
+    @staticmethod
+    def _key(c: Contraction, out, a, b) -> tuple:
+        """What a method choice depends on: the contraction, shapes, strides and dtype."""
+        return (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
+                _strides(out), _strides(a), _strides(b), str(out.dtype))
+
     def _choose(self, c: Contraction, out, a, b) -> tuple:
         """(method, GETT config or None) for these operands, decided once: forced by
         ``CHAINEXEC_GPU_METHOD``, else read from the tuning cache, else timed (the model
         proposes the GETT configurations; the fastest candidate wins) and recorded. Large
         operands are timed on a probe (:func:`_probe`): the same strides over fewer elements."""
-        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
-               _strides(out), _strides(a), _strides(b), str(out.dtype))
+        key = self._key(c, out, a, b)
         choice = self.choices.get(key)
         if choice is None:
             cands = self._candidates(c, out, a, b)

@@ -68,6 +68,7 @@ class Executor:
         self.progress = Progress(parallel_tiles(plan), len(plan.nests)) if progress and comm.rank == 0 else None
         self.show_progress = progress
         self.store = Store(plan, comm)
+        backend.limit(plan.memory_limit["device"])
         self.counters = Counters()
         self.ranges = {"global": {}, "device": {}}
         self.idle = 0.0
@@ -275,7 +276,7 @@ class Executor:
         # Fetched straight into page-locked memory where the backend has it: the copy to the
         # device is then one DMA (about 6x a pageable copy on the H100 machine).
         host = ga.get(sl, out=self.backend.host_empty(self.buffers[key].shape, ga.dtype))
-        self.buffers[key][...] = self.backend.from_host(host)
+        self.backend.upload(self.buffers[key], host)
         self.counters.move(CATEGORY["get"], host.nbytes)
 
     def _accumulate(self, op: Op) -> None:

@@ -130,34 +130,62 @@ def test_host_round_trip_pinned():
     rng = np.random.default_rng(5)
     backend = CupyBackend(cupy)
     host = rng.standard_normal((17, 9, 5))
-    dev = backend.from_host(host)
-    assert isinstance(dev, cupy.ndarray) and np.array_equal(cupy.asnumpy(dev), host)
+    dev = backend.zeros(host.shape, host.dtype)
+    backend.upload(dev, host)
+    assert np.array_equal(cupy.asnumpy(dev), host)
     view = dev[2:11, 1:8]
     back = backend.to_host(view)
     assert isinstance(back, np.ndarray) and back.flags.c_contiguous
     assert np.array_equal(back, host[2:11, 1:8])
     attrs = cupy.cuda.runtime.pointerGetAttributes(back.ctypes.data)
     assert attrs.type == cupy.cuda.runtime.memoryTypeHost  # page-locked (CuPy's pinned pool)
-    again = backend.from_host(back)  # pinned input: direct DMA path
+    again = backend.zeros(back.shape, back.dtype)
+    backend.upload(again, back)  # pinned input: direct DMA path
     assert np.array_equal(cupy.asnumpy(again), host[2:11, 1:8])
-    assert np.array_equal(cupy.asnumpy(backend.from_host(host[::2, :, 1])), host[::2, :, 1])  # strided host
+    inner = cupy.zeros((20, 10, 6))[1:10, :, 2]  # strided destination and source
+    backend.upload(inner, host[::2, :, 1])
+    assert np.array_equal(cupy.asnumpy(inner), host[::2, :, 1])
     zero = backend.zeros((4, 3), np.float32)
     assert zero.dtype == np.float32 and not zero.any()
 
 
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
-    after ``from_host``; the next fetch may get the same block. The copy must be complete by
-    then (a regression: an asynchronous copy from reused pinned memory corrupted (T) tiles)."""
+    after ``upload``; the next fetch may get the same block. The copy must be complete by then
+    (a regression: an asynchronous copy from reused pinned memory corrupted (T) tiles)."""
     backend = CupyBackend(cupy)
     copies = []
     for v in range(12):
         host = backend.host_empty((2048, 2048), np.float64)
         host[...] = v
-        copies.append(backend.from_host(host))
+        copies.append(backend.zeros(host.shape, host.dtype))
+        backend.upload(copies[-1], host)
         del host  # back to the pinned pool: the next iteration reuses the block
     assert [float(c.min()) for c in copies] == list(range(12))
     assert [float(c.max()) for c in copies] == list(range(12))
+
+
+def test_memory_limit_falls_back_to_gett():
+    """Under a pool limit that leaves no room for TTGT's temporaries, a contraction forced to
+    TTGT runs through GETT instead, correctly; the pool never exceeds the limit."""
+    pool = cupy.get_default_memory_pool()
+    rng = np.random.default_rng(9)
+    backend = CupyBackend(cupy, "ttgt")
+    hW = rng.standard_normal((40, 30, 50, 60))
+    hA = rng.standard_normal((40, 70, 60))
+    hB = rng.standard_normal((50, 30, 70))
+    W, A, B = (cupy.asarray(x) for x in (hW, hA, hB))
+    c = Contraction(id=0, out="W", out_indices=list("iajb"), a="A", a_indices=list("ikb"), b="B",
+                    b_indices=list("jak"), factor=1.5, accumulate=True, flops=0, statement=0)
+    pool.free_all_blocks()
+    backend.limit(pool.used_bytes() + W.nbytes // 2)  # TTGT's product alone is W-sized
+    try:
+        backend.contract(c, W, A, B)
+        assert pool.total_bytes() <= pool.get_limit()
+    finally:
+        backend.limit(0)  # 0: no limit
+    assert next(iter(backend.choices.values())).method == "gett"
+    assert relerr(cupy.asnumpy(W), hW + 1.5 * np.einsum("ikb,jak->iajb", hA, hB)) <= 1e-12
 
 
 def test_select_binds_gpu(monkeypatch):
