@@ -1,18 +1,19 @@
 """The device level (γ) behind one seam: NumPy on the CPU, CuPy on a GPU.
 
 Everything the executor does with device buffers goes through a :class:`Backend`: ``zeros``
-(allocate), ``upload`` (host → device buffer), ``to_host`` (device → host), ``contract``
-(``out += factor · a·b``) and ``limit`` (cap the device allocator at the configured memory). The backend is chosen once (:func:`select`); no other module asks whether
+(allocate), ``upload`` (host → device buffer), ``to_host`` (device → host) and ``contract``
+(``out += factor · a·b``). The backend is chosen once (:func:`select`); no other module asks whether
 it runs on a GPU.
 
 Views. The executor passes slices of larger buffers (a fused intermediate's buffer spans more tiles
 than one contraction works on), so ``out``, ``a`` and ``b`` may be non-contiguous. Both backends
 accept any strided view. On the GPU, GETT and the element-wise path work on the views directly
 and make no temporary arrays; ``ttgt``, ``einsum`` and the COGENT kernel make contiguous copies
-and product temporaries, transient workspace outside the plan's buffers: the CuPy pool is capped
-at the configured device memory (:meth:`CupyBackend.limit`), so workspace only uses what the
-planned buffers leave free, and a contraction whose workspace does not fit runs through GETT
-instead (:meth:`Backend.pool_bytes` lets the executor report the allocator's high-water mark).
+and product temporaries, transient workspace outside the plan's device budget; a contraction
+whose workspace does not fit in the memory left runs through GETT instead
+(:meth:`Backend.pool_bytes` lets the executor report the allocator's high-water mark, which
+exceeds the configured device memory when workspace is large: capping CuPy's pool at that
+memory made planned buffer allocations fail, the pool's own fragmentation included).
 
 Contraction methods on the GPU (:class:`CupyBackend`):
 
@@ -124,10 +125,6 @@ class Backend:
     def upload(self, dst, host: np.ndarray) -> None:
         """Copy ``host`` into the existing device buffer ``dst`` (same shape)."""
         dst[...] = host
-
-    def limit(self, nbytes: int) -> None:
-        """Cap the device allocator at ``nbytes`` (the configured device memory). Nothing to cap
-        here: the NumPy backend's "device" is host memory, which the global level bounds."""
 
     def to_host(self, array) -> np.ndarray:
         """A device array as a host NumPy array (here: the same array)."""
@@ -263,12 +260,6 @@ class CupyBackend(Backend):
         if self._pinned(host):
             self.xp.cuda.get_current_stream().synchronize()
 
-    def limit(self, nbytes: int) -> None:
-        """Cap CuPy's device memory pool at ``nbytes``: planned buffers and every workspace
-        (TTGT and einsum temporaries, tuning scratch, GETT tables) must fit together. A method
-        whose workspace does not fit falls back to one that needs none (:meth:`contract`)."""
-        self.xp.get_default_memory_pool().set_limit(size=int(nbytes))
-
     def _pinned(self, host: np.ndarray) -> bool:
         """Whether ``host``'s memory is page-locked (allocated or registered through CUDA)."""
         if host.nbytes == 0:
@@ -299,8 +290,9 @@ class CupyBackend(Backend):
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
 
-        When the chosen method's workspace does not fit under the memory limit (:meth:`limit`),
-        the contraction runs through GETT, which needs none (``out`` is untouched by the failed
+        When the chosen method's workspace does not fit in the device memory left (CuPy's
+        OutOfMemoryError, also under a pool limit), the contraction runs through GETT, which needs
+        none (``out`` is untouched by the failed
         attempt: every method adds its product only once it is complete)."""
         if b is None or not _summed(c):
             _elementwise(self.xp, c, out, a, b)

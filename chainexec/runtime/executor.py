@@ -68,7 +68,6 @@ class Executor:
         self.progress = Progress(parallel_tiles(plan), len(plan.nests)) if progress and comm.rank == 0 else None
         self.show_progress = progress
         self.store = Store(plan, comm)
-        backend.limit(plan.memory_limit["device"])
         self.counters = Counters()
         self.ranges = {"global": {}, "device": {}}
         self.idle = 0.0

@@ -142,7 +142,7 @@ def test_host_round_trip_pinned():
     again = backend.zeros(back.shape, back.dtype)
     backend.upload(again, back)  # pinned input: direct DMA path
     assert np.array_equal(cupy.asnumpy(again), host[2:11, 1:8])
-    inner = cupy.zeros((20, 10, 6))[1:10, :, 2]  # strided destination and source
+    inner = cupy.zeros((20, 9, 6))[1:10, :, 2]  # strided destination and source
     backend.upload(inner, host[::2, :, 1])
     assert np.array_equal(cupy.asnumpy(inner), host[::2, :, 1])
     zero = backend.zeros((4, 3), np.float32)
@@ -166,8 +166,8 @@ def test_pinned_buffers_can_be_reused_at_once():
 
 
 def test_memory_limit_falls_back_to_gett():
-    """Under a pool limit that leaves no room for TTGT's temporaries, a contraction forced to
-    TTGT runs through GETT instead, correctly; the pool never exceeds the limit."""
+    """When no device memory is left for TTGT's temporaries (here: a pool limit), a contraction
+    forced to TTGT runs through GETT instead, correctly; the pool never exceeds the limit."""
     pool = cupy.get_default_memory_pool()
     rng = np.random.default_rng(9)
     backend = CupyBackend(cupy, "ttgt")
@@ -178,12 +178,12 @@ def test_memory_limit_falls_back_to_gett():
     c = Contraction(id=0, out="W", out_indices=list("iajb"), a="A", a_indices=list("ikb"), b="B",
                     b_indices=list("jak"), factor=1.5, accumulate=True, flops=0, statement=0)
     pool.free_all_blocks()
-    backend.limit(pool.used_bytes() + W.nbytes // 2)  # TTGT's product alone is W-sized
+    pool.set_limit(size=pool.used_bytes() + W.nbytes // 2)  # TTGT's product alone is W-sized
     try:
         backend.contract(c, W, A, B)
         assert pool.total_bytes() <= pool.get_limit()
     finally:
-        backend.limit(0)  # 0: no limit
+        pool.set_limit(size=0)  # 0: no limit
     assert next(iter(backend.choices.values())).method == "gett"
     assert relerr(cupy.asnumpy(W), hW + 1.5 * np.einsum("ikb,jak->iajb", hA, hB)) <= 1e-12
 
