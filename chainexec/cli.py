@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--template", default=str(TEMPLATE), help="the (T) chain config to copy")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
                     help="seeded random inputs of any size instead of PySCF")
+    b = sub.add_parser("bench", help="GPU benchmarks: 'tccg' checks and times the generated kernels on the "
+                       "48 TCCG contractions (options: chainexec bench tccg -h)")
+    b.add_argument("suite", choices=("tccg",))
+    b.add_argument("options", nargs=argparse.REMAINDER)
     c = sub.add_parser("calibrate", help="measure this machine's bandwidths and flop rate into a machine file")
     calibrate.add_arguments(c)
     return ap
@@ -100,6 +104,10 @@ def main(argv=None) -> int:
                                   template=args.template, synthetic=tuple(args.synthetic) if args.synthetic else None)
             print(json.dumps({k: v for k, v in summary.items() if k != "path"}))
             print(f"wrote {os.path.join(args.out, 'inputs.h5')} and {os.path.join(args.out, 'ccsd_t.yaml')}")
+        elif args.command == "bench":
+            from chainexec import bench
+
+            return bench.main(args.options)
         elif args.command == "calibrate":
             options = {k: v for k, v in vars(args).items() if k != "command"}
             machine = calibrate.calibrate(**options)

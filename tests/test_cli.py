@@ -187,3 +187,15 @@ def test_run_report_and_plot(tmp_path):
     assert int(rows["compute"][2].replace(",", "")) == measured["flops"]
     assert {"wall", "peak"} <= set(rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_tccg_needs_a_gpu_and_its_cases(tmp_path):
+    """`chainexec bench tccg` documents its options; without CuPy (or without the case file) it
+    fails with one line and exit status 2, writing nothing."""
+    r = run_cli("bench", "tccg", "-h")
+    assert r.returncode == 0 and "--scales" in r.stdout
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "tccg", "--out", out, "--tccg", tmp_path / "missing.json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert ("CuPy" in r.stderr) or ("missing.json" in r.stderr)
+    assert not out.exists()

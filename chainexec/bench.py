@@ -12,7 +12,7 @@ cupy.einsum); the measured cuBLAS DGEMM rate is recorded for scale.
 Layout: the index strings of tccg.json are used as given with **row-major** storage, i.e. the
 last letter of each string is the stride-1 index (the original TCCG strings are column-major).
 
-Usage: ``PYTHONPATH=. python3 benchmarks/tccg_kernels.py --out results.json [--scales 1 2]``
+Usage: ``chainexec bench tccg --out results.json [--scales 1 2]`` (or ``main([...])`` from Python).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
 from chainexec.runtime.device import _ttgt_product
@@ -212,7 +213,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="chainexec bench tccg", description=__doc__.splitlines()[0])
     parser.add_argument("--tccg", default=str(REPO.parent / "shared" / "benchmarks" / "tccg.json"))
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 2])
@@ -222,6 +223,10 @@ def main(argv=None) -> int:
                         help="seconds of timed repeats per method and case (at least 3 repeats)")
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("cupy") is None:
+        raise ChainexecError("bench tccg needs CuPy and a GPU (cupy is not installed here)")
+    if not Path(args.tccg).is_file():
+        raise ChainexecError("benchmark cases not found (give --tccg PATH)", args.tccg)
 
     from chainexec.planner.kernelconf import Device, choose_config
     from chainexec.runtime.kernels import get_kernel
