@@ -62,7 +62,7 @@ def _moved(plan) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("device_memory", ["2MiB", "256KiB"])
 def test_six_index_intermediates_stay_on_the_device(tmp_path, device_memory):
-    """W, Z and S = W·Dinv live only as device tiles fused with the energy reduction; with a
+    """W, V, Z, R and W·Dinv live only as device tiles fused with the energy reduction; with a
     small device the fused loop over i, j, k tiles and 4 ranks share the tiles."""
     import yaml
 
@@ -77,7 +77,7 @@ def test_six_index_intermediates_stay_on_the_device(tmp_path, device_memory):
     plan = make_plan(spec.load(config))
     moved = _moved(plan)
     six = [t for t, info in plan.tensors.items() if len(info.indices) == 6]
-    assert {"W", "Z", "S", "Dinv"} <= set(six)
+    assert {"W", "V", "Z", "R", "Dinv"} <= set(six)
     assert not any(t in moved for t in six), {t: moved[t] for t in six if t in moved}
     assert moved["E"] == {"accumulate", "store"}
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=4)
