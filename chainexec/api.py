@@ -32,10 +32,11 @@ def load_machine(path: str | None) -> Machine:
         raise ChainexecError(f"cannot read machine file ({err})", path) from None
 
 
-def plan(config: str | Path, machine: str | None = None, schedule: str | None = None) -> Plan:
+def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1) -> Plan:
     """Load and plan a config (pure apart from reading the two files); ``schedule`` forces a
-    named alternative (see :func:`chainexec.planner.build.make_plan`)."""
-    return make_plan(spec_mod.load(config), load_machine(machine), schedule)
+    named alternative, ``ranks`` spreads parallel loops over that many ranks (see
+    :func:`chainexec.planner.build.make_plan`)."""
+    return make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks)
 
 
 def generate(config: str | Path) -> list[str]:
@@ -51,7 +52,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     text = error = None
     if comm.rank == 0:
         try:
-            p = plan(config, machine, schedule)
+            p = plan(config, machine, schedule, comm.size)
             # Outputs first: a run that fails on its inputs must not leave an older output behind
             # that looks like this run's result.
             store.prepare_outputs(p)

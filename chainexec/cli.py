@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate")
     p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
+    p.add_argument("--ranks", type=int, default=1, help="plan for this many MPI ranks (run plans for its own)")
     r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
     r.add_argument("config")
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
@@ -88,7 +89,9 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "plan":
-            plan = api.plan(args.config, args.machine, args.schedule)
+            if args.ranks < 1:
+                raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
+            plan = api.plan(args.config, args.machine, args.schedule, args.ranks)
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:

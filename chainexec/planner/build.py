@@ -17,7 +17,7 @@ from chainexec.planner.order import binarize
 from chainexec.planner.choose import choose
 from chainexec.planner.nest import Emitter
 from chainexec.planner.plan import Contraction, Plan, TensorInfo
-from chainexec.planner.schedule import Context
+from chainexec.planner.schedule import Context, split_for_ranks
 from chainexec.planner.tiling import minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
 
@@ -61,10 +61,12 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
     return result, tensors
 
 
-def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None = None) -> Plan:
+def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None = None, ranks: int = 1) -> Plan:
     """Plan a spec: binarize, choose fusion and tiles for ``spec.machine`` limits, predict
     movement; pure. ``schedule`` forces one of the named alternatives (``unfused``,
-    ``paper: disk``, ``paper: disk+global``, ``search``) instead of the cheapest."""
+    ``paper: disk``, ``paper: disk+global``, ``search``) instead of the cheapest. ``ranks``: the
+    chosen schedule's parallel loops are cut into at least that many tiles where they allow
+    (:func:`~chainexec.planner.schedule.split_for_ranks`); alternatives are priced for one rank."""
     machine = machine or Machine()
     cs, tensors = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
@@ -77,10 +79,12 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
                     f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
                     f"contraction {c.einsum()} needs at least {format_size(need)}",
                     spec.path, spec.lines.get(("machine", f"{level}_memory")))
+    ctx = Context(cs, tensors, spec.extents, limits, machine)
     try:
-        chosen, alternatives = choose(Context(cs, tensors, spec.extents, limits, machine), schedule)
+        chosen, alternatives = choose(ctx, schedule)
     except ValueError as err:
         raise ChainexecError(str(err), spec.path) from None
+    split_for_ranks(ctx, chosen, ranks)
     nests = Emitter(cs, spec.extents, tensors).schedule(chosen)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives)

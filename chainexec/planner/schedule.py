@@ -184,3 +184,36 @@ def _halve(group: DiskGroup, level: str) -> bool:
     _, tile, tiles, index = max(candidates, key=lambda c: (c[0], c[1]))
     tiles[index] = tile_count(tile, 2)
     return True
+
+
+def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
+    """Cut the parallel loop of every device group until it has at least ``ranks`` iterations (or
+    its tiles are 1), so that every rank gets work in every parallel loop (in place).
+
+    Alternatives are priced for one rank; a schedule whose parallel loop has fewer iterations than
+    there are ranks would leave ranks idle (a whole (T) job on one rank of four). Each step halves
+    the largest tile of that loop — only the parallel loop's own indices (a fused group's common
+    indices, a single contraction's output indices), so the work is spread, not re-tiled. Device
+    tiles only shrink, so the schedule still fits; movement grows with the number of tiles and
+    the prediction follows it (the nest is emitted after this)."""
+    if ranks <= 1:
+        return
+    emitter = Emitter(ctx.cs, ctx.extents, ctx.tensors)
+    for disk in schedule.groups:
+        for g in disk.groups:
+            if len(g.contractions) > 1:
+                names = emitter.group_common(g.contractions)
+            else:
+                names = list(ctx.cs[g.contractions[0]].out_indices)
+            span = {i: min(ctx.extents[i], disk.tiles.get(i, ctx.extents[i]), g.glob.get(i, ctx.extents[i]))
+                    for i in names}
+
+            def tile(i: str) -> int:
+                return min(g.dev.get(i, span[i]), span[i])
+
+            while math.prod(tile_count(span[i], tile(i)) for i in names) < ranks:
+                cuts = [i for i in names if tile(i) > 1]
+                if not cuts:
+                    break
+                widest = max(cuts, key=lambda i: (tile(i), -names.index(i)))
+                g.dev[widest] = tile_count(tile(widest), 2)

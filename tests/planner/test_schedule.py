@@ -1,0 +1,73 @@
+"""Spreading a plan's parallel loops over ranks (``make_plan(..., ranks)``).
+
+Iterations are counted on the emitted plan, independently of the planner: each parallel loop's
+tiles against the range its enclosing global loops leave (their first, full tile)."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from chainexec import spec
+from chainexec.planner.build import make_plan
+from chainexec.planner.plan import Loop
+from tests.conftest import read_report, run_cli
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def parallel_loops(plan) -> list[tuple[int, dict]]:
+    """(iterations, tiles) of every parallel loop of the plan, in nest order."""
+    found = []
+
+    def walk(body, span):
+        for node in body:
+            if not isinstance(node, Loop):
+                continue
+            inner = dict(span)
+            if node.parallel:
+                found.append((math.prod(-(-span[i] // t) for i, t in node.tiles.items()), node.tiles))
+            if node.level == "global":
+                inner.update({i: min(t, span[i]) for i, t in node.tiles.items()})
+            walk(node.body, inner)
+
+    for nest in plan.nests:
+        walk(nest.body, dict(plan.extents))
+    return found
+
+
+def parallel_iterations(plan) -> list[int]:
+    return [n for n, _ in parallel_loops(plan)]
+
+
+@pytest.mark.parametrize("config", ["ccsd_t.yaml", "fourindex.yaml", "expr_d.yaml"])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_parallel_loops_get_a_tile_per_rank(config, ranks):
+    """A loop with enough iterations is left alone; a shorter one is cut to at least one tile per
+    rank, or to unit tiles; the flops are the same and both levels still fit."""
+    s = spec.load(CONFIGS / config)
+    one, many = make_plan(s), make_plan(s, ranks=ranks)
+    pairs = list(zip(parallel_iterations(one), parallel_loops(many)))
+    assert len(pairs) == len(parallel_iterations(many)) > 0
+    for n_one, (n_many, tiles) in pairs:
+        if n_one >= ranks:
+            assert n_many == n_one
+        else:
+            assert n_many >= ranks or all(t == 1 for t in tiles.values())
+    assert many.predicted["flops"] == one.predicted["flops"]
+    for level in ("global", "device"):
+        assert many.predicted["memory_peak"][level] <= many.memory_limit[level]
+
+
+def test_triples_on_four_ranks_is_split_and_everyone_works(tmp_path):
+    """H2O-sized (T) fits in one device tile: planned for 4 ranks its fused loop has 4 tiles, and
+    a 4-rank run gives every rank a tile, bytes as predicted."""
+    s = spec.load(CONFIGS / "ccsd_t.yaml")
+    assert parallel_iterations(make_plan(s)) == [1]
+    assert parallel_iterations(make_plan(s, ranks=4)) == [4]
+    assert run_cli("chem", "synthetic", "--synthetic", 5, 19, 3, "--out", tmp_path).returncode == 0
+    proc = run_cli("run", tmp_path / "ccsd_t.yaml", "--report-json", tmp_path / "r.json", ranks=4)
+    assert proc.returncode == 0, proc.stderr
+    report = read_report(tmp_path / "r.json")
+    assert report["measured"]["bytes"] == report["predicted"]["bytes"]
+    assert all(r["tiles"] >= 1 for r in report["run"]["per_rank"])
