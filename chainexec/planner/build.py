@@ -88,5 +88,5 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     nests = Emitter(cs, spec.extents, tensors).schedule(chosen)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives)
-    plan.predicted = predict(plan, machine)
+    plan.predicted = predict(plan, machine, ranks)
     return plan

@@ -75,9 +75,14 @@ def buffer_elements(indices: list[str], loops: list[Loop], level: str, extents: 
     return size
 
 
-def predict(plan: Plan, machine: Machine) -> dict:
-    """The ``predicted`` record of a plan: bytes per category, flops, memory peak per level, time."""
-    return predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine)
+def predict(plan: Plan, machine: Machine, ranks: int = 1) -> dict:
+    """The ``predicted`` record of a plan: bytes per category (all ranks together), flops, memory
+    peak per level, and seconds per level for ``ranks`` ranks sharing the work, each at the
+    machine file's per-rank rates (the bound of a perfectly balanced run)."""
+    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine)
+    record["seconds"] = {level: t / ranks for level, t in record["seconds"].items()}
+    record["total_seconds"] = max(record["seconds"].values())
+    return record
 
 
 def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> dict:

@@ -71,3 +71,18 @@ def test_triples_on_four_ranks_is_split_and_everyone_works(tmp_path):
     report = read_report(tmp_path / "r.json")
     assert report["measured"]["bytes"] == report["predicted"]["bytes"]
     assert all(r["tiles"] >= 1 for r in report["run"]["per_rank"])
+
+
+def test_predicted_seconds_are_shared_by_the_ranks():
+    """Bytes and flops are totals over the ranks; each level's predicted seconds are the bound of
+    the ranks working at once at the machine's per-rank rates: the one-rank time of the same
+    amounts divided by the rank count."""
+    from chainexec.planner.machine import Machine
+
+    s = spec.load(CONFIGS / "fourindex.yaml")
+    machine = Machine()
+    plan = make_plan(s, machine, ranks=3)
+    p = plan.predicted
+    one_rank = machine.seconds(p["bytes"], p["flops"])
+    assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
+    assert p["total_seconds"] == pytest.approx(max(one_rank.values()) / 3, rel=1e-12)
