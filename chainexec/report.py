@@ -62,7 +62,8 @@ def summary(plan: Plan) -> str:
     rows += [f"{lvl:<18}{format_size(p['memory_peak'][lvl]):>16}{format_size(plan.memory_limit[lvl]):>16}"
              for lvl in ("global", "device")]
     rows.append(f"{'flops':<18}{p['flops'] / 1e9:>12.3f} GF")
-    rows.append(f"{'time (model)':<18}" + "  ".join(f"{k} {v:.3g} s" for k, v in p["seconds"].items())
+    rows.append(f"{'time (model)':<18}" + (f"{plan.ranks} ranks: " if plan.ranks > 1 else "")
+                + "  ".join(f"{k} {v:.3g} s" for k, v in p["seconds"].items())
                 + f"  bound {p['total_seconds']:.3g} s")
     return "\n".join(rows)
 

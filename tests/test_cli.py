@@ -199,3 +199,16 @@ def test_bench_tccg_needs_a_gpu_and_its_cases(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert ("CuPy" in r.stderr) or ("missing.json" in r.stderr)
     assert not out.exists()
+
+
+def test_plan_for_several_ranks(tmp_path):
+    """`plan --ranks N` plans what an N-rank run executes and says so; N < 1 is refused."""
+    import json
+
+    config = write_config(tmp_path, fourindex_config())
+    r = run_cli("plan", config, "--ranks", 3)
+    assert r.returncode == 0 and "3 ranks: disk" in r.stdout
+    plan = json.loads(run_cli("plan", config, "--ranks", 3, "--json").stdout)["plan"]
+    assert plan["ranks"] == 3
+    bad = run_cli("plan", config, "--ranks", 0)
+    assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr

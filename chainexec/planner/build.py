@@ -87,6 +87,6 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     split_for_ranks(ctx, chosen, ranks)
     nests = Emitter(cs, spec.extents, tensors).schedule(chosen)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
-                alternatives)
+                alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)
     return plan

@@ -123,6 +123,8 @@ class Plan:
     scratch: str
     # Every schedule the planner weighed, with its predicted record and whether it was chosen.
     alternatives: list = field(default_factory=list)
+    # MPI ranks the parallel loops are spread over and the predicted seconds shared by.
+    ranks: int = 1
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -157,6 +159,7 @@ def to_dict(plan: Plan) -> dict:
         "predicted": plan.predicted,
         "scratch": plan.scratch,
         "alternatives": plan.alternatives,
+        "ranks": plan.ranks,
     }
 
 
@@ -171,4 +174,5 @@ def from_dict(d: dict) -> Plan:
         predicted=d["predicted"],
         scratch=d["scratch"],
         alternatives=list(d.get("alternatives", [])),
+        ranks=int(d.get("ranks", 1)),
     )
