@@ -187,14 +187,15 @@ def _halve(group: DiskGroup, level: str) -> bool:
 
 
 def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
-    """Cut the parallel loop of every device group until it has at least ``ranks`` iterations (or
-    its tiles are 1), so that every rank gets work in every parallel loop (in place).
+    """Cut the parallel loop of every device group until it has at least ``ranks`` iterations, so
+    that every rank gets work in every parallel loop (in place), as far as the memory limits allow.
 
     Alternatives are priced for one rank; a schedule whose parallel loop has fewer iterations than
     there are ranks would leave ranks idle (a whole (T) job on one rank of four). Each step halves
     the largest tile of that loop — only the parallel loop's own indices (a fused group's common
-    indices, a single contraction's output indices), so the work is spread, not re-tiled. Device
-    tiles only shrink, so the schedule still fits; movement grows with the number of tiles and
+    indices, a single contraction's output indices) — and is kept only if the emitted nest still
+    fits: tiling an index can split a buffer that two references shared (``V[i,k]`` and
+    ``V[j,k]`` once ``i`` is cut), which raises the peak. Movement grows with the number of tiles;
     the prediction follows it (the nest is emitted after this)."""
     if ranks <= 1:
         return
@@ -211,9 +212,17 @@ def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
             def tile(i: str) -> int:
                 return min(g.dev.get(i, span[i]), span[i])
 
+            blocked: set[str] = set()
             while math.prod(tile_count(span[i], tile(i)) for i in names) < ranks:
-                cuts = [i for i in names if tile(i) > 1]
+                cuts = [i for i in names if tile(i) > 1 and i not in blocked]
                 if not cuts:
                     break
                 widest = max(cuts, key=lambda i: (tile(i), -names.index(i)))
+                before = g.dev.get(widest)
                 g.dev[widest] = tile_count(tile(widest), 2)
+                if not ctx.fits(ctx.price(schedule)):
+                    if before is None:
+                        del g.dev[widest]
+                    else:
+                        g.dev[widest] = before
+                    blocked.add(widest)

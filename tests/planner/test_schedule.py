@@ -86,3 +86,25 @@ def test_predicted_seconds_are_shared_by_the_ranks():
     one_rank = machine.seconds(p["bytes"], p["flops"])
     assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
     assert p["total_seconds"] == pytest.approx(max(one_rank.values()) / 3, rel=1e-12)
+
+
+def test_split_that_would_overflow_the_device_is_not_taken():
+    """Found in review: cutting i splits the buffer V[i,k] and V[j,k] shared while i was whole,
+    and the device peak rose 45 % over the limit. A step that does not fit is undone."""
+    text = """
+indices: {i: 48, j: 48, k: 2048, l: 48}
+tensors:
+  V: {indices: [i, k], source: {random: 1}}
+  W: {indices: [j, l], source: {random: 2}}
+statements:
+  - U[i,l] = V[i,k] * V[j,k] * W[j,l]
+outputs:
+  U: {file: u.h5, dataset: U}
+machine: {global_memory: 64MiB, device_memory: 800KiB}
+"""
+    s = spec.loads(text, "/tmp/u.yaml")
+    one = make_plan(s)
+    for ranks in (2, 4, 8):
+        many = make_plan(s, ranks=ranks)
+        assert many.predicted["memory_peak"]["device"] <= many.memory_limit["device"]
+        assert many.predicted["flops"] == one.predicted["flops"]
