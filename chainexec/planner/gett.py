@@ -39,6 +39,8 @@ import numpy as np
 
 MMA_SHAPES = {"m8n8k4": (8, 4), "m16n8k4": (16, 4), "m16n8k8": (16, 8)}
 """FP64 MMA shapes -> (rows, k per instruction); the m16 shapes need sm_90."""
+SM90_SHAPES = ("m16n8k4", "m16n8k8")
+"""Shapes PTX offers from sm_90 on (m8n8k4 f64 exists from sm_80)."""
 _FRAGMENTS = {
     # (A elements as (row, k) offsets from (lane>>2, lane&3), B elements as k offsets from lane&3)
     "m8n8k4": (((0, 0),), (0,)),
@@ -50,6 +52,16 @@ _FRAGMENTS = {
 ``l>>2`` (``+8`` for the second pair of the m16 shapes) and columns ``2(l&3) + {0, 1}``."""
 SMEM_LIMIT = 227 * 1024
 """Dynamic shared memory one block may opt into on sm_90 (bytes)."""
+SMEM_BY_ARCH = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+"""Dynamic shared memory one block may opt into (bytes), per compute capability."""
+
+
+def smem_limit(arch: int) -> int:
+    """Shared memory one block may use on compute capability ``arch`` (bytes); newer ones get
+    sm_90's, unknown older ones the smallest listed."""
+    return SMEM_BY_ARCH.get(arch, SMEM_LIMIT if arch >= 90 else min(SMEM_BY_ARCH.values()))
+
+
 ELEM = 8
 """Bytes per float64 element (the only type of these kernels)."""
 
@@ -108,15 +120,18 @@ class GettConfig:
     def smem_bytes(self) -> int:
         return self.stages * sum(self.stage_elems()) * ELEM
 
-    def valid(self) -> bool:
-        """Whether the cooperative loads divide evenly and the shared memory fits sm_90."""
+    def valid(self, arch: int = 90) -> bool:
+        """Whether the cooperative loads divide evenly and the shape and shared memory exist on
+        compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA needs 80 or newer)."""
+        if arch < 80 or (arch < 90 and self.mma in SM90_SHAPES):
+            return False
         t = self.threads
         a_run = self.bk if self.a_k_fast else self.bm
         b_run = self.bn if self.b_n_fast else self.bk
         # 512 threads leave 128 registers each: too few for m16n8k8's larger fragments (spills)
         return (self.mma in MMA_SHAPES and not (t > 256 and self.kstep == 8) and t % a_run == 0 and t % b_run == 0
                 and (self.bm * self.bk) % t == 0 and (self.bn * self.bk) % t == 0
-                and self.bk % self.kstep == 0 and self.smem_bytes() <= SMEM_LIMIT)
+                and self.bk % self.kstep == 0 and self.smem_bytes() <= smem_limit(arch))
 
     def name(self) -> str:
         return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
@@ -254,24 +269,28 @@ TABLE_ORDER = ("am", "ak", "al", "bk", "bn", "bl", "cm", "cn", "cl")
 """Order of the table pointers in the kernel's signature."""
 
 
-def configs(p: Problem, stages: int = 3) -> list[GettConfig]:
-    """Every valid configuration of :data:`TILES` × :data:`MMA_SHAPES` for ``p``'s load
-    directions."""
+def configs(p: Problem, stages: int = 3, arch: int = 90) -> list[GettConfig]:
+    """Every configuration of :data:`TILES` × :data:`MMA_SHAPES` for ``p``'s load directions
+    that is valid on compute capability ``arch``."""
     out = []
     for (wm, wn, mm, mn, bk), shape in itertools.product(TILES, MMA_SHAPES):
         rows = MMA_SHAPES[shape][0]
         if mm * 8 % rows == 0:
             cfg = GettConfig(wm, wn, mm * 8 // rows, mn, bk, stages, shape, p.a_k_fast, p.b_n_fast)
-            if cfg.valid():
+            if cfg.valid(arch):
                 out.append(cfg)
     return out
 
 
-def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3) -> list[tuple[str, GettConfig]]:
+def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
+               arch: int = 90) -> list[tuple[str, GettConfig]]:
     """The ``top`` (order, configuration) pairs the model ranks best among ``problems``
-    (:func:`variants`), the best of every order among them: the autotuner times these."""
+    (:func:`variants`) on compute capability ``arch``, the best of every order among them: the
+    autotuner times these. Empty where the device has no FP64 MMA (before sm_80)."""
     ranked = sorted(((predicted_seconds(p, cfg, sm_count), order, cfg.name(), cfg)
-                     for order, p in problems.items() for cfg in configs(p)), key=lambda x: x[:3])
+                     for order, p in problems.items() for cfg in configs(p, arch=arch)), key=lambda x: x[:3])
+    if not ranked:
+        return []
     firsts = [next(x for x in ranked if x[1] == order) for order in problems]
     rest = [x for x in ranked if x not in firsts]
     return [(x[1], x[3]) for x in sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])]

@@ -351,9 +351,11 @@ class CupyBackend(Backend):
                             ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
             probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices),
                                   _sizes(c, a, b), strides)
-            sms = self.xp.cuda.Device().attributes["MultiProcessorCount"]
-            self._gett[key] = ({o: (p, kernels.GettTables(p, strides)) for o, p in probs.items()},
-                               gett.candidates(probs, sms, TUNE_TOP))
+            dev = self.xp.cuda.Device()
+            cands = gett.candidates(probs, dev.attributes["MultiProcessorCount"], TUNE_TOP,
+                                    int(dev.compute_capability))
+            self._gett[key] = ({o: (p, kernels.GettTables(p, strides)) for o, p in probs.items()}, cands) \
+                if cands else None
         return self._gett[key]
 
     def _candidates(self, c: Contraction, out, a, b) -> dict:
@@ -411,10 +413,12 @@ class CupyBackend(Backend):
             def run():
                 self._gett_call(how[1], c, out, a, b, alpha=0.0)
         else:
-            scratch = cp.zeros(out.shape, out.dtype)
+            scratch = []
 
             def run():
-                self._run(how, c, scratch, a, b)
+                if not scratch:
+                    scratch.append(cp.zeros(out.shape, out.dtype))
+                self._run(how, c, scratch[0], a, b)
         try:
             run()
         except Exception:  # a candidate that cannot launch here (resources) is not chosen
@@ -464,6 +468,9 @@ class CupyBackend(Backend):
             out += product if c.factor == 1.0 else c.factor * product
         else:
             kern = self._kernel(c, _sizes(c, a, b), out.dtype)
+            if kern is None:  # chosen on a probe; no configuration survives at these extents
+                out += _ttgt_product(cp, c, a, b)
+                return
             left, right = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
             if out.flags.c_contiguous:
                 kern(left, right, out, alpha=c.factor, beta=1.0)

@@ -168,3 +168,20 @@ def test_all_configurations_compile_with_nvcc(tmp_path):
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
     assert len(spills) == len(cfgs) and sum(s > 0 for s in spills) <= 2 and max(spills) <= 64
     assert os.path.getsize(tmp_path / "g.cubin") > 0
+
+
+def test_configurations_follow_the_compute_capability():
+    """sm_80 has FP64 MMA only as m8n8k4 and 163 KiB of shared memory per block; before sm_80
+    there is none, so GETT offers nothing there."""
+    sizes = dict(a=64, b=64, k=64)
+    C, A, B = _arrays("ab", "ak", "kb", sizes, 0)
+    probs = gett.variants(("a", "b"), ("a", "k"), ("k", "b"), sizes,
+                          (_strides(C, "ab"), _strides(A, "ak"), _strides(B, "kb")))
+    on90 = {cfg.mma for p in probs.values() for cfg in gett.configs(p, arch=90)}
+    on80 = [cfg for p in probs.values() for cfg in gett.configs(p, arch=80)]
+    assert on90 == set(gett.MMA_SHAPES)
+    assert on80 and {cfg.mma for cfg in on80} == {"m8n8k4"}
+    assert all(cfg.smem_bytes() <= 163 * 1024 for cfg in on80)
+    assert gett.candidates(probs, 108, arch=80) and all(cfg.mma == "m8n8k4" for _, cfg in gett.candidates(probs, 108,
+                                                                                                            arch=80))
+    assert gett.candidates(probs, 80, arch=75) == []
