@@ -478,6 +478,11 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
+TUNING_VERSION = 1
+"""Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
+so that decisions recorded by older code are not read back."""
+
+
 class TuningCache:
     """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning.json``: key =
     device name and (contraction, shapes, strides, dtype), value = the :class:`Choice`. Written
@@ -498,7 +503,7 @@ class TuningCache:
             return {}
 
     def _key(self, key: tuple) -> str:
-        return json.dumps([self.device, *key])
+        return json.dumps([TUNING_VERSION, self.device, *key])
 
     def get(self, key: tuple) -> Choice | None:
         entry = self._read().get(self._key(key))
@@ -511,6 +516,7 @@ class TuningCache:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
         os.replace(tmp, self.path)
 
 
