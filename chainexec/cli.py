@@ -19,7 +19,8 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.plan import to_dict
 
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml"
+TEMPLATES = {job: Path(__file__).resolve().parents[1] / "configs" / name
+             for job, name in (("ccsd_t", "ccsd_t.yaml"), ("ao2mo", "fourindex.yaml"))}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--basis", default="cc-pvdz")
     ch.add_argument("--frozen", type=int, default=0, help="frozen core orbitals")
     ch.add_argument("--out", required=True, help="folder for inputs.h5 and ccsd_t.yaml")
-    ch.add_argument("--template", default=str(TEMPLATE), help="the (T) chain config to copy")
+    ch.add_argument("--job", default="ccsd_t", choices=tuple(TEMPLATES),
+                    help="ccsd_t: the (T) energy job; ao2mo: the AO->MO four-index transform of the molecule's integrals")
+    ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
                     help="seeded random inputs of any size instead of PySCF")
     b = sub.add_parser("bench", help="GPU benchmarks: 'tccg' checks and times the generated kernels on the "
@@ -104,9 +107,11 @@ def main(argv=None) -> int:
                 report.plot_alternatives(plan, args.plot)
         elif args.command == "chem":
             summary = job.prepare(args.molecule, args.out, basis=args.basis, frozen=args.frozen,
-                                  template=args.template, synthetic=tuple(args.synthetic) if args.synthetic else None)
+                                  template=args.template or TEMPLATES[args.job], job=args.job,
+                                  synthetic=tuple(args.synthetic) if args.synthetic else None)
+            config = "ccsd_t.yaml" if args.job == "ccsd_t" else "fourindex.yaml"
             print(json.dumps({k: v for k, v in summary.items() if k != "path"}))
-            print(f"wrote {os.path.join(args.out, 'inputs.h5')} and {os.path.join(args.out, 'ccsd_t.yaml')}")
+            print(f"wrote {os.path.join(args.out, 'inputs.h5')} and {os.path.join(args.out, config)}")
         elif args.command == "bench":
             from chainexec import bench
 

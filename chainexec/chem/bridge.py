@@ -133,15 +133,42 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
     return {"path": os.fspath(path), "nocc": o, "nvir": v, "seed": seed}
 
 
-def _write_atomic(path, arrays: dict, attrs: dict) -> None:
-    """Write ``arrays`` (named as in :data:`INDICES`) and file ``attrs`` to ``path`` atomically."""
+#: The four-index transform's inputs (:func:`write_ao2mo_inputs`): AO integrals and MO coefficients.
+AO2MO_INDICES = {"A": "pqrs", "C": "pa"}
+
+
+def write_ao2mo_inputs(atoms: str, basis: str, path, *, conv_tol: float = 1e-10) -> dict:
+    """Run RHF with PySCF and write the AO→MO transform's inputs to ``path``: ``A`` (n, n, n, n),
+    the AO two-electron integrals ``(pq|rs)`` in chemists' notation without permutational
+    packing (``mol.intor("int2e")``, Hartree), and ``C`` (n, m), the RHF MO coefficients
+    (``mf.mo_coeff``). ``configs/fourindex.yaml`` then computes ``(ab|cd) = Σ C_pa C_qb C_rc C_sd
+    (pq|rs)``, what ``pyscf.ao2mo.full(mol, C)`` returns (symmetry-packed). File attributes:
+    ``nao``, ``nmo``, ``atoms``, ``basis``, ``e_hf``, ``units``. Written atomically."""
+    from pyscf import gto, scf
+
+    mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
+    mf = scf.RHF(mol)
+    mf.conv_tol = conv_tol
+    mf.kernel()
+    if not mf.converged:
+        raise RuntimeError("RHF did not converge")
+    eri = mol.intor("int2e")
+    nao, nmo = mf.mo_coeff.shape
+    _write_atomic(path, {"A": eri, "C": mf.mo_coeff},
+                  {"nao": nao, "nmo": nmo, "atoms": atoms, "basis": basis, "e_hf": float(mf.e_tot),
+                   "units": "Hartree"}, AO2MO_INDICES)
+    return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
+
+
+def _write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES) -> None:
+    """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically."""
     path = os.fspath(path)
     tmp = path + ".tmp"
     try:
         with h5py.File(tmp, "w") as f:
             for name, array in arrays.items():
                 dset = f.create_dataset(name, data=np.asarray(array, dtype=np.float64))
-                dset.attrs["indices"] = INDICES[name]
+                dset.attrs["indices"] = indices[name]
             f.attrs.update(attrs)
         os.replace(tmp, path)
     except BaseException:
