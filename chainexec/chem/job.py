@@ -45,26 +45,26 @@ def prepare(molecule: str, out: str | Path, *, basis: str = "cc-pvdz", frozen: i
     if job == "ao2mo":
         if synthetic is not None:
             raise ChainexecError("--synthetic makes (T) inputs; the ao2mo job needs a molecule")
-        try:
-            summary = bridge.write_ao2mo_inputs(MOLECULES.get(molecule.lower(), molecule), basis, inputs)
-        except ImportError:
-            raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
-        except (RuntimeError, ValueError, KeyError) as err:
-            raise ChainexecError(f"PySCF failed for {molecule!r} in {basis}: {err}") from None
+        summary = _pyscf(bridge.write_ao2mo_inputs, molecule, basis, inputs)
         write_ao2mo_config(template, out / "fourindex.yaml", summary["nao"], summary["nmo"])
         return summary
     if synthetic is not None:
         summary = bridge.synthetic_inputs(*synthetic, inputs)
     else:
-        try:
-            summary = bridge.write_ccsd_inputs(MOLECULES.get(molecule.lower(), molecule), basis, inputs,
-                                               frozen=frozen)
-        except ImportError:
-            raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
-        except (RuntimeError, ValueError, KeyError) as err:
-            raise ChainexecError(f"PySCF failed for {molecule!r} in {basis}: {err}") from None
+        summary = _pyscf(bridge.write_ccsd_inputs, molecule, basis, inputs, frozen=frozen)
     write_config(template, out / "ccsd_t.yaml", summary["nocc"], summary["nvir"])
     return summary
+
+
+def _pyscf(write, molecule: str, basis: str, path: Path, **options) -> dict:
+    """``write(atoms, basis, path, **options)`` (a PySCF bridge writer) with its failures turned
+    into one-line user errors."""
+    try:
+        return write(MOLECULES.get(molecule.lower(), molecule), basis, path, **options)
+    except ImportError:
+        raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ChainexecError(f"PySCF failed for {molecule!r} in {basis}: {err}") from None
 
 
 JOBS = ("ccsd_t", "ao2mo")

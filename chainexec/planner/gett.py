@@ -376,6 +376,18 @@ def _load(cfg: GettConfig, side: str) -> list[str]:
     return lines
 
 
+def _issue(cfg: GettConfig, tile: str, stage: str, pad: str) -> list[str]:
+    """Start the cp.async copies of k-tile ``tile`` into shared-memory stage ``stage`` (C
+    expressions; the stage is the tile modulo the stage count), then commit
+    the group — an empty group past the last tile, so that group counts stay equal to tile
+    numbers and ``wait_group stages-1`` always means "tile t has landed"."""
+    lines = ["{", f"  const long long nt = {tile};", f"  const int st = {stage};",
+             f"  const long long k0 = nt * {cfg.bk};", "  if (nt < tiles) {"]
+    lines += ["  " + x for x in _load(cfg, "A") + _load(cfg, "B")]
+    lines += ["  }", '  asm volatile("cp.async.commit_group;\\n" ::);', "}"]
+    return [pad + x for x in lines]
+
+
 def _setup(cfg: GettConfig, side: str) -> list[str]:
     """The thread's fixed coordinates and register offsets for loading one operand."""
     if side == "A":
@@ -467,25 +479,11 @@ def source(cfg: GettConfig) -> str:
           f"      for (int q = 0; q < {acc}; ++q) acc[i][j][q] = 0.0;",
           f"  const long long tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
           "  // prologue: the first stages-1 tiles in flight",
-          f"  for (int s = 0; s < {cfg.stages - 1}; ++s) {{",
-          "    const int st = s;",
-          f"    const long long k0 = (long long)s * {cfg.bk};",
-          "    if (s < tiles) {"]
-    L += ["  " + x for x in _load(cfg, "A") + _load(cfg, "B")]
-    L += ["    }",
-          '    asm volatile("cp.async.commit_group;\\n" ::);',
-          "  }",
-          "  for (long long t = 0; t < tiles; ++t) {",
-          "    {",
-          f"      const long long nt = t + {cfg.stages - 1};",
-          f"      const int st = (int)(nt % {cfg.stages});",
-          f"      const long long k0 = nt * {cfg.bk};",
-          "      if (nt < tiles) {"]
-    L += ["    " + x for x in _load(cfg, "A") + _load(cfg, "B")]
-    L += ["      }",
-          '      asm volatile("cp.async.commit_group;\\n" ::);',
-          "    }",
-          f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
+          f"  for (int s = 0; s < {cfg.stages - 1}; ++s)"]
+    L += _issue(cfg, "s", "s", "    ")
+    L += ["  for (long long t = 0; t < tiles; ++t) {"]
+    L += _issue(cfg, f"t + {cfg.stages - 1}", f"(int)(nt % {cfg.stages})", "    ")
+    L += [f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
           "    __syncthreads();",
           f"    const int cur = (int)(t % {cfg.stages}) * A_STAGE, curb = (int)(t % {cfg.stages}) * B_STAGE;",
           "    #pragma unroll",

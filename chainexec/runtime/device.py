@@ -295,8 +295,8 @@ class CupyBackend(Backend):
 
         When the chosen method's workspace does not fit in the device memory left (CuPy's
         OutOfMemoryError, also under a pool limit), the contraction runs through GETT, which needs
-        none (``out`` is untouched by the failed
-        attempt: every method adds its product only once it is complete)."""
+        none (``out`` is untouched by the failed attempt: every method adds its product only once
+        it is complete)."""
         if b is None or not _summed(c):
             _elementwise(self.xp, c, out, a, b)
         else:
@@ -306,9 +306,9 @@ class CupyBackend(Backend):
             except self.xp.cuda.memory.OutOfMemoryError:
                 gp = self._problem(c, out, a, b) if how[0] != "gett" else None
                 if gp is None:
-                    raise ChainexecError(f"device memory: no room under the configured limit for the workspace of "
+                    raise ChainexecError(f"device memory: no room left for the workspace of "
                                          f"{c.out}[{','.join(c.out_indices)}] += {c.a}·{c.b} ({how[0]}, tile "
-                                         f"{'x'.join(map(str, out.shape))}); raise machine.device_memory") from None
+                                         f"{'x'.join(map(str, out.shape))}); lower machine.device_memory") from None
                 order, cfg = gp[1][0]
                 fallback = {"order": order, **asdict(cfg)}
                 self._run(("gett", fallback), c, out, a, b)
@@ -341,8 +341,7 @@ class CupyBackend(Backend):
         and strides; None where GETT does not apply."""
         if out.dtype != np.float64 or out.size < GETT_MIN_OUTPUT:
             return None
-        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
-               _strides(out), _strides(a), _strides(b))
+        key = self._key(c, out, a, b)
         if key not in self._gett:
             from chainexec.planner import gett
             from chainexec.runtime import kernels
@@ -387,8 +386,8 @@ class CupyBackend(Backend):
         key = self._key(c, out, a, b)
         choice = self.choices.get(key)
         if choice is None:
-            cands = self._candidates(c, out, a, b)
             if self.method != "auto":
+                cands = self._candidates(c, out, a, b)
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:

@@ -71,7 +71,7 @@ class Executor:
         self.counters = Counters()
         self.ranges = {"global": {}, "device": {}}
         self.idle = 0.0
-        self.high_water: int | None = None
+        self.high_water = 0  # bytes; stays 0 where the backend has no allocator to watch
         self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
@@ -119,7 +119,7 @@ class Executor:
         total = self.comm.allreduce(np.array([self.counters.bytes[k] for k in CATEGORIES] + [self.counters.flops],
                                              dtype=np.int64))
         mx = _max()
-        high_water = self.comm.allreduce(self.high_water or 0, op=mx)
+        high_water = self.comm.allreduce(self.high_water, op=mx)
         return {
             "bytes": {k: int(v) for k, v in zip(CATEGORIES, total[:-1])},
             "flops": int(total[-1]),
@@ -267,7 +267,7 @@ class Executor:
         """Record the device allocator's high-water mark (scratch included), where there is one."""
         held = self.backend.pool_bytes()
         if held is not None:
-            self.high_water = max(self.high_water or 0, held)
+            self.high_water = max(self.high_water, held)
 
     def _get(self, op: Op) -> None:
         ga, sl = self._relative(op)

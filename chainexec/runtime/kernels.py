@@ -24,6 +24,7 @@ NVRTC_OPTIONS = ("--std=c++17",)
 """Options passed to NVRTC besides the architecture (part of the cache key)."""
 
 _LOADED: dict = {}
+_GETT: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -159,12 +160,21 @@ def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = N
 
 def gett_function(cfg):
     """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.planner.gett`) on the current device,
-    opted into the dynamic shared memory it needs (beyond the 48 KiB default)."""
+    opted into the dynamic shared memory it needs (beyond the 48 KiB default). Kept per
+    (configuration, device): a launch per tile must not regenerate and hash the source."""
+    import cupy
+
     from ..planner import gett
 
-    fn = load_function(cfg.name(), gett.source(cfg))
-    if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes():
-        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+    key = (cfg, cupy.cuda.Device().id)
+    with _LOCK:
+        fn = _GETT.get(key)
+    if fn is None:
+        fn = load_function(cfg.name(), gett.source(cfg))
+        if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes():
+            fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+        with _LOCK:
+            _GETT[key] = fn
     return fn
 
 
