@@ -37,7 +37,8 @@ def loop_nest(plan: Plan) -> str:
             if isinstance(node, Loop):
                 tiles = ", ".join(f"{i}:{t}" for i, t in node.tiles.items()) or "one tile"
                 kind = "parallel for" if node.parallel else "for"
-                lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}")
+                ahead = f"  ({node.depth} buffers: disk reads ahead, writes behind)" if node.depth > 1 else ""
+                lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}")
                 walk(node.body, depth + 1)
             elif node.op == "compute":
                 lines.append(f"{pad}compute #{node.contraction} @device")

@@ -15,7 +15,6 @@ from chainexec.planner.cost import predict
 from chainexec.planner.machine import Machine
 from chainexec.planner.order import binarize
 from chainexec.planner.choose import choose
-from chainexec.planner.nest import Emitter
 from chainexec.planner.plan import Contraction, Plan, TensorInfo
 from chainexec.planner.schedule import Context, split_for_ranks
 from chainexec.planner.tiling import minimal_footprint
@@ -79,13 +78,18 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
                     f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
                     f"contraction {c.einsum()} needs at least {format_size(need)}",
                     spec.path, spec.lines.get(("machine", f"{level}_memory")))
-    ctx = Context(cs, tensors, spec.extents, limits, machine)
-    try:
-        chosen, alternatives = choose(ctx, schedule)
-    except ValueError as err:
-        raise ChainexecError(str(err), spec.path) from None
+    # Disk traffic overlapped with work where the limits leave room for the second buffers;
+    # otherwise (only the single-buffered plans fit) the sequential plan.
+    for overlap in (True, False):
+        ctx = Context(cs, tensors, spec.extents, limits, machine, overlap)
+        try:
+            chosen, alternatives = choose(ctx, schedule)
+            break
+        except ValueError as err:
+            if not overlap:
+                raise ChainexecError(str(err), spec.path) from None
     split_for_ranks(ctx, chosen, ranks)
-    nests = Emitter(cs, spec.extents, tensors).schedule(chosen)
+    nests = ctx.emitter().schedule(chosen)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

@@ -26,7 +26,7 @@ from functools import lru_cache
 from itertools import combinations
 
 from chainexec.planner import fusion
-from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
+from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
 from chainexec.planner.schedule import (Context, fit, grid_candidates, iterations, movement_seconds,
                                         prescribed_scheme, single_candidates)
 
@@ -123,7 +123,7 @@ class Chooser:
         """Section 5.1's DP on one run: a cut after position k moves 2·|I| elements for every
         tensor I written up to k and still needed after it (the intermediate I_k of a linear
         chain); among equal-cost splits, the one whose pieces ``price`` lowest."""
-        emitter = Emitter(self.ctx.cs, self.ctx.extents, self.ctx.tensors)
+        emitter = self.ctx.emitter()
         cut = []
         for pos in range(len(run)):
             open_ = set(emitter.writers(run[:pos + 1])) & emitter.needed_after(run[pos])

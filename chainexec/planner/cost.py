@@ -12,7 +12,8 @@ counts the bytes it actually moves; the two must agree exactly.
 
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
-array, all ranks together; device: one rank's device).
+array, all ranks together; device: one rank's device). A double-buffered loop's own global buffers
+(:mod:`chainexec.planner.pipeline`) are held as ``depth`` full-size slots from loop entry to exit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from chainexec.planner.machine import Machine
+from chainexec.planner.pipeline import key, staged
 from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan
 
 CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
@@ -94,21 +96,28 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> di
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
 
-        def walk(body, loops):
+        def walk(body, loops, slotted=frozenset()):
             for node in body:
                 if isinstance(node, Loop):
-                    walk(node.body, loops + [node])
+                    inner = loops + [node]
+                    slots = sum(node.depth * tensors[op.tensor].itemsize
+                                * buffer_elements(op.indices, inner, "global", extents) for op in staged(node))
+                    live["global"] += slots
+                    peak["global"] = max(peak["global"], live["global"])
+                    walk(node.body, inner, {key(op) for op in staged(node)})
+                    live["global"] -= slots
                     continue
                 if node.op in ("compute", "eval"):
                     continue
                 item = tensors[node.tensor].itemsize
-                key = (node.tensor, tuple(node.indices), node.level)
+                if key(node) in slotted and node.op in ("alloc", "free"):
+                    continue
                 if node.op == "alloc":
-                    sizes[key] = item * buffer_elements(node.indices, loops, node.level, extents)
-                    live[node.level] += sizes[key]
+                    sizes[key(node)] = item * buffer_elements(node.indices, loops, node.level, extents)
+                    live[node.level] += sizes[key(node)]
                     peak[node.level] = max(peak[node.level], live[node.level])
                 elif node.op == "free":
-                    live[node.level] -= sizes.pop(key)
+                    live[node.level] -= sizes.pop(key(node))
                 else:
                     moved[CATEGORY[node.op]] += op_bytes(node, loops, extents, item)
 

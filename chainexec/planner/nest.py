@@ -49,6 +49,7 @@ import math
 from dataclasses import dataclass, field
 
 from chainexec import expr
+from chainexec.planner import pipeline
 from chainexec.planner.plan import Contraction, Loop, Nest, Op, TensorInfo
 
 
@@ -126,10 +127,13 @@ def _covered(refs, name: str, ix, tiled) -> bool:
 class Emitter:
     """Emits the nests of a schedule, numbering stored versions of each tensor as it goes."""
 
-    def __init__(self, contractions: list[Contraction], extents: dict[str, int], tensors: dict[str, TensorInfo]):
+    def __init__(self, contractions: list[Contraction], extents: dict[str, int], tensors: dict[str, TensorInfo],
+                 overlap: bool = True):
+        """``overlap``: double-buffer the global loops that qualify (:mod:`chainexec.planner.pipeline`)."""
         self.cs = contractions
         self.extents = extents
         self.tensors = tensors
+        self.overlap = overlap
         self.versions: dict[str, int] = {}
 
     def _tiled(self, tiles: dict[str, int], names) -> dict[str, int]:
@@ -199,7 +203,8 @@ class Emitter:
         return ops
 
     def schedule(self, schedule: Schedule) -> list[Nest]:
-        return [Nest(g.contractions, self.disk_group(g)) for g in schedule.groups]
+        return [Nest(g.contractions, pipeline.arrange(self.disk_group(g), self.extents, self.overlap))
+                for g in schedule.groups]
 
     def needed_after(self, k: int) -> set[str]:
         """Tensors some contraction after position k reads or accumulates into, and outputs."""

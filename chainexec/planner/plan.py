@@ -16,6 +16,8 @@ Statements (``Op.op``):
 - ``get`` X: global → device. ``accumulate`` X: device → global, added element-wise.
 - ``compute`` contraction k on the device buffers: ``out += factor · a · b``.
 
+A sequential global loop with ``depth`` 2 is double-buffered (:mod:`chainexec.planner.pipeline`).
+
 Loops flagged ``parallel`` share their iterations among ranks; everything else runs on all ranks,
 each doing its own part of the global array (collective).
 """
@@ -88,10 +90,15 @@ class Op:
 
 @dataclass
 class Loop:
+    """Tiled loop. ``depth`` 2 marks a sequential global loop whose disk traffic overlaps its work
+    (:mod:`chainexec.planner.pipeline`): its own global buffers exist twice, and while iteration n
+    computes, iteration n+1's loads and iteration n-1's stores run in the background."""
+
     level: str
     tiles: dict[str, int]
     parallel: bool = False
     body: list = field(default_factory=list)
+    depth: int = 1
 
 
 def ops(body: list, loops: tuple = ()):
@@ -137,14 +144,15 @@ class Plan:
 def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
-                         "body": [_node_to_dict(n) for n in node.body]}}
+                         "depth": node.depth, "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
 
 def _node_from_dict(d: dict):
     if "loop" in d:
         loop = d["loop"]
-        return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]])
+        return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
+                    int(loop.get("depth", 1)))
     return Op(**d["op"])
 
 

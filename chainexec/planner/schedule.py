@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
+from chainexec.planner.pipeline import DEPTH
 from chainexec.planner.plan import Contraction, TensorInfo
 from chainexec.planner.tiling import choose_tiles, composites, equal_tiles_win, scheme_tiles, spread, tile_count
 
@@ -26,20 +27,32 @@ SCHEMES = ("fits", "streaming", "equal", "greedy")
 
 @dataclass
 class Context:
-    """What every candidate is priced against: the contractions, tensors, extents, limits, machine."""
+    """What every candidate is priced against: the contractions, tensors, extents, limits, machine,
+    and whether disk traffic overlaps work (double-buffered global loops,
+    :mod:`chainexec.planner.pipeline`)."""
 
     cs: list[Contraction]
     tensors: dict[str, TensorInfo]
     extents: dict[str, int]
     limits: dict[str, int]
     machine: Machine
+    overlap: bool = True
 
     def itemsize(self, k: int) -> int:
         return self.tensors[self.cs[k].out].itemsize
 
+    def emitter(self) -> Emitter:
+        return Emitter(self.cs, self.extents, self.tensors, self.overlap)
+
+    def scheme_limit(self) -> int:
+        """Global bytes the paper's tiling schemes may fill: with overlap the streamed buffers
+        exist twice, so the schemes aim at a share of the limit (the emitted nest's exact peak
+        then decides whether a candidate fits)."""
+        return self.limits["global"] // (DEPTH if self.overlap else 1)
+
     def price(self, schedule: Schedule) -> dict:
         """Predicted record (bytes, memory peaks, seconds) of a schedule's nests."""
-        nests = Emitter(self.cs, self.extents, self.tensors).schedule(schedule)
+        nests = self.emitter().schedule(schedule)
         return predict_nests(nests, self.tensors, self.extents, self.cs, self.machine)
 
     def fits(self, predicted: dict) -> bool:
@@ -58,7 +71,7 @@ def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:
     item = ctx.itemsize(k)
     found = []
     for gscheme in SCHEMES:
-        glob = scheme_tiles(c, ctx.extents, item, ctx.limits["global"], gscheme)
+        glob = scheme_tiles(c, ctx.extents, item, ctx.scheme_limit(), gscheme)
         if glob is not None:
             best = _with_device(ctx, k, *glob)
             if best is not None:
@@ -102,7 +115,7 @@ def grid_candidates(ctx: Context, k: int) -> list[DeviceGroup]:
     its best device scheme. For the exhaustive search."""
     c = ctx.cs[k]
     item = ctx.itemsize(k)
-    m = ctx.limits["global"] / item
+    m = ctx.scheme_limit() / item
     comp = composites(c)
     found = []
     for s in GRID:
@@ -110,7 +123,7 @@ def grid_candidates(ctx: Context, k: int) -> list[DeviceGroup]:
             side = s * math.sqrt(m)
             start = spread(comp["i"], ctx.extents, side) | spread(comp["j"], ctx.extents, side)
             start |= spread(comp["k"], ctx.extents, t * math.sqrt(m / 3) if t else 1)
-            tiles = choose_tiles(c, ctx.extents, item, ctx.limits["global"], True, start)
+            tiles = choose_tiles(c, ctx.extents, item, ctx.scheme_limit(), True, start)
             if tiles is not None:
                 best = _with_device(ctx, k, tiles, [])
                 if best is not None:
@@ -138,7 +151,7 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
     Starts from whole extents on fused loops (and the scheme tiles of single contractions) and
     halves, at an overflowing level, the largest tile among the loops that level owns."""
     members = [k for g in disk for k in g]
-    emitter = Emitter(ctx.cs, ctx.extents, ctx.tensors)
+    emitter = ctx.emitter()
     if not emitter.valid(members) or not all(emitter.valid(g) for g in disk):
         return None
     groups = []
@@ -199,7 +212,7 @@ def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
     the prediction follows it (the nest is emitted after this)."""
     if ranks <= 1:
         return
-    emitter = Emitter(ctx.cs, ctx.extents, ctx.tensors)
+    emitter = ctx.emitter()
     for disk in schedule.groups:
         for g in disk.groups:
             if len(g.contractions) > 1:

@@ -7,6 +7,12 @@ each on its own rows of the global buffer (loads read exactly those rows from di
 them); iterations of a parallel loop are dealt round-robin to ranks, with a barrier before (loads
 visible) and after (accumulations complete).
 
+Disk reads and writes run on a background worker (:mod:`chainexec.runtime.diskio`). In a
+double-buffered loop (:mod:`chainexec.planner.pipeline`) the loop's own global buffers live in two
+slots allocated at loop entry; iteration n+1's loads are queued before iteration n runs and
+iteration n's stores are queued without waiting, so the disk works while the device does. Anywhere
+else a load or store waits for its job, as a plain call would.
+
 Counting: each transfer adds its payload bytes to its category on the rank that performs it; the
 report sums the ranks. Memory: live bytes per level and their peak (global: all ranks' windows
 together, summed at each collective allocation; device: per rank, the largest rank's in the report).
@@ -23,16 +29,18 @@ import numpy as np
 from chainexec import expr
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
+from chainexec.planner.pipeline import prefetched, staged
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops
 from chainexec.runtime.device import Backend
+from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
 
 
-# The level whose busy time a statement counts toward (the keys of Machine.seconds).
-OP_LEVEL = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device",
-            "compute": "compute", "eval": "compute"}
+# The level whose busy time a statement counts toward (the keys of Machine.seconds); the disk
+# level's time is the worker's own time in its jobs.
+OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute": "compute", "eval": "compute"}
 
 
 class Counters:
@@ -75,18 +83,26 @@ class Executor:
         self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
+        self.disk = DiskWorker()
+        # Double-buffered loop being run: its slots per buffer key, and which slot is in use.
+        self.slots: dict[tuple, list[GlobalArray]] = {}
+        self.turn = 0
+        self.behind = False  # inside a double-buffered loop: stores of its slots complete later
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""
         start = time.perf_counter()
         if self.balance == "dynamic":
             self.counter = TaskCounter(self.comm)
-        for k, nest in enumerate(self.plan.nests, 1):
-            self._body(nest.body)
-            for tensor, version in dict(self._stored(nest.body)).items():
-                self.store.close_version(tensor, version)
-            if self.show_progress:
-                self._report(k)
+        try:
+            for k, nest in enumerate(self.plan.nests, 1):
+                self._body(nest.body)
+                for tensor, version in dict(self._stored(nest.body)).items():
+                    self.store.close_version(tensor, version)
+                if self.show_progress:
+                    self._report(k)
+        finally:
+            self.disk.close()
         if self.progress is not None:
             self.progress.close()
         self.store.finish()
@@ -157,6 +173,10 @@ class Executor:
             spans.append([(s, min(s + loop.tiles[i], hi)) for s in range(lo, hi, loop.tiles[i])])
         saved = dict(self.ranges[loop.level])
         combos = list(itertools.product(*spans))
+        if loop.depth > 1:
+            self._double_buffered(loop, names, combos)
+            self.ranges[loop.level] = saved
+            return
         if loop.parallel:
             self._wait()
             if self.counter is not None:
@@ -171,6 +191,53 @@ class Executor:
         self.ranges[loop.level] = saved
         if loop.parallel:
             self._wait()
+
+    def _double_buffered(self, loop: Loop, names: list[str], combos: list[tuple]) -> None:
+        """A sequential global loop whose disk traffic overlaps its work (module docstring)."""
+        own, ahead = staged(loop), prefetched(loop)
+        rest = [node for node in loop.body if not any(node is op for op in ahead)]
+        self.ranges["global"].update(zip(names, combos[0]))  # the first tile is a full one
+        for op in own:
+            shape = tuple(b - a for a, b in self._region("global", op.indices))
+            slots = [GlobalArray(self.comm, shape, self.plan.tensors[op.tensor].dtype, zero=False)
+                     for _ in range(loop.depth)]
+            self.slots[self._key(op)] = slots
+            self.counters.hold("global", loop.depth * self.comm.allreduce(slots[0].nbytes_local))
+        behind = self.behind
+        self.behind = True
+        marks = {0: self._prefetch(ahead, names, combos, 0, loop.depth)}
+        for n, combo in enumerate(combos):
+            self.ranges["global"].update(zip(names, combo))
+            # Everything queued up to this tile's loads: also the stores that last used its slots.
+            upto, filled = marks.pop(n)
+            self.counters.seconds["disk"] += self.disk.wait(upto)
+            for key, (buf, region) in filled.items():
+                self.buffers[key], self.regions[key] = buf, region
+                buf.local()  # synchronise the window with what the worker wrote
+            if n + 1 < len(combos):
+                marks[n + 1] = self._prefetch(ahead, names, combos, n + 1, loop.depth)
+                self.ranges["global"].update(zip(names, combo))
+            self.turn = n % loop.depth
+            self._body(rest)
+        self.counters.seconds["disk"] += self.disk.wait()
+        self.behind = behind
+        for op in own:
+            for ga in self.slots.pop(self._key(op)):
+                self.counters.hold("global", -self.comm.allreduce(ga.nbytes_local))
+                ga.free()
+
+    def _prefetch(self, ahead: list[Op], names: list[str], combos: list[tuple], n: int, depth: int) -> tuple:
+        """Queue tile n's loads into its slots; (the worker's job count after them, the buffers)."""
+        self.ranges["global"].update(zip(names, combos[n]))
+        filled = {}
+        for op in ahead:
+            key = self._key(op)
+            if op.op == "alloc":
+                region = self._region("global", op.indices)
+                filled[key] = (self.slots[key][n % depth].view(tuple(b - a for a, b in region)), region)
+            else:
+                self._read(op, *filled[key])
+        return self.disk.submitted, filled
 
     def _claim(self, count: int):
         """This rank's iterations of a parallel loop of ``count``: from the shared counter as it
@@ -195,6 +262,13 @@ class Executor:
         region = self._region(op.level, op.indices)
         shape = tuple(b - a for a, b in region)
         dtype = self.plan.tensors[op.tensor].dtype
+        slots = self.slots.get(self._key(op))
+        if slots is not None:  # a double-buffered loop's own buffer: its slot, held since loop entry
+            buf = slots[self.turn].view(shape)
+            buf.local()[...] = 0
+            self.buffers[self._key(op)] = buf
+            self.regions[self._key(op)] = region
+            return
         if op.level == "global":
             buf = GlobalArray(self.comm, shape, dtype)
             # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
@@ -211,6 +285,8 @@ class Executor:
         key = self._key(op)
         buf = self.buffers.pop(key)
         del self.regions[key]
+        if key in self.slots:
+            return
         if op.level == "global":
             self.counters.hold("global", -self.comm.allreduce(buf.nbytes_local))
             buf.free()
@@ -226,23 +302,32 @@ class Executor:
             return None
         return ((region[0][0] + lo, region[0][0] + hi),) + region[1:]
 
-    def _load(self, op: Op) -> None:
-        key = self._key(op)
-        ga = self.buffers[key]
-        part = self._own_rows(ga, self.regions[key])
+    def _read(self, op: Op, ga: GlobalArray, region) -> None:
+        """Queue the read of this rank's rows of ``ga`` (the tile ``region`` of ``op``'s tensor)."""
+        part = self._own_rows(ga, region)
         if part is not None:
             local = ga.local()
-            self.store.read(op.tensor, op.version, part, local)
+            self.disk.submit(self.store.read, op.tensor, op.version, part, local)
             self.counters.move(CATEGORY["load"], local.nbytes)
 
+    def _load(self, op: Op) -> None:
+        key = self._key(op)
+        self._read(op, self.buffers[key], self.regions[key])
+        self.counters.seconds["disk"] += self.disk.wait()
+        self.buffers[key].local()
+
     def _store(self, op: Op) -> None:
+        """Write this rank's rows; in a double-buffered loop without waiting (the slot is reused
+        only after the job is done)."""
         key = self._key(op)
         ga = self.buffers[key]
         part = self._own_rows(ga, self.regions[key])
         if part is not None:
             local = ga.local()
-            self.store.write(op.tensor, op.version, part, local)
+            self.disk.submit(self.store.write, op.tensor, op.version, part, local)
             self.counters.move(CATEGORY["store"], local.nbytes)
+        if not (self.behind and key in self.slots):
+            self.counters.seconds["disk"] += self.disk.wait()
 
     def _find(self, tensor: str, indices, level: str) -> tuple:
         """The key of the live buffer holding ``tensor`` at ``level``: the one allocated under

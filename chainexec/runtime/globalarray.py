@@ -66,19 +66,15 @@ class GlobalArray:
     def __init__(self, comm: MPI.Comm, shape: tuple[int, ...], dtype, zero: bool = True):
         """Allocate the window collectively; fill it with zeros if ``zero``, else leave it undefined."""
         self.comm = comm
-        self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
         self._mpi_type = from_numpy_dtype(self.dtype)
-        # A 0-d array is stored as shape (1,) so that one code path serves every rank count.
-        self._shape1 = self.shape or (1,)
-        self._bounds = self._row_bounds(self.shape, comm.size)
-        self.rows = (self._bounds[comm.rank], self._bounds[comm.rank + 1])
-        self._local_shape = (self.rows[1] - self.rows[0], *self._shape1[1:])
-        self.nbytes_local = math.prod(self._local_shape) * self.dtype.itemsize
+        shape = tuple(int(n) for n in shape)
+        self._layout(shape, self._row_bounds(shape, comm.size))
         self._win = MPI.Win.Allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
         if self._win.Get_attr(MPI.WIN_MODEL) != MPI.WIN_UNIFIED:
             raise RuntimeError("GlobalArray needs an MPI library with the unified RMA memory model")
-        self._block = np.frombuffer(self._win.tomemory(), self.dtype).reshape(self._local_shape)
+        self._owner = True
+        self._block = self._view_block()
         if zero:
             self._block[...] = 0
         # One shared epoch on all targets for the array's life: operations then need only a flush,
@@ -86,6 +82,38 @@ class GlobalArray:
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self._win.Sync()
         comm.Barrier()
+
+    def _layout(self, shape: tuple[int, ...], bounds: list[int]) -> None:
+        self.shape = shape
+        # A 0-d array is stored as shape (1,) so that one code path serves every rank count.
+        self._shape1 = self.shape or (1,)
+        self._bounds = bounds
+        self.rows = (self._bounds[self.comm.rank], self._bounds[self.comm.rank + 1])
+        self._local_shape = (self.rows[1] - self.rows[0], *self._shape1[1:])
+        self.nbytes_local = math.prod(self._local_shape) * self.dtype.itemsize
+
+    def _view_block(self) -> np.ndarray:
+        return np.frombuffer(self._win.tomemory(), self.dtype, count=math.prod(self._local_shape)).reshape(
+            self._local_shape)
+
+    def view(self, shape: tuple[int, ...]) -> "GlobalArray":
+        """This array's window as an array of ``shape`` (no extent larger than this array's, same
+        number of axes): the slot of a double-buffered loop holding a partial tile. Rows are cut at
+        this array's row bounds (clipped to the new row count), so every rank's block fits in its
+        part of the window. Not collective, allocates nothing; the contents are undefined;
+        :meth:`free` of a view does nothing (free the array it came from)."""
+        shape = tuple(int(n) for n in shape)
+        if len(shape) != len(self.shape) or any(n > m for n, m in zip(shape, self.shape)):
+            raise ValueError(f"view {shape} does not fit in array {self.shape}")
+        out = object.__new__(GlobalArray)
+        out.comm, out.dtype, out._mpi_type, out._win, out._owner = self.comm, self.dtype, self._mpi_type, self._win, False
+        if shape and math.prod(shape) == 0:
+            bounds = self._row_bounds(shape, self.comm.size)
+        else:
+            bounds = [min(b, shape[0] if shape else 1) for b in self._bounds]
+        out._layout(shape, bounds)
+        out._block = out._view_block()
+        return out
 
     @staticmethod
     def _row_bounds(shape: tuple[int, ...], nranks: int) -> list[int]:
@@ -185,7 +213,10 @@ class GlobalArray:
                   lambda origin, rank, target: self._win.Accumulate(origin, rank, target, MPI.SUM))
 
     def free(self) -> None:
-        """Release the window (collective); the array and views from ``local()`` are then invalid."""
+        """Release the window (collective); the array, its views and arrays from ``local()`` are
+        then invalid."""
+        if not self._owner:
+            return
         self._win.Unlock_all()
         self._win.Free()
         self._block = None

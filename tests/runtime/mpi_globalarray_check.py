@@ -119,6 +119,42 @@ def check_accumulate(comm, rng, dtype):
     ga.free()
 
 
+def check_views(comm, rng, dtype):
+    """Smaller arrays in one window (a double-buffered loop's slots): every view shape from the
+    whole array down to one element per axis reads, writes and accumulates like its own array,
+    and a view's local block fits the window on every rank."""
+    shape = random_shape(rng, comm.size)
+    ga = GlobalArray(comm, shape, dtype, zero=False)
+    for _ in range(3):
+        small = tuple(int(rng.integers(1, n + 1)) for n in shape)
+        view = ga.view(small)
+        lo, hi = view.rows
+        assert view.shape == small and view.local().shape == (hi - lo, *small[1:])
+        assert view.nbytes_local <= ga.nbytes_local
+        ref = random_values(rng, small, dtype)
+        view.local()[...] = ref[lo:hi]
+        comm.Barrier()
+        region = random_region(rng, small)
+        assert np.array_equal(view.get(()), ref) and np.array_equal(view.get(region), ref[region])
+        comm.Barrier()
+        data = random_values(rng, ref[region].shape, dtype)
+        view.accumulate(region, data)
+        ref[region] += comm.size * data
+        comm.Barrier()
+        tol = 100 * np.finfo(dtype).eps * np.abs(ref).max()
+        assert np.abs(view.get(()) - ref).max() <= tol
+        view.free()  # a view's free leaves the window alone
+        comm.Barrier()
+    for bad in (tuple(n + 1 for n in shape), shape[:-1]):
+        try:
+            ga.view(bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"view {bad} of {shape} accepted")
+    ga.free()
+
+
 def check_degenerate(comm, rng):
     """0-d and empty arrays live on rank 0; bad regions and buffers are refused."""
     scalar = GlobalArray(comm, (), np.float64)
@@ -182,6 +218,7 @@ def main():
             for _ in range(4):
                 check_patches(comm, rng, dtype)
                 check_accumulate(comm, rng, dtype)
+                check_views(comm, rng, dtype)
         check_degenerate(comm, rng)
         check_counter(comm)
     except Exception:

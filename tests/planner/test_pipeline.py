@@ -1,0 +1,108 @@
+"""Double-buffered global loops: which loops qualify, their slots in the predicted memory peak,
+one-iteration loops dropped, the fall-back to single buffers, and the plan's JSON form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from chainexec import spec
+from chainexec.planner import pipeline
+from chainexec.planner.build import make_plan
+from chainexec.planner.cost import predict_nests
+from chainexec.planner.machine import Machine
+from chainexec.planner.plan import Loop, Nest, Op, Plan, TensorInfo
+from tests.conftest import fourindex_config, write_config
+
+
+def _loops(body, around=()):
+    for node in body:
+        if isinstance(node, Loop):
+            yield node, around
+            yield from _loops(node.body, around + (node,))
+
+
+def _global_allocs(body) -> bool:
+    return any(isinstance(n, Op) and n.op == "alloc" and n.level == "global" for n in body) or any(
+        _global_allocs(n.body) for n in body if isinstance(n, Loop))
+
+
+@pytest.mark.parametrize("n, nmo, limit", [(10, 8, "24KiB"), (11, 7, "40KiB"), (9, 9, "16KiB")])
+def test_out_of_core_loops_are_double_buffered(tmp_path, n, nmo, limit):
+    plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(n, nmo, limit, "3KiB"))))
+    doubled = [(loop, around) for nest in plan.nests for loop, around in _loops(nest.body) if loop.depth > 1]
+    assert doubled
+    for loop, around in doubled:
+        assert loop.level == "global" and not loop.parallel
+        assert any(isinstance(x, Op) and x.op in ("load", "store") for x in loop.body)
+        assert not any(_global_allocs(x.body) for x in loop.body if isinstance(x, Loop))
+        ranges = {i: min([plan.extents[i]] + [o.tiles[i] for o in around if o.level == "global" and i in o.tiles])
+                  for i in loop.tiles}
+        assert math.prod(-(-ranges[i] // t) for i, t in loop.tiles.items()) >= 2
+    assert plan.predicted["memory_peak"]["global"] <= plan.memory_limit["global"]
+
+
+def _tensor(name, indices, shape):
+    return TensorInfo(name, list(indices), list(shape), "float64", 8, "input", {"file": "x.h5", "dataset": name})
+
+
+def test_slots_are_two_full_tiles_for_the_whole_loop():
+    """Loop over s (extent 5, tiles of 2) loading X[s,t] (t = 3) into its own buffer, beside a
+    resident Y[t]: the peak is Y plus two full-size slots of X, also when the last tile is short."""
+    x = Op("alloc", "global", "X", ["s", "t"])
+    body = [x, Op("load", "global", "X", ["s", "t"], version=0), Op("free", "global", "X", ["s", "t"])]
+    tensors = {"X": _tensor("X", "st", (5, 3)), "Y": _tensor("Y", "t", (3,))}
+    extents = {"s": 5, "t": 3}
+    for depth, slots in ((1, 1), (2, 2)):
+        nest = [Op("alloc", "global", "Y", ["t"]), Loop("global", {"s": 2}, False, list(body), depth),
+                Op("free", "global", "Y", ["t"])]
+        record = predict_nests([Nest([], nest)], tensors, extents, [], Machine())
+        assert record["memory_peak"]["global"] == 8 * (3 + slots * 2 * 3)
+        assert record["bytes"]["disk->global"] == 8 * 5 * 3  # the bytes do not depend on buffering
+
+
+def test_staged_and_prefetched():
+    out = Op("alloc", "global", "O", ["s"])
+    a = Op("alloc", "global", "A", ["s", "k"])
+    load_a = Op("load", "global", "A", ["s", "k"], version=0)
+    loop = Loop("global", {"s": 2}, False, [out, a, load_a, Loop("device", {"s": 1}, True, []),
+                                            Op("store", "global", "O", ["s"], version=1)], 2)
+    assert [op.tensor for op in pipeline.staged(loop)] == ["O", "A"]
+    # The output is zero-filled in its own iteration (its other slot may still be on its way to disk).
+    assert pipeline.prefetched(loop) == [a, load_a]
+    loop.depth = 1
+    assert pipeline.staged(loop) == []
+
+
+def test_one_iteration_loops_are_dropped():
+    inner = Loop("global", {"s": 8}, False, [Op("alloc", "global", "X", ["s"]), Op("load", "global", "X", ["s"], version=0),
+                                           Op("free", "global", "X", ["s"])])
+    outer = Loop("global", {"s": 4}, False, [inner])
+    (kept,) = pipeline.arrange([outer], {"s": 16})
+    assert kept.tiles == {"s": 4} and [op.op for op in kept.body] == ["alloc", "load", "free"]
+    assert kept.depth == 2
+    (single,) = pipeline.arrange([outer], {"s": 16}, overlap=False)
+    assert single.depth == 1
+    # A loop of one tile is no loop at all (and is not double-buffered).
+    assert [n.op for n in pipeline.arrange([outer], {"s": 4})] == ["alloc", "load", "free"]
+
+
+def test_single_buffers_when_double_ones_do_not_fit(tmp_path):
+    """Limits that leave no room for a second slot (a few unit tiles) still get a plan, with
+    single buffers; a little more room and the same chain is double-buffered."""
+    config = fourindex_config(10, 8, "24KiB", "3KiB")
+    depths = {}
+    for limit in (24, 40, 48, 64):
+        config["machine"]["global_memory"] = limit
+        plan = make_plan(spec.load(write_config(tmp_path, config)))
+        assert plan.predicted["memory_peak"]["global"] <= limit
+        depths[limit] = {loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)}
+    assert depths == {24: {1}, 40: {1}, 48: {1, 2}, 64: {1, 2}}
+
+
+def test_depth_survives_json(tmp_path):
+    plan = make_plan(spec.load(write_config(tmp_path, fourindex_config())))
+    again = Plan.from_json(plan.to_json())
+    depths = [loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)]
+    assert 2 in depths and depths == [loop.depth for nest in again.nests for loop, _ in _loops(nest.body)]
