@@ -34,9 +34,10 @@ def contraction_flops(left: tuple[str, ...], right: tuple[str, ...], extents: di
     return 2 * math.prod(extents[i] for i in set(left) | set(right))
 
 
-def _kept(mask: int, operands: list[tuple[str, ...]], keep: tuple[str, ...]) -> tuple[str, ...]:
-    """Indices of the partial product over ``mask`` that are still needed outside it, in first-seen order."""
-    inside: list[str] = []
+def _kept(mask: int, operands: list[tuple[str, ...]], keep: tuple[str, ...], big: int) -> tuple[str, ...]:
+    """Indices of the partial product over ``mask`` that are still needed outside it: those of the
+    largest operand ``big`` first in its order (when ``mask`` holds it), then first-seen order."""
+    inside: list[str] = list(operands[big]) if mask >> big & 1 else []
     outside = set(keep)
     for k, idx in enumerate(operands):
         if mask >> k & 1:
@@ -46,18 +47,31 @@ def _kept(mask: int, operands: list[tuple[str, ...]], keep: tuple[str, ...]) -> 
     return tuple(i for i in inside if i in outside)
 
 
+def _layout_score(mask: int, kept: tuple[str, ...], operands: list[tuple[str, ...]], big: int) -> int:
+    """How far back in the largest operand the indices an intermediate keeps of it sit (Σ of their
+    positions; lower is better). An intermediate holding the largest operand (usually the one read
+    from disk) is produced inside loops over the indices it keeps of it; keeping the leading ones
+    makes those loops cut the row-major file into contiguous slabs instead of strided columns."""
+    if not mask >> big & 1:
+        return 0
+    return sum(operands[big].index(i) for i in kept if i in operands[big])
+
+
 def binarize(operands: list[tuple[str, ...]], keep: tuple[str, ...], extents: dict[str, int]) -> list[Step]:
     """The flop-minimal sequence of binary contractions for the product of ``operands`` kept on ``keep``.
 
-    Ties are broken by the smaller sum of intermediate sizes, then by the first split found, so the
-    result is deterministic. The last step's indices are reordered to ``keep``.
+    Ties are broken by the smaller sum of intermediate sizes, then by the disk layout (the
+    intermediates that hold the largest operand keep its leading indices: :func:`_layout_score`; the
+    four-index transform then contracts the file's last index first), then by the first split
+    found, so the result is deterministic. The last step's indices are reordered to ``keep``.
     """
     n = len(operands)
     if n < 2:
         return []
     full = (1 << n) - 1
-    kept = {m: _kept(m, operands, keep) for m in range(1, full + 1)}
-    best: dict[int, tuple[int, int, tuple[int, int] | None]] = {1 << k: (0, 0, None) for k in range(n)}
+    big = max(range(n), key=lambda k: (math.prod(extents[i] for i in operands[k]), -k))
+    kept = {m: _kept(m, operands, keep, big) for m in range(1, full + 1)}
+    best: dict[int, tuple[int, int, int, tuple[int, int] | None]] = {1 << k: (0, 0, 0, None) for k in range(n)}
     for mask in sorted(range(1, full + 1), key=lambda m: bin(m).count("1")):
         if mask in best:
             continue
@@ -68,8 +82,9 @@ def binarize(operands: list[tuple[str, ...]], keep: tuple[str, ...], extents: di
             if sub < other:
                 fl = best[sub][0] + best[other][0] + contraction_flops(kept[sub], kept[other], extents)
                 size = best[sub][1] + best[other][1] + math.prod(extents[i] for i in kept[mask])
-                if choice is None or (fl, size) < choice[:2]:
-                    choice = (fl, size, (sub, other))
+                layout = best[sub][2] + best[other][2] + _layout_score(mask, kept[mask], operands, big)
+                if choice is None or (fl, size, layout) < choice[:3]:
+                    choice = (fl, size, layout, (sub, other))
             sub = (sub - 1) & mask
         best[mask] = choice
     steps: list[Step] = []
@@ -78,7 +93,7 @@ def binarize(operands: list[tuple[str, ...]], keep: tuple[str, ...], extents: di
     def emit(mask: int) -> int:
         if mask in position:
             return position[mask]
-        sub, other = best[mask][2]
+        sub, other = best[mask][3]
         left, right = emit(sub), emit(other)
         indices = keep if mask == full else kept[mask]
         steps.append(Step(left, right, indices, contraction_flops(kept[sub], kept[other], extents)))

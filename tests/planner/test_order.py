@@ -66,3 +66,15 @@ def test_fourindex_is_four_n5_steps():
     steps = binarize(operands, ("a", "b", "c", "d"), extents)
     assert [s.flops for s in steps] == [2 * n**5] * 4
     assert all(len(s.indices) == 4 for s in steps)
+
+
+@pytest.mark.parametrize("ao, mo", [(20, 20), (160, 150)])
+def test_fourindex_contracts_the_files_last_index_first(ao, mo):
+    """Every order costs the same; the layout tie-break contracts s, r, q, p of the row-major
+    A[p,q,r,s], so the intermediates keep p leading and the fused loops cut A into contiguous slabs."""
+    extents = {**{i: ao for i in "pqrs"}, **{i: mo for i in "abcd"}}
+    operands = [("p", "a"), ("q", "b"), ("r", "c"), ("s", "d"), ("p", "q", "r", "s")]
+    steps = binarize(operands, ("a", "b", "c", "d"), extents)
+    assert [s.indices for s in steps[:3]] == [("p", "q", "r", "d"), ("p", "q", "c", "d"), ("p", "b", "c", "d")]
+    assert (steps[0].left, steps[0].right) in ((3, 4), (4, 3))
+    assert sum(s.flops for s in steps) == brute_force(operands, ("a", "b", "c", "d"), extents)
