@@ -81,14 +81,16 @@ def predict(plan: Plan, machine: Machine, ranks: int = 1) -> dict:
     """The ``predicted`` record of a plan: bytes per category (all ranks together), flops, memory
     peak per level, and seconds per level for ``ranks`` ranks sharing the work, each at the
     machine file's per-rank rates (the bound of a perfectly balanced run)."""
-    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine)
+    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks)
     record["seconds"] = {level: t / ranks for level, t in record["seconds"].items()}
     record["total_seconds"] = max(record["seconds"].values())
     return record
 
 
-def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> dict:
-    """:func:`predict` for loose parts of a plan (used to price candidate schedules)."""
+def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks: int = 1) -> dict:
+    """:func:`predict` for loose parts of a plan (used to price candidate schedules, for one rank).
+    A transfer to the device outside every parallel loop (a fused group's inputs fetched once per
+    global tile) is made by each of the ``ranks``."""
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
 
@@ -104,7 +106,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> di
                                 * buffer_elements(op.indices, inner, "global", extents) for op in staged(node))
                     live["global"] += slots
                     peak["global"] = max(peak["global"], live["global"])
-                    walk(node.body, inner, {key(op) for op in staged(node)})
+                    walk(node.body, inner, slotted | {key(op) for op in staged(node)})
                     live["global"] -= slots
                     continue
                 if node.op in ("compute", "eval"):
@@ -119,7 +121,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine) -> di
                 elif node.op == "free":
                     live[node.level] -= sizes.pop(key(node))
                 else:
-                    moved[CATEGORY[node.op]] += op_bytes(node, loops, extents, item)
+                    every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
+                    moved[CATEGORY[node.op]] += every * op_bytes(node, loops, extents, item)
 
         walk(nest.body, [])
 

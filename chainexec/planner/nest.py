@@ -26,6 +26,7 @@ Shapes of the emitted nests (G: global level, D: device level)::
     device group c_1..c_m (intermediates on the device):
         for G tiles of the indices common to all outputs:
             alloc out_m@G; alloc+load every other operand @G
+            [alloc+get the group's inputs @D, once per G tile, when ``on_device`` (every rank)]
             parallel for D tiles of the common indices:
                 for k = 1..m: alloc I_k@D
                     for D tiles of c_k's other indices: alloc+get operands @D; compute c_k; free
@@ -59,12 +60,15 @@ class DeviceGroup:
 
     ``glob``/``dev``: tile size per index at the global / device level (an index not listed, or
     with a tile ≥ its range, is not tiled). ``resident``: operands of a single contraction loaded
-    once, outside its loops (Fig. 1: the array that fits stays)."""
+    once, outside its loops (Fig. 1: the array that fits stays). ``on_device``: inputs of a fused
+    group fetched to the device once per global tile, before its parallel loop, instead of a
+    slice per device tile (every rank fetches them; worth it when device tiles re-read them)."""
 
     contractions: list[int]
     glob: dict[str, int]
     dev: dict[str, int]
     resident: list[str] = field(default_factory=list)
+    on_device: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -171,19 +175,20 @@ class Emitter:
                  for op in (_ref("alloc", "global", n, ix), _ref("load", "global", n, ix, self.versions.get(n, 0)))]
         return loads, [_ref("free", "global", n, ix) for n, ix in kept]
 
-    def _fetches(self, refs, tiled: set[str], live=(), alone=()) -> tuple[list[Op], list[Op]]:
+    def _fetches(self, refs, tiled: set[str], live=(), alone=(), held=frozenset()) -> tuple[list[Op], list[Op]]:
         """(fetch ops, free ops) bringing ``refs`` to the device inside loops that tile ``tiled``:
         get each, or get a computed tensor's expression inputs, evaluate it and free them. A
         reference whose region equals that of a live device buffer of the same tensor — one in
-        ``live`` or fetched before it here — reuses that buffer. Tensors in ``alone`` never share."""
+        ``live`` or fetched before it here — reuses that buffer. Tensors in ``alone`` never share;
+        tensors in ``held`` are on the device already over a region containing any of theirs."""
         live = list(live)
         fetch: list[Op] = []
         free: list[Op] = []
         for name, ix in refs:
-            if (name, list(ix)) in live or (name not in alone and _covered(live, name, ix, tiled)):
+            if name in held or (name, list(ix)) in live or (name not in alone and _covered(live, name, ix, tiled)):
                 continue
             if self._computed(name):
-                inputs, done = self._fetches(self._inputs_of(name, ix), tiled, live, alone)
+                inputs, done = self._fetches(self._inputs_of(name, ix), tiled, live, alone, held)
                 fetch += inputs + [_ref("alloc", "device", name, ix), _ref("eval", "device", name, ix)] + done
             else:
                 fetch += [_ref("alloc", "device", name, ix), _ref("get", "device", name, ix)]
@@ -355,7 +360,8 @@ class Emitter:
         global_tiled = set(outer) | set(self._tiled(g.glob, common))
         fused_tiled = global_tiled | set(self._tiled(g.dev, common))
         own = [set(self._tiled(g.dev, [i for i in c.indices() if i not in common])) for c in cs]
-        work = [[(n, ix) for n, ix in _operands(c) if n not in writers] for c in cs]
+        on_device = {leaf[0] for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in g.on_device}
+        work = [[(n, ix) for n, ix in _operands(c) if n not in writers and n not in on_device] for c in cs]
         held = self._held(work, own, fused_tiled)
         dev_body: list = []
         live: set[str] = set()
@@ -368,7 +374,7 @@ class Emitter:
                 if first == pos:
                     dev_body += self._fetches([ref], fused_tiled, holding)[0]
                     holding.append(ref)
-            fetch, done = self._fetches(work[pos], fused_tiled | own[pos], holding)
+            fetch, done = self._fetches(work[pos], fused_tiled | own[pos], holding, held=on_device)
             step = fetch + [Op("compute", "device", contraction=c.id)] + done
             rest = [i for i in c.indices() if i not in common]
             dev_body += _loop("device", self._tiled(g.dev, rest), step)
@@ -389,8 +395,11 @@ class Emitter:
             body += self._out_alloc(first)
         loads, unloads = self._loads(loaded, global_tiled)
         body += loads
+        leaves = [leaf for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in on_device]
+        ahead, behind = self._fetches(leaves, global_tiled)
+        body += ahead
         body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
-        body += unloads
+        body += behind + unloads
         for name in stored:
             body += self._store(next(c for c in cs if c.out == name))
         return _loop("global", self._tiled(g.glob, common), body)

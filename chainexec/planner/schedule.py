@@ -165,9 +165,20 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
             rest = dict.fromkeys(i for c in cs for i in c.indices())  # ordered: the plan must not depend on hashing
             groups.append(DeviceGroup(list(g), {i: ctx.extents[i] for i in common},
                                       {i: ctx.extents[i] for i in rest}))
-    group = DiskGroup(groups)
-    if len(members) > 1:
-        group.tiles = {i: ctx.extents[i] for i in emitter.group_common(members)}
+    tiles = {i: ctx.extents[i] for i in emitter.group_common(members)} if len(members) > 1 else {}
+    variants = [groups]
+    # Also with every fused group's inputs fetched once per global tile rather than per device
+    # tile: fewer bytes where device tiles re-read them, at the price of device memory.
+    inputs = [t.name for t in ctx.tensors.values() if t.role == "input"]
+    if any(len(g) > 1 for g in disk):
+        variants.append([DeviceGroup(list(g.contractions), dict(g.glob), dict(g.dev), list(g.resident),
+                                     inputs if len(g.contractions) > 1 else []) for g in groups])
+    found = [g for g in (_shrunk(ctx, DiskGroup(v, dict(tiles))) for v in variants) if g is not None]
+    return min(found, key=lambda g: movement_seconds(ctx.price(Schedule([g])))) if found else None
+
+
+def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
+    """``group`` with tiles halved until its nest fits both levels (in place); None if it cannot."""
     while True:
         pred = ctx.price(Schedule([group]))
         over = [lvl for lvl in ("device", "global") if pred["memory_peak"][lvl] > ctx.limits[lvl]]

@@ -88,6 +88,7 @@ class Executor:
         self.slots: dict[tuple, list[GlobalArray]] = {}
         self.turn = 0
         self.behind = False  # inside a double-buffered loop: stores of its slots complete later
+        self.in_parallel = 0  # parallel loops around the statement being run
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""
@@ -184,10 +185,12 @@ class Executor:
             mine = self._claim(len(combos))
         else:
             mine = range(len(combos))
+        self.in_parallel += loop.parallel
         for n in mine:
             self.ranges[loop.level].update(zip(names, combos[n]))
             self._body(loop.body)
             self.tiles_done += loop.parallel
+        self.in_parallel -= loop.parallel
         self.ranges[loop.level] = saved
         if loop.parallel:
             self._wait()
@@ -355,6 +358,10 @@ class Executor:
             self.high_water = max(self.high_water, held)
 
     def _get(self, op: Op) -> None:
+        if not self.in_parallel:
+            # Every rank fetches the whole tile (a fused group's inputs, once per global tile):
+            # all ranks' loads of its rows must have landed.
+            self._wait()
         ga, sl = self._relative(op)
         key = self._key(op)
         # Fetched straight into page-locked memory where the backend has it: the copy to the

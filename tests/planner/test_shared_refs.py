@@ -14,10 +14,12 @@ import yaml
 from chainexec import expr, spec
 from chainexec.chem.job import write_config as write_t_config
 from chainexec.planner.build import contractions, make_plan
+from chainexec.planner.choose import choose
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule, same_region
 from chainexec.planner.plan import ops
+from chainexec.planner.schedule import Context
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -73,11 +75,36 @@ def test_triples_loads_each_input_once(tmp_path, nocc, nvir, memory):
         assert sum(inputs.values()) == 203081664
 
 
-def test_triples_device_gets_share_equal_regions(tmp_path):
-    """At o = 21, v = 93 the fused loop tiles i, j, k only: ovvv[i,a,f,b] and ovvv[i,a,f,c] (and
-    the other pairs that differ in whole virtual positions) are fetched once per tile."""
-    plan = make_plan(t_spec(tmp_path, 21, 93, "32GiB", "12GiB"))
+def test_triples_inputs_go_to_the_device_once(tmp_path):
+    """At o = 21, v = 93 with 12 GiB of device memory the fused group's inputs fit beside its
+    tiles: each input goes to the device once (one get per tensor: the global level holds whole
+    tensors, so all its names cover one region), before the parallel loop over i, j, k tiles."""
+    s = t_spec(tmp_path, 21, 93, "32GiB", "12GiB")
+    plan = make_plan(s)
     (nest,) = plan.nests
+    gets = [(op, loops) for op, loops in ops(nest.body) if op.op == "get"]
+    assert not any(loop.parallel for _, loops in gets for loop in loops)
+    assert sorted(op.tensor for op, _ in gets) == sorted(stored_inputs(s))
+    assert plan.predicted["bytes"]["global->device"] == sum(stored_inputs(s).values())
+    par = next(loop for _, loops in ops(nest.body) for loop in loops if loop.parallel)
+    assert set(par.tiles) == {"i", "j", "k"}
+
+
+def test_triples_device_gets_share_equal_regions(tmp_path):
+    """The same schedule with the inputs fetched per device tile: ovvv[i,a,f,b] and
+    ovvv[i,a,f,c] (and the other pairs that differ in whole virtual positions) are fetched once
+    per tile."""
+    s = t_spec(tmp_path, 21, 93, "32GiB", "12GiB")
+    cs, tensors = contractions(s)
+    ctx = Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
+                  Machine())
+    chosen, _ = choose(ctx)
+    for disk in chosen.groups:
+        for g in disk.groups:
+            g.on_device = []
+    (nest,) = ctx.emitter().schedule(chosen)
+    predicted = predict_nests([nest], tensors, s.extents, cs, Machine())
+    assert predicted["memory_peak"]["device"] <= s.machine.device_memory
     par = next(loop for _, loops in ops(nest.body) for loop in loops if loop.parallel)
     tiled = set(par.tiles)
     assert tiled == {"i", "j", "k"}
@@ -90,13 +117,13 @@ def test_triples_device_gets_share_equal_regions(tmp_path):
     assert len(ovvv) == 3  # six references, three regions: (i,…), (j,…), (k,…)
     # Bytes per get, independently: each device tile of an occupied index, summed over the tiles
     # of the parallel loop, sees the whole range once per tile of the other two.
-    n = {i: -(-plan.extents[i] // par.tiles[i]) for i in tiled}
+    n = {i: -(-s.extents[i] // par.tiles[i]) for i in tiled}
     expected = 0
     for op in gets:
-        t = plan.tensors[op.tensor]
+        t = tensors[op.tensor]
         others = math.prod(n[i] for i in tiled if i not in op.indices)
         expected += t.itemsize * math.prod(t.shape) * others
-    assert plan.predicted["bytes"]["global->device"] == expected
+    assert predicted["bytes"]["global->device"] == expected
 
 
 # A small fused chain: W[i,a,b,c] built from three terms that read A and T under several names.
