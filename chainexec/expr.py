@@ -70,6 +70,31 @@ def refs(tree: ast.expr) -> list[Ref]:
     return found
 
 
+def spread(array, ref: Ref, order: tuple[str, ...], xp):
+    """``array`` (``ref`` over its own index order) as a view over ``order``, with length-1 axes
+    for the indices it lacks, so that it broadcasts against the computed tensor."""
+    present = [i for i in order if i in ref.indices]
+    array = xp.transpose(array, [ref.indices.index(i) for i in present])
+    return xp.reshape(array, [array.shape[present.index(i)] if i in present else 1 for i in order])
+
+
+def c_source(tree: ast.expr, params: dict[Ref, str]) -> str:
+    """The expression as a C expression over the parameter names ``params`` (one per reference),
+    numbers written as double literals (so ``1 / x`` never becomes integer division). Only the
+    validated tree reaches the text: tensor and index names do not appear in it."""
+
+    def text(node) -> str:
+        if isinstance(node, ast.BinOp):
+            return f"({text(node.left)} {_OPS[type(node.op)]} {text(node.right)})"
+        if isinstance(node, ast.UnaryOp):
+            return f"(-{text(node.operand)})" if isinstance(node.op, ast.USub) else text(node.operand)
+        if isinstance(node, ast.Constant):
+            return repr(float(node.value))
+        return params[_ref(node, "")]
+
+    return text(tree)
+
+
 def evaluate(tree: ast.expr, arrays: dict[Ref, object], order: tuple[str, ...], xp):
     """The expression over index order ``order``; ``arrays[ref]`` holds ``ref`` over its own index
     order (the region being computed), and is broadcast along the indices it lacks."""
@@ -85,9 +110,6 @@ def evaluate(tree: ast.expr, arrays: dict[Ref, object], order: tuple[str, ...], 
         if isinstance(node, ast.Constant):
             return float(node.value)
         ref = _ref(node, "")
-        array = arrays[ref]
-        present = [i for i in order if i in ref.indices]
-        array = xp.transpose(array, [ref.indices.index(i) for i in present])
-        return xp.reshape(array, [array.shape[present.index(i)] if i in present else 1 for i in order])
+        return spread(arrays[ref], ref, order, xp)
 
     return value(tree)

@@ -52,6 +52,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from chainexec import expr
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.runtime.comm import local_rank
@@ -142,6 +143,11 @@ class Backend:
         """An uninitialized host array that :meth:`upload` copies fastest (here: plain memory)."""
         return np.empty(shape, dtype)
 
+    def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
+        """Fill ``out`` (a computed tensor's tile over index order ``order``) with the expression
+        ``tree`` of :mod:`chainexec.expr`; ``arrays[ref]``: each reference's tile over its own order."""
+        out[...] = expr.evaluate(tree, arrays, order, self.xp)
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).
 
@@ -172,6 +178,14 @@ def _elementwise(xp, c: Contraction, out, a, b) -> None:
         _axpy(xp)(spread(a, c.a_indices), c.factor, out)
     else:
         _axpby(xp)(spread(a, c.a_indices), spread(b, c.b_indices), c.factor, out)
+
+
+@lru_cache(maxsize=256)
+def _expression_kernel(xp, code: str, types: tuple[str, ...]):
+    """An element-wise kernel ``y = code`` over inputs ``p0, p1, …`` of dtypes ``types[:-1]`` and
+    output ``y`` of dtype ``types[-1]`` (dtype names only reach the source as type names)."""
+    params = ", ".join(f"{t} p{k}" for k, t in enumerate(types[:-1]))
+    return xp.ElementwiseKernel(params, f"{types[-1]} y", f"y = {code}", "chainexec_expression")
 
 
 @lru_cache(maxsize=None)
@@ -279,6 +293,17 @@ class CupyBackend(Backend):
         # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
         (array if array.flags.c_contiguous else array.copy()).get(out=host)
         return host
+
+    def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
+        """As :meth:`Backend.evaluate`, in one element-wise kernel generated from the expression
+        (:func:`chainexec.expr.c_source`) over broadcast views: no temporary arrays (evaluated
+        operation by operation, a 6-D denominator made two more 6-D arrays than the plan has)."""
+        refs = list(arrays)
+        views = [expr.spread(arrays[r], r, order, self.xp) for r in refs]
+        code = expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)})
+        types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
+        _expression_kernel(self.xp, code, types)(*views, out)
+        self.xp.cuda.get_current_stream().synchronize()
 
     def pool_bytes(self) -> int:
         """Bytes CuPy's device memory pool holds now (live arrays and cached free blocks)."""

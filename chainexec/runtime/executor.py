@@ -394,7 +394,7 @@ class Executor:
         tree = expr.parse(t.source["expr"])
         rename = dict(zip(t.indices, op.indices))
         arrays = {r: self._view(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(tree)}
-        self._view(op.tensor, op.indices)[...] = expr.evaluate(tree, arrays, tuple(t.indices), self.backend.xp)
+        self.backend.evaluate(tree, arrays, tuple(t.indices), self._view(op.tensor, op.indices))
 
     def _compute(self, op: Op) -> None:
         c = self.plan.contractions[op.contraction]
