@@ -71,6 +71,10 @@ class Contraction:
                 seen.append(i)
         return seen
 
+    def pointwise(self) -> bool:
+        """Whether it sums over nothing: a permuted copy, a Hadamard or an outer product."""
+        return set(self.a_indices) | set(self.b_indices or []) <= set(self.out_indices)
+
     def einsum(self) -> str:
         rhs = "".join(self.a_indices) if self.b is None else f"{''.join(self.a_indices)},{''.join(self.b_indices)}"
         return f"{rhs}->{''.join(self.out_indices)}"

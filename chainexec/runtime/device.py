@@ -148,6 +148,12 @@ class Backend:
         ``tree`` of :mod:`chainexec.expr`; ``arrays[ref]``: each reference's tile over its own order."""
         out[...] = expr.evaluate(tree, arrays, order, self.xp)
 
+    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+        """``out += Σ_k cs[k].factor · a_k·b_k`` for point-wise contractions into one output
+        (``operands[k]`` = ``(a_k, b_k)``, ``b_k`` may be None), none of which reads ``out``."""
+        for c, (a, b) in zip(cs, operands):
+            self.contract(c, out, a, b)
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).
 
@@ -166,24 +172,27 @@ GETT_MIN_OUTPUT = 4096
 spread over the SMs (a dot product or a tiny output is a reduction, better left to cuBLAS)."""
 
 
+def _spread(arr, idx, out_indices):
+    """``arr`` (over index order ``idx``) as a view over ``out_indices``, length 1 where it lacks one."""
+    view = arr.transpose([idx.index(i) for i in out_indices if i in idx])
+    return view[tuple(slice(None) if i in idx else None for i in out_indices)]
+
+
 def _elementwise(xp, c: Contraction, out, a, b) -> None:
     """``out += factor · a (· b)`` for statements that sum over nothing (copies, Hadamard and
     outer products): one element-wise kernel over broadcast views of the operands in ``out``'s
     index order, so no temporary array is made."""
-    def spread(arr, idx):
-        view = arr.transpose([idx.index(i) for i in c.out_indices if i in idx])
-        return view[tuple(slice(None) if i in idx else None for i in c.out_indices)]
-
     if b is None:
-        _axpy(xp)(spread(a, c.a_indices), c.factor, out)
+        _axpy(xp)(_spread(a, c.a_indices, c.out_indices), c.factor, out)
     else:
-        _axpby(xp)(spread(a, c.a_indices), spread(b, c.b_indices), c.factor, out)
+        _axpby(xp)(_spread(a, c.a_indices, c.out_indices), _spread(b, c.b_indices, c.out_indices), c.factor, out)
 
 
 @lru_cache(maxsize=256)
 def _expression_kernel(xp, code: str, types: tuple[str, ...]):
     """An element-wise kernel ``y = code`` over inputs ``p0, p1, …`` of dtypes ``types[:-1]`` and
-    output ``y`` of dtype ``types[-1]`` (dtype names only reach the source as type names)."""
+    output ``y`` of dtype ``types[-1]`` (dtype names only reach the source as type names; ``code``
+    is made of those parameter names, operators and number literals)."""
     params = ", ".join(f"{t} p{k}" for k, t in enumerate(types[:-1]))
     return xp.ElementwiseKernel(params, f"{types[-1]} y", f"y = {code}", "chainexec_expression")
 
@@ -220,11 +229,6 @@ def _probe(c: Contraction, out, a, b) -> tuple:
                 cut[idx.index(name)] = slice(0, keep)
                 views[v] = views[v][tuple(cut)]
     return tuple(views)
-
-
-def _summed(c: Contraction) -> bool:
-    """Whether a binary statement sums over at least one index (else it is element-wise)."""
-    return any(i in c.b_indices and i not in c.out_indices for i in c.a_indices)
 
 
 def _strides(arr) -> tuple[int, ...]:
@@ -315,6 +319,22 @@ class CupyBackend(Backend):
 
         return cupyx.empty_pinned(shape, dtype)
 
+    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+        """As :meth:`Backend.contract_terms`, in one generated element-wise kernel: ``out`` is read
+        and written once for all the terms (twelve outer products accumulated into one (T) tile
+        were twelve passes over it)."""
+        if len(cs) == 1:
+            self.contract(cs[0], out, *operands[0])
+            return
+        views, terms = [], []
+        for c, (a, b) in zip(cs, operands):
+            factors = [f"p{len(views) + k}" for k in range(1 if b is None else 2)]
+            views += [_spread(a, c.a_indices, c.out_indices)] + ([] if b is None else [_spread(b, c.b_indices, c.out_indices)])
+            terms.append(" * ".join([repr(float(c.factor))] + factors))
+        types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
+        _expression_kernel(self.xp, f"y + {' + '.join(terms)}", types)(*views, out)
+        self.xp.cuda.get_current_stream().synchronize()
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
 
@@ -322,7 +342,7 @@ class CupyBackend(Backend):
         OutOfMemoryError, also under a pool limit), the contraction runs through GETT, which needs
         none (``out`` is untouched by the failed attempt: every method adds its product only once
         it is complete)."""
-        if b is None or not _summed(c):
+        if b is None or c.pointwise():
             _elementwise(self.xp, c, out, a, b)
         else:
             how = self._choose(c, out, a, b)

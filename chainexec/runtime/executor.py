@@ -157,14 +157,36 @@ class Executor:
         return tuple(self._range(level, i) for i in indices)
 
     def _body(self, body) -> None:
-        for node in body:
+        k = 0
+        while k < len(body):
+            node = body[k]
             if isinstance(node, Loop):
                 self._loop(node)
+                k += 1
+                continue
+            t0 = time.perf_counter()
+            if node.op == "compute":
+                run = self._terms(body, k)
+                self._compute(run)
+                k += len(run)
             else:
-                t0 = time.perf_counter()
                 getattr(self, "_" + node.op)(node)
-                if node.op in OP_LEVEL:
-                    self.counters.seconds[OP_LEVEL[node.op]] += time.perf_counter() - t0
+                k += 1
+            if node.op in OP_LEVEL:
+                self.counters.seconds[OP_LEVEL[node.op]] += time.perf_counter() - t0
+
+    def _terms(self, body, k: int) -> list[Op]:
+        """The compute statement at ``body[k]`` and the ones right after it that add point-wise
+        terms into the same buffer without reading it: the backend adds them in one pass."""
+        first = self.plan.contractions[body[k].contraction]
+        run = [body[k]]
+        for node in body[k + 1:]:
+            c = self.plan.contractions[node.contraction] if isinstance(node, Op) and node.op == "compute" else None
+            if not (c and first.pointwise() and c.pointwise() and (c.out, c.out_indices) == (first.out, first.out_indices)
+                    and first.out not in (c.a, c.b, first.a, first.b)):
+                break
+            run.append(node)
+        return run
 
     def _loop(self, loop: Loop) -> None:
         names = list(loop.tiles)
@@ -396,14 +418,19 @@ class Executor:
         arrays = {r: self._view(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(tree)}
         self.backend.evaluate(tree, arrays, tuple(t.indices), self._view(op.tensor, op.indices))
 
-    def _compute(self, op: Op) -> None:
-        c = self.plan.contractions[op.contraction]
-        out = self._view(c.out, c.out_indices)
-        a = self._view(c.a, c.a_indices)
-        b = self._view(c.b, c.b_indices) if c.b is not None else None
-        self.backend.contract(c, out, a, b)
+    def _compute(self, run: list[Op]) -> None:
+        """One contraction, or a run of point-wise terms into one buffer (:meth:`_terms`)."""
+        cs = [self.plan.contractions[op.contraction] for op in run]
+        out = self._view(cs[0].out, cs[0].out_indices)
+        operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
+                    for c in cs]
+        if len(cs) == 1:
+            self.backend.contract(cs[0], out, *operands[0])
+        else:
+            self.backend.contract_terms(cs, out, operands)
         self._watch()
-        self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
+        for c, (a, b) in zip(cs, operands):
+            self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
 
 
 def _sizes(c, out, a, b) -> dict[str, int]:

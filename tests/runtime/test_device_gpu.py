@@ -174,6 +174,32 @@ def test_expressions_fill_strided_tiles_in_one_kernel(text):
     assert np.array_equal(got, before)
 
 
+def test_pointwise_terms_in_one_pass():
+    """Outer products, a Hadamard product and permuted copies added into one strided tile by one
+    generated kernel equal the sum of numpy.einsum terms."""
+    rng = np.random.default_rng(3)
+    size = {"i": 3, "j": 4, "k": 5, "a": 6}
+    out_ix = ["i", "j", "k", "a"]
+    specs = [(["i", "a"], ["k", "j"], 1.0), (["j", "i", "a", "k"], None, -2.0), (["i", "j"], ["i", "j", "k", "a"], 0.5),
+             (["a", "k", "j", "i"], None, 4.0)]
+    cs, operands, expected = [], [], np.zeros([size[i] for i in out_ix])
+    for n, (ax, bx, f) in enumerate(specs):
+        a = rng.standard_normal([size[i] for i in ax])
+        b = rng.standard_normal([size[i] for i in bx]) if bx else None
+        c = Contraction(n, "Y", out_ix, f"A{n}", ax, f"B{n}" if bx else None, bx, f, True, 0, n)
+        assert c.pointwise()
+        cs.append(c)
+        operands.append((cupy.asarray(a), cupy.asarray(b) if bx else None))
+        lhs = "".join(ax) + ("," + "".join(bx) if bx else "")
+        expected += f * (np.einsum(f"{lhs}->ijka", a, b) if bx else np.einsum(f"{lhs}->ijka", a))
+    start = rng.standard_normal([size[i] + 1 for i in out_ix])
+    big = cupy.asarray(start)
+    CupyBackend(cupy).contract_terms(cs, big[1:, 1:, 1:, 1:], operands)
+    got = cupy.asnumpy(big)
+    assert relerr(got[1:, 1:, 1:, 1:], start[1:, 1:, 1:, 1:] + expected) <= 1e-14
+    assert np.array_equal(got[0], start[0]) and np.array_equal(got[:, :, :, 0], start[:, :, :, 0])
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
     after ``upload``; the next fetch may get the same block. The copy must be complete by then
