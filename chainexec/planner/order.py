@@ -101,25 +101,4 @@ def binarize(operands: list[tuple[str, ...]], keep: tuple[str, ...], extents: di
         return position[mask]
 
     emit(full)
-    return _stream_order(steps, n, keep)
-
-
-def _stream_order(steps: list[Step], n: int, keep: tuple[str, ...]) -> list[Step]:
-    """Each intermediate's indices ordered by how long they live: the final result's indices
-    first (in ``keep``'s order), then the others from the last contracted to the first. An
-    intermediate stored between two nests is written in slabs of its producer's loops and read in
-    slabs of its consumer's, whose loops run over indices that live on (the consumer's outputs):
-    with those leading, the consumer's slabs are contiguous runs of the row-major file."""
-    gone: dict[str, int] = {}
-    for k, step in enumerate(steps):
-        operands = [steps[x - n].indices if x >= n else None for x in (step.left, step.right)]
-        for ix in operands:
-            for i in ix or ():
-                if i not in step.indices:
-                    gone.setdefault(i, k)
-    def life(i: str) -> tuple[int, int]:
-        return (0, keep.index(i)) if i in keep else (1, -gone.get(i, len(steps)))
-
-    return [step if k == len(steps) - 1 else
-            Step(step.left, step.right, tuple(sorted(step.indices, key=life)), step.flops)
-            for k, step in enumerate(steps)]
+    return steps
