@@ -12,6 +12,7 @@ import math
 
 from chainexec.errors import ChainexecError
 from chainexec.planner.cost import predict
+from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
 from chainexec.planner.order import binarize
 from chainexec.planner.choose import choose
@@ -90,6 +91,7 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
                 raise ChainexecError(str(err), spec.path) from None
     split_for_ranks(ctx, chosen, ranks)
     nests = ctx.emitter().schedule(chosen)
+    relayout(nests, cs, tensors)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)
