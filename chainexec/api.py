@@ -49,7 +49,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`)."""
     comm = world()
-    text = error = None
+    text = error = defect = None
     if comm.rank == 0:
         try:
             p = plan(config, machine, schedule, comm.size)
@@ -60,7 +60,11 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             text = p.to_json()
         except ChainexecError as err:
             error = str(err)
+        except Exception as err:  # a defect: the other ranks must not wait for the plan for ever
+            defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
     text, error = comm.bcast((text, error), root=0)
+    if defect is not None:
+        raise defect
     if error is not None:
         raise ChainexecError(error)
     p = Plan.from_json(text)

@@ -11,6 +11,7 @@ tensor takes each reference at the same index values. Evaluation works on any ar
 from __future__ import annotations
 
 import ast
+import math
 from functools import lru_cache
 from dataclasses import dataclass
 
@@ -42,7 +43,8 @@ def _check(node: ast.AST, text: str) -> None:
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         _check(node.operand, text)
     elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        pass
+        if not math.isfinite(float(node.value)):
+            raise ValueError(f"expression {text!r}: the number {ast.unparse(node)} is not finite")
     elif isinstance(node, ast.Subscript):
         _ref(node, text)
     else:

@@ -57,7 +57,7 @@ def test_numbers_become_double_literals():
     assert expr.c_source(expr.parse("1 / 2"), {}) == "(1.0 / 2.0)"
 
 
-@pytest.mark.parametrize("bad", ["x[i] ** 2", "f(x[i])", "x[0]", "x[i] if 1 else 2", "__import__('os')"])
+@pytest.mark.parametrize("bad", ["1e400 * x[i]", "x[i] ** 2", "f(x[i])", "x[0]", "x[i] if 1 else 2", "__import__('os')"])
 def test_only_arithmetic_is_accepted(bad):
     with pytest.raises(ValueError):
         expr.parse(bad)

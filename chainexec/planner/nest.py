@@ -372,7 +372,7 @@ class Emitter:
                 live.add(c.out)
             for ref, first, _ in held:
                 if first == pos:
-                    dev_body += self._fetches([ref], fused_tiled, holding)[0]
+                    dev_body += self._fetches([ref], fused_tiled, holding, held=on_device)[0]
                     holding.append(ref)
             fetch, done = self._fetches(work[pos], fused_tiled | own[pos], holding, held=on_device)
             step = fetch + [Op("compute", "device", contraction=c.id)] + done

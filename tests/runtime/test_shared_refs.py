@@ -101,3 +101,37 @@ def test_triples_synthetic(tmp_path, nocc, nvir, device_memory, ranks):
         energy = float(f["E"][()])
     expected = ccsd_t_energy(tmp_path / "inputs.h5")
     assert abs(energy - expected) <= 1e-12 * abs(expected)
+
+
+# A computed tensor that two contractions of one fused group read: its inputs may already be on
+# the device (fetched once per global tile) when the group keeps it across both.
+HELD_EXPR = {
+    "name": "held",
+    "indices": {"i": 16, "j": 16},
+    "tensors": {
+        "A": {"indices": ["i", "j"], "source": {"file": "in.h5", "dataset": "A", "seed": 1}},
+        "e": {"indices": ["i"], "source": {"file": "in.h5", "dataset": "e", "seed": 2}},
+        "D": {"indices": ["i", "j"], "source": {"expr": "1/(e[i] + e[j] + 7)"}},
+    },
+    "statements": ["Y[i,j] = D[i,j] * A[i,j]", "Z[i,j] = D[i,j] * Y[i,j]"],
+    "outputs": {"Z": {"file": "out.h5", "dataset": "Z"}},
+}
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("memory", [("8KiB", "4KiB"), ("64KiB", "64KiB")])
+def test_computed_tensor_held_across_a_fused_group(tmp_path, memory, ranks):
+    config = write_config(tmp_path, HELD_EXPR | {"machine": {"global_memory": memory[0], "device_memory": memory[1]}})
+    make_plan(spec.load(config))  # planned before: a KeyError in pricing (inputs fetched twice)
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = _check(tmp_path / "r.json")
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        a, e = f["A"][...], f["e"][...]
+    d = 1 / (e[:, None] + e[None, :] + 7)
+    expected = d * d * a
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        got = f["Z"][...]
+    assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
