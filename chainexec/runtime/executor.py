@@ -89,6 +89,7 @@ class Executor:
         self.turn = 0
         self.behind = False  # inside a double-buffered loop: stores of its slots complete later
         self.in_parallel = 0  # parallel loops around the statement being run
+        self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""
@@ -275,6 +276,7 @@ class Executor:
 
     def _wait(self) -> None:
         t0 = time.perf_counter()
+        self.unsynced = False
         self.comm.Barrier()
         self.idle += time.perf_counter() - t0
 
@@ -330,6 +332,7 @@ class Executor:
     def _read(self, op: Op, ga: GlobalArray, region) -> None:
         """Queue the read of this rank's rows of ``ga`` (the tile ``region`` of ``op``'s tensor)."""
         part = self._own_rows(ga, region)
+        self.unsynced = True
         if part is not None:
             local = ga.local()
             self.disk.submit(self.store.read, op.tensor, op.version, part, local)
@@ -380,9 +383,9 @@ class Executor:
             self.high_water = max(self.high_water, held)
 
     def _get(self, op: Op) -> None:
-        if not self.in_parallel:
+        if not self.in_parallel and self.unsynced:
             # Every rank fetches the whole tile (a fused group's inputs, once per global tile):
-            # all ranks' loads of its rows must have landed.
+            # all ranks' loads of its rows must have landed; one barrier serves all such gets.
             self._wait()
         ga, sl = self._relative(op)
         key = self._key(op)
