@@ -31,9 +31,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from chainexec.calibrate_worker import ERROR_PREFIX
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 from chainexec.spec import parse_size
@@ -152,18 +152,23 @@ def _mpiexec() -> str:
 
 
 def _launch(config: dict, ranks: int) -> list[dict]:
-    """Run the worker on ``ranks`` ranks; return each rank's raw timings."""
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "chainexec.calibrate_worker", json.dumps(config)]
+    """Run the worker on ``ranks`` ranks; return each rank's raw timings. A failure reports the
+    lowest failing rank's own message (from the error folder), else the launcher's last line."""
     # The worker imports this package: make that work from a source checkout that is not installed.
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        errors = proc.stderr.strip().splitlines()
-        marked = [line[len(ERROR_PREFIX):] for line in errors if line.startswith(ERROR_PREFIX)]
-        reason = marked[0] if marked else errors[-1] if errors else "no output"
-        raise ChainexecError(f"measurement failed under {cmd[0]} -n {ranks} (exit {proc.returncode}): {reason}")
+    with tempfile.TemporaryDirectory(prefix="chainexec-calibrate-") as error_dir:
+        cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "chainexec.calibrate_worker",
+               json.dumps(config), error_dir]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            # A rank killed while writing leaves an empty report: take the first complete one.
+            files = sorted(Path(error_dir).glob("rank*"), key=lambda f: int(f.name[4:]))
+            reports = [text for text in (f.read_text().strip() for f in files) if text]
+            errors = proc.stderr.strip().splitlines()
+            reason = reports[0] if reports else errors[-1] if errors else "no output"
+            raise ChainexecError(f"measurement failed under {cmd[0]} -n {ranks} (exit {proc.returncode}): {reason}")
     return json.loads(lines[-1])["ranks"]
 
 

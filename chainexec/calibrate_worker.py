@@ -1,12 +1,14 @@
 """One rank of ``chainexec calibrate``: times disk, global-array, host↔device and GEMM work.
 
 Launched by :func:`chainexec.calibrate.calibrate` as ``mpiexec -n P python -m
-chainexec.calibrate_worker CONFIG_JSON``. Every rank runs every measurement at the same time as
+chainexec.calibrate_worker CONFIG_JSON ERROR_DIR``. Every rank runs every measurement at the same time as
 the others (a Barrier before each repetition), because the machine file's rates are *per rank of a
 P-rank job on this node*: ranks share the disk, memory bus and cores as they do in ``chainexec
 run``. Each rank reports raw seconds per repetition; rank 0 gathers them and prints one JSON line
 on stdout, and the caller reduces them to rates (it owns units and medians). Any exception prints
-its traceback and aborts every rank, so the launcher never hangs.
+its traceback, writes its one-line message to ``ERROR_DIR/rank<N>`` and aborts every rank, so the
+launcher never hangs. The message goes to a file because an abort may end the launcher before it
+has forwarded the failing rank's stderr.
 
 mpi4py (and so MPI) is imported only inside :func:`main`, so that the disk functions can be used and
 tested in a process that must not initialise MPI.
@@ -31,7 +33,6 @@ FADVISE = "posix_fadvise(POSIX_FADV_DONTNEED) after fsync"
 CACHED = "plain read, page cache not defeated (neither O_DIRECT nor posix_fadvise available)"
 
 # Marks the line of stderr that names a rank's failure (see main).
-ERROR_PREFIX = "chainexec calibrate worker failed: "
 
 # Bytes per read call: large enough that per-call overhead is negligible against disk time, and a
 # multiple of every logical block size O_DIRECT may demand (512 B to 4 KiB).
@@ -209,7 +210,8 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
 def main(argv: list[str]) -> int:
     """Run :func:`measure` with the JSON keyword arguments in ``argv[1]``; rank 0 prints
-    ``{"ranks": [result of rank 0, rank 1, …]}`` as one line."""
+    ``{"ranks": [result of rank 0, rank 1, …]}`` as one line. A failing rank writes
+    ``"<exception type>: <message>"`` to ``<argv[2]>/rank<N>`` before aborting."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -217,9 +219,8 @@ def main(argv: list[str]) -> int:
         result = measure(comm, **json.loads(argv[1]))
     except BaseException as err:
         traceback.print_exc()
-        # One line the caller can find among all ranks' tracebacks and MPICH's abort messages.
-        print(f"{ERROR_PREFIX}{type(err).__name__}: {err}", file=sys.stderr)
         sys.stderr.flush()
+        (Path(argv[2]) / f"rank{comm.rank}").write_text(f"{type(err).__name__}: {err}\n")
         comm.Abort(1)
     results = comm.gather(result, root=0)
     if comm.rank == 0:
