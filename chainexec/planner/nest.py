@@ -245,15 +245,22 @@ class Emitter:
             written.add(c.out)
         common = set(self.group_common(ids))
         exported = set(self.writers(ids)) & self.needed_after(ids[-1])
-        return all(common - set(self.cs[k].out_indices) <= set(self.cs[k].indices())
-                   for k in ids if self.cs[k].out in exported)
+        if not all(common - set(self.cs[k].out_indices) <= set(self.cs[k].indices())
+                   for k in ids if self.cs[k].out in exported):
+            return False
+        # A tensor summed over a fused index holds a partial sum until the fused loop ends: nothing
+        # in the sub-chain may read it.
+        partial = {self.cs[k].out for k in ids if (common - set(self.cs[k].out_indices)) & set(self.cs[k].indices())}
+        return not any(partial & {n for n, _ in _operands(self.cs[k])} for k in ids)
 
     def group_common(self, ids: list[int]) -> list[str]:
         """The fused loops of a sub-chain. A linear chain (each contraction reads the previous
         one's output) uses the paper's Common (:func:`common_indices`). Otherwise: the indices of
         every tensor written there — or, when that is empty (the chain ends in a reduction), of
-        every tensor kept inside it — minus any index that a reference renames (a permuted read
-        needs the whole range of the positions it permutes)."""
+        every tensor kept inside it, less the indices of the tensors it exports (each of those then
+        lacks every fused index, and is summed over the fused loop as a whole) — minus any index
+        that a reference renames (a permuted read needs the whole range of the positions it
+        permutes)."""
         cs = [self.cs[k] for k in ids]
         if all(p.out in {n for n, _ in _operands(q)} for p, q in zip(cs, cs[1:])) and \
                 len({c.out for c in cs}) == len(cs):
@@ -262,8 +269,10 @@ class Emitter:
         sets = [set(ix) for ix in writers.values()]
         common = set.intersection(*sets)
         if not common:
-            inner = [set(ix) for t, ix in writers.items() if t not in self.needed_after(ids[-1])]
+            after = self.needed_after(ids[-1])
+            inner = [set(ix) for t, ix in writers.items() if t not in after]
             common = set.intersection(*inner) if inner else set()
+            common -= {i for t, ix in writers.items() if t in after for i in ix}
         for c in cs:
             for name, ix in _operands(c) + [(c.out, c.out_indices)]:
                 if name in writers:
@@ -274,7 +283,9 @@ class Emitter:
     def disk_group(self, group: DiskGroup) -> list:
         """Device groups in order. A tensor that one device group writes and a later one uses
         stays in the global array between them (allocated before its first writer, stored after
-        its last use if it is needed after the group, then freed); nothing else moves to disk."""
+        its last use if it is needed after the group, then freed); nothing else moves to disk.
+        A tensor needed after the group that lacks an index the group's loop tiles is a sum over
+        that loop's tiles (:meth:`valid`): it stays in the global array across the whole loop."""
         members = group.contractions
         written = self.writers(members)
         after = self.needed_after(members[-1])
@@ -286,18 +297,31 @@ class Emitter:
                     if name in written:
                         first.setdefault(name, pos)
                         last[name] = pos
-        kept = {name for name in written if last[name] > first[name]}
         tiles = self._tiled(group.tiles, self.group_common(members))
+        spanning = self._spanning([n for n in written if n in after], written, tiles)
+        kept = {name for name in written if last[name] > first[name] and name not in spanning}
         body: list = []
         for pos, dg in enumerate(group.groups):
             body += [op for name in sorted(kept) if first[name] == pos
                      for op in self._out_alloc(self._first_writer(members, name))]
-            body += self.device_group(dg, kept, set(tiles))
+            body += self.device_group(dg, kept | set(spanning), set(tiles))
             for name in sorted(kept):
                 if last[name] == pos:
                     body += (self._store(self._first_writer(members, name)) if name in after
                              else [_ref("free", "global", name, written[name])])
-        return _loop("global", tiles, body)
+        return self._around(spanning, members, _loop("global", tiles, body))
+
+    def _spanning(self, names, indices: dict[str, list[str]], tiles: dict[str, int]) -> list[str]:
+        """The tensors among ``names`` (indices from ``indices``) lacking an index that ``tiles``
+        tiles: each is a sum over all tiles of that loop, held in the global array around it."""
+        return [n for n in names if set(tiles) - set(indices[n])]
+
+    def _around(self, names, ids: list[int], loop: list) -> list:
+        """``loop`` with the global buffers of ``names`` (written in ``ids``) allocated before it
+        and stored after it."""
+        writers = [self._first_writer(ids, n) for n in names]
+        return ([op for c in writers for op in self._out_alloc(c)] + loop
+                + [op for c in writers for op in self._store(c)])
 
     def _first_writer(self, ids: list[int], name: str) -> Contraction:
         return next(self.cs[k] for k in ids if self.cs[k].out == name)
@@ -388,11 +412,12 @@ class Emitter:
                     live.discard(name)
         for name in exported:
             dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
-        stored = [name for name in exported if name not in kept]
+        tiles = self._tiled(g.glob, common)
+        spanning = self._spanning([n for n in exported if n not in kept], writers, tiles)
+        stored = [name for name in exported if name not in kept and name not in spanning]
         body: list = []
         for name in stored:
-            first = next(c for c in cs if c.out == name)
-            body += self._out_alloc(first)
+            body += self._out_alloc(self._first_writer(ids, name))
         loads, unloads = self._loads(loaded, global_tiled)
         body += loads
         leaves = [leaf for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in on_device]
@@ -401,8 +426,8 @@ class Emitter:
         body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
         body += behind + unloads
         for name in stored:
-            body += self._store(next(c for c in cs if c.out == name))
-        return _loop("global", self._tiled(g.glob, common), body)
+            body += self._store(self._first_writer(ids, name))
+        return self._around(spanning, ids, _loop("global", tiles, body))
 
     @staticmethod
     def _held(work, own, tiled: set[str]) -> list[tuple[tuple[str, list[str]], int, int]]:

@@ -38,10 +38,20 @@ def test_energy_equals_pyscf(molecule, ranks):
     assert e_pyscf < -1e-4  # a real correction, not a vacuous comparison
 
 
-@pytest.mark.parametrize("nocc, nvir, seed, ranks", [(3, 7, 11, 1), (4, 9, 12, 2)])
-def test_synthetic_equals_numpy_reference(tmp_path, nocc, nvir, seed, ranks):
+@pytest.mark.parametrize("nocc, nvir, seed, ranks, global_memory", [
+    (3, 7, 11, 1, None), (4, 9, 12, 2, None),
+    # The global loop over i, j, k tiles: E sums over its tiles (one tile alone used to survive).
+    (3, 7, 11, 2, "16KiB")])
+def test_synthetic_equals_numpy_reference(tmp_path, nocc, nvir, seed, ranks, global_memory):
+    import yaml
+
     proc = run_cli("chem", "synthetic", "--synthetic", nocc, nvir, seed, "--out", tmp_path)
     assert proc.returncode == 0, proc.stderr
+    if global_memory is not None:
+        config = tmp_path / "ccsd_t.yaml"
+        cfg = yaml.safe_load(config.read_text())
+        cfg["machine"] = {"global_memory": global_memory, "device_memory": "1MiB"}
+        config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     proc = run_cli("run", tmp_path / "ccsd_t.yaml", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     expected = ccsd_t_energy(tmp_path / "inputs.h5")
