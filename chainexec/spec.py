@@ -89,9 +89,14 @@ class Statement:
 
 @dataclass(frozen=True)
 class Output:
+    """Where an output is written. ``symmetric``: indices the output is summed over whose
+    permutations leave the summand, summed over everything else, unchanged (the (T) energy over
+    i, j, k): the planner may visit only ordered tiles of them, each weighted by its multiplicity."""
+
     tensor: str
     file: str
     dataset: str
+    symmetric: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,7 @@ def _line_map(node, prefix=()) -> dict:
 _TOP_KEYS = {"name", "dtype", "ranges", "indices", "tensors", "statements", "outputs", "machine", "scratch"}
 _TENSOR_KEYS = {"indices", "dtype", "source"}
 _SOURCE_KEYS = {"file", "dataset", "seed", "random", "expr"}
-_OUTPUT_KEYS = {"file", "dataset"}
+_OUTPUT_KEYS = {"file", "dataset", "symmetric"}
 _MACHINE_KEYS = {"global_memory", "device_memory"}
 
 
@@ -352,7 +357,8 @@ def loads(text: str, path: str = "<config>") -> Spec:
             raise p.fail(f"output {oname!r} is an input (it has a source)", where)
         if not isinstance(odef.get("file"), str) or not isinstance(odef.get("dataset"), str):
             raise p.fail(f"output {oname!r} needs 'file' and 'dataset'", where)
-        outputs.append(Output(oname, odef["file"], odef["dataset"]))
+        symmetric = _symmetric(p, odef.get("symmetric", []), oname, tensors[oname], statements, extents, where)
+        outputs.append(Output(oname, odef["file"], odef["dataset"], symmetric))
     if not outputs:
         raise p.fail("outputs must name at least one tensor", ("outputs",))
 
@@ -412,6 +418,32 @@ def _check_expr(p: _Parser, t: Tensor, tensors: dict, extents) -> None:
                              f"dimension {theirs!r} has {extents[theirs]}", where)
         if other.dtype != t.dtype:
             raise p.fail(f"dtype mismatch in tensor {t.name!r}: {other.name} is {other.dtype}", where)
+
+
+def _symmetric(p, value, oname: str, tensor: Tensor, statements, extents, where) -> tuple[str, ...]:
+    """An output's ``symmetric`` indices: two or more distinct indices of one extent that the
+    output is summed over (none of its own indices) and that occur in its statements."""
+    where = where + ("symmetric",)
+    if value == []:
+        return ()
+    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(i, str) for i in value):
+        raise p.fail(f"output {oname!r}: symmetric must list two or more index names, got {value!r}", where)
+    if len(set(value)) != len(value):
+        raise p.fail(f"output {oname!r}: symmetric lists an index twice: {value}", where)
+    used = {i for st in statements if st.lhs.tensor == oname for r in st.operands for i in r.indices}
+    for i in value:
+        if i not in extents:
+            raise p.fail(f"output {oname!r}: symmetric index {i!r} is not declared", where)
+        if i in tensor.indices:
+            raise p.fail(f"output {oname!r}: symmetric index {i!r} is one of its own indices "
+                         "(only indices it is summed over can be symmetric)", where)
+        if i not in used:
+            raise p.fail(f"output {oname!r}: symmetric index {i!r} does not occur in the statements "
+                         "that assign it", where)
+    if len({extents[i] for i in value}) > 1:
+        raise p.fail(f"output {oname!r}: symmetric indices must have one extent, got "
+                     + ", ".join(f"{i}={extents[i]}" for i in value), where)
+    return tuple(value)
 
 
 def _check_statements(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:

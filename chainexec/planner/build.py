@@ -26,6 +26,7 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
     """Binarize every statement (operation-minimal order) into contractions; describe every tensor."""
     tensors: dict[str, TensorInfo] = {}
     outputs = {o.tensor: {"file": spec.resolve(o.file), "dataset": o.dataset} for o in spec.outputs}
+    symmetric = {o.tensor: list(o.symmetric) for o in spec.outputs}
     for t in spec.tensors.values():
         role = "input" if t.source is not None else "output" if t.name in outputs else "intermediate"
         source = None
@@ -34,7 +35,7 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
             if "file" in source:
                 source["file"] = spec.resolve(source["file"])
         tensors[t.name] = TensorInfo(t.name, list(t.indices), [spec.extents[i] for i in t.indices], t.dtype,
-                                     DTYPES[t.dtype], role, source, outputs.get(t.name))
+                                     DTYPES[t.dtype], role, source, outputs.get(t.name), symmetric.get(t.name, []))
     result: list[Contraction] = []
     for s, st in enumerate(spec.statements):
         dtype = spec.tensors[st.lhs.tensor].dtype

@@ -10,6 +10,10 @@ iterations and S_i the sum of the range of i that the buffer sees in each (the w
 every iteration sees its own tile, a multiple of it when deeper loops repeat a range). The runtime
 counts the bytes it actually moves; the two must agree exactly.
 
+A symmetric loop (``Loop.symmetric``) visits ordered tile tuples of its indices only; for those
+indices the factors are summed jointly over the tuples it visits (:func:`points`), and flops are
+counted the same way, statement by statement.
+
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
 array, all ranks together; device: one rank's device). A double-buffered loop's own global buffers
@@ -35,34 +39,73 @@ def _visible(level: str, region_level: str) -> bool:
     return LEVELS.index(level) <= LEVELS.index(region_level)
 
 
+def _walk(loops: tuple[tuple[str, int], ...], k: int, lo: int, hi: int, seen: int, region_level: str) -> tuple[int, int]:
+    """(S, N) of one index over ``loops[k:]`` within the range [lo, hi), ``seen`` being the range
+    the buffer sees when no deeper loop sets it."""
+    if k == len(loops):
+        return seen, 1
+    level, tile = loops[k]
+    s = n = 0
+    for start in range(lo, hi, tile):
+        stop = min(start + tile, hi)
+        ds, dn = _walk(loops, k + 1, start, stop, stop - start if _visible(level, region_level) else seen, region_level)
+        s, n = s + ds, n + dn
+    return s, n
+
+
 @lru_cache(maxsize=1 << 16)
 def _index_sums(loops: tuple[tuple[str, int], ...], extent: int, region_level: str) -> tuple[int, int]:
     """(S_i, N_i) for one index: its enclosing loops as (level, tile), outermost first. Cached:
     candidate schedules priced by the planner share most of their loops."""
+    return _walk(loops, 0, 0, extent, extent, region_level)
 
-    def walk(k: int, lo: int, hi: int, seen: int) -> tuple[int, int]:
-        if k == len(loops):
-            return seen, 1
-        level, tile = loops[k]
-        s = n = 0
-        for start in range(lo, hi, tile):
-            stop = min(start + tile, hi)
-            ds, dn = walk(k + 1, start, stop, stop - start if _visible(level, region_level) else seen)
-            s, n = s + ds, n + dn
-        return s, n
 
-    return walk(0, 0, extent, extent)
+@lru_cache(maxsize=1 << 16)
+def _index_pieces(loops: tuple[tuple[str, int], ...], extent: int, region_level: str) -> tuple[tuple[int, int], ...]:
+    """(S, N) of one index within each tile of its outermost loop (``loops[0]``), in order."""
+    level, tile = loops[0]
+    return tuple(_walk(loops, 1, start, min(start + tile, extent),
+                       min(start + tile, extent) - start if _visible(level, region_level) else extent, region_level)
+                 for start in range(0, extent, tile))
+
+
+def _ordered_sum(factors: list[list[int]]) -> int:
+    """Σ over tile positions p_0 ≥ p_1 ≥ … ≥ p_m of Π_j factors[j][p_j]: what a symmetric loop
+    visits (its ordered tuples), by prefix sums from the last index to the first."""
+    acc = list(factors[-1])
+    for factor in reversed(factors[:-1]):
+        running, nxt = 0, []
+        for p, value in enumerate(acc):
+            running += value
+            nxt.append(factor[p] * running)
+        acc = nxt
+    return sum(acc)
+
+
+def points(indices, loops: list[Loop], extents: dict[str, int], region_level: str) -> int:
+    """Elements a statement over ``indices`` touches, summed over all iterations of ``loops``
+    (outermost first): Π S_i over its indices times Π N_i over the other looped ones, except
+    that the indices of a symmetric loop (the outermost loop over them) are summed jointly over
+    its ordered tile tuples."""
+    sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
+    total = 1
+    for i in ({i for loop in loops for i in loop.tiles} | set(indices)) - set(sym):
+        s, n = _index_sums(tuple((loop.level, loop.tiles[i]) for loop in loops if i in loop.tiles),
+                           extents[i], region_level)
+        total *= s if i in indices else n
+    if sym:
+        factors = []
+        for i in sym:
+            pieces = _index_pieces(tuple((loop.level, loop.tiles[i]) for loop in loops if i in loop.tiles),
+                                   extents[i], region_level)
+            factors.append([s if i in indices else n for s, n in pieces])
+        total *= _ordered_sum(factors)
+    return total
 
 
 def op_bytes(op: Op, loops: list[Loop], extents: dict[str, int], itemsize: int) -> int:
     """Bytes moved by ``op`` over all iterations of ``loops`` (outermost first)."""
-    total = 1
-    looped = {i for loop in loops for i in loop.tiles}
-    for i in looped | set(op.indices):
-        per_index = tuple((loop.level, loop.tiles[i]) for loop in loops if i in loop.tiles)
-        s, n = _index_sums(per_index, extents[i], REGION_LEVEL[op.op])
-        total *= s if i in op.indices else n
-    return total * itemsize
+    return points(op.indices, loops, extents, REGION_LEVEL[op.op]) * itemsize
 
 
 def buffer_elements(indices: list[str], loops: list[Loop], level: str, extents: dict[str, int]) -> int:
@@ -93,6 +136,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
     global tile) is made by each of the ``ranks``."""
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
+    flops = [0]
 
     for nest in nests:
         live = {"global": 0, "device": 0}
@@ -109,7 +153,11 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                     walk(node.body, inner, slotted | {key(op) for op in staged(node)})
                     live["global"] -= slots
                     continue
-                if node.op in ("compute", "eval"):
+                if node.op == "compute":
+                    c = contractions[node.contraction]
+                    flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
+                    continue
+                if node.op == "eval":
                     continue
                 item = tensors[node.tensor].itemsize
                 if key(node) in slotted and node.op in ("alloc", "free"):
@@ -126,9 +174,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
 
         walk(nest.body, [])
 
-    flops = sum(contractions[k].flops for nest in nests for k in nest.contractions)
-    seconds = machine.seconds(moved, flops)
-    return {"bytes": moved, "flops": flops, "memory_peak": peak, "seconds": seconds,
+    seconds = machine.seconds(moved, flops[0])
+    return {"bytes": moved, "flops": flops[0], "memory_peak": peak, "seconds": seconds,
             "total_seconds": max(seconds.values())}
 
 
@@ -143,11 +190,7 @@ def parallel_tiles(plan: Plan) -> int:
             if isinstance(node, Loop):
                 inner = loops + [node]
                 if node.parallel:
-                    count = 1
-                    for i in {i for loop in inner for i in loop.tiles}:
-                        count *= _index_sums(tuple((loop.level, loop.tiles[i]) for loop in inner if i in loop.tiles),
-                                             plan.extents[i], "device")[1]
-                    total += count
+                    total += points([], inner, plan.extents, "device")
                 walk(node.body, inner)
 
     for nest in plan.nests:

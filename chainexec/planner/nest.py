@@ -62,13 +62,16 @@ class DeviceGroup:
     with a tile ≥ its range, is not tiled). ``resident``: operands of a single contraction loaded
     once, outside its loops (Fig. 1: the array that fits stays). ``on_device``: inputs of a fused
     group fetched to the device once per global tile, before its parallel loop, instead of a
-    slice per device tile (every rank fetches them; worth it when device tiles re-read them)."""
+    slice per device tile (every rank fetches them; worth it when device tiles re-read them).
+    ``symmetric``: fused indices that every output of the group is symmetric in (see
+    :meth:`Emitter.symmetry`); the tiles of these indices are kept equal at each level."""
 
     contractions: list[int]
     glob: dict[str, int]
     dev: dict[str, int]
     resident: list[str] = field(default_factory=list)
     on_device: list[str] = field(default_factory=list)
+    symmetric: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,11 +108,11 @@ def _ref(op: str, level: str, tensor: str, indices, version=None) -> Op:
     return Op(op, level, tensor=tensor, indices=list(indices), version=version)
 
 
-def _loop(level: str, tiles: dict[str, int], body: list, parallel: bool = False) -> list:
+def _loop(level: str, tiles: dict[str, int], body: list, parallel: bool = False, symmetric=()) -> list:
     """A loop over the listed tiles around ``body``; none when nothing is tiled, except that a
     parallel loop always exists (one iteration) so that exactly one rank runs its body."""
     if tiles or parallel:
-        return [Loop(level, dict(tiles), parallel, body)]
+        return [Loop(level, dict(tiles), parallel, body, symmetric=list(symmetric))]
     return body
 
 
@@ -413,6 +416,7 @@ class Emitter:
         for name in exported:
             dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
         tiles = self._tiled(g.glob, common)
+        level = self.symmetry(g, common, exported, outer)
         spanning = self._spanning([n for n in exported if n not in kept], writers, tiles)
         stored = [name for name in exported if name not in kept and name not in spanning]
         body: list = []
@@ -423,11 +427,33 @@ class Emitter:
         leaves = [leaf for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in on_device]
         ahead, behind = self._fetches(leaves, global_tiled)
         body += ahead
-        body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True)
+        body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True,
+                      symmetric=g.symmetric if level == "device" else ())
         body += behind + unloads
         for name in stored:
             body += self._store(self._first_writer(ids, name))
-        return self._around(spanning, ids, _loop("global", tiles, body))
+        return self._around(spanning, ids, _loop("global", tiles, body, symmetric=g.symmetric if level == "global" else ()))
+
+    def symmetry(self, g: DeviceGroup, common: list[str], exported: list[str], outer: set[str] = frozenset()):
+        """The level of the loop over ``g.symmetric`` that visits only ordered tile tuples, or None.
+
+        Exact when every tensor the group exports is an output summed over those indices and
+        declared symmetric in them: its summand summed over the rest is then equal on every
+        permutation of a tile tuple, so one ordered tuple weighted by its multiplicity stands for
+        all of them (the i ≥ j ≥ k restriction of (T), as in PySCF's and the reference's loops).
+        The restriction sits on the outermost loop that tiles them (inner loops run whole), and
+        needs their tiles equal there; enclosing disk-group loops must not tile them."""
+        sym = set(g.symmetric)
+        if not sym or not sym <= set(common) or sym & set(outer) or not exported:
+            return None
+        if not all(set(self.tensors[t].symmetric) == sym and not sym & set(self.tensors[t].indices)
+                   for t in exported):
+            return None
+        for level, tiles in (("global", self._tiled(g.glob, common)), ("device", self._tiled(g.dev, common))):
+            cut = sym & set(tiles)
+            if cut:
+                return level if cut == sym and len({tiles[i] for i in sym}) == 1 else None
+        return None
 
     @staticmethod
     def _held(work, own, tiled: set[str]) -> list[tuple[tuple[str, list[str]], int, int]]:

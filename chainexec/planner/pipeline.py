@@ -99,7 +99,7 @@ def arrange(body: list, extents: dict[str, int], overlap: bool = True, ranges: d
         own = [n for n in sub if isinstance(n, Op) and n.op == "alloc" and n.level == "global"]
         depth = DEPTH if (overlap and count and count >= 2 and not node.parallel and own and _moves_disk(sub)
                           and not any(isinstance(n, Loop) and _allocates_global(n.body) for n in sub)) else 1
-        out.append(Loop(node.level, dict(node.tiles), node.parallel, sub, depth))
+        out.append(Loop(node.level, dict(node.tiles), node.parallel, sub, depth, list(node.symmetric)))
     return out
 
 

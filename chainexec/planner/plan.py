@@ -44,6 +44,8 @@ class TensorInfo:
     role: str
     source: dict | None = None
     output: dict | None = None
+    # Indices the output is summed over and symmetric in (:class:`chainexec.spec.Output`).
+    symmetric: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -96,13 +98,20 @@ class Op:
 class Loop:
     """Tiled loop. ``depth`` 2 marks a sequential global loop whose disk traffic overlaps its work
     (:mod:`chainexec.planner.pipeline`): its own global buffers exist twice, and while iteration n
-    computes, iteration n+1's loads and iteration n-1's stores run in the background."""
+    computes, iteration n+1's loads and iteration n-1's stores run in the background.
+
+    ``symmetric``: indices (tiled alike) over which the loop visits only ordered tile tuples
+    (position of the first ≥ the second ≥ …); everything accumulated in its body is multiplied by
+    the tuple's multiplicity, the number of distinct permutations of its positions (1, 3 or 6
+    for three indices). Valid for sums whose summand is symmetric in them (the outputs'
+    ``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.fused`)."""
 
     level: str
     tiles: dict[str, int]
     parallel: bool = False
     body: list = field(default_factory=list)
     depth: int = 1
+    symmetric: list[str] = field(default_factory=list)
 
 
 def ops(body: list, loops: tuple = ()):
@@ -148,7 +157,8 @@ class Plan:
 def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
-                         "depth": node.depth, "body": [_node_to_dict(n) for n in node.body]}}
+                         "depth": node.depth, "symmetric": node.symmetric,
+                         "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
 
@@ -156,7 +166,7 @@ def _node_from_dict(d: dict):
     if "loop" in d:
         loop = d["loop"]
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
-                    int(loop.get("depth", 1)))
+                    int(loop.get("depth", 1)), list(loop.get("symmetric", [])))
     return Op(**d["op"])
 
 

@@ -164,7 +164,7 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
             common = emitter.group_common(g)
             rest = dict.fromkeys(i for c in cs for i in c.indices())  # ordered: the plan must not depend on hashing
             groups.append(DeviceGroup(list(g), {i: ctx.extents[i] for i in common},
-                                      {i: ctx.extents[i] for i in rest}))
+                                      {i: ctx.extents[i] for i in rest}, symmetric=_symmetric(ctx, emitter, g, common)))
     tiles = {i: ctx.extents[i] for i in emitter.group_common(members)} if len(members) > 1 else {}
     variants = [groups]
     # Also with every fused group's inputs fetched once per global tile rather than per device
@@ -172,9 +172,27 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
     inputs = [t.name for t in ctx.tensors.values() if t.role == "input"]
     if any(len(g) > 1 for g in disk):
         variants.append([DeviceGroup(list(g.contractions), dict(g.glob), dict(g.dev), list(g.resident),
-                                     inputs if len(g.contractions) > 1 else []) for g in groups])
+                                     inputs if len(g.contractions) > 1 else [], list(g.symmetric)) for g in groups])
     found = [g for g in (_shrunk(ctx, DiskGroup(v, dict(tiles))) for v in variants) if g is not None]
     return min(found, key=lambda g: movement_seconds(ctx.price(Schedule([g])))) if found else None
+
+
+def _symmetric(ctx: Context, emitter: Emitter, ids: list[int], common: list[str]) -> list[str]:
+    """The fused indices every output of a device group is declared symmetric in (all of its
+    exported tensors declare the same ones), in their declared order; else none."""
+    exported = set(emitter.writers(ids)) & emitter.needed_after(ids[-1])
+    declared = {tuple(ctx.tensors[t].symmetric) for t in exported}
+    if len(declared) != 1:
+        return []
+    sym = list(declared.pop())
+    return sym if set(sym) <= set(common) else []
+
+
+def _halved(g: DeviceGroup, tiles: dict[str, int], index: str, tile: int) -> None:
+    """Set ``tiles[index]`` to ``tile``, and every symmetric index of ``g`` with it (they stay alike)."""
+    for i in g.symmetric if index in g.symmetric else [index]:
+        if i in tiles:
+            tiles[i] = tile
 
 
 def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
@@ -194,19 +212,22 @@ def _halve(group: DiskGroup, level: str) -> bool:
     On the device, the fused loops of a device group come first: they alone shrink the tensors
     the group keeps on the device, while cutting a contraction's other indices only multiplies
     small tiles (and per-tile overhead)."""
-    candidates = []  # (fused loop?, tile, the dict holding it, index)
+    candidates = []  # (fused loop?, tile, the dict holding it, index, its device group)
     if level == "global":
-        candidates += [(True, t, group.tiles, i) for i, t in group.tiles.items()]
-        candidates += [(True, t, g.glob, i) for g in group.groups for i, t in g.glob.items()]
+        candidates += [(True, t, group.tiles, i, None) for i, t in group.tiles.items()]
+        candidates += [(True, t, g.glob, i, g) for g in group.groups for i, t in g.glob.items()]
     else:
         for g in group.groups:
             fused = set(g.glob) if len(g.contractions) > 1 else set(g.dev)
-            candidates += [(i in fused, t, g.dev, i) for i, t in g.dev.items()]
+            candidates += [(i in fused, t, g.dev, i, g) for i, t in g.dev.items()]
     candidates = [c for c in candidates if c[1] > 1]
     if not candidates:
         return False
-    _, tile, tiles, index = max(candidates, key=lambda c: (c[0], c[1]))
-    tiles[index] = tile_count(tile, 2)
+    _, tile, tiles, index, g = max(candidates, key=lambda c: (c[0], c[1]))
+    if g is None:
+        tiles[index] = tile_count(tile, 2)
+    else:
+        _halved(g, tiles, index, tile_count(tile, 2))
     return True
 
 
@@ -237,16 +258,28 @@ def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
                 return min(g.dev.get(i, span[i]), span[i])
 
             blocked: set[str] = set()
-            while math.prod(tile_count(span[i], tile(i)) for i in names) < ranks:
+            while _parallel_count(g, names, span, tile, ctx.extents) < ranks:
                 cuts = [i for i in names if tile(i) > 1 and i not in blocked]
                 if not cuts:
                     break
                 widest = max(cuts, key=lambda i: (tile(i), -names.index(i)))
-                before = g.dev.get(widest)
-                g.dev[widest] = tile_count(tile(widest), 2)
+                before = dict(g.dev)
+                g.dev.setdefault(widest, tile(widest))
+                _halved(g, g.dev, widest, tile_count(tile(widest), 2))
                 if not ctx.fits(ctx.price(schedule)):
-                    if before is None:
-                        del g.dev[widest]
-                    else:
-                        g.dev[widest] = before
+                    g.dev.clear()
+                    g.dev.update(before)
                     blocked.add(widest)
+
+
+def _parallel_count(g: DeviceGroup, names: list[str], span: dict[str, int], tile, extents: dict[str, int]) -> int:
+    """Iterations of a device group's parallel loop over ``names`` (ranges ``span``, tiles
+    ``tile(i)``) per iteration of the loops around it: ordered tuples of the symmetric indices
+    (:meth:`~chainexec.planner.nest.Emitter.symmetry`) where the loop is the one that tiles them."""
+    counts = {i: tile_count(span[i], tile(i)) for i in names}
+    sym = [i for i in g.symmetric if i in counts]
+    if len(sym) >= 2 and len(sym) == len(g.symmetric) and all(span[i] == extents[i] for i in sym) \
+            and len({tile(i) for i in sym}) == 1:
+        ordered = math.comb(counts[sym[0]] + len(sym) - 1, len(sym))
+        return ordered * math.prod(n for i, n in counts.items() if i not in sym)
+    return math.prod(counts.values())

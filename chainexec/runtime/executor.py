@@ -90,6 +90,7 @@ class Executor:
         self.behind = False  # inside a double-buffered loop: stores of its slots complete later
         self.in_parallel = 0  # parallel loops around the statement being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
+        self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""
@@ -196,9 +197,9 @@ class Executor:
             lo, hi = self._range(loop.level, i)
             spans.append([(s, min(s + loop.tiles[i], hi)) for s in range(lo, hi, loop.tiles[i])])
         saved = dict(self.ranges[loop.level])
-        combos = list(itertools.product(*spans))
+        combos, weights = _tuples(names, spans, loop.symmetric)
         if loop.depth > 1:
-            self._double_buffered(loop, names, combos)
+            self._double_buffered(loop, names, combos, weights)
             self.ranges[loop.level] = saved
             return
         if loop.parallel:
@@ -209,16 +210,19 @@ class Executor:
         else:
             mine = range(len(combos))
         self.in_parallel += loop.parallel
+        outer = self.weight
         for n in mine:
             self.ranges[loop.level].update(zip(names, combos[n]))
+            self.weight = outer * weights[n]
             self._body(loop.body)
             self.tiles_done += loop.parallel
+        self.weight = outer
         self.in_parallel -= loop.parallel
         self.ranges[loop.level] = saved
         if loop.parallel:
             self._wait()
 
-    def _double_buffered(self, loop: Loop, names: list[str], combos: list[tuple]) -> None:
+    def _double_buffered(self, loop: Loop, names: list[str], combos: list[tuple], weights: list[int]) -> None:
         """A sequential global loop whose disk traffic overlaps its work (module docstring)."""
         own, ahead = staged(loop), prefetched(loop)
         rest = [node for node in loop.body if not any(node is op for op in ahead)]
@@ -232,6 +236,7 @@ class Executor:
         behind = self.behind
         self.behind = True
         marks = {0: self._prefetch(ahead, names, combos, 0, loop.depth)}
+        outer = self.weight
         for n, combo in enumerate(combos):
             self.ranges["global"].update(zip(names, combo))
             # Everything queued up to this tile's loads: also the stores that last used its slots.
@@ -244,7 +249,9 @@ class Executor:
                 marks[n + 1] = self._prefetch(ahead, names, combos, n + 1, loop.depth)
                 self.ranges["global"].update(zip(names, combo))
             self.turn = n % loop.depth
+            self.weight = outer * weights[n]
             self._body(rest)
+        self.weight = outer
         self.counters.seconds["disk"] += self.disk.wait()
         self.behind = behind
         for op in own:
@@ -398,6 +405,8 @@ class Executor:
     def _accumulate(self, op: Op) -> None:
         ga, sl = self._relative(op)
         host = self.backend.to_host(self.buffers[self._key(op)])
+        if self.weight != 1:  # stands for the other permutations of a symmetric loop's tile tuple
+            host = host * self.weight
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)
             host = host.copy(order="C")
         ga.accumulate(sl, host)
@@ -434,6 +443,24 @@ class Executor:
         self._watch()
         for c, (a, b) in zip(cs, operands):
             self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
+
+
+def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:
+    """A loop's tile tuples (one (start, stop) per index of ``names``) in order, and each one's
+    weight. Over ``symmetric`` indices only ordered tuples are kept (tile position of the first ≥
+    the second ≥ …), each weighted by the number of distinct permutations of its positions."""
+    combos = list(itertools.product(*spans))
+    if not symmetric:
+        return combos, [1] * len(combos)
+    at = [names.index(i) for i in symmetric]
+    kept, weights = [], []
+    for combo in combos:
+        positions = [spans[k].index(combo[k]) for k in at]
+        if all(p >= q for p, q in zip(positions, positions[1:])):
+            kept.append(combo)
+            weights.append(math.factorial(len(at)) // math.prod(math.factorial(positions.count(p))
+                                                                 for p in set(positions)))
+    return kept, weights
 
 
 def _sizes(c, out, a, b) -> dict[str, int]:

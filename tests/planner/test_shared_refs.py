@@ -5,6 +5,7 @@ under many names, and on small chains with bytes worked out by hand."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -115,14 +116,20 @@ def test_triples_device_gets_share_equal_regions(tmp_path):
                 assert not same_region(a.indices, b.indices, tiled), (a, b)
     ovvv = [tuple(op.indices) for op in gets if op.tensor == "ovvv"]
     assert len(ovvv) == 3  # six references, three regions: (i,…), (j,…), (k,…)
-    # Bytes per get, independently: each device tile of an occupied index, summed over the tiles
-    # of the parallel loop, sees the whole range once per tile of the other two.
-    n = {i: -(-s.extents[i] // par.tiles[i]) for i in tiled}
+    # Bytes per get, independently: enumerate the tile tuples the parallel loop visits (ordered
+    # ones i >= j >= k by tile position, E being declared symmetric in i, j, k) and add each
+    # get's region.
+    assert par.symmetric == ["i", "j", "k"]
+    spans = {i: [(a, min(a + par.tiles[i], s.extents[i])) for a in range(0, s.extents[i], par.tiles[i])]
+             for i in "ijk"}
     expected = 0
-    for op in gets:
-        t = tensors[op.tensor]
-        others = math.prod(n[i] for i in tiled if i not in op.indices)
-        expected += t.itemsize * math.prod(t.shape) * others
+    for p in itertools.product(*(range(len(spans[i])) for i in "ijk")):
+        if not p[0] >= p[1] >= p[2]:
+            continue
+        region = {i: spans[i][q][1] - spans[i][q][0] for i, q in zip("ijk", p)}
+        for op in gets:
+            t = tensors[op.tensor]
+            expected += t.itemsize * math.prod(region.get(i, s.extents[i]) for i in op.indices)
     assert predicted["bytes"]["global->device"] == expected
 
 
