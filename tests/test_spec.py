@@ -71,3 +71,25 @@ def test_errors_name_file_and_line(edit, message, line):
         spec.loads(BASE.replace(*edit), "t.yaml")
     assert message in str(err.value)
     assert str(err.value).startswith(f"t.yaml:{line}:")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("[i, j]", "symmetric index 'i' is one of its own indices"),
+    ("[a]", "symmetric must list two or more index names"),
+    ("a", "symmetric must list two or more index names"),
+    ("[a, a]", "symmetric lists an index twice"),
+    ("[a, z]", "symmetric index 'z' is not declared"),
+    ("[a, k]", "symmetric index 'k' does not occur in the statements"),
+])
+def test_symmetric_output_errors(value, message):
+    text = BASE.replace("T: {file: out.h5, dataset: T}", f"T: {{file: out.h5, dataset: T, symmetric: {value}}}")
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(text, "t.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("t.yaml:11:")
+
+
+def test_symmetric_output_accepted():
+    text = BASE.replace("T: {file: out.h5, dataset: T}", "T: {file: out.h5, dataset: T, symmetric: [b, a]}")
+    (out,) = spec.loads(text, "t.yaml").outputs
+    assert out.symmetric == ("b", "a")

@@ -136,7 +136,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
     global tile) is made by each of the ``ranks``."""
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
-    flops = [0]
+    flops, statements = [0], [0]
 
     for nest in nests:
         live = {"global": 0, "device": 0}
@@ -156,6 +156,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                 if node.op == "compute":
                     c = contractions[node.contraction]
                     flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
+                    statements[0] += points([], loops, extents, "device")
                     continue
                 if node.op == "eval":
                     continue
@@ -175,7 +176,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
         walk(nest.body, [])
 
     seconds = machine.seconds(moved, flops[0])
-    return {"bytes": moved, "flops": flops[0], "memory_peak": peak, "seconds": seconds,
+    return {"bytes": moved, "flops": flops[0], "statements": statements[0], "memory_peak": peak, "seconds": seconds,
             "total_seconds": max(seconds.values())}
 
 

@@ -25,6 +25,9 @@ class Machine:
     global_to_device: float = 10.0e9
     device_to_global: float = 10.0e9
     flop_rate: float = 20.0e9
+    # Seconds the runtime spends per compute statement it runs, beside the flops (dispatch, kernel
+    # launch): what makes many small tiles slower than few large ones.
+    statement_seconds: float = 5.0e-5
     source: str = "defaults"
 
     def seconds(self, moved: dict[str, int], flops: int) -> dict[str, float]:

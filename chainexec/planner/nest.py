@@ -416,7 +416,7 @@ class Emitter:
         for name in exported:
             dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
         tiles = self._tiled(g.glob, common)
-        level = self.symmetry(g, common, exported, outer)
+        symmetric = g.symmetric if self.symmetry(g, common, exported, outer) else ()
         spanning = self._spanning([n for n in exported if n not in kept], writers, tiles)
         stored = [name for name in exported if name not in kept and name not in spanning]
         body: list = []
@@ -427,33 +427,29 @@ class Emitter:
         leaves = [leaf for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in on_device]
         ahead, behind = self._fetches(leaves, global_tiled)
         body += ahead
-        body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True,
-                      symmetric=g.symmetric if level == "device" else ())
+        body += _loop("device", self._tiled(g.dev, common), dev_body, parallel=True, symmetric=symmetric)
         body += behind + unloads
         for name in stored:
             body += self._store(self._first_writer(ids, name))
-        return self._around(spanning, ids, _loop("global", tiles, body, symmetric=g.symmetric if level == "global" else ()))
+        return self._around(spanning, ids, _loop("global", tiles, body))
 
-    def symmetry(self, g: DeviceGroup, common: list[str], exported: list[str], outer: set[str] = frozenset()):
-        """The level of the loop over ``g.symmetric`` that visits only ordered tile tuples, or None.
+    def symmetry(self, g: DeviceGroup, common: list[str], exported: list[str], outer: set[str] = frozenset()) -> bool:
+        """Whether the group's parallel loop visits only ordered tile tuples of ``g.symmetric``.
 
         Exact when every tensor the group exports is an output summed over those indices and
         declared symmetric in them: its summand summed over the rest is then equal on every
         permutation of a tile tuple, so one ordered tuple weighted by its multiplicity stands for
         all of them (the i ≥ j ≥ k restriction of (T), as in PySCF's and the reference's loops).
-        The restriction sits on the outermost loop that tiles them (inner loops run whole), and
-        needs their tiles equal there; enclosing disk-group loops must not tile them."""
+        Needs the device tiles of those indices equal and no enclosing loop tiling them (the
+        group's global loop, a disk group's loop), so that they all range over the whole extent."""
         sym = set(g.symmetric)
-        if not sym or not sym <= set(common) or sym & set(outer) or not exported:
-            return None
+        if not sym or not sym <= set(common) or sym & (set(outer) | set(self._tiled(g.glob, common))) or not exported:
+            return False
         if not all(set(self.tensors[t].symmetric) == sym and not sym & set(self.tensors[t].indices)
                    for t in exported):
-            return None
-        for level, tiles in (("global", self._tiled(g.glob, common)), ("device", self._tiled(g.dev, common))):
-            cut = sym & set(tiles)
-            if cut:
-                return level if cut == sym and len({tiles[i] for i in sym}) == 1 else None
-        return None
+            return False
+        tiles = self._tiled(g.dev, common)
+        return sym <= set(tiles) and len({tiles[i] for i in sym}) == 1
 
     @staticmethod
     def _held(work, own, tiled: set[str]) -> list[tuple[tuple[str, list[str]], int, int]]:

@@ -64,6 +64,13 @@ def movement_seconds(predicted: dict) -> float:
     return predicted["seconds"]["disk"] + predicted["seconds"]["global<->device"]
 
 
+def work_seconds(ctx: "Context", predicted: dict) -> float:
+    """Movement, compute and per-statement time added up: how :func:`fit` compares tilings of one
+    group, whose flops differ where a symmetric loop visits fewer tiles the smaller they are."""
+    return (movement_seconds(predicted) + predicted["seconds"]["compute"]
+            + predicted["statements"] * ctx.machine.statement_seconds)
+
+
 def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:
     """One contraction tiled by each applicable scheme at the global level, each with the device
     scheme that moves least between global and device; named ``global-scheme/device-scheme``."""
@@ -174,7 +181,29 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
         variants.append([DeviceGroup(list(g.contractions), dict(g.glob), dict(g.dev), list(g.resident),
                                      inputs if len(g.contractions) > 1 else [], list(g.symmetric)) for g in groups])
     found = [g for g in (_shrunk(ctx, DiskGroup(v, dict(tiles))) for v in variants) if g is not None]
-    return min(found, key=lambda g: movement_seconds(ctx.price(Schedule([g])))) if found else None
+    found += [finer for g in found for finer in _finer(ctx, g)]
+    return min(found, key=lambda g: work_seconds(ctx, ctx.price(Schedule([g])))) if found else None
+
+
+def _finer(ctx: Context, group: DiskGroup) -> list[DiskGroup]:
+    """``group`` with the device tiles of a symmetric group's indices halved again and again (while
+    it fits): the loop visits only ordered tuples of them, so smaller tiles skip more of the
+    computation (up to 1/k! of it for k indices) at the price of more statements."""
+    found = []
+    for pos, g in enumerate(group.groups):
+        sym = g.symmetric
+        if len(sym) < 2 or not all(i in g.dev for i in sym) or len({g.dev[i] for i in sym}) != 1:
+            continue
+        tile = g.dev[sym[0]]
+        while tile > 1:
+            tile = tile_count(tile, 2)
+            groups = [DeviceGroup(list(d.contractions), dict(d.glob), dict(d.dev), list(d.resident),
+                                  list(d.on_device), list(d.symmetric)) for d in group.groups]
+            groups[pos].dev.update(dict.fromkeys(sym, tile))
+            finer = DiskGroup(groups, dict(group.tiles))
+            if ctx.fits(ctx.price(Schedule([finer]))):
+                found.append(finer)
+    return found
 
 
 def _symmetric(ctx: Context, emitter: Emitter, ids: list[int], common: list[str]) -> list[str]:

@@ -5,26 +5,37 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import CATEGORY
-from chainexec.planner.plan import Loop, Plan, to_dict
+from chainexec.planner.plan import Loop, Plan, ops, to_dict
 from tests.conftest import fourindex_config, write_config
 from tests.runtime.test_chains import random_chain
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _configs(tmp_path):
     yield write_config(tmp_path, fourindex_config(), "four.yaml")
     for seed in range(6):
         yield write_config(tmp_path, random_chain(seed, tmp_path), f"chain{seed}.yaml")
+    # (T) with E symmetric in i, j, k: its parallel loop visits ordered tiles only.
+    cfg = yaml.safe_load((CONFIGS / "ccsd_t.yaml").read_text())
+    cfg["ranges"] = {"occ": 5, "vir": 4}
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "48KiB"}
+    yield write_config(tmp_path, cfg, "ccsd_t.yaml")
 
 
 def enumerate_bytes(plan: Plan) -> dict:
-    """Bytes per category by walking every iteration of every loop (slow, independent of cost.py)."""
+    """Bytes per category and flops by walking every iteration of every loop (slow, independent
+    of cost.py); a symmetric loop's iterations are its ordered tile tuples."""
     moved = dict.fromkeys(CATEGORY.values(), 0)
+    moved["flops"] = 0
 
     def walk(body, ranges):
         for node in body:
@@ -35,10 +46,18 @@ def enumerate_bytes(plan: Plan) -> dict:
                     lo, hi = ranges[node.level].get(i, ranges["global"].get(i, (0, plan.extents[i])))
                     spans.append([(s, min(s + node.tiles[i], hi)) for s in range(lo, hi, node.tiles[i])])
                 for combo in itertools.product(*spans):
+                    positions = [spans[names.index(i)].index(combo[names.index(i)]) for i in node.symmetric]
+                    if positions != sorted(positions, reverse=True):
+                        continue
                     inner = {lvl: dict(r) for lvl, r in ranges.items()}
                     for lvl in (("global", "device") if node.level == "global" else ("device",)):
                         inner[lvl].update(zip(names, combo))
                     walk(node.body, inner)
+            elif node.op == "compute":
+                c = plan.contractions[node.contraction]
+                size = math.prod(b - a for a, b in (ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i])))
+                                                    for i in c.indices()))
+                moved["flops"] += (2 if c.b is not None else 1) * size
             elif node.op in CATEGORY:
                 level = "global" if node.op in ("load", "store") else "device"
                 size = math.prod(b - a for a, b in (ranges[level].get(i, (0, plan.extents[i])) for i in node.indices))
@@ -59,7 +78,10 @@ def test_json_round_trip(tmp_path):
 def test_predicted_bytes_equal_enumeration(tmp_path):
     for config in _configs(tmp_path):
         plan = make_plan(spec.load(config))
-        assert enumerate_bytes(plan) == plan.predicted["bytes"]
+        assert enumerate_bytes(plan) == plan.predicted["bytes"] | {"flops": plan.predicted["flops"]}
+        if config.name == "ccsd_t.yaml":
+            assert any(loop.symmetric for nest in plan.nests for _, loops in ops(nest.body) for loop in loops)
+            assert plan.predicted["flops"] < sum(c.flops for c in plan.contractions)
 
 
 @pytest.mark.parametrize("device", ["1KiB", "3KiB", "100KiB"])
