@@ -44,12 +44,13 @@ OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute"
 
 
 class Counters:
-    """Bytes per category, flops, and live/peak bytes per level, on one rank."""
+    """Bytes per category, flops, compute statements run, and live/peak bytes per level, on one rank."""
 
     def __init__(self):
         self.bytes = dict.fromkeys(CATEGORIES, 0)
         self.seconds = dict.fromkeys(LEVEL_TIMES, 0.0)
         self.flops = 0
+        self.statements = 0
         self.live = {"global": 0, "device": 0}
         self.peak = {"global": 0, "device": 0}
 
@@ -135,13 +136,14 @@ class Executor:
     def _measured(self, seconds: float) -> dict:
         """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time
         inside that level's statements; ``total_seconds`` is the wall time of the slowest rank."""
-        total = self.comm.allreduce(np.array([self.counters.bytes[k] for k in CATEGORIES] + [self.counters.flops],
-                                             dtype=np.int64))
+        total = self.comm.allreduce(np.array([self.counters.bytes[k] for k in CATEGORIES]
+                                             + [self.counters.flops, self.counters.statements], dtype=np.int64))
         mx = _max()
         high_water = self.comm.allreduce(self.high_water, op=mx)
         return {
-            "bytes": {k: int(v) for k, v in zip(CATEGORIES, total[:-1])},
-            "flops": int(total[-1]),
+            "bytes": {k: int(v) for k, v in zip(CATEGORIES, total[:-2])},
+            "flops": int(total[-2]),
+            "statements": int(total[-1]),
             "memory_peak": {"global": int(self.counters.peak["global"]),
                             "device": int(self.comm.allreduce(self.counters.peak["device"], op=mx))},
             "seconds": {k: float(self.comm.allreduce(v, op=mx)) for k, v in self.counters.seconds.items()},
@@ -441,6 +443,7 @@ class Executor:
         else:
             self.backend.contract_terms(cs, out, operands)
         self._watch()
+        self.counters.statements += len(cs)
         for c, (a, b) in zip(cs, operands):
             self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
 

@@ -120,7 +120,7 @@ def test_ordered_occupied_tiles_equal_the_full_sum(tmp_path, ranks):
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     report = read_report(tmp_path / "r.json")
-    for key in ("bytes", "flops", "memory_peak"):
+    for key in ("bytes", "flops", "statements", "memory_peak"):
         assert report["measured"][key] == report["predicted"][key], key
     assert sum(rank["tiles"] for rank in report["run"]["per_rank"]) == 20
     expected = ccsd_t_energy(tmp_path / "inputs.h5")

@@ -70,11 +70,11 @@ def test_parallel_loops_get_a_tile_per_rank(config, ranks):
 
 
 def test_triples_on_four_ranks_is_split_and_everyone_works(tmp_path):
-    """H2O-sized (T) fits in one device tile: planned for 4 ranks its fused loop has 4 tiles, and
-    a 4-rank run gives every rank a tile, bytes as predicted."""
+    """H2O-sized (T): planned for 4 ranks its fused loop has at least 4 tiles (ordered i >= j >= k
+    tiles, E being symmetric), and a 4-rank run gives every rank a tile, bytes as predicted."""
     s = spec.load(CONFIGS / "ccsd_t.yaml")
-    assert parallel_iterations(make_plan(s)) == [1]
-    assert parallel_iterations(make_plan(s, ranks=4)) == [4]
+    (n,) = parallel_iterations(make_plan(s, ranks=4))
+    assert n >= 4
     assert run_cli("chem", "synthetic", "--synthetic", 5, 19, 3, "--out", tmp_path).returncode == 0
     proc = run_cli("run", tmp_path / "ccsd_t.yaml", "--report-json", tmp_path / "r.json", ranks=4)
     assert proc.returncode == 0, proc.stderr

@@ -112,7 +112,7 @@ def test_a_declared_symmetric_sum_visits_ordered_tiles(tmp_path, device_memory, 
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = read_report(tmp_path / "r.json")
-    for key in ("bytes", "flops", "memory_peak"):
+    for key in ("bytes", "flops", "statements", "memory_peak"):
         assert report["measured"][key] == report["predicted"][key], key
     plan = make_plan(spec.load(config), ranks=ranks)
     assert any(loop.symmetric == ["i", "j"] for nest in plan.nests for _, loops in ops(nest.body) for loop in loops)
