@@ -27,6 +27,21 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+# A chain whose plan runs many tiny tiles: the per-statement measurement.
+STATEMENT_CHAIN = """\
+name: statements
+indices: {i: 48, j: 48, k: 48}
+tensors:
+  A: {indices: [i, k], source: {random: 1}}
+  B: {indices: [k, j], source: {random: 2}}
+statements:
+  - C[i,j] = A[i,k] * B[k,j]
+outputs:
+  C: {file: out.h5, dataset: C}
+machine: {global_memory: 1MiB, device_memory: 2KiB}
+scratch: scratch
+"""
+
 # Read methods, from best to worst at keeping the page cache out of a read measurement.
 DIRECT = "O_DIRECT"
 FADVISE = "posix_fadvise(POSIX_FADV_DONTNEED) after fsync"
@@ -132,6 +147,35 @@ def _repeat(comm, reps: int, clock, fn) -> list[float]:
     return samples
 
 
+def _statements(comm, dev, scratch: str, reps: int) -> dict:
+    """Run :data:`STATEMENT_CHAIN` through the executor ``reps`` times (after one untimed run) in a
+    folder under ``scratch``; returns the compute statements per run (all ranks) and each run's
+    wall seconds (slowest rank)."""
+    import shutil
+
+    from chainexec import spec
+    from chainexec.planner.build import make_plan
+    from chainexec.planner.plan import Plan
+    from chainexec.runtime import store
+    from chainexec.runtime.executor import Executor
+
+    folder = Path(scratch) / f".chainexec-calibrate-statements-{comm.bcast(os.getpid(), root=0)}"
+    text = None
+    if comm.rank == 0:
+        folder.mkdir()
+        plan = make_plan(spec.loads(STATEMENT_CHAIN, str(folder / "chain.yaml")), ranks=comm.size)
+        store.prepare_outputs(plan)
+        text = plan.to_json()
+    plan = Plan.from_json(comm.bcast(text, root=0))
+    try:
+        runs = [Executor(plan, comm, dev, "static").run() for _ in range(reps + 1)][1:]
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    return {"statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
+
+
 def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str) -> dict:
     """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
 
@@ -199,6 +243,10 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
             "d2h_s": _repeat(comm, reps, stopwatch, lambda: device_buf.get(out=host)),
         }
         del device_buf
+
+    # One statement: the executor's wall time per compute statement on tiny tiles, where its own
+    # bookkeeping, tile copies and kernel launches are all there is.
+    result["statement"] = _statements(comm, dev, scratch, reps)
 
     # GEMM: float64 square matrices, the executor's contraction kernel on this backend.
     n = gemm_n[dev.name]

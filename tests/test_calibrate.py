@@ -51,6 +51,8 @@ def test_file_round_trips_with_plausible_rates(calibrated):
     assert 1e6 <= loaded.disk_write <= 1e11
     assert 1e7 <= loaded.global_to_device <= 1e12
     assert 1e6 <= loaded.device_to_global <= 1e12
+    # One tiny contraction: at least a microsecond of dispatch, far below a second.
+    assert 1e-7 <= loaded.statement_seconds <= 1e-2
     assert not path.with_name(path.name + ".tmp").exists()
 
 
@@ -64,6 +66,7 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert details["disk"]["file_bytes_per_rank"] >= details["disk"]["bytes_per_rank"] > 0
     assert details["gemm"]["flops_per_call"] == 2 * details["gemm"]["n"] ** 3
     assert details["gemm"]["per_second"] == machine.flop_rate
+    assert details["statement"]["seconds"] == machine.statement_seconds
     # Medians of the per-repetition samples.
     for group, key in (("disk", "write"), ("global_array", "get"), ("global_array", "accumulate")):
         assert np.median(details[group][key]["samples_per_second"]) == details[group][key]["per_second"]
