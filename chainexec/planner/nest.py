@@ -37,6 +37,11 @@ Shapes of the emitted nests (G: global level, D: device level)::
 A disk group wraps its device groups in a G loop over the indices common to its outputs and keeps
 its intermediates' G buffers alive between producer and consumer.
 
+An output summed over a G loop's tiles (it lacks an index the loop tiles: the (T) energy) is
+allocated before that loop and stored once after it, so that every tile's partial sum adds up in
+it. Where every output of a device group is declared symmetric in some of its fused indices, its
+parallel loop visits ordered tiles of them only, weighted (:meth:`Emitter.symmetry`).
+
 References to one tensor under different index names (``ovvv[i,a,f,b]``, ``ovvv[i,a,f,c]``) share a
 buffer at a level where their regions are identical in every iteration (:func:`same_region`): one
 alloc+load per region at G; in a device group one alloc+get per region, kept on the device from
