@@ -17,10 +17,14 @@ cfg = yaml.safe_load(open(path))
 cfg["machine"] = {"global_memory": "32GiB", "device_memory": "40GiB"}
 open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
 PY
-python3 -m chainexec.cli plan "$work/bz/ccsd_t.yaml" > "$out/plan.txt"
+# The planner picks the occupied tile size (ordered i >= j >= k tiles skip work, small tiles cost
+# statements) from the machine's rates: measure them here.
+[ -f "$work/machine.json" ] || python3 -m chainexec.cli calibrate "$work/machine.json" --backend cupy --ranks 1
+cp "$work/machine.json" "$out/machine.json"
+python3 -m chainexec.cli plan "$work/bz/ccsd_t.yaml" --machine "$work/machine.json" > "$out/plan.txt"
 for pass in cold warm; do
   start=$(date +%s.%N)
-  python3 -m chainexec.cli run "$work/bz/ccsd_t.yaml" --backend cupy --report-json "$out/run_$pass.json" > "$out/run_$pass.txt"
+  python3 -m chainexec.cli run "$work/bz/ccsd_t.yaml" --backend cupy --machine "$work/machine.json" --report-json "$out/run_$pass.json" > "$out/run_$pass.txt"
   end=$(date +%s.%N)
   echo "$pass $start $end" >> "$out/wall_seconds.txt"
 done
