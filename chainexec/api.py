@@ -52,10 +52,11 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     text = error = defect = None
     if comm.rank == 0:
         try:
-            p = plan(config, machine, schedule, comm.size)
-            # Outputs first: a run that fails on its inputs must not leave an older output behind
-            # that looks like this run's result.
-            store.prepare_outputs(p)
+            s = spec_mod.load(config)
+            # Outputs first: a run that fails to plan or on its inputs must not leave an older
+            # output behind that looks like this run's result.
+            store.prepare_outputs(s.resolve(o.file) for o in s.outputs)
+            p = make_plan(s, load_machine(machine), schedule, comm.size)
             store.check_inputs(p)
             text = p.to_json()
         except ChainexecError as err:

@@ -163,8 +163,9 @@ def _statements(comm, dev, scratch: str, reps: int) -> dict:
     text = None
     if comm.rank == 0:
         folder.mkdir()
-        plan = make_plan(spec.loads(STATEMENT_CHAIN, str(folder / "chain.yaml")), ranks=comm.size)
-        store.prepare_outputs(plan)
+        chain = spec.loads(STATEMENT_CHAIN, str(folder / "chain.yaml"))
+        store.prepare_outputs(chain.resolve(o.file) for o in chain.outputs)
+        plan = make_plan(chain, ranks=comm.size)
         text = plan.to_json()
     plan = Plan.from_json(comm.bcast(text, root=0))
     try:

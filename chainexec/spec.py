@@ -473,6 +473,13 @@ def _check_statements(p: _Parser, statements: list[Statement], extents, tensors:
         _check_shape(p, st.lhs, lhs, extents, st, where)
         if st.accumulate and st.lhs.tensor not in assigned:
             raise p.fail(f"'{st.text}' accumulates into {st.lhs.tensor!r} before any '=' assigns it", where)
+        # Each tensor has one value (the planner fuses and stores by name): a second '=' would
+        # silently mix two of them, and a term reading what it adds to has no defined tile order.
+        if not st.accumulate and st.lhs.tensor in assigned:
+            raise p.fail(f"'{st.text}' assigns {st.lhs.tensor!r} a second time; give the new value its own name", where)
+        if any(ref.tensor == st.lhs.tensor for ref in st.operands):
+            raise p.fail(f"'{st.text}' reads {st.lhs.tensor!r}, the tensor it assigns; write the result to a new name",
+                         where)
         for ref in st.operands:
             if tensors[ref.tensor].dtype != lhs.dtype:
                 raise p.fail(

@@ -212,3 +212,13 @@ def test_plan_for_several_ranks(tmp_path):
     assert plan["ranks"] == 3
     bad = run_cli("plan", config, "--ranks", 0)
     assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_run_that_cannot_plan_leaves_no_older_output(tmp_path):
+    """The output of an earlier successful run is removed before planning: a run whose limits no
+    longer allow a plan exits 2 with one line and leaves nothing that looks like its result."""
+    config = _with_inputs(tmp_path)  # ran once: its output is there
+    config.write_text(config.read_text().replace("device_memory: 3KiB", "device_memory: 8"))
+    proc = run_cli("run", config, "--quiet")
+    _assert_clean_failure(proc, "device_memory", "too small")
+    assert not (tmp_path / "out" / "result.h5").exists()

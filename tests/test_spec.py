@@ -65,6 +65,9 @@ def test_bad_sizes(value):
     (("device_memory: 64 KiB", "device_memory: lots"), "expected a size", 12),
     (("name: t", "name: 1t"), "not a plain identifier", 1),
     (("  - T[i,j] -= X[i,b] * Y[b,j]\n", "  - T[i,j] -= X[i,b] * Z[b,j]\n"), "unknown tensor 'Z'", 9),
+    # A second '=' or a term reading its own target: refused (each used to give wrong numbers or crash).
+    (("T[i,j] -= X[i,b]", "T[i,j] = X[i,b]"), "assigns 'T' a second time", 9),
+    (("T[i,j] -= X[i,b] * Y[b,j]", "T[i,j] += T[j,i]"), "reads 'T', the tensor it assigns", 9),
 ])
 def test_errors_name_file_and_line(edit, message, line):
     with pytest.raises(ChainexecError) as err:

@@ -48,6 +48,10 @@ class Chooser:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.tilings = {c.id: single_candidates(ctx, c.id) for c in ctx.cs}
+        for c in ctx.cs:
+            if not self.tilings[c.id]:
+                raise ValueError(f"no tiling of contraction #{c.id} ({c.out} = {c.einsum()}) fits the memory limits "
+                                 f"(global {ctx.limits['global']} B, device {ctx.limits['device']} B): raise them")
         self.singles = {k: min(options, key=lambda o: (self._alone(o[1]), iterations(ctx, o[1])))[1]
                         for k, options in self.tilings.items()}
         self.lists = fusion.fusable_lists(ctx.cs, ctx.tensors)

@@ -138,13 +138,13 @@ def scheme_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
     passes = True
     if scheme == "greedy":
         tiles = choose_tiles(c, extents, itemsize, budget, passes)
-        return (tiles, []) if tiles else None
+        return (tiles, []) if tiles is not None else None
     if scheme in ("streaming", "equal"):
         side = math.sqrt(m) if scheme == "streaming" else math.sqrt(m / 3)
         start = spread(comp["i"], extents, side) | spread(comp["j"], extents, side)
         start |= spread(comp["k"], extents, 1 if scheme == "streaming" else side)
         tiles = choose_tiles(c, extents, itemsize, budget, passes, start)
-        return (tiles, []) if tiles else None
+        return (tiles, []) if tiles is not None else None
     if scheme != "fits":
         raise ValueError(f"unknown tiling scheme {scheme!r}")
     return _fits(c, extents, itemsize, budget)

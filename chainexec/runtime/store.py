@@ -49,12 +49,10 @@ def check_inputs(plan: Plan) -> None:
             raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
 
 
-def prepare_outputs(plan: Plan) -> None:
-    """Make sure every output can be written and no stale output survives to look complete."""
-    for t in plan.tensors.values():
-        if t.role != "output":
-            continue
-        path = Path(t.output["file"])
+def prepare_outputs(files) -> None:
+    """Make sure every output file can be written and no stale output survives to look complete
+    (called before planning, so that a run that fails to plan leaves no older result behind)."""
+    for path in map(Path, files):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             probe = path.parent / f".{path.name}.probe"
