@@ -168,15 +168,17 @@ class Emitter:
             return [leaf for n, i in self._inputs_of(name, ix) for leaf in self._leaves(n, i)]
         return [(name, list(ix))]
 
-    def _loads(self, refs, tiled: set[str], alone=()) -> tuple[list[Op], list[Op]]:
+    def _loads(self, refs, tiled: set[str], alone=(), present=()) -> tuple[list[Op], list[Op]]:
         """(alloc+load ops, free ops) bringing ``refs`` to the global level inside loops that tile
         ``tiled``: one buffer per tensor and region — a reference whose region equals that of one
         loaded before it (:func:`same_region`) shares its buffer (every reference here reads the
-        same stored version). Tensors in ``alone`` never share (one the nest also writes)."""
+        same stored version). Tensors in ``alone`` never share (one the nest also writes); leaves
+        in ``present`` are whole in the global array already (a single contraction's resident
+        operands, which a computed operand may also read)."""
         kept: list[tuple[str, list[str]]] = []
         for name, ix in refs:
             for leaf in self._leaves(name, ix):
-                shared = leaf in kept or leaf[0] not in alone and _covered(kept, *leaf, tiled)
+                shared = leaf in kept or leaf in present or leaf[0] not in alone and _covered(kept, *leaf, tiled)
                 if not shared:
                     kept.append(leaf)
         loads = [op for n, ix in kept
@@ -266,27 +268,25 @@ class Emitter:
         one's output) uses the paper's Common (:func:`common_indices`). Otherwise: the indices of
         every tensor written there — or, when that is empty (the chain ends in a reduction), of
         every tensor kept inside it, less the indices of the tensors it exports (each of those then
-        lacks every fused index, and is summed over the fused loop as a whole) — minus any index
-        that a reference renames (a permuted read needs the whole range of the positions it
-        permutes)."""
+        lacks every fused index, and is summed over the fused loop as a whole). Either way minus
+        any index that a reference to a tensor written there renames (a permuted read needs the
+        whole range of the positions it permutes)."""
         cs = [self.cs[k] for k in ids]
+        writers = self.writers(ids)
         if all(p.out in {n for n, _ in _operands(q)} for p, q in zip(cs, cs[1:])) and \
                 len({c.out for c in cs}) == len(cs):
-            return common_indices(cs, self.extents)
-        writers = self.writers(ids)
-        sets = [set(ix) for ix in writers.values()]
-        common = set.intersection(*sets)
-        if not common:
-            after = self.needed_after(ids[-1])
-            inner = [set(ix) for t, ix in writers.items() if t not in after]
-            common = set.intersection(*inner) if inner else set()
-            common -= {i for t, ix in writers.items() if t in after for i in ix}
-        for c in cs:
-            for name, ix in _operands(c) + [(c.out, c.out_indices)]:
-                if name in writers:
-                    common -= {i for pair in zip(ix, writers[name]) if pair[0] != pair[1] for i in pair}
-        first = next(iter(writers.values()))
-        return [i for i in first if i in common]
+            order = common_indices(cs, self.extents)
+        else:
+            common = set.intersection(*[set(ix) for ix in writers.values()])
+            if not common:
+                after = self.needed_after(ids[-1])
+                inner = [set(ix) for t, ix in writers.items() if t not in after]
+                common = set.intersection(*inner) if inner else set()
+                common -= {i for t, ix in writers.items() if t in after for i in ix}
+            order = [i for i in next(iter(writers.values())) if i in common]
+        renamed = {i for c in cs for name, ix in _operands(c) + [(c.out, c.out_indices)] if name in writers
+                   for pair in zip(ix, writers[name]) if pair[0] != pair[1] for i in pair}
+        return [i for i in order if i not in renamed]
 
     def disk_group(self, group: DiskGroup) -> list:
         """Device groups in order. A tensor that one device group writes and a later one uses
@@ -354,7 +354,8 @@ class Emitter:
         inner = fetch + [Op("compute", "device", contraction=c.id)] + done
         dev_body = [_ref("alloc", "device", c.out, outs), *_loop("device", self._tiled(g.dev, ks), inner),
                     _ref("accumulate", "device", c.out, outs), _ref("free", "device", c.out, outs)]
-        loads, unloads = self._loads(streamed, streamed_tiled, alone)
+        held = [leaf for n, ix in resident for leaf in self._leaves(n, ix)]
+        loads, unloads = self._loads(streamed, streamed_tiled, alone, held)
         k_body = loads + _loop("device", self._tiled(g.dev, outs), dev_body, parallel=True) + unloads
         stored = c.out not in kept
         out_body = self._out_alloc(c) if stored else []
