@@ -83,7 +83,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         else:
             traceback.print_exc()
             sys.stderr.flush()
-        comm.Abort(2 if isinstance(err, ChainexecError) else 1)
+        code = 2 if isinstance(err, ChainexecError) else 1
+        comm.Abort(code)
+        raise SystemExit(code) from None  # Abort may return before the launcher ends this process
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "per_rank": executor.rank_times(measured["total_seconds"]),
