@@ -47,8 +47,6 @@ DIRECT = "O_DIRECT"
 FADVISE = "posix_fadvise(POSIX_FADV_DONTNEED) after fsync"
 CACHED = "plain read, page cache not defeated (neither O_DIRECT nor posix_fadvise available)"
 
-# Marks the line of stderr that names a rank's failure (see main).
-
 # Bytes per read call: large enough that per-call overhead is negligible against disk time, and a
 # multiple of every logical block size O_DIRECT may demand (512 B to 4 KiB).
 READ_CHUNK = 8 << 20

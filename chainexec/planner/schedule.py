@@ -12,8 +12,9 @@ overflows, checked against the emitted nest's exact peak after each step.
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
@@ -164,8 +165,7 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
     groups = []
     for g in disk:
         if len(g) == 1:
-            s = singles[g[0]]
-            groups.append(DeviceGroup(list(g), dict(s.glob), dict(s.dev), list(s.resident)))
+            groups.append(copy.deepcopy(singles[g[0]]))
         else:
             cs = [ctx.cs[k] for k in g]
             common = emitter.group_common(g)
@@ -178,8 +178,8 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
     # tile: fewer bytes where device tiles re-read them, at the price of device memory.
     inputs = [t.name for t in ctx.tensors.values() if t.role == "input"]
     if any(len(g) > 1 for g in disk):
-        variants.append([DeviceGroup(list(g.contractions), dict(g.glob), dict(g.dev), list(g.resident),
-                                     inputs if len(g.contractions) > 1 else [], list(g.symmetric)) for g in groups])
+        variants.append([replace(copy.deepcopy(g), on_device=inputs if len(g.contractions) > 1 else [])
+                         for g in groups])
     found = [g for g in (_shrunk(ctx, DiskGroup(v, dict(tiles))) for v in variants) if g is not None]
     found += [finer for g in found for finer in _finer(ctx, g)]
     return min(found, key=lambda g: work_seconds(ctx, ctx.price(Schedule([g])))) if found else None
@@ -197,10 +197,8 @@ def _finer(ctx: Context, group: DiskGroup) -> list[DiskGroup]:
         tile = g.dev[sym[0]]
         while tile > 1:
             tile = tile_count(tile, 2)
-            groups = [DeviceGroup(list(d.contractions), dict(d.glob), dict(d.dev), list(d.resident),
-                                  list(d.on_device), list(d.symmetric)) for d in group.groups]
-            groups[pos].dev.update(dict.fromkeys(sym, tile))
-            finer = DiskGroup(groups, dict(group.tiles))
+            finer = copy.deepcopy(group)
+            finer.groups[pos].dev.update(dict.fromkeys(sym, tile))
             if ctx.fits(ctx.price(Schedule([finer]))):
                 found.append(finer)
     return found

@@ -452,15 +452,15 @@ def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: lis
     """A loop's tile tuples (one (start, stop) per index of ``names``) in order, and each one's
     weight. Over ``symmetric`` indices only ordered tuples are kept (tile position of the first ≥
     the second ≥ …), each weighted by the number of distinct permutations of its positions."""
-    combos = list(itertools.product(*spans))
     if not symmetric:
+        combos = list(itertools.product(*spans))
         return combos, [1] * len(combos)
     at = [names.index(i) for i in symmetric]
     kept, weights = [], []
-    for combo in combos:
-        positions = [spans[k].index(combo[k]) for k in at]
+    for where in itertools.product(*(range(len(s)) for s in spans)):
+        positions = [where[k] for k in at]
         if all(p >= q for p, q in zip(positions, positions[1:])):
-            kept.append(combo)
+            kept.append(tuple(s[p] for s, p in zip(spans, where)))
             weights.append(math.factorial(len(at)) // math.prod(math.factorial(positions.count(p))
                                                                  for p in set(positions)))
     return kept, weights
