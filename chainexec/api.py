@@ -89,6 +89,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "per_rank": executor.rank_times(measured["total_seconds"]),
+                    "statement_seconds": executor.statement_seconds(),
                     "memory_limit": p.memory_limit}}
 
 

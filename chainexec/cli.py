@@ -139,6 +139,7 @@ def main(argv=None) -> int:
                 if args.report:
                     print()
                     print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"]))
+                    print(report.statements(result["run"]["statement_seconds"]))
                 if args.report_json:
                     _write_json(args.report_json, {k: result[k] for k in ("predicted", "measured", "run")})
                 if args.plot:

@@ -92,6 +92,18 @@ def ranks(per_rank: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def statements(seconds: dict[str, float], top: int = 10) -> str:
+    """Where compute time went: the ``top`` statements by seconds (summed over ranks) and their
+    share of all compute seconds."""
+    total = sum(seconds.values()) or 1.0
+    rows = [f"{'statement':<18}{'seconds':>12}{'share':>9}"]
+    rows += [f"{name:<18}{s:>12.4f}{_percent(s / total):>9}" for name, s in list(seconds.items())[:top]]
+    if len(seconds) > top:
+        rest = sum(list(seconds.values())[top:])
+        rows.append(f"{f'({len(seconds) - top} more)':<18}{rest:>12.4f}{_percent(rest / total):>9}")
+    return "\n".join(rows)
+
+
 def matches(predicted: dict, measured: dict) -> bool:
     """Whether every movement category and memory peak was predicted exactly."""
     return all(predicted["bytes"][k] == measured["bytes"][k] for k in CATEGORY.values()) and all(

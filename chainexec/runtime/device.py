@@ -1,7 +1,7 @@
 """The device level (γ) behind one seam: NumPy on the CPU, CuPy on a GPU.
 
 Everything the executor does with device buffers goes through a :class:`Backend`: ``zeros``
-(allocate), ``upload`` (host → device buffer), ``to_host`` (device → host) and ``contract``
+(allocate), ``fetch``/``upload`` (host → device buffer), ``to_host`` (device → host) and ``contract``
 (``out += factor · a·b``). The backend is chosen once (:func:`select`); no other module asks whether
 it runs on a GPU.
 
@@ -17,8 +17,9 @@ memory made planned buffer allocations fail, the pool's own fragmentation includ
 
 Contraction methods on the GPU (:class:`CupyBackend`):
 
-* element-wise — statements that sum over nothing (permuted copies, Hadamard and outer
-  products): one CuPy element-wise kernel ``y += f·x(·z)`` over broadcast views. (A full
+* point-wise — statements that sum over nothing (permuted copies, Hadamard and outer
+  products), alone or as a run of terms into one buffer: one generated kernel
+  (:mod:`chainexec.runtime.pointwise`) ``y += Σ f·x(·z)`` over broadcast views. (A full
   reduction to a scalar through a CuPy ``ReductionKernel`` over a permuted view was tried and
   removed: without CUB, CuPy reduces to one output element in a single thread block, 60 s
   instead of 4 s for the (T) energy at o=21, v=93 on the H100.)
@@ -55,6 +56,7 @@ import numpy as np
 from chainexec import expr
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
+from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 
 METHODS = ("auto", "gett", "kernel", "ttgt", "einsum")
@@ -130,6 +132,12 @@ class Backend:
         """Copy ``host`` into the existing device buffer ``dst`` (same shape)."""
         dst[...] = host
 
+    def fetch(self, dst, read) -> None:
+        """Fill the device buffer ``dst`` from a host source: ``read(rows, out)`` writes rows
+        ``rows`` (a slice of ``dst``'s first axis; None for a 0-d buffer: all of it) into the
+        C-contiguous host array ``out``. Here the source is read straight into ``dst``."""
+        read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
+
     def to_host(self, array) -> np.ndarray:
         """A device array as a host NumPy array (here: the same array)."""
         return array
@@ -138,10 +146,6 @@ class Backend:
         """Bytes the device allocator holds now, scratch included (None: no separate device
         memory to watch, as with NumPy)."""
         return None
-
-    def host_empty(self, shape, dtype) -> np.ndarray:
-        """An uninitialized host array that :meth:`upload` copies fastest (here: plain memory)."""
-        return np.empty(shape, dtype)
 
     def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
         """Fill ``out`` (a computed tensor's tile over index order ``order``) with the expression
@@ -178,35 +182,9 @@ def _spread(arr, idx, out_indices):
     return view[tuple(slice(None) if i in idx else None for i in out_indices)]
 
 
-def _elementwise(xp, c: Contraction, out, a, b) -> None:
-    """``out += factor · a (· b)`` for statements that sum over nothing (copies, Hadamard and
-    outer products): one element-wise kernel over broadcast views of the operands in ``out``'s
-    index order, so no temporary array is made."""
-    if b is None:
-        _axpy(xp)(_spread(a, c.a_indices, c.out_indices), c.factor, out)
-    else:
-        _axpby(xp)(_spread(a, c.a_indices, c.out_indices), _spread(b, c.b_indices, c.out_indices), c.factor, out)
-
-
-@lru_cache(maxsize=256)
-def _expression_kernel(xp, code: str, types: tuple[str, ...]):
-    """An element-wise kernel ``y = code`` over inputs ``p0, p1, …`` of dtypes ``types[:-1]`` and
-    output ``y`` of dtype ``types[-1]`` (dtype names only reach the source as type names; ``code``
-    is made of those parameter names, operators and number literals)."""
-    params = ", ".join(f"{t} p{k}" for k, t in enumerate(types[:-1]))
-    return xp.ElementwiseKernel(params, f"{types[-1]} y", f"y = {code}", "chainexec_expression")
-
-
-@lru_cache(maxsize=None)
-def _axpy(xp):
-    return xp.ElementwiseKernel("T x, T f", "T y", "y += f * x", "chainexec_axpy")
-
-
-@lru_cache(maxsize=None)
-def _axpby(xp):
-    return xp.ElementwiseKernel("T x, T z, T f", "T y", "y += f * x * z", "chainexec_axpby")
-
-
+STAGE_BYTES = 64 << 20
+"""Bytes of each of the two page-locked buffers that tiles reach the device through (host memory,
+outside the plan's levels)."""
 TUNE_BYTES = 64 << 20
 """Output bytes above which the autotuner times a probe instead of the whole contraction."""
 
@@ -267,6 +245,7 @@ class CupyBackend(Backend):
         self._kernels: dict[tuple, object] = {}
         self._gett: dict[tuple, tuple] = {}
         self.tuning = TuningCache(cupy)
+        self._stages: list[np.ndarray] | None = None
 
     def upload(self, dst, host: np.ndarray) -> None:
         """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about
@@ -280,6 +259,42 @@ class CupyBackend(Backend):
             dst[...] = self.xp.asarray(host.copy(order="C"))
         if self._pinned(host):
             self.xp.cuda.get_current_stream().synchronize()
+
+    def fetch(self, dst, read) -> None:
+        """As :meth:`Backend.fetch`, through two page-locked staging buffers of at most
+        :data:`STAGE_BYTES` each, used in turn: while one chunk of rows is copied to the device
+        (asynchronously, on the current stream), the next is read into the other. A tile the size
+        of one chunk or less is read and copied in one piece. Page-locking a buffer the size of
+        the tile instead (CuPy's pinned pool) cost about 1 s per GB on the H100 machine, more
+        than the copy it speeds up."""
+        row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
+        if not row or dst.nbytes <= STAGE_BYTES or not dst.flags.c_contiguous:
+            host = self.host_empty(dst.shape, dst.dtype)
+            read(slice(0, dst.shape[0]) if dst.ndim else None, host)
+            self.upload(dst, host)
+            return
+        step = max(1, STAGE_BYTES // row)
+        stages = self._staging(step * row)
+        stream = self.xp.cuda.get_current_stream()
+        done = [None, None]
+        for n, lo in enumerate(range(0, dst.shape[0], step)):
+            hi = min(lo + step, dst.shape[0])
+            if done[n % 2] is not None:
+                done[n % 2].synchronize()  # the copy out of this staging buffer has finished
+            host = stages[n % 2][:(hi - lo) * row].view(dst.dtype).reshape((hi - lo,) + dst.shape[1:])
+            read(slice(lo, hi), host)
+            dst[lo:hi].set(host, stream=stream)
+            done[n % 2] = stream.record()
+        stream.synchronize()
+
+    def _staging(self, nbytes: int) -> list[np.ndarray]:
+        """The two page-locked staging buffers of :meth:`fetch`, at least ``nbytes`` each (kept
+        for the backend's life; grown when a tile's row needs more)."""
+        if self._stages is None or self._stages[0].nbytes < nbytes:
+            import cupyx
+
+            self._stages = [cupyx.empty_pinned(nbytes, np.uint8) for _ in range(2)]
+        return self._stages
 
     def _pinned(self, host: np.ndarray) -> bool:
         """Whether ``host``'s memory is page-locked (allocated or registered through CUDA)."""
@@ -304,9 +319,7 @@ class CupyBackend(Backend):
         operation by operation, a 6-D denominator made two more 6-D arrays than the plan has)."""
         refs = list(arrays)
         views = [expr.spread(arrays[r], r, order, self.xp) for r in refs]
-        code = expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)})
-        types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
-        _expression_kernel(self.xp, code, types)(*views, out)
+        pointwise.launch(self.xp, expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)}), views, out)
         self.xp.cuda.get_current_stream().synchronize()
 
     def pool_bytes(self) -> int:
@@ -320,19 +333,16 @@ class CupyBackend(Backend):
         return cupyx.empty_pinned(shape, dtype)
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
-        """As :meth:`Backend.contract_terms`, in one generated element-wise kernel: ``out`` is read
-        and written once for all the terms (twelve outer products accumulated into one (T) tile
-        were twelve passes over it)."""
-        if len(cs) == 1:
-            self.contract(cs[0], out, *operands[0])
-            return
+        """As :meth:`Backend.contract_terms`, in one generated point-wise kernel
+        (:mod:`chainexec.runtime.pointwise`) over broadcast views: ``out`` is read and written once
+        for all the terms (twelve outer products accumulated into one (T) tile were twelve passes
+        over it), and no temporary is made."""
         views, terms = [], []
         for c, (a, b) in zip(cs, operands):
             factors = [f"p{len(views) + k}" for k in range(1 if b is None else 2)]
             views += [_spread(a, c.a_indices, c.out_indices)] + ([] if b is None else [_spread(b, c.b_indices, c.out_indices)])
             terms.append(" * ".join([repr(float(c.factor))] + factors))
-        types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
-        _expression_kernel(self.xp, f"y + {' + '.join(terms)}", types)(*views, out)
+        pointwise.launch(self.xp, f"y + {' + '.join(terms)}", views, out)
         self.xp.cuda.get_current_stream().synchronize()
 
     def contract(self, c: Contraction, out, a, b) -> None:
@@ -343,7 +353,7 @@ class CupyBackend(Backend):
         none (``out`` is untouched by the failed attempt: every method adds its product only once
         it is complete)."""
         if b is None or c.pointwise():
-            _elementwise(self.xp, c, out, a, b)
+            self.contract_terms([c], out, [(a, b)])
         else:
             how = self._choose(c, out, a, b)
             try:

@@ -51,6 +51,7 @@ class Counters:
         self.seconds = dict.fromkeys(LEVEL_TIMES, 0.0)
         self.flops = 0
         self.statements = 0
+        self.by_statement: dict[str, float] = {}  # seconds per compute statement ("#k", "#k-#m" for a run, "eval T")
         self.live = {"global": 0, "device": 0}
         self.peak = {"global": 0, "device": 0}
 
@@ -121,6 +122,16 @@ class Executor:
         if self.progress is not None:
             self.progress.update(nest, int(total[0]), {k: int(v) for k, v in zip(CATEGORIES, total[1:])})
 
+    def statement_seconds(self) -> dict[str, float]:
+        """Seconds spent in each compute statement (a run of point-wise terms counts as one,
+        ``#k-#m``; a computed tensor's evaluation as ``eval T``), summed over ranks, most first
+        (collective). The backend synchronizes before it returns, so these are the device's times."""
+        total: dict[str, float] = {}
+        for mine in self.comm.allgather(self.counters.by_statement):
+            for key, seconds in mine.items():
+                total[key] = total.get(key, 0.0) + seconds
+        return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
     def rank_times(self, total: float) -> list[dict]:
         """Per rank (gathered on every rank): seconds waiting at the parallel loops' barriers
         (idle), the rest (busy), and parallel tiles done."""
@@ -173,11 +184,16 @@ class Executor:
                 run = self._terms(body, k)
                 self._compute(run)
                 k += len(run)
+                name = f"#{run[0].contraction}" + (f"-#{run[-1].contraction}" if len(run) > 1 else "")
             else:
                 getattr(self, "_" + node.op)(node)
                 k += 1
+                name = f"eval {node.tensor}"
             if node.op in OP_LEVEL:
-                self.counters.seconds[OP_LEVEL[node.op]] += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                self.counters.seconds[OP_LEVEL[node.op]] += spent
+                if OP_LEVEL[node.op] == "compute":
+                    self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
 
     def _terms(self, body, k: int) -> list[Op]:
         """The compute statement at ``body[k]`` and the ones right after it that add point-wise
@@ -397,12 +413,13 @@ class Executor:
             # all ranks' loads of its rows must have landed; one barrier serves all such gets.
             self._wait()
         ga, sl = self._relative(op)
-        key = self._key(op)
-        # Fetched straight into page-locked memory where the backend has it: the copy to the
-        # device is then one DMA (about 6x a pageable copy on the H100 machine).
-        host = ga.get(sl, out=self.backend.host_empty(self.buffers[key].shape, ga.dtype))
-        self.backend.upload(self.buffers[key], host)
-        self.counters.move(CATEGORY["get"], host.nbytes)
+        buf = self.buffers[self._key(op)]
+
+        def read(rows, out):
+            ga.get(sl if rows is None else (slice(sl[0].start + rows.start, sl[0].start + rows.stop),) + sl[1:], out=out)
+
+        self.backend.fetch(buf, read)
+        self.counters.move(CATEGORY["get"], buf.nbytes)
 
     def _accumulate(self, op: Op) -> None:
         ga, sl = self._relative(op)

@@ -114,6 +114,17 @@ def test_numpy_host_round_trip():
     assert not backend.zeros((2, 3), np.float64).any()
 
 
+def test_numpy_fetch_reads_into_the_buffer():
+    source = np.random.default_rng(8).standard_normal((5, 4))
+    backend = select("numpy")
+    buf = backend.zeros(source.shape, source.dtype)
+    backend.fetch(buf, lambda rows, out: out.__setitem__(Ellipsis, source[rows]))
+    assert np.array_equal(buf, source)
+    scalar = backend.zeros((), np.float64)
+    backend.fetch(scalar, lambda rows, out: out.fill(3.0))
+    assert scalar.shape == () and float(scalar) == 3.0
+
+
 def _has_gpu() -> bool:
     try:
         import cupy

@@ -200,6 +200,32 @@ def test_pointwise_terms_in_one_pass():
     assert np.array_equal(got[0], start[0]) and np.array_equal(got[:, :, :, 0], start[:, :, :, 0])
 
 
+@pytest.mark.parametrize("stage", [64, 4096, 1 << 20], ids=["row-above-stage", "chunks", "one-piece"])
+def test_fetch_through_staging_buffers(stage, monkeypatch):
+    """``fetch`` fills a device tile from a host source chunk by chunk through two page-locked
+    buffers used in turn (each refilled only after its copy finished): the tile equals the source
+    whatever the chunk size, rows wider than a chunk included, and every row is read once."""
+    from chainexec.runtime import device
+
+    monkeypatch.setattr(device, "STAGE_BYTES", stage)
+    source = np.random.default_rng(8).standard_normal((37, 11, 6))
+    reads = []
+
+    def read(rows, out):
+        reads.append((rows.start, rows.stop))
+        out[...] = source[rows]
+
+    backend = CupyBackend(cupy)
+    dst = backend.zeros(source.shape, source.dtype)
+    backend.fetch(dst, read)
+    assert np.array_equal(cupy.asnumpy(dst), source)
+    assert sorted(r for lo, hi in reads for r in range(lo, hi)) == list(range(37))
+    assert len(reads) == (1 if stage >= source.nbytes else -(-37 // max(1, stage // (11 * 6 * 8))))
+    scalar = backend.zeros((), np.float64)
+    backend.fetch(scalar, lambda rows, out: out.fill(2.5))
+    assert float(scalar) == 2.5
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
     after ``upload``; the next fetch may get the same block. The copy must be complete by then

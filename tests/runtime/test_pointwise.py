@@ -1,0 +1,101 @@
+"""Generated point-wise kernels, on any machine: the reduced iteration space of
+:func:`pointwise.layout` visits exactly the (output, input) element pairs of the original views
+(NumPy strides of permuted, cut and broadcast views are the reference), the generated source
+compiles with nvcc for sm_90 (skipped without nvcc), and code outside numbers, names and
+operators never reaches it. The kernels' numbers are checked on a GPU in test_pointwise_gpu.py."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from chainexec.runtime import pointwise
+
+
+def views(case: str, xp=np):
+    """(out, inputs) views of one kind (NumPy, or CuPy with ``xp=cupy``: the same values and
+    strides), with out's index order the inputs broadcast over. ``cut``'s out is a window of a
+    larger buffer."""
+    rng = np.random.default_rng(11)
+
+    def normal(*shape):
+        return xp.asarray(rng.standard_normal(shape))
+
+    base = normal(5, 4, 6, 3, 7)
+    if case == "contiguous":
+        return base, [base.copy(), base.copy()]
+    if case == "permuted":
+        # stored in another index order, read through a transposed view (R's Z[i,j,k,b,c,a])
+        return base, [xp.ascontiguousarray(base.transpose(2, 0, 4, 1, 3)).transpose(1, 3, 0, 4, 2),
+                      xp.ascontiguousarray(base.transpose(4, 3, 2, 1, 0)).transpose(4, 3, 2, 1, 0)]
+    if case == "cut":
+        big = normal(9, 6, 8, 5, 11)
+        return big[2:7, 1:5, 1:7, :3, 3:10], [big[:5, :4, :6, 2:5, :7].copy(), normal(9, 6, 8, 5, 11)[1:6, :4, 2:8, 1:4, :7]]
+    if case == "broadcast":
+        return base, [normal(5, 1, 6, 1, 1), normal(1, 4, 1, 3, 7), normal(1, 1, 1, 1, 1)]
+    if case == "extent-one":
+        return normal(1, 4, 1, 3, 1), [normal(3, 1, 4, 1, 1).transpose(1, 2, 3, 0, 4)]
+    raise ValueError(case)
+
+
+CASES = ["contiguous", "permuted", "cut", "broadcast", "extent-one"]
+
+
+def element_strides(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(0 if n == 1 else s // a.itemsize for n, s in zip(a.shape, a.strides))
+
+
+def pairs(shape, strides) -> set[tuple[int, ...]]:
+    """Every element's (output offset, input offsets…) over ``shape`` with per-array ``strides``."""
+    return {tuple(sum(c * s for c, s in zip(coord, st)) for st in strides)
+            for coord in itertools.product(*(range(n) for n in shape))}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_layout_visits_the_same_elements(case):
+    out, inputs = views(case)
+    strides = [element_strides(out)] + [element_strides(a) for a in inputs]
+    shape, reduced = pointwise.layout(out.shape, strides)
+    assert pairs(shape, reduced) == pairs(out.shape, strides)
+    assert len(pairs(shape, reduced)) == out.size  # every output element once
+    # The last dimension is the output's fastest-varying one: threads next to each other write
+    # neighbouring elements.
+    if shape:
+        assert abs(reduced[0][-1]) == min(abs(s) for s in reduced[0])
+
+
+def test_contiguous_views_merge_into_one_dimension():
+    out, inputs = views("contiguous")
+    strides = [element_strides(out)] + [element_strides(a) for a in inputs]
+    assert pointwise.layout(out.shape, strides) == ((out.size,), [(1,), (1,), (1,)])
+
+
+def test_code_outside_numbers_names_and_operators_is_refused():
+    with pytest.raises(ValueError, match="characters"):
+        pointwise.source("p0; } __global__ void x() {", (4,), [(1,), (1,)], ("float64", "float64"))
+
+
+def test_index_width_follows_the_offsets():
+    small = pointwise.source("y + p0", (8, 8), [(8, 1), (1, 8)], ("float64", "float64"))
+    wide = pointwise.source("y + p0", (8, 8), [(8, 1), (2**29, 8)], ("float64", "float64"))
+    assert "int rest" in small and "long long rest" in wide
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_sources_compile_with_nvcc(tmp_path):
+    out, inputs = views("broadcast")
+    strides = [element_strides(out)] + [element_strides(a) for a in inputs]
+    shape, reduced = pointwise.layout(out.shape, strides)
+    sources = [pointwise.source("y + 2.0 * p0 * p1 + -0.5 * p2", shape, reduced, ("float64",) * 4),
+               pointwise.source("(1.0 / ((p0 - p1) + p2))", shape, reduced, ("float32", "float64", "float32", "float32")),
+               pointwise.source("y + p0", (8, 8), [(8, 1), (2**29, 8)], ("float64", "float64"))]
+    for k, text in enumerate(sources):
+        f = tmp_path / f"p{k}.cu"
+        f.write_text(text)
+        r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / f"p{k}.cubin"), str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr

@@ -1,0 +1,57 @@
+"""Generated point-wise kernels on a GPU against NumPy: permuted, cut and broadcast views, sums of
+terms that read the output, float32 output from float64 inputs, 64-bit index arithmetic, and
+nothing outside the output's view written. Skipped without CuPy or a CUDA device.
+
+The reference is NumPy's own broadcasting arithmetic on the host copies of the same views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_gpu  # noqa: E402
+
+cupy = require_gpu()
+
+from chainexec.runtime import pointwise  # noqa: E402
+from tests.runtime.test_pointwise import CASES, views  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def terms(inputs) -> str:
+    """``y + 1.5·p0 + 2.5·p1 + …``: every input, each with its own factor."""
+    return "y + " + " + ".join(f"{k + 1.5} * p{k}" for k in range(len(inputs)))
+
+
+def expected(out, inputs):
+    return out + sum((k + 1.5) * a for k, a in enumerate(inputs))
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
+@pytest.mark.parametrize("case", CASES)
+def test_sum_of_terms_equals_numpy(case, wide, monkeypatch):
+    if wide:
+        monkeypatch.setattr(pointwise, "INDEX32", 1)
+    out, inputs = views(case, cupy)
+    host_out, host_inputs = out.get(), [a.get() for a in inputs]
+    whole = out if out.base is None else out.base
+    before = whole.get()
+    pointwise.launch(cupy, terms(inputs), inputs, out)
+    np.testing.assert_allclose(out.get(), expected(host_out, host_inputs), rtol=1e-14, atol=0)
+    # Nothing outside out's view changed: mark the view's elements in a buffer like its base.
+    flag = cupy.zeros(whole.shape, out.dtype)
+    cupy.ndarray(out.shape, out.dtype, flag.data + (out.data.ptr - whole.data.ptr), strides=out.strides)[...] = 1
+    outside = flag.get() == 0
+    np.testing.assert_array_equal(whole.get()[outside], before[outside])
+    assert case != "cut" or outside.any()
+
+
+def test_expression_with_division_into_float32():
+    out32 = cupy.zeros((4, 6, 5), np.float32)
+    e_occ = cupy.asarray(np.random.default_rng(3).standard_normal(4) - 3)
+    e_vir = cupy.asarray(np.random.default_rng(4).standard_normal(5) + 3)
+    views_ = [e_occ[:, None, None], e_vir[None, None, :], cupy.asarray(np.random.default_rng(5).standard_normal((1, 6, 1)))]
+    pointwise.launch(cupy, "(1.0 / ((p0 - p1) + p2))", views_, out32)
+    host = [v.get() for v in views_]
+    np.testing.assert_allclose(out32.get(), (1.0 / ((host[0] - host[1]) + host[2])).astype(np.float32), rtol=1e-6)
