@@ -72,7 +72,12 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     chosen = select(backend, comm)
     executor = Executor(p, comm, chosen, balance, progress)
     try:
-        measured = executor.run()
+        try:
+            measured = executor.run()
+        except ChainexecError as err:
+            if err.path is not None:
+                raise
+            raise ChainexecError(str(err), str(config)) from None
     except Exception as err:
         # A failure on one rank would leave the others waiting in a collective for ever: report it
         # and end the whole job (no output has been renamed into place, so nothing looks complete).

@@ -222,3 +222,21 @@ def test_a_run_that_cannot_plan_leaves_no_older_output(tmp_path):
     proc = run_cli("run", config, "--quiet")
     _assert_clean_failure(proc, "device_memory", "too small")
     assert not (tmp_path / "out" / "result.h5").exists()
+
+
+def test_memory_the_host_lacks_is_one_clear_error(tmp_path):
+    """A plan whose limits exceed the host's memory (here a 128 TiB output under a 1 PiB global
+    limit) stops at the allocation with one line naming the config, the tensor and the level,
+    exit 2, and no output file."""
+    config = write_config(tmp_path, {
+        "name": "too_big", "indices": {"i": 2**22, "j": 2**22},
+        "tensors": {"A": {"indices": ["i"], "source": {"file": "in.h5", "dataset": "A", "seed": 1}},
+                    "B": {"indices": ["j"], "source": {"file": "in.h5", "dataset": "B", "seed": 2}}},
+        "statements": ["C[i,j] = A[i] * B[j]"],
+        "outputs": {"C": {"file": "out.h5", "dataset": "C"}},
+        "machine": {"global_memory": "1048576GiB", "device_memory": "1048576GiB"}})
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--quiet")
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)  # MPICH's transport chatter
+    _assert_clean_failure(proc, str(config), "C[i,j] at the global level", "could not allocate 128.00 TiB")
+    assert not (tmp_path / "out.h5").exists()

@@ -56,6 +56,7 @@ import numpy as np
 from chainexec import expr
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
+from chainexec.spec import format_size
 from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 
@@ -125,8 +126,19 @@ class Backend:
         self.xp = np
 
     def zeros(self, shape, dtype):
-        """A zero-filled device buffer of ``shape`` (elements) and ``dtype``."""
-        return self.xp.zeros(shape, dtype=dtype)
+        """A zero-filled device buffer of ``shape`` (elements) and ``dtype``; one clear error
+        when the memory is not there (the plan's limit is above what the device has)."""
+        try:
+            return self.xp.zeros(shape, dtype=dtype)
+        except self.out_of_memory:
+            size = format_size(math.prod(shape) * np.dtype(dtype).itemsize)
+            raise ChainexecError(f"device memory: could not allocate {size} ({self.name}); the device has less "
+                                 "free memory than machine.device_memory plans for: lower it") from None
+
+    @property
+    def out_of_memory(self) -> type[BaseException]:
+        """The exception this backend's allocator raises when memory runs out."""
+        return MemoryError
 
     def upload(self, dst, host: np.ndarray) -> None:
         """Copy ``host`` into the existing device buffer ``dst`` (same shape)."""
@@ -246,6 +258,10 @@ class CupyBackend(Backend):
         self._gett: dict[tuple, tuple] = {}
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
+
+    @property
+    def out_of_memory(self) -> type[BaseException]:
+        return self.xp.cuda.memory.OutOfMemoryError
 
     def upload(self, dst, host: np.ndarray) -> None:
         """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from chainexec import expr
+from chainexec.errors import ChainexecError
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import prefetched, staged
@@ -321,13 +322,15 @@ class Executor:
             self.buffers[self._key(op)] = buf
             self.regions[self._key(op)] = region
             return
+        try:
+            buf = GlobalArray(self.comm, shape, dtype) if op.level == "global" else self.backend.zeros(shape, dtype)
+        except ChainexecError as err:
+            raise ChainexecError(f"{op.tensor}[{','.join(op.indices)}] at the {op.level} level: {err}") from None
         if op.level == "global":
-            buf = GlobalArray(self.comm, shape, dtype)
             # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
             # peak is that of the whole global array at one moment, as planned.
             nbytes = self.comm.allreduce(buf.nbytes_local)
         else:
-            buf = self.backend.zeros(shape, dtype)
             nbytes = buf.nbytes
         self.buffers[self._key(op)] = buf
         self.regions[self._key(op)] = region

@@ -45,6 +45,9 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
+from chainexec.errors import ChainexecError
+from chainexec.spec import format_size
+
 Region = tuple[slice, ...]
 
 
@@ -70,7 +73,13 @@ class GlobalArray:
         self._mpi_type = from_numpy_dtype(self.dtype)
         shape = tuple(int(n) for n in shape)
         self._layout(shape, self._row_bounds(shape, comm.size))
-        self._win = MPI.Win.Allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
+        try:
+            self._win = MPI.Win.Allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
+        except MPI.Exception as err:
+            reason = err.Get_error_string().strip().splitlines()[-1].strip()
+            raise ChainexecError(f"global memory: MPI could not allocate {format_size(self.nbytes_local)} on rank "
+                                 f"{comm.rank} ({reason}); this host has less memory than machine.global_memory "
+                                 "plans for: lower it or run on more ranks") from None
         if self._win.Get_attr(MPI.WIN_MODEL) != MPI.WIN_UNIFIED:
             raise RuntimeError("GlobalArray needs an MPI library with the unified RMA memory model")
         self._owner = True

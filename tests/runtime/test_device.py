@@ -157,3 +157,8 @@ def test_select_without_gpu(monkeypatch):
 def test_cupy_backend_rejects_unknown_method():
     with pytest.raises(ChainexecError, match="unknown GPU contraction method"):
         device.CupyBackend(np, "fastest")
+
+
+def test_device_memory_the_host_lacks_is_one_clear_error():
+    with pytest.raises(ChainexecError, match="device memory: could not allocate 128.00 TiB"):
+        select("numpy").zeros((2**22, 2**22), np.float64)
