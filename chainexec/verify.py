@@ -67,14 +67,19 @@ def read_output(spec: Spec, name: str) -> np.ndarray:
         raise ChainexecError(f"cannot read output ({err})", path) from None
 
 
-def full_reference(spec: Spec) -> dict[str, np.ndarray]:
-    """Every output by NumPy einsum, statement by statement."""
+def full_reference(spec: Spec, magnitude: bool = False) -> dict[str, np.ndarray]:
+    """Every output by NumPy einsum, statement by statement; with ``magnitude``, of the absolute
+    values of the inputs and factors instead: the size of the terms each element sums, the scale
+    of its rounding error."""
     values = {n: _input(spec, n) for n, t in spec.tensors.items() if t.source is not None}
+    if magnitude:
+        values = {n: np.abs(v) for n, v in values.items()}
     for st in spec.statements:
         letters = _letters(spec)
         terms = ",".join("".join(letters[i] for i in r.indices) for r in st.operands)
         expr = f"{terms}->{''.join(letters[i] for i in st.lhs.indices)}"
-        result = st.factor * np.einsum(expr, *[values[r.tensor] for r in st.operands], optimize=True)
+        factor = abs(st.factor) if magnitude else st.factor
+        result = factor * np.einsum(expr, *[values[r.tensor] for r in st.operands], optimize=True)
         values[st.lhs.tensor] = values[st.lhs.tensor] + result if st.accumulate else result
     return {o.tensor: values[o.tensor] for o in spec.outputs}
 
@@ -117,22 +122,23 @@ def expand(spec: Spec, name: str, upto: int | None = None) -> list[tuple[float, 
     return terms
 
 
-def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[float, int]:
-    """(relative error, elements checked) over random elements of output ``name``."""
+def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[float, float, float, int]:
+    """(largest error, largest reference value, largest term magnitude, elements checked) over
+    random elements of output ``name`` (magnitude: the sum of the absolute values of the terms)."""
     out = next(o for o in spec.outputs if o.tensor == name)
     path = spec.resolve(out.file)
     shape = spec.shape(name)
     terms = expand(spec, name)
     inputs = {r.tensor for _, ops, _ in terms for r in ops}
     values = {n: _input(spec, n) for n in inputs}
-    worst = scale = 0.0
+    worst = scale = size = 0.0
     with h5py.File(path, "r") as f:
         if not f.attrs.get(COMPLETE, False):
             raise ChainexecError("output is not marked complete", path)
         ds = f[out.dataset]
         picks = {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)}
         for point in sorted(picks):
-            ref = 0.0
+            ref = mag = 0.0
             for factor, ops, kept in terms:
                 at = dict(zip(kept, point))
                 letters, arrays, free = {}, [], []
@@ -145,10 +151,23 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
                     free.append("".join(letters[i] for i in rest))
                     arrays.append(values[op.tensor][sl])
                 ref += factor * float(np.einsum(",".join(free) + "->", *arrays, optimize=True))
+                mag += abs(factor) * float(np.einsum(",".join(free) + "->", *map(np.abs, arrays), optimize=True))
             got = float(ds[point])
             worst = max(worst, abs(got - ref))
             scale = max(scale, abs(ref))
-    return worst / scale if scale else worst, len(picks)
+            size = max(size, mag)
+    return worst, scale, size, len(picks)
+
+
+def _check(tensor: str, method: str, dtype: str, error: float, value: float, size: float, elements: int) -> Check:
+    """Largest ``error`` relative to the largest reference ``value``; where that value is zero to
+    the tolerance against the terms' ``size`` (an output that cancels, X - X), relative to ``size``
+    instead: relative to zero, rounding alone would fail a correct result."""
+    tolerance = TOLERANCE[dtype]
+    if value <= tolerance * size:
+        return Check(tensor, f"{method} (the output cancels to zero: error relative to its terms' magnitude)",
+                     error / max(size, np.finfo(float).tiny), tolerance, elements)
+    return Check(tensor, method, error / value, tolerance, elements)
 
 
 def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) -> list[Check]:
@@ -156,15 +175,14 @@ def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) 
     total = sum(math.prod(spec.shape(n)) * DTYPES[t.dtype] for n, t in spec.tensors.items())
     checks = []
     if total <= limit:
-        reference = full_reference(spec)
+        reference, magnitude = full_reference(spec), full_reference(spec, magnitude=True)
         for o in spec.outputs:
             got = read_output(spec, o.tensor)
             ref = reference[o.tensor]
-            err = float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), np.finfo(float).tiny))
-            checks.append(Check(o.tensor, "einsum", err, TOLERANCE[spec.tensors[o.tensor].dtype], ref.size))
+            checks.append(_check(o.tensor, "einsum", spec.tensors[o.tensor].dtype, float(np.max(np.abs(got - ref))),
+                                 float(np.max(np.abs(ref))), float(np.max(magnitude[o.tensor])), ref.size))
     else:
         rng = np.random.default_rng(seed)
         for o in spec.outputs:
-            err, n = _sampled(spec, o.tensor, samples, rng)
-            checks.append(Check(o.tensor, "sampled", err, TOLERANCE[spec.tensors[o.tensor].dtype], n))
+            checks.append(_check(o.tensor, "sampled", spec.tensors[o.tensor].dtype, *_sampled(spec, o.tensor, samples, rng)))
     return checks

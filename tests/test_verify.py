@@ -71,3 +71,23 @@ def test_refuses_incomplete_output(finished, tmp_path):
     cfg = dict(CONFIG, outputs={"R": {"file": str(tmp_path / "never.h5"), "dataset": "R"}})
     proc = run_cli("verify", write_config(tmp_path, cfg))
     assert proc.returncode == 2 and "never.h5" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("limit", [2 << 30, 0])
+def test_an_output_that_cancels_is_judged_against_its_terms(tmp_path, limit):
+    """X - X computed in two orders is rounding alone (about 1e-16 of its terms): relative to a
+    zero reference every correct run would fail; relative to the terms' magnitude it passes, and
+    an error of about 1e-9 of that magnitude is still caught."""
+    cfg = dict(CONFIG, statements=["T[i,j,l] = A[i,k] * B[k,j,l]", "R[i,m,j] = 2 * T[i,j,l] * D[l,m]",
+                                   "R[i,m,j] += -2 * A[i,k] * B[k,j,l] * D[l,m]"])
+    config = write_config(tmp_path, cfg)
+    assert run_cli("run", config).returncode == 0
+    s = spec.load(config)
+    (check,) = verify(s, samples=500, limit=limit)
+    assert check.ok and "cancels to zero" in check.method, check
+    part = next((tmp_path / "out.h5.parts").rglob("rank0.h5"))
+    with h5py.File(part, "a") as f:
+        name = next(iter(f))
+        f[name][...] += 1e-8  # the terms are of order 1 to 10
+    (check,) = verify(s, samples=500, limit=limit)
+    assert not check.ok, check
