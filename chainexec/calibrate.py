@@ -12,7 +12,10 @@ once, so that each rate is one rank's share while the others work too.
   pinned host memory to the device, the two combined as consecutive steps (seconds per byte add);
 - device→global: device→pinned host copy (GPU only), then a GlobalArray ``accumulate``, which is
   how the executor returns device tiles;
-- compute: the backend's float64 GEMM (numpy.matmul or cupy.matmul), 2·n³ flops per call.
+- compute: the backend's float64 GEMM (numpy.matmul or cupy.matmul), 2·n³ flops per call;
+- device bandwidth: one device buffer copied into another (bytes read + written), the rate at
+  which a compute statement streams its tiles;
+- seconds per statement: the executor on a product in tiny tiles (its fixed cost per statement).
 
 Every rate is the median over repetitions of (bytes or flops of one rank) / (seconds of the
 slowest rank in that repetition). The file holds the :class:`Machine` fields plus a ``details``
@@ -194,6 +197,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     acc = _rate(ga["bytes"], over_ranks("global_array", "accumulate_s"))
     flops = 2 * gemm["n"] ** 3
     gemm_rate = _rate(flops, over_ranks("gemm", "s"))
+    copy = _rate(first["device_copy"]["bytes"], over_ranks("device_copy", "s"))
     statement = first["statement"]
     # Every rank runs its share of the statements in the same (slowest rank's) seconds.
     per_statement = 1 / _rate(statement["statements"] / len(raw), over_ranks("statement", "s"))["per_second"]
@@ -216,7 +220,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     host = platform.node()
     machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
-                      statement_seconds=per_statement,
+                      statement_seconds=per_statement, device_bandwidth=copy["per_second"],
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {
@@ -235,6 +239,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
         "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),
         "gemm": {"n": gemm["n"], "dtype": "float64", "flops_per_call": flops, **gemm_rate},
+        "device_copy": {"what": "one device buffer copied into another (bytes read + written)",
+                        "bytes_per_call": first["device_copy"]["bytes"], **copy},
         "statement": {"what": "executor wall seconds per compute statement of a 48x48x48 matrix product "
                       "run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
                       "statements_per_run": statement["statements"], "seconds": per_statement},

@@ -79,6 +79,8 @@ def comparison(predicted: dict, measured: dict) -> str:
         p, m = predicted["memory_peak"][lvl], measured["memory_peak"][lvl]
         rows.append(f"{'peak ' + lvl:<18}{p:>16,d}{m:>16,d}" + ("" if p == m else "   MISMATCH"))
     rows.append(f"{'flops':<18}{predicted['flops']:>16,d}{measured['flops']:>16,d}")
+    rows.append(f"{'streamed (device)':<18}{predicted['streamed']:>16,d}{measured['streamed']:>16,d}"
+                + ("" if predicted["streamed"] == measured["streamed"] else "   MISMATCH"))
     for k in predicted["seconds"]:
         rows.append(f"{k + ' s':<18}{predicted['seconds'][k]:>16.4f}{measured['seconds'][k]:>16.4f}")
     rows.append(f"{'total s':<18}{predicted['total_seconds']:>16.4f}{measured['total_seconds']:>16.4f}")
@@ -105,9 +107,11 @@ def statements(seconds: dict[str, float], top: int = 10) -> str:
 
 
 def matches(predicted: dict, measured: dict) -> bool:
-    """Whether every movement category and memory peak was predicted exactly."""
+    """Whether every movement category, memory peak, the flops and the bytes streamed through
+    device memory were predicted exactly."""
     return all(predicted["bytes"][k] == measured["bytes"][k] for k in CATEGORY.values()) and all(
-        predicted["memory_peak"][lvl] == measured["memory_peak"][lvl] for lvl in ("global", "device"))
+        predicted["memory_peak"][lvl] == measured["memory_peak"][lvl] for lvl in ("global", "device")) and all(
+        predicted[k] == measured[k] for k in ("flops", "streamed"))
 
 
 def alternatives(plan: Plan) -> str:

@@ -23,7 +23,7 @@ from chainexec.planner.machine import Machine
 from tests.conftest import mpiexec
 
 REPO = Path(__file__).resolve().parents[1]
-RATES = ("disk_read", "disk_write", "global_to_device", "device_to_global", "flop_rate")
+RATES = ("disk_read", "disk_write", "global_to_device", "device_to_global", "flop_rate", "device_bandwidth")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,8 @@ def test_file_round_trips_with_plausible_rates(calibrated):
     assert 1e6 <= loaded.disk_write <= 1e11
     assert 1e7 <= loaded.global_to_device <= 1e12
     assert 1e6 <= loaded.device_to_global <= 1e12
+    # Memory copies: from a slow CPU node's DRAM to HBM (H100 about 3e12 bytes/s read + written).
+    assert 1e8 <= loaded.device_bandwidth <= 2e13
     # One tiny contraction: at least a microsecond of dispatch, far below a second.
     assert 1e-7 <= loaded.statement_seconds <= 1e-2
     assert not path.with_name(path.name + ".tmp").exists()
@@ -67,6 +69,8 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert details["gemm"]["flops_per_call"] == 2 * details["gemm"]["n"] ** 3
     assert details["gemm"]["per_second"] == machine.flop_rate
     assert details["statement"]["seconds"] == machine.statement_seconds
+    assert details["device_copy"]["per_second"] == machine.device_bandwidth
+    assert details["device_copy"]["bytes_per_call"] > 0
     # Medians of the per-repetition samples.
     for group, key in (("disk", "write"), ("global_array", "get"), ("global_array", "accumulate")):
         assert np.median(details[group][key]["samples_per_second"]) == details[group][key]["per_second"]
@@ -88,12 +92,12 @@ def test_planner_predicts_with_the_calibrated_rates(calibrated):
         "disk": moved["disk->global"] / loaded.disk_read + moved["global->disk"] / loaded.disk_write,
         "global<->device": moved["global->device"] / loaded.global_to_device
         + moved["device->global"] / loaded.device_to_global,
-        "compute": measured["flops"] / loaded.flop_rate,
+        "compute": measured["flops"] / loaded.flop_rate + measured["streamed"] / loaded.device_bandwidth,
     }
     assert measured["seconds"] == pytest.approx(expected, rel=1e-12)
     # The same schedule priced with the defaults differs exactly by the rates (the planner may
     # choose another schedule under other rates, so the bytes are taken from this plan).
-    assert Machine().seconds(moved, measured["flops"]) != measured["seconds"]
+    assert Machine().seconds(moved, measured["flops"], measured["streamed"]) != measured["seconds"]
 
 
 def test_unwritable_path_fails_before_measuring(tmp_path):

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from chainexec import expr
+
 from chainexec.planner.machine import Machine
 from chainexec.planner.pipeline import key, staged
-from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan
+from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, pointwise_run
 
 CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
@@ -136,14 +138,18 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
     global tile) is made by each of the ``ranks``."""
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
-    flops, statements = [0], [0]
+    flops, statements, streamed = [0], [0], [0]
 
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
 
+        def tile_bytes(tensor: str, indices, loops) -> int:
+            """Bytes of ``tensor[indices]``'s device tiles over every iteration of ``loops``."""
+            return tensors[tensor].itemsize * points(indices, loops, extents, "device")
+
         def walk(body, loops, slotted=frozenset()):
-            for node in body:
+            for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = loops + [node]
                     slots = sum(node.depth * tensors[op.tensor].itemsize
@@ -157,8 +163,16 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                     c = contractions[node.contraction]
                     flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
                     statements[0] += points([], loops, extents, "device")
+                    if not _continues_run(body, k, contractions):  # a run's output: read and written once
+                        streamed[0] += 2 * tile_bytes(c.out, c.out_indices, loops)
+                    streamed[0] += tile_bytes(c.a, c.a_indices, loops) + (tile_bytes(c.b, c.b_indices, loops) if c.b else 0)
                     continue
                 if node.op == "eval":
+                    t = tensors[node.tensor]
+                    tree = expr.parse(t.source["expr"])
+                    rename = dict(zip(t.indices, node.indices))
+                    streamed[0] += tile_bytes(node.tensor, node.indices, loops) + sum(
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], loops) for r in expr.refs(tree))
                     continue
                 item = tensors[node.tensor].itemsize
                 if key(node) in slotted and node.op in ("alloc", "free"):
@@ -175,9 +189,22 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
 
         walk(nest.body, [])
 
-    seconds = machine.seconds(moved, flops[0])
-    return {"bytes": moved, "flops": flops[0], "statements": statements[0], "memory_peak": peak, "seconds": seconds,
-            "total_seconds": max(seconds.values())}
+    seconds = machine.seconds(moved, flops[0], streamed[0])
+    return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
+            "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
+
+
+def _continues_run(body: list, k: int, contractions) -> bool:
+    """Whether the compute statement ``body[k]`` belongs to the point-wise run of an earlier one."""
+    start = k
+    while start > 0 and isinstance(body[start - 1], Op) and body[start - 1].op == "compute":
+        start -= 1
+    while start < k:
+        n = pointwise_run(body, start, contractions)
+        if start + n > k:
+            return True
+        start += n
+    return False
 
 
 def parallel_tiles(plan: Plan) -> int:

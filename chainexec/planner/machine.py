@@ -29,15 +29,22 @@ class Machine:
     # copies, kernel launch): what makes many small tiles slower than few large ones. `chainexec
     # calibrate` measures it (4.7e-4 s with 2 ranks on a 2-core VM, NumPy).
     statement_seconds: float = 2.0e-4
+    # Bytes per second a compute statement reads and writes in device memory (its operands' and
+    # output's tiles): a statement costs flops / flop_rate + streamed bytes / device_bandwidth,
+    # which is what makes point-wise statements over 6-D tiles and output-heavy contractions slow
+    # though their flops are few. `chainexec calibrate` measures it (a device-to-device copy);
+    # None, the default, leaves compute as flops alone (the papers' model).
+    device_bandwidth: float | None = None
     source: str = "defaults"
 
-    def seconds(self, moved: dict[str, int], flops: int) -> dict[str, float]:
-        """Seconds per level for the given bytes per category and flops."""
+    def seconds(self, moved: dict[str, int], flops: int, streamed: int = 0) -> dict[str, float]:
+        """Seconds per level for the given bytes per category, flops, and bytes the compute
+        statements stream through device memory (``streamed``)."""
         return {
             "disk": moved["disk->global"] / self.disk_read + moved["global->disk"] / self.disk_write,
             "global<->device": moved["global->device"] / self.global_to_device
             + moved["device->global"] / self.device_to_global,
-            "compute": flops / self.flop_rate,
+            "compute": flops / self.flop_rate + (streamed / self.device_bandwidth if self.device_bandwidth else 0.0),
         }
 
     def to_json(self) -> str:

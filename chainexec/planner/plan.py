@@ -198,3 +198,20 @@ def from_dict(d: dict) -> Plan:
         alternatives=list(d.get("alternatives", [])),
         ranks=int(d.get("ranks", 1)),
     )
+
+
+def pointwise_run(body: list, k: int, contractions: list[Contraction]) -> int:
+    """How many compute statements from ``body[k]`` on the device adds in one pass: the statement
+    and the ones right after it that add point-wise terms into the same buffer without reading it
+    (V's twelve outer products in (T)). The runtime runs them as one kernel and the cost model
+    counts one pass over the buffer for them."""
+    first = contractions[body[k].contraction]
+    n = 1
+    for node in body[k + 1:]:
+        c = contractions[node.contraction] if isinstance(node, Op) and node.op == "compute" else None
+        if not (c and first.pointwise() and c.pointwise() and (c.out, c.out_indices) == (first.out, first.out_indices)
+                and first.out not in (c.a, c.b, first.a, first.b)):
+            break
+        n += 1
+    return n
+

@@ -31,7 +31,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import prefetched, staged
-from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops
+from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, pointwise_run
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
@@ -52,6 +52,7 @@ class Counters:
         self.seconds = dict.fromkeys(LEVEL_TIMES, 0.0)
         self.flops = 0
         self.statements = 0
+        self.streamed = 0  # bytes compute statements read and write in device memory (see cost.streamed)
         self.by_statement: dict[str, float] = {}  # seconds per compute statement ("#k", "#k-#m" for a run, "eval T")
         self.live = {"global": 0, "device": 0}
         self.peak = {"global": 0, "device": 0}
@@ -149,13 +150,15 @@ class Executor:
         """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time
         inside that level's statements; ``total_seconds`` is the wall time of the slowest rank."""
         total = self.comm.allreduce(np.array([self.counters.bytes[k] for k in CATEGORIES]
-                                             + [self.counters.flops, self.counters.statements], dtype=np.int64))
+                                             + [self.counters.flops, self.counters.statements, self.counters.streamed],
+                                             dtype=np.int64))
         mx = _max()
         high_water = self.comm.allreduce(self.high_water, op=mx)
         return {
-            "bytes": {k: int(v) for k, v in zip(CATEGORIES, total[:-2])},
-            "flops": int(total[-2]),
-            "statements": int(total[-1]),
+            "bytes": {k: int(v) for k, v in zip(CATEGORIES, total[:-3])},
+            "flops": int(total[-3]),
+            "statements": int(total[-2]),
+            "streamed": int(total[-1]),
             "memory_peak": {"global": int(self.counters.peak["global"]),
                             "device": int(self.comm.allreduce(self.counters.peak["device"], op=mx))},
             "seconds": {k: float(self.comm.allreduce(v, op=mx)) for k, v in self.counters.seconds.items()},
@@ -182,7 +185,7 @@ class Executor:
                 continue
             t0 = time.perf_counter()
             if node.op == "compute":
-                run = self._terms(body, k)
+                run = body[k:k + pointwise_run(body, k, self.plan.contractions)]
                 self._compute(run)
                 k += len(run)
                 name = f"#{run[0].contraction}" + (f"-#{run[-1].contraction}" if len(run) > 1 else "")
@@ -195,19 +198,6 @@ class Executor:
                 self.counters.seconds[OP_LEVEL[node.op]] += spent
                 if OP_LEVEL[node.op] == "compute":
                     self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
-
-    def _terms(self, body, k: int) -> list[Op]:
-        """The compute statement at ``body[k]`` and the ones right after it that add point-wise
-        terms into the same buffer without reading it: the backend adds them in one pass."""
-        first = self.plan.contractions[body[k].contraction]
-        run = [body[k]]
-        for node in body[k + 1:]:
-            c = self.plan.contractions[node.contraction] if isinstance(node, Op) and node.op == "compute" else None
-            if not (c and first.pointwise() and c.pointwise() and (c.out, c.out_indices) == (first.out, first.out_indices)
-                    and first.out not in (c.a, c.b, first.a, first.b)):
-                break
-            run.append(node)
-        return run
 
     def _loop(self, loop: Loop) -> None:
         names = list(loop.tiles)
@@ -450,10 +440,12 @@ class Executor:
         tree = expr.parse(t.source["expr"])
         rename = dict(zip(t.indices, op.indices))
         arrays = {r: self._view(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(tree)}
-        self.backend.evaluate(tree, arrays, tuple(t.indices), self._view(op.tensor, op.indices))
+        out = self._view(op.tensor, op.indices)
+        self.backend.evaluate(tree, arrays, tuple(t.indices), out)
+        self.counters.streamed += out.nbytes + sum(a.nbytes for a in arrays.values())
 
     def _compute(self, run: list[Op]) -> None:
-        """One contraction, or a run of point-wise terms into one buffer (:meth:`_terms`)."""
+        """One contraction, or a run of point-wise terms into one buffer (:func:`pointwise_run`)."""
         cs = [self.plan.contractions[op.contraction] for op in run]
         out = self._view(cs[0].out, cs[0].out_indices)
         operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
@@ -464,6 +456,7 @@ class Executor:
             self.backend.contract_terms(cs, out, operands)
         self._watch()
         self.counters.statements += len(cs)
+        self.counters.streamed += 2 * out.nbytes + sum(x.nbytes for pair in operands for x in pair if x is not None)
         for c, (a, b) in zip(cs, operands):
             self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
 

@@ -1,15 +1,13 @@
-"""Point-wise terms into one buffer are handed to the backend together: in the (T) tile, the
+"""Point-wise terms into one buffer form one run (``plan.pointwise_run``), which the runtime hands to
+the backend together and the cost model streams once: in the (T) tile, the
 twelve outer products that build V (in one or two calls), the two terms of Z and the six permuted
 copies of R are one call each; every contraction that sums over an index, or writes elsewhere, stays alone."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from chainexec import spec
 from chainexec.planner.build import make_plan
-from chainexec.planner.plan import Loop
-from chainexec.runtime.executor import Executor
+from chainexec.planner.plan import Loop, pointwise_run
 from tests.conftest import run_cli
 
 
@@ -23,14 +21,13 @@ def _bodies(body):
 def test_triples_tile_groups_its_pointwise_terms(tmp_path):
     assert run_cli("chem", "synthetic", "--synthetic", 4, 9, 5, "--out", tmp_path).returncode == 0
     plan = make_plan(spec.load(tmp_path / "ccsd_t.yaml"))
-    fake = SimpleNamespace(plan=plan)
     runs = []
     for nest in plan.nests:
         for body in _bodies(nest.body):
             k = 0
             while k < len(body):
                 if getattr(body[k], "op", None) == "compute":
-                    run = Executor._terms(fake, body, k)
+                    run = body[k:k + pointwise_run(body, k, plan.contractions)]
                     runs.append([plan.contractions[op.contraction] for op in run])
                     k += len(run)
                 else:
