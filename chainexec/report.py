@@ -70,20 +70,18 @@ def summary(plan: Plan) -> str:
 
 
 def comparison(predicted: dict, measured: dict) -> str:
-    """Predicted and measured side by side; movement rows marked when they differ."""
-    rows = [f"{'':<18}{'predicted':>16}{'measured':>16}"]
-    for k in CATEGORIES:
-        p, m = predicted["bytes"][k], measured["bytes"][k]
-        rows.append(f"{k:<18}{p:>16,d}{m:>16,d}" + ("" if p == m else "   MISMATCH"))
-    for lvl in ("global", "device"):
-        p, m = predicted["memory_peak"][lvl], measured["memory_peak"][lvl]
-        rows.append(f"{'peak ' + lvl:<18}{p:>16,d}{m:>16,d}" + ("" if p == m else "   MISMATCH"))
-    rows.append(f"{'flops':<18}{predicted['flops']:>16,d}{measured['flops']:>16,d}")
-    rows.append(f"{'streamed (device)':<18}{predicted['streamed']:>16,d}{measured['streamed']:>16,d}"
-                + ("" if predicted["streamed"] == measured["streamed"] else "   MISMATCH"))
+    """Predicted and measured side by side; rows that must agree exactly are marked when they
+    differ. Columns are as wide as the largest number (a (T) run streams petabytes)."""
+    counted = [(k, predicted["bytes"][k], measured["bytes"][k]) for k in CATEGORIES]
+    counted += [("peak " + lvl, predicted["memory_peak"][lvl], measured["memory_peak"][lvl]) for lvl in ("global", "device")]
+    counted += [("flops", predicted["flops"], measured["flops"]),
+                ("streamed (device)", predicted["streamed"], measured["streamed"])]
+    w = max(16, 2 + max(len(f"{n:,d}") for _, p, m in counted for n in (p, m)))
+    rows = [f"{'':<18}{'predicted':>{w}}{'measured':>{w}}"]
+    rows += [f"{name:<18}{p:>{w},d}{m:>{w},d}" + ("" if p == m else "   MISMATCH") for name, p, m in counted]
     for k in predicted["seconds"]:
-        rows.append(f"{k + ' s':<18}{predicted['seconds'][k]:>16.4f}{measured['seconds'][k]:>16.4f}")
-    rows.append(f"{'total s':<18}{predicted['total_seconds']:>16.4f}{measured['total_seconds']:>16.4f}")
+        rows.append(f"{k + ' s':<18}{predicted['seconds'][k]:>{w}.4f}{measured['seconds'][k]:>{w}.4f}")
+    rows.append(f"{'total s':<18}{predicted['total_seconds']:>{w}.4f}{measured['total_seconds']:>{w}.4f}")
     return "\n".join(rows)
 
 
@@ -95,8 +93,8 @@ def ranks(per_rank: list[dict]) -> str:
 
 
 def statements(seconds: dict[str, float], top: int = 10) -> str:
-    """Where compute time went: the ``top`` statements by seconds (summed over ranks) and their
-    share of all compute seconds."""
+    """Where the executor's time went: the ``top`` statements by seconds (summed over ranks;
+    compute, evaluations and global<->device transfers) and their share of all those seconds."""
     total = sum(seconds.values()) or 1.0
     rows = [f"{'statement':<18}{'seconds':>12}{'share':>9}"]
     rows += [f"{name:<18}{s:>12.4f}{_percent(s / total):>9}" for name, s in list(seconds.items())[:top]]

@@ -108,3 +108,14 @@ def test_failed_plot_write_leaves_no_file(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         report._save(HalfWritten(), str(tmp_path / "run.png"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_comparison_marks_every_exact_row_that_differs_and_keeps_wide_numbers_apart():
+    predicted = dict(PREDICTED, streamed=6_921_928_234_560_000, flops=46_936_869_120_000_000)
+    measured = dict(MEASURED, streamed=6_921_928_234_560_008, flops=46_936_869_120_000_000)
+    text = report.comparison(predicted, measured)
+    assert _row(text, "streamed (device)")[2:] == ["6,921,928,234,560,000", "6,921,928,234,560,008", "MISMATCH"]
+    assert _row(text, "flops")[1:] == ["46,936,869,120,000,000"] * 2
+    assert text.count("MISMATCH") == 1
+    assert not report.matches(predicted, measured)
+    assert report.matches(predicted, dict(measured, streamed=predicted["streamed"]))

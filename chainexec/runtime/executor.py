@@ -53,7 +53,8 @@ class Counters:
         self.flops = 0
         self.statements = 0
         self.streamed = 0  # bytes compute statements read and write in device memory (see cost.streamed)
-        self.by_statement: dict[str, float] = {}  # seconds per compute statement ("#k", "#k-#m" for a run, "eval T")
+        # seconds per timed statement: "#k" (compute; "#k-#m" a point-wise run), "eval T", "get T", "accumulate T"
+        self.by_statement: dict[str, float] = {}
         self.live = {"global": 0, "device": 0}
         self.peak = {"global": 0, "device": 0}
 
@@ -125,9 +126,11 @@ class Executor:
             self.progress.update(nest, int(total[0]), {k: int(v) for k, v in zip(CATEGORIES, total[1:])})
 
     def statement_seconds(self) -> dict[str, float]:
-        """Seconds spent in each compute statement (a run of point-wise terms counts as one,
-        ``#k-#m``; a computed tensor's evaluation as ``eval T``), summed over ranks, most first
-        (collective). The backend synchronizes before it returns, so these are the device's times."""
+        """Seconds spent in each statement the executor times per level: compute (``#k``; a run of
+        point-wise terms as ``#k-#m``), a computed tensor's evaluation (``eval T``) and transfers
+        between global and device memory (``get T``, ``accumulate T``), summed over ranks, most
+        first (collective). The backend synchronizes before it returns, so these are the device's
+        times."""
         total: dict[str, float] = {}
         for mine in self.comm.allgather(self.counters.by_statement):
             for key, seconds in mine.items():
@@ -192,12 +195,11 @@ class Executor:
             else:
                 getattr(self, "_" + node.op)(node)
                 k += 1
-                name = f"eval {node.tensor}"
+                name = f"{node.op} {node.tensor}"
             if node.op in OP_LEVEL:
                 spent = time.perf_counter() - t0
                 self.counters.seconds[OP_LEVEL[node.op]] += spent
-                if OP_LEVEL[node.op] == "compute":
-                    self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
+                self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
 
     def _loop(self, loop: Loop) -> None:
         names = list(loop.tiles)
