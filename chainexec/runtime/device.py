@@ -194,9 +194,10 @@ def _spread(arr, idx, out_indices):
     return view[tuple(slice(None) if i in idx else None for i in out_indices)]
 
 
-STAGE_BYTES = 64 << 20
+STAGE_BYTES = 8 << 20
 """Bytes of each of the two page-locked buffers that tiles reach the device through (host memory,
-outside the plan's levels)."""
+outside the plan's levels). Small because page-locking is slow on the H100 machine: two 64 MiB
+buffers took about 0.45 s to allocate, a third of a benzene (T) run."""
 TUNE_BYTES = 64 << 20
 """Output bytes above which the autotuner times a probe instead of the whole contraction."""
 
@@ -281,8 +282,8 @@ class CupyBackend(Backend):
         :data:`STAGE_BYTES` each, used in turn: while one chunk of rows is copied to the device
         (asynchronously, on the current stream), the next is read into the other. A tile the size
         of one chunk or less is read and copied in one piece. Page-locking a buffer the size of
-        the tile instead (CuPy's pinned pool) cost about 1 s per GB on the H100 machine, more
-        than the copy it speeds up."""
+        the tile instead (CuPy's pinned pool) cost several seconds per GB on the H100 machine,
+        more than the copy it speeds up."""
         row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
         if not row or dst.nbytes <= STAGE_BYTES or not dst.flags.c_contiguous:
             host = self.host_empty(dst.shape, dst.dtype)
