@@ -101,8 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="machine file (JSON) to write; give it to plan/run as --machine")
     parser.add_argument("--scratch", help="folder for the disk test files (default: the machine file's "
                         "folder); use the filesystem that holds the HDF5 data")
-    parser.add_argument("--size", type=_size_argument, help="bytes per rank per repetition for disk and "
-                        f"global-array tests, e.g. 1GiB (default {DEFAULT_SIZE >> 20}MiB, quick {QUICK_SIZE >> 20}MiB)")
+    parser.add_argument("--size", type=_size_argument, help="bytes per rank per repetition for the disk, "
+                        f"global-array and device-copy tests, e.g. 1GiB (default {DEFAULT_SIZE >> 20}MiB, quick {QUICK_SIZE >> 20}MiB)")
     parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
     parser.add_argument("--ranks", type=int, default=2, help="MPI ranks to launch: as many as a run uses "
                         "on this node (default 2)")

@@ -21,6 +21,9 @@ from chainexec.runtime.store import COMPLETE
 from chainexec.spec import DTYPES, Ref, Spec
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+ROUNDING_ULPS = 64
+"""Units of rounding (of the dtype, relative to the size of the terms an element sums) that an
+output's error may reach whatever its value: what summing terms in another order costs."""
 
 
 @dataclass
@@ -160,14 +163,17 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
 
 
 def _check(tensor: str, method: str, dtype: str, error: float, value: float, size: float, elements: int) -> Check:
-    """Largest ``error`` relative to the largest reference ``value``; where that value is zero to
-    the tolerance against the terms' ``size`` (an output that cancels, X - X), relative to ``size``
-    instead: relative to zero, rounding alone would fail a correct result."""
+    """Largest ``error`` relative to the largest reference ``value``, except that an error within
+    :data:`ROUNDING_ULPS` units of rounding of the terms' ``size`` always passes: an output whose
+    terms cancel (X - X, or a value far below its terms) cannot be exact to the tolerance relative
+    to its value, and relative to zero any rounding would fail a correct result. The reported
+    relative error is ``error / max(value, floor)`` with ``floor`` the value at which the two
+    criteria meet, so the check is continuous in the value."""
     tolerance = TOLERANCE[dtype]
-    if value <= tolerance * size:
-        return Check(tensor, f"{method} (the output cancels to zero: error relative to its terms' magnitude)",
-                     error / max(size, np.finfo(float).tiny), tolerance, elements)
-    return Check(tensor, method, error / value, tolerance, elements)
+    floor = ROUNDING_ULPS * float(np.finfo(dtype).eps) * size / tolerance
+    if value < floor:
+        method += " (the output cancels: error judged against rounding of its terms' magnitude)"
+    return Check(tensor, method, error / max(value, floor, np.finfo(float).tiny), tolerance, elements)
 
 
 def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) -> list[Check]:

@@ -84,7 +84,7 @@ def test_an_output_that_cancels_is_judged_against_its_terms(tmp_path, limit):
     assert run_cli("run", config).returncode == 0
     s = spec.load(config)
     (check,) = verify(s, samples=500, limit=limit)
-    assert check.ok and "cancels to zero" in check.method, check
+    assert check.ok and "cancels" in check.method, check
     part = next((tmp_path / "out.h5.parts").rglob("rank0.h5"))
     with h5py.File(part, "a") as f:
         name = next(iter(f))

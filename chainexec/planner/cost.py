@@ -169,10 +169,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
-                    tree = expr.parse(t.source["expr"])
                     rename = dict(zip(t.indices, node.indices))
                     streamed[0] += tile_bytes(node.tensor, node.indices, loops) + sum(
-                        tile_bytes(r.tensor, [rename[i] for i in r.indices], loops) for r in expr.refs(tree))
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], loops) for r in _refs(t.source["expr"]))
                     continue
                 item = tensors[node.tensor].itemsize
                 if key(node) in slotted and node.op in ("alloc", "free"):
@@ -192,6 +191,12 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
     seconds = machine.seconds(moved, flops[0], streamed[0])
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
+
+
+@lru_cache(maxsize=256)
+def _refs(source: str) -> tuple:
+    """The tensor references of a computed tensor's expression (parsed once per planning)."""
+    return tuple(expr.refs(expr.parse(source)))
 
 
 def _continues_run(body: list, k: int, contractions) -> bool:

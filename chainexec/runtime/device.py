@@ -1,13 +1,13 @@
 """The device level (γ) behind one seam: NumPy on the CPU, CuPy on a GPU.
 
 Everything the executor does with device buffers goes through a :class:`Backend`: ``zeros``
-(allocate), ``fetch``/``upload`` (host → device buffer), ``to_host`` (device → host) and ``contract``
+(allocate), ``fetch`` (host → device buffer), ``to_host`` (device → host) and ``contract``
 (``out += factor · a·b``). The backend is chosen once (:func:`select`); no other module asks whether
 it runs on a GPU.
 
 Views. The executor passes slices of larger buffers (a fused intermediate's buffer spans more tiles
 than one contraction works on), so ``out``, ``a`` and ``b`` may be non-contiguous. Both backends
-accept any strided view. On the GPU, GETT and the element-wise path work on the views directly
+accept any strided view. On the GPU, GETT and the point-wise kernels work on the views directly
 and make no temporary arrays; ``ttgt``, ``einsum`` and the COGENT kernel make contiguous copies
 and product temporaries, transient workspace outside the plan's device budget; a contraction
 whose workspace does not fit in the memory left runs through GETT instead
@@ -139,10 +139,6 @@ class Backend:
     def out_of_memory(self) -> type[BaseException]:
         """The exception this backend's allocator raises when memory runs out."""
         return MemoryError
-
-    def upload(self, dst, host: np.ndarray) -> None:
-        """Copy ``host`` into the existing device buffer ``dst`` (same shape)."""
-        dst[...] = host
 
     def fetch(self, dst, read) -> None:
         """Fill the device buffer ``dst`` from a host source: ``read(rows, out)`` writes rows
@@ -282,11 +278,12 @@ class CupyBackend(Backend):
         """As :meth:`Backend.fetch`, through two page-locked staging buffers of at most
         :data:`STAGE_BYTES` each, used in turn: while one chunk of rows is copied to the device
         (asynchronously, on the current stream), the next is read into the other. A tile the size
-        of one chunk or less is read and copied in one piece. Page-locking a buffer the size of
+        of one chunk or less, or whose rows (first axis) are each larger than a chunk, is read and
+        copied in one piece (through CuPy's pinned pool). Page-locking a buffer the size of
         the tile instead (CuPy's pinned pool) cost several seconds per GB on the H100 machine,
         more than the copy it speeds up."""
         row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
-        if not row or dst.nbytes <= STAGE_BYTES or not dst.flags.c_contiguous:
+        if not row or row > STAGE_BYTES or dst.nbytes <= STAGE_BYTES or not dst.flags.c_contiguous:
             host = self.host_empty(dst.shape, dst.dtype)
             read(slice(0, dst.shape[0]) if dst.ndim else None, host)
             self.upload(dst, host)
@@ -306,8 +303,8 @@ class CupyBackend(Backend):
         stream.synchronize()
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
-        """The two page-locked staging buffers of :meth:`fetch`, at least ``nbytes`` each (kept
-        for the backend's life; grown when a tile's row needs more)."""
+        """The two page-locked staging buffers of :meth:`fetch`, at least ``nbytes`` (at most
+        :data:`STAGE_BYTES`) each, kept for the backend's life."""
         if self._stages is None or self._stages[0].nbytes < nbytes:
             import cupyx
 

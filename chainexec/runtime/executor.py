@@ -20,6 +20,7 @@ together, summed at each collective allocation; device: per rank, the largest ra
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -52,7 +53,7 @@ class Counters:
         self.seconds = dict.fromkeys(LEVEL_TIMES, 0.0)
         self.flops = 0
         self.statements = 0
-        self.streamed = 0  # bytes compute statements read and write in device memory (see cost.streamed)
+        self.streamed = 0  # bytes compute statements read and write in device memory (as cost.predict_nests counts them)
         # seconds per timed statement: "#k" (compute; "#k-#m" a point-wise run), "eval T", "get T", "accumulate T"
         self.by_statement: dict[str, float] = {}
         self.live = {"global": 0, "device": 0}
@@ -186,7 +187,7 @@ class Executor:
                 self._loop(node)
                 k += 1
                 continue
-            t0 = time.perf_counter()
+            t0, idle0 = time.perf_counter(), self.idle
             if node.op == "compute":
                 run = body[k:k + pointwise_run(body, k, self.plan.contractions)]
                 self._compute(run)
@@ -197,7 +198,7 @@ class Executor:
                 k += 1
                 name = f"{node.op} {node.tensor}"
             if node.op in OP_LEVEL:
-                spent = time.perf_counter() - t0
+                spent = time.perf_counter() - t0 - (self.idle - idle0)  # a get's barrier is idle time
                 self.counters.seconds[OP_LEVEL[node.op]] += spent
                 self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
 
@@ -240,8 +241,9 @@ class Executor:
         self.ranges["global"].update(zip(names, combos[0]))  # the first tile is a full one
         for op in own:
             shape = tuple(b - a for a, b in self._region("global", op.indices))
-            slots = [GlobalArray(self.comm, shape, self.plan.tensors[op.tensor].dtype, zero=False)
-                     for _ in range(loop.depth)]
+            with _naming(op):
+                slots = [GlobalArray(self.comm, shape, self.plan.tensors[op.tensor].dtype, zero=False)
+                         for _ in range(loop.depth)]
             self.slots[self._key(op)] = slots
             self.counters.hold("global", loop.depth * self.comm.allreduce(slots[0].nbytes_local))
         behind = self.behind
@@ -314,10 +316,8 @@ class Executor:
             self.buffers[self._key(op)] = buf
             self.regions[self._key(op)] = region
             return
-        try:
+        with _naming(op):
             buf = GlobalArray(self.comm, shape, dtype) if op.level == "global" else self.backend.zeros(shape, dtype)
-        except ChainexecError as err:
-            raise ChainexecError(f"{op.tensor}[{','.join(op.indices)}] at the {op.level} level: {err}") from None
         if op.level == "global":
             # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
             # peak is that of the whole global array at one moment, as planned.
@@ -479,6 +479,15 @@ def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: lis
             weights.append(math.factorial(len(at)) // math.prod(math.factorial(positions.count(p))
                                                                  for p in set(positions)))
     return kept, weights
+
+
+@contextlib.contextmanager
+def _naming(op: Op):
+    """An allocation's one-line error (memory the host lacks) prefixed with the buffer it was for."""
+    try:
+        yield
+    except ChainexecError as err:
+        raise ChainexecError(f"{op.tensor}[{','.join(op.indices)}] at the {op.level} level: {err}") from None
 
 
 def _sizes(c, out, a, b) -> dict[str, int]:

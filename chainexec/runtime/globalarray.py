@@ -76,7 +76,7 @@ class GlobalArray:
         try:
             self._win = MPI.Win.Allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
         except MPI.Exception as err:
-            reason = err.Get_error_string().strip().splitlines()[-1].strip()
+            reason = (err.Get_error_string().strip().splitlines() or ["no reason given"])[-1].strip()
             raise ChainexecError(f"global memory: MPI could not allocate {format_size(self.nbytes_local)} on rank "
                                  f"{comm.rank} ({reason}); this host has less memory than machine.global_memory "
                                  "plans for: lower it or run on more ranks") from None

@@ -15,7 +15,8 @@ generated source: the element number is split into coordinates once (unsigned di
 constants, which the compiler turns into multiplications), each operand's offset is a sum of constant
 products, dimensions contiguous in every operand are merged first, and 32-bit arithmetic is used
 where every offset fits. One kernel is compiled per (expression, shape, strides, dtypes) and
-kept by CuPy's on-disk cache; the tiles of a plan have few distinct shapes.
+kept by CuPy's on-disk cache. A plan whose extents divide into its tiles has one shape per
+statement; uneven edge tiles add variants (up to 2^d for a d-index tile), each compiled once.
 
 Threads walk ``out`` in its memory order (its fastest-varying dimension innermost), so writes
 are coalesced whatever the view.
