@@ -140,6 +140,10 @@ class Backend:
         """The exception this backend's allocator raises when memory runs out."""
         return MemoryError
 
+    def expect_transfers(self, nbytes: int) -> None:
+        """Bytes this rank will move between host and device memory in the run (a hint for the
+        kind of host buffers to use; here device memory is host memory)."""
+
     def fetch(self, dst, read) -> None:
         """Fill the device buffer ``dst`` from a host source: ``read(rows, out)`` writes rows
         ``rows`` (a slice of ``dst``'s first axis; None for a 0-d buffer: all of it) into the
@@ -190,6 +194,11 @@ def _spread(arr, idx, out_indices):
     return view[tuple(slice(None) if i in idx else None for i in out_indices)]
 
 
+PINNED_FROM_BYTES = 4 << 30
+"""Host↔device bytes per rank from which a run uses page-locked host buffers. The first
+page-locked allocation of a run's process cost 0.35–0.55 s on the H100 machine (7 ms in a bare
+process); page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s),
+so they repay that from about 5 GB on."""
 STAGE_BYTES = 8 << 20
 """Bytes of each of the two page-locked buffers that tiles reach the device through (host memory,
 outside the plan's levels). On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
@@ -256,6 +265,7 @@ class CupyBackend(Backend):
         self._gett: dict[tuple, tuple] = {}
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
+        self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
 
     @property
     def out_of_memory(self) -> type[BaseException]:
@@ -275,13 +285,13 @@ class CupyBackend(Backend):
             self.xp.cuda.get_current_stream().synchronize()
 
     def fetch(self, dst, read) -> None:
-        """As :meth:`Backend.fetch`, through two page-locked staging buffers of at most
-        :data:`STAGE_BYTES` each, used in turn: while one chunk of rows is copied to the device
-        (asynchronously, on the current stream), the next is read into the other. A tile the size
-        of one chunk or less, or whose rows (first axis) are each larger than a chunk, is read and
-        copied in one piece (through CuPy's pinned pool). Page-locking a buffer the size of
-        the tile instead (CuPy's pinned pool) cost several seconds per GB on the H100 machine,
-        more than the copy it speeds up."""
+        """As :meth:`Backend.fetch`, through two staging buffers of at most :data:`STAGE_BYTES`
+        each (:meth:`host_empty`: page-locked when :attr:`pinned`), used in turn: while one chunk
+        of rows is copied to the device (asynchronously from page-locked memory, on the current
+        stream), the next is read into the other. A tile the size of one chunk or less, or whose
+        rows (first axis) are each larger than a chunk, is read and copied in one piece. Page-
+        locking a buffer the size of each tile instead cost several seconds per GB on the H100
+        machine, more than the copy it speeds up."""
         row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
         if not row or row > STAGE_BYTES or dst.nbytes <= STAGE_BYTES or not dst.flags.c_contiguous:
             host = self.host_empty(dst.shape, dst.dtype)
@@ -303,12 +313,10 @@ class CupyBackend(Backend):
         stream.synchronize()
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
-        """The two page-locked staging buffers of :meth:`fetch`, at least ``nbytes`` (at most
-        :data:`STAGE_BYTES`) each, kept for the backend's life."""
+        """The two staging buffers of :meth:`fetch` (:meth:`host_empty`), at least ``nbytes`` (at
+        most :data:`STAGE_BYTES`) each, kept for the backend's life."""
         if self._stages is None or self._stages[0].nbytes < nbytes:
-            import cupyx
-
-            self._stages = [cupyx.empty_pinned(nbytes, np.uint8) for _ in range(2)]
+            self._stages = [self.host_empty(nbytes, np.uint8) for _ in range(2)]
         return self._stages
 
     def _pinned(self, host: np.ndarray) -> bool:
@@ -319,11 +327,9 @@ class CupyBackend(Backend):
         return rt.pointerGetAttributes(host.ctypes.data).type == rt.memoryTypeHost
 
     def to_host(self, array) -> np.ndarray:
-        """Copy a device array (any view) into a new pinned host array (blocking); the pinned
-        block goes back to CuPy's pinned pool when the caller drops the array."""
-        import cupyx
-
-        host = cupyx.empty_pinned(array.shape, array.dtype)
+        """Copy a device array (any view) into a new host array from :meth:`host_empty`
+        (blocking); a pinned block goes back to CuPy's pinned pool when the caller drops it."""
+        host = self.host_empty(array.shape, array.dtype)
         # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
         (array if array.flags.c_contiguous else array.copy()).get(out=host)
         return host
@@ -342,10 +348,18 @@ class CupyBackend(Backend):
         return int(self.xp.get_default_memory_pool().total_bytes())
 
     def host_empty(self, shape, dtype) -> np.ndarray:
-        """A page-locked host array from CuPy's pinned pool (DMA'd by :meth:`upload`)."""
+        """A host array for copies to and from the device: page-locked from CuPy's pinned pool
+        (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory."""
+        if not self.pinned:
+            return np.empty(shape, dtype)
         import cupyx
 
         return cupyx.empty_pinned(shape, dtype)
+
+    def expect_transfers(self, nbytes: int) -> None:
+        """Use page-locked host buffers only if this rank will move at least
+        :data:`PINNED_FROM_BYTES` between host and device in the run."""
+        self.pinned = nbytes >= PINNED_FROM_BYTES
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
         """As :meth:`Backend.contract_terms`, in one generated point-wise kernel

@@ -97,6 +97,8 @@ class Executor:
         self.in_parallel = 0  # parallel loops around the statement being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
+        moved = plan.predicted["bytes"]
+        backend.expect_transfers((moved["global->device"] + moved["device->global"]) // comm.size)
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""

@@ -228,6 +228,26 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
     assert float(scalar) == 2.5
 
 
+@pytest.mark.parametrize("moved", [0, 5 << 30], ids=["small-run-plain-memory", "large-run-page-locked"])
+def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypatch):
+    """A run moving less than PINNED_FROM_BYTES per rank stages through plain memory (the first
+    page-lock of a process costs ~0.5 s); fetch and to_host are right either way."""
+    from chainexec.runtime import device
+
+    monkeypatch.setattr(device, "STAGE_BYTES", 4096)
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(moved)
+    assert backend.pinned == (moved >= device.PINNED_FROM_BYTES)
+    source = np.random.default_rng(12).standard_normal((29, 7, 5))
+    dst = backend.zeros(source.shape, source.dtype)
+    backend.fetch(dst, lambda rows, out: out.__setitem__(Ellipsis, source[rows]))
+    assert np.array_equal(cupy.asnumpy(dst), source)
+    back = backend.to_host(dst[3:17, :, 1:4])
+    assert np.array_equal(back, source[3:17, :, 1:4]) and back.flags.c_contiguous
+    locked = cupy.cuda.runtime.pointerGetAttributes(back.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+    assert locked == backend.pinned
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
     after ``upload``; the next fetch may get the same block. The copy must be complete by then
