@@ -163,17 +163,18 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
 
 
 def _check(tensor: str, method: str, dtype: str, error: float, value: float, size: float, elements: int) -> Check:
-    """Largest ``error`` relative to the largest reference ``value``, except that an error within
-    :data:`ROUNDING_ULPS` units of rounding of the terms' ``size`` always passes: an output whose
-    terms cancel (X - X, or a value far below its terms) cannot be exact to the tolerance relative
-    to its value, and relative to zero any rounding would fail a correct result. The reported
-    relative error is ``error / max(value, floor)`` with ``floor`` the value at which the two
-    criteria meet, so the check is continuous in the value."""
+    """Largest ``error`` relative to the largest reference ``value``; an error above the tolerance
+    that is still within :data:`ROUNDING_ULPS` units of rounding of the terms' ``size`` passes as
+    rounding, reported relative to that allowance (scaled to the tolerance) and named so: an output
+    whose terms cancel (X - X, or a value far below its terms) cannot be exact to the tolerance
+    relative to its value, and relative to zero any rounding would fail a correct result."""
     tolerance = TOLERANCE[dtype]
-    floor = ROUNDING_ULPS * float(np.finfo(dtype).eps) * size / tolerance
-    if value < floor:
-        method += " (the output cancels: error judged against rounding of its terms' magnitude)"
-    return Check(tensor, method, error / max(value, floor, np.finfo(float).tiny), tolerance, elements)
+    relative = error / max(value, np.finfo(float).tiny)
+    allowance = ROUNDING_ULPS * float(np.finfo(dtype).eps) * size
+    if relative > tolerance and error <= allowance:
+        return Check(tensor, f"{method} (the output cancels: error within {ROUNDING_ULPS} units of rounding of its "
+                     "terms' magnitude)", tolerance * error / allowance, tolerance, elements)
+    return Check(tensor, method, relative, tolerance, elements)
 
 
 def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) -> list[Check]:
