@@ -149,6 +149,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
             return tensors[tensor].itemsize * points(indices, loops, extents, "device")
 
         def walk(body, loops, slotted=frozenset()):
+            tails = _run_tails(body, contractions)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = loops + [node]
@@ -163,7 +164,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                     c = contractions[node.contraction]
                     flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
                     statements[0] += points([], loops, extents, "device")
-                    if not _continues_run(body, k, contractions):  # a run's output: read and written once
+                    if k not in tails:  # a point-wise run's output is read and written once
                         streamed[0] += 2 * tile_bytes(c.out, c.out_indices, loops)
                     streamed[0] += tile_bytes(c.a, c.a_indices, loops) + (tile_bytes(c.b, c.b_indices, loops) if c.b else 0)
                     continue
@@ -199,17 +200,16 @@ def _refs(source: str) -> tuple:
     return tuple(expr.refs(expr.parse(source)))
 
 
-def _continues_run(body: list, k: int, contractions) -> bool:
-    """Whether the compute statement ``body[k]`` belongs to the point-wise run of an earlier one."""
-    start = k
-    while start > 0 and isinstance(body[start - 1], Op) and body[start - 1].op == "compute":
-        start -= 1
-    while start < k:
-        n = pointwise_run(body, start, contractions)
-        if start + n > k:
-            return True
-        start += n
-    return False
+def _run_tails(body: list, contractions) -> set[int]:
+    """Positions in ``body`` of compute statements that continue the point-wise run of an earlier
+    one (:func:`~chainexec.planner.plan.pointwise_run`, the runtime's rule), in one pass."""
+    tails, k = set(), 0
+    while k < len(body):
+        node = body[k]
+        n = pointwise_run(body, k, contractions) if isinstance(node, Op) and node.op == "compute" else 1
+        tails.update(range(k + 1, k + n))
+        k += n
+    return tails
 
 
 def parallel_tiles(plan: Plan) -> int:
