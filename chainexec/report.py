@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import tempfile
 
-from chainexec.planner.cost import CATEGORY
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Plan
 from chainexec.spec import format_size
@@ -72,10 +71,7 @@ def summary(plan: Plan) -> str:
 def comparison(predicted: dict, measured: dict) -> str:
     """Predicted and measured side by side; rows that must agree exactly are marked when they
     differ. Columns are as wide as the largest number (a (T) run streams petabytes)."""
-    counted = [(k, predicted["bytes"][k], measured["bytes"][k]) for k in CATEGORIES]
-    counted += [("peak " + lvl, predicted["memory_peak"][lvl], measured["memory_peak"][lvl]) for lvl in ("global", "device")]
-    counted += [("flops", predicted["flops"], measured["flops"]),
-                ("streamed (device)", predicted["streamed"], measured["streamed"])]
+    counted = _exact(predicted, measured)
     w = max(16, 2 + max(len(f"{n:,d}") for _, p, m in counted for n in (p, m)))
     rows = [f"{'':<18}{'predicted':>{w}}{'measured':>{w}}"]
     rows += [f"{name:<18}{p:>{w},d}{m:>{w},d}" + ("" if p == m else "   MISMATCH") for name, p, m in counted]
@@ -104,12 +100,18 @@ def statements(seconds: dict[str, float], top: int = 10) -> str:
     return "\n".join(rows)
 
 
+def _exact(predicted: dict, measured: dict) -> list[tuple[str, int, int]]:
+    """(row name, predicted, measured) of every count the runtime must reproduce exactly: bytes
+    per movement category, memory peaks, flops and bytes streamed through device memory."""
+    rows = [(k, predicted["bytes"][k], measured["bytes"][k]) for k in CATEGORIES]
+    rows += [("peak " + lvl, predicted["memory_peak"][lvl], measured["memory_peak"][lvl]) for lvl in ("global", "device")]
+    return rows + [("flops", predicted["flops"], measured["flops"]),
+                   ("streamed (device)", predicted["streamed"], measured["streamed"])]
+
+
 def matches(predicted: dict, measured: dict) -> bool:
-    """Whether every movement category, memory peak, the flops and the bytes streamed through
-    device memory were predicted exactly."""
-    return all(predicted["bytes"][k] == measured["bytes"][k] for k in CATEGORY.values()) and all(
-        predicted["memory_peak"][lvl] == measured["memory_peak"][lvl] for lvl in ("global", "device")) and all(
-        predicted[k] == measured[k] for k in ("flops", "streamed"))
+    """Whether every count of :func:`_exact` was predicted exactly."""
+    return all(p == m for _, p, m in _exact(predicted, measured))
 
 
 def alternatives(plan: Plan) -> str:
