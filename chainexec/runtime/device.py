@@ -25,6 +25,9 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   instead of 4 s for the (T) energy at o=21, v=93 on the H100.)
 * ``gett`` — the generated GETT kernel on FP64 tensor cores (:mod:`chainexec.planner.gett`):
   gathers through offset tables, so any strided operands and batch indices; float64.
+* ``batched`` — batched GEMMs over the operands as they lie (:mod:`chainexec.planner.batchedgemm`,
+  the strided-batched GEMM paper): cuBLAS strided-batched calls, or one pointer-array batched
+  call, adding straight into ``out`` with no copy and no workspace; float32/float64.
 * ``kernel`` — the generated COGENT kernel (:mod:`chainexec.runtime.kernels`) for the tile's
   extents, launched with ``alpha = factor, beta = 1`` straight into ``out`` when ``out`` is
   C-contiguous. Only for contractions without batch indices, in float32/float64.
@@ -60,7 +63,7 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "kernel", "ttgt", "einsum")
+METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts."""
 TIMED_RUNS = 2
 """CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
@@ -234,7 +237,7 @@ def _strides(arr) -> tuple[int, ...]:
 @dataclass
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
-    is ``gett``, ``kernel``, ``ttgt`` or ``einsum``; ``seconds`` the best timed run of every
+    is ``gett``, ``batched``, ``kernel``, ``ttgt`` or ``einsum``; ``seconds`` the best timed run of every
     candidate compared (empty when the method was forced or only one applies); ``config`` the
     GETT order and configuration (:class:`~chainexec.planner.gett.GettConfig` fields), else None."""
 
@@ -262,6 +265,7 @@ class CupyBackend(Backend):
         self.choices: dict[tuple, Choice] = {}
         self._kernels: dict[tuple, object] = {}
         self._gett: dict[tuple, tuple] = {}
+        self._batches: dict[tuple, tuple | None] = {}
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
@@ -440,15 +444,75 @@ class CupyBackend(Backend):
                 if cands else None
         return self._gett[key]
 
+    def _batched(self, c: Contraction, out, a, b):
+        """The batched-GEMM layout of these operands (cached by shapes and strides) with each
+        pointer-array call's offsets as an (3, matrices) array, or None where none applies
+        (dtype, a mode in one tensor only, BLAS's 32-bit dimensions exceeded)."""
+        key = self._key(c, out, a, b)
+        if key not in self._batches:
+            from chainexec.planner import batchedgemm
+
+            g = None
+            if out.dtype in (np.float32, np.float64) and a.dtype == b.dtype == out.dtype:
+                strides = tuple(dict(zip(idx, _strides(x))) for idx, x in
+                                ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+                g = batchedgemm.plan(c.out_indices, c.a_indices, c.b_indices, _sizes(c, a, b) | dict(
+                    zip(c.out_indices, out.shape)), strides)
+            if g is not None:
+                bl = batchedgemm.blas(g)
+                if max(bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]) >= 2**31:
+                    g = None
+            self._batches[key] = None if g is None else (g, [
+                None if launch.strided else np.array(launch.offsets, np.int64).T for launch in g.launches()])
+        return self._batches[key]
+
+    def batched_gemm(self, c: Contraction, out, a, b, alpha: float, beta: float = 1.0) -> bool:
+        """``out = alpha·a·b + beta·out`` by :meth:`_batched`'s cuBLAS calls on the current
+        stream; False (nothing done) where no layout applies."""
+        found = self._batched(c, out, a, b)
+        if found is None:
+            return False
+        from cupy_backends.cuda.libs import cublas
+
+        from chainexec.planner import batchedgemm
+
+        g, offsets = found
+        bl = batchedgemm.blas(g)
+        handle = self.xp.cuda.device.get_cublas_handle()
+        double = out.dtype == np.float64
+        strided = cublas.dgemmStridedBatched if double else cublas.sgemmStridedBatched
+        pointers = cublas.dgemmBatched if double else cublas.sgemmBatched
+        ops = tuple(cublas.CUBLAS_OP_T if t else cublas.CUBLAS_OP_N for t in (bl.trans_a, bl.trans_b))
+        lhs, rhs = (1, 0) if bl.swap else (0, 1)
+        base = (a.data.ptr, b.data.ptr, out.data.ptr)
+        count, *steps = g.batch
+        size = out.itemsize
+        for launch, table in zip(g.launches(), offsets):
+            scale = beta if launch.first else 1.0
+            if launch.strided:
+                at = [p + o * size for p, o in zip(base, launch.offsets[0])]
+                strided(handle, *ops, bl.m, bl.n, bl.k, alpha, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
+                        steps[rhs], scale, at[2], bl.ldc, steps[2], count)
+            else:
+                # the matrices' addresses, on the device; CuPy's pool reuses this block only for
+                # work queued after the call on the same stream
+                at = self.xp.asarray(table * size + np.array(base, np.int64)[:, None])
+                pointers(handle, *ops, bl.m, bl.n, bl.k, alpha, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
+                         bl.ldb, scale, at[2].data.ptr, bl.ldc, table.shape[1])
+        return True
+
     def _candidates(self, c: Contraction, out, a, b) -> dict:
         """Method name -> configuration (plain data, or None), for every method that applies:
-        ``gett:<order>:<config>`` for the model's top GETT candidates, ``kernel`` (COGENT),
+        ``gett:<order>:<config>`` for the model's top GETT candidates, ``batched`` (batched GEMM in
+        place), ``kernel`` (COGENT),
         ``ttgt`` and ``einsum``."""
         cands = {}
         gp = self._problem(c, out, a, b)
         if gp is not None:
             for order, cfg in gp[1]:
                 cands[f"gett:{order}:{cfg.name()}"] = {"order": order, **asdict(cfg)}
+        if self._batched(c, out, a, b) is not None:
+            cands["batched"] = None
         if self._kernel(c, _sizes(c, a, b), out.dtype) is not None:
             cands["kernel"] = None
         cands["ttgt"] = None
@@ -540,7 +604,7 @@ class CupyBackend(Backend):
         method, config = how
         if method == "gett":
             self._gett_call(config, c, out, a, b, c.factor)
-        elif method == "ttgt":
+        elif method == "ttgt" or (method == "batched" and not self.batched_gemm(c, out, a, b, c.factor)):
             out += _ttgt_product(cp, c, a, b)
         elif method == "einsum":
             sub = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.a_indices + c.b_indices))}
@@ -560,7 +624,7 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
-TUNING_VERSION = 1
+TUNING_VERSION = 2
 """Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
 so that decisions recorded by older code are not read back."""
 

@@ -1,4 +1,4 @@
-"""The CuPy backend on a GPU: ``contract`` by each method (``ttgt``, ``kernel``, ``auto``) against
+"""The CuPy backend on a GPU: ``contract`` by each method (``ttgt``, ``kernel``, ``batched``, ``auto``) against
 ``numpy.einsum`` on random contractions and strided views, the generated-kernel and TTGT paths
 against each other, pinned host round trips, ``select``, and whole runs (``chainexec run --backend
 cupy`` of the four-index transform and the scaled Expressions A–E, on 1 and 2 ranks) checked
@@ -20,6 +20,7 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
+from chainexec.planner import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import kernels  # noqa: E402
 from chainexec.runtime.device import CupyBackend, select  # noqa: E402
@@ -58,7 +59,7 @@ def _operands(rng, c, size, dtype, views: bool, step: bool):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
-@pytest.mark.parametrize("method", ["ttgt", "kernel", "auto"])
+@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "auto"])
 def test_contract_matches_einsum(method, kind, dtype):
     """Every method, random contractions, contiguous and strided operands; the padding around
     ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
@@ -89,6 +90,9 @@ def test_contract_matches_einsum(method, kind, dtype):
             assert min(choice.seconds, key=choice.seconds.get).split(":")[0] == choice.method
         if method == "ttgt":
             assert choice.method == "ttgt"
+        if method == "batched":
+            # forced: batched GEMM wherever it has a layout (a plan from the pure module)
+            assert choice.method == "batched"
 
 
 # Tile shapes as the executor meets them: the four-index transform's steps, a CCSD-like and a
@@ -115,7 +119,7 @@ def test_kernel_and_ttgt_agree(case, views):
     out, big, sl, a, b = _operands(rng, c, size, "float64", views, step=False)
     ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
     results = {}
-    for method in ("kernel", "ttgt"):
+    for method in ("kernel", "ttgt", "batched"):
         backend = CupyBackend(cupy, method)
         work = big.copy()
         backend.contract(c, work[sl], a, b)
@@ -124,6 +128,39 @@ def test_kernel_and_ttgt_agree(case, views):
         results[method] = cupy.asnumpy(work)[sl]
         assert relerr(results[method], ref) <= 1e-12
     assert relerr(results["kernel"], np.asarray(results["ttgt"], np.float64)) <= 1e-12
+    assert relerr(results["batched"], np.asarray(results["ttgt"], np.float64)) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("out_idx,a_idx,b_idx,size,path", [
+    ("ijkabc", "iafc", "jkbf", dict(i=2, j=2, k=2, a=30, b=31, c=29, f=28), "strided"),
+    ("ijkabc", "iafc", "jkbf", dict(i=3, j=3, k=3, a=12, b=11, c=13, f=10), "pointer-array"),
+    ("ijkabc", "iajm", "mkbc", dict(i=2, j=1, k=3, a=17, b=15, c=16, m=9), "strided"),
+    ("ab", "akl", "lbk", dict(a=40, b=50, k=3, l=4), "k-loop"),
+    ("ab", "ak", "kb", dict(a=70, b=50, k=60), "transposed-out"),
+])
+def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):
+    """Each form of cuBLAS call the batched method makes — strided batches, one pointer-array
+    call, a looped contracted mode, the output computed as its transpose — on views cut from
+    larger buffers (padding untouched), against numpy.einsum."""
+    rng = np.random.default_rng(len(path) + len(dtype))
+    c = Contraction(0, "X", list(out_idx), "A", list(a_idx), "B", list(b_idx), -0.75, True, 0, 0)
+    out, big, sl, a, b = _operands(rng, c, size, dtype, True, step=False)
+    before = cupy.asnumpy(big)
+    ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
+    backend = CupyBackend(cupy, "batched")
+    backend.contract(c, out, a, b)
+    g, _ = backend._batched(c, out, a, b)
+    launches = g.launches()
+    expect = {"strided": all(x.strided for x in launches), "pointer-array": not launches[0].strided,
+              "k-loop": len(launches) > 1 and not launches[1].first,
+              "transposed-out": len(launches) == 1 and batchedgemm.blas(g).swap}
+    assert expect[path], g
+    got = cupy.asnumpy(big)
+    assert relerr(got[sl], ref) <= TOL[dtype]
+    untouched = np.ones(got.shape, bool)
+    untouched[sl] = False
+    assert np.array_equal(got[untouched], before[untouched])
 
 
 def test_host_round_trip_pinned():

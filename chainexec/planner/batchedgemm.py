@@ -1,0 +1,227 @@
+"""A binary contraction as batched GEMMs over the operands as they lie: no copy, no transpose.
+
+Shi, Niranjan, Anandkumar and Cecka, "Tensor contractions with extended BLAS kernels on CPU and
+GPU" (``../shared/papers/strided-batched-gemm-tensor-contractions.txt``): a contraction whose modes
+can be split into *GEMM modes* (each group one stride in every tensor it appears in) and *batch
+modes* runs as STRIDEDBATCHEDGEMM calls (Sec. III-D, Listing 1) nested in loops over the other
+batch modes (Listing 2), reading the operands and writing the output in place. This module is the
+pure part: which modes go where (Sec. IV-D's priorities, Algorithm 2), as plain numbers the
+runtime hands to cuBLAS (:meth:`chainexec.runtime.device.CupyBackend`).
+
+The choice, for ``out[...] (+)= α Σ a[...]·b[...]`` over strided views (strides in elements):
+
+1. *Flatten* (priority 1): the contracted modes K, the a-side modes M (in ``a`` and ``out``) and
+   the b-side modes N (in ``b`` and ``out``) each form one GEMM dimension from a subset whose
+   modes merge — stride of the outer = stride × extent of the inner — in every tensor holding them.
+2. Each matrix needs one unit-stride dimension (BLAS's leading-dimension form): ``out`` in M or N,
+   ``a`` in M or K, ``b`` in K or N (either may be transposed, ``out`` by computing ``outᵀ = bᵀaᵀ``).
+3. Of the valid (M', N', K') subsets the largest GEMM wins (|M'|·|N'|, then |K'|), so the
+   heaviest part of the work runs in one call.
+4. The remaining output modes are batched: the largest is the strided batch (priority 2), the
+   others nested loops (or one pointer-array batched call, :data:`LOOPS_IN_CALLS`). Contracted
+   modes left out of K' are looped too, each iteration adding into the same output.
+
+Beyond the paper: multi-mode and arbitrary-order contractions (it treats single-mode ones), views
+cut from larger buffers (any strides), modes of extent 1 ignored, and batch modes shared by all
+three tensors (true batch indices).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+LOOPS_IN_CALLS = 8
+"""Nested-loop iterations up to which the runtime makes one strided-batched call per iteration;
+above, one pointer-array batched call covers every iteration (a call costs microseconds of Python
+and launch: (T) tiles of 6x6x6 occupied indices would otherwise make 216 calls per term)."""
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One operand's GEMM view: ``rows``×``cols`` with element strides ``row_stride`` and
+    ``col_stride`` (see :func:`blas` for the BLAS form)."""
+
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+
+
+@dataclass(frozen=True)
+class BatchedGemm:
+    """``out[m, n] (+)= α Σ_k a[m, k] b[k, n]`` for every batch and loop iteration.
+
+    ``a``, ``b`` and ``out`` are the GEMM views (m×k, k×n, m×n). ``batch`` is the strided batch:
+    (count, a stride, b stride, out stride) in elements. ``loops`` are the nested output-mode loops
+    and ``k_loops`` the contracted modes outside the GEMM, each as (extent, a stride, b stride,
+    out stride); a k-loop's iterations add into the same output, so only its first may overwrite."""
+
+    a: Matrix
+    b: Matrix
+    out: Matrix
+    batch: tuple[int, int, int, int]
+    loops: tuple[tuple[int, int, int, int], ...]
+    k_loops: tuple[tuple[int, int, int, int], ...]
+
+    def launches(self) -> list[Launch]:
+        """The BLAS calls that compute it, in order: per k-loop iteration (the first may
+        overwrite, the others add) either one strided-batched call per nested-loop iteration (at
+        most :data:`LOOPS_IN_CALLS` of them) or one pointer-array call over every nested-loop and
+        batch iteration."""
+        count, *strides = self.batch
+        calls = []
+        for n, k_off in enumerate(_offsets(self.k_loops)):
+            outer = _offsets(self.loops)
+            if len(outer) > LOOPS_IN_CALLS:
+                every = [_add(k_off, o, tuple(p * s for s in strides)) for o in outer for p in range(count)]
+                calls.append(Launch(tuple(every), False, n == 0))
+            else:
+                calls += [Launch((_add(k_off, o),), True, n == 0) for o in outer]
+        return calls
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One BLAS call: the element offsets (a, b, out) of its matrices — with ``strided`` the first
+    of ``batch[0]`` matrices ``batch[1:]`` apart (STRIDEDBATCHEDGEMM), else every matrix's own
+    (pointer-array batched GEMM). ``first``: the call may overwrite ``out`` (β applies); later
+    calls of a contracted-mode loop add to it."""
+
+    offsets: tuple[tuple[int, int, int], ...]
+    strided: bool
+    first: bool
+
+
+def _offsets(loops) -> list[tuple[int, int, int]]:
+    """Element offsets (a, b, out) of every iteration of ``loops`` (each (extent, a stride,
+    b stride, out stride); the last varies fastest)."""
+    steps = [[(i * sa, i * sb, i * so) for i in range(n)] for n, sa, sb, so in loops]
+    return [_add(*point) for point in itertools.product(*steps)]
+
+
+def _add(*offsets: tuple[int, int, int]) -> tuple[int, int, int]:
+    return tuple(sum(o[t] for o in offsets) for t in range(3))
+
+
+def _merge(group: list[str], sizes: dict[str, int], strides: list[dict[str, int]]) -> int | None:
+    """The one stride of ``group`` (ordered innermost first) in a tensor whose strides are each of
+    ``strides``, or None where the modes do not merge in one of them. A group of modes one tensor
+    lacks has stride 0 there only if it lacks them all (then it is checked in the others)."""
+    first = None
+    for st in strides:
+        if not all(i in st for i in group):
+            if any(i in st for i in group):
+                return None
+            continue
+        for inner, outer in zip(group, group[1:]):
+            if st[outer] != st[inner] * sizes[inner]:
+                return None
+        first = st[group[0]] if first is None else first
+    return first
+
+
+def _groups(modes: list[str], sizes: dict[str, int], strides: list[dict[str, int]]):
+    """Every subset of ``modes`` that merges into one dimension in each of ``strides`` (ordered by
+    the first tensor's strides), as (extent, modes innermost first, its stride in each tensor);
+    the empty subset is extent 1, stride 0."""
+    found = [(1, (), tuple(0 for _ in strides))]
+    for r in range(1, len(modes) + 1):
+        for sub in itertools.combinations(modes, r):
+            group = sorted(sub, key=lambda i: strides[0][i])
+            if _merge(group, sizes, strides) is None:
+                continue
+            found.append((math.prod(sizes[i] for i in group), tuple(group),
+                          tuple(st[group[0]] for st in strides)))
+    return found
+
+
+def _unit(extent_1: int, stride_1: int, extent_2: int, stride_2: int) -> bool:
+    """Whether a matrix with dimensions (extent, stride) 1 and 2 is a BLAS matrix: one dimension
+    of unit stride (or extent 1) and the other's stride at least that one's extent (or extent 1)."""
+    for (n1, s1), (n2, s2) in (((extent_1, stride_1), (extent_2, stride_2)), ((extent_2, stride_2), (extent_1, stride_1))):
+        if (n1 == 1 or s1 == 1) and (n2 == 1 or s2 >= n1):
+            return True
+    return False
+
+
+def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
+         strides: tuple[dict[str, int], dict[str, int], dict[str, int]]) -> BatchedGemm | None:
+    """The batched GEMM that computes ``out (+)= a·b`` in place (module docstring), or None where
+    none does: nothing contracted, a mode in one tensor only, or a negative stride.
+
+    ``sizes`` maps every mode to its extent; ``strides`` are ``out``'s, ``a``'s and ``b``'s element
+    strides by mode."""
+    so, sa, sb = (dict(s) for s in strides)
+    modes = [i for i in dict.fromkeys(list(out_indices) + list(a_indices) + list(b_indices)) if sizes[i] > 1]
+    if any(s < 0 for st in (so, sa, sb) for s in st.values()):
+        return None
+    inside = {i: (i in so, i in sa, i in sb) for i in modes}
+    if any(sum(w) < 2 or (w[0] and not (w[1] or w[2])) for w in inside.values()):
+        return None
+    ks = [i for i in modes if inside[i] == (False, True, True)]
+    ms = [i for i in modes if inside[i] == (True, True, False)]
+    ns = [i for i in modes if inside[i] == (True, False, True)]
+    if not ks:
+        return None
+    best = None
+    for k_ext, k_grp, (ka, kb) in _groups(ks, sizes, [sa, sb])[1:]:
+        for m_ext, m_grp, (mo, ma) in _groups(ms, sizes, [so, sa]):
+            for n_ext, n_grp, (no, nb) in _groups(ns, sizes, [so, sb]):
+                if not (_unit(m_ext, mo, n_ext, no) and _unit(m_ext, ma, k_ext, ka) and _unit(k_ext, kb, n_ext, nb)):
+                    continue
+                score = (m_ext * n_ext, k_ext)
+                if best is None or score > best[0]:
+                    best = (score, (m_ext, mo, ma), (n_ext, no, nb), (k_ext, ka, kb), set(m_grp + n_grp + k_grp))
+    if best is None:
+        return None
+    _, (m, mo, ma), (n, no, nb), (k, ka, kb), used = best
+    left = [i for i in modes if i not in used]
+    entry = {i: (sizes[i], sa.get(i, 0), sb.get(i, 0), so.get(i, 0)) for i in left}
+    loops = sorted((entry[i] for i in left if i in so), key=lambda x: -x[0])
+    k_loops = tuple(entry[i] for i in left if i not in so)
+    batch = loops[0] if loops else (1, 0, 0, 0)
+    return BatchedGemm(Matrix(m, k, ma, ka), Matrix(k, n, kb, nb), Matrix(m, n, mo, no), batch,
+                       tuple(loops[1:]), k_loops)
+
+
+def _column_major(x: Matrix) -> tuple[bool, int]:
+    """A GEMM view as a column-major BLAS operand: (transposed, leading dimension). Column-major
+    ``rows``×``cols`` needs unit row stride and ld = the column stride ≥ rows; with unit column
+    stride it is the transpose of a column-major ``cols``×``rows`` matrix (ld = row stride ≥
+    cols). A dimension of extent 1 has no stride that matters; BLAS still wants ld ≥ the other."""
+    if (x.rows == 1 or x.row_stride == 1) and (x.cols == 1 or x.col_stride >= x.rows):
+        return False, x.col_stride if x.cols > 1 else max(x.rows, 1)
+    return True, x.row_stride if x.rows > 1 else max(x.cols, 1)
+
+
+@dataclass(frozen=True)
+class Blas:
+    """The column-major BLAS call of a :class:`BatchedGemm`: ``C = op(A)·op(B)`` with C m×n.
+    ``swap``: C is the transpose of ``out`` (``outᵀ = bᵀ·aᵀ``), so A is ``b`` and B is ``a``."""
+
+    trans_a: bool
+    trans_b: bool
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    swap: bool
+
+
+def blas(g: BatchedGemm) -> Blas:
+    """How cuBLAS (column-major) computes ``g``: ``out`` itself where it is column-major, else its
+    transpose (then ``a`` and ``b`` trade places and are transposed)."""
+    trans_c, ldc = _column_major(g.out)
+    if not trans_c:
+        first, second, swap = g.a, g.b, False
+    else:
+        first = Matrix(g.b.cols, g.b.rows, g.b.col_stride, g.b.row_stride)
+        second = Matrix(g.a.cols, g.a.rows, g.a.col_stride, g.a.row_stride)
+        swap = True
+    trans_a, lda = _column_major(first)
+    trans_b, ldb = _column_major(second)
+    return Blas(trans_a, trans_b, first.rows, second.cols, first.cols, lda, ldb, ldc, swap)
