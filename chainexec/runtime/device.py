@@ -445,8 +445,8 @@ class CupyBackend(Backend):
         return self._gett[key]
 
     def _batched(self, c: Contraction, out, a, b):
-        """The batched-GEMM layout of these operands (cached by shapes and strides) with each
-        pointer-array call's offsets as an (3, matrices) array, or None where none applies
+        """The batched-GEMM layout of these operands (cached by shapes and strides), its launches
+        and each pointer-array launch's offsets as a (3, matrices) array, or None where none applies
         (dtype, a mode in one tensor only, BLAS's 32-bit dimensions exceeded)."""
         key = self._key(c, out, a, b)
         if key not in self._batches:
@@ -462,8 +462,10 @@ class CupyBackend(Backend):
                 bl = batchedgemm.blas(g)
                 if max(bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]) >= 2**31:
                     g = None
-            self._batches[key] = None if g is None else (g, [
-                None if launch.strided else np.array(launch.offsets, np.int64).T for launch in g.launches()])
+            launches = [] if g is None else g.launches()
+            self._batches[key] = None if g is None else (g, launches, [
+                None if launch.strided else np.ascontiguousarray(np.array(launch.offsets, np.int64).T)
+                for launch in launches])
         return self._batches[key]
 
     def batched_gemm(self, c: Contraction, out, a, b, alpha: float, beta: float = 1.0) -> bool:
@@ -476,9 +478,10 @@ class CupyBackend(Backend):
 
         from chainexec.planner import batchedgemm
 
-        g, offsets = found
+        g, launches, offsets = found
         bl = batchedgemm.blas(g)
         handle = self.xp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         double = out.dtype == np.float64
         strided = cublas.dgemmStridedBatched if double else cublas.sgemmStridedBatched
         pointers = cublas.dgemmBatched if double else cublas.sgemmBatched
@@ -487,18 +490,22 @@ class CupyBackend(Backend):
         base = (a.data.ptr, b.data.ptr, out.data.ptr)
         count, *steps = g.batch
         size = out.itemsize
-        for launch, table in zip(g.launches(), offsets):
-            scale = beta if launch.first else 1.0
+        for launch, table in zip(launches, offsets):
+            # CuPy 13 and later take the scalars by address (host memory, pointer mode host),
+            # earlier versions by value: the wrapper's signature says which.
+            scalars = np.array([alpha, beta if launch.first else 1.0], out.dtype)
+            by_address = "size_t alpha" in (strided.__doc__ or "")
+            one, two = (scalars.ctypes.data, scalars.ctypes.data + size) if by_address else scalars.tolist()
             if launch.strided:
                 at = [p + o * size for p, o in zip(base, launch.offsets[0])]
-                strided(handle, *ops, bl.m, bl.n, bl.k, alpha, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
-                        steps[rhs], scale, at[2], bl.ldc, steps[2], count)
+                strided(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
+                        steps[rhs], two, at[2], bl.ldc, steps[2], count)
             else:
                 # the matrices' addresses, on the device; CuPy's pool reuses this block only for
                 # work queued after the call on the same stream
                 at = self.xp.asarray(table * size + np.array(base, np.int64)[:, None])
-                pointers(handle, *ops, bl.m, bl.n, bl.k, alpha, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
-                         bl.ldb, scale, at[2].data.ptr, bl.ldc, table.shape[1])
+                pointers(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
+                         bl.ldb, two, at[2].data.ptr, bl.ldc, table.shape[1])
         return True
 
     def _candidates(self, c: Contraction, out, a, b) -> dict:
@@ -604,7 +611,10 @@ class CupyBackend(Backend):
         method, config = how
         if method == "gett":
             self._gett_call(config, c, out, a, b, c.factor)
-        elif method == "ttgt" or (method == "batched" and not self.batched_gemm(c, out, a, b, c.factor)):
+        elif method == "batched":
+            if not self.batched_gemm(c, out, a, b, c.factor):  # chosen on a probe; no layout here
+                out += _ttgt_product(cp, c, a, b)
+        elif method == "ttgt":
             out += _ttgt_product(cp, c, a, b)
         elif method == "einsum":
             sub = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.a_indices + c.b_indices))}
