@@ -32,10 +32,12 @@ import itertools
 import math
 from dataclasses import dataclass
 
-LOOPS_IN_CALLS = 8
+LOOPS_IN_CALLS = 1
 """Nested-loop iterations up to which the runtime makes one strided-batched call per iteration;
-above, one pointer-array batched call covers every iteration (a call costs microseconds of Python
-and launch: (T) tiles of 6x6x6 occupied indices would otherwise make 216 calls per term)."""
+above, one pointer-array batched call covers every iteration. A call costs microseconds of Python
+and launch, and the autotuner times methods on a probe with fewer nested iterations than the real
+tile: with a call per iteration, batched GEMM lost to GETT on the (T) terms' probes (o=24, v=180,
+H100) while one call over the whole tile is the form that runs."""
 
 
 @dataclass(frozen=True)

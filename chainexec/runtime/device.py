@@ -446,7 +446,7 @@ class CupyBackend(Backend):
 
     def _batched(self, c: Contraction, out, a, b):
         """The batched-GEMM layout of these operands (cached by shapes and strides), its launches
-        and each pointer-array launch's offsets as a (3, matrices) array, or None where none applies
+        and each pointer-array launch's byte offsets as a (3, matrices) device array, or None where none applies
         (dtype, a mode in one tensor only, BLAS's 32-bit dimensions exceeded)."""
         key = self._key(c, out, a, b)
         if key not in self._batches:
@@ -463,8 +463,9 @@ class CupyBackend(Backend):
                 if max(bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]) >= 2**31:
                     g = None
             launches = [] if g is None else g.launches()
+            itemsize = out.dtype.itemsize
             self._batches[key] = None if g is None else (g, launches, [
-                None if launch.strided else np.ascontiguousarray(np.array(launch.offsets, np.int64).T)
+                None if launch.strided else self.xp.asarray(np.array(launch.offsets, np.int64).T * itemsize)
                 for launch in launches])
         return self._batches[key]
 
@@ -501,9 +502,9 @@ class CupyBackend(Backend):
                 strided(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
                         steps[rhs], two, at[2], bl.ldc, steps[2], count)
             else:
-                # the matrices' addresses, on the device; CuPy's pool reuses this block only for
-                # work queued after the call on the same stream
-                at = self.xp.asarray(table * size + np.array(base, np.int64)[:, None])
+                # the matrices' addresses, made on the device from the byte offsets kept there;
+                # CuPy's pool reuses this block only for work queued later on the same stream
+                at = self.xp.ascontiguousarray(table + self.xp.asarray(np.array(base, np.int64)[:, None]))
                 pointers(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
                          bl.ldb, two, at[2].data.ptr, bl.ldc, table.shape[1])
         return True
