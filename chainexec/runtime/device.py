@@ -465,7 +465,8 @@ class CupyBackend(Backend):
             launches = [] if g is None else g.launches()
             itemsize = out.dtype.itemsize
             self._batches[key] = None if g is None else (g, launches, [
-                None if launch.strided else self.xp.asarray(np.ascontiguousarray(np.array(launch.offsets, np.int64).T) * itemsize)
+                None if launch.strided else self.xp.asarray(
+                    np.ascontiguousarray(np.array(launch.offsets, np.int64).T) * itemsize)
                 for launch in launches])
         return self._batches[key]
 
