@@ -40,6 +40,13 @@ tile: with a call per iteration, batched GEMM lost to GETT on the (T) terms' pro
 H100) while one call over the whole tile is the form that runs."""
 
 
+MIN_SIDE = 8
+"""Fewest GEMM rows or columns worth batching: thinner GEMMs are matrix-vector products in a
+batch (TCCG cases 2-8 and 20-30 fell to that form, 0.1-0.9 TFLOP/s on the H100, where the other
+methods reach 3-50), and the autotuner need not time them. One GEMM covering the whole output is
+always kept, however thin."""
+
+
 @dataclass(frozen=True)
 class Matrix:
     """One operand's GEMM view: ``rows``×``cols`` with element strides ``row_stride`` and
@@ -149,14 +156,17 @@ def _unit(extent_1: int, stride_1: int, extent_2: int, stride_2: int) -> bool:
 
 
 def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
-         strides: tuple[dict[str, int], dict[str, int], dict[str, int]]) -> BatchedGemm | None:
+         strides: tuple[dict[str, int], dict[str, int], dict[str, int]],
+         min_side: int = MIN_SIDE) -> BatchedGemm | None:
     """The batched GEMM that computes ``out (+)= a·b`` in place (module docstring), or None where
-    none does: nothing contracted, a mode in one tensor only, or a negative stride.
+    none does: nothing contracted, a mode in one tensor only, a negative stride, or only GEMMs
+    with fewer than ``min_side`` rows or columns over a batch (:data:`MIN_SIDE`).
 
     ``sizes`` maps every mode to its extent; ``strides`` are ``out``'s, ``a``'s and ``b``'s element
     strides by mode."""
     so, sa, sb = (dict(s) for s in strides)
-    modes = [i for i in dict.fromkeys(list(out_indices) + list(a_indices) + list(b_indices)) if sizes[i] > 1]
+    every = dict.fromkeys(list(out_indices) + list(a_indices) + list(b_indices))
+    modes = [i for i in every if sizes[i] > 1]
     if any(s < 0 for st in (so, sa, sb) for s in st.values()):
         return None
     inside = {i: (i in so, i in sa, i in sb) for i in modes}
@@ -179,6 +189,8 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
     if best is None:
         return None
     _, (m, mo, ma), (n, no, nb), (k, ka, kb), used = best
+    if min(m, n) < min_side and m * n < math.prod(sizes[i] for i in modes if i in so):
+        return None
     left = [i for i in modes if i not in used]
     entry = {i: (sizes[i], sa.get(i, 0), sb.get(i, 0), so.get(i, 0)) for i in left}
     loops = sorted((entry[i] for i in left if i in so), key=lambda x: -x[0])

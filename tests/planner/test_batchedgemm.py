@@ -91,7 +91,7 @@ def _strides(x, idx):
 def test_launches_equal_einsum(c, a, b, sizes, how):
     rng = np.random.default_rng(sum(map(ord, c + a + b + how)))
     out, x, y = _operands(c, a, b, sizes, rng, how)
-    g = batchedgemm.plan(c, a, b, sizes, (_strides(out, c), _strides(x, a), _strides(y, b)))
+    g = batchedgemm.plan(c, a, b, sizes, (_strides(out, c), _strides(x, a), _strides(y, b)), min_side=1)
     if g is None:
         assert how != "contiguous", "every contraction of contiguous operands has a batched-GEMM form"
         return
@@ -120,7 +120,7 @@ def _fortran(idx, sizes):
 ])
 def test_paper_case_studies_run_as_one_call(c, a, b, gemm, batch):
     sizes = dict(m=5, n=7, p=9, k=6)
-    g = batchedgemm.plan(c, a, b, sizes, tuple(_fortran(idx, sizes) for idx in (c, a, b)))
+    g = batchedgemm.plan(c, a, b, sizes, tuple(_fortran(idx, sizes) for idx in (c, a, b)), min_side=1)
     assert len(g.launches()) == 1 and g.launches()[0].strided
     assert g.out.rows * g.out.cols == np.prod([sizes[i] for i in gemm])
     assert g.batch[0] == np.prod([sizes[i] for i in batch])
@@ -155,11 +155,24 @@ def test_no_plan_without_a_contracted_mode_or_with_a_mode_in_one_tensor(c, a, b)
     assert batchedgemm.plan(c, a, b, sizes, strides) is None
 
 
+def test_thin_batched_gemms_are_not_proposed():
+    # TCCG 2 (abc-dca-bd): the only in-place form is a batch of 1-row GEMMs (matrix-vector).
+    sizes = dict(a=31, b=24, c=29, d=31)
+    strides = tuple(_strides(np.empty([sizes[i] for i in idx]), idx) for idx in ("abc", "dca", "bd"))
+    thin = batchedgemm.plan("abc", "dca", "bd", sizes, strides, min_side=1).out
+    assert min(thin.rows, thin.cols) == 1
+    assert batchedgemm.plan("abc", "dca", "bd", sizes, strides) is None
+    # one matrix-vector product over the whole output is still one good call
+    sizes = dict(a=30, k=20)
+    g = batchedgemm.plan("a", "ak", "k", sizes, ({"a": 1}, {"a": 20, "k": 1}, {"k": 1}))
+    assert (g.out.rows, g.out.cols, g.batch[0]) == (30, 1, 1)
+
+
 def test_contracted_loop_adds_after_the_first_call():
     # k and l in opposite orders in a and b cannot merge: one is looped, its later calls add.
     sizes = dict(a=4, b=5, k=3, l=4)
     strides = tuple(_strides(np.empty([sizes[i] for i in idx]), idx) for idx in ("ab", "akl", "lbk"))
-    g = batchedgemm.plan("ab", "akl", "lbk", sizes, strides)
+    g = batchedgemm.plan("ab", "akl", "lbk", sizes, strides, min_side=1)
     assert [launch.first for launch in g.launches()] == [True] + [False] * (len(g.launches()) - 1)
     assert len(g.launches()) in (3, 4)
 
@@ -167,7 +180,7 @@ def test_contracted_loop_adds_after_the_first_call():
 def test_every_iteration_is_covered_once():
     sizes = dict(i=2, j=3, k=2, a=4, b=3, c=5, f=4)
     strides = tuple(_strides(np.empty([sizes[i] for i in idx]), idx) for idx in ("ijkabc", "iafc", "jkbf"))
-    g = batchedgemm.plan("ijkabc", "iafc", "jkbf", sizes, strides)
+    g = batchedgemm.plan("ijkabc", "iafc", "jkbf", sizes, strides, min_side=1)
     outs = []
     for launch in g.launches():
         for off in launch.offsets:

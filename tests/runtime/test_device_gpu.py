@@ -137,7 +137,7 @@ def test_kernel_and_ttgt_agree(case, views):
     ("abc", "ad", "bdc", dict(a=40, b=30, c=20, d=25), "strided"),
     ("ijkabc", "iafc", "jkbf", dict(i=3, j=3, k=3, a=12, b=11, c=13, f=10), "pointer-array"),
     ("ijkabc", "iajm", "mkbc", dict(i=2, j=1, k=3, a=17, b=15, c=16, m=9), "pointer-array"),
-    ("ab", "akl", "lbk", dict(a=40, b=50, k=3, l=4), "k-loop"),
+    ("ab", "alk", "klb", dict(a=40, b=50, k=3, l=4), "k-loop"),
     ("ab", "ak", "kb", dict(a=70, b=50, k=60), "transposed-out"),
 ])
 def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):

@@ -103,7 +103,7 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     """out += factor * a*b through every method on views of larger buffers, against einsum."""
     monkeypatch.setenv("CHAINEXEC_GPU_METHOD", method)
     be = device.select("cupy")
-    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=7, f=11)
+    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=9, f=11)  # batched GEMMs of 8x9 (its minimum side is 8)
     hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=1, view=False)
     W, A, B = _device_views((hW, hA, hB), True)
     c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=-0.75)
