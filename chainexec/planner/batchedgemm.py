@@ -41,10 +41,10 @@ H100) while one call over the whole tile is the form that runs."""
 
 
 MIN_SIDE = 8
-"""Fewest GEMM rows or columns worth batching: thinner GEMMs are matrix-vector products in a
-batch (TCCG cases 2-8 and 20-30 fell to that form, 0.1-0.9 TFLOP/s on the H100, where the other
-methods reach 3-50), and the autotuner need not time them. One GEMM covering the whole output is
-always kept, however thin."""
+"""Fewest GEMM rows or columns worth a BLAS call: thinner GEMMs are matrix-vector products or dot
+products. TCCG cases 2-8 and 20-30 fell to batches of them (0.1-0.9 TFLOP/s on the H100 where
+the other methods reach 3-50), and the (T) energy's full reduction, one 1x1 GEMM over 1.4e8
+summed elements, took twice the time of the other methods. The autotuner need not time them."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
          min_side: int = MIN_SIDE) -> BatchedGemm | None:
     """The batched GEMM that computes ``out (+)= a·b`` in place (module docstring), or None where
     none does: nothing contracted, a mode in one tensor only, a negative stride, or only GEMMs
-    with fewer than ``min_side`` rows or columns over a batch (:data:`MIN_SIDE`).
+    with fewer than ``min_side`` rows or columns (:data:`MIN_SIDE`).
 
     ``sizes`` maps every mode to its extent; ``strides`` are ``out``'s, ``a``'s and ``b``'s element
     strides by mode."""
@@ -189,7 +189,7 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
     if best is None:
         return None
     _, (m, mo, ma), (n, no, nb), (k, ka, kb), used = best
-    if min(m, n) < min_side and m * n < math.prod(sizes[i] for i in modes if i in so):
+    if min(m, n) < min_side:
         return None
     left = [i for i in modes if i not in used]
     entry = {i: (sizes[i], sa.get(i, 0), sb.get(i, 0), so.get(i, 0)) for i in left}

@@ -162,10 +162,10 @@ def test_thin_batched_gemms_are_not_proposed():
     thin = batchedgemm.plan("abc", "dca", "bd", sizes, strides, min_side=1).out
     assert min(thin.rows, thin.cols) == 1
     assert batchedgemm.plan("abc", "dca", "bd", sizes, strides) is None
-    # one matrix-vector product over the whole output is still one good call
+    # nor one matrix-vector or dot product
     sizes = dict(a=30, k=20)
-    g = batchedgemm.plan("a", "ak", "k", sizes, ({"a": 1}, {"a": 20, "k": 1}, {"k": 1}))
-    assert (g.out.rows, g.out.cols, g.batch[0]) == (30, 1, 1)
+    assert batchedgemm.plan("a", "ak", "k", sizes, ({"a": 1}, {"a": 20, "k": 1}, {"k": 1})) is None
+    assert batchedgemm.plan("", "ak", "ak", sizes, ({}, {"a": 20, "k": 1}, {"a": 20, "k": 1})) is None
 
 
 def test_contracted_loop_adds_after_the_first_call():
