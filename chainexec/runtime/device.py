@@ -147,6 +147,11 @@ class Backend:
         """Bytes this rank will move between host and device memory in the run (a hint for the
         kind of host buffers to use; here device memory is host memory)."""
 
+    def limit_workspace(self, nbytes: int) -> None:
+        """Device bytes a contraction may use beyond the plan's buffers: the configured device
+        memory less the plan's peak (per rank). Here device memory is host memory, whose
+        temporaries the plan does not budget."""
+
     def fetch(self, dst, read) -> None:
         """Fill the device buffer ``dst`` from a host source: ``read(rows, out)`` writes rows
         ``rows`` (a slice of ``dst``'s first axis; None for a 0-d buffer: all of it) into the
@@ -214,24 +219,35 @@ on the probe, while forced on the real tiles they took 6.0 s of compute against 
 At 512 MiB only the occupied indices are cut (to 2)."""
 
 
-def _probe(c: Contraction, out, a, b) -> tuple:
+def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     """Views of ``out``, ``a`` and ``b`` cut along ``out``'s slowest indices (the same index in
-    the inputs) until the output is at most :data:`TUNE_BYTES`: the strides, and so the
-    memory-access pattern every method sees, stay those of the real operands, at a fraction of
-    the cost of timing six methods on a multi-GiB tile. A cut index keeps at least 2 elements."""
+    the inputs) until the output is at most ``limit`` bytes (:data:`TUNE_BYTES`): the strides, and
+    so the memory-access pattern every method sees, stay those of the real operands, at a fraction
+    of the cost of timing six methods on a multi-GiB tile. A cut index keeps at least 2 elements."""
     order = sorted(range(out.ndim), key=lambda d: -out.strides[d])
     views = [out, a, b]
     for d in order:
-        if views[0].nbytes <= TUNE_BYTES:
+        if views[0].nbytes <= limit:
             break
         name, n = c.out_indices[d], views[0].shape[d]
-        keep = max(2, n * TUNE_BYTES // views[0].nbytes)
+        keep = max(2, n * limit // views[0].nbytes)
         for v, idx in enumerate((c.out_indices, c.a_indices, c.b_indices)):
             if name in idx and keep < n:
                 cut = [slice(None)] * views[v].ndim
                 cut[idx.index(name)] = slice(0, keep)
                 views[v] = views[v][tuple(cut)]
     return tuple(views)
+
+
+def _workspace(method: str, out, a, b) -> int:
+    """Upper bound (bytes) of the device temporaries a contraction method makes: TTGT and the
+    COGENT kernel may copy both operands and make an output-sized product (or temporary output),
+    ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the point-wise kernels
+    make none (their offset and pointer tables are a few kB)."""
+    if method in ("gett", "batched"):
+        return 0
+    copies = a.nbytes + b.nbytes + out.nbytes
+    return copies + out.nbytes if method == "einsum" else copies
 
 
 def _strides(arr) -> tuple[int, ...]:
@@ -270,6 +286,7 @@ class CupyBackend(Backend):
         self._kernels: dict[tuple, object] = {}
         self._gett: dict[tuple, tuple] = {}
         self._batches: dict[tuple, tuple | None] = {}
+        self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
@@ -362,6 +379,14 @@ class CupyBackend(Backend):
         import cupyx
 
         return cupyx.empty_pinned(shape, dtype)
+
+    def limit_workspace(self, nbytes: int) -> None:
+        """As :meth:`Backend.limit_workspace`: a method whose temporaries (:func:`_workspace`)
+        would not fit is not a candidate of the autotuner where one that needs none applies, and
+        probes are cut so that a probe's scratch output and temporaries fit too. (The allocator's
+        high-water mark went 0.4 GiB over a 1 GiB limit in the out-of-core four-index run of
+        2026-11-22 through TTGT's temporaries.)"""
+        self.workspace = max(0, nbytes)
 
     def expect_transfers(self, nbytes: int) -> None:
         """Use page-locked host buffers only if this rank will move at least
@@ -552,15 +577,31 @@ class CupyBackend(Backend):
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:
                 choice = self.tuning.get(key)
+                if choice is not None and not self._fits(choice.method, (out, a, b)):
+                    choice = None  # recorded under more memory than this plan leaves
                 if choice is None:
-                    po, pa, pb = _probe(c, out, a, b)
+                    limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, self.workspace // 4)
+                    po, pa, pb = _probe(c, out, a, b, limit)
                     cands = self._candidates(c, po, pa, pb)
+                    cands = {m: cfg for m, cfg in cands.items()
+                             if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))} or cands
                     seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
                     best = min(seconds, key=seconds.get)
                     choice = Choice(best.split(":")[0], seconds, cands[best])
                     self.tuning.put(key, choice)
             self.choices[key] = choice
         return choice.method, choice.config
+
+    def _fits(self, method: str, tile: tuple, probe: tuple | None = None) -> bool:
+        """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing
+        it on ``probe``, the probe's temporaries plus its scratch output (GETT times in place) —
+        fit in the memory the plan leaves (:meth:`limit_workspace`; always, without a limit)."""
+        if self.workspace is None:
+            return True
+        need = _workspace(method, *tile)
+        if probe is not None:
+            need = max(need, _workspace(method, *probe) + (0 if method == "gett" else probe[0].nbytes))
+        return need <= self.workspace
 
     def _time(self, how: tuple, c: Contraction, out, a, b) -> float:
         """Seconds of one contraction by ``how = (method, config)`` (best of :data:`TIMED_RUNS`

@@ -324,6 +324,34 @@ def test_memory_limit_falls_back_to_gett():
     assert relerr(cupy.asnumpy(W), hW + 1.5 * np.einsum("ikb,jak->iajb", hA, hB)) <= 1e-12
 
 
+@pytest.mark.parametrize("room", ["none", "plenty"])
+def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monkeypatch):
+    """With no device memory left beyond the plan's buffers the autotuner times only methods that
+    make no temporaries (GETT, batched GEMM), also over a choice cached under more memory; with
+    room, TTGT and einsum are timed too. Either way the result is right."""
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))  # same key in both cases
+    rng = np.random.default_rng(11)
+    hW, hA, hB = (rng.standard_normal(shape) for shape in ((36, 28, 44, 52), (36, 60, 52), (44, 28, 60)))
+    c = Contraction(id=0, out="W", out_indices=list("iajb"), a="A", a_indices=list("ikb"), b="B",
+                    b_indices=list("jak"), factor=0.5, accumulate=True, flops=0, statement=0)
+    chosen = []
+    for limit in ([1 << 40] if room == "plenty" else [1 << 40, 0]):
+        backend = CupyBackend(cupy, "auto")
+        backend.limit_workspace(limit)
+        W, A, B = (cupy.asarray(x) for x in (hW, hA, hB))
+        backend.contract(c, W, A, B)
+        (choice,) = backend.choices.values()
+        chosen.append(choice)
+        assert relerr(cupy.asnumpy(W), hW + 0.5 * np.einsum("ikb,jak->iajb", hA, hB)) <= 1e-12
+    timed = {m.split(":")[0] for m in choice.seconds}
+    if room == "plenty":
+        assert {"ttgt", "einsum"} <= timed
+    else:
+        assert choice.method in ("gett", "batched")
+        if chosen[0].method not in ("gett", "batched"):  # the cached choice did not fit: re-tuned
+            assert timed <= {"gett", "batched"}
+
+
 def test_select_binds_gpu(monkeypatch):
     assert select("cupy").name == "cupy"
     assert select("auto").name == "cupy"
@@ -367,6 +395,8 @@ def test_fourindex_runs_on_gpu(ranks, tmp_path):
     assert result["run"]["backend"] == "cupy"
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
     assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
+    # the allocator's high-water mark: the plan's buffers and the temporaries it left room for
+    assert result["measured"]["memory_high_water"]["device"] <= result["run"]["memory_limit"]["device"]
     check = run_cli("verify", config)
     assert check.returncode == 0 and " ok" in check.stdout, check.stdout + check.stderr
 
