@@ -211,6 +211,9 @@ STAGE_BYTES = 8 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
 outside the plan's levels). On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
 (T) inputs at o=24, v=180 (1.4 GB) reached the device in 0.65 s instead of 0.94 s."""
+PROBE_FLOOR = 1 << 20
+"""Output bytes below which probes are not cut even when the plan leaves less room (only GETT,
+which times in place, is then timed within the room)."""
 TUNE_BYTES = 512 << 20
 """Output bytes above which the autotuner times a probe instead of the whole contraction. A probe
 cut too far changes the methods' shapes, not just their sizes: at 64 MiB the (T) W tiles of
@@ -580,7 +583,9 @@ class CupyBackend(Backend):
                 if choice is not None and not self._fits(choice.method, (out, a, b)):
                     choice = None  # recorded under more memory than this plan leaves
                 if choice is None:
-                    limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, self.workspace // 4)
+                    # a probe of at least PROBE_FLOOR: smaller ones change every method's shape
+                    limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
+                        PROBE_FLOOR, self.workspace // 4))
                     po, pa, pb = _probe(c, out, a, b, limit)
                     cands = self._candidates(c, po, pa, pb)
                     cands = {m: cfg for m, cfg in cands.items()
@@ -589,6 +594,10 @@ class CupyBackend(Backend):
                     best = min(seconds, key=seconds.get)
                     choice = Choice(best.split(":")[0], seconds, cands[best])
                     self.tuning.put(key, choice)
+                    # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
+                    # not needed again: left there they held the pool 1 GB above the plan's
+                    # buffers in the first out-of-core four-index run
+                    self.xp.get_default_memory_pool().free_all_blocks()
             self.choices[key] = choice
         return choice.method, choice.config
 
