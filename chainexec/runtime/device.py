@@ -147,9 +147,9 @@ class Backend:
         """Bytes this rank will move between host and device memory in the run (a hint for the
         kind of host buffers to use; here device memory is host memory)."""
 
-    def limit_workspace(self, nbytes: int) -> None:
-        """Device bytes a contraction may use beyond the plan's buffers: the configured device
-        memory less the plan's peak (per rank). Here device memory is host memory, whose
+    def limit_memory(self, limit: int, planned: int) -> None:
+        """The configured device memory and the plan's peak in it (bytes per rank): what is left
+        is room for a contraction's temporaries. Here device memory is host memory, whose
         temporaries the plan does not budget."""
 
     def fetch(self, dst, read) -> None:
@@ -290,6 +290,7 @@ class CupyBackend(Backend):
         self._gett: dict[tuple, tuple] = {}
         self._batches: dict[tuple, tuple | None] = {}
         self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit
+        self.memory: int | None = None  # the configured device memory (bytes); None: no limit
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
@@ -383,13 +384,15 @@ class CupyBackend(Backend):
 
         return cupyx.empty_pinned(shape, dtype)
 
-    def limit_workspace(self, nbytes: int) -> None:
-        """As :meth:`Backend.limit_workspace`: a method whose temporaries (:func:`_workspace`)
-        would not fit is not a candidate of the autotuner where one that needs none applies, and
-        probes are cut so that a probe's scratch output and temporaries fit too. (The allocator's
-        high-water mark went 0.4 GiB over a 1 GiB limit in the out-of-core four-index run of
-        2026-11-22 through TTGT's temporaries.)"""
-        self.workspace = max(0, nbytes)
+    def limit_memory(self, limit: int, planned: int) -> None:
+        """As :meth:`Backend.limit_memory`: a method whose temporaries (:func:`_workspace`) would
+        not fit in the room left is not a candidate of the autotuner where one that needs none
+        applies, probes are cut so that a probe's scratch output and temporaries fit too, and
+        when the blocks CuPy's pool caches take it over ``limit`` after a contraction, they are
+        given back. (The allocator's high-water mark went 0.4 GiB over a 1 GiB limit in the
+        out-of-core four-index run of 2026-11-22 through TTGT's temporaries.)"""
+        self.workspace = max(0, limit - planned)
+        self.memory = limit
 
     def expect_transfers(self, nbytes: int) -> None:
         """Use page-locked host buffers only if this rank will move at least
@@ -432,6 +435,11 @@ class CupyBackend(Backend):
                 fallback = {"order": order, **asdict(cfg)}
                 self._run(("gett", fallback), c, out, a, b)
                 self.choices[self._key(c, out, a, b)] = Choice("gett", config=fallback)
+            pool = self.xp.get_default_memory_pool()
+            if self.memory is not None and pool.total_bytes() > self.memory:
+                # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB
+                # in the out-of-core four-index run with every choice within the room
+                pool.free_all_blocks()
         self.xp.cuda.get_current_stream().synchronize()
 
     # -- method choice ---------------------------------------------------------------------
@@ -604,7 +612,7 @@ class CupyBackend(Backend):
     def _fits(self, method: str, tile: tuple, probe: tuple | None = None) -> bool:
         """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing
         it on ``probe``, the probe's temporaries plus its scratch output (GETT times in place) —
-        fit in the memory the plan leaves (:meth:`limit_workspace`; always, without a limit)."""
+        fit in the memory the plan leaves (:meth:`limit_memory`; always, without a limit)."""
         if self.workspace is None:
             return True
         need = _workspace(method, *tile)

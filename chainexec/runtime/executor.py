@@ -99,7 +99,7 @@ class Executor:
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         moved = plan.predicted["bytes"]
         backend.expect_transfers((moved["global->device"] + moved["device->global"]) // comm.size)
-        backend.limit_workspace(plan.memory_limit["device"] - plan.predicted["memory_peak"]["device"])
+        backend.limit_memory(plan.memory_limit["device"], plan.predicted["memory_peak"]["device"])
 
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""

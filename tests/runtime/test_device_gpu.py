@@ -337,7 +337,7 @@ def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monke
     chosen = []
     for limit in ([1 << 40] if room == "plenty" else [1 << 40, 0]):
         backend = CupyBackend(cupy, "auto")
-        backend.limit_workspace(limit)
+        backend.limit_memory(limit, 0)
         W, A, B = (cupy.asarray(x) for x in (hW, hA, hB))
         backend.contract(c, W, A, B)
         (choice,) = backend.choices.values()
