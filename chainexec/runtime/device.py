@@ -7,13 +7,15 @@ it runs on a GPU.
 
 Views. The executor passes slices of larger buffers (a fused intermediate's buffer spans more tiles
 than one contraction works on), so ``out``, ``a`` and ``b`` may be non-contiguous. Both backends
-accept any strided view. On the GPU, GETT and the point-wise kernels work on the views directly
-and make no temporary arrays; ``ttgt``, ``einsum`` and the COGENT kernel make contiguous copies
-and product temporaries, transient workspace outside the plan's device budget; a contraction
-whose workspace does not fit in the memory left runs through GETT instead
-(:meth:`Backend.pool_bytes` lets the executor report the allocator's high-water mark, which
-exceeds the configured device memory when workspace is large: capping CuPy's pool at that
-memory made planned buffer allocations fail, the pool's own fragmentation included).
+accept any strided view. On the GPU, GETT, batched GEMM and the point-wise kernels work on the
+views directly and make no temporary arrays; ``ttgt``, ``einsum`` and the COGENT kernel make
+contiguous copies and product temporaries, workspace outside the plan's buffers. The executor
+tells the backend the configured device memory and the plan's peak (:meth:`Backend.limit_memory`):
+methods with temporaries are tuned only where these fit in the room left, and blocks CuPy's pool
+caches are given back when they take it over the limit; a contraction whose workspace still does
+not fit runs through GETT (:meth:`Backend.pool_bytes` lets the executor report the allocator's
+high-water mark; capping CuPy's pool at the limit instead made planned buffer allocations fail,
+the pool's own fragmentation included).
 
 Contraction methods on the GPU (:class:`CupyBackend`):
 
