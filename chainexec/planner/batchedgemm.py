@@ -114,21 +114,10 @@ def _add(*offsets: tuple[int, int, int]) -> tuple[int, int, int]:
     return tuple(sum(o[t] for o in offsets) for t in range(3))
 
 
-def _merge(group: list[str], sizes: dict[str, int], strides: list[dict[str, int]]) -> int | None:
-    """The one stride of ``group`` (ordered innermost first) in a tensor whose strides are each of
-    ``strides``, or None where the modes do not merge in one of them. A group of modes one tensor
-    lacks has stride 0 there only if it lacks them all (then it is checked in the others)."""
-    first = None
-    for st in strides:
-        if not all(i in st for i in group):
-            if any(i in st for i in group):
-                return None
-            continue
-        for inner, outer in zip(group, group[1:]):
-            if st[outer] != st[inner] * sizes[inner]:
-                return None
-        first = st[group[0]] if first is None else first
-    return first
+def _merge(group: list[str], sizes: dict[str, int], strides: list[dict[str, int]]) -> bool:
+    """Whether ``group`` (ordered innermost first) steps as one dimension in every tensor of
+    ``strides``: each mode's stride is the inner one's times the inner one's extent."""
+    return all(st[outer] == st[inner] * sizes[inner] for st in strides for inner, outer in zip(group, group[1:]))
 
 
 def _groups(modes: list[str], sizes: dict[str, int], strides: list[dict[str, int]]):
@@ -139,7 +128,7 @@ def _groups(modes: list[str], sizes: dict[str, int], strides: list[dict[str, int
     for r in range(1, len(modes) + 1):
         for sub in itertools.combinations(modes, r):
             group = sorted(sub, key=lambda i: strides[0][i])
-            if _merge(group, sizes, strides) is None:
+            if not _merge(group, sizes, strides):
                 continue
             found.append((math.prod(sizes[i] for i in group), tuple(group),
                           tuple(st[group[0]] for st in strides)))
@@ -159,7 +148,8 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
          strides: tuple[dict[str, int], dict[str, int], dict[str, int]],
          min_side: int = MIN_SIDE) -> BatchedGemm | None:
     """The batched GEMM that computes ``out (+)= a·b`` in place (module docstring), or None where
-    none does: nothing contracted, a mode in one tensor only, a negative stride, or only GEMMs
+    none does: nothing contracted, a mode in one tensor only, a negative stride or a zero output
+    stride, or only GEMMs
     with fewer than ``min_side`` rows or columns (:data:`MIN_SIDE`).
 
     ``sizes`` maps every mode to its extent; ``strides`` are ``out``'s, ``a``'s and ``b``'s element
@@ -167,10 +157,10 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
     so, sa, sb = (dict(s) for s in strides)
     every = dict.fromkeys(list(out_indices) + list(a_indices) + list(b_indices))
     modes = [i for i in every if sizes[i] > 1]
-    if any(s < 0 for st in (so, sa, sb) for s in st.values()):
-        return None
+    if any(s < 0 for st in (so, sa, sb) for s in st.values()) or any(so.get(i) == 0 for i in modes):
+        return None  # a zero output stride: one call's matrices would write the same elements
     inside = {i: (i in so, i in sa, i in sb) for i in modes}
-    if any(sum(w) < 2 or (w[0] and not (w[1] or w[2])) for w in inside.values()):
+    if any(sum(w) < 2 for w in inside.values()):
         return None
     ks = [i for i in modes if inside[i] == (False, True, True)]
     ms = [i for i in modes if inside[i] == (True, True, False)]

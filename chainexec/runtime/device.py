@@ -244,11 +244,22 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     return tuple(views)
 
 
+def _like(xp, out):
+    """A zeroed scratch array shaped as ``out``, with ``out``'s strides where their span is at
+    most twice ``out``'s size (else C-contiguous: a view cut from a much larger buffer)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides)) // out.itemsize if out.size else 0
+    if out.flags.c_contiguous or span > 2 * out.size or min(out.strides, default=0) < 0:
+        return xp.zeros(out.shape, out.dtype)
+    base = xp.zeros(span, out.dtype)
+    return xp.ndarray(out.shape, out.dtype, base.data, strides=out.strides)
+
+
 def _workspace(method: str, out, a, b) -> int:
     """Upper bound (bytes) of the device temporaries a contraction method makes: TTGT and the
     COGENT kernel may copy both operands and make an output-sized product (or temporary output),
     ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the point-wise kernels
-    make none (their offset and pointer tables are a few kB)."""
+    make none (not counted: GETT's offset tables and batched GEMM's pointer tables, 24 bytes per
+    GEMM of a pointer-array call, kept for the process)."""
     if method in ("gett", "batched"):
         return 0
     copies = a.nbytes + b.nbytes + out.nbytes
@@ -437,12 +448,12 @@ class CupyBackend(Backend):
                 fallback = {"order": order, **asdict(cfg)}
                 self._run(("gett", fallback), c, out, a, b)
                 self.choices[self._key(c, out, a, b)] = Choice("gett", config=fallback)
-            pool = self.xp.get_default_memory_pool()
-            if self.memory is not None and pool.total_bytes() > self.memory:
-                # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB
-                # in the out-of-core four-index run with every choice within the room
-                pool.free_all_blocks()
         self.xp.cuda.get_current_stream().synchronize()
+        pool = self.xp.get_default_memory_pool()
+        if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
+            # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB in the
+            # out-of-core four-index run with every choice within the room
+            pool.free_all_blocks()
 
     # -- method choice ---------------------------------------------------------------------
 
@@ -502,7 +513,8 @@ class CupyBackend(Backend):
                     zip(c.out_indices, out.shape)), strides)
             if g is not None:
                 bl = batchedgemm.blas(g)
-                if max(bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]) >= 2**31:
+                if max([bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]]
+                       + [len(launch.offsets) for launch in g.launches()]) >= 2**31:
                     g = None
             launches = [] if g is None else g.launches()
             itemsize = out.dtype.itemsize
@@ -534,22 +546,26 @@ class CupyBackend(Backend):
         base = (a.data.ptr, b.data.ptr, out.data.ptr)
         count, *steps = g.batch
         size = out.itemsize
-        for launch, table in zip(launches, offsets):
-            # CuPy 13 and later take the scalars by address (host memory, pointer mode host),
-            # earlier versions by value: the wrapper's signature says which.
+        # Recent CuPy takes the scalars by address (host memory, pointer mode host), old versions
+        # by value: only a signature that says so (docstring) selects by value, since a value
+        # read as an address crashes cuBLAS.
+        by_value = any(f"{t} alpha" in (strided.__doc__ or "") for t in ("double", "float"))
+        # every launch's matrix addresses before the first call: a failed allocation then leaves
+        # ``out`` untouched for the caller's fallback
+        ats = [None if table is None else self.xp.ascontiguousarray(
+            table + self.xp.asarray(np.array(base, np.int64)[:, None])) for table in offsets]
+        for launch, at in zip(launches, ats):
             scalars = np.array([alpha, beta if launch.first else 1.0], out.dtype)
-            by_address = "size_t alpha" in (strided.__doc__ or "")
-            one, two = (scalars.ctypes.data, scalars.ctypes.data + size) if by_address else scalars.tolist()
+            one, two = scalars.tolist() if by_value else (scalars.ctypes.data, scalars.ctypes.data + size)
             if launch.strided:
                 at = [p + o * size for p, o in zip(base, launch.offsets[0])]
                 strided(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
                         steps[rhs], two, at[2], bl.ldc, steps[2], count)
             else:
-                # the matrices' addresses, made on the device from the byte offsets kept there;
-                # CuPy's pool reuses this block only for work queued later on the same stream
-                at = self.xp.ascontiguousarray(table + self.xp.asarray(np.array(base, np.int64)[:, None]))
+                # addresses made on the device from the byte offsets kept there; CuPy's pool
+                # reuses their block only for work queued later on the same stream
                 pointers(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
-                         bl.ldb, two, at[2].data.ptr, bl.ldc, table.shape[1])
+                         bl.ldb, two, at[2].data.ptr, bl.ldc, at.shape[1])
         return True
 
     def _candidates(self, c: Contraction, out, a, b) -> dict:
@@ -597,13 +613,18 @@ class CupyBackend(Backend):
                     limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
                         PROBE_FLOOR, self.workspace // 4))
                     po, pa, pb = _probe(c, out, a, b, limit)
-                    cands = self._candidates(c, po, pa, pb)
-                    cands = {m: cfg for m, cfg in cands.items()
-                             if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))} or cands
+                    every = self._candidates(c, po, pa, pb)
+                    cands = ({m: cfg for m, cfg in every.items()
+                              if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
+                             or {m: cfg for m, cfg in every.items() if not _workspace(m.split(":")[0], out, a, b)}
+                             or every)
                     seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
                     best = min(seconds, key=seconds.get)
                     choice = Choice(best.split(":")[0], seconds, cands[best])
-                    self.tuning.put(key, choice)
+                    if cands == every and limit == TUNE_BYTES:
+                        # only a choice among all methods on a full-size probe is kept for
+                        # other runs (which may leave more room)
+                        self.tuning.put(key, choice)
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
                     # not needed again: left there they held the pool 1 GB above the plan's
                     # buffers in the first out-of-core four-index run
@@ -613,20 +634,23 @@ class CupyBackend(Backend):
 
     def _fits(self, method: str, tile: tuple, probe: tuple | None = None) -> bool:
         """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing
-        it on ``probe``, the probe's temporaries plus its scratch output (GETT times in place) —
+        it on ``probe``, the probe's temporaries plus its scratch output (at most twice the
+        probe's output, :func:`_like`; GETT times in place) —
         fit in the memory the plan leaves (:meth:`limit_memory`; always, without a limit)."""
         if self.workspace is None:
             return True
         need = _workspace(method, *tile)
         if probe is not None:
-            need = max(need, _workspace(method, *probe) + (0 if method == "gett" else probe[0].nbytes))
+            need = max(need, _workspace(method, *probe) + (0 if method == "gett" else 2 * probe[0].nbytes))
         return need <= self.workspace
 
     def _time(self, how: tuple, c: Contraction, out, a, b) -> float:
         """Seconds of one contraction by ``how = (method, config)`` (best of :data:`TIMED_RUNS`
         after one warm-up, CUDA events). GETT runs in place with ``alpha = 0, beta = 1`` (its cost
         does not depend on alpha, and ``out`` keeps its strides, which the kernel's speed depends
-        on; a finite result is unchanged); the others write a scratch output."""
+        on; a finite result is unchanged); the others write a scratch output with ``out``'s strides
+        where its span is at most twice its size (:func:`_like`), so that layouts that depend on
+        strides, as batched GEMM's do, are timed as they will run."""
         cp = self.xp
         if how[0] == "gett":
             def run():
@@ -636,7 +660,7 @@ class CupyBackend(Backend):
 
             def run():
                 if not scratch:
-                    scratch.append(cp.zeros(out.shape, out.dtype))
+                    scratch.append(_like(cp, out))
                 self._run(how, c, scratch[0], a, b)
         try:
             run()
