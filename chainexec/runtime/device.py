@@ -605,9 +605,10 @@ class CupyBackend(Backend):
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:
-                choice = self.tuning.get(key)
-                if choice is not None and not self._fits(choice.method, (out, a, b)):
-                    choice = None  # recorded under more memory than this plan leaves
+                # a choice made within a plan's room is kept under that room: a run that leaves
+                # more memory tunes again rather than reading a narrower choice
+                kept = key if self.workspace is None else key + (self.workspace,)
+                choice = self.tuning.get(kept)
                 if choice is None:
                     # a probe of at least PROBE_FLOOR: smaller ones change every method's shape
                     limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
@@ -621,10 +622,7 @@ class CupyBackend(Backend):
                     seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
                     best = min(seconds, key=seconds.get)
                     choice = Choice(best.split(":")[0], seconds, cands[best])
-                    if cands == every and limit == TUNE_BYTES:
-                        # only a choice among all methods on a full-size probe is kept for
-                        # other runs (which may leave more room)
-                        self.tuning.put(key, choice)
+                    self.tuning.put(kept, choice)
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
                     # not needed again: left there they held the pool 1 GB above the plan's
                     # buffers in the first out-of-core four-index run
@@ -632,17 +630,15 @@ class CupyBackend(Backend):
             self.choices[key] = choice
         return choice.method, choice.config
 
-    def _fits(self, method: str, tile: tuple, probe: tuple | None = None) -> bool:
+    def _fits(self, method: str, tile: tuple, probe: tuple) -> bool:
         """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing
         it on ``probe``, the probe's temporaries plus its scratch output (at most twice the
         probe's output, :func:`_like`; GETT times in place) —
         fit in the memory the plan leaves (:meth:`limit_memory`; always, without a limit)."""
         if self.workspace is None:
             return True
-        need = _workspace(method, *tile)
-        if probe is not None:
-            need = max(need, _workspace(method, *probe) + (0 if method == "gett" else 2 * probe[0].nbytes))
-        return need <= self.workspace
+        scratch = 0 if method == "gett" else 2 * probe[0].nbytes
+        return max(_workspace(method, *tile), _workspace(method, *probe) + scratch) <= self.workspace
 
     def _time(self, how: tuple, c: Contraction, out, a, b) -> float:
         """Seconds of one contraction by ``how = (method, config)`` (best of :data:`TIMED_RUNS`
