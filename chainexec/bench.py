@@ -280,7 +280,8 @@ def main(argv=None) -> int:
         else:
             print(f"{row['id']:2d} x{s} {row['name']:18s} err={row['rel_err']:.1e}/"
                   f"{row['rel_err_beta']:.1e} gett={row.get('gett_gflops', float('nan')):6.0f} "
-                  f"cogent={row['cogent_gflops']:6.0f} batched={row.get('batched_gflops', float('nan')):6.0f} chainexec={row['chainexec_gflops']:6.0f} "
+                  f"cogent={row['cogent_gflops']:6.0f} batched={row.get('batched_gflops', float('nan')):6.0f} "
+                  f"chainexec={row['chainexec_gflops']:6.0f} "
                   f"({row['selector']}) cupy={row['cupy_einsum_gflops']:6.0f} "
                   f"torch={row.get('torch_einsum_gflops', float('nan')):6.0f} "
                   f"cutensor={row.get('cutensor_gflops', float('nan')):6.0f} GFLOP/s "

@@ -17,9 +17,13 @@ The choice, for ``out[...] (+)= α Σ a[...]·b[...]`` over strided views (strid
    ``a`` in M or K, ``b`` in K or N (either may be transposed, ``out`` by computing ``outᵀ = bᵀaᵀ``).
 3. Of the valid (M', N', K') subsets the largest GEMM wins (|M'|·|N'|, then |K'|), so the
    heaviest part of the work runs in one call.
-4. The remaining output modes are batched: the largest is the strided batch (priority 2), the
-   others nested loops (or one pointer-array batched call, :data:`LOOPS_IN_CALLS`). Contracted
-   modes left out of K' are looped too, each iteration adding into the same output.
+4. The remaining output modes are batched: the largest alone is one STRIDEDBATCHEDGEMM call
+   (priority 2); with more, all of them are one pointer-array batched call instead of the
+   paper's nested loops of calls (Listing 2). A call costs microseconds of Python and launch, and
+   the autotuner times methods on a probe with fewer nested iterations than the real tile: with a
+   call per iteration batched GEMM lost to GETT on the (T) terms' probes (o=24, v=180, H100),
+   while one call over the whole tile is the form that runs. Contracted modes left out of K' are
+   looped, each iteration's call adding into the same output.
 
 Beyond the paper: multi-mode and arbitrary-order contractions (it treats single-mode ones), views
 cut from larger buffers (any strides), modes of extent 1 ignored, and batch modes shared by all
@@ -31,14 +35,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-
-LOOPS_IN_CALLS = 1
-"""Nested-loop iterations up to which the runtime makes one strided-batched call per iteration;
-above, one pointer-array batched call covers every iteration. A call costs microseconds of Python
-and launch, and the autotuner times methods on a probe with fewer nested iterations than the real
-tile: with a call per iteration, batched GEMM lost to GETT on the (T) terms' probes (o=24, v=180,
-H100) while one call over the whole tile is the form that runs."""
-
 
 MIN_SIDE = 8
 """Fewest GEMM rows or columns worth a BLAS call: thinner GEMMs are matrix-vector products or dot
@@ -75,20 +71,15 @@ class BatchedGemm:
     k_loops: tuple[tuple[int, int, int, int], ...]
 
     def launches(self) -> list[Launch]:
-        """The BLAS calls that compute it, in order: per k-loop iteration (the first may
-        overwrite, the others add) either one strided-batched call per nested-loop iteration (at
-        most :data:`LOOPS_IN_CALLS` of them) or one pointer-array call over every nested-loop and
-        batch iteration."""
+        """The BLAS calls that compute it, in order, one per k-loop iteration (the first may
+        overwrite, the others add): a strided-batched call where there are no nested loops, else
+        one pointer-array call over every nested-loop and batch iteration."""
+        k_offsets = _offsets(self.k_loops)
+        if not self.loops:
+            return [Launch((k_off,), True, n == 0) for n, k_off in enumerate(k_offsets)]
         count, *strides = self.batch
-        calls = []
-        for n, k_off in enumerate(_offsets(self.k_loops)):
-            outer = _offsets(self.loops)
-            if len(outer) > LOOPS_IN_CALLS:
-                every = [_add(k_off, o, tuple(p * s for s in strides)) for o in outer for p in range(count)]
-                calls.append(Launch(tuple(every), False, n == 0))
-            else:
-                calls += [Launch((_add(k_off, o),), True, n == 0) for o in outer]
-        return calls
+        every = [_add(o, tuple(p * s for s in strides)) for o in _offsets(self.loops) for p in range(count)]
+        return [Launch(tuple(_add(k_off, o) for o in every), False, n == 0) for n, k_off in enumerate(k_offsets)]
 
 
 @dataclass(frozen=True)

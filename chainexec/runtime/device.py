@@ -498,9 +498,10 @@ class CupyBackend(Backend):
         return self._gett[key]
 
     def _batched(self, c: Contraction, out, a, b):
-        """The batched-GEMM layout of these operands (cached by shapes and strides), its launches
-        and each pointer-array launch's byte offsets as a (3, matrices) device array, or None where none applies
-        (dtype, a mode in one tensor only, BLAS's 32-bit dimensions exceeded)."""
+        """The batched-GEMM layout of these operands (cached by shapes and strides), its BLAS form,
+        its launches and each pointer-array launch's byte offsets as a (3, matrices) device array,
+        or None where none applies (dtype, a mode in one tensor only, BLAS's 32-bit dimensions
+        exceeded)."""
         key = self._key(c, out, a, b)
         if key not in self._batches:
             from chainexec.planner import batchedgemm
@@ -511,17 +512,15 @@ class CupyBackend(Backend):
                                 ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
                 g = batchedgemm.plan(c.out_indices, c.a_indices, c.b_indices, _sizes(c, a, b) | dict(
                     zip(c.out_indices, out.shape)), strides)
+            self._batches[key] = None
             if g is not None:
-                bl = batchedgemm.blas(g)
+                bl, launches = batchedgemm.blas(g), g.launches()
                 if max([bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]]
-                       + [len(launch.offsets) for launch in g.launches()]) >= 2**31:
-                    g = None
-            launches = [] if g is None else g.launches()
-            itemsize = out.dtype.itemsize
-            self._batches[key] = None if g is None else (g, launches, [
-                None if launch.strided else self.xp.asarray(
-                    np.ascontiguousarray(np.array(launch.offsets, np.int64).T) * itemsize)
-                for launch in launches])
+                       + [len(launch.offsets) for launch in launches]) < 2**31:
+                    self._batches[key] = (g, bl, launches, [
+                        None if launch.strided else self.xp.asarray(
+                            np.ascontiguousarray(np.array(launch.offsets, np.int64).T) * out.itemsize)
+                        for launch in launches])
         return self._batches[key]
 
     def batched_gemm(self, c: Contraction, out, a, b, alpha: float, beta: float = 1.0) -> bool:
@@ -532,10 +531,7 @@ class CupyBackend(Backend):
             return False
         from cupy_backends.cuda.libs import cublas
 
-        from chainexec.planner import batchedgemm
-
-        g, launches, offsets = found
-        bl = batchedgemm.blas(g)
+        g, bl, launches, offsets = found
         handle = self.xp.cuda.device.get_cublas_handle()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         double = out.dtype == np.float64

@@ -151,7 +151,7 @@ def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):
     ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
     backend = CupyBackend(cupy, "batched")
     backend.contract(c, out, a, b)
-    g, launches, _ = backend._batched(c, out, a, b)
+    g, _, launches, _ = backend._batched(c, out, a, b)
     expect = {"strided": all(x.strided for x in launches), "pointer-array": not launches[0].strided,
               "k-loop": len(launches) > 1 and not launches[1].first,
               "transposed-out": len(launches) == 1 and batchedgemm.blas(g).swap}
