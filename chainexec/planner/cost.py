@@ -28,7 +28,7 @@ from chainexec import expr
 
 from chainexec.planner.machine import Machine
 from chainexec.planner.pipeline import key, staged
-from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, pointwise_run
+from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, term_run
 
 CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
@@ -202,11 +202,11 @@ def _refs(source: str) -> tuple:
 
 def _run_tails(body: list, contractions) -> set[int]:
     """Positions in ``body`` of compute statements that continue the point-wise run of an earlier
-    one (:func:`~chainexec.planner.plan.pointwise_run`, the runtime's rule), in one pass."""
+    one (:func:`~chainexec.planner.plan.term_run`, the runtime's rule), in one pass."""
     tails, k = set(), 0
     while k < len(body):
         node = body[k]
-        n = pointwise_run(body, k, contractions) if isinstance(node, Op) and node.op == "compute" else 1
+        n = term_run(body, k, contractions) if isinstance(node, Op) and node.op == "compute" else 1
         tails.update(range(k + 1, k + n))
         k += n
     return tails

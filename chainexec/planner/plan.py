@@ -200,18 +200,31 @@ def from_dict(d: dict) -> Plan:
     )
 
 
-def pointwise_run(body: list, k: int, contractions: list[Contraction]) -> int:
+def term_run(body: list, k: int, contractions: list[Contraction]) -> int:
     """How many compute statements from ``body[k]`` on the device adds in one pass: the statement
-    and the ones right after it that add point-wise terms into the same buffer without reading it
-    (V's twelve outer products in (T)). The runtime runs them as one kernel and the cost model
-    counts one pass over the buffer for them."""
+    and the ones right after it that add terms of the same kind into the same buffer without
+    reading it. Point-wise terms (V's twelve outer products in (T)) run as one point-wise kernel;
+    contractions each summing over indices of both operands (W's twelve terms) as one kernel
+    that accumulates them in registers (:mod:`chainexec.planner.sumkernel`). The cost model counts
+    one pass over the buffer for a run."""
     first = contractions[body[k].contraction]
     n = 1
     for node in body[k + 1:]:
         c = contractions[node.contraction] if isinstance(node, Op) and node.op == "compute" else None
-        if not (c and first.pointwise() and c.pointwise() and (c.out, c.out_indices) == (first.out, first.out_indices)
+        if not (c and _summand(first) and _summand(c) == _summand(first)
+                and (c.out, c.out_indices) == (first.out, first.out_indices)
                 and first.out not in (c.a, c.b, first.a, first.b)):
             break
         n += 1
     return n
 
+
+def _summand(c: Contraction) -> str | None:
+    """The kind of term ``c`` is in a run: ``pointwise`` (sums over nothing), ``contraction``
+    (sums over indices that both operands hold), else None (not part of a run)."""
+    if c.pointwise():
+        return "pointwise"
+    if c.b is not None and (set(c.a_indices) | set(c.b_indices)) - set(c.out_indices) <= (
+            set(c.a_indices) & set(c.b_indices)):
+        return "contraction"
+    return None

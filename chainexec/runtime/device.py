@@ -65,8 +65,10 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum")
-"""Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts."""
+METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "sum")
+"""Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum``: a run of
+contractions into one buffer through the generated sum kernel without timing its candidates;
+any other forced method runs such a run term by term)."""
 TIMED_RUNS = 2
 """CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
 
@@ -177,6 +179,13 @@ class Backend:
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for point-wise contractions into one output
         (``operands[k]`` = ``(a_k, b_k)``, ``b_k`` may be None), none of which reads ``out``."""
+        for c, (a, b) in zip(cs, operands):
+            self.contract(c, out, a, b)
+
+    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+        """``out += Σ_k cs[k].factor · a_k·b_k`` for contractions into one output, each summing over
+        indices of both its operands, none of which reads ``out`` (the (T) ``W`` terms); here
+        term by term."""
         for c, (a, b) in zip(cs, operands):
             self.contract(c, out, a, b)
 
@@ -425,6 +434,45 @@ class CupyBackend(Backend):
         pointwise.launch(self.xp, f"y + {' + '.join(terms)}", views, out)
         self.xp.cuda.get_current_stream().synchronize()
 
+    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+        """As :meth:`Backend.contract_sum`, in one generated kernel that accumulates every term in
+        registers and adds to ``out`` once (:mod:`chainexec.planner.sumkernel`): the model ranks
+        its configurations and the best :data:`~chainexec.planner.sumkernel.TOP` are timed once per
+        (terms, shapes, strides, dtype) on the live operands, computing without storing, and the
+        fastest is kept (:class:`TuningCache`). A forced per-term method (``CHAINEXEC_GPU_METHOD``
+        other than ``auto`` or ``sum``) runs the terms one by one."""
+        from chainexec.planner import sumkernel
+        from chainexec.planner.kernelconf import Device
+        from chainexec.runtime import kernels
+
+        if self.method not in ("auto", "sum"):
+            super().contract_sum(cs, out, operands)
+            return
+
+        def view(arr, indices):
+            return sumkernel.View(tuple(indices), tuple(arr.shape), _strides(arr))
+
+        prob = sumkernel.problem(view(out, cs[0].out_indices),
+                                 [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices), float(c.factor))
+                                  for c, (a, b) in zip(cs, operands)], str(out.dtype))
+        key = ("sum", repr(prob))
+        choice = self.choices.get(key)
+        if choice is None:
+            choice = self.tuning.get(key) if self.method == "auto" else None
+            if choice is None:
+                cands = sumkernel.candidates(prob, Device.from_cupy())
+                if self.method == "auto" and len(cands) > 1:
+                    seconds = {cfg.name(): self._timed(lambda: kernels.launch_sum(prob, cfg, out, operands, False))
+                               for cfg in cands}
+                    best = min(cands, key=lambda cfg: seconds[cfg.name()])
+                    choice = Choice("sum", seconds, best.to_json())
+                    self.tuning.put(key, choice)
+                else:
+                    choice = Choice("sum", config=cands[0].to_json())
+            self.choices[key] = choice
+        kernels.launch_sum(prob, sumkernel.SumConfig.from_json(choice.config), out, operands)
+        self.xp.cuda.get_current_stream().synchronize()
+
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
 
@@ -654,9 +702,15 @@ class CupyBackend(Backend):
                 if not scratch:
                     scratch.append(_like(cp, out))
                 self._run(how, c, scratch[0], a, b)
+        return self._timed(run)
+
+    def _timed(self, run) -> float:
+        """Seconds of ``run()`` on the device: one untimed warm-up, then the best of
+        :data:`TIMED_RUNS` CUDA-event-timed runs; ``inf`` if it cannot launch here (resources)."""
+        cp = self.xp
         try:
             run()
-        except Exception:  # a candidate that cannot launch here (resources) is not chosen
+        except Exception:  # a candidate that cannot launch here is not chosen
             return math.inf
         start, end = cp.cuda.Event(), cp.cuda.Event()
         best = math.inf

@@ -32,7 +32,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import prefetched, staged
-from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, pointwise_run
+from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
@@ -192,7 +192,7 @@ class Executor:
                 continue
             t0, idle0 = time.perf_counter(), self.idle
             if node.op == "compute":
-                run = body[k:k + pointwise_run(body, k, self.plan.contractions)]
+                run = body[k:k + term_run(body, k, self.plan.contractions)]
                 self._compute(run)
                 k += len(run)
                 name = f"#{run[0].contraction}" + (f"-#{run[-1].contraction}" if len(run) > 1 else "")
@@ -450,15 +450,18 @@ class Executor:
         self.counters.streamed += out.nbytes + sum(a.nbytes for a in arrays.values())
 
     def _compute(self, run: list[Op]) -> None:
-        """One contraction, or a run of point-wise terms into one buffer (:func:`pointwise_run`)."""
+        """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms
+        in one point-wise kernel, contractions in one sum kernel."""
         cs = [self.plan.contractions[op.contraction] for op in run]
         out = self._view(cs[0].out, cs[0].out_indices)
         operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
                     for c in cs]
         if len(cs) == 1:
             self.backend.contract(cs[0], out, *operands[0])
-        else:
+        elif cs[0].pointwise():
             self.backend.contract_terms(cs, out, operands)
+        else:
+            self.backend.contract_sum(cs, out, operands)
         self._watch()
         self.counters.statements += len(cs)
         self.counters.streamed += 2 * out.nbytes + sum(x.nbytes for pair in operands for x in pair if x is not None)

@@ -25,6 +25,7 @@ NVRTC_OPTIONS = ("--std=c++17",)
 
 _LOADED: dict = {}
 _GETT: dict = {}
+_SUM: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -196,6 +197,28 @@ class GettTables:
         cuts = np.cumsum([0] + [host[t].size for t in gett.TABLE_ORDER])
         self.views = tuple(self.buffer[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
         self.dims = problem.dims
+
+
+def launch_sum(problem, cfg, C, operands, store: bool = True) -> None:
+    """``C += Σ_t f_t · A_t·B_t`` by the generated sum kernel (:mod:`chainexec.planner.sumkernel`)
+    of ``problem`` (its views' shapes and strides are those of ``C`` and ``operands``, a list of
+    (A_t, B_t) CuPy arrays or views) and ``cfg``; ``store=False`` computes without writing (for
+    timing). The compiled function is kept per (problem, config, device): generating and hashing
+    the source of a twelve-term kernel costs milliseconds a tile."""
+    import cupy
+    import numpy as np
+
+    from ..planner import sumkernel
+
+    key = (problem, cfg, cupy.cuda.Device().id)
+    with _LOCK:
+        fn = _SUM.get(key)
+    if fn is None:
+        fn = load_function(*sumkernel.generate(problem, cfg))
+        with _LOCK:
+            _SUM[key] = fn
+    args = [C] + [x for pair in operands for x in pair] + [np.int32(1 if store else 0)]
+    fn((sumkernel.blocks(problem, cfg),), (cfg.threads,), tuple(args))
 
 
 MAX_GRID_Y = 65535

@@ -1,13 +1,14 @@
-"""Point-wise terms into one buffer form one run (``plan.pointwise_run``), which the runtime hands to
-the backend together and the cost model streams once: in the (T) tile, the
-twelve outer products that build V (in one or two calls), the two terms of Z and the six permuted
-copies of R are one call each; every contraction that sums over an index, or writes elsewhere, stays alone."""
+"""Terms of one kind into one buffer form one run (``plan.term_run``), which the runtime hands to
+the backend together and the cost model streams once: in the (T) tile, the twelve contractions
+that build W (a sum kernel), the twelve outer products that build V (in one or two calls), the
+two terms of Z and the six permuted copies of R are one call each; the reduction to E, which
+reads other buffers' products, stays alone, and point-wise terms never join contractions."""
 
 from __future__ import annotations
 
 from chainexec import spec
 from chainexec.planner.build import make_plan
-from chainexec.planner.plan import Loop, pointwise_run
+from chainexec.planner.plan import Loop, term_run
 from tests.conftest import run_cli
 
 
@@ -27,7 +28,7 @@ def test_triples_tile_groups_its_pointwise_terms(tmp_path):
             k = 0
             while k < len(body):
                 if getattr(body[k], "op", None) == "compute":
-                    run = body[k:k + pointwise_run(body, k, plan.contractions)]
+                    run = body[k:k + term_run(body, k, plan.contractions)]
                     runs.append([plan.contractions[op.contraction] for op in run])
                     k += len(run)
                 else:
@@ -36,10 +37,23 @@ def test_triples_tile_groups_its_pointwise_terms(tmp_path):
     for run in runs:
         by_out.setdefault(run[0].out, []).append(len(run))
         if len(run) > 1:
-            assert {c.out for c in run} == {run[0].out} and all(c.pointwise() for c in run)
+            assert {c.out for c in run} == {run[0].out} and len({c.pointwise() for c in run}) == 1
             assert all(run[0].out not in (c.a, c.b) for c in run)
     assert sum(len(run) for run in runs) == len(plan.contractions)
-    assert by_out["W"] == [1] * 12 and by_out["E"] == [1]  # sums over f, m; the reduction
+    # W: six sums over f and six over m, in at most two calls (a fetch may come between them)
+    assert sum(by_out["W"]) == 12 and len(by_out["W"]) <= 2 and by_out["E"] == [1]
     assert by_out["Z"] == [2] and by_out["R"] == [6]
     # V: twelve outer products, in at most two calls (a fetch of f_vo may come between them)
     assert sum(by_out["V"]) == 12 and len(by_out["V"]) <= 2
+
+
+def test_a_sum_over_one_operand_alone_is_not_a_run_term():
+    """``X[i] += A[i,k]·B[i]`` sums k over A alone: no sum kernel term (it needs k in both)."""
+    from chainexec.planner.plan import Contraction, Op
+
+    cs = [Contraction(0, "X", ["i"], "A", ["i", "k"], "B", ["i"], 1.0, False, 8, 0),
+          Contraction(1, "X", ["i"], "C", ["i", "k"], "D", ["k"], 1.0, True, 8, 1),
+          Contraction(2, "X", ["i"], "C", ["i", "k"], "D", ["k"], 1.0, True, 8, 2),
+          Contraction(3, "X", ["i"], "A", ["i"], "B", ["i"], 1.0, True, 8, 3)]
+    body = [Op("compute", "device", contraction=n) for n in range(4)]
+    assert [term_run(body, k, cs) for k in range(4)] == [1, 2, 1, 1]

@@ -1,0 +1,213 @@
+"""The sum-of-contractions kernel: validation, the model's search, CPU emulation, nvcc compilation.
+
+The emulation (shared with ``test_codegen``) compiles the generated kernel as host C++20, runs each
+CUDA thread as a ``std::thread`` with ``std::barrier`` as ``__syncthreads``, on operands placed as
+interior views of NaN-filled buffers (a read outside a view poisons the result), and compares with
+``numpy.einsum`` term by term. Extents are chosen not to divide into the tiles.
+"""
+
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from chainexec.planner import sumkernel as sk
+from chainexec.planner.kernelconf import Device
+from tests.planner.test_codegen import EMU_PRELUDE
+
+H100 = Device.H100()
+W_TERMS = ([(a, b, 1.0) for a, b in [("iafb", "kjcf"), ("iafc", "jkbf"), ("jbfa", "kicf"), ("jbfc", "ikaf"),
+                                      ("kcfa", "jibf"), ("kcfb", "ijaf")]]
+           + [(a, b, -1.0) for a, b in [("iajm", "mkbc"), ("iakm", "mjcb"), ("jbim", "mkac"), ("jbkm", "mica"),
+                                        ("kcim", "mjab"), ("kcjm", "miba")]])
+"""The (T) W tile: six sums over a virtual f and six over an occupied m (configs/ccsd_t.yaml)."""
+CASES = [
+    ("ijkabc", W_TERMS, dict(i=3, j=2, k=3, a=7, b=5, c=9, f=6, m=5)),
+    ("abc", [("adec", "bed", 0.5), ("acde", "dbe", -1.0), ("dbc", "ad", 2.5)], dict(a=5, b=9, c=11, d=6, e=3)),
+    ("abc", [("acd", "bdc", 1.0), ("dca", "dbc", -0.75)], dict(a=10, b=7, c=4, d=13)),  # c: a batch index
+    ("ab", [("ka", "kb", 1.0)], dict(a=37, b=29, k=17)),
+]
+"""(output, [(A, B, factor)], extents): (T)'s W, two summed indices, a batch index, one GEMM."""
+
+
+def _rowmajor(shape):
+    return tuple(int(s) for s in np.cumprod((list(shape[1:]) + [1])[::-1])[::-1])
+
+
+def _problem(out, terms, sizes, dtype="float64", pad=0):
+    """The problem over views of buffers ``pad`` larger than the view along every index."""
+    def view(idx):
+        shape = tuple(sizes[i] for i in idx)
+        return sk.View(tuple(idx), shape, _rowmajor([n + 2 * pad for n in shape]))
+
+    return sk.problem(view(out), [sk.Term(view(a), view(b), f) for a, b, f in terms], dtype)
+
+
+def _emu_main(name, ctype, nterms):
+    ptrs = ", ".join(f"buf[{k}].data() + off[{k}]" for k in range(1 + 2 * nterms))
+    return f"""
+int main(int argc, char** argv) {{
+  int grid = atoi(argv[1]), threads = atoi(argv[2]), store = atoi(argv[3]);
+  const int nb = {1 + 2 * nterms};
+  std::vector<std::vector<{ctype}>> buf(nb);
+  long long off[nb];
+  FILE* f = fopen(argv[4], "rb");
+  for (int k = 0; k < nb; ++k) {{
+    long long n = atoll(argv[6 + 2 * k]);
+    off[k] = atoll(argv[7 + 2 * k]);
+    buf[k].resize(n);
+    if (fread(buf[k].data(), sizeof({ctype}), n, f) != (size_t)n) return 2;
+  }}
+  fclose(f);
+  for (int b = 0; b < grid; ++b) {{
+    std::barrier<> bar(threads);
+    g_bar = &bar;
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t, b] {{ threadIdx.x = t; blockIdx.x = b; {name}({ptrs}, store); }});
+    for (auto& th : ts) th.join();
+  }}
+  f = fopen(argv[5], "wb");
+  fwrite(buf[0].data(), sizeof({ctype}), buf[0].size(), f);
+  fclose(f);
+  return 0;
+}}
+"""
+
+
+def _emulate(tmp_path, out, terms, sizes, dtype, cfg, seed, pad=1, store=True):
+    """(result, reference, initial output): the kernel emulated on views of padded buffers."""
+    p = _problem(out, terms, sizes, dtype, pad)
+    name, src = sk.generate(p, cfg)
+    ctype = "double" if dtype == "float64" else "float"
+    cpp, exe = tmp_path / f"{name}.cpp", tmp_path / name
+    cpp.write_text(EMU_PRELUDE + src + _emu_main(name, ctype, len(terms)))
+    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(seed)
+    views, bufs = [], []
+    for idx in [out] + [x for a, b, _ in terms for x in (a, b)]:
+        shape = [sizes[i] for i in idx]
+        big = np.full([n + 2 * pad for n in shape], np.nan, dtype=dtype)
+        inner = tuple(slice(pad, pad + n) for n in shape)
+        big[inner] = rng.standard_normal(shape).astype(dtype)
+        bufs.append(big)
+        views.append(big[inner])
+    c0 = views[0].astype(np.float64)
+    ref = c0.copy()
+    for k, (a, b, f) in enumerate(terms):
+        ref += f * np.einsum(f"{a},{b}->{out}", views[1 + 2 * k].astype(np.float64),
+                             views[2 + 2 * k].astype(np.float64))
+    inp, res = tmp_path / f"{name}.in", tmp_path / f"{name}.out"
+    inp.write_bytes(b"".join(x.tobytes() for x in bufs))
+    args = []
+    for big in bufs:
+        args += [str(big.size), str(pad * sum(_rowmajor(big.shape)))]
+    subprocess.run([str(exe), str(sk.blocks(p, cfg)), str(cfg.threads), str(int(store)), str(inp), str(res)]
+                   + args, check=True)
+    got = np.fromfile(res, dtype=dtype).reshape(bufs[0].shape)
+    inner = tuple(slice(pad, pad + sizes[i]) for i in out)
+    outside = np.ones(got.shape, bool)
+    outside[inner] = False
+    assert np.isnan(got[outside]).all()  # nothing written outside the output's view
+    return got[inner].astype(np.float64), ref, c0
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("out,terms,sizes", CASES, ids=["W", "two-summed", "batch", "gemm"])
+def test_emulated_candidates_match_einsum(tmp_path, out, terms, sizes):
+    """Each of the model's top candidates (chosen for large extents, run at small odd ones)."""
+    big = {i: 6 * n for i, n in sizes.items()}
+    for cfg in sk.candidates(_problem(out, terms, big), H100):
+        got, ref, _ = _emulate(tmp_path, out, terms, sizes, "float64", cfg, seed=len(terms))
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-12, cfg.name()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_emulated_float32_and_no_store(tmp_path):
+    out, terms, sizes = CASES[1]
+    cfg = sk.candidates(_problem(out, terms, sizes, "float32"), H100)[0]
+    got, ref, _ = _emulate(tmp_path, out, terms, sizes, "float32", cfg, seed=3)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-5
+    got, _, c0 = _emulate(tmp_path, out, terms, sizes, "float32", cfg, seed=3, store=False)
+    assert np.array_equal(got, c0)
+
+
+def test_search_respects_the_device():
+    """Every candidate fits: registers, static shared memory, threads; extents that tiles
+    overhang are allowed; the (T) tile's terms read at most half as many values as they
+    multiply-add (the register tile's point)."""
+    out, terms, _ = CASES[0]
+    p = _problem(out, terms, dict(i=3, j=3, k=3, a=180, b=180, c=180, f=180, m=24))
+    cands = sk.candidates(p, H100)
+    assert len(cands) == sk.TOP and len({c.reg for c in cands}) == sk.TOP
+    for cfg in cands:
+        assert sk.registers(p, cfg) <= H100.regs_per_thread and sk.smem_bytes(p, cfg) <= H100.smem_per_block
+        assert cfg.threads in sk.THREADS and sk.predict(p, cfg, H100) < math.inf
+        acc = math.prod(cfg.reg)
+        for t in p.terms:
+            a, b = sk._sides(p, t)
+            reads = math.prod(cfg.reg[d] for d in a) + math.prod(cfg.reg[d] for d in b)
+            assert 2 * reads <= acc
+    assert sk.SumConfig.from_json(cands[0].to_json()) == cands[0]
+
+
+def test_search_time():
+    """The model's search takes well under a second for the (T) tile (done once per tile shape)."""
+    import time
+
+    out, terms, _ = CASES[0]
+    p = _problem(out, terms, dict(i=4, j=4, k=4, a=180, b=180, c=180, f=180, m=24))
+    t0 = time.perf_counter()
+    sk.candidates(p, H100)
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("out,terms,match", [
+    ("ab", [("ak", "bj", 1.0)], "both operands"),
+    ("ab", [("ak", "kc", 1.0)], "one operand"),
+    ("ab", [("aa", "ab", 1.0)], "malformed"),
+])
+def test_invalid_problems_raise(out, terms, match):
+    sizes = dict(a=3, b=4, c=5, j=6, k=7)
+    with pytest.raises(ValueError, match=match):
+        _problem(out, terms, sizes)
+
+
+def test_other_invalid_inputs_raise():
+    out, terms, sizes = CASES[3]
+    p = _problem(out, terms, sizes)
+    with pytest.raises(ValueError, match="dtype"):
+        sk.problem(p.out, list(p.terms), "float16")
+    with pytest.raises(ValueError, match="extents"):
+        sk.problem(sk.View(("a", "b"), (3, 4), (4, 1)), [sk.Term(sk.View(("k", "a"), (2, 5), (5, 1)),
+                                                                 sk.View(("k", "b"), (2, 4), (4, 1)), 1.0)], "float64")
+    with pytest.raises(ValueError, match="zero stride"):
+        sk.problem(sk.View(("a", "b"), (37, 29), (0, 1)), list(p.terms), "float64")
+    with pytest.raises(ValueError, match="rank"):
+        sk.generate(p, sk.SumConfig((8, 8, 1), (1, 1, 1), 4))
+
+
+def test_source_has_no_index_names():
+    """Index names never reach the source: dimensions are numbered."""
+    p = sk.problem(sk.View(("Qz", "Yw"), (9, 10), (10, 1)),
+                   [sk.Term(sk.View(("Kv", "Qz"), (4, 9), (9, 1)), sk.View(("Kv", "Yw"), (4, 10), (10, 1)), 1.0)],
+                   "float64")
+    name, src = sk.generate(p, sk.candidates(p, H100)[0])
+    assert name in src and not any(i in src for i in ("Qz", "Yw", "Kv"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_tile_kernel_compiles_without_spills(tmp_path):
+    """The (T) tile's top candidates compile for sm_90 with no register spills."""
+    out, terms, _ = CASES[0]
+    p = _problem(out, terms, dict(i=3, j=3, k=3, a=180, b=180, c=180, f=180, m=24))
+    for cfg in sk.candidates(p, H100):
+        name, src = sk.generate(p, cfg)
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(src)
+        r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                            str(cu)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "0 bytes spill stores" in r.stderr, r.stderr
