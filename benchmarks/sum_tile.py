@@ -1,0 +1,83 @@
+"""Time one (T) W tile on the GPU: the twelve terms one by one (each by the autotuner's method)
+against the sum kernel (every term accumulated in registers, the autotuner's pick of the model's
+candidates), results compared with each other and with ``numpy.einsum`` on a sample.
+
+Usage (on a GPU machine): ``python3 benchmarks/sum_tile.py OUT.json [o v tile]``; defaults o=24,
+v=180, occupied tile 3 (the o=24 v=180 synthetic run's device tile: 3x3x3x180x180x180, 1.26 GB).
+Operands are views of whole device arrays, as the executor passes them.
+"""
+
+import json
+import sys
+import time
+
+import cupy
+import numpy as np
+
+from chainexec.planner.plan import Contraction
+from chainexec.runtime import device
+from tests.planner.test_sumkernel import W_TERMS
+
+
+def main(path, o=24, v=180, tile=3):
+    rng = np.random.default_rng(5)
+    full = {"ovvv": cupy.asarray(rng.standard_normal((o, v, v, v))),
+            "t2": cupy.asarray(rng.standard_normal((o, o, v, v))),
+            "ovoo": cupy.asarray(rng.standard_normal((o, v, o, o)))}
+    occ = {"i": slice(0, tile), "j": slice(tile, 2 * tile), "k": slice(2 * tile, 3 * tile), "m": slice(None)}
+
+    def view(name, idx):
+        return full[name][tuple(occ.get(i, slice(None)) for i in idx)]
+
+    ops, cs = [], []
+    for k, (a, b, f) in enumerate(W_TERMS):
+        ops.append((view("ovvv" if "f" in a else "ovoo", a), view("t2", b)))
+        cs.append(Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k))
+    shape = (tile,) * 3 + (v,) * 3
+    flops = sum(2 * np.prod(shape) * (v if "f" in a else o) for a, _, _ in W_TERMS)
+    res = {"o": o, "v": v, "tile": tile, "flops": float(flops), "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+    outs = {}
+    for label, method, run in (("per-term", "auto", "contract"), ("sum", "auto", "contract_sum")):
+        be = device.CupyBackend(cupy, method)
+        W = cupy.zeros(shape)
+        t0 = time.perf_counter()
+        if run == "contract":
+            for c, (a, b) in zip(cs, ops):
+                be.contract(c, W, a, b)
+        else:
+            be.contract_sum(cs, W, ops)
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(3):
+            W[...] = 0
+            cupy.cuda.get_current_stream().synchronize()
+            t0 = time.perf_counter()
+            if run == "contract":
+                for c, (a, b) in zip(cs, ops):
+                    be.contract(c, W, a, b)
+            else:
+                be.contract_sum(cs, W, ops)
+            times.append(time.perf_counter() - t0)
+        outs[label] = W
+        res[label] = {"first_call_seconds": first, "seconds": min(times), "tflops": flops / min(times) / 1e12,
+                      "choices": [{"method": ch.method, "config": ch.config,
+                                   "seconds": {m: round(s, 6) for m, s in ch.seconds.items()}}
+                                  for ch in be.choices.values()]}
+        print(label, res[label]["seconds"], res[label]["tflops"], flush=True)
+    d = outs["sum"] - outs["per-term"]
+    res["relative_difference"] = float(cupy.linalg.norm(d) / cupy.linalg.norm(outs["per-term"]))
+    # an independent check on a sample: numpy.einsum on the host for one (a) slice
+    sample = np.zeros(shape[:3] + (1, v, v))
+    for (a, b, f), (x, y) in zip(W_TERMS, ops):
+        xa, ya = cupy.asnumpy(x), cupy.asnumpy(y)
+        cut = [slice(0, 1) if i == "a" else slice(None) for i in a]
+        cutb = [slice(0, 1) if i == "a" else slice(None) for i in b]
+        sample += f * np.einsum(f"{a},{b}->ijkabc", xa[tuple(cut)], ya[tuple(cutb)])
+    got = cupy.asnumpy(outs["sum"][:, :, :, 0:1])
+    res["einsum_sample_relative_error"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
+    print(json.dumps(res, indent=1))
+    json.dump(res, open(path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *map(int, sys.argv[2:]))
