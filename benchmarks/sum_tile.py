@@ -4,7 +4,9 @@ candidates), results compared with each other and with ``numpy.einsum`` on a sam
 
 Usage (on a GPU machine): ``python3 benchmarks/sum_tile.py OUT.json [o v tile]``; defaults o=24,
 v=180, occupied tile 3 (the o=24 v=180 synthetic run's device tile: 3x3x3x180x180x180, 1.26 GB).
-Operands are views of whole device arrays, as the executor passes them.
+Operands are views of whole device arrays, as the executor passes them. A sweep also times the
+model's best configuration of each of its eight best register tiles at every step depth that
+fits (``sweep`` in the JSON: model and measured seconds), to check the model's ranking.
 """
 
 import json
@@ -14,8 +16,10 @@ import time
 import cupy
 import numpy as np
 
+from chainexec.planner import sumkernel
+from chainexec.planner.kernelconf import Device
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import device
+from chainexec.runtime import device, kernels
 from tests.planner.test_sumkernel import W_TERMS
 
 
@@ -75,7 +79,26 @@ def main(path, o=24, v=180, tile=3):
         sample += f * np.einsum(f"{a},{b}->ijkabc", xa[tuple(cut)], ya[tuple(cutb)])
     got = cupy.asnumpy(outs["sum"][:, :, :, 0:1])
     res["einsum_sample_relative_error"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
-    print(json.dumps(res, indent=1))
+    be = device.CupyBackend(cupy, "sum")
+    W = outs["sum"]
+
+    def view(arr, idx):
+        return sumkernel.View(tuple(idx), arr.shape, tuple(x // arr.itemsize for x in arr.strides))
+
+    prob = sumkernel.problem(view(W, "ijkabc"), [sumkernel.Term(view(a, x), view(b, y), f)
+                                                 for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
+    dev = Device.from_cupy()
+    res["sweep"] = []
+    for cand in sumkernel.candidates(prob, dev, top=8):
+        for kc in sumkernel.KC:
+            cfg = sumkernel.SumConfig(cand.tb, cand.reg, kc)
+            model = sumkernel.predict(prob, cfg, dev)
+            if model == float("inf"):
+                continue
+            t = be._timed(lambda: kernels.launch_sum(prob, cfg, W, ops, False))
+            res["sweep"].append({"config": cfg.name(), "model": model, "seconds": t, "tflops": flops / t / 1e12})
+            print(cfg.name(), round(model * 1e3, 2), round(t * 1e3, 2), round(flops / t / 1e12, 2), flush=True)
+    print(json.dumps({k: v for k, v in res.items() if k != "sweep"}, indent=1))
     json.dump(res, open(path, "w"), indent=1)
 
 

@@ -52,6 +52,10 @@ KC = (4, 8, 16)
 """Contracted elements staged per step that the search tries."""
 THREADS = (64, 128, 256)
 """Block sizes the search tries."""
+STAGES = 2
+"""Shared-memory buffers per operand: step s+1's slices are copied (``cp.async``) while step s's
+are multiplied, so global-memory latency hides behind the FMAs (without it the first version of
+this kernel ran the (T) tile at 4.2 TFLOP/s, every step waiting for its loads)."""
 TOP = 3
 """Candidates the runtime times (the model ranks; measurements decide, as for GETT): the best
 thread mapping of each of the model's three best register tiles."""
@@ -186,10 +190,11 @@ def registers(p: SumProblem, cfg: SumConfig) -> int:
 
 
 def smem_bytes(p: SumProblem, cfg: SumConfig) -> int:
-    """Static shared memory of the kernel: the largest A slice plus the largest B slice of a step."""
+    """Static shared memory of the kernel (bytes): :data:`STAGES` times the largest A slice plus
+    the largest B slice of a step."""
     sa = max(math.prod(cfg.tile(d) for d in _sides(p, t)[0]) for t in p.terms)
     sb = max(math.prod(cfg.tile(d) for d in _sides(p, t)[1]) for t in p.terms)
-    return (sa + sb) * cfg.kc * ELEM[p.dtype]
+    return STAGES * (sa + sb) * cfg.kc * ELEM[p.dtype]
 
 
 def blocks(p: SumProblem, cfg: SumConfig) -> int:
@@ -334,11 +339,24 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
     L = ["// chainexec generated kernel: C += sum of contractions, accumulated in registers",
          f"// output {p.out.shape} strides {p.out.strides}, {len(p.terms)} terms, {p.dtype}, "
          f"config {cfg.name()}",
+         # asynchronous copies on the GPU; a plain copy where the source is compiled for a CPU
+         # (the tests' emulation), with the same zero fill past an edge
+         "#if defined(__CUDA_ARCH__)",
+         '#define CX_COPY(dst, src, ok) asm volatile("cp.async.ca.shared.global [%0], [%1], '
+         f'{ELEM[p.dtype]}, %2;\\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), '
+         f'"r"((ok) ? {ELEM[p.dtype]} : 0))',
+         '#define CX_COMMIT() asm volatile("cp.async.commit_group;\\n" ::)',
+         '#define CX_WAIT(n) asm volatile("cp.async.wait_group " #n ";\\n" ::)',
+         "#else",
+         f"#define CX_COPY(dst, src, ok) (*(dst) = (ok) ? *(src) : ({ctype})0)",
+         "#define CX_COMMIT()",
+         "#define CX_WAIT(n)",
+         "#endif",
          f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
          f"{name}({ctype}* __restrict__ C, {args}, const int store)",
          "{",
-         f"  __shared__ {ctype} sA[{sa}];",
-         f"  __shared__ {ctype} sB[{sb}];",
+         f"  __shared__ {ctype} sA[{STAGES * sa}];",
+         f"  __shared__ {ctype} sB[{STAGES * sb}];",
          "  const int tid = threadIdx.x;",
          "  const int blk = blockIdx.x;"]
     for d, e in zip(order, _split("tid", [cfg.tb[d] for d in order])):
@@ -348,7 +366,7 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
     R = list(itertools.product(*(range(cfg.reg[d]) for d in range(n))))
     L.append(f"  {ctype} " + ", ".join(f"c{e} = 0" for e in range(len(R))) + ";")
     for k, t in enumerate(p.terms):
-        L += _term(p, cfg, k, t, T, partial, ctype, fma, R)
+        L += _term(p, cfg, k, t, T, partial, ctype, fma, R, (sa, sb))
     # stores: one per register element, guarded along the dimensions with a partial tile
     L.append("  if (!store) return;")
     for e, r in enumerate(R):
@@ -362,31 +380,44 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
 
 
 def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial: list[bool],
-          ctype: str, fma: str, R: list[tuple]) -> list[str]:
-    """One term's loop over its summed range: stage A and B slices, then accumulate."""
+          ctype: str, fma: str, R: list[tuple], stage: tuple[int, int]) -> list[str]:
+    """One term's loop over its summed range: step s+1's A and B slices are copied into one
+    shared-memory stage while step s's, in the other, are multiplied into the registers."""
     order = p.order()
     inner = p.contracted(t)
     ext = {i: t.a.shape[t.a.indices.index(i)] for i in inner}
     depth = p.depth(t)
     steps = -(-depth // cfg.kc)
     a_dims, b_dims = _sides(p, t)
-    L = [f"  // term {k}: factor {t.factor!r}, summed range {depth} in {steps} steps of {cfg.kc}",
-         f"  for (int s = 0; s < {steps}; ++s) {{"]
-    pitches = {}
-    for side, view, dims in (("A", t.a, a_dims), ("B", t.b, b_dims)):
+    pitches, copies = {}, {}
+    for side, view, dims, size in (("A", t.a, a_dims, stage[0]), ("B", t.b, b_dims, stage[1])):
         local = [d for d in order if d in dims]  # thread-fastest dimension at pitch 1
         pitch, run = {}, 1
         for d in local:
             pitch[d] = run
             run *= T[d]
-        pitches[side] = (pitch, run)
-        L += _stage(p, cfg, side, k, view, local, pitch, run, inner, ext, depth, T, partial, ctype)
+        pitches[side] = (pitch, run, size)
+        copies[side] = (view, local, pitch, run, size)
+
+    def issue(step: str) -> list[str]:
+        lines = []
+        for side in "AB":
+            view, local, pitch, run, size = copies[side]
+            lines += _stage(p, cfg, side, k, view, local, pitch, run, size, step, inner, ext, depth, T, partial)
+        return lines + ["    CX_COMMIT();"]
+
+    L = [f"  // term {k}: factor {t.factor!r}, summed range {depth} in {steps} steps of {cfg.kc}", "  {"]
+    L += issue("0")
+    L += [f"  for (int s = 0; s < {steps}; ++s) {{",
+          f"    if (s + 1 < {steps}) {{"]
+    L += issue("s + 1")
+    L += ["      CX_WAIT(1);", "    } else {", "      CX_WAIT(0);", "    }"]
     L.append("    __syncthreads();")
     L += ["    #pragma unroll", f"    for (int kk = 0; kk < {cfg.kc}; ++kk) {{"]
     values = {}
     for side, dims in (("A", a_dims), ("B", b_dims)):
-        pitch, run = pitches[side]
-        base = " + ".join(f"t{d} * {pitch[d]}" for d in dims) or "0"
+        pitch, run, size = pitches[side]
+        base = " + ".join([f"(s & 1) * {size}"] + [f"t{d} * {pitch[d]}" for d in dims])
         combos = list(itertools.product(*(range(cfg.reg[d]) for d in dims)))
         for j, combo in enumerate(combos):
             off = sum(r * cfg.tb[d] * pitch[d] for d, r in zip(dims, combo))
@@ -398,14 +429,15 @@ def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial:
         av = values["A", tuple(r[d] for d in a_dims)]
         bv = values["B", tuple(r[d] for d in b_dims)]
         L.append(f"      c{e} = {fma}({neg}{av}, {bv}, c{e});")
-    L += ["    }", "    __syncthreads();", "  }"]
+    L += ["    }", "    __syncthreads();", "  }", "  }"]
     return L
 
 
-def _stage(p, cfg, side, k, view, local, pitch, run, inner, ext, depth, T, partial, ctype) -> list[str]:
-    """Cooperative load of one step's slice of an operand into shared memory, walking it in the
-    operand's memory order (fastest stride innermost) so that neighbouring threads read
-    neighbouring addresses; zeros past an edge."""
+def _stage(p, cfg, side, k, view, local, pitch, run, size, step, inner, ext, depth, T, partial) -> list[str]:
+    """Copies of step ``step``'s slice of an operand into its shared-memory stage ``step & 1``
+    (``size`` elements per stage), walking the slice in the operand's memory order (fastest
+    stride innermost) so that neighbouring threads read neighbouring addresses; zeros past an
+    edge."""
     kc = cfg.kc
     fast_inner = min((view.stride(i) for i in inner), default=0)
     digits = [("d", d, T[d], view.stride(p.out.indices[d])) for d in local] + [("k", None, kc, fast_inner)]
@@ -420,7 +452,7 @@ def _stage(p, cfg, side, k, view, local, pitch, run, inner, ext, depth, T, parti
     for (kind, d, radix, _), expr in zip(digits, _split("e", [x[2] for x in digits])):
         if kind == "k":
             L.append(f"      const int kl = {expr};")
-            L.append(f"      const int kg = s * {kc} + kl;")
+            L.append(f"      const int kg = ({step}) * {kc} + kl;")
             spos.append(f"kl * {run}")
             if depth % kc:
                 ok.append(f"kg < {depth}")
@@ -435,10 +467,9 @@ def _stage(p, cfg, side, k, view, local, pitch, run, inner, ext, depth, T, parti
             off.append(f"(long long)(o{d} + l{d}) * {view.stride(p.out.indices[d])}")
             if partial[d]:
                 ok.append(f"o{d} + l{d} < {p.out.shape[d]}")
-    cond = " && ".join(ok)
-    src = f"{side}{k}[{' + '.join(off) or '0'}]"
-    load = f"({cond}) ? {src} : ({ctype})0" if cond else src
-    L.append(f"      s{side}[{' + '.join(spos)}] = {load};")
+    cond = " && ".join(ok) or "true"
+    dst = f"&s{side}[(({step}) & 1) * {size} + {' + '.join(spos)}]"
+    L.append(f"      CX_COPY({dst}, {side}{k} + {' + '.join(off) or '0'}, {cond});")
     if total % cfg.threads:
         L.append("      }")
     L.append("    }")
