@@ -44,6 +44,10 @@ FMA_PER_CLOCK = {"float64": 64, "float32": 128}
 does 32 in float64, so absolute times there are twice the model's, the ranking unchanged)."""
 SMEM_BYTES_PER_CLOCK = 128
 """Shared-memory bytes one SM delivers per clock (one 128-byte wavefront)."""
+ISSUE_PER_CLOCK = 4
+"""Warp instructions one SM issues per clock (four schedulers)."""
+STEP_INSTRUCTIONS = 40
+"""Instructions per thread per step besides FMAs, reads and copies: loop, waits, two barriers."""
 L2_BYTES_PER_CLOCK = 64
 """L2-to-SM bytes per clock per SM the model assumes for the cooperative loads."""
 MAX_ACC = {"float64": 64, "float32": 128}
@@ -203,10 +207,14 @@ def blocks(p: SumProblem, cfg: SumConfig) -> int:
 
 
 def predict(p: SumProblem, cfg: SumConfig, dev: Device) -> float:
-    """Model seconds (at 1.7 GHz) of the kernel: the slowest of FMA issue, shared-memory
-    wavefronts and cooperative loads over all SMs, with padded tiles and the last partial wave
-    of blocks counted; ``inf`` where the config exceeds the device (registers, shared memory,
-    threads)."""
+    """Model seconds (at 1.7 GHz) of the kernel: the slowest of the FMA pipe, instruction issue
+    (FMAs, shared-memory reads, the copies' address arithmetic, per-step overhead), shared-memory
+    wavefronts and L2 reads over all SMs, with padded tiles and the last partial wave of blocks
+    counted; ``inf`` where the config exceeds the device (registers, shared memory, threads).
+
+    The issue term is what the first measurements on the H100 showed: with 64 accumulators and
+    4-wide steps, a block tile of 3840 outputs copied ~13 elements per thread per step at ~20
+    instructions each, more than its 240 FMAs, and ran at a third of the FMA rate."""
     regs, smem = registers(p, cfg), smem_bytes(p, cfg)
     if regs > dev.regs_per_thread or smem > dev.smem_per_block or cfg.threads > dev.max_threads_per_block:
         return math.inf
@@ -218,20 +226,25 @@ def predict(p: SumProblem, cfg: SumConfig, dev: Device) -> float:
     waves = -(-nblk // (per_sm * dev.sm_count))  # rounds of resident blocks on the busiest SM
     spread = _warp_spread(p, cfg)
     elem = ELEM[p.dtype]
-    fma = smem_clk = load = 0.0
+    warps = cfg.threads / 32
+    fma = issue = smem_clk = load = 0.0
     for t in p.terms:
-        a, b = _sides(p, t)
-        steps = -(-p.depth(t) // cfg.kc) * cfg.kc
-        fma += cfg.threads * math.prod(cfg.reg) * steps
-        for side in (a, b):
+        steps = -(-p.depth(t) // cfg.kc)
+        fma += warps * math.prod(cfg.reg) * steps * cfg.kc
+        issue += warps * steps * (STEP_INSTRUCTIONS + math.prod(cfg.reg) * cfg.kc)
+        for side in _sides(p, t):
             values = math.prod(cfg.reg[d] for d in side)
             distinct = math.prod(spread[d] for d in side)
-            smem_clk += cfg.threads / 32 * values * math.ceil(distinct * elem / SMEM_BYTES_PER_CLOCK) * steps
-            load += math.prod(cfg.tile(d) for d in side) * steps * elem
-    per_block = max(fma / FMA_PER_CLOCK[p.dtype], smem_clk, load / L2_BYTES_PER_CLOCK)
+            smem_clk += warps * values * math.ceil(distinct * elem / SMEM_BYTES_PER_CLOCK) * steps * cfg.kc
+            tile = math.prod(cfg.tile(d) for d in side)
+            digits = 1 + sum(cfg.tile(d) > 1 for d in side)
+            issue += warps * steps * (values * cfg.kc + -(-tile * cfg.kc // cfg.threads) * (6 + 3 * digits))
+            load += tile * steps * cfg.kc * elem
+    per_block = max(fma / (FMA_PER_CLOCK[p.dtype] / 32), issue / ISSUE_PER_CLOCK, smem_clk,
+                    load / L2_BYTES_PER_CLOCK)
     resident = min(per_sm, -(-nblk // dev.sm_count))
     # fewer than 8 resident warps per SM leave FMA and shared-memory latency exposed
-    latency = max(1.0, 8 / (resident * cfg.threads / 32))
+    latency = max(1.0, 8 / (resident * warps))
     return per_block * resident * waves * latency / 1.7e9
 
 
@@ -311,6 +324,14 @@ def _split(var: str, radices: list[int]) -> list[str]:
     return out
 
 
+def _offset(p: SumProblem) -> str:
+    """The cast of offset terms: none (32-bit arithmetic, fewer instructions per copy) where every
+    view's elements lie within 2^31 of its start, else to 64 bits."""
+    span = max(sum((n - 1) * s for n, s in zip(v.shape, v.strides))
+               for v in [p.out] + [x for t in p.terms for x in (t.a, t.b)])
+    return "" if span < 2**31 else "(long long)"
+
+
 def kernel_name(p: SumProblem, cfg: SumConfig) -> str:
     """A C identifier unique to the problem (shapes, strides, factors, dtype) and config."""
     key = repr((p, cfg))
@@ -371,7 +392,7 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
     L.append("  if (!store) return;")
     for e, r in enumerate(R):
         g = [f"(o{d} + {r[d] * cfg.tb[d]} + t{d})" for d in range(n)]
-        off = " + ".join(f"(long long){g[d]} * {p.out.strides[d]}" for d in range(n)) or "0"
+        off = " + ".join(f"{_offset(p)}{g[d]} * {p.out.strides[d]}" for d in range(n)) or "0"
         cond = " && ".join(f"{g[d]} < {shape[d]}" for d in range(n) if partial[d])
         stmt = f"C[{off}] += c{e};"
         L.append(f"  if ({cond}) {stmt}" if cond else f"  {stmt}")
@@ -459,12 +480,12 @@ def _stage(p, cfg, side, k, view, local, pitch, run, size, step, inner, ext, dep
             below = 1
             for i in reversed(inner):  # inner[-1] varies fastest
                 L.append(f"      const int k_{len(off)} = (kg / {below}) % {ext[i]};")
-                off.append(f"(long long)k_{len(off)} * {view.stride(i)}")
+                off.append(f"{_offset(p)}k_{len(off)} * {view.stride(i)}")
                 below *= ext[i]
         else:
             L.append(f"      const int l{d} = {expr};")
             spos.append(f"l{d} * {pitch[d]}")
-            off.append(f"(long long)(o{d} + l{d}) * {view.stride(p.out.indices[d])}")
+            off.append(f"{_offset(p)}(o{d} + l{d}) * {view.stride(p.out.indices[d])}")
             if partial[d]:
                 ok.append(f"o{d} + l{d} < {p.out.shape[d]}")
     cond = " && ".join(ok) or "true"

@@ -282,9 +282,11 @@ def _strides(arr) -> tuple[int, ...]:
 @dataclass
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
-    is ``gett``, ``batched``, ``kernel``, ``ttgt`` or ``einsum``; ``seconds`` the best timed run of every
-    candidate compared (empty when the method was forced or only one applies); ``config`` the
-    GETT order and configuration (:class:`~chainexec.planner.gett.GettConfig` fields), else None."""
+    is ``gett``, ``batched``, ``kernel``, ``ttgt`` or ``einsum``; for a run of contractions into
+    one buffer ``sum`` (the sum kernel) or ``terms`` (one by one); ``seconds`` the best timed run
+    of every candidate compared (empty when the method was forced or only one applies);
+    ``config`` the GETT order and configuration (:class:`~chainexec.planner.gett.GettConfig`
+    fields) or the sum kernel's (:class:`~chainexec.planner.sumkernel.SumConfig`), else None."""
 
     method: str
     seconds: dict = field(default_factory=dict)
@@ -435,12 +437,18 @@ class CupyBackend(Backend):
         self.xp.cuda.get_current_stream().synchronize()
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
-        """As :meth:`Backend.contract_sum`, in one generated kernel that accumulates every term in
-        registers and adds to ``out`` once (:mod:`chainexec.planner.sumkernel`): the model ranks
-        its configurations and the best :data:`~chainexec.planner.sumkernel.TOP` are timed once per
-        (terms, shapes, strides, dtype) on the live operands, computing without storing, and the
-        fastest is kept (:class:`TuningCache`). A forced per-term method (``CHAINEXEC_GPU_METHOD``
-        other than ``auto`` or ``sum``) runs the terms one by one."""
+        """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term in
+        registers and adds to ``out`` once (:mod:`chainexec.planner.sumkernel`), or term by term,
+        whichever is faster. Decided once per (terms, shapes, strides, dtype) and kept
+        (:class:`TuningCache`): the model's best :data:`~chainexec.planner.sumkernel.TOP`
+        configurations are timed computing without storing, and the terms one by one (each by its
+        own tuned method) on a scratch output where the plan leaves room for one, else once for
+        real on ``out``. ``CHAINEXEC_GPU_METHOD=sum`` forces the model's first configuration; any
+        other forced method runs the terms one by one.
+
+        Measured on the H100 (``benchmarks/sum_tile.py``): on the (T) tile of o=24, v=180 the terms
+        one by one (batched GEMM on tensor cores) still beat the kernel, 29 against 38 ms; the
+        kernel wins where the terms sum over short ranges."""
         from chainexec.planner import sumkernel
         from chainexec.planner.kernelconf import Device
         from chainexec.runtime import kernels
@@ -455,23 +463,49 @@ class CupyBackend(Backend):
         prob = sumkernel.problem(view(out, cs[0].out_indices),
                                  [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices), float(c.factor))
                                   for c, (a, b) in zip(cs, operands)], str(out.dtype))
-        key = ("sum", repr(prob))
-        choice = self.choices.get(key)
+        key = ("sum", repr(prob)) + (() if self.workspace is None else (self.workspace,))
+        choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
+        done = False
         if choice is None:
-            choice = self.tuning.get(key) if self.method == "auto" else None
-            if choice is None:
-                cands = sumkernel.candidates(prob, Device.from_cupy())
-                if self.method == "auto" and len(cands) > 1:
-                    seconds = {cfg.name(): self._timed(lambda: kernels.launch_sum(prob, cfg, out, operands, False))
-                               for cfg in cands}
-                    best = min(cands, key=lambda cfg: seconds[cfg.name()])
-                    choice = Choice("sum", seconds, best.to_json())
-                    self.tuning.put(key, choice)
-                else:
-                    choice = Choice("sum", config=cands[0].to_json())
-            self.choices[key] = choice
-        kernels.launch_sum(prob, sumkernel.SumConfig.from_json(choice.config), out, operands)
+            cands = sumkernel.candidates(prob, Device.from_cupy())
+            if self.method == "sum":
+                choice = Choice("sum", config=cands[0].to_json())
+            else:
+                seconds = {cfg.name(): self._timed(lambda: kernels.launch_sum(prob, cfg, out, operands, False))
+                           for cfg in cands}
+                seconds["terms"], done = self._time_terms(cs, out, operands)
+                best = min(seconds, key=seconds.get)
+                config = next((cfg.to_json() for cfg in cands if cfg.name() == best), None)
+                choice = Choice("sum" if config else "terms", seconds, config)
+                self.tuning.put(key, choice)
+        self.choices[key] = choice
+        if done:  # timing the terms on ``out`` itself added them
+            pass
+        elif choice.method == "sum":
+            kernels.launch_sum(prob, sumkernel.SumConfig.from_json(choice.config), out, operands)
+        else:
+            super().contract_sum(cs, out, operands)
         self.xp.cuda.get_current_stream().synchronize()
+
+    def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[float, bool]:
+        """Seconds of the terms one by one, and whether ``out`` got them: timed on a scratch
+        output (:func:`_like`) after a warm-up where the plan leaves room for two outputs, else
+        run once on ``out`` itself (their first run, a little slower than later ones)."""
+        hows = [self._choose(c, out, a, b) for c, (a, b) in zip(cs, operands)]  # tuned on probes
+
+        def run(target):
+            for how, c, (a, b) in zip(hows, cs, operands):
+                self._run(how, c, target, a, b)
+
+        if self.workspace is None or 2 * out.nbytes <= self.workspace:
+            scratch = _like(self.xp, out)
+            return self._timed(lambda: run(scratch)), False
+        start, end = self.xp.cuda.Event(), self.xp.cuda.Event()
+        start.record()
+        run(out)
+        end.record()
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3, True
 
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.

@@ -211,3 +211,14 @@ def test_tile_kernel_compiles_without_spills(tmp_path):
                             str(cu)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert "0 bytes spill stores" in r.stderr, r.stderr
+
+
+def test_offsets_are_64_bit_only_for_large_views():
+    """32-bit offset arithmetic (fewer instructions per copy) unless a view spans 2^31 elements."""
+    out, terms, sizes = CASES[3]
+    small = _problem(out, terms, sizes)
+    big = sk.problem(small.out, [sk.Term(sk.View(("k", "a"), (17, 37), (2**27, 1)), small.terms[0].b, 1.0)],
+                     "float64")
+    cfg = sk.candidates(small, H100)[0]
+    assert "(long long)" not in sk.generate(small, cfg)[1]
+    assert "(long long)" in sk.generate(big, cfg)[1]
