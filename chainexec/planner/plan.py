@@ -205,8 +205,9 @@ def term_run(body: list, k: int, contractions: list[Contraction]) -> int:
     and the ones right after it that add terms of the same kind into the same buffer without
     reading it. Point-wise terms (V's twelve outer products in (T)) run as one point-wise kernel;
     contractions each summing over indices of both operands (W's twelve terms) as one kernel
-    that accumulates them in registers (:mod:`chainexec.planner.sumkernel`). The cost model counts
-    one pass over the buffer for a run."""
+    that accumulates them in registers (:mod:`chainexec.planner.sumkernel`) or one by one,
+    whichever the backend measures faster. The cost model counts one pass over the buffer for a
+    point-wise run and one per term for a run of contractions."""
     first = contractions[body[k].contraction]
     n = 1
     for node in body[k + 1:]:

@@ -464,7 +464,9 @@ class Executor:
             self.backend.contract_sum(cs, out, operands)
         self._watch()
         self.counters.statements += len(cs)
-        self.counters.streamed += 2 * out.nbytes + sum(x.nbytes for pair in operands for x in pair if x is not None)
+        passes = 1 if cs[0].pointwise() else len(cs)  # the cost model's rule (cost._run_tails)
+        self.counters.streamed += 2 * passes * out.nbytes + sum(x.nbytes for pair in operands for x in pair
+                                                                 if x is not None)
         for c, (a, b) in zip(cs, operands):
             self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
 
