@@ -46,6 +46,9 @@ SMEM_BYTES_PER_CLOCK = 128
 """Shared-memory bytes one SM delivers per clock (one 128-byte wavefront)."""
 ISSUE_PER_CLOCK = 4
 """Warp instructions one SM issues per clock (four schedulers)."""
+COPY_INSTRUCTIONS = 8
+"""Instructions per thread per copied element per step (table reads, address, guard, cp.async);
+building a term's table costs about 6 plus 3 per index digit, once."""
 STEP_INSTRUCTIONS = 40
 """Instructions per thread per step besides FMAs, reads and copies: loop, waits, two barriers."""
 L2_BYTES_PER_CLOCK = 64
@@ -195,10 +198,11 @@ def registers(p: SumProblem, cfg: SumConfig) -> int:
 
 def smem_bytes(p: SumProblem, cfg: SumConfig) -> int:
     """Static shared memory of the kernel (bytes): :data:`STAGES` times the largest A slice plus
-    the largest B slice of a step."""
+    the largest B slice of a step, and their copy tables (an offset and a place per element)."""
     sa = max(math.prod(cfg.tile(d) for d in _sides(p, t)[0]) for t in p.terms)
     sb = max(math.prod(cfg.tile(d) for d in _sides(p, t)[1]) for t in p.terms)
-    return STAGES * (sa + sb) * cfg.kc * ELEM[p.dtype]
+    index = 4 if not _offset(p) else 8
+    return (STAGES * ELEM[p.dtype] + index + 4) * (sa + sb) * cfg.kc
 
 
 def blocks(p: SumProblem, cfg: SumConfig) -> int:
@@ -212,9 +216,9 @@ def predict(p: SumProblem, cfg: SumConfig, dev: Device) -> float:
     wavefronts and L2 reads over all SMs, with padded tiles and the last partial wave of blocks
     counted; ``inf`` where the config exceeds the device (registers, shared memory, threads).
 
-    The issue term is what the first measurements on the H100 showed: with 64 accumulators and
-    4-wide steps, a block tile of 3840 outputs copied ~13 elements per thread per step at ~20
-    instructions each, more than its 240 FMAs, and ran at a third of the FMA rate."""
+    The issue term is what the first measurements on the H100 showed: copies that decomposed
+    their element number in every step took twice the instructions of the FMAs (see
+    :func:`_table`)."""
     regs, smem = registers(p, cfg), smem_bytes(p, cfg)
     if regs > dev.regs_per_thread or smem > dev.smem_per_block or cfg.threads > dev.max_threads_per_block:
         return math.inf
@@ -238,7 +242,8 @@ def predict(p: SumProblem, cfg: SumConfig, dev: Device) -> float:
             smem_clk += warps * values * math.ceil(distinct * elem / SMEM_BYTES_PER_CLOCK) * steps * cfg.kc
             tile = math.prod(cfg.tile(d) for d in side)
             digits = 1 + sum(cfg.tile(d) > 1 for d in side)
-            issue += warps * steps * (values * cfg.kc + -(-tile * cfg.kc // cfg.threads) * (6 + 3 * digits))
+            copies = -(-tile * cfg.kc // cfg.threads)  # per thread per step
+            issue += warps * (steps * (values * cfg.kc + copies * COPY_INSTRUCTIONS) + copies * (6 + 3 * digits))
             load += tile * steps * cfg.kc * elem
     per_block = max(fma / (FMA_PER_CLOCK[p.dtype] / 32), issue / ISSUE_PER_CLOCK, smem_clk,
                     load / L2_BYTES_PER_CLOCK)
@@ -332,6 +337,10 @@ def _offset(p: SumProblem) -> str:
     return "" if span < 2**31 else "(long long)"
 
 
+def _index_type(p: SumProblem) -> str:
+    return "int" if not _offset(p) else "long long"
+
+
 def kernel_name(p: SumProblem, cfg: SumConfig) -> str:
     """A C identifier unique to the problem (shapes, strides, factors, dtype) and config."""
     key = repr((p, cfg))
@@ -378,6 +387,8 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
          "{",
          f"  __shared__ {ctype} sA[{STAGES * sa}];",
          f"  __shared__ {ctype} sB[{STAGES * sb}];",
+         f"  __shared__ {_index_type(p)} tAoff[{sa}], tBoff[{sb}];",
+         f"  __shared__ int tApos[{sa}], tBpos[{sb}];",
          "  const int tid = threadIdx.x;",
          "  const int blk = blockIdx.x;"]
     for d, e in zip(order, _split("tid", [cfg.tb[d] for d in order])):
@@ -424,10 +435,14 @@ def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial:
         lines = []
         for side in "AB":
             view, local, pitch, run, size = copies[side]
-            lines += _stage(p, cfg, side, k, view, local, pitch, run, size, step, inner, ext, depth, T, partial)
+            lines += _issue(p, cfg, side, k, view, run, size, step, inner, ext, depth)
         return lines + ["    CX_COMMIT();"]
 
     L = [f"  // term {k}: factor {t.factor!r}, summed range {depth} in {steps} steps of {cfg.kc}", "  {"]
+    for side in "AB":
+        view, local, pitch, run, size = copies[side]
+        L += _table(p, cfg, side, view, local, pitch, run, inner, T, partial)
+    L.append("  __syncthreads();")
     L += issue("0")
     L += [f"  for (int s = 0; s < {steps}; ++s) {{",
           f"    if (s + 1 < {steps}) {{"]
@@ -454,43 +469,64 @@ def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial:
     return L
 
 
-def _stage(p, cfg, side, k, view, local, pitch, run, size, step, inner, ext, depth, T, partial) -> list[str]:
-    """Copies of step ``step``'s slice of an operand into its shared-memory stage ``step & 1``
-    (``size`` elements per stage), walking the slice in the operand's memory order (fastest
-    stride innermost) so that neighbouring threads read neighbouring addresses; zeros past an
-    edge."""
+def _table(p, cfg, side, view, local, pitch, run, inner, T, partial) -> list[str]:
+    """The copy table of one operand of a term, built once per term: for each element of a
+    step's slice, in the operand's memory order (fastest stride innermost, so that neighbouring
+    threads read neighbouring addresses), its offset in the operand at step 0 (-1 past an edge of
+    the output's tile) and its place in a shared-memory stage. Copies then cost a table read and
+    an add per step instead of a mixed-radix decomposition: with the decomposition in every step,
+    the copies' integer arithmetic took twice the instructions of the FMAs (Nsight Compute on
+    the H100, (T) tile of o=24, v=180: 12 TFLOP/s, FP64 pipe 38 % busy)."""
     kc = cfg.kc
     fast_inner = min((view.stride(i) for i in inner), default=0)
     digits = [("d", d, T[d], view.stride(p.out.indices[d])) for d in local] + [("k", None, kc, fast_inner)]
     digits.sort(key=lambda x: (x[3], x[0] == "d"))
-    total = run * kc
-    iters = -(-total // cfg.threads)
-    L = ["    #pragma unroll 4", f"    for (int j = 0; j < {iters}; ++j) {{",
-         f"      const int e = tid + j * {cfg.threads};"]
-    if total % cfg.threads:
-        L.append(f"      if (e < {total}) {{")
+    single = len(inner) == 1
+    L = [f"  for (int e = tid; e < {run * kc}; e += {cfg.threads}) {{"]
     ok, off, spos = [], [], []
     for (kind, d, radix, _), expr in zip(digits, _split("e", [x[2] for x in digits])):
         if kind == "k":
-            L.append(f"      const int kl = {expr};")
-            L.append(f"      const int kg = ({step}) * {kc} + kl;")
+            L.append(f"    const int kl = {expr};")
             spos.append(f"kl * {run}")
-            if depth % kc:
-                ok.append(f"kg < {depth}")
-            below = 1
-            for i in reversed(inner):  # inner[-1] varies fastest
-                L.append(f"      const int k_{len(off)} = (kg / {below}) % {ext[i]};")
-                off.append(f"{_offset(p)}k_{len(off)} * {view.stride(i)}")
-                below *= ext[i]
+            if single:  # the offset at step 0; steps add kc times the stride
+                off.append(f"{_offset(p)}kl * {view.stride(inner[0])}")
         else:
-            L.append(f"      const int l{d} = {expr};")
+            L.append(f"    const int l{d} = {expr};")
             spos.append(f"l{d} * {pitch[d]}")
             off.append(f"{_offset(p)}(o{d} + l{d}) * {view.stride(p.out.indices[d])}")
             if partial[d]:
                 ok.append(f"o{d} + l{d} < {p.out.shape[d]}")
-    cond = " && ".join(ok) or "true"
-    dst = f"&s{side}[(({step}) & 1) * {size} + {' + '.join(spos)}]"
-    L.append(f"      CX_COPY({dst}, {side}{k} + {' + '.join(off) or '0'}, {cond});")
+    value = " + ".join(off) or "0"
+    if ok:
+        value = f"({' && '.join(ok)}) ? {value} : -1"
+    L += [f"    t{side}off[e] = {value};",
+          f"    t{side}pos[e] = {' + '.join(spos)};", "  }"]
+    return L
+
+
+def _issue(p, cfg, side, k, view, run, size, step, inner, ext, depth) -> list[str]:
+    """The copies of step ``step``'s slice of an operand into its shared-memory stage ``step & 1``
+    (``size`` elements per stage) from the copy table (:func:`_table`); zeros past an edge."""
+    kc = cfg.kc
+    total = run * kc
+    L = ["    #pragma unroll 4", f"    for (int j = 0; j < {-(-total // cfg.threads)}; ++j) {{",
+         f"      const int e = tid + j * {cfg.threads};"]
+    if total % cfg.threads:
+        L.append(f"      if (e < {total}) {{")
+    L += [f"      const {_index_type(p)} o = t{side}off[e];", f"      const int q = t{side}pos[e];"]
+    ok = ["o >= 0"]
+    if depth % kc:
+        ok.append(f"q < ({depth} - ({step}) * {kc}) * {run}")  # q = kl * run + place: kl < depth left
+    if len(inner) == 1:
+        src = f"o + ({step}) * {kc * view.stride(inner[0])}"
+    else:
+        L.append(f"      const int kg = ({step}) * {kc} + q / {run};")
+        terms, below = ["o"], 1
+        for i in reversed(inner):  # inner[-1] varies fastest
+            terms.append(f"{_offset(p)}((kg / {below}) % {ext[i]}) * {view.stride(i)}")
+            below *= ext[i]
+        src = " + ".join(terms)
+    L.append(f"      CX_COPY(&s{side}[(({step}) & 1) * {size} + q], {side}{k} + {src}, {' && '.join(ok)});")
     if total % cfg.threads:
         L.append("      }")
     L.append("    }")
