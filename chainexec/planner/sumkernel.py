@@ -266,8 +266,10 @@ def candidates(p: SumProblem, dev: Device, top: int = TOP) -> list[SumConfig]:
     with a different register tile.
 
     Search: register tiles (1–6 elements along each of at most three dimensions, ``Π reg`` between
-    8 and :data:`MAX_ACC`) in order of FMAs per shared-memory read (ties: least padding); for the
-    first :data:`REG_TILES` that a block can cover, every thread mapping (powers of two,
+    8 and :data:`MAX_ACC`), those holding more short dimensions whole first (every operand slice
+    along such a dimension is then read once per block: on the (T) tile, holding the three
+    occupied extents of 3 whole measured fastest), then by FMAs per shared-memory read (ties:
+    least padding); for the first :data:`REG_TILES` that a block can cover, every thread mapping (powers of two,
     :data:`THREADS` per block, the fastest output dimension at least 4 threads wide where it is
     that long, for coalesced stores) and :data:`KC`. Raises ValueError if nothing fits the device."""
     n = len(p.out.shape)
@@ -285,7 +287,8 @@ def candidates(p: SumProblem, dev: Device, top: int = TOP) -> list[SumConfig]:
                 continue
             reads = sum(math.prod(reg[d] for d in a) + math.prod(reg[d] for d in b) for a, b in sides)
             pad = math.prod(-(-shape[d] // reg[d]) * reg[d] for d in range(n)) / math.prod(shape)
-            regs.append((-acc * len(sides) / reads, pad, tuple(reg)))
+            whole = sum(reg[d] == shape[d] for d in chosen)
+            regs.append((-whole, -acc * len(sides) / reads, pad, tuple(reg)))
     fastest = p.order()[0]
     best = {}
     for reg in [r for *_, r in sorted(regs)] + [tuple([1] * n)]:
