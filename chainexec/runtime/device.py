@@ -37,6 +37,10 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   and ``b`` to (batch, contracted, b-external), multiply with ``cupy.matmul`` (cuBLAS, FP64 tensor
   cores on Hopper), add the product permuted to ``out``'s order. Works for every contraction.
 * ``einsum`` — ``cupy.einsum`` itself, so the choice is never slower than it.
+* ``cutensor`` — NVIDIA's cuTENSOR through ``cupyx.cutensor``, adding into ``out`` (β = 1) on
+  any strided views, where libcutensor is installed (:func:`_cutensor`); so the choice is never
+  slower than it either. Its workspace, chosen by the library, is counted as one output-sized
+  array.
 
 ``auto`` (the default) is the autotuner: the GETT cost model ranks its configurations and the top
 :data:`TUNE_TOP` are timed beside the other methods once per (contraction, shapes, strides,
@@ -65,7 +69,7 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "sum")
+METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "sum")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum``: a run of
 contractions into one buffer through the generated sum kernel without timing its candidates;
 any other forced method runs such a run term by term)."""
@@ -268,11 +272,29 @@ def _workspace(method: str, out, a, b) -> int:
     COGENT kernel may copy both operands and make an output-sized product (or temporary output),
     ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the point-wise kernels
     make none (not counted: GETT's offset tables and batched GEMM's pointer tables, 24 bytes per
-    GEMM of a pointer-array call, kept for the process)."""
+    GEMM of a pointer-array call, kept for the process); cuTENSOR's is counted as one output."""
     if method in ("gett", "batched"):
         return 0
+    if method == "cutensor":
+        return out.nbytes
     copies = a.nbytes + b.nbytes + out.nbytes
     return copies + out.nbytes if method == "einsum" else copies
+
+
+@lru_cache(maxsize=None)
+def _cutensor(cupy):
+    """``cupyx.cutensor`` where libcutensor loads and contracts (checked once on a small case), else
+    None: CuPy imports the module without the library and fails only at the first call."""
+    try:
+        from cupyx import cutensor
+
+        x = cupy.ones((2, 3))
+        y = cupy.ones((3, 4))
+        z = cupy.zeros((2, 4))
+        cutensor.contraction(1.0, x, ("a", "k"), y, ("k", "b"), 0.0, z, ("a", "b"))
+        return cutensor if float(z[0, 0]) == 3.0 else None
+    except Exception:
+        return None
 
 
 def _strides(arr) -> tuple[int, ...]:
@@ -650,7 +672,7 @@ class CupyBackend(Backend):
         """Method name -> configuration (plain data, or None), for every method that applies:
         ``gett:<order>:<config>`` for the model's top GETT candidates, ``batched`` (batched GEMM in
         place), ``kernel`` (COGENT),
-        ``ttgt`` and ``einsum``."""
+        ``ttgt``, ``einsum`` and, where installed, ``cutensor``."""
         cands = {}
         gp = self._problem(c, out, a, b)
         if gp is not None:
@@ -662,6 +684,9 @@ class CupyBackend(Backend):
             cands["kernel"] = None
         cands["ttgt"] = None
         cands["einsum"] = None
+        if (_cutensor(self.xp) is not None and str(out.dtype) in ("float32", "float64")
+                and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
+            cands["cutensor"] = None
         return cands
 
     @staticmethod
@@ -786,11 +811,14 @@ class CupyBackend(Backend):
                 out += _ttgt_product(cp, c, a, b)
         elif method == "ttgt":
             out += _ttgt_product(cp, c, a, b)
-        elif method == "einsum":
+        elif method in ("einsum", "cutensor"):
             sub = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.a_indices + c.b_indices))}
-            spec = "{},{}->{}".format(*("".join(sub[i] for i in idx) for idx in (c.a_indices, c.b_indices,
-                                                                                  c.out_indices)))
-            product = cp.einsum(spec, a, b)
+            modes = ["".join(sub[i] for i in idx) for idx in (c.a_indices, c.b_indices, c.out_indices)]
+            if method == "cutensor":
+                _cutensor(cp).contraction(c.factor, a, tuple(modes[0]), b, tuple(modes[1]), 1.0, out,
+                                          tuple(modes[2]))
+                return
+            product = cp.einsum("{},{}->{}".format(*modes), a, b)
             out += product if c.factor == 1.0 else c.factor * product
         else:
             kern = self._kernel(c, _sizes(c, a, b), out.dtype)
@@ -804,7 +832,7 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
-TUNING_VERSION = 2
+TUNING_VERSION = 3
 """Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
 so that decisions recorded by older code are not read back."""
 

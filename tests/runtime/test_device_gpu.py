@@ -22,7 +22,7 @@ cupy = require_gpu()
 
 from chainexec.planner import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import kernels  # noqa: E402
+from chainexec.runtime import device, kernels  # noqa: E402
 from chainexec.runtime.device import CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
@@ -59,11 +59,14 @@ def _operands(rng, c, size, dtype, views: bool, step: bool):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
-@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "auto"])
+@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "cutensor", "auto"])
 def test_contract_matches_einsum(method, kind, dtype):
     """Every method, random contractions, contiguous and strided operands; the padding around
     ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
-    really use the kernel when it is forced."""
+    really use the kernel when it is forced, and cuTENSOR (where installed) every case but a 0-d
+    tensor."""
+    if method == "cutensor" and device._cutensor(cupy) is None:
+        pytest.skip("libcutensor is not installed")
     rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
     backend = CupyBackend(cupy, method)
     for trial in range(12):
@@ -87,6 +90,8 @@ def test_contract_matches_einsum(method, kind, dtype):
         eligible = kind == "plain" and all((out_idx, a_idx, b_idx))  # no batch index, no 0-d tensor
         if method == "kernel":
             assert choice.method == ("kernel" if eligible else "ttgt")
+        if method == "cutensor":
+            assert choice.method == ("cutensor" if all((out_idx, a_idx, b_idx)) else "ttgt")
         if method == "auto":
             # every applicable method was timed and the fastest taken
             assert {"ttgt", "einsum"} <= set(choice.seconds) and min(choice.seconds.values()) > 0
@@ -243,8 +248,6 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
     buffers used in turn (each refilled only after its copy finished), or in one piece when the
     tile fits one chunk or a row is wider than a chunk: the tile equals the source whatever the
     chunk size, and every row is read once."""
-    from chainexec.runtime import device
-
     monkeypatch.setattr(device, "STAGE_BYTES", stage)
     source = np.random.default_rng(8).standard_normal((37, 11, 6))
     reads = []
@@ -269,8 +272,6 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
 def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypatch):
     """A run moving less than PINNED_FROM_BYTES per rank stages through plain memory (the first
     page-lock of a process costs ~0.5 s); fetch and to_host are right either way."""
-    from chainexec.runtime import device
-
     monkeypatch.setattr(device, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
     backend.expect_transfers(moved)
