@@ -41,27 +41,25 @@ def main(path, o=24, v=180, tile=3):
     flops = sum(2 * np.prod(shape) * (v if "f" in a else o) for a, _, _ in W_TERMS)
     res = {"o": o, "v": v, "tile": tile, "flops": float(flops), "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
     outs = {}
-    for label, method, run in (("per-term", "auto", "contract"), ("sum", "auto", "contract_sum")):
-        be = device.CupyBackend(cupy, method)
+
+    def per_term(be, W):
+        for c, (a, b) in zip(cs, ops):
+            be.contract(c, W, a, b)
+
+    def summed(be, W):
+        be.contract_sum(cs, W, ops)
+
+    for label, run in (("per-term", per_term), ("sum", summed)):
+        be = device.CupyBackend(cupy, "auto")
         W = cupy.zeros(shape)
-        t0 = time.perf_counter()
-        if run == "contract":
-            for c, (a, b) in zip(cs, ops):
-                be.contract(c, W, a, b)
-        else:
-            be.contract_sum(cs, W, ops)
-        first = time.perf_counter() - t0
         times = []
-        for _ in range(3):
+        for _ in range(4):  # the first call decides the methods (tuning), the others are timed
             W[...] = 0
             cupy.cuda.get_current_stream().synchronize()
             t0 = time.perf_counter()
-            if run == "contract":
-                for c, (a, b) in zip(cs, ops):
-                    be.contract(c, W, a, b)
-            else:
-                be.contract_sum(cs, W, ops)
+            run(be, W)
             times.append(time.perf_counter() - t0)
+        first, times = times[0], times[1:]
         outs[label] = W
         res[label] = {"first_call_seconds": first, "seconds": min(times), "tflops": flops / min(times) / 1e12,
                       "choices": [{"method": ch.method, "config": ch.config,
