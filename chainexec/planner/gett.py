@@ -41,7 +41,7 @@ MMA_SHAPES = {"m8n8k4": (8, 4), "m16n8k4": (16, 4), "m16n8k8": (16, 8)}
 """FP64 MMA shapes -> (rows, k per instruction); the m16 shapes need sm_90."""
 SM90_SHAPES = ("m16n8k4", "m16n8k8")
 """Shapes PTX offers from sm_90 on (m8n8k4 f64 exists from sm_80)."""
-_FRAGMENTS = {
+FRAGMENTS = {
     # (A elements as (row, k) offsets from (lane>>2, lane&3), B elements as k offsets from lane&3)
     "m8n8k4": (((0, 0),), (0,)),
     "m16n8k4": (((0, 0), (8, 0)), (0,)),
@@ -432,7 +432,7 @@ def source(cfg: GettConfig) -> str:
     r = cfg.rows
     wm, wn = cfg.mma_m * r, cfg.mma_n * 8
     acc = 2 if r == 8 else 4
-    fa_offs, fb_offs = _FRAGMENTS[cfg.mma]
+    fa_offs, fb_offs = FRAGMENTS[cfg.mma]
     outs = ", ".join(f"%{q}" for q in range(acc))
     ins_a = ", ".join(f"%{acc + q}" for q in range(len(fa_offs)))
     ins_b = ", ".join(f"%{acc + len(fa_offs) + q}" for q in range(len(fb_offs)))

@@ -350,6 +350,24 @@ def kernel_name(p: SumProblem, cfg: SumConfig) -> str:
     return "chainexec_sum_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def copy_macros(dtype: str) -> list[str]:
+    """``CX_COPY(dst, src, ok)`` (one element global→shared, zero where not ``ok``),
+    ``CX_COMMIT()`` and ``CX_WAIT(n)``: asynchronous copies (``cp.async``) on the GPU, a plain
+    copy with the same zero fill where the source is compiled for a CPU (the tests' emulation)."""
+    size = ELEM[dtype]
+    return ["#if defined(__CUDA_ARCH__)",
+            '#define CX_COPY(dst, src, ok) asm volatile("cp.async.ca.shared.global [%0], [%1], '
+            f'{size}, %2;\\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), '
+            f'"r"((ok) ? {size} : 0))',
+            '#define CX_COMMIT() asm volatile("cp.async.commit_group;\\n" ::)',
+            '#define CX_WAIT(n) asm volatile("cp.async.wait_group " #n ";\\n" ::)',
+            "#else",
+            f"#define CX_COPY(dst, src, ok) (*(dst) = (ok) ? *(src) : ({_CTYPE[dtype]})0)",
+            "#define CX_COMMIT()",
+            "#define CX_WAIT(n)",
+            "#endif"]
+
+
 def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
     """CUDA C source of ``C += Σ_t f_t · A_t·B_t`` for this problem and config.
 
@@ -372,19 +390,7 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
     L = ["// chainexec generated kernel: C += sum of contractions, accumulated in registers",
          f"// output {p.out.shape} strides {p.out.strides}, {len(p.terms)} terms, {p.dtype}, "
          f"config {cfg.name()}",
-         # asynchronous copies on the GPU; a plain copy where the source is compiled for a CPU
-         # (the tests' emulation), with the same zero fill past an edge
-         "#if defined(__CUDA_ARCH__)",
-         '#define CX_COPY(dst, src, ok) asm volatile("cp.async.ca.shared.global [%0], [%1], '
-         f'{ELEM[p.dtype]}, %2;\\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), '
-         f'"r"((ok) ? {ELEM[p.dtype]} : 0))',
-         '#define CX_COMMIT() asm volatile("cp.async.commit_group;\\n" ::)',
-         '#define CX_WAIT(n) asm volatile("cp.async.wait_group " #n ";\\n" ::)',
-         "#else",
-         f"#define CX_COPY(dst, src, ok) (*(dst) = (ok) ? *(src) : ({ctype})0)",
-         "#define CX_COMMIT()",
-         "#define CX_WAIT(n)",
-         "#endif",
+         *copy_macros(p.dtype),
          f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
          f"{name}({ctype}* __restrict__ C, {args}, const int store)",
          "{",
@@ -414,37 +420,48 @@ def generate(p: SumProblem, cfg: SumConfig) -> tuple[str, str]:
     return name, "\n".join(L)
 
 
-def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial: list[bool],
-          ctype: str, fma: str, R: list[tuple], stage: tuple[int, int]) -> list[str]:
-    """One term's loop over its summed range: step s+1's A and B slices are copied into one
-    shared-memory stage while step s's, in the other, are multiplied into the registers."""
-    order = p.order()
-    inner = p.contracted(t)
-    ext = {i: t.a.shape[t.a.indices.index(i)] for i in inner}
-    depth = p.depth(t)
-    steps = -(-depth // cfg.kc)
-    a_dims, b_dims = _sides(p, t)
-    pitches, copies = {}, {}
-    for side, view, dims, size in (("A", t.a, a_dims, stage[0]), ("B", t.b, b_dims, stage[1])):
-        local = [d for d in order if d in dims]  # thread-fastest dimension at pitch 1
+def _placement(p: SumProblem, t: Term, T: list[int]) -> dict[str, tuple]:
+    """Per operand side of a term: (view, its output dimensions in thread order, the place
+    pitch of each in a step's slice, the slice's elements per summed element): the thread-fastest
+    dimension at pitch 1, so that a slice row is contiguous along it."""
+    out = {}
+    for side, view, dims in zip("AB", (t.a, t.b), _sides(p, t)):
+        local = [d for d in p.order() if d in dims]
         pitch, run = {}, 1
         for d in local:
             pitch[d] = run
             run *= T[d]
-        pitches[side] = (pitch, run, size)
-        copies[side] = (view, local, pitch, run, size)
+        out[side] = (view, local, pitch, run)
+    return out
+
+
+def pipeline(p: SumProblem, cfg, k: int, t: Term, T: list[int], partial: list[bool],
+             stage: dict[str, int], kpitch: dict[str, int], before: list[str], inner: list[str],
+             after: list[str]) -> list[str]:
+    """One term's loop over its summed range, shared by the register kernel and the tensor-core
+    one (:mod:`chainexec.planner.summma`): the copy tables (:func:`_table`), then step s+1's A
+    and B slices copied into one shared-memory stage (``stage[side]`` elements, element ``kl`` of
+    the step at ``kl * kpitch[side]``) while the ``inner`` lines use step s's in the other
+    (``(s & 1) * stage[side]``); ``before`` and ``after`` run around the loop. ``cfg`` needs
+    ``kc`` and ``threads``."""
+    inner_idx = p.contracted(t)
+    ext = {i: t.a.shape[t.a.indices.index(i)] for i in inner_idx}
+    depth = p.depth(t)
+    steps = -(-depth // cfg.kc)
+    place = _placement(p, t, T)
 
     def issue(step: str) -> list[str]:
         lines = []
         for side in "AB":
-            view, local, pitch, run, size = copies[side]
-            lines += _issue(p, cfg, side, k, view, run, size, step, inner, ext, depth)
+            view, _, _, run = place[side]
+            lines += _issue(p, cfg, side, k, view, run, kpitch[side], stage[side], step, inner_idx, ext, depth)
         return lines + ["    CX_COMMIT();"]
 
     L = [f"  // term {k}: factor {t.factor!r}, summed range {depth} in {steps} steps of {cfg.kc}", "  {"]
     for side in "AB":
-        view, local, pitch, run, size = copies[side]
-        L += _table(p, cfg, side, view, local, pitch, run, inner, T, partial)
+        view, local, pitch, run = place[side]
+        L += _table(p, cfg, side, view, local, pitch, kpitch[side], inner_idx, T, partial)
+    L += before
     L.append("  __syncthreads();")
     L += issue("0")
     L += [f"  for (int s = 0; s < {steps}; ++s) {{",
@@ -452,10 +469,20 @@ def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial:
     L += issue("s + 1")
     L += ["      CX_WAIT(1);", "    } else {", "      CX_WAIT(0);", "    }"]
     L.append("    __syncthreads();")
-    L += ["    #pragma unroll", f"    for (int kk = 0; kk < {cfg.kc}; ++kk) {{"]
+    L += inner
+    L += ["    __syncthreads();", "  }"]
+    return L + after + ["  }"]
+
+
+def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial: list[bool],
+          ctype: str, fma: str, R: list[tuple], stage: tuple[int, int]) -> list[str]:
+    """One term: every thread's register elements get their products from step s's slices."""
+    a_dims, b_dims = _sides(p, t)
+    place = _placement(p, t, T)
+    L = ["    #pragma unroll", f"    for (int kk = 0; kk < {cfg.kc}; ++kk) {{"]
     values = {}
-    for side, dims in (("A", a_dims), ("B", b_dims)):
-        pitch, run, size = pitches[side]
+    for side, dims, size in (("A", a_dims, stage[0]), ("B", b_dims, stage[1])):
+        _, _, pitch, run = place[side]
         base = " + ".join([f"(s & 1) * {size}"] + [f"t{d} * {pitch[d]}" for d in dims])
         combos = list(itertools.product(*(range(cfg.reg[d]) for d in dims)))
         for j, combo in enumerate(combos):
@@ -468,11 +495,12 @@ def _term(p: SumProblem, cfg: SumConfig, k: int, t: Term, T: list[int], partial:
         av = values["A", tuple(r[d] for d in a_dims)]
         bv = values["B", tuple(r[d] for d in b_dims)]
         L.append(f"      c{e} = {fma}({neg}{av}, {bv}, c{e});")
-    L += ["    }", "    __syncthreads();", "  }", "  }"]
-    return L
+    L.append("    }")
+    return pipeline(p, cfg, k, t, T, partial, dict(zip("AB", stage)),
+                    {side: place[side][3] for side in "AB"}, [], L, [])
 
 
-def _table(p, cfg, side, view, local, pitch, run, inner, T, partial) -> list[str]:
+def _table(p, cfg, side, view, local, pitch, kpitch, inner, T, partial) -> list[str]:
     """The copy table of one operand of a term, built once per term: for each element of a
     step's slice, in the operand's memory order (fastest stride innermost, so that neighbouring
     threads read neighbouring addresses), its offset in the operand at step 0 (-1 past an edge of
@@ -481,6 +509,7 @@ def _table(p, cfg, side, view, local, pitch, run, inner, T, partial) -> list[str
     the copies' integer arithmetic took twice the instructions of the FMAs (Nsight Compute on
     the H100, (T) tile of o=24, v=180: 12 TFLOP/s, FP64 pipe 38 % busy)."""
     kc = cfg.kc
+    run = math.prod(T[d] for d in local)
     fast_inner = min((view.stride(i) for i in inner), default=0)
     digits = [("d", d, T[d], view.stride(p.out.indices[d])) for d in local] + [("k", None, kc, fast_inner)]
     digits.sort(key=lambda x: (x[3], x[0] == "d"))
@@ -490,7 +519,7 @@ def _table(p, cfg, side, view, local, pitch, run, inner, T, partial) -> list[str
     for (kind, d, radix, _), expr in zip(digits, _split("e", [x[2] for x in digits])):
         if kind == "k":
             L.append(f"    const int kl = {expr};")
-            spos.append(f"kl * {run}")
+            spos.append(f"kl * {kpitch}")
             if single:  # the offset at step 0; steps add kc times the stride
                 off.append(f"{_offset(p)}kl * {view.stride(inner[0])}")
         else:
@@ -507,7 +536,7 @@ def _table(p, cfg, side, view, local, pitch, run, inner, T, partial) -> list[str
     return L
 
 
-def _issue(p, cfg, side, k, view, run, size, step, inner, ext, depth) -> list[str]:
+def _issue(p, cfg, side, k, view, run, kpitch, size, step, inner, ext, depth) -> list[str]:
     """The copies of step ``step``'s slice of an operand into its shared-memory stage ``step & 1``
     (``size`` elements per stage) from the copy table (:func:`_table`); zeros past an edge."""
     kc = cfg.kc
@@ -519,11 +548,11 @@ def _issue(p, cfg, side, k, view, run, size, step, inner, ext, depth) -> list[st
     L += [f"      const {_index_type(p)} o = t{side}off[e];", f"      const int q = t{side}pos[e];"]
     ok = ["o >= 0"]
     if depth % kc:
-        ok.append(f"q < ({depth} - ({step}) * {kc}) * {run}")  # q = kl * run + place: kl < depth left
+        ok.append(f"q < ({depth} - ({step}) * {kc}) * {kpitch}")  # q = kl * kpitch + place: kl < depth left
     if len(inner) == 1:
         src = f"o + ({step}) * {kc * view.stride(inner[0])}"
     else:
-        L.append(f"      const int kg = ({step}) * {kc} + q / {run};")
+        L.append(f"      const int kg = ({step}) * {kc} + q / {kpitch};")
         terms, below = ["o"], 1
         for i in reversed(inner):  # inner[-1] varies fastest
             terms.append(f"{_offset(p)}((kg / {below}) % {ext[i]}) * {view.stride(i)}")

@@ -17,6 +17,35 @@ from chainexec.planner import sumkernel as sk
 from chainexec.planner.kernelconf import Device
 from tests.planner.test_codegen import EMU_PRELUDE
 
+SUM_PRELUDE = EMU_PRELUDE + r"""
+#include <memory>
+alignas(16) double cx_smem[1 << 16];  // dynamic shared memory of the tensor-core kernel
+static std::barrier<>* g_warps[32];
+static double g_xa[32][32][4], g_xb[32][32][2];
+// One FP64 mma.sync of shape R x 8 x KS for the calling lane's warp, from the PTX ISA's fragment
+// layouts (written here independently of the generator): lane l = 4g + t holds A[g + 8rh][t + 4kh]
+// as a[rh + (R/8) kh], B[t + 4kh][g] as b[kh], and C[g + 8rh][2t + e] as d[2rh + e].
+template <int R, int KS>
+static void cx_emu_mma(double* d, const double* a, const double* b) {
+  constexpr int NR = R / 8, NK = KS / 4;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int q = 0; q < NR * NK; ++q) g_xa[w][lane][q] = a[q];
+  for (int q = 0; q < NK; ++q) g_xb[w][lane][q] = b[q];
+  g_warps[w]->arrive_and_wait();
+  double out[2 * NR];
+  for (int q = 0; q < 2 * NR; ++q) {
+    const int row = (lane >> 2) + 8 * (q >> 1), col = 2 * (lane & 3) + (q & 1);
+    double s = d[q];
+    for (int k = 0; k < KS; ++k)
+      s = std::fma(g_xa[w][(row % 8) * 4 + k % 4][row / 8 + NR * (k / 4)], g_xb[w][col * 4 + k % 4][k / 4], s);
+    out[q] = s;
+  }
+  g_warps[w]->arrive_and_wait();
+  for (int q = 0; q < 2 * NR; ++q) d[q] = out[q];
+}
+"""
+"""The emulation prelude of both sum kernels: warp barriers and the MMA for the tensor-core one."""
+
 H100 = Device.H100()
 W_TERMS = ([(a, b, 1.0) for a, b in [("iafb", "kjcf"), ("iafc", "jkbf"), ("jbfa", "kicf"), ("jbfc", "ikaf"),
                                       ("kcfa", "jibf"), ("kcfb", "ijaf")]]
@@ -64,6 +93,11 @@ int main(int argc, char** argv) {{
   for (int b = 0; b < grid; ++b) {{
     std::barrier<> bar(threads);
     g_bar = &bar;
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    for (int w = 0; w < threads / 32; ++w) {{
+      warps.emplace_back(new std::barrier<>(32));
+      g_warps[w] = warps.back().get();
+    }}
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t)
       ts.emplace_back([&, t, b] {{ threadIdx.x = t; blockIdx.x = b; {name}({ptrs}, store); }});
@@ -77,13 +111,14 @@ int main(int argc, char** argv) {{
 """
 
 
-def _emulate(tmp_path, out, terms, sizes, dtype, cfg, seed, pad=1, store=True):
-    """(result, reference, initial output): the kernel emulated on views of padded buffers."""
+def _emulate(tmp_path, out, terms, sizes, dtype, cfg, seed, pad=1, store=True, gen=sk):
+    """(result, reference, initial output): the kernel emulated on views of padded buffers;
+    ``gen`` the generator module (this one's or :mod:`chainexec.planner.summma`)."""
     p = _problem(out, terms, sizes, dtype, pad)
-    name, src = sk.generate(p, cfg)
+    name, src = gen.generate(p, cfg)
     ctype = "double" if dtype == "float64" else "float"
     cpp, exe = tmp_path / f"{name}.cpp", tmp_path / name
-    cpp.write_text(EMU_PRELUDE + src + _emu_main(name, ctype, len(terms)))
+    cpp.write_text(SUM_PRELUDE + src + _emu_main(name, ctype, len(terms)))
     subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True)
     rng = np.random.default_rng(seed)
     views, bufs = [], []
@@ -104,7 +139,7 @@ def _emulate(tmp_path, out, terms, sizes, dtype, cfg, seed, pad=1, store=True):
     args = []
     for big in bufs:
         args += [str(big.size), str(pad * sum(_rowmajor(big.shape)))]
-    subprocess.run([str(exe), str(sk.blocks(p, cfg)), str(cfg.threads), str(int(store)), str(inp), str(res)]
+    subprocess.run([str(exe), str(gen.blocks(p, cfg)), str(cfg.threads), str(int(store)), str(inp), str(res)]
                    + args, check=True)
     got = np.fromfile(res, dtype=dtype).reshape(bufs[0].shape)
     inner = tuple(slice(pad, pad + sizes[i]) for i in out)
