@@ -240,15 +240,15 @@ def _tile_options(n: int) -> list[int]:
 def candidates(p: SumProblem, dev: Device, top: int = TOP) -> list[MmaConfig]:
     """The ``top`` configurations the model ranks fastest (:func:`predict`), best first, each
     with a different tile; empty where :func:`applies` says no. Search: block tiles from
-    :func:`_tile_options` with ``Π tile`` in :data:`TILE_PRODUCT` (or the whole output where it
-    is smaller) whose every term fills at least half of its padded MMA tiles, × :data:`WARPS` ×
+    :func:`_tile_options` with ``Π tile`` in :data:`TILE_PRODUCT` (from half the output where that is
+    smaller) whose every term fills at least half of its padded MMA tiles, × :data:`WARPS` ×
     :data:`KC` × the MMA shapes of the device, with at most :data:`MAX_ACC` accumulators."""
     arch = int(dev.compute_capability)
     f = Facts.of(p)
     if f.batch or arch < 80:
         return []
     shapes = [s for s in MMA_SHAPES if arch >= 90 or s not in SM90_SHAPES]
-    lo, hi = min(TILE_PRODUCT[0], math.prod(p.out.shape)), TILE_PRODUCT[1]
+    lo, hi = min(TILE_PRODUCT[0], math.prod(p.out.shape) // 2), TILE_PRODUCT[1]
     best: dict[tuple, tuple] = {}
     for tile in itertools.product(*(_tile_options(n) for n in p.out.shape)):
         if not lo <= math.prod(tile) <= hi:
