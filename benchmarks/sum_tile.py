@@ -1,12 +1,14 @@
 """Time one (T) W tile on the GPU: the twelve terms one by one (each by the autotuner's method)
-against the sum kernel (every term accumulated in registers, the autotuner's pick of the model's
-candidates), results compared with each other and with ``numpy.einsum`` on a sample.
+against the sum kernels (every term accumulated in registers, the autotuner's pick of the model's
+candidates; and, forced, the tensor-core kernel's first candidate), results compared with each
+other and with ``numpy.einsum`` on a sample.
 
 Usage (on a GPU machine): ``python3 benchmarks/sum_tile.py OUT.json [o v tile]``; defaults o=24,
 v=180, occupied tile 3 (the o=24 v=180 synthetic run's device tile: 3x3x3x180x180x180, 1.26 GB).
 Operands are views of whole device arrays, as the executor passes them. A sweep also times the
 model's best configuration of each of its eight best register tiles at every step depth that
-fits (``sweep`` in the JSON: model and measured seconds), to check the model's ranking.
+fits, and the tensor-core kernel's eight best tiles (``sweep`` in the JSON: model and measured
+seconds), to check the models' rankings.
 """
 
 import json
@@ -16,7 +18,7 @@ import time
 import cupy
 import numpy as np
 
-from chainexec.planner import sumkernel
+from chainexec.planner import sumkernel, summma
 from chainexec.planner.kernelconf import Device
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import device, kernels
@@ -49,8 +51,8 @@ def main(path, o=24, v=180, tile=3):
     def summed(be, W):
         be.contract_sum(cs, W, ops)
 
-    for label, run in (("per-term", per_term), ("sum", summed)):
-        be = device.CupyBackend(cupy, "auto")
+    for label, method, run in (("per-term", "auto", per_term), ("sum", "auto", summed), ("summma", "summma", summed)):
+        be = device.CupyBackend(cupy, method)
         W = cupy.zeros(shape)
         times = []
         for _ in range(4):  # the first call decides the methods (tuning), the others are timed
@@ -66,8 +68,9 @@ def main(path, o=24, v=180, tile=3):
                                    "seconds": {m: round(s, 6) for m, s in ch.seconds.items()}}
                                   for ch in be.choices.values()]}
         print(label, res[label]["seconds"], res[label]["tflops"], flush=True)
-    d = outs["sum"] - outs["per-term"]
-    res["relative_difference"] = float(cupy.linalg.norm(d) / cupy.linalg.norm(outs["per-term"]))
+    for label in ("sum", "summma"):
+        d = outs[label] - outs["per-term"]
+        res[f"relative_difference_{label}"] = float(cupy.linalg.norm(d) / cupy.linalg.norm(outs["per-term"]))
     # an independent check on a sample: numpy.einsum on the host for one (a) slice
     sample = np.zeros(shape[:3] + (1, v, v))
     for (a, b, f), (x, y) in zip(W_TERMS, ops):
@@ -75,8 +78,9 @@ def main(path, o=24, v=180, tile=3):
         cut = [slice(0, 1) if i == "a" else slice(None) for i in a]
         cutb = [slice(0, 1) if i == "a" else slice(None) for i in b]
         sample += f * np.einsum(f"{a},{b}->ijkabc", xa[tuple(cut)], ya[tuple(cutb)])
-    got = cupy.asnumpy(outs["sum"][:, :, :, 0:1])
-    res["einsum_sample_relative_error"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
+    for label in ("sum", "summma"):
+        got = cupy.asnumpy(outs[label][:, :, :, 0:1])
+        res[f"einsum_sample_relative_error_{label}"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
     be = device.CupyBackend(cupy, "sum")
     W = outs["sum"]
 
@@ -87,15 +91,15 @@ def main(path, o=24, v=180, tile=3):
                                                  for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
     dev = Device.from_cupy()
     res["sweep"] = []
-    for cand in sumkernel.candidates(prob, dev, top=8):
-        for kc in sumkernel.KC:
-            cfg = sumkernel.SumConfig(cand.tb, cand.reg, kc)
-            model = sumkernel.predict(prob, cfg, dev)
-            if model == float("inf"):
-                continue
-            t = be._timed(lambda: kernels.launch_sum(prob, cfg, W, ops, False))
-            res["sweep"].append({"config": cfg.name(), "model": model, "seconds": t, "tflops": flops / t / 1e12})
-            print(cfg.name(), round(model * 1e3, 2), round(t * 1e3, 2), round(flops / t / 1e12, 2), flush=True)
+    sweep = [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
+             for kc in sumkernel.KC] + [("summma", c) for c in summma.candidates(prob, dev, top=8)]
+    for kind, cfg in sweep:
+        model = kernels.SUM_KINDS[kind][0].predict(prob, cfg, dev)
+        if model == float("inf"):
+            continue
+        t = be._timed(lambda: kernels.launch_sum(kind, prob, cfg, W, ops, False))
+        res["sweep"].append({"kind": kind, "config": cfg.name(), "model": model, "seconds": t, "tflops": flops / t / 1e12})
+        print(kind, cfg.name(), round(model * 1e3, 2), round(t * 1e3, 2), round(flops / t / 1e12, 2), flush=True)
     print(json.dumps({k: v for k, v in res.items() if k != "sweep"}, indent=1))
     json.dump(res, open(path, "w"), indent=1)
 

@@ -253,6 +253,11 @@ def predict(p: SumProblem, cfg: SumConfig, dev: Device) -> float:
     return per_block * resident * waves * latency / 1.7e9
 
 
+def launch_shape(p: SumProblem, cfg: SumConfig) -> tuple[int, int, int]:
+    """(blocks, threads per block, dynamic shared memory in bytes: none, it is all static)."""
+    return blocks(p, cfg), cfg.threads, 0
+
+
 def _pow2_upto(n: int) -> list[int]:
     out, x = [1], 2
     while x <= 32 and x < 2 * n:

@@ -184,6 +184,11 @@ def blocks(p: SumProblem, cfg: MmaConfig) -> int:
     return math.prod(-(-n // cfg.tile[d]) for d, n in enumerate(p.out.shape))
 
 
+def launch_shape(p: SumProblem, cfg: MmaConfig) -> tuple[int, int, int]:
+    """(blocks, threads per block, dynamic shared memory in bytes)."""
+    return blocks(p, cfg), cfg.threads, smem_bytes(p, cfg)
+
+
 def predict(p: SumProblem, cfg: MmaConfig, dev: Device) -> float:
     """Model seconds (at 1.7 GHz, as :func:`chainexec.planner.sumkernel.predict`): the slowest of
     the tensor cores (padded MMA tiles), instruction issue (fragment reads, MMAs, copies,

@@ -69,10 +69,14 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "sum")
-"""Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum``: a run of
-contractions into one buffer through the generated sum kernel without timing its candidates;
-any other forced method runs such a run term by term)."""
+METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "sum", "summma")
+"""Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
+a run of contractions into one buffer through the generated register / tensor-core sum kernel
+without timing candidates; any other forced method runs such a run term by term)."""
+TIMED_SUM_KINDS = ("sum",)
+"""The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
+times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
+run on a GPU: until then it runs only where forced."""
 TIMED_RUNS = 2
 """CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
 
@@ -305,10 +309,11 @@ def _strides(arr) -> tuple[int, ...]:
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
     is ``gett``, ``batched``, ``kernel``, ``ttgt`` or ``einsum``; for a run of contractions into
-    one buffer ``sum`` (the sum kernel) or ``terms`` (one by one); ``seconds`` the best timed run
+    one buffer ``sum`` or ``summma`` (a sum kernel) or ``terms`` (one by one); ``seconds`` the best timed run
     of every candidate compared (empty when the method was forced or only one applies);
     ``config`` the GETT order and configuration (:class:`~chainexec.planner.gett.GettConfig`
-    fields) or the sum kernel's (:class:`~chainexec.planner.sumkernel.SumConfig`), else None."""
+    fields) or the sum kernel's (:class:`~chainexec.planner.sumkernel.SumConfig`,
+    :class:`~chainexec.planner.summma.MmaConfig`), else None."""
 
     method: str
     seconds: dict = field(default_factory=dict)
@@ -459,23 +464,25 @@ class CupyBackend(Backend):
         self.xp.cuda.get_current_stream().synchronize()
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
-        """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term in
-        registers and adds to ``out`` once (:mod:`chainexec.planner.sumkernel`), or term by term,
-        whichever is faster. Decided once per (terms, shapes, strides, dtype) and kept
-        (:class:`TuningCache`): the model's best :data:`~chainexec.planner.sumkernel.TOP`
-        configurations are timed computing without storing, and the terms one by one (each by its
-        own tuned method) on a scratch output where the plan leaves room for one, else once for
-        real on ``out``. ``CHAINEXEC_GPU_METHOD=sum`` forces the model's first configuration; any
-        other forced method runs the terms one by one.
+        """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
+        adds to ``out`` once (:data:`chainexec.runtime.kernels.SUM_KINDS`: in registers,
+        :mod:`chainexec.planner.sumkernel`, or on tensor cores into a shared-memory tile,
+        :mod:`chainexec.planner.summma`), or term by term, whichever is faster. Decided once per
+        (terms, shapes, strides, dtype) and kept (:class:`TuningCache`): the model's best
+        configurations of each kernel in :data:`TIMED_SUM_KINDS` are timed computing without
+        storing, and the terms one by one (each by its own tuned method) on a scratch output where
+        the plan leaves room for one, else once for real on ``out``. ``CHAINEXEC_GPU_METHOD=sum``
+        or ``summma`` forces that kernel's first configuration (the terms one by one where it
+        has none); any other forced method runs the terms one by one.
 
-        Measured on the H100 (``benchmarks/sum_tile.py``): on the (T) tile of o=24, v=180 the terms
-        one by one (batched GEMM on tensor cores) still beat the kernel, 29 against 38 ms; the
-        kernel wins where the terms sum over short ranges."""
+        Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
+        v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
+        25–30 ms each; the register kernel wins where the terms sum over short ranges."""
         from chainexec.planner import sumkernel
         from chainexec.planner.kernelconf import Device
         from chainexec.runtime import kernels
 
-        if self.method not in ("auto", "sum"):
+        if self.method not in ("auto", *kernels.SUM_KINDS):
             super().contract_sum(cs, out, operands)
             return
 
@@ -489,22 +496,28 @@ class CupyBackend(Backend):
         choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
         done = False
         if choice is None:
-            cands = sumkernel.candidates(prob, Device.from_cupy())
-            if self.method == "sum":
-                choice = Choice("sum", config=cands[0].to_json())
+            dev = Device.from_cupy()
+            if self.method != "auto":
+                cands = kernels.SUM_KINDS[self.method][0].candidates(prob, dev)
+                choice = Choice(self.method, config=cands[0].to_json()) if cands else Choice("terms")
             else:
-                seconds = {cfg.name(): self._timed(lambda: kernels.launch_sum(prob, cfg, out, operands, False))
-                           for cfg in cands}
+                seconds, configs = {}, {}
+                for kind in TIMED_SUM_KINDS:
+                    for cfg in kernels.SUM_KINDS[kind][0].candidates(prob, dev):
+                        name = f"{kind} {cfg.name()}"
+                        seconds[name] = self._timed(lambda: kernels.launch_sum(kind, prob, cfg, out, operands, False))
+                        configs[name] = (kind, cfg.to_json())
                 seconds["terms"], done = self._time_terms(cs, out, operands)
                 best = min(seconds, key=seconds.get)
-                config = next((cfg.to_json() for cfg in cands if cfg.name() == best), None)
-                choice = Choice("sum" if config else "terms", seconds, config)
+                kind, config = configs.get(best, ("terms", None))
+                choice = Choice(kind, seconds, config)
                 self.tuning.put(key, choice)
         self.choices[key] = choice
         if done:  # timing the terms on ``out`` itself added them
             pass
-        elif choice.method == "sum":
-            kernels.launch_sum(prob, sumkernel.SumConfig.from_json(choice.config), out, operands)
+        elif choice.method in kernels.SUM_KINDS:
+            kind_config = kernels.SUM_KINDS[choice.method][1].from_json(choice.config)
+            kernels.launch_sum(choice.method, prob, kind_config, out, operands)
         else:
             super().contract_sum(cs, out, operands)
         self.xp.cuda.get_current_stream().synchronize()

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..planner import sumkernel, summma
 from ..planner.codegen import generate, grid_size, kernel_params
 from ..planner.kernelconf import Device, KernelConfig, choose_config, parse_contraction
 
@@ -199,26 +200,36 @@ class GettTables:
         self.dims = problem.dims
 
 
-def launch_sum(problem, cfg, C, operands, store: bool = True) -> None:
-    """``C += Σ_t f_t · A_t·B_t`` by the generated sum kernel (:mod:`chainexec.planner.sumkernel`)
-    of ``problem`` (its views' shapes and strides are those of ``C`` and ``operands``, a list of
+SUM_KINDS = {"sum": (sumkernel, sumkernel.SumConfig), "summma": (summma, summma.MmaConfig)}
+"""The generated kernels for a run of contractions into one buffer, by method name: the register
+kernel (FP64/FP32 CUDA cores) and the FP64 tensor-core one; (generator module, config class)."""
+
+
+def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None:
+    """``C += Σ_t f_t · A_t·B_t`` by the generated sum kernel ``kind`` (:data:`SUM_KINDS`) of
+    ``problem`` (its views' shapes and strides are those of ``C`` and ``operands``, a list of
     (A_t, B_t) CuPy arrays or views) and ``cfg``; ``store=False`` computes without writing (for
-    timing). The compiled function is kept per (problem, config, device): generating and hashing
-    the source of a twelve-term kernel costs milliseconds a tile."""
+    timing). The compiled function is kept per (problem, config, device), opted into the dynamic
+    shared memory it needs: generating and hashing the source of a twelve-term kernel costs
+    milliseconds a tile."""
     import cupy
     import numpy as np
 
-    from ..planner import sumkernel
-
     key = (problem, cfg, cupy.cuda.Device().id)
     with _LOCK:
-        fn = _SUM.get(key)
-    if fn is None:
-        fn = load_function(*sumkernel.generate(problem, cfg))
+        kept = _SUM.get(key)
+    if kept is None:
+        gen = SUM_KINDS[kind][0]
+        fn = load_function(*gen.generate(problem, cfg))
+        shape = gen.launch_shape(problem, cfg)
+        if fn.max_dynamic_shared_size_bytes < shape[2]:
+            fn.max_dynamic_shared_size_bytes = shape[2]
+        kept = (fn, *shape)
         with _LOCK:
-            _SUM[key] = fn
+            _SUM[key] = kept
+    fn, nblocks, threads, smem = kept
     args = [C] + [x for pair in operands for x in pair] + [np.int32(1 if store else 0)]
-    fn((sumkernel.blocks(problem, cfg),), (cfg.threads,), tuple(args))
+    fn((nblocks,), (threads,), tuple(args), shared_mem=smem)
 
 
 MAX_GRID_Y = 65535

@@ -112,7 +112,7 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     assert _relerr(W.get(), ref) <= 1e-12
     forced = be.choices[next(iter(be.choices))].method
     # the kernel has no layout here, the sum kernel is for runs of terms, cuTENSOR may be absent
-    fallback = {"kernel", "sum"} | ({"cutensor"} if device._cutensor(cupy) is None else set())
+    fallback = {"kernel", "sum", "summma"} | ({"cutensor"} if device._cutensor(cupy) is None else set())
     assert method == "auto" or forced == method or (method in fallback and forced == "ttgt")
 
 

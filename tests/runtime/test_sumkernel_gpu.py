@@ -1,4 +1,5 @@
-"""GPU tests of the generated sum-of-contractions kernel (skipped without a GPU).
+"""GPU tests of the generated sum-of-contractions kernels, register and tensor-core (skipped
+without a GPU).
 
 Every result is compared with ``numpy.einsum`` term by term on the host, on fresh random inputs:
 operands are interior slices of larger device buffers filled with NaN outside them (a read past a
@@ -13,7 +14,8 @@ from tests.conftest import require_gpu
 
 cupy = require_gpu()
 
-from chainexec.planner import sumkernel  # noqa: E402
+from chainexec.planner import sumkernel, summma  # noqa: E402
+from chainexec.planner.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
 from chainexec.planner.kernelconf import Device  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
@@ -58,27 +60,54 @@ def _problem(out, terms, C, ops, dtype):
                                             for (a, b, f), (x, y) in zip(terms, ops)], dtype)
 
 
+@pytest.mark.parametrize("kind", sorted(kernels.SUM_KINDS))
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("pad", [0, 2])
 @pytest.mark.parametrize("out,terms,sizes", CASES)
-def test_top_candidates_match_einsum(out, terms, sizes, dtype, pad):
+def test_top_candidates_match_einsum(out, terms, sizes, dtype, pad, kind):
+    """Every top candidate of each sum kernel (the tensor-core one has none for float32 or a
+    batch index, and says so)."""
     c0, ref, ops = _case(out, terms, sizes, dtype, seed=len(terms) + pad, pad=pad)
     C = _on_device(c0, pad)
     prob = _problem(out, terms, C, ops, dtype)
-    for cfg in sumkernel.candidates(prob, Device.from_cupy()):
-        C[...] = cupy.asarray(c0)
-        kernels.launch_sum(prob, cfg, C, ops, store=False)
-        assert np.array_equal(cupy.asnumpy(C), c0), cfg.name()  # nothing written when timing
-        kernels.launch_sum(prob, cfg, C, ops)
-        got = cupy.asnumpy(C).astype(np.float64)
-        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert err <= TOL[dtype], (cfg.name(), err)
+    gen = kernels.SUM_KINDS[kind][0]
+    cands = gen.candidates(prob, Device.from_cupy())
+    batch = any(set(a) & set(b) for a, b in (sumkernel._sides(prob, t) for t in prob.terms))
+    assert bool(cands) == (kind == "sum" or (dtype == "float64" and not batch))
+    for cfg in cands:
+        _check(kind, prob, cfg, C, c0, ops, ref, dtype)
 
 
-@pytest.mark.parametrize("method,room", [("auto", None), ("auto", 1 << 10), ("sum", None), ("ttgt", None)])
+def _check(kind, prob, cfg, C, c0, ops, ref, dtype):
+    C[...] = cupy.asarray(c0)
+    kernels.launch_sum(kind, prob, cfg, C, ops, store=False)
+    assert np.array_equal(cupy.asnumpy(C), c0), cfg.name()  # nothing written when timing
+    kernels.launch_sum(kind, prob, cfg, C, ops)
+    got = cupy.asnumpy(C).astype(np.float64)
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err <= TOL[dtype], (cfg.name(), err)
+
+
+@pytest.mark.parametrize("shape", sorted(MMA_SHAPES))
+def test_every_mma_shape_matches_einsum(shape):
+    """The tensor-core kernel with each FP64 MMA shape the device has, on the W terms with a
+    tile the extents do not divide, at sizes with several blocks."""
+    if shape in SM90_SHAPES and int(Device.from_cupy().compute_capability) < 90:
+        pytest.skip(f"{shape} needs sm_90")
+    out, terms, _ = CASES[0]
+    sizes = dict(i=5, j=4, k=3, a=19, b=17, c=21, f=23, m=7)
+    c0, ref, ops = _case(out, terms, sizes, "float64", seed=11, pad=1)
+    C = _on_device(c0, 1)
+    prob = _problem(out, terms, C, ops, "float64")
+    cfg = summma.MmaConfig((2, 2, 3, 4, 4, 8), 4, 16, shape)
+    _check("summma", prob, cfg, C, c0, ops, ref, "float64")
+
+
+@pytest.mark.parametrize("method,room", [("auto", None), ("auto", 1 << 10), ("sum", None), ("summma", None),
+                                         ("ttgt", None)])
 def test_backend_contract_sum(method, room):
     """The backend's run of contractions: tuned (the terms timed on a scratch output, or, with no
-    room for one, on the output itself), forced to the sum kernel, or term by term."""
+    room for one, on the output itself), forced to a sum kernel, or term by term."""
     out, terms, sizes = CASES[0]
     c0, ref, ops = _case(out, terms, sizes, "float64", seed=7, pad=2)
     C = _on_device(c0, 2)
@@ -94,6 +123,8 @@ def test_backend_contract_sum(method, room):
         assert err <= 1e-12
     choice = be.choices[next(k for k in be.choices if k[0] == "sum")] if method != "ttgt" else None
     if method == "auto":
-        assert choice.method in ("sum", "terms") and len(choice.seconds) == sumkernel.TOP + 1
-    elif method == "sum":
-        assert choice.method == "sum" and not choice.seconds
+        timed = sum(len(kernels.SUM_KINDS[k][0].candidates(_problem(out, terms, C, ops, "float64"), Device.from_cupy()))
+                    for k in device.TIMED_SUM_KINDS)
+        assert choice.method in device.TIMED_SUM_KINDS + ("terms",) and len(choice.seconds) == timed + 1
+    elif method in kernels.SUM_KINDS:
+        assert choice.method == method and not choice.seconds
