@@ -16,7 +16,9 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
+from chainexec.planner.resume import resumable
 from chainexec.runtime import store
+from chainexec.runtime.checkpoint import Checkpoint, Stopped, plan_digest
 from chainexec.runtime.comm import world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
@@ -45,11 +47,18 @@ def generate(config: str | Path) -> list[str]:
 
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
-        balance: str = "dynamic", progress: bool = False) -> dict:
+        balance: str = "dynamic", progress: bool = False, checkpoint: str | Path | None = None,
+        checkpoint_every: float = 600.0, stop_after: float | None = None) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
-    (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`)."""
+    (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`).
+
+    ``checkpoint``: a folder where resumable loops save their progress at most every
+    ``checkpoint_every`` seconds and from which a later run of the same plan resumes
+    (:mod:`chainexec.runtime.checkpoint`); it is emptied when the run completes. ``stop_after``:
+    stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
+    (a batch job's way to end before its time limit and go on in the next one)."""
     comm = world()
-    text = error = defect = None
+    text = error = defect = saved = None
     if comm.rank == 0:
         try:
             s = spec_mod.load(config)
@@ -59,18 +68,28 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             p = make_plan(s, load_machine(machine), schedule, comm.size)
             store.check_inputs(p)
             text = p.to_json()
+            if stop_after is not None and checkpoint is None:
+                raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
+            if checkpoint is not None:
+                if balance != "dynamic":
+                    raise ChainexecError("checkpoints need --balance dynamic")
+                saved = Checkpoint.open(checkpoint, text, comm.size, checkpoint_every, stop_after).saved
+                if not any(resumable(nest) for nest in p.nests):
+                    print(f"chainexec: note: no resumable loop in this plan (see `chainexec plan`); "
+                          f"{checkpoint} will hold nothing", file=sys.stderr)
         except ChainexecError as err:
             error = str(err)
         except Exception as err:  # a defect: the other ranks must not wait for the plan for ever
             defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
-    text, error = comm.bcast((text, error), root=0)
+    text, error, saved = comm.bcast((text, error, saved), root=0)
     if defect is not None:
         raise defect
     if error is not None:
         raise ChainexecError(error)
     p = Plan.from_json(text)
     chosen = select(backend, comm)
-    executor = Executor(p, comm, chosen, balance, progress)
+    ck = None if checkpoint is None else Checkpoint(checkpoint, plan_digest(text, comm.size), checkpoint_every, stop_after, saved)
+    executor = Executor(p, comm, chosen, balance, progress, ck)
     try:
         try:
             measured = executor.run()
@@ -78,6 +97,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             if err.path is not None:
                 raise
             raise ChainexecError(str(err), str(config)) from None
+    except Stopped:
+        raise
     except Exception as err:
         # A failure on one rank would leave the others waiting in a collective for ever: report it
         # and end the whole job (no output has been renamed into place, so nothing looks complete).
@@ -91,9 +112,15 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         code = 2 if isinstance(err, ChainexecError) else 1
         comm.Abort(code)
         raise SystemExit(code) from None  # Abort may return before the launcher ends this process
+    if ck is not None:  # the outputs are complete: the progress saved is no longer needed
+        if comm.rank == 0:
+            ck.remove_manifest()
+        comm.Barrier()
+        ck.clear_rank(comm.rank)
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
-                    "balance": balance, "per_rank": executor.rank_times(measured["total_seconds"]),
+                    "balance": balance, "resumed_tiles": executor.resumed, "checkpoints": executor.checkpoints,
+                    "per_rank": executor.rank_times(measured["total_seconds"]),
                     "statement_seconds": executor.statement_seconds(),
                     "memory_limit": p.memory_limit}}
 

@@ -1,7 +1,8 @@
 """``chainexec`` command line: parse arguments, call :mod:`chainexec.api`, print.
 
 User errors print one line and exit with status 2; a run whose measured movement differs from the
-prediction exits with status 1 (that is a bug in chainexec).
+prediction exits with status 1 (that is a bug in chainexec); a run stopped at a checkpoint
+(``--stop-after``) exits with status 3.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import to_dict
+from chainexec.runtime.checkpoint import Stopped
 
 
 TEMPLATES = {job: Path(__file__).resolve().parents[1] / "configs" / name
@@ -45,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--report", action="store_true",
                    help="print achieved vs the machine model's rate per level, wall vs bound, memory vs limits")
     r.add_argument("--plot", metavar="FILE.png", help="draw the --report comparison (needs matplotlib)")
+    r.add_argument("--checkpoint", metavar="DIR",
+                   help="save the progress of resumable loops in DIR (on a file system every rank sees) and "
+                        "resume from it; emptied when the run completes")
+    r.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
+                   help="seconds at most between checkpoints (default 600)")
+    r.add_argument("--stop-after", type=float, metavar="SECONDS",
+                   help="stop at the first checkpoint after SECONDS and exit with status 3 (run again to resume)")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
     v = sub.add_parser("verify", help="check a config's outputs against NumPy, independently of the runtime")
@@ -131,8 +140,14 @@ def main(argv=None) -> int:
                       f"{c.relative_error:.3e} (tolerance {c.tolerance:.0e}) {status}")
             return 0 if all(c.ok for c in checks) else 1
         else:
-            result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
-                             balance=args.balance, progress=not args.quiet)
+            try:
+                result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
+                                 balance=args.balance, progress=not args.quiet, checkpoint=args.checkpoint,
+                                 checkpoint_every=args.checkpoint_every, stop_after=args.stop_after)
+            except Stopped as stop:
+                if _rank() == 0:
+                    print(f"chainexec: {stop}", file=sys.stderr)
+                return 3
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
                 print(report.ranks(result["run"]["per_rank"]))

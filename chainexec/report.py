@@ -7,6 +7,7 @@ import tempfile
 
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Plan
+from chainexec.planner.resume import resumable
 from chainexec.spec import format_size
 
 _ARROW = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
@@ -30,14 +31,15 @@ def loop_nest(plan: Plan) -> str:
     """The plan's loop nests as indented pseudo-code, each statement tagged with its level."""
     lines = []
 
-    def walk(body, depth):
+    def walk(body, depth, resumable=()):
         pad = "  " * depth
-        for node in body:
+        for k, node in enumerate(body):
             if isinstance(node, Loop):
                 tiles = ", ".join(f"{i}:{t}" for i, t in node.tiles.items()) or "one tile"
                 kind = "parallel for" if node.parallel else "for"
                 ahead = f"  ({node.depth} buffers: disk reads ahead, writes behind)" if node.depth > 1 else ""
-                lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}")
+                resumes = "  (resumable: run --checkpoint)" if k in resumable else ""
+                lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
                 walk(node.body, depth + 1)
             elif node.op == "compute":
                 lines.append(f"{pad}compute #{node.contraction} @device")
@@ -49,7 +51,7 @@ def loop_nest(plan: Plan) -> str:
 
     for nest in plan.nests:
         lines += [contraction_line(plan, k) for k in nest.contractions]
-        walk(nest.body, 1)
+        walk(nest.body, 1, resumable(nest))
     return "\n".join(lines)
 
 

@@ -33,12 +33,18 @@ from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import prefetched, staged
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
+from chainexec.planner.resume import resumable
+from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
 
+
+FENCE = 1 << 48
+"""Added to the task counter to stop every rank at a checkpoint (:meth:`TaskCounter.fence`): no
+loop has that many tiles."""
 
 # The level whose busy time a statement counts toward (the keys of Machine.seconds); the disk
 # level's time is the worker's own time in its jobs.
@@ -68,12 +74,17 @@ class Counters:
 
 
 class Executor:
-    def __init__(self, plan: Plan, comm, backend: Backend, balance: str = "dynamic", progress: bool = False):
+    def __init__(self, plan: Plan, comm, backend: Backend, balance: str = "dynamic", progress: bool = False,
+                 checkpoint: Checkpoint | None = None):
         """``balance``: ``dynamic`` hands the iterations of each parallel loop out through a shared
         counter (NWChem's nxtval: a rank takes the next tile when it is free); ``static`` deals
-        them round-robin. Either way every tile moves the same bytes, so the prediction holds."""
+        them round-robin. Either way every tile moves the same bytes, so the prediction holds.
+        ``checkpoint``: save the progress of resumable loops there, and resume from it
+        (:meth:`_resumable`; needs dynamic balance)."""
         if balance not in ("dynamic", "static"):
             raise ValueError(f"balance must be dynamic or static, not {balance!r}")
+        if checkpoint is not None and balance != "dynamic":
+            raise ChainexecError("checkpoints need --balance dynamic")
         self.plan = plan
         self.comm = comm
         self.backend = backend
@@ -97,6 +108,10 @@ class Executor:
         self.in_parallel = 0  # parallel loops around the statement being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
+        self.checkpoint = checkpoint
+        self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
+        self.resumed = 0  # tiles a resumed loop found done
+        self.checkpoints = 0  # checkpoints written by this run
         moved = plan.predicted["bytes"]
         backend.expect_transfers((moved["global->device"] + moved["device->global"]) // comm.size)
         backend.limit_memory(plan.memory_limit["device"], plan.predicted["memory_peak"]["device"])
@@ -108,7 +123,11 @@ class Executor:
             self.counter = TaskCounter(self.comm)
         try:
             for k, nest in enumerate(self.plan.nests, 1):
-                self._body(nest.body)
+                try:
+                    self._body(nest.body, k - 1)
+                except Stopped:
+                    self._release()
+                    raise
                 for tensor, version in dict(self._stored(nest.body)).items():
                     self.store.close_version(tensor, version)
                 if self.show_progress:
@@ -121,6 +140,18 @@ class Executor:
         if self.counter is not None:
             self.counter.free()
         return self._measured(time.perf_counter() - start)
+
+    def _release(self) -> None:
+        """Free every global buffer and the task counter (collective: every rank stops at the
+        same checkpoint), so that a stopped run ends as cleanly as a finished one."""
+        for ga in [b for key, b in self.buffers.items() if key[2] == "global" and key not in self.slots]:
+            ga.free()
+        for slots in self.slots.values():
+            for ga in slots:
+                ga.free()
+        if self.counter is not None:
+            self.counter.free()
+            self.counter = None
 
     def _report(self, nest: int) -> None:
         """All ranks' tiles and bytes so far, summed (collective; after a nest, where all meet)."""
@@ -182,12 +213,13 @@ class Executor:
     def _region(self, level: str, indices) -> tuple[tuple[int, int], ...]:
         return tuple(self._range(level, i) for i in indices)
 
-    def _body(self, body) -> None:
+    def _body(self, body, nest: int | None = None) -> None:
+        """Run a loop body; ``nest`` is the nest's number where ``body`` is a whole nest."""
         k = 0
         while k < len(body):
             node = body[k]
             if isinstance(node, Loop):
-                self._loop(node)
+                self._loop(node, None if nest is None else (nest, k))
                 k += 1
                 continue
             t0, idle0 = time.perf_counter(), self.idle
@@ -205,7 +237,8 @@ class Executor:
                 self.counters.seconds[OP_LEVEL[node.op]] += spent
                 self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
 
-    def _loop(self, loop: Loop) -> None:
+    def _loop(self, loop: Loop, where: tuple[int, int] | None = None) -> None:
+        """``where``: (nest, position) of a loop at the top of a nest."""
         names = list(loop.tiles)
         spans = []
         for i in names:
@@ -219,9 +252,12 @@ class Executor:
             return
         if loop.parallel:
             self._wait()
-            if self.counter is not None:
-                self.counter.reset()
-            mine = self._claim(len(combos))
+            if self.checkpoint is not None and where in self.resumable:
+                mine = self._resumable(loop, where, len(combos))
+            else:
+                if self.counter is not None:
+                    self.counter.reset()
+                mine = self._claim(len(combos))
         else:
             mine = range(len(combos))
         self.in_parallel += loop.parallel
@@ -296,6 +332,79 @@ class Executor:
             return
         while (n := self.counter.next()) < count:
             yield n
+
+    def _resumable(self, loop: Loop, where: tuple[int, int], count: int):
+        """This rank's iterations of a resumable loop (:mod:`chainexec.planner.resume`), with
+        checkpoints (:mod:`chainexec.runtime.checkpoint`).
+
+        Resuming: the accumulation targets' rows come back from this rank's file, the counter
+        starts after the tiles done, and rank 0 adds what they had counted. Checkpointing: when
+        one is due, rank 0 fences the counter (:meth:`TaskCounter.fence`) at the first tile not
+        handed out instead of taking it; every other rank's next claim then returns the fence, so
+        all ranks meet between tiles, with every earlier tile finished and accumulated. There
+        they write their rows, rank 0 commits the manifest, and the counter goes back to the
+        fence's position (or, with ``--stop-after`` due, every rank raises :class:`Stopped`)."""
+        ck = self.checkpoint
+        targets = list(dict.fromkeys(self._find(op.tensor, op.indices, "global")
+                                     for op, _ in ops(loop.body) if op.op == "accumulate"))
+        saved = ck.saved if ck.saved is not None and [ck.saved["nest"], ck.saved["position"]] == list(where) else None
+        start, number, prior = 0, 0, np.zeros(len(CATEGORIES) + 3, np.int64)
+        if saved is not None:
+            for key, rows in zip(targets, ck.read_rank(self.comm.rank, saved["number"], len(targets))):
+                self.buffers[key].local()[...] = rows
+            start, number, prior = saved["done"], saved["number"], np.array(saved["counts"], np.int64)
+            self.resumed = start
+            if self.comm.rank == 0:
+                self._add_counts(prior)
+        self.counter.reset(start)
+        base = self._counts()
+        taken = 0  # tiles rank 0 took since the last checkpoint: each checkpoint follows progress
+        while True:
+            fenced = None
+            if self.comm.rank == 0 and taken and ck.due():
+                fenced = self.counter.fence(count, FENCE)
+                if fenced is None:
+                    return  # every tile already handed out: the loop ends anyway
+            else:
+                n = self.counter.next()
+                if n < FENCE:
+                    if n >= count:
+                        return
+                    taken += 1
+                    yield n
+                    continue
+            done = self.comm.bcast(fenced, root=0)
+            self.comm.Barrier()  # every tile before the fence has accumulated (and flushed)
+            number += 1
+            ck.write_rank(self.comm.rank, number, [self.buffers[key].local() for key in targets])
+            counts = prior + self.comm.allreduce(self._counts() - base)
+            self.comm.Barrier()
+            stop = False
+            if self.comm.rank == 0:
+                ck.commit({"nest": where[0], "position": where[1], "done": done, "tiles": count,
+                           "number": number, "ranks": self.comm.size, "counts": counts.tolist()})
+                stop = ck.stopping()
+            stop = self.comm.bcast(stop, root=0)
+            self.comm.Barrier()
+            ck.remove_rank(self.comm.rank, number - 1)
+            self.checkpoints += 1
+            if stop:
+                raise Stopped(done, count, ck.folder)
+            self.counter.reset(done)
+            taken = 0
+
+    def _counts(self) -> np.ndarray:
+        """This rank's bytes per category, flops, statements and streamed bytes so far."""
+        c = self.counters
+        return np.array([c.bytes[k] for k in CATEGORIES] + [c.flops, c.statements, c.streamed], np.int64)
+
+    def _add_counts(self, counts: np.ndarray) -> None:
+        c = self.counters
+        for k, v in zip(CATEGORIES, counts):
+            c.bytes[k] += int(v)
+        c.flops += int(counts[-3])
+        c.statements += int(counts[-2])
+        c.streamed += int(counts[-1])
 
     def _wait(self) -> None:
         t0 = time.perf_counter()

@@ -255,11 +255,28 @@ class TaskCounter:
         self._win.Flush(0)
         return int(result[0])
 
-    def reset(self) -> None:
-        """Set the counter back to 0 (collective; no rank may be inside ``next`` meanwhile)."""
+    def fence(self, below: int, offset: int) -> int | None:
+        """Add ``offset`` to the counter if it is below ``below`` (compare-and-swap, so no task
+        number is handed out in between) and return its value before; None where it had reached
+        ``below`` (every task already handed out). A checkpoint's way to stop all ranks at one
+        point of the task sequence: their next :meth:`next` returns ``offset`` or more."""
+        seen, result = np.empty(1, np.int64), np.empty(1, np.int64)
+        self._win.Fetch_and_op(self._one, seen, 0, 0, MPI.NO_OP)
+        self._win.Flush(0)
+        while seen[0] < below:
+            self._win.Compare_and_swap(seen + offset, seen, result, 0, 0)
+            self._win.Flush(0)
+            if result[0] == seen[0]:
+                return int(seen[0])
+            seen[...] = result
+        return None
+
+    def reset(self, value: int = 0) -> None:
+        """Set the counter to ``value`` (collective; no rank may be inside ``next`` meanwhile)."""
         self.comm.Barrier()
         self._win.Sync()
-        self._value[...] = 0
+        if self.comm.rank == 0:
+            self._value[...] = value
         self._win.Sync()
         self.comm.Barrier()
 

@@ -205,6 +205,21 @@ def check_counter(comm):
         everything = sorted(v for values in comm.allgather(drawn) for v in values)
         assert everything == list(range(ntasks + comm.size)), everything
         counter.reset()
+    # fence: rank 0 fences at the first value not handed out; every later draw is at least the
+    # offset; reset(value) goes on from there; a counter past the tasks is not fenced
+    big = 1 << 40
+    while counter.next() < 3:
+        pass
+    comm.Barrier()
+    fenced = counter.fence(ntasks, big) if comm.rank == 0 else None
+    comm.Barrier()
+    after = counter.next()
+    fenced = comm.bcast(fenced, root=0)
+    assert fenced is not None and 3 <= fenced < ntasks and after >= big, (fenced, after)
+    counter.reset(fenced)
+    assert counter.next() >= fenced
+    counter.reset(ntasks)
+    assert counter.fence(ntasks, big) is None if comm.rank == 0 else True  # nothing left to fence
     counter.free()
 
 

@@ -1,0 +1,143 @@
+"""Checkpoints: a (T) run stopped at a checkpoint, or killed, goes on from it and ends with the
+energy of the independent NumPy reference, the predicted movement to the byte, and an empty
+checkpoint folder; checkpoints of another plan, damaged ones and options that cannot work are
+one-line errors (status 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+import yaml
+
+from chainexec.chem.triples import ccsd_t_energy
+from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, write_config
+
+MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
+"""Device tiles of one occupied index each: the (T) loop visits C(nocc + 2, 3) ordered tiles."""
+
+
+def _job(tmp_path, nocc=8, nvir=10, machine=MACHINE):
+    assert run_cli("chem", "synthetic", "--synthetic", nocc, nvir, 3, "--out", tmp_path).returncode == 0
+    config = tmp_path / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = machine
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return config
+
+
+def _done(folder) -> int:
+    return json.loads((folder / "checkpoint.json").read_text())["done"]
+
+
+def _check_energy(tmp_path):
+    with h5py.File(tmp_path / "energy.h5", "r") as f:
+        assert f.attrs["chainexec_complete"]
+        got = float(f["E"][()])
+    expected = ccsd_t_energy(tmp_path / "inputs.h5")
+    assert abs(got - expected) <= 1e-12 * abs(expected)
+
+
+def _check_report(path, resumed):
+    report = read_report(path)
+    for key in ("bytes", "flops", "statements", "streamed"):
+        assert report["measured"][key] == report["predicted"][key], key
+    assert report["run"]["resumed_tiles"] == resumed
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_stop_and_resume(tmp_path, ranks):
+    """Two runs stop at their first checkpoint (status 3, no energy file), each going further;
+    the third finishes from the second's checkpoint."""
+    config = _job(tmp_path)
+    folder = tmp_path / "ck"
+    done = [0]
+    for _ in range(2):
+        proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0, "--stop-after", 0,
+                       ranks=ranks)
+        assert proc.returncode == 3, proc.stderr
+        assert "stopped at a checkpoint after" in proc.stderr and "run the same command to resume" in proc.stderr
+        assert not (tmp_path / "energy.h5").exists()
+        done.append(_done(folder))
+        assert done[-2] < done[-1] < 120
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    _check_report(tmp_path / "r.json", done[-1])
+    _check_energy(tmp_path)
+    assert list(folder.iterdir()) == []
+
+
+def test_killed_run_resumes(tmp_path):
+    """SIGKILL to the whole job (as a node failure or scancel --signal=KILL) while it checkpoints
+    after every tile; the next run resumes from the last committed checkpoint."""
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    config = _job(tmp_path, nocc=10)  # 220 tiles
+    folder = tmp_path / "ck"
+    cmd = [launcher, "-n", "2", sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
+           "--checkpoint", str(folder), "--checkpoint-every", "0"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if _done(folder) >= 10:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode != 0, "the run ended before it could be killed"
+    killed_at = _done(folder)
+    assert 10 <= killed_at < 220
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    report = read_report(tmp_path / "r.json")
+    assert report["run"]["resumed_tiles"] >= killed_at
+    _check_report(tmp_path / "r.json", report["run"]["resumed_tiles"])
+    _check_energy(tmp_path)
+
+
+def _one_line(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert all(n in lines[0] for n in needles), lines[0]
+
+
+def test_errors(tmp_path):
+    config = _job(tmp_path)
+    folder = tmp_path / "ck"
+    assert run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0,
+                   "--stop-after", 0).returncode == 3
+    manifest = folder / "checkpoint.json"
+    # the same job on more ranks, or with another machine, is another plan
+    _one_line(run_cli("run", config, "--checkpoint", folder, ranks=2), str(manifest), "another plan")
+    other = _job(tmp_path / "other", machine={"global_memory": "1GiB", "device_memory": "1MiB"})
+    _one_line(run_cli("run", other, "--checkpoint", folder), str(manifest), "another plan")
+    _one_line(run_cli("run", config, "--stop-after", 5), "--stop-after needs --checkpoint")
+    _one_line(run_cli("run", config, "--checkpoint", folder, "--balance", "static"), "--balance dynamic")
+    data = json.loads(manifest.read_text())
+    for damage in ({"done": -1}, {"counts": [1, 2]}, {"format": 99}):
+        manifest.write_text(json.dumps(data | damage))
+        _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
+    manifest.write_text("{not json")
+    _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
+    assert not (tmp_path / "energy.h5").exists()
+
+
+def test_plan_without_resumable_loop(tmp_path):
+    """The four-index transform loads and stores in its loops: the run says so and completes."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--quiet", "--checkpoint", tmp_path / "ck")
+    assert proc.returncode == 0, proc.stderr
+    assert "no resumable loop" in proc.stderr
+    assert list((tmp_path / "ck").iterdir()) == []
