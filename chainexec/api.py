@@ -18,7 +18,7 @@ from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
 from chainexec.planner.resume import resumable
 from chainexec.runtime import store
-from chainexec.runtime.checkpoint import Checkpoint, Stopped, plan_digest
+from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.comm import world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
@@ -58,7 +58,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
     (a batch job's way to end before its time limit and go on in the next one)."""
     comm = world()
-    text = error = defect = saved = None
+    text = error = defect = kept = None
     if comm.rank == 0:
         try:
             s = spec_mod.load(config)
@@ -73,7 +73,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             if checkpoint is not None:
                 if balance != "dynamic":
                     raise ChainexecError("checkpoints need --balance dynamic")
-                saved = Checkpoint.open(checkpoint, text, comm.size, checkpoint_every, stop_after).saved
+                ck = Checkpoint.open(checkpoint, p, text, comm.size, checkpoint_every, stop_after)
+                kept = (ck.digest, ck.saved)
                 if not any(resumable(nest) for nest in p.nests):
                     print(f"chainexec: note: no resumable loop in this plan (see `chainexec plan`); "
                           f"{checkpoint} will hold nothing", file=sys.stderr)
@@ -81,14 +82,14 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             error = str(err)
         except Exception as err:  # a defect: the other ranks must not wait for the plan for ever
             defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
-    text, error, saved = comm.bcast((text, error, saved), root=0)
+    text, error, kept = comm.bcast((text, error, kept), root=0)
     if defect is not None:
         raise defect
     if error is not None:
         raise ChainexecError(error)
     p = Plan.from_json(text)
     chosen = select(backend, comm)
-    ck = None if checkpoint is None else Checkpoint(checkpoint, plan_digest(text, comm.size), checkpoint_every, stop_after, saved)
+    ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=checkpoint_every, stop_after=stop_after)
     executor = Executor(p, comm, chosen, balance, progress, ck)
     try:
         try:
@@ -113,10 +114,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         comm.Abort(code)
         raise SystemExit(code) from None  # Abort may return before the launcher ends this process
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
-        if comm.rank == 0:
-            ck.remove_manifest()
         comm.Barrier()
-        ck.clear_rank(comm.rank)
+        if comm.rank == 0:
+            ck.clear()
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "resumed_tiles": executor.resumed, "checkpoints": executor.checkpoints,

@@ -5,8 +5,10 @@ its last checkpoint instead of from the start.
 The folder holds ``checkpoint.json``, the manifest, and ``rank<R>-<N>.npz``: rank R's rows of
 every accumulation target of the loop at checkpoint N. Every rank writes and syncs its file
 before rank 0 replaces the manifest (atomically, by rename): the manifest is the commit point,
-and the files it names are complete. It records the plan (SHA-256 of the plan's JSON and the
-rank count), the nest and loop, the tasks handed out before the
+and the files it names are complete. Checkpoint numbers grow over the whole run (and on from a
+resumed one), so no checkpoint writes over the files the manifest names. It records the plan
+(SHA-256 of the plan's JSON, the rank count and the input files' sizes and times), the nest and
+loop, the tasks handed out before the
 checkpoint (all finished then: :meth:`chainexec.runtime.executor.Executor` stops every rank
 between tiles), and what the loop had counted (bytes per category, flops, statements, streamed
 bytes), which a resumed run adds to its own, so that its totals still equal the prediction.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -25,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from chainexec.errors import ChainexecError
-from chainexec.planner.plan import CATEGORIES
+from chainexec.planner.cost import points
+from chainexec.planner.plan import CATEGORIES, Plan
+from chainexec.planner.resume import resumable
 
 MANIFEST = "checkpoint.json"
 FORMAT = 1
@@ -41,36 +46,64 @@ class Stopped(Exception):
         self.done, self.count, self.folder = done, count, folder
 
 
-def plan_digest(plan_text: str, ranks: int) -> str:
-    """What a checkpoint belongs to: the plan (every tile, every buffer) and the rank count (each
-    rank saves its own rows)."""
-    return hashlib.sha256(f"{plan_text}\0ranks={ranks}".encode()).hexdigest()
+def plan_digest(plan: Plan, plan_text: str, ranks: int) -> str:
+    """What a checkpoint belongs to: the plan (every tile, every buffer), the rank count (each
+    rank saves its own rows) and the input files as they are now (path, size, modification time:
+    inputs written anew with the same extents must not meet partial sums of the old ones)."""
+    files = sorted({t.source["file"] for t in plan.tensors.values()
+                    if t.role == "input" and t.source and "file" in t.source})
+    stamps = []
+    for path in files:
+        st = os.stat(path)
+        stamps.append(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\0".join([plan_text, f"ranks={ranks}", *stamps]).encode()).hexdigest()
+
+
+def _loops(plan: Plan) -> dict[tuple[int, int], int]:
+    """Every resumable loop, (nest, position) → its number of tiles."""
+    return {(k, pos): points([], [nest.body[pos]], plan.extents, "device")
+            for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (a node crash after it must not undo it)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Checkpoint:
     """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints of a
     resumable loop, and a stop after the first checkpoint past ``stop_after`` seconds (None: run
     to the end). ``saved`` is the manifest found at the start (None: start from scratch), read
-    and checked on rank 0 by :meth:`open` and passed to every rank."""
+    and checked on rank 0 by :meth:`open` and passed to every rank. ``committed`` is the number
+    of the checkpoint the manifest names now; numbers only grow, so a new checkpoint never
+    writes over the files of the committed one."""
 
-    def __init__(self, folder: str | Path, digest: str, every: float = 600.0, stop_after: float | None = None,
-                 saved: dict | None = None):
-        if every < 0 or (stop_after is not None and stop_after < 0):
-            raise ChainexecError("checkpoint intervals must not be negative")
+    def __init__(self, folder: str | Path, digest: str, saved: dict | None = None, every: float = 600.0,
+                 stop_after: float | None = None):
+        if not (math.isfinite(every) and every >= 0) or (
+                stop_after is not None and not (math.isfinite(stop_after) and stop_after >= 0)):
+            raise ChainexecError("checkpoint intervals must be finite and not negative")
         self.folder = Path(folder)
         self.digest = digest
         self.every = every
         self.stop_after = stop_after
         self.saved = saved
+        self.committed = saved["number"] if saved is not None else None
         self.started = self.last = time.monotonic()
 
     @classmethod
-    def open(cls, folder: str | Path, plan_text: str, ranks: int, every: float = 600.0,
+    def open(cls, folder: str | Path, plan: Plan, plan_text: str, ranks: int, every: float = 600.0,
              stop_after: float | None = None) -> "Checkpoint":
-        """Create the folder, or read its manifest and check that it belongs to this plan (rank 0;
-        one-line ChainexecError naming the file otherwise)."""
+        """Create the folder, or read its manifest and check it (rank 0, before anything runs):
+        same plan, ranks and inputs; fields that name a resumable loop of this plan and a
+        position inside it; every rank's part readable. A one-line ChainexecError naming the
+        file otherwise."""
         folder = Path(folder)
-        digest = plan_digest(plan_text, ranks)
+        digest = plan_digest(plan, plan_text, ranks)
         path = folder / MANIFEST
         saved = None
         try:
@@ -79,18 +112,29 @@ class Checkpoint:
                 saved = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise ChainexecError(f"cannot use it as a checkpoint: {err}", str(path if path.exists() else folder)) from None
+        ck = cls(folder, digest, None, every, stop_after)
         if saved is not None:
-            if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-                raise ChainexecError("not a chainexec checkpoint of this version", str(path))
-            if saved.get("plan") != digest:
-                raise ChainexecError("a checkpoint of another plan (config, machine or rank count differ); "
-                                     "remove the folder or choose another", str(path))
-            fields = ("nest", "position", "done", "tiles", "number")
-            if (not all(isinstance(saved.get(k), int) and saved[k] >= 0 for k in fields)
-                    or not isinstance(saved.get("counts"), list) or len(saved["counts"]) != len(CATEGORIES) + 3
-                    or not all(isinstance(c, int) for c in saved["counts"])):
-                raise ChainexecError("damaged checkpoint manifest (a field is missing or not a count)", str(path))
-        return cls(folder, digest, every, stop_after, saved)
+            ck._check(saved, path, _loops(plan), ranks)
+            ck.saved, ck.committed = saved, saved["number"]
+        return ck
+
+    def _check(self, saved, path: Path, loops: dict[tuple[int, int], int], ranks: int) -> None:
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise ChainexecError("not a chainexec checkpoint of this version", str(path))
+        if saved.get("plan") != self.digest:
+            raise ChainexecError("a checkpoint of another plan (config, machine, rank count or input files "
+                                 "differ); remove the folder or choose another", str(path))
+        fields = ("nest", "position", "done", "tiles", "number", "ranks")
+        counts = saved.get("counts")
+        if (not all(type(saved.get(k)) is int and saved[k] >= 0 for k in fields)
+                or not isinstance(counts, list) or len(counts) != len(CATEGORIES) + 3
+                or not all(type(c) is int and 0 <= c < 2**63 for c in counts)
+                or loops.get((saved["nest"], saved["position"])) != saved["tiles"]
+                or not saved["done"] < saved["tiles"] or saved["ranks"] != ranks):
+            raise ChainexecError("damaged checkpoint manifest (a field is missing, out of range or names "
+                                 "no resumable loop of this plan)", str(path))
+        for rank in range(ranks):
+            self.read_rank(rank, saved["number"])
 
     def due(self) -> bool:
         """Whether to checkpoint now (asked by rank 0 between tiles)."""
@@ -107,40 +151,55 @@ class Checkpoint:
         """This rank's part of checkpoint ``number``, complete on disk when this returns."""
         path = self._rank_file(rank, number)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, *arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, *arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as err:
+            raise ChainexecError(f"cannot write a checkpoint part ({err})", str(path)) from None
 
-    def read_rank(self, rank: int, number: int, count: int) -> list[np.ndarray]:
+    def read_rank(self, rank: int, number: int, like: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Every array of a rank's part, in order; with ``like``, checked to have their shapes
+        and dtypes (the rows the run holds)."""
         path = self._rank_file(rank, number)
         try:
             with np.load(path, allow_pickle=False) as z:
-                arrays = [z[f"arr_{k}"] for k in range(count)]
-        except (OSError, KeyError, ValueError) as err:
-            raise ChainexecError(f"unreadable checkpoint part: {err}", str(path)) from None
+                arrays = [z[f"arr_{k}"] for k in range(len(z.files))]
+        except Exception as err:  # a damaged zip raises BadZipFile, EOFError, OSError, ValueError …
+            raise ChainexecError(f"unreadable checkpoint part ({type(err).__name__}: {err})", str(path)) from None
+        if like is not None and [(a.shape, a.dtype) for a in arrays] != [(b.shape, b.dtype) for b in like]:
+            raise ChainexecError("checkpoint part does not hold this run's rows (shapes or dtypes differ)", str(path))
         return arrays
 
     def commit(self, manifest: dict) -> None:
         """Replace the manifest (rank 0, after every rank's part is on disk)."""
         path = self.folder / MANIFEST
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"format": FORMAT, "plan": self.digest, **manifest}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"format": FORMAT, "plan": self.digest, **manifest}, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(self.folder)
+        except OSError as err:
+            raise ChainexecError(f"cannot write the checkpoint manifest ({err})", str(path)) from None
         self.last = time.monotonic()
 
-    def remove_rank(self, rank: int, number: int) -> None:
-        self._rank_file(rank, number).unlink(missing_ok=True)
+    def supersede(self, rank: int, number: int) -> None:
+        """After checkpoint ``number`` is committed: remove this rank's part of the one before."""
+        if self.committed is not None:
+            self._rank_file(rank, self.committed).unlink(missing_ok=True)
+        self.committed = number
 
-    def remove_manifest(self) -> None:
+    def clear(self) -> None:
+        """Remove the manifest, then every part and leftover (rank 0, after the outputs are
+        complete; the manifest first, so a crash in between leaves no manifest naming a missing
+        part)."""
         (self.folder / MANIFEST).unlink(missing_ok=True)
-
-    def clear_rank(self, rank: int) -> None:
-        """Remove every part of this rank (after the manifest: a crash in between leaves no
-        manifest naming a missing part)."""
-        for path in self.folder.glob(f"rank{rank}-*.npz"):
-            path.unlink(missing_ok=True)
+        _fsync_dir(self.folder)
+        for pattern in ("rank*-*.npz", "rank*-*.tmp", "*.tmp"):
+            for path in self.folder.glob(pattern):
+                path.unlink(missing_ok=True)

@@ -252,7 +252,7 @@ class Executor:
             return
         if loop.parallel:
             self._wait()
-            if self.checkpoint is not None and where in self.resumable:
+            if self._checkpointed(where):
                 mine = self._resumable(loop, where, len(combos))
             else:
                 if self.counter is not None:
@@ -333,6 +333,14 @@ class Executor:
         while (n := self.counter.next()) < count:
             yield n
 
+    def _checkpointed(self, where: tuple[int, int] | None) -> bool:
+        """Whether the loop at ``where`` checkpoints: a resumable loop, not before the one a
+        resumed run goes on from (rerunning those must not replace a checkpoint further on)."""
+        ck = self.checkpoint
+        if ck is None or where not in self.resumable:
+            return False
+        return ck.saved is None or tuple(where) >= (ck.saved["nest"], ck.saved["position"])
+
     def _resumable(self, loop: Loop, where: tuple[int, int], count: int):
         """This rank's iterations of a resumable loop (:mod:`chainexec.planner.resume`), with
         checkpoints (:mod:`chainexec.runtime.checkpoint`).
@@ -347,12 +355,16 @@ class Executor:
         ck = self.checkpoint
         targets = list(dict.fromkeys(self._find(op.tensor, op.indices, "global")
                                      for op, _ in ops(loop.body) if op.op == "accumulate"))
-        saved = ck.saved if ck.saved is not None and [ck.saved["nest"], ck.saved["position"]] == list(where) else None
-        start, number, prior = 0, 0, np.zeros(len(CATEGORIES) + 3, np.int64)
+        saved = ck.saved if ck.saved is not None and (ck.saved["nest"], ck.saved["position"]) == tuple(where) else None
+        start, prior = 0, np.zeros(len(CATEGORIES) + 3, np.int64)
         if saved is not None:
-            for key, rows in zip(targets, ck.read_rank(self.comm.rank, saved["number"], len(targets))):
-                self.buffers[key].local()[...] = rows
-            start, number, prior = saved["done"], saved["number"], np.array(saved["counts"], np.int64)
+            if saved["tiles"] != count:
+                raise ChainexecError(f"the checkpoint's loop has {saved['tiles']} tiles, this one {count}",
+                                     str(ck.folder))
+            rows = [self.buffers[key].local() for key in targets]
+            for mine, kept in zip(rows, ck.read_rank(self.comm.rank, saved["number"], rows)):
+                mine[...] = kept
+            start, prior = saved["done"], np.array(saved["counts"], np.int64)
             self.resumed = start
             if self.comm.rank == 0:
                 self._add_counts(prior)
@@ -375,7 +387,7 @@ class Executor:
                     continue
             done = self.comm.bcast(fenced, root=0)
             self.comm.Barrier()  # every tile before the fence has accumulated (and flushed)
-            number += 1
+            number = (ck.committed or 0) + 1
             ck.write_rank(self.comm.rank, number, [self.buffers[key].local() for key in targets])
             counts = prior + self.comm.allreduce(self._counts() - base)
             self.comm.Barrier()
@@ -386,7 +398,7 @@ class Executor:
                 stop = ck.stopping()
             stop = self.comm.bcast(stop, root=0)
             self.comm.Barrier()
-            ck.remove_rank(self.comm.rank, number - 1)
+            ck.supersede(self.comm.rank, number)
             self.checkpoints += 1
             if stop:
                 raise Stopped(done, count, ck.folder)

@@ -18,6 +18,7 @@ import yaml
 
 from chainexec.chem.triples import ccsd_t_energy
 from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, write_config
+from tests.runtime.test_reductions import CHAINS, _config, _reference
 
 MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
 """Device tiles of one occupied index each: the (T) loop visits C(nocc + 2, 3) ordered tiles."""
@@ -44,11 +45,11 @@ def _check_energy(tmp_path):
     assert abs(got - expected) <= 1e-12 * abs(expected)
 
 
-def _check_report(path, resumed):
+def _check_report(path) -> dict:
     report = read_report(path)
     for key in ("bytes", "flops", "statements", "streamed"):
         assert report["measured"][key] == report["predicted"][key], key
-    assert report["run"]["resumed_tiles"] == resumed
+    return report
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
@@ -68,8 +69,36 @@ def test_stop_and_resume(tmp_path, ranks):
         assert done[-2] < done[-1] < 120
     proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
-    _check_report(tmp_path / "r.json", done[-1])
+    assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] == done[-1]
     _check_energy(tmp_path)
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_several_resumable_loops(tmp_path, ranks):
+    """A chain whose plan has four resumable loops in two nests (a scalar computed, read back and
+    reduced again), stopped at every checkpoint it can make: each run goes further (loops before
+    the saved one rerun without checkpointing), the folder holds just the manifest and one part
+    per rank, and the last run's outputs equal numpy.einsum's, its movement the prediction."""
+    config = write_config(tmp_path, _config(CHAINS["a scalar read back in the chain"], "1GiB", "2KiB"))
+    folder = tmp_path / "ck"
+    seen = []
+    for _ in range(40):
+        proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0, "--stop-after", 0,
+                       "--report-json", tmp_path / "r.json", ranks=ranks)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == 3, proc.stderr
+        manifest = json.loads((folder / "checkpoint.json").read_text())
+        seen.append((manifest["nest"], manifest["position"], manifest["done"]))
+        assert seen == sorted(set(seen)), seen  # always further
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            ["checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
+    assert proc.returncode == 0 and {n for n, _, _ in seen} == {0, 1}, seen
+    _check_report(tmp_path / "r.json")
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        for out, expected in _reference(CHAINS["a scalar read back in the chain"]).items():
+            assert abs(float(f[out][()]) - expected) <= 1e-12 * abs(expected), out
     assert list(folder.iterdir()) == []
 
 
@@ -99,9 +128,7 @@ def test_killed_run_resumes(tmp_path):
     assert 10 <= killed_at < 220
     proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=2)
     assert proc.returncode == 0, proc.stderr
-    report = read_report(tmp_path / "r.json")
-    assert report["run"]["resumed_tiles"] >= killed_at
-    _check_report(tmp_path / "r.json", report["run"]["resumed_tiles"])
+    assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] >= killed_at
     _check_energy(tmp_path)
 
 
@@ -124,12 +151,22 @@ def test_errors(tmp_path):
     _one_line(run_cli("run", other, "--checkpoint", folder), str(manifest), "another plan")
     _one_line(run_cli("run", config, "--stop-after", 5), "--stop-after needs --checkpoint")
     _one_line(run_cli("run", config, "--checkpoint", folder, "--balance", "static"), "--balance dynamic")
+    _one_line(run_cli("run", config, "--checkpoint", folder, "--checkpoint-every", "nan"), "finite")
     data = json.loads(manifest.read_text())
-    for damage in ({"done": -1}, {"counts": [1, 2]}, {"format": 99}):
+    part = folder / f"rank0-{data['number']}.npz"
+    good = part.read_bytes()
+    part.write_bytes(good[: len(good) // 2])
+    _one_line(run_cli("run", config, "--checkpoint", folder), str(part), "unreadable")
+    part.write_bytes(good)
+    for damage in ({"done": -1}, {"done": 120}, {"tiles": 7}, {"position": 0}, {"counts": [1, 2]},
+                   {"counts": [2**63] * 7}, {"format": 99}):
         manifest.write_text(json.dumps(data | damage))
         _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
     manifest.write_text("{not json")
     _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
+    manifest.write_text(json.dumps(data))
+    os.utime(tmp_path / "inputs.h5")  # inputs written again: partial sums of the old ones must not be used
+    _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest), "input files")
     assert not (tmp_path / "energy.h5").exists()
 
 
