@@ -220,6 +220,19 @@ def check_counter(comm):
     assert counter.next() >= fenced
     counter.reset(ntasks)
     assert counter.fence(ntasks, big) is None if comm.rank == 0 else True  # nothing left to fence
+    # racing: rank 0 fences while the others draw; every value below the fence is drawn exactly
+    # once, every draw after it is past the offset, in sequence (no value lost or doubled)
+    counter.reset(0)
+    drawn, fenced = [], None
+    for t in range(40):
+        if comm.rank == 0 and t == 20:
+            fenced = counter.fence(1 << 30, big)
+        drawn.append(counter.next())
+    fenced = comm.bcast(fenced, root=0)
+    everything = [v for values in comm.allgather(drawn) for v in values]
+    assert sorted(v for v in everything if v < big) == list(range(fenced)), fenced
+    after = sorted(v - big for v in everything if v >= big)
+    assert after == list(range(fenced, fenced + len(after))) and len(after) >= 20, (fenced, after[:5])
     counter.free()
 
 
