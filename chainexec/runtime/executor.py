@@ -155,7 +155,8 @@ class Executor:
 
     def _report(self, nest: int) -> None:
         """All ranks' tiles and bytes so far, summed (collective; after a nest, where all meet)."""
-        local = [self.tiles_done] + [self.counters.bytes[k] for k in CATEGORIES]
+        resumed = self.resumed if self.comm.rank == 0 else 0  # tiles an earlier run did count as done
+        local = [self.tiles_done + resumed] + [self.counters.bytes[k] for k in CATEGORIES]
         total = self.comm.reduce(np.array(local, dtype=np.int64), root=0)
         if self.progress is not None:
             self.progress.update(nest, int(total[0]), {k: int(v) for k, v in zip(CATEGORIES, total[1:])})
