@@ -77,6 +77,9 @@ class Device:
     max_threads_per_block: int
     max_threads_per_sm: int
     dram_transaction_bytes: int = 128
+    smem_optin: int | None = None
+    """Shared memory one block may opt into (bytes; CUDA's ``sharedMemPerBlockOptin``), where
+    known: the kernels with dynamic shared memory use no more."""
 
     @classmethod
     def H100(cls) -> "Device":
@@ -101,7 +104,8 @@ class Device:
                    smem_per_sm=int(props["sharedMemPerMultiprocessor"]),
                    regs_per_thread=255, regs_per_sm=int(props["regsPerMultiprocessor"]),
                    max_threads_per_block=int(props["maxThreadsPerBlock"]),
-                   max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]))
+                   max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]),
+                   smem_optin=int(props["sharedMemPerBlockOptin"]) if "sharedMemPerBlockOptin" in props else None)
 
 
 @dataclass(frozen=True)

@@ -552,8 +552,9 @@ def _issue(p, cfg, side, k, view, run, kpitch, size, step, inner, ext, depth) ->
         L.append(f"      if (e < {total}) {{")
     L += [f"      const {_index_type(p)} o = t{side}off[e];", f"      const int q = t{side}pos[e];"]
     ok = ["o >= 0"]
-    if depth % kc:
-        ok.append(f"q < ({depth} - ({step}) * {kc}) * {kpitch}")  # q = kl * kpitch + place: kl < depth left
+    if depth % kc:  # q = kl * kpitch + place: kl < depth left (in 64 bits where the product needs them)
+        wide = "(long long)" if depth * kpitch >= 2**31 else ""
+        ok.append(f"{wide}q < {wide}({depth} - ({step}) * {kc}) * {kpitch}")
     if len(inner) == 1:
         src = f"o + ({step}) * {kc * view.stride(inner[0])}"
     else:

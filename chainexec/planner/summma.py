@@ -204,7 +204,7 @@ def _predict(f: Facts, nblk: int, cfg: MmaConfig, dev: Device) -> float:
     if f.batch or arch < 80 or (arch < 90 and cfg.mma in SM90_SHAPES):
         return math.inf
     smem, regs = _smem(f, cfg), _registers(f, cfg)
-    if smem > smem_limit(arch) or regs > dev.regs_per_thread:
+    if smem > min(smem_limit(arch), dev.smem_optin or smem_limit(arch)) or regs > dev.regs_per_thread:
         return math.inf
     per_sm = min(dev.smem_per_sm // smem, dev.max_threads_per_sm // cfg.threads, dev.regs_per_sm // (regs * cfg.threads))
     if per_sm < 1:

@@ -492,18 +492,26 @@ class CupyBackend(Backend):
         prob = sumkernel.problem(view(out, cs[0].out_indices),
                                  [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices), float(c.factor))
                                   for c, (a, b) in zip(cs, operands)], str(out.dtype))
-        key = ("sum", repr(prob)) + (() if self.workspace is None else (self.workspace,))
+        # the kernels timed are part of the key: a decision made without one is not reused once it joins
+        key = ("sum", repr(prob), TIMED_SUM_KINDS) + (() if self.workspace is None else (self.workspace,))
         choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
         done = False
         if choice is None:
             dev = Device.from_cupy()
+
+            def candidates(kind):
+                try:
+                    return kernels.SUM_KINDS[kind][0].candidates(prob, dev)
+                except ValueError:  # no configuration fits the device
+                    return []
+
             if self.method != "auto":
-                cands = kernels.SUM_KINDS[self.method][0].candidates(prob, dev)
+                cands = candidates(self.method)
                 choice = Choice(self.method, config=cands[0].to_json()) if cands else Choice("terms")
             else:
                 seconds, configs = {}, {}
                 for kind in TIMED_SUM_KINDS:
-                    for cfg in kernels.SUM_KINDS[kind][0].candidates(prob, dev):
+                    for cfg in candidates(kind):
                         name = f"{kind} {cfg.name()}"
                         seconds[name] = self._timed(lambda: kernels.launch_sum(kind, prob, cfg, out, operands, False))
                         configs[name] = (kind, cfg.to_json())

@@ -257,3 +257,16 @@ def test_offsets_are_64_bit_only_for_large_views():
     cfg = sk.candidates(small, H100)[0]
     assert "(long long)" not in sk.generate(small, cfg)[1]
     assert "(long long)" in sk.generate(big, cfg)[1]
+
+
+def test_past_the_end_guard_is_64_bit_where_needed():
+    """The guard on a partial last step multiplies the summed length left by the slice's pitch:
+    in 32 bits only while that product stays below 2^31."""
+    def view(idx, shape):
+        return sk.View(tuple(idx), shape, _rowmajor(shape))
+
+    def source(n):
+        p = sk.problem(view("ab", (8, 8)), [sk.Term(view("akl", (8, n, n)), view("klb", (n, n, 8)), 1.0)], "float64")
+        return sk.generate(p, sk.SumConfig((8, 8), (1, 1), 4))[1]
+
+    assert "(long long)q <" not in source(101) and "(long long)q <" in source(50001)

@@ -149,3 +149,16 @@ def test_tile_kernels_compile_without_spills(tmp_path):
                             str(cu)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert "0 bytes stack frame, 0 bytes spill stores" in r.stderr, (cfg.name(), r.stderr)
+
+
+def test_search_keeps_to_the_opt_in_limit():
+    """A device that lets a block opt into less shared memory (consumer parts: about 99 KiB)
+    gets only candidates within it."""
+    import dataclasses
+
+    out, terms, _ = CASES[0]
+    p = _problem(out, terms, TILE)
+    small = dataclasses.replace(H100, smem_optin=99 * 1024)
+    cands = mm.candidates(p, small)
+    assert cands and all(mm.smem_bytes(p, c) <= 99 * 1024 for c in cands)
+    assert any(mm.smem_bytes(p, c) > 99 * 1024 for c in mm.candidates(p, H100))
