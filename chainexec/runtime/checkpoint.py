@@ -10,8 +10,10 @@ resumed one), so no checkpoint writes over the files the manifest names. It reco
 (SHA-256 of the plan's JSON, the rank count and the input files' sizes and times), the nest and
 loop, the tasks handed out before the
 checkpoint (all finished then: :meth:`chainexec.runtime.executor.Executor` stops every rank
-between tiles), and what the loop had counted (bytes per category, flops, statements, streamed
-bytes), which a resumed run adds to its own, so that its totals still equal the prediction.
+between tiles), what the loop had counted (bytes per category, flops, statements, streamed
+bytes), which a resumed run adds to its own, and the memory peaks reached, which it keeps (the
+tiles left may all be smaller edge tiles), so that its totals and peaks still equal the
+prediction.
 
 No pickle: the rank files are plain ``.npz`` arrays read with ``allow_pickle=False``.
 """
@@ -130,7 +132,9 @@ class Checkpoint:
                 or not isinstance(counts, list) or len(counts) != len(CATEGORIES) + 3
                 or not all(type(c) is int and 0 <= c < 2**63 for c in counts)
                 or loops.get((saved["nest"], saved["position"])) != saved["tiles"]
-                or not saved["done"] < saved["tiles"] or saved["ranks"] != ranks):
+                or not saved["done"] < saved["tiles"] or saved["ranks"] != ranks
+                or not isinstance(saved.get("peaks"), dict) or set(saved["peaks"]) != {"global", "device"}
+                or not all(type(v) is int and v >= 0 for v in saved["peaks"].values())):
             raise ChainexecError("damaged checkpoint manifest (a field is missing, out of range or names "
                                  "no resumable loop of this plan)", str(path))
         for rank in range(ranks):

@@ -366,6 +366,9 @@ class Executor:
             for mine, kept in zip(rows, ck.read_rank(self.comm.rank, saved["number"], rows)):
                 mine[...] = kept
             start, prior = saved["done"], np.array(saved["counts"], np.int64)
+            # the peaks the earlier run reached (full tiles come first: the rest may be edge tiles)
+            for level, peak in saved["peaks"].items():
+                self.counters.peak[level] = max(self.counters.peak[level], peak)
             self.resumed = start
             if self.comm.rank == 0:
                 self._add_counts(prior)
@@ -391,11 +394,13 @@ class Executor:
             number = (ck.committed or 0) + 1
             ck.write_rank(self.comm.rank, number, [self.buffers[key].local() for key in targets])
             counts = prior + self.comm.allreduce(self._counts() - base)
+            peaks = {"global": int(self.counters.peak["global"]),
+                     "device": int(self.comm.allreduce(self.counters.peak["device"], op=_max()))}
             self.comm.Barrier()
             stop = False
             if self.comm.rank == 0:
                 ck.commit({"nest": where[0], "position": where[1], "done": done, "tiles": count,
-                           "number": number, "ranks": self.comm.size, "counts": counts.tolist()})
+                           "number": number, "ranks": self.comm.size, "counts": counts.tolist(), "peaks": peaks})
                 stop = ck.stopping()
             stop = self.comm.bcast(stop, root=0)
             self.comm.Barrier()
