@@ -102,6 +102,25 @@ def test_several_resumable_loops(tmp_path, ranks):
     assert list(folder.iterdir()) == []
 
 
+def test_resumed_at_the_last_edge_tile(tmp_path):
+    """A run that resumes with only the smallest tile of the largest loop left still reports the
+    predicted peaks: it keeps those the earlier run reached (on the H100 machine a 2-rank resumed
+    run that happened to do only edge tiles measured a lower device peak, exit status 1)."""
+    config = write_config(tmp_path, _config(CHAINS["a scalar read back in the chain"], "1GiB", "2KiB"))
+    folder = tmp_path / "ck"
+    for _ in range(20):
+        proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0, "--stop-after", 0)
+        assert proc.returncode == 3, proc.stderr
+        manifest = json.loads((folder / "checkpoint.json").read_text())
+        if manifest["done"] == manifest["tiles"] - 1:
+            break
+    assert (manifest["nest"], manifest["position"], manifest["tiles"]) == (0, 5, 16), manifest
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = _check_report(tmp_path / "r.json")
+    assert report["measured"]["memory_peak"] == report["predicted"]["memory_peak"]
+
+
 def test_killed_run_resumes(tmp_path):
     """SIGKILL to the whole job (as a node failure or scancel --signal=KILL) while it checkpoints
     after every tile; the next run resumes from the last committed checkpoint."""
