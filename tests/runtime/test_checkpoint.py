@@ -94,7 +94,9 @@ def test_several_resumable_loops(tmp_path, ranks):
         assert seen == sorted(set(seen)), seen  # always further
         assert sorted(p.name for p in folder.iterdir()) == sorted(
             ["checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
-    assert proc.returncode == 0 and {n for n, _, _ in seen} == {0, 1}, seen
+    assert proc.returncode == 0 and seen, seen
+    if ranks == 1:  # one rank stops in every loop it can; with two, a fast rank may finish a loop first
+        assert {n for n, _, _ in seen} == {0, 1}, seen
     _check_report(tmp_path / "r.json")
     with h5py.File(tmp_path / "out.h5", "r") as f:
         for out, expected in _reference(CHAINS["a scalar read back in the chain"]).items():
@@ -151,10 +153,13 @@ def test_killed_run_resumes(tmp_path):
     _check_energy(tmp_path)
 
 
-def _one_line(proc, *needles):
+def _one_line(proc, *needles, launcher=False):
+    """Status 2 and one line naming the problem; ``launcher``: under mpiexec, whose own report of
+    a non-zero exit (Open MPI prints one) may follow chainexec's line."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (len(lines) == 1 or launcher) and lines[0].startswith("chainexec: "), proc.stderr
+    assert "Traceback" not in proc.stderr
     assert all(n in lines[0] for n in needles), lines[0]
 
 
@@ -165,7 +170,7 @@ def test_errors(tmp_path):
                    "--stop-after", 0).returncode == 3
     manifest = folder / "checkpoint.json"
     # the same job on more ranks, or with another machine, is another plan
-    _one_line(run_cli("run", config, "--checkpoint", folder, ranks=2), str(manifest), "another plan")
+    _one_line(run_cli("run", config, "--checkpoint", folder, ranks=2), str(manifest), "another plan", launcher=True)
     other = _job(tmp_path / "other", machine={"global_memory": "1GiB", "device_memory": "1MiB"})
     _one_line(run_cli("run", other, "--checkpoint", folder), str(manifest), "another plan")
     _one_line(run_cli("run", config, "--stop-after", 5), "--stop-after needs --checkpoint")
