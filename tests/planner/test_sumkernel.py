@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from chainexec.planner import sumkernel as sk
+from chainexec.planner import summma
 from chainexec.planner.kernelconf import Device
 from tests.planner.test_codegen import EMU_PRELUDE
 
@@ -224,13 +225,25 @@ def test_other_invalid_inputs_raise():
         sk.generate(p, sk.SumConfig((8, 8, 1), (1, 1, 1), 4))
 
 
-def test_source_has_no_index_names():
-    """Index names never reach the source: dimensions are numbered."""
+@pytest.mark.parametrize("gen", [sk, summma], ids=["registers", "tensor-cores"])
+def test_source_has_no_index_names(gen):
+    """Index names never reach either kernel's source: dimensions are numbered."""
     p = sk.problem(sk.View(("Qz", "Yw"), (9, 10), (10, 1)),
                    [sk.Term(sk.View(("Kv", "Qz"), (4, 9), (9, 1)), sk.View(("Kv", "Yw"), (4, 10), (10, 1)), 1.0)],
                    "float64")
-    name, src = sk.generate(p, sk.candidates(p, H100)[0])
+    name, src = gen.generate(p, gen.candidates(p, H100)[0])
     assert name in src and not any(i in src for i in ("Qz", "Yw", "Kv"))
+
+
+def nvcc_report(tmp_path, name: str, src: str) -> str:
+    """ptxas's report (``-Xptxas -v``) of ``src`` compiled for sm_90; fails the test if it does
+    not compile."""
+    cu = tmp_path / f"{name}.cu"
+    cu.write_text(src)
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -239,13 +252,8 @@ def test_tile_kernel_compiles_without_spills(tmp_path):
     out, terms, _ = CASES[0]
     p = _problem(out, terms, dict(i=3, j=3, k=3, a=180, b=180, c=180, f=180, m=24))
     for cfg in sk.candidates(p, H100):
-        name, src = sk.generate(p, cfg)
-        cu = tmp_path / f"{name}.cu"
-        cu.write_text(src)
-        r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                            str(cu)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        assert "0 bytes spill stores" in r.stderr, r.stderr
+        report = nvcc_report(tmp_path, *sk.generate(p, cfg))
+        assert "0 bytes spill stores" in report, report
 
 
 def test_offsets_are_64_bit_only_for_large_views():
