@@ -34,11 +34,12 @@ def load_machine(path: str | None) -> Machine:
         raise ChainexecError(f"cannot read machine file ({err})", path) from None
 
 
-def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1) -> Plan:
+def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1,
+         inline: bool = True) -> Plan:
     """Load and plan a config (pure apart from reading the two files); ``schedule`` forces a
-    named alternative, ``ranks`` spreads parallel loops over that many ranks (see
-    :func:`chainexec.planner.build.make_plan`)."""
-    return make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks)
+    named alternative, ``ranks`` spreads parallel loops over that many ranks, ``inline`` False
+    keeps point-wise intermediates in buffers (see :func:`chainexec.planner.build.make_plan`)."""
+    return make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks, inline)
 
 
 def generate(config: str | Path) -> list[str]:
@@ -48,7 +49,7 @@ def generate(config: str | Path) -> list[str]:
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
         balance: str = "dynamic", progress: bool = False, checkpoint: str | Path | None = None,
-        checkpoint_every: float = 600.0, stop_after: float | None = None) -> dict:
+        checkpoint_every: float = 600.0, stop_after: float | None = None, inline: bool = True) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`).
 
@@ -56,7 +57,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     ``checkpoint_every`` seconds and from which a later run of the same plan resumes
     (:mod:`chainexec.runtime.checkpoint`); it is emptied when the run completes. ``stop_after``:
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
-    (a batch job's way to end before its time limit and go on in the next one)."""
+    (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
+    in :func:`plan`."""
     comm = world()
     text = error = defect = kept = None
     if comm.rank == 0:
@@ -65,7 +67,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             # Outputs first: a run that fails to plan or on its inputs must not leave an older
             # output behind that looks like this run's result.
             store.prepare_outputs(s.resolve(o.file) for o in s.outputs)
-            p = make_plan(s, load_machine(machine), schedule, comm.size)
+            p = make_plan(s, load_machine(machine), schedule, comm.size, inline)
             store.check_inputs(p)
             text = p.to_json()
             if stop_after is not None and checkpoint is None:

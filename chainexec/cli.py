@@ -25,6 +25,9 @@ TEMPLATES = {job: Path(__file__).resolve().parents[1] / "configs" / name
              for job, name in (("ccsd_t", "ccsd_t.yaml"), ("ao2mo", "fourindex.yaml"))}
 
 
+NO_INLINE = "keep every point-wise intermediate in a device buffer of its own (no fused statements)"
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="chainexec", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -35,11 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     p.add_argument("--ranks", type=int, default=1, help="plan for this many MPI ranks (run plans for its own)")
+    p.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
     r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
     r.add_argument("config")
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
     r.add_argument("--machine")
     r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
+    r.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
     r.add_argument("--quiet", action="store_true", help="no progress bar / progress lines on stderr")
     r.add_argument("--balance", default="dynamic", choices=("dynamic", "static"),
                    help="hand parallel tiles out through a shared counter (dynamic) or round-robin (static)")
@@ -103,7 +108,7 @@ def main(argv=None) -> int:
         if args.command == "plan":
             if args.ranks < 1:
                 raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
-            plan = api.plan(args.config, args.machine, args.schedule, args.ranks)
+            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline)
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:
@@ -143,7 +148,8 @@ def main(argv=None) -> int:
             try:
                 result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
                                  balance=args.balance, progress=not args.quiet, checkpoint=args.checkpoint,
-                                 checkpoint_every=args.checkpoint_every, stop_after=args.stop_after)
+                                 checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
+                                 inline=args.inline)
             except Stopped as stop:
                 if _rank() == 0:
                     print(f"chainexec: {stop}", file=sys.stderr)

@@ -43,6 +43,10 @@ def loop_nest(plan: Plan) -> str:
                 walk(node.body, depth + 1)
             elif node.op == "compute":
                 lines.append(f"{pad}compute #{node.contraction} @device")
+            elif node.op == "fused":
+                inlined = ", ".join(node.inlined)
+                lines.append(f"{pad}fused      {node.tensor}[{','.join(node.indices)}] @device  "
+                             f"{' '.join(f'#{k}' for k in node.group)}  (inlined: {inlined})")
             else:
                 ref = f"{node.tensor}[{','.join(node.indices)}]"
                 extra = f"  {_ARROW[node.op]}" if node.op in _ARROW else ""

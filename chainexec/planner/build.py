@@ -62,12 +62,15 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
     return result, tensors
 
 
-def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None = None, ranks: int = 1) -> Plan:
+def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None = None, ranks: int = 1,
+              inline: bool = True) -> Plan:
     """Plan a spec: binarize, choose fusion and tiles for ``spec.machine`` limits, predict
     movement; pure. ``schedule`` forces one of the named alternatives (``unfused``,
     ``paper: disk``, ``paper: disk+global``, ``search``) instead of the cheapest. ``ranks``: the
     chosen schedule's parallel loops are cut into at least that many tiles where they allow
-    (:func:`~chainexec.planner.schedule.split_for_ranks`); alternatives are priced for one rank."""
+    (:func:`~chainexec.planner.schedule.split_for_ranks`); alternatives are priced for one rank.
+    ``inline`` False keeps every point-wise intermediate in a buffer of its own
+    (:mod:`chainexec.planner.inline`)."""
     machine = machine or Machine()
     cs, tensors = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
@@ -83,7 +86,7 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     # Disk traffic overlapped with work where the limits leave room for the second buffers;
     # otherwise (only the single-buffered plans fit) the sequential plan.
     for overlap in (True, False):
-        ctx = Context(cs, tensors, spec.extents, limits, machine, overlap)
+        ctx = Context(cs, tensors, spec.extents, limits, machine, overlap, inline)
         try:
             chosen, alternatives = choose(ctx, schedule)
             break

@@ -10,6 +10,9 @@ iterations and S_i the sum of the range of i that the buffer sees in each (the w
 every iteration sees its own tile, a multiple of it when deeper loops repeat a range). The runtime
 counts the bytes it actually moves; the two must agree exactly.
 
+A fused statement (:mod:`chainexec.planner.inline`) counts the flops and statements of the
+contractions it stands for, and streams its output twice and every distinct reference it reads once.
+
 A symmetric loop (``Loop.symmetric``) visits ordered tile tuples of its indices only; for those
 indices the factors are summed jointly over the tuples it visits (:func:`points`), and flops are
 counted the same way, statement by statement.
@@ -26,6 +29,7 @@ from functools import lru_cache
 
 from chainexec import expr
 
+from chainexec.planner import inline
 from chainexec.planner.machine import Machine
 from chainexec.planner.pipeline import key, staged
 from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, term_run
@@ -33,7 +37,7 @@ from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, term_run
 CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
-                "alloc": None, "free": None, "compute": "device", "eval": "device"}
+                "alloc": None, "free": None, "compute": "device", "eval": "device", "fused": "device"}
 
 
 def _visible(level: str, region_level: str) -> bool:
@@ -168,6 +172,13 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                         streamed[0] += 2 * tile_bytes(c.out, c.out_indices, loops)
                     streamed[0] += tile_bytes(c.a, c.a_indices, loops) + (tile_bytes(c.b, c.b_indices, loops) if c.b else 0)
                     continue
+                if node.op == "fused":
+                    for c in (contractions[k] for k in node.group):
+                        flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
+                    statements[0] += len(node.group) * points([], loops, extents, "device")
+                    streamed[0] += 2 * tile_bytes(node.tensor, node.indices, loops) + sum(
+                        tile_bytes(r.tensor, r.indices, loops) for r in _leaves(node, contractions, tensors))
+                    continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
@@ -192,6 +203,11 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
     seconds = machine.seconds(moved, flops[0], streamed[0])
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
+
+
+def _leaves(op: Op, contractions, tensors) -> list:
+    """The buffer references a fused statement reads (:meth:`chainexec.planner.inline.Fused.leaves`)."""
+    return inline.expression(op, contractions, tensors).leaves()
 
 
 @lru_cache(maxsize=256)

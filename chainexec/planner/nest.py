@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass, field
 
 from chainexec import expr
-from chainexec.planner import pipeline
+from chainexec.planner import inline, pipeline
 from chainexec.planner.plan import Contraction, Loop, Nest, Op, TensorInfo
 
 
@@ -140,12 +140,15 @@ class Emitter:
     """Emits the nests of a schedule, numbering stored versions of each tensor as it goes."""
 
     def __init__(self, contractions: list[Contraction], extents: dict[str, int], tensors: dict[str, TensorInfo],
-                 overlap: bool = True):
-        """``overlap``: double-buffer the global loops that qualify (:mod:`chainexec.planner.pipeline`)."""
+                 overlap: bool = True, inline: bool = True):
+        """``overlap``: double-buffer the global loops that qualify (:mod:`chainexec.planner.pipeline`);
+        ``inline``: compute single-use point-wise intermediates where they are read
+        (:mod:`chainexec.planner.inline`)."""
         self.cs = contractions
         self.extents = extents
         self.tensors = tensors
         self.overlap = overlap
+        self.inline = inline
         self.versions: dict[str, int] = {}
 
     def _tiled(self, tiles: dict[str, int], names) -> dict[str, int]:
@@ -421,6 +424,8 @@ class Emitter:
                     live.discard(name)
         for name in exported:
             dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
+        if self.inline:
+            dev_body = inline.fuse(dev_body, self.cs, self.tensors, fused_tiled)
         tiles = self._tiled(g.glob, common)
         symmetric = g.symmetric if self.symmetry(g, common, exported, outer) else ()
         spanning = self._spanning([n for n in exported if n not in kept], writers, tiles)

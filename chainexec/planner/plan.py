@@ -15,6 +15,9 @@ Statements (``Op.op``):
 - ``store`` X: global → disk (write version ``version`` of X).
 - ``get`` X: global → device. ``accumulate`` X: device → global, added element-wise.
 - ``compute`` contraction k on the device buffers: ``out += factor · a · b``.
+- ``fused`` the contractions ``group`` as one statement into ``tensor``: the point-wise producers
+  of the intermediates ``inlined`` substituted into the terms that read them, never stored
+  (:mod:`chainexec.planner.inline`).
 
 A sequential global loop with ``depth`` 2 is double-buffered (:mod:`chainexec.planner.pipeline`).
 
@@ -92,6 +95,10 @@ class Op:
     indices: list[str] | None = None
     contraction: int | None = None
     version: int | None = None
+    # A ``fused`` statement's contractions (the terms into ``tensor`` and the inlined producers'
+    # terms, in chain order) and the tensors it computes inline instead of reading buffers.
+    group: list[int] | None = None
+    inlined: list[str] | None = None
 
 
 @dataclass

@@ -29,8 +29,9 @@ SCHEMES = ("fits", "streaming", "equal", "greedy")
 @dataclass
 class Context:
     """What every candidate is priced against: the contractions, tensors, extents, limits, machine,
-    and whether disk traffic overlaps work (double-buffered global loops,
-    :mod:`chainexec.planner.pipeline`)."""
+    whether disk traffic overlaps work (double-buffered global loops,
+    :mod:`chainexec.planner.pipeline`) and whether point-wise producers are inlined
+    (:mod:`chainexec.planner.inline`)."""
 
     cs: list[Contraction]
     tensors: dict[str, TensorInfo]
@@ -38,12 +39,13 @@ class Context:
     limits: dict[str, int]
     machine: Machine
     overlap: bool = True
+    inline: bool = True
 
     def itemsize(self, k: int) -> int:
         return self.tensors[self.cs[k].out].itemsize
 
     def emitter(self) -> Emitter:
-        return Emitter(self.cs, self.extents, self.tensors, self.overlap)
+        return Emitter(self.cs, self.extents, self.tensors, self.overlap, self.inline)
 
     def scheme_limit(self) -> int:
         """Global bytes the paper's tiling schemes may fill: with overlap the streamed buffers

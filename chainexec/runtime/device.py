@@ -64,6 +64,7 @@ import numpy as np
 
 from chainexec import expr
 from chainexec.errors import ChainexecError
+from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
@@ -183,6 +184,13 @@ class Backend:
         """Fill ``out`` (a computed tensor's tile over index order ``order``) with the expression
         ``tree`` of :mod:`chainexec.expr`; ``arrays[ref]``: each reference's tile over its own order."""
         out[...] = expr.evaluate(tree, arrays, order, self.xp)
+
+    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out) -> None:
+        """A fused statement (:class:`chainexec.planner.inline.Fused`): ``out += f``'s expression,
+        summed over the whole index space when ``f.reduce``; ``arrays[ref]``: each reference's
+        tile over its own order; ``shape``: the extents of ``f.domain`` here."""
+        value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
+        out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for point-wise contractions into one output
@@ -417,10 +425,27 @@ class CupyBackend(Backend):
         """As :meth:`Backend.evaluate`, in one element-wise kernel generated from the expression
         (:func:`chainexec.expr.c_source`) over broadcast views: no temporary arrays (evaluated
         operation by operation, a 6-D denominator made two more 6-D arrays than the plan has)."""
+        code, views = self._expression(tree, arrays, order)
+        pointwise.launch(self.xp, code, views, out)
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out) -> None:
+        """As :meth:`Backend.fused`, in one generated kernel over broadcast views: a point-wise
+        kernel adding to ``out``, or a reduction kernel (:func:`chainexec.runtime.pointwise.reduce`)
+        whose sum is added to the scalar ``out``. The inlined intermediates exist only in
+        registers."""
+        code, views = self._expression(f.tree, arrays, f.domain)
+        if f.reduce:
+            out += pointwise.reduce(self.xp, code, views, shape).astype(out.dtype)
+        else:
+            pointwise.launch(self.xp, f"y + {code}", views, out)
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
+        """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""
         refs = list(arrays)
         views = [expr.spread(arrays[r], r, order, self.xp) for r in refs]
-        pointwise.launch(self.xp, expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)}), views, out)
-        self.xp.cuda.get_current_stream().synchronize()
+        return expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)}), views
 
     def pool_bytes(self) -> int:
         """Bytes CuPy's device memory pool holds now (live arrays and cached free blocks)."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from chainexec import expr
 from chainexec.errors import ChainexecError
+from chainexec.planner import inline
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import prefetched, staged
@@ -48,7 +49,8 @@ loop has that many tiles."""
 
 # The level whose busy time a statement counts toward (the keys of Machine.seconds); the disk
 # level's time is the worker's own time in its jobs.
-OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute": "compute", "eval": "compute"}
+OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute": "compute", "eval": "compute",
+            "fused": "compute"}
 
 
 class Counters:
@@ -100,6 +102,7 @@ class Executor:
         self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
+        self.fused: dict[int, inline.Fused] = {}  # each fused statement's expression, by id of its Op
         self.disk = DiskWorker()
         # Double-buffered loop being run: its slots per buffer key, and which slot is in use.
         self.slots: dict[tuple, list[GlobalArray]] = {}
@@ -232,7 +235,7 @@ class Executor:
             else:
                 getattr(self, "_" + node.op)(node)
                 k += 1
-                name = f"{node.op} {node.tensor}"
+                name = f"{node.op} {node.tensor}" + (f" #{node.group[0]}-#{node.group[-1]}" if node.group else "")
             if node.op in OP_LEVEL:
                 spent = time.perf_counter() - t0 - (self.idle - idle0)  # a get's barrier is idle time
                 self.counters.seconds[OP_LEVEL[node.op]] += spent
@@ -575,6 +578,24 @@ class Executor:
         out = self._view(op.tensor, op.indices)
         self.backend.evaluate(tree, arrays, tuple(t.indices), out)
         self.counters.streamed += out.nbytes + sum(a.nbytes for a in arrays.values())
+
+    def _fused(self, op: Op) -> None:
+        """A fused statement (:mod:`chainexec.planner.inline`): its inlined intermediates are
+        computed where they are read, from the buffers on the device; counted as the cost model
+        does (the flops and statements of its contractions, its output twice and each distinct
+        reference once)."""
+        f = self.fused.get(id(op))
+        if f is None:
+            f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
+        arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves()}
+        out = self._view(op.tensor, op.indices)
+        self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out)
+        self._watch()
+        self.counters.statements += len(op.group)
+        self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
+        for c in (self.plan.contractions[k] for k in op.group):
+            self.counters.flops += (2 if c.b is not None else 1) * math.prod(
+                b - a for a, b in self._region("device", c.indices()))
 
     def _compute(self, run: list[Op]) -> None:
         """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms

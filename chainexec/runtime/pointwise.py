@@ -20,6 +20,12 @@ statement; uneven edge tiles add variants (up to 2^d for a d-index tile), each c
 
 Threads walk ``out`` in its memory order (its fastest-varying dimension innermost), so writes
 are coalesced whatever the view.
+
+:func:`reduce` sums such an expression over a whole index space instead of writing it (a fused
+statement into a scalar, :mod:`chainexec.planner.inline`: the (T) energy): each block adds its
+threads' values in a fixed order and writes one partial sum, and the partial sums are added by
+CuPy. The grid depends on the element count only, so a run's result is the same bit for bit
+every time (no atomics).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ BLOCK = 256
 """Threads per block (one element per thread)."""
 INDEX32 = 2**31
 """Element counts and offset spans below this use 32-bit index arithmetic, the rest 64-bit."""
+REDUCE_BLOCKS = 4096
+"""Blocks of a :func:`reduce` kernel at most (each thread then sums a strided share of the
+elements): enough to fill any current GPU several times over."""
 
 
 def layout(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
@@ -57,43 +66,99 @@ def layout(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tupl
     return tuple(merged_shape), [tuple(m) for m in merged]
 
 
+def _code_check(code: str) -> None:
+    if not re.fullmatch(r"[\sA-Za-z0-9_.+\-*/()e]*", code):
+        raise ValueError(f"point-wise code {code!r} has characters outside numbers, names and operators")
+
+
+def _element(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The index type and the lines that split ``rest`` (the element number) into coordinates
+    and read every input's value ``p0, p1, …`` at them, for :func:`source` and
+    :func:`reduce_source` (arguments as there)."""
+    total = math.prod(shape)
+    extent = max([1] + [sum((n - 1) * abs(s) for n, s in zip(shape, st)) + 1 for st in strides])
+    index = "int" if max(total, extent) < INDEX32 else "long long"
+    lines = []
+    # Unsigned division by a constant is a multiply and a shift; the coordinates are then signed
+    # for the offsets (a view's strides may be any sign).
+    for d in reversed(range(len(shape))):
+        lines.append(f"const {index} c{d} = rest % {shape[d]}u; rest /= {shape[d]}u;" if d
+                     else f"const {index} c0 = rest;")
+    lines += [f"const {C_TYPES[t]} p{k} = P{k}[{_offset(strides[1 + k])}];" for k, t in enumerate(types[:-1])]
+    return index, lines
+
+
+def _offset(st: tuple[int, ...]) -> str:
+    return " + ".join([f"c{d} * {s}" for d, s in enumerate(st) if s] or ["0"])
+
+
+def _params(types: tuple[str, ...]) -> str:
+    return ", ".join([f"{C_TYPES[types[-1]]}* __restrict__ Y"]
+                     + [f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])])
+
+
 def source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> str:
     """CUDA C of ``chainexec_pointwise(y, p0, p1, …)``: ``y[at] = code`` for every element of
     ``shape`` (already :func:`layout`-reduced). ``strides[0]`` and ``types[-1]`` are the output's,
     ``strides[1 + k]`` and ``types[k]`` input ``k``'s; ``code`` is a C expression over the values
     ``p0, p1, …`` and ``y`` (the output's current value), numbers and operators only (made by
     :func:`chainexec.expr.c_source` or from contraction factors): no user text reaches the source."""
-    if not re.fullmatch(r"[\sA-Za-z0-9_.+\-*/()e]*", code):
-        raise ValueError(f"point-wise code {code!r} has characters outside numbers, names and operators")
-    total = math.prod(shape)
-    extent = max([1] + [sum((n - 1) * abs(s) for n, s in zip(shape, st)) + 1 for st in strides])
-    index = "int" if max(total, extent) < INDEX32 else "long long"
+    _code_check(code)
+    index, element = _element(shape, strides, types)
     out_type = C_TYPES[types[-1]]
-    params = [f"{out_type}* __restrict__ Y"] + [f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])]
-    lines = [f"extern \"C\" __global__ void chainexec_pointwise({', '.join(params)}) {{",
+    lines = [f"extern \"C\" __global__ void chainexec_pointwise({_params(types)}) {{",
              f"  const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
-             f"  if (flat >= {total}LL) return;",
+             f"  if (flat >= {math.prod(shape)}LL) return;",
              f"  unsigned {index} rest = (unsigned {index})flat;"]
-    # Unsigned division by a constant is a multiply and a shift; the coordinates are then signed
-    # for the offsets (a view's strides may be any sign).
-    for d in reversed(range(len(shape))):
-        lines.append(f"  const {index} c{d} = rest % {shape[d]}u; rest /= {shape[d]}u;" if d
-                     else f"  const {index} c0 = rest;")
-
-    def offset(st: tuple[int, ...]) -> str:
-        return " + ".join([f"c{d} * {s}" for d, s in enumerate(st) if s] or ["0"])
-
-    lines.append(f"  const {index} at = {offset(strides[0])};")
-    lines += [f"  const {C_TYPES[t]} p{k} = P{k}[{offset(strides[1 + k])}];" for k, t in enumerate(types[:-1])]
+    lines += ["  " + line for line in element]
+    lines.append(f"  const {index} at = {_offset(strides[0])};")
     if re.search(r"\by\b", code):
         lines.append(f"  const {out_type} y = Y[at];")
     lines += [f"  Y[at] = ({out_type})({code});", "}"]
     return "\n".join(lines)
 
 
+def reduce_source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> str:
+    """CUDA C of ``chainexec_reduce(partial, p0, p1, …)``: block ``b`` writes to ``partial[b]`` the
+    sum, in double precision, of ``code`` over its share of the elements of ``shape`` (a grid-stride
+    loop, then a warp-shuffle and shared-memory tree in a fixed order). Arguments as in
+    :func:`source`, with ``strides[0]`` those of the index space read contiguously (the order the
+    threads walk) and ``types[-1]`` float64 (the partial sums); ``code`` may not read ``y``."""
+    _code_check(code)
+    if re.search(r"\by\b", code):
+        raise ValueError("a reduction has no output value y to read")
+    index, element = _element(shape, strides, types)
+    lines = [f"extern \"C\" __global__ void chainexec_reduce({_params(types)}) {{",
+             "  __shared__ double part[32];",
+             "  double acc = 0.0;",
+             f"  for (long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x; flat < {math.prod(shape)}LL;",
+             f"       flat += (long long)gridDim.x * {BLOCK}) {{",
+             f"    unsigned {index} rest = (unsigned {index})flat;"]
+    lines += ["    " + line for line in element]
+    lines += [f"    acc += (double)({code});",
+              "  }",
+              "  for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
+              "  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;",
+              "  __syncthreads();",
+              "  if (threadIdx.x < 32) {",
+              f"    acc = threadIdx.x < {BLOCK // 32} ? part[threadIdx.x] : 0.0;",
+              "    for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
+              "    if (threadIdx.x == 0) Y[blockIdx.x] = acc;",
+              "  }",
+              "}"]
+    return "\n".join(lines)
+
+
 @lru_cache(maxsize=1024)
-def _kernel(xp, text: str):
-    return xp.RawKernel(text, "chainexec_pointwise")
+def _kernel(xp, text: str, name: str):
+    return xp.RawKernel(text, name)
+
+
+def _strides(views: list, walk: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Element strides: ``walk`` (the output's, or the order a reduction visits), then each
+    view's (0 along its broadcast axes)."""
+    return [walk] + [tuple(0 if n == 1 else s // v.itemsize for n, s in zip(v.shape, v.strides))
+                                for v in views]
 
 
 def launch(xp, code: str, views: list, out) -> None:
@@ -103,9 +168,22 @@ def launch(xp, code: str, views: list, out) -> None:
     total = math.prod(out.shape)
     if total == 0:
         return
-    strides = [tuple(s // out.itemsize for s in out.strides)]
-    for v in views:
-        strides.append(tuple(0 if n == 1 else s // v.itemsize for n, s in zip(v.shape, v.strides)))
-    shape, strides = layout(tuple(out.shape), strides)
+    shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
     text = source(code, shape, strides, tuple(v.dtype.name for v in views) + (out.dtype.name,))
-    _kernel(xp, text)(((total + BLOCK - 1) // BLOCK,), (BLOCK,), (out, *views))
+    _kernel(xp, text, "chainexec_pointwise")(((total + BLOCK - 1) // BLOCK,), (BLOCK,), (out, *views))
+
+
+def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
+    """Σ ``code`` over every element of ``shape`` (views as in :func:`launch`, each with extent
+    ``shape``'s or 1 per dimension), as a 0-d float64 device array; threads walk ``shape`` in
+    C order (its last dimension fastest)."""
+    total = math.prod(shape)
+    if total == 0:
+        return xp.zeros((), xp.float64)
+    walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+    merged, strides = layout(tuple(shape), _strides(views, walk))
+    text = reduce_source(code, merged, strides, tuple(v.dtype.name for v in views) + ("float64",))
+    blocks = min(-(-total // BLOCK), REDUCE_BLOCKS)
+    partial = xp.empty(blocks, xp.float64)
+    _kernel(xp, text, "chainexec_reduce")((blocks,), (BLOCK,), (partial, *views))
+    return partial.sum()

@@ -110,7 +110,7 @@ def test_ordered_occupied_tiles_equal_the_full_sum(tmp_path, ranks):
     assert run_cli("chem", "synthetic", "--synthetic", 4, 6, 7, "--out", tmp_path).returncode == 0
     config = tmp_path / "ccsd_t.yaml"
     cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "48KiB"}
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "24KiB"}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     plan = make_plan(spec.load(config), ranks=ranks)
     (par,) = {id(loop): loop for nest in plan.nests for _, loops in ops(nest.body) for loop in loops

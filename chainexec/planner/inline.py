@@ -1,0 +1,283 @@
+"""Point-wise producers inlined into the one statement that reads them (pure).
+
+In a fused group's device body (:meth:`chainexec.planner.nest.Emitter.fused`) every intermediate
+has a device buffer, and every statement is one pass over its tile. The (T) epilogue is a chain of
+such passes over 6-D tiles: ``V`` (twelve outer products), ``Z = W + V/2``, ``R`` (six permuted
+reads of ``Z``), the denominator ``Dinv``, ``Dinv·R`` and ``E = Σ W·(Dinv·R)/3``. Each written once
+and read once, ``V``, ``R``, ``Dinv·R`` and ``Dinv`` need not exist at all: their values can be
+computed where they are read. This is the producer–consumer fusion of array compilers (XLA's
+"loop fusion", TVM's injective operators inlined into their consumer), applied only where it
+repeats no work:
+
+- an intermediate is inlined when every statement writing it is a point-wise term (it sums over
+  nothing) at this body's top level, nothing else touches it (one buffer; no transfer, no inner
+  loop), and exactly one reference reads it, after its last writer; a computed tensor
+  (``source: {expr}``) evaluated here and read once likewise;
+- where the reference renames the producer's indices (``Z[i,j,k,b,c,a]``), the renamed positions
+  are tiled by no loop around the body, so the renamed reads stay inside the tiles already on
+  the device (as the unfused statement's permuted read did);
+- the statement reading it becomes one ``fused`` statement when it is a run of point-wise terms
+  (its output written once per element) or a single contraction to a scalar (a full reduction,
+  summed in the kernel); producers inlined into an inlined producer come along.
+
+``Z`` itself is read six times (at six permutations) and stays a buffer: inlining it would
+recompute ``V`` six times per element. The multi-level fusion paper
+(``papers/multilevel-fusion-tiling-tensor-contractions.txt``, Section 3) keeps a fused producer's
+tile in the fastest memory level; here a producer of the device level moves one level further
+down, into the registers of the statement that uses it.
+
+The fused statement's value is a :mod:`chainexec.expr` expression over the buffers it reads
+(:class:`Fused`): both backends and the cost model read it from there. Its flops and statements
+are those of the contractions it stands for, so rates stay comparable with the unfused plan; the
+bytes it streams are those of its output and of each distinct reference it reads.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from chainexec import expr
+
+from .plan import Contraction, Loop, Op, TensorInfo, term_run
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A fused statement as one expression: ``out[out_indices] += Σ value`` summed over the
+    ``domain`` indices the output lacks, ``value`` being :attr:`text` (the :mod:`chainexec.expr`
+    language, references to device buffers) over ``domain``. ``reduce``: the output is a scalar
+    (the sum runs over the whole domain); otherwise the domain is the output's indices."""
+
+    out: str
+    out_indices: tuple[str, ...]
+    domain: tuple[str, ...]
+    text: str
+    reduce: bool
+
+    @property
+    def tree(self) -> ast.expr:
+        return expr.parse(self.text)
+
+    def leaves(self) -> list[expr.Ref]:
+        """The distinct buffer references the statement reads (each one view, read once)."""
+        return expr.refs(self.tree)
+
+
+def _operands(c: Contraction) -> list[tuple[str, list[str]]]:
+    return [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
+
+
+def _computed(t: TensorInfo) -> bool:
+    return t.source is not None and "expr" in t.source
+
+
+def _renamed(text: str, rename: dict[str, str]) -> str:
+    """A computed tensor's expression with its index names replaced (all at once)."""
+    tree = expr.parse(text)
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.Name:
+            return ast.Name(rename.get(node.id, node.id), node.ctx)
+
+        def visit_Subscript(self, node: ast.Subscript) -> ast.Subscript:
+            return ast.Subscript(node.value, self.visit(node.slice), node.ctx)
+
+    return ast.unparse(Rename().visit(ast.parse(ast.unparse(tree), mode="eval")).body)
+
+
+def expression(op: Op, cs: list[Contraction], tensors: dict[str, TensorInfo]) -> Fused:
+    """The :class:`Fused` form of a ``fused`` statement (its ``group`` and ``inlined``)."""
+    group = [cs[k] for k in op.group]
+    writers = {name: [c for c in group if c.out == name] for name in op.inlined}
+    inlined = set(op.inlined)
+
+    def operand(name: str, ix: list[str]) -> str:
+        if name not in inlined:
+            return f"{name}[{','.join(ix)}]"
+        t = tensors[name]
+        if _computed(t):
+            return f"({_renamed(t.source['expr'], dict(zip(t.indices, ix)))})"
+        terms = writers[name]
+        rename = dict(zip(terms[0].out_indices, ix))
+        return f"({' + '.join(term(c, rename) for c in terms)})"
+
+    def term(c: Contraction, rename: dict[str, str]) -> str:
+        parts = [repr(float(c.factor))] + [operand(n, [rename.get(i, i) for i in ix]) for n, ix in _operands(c)]
+        return " * ".join(parts)
+
+    roots = [c for c in group if c.out == op.tensor]
+    reduce = not roots[0].out_indices and not roots[0].pointwise()
+    domain = tuple(roots[0].indices()) if reduce else tuple(roots[0].out_indices)
+    text = " + ".join(term(c, {}) for c in roots)
+    return Fused(op.tensor, tuple(roots[0].out_indices), domain, text, reduce)
+
+
+@dataclass
+class _Run:
+    """A run of top-level compute statements into one buffer: body positions and contractions."""
+
+    positions: list[int]
+    terms: list[Contraction]
+
+    @property
+    def out(self) -> str:
+        return self.terms[0].out
+
+
+def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tiled: set[str]) -> list:
+    """``body`` (a device loop body) with its single-use point-wise producers inlined (module
+    docstring); ``tiled``: the indices that loops around the body tile. Returns ``body`` itself
+    when nothing qualifies."""
+    runs: list[_Run] = []
+    deep: set[str] = set()
+    touched: dict[str, list[Op]] = {}
+    k = 0
+    while k < len(body):
+        node = body[k]
+        if isinstance(node, Loop):
+            for inner, _ in _walk(node.body):
+                deep.update(_names(inner, cs))
+            k += 1
+            continue
+        if node.op == "compute":
+            n = term_run(body, k, cs)
+            runs.append(_Run(list(range(k, k + n)), [cs[body[j].contraction] for j in range(k, k + n)]))
+            k += n
+            continue
+        touched.setdefault(node.tensor, []).append(node)
+        k += 1
+    reads: dict[str, list[tuple[int, list[str]]]] = {}
+    for r, run in enumerate(runs):
+        for c in run.terms:
+            for name, ix in _operands(c):
+                reads.setdefault(name, []).append((r, ix))
+    writer = {}
+    for r, run in enumerate(runs):
+        writer.setdefault(run.out, []).append(r)
+    evals = {name: [k for k, node in enumerate(body) if isinstance(node, Op) and node.op == "eval"
+                    and node.tensor == name] for name in reads}
+
+    def candidate(name: str) -> bool:
+        if name in deep or len(reads.get(name, [])) != 1 or not tensors[name].indices:
+            return False
+        reader, ix = reads[name][0]
+        t = tensors[name]
+        if _computed(t):
+            own = next((body[k].indices for k in evals[name]), None)
+            return (len(evals[name]) == 1 and name not in writer and own is not None
+                    and all(r.indices for r in expr.refs(expr.parse(t.source["expr"])))
+                    and _renames_untiled(own, ix, tiled))
+        if t.role == "output" or name not in writer:
+            return False
+        made = [c for r in writer[name] for c in runs[r].terms]
+        ops_on = [node.op for node in touched.get(name, [])]
+        return (sorted(ops_on) == ["alloc", "free"] and all(c.pointwise() for c in made)
+                and max(writer[name]) < reader and _renames_untiled(made[0].out_indices, ix, tiled))
+
+    inlinable = {name for name in reads if candidate(name)}
+    removed: set[int] = set()
+    placed: dict[int, list] = {}
+    for r, run in enumerate(runs):
+        first = run.terms[0]
+        pointwise_run = all(c.pointwise() for c in run.terms)
+        scalar = len(run.terms) == 1 and not first.out_indices
+        if run.out in inlinable or not (pointwise_run or scalar):
+            continue
+        closure = _closure(run, inlinable, runs, writer, tensors)
+        if not closure:
+            continue
+        if len({tensors[n].dtype for n in closure} | {tensors[run.out].dtype}) > 1:
+            continue
+        inner = [runs[r] for n in closure for r in writer.get(n, [])]
+        group = sorted(c.id for x in [run] + inner for c in x.terms)
+        op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
+                inlined=[n for n in tensors if n in closure])
+        leaves = expression(op, cs, tensors).leaves()
+        own = {p for x in inner for p in x.positions}
+        own |= {k for n in closure for k, node in enumerate(body) if isinstance(node, Op)
+                and node.tensor == n and node.op in ("alloc", "free", "eval") and node.level == "device"}
+        start, stop = min(own), run.positions[0]
+        moved = [k for k in range(start, stop) if k not in own and isinstance(body[k], Op)
+                 and body[k].op == "free" and body[k].level == "device" and body[k].tensor in {x.tensor for x in leaves}]
+        if not _undisturbed(body, start, stop, own, moved, {x.tensor for x in leaves}, cs):
+            continue
+        removed |= own | set(run.positions[1:]) | set(moved)
+        placed[run.positions[0]] = [op] + [body[k] for k in moved]
+    if not placed:
+        return body
+    out: list = []
+    for k, node in enumerate(body):
+        if k in placed:
+            out += placed[k]
+        elif k not in removed:
+            out.append(node)
+    return out
+
+
+def _closure(run: _Run, inlinable: set[str], runs: list[_Run], writer: dict, tensors) -> list[str]:
+    """The inlinable tensors a run reads, and those their producers read, transitively."""
+    found: list[str] = []
+    todo = [run]
+    while todo:
+        for c in todo.pop().terms:
+            for name, _ in _operands(c):
+                if name in inlinable and name not in found:
+                    found.append(name)
+                    if not _computed(tensors[name]):
+                        todo += [runs[r] for r in writer[name]]
+    return found
+
+
+def _renames_untiled(own, ix, tiled: set[str]) -> bool:
+    """Whether reading a buffer made over ``own`` as ``ix`` renames only positions that no loop
+    tiles (both names): the renamed read then covers the whole extent, as the buffer does."""
+    return len(own) == len(ix) and all(a == b or (a not in tiled and b not in tiled) for a, b in zip(own, ix))
+
+
+def _undisturbed(body: list, start: int, stop: int, own: set[int], moved: list[int], leaves: set[str],
+                 cs: list[Contraction]) -> bool:
+    """Whether the buffers a fused statement reads keep, from the first statement it replaces
+    (``start``) to where it runs (``stop``), the contents the replaced statements read: nothing
+    else there writes them, and no buffer whose ``free`` moves past ``stop`` is allocated again
+    before it."""
+    freed: set[tuple] = set()
+    for k in range(start, stop):
+        node = body[k]
+        if k in own:
+            continue
+        if isinstance(node, Loop):
+            if any(name in leaves for inner, _ in _walk(node.body) for name in _writes(inner, cs)):
+                return False
+        elif node.op == "compute" and cs[node.contraction].out in leaves:
+            return False
+        elif node.op == "alloc" and (node.tensor, tuple(node.indices)) in freed:
+            return False
+        if k in moved:
+            freed.add((node.tensor, tuple(node.indices)))
+    return True
+
+
+def _walk(body: list):
+    for node in body:
+        if isinstance(node, Loop):
+            yield from _walk(node.body)
+        else:
+            yield node, None
+
+
+def _names(op: Op, cs: list[Contraction]) -> set[str]:
+    """Tensors a statement touches."""
+    if op.op == "compute":
+        c = cs[op.contraction]
+        return {c.out} | {n for n, _ in _operands(c)}
+    if op.op == "fused":
+        return {op.tensor} | {n for k in op.group for n, _ in _operands(cs[k]) + [(cs[k].out, None)]}
+    return {op.tensor}
+
+
+def _writes(op: Op, cs: list[Contraction]) -> set[str]:
+    """Tensors a statement changes."""
+    if op.op == "compute":
+        return {cs[op.contraction].out}
+    return {op.tensor} if op.op in ("alloc", "get", "eval", "load", "fused") else set()

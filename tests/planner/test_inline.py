@@ -1,0 +1,164 @@
+"""Single-use point-wise producers inlined into their consumer (``planner/inline.py``): which
+bodies qualify, what the fused statement computes, and what the (T) plan becomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from chainexec import spec
+from chainexec.planner.build import make_plan
+from chainexec.planner.inline import expression, fuse
+from chainexec.planner.plan import Contraction, Loop, Op, Plan, TensorInfo, ops
+from tests.conftest import run_cli
+
+N = 5
+
+
+def _c(k, out, oix, a, aix, b=None, bix=None, factor=1.0):
+    return Contraction(k, out, list(oix), a, list(aix), b, list(bix) if b else None, factor, False, 0, k)
+
+
+def _tensors(dtype="float64", computed=None):
+    t = {name: TensorInfo(name, list(ix), [N] * len(ix), "float64", 8, role)
+         for name, ix, role in [("A", "ij", "input"), ("B", "ij", "input"), ("W", "ij", "intermediate"),
+                                ("X", "ij", "intermediate"), ("E", "", "output"), ("F", "ij", "output"),
+                                ("y", "i", "output")]}
+    t["X"].dtype, t["X"].itemsize = dtype, 4 if dtype == "float32" else 8
+    if computed:
+        t["D"] = TensorInfo("D", ["i", "j"], [N, N], "float64", 8, "intermediate", source={"expr": computed})
+    return t
+
+
+def _ref(op, name, ix, level="device"):
+    return Op(op, level, tensor=name, indices=list(ix))
+
+
+def _get(name, ix="ij"):
+    return [_ref("alloc", name, ix), _ref("get", name, ix)]
+
+
+def _compute(k):
+    return Op("compute", "device", contraction=k)
+
+
+PRODUCER = _c(0, "X", "ij", "A", "ij", "B", "ij", 0.5)
+
+
+def _body(reader: Contraction, between=(), around_producer=None):
+    """X made point-wise from A and B, then ``reader`` (contraction 1) reads it."""
+    out = reader.out
+    producer = [_compute(0)] if around_producer is None else [around_producer]
+    return ([_ref("alloc", "X", "ij")] + _get("A") + _get("B") + producer + list(between)
+            + [_ref("free", "B", "ij"), _ref("alloc", out, reader.out_indices), _compute(1),
+               _ref("free", "X", "ij"), _ref("free", "A", "ij"), _ref("accumulate", out, reader.out_indices),
+               _ref("free", out, reader.out_indices)])
+
+
+def _fused(body):
+    return [node for node in body if isinstance(node, Op) and node.op == "fused"]
+
+
+def test_a_single_use_producer_moves_into_a_scalar_reduction():
+    cs = [PRODUCER, _c(1, "E", "", "X", "ij", "A", "ij", 2.0)]
+    body = fuse(_body(cs[1]), cs, _tensors(), set())
+    (op,) = _fused(body)
+    assert (op.tensor, op.group, op.inlined) == ("E", [0, 1], ["X"])
+    assert not any(node.tensor == "X" for node in body if node is not op)
+    # B, freed after the producer before, now lives until the fused statement has run
+    names = [(node.op, node.tensor) for node in body]
+    assert names.index(("free", "B")) > names.index(("fused", "E"))
+    f = expression(op, cs, _tensors())
+    assert f.reduce and f.domain == ("i", "j") and f.out_indices == ()
+    assert f.text == "2.0 * (0.5 * A[i,j] * B[i,j]) * A[i,j]"
+    assert [(r.tensor, r.indices) for r in f.leaves()] == [("A", ("i", "j")), ("B", ("i", "j"))]
+
+
+def test_a_point_wise_consumer_is_fused_and_keeps_its_output():
+    cs = [PRODUCER, _c(1, "F", "ij", "X", "ji", "B", "ij")]
+    body = fuse(_body(cs[1]), cs, _tensors(), set())
+    (op,) = _fused(body)
+    f = expression(op, cs, _tensors())
+    assert not f.reduce and f.domain == ("i", "j") and f.text == "1.0 * (0.5 * A[j,i] * B[j,i]) * B[i,j]"
+
+
+def test_a_computed_tensor_is_evaluated_where_it_is_read():
+    cs = [PRODUCER, _c(1, "E", "", "X", "ij", "D", "ji")]
+    between = [_ref("alloc", "D", "ij"), _ref("eval", "D", "ij")]
+    body = _body(cs[1], between)
+    body.insert(-2, _ref("free", "D", "ij"))
+    tensors = _tensors(computed="1 / (2 + A[i,j] * A[j,i])")
+    (op,) = _fused(fuse(body, cs, tensors, set()))
+    assert op.inlined == ["X", "D"]
+    text = expression(op, cs, tensors).text.replace(" ", "")
+    assert text == "1.0*(0.5*A[i,j]*B[i,j])*(1/(2+A[j,i]*A[i,j]))"
+
+
+def _unchanged(cs, body, tensors=None, tiled=frozenset()):
+    return fuse(body, cs, tensors or _tensors(), set(tiled)) is body
+
+
+@pytest.mark.parametrize("case", ["read twice", "vector reduction", "summing producer", "renamed tiled index",
+                                  "mixed dtypes", "leaf written in between", "producer in an inner loop"])
+def test_what_stays_unfused(case):
+    reader = _c(1, "E", "", "X", "ij", "A", "ij")
+    cs = [PRODUCER, reader]
+    tensors, tiled, between, producer = None, (), (), None
+    if case == "read twice":
+        cs.append(_c(2, "F", "ij", "X", "ij", "B", "ij"))
+        between = [_ref("alloc", "F", "ij"), _compute(2)]
+    elif case == "vector reduction":
+        cs[1] = _c(1, "y", "i", "X", "ij", "A", "ij")
+    elif case == "summing producer":
+        cs[0] = _c(0, "X", "ij", "A", "ik", "B", "kj")
+    elif case == "renamed tiled index":
+        cs[1] = _c(1, "E", "", "X", "ji", "A", "ij")
+        tiled = ("i",)
+    elif case == "mixed dtypes":
+        tensors = _tensors("float32")
+    elif case == "leaf written in between":
+        cs[1] = _c(1, "E", "", "X", "ij", "W", "ij")
+        cs += [_c(2, "W", "ij", "A", "ik", "B", "kj")]
+        cs[0] = _c(0, "X", "ij", "W", "ij", "B", "ij")
+        between = [_compute(2)]
+    elif case == "producer in an inner loop":
+        producer = Loop("device", {"i": 2}, [_compute(0)])
+    body = _body(cs[1], between, producer)
+    if case == "leaf written in between":
+        body = [_ref("alloc", "W", "ij"), _compute(2)] + body
+    assert _unchanged(cs, body, tensors, tiled)
+
+
+def test_renamed_reads_over_untiled_indices_are_inlined():
+    cs = [PRODUCER, _c(1, "E", "", "X", "ji", "A", "ij")]
+    assert _fused(fuse(_body(cs[1]), cs, _tensors(), {"k"}))
+
+
+@pytest.fixture(scope="module")
+def triples(tmp_path_factory):
+    out = tmp_path_factory.mktemp("triples")
+    assert run_cli("chem", "synthetic", "--synthetic", 4, 9, 5, "--out", out).returncode == 0
+    return spec.load(out / "ccsd_t.yaml")
+
+
+def test_triples_epilogue_keeps_two_six_index_buffers(triples):
+    """V goes into Z's statement and R, Dinv·R and Dinv into the energy's; Z, read at six
+    permutations, stays. Of the six 6-index device buffers W, V, Z, R, Dinv·R and Dinv only W
+    and Z remain; flops and statements are those of the unfused plan (same tiles here)."""
+    fused, unfused = make_plan(triples), make_plan(triples, inline=False)
+    found = {op.tensor: op for nest in fused.nests for op, _ in ops(nest.body) if op.op == "fused"}
+    assert sorted(found) == ["E", "Z"]
+    assert found["Z"].inlined == ["V"] and found["Z"].group == list(range(12, 26))
+    assert sorted(found["E"].inlined) == sorted(["R", "Dinv", "_s32_0"]) and found["E"].group == list(range(26, 34))
+    six = {op.tensor for nest in fused.nests for op, _ in ops(nest.body)
+           if op.op == "alloc" and op.level == "device" and len(op.indices) == 6}
+    assert six == {"W", "Z"}
+    def tiles(plan):
+        return [list({id(loop): loop.tiles for _, loops in ops(nest.body) for loop in loops}.values())
+                for nest in plan.nests]
+
+    assert tiles(fused) == tiles(unfused)
+    for key in ("flops", "statements", "bytes"):
+        assert fused.predicted[key] == unfused.predicted[key], key
+    assert fused.predicted["streamed"] < 0.8 * unfused.predicted["streamed"]
+    assert fused.predicted["memory_peak"]["device"] < 0.6 * unfused.predicted["memory_peak"]["device"]
+    assert Plan.from_json(fused.to_json()) == fused
