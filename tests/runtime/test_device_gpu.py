@@ -27,6 +27,7 @@ from chainexec.runtime.device import CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
 from tests.runtime.test_fused import SMALL, check_fused_run  # noqa: E402
+from tests.runtime.test_inline import CHAINS as INLINE_CHAINS, LIMITS as INLINE_LIMITS, run_chain  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -402,3 +403,11 @@ def test_fourindex_runs_on_gpu(ranks, tmp_path):
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_fused_runs_on_gpu(name, schedule, ranks, tmp_path):
     check_fused_run(name, schedule, ranks, tmp_path, backend="cupy")
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("limits", INLINE_LIMITS, ids=["untiled", "tiled"])
+@pytest.mark.parametrize("name", sorted(INLINE_CHAINS))
+def test_fused_statements_on_gpu(name, limits, ranks, tmp_path):
+    """Fused statements (point-wise kernels and reductions with inlined producers) vs NumPy."""
+    run_chain(tmp_path, name, limits, ranks, backend="cupy")

@@ -74,34 +74,33 @@ def _config(name: str, global_memory: str, device_memory: str) -> dict:
 LIMITS = [("1GiB", "1GiB"), ("16KiB", "3KiB")]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-@pytest.mark.parametrize("limits", LIMITS, ids=["untiled", "tiled"])
-@pytest.mark.parametrize("name", sorted(CHAINS))
-def test_fused_statements_equal_numpy(tmp_path, name, limits, ranks):
-    config = write_config(tmp_path, _config(name, *limits))
-    plan = make_plan(spec.load(config), ranks=ranks)
+def run_chain(folder, name: str, limits: tuple[str, str], ranks: int | None = None, backend: str = "numpy",
+              inline: bool = True) -> None:
+    """Plan (checking which statements are fused), run and check one chain."""
+    config = write_config(folder, _config(name, *limits))
+    plan = make_plan(spec.load(config), ranks=ranks or 1, inline=inline)
     fused = {op.tensor: set(op.inlined) for nest in plan.nests for op, _ in ops(nest.body) if op.op == "fused"}
-    assert fused == CHAINS[name][2]
-    proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
+    assert fused == (CHAINS[name][2] if inline else {})
+    flags = [] if inline else ["--no-inline"]
+    proc = run_cli("run", config, "--backend", backend, *flags, "--report-json", folder / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    _check(tmp_path, name)
-
-
-@pytest.mark.parametrize("limits", LIMITS, ids=["untiled", "tiled"])
-def test_unfused_run_of_the_same_chain_agrees(tmp_path, limits):
-    config = write_config(tmp_path, _config("epilogue", *limits))
-    plan = make_plan(spec.load(config), inline=False)
-    assert not any(op.op == "fused" for nest in plan.nests for op, _ in ops(nest.body))
-    proc = run_cli("run", config, "--no-inline", "--report-json", tmp_path / "r.json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    _check(tmp_path, "epilogue")
-
-
-def _check(folder, name: str) -> None:
     report = read_report(folder / "r.json")
+    assert report["run"]["backend"] == backend
     for key in ("bytes", "flops", "statements", "streamed", "memory_peak"):
         assert report["measured"][key] == report["predicted"][key], key
     with h5py.File(folder / "out.h5", "r") as f:
         for out, expected in _reference(name).items():
             got = f[out][()]
             assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected)), out
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("limits", LIMITS, ids=["untiled", "tiled"])
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_fused_statements_equal_numpy(tmp_path, name, limits, ranks):
+    run_chain(tmp_path, name, limits, ranks)
+
+
+@pytest.mark.parametrize("limits", LIMITS, ids=["untiled", "tiled"])
+def test_unfused_run_of_the_same_chain_agrees(tmp_path, limits):
+    run_chain(tmp_path, "epilogue", limits, inline=False)

@@ -1,8 +1,8 @@
 """Generated point-wise kernels, on any machine: the reduced iteration space of
 :func:`pointwise.layout` visits exactly the (output, input) element pairs of the original views
 (NumPy strides of permuted, cut and broadcast views are the reference), the generated source
-compiles with nvcc for sm_90 (skipped without nvcc), and code outside numbers, names and
-operators never reaches it. The kernels' numbers are checked on a GPU in test_pointwise_gpu.py."""
+compiles with nvcc for sm_90 (skipped without nvcc) — the reduction kernels too — and code
+outside numbers, names and operators never reaches it. The kernels' numbers are checked on a GPU in test_pointwise_gpu.py."""
 
 from __future__ import annotations
 
@@ -79,6 +79,11 @@ def test_code_outside_numbers_names_and_operators_is_refused():
         pointwise.source("p0; } __global__ void x() {", (4,), [(1,), (1,)], ("float64", "float64"))
 
 
+def test_a_reduction_cannot_read_an_output_value():
+    with pytest.raises(ValueError, match="no output value"):
+        pointwise.reduce_source("y + p0", (4,), [(1,), (1,)], ("float64", "float64"))
+
+
 def test_index_width_follows_the_offsets():
     small = pointwise.source("y + p0", (8, 8), [(8, 1), (1, 8)], ("float64", "float64"))
     wide = pointwise.source("y + p0", (8, 8), [(8, 1), (2**29, 8)], ("float64", "float64"))
@@ -92,7 +97,9 @@ def test_sources_compile_with_nvcc(tmp_path):
     shape, reduced = pointwise.layout(out.shape, strides)
     sources = [pointwise.source("y + 2.0 * p0 * p1 + -0.5 * p2", shape, reduced, ("float64",) * 4),
                pointwise.source("(1.0 / ((p0 - p1) + p2))", shape, reduced, ("float32", "float64", "float32", "float32")),
-               pointwise.source("y + p0", (8, 8), [(8, 1), (2**29, 8)], ("float64", "float64"))]
+               pointwise.source("y + p0", (8, 8), [(8, 1), (2**29, 8)], ("float64", "float64")),
+               pointwise.reduce_source("2.0 * p0 * p1 + -0.5 * p2", shape, reduced, ("float64",) * 4),
+               pointwise.reduce_source("p0", (8, 8), [(8, 1), (2**29, 8)], ("float32", "float64"))]
     for k, text in enumerate(sources):
         f = tmp_path / f"p{k}.cu"
         f.write_text(text)
