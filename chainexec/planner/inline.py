@@ -18,7 +18,8 @@ repeats no work:
   the device (as the unfused statement's permuted read did);
 - the statement reading it becomes one ``fused`` statement when it is a run of point-wise terms
   (its output written once per element) or a single contraction to a scalar (a full reduction,
-  summed in the kernel); producers inlined into an inlined producer come along.
+  summed in the kernel), and no statement involved reads a scalar (``E[]``); producers inlined
+  into an inlined producer come along.
 
 ``Z`` itself is read six times (at six permutations) and stays a buffer: inlining it would
 recompute ``V`` six times per element. The multi-level fusion paper
@@ -190,6 +191,8 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         if len({tensors[n].dtype for n in closure} | {tensors[run.out].dtype}) > 1:
             continue
         inner = [runs[r] for n in closure for r in writer.get(n, [])]
+        if any(not ix for x in [run] + inner for c in x.terms for _, ix in _operands(c)):
+            continue  # a scalar operand has no reference in the expression language
         group = sorted(c.id for x in [run] + inner for c in x.terms)
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
                 inlined=[n for n in tensors if n in closure])

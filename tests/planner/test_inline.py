@@ -98,7 +98,8 @@ def _unchanged(cs, body, tensors=None, tiled=frozenset()):
 
 
 @pytest.mark.parametrize("case", ["read twice", "vector reduction", "summing producer", "renamed tiled index",
-                                  "mixed dtypes", "leaf written in between", "producer in an inner loop"])
+                                  "mixed dtypes", "leaf written in between", "producer in an inner loop",
+                                  "scalar operand"])
 def test_what_stays_unfused(case):
     reader = _c(1, "E", "", "X", "ij", "A", "ij")
     cs = [PRODUCER, reader]
@@ -122,6 +123,8 @@ def test_what_stays_unfused(case):
         between = [_compute(2)]
     elif case == "producer in an inner loop":
         producer = Loop("device", {"i": 2}, [_compute(0)])
+    elif case == "scalar operand":  # found on the GPU machine: E[] has no reference in the expression language
+        cs[0] = _c(0, "X", "ij", "E", "", "B", "ij")
     body = _body(cs[1], between, producer)
     if case == "leaf written in between":
         body = [_ref("alloc", "W", "ij"), _compute(2)] + body
