@@ -8,6 +8,7 @@ before anything is written.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -58,8 +59,14 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     (:mod:`chainexec.runtime.checkpoint`); it is emptied when the run completes. ``stop_after``:
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
     (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
-    in :func:`plan`."""
+    in :func:`plan`.
+
+    ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, plans and checks the
+    inputs; the others wait), starting the backend (CuPy's import and the device's context), in
+    the executor (slowest rank) and in all of this call; the rest of a process's wall time is
+    the interpreter's start and imports."""
     comm = world()
+    started = time.perf_counter()
     text = error = defect = kept = None
     if comm.rank == 0:
         try:
@@ -90,7 +97,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     if error is not None:
         raise ChainexecError(error)
     p = Plan.from_json(text)
+    planned = time.perf_counter()
     chosen = select(backend, comm)
+    ready = time.perf_counter()
     ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=checkpoint_every, stop_after=stop_after)
     executor = Executor(p, comm, chosen, balance, progress, ck)
     try:
@@ -119,12 +128,14 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         comm.Barrier()
         if comm.rank == 0:
             ck.clear()
+    phases = {"plan": planned - started, "backend": ready - planned,
+              "executor": measured["total_seconds"], "run": time.perf_counter() - started}
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "resumed_tiles": executor.resumed, "checkpoints": executor.checkpoints,
                     "per_rank": executor.rank_times(measured["total_seconds"]),
                     "statement_seconds": executor.statement_seconds(),
-                    "memory_limit": p.memory_limit}}
+                    "memory_limit": p.memory_limit, "phases": phases}}
 
 
 def verify(config: str | Path, samples: int = 300, limit: int = 2 << 30) -> list[Check]:

@@ -159,7 +159,8 @@ def main(argv=None) -> int:
                 print(report.ranks(result["run"]["per_rank"]))
                 if args.report:
                     print()
-                    print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"]))
+                    print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"],
+                                            result["run"]["phases"]))
                     print(report.statements(result["run"]["statement_seconds"]))
                 if args.report_json:
                     _write_json(args.report_json, {k: result[k] for k in ("predicted", "measured", "run")})

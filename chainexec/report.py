@@ -245,9 +245,10 @@ def _memory_rows(measured: dict, memory_limit: dict[str, int]) -> list[str]:
     return rows
 
 
-def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int]) -> str:
+def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int], phases: dict | None = None) -> str:
     """Achieved against the machine model, per level (disk, global<->device, compute); the wall time
-    against the predicted bound; memory peaks against the limits (bytes per level)."""
+    against the predicted bound; memory peaks against the limits (bytes per level); where the
+    seconds of the run went (``phases`` of :func:`chainexec.api.run`)."""
     rows = [f"{'level':<16}{'predicted':>16}{'measured':>16}{'busy s':>9}{'achieved':>17}{'bound':>17}"
             f"{'achieved/bound':>16}"]
     for r in level_rates(predicted, measured):
@@ -260,6 +261,8 @@ def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int]) ->
     wall = _ratio(measured["total_seconds"], predicted["total_seconds"])
     rows.append(f"wall s: measured {measured['total_seconds']:.3f}, predicted bound {predicted['total_seconds']:.3f}, "
                 f"measured/bound {'-' if wall is None else f'{wall:.2f}x'}")
+    if phases:
+        rows.append("run s: " + ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items()))
     return "\n".join(rows + _memory_rows(measured, memory_limit))
 
 
