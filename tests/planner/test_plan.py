@@ -53,11 +53,12 @@ def enumerate_bytes(plan: Plan) -> dict:
                     for lvl in (("global", "device") if node.level == "global" else ("device",)):
                         inner[lvl].update(zip(names, combo))
                     walk(node.body, inner)
-            elif node.op == "compute":
-                c = plan.contractions[node.contraction]
-                size = math.prod(b - a for a, b in (ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i])))
-                                                    for i in c.indices()))
-                moved["flops"] += (2 if c.b is not None else 1) * size
+            elif node.op in ("compute", "fused"):
+                for k in node.group or [node.contraction]:  # a fused statement: every contraction in it
+                    c = plan.contractions[k]
+                    size = math.prod(b - a for a, b in (ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i])))
+                                                        for i in c.indices()))
+                    moved["flops"] += (2 if c.b is not None else 1) * size
             elif node.op in CATEGORY:
                 level = "global" if node.op in ("load", "store") else "device"
                 size = math.prod(b - a for a, b in (ranges[level].get(i, (0, plan.extents[i])) for i in node.indices))
