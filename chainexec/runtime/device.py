@@ -37,6 +37,10 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   and ``b`` to (batch, contracted, b-external), multiply with ``cupy.matmul`` (cuBLAS, FP64 tensor
   cores on Hopper), add the product permuted to ``out``'s order. Works for every contraction.
 * ``einsum`` — ``cupy.einsum`` itself, so the choice is never slower than it.
+* ``direct`` — one generated kernel over the views as they lie, a thread per output element
+  summing the products (:func:`chainexec.runtime.pointwise.contract`): slow, but it applies to
+  every contraction and needs no memory at all, so a plan that fills the device limit (the
+  4 MiB demo) has a method that keeps within it when GETT does not apply.
 * ``cutensor`` — NVIDIA's cuTENSOR through ``cupyx.cutensor``, adding into ``out`` (β = 1) on
   any strided views, where libcutensor is installed (:func:`_cutensor`); so the choice is never
   slower than it either. Its workspace, chosen by the library, is counted as one output-sized
@@ -70,7 +74,7 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "sum", "summma")
+METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
 without timing candidates; any other forced method runs such a run term by term)."""
@@ -78,6 +82,8 @@ TIMED_SUM_KINDS = ("sum",)
 """The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
 times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
 run on a GPU: until then it runs only where forced."""
+IN_PLACE = ("gett", "direct")
+"""Methods the autotuner times on the output itself, adding zero: no scratch output needed."""
 TIMED_RUNS = 2
 """CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
 
@@ -239,8 +245,8 @@ STAGE_BYTES = 8 << 20
 outside the plan's levels). On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
 (T) inputs at o=24, v=180 (1.4 GB) reached the device in 0.65 s instead of 0.94 s."""
 PROBE_FLOOR = 1 << 20
-"""Output bytes below which probes are not cut even when the plan leaves less room (only GETT,
-which times in place, is then timed within the room)."""
+"""Output bytes below which probes are not cut even when the plan leaves less room (only the
+methods timed in place, :data:`IN_PLACE`, are then timed within the room)."""
 TUNE_BYTES = 512 << 20
 """Output bytes above which the autotuner times a probe instead of the whole contraction. A probe
 cut too far changes the methods' shapes, not just their sizes: at 64 MiB the (T) W tiles of
@@ -282,10 +288,10 @@ def _like(xp, out):
 def _workspace(method: str, out, a, b) -> int:
     """Upper bound (bytes) of the device temporaries a contraction method makes: TTGT and the
     COGENT kernel may copy both operands and make an output-sized product (or temporary output),
-    ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the point-wise kernels
-    make none (not counted: GETT's offset tables and batched GEMM's pointer tables, 24 bytes per
+    ``cupy.einsum`` one more output-sized array; GETT, batched GEMM, the direct kernel and the
+    point-wise kernels make none (not counted: GETT's offset tables and batched GEMM's pointer tables, 24 bytes per
     GEMM of a pointer-array call, kept for the process); cuTENSOR's is counted as one output."""
-    if method in ("gett", "batched"):
+    if method in ("gett", "batched", "direct"):
         return 0
     if method == "cutensor":
         return out.nbytes
@@ -579,9 +585,9 @@ class CupyBackend(Backend):
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
 
         When the chosen method's workspace does not fit in the device memory left (CuPy's
-        OutOfMemoryError, also under a pool limit), the contraction runs through GETT, which needs
-        none (``out`` is untouched by the failed attempt: every method adds its product only once
-        it is complete)."""
+        OutOfMemoryError, also under a pool limit), the contraction runs through GETT where it
+        applies, else the direct kernel: neither needs any (``out`` is untouched by the failed
+        attempt: every method adds its product only once it is complete)."""
         if b is None or c.pointwise():
             self.contract_terms([c], out, [(a, b)])
         else:
@@ -589,15 +595,14 @@ class CupyBackend(Backend):
             try:
                 self._run(how, c, out, a, b)
             except self.xp.cuda.memory.OutOfMemoryError:
-                gp = self._problem(c, out, a, b) if how[0] != "gett" else None
-                if gp is None:
-                    raise ChainexecError(f"device memory: no room left for the workspace of "
-                                         f"{c.out}[{','.join(c.out_indices)}] += {c.a}·{c.b} ({how[0]}, tile "
-                                         f"{'x'.join(map(str, out.shape))}); lower machine.device_memory") from None
-                order, cfg = gp[1][0]
-                fallback = {"order": order, **asdict(cfg)}
-                self._run(("gett", fallback), c, out, a, b)
-                self.choices[self._key(c, out, a, b)] = Choice("gett", config=fallback)
+                if how[0] in IN_PLACE:
+                    raise ChainexecError(f"device memory: none left for {c.out}[{','.join(c.out_indices)}] += "
+                                         f"{c.a}·{c.b} ({how[0]}, tile {'x'.join(map(str, out.shape))}); "
+                                         f"lower machine.device_memory") from None
+                gp = self._problem(c, out, a, b)
+                fallback = ("direct", None) if gp is None else ("gett", {"order": gp[1][0][0], **asdict(gp[1][0][1])})
+                self._run(fallback, c, out, a, b)
+                self.choices[self._key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
         self.xp.cuda.get_current_stream().synchronize()
         pool = self.xp.get_default_memory_pool()
         if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
@@ -717,8 +722,8 @@ class CupyBackend(Backend):
     def _candidates(self, c: Contraction, out, a, b) -> dict:
         """Method name -> configuration (plain data, or None), for every method that applies:
         ``gett:<order>:<config>`` for the model's top GETT candidates, ``batched`` (batched GEMM in
-        place), ``kernel`` (COGENT),
-        ``ttgt``, ``einsum`` and, where installed, ``cutensor``."""
+        place), ``kernel`` (COGENT), ``ttgt``, ``einsum``, ``direct`` and, where installed,
+        ``cutensor``."""
         cands = {}
         gp = self._problem(c, out, a, b)
         if gp is not None:
@@ -730,6 +735,7 @@ class CupyBackend(Backend):
             cands["kernel"] = None
         cands["ttgt"] = None
         cands["einsum"] = None
+        cands["direct"] = None
         if (_cutensor(self.xp) is not None and str(out.dtype) in ("float32", "float64")
                 and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
             cands["cutensor"] = None
@@ -786,20 +792,23 @@ class CupyBackend(Backend):
         fit in the memory the plan leaves (:meth:`limit_memory`; always, without a limit)."""
         if self.workspace is None:
             return True
-        scratch = 0 if method == "gett" else 2 * probe[0].nbytes
+        scratch = 0 if method in IN_PLACE else 2 * probe[0].nbytes
         return max(_workspace(method, *tile), _workspace(method, *probe) + scratch) <= self.workspace
 
     def _time(self, how: tuple, c: Contraction, out, a, b) -> float:
         """Seconds of one contraction by ``how = (method, config)`` (best of :data:`TIMED_RUNS`
-        after one warm-up, CUDA events). GETT runs in place with ``alpha = 0, beta = 1`` (its cost
-        does not depend on alpha, and ``out`` keeps its strides, which the kernel's speed depends
-        on; a finite result is unchanged); the others write a scratch output with ``out``'s strides
+        after one warm-up, CUDA events). GETT and the direct kernel (:data:`IN_PLACE`) run in place
+        with a factor of 0 (their cost does not depend on it, and ``out`` keeps its strides, which
+        their speed depends on; a finite result is unchanged); the others write a scratch output with ``out``'s strides
         where its span is at most twice its size (:func:`_like`), so that layouts that depend on
         strides, as batched GEMM's do, are timed as they will run."""
         cp = self.xp
         if how[0] == "gett":
             def run():
                 self._gett_call(how[1], c, out, a, b, alpha=0.0)
+        elif how[0] == "direct":
+            def run():
+                pointwise.contract(cp, out, a, b, (c.out_indices, c.a_indices, c.b_indices), 0.0)
         else:
             scratch = []
 
@@ -852,6 +861,8 @@ class CupyBackend(Backend):
         method, config = how
         if method == "gett":
             self._gett_call(config, c, out, a, b, c.factor)
+        elif method == "direct":
+            pointwise.contract(cp, out, a, b, (c.out_indices, c.a_indices, c.b_indices), c.factor)
         elif method == "batched":
             if not self.batched_gemm(c, out, a, b, c.factor):  # chosen on a probe; no layout here
                 out += _ttgt_product(cp, c, a, b)
@@ -878,7 +889,7 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
-TUNING_VERSION = 3
+TUNING_VERSION = 4
 """Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
 so that decisions recorded by older code are not read back."""
 

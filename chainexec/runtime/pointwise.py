@@ -29,6 +29,12 @@ result is the same bit for bit every time (no atomics). A first version had 4,09
 over the elements: on the H100 the (T) energy's expression (thirteen reads, six of them
 permuted) then took 2.0 s of a run where the unfused statements took 1.3 s, too few loads in
 flight to hide the permuted reads' latency.
+
+:func:`contract` is the same idea for any binary contraction: one thread per output element
+loops over the summed indices, reading both operands where they lie. No temporary and no
+workspace at all, at the FP64 CUDA cores' speed at best: the contraction method that always
+fits (``direct`` in :mod:`chainexec.runtime.device`), for tiles cut so small by the device
+memory limit that no other method's temporaries fit beside them.
 """
 
 from __future__ import annotations
@@ -71,21 +77,26 @@ def _code_check(code: str) -> None:
         raise ValueError(f"point-wise code {code!r} has characters outside numbers, names and operators")
 
 
-def _element(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> tuple[str, list[str]]:
-    """The index type and the lines that split ``rest`` (the element number) into coordinates
-    and read every input's value ``p0, p1, …`` at them, for :func:`source` and
-    :func:`reduce_source` (arguments as there)."""
-    total = math.prod(shape)
+def _index_type(counts: list[int], shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> str:
+    """``int`` where the element ``counts`` and every array's offset span fit in 32 bits."""
     extent = max([1] + [sum((n - 1) * abs(s) for n, s in zip(shape, st)) + 1 for st in strides])
-    index = "int" if max(total, extent) < INDEX32 else "long long"
-    lines = []
-    # Unsigned division by a constant is a multiply and a shift; the coordinates are then signed
-    # for the offsets (a view's strides may be any sign).
-    for d in reversed(range(len(shape))):
-        lines.append(f"const {index} c{d} = rest % {shape[d]}u; rest /= {shape[d]}u;" if d
-                     else f"const {index} c0 = rest;")
-    lines += [f"const {C_TYPES[t]} p{k} = P{k}[{_offset(strides[1 + k])}];" for k, t in enumerate(types[:-1])]
-    return index, lines
+    return "int" if max(counts + [extent]) < INDEX32 else "long long"
+
+
+def _coordinates(shape: tuple[int, ...], index: str) -> list[str]:
+    """Lines that split ``rest`` (the element number) into the coordinates ``c0, c1, …``.
+    Unsigned division by a constant is a multiply and a shift; the coordinates are then signed
+    for the offsets (a view's strides may be any sign)."""
+    return [f"const {index} c{d} = rest % {shape[d]}u; rest /= {shape[d]}u;" if d else f"const {index} c0 = rest;"
+            for d in reversed(range(len(shape)))]
+
+
+def _element(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The index type and the lines that find an element's coordinates and read every input's
+    value ``p0, p1, …`` there, for :func:`source` and :func:`reduce_source` (arguments as there)."""
+    index = _index_type([math.prod(shape)], shape, strides)
+    loads = [f"const {C_TYPES[t]} p{k} = P{k}[{_offset(strides[1 + k])}];" for k, t in enumerate(types[:-1])]
+    return index, _coordinates(shape, index) + loads
 
 
 def _offset(st: tuple[int, ...]) -> str:
@@ -187,3 +198,61 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
     partial = xp.empty(blocks, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((blocks,), (BLOCK,), (partial, *views))
     return partial.sum()
+
+
+def contraction_source(shape: tuple[int, ...], summed: tuple[int, ...], strides: list[tuple[int, ...]],
+                       inner: list[tuple[int, ...]], types: tuple[str, ...]) -> str:
+    """CUDA C of ``chainexec_direct(y, a, b, factor)``: ``y[at] += factor · Σ a·b`` over the summed
+    index space ``summed`` for every element of ``shape`` (both :func:`layout`-reduced);
+    ``strides``: the output's, a's and b's along ``shape``; ``inner``: a's and b's along
+    ``summed``; ``types``: a's, b's and the output's dtypes. Products are added in double."""
+    index = _index_type([math.prod(shape), math.prod(summed)], shape + summed,
+                        [st + it for st, it in zip(strides, [(0,) * len(summed)] + inner)])
+    out_type = C_TYPES[types[2]]
+    lines = [f"extern \"C\" __global__ void chainexec_direct({out_type}* __restrict__ Y, "
+             f"const {C_TYPES[types[0]]}* __restrict__ A, const {C_TYPES[types[1]]}* __restrict__ B, double factor) {{",
+             f"  const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
+             f"  if (flat >= {math.prod(shape)}LL) return;",
+             f"  unsigned {index} rest = (unsigned {index})flat;"]
+    lines += ["  " + line for line in _coordinates(shape, index)]
+    lines += [f"  const {index} at = {_offset(strides[0])};",
+              f"  const {index} oa = {_offset(strides[1])};",
+              f"  const {index} ob = {_offset(strides[2])};",
+              "  double acc = 0.0;"]
+    pad = "  "
+    for d, n in enumerate(summed):
+        lines.append(f"{pad}for ({index} s{d} = 0; s{d} < {n}; ++s{d}) {{")
+        pad += "  "
+    ia = " + ".join(["oa"] + [f"s{d} * {s}" for d, s in enumerate(inner[0]) if s])
+    ib = " + ".join(["ob"] + [f"s{d} * {s}" for d, s in enumerate(inner[1]) if s])
+    lines.append(f"{pad}acc += (double)A[{ia}] * (double)B[{ib}];")
+    lines += ["  " * (d + 1) + "}" for d in reversed(range(len(summed)))]
+    lines += [f"  Y[at] = ({out_type})(Y[at] + factor * acc);", "}"]
+    return "\n".join(lines)
+
+
+def direct_source(out, a, b, indices: tuple[list[str], list[str], list[str]]) -> str:
+    """:func:`contraction_source` for arrays (NumPy or CuPy: only shapes, strides and dtypes are
+    read) ``out``, ``a``, ``b`` over the index lists ``indices`` (out's, a's, b's)."""
+    out_ix, a_ix, b_ix = indices
+    size = dict(zip(a_ix, a.shape)) | dict(zip(b_ix, b.shape)) | dict(zip(out_ix, out.shape))
+    rest = [i for i in dict.fromkeys(a_ix + b_ix) if i not in out_ix]
+
+    def along(arr, ix, names):
+        st = dict(zip(ix, (s // arr.itemsize for s in arr.strides)))
+        return tuple(st.get(i, 0) if size[i] > 1 else 0 for i in names)
+
+    shape, strides = layout(tuple(size[i] for i in out_ix), [along(out, out_ix, out_ix), along(a, a_ix, out_ix),
+                                                             along(b, b_ix, out_ix)])
+    summed, inner = layout(tuple(size[i] for i in rest), [along(a, a_ix, rest), along(b, b_ix, rest)])
+    return contraction_source(shape, summed, strides, inner, (a.dtype.name, b.dtype.name, out.dtype.name))
+
+
+def contract(xp, out, a, b, indices: tuple[list[str], list[str], list[str]], factor: float) -> None:
+    """``out += factor · a·b`` for the binary contraction whose index lists (out, a, b) are
+    ``indices``, over the views as they lie (:func:`direct_source`), on the current stream."""
+    total = math.prod(out.shape)
+    if total == 0:
+        return
+    kernel = _kernel(xp, direct_source(out, a, b, indices), "chainexec_direct")
+    kernel(((total + BLOCK - 1) // BLOCK,), (BLOCK,), (out, a, b, xp.float64(factor)))

@@ -60,7 +60,7 @@ def _operands(rng, c, size, dtype, views: bool, step: bool):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
-@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "cutensor", "auto"])
+@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "cutensor", "direct", "auto"])
 def test_contract_matches_einsum(method, kind, dtype):
     """Every method, random contractions, contiguous and strided operands; the padding around
     ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
@@ -93,9 +93,11 @@ def test_contract_matches_einsum(method, kind, dtype):
             assert choice.method == ("kernel" if eligible else "ttgt")
         if method == "cutensor":
             assert choice.method == ("cutensor" if all((out_idx, a_idx, b_idx)) else "ttgt")
+        if method == "direct":
+            assert choice.method == "direct"
         if method == "auto":
             # every applicable method was timed and the fastest taken
-            assert {"ttgt", "einsum"} <= set(choice.seconds) and min(choice.seconds.values()) > 0
+            assert {"ttgt", "einsum", "direct"} <= set(choice.seconds) and min(choice.seconds.values()) > 0
             assert "kernel" not in choice.seconds or eligible
             assert min(choice.seconds, key=choice.seconds.get).split(":")[0] == choice.method
         if method == "ttgt":
@@ -328,8 +330,9 @@ def test_memory_limit_falls_back_to_gett():
 
 @pytest.mark.parametrize("room", ["none", "plenty"])
 def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monkeypatch):
-    """With no device memory left beyond the plan's buffers the autotuner times only GETT (it
-    makes no temporaries and times in place; batched GEMM's timing needs a scratch output), and
+    """With no device memory left beyond the plan's buffers the autotuner times only GETT and the
+    direct kernel (they make no temporaries and time in place; batched GEMM's timing needs a
+    scratch output), and
     does not take a choice cached under more memory; with room, TTGT and einsum are timed too.
     Either way the result is right."""
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))  # same key in both cases
@@ -348,7 +351,7 @@ def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monke
     if room == "plenty":
         assert {"ttgt", "einsum"} <= timed
     else:
-        assert choice.method == "gett" and timed == {"gett"}
+        assert timed == {"gett", "direct"} and choice.method in timed
 
 
 def test_select_binds_gpu(monkeypatch):

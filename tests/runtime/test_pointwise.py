@@ -99,10 +99,93 @@ def test_sources_compile_with_nvcc(tmp_path):
                pointwise.source("(1.0 / ((p0 - p1) + p2))", shape, reduced, ("float32", "float64", "float32", "float32")),
                pointwise.source("y + p0", (8, 8), [(8, 1), (2**29, 8)], ("float64", "float64")),
                pointwise.reduce_source("2.0 * p0 * p1 + -0.5 * p2", shape, reduced, ("float64",) * 4),
-               pointwise.reduce_source("p0", (8, 8), [(8, 1), (2**29, 8)], ("float32", "float64"))]
+               pointwise.reduce_source("p0", (8, 8), [(8, 1), (2**29, 8)], ("float32", "float64")),
+               pointwise.contraction_source((4, 6), (5, 3), [(6, 1), (1, 0), (0, 4)], [(3, 15), (1, 24)],
+                                            ("float32", "float64", "float32"))]
     for k, text in enumerate(sources):
         f = tmp_path / f"p{k}.cu"
         f.write_text(text)
         r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / f"p{k}.cubin"), str(f)],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
+
+
+DIRECT_CASES = {
+    # (out, a, b) index strings, with extents from SIZES; views of NaN-padded buffers, permuted
+    "matrix product": ("ij", "ik", "kj"),
+    "two summed, permuted operands": ("ijl", "kjmi", "lmk"),
+    "batch index": ("bij", "bik", "bkj"),
+    "sum over one operand alone": ("i", "ik", "i"),
+    "scalar result": ("", "ijk", "kji"),
+    "outer product": ("ij", "i", "j"),
+}
+SIZES = {"i": 5, "j": 4, "k": 6, "l": 3, "m": 2, "b": 3}
+
+DIRECT_MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+struct Dim3 { unsigned x; };
+Dim3 threadIdx, blockIdx;
+#define __global__
+#define __restrict__
+#define T double
+@SOURCE@
+int main(int argc, char** argv) {
+  long long n[3], at[3];
+  for (int k = 0; k < 3; ++k) { n[k] = atoll(argv[2 + 2 * k]); at[k] = atoll(argv[3 + 2 * k]); }
+  std::vector<T> buf[3];
+  FILE* f = fopen(argv[1], "rb");
+  for (int k = 0; k < 3; ++k) { buf[k].resize(n[k]); if (fread(buf[k].data(), sizeof(T), n[k], f) != (size_t)n[k]) return 2; }
+  fclose(f);
+  long long total = atoll(argv[8]);
+  for (long long e = 0; e < (total + 255) / 256 * 256; ++e) {
+    blockIdx.x = e / 256; threadIdx.x = e % 256;
+    chainexec_direct(buf[0].data() + at[0], buf[1].data() + at[1], buf[2].data() + at[2], atof(argv[9]));
+  }
+  f = fopen(argv[1], "wb");
+  fwrite(buf[0].data(), sizeof(T), n[0], f);
+  fclose(f);
+  return 0;
+}
+"""
+
+
+def _padded(rng, shape, order):
+    """(buffer, view): a view of shape ``shape`` into a NaN-padded buffer stored in axis order ``order``."""
+    stored = [shape[d] for d in order]
+    big = np.full([n + 2 for n in stored], np.nan)
+    inner = tuple(slice(1, 1 + n) for n in stored)
+    big[inner] = rng.standard_normal(stored)
+    return big, big[inner or ...].transpose(np.argsort(order))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("case", sorted(DIRECT_CASES))
+def test_direct_contraction_kernel_equals_einsum(case, tmp_path):
+    """The generated direct kernel, compiled as C++ and run thread by thread on the CPU, on
+    permuted views of NaN-padded buffers: out += 0.75·Σ a·b as numpy.einsum has it, and nothing
+    outside out's view written."""
+    rng = np.random.default_rng(len(case))
+    ix = DIRECT_CASES[case]
+    arrays = []
+    for k, idx in enumerate(ix):
+        order = list(range(len(idx)))[::-1] if k % 2 else list(range(len(idx)))
+        arrays.append(_padded(rng, [SIZES[i] for i in idx], order))
+    (big_out, out), (big_a, a), (big_b, b) = arrays
+    ref = out + 0.75 * np.einsum(f"{ix[1]},{ix[2]}->{ix[0]}", a, b)
+    text = pointwise.direct_source(out, a, b, tuple(list(x) for x in ix))
+    cpp, exe, data = tmp_path / "d.cpp", tmp_path / "d", tmp_path / "d.bin"
+    cpp.write_text(DIRECT_MAIN.replace("@SOURCE@", text))
+    subprocess.run(["g++", "-O1", "-std=c++17", "-w", str(cpp), "-o", str(exe)], check=True)
+    data.write_bytes(b"".join(x.tobytes() for x in (big_out, big_a, big_b)))
+    args = []
+    for big, view in ((big_out, out), (big_a, a), (big_b, b)):
+        args += [str(big.size), str((view.__array_interface__["data"][0] - big.ctypes.data) // 8)]
+    subprocess.run([str(exe), str(data)] + args + [str(max(1, out.size)), "0.75"], check=True)
+    got = np.fromfile(data, count=big_out.size).reshape(big_out.shape)
+    inner = tuple(slice(1, n - 1) for n in big_out.shape)  # out is stored in its own axis order
+    outside = np.ones(got.shape, bool)
+    outside[inner or ...] = False
+    assert np.isnan(got[outside]).all()
+    assert np.max(np.abs(got[inner or ...] - ref)) <= 1e-13 * np.max(np.abs(ref))
