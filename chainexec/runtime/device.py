@@ -150,6 +150,7 @@ class Backend:
     def zeros(self, shape, dtype):
         """A zero-filled device buffer of ``shape`` (elements) and ``dtype``; one clear error
         when the memory is not there (the plan's limit is above what the device has)."""
+        self._make_room(math.prod(shape) * np.dtype(dtype).itemsize)
         try:
             return self.xp.zeros(shape, dtype=dtype)
         except self.out_of_memory:
@@ -185,6 +186,9 @@ class Backend:
         """Bytes the device allocator holds now, scratch included (None: no separate device
         memory to watch, as with NumPy)."""
         return None
+
+    def _make_room(self, nbytes: int) -> None:
+        """Before a buffer of ``nbytes`` is allocated: nothing to do for host memory."""
 
     def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
         """Fill ``out`` (a computed tensor's tile over index order ``order``) with the expression
@@ -475,6 +479,18 @@ class CupyBackend(Backend):
         out-of-core four-index run of 2026-11-22 through TTGT's temporaries.)"""
         self.workspace = max(0, limit - planned)
         self.memory = limit
+
+    def _make_room(self, nbytes: int) -> None:
+        """Give CuPy's cached free blocks back before an allocation that could take the pool over
+        the configured device memory: blocks freed by tiles of other shapes (edge tiles) do not
+        fit the next buffer, and the pool grew beside them. In the 4 MiB demo (planned peak
+        3.9 MiB) it held 6.0 MiB at its high-water mark on the H100 that way, every allocation
+        but 350 KB being the plan's own buffers (CuPy's LineProfileHook)."""
+        if self.memory is None:
+            return
+        pool = self.xp.get_default_memory_pool()
+        if pool.total_bytes() + nbytes > self.memory and pool.free_bytes():
+            pool.free_all_blocks()
 
     def expect_transfers(self, nbytes: int) -> None:
         """Use page-locked host buffers only if this rank will move at least
