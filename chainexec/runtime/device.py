@@ -359,6 +359,7 @@ class CupyBackend(Backend):
         self._gett: dict[tuple, tuple] = {}
         self._batches: dict[tuple, tuple | None] = {}
         self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit
+        self.table_bytes = 0  # device bytes of the GETT offset tables made so far (kept)
         self.memory: int | None = None  # the configured device memory (bytes); None: no limit
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
@@ -649,7 +650,9 @@ class CupyBackend(Backend):
     def _problem(self, c: Contraction, out, a, b):
         """GETT problems by order with their device tables, and the model's ranked
         (order, configuration) candidates for these operands (float64 only), cached by shapes
-        and strides; None where GETT does not apply."""
+        and strides; None where GETT does not apply, or where its tables (kept for the process)
+        would not fit in the room the plan leaves: in the 4 MiB demo on the H100 they held the
+        allocator 2 % above the limit."""
         if out.dtype != np.float64 or out.size < GETT_MIN_OUTPUT:
             return None
         key = self._key(c, out, a, b)
@@ -664,8 +667,13 @@ class CupyBackend(Backend):
             dev = self.xp.cuda.Device()
             cands = gett.candidates(probs, dev.attributes["MultiProcessorCount"], TUNE_TOP,
                                     int(dev.compute_capability))
-            self._gett[key] = ({o: (p, kernels.GettTables(p, strides)) for o, p in probs.items()}, cands) \
-                if cands else None
+            host = {o: gett.tables(p, strides) for o, p in probs.items()} if cands else {}
+            need = sum(t.nbytes for h in host.values() for t in h.values())
+            fits = self.workspace is None or self.table_bytes + need <= self.workspace
+            self._gett[key] = None
+            if cands and fits:
+                self._gett[key] = ({o: (p, kernels.GettTables(p, strides, host[o])) for o, p in probs.items()}, cands)
+                self.table_bytes += need
         return self._gett[key]
 
     def _batched(self, c: Contraction, out, a, b):

@@ -186,13 +186,14 @@ class GettTables:
     Built once and reused for every tile of the same shape; ``views`` are the nine table
     pointers in the kernel's argument order."""
 
-    def __init__(self, problem, strides):
+    def __init__(self, problem, strides, host: dict | None = None):
+        """``host``: the tables already made by :func:`chainexec.planner.gett.tables`, if they were."""
         import cupy
         import numpy as np
 
         from ..planner import gett
 
-        host = gett.tables(problem, strides)
+        host = host or gett.tables(problem, strides)
         flat = np.concatenate([host[t] for t in gett.TABLE_ORDER])
         self.buffer = cupy.asarray(flat)
         cuts = np.cumsum([0] + [host[t].size for t in gett.TABLE_ORDER])
