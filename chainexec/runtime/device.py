@@ -880,12 +880,13 @@ class CupyBackend(Backend):
     def _run(self, how: tuple, c: Contraction, out, a, b) -> None:
         """``out += factor · a·b`` by ``how = (method, config)``. The COGENT kernel needs
         C-contiguous operands (copied when they are views) and accumulates in place into a
-        C-contiguous ``out``, otherwise into a temporary then added; GETT takes any views."""
+        C-contiguous ``out``, otherwise into a temporary then added; GETT and the direct kernel
+        take any views (the direct kernel also stands in for GETT where its tables do not fit)."""
         cp = self.xp
         method, config = how
-        if method == "gett":
+        if method == "gett" and self._problem(c, out, a, b) is not None:
             self._gett_call(config, c, out, a, b, c.factor)
-        elif method == "direct":
+        elif method in ("gett", "direct"):  # GETT chosen elsewhere (a probe, a cached choice) but no room here
             pointwise.contract(cp, out, a, b, (c.out_indices, c.a_indices, c.b_indices), c.factor)
         elif method == "batched":
             if not self.batched_gemm(c, out, a, b, c.factor):  # chosen on a probe; no layout here
