@@ -10,13 +10,7 @@ export OMP_NUM_THREADS=$(nproc)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 [ -f "$work/bz/inputs.h5" ] || /usr/bin/time -f "%e" -o "$out/chem_seconds.txt" \
     python3 -m chainexec.cli chem benzene --basis cc-pvdz --out "$work/bz"
-python3 - "$work/bz/ccsd_t.yaml" <<'PY'
-import sys, yaml
-path = sys.argv[1]
-cfg = yaml.safe_load(open(path))
-cfg["machine"] = {"global_memory": "32GiB", "device_memory": "40GiB"}
-open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
-PY
+python3 benchmarks/set_machine.py "$work/bz/ccsd_t.yaml" 32GiB 40GiB
 # The planner picks the occupied tile size (ordered i >= j >= k tiles skip work, small tiles cost
 # statements) from the machine's rates: measure them here.
 [ -f "$work/machine.json" ] || python3 -m chainexec.cli calibrate "$work/machine.json" --backend cupy --ranks 1

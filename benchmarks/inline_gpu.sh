@@ -11,13 +11,7 @@ mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD
 M=benchmarks/results/machine_h100_2026-11-23.json
 [ -f "$work/syn/inputs.h5" ] || python3 -m chainexec.cli chem x --synthetic 24 180 7 --out "$work/syn" > /dev/null
-python3 - "$work/syn/ccsd_t.yaml" <<'PY'
-import sys, yaml
-path = sys.argv[1]
-cfg = yaml.safe_load(open(path))
-cfg["machine"] = {"global_memory": "16GiB", "device_memory": "40GiB"}
-open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
-PY
+python3 benchmarks/set_machine.py "$work/syn/ccsd_t.yaml" 16GiB 40GiB
 python3 -m chainexec.cli plan "$work/syn/ccsd_t.yaml" --machine $M > "$out/plan_inline.txt" 2>&1
 python3 -m chainexec.cli plan "$work/syn/ccsd_t.yaml" --machine $M --no-inline > "$out/plan_noinline.txt" 2>&1
 grep -E "parallel for|^device|flops|time \(model" "$out/plan_inline.txt" "$out/plan_noinline.txt"

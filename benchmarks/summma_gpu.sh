@@ -15,13 +15,7 @@ tail -3 "$out/gpu_tests.txt"
 python3 benchmarks/sum_tile.py "$out/sum_tile.json" > "$out/sum_tile.txt" 2>&1 || true
 tail -5 "$out/sum_tile.txt"
 [ -f "$work/o24/inputs.h5" ] || python3 -m chainexec.cli chem x --synthetic 24 180 7 --out "$work/o24" > /dev/null
-python3 - "$work/o24/ccsd_t.yaml" <<'PY'
-import sys, yaml
-path = sys.argv[1]
-cfg = yaml.safe_load(open(path))
-cfg["machine"] = {"global_memory": "16GiB", "device_memory": "40GiB"}
-open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
-PY
+python3 benchmarks/set_machine.py "$work/o24/ccsd_t.yaml" 16GiB 40GiB
 for method in auto summma; do
   for pass in 1 2; do
     CHAINEXEC_GPU_METHOD=$method python3 -m chainexec.cli run "$work/o24/ccsd_t.yaml" --backend cupy --quiet \

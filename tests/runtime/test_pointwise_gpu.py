@@ -39,11 +39,16 @@ def relerr(got, ref) -> float:
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
-@pytest.mark.parametrize("case", CASES)
-def test_sum_of_terms_equals_numpy(case, wide, monkeypatch):
-    if wide:
+@pytest.fixture(params=[False, True], ids=["32-bit", "64-bit"])
+def wide(request, monkeypatch):
+    """Each kernel with 32-bit index arithmetic where it fits, and forced to 64-bit."""
+    if request.param:
         monkeypatch.setattr(pointwise, "INDEX32", 1)
+    return request.param
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sum_of_terms_equals_numpy(case, wide):
     out, inputs = views(case, cupy)
     host_out, host_inputs = out.get(), [a.get() for a in inputs]
     whole = out if out.base is None else out.base
@@ -68,11 +73,8 @@ def test_expression_with_division_into_float32():
     assert relerr(out32.get(), (1.0 / ((host[0] - host[1]) + host[2])).astype(np.float32)) <= 1e-7
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
 @pytest.mark.parametrize("case", CASES)
-def test_reduction_equals_numpy(case, wide, monkeypatch):
-    if wide:
-        monkeypatch.setattr(pointwise, "INDEX32", 1)
+def test_reduction_equals_numpy(case, wide):
     out, inputs = views(case, cupy)
     code = " + ".join(f"{k + 1.5} * p{k} * p{k}" if k % 2 else f"{k - 0.5} * p{k}" for k in range(len(inputs)))
     got = pointwise.reduce(cupy, code, inputs, out.shape)
