@@ -11,15 +11,20 @@ repeats no work:
 
 - an intermediate is inlined when every statement writing it is a point-wise term (it sums over
   nothing) at this body's top level, nothing else touches it (one buffer; no transfer, no inner
-  loop), and exactly one reference reads it, after its last writer; a computed tensor
+  loop), and exactly one reference reads it, after its last writer, in a term over its own
+  indices (read broadcast along others, it would be made again for each); a computed tensor
   (``source: {expr}``) evaluated here and read once likewise;
 - where the reference renames the producer's indices (``Z[i,j,k,b,c,a]``), the renamed positions
   are tiled by no loop around the body, so the renamed reads stay inside the tiles already on
   the device (as the unfused statement's permuted read did);
 - the statement reading it becomes one ``fused`` statement when it is a run of point-wise terms
   (its output written once per element) or a single contraction to a scalar (a full reduction,
-  summed in the kernel), and no statement involved reads a scalar (``E[]``); producers inlined
-  into an inlined producer come along.
+  summed in the kernel), no statement involved reads a scalar (``E[]``) and the statement does
+  not read its own output (at another position it would race with its own writes); producers
+  inlined into an inlined producer come along;
+- buffers it reads that were freed between the first statement it replaces and itself are freed
+  after it (after the last such fused statement, when several read one buffer); nothing in
+  between may write them or allocate one of them again.
 
 ``Z`` itself is read six times (at six permutations) and stays a buffer: inlining it would
 recompute ``V`` six times per element. The multi-level fusion paper
@@ -148,11 +153,11 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
             continue
         touched.setdefault(node.tensor, []).append(node)
         k += 1
-    reads: dict[str, list[tuple[int, list[str]]]] = {}
+    reads: dict[str, list[tuple[int, list[str], Contraction]]] = {}
     for r, run in enumerate(runs):
         for c in run.terms:
             for name, ix in _operands(c):
-                reads.setdefault(name, []).append((r, ix))
+                reads.setdefault(name, []).append((r, ix, c))
     writer = {}
     for r, run in enumerate(runs):
         writer.setdefault(run.out, []).append(r)
@@ -162,7 +167,9 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
     def candidate(name: str) -> bool:
         if name in deep or len(reads.get(name, [])) != 1 or not tensors[name].indices:
             return False
-        reader, ix = reads[name][0]
+        reader, ix, c = reads[name][0]
+        if set(ix) != set(c.indices()):
+            return False  # read broadcast along other indices: inlined, it would be made again for each
         t = tensors[name]
         if _computed(t):
             own = next((body[k].indices for k in evals[name]), None)
@@ -177,8 +184,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
                 and max(writer[name]) < reader and _renames_untiled(made[0].out_indices, ix, tiled))
 
     inlinable = {name for name in reads if candidate(name)}
-    removed: set[int] = set()
-    placed: dict[int, list] = {}
+    fusions = []  # (position, fused statement, positions it replaces, first of them, tensors it reads)
     for r, run in enumerate(runs):
         first = run.terms[0]
         pointwise_run = all(c.pointwise() for c in run.terms)
@@ -196,19 +202,28 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         group = sorted(c.id for x in [run] + inner for c in x.terms)
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
                 inlined=[n for n in tensors if n in closure])
-        leaves = expression(op, cs, tensors).leaves()
+        leaves = {x.tensor for x in expression(op, cs, tensors).leaves()}
+        if run.out in leaves:
+            continue  # it would read its own output, elsewhere than where it writes: a race in one kernel
         own = {p for x in inner for p in x.positions}
         own |= {k for n in closure for k, node in enumerate(body) if isinstance(node, Op)
                 and node.tensor == n and node.op in ("alloc", "free", "eval") and node.level == "device"}
         start, stop = min(own), run.positions[0]
-        moved = [k for k in range(start, stop) if k not in own and isinstance(body[k], Op)
-                 and body[k].op == "free" and body[k].level == "device" and body[k].tensor in {x.tensor for x in leaves}]
-        if not _undisturbed(body, start, stop, own, moved, {x.tensor for x in leaves}, cs):
+        moved = [k for k in range(start, stop) if k not in own and _frees(body[k], leaves)]
+        if not _undisturbed(body, start, stop, own, moved, leaves, cs):
             continue
-        removed |= own | set(run.positions[1:]) | set(moved)
-        placed[run.positions[0]] = [op] + [body[k] for k in moved]
-    if not placed:
+        fusions.append((stop, op, own | set(run.positions[1:]), start, leaves))
+    if not fusions:
         return body
+    removed = set().union(*(f[2] for f in fusions))
+    placed = {f[0]: [f[1]] for f in fusions}
+    # A buffer freed between a fused statement's first replaced statement and the statement itself
+    # is freed after the last fused statement that reads it (two of them may read one buffer).
+    for k, node in enumerate(body):
+        after = [root for root, _, _, start, leaves in fusions if start <= k < root and _frees(node, leaves)]
+        if after and k not in removed:
+            removed.add(k)
+            placed[max(after)].append(node)
     out: list = []
     for k, node in enumerate(body):
         if k in placed:
@@ -216,6 +231,11 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         elif k not in removed:
             out.append(node)
     return out
+
+
+def _frees(node, tensors: set[str]) -> bool:
+    """Whether ``node`` frees a device buffer of one of ``tensors``."""
+    return isinstance(node, Op) and node.op == "free" and node.level == "device" and node.tensor in tensors
 
 
 def _closure(run: _Run, inlinable: set[str], runs: list[_Run], writer: dict, tensors) -> list[str]:

@@ -227,23 +227,17 @@ def _halved(g: DeviceGroup, tiles: dict[str, int], index: str, tile: int) -> Non
 def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
     """``group`` with tiles halved until its nest fits both levels (in place); None if it cannot.
 
-    One halving at the first overflowing level at a time, each decided by :func:`_halve` from the
-    tiles alone. A halving cuts every buffer to no less than 2^-s, s the number of indices it
-    halves together (a symmetric group's, :func:`_halved`), so a peak ``F`` times over its limit
-    stays over for the next ⌈log₂ F / s⌉ halvings whatever else changes (a loop that starts to be
-    double-buffered only adds memory): those are made without pricing the nest in between, the
-    same halvings as one by one (planning the (T) job at o=24, v=180 priced 1,348 nests, 5.7 s on
-    the development machine; now 1,031 nests, half the time)."""
-    together = max([1] + [len(g.symmetric) for g in group.groups])
+    One halving at a time, the nest priced after each: a peak does not fall by a fixed factor per
+    halving (a loop that appears can drop more, a global halving can raise the device peak by
+    splitting a shared buffer), so several halvings per pricing ended with other tiles in 58 of
+    617 calls planning (T) at o=6, v=20 with 256 KiB of device memory (tried 2026-11-23)."""
     while True:
         pred = ctx.price(Schedule([group]))
         over = [lvl for lvl in ("device", "global") if pred["memory_peak"][lvl] > ctx.limits[lvl]]
         if not over:
             return group
-        steps = math.ceil(math.log2(pred["memory_peak"][over[0]] / ctx.limits[over[0]]) / together)
-        for _ in range(max(1, steps)):
-            if not _halve(group, over[0]):
-                return None
+        if not _halve(group, over[0]):
+            return None
 
 
 def _halve(group: DiskGroup, level: str) -> bool:

@@ -22,7 +22,7 @@ def _tensors(dtype="float64", computed=None):
     t = {name: TensorInfo(name, list(ix), [N] * len(ix), "float64", 8, role)
          for name, ix, role in [("A", "ij", "input"), ("B", "ij", "input"), ("W", "ij", "intermediate"),
                                 ("X", "ij", "intermediate"), ("E", "", "output"), ("F", "ij", "output"),
-                                ("y", "i", "output")]}
+                                ("y", "i", "output"), ("T", "ijk", "input")]}
     t["X"].dtype, t["X"].itemsize = dtype, 4 if dtype == "float32" else 8
     if computed:
         t["D"] = TensorInfo("D", ["i", "j"], [N, N], "float64", 8, "intermediate", source={"expr": computed})
@@ -99,7 +99,7 @@ def _unchanged(cs, body, tensors=None, tiled=frozenset()):
 
 @pytest.mark.parametrize("case", ["read twice", "vector reduction", "summing producer", "renamed tiled index",
                                   "mixed dtypes", "leaf written in between", "producer in an inner loop",
-                                  "scalar operand"])
+                                  "scalar operand", "broadcast read"])
 def test_what_stays_unfused(case):
     reader = _c(1, "E", "", "X", "ij", "A", "ij")
     cs = [PRODUCER, reader]
@@ -125,6 +125,8 @@ def test_what_stays_unfused(case):
         producer = Loop("device", {"i": 2}, [_compute(0)])
     elif case == "scalar operand":  # found on the GPU machine: E[] has no reference in the expression language
         cs[0] = _c(0, "X", "ij", "E", "", "B", "ij")
+    elif case == "broadcast read":  # X would be made again for every k
+        cs[1] = _c(1, "E", "", "X", "ij", "T", "ijk")
     body = _body(cs[1], between, producer)
     if case == "leaf written in between":
         body = [_ref("alloc", "W", "ij"), _compute(2)] + body
@@ -165,3 +167,32 @@ def test_triples_epilogue_keeps_two_six_index_buffers(triples):
     assert fused.predicted["streamed"] < 0.8 * unfused.predicted["streamed"]
     assert fused.predicted["memory_peak"]["device"] < 0.6 * unfused.predicted["memory_peak"]["device"]
     assert Plan.from_json(fused.to_json()) == fused
+
+
+def _plan(tmp_path, statements, outputs):
+    import yaml
+
+    cfg = {"name": "chain", "indices": {"i": 6, "j": 6},
+           "tensors": {n: {"indices": ["i", "j"], "source": {"random": k}} for k, n in enumerate("ABC", 1)},
+           "statements": statements, "outputs": {n: {"file": "o.h5", "dataset": n} for n in outputs},
+           "machine": {"global_memory": "1GiB", "device_memory": "1GiB"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return make_plan(spec.load(tmp_path / "c.yaml"))
+
+
+def test_a_statement_that_would_read_its_own_output_stays_unfused(tmp_path):
+    """Inlining P into ``Z += P`` would make one kernel read Z[j,i] while it writes Z[i,j]
+    (found in review: a race on the GPU, right on NumPy)."""
+    plan = _plan(tmp_path, ["Z[i,j] = A[i,j]", "P[i,j] = Z[j,i] * B[i,j]", "Z[i,j] += P[i,j]",
+                            "O[i,j] = Z[i,j] * B[i,j]"], ["O"])
+    assert not any(op.op == "fused" and op.tensor == "Z" for nest in plan.nests for op, _ in ops(nest.body))
+
+
+def test_two_fused_statements_reading_one_buffer_free_it_once_after_both(tmp_path):
+    """A is read by both producers; its free moves after the later fused statement, once (found
+    in review: each fusion moved it, and planning failed on the double free)."""
+    plan = _plan(tmp_path, ["Y[i,j] = A[i,j] * B[i,j]", "X[i,j] = A[i,j] * C[i,j]", "F[i,j] = X[i,j] * B[i,j]",
+                            "G[i,j] = Y[i,j] * C[i,j]"], ["F", "G"])
+    body = [(op.op, op.tensor) for nest in plan.nests for op, _ in ops(nest.body) if op.level == "device"]
+    assert {t for o, t in body if o == "fused"} == {"F", "G"}
+    assert body.count(("free", "A")) == 1 and body.index(("free", "A")) > body.index(("fused", "G"))

@@ -119,38 +119,3 @@ machine: {global_memory: 64MiB, device_memory: 800KiB}
         assert many.predicted["memory_peak"]["device"] <= many.memory_limit["device"]
         assert many.predicted["flops"] == one.predicted["flops"]
 
-
-def _step_by_step(ctx, group):
-    """The halving search priced after every single halving (what _shrunk's batches must equal)."""
-    from chainexec.planner import schedule
-    from chainexec.planner.nest import Schedule
-
-    while True:
-        pred = ctx.price(Schedule([group]))
-        over = [lvl for lvl in ("device", "global") if pred["memory_peak"][lvl] > ctx.limits[lvl]]
-        if not over:
-            return group
-        if not schedule._halve(group, over[0]):
-            return None
-
-
-@pytest.mark.parametrize("case", ["expr_d", "fourindex", "triples"])
-def test_halvings_made_in_batches_give_the_step_by_step_plan(case, tmp_path, monkeypatch):
-    """``_shrunk`` makes ⌈log₂(peak/limit)/s⌉ halvings per pricing; the plan must be the one of
-    pricing after each halving (the (T) case, with its symmetric i, j, k halved together, is the
-    one that failed when s was left out)."""
-    import yaml
-
-    from chainexec.planner import schedule
-
-    if case == "triples":
-        cfg = yaml.safe_load((CONFIGS / "ccsd_t.yaml").read_text())
-        cfg["ranges"] = {"occ": 8, "vir": 30}
-        cfg["machine"] = {"global_memory": "64MiB", "device_memory": "4MiB"}
-        path = tmp_path / "t.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    else:
-        path = CONFIGS / f"{case}.yaml"
-    batched = make_plan(spec.load(path)).to_json()
-    monkeypatch.setattr(schedule, "_shrunk", _step_by_step)
-    assert make_plan(spec.load(path)).to_json() == batched

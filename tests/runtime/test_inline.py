@@ -32,6 +32,11 @@ CHAINS = {
                   "E[] = W[i,j,l] * P[i,j,l] * R[i,j,l]"], ["E"], {"Z": {"V"}, "E": {"P", "R", "_s7_0"}}),
     "point-wise output": (["X[i,j,l] = C[i,j,l] * D[j]",
                            "O[i,j,l] = 3 * X[j,i,l] * C[i,j,l]"], ["O"], {"O": {"X"}}),
+    # C is read by both producers: its buffer lives until the second fused statement
+    "two fused statements read one input": (["Y[i,j,l] = C[i,j,l] * G[l]",
+                                             "X[i,j,l] = C[i,j,l] * D[j]",
+                                             "F[i,j,l] = 2 * X[i,j,l] * G[l]",
+                                             "H[i,j,l] = Y[j,i,l] * D[j]"], ["F", "H"], {"F": {"X"}, "H": {"Y"}}),
 }
 
 
@@ -51,7 +56,10 @@ def _reference(name: str) -> dict[str, np.ndarray]:
         r = 2 * z - z.transpose(1, 0, 2)
         p = 1 / (4 + d[:, None, None] * d[None, :, None] + g[None, None, :] ** 2)
         return {"E": np.sum(w * p * r)}
-    return {"O": 3 * (c * d[None, :, None]).transpose(1, 0, 2) * c}
+    if name == "point-wise output":
+        return {"O": 3 * (c * d[None, :, None]).transpose(1, 0, 2) * c}
+    y = c * g[None, None, :]
+    return {"F": 2 * c * d[None, :, None] * g[None, None, :], "H": y.transpose(1, 0, 2) * d[None, :, None]}
 
 
 def _config(name: str, global_memory: str, device_memory: str) -> dict:
