@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from chainexec import expr
 
-from .plan import Contraction, Loop, Op, TensorInfo, term_run
+from .plan import Contraction, Loop, Op, TensorInfo, ops, term_run
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
     while k < len(body):
         node = body[k]
         if isinstance(node, Loop):
-            for inner, _ in _walk(node.body):
+            for inner, _ in ops(node.body):
                 deep.update(_names(inner, cs))
             k += 1
             continue
@@ -270,7 +270,7 @@ def _undisturbed(body: list, start: int, stop: int, own: set[int], moved: list[i
         if k in own:
             continue
         if isinstance(node, Loop):
-            if any(name in leaves for inner, _ in _walk(node.body) for name in _writes(inner, cs)):
+            if any(name in leaves for inner, _ in ops(node.body) for name in _writes(inner, cs)):
                 return False
         elif node.op == "compute" and cs[node.contraction].out in leaves:
             return False
@@ -279,14 +279,6 @@ def _undisturbed(body: list, start: int, stop: int, own: set[int], moved: list[i
         if k in moved:
             freed.add((node.tensor, tuple(node.indices)))
     return True
-
-
-def _walk(body: list):
-    for node in body:
-        if isinstance(node, Loop):
-            yield from _walk(node.body)
-        else:
-            yield node, None
 
 
 def _names(op: Op, cs: list[Contraction]) -> set[str]:
