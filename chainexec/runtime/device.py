@@ -293,8 +293,9 @@ def _workspace(method: str, out, a, b) -> int:
     """Upper bound (bytes) of the device temporaries a contraction method makes: TTGT and the
     COGENT kernel may copy both operands and make an output-sized product (or temporary output),
     ``cupy.einsum`` one more output-sized array; GETT, batched GEMM, the direct kernel and the
-    point-wise kernels make none (not counted: GETT's offset tables and batched GEMM's pointer tables, 24 bytes per
-    GEMM of a pointer-array call, kept for the process); cuTENSOR's is counted as one output."""
+    point-wise kernels make none (GETT's offset tables, kept for the process, are checked
+    against the room by :meth:`CupyBackend._problem`; batched GEMM's pointer tables, 24 bytes
+    per GEMM of a pointer-array call, are not counted); cuTENSOR's is counted as one output."""
     if method in ("gett", "batched", "direct"):
         return 0
     if method == "cutensor":
