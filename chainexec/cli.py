@@ -89,7 +89,7 @@ def _plan_json(plan) -> dict:
         return f"{name}[{','.join(idx)}]"
 
     contractions = [{"id": c.id, "output": ref(c.out, c.out_indices),
-                     "inputs": [ref(c.a, c.a_indices)] + ([ref(c.b, c.b_indices)] if c.b is not None else []),
+                     "inputs": [ref(n, ix) for n, ix in c.operands()],
                      "flops": c.flops} for c in plan.contractions]
     return {"predicted": plan.predicted, "contractions": contractions, "alternatives": plan.alternatives,
             "plan": to_dict(plan)}

@@ -164,20 +164,20 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
                     walk(node.body, inner, slotted | {key(op) for op in staged(node)})
                     live["global"] -= slots
                     continue
-                if node.op == "compute":
+                if node.op in ("compute", "fused"):
+                    group = node.group or [node.contraction]
+                    for c in (contractions[j] for j in group):
+                        flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
+                    statements[0] += len(group) * points([], loops, extents, "device")
+                    if node.op == "fused":
+                        reads = inline.expression(node, contractions, tensors).leaves()
+                        streamed[0] += 2 * tile_bytes(node.tensor, node.indices, loops) + sum(
+                            tile_bytes(r.tensor, r.indices, loops) for r in reads)
+                        continue
                     c = contractions[node.contraction]
-                    flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
-                    statements[0] += points([], loops, extents, "device")
                     if k not in tails:  # a point-wise run's output is read and written once
                         streamed[0] += 2 * tile_bytes(c.out, c.out_indices, loops)
-                    streamed[0] += tile_bytes(c.a, c.a_indices, loops) + (tile_bytes(c.b, c.b_indices, loops) if c.b else 0)
-                    continue
-                if node.op == "fused":
-                    for c in (contractions[k] for k in node.group):
-                        flops[0] += (2 if c.b is not None else 1) * points(c.indices(), loops, extents, "device")
-                    statements[0] += len(node.group) * points([], loops, extents, "device")
-                    streamed[0] += 2 * tile_bytes(node.tensor, node.indices, loops) + sum(
-                        tile_bytes(r.tensor, r.indices, loops) for r in _leaves(node, contractions, tensors))
+                    streamed[0] += sum(tile_bytes(n, ix, loops) for n, ix in c.operands())
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
@@ -203,11 +203,6 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine, ranks
     seconds = machine.seconds(moved, flops[0], streamed[0])
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
-
-
-def _leaves(op: Op, contractions, tensors) -> list:
-    """The buffer references a fused statement reads (:meth:`chainexec.planner.inline.Fused.leaves`)."""
-    return inline.expression(op, contractions, tensors).leaves()
 
 
 @lru_cache(maxsize=256)

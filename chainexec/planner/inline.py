@@ -70,14 +70,6 @@ class Fused:
         return expr.refs(self.tree)
 
 
-def _operands(c: Contraction) -> list[tuple[str, list[str]]]:
-    return [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
-
-
-def _computed(t: TensorInfo) -> bool:
-    return t.source is not None and "expr" in t.source
-
-
 def _renamed(text: str, rename: dict[str, str]) -> str:
     """A computed tensor's expression with its index names replaced (all at once)."""
     tree = expr.parse(text)
@@ -102,14 +94,14 @@ def expression(op: Op, cs: list[Contraction], tensors: dict[str, TensorInfo]) ->
         if name not in inlined:
             return f"{name}[{','.join(ix)}]"
         t = tensors[name]
-        if _computed(t):
+        if t.computed():
             return f"({_renamed(t.source['expr'], dict(zip(t.indices, ix)))})"
         terms = writers[name]
         rename = dict(zip(terms[0].out_indices, ix))
         return f"({' + '.join(term(c, rename) for c in terms)})"
 
     def term(c: Contraction, rename: dict[str, str]) -> str:
-        parts = [repr(float(c.factor))] + [operand(n, [rename.get(i, i) for i in ix]) for n, ix in _operands(c)]
+        parts = [repr(float(c.factor))] + [operand(n, [rename.get(i, i) for i in ix]) for n, ix in c.operands()]
         return " * ".join(parts)
 
     roots = [c for c in group if c.out == op.tensor]
@@ -156,7 +148,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
     reads: dict[str, list[tuple[int, list[str], Contraction]]] = {}
     for r, run in enumerate(runs):
         for c in run.terms:
-            for name, ix in _operands(c):
+            for name, ix in c.operands():
                 reads.setdefault(name, []).append((r, ix, c))
     writer = {}
     for r, run in enumerate(runs):
@@ -171,7 +163,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         if set(ix) != set(c.indices()):
             return False  # read broadcast along other indices: inlined, it would be made again for each
         t = tensors[name]
-        if _computed(t):
+        if t.computed():
             own = next((body[k].indices for k in evals[name]), None)
             return (len(evals[name]) == 1 and name not in writer and own is not None
                     and all(r.indices for r in expr.refs(expr.parse(t.source["expr"])))
@@ -197,7 +189,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         if len({tensors[n].dtype for n in closure} | {tensors[run.out].dtype}) > 1:
             continue
         inner = [runs[r] for n in closure for r in writer.get(n, [])]
-        if any(not ix for x in [run] + inner for c in x.terms for _, ix in _operands(c)):
+        if any(not ix for x in [run] + inner for c in x.terms for _, ix in c.operands()):
             continue  # a scalar operand has no reference in the expression language
         group = sorted(c.id for x in [run] + inner for c in x.terms)
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
@@ -244,10 +236,10 @@ def _closure(run: _Run, inlinable: set[str], runs: list[_Run], writer: dict, ten
     todo = [run]
     while todo:
         for c in todo.pop().terms:
-            for name, _ in _operands(c):
+            for name, _ in c.operands():
                 if name in inlinable and name not in found:
                     found.append(name)
-                    if not _computed(tensors[name]):
+                    if not tensors[name].computed():
                         todo += [runs[r] for r in writer[name]]
     return found
 
@@ -285,9 +277,7 @@ def _names(op: Op, cs: list[Contraction]) -> set[str]:
     """Tensors a statement touches."""
     if op.op == "compute":
         c = cs[op.contraction]
-        return {c.out} | {n for n, _ in _operands(c)}
-    if op.op == "fused":
-        return {op.tensor} | {n for k in op.group for n, _ in _operands(cs[k]) + [(cs[k].out, None)]}
+        return {c.out} | {n for n, _ in c.operands()}
     return {op.tensor}
 
 
@@ -295,4 +285,4 @@ def _writes(op: Op, cs: list[Contraction]) -> set[str]:
     """Tensors a statement changes."""
     if op.op == "compute":
         return {cs[op.contraction].out}
-    return {op.tensor} if op.op in ("alloc", "get", "eval", "load", "fused") else set()
+    return {op.tensor} if op.op in ("alloc", "get", "eval", "load") else set()

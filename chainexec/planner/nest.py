@@ -121,10 +121,6 @@ def _loop(level: str, tiles: dict[str, int], body: list, parallel: bool = False,
     return body
 
 
-def _operands(c: Contraction) -> list[tuple[str, list[str]]]:
-    return [(c.a, c.a_indices)] + ([(c.b, c.b_indices)] if c.b is not None else [])
-
-
 def same_region(ix, iy, tiled) -> bool:
     """Whether two references to one tensor cover the same region in every iteration of loops that
     tile the indices ``tiled``: position by position the same index, or two indices neither of
@@ -160,14 +156,10 @@ class Emitter:
         rename = dict(zip(t.indices, ix))
         return [(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(expr.parse(t.source["expr"]))]
 
-    def _computed(self, name) -> bool:
-        source = self.tensors[name].source
-        return source is not None and "expr" in source
-
     def _leaves(self, name, ix) -> list[tuple[str, list[str]]]:
         """The stored tensors ``name[ix]`` needs at the global level: itself, or, for a computed
         tensor, what its expression reads (it is made on the device, where it is used)."""
-        if self._computed(name):
+        if self.tensors[name].computed():
             return [leaf for n, i in self._inputs_of(name, ix) for leaf in self._leaves(n, i)]
         return [(name, list(ix))]
 
@@ -200,7 +192,7 @@ class Emitter:
         for name, ix in refs:
             if name in held or (name, list(ix)) in live or (name not in alone and _covered(live, name, ix, tiled)):
                 continue
-            if self._computed(name):
+            if self.tensors[name].computed():
                 inputs, done = self._fetches(self._inputs_of(name, ix), tiled, live, alone, held)
                 fetch += inputs + [_ref("alloc", "device", name, ix), _ref("eval", "device", name, ix)] + done
             else:
@@ -228,7 +220,7 @@ class Emitter:
         """Tensors some contraction after position k reads or accumulates into, and outputs."""
         needed = {t.name for t in self.tensors.values() if t.role == "output"}
         for c in self.cs[k + 1:]:
-            needed.update(n for n, _ in _operands(c))
+            needed.update(n for n, _ in c.operands())
             if c.accumulate:
                 needed.add(c.out)
         return needed
@@ -248,11 +240,11 @@ class Emitter:
         written: set[str] = set()
         for k in ids:
             c = self.cs[k]
-            reads = {n for n, _ in _operands(c)}
+            reads = {n for n, _ in c.operands()}
             later = {self.cs[j].out for j in ids if j > k}
             if reads & later - written:
                 return False
-            if c.accumulate and c.out not in written and any(c.out in {n for n, _ in _operands(self.cs[j])}
+            if c.accumulate and c.out not in written and any(c.out in {n for n, _ in self.cs[j].operands()}
                                                               for j in ids):
                 return False
             written.add(c.out)
@@ -264,7 +256,7 @@ class Emitter:
         # A tensor summed over a fused index holds a partial sum until the fused loop ends: nothing
         # in the sub-chain may read it.
         partial = {self.cs[k].out for k in ids if (common - set(self.cs[k].out_indices)) & set(self.cs[k].indices())}
-        return not any(partial & {n for n, _ in _operands(self.cs[k])} for k in ids)
+        return not any(partial & {n for n, _ in self.cs[k].operands()} for k in ids)
 
     def group_common(self, ids: list[int]) -> list[str]:
         """The fused loops of a sub-chain. A linear chain (each contraction reads the previous
@@ -276,7 +268,7 @@ class Emitter:
         whole range of the positions it permutes)."""
         cs = [self.cs[k] for k in ids]
         writers = self.writers(ids)
-        if all(p.out in {n for n, _ in _operands(q)} for p, q in zip(cs, cs[1:])) and \
+        if all(p.out in {n for n, _ in q.operands()} for p, q in zip(cs, cs[1:])) and \
                 len({c.out for c in cs}) == len(cs):
             order = common_indices(cs, self.extents)
         else:
@@ -287,7 +279,7 @@ class Emitter:
                 common = set.intersection(*inner) if inner else set()
                 common -= {i for t, ix in writers.items() if t in after for i in ix}
             order = [i for i in next(iter(writers.values())) if i in common]
-        renamed = {i for c in cs for name, ix in _operands(c) + [(c.out, c.out_indices)] if name in writers
+        renamed = {i for c in cs for name, ix in c.operands() + [(c.out, c.out_indices)] if name in writers
                    for pair in zip(ix, writers[name]) if pair[0] != pair[1] for i in pair}
         return [i for i in order if i not in renamed]
 
@@ -304,7 +296,7 @@ class Emitter:
         for pos, dg in enumerate(group.groups):
             for k in dg.contractions:
                 c = self.cs[k]
-                for name in [n for n, _ in _operands(c)] + [c.out]:
+                for name in [n for n, _ in c.operands()] + [c.out]:
                     if name in written:
                         first.setdefault(name, pos)
                         last[name] = pos
@@ -348,12 +340,12 @@ class Emitter:
         the same tensor over the same region share one buffer at each level."""
         outs = c.out_indices
         ks = [i for i in c.indices() if i not in outs]
-        resident = [(n, ix) for n, ix in _operands(c) if n in g.resident and n not in kept]
-        streamed = [(n, ix) for n, ix in _operands(c) if n not in g.resident and n not in kept]
+        resident = [(n, ix) for n, ix in c.operands() if n in g.resident and n not in kept]
+        streamed = [(n, ix) for n, ix in c.operands() if n not in g.resident and n not in kept]
         alone = {c.out}
         streamed_tiled = set(outer) | set(self._tiled(g.glob, outs)) | set(self._tiled(g.glob, ks))
         device_tiled = streamed_tiled | set(self._tiled(g.dev, outs)) | set(self._tiled(g.dev, ks))
-        fetch, done = self._fetches(_operands(c), device_tiled, alone=alone)
+        fetch, done = self._fetches(c.operands(), device_tiled, alone=alone)
         inner = fetch + [Op("compute", "device", contraction=c.id)] + done
         dev_body = [_ref("alloc", "device", c.out, outs), *_loop("device", self._tiled(g.dev, ks), inner),
                     _ref("accumulate", "device", c.out, outs), _ref("free", "device", c.out, outs)]
@@ -386,18 +378,18 @@ class Emitter:
         exported = [t for t in writers if t in self.needed_after(ids[-1])]
         last_use = {}
         for pos, c in enumerate(cs):
-            for name in [n for n, _ in _operands(c)] + [c.out]:
+            for name in [n for n, _ in c.operands()] + [c.out]:
                 last_use[name] = pos
         loaded = []
         for c in cs:
-            for n, ix in _operands(c):
+            for n, ix in c.operands():
                 if n not in writers and n not in kept and (n, ix) not in loaded:
                     loaded.append((n, ix))
         global_tiled = set(outer) | set(self._tiled(g.glob, common))
         fused_tiled = global_tiled | set(self._tiled(g.dev, common))
         own = [set(self._tiled(g.dev, [i for i in c.indices() if i not in common])) for c in cs]
         on_device = {leaf[0] for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in g.on_device}
-        work = [[(n, ix) for n, ix in _operands(c) if n not in writers and n not in on_device] for c in cs]
+        work = [[(n, ix) for n, ix in c.operands() if n not in writers and n not in on_device] for c in cs]
         held = self._held(work, own, fused_tiled)
         dev_body: list = []
         live: set[str] = set()

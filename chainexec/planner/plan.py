@@ -50,6 +50,10 @@ class TensorInfo:
     # Indices the output is summed over and symmetric in (:class:`chainexec.spec.Output`).
     symmetric: list[str] = field(default_factory=list)
 
+    def computed(self) -> bool:
+        """Whether it is made from an expression over other tensors (``source: {expr}``)."""
+        return self.source is not None and "expr" in self.source
+
 
 @dataclass
 class Contraction:
@@ -75,6 +79,10 @@ class Contraction:
             if i not in seen:
                 seen.append(i)
         return seen
+
+    def operands(self) -> list[tuple[str, list[str]]]:
+        """(tensor, indices) of ``a``, and of ``b`` when there is one."""
+        return [(self.a, self.a_indices)] + ([(self.b, self.b_indices)] if self.b is not None else [])
 
     def pointwise(self) -> bool:
         """Whether it sums over nothing: a permuted copy, a Hadamard or an outer product."""

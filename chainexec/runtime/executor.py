@@ -591,9 +591,13 @@ class Executor:
         out = self._view(op.tensor, op.indices)
         self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out)
         self._watch()
-        self.counters.statements += len(op.group)
+        self._count([self.plan.contractions[k] for k in op.group])
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
-        for c in (self.plan.contractions[k] for k in op.group):
+
+    def _count(self, cs) -> None:
+        """The statements and flops of contractions run on the current device tiles."""
+        self.counters.statements += len(cs)
+        for c in cs:
             self.counters.flops += (2 if c.b is not None else 1) * math.prod(
                 b - a for a, b in self._region("device", c.indices()))
 
@@ -611,12 +615,10 @@ class Executor:
         else:
             self.backend.contract_sum(cs, out, operands)
         self._watch()
-        self.counters.statements += len(cs)
+        self._count(cs)
         passes = 1 if cs[0].pointwise() else len(cs)  # the cost model's rule (cost._run_tails)
         self.counters.streamed += 2 * passes * out.nbytes + sum(x.nbytes for pair in operands for x in pair
                                                                  if x is not None)
-        for c, (a, b) in zip(cs, operands):
-            self.counters.flops += (2 if b is not None else 1) * math.prod(_sizes(c, out, a, b).values())
 
 
 def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:
@@ -644,13 +646,6 @@ def _naming(op: Op):
         yield
     except ChainexecError as err:
         raise ChainexecError(f"{op.tensor}[{','.join(op.indices)}] at the {op.level} level: {err}") from None
-
-
-def _sizes(c, out, a, b) -> dict[str, int]:
-    size = dict(zip(c.out_indices, out.shape)) | dict(zip(c.a_indices, a.shape))
-    if b is not None:
-        size |= dict(zip(c.b_indices, b.shape))
-    return size
 
 
 def _max():

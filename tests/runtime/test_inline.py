@@ -64,9 +64,9 @@ def _reference(name: str) -> dict[str, np.ndarray]:
 
 def _config(name: str, global_memory: str, device_memory: str) -> dict:
     statements, outputs, _ = CHAINS[name]
+    texts = statements + ([DENOMINATOR] if name == "epilogue" else [])
     tensors = {n: {"indices": list(ix), "source": {"random": seed}}
-               for seed, (n, ix) in enumerate(INPUTS.items(), start=1)
-               if any(f"{n}[" in st for st in statements + [DENOMINATOR] * (name == "epilogue"))}
+               for seed, (n, ix) in enumerate(INPUTS.items(), start=1) if any(f"{n}[" in t for t in texts)}
     if name == "epilogue":
         tensors["P"] = {"indices": ["i", "j", "l"], "source": {"expr": DENOMINATOR}}
     return {
