@@ -3,12 +3,13 @@ against the sum kernels (every term accumulated in registers, the autotuner's pi
 candidates; and, forced, the tensor-core kernel's first candidate), results compared with each
 other and with ``numpy.einsum`` on a sample.
 
-Usage (on a GPU machine): ``python3 benchmarks/sum_tile.py OUT.json [o v tile]``; defaults o=24,
-v=180, occupied tile 3 (the o=24 v=180 synthetic run's device tile: 3x3x3x180x180x180, 1.26 GB).
+Usage (on a GPU machine): ``python3 benchmarks/sum_tile.py OUT.json [o v tile sweep]``; defaults
+o=24, v=180, occupied tile 3 (the o=24 v=180 synthetic run's device tile: 3x3x3x180x180x180, 1.26 GB).
 Operands are views of whole device arrays, as the executor passes them. A sweep also times the
 model's best configuration of each of its eight best register tiles at every step depth that
 fits, and the tensor-core kernel's eight best tiles (``sweep`` in the JSON: model and measured
-seconds), to check the models' rankings.
+seconds), to check the models' rankings; ``sweep`` 0 leaves it out. ``split`` forces the six sums
+over m into the register kernel and the six over f one by one (what the autotuner may pick).
 """
 
 import json
@@ -25,7 +26,7 @@ from chainexec.runtime import device, kernels
 from tests.planner.test_sumkernel import W_TERMS
 
 
-def main(path, o=24, v=180, tile=3):
+def main(path, o=24, v=180, tile=3, sweep=1):
     rng = np.random.default_rng(5)
     full = {"ovvv": cupy.asarray(rng.standard_normal((o, v, v, v))),
             "t2": cupy.asarray(rng.standard_normal((o, o, v, v))),
@@ -51,7 +52,9 @@ def main(path, o=24, v=180, tile=3):
     def summed(be, W):
         be.contract_sum(cs, W, ops)
 
-    for label, method, run in (("per-term", "auto", per_term), ("sum", "auto", summed), ("summma", "summma", summed)):
+    labels = ("sum", "summma", "split")
+    for label, method, run in (("per-term", "auto", per_term), ("sum", "auto", summed), ("summma", "summma", summed),
+                               ("split", "split", summed)):
         be = device.CupyBackend(cupy, method)
         W = cupy.zeros(shape)
         times = []
@@ -68,7 +71,7 @@ def main(path, o=24, v=180, tile=3):
                                    "seconds": {m: round(s, 6) for m, s in ch.seconds.items()}}
                                   for ch in be.choices.values()]}
         print(label, res[label]["seconds"], res[label]["tflops"], flush=True)
-    for label in ("sum", "summma"):
+    for label in labels:
         d = outs[label] - outs["per-term"]
         res[f"relative_difference_{label}"] = float(cupy.linalg.norm(d) / cupy.linalg.norm(outs["per-term"]))
     # an independent check on a sample: numpy.einsum on the host for one (a) slice
@@ -78,7 +81,7 @@ def main(path, o=24, v=180, tile=3):
         cut = [slice(0, 1) if i == "a" else slice(None) for i in a]
         cutb = [slice(0, 1) if i == "a" else slice(None) for i in b]
         sample += f * np.einsum(f"{a},{b}->ijkabc", xa[tuple(cut)], ya[tuple(cutb)])
-    for label in ("sum", "summma"):
+    for label in labels:
         got = cupy.asnumpy(outs[label][:, :, :, 0:1])
         res[f"einsum_sample_relative_error_{label}"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
     be = device.CupyBackend(cupy, "sum")
@@ -91,7 +94,7 @@ def main(path, o=24, v=180, tile=3):
                                                  for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
     dev = Device.from_cupy()
     res["sweep"] = []
-    sweep = [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
+    sweep = [] if not sweep else [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
              for kc in sumkernel.KC] + [("summma", c) for c in summma.candidates(prob, dev, top=8)]
     for kind, cfg in sweep:
         model = kernels.SUM_KINDS[kind][0].predict(prob, cfg, dev)

@@ -109,6 +109,10 @@ class SumProblem:
         """Length of the term's summed range (elements; 1 for an outer product)."""
         return math.prod(t.a.shape[t.a.indices.index(i)] for i in self.contracted(t))
 
+    def part(self, terms: tuple[int, ...]) -> "SumProblem":
+        """The same output with only the terms at positions ``terms``."""
+        return SumProblem(self.out, tuple(self.terms[k] for k in terms), self.dtype)
+
     def order(self) -> list[int]:
         """Output dimensions, fastest in memory first: threads and blocks walk them this way, so
         neighbouring threads store to neighbouring addresses."""
@@ -264,6 +268,21 @@ def _pow2_upto(n: int) -> list[int]:
         out.append(x)
         x *= 2
     return out
+
+
+def splits(p: SumProblem) -> list[tuple[int, ...]]:
+    """Positions of terms worth one sum kernel while the others run one by one: for each summed
+    range length below the longest, the terms whose range is at most that long, where they are
+    at least two.
+
+    Why: a term run on its own reads and writes the whole output, 2·itemsize bytes an element
+    for 2·depth flops. Where the range is long the pass is paid for (the (T) ``vvov`` terms,
+    depth v, run as batched GEMM on the tensor cores); where it is short the passes are the cost
+    (the six ``ooov`` terms, depth o: on the o=24, v=180 tile, six passes at 1.2 TB/s took as long
+    as half the GEMM work). One kernel for the short terms reads and writes the output once."""
+    depths = [p.depth(t) for t in p.terms]
+    parts = [tuple(k for k, d in enumerate(depths) if d <= limit) for limit in sorted(set(depths))[:-1]]
+    return [part for part in parts if len(part) >= 2]
 
 
 def candidates(p: SumProblem, dev: Device, top: int = TOP) -> list[SumConfig]:

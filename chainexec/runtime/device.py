@@ -74,10 +74,11 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma")
+METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
-without timing candidates; any other forced method runs such a run term by term)."""
+without timing candidates; ``split``: its short-range terms through the register kernel, the
+others one by one; any other forced method runs such a run term by term)."""
 TIMED_SUM_KINDS = ("sum",)
 """The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
 times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
@@ -328,11 +329,13 @@ def _strides(arr) -> tuple[int, ...]:
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
     is ``gett``, ``batched``, ``kernel``, ``ttgt`` or ``einsum``; for a run of contractions into
-    one buffer ``sum`` or ``summma`` (a sum kernel) or ``terms`` (one by one); ``seconds`` the best timed run
-    of every candidate compared (empty when the method was forced or only one applies);
-    ``config`` the GETT order and configuration (:class:`~chainexec.planner.gett.GettConfig`
-    fields) or the sum kernel's (:class:`~chainexec.planner.sumkernel.SumConfig`,
-    :class:`~chainexec.planner.summma.MmaConfig`), else None."""
+    one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one) or ``split`` (some terms in
+    a sum kernel, the others one by one); ``seconds`` the best timed run of every candidate
+    compared (empty when the method was forced or only one applies); ``config`` the GETT order
+    and configuration (:class:`~chainexec.planner.gett.GettConfig` fields) or the sum kernel's
+    (:class:`~chainexec.planner.sumkernel.SumConfig`, :class:`~chainexec.planner.summma.MmaConfig`),
+    for ``split`` ``{"kind", "config", "terms"}`` (the kernel, its configuration, the positions of
+    its terms), else None."""
 
     method: str
     seconds: dict = field(default_factory=dict)
@@ -516,13 +519,17 @@ class CupyBackend(Backend):
         """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
         adds to ``out`` once (:data:`chainexec.runtime.kernels.SUM_KINDS`: in registers,
         :mod:`chainexec.planner.sumkernel`, or on tensor cores into a shared-memory tile,
-        :mod:`chainexec.planner.summma`), or term by term, whichever is faster. Decided once per
-        (terms, shapes, strides, dtype) and kept (:class:`TuningCache`): the model's best
-        configurations of each kernel in :data:`TIMED_SUM_KINDS` are timed computing without
-        storing, and the terms one by one (each by its own tuned method) on a scratch output where
-        the plan leaves room for one, else once for real on ``out``. ``CHAINEXEC_GPU_METHOD=sum``
-        or ``summma`` forces that kernel's first configuration (the terms one by one where it
-        has none); any other forced method runs the terms one by one.
+        :mod:`chainexec.planner.summma`), term by term, or *split*: the terms with short summed
+        ranges in one kernel and the others one by one (:func:`~chainexec.planner.sumkernel.splits`),
+        whichever is fastest. Decided once per (terms, shapes, strides, dtype) and kept
+        (:class:`TuningCache`): the model's best configurations of each kernel in
+        :data:`TIMED_SUM_KINDS`, for all the terms and for each split's part, are timed computing
+        without storing, and each term on its own (by its own tuned method) on a scratch output
+        where the plan leaves room for one, else once for real on ``out``; a split costs its
+        kernel plus the other terms' seconds. ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces
+        that kernel's first configuration, ``split`` the first split with the register kernel's
+        first configuration (the terms one by one where either has none); any other forced
+        method runs the terms one by one.
 
         Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
         v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
@@ -531,7 +538,7 @@ class CupyBackend(Backend):
         from chainexec.planner.kernelconf import Device
         from chainexec.runtime import kernels
 
-        if self.method not in ("auto", *kernels.SUM_KINDS):
+        if self.method not in ("auto", "split", *kernels.SUM_KINDS):
             super().contract_sum(cs, out, operands)
             return
 
@@ -548,23 +555,37 @@ class CupyBackend(Backend):
         if choice is None:
             dev = Device.from_cupy()
 
-            def candidates(kind):
+            def candidates(kind, p):
                 try:
-                    return kernels.SUM_KINDS[kind][0].candidates(prob, dev)
+                    return kernels.SUM_KINDS[kind][0].candidates(p, dev)
                 except ValueError:  # no configuration fits the device
                     return []
 
-            if self.method != "auto":
-                cands = candidates(self.method)
+            if self.method == "split":
+                parts = sumkernel.splits(prob)
+                cands = candidates("sum", prob.part(parts[0])) if parts else []
+                choice = (Choice("split", config={"kind": "sum", "config": cands[0].to_json(), "terms": list(parts[0])})
+                          if cands else Choice("terms"))
+            elif self.method != "auto":
+                cands = candidates(self.method, prob)
                 choice = Choice(self.method, config=cands[0].to_json()) if cands else Choice("terms")
             else:
                 seconds, configs = {}, {}
-                for kind in TIMED_SUM_KINDS:
-                    for cfg in candidates(kind):
-                        name = f"{kind} {cfg.name()}"
-                        seconds[name] = self._timed(lambda: kernels.launch_sum(kind, prob, cfg, out, operands, False))
-                        configs[name] = (kind, cfg.to_json())
-                seconds["terms"], done = self._time_terms(cs, out, operands)
+                each, done = self._time_terms(cs, out, operands)
+                seconds["terms"] = sum(each)
+                for part in [tuple(range(len(cs)))] + sumkernel.splits(prob):
+                    sub, ops = prob.part(part), [operands[k] for k in part]
+                    rest = sum(s for k, s in enumerate(each) if k not in part)
+                    for kind in TIMED_SUM_KINDS:
+                        for cfg in candidates(kind, sub):
+                            name = f"{kind} {cfg.name()}"
+                            if len(part) < len(cs):
+                                name = f"split {name} terms {','.join(map(str, part))}"
+                                configs[name] = ("split", {"kind": kind, "config": cfg.to_json(), "terms": list(part)})
+                            else:
+                                configs[name] = (kind, cfg.to_json())
+                            seconds[name] = rest + self._timed(
+                                lambda: kernels.launch_sum(kind, sub, cfg, out, ops, False))
                 best = min(seconds, key=seconds.get)
                 kind, config = configs.get(best, ("terms", None))
                 choice = Choice(kind, seconds, config)
@@ -575,29 +596,32 @@ class CupyBackend(Backend):
         elif choice.method in kernels.SUM_KINDS:
             kind_config = kernels.SUM_KINDS[choice.method][1].from_json(choice.config)
             kernels.launch_sum(choice.method, prob, kind_config, out, operands)
+        elif choice.method == "split":
+            part, kind = choice.config["terms"], choice.config["kind"]
+            kernels.launch_sum(kind, prob.part(tuple(part)), kernels.SUM_KINDS[kind][1].from_json(choice.config["config"]),
+                               out, [operands[k] for k in part])
+            super().contract_sum([c for k, c in enumerate(cs) if k not in part], out,
+                                 [x for k, x in enumerate(operands) if k not in part])
         else:
             super().contract_sum(cs, out, operands)
         self.xp.cuda.get_current_stream().synchronize()
 
-    def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[float, bool]:
-        """Seconds of the terms one by one, and whether ``out`` got them: timed on a scratch
+    def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:
+        """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
         output (:func:`_like`) after a warm-up where the plan leaves room for two outputs, else
         run once on ``out`` itself (their first run, a little slower than later ones)."""
         hows = [self._choose(c, out, a, b) for c, (a, b) in zip(cs, operands)]  # tuned on probes
-
-        def run(target):
-            for how, c, (a, b) in zip(hows, cs, operands):
-                self._run(how, c, target, a, b)
-
         if self.workspace is None or 2 * out.nbytes <= self.workspace:
             scratch = _like(self.xp, out)
-            return self._timed(lambda: run(scratch)), False
-        start, end = self.xp.cuda.Event(), self.xp.cuda.Event()
-        start.record()
-        run(out)
-        end.record()
-        end.synchronize()
-        return self.xp.cuda.get_elapsed_time(start, end) / 1e3, True
+            return [self._timed(lambda: self._run(how, c, scratch, a, b))
+                    for how, c, (a, b) in zip(hows, cs, operands)], False
+        events = [self.xp.cuda.Event() for _ in range(len(cs) + 1)]
+        events[0].record()
+        for how, c, (a, b), end in zip(hows, cs, operands, events[1:]):
+            self._run(how, c, out, a, b)
+            end.record()
+        events[-1].synchronize()
+        return [self.xp.cuda.get_elapsed_time(s, e) / 1e3 for s, e in zip(events, events[1:])], True
 
     def contract(self, c: Contraction, out, a, b) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
@@ -915,7 +939,7 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
-TUNING_VERSION = 4
+TUNING_VERSION = 5
 """Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
 so that decisions recorded by older code are not read back."""
 

@@ -160,6 +160,24 @@ def test_emulated_candidates_match_einsum(tmp_path, out, terms, sizes):
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-12, cfg.name()
 
 
+@pytest.mark.parametrize("out,terms,sizes,parts", [
+    (*CASES[0], [tuple(range(6, 12))]),  # the six sums over m (5) before the six over f (6)
+    (*CASES[1], []),  # one term sums over less than the others: nothing to gather
+    (*CASES[2], []),  # equal ranges
+    (*CASES[3], []),
+    ("ab", [("ka", "kb", 1.0), ("ak", "bk", -2.0), ("kla", "klb", 0.5), ("klma", "lbmk", 1.5)],
+     dict(a=4, b=5, k=2, l=3, m=7), [(0, 1), (0, 1, 2)]),
+], ids=["W", "two-summed", "batch", "gemm", "three-depths"])
+def test_splits_gather_the_short_terms(out, terms, sizes, parts):
+    """The terms a split runs in one kernel: those up to each summed length below the longest."""
+    p = _problem(out, terms, sizes)
+    assert sk.splits(p) == parts
+    for part in parts:
+        sub = p.part(part)
+        assert sub.out == p.out and sub.terms == tuple(p.terms[k] for k in part)
+        assert max(sub.depth(t) for t in sub.terms) < max(p.depth(t) for t in p.terms)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 def test_emulated_float32_and_no_store(tmp_path):
     out, terms, sizes = CASES[1]

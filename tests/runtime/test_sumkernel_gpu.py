@@ -104,10 +104,11 @@ def test_every_mma_shape_matches_einsum(shape):
 
 
 @pytest.mark.parametrize("method,room", [("auto", None), ("auto", 1 << 10), ("sum", None), ("summma", None),
-                                         ("ttgt", None)])
+                                         ("split", None), ("ttgt", None)])
 def test_backend_contract_sum(method, room):
     """The backend's run of contractions: tuned (the terms timed on a scratch output, or, with no
-    room for one, on the output itself), forced to a sum kernel, or term by term."""
+    room for one, on the output itself), forced to a sum kernel, split (the six sums over m in the
+    register kernel, the others one by one), or term by term."""
     out, terms, sizes = CASES[0]
     c0, ref, ops = _case(out, terms, sizes, "float64", seed=7, pad=2)
     C = _on_device(c0, 2)
@@ -122,9 +123,14 @@ def test_backend_contract_sum(method, room):
         err = np.linalg.norm(cupy.asnumpy(C) - ref) / np.linalg.norm(ref)
         assert err <= 1e-12
     choice = be.choices[next(k for k in be.choices if k[0] == "sum")] if method != "ttgt" else None
+    prob = _problem(out, terms, C, ops, "float64")
     if method == "auto":
-        timed = sum(len(kernels.SUM_KINDS[k][0].candidates(_problem(out, terms, C, ops, "float64"), Device.from_cupy()))
-                    for k in device.TIMED_SUM_KINDS)
-        assert choice.method in device.TIMED_SUM_KINDS + ("terms",) and len(choice.seconds) == timed + 1
+        parts = [prob] + [prob.part(p) for p in sumkernel.splits(prob)]
+        timed = sum(len(kernels.SUM_KINDS[k][0].candidates(p, Device.from_cupy()))
+                    for k in device.TIMED_SUM_KINDS for p in parts)
+        assert len(parts) == 2 and choice.method in device.TIMED_SUM_KINDS + ("terms", "split")
+        assert len(choice.seconds) == timed + 1
+    elif method == "split":
+        assert choice.method == "split" and choice.config["terms"] == list(range(6, 12))
     elif method in kernels.SUM_KINDS:
         assert choice.method == method and not choice.seconds
