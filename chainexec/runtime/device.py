@@ -573,19 +573,20 @@ class CupyBackend(Backend):
                 seconds, configs = {}, {}
                 each, done = self._time_terms(cs, out, operands)
                 seconds["terms"] = sum(each)
-                for part in [tuple(range(len(cs)))] + sumkernel.splits(prob):
+                jobs = [(part, kind, cfg) for part in [tuple(range(len(cs)))] + sumkernel.splits(prob)
+                        for kind in TIMED_SUM_KINDS for cfg in candidates(kind, prob.part(part))]
+                kernels.precompile([kernels.SUM_KINDS[kind][0].generate(prob.part(part), cfg) for part, kind, cfg in jobs],
+                                   dev.compute_capability)
+                for part, kind, cfg in jobs:
                     sub, ops = prob.part(part), [operands[k] for k in part]
                     rest = sum(s for k, s in enumerate(each) if k not in part)
-                    for kind in TIMED_SUM_KINDS:
-                        for cfg in candidates(kind, sub):
-                            name = f"{kind} {cfg.name()}"
-                            if len(part) < len(cs):
-                                name = f"split {name} terms {','.join(map(str, part))}"
-                                configs[name] = ("split", {"kind": kind, "config": cfg.to_json(), "terms": list(part)})
-                            else:
-                                configs[name] = (kind, cfg.to_json())
-                            seconds[name] = rest + self._timed(
-                                lambda: kernels.launch_sum(kind, sub, cfg, out, ops, False))
+                    name = f"{kind} {cfg.name()}"
+                    if len(part) < len(cs):
+                        name = f"split {name} terms {','.join(map(str, part))}"
+                        configs[name] = ("split", {"kind": kind, "config": cfg.to_json(), "terms": list(part)})
+                    else:
+                        configs[name] = (kind, cfg.to_json())
+                    seconds[name] = rest + self._timed(lambda: kernels.launch_sum(kind, sub, cfg, out, ops, False))
                 best = min(seconds, key=seconds.get)
                 kind, config = configs.get(best, ("terms", None))
                 choice = Choice(kind, seconds, config)

@@ -134,3 +134,32 @@ def test_backend_contract_sum(method, room):
         assert choice.method == "split" and choice.config["terms"] == list(range(6, 12))
     elif method in kernels.SUM_KINDS:
         assert choice.method == method and not choice.seconds
+
+
+def test_precompiled_candidates_load_without_compiling(monkeypatch):
+    """The candidates compiled at once beforehand (:func:`kernels.precompile`, threads) are the
+    ones launched later: no further NVRTC run, and each still matches ``numpy.einsum``."""
+    out, terms, sizes = CASES[0]
+    c0, ref, ops = _case(out, terms, sizes, "float64", seed=11, pad=1)
+    C = _on_device(c0, 1)
+    prob = _problem(out, terms, C, ops, "float64")
+    dev = Device.from_cupy()
+    jobs = [(prob, cfg) for cfg in sumkernel.candidates(prob, dev)]
+    jobs += [(prob.part(p), cfg) for p in sumkernel.splits(prob) for cfg in sumkernel.candidates(prob.part(p), dev)]
+    assert len(jobs) >= 4
+    kernels.precompile([sumkernel.generate(p, cfg) for p, cfg in jobs], dev.compute_capability)
+    calls = []
+    real = kernels.compile_cubin
+    monkeypatch.setattr(kernels, "compile_cubin", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(kernels, "_LOADED", {})
+    monkeypatch.setattr(kernels, "_SUM", {})
+    for p, cfg in jobs:
+        part = [k for k, t in enumerate(prob.terms) if t in p.terms]
+        want = c0.astype(np.float64)
+        for k in part:
+            a, b, f = terms[k]
+            want = want + f * np.einsum(f"{a},{b}->{out}", cupy.asnumpy(ops[k][0]), cupy.asnumpy(ops[k][1]))
+        C[...] = cupy.asarray(c0)
+        kernels.launch_sum("sum", p, cfg, C, [ops[k] for k in part])
+        assert np.linalg.norm(cupy.asnumpy(C) - want) / np.linalg.norm(want) <= 1e-12, cfg.name()
+    assert calls == []
