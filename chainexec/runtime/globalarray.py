@@ -164,17 +164,15 @@ class GlobalArray:
                 if max(a, self._bounds[r]) < min(b, self._bounds[r + 1])]
 
     def _transfers(self, region: Region):
-        """Yield ``(owner, origin row slice, target datatype)`` per owner of ``region``: the rows of the
-        contiguous patch buffer that owner holds, and a committed subarray type that selects them
-        in the owner's block (so only the patch's bytes travel). The caller frees each type."""
+        """Yield ``(owner, origin row slice, starts, sizes)`` per owner of ``region``: the rows of the
+        contiguous patch buffer that owner holds, and where they lie in the owner's block (first
+        element and extents per axis)."""
         bounds = self._normalise(region) or ((0, 1),)
         patch_lo = bounds[0][0]
         for rank, (lo, hi) in self.owners(region):
-            block_shape = (self._bounds[rank + 1] - self._bounds[rank], *self._shape1[1:])
             sizes = (hi - lo, *(b - a for a, b in bounds[1:]))
             starts = (lo - self._bounds[rank], *(a for a, _ in bounds[1:]))
-            dtype = self._mpi_type.Create_subarray(block_shape, sizes, starts).Commit()
-            yield rank, slice(lo - patch_lo, hi - patch_lo), dtype
+            yield rank, slice(lo - patch_lo, hi - patch_lo), starts, sizes
 
     def patch_shape(self, region: Region) -> tuple[int, ...]:
         """Shape of the patch ``region`` selects."""
@@ -186,12 +184,21 @@ class GlobalArray:
             raise ValueError(f"data {data.shape} {data.dtype} does not match patch "
                              f"{self.patch_shape(region)} {self.dtype}")
 
-    def _run(self, region: Region, buf: np.ndarray, issue) -> None:
-        """Issue one RMA call per owner on the rows of ``buf`` it holds, then flush those owners."""
+    def _run(self, region: Region, buf: np.ndarray, issue, own=None) -> None:
+        """Issue one RMA call per owner on the rows of ``buf`` it holds, with a subarray type that
+        selects them in the owner's block (only the patch's bytes travel), then flush those
+        owners. ``own(chunk, block_patch)``, where given, handles this rank's rows instead,
+        in its own memory."""
         rows = buf.reshape(self.patch_shape(region) or (1,))  # a 0-d patch as one row
         issued = []
-        for rank, sl, dtype in self._transfers(region):
+        for rank, sl, starts, sizes in self._transfers(region):
             chunk = rows[sl]
+            if own is not None and rank == self.comm.rank:
+                self._win.Sync()
+                own(chunk, self._block[tuple(slice(a, a + n) for a, n in zip(starts, sizes))])
+                continue
+            block_shape = (self._bounds[rank + 1] - self._bounds[rank], *self._shape1[1:])
+            dtype = self._mpi_type.Create_subarray(block_shape, sizes, starts).Commit()
             issue([chunk, chunk.size, self._mpi_type], rank, (0, 1, dtype))
             issued.append((rank, dtype))
         for rank, dtype in issued:
@@ -206,7 +213,9 @@ class GlobalArray:
         self._check(region, out)
         if not out.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
-        self._run(region, out, self._win.Get)
+        # This rank's own rows are copied straight from its block: no RMA call and no packing
+        # through a subarray datatype (a single rank's device fetches are all such rows).
+        self._run(region, out, self._win.Get, own=np.copyto)
         return out
 
     def put(self, region: Region, data: np.ndarray) -> None:
