@@ -9,7 +9,8 @@ Operands are views of whole device arrays, as the executor passes them. A sweep 
 model's best configuration of each of its eight best register tiles at every step depth that
 fits, and the tensor-core kernel's eight best tiles (``sweep`` in the JSON: model and measured
 seconds), to check the models' rankings; ``sweep`` 0 leaves it out. ``split`` forces the six sums
-over m into the register kernel and the six over f one by one (what the autotuner may pick).
+over m into the register kernel and the six over f one by one, each by its tuned method (what
+the autotuner may pick).
 """
 
 import json

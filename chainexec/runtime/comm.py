@@ -24,3 +24,12 @@ def local_rank(comm) -> int:
     from mpi4py import MPI
 
     return comm.Split_type(MPI.COMM_TYPE_SHARED).rank
+
+
+def local_size() -> int:
+    """Ranks on this node as the launcher says (Open MPI, MPICH's Hydra, PMI), else 1: for sharing
+    the node's CPUs among them where each sees all of them (srun binds each task to its own)."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return max(1, int(os.environ[var]))
+    return 1

@@ -78,7 +78,8 @@ METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "d
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
 without timing candidates; ``split``: its short-range terms through the register kernel, the
-others one by one; any other forced method runs such a run term by term)."""
+others one by one, each by the method the autotuner picks; any other forced method runs such a
+run term by term)."""
 TIMED_SUM_KINDS = ("sum",)
 """The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
 times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
@@ -526,10 +527,12 @@ class CupyBackend(Backend):
         :data:`TIMED_SUM_KINDS`, for all the terms and for each split's part, are timed computing
         without storing, and each term on its own (by its own tuned method) on a scratch output
         where the plan leaves room for one, else once for real on ``out``; a split costs its
-        kernel plus the other terms' seconds. ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces
+        kernel plus the other terms' seconds. A kernel timed without storing skips one pass over
+        the output that the terms' times include (on the o=24, v=180 (T) tile the split was
+        timed at 19.8 ms and ran in 23.2 ms), so close decisions lean towards the kernels. ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces
         that kernel's first configuration, ``split`` the first split with the register kernel's
-        first configuration (the terms one by one where either has none); any other forced
-        method runs the terms one by one.
+        first configuration and the other terms tuned (the terms one by one where either has
+        none); any other forced method runs the terms one by one.
 
         Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
         v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
@@ -805,7 +808,7 @@ class CupyBackend(Backend):
         key = self._key(c, out, a, b)
         choice = self.choices.get(key)
         if choice is None:
-            if self.method != "auto":
+            if self.method not in ("auto", "split"):  # a forced split tunes the other terms as auto
                 cands = self._candidates(c, out, a, b)
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])

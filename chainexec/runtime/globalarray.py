@@ -10,7 +10,9 @@ Memory model
 ------------
 Each object holds one ``MPI_Win_lock_all`` epoch from creation to :meth:`free`; every ``get``,
 ``put`` and ``accumulate`` flushes its targets before returning, so when it returns the patch's
-data are in the owners' memory (``put``/``accumulate``) or in the caller's buffer (``get``).
+data are in the owners' memory (``put``/``accumulate``) or in the caller's buffer (``get``). A
+``get`` reads the caller's own rows with plain loads after ``MPI_Win_sync`` (as ``local()`` does)
+instead of an RMA call to itself.
 
 - A ``put`` or ``accumulate`` is visible to every rank's ``get`` and ``local()`` once the writer
   has returned from it and then passed a ``comm.Barrier()`` that the reader also passed.

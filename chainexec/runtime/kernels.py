@@ -76,18 +76,29 @@ def _cached_cubin(name: str, source: str, cc: str) -> Path:
 
 def precompile(kernels: list[tuple[str, str]], compute_capability: str) -> None:
     """Put the CUBINs of ``kernels`` ((name, source) pairs) in the disk cache, compiling the
-    missing ones at once on the CPUs this process may use (NVRTC runs without the GIL), so that
-    :func:`load_function` then only loads them. Why: a cold (T) run at benzene's sizes spent 69
-    of its 91 s in 104 NVRTC compilations one after the other, 52 s of them the sum kernels'
+    missing ones (where there are two or more) at once in threads on this rank's share of the
+    node's CPUs (NVRTC runs without the GIL), so that :func:`load_function` then only loads them.
+    A source that fails to compile is left out here: it fails again where it is loaded, and the
+    autotuner scores that candidate as it always did. Why: a cold (T) run at benzene's sizes spent
+    69 of its 91 s in 104 NVRTC compilations one after the other, 52 s of them the sum kernels'
     candidates, compiled just before each was timed (H100 machine, 2026-11-23)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from .comm import local_size
 
     missing = list({cache_key(src, compute_capability): (name, src) for name, src in kernels
                     if not (cache_dir() / f"{cache_key(src, compute_capability)}.cubin").exists()}.values())
     if len(missing) < 2:
         return
-    with ThreadPoolExecutor(min(len(missing), len(os.sched_getaffinity(0)))) as pool:
-        list(pool.map(lambda job: _cached_cubin(*job, compute_capability), missing))
+
+    def build(job):
+        try:
+            _cached_cubin(*job, compute_capability)
+        except RuntimeError:  # NVRTC's error: raised again, with its log, where the kernel is loaded
+            pass
+
+    with ThreadPoolExecutor(min(len(missing), max(1, len(os.sched_getaffinity(0)) // local_size()))) as pool:
+        list(pool.map(build, missing))
 
 
 def load_function(name: str, source: str):

@@ -1,0 +1,65 @@
+"""The kernel cache's CPU side: compiling many candidates at once (:func:`kernels.precompile`),
+with NVRTC replaced by a stand-in that records its calls (the GPU modules compile for real)."""
+
+import threading
+
+import pytest
+
+from chainexec.runtime import kernels
+
+
+@pytest.fixture
+def nvrtc(monkeypatch, tmp_path):
+    """A stand-in compiler: the CUBIN is the source's bytes; ``bad`` sources fail as NVRTC does."""
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
+    calls, threads = [], set()
+
+    def compile_cubin(source, name, cc):
+        calls.append(source)
+        threads.add(threading.get_ident())
+        if source.startswith("bad"):
+            raise RuntimeError(f"NVRTC failed for {name}")
+        return f"{cc}:{source}".encode()
+
+    monkeypatch.setattr(kernels, "compile_cubin", compile_cubin)
+    return calls, threads
+
+
+def _cubin(source, cc="90"):
+    return kernels.cache_dir() / f"{kernels.cache_key(source, cc)}.cubin"
+
+
+def test_precompile_fills_the_cache_once_per_source(nvrtc):
+    calls, threads = nvrtc
+    jobs = [(f"k{n}", f"src {n}") for n in range(8)] + [("k0", "src 0")]  # one source twice
+    kernels.precompile(jobs, "90")
+    assert sorted(calls) == sorted(f"src {n}" for n in range(8))
+    assert all(_cubin(f"src {n}").read_bytes() == f"90:src {n}".encode() for n in range(8))
+    assert len(threads) >= 1 and threading.get_ident() not in threads  # compiled in worker threads
+    kernels.precompile(jobs + [("k9", "src 9"), ("k10", "src 10")], "90")  # only the new ones
+    assert sorted(calls[8:]) == ["src 10", "src 9"]
+
+
+def test_a_failing_source_is_left_for_its_loader(nvrtc):
+    """One candidate that does not compile leaves the others compiled and raises nothing here;
+    compiling it again (where it is loaded) raises NVRTC's error."""
+    calls, _ = nvrtc
+    kernels.precompile([("a", "src a"), ("bad", "bad source"), ("b", "src b")], "90")
+    assert _cubin("src a").exists() and _cubin("src b").exists() and not _cubin("bad source").exists()
+    with pytest.raises(RuntimeError, match="NVRTC failed"):
+        kernels._cached_cubin("bad", "bad source", "90")
+    assert calls.count("bad source") == 2
+
+
+def test_a_single_missing_source_is_left_to_load_function(nvrtc):
+    calls, _ = nvrtc
+    kernels.precompile([("a", "src a")], "90")
+    assert calls == [] and not _cubin("src a").exists()
+
+
+def test_threads_share_the_node_among_its_ranks(nvrtc, monkeypatch):
+    """More local ranks (Open MPI's variable) than CPUs: one thread each."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "100000")
+    calls, threads = nvrtc
+    kernels.precompile([(f"k{n}", f"src {n}") for n in range(4)], "90")
+    assert len(calls) == 4 and len(threads) == 1
