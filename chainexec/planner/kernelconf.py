@@ -146,12 +146,16 @@ def split_indices(spec: str | Sequence[str]) -> tuple[str, ...]:
 def parse_contraction(c, a, b, sizes: dict) -> Contraction:
     """Validate ``C[c] = sum A[a]*B[b]`` and classify its indices (Section II).
 
-    Raises ValueError for an empty output, an index in all three tensors (batch/Hadamard), an
-    index in only one tensor, or a missing / non-positive extent.
+    Raises ValueError for an empty output, an operand with no index (a scalar factor), an index
+    in all three tensors (batch/Hadamard), an index in only one tensor, or a missing /
+    non-positive extent.
     """
     c, a, b = split_indices(c), split_indices(a), split_indices(b)
     if not c:
         raise ValueError("the output needs at least one index (full reductions are not supported)")
+    if not a or not b:
+        raise ValueError("both inputs need at least one index (a scalar factor is not a contraction "
+                         "the generated kernels take)")
     sa, sb, sc = set(a), set(b), set(c)
     batch = sa & sb & sc
     if batch:

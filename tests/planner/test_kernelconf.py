@@ -201,6 +201,8 @@ def test_config_json_round_trip():
     ("ab", "ac", "cb", dict(a=2, b=2), "extent"),
     ("ab", "ac", "cb", dict(a=2, b=0, c=2), "extent"),
     ("", "ac", "ca", dict(a=2, c=2), "at least one"),
+    ("ab", "", "ab", dict(a=2, b=2), "scalar factor"),                    # was an IndexError
+    ("ab", "ab", "", dict(a=2, b=2), "scalar factor"),
 ])
 def test_invalid_contractions_raise(c, a, b, sizes, msg):
     with pytest.raises(ValueError, match=msg):
