@@ -529,10 +529,11 @@ class CupyBackend(Backend):
         where the plan leaves room for one, else once for real on ``out``; a split costs its
         kernel plus the other terms' seconds. A kernel timed without storing skips one pass over
         the output that the terms' times include (on the o=24, v=180 (T) tile the split was
-        timed at 19.8 ms and ran in 23.2 ms), so close decisions lean towards the kernels. ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces
-        that kernel's first configuration, ``split`` the first split with the register kernel's
-        first configuration and the other terms tuned (the terms one by one where either has
-        none); any other forced method runs the terms one by one.
+        timed at 19.8 ms and ran in 23.2 ms), so close decisions lean towards the kernels.
+        ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces that kernel's first configuration,
+        ``split`` the first split with the register kernel's first configuration and the other
+        terms tuned (the terms one by one where either has none); any other forced method runs
+        the terms one by one.
 
         Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
         v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
