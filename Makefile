@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/chainexec verify configs/fourindex.yaml
 
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -ra
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -ra --durations=15
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
