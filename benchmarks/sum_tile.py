@@ -27,7 +27,7 @@ from chainexec.runtime import device, kernels
 from tests.planner.test_sumkernel import W_TERMS
 
 
-def main(path, o=24, v=180, tile=3, sweep=1):
+def main(path, o=24, v=180, tile=3, with_sweep=1):
     rng = np.random.default_rng(5)
     full = {"ovvv": cupy.asarray(rng.standard_normal((o, v, v, v))),
             "t2": cupy.asarray(rng.standard_normal((o, o, v, v))),
@@ -95,7 +95,7 @@ def main(path, o=24, v=180, tile=3, sweep=1):
                                                  for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
     dev = Device.from_cupy()
     res["sweep"] = []
-    sweep = [] if not sweep else [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
+    sweep = [] if not with_sweep else [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
              for kc in sumkernel.KC] + [("summma", c) for c in summma.candidates(prob, dev, top=8)]
     for kind, cfg in sweep:
         model = kernels.SUM_KINDS[kind][0].predict(prob, cfg, dev)
