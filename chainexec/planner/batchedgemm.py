@@ -36,6 +36,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 MIN_SIDE = 8
 """Fewest GEMM rows or columns worth a BLAS call: thinner GEMMs are matrix-vector products or dot
 products. TCCG cases 2-8 and 20-30 fell to batches of them (0.1-0.9 TFLOP/s on the H100 where
@@ -76,33 +78,34 @@ class BatchedGemm:
         one pointer-array call over every nested-loop and batch iteration."""
         k_offsets = _offsets(self.k_loops)
         if not self.loops:
-            return [Launch((k_off,), True, n == 0) for n, k_off in enumerate(k_offsets)]
+            return [Launch(k_off[None, :], True, n == 0) for n, k_off in enumerate(k_offsets)]
         count, *strides = self.batch
-        every = [_add(o, tuple(p * s for s in strides)) for o in _offsets(self.loops) for p in range(count)]
-        return [Launch(tuple(_add(k_off, o) for o in every), False, n == 0) for n, k_off in enumerate(k_offsets)]
+        every = (_offsets(self.loops)[:, None, :] + np.arange(count)[:, None] * np.array(strides)).reshape(-1, 3)
+        return [Launch(k_off + every, False, n == 0) for n, k_off in enumerate(k_offsets)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Launch:
-    """One BLAS call: the element offsets (a, b, out) of its matrices — with ``strided`` the first
-    of ``batch[0]`` matrices ``batch[1:]`` apart (STRIDEDBATCHEDGEMM), else every matrix's own
-    (pointer-array batched GEMM). ``first``: the call may overwrite ``out`` (β applies); later
-    calls of a contracted-mode loop add to it."""
+    """One BLAS call: the element offsets (a, b, out) of its matrices, an int64 array of one row
+    per matrix — with ``strided`` one row, the first of ``batch[0]`` matrices ``batch[1:]`` apart
+    (STRIDEDBATCHEDGEMM), else every matrix's own (pointer-array batched GEMM). ``first``: the call
+    may overwrite ``out`` (β applies); later calls of a contracted-mode loop add to it."""
 
-    offsets: tuple[tuple[int, int, int], ...]
+    offsets: np.ndarray
     strided: bool
     first: bool
 
 
-def _offsets(loops) -> list[tuple[int, int, int]]:
+def _offsets(loops) -> np.ndarray:
     """Element offsets (a, b, out) of every iteration of ``loops`` (each (extent, a stride,
-    b stride, out stride); the last varies fastest)."""
-    steps = [[(i * sa, i * sb, i * so) for i in range(n)] for n, sa, sb, so in loops]
-    return [_add(*point) for point in itertools.product(*steps)]
-
-
-def _add(*offsets: tuple[int, int, int]) -> tuple[int, int, int]:
-    return tuple(sum(o[t] for o in offsets) for t in range(3))
+    b stride, out stride); the last varies fastest), one row per iteration. Built as arrays: a
+    (T) W tile of o=21, v=93 has 20,088 GEMMs a call, and tuples of Python ints took 0.14 s a
+    layout, 2.3 s of a 3.5 s run (H100, cProfile)."""
+    every = np.zeros((1, 3), np.int64)
+    for n, sa, sb, so in loops:
+        step = np.arange(n, dtype=np.int64)[:, None] * np.array([sa, sb, so], np.int64)
+        every = (every[:, None, :] + step[None, :, :]).reshape(-1, 3)
+    return every
 
 
 def _merge(group: list[str], sizes: dict[str, int], strides: list[dict[str, int]]) -> bool:

@@ -93,15 +93,24 @@ TIMED_RUNS = 2
 @lru_cache(maxsize=None)
 def _ttgt(out: tuple, a: tuple, b: tuple):
     """Transpose-transpose-GEMM-transpose layout of ``out = a·b``: index groups batch (in all
-    three), a-external, b-external and contracted (in a and b only), and the permutations that bring
-    a to (batch, a-ext, k), b to (batch, k, b-ext) and the GEMM result to ``out``'s order."""
+    three), a-external, b-external and contracted (in a and b only), whether the GEMM takes b as
+    its left operand, and the permutations that bring the left operand to (batch, left-ext, k),
+    the right one to (batch, k, right-ext) and the GEMM result to ``out``'s order.
+
+    The operand holding ``out``'s fastest index goes right, so that the product's fastest index is
+    ``out``'s: the final ``out += product`` then reads the product in runs along that index
+    instead of one element per run (the (T) term ``ovvv[i,a,f,c]·t2[j,k,b,f]`` into
+    ``W[i,j,k,a,b,c]``: the product ends in ``c``, not ``b``). Within each group the indices keep
+    ``out``'s order."""
     batch = [i for i in out if i in a and i in b]
     aext = [i for i in out if i in a and i not in b]
     bext = [i for i in out if i in b and i not in a]
     ks = [i for i in a if i in b and i not in out]
-    result = batch + aext + bext
-    return (batch, aext, bext, ks, [a.index(i) for i in batch + aext + ks],
-            [b.index(i) for i in batch + ks + bext], [result.index(i) for i in out])
+    swap = bool(out) and out[-1] in aext
+    (left, lext), (right, rext) = ((b, bext), (a, aext)) if swap else ((a, aext), (b, bext))
+    result = batch + lext + rext
+    return (batch, lext, rext, ks, swap, [left.index(i) for i in batch + lext + ks],
+            [right.index(i) for i in batch + ks + rext], [result.index(i) for i in out])
 
 
 def _sizes(c: Contraction, a, b) -> dict[str, int]:
@@ -114,21 +123,21 @@ def _ttgt_product(xp, c: Contraction, a, b):
 
     The reshapes copy an operand only when its permutation is not a view-compatible layout; with
     no batch index the GEMM is 2-D (one plain GEMM call)."""
-    batch, aext, bext, ks, pa, pb, pout = _ttgt(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+    batch, lext, rext, ks, swap, pl, pr, pout = _ttgt(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     size = _sizes(c, a, b)
+    left, right = (b, a) if swap else (a, b)
     if not ks:
         # Nothing summed (Hadamard or outer product): an element-wise broadcast, not a batch of
         # 1×1 GEMMs.
-        product = (a.transpose(pa).reshape([size[i] for i in batch + aext] + [1] * len(bext))
-                   * b.transpose(pb).reshape([size[i] for i in batch] + [1] * len(aext) + [size[i] for i in bext]))
+        product = (left.transpose(pl).reshape([size[i] for i in batch + lext] + [1] * len(rext))
+                   * right.transpose(pr).reshape([size[i] for i in batch] + [1] * len(lext) + [size[i] for i in rext]))
         if c.factor != 1.0:
             product *= c.factor
         return product.transpose(pout)
-    nb, na, nbx, nk = (math.prod(size[i] for i in g) for g in (batch, aext, bext, ks))
+    nb, nl, nr, nk = (math.prod(size[i] for i in g) for g in (batch, lext, rext, ks))
     lead = (nb,) if batch else ()
-    left = a.transpose(pa).reshape(lead + (na, nk))
-    right = b.transpose(pb).reshape(lead + (nk, nbx))
-    product = xp.matmul(left, right).reshape([size[i] for i in batch + aext + bext])
+    product = xp.matmul(left.transpose(pl).reshape(lead + (nl, nk)), right.transpose(pr).reshape(lead + (nk, nr)))
+    product = product.reshape([size[i] for i in batch + lext + rext])
     if c.factor != 1.0:
         product *= c.factor
     return product.transpose(pout)
@@ -728,7 +737,7 @@ class CupyBackend(Backend):
                        + [len(launch.offsets) for launch in launches]) < 2**31:
                     self._batches[key] = (g, bl, launches, [
                         None if launch.strided else self.xp.asarray(
-                            np.ascontiguousarray(np.array(launch.offsets, np.int64).T) * out.itemsize)
+                            np.ascontiguousarray(launch.offsets.T) * out.itemsize)
                         for launch in launches])
         return self._batches[key]
 
@@ -763,7 +772,7 @@ class CupyBackend(Backend):
             scalars = np.array([alpha, beta if launch.first else 1.0], out.dtype)
             one, two = scalars.tolist() if by_value else (scalars.ctypes.data, scalars.ctypes.data + size)
             if launch.strided:
-                at = [p + o * size for p, o in zip(base, launch.offsets[0])]
+                at = [p + int(o) * size for p, o in zip(base, launch.offsets[0])]
                 strided(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
                         steps[rhs], two, at[2], bl.ldc, steps[2], count)
             else:
