@@ -43,6 +43,7 @@ class Context:
     # priced schedules by repr: the search prices the same one again and again (840 distinct of
     # 1,348 for the (T) job at o=24, v=180; 1,721 of 2,920 for configs/fourindex.yaml)
     _prices: dict = field(default_factory=dict, repr=False, compare=False)
+    _peaks: dict = field(default_factory=dict, repr=False, compare=False)
 
     def itemsize(self, k: int) -> int:
         return self.tensors[self.cs[k].out].itemsize
@@ -65,6 +66,18 @@ class Context:
             nests = self.emitter().schedule(schedule)
             self._prices[at] = predict_nests(nests, self.tensors, self.extents, self.cs, self.machine)
         return copy.deepcopy(self._prices[at])
+
+    def peaks(self, schedule: Schedule) -> dict:
+        """Memory peak per level of a schedule's nests (bytes): its priced record's where it has
+        one, else counted alone (:func:`~chainexec.planner.cost.predict_nests` without a machine)
+        and kept likewise."""
+        at = repr(schedule)
+        if at in self._prices:
+            return dict(self._prices[at]["memory_peak"])
+        if at not in self._peaks:
+            nests = self.emitter().schedule(schedule)
+            self._peaks[at] = predict_nests(nests, self.tensors, self.extents, self.cs, None)["memory_peak"]
+        return dict(self._peaks[at])
 
     def fits(self, predicted: dict) -> bool:
         return all(predicted["memory_peak"][lvl] <= self.limits[lvl] for lvl in ("global", "device"))
@@ -209,7 +222,7 @@ def _finer(ctx: Context, group: DiskGroup) -> list[DiskGroup]:
             tile = tile_count(tile, 2)
             finer = copy.deepcopy(group)
             finer.groups[pos].dev.update(dict.fromkeys(sym, tile))
-            if ctx.fits(ctx.price(Schedule([finer]))):
+            if ctx.fits({"memory_peak": ctx.peaks(Schedule([finer]))}):
                 found.append(finer)
     return found
 
@@ -240,8 +253,8 @@ def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
     splitting a shared buffer), so several halvings per pricing ended with other tiles in 58 of
     617 calls planning (T) at o=6, v=20 with 256 KiB of device memory (tried 2026-11-23)."""
     while True:
-        pred = ctx.price(Schedule([group]))
-        over = [lvl for lvl in ("device", "global") if pred["memory_peak"][lvl] > ctx.limits[lvl]]
+        peak = ctx.peaks(Schedule([group]))
+        over = [lvl for lvl in ("device", "global") if peak[lvl] > ctx.limits[lvl]]
         if not over:
             return group
         if not _halve(group, over[0]):
