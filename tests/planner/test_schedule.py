@@ -1,4 +1,5 @@
-"""Spreading a plan's parallel loops over ranks (``make_plan(..., ranks)``).
+"""Spreading a plan's parallel loops over ranks (``make_plan(..., ranks)``), and the memory peaks
+that fitting tiles counts alone (``Context.peaks``) against the full price's.
 
 Iterations are counted on the emitted plan, independently of the planner: each parallel loop's
 tiles against the range its enclosing global loops leave (their first, full tile)."""
@@ -119,3 +120,46 @@ machine: {global_memory: 64MiB, device_memory: 800KiB}
         assert many.predicted["memory_peak"]["device"] <= many.memory_limit["device"]
         assert many.predicted["flops"] == one.predicted["flops"]
 
+
+
+@pytest.mark.parametrize("config", ["fourindex", "expr_d_small", "triples"])
+def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
+    """``Context.peaks`` (what fitting tiles asks at every halving, counted without movement or
+    flops) equals the memory peaks of the full price, on every step of halving every fused
+    group's tiles, for every way of cutting the chain into fused groups."""
+    import copy
+
+    from chainexec.planner.build import contractions
+    from chainexec.planner.choose import compositions
+    from chainexec.planner.machine import Machine
+    from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
+    from chainexec.planner.schedule import Context, _halve
+    from tests.conftest import fourindex_config, write_config
+
+    if config == "fourindex":
+        s = spec.load(write_config(tmp_path, fourindex_config(n=12, nmo=10, global_memory="96KiB",
+                                                             device_memory="8KiB")))
+    elif config == "expr_d_small":
+        text = (CONFIGS / "expr_d.yaml").read_text().replace("N: 40", "N: 5").replace("32GiB", "64KiB")
+        s = spec.loads(text.replace("1GiB", "6KiB"), str(CONFIGS / "expr_d.yaml"))
+    else:
+        text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 4").replace("vir: 19", "vir: 7")
+        s = spec.loads(text.replace("256MiB", "96KiB"), str(CONFIGS / "ccsd_t.yaml"))
+    cs, tensors = contractions(s)
+    limits = {"global": s.machine.global_memory, "device": s.machine.device_memory}
+    alone, priced = (Context(cs, tensors, s.extents, limits, Machine()) for _ in range(2))
+    ids = [c.id for c in cs]
+    checked = 0
+    cuts = (compositions(ids) if len(ids) <= 8 else
+            [[ids], [[k] for k in ids], [ids[:12], ids[12:24], ids[24:]], [ids[:24], ids[24:]]])
+    for parts in cuts:
+        groups = [DeviceGroup(list(g), {i: s.extents[i] for i in alone.emitter().group_common(g)},
+                              {i: s.extents[i] for c in g for i in cs[c].indices()}) for g in parts]
+        group = DiskGroup(groups, {})
+        for _ in range(60):
+            schedule = Schedule([copy.deepcopy(group)])
+            assert alone.peaks(schedule) == priced.price(schedule)["memory_peak"], (parts, group)
+            checked += 1
+            if not any(_halve(group, level) for level in ("device", "global")):
+                break
+    assert checked > 100
