@@ -162,3 +162,24 @@ def test_cupy_backend_rejects_unknown_method():
 def test_device_memory_the_host_lacks_is_one_clear_error():
     with pytest.raises(ChainexecError, match="device memory: could not allocate 128.00 TiB"):
         select("numpy").zeros((2**22, 2**22), np.float64)
+
+
+def test_ttgt_product_ends_in_the_outputs_fastest_index():
+    """TTGT's GEMM takes the operand holding ``out``'s fastest index on the right, so the final
+    add reads the product in runs along it: for every (T) W term (six of the twelve hold ``c`` in
+    the left operand as written: four ``ovvv``, two ``ovoo``), and for random contractions, which
+    must still equal ``numpy.einsum`` (``test_numpy_contract_matches_einsum``)."""
+    from tests.planner.test_sumkernel import W_TERMS
+
+    swaps = 0
+    for a, b, _ in W_TERMS:
+        batch, lext, rext, ks, swap, *_ = device._ttgt(tuple("ijkabc"), tuple(a), tuple(b))
+        assert (batch + lext + rext)[-1] == "c"
+        swaps += swap
+    assert swaps == 6
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        c, _ = random_case(rng, batch=bool(rng.integers(2)))
+        batch, lext, rext, *_ = device._ttgt(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+        if c.out_indices[-1] in lext + rext:
+            assert (batch + lext + rext)[-1] == c.out_indices[-1]
