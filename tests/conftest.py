@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,21 @@ def require_gpu():
     except cupy.cuda.runtime.CUDARuntimeError:
         pytest.skip("no CUDA device", allow_module_level=True)
     return cupy
+
+
+def nvcc_reports(tmp_path: Path, sources: list[str]) -> list[str]:
+    """ptxas's report (``-Xptxas -v``) of each CUDA source compiled for sm_90, as many compilers
+    at once as there are CPUs (nvcc uses one: the compile tests took 100 s of CI one at a time);
+    fails the test where one does not compile."""
+    def one(k: int) -> subprocess.CompletedProcess:
+        cu = tmp_path / f"nvcc{k}.cu"
+        cu.write_text(sources[k])
+        return subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")),
+                               str(cu)], capture_output=True, text=True)
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        results = list(pool.map(one, range(len(sources))))
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert all((tmp_path / f"nvcc{k}.cubin").stat().st_size > 0 for k in range(len(sources)))
+    return [r.stdout + r.stderr for r in results]

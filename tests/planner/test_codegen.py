@@ -8,11 +8,9 @@ Both skip when their compiler is absent.
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ import pytest
 
 from chainexec.planner.codegen import generate, grid_size, kernel_name, kernel_params
 from chainexec.planner.kernelconf import Device, choose_config, enumerate_configs
+from tests.conftest import nvcc_reports
 
 TCCG = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "tccg.json"
 CASES = json.loads(TCCG.read_text()) if TCCG.exists() else []
@@ -180,12 +179,6 @@ def test_batch_dtype_and_mismatched_config_raise():
         generate("ba", "ac", "cb", dict(a=64, b=64, c=64), "float64", cfg)
 
 
-def _nvcc(path: Path):
-    return subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
-                           str(path.with_suffix(".cubin")), str(path)],
-                          capture_output=True, text=True)
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.skipif(not CASES, reason=f"{TCCG} not found")
 def test_all_tccg_kernels_compile_with_nvcc(tmp_path):
@@ -197,19 +190,9 @@ def test_all_tccg_kernels_compile_with_nvcc(tmp_path):
             name, src = generate(case["C"], case["A"], case["B"], case["sizes"], dtype, cfg)
             sources[name] = src
     names = sorted(sources)
-    files = []
-    for part in range(2):
-        f = tmp_path / f"part{part}.cu"
-        f.write_text("\n".join(sources[n] for n in names[part::2]))
-        files.append(f)
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(_nvcc, files))
-    for r in results:
-        assert r.returncode == 0, r.stderr[-3000:]
-    log = "".join(r.stdout + r.stderr for r in results)
+    log = "".join(nvcc_reports(tmp_path, ["\n".join(sources[n] for n in names[part::2]) for part in range(2)]))
     assert len(re.findall(r"Compiling entry function", log)) == len(sources)
     spills = re.findall(r"(\d+) bytes spill stores", log)
     assert spills and all(s == "0" for s in spills)
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
     print(f"\n{len(sources)} kernels: registers {min(regs)}..{max(regs)}, no spills")
-    assert os.path.getsize(files[0].with_suffix(".cubin")) > 0

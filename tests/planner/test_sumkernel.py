@@ -17,6 +17,7 @@ from chainexec.planner import sumkernel as sk
 from chainexec.planner import summma
 from chainexec.planner.kernelconf import Device
 from tests.planner.test_codegen import EMU_PRELUDE
+from tests.conftest import nvcc_reports
 
 SUM_PRELUDE = EMU_PRELUDE + r"""
 #include <memory>
@@ -253,25 +254,14 @@ def test_source_has_no_index_names(gen):
     assert name in src and not any(i in src for i in ("Qz", "Yw", "Kv"))
 
 
-def nvcc_report(tmp_path, name: str, src: str) -> str:
-    """ptxas's report (``-Xptxas -v``) of ``src`` compiled for sm_90; fails the test if it does
-    not compile."""
-    cu = tmp_path / f"{name}.cu"
-    cu.write_text(src)
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r.stderr
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_tile_kernel_compiles_without_spills(tmp_path):
     """The (T) tile's top candidates compile for sm_90 with no register spills."""
     out, terms, _ = CASES[0]
     p = _problem(out, terms, dict(i=3, j=3, k=3, a=180, b=180, c=180, f=180, m=24))
-    for cfg in sk.candidates(p, H100):
-        report = nvcc_report(tmp_path, *sk.generate(p, cfg))
-        assert "0 bytes spill stores" in report, report
+    cfgs = sk.candidates(p, H100)
+    for cfg, report in zip(cfgs, nvcc_reports(tmp_path, [sk.generate(p, cfg)[1] for cfg in cfgs])):
+        assert "0 bytes spill stores" in report, (cfg.name(), report)
 
 
 def test_offsets_are_64_bit_only_for_large_views():

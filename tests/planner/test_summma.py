@@ -16,7 +16,8 @@ import pytest
 from chainexec.planner import summma as mm
 from chainexec.planner.gett import MMA_SHAPES
 from chainexec.planner.kernelconf import Device
-from tests.planner.test_sumkernel import CASES, _emulate, _problem, nvcc_report
+from tests.conftest import nvcc_reports
+from tests.planner.test_sumkernel import CASES, _emulate, _problem
 
 H100 = Device.H100()
 A100 = Device("A100", "80", 108, 48 * 1024, 164 * 1024, 255, 65536, 1024, 2048)
@@ -130,8 +131,7 @@ def test_tile_kernels_compile_without_spills(tmp_path):
     out, terms, _ = CASES[0]
     p = _problem(out, terms, TILE)
     cfgs = mm.candidates(p, H100) + [mm.MmaConfig((1, 3, 3, 8, 8, 8), 4, 16, s) for s in sorted(MMA_SHAPES)]
-    for cfg in cfgs:
-        report = nvcc_report(tmp_path, *mm.generate(p, cfg))
+    for cfg, report in zip(cfgs, nvcc_reports(tmp_path, [mm.generate(p, cfg)[1] for cfg in cfgs])):
         assert "0 bytes stack frame, 0 bytes spill stores" in report, (cfg.name(), report)
 
 
