@@ -397,15 +397,17 @@ class CupyBackend(Backend):
             self.xp.cuda.get_current_stream().synchronize()
 
     def fetch(self, dst, read) -> None:
-        """As :meth:`Backend.fetch`, through two staging buffers of at most :data:`STAGE_BYTES`
-        each (:meth:`host_empty`: page-locked when :attr:`pinned`), used in turn: while one chunk
-        of rows is copied to the device (asynchronously from page-locked memory, on the current
-        stream), the next is read into the other. A tile the size of one chunk or less, or whose
-        rows (first axis) are each larger than a chunk, is read and copied in one piece. A
+        """As :meth:`Backend.fetch`, through two staging buffers of :data:`STAGE_BYTES` each, or
+        one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
+        :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
+        (asynchronously from page-locked memory, on the current stream), the next is read into
+        the other. A tile the size of one chunk or less is read and copied in one piece. A
         page-locked buffer the size of each tile instead made the (T) inputs at o=24, v=180 take
-        1.73 s on the H100 machine, against 0.65 s through these buffers."""
+        1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
+        whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
+        v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
         row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
-        if not row or row > STAGE_BYTES or dst.nbytes <= STAGE_BYTES or not dst.flags.c_contiguous:
+        if not row or dst.nbytes <= max(row, STAGE_BYTES) or not dst.flags.c_contiguous:
             host = self.host_empty(dst.shape, dst.dtype)
             read(slice(0, dst.shape[0]) if dst.ndim else None, host)
             self.upload(dst, host)
@@ -426,7 +428,7 @@ class CupyBackend(Backend):
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
         """The two staging buffers of :meth:`fetch` (:meth:`host_empty`), at least ``nbytes`` (at
-        most :data:`STAGE_BYTES`) each, kept for the backend's life."""
+        most :data:`STAGE_BYTES` or one row of a tile) each, kept for the backend's life."""
         if self._stages is None or self._stages[0].nbytes < nbytes:
             self._stages = [self.host_empty(nbytes, np.uint8) for _ in range(2)]
         return self._stages

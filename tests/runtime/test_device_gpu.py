@@ -248,9 +248,9 @@ def test_pointwise_terms_in_one_pass():
 @pytest.mark.parametrize("stage", [64, 4096, 1 << 20], ids=["row-above-stage", "chunks", "one-piece"])
 def test_fetch_through_staging_buffers(stage, monkeypatch):
     """``fetch`` fills a device tile from a host source chunk by chunk through two page-locked
-    buffers used in turn (each refilled only after its copy finished), or in one piece when the
-    tile fits one chunk or a row is wider than a chunk: the tile equals the source whatever the
-    chunk size, and every row is read once."""
+    buffers used in turn (each refilled only after its copy finished; a row per chunk where a row
+    is wider than a chunk), or in one piece when the tile fits one chunk: the tile equals the
+    source whatever the chunk size, and every row is read once."""
     monkeypatch.setattr(device, "STAGE_BYTES", stage)
     source = np.random.default_rng(8).standard_normal((37, 11, 6))
     reads = []
@@ -265,7 +265,7 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
     assert np.array_equal(cupy.asnumpy(dst), source)
     assert sorted(r for lo, hi in reads for r in range(lo, hi)) == list(range(37))
     row = 11 * 6 * 8
-    assert len(reads) == (1 if stage >= source.nbytes or row > stage else -(-37 // (stage // row)))
+    assert len(reads) == (1 if stage >= source.nbytes else 37 if row > stage else -(-37 // (stage // row)))
     scalar = backend.zeros((), np.float64)
     backend.fetch(scalar, lambda rows, out: out.fill(2.5))
     assert float(scalar) == 2.5
