@@ -184,6 +184,21 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
                        tuple(loops[1:]), k_loops)
 
 
+def operand_orders(out_indices, a_indices, b_indices) -> tuple[list[str], list[str]]:
+    """Index orders for copies of ``a`` and ``b`` under which :func:`plan` merges the most modes:
+    the batch modes (in all three) and each operand's own modes in ``out``'s order, the contracted
+    modes in ``a``'s order in both, between them. A run of an operand's modes adjacent in ``out``
+    is then adjacent in its copy too, so it becomes one GEMM dimension wherever ``out`` allows:
+    for the (T) term ``W[i,j,k,a,b,c] += ovvv[i,a,f,b]·t2[k,j,c,f]`` the copy ``ovvv[i,f,a,b]``
+    makes (a, b) one GEMM dimension, GEMMs of v²×v×v over the occupied triples instead of v×v×v
+    over the triples and a."""
+    batch = [i for i in out_indices if i in a_indices and i in b_indices]
+    ks = [i for i in a_indices if i in b_indices and i not in out_indices]
+    own = [[i for i in out_indices if i in x and i not in batch] for x in (a_indices, b_indices)]
+    rest = [[i for i in x if i not in out_indices and i not in ks] for x in (a_indices, b_indices)]
+    return batch + ks + own[0] + rest[0], batch + ks + own[1] + rest[1]
+
+
 def _column_major(x: Matrix) -> tuple[bool, int]:
     """A GEMM view as a column-major BLAS operand: (transposed, leading dimension). Column-major
     ``rows``×``cols`` needs unit row stride and ld = the column stride ≥ rows; with unit column

@@ -30,6 +30,12 @@ Contraction methods on the GPU (:class:`CupyBackend`):
 * ``batched`` — batched GEMMs over the operands as they lie (:mod:`chainexec.planner.batchedgemm`,
   the strided-batched GEMM paper): cuBLAS strided-batched calls, or one pointer-array batched
   call, adding straight into ``out`` with no copy and no workspace; float32/float64.
+* ``relayout`` — batched GEMM as above on copies of ``a`` and ``b`` permuted so that the modes
+  each shares with ``out`` in runs merge into large GEMM dimensions
+  (:func:`chainexec.planner.batchedgemm.operand_orders`), still adding straight into ``out``: the
+  copies cost a pass over the operands, which in (T) are tiny beside the output, and no
+  product temporary or permuted add as TTGT has. Offered where it makes larger GEMMs than
+  ``batched``; workspace: the two copies.
 * ``kernel`` — the generated COGENT kernel (:mod:`chainexec.runtime.kernels`) for the tile's
   extents, launched with ``alpha = factor, beta = 1`` straight into ``out`` when ``out`` is
   C-contiguous. Only for contractions without batch indices, in float32/float64.
@@ -61,7 +67,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -74,7 +80,7 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split")
+METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
 without timing candidates; ``split``: its short-range terms through the register kernel, the
@@ -309,6 +315,8 @@ def _workspace(method: str, out, a, b) -> int:
     per GEMM of a pointer-array call, are not counted); cuTENSOR's is counted as one output."""
     if method in ("gett", "batched", "direct"):
         return 0
+    if method == "relayout":
+        return a.nbytes + b.nbytes
     if method == "cutensor":
         return out.nbytes
     copies = a.nbytes + b.nbytes + out.nbytes
@@ -333,6 +341,43 @@ def _cutensor(cupy):
 
 def _strides(arr) -> tuple[int, ...]:
     return tuple(s // arr.itemsize for s in arr.strides)
+
+
+@dataclass(frozen=True)
+class _Contiguous:
+    """A C-contiguous array's shape, dtype, item size and strides (bytes), without the array:
+    what :meth:`CupyBackend._batched` reads of an operand."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(int(np.prod(self.shape[d + 1:])) * self.itemsize for d in range(len(self.shape)))
+
+
+@lru_cache(maxsize=None)
+def _relaid_orders(out: tuple, a: tuple, b: tuple) -> tuple:
+    from chainexec.planner.batchedgemm import operand_orders
+
+    oa, ob = operand_orders(out, a, b)
+    return tuple(oa), tuple(ob), tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
+
+
+def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
+    """``c`` over copies of its operands in :func:`~chainexec.planner.batchedgemm.operand_orders`'
+    index orders, and the permutations that make those copies from ``a`` and ``b``."""
+    oa, ob, pa, pb = _relaid_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+    return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
+
+
+def _gemm_size(g) -> int:
+    """Elements of one GEMM's output in a batched-GEMM layout: what a larger layout gains."""
+    return g.out.rows * g.out.cols
 
 
 @dataclass
@@ -784,18 +829,29 @@ class CupyBackend(Backend):
                          bl.ldb, two, at[2].data.ptr, bl.ldc, at.shape[1])
         return True
 
+    def _relayout(self, c: Contraction, out, a, b):
+        """:meth:`_batched`'s layout for C-contiguous copies of ``a`` and ``b`` in the orders of
+        :func:`_relaid`, or None (the copies are described by shape, not made)."""
+        moved, pa, pb = _relaid(c)
+        copies = [_Contiguous(tuple(x.shape[p] for p in perm), x.dtype) for x, perm in ((a, pa), (b, pb))]
+        return self._batched(moved, out, *copies)
+
     def _candidates(self, c: Contraction, out, a, b) -> dict:
         """Method name -> configuration (plain data, or None), for every method that applies:
         ``gett:<order>:<config>`` for the model's top GETT candidates, ``batched`` (batched GEMM in
-        place), ``kernel`` (COGENT), ``ttgt``, ``einsum``, ``direct`` and, where installed,
-        ``cutensor``."""
+        place), ``relayout`` (batched GEMM on permuted copies, where they make larger GEMMs),
+        ``kernel`` (COGENT), ``ttgt``, ``einsum``, ``direct`` and, where installed, ``cutensor``."""
         cands = {}
         gp = self._problem(c, out, a, b)
         if gp is not None:
             for order, cfg in gp[1]:
                 cands[f"gett:{order}:{cfg.name()}"] = {"order": order, **asdict(cfg)}
-        if self._batched(c, out, a, b) is not None:
+        in_place = self._batched(c, out, a, b)
+        if in_place is not None:
             cands["batched"] = None
+        copied = self._relayout(c, out, a, b)
+        if copied is not None and (in_place is None or _gemm_size(copied[0]) > _gemm_size(in_place[0])):
+            cands["relayout"] = None
         if self._kernel(c, _sizes(c, a, b), out.dtype) is not None:
             cands["kernel"] = None
         cands["ttgt"] = None
@@ -932,6 +988,13 @@ class CupyBackend(Backend):
         elif method == "batched":
             if not self.batched_gemm(c, out, a, b, c.factor):  # chosen on a probe; no layout here
                 out += _ttgt_product(cp, c, a, b)
+        elif method == "relayout":
+            if self._relayout(c, out, a, b) is None:  # chosen on a probe; no layout here
+                out += _ttgt_product(cp, c, a, b)
+            else:
+                moved, pa, pb = _relaid(c)
+                self.batched_gemm(moved, out, cp.ascontiguousarray(a.transpose(pa)),
+                                  cp.ascontiguousarray(b.transpose(pb)), c.factor)
         elif method == "ttgt":
             out += _ttgt_product(cp, c, a, b)
         elif method in ("einsum", "cutensor"):
@@ -955,7 +1018,7 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
-TUNING_VERSION = 5
+TUNING_VERSION = 6
 """Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
 so that decisions recorded by older code are not read back."""
 

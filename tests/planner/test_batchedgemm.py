@@ -3,10 +3,13 @@ carried out by a column-major BLAS emulator written here from the BLAS definitio
 checked), equal ``numpy.einsum`` on fresh random operands, contiguous, permuted and cut from larger
 buffers; the paper's case studies run as one call."""
 
+import math
+
 import numpy as np
 import pytest
 
 from chainexec.planner import batchedgemm
+from tests.planner.test_sumkernel import W_TERMS
 
 CASES = [
     # (out, a, b, sizes): GEMM, both operands transposed, the paper's case studies 1 and 2 (in
@@ -187,3 +190,28 @@ def test_every_iteration_is_covered_once():
             steps = range(g.batch[0]) if launch.strided else [0]
             outs += [off[2] + p * g.batch[3] for p in steps]
     assert len(outs) == len(set(outs)) == np.prod([sizes[i] for i in "ijkabc"]) // (g.out.rows * g.out.cols)
+
+
+W_SIZES = dict(i=2, j=3, k=2, a=5, b=4, c=6, f=3, m=3)
+
+
+@pytest.mark.parametrize("c,a,b,sizes", CASES + [("ijkabc", a, b, W_SIZES) for a, b, _ in W_TERMS])
+def test_copies_in_operand_orders(c, a, b, sizes):
+    """Copies of the operands in ``operand_orders`` give a layout whose launches equal
+    ``numpy.einsum``. For the (T) terms whose ovvv holds two virtual indices adjacent in W (in
+    either order) one GEMM dimension is that pair, v² where the operands as stored give v at most."""
+    rng = np.random.default_rng(sum(map(ord, c + a + b)))
+    out, x, y = _operands(c, a, b, sizes, rng, "contiguous")
+    oa, ob = batchedgemm.operand_orders(c, a, b)
+    assert sorted(oa) == sorted(a) and sorted(ob) == sorted(b)
+    x2 = np.ascontiguousarray(x.transpose([a.index(i) for i in oa]))
+    y2 = np.ascontiguousarray(y.transpose([b.index(i) for i in ob]))
+    copied = batchedgemm.plan(c, oa, ob, sizes, (_strides(out, c), _strides(x2, oa), _strides(y2, ob)), min_side=1)
+    if copied is None:
+        return
+    pair = {x for x in a if x in "abc"}
+    if "f" in a and "".join(sorted(pair)) in ("ab", "bc"):
+        assert math.prod(sizes[x] for x in pair) in (copied.out.rows, copied.out.cols)
+    expect = np.einsum(f"{a},{b}->{c}", x, y) + out
+    run(copied, out, x2, y2)
+    assert np.max(np.abs(out - expect)) <= 1e-12 * np.max(np.abs(expect))

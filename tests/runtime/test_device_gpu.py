@@ -60,7 +60,7 @@ def _operands(rng, c, size, dtype, views: bool, step: bool):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
-@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "cutensor", "direct", "auto"])
+@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "relayout", "cutensor", "direct", "auto"])
 def test_contract_matches_einsum(method, kind, dtype):
     """Every method, random contractions, contiguous and strided operands; the padding around
     ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
@@ -138,6 +138,28 @@ def test_kernel_and_ttgt_agree(case, views):
         assert relerr(results[method], ref) <= 1e-12
     assert relerr(results["kernel"], np.asarray(results["ttgt"], np.float64)) <= 1e-12
     assert relerr(results["batched"], np.asarray(results["ttgt"], np.float64)) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_relayout_on_the_triples_terms(dtype):
+    """The twelve (T) W terms forced to ``relayout`` on views of whole arrays, as the executor
+    passes them: each equals numpy.einsum, and the terms whose copies make larger GEMMs (the
+    ``ovvv`` ones holding two indices adjacent in W among them) really run that way."""
+    from tests.planner.test_sumkernel import W_TERMS
+
+    rng = np.random.default_rng(17 + len(dtype))
+    size = dict(i=3, j=3, k=3, a=14, b=13, c=15, f=12, m=9)
+    backend = CupyBackend(cupy, "relayout")
+    used = []
+    for n, (a_idx, b_idx, factor) in enumerate(W_TERMS):
+        c = Contraction(n, "W", list("ijkabc"), "A", list(a_idx), "B", list(b_idx), factor, True, 0, n)
+        out, big, sl, a, b = _operands(rng, c, size, dtype, True, step=False)
+        ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
+        backend.contract(c, out, a, b)
+        assert relerr(cupy.asnumpy(big)[sl], ref) <= TOL[dtype], (a_idx, b_idx)
+        if backend.choices[backend._key(c, out, a, b)].method == "relayout":
+            used.append(a_idx)
+    assert {"iafb", "jbfa", "jbfc", "kcfb"} <= set(used)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
