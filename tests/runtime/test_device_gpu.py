@@ -142,24 +142,34 @@ def test_kernel_and_ttgt_agree(case, views):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_relayout_on_the_triples_terms(dtype):
-    """The twelve (T) W terms forced to ``relayout`` on views of whole arrays, as the executor
-    passes them: each equals numpy.einsum, and the terms whose copies make larger GEMMs (the
-    ``ovvv`` ones holding two indices adjacent in W among them) really run that way."""
+    """The twelve (T) W terms forced to ``relayout`` as the executor passes them (a whole W tile;
+    the operands cut from whole arrays along the occupied indices): each equals numpy.einsum, and
+    the terms whose copies make larger GEMMs (the ``ovvv`` ones holding two indices adjacent in
+    W among them) really run that way."""
     from tests.planner.test_sumkernel import W_TERMS
 
     rng = np.random.default_rng(17 + len(dtype))
-    size = dict(i=3, j=3, k=3, a=14, b=13, c=15, f=12, m=9)
+    o, v, t = 7, 13, 2
+    full = {name: rng.standard_normal(shape).astype(dtype) for name, shape in
+            (("ovvv", (o, v, v, v)), ("t2", (o, o, v, v)), ("ovoo", (o, v, o, o)))}
+    occ = {"i": slice(0, t), "j": slice(t, 2 * t), "k": slice(2 * t + 1, 3 * t + 1)}
+    on_gpu = {name: cupy.asarray(x) for name, x in full.items()}
     backend = CupyBackend(cupy, "relayout")
+    W = cupy.asarray(rng.standard_normal((t,) * 3 + (v,) * 3).astype(dtype))
+    ref = cupy.asnumpy(W).astype(np.float64)
     used = []
     for n, (a_idx, b_idx, factor) in enumerate(W_TERMS):
+        cut = [tuple(occ.get(i, slice(None)) for i in idx) for idx in (a_idx, b_idx)]
+        name = "ovvv" if "f" in a_idx else "ovoo"
+        a, b = on_gpu[name][cut[0]], on_gpu["t2"][cut[1]]
         c = Contraction(n, "W", list("ijkabc"), "A", list(a_idx), "B", list(b_idx), factor, True, 0, n)
-        out, big, sl, a, b = _operands(rng, c, size, dtype, True, step=False)
-        ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
-        backend.contract(c, out, a, b)
-        assert relerr(cupy.asnumpy(big)[sl], ref) <= TOL[dtype], (a_idx, b_idx)
-        if backend.choices[backend._key(c, out, a, b)].method == "relayout":
+        backend.contract(c, W, a, b)
+        ref += factor * np.einsum(f"{a_idx},{b_idx}->ijkabc", full[name][cut[0]].astype(np.float64),
+                                  full["t2"][cut[1]].astype(np.float64))
+        if backend.choices[backend._key(c, W, a, b)].method == "relayout":
             used.append(a_idx)
-    assert {"iafb", "jbfa", "jbfc", "kcfb"} <= set(used)
+    assert relerr(cupy.asnumpy(W), ref) <= TOL[dtype]
+    assert {"iafb", "jbfa", "jbfc", "kcfb"} <= set(used), used
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
