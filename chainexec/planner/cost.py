@@ -93,10 +93,10 @@ class Loops:
     looped index its (level, tile) per loop, the symmetric loop's indices, and the counts already
     asked for. Pricing a candidate asks for the same loops' counts for every statement and operand
     inside them (85,000 calls planning (T) at o=21, v=93, a quarter of the planner's time when
-    each call read the loops again)."""
+    each call read the loops again). The counts are kept by (indices, level) alone: one object
+    serves one plan's extents."""
 
     def __init__(self, loops: list[Loop]):
-        self.loops = loops
         self.sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
         self.tiles: dict[str, tuple[tuple[str, int], ...]] = {}
         for loop in loops:

@@ -39,9 +39,11 @@ Contraction methods on the GPU (:class:`CupyBackend`):
 * ``kernel`` — the generated COGENT kernel (:mod:`chainexec.runtime.kernels`) for the tile's
   extents, launched with ``alpha = factor, beta = 1`` straight into ``out`` when ``out`` is
   C-contiguous. Only for contractions without batch indices, in float32/float64.
-* ``ttgt`` — transpose–transpose–GEMM–transpose: permute ``a`` to (batch, a-external, contracted)
-  and ``b`` to (batch, contracted, b-external), multiply with ``cupy.matmul`` (cuBLAS, FP64 tensor
-  cores on Hopper), add the product permuted to ``out``'s order. Works for every contraction.
+* ``ttgt`` — transpose–transpose–GEMM–transpose: permute one operand to (batch, its external,
+  contracted) and the other to (batch, contracted, its external) — the one holding ``out``'s
+  fastest index on the right, so the product ends in that index — multiply with ``cupy.matmul``
+  (cuBLAS, FP64 tensor cores on Hopper), add the product permuted to ``out``'s order. Works for
+  every contraction.
 * ``einsum`` — ``cupy.einsum`` itself, so the choice is never slower than it.
 * ``direct`` — one generated kernel over the views as they lie, a thread per output element
   summing the products (:func:`chainexec.runtime.pointwise.contract`): slow, but it applies to
@@ -263,7 +265,8 @@ process); page-locked copies save about 0.09 s per GB over plain memory (about 5
 so they repay that from about 5 GB on."""
 STAGE_BYTES = 8 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
-outside the plan's levels). On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
+outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
+where a row (first axis) is larger. On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
 (T) inputs at o=24, v=180 (1.4 GB) reached the device in 0.65 s instead of 0.94 s."""
 PROBE_FLOOR = 1 << 20
 """Output bytes below which probes are not cut even when the plan leaves less room (only the
@@ -312,7 +315,10 @@ def _workspace(method: str, out, a, b) -> int:
     ``cupy.einsum`` one more output-sized array; GETT, batched GEMM, the direct kernel and the
     point-wise kernels make none (GETT's offset tables, kept for the process, are checked
     against the room by :meth:`CupyBackend._problem`; batched GEMM's pointer tables, 24 bytes
-    per GEMM of a pointer-array call, are not counted); cuTENSOR's is counted as one output."""
+    per GEMM of a pointer-array call, are not counted); ``relayout`` copies both operands;
+    cuTENSOR's is counted as one output. (Where batched GEMM or relayout was chosen on a probe
+    and the tile has no layout, the fallback's TTGT temporaries are not in this bound: a failed
+    allocation then falls back to GETT, :meth:`CupyBackend.contract`.)"""
     if method in ("gett", "batched", "direct"):
         return 0
     if method == "relayout":
@@ -357,11 +363,13 @@ class _Contiguous:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return tuple(int(np.prod(self.shape[d + 1:])) * self.itemsize for d in range(len(self.shape)))
+        return tuple(math.prod(self.shape[d + 1:]) * self.itemsize for d in range(len(self.shape)))
 
 
 @lru_cache(maxsize=None)
 def _relaid_orders(out: tuple, a: tuple, b: tuple) -> tuple:
+    """:func:`~chainexec.planner.batchedgemm.operand_orders` and the permutations to them, per
+    index triple (asked again for every tile of a run)."""
     from chainexec.planner.batchedgemm import operand_orders
 
     oa, ob = operand_orders(out, a, b)
@@ -383,7 +391,8 @@ def _gemm_size(g) -> int:
 @dataclass
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
-    is ``gett``, ``batched``, ``kernel``, ``ttgt`` or ``einsum``; for a run of contractions into
+    is ``gett``, ``batched``, ``relayout``, ``kernel``, ``ttgt``, ``einsum``, ``cutensor`` or
+    ``direct``; for a run of contractions into
     one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one) or ``split`` (some terms in
     a sum kernel, the others one by one); ``seconds`` the best timed run of every candidate
     compared (empty when the method was forced or only one applies); ``config`` the GETT order
@@ -446,7 +455,8 @@ class CupyBackend(Backend):
         one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
         :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
         (asynchronously from page-locked memory, on the current stream), the next is read into
-        the other. A tile the size of one chunk or less is read and copied in one piece. A
+        the other. A tile the size of one chunk or less, or of one row, is read and copied in one
+        piece. A
         page-locked buffer the size of each tile instead made the (T) inputs at o=24, v=180 take
         1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
         whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
@@ -993,8 +1003,10 @@ class CupyBackend(Backend):
                 out += _ttgt_product(cp, c, a, b)
             else:
                 moved, pa, pb = _relaid(c)
-                self.batched_gemm(moved, out, cp.ascontiguousarray(a.transpose(pa)),
-                                  cp.ascontiguousarray(b.transpose(pb)), c.factor)
+                if not self.batched_gemm(moved, out, cp.ascontiguousarray(a.transpose(pa)),
+                                         cp.ascontiguousarray(b.transpose(pb)), c.factor):
+                    # the copies' strides differ from their description (extent-1 or empty axes)
+                    out += _ttgt_product(cp, c, a, b)
         elif method == "ttgt":
             out += _ttgt_product(cp, c, a, b)
         elif method in ("einsum", "cutensor"):

@@ -121,7 +121,6 @@ machine: {global_memory: 64MiB, device_memory: 800KiB}
         assert many.predicted["flops"] == one.predicted["flops"]
 
 
-
 @pytest.mark.parametrize("config", ["fourindex", "expr_d_small", "triples"])
 def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
     """``Context.peaks`` (what fitting tiles asks at every halving, counted without movement or

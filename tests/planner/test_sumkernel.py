@@ -16,8 +16,8 @@ import pytest
 from chainexec.planner import sumkernel as sk
 from chainexec.planner import summma
 from chainexec.planner.kernelconf import Device
-from tests.planner.test_codegen import EMU_PRELUDE
 from tests.conftest import nvcc_reports
+from tests.planner.test_codegen import EMU_PRELUDE
 
 SUM_PRELUDE = EMU_PRELUDE + r"""
 #include <memory>
