@@ -101,8 +101,8 @@ TIMED_RUNS = 2
 @lru_cache(maxsize=None)
 def _ttgt(out: tuple, a: tuple, b: tuple):
     """Transpose-transpose-GEMM-transpose layout of ``out = a·b``: index groups batch (in all
-    three), a-external, b-external and contracted (in a and b only), whether the GEMM takes b as
-    its left operand, and the permutations that bring the left operand to (batch, left-ext, k),
+    three), the left and the right GEMM operand's external ones and contracted (in a and b only),
+    whether the GEMM takes b as its left operand, and the permutations that bring the left operand to (batch, left-ext, k),
     the right one to (batch, k, right-ext) and the GEMM result to ``out``'s order.
 
     The operand holding ``out``'s fastest index goes right, so that the product's fastest index is
@@ -456,9 +456,8 @@ class CupyBackend(Backend):
         :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
         (asynchronously from page-locked memory, on the current stream), the next is read into
         the other. A tile the size of one chunk or less, or of one row, is read and copied in one
-        piece. A
-        page-locked buffer the size of each tile instead made the (T) inputs at o=24, v=180 take
-        1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
+        piece. A page-locked buffer the size of each tile instead made the (T) inputs at o=24,
+        v=180 take 1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
         whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
         v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
         row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
