@@ -225,7 +225,7 @@ def choose(ctx: Context, prefer: str | None = None) -> tuple[Schedule, list[dict
     priced = []
     for name, schedule in candidates:
         pred = ctx.price(schedule)
-        priced.append({"name": name, "kind": "schedule", "fits": ctx.fits(pred),
+        priced.append({"name": name, "kind": "schedule", "fits": ctx.fits(pred["memory_peak"]),
                        **({"recurrence": chooser.recurrence()} if name == "paper: disk+global" else {}), "movement_seconds": movement_seconds(pred),
                        "bytes": pred["bytes"], "seconds": pred["seconds"], "memory_peak": pred["memory_peak"],
                        "groups": describe(schedule), "schedule": schedule})

@@ -79,8 +79,10 @@ class Context:
             self._peaks[at] = predict_nests(nests, self.tensors, self.extents, self.cs, None)["memory_peak"]
         return dict(self._peaks[at])
 
-    def fits(self, predicted: dict) -> bool:
-        return all(predicted["memory_peak"][lvl] <= self.limits[lvl] for lvl in ("global", "device"))
+    def fits(self, peak: dict) -> bool:
+        """Whether memory peaks per level (bytes: :meth:`peaks`, or a price's ``memory_peak``) are
+        within the limits."""
+        return all(peak[lvl] <= self.limits[lvl] for lvl in ("global", "device"))
 
 
 def movement_seconds(predicted: dict) -> float:
@@ -132,7 +134,7 @@ def _with_device(ctx: Context, k: int, gtiles: dict[str, int], resident: list[st
         group = DeviceGroup([k], gtiles, dev[0], resident)
         pred = ctx.price(Schedule([DiskGroup([group])]))
         key = (movement_seconds(pred), iterations(ctx, group))
-        if ctx.fits(pred) and (best is None or key < best[0]):
+        if ctx.fits(pred["memory_peak"]) and (best is None or key < best[0]):
             best = (key, dscheme, group)
     return best[1:] if best else None
 
@@ -222,7 +224,7 @@ def _finer(ctx: Context, group: DiskGroup) -> list[DiskGroup]:
             tile = tile_count(tile, 2)
             finer = copy.deepcopy(group)
             finer.groups[pos].dev.update(dict.fromkeys(sym, tile))
-            if ctx.fits({"memory_peak": ctx.peaks(Schedule([finer]))}):
+            if ctx.fits(ctx.peaks(Schedule([finer]))):
                 found.append(finer)
     return found
 
@@ -321,7 +323,7 @@ def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
                 before = dict(g.dev)
                 g.dev.setdefault(widest, tile(widest))
                 _halved(g, g.dev, widest, tile_count(tile(widest), 2))
-                if not ctx.fits(ctx.price(schedule)):
+                if not ctx.fits(ctx.peaks(schedule)):
                     g.dev.clear()
                     g.dev.update(before)
                     blocked.add(widest)
