@@ -77,8 +77,11 @@ def test_details_record_how_and_what_was_measured(calibrated):
     if details["backend"] == "numpy":
         # On the CPU the device is host memory: global→device is the get, device→global the accumulate.
         assert details["host_device"] is None
+        assert not machine.async_statements  # NumPy runs statements on the host, one after the other
         assert machine.global_to_device == details["global_array"]["get"]["per_second"]
         assert machine.device_to_global == details["global_array"]["accumulate"]["per_second"]
+    else:
+        assert machine.async_statements  # queued on a CUDA stream
 
 
 @pytest.mark.mpi

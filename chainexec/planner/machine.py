@@ -35,6 +35,13 @@ class Machine:
     # though their flops are few. `chainexec calibrate` measures it (a device-to-device copy);
     # None, the default, leaves compute as flops alone (the papers' model).
     device_bandwidth: float | None = None
+    # Whether compute statements are queued on a device stream (CuPy): the host's per-statement
+    # seconds then overlap the device's compute of the statements before them instead of adding
+    # to it. On the H100, (T) at o=32 v=300 with occupied tiles of 2 (27,744 statements, 708.5
+    # TFLOP) ran in 55.8 s against 61.8 s for tiles of 4 (4,080 statements, 833.6 TFLOP), which
+    # the added model had priced the other way round (2026-11-23). False for NumPy, which runs
+    # the statements one after the other on the host.
+    async_statements: bool = False
     source: str = "defaults"
 
     def seconds(self, moved: dict[str, int], flops: int, streamed: int = 0) -> dict[str, float]:

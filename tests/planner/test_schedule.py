@@ -162,3 +162,42 @@ def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
             if not any(_halve(group, level) for level in ("device", "global")):
                 break
     assert checked > 100
+
+
+def test_host_time_adds_to_compute_or_overlaps_it():
+    """``work_seconds``: per-statement host seconds add to compute (NumPy) or hide behind it when
+    statements are queued on a device stream (``async_statements``), whichever is longer."""
+    from dataclasses import replace
+
+    from chainexec.planner.machine import Machine
+    from chainexec.planner.schedule import work_seconds
+
+    predicted = {"seconds": {"disk": 1.0, "global<->device": 2.0, "compute": 10.0}, "statements": 1000}
+    machine = Machine(statement_seconds=4e-3)
+    ctx = type("Ctx", (), {"machine": machine})
+    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 10 + 4)
+    ctx.machine = replace(machine, async_statements=True)
+    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 10)
+    ctx.machine = replace(machine, async_statements=True, statement_seconds=0.02)
+    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 20)
+
+
+def test_overlapped_host_time_lets_triples_take_smaller_tiles():
+    """The measured case (H100, 2026-11-23, machine_h100_2026-11-23.json's rates): (T) at o=32
+    v=300 with 40 GiB of device memory. Added up, 120 tiles of 4x4x4 occupied (4,080 statements)
+    beat 816 tiles of 2x2x2 (27,744 statements: 6.5 s of host time at 236 us each), though the
+    smaller tiles skip 15 % of the flops; on the GPU the tiles of 2 ran in 55.8 s, those of 4 in
+    61.8 s. With the host's time overlapped the planner takes the tiles of 2."""
+    from dataclasses import replace
+
+    from chainexec.planner.machine import Machine
+
+    text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 32").replace("vir: 19", "vir: 300")
+    s = spec.loads(text.replace("1GiB", "64GiB").replace("256MiB", "40GiB"), str(CONFIGS / "ccsd_t.yaml"))
+    h100 = Machine(disk_read=1.77e9, disk_write=1.0e9, global_to_device=5.28e9, device_to_global=7.16e9,
+                   flop_rate=5.43e13, statement_seconds=2.36e-4, device_bandwidth=2.79e12)
+    added, overlapped = (make_plan(s, m) for m in (h100, replace(h100, async_statements=True)))
+    tiles = [[t for _, t in parallel_loops(p)] for p in (added, overlapped)]
+    assert tiles == [[{"i": 4, "j": 4, "k": 4}], [{"i": 2, "j": 2, "k": 2}]]
+    assert overlapped.predicted["flops"] < 0.86 * added.predicted["flops"]
+    assert overlapped.predicted["statements"] > 6 * added.predicted["statements"]
