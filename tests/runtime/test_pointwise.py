@@ -1,8 +1,10 @@
 """Generated point-wise kernels, on any machine: the reduced iteration space of
 :func:`pointwise.layout` visits exactly the (output, input) element pairs of the original views
 (NumPy strides of permuted, cut and broadcast views are the reference), the generated source
-compiles with nvcc for sm_90 (skipped without nvcc) — the reduction kernels too — and code
-outside numbers, names and operators never reaches it. The kernels' numbers are checked on a GPU in test_pointwise_gpu.py."""
+compiles with nvcc for sm_90 (skipped without nvcc) — the reduction kernels and the staged ones
+too — and code outside numbers, names and operators never reaches it. The staged kernels (inputs
+read across the output's fastest index go through shared memory) are run on the CPU, one
+``std::thread`` per CUDA thread, against NumPy. The kernels' numbers are checked on a GPU in test_pointwise_gpu.py."""
 
 from __future__ import annotations
 
@@ -102,6 +104,13 @@ def test_sources_compile_with_nvcc(tmp_path):
                pointwise.reduce_source("p0", (8, 8), [(8, 1), (2**29, 8)], ("float32", "float64")),
                pointwise.contraction_source((4, 6), (5, 3), [(6, 1), (1, 0), (0, 4)], [(3, 15), (1, 24)],
                                             ("float32", "float64", "float32"))]
+    # Staged: the (T) epilogue's reads at o=32 v=300 (64-bit offsets), a 3-D and a 2-D box.
+    v = 300
+    box3 = ((8, v, v, v), [(v**3, v * v, v, 1), (v**3, v * v, v, 1), (v**3, 1, v * v, v), (v**3, v, 1, v * v)])
+    box2 = ((8, v, 40, v), [(v * v * 40, v * 40, v, 1), (v * v * 40, 1, v * v, v), (0, 1, 0, v)])
+    sources += [pointwise.reduce_source("p0 * (p1 + 2.0 * p2)", *box3, ("float64",) * 4),
+                pointwise.source("y + p0 * p1", *box2, ("float64",) * 3)]
+    assert all(pointwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
     for k, text in enumerate(sources):
         f = tmp_path / f"p{k}.cu"
         f.write_text(text)
@@ -189,3 +198,153 @@ def test_direct_contraction_kernel_equals_einsum(case, tmp_path):
     outside[inner or ...] = False
     assert np.isnan(got[outside]).all()
     assert np.max(np.abs(got[inner or ...] - ref)) <= 1e-13 * np.max(np.abs(ref))
+
+
+STAGED_PRELUDE = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+struct Dim3 { unsigned x; };
+thread_local Dim3 threadIdx, blockIdx;
+static std::barrier<>* g_block;
+static std::barrier<>* g_warp[8];
+static double g_lane[256];
+#define __global__
+#define __restrict__
+#define __shared__ static
+static inline void __syncthreads() { g_block->arrive_and_wait(); }
+static double __shfl_down_sync(unsigned, double v, int s) {
+  const unsigned t = threadIdx.x;
+  g_lane[t] = v;
+  g_warp[t / 32]->arrive_and_wait();
+  const double r = t % 32 + s < 32 ? g_lane[t + s] : v;
+  g_warp[t / 32]->arrive_and_wait();
+  return r;
+}
+"""
+
+
+def _emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets: list[int], grid: int) -> np.ndarray:
+    """Run a generated point-wise kernel on the CPU: every CUDA thread of a block a
+    ``std::thread`` (``std::barrier`` for ``__syncthreads`` and per warp for the shuffles,
+    ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
+    whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry."""
+    ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
+    decl = "\n".join(f"  std::vector<{ctype[b.dtype]}> b{k}({b.size}); "
+                     f"if (fread(b{k}.data(), sizeof({ctype[b.dtype]}), {b.size}, f) != {b.size}) return 2;"
+                     for k, b in enumerate(buffers))
+    args = ", ".join(f"b{k}.data() + {off}" for k, off in enumerate(offsets))
+    main = f"""
+int main(int argc, char** argv) {{
+  FILE* f = fopen(argv[1], "rb");
+{decl}
+  fclose(f);
+  for (unsigned b = 0; b < {grid}u; ++b) {{
+    std::barrier<> block({pointwise.BLOCK});
+    std::barrier<> w0(32), w1(32), w2(32), w3(32), w4(32), w5(32), w6(32), w7(32);
+    std::barrier<>* warps[8] = {{&w0, &w1, &w2, &w3, &w4, &w5, &w6, &w7}};
+    for (int w = 0; w < 8; ++w) g_warp[w] = warps[w];
+    g_block = &block;
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < {pointwise.BLOCK}u; ++t)
+      ts.emplace_back([&, t, b] {{ threadIdx.x = t; blockIdx.x = b; {name}({args}); }});
+    for (auto& th : ts) th.join();
+  }}
+  f = fopen(argv[1], "wb");
+  fwrite(b0.data(), sizeof({ctype[buffers[0].dtype]}), {buffers[0].size}, f);
+  fclose(f);
+  return 0;
+}}
+"""
+    cpp, exe, data = tmp_path / f"{name}.cpp", tmp_path / name, tmp_path / f"{name}.bin"
+    cpp.write_text(STAGED_PRELUDE + text + main)
+    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True)
+    data.write_bytes(b"".join(b.tobytes() for b in buffers))
+    subprocess.run([str(exe), str(data)], check=True)
+    return np.fromfile(data, dtype=buffers[0].dtype, count=buffers[0].size).reshape(buffers[0].shape)
+
+
+def _stored(rng, shape, order, dtype=np.float64):
+    """(NaN-padded buffer, element offset, view of ``shape``): the view's axes stored in ``order``."""
+    stored = [shape[d] for d in order]
+    big = np.full([n + 2 for n in stored], np.nan, dtype)
+    inner = tuple(slice(1, 1 + n) for n in stored)
+    big[inner] = rng.standard_normal(stored)
+    view = big[inner].transpose(np.argsort(order))
+    return big, (view.__array_interface__["data"][0] - big.ctypes.data) // big.itemsize, view
+
+
+def _epilogue_views(rng, x, a, b, c, dtype=np.float64):
+    """The (T) epilogue's kinds of reads over out[x, a, b, c] (c fastest): a tensor stored in
+    another index order (Z[x, b, c, a]), a small tensor across c (f_vo[c, a]) broadcast over x and
+    b, one broadcast along c, and a contiguous one; each a NaN-padded buffer."""
+    shape = (x, a, b, c)
+    z = _stored(rng, shape, [0, 2, 3, 1], dtype)
+    small = _stored(rng, (a, c), [1, 0])
+    small = (small[0], small[1], small[2][None, :, None, :])
+    along = _stored(rng, (x, b), [0, 1])
+    along = (along[0], along[1], along[2][:, None, :, None])
+    plain = _stored(rng, shape, [0, 1, 2, 3])
+    return [z, small, along, plain]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("extents", [(2, 19, 3, 18), (3, 5, 2, 7)], ids=["edge-boxes", "one-box"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path):
+    """Inputs read across out's fastest index go through shared memory (a 16x16 box over a and c,
+    overhanging the extents 19 and 18, or one box holding them all); the emulated kernel writes
+    y + 1.5·p0·p1 + p2·p3 - 0.5·p0 exactly where numpy has it and nothing outside out's view."""
+    rng = np.random.default_rng(sum(extents))
+    inputs = _epilogue_views(rng, *extents, dtype=dtype)
+    big, off, out = _stored(rng, extents, [0, 1, 2, 3])
+    code = "y + 1.5 * p0 * p1 + p2 * p3 + -0.5 * p0"
+    strides = [element_strides(out)] + [element_strides(v) for _, _, v in inputs]
+    shape, reduced = pointwise.layout(out.shape, strides)
+    types = tuple(np.dtype(v.dtype).name for _, _, v in inputs) + ("float64",)
+    plan = pointwise.staging(shape, reduced, types)
+    assert plan is not None and plan.staged == (0, 1) and len(plan.cube) == 2
+    got = _emulated(tmp_path, pointwise.source(code, shape, reduced, types), "chainexec_pointwise",
+                    [big] + [b for b, _, _ in inputs], [off] + [o for _, o, _ in inputs], pointwise.blocks(shape, plan))
+    p = [v.astype(np.float64) for _, _, v in inputs]
+    ref = out + 1.5 * p[0] * p[1] + p[2] * p[3] - 0.5 * p[0]
+    view = got[tuple(slice(1, 1 + n) for n in extents)]
+    assert np.max(np.abs(view - ref)) <= 1e-14 * np.max(np.abs(ref))
+    outside = np.ones(got.shape, bool)
+    outside[tuple(slice(1, 1 + n) for n in extents)] = False
+    assert np.isnan(got[outside]).all()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("extents", [(3, 9, 10, 11), (2, 8, 8, 8)], ids=["edge-boxes", "whole-boxes"])
+def test_staged_reduction_equals_numpy(extents, tmp_path):
+    """The (T) energy's reads: W and Z[x, a, b, c] in place, Z read as Z[x, b, c, a], Z[x, c, a, b]
+    and Z[x, a, c, b] (three box dimensions, 8x8x8, overhanging 9, 10, 11), and a broadcast
+    energy e[a]. The emulated kernel's per-block partial sums add up to numpy's sum."""
+    rng = np.random.default_rng(sum(extents))
+    x, a, b, c = extents
+    w_big, w_off, w = _stored(rng, extents, [0, 1, 2, 3])
+    z_big, z_off, z = _stored(rng, (x, a, a, a), [0, 1, 2, 3]) if a == b == c else (None, None, None)
+    if z is None:  # the permuted reads need one extent; an unequal box reads a cube-shaped Z's corners
+        n = max(a, b, c)
+        z_big, z_off, z = _stored(rng, (x, n, n, n), [0, 1, 2, 3])
+    e_big, e_off, e = _stored(rng, (a,), [0])
+    reads = [z[:, :a, :b, :c], z.transpose(0, 3, 1, 2)[:, :a, :b, :c], z.transpose(0, 2, 3, 1)[:, :a, :b, :c],
+             z.transpose(0, 1, 3, 2)[:, :a, :b, :c]]
+    views_ = [w] + reads + [e[None, :, None, None]]
+    offsets = [w_off] + [z_off + (r.__array_interface__["data"][0] - z.__array_interface__["data"][0]) // 8
+                         for r in reads] + [e_off]
+    code = "p0 * (4.0 * p1 + p2 + -2.0 * p3 * p4) / (1.0 + p5 * p5)"
+    walk = tuple(int(np.prod(extents[d + 1:])) for d in range(4))
+    shape, reduced = pointwise.layout(extents, [walk] + [element_strides(v) for v in views_])
+    types = ("float64",) * 7
+    plan = pointwise.staging(shape, reduced, types)
+    assert plan is not None and set(plan.staged) == {2, 3, 4} and len(plan.cube) == 3
+    grid = pointwise.blocks(shape, plan)
+    partial = np.full(grid, np.nan)
+    got = _emulated(tmp_path, pointwise.reduce_source(code, shape, reduced, types), "chainexec_reduce",
+                    [partial, w_big, z_big, z_big, z_big, z_big, e_big], [0, w_off] + offsets[1:], grid)
+    ref = np.sum(w * (4.0 * reads[0] + reads[1] + -2.0 * reads[2] * reads[3]) / (1.0 + e[None, :, None, None] ** 2))
+    assert abs(got.sum() - ref) <= 1e-13 * np.sum(np.abs(w))
