@@ -23,7 +23,7 @@ are coalesced whatever the view.
 
 An input whose own fastest-varying dimension is not ``out``'s is *staged* (:func:`staging`): each
 block then owns a small box ("cube") of the dimensions such inputs run along plus ``out``'s
-fastest (8x8x8 elements for three, 16x16 for two), copies every staged input's part of it into
+fastest (8x8x8 elements for three, 16x32 for two), copies every staged input's part of it into
 shared memory walking that input's memory order, and reads it from there in ``out``'s order.
 Otherwise the 32 threads of a warp read 32 elements a stride apart, 32 cache lines per load
 instruction. In the (T) epilogue on the H100 (o=32 v=300, occupied tiles of 2) the ``Z`` statement
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -60,8 +61,8 @@ BLOCK = 256
 """Threads per block (one element per thread)."""
 INDEX32 = 2**31
 """Element counts and offset spans below this use 32-bit index arithmetic, the rest 64-bit."""
-CUBE_TILES = {2: 16, 3: 8}
-"""Elements per dimension of a staged block's cube, by its number of dimensions (256, 512)."""
+BOX = 512
+"""Elements of a staged block's box (two per thread), where the extents allow."""
 STAGE_BYTES = 40 * 1024
 """Shared memory (bytes) the staged inputs of one block may take; beyond it nothing is staged."""
 
@@ -122,24 +123,39 @@ class Staging:
 def staging(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> Staging | None:
     """The :class:`Staging` of a :func:`layout`-reduced iteration space, or None where no input
     needs it (or it does not apply). Input ``k`` is staged when it steps along ``out``'s fastest
-    dimension (the last) by more than one element and its own fastest dimension is another; the
-    cube spans the last dimension and those. Not staged: more than three cube dimensions, staged
-    inputs over :data:`STAGE_BYTES`, or a grid over 2^31 - 1 blocks."""
+    dimension (the last) by more than one element and its own fastest dimension is another. The
+    cube spans the last dimension and the (at most two) own fastest dimensions most of the staged
+    inputs have; an input whose own fastest lies outside it is still read once per block (in the
+    (T) ``Z`` statement ``f_vo[c, k]`` runs along ``k``, which the other reads do not). Not staged:
+    inputs over :data:`STAGE_BYTES` of shared memory, or a grid of 2^31 blocks or more."""
     last = len(shape) - 1
-    staged, fastest = [], set()
+    staged, fastest = [], Counter()
     for k, st in enumerate(strides[1:]):
         if last < 1 or abs(st[last]) <= 1:
             continue
         own = min((d for d in range(len(shape)) if st[d]), key=lambda d: (abs(st[d]), -d))
         if own != last:
             staged.append(k)
-            fastest.add(own)
-    cube = tuple(sorted(fastest | {last}))
-    if not staged or len(cube) > 3:
+            fastest[own] += 1
+    if not staged:
         return None
-    plan = Staging(cube, tuple(min(CUBE_TILES[len(cube)], shape[d]) for d in cube), tuple(staged))
+    cube = tuple(sorted({last, *sorted(fastest, key=lambda d: (-fastest[d], -shape[d], -d))[:2]}))
+    plan = Staging(cube, _box(shape, cube), tuple(staged))
     smem = sum(plan.pitches(strides[1 + k])[1] * (8 if types[k] == "float64" else 4) for k in staged)
     return plan if smem <= STAGE_BYTES and plan.blocks(shape) < 2**31 else None
+
+
+def _box(shape: tuple[int, ...], cube: tuple[int, ...]) -> tuple[int, ...]:
+    """Elements of the box along each cube dimension: :data:`BOX` shared out, the smaller extents
+    first (each takes its whole extent or an even share, a power of two), the output's fastest
+    dimension (the last) last, taking what is left: 8x8x8 for three long dimensions, 16x32 for
+    two, 2x16x16 where one extent is 2."""
+    tile = {}
+    for n, d in enumerate(sorted(cube[:-1], key=lambda d: shape[d])):
+        share = (BOX // math.prod(tile.values())) ** (1 / (len(cube) - n))
+        tile[d] = min(shape[d], 2 ** int(math.log2(share) + 1e-9))
+    tile[cube[-1]] = min(shape[cube[-1]], BOX // math.prod(tile.values()))
+    return tuple(tile[d] for d in cube)
 
 
 def _code_check(code: str) -> None:

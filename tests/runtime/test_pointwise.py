@@ -277,39 +277,41 @@ def _stored(rng, shape, order, dtype=np.float64):
 
 
 def _epilogue_views(rng, x, a, b, c, dtype=np.float64):
-    """The (T) epilogue's kinds of reads over out[x, a, b, c] (c fastest): a tensor stored in
-    another index order (Z[x, b, c, a]), a small tensor across c (f_vo[c, a]) broadcast over x and
-    b, one broadcast along c, and a contiguous one; each a NaN-padded buffer."""
+    """The (T) epilogue's kinds of reads over out[x, a, b, c] (c fastest), each from a NaN-padded
+    buffer: a tensor stored in another index order (Z[x, b, c, a]), small tensors across c running
+    along a (s[c, a]), x (f[c, x]: x is no box dimension) and b (g[c, b]), one broadcast along c
+    and a contiguous one."""
     shape = (x, a, b, c)
-    z = _stored(rng, shape, [0, 2, 3, 1], dtype)
-    small = _stored(rng, (a, c), [1, 0])
-    small = (small[0], small[1], small[2][None, :, None, :])
-    along = _stored(rng, (x, b), [0, 1])
-    along = (along[0], along[1], along[2][:, None, :, None])
-    plain = _stored(rng, shape, [0, 1, 2, 3])
-    return [z, small, along, plain]
+
+    def small(first, second, at):
+        big, off, view = _stored(rng, (first, second), [0, 1])
+        return big, off, np.expand_dims(view.T if at[0] > at[1] else view, [d for d in range(4) if d not in at])
+
+    return [_stored(rng, shape, [0, 2, 3, 1], dtype), small(c, a, (3, 1)), small(x, b, (0, 2)),
+            _stored(rng, shape, [0, 1, 2, 3]), small(c, x, (3, 0)), small(c, b, (3, 2))]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
-@pytest.mark.parametrize("extents", [(2, 19, 3, 18), (3, 5, 2, 7)], ids=["edge-boxes", "one-box"])
+@pytest.mark.parametrize("extents", [(2, 19, 3, 37), (2, 5, 3, 7)], ids=["edge-boxes", "one-box"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path):
-    """Inputs read across out's fastest index go through shared memory (a 16x16 box over a and c,
-    overhanging the extents 19 and 18, or one box holding them all); the emulated kernel writes
-    y + 1.5·p0·p1 + p2·p3 - 0.5·p0 exactly where numpy has it and nothing outside out's view."""
+    """Inputs read across out's fastest index go through shared memory (a box over a, b and c,
+    overhanging the extents 19 and 37, or one box holding them all; f[c, x] runs along x, outside
+    the box); the emulated kernel writes y + 1.5·p0·p1 + p2·p3 - 0.5·p0 + p4·p5 exactly where
+    numpy has it and nothing outside out's view."""
     rng = np.random.default_rng(sum(extents))
     inputs = _epilogue_views(rng, *extents, dtype=dtype)
     big, off, out = _stored(rng, extents, [0, 1, 2, 3])
-    code = "y + 1.5 * p0 * p1 + p2 * p3 + -0.5 * p0"
+    code = "y + 1.5 * p0 * p1 + p2 * p3 + -0.5 * p0 + p4 * p5"
     strides = [element_strides(out)] + [element_strides(v) for _, _, v in inputs]
     shape, reduced = pointwise.layout(out.shape, strides)
     types = tuple(np.dtype(v.dtype).name for _, _, v in inputs) + ("float64",)
     plan = pointwise.staging(shape, reduced, types)
-    assert plan is not None and plan.staged == (0, 1) and len(plan.cube) == 2
+    assert plan is not None and plan.staged == (0, 1, 4, 5) and plan.cube == (1, 2, 3)
     got = _emulated(tmp_path, pointwise.source(code, shape, reduced, types), "chainexec_pointwise",
                     [big] + [b for b, _, _ in inputs], [off] + [o for _, o, _ in inputs], pointwise.blocks(shape, plan))
     p = [v.astype(np.float64) for _, _, v in inputs]
-    ref = out + 1.5 * p[0] * p[1] + p[2] * p[3] - 0.5 * p[0]
+    ref = out + 1.5 * p[0] * p[1] + p[2] * p[3] - 0.5 * p[0] + p[4] * p[5]
     view = got[tuple(slice(1, 1 + n) for n in extents)]
     assert np.max(np.abs(view - ref)) <= 1e-14 * np.max(np.abs(ref))
     outside = np.ones(got.shape, bool)
