@@ -21,15 +21,16 @@ statement; uneven edge tiles add variants (up to 2^d for a d-index tile), each c
 Threads walk ``out`` in its memory order (its fastest-varying dimension innermost), so writes
 are coalesced whatever the view.
 
-An input whose own fastest-varying dimension is not ``out``'s is *staged* (:func:`staging`): each
-block then owns a small box ("cube") of the dimensions such inputs run along plus ``out``'s
-fastest (8x8x8 elements for three, 16x32 for two), copies every staged input's part of it into
-shared memory walking that input's memory order, and reads it from there in ``out``'s order.
-Otherwise the 32 threads of a warp read 32 elements a stride apart, 32 cache lines per load
-instruction. In the (T) epilogue on the H100 (o=32 v=300, occupied tiles of 2) the ``Z`` statement
-(twelve outer products, six of them across ``c``) took 7.5 ms per 1.7 GB tile, what its loads'
-L1 wavefronts come to and about six times its DRAM traffic, and the energy's four permuted reads
-of ``Z`` made it 8.8 ms.
+An input that runs across ``out``'s fastest-varying dimension and is about as large as the
+iteration space is *staged* (:func:`staging`): each block then owns a small box of the
+dimensions such inputs run along plus ``out``'s fastest (8x8x8 elements for three, 16x32 for two),
+copies every staged input's part of it into shared memory walking that input's memory order, and
+reads it from there in ``out``'s order. Otherwise the 32 threads of a warp read 32 elements a
+stride apart, and each DRAM sector serves one of them. Measured on the H100 (2026-11-24, on
+buffers of a (T) run's strides): the energy, which reads the tile-sized ``Z`` across ``c`` four
+times, 3.8 ms staged against 5.7 ms per 3x3x3x180³ tile; the ``Z`` statement, whose five inputs
+across ``c`` are small and stay in the caches, 3.6 ms staged against 3.3 ms, so small inputs are
+not staged (:data:`STAGE_SHARE`).
 
 :func:`reduce` sums such an expression over a whole index space instead of writing it (a fused
 statement into a scalar, :mod:`chainexec.planner.inline`: the (T) energy): one element per thread
@@ -61,6 +62,12 @@ BLOCK = 256
 """Threads per block (one element per thread)."""
 INDEX32 = 2**31
 """Element counts and offset spans below this use 32-bit index arithmetic, the rest 64-bit."""
+STAGE_SHARE = 8
+"""Only an input with at least 1/8 as many distinct elements as the iteration space is staged: a
+smaller one is read again and again from the caches, where a strided read costs L1 wavefronts but
+no DRAM traffic. On the H100 (T)'s ``Z`` statement, 19 inputs of which five run across ``c``, each
+1/540 of the 3x3x3x180³ tile, took 3.6 ms staged against 3.3 ms as it was; its energy, reading
+the tile-sized ``Z`` across ``c`` four times, 3.8 ms against 5.7 ms."""
 BOX = 512
 """Elements of a staged block's box (two per thread), where the extents allow."""
 STAGE_BYTES = 40 * 1024
@@ -123,7 +130,8 @@ class Staging:
 def staging(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> Staging | None:
     """The :class:`Staging` of a :func:`layout`-reduced iteration space, or None where no input
     needs it (or it does not apply). Input ``k`` is staged when it steps along ``out``'s fastest
-    dimension (the last) by more than one element and its own fastest dimension is another. The
+    dimension (the last) by more than one element, its own fastest dimension is another, and it is
+    not small (:data:`STAGE_SHARE`). The
     cube spans the last dimension and the (at most two) own fastest dimensions most of the staged
     inputs have; an input whose own fastest lies outside it is still read once per block (in the
     (T) ``Z`` statement ``f_vo[c, k]`` runs along ``k``, which the other reads do not). Not staged:
@@ -131,7 +139,7 @@ def staging(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple
     last = len(shape) - 1
     staged, fastest = [], Counter()
     for k, st in enumerate(strides[1:]):
-        if last < 1 or abs(st[last]) <= 1:
+        if last < 1 or abs(st[last]) <= 1 or STAGE_SHARE * math.prod(n for n, s in zip(shape, st) if s) < math.prod(shape):
             continue
         own = min((d for d in range(len(shape)) if st[d]), key=lambda d: (abs(st[d]), -d))
         if own != last:

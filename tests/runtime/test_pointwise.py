@@ -294,11 +294,12 @@ def _epilogue_views(rng, x, a, b, c, dtype=np.float64):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.parametrize("extents", [(2, 19, 3, 37), (2, 5, 3, 7)], ids=["edge-boxes", "one-box"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path):
+def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path, monkeypatch):
     """Inputs read across out's fastest index go through shared memory (a box over a, b and c,
     overhanging the extents 19 and 37, or one box holding them all; f[c, x] runs along x, outside
-    the box); the emulated kernel writes y + 1.5·p0·p1 + p2·p3 - 0.5·p0 + p4·p5 exactly where
-    numpy has it and nothing outside out's view."""
+    the box; small inputs staged too here); the emulated kernel writes
+    y + 1.5·p0·p1 + p2·p3 - 0.5·p0 + p4·p5 exactly where numpy has it and nothing outside out's view."""
+    monkeypatch.setattr(pointwise, "STAGE_SHARE", 10**9)
     rng = np.random.default_rng(sum(extents))
     inputs = _epilogue_views(rng, *extents, dtype=dtype)
     big, off, out = _stored(rng, extents, [0, 1, 2, 3])
@@ -350,3 +351,30 @@ def test_staged_reduction_equals_numpy(extents, tmp_path):
                     [partial, w_big, z_big, z_big, z_big, z_big, e_big], [0, w_off] + offsets[1:], grid)
     ref = np.sum(w * (4.0 * reads[0] + reads[1] + -2.0 * reads[2] * reads[3]) / (1.0 + e[None, :, None, None] ** 2))
     assert abs(got.sum() - ref) <= 1e-13 * np.sum(np.abs(w))
+
+
+# Strides (elements) of a (T) run's two point-wise statements at o=24 v=180 (3x3x3 occupied tiles),
+# recorded on the H100 on 2026-11-24: the output's (or the walk's) first, then each input's.
+TILE = (3, 3, 3, 180, 180, 180)
+Z_STATEMENT = [(52488000, 17496000, 5832000, 32400, 180, 1), (52488000, 17496000, 5832000, 32400, 180, 1),
+               (1, 0, 0, 24, 0, 0), (0, 1, 0, 0, 24, 0), (0, 32400, 777600, 0, 1, 180), (32400, 0, 777600, 1, 0, 180),
+               (0, 0, 1, 0, 0, 24), (0, 777600, 32400, 0, 180, 1), (32400, 777600, 0, 1, 180, 0),
+               (777600, 0, 32400, 180, 0, 1), (180, 0, 0, 1, 0, 0), (777600, 32400, 0, 180, 1, 0), (0, 180, 0, 0, 1, 0),
+               (0, 180, 777600, 0, 1, 4320), (180, 0, 777600, 1, 0, 4320), (0, 0, 180, 0, 0, 1),
+               (0, 777600, 180, 0, 4320, 1), (180, 777600, 0, 1, 4320, 0), (777600, 180, 0, 4320, 1, 0),
+               (777600, 0, 180, 4320, 0, 1)]
+ENERGY = [(52488000, 17496000, 5832000, 32400, 180, 1), (52488000, 17496000, 5832000, 32400, 180, 1),
+          (52488000, 17496000, 5832000, 1, 180, 32400), (0, 0, 0, 0, 0, 1), (52488000, 17496000, 5832000, 180, 32400, 1),
+          (0, 0, 0, 0, 1, 0), (52488000, 17496000, 5832000, 32400, 1, 180), (0, 0, 0, 1, 0, 0),
+          (52488000, 17496000, 5832000, 180, 1, 32400), (0, 0, 1, 0, 0, 0), (52488000, 17496000, 5832000, 32400, 180, 1),
+          (52488000, 17496000, 5832000, 1, 32400, 180), (1, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0)]
+
+
+def test_only_large_inputs_read_across_are_staged():
+    """The energy's four reads of the tile-sized Z across c are staged (an 8x8x8 box over a, b,
+    c); the Z statement's inputs across c are tiles of t2 and ovov 1/540 of its size, read from
+    the caches, so it is not (staging them measured slower on the H100)."""
+    plan = pointwise.staging(TILE, ENERGY, ("float64",) * 14)
+    assert plan == pointwise.Staging((3, 4, 5), (8, 8, 8), (1, 5, 7, 10))
+    assert pointwise.staging(TILE, Z_STATEMENT, ("float64",) * 20) is None
+    assert pointwise.blocks(TILE, plan) == 27 * 23 ** 3
