@@ -69,6 +69,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
@@ -205,6 +206,19 @@ class Backend:
         """Bytes the device allocator holds now, scratch included (None: no separate device
         memory to watch, as with NumPy)."""
         return None
+
+    def stamp(self):
+        """A mark of "now" in the order the backend computes in, for :meth:`elapsed`. The compute
+        methods (``contract*``, ``evaluate``, ``fused``) may return before their work is done;
+        marks taken around one measure its own time. NumPy computes when called: a clock reading."""
+        return time.perf_counter()
+
+    def elapsed(self, start, end) -> float:
+        """Seconds between two :meth:`stamp` marks, once the later one is reached."""
+        return end - start
+
+    def wait(self) -> None:
+        """Return once all the work handed to the backend so far is done (NumPy: at once)."""
 
     def _make_room(self, nbytes: int) -> None:
         """Before a buffer of ``nbytes`` is allocated: nothing to do for host memory."""
@@ -411,8 +425,11 @@ class CupyBackend(Backend):
     (page-locked) memory from CuPy's pinned pool, host→device DMA straight from pinned inputs,
     contractions by the fastest of the candidate methods (see the module docstring).
 
-    Everything runs on the current (default) stream; ``contract`` synchronizes before it returns,
-    so the executor's per-level seconds are the device's time, not just launch time."""
+    Everything runs on the current (default) stream. The compute methods return once their
+    kernels are queued (the host prepares the next statement while the device runs this one);
+    the executor times them with CUDA events (:meth:`stamp`), so its per-level seconds are the
+    device's time, and waits (:meth:`wait`) before anything it times on the host. Until
+    2026-11-24 every compute statement synchronized before it returned."""
 
     name = "cupy"
 
@@ -508,7 +525,6 @@ class CupyBackend(Backend):
         operation by operation, a 6-D denominator made two more 6-D arrays than the plan has)."""
         code, views = self._expression(tree, arrays, order)
         pointwise.launch(self.xp, code, views, out)
-        self.xp.cuda.get_current_stream().synchronize()
 
     def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out) -> None:
         """As :meth:`Backend.fused`, in one generated kernel over broadcast views: a point-wise
@@ -520,7 +536,6 @@ class CupyBackend(Backend):
             out += pointwise.reduce(self.xp, code, views, shape).astype(out.dtype)
         else:
             pointwise.launch(self.xp, f"y + {code}", views, out)
-        self.xp.cuda.get_current_stream().synchronize()
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""
@@ -531,6 +546,19 @@ class CupyBackend(Backend):
     def pool_bytes(self) -> int:
         """Bytes CuPy's device memory pool holds now (live arrays and cached free blocks)."""
         return int(self.xp.get_default_memory_pool().total_bytes())
+
+    def stamp(self):
+        """A CUDA event recorded on the current stream: the point in its queue reached now."""
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
+
+    def elapsed(self, start, end) -> float:
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
+
+    def wait(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
 
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool
@@ -579,7 +607,6 @@ class CupyBackend(Backend):
             views += [_spread(a, c.a_indices, c.out_indices)] + ([] if b is None else [_spread(b, c.b_indices, c.out_indices)])
             terms.append(" * ".join([repr(float(c.factor))] + factors))
         pointwise.launch(self.xp, f"y + {' + '.join(terms)}", views, out)
-        self.xp.cuda.get_current_stream().synchronize()
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
         """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
@@ -674,7 +701,6 @@ class CupyBackend(Backend):
                                  [x for k, x in enumerate(operands) if k not in part])
         else:
             super().contract_sum(cs, out, operands)
-        self.xp.cuda.get_current_stream().synchronize()
 
     def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:
         """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
@@ -715,7 +741,6 @@ class CupyBackend(Backend):
                 fallback = ("direct", None) if gp is None else ("gett", {"order": gp[1][0][0], **asdict(gp[1][0][1])})
                 self._run(fallback, c, out, a, b)
                 self.choices[self._key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
-        self.xp.cuda.get_current_stream().synchronize()
         pool = self.xp.get_default_memory_pool()
         if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
             # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB in the

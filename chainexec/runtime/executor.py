@@ -51,6 +51,12 @@ loop has that many tiles."""
 # level's time is the worker's own time in its jobs.
 OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute": "compute", "eval": "compute",
             "fused": "compute"}
+# Statements the backend may still be running when it returns: timed between backend stamps
+# (CUDA events on a GPU) and added up later (Executor._settle), so the host prepares the next
+# statement while the device runs this one. Everything else the executor times waits for them.
+QUEUED = ("compute", "eval", "fused")
+PENDING = 1024
+"""Queued statements' stamps held before the oldest half are read (waiting for them)."""
 
 
 class Counters:
@@ -111,6 +117,7 @@ class Executor:
         self.in_parallel = 0  # parallel loops around the statement being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
+        self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
         self.checkpoint = checkpoint
         self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
         self.resumed = 0  # tiles a resumed loop found done
@@ -131,6 +138,7 @@ class Executor:
                 except Stopped:
                     self._release()
                     raise
+                self._settle()
                 for tensor, version in dict(self._stored(nest.body)).items():
                     self.store.close_version(tensor, version)
                 if self.show_progress:
@@ -168,8 +176,8 @@ class Executor:
         """Seconds spent in each statement the executor times per level: compute (``#k``; a run of
         point-wise terms as ``#k-#m``), a computed tensor's evaluation (``eval T``) and transfers
         between global and device memory (``get T``, ``accumulate T``), summed over ranks, most
-        first (collective). The backend synchronizes before it returns, so these are the device's
-        times."""
+        first (collective). Compute statements are timed between backend stamps (CUDA events
+        on a GPU) and transfers after waiting for them, so these are the device's times."""
         total: dict[str, float] = {}
         for mine in self.comm.allgather(self.counters.by_statement):
             for key, seconds in mine.items():
@@ -226,7 +234,11 @@ class Executor:
                 self._loop(node, None if nest is None else (nest, k))
                 k += 1
                 continue
+            queued = node.op in QUEUED
+            if node.op in OP_LEVEL and not queued:
+                self._settle()
             t0, idle0 = time.perf_counter(), self.idle
+            start = self.backend.stamp() if queued else None
             if node.op == "compute":
                 run = body[k:k + term_run(body, k, self.plan.contractions)]
                 self._compute(run)
@@ -236,10 +248,25 @@ class Executor:
                 getattr(self, "_" + node.op)(node)
                 k += 1
                 name = f"{node.op} {node.tensor}" + (f" #{node.group[0]}-#{node.group[-1]}" if node.group else "")
-            if node.op in OP_LEVEL:
-                spent = time.perf_counter() - t0 - (self.idle - idle0)  # a get's barrier is idle time
-                self.counters.seconds[OP_LEVEL[node.op]] += spent
-                self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + spent
+            if queued:
+                self.pending.append((name, start, self.backend.stamp()))
+                if len(self.pending) >= PENDING:
+                    self._settle(PENDING // 2)
+            elif node.op in OP_LEVEL:
+                self._spent(OP_LEVEL[node.op], name, time.perf_counter() - t0 - (self.idle - idle0))  # a get's barrier is idle time
+
+    def _spent(self, level: str, name: str, seconds: float) -> None:
+        self.counters.seconds[level] += seconds
+        self.counters.by_statement[name] = self.counters.by_statement.get(name, 0.0) + seconds
+
+    def _settle(self, count: int | None = None) -> None:
+        """Wait for the queued statements (the first ``count`` of them, else all) and add their
+        times; after it, host clocks measure the host's own work again."""
+        done, self.pending = self.pending[:count], self.pending[len(self.pending) if count is None else count:]
+        if count is None:
+            self.backend.wait()
+        for name, start, end in done:
+            self._spent("compute", name, self.backend.elapsed(start, end))
 
     def _loop(self, loop: Loop, where: tuple[int, int] | None = None) -> None:
         """``where``: (nest, position) of a loop at the top of a nest."""
@@ -428,6 +455,7 @@ class Executor:
         c.streamed += int(counts[-1])
 
     def _wait(self) -> None:
+        self._settle()  # a rank's idle time at the barrier starts when its device is done
         t0 = time.perf_counter()
         self.unsynced = False
         self.comm.Barrier()
