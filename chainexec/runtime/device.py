@@ -846,9 +846,9 @@ class CupyBackend(Backend):
         # read as an address crashes cuBLAS.
         by_value = any(f"{t} alpha" in (strided.__doc__ or "") for t in ("double", "float"))
         # every launch's matrix addresses before the first call: a failed allocation then leaves
-        # ``out`` untouched for the caller's fallback
-        ats = [None if table is None else self.xp.ascontiguousarray(
-            table + self.xp.asarray(np.array(base, np.int64)[:, None])) for table in offsets]
+        # ``out`` untouched for the caller's fallback. Each base address is a kernel argument: a
+        # host array copied to the device here would wait for all the work queued before it.
+        ats = [None if table is None else self._addresses(table, base) for table in offsets]
         for launch, at in zip(launches, ats):
             scalars = np.array([alpha, beta if launch.first else 1.0], out.dtype)
             one, two = scalars.tolist() if by_value else (scalars.ctypes.data, scalars.ctypes.data + size)
@@ -862,6 +862,14 @@ class CupyBackend(Backend):
                 pointers(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
                          bl.ldb, two, at[2].data.ptr, bl.ldc, at.shape[1])
         return True
+
+    def _addresses(self, table, base: tuple[int, int, int]):
+        """The (3, matrices) device addresses of a pointer-array launch: row r of ``table`` (byte
+        offsets) plus ``base[r]``, added on the device with the address as a kernel argument."""
+        at = self.xp.empty_like(table)
+        for row, address in enumerate(base):
+            self.xp.add(table[row], address, out=at[row])
+        return at
 
     def _relayout(self, c: Contraction, out, a, b):
         """:meth:`_batched`'s layout for C-contiguous copies of ``a`` and ``b`` in the orders of
