@@ -62,6 +62,18 @@ def test_table():
     assert "high-water" not in text and "ABOVE LIMIT" not in text
 
 
+def test_large_amounts_and_rates_stay_apart():
+    """(T) at o=40 v=400 on the H100 (2026-11-24): 3.9e18 flops in 204 s against a 157 s bound,
+    printed before as one run-together field."""
+    flops = 3_905_771_520_000_000
+    predicted = _record(0, 0, 10**9, 0, flops, (0.0, 0.1, 157.4539), 157.4539, (0, MiB))
+    measured = _record(0, 0, 10**9, 0, flops, (0.0, 0.2, 204.2144), 231.3, (0, MiB))
+    text = report.run_report(predicted, measured, LIMITS)
+    assert _row(text, "compute") == ["compute", "3,905,771,520,000,000", "3,905,771,520,000,000", "204.214",
+                                     f"{flops / 204.2144 / 1e9:.3f}", "GFLOP/s", f"{flops / 157.4539 / 1e9:.3f}",
+                                     "GFLOP/s", f"{100 * 157.4539 / 204.2144:.1f}%"]
+
+
 def test_zero_seconds_and_bytes_print_a_dash():
     predicted = _record(0, 0, 10**9, 0, 10**9, (0.0, 0.1, 0.05), 0.0, (0, MiB))
     measured = _record(0, 0, 10**9, 0, 10**9, (0.0, 0.2, 0.0), 0.3, (0, MiB))
