@@ -249,7 +249,7 @@ def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int], ph
     """Achieved against the machine model, per level (disk, global<->device, compute); the wall time
     against the predicted bound; memory peaks against the limits (bytes per level); where the
     seconds of the run went (``phases`` of :func:`chainexec.api.run`)."""
-    # One space at least between cells: a (T) run at o=40 v=400 counts 3.9e18 flops (25 characters).
+    # One space at least between cells: a (T) run at o=40 v=400 counts 3.9e15 flops (21 characters).
     rows = [f"{'level':<15} {'predicted':>25} {'measured':>25} {'busy s':>9} {'achieved':>20} {'bound':>20} "
             f"{'achieved/bound':>15}"]
     for r in level_rates(predicted, measured):

@@ -63,7 +63,7 @@ def test_table():
 
 
 def test_large_amounts_and_rates_stay_apart():
-    """(T) at o=40 v=400 on the H100 (2026-11-24): 3.9e18 flops in 204 s against a 157 s bound,
+    """(T) at o=40 v=400 on the H100 (2026-11-24): 3.9e15 flops in 204 s against a 157 s bound,
     printed before as one run-together field."""
     flops = 3_905_771_520_000_000
     predicted = _record(0, 0, 10**9, 0, flops, (0.0, 0.1, 157.4539), 157.4539, (0, MiB))

@@ -35,12 +35,11 @@ class Machine:
     # though their flops are few. `chainexec calibrate` measures it (a device-to-device copy);
     # None, the default, leaves compute as flops alone (the papers' model).
     device_bandwidth: float | None = None
-    # Whether compute statements are queued on a device stream (CuPy): the host's per-statement
-    # seconds then overlap the device's compute of the statements before them instead of adding
-    # to it. On the H100, (T) at o=32 v=300 with occupied tiles of 2 (27,744 statements, 708.5
-    # TFLOP) ran in 55.8 s against 61.8 s for tiles of 4 (4,080 statements, 833.6 TFLOP), which
-    # the added model had priced the other way round (2026-11-23). False for NumPy, which runs
-    # the statements one after the other on the host.
+    # Whether compute statements are queued on a device stream (CuPy, since 2026-11-24): the
+    # host's per-statement seconds then overlap the device's compute of the statements before
+    # them instead of adding to it (the executor waits for the device only before transfers, so
+    # within a tile; the (T) tiles are alike, so per tile and summed come to the same). False for
+    # NumPy, which runs the statements one after the other on the host.
     async_statements: bool = False
     source: str = "defaults"
 

@@ -252,8 +252,8 @@ class Executor:
                 self.pending.append((name, start, self.backend.stamp()))
                 if len(self.pending) >= PENDING:
                     self._settle(PENDING // 2)
-            elif node.op in OP_LEVEL:
-                self._spent(OP_LEVEL[node.op], name, time.perf_counter() - t0 - (self.idle - idle0))  # a get's barrier is idle time
+            elif node.op in OP_LEVEL:  # a get's barrier is idle time
+                self._spent(OP_LEVEL[node.op], name, time.perf_counter() - t0 - (self.idle - idle0))
 
     def _spent(self, level: str, name: str, seconds: float) -> None:
         self.counters.seconds[level] += seconds
@@ -262,9 +262,10 @@ class Executor:
     def _settle(self, count: int | None = None) -> None:
         """Wait for the queued statements (the first ``count`` of them, else all) and add their
         times; after it, host clocks measure the host's own work again."""
-        done, self.pending = self.pending[:count], self.pending[len(self.pending) if count is None else count:]
         if count is None:
             self.backend.wait()
+            count = len(self.pending)
+        done, self.pending = self.pending[:count], self.pending[count:]
         for name, start, end in done:
             self._spent("compute", name, self.backend.elapsed(start, end))
 

@@ -35,7 +35,7 @@ not staged (:data:`STAGE_SHARE`).
 :func:`reduce` sums such an expression over a whole index space instead of writing it (a fused
 statement into a scalar, :mod:`chainexec.planner.inline`: the (T) energy): one element per thread
 as above, each block adds its threads' values in a fixed order and writes one partial sum, and
-the partial sums are added by CuPy. The grid depends on the element count only, so a run's
+the partial sums are added by CuPy. The grid depends on the shape and strides only, so a run's
 result is the same bit for bit every time (no atomics). A first version had 4,096 blocks loop
 over the elements: on the H100 the (T) energy's expression (thirteen reads, six of them
 permuted) then took 2.0 s of a run where the unfused statements took 1.3 s, too few loads in
@@ -155,14 +155,15 @@ def staging(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple
 
 def _box(shape: tuple[int, ...], cube: tuple[int, ...]) -> tuple[int, ...]:
     """Elements of the box along each cube dimension: :data:`BOX` shared out, the smaller extents
-    first (each takes its whole extent or an even share, a power of two), the output's fastest
-    dimension (the last) last, taking what is left: 8x8x8 for three long dimensions, 16x32 for
-    two, 2x16x16 where one extent is 2."""
+    first (each takes its whole extent or an even share, a power of two; among equal extents the
+    output's fastest dimension last), the last one taking what is left: 8x8x8 for three long
+    dimensions, 16x32 for two, 2x16x16 where one extent is 2, 170x3 where the fastest is 3."""
+    order = sorted(cube, key=lambda d: (shape[d], d == cube[-1]))
     tile = {}
-    for n, d in enumerate(sorted(cube[:-1], key=lambda d: shape[d])):
+    for n, d in enumerate(order[:-1]):
         share = (BOX // math.prod(tile.values())) ** (1 / (len(cube) - n))
         tile[d] = min(shape[d], 2 ** int(math.log2(share) + 1e-9))
-    tile[cube[-1]] = min(shape[cube[-1]], BOX // math.prod(tile.values()))
+    tile[order[-1]] = min(shape[order[-1]], BOX // math.prod(tile.values()))
     return tuple(tile[d] for d in cube)
 
 
@@ -207,11 +208,12 @@ def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tup
     """Kernel lines that run ``body`` once per element of ``shape`` with its coordinates
     ``c0, c1, …`` and every input's value ``p0, p1, …`` defined: one element per thread, or with
     ``plan`` a block's cube of them, staged inputs copied to shared memory first."""
-    index, element = _element(shape, strides, types)
     if plan is None:
+        index, element = _element(shape, strides, types)
         return ([f"const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
                  f"if (flat < {math.prod(shape)}LL) {{", f"  unsigned {index} rest = (unsigned {index})flat;"]
                 + ["  " + line for line in element + body] + ["}"])
+    index = _index_type([math.prod(shape)], shape, strides)
     lines = []
     for k in plan.staged:
         lines.append(f"__shared__ {C_TYPES[types[k]]} S{k}[{plan.pitches(strides[1 + k])[1]}];")
@@ -318,6 +320,15 @@ def _strides(views: list, walk: tuple[int, ...]) -> list[tuple[int, ...]]:
                                 for v in views]
 
 
+@lru_cache(maxsize=1024)
+def _prepared(kind: str, code: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
+              types: tuple[str, ...]) -> tuple[str, int]:
+    """The source (:func:`source` or :func:`reduce_source`, by ``kind``) and grid of one kernel,
+    made once per process: a (T) run launches the same few kernels on every tile."""
+    make = source if kind == "chainexec_pointwise" else reduce_source
+    return make(code, shape, list(strides), types), blocks(shape, staging(shape, list(strides), types))
+
+
 def launch(xp, code: str, views: list, out) -> None:
     """``out[...] = code`` element by element on the current stream, ``views[k]`` read as ``pk``
     and ``out``'s current value as ``y``; every view has ``out``'s number of dimensions, with
@@ -327,8 +338,8 @@ def launch(xp, code: str, views: list, out) -> None:
         return
     shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
     types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
-    text = source(code, shape, strides, types)
-    _kernel(xp, text, "chainexec_pointwise")((blocks(shape, staging(shape, strides, types)),), (BLOCK,), (out, *views))
+    text, grid = _prepared("chainexec_pointwise", code, shape, tuple(strides), types)
+    _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
 
 
 def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
@@ -341,8 +352,7 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
     walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
     merged, strides = layout(tuple(shape), _strides(views, walk))
     types = tuple(v.dtype.name for v in views) + ("float64",)
-    text = reduce_source(code, merged, strides, types)
-    grid = blocks(merged, staging(merged, strides, types))
+    text, grid = _prepared("chainexec_reduce", code, merged, tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
     return partial.sum()

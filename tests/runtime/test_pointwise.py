@@ -104,13 +104,14 @@ def test_sources_compile_with_nvcc(tmp_path):
                pointwise.reduce_source("p0", (8, 8), [(8, 1), (2**29, 8)], ("float32", "float64")),
                pointwise.contraction_source((4, 6), (5, 3), [(6, 1), (1, 0), (0, 4)], [(3, 15), (1, 24)],
                                             ("float32", "float64", "float32"))]
-    # Staged: the (T) epilogue's reads at o=32 v=300 (64-bit offsets), a 3-D and a 2-D box.
-    v = 300
+    # Staged: the (T) epilogue's reads at v=700 (64-bit offsets: 8·700³ elements), a 3-D and a 2-D box.
+    v = 700
     box3 = ((8, v, v, v), [(v**3, v * v, v, 1), (v**3, v * v, v, 1), (v**3, 1, v * v, v), (v**3, v, 1, v * v)])
     box2 = ((8, v, 40, v), [(v * v * 40, v * 40, v, 1), (v * v * 40, 1, v * v, v), (0, 1, 0, v)])
     sources += [pointwise.reduce_source("p0 * (p1 + 2.0 * p2)", *box3, ("float64",) * 4),
                 pointwise.source("y + p0 * p1", *box2, ("float64",) * 3)]
     assert all(pointwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
+    assert "long long rest" in sources[-2]
     for k, text in enumerate(sources):
         f = tmp_path / f"p{k}.cu"
         f.write_text(text)
@@ -260,9 +261,9 @@ int main(int argc, char** argv) {{
 """
     cpp, exe, data = tmp_path / f"{name}.cpp", tmp_path / name, tmp_path / f"{name}.bin"
     cpp.write_text(STAGED_PRELUDE + text + main)
-    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True)
+    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True, timeout=300)
     data.write_bytes(b"".join(b.tobytes() for b in buffers))
-    subprocess.run([str(exe), str(data)], check=True)
+    subprocess.run([str(exe), str(data)], check=True, timeout=300)  # a barrier some thread misses hangs
     return np.fromfile(data, dtype=buffers[0].dtype, count=buffers[0].size).reshape(buffers[0].shape)
 
 
@@ -322,10 +323,14 @@ def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path, monkeypa
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.parametrize("extents", [(3, 9, 10, 11), (2, 8, 8, 8)], ids=["edge-boxes", "whole-boxes"])
-def test_staged_reduction_equals_numpy(extents, tmp_path):
+@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
+def test_staged_reduction_equals_numpy(extents, wide, tmp_path, monkeypatch):
     """The (T) energy's reads: W and Z[x, a, b, c] in place, Z read as Z[x, b, c, a], Z[x, c, a, b]
     and Z[x, a, c, b] (three box dimensions, 8x8x8, overhanging 9, 10, 11), and a broadcast
-    energy e[a]. The emulated kernel's per-block partial sums add up to numpy's sum."""
+    energy e[a]. The emulated kernel's per-block partial sums add up to numpy's sum, with 32-bit
+    index arithmetic and forced to 64-bit."""
+    if wide:
+        monkeypatch.setattr(pointwise, "INDEX32", 1)
     rng = np.random.default_rng(sum(extents))
     x, a, b, c = extents
     w_big, w_off, w = _stored(rng, extents, [0, 1, 2, 3])
@@ -345,6 +350,7 @@ def test_staged_reduction_equals_numpy(extents, tmp_path):
     types = ("float64",) * 7
     plan = pointwise.staging(shape, reduced, types)
     assert plan is not None and set(plan.staged) == {2, 3, 4} and len(plan.cube) == 3
+    assert ("long long rest" if wide else "int rest") in pointwise.reduce_source("p0", shape, reduced, types)
     grid = pointwise.blocks(shape, plan)
     partial = np.full(grid, np.nan)
     got = _emulated(tmp_path, pointwise.reduce_source(code, shape, reduced, types), "chainexec_reduce",
