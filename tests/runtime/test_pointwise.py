@@ -384,3 +384,38 @@ def test_only_large_inputs_read_across_are_staged():
     assert plan == pointwise.Staging((3, 4, 5), (8, 8, 8), (1, 5, 7, 10))
     assert pointwise.staging(TILE, Z_STATEMENT, ("float64",) * 20) is None
     assert pointwise.blocks(TILE, plan) == 27 * 23 ** 3
+
+
+class _Recording:
+    """An array module whose ``RawKernel`` records launches instead of running them (NumPy for
+    the rest): what :func:`pointwise.launch` and :func:`pointwise.reduce` hand to CuPy."""
+
+    def __init__(self):
+        self.launches = []
+        self.empty, self.zeros, self.float64 = np.empty, np.zeros, np.float64
+
+    def RawKernel(self, text, name):
+        return lambda grid, block, args: self.launches.append((text, name, grid, block, len(args)))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_launches_use_the_source_and_grid_of_their_staging(case):
+    """The kernel text and grid a launch and a reduction pass on are :func:`pointwise.source` /
+    :func:`pointwise.reduce_source` and :func:`pointwise.blocks` of the reduced layout, staged or
+    not, the same on a second call (made once per process)."""
+    out, inputs = views(case)
+    types = tuple(a.dtype.name for a in inputs) + (out.dtype.name,)
+    shape, reduced = pointwise.layout(out.shape, [element_strides(out)] + [element_strides(a) for a in inputs])
+    grid = pointwise.blocks(shape, pointwise.staging(shape, reduced, types))
+    code = " + ".join(f"p{k}" for k in range(len(inputs)))
+    xp = _Recording()
+    for _ in range(2):
+        pointwise.launch(xp, "y + " + code, inputs, out)
+    text = pointwise.source("y + " + code, shape, reduced, types)
+    assert xp.launches == [(text, "chainexec_pointwise", (grid,), (pointwise.BLOCK,), 1 + len(inputs))] * 2
+    walk = tuple(int(np.prod(out.shape[d + 1:])) for d in range(out.ndim))
+    shape, reduced = pointwise.layout(out.shape, [walk] + [element_strides(a) for a in inputs])
+    pointwise.reduce(xp, code, inputs, out.shape)
+    grid = pointwise.blocks(shape, pointwise.staging(shape, reduced, types[:-1] + ("float64",)))
+    assert xp.launches[-1] == (pointwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
+                               "chainexec_reduce", (grid,), (pointwise.BLOCK,), 1 + len(inputs))
