@@ -131,11 +131,10 @@ def staging(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple
     """The :class:`Staging` of a :func:`layout`-reduced iteration space, or None where no input
     needs it (or it does not apply). Input ``k`` is staged when it steps along ``out``'s fastest
     dimension (the last) by more than one element, its own fastest dimension is another, and it is
-    not small (:data:`STAGE_SHARE`). The
-    cube spans the last dimension and the (at most two) own fastest dimensions most of the staged
-    inputs have; an input whose own fastest lies outside it is still read once per block (in the
-    (T) ``Z`` statement ``f_vo[c, k]`` runs along ``k``, which the other reads do not). Not staged:
-    inputs over :data:`STAGE_BYTES` of shared memory, or a grid of 2^31 blocks or more."""
+    not small (:data:`STAGE_SHARE`). The cube spans the last dimension and the (at most two) own
+    fastest dimensions most of the staged inputs have; an input whose own fastest lies outside it
+    is still read once per block. Not staged: inputs over :data:`STAGE_BYTES` of shared memory, or
+    a grid of 2^31 blocks or more."""
     last = len(shape) - 1
     staged, fastest = [], Counter()
     for k, st in enumerate(strides[1:]):
