@@ -161,13 +161,18 @@ int main(int argc, char** argv) {
 """
 
 
-def _padded(rng, shape, order):
+def _padded(rng, shape, order, dtype=np.float64):
     """(buffer, view): a view of shape ``shape`` into a NaN-padded buffer stored in axis order ``order``."""
     stored = [shape[d] for d in order]
-    big = np.full([n + 2 for n in stored], np.nan)
+    big = np.full([n + 2 for n in stored], np.nan, dtype)
     inner = tuple(slice(1, 1 + n) for n in stored)
     big[inner] = rng.standard_normal(stored)
     return big, big[inner or ...].transpose(np.argsort(order))
+
+
+def _offset_of(big: np.ndarray, view: np.ndarray) -> int:
+    """Where ``view`` starts in ``big`` (elements)."""
+    return (view.__array_interface__["data"][0] - big.ctypes.data) // big.itemsize
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -191,7 +196,7 @@ def test_direct_contraction_kernel_equals_einsum(case, tmp_path):
     data.write_bytes(b"".join(x.tobytes() for x in (big_out, big_a, big_b)))
     args = []
     for big, view in ((big_out, out), (big_a, a), (big_b, b)):
-        args += [str(big.size), str((view.__array_interface__["data"][0] - big.ctypes.data) // 8)]
+        args += [str(big.size), str(_offset_of(big, view))]
     subprocess.run([str(exe), str(data)] + args + [str(max(1, out.size)), "0.75"], check=True)
     got = np.fromfile(data, count=big_out.size).reshape(big_out.shape)
     inner = tuple(slice(1, n - 1) for n in big_out.shape)  # out is stored in its own axis order
@@ -268,13 +273,9 @@ int main(int argc, char** argv) {{
 
 
 def _stored(rng, shape, order, dtype=np.float64):
-    """(NaN-padded buffer, element offset, view of ``shape``): the view's axes stored in ``order``."""
-    stored = [shape[d] for d in order]
-    big = np.full([n + 2 for n in stored], np.nan, dtype)
-    inner = tuple(slice(1, 1 + n) for n in stored)
-    big[inner] = rng.standard_normal(stored)
-    view = big[inner].transpose(np.argsort(order))
-    return big, (view.__array_interface__["data"][0] - big.ctypes.data) // big.itemsize, view
+    """(buffer, element offset, view) of :func:`_padded`: what the emulated kernels are passed."""
+    big, view = _padded(rng, shape, order, dtype)
+    return big, _offset_of(big, view), view
 
 
 def _epilogue_views(rng, x, a, b, c, dtype=np.float64):
@@ -334,16 +335,13 @@ def test_staged_reduction_equals_numpy(extents, wide, tmp_path, monkeypatch):
     rng = np.random.default_rng(sum(extents))
     x, a, b, c = extents
     w_big, w_off, w = _stored(rng, extents, [0, 1, 2, 3])
-    z_big, z_off, z = _stored(rng, (x, a, a, a), [0, 1, 2, 3]) if a == b == c else (None, None, None)
-    if z is None:  # the permuted reads need one extent; an unequal box reads a cube-shaped Z's corners
-        n = max(a, b, c)
-        z_big, z_off, z = _stored(rng, (x, n, n, n), [0, 1, 2, 3])
+    n = max(a, b, c)  # the permuted reads need one extent: unequal ones read a cube-shaped Z's corners
+    z_big, z = _padded(rng, (x, n, n, n), [0, 1, 2, 3])
     e_big, e_off, e = _stored(rng, (a,), [0])
     reads = [z[:, :a, :b, :c], z.transpose(0, 3, 1, 2)[:, :a, :b, :c], z.transpose(0, 2, 3, 1)[:, :a, :b, :c],
              z.transpose(0, 1, 3, 2)[:, :a, :b, :c]]
     views_ = [w] + reads + [e[None, :, None, None]]
-    offsets = [w_off] + [z_off + (r.__array_interface__["data"][0] - z.__array_interface__["data"][0]) // 8
-                         for r in reads] + [e_off]
+    offsets = [w_off] + [_offset_of(z_big, r) for r in reads] + [e_off]
     code = "p0 * (4.0 * p1 + p2 + -2.0 * p3 * p4) / (1.0 + p5 * p5)"
     walk = tuple(int(np.prod(extents[d + 1:])) for d in range(4))
     shape, reduced = pointwise.layout(extents, [walk] + [element_strides(v) for v in views_])
@@ -354,7 +352,7 @@ def test_staged_reduction_equals_numpy(extents, wide, tmp_path, monkeypatch):
     grid = pointwise.blocks(shape, plan)
     partial = np.full(grid, np.nan)
     got = _emulated(tmp_path, pointwise.reduce_source(code, shape, reduced, types), "chainexec_reduce",
-                    [partial, w_big, z_big, z_big, z_big, z_big, e_big], [0, w_off] + offsets[1:], grid)
+                    [partial, w_big, z_big, z_big, z_big, z_big, e_big], [0] + offsets, grid)
     ref = np.sum(w * (4.0 * reads[0] + reads[1] + -2.0 * reads[2] * reads[3]) / (1.0 + e[None, :, None, None] ** 2))
     assert abs(got.sum() - ref) <= 1e-13 * np.sum(np.abs(w))
 
