@@ -878,6 +878,17 @@ class CupyBackend(Backend):
         copies = [_Contiguous(tuple(x.shape[p] for p in perm), x.dtype) for x, perm in ((a, pa), (b, pb))]
         return self._batched(moved, out, *copies)
 
+    def _contiguous(self, view):
+        """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
+        a view stepping across the copy's fastest index through shared memory
+        (:func:`chainexec.runtime.pointwise.staging`): on the H100, 0.39 ms against 0.63 ms for
+        ``cupy.ascontiguousarray`` to copy (T)'s ``ovvv[k,c,f,a]`` to ``[f,a,c]`` at v=400."""
+        if view.flags.c_contiguous:
+            return view
+        copy = self.xp.empty(view.shape, view.dtype)
+        pointwise.launch(self.xp, "p0", [view], copy)
+        return copy
+
     def _candidates(self, c: Contraction, out, a, b) -> dict:
         """Method name -> configuration (plain data, or None), for every method that applies:
         ``gett:<order>:<config>`` for the model's top GETT candidates, ``batched`` (batched GEMM in
@@ -1035,8 +1046,8 @@ class CupyBackend(Backend):
                 out += _ttgt_product(cp, c, a, b)
             else:
                 moved, pa, pb = _relaid(c)
-                if not self.batched_gemm(moved, out, cp.ascontiguousarray(a.transpose(pa)),
-                                         cp.ascontiguousarray(b.transpose(pb)), c.factor):
+                if not self.batched_gemm(moved, out, self._contiguous(a.transpose(pa)),
+                                         self._contiguous(b.transpose(pb)), c.factor):
                     # the copies' strides differ from their description (extent-1 or empty axes)
                     out += _ttgt_product(cp, c, a, b)
         elif method == "ttgt":

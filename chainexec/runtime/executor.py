@@ -38,6 +38,7 @@ from chainexec.planner.resume import resumable
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
+from chainexec.runtime import hostcopy
 from chainexec.runtime.globalarray import GlobalArray, TaskCounter
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
@@ -474,7 +475,7 @@ class Executor:
         slots = self.slots.get(self._key(op))
         if slots is not None:  # a double-buffered loop's own buffer: its slot, held since loop entry
             buf = slots[self.turn].view(shape)
-            buf.local()[...] = 0
+            hostcopy.fill(buf.local(), 0)
             self.buffers[self._key(op)] = buf
             self.regions[self._key(op)] = region
             return

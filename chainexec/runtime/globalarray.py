@@ -48,6 +48,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from chainexec.errors import ChainexecError
+from chainexec.runtime import hostcopy
 from chainexec.spec import format_size
 
 Region = tuple[slice, ...]
@@ -87,7 +88,7 @@ class GlobalArray:
         self._owner = True
         self._block = self._view_block()
         if zero:
-            self._block[...] = 0
+            hostcopy.fill(self._block, 0)
         # One shared epoch on all targets for the array's life: operations then need only a flush,
         # not a lock round trip each; NOCHECK because no rank ever takes an exclusive lock.
         self._win.Lock_all(MPI.MODE_NOCHECK)
@@ -216,8 +217,9 @@ class GlobalArray:
         if not out.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
         # This rank's own rows are copied straight from its block: no RMA call and no packing
-        # through a subarray datatype (a single rank's device fetches are all such rows).
-        self._run(region, out, self._win.Get, own=np.copyto)
+        # through a subarray datatype (a single rank's device fetches are all such rows), over
+        # threads (one thread's copy bounded the device fetches at 4.2 GB/s on the H100 machine).
+        self._run(region, out, self._win.Get, own=hostcopy.copy)
         return out
 
     def put(self, region: Region, data: np.ndarray) -> None:

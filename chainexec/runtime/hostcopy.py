@@ -1,0 +1,83 @@
+"""Host-memory copies and fills split over threads.
+
+One thread copies host memory at 4-5 GB/s on the H100 machine, and touches fresh pages at about
+2 GB/s. Both bounded a (T) run at o=12, v=400 (2026-11-24): zero-filling 6.5 GB of new global
+arrays took 3.1 s of a 10.9 s executor, and device fetches from global memory ran at 4.2 GB/s,
+because ``GlobalArray.get`` copies a rank's own rows into a page-locked staging buffer with one
+``numpy.copyto`` before the DMA. NumPy releases the GIL inside such copies, so Python threads run
+them in parallel. The pool has one thread per core this process may run on
+(``os.sched_getaffinity``: under ``mpirun``/``srun`` binding, the rank's own cores), so ranks
+sharing a host do not oversubscribe it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+PIECE_BYTES = 16 << 20
+"""Smallest piece (bytes) a thread is given: below it, starting threads costs more than it saves."""
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def threads() -> int:
+    """Threads a copy may use: the cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def pieces(shape: tuple[int, ...], count: int) -> list[tuple[slice, ...]]:
+    """At most ``count`` disjoint regions covering an array of ``shape`` (each an index tuple of
+    slices): the first axis with more than one element split as evenly as possible. An array
+    whose only long axis is short gives fewer pieces."""
+    axis = next((d for d, n in enumerate(shape) if n > 1), None)
+    if axis is None or count <= 1:
+        return [tuple(slice(None) for _ in shape)]
+    n = shape[axis]
+    count = min(count, n)
+    head = tuple(slice(None) for _ in range(axis))
+    return [head + (slice(k * n // count, (k + 1) * n // count),) for k in range(count)]
+
+
+def _split(arrays: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]]:
+    """The arrays (all of one shape) cut into the same pieces: flat ranges where all are
+    C-contiguous (even pieces whatever the shape), else by :func:`pieces`."""
+    nbytes = arrays[0].nbytes
+    count = min(threads(), nbytes // PIECE_BYTES)
+    if count <= 1:
+        return [arrays]
+    if all(a.flags.c_contiguous for a in arrays):
+        flat = [a.reshape(-1) for a in arrays]
+        size = flat[0].size
+        return [tuple(f[k * size // count:(k + 1) * size // count] for f in flat) for k in range(count)]
+    return [tuple(a[p] for a in arrays) for p in pieces(arrays[0].shape, count)]
+
+
+def _run(work, parts: list[tuple[np.ndarray, ...]]) -> None:
+    global _pool
+    if len(parts) == 1:
+        work(*parts[0])
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(threads(), thread_name_prefix="chainexec-hostcopy")
+    for done in [_pool.submit(work, *p) for p in parts]:
+        done.result()
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` (same shape), over threads when large."""
+    if dst.shape != src.shape:
+        raise ValueError(f"copy of {src.shape} into {dst.shape}")
+    if math.prod(dst.shape) == 0:
+        return
+    _run(np.copyto, _split((dst, src)))
+
+
+def fill(dst: np.ndarray, value) -> None:
+    """``dst[...] = value``, over threads when large (first touch of fresh pages included)."""
+    if math.prod(dst.shape) == 0:
+        return
+    _run(lambda part: part.fill(value), _split((dst,)))

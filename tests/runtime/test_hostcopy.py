@@ -1,0 +1,73 @@
+"""Threaded host copies and fills against NumPy's own, with pieces small enough that every case
+is split over several threads."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from chainexec.runtime import hostcopy
+
+
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch):
+    monkeypatch.setattr(hostcopy, "PIECE_BYTES", 64)
+    monkeypatch.setattr(hostcopy, "threads", lambda: 5)
+
+
+SHAPES = [(), (0, 3), (1,), (37,), (1, 1, 23, 3), (7, 5, 9), (2, 1, 61)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("view", ["whole", "transposed", "strided"])
+def test_copy_equals_numpy(shape, view):
+    rng = np.random.default_rng(len(shape) * 7 + sum(shape))
+    src = rng.standard_normal(shape)
+    dst = np.full(shape, np.nan)
+    if view == "transposed" and len(shape) > 1:
+        src = rng.standard_normal(shape[::-1]).T  # neither C-contiguous nor of dst's order
+    if view == "strided" and shape and shape[0]:
+        dst = np.full((shape[0] * 2,) + shape[1:], np.nan)[::2]
+    hostcopy.copy(dst, src)
+    assert np.array_equal(dst, src)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fill_reaches_every_element(shape):
+    base = np.random.default_rng(1).standard_normal((3,) + shape)
+    dst = base[1:2].reshape(shape)  # a view, also where shape is ()
+    hostcopy.fill(dst, 0)
+    assert not np.any(dst)
+    assert np.all(base[0] != 0) and np.all(base[2] != 0)  # nothing outside the view
+
+
+@pytest.mark.parametrize("shape,count", [((10, 4), 3), ((1, 1, 7, 2), 4), ((3, 5), 8), ((1, 1), 4), ((2, 9), 1)])
+def test_pieces_cover_the_array_once(shape, count):
+    hits = np.zeros(shape, int)
+    parts = hostcopy.pieces(shape, count)
+    for p in parts:
+        hits[p] += 1
+    assert np.all(hits == 1)
+    long_axis = next((n for n in shape if n > 1), 1)
+    assert len(parts) == min(count, long_axis)
+
+
+def test_large_copies_are_split_over_the_pool(monkeypatch):
+    seen, original = [], np.copyto
+
+    def copyto(dst, src):
+        seen.append((threading.current_thread().name, dst.size))
+        original(dst, src)
+
+    monkeypatch.setattr(hostcopy.np, "copyto", copyto)
+    src = np.arange(5000.0).reshape(50, 100)
+    dst = np.empty_like(src)
+    hostcopy.copy(dst, src)
+    assert np.array_equal(dst, src)
+    assert [n for _, n in seen] == [1000] * 5  # five even pieces (5 threads, 64-byte pieces)
+    assert all(name.startswith("chainexec-hostcopy") for name, _ in seen)
+
+
+def test_copy_rejects_other_shapes():
+    with pytest.raises(ValueError):
+        hostcopy.copy(np.empty((2, 3)), np.empty((3, 2)))
