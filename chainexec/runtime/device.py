@@ -83,7 +83,8 @@ from chainexec.runtime import pointwise
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
-METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split")
+METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split",
+           "stack")
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
 without timing candidates; ``split``: its short-range terms through the register kernel, the
@@ -311,6 +312,20 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
                 cut[idx.index(name)] = slice(0, keep)
                 views[v] = views[v][tuple(cut)]
     return tuple(views)
+
+
+def _arranged(x, indices, order):
+    """``x`` (indexed by ``indices``) viewed with axes in ``order``: axes of ``order`` that ``x``
+    lacks inserted with extent 1, axes of ``x`` outside ``order`` (extent 1) dropped."""
+    x = x[tuple(slice(None) if i in order else 0 for i in indices)]
+    kept = [i for i in indices if i in order]
+    return x.transpose([kept.index(i) for i in order if i in kept])[
+        tuple(slice(None) if i in kept else None for i in order)]
+
+
+def stacked_bytes(stacks: list, cs: list[Contraction], operands: list[tuple]) -> int:
+    """Device bytes of the copies :meth:`CupyBackend._stacked` makes for ``stacks`` at once."""
+    return max((sum(a.nbytes + b.nbytes for k in st.terms for a, b in [operands[k]]) for st in stacks), default=0)
 
 
 def _like(xp, out):
@@ -634,7 +649,7 @@ class CupyBackend(Backend):
         from chainexec.planner.kernelconf import Device
         from chainexec.runtime import kernels
 
-        if self.method not in ("auto", "split", *kernels.SUM_KINDS):
+        if self.method not in ("auto", "split", "stack", *kernels.SUM_KINDS):
             super().contract_sum(cs, out, operands)
             return
 
@@ -645,7 +660,7 @@ class CupyBackend(Backend):
                                  [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices), float(c.factor))
                                   for c, (a, b) in zip(cs, operands)], str(out.dtype))
         # the kernels timed are part of the key: a decision made without one is not reused once it joins
-        key = ("sum", repr(prob), TIMED_SUM_KINDS) + (() if self.workspace is None else (self.workspace,))
+        key = ("sum", repr(prob), TIMED_SUM_KINDS, "stack") + (() if self.workspace is None else (self.workspace,))
         choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
         done = False
         if choice is None:
@@ -657,7 +672,9 @@ class CupyBackend(Backend):
                 except ValueError:  # no configuration fits the device
                     return []
 
-            if self.method == "split":
+            if self.method == "stack":
+                choice = Choice("stack" if self._stacks(cs, out, operands) else "terms")
+            elif self.method == "split":
                 parts = sumkernel.splits(prob)
                 cands = candidates("sum", prob.part(parts[0])) if parts else []
                 choice = (Choice("split", config={"kind": "sum", "config": cands[0].to_json(), "terms": list(parts[0])})
@@ -683,8 +700,15 @@ class CupyBackend(Backend):
                     else:
                         configs[name] = (kind, cfg.to_json())
                     seconds[name] = rest + self._timed(lambda: kernels.launch_sum(kind, sub, cfg, out, ops, False))
+                stacks = self._stacks(cs, out, operands)
+                if stacks and (self.workspace is None or 2 * out.nbytes + stacked_bytes(stacks, cs, operands)
+                               <= self.workspace):
+                    scratch = _like(self.xp, out)
+                    rest = sum(s for k, s in enumerate(each) if not any(k in st.terms for st in stacks))
+                    seconds["stack"] = rest + self._timed(lambda: self._stacked(stacks, cs, scratch, operands))
+                    del scratch
                 best = min(seconds, key=seconds.get)
-                kind, config = configs.get(best, ("terms", None))
+                kind, config = configs.get(best, (best if best == "stack" else "terms", None))
                 choice = Choice(kind, seconds, config)
                 self.tuning.put(key, choice)
         self.choices[key] = choice
@@ -693,6 +717,11 @@ class CupyBackend(Backend):
         elif choice.method in kernels.SUM_KINDS:
             kind_config = kernels.SUM_KINDS[choice.method][1].from_json(choice.config)
             kernels.launch_sum(choice.method, prob, kind_config, out, operands)
+        elif choice.method == "stack":
+            stacks = self._stacks(cs, out, operands)
+            self._stacked(stacks, cs, out, operands)
+            alone = [k for k in range(len(cs)) if not any(k in st.terms for st in stacks)]
+            super().contract_sum([cs[k] for k in alone], out, [operands[k] for k in alone])
         elif choice.method == "split":
             part, kind = choice.config["terms"], choice.config["kind"]
             kernels.launch_sum(kind, prob.part(tuple(part)), kernels.SUM_KINDS[kind][1].from_json(choice.config["config"]),
@@ -701,6 +730,51 @@ class CupyBackend(Backend):
                                  [x for k, x in enumerate(operands) if k not in part])
         else:
             super().contract_sum(cs, out, operands)
+
+    @staticmethod
+    def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
+        """:func:`chainexec.planner.stacking.groups` of a run's terms at these extents."""
+        from chainexec.planner import stacking
+
+        extents = [dict(zip(c.out_indices, out.shape)) | _sizes(c, a, b) for c, (a, b) in zip(cs, operands)]
+        return stacking.groups(tuple(cs[0].out_indices), [(tuple(c.a_indices), tuple(c.b_indices)) for c in cs],
+                               extents)
+
+    def _stacked(self, stacks: list, cs: list[Contraction], out, operands: list[tuple]) -> None:
+        """Add each stack's terms to ``out`` as one contraction (:mod:`chainexec.planner.stacking`)
+        on copies of their operands concatenated along a new summed index, each term's factor
+        in its ``L`` rows; that contraction is tuned as any other (:meth:`contract`). While it runs
+        the copies count against :attr:`workspace`."""
+        xp = self.xp
+        extent = dict(zip(cs[0].out_indices, out.shape))
+        for st in stacks:
+            parts = []
+            for n, side in zip(st.terms, st.sides):
+                c, (a, b) = cs[n], operands[n]
+                (x, xi), (y, yi) = ((a, c.a_indices), (b, c.b_indices))[::1 if side else -1]
+                ks = [i for i in xi if i in yi and i not in c.out_indices]
+                parts.append((c.factor, _arranged(x, xi, ks + list(st.left)), _arranged(y, yi, ks + list(st.right)),
+                              len(ks)))
+            depth = sum(math.prod(x.shape[:nk]) for _, x, _, nk in parts)
+            left = xp.empty((depth,) + tuple(extent[i] for i in st.left), out.dtype)
+            right = xp.empty((depth,) + tuple(extent[i] for i in st.right), out.dtype)
+            at = 0
+            for factor, x, y, nk in parts:
+                k = math.prod(x.shape[:nk])
+                xp.multiply(x, factor, out=left[at:at + k].reshape(x.shape))
+                right[at:at + k].reshape(y.shape)[...] = y
+                at += k
+            name = next(f"stacked{n}" for n in range(len(cs[0].out_indices) + 1)
+                        if f"stacked{n}" not in cs[0].out_indices)
+            merged = replace(cs[st.terms[0]], a="stacked", a_indices=[name, *st.left], b="stacked",
+                             b_indices=[name, *st.right], factor=1.0)
+            room = self.workspace
+            if room is not None:
+                self.workspace = room - left.nbytes - right.nbytes
+            try:
+                self.contract(merged, out, left, right)
+            finally:
+                self.workspace = room
 
     def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:
         """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
@@ -929,7 +1003,7 @@ class CupyBackend(Backend):
         key = self._key(c, out, a, b)
         choice = self.choices.get(key)
         if choice is None:
-            if self.method not in ("auto", "split"):  # a forced split tunes the other terms as auto
+            if self.method not in ("auto", "split", "stack"):  # a forced split or stack tunes the terms as auto
                 cands = self._candidates(c, out, a, b)
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])

@@ -163,3 +163,25 @@ def test_precompiled_candidates_load_without_compiling(monkeypatch):
         kernels.launch_sum("sum", p, cfg, C, [ops[k] for k in part])
         assert np.linalg.norm(cupy.asnumpy(C) - want) / np.linalg.norm(want) <= 1e-12, cfg.name()
     assert calls == []
+
+
+@pytest.mark.parametrize("method", ["stack", "auto"])
+def test_backend_stacks_the_short_sums(method):
+    """The W tile with occupied tiles of one (a=b=c=40, m=4): the six sums over m pair into three
+    stacked GEMMs (forced, or timed by the autotuner beside the terms and the sum kernels), on
+    NaN-padded views, against numpy.einsum."""
+    out, terms, _ = CASES[0]
+    sizes = dict(i=1, j=1, k=1, a=40, b=40, c=40, f=6, m=4)
+    c0, ref, ops = _case(out, terms, sizes, "float64", seed=3, pad=1)
+    C = _on_device(c0, 1)
+    cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(terms)]
+    be = device.CupyBackend(cupy, method)
+    for _ in range(2):
+        C[...] = cupy.asarray(c0)
+        be.contract_sum(cs, C, ops)
+        assert np.linalg.norm(cupy.asnumpy(C) - ref) / np.linalg.norm(ref) <= 1e-12
+    choice = be.choices[next(k for k in be.choices if k[0] == "sum")]
+    assert choice.method == "stack" if method == "stack" else "stack" in choice.seconds
+    stacked = [k for k, ch in be.choices.items() if k[0] != "sum" and k[1][0].startswith("stacked")]
+    assert len(stacked) == 3  # one contraction per pair, each tuned on its own

@@ -1,0 +1,75 @@
+"""Terms of a run stacked along their summed ranges: one GEMM where there were several.
+
+A term added on its own to an output reads and writes all of it: 2·itemsize bytes an element
+for 2·depth flops (depth: its summed length). In the (T) tile with occupied tiles of one, the six
+``ovoo·t2`` terms sum over m (o = 40 at #6's size), so each is a pass over W's 512 MB for little
+arithmetic: on the H100 they took 0.56-0.70 ms each, one by one, against 1.26 ms for a ``ovvv·t2``
+term with 10x their flops. Where two terms split the output's indices the same way between their
+operands (W[a,(bc)] from ``ovoo[i,a,j,m]·t2[m,k,b,c]`` and ``ovoo[i,a,k,m]·t2[m,j,c,b]``), they
+are one GEMM over the concatenated summed ranges, ``[A1 A2]·[B1; B2]``: copies of the operands
+(each small beside the output) in place of a pass over it. The strided-batched GEMM paper's
+reshaping of operands into GEMM form, applied across terms (beyond the papers).
+
+Pure: which terms stack, and the index orders of the stacked operands. The runtime builds them
+(``CupyBackend`` in ``chainexec.runtime.device``) and the autotuner decides whether they win.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+STACK_SHARE = 8
+"""A term is stacked only where its two operands together have at most 1/STACK_SHARE of the
+output's elements: their copies then cost less than the pass over the output they save."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Terms (positions in the run) added as one contraction ``out += L·R``: ``L`` indexed by the
+    stacked summed index then ``left``, ``R`` by it then ``right`` (both in the output's order;
+    the output's extent-1 indices go with ``left``). ``sides[n]`` is True where term
+    ``terms[n]``'s first operand supplies ``left``'s indices."""
+
+    terms: tuple[int, ...]
+    left: tuple[str, ...]
+    right: tuple[str, ...]
+    sides: tuple[bool, ...]
+
+
+def _split(out: tuple[str, ...], a: tuple[str, ...], b: tuple[str, ...], extent: dict[str, int]):
+    """The output's indices of extent > 1 that ``a`` and ``b`` each carry, or None where the term
+    does not fit one GEMM: an index of extent > 1 in both operands and the output (a batch
+    index), or an index of one operand only that is not the output's (summed over one side)."""
+    if any(i in b and i in out and extent[i] > 1 for i in a):
+        return None
+    if any(i not in out and i not in other for x, other in ((a, b), (b, a)) for i in x):
+        return None
+    return (frozenset(i for i in a if i in out and extent[i] > 1),
+            frozenset(i for i in b if i in out and extent[i] > 1))
+
+
+def groups(out: tuple[str, ...], terms: list[tuple[tuple[str, ...], tuple[str, ...]]],
+           extents: list[dict[str, int]], share: int = STACK_SHARE) -> list[Stack]:
+    """Stacks of two or more terms of a run into ``out`` (term ``n``: operand index tuples
+    ``terms[n]``, extents of its indices and the output's ``extents[n]``), in order of their first
+    term. Terms stack where they split the output's indices of extent > 1 the same way between
+    their operands; a term whose operands hold more than 1/``share`` of the output's elements
+    stays alone."""
+    size = math.prod(extents[0][i] for i in out) if terms else 0
+    found: dict[tuple[frozenset, frozenset], list[tuple[int, bool]]] = {}
+    for n, ((a, b), ext) in enumerate(zip(terms, extents)):
+        split = _split(out, a, b, ext)
+        elements = math.prod(ext[i] for i in a) + math.prod(ext[i] for i in b)
+        if split is None or elements * share > size:
+            continue
+        key = tuple(sorted(split, key=lambda s: sorted(out.index(i) for i in s)))
+        found.setdefault(key, []).append((n, split[0] == key[0]))
+    stacks = []
+    for (left, right), members in found.items():
+        if len(members) < 2:
+            continue
+        ones = {i for i in out if extents[members[0][0]][i] == 1}
+        stacks.append(Stack(tuple(n for n, _ in members), tuple(i for i in out if i in left or i in ones),
+                            tuple(i for i in out if i in right), tuple(s for _, s in members)))
+    return sorted(stacks, key=lambda s: s.terms[0])

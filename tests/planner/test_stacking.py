@@ -1,0 +1,84 @@
+"""Which terms of a run stack into one contraction (chainexec.planner.stacking), and the
+backend's stacked operands (CupyBackend._stacked run on NumPy) against numpy.einsum."""
+
+import numpy as np
+import pytest
+
+from chainexec.planner import stacking
+from chainexec.planner.plan import Contraction
+from chainexec.runtime import device
+from tests.planner.test_sumkernel import W_TERMS
+
+
+def _extents(terms, sizes):
+    return [{i: sizes[i] for i in "ijkabc" + a + b} for a, b, _ in terms]
+
+
+def _groups(out, terms, sizes, share=stacking.STACK_SHARE):
+    return stacking.groups(tuple(out), [(tuple(a), tuple(b)) for a, b, _ in terms], _extents(terms, sizes), share)
+
+
+def test_triples_tile_of_one_stacks_the_sums_over_m_in_pairs():
+    """At #6's size (o=40, v=400) with occupied tiles of one: the six sums over m pair up by
+    the virtual index their ovoo operand holds; the sums over f hold operands as large as W."""
+    got = _groups("ijkabc", W_TERMS, dict(i=1, j=1, k=1, a=400, b=400, c=400, f=400, m=40))
+    assert got == [stacking.Stack((6, 7), tuple("ijka"), tuple("bc"), (True, True)),
+                   stacking.Stack((8, 9), tuple("ijkac"), ("b",), (False, False)),
+                   stacking.Stack((10, 11), tuple("ijkab"), ("c",), (False, False))]
+
+
+def test_occupied_tiles_of_two_split_the_output_differently():
+    assert _groups("ijkabc", W_TERMS, dict(i=2, j=2, k=2, a=400, b=400, c=400, f=400, m=40)) == []
+
+
+@pytest.mark.parametrize("terms,sizes,expect", [
+    ([("ak", "kb", 1.0), ("bl", "la", 1.0)], dict(a=50, b=60, k=3, l=2), [(0, 1)]),  # b's side swapped
+    ([("ak", "kb", 1.0), ("akb", "kb", 1.0)], dict(a=50, b=60, k=3), []),            # b: a batch index
+    ([("ak", "kb", 1.0), ("akl", "kb", 1.0)], dict(a=50, b=60, k=3, l=2), []),       # l summed on one side
+    ([("ak", "kb", 1.0), ("al", "lb", 1.0)], dict(a=50, b=60, k=3, l=40), []),       # l: operands too large
+    ([("ak", "kb", 1.0), ("al", "lb", 1.0), ("am", "mb", 1.0)], dict(a=50, b=60, k=3, l=40, m=2), [(0, 2)]),
+])
+def test_stacking_rules(terms, sizes, expect):
+    ext = [{i: sizes[i] for i in "ab" + a + b} for a, b, _ in terms]
+    got = stacking.groups(("a", "b"), [(tuple(a), tuple(b)) for a, b, _ in terms], ext)
+    assert [s.terms for s in got] == expect
+
+
+class _NumpyStacker(device.CupyBackend):
+    """The backend's stacking on NumPy arrays, each stacked contraction by numpy.einsum (an
+    independent reference for the copies' orders, offsets and factors)."""
+
+    def __init__(self):
+        self.xp, self.workspace, self.seen = np, None, []
+
+    def contract(self, c, out, a, b):
+        self.seen.append((c.a_indices, c.b_indices, a.shape, b.shape))
+        names = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.out_indices + c.a_indices + c.b_indices))}
+        spec = ",".join("".join(names[i] for i in x) for x in (c.a_indices, c.b_indices))
+        out += c.factor * np.einsum(f"{spec}->{''.join(names[i] for i in c.out_indices)}", a, b)
+
+
+@pytest.mark.parametrize("occupied", [(1, 1, 1), (2, 1, 1)])
+def test_stacked_terms_equal_einsum(occupied):
+    """The W tile's twelve terms with sums over m stacked (the rest added one by one here), on
+    permuted views of larger arrays, against numpy.einsum term by term."""
+    sizes = dict(zip("ijk", occupied)) | dict(a=40, b=33, c=45, f=41, m=4)
+    rng = np.random.default_rng(11)
+    ops = []
+    for a, b, _ in W_TERMS:
+        x, y = (rng.standard_normal([sizes[i] + 1 for i in idx]) for idx in (a, b))
+        ops.append((x[tuple(slice(1, None) for _ in a)], y[tuple(slice(0, -1) for _ in b)]))
+    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(W_TERMS)]
+    W0 = rng.standard_normal([sizes[i] for i in "ijkabc"])
+    ref = W0 + sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
+    be = _NumpyStacker()
+    stacks = be._stacks(cs, W0, ops)
+    assert [s.terms for s in stacks] == ([(6, 7), (8, 9), (10, 11)] if occupied == (1, 1, 1) else [(6, 7)])
+    W = W0.copy()
+    be._stacked(stacks, cs, W, ops)
+    for k in range(12):
+        if not any(k in s.terms for s in stacks):
+            be.contract(cs[k], W, *ops[k])
+    assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
+    assert all(a[0] == b[0] == 2 * sizes["m"] for *_, a, b in be.seen[:len(stacks)])  # one GEMM per stack
