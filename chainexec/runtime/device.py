@@ -203,6 +203,16 @@ class Backend:
         """A device array as a host NumPy array (here: the same array)."""
         return array
 
+    def to_host_async(self, array) -> tuple[np.ndarray, object]:
+        """A host copy of a device array queued behind the statements before it, and a token
+        for :meth:`arrived`; the host array holds the data once the token has arrived, until the
+        device array next changes (here: the array itself, arrived at once)."""
+        return array, None
+
+    def arrived(self, token) -> bool:
+        """Whether the copy :meth:`to_host_async` gave ``token`` for has reached the host."""
+        return True
+
     def pool_bytes(self) -> int | None:
         """Bytes the device allocator holds now, scratch included (None: no separate device
         memory to watch, as with NumPy)."""
@@ -533,6 +543,17 @@ class CupyBackend(Backend):
         # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
         (array if array.flags.c_contiguous else array.copy()).get(out=host)
         return host
+
+    def to_host_async(self, array) -> tuple[np.ndarray, object]:
+        """As :meth:`Backend.to_host_async`: into a page-locked array (:meth:`host_empty`) on
+        the current stream; the token is a CUDA event recorded after the copy."""
+        host = self.host_empty(array.shape, array.dtype)
+        stream = self.xp.cuda.get_current_stream()
+        (array if array.flags.c_contiguous else array.copy()).get(stream=stream, out=host, blocking=False)
+        return host, stream.record()
+
+    def arrived(self, token) -> bool:
+        return token.done
 
     def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
         """As :meth:`Backend.evaluate`, in one element-wise kernel generated from the expression

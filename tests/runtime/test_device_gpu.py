@@ -203,6 +203,27 @@ def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):
     assert np.array_equal(got[untouched], before[untouched])
 
 
+@pytest.mark.parametrize("shape,cut", [((300, 40, 7), (slice(3, 250, 2), slice(1, 39))), ((), ())])
+def test_to_host_async_arrives_behind_queued_work(shape, cut):
+    """An accumulate's copy to the host (:meth:`CupyBackend.to_host_async`) queued behind kernels
+    that change the array: once arrived, the host array holds what they computed (views and
+    0-d arrays alike), in page-locked memory."""
+    rng = np.random.default_rng(4)
+    backend = CupyBackend(cupy)
+    start = rng.standard_normal(shape)
+    dev = cupy.asarray(start)
+    for _ in range(50):
+        dev *= 1.001
+    host, token = backend.to_host_async(dev[cut])
+    later = dev[cut].copy()
+    dev += 1.0  # queued after the copy: not in it
+    backend.wait()
+    assert backend.arrived(token)
+    assert host.shape == start[cut].shape and np.array_equal(host, cupy.asnumpy(later))
+    assert np.allclose(host, start[cut] * 1.001 ** 50, rtol=1e-12)
+    assert cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+
+
 def test_host_round_trip_pinned():
     rng = np.random.default_rng(5)
     backend = CupyBackend(cupy)

@@ -39,18 +39,22 @@ def test_plain_loops_keep_every_tuple():
 
 QUEUED_RUN = r'''
 import json, sys
+import h5py
+import numpy as np
 from chainexec import api
 from chainexec.runtime import device, executor
 
 
 class Queued(device.Backend):
     """NumPy, as if every compute statement were still running when it returns: a stamp is a
-    number, a statement takes 0.25 s between its two stamps, and every transfer records how many
-    stamps nothing has waited for yet."""
+    number, a statement takes 0.25 s between its two stamps, and every fetch records how many
+    stamps nothing has waited for yet. A copy to the host is queued too: its host array is NaN
+    until every stamp before it has been waited for or read, so landing it early poisons E."""
 
     def __init__(self):
         super().__init__()
         self.clock, self.open, self.seen, self.early = 0, set(), [], 0
+        self.copies, self.queued_copies = [], []
 
     def stamp(self):
         self.clock += 1
@@ -64,21 +68,39 @@ class Queued(device.Backend):
 
     def wait(self):
         self.open.clear()
+        for copy in self.copies:
+            self.arrived(copy)
 
     def fetch(self, dst, read):
         self.seen.append(len(self.open))
         super().fetch(dst, read)
 
-    def to_host(self, array):
-        self.seen.append(len(self.open))
-        return super().to_host(array)
+    def to_host_async(self, array):
+        self.queued_copies.append(len(self.open))
+        copy = {"after": self.clock, "host": np.full(array.shape, np.nan), "data": array.copy()}
+        self.copies.append(copy)
+        return copy["host"], copy
+
+    def arrived(self, copy):
+        if any(s <= copy["after"] for s in self.open):
+            return False
+        copy["host"][...] = copy["data"]
+        return True
 
 
+def energy(path):
+    with h5py.File(path) as f:
+        return float(f["E"][()])
+
+
+plain = api.run(sys.argv[1], backend="numpy")
+e_plain = energy(sys.argv[2])
 backend = Queued()
 api.select = lambda name, comm: backend
 executor.PENDING = 2  # the oldest half read while the run goes on
 result = api.run(sys.argv[1], backend="numpy")
 print(json.dumps({"seen": backend.seen, "stamps": backend.clock, "open": len(backend.open), "early": backend.early,
+                  "queued_copies": backend.queued_copies, "E": energy(sys.argv[2]), "E_plain": e_plain,
                   "measured": result["measured"], "predicted": result["predicted"],
                   "statements": result["run"]["statement_seconds"]}))
 '''
@@ -108,12 +130,16 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path):
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     script = tmp_path / "queued.py"
     script.write_text(QUEUED_RUN)
-    proc = subprocess.run([sys.executable, str(script), str(config)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "energy.h5")],
+                          capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got["seen"] and set(got["seen"]) == {0}
     assert got["open"] == 0 and got["early"] > 0
+    # the energy's tiles go to the host behind queued statements, and land only once there
+    assert len(got["queued_copies"]) >= 10 and min(got["queued_copies"]) > 0
+    assert got["E"] == got["E_plain"] and math.isfinite(got["E"])
     queued = got["stamps"] // 2
     assert queued > 10
     assert got["measured"]["seconds"]["compute"] == 0.25 * queued
