@@ -214,7 +214,11 @@ def test_to_host_async_arrives_behind_queued_work(shape, cut):
     dev = cupy.asarray(start)
     for _ in range(50):
         dev *= 1.001
+    big = cupy.asarray(rng.standard_normal((4096, 4096)))
+    for _ in range(4):  # queued work long enough to outlast the host's call
+        big = big @ big / 4096
     host, token = backend.to_host_async(dev[cut])
+    assert not backend.arrived(token)  # returned before the queued kernels ran
     later = dev[cut].copy()
     dev += 1.0  # queued after the copy: not in it
     backend.wait()
