@@ -546,13 +546,12 @@ class CupyBackend(Backend):
 
     def to_host_async(self, array) -> tuple[np.ndarray, object]:
         """As :meth:`Backend.to_host_async`: into a page-locked array (:meth:`host_empty`) on
-        the current stream; the token is a CUDA event recorded after the copy. Copied as 1-d:
-        CuPy 14 copies a 0-d array synchronously even when asked not to (the (T) energy's tile:
-        measured on the H100, the call returned after 0.5 s of queued work)."""
-        host = self.host_empty((array.size,), array.dtype)
+        the current stream; the token is a CUDA event recorded after the copy. (A process's first
+        call waits for the device: CuPy's first page-locked allocation does.)"""
+        host = self.host_empty(array.shape, array.dtype)
         stream = self.xp.cuda.get_current_stream()
-        (array if array.flags.c_contiguous else array.copy()).reshape(-1).get(stream=stream, out=host, blocking=False)
-        return host.reshape(array.shape), stream.record()
+        (array if array.flags.c_contiguous else array.copy()).get(stream=stream, out=host, blocking=False)
+        return host, stream.record()
 
     def arrived(self, token) -> bool:
         return token.done
