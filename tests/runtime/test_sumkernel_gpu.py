@@ -185,3 +185,41 @@ def test_backend_stacks_the_short_sums(method):
     assert choice.method == "stack" if method == "stack" else "stack" in choice.seconds
     stacked = [k for k, ch in be.choices.items() if k[0] != "sum" and k[1][0].startswith("stacked")]
     assert len(stacked) == 3  # one contraction per pair, each tuned on its own
+
+
+def test_relayout_copy_kept_from_term_to_term(monkeypatch):
+    """W's terms ``ovvv[k,c,f,a]·t2[j,i,b,f]`` and ``ovvv[k,c,f,b]·t2[i,j,a,f]`` read the same
+    slice of one ``ovvv`` buffer, as in the executor: forced to relayout, a run copies that slice
+    once for both (and the result equals numpy.einsum), while the autotuner's timings of one
+    term copy it every time."""
+    o, v = 5, 11
+    rng = np.random.default_rng(9)
+    full = {"ovvv": rng.standard_normal((o, v, v, v)), "t2": rng.standard_normal((o, o, v, v)),
+            "ovoo": rng.standard_normal((o, v, o, o))}
+    dev = {n: cupy.asarray(x) for n, x in full.items()}
+    occ = {"i": slice(0, 1), "j": slice(1, 2), "k": slice(3, 4)}
+    terms = [(a, b, f) for a, b, f in CASES[0][1]]
+
+    def view(arrays, name, idx):
+        return arrays[name][tuple(occ.get(i, slice(None)) for i in idx)]
+
+    ops = [(view(dev, "ovvv" if "f" in a else "ovoo", a), view(dev, "t2", b)) for a, b, _ in terms]
+    ref = sum(f * np.einsum(f"{a},{b}->ijkabc", view(full, "ovvv" if "f" in a else "ovoo", a), view(full, "t2", b))
+              for a, b, f in terms)
+    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(terms)]
+    be = device.CupyBackend(cupy, "relayout")
+    copied = []
+    contiguous = be._contiguous
+    monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
+    slice_k = dev["ovvv"][3].data.ptr
+    for n in range(2):
+        copied.clear()
+        W = cupy.zeros((1, 1, 1, v, v, v))
+        be.contract_sum(cs, W, ops)
+        assert np.linalg.norm(cupy.asnumpy(W) - ref) / np.linalg.norm(ref) <= 1e-12
+        assert [be.choices[be._key(cs[k], W, *ops[k])].method for k in (4, 5)] == ["relayout"] * 2
+        assert copied.count(slice_k) == 1
+    copied.clear()
+    be._time(("relayout", None), cs[4], W, *ops[4])
+    assert copied.count(slice_k) == 1 + device.TIMED_RUNS  # the warm-up and every timed run
