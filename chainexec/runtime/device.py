@@ -1,7 +1,7 @@
 """The device level (γ) behind one seam: NumPy on the CPU, CuPy on a GPU.
 
 Everything the executor does with device buffers goes through a :class:`Backend`: ``zeros``
-(allocate), ``fetch`` (host → device buffer), ``to_host`` (device → host) and ``contract``
+(allocate), ``fetch`` (host → device buffer), ``to_host_async`` (device → host, queued) and ``contract``
 (``out += factor · a·b``). The backend is chosen once (:func:`select`); no other module asks whether
 it runs on a GPU.
 
@@ -89,8 +89,9 @@ METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "c
 """Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
 without timing candidates; ``split``: its short-range terms through the register kernel, the
-others one by one, each by the method the autotuner picks; any other forced method runs such a
-run term by term)."""
+others one by one, each by the method the autotuner picks; ``stack``: the terms that stack
+(:mod:`chainexec.planner.stacking`) as one contraction per stack, where their copies fit, the
+others one by one, each tuned; any other forced method runs such a run term by term)."""
 TIMED_SUM_KINDS = ("sum",)
 """The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
 times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
@@ -278,10 +279,13 @@ GETT_MIN_OUTPUT = 4096
 spread over the SMs (a dot product or a tiny output is a reduction, better left to cuBLAS)."""
 
 
-def _spread(arr, idx, out_indices):
-    """``arr`` (over index order ``idx``) as a view over ``out_indices``, length 1 where it lacks one."""
-    view = arr.transpose([idx.index(i) for i in out_indices if i in idx])
-    return view[tuple(slice(None) if i in idx else None for i in out_indices)]
+def _spread(arr, idx, order):
+    """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
+    index of ``order``; its axes outside ``order`` (extent 1) dropped."""
+    arr = arr[tuple(slice(None) if i in order else 0 for i in idx)]
+    kept = [i for i in idx if i in order]
+    view = arr.transpose([kept.index(i) for i in order if i in kept])
+    return view[tuple(slice(None) if i in kept else None for i in order)]
 
 
 PINNED_FROM_BYTES = 4 << 30
@@ -325,18 +329,11 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     return tuple(views)
 
 
-def _arranged(x, indices, order):
-    """``x`` (indexed by ``indices``) viewed with axes in ``order``: axes of ``order`` that ``x``
-    lacks inserted with extent 1, axes of ``x`` outside ``order`` (extent 1) dropped."""
-    x = x[tuple(slice(None) if i in order else 0 for i in indices)]
-    kept = [i for i in indices if i in order]
-    return x.transpose([kept.index(i) for i in order if i in kept])[
-        tuple(slice(None) if i in kept else None for i in order)]
-
-
-def stacked_bytes(stacks: list, cs: list[Contraction], operands: list[tuple]) -> int:
-    """Device bytes of the copies :meth:`CupyBackend._stacked` makes for ``stacks`` at once."""
-    return max((sum(a.nbytes + b.nbytes for k in st.terms for a, b in [operands[k]]) for st in stacks), default=0)
+def stacked_bytes(stacks: list, operands: list[tuple], itemsize: int) -> int:
+    """Device bytes of the copies :meth:`CupyBackend._stacked` holds at once (one stack's, in the
+    output's dtype of ``itemsize`` bytes)."""
+    return itemsize * max((sum(a.size + b.size for k in st.terms for a, b in [operands[k]]) for st in stacks),
+                          default=0)
 
 
 def _overlaps(x, y) -> bool:
@@ -443,8 +440,9 @@ class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
     is ``gett``, ``batched``, ``relayout``, ``kernel``, ``ttgt``, ``einsum``, ``cutensor`` or
     ``direct``; for a run of contractions into
-    one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one) or ``split`` (some terms in
-    a sum kernel, the others one by one); ``seconds`` the best timed run of every candidate
+    one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one), ``split`` (some terms in
+    a sum kernel, the others one by one) or ``stack`` (the terms that stack as one contraction per
+    stack, :mod:`chainexec.planner.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
     compared (empty when the method was forced or only one applies); ``config`` the GETT order
     and configuration (:class:`~chainexec.planner.gett.GettConfig` fields) or the sum kernel's
     (:class:`~chainexec.planner.sumkernel.SumConfig`, :class:`~chainexec.planner.summma.MmaConfig`),
@@ -559,9 +557,11 @@ class CupyBackend(Backend):
         return host
 
     def to_host_async(self, array) -> tuple[np.ndarray, object]:
-        """As :meth:`Backend.to_host_async`: into a page-locked array (:meth:`host_empty`) on
-        the current stream; the token is a CUDA event recorded after the copy. (A process's first
-        call waits for the device: CuPy's first page-locked allocation does.)"""
+        """As :meth:`Backend.to_host_async`: into a :meth:`host_empty` array on the current
+        stream; the token is a CUDA event recorded after the copy. The call returns before the
+        copy only into page-locked memory (:attr:`pinned`; a copy into plain memory waits for
+        it), and a process's first call waits for the device (CuPy's first page-locked
+        allocation does)."""
         host = self.host_empty(array.shape, array.dtype)
         stream = self.xp.cuda.get_current_stream()
         (array if array.flags.c_contiguous else array.copy()).get(stream=stream, out=host, blocking=False)
@@ -665,17 +665,21 @@ class CupyBackend(Backend):
         :mod:`chainexec.planner.sumkernel`, or on tensor cores into a shared-memory tile,
         :mod:`chainexec.planner.summma`), term by term, or *split*: the terms with short summed
         ranges in one kernel and the others one by one (:func:`~chainexec.planner.sumkernel.splits`),
+        or *stacked*: terms that split the output alike as one contraction over their summed
+        ranges concatenated, on copies of their small operands (:mod:`chainexec.planner.stacking`),
         whichever is fastest. Decided once per (terms, shapes, strides, dtype) and kept
         (:class:`TuningCache`): the model's best configurations of each kernel in
         :data:`TIMED_SUM_KINDS`, for all the terms and for each split's part, are timed computing
         without storing, and each term on its own (by its own tuned method) on a scratch output
         where the plan leaves room for one, else once for real on ``out``; a split costs its
-        kernel plus the other terms' seconds. A kernel timed without storing skips one pass over
+        kernel plus the other terms' seconds; the stacks are timed on a scratch output plus the
+        other terms' seconds, where the room holds the scratch and their copies. A kernel timed without storing skips one pass over
         the output that the terms' times include (on the o=24, v=180 (T) tile the split was
         timed at 19.8 ms and ran in 23.2 ms), so close decisions lean towards the kernels.
         ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces that kernel's first configuration,
         ``split`` the first split with the register kernel's first configuration and the other
-        terms tuned (the terms one by one where either has none); any other forced method runs
+        terms tuned (the terms one by one where either has none), ``stack`` the stacks where their
+        copies fit (else the terms one by one); any other forced method runs
         the terms one by one.
 
         Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
@@ -710,7 +714,9 @@ class CupyBackend(Backend):
                     return []
 
             if self.method == "stack":
-                choice = Choice("stack" if self._stacks(cs, out, operands) else "terms")
+                stacks = self._stacks(cs, out, operands)
+                fits = self.workspace is None or stacked_bytes(stacks, operands, out.itemsize) <= self.workspace
+                choice = Choice("stack" if stacks and fits else "terms")
             elif self.method == "split":
                 parts = sumkernel.splits(prob)
                 cands = candidates("sum", prob.part(parts[0])) if parts else []
@@ -738,11 +744,16 @@ class CupyBackend(Backend):
                         configs[name] = (kind, cfg.to_json())
                     seconds[name] = rest + self._timed(lambda: kernels.launch_sum(kind, sub, cfg, out, ops, False))
                 stacks = self._stacks(cs, out, operands)
-                if stacks and (self.workspace is None or 2 * out.nbytes + stacked_bytes(stacks, cs, operands)
-                               <= self.workspace):
+                room = self.workspace
+                if stacks and (room is None or 2 * out.nbytes + stacked_bytes(stacks, operands, out.itemsize) <= room):
                     scratch = _like(self.xp, out)
                     rest = sum(s for k, s in enumerate(each) if not any(k in st.terms for st in stacks))
-                    seconds["stack"] = rest + self._timed(lambda: self._stacked(stacks, cs, scratch, operands))
+                    # the stacked contractions are first tuned inside this timing, beside the scratch
+                    self.workspace = None if room is None else room - scratch.nbytes
+                    try:
+                        seconds["stack"] = rest + self._timed(lambda: self._stacked(stacks, cs, scratch, operands))
+                    finally:
+                        self.workspace = room
                     del scratch
                 best = min(seconds, key=seconds.get)
                 kind, config = configs.get(best, (best if best == "stack" else "terms", None))
@@ -793,12 +804,14 @@ class CupyBackend(Backend):
         xp = self.xp
         extent = dict(zip(cs[0].out_indices, out.shape))
         for st in stacks:
+            if self._kept:  # no earlier term's relayout copy held beside this stack's
+                self._kept.clear()
             parts = []
             for n, side in zip(st.terms, st.sides):
                 c, (a, b) = cs[n], operands[n]
                 (x, xi), (y, yi) = ((a, c.a_indices), (b, c.b_indices))[::1 if side else -1]
                 ks = [i for i in xi if i in yi and i not in c.out_indices]
-                parts.append((c.factor, _arranged(x, xi, ks + list(st.left)), _arranged(y, yi, ks + list(st.right)),
+                parts.append((c.factor, _spread(x, xi, ks + list(st.left)), _spread(y, yi, ks + list(st.right)),
                               len(ks)))
             depth = sum(math.prod(x.shape[:nk]) for _, x, _, nk in parts)
             left = xp.empty((depth,) + tuple(extent[i] for i in st.left), out.dtype)
@@ -820,6 +833,7 @@ class CupyBackend(Backend):
                 self.contract(merged, out, left, right)
             finally:
                 self.workspace = room
+            del left, right, parts  # freed before the next stack's copies
 
     @contextlib.contextmanager
     def _reusing(self):
@@ -1085,6 +1099,8 @@ class CupyBackend(Backend):
                 kept = key if self.workspace is None else key + (self.workspace,)
                 choice = self.tuning.get(kept)
                 if choice is None:
+                    if self._kept:  # no relayout copy of an earlier term held while tuning this one
+                        self._kept.clear()
                     # a probe of at least PROBE_FLOOR: smaller ones change every method's shape
                     limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
                         PROBE_FLOOR, self.workspace // 4))
@@ -1144,6 +1160,8 @@ class CupyBackend(Backend):
         No relayout copy is kept between the runs (:meth:`_reusing`): each pays for its own."""
         cp = self.xp
         kept, self._kept = self._kept, None
+        if kept:
+            kept.clear()
         try:
             try:
                 run()

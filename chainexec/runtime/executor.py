@@ -20,6 +20,7 @@ together, summed at each collective allocation; device: per rank, the largest ra
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import math
@@ -58,6 +59,9 @@ OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute"
 QUEUED = ("compute", "eval", "fused")
 PENDING = 1024
 """Queued statements' stamps held before the oldest half are read (waiting for them)."""
+LANDING_BYTES = 64 << 20
+"""Host bytes of queued accumulates (:meth:`Executor._accumulate`) above which the executor waits
+for the device before the next accumulate: page-locked host memory outside the plan's levels."""
 
 
 class Counters:
@@ -119,8 +123,10 @@ class Executor:
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
-        # accumulates whose device→host copies are queued: (global array, region, host, token, weight)
-        self.landing: list[tuple] = []
+        # accumulates whose device→host copies are queued: (global array, region, host, token,
+        # weight, statement name), and their host bytes
+        self.landing: collections.deque[tuple] = collections.deque()
+        self.landing_bytes = 0
         self.checkpoint = checkpoint
         self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
         self.resumed = 0  # tiles a resumed loop found done
@@ -238,7 +244,11 @@ class Executor:
                 k += 1
                 continue
             queued = node.op in QUEUED
-            if node.op == "get" or (self.landing and node.level == "global"):
+            # Every get waits for the device. Queued accumulates land before anything touches
+            # global memory (accumulates sit in parallel device loops, whose global statements come
+            # after a barrier: this is a guard), and before one more would hold too much host memory.
+            if (node.op == "get" or (self.landing and node.level == "global")
+                    or (node.op == "accumulate" and self.landing_bytes > LANDING_BYTES)):
                 self._settle()
             t0, idle0 = time.perf_counter(), self.idle
             start = self.backend.stamp() if queued else None
@@ -270,7 +280,9 @@ class Executor:
             self.backend.wait()
             count = len(self.pending)
             while self.landing:
-                self._land()
+                t0 = time.perf_counter()
+                name = self._land()
+                self._spent(OP_LEVEL["accumulate"], name, time.perf_counter() - t0)
         done, self.pending = self.pending[:count], self.pending[count:]
         for name, start, end in done:
             self._spent("compute", name, self.backend.elapsed(start, end))
@@ -328,7 +340,7 @@ class Executor:
         marks = {0: self._prefetch(ahead, names, combos, 0, loop.depth)}
         outer = self.weight
         for n, combo in enumerate(combos):
-            if self.landing:  # accumulates into slots land before the slots are refilled
+            if self.landing:  # a guard: accumulates into slots land before the slots are refilled
                 self._settle()
             self.ranges["global"].update(zip(names, combo))
             # Everything queued up to this tile's loads: also the stores that last used its slots.
@@ -344,7 +356,7 @@ class Executor:
             self.weight = outer * weights[n]
             self._body(rest)
         self.weight = outer
-        self._settle()
+        self._settle()  # the slots are freed below: every accumulate into them has landed
         self.counters.seconds["disk"] += self.disk.wait()
         self.behind = behind
         for op in own:
@@ -596,21 +608,23 @@ class Executor:
         for the device: in (T) at o=40, v=400 that emptied its queue once per tile, 11,480 times."""
         ga, sl = self._relative(op)
         host, token = self.backend.to_host_async(self.buffers[self._key(op)])
-        self.landing.append((ga, sl, host, token, self.weight))
+        self.landing.append((ga, sl, host, token, self.weight, f"accumulate {op.tensor}"))
+        self.landing_bytes += host.nbytes
         self.counters.move(CATEGORY["accumulate"], host.nbytes)
         while self.landing and self.backend.arrived(self.landing[0][3]):
             self._land()
-        if len(self.landing) >= PENDING:
-            self._settle()
 
-    def _land(self) -> None:
-        """Add the oldest queued accumulate's host copy (arrived) to its global array."""
-        ga, sl, host, _, weight = self.landing.pop(0)
+    def _land(self) -> str:
+        """Add the oldest queued accumulate's host copy (arrived) to its global array; its
+        statement's name."""
+        ga, sl, host, _, weight, name = self.landing.popleft()
+        self.landing_bytes -= host.nbytes
         if weight != 1:  # stands for the other permutations of a symmetric loop's tile tuple
             host = host * weight
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)
             host = host.copy(order="C")
         ga.accumulate(sl, host)
+        return name
 
     def _view(self, tensor: str, indices) -> object:
         """The device buffer of ``tensor[indices]``, cut to the current device region: a fused

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -22,6 +23,7 @@ PIECE_BYTES = 16 << 20
 """Smallest piece (bytes) a thread is given: below it, starting threads costs more than it saves."""
 
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def threads() -> int:
@@ -57,18 +59,22 @@ def _split(arrays: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]]:
 
 
 def _run(work, parts: list[tuple[np.ndarray, ...]]) -> None:
+    """``work`` on every part, over the pool; every part has finished when it returns or raises."""
     global _pool
     if len(parts) == 1:
         work(*parts[0])
         return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(threads(), thread_name_prefix="chainexec-hostcopy")
-    for done in [_pool.submit(work, *p) for p in parts]:
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(threads(), thread_name_prefix="chainexec-hostcopy")
+    futures = [_pool.submit(work, *p) for p in parts]
+    wait(futures)
+    for done in futures:
         done.result()
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` (same shape), over threads when large."""
+    """``numpy.copyto(dst, src)`` (same shape), over threads when large."""
     if dst.shape != src.shape:
         raise ValueError(f"copy of {src.shape} into {dst.shape}")
     if math.prod(dst.shape) == 0:

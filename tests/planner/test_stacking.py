@@ -49,7 +49,7 @@ class _NumpyStacker(device.CupyBackend):
     independent reference for the copies' orders, offsets and factors)."""
 
     def __init__(self):
-        self.xp, self.workspace, self.seen = np, None, []
+        self.xp, self.workspace, self._kept, self.seen = np, None, None, []
 
     def contract(self, c, out, a, b):
         self.seen.append((c.a_indices, c.b_indices, a.shape, b.shape))

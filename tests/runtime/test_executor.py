@@ -54,7 +54,7 @@ class Queued(device.Backend):
     def __init__(self):
         super().__init__()
         self.clock, self.open, self.seen, self.early = 0, set(), [], 0
-        self.copies, self.queued_copies = [], []
+        self.copies, self.queued_copies, self.unlanded = [], [], []
 
     def stamp(self):
         self.clock += 1
@@ -77,6 +77,7 @@ class Queued(device.Backend):
 
     def to_host_async(self, array):
         self.queued_copies.append(len(self.open))
+        self.unlanded.append(sum(not copy.get("arrived") for copy in self.copies))
         copy = {"after": self.clock, "host": np.full(array.shape, np.nan), "data": array.copy()}
         self.copies.append(copy)
         return copy["host"], copy
@@ -85,6 +86,7 @@ class Queued(device.Backend):
         if any(s <= copy["after"] for s in self.open):
             return False
         copy["host"][...] = copy["data"]
+        copy["arrived"] = True
         return True
 
 
@@ -98,20 +100,25 @@ e_plain = energy(sys.argv[2])
 backend = Queued()
 api.select = lambda name, comm: backend
 executor.PENDING = 2  # the oldest half read while the run goes on
+executor.LANDING_BYTES = int(sys.argv[3])
 result = api.run(sys.argv[1], backend="numpy")
 print(json.dumps({"seen": backend.seen, "stamps": backend.clock, "open": len(backend.open), "early": backend.early,
-                  "queued_copies": backend.queued_copies, "E": energy(sys.argv[2]), "E_plain": e_plain,
+                  "queued_copies": backend.queued_copies, "unlanded": backend.unlanded,
+                  "E": energy(sys.argv[2]), "E_plain": e_plain,
                   "measured": result["measured"], "predicted": result["predicted"],
                   "statements": result["run"]["statement_seconds"]}))
 '''
 
 
-def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path):
+@pytest.mark.parametrize("landing", [1 << 30, 0])
+def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing):
     """A backend whose compute statements return before they are done (CuPy's): the executor
     times them between its stamps, waits for them before every transfer (so a transfer's host
     time is its own) and by the end, and counts their seconds per statement and as compute. The
     (T) job on small occupied tiles: three queued statements per tile (W's terms, Z, the energy),
-    so the oldest are also read while later ones are queued (``PENDING`` lowered to 2)."""
+    so the oldest are also read while later ones are queued (``PENDING`` lowered to 2). The
+    energy's accumulates are queued too; with no host bytes allowed for them
+    (``LANDING_BYTES`` 0) none is queued while an earlier one is still on its way."""
     import json
     import os
     import subprocess
@@ -130,7 +137,7 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path):
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     script = tmp_path / "queued.py"
     script.write_text(QUEUED_RUN)
-    proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "energy.h5")],
+    proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "energy.h5"), str(landing)],
                           capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -138,7 +145,12 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path):
     assert got["seen"] and set(got["seen"]) == {0}
     assert got["open"] == 0 and got["early"] > 0
     # the energy's tiles go to the host behind queued statements, and land only once there
-    assert len(got["queued_copies"]) >= 10 and min(got["queued_copies"]) > 0
+    copies = got["queued_copies"]
+    assert len(copies) >= 10
+    if landing:  # copies queued behind statements, several on the way at once
+        assert min(copies) > 0 and max(got["unlanded"]) > 0
+    else:  # none queued while another is on the way
+        assert max(got["unlanded"]) == 0
     assert got["E"] == got["E_plain"] and math.isfinite(got["E"])
     queued = got["stamps"] // 2
     assert queued > 10

@@ -13,6 +13,7 @@ from chainexec.runtime import hostcopy
 def small_pieces(monkeypatch):
     monkeypatch.setattr(hostcopy, "PIECE_BYTES", 64)
     monkeypatch.setattr(hostcopy, "threads", lambda: 5)
+    monkeypatch.setattr(hostcopy, "_pool", None)  # a pool of 5 for these tests only
 
 
 SHAPES = [(), (0, 3), (1,), (37,), (1, 1, 23, 3), (7, 5, 9), (2, 1, 61)]
@@ -71,3 +72,21 @@ def test_large_copies_are_split_over_the_pool(monkeypatch):
 def test_copy_rejects_other_shapes():
     with pytest.raises(ValueError):
         hostcopy.copy(np.empty((2, 3)), np.empty((3, 2)))
+
+
+def test_a_failing_piece_raises_after_every_piece_ends(monkeypatch):
+    """A copy whose piece fails raises only once no other thread still writes."""
+    ends, original = [], np.copyto
+
+    def copyto(dst, src):
+        if dst.size and dst.flat[0] == -1:
+            raise ValueError("this piece")
+        original(dst, src)
+        ends.append(dst.size)
+
+    monkeypatch.setattr(hostcopy.np, "copyto", copyto)
+    dst = np.zeros(5000)
+    dst[0] = -1
+    with pytest.raises(ValueError, match="this piece"):
+        hostcopy.copy(dst, np.arange(5000.0))
+    assert ends == [1000] * 4 and np.array_equal(dst[1000:], np.arange(1000.0, 5000.0))
