@@ -282,7 +282,8 @@ spread over the SMs (a dot product or a tiny output is a reduction, better left 
 def _spread(arr, idx, order):
     """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
     index of ``order``; its axes outside ``order`` (extent 1) dropped."""
-    arr = arr[tuple(slice(None) if i in order else 0 for i in idx)]
+    if any(i not in order for i in idx):  # (indexing a 0-d NumPy array would give a scalar)
+        arr = arr[tuple(slice(None) if i in order else 0 for i in idx)]
     kept = [i for i in idx if i in order]
     view = arr.transpose([kept.index(i) for i in order if i in kept])
     return view[tuple(slice(None) if i in kept else None for i in order)]
