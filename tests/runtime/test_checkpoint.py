@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import pytest
@@ -202,3 +203,40 @@ def test_plan_without_resumable_loop(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "no resumable loop" in proc.stderr
     assert list((tmp_path / "ck").iterdir()) == []
+
+
+QUEUED_STOP = r'''
+import sys
+from chainexec import api
+from chainexec.runtime import executor
+from chainexec.runtime.checkpoint import Stopped
+from tests.runtime.queued import Queued
+
+api.select = lambda name, comm: Queued()
+executor.PENDING = 2
+try:
+    api.run(sys.argv[1], backend="numpy", checkpoint=sys.argv[2], checkpoint_every=0, stop_after=0)
+except Stopped:
+    sys.exit(3)
+'''
+
+
+def test_queued_accumulates_land_before_a_checkpoint(tmp_path):
+    """With accumulates queued behind unfinished statements (a backend that behaves as CuPy's),
+    two runs stop at checkpoints and a plain one finishes from the second: the energy is the
+    reference's, so every tile before each checkpoint had landed in what it saved."""
+    config = _job(tmp_path)
+    folder = tmp_path / "ck"
+    script = tmp_path / "queued_stop.py"
+    script.write_text(QUEUED_STOP)
+    repo = Path(__file__).resolve().parents[2]
+    done = [0]
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script), str(config), str(folder)], capture_output=True, text=True,
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+        assert proc.returncode == 3, proc.stderr
+        done.append(_done(folder))
+        assert done[-2] < done[-1] < 120
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder)
+    assert proc.returncode == 0, proc.stderr
+    _check_energy(tmp_path)

@@ -40,54 +40,9 @@ def test_plain_loops_keep_every_tuple():
 QUEUED_RUN = r'''
 import json, sys
 import h5py
-import numpy as np
 from chainexec import api
-from chainexec.runtime import device, executor
-
-
-class Queued(device.Backend):
-    """NumPy, as if every compute statement were still running when it returns: a stamp is a
-    number, a statement takes 0.25 s between its two stamps, and every fetch records how many
-    stamps nothing has waited for yet. A copy to the host is queued too: its host array is NaN
-    until every stamp before it has been waited for or read, so landing it early poisons E."""
-
-    def __init__(self):
-        super().__init__()
-        self.clock, self.open, self.seen, self.early = 0, set(), [], 0
-        self.copies, self.queued_copies, self.unlanded = [], [], []
-
-    def stamp(self):
-        self.clock += 1
-        self.open.add(self.clock)
-        return self.clock
-
-    def elapsed(self, start, end):
-        self.early += bool(self.open - {start, end})  # read while later statements are still queued
-        self.open -= {start, end}
-        return 0.25 * (end - start)
-
-    def wait(self):
-        self.open.clear()
-        for copy in self.copies:
-            self.arrived(copy)
-
-    def fetch(self, dst, read):
-        self.seen.append(len(self.open))
-        super().fetch(dst, read)
-
-    def to_host_async(self, array):
-        self.queued_copies.append(len(self.open))
-        self.unlanded.append(sum(not copy.get("arrived") for copy in self.copies))
-        copy = {"after": self.clock, "host": np.full(array.shape, np.nan), "data": array.copy()}
-        self.copies.append(copy)
-        return copy["host"], copy
-
-    def arrived(self, copy):
-        if any(s <= copy["after"] for s in self.open):
-            return False
-        copy["host"][...] = copy["data"]
-        copy["arrived"] = True
-        return True
+from chainexec.runtime import executor
+from tests.runtime.queued import Queued
 
 
 def energy(path):
