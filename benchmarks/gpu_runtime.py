@@ -111,7 +111,7 @@ def copy_rates(sizes_mib=(16, 256), reps: int = 5) -> list[dict]:
     """GB/s of host→device and device→host copies: pageable NumPy arrays (``cupy.asarray`` /
     ``cupy.asnumpy``), a pageable array copied into a fresh pinned buffer and then DMA'd (the
     staging that ``upload`` does not do, measured to show why), the backend's ``upload`` of
-    a pinned array and ``to_host`` (into fresh pinned memory), and copies from/to an already
+    a pinned array and ``to_host_async`` (into fresh pinned memory, waited for), and copies from/to an already
     pinned array. Median of ``reps`` after one warm-up."""
     import cupy
     import cupyx
@@ -130,7 +130,7 @@ def copy_rates(sizes_mib=(16, 256), reps: int = 5) -> list[dict]:
 
         cases = {"h2d_pageable": lambda: cupy.asarray(host), "h2d_staged_via_pinned": staged,
                  "h2d_upload_pinned": lambda: backend.upload(dev, pinned), "h2d_from_pinned": lambda: dev.set(pinned), "d2h_pageable": lambda: cupy.asnumpy(dev),
-                 "d2h_to_host_pinned": lambda: backend.to_host(dev), "d2h_into_pinned": lambda: dev.get(out=pinned)}
+                 "d2h_to_host_async_pinned": lambda: backend.to_host_async(dev), "d2h_into_pinned": lambda: dev.get(out=pinned)}
         row = {"mib": mib}
         for name, fn in cases.items():
             fn()

@@ -201,10 +201,6 @@ class Backend:
         C-contiguous host array ``out``. Here the source is read straight into ``dst``."""
         read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
 
-    def to_host(self, array) -> np.ndarray:
-        """A device array as a host NumPy array (here: the same array)."""
-        return array
-
     def to_host_async(self, array) -> tuple[np.ndarray, object]:
         """A host copy of a device array queued behind the statements before it, and a token
         for :meth:`arrived`; the host array holds the data once the token has arrived, until the
@@ -486,6 +482,7 @@ class CupyBackend(Backend):
         # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
         # while a run executes (:meth:`_reusing`), else None
         self._kept: dict | None = None
+        self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
 
     @property
@@ -549,14 +546,6 @@ class CupyBackend(Backend):
         rt = self.xp.cuda.runtime
         return rt.pointerGetAttributes(host.ctypes.data).type == rt.memoryTypeHost
 
-    def to_host(self, array) -> np.ndarray:
-        """Copy a device array (any view) into a new host array from :meth:`host_empty`
-        (blocking); a pinned block goes back to CuPy's pinned pool when the caller drops it."""
-        host = self.host_empty(array.shape, array.dtype)
-        # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
-        (array if array.flags.c_contiguous else array.copy()).get(out=host)
-        return host
-
     def to_host_async(self, array) -> tuple[np.ndarray, object]:
         """As :meth:`Backend.to_host_async`: into a :meth:`host_empty` array on the current
         stream; the token is a CUDA event recorded after the copy. The call returns before the
@@ -565,6 +554,7 @@ class CupyBackend(Backend):
         allocation does)."""
         host = self.host_empty(array.shape, array.dtype)
         stream = self.xp.cuda.get_current_stream()
+        # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
         (array if array.flags.c_contiguous else array.copy()).get(stream=stream, out=host, blocking=False)
         return host, stream.record()
 
@@ -762,11 +752,13 @@ class CupyBackend(Backend):
                 self.tuning.put(key, choice)
         self.choices[key] = choice
         with self._reusing():
-            self._sum(choice, done, prob, cs, out, operands)
+            self._sum(key, choice, done, prob, cs, out, operands)
 
-    def _sum(self, choice: Choice, done: bool, prob, cs: list[Contraction], out, operands: list[tuple]) -> None:
+    def _sum(self, key: tuple, choice: Choice, done: bool, prob, cs: list[Contraction], out,
+             operands: list[tuple]) -> None:
         """Run :meth:`contract_sum`'s decision (nothing where timing the terms on ``out`` added
-        them already)."""
+        them already); ``key`` the run's tuning key, under which a stacked run's stacks are kept
+        (finding them took 0.13 ms per (T) tile)."""
         from chainexec.runtime import kernels
 
         if done:
@@ -775,9 +767,11 @@ class CupyBackend(Backend):
             kind_config = kernels.SUM_KINDS[choice.method][1].from_json(choice.config)
             kernels.launch_sum(choice.method, prob, kind_config, out, operands)
         elif choice.method == "stack":
-            stacks = self._stacks(cs, out, operands)
+            if key not in self._stack_runs:
+                stacks = self._stacks(cs, out, operands)
+                self._stack_runs[key] = stacks, [k for k in range(len(cs)) if not any(k in st.terms for st in stacks)]
+            stacks, alone = self._stack_runs[key]
             self._stacked(stacks, cs, out, operands)
-            alone = [k for k in range(len(cs)) if not any(k in st.terms for st in stacks)]
             super().contract_sum([cs[k] for k in alone], out, [operands[k] for k in alone])
         elif choice.method == "split":
             part, kind = choice.config["terms"], choice.config["kind"]

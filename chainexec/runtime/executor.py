@@ -124,9 +124,8 @@ class Executor:
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
         # accumulates whose device→host copies are queued: (global array, region, host, token,
-        # weight, statement name), and their host bytes
+        # weight, statement name)
         self.landing: collections.deque[tuple] = collections.deque()
-        self.landing_bytes = 0
         self.checkpoint = checkpoint
         self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
         self.resumed = 0  # tiles a resumed loop found done
@@ -244,11 +243,12 @@ class Executor:
                 k += 1
                 continue
             queued = node.op in QUEUED
-            # Every get waits for the device. Queued accumulates land before anything touches
-            # global memory (accumulates sit in parallel device loops, whose global statements come
-            # after a barrier: this is a guard), and before one more would hold too much host memory.
+            # Every get waits for the device. Queued accumulates land before any global-level
+            # statement (the planner puts accumulates in parallel loops, whose closing barrier
+            # lands them; this keeps other plans right too), and before one more would hold too
+            # much host memory.
             if (node.op == "get" or (self.landing and node.level == "global")
-                    or (node.op == "accumulate" and self.landing_bytes > LANDING_BYTES)):
+                    or (node.op == "accumulate" and sum(x[2].nbytes for x in self.landing) > LANDING_BYTES)):
                 self._settle()
             t0, idle0 = time.perf_counter(), self.idle
             start = self.backend.stamp() if queued else None
@@ -340,8 +340,6 @@ class Executor:
         marks = {0: self._prefetch(ahead, names, combos, 0, loop.depth)}
         outer = self.weight
         for n, combo in enumerate(combos):
-            if self.landing:  # a guard: accumulates into slots land before the slots are refilled
-                self._settle()
             self.ranges["global"].update(zip(names, combo))
             # Everything queued up to this tile's loads: also the stores that last used its slots.
             upto, filled = marks.pop(n)
@@ -356,7 +354,6 @@ class Executor:
             self.weight = outer * weights[n]
             self._body(rest)
         self.weight = outer
-        self._settle()  # the slots are freed below: every accumulate into them has landed
         self.counters.seconds["disk"] += self.disk.wait()
         self.behind = behind
         for op in own:
@@ -609,7 +606,6 @@ class Executor:
         ga, sl = self._relative(op)
         host, token = self.backend.to_host_async(self.buffers[self._key(op)])
         self.landing.append((ga, sl, host, token, self.weight, f"accumulate {op.tensor}"))
-        self.landing_bytes += host.nbytes
         self.counters.move(CATEGORY["accumulate"], host.nbytes)
         while self.landing and self.backend.arrived(self.landing[0][3]):
             self._land()
@@ -618,7 +614,6 @@ class Executor:
         """Add the oldest queued accumulate's host copy (arrived) to its global array; its
         statement's name."""
         ga, sl, host, _, weight, name = self.landing.popleft()
-        self.landing_bytes -= host.nbytes
         if weight != 1:  # stands for the other permutations of a symmetric loop's tile tuple
             host = host * weight
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)

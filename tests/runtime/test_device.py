@@ -109,7 +109,8 @@ def test_numpy_host_round_trip():
     host = rng.standard_normal((3, 4, 5))
     buf = backend.zeros(host.shape, host.dtype)
     backend.fetch(buf, lambda rows, out: out.__setitem__(Ellipsis, host[rows]))
-    assert np.array_equal(backend.to_host(buf), host)
+    back, token = backend.to_host_async(buf)
+    assert backend.arrived(token) and np.array_equal(back, host)
     assert backend.zeros((2, 3), np.float32).dtype == np.float32
     assert not backend.zeros((2, 3), np.float64).any()
 

@@ -240,7 +240,8 @@ def test_host_round_trip_pinned():
     backend.upload(dev, host)
     assert np.array_equal(cupy.asnumpy(dev), host)
     view = dev[2:11, 1:8]
-    back = backend.to_host(view)
+    back, _ = backend.to_host_async(view)
+    backend.wait()
     assert isinstance(back, np.ndarray) and back.flags.c_contiguous
     assert np.array_equal(back, host[2:11, 1:8])
     attrs = cupy.cuda.runtime.pointerGetAttributes(back.ctypes.data)
@@ -335,7 +336,7 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
 @pytest.mark.parametrize("moved", [0, 5 << 30], ids=["small-run-plain-memory", "large-run-page-locked"])
 def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypatch):
     """A run moving less than PINNED_FROM_BYTES per rank stages through plain memory (the first
-    page-lock of a process costs ~0.5 s); fetch and to_host are right either way."""
+    page-lock of a process costs ~0.5 s); fetch and to_host_async are right either way."""
     monkeypatch.setattr(device, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
     backend.expect_transfers(moved)
@@ -344,7 +345,8 @@ def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypat
     dst = backend.zeros(source.shape, source.dtype)
     backend.fetch(dst, lambda rows, out: out.__setitem__(Ellipsis, source[rows]))
     assert np.array_equal(cupy.asnumpy(dst), source)
-    back = backend.to_host(dst[3:17, :, 1:4])
+    back, _ = backend.to_host_async(dst[3:17, :, 1:4])
+    backend.wait()
     assert np.array_equal(back, source[3:17, :, 1:4]) and back.flags.c_contiguous
     locked = cupy.cuda.runtime.pointerGetAttributes(back.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
     assert locked == backend.pinned
