@@ -44,7 +44,7 @@ def loop_nest(plan: Plan) -> str:
             elif node.op == "compute":
                 lines.append(f"{pad}compute #{node.contraction} @device")
             elif node.op == "fused":
-                inlined = ", ".join(node.inlined)
+                inlined = ", ".join(node.inlined) + (f"; reused: {', '.join(node.lets)}" if node.lets else "")
                 lines.append(f"{pad}fused      {node.tensor}[{','.join(node.indices)}] @device  "
                              f"{' '.join(f'#{k}' for k in node.group)}  (inlined: {inlined})")
             else:

@@ -60,6 +60,9 @@ class Fused:
     domain: tuple[str, ...]
     text: str
     reduce: bool
+    # Reused producers (a full reduction's only): (name, indices, expression over them), each
+    # computed once per point of the domain and read by ``text`` as ``name[…]`` at permutations.
+    lets: tuple[tuple[str, tuple[str, ...], str], ...] = ()
 
     @property
     def tree(self) -> ast.expr:
@@ -67,7 +70,11 @@ class Fused:
 
     def leaves(self) -> list[expr.Ref]:
         """The distinct buffer references the statement reads (each one view, read once)."""
-        return expr.refs(self.tree)
+        names = {name for name, _, _ in self.lets}
+        found: list[expr.Ref] = []
+        for text in [self.text] + [text for _, _, text in self.lets]:
+            found += [r for r in expr.refs(expr.parse(text)) if r.tensor not in names and r not in found]
+        return found
 
 
 def _renamed(text: str, rename: dict[str, str]) -> str:
@@ -88,7 +95,8 @@ def expression(op: Op, cs: list[Contraction], tensors: dict[str, TensorInfo]) ->
     """The :class:`Fused` form of a ``fused`` statement (its ``group`` and ``inlined``)."""
     group = [cs[k] for k in op.group]
     writers = {name: [c for c in group if c.out == name] for name in op.inlined}
-    inlined = set(op.inlined)
+    lets = op.lets or []
+    inlined = set(op.inlined) - set(lets)
 
     def operand(name: str, ix: list[str]) -> str:
         if name not in inlined:
@@ -108,7 +116,9 @@ def expression(op: Op, cs: list[Contraction], tensors: dict[str, TensorInfo]) ->
     reduce = not roots[0].out_indices and not roots[0].pointwise()
     domain = tuple(roots[0].indices()) if reduce else tuple(roots[0].out_indices)
     text = " + ".join(term(c, {}) for c in roots)
-    return Fused(op.tensor, tuple(roots[0].out_indices), domain, text, reduce)
+    defs = tuple((name, tuple(writers[name][0].out_indices), " + ".join(term(c, {}) for c in writers[name]))
+                 for name in lets)
+    return Fused(op.tensor, tuple(roots[0].out_indices), domain, text, reduce, defs)
 
 
 @dataclass
@@ -156,6 +166,14 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
     evals = {name: [k for k, node in enumerate(body) if isinstance(node, Op) and node.op == "eval"
                     and node.tensor == name] for name in reads}
 
+    def made(name: str) -> list[Contraction] | None:
+        """The point-wise terms making ``name``, an intermediate only they and its reads touch."""
+        if tensors[name].role == "output" or name not in writer:
+            return None
+        terms = [c for r in writer[name] for c in runs[r].terms]
+        ops_on = sorted(node.op for node in touched.get(name, []))
+        return terms if ops_on == ["alloc", "free"] and all(c.pointwise() for c in terms) else None
+
     def candidate(name: str) -> bool:
         if name in deep or len(reads.get(name, [])) != 1 or not tensors[name].indices:
             return False
@@ -168,43 +186,63 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
             return (len(evals[name]) == 1 and name not in writer and own is not None
                     and all(r.indices for r in expr.refs(expr.parse(t.source["expr"])))
                     and _renames_untiled(own, ix, tiled))
-        if t.role == "output" or name not in writer:
+        terms = made(name)
+        return terms is not None and max(writer[name]) < reader and _renames_untiled(terms[0].out_indices, ix, tiled)
+
+    def reused(name: str) -> bool:
+        """Read by one run at several permutations of its own indices, untiled ones only."""
+        found = reads.get(name, [])
+        if name in deep or len(found) < 2 or tensors[name].computed() or (terms := made(name)) is None:
             return False
-        made = [c for r in writer[name] for c in runs[r].terms]
-        ops_on = [node.op for node in touched.get(name, [])]
-        return (sorted(ops_on) == ["alloc", "free"] and all(c.pointwise() for c in made)
-                and max(writer[name]) < reader and _renames_untiled(made[0].out_indices, ix, tiled))
+        own = terms[0].out_indices
+        return all(r == found[0][0] > max(writer[name]) and set(ix) == set(own) == set(c.indices())
+                   and _renames_untiled(own, ix, tiled) for r, ix, c in found)
 
     inlinable = {name for name in reads if candidate(name)}
-    fusions = []  # (position, fused statement, positions it replaces, first of them, tensors it reads)
-    for r, run in enumerate(runs):
+    reusable = {name for name in reads if reused(name)}
+
+    def fusion(run: _Run, allowed: set[str]) -> tuple | None:
+        """The fused statement replacing ``run`` and the producers of ``allowed`` tensors it reads:
+        (position, statement, positions it replaces, first of them, tensors it reads), or None."""
         first = run.terms[0]
-        pointwise_run = all(c.pointwise() for c in run.terms)
-        scalar = len(run.terms) == 1 and not first.out_indices
-        if run.out in inlinable or not (pointwise_run or scalar):
-            continue
-        closure = _closure(run, inlinable, runs, writer, tensors)
+        closure = _closure(run, allowed, runs, writer, tensors)
         if not closure:
-            continue
+            return None
         if len({tensors[n].dtype for n in closure} | {tensors[run.out].dtype}) > 1:
-            continue
+            return None
+        lets = [n for n in tensors if n in closure and n in reusable]
+        if any(n in lets for name in lets for r in writer[name] for c in runs[r].terms for n, _ in c.operands()):
+            return None  # a reused value read by another's producer: one level of them only
         inner = [runs[r] for n in closure for r in writer.get(n, [])]
         if any(not ix for x in [run] + inner for c in x.terms for _, ix in c.operands()):
-            continue  # a scalar operand has no reference in the expression language
+            return None  # a scalar operand has no reference in the expression language
         group = sorted(c.id for x in [run] + inner for c in x.terms)
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
-                inlined=[n for n in tensors if n in closure])
+                inlined=[n for n in tensors if n in closure], lets=lets or None)
         leaves = {x.tensor for x in expression(op, cs, tensors).leaves()}
         if run.out in leaves:
-            continue  # it would read its own output, elsewhere than where it writes: a race in one kernel
+            return None  # it would read its own output, elsewhere than where it writes: a race in one kernel
         own = {p for x in inner for p in x.positions}
         own |= {k for n in closure for k, node in enumerate(body) if isinstance(node, Op)
                 and node.tensor == n and node.op in ("alloc", "free", "eval") and node.level == "device"}
         start, stop = min(own), run.positions[0]
         moved = [k for k in range(start, stop) if k not in own and _frees(body[k], leaves)]
         if not _undisturbed(body, start, stop, own, moved, leaves, cs):
+            return None
+        return stop, op, own | set(run.positions[1:]), start, leaves
+
+    fusions = []
+    taken: set[str] = set()  # reused producers a later reduction computes: their runs are in it
+    for run in reversed(runs):
+        first = run.terms[0]
+        pointwise_run = all(c.pointwise() for c in run.terms)
+        scalar = len(run.terms) == 1 and not first.out_indices
+        if run.out in inlinable or run.out in taken or not (pointwise_run or scalar):
             continue
-        fusions.append((stop, op, own | set(run.positions[1:]), start, leaves))
+        found = (scalar and reusable and fusion(run, inlinable | reusable)) or fusion(run, inlinable)
+        if found:
+            fusions.append(found)
+            taken.update(found[1].lets or [])
     if not fusions:
         return body
     removed = set().union(*(f[2] for f in fusions))

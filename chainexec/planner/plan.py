@@ -104,9 +104,11 @@ class Op:
     contraction: int | None = None
     version: int | None = None
     # A ``fused`` statement's contractions (the terms into ``tensor`` and the inlined producers'
-    # terms, in chain order) and the tensors it computes inline instead of reading buffers.
+    # terms, in chain order) and the tensors it computes inline instead of reading buffers; of
+    # those, ``lets`` are computed once per element and read at several permutations.
     group: list[int] | None = None
     inlined: list[str] | None = None
+    lets: list[str] | None = None
 
 
 @dataclass

@@ -241,6 +241,11 @@ class Backend:
         """A fused statement (:class:`chainexec.planner.inline.Fused`): ``out += f``'s expression,
         summed over the whole index space when ``f.reduce``; ``arrays[ref]``: each reference's
         tile over its own order; ``shape``: the extents of ``f.domain`` here."""
+        arrays = dict(arrays)
+        extent = dict(zip(f.domain, shape))
+        for name, own, text in f.lets:  # computed once, read at each of its permutations
+            value = self.xp.broadcast_to(expr.evaluate(expr.parse(text), arrays, own, self.xp), [extent[i] for i in own])
+            arrays |= {r: value for r in expr.refs(f.tree) if r.tensor == name}
         value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
         out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
 
@@ -572,12 +577,34 @@ class CupyBackend(Backend):
         """As :meth:`Backend.fused`, in one generated kernel over broadcast views: a point-wise
         kernel adding to ``out``, or a reduction kernel (:func:`chainexec.runtime.pointwise.reduce`)
         whose sum is added to the scalar ``out``. The inlined intermediates exist only in
-        registers."""
+        registers; reused ones (``f.lets``) in the shared memory of an orbit kernel
+        (:func:`chainexec.runtime.pointwise.orbit_reduce`)."""
+        if f.lets:
+            out += self._orbits(f, arrays, shape, out.dtype.name).astype(out.dtype)
+            return
         code, views = self._expression(f.tree, arrays, f.domain)
         if f.reduce:
             out += pointwise.reduce(self.xp, code, views, shape).astype(out.dtype)
         else:
             pointwise.launch(self.xp, f"y + {code}", views, out)
+
+    def _orbits(self, f: Fused, arrays: dict, shape: tuple[int, ...], dtype: str):
+        """A reduction with reused values (:class:`Fused` ``lets``) as a 0-d device array: each
+        value's code over the buffers, and each read of one as the permutation of ``f.domain``
+        that takes a point to where the value is read; the values are ``dtype``, the statement's."""
+        names = [name for name, _, _ in f.lets]
+        refs = list(arrays)
+        params = {r: f"p{k}" for k, r in enumerate(refs)}
+        reads = [r for r in expr.refs(f.tree) if r.tensor in names]
+        codes = [expr.c_source(expr.parse(text), params) for _, _, text in f.lets]
+        code = expr.c_source(f.tree, params | {r: f"q{k}" for k, r in enumerate(reads)})
+        perms = []
+        for r in reads:
+            j = names.index(r.tensor)
+            source = dict(zip(f.lets[j][1], r.indices))  # the value at y is read where x[source[i]] = y[i]
+            perms.append((j, tuple(f.domain.index(source[i]) for i in f.domain)))
+        views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in refs]
+        return pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, dtype)
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""

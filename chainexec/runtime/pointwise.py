@@ -119,12 +119,20 @@ class Staging:
         """Shared-memory strides (elements) of a staged input along its box dimensions, in box
         order (the last fastest), each made odd so that a warp walking any one of them meets
         every bank; and the elements the input takes."""
-        pitch, size = {}, 1
-        for d in reversed(self.dims(st)):
-            size += size > 1 and size % 2 == 0
-            pitch[d] = size
-            size *= self.tile(d)
-        return pitch, size
+        dims = self.dims(st)
+        return _pitches(dims, [self.tile(d) for d in dims])
+
+
+def _pitches(dims: list[int], tiles: list[int]) -> tuple[dict[int, int], int]:
+    """Shared-memory strides (elements) of a box over ``dims`` (the last fastest) with ``tiles``
+    elements along each, each stride made odd so that a warp walking any one dimension meets
+    every bank; and the elements the box takes."""
+    pitch, size = {}, 1
+    for d, n in zip(reversed(dims), reversed(tiles)):
+        size += size > 1 and size % 2 == 0
+        pitch[d] = size
+        size *= n
+    return pitch, size
 
 
 def staging(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> Staging | None:
@@ -295,16 +303,21 @@ def reduce_source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ..
              "  double acc = 0.0;"]
     lines += ["  " + line for line in _elements(shape, strides, types, staging(shape, strides, types),
                                                 [f"acc += (double)({code});"])]
-    lines += ["  for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
-              "  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;",
-              "  __syncthreads();",
-              "  if (threadIdx.x < 32) {",
-              f"    acc = threadIdx.x < {BLOCK // 32} ? part[threadIdx.x] : 0.0;",
-              "    for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
-              "    if (threadIdx.x == 0) Y[blockIdx.x] = acc;",
-              "  }",
-              "}"]
-    return "\n".join(lines)
+    return "\n".join(lines + _block_sum())
+
+
+def _block_sum() -> list[str]:
+    """A reduction kernel's last lines: the threads' ``acc`` added by a warp-shuffle and
+    shared-memory (``part``) tree in a fixed order, the block's sum written to ``Y[blockIdx.x]``."""
+    return ["  for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
+            "  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;",
+            "  __syncthreads();",
+            "  if (threadIdx.x < 32) {",
+            f"    acc = threadIdx.x < {BLOCK // 32} ? part[threadIdx.x] : 0.0;",
+            "    for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
+            "    if (threadIdx.x == 0) Y[blockIdx.x] = acc;",
+            "  }",
+            "}"]
 
 
 @lru_cache(maxsize=1024)
@@ -354,6 +367,184 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
     text, grid = _prepared("chainexec_reduce", code, merged, tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
+    return partial.sum()
+
+
+@dataclass(frozen=True)
+class Orbits:
+    """How :func:`orbit_source` covers an index space. ``moved``: the dimensions the reads of
+    reused values permute (one extent), cut into blocks of ``edge`` elements along each; ``perms``:
+    each read's permutation of them (position ``u`` of the value read is the point's position
+    ``perms[r][u]``). The blocks of an orbit (a block and its images under the group the
+    permutations generate) go to one thread block: ``count`` orbits of at most ``members``."""
+
+    moved: tuple[int, ...]
+    edge: int
+    perms: tuple[tuple[int, ...], ...]
+    count: int
+    members: int
+
+    def width(self) -> int:
+        """Entries of one orbit's row in :func:`orbit_table`."""
+        return 1 + self.members * (len(self.moved) + len(self.perms))
+
+    def slot(self) -> tuple[dict[int, int], int]:
+        """Shared-memory strides (elements) of one block of reused values and its size."""
+        return _pitches(list(self.moved), [self.edge] * len(self.moved))
+
+
+def group(perms: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
+    """Every permutation that ``perms`` generate, the identity first. Applying ``g`` then ``h`` to a
+    tuple ``P`` (``(g·P)[u] = P[g[u]]``) is the permutation ``u -> g[h[u]]``."""
+    found = [tuple(range(len(perms[0])))]
+    for g in found:
+        for h in perms:
+            k = tuple(g[h[u]] for u in range(len(h)))
+            if k not in found:
+                found.append(k)
+    return found
+
+
+@lru_cache(maxsize=64)
+def orbit_table(blocks: int, perms: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], int, int]:
+    """The orbits of the block tuples ``[0, blocks)^s`` under :func:`group` of ``perms``, as one
+    flat int table: per orbit, its number of distinct blocks, then each block's coordinates
+    (``members`` slots of ``s``), then for each block and each read ``r`` the slot of the block
+    that ``perms[r]`` maps it to. Returns (table, orbits, members)."""
+    import numpy as np
+
+    s, elements = len(perms[0]), group(perms)
+    shape = (blocks,) * s
+    coords = np.stack(np.unravel_index(np.arange(blocks ** s), shape), axis=1)
+
+    def images(ps) -> np.ndarray:
+        return np.stack([np.ravel_multi_index(tuple(coords[:, list(g)].T), shape) for g in ps], axis=1)
+
+    under_group, under_read = images(elements), images(perms)
+    members = len(elements)
+    rows = []
+    for rep in np.flatnonzero(under_group.min(axis=1) == np.arange(blocks ** s)):
+        orbit = list(dict.fromkeys(under_group[rep].tolist()))
+        slot = {b: t for t, b in enumerate(orbit)}
+        pad = members - len(orbit)
+        rows.append([len(orbit)] + coords[orbit].ravel().tolist() + [0] * (pad * s)
+                    + [slot[b] for t in orbit for b in under_read[t].tolist()] + [0] * (pad * len(perms)))
+    return tuple(x for row in rows for x in row), len(rows), members
+
+
+def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], lets: int, itemsize: int) -> Orbits:
+    """The :class:`Orbits` of an index space ``shape`` whose reused values are read at ``reads``
+    (each a permutation of its dimensions: the value at point ``x`` is read at the point ``y`` with
+    ``y[d] = x[reads[r][d]]``): the blocks hold about :data:`BOX` points (8x8x8 for three moved
+    dimensions, 16x16 for two), fewer where the reused values of ``lets`` tensors of ``itemsize``
+    bytes would not fit in :data:`STAGE_BYTES` of shared memory."""
+    moved = tuple(d for d in range(len(shape)) if any(p[d] != d for p in reads))
+    if not moved or any(sorted(p) != list(range(len(shape))) or any(p[d] != d for d in range(len(shape)) if d not in moved)
+                        for p in reads):
+        raise ValueError(f"reads {reads} of reused values are not permutations of the same dimensions")
+    extent = shape[moved[0]]
+    if any(shape[d] != extent for d in moved):
+        raise ValueError(f"reused values read across dimensions of unequal extents {[shape[d] for d in moved]}")
+    perms = tuple(tuple(moved.index(p[d]) for d in moved) for p in reads)
+    members = len(group(perms))
+    edge = min(extent, 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
+    while edge > 1 and lets * members * _pitches(list(moved), [edge] * len(moved))[1] * itemsize > STAGE_BYTES:
+        edge //= 2
+    count = orbit_table(-(-extent // edge), perms)[1]
+    return Orbits(moved, edge, perms, count, members)
+
+
+def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape: tuple[int, ...],
+                 strides: list[tuple[int, ...]], types: tuple[str, ...], plan: Orbits) -> str:
+    """CUDA C of ``chainexec_orbits(partial, p0, p1, …, table)``: a full reduction Σ ``code`` over
+    ``shape`` that reads values computed once per point (the reused values ``lets[j]``, C code over
+    the inputs ``p0, p1, …`` at the point) at permuted points (``code`` reads ``q{r}``: the value of
+    ``lets[reads[r]]`` at the point ``plan.perms[r]`` maps the point to). Thread block ``b`` takes
+    orbit ``b % plan.count`` (:func:`orbit_table`, the ``table`` argument) at the point
+    ``b / plan.count`` of the other dimensions: it computes the reused values over the orbit's
+    blocks into shared memory, then sums ``code`` over the same points, reading them there, and
+    writes ``partial[b]`` (threads' sums in a fixed order, as :func:`reduce_source`). Every point
+    lies in one block of one orbit, and a permuted point in a block of the same orbit, so every
+    value is computed once and read from DRAM once. ``strides``: each input's over ``shape``;
+    ``types``: the inputs' dtypes, then the reused values'."""
+    for text in lets + (code,):
+        _code_check(text)
+    moved, edge, s = plan.moved, plan.edge, len(plan.moved)
+    extent, index = shape[moved[0]], _index_type([math.prod(shape)], shape, strides)
+    pitch, slot = plan.slot()
+    value = C_TYPES[types[-1]]
+    lines = [f"extern \"C\" __global__ void chainexec_orbits(double* __restrict__ Y, "
+             + ", ".join([f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])]
+                         + ["const int* __restrict__ T"]) + ") {",
+             "  __shared__ double part[32];"]
+    lines += [f"  __shared__ {value} L{j}[{plan.members * slot}];" for j in range(len(lets))]
+    lines += [f"  const int* orbit = T + (blockIdx.x % {plan.count}u) * {plan.width()};",
+              f"  unsigned long long rest = blockIdx.x / {plan.count}u;"]
+    lines += [f"  const {index} c{d} = ({index})(rest % {shape[d]}ull); rest /= {shape[d]}ull;"
+              for d in reversed(range(len(shape))) if d not in moved and shape[d] > 1]
+    lines += ["  double acc = 0.0;"]
+
+    def points(codes: list[str], body: list[str]) -> list[str]:
+        """``body`` once per point of the orbit's blocks (``t``: the block's slot, ``l{d}``: the
+        point's place in it), with the inputs that ``codes`` read loaded as ``p{k}``."""
+        used = [k for k in range(len(types) - 1) if any(re.search(rf"\bp{k}\b", c) for c in codes)]
+        loop = ["for (int t = 0; t < orbit[0]; ++t) {",
+                f"  for (unsigned e = threadIdx.x; e < {edge ** s}u; e += {BLOCK}u) {{",
+                "    unsigned r = e;"]
+        for u in reversed(range(s)):
+            loop += [f"    const {index} l{moved[u]} = r % {edge}u; r /= {edge}u;",
+                     f"    const {index} c{moved[u]} = orbit[1 + t * {s} + {u}] * {edge} + l{moved[u]};"]
+        if extent % edge:
+            loop.append(f"    if ({' || '.join(f'c{d} >= {extent}' for d in moved)}) continue;")
+        loop += [f"    const {C_TYPES[types[k]]} p{k} = P{k}[{_offset(strides[k])}];" for k in used]
+        return loop + ["    " + line for line in body] + ["  }", "}"]
+
+    def at(mapping: dict[int, str]) -> str:
+        return " + ".join(f"{mapping[d]} * {pitch[d]}" for d in moved)
+
+    here = at({d: f"l{d}" for d in moved})
+    lines += ["  " + line for line in points(list(lets), [f"L{j}[t * {slot} + {here}] = ({value})({c});"
+                                                            for j, c in enumerate(lets)])]
+    lines.append("  __syncthreads();")
+    gets = []
+    for r, (j, perm) in enumerate(zip(reads, plan.perms)):
+        target = f"orbit[1 + {plan.members * s} + t * {len(plan.perms)} + {r}]"
+        gets.append(f"const {value} q{r} = L{j}[{target} * {slot} + {at({d: f'l{moved[perm[u]]}' for u, d in enumerate(moved)})}];")
+    lines += ["  " + line for line in points([code], gets + [f"acc += (double)({code});"])]
+    return "\n".join(lines + _block_sum())
+
+
+@lru_cache(maxsize=64)
+def _table(xp, blocks: int, perms: tuple[tuple[int, ...], ...]):
+    """:func:`orbit_table` on the device, made once per process and shape."""
+    return xp.asarray(orbit_table(blocks, perms)[0], dtype=xp.int32)
+
+
+@lru_cache(maxsize=1024)
+def _orbit_prepared(lets: tuple[str, ...], code: str, reads: tuple[tuple[int, tuple[int, ...]], ...],
+                    shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], types: tuple[str, ...]):
+    """The :class:`Orbits`, source and grid of one orbit kernel, made once per process."""
+    plan = orbits(shape, [p for _, p in reads], len(lets), 8 if types[-1] == "float64" else 4)
+    grid = plan.count * math.prod(n for d, n in enumerate(shape) if d not in plan.moved)
+    return plan, orbit_source(lets, code, tuple(j for j, _ in reads), shape, list(strides), types, plan), grid
+
+
+def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[int, ...]]], views: list,
+                 shape: tuple[int, ...], dtype: str):
+    """Σ ``code`` over every element of ``shape``, where ``code`` reads the inputs ``views[k]`` as
+    ``pk`` (as :func:`reduce`: extent ``shape``'s or 1 per dimension) and values of ``dtype``
+    computed once per point, ``lets[j]`` (C code over the inputs), as ``q{r}``: read ``r`` is
+    ``(j, p)``, the value of ``lets[j]`` at the point ``y`` with ``y[d] = x[p[d]]``, ``p`` a
+    permutation of dimensions of one extent (:func:`orbit_source`). A 0-d float64 device array."""
+    if math.prod(shape) == 0:
+        return xp.zeros((), xp.float64)
+    strides = _strides(views, (0,) * len(shape))[1:]
+    types = tuple(v.dtype.name for v in views) + (dtype,)
+    plan, text, grid = _orbit_prepared(tuple(lets), code, tuple((j, tuple(p)) for j, p in reads), tuple(shape),
+                                       tuple(strides), types)
+    partial = xp.empty(grid, xp.float64)
+    table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
+    _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
     return partial.sum()
 
 

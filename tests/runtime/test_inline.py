@@ -1,6 +1,6 @@
 """Fused statements (``planner/inline.py``) executed: chains whose point-wise intermediates are
 computed where they are read — a (T)-like epilogue reduced to a scalar through a computed tensor
-and permuted reads, and a point-wise output reading a permuted producer — equal a NumPy
+and permuted reads of a reused value (Z, computed once per element), and a point-wise output reading a permuted producer — equal a NumPy
 evaluation written out by hand, with and without inlining, on 1 and 2 ranks, at memory limits
 that tile and that do not; every counted quantity equals the prediction."""
 
@@ -29,7 +29,7 @@ CHAINS = {
                   "Z[i,j,l] += 0.5 * V[i,j,l]",
                   "R[i,j,l] = 2 * Z[i,j,l]",
                   "R[i,j,l] -= Z[j,i,l]",
-                  "E[] = W[i,j,l] * P[i,j,l] * R[i,j,l]"], ["E"], {"Z": {"V"}, "E": {"P", "R", "_s7_0"}}),
+                  "E[] = W[i,j,l] * P[i,j,l] * R[i,j,l]"], ["E"], {"E": {"P", "R", "V", "Z", "_s7_0"}}),
     "point-wise output": (["X[i,j,l] = C[i,j,l] * D[j]",
                            "O[i,j,l] = 3 * X[j,i,l] * C[i,j,l]"], ["O"], {"O": {"X"}}),
     # C is read by both producers: its buffer lives until the second fused statement

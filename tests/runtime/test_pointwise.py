@@ -110,8 +110,15 @@ def test_sources_compile_with_nvcc(tmp_path):
     box2 = ((8, v, 40, v), [(v * v * 40, v * 40, v, 1), (v * v * 40, 1, v * v, v), (0, 1, 0, v)])
     sources += [pointwise.reduce_source("p0 * (p1 + 2.0 * p2)", *box3, ("float64",) * 4),
                 pointwise.source("y + p0 * p1", *box2, ("float64",) * 3)]
+    # The (T) energy with Z reused, at o=40 v=400 (one occupied point per tile).
+    shape = (1, 1, 1, 400, 400, 400)
+    orbit = pointwise.orbits(shape, PERMS6, 1, 8)
+    code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p1"
+    sources.append(pointwise.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape,
+                                          [(0, 0, 0, 160000, 400, 1), (0, 0, 0, 400, 1, 0)], ("float64",) * 3, orbit))
+    assert orbit.count == 22100
     assert all(pointwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
-    assert "long long rest" in sources[-2]
+    assert "long long rest" in sources[-3]
     for k, text in enumerate(sources):
         f = tmp_path / f"p{k}.cu"
         f.write_text(text)
@@ -237,7 +244,7 @@ def _emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets
     ``std::thread`` (``std::barrier`` for ``__syncthreads`` and per warp for the shuffles,
     ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
     whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry."""
-    ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
+    ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int"}
     decl = "\n".join(f"  std::vector<{ctype[b.dtype]}> b{k}({b.size}); "
                      f"if (fread(b{k}.data(), sizeof({ctype[b.dtype]}), {b.size}, f) != {b.size}) return 2;"
                      for k, b in enumerate(buffers))
@@ -372,6 +379,101 @@ ENERGY = [(52488000, 17496000, 5832000, 32400, 180, 1), (52488000, 17496000, 583
           (0, 0, 0, 0, 1, 0), (52488000, 17496000, 5832000, 32400, 1, 180), (0, 0, 0, 1, 0, 0),
           (52488000, 17496000, 5832000, 180, 1, 32400), (0, 0, 1, 0, 0, 0), (52488000, 17496000, 5832000, 32400, 180, 1),
           (52488000, 17496000, 5832000, 1, 32400, 180), (1, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0)]
+
+
+PERMS6 = [(0, 1, 2) + tuple(3 + d for d in p) for p in [(0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (1, 0, 2), (2, 1, 0)]]
+PERMS3 = [(0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2), (0, 1, 3, 2), (0, 2, 1, 3), (0, 3, 2, 1)]
+"""The (T) energy's six reads of Z[x, a, b, c] (x untouched): the value at (x, a, b, c) read at
+(x, a, b, c), (x, b, c, a), (x, c, a, b), (x, a, c, b), (x, b, a, c) and (x, c, b, a)."""
+
+
+@pytest.mark.parametrize("blocks, perms, order", [(3, [(1, 2, 0)], 3), (4, [(1, 0, 2), (0, 2, 1)], 6),
+                                                  (5, [(1, 0)], 2), (2, [(0, 1, 2), (2, 0, 1), (1, 0, 2)], 6)])
+def test_orbits_cover_every_block_once(blocks, perms, order):
+    """The orbit table lists every block tuple in exactly one orbit, each orbit the images of its
+    first block under the generated group (a 3-cycle makes 3 permutations, two transpositions 6),
+    and each read's target slot holds the block that read maps to."""
+    assert len(pointwise.group(tuple(perms))) == order
+    table, count, members = pointwise.orbit_table(blocks, tuple(perms))
+    s = len(perms[0])
+    width = 1 + members * (s + len(perms))
+    assert members == order and len(table) == count * width
+    seen = []
+    for row in (table[k * width:(k + 1) * width] for k in range(count)):
+        n = row[0]
+        tuples = [tuple(row[1 + t * s:1 + (t + 1) * s]) for t in range(n)]
+        assert len(set(tuples)) == n
+        group = {tuple(tuples[0][g[u]] for u in range(s)) for g in pointwise.group(tuple(perms))}
+        assert set(tuples) == group
+        for t, block in enumerate(tuples):
+            for r, p in enumerate(perms):
+                target = row[1 + members * s + t * len(perms) + r]
+                assert tuples[target] == tuple(block[p[u]] for u in range(s))
+        seen += tuples
+    assert sorted(seen) == sorted(itertools.product(range(blocks), repeat=s))
+
+
+def test_orbit_reads_must_permute_dimensions_of_one_extent():
+    with pytest.raises(ValueError, match="unequal extents"):
+        pointwise.orbits((3, 8, 9), [(0, 2, 1)], 1, 8)
+    with pytest.raises(ValueError, match="not permutations"):
+        pointwise.orbits((3, 8, 8), [(0, 1, 1)], 1, 8)
+    plan = pointwise.orbits((3, 40, 40, 40), PERMS3, 1, 8)
+    assert (plan.moved, plan.edge, plan.members, plan.count) == ((1, 2, 3), 8, 6, 35)
+    assert pointwise.orbits((3, 40, 40), [(0, 2, 1)], 2, 8).edge == 16
+    assert pointwise.orbits((3, 40, 40, 40), PERMS3, 3, 8).edge == 4  # three values' blocks fit in shared memory
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
+@pytest.mark.parametrize("case", ["energy", "two values", "float32"])
+def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
+    """The orbit kernel, run on the CPU, against NumPy. ``energy``: the (T) energy's shape, a
+    reused value Z = W + 0.5·s[c, a]·e[b] (a small input read across c, a broadcast one) read at
+    the six permutations of (a, b, c) over blocks of 8 overhanging the extent 19, with x = 2 one
+    orbit grid per point. ``two values``: two reused values over (a, b) blocks of 16 overhanging
+    20, one read transposed; ``float32``: the same in single precision (values kept as float)."""
+    if wide:
+        monkeypatch.setattr(pointwise, "INDEX32", 1)
+    rng = np.random.default_rng(7)
+    dtype = np.float32 if case == "float32" else np.float64
+    if case == "energy":
+        x, n = 2, 19
+        shape = (x, n, n, n)
+        w_big, w_off, w = _stored(rng, shape, [0, 1, 2, 3])
+        s_big, s_off, s_ = _stored(rng, (n, n), [0, 1])
+        e_big, e_off, e = _stored(rng, (n,), [0])
+        views_ = [w, s_.T[None, :, None, :], e[None, None, :, None]]
+        buffers, offsets = [w_big, s_big, e_big], [w_off, s_off, e_off]
+        lets = ["p0 + 0.5 * p1 * p2"]
+        code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p2"
+        reads = [(0, p) for p in PERMS3]
+        z = w + 0.5 * views_[1] * views_[2]
+        q = [z.transpose(p) for p in PERMS3]
+        ref = np.sum(w * (4 * q[0] + q[1] + q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * views_[2])
+    else:
+        shape = (3, 20, 20)
+        a_big, a_off, a = _stored(rng, shape, [2, 0, 1], dtype)
+        b_big, b_off, b = _stored(rng, (20,), [0], dtype)
+        views_ = [a, b[None, None, :]]
+        buffers, offsets = [a_big, b_big], [a_off, b_off]
+        lets = ["p0 * p1", "p0 + p1"]
+        code = "q0 * q1 + p1"
+        reads = [(0, (0, 1, 2)), (1, (0, 2, 1))]
+        first, second = a * views_[1], a + views_[1]
+        ref = np.sum(first.astype(np.float64) * second.transpose(0, 2, 1) + views_[1] * np.ones(shape))
+    strides = [element_strides(v) for v in views_]
+    types = tuple(np.dtype(v.dtype).name for v in views_) + (np.dtype(dtype).name,)
+    plan = pointwise.orbits(shape, [p for _, p in reads], len(lets), np.dtype(dtype).itemsize)
+    assert plan.edge == (8 if case == "energy" else 16)
+    text = pointwise.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan)
+    assert ("long long" if wide else "const int c") in text
+    table = np.array(pointwise.orbit_table(-(-shape[plan.moved[0]] // plan.edge), plan.perms)[0], np.int32)
+    grid = plan.count * int(np.prod([n for d, n in enumerate(shape) if d not in plan.moved]))
+    partial = np.full(grid, np.nan)
+    got = _emulated(tmp_path, text, "chainexec_orbits", [partial] + buffers + [table], [0] + offsets + [0], grid)
+    tolerance = 1e-5 if case == "float32" else 1e-13
+    assert abs(got.sum() - ref) <= tolerance * np.sum(np.abs(ref) + 1)
 
 
 def test_only_large_inputs_read_across_are_staged():

@@ -82,3 +82,28 @@ def test_reduction_equals_numpy(case, wide):
     terms = [(k + 1.5) * a * a if k % 2 else (k - 0.5) * a for k, a in enumerate(host)]
     assert abs(float(got) - float(np.sum(sum(terms)))) <= 1e-13 * float(np.sum(sum(np.abs(t) for t in terms)))
     assert float(pointwise.reduce(cupy, code, inputs, out.shape)) == float(got)
+
+
+@pytest.mark.parametrize("extents", [(2, 19), (1, 40), (3, 8)], ids=["edge-blocks", "whole-blocks", "one-block"])
+def test_orbit_reduction_equals_numpy(extents, wide):
+    """The (T) energy's shape through the orbit kernel: Z = W + 0.5·s[c, a]·e[b] computed once per
+    element and read at the six permutations of (a, b, c); W stored in another index order. The
+    sum equals NumPy's and repeats bit for bit."""
+    from tests.runtime.test_pointwise import PERMS3
+
+    x, n = extents
+    rng = np.random.default_rng(n)
+    w = cupy.asarray(rng.standard_normal((x, n, n, n))).transpose(0, 2, 3, 1)
+    s = cupy.asarray(rng.standard_normal((n, n)))
+    e = cupy.asarray(rng.standard_normal(n))
+    views_ = [w, s.T[None, :, None, :], e[None, None, :, None]]
+    code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p2"
+    reads = [(0, p) for p in PERMS3]
+    got = pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape, "float64")
+    hw, hs, he = w.get(), s.get().T[None, :, None, :], e.get()[None, None, :, None]
+    z = hw + 0.5 * hs * he
+    q = [z.transpose(p) for p in PERMS3]
+    terms = hw * (4 * q[0] + q[1] + q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * he
+    assert abs(float(got) - float(np.sum(terms))) <= 1e-13 * float(np.sum(np.abs(terms)))
+    assert float(pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape,
+                                        "float64")) == float(got)
