@@ -473,7 +473,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     extent, index = shape[moved[0]], _index_type([math.prod(shape)], shape, strides)
     pitch, slot = plan.slot()
     value = C_TYPES[types[-1]]
-    lines = [f"extern \"C\" __global__ void chainexec_orbits(double* __restrict__ Y, "
+    lines = ["extern \"C\" __global__ void chainexec_orbits(double* __restrict__ Y, "
              + ", ".join([f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])]
                          + ["const int* __restrict__ T"]) + ") {",
              "  __shared__ double part[32];"]
