@@ -70,6 +70,10 @@ no DRAM traffic. On the H100 (T)'s ``Z`` statement, 19 inputs of which five run 
 the tile-sized ``Z`` across ``c`` four times, 3.8 ms against 5.7 ms."""
 BOX = 512
 """Elements of a staged block's box (two per thread), where the extents allow."""
+RUN = 4
+"""Points an orbit kernel's thread takes one after another along the first permuted dimension
+(:func:`orbit_source`): inputs that do not vary along it are loaded once for the run. In the (T)
+energy, 8 of the reused ``Z``'s 19 inputs are such (at a run of 4: 13 loads per point, not 19)."""
 STAGE_BYTES = 40 * 1024
 """Shared memory (bytes) the staged inputs of one block may take; beyond it nothing is staged."""
 
@@ -484,19 +488,32 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
               for d in reversed(range(len(shape))) if d not in moved and shape[d] > 1]
     lines += ["  double acc = 0.0;"]
 
+    first, chunk = moved[0], min(edge, RUN)
+    tasks = edge ** (s - 1) * -(-edge // chunk)  # per block: a point of the other moved dimensions, a run
+
     def points(codes: list[str], body: list[str]) -> list[str]:
         """``body`` once per point of the orbit's blocks (``t``: the block's slot, ``l{d}``: the
-        point's place in it), with the inputs that ``codes`` read loaded as ``p{k}``."""
+        point's place in it), with the inputs that ``codes`` read loaded as ``p{k}``. A thread takes
+        a run of :data:`RUN` points along the first moved dimension, loading the inputs that do
+        not vary along it once for the run; a warp spans the last moved dimensions, as the
+        threads of the other kernels span the fastest dimension."""
         used = [k for k in range(len(types) - 1) if any(re.search(rf"\bp{k}\b", c) for c in codes)]
-        loop = ["for (int t = 0; t < orbit[0]; ++t) {",
-                f"  for (unsigned e = threadIdx.x; e < {edge ** s}u; e += {BLOCK}u) {{",
-                "    unsigned r = e;"]
-        for u in reversed(range(s)):
-            loop += [f"    const {index} l{moved[u]} = r % {edge}u; r /= {edge}u;",
-                     f"    const {index} c{moved[u]} = orbit[1 + t * {s} + {u}] * {edge} + l{moved[u]};"]
+        loop = [f"for (unsigned task = threadIdx.x; task < orbit[0] * {tasks}u; task += {BLOCK}u) {{",
+                f"  const int t = task / {tasks}u;",
+                f"  unsigned r = task % {tasks}u;"]
+        for u in reversed(range(1, s)):
+            loop += [f"  const {index} l{moved[u]} = r % {edge}u; r /= {edge}u;",
+                     f"  const {index} c{moved[u]} = orbit[1 + t * {s} + {u}] * {edge} + l{moved[u]};"]
         if extent % edge:
-            loop.append(f"    if ({' || '.join(f'c{d} >= {extent}' for d in moved)}) continue;")
-        loop += [f"    const {C_TYPES[types[k]]} p{k} = P{k}[{_offset(strides[k])}];" for k in used]
+            loop.append(f"  if ({' || '.join(f'c{d} >= {extent}' for d in moved[1:])}) continue;")
+        loop.append(f"  const {index} h = r * {chunk};")
+        loop += [f"  const {C_TYPES[types[k]]} p{k} = P{k}[{_offset(strides[k])}];" for k in used if not strides[k][first]]
+        stop = f"l{first} < h + {chunk}" + (f" && l{first} < {edge}" if edge % chunk else "")
+        loop += [f"  for ({index} l{first} = h; {stop}; ++l{first}) {{",
+                 f"    const {index} c{first} = orbit[1 + t * {s}] * {edge} + l{first};"]
+        if extent % edge:
+            loop.append(f"    if (c{first} >= {extent}) break;")
+        loop += [f"    const {C_TYPES[types[k]]} p{k} = P{k}[{_offset(strides[k])}];" for k in used if strides[k][first]]
         return loop + ["    " + line for line in body] + ["  }", "}"]
 
     def at(mapping: dict[int, str]) -> str:
