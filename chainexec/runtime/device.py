@@ -65,6 +65,7 @@ and the fastest is kept for the process (:attr:`CupyBackend.choices`) and across
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -295,6 +296,8 @@ PINNED_FROM_BYTES = 4 << 30
 page-locked allocation of a run's process cost 0.35–0.55 s on the H100 machine (7 ms in a bare
 process); page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s),
 so they repay that from about 5 GB on."""
+UPLOAD_BYTES = 256 << 20
+"""Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
 STAGE_BYTES = 8 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
 outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
@@ -484,6 +487,7 @@ class CupyBackend(Backend):
         self.memory: int | None = None  # the configured device memory (bytes); None: no limit
         self.tuning = TuningCache(cupy)
         self._stages: list[np.ndarray] | None = None
+        self._uploads: collections.deque = collections.deque()  # (page-locked host array, its copy's event)
         # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
         # while a run executes (:meth:`_reusing`), else None
         self._kept: dict | None = None
@@ -498,14 +502,25 @@ class CupyBackend(Backend):
         """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about
         55 GB/s from page-locked memory on the H100 machine, 9 GB/s through the driver's staging
         from pageable memory), else through a contiguous temporary. A copy from page-locked
-        memory is asynchronous: it is waited for, because the caller may hand ``host`` back to
-        the pinned pool, where the next fetch would overwrite it in flight."""
+        memory is queued on the current stream behind the work before it, and returns at once:
+        ``host`` is kept until the copy is done (the pinned pool would otherwise hand its memory
+        to another copy in flight), at most :data:`UPLOAD_BYTES` of them, beyond which the
+        oldest are waited for. Until 2026-11-24 every such copy waited for the device, so a (T)
+        tile's small inputs, fetched between its contractions, emptied the device's queue three
+        times per tile while the host prepared the next statements."""
+        stream = self.xp.cuda.get_current_stream()
         if dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape:
-            dst.set(host)
+            dst.set(host, stream=stream)
         else:
             dst[...] = self.xp.asarray(host.copy(order="C"))
-        if self._pinned(host):
-            self.xp.cuda.get_current_stream().synchronize()
+        if not self._pinned(host):
+            return
+        self._uploads.append((host, stream.record()))
+        held = sum(h.nbytes for h, _ in self._uploads)
+        while self._uploads and (self._uploads[0][1].done or held > UPLOAD_BYTES):
+            host, event = self._uploads.popleft()
+            event.synchronize()
+            held -= host.nbytes
 
     def fetch(self, dst, read) -> None:
         """As :meth:`Backend.fetch`, through two staging buffers of :data:`STAGE_BYTES` each, or
@@ -628,6 +643,7 @@ class CupyBackend(Backend):
 
     def wait(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
+        self._uploads.clear()
 
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool

@@ -55,7 +55,8 @@ OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute"
             "fused": "compute"}
 # Statements the backend may still be running when it returns: timed between backend stamps
 # (CUDA events on a GPU) and added up later (Executor._settle), so the host prepares the next
-# statement while the device runs this one. Everything else the executor times waits for them.
+# statement while the device runs this one. A get's copy to the device is queued behind them too
+# (its host time is what it counts); everything else the executor times waits for them.
 QUEUED = ("compute", "eval", "fused")
 PENDING = 1024
 """Queued statements' stamps held before the oldest half are read (waiting for them)."""
@@ -243,11 +244,11 @@ class Executor:
                 k += 1
                 continue
             queued = node.op in QUEUED
-            # Every get waits for the device. Queued accumulates land before any global-level
-            # statement (the planner puts accumulates in parallel loops, whose closing barrier
-            # lands them; this keeps other plans right too), and before one more would hold too
-            # much host memory.
-            if (node.op == "get" or (self.landing and node.level == "global")
+            # Queued accumulates land before a get reads their global array, before any
+            # global-level statement (the planner puts accumulates in parallel loops, whose
+            # closing barrier lands them; this keeps other plans right too), and before one more
+            # would hold too much host memory.
+            if ((node.op == "get" and self._lands_on(node)) or (self.landing and node.level == "global")
                     or (node.op == "accumulate" and sum(x[2].nbytes for x in self.landing) > LANDING_BYTES)):
                 self._settle()
             t0, idle0 = time.perf_counter(), self.idle
@@ -582,6 +583,13 @@ class Executor:
         held = self.backend.pool_bytes()
         if held is not None:
             self.high_water = max(self.high_water, held)
+
+    def _lands_on(self, op: Op) -> bool:
+        """Whether a queued accumulate is yet to land in the global array ``op`` reads."""
+        if not self.landing:
+            return False
+        ga = self.buffers[self._find(op.tensor, op.indices, "global")]
+        return any(x[0] is ga for x in self.landing)
 
     def _get(self, op: Op) -> None:
         if not self.in_parallel and self.unsynced:

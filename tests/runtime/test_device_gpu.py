@@ -352,10 +352,27 @@ def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypat
     assert locked == backend.pinned
 
 
+def test_upload_returns_before_queued_work_is_done():
+    """``upload`` from page-locked memory is queued behind the work before it and returns at
+    once; the tile holds the host data once the device gets there."""
+    backend = CupyBackend(cupy)
+    a = cupy.asarray(np.random.default_rng(3).standard_normal((4096, 4096)))
+    for _ in range(20):
+        a = a @ a * (1 / 64)
+    host = backend.host_empty((1024, 1024), np.float64)
+    host[...] = np.random.default_rng(4).standard_normal(host.shape)
+    dst = backend.zeros(host.shape, host.dtype)
+    backend.upload(dst, host)
+    assert not cupy.cuda.get_current_stream().done
+    backend.wait()
+    assert np.array_equal(cupy.asnumpy(dst), host)
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
-    after ``upload``; the next fetch may get the same block. The copy must be complete by then
-    (a regression: an asynchronous copy from reused pinned memory corrupted (T) tiles)."""
+    after ``upload``; the next fetch may get the same block, while the copy is still queued. The
+    backend keeps the block until its copy is done (a regression: an asynchronous copy from
+    reused pinned memory corrupted (T) tiles)."""
     backend = CupyBackend(cupy)
     copies = []
     for v in range(12):

@@ -68,10 +68,12 @@ print(json.dumps({"seen": backend.seen, "stamps": backend.clock, "open": len(bac
 @pytest.mark.parametrize("landing", [1 << 30, 0])
 def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing):
     """A backend whose compute statements return before they are done (CuPy's): the executor
-    times them between its stamps, waits for them before every transfer (so a transfer's host
-    time is its own) and by the end, and counts their seconds per statement and as compute. The
-    (T) job on small occupied tiles: three queued statements per tile (W's terms, Z, the energy),
-    so the oldest are also read while later ones are queued (``PENDING`` lowered to 2). The
+    times them between its stamps, queues the tiles' gets behind them (a get's copy is ordered
+    after them on the device; its host time is its own) and waits for them by the end, and counts
+    their seconds per statement and as compute. The
+    (T) job on small occupied tiles, its inputs fetched tile by tile between the statements
+    (96 KiB of device memory); the oldest statements are also read while later ones are queued
+    (``PENDING`` lowered to 2). The
     energy's accumulates are queued too; with no host bytes allowed for them
     (``LANDING_BYTES`` 0) none is queued while an earlier one is still on its way."""
     import json
@@ -88,7 +90,7 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing)
     assert run_cli("chem", "x", "--synthetic", 6, 8, 1, "--out", tmp_path).returncode == 0
     config = tmp_path / "ccsd_t.yaml"
     cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "256KiB"}
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "96KiB"}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     script = tmp_path / "queued.py"
     script.write_text(QUEUED_RUN)
@@ -97,7 +99,7 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing)
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
-    assert got["seen"] and set(got["seen"]) == {0}
+    assert got["seen"] and max(got["seen"]) > 0  # gets do not wait for the queued statements
     assert got["open"] == 0 and got["early"] > 0
     # the energy's tiles go to the host behind queued statements, and land only once there
     copies = got["queued_copies"]
