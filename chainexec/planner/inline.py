@@ -26,8 +26,17 @@ repeats no work:
   after it (after the last such fused statement, when several read one buffer); nothing in
   between may write them or allocate one of them again.
 
-``Z`` itself is read six times (at six permutations) and stays a buffer: inlining it would
-recompute ``V`` six times per element. The multi-level fusion paper
+``Z`` is read six times, at six permutations: inlined into each read it would be computed six
+times per element. A full reduction may still take it, as a *reused* value (``Op.lets``,
+:attr:`Fused.lets`): an intermediate made by point-wise terms (as above) that one run reads at
+several permutations of its own indices, renaming untiled ones only, is computed once per element
+and read at each permutation. On the GPU the reduction's blocks of the permuted indices go to
+thread blocks by orbit under those permutations, each computing the reused values of its blocks
+into shared memory first (:func:`chainexec.runtime.pointwise.orbit_reduce`); on the CPU the value is
+one temporary array. Runs are visited last to first so that a reduction takes its reused producer
+before the producer's own run could become a fused statement; one level of reuse only (a reused
+value's producer reads none). In (T) the epilogue becomes one statement over ``W``: ``Z``'s buffer
+and its two passes (made, then read six times) are gone. The multi-level fusion paper
 (``papers/multilevel-fusion-tiling-tensor-contractions.txt``, Section 3) keeps a fused producer's
 tile in the fastest memory level; here a producer of the device level moves one level further
 down, into the registers of the statement that uses it.
