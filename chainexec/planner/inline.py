@@ -220,15 +220,16 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         if len({tensors[n].dtype for n in closure} | {tensors[run.out].dtype}) > 1:
             return None
         lets = [n for n in tensors if n in closure and n in reusable]
-        if any(n in lets for name in lets for r in writer[name] for c in runs[r].terms for n, _ in c.operands()):
-            return None  # a reused value read by another's producer: one level of them only
         inner = [runs[r] for n in closure for r in writer.get(n, [])]
         if any(not ix for x in [run] + inner for c in x.terms for _, ix in c.operands()):
             return None  # a scalar operand has no reference in the expression language
         group = sorted(c.id for x in [run] + inner for c in x.terms)
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
                 inlined=[n for n in tensors if n in closure], lets=lets or None)
-        leaves = {x.tensor for x in expression(op, cs, tensors).leaves()}
+        f = expression(op, cs, tensors)
+        if any(r.tensor in lets for _, _, text in f.lets for r in expr.refs(expr.parse(text))):
+            return None  # a reused value read where another is made: one level of them only
+        leaves = {x.tensor for x in f.leaves()}
         if run.out in leaves:
             return None  # it would read its own output, elsewhere than where it writes: a race in one kernel
         own = {p for x in inner for p in x.positions}

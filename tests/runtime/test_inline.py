@@ -30,6 +30,15 @@ CHAINS = {
                   "R[i,j,l] = 2 * Z[i,j,l]",
                   "R[i,j,l] -= Z[j,i,l]",
                   "E[] = W[i,j,l] * P[i,j,l] * R[i,j,l]"], ["E"], {"E": {"P", "R", "V", "Z", "_s7_0"}}),
+    # Y is reused by X's run, X by the energy: one level of reused values only, so nothing fuses
+    "nested reuse": (["Y[i,j,l] = C[i,j,l] * D[j]",
+                      "X[i,j,l] = Y[i,j,l]",
+                      "X[i,j,l] += Y[j,i,l]",
+                      "E[] = X[i,j,l] * X[j,i,l]"], ["E"], {}),
+    # Y is read by Q's run and by the energy: no one run reads it at all its permutations
+    "read by two runs": (["Y[i,j,l] = C[i,j,l] * D[j]",
+                          "Q[i,j,l] = Y[i,j,l] * G[l]",
+                          "E[] = Q[i,j,l] * Y[j,i,l]"], ["E"], {"E": {"Q"}}),
     "point-wise output": (["X[i,j,l] = C[i,j,l] * D[j]",
                            "O[i,j,l] = 3 * X[j,i,l] * C[i,j,l]"], ["O"], {"O": {"X"}}),
     # C is read by both producers: its buffer lives until the second fused statement
@@ -56,6 +65,13 @@ def _reference(name: str) -> dict[str, np.ndarray]:
         r = 2 * z - z.transpose(1, 0, 2)
         p = 1 / (4 + d[:, None, None] * d[None, :, None] + g[None, None, :] ** 2)
         return {"E": np.sum(w * p * r)}
+    if name == "nested reuse":
+        y = c * d[None, :, None]
+        x = y + y.transpose(1, 0, 2)
+        return {"E": np.sum(x * x.transpose(1, 0, 2))}
+    if name == "read by two runs":
+        y = c * d[None, :, None]
+        return {"E": np.sum(y * g[None, None, :] * y.transpose(1, 0, 2))}
     if name == "point-wise output":
         return {"O": 3 * (c * d[None, :, None]).transpose(1, 0, 2) * c}
     y = c * g[None, None, :]
