@@ -56,6 +56,12 @@ from chainexec import expr
 
 from .plan import Contraction, Loop, Op, TensorInfo, ops, term_run
 
+MOVED = 3
+"""Most indices a reused value's reads may permute: the orbit kernel
+(:func:`chainexec.runtime.pointwise.orbit_reduce`) lists every tuple of blocks, ``blocks**MOVED``
+of them (125,000 at v=400 in blocks of 8); for four, a review measured 16 s and 2.6 GB at an
+extent of 100."""
+
 
 @dataclass(frozen=True)
 class Fused:
@@ -199,13 +205,17 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         return terms is not None and max(writer[name]) < reader and _renames_untiled(terms[0].out_indices, ix, tiled)
 
     def reused(name: str) -> bool:
-        """Read by one run at several permutations of its own indices, untiled ones only."""
+        """Read by one run at several permutations of its own indices, untiled ones of one extent
+        and at most :data:`MOVED` of them (the orbit kernel's bounds), one read at least permuted."""
         found = reads.get(name, [])
         if name in deep or len(found) < 2 or tensors[name].computed() or (terms := made(name)) is None:
             return False
         own = terms[0].out_indices
-        return all(r == found[0][0] > max(writer[name]) and set(ix) == set(own) == set(c.indices())
-                   and _renames_untiled(own, ix, tiled) for r, ix, c in found)
+        moved = {d for _, ix, _ in found for d, (a, b) in enumerate(zip(own, ix)) if a != b}
+        extents = {tensors[name].shape[d] for d in moved}
+        return (0 < len(moved) <= MOVED and len(extents) == 1
+                and all(r == found[0][0] > max(writer[name]) and set(ix) == set(own) == set(c.indices())
+                        and _renames_untiled(own, ix, tiled) for r, ix, c in found))
 
     inlinable = {name for name in reads if candidate(name)}
     reusable = {name for name in reads if reused(name)}
@@ -227,8 +237,11 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
                 inlined=[n for n in tensors if n in closure], lets=lets or None)
         f = expression(op, cs, tensors)
-        if any(r.tensor in lets for _, _, text in f.lets for r in expr.refs(expr.parse(text))):
-            return None  # a reused value read where another is made: one level of them only
+        if any(set(own) != set(f.domain) or any(r.tensor in lets for r in expr.refs(expr.parse(text)))
+               for _, own, text in f.lets):
+            # a reused value read where another is made (one level of them only), or its indices
+            # renamed on the way to the reduction (its value is made over its own names)
+            return None
         leaves = {x.tensor for x in f.leaves()}
         if run.out in leaves:
             return None  # it would read its own output, elsewhere than where it writes: a race in one kernel

@@ -202,6 +202,11 @@ class Backend:
         C-contiguous host array ``out``. Here the source is read straight into ``dst``."""
         read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
 
+    def fetch_waits(self, dst) -> bool:
+        """Whether :meth:`fetch` into ``dst`` waits for the work handed to the backend before it
+        (then the executor waits first, so the fetch's seconds are its own; here nothing waits)."""
+        return False
+
     def to_host_async(self, array) -> tuple[np.ndarray, object]:
         """A host copy of a device array queued behind the statements before it, and a token
         for :meth:`arrived`; the host array holds the data once the token has arrived, until the
@@ -459,6 +464,13 @@ class Choice:
     config: dict | None = None
 
 
+def _one_piece(dst) -> bool:
+    """Whether :meth:`CupyBackend.fetch` fills the device tile ``dst`` in one piece (a tile of
+    at most one staging chunk or one row, a 0-d one, or a strided view) rather than chunk by chunk."""
+    row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
+    return not row or dst.nbytes <= max(row, STAGE_BYTES) or not dst.flags.c_contiguous
+
+
 @lru_cache(maxsize=256)
 def _c_code(tree, refs: tuple) -> str:
     """An expression's C code over the buffers ``refs`` as ``p0, p1, …``, made once per statement
@@ -534,11 +546,11 @@ class CupyBackend(Backend):
         oldest are waited for. Until 2026-11-24 every such copy waited for the device, so a (T)
         tile's small inputs, fetched between its contractions, emptied the device's queue three
         times per tile while the host prepared the next statements."""
-        stream = self.xp.cuda.get_current_stream()
-        if dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape:
-            dst.set(host, stream=stream)
-        else:
+        if not (dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape):
             dst[...] = self.xp.asarray(host.copy(order="C"))
+            return
+        stream = self.xp.cuda.get_current_stream()
+        dst.set(host, stream=stream)
         if not self._pinned(host):
             return
         self._uploads.append((host, stream.record()))
@@ -558,12 +570,12 @@ class CupyBackend(Backend):
         v=180 take 1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
         whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
         v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
-        row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
-        if not row or dst.nbytes <= max(row, STAGE_BYTES) or not dst.flags.c_contiguous:
+        if _one_piece(dst):
             host = self.host_empty(dst.shape, dst.dtype)
             read(slice(0, dst.shape[0]) if dst.ndim else None, host)
             self.upload(dst, host)
             return
+        row = dst.nbytes // dst.shape[0]
         step = max(1, STAGE_BYTES // row)
         stages = self._staging(step * row)
         stream = self.xp.cuda.get_current_stream()
@@ -577,6 +589,12 @@ class CupyBackend(Backend):
             dst[lo:hi].set(host, stream=stream)
             done[n % 2] = stream.record()
         stream.synchronize()
+
+    def fetch_waits(self, dst) -> bool:
+        """As :meth:`Backend.fetch_waits`: only a one-piece fetch from page-locked memory into a
+        contiguous tile is queued; one through the staging buffers refills each after its copy
+        (queued behind everything before it), and a copy from plain memory returns once done."""
+        return not (self.pinned and dst.flags.c_contiguous and _one_piece(dst))
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
         """The two staging buffers of :meth:`fetch` (:meth:`host_empty`), at least ``nbytes`` (at

@@ -247,8 +247,10 @@ class Executor:
             # Queued accumulates land before a get reads their global array, before any
             # global-level statement (the planner puts accumulates in parallel loops, whose
             # closing barrier lands them; this keeps other plans right too), and before one more
-            # would hold too much host memory.
-            if ((node.op == "get" and self._lands_on(node)) or (self.landing and node.level == "global")
+            # would hold too much host memory. A get whose fetch would wait for the device anyway
+            # waits first, so that its seconds are its own.
+            if ((node.op == "get" and (self._lands_on(node) or self.backend.fetch_waits(self.buffers[self._key(node)])))
+                    or (self.landing and node.level == "global")
                     or (node.op == "accumulate" and sum(x[2].nbytes for x in self.landing) > LANDING_BYTES)):
                 self._settle()
             t0, idle0 = time.perf_counter(), self.idle

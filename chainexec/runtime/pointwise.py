@@ -47,10 +47,11 @@ permutations of a, b, c; :mod:`chainexec.planner.inline`, reused values). The pe
 are cut into blocks (8x8x8), and a thread block takes the blocks of one orbit under the group the
 permutations generate (a block and its up to five images): it computes the values over them into
 shared memory, then sums the expression over the same points reading them there. Each value is
-computed once and nothing but the inputs is read from DRAM: in (T) the energy and ``Z`` took
-1.68 + 1.28 ms per 400³ tile as two statements (``Z`` stored in between), 1.10 ms as one on the
+computed once and never stored outside shared memory: in (T) the energy and ``Z`` took 1.68 +
+1.28 ms per 400³ tile as two statements (``Z`` stored in between), 0.90 ms as one kernel on the
 H100 (2026-11-24). A thread takes a run of points along the first permuted dimension, loading
-the inputs that do not vary along it once: 1.10 ms against 2.22 ms one point per thread.
+the inputs that do not vary along it once: through the backend 1.10 ms against 2.22 ms one point
+per thread.
 
 :func:`contract` is the same idea for any binary contraction: one thread per output element
 loops over the summed indices, reading both operands where they lie. No temporary and no
@@ -66,6 +67,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+
+from chainexec.planner.inline import MOVED
 
 C_TYPES = {"float64": "double", "float32": "float"}
 """The dtypes a plan's tensors may have (see :mod:`chainexec.spec`), as C type names."""
@@ -454,17 +457,24 @@ def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], lets: int, item
     dimensions, 16x16 for two), fewer where the reused values of ``lets`` tensors of ``itemsize``
     bytes would not fit in :data:`STAGE_BYTES` of shared memory."""
     moved = tuple(d for d in range(len(shape)) if any(p[d] != d for p in reads))
-    if not moved or any(sorted(p) != list(range(len(shape))) or any(p[d] != d for d in range(len(shape)) if d not in moved)
-                        for p in reads):
-        raise ValueError(f"reads {reads} of reused values are not permutations of the same dimensions")
+    if not moved or any(sorted(p) != list(range(len(shape))) for p in reads):
+        raise ValueError(f"reads {reads} of reused values are not permutations that move a dimension")
+    if len(moved) > MOVED:
+        raise ValueError(f"reused values read across {len(moved)} permuted dimensions (at most {MOVED})")
     extent = shape[moved[0]]
     if any(shape[d] != extent for d in moved):
         raise ValueError(f"reused values read across dimensions of unequal extents {[shape[d] for d in moved]}")
     perms = tuple(tuple(moved.index(p[d]) for d in moved) for p in reads)
     members = len(group(perms))
     edge = min(extent, 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
-    while edge > 1 and lets * members * _pitches(list(moved), [edge] * len(moved))[1] * itemsize > STAGE_BYTES:
+
+    def shared(edge: int) -> int:
+        return lets * members * _pitches(list(moved), [edge] * len(moved))[1] * itemsize
+
+    while edge > 1 and shared(edge) > STAGE_BYTES:
         edge //= 2
+    if shared(edge) > STAGE_BYTES:
+        raise ValueError(f"{lets} reused values over {members} blocks do not fit in {STAGE_BYTES} bytes of shared memory")
     count = orbit_table(-(-extent // edge), perms)[1]
     return Orbits(moved, edge, perms, count, members)
 
@@ -480,7 +490,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     blocks into shared memory, then sums ``code`` over the same points, reading them there, and
     writes ``partial[b]`` (threads' sums in a fixed order, as :func:`reduce_source`). Every point
     lies in one block of one orbit, and a permuted point in a block of the same orbit, so every
-    value is computed once and read from DRAM once. ``strides``: each input's over ``shape``;
+    reused value is computed once and never stored outside shared memory. ``strides``: each input's over ``shape``;
     ``types``: the inputs' dtypes, then the reused values'."""
     for text in lets + (code,):
         _code_check(text)
@@ -544,7 +554,8 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
 
 @lru_cache(maxsize=64)
 def _table(xp, blocks: int, perms: tuple[tuple[int, ...], ...]):
-    """:func:`orbit_table` on the device, made once per process and shape."""
+    """:func:`orbit_table` on the device, made once per process and shape: kept outside the plan's
+    device memory, as the reductions' partial sums are (4.9 MB for the (T) energy at v=400)."""
     return xp.asarray(orbit_table(blocks, perms)[0], dtype=xp.int32)
 
 

@@ -197,3 +197,50 @@ def test_two_fused_statements_reading_one_buffer_free_it_once_after_both(tmp_pat
     body = [(op.op, op.tensor) for nest in plan.nests for op, _ in ops(nest.body) if op.level == "device"]
     assert {t for o, t in body if o == "fused"} == {"F", "G"}
     assert body.count(("free", "A")) == 1 and body.index(("free", "A")) > body.index(("fused", "G"))
+
+
+@pytest.mark.parametrize("indices, statements", [
+    # read twice but never permuted: nothing for an orbit kernel to reuse
+    ({"i": 4, "j": 4}, ["Z[i,j] = A[i,j] * B[i,j]", "R[i,j] = Z[i,j] * Z[i,j]", "E[] = A[i,j] * R[i,j]"]),
+    # permuted across indices of two extents (4 and 6)
+    ({"i": 4, "j": 4, "a": 6, "b": 6}, ["Z[i,j,a,b] = T[i,j,a,b] * T[j,i,b,a]", "R[i,j,a,b] = Z[j,i,a,b]",
+                                        "R[i,j,a,b] += Z[i,j,b,a]", "E[] = T[i,j,a,b] * R[i,j,a,b]"]),
+    # the reduction renames R's indices: Z's value would be made over names the reduction lacks
+    ({"i": 4, "j": 4, "a": 4, "b": 4}, ["Z[i,j] = A[i,j] * B[i,j]", "R[i,j] = 2 * Z[i,j]", "R[i,j] -= Z[j,i]",
+                                        "E[] = S[a,b] * R[a,b]"]),
+], ids=["never permuted", "unequal extents", "renamed reduction"])
+def test_values_the_orbit_kernel_cannot_reuse_stay_buffers(tmp_path, indices, statements):
+    """Found in review (each planned as a reused value, then failed on the GPU or on both
+    backends): such a producer stays a buffer, and the run equals einsum."""
+    import numpy as np
+    import yaml
+
+    from chainexec import api
+    from chainexec.generator import block
+
+    shapes = {"A": "ij", "B": "ij", "S": "ab", "T": "ijab"}
+    used = {n: ix for n, ix in shapes.items() if any(f"{n}[" in s for s in statements)}
+    cfg = {"name": "reuse", "indices": indices,
+           "tensors": {n: {"indices": list(ix), "source": {"random": k}} for k, (n, ix) in enumerate(used.items(), 1)},
+           "statements": statements, "outputs": {"E": {"file": "o.h5", "dataset": "E"}},
+           "machine": {"global_memory": "1GiB", "device_memory": "1GiB"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    plan = make_plan(spec.load(tmp_path / "c.yaml"))
+    assert not any(op.lets for nest in plan.nests for op, _ in ops(nest.body))
+    api.run(tmp_path / "c.yaml", backend="numpy")
+    x = {n: block(k, tuple(indices[i] for i in ix), tuple((0, indices[i]) for i in ix), "float64")
+         for k, (n, ix) in enumerate(used.items(), 1)}
+    if "T" in x:
+        t = x["T"]
+        z = t * t.transpose(1, 0, 3, 2)
+        ref = np.sum(t * (z.transpose(1, 0, 2, 3) + z.transpose(0, 1, 3, 2)))
+    elif "S" in x:
+        z = x["A"] * x["B"]
+        ref = np.sum(x["S"] * (2 * z - z.T))
+    else:
+        z = x["A"] * x["B"]
+        ref = np.sum(x["A"] * z * z)
+    import h5py
+
+    with h5py.File(tmp_path / "o.h5") as f:
+        assert abs(float(f["E"][()]) - ref) <= 1e-12 * abs(ref)

@@ -333,6 +333,18 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
     assert float(scalar) == 2.5
 
 
+def test_only_one_piece_page_locked_fetches_are_queued(monkeypatch):
+    """``fetch_waits``: a tile fetched in one piece from page-locked memory is queued behind the
+    work before it; one fetched chunk by chunk, or from plain memory, waits for that work (the
+    executor then waits first, so the get's seconds are its own)."""
+    monkeypatch.setattr(device, "STAGE_BYTES", 4096)
+    backend = CupyBackend(cupy)
+    small, large = backend.zeros((4, 8), np.float64), backend.zeros((64, 64), np.float64)
+    assert not backend.fetch_waits(small) and backend.fetch_waits(large)
+    backend.pinned = False
+    assert backend.fetch_waits(small)
+
+
 @pytest.mark.parametrize("moved", [0, 5 << 30], ids=["small-run-plain-memory", "large-run-page-locked"])
 def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypatch):
     """A run moving less than PINNED_FROM_BYTES per rank stages through plain memory (the first

@@ -53,6 +53,7 @@ def energy(path):
 plain = api.run(sys.argv[1], backend="numpy")
 e_plain = energy(sys.argv[2])
 backend = Queued()
+backend.fetch_waits = lambda dst: sys.argv[4] == "waits"
 api.select = lambda name, comm: backend
 executor.PENDING = 2  # the oldest half read while the run goes on
 executor.LANDING_BYTES = int(sys.argv[3])
@@ -65,8 +66,8 @@ print(json.dumps({"seen": backend.seen, "stamps": backend.clock, "open": len(bac
 '''
 
 
-@pytest.mark.parametrize("landing", [1 << 30, 0])
-def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing):
+@pytest.mark.parametrize("landing, fetch", [(1 << 30, "queued"), (0, "queued"), (1 << 30, "waits")])
+def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing, fetch):
     """A backend whose compute statements return before they are done (CuPy's): the executor
     times them between its stamps, queues the tiles' gets behind them (a get's copy is ordered
     after them on the device; its host time is its own) and waits for them by the end, and counts
@@ -75,7 +76,9 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing)
     (96 KiB of device memory); the oldest statements are also read while later ones are queued
     (``PENDING`` lowered to 2). The
     energy's accumulates are queued too; with no host bytes allowed for them
-    (``LANDING_BYTES`` 0) none is queued while an earlier one is still on its way."""
+    (``LANDING_BYTES`` 0) none is queued while an earlier one is still on its way. A backend
+    whose fetches would wait for the device anyway (``fetch_waits``) is waited for before each
+    get instead, so that a get's seconds are its own."""
     import json
     import os
     import subprocess
@@ -94,18 +97,21 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing)
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     script = tmp_path / "queued.py"
     script.write_text(QUEUED_RUN)
-    proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "energy.h5"), str(landing)],
+    proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "energy.h5"), str(landing), fetch],
                           capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
-    assert got["seen"] and max(got["seen"]) > 0  # gets do not wait for the queued statements
-    assert got["open"] == 0 and got["early"] > 0
+    assert got["open"] == 0
+    if fetch == "queued":  # gets do not wait for the queued statements, read while later ones run
+        assert got["seen"] and max(got["seen"]) > 0 and got["early"] > 0
+    else:
+        assert got["seen"] and set(got["seen"]) == {0}
     # the energy's tiles go to the host behind queued statements, and land only once there
     copies = got["queued_copies"]
     assert len(copies) >= 10
-    if landing:  # copies queued behind statements, several on the way at once
-        assert min(copies) > 0 and max(got["unlanded"]) > 0
+    if landing:  # copies queued behind statements, several on the way at once unless gets land them
+        assert min(copies) > 0 and (max(got["unlanded"]) > 0) == (fetch == "queued")
     else:  # none queued while another is on the way
         assert max(got["unlanded"]) == 0
     assert got["E"] == got["E_plain"] and math.isfinite(got["E"])

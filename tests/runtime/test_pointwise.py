@@ -381,6 +381,18 @@ ENERGY = [(52488000, 17496000, 5832000, 32400, 180, 1), (52488000, 17496000, 583
           (52488000, 17496000, 5832000, 1, 32400, 180), (1, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0)]
 
 
+ENERGY_CODE = "p0 * (4.0 * q0 + q1 + 1.5 * q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p2"
+"""The (T) energy's combination of its six reads, the two 3-cycles weighted apart (1 and 1.5): a
+read taken in the inverse direction changes the sum."""
+
+
+def permuted(z: np.ndarray, p: tuple[int, ...]) -> np.ndarray:
+    """The array ``q`` with ``q[x] = z[x[p[0]], x[p[1]], …]``: a reused value read at ``p`` as
+    :func:`pointwise.orbits` documents it, written with einsum's own index names."""
+    names = "abcdefgh"[:z.ndim]
+    return np.einsum(f"{''.join(names[p[d]] for d in range(z.ndim))}->{names}", z)
+
+
 PERMS6 = [(0, 1, 2) + tuple(3 + d for d in p) for p in [(0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (1, 0, 2), (2, 1, 0)]]
 PERMS3 = [(0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2), (0, 1, 3, 2), (0, 2, 1, 3), (0, 3, 2, 1)]
 """The (T) energy's six reads of Z[x, a, b, c] (x untouched): the value at (x, a, b, c) read at
@@ -446,11 +458,11 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
         views_ = [w, s_.T[None, :, None, :], e[None, None, :, None]]
         buffers, offsets = [w_big, s_big, e_big], [w_off, s_off, e_off]
         lets = ["p0 + 0.5 * p1 * p2"]
-        code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p2"
+        code = ENERGY_CODE
         reads = [(0, p) for p in PERMS3]
         z = w + 0.5 * views_[1] * views_[2]
-        q = [z.transpose(p) for p in PERMS3]
-        ref = np.sum(w * (4 * q[0] + q[1] + q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * views_[2])
+        q = [permuted(z, p) for p in PERMS3]
+        ref = np.sum(w * (4 * q[0] + q[1] + 1.5 * q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * views_[2])
     else:
         shape = (3, 20, 20)
         a_big, a_off, a = _stored(rng, shape, [2, 0, 1], dtype)

@@ -89,7 +89,7 @@ def test_orbit_reduction_equals_numpy(extents, wide):
     """The (T) energy's shape through the orbit kernel: Z = W + 0.5·s[c, a]·e[b] computed once per
     element and read at the six permutations of (a, b, c); W stored in another index order. The
     sum equals NumPy's and repeats bit for bit."""
-    from tests.runtime.test_pointwise import PERMS3
+    from tests.runtime.test_pointwise import ENERGY_CODE, PERMS3, permuted
 
     x, n = extents
     rng = np.random.default_rng(n)
@@ -97,13 +97,13 @@ def test_orbit_reduction_equals_numpy(extents, wide):
     s = cupy.asarray(rng.standard_normal((n, n)))
     e = cupy.asarray(rng.standard_normal(n))
     views_ = [w, s.T[None, :, None, :], e[None, None, :, None]]
-    code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p2"
+    code = ENERGY_CODE
     reads = [(0, p) for p in PERMS3]
     got = pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape, "float64")
     hw, hs, he = w.get(), s.get().T[None, :, None, :], e.get()[None, None, :, None]
     z = hw + 0.5 * hs * he
-    q = [z.transpose(p) for p in PERMS3]
-    terms = hw * (4 * q[0] + q[1] + q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * he
+    q = [permuted(z, p) for p in PERMS3]
+    terms = hw * (4 * q[0] + q[1] + 1.5 * q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * he
     assert abs(float(got) - float(np.sum(terms))) <= 1e-13 * float(np.sum(np.abs(terms)))
     assert float(pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape,
                                         "float64")) == float(got)
