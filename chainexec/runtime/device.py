@@ -874,8 +874,7 @@ class CupyBackend(Backend):
         xp = self.xp
         extent = dict(zip(cs[0].out_indices, out.shape))
         for st in stacks:
-            if self._kept:  # no earlier term's relayout copy held beside this stack's
-                self._kept.clear()
+            self._drop_kept()  # no earlier term's relayout copy held beside this stack's
             parts = []
             for n, side in zip(st.terms, st.sides):
                 c, (a, b) = cs[n], operands[n]
@@ -915,6 +914,11 @@ class CupyBackend(Backend):
             yield
         finally:
             self._kept = None
+
+    def _drop_kept(self) -> None:
+        """Free the relayout copies kept so far in this run (:meth:`_reusing`), if any."""
+        if self._kept:
+            self._kept.clear()
 
     def _relaid_copy(self, slot: int, x, perm: tuple, out):
         """``x`` permuted by ``perm``, C-contiguous (:meth:`_contiguous`); inside
@@ -1169,8 +1173,7 @@ class CupyBackend(Backend):
                 kept = key if self.workspace is None else key + (self.workspace,)
                 choice = self.tuning.get(kept)
                 if choice is None:
-                    if self._kept:  # no relayout copy of an earlier term held while tuning this one
-                        self._kept.clear()
+                    self._drop_kept()  # no relayout copy of an earlier term held while tuning this one
                     # a probe of at least PROBE_FLOOR: smaller ones change every method's shape
                     limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
                         PROBE_FLOOR, self.workspace // 4))
@@ -1273,8 +1276,8 @@ class CupyBackend(Backend):
         take any views (the direct kernel also stands in for GETT where its tables do not fit)."""
         cp = self.xp
         method, config = how
-        if self._kept and method != "relayout":
-            self._kept.clear()
+        if method != "relayout":
+            self._drop_kept()
         if method == "gett" and self._problem(c, out, a, b) is not None:
             self._gett_call(config, c, out, a, b, c.factor)
         elif method in ("gett", "direct"):  # GETT chosen elsewhere (a probe, a cached choice) but no room here

@@ -244,14 +244,7 @@ class Executor:
                 k += 1
                 continue
             queued = node.op in QUEUED
-            # Queued accumulates land before a get reads their global array, before any
-            # global-level statement (the planner puts accumulates in parallel loops, whose
-            # closing barrier lands them; this keeps other plans right too), and before one more
-            # would hold too much host memory. A get whose fetch would wait for the device anyway
-            # waits first, so that its seconds are its own.
-            if ((node.op == "get" and (self._lands_on(node) or self.backend.fetch_waits(self.buffers[self._key(node)])))
-                    or (self.landing and node.level == "global")
-                    or (node.op == "accumulate" and sum(x[2].nbytes for x in self.landing) > LANDING_BYTES)):
+            if self._waits_first(node):
                 self._settle()
             t0, idle0 = time.perf_counter(), self.idle
             start = self.backend.stamp() if queued else None
@@ -586,12 +579,21 @@ class Executor:
         if held is not None:
             self.high_water = max(self.high_water, held)
 
-    def _lands_on(self, op: Op) -> bool:
-        """Whether a queued accumulate is yet to land in the global array ``op`` reads."""
-        if not self.landing:
-            return False
-        ga = self.buffers[self._find(op.tensor, op.indices, "global")]
-        return any(x[0] is ga for x in self.landing)
+    def _waits_first(self, op: Op) -> bool:
+        """Whether the executor waits for the device (:meth:`_settle`) before ``op``. Queued
+        accumulates land before a get reads their global array, before any global-level
+        statement (the planner puts accumulates in parallel loops, whose closing barrier lands
+        them; this keeps other plans right too), and before one more would hold too much host
+        memory. A get whose fetch would wait for the device anyway waits first, so that its
+        seconds are its own."""
+        if op.op == "get":
+            if self.backend.fetch_waits(self.buffers[self._key(op)]):
+                return True
+            ga = self.buffers[self._find(op.tensor, op.indices, "global")] if self.landing else None
+            return any(x[0] is ga for x in self.landing)
+        if op.op == "accumulate":
+            return sum(x[2].nbytes for x in self.landing) > LANDING_BYTES
+        return bool(self.landing) and op.level == "global"
 
     def _get(self, op: Op) -> None:
         if not self.in_parallel and self.unsynced:
