@@ -118,7 +118,7 @@ class Loop:
     computes, iteration n+1's loads and iteration n-1's stores run in the background.
 
     ``symmetric``: indices (tiled alike) over which the loop visits only ordered tile tuples
-    (position of the first ≥ the second ≥ …); everything accumulated in its body is multiplied by
+    (position of the first ≤ the second ≤ …); everything accumulated in its body is multiplied by
     the tuple's multiplicity, the number of distinct permutations of its positions (1, 3 or 6
     for three indices). Valid for sums whose summand is symmetric in them (the outputs'
     ``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.fused`)."""

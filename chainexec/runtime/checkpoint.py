@@ -35,8 +35,10 @@ from chainexec.planner.plan import CATEGORIES, Plan
 from chainexec.planner.resume import resumable
 
 MANIFEST = "checkpoint.json"
-FORMAT = 1
-"""Version of the manifest's layout."""
+FORMAT = 2
+"""Version of the manifest's layout and of the tile order its counts refer to (2: symmetric
+loops visit their tuples in another order since 2026-11-24, so a checkpoint of 1 would resume the
+wrong tiles)."""
 
 
 class Stopped(Exception):

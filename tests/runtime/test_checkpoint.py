@@ -184,7 +184,7 @@ def test_errors(tmp_path):
     _one_line(run_cli("run", config, "--checkpoint", folder), str(part), "unreadable")
     part.write_bytes(good)
     for damage in ({"done": -1}, {"done": 120}, {"tiles": 7}, {"position": 0}, {"counts": [1, 2]},
-                   {"counts": [2**63] * 7}, {"format": 99}):
+                   {"counts": [2**63] * 7}, {"format": 99}, {"format": 1}):  # 1: the old tile order
         manifest.write_text(json.dumps(data | damage))
         _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
     manifest.write_text("{not json")

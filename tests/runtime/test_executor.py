@@ -23,9 +23,12 @@ def test_ordered_tuples_and_weights(n, symmetric):
     assert len(combos) == math.comb(n + k - 1, k) * 2 * n ** (3 - k)
     assert sum(weights) == 2 * n ** 3
     seen = set()
+    largest = 0
     for combo, weight in zip(combos, weights):
         positions = [combo[names.index(i)][0] // 3 for i in symmetric]
-        assert positions == sorted(positions, reverse=True)
+        assert positions == sorted(positions)
+        assert positions[-1] >= largest  # the largest position never goes back
+        largest = positions[-1]
         assert weight == len(set(itertools.permutations(positions)))
         seen.add(combo)
     assert len(seen) == len(combos)
@@ -35,6 +38,66 @@ def test_plain_loops_keep_every_tuple():
     spans = [[(0, 2), (2, 3)], [(0, 1), (1, 2), (2, 3)]]
     combos, weights = _tuples(["i", "j"], spans, [])
     assert combos == list(itertools.product(*spans)) and weights == [1] * 6
+
+
+def test_steady_buffers_are_those_the_loop_only_reads():
+    """:meth:`Executor._steady`: of the device buffers that exist when a loop starts, those no
+    statement of its body names, as a buffer or a contraction's output (here only A: B is fetched
+    in the loop, C computed); global buffers never."""
+    from types import SimpleNamespace
+
+    from chainexec.planner.plan import Loop, Op
+    from chainexec.runtime.executor import Executor
+
+    a, b, c, g = (object() for _ in range(4))
+    body = [Op("get", "device", "B", ["k", "j"]), Op("compute", "device", "X", contraction=0),
+            Loop("device", {"j": 1}, body=[Op("free", "device", "T", ["i"])])]
+    fake = SimpleNamespace(plan=SimpleNamespace(contractions=[SimpleNamespace(out="C")]),
+                           buffers={("A", ("i", "k"), "device"): a, ("B", ("k", "j"), "device"): b,
+                                    ("C", ("i", "j"), "device"): c, ("A", ("i", "k"), "global"): g,
+                                    ("T", ("i",), "device"): object()})
+    assert Executor._steady(fake, Loop("device", {"i": 1}, parallel=True, body=body)) == [a]
+
+
+@pytest.mark.parametrize("memory, whole", [("200KiB", True), ("128KiB", False)])
+def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, whole):
+    """The (T) job (o=6, v=10; tiles of 2) with its inputs whole on the device: the tile loop's
+    steady arrays are the eight inputs fetched before it (W, computed in it, is not); with
+    less device memory the loop fetches them tile by tile and none is steady. The energy equals
+    the one of a run with nothing steady."""
+    import contextlib
+
+    import h5py
+    import yaml
+
+    from chainexec import api
+    from chainexec.runtime import device
+    from tests.conftest import run_cli
+
+    o, v = 6, 10
+    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", tmp_path).returncode == 0
+    config = tmp_path / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": memory}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    shapes = []
+
+    class Recording(device.Backend):
+        @contextlib.contextmanager
+        def steady(self, arrays):
+            shapes.append(sorted(x.shape for x in arrays))
+            yield
+
+    monkeypatch.setattr(api, "select", lambda name, comm: Recording())
+    api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        e = float(f["E"][()])
+    inputs = [(o, v, v, v), (o, o, v, v), (o, v, o, o), (o, v, o, v), (o, v), (v, o), (v,), (o,)]
+    assert shapes == [sorted(inputs) if whole else []]
+    monkeypatch.undo()
+    api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        assert float(f["E"][()]) == e
 
 
 QUEUED_RUN = r'''

@@ -223,3 +223,52 @@ def test_relayout_copy_kept_from_term_to_term(monkeypatch):
     copied.clear()
     be._time(("relayout", None), cs[4], W, *ops[4])
     assert copied.count(slice_k) == 1 + device.TIMED_RUNS  # the warm-up and every timed run
+
+
+def test_relayout_copy_held_while_steady(monkeypatch):
+    """Inside :meth:`Backend.steady` (a loop that only reads ``ovvv``), the relayout copy of the
+    slice ``ovvv[k]`` is held from tile to tile: tiles that share k copy it once, a new k copies
+    its own slice, each tile equals numpy.einsum, and leaving drops it. Where it would take more
+    than a quarter of the room the plan leaves, it is only kept within a run. The run: W's two
+    terms that read ``ovvv[k]``, which the relayout method copies in (T)."""
+    o, v = 5, 11
+    rng = np.random.default_rng(10)
+    full = {"ovvv": rng.standard_normal((o, v, v, v)), "t2": rng.standard_normal((o, o, v, v))}
+    dev = {n: cupy.asarray(x) for n, x in full.items()}
+    terms = CASES[0][1][4:6]
+    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(terms)]
+    be = device.CupyBackend(cupy, "relayout")
+    copied = []
+    contiguous = be._contiguous
+    monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
+    slices = [dev["ovvv"][k].data.ptr for k in range(o)]
+
+    def tiles(ijks):
+        for i, j, k in ijks:
+            occ = {"i": slice(i, i + 1), "j": slice(j, j + 1), "k": slice(k, k + 1)}
+
+            def view(arrays, name, idx):
+                return arrays[name][tuple(occ.get(x, slice(None)) for x in idx)]
+
+            ops = [(view(dev, "ovvv", a), view(dev, "t2", b)) for a, b, _ in terms]
+            ref = sum(f * np.einsum(f"{a},{b}->ijkabc", view(full, "ovvv", a), view(full, "t2", b))
+                      for a, b, f in terms)
+            W = cupy.zeros((1, 1, 1, v, v, v))
+            be.contract_sum(cs, W, ops)
+            assert np.linalg.norm(cupy.asnumpy(W) - ref) / np.linalg.norm(ref) <= 1e-12
+
+    order = [(0, 1, 3), (1, 2, 3), (2, 2, 3), (0, 0, 4), (1, 2, 4)]  # i, j < k: only ovvv[k] is copied
+    with be.steady(list(dev.values())):
+        tiles(order)
+        assert be._held
+    assert not be._held
+    assert [copied.count(s) for s in slices] == [0, 0, 0, 1, 1]
+    copied.clear()
+    tiles(order[:2])  # outside: once per run
+    assert [copied.count(s) for s in slices] == [0, 0, 0, 2, 0]
+    copied.clear()
+    be.workspace = 4 * full["ovvv"][0].nbytes - 1
+    with be.steady(list(dev.values())):
+        tiles(order)
+    assert [copied.count(s) for s in slices] == [0, 0, 0, 3, 2]
