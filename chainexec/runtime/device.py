@@ -202,6 +202,11 @@ class Backend:
         C-contiguous host array ``out``. Here the source is read straight into ``dst``."""
         read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
 
+    def fetch_aside(self, dst, read) -> None:
+        """As :meth:`fetch`, beside the work handed to the backend before it, where the device
+        can copy and compute at once; the work handed after it waits for it. Here: :meth:`fetch`."""
+        self.fetch(dst, read)
+
     def fetch_waits(self, dst) -> bool:
         """Whether :meth:`fetch` into ``dst`` waits for the work handed to the backend before it
         (then the executor waits first, so the fetch's seconds are its own; here nothing waits)."""
@@ -209,8 +214,9 @@ class Backend:
 
     @contextlib.contextmanager
     def steady(self, arrays):
-        """Within it the device ``arrays`` do not change (a loop's inputs that its body only
-        reads): a copy the backend derives from one of them may be kept for later statements
+        """Within it, what a statement reads of the device ``arrays`` does not change later (a
+        loop's inputs that its body only reads; rows streamed in while it runs arrive before any
+        tile reads them): a copy the backend derives from one of them may be kept for later statements
         (the CuPy backend's relayout copies, :meth:`CupyBackend._relaid_copy`). Here nothing is
         derived."""
         yield
@@ -543,6 +549,7 @@ class CupyBackend(Backend):
         # views kept across statements: operand position -> (key, copy)
         self._steady: list[tuple[int, int]] | None = None
         self._held: dict = {}
+        self._aside = None  # the stream of :meth:`fetch_aside`, made on first use
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
 
@@ -603,6 +610,20 @@ class CupyBackend(Backend):
             dst[lo:hi].set(host, stream=stream)
             done[n % 2] = stream.record()
         stream.synchronize()
+
+    def fetch_aside(self, dst, read) -> None:
+        """As :meth:`Backend.fetch_aside`: :meth:`fetch` on a second stream, which the current one
+        then waits for (an event), so the copy engine fills ``dst`` while the kernels queued
+        before run; the host waits only for this copy's staging (its own stream). ``dst`` must
+        have nothing pending on the device, its allocation's zero fill included: the executor
+        fetches aside only inside a parallel loop, after waiting for the device at its start."""
+        if self._aside is None:
+            self._aside = self.xp.cuda.Stream(non_blocking=True)
+        main = self.xp.cuda.get_current_stream()
+        with self._aside:
+            self.fetch(dst, read)
+            done = self._aside.record()
+        main.wait_event(done)
 
     def fetch_waits(self, dst) -> bool:
         """As :meth:`Backend.fetch_waits`: only a one-piece fetch from page-locked memory into a

@@ -33,7 +33,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner import inline
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.pipeline import prefetched, staged
+from chainexec.planner.pipeline import prefetched, staged, streamed
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
 from chainexec.planner.resume import resumable
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
@@ -127,6 +127,9 @@ class Executor:
         # accumulates whose device→host copies are queued: (global array, region, host, token,
         # weight, statement name)
         self.landing: collections.deque[tuple] = collections.deque()
+        # streamed input rows on their way (:meth:`_stream`): (first row, end row, tensor, global
+        # buffer key, device buffer key, disk job), in the order the tiles need them
+        self.arriving: collections.deque[tuple] = collections.deque()
         self.checkpoint = checkpoint
         self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
         self.resumed = 0  # tiles a resumed loop found done
@@ -237,6 +240,10 @@ class Executor:
     def _body(self, body, nest: int | None = None) -> None:
         """Run a loop body; ``nest`` is the nest's number where ``body`` is a whole nest."""
         k = 0
+        if nest is not None and self.comm.size == 1:
+            found = streamed(body, self.plan.contractions, self.plan.tensors)
+            if found is not None:
+                k = self._stream(body, *found)
         while k < len(body):
             node = body[k]
             if isinstance(node, Loop):
@@ -263,6 +270,50 @@ class Executor:
                     self._settle(PENDING // 2)
             elif node.op in OP_LEVEL:  # a get's barrier is idle time
                 self._spent(OP_LEVEL[node.op], name, time.perf_counter() - t0 - (self.idle - idle0))
+
+    def _stream(self, body, at: int, rows: dict[str, int]) -> int:
+        """Run a nest's opening statements (:func:`chainexec.planner.pipeline.streamed`), all but
+        the streamed inputs' loads and gets, then queue those loads on the disk worker in rows of
+        one tile, position by position, each input in turn; the loop copies each chunk to the
+        device when a tile first needs it (:meth:`_arrive`), so that it starts after the first
+        rows and disk reads and copies run beside its tiles. On one rank only: on more, every rank
+        fetches whole inputs from all ranks' rows, which must all have been read first. The
+        position of the loop in ``body``."""
+        skipped = [op for op in body[:at] if op.op in ("load", "get") and op.tensor in rows]
+        self._body([op for op in body[:at] if not any(op is x for x in skipped)])
+        loads = {op.tensor: op for op in skipped if op.op == "load"}
+        gets = {op.tensor: op for op in skipped if op.op == "get"}
+        extent = {t: self.plan.tensors[t].shape[0] for t in rows}
+        for lo in range(0, max(extent.values()), min(rows.values())):
+            for t, step in rows.items():
+                if lo % step or lo >= extent[t]:
+                    continue
+                gkey, dkey = self._key(loads[t]), self._key(gets[t])
+                region = self.regions[gkey]
+                part = ((region[0][0] + lo, region[0][0] + min(lo + step, extent[t])),) + region[1:]
+                local = self.buffers[gkey].local()[lo:lo + step]
+                job = self.disk.submit(self.store.read, t, loads[t].version, part, local)
+                self.counters.move(CATEGORY["load"], local.nbytes)
+                self.arriving.append((lo, min(lo + step, extent[t]), t, gkey, dkey, job))
+        return at
+
+    def _arrive(self, need: int | None = None) -> None:
+        """Copy to the device every streamed chunk (:meth:`_stream`) that starts below row
+        ``need`` (all, by default), once the disk worker has read it: beside the work queued
+        before (:meth:`Backend.fetch_aside`), the work queued after waiting for it."""
+        while self.arriving and (need is None or self.arriving[0][0] < need):
+            lo, hi, tensor, gkey, dkey, job = self.arriving.popleft()
+            self.counters.seconds["disk"] += self.disk.wait(job)
+            ga, dst = self.buffers[gkey], self.buffers[dkey][lo:hi]
+            rest = tuple(slice(None) for _ in dst.shape[1:])
+
+            def read(rows, out, lo=lo, hi=hi):
+                ga.get((slice(lo, hi) if rows is None else slice(lo + rows.start, lo + rows.stop),) + rest, out=out)
+
+            t0 = time.perf_counter()
+            self.backend.fetch_aside(dst, read)
+            self.counters.move(CATEGORY["get"], dst.nbytes)
+            self._spent(OP_LEVEL["get"], f"get {tensor}", time.perf_counter() - t0)
 
     def _spent(self, level: str, name: str, seconds: float) -> None:
         self.counters.seconds[level] += seconds
@@ -308,12 +359,17 @@ class Executor:
             mine = range(len(combos))
         self.in_parallel += loop.parallel
         outer = self.weight
+        stop = [names.index(i) for i in loop.symmetric]
         with self.backend.steady(self._steady(loop)):
             for n in mine:
+                if self.arriving and stop:
+                    self._arrive(max(combos[n][i][1] for i in stop))
                 self.ranges[loop.level].update(zip(names, combos[n]))
                 self.weight = outer * weights[n]
                 self._body(loop.body)
                 self.tiles_done += loop.parallel
+        if loop.parallel:
+            self._arrive()  # chunks no tile of this rank needed (a resumed loop's)
         self.weight = outer
         self.in_parallel -= loop.parallel
         self.ranges[loop.level] = saved

@@ -380,6 +380,29 @@ def test_upload_returns_before_queued_work_is_done():
     assert np.array_equal(cupy.asnumpy(dst), host)
 
 
+@pytest.mark.parametrize("stage", [4096, 1 << 26], ids=["chunked", "one-piece"])
+def test_fetch_aside_runs_beside_queued_work(stage, monkeypatch):
+    """``fetch_aside`` copies on its own stream while the work queued before it still runs (its
+    staged chunks do not wait for that work), and work queued after it sees the data: a sum
+    queued right after equals the source, also when a kernel queued before writes elsewhere."""
+    monkeypatch.setattr(device, "STAGE_BYTES", stage)
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(5 << 30)
+    source = np.random.default_rng(6).standard_normal((96, 33, 7))
+    dst = backend.zeros(source.shape, source.dtype)
+    backend.wait()  # as in the executor: nothing pending on dst itself (its zero fill)
+    a = cupy.asarray(np.random.default_rng(5).standard_normal((4096, 4096)))
+    for _ in range(20):
+        a = a @ a * (1 / 64)
+    backend.fetch_aside(dst, lambda rows, out: out.__setitem__(Ellipsis, source[rows]))
+    assert not cupy.cuda.get_current_stream().done  # the matrix products are still running
+    total = dst.sum()
+    after = dst * 2
+    backend.wait()
+    assert np.array_equal(cupy.asnumpy(after), 2 * source)
+    assert abs(float(total) - source.sum()) <= 1e-12 * np.abs(source).sum()
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
     after ``upload``; the next fetch may get the same block, while the copy is still queued. The

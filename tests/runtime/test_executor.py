@@ -100,6 +100,53 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
         assert float(f["E"][()]) == e
 
 
+def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
+    """(T) at o=6, v=10 on one rank, tiles of 2 (three positions): the loop starts with only the
+    first rows of ``ovvv``, ``ovoo``, ``ovov`` and ``t1`` on the device (the rest of the device
+    buffer still zero) and the others arrive, beside the work, as tiles first need them: one chunk
+    per input and position. Bytes as predicted; the energy equals a run with whole gets."""
+    import h5py
+    import numpy as np
+    import yaml
+
+    from chainexec import api
+    from chainexec.runtime import device, executor
+    from tests.conftest import run_cli
+
+    o, v = 6, 10
+    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", tmp_path).returncode == 0
+    config = tmp_path / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "200KiB"}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    aside, first = [], []
+
+    class Recording(device.Backend):
+        def fetch_aside(self, dst, read):
+            aside.append(dst.shape)
+            super().fetch_aside(dst, read)
+
+        def contract_sum(self, cs, out, operands):
+            if not first:  # the first tile: ovvv's device buffer, its rows 0..1 in, 2..5 not yet
+                ovvv = next(a for c, (a, _) in zip(cs, operands) if c.a == "ovvv").base
+                first.append((len(aside), ovvv.shape, bool(np.all(ovvv[:2] != 0)), bool(np.all(ovvv[2:] == 0))))
+            super().contract_sum(cs, out, operands)
+
+    monkeypatch.setattr(api, "select", lambda name, comm: Recording())
+    result = api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        e = float(f["E"][()])
+    assert first == [(4, (o, v, v, v), True, True)]
+    assert sorted(aside) == sorted([(2, v, v, v), (2, v, o, o), (2, v, o, v), (2, v)] * 3)
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    monkeypatch.setattr(executor, "streamed", lambda *args: None)
+    aside.clear()
+    api.run(config, backend="numpy")
+    assert not aside
+    with h5py.File(tmp_path / "energy.h5") as f:
+        assert float(f["E"][()]) == e
+
+
 QUEUED_RUN = r'''
 import json, sys
 import h5py
