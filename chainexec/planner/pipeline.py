@@ -114,8 +114,9 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     first ``(p + 1)·tile`` rows of an input whose every reference in the loop has one of the
     symmetric indices first. Such an input can be read from disk and copied to the device in rows
     of one tile while the loop runs (the runtime does, on one rank), so that the loop starts after
-    its first rows instead of after every input: in (T) at o=40 v=400 that is ``ovvv`` (20 GB of
-    the 23 GB read, about 6 s of disk and copy time before the first tile on the H100 machine).
+    its first rows instead of after every input: in (T) ``ovvv``, ``ovoo``, ``ovov`` and ``t1``; at
+    o=40 v=400 ``ovvv`` alone is 20 GB of the 23 GB read, about 6 s of disk and copy time before
+    the first tile on the H100 machine.
 
     Returns the loop's position in ``body`` and, per streamed tensor, its rows per chunk (the
     symmetric indices' tile); None where nothing can be streamed. A tensor read through a computed
@@ -127,7 +128,7 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     loop = body[at]
     if not (loop.parallel and loop.level == "device" and loop.symmetric):
         return None
-    loads = {op.tensor for op in body[:at] if op.op == "load"}
+    loads = [op.tensor for op in body[:at] if op.op == "load"]
     gets = [op.tensor for op in body[:at] if op.op == "get"]
     first: dict[str, set[str]] = {}
     for op, _ in ops(loop.body):
@@ -138,7 +139,7 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     through = {r.tensor for t in tensors.values() if t.computed() for r in expr.refs(expr.parse(t.source["expr"]))}
     named = {op.tensor for op, _ in ops(loop.body)}  # fetched, freed or written in the loop
     chosen = {t: loop.tiles[next(iter(first[t]))] for t in dict.fromkeys(gets)
-              if t in loads and gets.count(t) == 1 and t not in through | named and first.get(t)
+              if loads.count(t) == 1 and gets.count(t) == 1 and t not in through | named and first.get(t)
               and first[t] <= set(loop.symmetric)}
     return (at, chosen) if chosen else None
 

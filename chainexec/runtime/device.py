@@ -322,6 +322,9 @@ STAGE_BYTES = 8 << 20
 outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
 where a row (first axis) is larger. On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
 (T) inputs at o=24, v=180 (1.4 GB) reached the device in 0.65 s instead of 0.94 s."""
+HOLD_SHARE = 4
+"""A loop with steady inputs (:meth:`CupyBackend.steady`) sets 1/HOLD_SHARE of the room the plan
+leaves aside for relayout copies held from tile to tile."""
 PROBE_FLOOR = 1 << 20
 """Output bytes below which probes are not cut even when the plan leaves less room (only the
 methods timed in place, :data:`IN_PLACE`, are then timed within the room)."""
@@ -364,6 +367,11 @@ def _span(arr) -> tuple[int, int]:
     """A device array's memory span: the address of its view's first byte and one past its last."""
     lo = arr.data.ptr + sum(min(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides))
     return lo, arr.data.ptr + sum(max(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides)) + arr.itemsize
+
+
+def _inside(span: tuple[int, int], spans) -> bool:
+    """Whether a memory span (:func:`_span`) lies within one of ``spans``."""
+    return any(a <= span[0] and span[1] <= b for a, b in spans)
 
 
 def _overlaps(x, y) -> bool:
@@ -518,7 +526,8 @@ class CupyBackend(Backend):
     (page-locked) memory from CuPy's pinned pool, host→device DMA straight from pinned inputs,
     contractions by the fastest of the candidate methods (see the module docstring).
 
-    Everything runs on the current (default) stream. The compute methods return once their
+    Everything runs on the current (default) stream, but for :meth:`fetch_aside`'s copies, which
+    the current stream waits for (an event). The compute methods return once their
     kernels are queued (the host prepares the next statement while the device runs this one);
     the executor times them with CUDA events (:meth:`stamp`), so its per-level seconds are the
     device's time, and waits (:meth:`wait`) before anything it times on the host. Until
@@ -545,10 +554,12 @@ class CupyBackend(Backend):
         # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
         # while a run executes (:meth:`_reusing`), else None
         self._kept: dict | None = None
-        # inside :meth:`steady`: the steady arrays' memory spans, and the relayout copies of their
-        # views kept across statements: operand position -> (key, copy)
+        # inside :meth:`steady`: the steady arrays' memory spans, the relayout copies of their
+        # views kept across statements (operand position -> (key, copy, source span)), and the
+        # bytes set aside for those (None: no limit)
         self._steady: list[tuple[int, int]] | None = None
         self._held: dict = {}
+        self._hold_room: int | None = None
         self._aside = None  # the stream of :meth:`fetch_aside`, made on first use
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
@@ -614,7 +625,8 @@ class CupyBackend(Backend):
     def fetch_aside(self, dst, read) -> None:
         """As :meth:`Backend.fetch_aside`: :meth:`fetch` on a second stream, which the current one
         then waits for (an event), so the copy engine fills ``dst`` while the kernels queued
-        before run; the host waits only for this copy's staging (its own stream). ``dst`` must
+        before run; the host waits at most for this copy itself (its staging buffers' turns, or
+        :meth:`upload`'s limit on bytes in flight), not for those kernels. ``dst`` must
         have nothing pending on the device, its allocation's zero fill included: the executor
         fetches aside only inside a parallel loop, after waiting for the device at its start."""
         if self._aside is None:
@@ -958,15 +970,28 @@ class CupyBackend(Backend):
     @contextlib.contextmanager
     def steady(self, arrays):
         """As :meth:`Backend.steady`: a relayout copy of a view of a steady array is kept from
-        statement to statement and tile to tile (:meth:`_relaid_copy`), and dropped on leaving.
-        In (T) the terms ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2`` copy the slice ``ovvv[k]``
-        (0.39 ms at v=400 on the H100) once per k instead of once per tile."""
-        outer, self._steady = self._steady, [_span(x) for x in arrays]
+        statement to statement and tile to tile (:meth:`_relaid_copy`), and dropped on leaving
+        (an inner loop's: those of arrays not steady in the outer one). In (T) the terms
+        ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2`` copy the slice ``ovvv[k]`` (0.39 ms at
+        v=400 on the H100) once per k instead of once per tile. The outermost one sets
+        1/:data:`HOLD_SHARE` of the room the plan leaves aside for the held copies: the rest is
+        what the autotuner and the methods' temporaries may use meanwhile (:attr:`workspace`, also
+        in the tuning keys), so that held copies and temporaries together stay within it."""
+        outer, room, spans = self._steady, self.workspace, [_span(x) for x in arrays]
+        reserve = outer is None and spans and room is not None
+        if reserve:
+            self._hold_room = room // HOLD_SHARE
+            self.workspace = room - self._hold_room
+        self._steady = (outer or []) + spans
         try:
             yield
         finally:
             self._steady = outer
-            self._held.clear()
+            if reserve:
+                self.workspace, self._hold_room = room, None
+            for slot, (_, _, span) in list(self._held.items()):
+                if not _inside(span, outer or []):
+                    del self._held[slot]
 
     def _relaid_copy(self, slot: int, x, perm: tuple, out):
         """``x`` permuted by ``perm``, C-contiguous (:meth:`_contiguous`). Inside
@@ -975,14 +1000,15 @@ class CupyBackend(Backend):
         one is dropped before a new one is made), and none across other methods (:meth:`_run`),
         so a run holds no more than one term's relayout temporaries, as the autotuner's room
         assumes. Not where ``x`` overlaps ``out``, which the run changes. A view of a
-        :meth:`steady` array has its copy held across runs instead, one per position, where it
-        takes at most a quarter of the room the plan leaves (:attr:`workspace`)."""
+        :meth:`steady` array has its copy held across runs instead, one per position, where the
+        held copies fit in the room :meth:`steady` sets aside for them."""
         if _overlaps(x, out):
             return self._contiguous(x.transpose(perm))
         key = (x.data.ptr, x.shape, x.strides, tuple(perm), x.dtype.str)
-        lo, hi = _span(x)
-        if self._steady and any(a <= lo and hi <= b for a, b in self._steady) and (
-                self.workspace is None or 4 * x.nbytes <= self.workspace):
+        span = _span(x)
+        others = sum(copy.nbytes for s, (_, copy, _) in self._held.items() if s != slot)
+        if self._steady and _inside(span, self._steady) and (
+                self._hold_room is None or others + x.nbytes <= self._hold_room):
             kept = self._held
         elif self._kept is not None:
             kept = self._kept
@@ -990,7 +1016,7 @@ class CupyBackend(Backend):
             return self._contiguous(x.transpose(perm))
         if kept.get(slot, (None,))[0] != key:
             kept.pop(slot, None)
-            kept[slot] = (key, self._contiguous(x.transpose(perm)))
+            kept[slot] = (key, self._contiguous(x.transpose(perm)), span)
         return kept[slot][1]
 
     def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:

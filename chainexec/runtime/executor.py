@@ -10,7 +10,8 @@ visible) and after (accumulations complete).
 Disk reads and writes run on a background worker (:mod:`chainexec.runtime.diskio`). In a
 double-buffered loop (:mod:`chainexec.planner.pipeline`) the loop's own global buffers live in two
 slots allocated at loop entry; iteration n+1's loads are queued before iteration n runs and
-iteration n's stores are queued without waiting, so the disk works while the device does. Anywhere
+iteration n's stores are queued without waiting, so the disk works while the device does. Inputs
+streamed into a symmetric tile loop (:meth:`Executor._stream`) are read while it runs. Anywhere
 else a load or store waits for its job, as a plain call would.
 
 Counting: each transfer adds its payload bytes to its category on the rank that performs it; the
@@ -148,6 +149,7 @@ class Executor:
                 try:
                     self._body(nest.body, k - 1)
                 except Stopped:
+                    self.disk.close()  # no streamed read may still write into a window freed here
                     self._release()
                     raise
                 self._settle()
@@ -293,7 +295,10 @@ class Executor:
                 part = ((region[0][0] + lo, region[0][0] + min(lo + step, extent[t])),) + region[1:]
                 local = self.buffers[gkey].local()[lo:lo + step]
                 job = self.disk.submit(self.store.read, t, loads[t].version, part, local)
+                # both counted here, before the loop, as the whole load and get they stand for
+                # (a resumed loop's counts must not hold them: it streams them again)
                 self.counters.move(CATEGORY["load"], local.nbytes)
+                self.counters.move(CATEGORY["get"], local.nbytes)
                 self.arriving.append((lo, min(lo + step, extent[t]), t, gkey, dkey, job))
         return at
 
@@ -312,7 +317,6 @@ class Executor:
 
             t0 = time.perf_counter()
             self.backend.fetch_aside(dst, read)
-            self.counters.move(CATEGORY["get"], dst.nbytes)
             self._spent(OP_LEVEL["get"], f"get {tensor}", time.perf_counter() - t0)
 
     def _spent(self, level: str, name: str, seconds: float) -> None:

@@ -47,7 +47,7 @@ def enumerate_bytes(plan: Plan) -> dict:
                     spans.append([(s, min(s + node.tiles[i], hi)) for s in range(lo, hi, node.tiles[i])])
                 for combo in itertools.product(*spans):
                     positions = [spans[names.index(i)].index(combo[names.index(i)]) for i in node.symmetric]
-                    if positions != sorted(positions, reverse=True):
+                    if positions != sorted(positions):
                         continue
                     inner = {lvl: dict(r) for lvl, r in ranges.items()}
                     for lvl in (("global", "device") if node.level == "global" else ("device",)):
@@ -67,6 +67,20 @@ def enumerate_bytes(plan: Plan) -> dict:
     for nest in plan.nests:
         walk(nest.body, {"global": {}, "device": {}})
     return moved
+
+
+@pytest.mark.parametrize("factors", [[[5, 4], [1, 1]], [[3, 1, 2], [2, 5, 7], [1, 4, 6]]])
+def test_ordered_sum_is_over_the_executors_tuples(factors):
+    """The cost model's sum over a symmetric loop's tile positions (``cost._ordered_sum``) is over
+    the tuples the executor visits (``executor._tuples``: first ≤ second ≤ …), also with factors
+    that differ by position and index (edge tiles, indices a statement does not read)."""
+    from chainexec.planner.cost import _ordered_sum
+    from chainexec.runtime.executor import _tuples
+
+    names = [f"x{n}" for n in range(len(factors))]
+    spans = [[(p, p + 1) for p in range(len(factors[0]))] for _ in names]
+    combos, _ = _tuples(names, spans, names)
+    assert _ordered_sum(factors) == sum(math.prod(f[c[j][0]] for j, f in enumerate(factors)) for c in combos)
 
 
 def test_json_round_trip(tmp_path):

@@ -53,11 +53,24 @@ def _check_report(path) -> dict:
     return report
 
 
-@pytest.mark.parametrize("ranks", [1, 3])
-def test_stop_and_resume(tmp_path, ranks):
+STREAMED = {"global_memory": "1GiB", "device_memory": "300KiB"}
+"""Whole inputs on the device and occupied tiles of 2: on one rank four inputs stream into the
+loop (:func:`chainexec.planner.pipeline.streamed`), 20 ordered tiles."""
+
+
+@pytest.mark.parametrize("ranks, machine, tiles", [(1, MACHINE, 120), (3, MACHINE, 120), (1, STREAMED, 20)],
+                         ids=["1", "3", "1-streamed"])
+def test_stop_and_resume(tmp_path, ranks, machine, tiles):
     """Two runs stop at their first checkpoint (status 3, no energy file), each going further;
-    the third finishes from the second's checkpoint."""
-    config = _job(tmp_path)
+    the third finishes from the second's checkpoint, moving the predicted bytes (streamed inputs
+    come again in full, and are not also in the checkpoint's counts)."""
+    from chainexec import spec
+    from chainexec.planner.build import make_plan
+    from chainexec.planner.pipeline import streamed
+
+    config = _job(tmp_path, machine=machine)
+    plan = make_plan(spec.load(config))
+    assert (streamed(plan.nests[0].body, plan.contractions, plan.tensors) is not None) == (machine is STREAMED)
     folder = tmp_path / "ck"
     done = [0]
     for _ in range(2):
@@ -67,7 +80,7 @@ def test_stop_and_resume(tmp_path, ranks):
         assert "stopped at a checkpoint after" in proc.stderr and "run the same command to resume" in proc.stderr
         assert not (tmp_path / "energy.h5").exists()
         done.append(_done(folder))
-        assert done[-2] < done[-1] < 120
+        assert done[-2] < done[-1] < tiles
     proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] == done[-1]
@@ -219,6 +232,60 @@ try:
 except Stopped:
     sys.exit(3)
 '''
+
+
+SLOW_STOP = r'''
+import json, sys, threading, time
+from chainexec import api
+from chainexec.runtime import globalarray, store
+from chainexec.runtime.checkpoint import Stopped
+
+events, lock = [], threading.Lock()
+read, free = store.Store.read, globalarray.GlobalArray.free
+
+
+def slow_read(self, tensor, version, part, out):
+    with lock:
+        events.append(("start", tensor, time.perf_counter()))
+    time.sleep(0.05)
+    read(self, tensor, version, part, out)
+    with lock:
+        events.append(("end", tensor, time.perf_counter()))
+
+
+def logged_free(self):
+    with lock:
+        events.append(("free", "", time.perf_counter()))
+    free(self)
+
+
+store.Store.read = slow_read
+globalarray.GlobalArray.free = logged_free
+try:
+    api.run(sys.argv[1], backend="numpy", checkpoint=sys.argv[2], checkpoint_every=0, stop_after=0)
+except Stopped:
+    time.sleep(0.3)  # a read still running would log its end meanwhile
+    print(json.dumps(events))
+    sys.exit(3)
+'''
+
+
+def test_stop_waits_for_streamed_reads_before_freeing(tmp_path):
+    """A run stopped at its first checkpoint while streamed inputs are still being read (each
+    read slowed to 50 ms): the disk worker is stopped before the global arrays are freed, so no
+    read starts or ends after the first free (a read into a freed MPI window)."""
+    config = _job(tmp_path, machine=STREAMED)
+    script = tmp_path / "slow_stop.py"
+    script.write_text(SLOW_STOP)
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "ck")], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    events = json.loads(proc.stdout.splitlines()[-1])
+    frees = [t for kind, _, t in events if kind == "free"]
+    reads = [t for kind, _, t in events if kind != "free"]
+    assert frees and reads
+    assert max(reads) < min(frees)
 
 
 def test_queued_accumulates_land_before_a_checkpoint(tmp_path):

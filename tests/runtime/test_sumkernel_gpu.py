@@ -228,8 +228,9 @@ def test_relayout_copy_kept_from_term_to_term(monkeypatch):
 def test_relayout_copy_held_while_steady(monkeypatch):
     """Inside :meth:`Backend.steady` (a loop that only reads ``ovvv``), the relayout copy of the
     slice ``ovvv[k]`` is held from tile to tile: tiles that share k copy it once, a new k copies
-    its own slice, each tile equals numpy.einsum, and leaving drops it. Where it would take more
-    than a quarter of the room the plan leaves, it is only kept within a run. The run: W's two
+    its own slice, each tile equals numpy.einsum, and leaving drops it. The loop sets a quarter of
+    the room the plan leaves aside for held copies (the rest is the autotuner's); where a copy
+    does not fit there, it is only kept within a run. The run: W's two
     terms that read ``ovvv[k]``, which the relayout method copies in (T)."""
     o, v = 5, 11
     rng = np.random.default_rng(10)
@@ -268,7 +269,16 @@ def test_relayout_copy_held_while_steady(monkeypatch):
     tiles(order[:2])  # outside: once per run
     assert [copied.count(s) for s in slices] == [0, 0, 0, 2, 0]
     copied.clear()
-    be.workspace = 4 * full["ovvv"][0].nbytes - 1
+    nbytes = full["ovvv"][0].nbytes
+    be.workspace = 4 * nbytes - 4  # a quarter of the room set aside is one byte short of a copy
     with be.steady(list(dev.values())):
+        assert be.workspace == 3 * nbytes - 3
         tiles(order)
     assert [copied.count(s) for s in slices] == [0, 0, 0, 3, 2]
+    copied.clear()
+    be.workspace = 4 * nbytes
+    with be.steady(list(dev.values())):
+        assert be.workspace == 3 * nbytes  # the autotuner and temporaries get the rest
+        tiles(order)
+    assert be.workspace == 4 * nbytes and not be._held
+    assert [copied.count(s) for s in slices] == [0, 0, 0, 1, 1]
