@@ -187,6 +187,18 @@ def test_backend_stacks_the_short_sums(method):
     assert len(stacked) == 3  # one contraction per pair, each tuned on its own
 
 
+def _relayout_recorded(terms, monkeypatch):
+    """W's ``terms`` as contractions, a backend forced to relayout, and the list of the memory
+    addresses it copies from (every :meth:`_contiguous` call)."""
+    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(terms)]
+    be = device.CupyBackend(cupy, "relayout")
+    copied = []
+    contiguous = be._contiguous
+    monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
+    return cs, be, copied
+
+
 def test_relayout_copy_kept_from_term_to_term(monkeypatch):
     """W's terms ``ovvv[k,c,f,a]·t2[j,i,b,f]`` and ``ovvv[k,c,f,b]·t2[i,j,a,f]`` read the same
     slice of one ``ovvv`` buffer, as in the executor: forced to relayout, a run copies that slice
@@ -206,12 +218,7 @@ def test_relayout_copy_kept_from_term_to_term(monkeypatch):
     ops = [(view(dev, "ovvv" if "f" in a else "ovoo", a), view(dev, "t2", b)) for a, b, _ in terms]
     ref = sum(f * np.einsum(f"{a},{b}->ijkabc", view(full, "ovvv" if "f" in a else "ovoo", a), view(full, "t2", b))
               for a, b, f in terms)
-    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
-          for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, "relayout")
-    copied = []
-    contiguous = be._contiguous
-    monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
+    cs, be, copied = _relayout_recorded(terms, monkeypatch)
     slice_k = dev["ovvv"][3].data.ptr
     for n in range(2):
         copied.clear()
@@ -237,12 +244,7 @@ def test_relayout_copy_held_while_steady(monkeypatch):
     full = {"ovvv": rng.standard_normal((o, v, v, v)), "t2": rng.standard_normal((o, o, v, v))}
     dev = {n: cupy.asarray(x) for n, x in full.items()}
     terms = CASES[0][1][4:6]
-    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
-          for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, "relayout")
-    copied = []
-    contiguous = be._contiguous
-    monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
+    cs, be, copied = _relayout_recorded(terms, monkeypatch)
     slices = [dev["ovvv"][k].data.ptr for k in range(o)]
 
     def tiles(ijks):
