@@ -163,7 +163,13 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     the cost (the statements' movement and flops are not counted)."""
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
-    flops, statements, streamed = [0], [0], [0]
+    flops, statements, streamed, compute = [0], [0], [0], [0.0]
+
+    def count(work: int, bytes_: int) -> None:
+        """One compute statement's flops and streamed bytes over all its iterations."""
+        flops[0] += work
+        streamed[0] += bytes_
+        compute[0] += machine.compute_seconds(work, bytes_)
 
     for nest in nests:
         live = {"global": 0, "device": 0}
@@ -190,24 +196,25 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     continue
                 if node.op in ("compute", "fused"):
                     group = node.group or [node.contraction]
-                    for c in (contractions[j] for j in group):
-                        flops[0] += (2 if c.b is not None else 1) * around.points(c.indices(), extents, "device")
+                    work = sum((2 if c.b is not None else 1) * around.points(c.indices(), extents, "device")
+                               for c in (contractions[j] for j in group))
                     statements[0] += len(group) * around.points([], extents, "device")
                     if node.op == "fused":
                         reads = inline.expression(node, contractions, tensors).leaves()
-                        streamed[0] += 2 * tile_bytes(node.tensor, node.indices, around) + sum(
+                        bytes_ = 2 * tile_bytes(node.tensor, node.indices, around) + sum(
                             tile_bytes(r.tensor, r.indices, around) for r in reads)
-                        continue
-                    c = contractions[node.contraction]
-                    if k not in tails:  # a point-wise run's output is read and written once
-                        streamed[0] += 2 * tile_bytes(c.out, c.out_indices, around)
-                    streamed[0] += sum(tile_bytes(n, ix, around) for n, ix in c.operands())
+                    else:
+                        c = contractions[node.contraction]
+                        # a point-wise run's output is read and written once
+                        bytes_ = (0 if k in tails else 2 * tile_bytes(c.out, c.out_indices, around)) + sum(
+                            tile_bytes(n, ix, around) for n, ix in c.operands())
+                    count(work, bytes_)
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
-                    streamed[0] += tile_bytes(node.tensor, node.indices, around) + sum(
-                        tile_bytes(r.tensor, [rename[i] for i in r.indices], around) for r in _refs(t.source["expr"]))
+                    count(0, tile_bytes(node.tensor, node.indices, around) + sum(
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], around) for r in _refs(t.source["expr"])))
                     continue
                 item = tensors[node.tensor].itemsize
                 if key(node) in slotted and node.op in ("alloc", "free"):
@@ -226,7 +233,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, flops[0], streamed[0])
+    seconds = machine.seconds(moved, compute[0])
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
 

@@ -1,6 +1,7 @@
 """Machine model: the bandwidths and flop rate that turn predicted bytes and flops into seconds.
 
-The plan's predicted time per level is bytes / bandwidth (flops / rate for compute); the bound is
+The plan's predicted time per level is bytes / bandwidth (for compute, the sum over statements of
+the larger of flops / rate and streamed bytes / device bandwidth); the bound is
 their maximum, what a run that overlaps all levels perfectly would take (multi-level paper,
 section 4: movement at each level is costed separately). The defaults are conservative figures
 for one node; a machine file (JSON, same field names) replaces them.
@@ -30,10 +31,11 @@ class Machine:
     # calibrate` measures it (4.7e-4 s with 2 ranks on a 2-core VM, NumPy).
     statement_seconds: float = 2.0e-4
     # Bytes per second a compute statement reads and writes in device memory (its operands' and
-    # output's tiles): a statement costs flops / flop_rate + streamed bytes / device_bandwidth,
-    # which is what makes point-wise statements over 6-D tiles and output-heavy contractions slow
-    # though their flops are few. `chainexec calibrate` measures it (a device-to-device copy);
-    # None, the default, leaves compute as flops alone (the papers' model).
+    # output's tiles): a statement costs the larger of flops / flop_rate and streamed bytes /
+    # device_bandwidth (:meth:`compute_seconds`), which is what makes point-wise statements over
+    # 6-D tiles and output-heavy contractions slow though their flops are few. `chainexec
+    # calibrate` measures it (a device-to-device copy); None, the default, leaves compute as flops
+    # alone (the papers' model).
     device_bandwidth: float | None = None
     # Whether compute statements are queued on a device stream (CuPy, since 2026-11-24): the
     # host's per-statement seconds then overlap the device's compute of the statements before
@@ -43,14 +45,26 @@ class Machine:
     async_statements: bool = False
     source: str = "defaults"
 
-    def seconds(self, moved: dict[str, int], flops: int, streamed: int = 0) -> dict[str, float]:
-        """Seconds per level for the given bytes per category, flops, and bytes the compute
-        statements stream through device memory (``streamed``)."""
+    def compute_seconds(self, flops: int, streamed: int) -> float:
+        """Seconds of one compute statement (over all its iterations) that does ``flops`` and
+        streams ``streamed`` bytes through device memory: the larger of the two times, the
+        roofline model (Williams, Waterman and Patterson, CACM 52(4), 2009), since a kernel reads
+        its operands while it multiplies them. Until 2026-11-24 (thirteenth session) the two were
+        added, which priced W's operand reads in (T) on top of its GEMMs' flops: at o=40, v=400
+        the planner took occupied tiles of 2 once 40 GiB was set (predicted 137.4 s against
+        139.0 s for tiles of 1), and on the H100 they ran in 180.9 s against 135.3 s."""
+        if not self.device_bandwidth:
+            return flops / self.flop_rate
+        return max(flops / self.flop_rate, streamed / self.device_bandwidth)
+
+    def seconds(self, moved: dict[str, int], compute: float) -> dict[str, float]:
+        """Seconds per level for the given bytes per category and compute seconds (the sum of
+        :meth:`compute_seconds` over the statements)."""
         return {
             "disk": moved["disk->global"] / self.disk_read + moved["global->disk"] / self.disk_write,
             "global<->device": moved["global->device"] / self.global_to_device
             + moved["device->global"] / self.device_to_global,
-            "compute": flops / self.flop_rate + (streamed / self.device_bandwidth if self.device_bandwidth else 0.0),
+            "compute": compute,
         }
 
     def to_json(self) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from chainexec import spec
 from chainexec.planner.build import make_plan
+from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, ops
 from tests.conftest import read_report, run_cli
 
@@ -88,13 +89,11 @@ def test_predicted_seconds_are_shared_by_the_ranks():
     """Bytes and flops are totals over the ranks; each level's predicted seconds are the bound of
     the ranks working at once at the machine's per-rank rates: the one-rank time of the same
     amounts divided by the rank count."""
-    from chainexec.planner.machine import Machine
-
     s = spec.load(CONFIGS / "fourindex.yaml")
     machine = Machine()
     plan = make_plan(s, machine, ranks=3)
     p = plan.predicted
-    one_rank = machine.seconds(p["bytes"], p["flops"])
+    one_rank = machine.seconds(p["bytes"], machine.compute_seconds(p["flops"], p["streamed"]))
     assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
     assert p["total_seconds"] == pytest.approx(max(one_rank.values()) / 3, rel=1e-12)
 
@@ -130,7 +129,6 @@ def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
 
     from chainexec.planner.build import contractions
     from chainexec.planner.choose import compositions
-    from chainexec.planner.machine import Machine
     from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
     from chainexec.planner.schedule import Context, _halve
     from tests.conftest import fourindex_config, write_config
@@ -169,7 +167,6 @@ def test_host_time_adds_to_compute_or_overlaps_it():
     statements are queued on a device stream (``async_statements``), whichever is longer."""
     from dataclasses import replace
 
-    from chainexec.planner.machine import Machine
     from chainexec.planner.schedule import work_seconds
 
     predicted = {"seconds": {"disk": 1.0, "global<->device": 2.0, "compute": 10.0}, "statements": 1000}
@@ -182,6 +179,17 @@ def test_host_time_adds_to_compute_or_overlaps_it():
     assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 20)
 
 
+H100 = Machine(disk_read=1.77e9, disk_write=1.0e9, global_to_device=5.28e9, device_to_global=7.16e9,
+               flop_rate=5.43e13, statement_seconds=2.36e-4, device_bandwidth=2.79e12)
+"""machine_h100_2026-11-23.json's rates, queued statements off (that file's later setting)."""
+
+
+def _triples(occ: int, vir: int, device: str):
+    """configs/ccsd_t.yaml at ``occ``, ``vir`` with 64 GiB of global and ``device`` of device memory."""
+    text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", f"occ: {occ}").replace("vir: 19", f"vir: {vir}")
+    return spec.loads(text.replace("1GiB", "64GiB").replace("256MiB", device), str(CONFIGS / "ccsd_t.yaml"))
+
+
 def test_overlapped_host_time_lets_triples_take_smaller_tiles():
     """The measured case (H100, 2026-11-23, machine_h100_2026-11-23.json's rates): (T) at o=32
     v=300 with 40 GiB of device memory. Added up, 120 tiles of 4x4x4 occupied (4,080 statements)
@@ -190,14 +198,42 @@ def test_overlapped_host_time_lets_triples_take_smaller_tiles():
     61.8 s. With the host's time overlapped the planner takes the tiles of 2."""
     from dataclasses import replace
 
-    from chainexec.planner.machine import Machine
-
-    text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 32").replace("vir: 19", "vir: 300")
-    s = spec.loads(text.replace("1GiB", "64GiB").replace("256MiB", "40GiB"), str(CONFIGS / "ccsd_t.yaml"))
-    h100 = Machine(disk_read=1.77e9, disk_write=1.0e9, global_to_device=5.28e9, device_to_global=7.16e9,
-                   flop_rate=5.43e13, statement_seconds=2.36e-4, device_bandwidth=2.79e12)
-    added, overlapped = (make_plan(s, m) for m in (h100, replace(h100, async_statements=True)))
+    added, overlapped = (make_plan(_triples(32, 300, "40GiB"), m) for m in (H100, replace(H100, async_statements=True)))
     tiles = [[t for _, t in parallel_loops(p)] for p in (added, overlapped)]
     assert tiles == [[{"i": 4, "j": 4, "k": 4}], [{"i": 2, "j": 2, "k": 2}]]
     assert overlapped.predicted["flops"] < 0.86 * added.predicted["flops"]
     assert overlapped.predicted["statements"] > 6 * added.predicted["statements"]
+
+
+def test_roofline_keeps_the_triples_tiles_of_one():
+    """The measured case (H100, 2026-11-24, thirteenth session): (T) at o=40 v=400 with 40 GiB
+    of device memory. With a statement's flop time and streamed-byte time added, occupied tiles of
+    2 (7.3 % more flops, half the operand reads per point) were priced below tiles of 1; on the
+    GPU they ran in 180.9 s against 135.3 s. Priced by the roofline, the larger of the two per
+    statement, the planner keeps tiles of 1 however much memory is set."""
+    from dataclasses import replace
+
+    machine = replace(H100, async_statements=True)
+    for device in ("26GiB", "40GiB", "78GiB"):
+        plan = make_plan(_triples(40, 400, device), machine)
+        assert [t for _, t in parallel_loops(plan)] == [{"i": 1, "j": 1, "k": 1}], device
+
+
+@pytest.mark.parametrize("config", ["fourindex", "triples"])
+def test_compute_seconds_are_the_roofline_of_each_statement(config):
+    """A plan's compute seconds are the sum over its statements of the larger of flops /
+    flop_rate and streamed bytes / device_bandwidth: the flops' time alone when memory is
+    infinitely fast, the bytes' alone when the flops are free; in between, more than the larger
+    of the plan's two totals (its statements are bound by different sides) and less than their
+    sum. The plan is fixed first, then priced under each machine. (T) at v=300: W's sums over a
+    virtual index are flop-bound, its sums over an occupied one and the epilogue byte-bound."""
+    from dataclasses import replace
+
+    from chainexec.planner.cost import predict
+
+    plan = make_plan(spec.load(CONFIGS / "fourindex.yaml") if config == "fourindex" else _triples(8, 300, "40GiB"), H100)
+    p = plan.predicted
+    flop_s, byte_s = p["flops"] / H100.flop_rate, p["streamed"] / H100.device_bandwidth
+    assert predict(plan, replace(H100, device_bandwidth=1e300))["seconds"]["compute"] == pytest.approx(flop_s, rel=1e-12)
+    assert predict(plan, replace(H100, flop_rate=1e300))["seconds"]["compute"] == pytest.approx(byte_s, rel=1e-12)
+    assert max(flop_s, byte_s) < p["seconds"]["compute"] < flop_s + byte_s
