@@ -4,11 +4,13 @@ For each contraction and scale (1 = the sizes of ``shared/benchmarks/tccg.json``
 extent doubled): the COGENT kernel of the model's configuration and the GETT tensor-core kernels
 of the GETT model's top three configurations are each checked against ``cupy.einsum`` on fresh
 random inputs (output poisoned with NaN first, so an unwritten element fails; relative Frobenius
-error; then the alpha/beta path), as is the batched-GEMM layout (cuBLAS in place), and timed
+error; then the alpha/beta path), as are the batched-GEMM layouts (cuBLAS in place, and on
+permuted copies of the operands as the runtime's ``relayout`` makes them), and timed
 beside TTGT, ``cupy.einsum`` and, where importable,
 ``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events (median of repeats after a
-warm-up). ``chainexec`` is what the runtime's selector takes (the fastest of GETT, batched GEMM,
-COGENT, TTGT and cupy.einsum); the measured cuBLAS DGEMM rate is recorded for scale.
+warm-up). ``chainexec`` is what the runtime's selector takes (the fastest of GETT, batched GEMM in
+place or relaid, COGENT, TTGT, cupy.einsum and cuTENSOR); the measured cuBLAS DGEMM rate is
+recorded for scale.
 
 Layout: the index strings of tccg.json are used as given with **row-major** storage, i.e. the
 last letter of each string is the stride-1 index (the original TCCG strings are column-major).
@@ -34,7 +36,7 @@ import numpy as np
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
-from chainexec.runtime.device import CupyBackend, _ttgt_product
+from chainexec.runtime.device import CupyBackend, _relaid, _ttgt_product
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,6 +188,18 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
     if backend.batched_gemm(con, C, A, B, 1.0, beta=0.0):
         row["rel_err"] = max(row["rel_err"], rel_error(C, ref))
         times["batched"] = time_gpu(lambda: backend.batched_gemm(con, C, A, B, 1.0, beta=0.0), budget_s)
+    if backend._relayout(con, C, A, B) is not None:
+        moved, pa, pb = _relaid(con)
+
+        def relayout():
+            """The runtime's ``relayout`` method: batched GEMM on permuted copies, copies timed."""
+            backend.batched_gemm(moved, C, backend._contiguous(A.transpose(pa)),
+                                 backend._contiguous(B.transpose(pb)), 1.0, beta=0.0)
+
+        C[...] = cupy.nan
+        relayout()
+        row["rel_err"] = max(row["rel_err"], rel_error(C, ref))
+        times["relayout"] = time_gpu(relayout, budget_s)
     del ref
     times["ttgt"] = time_gpu(lambda: _ttgt_product(cupy, con, A, B), budget_s)
     times["cupy_einsum"] = time_gpu(lambda: cupy.einsum(f"{a},{b}->{c}", A, B), budget_s)
@@ -203,9 +217,11 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
     # The runtime's selector (device.CupyBackend) picks the fastest of its methods: GETT, batched
-    # GEMM, COGENT, TTGT, cupy.einsum and cuTENSOR where installed; the libraries it is compared
-    # with are the others (where it picks a library, its ratio to the best library is at most 1).
-    ours = {k: times[k][0] for k in ("gett", "batched", "cogent", "ttgt", "cupy_einsum", "cutensor") if k in times}
+    # GEMM in place or on permuted copies, COGENT, TTGT, cupy.einsum and cuTENSOR where installed;
+    # the libraries it is compared with are the others (where it picks a library, its ratio to the
+    # best library is at most 1).
+    ours = {k: times[k][0] for k in ("gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "cutensor")
+            if k in times}
     row["selector"] = min(ours, key=ours.get)
     row["chainexec_ms"] = ours[row["selector"]]
     row["generated_ms"] = min(times[k][0] for k in ("gett", "cogent") if k in times)
@@ -213,7 +229,8 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
     row["best_library"] = min(libs, key=libs.get)
     row["ratio_vs_best_library"] = libs[row["best_library"]] / row["chainexec_ms"]
     row["generated_ratio_vs_best_library"] = libs[row["best_library"]] / row["generated_ms"]
-    for key in ("chainexec", "generated", "gett", "batched", "cogent", "ttgt", "cupy_einsum", "torch_einsum", "cutensor"):
+    for key in ("chainexec", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "torch_einsum",
+                "cutensor"):
         if f"{key}_ms" in row:
             row[f"{key}_gflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e9
     return row
@@ -282,6 +299,7 @@ def main(argv=None) -> int:
             print(f"{row['id']:2d} x{s} {row['name']:18s} err={row['rel_err']:.1e}/"
                   f"{row['rel_err_beta']:.1e} gett={row.get('gett_gflops', float('nan')):6.0f} "
                   f"cogent={row['cogent_gflops']:6.0f} batched={row.get('batched_gflops', float('nan')):6.0f} "
+                  f"relayout={row.get('relayout_gflops', float('nan')):6.0f} "
                   f"chainexec={row['chainexec_gflops']:6.0f} "
                   f"({row['selector']}) cupy={row['cupy_einsum_gflops']:6.0f} "
                   f"torch={row.get('torch_einsum_gflops', float('nan')):6.0f} "
