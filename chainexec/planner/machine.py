@@ -52,7 +52,8 @@ class Machine:
         its operands while it multiplies them. Until 2026-11-24 (thirteenth session) the two were
         added, which priced W's operand reads in (T) on top of its GEMMs' flops: at o=40, v=400
         the planner took occupied tiles of 2 once 40 GiB was set (predicted 137.4 s against
-        139.0 s for tiles of 1), and on the H100 they ran in 180.9 s against 135.3 s."""
+        138.5 s for tiles of 1), and on the H100 they ran in 180.9 s against 135.4 s for tiles of 1
+        (both at 40 GiB, warm)."""
         if not self.device_bandwidth:
             return flops / self.flop_rate
         return max(flops / self.flop_rate, streamed / self.device_bandwidth)

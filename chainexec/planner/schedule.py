@@ -86,7 +86,8 @@ class Context:
 
 
 def movement_seconds(predicted: dict) -> float:
-    """What the planner minimises: time spent moving data (compute is the same for every plan)."""
+    """What the papers' rule minimises: time spent moving data (it takes compute as the same for
+    every plan; :func:`work_seconds` adds it where tilings differ in flops)."""
     return predicted["seconds"]["disk"] + predicted["seconds"]["global<->device"]
 
 

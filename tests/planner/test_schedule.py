@@ -93,6 +93,7 @@ def test_predicted_seconds_are_shared_by_the_ranks():
     machine = Machine()
     plan = make_plan(s, machine, ranks=3)
     p = plan.predicted
+    # the defaults have no device bandwidth: compute is the flops' time, totals alike
     one_rank = machine.seconds(p["bytes"], machine.compute_seconds(p["flops"], p["streamed"]))
     assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
     assert p["total_seconds"] == pytest.approx(max(one_rank.values()) / 3, rel=1e-12)
@@ -181,7 +182,8 @@ def test_host_time_adds_to_compute_or_overlaps_it():
 
 H100 = Machine(disk_read=1.77e9, disk_write=1.0e9, global_to_device=5.28e9, device_to_global=7.16e9,
                flop_rate=5.43e13, statement_seconds=2.36e-4, device_bandwidth=2.79e12)
-"""machine_h100_2026-11-23.json's rates, queued statements off (that file's later setting)."""
+"""machine_h100_2026-11-23.json's rates with queued statements off (the file has had
+``async_statements: true`` since the ninth session)."""
 
 
 def _triples(occ: int, vir: int, device: str):
@@ -209,7 +211,7 @@ def test_roofline_keeps_the_triples_tiles_of_one():
     """The measured case (H100, 2026-11-24, thirteenth session): (T) at o=40 v=400 with 40 GiB
     of device memory. With a statement's flop time and streamed-byte time added, occupied tiles of
     2 (7.3 % more flops, half the operand reads per point) were priced below tiles of 1; on the
-    GPU they ran in 180.9 s against 135.3 s. Priced by the roofline, the larger of the two per
+    GPU they ran in 180.9 s against 135.4 s (both at 40 GiB, warm). Priced by the roofline, the larger of the two per
     statement, the planner keeps tiles of 1 however much memory is set."""
     from dataclasses import replace
 
@@ -223,10 +225,12 @@ def test_roofline_keeps_the_triples_tiles_of_one():
 def test_compute_seconds_are_the_roofline_of_each_statement(config):
     """A plan's compute seconds are the sum over its statements of the larger of flops /
     flop_rate and streamed bytes / device_bandwidth: the flops' time alone when memory is
-    infinitely fast, the bytes' alone when the flops are free; in between, more than the larger
-    of the plan's two totals (its statements are bound by different sides) and less than their
-    sum. The plan is fixed first, then priced under each machine. (T) at v=300: W's sums over a
-    virtual index are flop-bound, its sums over an occupied one and the epilogue byte-bound."""
+    infinitely fast, the bytes' alone when the flops are free. The plan is fixed first, then
+    priced under each machine. With the H100's rates every statement of the four-index
+    transform is byte-bound, so compute is the bytes' time; in (T) at v=300 W's sums over a
+    virtual index are flop-bound and its sums over an occupied one and the epilogue byte-bound,
+    so compute lies well above the larger of the two totals and well below their sum (the
+    additive model of the twelfth session gave the sum)."""
     from dataclasses import replace
 
     from chainexec.planner.cost import predict
@@ -236,4 +240,8 @@ def test_compute_seconds_are_the_roofline_of_each_statement(config):
     flop_s, byte_s = p["flops"] / H100.flop_rate, p["streamed"] / H100.device_bandwidth
     assert predict(plan, replace(H100, device_bandwidth=1e300))["seconds"]["compute"] == pytest.approx(flop_s, rel=1e-12)
     assert predict(plan, replace(H100, flop_rate=1e300))["seconds"]["compute"] == pytest.approx(byte_s, rel=1e-12)
-    assert max(flop_s, byte_s) < p["seconds"]["compute"] < flop_s + byte_s
+    compute = p["seconds"]["compute"]
+    if config == "fourindex":
+        assert compute == pytest.approx(byte_s, rel=1e-12) and flop_s < 0.5 * byte_s
+    else:
+        assert 1.1 * max(flop_s, byte_s) < compute < 0.9 * (flop_s + byte_s)
