@@ -238,8 +238,8 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
     row["best_library"] = min(libs, key=libs.get)
     row["ratio_vs_best_library"] = libs[row["best_library"]] / row["chainexec_ms"]
     row["generated_ratio_vs_best_library"] = libs[row["best_library"]] / row["generated_ms"]
-    for key in ("chainexec", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "torch_einsum",
-                "cutensor"):
+    for key in ("chainexec", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
+                "torch_einsum", "cutensor"):
         if f"{key}_ms" in row:
             row[f"{key}_gflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e9
     return row

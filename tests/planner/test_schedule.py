@@ -211,8 +211,8 @@ def test_roofline_keeps_the_triples_tiles_of_one():
     """The measured case (H100, 2026-11-24, thirteenth session): (T) at o=40 v=400 with 40 GiB
     of device memory. With a statement's flop time and streamed-byte time added, occupied tiles of
     2 (7.3 % more flops, half the operand reads per point) were priced below tiles of 1; on the
-    GPU they ran in 180.9 s against 135.4 s (both at 40 GiB, warm). Priced by the roofline, the larger of the two per
-    statement, the planner keeps tiles of 1 however much memory is set."""
+    GPU they ran in 180.9 s against 135.4 s (both at 40 GiB, warm). Priced by the roofline, the
+    larger of the two per statement, the planner keeps tiles of 1 however much memory is set."""
     from dataclasses import replace
 
     machine = replace(H100, async_statements=True)
@@ -235,11 +235,13 @@ def test_compute_seconds_are_the_roofline_of_each_statement(config):
 
     from chainexec.planner.cost import predict
 
-    plan = make_plan(spec.load(CONFIGS / "fourindex.yaml") if config == "fourindex" else _triples(8, 300, "40GiB"), H100)
+    s = spec.load(CONFIGS / "fourindex.yaml") if config == "fourindex" else _triples(8, 300, "40GiB")
+    plan = make_plan(s, H100)
     p = plan.predicted
     flop_s, byte_s = p["flops"] / H100.flop_rate, p["streamed"] / H100.device_bandwidth
-    assert predict(plan, replace(H100, device_bandwidth=1e300))["seconds"]["compute"] == pytest.approx(flop_s, rel=1e-12)
-    assert predict(plan, replace(H100, flop_rate=1e300))["seconds"]["compute"] == pytest.approx(byte_s, rel=1e-12)
+    fast_memory, free_flops = replace(H100, device_bandwidth=1e300), replace(H100, flop_rate=1e300)
+    assert predict(plan, fast_memory)["seconds"]["compute"] == pytest.approx(flop_s, rel=1e-12)
+    assert predict(plan, free_flops)["seconds"]["compute"] == pytest.approx(byte_s, rel=1e-12)
     compute = p["seconds"]["compute"]
     if config == "fourindex":
         assert compute == pytest.approx(byte_s, rel=1e-12) and flop_s < 0.5 * byte_s
