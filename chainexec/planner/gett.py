@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -75,7 +75,9 @@ class GettConfig:
     ``bk`` summed per stage;
     ``stages`` shared-memory buffers in flight (cp.async pipeline depth). ``a_k_fast``: A's tile
     is loaded along k (A's stride-1 index is summed), else along m; ``b_n_fast``: B's along n,
-    else along k."""
+    else along k. ``staged``: the epilogue passes each warp's accumulators through shared memory
+    and stores whole rows of its tile per instruction (:func:`source`), else every lane stores
+    its own fragment elements."""
 
     warps_m: int
     warps_n: int
@@ -86,6 +88,7 @@ class GettConfig:
     mma: str
     a_k_fast: bool
     b_n_fast: bool
+    staged: bool = False
 
     @property
     def rows(self) -> int:
@@ -117,8 +120,21 @@ class GettConfig:
         pa, pb = self.pitches()
         return (self.bm if self.a_k_fast else self.bk) * pa, (self.bk if self.b_n_fast else self.bn) * pb
 
+    def stage_pitch(self) -> int:
+        """Row pitch (elements) of a warp's tile in the staged epilogue: its width rounded to 3
+        mod 16 doubles. One fragment store (8 rows, 4 lanes' even or odd columns per row) then
+        meets each 8-byte bank pair at most 3 times, against 2 at best for 32 doubles and 4 for
+        any pitch of 1 mod 16."""
+        width = self.mma_n * 8
+        return width + (3 - width) % 16
+
     def smem_bytes(self) -> int:
-        return self.stages * sum(self.stage_elems()) * ELEM
+        """Dynamic shared memory (bytes): the pipeline's stages, or the staged epilogue's tiles
+        (one ``rows × stage_pitch`` tile per warp, in the same memory once the pipeline is done)
+        if larger."""
+        pipeline = self.stages * sum(self.stage_elems()) * ELEM
+        epilogue = self.warps_m * self.warps_n * self.rows * self.stage_pitch() * ELEM if self.staged else 0
+        return max(pipeline, epilogue)
 
     def valid(self, arch: int = 90) -> bool:
         """Whether the cooperative loads divide evenly and the shape and shared memory exist on
@@ -135,7 +151,8 @@ class GettConfig:
 
     def name(self) -> str:
         return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
-                f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}")
+                f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
+                + ("_st" if self.staged else ""))
 
 
 TILES = ((2, 2, 4, 4, 16), (2, 2, 4, 4, 8), (2, 4, 4, 4, 16), (4, 2, 4, 4, 16), (2, 2, 8, 4, 16),
@@ -285,15 +302,20 @@ def configs(p: Problem, stages: int = 3, arch: int = 90) -> list[GettConfig]:
 def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
                arch: int = 90) -> list[tuple[str, GettConfig]]:
     """The ``top`` (order, configuration) pairs the model ranks best among ``problems``
-    (:func:`variants`) on compute capability ``arch``, the best of every order among them: the
-    autotuner times these. Empty where the device has no FP64 MMA (before sm_80)."""
+    (:func:`variants`) on compute capability ``arch``, the best of every order among them, then
+    the staged-epilogue twin of each (:attr:`GettConfig.staged`) where its shared memory fits:
+    the autotuner times these. The model cannot tell the two epilogues apart (both store whole
+    sectors; what differs is the number of store instructions and their order), the timing can.
+    Empty where the device has no FP64 MMA (before sm_80)."""
     ranked = sorted(((predicted_seconds(p, cfg, sm_count), order, cfg.name(), cfg)
                      for order, p in problems.items() for cfg in configs(p, arch=arch)), key=lambda x: x[:3])
     if not ranked:
         return []
     firsts = [next(x for x in ranked if x[1] == order) for order in problems]
     rest = [x for x in ranked if x not in firsts]
-    return [(x[1], x[3]) for x in sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])]
+    best = [(x[1], x[3]) for x in sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])]
+    twins = [(order, replace(cfg, staged=True)) for order, cfg in best]
+    return best + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
 
 
 SECTOR = 32
@@ -501,26 +523,69 @@ def source(cfg: GettConfig) -> str:
           "    }",
           "    __syncthreads();",
           "  }",
-          '  asm volatile("cp.async.wait_group 0;\\n" ::);',
-          "  // epilogue: C = alpha*acc (+ beta*C); lanes 4q..4q+3 hold 8 consecutive n of one row",
-          "  #pragma unroll",
-          f"  for (int i = 0; i < {cfg.mma_m}; ++i)",
-          "    #pragma unroll",
-          f"    for (int h = 0; h < {r // 8}; ++h) {{",
-          f"      const long long m = bm + wm + i * {r} + h * 8 + (lane >> 2);",
-          "      if (m >= M) continue;",
-          "      const long long om = offcm[m];",
-          "      #pragma unroll",
-          f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
-          "        #pragma unroll",
-          "        for (int q = 0; q < 2; ++q) {",
-          "          const long long n = bn + wn + j * 8 + 2 * (lane & 3) + q;",
-          "          if (n < N) {",
-          "            double* p = C + om + offcn[n];",
-          "            const double v = alpha * acc[i][j][2 * h + q];",
-          "            *p = beta == 0.0 ? v : fma(beta, *p, v);",
-          "          }",
-          "        }",
-          "    }",
-          "}", ""]
+          '  asm volatile("cp.async.wait_group 0;\\n" ::);']
+    L += _staged_epilogue(cfg) if cfg.staged else _direct_epilogue(cfg)
+    L += ["}", ""]
     return "\n".join(L)
+
+
+def _direct_epilogue(cfg: GettConfig) -> list[str]:
+    """C = alpha·acc (+ beta·C) straight from the fragments: lanes 4q..4q+3 hold 8 consecutive n
+    of one row, so each store instruction writes 8 rows of 8 elements (a sector each)."""
+    r = cfg.rows
+    return ["  // epilogue: C = alpha*acc (+ beta*C); lanes 4q..4q+3 hold 8 consecutive n of one row",
+            "  #pragma unroll",
+            f"  for (int i = 0; i < {cfg.mma_m}; ++i)",
+            "    #pragma unroll",
+            f"    for (int h = 0; h < {r // 8}; ++h) {{",
+            f"      const long long m = bm + wm + i * {r} + h * 8 + (lane >> 2);",
+            "      if (m >= M) continue;",
+            "      const long long om = offcm[m];",
+            "      #pragma unroll",
+            f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
+            "        #pragma unroll",
+            "        for (int q = 0; q < 2; ++q) {",
+            "          const long long n = bn + wn + j * 8 + 2 * (lane & 3) + q;",
+            "          if (n < N) {",
+            "            double* p = C + om + offcn[n];",
+            "            const double v = alpha * acc[i][j][2 * h + q];",
+            "            *p = beta == 0.0 ? v : fma(beta, *p, v);",
+            "          }",
+            "        }",
+            "    }"]
+
+
+def _staged_epilogue(cfg: GettConfig) -> list[str]:
+    """C = alpha·acc (+ beta·C) through shared memory, one MMA row-tile at a time: each warp writes
+    its ``rows × 8·mma_n`` accumulators to its own padded tile (the pipeline's memory, free once
+    every copy has landed), then its lanes store the tile row by row along n, 32 consecutive
+    elements per instruction. The TCCG CCSD(T) outputs (302 MB, K = 24) are store-bound: on the
+    H100 this took case 31 from 0.277 to 0.223 ms with the model's configuration
+    (``benchmarks/results/gett_epilogue_probe_h100_2026-11-24.json``), but it made some other
+    configurations slower, so the autotuner times both (:func:`candidates`)."""
+    r, width, pitch = cfg.rows, cfg.mma_n * 8, cfg.stage_pitch()
+    return ["  // epilogue staged through shared memory: whole rows of the warp's tile per store instruction",
+            "  __syncthreads();",
+            f"  double* stage = smem + warp * {r * pitch};",
+            "  #pragma unroll",
+            f"  for (int i = 0; i < {cfg.mma_m}; ++i) {{",
+            "    #pragma unroll",
+            f"    for (int h = 0; h < {r // 8}; ++h)",
+            "      #pragma unroll",
+            f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
+            "        #pragma unroll",
+            "        for (int q = 0; q < 2; ++q)",
+            f"          stage[(h * 8 + (lane >> 2)) * {pitch} + j * 8 + 2 * (lane & 3) + q] = acc[i][j][2 * h + q];",
+            "    __syncwarp();",
+            f"    for (int e = lane; e < {r * width}; e += 32) {{",
+            f"      const int row = e / {width}, col = e % {width};",
+            f"      const long long m = bm + wm + i * {r} + row, n = bn + wn + col;",
+            "      if (m < M && n < N) {",
+            "        double* p = C + offcm[m] + offcn[n];",
+            f"        const double v = alpha * stage[row * {pitch} + col];",
+            "        *p = beta == 0.0 ? v : fma(beta, *p, v);",
+            "      }",
+            "    }",
+            "    __syncwarp();",
+            "  }"]
+

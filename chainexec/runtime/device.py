@@ -55,7 +55,8 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   array.
 
 ``auto`` (the default) is the autotuner: the GETT cost model ranks its configurations and the top
-:data:`TUNE_TOP` are timed beside the other methods once per (contraction, shapes, strides,
+:data:`TUNE_TOP` (each with its staged-epilogue twin, :func:`~chainexec.planner.gett.candidates`)
+are timed beside the other methods once per (contraction, shapes, strides,
 dtype) on the real operands — one untimed warm-up and the best of two CUDA-event-timed runs each —
 and the fastest is kept for the process (:attr:`CupyBackend.choices`) and across processes
 (:class:`TuningCache`). The environment variable ``CHAINEXEC_GPU_METHOD`` (one of
@@ -1404,7 +1405,7 @@ class CupyBackend(Backend):
                 out += kern(left, right, None, alpha=c.factor)
 
 
-TUNING_VERSION = 6
+TUNING_VERSION = 7
 """Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
 so that decisions recorded by older code are not read back."""
 

@@ -71,8 +71,10 @@ def test_top_candidates_match_numpy(c, a, b, sizes, view):
         assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
 
 
-def test_every_configuration_is_correct():
-    """All tile shapes, both MMA shapes, all four load directions, odd extents (partial tiles)."""
+@pytest.mark.parametrize("staged", [False, True])
+def test_every_configuration_is_correct(staged):
+    """All tile shapes, both MMA shapes, all four load directions, odd extents (partial tiles),
+    each epilogue."""
     sizes = dict(a=70, b=45, k=37)
     layouts = {(True, True): ("ak", "kb"), (True, False): ("ak", "bk"), (False, True): ("ka", "kb"),
                (False, False): ("ka", "bk")}
@@ -84,7 +86,7 @@ def test_every_configuration_is_correct():
             rows = gett.MMA_SHAPES[shape][0]
             if mm * 8 % rows:
                 continue
-            cfg = gett.GettConfig(wm, wn, mm * 8 // rows, mn, bk, 3, shape, ak, bn)
+            cfg = gett.GettConfig(wm, wn, mm * 8 // rows, mn, bk, 3, shape, ak, bn, staged)
             if not cfg.valid():
                 continue
             C[...] = cupy.nan
