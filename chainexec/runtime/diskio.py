@@ -11,6 +11,7 @@ meanwhile. The worker makes no MPI calls: the executor hands it plain NumPy view
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +48,15 @@ class DiskWorker:
             self._done += 1
             seconds += future.result()
         return seconds
+
+    def finished(self, upto: int) -> bool:
+        """Whether jobs 1..``upto`` have all finished, without waiting for them (their seconds
+        still count at :meth:`wait`). A finished job's exception is raised here."""
+        for future in itertools.islice(self._pending, max(0, upto - self._done)):
+            if not future.done():
+                return False
+            future.result()
+        return True
 
     def close(self) -> None:
         """Stop the worker without running what is still queued (after an error elsewhere)."""

@@ -4,7 +4,8 @@ A :class:`GlobalArray` is a dense array split by contiguous blocks of its first 
 of a communicator, held in one MPI RMA window (``MPI.Win.Allocate``). Any rank reads, writes or adds
 to any hyper-rectangular patch without the owners taking part (passive-target RMA), as Global Arrays
 does for NWChem. A :class:`TaskCounter` is NWChem's ``nxtval``: a shared integer on rank 0 that
-hands out task numbers by fetch-and-add, for dynamic load balancing.
+hands out task numbers by fetch-and-add, for dynamic load balancing. A :class:`Board` holds one
+integer per rank and slot, for ranks to tell each other how far they got.
 
 Memory model
 ------------
@@ -295,5 +296,45 @@ class TaskCounter:
 
     def free(self) -> None:
         """Release the counter's window (collective)."""
+        self._win.Unlock_all()
+        self._win.Free()
+
+
+class Board:
+    """One int64 per (slot, rank) on rank 0: each rank publishes how far it got in each slot (a
+    number that only grows) and reads the others' without their taking part. The executor's
+    streamed inputs on several ranks: each rank reads its own rows of an input from disk and
+    publishes the rows it has, and a rank that needs rows of another waits until that rank has
+    published them (:meth:`chainexec.runtime.executor.Executor._ready`). Element-wise atomic
+    (``MPI.REPLACE`` accumulates, ``MPI.NO_OP`` reads), so reads never see a torn value. Created
+    and freed collectively over ``comm``."""
+
+    def __init__(self, comm: MPI.Comm, slots: int):
+        self.comm = comm
+        self._n = comm.size
+        self._type = from_numpy_dtype(np.dtype(np.int64))
+        self._win = MPI.Win.Allocate(8 * slots * comm.size if comm.rank == 0 else 0, 8, comm=comm)
+        if comm.rank == 0:
+            np.frombuffer(self._win.tomemory(), np.int64)[...] = 0
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._win.Sync()
+        comm.Barrier()
+
+    def publish(self, slot: int, value: int) -> None:
+        """Set this rank's entry of ``slot`` to ``value``; visible to every later :meth:`read`."""
+        self._win.Accumulate([np.array([value], np.int64), self._type], 0,
+                             (slot * self._n + self.comm.rank, 1, self._type), MPI.REPLACE)
+        self._win.Flush(0)
+
+    def read(self, slot: int) -> np.ndarray:
+        """Every rank's entry of ``slot``, by rank."""
+        out = np.empty(self._n, np.int64)
+        self._win.Get_accumulate([np.empty(self._n, np.int64), self._type], [out, self._type], 0,
+                                 (slot * self._n, self._n, self._type), MPI.NO_OP)
+        self._win.Flush(0)
+        return out
+
+    def free(self) -> None:
+        """Release the board's window (collective)."""
         self._win.Unlock_all()
         self._win.Free()

@@ -1,4 +1,4 @@
-"""Checks GlobalArray and TaskCounter on however many ranks it is launched with (or none).
+"""Checks GlobalArray, TaskCounter and Board on however many ranks it is launched with (or none).
 
 Run by tests/runtime/test_globalarray.py as ``mpiexec -n N python mpi_globalarray_check.py SEED``
 (or without mpiexec; ``--self`` makes every rank check on its own MPI.COMM_SELF). Every rank keeps a
@@ -13,7 +13,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from chainexec.runtime.globalarray import GlobalArray, TaskCounter
+from chainexec.runtime.globalarray import Board, GlobalArray, TaskCounter
 
 DTYPES = (np.float64, np.float32, np.complex128)
 
@@ -236,6 +236,35 @@ def check_counter(comm):
     counter.free()
 
 
+def check_board(comm):
+    """Every rank publishes a growing count in each of two slots while reading the others': what
+    it reads of a rank never goes back and is always a value that rank published (3·step + rank
+    in slot 0, 2^40 + step in slot 1: none torn, slots and ranks kept apart), its own entry is
+    its latest at once, and every rank's last value is there once all are done."""
+    board = Board(comm, 2)
+    assert list(board.read(0)) == [0] * comm.size and list(board.read(1)) == [0] * comm.size
+    comm.Barrier()  # before any rank publishes
+    steps = 200
+    last = np.zeros((2, comm.size), np.int64)
+    for step in range(1, steps + 1):
+        board.publish(0, 3 * step + comm.rank)
+        board.publish(1, (1 << 40) + step)
+        for slot in (0, 1):
+            seen = board.read(slot)
+            assert np.all(seen >= last[slot]), (slot, seen, last[slot])
+            published = [(v - r) % 3 == 0 and v <= 3 * steps + r if slot == 0 else (v >> 40) == 1
+                         for r, v in enumerate(seen) if v]
+            assert all(published), (slot, seen)
+            last[slot] = seen
+        mine = board.read(0)[comm.rank]
+        assert mine == 3 * step + comm.rank, mine
+    comm.Barrier()
+    assert list(board.read(0)) == [3 * steps + r for r in range(comm.size)]
+    assert list(board.read(1)) == [(1 << 40) + steps] * comm.size
+    comm.Barrier()
+    board.free()
+
+
 def main():
     seed = int(sys.argv[1])
     comm = MPI.COMM_SELF if "--self" in sys.argv else MPI.COMM_WORLD
@@ -249,6 +278,7 @@ def main():
                 check_views(comm, rng, dtype)
         check_degenerate(comm, rng)
         check_counter(comm)
+        check_board(comm)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()

@@ -1,0 +1,60 @@
+"""Streamed inputs on several ranks: the (T) job of CONFIG run under mpiexec with a NumPy backend
+that records, on each rank, the chunks copied beside the work and what the device copy of
+``ovvv`` holds when the rank's first tile starts. Writes OUT/rank<R>.json per rank (and the run's
+measured and predicted bytes on rank 0).
+
+Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT`` (tests/runtime/test_executor.py).
+"""
+
+import json
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from chainexec import api
+from chainexec.runtime import device
+
+
+def main():
+    config, out = sys.argv[1:3]
+    comm = MPI.COMM_WORLD
+    aside, first = [], []
+
+    class Recording(device.Backend):
+        def fetch_aside(self, dst, read):
+            aside.append(list(dst.shape))
+            super().fetch_aside(dst, read)
+
+        def contract_sum(self, cs, out_, operands):
+            if not first:
+                views = [a for c, (a, _) in zip(cs, operands) if c.a == "ovvv"]
+                buf = views[0].base
+                row = buf[0].nbytes
+                need = max((v.ctypes.data - buf.ctypes.data) // row + v.shape[0] for v in views)
+                filled = [bool(np.all(r != 0)) for r in buf]
+                empty = [bool(np.all(r == 0)) for r in buf]
+                first.append({"need": int(need), "rows": len(buf), "filled": filled, "empty": empty})
+            super().contract_sum(cs, out_, operands)
+
+    api.select = lambda name, comm: Recording()
+    try:
+        result = api.run(config, backend="numpy")
+        mine = {"aside": aside, "first": first}
+        if comm.rank == 0:
+            mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"]}
+        with open(f"{out}/rank{comm.rank}.json", "w") as f:
+            json.dump(mine, f)
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+        comm.Abort(1)
+        sys.exit(1)
+    comm.Barrier()
+    if comm.rank == 0:
+        print("OK")
+
+
+if __name__ == "__main__":
+    main()
