@@ -60,6 +60,21 @@ def test_steady_buffers_are_those_the_loop_only_reads():
     assert Executor._steady(fake, Loop("device", {"i": 1}, parallel=True, body=body)) == [a]
 
 
+def _triples_config(folder, device_memory: str, o: int, v: int):
+    """Seeded synthetic (T) inputs at ``o``, ``v`` in ``folder`` and their config, with 1 GiB of
+    global memory and ``device_memory``."""
+    import yaml
+
+    from tests.conftest import run_cli
+
+    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", folder).returncode == 0
+    config = folder / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": device_memory}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return config
+
+
 @pytest.mark.parametrize("memory, whole", [("200KiB", True), ("128KiB", False)])
 def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, whole):
     """The (T) job (o=6, v=10; tiles of 2) with its inputs whole on the device: the tile loop's
@@ -69,18 +84,12 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
     import contextlib
 
     import h5py
-    import yaml
 
     from chainexec import api
     from chainexec.runtime import device
-    from tests.conftest import run_cli
 
     o, v = 6, 10
-    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": memory}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = _triples_config(tmp_path, memory, o, v)
     shapes = []
 
     class Recording(device.Backend):
@@ -108,18 +117,12 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     per input and position. Bytes as predicted; the energy equals a run with whole gets."""
     import h5py
     import numpy as np
-    import yaml
 
     from chainexec import api
     from chainexec.runtime import device, executor
-    from tests.conftest import run_cli
 
     o, v = 6, 10
-    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "200KiB"}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = _triples_config(tmp_path, "200KiB", o, v)
     aside, first = [], []
 
     class Recording(device.Backend):
@@ -161,24 +164,19 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks):
     import sys
 
     import h5py
-    import yaml
 
     from pathlib import Path
 
     from chainexec import api
     from chainexec.runtime import executor
-    from tests.conftest import mpiexec, run_cli
+    from tests.conftest import mpiexec
 
     repo = Path(__file__).resolve().parents[2]
     launcher = mpiexec()
     if launcher is None:
         pytest.skip("no mpiexec")
     o, v = 6, 10
-    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "200KiB"}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = _triples_config(tmp_path, "200KiB", o, v)
     monkeypatch.setattr(executor, "streamed", lambda *args: None)
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
