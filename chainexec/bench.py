@@ -137,7 +137,8 @@ def _contiguous(x) -> bool:
 
 def _in_layout(x):
     """``x`` stored in its index order: itself if it already is, else a contiguous copy made by
-    its own library (``cupy.ascontiguousarray``, ``torch.Tensor.contiguous``)."""
+    its own library (``torch.Tensor.contiguous``; ``ndarray.copy(order="C")`` for CuPy and
+    NumPy)."""
     if _contiguous(x):
         return x
     return x.contiguous() if hasattr(x, "contiguous") else x.copy(order="C")
@@ -149,12 +150,14 @@ def summary(rows: list[dict]) -> dict:
     out = {}
     for scale in sorted({r["scale"] for r in rows}):
         done = [r for r in rows if r["scale"] == scale and "ratio_vs_best_library" in r]
-        groups = {"all": done} | {g: [r for r in done if r["group"] == g] for g in dict.fromkeys(r["group"] for r in done)}
+        groups = {"all": done} | {g: [r for r in done if r["group"] == g]
+                                  for g in dict.fromkeys(r["group"] for r in done)}
+        ratios = {g: [r["ratio_vs_best_library"] for r in rs] for g, rs in groups.items()}
         out[str(scale)] = {g: {"cases": len(rs),
-                               "geomean": math.exp(sum(math.log(r["ratio_vs_best_library"]) for r in rs) / len(rs)),
-                               "min": min(r["ratio_vs_best_library"] for r in rs),
-                               "below_1": [r["id"] for r in rs if r["ratio_vs_best_library"] < 1.0]}
-                           for g, rs in groups.items() if rs}
+                               "geomean": math.exp(sum(map(math.log, rs)) / len(rs)),
+                               "min": min(rs),
+                               "below_1": [r["id"] for r in groups[g] if r["ratio_vs_best_library"] < 1.0]}
+                           for g, rs in ratios.items() if rs}
     return out
 
 
@@ -369,7 +372,8 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
     for scale, groups in result["summary"].items():
         print(f"scale {scale}: " + "; ".join(f"{g} geomean {v['geomean']:.2f} min {v['min']:.2f} "
-                                             f"({len(v['below_1'])} below 1 of {v['cases']})" for g, v in groups.items()))
+                                             f"({len(v['below_1'])} below 1 of {v['cases']})"
+                                             for g, v in groups.items()))
     print(f"failures: {result['failures']}")
     return 1 if bad else 0
 

@@ -319,7 +319,8 @@ class Executor:
                     local = ga.local()[mine[0] - ga.rows[0]:mine[1] - ga.rows[0]]
                     part = ((region[0][0] + mine[0], region[0][0] + mine[1]),) + region[1:]
                     job = self.disk.submit(self.store.read, t, loads[t].version, part, local)
-                    self.reading.append((job, slots[t], mine[1], gkey))
+                    if self.board is not None:
+                        self.reading.append((job, slots[t], mine[1], gkey))
                     self.counters.move(CATEGORY["load"], local.nbytes)
                 self.counters.move(CATEGORY["get"], self.buffers[dkey][lo:hi].nbytes)
                 self.arriving.append((lo, hi, t, slots[t], gkey, dkey, job))
@@ -567,7 +568,9 @@ class Executor:
                     yield n
                     continue
             if self.board is not None:
-                self._publish(everything=True)  # a rank still in a tile may wait for this one's rows
+                # a rank still in a tile may wait for this one's rows: all of them read first
+                # (the loop's first checkpoints wait for this rank's whole share of the inputs)
+                self._publish(everything=True)
             done = self.comm.bcast(fenced, root=0)
             self._settle()  # lands this rank's queued accumulates
             self.comm.Barrier()  # every tile before the fence has accumulated (and flushed)
@@ -606,7 +609,9 @@ class Executor:
 
     def _wait(self) -> None:
         if self.board is not None and self.in_parallel:
-            # inside the streamed loop, another rank may be waiting in _ready for rows of this one
+            # a barrier inside the streamed loop (a nested parallel loop's): another rank may be
+            # waiting in _ready for rows of this one (the loop's own closing barrier follows
+            # _arrive(), which has published them all)
             self._publish(everything=True)
         self._settle()  # a rank's idle time at the barrier starts when its device is done
         t0 = time.perf_counter()

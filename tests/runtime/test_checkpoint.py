@@ -58,8 +58,8 @@ STREAMED = {"global_memory": "1GiB", "device_memory": "300KiB"}
 loop (:func:`chainexec.planner.pipeline.streamed`), 20 ordered tiles."""
 
 
-@pytest.mark.parametrize("ranks, machine, tiles", [(1, MACHINE, 120), (3, MACHINE, 120), (1, STREAMED, 20)],
-                         ids=["1", "3", "1-streamed"])
+@pytest.mark.parametrize("ranks, machine, tiles", [(1, MACHINE, 120), (3, MACHINE, 120), (1, STREAMED, 20),
+                                                   (2, STREAMED, 20)], ids=["1", "3", "1-streamed", "2-streamed"])
 def test_stop_and_resume(tmp_path, ranks, machine, tiles):
     """Two runs stop at their first checkpoint (status 3, no energy file), each going further;
     the third finishes from the second's checkpoint, moving the predicted bytes (streamed inputs

@@ -6,8 +6,8 @@ backend queues (CuPy's) are timed between its stamps and waited for before trans
 from __future__ import annotations
 
 import itertools
-import os
 import math
+import os
 
 import pytest
 
@@ -184,8 +184,9 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks):
     out = tmp_path / "ranks"
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=str(repo))
-    proc = subprocess.run([launcher, "-n", str(ranks), sys.executable, str(repo / "tests/runtime/mpi_streamed_check.py"),
-                           str(config), str(out)], capture_output=True, text=True, timeout=240, env=env)
+    check = repo / "tests/runtime/mpi_streamed_check.py"
+    proc = subprocess.run([launcher, "-n", str(ranks), sys.executable, str(check), str(config), str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
     with h5py.File(tmp_path / "energy.h5") as f:
         assert float(f["E"][()]) == pytest.approx(whole, rel=1e-12)
