@@ -257,6 +257,11 @@ class Executor:
             found = streamed(body, self.plan.contractions, self.plan.tensors)
             if found is not None:
                 k = self._stream(body, *found)
+                self._loop(body[k], (nest, k))
+                if self.board is not None:  # every rank is past the loop's closing barrier
+                    self.board.free()
+                    self.board = None
+                k += 1
         while k < len(body):
             node = body[k]
             if isinstance(node, Loop):
@@ -438,9 +443,6 @@ class Executor:
         self.ranges[loop.level] = saved
         if loop.parallel:
             self._wait()
-            if self.board is not None and not self.arriving:
-                self.board.free()
-                self.board = None
 
     def _steady(self, loop: Loop) -> list:
         """The device buffers that ``loop``'s body only reads (no statement in it names their

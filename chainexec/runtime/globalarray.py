@@ -245,21 +245,35 @@ class GlobalArray:
         self._block = None
 
 
-class TaskCounter:
+class _Integers:
+    """``count`` int64 on rank 0, zero at first, in one window held in a shared passive epoch
+    for its life (as :class:`GlobalArray`'s): the shared state of :class:`TaskCounter` and
+    :class:`Board`. Created and freed collectively over ``comm``."""
+
+    def __init__(self, comm: MPI.Comm, count: int):
+        self.comm = comm
+        self._win = MPI.Win.Allocate(8 * count if comm.rank == 0 else 0, 8, comm=comm)
+        self._values = np.frombuffer(self._win.tomemory(), np.int64)  # rank 0's; empty elsewhere
+        self._values[...] = 0
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._win.Sync()
+        comm.Barrier()
+
+    def free(self) -> None:
+        """Release the window (collective)."""
+        self._win.Unlock_all()
+        self._win.Free()
+
+
+class TaskCounter(_Integers):
     """Shared counter on rank 0 for dynamic load balancing, as NWChem's ``nxtval``: every rank calls
     :meth:`next` when it wants work and gets the next unclaimed task number. Created, reset and freed
     collectively over ``comm``."""
 
     def __init__(self, comm: MPI.Comm):
         """Allocate the counter (one int64 on rank 0) collectively, starting at 0."""
-        self.comm = comm
-        self._win = MPI.Win.Allocate(8 if comm.rank == 0 else 0, 8, comm=comm)
-        self._value = np.frombuffer(self._win.tomemory(), np.int64)
-        self._value[...] = 0
+        super().__init__(comm, 1)
         self._one = np.ones(1, np.int64)
-        self._win.Lock_all(MPI.MODE_NOCHECK)
-        self._win.Sync()
-        comm.Barrier()
 
     def next(self) -> int:
         """Next task number: 0, 1, 2, … across all ranks, each value handed out exactly once.
@@ -290,17 +304,12 @@ class TaskCounter:
         self.comm.Barrier()
         self._win.Sync()
         if self.comm.rank == 0:
-            self._value[...] = value
+            self._values[...] = value
         self._win.Sync()
         self.comm.Barrier()
 
-    def free(self) -> None:
-        """Release the counter's window (collective)."""
-        self._win.Unlock_all()
-        self._win.Free()
 
-
-class Board:
+class Board(_Integers):
     """One int64 per (slot, rank) on rank 0: each rank publishes how far it got in each slot (a
     number that only grows) and reads the others' without their taking part. The executor's
     streamed inputs on several ranks: each rank reads its own rows of an input from disk and
@@ -310,15 +319,9 @@ class Board:
     and freed collectively over ``comm``."""
 
     def __init__(self, comm: MPI.Comm, slots: int):
-        self.comm = comm
+        super().__init__(comm, slots * comm.size)
         self._n = comm.size
         self._type = from_numpy_dtype(np.dtype(np.int64))
-        self._win = MPI.Win.Allocate(8 * slots * comm.size if comm.rank == 0 else 0, 8, comm=comm)
-        if comm.rank == 0:
-            np.frombuffer(self._win.tomemory(), np.int64)[...] = 0
-        self._win.Lock_all(MPI.MODE_NOCHECK)
-        self._win.Sync()
-        comm.Barrier()
 
     def publish(self, slot: int, value: int) -> None:
         """Set this rank's entry of ``slot`` to ``value``; visible to every later :meth:`read`."""
@@ -333,8 +336,3 @@ class Board:
                                  (slot * self._n, self._n, self._type), MPI.NO_OP)
         self._win.Flush(0)
         return out
-
-    def free(self) -> None:
-        """Release the board's window (collective)."""
-        self._win.Unlock_all()
-        self._win.Free()
