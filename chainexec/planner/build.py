@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 
 from chainexec.errors import ChainexecError
-from chainexec.planner.cost import predict
+from chainexec.planner.cost import predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
 from chainexec.planner.order import binarize
 from chainexec.planner.choose import choose
-from chainexec.planner.plan import Contraction, Plan, TensorInfo
+from chainexec.planner.pipeline import deepen
+from chainexec.planner.plan import Contraction, Nest, Plan, TensorInfo
 from chainexec.planner.schedule import Context, split_for_ranks
 from chainexec.planner.tiling import minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
@@ -96,6 +97,10 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     split_for_ranks(ctx, chosen, ranks)
     nests = ctx.emitter().schedule(chosen)
     relayout(nests, cs, tensors)
+    # Host→device copies overlapped with work where the device limit leaves room for the second
+    # buffers (the tiles stay those chosen).
+    nests = deepen(nests, spec.extents, lambda body: ctx.fits(
+        predict_nests([Nest([], body)], tensors, spec.extents, cs, None)["memory_peak"]))
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

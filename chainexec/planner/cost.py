@@ -19,8 +19,9 @@ counted the same way, statement by statement.
 
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
-array, all ranks together; device: one rank's device). A double-buffered loop's own global buffers
-(:mod:`chainexec.planner.pipeline`) are held as ``depth`` full-size slots from loop entry to exit.
+array, all ranks together; device: one rank's device). A double-buffered loop's own buffers
+(:func:`chainexec.planner.pipeline.staged`: a global loop's global buffers, a device loop's
+fetched input tiles) are held as ``depth`` full-size slots from loop entry to exit.
 """
 
 from __future__ import annotations
@@ -185,12 +186,16 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = loops + [node]
-                    slots = sum(node.depth * tensors[op.tensor].itemsize
-                                * buffer_elements(op.indices, inner, "global", extents) for op in staged(node))
-                    live["global"] += slots
-                    peak["global"] = max(peak["global"], live["global"])
+                    slots = dict.fromkeys(live, 0)
+                    for op in staged(node):
+                        slots[op.level] += node.depth * tensors[op.tensor].itemsize * buffer_elements(
+                            op.indices, inner, op.level, extents)
+                    for level, nbytes in slots.items():
+                        live[level] += nbytes
+                        peak[level] = max(peak[level], live[level])
                     walk(node.body, inner, slotted | {key(op) for op in staged(node)})
-                    live["global"] -= slots
+                    for level, nbytes in slots.items():
+                        live[level] -= nbytes
                     continue
                 if machine is None and node.op not in ("alloc", "free"):
                     continue

@@ -15,10 +15,19 @@ two iterations, allocates global buffers and moves data to or from disk itself (
 and a direct ``load`` or ``store``), and allocates no global buffer deeper in its body (so that its staged buffers are all its global memory and the
 prediction stays exact). Loops of one iteration are dropped first: a fused group's loop inside a
 disk group's loop over the same tiles would otherwise hide the loads from the loop that repeats.
+
+The same pipelining one level down (:func:`deepen`): a device loop (parallel, or inside a parallel
+one) whose body fetches input tiles (``alloc``/``get`` at the device level) gets ``depth`` 2 where the device limit leaves
+room for a second copy of those buffers (of all of them, else of as many as fit). Their two
+slots are allocated at loop entry; the runtime copies those inputs of tile n+1 host→device on a
+second CUDA stream while the device computes tile n (:meth:`chainexec.runtime.executor.Executor._ahead`). Unlike the disk level,
+the tiles are chosen first and the second slots only added where they fit, so a plan that fills
+the device limit keeps its tiles and single buffers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from chainexec import expr
@@ -34,10 +43,13 @@ def key(op: Op) -> tuple:
 
 
 def staged(loop: Loop) -> list[Op]:
-    """The ``alloc`` statements of a double-buffered loop's own global buffers (one per buffer);
-    empty for any other loop."""
+    """The ``alloc`` statements of the buffers a double-buffered loop holds in ``depth`` slots
+    from entry to exit (one per buffer): a global loop's own global buffers, a device loop's
+    fetched inputs (:func:`fetched`); empty for any other loop."""
     if loop.depth < 2:
         return []
+    if loop.level == "device":
+        return [op for op in fetched(loop) if op.op == "alloc"]
     seen: dict[tuple, Op] = {}
     for node in loop.body:
         if isinstance(node, Op) and node.op == "alloc" and node.level == "global":
@@ -58,6 +70,28 @@ def prefetched(loop: Loop) -> list[Op]:
     loaded = {key(op) for op in lead if op.op == "load"}
     own = {key(op) for op in staged(loop)}
     return [op for op in lead if key(op) in loaded and key(op) in own]
+
+
+def _gets(body: list) -> list[tuple]:
+    """The buffers (keys, in body order) that one device ``alloc`` and one ``get`` directly in
+    ``body`` fill with an input tile, of tensors the body does not also accumulate (a tile
+    fetched ahead would miss the adds of the tile before)."""
+    counts: dict[tuple, list[str]] = {}
+    for node in body:
+        if isinstance(node, Op) and node.level == "device" and node.op in ("alloc", "get"):
+            counts.setdefault(key(node), []).append(node.op)
+    added = {node.tensor for node in body if isinstance(node, Op) and node.op == "accumulate"}
+    return [k for k, seen in counts.items() if sorted(seen) == ["alloc", "get"] and k[0] not in added]
+
+
+def fetched(loop: Loop) -> list[Op]:
+    """The statements a double-buffered device loop (:func:`deepen`) runs one tile ahead, into
+    the other slot: the ``alloc`` and ``get`` of the first ``loop.ahead`` of its input tiles
+    (:func:`_gets`), in body order; empty for any other loop."""
+    if loop.depth < 2 or loop.level != "device":
+        return []
+    keys = set(_gets(loop.body)[:loop.ahead])
+    return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
 
 
 def _iterations(loop: Loop, ranges: dict[str, int]) -> int:
@@ -147,3 +181,46 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
 
 def arrange_nests(nests: list[Nest], extents: dict[str, int], overlap: bool = True) -> list[Nest]:
     return [Nest(n.contractions, arrange(n.body, extents, overlap)) for n in nests]
+
+
+def deepen(nests: list[Nest], extents: dict[str, int], fits) -> list[Nest]:
+    """``nests`` with every device loop that fetches input tiles, runs at least two tiles and is
+    or lies in a parallel loop (one rank's own tiles: no collective call among its statements)
+    double-buffered (``depth`` 2, :func:`fetched`) where ``fits`` (a loop-nest body → whether its
+    memory peaks stay within the limits: the cost model's, which counts the second slots) allows:
+    all its input tiles fetched ahead, else as many as fit, first ones first (their frees inside
+    the body no longer lower its peak, so the second slots can cost more than the tiles'
+    bytes). Loops are taken in order, each keeping the room the ones before it left. The tiles
+    are not changed."""
+
+    def candidates(body, ranges, shared=False, path=()):
+        for k, node in enumerate(body):
+            if not isinstance(node, Loop):
+                continue
+            inside = shared or node.parallel
+            if node.level == "device" and inside and _gets(node.body) and _iterations(node, ranges) >= 2:
+                yield path + (k,)
+            inner = dict(ranges) | {i: min(ranges[i], t) for i, t in node.tiles.items()}
+            yield from candidates(node.body, inner, inside, path + (k,))
+
+    def at(body, path):
+        return body[path[0]] if len(path) == 1 else at(body[path[0]].body, path[1:])
+
+    def replaced(body, path, ahead):
+        k, rest = path[0], path[1:]
+        loop = body[k]
+        loop = (dataclasses.replace(loop, body=replaced(loop.body, rest, ahead)) if rest
+                else dataclasses.replace(loop, depth=DEPTH, ahead=ahead))
+        return body[:k] + [loop] + body[k + 1:]
+
+    out = []
+    for nest in nests:
+        body = list(nest.body)
+        for path in list(candidates(body, dict(extents))):
+            for ahead in range(len(_gets(at(body, path).body)), 0, -1):
+                trial = replaced(body, path, ahead)
+                if fits(trial):
+                    body = trial
+                    break
+        out.append(Nest(nest.contractions, body))
+    return out

@@ -19,7 +19,8 @@ Statements (``Op.op``):
   of the intermediates ``inlined`` substituted into the terms that read them, never stored
   (:mod:`chainexec.planner.inline`).
 
-A sequential global loop with ``depth`` 2 is double-buffered (:mod:`chainexec.planner.pipeline`).
+A sequential global loop or a device loop with ``depth`` 2 is double-buffered
+(:mod:`chainexec.planner.pipeline`).
 
 Loops flagged ``parallel`` share their iterations among ranks; everything else runs on all ranks,
 each doing its own part of the global array (collective).
@@ -115,7 +116,9 @@ class Op:
 class Loop:
     """Tiled loop. ``depth`` 2 marks a sequential global loop whose disk traffic overlaps its work
     (:mod:`chainexec.planner.pipeline`): its own global buffers exist twice, and while iteration n
-    computes, iteration n+1's loads and iteration n-1's stores run in the background.
+    computes, iteration n+1's loads and iteration n-1's stores run in the background; or a
+    device loop (of one rank's tiles) whose first ``ahead`` fetched input tiles exist twice,
+    tile n+1's copied to the device while tile n computes.
 
     ``symmetric``: indices (tiled alike) over which the loop visits only ordered tile tuples
     (position of the first ≤ the second ≤ …); everything accumulated in its body is multiplied by
@@ -129,6 +132,7 @@ class Loop:
     body: list = field(default_factory=list)
     depth: int = 1
     symmetric: list[str] = field(default_factory=list)
+    ahead: int = 0  # a double-buffered device loop: how many of its input tiles, in body order, it fetches ahead
 
 
 def ops(body: list, loops: tuple = ()):
@@ -174,7 +178,7 @@ class Plan:
 def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
-                         "depth": node.depth, "symmetric": node.symmetric,
+                         "depth": node.depth, "symmetric": node.symmetric, "ahead": node.ahead,
                          "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
@@ -183,7 +187,7 @@ def _node_from_dict(d: dict):
     if "loop" in d:
         loop = d["loop"]
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
-                    int(loop.get("depth", 1)), list(loop.get("symmetric", [])))
+                    int(loop.get("depth", 1)), list(loop.get("symmetric", [])), int(loop.get("ahead", 0)))
     return Op(**d["op"])
 
 

@@ -15,12 +15,13 @@ from .plan import Loop, Nest, ops
 
 
 def resumable(nest: Nest) -> list[int]:
-    """Positions in ``nest.body`` of its resumable loops: top-level parallel loops, single
-    buffered, with at least one ``accumulate`` and no ``load``, ``store`` or global allocation
-    in their body."""
+    """Positions in ``nest.body`` of its resumable loops: top-level parallel loops with at least
+    one ``accumulate`` and no ``load``, ``store`` or global allocation in their body (a device
+    loop's tiles fetched one ahead do not matter: the runtime takes the next tile, and fetches
+    it, only once the last one's statements are queued)."""
     out = []
     for k, node in enumerate(nest.body):
-        if not (isinstance(node, Loop) and node.parallel and node.depth == 1):
+        if not (isinstance(node, Loop) and node.parallel):
             continue
         inner = [op for op, _ in ops(node.body)]
         if any(op.op in ("load", "store") or (op.op == "alloc" and op.level == "global") for op in inner):

@@ -203,9 +203,11 @@ class Backend:
         C-contiguous host array ``out``. Here the source is read straight into ``dst``."""
         read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
 
-    def fetch_aside(self, dst, read) -> None:
+    def fetch_aside(self, dst, read, after=None) -> None:
         """As :meth:`fetch`, beside the work handed to the backend before it, where the device
-        can copy and compute at once; the work handed after it waits for it. Here: :meth:`fetch`."""
+        can copy and compute at once; the work handed after it waits for it. ``after``: a
+        :meth:`stamp` mark; the copy starts once the work handed to the backend before it is done
+        (``dst``'s last reader). Here: :meth:`fetch`."""
         self.fetch(dst, read)
 
     def fetch_waits(self, dst) -> bool:
@@ -623,16 +625,21 @@ class CupyBackend(Backend):
             done[n % 2] = stream.record()
         stream.synchronize()
 
-    def fetch_aside(self, dst, read) -> None:
+    def fetch_aside(self, dst, read, after=None) -> None:
         """As :meth:`Backend.fetch_aside`: :meth:`fetch` on a second stream, which the current one
         then waits for (an event), so the copy engine fills ``dst`` while the kernels queued
         before run; the host waits at most for this copy itself (its staging buffers' turns, or
-        :meth:`upload`'s limit on bytes in flight), not for those kernels. ``dst`` must
-        have nothing pending on the device, its allocation's zero fill included: the executor
-        fetches aside only inside a parallel loop, after waiting for the device at its start."""
+        :meth:`upload`'s limit on bytes in flight), not for those kernels, but where the
+        second stream first waits for ``after`` (an event on the current stream) and the copy
+        goes through the staging buffers. ``dst`` must have nothing pending on the device
+        before ``after``, its allocation's zero fill included, or at all without ``after``: the
+        executor fetches aside without it only inside a parallel loop, after waiting for the
+        device at its start."""
         if self._aside is None:
             self._aside = self.xp.cuda.Stream(non_blocking=True)
         main = self.xp.cuda.get_current_stream()
+        if after is not None:
+            self._aside.wait_event(after)
         with self._aside:
             self.fetch(dst, read)
             done = self._aside.record()

@@ -10,7 +10,9 @@ visible) and after (accumulations complete).
 Disk reads and writes run on a background worker (:mod:`chainexec.runtime.diskio`). In a
 double-buffered loop (:mod:`chainexec.planner.pipeline`) the loop's own global buffers live in two
 slots allocated at loop entry; iteration n+1's loads are queued before iteration n runs and
-iteration n's stores are queued without waiting, so the disk works while the device does. Inputs
+iteration n's stores are queued without waiting, so the disk works while the device does. In a
+double-buffered parallel device loop, tile n+1's input tiles are copied to the device on a second
+stream while tile n computes (:meth:`Executor._ahead`). Inputs
 streamed into a symmetric tile loop (:meth:`Executor._stream`) are read while it runs, on several
 ranks each rank its own rows, announced to the others on a :class:`Board`. Anywhere
 else a load or store waits for its job, as a plain call would.
@@ -35,7 +37,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner import inline
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.pipeline import prefetched, staged, streamed
+from chainexec.planner.pipeline import DEPTH, fetched, prefetched, staged, streamed
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
 from chainexec.planner.resume import resumable
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
@@ -120,8 +122,9 @@ class Executor:
         self.regions: dict[tuple, tuple] = {}
         self.fused: dict[int, inline.Fused] = {}  # each fused statement's expression, by id of its Op
         self.disk = DiskWorker()
-        # Double-buffered loop being run: its slots per buffer key, and which slot is in use.
-        self.slots: dict[tuple, list[GlobalArray]] = {}
+        # Double-buffered loops being run: their slots per buffer key (global arrays; flat device
+        # buffers), and which slot of a global loop's is in use.
+        self.slots: dict[tuple, list] = {}
         self.turn = 0
         self.behind = False  # inside a double-buffered loop: stores of its slots complete later
         self.in_parallel = 0  # parallel loops around the statement being run
@@ -179,8 +182,8 @@ class Executor:
         same checkpoint), so that a stopped run ends as cleanly as a finished one."""
         for ga in [b for key, b in self.buffers.items() if key[2] == "global" and key not in self.slots]:
             ga.free()
-        for slots in self.slots.values():
-            for ga in slots:
+        for key, slots in self.slots.items():
+            for ga in slots if key[2] == "global" else ():
                 ga.free()
         if self.counter is not None:
             self.counter.free()
@@ -411,7 +414,7 @@ class Executor:
             spans.append([(s, min(s + loop.tiles[i], hi)) for s in range(lo, hi, loop.tiles[i])])
         saved = dict(self.ranges[loop.level])
         combos, weights = _tuples(names, spans, loop.symmetric)
-        if loop.depth > 1:
+        if loop.depth > 1 and loop.level == "global":
             self._double_buffered(loop, names, combos, weights)
             self.ranges[loop.level] = saved
             return
@@ -428,13 +431,15 @@ class Executor:
         self.in_parallel += loop.parallel
         outer = self.weight
         stop = [names.index(i) for i in loop.symmetric]
-        with self.backend.steady(self._steady(loop)):
-            for n in mine:
+        ahead = fetched(loop)
+        body = [node for node in loop.body if not any(node is op for op in ahead)]
+        with self.backend.steady(self._steady(loop)), self._lanes(ahead, names, combos[0]) as slots:
+            for n in self._ahead(ahead, slots, names, combos, mine) if ahead else mine:
                 if self.arriving and stop:
                     self._arrive(max(combos[n][i][1] for i in stop))
                 self.ranges[loop.level].update(zip(names, combos[n]))
                 self.weight = outer * weights[n]
-                self._body(loop.body)
+                self._body(body)
                 self.tiles_done += loop.parallel
         if loop.parallel:
             self._arrive()  # chunks no tile of this rank needed (a resumed loop's)
@@ -443,6 +448,62 @@ class Executor:
         self.ranges[loop.level] = saved
         if loop.parallel:
             self._wait()
+
+    @contextlib.contextmanager
+    def _lanes(self, ahead: list[Op], names: list[str], first: tuple):
+        """The device slots of a double-buffered device loop's fetched tiles (``ahead``,
+        :func:`chainexec.planner.pipeline.fetched`): per buffer, :data:`DEPTH` flat buffers of
+        its full tile (``first``, the loop's first tile, is a full one), held from loop entry to
+        exit as the plan counts them."""
+        saved = dict(self.ranges["device"])
+        self.ranges["device"].update(zip(names, first))
+        slots, held = {}, 0
+        for op in ahead:
+            if op.op == "alloc":
+                size = math.prod(b - a for a, b in self._region("device", op.indices))
+                with _naming(op):
+                    slots[self._key(op)] = [self.backend.zeros((size,), self.plan.tensors[op.tensor].dtype)
+                                            for _ in range(DEPTH)]
+                held += DEPTH * size * self.plan.tensors[op.tensor].itemsize
+        self.ranges["device"] = saved
+        self.slots.update(slots)
+        self.counters.hold("device", held)
+        try:
+            yield slots
+        finally:
+            for key in slots:
+                del self.slots[key]
+                self.buffers.pop(key, None)
+                self.regions.pop(key, None)
+            self.counters.hold("device", -held)
+
+    def _ahead(self, ahead: list[Op], slots: dict, names: list[str], combos: list[tuple], mine):
+        """The tiles of ``mine``, each with its fetched input tiles (``ahead``) already on their way
+        to its slots: tile n+1 is taken (from the shared counter, :meth:`_claim`), and its
+        inputs' copies queued on a second stream (:meth:`Backend.fetch_aside`), once tile n's
+        statements are queued, so the device copies them while it computes tile n. A slot's
+        copies start once the tile before last, which read it, is done (the slots' zero fill
+        for the first two); the device's work queued after the copies waits for them. Until
+        2026-11-25 every tile's inputs were copied on the compute stream, between its statements."""
+        done = [self.backend.stamp()] * DEPTH  # where each slot's last reader ends in the device's queue
+        for turn, n in enumerate(mine):
+            slot = turn % DEPTH
+            self.ranges["device"].update(zip(names, combos[n]))
+            for op in ahead:
+                key = self._key(op)
+                if op.op == "alloc":
+                    region = self._region("device", op.indices)
+                    shape = tuple(b - a for a, b in region)
+                    self.buffers[key] = slots[key][slot][:math.prod(shape)].reshape(shape)
+                    self.regions[key] = region
+                    continue
+                if self._waits_first(op, aside=True):
+                    self._settle()
+                t0 = time.perf_counter()
+                self._get(op, after=done[slot])
+                self._spent(OP_LEVEL["get"], f"get {op.tensor}", time.perf_counter() - t0)
+            yield n
+            done[slot] = self.backend.stamp()
 
     def _steady(self, loop: Loop) -> list:
         """The device buffers that ``loop``'s body only reads (no statement in it names their
@@ -723,15 +784,15 @@ class Executor:
         if held is not None:
             self.high_water = max(self.high_water, held)
 
-    def _waits_first(self, op: Op) -> bool:
+    def _waits_first(self, op: Op, aside: bool = False) -> bool:
         """Whether the executor waits for the device (:meth:`_settle`) before ``op``. Queued
         accumulates land before a get reads their global array, before any global-level
         statement (the planner puts accumulates in parallel loops, whose closing barrier lands
         them; this keeps other plans right too), and before one more would hold too much host
         memory. A get whose fetch would wait for the device anyway waits first, so that its
-        seconds are its own."""
+        seconds are its own (not one ``aside``: it waits only for its own copies)."""
         if op.op == "get":
-            if self.backend.fetch_waits(self.buffers[self._key(op)]):
+            if not aside and self.backend.fetch_waits(self.buffers[self._key(op)]):
                 return True
             ga = self.buffers[self._find(op.tensor, op.indices, "global")] if self.landing else None
             return any(x[0] is ga for x in self.landing)
@@ -739,7 +800,10 @@ class Executor:
             return sum(x[2].nbytes for x in self.landing) > LANDING_BYTES
         return bool(self.landing) and op.level == "global"
 
-    def _get(self, op: Op) -> None:
+    def _get(self, op: Op, after=None) -> None:
+        """Copy ``op``'s tile from its global buffer into its device buffer; with ``after`` (a
+        backend stamp) on the second stream, once the work before it is done
+        (:meth:`Backend.fetch_aside`)."""
         if not self.in_parallel and self.unsynced:
             # Every rank fetches the whole tile (a fused group's inputs, once per global tile):
             # all ranks' loads of its rows must have landed; one barrier serves all such gets.
@@ -750,7 +814,10 @@ class Executor:
         def read(rows, out):
             ga.get(sl if rows is None else (slice(sl[0].start + rows.start, sl[0].start + rows.stop),) + sl[1:], out=out)
 
-        self.backend.fetch(buf, read)
+        if after is None:
+            self.backend.fetch(buf, read)
+        else:
+            self.backend.fetch_aside(buf, read, after)
         self.counters.move(CATEGORY["get"], buf.nbytes)
 
     def _accumulate(self, op: Op) -> None:

@@ -1,5 +1,6 @@
-"""Double-buffered global loops: which loops qualify, their slots in the predicted memory peak,
-one-iteration loops dropped, the fall-back to single buffers, and the plan's JSON form."""
+"""Double-buffered loops: which global loops qualify, their slots in the predicted memory peak,
+one-iteration loops dropped, the fall-back to single buffers, and the plan's JSON form; device
+loops whose input tiles are fetched one tile ahead where the device limit leaves room."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def _global_allocs(body) -> bool:
 @pytest.mark.parametrize("n, nmo, limit", [(10, 8, "24KiB"), (11, 7, "40KiB"), (9, 9, "16KiB")])
 def test_out_of_core_loops_are_double_buffered(tmp_path, n, nmo, limit):
     plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(n, nmo, limit, "3KiB"))))
-    doubled = [(loop, around) for nest in plan.nests for loop, around in _loops(nest.body) if loop.depth > 1]
+    doubled = [(loop, around) for nest in plan.nests for loop, around in _loops(nest.body)
+               if loop.depth > 1 and loop.level == "global"]
     assert doubled
     for loop, around in doubled:
         assert loop.level == "global" and not loop.parallel
@@ -97,7 +99,7 @@ def test_single_buffers_when_double_ones_do_not_fit(tmp_path):
         config["machine"]["global_memory"] = limit
         plan = make_plan(spec.load(write_config(tmp_path, config)))
         assert plan.predicted["memory_peak"]["global"] <= limit
-        depths[limit] = {loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)}
+        depths[limit] = {loop.depth for nest in plan.nests for loop, _ in _loops(nest.body) if loop.level == "global"}
     assert depths == {24: {1}, 40: {1}, 48: {1, 2}, 64: {1, 2}}
 
 
@@ -106,6 +108,90 @@ def test_depth_survives_json(tmp_path):
     again = Plan.from_json(plan.to_json())
     depths = [loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)]
     assert 2 in depths and depths == [loop.depth for nest in again.nests for loop, _ in _loops(nest.body)]
+    triples = make_plan(spec.load(_triples(tmp_path, "200KiB")))
+    ahead = [(loop.depth, loop.ahead) for nest in triples.nests for loop, _ in _loops(nest.body)]
+    assert (2, 6) in ahead
+    assert ahead == [(loop.depth, loop.ahead) for nest in Plan.from_json(triples.to_json()).nests
+                     for loop, _ in _loops(nest.body)]
+
+
+def _triples(folder, device_memory: str):
+    """The synthetic (T) job at o=8, v=10 with 1 GiB of global memory and ``device_memory``."""
+    import yaml
+
+    from tests.conftest import run_cli
+
+    assert run_cli("chem", "x", "--synthetic", 8, 10, 3, "--out", folder).returncode == 0
+    config = folder / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": device_memory}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return config
+
+
+def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
+    """(T) at o=8, v=10 fetches 34 input tiles in each tile of its loop (tiles of 2; its peak
+    111,360 B with every tile freed after use): with 128 KiB no second slot fits; with more, the
+    plan fetches ahead the most first tiles whose second slots fit, and one more would not. The
+    tiles are those of the single-buffered plan."""
+    import dataclasses
+
+    config = _triples(tmp_path, "128KiB")
+    seen = []
+    for kib in (128, 160, 200, 260, 280):
+        text = config.read_text()
+        config.write_text(text.replace(text[text.index("device_memory"):].splitlines()[0], f"device_memory: {kib}KiB"))
+        plan = make_plan(spec.load(config))
+        at, loop = next((k, n) for k, n in enumerate(plan.nests[0].body) if isinstance(n, Loop))
+        limit = plan.memory_limit["device"]
+        assert plan.predicted["memory_peak"]["device"] <= limit
+        seen.append((loop.tiles, loop.depth, loop.ahead))
+        if loop.depth == 1:
+            continue
+        body = plan.nests[0].body
+        more = body[:at] + [dataclasses.replace(loop, ahead=loop.ahead + 1)] + body[at + 1:]
+        peak = predict_nests([Nest([], more)], plan.tensors, plan.extents, plan.contractions, None)["memory_peak"]
+        assert loop.ahead == 34 or peak["device"] > limit
+        assert [op.op for op in pipeline.fetched(loop)] == ["alloc", "get"] * loop.ahead
+    assert [s[1:] for s in seen[:4]] == [(1, 0), (2, 3), (2, 6), (2, 11)]
+    assert all(tiles == {"i": 2, "j": 2, "k": 2} for tiles, _, _ in seen[:4])
+
+
+def test_device_slots_are_two_full_tiles_for_the_whole_loop():
+    """A device loop over s (extent 5, tiles of 2) inside a parallel one, fetching X[s,t]
+    (t = 3) and adding it into Y[t]: double-buffered, the peak is Y plus two full slots of X
+    from loop entry to exit; the moved bytes do not change."""
+    extents = {"s": 5, "t": 3}
+    tensors = {"X": _tensor("X", "st", (5, 3)), "Y": _tensor("Y", "t", (3,))}
+    body = [Op("alloc", "device", "X", ["s", "t"]), Op("get", "device", "X", ["s", "t"]),
+            Op("free", "device", "X", ["s", "t"])]
+    for depth, ahead, slots in ((1, 0, 1), (2, 1, 2)):
+        inner = Loop("device", {"s": 2}, False, list(body), depth, ahead=ahead)
+        nest = [Loop("device", {"t": 3}, True, [Op("alloc", "device", "Y", ["t"]), inner, Op("free", "device", "Y", ["t"])])]
+        record = predict_nests([Nest([], nest)], tensors, extents, [], Machine())
+        assert record["memory_peak"]["device"] == 8 * (3 + slots * 2 * 3)
+        assert record["bytes"]["global->device"] == 8 * 5 * 3
+
+
+def test_which_device_loops_fetch_ahead():
+    """Only a device loop of one rank's own tiles (parallel, or inside a parallel loop) with at
+    least two tiles fetches ahead; never a tile it also accumulates into, nor a buffer
+    allocated twice in its body."""
+    x = [Op("alloc", "device", "X", ["s"]), Op("get", "device", "X", ["s"])]
+    z = [Op("alloc", "device", "Z", ["s"]), Op("get", "device", "Z", ["s"]), Op("accumulate", "device", "Z", ["s"])]
+    twice = [Op("alloc", "device", "T", ["s"]), Op("get", "device", "T", ["s"]), Op("free", "device", "T", ["s"]),
+             Op("alloc", "device", "T", ["s"]), Op("get", "device", "T", ["s"])]
+
+    def deepened(nest):
+        (out,) = pipeline.deepen([Nest([], nest)], {"s": 4, "t": 4}, lambda body: True)
+        return [(loop.depth, [op.tensor for op in pipeline.fetched(loop) if op.op == "get"]) for loop, _ in _loops(out.body)]
+
+    assert deepened([Loop("device", {"s": 1}, True, x + z + twice)]) == [(2, ["X"])]
+    assert deepened([Loop("device", {"s": 1}, False, list(x))]) == [(1, [])]  # all ranks: collectives
+    assert deepened([Loop("device", {"t": 1}, True, [Loop("device", {"s": 2}, False, list(x))])]) == [(1, []), (2, ["X"])]
+    assert deepened([Loop("device", {"s": 4}, True, list(x))]) == [(1, [])]  # one tile
+    (kept,) = pipeline.deepen([Nest([], [Loop("device", {"s": 1}, True, list(x))])], {"s": 4}, lambda body: False)
+    assert kept.body[0].depth == 1
 
 
 @pytest.mark.parametrize("memory, expected", [

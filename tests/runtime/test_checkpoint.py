@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from chainexec.chem.triples import ccsd_t_energy
+from chainexec.planner.plan import Loop
 from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, write_config
 from tests.runtime.test_reductions import CHAINS, _config, _reference
 
@@ -58,19 +59,26 @@ STREAMED = {"global_memory": "1GiB", "device_memory": "300KiB"}
 loop (:func:`chainexec.planner.pipeline.streamed`), 20 ordered tiles."""
 
 
+AHEAD = {"global_memory": "1GiB", "device_memory": "200KiB"}
+"""Inputs fetched tile by tile, tiles of 2, the first six of each tile's input tiles one tile ahead
+(:func:`chainexec.planner.pipeline.deepen`)."""
+
+
 @pytest.mark.parametrize("ranks, machine, tiles", [(1, MACHINE, 120), (3, MACHINE, 120), (1, STREAMED, 20),
-                                                   (2, STREAMED, 20)], ids=["1", "3", "1-streamed", "2-streamed"])
+                                                   (2, STREAMED, 20), (2, AHEAD, 20)],
+                         ids=["1", "3", "1-streamed", "2-streamed", "2-ahead"])
 def test_stop_and_resume(tmp_path, ranks, machine, tiles):
     """Two runs stop at their first checkpoint (status 3, no energy file), each going further;
     the third finishes from the second's checkpoint, moving the predicted bytes (streamed inputs
     come again in full, and are not also in the checkpoint's counts)."""
     from chainexec import spec
     from chainexec.planner.build import make_plan
-    from chainexec.planner.pipeline import streamed
+    from chainexec.planner.pipeline import fetched, streamed
 
     config = _job(tmp_path, machine=machine)
-    plan = make_plan(spec.load(config))
+    plan = make_plan(spec.load(config), ranks=ranks)
     assert (streamed(plan.nests[0].body, plan.contractions, plan.tensors) is not None) == (machine is STREAMED)
+    assert bool([op for loop in plan.nests[0].body if isinstance(loop, Loop) for op in fetched(loop)]) == (machine is AHEAD)
     folder = tmp_path / "ck"
     done = [0]
     for _ in range(2):

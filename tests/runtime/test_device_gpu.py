@@ -403,6 +403,31 @@ def test_fetch_aside_runs_beside_queued_work(stage, monkeypatch):
     assert abs(float(total) - source.sum()) <= 1e-12 * np.abs(source).sum()
 
 
+@pytest.mark.parametrize("stage", [4096, 1 << 26], ids=["chunked", "one-piece"])
+def test_fetch_aside_after_waits_for_the_last_reader(stage, monkeypatch):
+    """A slot refilled on the second stream while the compute stream still has a reader of its
+    old contents queued: with ``after`` (a stamp after that reader) the reader sees the old
+    tile and the work queued after the fetch the new one. Without it the copy would overtake
+    the reader, queued behind a second of matrix products."""
+    monkeypatch.setattr(device, "STAGE_BYTES", stage)
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(5 << 30)
+    rng = np.random.default_rng(8)
+    old, new = rng.standard_normal((96, 33, 7)), rng.standard_normal((96, 33, 7))
+    dst = cupy.asarray(old)
+    a = cupy.asarray(rng.standard_normal((4096, 4096)))
+    for _ in range(20):
+        a = a @ a * (1 / 64)
+    seen = dst.sum() + 0 * a[0, 0]  # the last reader of the old tile, behind the products
+    mark = backend.stamp()
+    backend.fetch_aside(dst, lambda rows, out: out.__setitem__(Ellipsis, new[rows]), after=mark)
+    total = dst.sum()
+    backend.wait()
+    assert abs(float(seen) - old.sum()) <= 1e-12 * np.abs(old).sum()
+    assert abs(float(total) - new.sum()) <= 1e-12 * np.abs(new).sum()
+    assert np.array_equal(cupy.asnumpy(dst), new)
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
     after ``upload``; the next fetch may get the same block, while the copy is still queued. The
@@ -533,3 +558,34 @@ def test_fused_runs_on_gpu(name, schedule, ranks, tmp_path):
 def test_fused_statements_on_gpu(name, limits, ranks, tmp_path):
     """Fused statements (point-wise kernels and reductions with inlined producers) vs NumPy."""
     run_chain(tmp_path, name, limits, ranks, backend="cupy")
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_triples_fetching_tiles_ahead_on_gpu(ranks, tmp_path):
+    """(T) at o=8, v=10 with 200 KiB of device memory: its tile loop fetches the first six input
+    tiles of the next tile on the second stream while a tile computes (two slots each); the
+    energy equals the NumPy reference of chainexec.chem.triples, bytes and peaks the plan."""
+    from chainexec import spec
+    from chainexec.chem.triples import ccsd_t_energy
+    from chainexec.planner.build import make_plan
+    from chainexec.planner.plan import Loop
+
+    import h5py
+
+    assert run_cli("chem", "x", "--synthetic", 8, 10, 3, "--out", tmp_path).returncode == 0
+    config = tmp_path / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "200KiB"}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    plan = make_plan(spec.load(config), ranks=ranks or 1)
+    assert [(n.depth, n.ahead) for n in plan.nests[0].body if isinstance(n, Loop)] == [(2, 6)]
+    report = tmp_path / "r.json"
+    proc = run_cli("run", config, "--backend", "cupy", "--report-json", report, ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_report(report)
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
+    with h5py.File(tmp_path / "energy.h5") as f:
+        got = float(f["E"][()])
+    expected = ccsd_t_energy(tmp_path / "inputs.h5")
+    assert abs(got - expected) <= 1e-12 * abs(expected)

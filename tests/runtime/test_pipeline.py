@@ -1,6 +1,7 @@
-"""Double-buffered global loops at run time: a chain whose second statement adds into the stored
+"""Double-buffered loops at run time: a chain whose second statement adds into the stored
 result (its loop reads X v1 one tile ahead, adds, writes X v2 behind) on 1–3 ranks with uneven
-tiles equals numpy.einsum and measures exactly the predicted bytes and memory peaks."""
+tiles equals numpy.einsum and measures exactly the predicted bytes and memory peaks; so does the
+same chain with its device loops fetching input tiles one tile ahead, in that order."""
 
 from __future__ import annotations
 
@@ -51,3 +52,79 @@ def test_adding_into_a_stored_result_one_tile_ahead(tmp_path, global_memory, ran
     with h5py.File(tmp_path / "out.h5", "r") as f:
         got = f["X"][...]
     assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+
+
+def _reference(folder):
+    with h5py.File(folder / "in.h5", "r") as f:
+        a, b, c = f["A"][...], f["B"][...], f["C"][...]
+    d = block(4, (EXTENTS["l"], EXTENTS["j"]), ((0, EXTENTS["l"]), (0, EXTENTS["j"])), "float64")
+    return a @ b - 0.5 * (c @ d)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_device_tiles_fetched_one_tile_ahead(tmp_path, ranks):
+    """1 KiB of device memory: the loops over k and l inside each rank's tiles of i fetch their
+    A/B (C/D) tiles one tile ahead, in two slots each; result, bytes and peaks as planned."""
+    config = write_config(tmp_path, CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
+    plan = make_plan(spec.load(config), ranks=ranks)
+    loops = {id(loop): loop for nest in plan.nests for _, around in ops(nest.body) for loop in around}.values()
+    fetched = [(loop.parallel, op.tensor) for loop in loops for op in pipeline.fetched(loop) if op.op == "get"]
+    assert sorted(fetched) == [(False, "A"), (False, "B"), (False, "C"), (False, "D")]
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_report(tmp_path / "r.json")
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
+    expected = _reference(tmp_path)
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert np.max(np.abs(f["X"][...] - expected)) <= 1e-12 * np.max(np.abs(expected))
+
+
+def test_tile_inputs_are_fetched_while_the_tile_before_computes(tmp_path, monkeypatch):
+    """One rank, the same chain: tile n+1's inputs are fetched after tile n's compute is handed
+    to the backend and before tile n+1's, into the other slot than tile n's, after the tile before
+    last (the slot's last reader): they are on their way while tile n computes. Nothing is
+    fetched on the compute stream in those loops."""
+    from chainexec import api
+    from chainexec.runtime import device
+
+    config = write_config(tmp_path, CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
+    assert run_cli("generate", config).returncode == 0
+    events = []
+
+    class Recording(device.Backend):
+        def stamp(self):
+            mark = super().stamp()  # a clock reading, known by its identity below
+            events.append(("stamp", mark))
+            return mark
+
+        def fetch(self, dst, read):
+            events.append(("fetch", dst.base))
+            super().fetch(dst, read)
+
+        def fetch_aside(self, dst, read, after=None):
+            events.append(("aside", dst.base, after))
+            super().fetch(dst, read)
+
+        def contract(self, c, out, a, b):
+            events.append(("compute", None))
+            super().contract(c, out, a, b)
+
+    monkeypatch.setattr(api, "select", lambda name, comm: Recording())
+    api.run(config, backend="numpy")
+    assert not any(e[0] == "fetch" for e in events)
+    computes = [k for k, e in enumerate(events) if e[0] == "compute"]
+    asides = [k for k, e in enumerate(events) if e[0] == "aside"]
+    assert len(asides) == 2 * len(computes)  # one compute per tile, after its two fetches
+    stamps = {id(e[1]): k for k, e in enumerate(events) if e[0] == "stamp"}
+    uses = {}  # slot pair -> [(tile, position of the mark its copies wait for)]
+    for n, k in enumerate(computes):
+        mine = asides[2 * n:2 * n + 2]
+        assert mine[-1] < k and (n == 0 or computes[n - 1] < mine[0])  # between the computes before
+        (mark,) = {stamps[id(events[j][2])] for j in mine}
+        uses.setdefault(tuple(id(events[j][1]) for j in mine), []).append((n, mark))
+    assert any(len(u) > 1 for u in uses.values())
+    for u in uses.values():  # each slot every other tile, refilled once its last reader is done
+        for (before, _), (n, mark) in zip(u, u[1:]):
+            assert n == before + 2 and computes[before] < mark < computes[n - 1]
