@@ -239,7 +239,7 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing,
     after them on the device; its host time is its own) and waits for them by the end, and counts
     their seconds per statement and as compute. The
     (T) job on small occupied tiles, its inputs fetched tile by tile between the statements
-    (96 KiB of device memory); the oldest statements are also read while later ones are queued
+    (72 KiB of device memory: no room to fetch any input tile ahead); the oldest statements are also read while later ones are queued
     (``PENDING`` lowered to 2). The
     energy's accumulates are queued too; with no host bytes allowed for them
     (``LANDING_BYTES`` 0) none is queued while an earlier one is still on its way. A backend
@@ -259,8 +259,13 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing,
     assert run_cli("chem", "x", "--synthetic", 6, 8, 1, "--out", tmp_path).returncode == 0
     config = tmp_path / "ccsd_t.yaml"
     cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "96KiB"}
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "72KiB"}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    from chainexec import spec
+    from chainexec.planner.build import make_plan
+    from chainexec.planner.plan import Loop
+
+    assert [n.depth for n in make_plan(spec.load(config)).nests[0].body if isinstance(n, Loop)] == [1]
     script = tmp_path / "queued.py"
     script.write_text(QUEUED_RUN)
     proc = subprocess.run([sys.executable, str(script), str(config), str(tmp_path / "energy.h5"), str(landing), fetch],
