@@ -11,7 +11,10 @@ global=${4:-8GiB} device=${5:-8GiB} backend=${6:-auto}
 export PYTHONPATH=${PYTHONPATH:-}:$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 mkdir -p "$out"
 work=$(mktemp -d)
-python3 -m chainexec.cli chem "$molecule" --basis "$basis" --job ao2mo --out "$work" > "$out/chem.txt"
+# CHEM_MAX_MEMORY (MB): PySCF's memory for the inputs' RHF (incore integrals); PYSCF_THREADS: the
+# threads of PySCF's timed transform (default: all)
+env ${CHEM_MAX_MEMORY:+PYSCF_MAX_MEMORY=$CHEM_MAX_MEMORY} \
+    python3 -m chainexec.cli chem "$molecule" --basis "$basis" --job ao2mo --out "$work" > "$out/chem.txt"
 python3 - "$work/fourindex.yaml" "$global" "$device" <<'PY'
 import sys, yaml
 path, g, d = sys.argv[1:]
@@ -32,21 +35,28 @@ from pyscf import ao2mo, gto, lib
 from chainexec.chem.job import MOLECULES
 
 work, out, molecule, basis, start, end = sys.argv[1:]
+if os.environ.get("PYSCF_THREADS"):
+    lib.num_threads(int(os.environ["PYSCF_THREADS"]))
 with h5py.File(f"{work}/inputs.h5") as f:
     C = f["C"][...]
     nao, nmo = int(f.attrs["nao"]), int(f.attrs["nmo"])
+rng = np.random.default_rng(0)
+idx = rng.integers(0, nmo, size=(200, 4))
+with h5py.File(f"{work}/output.h5") as g:
+    ours = np.array([g["B"][tuple(i)] for i in idx])
+# chainexec's files go before PySCF writes its own: the disk then holds one side's at a time
+# (benzene/cc-pVTZ: A and B are 39 GB each)
+for name in os.listdir(work):
+    if name.endswith(".h5"):
+        os.remove(os.path.join(work, name))
 mol = gto.M(atom=MOLECULES.get(molecule.lower(), molecule), basis=basis, unit="Angstrom", verbose=0)
 erifile = f"{work}/pyscf_eri.h5"
 t0 = time.perf_counter()
 ao2mo.outcore.full(mol, C, erifile, dataname="eri_mo")
 pyscf_s = time.perf_counter() - t0
-rng = np.random.default_rng(0)
-idx = rng.integers(0, nmo, size=(200, 4))
-with h5py.File(erifile) as f, h5py.File(f"{work}/output.h5") as g:
+with h5py.File(erifile) as f:
     packed = f["eri_mo"]                                   # (ab|cd) with a>=b, c>=d packed
     pyscf_bytes = packed.size * packed.dtype.itemsize
-    B = g["B"]
-    ours = np.array([B[tuple(i)] for i in idx])
     def pair(p, q):
         p, q = max(p, q), min(p, q)
         return p * (p + 1) // 2 + q
