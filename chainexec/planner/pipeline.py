@@ -72,25 +72,31 @@ def prefetched(loop: Loop) -> list[Op]:
     return [op for op in lead if key(op) in loaded and key(op) in own]
 
 
-def _gets(body: list) -> list[tuple]:
+def _gets(body: list, contractions: list[Contraction]) -> list[tuple]:
     """The buffers (keys, in body order) that one device ``alloc`` and one ``get`` directly in
-    ``body`` fill with an input tile, of tensors the body does not also accumulate (a tile
-    fetched ahead would miss the adds of the tile before)."""
+    ``body`` fill with an input tile, where nothing else in the body, nested loops included,
+    allocates or fetches the same buffer or writes its tensor (accumulates it, computes it,
+    evaluates it): a tile fetched one tile ahead would miss what the tile before wrote."""
     counts: dict[tuple, list[str]] = {}
-    for node in body:
-        if isinstance(node, Op) and node.level == "device" and node.op in ("alloc", "get"):
-            counts.setdefault(key(node), []).append(node.op)
-    added = {node.tensor for node in body if isinstance(node, Op) and node.op == "accumulate"}
-    return [k for k, seen in counts.items() if sorted(seen) == ["alloc", "get"] and k[0] not in added]
+    written: set[str] = set()
+    for op, _ in ops(body):
+        if op.level == "device" and op.op in ("alloc", "get"):
+            counts.setdefault(key(op), []).append(op.op)
+        if op.op in ("accumulate", "eval", "fused"):
+            written.add(op.tensor)
+        elif op.op == "compute":
+            written.add(contractions[op.contraction].out)
+    direct = [key(node) for node in body if isinstance(node, Op) and node.op == "get" and node.level == "device"]
+    return [k for k in direct if sorted(counts[k]) == ["alloc", "get"] and k[0] not in written]
 
 
 def fetched(loop: Loop) -> list[Op]:
     """The statements a double-buffered device loop (:func:`deepen`) runs one tile ahead, into
-    the other slot: the ``alloc`` and ``get`` of the first ``loop.ahead`` of its input tiles
-    (:func:`_gets`), in body order; empty for any other loop."""
+    the other slot: the ``alloc`` and ``get`` of each buffer in ``loop.ahead``, in body order;
+    empty for any other loop."""
     if loop.depth < 2 or loop.level != "device":
         return []
-    keys = set(_gets(loop.body)[:loop.ahead])
+    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.ahead}
     return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
 
 
@@ -183,22 +189,22 @@ def arrange_nests(nests: list[Nest], extents: dict[str, int], overlap: bool = Tr
     return [Nest(n.contractions, arrange(n.body, extents, overlap)) for n in nests]
 
 
-def deepen(nests: list[Nest], extents: dict[str, int], fits) -> list[Nest]:
-    """``nests`` with every device loop that fetches input tiles, runs at least two tiles and is
-    or lies in a parallel loop (one rank's own tiles: no collective call among its statements)
-    double-buffered (``depth`` 2, :func:`fetched`) where ``fits`` (a loop-nest body → whether its
-    memory peaks stay within the limits: the cost model's, which counts the second slots) allows:
-    all its input tiles fetched ahead, else as many as fit, first ones first (their frees inside
-    the body no longer lower its peak, so the second slots can cost more than the tiles'
-    bytes). Loops are taken in order, each keeping the room the ones before it left. The tiles
-    are not changed."""
+def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contraction], fits) -> list[Nest]:
+    """``nests`` with every device loop that fetches input tiles (:func:`_gets`), runs at least
+    two tiles and is or lies in a parallel loop (one rank's own tiles: no collective call among
+    its statements) double-buffered (``depth`` 2, :func:`fetched`) where ``fits`` (a loop-nest
+    body → whether its memory peaks are acceptable: the cost model's, which counts the second
+    slots) allows: all its input tiles fetched ahead, else as many as fit, first ones first
+    (their frees inside the body no longer lower its peak, so the second slots can cost more
+    than the tiles' bytes). Loops are taken in order, each keeping the room the ones before it
+    left. The tiles are not changed."""
 
     def candidates(body, ranges, shared=False, path=()):
         for k, node in enumerate(body):
             if not isinstance(node, Loop):
                 continue
             inside = shared or node.parallel
-            if node.level == "device" and inside and _gets(node.body) and _iterations(node, ranges) >= 2:
+            if node.level == "device" and inside and _gets(node.body, contractions) and _iterations(node, ranges) >= 2:
                 yield path + (k,)
             inner = dict(ranges) | {i: min(ranges[i], t) for i, t in node.tiles.items()}
             yield from candidates(node.body, inner, inside, path + (k,))
@@ -217,8 +223,9 @@ def deepen(nests: list[Nest], extents: dict[str, int], fits) -> list[Nest]:
     for nest in nests:
         body = list(nest.body)
         for path in list(candidates(body, dict(extents))):
-            for ahead in range(len(_gets(at(body, path).body)), 0, -1):
-                trial = replaced(body, path, ahead)
+            keys = _gets(at(body, path).body, contractions)
+            for count in range(len(keys), 0, -1):
+                trial = replaced(body, path, [[tensor, list(indices)] for tensor, indices, _ in keys[:count]])
                 if fits(trial):
                     body = trial
                     break

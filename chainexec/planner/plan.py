@@ -117,7 +117,7 @@ class Loop:
     """Tiled loop. ``depth`` 2 marks a sequential global loop whose disk traffic overlaps its work
     (:mod:`chainexec.planner.pipeline`): its own global buffers exist twice, and while iteration n
     computes, iteration n+1's loads and iteration n-1's stores run in the background; or a
-    device loop (of one rank's tiles) whose first ``ahead`` fetched input tiles exist twice,
+    device loop (of one rank's tiles) whose fetched input tiles named in ``ahead`` exist twice,
     tile n+1's copied to the device while tile n computes.
 
     ``symmetric``: indices (tiled alike) over which the loop visits only ordered tile tuples
@@ -132,7 +132,8 @@ class Loop:
     body: list = field(default_factory=list)
     depth: int = 1
     symmetric: list[str] = field(default_factory=list)
-    ahead: int = 0  # a double-buffered device loop: how many of its input tiles, in body order, it fetches ahead
+    # a double-buffered device loop: the input tiles it fetches one tile ahead, [tensor, indices] each
+    ahead: list = field(default_factory=list)
 
 
 def ops(body: list, loops: tuple = ()):
@@ -187,7 +188,8 @@ def _node_from_dict(d: dict):
     if "loop" in d:
         loop = d["loop"]
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
-                    int(loop.get("depth", 1)), list(loop.get("symmetric", [])), int(loop.get("ahead", 0)))
+                    int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
+                    [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])])
     return Op(**d["op"])
 
 

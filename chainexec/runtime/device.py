@@ -249,6 +249,10 @@ class Backend:
         """Seconds between two :meth:`stamp` marks, once the later one is reached."""
         return end - start
 
+    def reach(self, mark) -> None:
+        """Return once the work handed to the backend before :meth:`stamp` returned ``mark`` is
+        done (NumPy: at once)."""
+
     def wait(self) -> None:
         """Return once all the work handed to the backend so far is done (NumPy: at once)."""
 
@@ -727,6 +731,9 @@ class CupyBackend(Backend):
     def elapsed(self, start, end) -> float:
         end.synchronize()
         return self.xp.cuda.get_elapsed_time(start, end) / 1e3
+
+    def reach(self, mark) -> None:
+        mark.synchronize()
 
     def wait(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()

@@ -499,6 +499,10 @@ class Executor:
                     continue
                 if self._waits_first(op, aside=True):
                     self._settle()
+                if self.backend.fetch_waits(self.buffers[key]):
+                    # a copy through staging buffers (or from plain memory) waits on the host for
+                    # the slot's last reader too: waited for first, so the get's seconds are its own
+                    self.backend.reach(done[slot])
                 t0 = time.perf_counter()
                 self._get(op, after=done[slot])
                 self._spent(OP_LEVEL["get"], f"get {op.tensor}", time.perf_counter() - t0)
@@ -790,7 +794,8 @@ class Executor:
         statement (the planner puts accumulates in parallel loops, whose closing barrier lands
         them; this keeps other plans right too), and before one more would hold too much host
         memory. A get whose fetch would wait for the device anyway waits first, so that its
-        seconds are its own (not one ``aside``: it waits only for its own copies)."""
+        seconds are its own (not one ``aside``: it waits at most for its slot's last reader,
+        :meth:`_ahead`)."""
         if op.op == "get":
             if not aside and self.backend.fetch_waits(self.buffers[self._key(op)]):
                 return True

@@ -60,8 +60,8 @@ loop (:func:`chainexec.planner.pipeline.streamed`), 20 ordered tiles."""
 
 
 AHEAD = {"global_memory": "1GiB", "device_memory": "200KiB"}
-"""Inputs fetched tile by tile, tiles of 2, the first six of each tile's input tiles one tile ahead
-(:func:`chainexec.planner.pipeline.deepen`)."""
+"""Inputs fetched tile by tile, tiles of 2, the first three of each tile's input tiles one tile
+ahead (:func:`chainexec.planner.pipeline.deepen`)."""
 
 
 @pytest.mark.parametrize("ranks, machine, tiles", [(1, MACHINE, 120), (3, MACHINE, 120), (1, STREAMED, 20),

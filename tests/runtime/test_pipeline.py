@@ -128,3 +128,40 @@ def test_tile_inputs_are_fetched_while_the_tile_before_computes(tmp_path, monkey
     for u in uses.values():  # each slot every other tile, refilled once its last reader is done
         for (before, _), (n, mark) in zip(u, u[1:]):
             assert n == before + 2 and computes[before] < mark < computes[n - 1]
+
+
+def test_fetches_ahead_never_overtake_a_reader(tmp_path, monkeypatch):
+    """The (T) job at o=8, v=10 (six input tiles fetched ahead) and the chain above, on a backend
+    that runs its work as late as a GPU may and the second stream's copies as early as their
+    marks allow (tests/runtime/deferred.py): the results equal a plain NumPy run's bit for bit.
+    With the marks ignored the (T) energy changes: this check sees the race they prevent."""
+    import yaml
+
+    from chainexec import api
+    from tests.runtime.deferred import Deferred
+
+    assert run_cli("chem", "x", "--synthetic", 8, 10, 3, "--out", tmp_path / "t").returncode == 0
+    triples = tmp_path / "t" / "ccsd_t.yaml"
+    cfg = yaml.safe_load(triples.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "260KiB"}
+    triples.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (tmp_path / "c").mkdir()
+    chain = write_config(tmp_path / "c", CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
+    assert run_cli("generate", chain).returncode == 0
+    outputs = {triples: (tmp_path / "t" / "energy.h5", "E"), chain: (tmp_path / "c" / "out.h5", "X")}
+
+    def result(config, backend):
+        if backend is not None:
+            monkeypatch.setattr(api, "select", lambda name, comm: backend)
+        run = api.run(config, backend="numpy")
+        monkeypatch.undo()
+        assert run["measured"]["bytes"] == run["predicted"]["bytes"]
+        path, name = outputs[config]
+        with h5py.File(path, "r") as f:
+            return f[name][...]
+
+    for config in (triples, chain):
+        assert any(fetched for nest in make_plan(spec.load(config)).nests for _, loops in ops(nest.body)
+                   for fetched in map(pipeline.fetched, loops))
+        assert np.array_equal(result(config, Deferred()), result(config, None))
+    assert not np.array_equal(result(triples, Deferred(honour_after=False)), result(triples, None))
