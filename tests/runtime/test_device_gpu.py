@@ -415,8 +415,10 @@ def test_fetch_aside_after_waits_for_the_last_reader(stage, monkeypatch):
     rng = np.random.default_rng(8)
     old, new = rng.standard_normal((96, 33, 7)), rng.standard_normal((96, 33, 7))
     dst = cupy.asarray(old)
-    # once before, so that no first page-locked allocation (which waits for the device) hides a race
-    backend.fetch_aside(dst, lambda rows, out: out.__setitem__(Ellipsis, old[rows]))
+    # twice before, so that a page-locked block of this size is free in CuPy's pool: a new one
+    # (cudaHostAlloc) would wait for the device and hide the race
+    for _ in range(2):
+        backend.fetch_aside(dst, lambda rows, out: out.__setitem__(Ellipsis, old[rows]))
     backend.wait()
     a = cupy.asarray(rng.standard_normal((4096, 4096)))
     for _ in range(20):
