@@ -407,8 +407,10 @@ def test_fetch_aside_runs_beside_queued_work(stage, monkeypatch):
 def test_fetch_aside_after_waits_for_the_last_reader(stage, monkeypatch):
     """A slot refilled on the second stream while the compute stream still has a reader of its
     old contents queued: with ``after`` (a stamp after that reader) the reader sees the old
-    tile and the work queued after the fetch the new one. Without it the copy would overtake
-    the reader, queued behind matrix products."""
+    tile and the work queued after the fetch the new one. Without it the copy overtakes the
+    reader, queued behind matrix products: measured on the H100 with ``after`` ignored, the
+    chunked case fails; the one-piece case still passed (something in its path waits; not
+    found), so only the chunked case is known to see the race."""
     monkeypatch.setattr(device, "STAGE_BYTES", stage)
     backend = CupyBackend(cupy)
     backend.expect_transfers(5 << 30)
