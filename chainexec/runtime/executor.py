@@ -11,8 +11,8 @@ Disk reads and writes run on a background worker (:mod:`chainexec.runtime.diskio
 double-buffered loop (:mod:`chainexec.planner.pipeline`) the loop's own global buffers live in two
 slots allocated at loop entry; iteration n+1's loads are queued before iteration n runs and
 iteration n's stores are queued without waiting, so the disk works while the device does. In a
-double-buffered parallel device loop, tile n+1's input tiles are copied to the device on a second
-stream while tile n computes (:meth:`Executor._ahead`). Inputs
+double-buffered device loop (of one rank's tiles), tile n+1's input tiles are copied to the device
+on a second stream while tile n computes (:meth:`Executor._ahead`). Inputs
 streamed into a symmetric tile loop (:meth:`Executor._stream`) are read while it runs, on several
 ranks each rank its own rows, announced to the others on a :class:`Board`. Anywhere
 else a load or store waits for its job, as a plain call would.
@@ -433,7 +433,7 @@ class Executor:
         stop = [names.index(i) for i in loop.symmetric]
         ahead = fetched(loop)
         body = [node for node in loop.body if not any(node is op for op in ahead)]
-        with self.backend.steady(self._steady(loop)), self._lanes(ahead, names, combos[0]) as slots:
+        with self.backend.steady(self._steady(loop)), self._lanes(ahead, names, combos[0] if ahead else ()) as slots:
             for n in self._ahead(ahead, slots, names, combos, mine) if ahead else mine:
                 if self.arriving and stop:
                     self._arrive(max(combos[n][i][1] for i in stop))
