@@ -205,3 +205,32 @@ def test_which_device_loops_fetch_ahead():
     assert deepened([Loop("device", {"s": 4}, True, list(x))]) == [(1, [])]  # one tile
     (kept,) = pipeline.deepen([Nest([], [Loop("device", {"s": 1}, True, list(x))])], {"s": 4}, cs, lambda body: False)
     assert kept.body[0].depth == 1
+
+
+@pytest.mark.parametrize("memory, expected", [
+    ("200KiB", {"ovvv": 2, "ovoo": 2, "ovov": 2, "t1": 2}),  # whole inputs before a loop over tiles of 2
+    ("128KiB", None),  # inputs fetched tile by tile in the loop: nothing opens the nest
+    ("1GiB", None),  # one tile: no symmetric loop
+])
+def test_streamed_inputs_of_the_triples_loop(tmp_path, memory, expected):
+    """(T) at o=6, v=10: the inputs read only at an occupied index of the symmetric tile loop
+    first stream in rows of one tile; not ``t2`` (also read as ``t2[m,k,b,c]``), ``f_vo`` (read
+    as ``f_vo[c,k]``) or the orbital energies (read through the denominator's expression)."""
+    import yaml
+
+    from tests.conftest import run_cli
+
+    assert run_cli("chem", "x", "--synthetic", 6, 10, 3, "--out", tmp_path).returncode == 0
+    config = tmp_path / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": memory}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    plan = make_plan(spec.load(config))
+    found = [pipeline.streamed(nest.body, plan.contractions, plan.tensors) for nest in plan.nests]
+    if expected is None:
+        assert found == [None]
+        return
+    (at, rows), = found
+    loop = plan.nests[0].body[at]
+    assert isinstance(loop, Loop) and loop.symmetric and rows == expected
+    assert all(op.op in ("alloc", "load", "get") for op in plan.nests[0].body[:at])
