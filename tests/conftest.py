@@ -56,6 +56,18 @@ def fourindex_config(n: int = 10, nmo: int = 8, global_memory="24KiB", device_me
     }
 
 
+def triples_config(folder: Path, device_memory: str, nocc: int = 8, nvir: int = 10, seed: int = 3,
+                   global_memory: str = "1GiB") -> Path:
+    """Seeded synthetic (T) inputs (``chainexec chem --synthetic``) in ``folder`` and their
+    config, with ``global_memory`` and ``device_memory`` set."""
+    assert run_cli("chem", "x", "--synthetic", nocc, nvir, seed, "--out", folder).returncode == 0
+    config = Path(folder) / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["machine"] = {"global_memory": global_memory, "device_memory": device_memory}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return config
+
+
 def read_report(path: Path) -> dict:
     return json.loads(path.read_text())
 

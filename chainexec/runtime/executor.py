@@ -182,8 +182,8 @@ class Executor:
         same checkpoint), so that a stopped run ends as cleanly as a finished one."""
         for ga in [b for key, b in self.buffers.items() if key[2] == "global" and key not in self.slots]:
             ga.free()
-        for key, slots in self.slots.items():
-            for ga in slots if key[2] == "global" else ():
+        for slots in self.slots.values():  # a global loop's (a device loop's are gone with its _lanes)
+            for ga in slots:
                 ga.free()
         if self.counter is not None:
             self.counter.free()

@@ -14,7 +14,7 @@ from chainexec.planner.build import make_plan
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, Nest, Op, Plan, TensorInfo
-from tests.conftest import fourindex_config, write_config
+from tests.conftest import fourindex_config, triples_config, write_config
 
 
 def _loops(body, around=()):
@@ -108,25 +108,11 @@ def test_depth_survives_json(tmp_path):
     again = Plan.from_json(plan.to_json())
     depths = [loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)]
     assert 2 in depths and depths == [loop.depth for nest in again.nests for loop, _ in _loops(nest.body)]
-    triples = make_plan(spec.load(_triples(tmp_path, "260KiB")))
+    triples = make_plan(spec.load(triples_config(tmp_path, "260KiB")))
     ahead = [(loop.depth, loop.ahead) for nest in triples.nests for loop, _ in _loops(nest.body)]
     assert ahead[0][0] == 2 and len(ahead[0][1]) == 6
     assert ahead == [(loop.depth, loop.ahead) for nest in Plan.from_json(triples.to_json()).nests
                      for loop, _ in _loops(nest.body)]
-
-
-def _triples(folder, device_memory: str):
-    """The synthetic (T) job at o=8, v=10 with 1 GiB of global memory and ``device_memory``."""
-    import yaml
-
-    from tests.conftest import run_cli
-
-    assert run_cli("chem", "x", "--synthetic", 8, 10, 3, "--out", folder).returncode == 0
-    config = folder / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": device_memory}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return config
 
 
 def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
@@ -138,7 +124,7 @@ def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
     the inputs are whole on the device and stream in: no tile is fetched in the loop."""
     import dataclasses
 
-    config = _triples(tmp_path, "128KiB")
+    config = triples_config(tmp_path, "128KiB")
     seen = []
     for kib in (128, 160, 200, 260, 320):
         text = config.read_text()
@@ -216,16 +202,7 @@ def test_streamed_inputs_of_the_triples_loop(tmp_path, memory, expected):
     """(T) at o=6, v=10: the inputs read only at an occupied index of the symmetric tile loop
     first stream in rows of one tile; not ``t2`` (also read as ``t2[m,k,b,c]``), ``f_vo`` (read
     as ``f_vo[c,k]``) or the orbital energies (read through the denominator's expression)."""
-    import yaml
-
-    from tests.conftest import run_cli
-
-    assert run_cli("chem", "x", "--synthetic", 6, 10, 3, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": memory}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    plan = make_plan(spec.load(config))
+    plan = make_plan(spec.load(triples_config(tmp_path, memory, 6, 10)))
     found = [pipeline.streamed(nest.body, plan.contractions, plan.tensors) for nest in plan.nests]
     if expected is None:
         assert found == [None]

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import h5py
 import pytest
-import yaml
 
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.planner.plan import Loop
-from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, write_config
+from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, triples_config, write_config
 from tests.runtime.test_reductions import CHAINS, _config, _reference
 
 MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
@@ -27,12 +26,7 @@ MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
 
 
 def _job(tmp_path, nocc=8, nvir=10, machine=MACHINE):
-    assert run_cli("chem", "synthetic", "--synthetic", nocc, nvir, 3, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = machine
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return config
+    return triples_config(tmp_path, machine["device_memory"], nocc, nvir, global_memory=machine["global_memory"])
 
 
 def _done(folder) -> int:

@@ -24,7 +24,7 @@ from chainexec.planner import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
 from chainexec.runtime.device import CupyBackend, select  # noqa: E402
-from tests.conftest import read_report, run_cli, write_config  # noqa: E402
+from tests.conftest import read_report, run_cli, triples_config, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
 from tests.runtime.test_fused import SMALL, check_fused_run  # noqa: E402
 from tests.runtime.test_inline import CHAINS as INLINE_CHAINS, LIMITS as INLINE_LIMITS, run_chain  # noqa: E402
@@ -579,11 +579,7 @@ def test_triples_fetching_tiles_ahead_on_gpu(ranks, tmp_path):
 
     import h5py
 
-    assert run_cli("chem", "x", "--synthetic", 8, 10, 3, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "260KiB"}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = triples_config(tmp_path, "260KiB")
     plan = make_plan(spec.load(config), ranks=ranks or 1)
     assert [(n.depth, len(n.ahead)) for n in plan.nests[0].body if isinstance(n, Loop)] == [(2, 6)]
     report = tmp_path / "r.json"

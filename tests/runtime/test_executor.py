@@ -12,6 +12,7 @@ import os
 import pytest
 
 from chainexec.runtime.executor import _tuples
+from tests.conftest import triples_config
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -60,21 +61,6 @@ def test_steady_buffers_are_those_the_loop_only_reads():
     assert Executor._steady(fake, Loop("device", {"i": 1}, parallel=True, body=body)) == [a]
 
 
-def _triples_config(folder, device_memory: str, o: int, v: int):
-    """Seeded synthetic (T) inputs at ``o``, ``v`` in ``folder`` and their config, with 1 GiB of
-    global memory and ``device_memory``."""
-    import yaml
-
-    from tests.conftest import run_cli
-
-    assert run_cli("chem", "x", "--synthetic", o, v, 3, "--out", folder).returncode == 0
-    config = folder / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": device_memory}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return config
-
-
 @pytest.mark.parametrize("memory, whole", [("200KiB", True), ("128KiB", False)])
 def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, whole):
     """The (T) job (o=6, v=10; tiles of 2) with its inputs whole on the device: the tile loop's
@@ -89,7 +75,7 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
     from chainexec.runtime import device
 
     o, v = 6, 10
-    config = _triples_config(tmp_path, memory, o, v)
+    config = triples_config(tmp_path, memory, o, v)
     shapes = []
 
     class Recording(device.Backend):
@@ -122,7 +108,7 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     from chainexec.runtime import device, executor
 
     o, v = 6, 10
-    config = _triples_config(tmp_path, "200KiB", o, v)
+    config = triples_config(tmp_path, "200KiB", o, v)
     aside, first = [], []
 
     class Recording(device.Backend):
@@ -176,7 +162,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks):
     if launcher is None:
         pytest.skip("no mpiexec")
     o, v = 6, 10
-    config = _triples_config(tmp_path, "200KiB", o, v)
+    config = triples_config(tmp_path, "200KiB", o, v)
     monkeypatch.setattr(executor, "streamed", lambda *args: None)
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
@@ -251,20 +237,12 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing,
     import sys
     from pathlib import Path
 
-    import yaml
-
-    from tests.conftest import run_cli
-
-    repo = Path(__file__).resolve().parents[2]
-    assert run_cli("chem", "x", "--synthetic", 6, 8, 1, "--out", tmp_path).returncode == 0
-    config = tmp_path / "ccsd_t.yaml"
-    cfg = yaml.safe_load(config.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "72KiB"}
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     from chainexec import spec
     from chainexec.planner.build import make_plan
     from chainexec.planner.plan import Loop
 
+    repo = Path(__file__).resolve().parents[2]
+    config = triples_config(tmp_path, "72KiB", 6, 8, seed=1)
     assert [n.depth for n in make_plan(spec.load(config)).nests[0].body if isinstance(n, Loop)] == [1]
     script = tmp_path / "queued.py"
     script.write_text(QUEUED_RUN)

@@ -135,16 +135,11 @@ def test_fetches_ahead_never_overtake_a_reader(tmp_path, monkeypatch):
     that runs its work as late as a GPU may and the second stream's copies as early as their
     marks allow (tests/runtime/deferred.py): the results equal a plain NumPy run's bit for bit.
     With the marks ignored the (T) energy changes: this check sees the race they prevent."""
-    import yaml
-
     from chainexec import api
+    from tests.conftest import triples_config
     from tests.runtime.deferred import Deferred
 
-    assert run_cli("chem", "x", "--synthetic", 8, 10, 3, "--out", tmp_path / "t").returncode == 0
-    triples = tmp_path / "t" / "ccsd_t.yaml"
-    cfg = yaml.safe_load(triples.read_text())
-    cfg["machine"] = {"global_memory": "1GiB", "device_memory": "260KiB"}
-    triples.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    triples = triples_config(tmp_path / "t", "260KiB")
     (tmp_path / "c").mkdir()
     chain = write_config(tmp_path / "c", CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
     assert run_cli("generate", chain).returncode == 0
