@@ -1,7 +1,8 @@
 """Checks GlobalArray, TaskCounter and Board on however many ranks it is launched with (or none).
 
 Run by tests/runtime/test_globalarray.py as ``mpiexec -n N python mpi_globalarray_check.py SEED``
-(or without mpiexec; ``--self`` makes every rank check on its own MPI.COMM_SELF). Every rank keeps a
+(or without mpiexec; ``--self`` makes every rank check on its own MPI.COMM_SELF; ``--rma`` keeps
+the arrays out of shared memory, so that gets between ranks are RMA calls). Every rank keeps a
 replicated NumPy copy of each array, built from a random generator seeded identically on all ranks,
 and compares what it reads one-sidedly with it. Exits 0 after rank 0 prints ``OK``; any failure
 prints its traceback and aborts all ranks, so the launcher never hangs.
@@ -13,6 +14,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
+from chainexec.runtime import globalarray
 from chainexec.runtime.globalarray import Board, GlobalArray, TaskCounter
 
 DTYPES = (np.float64, np.float32, np.complex128)
@@ -268,6 +270,7 @@ def check_board(comm):
 def main():
     seed = int(sys.argv[1])
     comm = MPI.COMM_SELF if "--self" in sys.argv else MPI.COMM_WORLD
+    globalarray.SHARED_MEMORY = "--rma" not in sys.argv
     # Shapes and data are seeded alike on every rank of comm; under --self, ranks differ anyway.
     rng = np.random.default_rng([seed, comm.size, MPI.COMM_WORLD.rank if comm is MPI.COMM_SELF else 0])
     try:

@@ -270,3 +270,41 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing,
     assert sum(s for name, s in got["statements"].items() if not name.startswith(("get ", "accumulate "))) \
         == 0.25 * queued
     assert got["measured"]["bytes"] == got["predicted"]["bytes"]
+
+
+@pytest.mark.parametrize("poison", ["unfilled", "every"])
+def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poison):
+    """(T) at o=6, v=10 with its inputs streamed: the inputs' global buffers, which loads fill,
+    are allocated without a zero fill (:func:`~chainexec.runtime.executor._filled`), the energy's
+    accumulator with one. Poisoning every buffer allocated without a fill with NaN leaves the
+    energy as it was; poisoning every global buffer (the accumulator too) makes it NaN, so the
+    poison reaches the result where a fill is missing."""
+    import h5py
+    import numpy as np
+
+    from chainexec import api, spec
+    from chainexec.planner import build
+    from chainexec.runtime import executor
+
+    config = triples_config(tmp_path, "200KiB", 6, 10)
+    plan = build.make_plan(spec.load(config))
+    filled = executor._filled(plan.nests[0].body)
+    allocs = [op for op in plan.nests[0].body if getattr(op, "op", None) == "alloc" and op.level == "global"]
+    assert sorted(op.tensor for op in allocs if id(op) in filled) == sorted(
+        ["ovvv", "t2", "ovoo", "ovov", "t1", "f_vo", "e_vir", "e_occ"])
+    assert [op.tensor for op in allocs if id(op) not in filled] == ["E"]
+    api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        clean = float(f["E"][()])
+
+    class Poisoned(executor.GlobalArray):
+        def __init__(self, comm, shape, dtype, zero=True):
+            super().__init__(comm, shape, dtype, zero=zero)
+            if not zero or poison == "every":
+                self.local()[...] = np.nan
+
+    monkeypatch.setattr(executor, "GlobalArray", Poisoned)
+    api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        e = float(f["E"][()])
+    assert e == clean if poison == "unfilled" else np.isnan(e)

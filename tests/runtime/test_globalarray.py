@@ -41,10 +41,12 @@ needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found")
 
 @pytest.mark.mpi
 @needs_mpiexec
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
-def test_ranks(nranks):
-    """Patches over uneven blocks, rows fewer than ranks, patches spanning several owners."""
-    launch([MPIEXEC, "-n", str(nranks)], 100 + nranks)
+@pytest.mark.parametrize("nranks, memory", [(1, "shared"), (2, "shared"), (3, "shared"), (4, "shared"),
+                                            (2, "rma"), (3, "rma")])
+def test_ranks(nranks, memory):
+    """Patches over uneven blocks, rows fewer than ranks, patches spanning several owners; other
+    ranks' rows read from shared memory (ranks of one host) or by RMA gets (``--rma``)."""
+    launch([MPIEXEC, "-n", str(nranks)], 100 + nranks, *(["--rma"] if memory == "rma" else []))
 
 
 @pytest.mark.mpi
