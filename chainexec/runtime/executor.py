@@ -300,11 +300,11 @@ class Executor:
         one tile, position by position, each input in turn; the loop copies each chunk to the
         device when a tile first needs it (:meth:`_arrive`), so that it starts after the first
         rows and disk reads and copies run beside its tiles. On several ranks each rank reads its
-        own rows of each chunk and publishes them on a :class:`Board` as they land; a rank copies
-        a chunk to its device once every owner of its rows has (:meth:`_ready`). Until
-        2026-11-25 several ranks did not stream: every rank waited for all inputs, read by all
-        ranks, before its first tile (at o=32 v=300 on two H100s, 2.2 s of each rank's 24.4 s).
-        The position of the loop in ``body``."""
+        share of each chunk (:meth:`_share`) and publishes on a :class:`Board` how far it got; a
+        rank copies a chunk to its device once every rank with a share of it has read it
+        (:meth:`_ready`). Until 2026-11-25 several ranks did not stream: every rank waited for
+        all inputs, read by all ranks, before its first tile (at o=32 v=300 on two H100s, 2.2 s
+        of each rank's 24.4 s). The position of the loop in ``body``."""
         skipped = [op for op in body[:at] if op.op in ("load", "get") and op.tensor in rows]
         self._body([op for op in body[:at] if not any(op is x for x in skipped)])
         loads = {op.tensor: op for op in skipped if op.op == "load"}
@@ -320,21 +320,41 @@ class Executor:
                 hi = min(lo + step, extent[t])
                 gkey, dkey = self._key(loads[t]), self._key(gets[t])
                 ga, region = self.buffers[gkey], self.regions[gkey]
-                mine = (max(lo, ga.rows[0]), min(hi, ga.rows[1]))  # this rank's rows of the chunk
                 job = None
                 # both counted here, before the loop, as the whole load and get they stand for
                 # (a resumed loop's counts must not hold them: it streams them again); every
-                # rank gets all rows, each loads its own
-                if mine[0] < mine[1]:
-                    local = ga.local()[mine[0] - ga.rows[0]:mine[1] - ga.rows[0]]
-                    part = ((region[0][0] + mine[0], region[0][0] + mine[1]),) + region[1:]
-                    job = self.disk.submit(self.store.read, t, loads[t].version, part, local)
-                    if self.board is not None:
-                        self.reading.append((job, slots[t], mine[1], gkey))
-                    self.counters.move(CATEGORY["load"], local.nbytes)
+                # rank gets all rows, each loads its share
+                for owner, first, end, cut in self._share(ga, lo, hi, self.comm.rank):
+                    start = ga.rows_of(owner)[0]
+                    out = ga.block(owner)[first - start:end - start]
+                    part = ((region[0][0] + first, region[0][0] + end),) + region[1:]
+                    if cut is not None:
+                        out = out[:, cut[0]:cut[1]]
+                        part = part[:1] + ((region[1][0] + cut[0], region[1][0] + cut[1]),) + part[2:]
+                    job = self.disk.submit(self.store.read, t, loads[t].version, part, out)
+                    self.counters.move(CATEGORY["load"], out.nbytes)
+                if job is not None and self.board is not None:
+                    self.reading.append((job, slots[t], hi, gkey))
                 self.counters.move(CATEGORY["get"], self.buffers[dkey][lo:hi].nbytes)
                 self.arriving.append((lo, hi, t, slots[t], gkey, dkey, job))
         return at
+
+    def _share(self, ga: GlobalArray, lo: int, hi: int, rank: int) -> list[tuple]:
+        """The pieces of rows ``[lo, hi)`` of a streamed input that ``rank`` reads from disk:
+        (owner of the rows, first row, end row, range along the second axis or None for all of
+        it). In shared memory (ranks of one host) each row is cut along its second axis over all
+        ranks, so that every rank reads a part of every chunk, in the order the tiles need them;
+        otherwise a rank reads the rows it owns. (Each rank reading its own rows, on four H200s
+        at o=40 v=400, the other ranks waited 3.7-4.1 s for rank 0's reads of the first rows,
+        2026-11-26.) Each piece is contiguous in ``ga``'s block."""
+        size = self.comm.size
+        if ga.shared and len(ga.shape) > 1:
+            cut = (rank * ga.shape[1] // size, (rank + 1) * ga.shape[1] // size)
+            if cut[0] == cut[1]:
+                return []
+            return [(next(r for r, _ in ga.owners((slice(row, row + 1),))), row, row + 1, cut)
+                    for row in range(lo, hi)]
+        return [(r, first, end, None) for r, (first, end) in ga.owners((slice(lo, hi),)) if r == rank]
 
     def _arrive(self, need: int | None = None) -> None:
         """Copy to the device every streamed chunk (:meth:`_stream`) that starts below row
@@ -360,7 +380,7 @@ class Executor:
             self._spent(OP_LEVEL["get"], f"get {tensor}", time.perf_counter() - t0)
 
     def _publish(self, everything: bool = False) -> None:
-        """Publish on the board how far this rank has read its own rows of each streamed input
+        """Publish on the board how far this rank has read its share of each streamed input
         (those the disk worker has finished, in order; ``everything``: after waiting for all of
         them, as a rank must before it meets the others, who may be waiting for its rows)."""
         latest = {}
@@ -374,15 +394,15 @@ class Executor:
             self.board.publish(slot, hi)
 
     def _ready(self, ga: GlobalArray, slot: int, lo: int, hi: int) -> None:
-        """Wait until every other owner of rows ``[lo, hi)`` of a streamed input has published
-        them, publishing this rank's own meanwhile (two ranks may wait for each other's rows);
-        the wait is idle time."""
+        """Wait until every other rank with a share of rows ``[lo, hi)`` of a streamed input
+        (:meth:`_share`) has published that it read them, publishing this rank's own meanwhile
+        (two ranks may wait for each other's rows); the wait is idle time."""
         self._publish()
-        need = [(rank, end) for rank, (_, end) in ga.owners((slice(lo, hi),)) if rank != self.comm.rank]
+        need = [rank for rank in range(self.comm.size) if rank != self.comm.rank and self._share(ga, lo, hi, rank)]
         t0 = time.perf_counter()
         while need:
             seen = self.board.read(slot)
-            need = [(rank, end) for rank, end in need if seen[rank] < end]
+            need = [rank for rank in need if seen[rank] < hi]
             if need:
                 time.sleep(POLL_SECONDS)
                 self._publish()

@@ -173,6 +173,24 @@ class GlobalArray:
         self._win.Sync()
         return self._block.reshape(()) if not self.shape and self.comm.rank == 0 else self._block
 
+    @property
+    def shared(self) -> bool:
+        """Whether the window is in shared memory (every rank's :meth:`block` is at hand)."""
+        return self._peers is not None
+
+    def rows_of(self, rank: int) -> tuple[int, int]:
+        """``rank``'s ``[lo, hi)`` rows of axis 0."""
+        return self._bounds[rank], self._bounds[rank + 1]
+
+    def block(self, rank: int) -> np.ndarray | None:
+        """``rank``'s block (its rows, shaped as :meth:`local`'s but 0-d arrays as one row) where
+        the window is in shared memory, or this rank's own; None for another rank's otherwise.
+        Plain stores into it follow :meth:`local`'s rules: visible to other ranks after the
+        writer's ``MPI_Win_sync`` (any :meth:`local` call) and a synchronisation with them."""
+        if rank == self.comm.rank:
+            return self._block
+        return None if self._peers is None else self._view_block(rank)
+
     def _normalise(self, region: Region) -> tuple[tuple[int, int], ...]:
         """``[start, stop)`` per axis of ``region``: a tuple of step-1 slices, missing trailing axes whole."""
         if len(region) > len(self.shape):

@@ -1,9 +1,10 @@
 """Streamed inputs on several ranks: the (T) job of CONFIG run under mpiexec with a NumPy backend
 that records, on each rank, the chunks copied beside the work and what the device copy of
-``ovvv`` holds when the rank's first tile starts. Writes OUT/rank<R>.json per rank (and the run's
-measured and predicted bytes on rank 0).
+``ovvv`` holds when the rank's first tile starts, and the parts of the streamed inputs it reads
+from disk. Writes OUT/rank<R>.json per rank (and the run's measured and predicted bytes on rank 0).
 
-Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT`` (tests/runtime/test_executor.py).
+Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma]`` (``--rma``: global arrays
+out of shared memory) (tests/runtime/test_executor.py).
 """
 
 import json
@@ -14,11 +15,14 @@ import numpy as np
 from mpi4py import MPI
 
 from chainexec import api
-from chainexec.runtime import device
+from chainexec.runtime import device, globalarray, store
+
+STREAMED = ("ovvv", "ovoo", "ovov", "t1")
 
 
 def main():
     config, out = sys.argv[1:3]
+    globalarray.SHARED_MEMORY = "--rma" not in sys.argv
     comm = MPI.COMM_WORLD
     aside, first = [], []
 
@@ -38,10 +42,19 @@ def main():
                 first.append({"need": int(need), "rows": len(buf), "filled": filled, "empty": empty})
             super().contract_sum(cs, out_, operands)
 
+    reads = []
+    plain_read = store.Store.read
+
+    def recording_read(self, tensor, version, region, out_):
+        if tensor in STREAMED:
+            reads.append([tensor, [list(r) for r in region]])
+        plain_read(self, tensor, version, region, out_)
+
+    store.Store.read = recording_read
     api.select = lambda name, comm: Recording()
     try:
         result = api.run(config, backend="numpy")
-        mine = {"aside": aside, "first": first}
+        mine = {"aside": aside, "first": first, "reads": reads}
         if comm.rank == 0:
             mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"]}
         with open(f"{out}/rank{comm.rank}.json", "w") as f:

@@ -138,12 +138,14 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks):
-    """(T) at o=6, v=10, tiles of 2, on several ranks: each rank reads its own rows of the
-    streamed inputs, and every rank copies every chunk to its device, each only once its owners
-    have read it (:class:`~chainexec.runtime.globalarray.Board`). A rank's first tile finds in
-    its copy of ``ovvv`` exactly the rows that tile reads, the others still zero; bytes as
+@pytest.mark.parametrize("ranks, memory", [(2, "shared"), (3, "shared"), (3, "rma")])
+def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
+    """(T) at o=6, v=10, tiles of 2, on several ranks of one host: each rank reads from disk a
+    part of every row of each streamed input (its cut of the second axis, the cuts of all ranks
+    tiling it; with the global arrays out of shared memory, ``rma``, the rows it owns), and every
+    rank copies every chunk to its device, each only once all ranks have read their parts
+    (:class:`~chainexec.runtime.globalarray.Board`). A rank's first tile finds
+    in its copy of ``ovvv`` exactly the rows that tile reads, the others still zero; bytes as
     predicted; the energy equals a run on one rank with whole gets, to 1e-12."""
     import json
     import subprocess
@@ -171,7 +173,8 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks):
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=str(repo))
     check = repo / "tests/runtime/mpi_streamed_check.py"
-    proc = subprocess.run([launcher, "-n", str(ranks), sys.executable, str(check), str(config), str(out)],
+    proc = subprocess.run([launcher, "-n", str(ranks), sys.executable, str(check), str(config), str(out),
+                           *(["--rma"] if memory == "rma" else [])],
                           capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
     with h5py.File(tmp_path / "energy.h5") as f:
@@ -187,6 +190,18 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks):
             assert 0 < need <= o and first["rows"] == o
             assert all(first["filled"][:need]) and all(first["empty"][need:])
     assert sum(bool(rec["first"]) for rec in records) >= 2
+    second = {"ovvv": v, "ovoo": v, "ovov": v, "t1": v}
+    for tensor, n in second.items():
+        for row in range(o):
+            if memory == "rma":  # the owner's rows, whole, in one read per chunk
+                owner = row * ranks // o
+                assert [r for r, rec in enumerate(records) for t, region in rec["reads"]
+                        if t == tensor and region[0][0] <= row < region[0][1]] == [owner]
+                continue
+            cuts = sorted(tuple(region[1]) for rec in records for t, region in rec["reads"]
+                          if t == tensor and region[0] == [row, row + 1])
+            assert len(cuts) == ranks and cuts[0][0] == 0 and cuts[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
 
 
 QUEUED_RUN = r'''
