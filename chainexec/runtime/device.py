@@ -207,7 +207,10 @@ class Backend:
         """As :meth:`fetch`, beside the work handed to the backend before it, where the device
         can copy and compute at once; the work handed after it waits for it. ``after``: a
         :meth:`stamp` mark; the copy starts once the work handed to the backend before it is done
-        (``dst``'s last reader). Here: :meth:`fetch`."""
+        (``dst``'s last reader). Every ``read`` is done before it returns, as in :meth:`fetch`:
+        the host source may change or be given back afterwards (the executor gives streamed
+        rows back once every rank has copied them, :meth:`Executor._discard`). Here:
+        :meth:`fetch`."""
         self.fetch(dst, read)
 
     def fetch_waits(self, dst) -> bool:

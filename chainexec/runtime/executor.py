@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -142,6 +143,14 @@ class Executor:
         # read, and this rank's reads not yet published: (disk job, slot, end row, global key)
         self.board: Board | None = None
         self.reading: collections.deque[tuple] = collections.deque()
+        # on several ranks, the streamed inputs whose global rows nothing reads after the loop:
+        # a board where ranks publish how far they have copied each to their device, and per
+        # such input [board slot, global key, first own row not yet given back]
+        # (:meth:`_discard`), and the helper thread's jobs that give rows back
+        self.copied: Board | None = None
+        self.dropping: dict[str, list] = {}
+        self.discarder: ThreadPoolExecutor | None = None
+        self.discarding: list = []
         # global allocs that a load fills before anything else names the tensor: no zero fill
         self.filled = set().union(*(_filled(nest.body) for nest in plan.nests))
         self.checkpoint = checkpoint
@@ -182,6 +191,7 @@ class Executor:
     def _release(self) -> None:
         """Free every global buffer and the task counter (collective: every rank stops at the
         same checkpoint), so that a stopped run ends as cleanly as a finished one."""
+        self._streamed_done()  # no page given back after its window is freed
         for ga in [b for key, b in self.buffers.items() if key[2] == "global" and key not in self.slots]:
             ga.free()
         for slots in self.slots.values():  # a global loop's (a device loop's are gone with its _lanes)
@@ -190,9 +200,6 @@ class Executor:
         if self.counter is not None:
             self.counter.free()
             self.counter = None
-        if self.board is not None:
-            self.board.free()
-            self.board = None
 
     def _report(self, nest: int) -> None:
         """All ranks' tiles and bytes so far, summed (collective; after a nest, where all meet)."""
@@ -264,8 +271,8 @@ class Executor:
                 k = self._stream(body, *found)
                 self._loop(body[k], (nest, k))
                 if self.board is not None:  # every rank is past the loop's closing barrier
-                    self.board.free()
-                    self.board = None
+                    self._discard()  # the rows copied last
+                    self._streamed_done()
                 k += 1
         while k < len(body):
             node = body[k]
@@ -313,6 +320,14 @@ class Executor:
         slots = {t: n for n, t in enumerate(rows)}
         if self.comm.size > 1:
             self.board = Board(self.comm, len(rows))
+            self.copied = Board(self.comm, len(rows))
+            later = {}  # after the loop, the first statement naming each tensor (a device copy's free aside)
+            for op, _ in ops(body[at + 1:]):
+                if op.tensor is not None and not (op.op == "free" and op.level == "device"):
+                    later.setdefault(op.tensor, op)
+            self.dropping = {t: [slots[t], self._key(loads[t]), 0] for t in rows
+                             if self.buffers[self._key(loads[t])].shared and t in later
+                             and later[t].op == "free" and later[t].level == "global"}
         for lo in range(0, max(extent.values()), min(rows.values())):
             for t, step in rows.items():
                 if lo % step or lo >= extent[t]:
@@ -378,6 +393,39 @@ class Executor:
             t0 = time.perf_counter()
             self.backend.fetch_aside(dst, read)
             self._spent(OP_LEVEL["get"], f"get {tensor}", time.perf_counter() - t0)
+            if self.copied is not None:  # the rows are in page-locked staging or on the device now
+                self.copied.publish(slot, hi)
+
+    def _discard(self) -> None:
+        """Give back, on a helper thread, the pages of this rank's rows of the streamed inputs
+        that every rank has copied to its device and nothing reads after the loop
+        (:meth:`GlobalArray.discard`), so that the pages go while the device computes instead of
+        when the windows are freed after the loop. On four H200s at o=40 v=400 (23 GB of inputs
+        in shared memory) 4.9 s passed between the last tile queued and the end of the run,
+        against 1.2 s on one GPU (2026-11-26); this change is not yet measured there."""
+        for state in self.dropping.values():
+            slot, gkey, done = state
+            ga = self.buffers[gkey]
+            first = max(done, ga.rows[0])
+            if first >= ga.rows[1]:
+                continue
+            upto = min(int(self.copied.read(slot).min()), ga.rows[1])
+            if upto > first:
+                if self.discarder is None:
+                    self.discarder = ThreadPoolExecutor(1, thread_name_prefix="chainexec-discard")
+                self.discarding.append(self.discarder.submit(ga.discard, (first, upto)))
+                state[2] = upto
+
+    def _streamed_done(self) -> None:
+        """After a streamed loop (or a stop inside it): wait for the rows being given back, then
+        free the boards."""
+        for job in self.discarding:
+            job.result()
+        self.discarding, self.dropping = [], {}
+        for board in (self.board, self.copied):
+            if board is not None:
+                board.free()
+        self.board = self.copied = None
 
     def _publish(self, everything: bool = False) -> None:
         """Publish on the board how far this rank has read its share of each streamed input
@@ -463,6 +511,8 @@ class Executor:
                 self.weight = outer * weights[n]
                 self._body(body)
                 self.tiles_done += loop.parallel
+                if self.dropping:
+                    self._discard()
         if loop.parallel:
             self._arrive()  # chunks no tile of this rank needed (a resumed loop's)
         self.weight = outer

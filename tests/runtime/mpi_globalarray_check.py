@@ -238,6 +238,29 @@ def check_counter(comm):
     counter.free()
 
 
+def check_discard(comm):
+    """Each rank gives back the pages of its rows: in shared memory the whole pages inside them
+    read as zeros afterwards on every rank (at most one page at each end of a block keeps its
+    values); out of it nothing changes."""
+    page = 4096 // 8  # float64 elements in a page
+    ga = GlobalArray(comm, (4 * comm.size, 8 * page), np.float64, zero=False)
+    ref = np.arange(1, ga.shape[0] * ga.shape[1] + 1, dtype=np.float64).reshape(ga.shape)
+    lo, hi = ga.rows
+    ga.local()[...] = ref[lo:hi]
+    comm.Barrier()
+    ga.discard((0, ga.shape[0]))  # only this rank's rows
+    ga.local()
+    comm.Barrier()
+    got = ga.get(())
+    assert np.all((got == ref) | (got == 0))
+    for r in range(comm.size):
+        a, b = ga.rows_of(r)
+        zeros = int(np.sum(got[a:b] == 0))
+        assert zeros >= (b - a) * ga.shape[1] - 2 * page if ga.shared else zeros == 0, (r, zeros)
+    comm.Barrier()
+    ga.free()
+
+
 def check_board(comm):
     """Every rank publishes a growing count in each of two slots while reading the others': what
     it reads of a rank never goes back and is always a value that rank published (3·step + rank
@@ -282,6 +305,7 @@ def main():
         check_degenerate(comm, rng)
         check_counter(comm)
         check_board(comm)
+        check_discard(comm)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()

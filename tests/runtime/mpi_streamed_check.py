@@ -1,7 +1,8 @@
 """Streamed inputs on several ranks: the (T) job of CONFIG run under mpiexec with a NumPy backend
 that records, on each rank, the chunks copied beside the work and what the device copy of
-``ovvv`` holds when the rank's first tile starts, and the parts of the streamed inputs it reads
-from disk. Writes OUT/rank<R>.json per rank (and the run's measured and predicted bytes on rank 0).
+``ovvv`` holds when the rank's first tile starts, the parts of the streamed inputs it reads
+from disk, and the rows of them it gives back during the loop (poisoned with NaN instead, so that
+a row given back too early spoils the energy). Writes OUT/rank<R>.json per rank (and the run's measured and predicted bytes on rank 0).
 
 Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma]`` (``--rma``: global arrays
 out of shared memory) (tests/runtime/test_executor.py).
@@ -51,10 +52,19 @@ def main():
         plain_read(self, tensor, version, region, out_)
 
     store.Store.read = recording_read
+    discarded = []
+
+    def poisoning_discard(self, rows):  # as if the pages were gone: NaN, so a later read shows
+        lo, hi = max(rows[0], self.rows[0]), min(rows[1], self.rows[1])
+        if self.shared and hi > lo:
+            discarded.append([self.shape[1:], lo, hi])
+            self.block(comm.rank)[lo - self.rows[0]:hi - self.rows[0]] = np.nan
+
+    globalarray.GlobalArray.discard = poisoning_discard
     api.select = lambda name, comm: Recording()
     try:
         result = api.run(config, backend="numpy")
-        mine = {"aside": aside, "first": first, "reads": reads}
+        mine = {"aside": aside, "first": first, "reads": reads, "discarded": discarded}
         if comm.rank == 0:
             mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"]}
         with open(f"{out}/rank{comm.rank}.json", "w") as f:
