@@ -71,14 +71,22 @@ SHARED_MEMORY = True
 """Whether arrays over ranks of one host live in shared memory (module docstring); the tests turn
 it off to exercise RMA gets between ranks."""
 
+_ONE_HOST: int | None = None  # attribute key of _on_one_host's answer on a communicator
+
 
 def _on_one_host(comm: MPI.Comm) -> bool:
-    """Whether every rank of ``comm`` shares memory with every other (collective)."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_size() == comm.Get_size()
-    finally:
+    """Whether every rank of ``comm`` shares memory with every other (collective the first time
+    for a communicator; the answer is cached on it as an MPI attribute, which goes with it)."""
+    global _ONE_HOST
+    if _ONE_HOST is None:
+        _ONE_HOST = MPI.Comm.Create_keyval()
+    known = comm.Get_attr(_ONE_HOST)
+    if known is None:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        known = node.Get_size() == comm.Get_size()
         node.Free()
+        comm.Set_attr(_ONE_HOST, known)
+    return known
 
 
 class GlobalArray:
