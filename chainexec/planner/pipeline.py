@@ -153,8 +153,8 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     (:func:`chainexec.runtime.executor._tuples`): a tile at largest position p reads only the
     first ``(p + 1)·tile`` rows of an input whose every reference in the loop has one of the
     symmetric indices first. Such an input can be read from disk and copied to the device in rows
-    of one tile while the loop runs (the runtime does; on several ranks each reads its own rows
-    and the others wait for them, :meth:`chainexec.runtime.executor.Executor._ready`), so that the loop starts after
+    of one tile while the loop runs (the runtime does; on several ranks each reads its share
+    and the others wait for it, :meth:`chainexec.runtime.executor.Executor._ready`), so that the loop starts after
     its first rows instead of after every input: in (T) ``ovvv``, ``ovoo``, ``ovov`` and ``t1``; at
     o=40 v=400 ``ovvv`` alone is 20 GB of the 23 GB read, about 6 s of disk and copy time before
     the first tile on the H100 machine.

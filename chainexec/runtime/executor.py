@@ -136,8 +136,8 @@ class Executor:
         # weight, statement name)
         self.landing: collections.deque[tuple] = collections.deque()
         # streamed input rows on their way (:meth:`_stream`): (first row, end row, tensor, board
-        # slot, global buffer key, device buffer key, disk job of this rank's rows or None), in
-        # the order the tiles need them
+        # slot, global buffer key, device buffer key, the disk job of this rank's last piece of
+        # them or None), in the order the tiles need them
         self.arriving: collections.deque[tuple] = collections.deque()
         # on several ranks: the board where ranks publish the rows of streamed inputs they have
         # read, and this rank's reads not yet published: (disk job, slot, end row, global key)
@@ -271,7 +271,7 @@ class Executor:
                 k = self._stream(body, *found)
                 self._loop(body[k], (nest, k))
                 if self.board is not None:  # every rank is past the loop's closing barrier
-                    self._discard()  # the rows copied last
+                    self._discard(last=True)
                     self._streamed_done()
                 k += 1
         while k < len(body):
@@ -320,14 +320,15 @@ class Executor:
         slots = {t: n for n, t in enumerate(rows)}
         if self.comm.size > 1:
             self.board = Board(self.comm, len(rows))
-            self.copied = Board(self.comm, len(rows))
             later = {}  # after the loop, the first statement naming each tensor (a device copy's free aside)
             for op, _ in ops(body[at + 1:]):
                 if op.tensor is not None and not (op.op == "free" and op.level == "device"):
                     later.setdefault(op.tensor, op)
             self.dropping = {t: [slots[t], self._key(loads[t]), 0] for t in rows
                              if self.buffers[self._key(loads[t])].shared and t in later
-                             and later[t].op == "free" and later[t].level == "global"}
+                             and later[t].op == "free" and self._key(later[t]) == self._key(loads[t])}
+            if self.dropping:  # the same on every rank: the same plan, one host for all or none
+                self.copied = Board(self.comm, len(rows))
         for lo in range(0, max(extent.values()), min(rows.values())):
             for t, step in rows.items():
                 if lo % step or lo >= extent[t]:
@@ -358,11 +359,13 @@ class Executor:
         """The pieces of rows ``[lo, hi)`` of a streamed input that ``rank`` reads from disk:
         (owner of the rows, first row, end row, range along the second axis or None for all of
         it). In shared memory (ranks of one host) each row is cut along its second axis over all
-        ranks, so that every rank reads a part of every chunk, in the order the tiles need them;
-        otherwise a rank reads the rows it owns. (Each rank reading its own rows, on four H200s
+        ranks, so that every rank (with a non-empty cut) reads a part of every chunk, in the
+        order the tiles need them; otherwise a rank reads the rows it owns. (Each rank reading its own rows, on four H200s
         at o=40 v=400, the other ranks waited 3.7-4.1 s for rank 0's reads of the first rows,
         2026-11-26.) Each piece is contiguous in ``ga``'s block."""
         size = self.comm.size
+        if math.prod(ga.shape) == 0:
+            return []
         if ga.shared and len(ga.shape) > 1:
             cut = (rank * ga.shape[1] // size, (rank + 1) * ga.shape[1] // size)
             if cut[0] == cut[1]:
@@ -374,7 +377,7 @@ class Executor:
     def _arrive(self, need: int | None = None) -> None:
         """Copy to the device every streamed chunk (:meth:`_stream`) that starts below row
         ``need`` (all, by default), once its rows are read (by the disk worker; on several ranks
-        by each owner's, :meth:`_ready`): beside the work queued before
+        by every rank with a share of them, :meth:`_ready`): beside the work queued before
         (:meth:`Backend.fetch_aside`), the work queued after waiting for it."""
         if self.board is not None:
             self._publish()
@@ -396,20 +399,22 @@ class Executor:
             if self.copied is not None:  # the rows are in page-locked staging or on the device now
                 self.copied.publish(slot, hi)
 
-    def _discard(self) -> None:
+    def _discard(self, last: bool = False) -> None:
         """Give back, on a helper thread, the pages of this rank's rows of the streamed inputs
         that every rank has copied to its device and nothing reads after the loop
-        (:meth:`GlobalArray.discard`), so that the pages go while the device computes instead of
-        when the windows are freed after the loop. On four H200s at o=40 v=400 (23 GB of inputs
-        in shared memory) 4.9 s passed between the last tile queued and the end of the run,
-        against 1.2 s on one GPU (2026-11-26); this change is not yet measured there."""
+        (:meth:`GlobalArray.discard`), so that most pages go while the device computes instead
+        of when the windows are freed after the loop. ``last``: after the loop, when every rank
+        has copied every row: all of this rank's rows again, for the pages that straddled two
+        earlier calls' rows. On four H200s at o=40 v=400 (23 GB of inputs in shared memory)
+        4.9 s passed between the last tile queued and the end of the run, against 1.2 s on one
+        GPU (2026-11-26); this change is not yet measured there."""
         for state in self.dropping.values():
             slot, gkey, done = state
             ga = self.buffers[gkey]
-            first = max(done, ga.rows[0])
+            first = ga.rows[0] if last else max(done, ga.rows[0])
             if first >= ga.rows[1]:
                 continue
-            upto = min(int(self.copied.read(slot).min()), ga.rows[1])
+            upto = ga.rows[1] if last else min(int(self.copied.read(slot).min()), ga.rows[1])
             if upto > first:
                 if self.discarder is None:
                     self.discarder = ThreadPoolExecutor(1, thread_name_prefix="chainexec-discard")
@@ -421,7 +426,9 @@ class Executor:
         free the boards."""
         for job in self.discarding:
             job.result()
-        self.discarding, self.dropping = [], {}
+        if self.discarder is not None:
+            self.discarder.shutdown()
+        self.discarding, self.dropping, self.discarder = [], {}, None
         for board in (self.board, self.copied):
             if board is not None:
                 board.free()
@@ -988,6 +995,7 @@ class Executor:
 
 def _filled(body) -> set[int]:
     """The ``id`` of each global ``alloc`` in ``body`` whose buffer a ``load`` of the same tile
+    from the input's source (version 0, read whole: a stored version is read block by block)
     fills (each rank's rows) before any other statement names the tensor: its zero fill would
     only be overwritten. Skipping it leaves the first touch of the pages to the disk reads, which
     a streamed or double-buffered loop runs beside its work. (T) at o=40 v=400 on four H200s
@@ -999,7 +1007,8 @@ def _filled(body) -> set[int]:
     for op, _ in reversed(list(ops(body))):
         if op.op == "alloc" and op.level == "global":
             nxt = after.get(op.tensor)
-            if nxt is not None and nxt.op == "load" and nxt.level == "global" and nxt.indices == op.indices:
+            if (nxt is not None and nxt.op == "load" and nxt.level == "global" and nxt.indices == op.indices
+                    and nxt.version == 0):
                 filled.add(id(op))
         if op.tensor is not None:
             after[op.tensor] = op

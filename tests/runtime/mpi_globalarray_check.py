@@ -8,6 +8,7 @@ and compares what it reads one-sidedly with it. Exits 0 after rank 0 prints ``OK
 prints its traceback and aborts all ranks, so the launcher never hangs.
 """
 
+import mmap
 import sys
 import traceback
 
@@ -242,7 +243,7 @@ def check_discard(comm):
     """Each rank gives back the pages of its rows: in shared memory the whole pages inside them
     read as zeros afterwards on every rank (at most one page at each end of a block keeps its
     values); out of it nothing changes."""
-    page = 4096 // 8  # float64 elements in a page
+    page = mmap.PAGESIZE // 8  # float64 elements in a page
     ga = GlobalArray(comm, (4 * comm.size, 8 * page), np.float64, zero=False)
     ref = np.arange(1, ga.shape[0] * ga.shape[1] + 1, dtype=np.float64).reshape(ga.shape)
     lo, hi = ga.rows

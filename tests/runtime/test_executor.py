@@ -146,7 +146,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
     rank copies every chunk to its device, each only once all ranks have read their parts
     (:class:`~chainexec.runtime.globalarray.Board`); in shared memory each rank gives back
     (here: poisons with NaN) each of its rows of every streamed input once all ranks have copied
-    it, during the loop. A rank's first tile finds
+    it (during the loop or at its end: when is a matter of timing, not checked here). A rank's first tile finds
     in its copy of ``ovvv`` exactly the rows that tile reads, the others still zero; bytes as
     predicted; the energy equals a run on one rank with whole gets, to 1e-12."""
     import json
@@ -192,17 +192,16 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
             assert 0 < need <= o and first["rows"] == o
             assert all(first["filled"][:need]) and all(first["empty"][need:])
     assert sum(bool(rec["first"]) for rec in records) >= 2
-    for r, rec in enumerate(records):  # every own row of each of the four inputs, given back once
-        own = (r * o // ranks, (r + 1) * o // ranks)
-        given = sorted((lo, hi, tuple(shape)) for shape, lo, hi in rec["discarded"])
+    for r, rec in enumerate(records):  # every own row of each of the four inputs given back
+        own = set(range(r * o // ranks, (r + 1) * o // ranks))
+        given = [(lo, hi, tuple(shape)) for shape, lo, hi in rec["discarded"]]
         if memory == "rma":
             assert not given
             continue
-        for shape in {s for _, _, s in given}:
-            spans = [(lo, hi) for lo, hi, s in given if s == shape]
-            assert spans[0][0] == own[0] and spans[-1][1] == own[1]
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-        assert len({s for _, _, s in given}) == (4 if own[1] > own[0] else 0)
+        shapes = {s for _, _, s in given}
+        assert len(shapes) == (4 if own else 0)
+        for shape in shapes:
+            assert set().union(*(range(lo, hi) for lo, hi, s in given if s == shape)) == own
     second = {"ovvv": v, "ovoo": v, "ovov": v, "t1": v}
     for tensor, n in second.items():
         for row in range(o):
