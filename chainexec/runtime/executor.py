@@ -360,9 +360,9 @@ class Executor:
         (owner of the rows, first row, end row, range along the second axis or None for all of
         it). In shared memory (ranks of one host) each row is cut along its second axis over all
         ranks, so that every rank (with a non-empty cut) reads a part of every chunk, in the
-        order the tiles need them; otherwise a rank reads the rows it owns. (Each rank reading its own rows, on four H200s
-        at o=40 v=400, the other ranks waited 3.7-4.1 s for rank 0's reads of the first rows,
-        2026-11-26.) Each piece is contiguous in ``ga``'s block."""
+        order the tiles need them; otherwise a rank reads the rows it owns. (Each rank reading
+        its own rows, on four H200s at o=40 v=400, the other ranks waited 3.7-4.1 s for rank 0's
+        reads of the first rows, 2026-11-26.) Each piece is contiguous in ``ga``'s block."""
         size = self.comm.size
         if math.prod(ga.shape) == 0:
             return []

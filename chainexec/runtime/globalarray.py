@@ -71,6 +71,9 @@ SHARED_MEMORY = True
 """Whether arrays over ranks of one host live in shared memory (module docstring); the tests turn
 it off to exercise RMA gets between ranks."""
 
+_madvise = ctypes.CDLL(None).madvise  # the C library's, for GlobalArray.discard
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
 _ONE_HOST: int | None = None  # attribute key of _on_one_host's answer on a communicator
 
 
@@ -145,8 +148,10 @@ class GlobalArray:
 
     def _view_block(self, rank: int | None = None) -> np.ndarray:
         """This rank's block, or ``rank``'s in a window in shared memory."""
-        memory = self._win.tomemory() if rank is None else self._peers[rank]
-        shape = self._local_shape if rank is None else (self._bounds[rank + 1] - self._bounds[rank], *self._shape1[1:])
+        if rank is None:
+            memory, shape = self._win.tomemory(), self._local_shape
+        else:
+            memory, shape = self._peers[rank], (self._bounds[rank + 1] - self._bounds[rank], *self._shape1[1:])
         return np.frombuffer(memory, self.dtype, count=math.prod(shape)).reshape(shape)
 
     def view(self, shape: tuple[int, ...]) -> "GlobalArray":
@@ -211,9 +216,7 @@ class GlobalArray:
         start = -(-part.ctypes.data // page) * page
         end = (part.ctypes.data + part.nbytes) // page * page
         if end > start:
-            libc = ctypes.CDLL(None)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            libc.madvise(start, end - start, mmap.MADV_REMOVE)
+            _madvise(start, end - start, mmap.MADV_REMOVE)
 
     def block(self, rank: int) -> np.ndarray | None:
         """``rank``'s block (its rows, shaped as :meth:`local`'s but 0-d arrays as one row) where
@@ -281,8 +284,7 @@ class GlobalArray:
             chunk = rows[sl]
             if own is not None and (rank == self.comm.rank or self._peers is not None):
                 self._win.Sync()
-                block = self._block if rank == self.comm.rank else self._view_block(rank)
-                own(chunk, block[tuple(slice(a, a + n) for a, n in zip(starts, sizes))])
+                own(chunk, self.block(rank)[tuple(slice(a, a + n) for a, n in zip(starts, sizes))])
                 continue
             block_shape = (self._bounds[rank + 1] - self._bounds[rank], *self._shape1[1:])
             dtype = self._mpi_type.Create_subarray(block_shape, sizes, starts).Commit()
@@ -398,9 +400,10 @@ class Board(_Integers):
     streamed inputs on several ranks: each rank reads its share of an input from disk and
     publishes how far it got, and a rank that needs rows waits until every rank with a share of
     them has published them (:meth:`chainexec.runtime.executor.Executor._ready`); a second board
-    holds how far each rank has copied them to its device (:meth:`~chainexec.runtime.executor.Executor._discard`). Element-wise atomic
-    (``MPI.REPLACE`` accumulates, ``MPI.NO_OP`` reads), so reads never see a torn value. Created
-    and freed collectively over ``comm``."""
+    holds how far each rank has copied them to its device
+    (:meth:`chainexec.runtime.executor.Executor._discard`). Element-wise atomic (``MPI.REPLACE``
+    accumulates, ``MPI.NO_OP`` reads), so reads never see a torn value. Created and freed
+    collectively over ``comm``."""
 
     def __init__(self, comm: MPI.Comm, slots: int):
         super().__init__(comm, slots * comm.size)

@@ -1,8 +1,9 @@
 """Streamed inputs on several ranks: the (T) job of CONFIG run under mpiexec with a NumPy backend
 that records, on each rank, the chunks copied beside the work and what the device copy of
 ``ovvv`` holds when the rank's first tile starts, the parts of the streamed inputs it reads
-from disk, and the rows of them it gives back during the loop (poisoned with NaN instead, so that
-a row given back too early spoils the energy). Writes OUT/rank<R>.json per rank (and the run's measured and predicted bytes on rank 0).
+from disk, and the rows of them it gives back (poisoned with NaN instead, so that a row given
+back too early spoils the energy). Writes OUT/rank<R>.json per rank (and the run's measured and
+predicted bytes on rank 0).
 
 Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma]`` (``--rma``: global arrays
 out of shared memory) (tests/runtime/test_executor.py).

@@ -146,9 +146,9 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
     rank copies every chunk to its device, each only once all ranks have read their parts
     (:class:`~chainexec.runtime.globalarray.Board`); in shared memory each rank gives back
     (here: poisons with NaN) each of its rows of every streamed input once all ranks have copied
-    it (during the loop or at its end: when is a matter of timing, not checked here). A rank's first tile finds
-    in its copy of ``ovvv`` exactly the rows that tile reads, the others still zero; bytes as
-    predicted; the energy equals a run on one rank with whole gets, to 1e-12."""
+    it (during the loop or at its end: when is a matter of timing, not checked here). A rank's
+    first tile finds in its copy of ``ovvv`` exactly the rows that tile reads, the others still
+    zero; bytes as predicted; the energy equals a run on one rank with whole gets, to 1e-12."""
     import json
     import subprocess
     import sys
