@@ -38,7 +38,9 @@ def loop_nest(plan: Plan) -> str:
                 tiles = ", ".join(f"{i}:{t}" for i, t in node.tiles.items()) or "one tile"
                 kind = "parallel for" if node.parallel else "for"
                 ahead = "" if node.depth == 1 else f"  ({node.depth} buffers: " + (
-                    "disk reads ahead, writes behind)" if node.level == "global" else f"{len(node.ahead)} input tiles copied ahead)")
+                    "disk reads ahead, writes behind)" if node.level == "global" else
+                    ", ".join([f"{len(node.ahead)} input tiles copied ahead"] * bool(node.ahead)
+                              + [f"{len(node.back)} result{'s' * (len(node.back) > 1)} copied back aside"] * bool(node.back)) + ")")
                 resumes = "  (resumable: run --checkpoint)" if k in resumable else ""
                 lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
                 walk(node.body, depth + 1)

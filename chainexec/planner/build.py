@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from chainexec.errors import ChainexecError
-from chainexec.planner.cost import predict, predict_nests
+from chainexec.planner.cost import buffer_elements, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
 from chainexec.planner.order import binarize
@@ -107,7 +107,11 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
         peak = predict_nests([Nest([], body)], tensors, spec.extents, cs, None)["memory_peak"]
         return peak["device"] <= room and peak["global"] <= limits["global"]
 
-    nests = deepen(nests, spec.extents, cs, fits)
+    def large(op, loops) -> bool:
+        """Whether a result's full device tile is worth copying back aside (Machine.aside_copy_bytes)."""
+        return tensors[op.tensor].itemsize * buffer_elements(op.indices, loops, "device", spec.extents) >= machine.aside_copy_bytes
+
+    nests = deepen(nests, spec.extents, cs, fits, large)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

@@ -22,7 +22,11 @@ room for a second copy of those buffers (of all of them, else of as many as fit)
 slots are allocated at loop entry; the runtime copies those inputs of tile n+1 host→device on a
 second CUDA stream while the device computes tile n (:meth:`chainexec.runtime.executor.Executor._ahead`). Unlike the disk level,
 the tiles are chosen first and the second slots only added where they fit, so a plan that fills
-the device limit keeps its tiles and single buffers.
+the device limit keeps its tiles and single buffers. Results flow back the same way: a tile the
+loop accumulates into a global array (``alloc``, ``accumulate`` and ``free`` in its body) gets two
+slots too where they fit (``Loop.back``), and its copy to the host runs on a third stream while
+the device computes the next tile into the other slot
+(:meth:`chainexec.runtime.executor.Executor._accumulate`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def staged(loop: Loop) -> list[Op]:
     if loop.depth < 2:
         return []
     if loop.level == "device":
-        return [op for op in fetched(loop) if op.op == "alloc"]
+        return [op for op in fetched(loop) if op.op == "alloc"] + returned(loop)
     seen: dict[tuple, Op] = {}
     for node in loop.body:
         if isinstance(node, Op) and node.op == "alloc" and node.level == "global":
@@ -98,6 +102,33 @@ def fetched(loop: Loop) -> list[Op]:
         return []
     keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.ahead}
     return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
+
+
+def returned(loop: Loop) -> list[Op]:
+    """The ``alloc`` statements of the results a double-buffered device loop (:func:`deepen`)
+    copies back to the host on a stream of their own (``loop.back``), in body order; empty for
+    any other loop."""
+    if loop.depth < 2 or loop.level != "device":
+        return []
+    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.back}
+    return [node for node in loop.body if isinstance(node, Op) and node.op == "alloc" and key(node) in keys]
+
+
+def _results(body: list) -> list[tuple]:
+    """The buffers (keys, in body order) that one device ``alloc``, one ``accumulate`` and one
+    ``free`` directly in ``body`` name and no other statement of the body, nested loops included,
+    does (no ``get`` of the tensor either): a tile computed, accumulated into its global array
+    and dropped within each iteration, whose two slots then alternate between iterations."""
+    counts: dict[tuple, list[str]] = {}
+    fetched_ = set()
+    for op, _ in ops(body):
+        if op.level == "device" and op.op in ("alloc", "accumulate", "free", "get"):
+            counts.setdefault(key(op), []).append(op.op)
+        if op.op == "get":
+            fetched_.add(op.tensor)
+    direct = [key(node) for node in body if isinstance(node, Op) and node.op == "accumulate"]
+    return [k for k in direct if sorted(counts[k]) == ["accumulate", "alloc", "free"] and k[0] not in fetched_
+            and sum(isinstance(n, Op) and n.op in ('alloc', 'accumulate', 'free') and key(n) == k for n in body) == 3]
 
 
 def _iterations(loop: Loop, ranges: dict[str, int]) -> int:
@@ -189,22 +220,28 @@ def arrange_nests(nests: list[Nest], extents: dict[str, int], overlap: bool = Tr
     return [Nest(n.contractions, arrange(n.body, extents, overlap)) for n in nests]
 
 
-def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contraction], fits) -> list[Nest]:
-    """``nests`` with every device loop that fetches input tiles (:func:`_gets`), runs at least
-    two tiles and is or lies in a parallel loop (one rank's own tiles: no collective call among
-    its statements) double-buffered (``depth`` 2, :func:`fetched`) where ``fits`` (a loop-nest
-    body → whether its memory peaks are acceptable: the cost model's, which counts the second
-    slots) allows: all its input tiles fetched ahead, else as many as fit, first ones first
-    (their frees inside the body no longer lower its peak, so the second slots can cost more
-    than the tiles' bytes). Loops are taken in order, each keeping the room the ones before it
-    left. The tiles are not changed."""
+def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contraction], fits,
+           large=lambda op, loops: True) -> list[Nest]:
+    """``nests`` with every device loop that fetches input tiles (:func:`_gets`) or accumulates
+    results (:func:`_results`), runs at least two tiles and is or lies in a parallel loop (one
+    rank's own tiles: no collective call among its statements) double-buffered (``depth`` 2,
+    :func:`fetched`, :func:`returned`) where ``fits`` (a loop-nest body → whether its memory
+    peaks are acceptable: the cost model's, which counts the second slots) allows: all its input
+    tiles fetched ahead, else as many as fit, first ones first (their frees inside the body no
+    longer lower its peak, so the second slots can cost more than the tiles' bytes); at each
+    count, with its results copied back aside if they fit too, else without. A result is copied
+    back aside only where ``large`` (its ``alloc`` statement, the loops around it → bool: its
+    tile is worth a stream of its own, :attr:`chainexec.planner.machine.Machine.aside_copy_bytes`)
+    says so. Loops are taken in order, each keeping the room the ones before it left. The tiles
+    are not changed."""
 
     def candidates(body, ranges, shared=False, path=()):
         for k, node in enumerate(body):
             if not isinstance(node, Loop):
                 continue
             inside = shared or node.parallel
-            if node.level == "device" and inside and _gets(node.body, contractions) and _iterations(node, ranges) >= 2:
+            if (node.level == "device" and inside and (_gets(node.body, contractions) or _results(node.body))
+                    and _iterations(node, ranges) >= 2):
                 yield path + (k,)
             inner = dict(ranges) | {i: min(ranges[i], t) for i, t in node.tiles.items()}
             yield from candidates(node.body, inner, inside, path + (k,))
@@ -212,22 +249,31 @@ def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contra
     def at(body, path):
         return body[path[0]] if len(path) == 1 else at(body[path[0]].body, path[1:])
 
-    def replaced(body, path, ahead):
+    def chain(body, path):
+        """The loops along ``path``, outermost first."""
+        return [at(body, path[:k]) for k in range(1, len(path) + 1)]
+
+    def replaced(body, path, ahead, back):
         k, rest = path[0], path[1:]
         loop = body[k]
-        loop = (dataclasses.replace(loop, body=replaced(loop.body, rest, ahead)) if rest
-                else dataclasses.replace(loop, depth=DEPTH, ahead=ahead))
+        loop = (dataclasses.replace(loop, body=replaced(loop.body, rest, ahead, back)) if rest
+                else dataclasses.replace(loop, depth=DEPTH, ahead=ahead, back=back))
         return body[:k] + [loop] + body[k + 1:]
+
+    def named(keys):
+        return [[tensor, list(indices)] for tensor, indices, _ in keys]
 
     out = []
     for nest in nests:
         body = list(nest.body)
         for path in list(candidates(body, dict(extents))):
-            keys = _gets(at(body, path).body, contractions)
-            for count in range(len(keys), 0, -1):
-                trial = replaced(body, path, [[tensor, list(indices)] for tensor, indices, _ in keys[:count]])
-                if fits(trial):
-                    body = trial
-                    break
+            loop, loops = at(body, path), chain(body, path)
+            allocs = {key(op): op for op in loop.body if isinstance(op, Op) and op.op == "alloc"}
+            keys = _gets(loop.body, contractions)
+            results = [k for k in _results(loop.body) if large(allocs[k], loops)]
+            trials = (replaced(body, path, named(keys[:count]), back)
+                      for count in range(len(keys), -1, -1) for back in ([named(results), []] if results else [[]])
+                      if count or back)
+            body = next((trial for trial in trials if fits(trial)), body)
         out.append(Nest(nest.contractions, body))
     return out

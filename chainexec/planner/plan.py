@@ -118,7 +118,8 @@ class Loop:
     (:mod:`chainexec.planner.pipeline`): its own global buffers exist twice, and while iteration n
     computes, iteration n+1's loads and iteration n-1's stores run in the background; or a
     device loop (of one rank's tiles) whose fetched input tiles named in ``ahead`` exist twice,
-    tile n+1's copied to the device while tile n computes.
+    tile n+1's copied to the device while tile n computes, and whose accumulated results named
+    in ``back`` exist twice, tile n-1's copied to the host while tile n computes.
 
     ``symmetric``: indices (tiled alike) over which the loop visits only ordered tile tuples
     (position of the first ≤ the second ≤ …); everything accumulated in its body is multiplied by
@@ -134,6 +135,8 @@ class Loop:
     symmetric: list[str] = field(default_factory=list)
     # a double-buffered device loop: the input tiles it fetches one tile ahead, [tensor, indices] each
     ahead: list = field(default_factory=list)
+    # a double-buffered device loop: the results it copies back on a stream of their own, [tensor, indices] each
+    back: list = field(default_factory=list)
 
 
 def ops(body: list, loops: tuple = ()):
@@ -180,7 +183,7 @@ def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
                          "depth": node.depth, "symmetric": node.symmetric, "ahead": node.ahead,
-                         "body": [_node_to_dict(n) for n in node.body]}}
+                         "back": node.back, "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
 
@@ -189,7 +192,8 @@ def _node_from_dict(d: dict):
         loop = d["loop"]
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
                     int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
-                    [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])])
+                    [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])],
+                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])])
     return Op(**d["op"])
 
 

@@ -172,6 +172,10 @@ class Backend:
     def __init__(self):
         self.xp = np
 
+    def clear(self, array) -> None:
+        """Set a device array to zeros, in the order the backend computes in (queued on a GPU)."""
+        array.fill(0)
+
     def zeros(self, shape, dtype):
         """A zero-filled device buffer of ``shape`` (elements) and ``dtype``; one clear error
         when the memory is not there (the plan's limit is above what the device has)."""
@@ -227,15 +231,23 @@ class Backend:
         derived."""
         yield
 
-    def to_host_async(self, array) -> tuple[np.ndarray, object]:
+    def to_host_async(self, array, aside: bool = False) -> tuple[np.ndarray, object]:
         """A host copy of a device array queued behind the statements before it, and a token
         for :meth:`arrived`; the host array holds the data once the token has arrived, until the
-        device array next changes (here: the array itself, arrived at once)."""
+        device array next changes (here: the array itself, arrived at once). ``aside``: the
+        work handed to the backend afterwards need not wait for the copy (a copy engine makes
+        it while the device computes); the caller changes ``array`` only after
+        :meth:`wait_for` the token."""
         return array, None
 
     def arrived(self, token) -> bool:
         """Whether the copy :meth:`to_host_async` gave ``token`` for has reached the host."""
         return True
+
+    def wait_for(self, token) -> None:
+        """Let the work handed to the backend from now on start once the copy
+        :meth:`to_host_async` gave ``token`` for (None: none) is done, without waiting on the
+        host (NumPy: done already)."""
 
     def pool_bytes(self) -> int | None:
         """Bytes the device allocator holds now, scratch included (None: no separate device
@@ -537,7 +549,8 @@ class CupyBackend(Backend):
     contractions by the fastest of the candidate methods (see the module docstring).
 
     Everything runs on the current (default) stream, but for :meth:`fetch_aside`'s copies, which
-    the current stream waits for (an event). The compute methods return once their
+    the current stream waits for (an event), and :meth:`to_host_async`'s copies aside, which it
+    waits for (:meth:`wait_for`) before it writes their slot again. The compute methods return once their
     kernels are queued (the host prepares the next statement while the device runs this one);
     the executor times them with CUDA events (:meth:`stamp`), so its per-level seconds are the
     device's time, and waits (:meth:`wait`) before anything it times on the host. Until
@@ -571,6 +584,8 @@ class CupyBackend(Backend):
         self._held: dict = {}
         self._hold_room: int | None = None
         self._aside = None  # the stream of :meth:`fetch_aside`, made on first use
+        self._back = None  # the stream of :meth:`to_host_async`'s copies aside, made on first use
+        self._returning: collections.deque = collections.deque()  # (device array, its aside copy's event)
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
 
@@ -672,17 +687,36 @@ class CupyBackend(Backend):
         rt = self.xp.cuda.runtime
         return rt.pointerGetAttributes(host.ctypes.data).type == rt.memoryTypeHost
 
-    def to_host_async(self, array) -> tuple[np.ndarray, object]:
+    def to_host_async(self, array, aside: bool = False) -> tuple[np.ndarray, object]:
         """As :meth:`Backend.to_host_async`: into a :meth:`host_empty` array on the current
-        stream; the token is a CUDA event recorded after the copy. The call returns before the
-        copy only into page-locked memory (:attr:`pinned`; a copy into plain memory waits for
-        it), and a process's first call waits for the device (CuPy's first page-locked
-        allocation does)."""
+        stream, or with ``aside`` on a third stream (the results' own: it waits for the work
+        queued before on the current one, which goes on without waiting for it); the token is a
+        CUDA event recorded after the copy. An aside copy's device array is kept until the copy
+        is done (its memory returns to the pool only then). The call returns before the copy
+        only into page-locked memory (:attr:`pinned`; a copy into plain memory waits for it),
+        and a process's first call waits for the device (CuPy's first page-locked allocation
+        does)."""
         host = self.host_empty(array.shape, array.dtype)
-        stream = self.xp.cuda.get_current_stream()
-        # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
-        (array if array.flags.c_contiguous else array.copy()).get(stream=stream, out=host, blocking=False)
-        return host, stream.record()
+        main = self.xp.cuda.get_current_stream()
+        if not aside:
+            # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
+            (array if array.flags.c_contiguous else array.copy()).get(stream=main, out=host, blocking=False)
+            return host, main.record()
+        if self._back is None:
+            self._back = self.xp.cuda.Stream(non_blocking=True)
+        self._back.wait_event(main.record())
+        with self._back:
+            source = array if array.flags.c_contiguous else array.copy()
+            source.get(stream=self._back, out=host, blocking=False)
+            done = self._back.record()
+        while self._returning and self._returning[0][1].done:
+            self._returning.popleft()
+        self._returning.append((source, done))
+        return host, done
+
+    def wait_for(self, token) -> None:
+        if token is not None:
+            self.xp.cuda.get_current_stream().wait_event(token)
 
     def arrived(self, token) -> bool:
         return token.done
@@ -740,7 +774,10 @@ class CupyBackend(Backend):
 
     def wait(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
+        if self._back is not None:
+            self._back.synchronize()
         self._uploads.clear()
+        self._returning.clear()
 
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool

@@ -38,7 +38,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner import inline
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.pipeline import DEPTH, fetched, prefetched, staged, streamed
+from chainexec.planner.pipeline import DEPTH, fetched, prefetched, returned, staged, streamed
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
 from chainexec.planner.resume import resumable
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
@@ -124,9 +124,13 @@ class Executor:
         self.fused: dict[int, inline.Fused] = {}  # each fused statement's expression, by id of its Op
         self.disk = DiskWorker()
         # Double-buffered loops being run: their slots per buffer key (global arrays; flat device
-        # buffers), and which slot of a global loop's is in use.
+        # buffers), and which slot of a global loop's, and of a device loop's, is in use.
         self.slots: dict[tuple, list] = {}
         self.turn = 0
+        self.lane = 0
+        # a double-buffered device loop's results copied back aside (Loop.back): per buffer key,
+        # each slot's last copy to the host (a backend token; None before the first)
+        self.returning: dict[tuple, list] = {}
         self.behind = False  # inside a double-buffered loop: stores of its slots complete later
         self.in_parallel = 0  # parallel loops around the statement being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
@@ -508,10 +512,13 @@ class Executor:
         self.in_parallel += loop.parallel
         outer = self.weight
         stop = [names.index(i) for i in loop.symmetric]
-        ahead = fetched(loop)
+        ahead, back = fetched(loop), returned(loop)
         body = [node for node in loop.body if not any(node is op for op in ahead)]
-        with self.backend.steady(self._steady(loop)), self._lanes(ahead, names, combos[0] if ahead else ()) as slots:
-            for n in self._ahead(ahead, slots, names, combos, mine) if ahead else mine:
+        lane = self.lane
+        with (self.backend.steady(self._steady(loop)),
+              self._lanes(ahead, back, names, combos[0] if ahead or back else ()) as slots):
+            for turn, n in enumerate(self._ahead(ahead, slots, names, combos, mine) if ahead else mine):
+                self.lane = turn % DEPTH
                 if self.arriving and stop:
                     self._arrive(max(combos[n][i][1] for i in stop))
                 self.ranges[loop.level].update(zip(names, combos[n]))
@@ -520,6 +527,7 @@ class Executor:
                 self.tiles_done += loop.parallel
                 if self.dropping:
                     self._discard()
+        self.lane = lane
         if loop.parallel:
             self._arrive()  # chunks no tile of this rank needed (a resumed loop's)
         self.weight = outer
@@ -529,15 +537,16 @@ class Executor:
             self._wait()
 
     @contextlib.contextmanager
-    def _lanes(self, ahead: list[Op], names: list[str], first: tuple):
+    def _lanes(self, ahead: list[Op], back: list[Op], names: list[str], first: tuple):
         """The device slots of a double-buffered device loop's fetched tiles (``ahead``,
-        :func:`chainexec.planner.pipeline.fetched`): per buffer, :data:`DEPTH` flat buffers of
-        its full tile (``first``, the loop's first tile, is a full one), held from loop entry to
-        exit as the plan counts them."""
+        :func:`chainexec.planner.pipeline.fetched`) and results copied back (``back``, their
+        ``alloc`` statements: :func:`~chainexec.planner.pipeline.returned`): per buffer,
+        :data:`DEPTH` flat buffers of its full tile (``first``, the loop's first tile, is a full
+        one), held from loop entry to exit as the plan counts them."""
         saved = dict(self.ranges["device"])
         self.ranges["device"].update(zip(names, first))
         slots, held = {}, 0
-        for op in ahead:
+        for op in ahead + back:
             if op.op == "alloc":
                 size = math.prod(b - a for a, b in self._region("device", op.indices))
                 with _naming(op):
@@ -546,12 +555,14 @@ class Executor:
                 held += DEPTH * size * self.plan.tensors[op.tensor].itemsize
         self.ranges["device"] = saved
         self.slots.update(slots)
+        self.returning.update({self._key(op): [None] * DEPTH for op in back})
         self.counters.hold("device", held)
         try:
             yield slots
         finally:
             for key in slots:
                 del self.slots[key]
+                self.returning.pop(key, None)
                 self.buffers.pop(key, None)
                 self.regions.pop(key, None)
             self.counters.hold("device", -held)
@@ -776,7 +787,16 @@ class Executor:
         dtype = self.plan.tensors[op.tensor].dtype
         slots = self.slots.get(self._key(op))
         zero = id(op) not in self.filled
-        if slots is not None:  # a double-buffered loop's own buffer: its slot, held since loop entry
+        if slots is not None and op.level == "device":
+            # a result copied back aside (Loop.back): its slot, zeroed once the slot's last copy
+            # to the host (two tiles ago) is done; the device's work from here on waits for it
+            self.backend.wait_for(self.returning[self._key(op)][self.lane])
+            buf = slots[self.lane][:math.prod(shape)].reshape(shape)
+            self.backend.clear(buf)
+            self.buffers[self._key(op)] = buf
+            self.regions[self._key(op)] = region
+            return
+        if slots is not None:  # a double-buffered global loop's own buffer: its slot, held since loop entry
             buf = slots[self.turn].view(shape)
             if zero:
                 hostcopy.fill(buf.local(), 0)
@@ -912,9 +932,15 @@ class Executor:
         to the global array once it has arrived: here if it already has (an earlier tile's), else
         when the executor next waits for the device (:meth:`_settle`), which it does before any
         global-level statement, barrier or checkpoint. Until 2026-11-24 every accumulate waited
-        for the device: in (T) at o=40, v=400 that emptied its queue once per tile, 11,480 times."""
+        for the device: in (T) at o=40, v=400 that emptied its queue once per tile, 11,480 times.
+        A result copied back aside (``Loop.back``) is copied on a stream of its own, so the
+        device computes the next tile, into the other slot, during the copy."""
         ga, sl = self._relative(op)
-        host, token = self.backend.to_host_async(self.buffers[self._key(op)])
+        key = self._key(op)
+        aside = key in self.returning
+        host, token = self.backend.to_host_async(self.buffers[key], aside=aside)
+        if aside:
+            self.returning[key][self.lane] = token
         self.landing.append((ga, sl, host, token, self.weight, f"accumulate {op.tensor}"))
         self.counters.move(CATEGORY["accumulate"], host.nbytes)
         while self.landing and self.backend.arrived(self.landing[0][3]):

@@ -108,10 +108,10 @@ def test_depth_survives_json(tmp_path):
     again = Plan.from_json(plan.to_json())
     depths = [loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)]
     assert 2 in depths and depths == [loop.depth for nest in again.nests for loop, _ in _loops(nest.body)]
-    triples = make_plan(spec.load(triples_config(tmp_path, "260KiB")))
-    ahead = [(loop.depth, loop.ahead) for nest in triples.nests for loop, _ in _loops(nest.body)]
-    assert ahead[0][0] == 2 and len(ahead[0][1]) == 6
-    assert ahead == [(loop.depth, loop.ahead) for nest in Plan.from_json(triples.to_json()).nests
+    triples = make_plan(spec.load(triples_config(tmp_path, "260KiB")), Machine(aside_copy_bytes=0))
+    ahead = [(loop.depth, loop.ahead, loop.back) for nest in triples.nests for loop, _ in _loops(nest.body)]
+    assert ahead[0][0] == 2 and len(ahead[0][1]) == 6 and ahead[0][2] == [["E", []]]
+    assert ahead == [(loop.depth, loop.ahead, loop.back) for nest in Plan.from_json(triples.to_json()).nests
                      for loop, _ in _loops(nest.body)]
 
 
@@ -121,7 +121,8 @@ def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
     device limit leaves beside that peak (the rest stays for the contractions' temporaries):
     none fits with 128 or 160 KiB; with more, the plan fetches ahead the most first tiles that
     fit, and one more would not. The tiles are those of the single-buffered plan. With 320 KiB
-    the inputs are whole on the device and stream in: no tile is fetched in the loop."""
+    the inputs are whole on the device and stream in: no tile is fetched in the loop. The tile's
+    energy (8 B, below ``Machine.aside_copy_bytes``) is not copied back aside."""
     import dataclasses
 
     config = triples_config(tmp_path, "128KiB")
@@ -131,8 +132,8 @@ def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
         config.write_text(text.replace(text[text.index("device_memory"):].splitlines()[0], f"device_memory: {kib}KiB"))
         plan = make_plan(spec.load(config))
         at, loop = next((k, n) for k, n in enumerate(plan.nests[0].body) if isinstance(n, Loop))
-        seen.append((loop.tiles, loop.depth, len(loop.ahead)))
-        if loop.depth == 1:
+        seen.append((loop.tiles, loop.depth, len(loop.ahead), loop.back))
+        if not loop.ahead:
             continue
         room = (plan.memory_limit["device"] + 111360) // 2
         assert plan.predicted["memory_peak"]["device"] <= room
@@ -144,8 +145,8 @@ def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
                              plan.contractions, None)["memory_peak"]
         assert peak["device"] > room
         assert [op.op for op in pipeline.fetched(loop)] == ["alloc", "get"] * len(loop.ahead)
-    assert [s[1:] for s in seen] == [(1, 0), (1, 0), (2, 3), (2, 6), (1, 0)]
-    assert all(tiles == {"i": 2, "j": 2, "k": 2} for tiles, _, _ in seen)
+    assert [s[1:3] for s in seen] == [(1, 0), (1, 0), (2, 3), (2, 6), (1, 0)]
+    assert all(tiles == {"i": 2, "j": 2, "k": 2} and back == [] for tiles, _, _, back in seen)
 
 
 def test_device_slots_are_two_full_tiles_for_the_whole_loop():
@@ -164,10 +165,27 @@ def test_device_slots_are_two_full_tiles_for_the_whole_loop():
         assert record["bytes"]["global->device"] == 8 * 5 * 3
 
 
+def test_results_copied_back_are_two_full_tiles_for_the_whole_loop():
+    """A device loop over s (extent 5, tiles of 2) computing Z[s,t] (t = 3) and adding it into its
+    global array: with its result copied back aside (``back``) the peak is two full slots of Z
+    from loop entry to exit, the body's own alloc and free no longer counted."""
+    extents = {"s": 5, "t": 3}
+    tensors = {"Z": _tensor("Z", "st", (5, 3))}
+    body = [Op("alloc", "device", "Z", ["s", "t"]), Op("accumulate", "device", "Z", ["s", "t"]),
+            Op("free", "device", "Z", ["s", "t"])]
+    for depth, back, slots in ((1, [], 1), (2, [["Z", ["s", "t"]]], 2)):
+        loop = Loop("device", {"s": 2}, True, list(body), depth, back=back)
+        assert [op.op for op in pipeline.returned(loop)] == ["alloc"] * len(back)
+        peak = predict_nests([Nest([], [loop])], tensors, extents, [], None)["memory_peak"]
+        assert peak["device"] == 8 * slots * 2 * 3
+
+
 def test_which_device_loops_fetch_ahead():
     """Only a device loop of one rank's own tiles (parallel, or inside a parallel loop) with at
     least two tiles fetches ahead; never a tile whose tensor the body also writes (accumulates,
-    computes, evaluates; in a nested loop too), nor a buffer allocated twice in its body."""
+    computes, evaluates; in a nested loop too), nor a buffer allocated twice in its body. Its
+    results are copied back aside where it allocates, accumulates and frees them itself, once
+    each, and fetches nothing of their tensor."""
     from types import SimpleNamespace
 
     x = [Op("alloc", "device", "X", ["s"]), Op("get", "device", "X", ["s"])]
@@ -182,10 +200,21 @@ def test_which_device_loops_fetch_ahead():
 
     def deepened(nest):
         (out,) = pipeline.deepen([Nest([], nest)], {"s": 4, "t": 4}, cs, lambda body: True)
-        return [(loop.depth, [op.tensor for op in pipeline.fetched(loop) if op.op == "get"]) for loop, _ in _loops(out.body)]
+        return [(loop.depth, [op.tensor for op in pipeline.fetched(loop) if op.op == "get"])
+                + ((loop.back,) if loop.back else ()) for loop, _ in _loops(out.body)]
 
     assert deepened([Loop("device", {"s": 1}, True, x + z + twice + computed)]) == [(2, ["X"])]
-    assert deepened([Loop("device", {"s": 1}, True, added)]) == [(1, []), (1, [])]
+    assert deepened([Loop("device", {"s": 1}, True, added)]) == [(1, []), (2, [], [["Y", ["s"]]])]
+    result = [Op("alloc", "device", "R", ["s"]), Op("compute", "device", contraction=2),
+              Op("accumulate", "device", "R", ["s"]), Op("free", "device", "R", ["s"])]
+    cs.append(SimpleNamespace(out="R"))
+    assert deepened([Loop("device", {"s": 1}, True, x + result)]) == [(2, ["X"], [["R", ["s"]]])]
+    assert deepened([Loop("device", {"s": 1}, True, result + result)]) == [(1, [])]  # allocated twice
+    assert deepened([Loop("device", {"s": 1}, True, result + [Op("get", "device", "R", ["t"])])]) == [(1, [])]
+    assert deepened([Loop("device", {"s": 1}, True, result[1:3])]) == [(1, [])]  # allocated outside
+    (small,) = pipeline.deepen([Nest([], [Loop("device", {"s": 1}, True, x + result)])], {"s": 4}, cs,
+                               lambda body: True, lambda op, loops: op.tensor != "R")
+    assert (small.body[0].depth, small.body[0].back) == (2, [])  # a result tile too small for a stream of its own
     assert deepened([Loop("device", {"s": 1}, False, list(x))]) == [(1, [])]  # all ranks: collectives
     assert deepened([Loop("device", {"t": 1}, True, [Loop("device", {"s": 2}, False, list(x))])]) == [(1, []), (2, ["X"])]
     assert deepened([Loop("device", {"s": 4}, True, list(x))]) == [(1, [])]  # one tile

@@ -1,6 +1,8 @@
-"""A NumPy backend that runs its work as late as a GPU may and its second stream's copies as early
-as their ``after`` mark allows (imported by tests/runtime/test_pipeline.py): a copy into a slot
-that overtook a statement still reading the slot's old tile changes the result."""
+"""A NumPy backend that runs its work as late as a GPU may, its second stream's copies as early
+as their ``after`` mark allows, and its copies to the host aside as late as anything waits for
+them (imported by tests/runtime/test_pipeline.py): a copy into a slot that overtook a statement
+still reading the slot's old tile, or a tile computed into a slot before the slot's last copy to
+the host, changes the result."""
 
 import numpy as np
 
@@ -14,16 +16,26 @@ class Mark:
         self.position = position
 
 
+class Copy(Mark):
+    """A copy to the host aside, to run once the queue has passed ``position``."""
+
+    def __init__(self, position: int, copy):
+        super().__init__(position)
+        self.copy, self.ran = copy, False
+
+
 class Deferred(device.Backend):
     """Compute statements and compute-stream copies are queued and run only when something waits
     for a mark after them (``elapsed``, ``reach``, ``wait``, a landed accumulate); a
     ``fetch_aside`` copy runs as soon as the queue has passed its ``after`` mark (at once
-    without one). ``honour_after`` False ignores the marks: the race the marks prevent."""
+    without one). A copy to the host aside runs only when something waits for it (``arrived``
+    does not: a GPU's copy may still be running then). ``honour_after`` False ignores the marks,
+    ``honour_wait`` False ignores ``wait_for``: the races they prevent."""
 
-    def __init__(self, honour_after: bool = True):
+    def __init__(self, honour_after: bool = True, honour_wait: bool = True):
         super().__init__()
-        self.queue, self.done, self.aside = [], 0, []
-        self.honour_after = honour_after
+        self.queue, self.done, self.aside, self.back = [], 0, [], []
+        self.honour_after, self.honour_wait = honour_after, honour_wait
 
     def _run_to(self, position: int) -> None:
         while True:
@@ -48,6 +60,22 @@ class Deferred(device.Backend):
 
     def wait(self):
         self._run_to(len(self.queue))
+        for copy in self.back:
+            self._copy_back(copy)
+        self.back = []
+
+    def _copy_back(self, copy: Copy) -> None:
+        if not copy.ran:
+            self._run_to(copy.position)
+            copy.copy()
+            copy.ran = True
+
+    def wait_for(self, token):
+        if token is not None and self.honour_wait:
+            self.queue.append(lambda: self._copy_back(token))
+
+    def clear(self, array):
+        self.queue.append(lambda: array.fill(0))
 
     def contract(self, c, out, a, b):
         self.queue.append(lambda: device.Backend.contract(self, c, out, a, b))
@@ -78,10 +106,14 @@ class Deferred(device.Backend):
         self.aside.append((at, lambda: dst.__setitem__(Ellipsis, host)))
         self._run_to(self.done)  # copies whose mark is passed run now
 
-    def to_host_async(self, array):
+    def to_host_async(self, array, aside=False):
         host = np.full(array.shape, np.nan)
+        if aside:
+            copy = Copy(len(self.queue), lambda: host.__setitem__(Ellipsis, array))
+            self.back.append(copy)
+            return host, copy
         self.queue.append(lambda: host.__setitem__(Ellipsis, array))
         return host, Mark(len(self.queue))
 
     def arrived(self, token):
-        return self.done >= token.position
+        return token.ran if isinstance(token, Copy) else self.done >= token.position

@@ -36,7 +36,7 @@ class Queued(device.Backend):
         self.seen.append(len(self.open))
         super().fetch(dst, read)
 
-    def to_host_async(self, array):
+    def to_host_async(self, array, aside=False):
         self.queued_copies.append(len(self.open))
         self.unlanded.append(sum(not copy.get("arrived") for copy in self.copies))
         copy = {"after": self.clock, "host": np.full(array.shape, np.nan), "data": array.copy()}

@@ -232,6 +232,37 @@ def test_to_host_async_arrives_behind_queued_work(shape, cut):
     assert cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
 
 
+def test_to_host_aside_waits_for_queued_work_and_is_waited_for():
+    """A result's copy to the host aside (``Loop.back``): on a stream of its own, it starts after
+    the work queued before it on the compute stream; work queued after :meth:`wait_for` its
+    token starts after it, so a change of the array queued then is not in the copy."""
+    rng = np.random.default_rng(5)
+    backend = CupyBackend(cupy)
+    start = rng.standard_normal((1024, 512))
+    dev = cupy.asarray(start)
+    backend.to_host_async(dev, aside=True)  # a first call: the first page-locked allocation waits
+    backend.wait()
+    big = cupy.asarray(rng.standard_normal((4096, 4096)))
+    for _ in range(4):
+        big = big @ big / 4096
+    dev *= 2.0  # queued behind the products
+    host, token = backend.to_host_async(dev, aside=True)
+    assert not backend.arrived(token)
+    backend.wait_for(token)
+    dev += 1.0
+    backend.wait()
+    assert backend.arrived(token)
+    assert np.array_equal(host, 2.0 * start) and np.array_equal(cupy.asnumpy(dev), 2.0 * start + 1.0)
+
+
+def test_results_copied_back_aside_on_gpu(tmp_path):
+    """The four-index transform on 3 ranks whose tile loops copy their results back aside:
+    equal to numpy.einsum, movement and peaks as planned (tests/runtime/test_run.py)."""
+    from tests.runtime.test_run import fourindex_copied_back
+
+    fourindex_copied_back(tmp_path, 3, "cupy")
+
+
 def test_host_round_trip_pinned():
     rng = np.random.default_rng(5)
     backend = CupyBackend(cupy)

@@ -13,6 +13,7 @@ from chainexec import spec
 from chainexec.generator import block
 from chainexec.planner import pipeline
 from chainexec.planner.build import make_plan
+from chainexec.planner.machine import Machine
 from chainexec.planner.plan import ops
 from tests.conftest import read_report, run_cli, write_config
 
@@ -131,15 +132,19 @@ def test_tile_inputs_are_fetched_while_the_tile_before_computes(tmp_path, monkey
 
 
 def test_fetches_ahead_never_overtake_a_reader(tmp_path, monkeypatch):
-    """The (T) job at o=8, v=10 (six input tiles fetched ahead) and the chain above, on a backend
-    that runs its work as late as a GPU may and the second stream's copies as early as their
-    marks allow (tests/runtime/deferred.py): the results equal a plain NumPy run's bit for bit.
-    With the marks ignored the (T) energy changes: this check sees the race they prevent."""
+    """The (T) job at o=8, v=10 (six input tiles fetched ahead, its energy copied back aside) and
+    the chain above, on a backend that runs its work as late as a GPU may, the second stream's
+    copies as early as their marks allow and the copies to the host aside as late as anything
+    waits for them (tests/runtime/deferred.py): the results equal a plain NumPy run's bit for
+    bit. With the marks ignored, or the waits for a slot's last copy to the host, the (T) energy
+    changes: this check sees the races they prevent."""
     from chainexec import api
     from tests.conftest import triples_config
     from tests.runtime.deferred import Deferred
 
     triples = triples_config(tmp_path / "t", "260KiB")
+    aside = tmp_path / "aside.json"  # the energy's 8-byte tiles copied back aside too
+    aside.write_text(Machine(aside_copy_bytes=0).to_json())
     (tmp_path / "c").mkdir()
     chain = write_config(tmp_path / "c", CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
     assert run_cli("generate", chain).returncode == 0
@@ -148,7 +153,7 @@ def test_fetches_ahead_never_overtake_a_reader(tmp_path, monkeypatch):
     def result(config, backend):
         if backend is not None:
             monkeypatch.setattr(api, "select", lambda name, comm: backend)
-        run = api.run(config, backend="numpy")
+        run = api.run(config, backend="numpy", machine=str(aside))
         monkeypatch.undo()
         assert run["measured"]["bytes"] == run["predicted"]["bytes"]
         path, name = outputs[config]
@@ -159,4 +164,7 @@ def test_fetches_ahead_never_overtake_a_reader(tmp_path, monkeypatch):
         assert any(fetched for nest in make_plan(spec.load(config)).nests for _, loops in ops(nest.body)
                    for fetched in map(pipeline.fetched, loops))
         assert np.array_equal(result(config, Deferred()), result(config, None))
+    assert any(pipeline.returned(loop) for nest in make_plan(spec.load(triples), Machine(aside_copy_bytes=0)).nests
+               for _, loops in ops(nest.body) for loop in loops)
     assert not np.array_equal(result(triples, Deferred(honour_after=False)), result(triples, None))
+    assert not np.array_equal(result(triples, Deferred(honour_wait=False)), result(triples, None))

@@ -3,6 +3,8 @@ predicted bytes; the plan really tiles at both levels."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import parallel_tiles
+from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, ops
 from tests.conftest import fourindex_config, read_report, run_cli, write_config
 
@@ -65,6 +68,36 @@ def test_fourindex_matches_einsum_and_prediction(fourindex, ranks):
         assert f["B"].attrs["indices"] == "a,b,c,d"
         assert list(f["B"].attrs["extents"]) == [8, 8, 8, 8]
     assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+
+
+def fourindex_copied_back(folder: Path, ranks: int, backend: str = "numpy") -> None:
+    """The small four-index transform with 12 KiB of device memory on ``ranks`` ranks (3 or
+    more): both tile loops copy their results back aside (``Loop.back``; a machine file lets
+    tiles of any size take that path); the result equals numpy.einsum's, movement and peaks the
+    plan's."""
+    config = write_config(folder, fourindex_config(device_memory="12KiB"))
+    machine = folder / "machine.json"
+    machine.write_text(Machine(aside_copy_bytes=0).to_json())
+    plan = make_plan(spec.load(config), Machine(aside_copy_bytes=0), ranks=ranks)
+    backs = [loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops if loop.level == "device"]
+    assert {tuple(b[0][1]) for b in backs if b} == {("c", "d", "p", "q"), ("a", "b", "c", "d")}
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--backend", backend, "--machine", machine, "--report-json", folder / "r.json",
+                   ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_report(folder / "r.json")
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert result["measured"]["memory_peak"] == result["predicted"]["memory_peak"]
+    with h5py.File(folder / "in.h5", "r") as f:
+        a, c = f["A"][...], f["C"][...]
+    expected = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a)
+    with h5py.File(folder / "out" / "result.h5", "r") as f:
+        got = f["B"][...]
+    assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+
+
+def test_results_copied_back_aside_on_several_ranks(tmp_path):
+    fourindex_copied_back(tmp_path, 3)
 
 
 def test_run_without_mpiexec_is_one_rank(fourindex):
