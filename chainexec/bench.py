@@ -1,7 +1,7 @@
 """Check and time chainexec's generated kernels on the 48 TCCG contractions (needs a GPU).
 
-For each contraction and scale (1 = the sizes of ``shared/benchmarks/tccg.json``, 2 = every
-extent doubled): the COGENT kernel of the model's configuration and the GETT tensor-core kernels
+For each contraction and scale (1 = the sizes of ``benchmarks/tccg.json``, a copy of
+``shared/benchmarks/tccg.json``, 2 = every extent doubled): the COGENT kernel of the model's configuration and the GETT tensor-core kernels
 of the GETT model's top three configurations are each checked against ``cupy.einsum`` on fresh
 random inputs (output poisoned with NaN first, so an unwritten element fails; relative Frobenius
 error; then the alpha/beta path), as are the batched-GEMM layouts (cuBLAS in place, and on
@@ -296,7 +296,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="chainexec bench tccg", description=__doc__.splitlines()[0])
-    parser.add_argument("--tccg", default=str(REPO.parent / "shared" / "benchmarks" / "tccg.json"))
+    parser.add_argument("--tccg", default=str(REPO / "benchmarks" / "tccg.json"))
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])

@@ -47,7 +47,7 @@ class Machine:
     # own (``Loop.back``, :func:`chainexec.planner.pipeline.deepen`); smaller ones are copied on
     # the compute stream, where a copy costs less host time than handing it to another stream:
     # at o=32, v=300 on the H100 (2026-11-27) the (T) energy's 8-byte copies aside took 1.08 s of
-    # host time in 816 tiles, against 0.27 s on the compute stream.
+    # host time in 816 tiles (1.19 s in another run), against 0.27 s on the compute stream.
     aside_copy_bytes: int = 1 << 20
     source: str = "defaults"
 

@@ -11,17 +11,15 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from chainexec.planner.codegen import generate, grid_size, kernel_name, kernel_params
 from chainexec.planner.kernelconf import Device, choose_config, enumerate_configs
-from tests.conftest import nvcc_reports
+from tests.conftest import TCCG, nvcc_reports
 
-TCCG = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "tccg.json"
-CASES = json.loads(TCCG.read_text()) if TCCG.exists() else []
+CASES = json.loads(TCCG.read_text())
 H100 = Device.H100()
 
 EMU_PRELUDE = r"""
@@ -180,7 +178,6 @@ def test_batch_dtype_and_mismatched_config_raise():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-@pytest.mark.skipif(not CASES, reason=f"{TCCG} not found")
 def test_all_tccg_kernels_compile_with_nvcc(tmp_path):
     """All 48 float64 kernels (plus 8 float32 ones) compile for sm_90 without register spills."""
     sources = {}

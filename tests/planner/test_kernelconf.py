@@ -1,6 +1,6 @@
 """COGENT configuration space, pruning and DRAM-transaction model (no GPU needed).
 
-The 48 TCCG contractions come from ``shared/benchmarks/tccg.json`` next to the repository;
+The 48 TCCG contractions come from ``benchmarks/tccg.json`` (a copy of ``shared/benchmarks/tccg.json``);
 their index strings are used as row-major (last letter stride-1).
 """
 
@@ -8,18 +8,16 @@ import json
 import math
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import pytest
 
 from chainexec.planner.codegen import generate
 from chainexec.planner.kernelconf import (Device, KernelConfig, choose_config, config_rank,
                                           enumerate_configs, parse_contraction)
+from tests.conftest import TCCG
 
-TCCG = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "tccg.json"
-CASES = json.loads(TCCG.read_text()) if TCCG.exists() else []
+CASES = json.loads(TCCG.read_text())
 H100 = Device.H100()
-needs_tccg = pytest.mark.skipif(not CASES, reason=f"{TCCG} not found")
 
 
 def _ceil(n, t):
@@ -90,7 +88,6 @@ def _check_invariants(cfg: KernelConfig, device: Device, relaxed: bool):
     assert cfg.trans_total == cfg.trans_x + cfg.trans_y + cfg.trans_c
 
 
-@needs_tccg
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['id']}-{c['name']}" for c in CASES])
 def test_tccg_enumeration_pruning_and_choice(case):
     c, a, b, sizes = case["C"], case["A"], case["B"], case["sizes"]
@@ -109,7 +106,6 @@ def test_tccg_enumeration_pruning_and_choice(case):
     assert best.trans_total == min(k.trans_total for k in configs)
 
 
-@needs_tccg
 def test_tccg_pruning_statistics_summary():
     """Print how much each constraint pruned over all 48 (the paper reports ~97% pruned)."""
     total, removed = 0, {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -15,9 +14,9 @@ from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
 from chainexec.planner.schedule import Context
 from chainexec.planner.tiling import composites, equal_tiles_win, footprint, scheme_tiles, spread
+from tests.conftest import TCCG
 
-TCCG = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "tccg.json"
-CASES = json.loads(TCCG.read_text()) if TCCG.exists() else []
+CASES = json.loads(TCCG.read_text())
 
 
 def binary(case, dtype="float64"):
@@ -37,7 +36,6 @@ machine: {{global_memory: 8MiB, device_memory: 512KiB}}
     return s, cs[0], tensors
 
 
-@pytest.mark.skipif(not CASES, reason="shared/benchmarks/tccg.json not present")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['id']}-{c['name']}")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_schemes_fit_every_tccg_case(case, dtype):
@@ -56,7 +54,6 @@ def test_schemes_fit_every_tccg_case(case, dtype):
             assert all(1 <= tiles[i] <= s.extents[i] for i in c.indices())
 
 
-@pytest.mark.skipif(not CASES, reason="shared/benchmarks/tccg.json not present")
 @pytest.mark.parametrize("case", CASES[:11], ids=lambda c: f"{c['id']}-{c['name']}")
 def test_fits_moves_every_array_once(case):
     s, c, tensors = binary(case)
