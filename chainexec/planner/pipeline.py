@@ -82,14 +82,10 @@ def _gets(body: list, contractions: list[Contraction]) -> list[tuple]:
     allocates or fetches the same buffer or writes its tensor (accumulates it, computes it,
     evaluates it): a tile fetched one tile ahead would miss what the tile before wrote."""
     counts: dict[tuple, list[str]] = {}
-    written: set[str] = set()
     for op, _ in ops(body):
         if op.level == "device" and op.op in ("alloc", "get"):
             counts.setdefault(key(op), []).append(op.op)
-        if op.op in ("accumulate", "eval", "fused"):
-            written.add(op.tensor)
-        elif op.op == "compute":
-            written.add(contractions[op.contraction].out)
+    written = _written(body, contractions)
     direct = [key(node) for node in body if isinstance(node, Op) and node.op == "get" and node.level == "device"]
     return [k for k in direct if sorted(counts[k]) == ["alloc", "get"] and k[0] not in written]
 
@@ -114,11 +110,12 @@ def returned(loop: Loop) -> list[Op]:
     return [node for node in loop.body if isinstance(node, Op) and node.op == "alloc" and key(node) in keys]
 
 
-def _results(body: list) -> list[tuple]:
+def _results(body: list, contractions: list[Contraction]) -> list[tuple]:
     """The buffers (keys, in body order) that one device ``alloc``, one ``accumulate`` and one
     ``free`` directly in ``body`` name and no other statement of the body, nested loops included,
-    does (no ``get`` of the tensor either): a tile computed, accumulated into its global array
-    and dropped within each iteration, whose two slots then alternate between iterations."""
+    does (no ``get`` of the tensor either, and nothing writes it after the accumulate, which the
+    copy aside would race): a tile computed, accumulated into its global array and dropped
+    within each iteration, whose two slots then alternate between iterations."""
     counts: dict[tuple, list[str]] = {}
     fetched_ = set()
     for op, _ in ops(body):
@@ -126,9 +123,22 @@ def _results(body: list) -> list[tuple]:
             counts.setdefault(key(op), []).append(op.op)
         if op.op == "get":
             fetched_.add(op.tensor)
-    direct = [key(node) for node in body if isinstance(node, Op) and node.op == "accumulate"]
-    return [k for k in direct if sorted(counts[k]) == ["accumulate", "alloc", "free"] and k[0] not in fetched_
-            and sum(isinstance(n, Op) and n.op in ('alloc', 'accumulate', 'free') and key(n) == k for n in body) == 3]
+    direct = [(k, key(node)) for k, node in enumerate(body) if isinstance(node, Op) and node.op == "accumulate"]
+    return [b for k, b in direct if sorted(counts[b]) == ["accumulate", "alloc", "free"] and b[0] not in fetched_
+            and sum(isinstance(n, Op) and n.op in ("alloc", "accumulate", "free") and key(n) == b for n in body) == 3
+            and b[0] not in _written(body[k + 1:], contractions)]
+
+
+def _written(body: list, contractions: list[Contraction]) -> set[str]:
+    """The tensors statements of ``body`` (nested loops included) write: accumulate, compute
+    (their output), evaluate or fuse."""
+    out = set()
+    for op, _ in ops(body):
+        if op.op in ("accumulate", "eval", "fused"):
+            out.add(op.tensor)
+        elif op.op == "compute":
+            out.add(contractions[op.contraction].out)
+    return out
 
 
 def _iterations(loop: Loop, ranges: dict[str, int]) -> int:
@@ -240,7 +250,7 @@ def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contra
             if not isinstance(node, Loop):
                 continue
             inside = shared or node.parallel
-            if (node.level == "device" and inside and (_gets(node.body, contractions) or _results(node.body))
+            if (node.level == "device" and inside and (_gets(node.body, contractions) or _results(node.body, contractions))
                     and _iterations(node, ranges) >= 2):
                 yield path + (k,)
             inner = dict(ranges) | {i: min(ranges[i], t) for i, t in node.tiles.items()}
@@ -270,7 +280,7 @@ def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contra
             loop, loops = at(body, path), chain(body, path)
             allocs = {key(op): op for op in loop.body if isinstance(op, Op) and op.op == "alloc"}
             keys = _gets(loop.body, contractions)
-            results = [k for k in _results(loop.body) if large(allocs[k], loops)]
+            results = [k for k in _results(loop.body, contractions) if large(allocs[k], loops)]
             trials = (replaced(body, path, named(keys[:count]), back)
                       for count in range(len(keys), -1, -1) for back in ([named(results), []] if results else [[]])
                       if count or back)

@@ -585,7 +585,8 @@ class CupyBackend(Backend):
         self._hold_room: int | None = None
         self._aside = None  # the stream of :meth:`fetch_aside`, made on first use
         self._back = None  # the stream of :meth:`to_host_async`'s copies aside, made on first use
-        self._returning: collections.deque = collections.deque()  # (device array, its aside copy's event)
+        # (device array, the contiguous array copied, its aside copy's event)
+        self._returning: collections.deque = collections.deque()
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
 
@@ -692,7 +693,8 @@ class CupyBackend(Backend):
         stream, or with ``aside`` on a third stream (the results' own: it waits for the work
         queued before on the current one, which goes on without waiting for it); the token is a
         CUDA event recorded after the copy. An aside copy's device array is kept until the copy
-        is done (its memory returns to the pool only then). The call returns before the copy
+        is done or the current stream waits for it (:meth:`wait_for`): its memory returns to the
+        pool only then. The call returns before the copy
         only into page-locked memory (:attr:`pinned`; a copy into plain memory waits for it),
         and a process's first call waits for the device (CuPy's first page-locked allocation
         does)."""
@@ -709,14 +711,17 @@ class CupyBackend(Backend):
             source = array if array.flags.c_contiguous else array.copy()
             source.get(stream=self._back, out=host, blocking=False)
             done = self._back.record()
-        while self._returning and self._returning[0][1].done:
+        while self._returning and self._returning[0][-1].done:
             self._returning.popleft()
-        self._returning.append((source, done))
+        self._returning.append((array, source, done))
         return host, done
 
     def wait_for(self, token) -> None:
+        """As :meth:`Backend.wait_for`; the copied array is let go (work that reuses its memory
+        is queued on the current stream, after the copy)."""
         if token is not None:
             self.xp.cuda.get_current_stream().wait_event(token)
+            self._returning = collections.deque(x for x in self._returning if x[-1] is not token)
 
     def arrived(self, token) -> bool:
         return token.done

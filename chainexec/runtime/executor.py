@@ -562,7 +562,9 @@ class Executor:
         finally:
             for key in slots:
                 del self.slots[key]
-                self.returning.pop(key, None)
+                for token in self.returning.pop(key, ()):
+                    # the slots' memory goes back to the pool: work queued from here on may reuse it
+                    self.backend.wait_for(token)
                 self.buffers.pop(key, None)
                 self.regions.pop(key, None)
             self.counters.hold("device", -held)

@@ -13,7 +13,7 @@ from chainexec.planner import pipeline
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import Loop, Nest, Op, Plan, TensorInfo
+from chainexec.planner.plan import Loop, Nest, Op, Plan, TensorInfo, ops
 from tests.conftest import fourindex_config, triples_config, write_config
 
 
@@ -180,6 +180,30 @@ def test_results_copied_back_are_two_full_tiles_for_the_whole_loop():
         assert peak["device"] == 8 * slots * 2 * 3
 
 
+def test_results_copied_back_from_their_full_tile_size(tmp_path):
+    """A result is copied back aside where its full device tile, inside all the loops around
+    it, has at least ``Machine.aside_copy_bytes``: the four-index transform on 3 ranks with
+    12 KiB of device memory, the threshold at each result's tile size and one byte above."""
+    from chainexec.planner.cost import buffer_elements
+
+    config = write_config(tmp_path, fourindex_config(device_memory="12KiB"))
+
+    def backs(threshold):
+        plan = make_plan(spec.load(config), Machine(aside_copy_bytes=threshold), ranks=3)
+        found = {}
+        for nest in plan.nests:
+            for op, loops in ops(nest.body):
+                if op.op == "alloc" and loops and [op.tensor, op.indices] in loops[-1].back:
+                    whole = 8 * math.prod(plan.tensors[op.tensor].shape)
+                    found[op.tensor] = (8 * buffer_elements(op.indices, list(loops), "device", plan.extents), whole)
+        return found
+
+    sizes = backs(0)
+    assert len(sizes) == 2 and all(0 < n < whole for n, whole in sizes.values())  # tiles, not whole tensors
+    for tensor, (nbytes, _) in sizes.items():
+        assert tensor in backs(nbytes) and tensor not in backs(nbytes + 1)
+
+
 def test_which_device_loops_fetch_ahead():
     """Only a device loop of one rank's own tiles (parallel, or inside a parallel loop) with at
     least two tiles fetches ahead; never a tile whose tensor the body also writes (accumulates,
@@ -212,6 +236,8 @@ def test_which_device_loops_fetch_ahead():
     assert deepened([Loop("device", {"s": 1}, True, result + result)]) == [(1, [])]  # allocated twice
     assert deepened([Loop("device", {"s": 1}, True, result + [Op("get", "device", "R", ["t"])])]) == [(1, [])]
     assert deepened([Loop("device", {"s": 1}, True, result[1:3])]) == [(1, [])]  # allocated outside
+    written = result[:3] + [Op("compute", "device", contraction=2)] + result[3:]
+    assert deepened([Loop("device", {"s": 1}, True, written)]) == [(1, [])]  # changed while it is copied
     (small,) = pipeline.deepen([Nest([], [Loop("device", {"s": 1}, True, x + result)])], {"s": 4}, cs,
                                lambda body: True, lambda op, loops: op.tensor != "R")
     assert (small.body[0].depth, small.body[0].back) == (2, [])  # a result tile too small for a stream of its own

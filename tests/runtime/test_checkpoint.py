@@ -58,32 +58,38 @@ AHEAD = {"global_memory": "1GiB", "device_memory": "200KiB"}
 ahead (:func:`chainexec.planner.pipeline.deepen`)."""
 
 
-@pytest.mark.parametrize("ranks, machine, tiles", [(1, MACHINE, 120), (3, MACHINE, 120), (1, STREAMED, 20),
-                                                   (2, STREAMED, 20), (2, AHEAD, 20)],
-                         ids=["1", "3", "1-streamed", "2-streamed", "2-ahead"])
-def test_stop_and_resume(tmp_path, ranks, machine, tiles):
+@pytest.mark.parametrize("ranks, machine, tiles, aside", [
+    (1, MACHINE, 120, False), (3, MACHINE, 120, False), (1, STREAMED, 20, False), (2, STREAMED, 20, False),
+    (2, AHEAD, 20, False), (2, AHEAD, 20, True)], ids=["1", "3", "1-streamed", "2-streamed", "2-ahead", "2-ahead-back"])
+def test_stop_and_resume(tmp_path, ranks, machine, tiles, aside):
     """Two runs stop at their first checkpoint (status 3, no energy file), each going further;
     the third finishes from the second's checkpoint, moving the predicted bytes (streamed inputs
-    come again in full, and are not also in the checkpoint's counts)."""
+    come again in full, and are not also in the checkpoint's counts). ``aside``: a machine file
+    lets the energy's tiles be copied back aside too (``Loop.back``)."""
     from chainexec import spec
     from chainexec.planner.build import make_plan
-    from chainexec.planner.pipeline import fetched, streamed
+    from chainexec.planner.machine import Machine
+    from chainexec.planner.pipeline import fetched, returned, streamed
 
     config = _job(tmp_path, machine=machine)
-    plan = make_plan(spec.load(config), ranks=ranks)
+    model = Machine(aside_copy_bytes=0 if aside else Machine.aside_copy_bytes)
+    (tmp_path / "machine.json").write_text(model.to_json())
+    plan = make_plan(spec.load(config), model, ranks=ranks)
     assert (streamed(plan.nests[0].body, plan.contractions, plan.tensors) is not None) == (machine is STREAMED)
     assert bool([op for loop in plan.nests[0].body if isinstance(loop, Loop) for op in fetched(loop)]) == (machine is AHEAD)
+    assert bool([op for loop in plan.nests[0].body if isinstance(loop, Loop) for op in returned(loop)]) == aside
     folder = tmp_path / "ck"
     done = [0]
     for _ in range(2):
-        proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0, "--stop-after", 0,
-                       ranks=ranks)
+        proc = run_cli("run", config, "--quiet", "--machine", tmp_path / "machine.json", "--checkpoint", folder,
+                       "--checkpoint-every", 0, "--stop-after", 0, ranks=ranks)
         assert proc.returncode == 3, proc.stderr
         assert "stopped at a checkpoint after" in proc.stderr and "run the same command to resume" in proc.stderr
         assert not (tmp_path / "energy.h5").exists()
         done.append(_done(folder))
         assert done[-2] < done[-1] < tiles
-    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=ranks)
+    proc = run_cli("run", config, "--quiet", "--machine", tmp_path / "machine.json", "--checkpoint", folder,
+                   "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] == done[-1]
     _check_energy(tmp_path)

@@ -253,6 +253,12 @@ def test_to_host_aside_waits_for_queued_work_and_is_waited_for():
     backend.wait()
     assert backend.arrived(token)
     assert np.array_equal(host, 2.0 * start) and np.array_equal(cupy.asnumpy(dev), 2.0 * start + 1.0)
+    for _ in range(4):  # once more behind long work, with no wait_for: wait() waits for the copy too
+        big = big @ big / 4096
+    dev *= 3.0
+    host, token = backend.to_host_async(dev, aside=True)
+    backend.wait()
+    assert backend.arrived(token) and np.array_equal(host, 6.0 * start + 3.0)
 
 
 def test_results_copied_back_aside_on_gpu(tmp_path):
@@ -261,6 +267,37 @@ def test_results_copied_back_aside_on_gpu(tmp_path):
     from tests.runtime.test_run import fourindex_copied_back
 
     fourindex_copied_back(tmp_path, 3, "cupy")
+
+
+def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch):
+    """One rank in this process, with page-locked host buffers forced (a run that moves little
+    copies into plain memory, where every copy returns only once done, which would hide a race):
+    the four-index transform whose first tile loop copies its result back aside equals
+    numpy.einsum; movement and peaks as planned."""
+    import h5py
+
+    from chainexec import api, spec
+    from chainexec.planner.build import make_plan
+    from chainexec.planner.machine import Machine
+    from chainexec.planner.plan import ops
+    from tests.conftest import fourindex_config
+
+    monkeypatch.setattr(device, "PINNED_FROM_BYTES", 0)
+    config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="6KiB"))
+    machine = tmp_path / "machine.json"
+    machine.write_text(Machine(aside_copy_bytes=0).to_json())
+    plan = make_plan(spec.load(config), Machine(aside_copy_bytes=0))
+    assert any(loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops)
+    assert run_cli("generate", config).returncode == 0
+    run = api.run(config, backend="cupy", machine=str(machine))
+    assert run["measured"]["bytes"] == run["predicted"]["bytes"]
+    assert run["measured"]["memory_peak"] == run["predicted"]["memory_peak"]
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        a, c = f["A"][...], f["C"][...]
+    expected = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a)
+    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
+        got = f["B"][...]
+    assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
 
 
 def test_host_round_trip_pinned():
