@@ -275,13 +275,12 @@ def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch
     copies into plain memory, where every copy returns only once done, which would hide a race):
     the four-index transform whose first tile loop copies its result back aside equals
     numpy.einsum; movement and peaks as planned."""
-    import h5py
-
     from chainexec import api, spec
     from chainexec.planner.build import make_plan
     from chainexec.planner.machine import Machine
     from chainexec.planner.plan import ops
     from tests.conftest import fourindex_config
+    from tests.runtime.test_run import check_fourindex
 
     monkeypatch.setattr(device, "PINNED_FROM_BYTES", 0)
     config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="6KiB"))
@@ -293,12 +292,7 @@ def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch
     run = api.run(config, backend="cupy", machine=str(machine))
     assert run["measured"]["bytes"] == run["predicted"]["bytes"]
     assert run["measured"]["memory_peak"] == run["predicted"]["memory_peak"]
-    with h5py.File(tmp_path / "in.h5", "r") as f:
-        a, c = f["A"][...], f["C"][...]
-    expected = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a)
-    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
-        got = f["B"][...]
-    assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+    check_fourindex(tmp_path)
 
 
 def test_host_round_trip_pinned():
