@@ -1,8 +1,9 @@
 """Check and time chainexec's generated kernels on the 48 TCCG contractions (needs a GPU).
 
 For each contraction and scale (1 = the sizes of ``benchmarks/tccg.json``, a copy of
-``shared/benchmarks/tccg.json``, 2 = every extent doubled): the COGENT kernel of the model's configuration and the GETT tensor-core kernels
-of the GETT model's top three configurations are each checked against ``cupy.einsum`` on fresh
+``shared/benchmarks/tccg.json``, 2 = every extent doubled): the COGENT kernel of the model's
+configuration and the GETT tensor-core kernels of the GETT model's top three configurations are
+each checked against ``cupy.einsum`` on fresh
 random inputs (output poisoned with NaN first, so an unwritten element fails; relative Frobenius
 error; then the alpha/beta path), as are the batched-GEMM layouts (cuBLAS in place, and on
 permuted copies of the operands as the runtime's ``relayout`` makes them), and timed

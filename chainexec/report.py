@@ -27,6 +27,16 @@ def contraction_line(plan: Plan, k: int) -> str:
     return f"#{c.id}  {c.out}[{','.join(c.out_indices)}] {op} {rhs}    ({c.flops / 1e9:.3f} GFLOP)"
 
 
+def _overlap(loop: Loop) -> str:
+    """What a double-buffered loop's second buffers overlap with its work, in words."""
+    if loop.level == "global":
+        return "disk reads ahead, writes behind"
+    parts = [f"{len(loop.ahead)} input tiles copied ahead"] if loop.ahead else []
+    if loop.back:
+        parts.append(f"{len(loop.back)} result{'s' * (len(loop.back) > 1)} copied back aside")
+    return ", ".join(parts)
+
+
 def loop_nest(plan: Plan) -> str:
     """The plan's loop nests as indented pseudo-code, each statement tagged with its level."""
     lines = []
@@ -37,10 +47,7 @@ def loop_nest(plan: Plan) -> str:
             if isinstance(node, Loop):
                 tiles = ", ".join(f"{i}:{t}" for i, t in node.tiles.items()) or "one tile"
                 kind = "parallel for" if node.parallel else "for"
-                ahead = "" if node.depth == 1 else f"  ({node.depth} buffers: " + (
-                    "disk reads ahead, writes behind)" if node.level == "global" else
-                    ", ".join([f"{len(node.ahead)} input tiles copied ahead"] * bool(node.ahead)
-                              + [f"{len(node.back)} result{'s' * (len(node.back) > 1)} copied back aside"] * bool(node.back)) + ")")
+                ahead = "" if node.depth == 1 else f"  ({node.depth} buffers: {_overlap(node)})"
                 resumes = "  (resumable: run --checkpoint)" if k in resumable else ""
                 lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
                 walk(node.body, depth + 1)

@@ -109,7 +109,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
 
     def large(op, loops) -> bool:
         """Whether a result's full device tile is worth copying back aside (Machine.aside_copy_bytes)."""
-        return tensors[op.tensor].itemsize * buffer_elements(op.indices, loops, "device", spec.extents) >= machine.aside_copy_bytes
+        tile = tensors[op.tensor].itemsize * buffer_elements(op.indices, loops, "device", spec.extents)
+        return tile >= machine.aside_copy_bytes
 
     nests = deepen(nests, spec.extents, cs, fits, large)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),

@@ -117,16 +117,16 @@ def _results(body: list, contractions: list[Contraction]) -> list[tuple]:
     copy aside would race): a tile computed, accumulated into its global array and dropped
     within each iteration, whose two slots then alternate between iterations."""
     counts: dict[tuple, list[str]] = {}
-    fetched_ = set()
+    got = set()
     for op, _ in ops(body):
         if op.level == "device" and op.op in ("alloc", "accumulate", "free", "get"):
             counts.setdefault(key(op), []).append(op.op)
         if op.op == "get":
-            fetched_.add(op.tensor)
+            got.add(op.tensor)
+    own = [key(n) for n in body if isinstance(n, Op) and n.op in ("alloc", "accumulate", "free")]
     direct = [(k, key(node)) for k, node in enumerate(body) if isinstance(node, Op) and node.op == "accumulate"]
-    return [b for k, b in direct if sorted(counts[b]) == ["accumulate", "alloc", "free"] and b[0] not in fetched_
-            and sum(isinstance(n, Op) and n.op in ("alloc", "accumulate", "free") and key(n) == b for n in body) == 3
-            and b[0] not in _written(body[k + 1:], contractions)]
+    return [b for k, b in direct if sorted(counts[b]) == ["accumulate", "alloc", "free"] and own.count(b) == 3
+            and b[0] not in got | _written(body[k + 1:], contractions)]
 
 
 def _written(body: list, contractions: list[Contraction]) -> set[str]:
@@ -250,8 +250,8 @@ def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contra
             if not isinstance(node, Loop):
                 continue
             inside = shared or node.parallel
-            if (node.level == "device" and inside and (_gets(node.body, contractions) or _results(node.body, contractions))
-                    and _iterations(node, ranges) >= 2):
+            moves = _gets(node.body, contractions) or _results(node.body, contractions)
+            if node.level == "device" and inside and moves and _iterations(node, ranges) >= 2:
                 yield path + (k,)
             inner = dict(ranges) | {i: min(ranges[i], t) for i, t in node.tiles.items()}
             yield from candidates(node.body, inner, inside, path + (k,))

@@ -550,8 +550,8 @@ class CupyBackend(Backend):
 
     Everything runs on the current (default) stream, but for :meth:`fetch_aside`'s copies, which
     the current stream waits for (an event), and :meth:`to_host_async`'s copies aside, which it
-    waits for (:meth:`wait_for`) before it writes their slot again. The compute methods return once their
-    kernels are queued (the host prepares the next statement while the device runs this one);
+    waits for (:meth:`wait_for`) before it writes their slot again. The compute methods return
+    once their kernels are queued (the host prepares the next statement while the device runs this one);
     the executor times them with CUDA events (:meth:`stamp`), so its per-level seconds are the
     device's time, and waits (:meth:`wait`) before anything it times on the host. Until
     2026-11-24 every compute statement synchronized before it returned."""
@@ -694,10 +694,9 @@ class CupyBackend(Backend):
         queued before on the current one, which goes on without waiting for it); the token is a
         CUDA event recorded after the copy. An aside copy's device array is kept until the copy
         is done or the current stream waits for it (:meth:`wait_for`): its memory returns to the
-        pool only then. The call returns before the copy
-        only into page-locked memory (:attr:`pinned`; a copy into plain memory waits for it),
-        and a process's first call waits for the device (CuPy's first page-locked allocation
-        does)."""
+        pool only then. The call returns before the copy only into page-locked memory
+        (:attr:`pinned`; a copy into plain memory waits for it), and a process's first call
+        waits for the device (CuPy's first page-locked allocation does)."""
         host = self.host_empty(array.shape, array.dtype)
         main = self.xp.cuda.get_current_stream()
         if not aside:

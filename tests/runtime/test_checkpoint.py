@@ -60,7 +60,8 @@ ahead (:func:`chainexec.planner.pipeline.deepen`)."""
 
 @pytest.mark.parametrize("ranks, machine, tiles, aside", [
     (1, MACHINE, 120, False), (3, MACHINE, 120, False), (1, STREAMED, 20, False), (2, STREAMED, 20, False),
-    (2, AHEAD, 20, False), (2, AHEAD, 20, True)], ids=["1", "3", "1-streamed", "2-streamed", "2-ahead", "2-ahead-back"])
+    (2, AHEAD, 20, False), (2, AHEAD, 20, True)],
+    ids=["1", "3", "1-streamed", "2-streamed", "2-ahead", "2-ahead-back"])
 def test_stop_and_resume(tmp_path, ranks, machine, tiles, aside):
     """Two runs stop at their first checkpoint (status 3, no energy file), each going further;
     the third finishes from the second's checkpoint, moving the predicted bytes (streamed inputs

@@ -85,7 +85,8 @@ def fourindex_copied_back(folder: Path, ranks: int, backend: str = "numpy") -> N
     machine = folder / "machine.json"
     machine.write_text(Machine(aside_copy_bytes=0).to_json())
     plan = make_plan(spec.load(config), Machine(aside_copy_bytes=0), ranks=ranks)
-    backs = [loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops if loop.level == "device"]
+    backs = [loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops
+             if loop.level == "device"]
     assert {tuple(b[0][1]) for b in backs if b} == {("c", "d", "p", "q"), ("a", "b", "c", "d")}
     assert run_cli("generate", config).returncode == 0
     proc = run_cli("run", config, "--backend", backend, "--machine", machine, "--report-json", folder / "r.json",
