@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import cached_property
 
 from chainexec import expr
 
@@ -79,8 +80,9 @@ class Fused:
     # computed once per point of the domain and read by ``text`` as ``name[…]`` at permutations.
     lets: tuple[tuple[str, tuple[str, ...], str], ...] = ()
 
-    @property
+    @cached_property
     def tree(self) -> ast.expr:
+        """:attr:`text` parsed, once per statement: the backends key their generated code on it."""
         return expr.parse(self.text)
 
     def leaves(self) -> list[expr.Ref]:
