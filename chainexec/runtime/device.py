@@ -337,13 +337,6 @@ PINNED_FROM_BYTES = 4 << 30
 page-locked allocation of a run's process cost 0.35–0.55 s on the H100 machine (7 ms in a bare
 process); page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s),
 so they repay that from about 5 GB on."""
-PINNED_UP_TO_BYTES = 1 << 20
-"""Host arrays up to this size are page-locked in every run, also one that moves too little for
-:data:`PINNED_FROM_BYTES`: a copy from the device into plain memory makes the host wait for all
-the work queued before it. (T) at benzene's sizes copies its 8-byte energy back once per tile;
-into plain memory the host waited 0.14-0.16 s of its 0.51-0.64 s executor there (H100,
-2026-11-27), idle while the device drained its queue. The first page-locked array of a process
-took 1.3 ms on that machine, an 8 MiB one 3.7 ms."""
 UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
 STAGE_BYTES = 8 << 20
@@ -702,8 +695,7 @@ class CupyBackend(Backend):
         CUDA event recorded after the copy. An aside copy's device array is kept until the copy
         is done or the current stream waits for it (:meth:`wait_for`): its memory returns to the
         pool only then. The call returns before the copy only into page-locked memory
-        (:attr:`pinned`, or a small array: :meth:`host_empty`; a copy into plain memory waits
-        for it), and a process's first call
+        (:attr:`pinned`; a copy into plain memory waits for it), and a process's first call
         waits for the device (CuPy's first page-locked allocation does)."""
         host = self.host_empty(array.shape, array.dtype)
         main = self.xp.cuda.get_current_stream()
@@ -793,9 +785,8 @@ class CupyBackend(Backend):
 
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool
-        (DMA'd by :meth:`upload`) when :attr:`pinned` or it is small
-        (:data:`PINNED_UP_TO_BYTES`), else plain memory."""
-        if not self.pinned and int(np.prod(shape)) * np.dtype(dtype).itemsize > PINNED_UP_TO_BYTES:
+        (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory."""
+        if not self.pinned:
             return np.empty(shape, dtype)
         import cupyx
 
