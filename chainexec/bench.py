@@ -13,6 +13,12 @@ warm-up). ``chainexec`` is what the runtime's selector takes (the fastest of GET
 place or relaid, COGENT, TTGT, cupy.einsum and cuTENSOR); the measured cuBLAS DGEMM rate is
 recorded for scale.
 
+Each case also gets the least time any method could take on this device (:func:`bound_ms`, a
+roofline: its flops at the measured DGEMM rate, or each operand read once and the output
+written once at the measured copy bandwidth, whichever is longer), and from it the largest
+ratio to the best library that any method could reach (``ceiling_vs_best_library``). On the
+CCSD(T) cases the output alone (302 MB at scale 1) bounds the rate, below what a DGEMM reaches.
+
 Every method is timed until C is in its layout. GETT, COGENT, batched GEMM and cuTENSOR write
 into C; TTGT, ``cupy.einsum`` and ``torch.einsum`` return the GEMM's product *viewed* in C's
 index order, which a consumer of C's layout (the next contraction's kernel, an HDF5 write) must
@@ -145,20 +151,31 @@ def _in_layout(x):
     return x.contiguous() if hasattr(x, "contiguous") else x.copy(order="C")
 
 
+def geomean(values: list[float]) -> float:
+    """The geometric mean of positive numbers."""
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def summary(rows: list[dict]) -> dict:
     """Per scale, per group and over all cases with a result: the geometric mean of chainexec's
-    ratio to the best library, the smallest ratio and the cases below 1.0."""
+    ratio to the best library, the smallest ratio and the cases below 1.0; where the rows have
+    :func:`bound_ms`, the geometric mean of the largest ratio any method could reach
+    (``ceiling_geomean``) and of chainexec's share of the bound (``of_bound_geomean``)."""
     out = {}
     for scale in sorted({r["scale"] for r in rows}):
         done = [r for r in rows if r["scale"] == scale and "ratio_vs_best_library" in r]
         groups = {"all": done} | {g: [r for r in done if r["group"] == g]
                                   for g in dict.fromkeys(r["group"] for r in done)}
-        ratios = {g: [r["ratio_vs_best_library"] for r in rs] for g, rs in groups.items()}
-        out[str(scale)] = {g: {"cases": len(rs),
-                               "geomean": math.exp(sum(map(math.log, rs)) / len(rs)),
-                               "min": min(rs),
-                               "below_1": [r["id"] for r in groups[g] if r["ratio_vs_best_library"] < 1.0]}
-                           for g, rs in ratios.items() if rs}
+        out[str(scale)] = {}
+        for g, rs in groups.items():
+            if not rs:
+                continue
+            ratios = [r["ratio_vs_best_library"] for r in rs]
+            out[str(scale)][g] = {"cases": len(rs), "geomean": geomean(ratios), "min": min(ratios),
+                                  "below_1": [r["id"] for r in rs if r["ratio_vs_best_library"] < 1.0]}
+            if all("bound_ms" in r for r in rs):
+                out[str(scale)][g] |= {"ceiling_geomean": geomean([r["ceiling_vs_best_library"] for r in rs]),
+                                       "of_bound_geomean": geomean([r["of_bound"] for r in rs])}
     return out
 
 
@@ -176,6 +193,24 @@ def cutensor_call(a, b, c, A, B, C):
         return None
 
 
+def copy_gbs(nbytes: int = 1 << 30) -> float:
+    """Measured device memory bandwidth, GB/s: the bytes a device-to-device copy of ``nbytes``
+    reads and writes, per second."""
+    import cupy
+
+    x = cupy.ones(nbytes // 8)
+    y = cupy.empty_like(x)
+    ms, _ = time_gpu(lambda: cupy.copyto(y, x), 1.0)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def bound_ms(flops: float, nbytes: int, gflops: float, gbs: float) -> float:
+    """Least milliseconds any method can take for a contraction of ``flops`` whose operands and
+    output hold ``nbytes`` together: the flops at ``gflops`` (GFLOP/s) or every operand read once
+    and the output written once at ``gbs`` (GB/s), whichever takes longer."""
+    return max(flops / (gflops * 1e9), nbytes / (gbs * 1e9)) * 1e3
+
+
 def dgemm_gflops(n: int = 8192) -> float:
     """Measured float64 GEMM rate of cuBLAS (``cupy.matmul``, n×n×n), GFLOP/s."""
     import cupy
@@ -186,8 +221,10 @@ def dgemm_gflops(n: int = 8192) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
-def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -> dict:
-    """Check and time one contraction at one scale; returns a JSON-ready row."""
+def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
+             roof: tuple[float, float]) -> dict:
+    """Check and time one contraction at one scale; returns a JSON-ready row. ``roof``: the
+    device's measured DGEMM rate (GFLOP/s) and copy bandwidth (GB/s), for :func:`bound_ms`."""
     import cupy
 
     c, a, b = case["C"], case["A"], case["B"]
@@ -288,7 +325,10 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool) -
     row["best_library"] = min(libs, key=libs.get)
     row["ratio_vs_best_library"] = libs[row["best_library"]] / row["chainexec_ms"]
     row["generated_ratio_vs_best_library"] = libs[row["best_library"]] / row["generated_ms"]
-    for key in ("chainexec", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
+    row["bound_ms"] = bound_ms(flops, sum(nbytes.values()), *roof)
+    row["ceiling_vs_best_library"] = libs[row["best_library"]] / row["bound_ms"]
+    row["of_bound"] = row["bound_ms"] / row["chainexec_ms"]
+    for key in ("bound", "chainexec", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
                 "torch_einsum", "cutensor", "ttgt_view", "cupy_einsum_view", "torch_einsum_view"):
         if f"{key}_ms" in row:
             row[f"{key}_gflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e9
@@ -320,7 +360,7 @@ def main(argv=None) -> int:
     use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     device = Device.from_cupy()
     result = {"environment": environment(), "device_model": asdict(device), "rows": [],
-              "dgemm_gflops": dgemm_gflops(),
+              "dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs(),
               "layout": "row-major: the last letter of each index string is stride-1"}
     jobs = [(case, s) for s in args.scales for case in cases]
     t0 = time.perf_counter()
@@ -342,7 +382,7 @@ def main(argv=None) -> int:
           flush=True)
     for (case, s), kern in zip(jobs, kernels):
         try:
-            row = run_case(case, s, kern, args.budget, use_torch)
+            row = run_case(case, s, kern, args.budget, use_torch, (result["dgemm_gflops"], result["copy_gbs"]))
         except Exception as exc:  # recorded, not hidden: one failing case must not lose the rest
             row = {"id": case["id"], "name": case["name"], "scale": s, "error": repr(exc)}
         # The case's arrays are gone with run_case's frame: hand their blocks back to the device
@@ -363,7 +403,8 @@ def main(argv=None) -> int:
                   f"({row['selector']}) cupy={row['cupy_einsum_gflops']:6.0f} "
                   f"torch={row.get('torch_einsum_gflops', float('nan')):6.0f} "
                   f"cutensor={row.get('cutensor_gflops', float('nan')):6.0f} GFLOP/s "
-                  f"x{row['ratio_vs_best_library']:.2f}", flush=True)
+                  f"x{row['ratio_vs_best_library']:.2f} (at most x{row['ceiling_vs_best_library']:.2f}: "
+                  f"bound {row['bound_gflops']:6.0f} GFLOP/s)", flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     tol = 1e-12 if args.dtype == "float64" else 1e-5
     bad = [r for r in result["rows"] if "skipped" not in r and (
@@ -372,8 +413,8 @@ def main(argv=None) -> int:
     result["summary"] = summary(result["rows"])
     Path(args.out).write_text(json.dumps(result, indent=1))
     for scale, groups in result["summary"].items():
-        print(f"scale {scale}: " + "; ".join(f"{g} geomean {v['geomean']:.2f} min {v['min']:.2f} "
-                                             f"({len(v['below_1'])} below 1 of {v['cases']})"
+        print(f"scale {scale}: " + "; ".join(f"{g} geomean {v['geomean']:.2f} (at most {v['ceiling_geomean']:.2f}) "
+                                             f"min {v['min']:.2f} ({len(v['below_1'])} below 1 of {v['cases']})"
                                              for g, v in groups.items()))
     print(f"failures: {result['failures']}")
     return 1 if bad else 0

@@ -1,11 +1,16 @@
 """The TCCG bench's CPU-side helpers (the bench itself needs a GPU: ``docs/kernels.md``)."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 
-from chainexec.bench import _contiguous, _in_layout, summary, worst
+from chainexec.bench import _contiguous, _in_layout, bound_ms, summary, worst
+
+from tests.conftest import TCCG
+
+CASES = json.loads(TCCG.read_text())
 
 
 @pytest.mark.parametrize("errors,expected", [((1e-15, 3e-15, 2e-15), 3e-15), ((4e-16,), 4e-16)])
@@ -45,3 +50,41 @@ def test_summary_geomean_per_scale_and_group():
     assert s["1"]["all"]["geomean"] == pytest.approx(1.5 ** (1 / 3))
     assert s["1"]["all"]["below_1"] == [2] and "ccsd" not in s["1"]
     assert s["2"]["all"] == {"cases": 1, "geomean": pytest.approx(3.0), "min": 3.0, "below_1": []}
+
+
+H100_PEAK = (67_000.0, 3_350.0)
+"""The H100 SXM's datasheet FP64 tensor-core rate (GFLOP/s) and HBM3 bandwidth (GB/s): above
+anything measured, so bounds made with them are generous."""
+
+
+@pytest.mark.parametrize("flops,nbytes,expected", [(2 * 8192**3, 3 * 8 * 8192**2, 2 * 8192**3 / 67e12),
+                                                   (1e6, 8 * 10**9, 8e9 / 3.35e12)],
+                         ids=["gemm-compute-bound", "stream-bandwidth-bound"])
+def test_bound_is_the_slower_of_flops_and_compulsory_bytes(flops, nbytes, expected):
+    assert bound_ms(flops, nbytes, *H100_PEAK) == pytest.approx(expected * 1e3)
+
+
+def _case_bound(case: dict) -> tuple[float, float]:
+    """A TCCG case's flops and its bound (ms) at the H100's datasheet rates, scale 1, float64."""
+    flops = 2 * math.prod(case["sizes"].values())
+    nbytes = sum(8 * math.prod(case["sizes"][i] for i in case[t]) for t in "ABC")
+    return flops, bound_ms(flops, nbytes, *H100_PEAK)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["group"] == "ccsd_t"], ids=lambda c: f"{c['id']}-{c['name']}")
+def test_ccsd_t_cases_cannot_reach_25_tflops_at_their_sizes_on_an_h100(case):
+    """Issue 4 asks for 25 TFLOP/s on the CCSD(T) cases at TCCG sizes. Each writes a 302 MB
+    output (37.7 M float64) for 1.81 GFLOP: writing it once at 3.35 TB/s takes 0.090 ms, so no
+    method can exceed 20 TFLOP/s there."""
+    flops, ms = _case_bound(case)
+    assert flops / (ms * 1e-3) / 1e12 < 20.1
+    assert flops / (8 * math.prod(case["sizes"][i] for i in case["C"])) < 48.1  # flops per output byte
+
+
+def test_summary_with_bounds_gives_the_ceiling():
+    rows = [{"id": 1, "scale": 1, "group": "ml", "ratio_vs_best_library": 2.0, "bound_ms": 1.0,
+             "ceiling_vs_best_library": 4.0, "of_bound": 0.5},
+            {"id": 2, "scale": 1, "group": "ml", "ratio_vs_best_library": 1.0, "bound_ms": 1.0,
+             "ceiling_vs_best_library": 1.0, "of_bound": 0.5}]
+    s = summary(rows)["1"]["ml"]
+    assert s["ceiling_geomean"] == pytest.approx(2.0) and s["of_bound_geomean"] == pytest.approx(0.5)
