@@ -146,6 +146,28 @@ def buffer_elements(indices: list[str], loops: list[Loop], level: str, extents: 
     return size
 
 
+def _narrowed(ranges: dict[str, dict[str, int]], loop: Loop, extents: dict[str, int]) -> dict[str, dict[str, int]]:
+    """``ranges`` inside ``loop``: per buffer level, the tile of each index that a full-size buffer
+    at that level sees (an index not listed spans its extent). :func:`buffer_elements`' rule one
+    loop at a time, so that a walk reads each loop once, not every loop around every buffer."""
+    inner = {}
+    for level, seen in ranges.items():
+        if loop.tiles and _visible(loop.level, level):
+            seen = dict(seen)
+            for i, tile in loop.tiles.items():
+                seen[i] = min(seen.get(i, extents[i]), tile)
+        inner[level] = seen
+    return inner
+
+
+def _elements(indices, seen: dict[str, int], extents: dict[str, int]) -> int:
+    """Elements of a full-size buffer over ``indices`` that sees the tiles ``seen`` (:func:`_narrowed`)."""
+    size = 1
+    for i in indices:
+        size *= seen.get(i, extents[i])
+    return size
+
+
 def predict(plan: Plan, machine: Machine, ranks: int = 1) -> dict:
     """The ``predicted`` record of a plan: bytes per category (all ranks together), flops, memory
     peak per level, and seconds per level for ``ranks`` ranks sharing the work, each at the
@@ -180,20 +202,21 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             """Bytes of ``tensor[indices]``'s device tiles over every iteration of the loops."""
             return tensors[tensor].itemsize * around.points(indices, extents, "device")
 
-        def walk(body, loops, slotted=frozenset()):
+        def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:
                 tails, around = _run_tails(body, contractions), Loops(loops)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
-                    inner = loops + [node]
+                    inner = _narrowed(ranges, node, extents)
                     slots = dict.fromkeys(live, 0)
-                    for op in staged(node):
-                        slots[op.level] += node.depth * tensors[op.tensor].itemsize * buffer_elements(
-                            op.indices, inner, op.level, extents)
+                    own = staged(node)
+                    for op in own:
+                        slots[op.level] += node.depth * tensors[op.tensor].itemsize * _elements(
+                            op.indices, inner[op.level], extents)
                     for level, nbytes in slots.items():
                         live[level] += nbytes
                         peak[level] = max(peak[level], live[level])
-                    walk(node.body, inner, slotted | {key(op) for op in staged(node)})
+                    walk(node.body, loops + [node], inner, slotted | {key(op) for op in own})
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
                     continue
@@ -225,7 +248,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                 if key(node) in slotted and node.op in ("alloc", "free"):
                     continue
                 if node.op == "alloc":
-                    sizes[key(node)] = item * buffer_elements(node.indices, loops, node.level, extents)
+                    sizes[key(node)] = item * _elements(node.indices, ranges[node.level], extents)
                     live[node.level] += sizes[key(node)]
                     peak[node.level] = max(peak[node.level], live[node.level])
                 elif node.op == "free":
@@ -234,7 +257,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
                     moved[CATEGORY[node.op]] += every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
 
-        walk(nest.body, [])
+        walk(nest.body, [], {level: {} for level in live})
 
     if machine is None:
         return {"memory_peak": peak}

@@ -136,16 +136,29 @@ class Emitter:
     """Emits the nests of a schedule, numbering stored versions of each tensor as it goes."""
 
     def __init__(self, contractions: list[Contraction], extents: dict[str, int], tensors: dict[str, TensorInfo],
-                 overlap: bool = True, inline: bool = True):
+                 overlap: bool = True, inline: bool = True, memo: dict | None = None):
         """``overlap``: double-buffer the global loops that qualify (:mod:`chainexec.planner.pipeline`);
         ``inline``: compute single-use point-wise intermediates where they are read
-        (:mod:`chainexec.planner.inline`)."""
+        (:mod:`chainexec.planner.inline`). ``memo``: what emitters of the same chain, tensors and
+        options share (:meth:`_memo`); the planner passes one per
+        :class:`~chainexec.planner.schedule.Context`."""
         self.cs = contractions
         self.extents = extents
         self.tensors = tensors
         self.overlap = overlap
         self.inline = inline
+        self.memo = {} if memo is None else memo
         self.versions: dict[str, int] = {}
+
+    def _memo(self, key: tuple, make):
+        """``make()``, made once per ``key`` for every emitter sharing :attr:`memo`. Fitting tiles
+        emits a group's nest after every halving (thousands of times for one group); most of it
+        depends on which contractions are fused, not on the tile sizes, or on tiles that halving
+        the other level leaves alone. What it returns is shared: callers must not change it."""
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = make()
+        return found
 
     def _tiled(self, tiles: dict[str, int], names) -> dict[str, int]:
         return {i: tiles[i] for i in names if i in tiles and tiles[i] < self.extents[i]}
@@ -170,15 +183,23 @@ class Emitter:
         same stored version). Tensors in ``alone`` never share (one the nest also writes); leaves
         in ``present`` are whole in the global array already (a single contraction's resident
         operands, which a computed operand may also read)."""
+        at = ("loads", tuple((n, tuple(ix)) for n, ix in refs), tuple(sorted(tiled)), tuple(sorted(alone)),
+              tuple((n, tuple(ix)) for n, ix in present))
+        kept = self._memo(at, lambda: self._load_leaves(refs, tiled, alone, present))
+        loads = [op for n, ix in kept
+                 for op in (_ref("alloc", "global", n, ix), _ref("load", "global", n, ix, self.versions.get(n, 0)))]
+        return loads, [_ref("free", "global", n, ix) for n, ix in kept]
+
+    def _load_leaves(self, refs, tiled: set[str], alone, present) -> list[tuple[str, list[str]]]:
+        """The buffers :meth:`_loads` brings: (tensor, indices) of each leaf whose region no
+        buffer loaded before it covers."""
         kept: list[tuple[str, list[str]]] = []
         for name, ix in refs:
             for leaf in self._leaves(name, ix):
                 shared = leaf in kept or leaf in present or leaf[0] not in alone and _covered(kept, *leaf, tiled)
                 if not shared:
                     kept.append(leaf)
-        loads = [op for n, ix in kept
-                 for op in (_ref("alloc", "global", n, ix), _ref("load", "global", n, ix, self.versions.get(n, 0)))]
-        return loads, [_ref("free", "global", n, ix) for n, ix in kept]
+        return kept
 
     def _fetches(self, refs, tiled: set[str], live=(), alone=(), held=frozenset()) -> tuple[list[Op], list[Op]]:
         """(fetch ops, free ops) bringing ``refs`` to the device inside loops that tile ``tiled``:
@@ -218,6 +239,9 @@ class Emitter:
 
     def needed_after(self, k: int) -> set[str]:
         """Tensors some contraction after position k reads or accumulates into, and outputs."""
+        return self._memo(("needed_after", k), lambda: self._needed_after(k))
+
+    def _needed_after(self, k: int) -> set[str]:
         needed = {t.name for t in self.tensors.values() if t.role == "output"}
         for c in self.cs[k + 1:]:
             needed.update(n for n, _ in c.operands())
@@ -227,6 +251,9 @@ class Emitter:
 
     def writers(self, ids: list[int]) -> dict[str, list[str]]:
         """Tensors written in a sub-chain, with the index names of their first writer there."""
+        return self._memo(("writers", tuple(ids)), lambda: self._writers(ids))
+
+    def _writers(self, ids: list[int]) -> dict[str, list[str]]:
         found: dict[str, list[str]] = {}
         for k in ids:
             found.setdefault(self.cs[k].out, self.cs[k].out_indices)
@@ -266,6 +293,9 @@ class Emitter:
         lacks every fused index, and is summed over the fused loop as a whole). Either way minus
         any index that a reference to a tensor written there renames (a permuted read needs the
         whole range of the positions it permutes)."""
+        return self._memo(("group_common", tuple(ids)), lambda: self._group_common(ids))
+
+    def _group_common(self, ids: list[int]) -> list[str]:
         cs = [self.cs[k] for k in ids]
         writers = self.writers(ids)
         if all(p.out in {n for n, _ in q.operands()} for p, q in zip(cs, cs[1:])) and \
@@ -372,52 +402,22 @@ class Emitter:
         of their indices is tiled by a contraction's own device loop) and equal are fetched once,
         before the first one's loop, and freed after the last one's."""
         ids = g.contractions
-        cs = [self.cs[k] for k in ids]
         common = self.group_common(ids)
         writers = self.writers(ids)
-        exported = [t for t in writers if t in self.needed_after(ids[-1])]
-        last_use = {}
-        for pos, c in enumerate(cs):
-            for name in [n for n, _ in c.operands()] + [c.out]:
-                last_use[name] = pos
+        exported = self._exported(ids)
         loaded = []
-        for c in cs:
+        for c in (self.cs[k] for k in ids):
             for n, ix in c.operands():
                 if n not in writers and n not in kept and (n, ix) not in loaded:
                     loaded.append((n, ix))
         global_tiled = set(outer) | set(self._tiled(g.glob, common))
         fused_tiled = global_tiled | set(self._tiled(g.dev, common))
-        own = [set(self._tiled(g.dev, [i for i in c.indices() if i not in common])) for c in cs]
+        own = [self._tiled(g.dev, [i for i in self.cs[k].indices() if i not in common]) for k in ids]
         on_device = {leaf[0] for n, ix in loaded for leaf in self._leaves(n, ix) if leaf[0] in g.on_device}
-        work = [[(n, ix) for n, ix in c.operands() if n not in writers and n not in on_device] for c in cs]
-        held = self._held(work, own, fused_tiled)
-        dev_body: list = []
-        live: set[str] = set()
-        holding: list[tuple[str, list[str]]] = []
-        for pos, c in enumerate(cs):
-            if c.out not in live:
-                dev_body.append(_ref("alloc", "device", c.out, writers[c.out]))
-                live.add(c.out)
-            for ref, first, _ in held:
-                if first == pos:
-                    dev_body += self._fetches([ref], fused_tiled, holding, held=on_device)[0]
-                    holding.append(ref)
-            fetch, done = self._fetches(work[pos], fused_tiled | own[pos], holding, held=on_device)
-            step = fetch + [Op("compute", "device", contraction=c.id)] + done
-            rest = [i for i in c.indices() if i not in common]
-            dev_body += _loop("device", self._tiled(g.dev, rest), step)
-            for ref, _, last in held:
-                if last == pos:
-                    dev_body.append(_ref("free", "device", *ref))
-                    holding.remove(ref)
-            for name in sorted(live):
-                if last_use[name] == pos and name not in exported:
-                    dev_body.append(_ref("free", "device", name, writers[name]))
-                    live.discard(name)
-        for name in exported:
-            dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
-        if self.inline:
-            dev_body = inline.fuse(dev_body, self.cs, self.tensors, fused_tiled)
+        # Halving a global tile leaves this body alone unless an index becomes tiled.
+        at = ("device_body", tuple(ids), tuple(sorted(on_device)), tuple(sorted(fused_tiled)),
+              tuple(tuple(t.items()) for t in own))
+        dev_body = self._memo(at, lambda: self._device_body(ids, on_device, fused_tiled, own))
         tiles = self._tiled(g.glob, common)
         symmetric = g.symmetric if self.symmetry(g, common, exported, outer) else ()
         spanning = self._spanning([n for n in exported if n not in kept], writers, tiles)
@@ -435,6 +435,54 @@ class Emitter:
         for name in stored:
             body += self._store(self._first_writer(ids, name))
         return self._around(spanning, ids, _loop("global", tiles, body))
+
+    def _exported(self, ids: list[int]) -> list[str]:
+        """The tensors a sub-chain writes that are needed after it, in the order it writes them."""
+        return [t for t in self.writers(ids) if t in self.needed_after(ids[-1])]
+
+    def _device_body(self, ids: list[int], on_device: set[str], fused_tiled: set[str],
+                     own_tiles: list[dict[str, int]]) -> list:
+        """The body of a fused group's parallel loop (:meth:`fused`): ``on_device``, the inputs
+        fetched before that loop; ``fused_tiled``, the indices the loops around the body tile;
+        ``own_tiles[pos]``, the tiles of the device loop of the group's contraction ``pos``
+        over its other indices."""
+        cs = [self.cs[k] for k in ids]
+        writers = self.writers(ids)
+        exported = self._exported(ids)
+        last_use = {}
+        for pos, c in enumerate(cs):
+            for name in [n for n, _ in c.operands()] + [c.out]:
+                last_use[name] = pos
+        own = [set(tiles) for tiles in own_tiles]
+        work = [[(n, ix) for n, ix in c.operands() if n not in writers and n not in on_device] for c in cs]
+        held = self._held(work, own, fused_tiled)
+        dev_body: list = []
+        live: set[str] = set()
+        holding: list[tuple[str, list[str]]] = []
+        for pos, c in enumerate(cs):
+            if c.out not in live:
+                dev_body.append(_ref("alloc", "device", c.out, writers[c.out]))
+                live.add(c.out)
+            for ref, first, _ in held:
+                if first == pos:
+                    dev_body += self._fetches([ref], fused_tiled, holding, held=on_device)[0]
+                    holding.append(ref)
+            fetch, done = self._fetches(work[pos], fused_tiled | own[pos], holding, held=on_device)
+            step = fetch + [Op("compute", "device", contraction=c.id)] + done
+            dev_body += _loop("device", own_tiles[pos], step)
+            for ref, _, last in held:
+                if last == pos:
+                    dev_body.append(_ref("free", "device", *ref))
+                    holding.remove(ref)
+            for name in sorted(live):
+                if last_use[name] == pos and name not in exported:
+                    dev_body.append(_ref("free", "device", name, writers[name]))
+                    live.discard(name)
+        for name in exported:
+            dev_body += [_ref("accumulate", "device", name, writers[name]), _ref("free", "device", name, writers[name])]
+        if self.inline:
+            dev_body = inline.fuse(dev_body, self.cs, self.tensors, fused_tiled)
+        return dev_body
 
     def symmetry(self, g: DeviceGroup, common: list[str], exported: list[str], outer: set[str] = frozenset()) -> bool:
         """Whether the group's parallel loop visits only ordered tile tuples of ``g.symmetric``.

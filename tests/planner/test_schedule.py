@@ -163,6 +163,41 @@ def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
     assert checked > 100
 
 
+def test_shared_emission_equals_a_fresh_emitters():
+    """The parts of nests that a context's emitters share (``Emitter._memo``: device bodies of
+    fused groups, global loads, per-sub-chain facts) change nothing: on every step of halving
+    the tiles of (T) cut into fused groups, with and without inputs held on the device, the
+    context's emitter emits the nests a fresh emitter, sharing nothing, does."""
+    import copy
+
+    from chainexec.planner.build import contractions
+    from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
+    from chainexec.planner.schedule import Context, _halve
+
+    text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 4").replace("vir: 19", "vir: 7")
+    s = spec.loads(text.replace("1GiB", "64KiB").replace("256MiB", "8KiB"), str(CONFIGS / "ccsd_t.yaml"))
+    cs, tensors = contractions(s)
+    ctx = Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
+                  Machine())
+    ids = [c.id for c in cs]
+    inputs = [t.name for t in tensors.values() if t.role == "input"]
+    steps = 0
+    for parts in ([ids], [ids[:12], ids[12:24], ids[24:]], [ids[:24], ids[24:]]):
+        for on_device in ([], inputs):
+            groups = [DeviceGroup(list(g), {i: s.extents[i] for i in ctx.emitter().group_common(g)},
+                                  {i: s.extents[i] for c in g for i in cs[c].indices()}, on_device=on_device)
+                      for g in parts]
+            group = DiskGroup(groups, {i: s.extents[i] for i in ctx.emitter().group_common(ids)})
+            for level in ("global", "device", "global"):
+                for _ in range(40):
+                    schedule = Schedule([copy.deepcopy(group)])
+                    assert ctx.emitter().schedule(schedule) == Emitter(cs, s.extents, tensors).schedule(schedule)
+                    steps += 1
+                    if not _halve(group, level):
+                        break
+    assert steps > 100
+
+
 def test_host_time_adds_to_compute_or_overlaps_it():
     """``work_seconds``: per-statement host seconds add to compute (NumPy) or hide behind it when
     statements are queued on a device stream (``async_statements``), whichever is longer."""
