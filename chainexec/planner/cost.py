@@ -245,14 +245,16 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         tile_bytes(r.tensor, [rename[i] for i in r.indices], around) for r in _refs(t.source["expr"])))
                     continue
                 item = tensors[node.tensor].itemsize
-                if key(node) in slotted and node.op in ("alloc", "free"):
-                    continue
-                if node.op == "alloc":
-                    sizes[key(node)] = item * _elements(node.indices, ranges[node.level], extents)
-                    live[node.level] += sizes[key(node)]
-                    peak[node.level] = max(peak[node.level], live[node.level])
-                elif node.op == "free":
-                    live[node.level] -= sizes.pop(key(node))
+                if node.op in ("alloc", "free"):
+                    buffer = key(node)
+                    if buffer in slotted:
+                        continue
+                    if node.op == "alloc":
+                        sizes[buffer] = item * _elements(node.indices, ranges[node.level], extents)
+                        live[node.level] += sizes[buffer]
+                        peak[node.level] = max(peak[node.level], live[node.level])
+                    else:
+                        live[node.level] -= sizes.pop(buffer)
                 else:
                     every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
                     moved[CATEGORY[node.op]] += every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])

@@ -4,6 +4,7 @@ that fitting tiles counts alone (``Context.peaks``) against the full price's.
 Iterations are counted on the emitted plan, independently of the planner: each parallel loop's
 tiles against the range its enclosing global loops leave (their first, full tile)."""
 
+import itertools
 import math
 from pathlib import Path
 
@@ -163,38 +164,81 @@ def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
     assert checked > 100
 
 
+def _small_t_context():
+    """A context planning (T) at o=4, v=7 with 64 KiB of global and 8 KiB of device memory, and its spec."""
+    from chainexec.planner.build import contractions
+    from chainexec.planner.schedule import Context
+
+    text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 4").replace("vir: 19", "vir: 7")
+    s = spec.loads(text.replace("1GiB", "64KiB").replace("256MiB", "8KiB"), str(CONFIGS / "ccsd_t.yaml"))
+    cs, tensors = contractions(s)
+    return Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
+                   Machine()), s
+
+
+def _emitted_alike(ctx, before, group, levels=("global", "device", "global")) -> int:
+    """Halve ``group``'s tiles (in place) at each of ``levels`` in turn, up to 40 times each,
+    asserting at every step that the context's emitter emits for ``before`` (disk groups, left
+    alone) followed by ``group`` the nests a fresh emitter, sharing nothing, does; the steps."""
+    import copy
+
+    from chainexec.planner.nest import Emitter, Schedule
+    from chainexec.planner.schedule import _halve
+
+    steps = 0
+    for level in levels:
+        for _ in range(40):
+            schedule = Schedule(before + [copy.deepcopy(group)])
+            assert ctx.emitter().schedule(schedule) == Emitter(ctx.cs, ctx.extents, ctx.tensors).schedule(schedule)
+            steps += 1
+            if not _halve(group, level):
+                break
+    return steps
+
+
 def test_shared_emission_equals_a_fresh_emitters():
     """The parts of nests that a context's emitters share (``Emitter._memo``: device bodies of
     fused groups, global loads, per-sub-chain facts) change nothing: on every step of halving
     the tiles of (T) cut into fused groups, with and without inputs held on the device, the
     context's emitter emits the nests a fresh emitter, sharing nothing, does."""
-    import copy
+    from chainexec.planner.nest import DeviceGroup, DiskGroup
 
-    from chainexec.planner.build import contractions
-    from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
-    from chainexec.planner.schedule import Context, _halve
-
-    text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 4").replace("vir: 19", "vir: 7")
-    s = spec.loads(text.replace("1GiB", "64KiB").replace("256MiB", "8KiB"), str(CONFIGS / "ccsd_t.yaml"))
-    cs, tensors = contractions(s)
-    ctx = Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
-                  Machine())
-    ids = [c.id for c in cs]
-    inputs = [t.name for t in tensors.values() if t.role == "input"]
+    ctx, s = _small_t_context()
+    ids = [c.id for c in ctx.cs]
+    inputs = [t.name for t in ctx.tensors.values() if t.role == "input"]
     steps = 0
     for parts in ([ids], [ids[:12], ids[12:24], ids[24:]], [ids[:24], ids[24:]]):
         for on_device in ([], inputs):
             groups = [DeviceGroup(list(g), {i: s.extents[i] for i in ctx.emitter().group_common(g)},
-                                  {i: s.extents[i] for c in g for i in cs[c].indices()}, on_device=on_device)
+                                  {i: s.extents[i] for c in g for i in ctx.cs[c].indices()}, on_device=on_device)
                       for g in parts]
-            group = DiskGroup(groups, {i: s.extents[i] for i in ctx.emitter().group_common(ids)})
-            for level in ("global", "device", "global"):
-                for _ in range(40):
-                    schedule = Schedule([copy.deepcopy(group)])
-                    assert ctx.emitter().schedule(schedule) == Emitter(cs, s.extents, tensors).schedule(schedule)
-                    steps += 1
-                    if not _halve(group, level):
-                        break
+            steps += _emitted_alike(ctx, [], DiskGroup(groups, {i: s.extents[i] for i in ctx.emitter().group_common(ids)}))
+    assert steps > 100
+
+
+def test_shared_single_contractions_equal_a_fresh_emitters():
+    """Single contractions' nests shared between emitters (``Emitter.single``) change nothing,
+    stored versions included: (T) cut into single contractions, the last ones in a disk group
+    after the first ones, each in a disk group of its own or all in one (so that the last ones
+    find other versions of what they read and add to, and keep other tensors in the global
+    array), with and without resident operands, halved at both levels; each emitted as a fresh
+    emitter does."""
+    from chainexec.planner.nest import DeviceGroup, DiskGroup
+
+    ctx, s = _small_t_context()
+    ids = [c.id for c in ctx.cs]
+    inputs = [t.name for t in ctx.tensors.values() if t.role == "input"]
+    steps = 0
+    for cut, together, resident in itertools.product((5, 17, 31), (False, True), ([], inputs)):
+        def single(k):
+            whole = {i: s.extents[i] for i in ctx.cs[k].indices()}
+            return DeviceGroup([k], dict(whole), dict(whole), resident=resident)
+
+        first = [single(k) for k in ids[:cut]]
+        before = [DiskGroup(first)] if together else [DiskGroup([g]) for g in first]
+        rest = ids[cut:]
+        group = DiskGroup([single(k) for k in rest], {i: s.extents[i] for i in ctx.emitter().group_common(rest)})
+        steps += _emitted_alike(ctx, before, group, ("device", "global", "device"))
     assert steps > 100
 
 
