@@ -25,19 +25,6 @@ DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_API = ("cuda_runtime", "cuda_driver")
 
 
-def busy(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` intervals (any unit)."""
-    total, last = 0.0, None
-    for s, e in sorted(spans):
-        if last is None or s > last:
-            total += e - s
-            last = e
-        elif e > last:
-            total += e - last
-            last = e
-    return total
-
-
 def gaps(spans: list[tuple[float, float, str]], least: float) -> list[tuple[float, float, str]]:
     """The device's idle intervals longer than ``least`` between ``(start, end, name)`` spans:
     ``(idle from, idle to, the name of the span that ends it)``."""
@@ -49,6 +36,11 @@ def gaps(spans: list[tuple[float, float, str]], least: float) -> list[tuple[floa
     return found
 
 
+def busy(spans: list[tuple[float, float, str]]) -> float:
+    """Length of the union of ``(start, end, name)`` intervals: their span less the idle gaps."""
+    return max(e for _, e, _ in spans) - min(s for s, _, _ in spans) - sum(b - a for a, b, _ in gaps(spans, 0.0))
+
+
 def summarize(events: list[dict], top: int = 15) -> str:
     """A Chrome trace's events (microseconds) as text: the device's span and busy seconds, its
     seconds per kernel name, the longest host API calls by total, and its longest idle gaps with
@@ -58,7 +50,7 @@ def summarize(events: list[dict], top: int = 15) -> str:
     if not device:
         return "no device events"
     first, end = min(s for s, _, _ in device), max(e for _, e, _ in device)
-    lines = [f"device span {(end - first) / 1e6:.4f} s, busy {busy([(s, e) for s, e, _ in device]) / 1e6:.4f} s"]
+    lines = [f"device span {(end - first) / 1e6:.4f} s, busy {busy(device) / 1e6:.4f} s"]
     per = collections.defaultdict(lambda: [0, 0.0])
     for s, e, name in device:
         per[name[:60]][0] += 1

@@ -45,6 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from statistics import geometric_mean
 
 import numpy as np
 
@@ -151,11 +152,6 @@ def _in_layout(x):
     return x.contiguous() if hasattr(x, "contiguous") else x.copy(order="C")
 
 
-def geomean(values: list[float]) -> float:
-    """The geometric mean of positive numbers."""
-    return math.exp(sum(map(math.log, values)) / len(values))
-
-
 def summary(rows: list[dict]) -> dict:
     """Per scale, per group and over all cases with a result: the geometric mean of chainexec's
     ratio to the best library, the smallest ratio and the cases below 1.0; where the rows have
@@ -171,11 +167,11 @@ def summary(rows: list[dict]) -> dict:
             if not rs:
                 continue
             ratios = [r["ratio_vs_best_library"] for r in rs]
-            out[str(scale)][g] = {"cases": len(rs), "geomean": geomean(ratios), "min": min(ratios),
+            out[str(scale)][g] = {"cases": len(rs), "geomean": geometric_mean(ratios), "min": min(ratios),
                                   "below_1": [r["id"] for r in rs if r["ratio_vs_best_library"] < 1.0]}
             if all("bound_ms" in r for r in rs):
-                out[str(scale)][g] |= {"ceiling_geomean": geomean([r["ceiling_vs_best_library"] for r in rs]),
-                                       "of_bound_geomean": geomean([r["of_bound"] for r in rs])}
+                out[str(scale)][g] |= {"ceiling_geomean": geometric_mean([r["ceiling_vs_best_library"] for r in rs]),
+                                       "of_bound_geomean": geometric_mean([r["of_bound"] for r in rs])}
     return out
 
 

@@ -15,7 +15,7 @@ _spec.loader.exec_module(timeline)
     ([(0, 10), (20, 30)], 20), ([(0, 10), (5, 15)], 15), ([(0, 10), (2, 3), (9, 12), (20, 21)], 13),
     ([(5, 6), (0, 10)], 10)], ids=["apart", "overlapping", "nested-and-chained", "unsorted"])
 def test_busy_is_the_union_of_the_intervals(spans, expected):
-    assert timeline.busy(spans) == expected
+    assert timeline.busy([(s, e, "k") for s, e in spans]) == expected
 
 
 def test_gaps_are_the_idle_stretches_longer_than_the_least():

@@ -228,7 +228,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                                for c in (contractions[j] for j in group))
                     statements[0] += len(group) * around.points([], extents, "device")
                     if node.op == "fused":
-                        reads = inline.expression(node, contractions, tensors).leaves()
+                        reads = inline.expression(node, contractions, tensors).leaves
                         bytes_ = 2 * tile_bytes(node.tensor, node.indices, around) + sum(
                             tile_bytes(r.tensor, r.indices, around) for r in reads)
                     else:

@@ -121,9 +121,7 @@ class Executor:
         self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
-        # Each fused statement's expression and the buffers it reads, by id of its Op: made once
-        # (reading them from the expression's text took 1-3 ms per (T) tile on the host).
-        self.fused: dict[int, tuple[inline.Fused, list]] = {}
+        self.fused: dict[int, inline.Fused] = {}  # each fused statement's expression, by id of its Op
         self.disk = DiskWorker()
         # Double-buffered loops being run: their slots per buffer key (global arrays; flat device
         # buffers), and which slot of a global loop's, and of a device loop's, is in use.
@@ -987,12 +985,10 @@ class Executor:
         computed where they are read, from the buffers on the device; counted as the cost model
         does (the flops and statements of its contractions, its output twice and each distinct
         reference once)."""
-        made = self.fused.get(id(op))
-        if made is None:
-            f = inline.expression(op, self.plan.contractions, self.plan.tensors)
-            made = self.fused[id(op)] = (f, f.leaves())
-        f, leaves = made
-        arrays = {r: self._view(r.tensor, r.indices) for r in leaves}
+        f = self.fused.get(id(op))
+        if f is None:
+            f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
+        arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves}
         out = self._view(op.tensor, op.indices)
         self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out)
         self._watch()

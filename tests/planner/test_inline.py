@@ -70,7 +70,7 @@ def test_a_single_use_producer_moves_into_a_scalar_reduction():
     f = expression(op, cs, _tensors())
     assert f.reduce and f.domain == ("i", "j") and f.out_indices == ()
     assert f.text == "2.0 * (0.5 * A[i,j] * B[i,j]) * A[i,j]"
-    assert [(r.tensor, r.indices) for r in f.leaves()] == [("A", ("i", "j")), ("B", ("i", "j"))]
+    assert [(r.tensor, r.indices) for r in f.leaves] == [("A", ("i", "j")), ("B", ("i", "j"))]
 
 
 def test_a_point_wise_consumer_is_fused_and_keeps_its_output():
