@@ -12,6 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
+from chainexec import plancache
 from chainexec import spec as spec_mod
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
@@ -50,7 +51,8 @@ def generate(config: str | Path) -> list[str]:
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
         balance: str = "dynamic", progress: bool = False, checkpoint: str | Path | None = None,
-        checkpoint_every: float = 600.0, stop_after: float | None = None, inline: bool = True) -> dict:
+        checkpoint_every: float = 600.0, stop_after: float | None = None, inline: bool = True,
+        plan_cache: bool = True) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`).
 
@@ -59,7 +61,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     (:mod:`chainexec.runtime.checkpoint`); it is emptied when the run completes. ``stop_after``:
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
     (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
-    in :func:`plan`.
+    in :func:`plan`. ``plan_cache``: read the plan from :mod:`chainexec.plancache` where this
+    config, machine, options and source were planned before (``run["plan_cached"]``), and keep
+    a new one there.
 
     ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, plans and checks the
     inputs; the others wait), starting the backend (CuPy's import and the device's context), in
@@ -67,16 +71,15 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     the interpreter's start and imports."""
     comm = world()
     started = time.perf_counter()
-    text = error = defect = kept = None
+    text = error = defect = kept = cached = None
     if comm.rank == 0:
         try:
             s = spec_mod.load(config)
             # Outputs first: a run that fails to plan or on its inputs must not leave an older
             # output behind that looks like this run's result.
             store.prepare_outputs(s.resolve(o.file) for o in s.outputs)
-            p = make_plan(s, load_machine(machine), schedule, comm.size, inline)
+            p, text, cached = _planned(s, config, load_machine(machine), schedule, comm.size, inline, plan_cache)
             store.check_inputs(p)
-            text = p.to_json()
             if stop_after is not None and checkpoint is None:
                 raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
             if checkpoint is not None:
@@ -91,7 +94,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             error = str(err)
         except Exception as err:  # a defect: the other ranks must not wait for the plan for ever
             defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
-    text, error, kept = comm.bcast((text, error, kept), root=0)
+    text, error, kept, cached = comm.bcast((text, error, kept, cached), root=0)
     if defect is not None:
         raise defect
     if error is not None:
@@ -132,10 +135,28 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
               "executor": measured["total_seconds"], "run": time.perf_counter() - started}
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
-                    "balance": balance, "resumed_tiles": executor.resumed, "checkpoints": executor.checkpoints,
+                    "balance": balance, "plan_cached": cached, "resumed_tiles": executor.resumed,
+                    "checkpoints": executor.checkpoints,
                     "per_rank": executor.rank_times(measured["total_seconds"]),
                     "statement_seconds": executor.statement_seconds(),
                     "memory_limit": p.memory_limit, "phases": phases}}
+
+
+def _planned(s, config: str | Path, machine: Machine, schedule: str | None, ranks: int, inline: bool,
+             use_cache: bool) -> tuple[Plan, str, bool]:
+    """The plan of spec ``s`` (read from ``config``), its JSON text, and whether it came from the
+    plan cache (:mod:`chainexec.plancache`; only where ``use_cache``, which also keeps a new one)."""
+    if not use_cache:
+        p = make_plan(s, machine, schedule, ranks, inline)
+        return p, p.to_json(), False
+    digest = plancache.key(config, Path(config).read_text(), machine, schedule, ranks, inline)
+    found = plancache.load(digest)
+    if found is not None:
+        return *found, True
+    p = make_plan(s, machine, schedule, ranks, inline)
+    text = p.to_json()
+    plancache.store(digest, text)
+    return p, text, False
 
 
 def verify(config: str | Path, samples: int = 300, limit: int = 2 << 30) -> list[Check]:

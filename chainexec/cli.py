@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--machine")
     r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     r.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
+    r.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
+                   help="plan again even where this config, machine and chainexec were planned before "
+                        "(plans are kept in $CHAINEXEC_PLAN_CACHE, default ~/.cache/chainexec/plans)")
     r.add_argument("--quiet", action="store_true", help="no progress bar / progress lines on stderr")
     r.add_argument("--balance", default="dynamic", choices=("dynamic", "static"),
                    help="hand parallel tiles out through a shared counter (dynamic) or round-robin (static)")
@@ -149,7 +152,7 @@ def main(argv=None) -> int:
                 result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
                                  balance=args.balance, progress=not args.quiet, checkpoint=args.checkpoint,
                                  checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
-                                 inline=args.inline)
+                                 inline=args.inline, plan_cache=args.plan_cache)
             except Stopped as stop:
                 if _rank() == 0:
                     print(f"chainexec: {stop}", file=sys.stderr)
@@ -162,6 +165,8 @@ def main(argv=None) -> int:
                     print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"],
                                             result["run"]["phases"]))
                     print(report.statements(result["run"]["statement_seconds"]))
+                    if result["run"]["plan_cached"]:
+                        print("plan read from the plan cache (--no-plan-cache plans again)")
                 if args.report_json:
                     _write_json(args.report_json, {k: result[k] for k in ("predicted", "measured", "run")})
                 if args.plot:

@@ -20,6 +20,14 @@ BIN = Path(sys.executable).parent
 TCCG = Path(__file__).resolve().parents[1] / "benchmarks" / "tccg.json"
 
 
+@pytest.fixture(autouse=True)
+def own_plan_cache(tmp_path_factory, monkeypatch):
+    """Each test its own plan cache (``CHAINEXEC_PLAN_CACHE``, which the CLI's subprocesses
+    inherit): a plan kept by one test is never read by another (some change the planner's
+    behaviour), and none lands in the user's home."""
+    monkeypatch.setenv("CHAINEXEC_PLAN_CACHE", str(tmp_path_factory.mktemp("plans")))
+
+
 def mpiexec() -> str | None:
     local = BIN / "mpiexec"
     return str(local) if local.exists() else shutil.which("mpiexec")

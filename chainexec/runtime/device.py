@@ -75,6 +75,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -571,7 +572,7 @@ class CupyBackend(Backend):
         self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit
         self.table_bytes = 0  # device bytes of the GETT offset tables made so far (kept)
         self.memory: int | None = None  # the configured device memory (bytes); None: no limit
-        self.tuning = TuningCache(cupy)
+        self.tuning = TuningCache.for_device(cupy)
         self._stages: list[np.ndarray] | None = None
         self._uploads: collections.deque = collections.deque()  # (page-locked host array, its copy's event)
         # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
@@ -1472,14 +1473,26 @@ class TuningCache:
     """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning.json``: key =
     device name and (contraction, shapes, strides, dtype), value = the :class:`Choice`. Written
     atomically (temporary file, then rename) after each new decision, merged with what other
-    processes wrote meanwhile."""
+    processes wrote meanwhile.
 
-    def __init__(self, cupy):
+    The file is read once and its decisions kept in memory; a key not found there is looked up
+    in the file again (another process may have decided it since), which costs nothing beside
+    the tuning a miss leads to. Until 2026-11-27 every lookup read and parsed the whole file:
+    4 ms for the 171 decisions (197 kB) of the session-18 GPU cache, once per tuning key in a
+    fresh process, and the file only grows as a user's runs meet new shapes."""
+
+    def __init__(self, device: str, path: Path):
+        self.device = device
+        self.path = path
+        self._known: dict | None = None  # the file as last read or written
+
+    @classmethod
+    def for_device(cls, cupy) -> "TuningCache":
+        """The cache of the current CuPy device, in the kernel cache's folder."""
         from chainexec.runtime.kernels import cache_dir
 
         name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        self.device = name.decode() if isinstance(name, bytes) else str(name)
-        self.path = cache_dir() / "tuning.json"
+        return cls(name.decode() if isinstance(name, bytes) else str(name), cache_dir() / "tuning.json")
 
     def _read(self) -> dict:
         try:
@@ -1491,7 +1504,10 @@ class TuningCache:
         return json.dumps([TUNING_VERSION, self.device, *key])
 
     def get(self, key: tuple) -> Choice | None:
-        entry = self._read().get(self._key(key))
+        text = self._key(key)
+        if self._known is None or text not in self._known:
+            self._known = self._read()
+        entry = self._known.get(text)
         return None if entry is None else Choice(**entry)
 
     def put(self, key: tuple, choice: Choice) -> None:
@@ -1503,6 +1519,7 @@ class TuningCache:
             json.dump(data, f)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
         os.replace(tmp, self.path)
+        self._known = data
 
 
 def select(name: str = "auto", comm=None) -> Backend:

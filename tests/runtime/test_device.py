@@ -184,3 +184,36 @@ def test_ttgt_product_ends_in_the_outputs_fastest_index():
         batch, lext, rext, *_ = device._ttgt(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
         if c.out_indices[-1] in lext + rext:
             assert (batch + lext + rext)[-1] == c.out_indices[-1]
+
+
+def test_tuning_cache_reads_its_file_once_and_again_only_on_a_miss(tmp_path, monkeypatch):
+    """Decisions found are served from memory (the file is not read per lookup); a key missing
+    there is looked up in the file again, where another process may have written it."""
+    path = tmp_path / "tuning.json"
+    writer = device.TuningCache("GPU A", path)
+    writer.put(("c1",), device.Choice("batched", {"batched": 1.0}))
+    writer.put(("c2",), device.Choice("gett", {}, {"order": [1]}))
+    reader = device.TuningCache("GPU A", path)
+    reads = []
+    real = device.TuningCache._read
+    monkeypatch.setattr(device.TuningCache, "_read", lambda self: reads.append(1) or real(self))
+    assert [reader.get(k) for k in [("c1",), ("c2",), ("c1",)] * 3] == [
+        device.Choice("batched", {"batched": 1.0}), device.Choice("gett", {}, {"order": [1]}),
+        device.Choice("batched", {"batched": 1.0})] * 3
+    assert len(reads) == 1
+    writer.put(("c3",), device.Choice("ttgt"))  # another process's decision, made after the read
+    assert reader.get(("c3",)) == device.Choice("ttgt")
+    assert reader.get(("c4",)) is None
+    assert device.TuningCache("GPU B", path).get(("c1",)) is None  # decisions are per device
+    assert len(reads) == 5  # the two misses, the writer's put, the new device's first read
+
+
+def test_tuning_cache_put_keeps_what_other_processes_wrote(tmp_path):
+    path = tmp_path / "tuning.json"
+    one, two = device.TuningCache("GPU", path), device.TuningCache("GPU", path)
+    assert one.get(("x",)) is None and two.get(("y",)) is None
+    one.put(("x",), device.Choice("batched"))
+    two.put(("y",), device.Choice("einsum"))
+    fresh = device.TuningCache("GPU", path)
+    assert (fresh.get(("x",)), fresh.get(("y",))) == (device.Choice("batched"), device.Choice("einsum"))
+    assert one.get(("y",)) == device.Choice("einsum")  # a miss in memory reads the file again

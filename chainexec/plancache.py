@@ -1,0 +1,83 @@
+"""Plans kept on disk between runs of the same config, machine and chainexec source.
+
+Planning is a pure function of the config's text, the machine model, the run's options (forced
+schedule, ranks, inlining) and the planner's code (:func:`chainexec.planner.build.make_plan`), so
+a plan made once can be read back instead of made again. At benzene's (T) sizes planning took
+0.8-2.0 s of a 3.4-4.1 s process on the GPU machine (sessions 18-19), more than the executor's
+0.5-0.8 s; a repeated run (a SLURM job resubmitted, a sweep over machines, the benchmarks' warm
+runs) reads its plan in milliseconds.
+
+Plans are JSON (:meth:`chainexec.planner.plan.Plan.to_json`), never pickles, in
+``$CHAINEXEC_PLAN_CACHE`` (default ``~/.cache/chainexec/plans``), one file per key. The key is the
+SHA-256 of everything planning reads: the config's text, the path it was given by and the working
+folder (paths in a plan are resolved from them), the machine model, the options, and the bytes of
+every source file of the ``chainexec`` package, so that any change to the planner makes new keys.
+A file that does not parse is a miss and is replaced. Files are written to a temporary name and
+renamed, so concurrent runs never read half a plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from chainexec.planner.machine import Machine
+from chainexec.planner.plan import Plan
+
+
+def cache_dir() -> Path:
+    """Folder of the plan cache (created on first store)."""
+    return Path(os.environ.get("CHAINEXEC_PLAN_CACHE", Path.home() / ".cache" / "chainexec" / "plans"))
+
+
+def tree_digest(root: str | Path) -> str:
+    """SHA-256 of the Python sources under ``root``: their relative paths and bytes, in path order."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """:func:`tree_digest` of the ``chainexec`` package: part of every key, computed once per process."""
+    return tree_digest(Path(__file__).resolve().parent)
+
+
+def key(config: str | Path, text: str, machine: Machine, schedule: str | None, ranks: int, inline: bool) -> str:
+    """The cache key of planning ``text`` (the config file's contents, given as ``config``) for
+    ``machine`` with these options: a hex SHA-256."""
+    parts = [source_digest(), str(config), os.getcwd(), text, machine.to_json(), schedule, ranks, inline]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def load(digest: str) -> tuple[Plan, str] | None:
+    """The cached plan of key ``digest`` and its JSON text, or None where there is none or its
+    file does not parse."""
+    try:
+        text = (cache_dir() / f"{digest}.json").read_text()
+        return Plan.from_json(text), text
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(digest: str, text: str) -> None:
+    """Keep a plan's JSON ``text`` under key ``digest``; a cache folder that cannot be written
+    is not an error (the run goes on, planning again next time)."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, folder / f"{digest}.json")
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,124 @@
+"""The plan cache: a second run of the same config, machine, options and source reads the plan
+the first one made, computes the same (against numpy.einsum), and anything planning reads
+changes the key; a broken or unwritable cache only costs the planning."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from chainexec import api, plancache, spec
+from chainexec.planner.build import make_plan
+from chainexec.planner.machine import Machine
+from tests.conftest import fourindex_config, run_cli, write_config
+
+
+@pytest.fixture
+def fourindex(tmp_path):
+    config = write_config(tmp_path, fourindex_config())
+    api.generate(config)
+    return config
+
+
+def _result(config):
+    with h5py.File(config.parent / "out" / "result.h5") as f:
+        return f["B"][()]
+
+
+def _einsum(config):
+    with h5py.File(config.parent / "in.h5") as f:
+        a, c = f["A"][()], f["C"][()]
+    return np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a)
+
+
+def _cached_files():
+    return sorted(plancache.cache_dir().glob("*.json"))
+
+
+def test_second_run_reads_the_plan_the_first_made(fourindex):
+    first = api.run(fourindex, backend="numpy")
+    assert first["run"]["plan_cached"] is False
+    out1 = _result(fourindex)
+    [kept] = _cached_files()
+    assert kept.read_text() == make_plan(spec.load(fourindex)).to_json()
+    second = api.run(fourindex, backend="numpy")
+    assert second["run"]["plan_cached"] is True
+    assert second["predicted"] == first["predicted"]
+    assert second["measured"]["bytes"] == second["predicted"]["bytes"]
+    out2 = _result(fourindex)
+    assert np.array_equal(out1, out2)
+    ref = _einsum(fourindex)
+    assert np.max(np.abs(out2 - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+def test_everything_planning_reads_is_in_the_key(fourindex, tmp_path, monkeypatch):
+    text = fourindex.read_text()
+    base = (fourindex, text, Machine(), None, 1, True)
+    k = plancache.key(*base)
+    assert plancache.key(*base) == k
+    changed = [
+        (fourindex, text.replace("24KiB", "32KiB"), Machine(), None, 1, True),
+        (tmp_path / "other.yaml", text, Machine(), None, 1, True),
+        (fourindex, text, Machine(flop_rate=1e12), None, 1, True),
+        (fourindex, text, Machine(), "unfused", 1, True),
+        (fourindex, text, Machine(), None, 2, True),
+        (fourindex, text, Machine(), None, 1, False),
+    ]
+    assert len({plancache.key(*c) for c in changed} | {k}) == len(changed) + 1
+    monkeypatch.chdir(tmp_path.parent)  # a relative path names another file from elsewhere
+    assert plancache.key(*base) != k
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plancache, "source_digest", lambda: "another chainexec")
+    assert plancache.key(*base) != k
+
+
+def test_tree_digest_changes_with_any_source_file(tmp_path):
+    (tmp_path / "planner").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "planner" / "fusion.py").write_text("y = 2\n")
+    (tmp_path / "notes.txt").write_text("not source")
+    first = plancache.tree_digest(tmp_path)
+    (tmp_path / "notes.txt").write_text("still not source")
+    assert plancache.tree_digest(tmp_path) == first
+    (tmp_path / "planner" / "fusion.py").write_text("y = 3\n")
+    second = plancache.tree_digest(tmp_path)
+    assert second != first
+    (tmp_path / "planner" / "fusion.py").rename(tmp_path / "planner" / "tiling.py")
+    assert plancache.tree_digest(tmp_path) not in (first, second)
+    assert plancache.source_digest() == plancache.tree_digest(os.path.dirname(plancache.__file__))
+
+
+def test_a_broken_cache_file_is_planned_again_and_replaced(fourindex):
+    api.run(fourindex, backend="numpy")
+    [kept] = _cached_files()
+    kept.write_text('{"name": "half a pl')
+    again = api.run(fourindex, backend="numpy")
+    assert again["run"]["plan_cached"] is False
+    assert kept.read_text() == make_plan(spec.load(fourindex)).to_json()
+    assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is True
+
+
+def test_an_unwritable_cache_costs_only_the_planning(fourindex, tmp_path, monkeypatch):
+    blocker = tmp_path / "not a folder"
+    blocker.write_text("")
+    monkeypatch.setenv("CHAINEXEC_PLAN_CACHE", str(blocker / "plans"))
+    for _ in range(2):
+        assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is False
+    ref = _einsum(fourindex)
+    assert np.max(np.abs(_result(fourindex) - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+def test_cli_no_plan_cache_plans_and_keeps_nothing(fourindex):
+    report = fourindex.parent / "report.json"
+    proc = run_cli("run", fourindex, "--no-plan-cache", "--report-json", report)
+    assert proc.returncode == 0, proc.stderr
+    assert _cached_files() == []
+    proc = run_cli("run", fourindex, "--report")
+    assert proc.returncode == 0, proc.stderr
+    assert "plan read from the plan cache" not in proc.stdout
+    proc = run_cli("run", fourindex, "--report")
+    assert proc.returncode == 0, proc.stderr
+    assert "plan read from the plan cache" in proc.stdout
