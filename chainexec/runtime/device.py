@@ -338,6 +338,15 @@ PINNED_FROM_BYTES = 4 << 30
 page-locked allocation of a run's process cost 0.35–0.55 s on the H100 machine (7 ms in a bare
 process); page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s),
 so they repay that from about 5 GB on."""
+DEFERRED_BYTES = 64 << 10
+"""Largest device array that :meth:`CupyBackend.to_host_async` copies back in two steps when the
+run's host buffers are plain memory: a copy on the device queued behind the work before it,
+then, once that is done, the copy to the host on the results' stream. A copy into plain memory
+on the current stream makes the host wait for all the work queued before it, and page-locking
+a small buffer mid-run waits for the device too (cudaHostAlloc: 0.29-0.45 s at benzene's sizes
+on the H100, 2026-11-27). (T) at benzene's sizes copies its 8-byte energy back once per tile;
+the host waited 0.14-0.16 s of its 0.51-0.64 s executor there, while the device drained its
+queue."""
 UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
 STAGE_BYTES = 8 << 20
@@ -544,6 +553,17 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
     return tuple(codes), code, tuple(perms)
 
 
+@dataclass
+class _Deferred:
+    """A small copy to the host in two steps (:meth:`CupyBackend.to_host_async`): ``source`` a
+    copy of the device array made on the current stream, done when ``ready`` (an event) is;
+    ``host`` the plain host array it lands in (``source`` None once it has)."""
+
+    source: object
+    ready: object
+    host: np.ndarray
+
+
 class CupyBackend(Backend):
     """CuPy on the rank's GPU: buffers from CuPy's memory pool, device→host copies into pinned
     (page-locked) memory from CuPy's pinned pool, host→device DMA straight from pinned inputs,
@@ -588,6 +608,8 @@ class CupyBackend(Backend):
         self._back = None  # the stream of :meth:`to_host_async`'s copies aside, made on first use
         # (device array, the contiguous array copied, its aside copy's event)
         self._returning: collections.deque = collections.deque()
+        self._deferred: list[_Deferred] = []  # small copies to the host not yet delivered
+        self._small = None  # the stream that delivers them, made on first use
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
 
@@ -697,9 +719,16 @@ class CupyBackend(Backend):
         is done or the current stream waits for it (:meth:`wait_for`): its memory returns to the
         pool only then. The call returns before the copy only into page-locked memory
         (:attr:`pinned`; a copy into plain memory waits for it), and a process's first call
-        waits for the device (CuPy's first page-locked allocation does)."""
-        host = self.host_empty(array.shape, array.dtype)
+        waits for the device (CuPy's first page-locked allocation does). A small array in a run
+        of plain host memory is copied in two steps (:data:`DEFERRED_BYTES`); its token is a
+        :class:`_Deferred`, whose host array is filled when :meth:`arrived` first finds its
+        device copy done, or by :meth:`wait`."""
         main = self.xp.cuda.get_current_stream()
+        if not aside and not self.pinned and array.nbytes <= DEFERRED_BYTES:
+            copy = _Deferred(array.copy(), main.record(), np.empty(array.shape, array.dtype))
+            self._deferred.append(copy)
+            return copy.host, copy
+        host = self.host_empty(array.shape, array.dtype)
         if not aside:
             # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
             (array if array.flags.c_contiguous else array.copy()).get(stream=main, out=host, blocking=False)
@@ -724,7 +753,23 @@ class CupyBackend(Backend):
             self._returning = collections.deque(x for x in self._returning if x[-1] is not token)
 
     def arrived(self, token) -> bool:
+        if isinstance(token, _Deferred):
+            if not token.ready.done:
+                return False
+            self._deliver(token)
+            return True
         return token.done
+
+    def _deliver(self, copy: _Deferred) -> None:
+        """A deferred small copy's second step (:data:`DEFERRED_BYTES`), its device copy done:
+        to the host on a stream of its own, which waits for nothing queued on the others."""
+        if copy.source is None:
+            return
+        if self._small is None:
+            self._small = self.xp.cuda.Stream(non_blocking=True)
+        copy.source.get(stream=self._small, out=copy.host)
+        copy.source = None
+        self._deferred.remove(copy)
 
     def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
         """As :meth:`Backend.evaluate`, in one element-wise kernel generated from the expression
@@ -781,6 +826,8 @@ class CupyBackend(Backend):
         self.xp.cuda.get_current_stream().synchronize()
         if self._back is not None:
             self._back.synchronize()
+        for copy in list(self._deferred):
+            self._deliver(copy)
         self._uploads.clear()
         self._returning.clear()
 

@@ -203,13 +203,20 @@ def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):
     assert np.array_equal(got[untouched], before[untouched])
 
 
-@pytest.mark.parametrize("shape,cut", [((300, 40, 7), (slice(3, 250, 2), slice(1, 39))), ((), ())])
-def test_to_host_async_arrives_behind_queued_work(shape, cut):
+@pytest.mark.parametrize("shape,cut,pinned", [
+    ((300, 40, 7), (slice(3, 250, 2), slice(1, 39)), True), ((), (), True),
+    ((30, 40, 7), (slice(3, 25, 2), slice(1, 39)), False), ((), (), False)],
+    ids=["view-page-locked", "0d-page-locked", "small-view-plain", "0d-plain"])
+def test_to_host_async_arrives_behind_queued_work(shape, cut, pinned):
     """An accumulate's copy to the host (:meth:`CupyBackend.to_host_async`) queued behind kernels
-    that change the array: once arrived, the host array holds what they computed (views and
-    0-d arrays alike), in page-locked memory."""
+    that change the array: the call returns before they have run, and once arrived the host
+    array holds what they computed and nothing queued after the call (views and 0-d arrays
+    alike), in page-locked memory, or in plain memory in a run of plain host buffers (a small
+    array: copied on the device first, DEFERRED_BYTES)."""
     rng = np.random.default_rng(4)
     backend = CupyBackend(cupy)
+    backend.expect_transfers(5 << 30 if pinned else 0)
+    assert backend.pinned == pinned
     start = rng.standard_normal(shape)
     dev = cupy.asarray(start)
     # a first call: CuPy's first page-locked allocation waits for the device, and its first copy
@@ -229,7 +236,30 @@ def test_to_host_async_arrives_behind_queued_work(shape, cut):
     assert backend.arrived(token)
     assert host.shape == start[cut].shape and np.array_equal(host, cupy.asnumpy(later))
     assert np.allclose(host, start[cut] * 1.001 ** 50, rtol=1e-12)
-    assert cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+    locked = cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+    assert locked == pinned
+
+
+def test_small_copy_delivered_when_found_arrived():
+    """In a run of plain host buffers, a small copy to the host is delivered by the
+    :meth:`CupyBackend.arrived` that first finds it done, without :meth:`CupyBackend.wait`, while
+    work queued after it still runs; the copies the executor has not asked about stay pending."""
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(0)
+    values = cupy.asarray(np.random.default_rng(8).standard_normal(5))
+    copies = [backend.to_host_async(values[k]) for k in range(5)]
+    big = cupy.asarray(np.random.default_rng(9).standard_normal((4096, 4096)))
+    for _ in range(20):
+        big = big @ big / 4096
+    values += 1.0  # queued after the copies: not in them
+    while not backend.arrived(copies[0][1]):
+        pass
+    assert not cupy.cuda.get_current_stream().done  # the products still run
+    assert copies[0][0] == float(values[0]) - 1.0
+    assert len(backend._deferred) == 4
+    backend.wait()
+    assert not backend._deferred
+    assert [float(h) for h, _ in copies] == (cupy.asnumpy(values) - 1.0).tolist()
 
 
 def test_to_host_aside_waits_for_queued_work_and_is_waited_for():
