@@ -15,7 +15,6 @@ from pathlib import Path
 from chainexec import plancache
 from chainexec import spec as spec_mod
 from chainexec.errors import ChainexecError
-from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
 from chainexec.planner.resume import resumable
@@ -41,7 +40,7 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
     """Load and plan a config (pure apart from reading the two files); ``schedule`` forces a
     named alternative, ``ranks`` spreads parallel loops over that many ranks, ``inline`` False
     keeps point-wise intermediates in buffers (see :func:`chainexec.planner.build.make_plan`)."""
-    return make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks, inline)
+    return _make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks, inline)
 
 
 def generate(config: str | Path) -> list[str]:
@@ -142,18 +141,27 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
                     "memory_limit": p.memory_limit, "phases": phases}}
 
 
+def _make_plan(s, machine: Machine, schedule: str | None, ranks: int, inline: bool) -> Plan:
+    """:func:`chainexec.planner.build.make_plan`, imported on first use: a run whose plan is in
+    the plan cache never loads the planner's search (networkx among it: 0.27 s of imports on the
+    2-core VM)."""
+    from chainexec.planner.build import make_plan
+
+    return make_plan(s, machine, schedule, ranks, inline)
+
+
 def _planned(s, config: str | Path, machine: Machine, schedule: str | None, ranks: int, inline: bool,
              use_cache: bool) -> tuple[Plan, str, bool]:
     """The plan of spec ``s`` (read from ``config``), its JSON text, and whether it came from the
     plan cache (:mod:`chainexec.plancache`; only where ``use_cache``, which also keeps a new one)."""
     if not use_cache:
-        p = make_plan(s, machine, schedule, ranks, inline)
+        p = _make_plan(s, machine, schedule, ranks, inline)
         return p, p.to_json(), False
     digest = plancache.key(config, Path(config).read_text(), machine, schedule, ranks, inline)
     found = plancache.load(digest)
     if found is not None:
         return *found, True
-    p = make_plan(s, machine, schedule, ranks, inline)
+    p = _make_plan(s, machine, schedule, ranks, inline)
     text = p.to_json()
     plancache.store(digest, text)
     return p, text, False
