@@ -13,7 +13,8 @@ SHA-256 of everything planning reads: the config's text, the path it was given b
 folder (paths in a plan are resolved from them), the machine model, the options, and the bytes of
 every source file of the ``chainexec`` package, so that any change to the planner makes new keys.
 A file that does not parse is a miss and is replaced. Files are written to a temporary name and
-renamed, so concurrent runs never read half a plan.
+renamed, so concurrent runs never read half a plan. The cache keeps at most :data:`LIMIT` plans:
+every change to the source makes new keys, so old plans would otherwise pile up.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from pathlib import Path
 
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
+
+
+LIMIT = 256
+"""Plans kept at most; storing one more removes those read or written longest ago (a plan's
+file is touched when it is read). The (T) plan at benzene's sizes is 100 kB."""
 
 
 def cache_dir() -> Path:
@@ -58,12 +64,18 @@ def key(config: str | Path, text: str, machine: Machine, schedule: str | None, r
 
 def load(digest: str) -> tuple[Plan, str] | None:
     """The cached plan of key ``digest`` and its JSON text, or None where there is none or its
-    file does not parse."""
+    file does not parse; a plan found is marked as just used (:data:`LIMIT`)."""
+    path = cache_dir() / f"{digest}.json"
     try:
-        text = (cache_dir() / f"{digest}.json").read_text()
-        return Plan.from_json(text), text
-    except (OSError, ValueError, KeyError, TypeError):
+        text = path.read_text()
+        found = Plan.from_json(text), text
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
+    try:
+        os.utime(path)
+    except OSError:  # a cache this process may read but not write: the plan serves all the same
+        pass
+    return found
 
 
 def store(digest: str, text: str) -> None:
@@ -78,6 +90,22 @@ def store(digest: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; as the tuning file, the cache may be shared
         os.replace(tmp, folder / f"{digest}.json")
     except OSError:
         Path(tmp).unlink(missing_ok=True)
+        return
+    _prune(folder, LIMIT)
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Remove all but the ``keep`` plans of ``folder`` used last (by modification time); files
+    another process removes meanwhile are skipped."""
+    used = []
+    for path in folder.glob("*.json"):
+        try:
+            used.append((path.stat().st_mtime, path))
+        except OSError:
+            continue
+    for _, path in sorted(used)[:-keep]:
+        path.unlink(missing_ok=True)

@@ -137,3 +137,18 @@ def test_a_cached_run_does_not_import_the_planners_search(fourindex):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[-2] == "True []"
+
+
+def test_the_cache_keeps_the_plans_used_last(fourindex, monkeypatch):
+    """Beyond LIMIT plans, storing one removes those read or written longest ago."""
+    monkeypatch.setattr(plancache, "LIMIT", 3)
+    text = make_plan(spec.load(fourindex)).to_json()
+    folder = plancache.cache_dir()
+    for n, name in enumerate("abc"):
+        plancache.store(name, text)
+        os.utime(folder / f"{name}.json", (1000 + n, 1000 + n))
+    assert plancache.load("a") is not None  # a read marks "a" as used now
+    plancache.store("d", text)
+    assert sorted(p.stem for p in _cached_files()) == ["a", "c", "d"]
+    plancache.store("e", text)
+    assert sorted(p.stem for p in _cached_files()) == ["a", "d", "e"]
