@@ -73,11 +73,12 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     text = error = defect = kept = cached = None
     if comm.rank == 0:
         try:
-            s = spec_mod.load(config)
+            text = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
+            s = spec_mod.loads(text, str(config))
             # Outputs first: a run that fails to plan or on its inputs must not leave an older
             # output behind that looks like this run's result.
             store.prepare_outputs(s.resolve(o.file) for o in s.outputs)
-            p, text, cached = _planned(s, config, load_machine(machine), schedule, comm.size, inline, plan_cache)
+            p, text, cached = _planned(s, text, load_machine(machine), schedule, comm.size, inline, plan_cache)
             store.check_inputs(p)
             if stop_after is not None and checkpoint is None:
                 raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
@@ -150,21 +151,23 @@ def _make_plan(s, machine: Machine, schedule: str | None, ranks: int, inline: bo
     return make_plan(s, machine, schedule, ranks, inline)
 
 
-def _planned(s, config: str | Path, machine: Machine, schedule: str | None, ranks: int, inline: bool,
+def _planned(s, text: str, machine: Machine, schedule: str | None, ranks: int, inline: bool,
              use_cache: bool) -> tuple[Plan, str, bool]:
-    """The plan of spec ``s`` (read from ``config``), its JSON text, and whether it came from the
-    plan cache (:mod:`chainexec.plancache`; only where ``use_cache``, which also keeps a new one)."""
+    """The plan of spec ``s`` (parsed from the config ``text``), its JSON, and whether it came
+    from the plan cache (:mod:`chainexec.plancache`; only where ``use_cache``, which also keeps a
+    new one). A cached plan that does not match ``s`` (:func:`chainexec.plancache.fits`) is made
+    again."""
     if not use_cache:
         p = _make_plan(s, machine, schedule, ranks, inline)
         return p, p.to_json(), False
-    digest = plancache.key(config, Path(config).read_text(), machine, schedule, ranks, inline)
+    digest = plancache.key(s.path, text, machine, schedule, ranks, inline)
     found = plancache.load(digest)
-    if found is not None:
+    if found is not None and plancache.fits(found[0], s):
         return *found, True
     p = _make_plan(s, machine, schedule, ranks, inline)
-    text = p.to_json()
-    plancache.store(digest, text)
-    return p, text, False
+    made = p.to_json()
+    plancache.store(digest, made)
+    return p, made, False
 
 
 def verify(config: str | Path, samples: int = 300, limit: int = 2 << 30) -> list[Check]:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +32,8 @@ from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
 
 
+PLAN_NAME = re.compile(r"[0-9a-f]{64}\.json")
+"""A cached plan's file name: its key."""
 LIMIT = 256
 """Plans kept at most; storing one more removes those read or written longest ago (a plan's
 file is touched when it is read). The (T) plan at benzene's sizes is 100 kB."""
@@ -69,7 +73,7 @@ def load(digest: str) -> tuple[Plan, str] | None:
     try:
         text = path.read_text()
         found = Plan.from_json(text), text
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable, or not a plan's JSON
         return None
     try:
         os.utime(path)
@@ -90,7 +94,6 @@ def store(digest: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; as the tuning file, the cache may be shared
         os.replace(tmp, folder / f"{digest}.json")
     except OSError:
         Path(tmp).unlink(missing_ok=True)
@@ -99,13 +102,39 @@ def store(digest: str, text: str) -> None:
 
 
 def _prune(folder: Path, keep: int) -> None:
-    """Remove all but the ``keep`` plans of ``folder`` used last (by modification time); files
-    another process removes meanwhile are skipped."""
-    used = []
-    for path in folder.glob("*.json"):
+    """Remove all but the ``keep`` plans of ``folder`` used last (by modification time), and
+    temporary files older than a day (a process killed while writing); only this cache's own
+    names are touched, and a file that cannot be removed (another process's, or gone) is left."""
+    used, now = [], time.time()
+    for path in folder.iterdir():
         try:
-            used.append((path.stat().st_mtime, path))
+            if PLAN_NAME.fullmatch(path.name):
+                used.append((path.stat().st_mtime, path))
+            elif path.suffix == ".tmp" and now - path.stat().st_mtime > 86400:
+                path.unlink()
         except OSError:
             continue
     for _, path in sorted(used)[:-keep]:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink()
+        except OSError:
+            continue
+
+
+def fits(plan: Plan, spec) -> bool:
+    """Whether a plan read from the cache is one of ``spec`` (:class:`chainexec.spec.Spec`) in
+    what the cache must not be trusted with: its name, extents and scratch folder, every input's
+    source and output's file as the spec resolves them, and every tensor and index name an
+    identifier (names reach generated CUDA source; a config's are validated when it is read, a
+    cached plan's are not). A folder others may write to is otherwise trusted as the kernel
+    cache's compiled code is."""
+    if plan.name != spec.name or plan.extents != dict(spec.extents) or plan.scratch != spec.resolve(spec.scratch):
+        return False
+    outputs = spec.output_records()
+    for name, t in plan.tensors.items():
+        declared = name in spec.tensors
+        if (t.source is not None and (not declared or t.source != spec.source_record(name))
+                or t.output is not None and t.output != outputs.get(name)):
+            return False
+    names = [n for c in plan.contractions for n in (c.out, c.a, c.b, *c.indices()) if n is not None]
+    return all(n.isidentifier() and n.isascii() for n in names + list(plan.tensors) + list(plan.extents))

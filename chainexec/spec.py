@@ -130,6 +130,21 @@ class Spec:
         """A path from the config, made absolute against the config file's folder."""
         return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), relpath))
 
+    def source_record(self, tensor: str) -> dict | None:
+        """How a plan records ``tensor``'s source (:class:`chainexec.planner.plan.TensorInfo`):
+        its set fields, the file resolved; None for a tensor the chain computes."""
+        source = self.tensors[tensor].source
+        if source is None:
+            return None
+        record = {k: v for k, v in vars(source).items() if v is not None}
+        if "file" in record:
+            record["file"] = self.resolve(record["file"])
+        return record
+
+    def output_records(self) -> dict[str, dict]:
+        """How a plan records the outputs: tensor -> ``{file (resolved), dataset}``."""
+        return {o.tensor: {"file": self.resolve(o.file), "dataset": o.dataset} for o in self.outputs}
+
 
 def parse_size(value, what: str) -> int:
     """``8GiB``, ``512 MiB``, ``1e9``, ``1000000`` → bytes."""
@@ -258,14 +273,17 @@ class _Parser:
             raise self.fail(str(err), where) from None
 
 
+def read(path: str | Path) -> str:
+    """A config file's text; raises :class:`ChainexecError` where it cannot be read."""
+    try:
+        return Path(path).read_text()
+    except OSError as err:
+        raise ChainexecError(f"cannot read config: {err.strerror}", str(path)) from None
+
+
 def load(path: str | Path) -> Spec:
     """Read, parse and validate a config file; raises :class:`ChainexecError` on any problem."""
-    path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ChainexecError(f"cannot read config: {err.strerror}", path) from None
-    return loads(text, path)
+    return loads(read(path), str(path))
 
 
 def loads(text: str, path: str = "<config>") -> Spec:

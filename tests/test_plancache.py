@@ -56,7 +56,7 @@ def test_second_run_reads_the_plan_the_first_made(fourindex):
     assert np.max(np.abs(out2 - ref)) <= 1e-12 * np.max(np.abs(ref))
 
 
-def test_everything_planning_reads_is_in_the_key(fourindex, tmp_path, monkeypatch):
+def test_the_key_changes_with_each_planning_input(fourindex, tmp_path, monkeypatch):
     text = fourindex.read_text()
     base = (fourindex, text, Machine(), None, 1, True)
     k = plancache.key(*base)
@@ -75,6 +75,21 @@ def test_everything_planning_reads_is_in_the_key(fourindex, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(plancache, "source_digest", lambda: "another chainexec")
     assert plancache.key(*base) != k
+
+
+def test_the_working_folder_changes_a_plan_of_a_relative_config(tmp_path, monkeypatch):
+    """Why the working folder is in the key: a config named by a relative path plans to other
+    files from another folder, with the same text and the same path as given."""
+    plans, keys = [], []
+    for name in ("one", "two"):
+        folder = tmp_path / name
+        folder.mkdir()
+        text = write_config(folder, fourindex_config()).read_text()
+        monkeypatch.chdir(folder)
+        plans.append(make_plan(spec.load("chain.yaml")))
+        keys.append(plancache.key("chain.yaml", text, Machine(), None, 1, True))
+    assert plans[0].tensors["B"].output != plans[1].tensors["B"].output
+    assert keys[0] != keys[1]
 
 
 def test_tree_digest_changes_with_any_source_file(tmp_path):
@@ -140,15 +155,43 @@ def test_a_cached_run_does_not_import_the_planners_search(fourindex):
 
 
 def test_the_cache_keeps_the_plans_used_last(fourindex, monkeypatch):
-    """Beyond LIMIT plans, storing one removes those read or written longest ago."""
+    """Beyond LIMIT plans, storing one removes those read or written longest ago; other files in
+    the folder, and temporary files younger than a day, are left alone."""
     monkeypatch.setattr(plancache, "LIMIT", 3)
     text = make_plan(spec.load(fourindex)).to_json()
     folder = plancache.cache_dir()
-    for n, name in enumerate("abc"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.json").write_text("{}")
+    (folder / "fresh.tmp").write_text("")
+    (folder / "stale.tmp").write_text("")
+    os.utime(folder / "stale.tmp", (1000, 1000))
+    a, b, c, d, e = (f"{n}" * 64 for n in "abcde")
+    for n, name in enumerate((a, b, c)):
         plancache.store(name, text)
         os.utime(folder / f"{name}.json", (1000 + n, 1000 + n))
-    assert plancache.load("a") is not None  # a read marks "a" as used now
-    plancache.store("d", text)
-    assert sorted(p.stem for p in _cached_files()) == ["a", "c", "d"]
-    plancache.store("e", text)
-    assert sorted(p.stem for p in _cached_files()) == ["a", "d", "e"]
+    assert plancache.load(a) is not None  # a read marks it as used now
+    plancache.store(d, text)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{x}.json" for x in (a, c, d)]
+                                                               + ["notes.json", "fresh.tmp"])
+    plancache.store(e, text)
+    assert sorted(p.stem for p in _cached_files()) == sorted([a, d, e, "notes"])
+
+
+def test_a_cached_plan_must_match_its_config(fourindex, monkeypatch):
+    """A plan in the cache that disagrees with the config on its outputs, inputs, extents or
+    names (a cache folder someone else wrote to) is made again, not run."""
+    api.run(fourindex, backend="numpy")
+    [kept] = _cached_files()
+    s = spec.load(fourindex)
+    good = kept.read_text()
+    assert plancache.fits(plancache.load(kept.stem)[0], s)
+    tampered = [good.replace(str(fourindex.parent / "out" / "result.h5"), "/tmp/elsewhere.h5"),
+                good.replace(str(fourindex.parent / "in.h5"), "/tmp/other.h5"),
+                good.replace('"a": 8', '"a": 7', 1),
+                good.replace('"B"', '"B; system(0)"')]
+    for text in tampered:
+        assert text != good
+        kept.write_text(text)
+        assert not plancache.fits(plancache.load(kept.stem)[0], s)
+        assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is False
+        assert kept.read_text() == good  # made again and kept in its place

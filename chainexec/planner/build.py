@@ -26,17 +26,13 @@ from chainexec.spec import DTYPES, Spec, format_size
 def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
     """Binarize every statement (operation-minimal order) into contractions; describe every tensor."""
     tensors: dict[str, TensorInfo] = {}
-    outputs = {o.tensor: {"file": spec.resolve(o.file), "dataset": o.dataset} for o in spec.outputs}
+    outputs = spec.output_records()
     symmetric = {o.tensor: list(o.symmetric) for o in spec.outputs}
     for t in spec.tensors.values():
         role = "input" if t.source is not None else "output" if t.name in outputs else "intermediate"
-        source = None
-        if t.source is not None:
-            source = {k: v for k, v in vars(t.source).items() if v is not None}
-            if "file" in source:
-                source["file"] = spec.resolve(source["file"])
         tensors[t.name] = TensorInfo(t.name, list(t.indices), [spec.extents[i] for i in t.indices], t.dtype,
-                                     DTYPES[t.dtype], role, source, outputs.get(t.name), symmetric.get(t.name, []))
+                                     DTYPES[t.dtype], role, spec.source_record(t.name), outputs.get(t.name),
+                                     symmetric.get(t.name, []))
     result: list[Contraction] = []
     for s, st in enumerate(spec.statements):
         dtype = spec.tensors[st.lhs.tensor].dtype

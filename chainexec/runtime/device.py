@@ -555,7 +555,7 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
     return tuple(codes), code, tuple(perms)
 
 
-@dataclass
+@dataclass(eq=False)  # found by identity in the pending list (no comparing device arrays)
 class _Deferred:
     """A small copy to the host in two steps (:meth:`CupyBackend.to_host_async`): ``source`` a
     copy of the device array made on the current stream, done when ``ready`` (an event) is;
@@ -767,6 +767,7 @@ class CupyBackend(Backend):
         to the host on a stream of its own, which waits for nothing queued on the others."""
         if copy.source is None:
             return
+        copy.ready.synchronize()  # done already where arrived() found it so; wait() may not have
         if self._small is None:
             self._small = self.xp.cuda.Stream(non_blocking=True)
         copy.source.get(stream=self._small, out=copy.host)
@@ -1521,8 +1522,9 @@ so that decisions recorded by older code are not read back."""
 class TuningCache:
     """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning.json``: key =
     device name and (contraction, shapes, strides, dtype), value = the :class:`Choice`. Written
-    atomically (temporary file, then rename) after each new decision, merged with what other
-    processes wrote meanwhile.
+    atomically (temporary file, then rename) after each new decision, merged with what the file
+    held just before (two processes writing at once may still lose one decision, which is then
+    tuned again).
 
     The file is read once and its decisions kept in memory; a key not found there is looked up
     in the file again (another process may have decided it since), which costs nothing beside
