@@ -157,16 +157,14 @@ def _planned(s, text: str, machine: Machine, schedule: str | None, ranks: int, i
     from the plan cache (:mod:`chainexec.plancache`; only where ``use_cache``, which also keeps a
     new one). A cached plan that does not match ``s`` (:func:`chainexec.plancache.fits`) is made
     again."""
-    if not use_cache:
-        p = _make_plan(s, machine, schedule, ranks, inline)
-        return p, p.to_json(), False
-    digest = plancache.key(s.path, text, machine, schedule, ranks, inline)
-    found = plancache.load(digest)
+    digest = plancache.key(s.path, text, machine, schedule, ranks, inline) if use_cache else None
+    found = None if digest is None else plancache.load(digest)
     if found is not None and plancache.fits(found[0], s):
         return *found, True
     p = _make_plan(s, machine, schedule, ranks, inline)
     made = p.to_json()
-    plancache.store(digest, made)
+    if digest is not None:
+        plancache.store(digest, made)
     return p, made, False
 
 

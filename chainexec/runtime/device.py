@@ -341,8 +341,9 @@ so they repay that from about 5 GB on."""
 DEFERRED_BYTES = 64 << 10
 """Largest device array that :meth:`CupyBackend.to_host_async` copies back in two steps when the
 run's host buffers are plain memory: a copy on the device queued behind the work before it,
-then, once that is done, the copy to the host on the results' stream. A copy into plain memory
-on the current stream makes the host wait for all the work queued before it, and page-locking
+then, once that is done, the copy to the host on a stream of its own
+(:meth:`CupyBackend._deliver`). A copy into plain memory on the current stream makes the host
+wait for all the work queued before it, and page-locking
 a small buffer mid-run waits for the device too (cudaHostAlloc: 0.29-0.45 s at benzene's sizes
 on the H100, 2026-11-27). (T) at benzene's sizes copies its 8-byte energy back once per tile;
 the host waited 0.14-0.16 s of its 0.51-0.64 s executor there, while the device drained its
