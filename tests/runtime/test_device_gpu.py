@@ -10,6 +10,7 @@ Skipped without CuPy or a CUDA device. Inputs are fresh random normals; the refe
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -607,6 +608,22 @@ def test_select_binds_gpu(monkeypatch):
     assert cupy.cuda.Device().id == 0
     monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "ttgt")
     assert select("cupy").method == "ttgt"
+
+
+def test_warm_up_runs_beside_the_backend():
+    """``select`` starts the warm-up on a thread of its own; the backend computes right while it
+    may still run, and the thread ends by itself."""
+    backend = select("cupy")
+    warm = [t for t in threading.enumerate() if t.name == "chainexec-warm-up"]
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 50))
+    c = Contraction(0, "X", ["i", "j"], "A", ["i", "k"], "B", ["k", "j"], 0.5, True, 0, 0)
+    out = cupy.zeros((40, 50))
+    backend.contract(c, out, cupy.asarray(a), cupy.asarray(b))
+    assert relerr(cupy.asnumpy(out), 0.5 * a @ b) <= 1e-12
+    for t in warm:
+        t.join(timeout=60)
+        assert not t.is_alive()
 
 
 def test_kernel_cache_reused():
