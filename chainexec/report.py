@@ -52,7 +52,9 @@ def loop_nest(plan: Plan) -> str:
                 lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
                 walk(node.body, depth + 1)
             elif node.op == "compute":
-                lines.append(f"{pad}compute #{node.contraction} @device")
+                marked = ("  (run symmetrized: one term per orbit where a permutation maps the tile onto itself)"
+                          if node.symmetrized else "")
+                lines.append(f"{pad}compute #{node.contraction} @device{marked}")
             elif node.op == "fused":
                 inlined = ", ".join(node.inlined) + (f"; reused: {', '.join(node.lets)}" if node.lets else "")
                 lines.append(f"{pad}fused      {node.tensor}[{','.join(node.indices)}] @device  "

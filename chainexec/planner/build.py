@@ -19,6 +19,7 @@ from chainexec.planner.choose import choose
 from chainexec.planner.pipeline import deepen
 from chainexec.planner.plan import Contraction, Nest, Plan, TensorInfo
 from chainexec.planner.schedule import Context, split_for_ranks
+from chainexec.planner.symmetry import mark
 from chainexec.planner.tiling import minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
 
@@ -109,6 +110,10 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
         return tile >= machine.aside_copy_bytes
 
     nests = deepen(nests, spec.extents, cs, fits, large)
+    # Runs of terms evaluated once per orbit on the tiles of a symmetric loop that permutations
+    # map onto themselves, where their scratch tile fits the device limit (the tiles stay).
+    mark(nests, cs, spec.extents,
+         lambda ns: predict_nests(ns, tensors, spec.extents, cs, None)["memory_peak"]["device"] <= limits["device"])
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from chainexec import expr
 
-from chainexec.planner import inline
+from chainexec.planner import inline, symmetry
 from chainexec.planner.machine import Machine
 from chainexec.planner.pipeline import key, staged
 from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, term_run
@@ -110,20 +110,35 @@ class Loops:
         """:func:`points` of ``indices`` inside these loops."""
         key = (tuple(indices), region_level)
         total = self.counts.get(key)
-        if total is not None:
-            return total
-        total = 1
+        if total is None:
+            rest, factors = self._factors(indices, extents, region_level)
+            total = self.counts[key] = rest * (_ordered_sum(factors) if factors else 1)
+        return total
+
+    def by_pattern(self, indices, extents: dict[str, int], region_level: str) -> dict[tuple[int, ...], int]:
+        """:meth:`points` split by the pattern of equal positions of the symmetric loop's tile
+        tuples (:func:`chainexec.planner.symmetry.pattern_sums`)."""
+        key = (tuple(indices), region_level, "patterns")
+        found = self.counts.get(key)
+        if found is not None:
+            return found
+        rest, factors = self._factors(indices, extents, region_level)
+        found = {pattern: rest * total for pattern, total in symmetry.pattern_sums(factors).items()}
+        self.counts[key] = found
+        return found
+
+    def _factors(self, indices, extents: dict[str, int], region_level: str) -> tuple[int, list[list[int]]]:
+        """Π S_i or N_i over the indices outside the symmetric loop, and per symmetric index its
+        S or N per tile position (:func:`points`)."""
+        rest = 1
         for i in (self.tiles.keys() | set(indices)) - set(self.sym):
             s, n = _index_sums(self.tiles.get(i, ()), extents[i], region_level)
-            total *= s if i in indices else n
-        if self.sym:
-            factors = []
-            for i in self.sym:
-                pieces = _index_pieces(self.tiles.get(i, ()), extents[i], region_level)
-                factors.append([s if i in indices else n for s, n in pieces])
-            total *= _ordered_sum(factors)
-        self.counts[key] = total
-        return total
+            rest *= s if i in indices else n
+        factors = []
+        for i in self.sym:
+            pieces = _index_pieces(self.tiles.get(i, ()), extents[i], region_level)
+            factors.append([s if i in indices else n for s, n in pieces])
+        return rest, factors
 
 
 def points(indices, loops: list[Loop], extents: dict[str, int], region_level: str) -> int:
@@ -205,6 +220,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
         def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:
                 tails, around = _run_tails(body, contractions), Loops(loops)
+            runs = _symmetrized_runs(body, loops, contractions, extents)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
@@ -220,7 +236,28 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
                     continue
+                if k in runs and runs[k][0] == k:  # a symmetrized run's scratch tile, live while it runs
+                    c = contractions[node.contraction]
+                    scratch = tensors[c.out].itemsize * _elements(c.out_indices, ranges["device"], extents)
+                    peak["device"] = max(peak["device"], live["device"] + scratch)
                 if machine is None and node.op not in ("alloc", "free"):
+                    continue
+                if k in runs:
+                    start, taken = runs[k]
+                    c = contractions[node.contraction]
+                    item = tensors[c.out].itemsize
+                    work = bytes_ = 0
+                    for pattern, joint in around.by_pattern(c.indices(), extents, "device").items():
+                        if taken[pattern] is None or k - start in (n for n, _ in taken[pattern][0]):
+                            out = around.by_pattern(c.out_indices, extents, "device")[pattern]
+                            work += (2 if c.b is not None else 1) * joint
+                            statements[0] += around.by_pattern([], extents, "device")[pattern]
+                            bytes_ += 2 * item * out + sum(tensors[t].itemsize * around.by_pattern(
+                                ix, extents, "device")[pattern] for t, ix in c.operands())
+                        if k == start and taken[pattern] is not None:  # out += Σ of the scratch's permuted views
+                            out = around.by_pattern(c.out_indices, extents, "device")[pattern]
+                            bytes_ += (len(taken[pattern][1]) + 2) * item * out
+                    count(work, bytes_)
                     continue
                 if node.op in ("compute", "fused"):
                     group = node.group or [node.contraction]
@@ -272,6 +309,22 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 def _refs(source: str) -> tuple:
     """The tensor references of a computed tensor's expression (parsed once per planning)."""
     return tuple(expr.refs(expr.parse(source)))
+
+
+def _symmetrized_runs(body: list, loops: list[Loop], contractions, extents: dict[str, int]) -> dict[int, tuple]:
+    """Positions in ``body`` of the statements of runs marked :attr:`Op.symmetrized`: position
+    -> (the run's first position, :func:`chainexec.planner.symmetry.schedule`'s patterns), the
+    executor's rule."""
+    found = {}
+    sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
+    for k, node in enumerate(body):
+        if isinstance(node, Op) and node.op == "compute" and node.symmetrized:
+            n = term_run(body, k, contractions)
+            cs = [contractions[op.contraction] for op in body[k:k + n]]
+            taken = symmetry.schedule(cs, sym, symmetry.free_indices(cs[0].out_indices, sym, loops, extents), extents)
+            if taken is not None:
+                found.update((k + m, (k, taken)) for m in range(n))
+    return found
 
 
 def _run_tails(body: list, contractions) -> set[int]:

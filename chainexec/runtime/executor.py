@@ -30,12 +30,13 @@ import itertools
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
 from chainexec import expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import inline
+from chainexec.planner import inline, symmetry
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import DEPTH, fetched, prefetched, returned, staged, streamed
@@ -135,6 +136,7 @@ class Executor:
         self.in_parallel = 0  # parallel loops around the statement being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
+        self.symmetric: list[str] | None = None  # the indices of the symmetric loop being run (Loop.symmetric)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
         # accumulates whose device→host copies are queued: (global array, region, host, token,
         # weight, statement name)
@@ -511,7 +513,9 @@ class Executor:
         else:
             mine = range(len(combos))
         self.in_parallel += loop.parallel
-        outer = self.weight
+        outer, symmetric = self.weight, self.symmetric
+        if loop.symmetric:
+            self.symmetric = loop.symmetric
         stop = [names.index(i) for i in loop.symmetric]
         ahead, back = fetched(loop), returned(loop)
         body = [node for node in loop.body if not any(node is op for op in ahead)]
@@ -531,7 +535,7 @@ class Executor:
         self.lane = lane
         if loop.parallel:
             self._arrive()  # chunks no tile of this rank needed (a resumed loop's)
-        self.weight = outer
+        self.weight, self.symmetric = outer, symmetric
         self.in_parallel -= loop.parallel
         self.ranges[loop.level] = saved
         if loop.parallel:
@@ -1009,6 +1013,8 @@ class Executor:
         out = self._view(cs[0].out, cs[0].out_indices)
         operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
                     for c in cs]
+        if run[0].symmetrized and self._symmetrized(cs, out, operands):
+            return
         if len(cs) == 1:
             self.backend.contract(cs[0], out, *operands[0])
         elif cs[0].pointwise():
@@ -1020,6 +1026,38 @@ class Executor:
         passes = 1 if cs[0].pointwise() else len(cs)  # the cost model's rule (cost._run_tails)
         self.counters.streamed += 2 * passes * out.nbytes + sum(x.nbytes for pair in operands for x in pair
                                                                  if x is not None)
+
+
+    def _symmetrized(self, cs, out, operands) -> bool:
+        """A run marked :attr:`Op.symmetrized` on a tile that permutations of its output's indices
+        map onto themselves (:func:`chainexec.planner.symmetry.schedule`): one term per orbit
+        into a scratch tile, then ``out`` += Σ of the scratch's permuted views; counted as the
+        cost model prices it. False (nothing done) where this tile runs every term."""
+        sym = self.symmetric or []
+        free = {i for i in cs[0].out_indices if i not in sym
+                and self._range("device", i) == (0, self.plan.extents[i])}
+        taken = symmetry.schedule(cs, sym, free, self.plan.extents)
+        pattern = symmetry.pattern_of([self._range("device", i)[0] for i in sym])
+        if taken is None or taken[pattern] is None:
+            return False
+        terms, axes = taken[pattern]
+        with _naming(Op("compute", "device", cs[0].out, cs[0].out_indices)):
+            scratch = self.backend.zeros(out.shape, out.dtype)
+        self.counters.hold("device", scratch.nbytes)
+        run = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
+        chosen = [operands[k] for k, _ in terms]
+        if len(run) == 1:
+            self.backend.contract(run[0], scratch, *chosen[0])
+        else:
+            self.backend.contract_sum(run, scratch, chosen)
+        self.backend.symmetrize(out, scratch, axes)
+        self.counters.hold("device", -scratch.nbytes)
+        del scratch
+        self._watch()
+        self._count(run)
+        self.counters.streamed += (2 * len(run) + len(axes) + 2) * out.nbytes + sum(
+            x.nbytes for pair in chosen for x in pair if x is not None)
+        return True
 
 
 def _filled(body) -> set[int]:

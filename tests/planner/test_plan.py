@@ -13,7 +13,8 @@ import yaml
 from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import CATEGORY
-from chainexec.planner.plan import Loop, Plan, ops, to_dict
+from chainexec.planner import symmetry
+from chainexec.planner.plan import Loop, Plan, ops, term_run, to_dict
 from tests.conftest import fourindex_config, write_config
 from tests.runtime.test_chains import random_chain
 
@@ -33,12 +34,14 @@ def _configs(tmp_path):
 
 def enumerate_bytes(plan: Plan) -> dict:
     """Bytes per category and flops by walking every iteration of every loop (slow, independent
-    of cost.py); a symmetric loop's iterations are its ordered tile tuples."""
+    of cost.py); a symmetric loop's iterations are its ordered tile tuples, and a symmetrized
+    run counts the terms :func:`chainexec.planner.symmetry.schedule` takes on each tile."""
     moved = dict.fromkeys(CATEGORY.values(), 0)
     moved["flops"] = 0
 
-    def walk(body, ranges):
-        for node in body:
+    def walk(body, ranges, sym=()):
+        skip = set()
+        for k, node in enumerate(body):
             if isinstance(node, Loop):
                 names = list(node.tiles)
                 spans = []
@@ -52,10 +55,23 @@ def enumerate_bytes(plan: Plan) -> dict:
                     inner = {lvl: dict(r) for lvl, r in ranges.items()}
                     for lvl in (("global", "device") if node.level == "global" else ("device",)):
                         inner[lvl].update(zip(names, combo))
-                    walk(node.body, inner)
+                    walk(node.body, inner, node.symmetric or sym)
             elif node.op in ("compute", "fused"):
-                for k in node.group or [node.contraction]:  # a fused statement: every contraction in it
-                    c = plan.contractions[k]
+                group = node.group or [node.contraction]
+                if node.symmetrized:  # a symmetrized run: the terms the tile's pattern runs
+                    n = term_run(body, k, plan.contractions)
+                    cs = [plan.contractions[op.contraction] for op in body[k:k + n]]
+                    where = {i: ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i])))
+                             for i in plan.extents}
+                    free = {i for i in cs[0].out_indices if i not in sym and where[i] == (0, plan.extents[i])}
+                    taken = symmetry.schedule(cs, list(sym), free, plan.extents)[
+                        symmetry.pattern_of([where[i][0] for i in sym])]
+                    group = [c.id for c in cs] if taken is None else [cs[m].id for m, _ in taken[0]]
+                    skip.update(range(k + 1, k + n))
+                elif k in skip:
+                    continue
+                for m in group:  # a fused statement: every contraction in it
+                    c = plan.contractions[m]
                     size = math.prod(b - a for a, b in (ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i])))
                                                         for i in c.indices()))
                     moved["flops"] += (2 if c.b is not None else 1) * size

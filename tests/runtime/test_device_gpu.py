@@ -25,7 +25,7 @@ cupy = require_gpu()
 from chainexec.planner import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
-from chainexec.runtime.device import CupyBackend, select  # noqa: E402
+from chainexec.runtime.device import Backend, CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, triples_config, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
 from tests.runtime.test_fused import SMALL, check_fused_run  # noqa: E402
@@ -624,6 +624,22 @@ def test_warm_up_runs_beside_the_backend():
     for t in warm:
         t.join(timeout=60)
         assert not t.is_alive()
+
+
+@pytest.mark.parametrize("axes", [[(0, 1, 2, 3, 4, 5), (1, 0, 2, 4, 3, 5)],
+                                  [p[:3] + tuple(3 + x for x in p[:3]) for p in
+                                   [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]]])
+def test_symmetrize_equals_numpy(axes):
+    """CuPy's symmetrize (one point-wise kernel over the scratch's permuted views) against
+    NumPy's sum of transposes on a (T)-shaped tile (3x3x3x7x7x7), with two pair permutations and
+    with all six, added into an output that is not zero."""
+    rng = np.random.default_rng(len(axes))
+    scratch, out = rng.standard_normal((3, 3, 3, 7, 7, 7)), rng.standard_normal((3, 3, 3, 7, 7, 7))
+    want = out.copy()
+    Backend().symmetrize(want, scratch, axes)
+    got = cupy.asarray(out)
+    CupyBackend(cupy).symmetrize(got, cupy.asarray(scratch), axes)
+    assert relerr(cupy.asnumpy(got), want) <= 1e-13
 
 
 def test_kernel_cache_reused():

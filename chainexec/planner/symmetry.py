@@ -1,0 +1,226 @@
+"""Runs of terms that permutations of their output's indices map onto themselves, computed once
+per orbit on the tiles that such a permutation maps onto themselves (pure).
+
+A symmetric tile loop (:attr:`chainexec.planner.plan.Loop.symmetric`) visits the tile tuples
+``p_i ≤ p_j ≤ p_k`` only. Where two of those positions are equal, a permutation of the
+symmetric indices (with its partners among the other indices) maps the tile onto itself. A run
+of terms into one output (:func:`chainexec.planner.plan.term_run`) that the same permutation
+maps onto itself, as a set, then adds on that tile the same products several times, each read
+with permuted axes. The (T) W run is one: the pair permutations of ``(i a)(j b)(k c)`` map its
+six ``ovvv·t2`` terms onto each other, and so its six ``ovoo·t2`` terms. So on such a tile one
+term per orbit of the tile's stabilizer H is enough, added into a scratch tile, and the output
+gets Σ over H of the scratch read with each permutation's axes. A term that some element of H
+maps onto itself is taken at its factor divided by the number of such elements, so that the sum
+over H restores it exactly once.
+
+Over the whole loop the terms run add up to Σ over the tile cube of each tile once instead of
+each ordered tile tuple times the number of terms: at benzene's (T) sizes (o=21, v=93, tiles of
+6) W's GEMM work falls from 3.38 to 1.70 TFLOP. Measured on one H200 full tile
+(``benchmarks/results/session20_2026-11-27.json``, call 12): twelve terms 13.2 ms against
+6.7 ms (i = j = k: two terms, one GEMM, and a pass reading six permuted views) and 8.6 ms
+(two equal: six terms).
+
+The planner marks a run (:attr:`chainexec.planner.plan.Op.symmetrized` on its first statement)
+where the scratch tile fits in the device limit; the cost model (:mod:`chainexec.planner.cost`)
+prices each pattern of equal positions with the terms and passes the executor runs there, so
+predicted flops, statements, streamed bytes and peaks still equal the measured ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from functools import lru_cache
+
+from chainexec.planner.plan import Contraction, Loop, Op, term_run
+
+Term = tuple
+"""A term as plain data: ``(a, a_indices, b, b_indices, factor)`` (``b`` None for a copy)."""
+
+
+def terms(cs: list[Contraction]) -> tuple[Term, ...]:
+    """The run's terms as hashable plain data, in run order."""
+    return tuple((c.a, tuple(c.a_indices), c.b, tuple(c.b_indices or ()), float(c.factor)) for c in cs)
+
+
+def _renamed(term: Term, names: dict[str, str]) -> Term:
+    a, ai, b, bi, factor = term
+    return a, tuple(names.get(i, i) for i in ai), b, tuple(names.get(i, i) for i in bi), factor
+
+
+def _key(term: Term):
+    """A term up to the order of its two factors."""
+    a, ai, b, bi, factor = term
+    return tuple(sorted([(a, ai), (str(b), bi)])), factor
+
+
+@lru_cache(maxsize=256)
+def invariances(run: tuple[Term, ...], out: tuple[str, ...], symmetric: tuple[str, ...],
+                free: frozenset[str], extents: tuple[tuple[str, int], ...]) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """The renamings of ``out``'s indices that map the run's terms onto themselves (as a
+    multiset), identity first: each permutes ``symmetric`` among themselves and moves another
+    output index only within ``free`` (indices every tile sees whole), to one of equal extent.
+    A renaming is given as ``(index, image)`` pairs in ``out``'s order; summed indices stay."""
+    extent = dict(extents)
+    identity = (tuple((i, i) for i in out),)
+    if not set(symmetric) <= set(out) or len(set(map(_key, run))) < len(run):
+        return identity  # a symmetric index the output lacks, or a term twice: left as it is
+    sym = [i for i in out if i in symmetric]
+    others = [i for i in out if i not in symmetric and i in free]
+    found = []
+    wanted = Counter(_key(t) for t in run)
+    for image in itertools.permutations(sym):
+        for moved in itertools.permutations(others):
+            names = dict(zip(sym, image)) | dict(zip(others, moved))
+            if any(extent[i] != extent[j] for i, j in names.items()):
+                continue
+            if Counter(_key(_renamed(t, names)) for t in run) == wanted:
+                found.append(tuple((i, names.get(i, i)) for i in out))
+    return tuple(found)
+
+
+def stabilizer(group, symmetric: tuple[str, ...], blocks: tuple[int, ...]):
+    """The renamings of ``group`` that keep each symmetric index within its block: ``blocks[n]``
+    names the tile position of ``symmetric[n]`` (equal positions: the same tile)."""
+    where = dict(zip(symmetric, blocks))
+    return tuple(g for g in group if all(where[i] == where[j] for i, j in g if i in where))
+
+
+@lru_cache(maxsize=1024)
+def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H) -> tuple[tuple[int, float], ...] | None:
+    """One term per orbit of ``H`` on the run's terms, as (position, factor scale), or None where
+    that would not run fewer terms. Within an orbit the term is taken whose split of the output's
+    indices between its two operands is that of a term already taken, where one is, so that the
+    backend can still stack them into one GEMM (:mod:`chainexec.planner.stacking`); the scale is
+    1 / (the elements of ``H`` that map it onto itself)."""
+    keys = [_key(t) for t in run]
+
+    def split(t: Term):
+        return frozenset([frozenset(i for i in t[1] if i in out), frozenset(i for i in t[3] if i in out)])
+
+    taken, seen = [], set()
+    for k, t in enumerate(run):
+        if k in seen:
+            continue
+        images = [_key(_renamed(t, dict(g))) for g in H]
+        orbit = sorted({n for n, key in enumerate(keys) if key in images})
+        seen.update(orbit)
+        splits = {split(run[n]) for n, _ in taken}
+        pick = next((n for n in orbit if split(run[n]) in splits), orbit[0])
+        fixed = sum(_key(_renamed(run[pick], dict(g))) == keys[pick] for g in H)
+        taken.append((pick, 1.0 / fixed))
+    return tuple(taken) if len(taken) < len(run) else None
+
+
+def axes(H, out: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """The axis permutation of ``out``'s tile for each renaming of ``H``: the scratch tile read
+    through ``transpose(p)`` is the orbit's terms under that renaming (the sum over the whole
+    group is the same in either direction, as the group holds each inverse)."""
+    return tuple(tuple(out.index(dict(g)[i]) for i in out) for g in H)
+
+
+def patterns(m: int) -> list[tuple[int, ...]]:
+    """The patterns of equal positions of ``m`` ordered tile positions, as block numbers per
+    index: (0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 2) for three; ``()`` for none (a run in no
+    symmetric loop, whose tiles every permutation of its free indices maps onto themselves)."""
+    if m == 0:
+        return [()]
+    found = []
+    for cuts in itertools.product((False, True), repeat=m - 1):
+        block, blocks = 0, [0]
+        for cut in cuts:
+            block += cut
+            blocks.append(block)
+        found.append(tuple(blocks))
+    return found
+
+
+def pattern_sums(factors: list[list[int]]) -> dict[tuple[int, ...], int]:
+    """Σ over tile positions p_0 ≤ … ≤ p_m of Π_j factors[j][p_j], split by the pattern of equal
+    positions (:func:`patterns`): the indices of one block share a position (their factors
+    multiply elementwise), successive blocks take strictly increasing positions. No symmetric
+    index: the one empty pattern, counted once."""
+    if not factors:
+        return {(): 1}
+    out = {}
+    for pattern in patterns(len(factors)):
+        merged = []
+        for n, block in enumerate(pattern):
+            if n and block == pattern[n - 1]:
+                merged[-1] = [x * y for x, y in zip(merged[-1], factors[n])]
+            else:
+                merged.append(list(factors[n]))
+        acc = merged[-1]
+        for factor in reversed(merged[:-1]):
+            running, nxt = 0, [0] * len(acc)
+            for p in reversed(range(len(acc))):
+                nxt[p] = factor[p] * running
+                running += acc[p]
+            acc = nxt
+        out[pattern] = sum(acc)
+    return out
+
+
+def pattern_of(positions: list[int]) -> tuple[int, ...]:
+    """The pattern (:func:`patterns`) of ordered tile positions."""
+    if not positions:
+        return ()
+    blocks = [0]
+    for p, q in zip(positions, positions[1:]):
+        blocks.append(blocks[-1] + (q != p))
+    return tuple(blocks)
+
+
+def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[str, int]):
+    """For a run of terms (:func:`chainexec.planner.plan.term_run`) in a loop over ordered tile
+    tuples of ``symmetric`` (loop order), per pattern of equal positions (:func:`patterns`): the
+    terms to run there and the scratch tile's axis permutations, ``(((position, scale), …),
+    axes)``, or None where every term runs as it is. None for the whole run where no pattern
+    runs fewer terms (or it is no run of contractions). ``free``: the output's other indices
+    that every tile sees whole. The planner, the cost model and the executor all ask this."""
+    if len(cs) < 2 or cs[0].pointwise():
+        return None
+    run, out = terms(cs), tuple(cs[0].out_indices)
+    group = invariances(run, out, tuple(symmetric), frozenset(free),
+                        tuple(sorted((i, extents[i]) for c in cs for i in c.indices())))
+    found = {}
+    for pattern in patterns(len(symmetric)):
+        H = stabilizer(group, tuple(symmetric), pattern)
+        taken = orbit_terms(run, out, H)
+        found[pattern] = None if taken is None else (taken, axes(H, out))
+    return found if any(found.values()) else None
+
+
+def free_indices(out: list[str], symmetric: list[str], loops, extents: dict[str, int]) -> set[str]:
+    """The output indices besides ``symmetric`` that no loop of ``loops`` cuts into tiles."""
+    return {i for i in out if i not in symmetric
+            and all(loop.tiles.get(i, extents[i]) >= extents[i] for loop in loops)}
+
+
+def mark(nests, contractions: list[Contraction], extents: dict[str, int], fits) -> None:
+    """Set :attr:`Op.symmetrized` on the first statement of each run of terms (inside a loop over
+    ordered tuples of symmetric indices, or not) for which :func:`schedule` runs fewer terms somewhere,
+    where ``fits(nests)`` (the nests' memory peaks with its scratch tile) still holds; in place."""
+
+    def bodies(body, loops):
+        yield body, loops
+        for node in body:
+            if isinstance(node, Loop):
+                yield from bodies(node.body, loops + [node])
+
+    for nest in nests:
+        for body, loops in bodies(nest.body, []):
+            sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
+            k = 0
+            while k < len(body):
+                node = body[k]
+                if not (isinstance(node, Op) and node.op == "compute"):
+                    k += 1
+                    continue
+                n = term_run(body, k, contractions)
+                cs = [contractions[op.contraction] for op in body[k:k + n]]
+                if schedule(cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents):
+                    node.symmetrized = True
+                    if not fits(nests):
+                        node.symmetrized = None
+                k += n
