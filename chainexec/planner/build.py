@@ -111,9 +111,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
 
     nests = deepen(nests, spec.extents, cs, fits, large)
     # Runs of terms evaluated once per orbit on the tiles of a symmetric loop that permutations
-    # map onto themselves, where their scratch tile fits the device limit (the tiles stay).
-    mark(nests, cs, spec.extents,
-         lambda ns: predict_nests(ns, tensors, spec.extents, cs, None)["memory_peak"]["device"] <= limits["device"])
+    # map onto themselves, where their scratch tile fits as second buffers do (the tiles stay).
+    mark(nests, cs, spec.extents, fits)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

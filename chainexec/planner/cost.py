@@ -219,7 +219,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 
         def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:
-                tails, around = _run_tails(body, contractions), Loops(loops)
+                tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
             runs = _symmetrized_runs(body, loops, contractions, extents)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
@@ -243,12 +243,12 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                 if machine is None and node.op not in ("alloc", "free"):
                     continue
                 if k in runs:
-                    start, taken = runs[k]
+                    start, place, taken = runs[k]
                     c = contractions[node.contraction]
                     item = tensors[c.out].itemsize
                     work = bytes_ = 0
                     for pattern, joint in around.by_pattern(c.indices(), extents, "device").items():
-                        if taken[pattern] is None or k - start in (n for n, _ in taken[pattern][0]):
+                        if taken[pattern] is None or place in (n for n, _ in taken[pattern][0]):
                             out = around.by_pattern(c.out_indices, extents, "device")[pattern]
                             work += (2 if c.b is not None else 1) * joint
                             statements[0] += around.by_pattern([], extents, "device")[pattern]
@@ -314,33 +314,30 @@ def _refs(source: str) -> tuple:
 def _symmetrized_runs(body: list, loops: list[Loop], contractions, extents: dict[str, int]) -> dict[int, tuple]:
     """Positions in ``body`` of the statements of runs marked :attr:`Op.symmetrized`: position
     -> (the run's first position, :func:`chainexec.planner.symmetry.schedule`'s patterns), the
-    executor's rule."""
+    executor's rule (its runs, :func:`chainexec.planner.symmetry.runs`)."""
     found = {}
     sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
-    for k, node in enumerate(body):
-        if isinstance(node, Op) and node.op == "compute" and node.symmetrized:
-            n = term_run(body, k, contractions)
-            cs = [contractions[op.contraction] for op in body[k:k + n]]
+    for run in symmetry.runs(body, loops[-1] if loops else None, contractions):
+        if body[run[0]].symmetrized:
+            cs = [contractions[body[k].contraction] for k in run]
             taken = symmetry.schedule(cs, sym, symmetry.free_indices(cs[0].out_indices, sym, loops, extents), extents)
             if taken is not None:
-                found.update((k + m, (k, taken)) for m in range(n))
+                found.update((k, (run[0], run.index(k), taken)) for k in run)
     return found
 
 
-def _run_tails(body: list, contractions) -> set[int]:
+def _run_tails(body: list, loop: Loop | None, contractions) -> set[int]:
     """Positions in ``body`` of compute statements that continue the point-wise run of an earlier
-    one (:func:`~chainexec.planner.plan.term_run`, the runtime's rule), in one pass. A run of
-    contractions is priced term by term: on the GPU the runtime adds its terms in one sum kernel
-    or one by one, whichever it measures faster (on the (T) tiles of o=24, v=180 the terms one by
-    one are; priced as one pass, the planner chose occupied tiles twice as large, whose
-    skipped work the sum kernel did not win back: 10.2 s against 7.1 s on the H100)."""
-    tails, k = set(), 0
-    while k < len(body):
-        node = body[k]
-        n = term_run(body, k, contractions) if isinstance(node, Op) and node.op == "compute" else 1
-        if contractions[node.contraction].pointwise() if n > 1 else False:
-            tails.update(range(k + 1, k + n))
-        k += n
+    one (:func:`~chainexec.planner.plan.term_run`, the runtime's rule, on the runs it meets:
+    :func:`chainexec.planner.symmetry.runs`). A run of contractions is priced term by term: on
+    the GPU the runtime adds its terms in one sum kernel or one by one, whichever it measures
+    faster (on the (T) tiles of o=24, v=180 the terms one by one are; priced as one pass, the
+    planner chose occupied tiles twice as large, whose skipped work the sum kernel did not win
+    back: 10.2 s against 7.1 s on the H100)."""
+    tails = set()
+    for run in symmetry.runs(body, loop, contractions):
+        if len(run) > 1 and contractions[body[run[0]].contraction].pointwise():
+            tails.update(run[1:])
     return tails
 
 

@@ -15,7 +15,8 @@ over H restores it exactly once.
 
 Over the whole loop the terms run add up to Σ over the tile cube of each tile once instead of
 each ordered tile tuple times the number of terms: at benzene's (T) sizes (o=21, v=93, tiles of
-6) W's GEMM work falls from 3.38 to 1.70 TFLOP. Measured on one H200 full tile
+6) the plan's flops fall from 3.38 to 1.79 TFLOP, W's twelve terms to 2·o³v³(o+v) = 1.70.
+Measured on one H200 full tile
 (``benchmarks/results/session20_2026-11-27.json``, call 12): twelve terms 13.2 ms against
 6.7 ms (i = j = k: two terms, one GEMM, and a pass reading six permuted views) and 8.6 ms
 (two equal: six terms).
@@ -32,6 +33,7 @@ import itertools
 from collections import Counter
 from functools import lru_cache
 
+from chainexec.planner.pipeline import fetched
 from chainexec.planner.plan import Contraction, Loop, Op, term_run
 
 Term = tuple
@@ -60,22 +62,38 @@ def invariances(run: tuple[Term, ...], out: tuple[str, ...], symmetric: tuple[st
     """The renamings of ``out``'s indices that map the run's terms onto themselves (as a
     multiset), identity first: each permutes ``symmetric`` among themselves and moves another
     output index only within ``free`` (indices every tile sees whole), to one of equal extent.
-    A renaming is given as ``(index, image)`` pairs in ``out``'s order; summed indices stay."""
+    A renaming is given as ``(index, image)`` pairs in ``out``'s order; summed indices stay.
+    Every output index is an index of the first term (a run of contractions), so where an
+    invariance maps that term fixes it: at most two candidates per term are checked (an output
+    index neither operand of it holds stays where it is)."""
     extent = dict(extents)
     identity = (tuple((i, i) for i in out),)
     if not set(symmetric) <= set(out) or len(set(map(_key, run))) < len(run):
         return identity  # a symmetric index the output lacks, or a term twice: left as it is
-    sym = [i for i in out if i in symmetric]
-    others = [i for i in out if i not in symmetric and i in free]
     found = []
     wanted = Counter(_key(t) for t in run)
-    for image in itertools.permutations(sym):
-        for moved in itertools.permutations(others):
-            names = dict(zip(sym, image)) | dict(zip(others, moved))
-            if any(extent[i] != extent[j] for i, j in names.items()):
+    a, ai, b, bi, factor = run[0]
+    for target in run:  # an invariance maps the first term onto some term; that fixes it on out
+        ta, tai, tb, tbi, tfactor = target
+        matchings = [(ai + bi, tai + tbi)] if (a, b) == (ta, tb) else []
+        if (a, b) == (tb, ta):
+            matchings.append((ai + bi, tbi + tai))
+        for source, image in matchings:
+            if len(source) != len(image) or tfactor != factor:
                 continue
-            if Counter(_key(_renamed(t, names)) for t in run) == wanted:
-                found.append(tuple((i, names.get(i, i)) for i in out))
+            names = {}
+            if any(names.setdefault(i, j) != j for i, j in zip(source, image)):
+                continue
+            moved = {i: j for i, j in names.items() if i != j}
+            if (any(i not in out or j not in out for i, j in moved.items())  # summed indices stay
+                    or sorted(names.get(i, i) for i in out) != sorted(out)
+                    or any((i in symmetric) != (j in symmetric) or (i not in symmetric and i not in free)
+                           or extent[i] != extent[j] for i, j in moved.items())):
+                continue
+            renaming = tuple((i, names.get(i, i)) for i in out)
+            if renaming not in found and Counter(_key(_renamed(t, names)) for t in run) == wanted:
+                found.append(renaming)
+    found.sort(key=lambda g: any(i != j for i, j in g))  # identity first
     return tuple(found)
 
 
@@ -191,6 +209,23 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
     return found if any(found.values()) else None
 
 
+def runs(body: list, loop: Loop | None, contractions: list[Contraction]) -> list[list[int]]:
+    """The positions in ``body`` (a nest's, or ``loop``'s) of each run of compute statements
+    (:func:`chainexec.planner.plan.term_run`) as the executor meets them: without the
+    statements a double-buffered loop runs one tile ahead (:func:`chainexec.planner.pipeline.fetched`),
+    which may stand between two runs in the body."""
+    ahead = fetched(loop) if loop is not None else []
+    kept = [k for k, node in enumerate(body) if not any(node is op for op in ahead)]
+    view = [body[k] for k in kept]
+    found, n = [], 0
+    while n < len(view):
+        m = term_run(view, n, contractions) if isinstance(view[n], Op) and view[n].op == "compute" else 0
+        if m:
+            found.append(kept[n:n + m])
+        n += max(m, 1)
+    return found
+
+
 def free_indices(out: list[str], symmetric: list[str], loops, extents: dict[str, int]) -> set[str]:
     """The output indices besides ``symmetric`` that no loop of ``loops`` cuts into tiles."""
     return {i for i in out if i not in symmetric
@@ -199,8 +234,10 @@ def free_indices(out: list[str], symmetric: list[str], loops, extents: dict[str,
 
 def mark(nests, contractions: list[Contraction], extents: dict[str, int], fits) -> None:
     """Set :attr:`Op.symmetrized` on the first statement of each run of terms (inside a loop over
-    ordered tuples of symmetric indices, or not) for which :func:`schedule` runs fewer terms somewhere,
-    where ``fits(nests)`` (the nests' memory peaks with its scratch tile) still holds; in place."""
+    ordered tuples of symmetric indices, or not) for which :func:`schedule` runs fewer terms
+    somewhere, where ``fits(body)`` still holds for the nest's body with its scratch tile (the
+    planner's rule for second buffers: within half the room the plan leaves, so that the
+    contractions' temporaries keep the rest); in place."""
 
     def bodies(body, loops):
         yield body, loops
@@ -211,16 +248,9 @@ def mark(nests, contractions: list[Contraction], extents: dict[str, int], fits) 
     for nest in nests:
         for body, loops in bodies(nest.body, []):
             sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
-            k = 0
-            while k < len(body):
-                node = body[k]
-                if not (isinstance(node, Op) and node.op == "compute"):
-                    k += 1
-                    continue
-                n = term_run(body, k, contractions)
-                cs = [contractions[op.contraction] for op in body[k:k + n]]
+            for run in runs(body, loops[-1] if loops else None, contractions):
+                cs = [contractions[body[k].contraction] for k in run]
                 if schedule(cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents):
-                    node.symmetrized = True
-                    if not fits(nests):
-                        node.symmetrized = None
-                k += n
+                    body[run[0]].symmetrized = True
+                    if not fits(nest.body):
+                        body[run[0]].symmetrized = None

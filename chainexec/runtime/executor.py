@@ -137,6 +137,7 @@ class Executor:
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         self.symmetric: list[str] | None = None  # the indices of the symmetric loop being run (Loop.symmetric)
+        self.schedules: dict[tuple, dict | None] = {}  # symmetrized runs' terms per pattern (symmetry.schedule)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
         # accumulates whose device→host copies are queued: (global array, region, host, token,
         # weight, statement name)
@@ -1034,9 +1035,12 @@ class Executor:
         into a scratch tile, then ``out`` += Σ of the scratch's permuted views; counted as the
         cost model prices it. False (nothing done) where this tile runs every term."""
         sym = self.symmetric or []
-        free = {i for i in cs[0].out_indices if i not in sym
-                and self._range("device", i) == (0, self.plan.extents[i])}
-        taken = symmetry.schedule(cs, sym, free, self.plan.extents)
+        free = frozenset(i for i in cs[0].out_indices if i not in sym
+                         and self._range("device", i) == (0, self.plan.extents[i]))
+        key = (cs[0].id, tuple(sym), free)
+        if key not in self.schedules:  # 0.17 ms a tile to ask again (11,480 tiles at o=40)
+            self.schedules[key] = symmetry.schedule(cs, sym, free, self.plan.extents)
+        taken = self.schedules[key]
         pattern = symmetry.pattern_of([self._range("device", i)[0] for i in sym])
         if taken is None or taken[pattern] is None:
             return False
