@@ -213,13 +213,17 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
 
-        def tile_bytes(tensor: str, indices, around: Loops) -> int:
-            """Bytes of ``tensor[indices]``'s device tiles over every iteration of the loops."""
-            return tensors[tensor].itemsize * around.points(indices, extents, "device")
+        def tile_bytes(tensor: str, indices, where) -> int:
+            """Bytes of ``tensor[indices]``'s device tiles over the iterations that ``where``
+            (indices -> elements summed over them) counts."""
+            return tensors[tensor].itemsize * where(indices)
 
         def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:
                 tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
+
+                def all_tiles(ix):
+                    return around.points(ix, extents, "device")
             runs = _symmetrized_runs(body, loops, contractions, extents)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
@@ -242,44 +246,40 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     peak["device"] = max(peak["device"], live["device"] + scratch)
                 if machine is None and node.op not in ("alloc", "free"):
                     continue
-                if k in runs:
-                    start, place, taken = runs[k]
-                    c = contractions[node.contraction]
-                    item = tensors[c.out].itemsize
-                    work = bytes_ = 0
-                    for pattern, joint in around.by_pattern(c.indices(), extents, "device").items():
-                        if taken[pattern] is None or place in (n for n, _ in taken[pattern][0]):
-                            out = around.by_pattern(c.out_indices, extents, "device")[pattern]
-                            work += (2 if c.b is not None else 1) * joint
-                            statements[0] += around.by_pattern([], extents, "device")[pattern]
-                            bytes_ += 2 * item * out + sum(tensors[t].itemsize * around.by_pattern(
-                                ix, extents, "device")[pattern] for t, ix in c.operands())
-                        if k == start and taken[pattern] is not None:  # out += Σ of the scratch's permuted views
-                            out = around.by_pattern(c.out_indices, extents, "device")[pattern]
-                            bytes_ += (len(taken[pattern][1]) + 2) * item * out
-                    count(work, bytes_)
-                    continue
                 if node.op in ("compute", "fused"):
+                    where, passes = all_tiles, 0
+                    if k in runs:  # a symmetrized run: this term on the patterns it runs on
+                        start, place, taken = runs[k]
+                        ran = [p for p, t in taken.items() if t is None or place in (n for n, _ in t[0])]
+
+                        def where(ix, ran=ran):
+                            return sum(around.by_pattern(ix, extents, "device")[p] for p in ran)
+
+                        if k == start:  # then out += Σ of the scratch's permuted views, read and written
+                            c = contractions[node.contraction]
+                            passes = sum((len(t[1]) + 2) * tile_bytes(
+                                c.out, c.out_indices, lambda ix, p=p: around.by_pattern(ix, extents, "device")[p])
+                                for p, t in taken.items() if t is not None)
                     group = node.group or [node.contraction]
-                    work = sum((2 if c.b is not None else 1) * around.points(c.indices(), extents, "device")
+                    work = sum((2 if c.b is not None else 1) * where(c.indices())
                                for c in (contractions[j] for j in group))
-                    statements[0] += len(group) * around.points([], extents, "device")
+                    statements[0] += len(group) * where([])
                     if node.op == "fused":
                         reads = inline.expression(node, contractions, tensors).leaves
-                        bytes_ = 2 * tile_bytes(node.tensor, node.indices, around) + sum(
-                            tile_bytes(r.tensor, r.indices, around) for r in reads)
+                        bytes_ = 2 * tile_bytes(node.tensor, node.indices, where) + sum(
+                            tile_bytes(r.tensor, r.indices, where) for r in reads)
                     else:
                         c = contractions[node.contraction]
                         # a point-wise run's output is read and written once
-                        bytes_ = (0 if k in tails else 2 * tile_bytes(c.out, c.out_indices, around)) + sum(
-                            tile_bytes(n, ix, around) for n, ix in c.operands())
-                    count(work, bytes_)
+                        bytes_ = (0 if k in tails else 2 * tile_bytes(c.out, c.out_indices, where)) + sum(
+                            tile_bytes(n, ix, where) for n, ix in c.operands())
+                    count(work, bytes_ + passes)
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
-                    count(0, tile_bytes(node.tensor, node.indices, around) + sum(
-                        tile_bytes(r.tensor, [rename[i] for i in r.indices], around) for r in _refs(t.source["expr"])))
+                    count(0, tile_bytes(node.tensor, node.indices, all_tiles) + sum(
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in _refs(t.source["expr"])))
                     continue
                 item = tensors[node.tensor].itemsize
                 if node.op in ("alloc", "free"):

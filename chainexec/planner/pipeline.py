@@ -100,6 +100,13 @@ def fetched(loop: Loop) -> list[Op]:
     return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
 
 
+def executed(loop: Loop) -> list:
+    """``loop.body`` as the executor walks it each tile: without the statements it runs one
+    tile ahead (:func:`fetched`), which it runs separately."""
+    ahead = fetched(loop)
+    return [node for node in loop.body if not any(node is op for op in ahead)]
+
+
 def returned(loop: Loop) -> list[Op]:
     """The ``alloc`` statements of the results a double-buffered device loop (:func:`deepen`)
     copies back to the host on a stream of their own (``loop.back``), in body order; empty for

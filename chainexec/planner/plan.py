@@ -110,9 +110,9 @@ class Op:
     group: list[int] | None = None
     inlined: list[str] | None = None
     lets: list[str] | None = None
-    # The first statement of a run of terms inside a symmetric loop that permutations of its
-    # output's indices map onto itself: on tiles those permutations map onto themselves, one term
-    # per orbit into a scratch tile, then symmetrized (:mod:`chainexec.planner.symmetry`).
+    # The first statement of a run of terms that permutations of its output's indices map onto
+    # itself: on tiles those permutations map onto themselves, one term per orbit into a scratch
+    # tile, then symmetrized (:mod:`chainexec.planner.symmetry`).
     symmetrized: bool | None = None
 
 

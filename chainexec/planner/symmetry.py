@@ -22,9 +22,10 @@ Measured on one H200 full tile
 (two equal: six terms).
 
 The planner marks a run (:attr:`chainexec.planner.plan.Op.symmetrized` on its first statement)
-where the scratch tile fits in the device limit; the cost model (:mod:`chainexec.planner.cost`)
-prices each pattern of equal positions with the terms and passes the executor runs there, so
-predicted flops, statements, streamed bytes and peaks still equal the measured ones.
+where the scratch tile fits in the room second buffers may take; the cost model
+(:mod:`chainexec.planner.cost`) prices each pattern of equal positions with the terms and
+passes the executor runs there, so predicted flops, statements, streamed bytes and peaks still
+equal the measured ones.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import itertools
 from collections import Counter
 from functools import lru_cache
 
-from chainexec.planner.pipeline import fetched
+from chainexec.planner.pipeline import executed
 from chainexec.planner.plan import Contraction, Loop, Op, term_run
 
 Term = tuple
@@ -211,12 +212,12 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
 
 def runs(body: list, loop: Loop | None, contractions: list[Contraction]) -> list[list[int]]:
     """The positions in ``body`` (a nest's, or ``loop``'s) of each run of compute statements
-    (:func:`chainexec.planner.plan.term_run`) as the executor meets them: without the
-    statements a double-buffered loop runs one tile ahead (:func:`chainexec.planner.pipeline.fetched`),
-    which may stand between two runs in the body."""
-    ahead = fetched(loop) if loop is not None else []
-    kept = [k for k, node in enumerate(body) if not any(node is op for op in ahead)]
-    view = [body[k] for k in kept]
+    (:func:`chainexec.planner.plan.term_run`) as the executor meets them
+    (:func:`chainexec.planner.pipeline.executed`: without the statements a double-buffered loop
+    runs one tile ahead, which may stand between two runs in the body)."""
+    view = executed(loop) if loop is not None else body
+    position = {id(node): k for k, node in enumerate(body)}
+    kept = [position[id(op)] for op in view]
     found, n = [], 0
     while n < len(view):
         m = term_run(view, n, contractions) if isinstance(view[n], Op) and view[n].op == "compute" else 0

@@ -39,7 +39,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner import inline, symmetry
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.pipeline import DEPTH, fetched, prefetched, returned, staged, streamed
+from chainexec.planner.pipeline import DEPTH, executed, fetched, prefetched, returned, staged, streamed
 from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
 from chainexec.planner.resume import resumable
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
@@ -519,7 +519,7 @@ class Executor:
             self.symmetric = loop.symmetric
         stop = [names.index(i) for i in loop.symmetric]
         ahead, back = fetched(loop), returned(loop)
-        body = [node for node in loop.body if not any(node is op for op in ahead)]
+        body = executed(loop)
         lane = self.lane
         with (self.backend.steady(self._steady(loop)),
               self._lanes(ahead, back, names, combos[0] if ahead or back else ()) as slots):
@@ -1009,31 +1009,45 @@ class Executor:
 
     def _compute(self, run: list[Op]) -> None:
         """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms
-        in one point-wise kernel, contractions in one sum kernel."""
+        in one point-wise kernel, contractions in one sum kernel. A run marked
+        :attr:`Op.symmetrized`, on a tile that permutations of its output's indices map onto
+        themselves (:meth:`_orbits`): one term per orbit into a scratch tile, then ``out`` += Σ
+        of the scratch's permuted views; counted as the cost model prices it."""
         cs = [self.plan.contractions[op.contraction] for op in run]
-        out = self._view(cs[0].out, cs[0].out_indices)
+        out = target = self._view(cs[0].out, cs[0].out_indices)
         operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
                     for c in cs]
-        if run[0].symmetrized and self._symmetrized(cs, out, operands):
-            return
+        orbits = self._orbits(cs) if run[0].symmetrized else None
+        if orbits is not None:
+            terms, axes = orbits
+            cs = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
+            operands = [operands[k] for k, _ in terms]
+            with _naming(Op("compute", "device", cs[0].out, cs[0].out_indices)):
+                target = self.backend.zeros(out.shape, out.dtype)
+            self.counters.hold("device", target.nbytes)
         if len(cs) == 1:
-            self.backend.contract(cs[0], out, *operands[0])
+            self.backend.contract(cs[0], target, *operands[0])
         elif cs[0].pointwise():
-            self.backend.contract_terms(cs, out, operands)
+            self.backend.contract_terms(cs, target, operands)
         else:
-            self.backend.contract_sum(cs, out, operands)
+            self.backend.contract_sum(cs, target, operands)
+        # tile-sized reads and writes, the cost model's rule (cost._run_tails): the output read
+        # and written once per term, once for a point-wise run
+        moved = 2 * (1 if cs[0].pointwise() else len(cs))
+        if orbits is not None:
+            self.backend.symmetrize(out, target, axes)
+            self.counters.hold("device", -target.nbytes)
+            moved += len(axes) + 2  # the scratch's permuted views read, out read and written
+            del target
         self._watch()
         self._count(cs)
-        passes = 1 if cs[0].pointwise() else len(cs)  # the cost model's rule (cost._run_tails)
-        self.counters.streamed += 2 * passes * out.nbytes + sum(x.nbytes for pair in operands for x in pair
-                                                                 if x is not None)
+        self.counters.streamed += moved * out.nbytes + sum(x.nbytes for pair in operands for x in pair
+                                                           if x is not None)
 
-
-    def _symmetrized(self, cs, out, operands) -> bool:
-        """A run marked :attr:`Op.symmetrized` on a tile that permutations of its output's indices
-        map onto themselves (:func:`chainexec.planner.symmetry.schedule`): one term per orbit
-        into a scratch tile, then ``out`` += Σ of the scratch's permuted views; counted as the
-        cost model prices it. False (nothing done) where this tile runs every term."""
+    def _orbits(self, cs) -> tuple | None:
+        """The terms a symmetrized run runs on this tile (position, factor scale) and the scratch
+        tile's axis permutations (:func:`chainexec.planner.symmetry.schedule`), or None where
+        this tile runs every term."""
         sym = self.symmetric or []
         free = frozenset(i for i in cs[0].out_indices if i not in sym
                          and self._range("device", i) == (0, self.plan.extents[i]))
@@ -1041,27 +1055,7 @@ class Executor:
         if key not in self.schedules:  # 0.17 ms a tile to ask again (11,480 tiles at o=40)
             self.schedules[key] = symmetry.schedule(cs, sym, free, self.plan.extents)
         taken = self.schedules[key]
-        pattern = symmetry.pattern_of([self._range("device", i)[0] for i in sym])
-        if taken is None or taken[pattern] is None:
-            return False
-        terms, axes = taken[pattern]
-        with _naming(Op("compute", "device", cs[0].out, cs[0].out_indices)):
-            scratch = self.backend.zeros(out.shape, out.dtype)
-        self.counters.hold("device", scratch.nbytes)
-        run = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
-        chosen = [operands[k] for k, _ in terms]
-        if len(run) == 1:
-            self.backend.contract(run[0], scratch, *chosen[0])
-        else:
-            self.backend.contract_sum(run, scratch, chosen)
-        self.backend.symmetrize(out, scratch, axes)
-        self.counters.hold("device", -scratch.nbytes)
-        del scratch
-        self._watch()
-        self._count(run)
-        self.counters.streamed += (2 * len(run) + len(axes) + 2) * out.nbytes + sum(
-            x.nbytes for pair in chosen for x in pair if x is not None)
-        return True
+        return None if taken is None else taken[symmetry.pattern_of([self._range("device", i)[0] for i in sym])]
 
 
 def _filled(body) -> set[int]:

@@ -18,7 +18,7 @@ import pytest
 from chainexec import api
 from chainexec.chem import triples
 from chainexec.planner import build, symmetry
-from chainexec.planner.plan import Contraction
+from chainexec.planner.plan import Contraction, ops
 from tests.conftest import read_report, run_cli, triples_config, write_config
 from tests.runtime.test_chains import reference
 
@@ -129,7 +129,7 @@ def test_symmetrized_triples_run_equals_the_reference(device_memory, tmp_path, m
     prediction; fewer flops than the same plan unmarked, whose energy is the same."""
     config = triples_config(tmp_path, device_memory, nocc=7, nvir=6)
     marked = api.plan(config)
-    assert any(op.get("symmetrized") for op in _ops(marked))
+    assert _marked(marked)
     reference = triples.ccsd_t_energy(tmp_path / "inputs.h5")
     reports = []
     for mark in (True, False):
@@ -147,11 +147,9 @@ def test_symmetrized_triples_run_equals_the_reference(device_memory, tmp_path, m
     assert reports[0]["memory_peak"]["device"] > reports[1]["memory_peak"]["device"]  # the scratch tile
 
 
-def _ops(plan):
-    from chainexec.planner.plan import _node_to_dict, ops
-
-    return [_node_to_dict(op)["op"] for nest in plan.nests for op, _ in ops(nest.body)]
-
+def _marked(plan) -> bool:
+    """Whether the plan has a symmetrized run."""
+    return any(op.symmetrized for nest in plan.nests for op, _ in ops(nest.body))
 
 @pytest.mark.parametrize("ranks", [None, 2])
 def test_whole_run_with_a_term_its_own_image(ranks, tmp_path):
@@ -167,7 +165,7 @@ def test_whole_run_with_a_term_its_own_image(ranks, tmp_path):
            "outputs": {"Y": {"file": "out.h5", "dataset": "Y"}},
            "machine": {"global_memory": "1MiB", "device_memory": "64KiB"}}
     config = write_config(tmp_path, cfg)
-    assert any(op.get("symmetrized") for op in _ops(api.plan(config)))
+    assert _marked(api.plan(config))
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     m, p = (read_report(tmp_path / "r.json")[k] for k in ("measured", "predicted"))
