@@ -203,13 +203,16 @@ class Backend:
         is room for a contraction's temporaries. Here device memory is host memory, whose
         temporaries the plan does not budget."""
 
-    def fetch(self, dst, read) -> None:
+    def fetch(self, dst, read, view=None) -> None:
         """Fill the device buffer ``dst`` from a host source: ``read(rows, out)`` writes rows
         ``rows`` (a slice of ``dst``'s first axis; None for a 0-d buffer: all of it) into the
-        C-contiguous host array ``out``. Here the source is read straight into ``dst``."""
+        C-contiguous host array ``out``; ``view(rows)``, where given, returns those rows as a
+        C-contiguous array in host memory if the source holds them so, else None (a backend
+        may copy from there instead of reading them into a buffer of its own). Here the source
+        is read straight into ``dst``."""
         read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
 
-    def fetch_aside(self, dst, read, after=None) -> None:
+    def fetch_aside(self, dst, read, after=None, view=None) -> None:
         """As :meth:`fetch`, beside the work handed to the backend before it, where the device
         can copy and compute at once; the work handed after it waits for it. ``after``: a
         :meth:`stamp` mark; the copy starts once the work handed to the backend before it is done
@@ -217,7 +220,7 @@ class Backend:
         the host source may change or be given back afterwards (the executor gives streamed
         rows back once every rank has copied them, :meth:`Executor._discard`). Here:
         :meth:`fetch`."""
-        self.fetch(dst, read)
+        self.fetch(dst, read, view)
 
     def fetch_waits(self, dst) -> bool:
         """Whether :meth:`fetch` into ``dst`` waits for the work handed to the backend before it
@@ -651,8 +654,13 @@ class CupyBackend(Backend):
             event.synchronize()
             held -= host.nbytes
 
-    def fetch(self, dst, read) -> None:
-        """As :meth:`Backend.fetch`, through two staging buffers of :data:`STAGE_BYTES` each, or
+    def fetch(self, dst, read, view=None) -> None:
+        """As :meth:`Backend.fetch`. In a run of plain host memory (not :attr:`pinned`), rows that
+        ``view`` finds in host memory go to a contiguous ``dst`` in one copy from there: the
+        driver stages pageable memory itself, so a staging buffer of ours only added a copy on
+        one thread (4-5 GB/s, then the driver's 9 GB/s; a warm run at benzene's sizes counted
+        0.098 s of global→device time for its 194 MB of inputs this way, H200, 2026-11-27).
+        Otherwise through two staging buffers of :data:`STAGE_BYTES` each, or
         one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
         :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
         (asynchronously from page-locked memory, on the current stream), the next is read into
@@ -661,6 +669,13 @@ class CupyBackend(Backend):
         v=180 take 1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
         whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
         v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
+        stream = self.xp.cuda.get_current_stream()
+        if not self.pinned and view is not None and dst.flags.c_contiguous:
+            host = view(slice(0, dst.shape[0]) if dst.ndim else None)
+            if host is not None:
+                # a copy from pageable memory returns once the driver has staged all of it
+                dst.set(host, stream=stream)
+                return
         if _one_piece(dst):
             host = self.host_empty(dst.shape, dst.dtype)
             read(slice(0, dst.shape[0]) if dst.ndim else None, host)
@@ -669,7 +684,6 @@ class CupyBackend(Backend):
         row = dst.nbytes // dst.shape[0]
         step = max(1, STAGE_BYTES // row)
         stages = self._staging(step * row)
-        stream = self.xp.cuda.get_current_stream()
         done = [None, None]
         for n, lo in enumerate(range(0, dst.shape[0], step)):
             hi = min(lo + step, dst.shape[0])
@@ -681,7 +695,7 @@ class CupyBackend(Backend):
             done[n % 2] = stream.record()
         stream.synchronize()
 
-    def fetch_aside(self, dst, read, after=None) -> None:
+    def fetch_aside(self, dst, read, after=None, view=None) -> None:
         """As :meth:`Backend.fetch_aside`: :meth:`fetch` on a second stream, which the current one
         then waits for (an event), so the copy engine fills ``dst`` while the kernels queued
         before run; the host waits at most for this copy itself (its staging buffers' turns, or
@@ -697,7 +711,7 @@ class CupyBackend(Backend):
         if after is not None:
             self._aside.wait_event(after)
         with self._aside:
-            self.fetch(dst, read)
+            self.fetch(dst, read, view)
             done = self._aside.record()
         main.wait_event(done)
 

@@ -308,6 +308,23 @@ class GlobalArray:
         self._run(region, out, self._win.Get, own=hostcopy.copy)
         return out
 
+    def at_hand(self, region: Region) -> np.ndarray | None:
+        """The patch ``region`` as a view of the window's memory, where this rank reads it with
+        plain loads (its own block, or any block of a window in shared memory) and it is
+        C-contiguous there (rows of one block, whole along every other axis); else None. A
+        reader may copy from the view instead of :meth:`get`'s copy into a buffer of its own;
+        :meth:`get`'s rules on visibility hold for it (the window is synchronised here)."""
+        bounds = self._normalise(region)
+        owners = self.owners(region)
+        if not bounds or len(owners) != 1 or any((a, b) != (0, n) for (a, b), n in zip(bounds[1:], self.shape[1:])):
+            return None
+        rank, (lo, hi) = owners[0]
+        block = self.block(rank)
+        if block is None:
+            return None
+        self._win.Sync()
+        return block[lo - self._bounds[rank]:hi - self._bounds[rank]]
+
     def put(self, region: Region, data: np.ndarray) -> None:
         """Overwrite the patch ``region`` with ``data`` (the patch's shape and the array's dtype)."""
         self._check(region, data)

@@ -96,11 +96,11 @@ class Deferred(device.Backend):
         read(slice(0, dst.shape[0]) if dst.ndim else None, host)
         return host
 
-    def fetch(self, dst, read):
+    def fetch(self, dst, read, view=None):
         host = self._read(dst, read)
         self.queue.append(lambda: dst.__setitem__(Ellipsis, host))
 
-    def fetch_aside(self, dst, read, after=None):
+    def fetch_aside(self, dst, read, after=None, view=None):
         host = self._read(dst, read)
         at = after.position if after is not None and self.honour_after else self.done
         self.aside.append((at, lambda: dst.__setitem__(Ellipsis, host)))

@@ -62,6 +62,9 @@ def check_patches(comm, rng, dtype):
         assert np.array_equal(ga.get(region), ref[region])
         out = np.empty(ref[region].shape, dtype)
         assert ga.get(region, out=out) is out and np.array_equal(out, ref[region])
+        check_at_hand(ga, region, ref)
+    for first in range(shape[0]):  # whole rows, within one block or across two
+        check_at_hand(ga, (slice(first, first + int(mine.integers(1, 3))),), ref)
     assert np.array_equal(ga.get(()), ref)
 
     # Each rank in turn puts a patch; all update the replicated copy alike.
@@ -89,6 +92,21 @@ def check_patches(comm, rng, dtype):
     assert np.array_equal(ga.local(), ref[lo:hi])
     comm.Barrier()  # no rank frees while another still reads
     ga.free()
+
+
+def check_at_hand(ga, region, ref):
+    """``at_hand`` gives a view of the window holding ``ref[region]`` exactly where the patch is
+    whole rows (every other axis whole) of one block this rank reads with plain loads (its own,
+    or any in shared memory), and None elsewhere."""
+    rows = range(*region[0].indices(ref.shape[0]))
+    whole = all(s.indices(n)[:2] == (0, n) for s, n in zip(region[1:], ref.shape[1:]))
+    owners = {r for r in range(ga.comm.size) if any(ga.rows_of(r)[0] <= k < ga.rows_of(r)[1] for k in rows)}
+    expect = whole and len(owners) == 1 and (owners == {ga.comm.rank} or ga.shared)
+    view = ga.at_hand(region)
+    assert (view is not None) == expect, (region, owners, ga.shared)
+    if view is not None:
+        assert view.flags.c_contiguous and np.array_equal(view, ref[region])
+        assert np.shares_memory(view, ga.block(owners.pop()))
 
 
 def check_accumulate(comm, rng, dtype):

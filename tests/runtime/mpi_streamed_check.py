@@ -29,9 +29,9 @@ def main():
     aside, first = [], []
 
     class Recording(device.Backend):
-        def fetch_aside(self, dst, read):
+        def fetch_aside(self, dst, read, after=None, view=None):
             aside.append(list(dst.shape))
-            super().fetch_aside(dst, read)
+            super().fetch_aside(dst, read, after, view)
 
         def contract_sum(self, cs, out_, operands):
             if not first:

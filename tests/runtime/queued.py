@@ -32,9 +32,9 @@ class Queued(device.Backend):
         for copy in self.copies:
             self.arrived(copy)
 
-    def fetch(self, dst, read):
+    def fetch(self, dst, read, view=None):
         self.seen.append(len(self.open))
-        super().fetch(dst, read)
+        super().fetch(dst, read, view)
 
     def to_host_async(self, array, aside=False):
         self.queued_copies.append(len(self.open))

@@ -532,6 +532,40 @@ def test_fetch_aside_after_waits_for_the_last_reader(stage, monkeypatch):
     assert np.array_equal(cupy.asnumpy(dst), new)
 
 
+@pytest.mark.parametrize("moved", [0, 5 << 30], ids=["plain", "page-locked"])
+@pytest.mark.parametrize("at_hand", [True, False])
+@pytest.mark.parametrize("strided", [False, True])
+def test_fetch_from_host_memory_at_hand(moved, at_hand, strided, monkeypatch):
+    """In a run of plain host memory, rows that ``view`` finds in host memory go to a contiguous
+    device tile in one copy from there, without ``read``; otherwise (page-locked runs, no view,
+    a strided tile) through ``read`` as before. Either way the tile equals the source, and
+    overwriting the source once ``fetch_aside`` has returned does not reach the device, though
+    the copy was queued behind matrix products."""
+    monkeypatch.setattr(device, "STAGE_BYTES", 4096)
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(moved)
+    rng = np.random.default_rng(12)
+    source = rng.standard_normal((40, 21, 9))
+    kept = source.copy()
+    whole = backend.zeros((40, 21, 12), source.dtype)
+    dst = whole[:, :, :9] if strided else backend.zeros(source.shape, source.dtype)
+    backend.wait()
+    reads = []
+
+    def read(rows, out):
+        reads.append(rows)
+        out[...] = source[rows]
+
+    a = cupy.asarray(rng.standard_normal((4096, 4096)))
+    for _ in range(10):
+        a = a @ a * (1 / 64)
+    backend.fetch_aside(dst, read, view=(lambda rows: source[rows]) if at_hand else None)
+    source[...] = np.nan
+    backend.wait()
+    assert np.array_equal(cupy.asnumpy(dst), kept)
+    assert (not reads) == (at_hand and not moved and not strided)
+
+
 def test_pinned_buffers_can_be_reused_at_once():
     """The executor fetches each tile into a pinned buffer from CuPy's pool and drops it right
     after ``upload``; the next fetch may get the same block, while the copy is still queued. The

@@ -112,9 +112,9 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     aside, first = [], []
 
     class Recording(device.Backend):
-        def fetch_aside(self, dst, read):
+        def fetch_aside(self, dst, read, after=None, view=None):
             aside.append(dst.shape)
-            super().fetch_aside(dst, read)
+            super().fetch_aside(dst, read, after, view)
 
         def contract_sum(self, cs, out, operands):
             if not first:  # the first tile: ovvv's device buffer, its rows 0..1 in, 2..5 not yet

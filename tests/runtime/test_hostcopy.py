@@ -12,6 +12,7 @@ from chainexec.runtime import hostcopy
 @pytest.fixture(autouse=True)
 def small_pieces(monkeypatch):
     monkeypatch.setattr(hostcopy, "PIECE_BYTES", 64)
+    monkeypatch.setattr(hostcopy, "FILL_PIECE_BYTES", 64)
     monkeypatch.setattr(hostcopy, "threads", lambda: 5)
     monkeypatch.setattr(hostcopy, "_pool", None)  # a pool of 5 for these tests only
 

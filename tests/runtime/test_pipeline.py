@@ -100,13 +100,13 @@ def test_tile_inputs_are_fetched_while_the_tile_before_computes(tmp_path, monkey
             events.append(("stamp", mark))
             return mark
 
-        def fetch(self, dst, read):
+        def fetch(self, dst, read, view=None):
             events.append(("fetch", dst.base))
-            super().fetch(dst, read)
+            super().fetch(dst, read, view)
 
-        def fetch_aside(self, dst, read, after=None):
+        def fetch_aside(self, dst, read, after=None, view=None):
             events.append(("aside", dst.base, after))
-            super().fetch(dst, read)
+            super().fetch(dst, read, view)
 
         def contract(self, c, out, a, b):
             events.append(("compute", None))
