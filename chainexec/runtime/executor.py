@@ -46,6 +46,7 @@ from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime import hostcopy
+from chainexec.runtime.mapped import MappedArray
 from chainexec.runtime.globalarray import Board, GlobalArray, TaskCounter
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
@@ -160,6 +161,8 @@ class Executor:
         self.discarding: list = []
         # global allocs that a load fills before anything else names the tensor: no zero fill
         self.filled = set().union(*(_filled(nest.body) for nest in plan.nests))
+        # global buffers of ``filled`` allocs in fresh memory (not mapped from a file), live now
+        self.fresh: set[tuple] = set()
         self.checkpoint = checkpoint
         self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
         self.resumed = 0  # tiles a resumed loop found done
@@ -325,7 +328,6 @@ class Executor:
         gets = {op.tensor: op for op in skipped if op.op == "get"}
         extent = {t: self.plan.tensors[t].shape[0] for t in rows}
         slots = {t: n for n, t in enumerate(rows)}
-        fresh = {self._key(op) for op in body[:at] if op.op == "alloc" and id(op) in self.filled}
         if self.comm.size > 1:
             self.board = Board(self.comm, len(rows))
             later = {}  # after the loop, the first statement naming each tensor (a device copy's free aside)
@@ -355,14 +357,23 @@ class Executor:
                     if cut is not None:
                         out = out[:, cut[0]:cut[1]]
                         part = part[:1] + ((region[1][0] + cut[0], region[1][0] + cut[1]),) + part[2:]
-                    job = self.disk.submit(self._read_fresh if gkey in fresh else self.store.read,
-                                           t, loads[t].version, part, out)
+                    job = self._fill(ga, gkey, t, loads[t].version, part, out)
                     self.counters.move(CATEGORY["load"], out.nbytes)
                 if job is not None and self.board is not None:
                     self.reading.append((job, slots[t], hi, gkey))
                 self.counters.move(CATEGORY["get"], self.buffers[dkey][lo:hi].nbytes)
                 self.arriving.append((lo, hi, t, slots[t], gkey, dkey, job))
         return at
+
+    def _fill(self, ga, key: tuple, tensor: str, version: int, part, out: np.ndarray) -> int:
+        """Queue on the disk worker the load of ``part`` of ``tensor`` (``version``; a region
+        of the whole tensor) into ``out``, a view of the global buffer ``ga`` (``key``): for a tile
+        mapped from its file, its pages made resident (:meth:`MappedArray.populate`); else an
+        HDF5 read, into memory faulted in first where the buffer is fresh (:meth:`_read_fresh`).
+        The worker's job number."""
+        if isinstance(ga, MappedArray):
+            return self.disk.submit(ga.populate, out)
+        return self.disk.submit(self._read_fresh if key in self.fresh else self.store.read, tensor, version, part, out)
 
     def _read_fresh(self, tensor: str, version: int, part, out: np.ndarray) -> None:
         """Read ``part`` of ``tensor`` into ``out``, memory not touched since its allocation: its
@@ -825,9 +836,16 @@ class Executor:
             self.buffers[self._key(op)] = buf
             self.regions[self._key(op)] = region
             return
-        with _naming(op):
-            buf = (GlobalArray(self.comm, shape, dtype, zero=zero) if op.level == "global"
-                   else self.backend.zeros(shape, dtype))
+        buf = None
+        if op.level == "global" and not zero and self.comm.size == 1:
+            # an input's tile that only its load fills: the file's own bytes, mapped
+            buf = self.store.mapped(op.tensor, 0, region)
+        if buf is None:
+            with _naming(op):
+                buf = (GlobalArray(self.comm, shape, dtype, zero=zero) if op.level == "global"
+                       else self.backend.zeros(shape, dtype))
+            if op.level == "global" and not zero:
+                self.fresh.add(self._key(op))
         if op.level == "global":
             # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
             # peak is that of the whole global array at one moment, as planned.
@@ -842,6 +860,7 @@ class Executor:
         key = self._key(op)
         buf = self.buffers.pop(key)
         del self.regions[key]
+        self.fresh.discard(key)
         if key in self.slots:
             return
         if op.level == "global":
@@ -865,7 +884,7 @@ class Executor:
         self.unsynced = True
         if part is not None:
             local = ga.local()
-            self.disk.submit(self.store.read, op.tensor, op.version, part, local)
+            self._fill(ga, self._key(op), op.tensor, op.version, part, local)
             self.counters.move(CATEGORY["load"], local.nbytes)
 
     def _load(self, op: Op) -> None:

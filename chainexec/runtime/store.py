@@ -11,6 +11,7 @@ attribute ``chainexec_complete`` — a killed run leaves no output file at all.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 from chainexec import generator
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
+from chainexec.runtime.mapped import MappedArray, contiguous_offset
 
 COMPLETE = "chainexec_complete"
 
@@ -136,6 +138,28 @@ class Store:
             self._read_blocks(path, f[name], region, out)
         else:
             f[name].read_direct(out, source_sel=sel if sel else np.s_[()])
+
+    def mapped(self, tensor: str, version: int, region: tuple[tuple[int, int], ...]) -> MappedArray | None:
+        """The tile ``region`` of an input's source as a read-only mapping of its file
+        (:mod:`chainexec.runtime.mapped`) where its bytes lie there as the tile (version 0 from
+        a file, a contiguous dataset of the tensor's dtype, whole rows); else None."""
+        t = self.plan.tensors[tensor]
+        if version != 0 or "file" not in t.source or not region:
+            return None
+        if any((a, b) != (0, n) for (a, b), n in zip(region[1:], t.shape[1:])) or region[0][1] <= region[0][0]:
+            return None
+        path = t.source["file"]
+        f = self.readers.get(path)
+        if f is None:
+            f = self.readers[path] = h5py.File(path, "r")
+        dtype = np.dtype(t.dtype)
+        offset = contiguous_offset(f[t.source["dataset"]], dtype)
+        if offset is None:
+            return None
+        row = math.prod(t.shape[1:]) * dtype.itemsize
+        if offset + region[0][1] * row > os.path.getsize(path):
+            return None  # a file shorter than its dataset: HDF5's read reports it (a mapping would fault)
+        return MappedArray(path, offset + region[0][0] * row, tuple(b - a for a, b in region), dtype)
 
     def _read_blocks(self, path: str, vds: h5py.Dataset, region, out: np.ndarray) -> None:
         """Read ``region`` of a stored version from the blocks behind its VDS, one block at a time.

@@ -246,30 +246,37 @@ except Stopped:
 SLOW_STOP = r'''
 import json, sys, threading, time
 from chainexec import api
-from chainexec.runtime import globalarray, store
+from chainexec.runtime import globalarray, mapped, store
 from chainexec.runtime.checkpoint import Stopped
 
 events, lock = [], threading.Lock()
 read, free = store.Store.read, globalarray.GlobalArray.free
+populate, unmap = mapped.MappedArray.populate, mapped.MappedArray.free
 
 
-def slow_read(self, tensor, version, part, out):
-    with lock:
-        events.append(("start", tensor, time.perf_counter()))
-    time.sleep(0.05)
-    read(self, tensor, version, part, out)
-    with lock:
-        events.append(("end", tensor, time.perf_counter()))
+def slow(job, name):
+    def run(*args):
+        with lock:
+            events.append(("start", name, time.perf_counter()))
+        time.sleep(0.05)
+        job(*args)
+        with lock:
+            events.append(("end", name, time.perf_counter()))
+    return run
 
 
-def logged_free(self):
-    with lock:
-        events.append(("free", "", time.perf_counter()))
-    free(self)
+def logged(job):
+    def run(self):
+        with lock:
+            events.append(("free", "", time.perf_counter()))
+        job(self)
+    return run
 
 
-store.Store.read = slow_read
-globalarray.GlobalArray.free = logged_free
+store.Store.read = slow(read, "read")
+mapped.MappedArray.populate = slow(populate, "populate")  # the load of a tile mapped from its file
+globalarray.GlobalArray.free = logged(free)
+mapped.MappedArray.free = logged(unmap)
 try:
     api.run(sys.argv[1], backend="numpy", checkpoint=sys.argv[2], checkpoint_every=0, stop_after=0)
 except Stopped:
@@ -280,9 +287,10 @@ except Stopped:
 
 
 def test_stop_waits_for_streamed_reads_before_freeing(tmp_path):
-    """A run stopped at its first checkpoint while streamed inputs are still being read (each
-    read slowed to 50 ms): the disk worker is stopped before the global arrays are freed, so no
-    read starts or ends after the first free (a read into a freed MPI window)."""
+    """A run stopped at its first checkpoint while streamed inputs are still being loaded (each
+    read or mapped tile's population slowed to 50 ms): the disk worker is stopped before the
+    global arrays are freed, so no load starts or ends after the first free (a read into a freed
+    MPI window)."""
     config = _job(tmp_path, machine=STREAMED)
     script = tmp_path / "slow_stop.py"
     script.write_text(SLOW_STOP)

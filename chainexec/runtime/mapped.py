@@ -1,0 +1,129 @@
+"""Inputs held at the global level as a read-only mapping of their file's bytes.
+
+Why: a streamed (T) input read through HDF5 lands in fresh host memory: the kernel faults in and
+zeroes every page, HDF5 copies the rows in, and the device copies them out again. At benzene's
+sizes (194 MB of inputs) that path took 0.23-0.26 s to put the inputs on an H100, with the
+device waiting for the first rows; copied to the device straight from a mapping of the file
+(the page cache's pages, no fault-and-zero, no copy) the same bytes took 0.031-0.042 s
+(``.gpurun/s21/map.py``, 2026-11-27, recorded in ``benchmarks/results/session21_2026-11-27.json``).
+
+A dataset qualifies where its bytes lie in the file as the array they hold: contiguous layout
+(no chunks, hence no filters), an offset HDF5 reports, and the tensor's own dtype with the
+machine's byte order. The tile must be whole rows (cut along the first axis only): then it is one
+contiguous range of the file. Anything else is read through HDF5 as before.
+
+The global level stays what the plan says: host memory holding the tile. The load (disk →
+global) is :meth:`MappedArray.populate`, which makes the tile's pages resident
+(``MADV_POPULATE_READ``: from the disk if the page cache lacks them), counted as the plan
+predicts; the get (global → device) copies from the mapped rows. The mapping is read-only: the
+executor maps only tiles a load fills and nothing but gets reads (an input's global tile).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import h5py
+import numpy as np
+
+from chainexec.runtime import hostcopy
+
+MADV_POPULATE_READ = 22
+"""Linux 5.14's ``madvise`` advice that faults a range's pages in for reading (reading the file
+where they are not cached), synchronously."""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def contiguous_offset(dataset: h5py.Dataset, dtype: np.dtype) -> int | None:
+    """The file offset (bytes) of ``dataset``'s elements where they lie there as a C-ordered
+    array of ``dtype`` in this machine's byte order, else None."""
+    if dataset.chunks is not None or dataset.external or dataset.dtype != dtype or not dtype.isnative:
+        return None
+    if dataset.id.get_storage_size() != dataset.size * dtype.itemsize:
+        return None  # not (wholly) written: HDF5 would read its fill value there
+    return dataset.id.get_offset()
+
+
+class MappedArray:
+    """One rank's whole global tile of an input, read-only, over the mapping of the file range
+    that holds it (the tile's rows ``region[0]`` of the dataset, every other axis whole). Offers
+    what the executor asks of a one-rank :class:`~chainexec.runtime.globalarray.GlobalArray`
+    whose rows a load fills and gets read."""
+
+    shared = False
+
+    def __init__(self, path: str, offset: int, shape: tuple[int, ...], dtype: np.dtype):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.rows = (0, self.shape[0])
+        self.nbytes_local = int(np.prod(self.shape)) * self.dtype.itemsize
+        base = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self._map = mmap.mmap(fd, offset - base + self.nbytes_local, prot=mmap.PROT_READ, offset=base)
+        finally:
+            os.close(fd)
+        self._block = np.frombuffer(self._map, self.dtype, count=int(np.prod(self.shape)),
+                                    offset=offset - base).reshape(self.shape)
+
+    def populate(self, rows: np.ndarray) -> None:
+        """Make the pages of ``rows`` (a C-contiguous view of :meth:`local`) resident: the load,
+        from the file where the page cache lacks them. A system without ``MADV_POPULATE_READ``
+        reads one element per page instead."""
+        if not rows.flags.c_contiguous:
+            raise ValueError("populate: rows must be a C-contiguous view of the mapped tile")
+        if not rows.size:
+            return
+        page = mmap.PAGESIZE
+        start = rows.ctypes.data // page * page
+        if _libc.madvise(start, rows.ctypes.data + rows.nbytes - start, MADV_POPULATE_READ) != 0:
+            rows.reshape(-1)[::max(1, page // self.dtype.itemsize)].sum()
+
+    def local(self) -> np.ndarray:
+        return self._block
+
+    def block(self, rank: int) -> np.ndarray | None:
+        return self._block if rank == 0 else None
+
+    def rows_of(self, rank: int) -> tuple[int, int]:
+        return self.rows if rank == 0 else (self.rows[1], self.rows[1])
+
+    def owners(self, region) -> list[tuple[int, tuple[int, int]]]:
+        lo, hi = _bounds(region, self.shape)[0]
+        return [(0, (lo, hi))] if hi > lo and all(b > a for a, b in _bounds(region, self.shape)) else []
+
+    def get(self, region, out: np.ndarray | None = None) -> np.ndarray:
+        """A copy of the patch ``region`` (into ``out`` when given)."""
+        patch = self._block[_slices(region, self.shape)]
+        if out is None:
+            return patch.copy()
+        hostcopy.copy(out, patch)
+        return out
+
+    def at_hand(self, region) -> np.ndarray | None:
+        """As :meth:`GlobalArray.at_hand`: the patch as a view where it is whole rows."""
+        bounds = _bounds(region, self.shape)
+        if any((a, b) != (0, n) for (a, b), n in zip(bounds[1:], self.shape[1:])):
+            return None
+        return self._block[bounds[0][0]:bounds[0][1]]
+
+    def discard(self, rows: tuple[int, int]) -> None:
+        """Nothing: the pages are the file's, shared with every reader of it."""
+
+    def free(self) -> None:
+        """Let the mapping go: it is unmapped once the last view of it is gone."""
+        self._block = self._map = None
+
+
+def _bounds(region, shape) -> list[tuple[int, int]]:
+    """``[start, stop)`` per axis of a tuple of step-1 slices (missing trailing axes whole)."""
+    region = tuple(region) + (slice(None),) * (len(shape) - len(region))
+    return [s.indices(n)[:2] for s, n in zip(region, shape)]
+
+
+def _slices(region, shape) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in _bounds(region, shape))
