@@ -658,8 +658,8 @@ class CupyBackend(Backend):
         """As :meth:`Backend.fetch`. In a run of plain host memory (not :attr:`pinned`), rows that
         ``view`` finds in host memory go to a contiguous ``dst`` in one copy from there: the
         driver stages pageable memory itself, so a staging buffer of ours only added a copy on
-        one thread (4-5 GB/s, then the driver's 9 GB/s; a warm run at benzene's sizes counted
-        0.098 s of global→device time for its 194 MB of inputs this way, H200, 2026-11-27).
+        one thread (4-5 GB/s, then the driver's 9 GB/s). At benzene's sizes (194 MB of inputs, H100,
+        2026-11-27) a run's global→device seconds fell from 0.068-0.089 to 0.033-0.039.
         Otherwise through two staging buffers of :data:`STAGE_BYTES` each, or
         one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
         :attr:`pinned`), used in turn: while one chunk of rows is copied to the device

@@ -378,10 +378,12 @@ class Executor:
     def _read_fresh(self, tensor: str, version: int, part, out: np.ndarray) -> None:
         """Read ``part`` of ``tensor`` into ``out``, memory not touched since its allocation: its
         pages are faulted in first over threads (:func:`hostcopy.fill`), where this process may
-        run more than one; the read's copy would fault them in on the disk worker alone (about
-        2 GB/s on the H100 machine, against HDF5's 5 GB/s from the page cache). Streamed reads
-        bound the start of a (T) run at benzene's sizes: 0.148 s of disk time for its 194 MB of
-        inputs in a warm run (H200, 2026-11-27), while the first tiles computed for less."""
+        run more than one; the read's copy would fault them in on the disk worker alone. On the
+        H100 machine (2026-11-27, ``.gpurun/s21/io.py``) reading benzene-size (T) inputs
+        (194 MB) into a fresh MPI window took 0.165 s, 0.087 s with this; page faults scaled
+        only 2.5x over 16 threads there, and in whole runs the disk seconds stayed near 0.15 s.
+        One rank's contiguous inputs are mapped instead (:mod:`chainexec.runtime.mapped`); this
+        path serves several ranks and datasets that cannot be mapped."""
         if hostcopy.threads() > 1:
             hostcopy.fill(out, 0)
         self.store.read(tensor, version, part, out)
@@ -419,14 +421,10 @@ class Executor:
             ga, dst = self.buffers[gkey], self.buffers[dkey][lo:hi]
             if self.board is not None:
                 self._ready(ga, slot, lo, hi)
-            rest = tuple(slice(None) for _ in dst.shape[1:])
-
-            def region(rows, lo=lo, hi=hi):
-                return (slice(lo, hi) if rows is None else slice(lo + rows.start, lo + rows.stop),) + rest
-
+            chunk = (slice(lo, hi),) + tuple(slice(None) for _ in dst.shape[1:])
             t0 = time.perf_counter()
-            self.backend.fetch_aside(dst, lambda rows, out: ga.get(region(rows), out=out),
-                                     view=lambda rows: ga.at_hand(region(rows)))
+            self.backend.fetch_aside(dst, lambda rows, out: ga.get(_within(chunk, rows), out=out),
+                                     view=lambda rows: ga.at_hand(_within(chunk, rows)))
             self._spent(OP_LEVEL["get"], f"get {tensor}", time.perf_counter() - t0)
             if self.copied is not None:  # the rows are in page-locked staging or on the device now
                 self.copied.publish(slot, hi)
@@ -959,14 +957,11 @@ class Executor:
         ga, sl = self._relative(op)
         buf = self.buffers[self._key(op)]
 
-        def region(rows):
-            return sl if rows is None else (slice(sl[0].start + rows.start, sl[0].start + rows.stop),) + sl[1:]
-
         def read(rows, out):
-            ga.get(region(rows), out=out)
+            ga.get(_within(sl, rows), out=out)
 
         def view(rows):
-            return ga.at_hand(region(rows))
+            return ga.at_hand(_within(sl, rows))
 
         if after is None:
             self.backend.fetch(buf, read, view)
@@ -1095,6 +1090,14 @@ class Executor:
             self.schedules[key] = symmetry.schedule(cs, sym, free, self.plan.extents)
         taken = self.schedules[key]
         return None if taken is None else taken[symmetry.pattern_of([self._range("device", i)[0] for i in sym])]
+
+
+def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
+    """The part of ``region`` (step-1 slices with starts) at ``rows`` of its first axis, counted
+    from the region's first row (None: all of it), as :meth:`Backend.fetch` names them."""
+    if rows is None:
+        return region
+    return (slice(region[0].start + rows.start, region[0].start + rows.stop),) + region[1:]
 
 
 def _filled(body) -> set[int]:

@@ -63,9 +63,9 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from chainexec.errors import ChainexecError
 from chainexec.runtime import hostcopy
+from chainexec.runtime.region import Region, region_bounds, whole_rows
 from chainexec.spec import format_size
 
-Region = tuple[slice, ...]
 
 SHARED_MEMORY = True
 """Whether arrays over ranks of one host live in shared memory (module docstring); the tests turn
@@ -228,18 +228,7 @@ class GlobalArray:
         return None if self._peers is None else self._view_block(rank)
 
     def _normalise(self, region: Region) -> tuple[tuple[int, int], ...]:
-        """``[start, stop)`` per axis of ``region``: a tuple of step-1 slices, missing trailing axes whole."""
-        if len(region) > len(self.shape):
-            raise IndexError(f"region {region} has more axes than shape {self.shape}")
-        bounds = []
-        for s, n in zip(tuple(region) + (slice(None),) * (len(self.shape) - len(region)), self.shape):
-            if not isinstance(s, slice):
-                raise TypeError(f"region entries must be slices, got {s!r}")
-            start, stop, step = s.indices(n)
-            if step != 1:
-                raise ValueError(f"region slices must have step 1, got {s}")
-            bounds.append((start, max(start, stop)))
-        return tuple(bounds)
+        return region_bounds(region, self.shape)
 
     def owners(self, region: Region) -> list[tuple[int, tuple[int, int]]]:
         """Ranks holding part of ``region``, each with the ``[lo, hi)`` rows of axis 0 it holds;
@@ -314,9 +303,9 @@ class GlobalArray:
         C-contiguous there (rows of one block, whole along every other axis); else None. A
         reader may copy from the view instead of :meth:`get`'s copy into a buffer of its own;
         :meth:`get`'s rules on visibility hold for it (the window is synchronised here)."""
-        bounds = self._normalise(region)
+        box = self._normalise(region)
         owners = self.owners(region)
-        if not bounds or len(owners) != 1 or any((a, b) != (0, n) for (a, b), n in zip(bounds[1:], self.shape[1:])):
+        if not box or len(owners) != 1 or not whole_rows(box, self.shape):
             return None
         rank, (lo, hi) = owners[0]
         block = self.block(rank)

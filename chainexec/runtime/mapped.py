@@ -29,6 +29,7 @@ import h5py
 import numpy as np
 
 from chainexec.runtime import hostcopy
+from chainexec.runtime.region import region_bounds, whole_rows
 
 MADV_POPULATE_READ = 22
 """Linux 5.14's ``madvise`` advice that faults a range's pages in for reading (reading the file
@@ -93,12 +94,12 @@ class MappedArray:
         return self.rows if rank == 0 else (self.rows[1], self.rows[1])
 
     def owners(self, region) -> list[tuple[int, tuple[int, int]]]:
-        lo, hi = _bounds(region, self.shape)[0]
-        return [(0, (lo, hi))] if hi > lo and all(b > a for a, b in _bounds(region, self.shape)) else []
+        box = region_bounds(region, self.shape)
+        return [(0, box[0])] if all(b > a for a, b in box) else []
 
     def get(self, region, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of the patch ``region`` (into ``out`` when given)."""
-        patch = self._block[_slices(region, self.shape)]
+        patch = self._block[tuple(slice(a, b) for a, b in region_bounds(region, self.shape))]
         if out is None:
             return patch.copy()
         hostcopy.copy(out, patch)
@@ -106,10 +107,10 @@ class MappedArray:
 
     def at_hand(self, region) -> np.ndarray | None:
         """As :meth:`GlobalArray.at_hand`: the patch as a view where it is whole rows."""
-        bounds = _bounds(region, self.shape)
-        if any((a, b) != (0, n) for (a, b), n in zip(bounds[1:], self.shape[1:])):
+        box = region_bounds(region, self.shape)
+        if not whole_rows(box, self.shape):
             return None
-        return self._block[bounds[0][0]:bounds[0][1]]
+        return self._block[box[0][0]:box[0][1]]
 
     def discard(self, rows: tuple[int, int]) -> None:
         """Nothing: the pages are the file's, shared with every reader of it."""
@@ -118,12 +119,3 @@ class MappedArray:
         """Let the mapping go: it is unmapped once the last view of it is gone."""
         self._block = self._map = None
 
-
-def _bounds(region, shape) -> list[tuple[int, int]]:
-    """``[start, stop)`` per axis of a tuple of step-1 slices (missing trailing axes whole)."""
-    region = tuple(region) + (slice(None),) * (len(shape) - len(region))
-    return [s.indices(n)[:2] for s, n in zip(region, shape)]
-
-
-def _slices(region, shape) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in _bounds(region, shape))

@@ -22,6 +22,7 @@ import numpy as np
 from chainexec import generator
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
+from chainexec.runtime.region import whole_rows
 from chainexec.runtime.mapped import MappedArray, contiguous_offset
 
 COMPLETE = "chainexec_complete"
@@ -146,7 +147,7 @@ class Store:
         t = self.plan.tensors[tensor]
         if version != 0 or "file" not in t.source or not region:
             return None
-        if any((a, b) != (0, n) for (a, b), n in zip(region[1:], t.shape[1:])) or region[0][1] <= region[0][0]:
+        if not whole_rows(region, t.shape) or region[0][1] <= region[0][0]:
             return None
         path = t.source["file"]
         f = self.readers.get(path)
