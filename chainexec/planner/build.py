@@ -111,8 +111,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
 
     nests = deepen(nests, spec.extents, cs, fits, large)
     # Runs of terms evaluated once per orbit on the tiles of a symmetric loop that permutations
-    # map onto themselves, where their scratch tile fits as second buffers do (the tiles stay).
-    mark(nests, cs, spec.extents, fits)
+    # map onto themselves (the tiles stay).
+    mark(nests, cs, spec.extents)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

@@ -240,10 +240,6 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
                     continue
-                if k in runs and runs[k][0] == k:  # a symmetrized run's scratch tile, live while it runs
-                    c = contractions[node.contraction]
-                    scratch = tensors[c.out].itemsize * _elements(c.out_indices, ranges["device"], extents)
-                    peak["device"] = max(peak["device"], live["device"] + scratch)
                 if machine is None and node.op not in ("alloc", "free"):
                     continue
                 if node.op in ("compute", "fused"):
@@ -255,9 +251,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         def where(ix, ran=ran):
                             return sum(around.by_pattern(ix, extents, "device")[p] for p in ran)
 
-                        if k == start:  # then out += Σ of the scratch's permuted views, read and written
+                        if k == start:  # then out = Σ of its permuted views, in place: read and written
                             c = contractions[node.contraction]
-                            passes = sum((len(t[1]) + 2) * tile_bytes(
+                            passes = sum(2 * tile_bytes(
                                 c.out, c.out_indices, lambda ix, p=p: around.by_pattern(ix, extents, "device")[p])
                                 for p, t in taken.items() if t is not None)
                     group = node.group or [node.contraction]

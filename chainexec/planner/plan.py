@@ -111,8 +111,8 @@ class Op:
     inlined: list[str] | None = None
     lets: list[str] | None = None
     # The first statement of a run of terms that permutations of its output's indices map onto
-    # itself: on tiles those permutations map onto themselves, one term per orbit into a scratch
-    # tile, then symmetrized (:mod:`chainexec.planner.symmetry`).
+    # itself: on tiles those permutations map onto themselves, one term per orbit, then the
+    # output symmetrized in place (:mod:`chainexec.planner.symmetry`).
     symmetrized: bool | None = None
 
 

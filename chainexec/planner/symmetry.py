@@ -8,10 +8,13 @@ of terms into one output (:func:`chainexec.planner.plan.term_run`) that the same
 maps onto itself, as a set, then adds on that tile the same products several times, each read
 with permuted axes. The (T) W run is one: the pair permutations of ``(i a)(j b)(k c)`` map its
 six ``ovvv·t2`` terms onto each other, and so its six ``ovoo·t2`` terms. So on such a tile one
-term per orbit of the tile's stabilizer H is enough, added into a scratch tile, and the output
-gets Σ over H of the scratch read with each permutation's axes. A term that some element of H
-maps onto itself is taken at its factor divided by the number of such elements, so that the sum
-over H restores it exactly once.
+term per orbit of the tile's stabilizer H is enough, added into the output, which then becomes
+Σ over H of itself read with each permutation's axes (in place: every point's new value is read
+from its own orbit of points, :meth:`chainexec.runtime.device.Backend.symmetrize`). That
+restores the run only where the output held nothing before it, so only runs into a buffer
+allocated just before them are marked (:func:`fresh`). A term that some element of H maps onto
+itself is taken at its factor divided by the number of such elements, so that the sum over H
+restores it exactly once.
 
 Over the whole loop the terms run add up to Σ over the tile cube of each tile once instead of
 each ordered tile tuple times the number of terms: at benzene's (T) sizes (o=21, v=93, tiles of
@@ -21,11 +24,12 @@ Measured on one H200 full tile
 6.7 ms (i = j = k: two terms, one GEMM, and a pass reading six permuted views) and 8.6 ms
 (two equal: six terms).
 
-The planner marks a run (:attr:`chainexec.planner.plan.Op.symmetrized` on its first statement)
-where the scratch tile fits in the room second buffers may take; the cost model
-(:mod:`chainexec.planner.cost`) prices each pattern of equal positions with the terms and
-passes the executor runs there, so predicted flops, statements, streamed bytes and peaks still
-equal the measured ones.
+The planner marks a run (:attr:`chainexec.planner.plan.Op.symmetrized` on its first statement);
+the cost model (:mod:`chainexec.planner.cost`) prices each pattern of equal positions with the
+terms and the pass the executor runs there, so predicted flops, statements, streamed bytes and
+peaks still equal the measured ones. Until 2026-11-27 the orbit terms went into a scratch tile
+and the output got ``+= Σ`` of the scratch's permuted views: a second tile of device memory and,
+on a diagonal (T) tile, eight passes over the tile instead of two.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from collections import Counter
 from functools import lru_cache
 
 from chainexec.planner.pipeline import executed
-from chainexec.planner.plan import Contraction, Loop, Op, term_run
+from chainexec.planner.plan import Contraction, Loop, Op, ops, term_run
 
 Term = tuple
 """A term as plain data: ``(a, a_indices, b, b_indices, factor)`` (``b`` None for a copy)."""
@@ -132,8 +136,8 @@ def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H) -> tuple[tuple[i
 
 
 def axes(H, out: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
-    """The axis permutation of ``out``'s tile for each renaming of ``H``: the scratch tile read
-    through ``transpose(p)`` is the orbit's terms under that renaming (the sum over the whole
+    """The axis permutation of ``out``'s tile for each renaming of ``H``: the orbit terms' sum
+    read through ``transpose(p)`` is their sum under that renaming (the sum over the whole
     group is the same in either direction, as the group holds each inverse)."""
     return tuple(tuple(out.index(dict(g)[i]) for i in out) for g in H)
 
@@ -193,7 +197,7 @@ def pattern_of(positions: list[int]) -> tuple[int, ...]:
 def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[str, int]):
     """For a run of terms (:func:`chainexec.planner.plan.term_run`) in a loop over ordered tile
     tuples of ``symmetric`` (loop order), per pattern of equal positions (:func:`patterns`): the
-    terms to run there and the scratch tile's axis permutations, ``(((position, scale), …),
+    terms to run there and the axis permutations the output is then summed over, ``(((position, scale), …),
     axes)``, or None where every term runs as it is. None for the whole run where no pattern
     runs fewer terms (or it is no run of contractions). ``free``: the output's other indices
     that every tile sees whole. The planner, the cost model and the executor all ask this."""
@@ -233,12 +237,33 @@ def free_indices(out: list[str], symmetric: list[str], loops, extents: dict[str,
             and all(loop.tiles.get(i, extents[i]) >= extents[i] for loop in loops)}
 
 
-def mark(nests, contractions: list[Contraction], extents: dict[str, int], fits) -> None:
+def fresh(body: list, start: int, contractions: list[Contraction]) -> bool:
+    """Whether the run at ``body[start]`` adds into a buffer nothing has written yet: its
+    output's device ``alloc`` (zeros) comes before it in the same body, with no statement in
+    between naming the tensor. The in-place symmetrization (``out = Σ`` of its permuted views)
+    restores the run's sum only on such a buffer."""
+    out = contractions[body[start].contraction].out
+    for node in reversed(body[:start]):
+        named = [node] if isinstance(node, Op) else [op for op, _ in ops(node.body)]
+        for op in named:
+            if op.op == "alloc" and op.level == "device" and op.tensor == out and op is node:
+                return True
+            if _names(op, contractions, out):
+                return False
+    return False
+
+
+def _names(op: Op, contractions: list[Contraction], tensor: str) -> bool:
+    """Whether a statement reads, writes or holds ``tensor``."""
+    cs = [contractions[k] for k in (op.group or ([op.contraction] if op.contraction is not None else []))]
+    return op.tensor == tensor or any(tensor in (c.out, c.a, c.b) for c in cs)
+
+
+def mark(nests, contractions: list[Contraction], extents: dict[str, int]) -> None:
     """Set :attr:`Op.symmetrized` on the first statement of each run of terms (inside a loop over
     ordered tuples of symmetric indices, or not) for which :func:`schedule` runs fewer terms
-    somewhere, where ``fits(body)`` still holds for the nest's body with its scratch tile (the
-    planner's rule for second buffers: within half the room the plan leaves, so that the
-    contractions' temporaries keep the rest); in place."""
+    somewhere, where the run adds into a buffer allocated just before it (:func:`fresh`); in
+    place."""
 
     def bodies(body, loops):
         yield body, loops
@@ -251,7 +276,6 @@ def mark(nests, contractions: list[Contraction], extents: dict[str, int], fits) 
             sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
             for run in runs(body, loops[-1] if loops else None, contractions):
                 cs = [contractions[body[k].contraction] for k in run]
-                if schedule(cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents):
+                if (fresh(body, run[0], contractions)
+                        and schedule(cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents)):
                     body[run[0]].symmetrized = True
-                    if not fits(nest.body):
-                        body[run[0]].symmetrized = None

@@ -1045,10 +1045,11 @@ class Executor:
         """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms
         in one point-wise kernel, contractions in one sum kernel. A run marked
         :attr:`Op.symmetrized`, on a tile that permutations of its output's indices map onto
-        themselves (:meth:`_orbits`): one term per orbit into a scratch tile, then ``out`` += Σ
-        of the scratch's permuted views; counted as the cost model prices it."""
+        themselves (:meth:`_orbits`): one term per orbit into ``out`` (zero: the planner marks
+        only runs into a buffer allocated just before them), then ``out`` = Σ of its permuted
+        views, in place; counted as the cost model prices it."""
         cs = [self.plan.contractions[op.contraction] for op in run]
-        out = target = self._view(cs[0].out, cs[0].out_indices)
+        out = self._view(cs[0].out, cs[0].out_indices)
         operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
                     for c in cs]
         orbits = self._orbits(cs) if run[0].symmetrized else None
@@ -1056,31 +1057,26 @@ class Executor:
             terms, axes = orbits
             cs = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
             operands = [operands[k] for k, _ in terms]
-            with _naming(Op("compute", "device", cs[0].out, cs[0].out_indices)):
-                target = self.backend.zeros(out.shape, out.dtype)
-            self.counters.hold("device", target.nbytes)
         if len(cs) == 1:
-            self.backend.contract(cs[0], target, *operands[0])
+            self.backend.contract(cs[0], out, *operands[0])
         elif cs[0].pointwise():
-            self.backend.contract_terms(cs, target, operands)
+            self.backend.contract_terms(cs, out, operands)
         else:
-            self.backend.contract_sum(cs, target, operands)
+            self.backend.contract_sum(cs, out, operands)
         # tile-sized reads and writes, the cost model's rule (cost._run_tails): the output read
         # and written once per term, once for a point-wise run
         moved = 2 * (1 if cs[0].pointwise() else len(cs))
         if orbits is not None:
-            self.backend.symmetrize(out, target, axes)
-            self.counters.hold("device", -target.nbytes)
-            moved += len(axes) + 2  # the scratch's permuted views read, out read and written
-            del target
+            self.backend.symmetrize(out, axes)
+            moved += 2  # out read and written once more
         self._watch()
         self._count(cs)
         self.counters.streamed += moved * out.nbytes + sum(x.nbytes for pair in operands for x in pair
                                                            if x is not None)
 
     def _orbits(self, cs) -> tuple | None:
-        """The terms a symmetrized run runs on this tile (position, factor scale) and the scratch
-        tile's axis permutations (:func:`chainexec.planner.symmetry.schedule`), or None where
+        """The terms a symmetrized run runs on this tile (position, factor scale) and the axis
+        permutations its output is summed over (:func:`chainexec.planner.symmetry.schedule`), or None where
         this tile runs every term."""
         sym = self.symmetric or []
         free = frozenset(i for i in cs[0].out_indices if i not in sym

@@ -660,20 +660,30 @@ def test_warm_up_runs_beside_the_backend():
         assert not t.is_alive()
 
 
-@pytest.mark.parametrize("axes", [[(0, 1, 2, 3, 4, 5), (1, 0, 2, 4, 3, 5)],
-                                  [p[:3] + tuple(3 + x for x in p[:3]) for p in
-                                   [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]]])
-def test_symmetrize_equals_numpy(axes):
-    """CuPy's symmetrize (one point-wise kernel over the scratch's permuted views) against
-    NumPy's sum of transposes on a (T)-shaped tile (3x3x3x7x7x7), with two pair permutations and
-    with all six, added into an output that is not zero."""
-    rng = np.random.default_rng(len(axes))
-    scratch, out = rng.standard_normal((3, 3, 3, 7, 7, 7)), rng.standard_normal((3, 3, 3, 7, 7, 7))
-    want = out.copy()
-    Backend().symmetrize(want, scratch, axes)
-    got = cupy.asarray(out)
-    CupyBackend(cupy).symmetrize(got, cupy.asarray(scratch), axes)
-    assert relerr(cupy.asnumpy(got), want) <= 1e-13
+PAIR_PERMUTATIONS = [p + tuple(3 + x for x in p) for p in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]]
+
+
+@pytest.mark.parametrize("shape, group, cut", [((3, 3, 3, 7, 7, 7), PAIR_PERMUTATIONS[:1] + PAIR_PERMUTATIONS[2:3], False),
+                                               ((3, 3, 3, 13, 13, 13), PAIR_PERMUTATIONS, True),
+                                               ((2, 2, 2, 93, 93, 93), PAIR_PERMUTATIONS, False),
+                                               ((2, 2, 3, 93, 93, 93), PAIR_PERMUTATIONS[:1] + PAIR_PERMUTATIONS[2:3], True)])
+def test_symmetrize_equals_numpy(shape, group, cut):
+    """CuPy's in-place symmetrize (one kernel over orbits of blocks) against NumPy's sum of the
+    transposes, made before anything changes, on (T)-shaped tiles under one pair permutation and
+    under all six (blocks of 8 overhanging 13 and 93; benzene's virtual extent), on a whole
+    buffer and on a view cut from a larger one (nothing outside the view written)."""
+    rng = np.random.default_rng(sum(shape))
+    big = rng.standard_normal(tuple(n + 2 * cut for n in shape))
+    inner = tuple(slice(1, n + 1) if cut else slice(None) for n in shape)
+    want = big.copy()
+    want[inner] = sum(big[inner].transpose(p) for p in group)
+    got = cupy.asarray(big)
+    CupyBackend(cupy).symmetrize(got[inner], group)
+    host = cupy.asnumpy(got)
+    assert relerr(host[inner], want[inner]) <= 1e-13
+    outside = np.ones(big.shape, bool)
+    outside[inner] = False
+    assert np.array_equal(host[outside], big[outside])
 
 
 def test_kernel_cache_reused():

@@ -9,6 +9,7 @@ read across the output's fastest index go through shared memory) are run on the 
 from __future__ import annotations
 
 import itertools
+import math
 import shutil
 import subprocess
 
@@ -117,6 +118,14 @@ def test_sources_compile_with_nvcc(tmp_path):
     sources.append(pointwise.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape,
                                           [(0, 0, 0, 160000, 400, 1), (0, 0, 0, 400, 1, 0)], ("float64",) * 3, orbit))
     assert orbit.count == 22100
+    # In-place symmetrizations: benzene's diagonal (T) tile, one with two equal positions, and a
+    # diagonal tile at o=40 v=400 (64-bit offsets).
+    for shape, group in (((6, 6, 6, 93, 93, 93), PAIRS), ((6, 6, 6, 93, 93, 93), PAIRS[:2]),
+                         ((8, 8, 8, 400, 400, 400), PAIRS)):
+        strides = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+        plan = pointwise.symmetrize_plan(shape, strides, tuple(group), 8)
+        sources.append(pointwise.symmetrize_source(shape, strides, tuple(group), "float64", plan))
+    assert "const long long o" in sources[-1] and "const int o" in sources[-2]
     assert all(pointwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
     assert "long long rest" in sources[-3]
     for k, text in enumerate(sources):
@@ -531,3 +540,55 @@ def test_launches_use_the_source_and_grid_of_their_staging(case):
     grid = pointwise.blocks(shape, pointwise.staging(shape, reduced, types[:-1] + ("float64",)))
     assert xp.launches[-1] == (pointwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
                                "chainexec_reduce", (grid,), (pointwise.BLOCK,), 1 + len(inputs))
+
+
+PAIRS = [(0, 1, 2, 3, 4, 5), (1, 0, 2, 4, 3, 5), (2, 1, 0, 5, 4, 3), (0, 2, 1, 3, 5, 4), (1, 2, 0, 4, 5, 3),
+         (2, 0, 1, 5, 3, 4)]
+"""The (T) W tile's pair permutations of (i a)(j b)(k c) on [i, j, k, a, b, c]: a diagonal tile's group."""
+SYMMETRIZE_CASES = {
+    "pairs": ((2, 2, 2, 9, 9, 9), PAIRS, [0, 1, 2, 3, 4, 5], np.float64),
+    "pairs float32": ((2, 2, 2, 9, 9, 9), PAIRS, [0, 1, 2, 3, 4, 5], np.float32),
+    "two equal": ((2, 2, 3, 5, 5, 11), PAIRS[:2], [0, 1, 2, 3, 4, 5], np.float64),
+    "transposed, fixed blocks": ((37, 37), [(0, 1), (1, 0)], [1, 0], np.float64),
+}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("case", sorted(SYMMETRIZE_CASES))
+def test_symmetrize_in_place_equals_numpy(case, tmp_path):
+    """The in-place symmetrization kernel, run on the CPU, against NumPy's out-of-place sum of the
+    permuted views: ``pairs``, a diagonal (T) tile's six pair permutations over blocks of 8
+    overhanging the extent 9; ``two equal``, a tile whose first two positions are equal; a
+    square array stored transposed, whose diagonal blocks are their own images (each written
+    once). Nothing outside the view is written (NaN padding)."""
+    shape, axes, order, dtype = SYMMETRIZE_CASES[case]
+    rng = np.random.default_rng(len(case))
+    big, view = _padded(rng, shape, order, dtype)
+    want = sum(view.transpose(p) for p in axes)
+    strides = element_strides(view)
+    plan = pointwise.symmetrize_plan(shape, strides, tuple(axes), np.dtype(dtype).itemsize)
+    text = pointwise.symmetrize_source(shape, strides, tuple(axes), np.dtype(dtype).name, plan)
+    got = _emulated(tmp_path, text, "chainexec_symmetrize", [big], [_offset_of(big, view)], int(np.prod(plan.counts)))
+    inner = tuple(slice(1, n - 1) for n in big.shape)
+    outside = np.ones(got.shape, bool)
+    outside[inner] = False
+    assert np.isnan(got[outside]).all()
+    result = got[inner].transpose(np.argsort(order))
+    tolerance = 1e-6 if dtype == np.float32 else 1e-14
+    assert np.max(np.abs(result - want)) <= tolerance * np.max(np.abs(want))
+
+
+def test_symmetrize_blocks():
+    """Blocks of 8 along the three exchanged virtual dimensions of a diagonal (T) tile (one along
+    the occupied ones); with a pair exchanged, the fixed fastest dimension whole; axes that are
+    not a group of shape-preserving permutations are refused."""
+    shape, strides = (6, 6, 6, 93, 93, 93), (6 * 6 * 93**3, 6 * 93**3, 93**3, 93 * 93, 93, 1)
+    plan = pointwise.symmetrize_plan(shape, strides, tuple(PAIRS), 8)
+    assert plan.edges == (1, 1, 1, 8, 8, 8) and plan.counts == (6, 6, 6, 12, 12, 12)
+    assert pointwise.symmetrize_plan(shape, strides, tuple(PAIRS[:2]), 8).edges == (1, 1, 1, 2, 2, 93)
+    with pytest.raises(ValueError, match="closed"):
+        pointwise.symmetrize_plan(shape, strides, tuple(PAIRS[:3]), 8)
+    with pytest.raises(ValueError, match="identity"):
+        pointwise.symmetrize_plan(shape, strides, tuple(PAIRS[1:2]), 8)
+    with pytest.raises(ValueError, match="equal extent"):
+        pointwise.symmetrize_plan((2, 3), (3, 1), ((0, 1), (1, 0)), 8)
