@@ -1605,7 +1605,7 @@ class TuningCache:
 
 def warm_up(cupy, device: int) -> None:
     """Load on a thread of its own what every GPU run loads on first use: cuBLAS (its state and a
-    handle), CUB's reduction and the CuPy element-wise kernels the backend launches itself, each
+    handle) and the CuPy element-wise kernels the backend launches itself, each
     by one call on a few elements, on a stream of its own (non-blocking: the run's streams never
     wait for it). :func:`select` starts it with the backend, so the loading overlaps the
     executor's first reads and uploads instead of holding up its first statements.
@@ -1614,8 +1614,10 @@ def warm_up(cupy, device: int) -> None:
     for 0.17 s of the executor's first 0.2 s (``torch.profiler`` trace, 2026-11-27); about 0.1 s
     of it was these first uses: 25 ms before the first cuBLAS call ran, 24 ms in
     ``cudaFuncGetAttributes`` as CUB's reduction first ran, about 6 ms per element-wise kernel
-    module loaded. Nothing here is needed for correctness: a failure only leaves the loading to
-    the first real use, which reports any real fault itself."""
+    module loaded. The reductions no longer use CUB (:func:`chainexec.runtime.pointwise.total`):
+    loaded here, its 34 ms still held up the executor's first GEMM (the loads of two threads
+    wait for each other). Nothing here is needed for correctness: a failure only leaves the
+    loading to the first real use, which reports any real fault itself."""
     try:
         with cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
             x = cupy.ones((8, 8), cupy.float64)
@@ -1625,7 +1627,7 @@ def warm_up(cupy, device: int) -> None:
             cupy.add(x, y, out=y)  # products added into an output
             cupy.add(cupy.arange(3, dtype=cupy.int64), 1)  # batched GEMMs' device addresses
             y.fill(0.0)
-            y.sum()  # CUB: the fused reductions' partial sums
+            pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
             x @ y  # cuBLAS
             stream.synchronize()
     except Exception:  # best effort by design (see the docstring)

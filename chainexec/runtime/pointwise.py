@@ -35,8 +35,8 @@ not staged (:data:`STAGE_SHARE`).
 :func:`reduce` sums such an expression over a whole index space instead of writing it (a fused
 statement into a scalar, :mod:`chainexec.planner.inline`: the (T) energy): one element per thread
 as above, each block adds its threads' values in a fixed order and writes one partial sum, and
-the partial sums are added by CuPy. The grid depends on the shape and strides only, so a run's
-result is the same bit for bit every time (no atomics). A first version had 4,096 blocks loop
+one more block adds the partial sums (:func:`total`). The grid depends on the shape and strides
+only, so a run's result is the same bit for bit every time (no atomics). A first version had 4,096 blocks loop
 over the elements: on the H100 the (T) energy's expression (thirteen reads, six of them
 permuted) then took 2.0 s of a run where the unfused statements took 1.3 s, too few loads in
 flight to hide the permuted reads' latency.
@@ -338,6 +338,26 @@ def _block_sum() -> list[str]:
             "}"]
 
 
+TOTAL_SOURCE = "\n".join(["extern \"C\" __global__ void chainexec_total(double* __restrict__ Y, "
+                          "const double* __restrict__ P, const unsigned n) {",
+                          "  __shared__ double part[32];",
+                          "  double acc = 0.0;",
+                          f"  for (unsigned k = threadIdx.x; k < n; k += {BLOCK}u) acc += P[k];"] + _block_sum())
+"""CUDA C of ``chainexec_total(y, partial, n)``: one block adds the ``n`` partial sums of a
+reduction kernel (each thread a fixed stride of them in order, then :func:`_block_sum`'s fixed
+tree) into ``y[0]``. Not CuPy's ``sum``: that is CUB's reduction, whose module loading took
+34 ms of a fresh (T) run's first 0.1 s on an H200 (``torch.profiler``, 2026-11-27), and held
+up the first GEMM behind it."""
+
+
+def total(xp, partial):
+    """Σ ``partial`` (float64, one dimension) as a 0-d float64 device array, in a fixed order
+    (:data:`TOTAL_SOURCE`): the same bits every run."""
+    out = xp.empty((), xp.float64)
+    _kernel(xp, TOTAL_SOURCE, "chainexec_total")((1,), (BLOCK,), (out, partial, xp.uint32(partial.size)))
+    return out
+
+
 @lru_cache(maxsize=1024)
 def _kernel(xp, text: str, name: str):
     return xp.RawKernel(text, name)
@@ -376,8 +396,7 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
     """Σ ``code`` over every element of ``shape`` (views as in :func:`launch`, each with extent
     ``shape``'s or 1 per dimension), as a 0-d float64 device array; threads walk ``shape`` in
     C order (its last dimension fastest)."""
-    total = math.prod(shape)
-    if total == 0:
+    if math.prod(shape) == 0:
         return xp.zeros((), xp.float64)
     walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
     merged, strides = layout(tuple(shape), _strides(views, walk))
@@ -385,7 +404,7 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
     text, grid = _prepared("chainexec_reduce", code, merged, tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
-    return partial.sum()
+    return total(xp, partial)
 
 
 @dataclass(frozen=True)
@@ -750,7 +769,7 @@ def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[in
     partial = xp.empty(grid, xp.float64)
     table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
     _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
-    return partial.sum()
+    return total(xp, partial)
 
 
 def contraction_source(shape: tuple[int, ...], summed: tuple[int, ...], strides: list[tuple[int, ...]],

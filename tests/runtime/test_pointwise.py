@@ -126,6 +126,7 @@ def test_sources_compile_with_nvcc(tmp_path):
         plan = pointwise.symmetrize_plan(shape, strides, tuple(group), 8)
         sources.append(pointwise.symmetrize_source(shape, strides, tuple(group), "float64", plan))
     assert "const long long o" in sources[-1] and "const int o" in sources[-2]
+    sources.append(pointwise.TOTAL_SOURCE)
     assert all(pointwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
     assert "long long rest" in sources[-3]
     for k, text in enumerate(sources):
@@ -513,7 +514,7 @@ class _Recording:
 
     def __init__(self):
         self.launches = []
-        self.empty, self.zeros, self.float64 = np.empty, np.zeros, np.float64
+        self.empty, self.zeros, self.float64, self.uint32 = np.empty, np.zeros, np.float64, np.uint32
 
     def RawKernel(self, text, name):
         return lambda grid, block, args: self.launches.append((text, name, grid, block, len(args)))
@@ -523,7 +524,8 @@ class _Recording:
 def test_launches_use_the_source_and_grid_of_their_staging(case):
     """The kernel text and grid a launch and a reduction pass on are :func:`pointwise.source` /
     :func:`pointwise.reduce_source` and :func:`pointwise.blocks` of the reduced layout, staged or
-    not, the same on a second call (made once per process)."""
+    not, the same on a second call (made once per process); a reduction's partial sums are then
+    added by :func:`pointwise.total`."""
     out, inputs = views(case)
     types = tuple(a.dtype.name for a in inputs) + (out.dtype.name,)
     shape, reduced = pointwise.layout(out.shape, [element_strides(out)] + [element_strides(a) for a in inputs])
@@ -538,8 +540,9 @@ def test_launches_use_the_source_and_grid_of_their_staging(case):
     shape, reduced = pointwise.layout(out.shape, [walk] + [element_strides(a) for a in inputs])
     pointwise.reduce(xp, code, inputs, out.shape)
     grid = pointwise.blocks(shape, pointwise.staging(shape, reduced, types[:-1] + ("float64",)))
-    assert xp.launches[-1] == (pointwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
-                               "chainexec_reduce", (grid,), (pointwise.BLOCK,), 1 + len(inputs))
+    assert xp.launches[-2:] == [(pointwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
+                                 "chainexec_reduce", (grid,), (pointwise.BLOCK,), 1 + len(inputs)),
+                                (pointwise.TOTAL_SOURCE, "chainexec_total", (1,), (pointwise.BLOCK,), 3)]
 
 
 PAIRS = [(0, 1, 2, 3, 4, 5), (1, 0, 2, 4, 3, 5), (2, 1, 0, 5, 4, 3), (0, 2, 1, 3, 5, 4), (1, 2, 0, 4, 5, 3),
@@ -592,3 +595,16 @@ def test_symmetrize_blocks():
         pointwise.symmetrize_plan(shape, strides, tuple(PAIRS[1:2]), 8)
     with pytest.raises(ValueError, match="equal extent"):
         pointwise.symmetrize_plan((2, 3), (3, 1), ((0, 1), (1, 0)), 8)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("n", [1, 255, 4097])
+def test_total_adds_partial_sums_in_a_fixed_order(n, tmp_path):
+    """The reductions' last step (one block over ``n`` partial sums, fewer or more than its
+    threads), run on the CPU, against NumPy's sum; nothing but ``y[0]`` is written."""
+    partial = np.random.default_rng(n).standard_normal(n)
+    y = np.full(2, np.nan)
+    emulated = pointwise.TOTAL_SOURCE.replace(", const unsigned n)", ")").replace(
+        "k < n;", f"k < {n}u;")  # the emulation passes buffers only
+    got = _emulated(tmp_path, emulated, "chainexec_total", [y, partial], [0, 0], 1)
+    assert abs(got[0] - partial.sum()) <= 1e-13 * np.abs(partial).sum() and np.isnan(got[1])
