@@ -85,6 +85,9 @@ class Deferred(device.Backend):
 
     contract_sum = contract_terms  # (the base class's run term by term through self.contract, queued here)
 
+    def symmetrize(self, out, axes):
+        self.queue.append(lambda: device.Backend.symmetrize(self, out, axes))
+
     def evaluate(self, tree, arrays, order, out):
         self.queue.append(lambda: device.Backend.evaluate(self, tree, arrays, order, out))
 
