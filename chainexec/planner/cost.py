@@ -33,7 +33,7 @@ from chainexec import expr
 from chainexec.planner import inline, symmetry
 from chainexec.planner.machine import Machine
 from chainexec.planner.pipeline import key, staged
-from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Op, Plan, term_run
+from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Plan
 
 CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
