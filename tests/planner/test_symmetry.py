@@ -203,3 +203,23 @@ def test_a_run_into_a_written_buffer_is_not_marked(tmp_path):
         got = f["Y"][...]
     expected = reference(cfg, tmp_path)
     assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+
+
+@pytest.mark.parametrize("between, fresh", [([], True),
+                                            ([Op("alloc", "device", "A", ["i", "k"]), Op("get", "device", "A", ["i", "k"])], True),
+                                            ([Op("get", "device", "X", ["i", "j"])], False),
+                                            ([Op("compute", "device", "Y", ["i", "j"], contraction=2)], False),
+                                            ([Loop("device", {"k": 2}, body=[Op("compute", "device", "Y", ["i", "j"], contraction=2)])], False),
+                                            ([Loop("device", {"k": 2}, body=[Op("alloc", "device", "A", ["i", "k"])])], True),
+                                            (None, False)])
+def test_fresh_means_allocated_just_before_with_nothing_naming_it(between, fresh):
+    """A run into X is fresh where X's device alloc comes before it in the same body and no
+    statement in between names X, also inside a loop (here a statement reading X into Y);
+    without an alloc in the body X may hold anything."""
+    cs = [Contraction(0, "X", ["i", "j"], "A", ["i", "k"], "B", ["j", "k"], 1.0, False, 0, 0),
+          Contraction(1, "X", ["i", "j"], "B", ["i", "k"], "A", ["j", "k"], 1.0, True, 0, 0),
+          Contraction(2, "Y", ["i", "j"], "X", ["i", "j"], None, None, 1.0, True, 0, 0)]
+    head = [] if between is None else [Op("alloc", "device", "X", ["i", "j"])] + between
+    body = head + [Op("compute", "device", "X", ["i", "j"], contraction=0),
+                   Op("compute", "device", "X", ["i", "j"], contraction=1)]
+    assert symmetry.fresh(body, len(head), cs) is fresh
