@@ -676,11 +676,9 @@ def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tu
              f"  __shared__ {value} S[{g * slot}];",
              "  unsigned long long rest = blockIdx.x;"]
     lines += [f"  const long long B{d} = rest % {counts[d]}ull; rest /= {counts[d]}ull;" for d in reversed(range(n))]
-    keys = []
     for r, p in enumerate(axes):
         image = _image(p, tuple(f"B{d}" for d in range(n)))  # block coordinates of slot r
-        keys.append(" + ".join(f"{image[d]} * {radix[d]}ll" for d in range(n)))
-        lines.append(f"  const long long K{r} = {keys[r]};")
+        lines.append(f"  const long long K{r} = " + " + ".join(f"{image[d]} * {radix[d]}ll" for d in range(n)) + ";")
         if r:
             lines.append(f"  if (K{r} < K0) return;")
     local = [f"const {index} l{d} = ({index})(u % {edges[d]}u); u /= {edges[d]}u;"
