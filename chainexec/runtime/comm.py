@@ -16,9 +16,22 @@ def world():
     return MPI.COMM_WORLD
 
 
+LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK")
+"""Where launchers (Open MPI, MPICH's Hydra, srun, PMI) say a rank's position on its node."""
+
+LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_NTASKS", "MPI_LOCALNRANKS")
+"""Variables a launcher sets in the processes it starts; a process without any is an MPI singleton."""
+
+
+def launched() -> bool:
+    """Whether a launcher started this process (one of :data:`LAUNCHER` is set), read without
+    initialising MPI."""
+    return any(var in os.environ for var in LAUNCHER)
+
+
 def local_rank(comm) -> int:
     """This rank's position among the ranks of its node (for binding a GPU)."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"):
+    for var in LOCAL_RANK:
         if var in os.environ:
             return int(os.environ[var])
     from mpi4py import MPI

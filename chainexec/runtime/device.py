@@ -84,7 +84,7 @@ from chainexec import expr
 from chainexec.errors import ChainexecError
 from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import pointwise
+from chainexec.runtime import pointwise, uselog, warmup
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
@@ -1298,17 +1298,17 @@ class CupyBackend(Backend):
         base = (a.data.ptr, b.data.ptr, out.data.ptr)
         count, *steps = g.batch
         size = out.itemsize
-        # Recent CuPy takes the scalars by address (host memory, pointer mode host), old versions
-        # by value: only a signature that says so (docstring) selects by value, since a value
-        # read as an address crashes cuBLAS.
-        by_value = any(f"{t} alpha" in (strided.__doc__ or "") for t in ("double", "float"))
         # every launch's matrix addresses before the first call: a failed allocation then leaves
         # ``out`` untouched for the caller's fallback. Each base address is a kernel argument: a
         # host array copied to the device here would wait for all the work queued before it.
         ats = [None if table is None else self._addresses(table, base) for table in offsets]
         for launch, at in zip(launches, ats):
-            scalars = np.array([alpha, beta if launch.first else 1.0], out.dtype)
-            one, two = scalars.tolist() if by_value else (scalars.ctypes.data, scalars.ctypes.data + size)
+            second = beta if launch.first else 1.0
+            keep, one, two = warmup.scalars(strided if launch.strided else pointers, alpha, second, out.dtype)
+            uselog.note(self.tuning.device, "gemms",  # for the next process's warm-up
+                        ("d" if double else "s", bool(launch.strided), bool(bl.trans_a), bool(bl.trans_b),
+                         *map(int, (bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc)),
+                         int(count if launch.strided else len(launch.offsets)), int(second != 0)))
             if launch.strided:
                 at = [p + int(o) * size for p, o in zip(base, launch.offsets[0])]
                 strided(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
@@ -1572,8 +1572,7 @@ class TuningCache:
         """The cache of the current CuPy device, in the kernel cache's folder."""
         from chainexec.runtime.kernels import cache_dir
 
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        return cls(name.decode() if isinstance(name, bytes) else str(name), cache_dir() / "tuning.json")
+        return cls(uselog.device_name(cupy), cache_dir() / "tuning.json")
 
     def _read(self) -> dict:
         try:
@@ -1603,37 +1602,6 @@ class TuningCache:
         self._known = data
 
 
-def warm_up(cupy, device: int) -> None:
-    """Load on a thread of its own what every GPU run loads on first use: cuBLAS (its state and a
-    handle) and the CuPy element-wise kernels the backend launches itself, each
-    by one call on a few elements, on a stream of its own (non-blocking: the run's streams never
-    wait for it). :func:`select` starts it with the backend, so the loading overlaps the
-    executor's first reads and uploads instead of holding up its first statements.
-
-    Why: in a fresh process at benzene's (T) shapes (o=21, v=93) on an H200 the device sat idle
-    for 0.17 s of the executor's first 0.2 s (``torch.profiler`` trace, 2026-11-27); about 0.1 s
-    of it was these first uses: 25 ms before the first cuBLAS call ran, 24 ms in
-    ``cudaFuncGetAttributes`` as CUB's reduction first ran, about 6 ms per element-wise kernel
-    module loaded. The reductions no longer use CUB (:func:`chainexec.runtime.pointwise.total`):
-    loaded here, its 34 ms still held up the executor's first GEMM (the loads of two threads
-    wait for each other). Nothing here is needed for correctness: a failure only leaves the
-    loading to the first real use, which reports any real fault itself."""
-    try:
-        with cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
-            x = cupy.ones((8, 8), cupy.float64)
-            y = cupy.empty_like(x)
-            y[...] = x  # cupy_copy: operand stacking and copies between views
-            cupy.multiply(x, 0.5, out=y)  # factors folded into stacked operands
-            cupy.add(x, y, out=y)  # products added into an output
-            cupy.add(cupy.arange(3, dtype=cupy.int64), 1)  # batched GEMMs' device addresses
-            y.fill(0.0)
-            pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
-            x @ y  # cuBLAS
-            stream.synchronize()
-    except Exception:  # best effort by design (see the docstring)
-        pass
-
-
 def select(name: str = "auto", comm=None) -> Backend:
     """``numpy``, ``cupy``, or ``auto`` (CuPy when it imports and sees a GPU, else NumPy).
 
@@ -1653,7 +1621,9 @@ def select(name: str = "auto", comm=None) -> Backend:
             if count > 0:
                 device = local_rank(comm) % count if comm is not None else 0
                 cupy.cuda.Device(device).use()
-                threading.Thread(target=warm_up, args=(cupy, device), name="chainexec-warm-up").start()
+                warmup.wait()
+                if warmup.claim(device):  # where the command's start did not warm this device up
+                    threading.Thread(target=warmup.warm_up, args=(cupy, device), name="chainexec-warm-up").start()
                 return CupyBackend(cupy, method)
         except Exception as err:  # no cupy, no driver, no device: all mean "no GPU here"
             if name == "cupy":

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..planner import sumkernel, summma
 from ..planner.codegen import generate, grid_size, kernel_params
 from ..planner.kernelconf import Device, KernelConfig, choose_config, parse_contraction
+from . import uselog
 
 NVRTC_OPTIONS = ("--std=c++17",)
 """Options passed to NVRTC besides the architecture (part of the cache key)."""
@@ -104,7 +105,8 @@ def precompile(kernels: list[tuple[str, str]], compute_capability: str) -> None:
 def load_function(name: str, source: str):
     """The CuPy kernel function ``name`` of ``source`` on the current device.
 
-    Looks in the in-process table, then the disk cache, and compiles only on a miss."""
+    Looks in the in-process table, then the disk cache, and compiles only on a miss. A kernel
+    loaded here is logged (:mod:`chainexec.runtime.uselog`) for the next process's warm-up."""
     import cupy
 
     dev = cupy.cuda.Device()
@@ -116,8 +118,26 @@ def load_function(name: str, source: str):
         return fn
     fn = cupy.RawModule(path=str(_cached_cubin(name, source, cc))).get_function(name)
     with _LOCK:
-        _LOADED[(key, dev.id)] = fn
+        fn = _LOADED.setdefault((key, dev.id), fn)
+    uselog.note(uselog.device_name(cupy, dev.id), "modules", (key, name))
     return fn
+
+
+def preload(name: str, key: str) -> None:
+    """Load kernel ``name`` of the cached CUBIN ``key`` on the current device into the in-process
+    table where the disk cache holds it: the function itself, not only its module (reading an
+    attribute makes CUDA's lazy loading load it). The warm-up's way to load a logged kernel
+    before :func:`load_function` asks for it."""
+    import cupy
+
+    path = cache_dir() / f"{key}.cubin"
+    dev = cupy.cuda.Device()
+    if (key, dev.id) in _LOADED or not path.exists():
+        return
+    fn = cupy.RawModule(path=str(path)).get_function(name)
+    fn.num_regs
+    with _LOCK:
+        _LOADED.setdefault((key, dev.id), fn)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from chainexec.planner.inline import MOVED
+from chainexec.runtime import uselog
 
 C_TYPES = {"float64": "double", "float32": "float"}
 """The dtypes a plan's tensors may have (see :mod:`chainexec.spec`), as C type names."""
@@ -360,7 +361,19 @@ def total(xp, partial):
 
 @lru_cache(maxsize=1024)
 def _kernel(xp, text: str, name: str):
+    """The kernel ``name`` of ``text``, made once per process (CuPy compiles it or reads its own
+    disk cache). A kernel made on a GPU is logged (:mod:`chainexec.runtime.uselog`) for the next
+    process's warm-up; an array module without CUDA (the tests' recording ones) logs nothing."""
+    if hasattr(xp, "cuda"):
+        uselog.note(uselog.device_name(xp), "sources", (name, text))
     return xp.RawKernel(text, name)
+
+
+def preload(xp, text: str, name: str) -> None:
+    """Make kernel ``name`` of ``text`` as :func:`_kernel` does and load it on the current device
+    (reading an attribute makes CUDA's lazy loading load it): the warm-up's way to load a logged
+    kernel before a launch asks for it."""
+    _kernel(xp, text, name).num_regs
 
 
 def _strides(views: list, walk: tuple[int, ...]) -> list[tuple[int, ...]]:

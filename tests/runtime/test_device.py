@@ -155,18 +155,6 @@ def test_select_without_gpu(monkeypatch):
     assert select("auto").name == "numpy"
 
 
-def test_warm_up_is_best_effort():
-    """The GPU warm-up (started by ``select``) only loads libraries early: a device that fails
-    there is reported by the run's own first use, not by the warm-up's thread."""
-    class Failing:
-        class cuda:
-            @staticmethod
-            def Device(number):
-                raise RuntimeError(f"device {number} is not usable")
-
-    assert device.warm_up(Failing, 0) is None
-
-
 def test_cupy_backend_rejects_unknown_method():
     with pytest.raises(ChainexecError, match="unknown GPU contraction method"):
         device.CupyBackend(np, "fastest")

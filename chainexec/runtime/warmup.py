@@ -1,0 +1,192 @@
+"""Load on a thread of its own, as early as the process allows, what a GPU run loads on first use.
+
+What: the CUDA context (:func:`context`), cuBLAS (its state and a handle), the CuPy element-wise
+kernels the backend launches itself, and what earlier runs on this device used
+(:mod:`chainexec.runtime.uselog`): their cuBLAS calls, made again on stand-in matrices so that the
+kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
+when the ``run`` command starts, before the interpreter imports the runtime, h5py and MPI (about
+1 s on the GPU hosts), so that it overlaps them; the backend's selection
+(:func:`chainexec.runtime.device.select`) then waits for it (:func:`wait`), and begins it where
+nothing did (a run from Python), never twice for one device.
+
+Why: in a fresh (T) process at benzene's shapes on an H200 the device sat idle for 0.17 s of the
+executor's first 0.2 s (``torch.profiler`` trace, 2026-11-27), about 0.1 s of it these first
+uses. Started with the backend, just before the executor, a replay of the cuBLAS calls competed
+with the executor's own first calls (the loads of two threads wait for each other) and made it
+slower (session 22, H100). Measured as it is now (H200, fresh processes alternating with the code
+before, 2026-11-27): the executor's median fell from 0.276 to 0.208 s (synthetic o=21, v=93) and
+from 0.257 to 0.215 s (benzene/cc-pVDZ); ``api.run`` from 0.547 to 0.487 s on benzene; the
+process's wall time stayed within its noise (1.94 against 1.95 s, 1.82 against 1.95 s), since
+CuPy's import on this thread and the main thread's imports share the interpreter's lock. Nothing
+here is needed for correctness: a failure only leaves the loading to the first real use, which
+reports any real fault itself.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from chainexec.runtime import uselog
+from chainexec.runtime.comm import LOCAL_RANK, launched
+
+STAND_IN_BYTES = 256 * 2**20
+"""A logged cuBLAS call whose stand-in matrices would take more device memory than this is not
+made again."""
+
+WAIT = 60.0
+"""Seconds the backend's selection waits at most for the warm-up begun at the process's start."""
+
+_LOCK = threading.Lock()
+_CLAIMED: set[int] = set()  # devices whose warm-up this process has begun
+_EARLY: list[threading.Thread] = []  # the warm-up begun by :func:`start`
+
+
+def claim(device: int) -> bool:
+    """True the first time this process asks for ``device``: the caller then warms it up."""
+    with _LOCK:
+        if device in _CLAIMED:
+            return False
+        _CLAIMED.add(device)
+        return True
+
+
+def start(backend: str = "auto") -> None:
+    """Begin the warm-up now, at a process's start, where the GPU this rank will use is already
+    known: the launcher's local rank (as :func:`chainexec.runtime.comm.local_rank` reads it) or a
+    process started without a launcher (GPU 0). Does nothing for the NumPy backend, under a
+    launcher that does not say the local rank, or without CuPy or a GPU."""
+    if backend == "numpy":
+        return
+    local = next((int(os.environ[v]) for v in LOCAL_RANK if os.environ.get(v, "").isdigit()), None)
+    if local is None and launched():
+        return
+    thread = threading.Thread(target=_early, args=(local or 0,), name="chainexec-warm-up")
+    _EARLY.append(thread)
+    thread.start()
+
+
+def wait() -> None:
+    """Wait (at most :data:`WAIT` seconds) for the warm-up :func:`start` began, so that the run's
+    first statements do not compete with its loads: in a fresh (T) process the executor's first
+    cuBLAS call and the warm-up's replay of the same calls waited for each other's kernel loads
+    (session 22's trace; the device's module loads are serialised). Returns at once where none
+    was begun."""
+    for thread in _EARLY:
+        thread.join(WAIT)
+
+
+def context(local: int) -> None:
+    """Create the CUDA context of GPU ``local mod GPUs`` (its primary context, the one CuPy then
+    uses) through the driver library directly. Why: CUDA's start (``cuInit``) and the context's
+    creation took 0.1 s each on an H200 (2026-11-27), and a call through ``ctypes`` releases the
+    interpreter's lock, so they overlap the imports of the main thread; CuPy's own import, Python
+    work that holds the lock, is what the warm-up waits for before it could make them itself.
+    Nothing happens where the driver library is missing or a call fails."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    count, device, ctx = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
+    if (cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+            and cuda.cuDeviceGet(ctypes.byref(device), local % count.value) == 0):
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)  # kept for the process's life
+
+
+def _early(local: int) -> None:
+    context(local)
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no cupy, no driver, no device: the backend's selection says so itself
+        return
+    if count > 0 and claim(local % count):
+        warm_up(cupy, local % count)
+
+
+def warm_up(cupy, device: int) -> None:
+    """Load, on a stream of its own (non-blocking: the run's streams never wait for it), the
+    libraries and kernels every run uses, each by one call on a few elements, then what earlier
+    runs on ``device`` used (:func:`replay`). The reductions' last step is
+    :func:`chainexec.runtime.pointwise.total`, not CUB: loaded here, CUB's 34 ms held up the
+    executor's first GEMM."""
+    try:
+        from chainexec.runtime import pointwise
+
+        with cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
+            x = cupy.ones((8, 8), cupy.float64)
+            y = cupy.empty_like(x)
+            y[...] = x  # cupy_copy: operand stacking and copies between views
+            cupy.multiply(x, 0.5, out=y)  # factors folded into stacked operands
+            cupy.add(x, y, out=y)  # products added into an output
+            cupy.add(cupy.arange(3, dtype=cupy.int64), 1)  # batched GEMMs' device addresses
+            y.fill(0.0)
+            pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
+            x @ y  # cuBLAS
+            replay(cupy, uselog.device_name(cupy, device))
+            stream.synchronize()
+    except Exception:  # best effort by design (see the module's docstring)
+        pass
+
+
+def replay(cupy, device: str) -> None:
+    """Use again, on the current device and stream, what the log holds for ``device`` (a name):
+    each cuBLAS call once on stand-in matrices of zeros (every matrix of a batch the same one:
+    stride 0, or one address repeated; calls over :data:`STAND_IN_BYTES` skipped), each
+    generated kernel loaded into its in-process table (:func:`chainexec.runtime.kernels.preload`,
+    :func:`chainexec.runtime.pointwise.preload`)."""
+    from chainexec.runtime import kernels, pointwise
+
+    for key, name in uselog.read(device, "modules"):
+        kernels.preload(name, key)
+    for name, text in uselog.read(device, "sources"):
+        pointwise.preload(cupy, text, name)
+    for call in uselog.read(device, "gemms"):
+        _gemm(cupy, call)
+
+
+def sizes(call: tuple) -> tuple[int, int, int]:
+    """Elements of the stand-in A, B and C of a logged cuBLAS call (column-major, as cuBLAS reads
+    them): A is ``lda`` by k (m where transposed), B ``ldb`` by n (k where transposed), C ``ldc``
+    by n."""
+    _, _, ta, tb, m, n, k, lda, ldb, ldc, _, _ = call
+    return lda * (m if ta else k), ldb * (k if tb else n), ldc * n
+
+
+def scalars(gemm, alpha: float, beta: float, dtype):
+    """``(array, alpha, beta)`` as ``gemm`` (a CuPy cuBLAS binding) takes them in pointer mode
+    host: recent CuPy by address, old versions by value. Only a signature that says so (its
+    docstring) selects by value, since a value read as an address crashes cuBLAS. The array
+    must stay alive until the call returns."""
+    import numpy as np
+
+    values = np.array([alpha, beta], dtype)
+    if any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float")):
+        return values, *values.tolist()
+    return values, values.ctypes.data, values.ctypes.data + values.itemsize
+
+
+def _gemm(cupy, call: tuple) -> None:
+    from cupy_backends.cuda.libs import cublas
+
+    precision, strided, ta, tb, m, n, k, lda, ldb, ldc, count, beta = call
+    dtype = cupy.float64 if precision == "d" else cupy.float32
+    if sum(sizes(call)) * dtype().itemsize > STAND_IN_BYTES:
+        return
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    a, b, c = (cupy.zeros(size, dtype) for size in sizes(call))
+    ops = tuple(cublas.CUBLAS_OP_T if t else cublas.CUBLAS_OP_N for t in (ta, tb))
+    if strided:
+        gemm = cublas.dgemmStridedBatched if precision == "d" else cublas.sgemmStridedBatched
+        keep, one, two = scalars(gemm, 1.0, beta, dtype)
+        gemm(handle, *ops, m, n, k, one, a.data.ptr, lda, 0, b.data.ptr, ldb, 0, two, c.data.ptr, ldc, 0, count)
+    else:
+        gemm = cublas.dgemmBatched if precision == "d" else cublas.sgemmBatched
+        keep, one, two = scalars(gemm, 1.0, beta, dtype)
+        table = cupy.asarray([[x.data.ptr] * count for x in (a, b, c)], dtype=cupy.uint64)
+        gemm(handle, *ops, m, n, k, one, table[0].data.ptr, lda, table[1].data.ptr, ldb, two,
+             table[2].data.ptr, ldc, count)

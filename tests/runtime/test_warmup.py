@@ -1,0 +1,168 @@
+"""The GPU warm-up on the CPU: which device the process-start warm-up picks (the launcher's local
+rank modulo the GPUs, GPU 0 for a process started alone, none where a launcher does not say),
+that a device is warmed up once per process, that it is best effort, the stand-in matrices of a
+logged cuBLAS call, and that the command line begins the warm-up before importing the runtime.
+The replay itself runs on a GPU in ``test_warmup_gpu.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from chainexec.runtime import comm, warmup
+
+
+@pytest.fixture
+def warmed(monkeypatch):
+    """A stand-in ``cupy`` with 2 GPUs and a warm-up that records the devices it is asked for;
+    no launcher variables and no device claimed yet."""
+    for var in comm.LOCAL_RANK + comm.LAUNCHER:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(warmup, "_CLAIMED", set())
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    devices = []
+    monkeypatch.setattr(warmup, "warm_up", lambda cupy, device: devices.append(device))
+    return devices
+
+
+def started(backend: str) -> None:
+    before = set(threading.enumerate())
+    warmup.start(backend)
+    for t in set(threading.enumerate()) - before:
+        t.join(timeout=30)
+
+
+@pytest.mark.parametrize("env, expected", [({}, [0]),
+                                           ({"OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}, [1]),
+                                           ({"SLURM_LOCALID": "2", "SLURM_NTASKS": "4"}, [0]),
+                                           ({"MPI_LOCALRANKID": "1"}, [1]),
+                                           ({"PMI_SIZE": "4", "PMI_RANK": "1"}, []),
+                                           ({"OMPI_COMM_WORLD_LOCAL_RANK": "not a rank", "PMIX_RANK": "0"}, [])],
+                         ids=["alone", "open-mpi", "srun", "hydra", "launcher-without-local-rank", "garbled"])
+def test_the_process_start_warms_up_the_gpu_the_rank_will_use(warmed, monkeypatch, env, expected):
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    started("auto")
+    assert warmed == expected
+
+
+def test_nothing_for_the_numpy_backend(warmed):
+    started("numpy")
+    assert warmed == []
+
+
+def test_nothing_without_cupy(warmed, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
+    started("cupy")
+    assert warmed == []
+
+
+def test_a_device_is_warmed_up_once_per_process(warmed):
+    started("auto")
+    started("cupy")
+    assert warmed == [0]
+    assert not warmup.claim(0)  # the backend's selection then starts none
+    assert warmup.claim(1) and not warmup.claim(1)
+
+
+def test_warm_up_is_best_effort():
+    """Only loads libraries early: a device that fails there is reported by the run's own first
+    use, not by the warm-up's thread."""
+    class Failing:
+        class cuda:
+            @staticmethod
+            def Device(number):
+                raise RuntimeError(f"device {number} is not usable")
+
+    assert warmup.warm_up(Failing, 0) is None
+
+
+@pytest.mark.parametrize("call, elements", [
+    (("d", True, False, False, 93, 20, 21, 93, 21, 93, 441, 0), (93 * 21, 21 * 20, 93 * 20)),
+    (("d", False, True, True, 93, 20, 21, 21, 20, 100, 7, 1), (21 * 93, 20 * 21, 100 * 20)),
+])
+def test_stand_in_matrices_are_as_cublas_reads_them(call, elements):
+    """Column-major: A is lda by k (m where transposed), B ldb by n (k where transposed), C ldc by n."""
+    assert warmup.sizes(call) == elements
+
+
+def test_scalars_by_address_unless_the_binding_takes_values():
+    def by_address():
+        """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, size_t alpha, ...)"""
+
+    def by_value():
+        """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, double alpha, ...)"""
+
+    keep, one, two = warmup.scalars(by_address, 1.5, 0.0, np.float64)
+    assert (one, two) == (keep.ctypes.data, keep.ctypes.data + 8) and keep.tolist() == [1.5, 0.0]
+    assert warmup.scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
+
+
+def test_the_command_line_imports_the_runtime_after_parsing():
+    """``chainexec run`` begins the warm-up before the runtime, h5py and MPI are imported: the
+    command line's module imports none of them itself."""
+    code = ("import sys, chainexec.cli; "
+            "print(sorted(m for m in ('chainexec.api', 'chainexec.runtime.executor', 'h5py', 'mpi4py.MPI', 'numpy') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+class FakeDriver:
+    """``libcuda`` as ``ctypes`` sees it: ``count`` GPUs; records the calls made."""
+
+    def __init__(self, count: int, fail: str = ""):
+        self.count, self.fail, self.calls = count, fail, []
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append(name)
+            if name == self.fail:
+                return 1
+            if name == "cuDeviceGetCount":
+                args[0]._obj.value = self.count
+            elif name == "cuDeviceGet":
+                args[0]._obj.value = args[1] + 100  # a handle, not the ordinal
+                self.ordinal = args[1]
+            elif name == "cuDevicePrimaryCtxRetain":
+                self.retained = args[1]
+            return 0
+        return call
+
+
+@pytest.mark.parametrize("local, count, ordinal", [(0, 1, 0), (5, 4, 1), (3, 4, 3)])
+def test_context_made_on_the_gpu_the_rank_will_use(monkeypatch, local, count, ordinal):
+    driver = FakeDriver(count)
+    monkeypatch.setattr("ctypes.CDLL", lambda name: driver)
+    warmup.context(local)
+    assert driver.ordinal == ordinal and driver.retained.value == ordinal + 100
+    assert driver.calls == ["cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain"]
+
+
+@pytest.mark.parametrize("fail", ["cuInit", "cuDeviceGetCount", "cuDeviceGet"])
+def test_no_context_where_the_driver_fails(monkeypatch, fail):
+    driver = FakeDriver(2, fail)
+    monkeypatch.setattr("ctypes.CDLL", lambda name: driver)
+    warmup.context(0)
+    assert driver.calls[-1] == fail and "cuDevicePrimaryCtxRetain" not in driver.calls
+
+
+def test_no_context_without_a_driver(monkeypatch):
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr("ctypes.CDLL", missing)
+    assert warmup.context(0) is None
+
+
+def test_no_gpus_no_context(monkeypatch):
+    driver = FakeDriver(0)
+    monkeypatch.setattr("ctypes.CDLL", lambda name: driver)
+    warmup.context(0)
+    assert driver.calls == ["cuInit", "cuDeviceGetCount"]

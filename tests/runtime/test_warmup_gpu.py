@@ -1,0 +1,64 @@
+"""The warm-up on a GPU: a run's cuBLAS calls, generated contraction kernels and point-wise kernels
+are logged; the replay of the log (as a new process's warm-up makes it) loads the same kernels
+into the in-process tables and makes every logged cuBLAS call without error; results computed
+afterwards still equal ``numpy.einsum``. Skipped without CuPy or a CUDA device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_gpu  # noqa: E402
+
+cupy = require_gpu()
+
+from chainexec.planner.plan import Contraction  # noqa: E402
+from chainexec.runtime import kernels, pointwise, uselog, warmup  # noqa: E402
+from chainexec.runtime.device import CupyBackend  # noqa: E402
+from tests.runtime.test_device import reference, relerr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # the batched method's two forms of cuBLAS call, and a generated kernel
+    ("batched", "abc", "ad", "bdc", dict(a=40, b=30, c=20, d=25)),
+    ("batched", "ijkabc", "iafc", "jkbf", dict(i=3, j=3, k=3, a=12, b=11, c=13, f=10)),
+    ("kernel", "abcd", "aebf", "dfce", dict(a=6, b=7, c=8, d=5, e=9, f=4)),
+]
+
+
+def contract(method, out_idx, a_idx, b_idx, size, seed):
+    rng = np.random.default_rng(seed)
+    c = Contraction(0, "X", list(out_idx), "A", list(a_idx), "B", list(b_idx), 0.5, True, 0, 0)
+    host = [rng.standard_normal([size[i] for i in idx]) for idx in (out_idx, a_idx, b_idx)]
+    out, a, b = (cupy.asarray(x) for x in host)
+    CupyBackend(cupy, method).contract(c, out, a, b)
+    return relerr(cupy.asnumpy(out), reference(c, *host))
+
+
+def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(uselog, "_SEEN", {})
+    monkeypatch.setattr(kernels, "_LOADED", {})
+    pointwise._kernel.cache_clear()
+    for seed, case in enumerate(CASES):
+        assert contract(*case, seed) <= 1e-12
+    y = cupy.zeros((5, 7))
+    pointwise.launch(cupy, "y + 2.0 * p0", [cupy.ones((5, 7))], y)
+    name = uselog.device_name(cupy)
+    gemms, modules, sources = (uselog.read(name, kind) for kind in uselog.KINDS)
+    assert {call[1] for call in gemms} == {True, False}  # strided and pointer-array calls
+    assert modules and sources
+    assert all(name.startswith("chainexec_") for _, name in modules)
+    loaded = set(kernels._LOADED)
+
+    # a new process: nothing loaded; the replay (outside warm_up's catch-all) loads what was logged
+    monkeypatch.setattr(kernels, "_LOADED", {})
+    pointwise._kernel.cache_clear()
+    with cupy.cuda.Stream(non_blocking=True) as stream:
+        warmup.replay(cupy, name)
+        stream.synchronize()
+    assert set(kernels._LOADED) == loaded
+    assert pointwise._kernel.cache_info().currsize == len(sources)
+    for seed, case in enumerate(CASES):
+        assert contract(*case, seed + 10) <= 1e-12
+    assert pointwise._kernel.cache_info().misses == len(sources)  # the launches found them loaded
