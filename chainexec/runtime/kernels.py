@@ -105,8 +105,8 @@ def precompile(kernels: list[tuple[str, str]], compute_capability: str) -> None:
 def load_function(name: str, source: str):
     """The CuPy kernel function ``name`` of ``source`` on the current device.
 
-    Looks in the in-process table, then the disk cache, and compiles only on a miss. A kernel
-    loaded here is logged (:mod:`chainexec.runtime.uselog`) for the next process's warm-up."""
+    Looks in the in-process table, then the disk cache, and compiles only on a miss. The kernel
+    is logged (:mod:`chainexec.runtime.uselog`) for the next process's warm-up."""
     import cupy
 
     dev = cupy.cuda.Device()
@@ -114,11 +114,10 @@ def load_function(name: str, source: str):
     key = cache_key(source, cc)
     with _LOCK:
         fn = _LOADED.get((key, dev.id))
-    if fn is not None:
-        return fn
-    fn = cupy.RawModule(path=str(_cached_cubin(name, source, cc))).get_function(name)
-    with _LOCK:
-        fn = _LOADED.setdefault((key, dev.id), fn)
+    if fn is None:
+        fn = cupy.RawModule(path=str(_cached_cubin(name, source, cc))).get_function(name)
+        with _LOCK:
+            fn = _LOADED.setdefault((key, dev.id), fn)
     uselog.note(uselog.device_name(cupy, dev.id), "modules", (key, name))
     return fn
 

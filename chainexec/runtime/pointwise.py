@@ -359,13 +359,19 @@ def total(xp, partial):
     return out
 
 
-@lru_cache(maxsize=1024)
 def _kernel(xp, text: str, name: str):
-    """The kernel ``name`` of ``text``, made once per process (CuPy compiles it or reads its own
-    disk cache). A kernel made on a GPU is logged (:mod:`chainexec.runtime.uselog`) for the next
-    process's warm-up; an array module without CUDA (the tests' recording ones) logs nothing."""
+    """The kernel ``name`` of ``text`` (:func:`_made`), logged on a GPU
+    (:mod:`chainexec.runtime.uselog`) for the next process's warm-up; an array module without
+    CUDA (the tests' recording ones) logs nothing."""
     if hasattr(xp, "cuda"):
         uselog.note(uselog.device_name(xp), "sources", (name, text))
+    return _made(xp, text, name)
+
+
+@lru_cache(maxsize=1024)
+def _made(xp, text: str, name: str):
+    """The kernel ``name`` of ``text``, made once per process (CuPy compiles it or reads its own
+    disk cache)."""
     return xp.RawKernel(text, name)
 
 
@@ -373,7 +379,7 @@ def preload(xp, text: str, name: str) -> None:
     """Make kernel ``name`` of ``text`` as :func:`_kernel` does and load it on the current device
     (reading an attribute makes CUDA's lazy loading load it): the warm-up's way to load a logged
     kernel before a launch asks for it."""
-    _kernel(xp, text, name).num_regs
+    _made(xp, text, name).num_regs
 
 
 def _strides(views: list, walk: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -23,6 +23,7 @@ Nothing here is needed for a run's results: the log only moves a load earlier.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -36,7 +37,7 @@ cuBLAS calls (session 22's log)."""
 KINDS = ("gemms", "modules", "sources")
 
 _LOCK = threading.Lock()
-_SEEN: dict[tuple[str, str], set[tuple]] = {}  # (device, kind) -> uses in the file or added by this process
+_SEEN: dict[str, dict[str, set[tuple]]] = {}  # device -> kind -> uses in the file or added by this process
 
 
 def path() -> Path:
@@ -53,12 +54,13 @@ def _file(where: Path) -> dict:
         return {}
 
 
-def read(device: str, kind: str, where: Path | None = None) -> list[tuple]:
-    """The uses of ``kind`` (``gemms`` or ``modules``) kept for ``device``, oldest first; empty
-    where the file is missing or unreadable."""
+def uses(device: str, where: Path | None = None) -> dict[str, list[tuple]]:
+    """Every kind's uses (:data:`KINDS`) kept for ``device``, oldest first, from one read of the
+    file; empty lists where it is missing or unreadable."""
     entry = _file(where or path()).get(device)
-    uses = entry.get(kind) if isinstance(entry, dict) else None
-    return [tuple(use) for use in uses if _valid(use)] if isinstance(uses, list) else []
+    entry = entry if isinstance(entry, dict) else {}
+    return {kind: [tuple(use) for use in entry[kind] if _valid(use)] if isinstance(entry.get(kind), list) else []
+            for kind in KINDS}
 
 
 def _valid(use) -> bool:
@@ -67,20 +69,37 @@ def _valid(use) -> bool:
     return isinstance(use, list) and all(isinstance(x, (str, int, float)) for x in use)
 
 
+_PAUSED = threading.local()
+
+
+@contextlib.contextmanager
+def paused():
+    """Within it, this thread's uses are not logged: the autotuner's timing runs load every
+    candidate it times, and a warm-up that loaded them all would take longer than the loads it
+    saves (each generated kernel about 1–5 ms)."""
+    _PAUSED.depth = getattr(_PAUSED, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _PAUSED.depth -= 1
+
+
 def note(device: str, kind: str, use: tuple, where: Path | None = None) -> None:
-    """Record that ``use`` happened on ``device``: the first time this process meets a use the
-    file does not hold, it is appended (the newest :data:`KEPT` kept) and the file replaced
-    atomically. A folder that cannot be written leaves it as it was."""
+    """Record that ``use`` happened on ``device`` (outside :func:`paused`): the first time this
+    process meets a use the file does not hold, it is appended (the newest :data:`KEPT` kept)
+    and the file replaced atomically. A folder that cannot be written leaves it as it was."""
+    if getattr(_PAUSED, "depth", 0):
+        return
     with _LOCK:
-        seen = _SEEN.get((device, kind))
-        if seen is not None and use in seen:  # the common case, once per launch: no file touched
+        known = _SEEN.get(device)
+        if known is not None and use in known[kind]:  # the common case, once per launch: no file read
             return
         where = where or path()
-        if seen is None:
-            seen = _SEEN[(device, kind)] = set(read(device, kind, where))
-        if use in seen:
-            return
-        seen.add(use)
+        if known is None:
+            known = _SEEN[device] = {k: set(v) for k, v in uses(device, where).items()}
+            if use in known[kind]:
+                return
+        known[kind].add(use)
         data = _file(where)
         entry = data.get(device) if isinstance(data.get(device), dict) else {}
         kept = entry.get(kind) if isinstance(entry.get(kind), list) else []

@@ -140,11 +140,12 @@ def replay(cupy, device: str) -> None:
     :func:`chainexec.runtime.pointwise.preload`)."""
     from chainexec.runtime import kernels, pointwise
 
-    for key, name in uselog.read(device, "modules"):
+    logged = uselog.uses(device)
+    for key, name in logged["modules"]:
         kernels.preload(name, key)
-    for name, text in uselog.read(device, "sources"):
+    for name, text in logged["sources"]:
         pointwise.preload(cupy, text, name)
-    for call in uselog.read(device, "gemms"):
+    for call in logged["gemms"]:
         _gemm(cupy, call)
 
 

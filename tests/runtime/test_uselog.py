@@ -31,11 +31,11 @@ def test_noted_uses_are_read_back_per_device_and_kind(tmp_path, monkeypatch):
     uselog.note("H100", "modules", MODULE, where)
     uselog.note("H200", "sources", SOURCE, where)
     new_process(monkeypatch)
-    assert uselog.read("H100", "gemms", where) == [GEMM]
-    assert uselog.read("H100", "modules", where) == [MODULE]
-    assert uselog.read("H100", "sources", where) == []
-    assert uselog.read("H200", "sources", where) == [SOURCE]
-    assert uselog.read("A100", "gemms", where) == []
+    assert uselog.uses("H100", where)["gemms"] == [GEMM]
+    assert uselog.uses("H100", where)["modules"] == [MODULE]
+    assert uselog.uses("H100", where)["sources"] == []
+    assert uselog.uses("H200", where)["sources"] == [SOURCE]
+    assert uselog.uses("A100", where)["gemms"] == []
 
 
 def test_the_newest_uses_are_kept_in_the_order_first_noted(tmp_path, monkeypatch):
@@ -46,12 +46,12 @@ def test_the_newest_uses_are_kept_in_the_order_first_noted(tmp_path, monkeypatch
     new_process(monkeypatch)  # a later run meets the first call again, then more than KEPT new ones
     for call in [calls[0]] + calls[3:]:
         uselog.note("H100", "gemms", call, where)
-    kept = uselog.read("H100", "gemms", where)
+    kept = uselog.uses("H100", where)["gemms"]
     assert len(kept) == uselog.KEPT
     assert kept == calls[5:]
     new_process(monkeypatch)
     uselog.note("H100", "gemms", calls[10], where)
-    assert uselog.read("H100", "gemms", where) == calls[5:]  # already there: not moved
+    assert uselog.uses("H100", where)["gemms"] == calls[5:]  # already there: not moved
 
 
 def test_the_file_is_written_only_for_a_new_use(tmp_path, monkeypatch):
@@ -73,9 +73,9 @@ def test_the_file_is_written_only_for_a_new_use(tmp_path, monkeypatch):
 def test_an_unreadable_log_is_empty_and_replaced_by_the_next_use(tmp_path, text):
     where = tmp_path / "uses.json"
     where.write_text(text)
-    assert uselog.read("H100", "gemms", where) == []
+    assert uselog.uses("H100", where)["gemms"] == []
     uselog.note("H100", "gemms", GEMM, where)
-    assert uselog.read("H100", "gemms", where) == [GEMM]
+    assert uselog.uses("H100", where)["gemms"] == [GEMM]
 
 
 def test_an_unwritable_folder_keeps_nothing_and_raises_nothing(tmp_path):
@@ -83,7 +83,7 @@ def test_an_unwritable_folder_keeps_nothing_and_raises_nothing(tmp_path):
     blocker.write_text("")
     where = blocker / "uses.json"  # its folder is a file: nothing can be written there
     uselog.note("H100", "gemms", GEMM, where)
-    assert uselog.read("H100", "gemms", where) == []
+    assert uselog.uses("H100", where)["gemms"] == []
 
 
 def test_the_default_file_is_in_the_kernel_cache(tmp_path, monkeypatch):
@@ -118,4 +118,21 @@ def test_a_use_another_process_added_meanwhile_is_kept_once(tmp_path, monkeypatc
     other = GEMM[:4] + (7,) + GEMM[5:]
     where.write_text(json.dumps({"H100": {"gemms": [list(GEMM), list(other)]}}))  # another process
     uselog.note("H100", "gemms", other, where)
-    assert uselog.read("H100", "gemms", where) == [GEMM, other]
+    assert uselog.uses("H100", where)["gemms"] == [GEMM, other]
+
+
+def test_uses_while_paused_are_not_logged_on_that_thread_only(tmp_path):
+    import threading
+
+    where = tmp_path / "uses.json"
+    other = GEMM[:4] + (7,) + GEMM[5:]
+    with uselog.paused():
+        with uselog.paused():
+            uselog.note("H100", "gemms", GEMM, where)
+        uselog.note("H100", "gemms", GEMM, where)
+        beside = threading.Thread(target=uselog.note, args=("H100", "gemms", other, where))
+        beside.start()
+        beside.join()
+    assert uselog.uses("H100", where)["gemms"] == [other]
+    uselog.note("H100", "gemms", GEMM, where)
+    assert uselog.uses("H100", where)["gemms"] == [other, GEMM]

@@ -39,13 +39,13 @@ def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(uselog, "_SEEN", {})
     monkeypatch.setattr(kernels, "_LOADED", {})
-    pointwise._kernel.cache_clear()
+    pointwise._made.cache_clear()
     for seed, case in enumerate(CASES):
         assert contract(*case, seed) <= 1e-12
     y = cupy.zeros((5, 7))
     pointwise.launch(cupy, "y + 2.0 * p0", [cupy.ones((5, 7))], y)
     name = uselog.device_name(cupy)
-    gemms, modules, sources = (uselog.read(name, kind) for kind in uselog.KINDS)
+    gemms, modules, sources = (uselog.uses(name)[kind] for kind in uselog.KINDS)
     assert {call[1] for call in gemms} == {True, False}  # strided and pointer-array calls
     assert modules and sources
     assert all(name.startswith("chainexec_") for _, name in modules)
@@ -53,12 +53,26 @@ def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
 
     # a new process: nothing loaded; the replay (outside warm_up's catch-all) loads what was logged
     monkeypatch.setattr(kernels, "_LOADED", {})
-    pointwise._kernel.cache_clear()
+    pointwise._made.cache_clear()
     with cupy.cuda.Stream(non_blocking=True) as stream:
         warmup.replay(cupy, name)
         stream.synchronize()
     assert set(kernels._LOADED) == loaded
-    assert pointwise._kernel.cache_info().currsize == len(sources)
+    assert pointwise._made.cache_info().currsize == len(sources)
     for seed, case in enumerate(CASES):
         assert contract(*case, seed + 10) <= 1e-12
-    assert pointwise._kernel.cache_info().misses == len(sources)  # the launches found them loaded
+    assert pointwise._made.cache_info().misses == len(sources)  # the launches found them loaded
+
+
+def test_the_autotuners_candidates_are_not_logged(tmp_path, monkeypatch):
+    """Tuning a contraction times several generated kernels (GETT's configurations, the direct
+    kernel); only what the run then uses is logged."""
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(uselog, "_SEEN", {})
+    monkeypatch.setattr(kernels, "_LOADED", {})
+    assert contract("auto", "abcd", "aebf", "dfce", dict(a=6, b=7, c=8, d=5, e=9, f=4), 3) <= 1e-12
+    name = uselog.device_name(cupy)
+    modules = uselog.uses(name)["modules"]
+    assert len(kernels._LOADED) >= 2  # candidates were loaded to be timed
+    assert len(modules) <= 1  # the chosen kernel, if the choice is one
+    assert {key for key, _ in modules} <= {key for key, _ in kernels._LOADED}
