@@ -65,14 +65,22 @@ def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
 
 
 def test_the_autotuners_candidates_are_not_logged(tmp_path, monkeypatch):
-    """Tuning a contraction times several generated kernels (GETT's configurations, the direct
-    kernel); only what the run then uses is logged."""
+    """Tuning a contraction times its candidates (batched GEMM layouts, generated kernels): the
+    uses met only while timing are not logged, and every use the run then made is."""
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(uselog, "_SEEN", {})
     monkeypatch.setattr(kernels, "_LOADED", {})
+    pointwise._made.cache_clear()
+    met, note = [], uselog.note
+
+    def spy(device, kind, use, where=None):
+        met.append((kind, use, bool(getattr(uselog._PAUSED, "depth", 0))))
+        note(device, kind, use, where)
+
+    monkeypatch.setattr(uselog, "note", spy)
     assert contract("auto", "abcd", "aebf", "dfce", dict(a=6, b=7, c=8, d=5, e=9, f=4), 3) <= 1e-12
-    name = uselog.device_name(cupy)
-    modules = uselog.uses(name)["modules"]
-    assert len(kernels._LOADED) >= 2  # candidates were loaded to be timed
-    assert len(modules) <= 1  # the chosen kernel, if the choice is one
-    assert {key for key, _ in modules} <= {key for key, _ in kernels._LOADED}
+    timing = {(kind, use) for kind, use, paused in met if paused}
+    used = {(kind, use) for kind, use, paused in met if not paused}
+    assert timing - used  # candidates were met that the run did not use
+    logged = uselog.uses(uselog.device_name(cupy))
+    assert {(kind, use) for kind in uselog.KINDS for use in logged[kind]} == used
