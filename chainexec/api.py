@@ -18,7 +18,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
 from chainexec.planner.resume import resumable
-from chainexec.runtime import store
+from chainexec.runtime import store, uselog
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.comm import world
 from chainexec.runtime.device import select
@@ -101,6 +101,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         raise ChainexecError(error)
     p = Plan.from_json(text)
     planned = time.perf_counter()
+    uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
     chosen = select(backend, comm)
     ready = time.perf_counter()
     ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=checkpoint_every, stop_after=stop_after)

@@ -109,7 +109,7 @@ def _write_json(path: str, data: dict) -> None:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
-        warmup.start(args.backend)
+        warmup.start(args.config, args.backend)
     # Imported after the GPU warm-up began, so that it overlaps these imports (the runtime, h5py;
     # about 1 s with MPI's start on the GPU hosts) instead of the run's first statements.
     from chainexec import api, report

@@ -9,15 +9,16 @@ against 0.28–0.34 s in fresh processes. The kernel cuBLAS picks depends on the
 the log keeps the calls themselves; :mod:`chainexec.runtime.warmup` makes them again on stand-in
 matrices, and loads the logged generated kernels, on a thread that starts with the process.
 
-The file is ``<kernel cache>/uses.json``: per device name and kind, the newest :data:`KEPT` uses
-in the order first noted. ``gemms``: cuBLAS calls, each ``[precision, strided, transa, transb, m,
-n, k, lda, ldb, ldc, count, beta]`` (precision ``d`` or ``s``; strided: the strided-batched entry
-point, else the pointer-array one; beta 0 or 1). ``modules``: generated contraction kernels,
-each ``[CUBIN cache key, function name]`` (:func:`chainexec.runtime.kernels.load_function`).
-``sources``: point-wise kernels, each ``[function name, source]``
-(:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy). A use not in the file is
-added and the file replaced atomically; two processes adding at once may lose one addition (a
-later run adds it again). Unreadable means empty.
+The file is ``<kernel cache>/uses.json``: per device name and job (a config file's path, so that
+a warm-up loads what this job used, not what every job on the device did) and per kind, the
+newest :data:`KEPT` uses in the order first noted. ``gemms``: cuBLAS calls, each ``[precision,
+strided, transa, transb, m, n, k, lda, ldb, ldc, count, beta]`` (precision ``d`` or ``s``;
+strided: the strided-batched entry point, else the pointer-array one; beta 0 or 1). ``modules``:
+generated contraction kernels, each ``[CUBIN cache key, function name]``
+(:func:`chainexec.runtime.kernels.load_function`). ``sources``: point-wise kernels, each
+``[function name, source]`` (:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy). A
+use not in the file is added and the file replaced atomically; two processes adding at once may
+lose one addition (a later run adds it again). Unreadable means empty.
 Nothing here is needed for a run's results: the log only moves a load earlier.
 """
 
@@ -31,13 +32,37 @@ import threading
 from pathlib import Path
 
 KEPT = 64
-"""Uses kept per device and kind (the newest): a (T) run at benzene's shapes makes 12 distinct
-cuBLAS calls (session 22's log)."""
+"""Uses kept per device, job and kind (the newest): a (T) run at benzene's shapes makes 12
+distinct cuBLAS calls and launches 11 point-wise kernels (2026-11-27)."""
+
+JOBS = 16
+"""Jobs whose uses are kept per device (those that added a use most recently): a warm-up
+replays one job's uses, not those of every job the device ran."""
 
 KINDS = ("gemms", "modules", "sources")
 
 _LOCK = threading.Lock()
-_SEEN: dict[str, dict[str, set[tuple]]] = {}  # device -> kind -> uses in the file or added by this process
+_SEEN: dict[str, dict[str, set[tuple]]] = {}  # entry -> kind -> uses in the file or added by this process
+_JOB = [""]  # the job this process runs now (:func:`set_job`)
+
+
+def job_of(config) -> str:
+    """The job a config file is: its resolved path (a job run again finds what it used)."""
+    return str(Path(config).resolve())
+
+
+def set_job(job: str) -> None:
+    """Log this process's uses under ``job`` from now on (:func:`chainexec.api.run` sets it)."""
+    _JOB[0] = job
+
+
+def current_job() -> str:
+    """The job :func:`set_job` set last ("" before that)."""
+    return _JOB[0]
+
+
+def _entry(device: str, job: str) -> str:
+    return f"{device} | {job}"
 
 
 def path() -> Path:
@@ -54,10 +79,10 @@ def _file(where: Path) -> dict:
         return {}
 
 
-def uses(device: str, where: Path | None = None) -> dict[str, list[tuple]]:
-    """Every kind's uses (:data:`KINDS`) kept for ``device``, oldest first, from one read of the
-    file; empty lists where it is missing or unreadable."""
-    entry = _file(where or path()).get(device)
+def uses(device: str, job: str, where: Path | None = None) -> dict[str, list[tuple]]:
+    """Every kind's uses (:data:`KINDS`) kept for ``job`` on ``device``, oldest first, from one
+    read of the file; empty lists where it is missing or unreadable."""
+    entry = _file(where or path()).get(_entry(device, job))
     entry = entry if isinstance(entry, dict) else {}
     return {kind: [tuple(use) for use in entry[kind] if _valid(use)] if isinstance(entry.get(kind), list) else []
             for kind in KINDS}
@@ -85,26 +110,32 @@ def paused():
 
 
 def note(device: str, kind: str, use: tuple, where: Path | None = None) -> None:
-    """Record that ``use`` happened on ``device`` (outside :func:`paused`): the first time this
-    process meets a use the file does not hold, it is appended (the newest :data:`KEPT` kept)
-    and the file replaced atomically. A folder that cannot be written leaves it as it was."""
+    """Record that ``use`` happened on ``device`` in the current job (:func:`set_job`), outside
+    :func:`paused`: the first time this process meets a use the file does not hold, it is
+    appended (the newest :data:`KEPT` kept, the newest :data:`JOBS` jobs per device) and the file
+    replaced atomically. A folder that cannot be written leaves it as it was."""
     if getattr(_PAUSED, "depth", 0):
         return
     with _LOCK:
-        known = _SEEN.get(device)
+        name = _entry(device, _JOB[0])
+        known = _SEEN.get(name)
         if known is not None and use in known[kind]:  # the common case, once per launch: no file read
             return
         where = where or path()
         if known is None:
-            known = _SEEN[device] = {k: set(v) for k, v in uses(device, where).items()}
+            known = _SEEN[name] = {k: set(v) for k, v in uses(device, _JOB[0], where).items()}
             if use in known[kind]:
                 return
         known[kind].add(use)
         data = _file(where)
-        entry = data.get(device) if isinstance(data.get(device), dict) else {}
+        entry = data.pop(name, None)
+        entry = entry if isinstance(entry, dict) else {}
         kept = entry.get(kind) if isinstance(entry.get(kind), list) else []
         kept = [u for u in kept if _valid(u) and tuple(u) != use]  # another process may have added it
-        data[device] = entry | {kind: (kept + [list(use)])[-KEPT:]}
+        data[name] = entry | {kind: (kept + [list(use)])[-KEPT:]}  # the job now the newest on the device
+        jobs = [k for k in data if k.startswith(f"{device} | ")]
+        for old in jobs[:-JOBS]:
+            del data[old]
         try:
             where.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=where.parent, suffix=".tmp")

@@ -51,16 +51,18 @@ def claim(device: int) -> bool:
         return True
 
 
-def start(backend: str = "auto") -> None:
-    """Begin the warm-up now, at a process's start, where the GPU this rank will use is already
-    known: the launcher's local rank (as :func:`chainexec.runtime.comm.local_rank` reads it) or a
-    process started without a launcher (GPU 0). Does nothing for the NumPy backend, under a
-    launcher that does not say the local rank, or without CuPy or a GPU."""
+def start(config, backend: str = "auto") -> None:
+    """Begin the warm-up of a run of ``config`` now, at a process's start, where the GPU this
+    rank will use is already known: the launcher's local rank (as
+    :func:`chainexec.runtime.comm.local_rank` reads it) or a process started without a launcher
+    (GPU 0). Does nothing for the NumPy backend, under a launcher that does not say the local
+    rank, or without CuPy or a GPU."""
     if backend == "numpy":
         return
     local = next((int(os.environ[v]) for v in LOCAL_RANK if os.environ.get(v, "").isdigit()), None)
     if local is None and launched():
         return
+    uselog.set_job(uselog.job_of(config))
     thread = threading.Thread(target=_early, args=(local or 0,), name="chainexec-warm-up")
     _EARLY.append(thread)
     thread.start()
@@ -110,7 +112,8 @@ def _early(local: int) -> None:
 def warm_up(cupy, device: int) -> None:
     """Load, on a stream of its own (non-blocking: the run's streams never wait for it), the
     libraries and kernels every run uses, each by one call on a few elements, then what earlier
-    runs on ``device`` used (:func:`replay`). The reductions' last step is
+    runs of the current job (:func:`chainexec.runtime.uselog.set_job`) used on ``device``
+    (:func:`replay`). The reductions' last step is
     :func:`chainexec.runtime.pointwise.total`, not CUB: loaded here, CUB's 34 ms held up the
     executor's first GEMM."""
     try:
@@ -126,21 +129,22 @@ def warm_up(cupy, device: int) -> None:
             y.fill(0.0)
             pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
             x @ y  # cuBLAS
-            replay(cupy, uselog.device_name(cupy, device))
+            replay(cupy, uselog.device_name(cupy, device), uselog.current_job())
             stream.synchronize()
     except Exception:  # best effort by design (see the module's docstring)
         pass
 
 
-def replay(cupy, device: str) -> None:
-    """Use again, on the current device and stream, what the log holds for ``device`` (a name):
+def replay(cupy, device: str, job: str) -> None:
+    """Use again, on the current device and stream, what the log holds for ``job`` on ``device``
+    (a name):
     each cuBLAS call once on stand-in matrices of zeros (every matrix of a batch the same one:
     stride 0, or one address repeated; calls over :data:`STAND_IN_BYTES` skipped), each
     generated kernel loaded into its in-process table (:func:`chainexec.runtime.kernels.preload`,
     :func:`chainexec.runtime.pointwise.preload`)."""
     from chainexec.runtime import kernels, pointwise
 
-    logged = uselog.uses(device)
+    logged = uselog.uses(device, job)
     for key, name in logged["modules"]:
         kernels.preload(name, key)
     for name, text in logged["sources"]:

@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 
-from chainexec.runtime import comm, warmup
+from chainexec.runtime import comm, uselog, warmup
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def warmed(monkeypatch):
 
 def started(backend: str) -> None:
     before = set(threading.enumerate())
-    warmup.start(backend)
+    warmup.start("ccsd_t.yaml", backend)
     for t in set(threading.enumerate()) - before:
         t.join(timeout=30)
 
@@ -55,6 +55,13 @@ def test_the_process_start_warms_up_the_gpu_the_rank_will_use(warmed, monkeypatc
 def test_nothing_for_the_numpy_backend(warmed):
     started("numpy")
     assert warmed == []
+
+
+def test_the_warm_up_replays_the_configs_job(warmed, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(uselog, "_JOB", [""])
+    started("auto")
+    assert uselog.current_job() == str(tmp_path / "ccsd_t.yaml")
 
 
 def test_nothing_without_cupy(warmed, monkeypatch):

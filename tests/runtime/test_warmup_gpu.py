@@ -38,6 +38,7 @@ def contract(method, out_idx, a_idx, b_idx, size, seed):
 def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(uselog, "_SEEN", {})
+    monkeypatch.setattr(uselog, "_JOB", ["/runs/test.yaml"])
     monkeypatch.setattr(kernels, "_LOADED", {})
     pointwise._made.cache_clear()
     for seed, case in enumerate(CASES):
@@ -45,7 +46,7 @@ def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
     y = cupy.zeros((5, 7))
     pointwise.launch(cupy, "y + 2.0 * p0", [cupy.ones((5, 7))], y)
     name = uselog.device_name(cupy)
-    gemms, modules, sources = (uselog.uses(name)[kind] for kind in uselog.KINDS)
+    gemms, modules, sources = (uselog.uses(name, uselog.current_job())[kind] for kind in uselog.KINDS)
     assert {call[1] for call in gemms} == {True, False}  # strided and pointer-array calls
     assert modules and sources
     assert all(name.startswith("chainexec_") for _, name in modules)
@@ -55,7 +56,7 @@ def test_logged_uses_are_loaded_again(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "_LOADED", {})
     pointwise._made.cache_clear()
     with cupy.cuda.Stream(non_blocking=True) as stream:
-        warmup.replay(cupy, name)
+        warmup.replay(cupy, name, uselog.current_job())
         stream.synchronize()
     assert set(kernels._LOADED) == loaded
     assert pointwise._made.cache_info().currsize == len(sources)
@@ -69,6 +70,7 @@ def test_the_autotuners_candidates_are_not_logged(tmp_path, monkeypatch):
     uses met only while timing are not logged, and every use the run then made is."""
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(uselog, "_SEEN", {})
+    monkeypatch.setattr(uselog, "_JOB", ["/runs/test.yaml"])
     monkeypatch.setattr(kernels, "_LOADED", {})
     pointwise._made.cache_clear()
     met, note = [], uselog.note
@@ -82,5 +84,5 @@ def test_the_autotuners_candidates_are_not_logged(tmp_path, monkeypatch):
     timing = {(kind, use) for kind, use, paused in met if paused}
     used = {(kind, use) for kind, use, paused in met if not paused}
     assert timing - used  # candidates were met that the run did not use
-    logged = uselog.uses(uselog.device_name(cupy))
+    logged = uselog.uses(uselog.device_name(cupy), uselog.current_job())
     assert {(kind, use) for kind in uselog.KINDS for use in logged[kind]} == used
