@@ -131,15 +131,16 @@ def warm_up(cupy, device: int) -> None:
             x @ y  # cuBLAS
             replay(cupy, uselog.device_name(cupy, device), uselog.current_job())
             stream.synchronize()
+            # the stand-ins' blocks are kept per stream in CuPy's pool: no use to the run's streams
+            cupy.get_default_memory_pool().free_all_blocks(stream=stream)
     except Exception:  # best effort by design (see the module's docstring)
         pass
 
 
 def replay(cupy, device: str, job: str) -> None:
     """Use again, on the current device and stream, what the log holds for ``job`` on ``device``
-    (a name):
-    each cuBLAS call once on stand-in matrices of zeros (every matrix of a batch the same one:
-    stride 0, or one address repeated; calls over :data:`STAND_IN_BYTES` skipped), each
+    (a name): each cuBLAS call once on stand-in matrices of zeros (every matrix of a batch the
+    same one: stride 0, or one address repeated; calls over :data:`STAND_IN_BYTES` skipped), each
     generated kernel loaded into its in-process table (:func:`chainexec.runtime.kernels.preload`,
     :func:`chainexec.runtime.pointwise.preload`)."""
     from chainexec.runtime import kernels, pointwise

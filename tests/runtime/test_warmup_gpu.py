@@ -86,3 +86,25 @@ def test_the_autotuners_candidates_are_not_logged(tmp_path, monkeypatch):
     assert timing - used  # candidates were met that the run did not use
     logged = uselog.uses(uselog.device_name(cupy), uselog.current_job())
     assert {(kind, use) for kind in uselog.KINDS for use in logged[kind]} == used
+
+
+def test_the_warm_up_keeps_no_stand_ins(tmp_path, monkeypatch):
+    """The stand-in matrices of the replayed calls go back to the device: CuPy's pool keeps freed
+    blocks per stream, where the run's streams could not use them."""
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(uselog, "_SEEN", {})
+    monkeypatch.setattr(uselog, "_JOB", ["/runs/test.yaml"])
+    big = ("d", True, False, False, 2000, 2000, 2000, 2000, 2000, 2000, 3, 0)  # three 32 MB stand-ins
+    uselog.note(uselog.device_name(cupy), "gemms", big)
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()  # no free block the stand-ins could reuse: they grow the pool
+    before, during, gemm = pool.total_bytes(), [], warmup._gemm
+
+    def spy(cupy, call):
+        gemm(cupy, call)
+        during.append(pool.total_bytes())
+
+    monkeypatch.setattr(warmup, "_gemm", spy)
+    warmup.warm_up(cupy, cupy.cuda.Device().id)
+    assert during and during[0] - before >= 3 * 2000 * 2000 * 8  # the replay made the call
+    assert pool.total_bytes() - before < 2**20
