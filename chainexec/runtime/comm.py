@@ -29,11 +29,22 @@ def launched() -> bool:
     return any(var in os.environ for var in LAUNCHER)
 
 
-def local_rank(comm) -> int:
-    """This rank's position among the ranks of its node (for binding a GPU)."""
+def env_local_rank() -> int | None:
+    """This rank's position on its node as the first of :data:`LOCAL_RANK` set to a number says,
+    read without initialising MPI; None where none does."""
     for var in LOCAL_RANK:
-        if var in os.environ:
-            return int(os.environ[var])
+        value = os.environ.get(var, "")
+        if value.isascii() and value.isdigit():
+            return int(value)
+    return None
+
+
+def local_rank(comm) -> int:
+    """This rank's position among the ranks of its node (for binding a GPU): as the launcher says
+    (:func:`env_local_rank`), else found through MPI."""
+    local = env_local_rank()
+    if local is not None:
+        return local
     from mpi4py import MPI
 
     return comm.Split_type(MPI.COMM_TYPE_SHARED).rank

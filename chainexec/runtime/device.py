@@ -1304,7 +1304,7 @@ class CupyBackend(Backend):
         ats = [None if table is None else self._addresses(table, base) for table in offsets]
         for launch, at in zip(launches, ats):
             second = beta if launch.first else 1.0
-            keep, one, two = warmup.scalars(strided if launch.strided else pointers, alpha, second, out.dtype)
+            keep, one, two = gemm_scalars(strided if launch.strided else pointers, alpha, second, out.dtype)
             uselog.note(self.tuning.device, "gemms",  # for the next process's warm-up
                         ("d" if double else "s", bool(launch.strided), bool(bl.trans_a), bool(bl.trans_b),
                          *map(int, (bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc)),
@@ -1362,8 +1362,9 @@ class CupyBackend(Backend):
         copied = self._relayout(c, out, a, b)
         if copied is not None and (in_place is None or _gemm_size(copied[0]) > _gemm_size(in_place[0])):
             cands["relayout"] = None
-        if self._kernel(c, _sizes(c, a, b), out.dtype) is not None:
-            cands["kernel"] = None
+        with uselog.paused():  # the kernel is made to see that it can be: not a use of it
+            if self._kernel(c, _sizes(c, a, b), out.dtype) is not None:
+                cands["kernel"] = None
         cands["ttgt"] = None
         cands["einsum"] = None
         cands["direct"] = None
@@ -1543,6 +1544,17 @@ class CupyBackend(Backend):
                 kern(left, right, out, alpha=c.factor, beta=1.0)
             else:
                 out += kern(left, right, None, alpha=c.factor)
+
+
+def gemm_scalars(gemm, alpha: float, beta: float, dtype) -> tuple:
+    """``(array, alpha, beta)`` as ``gemm`` (a CuPy cuBLAS binding) takes them in pointer mode
+    host: recent CuPy by address (into the array, which must stay alive until the call
+    returns), old versions by value. Only a signature that says so (its docstring) selects by
+    value, since a value read as an address crashes cuBLAS."""
+    values = np.array([alpha, beta], dtype)
+    if any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float")):
+        return values, *values.tolist()
+    return values, values.ctypes.data, values.ctypes.data + values.itemsize
 
 
 TUNING_VERSION = 7

@@ -105,8 +105,15 @@ def precompile(kernels: list[tuple[str, str]], compute_capability: str) -> None:
 def load_function(name: str, source: str):
     """The CuPy kernel function ``name`` of ``source`` on the current device.
 
-    Looks in the in-process table, then the disk cache, and compiles only on a miss. The kernel
-    is logged (:mod:`chainexec.runtime.uselog`) for the next process's warm-up."""
+    Looks in the in-process table, then the disk cache, and compiles only on a miss. Every call
+    is a use of the kernel (:mod:`chainexec.runtime.uselog`) for the next process's warm-up."""
+    fn, key = _load(name, source)
+    _note(key, name)
+    return fn
+
+
+def _load(name: str, source: str) -> tuple:
+    """:func:`load_function`'s function and the CUBIN's cache key, without noting the use."""
     import cupy
 
     dev = cupy.cuda.Device()
@@ -118,15 +125,19 @@ def load_function(name: str, source: str):
         fn = cupy.RawModule(path=str(_cached_cubin(name, source, cc))).get_function(name)
         with _LOCK:
             fn = _LOADED.setdefault((key, dev.id), fn)
-    uselog.note(uselog.device_name(cupy, dev.id), "modules", (key, name))
-    return fn
+    return fn, key
+
+
+def _note(key: str, name: str) -> None:
+    import cupy
+
+    uselog.note(uselog.device_name(cupy), "modules", (key, name))
 
 
 def preload(name: str, key: str) -> None:
     """Load kernel ``name`` of the cached CUBIN ``key`` on the current device into the in-process
-    table where the disk cache holds it: the function itself, not only its module (reading an
-    attribute makes CUDA's lazy loading load it). The warm-up's way to load a logged kernel
-    before :func:`load_function` asks for it."""
+    table where the disk cache holds it: the function itself, not only its module. The warm-up's
+    way to load a logged kernel before :func:`load_function` asks for it."""
     import cupy
 
     path = cache_dir() / f"{key}.cubin"
@@ -134,7 +145,7 @@ def preload(name: str, key: str) -> None:
     if (key, dev.id) in _LOADED or not path.exists():
         return
     fn = cupy.RawModule(path=str(path)).get_function(name)
-    fn.num_regs
+    _ = fn.num_regs  # reading an attribute makes CUDA's lazy loading load the function
     with _LOCK:
         _LOADED.setdefault((key, dev.id), fn)
 
@@ -220,14 +231,16 @@ def gett_function(cfg):
 
     key = (cfg, cupy.cuda.Device().id)
     with _LOCK:
-        fn = _GETT.get(key)
-    if fn is None:
-        fn = load_function(cfg.name(), gett.source(cfg))
+        kept = _GETT.get(key)
+    if kept is None:
+        fn, cubin = _load(cfg.name(), gett.source(cfg))
         if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes():
             fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+        kept = (fn, cubin)
         with _LOCK:
-            _GETT[key] = fn
-    return fn
+            _GETT[key] = kept
+    _note(kept[1], cfg.name())  # each call: the autotuner's first one is paused
+    return kept[0]
 
 
 class GettTables:
@@ -271,14 +284,16 @@ def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None
         kept = _SUM.get(key)
     if kept is None:
         gen = SUM_KINDS[kind][0]
-        fn = load_function(*gen.generate(problem, cfg))
+        name, source = gen.generate(problem, cfg)
+        fn, cubin = _load(name, source)
         shape = gen.launch_shape(problem, cfg)
         if fn.max_dynamic_shared_size_bytes < shape[2]:
             fn.max_dynamic_shared_size_bytes = shape[2]
-        kept = (fn, *shape)
+        kept = (fn, *shape, cubin, name)
         with _LOCK:
             _SUM[key] = kept
-    fn, nblocks, threads, smem = kept
+    fn, nblocks, threads, smem, cubin, name = kept
+    _note(cubin, name)  # each launch: the autotuner's first one is paused
     args = [C] + [x for pair in operands for x in pair] + [np.int32(1 if store else 0)]
     fn((nblocks,), (threads,), tuple(args), shared_mem=smem)
 

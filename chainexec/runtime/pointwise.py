@@ -376,10 +376,9 @@ def _made(xp, text: str, name: str):
 
 
 def preload(xp, text: str, name: str) -> None:
-    """Make kernel ``name`` of ``text`` as :func:`_kernel` does and load it on the current device
-    (reading an attribute makes CUDA's lazy loading load it): the warm-up's way to load a logged
-    kernel before a launch asks for it."""
-    _made(xp, text, name).num_regs
+    """Make kernel ``name`` of ``text`` as :func:`_kernel` does and load it on the current device:
+    the warm-up's way to load a logged kernel before a launch asks for it."""
+    _ = _made(xp, text, name).num_regs  # reading an attribute makes CUDA's lazy loading load it
 
 
 def _strides(views: list, walk: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -17,8 +17,10 @@ strided: the strided-batched entry point, else the pointer-array one; beta 0 or 
 generated contraction kernels, each ``[CUBIN cache key, function name]``
 (:func:`chainexec.runtime.kernels.load_function`). ``sources``: point-wise kernels, each
 ``[function name, source]`` (:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy). A
-use not in the file is added and the file replaced atomically; two processes adding at once may
-lose one addition (a later run adds it again). Unreadable means empty.
+run's uses are gathered in memory (:func:`note`: no file touched while the executor runs) and
+merged into the file once, after the executor (:func:`flush`, from :func:`chainexec.api.run`),
+which is replaced atomically and only where it changes; two processes flushing at once may lose
+one's additions (a later run adds them again). Unreadable means empty.
 Nothing here is needed for a run's results: the log only moves a load earlier.
 """
 
@@ -42,23 +44,20 @@ replays one job's uses, not those of every job the device ran."""
 KINDS = ("gemms", "modules", "sources")
 
 _LOCK = threading.Lock()
-_SEEN: dict[str, dict[str, set[tuple]]] = {}  # entry -> kind -> uses in the file or added by this process
-_JOB = [""]  # the job this process runs now (:func:`set_job`)
+_PENDING: dict[str, dict[str, dict[tuple, None]]] = {}  # entry -> kind -> uses (in order) not yet flushed
+_JOB = ""  # the job this process runs now (:func:`set_job`)
 
 
 def job_of(config) -> str:
-    """The job a config file is: its resolved path (a job run again finds what it used)."""
-    return str(Path(config).resolve())
+    """The job a config file is: its absolute path with links resolved (a job run again finds what
+    it used). Never raises: a path that cannot be resolved is kept as it is absolute."""
+    return os.path.realpath(os.fspath(config))
 
 
 def set_job(job: str) -> None:
     """Log this process's uses under ``job`` from now on (:func:`chainexec.api.run` sets it)."""
-    _JOB[0] = job
-
-
-def current_job() -> str:
-    """The job :func:`set_job` set last ("" before that)."""
-    return _JOB[0]
+    global _JOB
+    _JOB = job
 
 
 def _entry(device: str, job: str) -> str:
@@ -66,6 +65,7 @@ def _entry(device: str, job: str) -> str:
 
 
 def path() -> Path:
+    """``<kernel cache>/uses.json`` (:func:`chainexec.runtime.kernels.cache_dir`)."""
     from chainexec.runtime.kernels import cache_dir
 
     return cache_dir() / "uses.json"
@@ -79,17 +79,20 @@ def _file(where: Path) -> dict:
         return {}
 
 
-def uses(device: str, job: str, where: Path | None = None) -> dict[str, list[tuple]]:
-    """Every kind's uses (:data:`KINDS`) kept for ``job`` on ``device``, oldest first, from one
-    read of the file; empty lists where it is missing or unreadable."""
-    entry = _file(where or path()).get(_entry(device, job))
+def _kinds(entry) -> dict[str, list[tuple]]:
     entry = entry if isinstance(entry, dict) else {}
     return {kind: [tuple(use) for use in entry[kind] if _valid(use)] if isinstance(entry.get(kind), list) else []
             for kind in KINDS}
 
 
+def uses(device: str, job: str, where: Path | None = None) -> dict[str, list[tuple]]:
+    """Every kind's uses (:data:`KINDS`) kept for ``job`` on ``device``, oldest first, from one
+    read of the file; empty lists where it is missing or unreadable."""
+    return _kinds(_file(where or path()).get(_entry(device, job)))
+
+
 def _valid(use) -> bool:
-    """A use as :func:`note` writes it: a list of numbers and strings (anything else is a file
+    """A use as :func:`flush` writes it: a list of numbers and strings (anything else is a file
     written by something else, read as nothing)."""
     return isinstance(use, list) and all(isinstance(x, (str, int, float)) for x in use)
 
@@ -109,42 +112,56 @@ def paused():
         _PAUSED.depth -= 1
 
 
-def note(device: str, kind: str, use: tuple, where: Path | None = None) -> None:
-    """Record that ``use`` happened on ``device`` in the current job (:func:`set_job`), outside
-    :func:`paused`: the first time this process meets a use the file does not hold, it is
-    appended (the newest :data:`KEPT` kept, the newest :data:`JOBS` jobs per device) and the file
-    replaced atomically. A folder that cannot be written leaves it as it was."""
+def note(device: str, kind: str, use: tuple) -> None:
+    """Gather that ``use`` happened on ``device`` in the current job (:func:`set_job`), outside
+    :func:`paused`, for :func:`flush`. In memory only: called once per launch."""
     if getattr(_PAUSED, "depth", 0):
         return
     with _LOCK:
-        name = _entry(device, _JOB[0])
-        known = _SEEN.get(name)
-        if known is not None and use in known[kind]:  # the common case, once per launch: no file read
-            return
-        where = where or path()
-        if known is None:
-            known = _SEEN[name] = {k: set(v) for k, v in uses(device, _JOB[0], where).items()}
-            if use in known[kind]:
-                return
-        known[kind].add(use)
-        data = _file(where)
-        entry = data.pop(name, None)
-        entry = entry if isinstance(entry, dict) else {}
-        kept = entry.get(kind) if isinstance(entry.get(kind), list) else []
-        kept = [u for u in kept if _valid(u) and tuple(u) != use]  # another process may have added it
-        data[name] = entry | {kind: (kept + [list(use)])[-KEPT:]}  # the job now the newest on the device
-        jobs = [k for k in data if k.startswith(f"{device} | ")]
-        for old in jobs[:-JOBS]:
+        entry = _PENDING.get(_entry(device, _JOB))
+        if entry is None:
+            entry = _PENDING[_entry(device, _JOB)] = {k: {} for k in KINDS}
+        entry[kind][use] = None
+
+
+def flush(where: Path | None = None) -> None:
+    """Merge the uses gathered since the last flush into the file: per entry and kind, those not
+    there yet are appended (the newest :data:`KEPT` kept), an entry that gained one becomes its
+    device's newest job (the newest :data:`JOBS` kept per device). The file is replaced
+    atomically, and only where it changes; a folder that cannot be written leaves it as it was."""
+    with _LOCK:
+        pending = dict(_PENDING)
+        _PENDING.clear()
+    if not pending:
+        return
+    where = where or path()
+    data = _file(where)
+    changed = False
+    for name, gathered in pending.items():
+        kept = _kinds(data.get(name))
+        new = {kind: [u for u in gathered[kind] if u not in there] for kind in KINDS
+               for there in [set(kept[kind])]}
+        if not any(new.values()):
+            continue
+        changed = True
+        data.pop(name, None)
+        data[name] = {kind: [list(u) for u in (kept[kind] + new[kind])[-KEPT:]] for kind in KINDS}
+        device = name.split(" | ", 1)[0]
+        for old in [k for k in data if k.split(" | ", 1)[0] == device][:-JOBS]:
             del data[old]
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=where.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
-            os.replace(tmp, where)
-        except OSError:
-            pass
+    if not changed:
+        return
+    tmp = None
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
+        os.replace(tmp, where)
+    except OSError:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 _NAMES: dict[int, str] = {}

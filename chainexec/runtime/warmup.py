@@ -6,17 +6,18 @@ kernels the backend launches itself, and what earlier runs on this device used
 kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
 when the ``run`` command starts, before the interpreter imports the runtime, h5py and MPI (about
 1 s on the GPU hosts), so that it overlaps them; the backend's selection
-(:func:`chainexec.runtime.device.select`) then waits for it (:func:`wait`), and begins it where
-nothing did (a run from Python), never twice for one device.
+(:func:`chainexec.runtime.device.select`) then waits for it (:func:`wait`). Where nothing began
+it (a run from Python), the selection begins one without the replay and does not wait; never
+two for one device.
 
 Why: in a fresh (T) process at benzene's shapes on an H200 the device sat idle for 0.17 s of the
 executor's first 0.2 s (``torch.profiler`` trace, 2026-11-27), about 0.1 s of it these first
 uses. Started with the backend, just before the executor, a replay of the cuBLAS calls competed
 with the executor's own first calls (the loads of two threads wait for each other) and made it
-slower (session 22, H100). Measured as it is now (H200, fresh processes alternating with the code
-before, 2026-11-27): the executor's median fell from 0.276 to 0.208 s (synthetic o=21, v=93) and
-from 0.257 to 0.215 s (benzene/cc-pVDZ); ``api.run`` from 0.547 to 0.487 s on benzene; the
-process's wall time stayed within its noise (1.94 against 1.95 s, 1.82 against 1.95 s), since
+slower (session 22, H100). Measured as it is now (fresh processes alternating with the code
+before, 2026-11-27), benzene/cc-pVDZ's executor median fell from 0.257 to 0.215 s on an H200 and
+from 0.291 to 0.218 s on an H100, ``api.run``'s from 0.547 to 0.487 s and from 0.648 to 0.418 s;
+the process's wall time moved within its noise (1.82 against 1.95 s, 1.96 against 1.86 s), since
 CuPy's import on this thread and the main thread's imports share the interpreter's lock. Nothing
 here is needed for correctness: a failure only leaves the loading to the first real use, which
 reports any real fault itself.
@@ -24,15 +25,19 @@ reports any real fault itself.
 
 from __future__ import annotations
 
-import os
+import re
 import threading
 
 from chainexec.runtime import uselog
-from chainexec.runtime.comm import LOCAL_RANK, launched
+from chainexec.runtime.comm import env_local_rank, launched
 
 STAND_IN_BYTES = 256 * 2**20
 """A logged cuBLAS call whose stand-in matrices would take more device memory than this is not
 made again."""
+
+KERNEL = r"chainexec_\w+"
+"""The names the runtime's generated kernels have; a logged use of another name is not replayed
+(the log is trusted as the kernel cache beside it is, and read as carefully)."""
 
 WAIT = 60.0
 """Seconds the backend's selection waits at most for the warm-up begun at the process's start."""
@@ -53,17 +58,15 @@ def claim(device: int) -> bool:
 
 def start(config, backend: str = "auto") -> None:
     """Begin the warm-up of a run of ``config`` now, at a process's start, where the GPU this
-    rank will use is already known: the launcher's local rank (as
-    :func:`chainexec.runtime.comm.local_rank` reads it) or a process started without a launcher
+    rank will use is already known: the launcher's local rank
+    (:func:`chainexec.runtime.comm.env_local_rank`) or a process started without a launcher
     (GPU 0). Does nothing for the NumPy backend, under a launcher that does not say the local
-    rank, or without CuPy or a GPU."""
-    if backend == "numpy":
+    rank, or without CuPy or a GPU. A config that is missing or unreadable is the run's to report:
+this only takes its path."""
+    local = env_local_rank()
+    if backend == "numpy" or (local is None and launched()):
         return
-    local = next((int(os.environ[v]) for v in LOCAL_RANK if os.environ.get(v, "").isdigit()), None)
-    if local is None and launched():
-        return
-    uselog.set_job(uselog.job_of(config))
-    thread = threading.Thread(target=_early, args=(local or 0,), name="chainexec-warm-up")
+    thread = threading.Thread(target=_early, args=(local or 0, uselog.job_of(config)), name="chainexec-warm-up")
     _EARLY.append(thread)
     thread.start()
 
@@ -97,23 +100,24 @@ def context(local: int) -> None:
         cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)  # kept for the process's life
 
 
-def _early(local: int) -> None:
-    context(local)
+def _early(local: int, job: str) -> None:
     try:
+        context(local)
         import cupy
 
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception:  # no cupy, no driver, no device: the backend's selection says so itself
         return
     if count > 0 and claim(local % count):
-        warm_up(cupy, local % count)
+        warm_up(cupy, local % count, job)
 
 
-def warm_up(cupy, device: int) -> None:
+def warm_up(cupy, device: int, job: str | None = None) -> None:
     """Load, on a stream of its own (non-blocking: the run's streams never wait for it), the
-    libraries and kernels every run uses, each by one call on a few elements, then what earlier
-    runs of the current job (:func:`chainexec.runtime.uselog.set_job`) used on ``device``
-    (:func:`replay`). The reductions' last step is
+    libraries and kernels every run uses, each by one call on a few elements, then, given a
+    ``job``, what its earlier runs used on ``device`` (:func:`replay`): only where the run waits
+    for the warm-up (:func:`wait`), since a replay beside the run's statements slowed them and
+    would skew the autotuner's timings. The reductions' last step is
     :func:`chainexec.runtime.pointwise.total`, not CUB: loaded here, CUB's 34 ms held up the
     executor's first GEMM."""
     try:
@@ -129,7 +133,8 @@ def warm_up(cupy, device: int) -> None:
             y.fill(0.0)
             pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
             x @ y  # cuBLAS
-            replay(cupy, uselog.device_name(cupy, device), uselog.current_job())
+            if job is not None:
+                replay(cupy, uselog.device_name(cupy, device), job)
             stream.synchronize()
             # the stand-ins' blocks are kept per stream in CuPy's pool: no use to the run's streams
             cupy.get_default_memory_pool().free_all_blocks(stream=stream)
@@ -147,9 +152,11 @@ def replay(cupy, device: str, job: str) -> None:
 
     logged = uselog.uses(device, job)
     for key, name in logged["modules"]:
-        kernels.preload(name, key)
+        if re.fullmatch(r"[0-9a-f]{64}", str(key)) and re.fullmatch(KERNEL, str(name)):  # a file name
+            kernels.preload(name, key)
     for name, text in logged["sources"]:
-        pointwise.preload(cupy, text, name)
+        if re.fullmatch(KERNEL, str(name)) and isinstance(text, str):
+            pointwise.preload(cupy, text, name)
     for call in logged["gemms"]:
         _gemm(cupy, call)
 
@@ -162,21 +169,10 @@ def sizes(call: tuple) -> tuple[int, int, int]:
     return lda * (m if ta else k), ldb * (k if tb else n), ldc * n
 
 
-def scalars(gemm, alpha: float, beta: float, dtype):
-    """``(array, alpha, beta)`` as ``gemm`` (a CuPy cuBLAS binding) takes them in pointer mode
-    host: recent CuPy by address, old versions by value. Only a signature that says so (its
-    docstring) selects by value, since a value read as an address crashes cuBLAS. The array
-    must stay alive until the call returns."""
-    import numpy as np
-
-    values = np.array([alpha, beta], dtype)
-    if any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float")):
-        return values, *values.tolist()
-    return values, values.ctypes.data, values.ctypes.data + values.itemsize
-
-
 def _gemm(cupy, call: tuple) -> None:
     from cupy_backends.cuda.libs import cublas
+
+    from chainexec.runtime.device import gemm_scalars
 
     precision, strided, ta, tb, m, n, k, lda, ldb, ldc, count, beta = call
     dtype = cupy.float64 if precision == "d" else cupy.float32
@@ -188,11 +184,11 @@ def _gemm(cupy, call: tuple) -> None:
     ops = tuple(cublas.CUBLAS_OP_T if t else cublas.CUBLAS_OP_N for t in (ta, tb))
     if strided:
         gemm = cublas.dgemmStridedBatched if precision == "d" else cublas.sgemmStridedBatched
-        keep, one, two = scalars(gemm, 1.0, beta, dtype)
+        keep, one, two = gemm_scalars(gemm, 1.0, beta, dtype)
         gemm(handle, *ops, m, n, k, one, a.data.ptr, lda, 0, b.data.ptr, ldb, 0, two, c.data.ptr, ldc, 0, count)
     else:
         gemm = cublas.dgemmBatched if precision == "d" else cublas.sgemmBatched
-        keep, one, two = scalars(gemm, 1.0, beta, dtype)
+        keep, one, two = gemm_scalars(gemm, 1.0, beta, dtype)
         table = cupy.asarray([[x.data.ptr] * count for x in (a, b, c)], dtype=cupy.uint64)
         gemm(handle, *ops, m, n, k, one, table[0].data.ptr, lda, table[1].data.ptr, ldb, two,
              table[2].data.ptr, ldc, count)

@@ -217,3 +217,15 @@ def test_tuning_cache_put_keeps_what_other_processes_wrote(tmp_path):
     fresh = device.TuningCache("GPU", path)
     assert (fresh.get(("x",)), fresh.get(("y",))) == (device.Choice("batched"), device.Choice("einsum"))
     assert one.get(("y",)) == device.Choice("einsum")  # a miss in memory reads the file again
+
+
+def test_gemm_scalars_by_address_unless_the_binding_takes_values():
+    def by_address():
+        """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, size_t alpha, ...)"""
+
+    def by_value():
+        """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, double alpha, ...)"""
+
+    keep, one, two = device.gemm_scalars(by_address, 1.5, 0.0, np.float64)
+    assert (one, two) == (keep.ctypes.data, keep.ctypes.data + 8) and keep.tolist() == [1.5, 0.0]
+    assert device.gemm_scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)

@@ -1,8 +1,10 @@
-"""The GPU warm-up on the CPU: which device the process-start warm-up picks (the launcher's local
-rank modulo the GPUs, GPU 0 for a process started alone, none where a launcher does not say),
-that a device is warmed up once per process, that it is best effort, the stand-in matrices of a
-logged cuBLAS call, and that the command line begins the warm-up before importing the runtime.
-The replay itself runs on a GPU in ``test_warmup_gpu.py``."""
+"""The GPU warm-up on the CPU: which device and job the process-start warm-up takes (the
+launcher's local rank modulo the GPUs, GPU 0 for a process started alone, none where a launcher
+does not say; the config's resolved path), that a device is warmed up once per process and that
+``wait`` waits for it, that it is best effort, the CUDA context made through the driver, the
+stand-in matrices of a logged cuBLAS call, and that the command line begins the warm-up before
+importing the runtime and still reports a bad config in one line. The replay itself runs on a
+GPU in ``test_warmup_gpu.py``."""
 
 from __future__ import annotations
 
@@ -11,31 +13,30 @@ import sys
 import threading
 import types
 
-import numpy as np
 import pytest
 
-from chainexec.runtime import comm, uselog, warmup
+from chainexec.runtime import comm, warmup
 
 
 @pytest.fixture
 def warmed(monkeypatch):
-    """A stand-in ``cupy`` with 2 GPUs and a warm-up that records the devices it is asked for;
-    no launcher variables and no device claimed yet."""
+    """A stand-in ``cupy`` with 2 GPUs, no CUDA context made, and a warm-up that records the
+    device and job it is asked for; no launcher variables, no device claimed, no warm-up begun."""
     for var in comm.LOCAL_RANK + comm.LAUNCHER:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(warmup, "_CLAIMED", set())
+    monkeypatch.setattr(warmup, "_EARLY", [])
+    monkeypatch.setattr(warmup, "context", lambda local: None)
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    devices = []
-    monkeypatch.setattr(warmup, "warm_up", lambda cupy, device: devices.append(device))
-    return devices
+    calls = []
+    monkeypatch.setattr(warmup, "warm_up", lambda cupy, device, job=None: calls.append((device, job)))
+    return calls
 
 
-def started(backend: str) -> None:
-    before = set(threading.enumerate())
-    warmup.start("ccsd_t.yaml", backend)
-    for t in set(threading.enumerate()) - before:
-        t.join(timeout=30)
+def started(backend: str, config: str = "ccsd_t.yaml") -> None:
+    warmup.start(config, backend)
+    warmup.wait()
 
 
 @pytest.mark.parametrize("env, expected", [({}, [0]),
@@ -49,7 +50,7 @@ def test_the_process_start_warms_up_the_gpu_the_rank_will_use(warmed, monkeypatc
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     started("auto")
-    assert warmed == expected
+    assert [device for device, _ in warmed] == expected
 
 
 def test_nothing_for_the_numpy_backend(warmed):
@@ -59,9 +60,18 @@ def test_nothing_for_the_numpy_backend(warmed):
 
 def test_the_warm_up_replays_the_configs_job(warmed, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(uselog, "_JOB", [""])
-    started("auto")
-    assert uselog.current_job() == str(tmp_path / "ccsd_t.yaml")
+    started("auto", "ccsd_t.yaml")
+    assert warmed == [(0, str(tmp_path / "ccsd_t.yaml"))]
+
+
+def test_wait_returns_once_the_warm_up_has_ended(warmed, monkeypatch):
+    """The backend's selection waits for the warm-up the command's start began."""
+    gate = threading.Event()
+    monkeypatch.setattr(warmup, "warm_up", lambda cupy, device, job=None: gate.wait(30) and warmed.append(device))
+    warmup.start("ccsd_t.yaml", "auto")
+    threading.Timer(0.2, gate.set).start()
+    warmup.wait()
+    assert warmed == [0] and not any(t.is_alive() for t in warmup._EARLY)
 
 
 def test_nothing_without_cupy(warmed, monkeypatch):
@@ -73,7 +83,7 @@ def test_nothing_without_cupy(warmed, monkeypatch):
 def test_a_device_is_warmed_up_once_per_process(warmed):
     started("auto")
     started("cupy")
-    assert warmed == [0]
+    assert [device for device, _ in warmed] == [0]
     assert not warmup.claim(0)  # the backend's selection then starts none
     assert warmup.claim(1) and not warmup.claim(1)
 
@@ -99,26 +109,24 @@ def test_stand_in_matrices_are_as_cublas_reads_them(call, elements):
     assert warmup.sizes(call) == elements
 
 
-def test_scalars_by_address_unless_the_binding_takes_values():
-    def by_address():
-        """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, size_t alpha, ...)"""
+def test_the_command_line_begins_the_warm_up_before_importing_the_runtime(tmp_path):
+    """``chainexec run`` begins the warm-up before the runtime, h5py and MPI are imported, so
+    that it overlaps their imports."""
+    code = ("import sys; from chainexec import cli; from chainexec.runtime import warmup; seen = []; "
+            "warmup.start = lambda config, backend: seen.append(sorted(m for m in ('chainexec.api', "
+            "'chainexec.runtime.executor', 'h5py', 'mpi4py.MPI') if m in sys.modules)); "
+            "cli.main(['run', 'missing.yaml', '--backend', 'numpy']); print(seen)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.stdout.strip() == "[[]]", done.stderr
 
-    def by_value():
-        """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, double alpha, ...)"""
 
-    keep, one, two = warmup.scalars(by_address, 1.5, 0.0, np.float64)
-    assert (one, two) == (keep.ctypes.data, keep.ctypes.data + 8) and keep.tolist() == [1.5, 0.0]
-    assert warmup.scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
-
-
-def test_the_command_line_imports_the_runtime_after_parsing():
-    """``chainexec run`` begins the warm-up before the runtime, h5py and MPI are imported: the
-    command line's module imports none of them itself."""
-    code = ("import sys, chainexec.cli; "
-            "print(sorted(m for m in ('chainexec.api', 'chainexec.runtime.executor', 'h5py', 'mpi4py.MPI', 'numpy') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+def test_a_config_that_cannot_be_resolved_is_one_line_and_status_2(tmp_path):
+    """A config that is a link to itself: the run reports it (the warm-up only takes its path)."""
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
+    done = subprocess.run([sys.executable, "-m", "chainexec.cli", "run", "loop.yaml"], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "loop.yaml" in done.stderr and done.stdout == ""
 
 
 class FakeDriver:
