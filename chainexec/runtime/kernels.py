@@ -102,18 +102,11 @@ def precompile(kernels: list[tuple[str, str]], compute_capability: str) -> None:
         list(pool.map(build, missing))
 
 
-def load_function(name: str, source: str):
-    """The CuPy kernel function ``name`` of ``source`` on the current device.
-
-    Looks in the in-process table, then the disk cache, and compiles only on a miss. Every call
-    is a use of the kernel (:mod:`chainexec.runtime.uselog`) for the next process's warm-up."""
-    fn, key = _load(name, source)
-    _note(key, name)
-    return fn
-
-
-def _load(name: str, source: str) -> tuple:
-    """:func:`load_function`'s function and the CUBIN's cache key, without noting the use."""
+def load_function(name: str, source: str) -> tuple:
+    """The CuPy kernel function ``name`` of ``source`` on the current device, and its CUBIN's
+    cache key: the in-process table, then the disk cache, and compiled only on a miss. The
+    callers that launch it note each launch as a use (:func:`_note`): a kernel loaded to be timed
+    or to see that it can be made is not logged for the next process's warm-up."""
     import cupy
 
     dev = cupy.cuda.Device()
@@ -129,6 +122,7 @@ def _load(name: str, source: str) -> tuple:
 
 
 def _note(key: str, name: str) -> None:
+    """A launch of kernel ``name`` of the CUBIN ``key`` (:mod:`chainexec.runtime.uselog`)."""
     import cupy
 
     uselog.note(uselog.device_name(cupy), "modules", (key, name))
@@ -159,6 +153,7 @@ class ContractionKernel:
     source: str
     params: tuple[str, ...]
     function: object
+    cubin: str  # the CUBIN's cache key: each call is a use of it (:mod:`chainexec.runtime.uselog`)
 
     def extents(self, A, B, C=None) -> dict:
         """Extents of every index read off the array shapes; ValueError if they disagree."""
@@ -197,6 +192,7 @@ class ContractionKernel:
             raise ValueError("extents must be below 2**31")
         if min(ext.values()) == 0 or A.size == 0 or B.size == 0:
             raise ValueError("zero-sized extents are not supported")
+        _note(self.cubin, self.name)  # each call: a kernel made to be timed or checked is no use
         args = (C, A, B, *(np.int32(ext[i]) for i in self.params), dtype.type(alpha),
                 dtype.type(beta))
         launch = (grid_size(self.config, ext),), (self.config.threads,), args
@@ -217,8 +213,9 @@ def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = N
     if config is None:
         config = choose_config(c, a, b, sizes, dtype, device or Device.from_cupy())
     name, source = generate(c, a, b, sizes, dtype, config)
-    return ContractionKernel(config=config, name=name, source=source,
-                             params=kernel_params(c, a, b), function=load_function(name, source))
+    function, cubin = load_function(name, source)
+    return ContractionKernel(config=config, name=name, source=source, params=kernel_params(c, a, b),
+                             function=function, cubin=cubin)
 
 
 def gett_function(cfg):
@@ -233,7 +230,7 @@ def gett_function(cfg):
     with _LOCK:
         kept = _GETT.get(key)
     if kept is None:
-        fn, cubin = _load(cfg.name(), gett.source(cfg))
+        fn, cubin = load_function(cfg.name(), gett.source(cfg))
         if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes():
             fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
         kept = (fn, cubin)
@@ -285,7 +282,7 @@ def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None
     if kept is None:
         gen = SUM_KINDS[kind][0]
         name, source = gen.generate(problem, cfg)
-        fn, cubin = _load(name, source)
+        fn, cubin = load_function(name, source)
         shape = gen.launch_shape(problem, cfg)
         if fn.max_dynamic_shared_size_bytes < shape[2]:
             fn.max_dynamic_shared_size_bytes = shape[2]

@@ -15,7 +15,7 @@ newest :data:`KEPT` uses in the order first noted. ``gemms``: cuBLAS calls, each
 strided, transa, transb, m, n, k, lda, ldb, ldc, count, beta]`` (precision ``d`` or ``s``;
 strided: the strided-batched entry point, else the pointer-array one; beta 0 or 1). ``modules``:
 generated contraction kernels, each ``[CUBIN cache key, function name]``
-(:func:`chainexec.runtime.kernels.load_function`). ``sources``: point-wise kernels, each
+(:func:`chainexec.runtime.kernels.load_function`, noted at each launch). ``sources``: point-wise kernels, each
 ``[function name, source]`` (:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy). A
 run's uses are gathered in memory (:func:`note`: no file touched while the executor runs) and
 merged into the file once, after the executor (:func:`flush`, from :func:`chainexec.api.run`),

@@ -123,7 +123,8 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
     try:
         from chainexec.runtime import pointwise
 
-        with cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
+        # its own loads are not the run's uses (uselog.paused is per thread)
+        with uselog.paused(), cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
             x = cupy.ones((8, 8), cupy.float64)
             y = cupy.empty_like(x)
             y[...] = x  # cupy_copy: operand stacking and copies between views

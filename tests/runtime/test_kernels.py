@@ -63,3 +63,66 @@ def test_threads_share_the_node_among_its_ranks(nvrtc, monkeypatch):
     calls, threads = nvrtc
     kernels.precompile([(f"k{n}", f"src {n}") for n in range(4)], "90")
     assert len(calls) == 4 and len(threads) == 1
+
+
+class _Function:
+    """A loaded kernel as CuPy returns it: its dynamic shared memory limit, and its launches."""
+
+    def __init__(self):
+        self.max_dynamic_shared_size_bytes = 0
+        self.launches = 0
+
+    def __call__(self, *args, **kwargs):
+        self.launches += 1
+
+
+@pytest.fixture
+def device(nvrtc, monkeypatch):
+    """CuPy as the loader sees it (GPU 0 of compute capability 90, modules that hand out
+    :class:`_Function`), and the uses noted, paused or not."""
+    import sys
+    import types
+
+    from chainexec.runtime import uselog
+
+    class Device:
+        id, compute_capability = 0, "90"
+
+    class RawModule:
+        def __init__(self, path):
+            self.path = path
+
+        def get_function(self, name):
+            return _Function()
+
+    cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
+        getDeviceProperties=lambda device: {"name": b"GPU"}))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, RawModule=RawModule))
+    monkeypatch.setattr(uselog, "_NAMES", {})
+    for table in ("_LOADED", "_GETT", "_SUM"):
+        monkeypatch.setattr(kernels, table, {})
+    noted = []
+    monkeypatch.setattr(uselog, "note", lambda device, kind, use: noted.append(
+        (kind, use, bool(getattr(uselog._PAUSED, "depth", 0)))))
+    return noted
+
+
+def test_a_gett_kernel_is_noted_at_every_launch_it_is_fetched_for(device):
+    """The run's uses are noted where a kernel is fetched to be launched, also from the table that
+    keeps it (a tuning run first fetches it while timing, paused); loading it is not a use."""
+    from chainexec.planner.gett import MMA_SHAPES, GettConfig
+    from chainexec.runtime import uselog
+
+    cfg = GettConfig(2, 2, 2, 2, 16, 2, next(iter(MMA_SHAPES)), True, True)
+    with uselog.paused():
+        kernels.gett_function(cfg)
+    fn = kernels.gett_function(cfg)
+    assert kernels.gett_function(cfg) is fn and fn.max_dynamic_shared_size_bytes == cfg.smem_bytes()
+    key = next(iter(kernels._LOADED))[0]
+    assert device == [("modules", (key, cfg.name()), True)] + [("modules", (key, cfg.name()), False)] * 2
+
+
+def test_loading_a_kernel_is_not_a_use(device):
+    fn, key = kernels.load_function("chainexec_k", "src k")
+    assert kernels.load_function("chainexec_k", "src k") == (fn, key) and device == []
+    assert key == kernels.cache_key("src k", "90") and _cubin("src k").exists()

@@ -71,7 +71,7 @@ def spied(monkeypatch) -> list:
     return met
 
 
-def test_logged_uses_are_loaded_again(new_process):
+def test_logged_uses_are_loaded_again(new_process, monkeypatch):
     for seed, case in enumerate(CASES):
         assert contract(*case, seed) <= 1e-12
     y = cupy.zeros((5, 7))
@@ -82,17 +82,20 @@ def test_logged_uses_are_loaded_again(new_process):
     assert {call[1] for call in gemms} == {True, False}  # strided and pointer-array calls
     assert modules and sources
     assert all(name.startswith("chainexec_") for _, name in modules)
-    loaded = set(kernels._LOADED)
 
     # a new process: nothing loaded; the replay (outside warm_up's catch-all) loads what was logged
     new_process()
     with cupy.cuda.Stream(non_blocking=True) as stream:
         warmup.replay(cupy, name, JOB)
         stream.synchronize()
-    assert set(kernels._LOADED) == loaded
+    replayed = set(kernels._LOADED)
+    assert {key for key, _ in replayed} == {key for key, _ in modules}
     assert pointwise._made.cache_info().currsize == len(sources)
+    met = spied(monkeypatch)
     for seed, case in enumerate(CASES):
         assert contract(*case, seed + 10) <= 1e-12
+    launched = {use[0] for kind, use, _ in met if kind == "modules"}
+    assert launched and launched <= {key for key, _ in replayed}  # every kernel launched was loaded
     assert pointwise._made.cache_info().misses == len(sources)  # the launches found them loaded
 
 
