@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -1562,56 +1563,68 @@ so that decisions recorded by older code are not read back."""
 
 
 class TuningCache:
-    """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning.json``: key =
-    device name and (contraction, shapes, strides, dtype), value = the :class:`Choice`. Written
-    atomically (temporary file, then rename) after each new decision, merged with what the file
-    held just before (two processes writing at once may still lose one decision, which is then
-    tuned again).
+    """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning/``: one file
+    per decision, named by the SHA-256 of its key (device name and contraction, shapes, strides,
+    dtype) and holding the key and the :class:`Choice`, written atomically (temporary file, then
+    rename). A lookup reads one small file, so another process's decision is seen at once and
+    a process reads only the decisions it needs.
 
-    The file is read once and its decisions kept in memory; a key not found there is looked up
-    in the file again (another process may have decided it since), which costs nothing beside
-    the tuning a miss leads to. Until 2026-11-27 every lookup read and parsed the whole file:
-    4 ms for the 171 decisions (197 kB) of the session-18 GPU cache, once per tuning key in a
-    fresh process, and the file only grows as a user's runs meet new shapes."""
+    Why: until 2026-11-27 every decision lived in one ``tuning.json``, read whole by each new
+    backend before its first statement and rewritten whole by each new decision. At the GPU
+    hosts' 391 decisions (450 kB) one read took 8 ms on the 2-core VM, the cost grows with every
+    shape a user's runs meet; the first tile of a (T) process waited 6.8 ms for host work before
+    its first kernel (H200 trace, 2026-11-27), this read likely among it (not timed apart on the
+    GPU host). A decision found only in an
+    older ``tuning.json`` beside the folder (read once, on the first miss) is moved to a file of
+    its own."""
 
     def __init__(self, device: str, path: Path):
         self.device = device
-        self.path = path
-        self._known: dict | None = None  # the file as last read or written
+        self.path = path  # the folder
+        self._legacy: dict | None = None  # the older tuning.json, once read
 
     @classmethod
     def for_device(cls, cupy) -> "TuningCache":
         """The cache of the current CuPy device, in the kernel cache's folder."""
         from chainexec.runtime.kernels import cache_dir
 
-        return cls(uselog.device_name(cupy), cache_dir() / "tuning.json")
-
-    def _read(self) -> dict:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
+        return cls(uselog.device_name(cupy), cache_dir() / "tuning")
 
     def _key(self, key: tuple) -> str:
         return json.dumps([TUNING_VERSION, self.device, *key])
 
+    def _file(self, text: str) -> Path:
+        return self.path / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
     def get(self, key: tuple) -> Choice | None:
         text = self._key(key)
-        if self._known is None or text not in self._known:
-            self._known = self._read()
-        entry = self._known.get(text)
-        return None if entry is None else Choice(**entry)
+        try:
+            entry = json.loads(self._file(text).read_text())
+            if isinstance(entry, dict) and entry.get("key") == text:
+                return Choice(**entry["choice"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        if self._legacy is None:
+            try:
+                self._legacy = json.loads((self.path.parent / "tuning.json").read_text())
+            except (OSError, ValueError):
+                self._legacy = {}
+        entry = self._legacy.get(text) if isinstance(self._legacy, dict) else None
+        try:
+            choice = Choice(**entry)
+        except TypeError:  # not there, or not a decision
+            return None
+        self.put(key, choice)
+        return choice
 
     def put(self, key: tuple, choice: Choice) -> None:
-        data = self._read()
-        data[self._key(key)] = asdict(choice)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        text = self._key(key)
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
+            json.dump({"key": text, "choice": asdict(choice)}, f)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
-        os.replace(tmp, self.path)
-        self._known = data
+        os.replace(tmp, self._file(text))
 
 
 def select(name: str = "auto", comm=None) -> Backend:

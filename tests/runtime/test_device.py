@@ -8,6 +8,8 @@ float64), host round trips, and ``select``'s errors.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -186,37 +188,48 @@ def test_ttgt_product_ends_in_the_outputs_fastest_index():
             assert (batch + lext + rext)[-1] == c.out_indices[-1]
 
 
-def test_tuning_cache_reads_its_file_once_and_again_only_on_a_miss(tmp_path, monkeypatch):
-    """Decisions found are served from memory (the file is not read per lookup); a key missing
-    there is looked up in the file again, where another process may have written it."""
-    path = tmp_path / "tuning.json"
-    writer = device.TuningCache("GPU A", path)
+def test_tuning_cache_keeps_a_file_per_decision_and_reads_only_those_looked_up(tmp_path):
+    """Each decision is a file of its own: a lookup sees another process's decision at once, and
+    decisions are per device."""
+    folder = tmp_path / "tuning"
+    writer, reader = device.TuningCache("GPU A", folder), device.TuningCache("GPU A", folder)
+    assert reader.get(("c1",)) is None
     writer.put(("c1",), device.Choice("batched", {"batched": 1.0}))
     writer.put(("c2",), device.Choice("gett", {}, {"order": [1]}))
-    reader = device.TuningCache("GPU A", path)
-    reads = []
-    real = device.TuningCache._read
-    monkeypatch.setattr(device.TuningCache, "_read", lambda self: reads.append(1) or real(self))
-    assert [reader.get(k) for k in [("c1",), ("c2",), ("c1",)] * 3] == [
+    assert [reader.get(k) for k in [("c1",), ("c2",), ("c1",)]] == [
         device.Choice("batched", {"batched": 1.0}), device.Choice("gett", {}, {"order": [1]}),
-        device.Choice("batched", {"batched": 1.0})] * 3
-    assert len(reads) == 1
-    writer.put(("c3",), device.Choice("ttgt"))  # another process's decision, made after the read
-    assert reader.get(("c3",)) == device.Choice("ttgt")
-    assert reader.get(("c4",)) is None
-    assert device.TuningCache("GPU B", path).get(("c1",)) is None  # decisions are per device
-    assert len(reads) == 5  # the two misses, the writer's put, the new device's first read
+        device.Choice("batched", {"batched": 1.0})]
+    writer.put(("c1",), device.Choice("ttgt"))  # decided again
+    assert reader.get(("c1",)) == device.Choice("ttgt")
+    assert device.TuningCache("GPU B", folder).get(("c1",)) is None
+    assert sorted(p.suffix for p in folder.iterdir()) == [".json", ".json"]  # no temporary file left
 
 
-def test_tuning_cache_put_keeps_what_other_processes_wrote(tmp_path):
-    path = tmp_path / "tuning.json"
-    one, two = device.TuningCache("GPU", path), device.TuningCache("GPU", path)
-    assert one.get(("x",)) is None and two.get(("y",)) is None
-    one.put(("x",), device.Choice("batched"))
-    two.put(("y",), device.Choice("einsum"))
-    fresh = device.TuningCache("GPU", path)
-    assert (fresh.get(("x",)), fresh.get(("y",))) == (device.Choice("batched"), device.Choice("einsum"))
-    assert one.get(("y",)) == device.Choice("einsum")  # a miss in memory reads the file again
+@pytest.mark.parametrize("text", ["", "not json", "[1]", '{"key": "other", "choice": {"method": "ttgt"}}',
+                                  '{"choice": {"method": "ttgt"}}', '{"key": "%s", "choice": {"nonsense": 1}}'])
+def test_a_damaged_decision_is_none_and_decided_again(tmp_path, text):
+    cache = device.TuningCache("GPU", tmp_path / "tuning")
+    cache.put(("c",), device.Choice("batched"))
+    (file,) = (tmp_path / "tuning").iterdir()
+    file.write_text(text.replace("%s", cache._key(("c",)).replace('"', '\\"')))
+    assert device.TuningCache("GPU", tmp_path / "tuning").get(("c",)) is None
+    cache.put(("c",), device.Choice("einsum"))
+    assert device.TuningCache("GPU", tmp_path / "tuning").get(("c",)) == device.Choice("einsum")
+
+
+def test_a_decision_of_the_older_single_file_is_moved_to_its_own(tmp_path, monkeypatch):
+    old = device.TuningCache("GPU", tmp_path / "tuning")
+    (tmp_path / "tuning.json").write_text(json.dumps({
+        old._key(("c1",)): {"method": "gett", "seconds": {}, "config": {"order": [0]}},
+        old._key(("c2",)): {"method": "nonsense-field-set", "colour": "red"}}))
+    assert old.get(("c1",)) == device.Choice("gett", {}, {"order": [0]})
+    assert old.get(("c2",)) is None and old.get(("c3",)) is None
+    reads = []
+    real = json.loads
+    monkeypatch.setattr(device.json, "loads", lambda text: reads.append(len(text)) or real(text))
+    fresh = device.TuningCache("GPU", tmp_path / "tuning")
+    assert fresh.get(("c1",)) == device.Choice("gett", {}, {"order": [0]})
+    assert len(reads) == 1  # its own file only: the older one is not read again
 
 
 def test_gemm_scalars_by_address_unless_the_binding_takes_values():

@@ -116,7 +116,7 @@ def test_a_tuning_run_logs_what_later_runs_use_and_not_its_candidates(case, new_
     assert logged == used
     new_process()
     met.clear()
-    assert contract("auto", *case, 4) <= 1e-12  # the decision read from tuning.json: nothing timed
+    assert contract("auto", *case, 4) <= 1e-12  # the decision read from the tuning cache: nothing timed
     assert not any(paused for *_, paused in met)
     assert {(kind, use) for kind, use, _ in met} <= logged
 
