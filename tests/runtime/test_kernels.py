@@ -1,5 +1,7 @@
 """The kernel cache's CPU side: compiling many candidates at once (:func:`kernels.precompile`),
-with NVRTC replaced by a stand-in that records its calls (the GPU modules compile for real)."""
+with NVRTC replaced by a stand-in that records its calls (the GPU modules compile for real); and,
+with a stand-in CuPy, that a kernel's launches are the uses logged for the next process's
+warm-up (:mod:`chainexec.runtime.uselog`), not its loading."""
 
 import threading
 
@@ -126,3 +128,32 @@ def test_loading_a_kernel_is_not_a_use(device):
     fn, key = kernels.load_function("chainexec_k", "src k")
     assert kernels.load_function("chainexec_k", "src k") == (fn, key) and device == []
     assert key == kernels.cache_key("src k", "90") and _cubin("src k").exists()
+
+
+def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, monkeypatch):
+    """A COGENT kernel made to see that it can be (the autotuner's candidate check) is kept by
+    the backend; its launches are the uses, each noted, paused while timing."""
+    import sys
+
+    import numpy as np
+
+    from chainexec.planner.kernelconf import Device
+    from chainexec.runtime import uselog
+
+    class ndarray:
+        def __init__(self, shape):
+            self.shape, self.ndim, self.size = shape, len(shape), int(np.prod(shape))
+            self.dtype = np.dtype("float64")
+            self.flags = type("Flags", (), {"c_contiguous": True})()
+
+    monkeypatch.setattr(sys.modules["cupy"], "ndarray", ndarray, raising=False)
+    kern = kernels.get_kernel("ab", "ak", "kb", dict(a=8, b=8, k=8), "float64", device=Device.H100())
+    assert device == []  # made, not used
+    A, B, C = ndarray((8, 8)), ndarray((8, 8)), ndarray((8, 8))
+    with uselog.paused():
+        kern(A, B, C)
+    kern(A, B, C, beta=1.0)
+    kern(A, B, C)
+    use = (kern.cubin, kern.name)
+    assert kern.cubin == kernels.cache_key(kern.source, "90") and kern.function.launches == 3
+    assert device == [("modules", use, True), ("modules", use, False), ("modules", use, False)]
