@@ -23,11 +23,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
 
+from chainexec import atomicfile
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
 
@@ -87,16 +87,8 @@ def store(digest: str, text: str) -> None:
     is not an error (the run goes on, planning again next time)."""
     folder = cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        atomicfile.write(folder / f"{digest}.json", text)
     except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, folder / f"{digest}.json")
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
         return
     _prune(folder, LIMIT)
 

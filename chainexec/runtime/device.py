@@ -72,7 +72,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -81,7 +80,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chainexec import expr
+from chainexec import atomicfile, expr
 from chainexec.errors import ChainexecError
 from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
@@ -1451,6 +1450,7 @@ class CupyBackend(Backend):
                 self._run(how, c, scratch[0], a, b)
         return self._timed(run)
 
+    @uselog.paused()  # a candidate's kernels and calls are no use to a later warm-up
     def _timed(self, run) -> float:
         """Seconds of ``run()`` on the device: one untimed warm-up, then the best of
         :data:`TIMED_RUNS` CUDA-event-timed runs; ``inf`` if it cannot launch here (resources).
@@ -1463,20 +1463,19 @@ class CupyBackend(Backend):
             kept.clear()
         self._held.clear()
         try:
-            with uselog.paused():  # a candidate's kernels and calls are no use to a later warm-up
-                try:
-                    run()
-                except Exception:  # a candidate that cannot launch here is not chosen
-                    return math.inf
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                best = math.inf
-                for _ in range(TIMED_RUNS):
-                    start.record()
-                    run()
-                    end.record()
-                    end.synchronize()
-                    best = min(best, cp.cuda.get_elapsed_time(start, end) / 1e3)
-                return best
+            try:
+                run()
+            except Exception:  # a candidate that cannot launch here is not chosen
+                return math.inf
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            best = math.inf
+            for _ in range(TIMED_RUNS):
+                start.record()
+                run()
+                end.record()
+                end.synchronize()
+                best = min(best, cp.cuda.get_elapsed_time(start, end) / 1e3)
+            return best
         finally:
             self._kept = kept
             self._steady = steady
@@ -1552,9 +1551,16 @@ def gemm_scalars(gemm, alpha: float, beta: float, dtype) -> tuple:
     returns), old versions by value. Only a signature that says so (its docstring) selects by
     value, since a value read as an address crashes cuBLAS."""
     values = np.array([alpha, beta], dtype)
-    if any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float")):
+    if _takes_values(gemm):
         return values, *values.tolist()
     return values, values.ctypes.data, values.ctypes.data + values.itemsize
+
+
+@lru_cache(maxsize=None)
+def _takes_values(gemm) -> bool:
+    """Whether ``gemm``'s signature takes the scalars by value (read once per binding, not per
+    launch)."""
+    return any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float"))
 
 
 TUNING_VERSION = 7
@@ -1619,12 +1625,7 @@ class TuningCache:
 
     def put(self, key: tuple, choice: Choice) -> None:
         text = self._key(key)
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"key": text, "choice": asdict(choice)}, f)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
-        os.replace(tmp, self._file(text))
+        atomicfile.write(self._file(text), json.dumps({"key": text, "choice": asdict(choice)}), 0o644)
 
 
 def select(name: str = "auto", comm=None) -> Backend:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import atomicfile
 from ..planner import sumkernel, summma
 from ..planner.codegen import generate, grid_size, kernel_params
 from ..planner.kernelconf import Device, KernelConfig, choose_config, parse_contraction
@@ -66,12 +66,7 @@ def _cached_cubin(name: str, source: str, cc: str) -> Path:
     written to a temporary file and renamed, so concurrent processes never read half a file."""
     path = cache_dir() / f"{cache_key(source, cc)}.cubin"
     if not path.exists():
-        cubin = compile_cubin(source, name, cc)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        os.replace(tmp, path)
+        atomicfile.write(path, compile_cubin(source, name, cc))
     return path
 
 
@@ -114,11 +109,17 @@ def load_function(name: str, source: str) -> tuple:
     key = cache_key(source, cc)
     with _LOCK:
         fn = _LOADED.get((key, dev.id))
-    if fn is None:
-        fn = cupy.RawModule(path=str(_cached_cubin(name, source, cc))).get_function(name)
-        with _LOCK:
-            fn = _LOADED.setdefault((key, dev.id), fn)
-    return fn, key
+    return (fn if fn is not None else _kept(name, _cached_cubin(name, source, cc), key, dev.id)), key
+
+
+def _kept(name: str, cubin: Path, key: str, device: int):
+    """Function ``name`` of the CUBIN file ``cubin`` (cache key ``key``) on ``device``, kept in
+    the in-process table (the one already there where another thread was first)."""
+    import cupy
+
+    fn = cupy.RawModule(path=str(cubin)).get_function(name)
+    with _LOCK:
+        return _LOADED.setdefault((key, device), fn)
 
 
 def _note(key: str, name: str) -> None:
@@ -136,12 +137,8 @@ def preload(name: str, key: str) -> None:
 
     path = cache_dir() / f"{key}.cubin"
     dev = cupy.cuda.Device()
-    if (key, dev.id) in _LOADED or not path.exists():
-        return
-    fn = cupy.RawModule(path=str(path)).get_function(name)
-    _ = fn.num_regs  # reading an attribute makes CUDA's lazy loading load the function
-    with _LOCK:
-        _LOADED.setdefault((key, dev.id), fn)
+    if (key, dev.id) not in _LOADED and path.exists():
+        _ = _kept(name, path, key, dev.id).num_regs  # reading an attribute makes lazy loading load it
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import threading
 from pathlib import Path
+
+from chainexec import atomicfile
 
 KEPT = 64
 """Uses kept per device, job and kind (the newest): a (T) run at benzene's shapes makes 12
@@ -151,17 +152,10 @@ def flush(where: Path | None = None) -> None:
             del data[old]
     if not changed:
         return
-    tmp = None
     try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is meant to be shared
-        os.replace(tmp, where)
+        atomicfile.write(where, json.dumps(data), 0o644)  # the cache is meant to be shared
     except OSError:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        pass
 
 
 _NAMES: dict[int, str] = {}

@@ -92,16 +92,6 @@ def test_an_unwritable_folder_keeps_nothing_and_raises_nothing(tmp_path):
     assert uselog.uses("H100", JOB, where)["gemms"] == []
 
 
-def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
-    def full(*args):
-        raise OSError("No space left on device")
-
-    monkeypatch.setattr(uselog.json, "dump", full)
-    uselog.note("H100", "gemms", GEMM)
-    uselog.flush(tmp_path / "uses.json")
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_the_default_file_is_in_the_kernel_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "kc"))
     uselog.note("H100", "modules", MODULE)
@@ -188,3 +178,16 @@ def test_device_names_come_from_the_device_properties(monkeypatch):
 
     assert uselog.device_name(FakeCupy, 1) == "GPU 1"
     assert uselog.device_name(FakeCupy) == "GPU 3"
+
+
+def test_paused_as_a_decorator_pauses_each_call(tmp_path):
+    """As the autotuner's timing method uses it: every call is paused, and only while it runs."""
+    @uselog.paused()
+    def timed(use):
+        uselog.note("H100", "gemms", use)
+
+    timed(GEMM)
+    timed(gemm(7))
+    uselog.note("H100", "gemms", gemm(8))
+    uselog.flush(tmp_path / "uses.json")
+    assert uselog.uses("H100", JOB, tmp_path / "uses.json")["gemms"] == [gemm(8)]
