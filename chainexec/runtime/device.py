@@ -84,7 +84,7 @@ from chainexec import atomicfile, expr
 from chainexec.errors import ChainexecError
 from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import pointwise, uselog, warmup
+from chainexec.runtime import arena, pointwise, uselog, warmup
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
 
@@ -659,7 +659,9 @@ class CupyBackend(Backend):
         ``view`` finds in host memory go to a contiguous ``dst`` in one copy from there: the
         driver stages pageable memory itself, so a staging buffer of ours only added a copy on
         one thread (4-5 GB/s, then the driver's 9 GB/s). At benzene's sizes (194 MB of inputs, H100,
-        2026-11-27) a run's global→device seconds fell from 0.068-0.089 to 0.033-0.039.
+        2026-11-27) a run's global→device seconds fell from 0.068-0.089 to 0.033-0.039. Where the
+        warm-up made the page-locked arena (:mod:`chainexec.runtime.arena`), such rows go through
+        it instead: copied into it over threads, then DMA'd without the host waiting.
         Otherwise through two staging buffers of :data:`STAGE_BYTES` each, or
         one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
         :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
@@ -673,8 +675,11 @@ class CupyBackend(Backend):
         if not self.pinned and view is not None and dst.flags.c_contiguous:
             host = view(slice(0, dst.shape[0]) if dst.ndim else None)
             if host is not None:
-                # a copy from pageable memory returns once the driver has staged all of it
-                dst.set(host, stream=stream)
+                # through the page-locked arena where the warm-up made one (queued once the host
+                # rows are read into it), else from pageable memory, returning once the driver
+                # has staged all of it
+                if not arena.upload(self.xp, dst, host, stream):
+                    dst.set(host, stream=stream)
                 return
         if _one_piece(dst):
             host = self.host_empty(dst.shape, dst.dtype)

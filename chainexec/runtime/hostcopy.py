@@ -80,13 +80,14 @@ def _run(work, parts: list[tuple[np.ndarray, ...]]) -> None:
         done.result()
 
 
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``numpy.copyto(dst, src)`` (same shape), over threads when large."""
+def copy(dst: np.ndarray, src: np.ndarray, piece: int | None = None) -> None:
+    """``numpy.copyto(dst, src)`` (same shape), over threads when large: each given at least
+    ``piece`` bytes (:data:`PIECE_BYTES` by default)."""
     if dst.shape != src.shape:
         raise ValueError(f"copy of {src.shape} into {dst.shape}")
     if math.prod(dst.shape) == 0:
         return
-    _run(np.copyto, _split((dst, src), PIECE_BYTES))
+    _run(np.copyto, _split((dst, src), piece or PIECE_BYTES))
 
 
 def fill(dst: np.ndarray, value) -> None:

@@ -115,13 +115,14 @@ def _early(local: int, job: str) -> None:
 def warm_up(cupy, device: int, job: str | None = None) -> None:
     """Load, on a stream of its own (non-blocking: the run's streams never wait for it), the
     libraries and kernels every run uses, each by one call on a few elements, then, given a
-    ``job``, what its earlier runs used on ``device`` (:func:`replay`): only where the run waits
-    for the warm-up (:func:`wait`), since a replay beside the run's statements slowed them and
-    would skew the autotuner's timings. The reductions' last step is
+    ``job``, what its earlier runs used on ``device`` (:func:`replay`) and the page-locked
+    upload arena (:func:`chainexec.runtime.arena.prepare`): only where the run waits for the
+    warm-up (:func:`wait`), since a replay beside the run's statements slowed them and would skew
+    the autotuner's timings, and a page-locked allocation waits for the device. The reductions' last step is
     :func:`chainexec.runtime.pointwise.total`, not CUB: loaded here, CUB's 34 ms held up the
     executor's first GEMM."""
     try:
-        from chainexec.runtime import pointwise
+        from chainexec.runtime import arena, pointwise
 
         # its own loads are not the run's uses (uselog.paused is per thread)
         with uselog.paused(), cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
@@ -135,6 +136,7 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
             pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
             x @ y  # cuBLAS
             if job is not None:
+                arena.prepare(cupy)  # its allocation waits for the device: before the run only
                 replay(cupy, uselog.device_name(cupy, device), job)
             stream.synchronize()
             # the stand-ins' blocks are kept per stream in CuPy's pool: no use to the run's streams

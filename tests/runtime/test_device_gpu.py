@@ -36,6 +36,25 @@ pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
+HOLD = r"""
+extern "C" __global__ void hold(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(100000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+
+
+def hold(seconds: float) -> None:
+    """Queue on the current stream one kernel that keeps it busy for ``seconds`` of the device's
+    clock, whatever the host does meanwhile: queued work that must outlast the host's calls
+    (a run of large products did not when the host was slow, e.g. compiling a kernel between them)."""
+    cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(seconds * 1e9),))
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     """One on-disk kernel cache for the whole session (also for the CLI runs, which inherit the
@@ -228,9 +247,7 @@ def test_to_host_async_arrives_behind_queued_work(shape, cut, pinned):
     backend.wait()
     for _ in range(50):
         dev *= 1.001
-    big = cupy.asarray(rng.standard_normal((4096, 4096)))
-    for _ in range(4):  # queued work long enough to outlast the host's call
-        big = big @ big / 4096
+    hold(0.5)  # queued work that outlasts the host's call
     host, token = backend.to_host_async(dev[cut])
     assert not backend.arrived(token)  # returned before the queued kernels ran
     later = dev[cut].copy()
@@ -252,9 +269,7 @@ def test_small_copy_delivered_when_found_arrived():
     values = cupy.asarray(np.random.default_rng(8).standard_normal(5))
     before = cupy.asnumpy(values)
     copies = [backend.to_host_async(values[k]) for k in range(5)]
-    big = cupy.asarray(np.random.default_rng(9).standard_normal((4096, 4096)))
-    for _ in range(200):  # about 0.5 s of products on an H100: they outlast the host's polling
-        big = big @ big / 4096
+    hold(2.0)  # outlasts the host's polling
     values += 1.0  # queued after the copies: not in them
     deadline = time.monotonic() + 30
     while not backend.arrived(copies[0][1]):
@@ -277,10 +292,8 @@ def test_to_host_aside_waits_for_queued_work_and_is_waited_for():
     dev = cupy.asarray(start)
     backend.to_host_async(dev, aside=True)  # a first call: the first page-locked allocation waits
     backend.wait()
-    big = cupy.asarray(rng.standard_normal((4096, 4096)))
-    for _ in range(4):
-        big = big @ big / 4096
-    dev *= 2.0  # queued behind the products
+    hold(0.5)
+    dev *= 2.0  # queued behind the held stream
     host, token = backend.to_host_async(dev, aside=True)
     assert not backend.arrived(token)
     backend.wait_for(token)
@@ -288,8 +301,7 @@ def test_to_host_aside_waits_for_queued_work_and_is_waited_for():
     backend.wait()
     assert backend.arrived(token)
     assert np.array_equal(host, 2.0 * start) and np.array_equal(cupy.asnumpy(dev), 2.0 * start + 1.0)
-    for _ in range(4):  # once more behind long work, with no wait_for: wait() waits for the copy too
-        big = big @ big / 4096
+    hold(0.5)  # once more behind long work, with no wait_for: wait() waits for the copy too
     dev *= 3.0
     host, token = backend.to_host_async(dev, aside=True)
     backend.wait()

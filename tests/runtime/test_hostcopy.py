@@ -70,6 +70,25 @@ def test_large_copies_are_split_over_the_pool(monkeypatch):
     assert all(name.startswith("chainexec-hostcopy") for name, _ in seen)
 
 
+def test_a_copy_given_its_piece_size(monkeypatch):
+    """``piece`` overrides :data:`hostcopy.PIECE_BYTES` (the upload arena's copies use many
+    threads at sizes the default gives to one)."""
+    monkeypatch.setattr(hostcopy, "PIECE_BYTES", 1 << 20)
+    seen, original = [], np.copyto
+
+    def copyto(dst, src):
+        seen.append(dst.size)
+        original(dst, src)
+
+    monkeypatch.setattr(hostcopy.np, "copyto", copyto)
+    src = np.arange(5000.0).reshape(50, 100)
+    dst = np.empty_like(src)
+    hostcopy.copy(dst, src)
+    assert seen == [5000]
+    hostcopy.copy(dst, src, piece=8000)
+    assert seen[1:] == [1000] * 5 and np.array_equal(dst, src)
+
+
 def test_copy_rejects_other_shapes():
     with pytest.raises(ValueError):
         hostcopy.copy(np.empty((2, 3)), np.empty((3, 2)))
