@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from .gett import FRAGMENTS, MMA_SHAPES, SM90_SHAPES, smem_limit
 from .kernelconf import Device
 from .sumkernel import (COPY_INSTRUCTIONS, ISSUE_PER_CLOCK, L2_BYTES_PER_CLOCK, SMEM_BYTES_PER_CLOCK,
-                        STAGES, STEP_INSTRUCTIONS, SumProblem, Term, _index_type, _offset, _placement,
+                        STAGES, STEP_INSTRUCTIONS, SumProblem, Term, _index_type, _placement,
                         _sides, _split, copy_macros, pipeline)
 
 MMA_FMA_PER_CLOCK = 128
@@ -109,7 +109,7 @@ class Facts:
     @classmethod
     def of(cls, p: SumProblem) -> "Facts":
         sides = tuple((tuple(a), tuple(b)) for a, b in (_sides(p, t) for t in p.terms))
-        return cls(sides, tuple(p.depth(t) for t in p.terms), 4 if not _offset(p) else 8,
+        return cls(sides, tuple(p.depth(t) for t in p.terms), 4 if not p.cast else 8,
                    any(set(a) & set(b) for a, b in sides) or p.dtype != "float64")
 
 
@@ -355,7 +355,7 @@ def generate(p: SumProblem, cfg: MmaConfig) -> tuple[str, str]:
           f"  for (int e = tid; e < {s['C']}; e += {cfg.threads}) {{"]
     for d, e in zip(order, _split("e", [T[d] for d in order])):
         L.append(f"    const int l{d} = {e};")
-    off = " + ".join(f"{_offset(p)}(o{d} + l{d}) * {p.out.strides[d]}" for d in range(n)) or "0"
+    off = " + ".join(f"{p.cast}(o{d} + l{d}) * {p.out.strides[d]}" for d in range(n)) or "0"
     cond = " && ".join(f"o{d} + l{d} < {shape[d]}" for d in range(n) if partial[d])
     L.append(f"    if ({cond}) C[{off}] += sC[e];" if cond else f"    C[{off}] += sC[e];")
     L += ["  }", "}", ""]

@@ -82,6 +82,7 @@ import numpy as np
 
 from chainexec import atomicfile, expr
 from chainexec.errors import ChainexecError
+from chainexec.planner import batchedgemm, stacking
 from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import arena, pointwise, uselog, warmup
@@ -496,9 +497,7 @@ class _Contiguous:
 def _relaid_orders(out: tuple, a: tuple, b: tuple) -> tuple:
     """:func:`~chainexec.planner.batchedgemm.operand_orders` and the permutations to them, per
     index triple (asked again for every tile of a run)."""
-    from chainexec.planner.batchedgemm import operand_orders
-
-    oa, ob = operand_orders(out, a, b)
+    oa, ob = batchedgemm.operand_orders(out, a, b)
     return tuple(oa), tuple(ob), tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
 
 
@@ -1052,8 +1051,6 @@ class CupyBackend(Backend):
     @staticmethod
     def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
         """:func:`chainexec.planner.stacking.groups` of a run's terms at these extents."""
-        from chainexec.planner import stacking
-
         extents = [dict(zip(c.out_indices, out.shape)) | _sizes(c, a, b) for c, (a, b) in zip(cs, operands)]
         return stacking.groups(tuple(cs[0].out_indices), [(tuple(c.a_indices), tuple(c.b_indices)) for c in cs],
                                extents)
@@ -1265,8 +1262,6 @@ class CupyBackend(Backend):
         exceeded)."""
         key = self._key(c, out, a, b)
         if key not in self._batches:
-            from chainexec.planner import batchedgemm
-
             g = None
             if out.dtype in (np.float32, np.float64) and a.dtype == b.dtype == out.dtype:
                 strides = tuple(dict(zip(idx, _strides(x))) for idx, x in
