@@ -16,6 +16,15 @@ of its 186 ms waiting for them: 18.6 ms before the first GEMM, 8.7 ms for the se
 Page-locked memory is not allocated mid-run: ``cudaHostAlloc`` waits for the device (0.29-0.45 s
 at benzene's sizes, see ``DEFERRED_BYTES``); where the warm-up did not make the arena before the
 run (a run from Python), copies take the driver's path as before.
+
+Measured (H100 host, 2026-11-27, ``benchmarks/results/session24_2026-11-27.json``): one 38.6 MB
+slice of a mapped input reached the device in 2.6-5.3 ms through the arena (2 MiB per thread)
+against 5.1-8.1 ms by the driver's path; under the profiler, the warm run's compute stream idled
+11 ms instead of 25 ms. Whole runs gained less, since in a fresh process the first tiles wait for
+the host's first-use work rather than for these copies: benzene/cc-pVDZ fresh processes 0.202-0.228 s
+of executor against 0.215-0.253 s (medians 0.218 and 0.235 s, with the first-tile host fixes of the
+same session), synthetic o=21 v=93 medians 0.216 against 0.219 s; second and later runs in one
+process 0.172-0.199 against 0.176-0.181 s.
 """
 
 from __future__ import annotations
