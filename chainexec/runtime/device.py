@@ -722,7 +722,9 @@ class CupyBackend(Backend):
     def fetch_waits(self, dst) -> bool:
         """As :meth:`Backend.fetch_waits`: only a one-piece fetch from page-locked memory into a
         contiguous tile is queued; one through the staging buffers refills each after its copy
-        (queued behind everything before it), and a copy from plain memory returns once done."""
+        (queued behind everything before it), and a copy from plain memory returns once done or,
+        through the page-locked arena, once read into it (its DMA queued; counted as waiting all
+        the same: whether the arena takes a copy is known only at the copy)."""
         return not (self.pinned and dst.flags.c_contiguous and _one_piece(dst))
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
