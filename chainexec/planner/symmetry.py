@@ -239,9 +239,10 @@ def free_indices(out: list[str], symmetric: list[str], loops, extents: dict[str,
 
 def fresh(body: list, start: int, contractions: list[Contraction]) -> bool:
     """Whether the run at ``body[start]`` adds into a buffer nothing has written yet: its
-    output's device ``alloc`` (zeros) comes before it in the same body, with no statement in
-    between naming the tensor. The in-place symmetrization (``out = Σ`` of its permuted views)
-    restores the run's sum only on such a buffer."""
+    output's device ``alloc`` comes before it in the same body, with no statement in between
+    naming the tensor. The in-place symmetrization (``out = Σ`` of its permuted views) restores
+    the run's sum only on such a buffer; the runtime writes it without a zero fill before
+    (:func:`chainexec.runtime.executor._unset`)."""
     out = contractions[body[start].contraction].out
     for node in reversed(body[:start]):
         named = [node] if isinstance(node, Op) else [op for op, _ in ops(node.body)]

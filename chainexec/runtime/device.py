@@ -182,9 +182,17 @@ class Backend:
     def zeros(self, shape, dtype):
         """A zero-filled device buffer of ``shape`` (elements) and ``dtype``; one clear error
         when the memory is not there (the plan's limit is above what the device has)."""
+        return self._allocate(shape, dtype, self.xp.zeros)
+
+    def empty(self, shape, dtype):
+        """As :meth:`zeros`, with its contents left as the allocator hands them over: for a buffer
+        whose first writer is told so (``fresh``, :meth:`contract`)."""
+        return self._allocate(shape, dtype, self.xp.empty)
+
+    def _allocate(self, shape, dtype, make):
         self._make_room(math.prod(shape) * np.dtype(dtype).itemsize)
         try:
-            return self.xp.zeros(shape, dtype=dtype)
+            return make(shape, dtype=dtype)
         except self.out_of_memory:
             size = format_size(math.prod(shape) * np.dtype(dtype).itemsize)
             raise ChainexecError(f"device memory: could not allocate {size} ({self.name}); the device has less "
@@ -303,24 +311,28 @@ class Backend:
         symmetrized run's last step (:mod:`chainexec.planner.symmetry`)."""
         out[...] = sum(out.transpose(p) for p in axes)
 
-    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for point-wise contractions into one output
-        (``operands[k]`` = ``(a_k, b_k)``, ``b_k`` may be None), none of which reads ``out``."""
-        for c, (a, b) in zip(cs, operands):
-            self.contract(c, out, a, b)
+        (``operands[k]`` = ``(a_k, b_k)``, ``b_k`` may be None), none of which reads ``out``;
+        ``fresh`` as in :meth:`contract`."""
+        for n, (c, (a, b)) in enumerate(zip(cs, operands)):
+            self.contract(c, out, a, b, fresh and n == 0)
 
-    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for contractions into one output, each summing over
         indices of both its operands, none of which reads ``out`` (the (T) ``W`` terms); here
-        term by term."""
-        for c, (a, b) in zip(cs, operands):
-            self.contract(c, out, a, b)
+        term by term. ``fresh`` as in :meth:`contract`."""
+        for n, (c, (a, b)) in enumerate(zip(cs, operands)):
+            self.contract(c, out, a, b, fresh and n == 0)
 
-    def contract(self, c: Contraction, out, a, b) -> None:
+    def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).
 
         ``out``, ``a`` and ``b`` may be strided views of larger buffers; only ``out``'s view is
-        written."""
+        written. ``fresh``: ``out`` holds whatever its allocation left (:meth:`empty`) and is
+        written as if it held zeros; here it is cleared first."""
+        if fresh:
+            self.clear(out)
         if b is None:
             out += c.factor * _permuted(c, a)
         else:
@@ -898,17 +910,17 @@ class CupyBackend(Backend):
         :data:`PINNED_FROM_BYTES` between host and device in the run."""
         self.pinned = nbytes >= PINNED_FROM_BYTES
 
-    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_terms`, in one generated point-wise kernel
         (:mod:`chainexec.runtime.pointwise`) over broadcast views: ``out`` is read and written once
         for all the terms (twelve outer products accumulated into one (T) tile were twelve passes
-        over it), and no temporary is made."""
+        over it), only written where ``fresh``, and no temporary is made."""
         views, terms = [], []
         for c, (a, b) in zip(cs, operands):
             factors = [f"p{len(views) + k}" for k in range(1 if b is None else 2)]
             views += [_spread(a, c.a_indices, c.out_indices)] + ([] if b is None else [_spread(b, c.b_indices, c.out_indices)])
             terms.append(" * ".join([repr(float(c.factor))] + factors))
-        pointwise.launch(self.xp, f"y + {' + '.join(terms)}", views, out)
+        pointwise.launch(self.xp, " + ".join(([] if fresh else ["y"]) + terms), views, out)
 
     def symmetrize(self, out, axes) -> None:
         """As :meth:`Backend.symmetrize`, in place in one generated kernel that takes each orbit
@@ -918,7 +930,7 @@ class CupyBackend(Backend):
         H200, 4.2 ms for a 1.39 GB (T) tile under six permutations, 1.3 ms under two."""
         pointwise.symmetrize(self.xp, out, axes)
 
-    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple]) -> None:
+    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
         adds to ``out`` once (:data:`chainexec.runtime.kernels.SUM_KINDS`: in registers,
         :mod:`chainexec.planner.sumkernel`, or on tensor cores into a shared-memory tile,
@@ -950,7 +962,7 @@ class CupyBackend(Backend):
 
         if self.method not in ("auto", "split", "stack", *kernels.SUM_KINDS):
             with self._reusing():
-                super().contract_sum(cs, out, operands)
+                super().contract_sum(cs, out, operands, fresh)
             return
 
         def view(arr, indices):
@@ -985,6 +997,9 @@ class CupyBackend(Backend):
                 cands = candidates(self.method, prob)
                 choice = Choice(self.method, config=cands[0].to_json()) if cands else Choice("terms")
             else:
+                if fresh:  # timing a term may add it to ``out`` for real
+                    self.clear(out)
+                    fresh = False
                 seconds, configs = {}, {}
                 each, done = self._time_terms(cs, out, operands)
                 seconds["terms"] = sum(each)
@@ -1020,18 +1035,23 @@ class CupyBackend(Backend):
                 self.tuning.put(key, choice)
         self.choices[key] = choice
         with self._reusing():
-            self._sum(key, choice, done, prob, cs, out, operands)
+            self._sum(key, choice, done, prob, cs, out, operands, fresh)
 
     def _sum(self, key: tuple, choice: Choice, done: bool, prob, cs: list[Contraction], out,
-             operands: list[tuple]) -> None:
+             operands: list[tuple], fresh: bool) -> None:
         """Run :meth:`contract_sum`'s decision (nothing where timing the terms on ``out`` added
         them already); ``key`` the run's tuning key, under which a stacked run's stacks are kept
-        (finding them took 0.13 ms per (T) tile)."""
+        (finding them took 0.13 ms per (T) tile). A ``fresh`` output is written first by the
+        first stack, or the first term, as :meth:`contract` writes a fresh one; a generated
+        kernel adds, so before one it is cleared."""
         from chainexec.runtime import kernels
 
         if done:
-            pass
-        elif choice.method in kernels.SUM_KINDS:
+            return
+        if fresh and (choice.method in kernels.SUM_KINDS or choice.method == "split"):
+            self.clear(out)
+            fresh = False
+        if choice.method in kernels.SUM_KINDS:
             kind_config = kernels.SUM_KINDS[choice.method][1].from_json(choice.config)
             kernels.launch_sum(choice.method, prob, kind_config, out, operands)
         elif choice.method == "stack":
@@ -1039,8 +1059,8 @@ class CupyBackend(Backend):
                 stacks = self._stacks(cs, out, operands)
                 self._stack_runs[key] = stacks, [k for k in range(len(cs)) if not any(k in st.terms for st in stacks)]
             stacks, alone = self._stack_runs[key]
-            self._stacked(stacks, cs, out, operands)
-            super().contract_sum([cs[k] for k in alone], out, [operands[k] for k in alone])
+            self._stacked(stacks, cs, out, operands, fresh)
+            super().contract_sum([cs[k] for k in alone], out, [operands[k] for k in alone], fresh and not stacks)
         elif choice.method == "split":
             part, kind = choice.config["terms"], choice.config["kind"]
             kernels.launch_sum(kind, prob.part(tuple(part)), kernels.SUM_KINDS[kind][1].from_json(choice.config["config"]),
@@ -1048,7 +1068,7 @@ class CupyBackend(Backend):
             super().contract_sum([c for k, c in enumerate(cs) if k not in part], out,
                                  [x for k, x in enumerate(operands) if k not in part])
         else:
-            super().contract_sum(cs, out, operands)
+            super().contract_sum(cs, out, operands, fresh)
 
     @staticmethod
     def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
@@ -1057,11 +1077,11 @@ class CupyBackend(Backend):
         return stacking.groups(tuple(cs[0].out_indices), [(tuple(c.a_indices), tuple(c.b_indices)) for c in cs],
                                extents)
 
-    def _stacked(self, stacks: list, cs: list[Contraction], out, operands: list[tuple]) -> None:
+    def _stacked(self, stacks: list, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """Add each stack's terms to ``out`` as one contraction (:mod:`chainexec.planner.stacking`)
         on copies of their operands concatenated along a new summed index, each term's factor
-        in its ``L`` rows; that contraction is tuned as any other (:meth:`contract`). While it runs
-        the copies count against :attr:`workspace`."""
+        in its ``L`` rows; that contraction is tuned as any other (:meth:`contract`), the first
+        ``fresh`` where ``out`` is. While it runs the copies count against :attr:`workspace`."""
         xp = self.xp
         extent = dict(zip(cs[0].out_indices, out.shape))
         for st in stacks:
@@ -1090,7 +1110,7 @@ class CupyBackend(Backend):
             if room is not None:
                 self.workspace = room - left.nbytes - right.nbytes
             try:
-                self.contract(merged, out, left, right)
+                self.contract(merged, out, left, right, fresh and st is stacks[0])
             finally:
                 self.workspace = room
             del left, right, parts  # freed before the next stack's copies
@@ -1180,19 +1200,22 @@ class CupyBackend(Backend):
         events[-1].synchronize()
         return [self.xp.cuda.get_elapsed_time(s, e) / 1e3 for s, e in zip(events, events[1:])], True
 
-    def contract(self, c: Contraction, out, a, b) -> None:
-        """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`.
+    def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
+        """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`. A
+        ``fresh`` output is written by cuBLAS with β = 0 where batched GEMM runs it (no zero fill
+        and no read of ``out``: the (T) W tile's 20 fills took 5.9 ms of 0.155 s of device time
+        at benzene's shapes on an H100, 2026-11-27), else cleared first (:meth:`_run`).
 
         When the chosen method's workspace does not fit in the device memory left (CuPy's
         OutOfMemoryError, also under a pool limit), the contraction runs through GETT where it
         applies, else the direct kernel: neither needs any (``out`` is untouched by the failed
         attempt: every method adds its product only once it is complete)."""
         if b is None or c.pointwise():
-            self.contract_terms([c], out, [(a, b)])
+            self.contract_terms([c], out, [(a, b)], fresh)
         else:
             how = self._choose(c, out, a, b)
             try:
-                self._run(how, c, out, a, b)
+                self._run(how, c, out, a, b, fresh)
             except self.xp.cuda.memory.OutOfMemoryError:
                 if how[0] in IN_PLACE:
                     raise ChainexecError(f"device memory: none left for {c.out}[{','.join(c.out_indices)}] += "
@@ -1200,7 +1223,7 @@ class CupyBackend(Backend):
                                          f"lower machine.device_memory") from None
                 gp = self._problem(c, out, a, b)
                 fallback = ("direct", None) if gp is None else ("gett", {"order": gp[1][0][0], **asdict(gp[1][0][1])})
-                self._run(fallback, c, out, a, b)
+                self._run(fallback, c, out, a, b, fresh)
                 self.choices[self._key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
         pool = self.xp.get_default_memory_pool()
         if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
@@ -1499,31 +1522,37 @@ class CupyBackend(Backend):
         left, right = (b, a) if prob.swap else (a, b)
         kernels.launch_gett(cfg, tables, out, left, right, alpha, 1.0)
 
-    def _run(self, how: tuple, c: Contraction, out, a, b) -> None:
+    def _run(self, how: tuple, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += factor · a·b`` by ``how = (method, config)``. The COGENT kernel needs
         C-contiguous operands (copied when they are views) and accumulates in place into a
         C-contiguous ``out``, otherwise into a temporary then added; GETT and the direct kernel
-        take any views (the direct kernel also stands in for GETT where its tables do not fit)."""
+        take any views (the direct kernel also stands in for GETT where its tables do not fit).
+        ``fresh`` (:meth:`contract`): batched GEMM writes ``out`` with β = 0; the other methods
+        add, and ``out`` is cleared before them."""
         cp = self.xp
         method, config = how
         if method != "relayout":
             self._drop_kept()
+        if fresh and method not in ("batched", "relayout"):
+            self.clear(out)
+            fresh = False
+        beta = 0.0 if fresh else 1.0
         if method == "gett" and self._problem(c, out, a, b) is not None:
             self._gett_call(config, c, out, a, b, c.factor)
         elif method in ("gett", "direct"):  # GETT chosen elsewhere (a probe, a cached choice) but no room here
             pointwise.contract(cp, out, a, b, (c.out_indices, c.a_indices, c.b_indices), c.factor)
         elif method == "batched":
-            if not self.batched_gemm(c, out, a, b, c.factor):  # chosen on a probe; no layout here
-                out += _ttgt_product(cp, c, a, b)
+            if not self.batched_gemm(c, out, a, b, c.factor, beta):  # chosen on a probe; no layout here
+                self._add(out, _ttgt_product(cp, c, a, b), fresh)
         elif method == "relayout":
             if self._relayout(c, out, a, b) is None:  # chosen on a probe; no layout here
-                out += _ttgt_product(cp, c, a, b)
+                self._add(out, _ttgt_product(cp, c, a, b), fresh)
             else:
                 moved, pa, pb = _relaid(c)
                 if not self.batched_gemm(moved, out, self._relaid_copy(0, a, pa, out),
-                                         self._relaid_copy(1, b, pb, out), c.factor):
+                                         self._relaid_copy(1, b, pb, out), c.factor, beta):
                     # the copies' strides differ from their description (extent-1 or empty axes)
-                    out += _ttgt_product(cp, c, a, b)
+                    self._add(out, _ttgt_product(cp, c, a, b), fresh)
         elif method == "ttgt":
             out += _ttgt_product(cp, c, a, b)
         elif method in ("einsum", "cutensor"):
@@ -1545,6 +1574,15 @@ class CupyBackend(Backend):
                 kern(left, right, out, alpha=c.factor, beta=1.0)
             else:
                 out += kern(left, right, None, alpha=c.factor)
+
+
+    @staticmethod
+    def _add(out, product, fresh: bool) -> None:
+        """``out += product``, or ``out[...] = product`` where ``out`` is fresh."""
+        if fresh:
+            out[...] = product
+        else:
+            out += product
 
 
 def gemm_scalars(gemm, alpha: float, beta: float, dtype) -> tuple:

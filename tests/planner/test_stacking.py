@@ -51,17 +51,24 @@ class _NumpyStacker(device.CupyBackend):
     def __init__(self):
         self.xp, self.workspace, self._kept, self.seen = np, None, None, []
 
-    def contract(self, c, out, a, b):
+    def contract(self, c, out, a, b, fresh=False):
+        """As the backend's, with ``fresh`` as cuBLAS's β = 0: ``out`` overwritten, not added to."""
         self.seen.append((c.a_indices, c.b_indices, a.shape, b.shape))
         names = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.out_indices + c.a_indices + c.b_indices))}
         spec = ",".join("".join(names[i] for i in x) for x in (c.a_indices, c.b_indices))
-        out += c.factor * np.einsum(f"{spec}->{''.join(names[i] for i in c.out_indices)}", a, b)
+        product = c.factor * np.einsum(f"{spec}->{''.join(names[i] for i in c.out_indices)}", a, b)
+        if fresh:
+            out[...] = product
+        else:
+            out += product
 
 
+@pytest.mark.parametrize("fresh", [False, True])
 @pytest.mark.parametrize("occupied", [(1, 1, 1), (2, 1, 1)])
-def test_stacked_terms_equal_einsum(occupied):
+def test_stacked_terms_equal_einsum(occupied, fresh):
     """The W tile's twelve terms with sums over m stacked (the rest added one by one here), on
-    permuted views of larger arrays, against numpy.einsum term by term."""
+    permuted views of larger arrays, against numpy.einsum term by term; ``fresh``: into a tile
+    of NaN that the first stack overwrites and the others add to."""
     sizes = dict(zip("ijk", occupied)) | dict(a=40, b=33, c=45, f=41, m=4)
     rng = np.random.default_rng(11)
     ops = []
@@ -75,8 +82,10 @@ def test_stacked_terms_equal_einsum(occupied):
     be = _NumpyStacker()
     stacks = be._stacks(cs, W0, ops)
     assert [s.terms for s in stacks] == ([(6, 7), (8, 9), (10, 11)] if occupied == (1, 1, 1) else [(6, 7)])
-    W = W0.copy()
-    be._stacked(stacks, cs, W, ops)
+    W = np.full_like(W0, np.nan) if fresh else W0.copy()
+    if fresh:
+        ref -= W0
+    be._stacked(stacks, cs, W, ops, fresh)
     for k in range(12):
         if not any(k in s.terms for s in stacks):
             be.contract(cs[k], W, *ops[k])

@@ -77,10 +77,14 @@ class Deferred(device.Backend):
     def clear(self, array):
         self.queue.append(lambda: array.fill(0))
 
-    def contract(self, c, out, a, b):
+    def contract(self, c, out, a, b, fresh=False):
+        if fresh:  # queued before the product (the base class's clear would queue it after)
+            self.clear(out)
         self.queue.append(lambda: device.Backend.contract(self, c, out, a, b))
 
-    def contract_terms(self, cs, out, operands):
+    def contract_terms(self, cs, out, operands, fresh=False):
+        if fresh:
+            self.clear(out)
         self.queue.append(lambda: [device.Backend.contract(self, c, out, a, b) for c, (a, b) in zip(cs, operands)])
 
     contract_sum = contract_terms  # (the base class's run term by term through self.contract, queued here)

@@ -33,7 +33,7 @@ def main():
             aside.append(list(dst.shape))
             super().fetch_aside(dst, read, after, view)
 
-        def contract_sum(self, cs, out_, operands):
+        def contract_sum(self, cs, out_, operands, fresh=False):
             if not first:
                 views = [a for c, (a, _) in zip(cs, operands) if c.a == "ovvv"]
                 buf = views[0].base
@@ -42,7 +42,7 @@ def main():
                 filled = [bool(np.all(r != 0)) for r in buf]
                 empty = [bool(np.all(r == 0)) for r in buf]
                 first.append({"need": int(need), "rows": len(buf), "filled": filled, "empty": empty})
-            super().contract_sum(cs, out_, operands)
+            super().contract_sum(cs, out_, operands, fresh)
 
     reads = []
     plain_read = store.Store.read

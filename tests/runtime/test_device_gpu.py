@@ -87,7 +87,8 @@ def test_contract_matches_einsum(method, kind, dtype):
     """Every method, random contractions, contiguous and strided operands; the padding around
     ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
     really use the kernel when it is forced, and cuTENSOR (where installed) every case but a 0-d
-    tensor."""
+    tensor. Every third trial ``out`` is fresh (``Backend.contract``): NaN in its view, written as
+    if it held zeros (cuBLAS's β = 0 for batched GEMM, else cleared first)."""
     if method == "cutensor" and device._cutensor(cupy) is None:
         pytest.skip("libcutensor is not installed")
     rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
@@ -96,10 +97,15 @@ def test_contract_matches_einsum(method, kind, dtype):
         c, size = random_case(rng, batch=kind == "batch", unary=kind == "unary", scalar=kind == "scalar",
                               max_extent=9)
         views = trial % 2 == 1 and kind != "scalar"
+        fresh = trial % 3 == 2
         out, big, sl, a, b = _operands(rng, c, size, dtype, views, step=trial % 4 == 3)
+        if fresh:
+            out[...] = 0
         before = cupy.asnumpy(big)
         ref = reference(c, cupy.asnumpy(out), cupy.asnumpy(a), None if b is None else cupy.asnumpy(b))
-        backend.contract(c, out, a, b)
+        if fresh:
+            out[...] = np.nan
+        backend.contract(c, out, a, b, fresh)
         got = cupy.asnumpy(big)
         assert relerr(got[sl], ref) <= TOL[dtype], (method, c, size)
         untouched = np.ones(got.shape, bool)
@@ -414,6 +420,11 @@ def test_pointwise_terms_in_one_pass():
     CupyBackend(cupy).contract_terms(cs, big[1:, 1:, 1:, 1:], operands)
     got = cupy.asnumpy(big)
     assert relerr(got[1:, 1:, 1:, 1:], start[1:, 1:, 1:, 1:] + expected) <= 1e-14
+    assert np.array_equal(got[0], start[0]) and np.array_equal(got[:, :, :, 0], start[:, :, :, 0])
+    big[1:, 1:, 1:, 1:] = np.nan  # fresh: written, not added to
+    CupyBackend(cupy).contract_terms(cs, big[1:, 1:, 1:, 1:], operands, fresh=True)
+    got = cupy.asnumpy(big)
+    assert relerr(got[1:, 1:, 1:, 1:], expected) <= 1e-14
     assert np.array_equal(got[0], start[0]) and np.array_equal(got[:, :, :, 0], start[:, :, :, 0])
 
 

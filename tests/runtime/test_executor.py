@@ -116,11 +116,11 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
             aside.append(dst.shape)
             super().fetch_aside(dst, read, after, view)
 
-        def contract_sum(self, cs, out, operands):
+        def contract_sum(self, cs, out, operands, fresh=False):
             if not first:  # the first tile: ovvv's device buffer, its rows 0..1 in, 2..5 not yet
                 ovvv = next(a for c, (a, _) in zip(cs, operands) if c.a == "ovvv").base
                 first.append((len(aside), ovvv.shape, bool(np.all(ovvv[:2] != 0)), bool(np.all(ovvv[2:] == 0))))
-            super().contract_sum(cs, out, operands)
+            super().contract_sum(cs, out, operands, fresh)
 
     monkeypatch.setattr(api, "select", lambda name, comm: Recording())
     result = api.run(config, backend="numpy")
@@ -335,3 +335,45 @@ def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poiso
     with h5py.File(tmp_path / "energy.h5") as f:
         e = float(f["E"][()])
     assert e == clean if poison == "unfilled" else np.isnan(e)
+
+
+@pytest.mark.parametrize("poison", ["unset", "every"])
+def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch, poison):
+    """(T) at o=6, v=10: W's device tile, which the run of its terms writes first, is allocated
+    without a zero fill (:func:`~chainexec.runtime.executor._unset`) and that run is told so
+    (``fresh``); the energy's device accumulator keeps its fill. Poisoning every buffer
+    allocated without a fill with NaN leaves the energy as it was; poisoning the filled ones
+    too makes it NaN, so the poison reaches the result where a fill is missing."""
+    import h5py
+    import numpy as np
+
+    from chainexec import api, spec
+    from chainexec.planner import build
+    from chainexec.planner.plan import ops
+    from chainexec.runtime import device, executor
+
+    config = triples_config(tmp_path, "200KiB", 6, 10)
+    plan = build.make_plan(spec.load(config))
+    unset = executor._unset(plan.nests[0].body, plan.contractions)
+    marked = [(op.op, op.tensor if op.op == "alloc" else plan.contractions[op.contraction].id)
+              for op, _ in ops(plan.nests[0].body) if id(op) in unset]
+    assert marked == [("alloc", "W"), ("compute", 0)]
+    api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        clean = float(f["E"][()])
+    made = []
+
+    class Poisoned(device.Backend):
+        def empty(self, shape, dtype):
+            made.append(shape)
+            return np.full(shape, np.nan, dtype)
+
+        def zeros(self, shape, dtype):
+            return np.full(shape, np.nan, dtype) if poison == "every" else super().zeros(shape, dtype)
+
+    monkeypatch.setattr(api, "select", lambda name, comm: Poisoned())
+    api.run(config, backend="numpy")
+    with h5py.File(tmp_path / "energy.h5") as f:
+        e = float(f["E"][()])
+    assert e == clean if poison == "unset" else np.isnan(e)
+    assert made and all(len(shape) == 6 for shape in made)

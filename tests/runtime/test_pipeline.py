@@ -108,9 +108,9 @@ def test_tile_inputs_are_fetched_while_the_tile_before_computes(tmp_path, monkey
             events.append(("aside", dst.base, after))
             super().fetch(dst, read, view)
 
-        def contract(self, c, out, a, b):
+        def contract(self, c, out, a, b, fresh=False):
             events.append(("compute", None))
-            super().contract(c, out, a, b)
+            super().contract(c, out, a, b, fresh)
 
     monkeypatch.setattr(api, "select", lambda name, comm: Recording())
     api.run(config, backend="numpy")

@@ -169,7 +169,8 @@ def test_precompiled_candidates_load_without_compiling(monkeypatch):
 def test_backend_stacks_the_short_sums(method):
     """The W tile with occupied tiles of one (a=b=c=40, m=4): the six sums over m pair into three
     stacked GEMMs (forced, or timed by the autotuner beside the terms and the sum kernels), on
-    NaN-padded views, against numpy.einsum."""
+    NaN-padded views, against numpy.einsum; the third time into a fresh tile of NaN, which the
+    first stack overwrites (cuBLAS's β = 0) and the rest add to."""
     out, terms, _ = CASES[0]
     sizes = dict(i=1, j=1, k=1, a=40, b=40, c=40, f=6, m=4)
     c0, ref, ops = _case(out, terms, sizes, "float64", seed=3, pad=1)
@@ -181,6 +182,9 @@ def test_backend_stacks_the_short_sums(method):
         C[...] = cupy.asarray(c0)
         be.contract_sum(cs, C, ops)
         assert np.linalg.norm(cupy.asnumpy(C) - ref) / np.linalg.norm(ref) <= 1e-12
+    C[...] = np.nan
+    be.contract_sum(cs, C, ops, fresh=True)
+    assert np.linalg.norm(cupy.asnumpy(C) - (ref - c0)) / np.linalg.norm(ref - c0) <= 1e-12
     choice = be.choices[next(k for k in be.choices if k[0] == "sum")]
     assert choice.method == "stack" if method == "stack" else "stack" in choice.seconds
     stacked = [k for k, ch in be.choices.items() if k[0] != "sum" and k[1][0].startswith("stacked")]
