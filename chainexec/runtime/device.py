@@ -1687,6 +1687,8 @@ def select(name: str = "auto", comm=None) -> Backend:
             if count > 0:
                 device = local_rank(comm) % count if comm is not None else 0
                 cupy.cuda.Device(device).use()
+                if warmup.busy():  # its loads leave this thread idle: make the logged host preparations meanwhile
+                    warmup.prepare(uselog.device_name(cupy, device), uselog.job())
                 warmup.wait()
                 if warmup.claim(device):  # where the command's start did not warm this device up
                     threading.Thread(target=warmup.warm_up, args=(cupy, device), name="chainexec-warm-up").start()

@@ -62,6 +62,7 @@ memory limit that no other method's temporaries fit beside them.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -381,6 +382,18 @@ def preload(xp, text: str, name: str) -> None:
     _ = _made(xp, text, name).num_regs  # reading an attribute makes CUDA's lazy loading load it
 
 
+def _ready(xp, make, *args):
+    """``make(*args)``: one of the preparations of :data:`PREPARED`, each made once per process
+    (a kernel's source and grid; an orbit kernel's tables). The first time, on a GPU, its
+    arguments are logged (:mod:`chainexec.runtime.uselog`, ``prepared``), so that the next
+    process of the job makes it before its executor, while its warm-up loads (:func:`prepare`)."""
+    before = make.cache_info().misses
+    made = make(*args)
+    if make.cache_info().misses != before and hasattr(xp, "cuda"):
+        uselog.note(uselog.device_name(xp), "prepared", (make.__name__, json.dumps(args, default=int)))
+    return made
+
+
 def _strides(views: list, walk: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Element strides: ``walk`` (the output's, or the order a reduction visits), then each
     view's (0 along its broadcast axes)."""
@@ -406,7 +419,7 @@ def launch(xp, code: str, views: list, out) -> None:
         return
     shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
     types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
-    text, grid = _prepared("chainexec_pointwise", code, shape, tuple(strides), types)
+    text, grid = _ready(xp, _prepared, "chainexec_pointwise", code, shape, tuple(strides), types)
     _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
 
 
@@ -419,7 +432,7 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
     walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
     merged, strides = layout(tuple(shape), _strides(views, walk))
     types = tuple(v.dtype.name for v in views) + ("float64",)
-    text, grid = _prepared("chainexec_reduce", code, merged, tuple(strides), types)
+    text, grid = _ready(xp, _prepared, "chainexec_reduce", code, merged, tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
     return total(xp, partial)
@@ -755,7 +768,7 @@ def symmetrize(xp, out, axes) -> None:
     if math.prod(out.shape) == 0:
         return
     strides = tuple(s // out.itemsize for s in out.strides)
-    text, grid = _symmetrize_prepared(tuple(out.shape), strides, tuple(map(tuple, axes)), out.dtype.name)
+    text, grid = _ready(xp, _symmetrize_prepared, tuple(out.shape), strides, tuple(map(tuple, axes)), out.dtype.name)
     _kernel(xp, text, "chainexec_symmetrize")((grid,), (BLOCK,), (out,))
 
 
@@ -786,12 +799,33 @@ def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[in
         return xp.zeros((), xp.float64)
     strides = _strides(views, (0,) * len(shape))[1:]
     types = tuple(v.dtype.name for v in views) + (dtype,)
-    plan, text, grid = _orbit_prepared(tuple(lets), code, tuple((j, tuple(p)) for j, p in reads), tuple(shape),
-                                       tuple(strides), types)
+    plan, text, grid = _ready(xp, _orbit_prepared, tuple(lets), code, tuple((j, tuple(p)) for j, p in reads),
+                              tuple(shape), tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
     _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
     return total(xp, partial)
+
+
+PREPARED = {make.__name__: make for make in (_prepared, _symmetrize_prepared, _orbit_prepared)}
+"""The preparations :func:`_ready` logs, by name."""
+
+
+def prepare(name: str, text: str) -> None:
+    """Make the preparation ``name`` of :data:`PREPARED` from the arguments :func:`_ready` logged
+    (``text``, JSON), as a launch with them would: the launch then finds it made. Why: in a fresh
+    (T) process at benzene's shapes the orbit and symmetrization kernels' sources and tables
+    took 10.7 ms of its first run (cProfile, H100, 2026-11-27), made on the first tiles while
+    the device waited. Raises ValueError (or what the preparation raises) on anything else."""
+    make = PREPARED.get(name)
+    if make is None:
+        raise ValueError(f"no preparation {name!r}")
+    make(*_tuples(json.loads(text)))
+
+
+def _tuples(value):
+    """JSON's lists as the tuples the preparations take, at every depth."""
+    return tuple(_tuples(x) for x in value) if isinstance(value, list) else value
 
 
 def contraction_source(shape: tuple[int, ...], summed: tuple[int, ...], strides: list[tuple[int, ...]],

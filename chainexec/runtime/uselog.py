@@ -16,7 +16,10 @@ strided, transa, transb, m, n, k, lda, ldb, ldc, count, beta]`` (precision ``d``
 strided: the strided-batched entry point, else the pointer-array one; beta 0 or 1). ``modules``:
 generated contraction kernels, each ``[CUBIN cache key, function name]``
 (:func:`chainexec.runtime.kernels.load_function`, noted at each launch). ``sources``: point-wise kernels, each
-``[function name, source]`` (:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy). A
+``[function name, source]`` (:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy).
+``prepared``: host-side preparations of point-wise kernels, each ``[name, arguments as JSON]``
+(:func:`chainexec.runtime.pointwise.prepare`), made again by the next process while its warm-up
+loads (:func:`chainexec.runtime.warmup.prepare`). A
 run's uses are gathered in memory (:func:`note`: no file touched while the executor runs) and
 merged into the file once, after the executor (:func:`flush`, from :func:`chainexec.api.run`),
 which is replaced atomically and only where it changes; two processes flushing at once may lose
@@ -42,7 +45,7 @@ JOBS = 16
 """Jobs whose uses are kept per device (those that added a use most recently): a warm-up
 replays one job's uses, not those of every job the device ran."""
 
-KINDS = ("gemms", "modules", "sources")
+KINDS = ("gemms", "modules", "sources", "prepared")
 
 _LOCK = threading.Lock()
 _PENDING: dict[str, dict[str, dict[tuple, None]]] = {}  # entry -> kind -> uses (in order) not yet flushed
@@ -59,6 +62,11 @@ def set_job(job: str) -> None:
     """Log this process's uses under ``job`` from now on (:func:`chainexec.api.run` sets it)."""
     global _JOB
     _JOB = job
+
+
+def job() -> str:
+    """The job this process logs its uses under now (:func:`set_job`)."""
+    return _JOB
 
 
 def _entry(device: str, job: str) -> str:

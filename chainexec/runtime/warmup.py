@@ -71,6 +71,26 @@ this only takes its path."""
     thread.start()
 
 
+def busy() -> bool:
+    """Whether the warm-up :func:`start` began is still loading."""
+    return any(thread.is_alive() for thread in _EARLY)
+
+
+def prepare(device: str, job: str) -> None:
+    """Make on the calling thread the host-side preparations that the log holds for ``job`` on
+    ``device`` (a name): :func:`chainexec.runtime.pointwise.prepare` each. The backend's
+    selection calls it while the warm-up is still loading (:func:`busy`), a wait in which the
+    main thread has nothing else to do and the loads mostly run outside the interpreter's
+    lock. Best effort: a use that cannot be made is left to the run."""
+    from chainexec.runtime import pointwise
+
+    for name, text in uselog.uses(device, job)["prepared"]:
+        try:
+            pointwise.prepare(str(name), str(text))
+        except Exception:  # a log written by other code: the run makes what it needs itself
+            pass
+
+
 def wait() -> None:
     """Wait (at most :data:`WAIT` seconds) for the warm-up :func:`start` began, so that the run's
     first statements do not compete with its loads: in a fresh (T) process the executor's first

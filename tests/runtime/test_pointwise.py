@@ -608,3 +608,62 @@ def test_total_adds_partial_sums_in_a_fixed_order(n, tmp_path):
         "k < n;", f"k < {n}u;")  # the emulation passes buffers only
     got = _emulated(tmp_path, emulated, "chainexec_total", [y, partial], [0, 0], 1)
     assert abs(got[0] - partial.sum()) <= 1e-13 * np.abs(partial).sum() and np.isnan(got[1])
+
+
+class _OnGpu(_Recording):
+    """:class:`_Recording` as a GPU's array module (it has ``cuda``): its preparations are logged."""
+
+    cuda = None
+
+    def __init__(self):
+        super().__init__()
+        self.asarray, self.int32 = np.asarray, np.int32
+
+
+def test_preparations_are_logged_once_and_made_again_from_the_log(tmp_path, monkeypatch):
+    """A point-wise launch, a reduction, a symmetrization and an orbit reduction on a GPU log
+    their preparations (:func:`pointwise._ready`) once per process, however often they run. A
+    later process that makes them from the log (:func:`warmup.prepare`, as the backend's
+    selection does while the warm-up loads) finds them made at its launches, which pass on the
+    same kernels; entries it cannot make are skipped."""
+    from chainexec.runtime import uselog, warmup
+
+    monkeypatch.setattr(uselog, "_PENDING", {})
+    monkeypatch.setattr(uselog, "_JOB", "/runs/t.yaml")
+    monkeypatch.setattr(uselog, "device_name", lambda xp, device=None: "H100")
+    monkeypatch.setattr(uselog, "path", lambda: tmp_path / "uses.json")
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((2, 9, 9, 9))
+    e = rng.standard_normal(9)
+
+    def run(xp):
+        out = rng.standard_normal((2, 9, 9, 9))
+        pointwise.launch(xp, "y + p0", [z], out)
+        pointwise.reduce(xp, "p0 * p0", [z], z.shape)
+        pointwise.symmetrize(xp, out, [(0, 1, 2, 3), (0, 2, 1, 3)])
+        pointwise.orbit_reduce(xp, ["p0 + p1"], ENERGY_CODE.replace("p2", "p1"), [(0, p) for p in PERMS3],
+                               [z, e[None, None, :, None]], z.shape, "float64")
+        return [(text, name, grid) for text, name, grid, *_ in xp.launches]
+
+    def clear():
+        for make in pointwise.PREPARED.values():
+            make.cache_clear()
+
+    clear()
+    first = run(_OnGpu())
+    run(_OnGpu())
+    uselog.flush()
+    logged = uselog.uses("H100", "/runs/t.yaml")["prepared"]
+    assert sorted(name for name, _ in logged) == ["_orbit_prepared", "_prepared", "_prepared", "_symmetrize_prepared"]
+    clear()
+    uselog.note("H100", "prepared", ("os.system", "[]"))
+    uselog.note("H100", "prepared", ("_prepared", "not json"))
+    uselog.note("H100", "prepared", ("_symmetrize_prepared", "[1, 2]"))
+    uselog.flush()
+    warmup.prepare("H100", "/runs/t.yaml")
+    assert [make.cache_info().currsize for make in pointwise.PREPARED.values()] == [2, 1, 1]
+    misses = [make.cache_info().misses for make in pointwise.PREPARED.values()]
+    assert run(_OnGpu()) == first
+    assert [make.cache_info().misses for make in pointwise.PREPARED.values()] == misses
+    with pytest.raises(ValueError, match="no preparation"):
+        pointwise.prepare("os.system", "[]")

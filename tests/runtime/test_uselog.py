@@ -15,6 +15,7 @@ from chainexec.runtime import uselog
 GEMM = ("d", True, False, True, 93, 93, 21, 93, 93, 93, 441, 1)
 MODULE = ("0" * 64, "chainexec_sum")
 SOURCE = ("chainexec_orbits", 'extern "C" __global__ void chainexec_orbits() {}')
+PREPARED = ("_symmetrize_prepared", "[[6, 6, 93], [558, 93, 1], [[1, 0, 2]], \"float64\"]")
 JOB = "/runs/benzene/ccsd_t.yaml"
 
 
@@ -34,10 +35,11 @@ def test_noted_uses_are_kept_per_device_job_and_kind(tmp_path):
     uselog.note("H100", "gemms", GEMM)
     uselog.note("H100", "modules", MODULE)
     uselog.note("H200", "sources", SOURCE)
+    uselog.note("H200", "prepared", PREPARED)
     assert not where.exists()  # nothing written before the flush
     uselog.flush(where)
-    assert uselog.uses("H100", JOB, where) == {"gemms": [GEMM], "modules": [MODULE], "sources": []}
-    assert uselog.uses("H200", JOB, where) == {"gemms": [], "modules": [], "sources": [SOURCE]}
+    assert uselog.uses("H100", JOB, where) == {"gemms": [GEMM], "modules": [MODULE], "sources": [], "prepared": []}
+    assert uselog.uses("H200", JOB, where) == {"gemms": [], "modules": [], "sources": [SOURCE], "prepared": [PREPARED]}
     assert uselog.uses("H100", "/runs/other.yaml", where)["gemms"] == []
     assert uselog.uses("A100", JOB, where)["gemms"] == []
 
@@ -69,7 +71,7 @@ def test_the_file_is_rewritten_only_where_it_changes(tmp_path):
     uselog.note("H100", "modules", MODULE)
     uselog.flush(where)
     assert json.loads(where.read_text()) == {f"H100 | {JOB}": {"gemms": [list(GEMM)], "modules": [list(MODULE)],
-                                                               "sources": []}}
+                                                               "sources": [], "prepared": []}}
 
 
 @pytest.mark.parametrize("text", ["", "not json", "[1, 2]"] + [
@@ -146,7 +148,8 @@ def test_each_job_keeps_its_own_uses_and_the_newest_jobs_are_kept(tmp_path):
     uselog.set_job("/runs/another.yaml")
     uselog.note("H100", "modules", MODULE)
     uselog.flush(where)
-    assert uselog.uses("H100", jobs[2], where) == {"gemms": [gemm(2)], "modules": [MODULE], "sources": []}
+    assert uselog.uses("H100", jobs[2], where) == {"gemms": [gemm(2)], "modules": [MODULE], "sources": [],
+                                                   "prepared": []}
     assert uselog.uses("H100", jobs[3], where)["gemms"] == []
 
 

@@ -74,6 +74,19 @@ def test_wait_returns_once_the_warm_up_has_ended(warmed, monkeypatch):
     assert warmed == [0] and not any(t.is_alive() for t in warmup._EARLY)
 
 
+def test_busy_while_the_warm_up_loads(warmed, monkeypatch):
+    """:func:`warmup.busy`: the backend's selection makes the logged host preparations only while
+    the warm-up it is about to wait for still loads."""
+    gate = threading.Event()
+    monkeypatch.setattr(warmup, "warm_up", lambda cupy, device, job=None: gate.wait(30))
+    assert not warmup.busy()
+    warmup.start("ccsd_t.yaml", "auto")
+    assert warmup.busy()
+    gate.set()
+    warmup.wait()
+    assert not warmup.busy()
+
+
 def test_nothing_without_cupy(warmed, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
     started("cupy")

@@ -54,6 +54,8 @@ def new_process(tmp_path, monkeypatch):
         for table in ("_LOADED", "_SUM", "_GETT"):
             monkeypatch.setattr(kernels, table, {})
         pointwise._made.cache_clear()
+        for make in pointwise.PREPARED.values():
+            make.cache_clear()
 
     fresh()
     return fresh
@@ -78,9 +80,9 @@ def test_logged_uses_are_loaded_again(new_process, monkeypatch):
     pointwise.launch(cupy, "y + 2.0 * p0", [cupy.ones((5, 7))], y)
     uselog.flush()
     name = uselog.device_name(cupy)
-    gemms, modules, sources = (uselog.uses(name, JOB)[kind] for kind in uselog.KINDS)
+    gemms, modules, sources, prepared = (uselog.uses(name, JOB)[kind] for kind in uselog.KINDS)
     assert {call[1] for call in gemms} == {True, False}  # strided and pointer-array calls
-    assert modules and sources
+    assert modules and sources and prepared
     assert all(name.startswith("chainexec_") for _, name in modules)
 
     # a new process: nothing loaded; the replay (outside warm_up's catch-all) loads what was logged
@@ -88,15 +90,21 @@ def test_logged_uses_are_loaded_again(new_process, monkeypatch):
     with cupy.cuda.Stream(non_blocking=True) as stream:
         warmup.replay(cupy, name, JOB)
         stream.synchronize()
+    warmup.prepare(name, JOB)  # as the backend's selection makes them while the warm-up loads
     replayed = set(kernels._LOADED)
     assert {key for key, _ in replayed} == {key for key, _ in modules}
     assert pointwise._made.cache_info().currsize == len(sources)
+    made = sum(make.cache_info().currsize for make in pointwise.PREPARED.values())
+    assert made == len(prepared)
     met = spied(monkeypatch)
     for seed, case in enumerate(CASES):
         assert contract(*case, seed + 10) <= 1e-12
     launched = {use[0] for kind, use, _ in met if kind == "modules"}
     assert launched and launched <= {key for key, _ in replayed}  # every kernel launched was loaded
     assert pointwise._made.cache_info().misses == len(sources)  # the launches found them loaded
+    y = cupy.zeros((5, 7))
+    pointwise.launch(cupy, "y + 2.0 * p0", [cupy.ones((5, 7))], y)
+    assert sum(make.cache_info().currsize for make in pointwise.PREPARED.values()) == made  # found made
 
 
 @pytest.mark.parametrize("case", [("abcd", "aebf", "dfce", dict(a=6, b=7, c=8, d=5, e=9, f=4)),
