@@ -1575,7 +1575,6 @@ class CupyBackend(Backend):
             else:
                 out += kern(left, right, None, alpha=c.factor)
 
-
     @staticmethod
     def _add(out, product, fresh: bool) -> None:
         """``out += product``, or ``out[...] = product`` where ``out`` is fresh."""
