@@ -315,13 +315,16 @@ class Backend:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for point-wise contractions into one output
         (``operands[k]`` = ``(a_k, b_k)``, ``b_k`` may be None), none of which reads ``out``;
         ``fresh`` as in :meth:`contract`."""
-        for n, (c, (a, b)) in enumerate(zip(cs, operands)):
-            self.contract(c, out, a, b, fresh and n == 0)
+        self._term_by_term(cs, out, operands, fresh)
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for contractions into one output, each summing over
         indices of both its operands, none of which reads ``out`` (the (T) ``W`` terms); here
         term by term. ``fresh`` as in :meth:`contract`."""
+        self._term_by_term(cs, out, operands, fresh)
+
+    def _term_by_term(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool) -> None:
+        """Each term by :meth:`contract`, the first one ``fresh`` where ``out`` is."""
         for n, (c, (a, b)) in enumerate(zip(cs, operands)):
             self.contract(c, out, a, b, fresh and n == 0)
 
