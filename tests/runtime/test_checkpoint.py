@@ -102,21 +102,29 @@ def test_several_resumable_loops(tmp_path, ranks):
     """A chain whose plan has four resumable loops in two nests (a scalar computed, read back and
     reduced again), stopped at every checkpoint it can make: each run goes further (loops before
     the saved one rerun without checkpointing), the folder holds just the manifest and one part
-    per rank, and the last run's outputs equal numpy.einsum's, its movement the prediction."""
+    per rank, and the last run's outputs equal numpy.einsum's, its movement the prediction.
+
+    Rank 0 fences a checkpoint between its own tiles only. With two ranks on a loaded machine it
+    may find every tile of every loop handed out before it can (CI, 2026-11-27: rank 0 did 2 tiles,
+    rank 1 27): a finished run without a checkpoint, correct but checking nothing here, so the
+    sequence is run again from an empty folder, at most three times."""
     config = write_config(tmp_path, _config(CHAINS["a scalar read back in the chain"], "1GiB", "2KiB"))
     folder = tmp_path / "ck"
-    seen = []
-    for _ in range(40):
-        proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0, "--stop-after", 0,
-                       "--report-json", tmp_path / "r.json", ranks=ranks)
-        if proc.returncode == 0:
+    for _ in range(3):
+        seen = []
+        for _ in range(40):
+            proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0,
+                           "--stop-after", 0, "--report-json", tmp_path / "r.json", ranks=ranks)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == 3, proc.stderr
+            manifest = json.loads((folder / "checkpoint.json").read_text())
+            seen.append((manifest["nest"], manifest["position"], manifest["done"]))
+            assert seen == sorted(set(seen)), seen  # always further
+            assert sorted(p.name for p in folder.iterdir()) == sorted(
+                ["checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
+        if seen or ranks == 1:
             break
-        assert proc.returncode == 3, proc.stderr
-        manifest = json.loads((folder / "checkpoint.json").read_text())
-        seen.append((manifest["nest"], manifest["position"], manifest["done"]))
-        assert seen == sorted(set(seen)), seen  # always further
-        assert sorted(p.name for p in folder.iterdir()) == sorted(
-            ["checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
     assert proc.returncode == 0 and seen, seen
     if ranks == 1:  # one rank stops in every loop it can; with two, a fast rank may finish a loop first
         assert {n for n, _, _ in seen} == {0, 1}, seen
