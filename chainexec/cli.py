@@ -17,7 +17,7 @@ from chainexec import calibrate
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError
-from chainexec.runtime import warmup
+from chainexec.runtime import fdtable, warmup
 
 
 TEMPLATES = {job: Path(__file__).resolve().parents[1] / "configs" / name
@@ -109,6 +109,7 @@ def _write_json(path: str, data: dict) -> None:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
+        fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
         warmup.start(args.config, args.backend)
     # Imported after the GPU warm-up began, so that it overlaps these imports (the runtime, h5py;
     # about 1 s with MPI's start on the GPU hosts) instead of the run's first statements.

@@ -1,0 +1,46 @@
+"""The process's file-descriptor table, grown once at its start.
+
+Why: Linux keeps a process's open files in a table of 64 slots at first and grows it when a new
+descriptor does not fit (``expand_files``). Where the table is shared by several threads, growing it
+waits for an RCU grace period (``synchronize_rcu``) so that no thread still reads the old table.
+A (T) run's process passes 64 open descriptors in its first tiles (CUDA's device files, MPI's,
+the inputs' files): on the GPU hosts (16-vCPU virtual machines) the descriptor that passed it,
+the fifth input's mapping (Python's ``mmap`` duplicates its descriptor), blocked the executor for
+12-21 ms in a fresh process with 0.1 ms of CPU time (kernel stacks sampled from another process,
+H100, 2026-11-27, ``benchmarks/results/session26_2026-11-27.json``: ``synchronize_rcu`` <
+``expand_files`` < ``alloc_fd`` < ``fcntl(F_DUPFD_CLOEXEC)``). The table never shrinks, and
+growing it while the process still has one thread needs no grace period at all; so the ``run``
+command grows it first thing (:func:`reserve`), before NumPy's BLAS threads, the warm-up or MPI
+start theirs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+
+SLOTS = 1024
+"""Descriptors the table is grown to hold (8 bytes each): more than a run opens on one rank,
+CUDA's, MPI's and its inputs' together."""
+
+
+def reserve(slots: int = SLOTS) -> int:
+    """Grow this process's descriptor table to at least ``slots`` entries (at most the soft
+    ``RLIMIT_NOFILE``), by duplicating a descriptor onto the lowest free number at or above
+    ``slots - 1`` and closing it again; no open descriptor is touched. Returns the table's size
+    asked for (0 where the limit leaves nothing to grow). Cheap while the process has one thread:
+    call it before any starts."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        slots = min(slots, soft)
+    if slots <= 64:
+        return 0
+    source = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.close(fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, slots - 1))
+    except OSError:  # every number from slots - 1 up to the limit is open: the table is that large
+        pass
+    finally:
+        os.close(source)
+    return slots
