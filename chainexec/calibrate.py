@@ -39,6 +39,7 @@ from pathlib import Path
 
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
+from chainexec.spec import parse_size
 
 # Bytes per rank per repetition for the disk and global-array measurements: 256 MiB is far past
 # disk and RDMA latencies and the caches, yet quick on a node; --quick (tests) keeps the whole run
@@ -109,8 +110,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _size_argument(text: str) -> int:
-    from chainexec.spec import parse_size  # YAML's import: not before the command line's warm-up begins
-
     try:
         return parse_size(text, "--size")
     except ValueError as err:

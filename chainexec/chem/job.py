@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
 from chainexec.errors import ChainexecError
 
 #: Equilibrium-like geometries in Angstrom (PySCF atom strings).
@@ -82,8 +84,6 @@ def write_ao2mo_config(template: str | Path, path: Path, nao: int, nmo: int) -> 
 
 
 def _read_template(template: str | Path) -> dict:
-    import yaml  # where used: the command line imports this module before its warm-up begins
-
     try:
         return yaml.safe_load(Path(template).read_text())
     except (OSError, yaml.YAMLError) as err:
@@ -91,8 +91,6 @@ def _read_template(template: str | Path) -> dict:
 
 
 def _write_yaml(cfg: dict, path: Path) -> None:
-    import yaml
-
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
     os.replace(tmp, path)
