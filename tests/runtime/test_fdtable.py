@@ -62,6 +62,23 @@ print(json.dumps({"open": os.readlink('/proc/self/fd/1023'), "size": fdsize(), "
     assert out["size"] >= 1024 and out["same"]
 
 
+def test_nothing_where_no_descriptor_can_be_opened():
+    """A process that cannot open ``/dev/null`` (here: its descriptor limit already reached) gets 0
+    and no error: the table then grows when the run needs it."""
+    out = _run("""
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+got = fdtable.reserve()
+print(json.dumps({"got": got, "held": len(held)}))
+""")
+    assert out["got"] == 0 and out["held"] > 150
+
+
 def test_the_run_command_grows_it_while_the_process_has_one_thread(tmp_path):
     """``chainexec run`` grows the table before anything starts a thread (NumPy's BLAS, the
     warm-up, MPI), where growing it needs no RCU grace period."""
