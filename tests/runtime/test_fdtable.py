@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.runtime.commandstart import seen_at
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc")
 
 PRELUDE = """
@@ -86,9 +88,5 @@ print(json.dumps({"got": got, "held": len(held)}))
 def test_the_run_command_grows_it_while_the_process_has_one_thread(tmp_path):
     """``chainexec run`` grows the table before anything starts a thread (NumPy's BLAS, the
     warm-up, MPI), where growing it needs no RCU grace period."""
-    code = ("import os, sys; from chainexec import cli; from chainexec.runtime import fdtable; seen = []; "
-            "reserve = fdtable.reserve; "
-            "fdtable.reserve = lambda: (seen.append(len(os.listdir('/proc/self/task'))), reserve())[1]; "
-            "cli.main(['run', 'missing.yaml', '--backend', 'numpy']); print(seen)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    done = seen_at("chainexec.runtime.fdtable", "reserve", "len(os.listdir('/proc/self/task'))", tmp_path)
     assert done.stdout.strip() == "[1]", done.stderr

@@ -16,6 +16,7 @@ import types
 import pytest
 
 from chainexec.runtime import comm, warmup
+from tests.runtime.commandstart import seen_at
 
 
 @pytest.fixture
@@ -125,11 +126,8 @@ def test_stand_in_matrices_are_as_cublas_reads_them(call, elements):
 def test_the_command_line_begins_the_warm_up_before_importing_the_runtime(tmp_path):
     """``chainexec run`` begins the warm-up before the runtime, h5py and MPI are imported, so
     that it overlaps their imports."""
-    code = ("import sys; from chainexec import cli; from chainexec.runtime import warmup; seen = []; "
-            "warmup.start = lambda config, backend: seen.append(sorted(m for m in ('chainexec.api', "
-            "'chainexec.runtime.executor', 'h5py', 'mpi4py.MPI') if m in sys.modules)); "
-            "cli.main(['run', 'missing.yaml', '--backend', 'numpy']); print(seen)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    done = seen_at("chainexec.runtime.warmup", "start", "sorted(m for m in ('chainexec.api', "
+                   "'chainexec.runtime.executor', 'h5py', 'mpi4py.MPI') if m in sys.modules)", tmp_path)
     assert done.stdout.strip() == "[[]]", done.stderr
 
 
