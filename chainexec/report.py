@@ -57,8 +57,9 @@ def loop_nest(plan: Plan) -> str:
                 lines.append(f"{pad}compute #{node.contraction} @device{marked}")
             elif node.op == "fused":
                 inlined = ", ".join(node.inlined) + (f"; reused: {', '.join(node.lets)}" if node.lets else "")
+                marked = "  (ordered elements only where tiles are equal)" if node.ordered else ""
                 lines.append(f"{pad}fused      {node.tensor}[{','.join(node.indices)}] @device  "
-                             f"{' '.join(f'#{k}' for k in node.group)}  (inlined: {inlined})")
+                             f"{' '.join(f'#{k}' for k in node.group)}  (inlined: {inlined}){marked}")
             else:
                 ref = f"{node.tensor}[{','.join(node.indices)}]"
                 extra = f"  {_ARROW[node.op]}" if node.op in _ARROW else ""

@@ -14,6 +14,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import buffer_elements, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
+from chainexec.planner import ordered
 from chainexec.planner.order import binarize
 from chainexec.planner.choose import choose
 from chainexec.planner.pipeline import deepen
@@ -113,6 +114,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     # Runs of terms evaluated once per orbit on the tiles of a symmetric loop that permutations
     # map onto themselves (the tiles stay).
     mark(nests, cs, spec.extents)
+    # Full reductions summed over the ordered elements of the tiles with equal positions.
+    ordered.mark(nests, cs, tensors)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

@@ -15,7 +15,8 @@ contractions it stands for, and streams its output twice and every distinct refe
 
 A symmetric loop (``Loop.symmetric``) visits ordered tile tuples of its indices only; for those
 indices the factors are summed jointly over the tuples it visits (:func:`points`), and flops are
-counted the same way, statement by statement.
+counted the same way, statement by statement. A reduction marked :attr:`Op.ordered` counts its
+flops at the ordered elements of tiles with equal positions (:mod:`chainexec.planner.ordered`).
 
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
@@ -115,15 +116,17 @@ class Loops:
             total = self.counts[key] = rest * (_ordered_sum(factors) if factors else 1)
         return total
 
-    def by_pattern(self, indices, extents: dict[str, int], region_level: str) -> dict[tuple[int, ...], int]:
+    def by_pattern(self, indices, extents: dict[str, int], region_level: str,
+                   ordered: bool = False) -> dict[tuple[int, ...], int]:
         """:meth:`points` split by the pattern of equal positions of the symmetric loop's tile
-        tuples (:func:`chainexec.planner.symmetry.pattern_sums`)."""
-        key = (tuple(indices), region_level, "patterns")
+        tuples (:func:`chainexec.planner.symmetry.pattern_sums`); ``ordered``: of the elements an
+        ordered reduction sums (:mod:`chainexec.planner.ordered`)."""
+        key = (tuple(indices), region_level, "patterns", ordered)
         found = self.counts.get(key)
         if found is not None:
             return found
         rest, factors = self._factors(indices, extents, region_level)
-        found = {pattern: rest * total for pattern, total in symmetry.pattern_sums(factors).items()}
+        found = {pattern: rest * total for pattern, total in symmetry.pattern_sums(factors, ordered).items()}
         self.counts[key] = found
         return found
 
@@ -257,7 +260,12 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                                 c.out, c.out_indices, lambda ix, p=p: around.by_pattern(ix, extents, "device")[p])
                                 for p, t in taken.items() if t is not None)
                     group = node.group or [node.contraction]
-                    work = sum((2 if c.b is not None else 1) * where(c.indices())
+                    summed = where
+                    if node.ordered:  # flops at the ordered elements; its reads priced whole
+
+                        def summed(ix):
+                            return sum(around.by_pattern(ix, extents, "device", ordered=True).values())
+                    work = sum((2 if c.b is not None else 1) * summed(c.indices())
                                for c in (contractions[j] for j in group))
                     statements[0] += len(group) * where([])
                     if node.op == "fused":

@@ -35,9 +35,11 @@ on a diagonal (T) tile, eight passes over the tile instead of two.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from functools import lru_cache
 
+from chainexec.planner.ordered import ordered_count
 from chainexec.planner.pipeline import executed
 from chainexec.planner.plan import Contraction, Loop, Op, ops, term_run
 
@@ -158,21 +160,24 @@ def patterns(m: int) -> list[tuple[int, ...]]:
     return found
 
 
-def pattern_sums(factors: list[list[int]]) -> dict[tuple[int, ...], int]:
+def pattern_sums(factors: list[list[int]], ordered: bool = False) -> dict[tuple[int, ...], int]:
     """Σ over tile positions p_0 ≤ … ≤ p_m of Π_j factors[j][p_j], split by the pattern of equal
     positions (:func:`patterns`): the indices of one block share a position (their factors
     multiply elementwise), successive blocks take strictly increasing positions. No symmetric
-    index: the one empty pattern, counted once."""
+    index: the one empty pattern, counted once. ``ordered``: a block of ``g`` indices whose
+    factors at a position are all ``s`` counts ``C(s + g - 1, g)`` there instead of ``s^g``, the
+    non-decreasing tuples of its elements (:mod:`chainexec.planner.ordered`)."""
     if not factors:
         return {(): 1}
     out = {}
     for pattern in patterns(len(factors)):
-        merged = []
+        blocks = []
         for n, block in enumerate(pattern):
             if n and block == pattern[n - 1]:
-                merged[-1] = [x * y for x, y in zip(merged[-1], factors[n])]
+                blocks[-1].append(factors[n])
             else:
-                merged.append(list(factors[n]))
+                blocks.append([factors[n]])
+        merged = [[_merged([f[p] for f in block], ordered) for p in range(len(block[0]))] for block in blocks]
         acc = merged[-1]
         for factor in reversed(merged[:-1]):
             running, nxt = 0, [0] * len(acc)
@@ -182,6 +187,11 @@ def pattern_sums(factors: list[list[int]]) -> dict[tuple[int, ...], int]:
             acc = nxt
         out[pattern] = sum(acc)
     return out
+
+
+def _merged(values: list[int], ordered: bool) -> int:
+    """One position's factor of a block of indices sharing it (:func:`pattern_sums`)."""
+    return ordered_count(values) if ordered and len(values) > 1 else math.prod(values)
 
 
 def pattern_of(positions: list[int]) -> tuple[int, ...]:

@@ -82,7 +82,7 @@ import numpy as np
 
 from chainexec import atomicfile, expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import batchedgemm, stacking
+from chainexec.planner import batchedgemm, ordered, stacking
 from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import arena, pointwise, uselog, warmup
@@ -293,16 +293,20 @@ class Backend:
         ``tree`` of :mod:`chainexec.expr`; ``arrays[ref]``: each reference's tile over its own order."""
         out[...] = expr.evaluate(tree, arrays, order, self.xp)
 
-    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out) -> None:
+    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
         """A fused statement (:class:`chainexec.planner.inline.Fused`): ``out += f``'s expression,
         summed over the whole index space when ``f.reduce``; ``arrays[ref]``: each reference's
-        tile over its own order; ``shape``: the extents of ``f.domain`` here."""
+        tile over its own order; ``shape``: the extents of ``f.domain`` here. ``within``: groups
+        of dimensions of ``f.domain`` (a reduction's) over which only the ordered elements are
+        summed, each weighted by its multiplicity (:func:`chainexec.planner.ordered.weights`)."""
         arrays = dict(arrays)
         extent = dict(zip(f.domain, shape))
         for name, own, text in f.lets:  # computed once, read at each of its permutations
             value = self.xp.broadcast_to(expr.evaluate(expr.parse(text), arrays, own, self.xp), [extent[i] for i in own])
             arrays |= {r: value for r in expr.refs(f.tree) if r.tensor == name}
         value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
+        if within:
+            value = value * self.xp.asarray(ordered.weights(shape, within))
         out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
 
     def symmetrize(self, out, axes) -> None:
@@ -580,6 +584,13 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
     return tuple(codes), code, tuple(perms)
 
 
+@lru_cache(maxsize=64)
+def _weights(xp, shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]):
+    """:func:`chainexec.planner.ordered.weights` on the device, made once per process, shape and
+    pattern (a few per (T) run: 216 values for a tile of 6x6x6)."""
+    return xp.asarray(ordered.weights(shape, within))
+
+
 @dataclass(eq=False)  # found by identity in the pending list (no comparing device arrays)
 class _Deferred:
     """A small copy to the host in two steps (:meth:`CupyBackend.to_host_async`): ``source`` a
@@ -824,27 +835,29 @@ class CupyBackend(Backend):
         code, views = self._expression(tree, arrays, order)
         pointwise.launch(self.xp, code, views, out)
 
-    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out) -> None:
+    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
         """As :meth:`Backend.fused`, in one generated kernel over broadcast views: a point-wise
         kernel adding to ``out``, or a reduction kernel (:func:`chainexec.runtime.pointwise.reduce`)
         whose sum is added to the scalar ``out``. The inlined intermediates exist only in
         registers; reused ones (``f.lets``) in the shared memory of an orbit kernel
-        (:func:`chainexec.runtime.pointwise.orbit_reduce`)."""
+        (:func:`chainexec.runtime.pointwise.orbit_reduce`). ``within``'s weights are one more input
+        the reduction multiplies by (made once per process and shape, outside the plan's device
+        memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero."""
+        weight = [_weights(self.xp, shape, within)] if within else []
         if f.lets:
-            out += self._orbits(f, arrays, shape, out.dtype.name).astype(out.dtype)
+            codes, code, perms = _orbit_codes(f, tuple(arrays))
+            views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays] + weight
+            code, skip = (f"({code}) * p{len(arrays)}", len(arrays)) if weight else (code, None)
+            out += pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name,
+                                          skip).astype(out.dtype)
             return
         code, views = self._expression(f.tree, arrays, f.domain)
         if f.reduce:
+            if weight:
+                code, views = f"({code}) * p{len(views)}", views + weight
             out += pointwise.reduce(self.xp, code, views, shape).astype(out.dtype)
         else:
             pointwise.launch(self.xp, f"y + {code}", views, out)
-
-    def _orbits(self, f: Fused, arrays: dict, shape: tuple[int, ...], dtype: str):
-        """A reduction with reused values (:class:`Fused` ``lets``) as a 0-d device array, the
-        values ``dtype`` (the statement's); :func:`_orbit_codes` for the code."""
-        codes, code, perms = _orbit_codes(f, tuple(arrays))
-        views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays]
-        return pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, dtype)
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""

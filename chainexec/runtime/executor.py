@@ -36,7 +36,7 @@ import numpy as np
 
 from chainexec import expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import inline, symmetry
+from chainexec.planner import inline, ordered, symmetry
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import DEPTH, executed, fetched, prefetched, returned, staged, streamed
@@ -1032,17 +1032,23 @@ class Executor:
             f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
         arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves}
         out = self._view(op.tensor, op.indices)
-        self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out)
+        within = ()
+        if op.ordered:  # the symmetric indices sharing a tile here (chainexec.planner.ordered)
+            within = ordered.groups(self.symmetric, symmetry.pattern_of([self._range("device", i)[0]
+                                                                         for i in self.symmetric]))
+        self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out,
+                           tuple(tuple(f.domain.index(i) for i in g) for g in within))
         self._watch()
-        self._count([self.plan.contractions[k] for k in op.group])
+        self._count([self.plan.contractions[k] for k in op.group], within)
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
 
-    def _count(self, cs) -> None:
-        """The statements and flops of contractions run on the current device tiles."""
+    def _count(self, cs, within: tuple[tuple[str, ...], ...] = ()) -> None:
+        """The statements and flops of contractions run on the current device tiles; ``within``:
+        the groups of indices whose ordered elements alone are summed (:func:`ordered.points`)."""
         self.counters.statements += len(cs)
         for c in cs:
-            self.counters.flops += (2 if c.b is not None else 1) * math.prod(
-                b - a for a, b in self._region("device", c.indices()))
+            sizes = {i: b - a for i, (a, b) in zip(c.indices(), self._region("device", c.indices()))}
+            self.counters.flops += (2 if c.b is not None else 1) * ordered.points(sizes, within)
 
     def _compute(self, run: list[Op]) -> None:
         """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms

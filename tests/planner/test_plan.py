@@ -34,8 +34,9 @@ def _configs(tmp_path):
 
 def enumerate_bytes(plan: Plan) -> dict:
     """Bytes per category and flops by walking every iteration of every loop (slow, independent
-    of cost.py); a symmetric loop's iterations are its ordered tile tuples, and a symmetrized
-    run counts the terms :func:`chainexec.planner.symmetry.schedule` takes on each tile."""
+    of cost.py); a symmetric loop's iterations are its ordered tile tuples, a symmetrized
+    run counts the terms :func:`chainexec.planner.symmetry.schedule` takes on each tile, and an
+    ordered reduction the elements whose symmetric indices sharing a range are non-decreasing."""
     moved = dict.fromkeys(CATEGORY.values(), 0)
     moved["flops"] = 0
 
@@ -72,8 +73,12 @@ def enumerate_bytes(plan: Plan) -> dict:
                     continue
                 for m in group:  # a fused statement: every contraction in it
                     c = plan.contractions[m]
-                    size = math.prod(b - a for a, b in (ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i])))
-                                                        for i in c.indices()))
+                    span = {i: ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i]))) for i in c.indices()}
+                    size = math.prod(b - a for a, b in span.values())
+                    if node.ordered:
+                        size //= math.prod(b - a for i, (a, b) in span.items() if i in sym)
+                        size *= sum(all(x[n] <= x[n + 1] for n in range(len(sym) - 1) if span[sym[n]] == span[sym[n + 1]])
+                                    for x in itertools.product(*(range(*span[i]) for i in sym)))
                     moved["flops"] += (2 if c.b is not None else 1) * size
             elif node.op in CATEGORY:
                 level = "global" if node.op in ("load", "store") else "device"

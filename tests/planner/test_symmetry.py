@@ -131,21 +131,30 @@ def test_symmetrized_triples_run_equals_the_reference(device_memory, tmp_path, m
     config = triples_config(tmp_path, device_memory, nocc=7, nvir=6)
     marked = api.plan(config)
     assert _marked(marked)
-    reference = triples.ccsd_t_energy(tmp_path / "inputs.h5")
+    reports = marked_and_unmarked(config, lambda: monkeypatch.setattr(build, "mark", lambda *args: None))
+    assert reports[0]["flops"] < reports[1]["flops"]
+    assert reports[0]["memory_peak"]["device"] == reports[1]["memory_peak"]["device"]  # in place: no scratch tile
+
+
+def marked_and_unmarked(config, unmark) -> list[dict]:
+    """The measured records of two NumPy runs of a (T) config, the second after ``unmark()``
+    (a planner step patched out): each run's E(T) equals the independent reference
+    (:func:`chainexec.chem.triples.ccsd_t_energy` of the inputs beside the config) to 1e-12, and
+    its flops, statements, streamed bytes, bytes per level and peaks equal the prediction."""
+    reference = triples.ccsd_t_energy(config.parent / "inputs.h5")
     reports = []
     for mark in (True, False):
         if not mark:
-            monkeypatch.setattr(build, "mark", lambda *args: None)
+            unmark()
         report = api.run(config, backend="numpy", plan_cache=False)
-        with h5py.File(tmp_path / "energy.h5") as f:
+        with h5py.File(config.parent / "energy.h5") as f:
             energy = float(f["E"][()])
         assert abs(energy - reference) <= 1e-12 * abs(reference)
         m, p = report["measured"], report["predicted"]
         for key in ("flops", "statements", "streamed", "bytes", "memory_peak"):
             assert m[key] == p[key], key
         reports.append(m)
-    assert reports[0]["flops"] < reports[1]["flops"]
-    assert reports[0]["memory_peak"]["device"] == reports[1]["memory_peak"]["device"]  # in place: no scratch tile
+    return reports
 
 
 def _marked(plan) -> bool:

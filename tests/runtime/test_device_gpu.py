@@ -10,6 +10,7 @@ Skipped without CuPy or a CUDA device. Inputs are fresh random normals; the refe
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ cupy = require_gpu()
 from chainexec.planner import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
-from chainexec.runtime.device import CupyBackend, select  # noqa: E402
+from chainexec.runtime.device import Backend, CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, triples_config, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
 from tests.runtime.test_pointwise import PAIRS  # noqa: E402
@@ -786,3 +787,34 @@ def test_triples_fetching_tiles_ahead_on_gpu(ranks, tmp_path):
         got = float(f["E"][()])
     expected = ccsd_t_energy(tmp_path / "inputs.h5")
     assert abs(got - expected) <= 1e-12 * abs(expected)
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["reduce", "orbit"])
+@pytest.mark.parametrize("within", [((0, 1),), ((0, 1, 2),)])
+def test_fused_reduction_over_ordered_elements(reused, within):
+    """A fused full reduction summed over the ordered elements of a group of dimensions
+    (``within``, :mod:`chainexec.planner.ordered`) on the GPU, by the plain reduction kernel and
+    by the orbit kernel (a reused value read transposed), equals the NumPy backend's, and for
+    values symmetric in the group the whole tile's sum (1e-12)."""
+    from chainexec.planner.inline import Fused
+
+    rng = np.random.default_rng(len(within[0]) + 2 * reused)
+    n, v = 4, 5
+    raw = rng.standard_normal((n, n, n, v, v))
+    x = sum(raw.transpose(list(p) + [d for d in range(5) if d not in within[0]])
+            for p in itertools.permutations(within[0]))  # symmetric in the group's dimensions
+    y = rng.standard_normal(v)
+    domain = ("i", "j", "k", "a", "b")
+    if reused:
+        f = Fused("E", (), domain, "X[i,j,k,a,b] * Z[i,j,k,b,a]", True,
+                  (("Z", domain, "X[i,j,k,a,b] + Y[a]"),))
+        whole = np.sum(x * (x + y[:, None]).swapaxes(3, 4))
+    else:
+        f = Fused("E", (), domain, "X[i,j,k,a,b] * Y[a]", True)
+        whole = np.sum(x * y[:, None])
+    host = {r: (x if r.tensor == "X" else y) for r in f.leaves}
+    cpu, gpu = np.zeros(()), cupy.zeros(())
+    Backend().fused(f, host, x.shape, cpu, within)
+    CupyBackend(cupy).fused(f, {r: cupy.asarray(a) for r, a in host.items()}, x.shape, gpu, within)
+    assert abs(float(gpu) - float(cpu)) <= 1e-12 * abs(float(cpu))
+    assert abs(float(cpu) - whole) <= 1e-12 * abs(whole)

@@ -107,3 +107,30 @@ def test_orbit_reduction_equals_numpy(extents, wide):
     assert abs(float(got) - float(np.sum(terms))) <= 1e-13 * float(np.sum(np.abs(terms)))
     assert float(pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape,
                                         "float64")) == float(got)
+
+
+@pytest.mark.parametrize("along", ["occupied", "permuted"])
+def test_weighted_orbit_reduction_skips_zero_weights(along, wide):
+    """The energy's orbit kernel times a weight (:mod:`chainexec.planner.ordered`). Along the
+    other dimension (2, 0, 1 over x = 3, W NaN where it is 0): those blocks are skipped, the sum
+    equals NumPy's. Along a permuted dimension (a weight over a): no block can be skipped, the
+    weight is multiplied in and the sum equals NumPy's."""
+    from tests.runtime.test_pointwise import ENERGY_CODE, PERMS3, permuted
+
+    x, n = 3, 19
+    rng = np.random.default_rng(5)
+    hw = rng.standard_normal((x, n, n, n))
+    s, e = rng.standard_normal((n, n)), rng.standard_normal(n)
+    weight = (np.array([2.0, 0.0, 1.0])[:, None, None, None] if along == "occupied"
+              else rng.integers(0, 3, n).astype(np.float64)[None, :, None, None])
+    z = hw + 0.5 * s.T[None, :, None, :] * e[None, None, :, None]
+    q = [permuted(z, p) for p in PERMS3]
+    terms = hw * (4 * q[0] + q[1] + 1.5 * q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * e[None, None, :, None]
+    ref = float(np.sum(terms * weight))
+    if along == "occupied":
+        hw[1] = np.nan
+    views_ = [cupy.asarray(hw), cupy.asarray(s).T[None, :, None, :], cupy.asarray(e)[None, None, :, None],
+              cupy.asarray(weight)]
+    got = pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], f"({ENERGY_CODE}) * p3", [(0, p) for p in PERMS3],
+                                 views_, hw.shape, "float64", 3)
+    assert abs(float(got) - ref) <= 1e-13 * float(np.sum(np.abs(terms * weight)))

@@ -1,0 +1,118 @@
+"""Full reductions in a symmetric loop summed over ordered elements of its diagonal tiles (pure).
+
+A symmetric loop (:attr:`chainexec.planner.plan.Loop.symmetric`) visits the tile tuples
+``p_i ≤ p_j ≤ p_k`` of its indices only, each weighted by the number of distinct permutations of
+its positions (6, 3 or 1), because the outputs accumulated in its body are sums of a summand
+``e(i, j, k)`` (summed over every other index) that is symmetric in them (the outputs'
+``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.symmetry`). That is exact, but
+on a tile whose positions are equal (``p_i = p_j``, or all three) it still sums every element of
+the tile: on the diagonal tile ``T × T × T`` each value of ``e`` is added up to six times where
+once, weighted, would do. Within such a tile, for a group of ``g`` indices sharing one tile,
+
+    Σ_{x ∈ T^g} e(x) = Σ_{x_1 ≤ … ≤ x_g} m(x) · e(x),   m(x) = g! / Π (multiplicities of x's values)!
+
+(``m`` is the number of distinct permutations of ``x``; elementwise the same argument as the
+loop's, one level down). So on a tile with a pattern of equal positions
+(:func:`chainexec.planner.symmetry.patterns`), a full reduction sums only the points whose values
+are non-decreasing within each group of equal positions, weighted by the product of the groups'
+``m``: :func:`weights`. At benzene's (T) sizes (o = 21, tiles of 6) the energy's points fall from
+Σ over ordered tile tuples of the tile's volume, 2,997 occupied triples (times v³), to 1,771, the
+``i ≤ j ≤ k`` triples PySCF's loop visits (``C(o + 2, 3)``). Done with weights, not a different
+loop: the weights are an input the reduction multiplies by, and the GPU's orbit kernel skips the
+thread blocks whose weight is zero (:func:`chainexec.runtime.pointwise.orbit_source`).
+
+The planner marks such a statement (:attr:`chainexec.planner.plan.Op.ordered`, :func:`mark`):
+a ``fused`` statement into a scalar output declared symmetric in the loop's indices, every
+contraction it stands for ranging over all of them, with no loop between the symmetric loop and
+the statement cutting them (the statement's ranges of the symmetric indices are the loop's
+tiles). The cost model counts its flops at the ordered points (:func:`points`), the executor
+counts the same and hands the groups to the backend (:func:`groups`); the bytes it reads are
+priced whole, as the executor counts them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from chainexec.planner.plan import Contraction, Loop, TensorInfo
+
+
+def groups(symmetric: list[str], pattern: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
+    """The groups of ``symmetric`` indices (loop order) that share a tile in a tile tuple of
+    ``pattern`` (:func:`chainexec.planner.symmetry.pattern_of`), groups of one left out."""
+    found = [tuple(i for i, b in zip(symmetric, pattern) if b == block) for block in sorted(set(pattern))]
+    return tuple(g for g in found if len(g) > 1)
+
+
+def ordered_count(extents: list[int]) -> int:
+    """Non-decreasing tuples of elements of indices sharing one tile (``extents``: each one's
+    elements there, all equal): ``C(s + g - 1, g)`` for ``g`` indices of ``s`` elements."""
+    if len(set(extents)) != 1:
+        raise ValueError(f"indices sharing a tile with unequal extents {extents}")
+    return math.comb(extents[0] + len(extents) - 1, len(extents))
+
+
+def points(sizes: dict[str, int], within: tuple[tuple[str, ...], ...]) -> int:
+    """Points of a statement over the indices of ``sizes`` (index -> elements of its tile) that an
+    ordered reduction sums where the indices of each group of ``within`` share one tile: each
+    group's non-decreasing tuples, times the other indices' elements."""
+    grouped = {i for g in within for i in g}
+    return math.prod(n for i, n in sizes.items() if i not in grouped) * math.prod(
+        ordered_count([sizes[i] for i in g]) for g in within)
+
+
+def weights(shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Per point of a tile of ``shape``: the number of distinct permutations of its coordinates
+    within each group of dimensions of ``within`` (multiplied over the groups) where they are
+    non-decreasing in every group, else 0. Extent 1 along the dimensions of no group (it
+    broadcasts over them). float64."""
+    grouped = sorted({d for g in within for d in g})
+    if not grouped:
+        return np.ones((1,) * len(shape))
+    grid = np.indices([shape[d] for d in grouped]).reshape(len(grouped), -1).T
+    where = {d: n for n, d in enumerate(grouped)}
+    out = np.empty(len(grid))
+    for row, x in enumerate(grid):
+        w = 1
+        for g in within:
+            values = [int(x[where[d]]) for d in g]
+            if values != sorted(values):
+                w = 0
+                break
+            w *= math.factorial(len(g)) // math.prod(math.factorial(c) for c in Counter(values).values())
+        out[row] = w
+    return out.reshape([shape[d] if d in where else 1 for d in range(len(shape))])
+
+
+def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dict[str, TensorInfo]) -> bool:
+    """Whether ``op`` (with ``loops`` around it, outermost first) may sum ordered elements only:
+    a fused full reduction in a symmetric loop, into an output declared symmetric in the loop's
+    indices, every contraction of it over all of them, no loop inside the symmetric one tiling
+    them."""
+    at = next((n for n, loop in enumerate(loops) if loop.symmetric), None)
+    if op.op != "fused" or at is None or op.indices:
+        return False
+    sym = set(loops[at].symmetric)
+    if set(tensors[op.tensor].symmetric) != sym:
+        return False
+    if any(sym & set(loop.tiles) for loop in loops[at + 1:]):
+        return False
+    return all(sym <= set(contractions[k].indices()) for k in op.group or [])
+
+
+def mark(nests, contractions: list[Contraction], tensors: dict[str, TensorInfo]) -> None:
+    """Set :attr:`chainexec.planner.plan.Op.ordered` on every statement :func:`applies` to, in
+    place."""
+
+    def walk(body, loops):
+        for node in body:
+            if isinstance(node, Loop):
+                walk(node.body, loops + [node])
+            elif applies(node, loops, contractions, tensors):
+                node.ordered = True
+
+    for nest in nests:
+        walk(nest.body, [])
