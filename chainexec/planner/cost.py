@@ -254,14 +254,15 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         def where(ix, ran=ran):
                             return sum(around.by_pattern(ix, extents, "device")[p] for p in ran)
 
-                        if k == start:  # then out = Σ of its permuted views, in place: read and written
+                        if k == start:  # then out = Σ of its permuted views, in place: read, and
+                            # written (at the ordered elements alone where node.ordered)
                             c = contractions[node.contraction]
-                            passes = sum(2 * tile_bytes(
-                                c.out, c.out_indices, lambda ix, p=p: around.by_pattern(ix, extents, "device")[p])
-                                for p, t in taken.items() if t is not None)
+                            passes = sum(tile_bytes(c.out, c.out_indices, lambda ix, p=p, o=o: around.by_pattern(
+                                ix, extents, "device", ordered=o)[p]) for p, t in taken.items() if t is not None
+                                for o in (False, bool(node.ordered)))
                     group = node.group or [node.contraction]
                     summed = where
-                    if node.ordered:  # flops at the ordered elements; its reads priced whole
+                    if node.op == "fused" and node.ordered:  # flops at the ordered elements; reads priced whole
 
                         def summed(ix):
                             return sum(around.by_pattern(ix, extents, "device", ordered=True).values())

@@ -28,6 +28,14 @@ the statement cutting them (the statement's ranges of the symmetric indices are 
 tiles). The cost model counts its flops at the ordered points (:func:`points`), the executor
 counts the same and hands the groups to the backend (:func:`groups`); the bytes it reads are
 priced whole, as the executor counts them.
+
+Its input then matters at the ordered elements only. A symmetrized run
+(:mod:`chainexec.planner.symmetry`) whose output only such reductions read, each at the element
+it sums (the symmetric indices in the buffer's own positions), is marked too (:func:`keeps`): on
+a tile with equal positions its in-place symmetrization reads the whole tile but writes only the
+ordered elements, which leaves the others holding the run's partial sums. On a (T) diagonal tile
+``i = j = k`` that writes 56 of 216 occupied triples (at tiles of 6), on one with two equal
+positions 21 of 36 pairs.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from collections import Counter
 
 import numpy as np
 
-from chainexec.planner.plan import Contraction, Loop, TensorInfo
+from chainexec.planner import inline
+from chainexec.planner.plan import Contraction, Loop, TensorInfo, ops
 
 
 def groups(symmetric: list[str], pattern: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
@@ -103,8 +112,41 @@ def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dic
     return all(sym <= set(contractions[k].indices()) for k in op.group or [])
 
 
+def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contraction],
+          tensors: dict[str, TensorInfo]) -> bool:
+    """Whether the symmetrized run starting at ``body[start]`` (in a loop over ordered tiles of
+    ``symmetric``) may symmetrize its output at the ordered elements only: every other statement
+    of ``body`` naming the output (loops inside included) is its allocation or release, a term
+    writing it without reading it, or a reduction marked ordered (:func:`applies`) that reads it
+    with the symmetric indices where the buffer has them; at least one such reduction."""
+    c = contractions[body[start].contraction]
+    out, held = c.out, c.out_indices
+    readers = 0
+    for op, _ in ops(body):
+        if op.op in ("alloc", "free") and op.tensor == out:
+            continue
+        if op.op == "compute":
+            t = contractions[op.contraction]
+            if out in (t.a, t.b) or (t.out == out and [i for i in t.out_indices if i in symmetric]
+                                     != [i for i in held if i in symmetric]):
+                return False
+            continue
+        if op.op == "fused":
+            refs = [r for r in inline.expression(op, contractions, tensors).leaves if r.tensor == out]
+            if op.tensor == out or (refs and not op.ordered):
+                return False
+            if any(r.indices[n] != i for r in refs for n, i in enumerate(held) if i in symmetric):
+                return False
+            readers += bool(refs)
+            continue
+        if op.tensor == out:
+            return False
+    return readers > 0
+
+
 def mark(nests, contractions: list[Contraction], tensors: dict[str, TensorInfo]) -> None:
-    """Set :attr:`chainexec.planner.plan.Op.ordered` on every statement :func:`applies` to, in
+    """Set :attr:`chainexec.planner.plan.Op.ordered` on every statement :func:`applies` to, then
+    on the first statement of every symmetrized run that :func:`keeps` the ordered elements, in
     place."""
 
     def walk(body, loops):
@@ -114,5 +156,14 @@ def mark(nests, contractions: list[Contraction], tensors: dict[str, TensorInfo])
             elif applies(node, loops, contractions, tensors):
                 node.ordered = True
 
+    def runs(body, loops):
+        sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
+        for k, node in enumerate(body):
+            if isinstance(node, Loop):
+                runs(node.body, loops + [node])
+            elif sym and node.op == "compute" and node.symmetrized and keeps(body, k, sym, contractions, tensors):
+                node.ordered = True
+
     for nest in nests:
         walk(nest.body, [])
+        runs(nest.body, [])

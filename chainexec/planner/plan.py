@@ -114,8 +114,9 @@ class Op:
     # itself: on tiles those permutations map onto themselves, one term per orbit, then the
     # output symmetrized in place (:mod:`chainexec.planner.symmetry`).
     symmetrized: bool | None = None
-    # A fused full reduction in a symmetric loop that sums, on tiles with equal positions, only
-    # the elements ordered like the positions, each weighted by its multiplicity
+    # On tiles of a symmetric loop with equal positions, only the elements ordered like the
+    # positions: a fused full reduction sums them, each weighted by its multiplicity; a
+    # symmetrized run (first statement) writes its symmetrization there alone
     # (:mod:`chainexec.planner.ordered`).
     ordered: bool | None = None
 

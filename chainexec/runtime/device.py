@@ -309,11 +309,16 @@ class Backend:
             value = value * self.xp.asarray(ordered.weights(shape, within))
         out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
 
-    def symmetrize(self, out, axes) -> None:
+    def symmetrize(self, out, axes, keep: tuple = ()) -> None:
         """``out[...] = Σ out.transpose(p)`` over the axis permutations ``axes`` (a group, each
         mapping ``out``'s shape onto itself), every term read before ``out`` changes: a
-        symmetrized run's last step (:mod:`chainexec.planner.symmetry`)."""
-        out[...] = sum(out.transpose(p) for p in axes)
+        symmetrized run's last step (:mod:`chainexec.planner.symmetry`). ``keep``: groups of
+        dimensions; only the elements whose coordinates are non-decreasing within each are
+        written (:mod:`chainexec.planner.ordered`), the others keep their values."""
+        total = sum(out.transpose(p) for p in axes)
+        if keep:
+            total = self.xp.where(ordered.weights(out.shape, keep) > 0, total, out)
+        out[...] = total
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """``out += Σ_k cs[k].factor · a_k·b_k`` for point-wise contractions into one output
@@ -938,13 +943,14 @@ class CupyBackend(Backend):
             terms.append(" * ".join([repr(float(c.factor))] + factors))
         pointwise.launch(self.xp, " + ".join(([] if fresh else ["y"]) + terms), views, out)
 
-    def symmetrize(self, out, axes) -> None:
+    def symmetrize(self, out, axes, keep: tuple = ()) -> None:
         """As :meth:`Backend.symmetrize`, in place in one generated kernel that takes each orbit
         of blocks through shared memory (:func:`chainexec.runtime.pointwise.symmetrize`): one
-        read and one write of ``out``. Out of place (a scratch tile, then ``out += Σ`` its
-        permuted views, until 2026-11-27) it read six views and ``out`` and wrote ``out``: on an
-        H200, 4.2 ms for a 1.39 GB (T) tile under six permutations, 1.3 ms under two."""
-        pointwise.symmetrize(self.xp, out, axes)
+        read and one write of ``out`` (of its kept elements). Out of place (a scratch tile, then
+        ``out += Σ`` its permuted views, until 2026-11-27) it read six views and ``out`` and
+        wrote ``out``: on an H200, 4.2 ms for a 1.39 GB (T) tile under six permutations, 1.3 ms
+        under two."""
+        pointwise.symmetrize(self.xp, out, axes, keep)
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
@@ -1543,13 +1549,15 @@ class CupyBackend(Backend):
         C-contiguous operands (copied when they are views) and accumulates in place into a
         C-contiguous ``out``, otherwise into a temporary then added; GETT and the direct kernel
         take any views (the direct kernel also stands in for GETT where its tables do not fit).
-        ``fresh`` (:meth:`contract`): batched GEMM writes ``out`` with β = 0; the other methods
-        add, and ``out`` is cleared before them."""
+        ``fresh`` (:meth:`contract`): batched GEMM writes ``out`` with β = 0 and TTGT copies its
+        product into it (on the (T) diagonal tiles, 2026-11-27, an H200 trace showed that add
+        reading the 1.39 GB tile, 1.13 ms each); the other methods add, and ``out`` is cleared
+        before them."""
         cp = self.xp
         method, config = how
         if method != "relayout":
             self._drop_kept()
-        if fresh and method not in ("batched", "relayout"):
+        if fresh and method not in ("batched", "relayout", "ttgt"):
             self.clear(out)
             fresh = False
         beta = 0.0 if fresh else 1.0
@@ -1570,7 +1578,7 @@ class CupyBackend(Backend):
                     # the copies' strides differ from their description (extent-1 or empty axes)
                     self._add(out, _ttgt_product(cp, c, a, b), fresh)
         elif method == "ttgt":
-            out += _ttgt_product(cp, c, a, b)
+            self._add(out, _ttgt_product(cp, c, a, b), fresh)
         elif method in ("einsum", "cutensor"):
             sub = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.a_indices + c.b_indices))}
             modes = ["".join(sub[i] for i in idx) for idx in (c.a_indices, c.b_indices, c.out_indices)]

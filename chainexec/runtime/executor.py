@@ -1076,14 +1076,17 @@ class Executor:
             self.backend.contract_sum(cs, out, operands, fresh)
         # tile-sized reads and writes, the cost model's rule (cost._run_tails): the output read
         # and written once per term, once for a point-wise run
-        moved = 2 * (1 if cs[0].pointwise() else len(cs))
-        if orbits is not None:
-            self.backend.symmetrize(out, axes)
-            moved += 2  # out read and written once more
+        moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
+        if orbits is not None:  # out read once more, and written where it is kept
+            keep = ()
+            if run[0].ordered:  # only ordered reductions read it (chainexec.planner.ordered)
+                keep = ordered.groups(self.symmetric, symmetry.pattern_of([self._range("device", i)[0]
+                                                                           for i in self.symmetric]))
+            self.backend.symmetrize(out, axes, tuple(tuple(cs[0].out_indices.index(i) for i in g) for g in keep))
+            moved += out.nbytes + out.itemsize * ordered.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self._watch()
         self._count(cs)
-        self.counters.streamed += moved * out.nbytes + sum(x.nbytes for pair in operands for x in pair
-                                                           if x is not None)
+        self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
 
     def _orbits(self, cs) -> tuple | None:
         """The terms a symmetrized run runs on this tile (position, factor scale) and the axis

@@ -700,7 +700,7 @@ def _symmetrize_slot(strides: tuple[int, ...], edges) -> int:
 
 
 def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tuple[tuple[int, ...], ...],
-                      dtype: str, plan: Symmetrize) -> str:
+                      dtype: str, plan: Symmetrize, keep: tuple[tuple[int, ...], ...] = ()) -> str:
     """CUDA C of ``chainexec_symmetrize(y)``: ``y = Σ_p y.transpose(p)`` over ``axes`` in place
     (:meth:`chainexec.runtime.device.Backend.symmetrize`). The array is cut into blocks
     (:class:`Symmetrize`); thread block ``b`` takes block ``b`` (coordinates in C order) only where
@@ -710,7 +710,9 @@ def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tu
     orbit is read before any is written and no other thread block touches them, so no point is
     read after it changed; the terms are added in the order of ``axes``. One read and one write
     of the array, where out-of-place it reads the permuted views and the output, and writes a
-    scratch tile before."""
+    scratch tile before. ``keep``: groups of dimensions; a point is written only where its
+    coordinates are non-decreasing within each (the others keep their values:
+    :mod:`chainexec.planner.ordered`)."""
     n = len(shape)
     value = C_TYPES[dtype]
     index = _index_type([math.prod(shape)], shape, [strides])
@@ -731,11 +733,14 @@ def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tu
     local = [f"const {index} l{d} = ({index})(u % {edges[d]}u); u /= {edges[d]}u;"
              for d in sorted(range(n), key=lambda d: (abs(strides[d]), -d)) if edges[d] > 1]
 
-    def walk(r: int, body: list[str]) -> list[str]:
-        """``body`` at each point of slot ``r``'s block that lies in the array (``o``: its offset)."""
+    def walk(r: int, body: list[str], write: bool) -> list[str]:
+        """``body`` at each point of slot ``r``'s block that lies in the array (``o``: its offset),
+        and is kept where it is written."""
         image = _image(axes[r], tuple(f"B{d}" for d in range(n)))
         coords = {d: f"({image[d]} * {edges[d]}" + (f" + l{d})" if edges[d] > 1 else ")") for d in range(n)}
         guard = [f"{coords[d]} < {shape[d]}" for d in range(n) if shape[d] % edges[d]]
+        if write:
+            guard += [f"{coords[g[m]]} <= {coords[g[m + 1]]}" for g in keep for m in range(len(g) - 1)]
         out = [f"  for (unsigned t = threadIdx.x; t < {points}u; t += {BLOCK}u) {{",
                "    unsigned u = t;"] + ["    " + x for x in local]
         out += [f"    const {index} o = " + (" + ".join(f"({index}){coords[d]} * {strides[d]}" for d in range(n)
@@ -746,7 +751,7 @@ def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tu
 
     here = " + ".join([f"l{d} * {pitch[d]}" for d in dims] or ["0"])
     for r in range(g):  # a point's images lie in the array where it does: no fill needed
-        lines += walk(r, [f"S[{r * slot} + {here}] = Y[o];"])
+        lines += walk(r, [f"S[{r * slot} + {here}] = Y[o];"], False)
     lines.append("  __syncthreads();")
     for r in range(g):
         owner = [f"K{r} != K{s}" for s in range(r)]
@@ -757,7 +762,7 @@ def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tu
         body = [f"Y[o] = {' + '.join(terms)};"]
         if owner:
             lines.append(f"  if ({' && '.join(owner)}) {{")
-        lines += walk(r, body)
+        lines += walk(r, body, True)
         if owner:
             lines.append("  }")
     lines.append("}")
@@ -766,19 +771,21 @@ def symmetrize_source(shape: tuple[int, ...], strides: tuple[int, ...], axes: tu
 
 @lru_cache(maxsize=256)
 def _symmetrize_prepared(shape: tuple[int, ...], strides: tuple[int, ...], axes: tuple[tuple[int, ...], ...],
-                         dtype: str) -> tuple[str, int]:
+                         dtype: str, keep: tuple[tuple[int, ...], ...] = ()) -> tuple[str, int]:
     """The source and grid of one in-place symmetrization, made once per process."""
     plan = symmetrize_plan(shape, strides, axes, 8 if dtype == "float64" else 4)
-    return symmetrize_source(shape, strides, axes, dtype, plan), math.prod(plan.counts)
+    return symmetrize_source(shape, strides, axes, dtype, plan, keep), math.prod(plan.counts)
 
 
-def symmetrize(xp, out, axes) -> None:
+def symmetrize(xp, out, axes, keep: tuple[tuple[int, ...], ...] = ()) -> None:
     """``out[...] = Σ out.transpose(p)`` over the axis permutations ``axes`` (a group mapping
-    ``out``'s shape onto itself), in place, in one kernel (:func:`symmetrize_source`)."""
+    ``out``'s shape onto itself), in place, in one kernel (:func:`symmetrize_source`), at the
+    points ``keep`` keeps."""
     if math.prod(out.shape) == 0:
         return
     strides = tuple(s // out.itemsize for s in out.strides)
-    text, grid = _ready(xp, _symmetrize_prepared, tuple(out.shape), strides, tuple(map(tuple, axes)), out.dtype.name)
+    text, grid = _ready(xp, _symmetrize_prepared, tuple(out.shape), strides, tuple(map(tuple, axes)), out.dtype.name,
+                        tuple(map(tuple, keep)))
     _kernel(xp, text, "chainexec_symmetrize")((grid,), (BLOCK,), (out,))
 
 

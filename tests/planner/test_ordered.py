@@ -117,10 +117,24 @@ def test_applies_only_to_full_symmetric_reductions_on_whole_tiles(op, loops, ten
     assert ordered.applies(op, loops, CS, tensors) is wanted
 
 
-def test_the_triples_energy_is_marked(tmp_path):
+def test_the_triples_energy_and_w_run_are_marked(tmp_path):
+    """The energy sums ordered elements; W's symmetrized run keeps them, as long as nothing but
+    an ordered reduction reads W (:func:`ordered.keeps`: not once the energy is unmarked, nor
+    with W also accumulated)."""
     plan = api.plan(triples_config(tmp_path, "128KiB", nocc=7, nvir=6))
     marked = [op for nest in plan.nests for op, _ in ops(nest.body) if op.ordered]
-    assert [(op.op, op.tensor) for op in marked] == [("fused", "E")]
+    assert [(op.op, op.tensor or plan.contractions[op.contraction].out, op.symmetrized) for op in marked] == [
+        ("compute", "W", True), ("fused", "E", None)]
+    body = next(loops[-1].body for nest in plan.nests for op, loops in ops(nest.body) if op.symmetrized)
+    start = next(k for k, op in enumerate(body) if isinstance(op, Op) and op.symmetrized)
+    sym = ["i", "j", "k"]
+    assert ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
+    energy = next(op for op in body if isinstance(op, Op) and op.op == "fused")
+    energy.ordered = None
+    assert not ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
+    energy.ordered = True
+    body.append(Op("accumulate", "device", "W", list("ijkabc")))
+    assert not ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
 
 
 @pytest.mark.parametrize("device_memory", ["128KiB", "512KiB"])

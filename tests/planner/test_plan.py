@@ -75,7 +75,7 @@ def enumerate_bytes(plan: Plan) -> dict:
                     c = plan.contractions[m]
                     span = {i: ranges["device"].get(i, ranges["global"].get(i, (0, plan.extents[i]))) for i in c.indices()}
                     size = math.prod(b - a for a, b in span.values())
-                    if node.ordered:
+                    if node.op == "fused" and node.ordered:
                         size //= math.prod(b - a for i, (a, b) in span.items() if i in sym)
                         size *= sum(all(x[n] <= x[n + 1] for n in range(len(sym) - 1) if span[sym[n]] == span[sym[n + 1]])
                                     for x in itertools.product(*(range(*span[i]) for i in sym)))

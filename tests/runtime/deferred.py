@@ -89,14 +89,14 @@ class Deferred(device.Backend):
 
     contract_sum = contract_terms  # (the base class's run term by term through self.contract, queued here)
 
-    def symmetrize(self, out, axes):
-        self.queue.append(lambda: device.Backend.symmetrize(self, out, axes))
+    def symmetrize(self, out, axes, keep=()):
+        self.queue.append(lambda: device.Backend.symmetrize(self, out, axes, keep))
 
     def evaluate(self, tree, arrays, order, out):
         self.queue.append(lambda: device.Backend.evaluate(self, tree, arrays, order, out))
 
-    def fused(self, f, arrays, shape, out):
-        self.queue.append(lambda: device.Backend.fused(self, f, arrays, shape, out))
+    def fused(self, f, arrays, shape, out, within=()):
+        self.queue.append(lambda: device.Backend.fused(self, f, arrays, shape, out, within))
 
     def _read(self, dst, read) -> np.ndarray:
         host = np.empty(dst.shape, dst.dtype)

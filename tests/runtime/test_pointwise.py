@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from chainexec.planner import ordered
 from chainexec.runtime import pointwise
 
 
@@ -566,7 +567,12 @@ SYMMETRIZE_CASES = {
     "pairs float32": ((2, 2, 2, 9, 9, 9), PAIRS, [0, 1, 2, 3, 4, 5], np.float32),
     "two equal": ((2, 2, 3, 5, 5, 11), PAIRS[:2], [0, 1, 2, 3, 4, 5], np.float64),
     "transposed, fixed blocks": ((37, 37), [(0, 1), (1, 0)], [1, 0], np.float64),
+    "pairs, ordered": ((3, 3, 3, 9, 9, 9), PAIRS, [0, 1, 2, 3, 4, 5], np.float64, ((0, 1, 2),)),
+    "two equal, ordered": ((3, 3, 2, 5, 5, 11), PAIRS[:2], [0, 1, 2, 3, 4, 5], np.float64, ((0, 1),)),
+    "transposed, ordered": ((37, 37), [(0, 1), (1, 0)], [1, 0], np.float64, ((0, 1),)),
 }
+"""Per case: shape, axes, the view's storage order, dtype, and the groups of dimensions whose
+non-decreasing points alone are written (``keep``, :mod:`chainexec.planner.ordered`), if any."""
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -576,14 +582,20 @@ def test_symmetrize_in_place_equals_numpy(case, tmp_path):
     permuted views: ``pairs``, a diagonal (T) tile's six pair permutations over blocks of 8
     overhanging the extent 9; ``two equal``, a tile whose first two positions are equal; a
     square array stored transposed, whose diagonal blocks are their own images (each written
-    once). Nothing outside the view is written (NaN padding)."""
-    shape, axes, order, dtype = SYMMETRIZE_CASES[case]
+    once). With ``keep``, only the points whose coordinates are non-decreasing within its groups
+    are written, the others keep their values. Nothing outside the view is written (NaN
+    padding)."""
+    shape, axes, order, dtype, *keep = SYMMETRIZE_CASES[case]
+    keep = keep[0] if keep else ()
     rng = np.random.default_rng(len(case))
     big, view = _padded(rng, shape, order, dtype)
     want = sum(view.transpose(p) for p in axes)
+    if keep:
+        want = np.where(ordered.weights(shape, keep) > 0, want, view)
+        assert not np.allclose(want, sum(view.transpose(p) for p in axes))
     strides = element_strides(view)
     plan = pointwise.symmetrize_plan(shape, strides, tuple(axes), np.dtype(dtype).itemsize)
-    text = pointwise.symmetrize_source(shape, strides, tuple(axes), np.dtype(dtype).name, plan)
+    text = pointwise.symmetrize_source(shape, strides, tuple(axes), np.dtype(dtype).name, plan, keep)
     got = _emulated(tmp_path, text, "chainexec_symmetrize", [big], [_offset_of(big, view)], int(np.prod(plan.counts)))
     inner = tuple(slice(1, n - 1) for n in big.shape)
     outside = np.ones(got.shape, bool)
