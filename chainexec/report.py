@@ -52,7 +52,8 @@ def loop_nest(plan: Plan) -> str:
                 lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
                 walk(node.body, depth + 1)
             elif node.op == "compute":
-                marked = ("  (run symmetrized: one term per orbit where a permutation maps the tile onto itself)"
+                marked = ("  (run symmetrized: one term per orbit where a permutation maps the tile onto itself"
+                          + ("; written at the ordered elements" if node.ordered else "") + ")"
                           if node.symmetrized else "")
                 lines.append(f"{pad}compute #{node.contraction} @device{marked}")
             elif node.op == "fused":

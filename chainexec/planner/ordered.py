@@ -27,7 +27,10 @@ contraction it stands for ranging over all of them, with no loop between the sym
 the statement cutting them (the statement's ranges of the symmetric indices are the loop's
 tiles). The cost model counts its flops at the ordered points (:func:`points`), the executor
 counts the same and hands the groups to the backend (:func:`groups`); the bytes it reads are
-priced whole, as the executor counts them.
+priced whole, as the executor counts them. The counted flops are the work the GPU's orbit kernel
+does (it skips the other points); the NumPy backend and the plain reduction kernel evaluate every
+point and multiply by the weight, so for them the count is the work the plan asks for, not the
+work done.
 
 Its input then matters at the ordered elements only. A symmetrized run
 (:mod:`chainexec.planner.symmetry`) whose output only such reductions read, each at the element
@@ -42,9 +45,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 
+from chainexec import expr
 from chainexec.planner import inline
 from chainexec.planner.plan import Contraction, Loop, TensorInfo, ops
 
@@ -73,14 +78,18 @@ def points(sizes: dict[str, int], within: tuple[tuple[str, ...], ...]) -> int:
         ordered_count([sizes[i] for i in g]) for g in within)
 
 
+@lru_cache(maxsize=64)
 def weights(shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]) -> np.ndarray:
     """Per point of a tile of ``shape``: the number of distinct permutations of its coordinates
     within each group of dimensions of ``within`` (multiplied over the groups) where they are
     non-decreasing in every group, else 0. Extent 1 along the dimensions of no group (it
-    broadcasts over them). float64."""
+    broadcasts over them). float64, read-only: made once per shape and pattern (a Python loop
+    over the groups' points)."""
     grouped = sorted({d for g in within for d in g})
     if not grouped:
-        return np.ones((1,) * len(shape))
+        out = np.ones((1,) * len(shape))
+        out.flags.writeable = False
+        return out
     grid = np.indices([shape[d] for d in grouped]).reshape(len(grouped), -1).T
     where = {d: n for n, d in enumerate(grouped)}
     out = np.empty(len(grid))
@@ -93,7 +102,9 @@ def weights(shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]) -> np.n
                 break
             w *= math.factorial(len(g)) // math.prod(math.factorial(c) for c in Counter(values).values())
         out[row] = w
-    return out.reshape([shape[d] if d in where else 1 for d in range(len(shape))])
+    out = out.reshape([shape[d] if d in where else 1 for d in range(len(shape))])
+    out.flags.writeable = False
+    return out
 
 
 def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dict[str, TensorInfo]) -> bool:
@@ -102,7 +113,7 @@ def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dic
     indices, every contraction of it over all of them, no loop inside the symmetric one tiling
     them."""
     at = next((n for n, loop in enumerate(loops) if loop.symmetric), None)
-    if op.op != "fused" or at is None or op.indices:
+    if op.op != "fused" or at is None or op.indices or not op.group:
         return False
     sym = set(loops[at].symmetric)
     if set(tensors[op.tensor].symmetric) != sym:
@@ -118,7 +129,8 @@ def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contr
     ``symmetric``) may symmetrize its output at the ordered elements only: every other statement
     of ``body`` naming the output (loops inside included) is its allocation or release, a term
     writing it without reading it, or a reduction marked ordered (:func:`applies`) that reads it
-    with the symmetric indices where the buffer has them; at least one such reduction."""
+    with the symmetric indices where the buffer has them, also through its reused values (read
+    with the symmetric indices in place); at least one such reduction."""
     c = contractions[body[start].contraction]
     out, held = c.out, c.out_indices
     readers = 0
@@ -132,11 +144,16 @@ def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contr
                 return False
             continue
         if op.op == "fused":
-            refs = [r for r in inline.expression(op, contractions, tensors).leaves if r.tensor == out]
+            f = inline.expression(op, contractions, tensors)
+            refs = [r for r in f.leaves if r.tensor == out]
             if op.tensor == out or (refs and not op.ordered):
                 return False
             if any(r.indices[n] != i for r in refs for n, i in enumerate(held) if i in symmetric):
                 return False
+            lets = {name: own for name, own, _ in f.lets}
+            if any(r.indices[n] != i for r in expr.refs(f.tree) if r.tensor in lets
+                   for n, i in enumerate(lets[r.tensor]) if i in symmetric):
+                return False  # a reused value read at other symmetric positions than its own
             readers += bool(refs)
             continue
         if op.tensor == out:

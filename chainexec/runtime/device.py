@@ -306,7 +306,7 @@ class Backend:
             arrays |= {r: value for r in expr.refs(f.tree) if r.tensor == name}
         value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
         if within:
-            value = value * self.xp.asarray(ordered.weights(shape, within))
+            value = value * ordered.weights(shape, within)
         out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
 
     def symmetrize(self, out, axes, keep: tuple = ()) -> None:

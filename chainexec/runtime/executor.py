@@ -1032,10 +1032,7 @@ class Executor:
             f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
         arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves}
         out = self._view(op.tensor, op.indices)
-        within = ()
-        if op.ordered:  # the symmetric indices sharing a tile here (chainexec.planner.ordered)
-            within = ordered.groups(self.symmetric, symmetry.pattern_of([self._range("device", i)[0]
-                                                                         for i in self.symmetric]))
+        within = ordered.groups(self.symmetric, self._pattern()) if op.ordered else ()
         self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out,
                            tuple(tuple(f.domain.index(i) for i in g) for g in within))
         self._watch()
@@ -1078,10 +1075,8 @@ class Executor:
         # and written once per term, once for a point-wise run
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
-            keep = ()
-            if run[0].ordered:  # only ordered reductions read it (chainexec.planner.ordered)
-                keep = ordered.groups(self.symmetric, symmetry.pattern_of([self._range("device", i)[0]
-                                                                           for i in self.symmetric]))
+            # only ordered reductions read it (chainexec.planner.ordered)
+            keep = ordered.groups(self.symmetric, self._pattern()) if run[0].ordered else ()
             self.backend.symmetrize(out, axes, tuple(tuple(cs[0].out_indices.index(i) for i in g) for g in keep))
             moved += out.nbytes + out.itemsize * ordered.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self._watch()
@@ -1099,7 +1094,12 @@ class Executor:
         if key not in self.schedules:  # 0.17 ms a tile to ask again (11,480 tiles at o=40)
             self.schedules[key] = symmetry.schedule(cs, sym, free, self.plan.extents)
         taken = self.schedules[key]
-        return None if taken is None else taken[symmetry.pattern_of([self._range("device", i)[0] for i in sym])]
+        return None if taken is None else taken[self._pattern()]
+
+    def _pattern(self) -> tuple[int, ...]:
+        """The pattern of equal positions of the symmetric loop's tile tuple being run
+        (:func:`chainexec.planner.symmetry.pattern_of`; ``()`` outside such a loop)."""
+        return symmetry.pattern_of([self._range("device", i)[0] for i in self.symmetric or []])
 
 
 def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
