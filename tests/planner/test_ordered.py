@@ -122,7 +122,7 @@ def test_applies_only_to_full_symmetric_reductions_on_whole_tiles(op, loops, ten
 def test_the_triples_energy_and_w_run_are_marked(tmp_path):
     """The energy sums ordered elements; W's symmetrized run keeps them, as long as nothing but
     an ordered reduction reads W (:func:`ordered.keeps`: not once the energy is unmarked, nor
-    with W also accumulated)."""
+    with W also read by a contraction or accumulated)."""
     plan = api.plan(triples_config(tmp_path, "128KiB", nocc=7, nvir=6))
     marked = [op for nest in plan.nests for op, _ in ops(nest.body) if op.ordered]
     assert [(op.op, op.tensor or plan.contractions[op.contraction].out, op.symmetrized) for op in marked] == [
@@ -135,7 +135,10 @@ def test_the_triples_energy_and_w_run_are_marked(tmp_path):
     energy.ordered = None
     assert not ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
     energy.ordered = True
-    body.append(Op("accumulate", "device", "W", list("ijkabc")))
+    reader = Contraction(len(plan.contractions), "X", list("ijk"), "W", list("ijkabc"), None, None, 1.0, False, 0, 0)
+    body.append(Op("compute", "device", contraction=reader.id))
+    assert not ordered.keeps(body, start, sym, plan.contractions + [reader], plan.tensors)
+    body[-1] = Op("accumulate", "device", "W", list("ijkabc"))
     assert not ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
 
 
