@@ -61,6 +61,12 @@ def groups(symmetric: list[str], pattern: tuple[int, ...]) -> tuple[tuple[str, .
     return tuple(g for g in found if len(g) > 1)
 
 
+def dims(within: tuple[tuple[str, ...], ...], indices) -> tuple[tuple[int, ...], ...]:
+    """The groups of index names ``within`` as positions in ``indices`` (a buffer's or a domain's
+    order), as the backends take them."""
+    return tuple(tuple(list(indices).index(i) for i in g) for g in within)
+
+
 def ordered_count(extents: list[int]) -> int:
     """Non-decreasing tuples of elements of indices sharing one tile (``extents``: each one's
     elements there, all equal): ``C(s + g - 1, g)`` for ``g`` indices of ``s`` elements."""
@@ -120,7 +126,7 @@ def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dic
         return False
     if any(sym & set(loop.tiles) for loop in loops[at + 1:]):
         return False
-    return all(sym <= set(contractions[k].indices()) for k in op.group or [])
+    return all(sym <= set(contractions[k].indices()) for k in op.group)
 
 
 def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contraction],

@@ -1032,9 +1032,9 @@ class Executor:
             f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
         arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves}
         out = self._view(op.tensor, op.indices)
-        within = ordered.groups(self.symmetric, self._pattern()) if op.ordered else ()
+        within = self._equal_tiles() if op.ordered else ()
         self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out,
-                           tuple(tuple(f.domain.index(i) for i in g) for g in within))
+                           ordered.dims(within, f.domain))
         self._watch()
         self._count([self.plan.contractions[k] for k in op.group], within)
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
@@ -1075,9 +1075,8 @@ class Executor:
         # and written once per term, once for a point-wise run
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
-            # only ordered reductions read it (chainexec.planner.ordered)
-            keep = ordered.groups(self.symmetric, self._pattern()) if run[0].ordered else ()
-            self.backend.symmetrize(out, axes, tuple(tuple(cs[0].out_indices.index(i) for i in g) for g in keep))
+            keep = self._equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
+            self.backend.symmetrize(out, axes, ordered.dims(keep, cs[0].out_indices))
             moved += out.nbytes + out.itemsize * ordered.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self._watch()
         self._count(cs)
@@ -1100,6 +1099,11 @@ class Executor:
         """The pattern of equal positions of the symmetric loop's tile tuple being run
         (:func:`chainexec.planner.symmetry.pattern_of`; ``()`` outside such a loop)."""
         return symmetry.pattern_of([self._range("device", i)[0] for i in self.symmetric or []])
+
+    def _equal_tiles(self) -> tuple[tuple[str, ...], ...]:
+        """The symmetric indices that share a tile in the tuple being run, groups of two or more
+        (:func:`chainexec.planner.ordered.groups`)."""
+        return ordered.groups(self.symmetric or [], self._pattern())
 
 
 def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
