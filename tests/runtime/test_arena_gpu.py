@@ -1,6 +1,7 @@
 """The page-locked upload arena on a GPU: rows copied through it (in parts, around the ring) equal
 the host's, which may change once the upload returns; a (T) run whose inputs reach the device
-through it gives NumPy's energy with the bytes the plan predicts. Skipped without CuPy or a CUDA
+through it (their mapped tiles not locked in place, :mod:`chainexec.runtime.hostlock`) gives
+NumPy's energy with the bytes the plan predicts. Skipped without CuPy or a CUDA
 device."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tests.conftest import require_gpu, triples_config  # noqa: E402
 cupy = require_gpu()
 
 from chainexec.runtime import arena  # noqa: E402
+from chainexec.runtime.device import CupyBackend  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -52,6 +54,8 @@ def test_a_run_through_the_arena(tmp_path, monkeypatch):
         return taken[-1]
 
     monkeypatch.setattr(arena.Arena, "upload", spy)
+    # inputs mapped from their file are locked where they lie and skip the arena (hostlock.py)
+    monkeypatch.setattr(CupyBackend, "lock_host", lambda self, array: None)
     config = triples_config(tmp_path, "4GiB", nocc=8, nvir=48)
     result = api.run(config, backend="cupy")
     assert any(taken)

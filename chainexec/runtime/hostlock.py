@@ -1,0 +1,108 @@
+"""Host memory page-locked where it lies: an input's mapped tile DMA'd to the device directly.
+
+What: ``cudaHostRegister`` (read-only, portable) of host memory that a run only reads, namely an
+input's tile mapped from its file (:mod:`chainexec.runtime.mapped`), so that each copy of its rows
+to the device is one asynchronous DMA with no staging copy on the host. The executor begins
+locking a mapped tile on a thread of its own when it maps it
+(:meth:`chainexec.runtime.executor.Executor._lock`), and nothing waits for that: a copy made
+before the lock is done takes the arena's path. It unlocks the tile when the plan frees it. The
+unlock runs on another thread once the copies queued before it are done, and the mapping is let
+go only after that.
+
+Why: the other path for such rows is the page-locked arena (:mod:`chainexec.runtime.arena`).
+There the host copies them into page-locked memory over threads, which is the host's work on the
+main thread. In a fresh benzene-size (T) run (H100, 2026-11-28, ``torch.profiler``,
+``.gpurun/s28/tl_cli.py``) the device idled 28-41 ms in the first 60 ms of a 0.167-0.183 s
+executor, waiting for those copies and for the host work they delayed. Measured on the same host
+(``.gpurun/s28/reg.py``) with the 203 MB input file mapped:
+- registering it took 4.4-6.5 ms, also with 180 ms of work queued on the device (it does not wait
+  for the device, unlike ``cudaHostAlloc``);
+- one DMA from it took 3.7 ms (54.8 GB/s), against 15.9-16.4 ms through an arena-like ring (12.8 GB/s);
+- unregistering took about 11 ms per 203 MB, hence the separate thread.
+
+Only a run of plain host memory locks (:attr:`chainexec.runtime.device.CupyBackend.pinned` false:
+under :data:`~chainexec.runtime.device.PINNED_FROM_BYTES` moved). A larger run stages through its
+own page-locked buffers instead of holding tens of GB of page cache locked. Where registration
+fails (no support for read-only registration, no memory), the rows take the arena's path as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+READ_ONLY = 8
+"""``cudaHostRegisterReadOnly``: the pages are only read by the device. A read-only mapping
+cannot be registered otherwise (``cudaErrorInvalidValue`` without it, H100, 2026-11-28)."""
+PORTABLE = 1
+"""``cudaHostRegisterPortable``: page-locked for every CUDA context, whichever device the
+registering thread had current."""
+SMALLEST = 1 << 20
+"""Bytes below which a tile is not locked: its copies are small, and a registration costs a call."""
+
+
+class Locks:
+    """The host ranges this process has page-locked for one GPU: start address → (bytes, the
+    array, kept alive until unlocked so that its mapping outlives the registration)."""
+
+    def __init__(self, cupy):
+        self.xp = cupy
+        self.device = cupy.cuda.Device().id
+        self._spans: dict[int, tuple[int, np.ndarray]] = {}
+        self._guard = threading.Lock()
+        self._unlocking: list[Future] = []
+        self._pool: ThreadPoolExecutor | None = None
+
+    def lock(self, array: np.ndarray) -> int | None:
+        """Page-lock the C-contiguous host ``array`` in place (from any thread); its address as the
+        handle for :meth:`unlock`, or None where it was not locked (too small, not contiguous, or
+        refused by the driver). ``array`` must not change until unlocked."""
+        if array.nbytes < SMALLEST or not array.flags.c_contiguous:
+            return None
+        self.settle()  # an earlier run's unlock of the same addresses is done
+        ptr = array.ctypes.data
+        runtime = self.xp.cuda.runtime
+        try:
+            with self.xp.cuda.Device(self.device):
+                runtime.hostRegister(ptr, array.nbytes, READ_ONLY | PORTABLE)
+        except runtime.CUDARuntimeError:
+            return None
+        with self._guard:
+            self._spans[ptr] = (array.nbytes, array)
+        return ptr
+
+    def holds(self, host: np.ndarray) -> bool:
+        """Whether all of ``host`` lies in memory locked here."""
+        lo = host.ctypes.data
+        hi = lo + host.nbytes
+        with self._guard:
+            return any(p <= lo and hi <= p + n for p, (n, _) in self._spans.items())
+
+    def unlock(self, handle: int, after: list) -> None:
+        """Unregister the range :meth:`lock` returned ``handle`` for, on a thread of its own, once
+        the CUDA events ``after`` (marking the last copies that may read it) are reached; the
+        array is let go after that."""
+        with self._guard:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="chainexec-unlock")
+        self._unlocking.append(self._pool.submit(self._unregister, handle, after))
+
+    def _unregister(self, handle: int, after: list) -> None:
+        for event in after:
+            event.synchronize()
+        with self.xp.cuda.Device(self.device):
+            self.xp.cuda.runtime.hostUnregister(handle)
+        with self._guard:
+            del self._spans[handle]
+
+    def settle(self) -> None:
+        """Wait for the unlocks queued so far (an unlock's error is raised here)."""
+        while self._unlocking:
+            self._unlocking.pop(0).result()
+
+    def count(self) -> int:
+        """Ranges locked now."""
+        with self._guard:
+            return len(self._spans)
