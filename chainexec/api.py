@@ -109,6 +109,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     try:
         try:
             measured = executor.run()
+            chosen.settle_locks()  # the unlocks of host memory the run locked (begun beside its end)
             uselog.flush()  # the first uses of this run, for the next run's warm-up
         except ChainexecError as err:
             if err.path is not None:

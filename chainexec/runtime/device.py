@@ -212,24 +212,34 @@ class Backend:
         is room for a contraction's temporaries. Here device memory is host memory, whose
         temporaries the plan does not budget."""
 
+    def locks_host(self) -> bool:
+        """Whether :meth:`lock_host` may lock anything in this run (here: no, device memory is
+        host memory), so that a thread for it is worth starting."""
+        return False
+
     def lock_host(self, array: np.ndarray):
         """Page-lock the host ``array`` where it lies (an input's tile that the run only reads), so
         that :meth:`fetch` copies its rows to the device without staging them; callable from any
-        thread. A handle for :meth:`unlock_host`, or None where nothing was done (here: device
-        memory is host memory). ``array`` must not change until it is unlocked."""
+        thread. A handle for :meth:`unlock_host`, or None where nothing was done. ``array`` must
+        not change until it is unlocked."""
         return None
 
     def unlock_host(self, handle) -> None:
         """Undo :meth:`lock_host` (``handle``: what it returned, not None) once the copies handed
         to the backend so far are done; the array may be let go at once."""
 
+    def settle_locks(self) -> None:
+        """Return once every :meth:`unlock_host` handed over so far is done (after the executor:
+        the unlocks run beside the end of a run)."""
+
     def fetch(self, dst, read, view=None) -> None:
         """Fill the device buffer ``dst`` from a host source: ``read(rows, out)`` writes rows
         ``rows`` (a slice of ``dst``'s first axis; None for a 0-d buffer: all of it) into the
         C-contiguous host array ``out``; ``view(rows)``, where given, returns those rows as a
         C-contiguous array in host memory if the source holds them so, else None (a backend
-        may copy from there instead of reading them into a buffer of its own). Here the source
-        is read straight into ``dst``."""
+        may copy from there instead of reading them into a buffer of its own). Every read is
+        done before it returns, except from memory locked by :meth:`lock_host`, which the device
+        may read until :meth:`unlock_host`. Here the source is read straight into ``dst``."""
         read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
 
     def fetch_aside(self, dst, read, after=None, view=None) -> None:
@@ -667,8 +677,7 @@ class CupyBackend(Backend):
         self._small = None  # the stream that delivers them, made on first use
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
-        self._locks: hostlock.Locks | None = None  # host memory locked in place, made on first use
-        self._making_locks = threading.Lock()  # lock_host runs on the disk worker
+        self._locks: hostlock.Locks | None = None  # host memory locked in place (a run of plain memory)
 
     @property
     def out_of_memory(self) -> type[BaseException]:
@@ -747,15 +756,14 @@ class CupyBackend(Backend):
             done[n % 2] = stream.record()
         stream.synchronize()
 
+    def locks_host(self) -> bool:
+        """As :meth:`Backend.locks_host`: in a run of plain host memory (not :attr:`pinned`)."""
+        return self._locks is not None
+
     def lock_host(self, array: np.ndarray) -> int | None:
         """As :meth:`Backend.lock_host`: registered with CUDA (:mod:`chainexec.runtime.hostlock`),
         in a run of plain host memory only (not :attr:`pinned`)."""
-        if self.pinned:
-            return None
-        with self._making_locks:
-            if self._locks is None:
-                self._locks = hostlock.Locks(self.xp)
-        return self._locks.lock(array)
+        return None if self._locks is None else self._locks.lock(array)
 
     def unlock_host(self, handle: int) -> None:
         """As :meth:`Backend.unlock_host`: unregistered on a thread of its own once the copies
@@ -765,6 +773,10 @@ class CupyBackend(Backend):
         if self._aside is not None:
             after.append(self._aside.record())
         self._locks.unlock(handle, after)
+
+    def settle_locks(self) -> None:
+        if self._locks is not None:
+            self._locks.settle()
 
     def fetch_aside(self, dst, read, after=None, view=None) -> None:
         """As :meth:`Backend.fetch_aside`: :meth:`fetch` on a second stream, which the current one
@@ -964,8 +976,10 @@ class CupyBackend(Backend):
 
     def expect_transfers(self, nbytes: int) -> None:
         """Use page-locked host buffers only if this rank will move at least
-        :data:`PINNED_FROM_BYTES` between host and device in the run."""
+        :data:`PINNED_FROM_BYTES` between host and device in the run; otherwise inputs may be
+        locked where they lie (:meth:`lock_host`), from this thread's device."""
         self.pinned = nbytes >= PINNED_FROM_BYTES
+        self._locks = None if self.pinned else hostlock.Locks(self.xp)
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_terms`, in one generated point-wise kernel

@@ -198,6 +198,8 @@ class Executor:
                     self._report(k)
         finally:
             self.disk.close()
+            for key in list(self.locking):  # a failed run's: nothing stays locked behind it
+                self._unlock(key)
             if self.locker is not None:
                 self.locker.shutdown()
         if self.progress is not None:
@@ -389,17 +391,24 @@ class Executor:
         (:meth:`Backend.lock_host`) on a thread of its own, so that its gets become DMAs from the
         file's pages. Nothing waits for it: a get before it is done takes the backend's other
         path (benzene's 203 MB took 4-7 ms to lock on the H100 host, 2026-11-28)."""
+        if not self.backend.locks_host():
+            return
         if self.locker is None:
             self.locker = ThreadPoolExecutor(1, thread_name_prefix="chainexec-lock")
         self.locking[key] = self.locker.submit(self.backend.lock_host, ga.local())
 
-    def _free_global(self, key: tuple, ga) -> None:
-        """Let the global buffer ``key`` go, unlocked first where it was locked (the unlock waits
-        for the copies queued from it; the mapping outlives it)."""
+    def _unlock(self, key: tuple) -> None:
+        """Unlock the global buffer ``key`` where :meth:`_lock` locked it, once the lock is done
+        (the unlock waits for the copies queued from it; the mapping outlives it). A lock that
+        failed left the buffer unlocked: its gets took the other path, and nothing is undone."""
         locking = self.locking.pop(key, None)
-        handle = None if locking is None else locking.result()
+        handle = None if locking is None or locking.exception() is not None else locking.result()
         if handle is not None:
             self.backend.unlock_host(handle)
+
+    def _free_global(self, key: tuple, ga) -> None:
+        """Let the global buffer ``key`` go, unlocked first (:meth:`_unlock`)."""
+        self._unlock(key)
         ga.free()
 
     def _read_fresh(self, tensor: str, version: int, part, out: np.ndarray) -> None:

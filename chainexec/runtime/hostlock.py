@@ -5,9 +5,11 @@ input's tile mapped from its file (:mod:`chainexec.runtime.mapped`), so that eac
 to the device is one asynchronous DMA with no staging copy on the host. The executor begins
 locking a mapped tile on a thread of its own when it maps it
 (:meth:`chainexec.runtime.executor.Executor._lock`), and nothing waits for that: a copy made
-before the lock is done takes the arena's path. It unlocks the tile when the plan frees it. The
+before the lock is done takes the backend's other path (the arena, or the driver's staging where
+no warm-up made one). It unlocks the tile when the plan frees it, or when the run fails. The
 unlock runs on another thread once the copies queued before it are done, and the mapping is let
-go only after that.
+go only after that; the run's caller waits for the unlocks after the executor
+(:meth:`Locks.settle`, from :func:`chainexec.api.run`).
 
 Why: the other path for such rows is the page-locked arena (:mod:`chainexec.runtime.arena`).
 There the host copies them into page-locked memory over threads, which is the host's work on the
@@ -29,6 +31,7 @@ fails (no support for read-only registration, no memory), the rows take the aren
 from __future__ import annotations
 
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -44,8 +47,9 @@ SMALLEST = 1 << 20
 
 
 class Locks:
-    """The host ranges this process has page-locked for one GPU: start address → (bytes, the
-    array, kept alive until unlocked so that its mapping outlives the registration)."""
+    """The host ranges a backend has page-locked: start address → (bytes, the array, kept alive
+    until unlocked so that its mapping outlives the registration). Made on the thread that drives
+    the backend's GPU, whose device the other threads' calls then use."""
 
     def __init__(self, cupy):
         self.xp = cupy
@@ -61,7 +65,6 @@ class Locks:
         refused by the driver). ``array`` must not change until unlocked."""
         if array.nbytes < SMALLEST or not array.flags.c_contiguous:
             return None
-        self.settle()  # an earlier run's unlock of the same addresses is done
         ptr = array.ctypes.data
         runtime = self.xp.cuda.runtime
         try:
@@ -90,19 +93,21 @@ class Locks:
         self._unlocking.append(self._pool.submit(self._unregister, handle, after))
 
     def _unregister(self, handle: int, after: list) -> None:
+        """Where the driver refuses, the range stays in the registry (its mapping is kept rather
+        than unmapped while locked) and a warning says so: the run's results stand."""
         for event in after:
             event.synchronize()
-        with self.xp.cuda.Device(self.device):
-            self.xp.cuda.runtime.hostUnregister(handle)
+        runtime = self.xp.cuda.runtime
+        try:
+            with self.xp.cuda.Device(self.device):
+                runtime.hostUnregister(handle)
+        except runtime.CUDARuntimeError as err:
+            warnings.warn(f"chainexec: host memory at {handle:#x} stays page-locked ({err})", RuntimeWarning)
+            return
         with self._guard:
             del self._spans[handle]
 
     def settle(self) -> None:
-        """Wait for the unlocks queued so far (an unlock's error is raised here)."""
+        """Wait for the unlocks queued so far."""
         while self._unlocking:
             self._unlocking.pop(0).result()
-
-    def count(self) -> int:
-        """Ranges locked now."""
-        with self._guard:
-            return len(self._spans)
