@@ -1296,7 +1296,7 @@ class CupyBackend(Backend):
                 gp = self._problem(c, out, a, b)
                 fallback = ("direct", None) if gp is None else ("gett", {"order": gp[1][0][0], **asdict(gp[1][0][1])})
                 self._run(fallback, c, out, a, b, fresh)
-                self.choices[self._key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
+                self.choices[self._kept_key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
         pool = self.xp.get_default_memory_pool()
         if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
             # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB in the
@@ -1480,17 +1480,14 @@ class CupyBackend(Backend):
         ``CHAINEXEC_GPU_METHOD``, else read from the tuning cache, else timed (the model
         proposes the GETT configurations; the fastest candidate wins) and recorded. Large
         operands are timed on a probe (:func:`_probe`): the same strides over fewer elements."""
-        key = self._key(c, out, a, b)
-        choice = self.choices.get(key)
+        kept = self._kept_key(c, out, a, b)
+        choice = self.choices.get(kept)
         if choice is None:
             if self.method not in ("auto", "split", "stack"):  # a forced split or stack tunes the terms as auto
                 cands = self._candidates(c, out, a, b)
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:
-                # a choice made within a plan's room is kept under that room: a run that leaves
-                # more memory tunes again rather than reading a narrower choice
-                kept = key if self.workspace is None else key + (self.workspace,)
                 choice = self.tuning.get(kept)
                 if choice is None:
                     self._drop_kept()  # no relayout copy of an earlier term held while tuning this one
@@ -1511,8 +1508,20 @@ class CupyBackend(Backend):
                     # not needed again: left there they held the pool 1 GB above the plan's
                     # buffers in the first out-of-core four-index run
                     self.xp.get_default_memory_pool().free_all_blocks()
-            self.choices[key] = choice
+            self.choices[kept] = choice
         return choice.method, choice.config
+
+    def _kept_key(self, c: Contraction, out, a, b) -> tuple:
+        """The key a method choice is kept under, in this process and in the tuning cache alike:
+        :meth:`_key` and the room the plan leaves now (:attr:`workspace`). A choice made within
+        less room is not read where a run leaves more: it tunes again. Until 2026-11-28 the
+        process kept its choices without the room. The (T) W stacks' contractions, tuned first
+        while the stack itself was timed (the room less a scratch tile), were then run from
+        that in-process choice, never under the room they run in. So the next process tuned
+        them again: 1.5-1.8 s of executor in the run after a cold one, against 0.16-0.20 s in
+        later runs (H100, benzene-size (T), 2026-11-28)."""
+        key = self._key(c, out, a, b)
+        return key if self.workspace is None else key + (self.workspace,)
 
     def _fits(self, method: str, tile: tuple, probe: tuple) -> bool:
         """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing

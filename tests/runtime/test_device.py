@@ -9,6 +9,7 @@ float64), host round trips, and ``select``'s errors.
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -242,3 +243,70 @@ def test_gemm_scalars_by_address_unless_the_binding_takes_values():
     keep, one, two = device.gemm_scalars(by_address, 1.5, 0.0, np.float64)
     assert (one, two) == (keep.ctypes.data, keep.ctypes.data + 8) and keep.tolist() == [1.5, 0.0]
     assert device.gemm_scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
+
+
+class _Pool:
+    """CuPy's memory pool as the autotuner asks it, holding nothing."""
+
+    def total_bytes(self):
+        return 0
+
+    def free_bytes(self):
+        return 0
+
+    def free_all_blocks(self):
+        pass
+
+
+class _Timed(device.CupyBackend):
+    """The CuPy backend's autotuner on NumPy arrays with its GPU parts stood in for: every
+    contraction runs as nothing, TTGT times faster than einsum, and a run of terms takes a
+    millisecond whichever way (so stacking them wins: fewer of them)."""
+
+    def _candidates(self, c, out, a, b):
+        return {"ttgt": None, "einsum": None}
+
+    def _time(self, how, c, out, a, b):
+        return {"ttgt": 1.0, "einsum": 2.0}[how[0]]
+
+    def _timed(self, run):
+        run()
+        return 0.001
+
+    def _run(self, how, c, out, a, b, fresh=False):
+        pass
+
+
+def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypatch):
+    """Three processes in turn, each adding the (T) W tile's twelve terms (stacked in pairs) into
+    two tiles of one shape within the plan's room: the first tunes and keeps every choice under
+    the key the next looks up, so the second and the third tune nothing. Until 2026-11-28 the
+    stacks' contractions were kept only under the room of their timing (less a scratch tile):
+    the second process tuned those six again (1.5-1.8 s of a benzene (T) executor on an H100)."""
+    from chainexec.planner import kernelconf
+    from chainexec.runtime import kernels
+    from tests.planner.test_sumkernel import W_TERMS
+
+    folder = tmp_path / "tuning"
+    monkeypatch.setattr(device.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", folder)))
+    monkeypatch.setattr(kernelconf.Device, "from_cupy", classmethod(lambda cls: cls.H100()))
+    monkeypatch.setattr(kernels, "precompile", lambda *args, **kw: None)
+    monkeypatch.setattr(device, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
+    xp = types.SimpleNamespace(zeros=np.zeros, empty=np.empty, ndarray=np.ndarray, multiply=np.multiply,
+                               get_default_memory_pool=_Pool,
+                               cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)))
+    extent = dict(i=4, j=4, k=4, a=10, b=10, c=10, f=10, m=8)
+    cs = [Contraction(n, "W", list("ijkabc"), "ovvv" if n < 6 else "ovoo", list(a), "t2", list(b), f, n > 0, 0, n)
+          for n, (a, b, f) in enumerate(W_TERMS)]
+    rng = np.random.default_rng(3)
+    operands = [(rng.random([extent[i] for i in c.a_indices]), rng.random([extent[i] for i in c.b_indices])) for c in cs]
+    tuned = []
+    for process in range(3):
+        backend = _Timed(xp)
+        backend.limit_memory(40 << 30, 1 << 30)
+        put = backend.tuning.put
+        monkeypatch.setattr(backend.tuning, "put", lambda key, choice, put=put, n=process: tuned.append(n) or put(key, choice))
+        for _ in range(2):
+            backend.contract_sum(cs, np.zeros([extent[i] for i in "ijkabc"]), operands, fresh=True)
+        assert [ch.method for key, ch in backend.choices.items() if key[0] == "sum"] == ["stack"]
+    assert tuned.count(0) > 12 and tuned.count(1) == tuned.count(2) == 0

@@ -229,7 +229,7 @@ def test_relayout_copy_kept_from_term_to_term(monkeypatch):
         W = cupy.zeros((1, 1, 1, v, v, v))
         be.contract_sum(cs, W, ops)
         assert np.linalg.norm(cupy.asnumpy(W) - ref) / np.linalg.norm(ref) <= 1e-12
-        assert [be.choices[be._key(cs[k], W, *ops[k])].method for k in (4, 5)] == ["relayout"] * 2
+        assert [be.choices[be._kept_key(cs[k], W, *ops[k])].method for k in (4, 5)] == ["relayout"] * 2
         assert copied.count(slice_k) == 1
     copied.clear()
     be._time(("relayout", None), cs[4], W, *ops[4])
