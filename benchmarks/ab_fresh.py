@@ -7,7 +7,9 @@ side first makes its kernel cache in one cold run (or, with ``--share-cache``, t
 makes it and the others start from a copy of it, so that every side runs the same autotuner
 choices). Then every round runs each side once, in turn, the order reversed every other round.
 The script prints, and writes to OUT/summary.json, per side: the executor seconds of each round
-(the report's ``run.phases.executor``), their median, minimum and maximum over the rounds kept,
+(the report's ``run.phases.executor``) and the autotuner decisions each round added to its cache
+(none once the cache has seen the job: until c1812f1 the round after a cold one tuned again),
+their median, minimum and maximum over the rounds kept,
 whether every measured count equals the prediction, the outputs' scalar values, and, where an
 input file carries PySCF's (T) energy and seconds (``chainexec chem``), the ratio of PySCF's (T)
 seconds to the median and each side's energy minus PySCF's.
@@ -72,15 +74,23 @@ def imported(code: Path, cache: Path, cwd: Path) -> str:
     return out.stdout.strip()
 
 
+def decisions(cache: Path) -> int:
+    """The autotuner's decisions kept in a kernel cache (files of its ``tuning/`` folder)."""
+    folder = cache / "tuning"
+    return sum(1 for _ in folder.glob("*.json")) if folder.is_dir() else 0
+
+
 def run(code: Path, cache: Path, config: Path, report: Path, args, cwd: Path) -> dict:
-    """One fresh ``chainexec run`` of ``config``; its report."""
+    """One fresh ``chainexec run`` of ``config``; its report, with the autotuner decisions it
+    added to the kernel cache (``tuned``: none, once the cache has seen the job)."""
+    before = decisions(cache)
     command = [sys.executable, "-m", "chainexec.cli", "run", str(config), "--backend", args.backend, "--quiet",
                "--report-json", str(report)] + (["--machine", args.machine] if args.machine else [])
     done = subprocess.run(command, cwd=cwd, env=environment(code, cache), capture_output=True, text=True,
                           timeout=args.timeout)
     if done.returncode != 0:
         raise SystemExit(f"ab_fresh: {report.stem} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return json.loads(report.read_text())
+    return json.loads(report.read_text()) | {"tuned": decisions(cache) - before}
 
 
 def outputs(config: Path) -> dict[str, float]:
@@ -114,7 +124,8 @@ def summarize(reports: dict[str, list[dict]], values: dict[str, dict], reference
     for name, reps in reports.items():
         seconds = [r["run"]["phases"]["executor"] for r in reps]
         kept = seconds[skip:]
-        side = {"executor_s": [round(s, 4) for s in seconds], "rounds_kept": len(kept),
+        side = {"executor_s": [round(s, 4) for s in seconds], "tuned": [r["tuned"] for r in reps],
+                "rounds_kept": len(kept),
                 "median_s": round(statistics.median(kept), 4), "min_s": round(min(kept), 4),
                 "max_s": round(max(kept), 4),
                 "measured_equals_predicted": all(r["measured"][k] == r["predicted"][k] for r in reps for k in COUNTS),

@@ -19,6 +19,15 @@ ab_fresh = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ab_fresh)
 
 
+def test_decisions_count_the_tuning_files(tmp_path):
+    assert ab_fresh.decisions(tmp_path) == 0
+    (tmp_path / "tuning").mkdir()
+    for n in range(3):
+        (tmp_path / "tuning" / f"{n}.json").write_text("{}")
+    (tmp_path / "tuning" / "x.tmp").write_text("")
+    assert ab_fresh.decisions(tmp_path) == 3
+
+
 def test_two_copies_alternate_and_agree(tmp_path, capsys):
     config = triples_config(tmp_path / "job", "1GiB", 3, 7)
     for name in ("a", "b"):
@@ -32,6 +41,7 @@ def test_two_copies_alternate_and_agree(tmp_path, capsys):
     expected = ccsd_t_energy(tmp_path / "job" / "inputs.h5")
     for side in summary.values():
         assert len(side["executor_s"]) == 2 and side["rounds_kept"] == 1
+        assert side["tuned"] == [0, 0]  # NumPy keeps no decisions
         assert side["median_s"] == side["executor_s"][1] and side["measured_equals_predicted"]
         assert abs(side["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
     assert json.loads((tmp_path / "ab" / "summary.json").read_text()) == summary
