@@ -103,19 +103,28 @@ def test_triples_with_inputs_mapped_or_read(tmp_path, monkeypatch, layout):
     loaded = []
     populate = MappedArray.populate
     monkeypatch.setattr(MappedArray, "populate", lambda self, rows: loaded.append(rows.nbytes) or populate(self, rows))
+    _run_equals_reference(config)
+    assert bool(loaded) == (layout == "contiguous")
+    if loaded:  # every 4-index input's bytes loaded through the mapping
+        assert sum(loaded) >= sum(_four_index_inputs(config))
+
+
+def _run_equals_reference(config) -> None:
+    """A NumPy run of the (T) ``config``: E(T) equals the independent reference (chainexec.chem.
+    triples) within 1e-12, and every count equals the prediction."""
     result = api.run(config, backend="numpy")
-    with h5py.File(tmp_path / "energy.h5", "r") as f:
+    with h5py.File(config.parent / "energy.h5", "r") as f:
         got = float(f["E"][()])
-    expected = ccsd_t_energy(tmp_path / "inputs.h5")
+    expected = ccsd_t_energy(config.parent / "inputs.h5")
     assert abs(got - expected) <= 1e-12 * abs(expected)
     for key in ("bytes", "flops", "statements", "streamed", "memory_peak"):
         assert result["measured"][key] == result["predicted"][key], key
-    assert bool(loaded) == (layout == "contiguous")
-    if loaded:  # every 4-index input's bytes loaded through the mapping
-        plan = api.plan(config)
-        four = sum(t.itemsize * int(np.prod(t.shape)) for t in plan.tensors.values()
-                   if t.role == "input" and len(t.shape) == 4)
-        assert sum(loaded) >= four
+
+
+def _four_index_inputs(config) -> list[int]:
+    """Bytes of each 4-index input of ``config`` (the (T) tiles a mapping holds)."""
+    plan = api.plan(config)
+    return [t.itemsize * int(np.prod(t.shape)) for t in plan.tensors.values() if t.role == "input" and len(t.shape) == 4]
 
 
 class Locking(Backend):
@@ -176,17 +185,9 @@ def test_mapped_tiles_locked_on_a_thread_until_freed(tmp_path, monkeypatch, end)
         with pytest.raises(RuntimeError, match="a statement failed"):
             api.run(config, backend="numpy")
     else:
-        result = api.run(config, backend="numpy")
-        with h5py.File(tmp_path / "energy.h5", "r") as f:
-            got = float(f["E"][()])
-        expected = ccsd_t_energy(tmp_path / "inputs.h5")
-        assert abs(got - expected) <= 1e-12 * abs(expected)
-        for key in ("bytes", "flops", "statements", "streamed", "memory_peak"):
-            assert result["measured"][key] == result["predicted"][key], key
+        _run_equals_reference(config)
         assert sum(backend.fetched.values()) > 0
-    plan = api.plan(config)
-    four = {t.itemsize * int(np.prod(t.shape)) for t in plan.tensors.values() if t.role == "input" and len(t.shape) == 4}
-    assert four <= {n for n, _ in backend.locks}  # every 4-index input's whole tile
+    assert set(_four_index_inputs(config)) <= {n for n, _ in backend.locks}  # every 4-index input's whole tile
     assert all(name.startswith("chainexec-lock") for _, name in backend.locks)
     assert sorted(backend.unlocked) == list(range(len(backend.locks))) and not backend.live
 
