@@ -896,21 +896,23 @@ class CupyBackend(Backend):
         (:func:`chainexec.runtime.pointwise.orbit_reduce`). ``within``'s weights are one more input
         the reduction multiplies by (made once per process and shape, outside the plan's device
         memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero."""
-        weight = [_weights(self.xp, shape, within)] if within else []
-        if f.lets:
+        views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays]
+        if f.lets:  # only full reductions reuse values (chainexec.planner.inline)
             codes, code, perms = _orbit_codes(f, tuple(arrays))
-            views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays] + weight
-            code, skip = (f"({code}) * p{len(arrays)}", len(arrays)) if weight else (code, None)
-            out += pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name,
-                                          skip).astype(out.dtype)
-            return
-        code, views = self._expression(f.tree, arrays, f.domain)
-        if f.reduce:
-            if weight:
-                code, views = f"({code}) * p{len(views)}", views + weight
-            out += pointwise.reduce(self.xp, code, views, shape).astype(out.dtype)
         else:
+            code = _c_code(f.tree, tuple(arrays))
+        if not f.reduce:
             pointwise.launch(self.xp, f"y + {code}", views, out)
+            return
+        skip = None
+        if within:
+            code, skip = f"({code}) * p{len(views)}", len(views)
+            views.append(_weights(self.xp, shape, within))
+        if f.lets:
+            total = pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, skip)
+        else:  # no block structure: the weight is multiplied by, nothing skipped
+            total = pointwise.reduce(self.xp, code, views, shape)
+        out += total.astype(out.dtype)
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""

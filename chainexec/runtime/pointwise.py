@@ -546,11 +546,11 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     blocks into shared memory, then sums ``code`` over the same points, reading them there, and
     writes ``partial[b]`` (threads' sums in a fixed order, as :func:`reduce_source`). Every point
     lies in one block of one orbit, and a permuted point in a block of the same orbit, so every
-    reused value is computed once and never stored outside shared memory. ``strides``: each input's over ``shape``;
-    ``types``: the inputs' dtypes, then the reused values'. ``skip``: an input that does not vary
-    along the permuted dimensions (a weight ``code`` multiplies by): a block where it is zero
-    writes 0 and computes nothing (:mod:`chainexec.planner.ordered`: 41 % of the (T) energy's
-    blocks at benzene's tiles)."""
+    reused value is computed once and never stored outside shared memory. ``strides``: each
+    input's over ``shape``; ``types``: the inputs' dtypes, then the reused values'. ``skip``: an
+    input ``code`` multiplies by (a weight); where it does not vary along the permuted dimensions,
+    a block where it is zero writes 0 and computes nothing (:mod:`chainexec.planner.ordered`: 41 %
+    of the (T) energy's blocks at benzene's tiles); where it does, it is only multiplied by."""
     for text in lets + (code,):
         _code_check(text)
     moved, edge, s = plan.moved, plan.edge, len(plan.moved)
@@ -566,9 +566,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
               f"  unsigned long long rest = blockIdx.x / {plan.count}u;"]
     lines += [f"  const {index} c{d} = ({index})(rest % {shape[d]}ull); rest /= {shape[d]}ull;"
               for d in reversed(range(len(shape))) if d not in moved and shape[d] > 1]
-    if skip is not None:
-        if any(strides[skip][d] for d in moved):
-            raise ValueError(f"input {skip} varies along a permuted dimension: no block can be skipped")
+    if skip is not None and not any(strides[skip][d] for d in moved):
         lines += [f"  if (P{skip}[{_offset(strides[skip])}] == 0) {{",
                   "    if (threadIdx.x == 0) Y[blockIdx.x] = 0.0;",
                   "    return;",
@@ -802,8 +800,6 @@ def _orbit_prepared(lets: tuple[str, ...], code: str, reads: tuple[tuple[int, tu
                     skip: int | None = None):
     """The :class:`Orbits`, source and grid of one orbit kernel, made once per process."""
     plan = orbits(shape, [p for _, p in reads], len(lets), 8 if types[-1] == "float64" else 4)
-    if skip is not None and any(strides[skip][d] for d in plan.moved):
-        skip = None  # a weight along a permuted dimension: multiplied by, no block skipped
     grid = plan.count * math.prod(n for d, n in enumerate(shape) if d not in plan.moved)
     return plan, orbit_source(lets, code, tuple(j for j, _ in reads), shape, list(strides), types, plan, skip), grid
 

@@ -449,14 +449,16 @@ def test_orbit_reads_must_permute_dimensions_of_one_extent():
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
-@pytest.mark.parametrize("case", ["energy", "weighted", "two values", "float32"])
+@pytest.mark.parametrize("case", ["energy", "weighted", "weighted along a", "two values", "float32"])
 def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
     """The orbit kernel, run on the CPU, against NumPy. ``energy``: the (T) energy's shape, a
     reused value Z = W + 0.5·s[c, a]·e[b] (a small input read across c, a broadcast one) read at
     the six permutations of (a, b, c) over blocks of 8 overhanging the extent 19, with x = 2 one
     orbit grid per point. ``weighted``: the same at x = 3 times a weight over x of 2, 0 and 1
     that skips the blocks where it is zero (``skip``, :mod:`chainexec.planner.ordered`), W being
-    NaN there: a block that computed anything would make the sum NaN. ``two values``: two reused
+    NaN there: a block that computed anything would make the sum NaN. ``weighted along a``: a
+    weight over a, a permuted dimension, zero for some a: no block is skipped (a block holds
+    points of several weights), the weight only multiplied by. ``two values``: two reused
     values over (a, b) blocks of 16 overhanging 20, one read transposed; ``float32``: the same in
     single precision (values kept as float)."""
     if wide:
@@ -464,7 +466,7 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
     rng = np.random.default_rng(7)
     dtype = np.float32 if case == "float32" else np.float64
     skip = None
-    if case in ("energy", "weighted"):
+    if case in ("energy", "weighted", "weighted along a"):
         x, n = (2, 19) if case == "energy" else (3, 19)
         shape = (x, n, n, n)
         w_big, w_off, w = _stored(rng, shape, [0, 1, 2, 3])
@@ -487,6 +489,14 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
             buffers.append(weight)
             offsets.append(0)
             code, skip = f"({code}) * p3", 3
+        if case == "weighted along a":
+            weight = rng.integers(0, 3, n).astype(np.float64)
+            weight[2] = 0.0
+            ref = np.sum(terms * weight[None, :, None, None])
+            views_.append(weight[None, :, None, None])
+            buffers.append(weight)
+            offsets.append(0)
+            code, skip = f"({code}) * p3", 3
     else:
         shape = (3, 20, 20)
         a_big, a_off, a = _stored(rng, shape, [2, 0, 1], dtype)
@@ -501,7 +511,7 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
     strides = [element_strides(v) for v in views_]
     types = tuple(np.dtype(v.dtype).name for v in views_) + (np.dtype(dtype).name,)
     plan = pointwise.orbits(shape, [p for _, p in reads], len(lets), np.dtype(dtype).itemsize)
-    assert plan.edge == (8 if case in ("energy", "weighted") else 16)
+    assert plan.edge == (16 if case in ("two values", "float32") else 8)
     text = pointwise.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan, skip)
     assert ("long long" if wide else "const int c") in text
     table = np.array(pointwise.orbit_table(-(-shape[plan.moved[0]] // plan.edge), plan.perms)[0], np.int32)
