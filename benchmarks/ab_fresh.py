@@ -7,7 +7,9 @@ side first makes its kernel cache in one cold run (or, with ``--share-cache``, t
 makes it and the others start from a copy of it, so that every side runs the same autotuner
 choices). Then every round runs each side once, in turn, the order reversed every other round.
 The script prints, and writes to OUT/summary.json, per side: the executor seconds of each round
-(the report's ``run.phases.executor``) and the autotuner decisions each round added to its cache
+(the report's ``run.phases.executor``), the process's wall seconds (end to end: the interpreter's
+start, imports, planning, the backend's start, the executor, the outputs; ``api.run``'s share as
+``run_median_s``) and the autotuner decisions each round added to its cache
 (none once the cache has seen the job: until c1812f1 the round after a cold one tuned again),
 their median, minimum and maximum over the rounds kept,
 whether every measured count equals the prediction, the outputs' scalar values, and, where an
@@ -35,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -82,15 +85,19 @@ def decisions(cache: Path) -> int:
 
 def run(code: Path, cache: Path, config: Path, report: Path, args, cwd: Path) -> dict:
     """One fresh ``chainexec run`` of ``config``; its report, with the autotuner decisions it
-    added to the kernel cache (``tuned``: none, once the cache has seen the job)."""
+    added to the kernel cache (``tuned``: none, once the cache has seen the job) and the process's
+    wall seconds from its start to its end (``wall``: the interpreter's start and imports, planning,
+    the backend's start, the executor, writing the outputs)."""
     before = decisions(cache)
     command = [sys.executable, "-m", "chainexec.cli", "run", str(config), "--backend", args.backend, "--quiet",
                "--report-json", str(report)] + (["--machine", args.machine] if args.machine else [])
+    began = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=environment(code, cache), capture_output=True, text=True,
                           timeout=args.timeout)
+    wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"ab_fresh: {report.stem} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return json.loads(report.read_text()) | {"tuned": decisions(cache) - before}
+    return json.loads(report.read_text()) | {"tuned": decisions(cache) - before, "wall": wall}
 
 
 def outputs(config: Path) -> dict[str, float]:
@@ -124,10 +131,14 @@ def summarize(reports: dict[str, list[dict]], values: dict[str, dict], reference
     for name, reps in reports.items():
         seconds = [r["run"]["phases"]["executor"] for r in reps]
         kept = seconds[skip:]
+        walls = [r["wall"] for r in reps[skip:]]
         side = {"executor_s": [round(s, 4) for s in seconds], "tuned": [r["tuned"] for r in reps],
                 "rounds_kept": len(kept),
                 "median_s": round(statistics.median(kept), 4), "min_s": round(min(kept), 4),
                 "max_s": round(max(kept), 4),
+                "process_wall_s": [round(r["wall"], 3) for r in reps],
+                "process_wall_median_s": round(statistics.median(walls), 3),
+                "run_median_s": round(statistics.median(r["run"]["phases"]["run"] for r in reps[skip:]), 4),
                 "measured_equals_predicted": all(r["measured"][k] == r["predicted"][k] for r in reps for k in COUNTS),
                 "outputs": values[name]}
         if reference is not None and "E" in values[name]:
@@ -183,7 +194,7 @@ def main(argv=None) -> dict:
     summary = summarize(reports, values, pyscf(plan[first][2]), args.skip)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for name, side in summary.items():
-        print(name, json.dumps({k: v for k, v in side.items() if k != "executor_s"}), flush=True)
+        print(name, json.dumps({k: v for k, v in side.items() if k not in ("executor_s", "process_wall_s")}), flush=True)
     return summary
 
 

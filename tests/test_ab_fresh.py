@@ -43,6 +43,8 @@ def test_two_copies_alternate_and_agree(tmp_path, capsys):
         assert len(side["executor_s"]) == 2 and side["rounds_kept"] == 1
         assert side["tuned"] == [0, 0]  # NumPy keeps no decisions
         assert side["median_s"] == side["executor_s"][1] and side["measured_equals_predicted"]
+        # the process holds api.run, which holds the executor
+        assert side["process_wall_median_s"] == side["process_wall_s"][1] > side["run_median_s"] > side["median_s"]
         assert abs(side["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
     assert json.loads((tmp_path / "ab" / "summary.json").read_text()) == summary
     assert (tmp_path / "ab" / "reports" / "a_cold.json").exists()  # --share-cache: b starts from a's cache
