@@ -1,40 +1,69 @@
 #!/usr/bin/env bash
-# Strong scaling of one config on 1..N GPUs of one host (one rank per GPU, Open MPI's mpirun):
-# a warm-up run on 1 rank fills the kernel and tuning caches, then one timed run per rank count;
-# writes run_n<N>.json (chainexec's report) and scaling.json (executor and wall seconds,
-# speed-up and parallel efficiency against 1 rank).
+# Strong scaling of one config on 1..N GPUs of one host (one rank per GPU): a warm-up run on 1 rank
+# fills the kernel and tuning caches, then one timed run per rank count. Writes run_n<N>.json
+# (chainexec's report), its .wall (the launcher's wall seconds) and scaling.json: per rank count
+# the executor and wall seconds, speed-up and parallel efficiency against the first count, whether
+# every count the runtime measures equals the plan's prediction, and the config's scalar outputs
+# as written by that run (they must agree across rank counts).
 # Usage on the GPU machine: bash benchmarks/scaling.sh CONFIG OUTDIR "1 2 4"
+# Environment: MACHINE (a machine file for --machine, e.g. benchmarks/results/machine_h100_2026-11-23.json),
+# BACKEND (default cupy), MPIRUN (default /usr/bin/mpirun where it exists, else mpiexec on PATH),
+# MPIFLAGS (default "--bind-to none", Open MPI's; empty for MPICH). NVLink multicast stays off
+# (NCCL_NVLS_ENABLE=0: see the device notes), as in the sixteenth to twentieth sessions' runs.
 set -euo pipefail
 config=${1:?config} out=${2:?output folder} counts=${3:-"1 2"}
-export PYTHONPATH=${PYTHONPATH:-}:$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONPATH=${PYTHONPATH:-}:$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+backend=${BACKEND:-cupy}
+if [ -z "${MPIRUN:-}" ]; then
+  if [ -x /usr/bin/mpirun ]; then MPIRUN=/usr/bin/mpirun; else MPIRUN=$(command -v mpiexec); fi
+fi
+read -r -a flags <<< "${MPIFLAGS---bind-to none}"
+machine=()
+[ -n "${MACHINE:-}" ] && machine=(--machine "$MACHINE")
 mkdir -p "$out"
 python=$(command -v python3)  # mpirun's own PATH may find another interpreter
 run() {  # ranks, report file
   local start end
   start=$(date +%s.%N)
-  /usr/bin/mpirun -n "$1" --bind-to none "$python" -m chainexec.cli run "$config" --backend cupy --quiet \
-      --report-json "$2" > "$2.txt" 2> "$2.err" || { tail -20 "$2.err"; exit 1; }
+  "$MPIRUN" -n "$1" "${flags[@]}" "$python" -m chainexec.cli run "$config" --backend "$backend" "${machine[@]}" \
+      --quiet --report-json "$2" > "$2.txt" 2> "$2.err" || { tail -20 "$2.err"; exit 1; }
   end=$(date +%s.%N)
-  python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$start" "$end" > "$2.wall"
+  python3 - "$config" "$2" "$start" "$end" <<'PY'
+import json, sys
+from pathlib import Path
+import h5py, yaml
+config, report, start, end = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+cfg = yaml.safe_load(config.read_text())
+values = {}
+for name, spec in cfg.get("outputs", {}).items():
+    with h5py.File(config.parent / spec["file"], "r") as f:
+        value = f[spec.get("dataset", name)][()]
+    if getattr(value, "shape", ()) == ():
+        values[name] = float(value)
+Path(report + ".wall").write_text(json.dumps({"wall_seconds": end - start, "outputs": values}))
+PY
 }
 run 1 "$out/warmup.json"
 for n in $counts; do run "$n" "$out/run_n$n.json"; done
-python3 - "$out" $counts <<'PY'
+python3 - "$out" "$config" $counts <<'PY'
 import json, sys
-out, counts = sys.argv[1], [int(c) for c in sys.argv[2:]]
+out, config, counts = sys.argv[1], sys.argv[2], [int(c) for c in sys.argv[3:]]
 rows = []
 for n in counts:
     r = json.load(open(f"{out}/run_n{n}.json"))
-    rows.append({"ranks": n, "executor_seconds": r["measured"]["total_seconds"],
-                 "wall_seconds": float(open(f"{out}/run_n{n}.json.wall").read()),
-                 "bytes_match": r["measured"]["bytes"] == r["predicted"]["bytes"],
-                 "per_rank": r["run"]["per_rank"]})
+    after = json.load(open(f"{out}/run_n{n}.json.wall"))
+    m, p = r["measured"], r["predicted"]
+    rows.append({"ranks": n, "executor_seconds": m["total_seconds"], "wall_seconds": after["wall_seconds"],
+                 "measured_equals_predicted": all(m[k] == p[k] for k in ("flops", "statements", "streamed", "bytes",
+                                                                       "memory_peak")),
+                 "outputs": after["outputs"], "per_rank": r["run"]["per_rank"]})
 base = rows[0]
 for row in rows:
     for key in ("executor_seconds", "wall_seconds"):
         row[key.replace("seconds", "efficiency")] = base[key] / (row["ranks"] / base["ranks"] * row[key])
-json.dump({"config": sys.argv[1], "rows": rows}, open(f"{out}/scaling.json", "w"), indent=1)
+json.dump({"config": config, "rows": rows}, open(f"{out}/scaling.json", "w"), indent=1)
 for row in rows:
-    print(f"{row['ranks']} ranks: executor {row['executor_seconds']:.2f} s ({row['executor_efficiency']:.0%}), "
-          f"wall {row['wall_seconds']:.2f} s ({row['wall_efficiency']:.0%}), bytes match {row['bytes_match']}")
+    print(f"{row['ranks']} ranks: executor {row['executor_seconds']:.2f} s ({row['executor_efficiency']:.1%}), "
+          f"wall {row['wall_seconds']:.2f} s ({row['wall_efficiency']:.1%}), counts as predicted "
+          f"{row['measured_equals_predicted']}, outputs {row['outputs']}")
 PY

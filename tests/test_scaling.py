@@ -1,0 +1,41 @@
+"""``benchmarks/scaling.sh`` on the NumPy backend under the PyPI MPI's ``mpiexec``: a small (T)
+job on 1 and 2 ranks; the summary holds both rank counts with efficiencies computed from the
+reports, every count as predicted, and the energy each run wrote equal to the independent
+reference (and so across rank counts)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chainexec.chem.triples import ccsd_t_energy
+from tests.conftest import mpiexec, triples_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_one_and_two_ranks_agree(tmp_path):
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    config = triples_config(tmp_path / "job", "1GiB", 4, 9)
+    env = dict(os.environ, BACKEND="numpy", MPIRUN=launcher, MPIFLAGS="",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "scaling.sh"), str(config), str(tmp_path / "out"), "1 2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "out" / "scaling.json").read_text())
+    rows = summary["rows"]
+    assert [row["ranks"] for row in rows] == [1, 2]
+    expected = ccsd_t_energy(tmp_path / "job" / "inputs.h5")
+    for row in rows:
+        report = json.loads((tmp_path / "out" / f"run_n{row['ranks']}.json").read_text())
+        assert row["executor_seconds"] == report["measured"]["total_seconds"] and report["run"]["ranks"] == row["ranks"]
+        assert row["measured_equals_predicted"]
+        assert abs(row["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
+    assert rows[0]["executor_efficiency"] == 1.0
+    assert rows[1]["executor_efficiency"] == pytest.approx(rows[0]["executor_seconds"] / (2 * rows[1]["executor_seconds"]))
+    assert "2 ranks: executor" in done.stdout
