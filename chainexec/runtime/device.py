@@ -253,9 +253,10 @@ class Backend:
         :meth:`fetch`."""
         self.fetch(dst, read, view)
 
-    def fetch_waits(self, dst) -> bool:
-        """Whether :meth:`fetch` into ``dst`` waits for the work handed to the backend before it
-        (then the executor waits first, so the fetch's seconds are its own; here nothing waits)."""
+    def fetch_waits(self, dst, view=None) -> bool:
+        """Whether :meth:`fetch` into ``dst`` (from the host source ``view`` describes, as
+        :meth:`fetch` takes it) waits for the work handed to the backend before it (then the
+        executor waits first, so the fetch's seconds are its own; here nothing waits)."""
         return False
 
     @contextlib.contextmanager
@@ -798,13 +799,20 @@ class CupyBackend(Backend):
             done = self._aside.record()
         main.wait_event(done)
 
-    def fetch_waits(self, dst) -> bool:
+    def fetch_waits(self, dst, view=None) -> bool:
         """As :meth:`Backend.fetch_waits`: only a one-piece fetch from page-locked memory into a
-        contiguous tile is queued; one through the staging buffers refills each after its copy
-        (queued behind everything before it), and a copy from plain memory returns once done or,
-        through the page-locked arena, once read into it (its DMA queued; counted as waiting all
-        the same: whether the arena takes a copy is known only at the copy)."""
-        return not (self.pinned and dst.flags.c_contiguous and _one_piece(dst))
+        contiguous tile is queued, from the staging buffers of a run that page-locks them
+        (:attr:`pinned`) or from host memory locked where it lies (:meth:`lock_host`, found
+        through ``view``). One through the staging buffers refills each after its copy (queued
+        behind everything before it), and a copy from plain memory returns once done or, through
+        the page-locked arena, once read into it (its DMA queued; counted as waiting all the
+        same: whether the arena takes a copy is known only at the copy)."""
+        if not dst.flags.c_contiguous:
+            return True
+        if self.pinned:
+            return not _one_piece(dst)
+        host = None if view is None or self._locks is None else view(slice(0, dst.shape[0]) if dst.ndim else None)
+        return host is None or not self._locks.holds(host)
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
         """The two staging buffers of :meth:`fetch` (:meth:`host_empty`), at least ``nbytes`` (at

@@ -656,7 +656,7 @@ class Executor:
                     continue
                 if self._waits_first(op, aside=True):
                     self._settle()
-                if self.backend.fetch_waits(self.buffers[key]):
+                if self.backend.fetch_waits(self.buffers[key], self._source(op)[1]):
                     # a copy through staging buffers (or from plain memory) waits on the host for
                     # the slot's last reader too: waited for first, so the get's seconds are its own
                     self.backend.reach(done[slot])
@@ -976,7 +976,7 @@ class Executor:
         seconds are its own (not one ``aside``: it waits at most for its slot's last reader,
         :meth:`_ahead`)."""
         if op.op == "get":
-            if not aside and self.backend.fetch_waits(self.buffers[self._key(op)]):
+            if not aside and self.backend.fetch_waits(self.buffers[self._key(op)], self._source(op)[1]):
                 return True
             ga = self.buffers[self._find(op.tensor, op.indices, "global")] if self.landing else None
             return any(x[0] is ga for x in self.landing)
@@ -992,8 +992,19 @@ class Executor:
             # Every rank fetches the whole tile (a fused group's inputs, once per global tile):
             # all ranks' loads of its rows must have landed; one barrier serves all such gets.
             self._wait()
-        ga, sl = self._relative(op)
         buf = self.buffers[self._key(op)]
+        read, view = self._source(op)
+        if after is None:
+            self.backend.fetch(buf, read, view)
+        else:
+            self.backend.fetch_aside(buf, read, after, view)
+        self.counters.move(CATEGORY["get"], buf.nbytes)
+
+    def _source(self, op: Op) -> tuple:
+        """``op``'s tile in its global buffer as :meth:`Backend.fetch` reads it: ``read(rows,
+        out)`` copies rows of it into ``out``, ``view(rows)`` is them in host memory where they
+        lie there whole (else None)."""
+        ga, sl = self._relative(op)
 
         def read(rows, out):
             ga.get(_within(sl, rows), out=out)
@@ -1001,11 +1012,7 @@ class Executor:
         def view(rows):
             return ga.at_hand(_within(sl, rows))
 
-        if after is None:
-            self.backend.fetch(buf, read, view)
-        else:
-            self.backend.fetch_aside(buf, read, after, view)
-        self.counters.move(CATEGORY["get"], buf.nbytes)
+        return read, view
 
     def _accumulate(self, op: Op) -> None:
         """Queue the tile's copy to the host behind the statements that compute it, and add it

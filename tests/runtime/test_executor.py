@@ -232,7 +232,7 @@ def energy(path):
 plain = api.run(sys.argv[1], backend="numpy")
 e_plain = energy(sys.argv[2])
 backend = Queued()
-backend.fetch_waits = lambda dst: sys.argv[4] == "waits"
+backend.fetch_waits = lambda dst, view=None: sys.argv[4] == "waits"
 api.select = lambda name, comm: backend
 executor.PENDING = 2  # the oldest half read while the run goes on
 executor.LANDING_BYTES = int(sys.argv[3])

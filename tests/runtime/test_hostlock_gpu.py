@@ -38,13 +38,17 @@ def tile(tmp_path):
 
 def test_locked_rows_reach_the_device(tile, monkeypatch):
     """Locked on a run of plain host memory only; rows of the locked tile go to the device as
-    DMAs from the mapping (the arena is never asked) and equal the dataset; after the unlock the
-    range is forgotten. A small or non-contiguous array is not locked."""
+    DMAs from the mapping (the arena is never asked) and equal the dataset, queued without the
+    executor waiting for the device first (``fetch_waits``: before the lock and after the unlock
+    it does wait); after the unlock the range is forgotten. A small or non-contiguous array is
+    not locked."""
     mapped, values = tile
     backend = CupyBackend(cupy)
     assert not backend.locks_host() and backend.lock_host(mapped.local()) is None  # not yet told: pinned
     backend.expect_transfers(1 << 20)
     assert backend.locks_host()
+    whole = cupy.empty((40,) + values.shape[1:])
+    assert backend.fetch_waits(whole, lambda r: mapped.at_hand((r,)))
     handle = backend.lock_host(mapped.local())
     assert handle is not None
     assert backend.lock_host(np.zeros(1000)) is None
@@ -59,12 +63,15 @@ def test_locked_rows_reach_the_device(tile, monkeypatch):
         assert backend._locks.holds(rows)
         dst = cupy.full((hi - lo,) + values.shape[1:], np.nan)
         cupy.cuda.get_current_stream().synchronize()  # nothing pending on dst (fetch_aside's terms)
+        assert not backend.fetch_waits(dst, lambda r, rows=rows: rows)
         backend.fetch_aside(dst, lambda r, out: None, view=lambda r, rows=rows: rows)
         np.testing.assert_array_equal(cupy.asnumpy(dst), values[lo:hi])
     assert not backend._locks.holds(np.zeros(10))
+    assert backend.fetch_waits(whole, lambda r: None) and backend.fetch_waits(whole[:, ::2], lambda r: mapped.at_hand((r,)))
     backend.unlock_host(handle)
     backend.settle_locks()
     assert not backend._locks.holds(mapped.at_hand((slice(0, 40),)))
+    assert backend.fetch_waits(whole, lambda r: mapped.at_hand((r,)))
 
 
 def test_a_run_with_its_inputs_locked(tmp_path, monkeypatch):

@@ -129,7 +129,10 @@ def _four_index_inputs(config) -> list[int]:
 
 class Locking(Backend):
     """The NumPy backend, recording :meth:`Backend.lock_host` and :meth:`Backend.unlock_host` as a
-    GPU backend would see them, and counting the fetches whose rows lie in a locked tile."""
+    GPU backend would see them, counting the fetches whose rows lie in a locked tile, and
+    recording where the rows of each fetch and of each :meth:`Backend.fetch_waits` question lie
+    (the executor asks about the rows it then fetches: a backend answers by whether they are
+    locked)."""
 
     def __init__(self):
         super().__init__()
@@ -138,6 +141,16 @@ class Locking(Backend):
         self.live: dict[int, np.ndarray] = {}
         self.guard = threading.Lock()  # lock_host runs on the executor's lock thread
         self.fetched = {"locked": 0, "unlocked": 0}
+        self.rows = {"fetched": set(), "asked": []}  # host addresses of the rows (None: not at hand)
+
+    @staticmethod
+    def _at(dst, view):
+        host = None if view is None else view(slice(0, dst.shape[0]) if dst.ndim else None)
+        return None if host is None else (host.ctypes.data, host.nbytes)
+
+    def fetch_waits(self, dst, view=None):
+        self.rows["asked"].append(self._at(dst, view))
+        return super().fetch_waits(dst, view)
 
     def locks_host(self):
         return True
@@ -155,6 +168,7 @@ class Locking(Backend):
             del self.live[handle]
 
     def fetch(self, dst, read, view=None):
+        self.rows["fetched"].add(self._at(dst, view))
         host = None if view is None else view(slice(0, dst.shape[0]) if dst.ndim else None)
         if host is not None:
             lo, hi = host.ctypes.data, host.ctypes.data + host.nbytes
@@ -170,8 +184,9 @@ def test_mapped_tiles_locked_on_a_thread_until_freed(tmp_path, monkeypatch, end)
     the executor's lock thread, and unlocked once: when freed, where the run stops at a
     checkpoint (:meth:`Executor._release`), and where it fails (the executor's end). A finished
     run's E(T) equals the independent reference within 1e-12, and every count equals the
-    prediction. (Whether a fetch finds its tile locked yet depends on the lock thread's timing:
-    both paths are counted, neither required.)"""
+    prediction, and the executor asked whether a fetch waits about the rows it then fetched,
+    mapped rows among them. (Whether a fetch finds its tile locked yet depends on the lock
+    thread's timing: both paths are counted, neither required.)"""
     config = triples_config(tmp_path, "200KiB", 6, 10)
     backend = Locking()
     monkeypatch.setattr(api, "select", lambda name, comm: backend)
@@ -187,6 +202,8 @@ def test_mapped_tiles_locked_on_a_thread_until_freed(tmp_path, monkeypatch, end)
     else:
         _run_equals_reference(config)
         assert sum(backend.fetched.values()) > 0
+        asked = [at for at in backend.rows["asked"] if at is not None]
+        assert asked and set(asked) <= backend.rows["fetched"]
     assert set(_four_index_inputs(config)) <= {n for n, _ in backend.locks}  # every 4-index input's whole tile
     assert all(name.startswith("chainexec-lock") for _, name in backend.locks)
     assert sorted(backend.unlocked) == list(range(len(backend.locks))) and not backend.live
