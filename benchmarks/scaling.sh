@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Strong scaling of one config on 1..N GPUs of one host (one rank per GPU): a warm-up run on 1 rank
 # fills the kernel and tuning caches, then one timed run per rank count. Writes run_n<N>.json
-# (chainexec's report), its .wall (the launcher's wall seconds) and scaling.json: per rank count
+# (chainexec's report), its .wall (JSON: the launcher's wall seconds and the scalar outputs the run
+# wrote) and scaling.json: per rank count
 # the executor and wall seconds, speed-up and parallel efficiency against the first count, whether
 # every count the runtime measures equals the plan's prediction, and the config's scalar outputs
 # as written by that run (they must agree across rank counts).
@@ -15,7 +16,8 @@ config=${1:?config} out=${2:?output folder} counts=${3:-"1 2"}
 export PYTHONPATH=${PYTHONPATH:-}:$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 backend=${BACKEND:-cupy}
 if [ -z "${MPIRUN:-}" ]; then
-  if [ -x /usr/bin/mpirun ]; then MPIRUN=/usr/bin/mpirun; else MPIRUN=$(command -v mpiexec); fi
+  if [ -x /usr/bin/mpirun ]; then MPIRUN=/usr/bin/mpirun
+  else MPIRUN=$(command -v mpiexec) || { echo "scaling.sh: no /usr/bin/mpirun and no mpiexec on PATH (set MPIRUN)" >&2; exit 2; }; fi
 fi
 read -r -a flags <<< "${MPIFLAGS---bind-to none}"
 machine=()
@@ -37,9 +39,9 @@ cfg = yaml.safe_load(config.read_text())
 values = {}
 for name, spec in cfg.get("outputs", {}).items():
     with h5py.File(config.parent / spec["file"], "r") as f:
-        value = f[spec.get("dataset", name)][()]
-    if getattr(value, "shape", ()) == ():
-        values[name] = float(value)
+        data = f[spec.get("dataset", name)]
+        if data.shape == ():  # a tensor output is not read
+            values[name] = float(data[()])
 Path(report + ".wall").write_text(json.dumps({"wall_seconds": end - start, "outputs": values}))
 PY
 }

@@ -39,3 +39,18 @@ def test_one_and_two_ranks_agree(tmp_path):
     assert rows[0]["executor_efficiency"] == 1.0
     assert rows[1]["executor_efficiency"] == pytest.approx(rows[0]["executor_seconds"] / (2 * rows[1]["executor_seconds"]))
     assert "2 ranks: executor" in done.stdout
+
+
+def test_the_machine_file_reaches_the_runs(tmp_path):
+    """``MACHINE`` is passed to every run as ``--machine``: a missing file stops the script at its
+    first run with chainexec's message and no summary."""
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    config = triples_config(tmp_path / "job", "1GiB", 3, 7)
+    env = dict(os.environ, BACKEND="numpy", MPIRUN=launcher, MPIFLAGS="", MACHINE=str(tmp_path / "absent.json"),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "scaling.sh"), str(config), str(tmp_path / "out"), "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "absent.json" in done.stdout + done.stderr
+    assert not (tmp_path / "out" / "scaling.json").exists()

@@ -903,7 +903,8 @@ class CupyBackend(Backend):
         registers; reused ones (``f.lets``) in the shared memory of an orbit kernel
         (:func:`chainexec.runtime.pointwise.orbit_reduce`). ``within``'s weights are one more input
         the reduction multiplies by (made once per process and shape, outside the plan's device
-        memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero."""
+        memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero
+        where it does not vary along the permuted dimensions."""
         views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays]
         if f.lets:  # only full reductions reuse values (chainexec.planner.inline)
             codes, code, perms = _orbit_codes(f, tuple(arrays))

@@ -141,7 +141,8 @@ class Locking(Backend):
         self.live: dict[int, np.ndarray] = {}
         self.guard = threading.Lock()  # lock_host runs on the executor's lock thread
         self.fetched = {"locked": 0, "unlocked": 0}
-        self.rows = {"fetched": set(), "asked": []}  # host addresses of the rows (None: not at hand)
+        self.rows: list[tuple[str, tuple | None]] = []  # ("asked" | "fetched", (address, bytes) or None: not at hand)
+        self.spans: list[tuple[int, int]] = []  # (address, bytes) of every array locked
 
     @staticmethod
     def _at(dst, view):
@@ -149,7 +150,7 @@ class Locking(Backend):
         return None if host is None else (host.ctypes.data, host.nbytes)
 
     def fetch_waits(self, dst, view=None):
-        self.rows["asked"].append(self._at(dst, view))
+        self.rows.append(("asked", self._at(dst, view)))
         return super().fetch_waits(dst, view)
 
     def locks_host(self):
@@ -160,6 +161,7 @@ class Locking(Backend):
             handle = len(self.locks)
             self.locks.append((array.nbytes, threading.current_thread().name))
             self.live[handle] = array
+            self.spans.append((array.ctypes.data, array.nbytes))
         return handle
 
     def unlock_host(self, handle):
@@ -168,7 +170,7 @@ class Locking(Backend):
             del self.live[handle]
 
     def fetch(self, dst, read, view=None):
-        self.rows["fetched"].add(self._at(dst, view))
+        self.rows.append(("fetched", self._at(dst, view)))
         host = None if view is None else view(slice(0, dst.shape[0]) if dst.ndim else None)
         if host is not None:
             lo, hi = host.ctypes.data, host.ctypes.data + host.nbytes
@@ -202,8 +204,11 @@ def test_mapped_tiles_locked_on_a_thread_until_freed(tmp_path, monkeypatch, end)
     else:
         _run_equals_reference(config)
         assert sum(backend.fetched.values()) > 0
-        asked = [at for at in backend.rows["asked"] if at is not None]
-        assert asked and set(asked) <= backend.rows["fetched"]
+        rows = backend.rows
+        asked = [n for n, (what, at) in enumerate(rows) if what == "asked" and at is not None]
+        for n in asked:  # the next fetch copies the rows asked about
+            assert next(at for what, at in rows[n + 1:] if what == "fetched") == rows[n][1]
+        assert any(p <= rows[n][1][0] and sum(rows[n][1]) <= p + size for n in asked for p, size in backend.spans)
     assert set(_four_index_inputs(config)) <= {n for n, _ in backend.locks}  # every 4-index input's whole tile
     assert all(name.startswith("chainexec-lock") for _, name in backend.locks)
     assert sorted(backend.unlocked) == list(range(len(backend.locks))) and not backend.live

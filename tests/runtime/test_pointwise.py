@@ -514,6 +514,7 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
     assert plan.edge == (16 if case in ("two values", "float32") else 8)
     text = pointwise.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan, skip)
     assert ("long long" if wide else "const int c") in text
+    assert ("== 0) {" in text) == (case == "weighted")  # along a permuted dimension nothing is skipped
     table = np.array(pointwise.orbit_table(-(-shape[plan.moved[0]] // plan.edge), plan.perms)[0], np.int32)
     grid = plan.count * int(np.prod([n for d, n in enumerate(shape) if d not in plan.moved]))
     partial = np.full(grid, np.nan)
