@@ -1,6 +1,6 @@
 """The (T) energy as a chainexec job: `chainexec chem` + `chainexec run configs/ccsd_t.yaml`
-equals PySCF's own `ccsd_t()` (H2O, N2 in cc-pVDZ) within 1e-10 Eh on 1 and 4 ranks, and the
-independent NumPy reference on seeded synthetic amplitudes."""
+equals PySCF's own `ccsd_t()` (H2O, N2 in cc-pVDZ) within 1e-10 Eh on 1 and 4 ranks, with the
+NumPy backend and on a GPU, and the independent NumPy reference on seeded synthetic amplitudes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import h5py
 import pytest
 
 from chainexec.chem.triples import ccsd_t_energy
-from tests.conftest import read_report, run_cli
+from tests.conftest import read_report, require_gpu, run_cli
 
 
 def _energy(folder) -> float:
@@ -27,12 +27,18 @@ def molecule(request, tmp_path_factory):
         return folder, float(f.attrs["e_t"])
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cupy"])
 @pytest.mark.parametrize("ranks", [1, 4])
-def test_energy_equals_pyscf(molecule, ranks):
+def test_energy_equals_pyscf(molecule, ranks, backend):
+    """On the NumPy backend (CI) and on the GPU (CuPy; skipped without one: 4 ranks share it)."""
+    if backend == "cupy":
+        require_gpu()
     folder, e_pyscf = molecule
-    proc = run_cli("run", folder / "ccsd_t.yaml", "--report-json", folder / f"r{ranks}.json", ranks=ranks)
+    report_file = folder / f"r{ranks}_{backend}.json"
+    proc = run_cli("run", folder / "ccsd_t.yaml", "--backend", backend, "--report-json", report_file, ranks=ranks)
     assert proc.returncode == 0, proc.stderr
-    report = read_report(folder / f"r{ranks}.json")
+    report = read_report(report_file)
+    assert report["run"]["backend"] == backend and report["run"]["ranks"] == ranks
     assert report["measured"]["bytes"] == report["predicted"]["bytes"]
     assert abs(_energy(folder) - e_pyscf) <= 1e-10
     assert e_pyscf < -1e-4  # a real correction, not a vacuous comparison
