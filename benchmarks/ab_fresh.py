@@ -43,6 +43,8 @@ from pathlib import Path
 import h5py
 import yaml
 
+from chainexec import spec, verify
+
 COUNTS = ("flops", "statements", "streamed", "bytes", "memory_peak")
 """The report's counts that must equal the plan's prediction in every run."""
 
@@ -98,18 +100,6 @@ def run(code: Path, cache: Path, config: Path, report: Path, args, cwd: Path) ->
     if done.returncode != 0:
         raise SystemExit(f"ab_fresh: {report.stem} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     return json.loads(report.read_text()) | {"tuned": decisions(cache) - before, "wall": wall}
-
-
-def outputs(config: Path) -> dict[str, float]:
-    """The config's scalar outputs as written."""
-    cfg = yaml.safe_load(config.read_text())
-    found = {}
-    for name, out in cfg.get("outputs", {}).items():
-        with h5py.File(out["file"], "r") as f:
-            value = f[out.get("dataset", name)][()]
-        if getattr(value, "shape", ()) == ():
-            found[name] = float(value)
-    return found
 
 
 def pyscf(config: Path) -> tuple[float, float] | None:
@@ -190,7 +180,7 @@ def main(argv=None) -> dict:
         for name in (list(plan) if r % 2 == 0 else list(plan)[::-1]):
             code, cache, config = plan[name]
             reports[name].append(run(code, cache, config, out / "reports" / f"{name}_r{r}.json", args, out))
-    values = {name: outputs(config) for name, (_, _, config) in plan.items()}
+    values = {name: verify.scalar_outputs(spec.load(config)) for name, (_, _, config) in plan.items()}
     summary = summarize(reports, values, pyscf(plan[first][2]), args.skip)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for name, side in summary.items():

@@ -33,15 +33,9 @@ run() {  # ranks, report file
   python3 - "$config" "$2" "$start" "$end" <<'PY'
 import json, sys
 from pathlib import Path
-import h5py, yaml
-config, report, start, end = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-cfg = yaml.safe_load(config.read_text())
-values = {}
-for name, spec in cfg.get("outputs", {}).items():
-    with h5py.File(config.parent / spec["file"], "r") as f:
-        data = f[spec.get("dataset", name)]
-        if data.shape == ():  # a tensor output is not read
-            values[name] = float(data[()])
+from chainexec import spec, verify
+config, report, start, end = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+values = verify.scalar_outputs(spec.load(config))
 Path(report + ".wall").write_text(json.dumps({"wall_seconds": end - start, "outputs": values}))
 PY
 }

@@ -70,6 +70,12 @@ def read_output(spec: Spec, name: str) -> np.ndarray:
         raise ChainexecError(f"cannot read output ({err})", path) from None
 
 
+def scalar_outputs(spec: Spec) -> dict[str, float]:
+    """The spec's scalar outputs (no indices: an energy) as written by a complete run, by name;
+    what benchmarks compare across versions and rank counts (:func:`read_output`'s errors)."""
+    return {o.tensor: float(read_output(spec, o.tensor)) for o in spec.outputs if not spec.tensors[o.tensor].indices}
+
+
 def full_reference(spec: Spec, magnitude: bool = False) -> dict[str, np.ndarray]:
     """Every output by NumPy einsum, statement by statement; with ``magnitude``, of the absolute
     values of the inputs and factors instead: the size of the terms each element sums, the scale

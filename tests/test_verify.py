@@ -91,3 +91,26 @@ def test_an_output_that_cancels_is_judged_against_its_terms(tmp_path, limit):
         f[name][...] += 1e-8  # the terms are of order 1 to 10
     (check,) = verify(s, samples=500, limit=limit)
     assert not check.ok, check
+
+
+def test_scalar_outputs_are_the_complete_scalars(tmp_path):
+    """``scalar_outputs``: the (T) job's energy as written (equal to the independent NumPy
+    reference), nothing for a chain whose output is a tensor, and an output not marked complete
+    is refused, as ``verify`` refuses it."""
+    from chainexec.chem.triples import ccsd_t_energy
+    from chainexec.errors import ChainexecError
+    from chainexec.verify import scalar_outputs
+    from tests.conftest import triples_config
+
+    config = triples_config(tmp_path, "1GiB", 3, 7)
+    assert run_cli("run", config).returncode == 0
+    expected = ccsd_t_energy(tmp_path / "inputs.h5")
+    (name, value), = scalar_outputs(spec.load(config)).items()
+    assert name == "E" and abs(value - expected) <= 1e-12 * abs(expected)
+    tensor = write_config(tmp_path, CONFIG, "tensor.yaml")
+    assert run_cli("run", tensor).returncode == 0
+    assert scalar_outputs(spec.load(tensor)) == {}
+    with h5py.File(tmp_path / "energy.h5", "a") as f:
+        f.attrs["chainexec_complete"] = False
+    with pytest.raises(ChainexecError, match="not marked complete"):
+        scalar_outputs(spec.load(config))
