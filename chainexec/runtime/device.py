@@ -240,7 +240,7 @@ class Backend:
         may copy from there instead of reading them into a buffer of its own). Every read is
         done before it returns, except from memory locked by :meth:`lock_host`, which the device
         may read until :meth:`unlock_host`. Here the source is read straight into ``dst``."""
-        read(slice(0, dst.shape[0]) if dst.ndim else None, dst)
+        read(_rows(dst), dst)
 
     def fetch_aside(self, dst, read, after=None, view=None) -> None:
         """As :meth:`fetch`, beside the work handed to the backend before it, where the device
@@ -579,6 +579,12 @@ class Choice:
     config: dict | None = None
 
 
+def _rows(dst) -> slice | None:
+    """All of the first axis of ``dst`` as :meth:`Backend.fetch`'s ``read`` and ``view`` take rows
+    (None for a 0-d buffer)."""
+    return slice(0, dst.shape[0]) if dst.ndim else None
+
+
 def _one_piece(dst) -> bool:
     """Whether :meth:`CupyBackend.fetch` fills the device tile ``dst`` in one piece (a tile of
     at most one staging chunk or one row, a 0-d one, or a strided view) rather than chunk by chunk."""
@@ -727,20 +733,19 @@ class CupyBackend(Backend):
         whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
         v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
         stream = self.xp.cuda.get_current_stream()
-        if not self.pinned and view is not None and dst.flags.c_contiguous:
-            host = view(slice(0, dst.shape[0]) if dst.ndim else None)
+        if not self.pinned and dst.flags.c_contiguous:
+            host, locked = self._at_hand(dst, view)
             if host is not None:
                 # one DMA where the rows lie in memory locked in place (:meth:`lock_host`), else
                 # through the page-locked arena where the warm-up made one (queued once the host
                 # rows are read into it), else from pageable memory, returning once the driver
                 # has staged all of it
-                locked = self._locks is not None and self._locks.holds(host)
                 if locked or not arena.upload(self.xp, dst, host, stream):
                     dst.set(host, stream=stream)
                 return
         if _one_piece(dst):
             host = self.host_empty(dst.shape, dst.dtype)
-            read(slice(0, dst.shape[0]) if dst.ndim else None, host)
+            read(_rows(dst), host)
             self.upload(dst, host)
             return
         row = dst.nbytes // dst.shape[0]
@@ -811,8 +816,14 @@ class CupyBackend(Backend):
             return True
         if self.pinned:
             return not _one_piece(dst)
-        host = None if view is None or self._locks is None else view(slice(0, dst.shape[0]) if dst.ndim else None)
-        return host is None or not self._locks.holds(host)
+        return not self._at_hand(dst, view)[1]
+
+    def _at_hand(self, dst, view) -> tuple[np.ndarray | None, bool]:
+        """The host rows :meth:`fetch` copies into all of ``dst`` where ``view`` finds them in host
+        memory (else None; ``view`` None: not looked for), and whether they lie in memory locked in
+        place (:meth:`lock_host`), from where one DMA is queued without the host waiting."""
+        host = None if view is None else view(_rows(dst))
+        return host, host is not None and self._locks is not None and self._locks.holds(host)
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
         """The two staging buffers of :meth:`fetch` (:meth:`host_empty`), at least ``nbytes`` (at

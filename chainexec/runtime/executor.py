@@ -656,7 +656,7 @@ class Executor:
                     continue
                 if self._waits_first(op, aside=True):
                     self._settle()
-                if self.backend.fetch_waits(self.buffers[key], self._source(op)[1]):
+                if self._fetch_waits(op):
                     # a copy through staging buffers (or from plain memory) waits on the host for
                     # the slot's last reader too: waited for first, so the get's seconds are its own
                     self.backend.reach(done[slot])
@@ -976,13 +976,18 @@ class Executor:
         seconds are its own (not one ``aside``: it waits at most for its slot's last reader,
         :meth:`_ahead`)."""
         if op.op == "get":
-            if not aside and self.backend.fetch_waits(self.buffers[self._key(op)], self._source(op)[1]):
+            if not aside and self._fetch_waits(op):
                 return True
             ga = self.buffers[self._find(op.tensor, op.indices, "global")] if self.landing else None
             return any(x[0] is ga for x in self.landing)
         if op.op == "accumulate":
             return sum(x[2].nbytes for x in self.landing) > LANDING_BYTES
         return bool(self.landing) and op.level == "global"
+
+    def _fetch_waits(self, op: Op) -> bool:
+        """Whether the backend's fetch of ``op``'s tile waits for the work handed to it before
+        (:meth:`Backend.fetch_waits`, asked with the rows the fetch reads)."""
+        return self.backend.fetch_waits(self.buffers[self._key(op)], self._source(op)[1])
 
     def _get(self, op: Op, after=None) -> None:
         """Copy ``op``'s tile from its global buffer into its device buffer; with ``after`` (a
