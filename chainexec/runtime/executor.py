@@ -47,7 +47,7 @@ from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime import hostcopy
 from chainexec.runtime.mapped import MappedArray
-from chainexec.runtime.globalarray import Board, GlobalArray, TaskCounter
+from chainexec.runtime.globalarray import Board, GlobalArray, TaskCounter, shares_memory
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
 
@@ -170,6 +170,9 @@ class Executor:
         # own from their allocation on: the futures of their backend.lock_host handles
         self.locking: dict[tuple, Future] = {}
         self.locker: ThreadPoolExecutor | None = None
+        # inputs' tiles are mapped from their files on one rank and on ranks of one host, whose
+        # page cache holds the file's pages once for all of them (:meth:`_alloc`)
+        self.maps = comm.size == 1 or shares_memory(comm)
         self.checkpoint = checkpoint
         self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
         self.resumed = 0  # tiles a resumed loop found done
@@ -345,8 +348,10 @@ class Executor:
             for op, _ in ops(body[at + 1:]):
                 if op.tensor is not None and not (op.op == "free" and op.level == "device"):
                     later.setdefault(op.tensor, op)
+            # (a mapped tile's pages are the file's: nothing to give back)
             self.dropping = {t: [slots[t], self._key(loads[t]), 0] for t in rows
-                             if self.buffers[self._key(loads[t])].shared and t in later
+                             if isinstance(self.buffers[self._key(loads[t])], GlobalArray)
+                             and self.buffers[self._key(loads[t])].shared and t in later
                              and later[t].op == "free" and self._key(later[t]) == self._key(loads[t])}
             if self.dropping:  # the same on every rank: the same plan, one host for all or none
                 self.copied = Board(self.comm, len(rows))
@@ -395,7 +400,7 @@ class Executor:
             return
         if self.locker is None:
             self.locker = ThreadPoolExecutor(1, thread_name_prefix="chainexec-lock")
-        self.locking[key] = self.locker.submit(self.backend.lock_host, ga.local())
+        self.locking[key] = self.locker.submit(self.backend.lock_host, ga.whole())
 
     def _unlock(self, key: tuple) -> None:
         """Unlock the global buffer ``key`` where :meth:`_lock` locked it, once the lock is done
@@ -418,8 +423,8 @@ class Executor:
         H100 machine (2026-11-27, ``.gpurun/s21/io.py``) reading benzene-size (T) inputs
         (194 MB) into a fresh MPI window took 0.165 s, 0.087 s with this; page faults scaled
         only 2.5x over 16 threads there, and in whole runs the disk seconds stayed near 0.15 s.
-        One rank's contiguous inputs are mapped instead (:mod:`chainexec.runtime.mapped`); this
-        path serves several ranks and datasets that cannot be mapped."""
+        Contiguous inputs on one host are mapped instead (:mod:`chainexec.runtime.mapped`); this
+        path serves ranks on several hosts and datasets that cannot be mapped."""
         if hostcopy.threads() > 1:
             hostcopy.fill(out, 0)
         self.store.read(tensor, version, part, out)
@@ -871,9 +876,13 @@ class Executor:
             self.regions[self._key(op)] = region
             return
         buf = None
-        if op.level == "global" and not zero and self.comm.size == 1:
-            # an input's tile that only its load fills: the file's own bytes, mapped
-            buf = self.store.mapped(op.tensor, 0, region)
+        if op.level == "global" and not zero and self.maps:
+            # an input's tile that only its load fills: the file's own bytes, mapped (on every
+            # rank or none: the others allocate a window collectively)
+            buf = self.store.mapped(op.tensor, 0, region, self.comm.rank, self.comm.size)
+            if self.comm.size > 1 and self.comm.allreduce(int(buf is None)) and buf is not None:
+                buf.free()
+                buf = None
             if buf is not None:
                 self._lock(self._key(op), buf)
         if buf is None:

@@ -63,7 +63,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from chainexec.errors import ChainexecError
 from chainexec.runtime import hostcopy
-from chainexec.runtime.region import Region, region_bounds, whole_rows
+from chainexec.runtime.region import Region, region_bounds, row_bounds, row_owners, whole_rows
 from chainexec.spec import format_size
 
 
@@ -75,6 +75,13 @@ _madvise = ctypes.CDLL(None).madvise  # the C library's, for GlobalArray.discard
 _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 _ONE_HOST: int | None = None  # attribute key of _on_one_host's answer on a communicator
+
+
+def shares_memory(comm: MPI.Comm) -> bool:
+    """Whether ``comm`` has several ranks, all of one host, and arrays over them live in shared
+    memory (:data:`SHARED_MEMORY`): then every rank reads every rank's rows where they lie
+    (collective the first time for a communicator)."""
+    return comm.Get_size() > 1 and SHARED_MEMORY and _on_one_host(comm)
 
 
 def _on_one_host(comm: MPI.Comm) -> bool:
@@ -113,8 +120,8 @@ class GlobalArray:
         self.dtype = np.dtype(dtype)
         self._mpi_type = from_numpy_dtype(self.dtype)
         shape = tuple(int(n) for n in shape)
-        self._layout(shape, self._row_bounds(shape, comm.size))
-        shared = comm.Get_size() > 1 and SHARED_MEMORY and _on_one_host(comm)
+        self._layout(shape, row_bounds(shape, comm.size))
+        shared = shares_memory(comm)
         try:
             allocate = MPI.Win.Allocate_shared if shared else MPI.Win.Allocate
             self._win = allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
@@ -167,20 +174,12 @@ class GlobalArray:
         out.comm, out.dtype, out._mpi_type, out._win, out._owner = self.comm, self.dtype, self._mpi_type, self._win, False
         out._peers = self._peers
         if shape and math.prod(shape) == 0:
-            bounds = self._row_bounds(shape, self.comm.size)
+            bounds = row_bounds(shape, self.comm.size)
         else:
             bounds = [min(b, shape[0] if shape else 1) for b in self._bounds]
         out._layout(shape, bounds)
         out._block = out._view_block()
         return out
-
-    @staticmethod
-    def _row_bounds(shape: tuple[int, ...], nranks: int) -> list[int]:
-        """First row of each rank's block, plus the row count at the end (length nranks + 1)."""
-        n = shape[0] if shape else 1
-        if not shape or math.prod(shape) == 0:
-            return [0] + [n] * nranks
-        return [r * n // nranks for r in range(nranks + 1)]
 
     def local(self) -> np.ndarray:
         """Writable view of this rank's block, shape ``(hi - lo, *shape[1:])`` (``()`` for a 0-d
@@ -233,13 +232,7 @@ class GlobalArray:
     def owners(self, region: Region) -> list[tuple[int, tuple[int, int]]]:
         """Ranks holding part of ``region``, each with the ``[lo, hi)`` rows of axis 0 it holds;
         empty for an empty region. Lets a caller count bytes per owner (local versus remote)."""
-        bounds = self._normalise(region)
-        if any(b == a for a, b in bounds):
-            return []
-        a, b = bounds[0] if bounds else (0, 1)
-        return [(r, (max(a, self._bounds[r]), min(b, self._bounds[r + 1])))
-                for r in range(self.comm.size)
-                if max(a, self._bounds[r]) < min(b, self._bounds[r + 1])]
+        return row_owners(self._bounds, self._normalise(region))
 
     def _transfers(self, region: Region):
         """Yield ``(owner, origin row slice, starts, sizes)`` per owner of ``region``: the rows of the

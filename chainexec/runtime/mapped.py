@@ -17,11 +17,23 @@ global) is :meth:`MappedArray.populate`, which makes the tile's pages resident
 (``MADV_POPULATE_READ``: from the disk if the page cache lacks them), counted as the plan
 predicts; the get (global → device) copies from the mapped rows. The mapping is read-only: the
 executor maps only tiles a load fills and nothing but gets reads (an input's global tile).
+
+Ranks of one host map the same tile each, and the page cache holds its pages once for all of
+them: each rank loads its share of the pages (the executor cuts each streamed row over the
+ranks, as it does a global array's in shared memory) and counts that share, and every rank's
+gets read every row through its own mapping once the others have published their loads. Until
+2026-11-28 several ranks read the inputs through HDF5 into a global array in shared memory:
+synthetic o=32 v=300 on two H200s (``benchmarks/results/session30_2026-11-28.json``) spent 2.6-2.7 s
+of each rank's disk worker on it and 15.17-15.40 s of executor, against 0.007-0.010 s and
+14.53-14.56 s mapped (one rank: 28.1-28.4 s either way), so 92 % parallel efficiency became 97 %.
+Ranks on several hosts still read into global arrays: a mapping there would read other hosts'
+shares from the file again, bytes the plan does not count.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 
@@ -29,7 +41,7 @@ import h5py
 import numpy as np
 
 from chainexec.runtime import hostcopy
-from chainexec.runtime.region import region_bounds, whole_rows
+from chainexec.runtime.region import region_bounds, row_bounds, row_owners, whole_rows
 
 MADV_POPULATE_READ = 22
 """Linux 5.14's ``madvise`` advice that faults a range's pages in for reading (reading the file
@@ -50,31 +62,37 @@ def contiguous_offset(dataset: h5py.Dataset, dtype: np.dtype) -> int | None:
 
 
 class MappedArray:
-    """One rank's whole global tile of an input, read-only, over the mapping of the file range
-    that holds it (the tile's rows ``region[0]`` of the dataset, every other axis whole). Offers
-    what the executor asks of a one-rank :class:`~chainexec.runtime.globalarray.GlobalArray`
-    whose rows a load fills and gets read."""
+    """An input's whole global tile, read-only, over the mapping of the file range that holds it
+    (the tile's rows ``region[0]`` of the dataset, every other axis whole), as ``rank`` of
+    ``size`` ranks of one host see it. Offers what the executor asks of a
+    :class:`~chainexec.runtime.globalarray.GlobalArray` whose rows a load fills and gets read: the
+    rows are split into blocks over the ranks as a global array's are (:func:`row_bounds`); a
+    rank's load makes its share of the pages resident, and every rank reads every row through its
+    own mapping of the same file, whose pages the host's page cache holds once. So each rank
+    counts its own rows, and the tile is counted once, as the plan has it."""
 
-    shared = False
-
-    def __init__(self, path: str, offset: int, shape: tuple[int, ...], dtype: np.dtype):
+    def __init__(self, path: str, offset: int, shape: tuple[int, ...], dtype: np.dtype, rank: int = 0,
+                 size: int = 1):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
-        self.rows = (0, self.shape[0])
-        self.nbytes_local = int(np.prod(self.shape)) * self.dtype.itemsize
+        self._bounds = row_bounds(self.shape, size)
+        self.rows = self.rows_of(rank)
+        self.shared = size > 1  # every rank's rows at hand, as in a global array in shared memory
+        whole = math.prod(self.shape) * self.dtype.itemsize
+        self.nbytes_local = whole // self.shape[0] * (self.rows[1] - self.rows[0]) if self.shape[0] else 0
         base = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
         fd = os.open(path, os.O_RDONLY)
         try:
-            self._map = mmap.mmap(fd, offset - base + self.nbytes_local, prot=mmap.PROT_READ, offset=base)
+            self._map = mmap.mmap(fd, offset - base + whole, prot=mmap.PROT_READ, offset=base)
         finally:
             os.close(fd)
-        self._block = np.frombuffer(self._map, self.dtype, count=int(np.prod(self.shape)),
+        self._whole = np.frombuffer(self._map, self.dtype, count=math.prod(self.shape),
                                     offset=offset - base).reshape(self.shape)
 
     def populate(self, rows: np.ndarray) -> None:
-        """Make the pages of ``rows`` (a C-contiguous view of :meth:`local`) resident: the load,
-        from the file where the page cache lacks them. A system without ``MADV_POPULATE_READ``
-        reads one element per page instead."""
+        """Make the pages of ``rows`` (a C-contiguous view of the tile) resident: the load, from
+        the file where the page cache lacks them. A system without ``MADV_POPULATE_READ`` reads one
+        element per page instead."""
         if not rows.flags.c_contiguous:
             raise ValueError("populate: rows must be a C-contiguous view of the mapped tile")
         if not rows.size:
@@ -84,22 +102,28 @@ class MappedArray:
         if _libc.madvise(start, rows.ctypes.data + rows.nbytes - start, MADV_POPULATE_READ) != 0:
             rows.reshape(-1)[::max(1, page // self.dtype.itemsize)].sum()
 
-    def local(self) -> np.ndarray:
-        return self._block
+    def whole(self) -> np.ndarray:
+        """All rows of the tile (what a rank's gets read: the range to lock for the device)."""
+        return self._whole
 
-    def block(self, rank: int) -> np.ndarray | None:
-        return self._block if rank == 0 else None
+    def local(self) -> np.ndarray:
+        """This rank's rows (its load's share)."""
+        return self._whole[self.rows[0]:self.rows[1]]
+
+    def block(self, rank: int) -> np.ndarray:
+        """``rank``'s rows: every rank's are at hand."""
+        lo, hi = self.rows_of(rank)
+        return self._whole[lo:hi]
 
     def rows_of(self, rank: int) -> tuple[int, int]:
-        return self.rows if rank == 0 else (self.rows[1], self.rows[1])
+        return self._bounds[rank], self._bounds[rank + 1]
 
     def owners(self, region) -> list[tuple[int, tuple[int, int]]]:
-        box = region_bounds(region, self.shape)
-        return [(0, box[0])] if all(b > a for a, b in box) else []
+        return row_owners(self._bounds, region_bounds(region, self.shape))
 
     def get(self, region, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of the patch ``region`` (into ``out`` when given)."""
-        patch = self._block[tuple(slice(a, b) for a, b in region_bounds(region, self.shape))]
+        patch = self._whole[tuple(slice(a, b) for a, b in region_bounds(region, self.shape))]
         if out is None:
             return patch.copy()
         hostcopy.copy(out, patch)
@@ -110,12 +134,11 @@ class MappedArray:
         box = region_bounds(region, self.shape)
         if not whole_rows(box, self.shape):
             return None
-        return self._block[box[0][0]:box[0][1]]
+        return self._whole[box[0][0]:box[0][1]]
 
     def discard(self, rows: tuple[int, int]) -> None:
         """Nothing: the pages are the file's, shared with every reader of it."""
 
     def free(self) -> None:
         """Let the mapping go: it is unmapped once the last view of it is gone."""
-        self._block = self._map = None
-
+        self._whole = self._map = None

@@ -6,6 +6,8 @@ file (:mod:`chainexec.runtime.mapped`) and the disk store, which need nothing of
 
 from __future__ import annotations
 
+import math
+
 Region = tuple[slice, ...]
 """A patch: one step-1 slice per leading axis (missing trailing axes whole)."""
 
@@ -30,3 +32,25 @@ def whole_rows(box: tuple[tuple[int, int], ...], shape: tuple[int, ...]) -> bool
     """Whether the box (``[start, stop)`` per axis) spans every axis of ``shape`` but the first:
     rows of a C-ordered array, one contiguous range of it."""
     return all((a, b) == (0, n) for (a, b), n in zip(box[1:], shape[1:]))
+
+
+def row_bounds(shape: tuple[int, ...], parts: int) -> list[int]:
+    """First row of each of ``parts`` blocks of the first axis of an array of ``shape``, as even
+    as possible (block r: rows ``[r·n // parts, (r+1)·n // parts)``), plus the row count at the
+    end (length ``parts + 1``). A 0-d array counts as one row; one with no elements is wholly
+    the first block's."""
+    n = shape[0] if shape else 1
+    if not shape or math.prod(shape) == 0:
+        return [0] + [n] * parts
+    return [r * n // parts for r in range(parts + 1)]
+
+
+def row_owners(bounds: list[int], box: tuple[tuple[int, int], ...]) -> list[tuple[int, tuple[int, int]]]:
+    """The blocks (:func:`row_bounds`) holding part of ``box`` (``[start, stop)`` per axis; empty
+    for a 0-d array: its one row), each with the ``[lo, hi)`` rows of it that block holds;
+    empty for an empty box."""
+    if any(b == a for a, b in box):
+        return []
+    a, b = box[0] if box else (0, 1)
+    return [(r, (max(a, bounds[r]), min(b, bounds[r + 1]))) for r in range(len(bounds) - 1)
+            if max(a, bounds[r]) < min(b, bounds[r + 1])]

@@ -140,10 +140,12 @@ class Store:
         else:
             f[name].read_direct(out, source_sel=sel if sel else np.s_[()])
 
-    def mapped(self, tensor: str, version: int, region: tuple[tuple[int, int], ...]) -> MappedArray | None:
+    def mapped(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], rank: int = 0,
+               size: int = 1) -> MappedArray | None:
         """The tile ``region`` of an input's source as a read-only mapping of its file
         (:mod:`chainexec.runtime.mapped`) where its bytes lie there as the tile (version 0 from
-        a file, a contiguous dataset of the tensor's dtype, whole rows); else None."""
+        a file, a contiguous dataset of the tensor's dtype, whole rows), as ``rank`` of ``size``
+        ranks of one host holds it; else None."""
         t = self.plan.tensors[tensor]
         if version != 0 or "file" not in t.source or not region:
             return None
@@ -160,7 +162,7 @@ class Store:
         row = math.prod(t.shape[1:]) * dtype.itemsize
         if offset + region[0][1] * row > os.path.getsize(path):
             return None  # a file shorter than its dataset: HDF5's read reports it (a mapping would fault)
-        return MappedArray(path, offset + region[0][0] * row, tuple(b - a for a, b in region), dtype)
+        return MappedArray(path, offset + region[0][0] * row, tuple(b - a for a, b in region), dtype, rank, size)
 
     def _read_blocks(self, path: str, vds: h5py.Dataset, region, out: np.ndarray) -> None:
         """Read ``region`` of a stored version from the blocks behind its VDS, one block at a time.

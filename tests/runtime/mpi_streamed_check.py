@@ -1,9 +1,10 @@
 """Streamed inputs on several ranks: the (T) job of CONFIG run under mpiexec with a NumPy backend
 that records, on each rank, the chunks copied beside the work and what the device copy of
 ``ovvv`` holds when the rank's first tile starts, the parts of the streamed inputs it reads
-from disk, and the rows of them it gives back (poisoned with NaN instead, so that a row given
-back too early spoils the energy). Writes OUT/rank<R>.json per rank (and the run's measured and
-predicted bytes on rank 0).
+from disk through HDF5 or loads through their file's mapping (as (shape of a row, row, first
+and end element of the row's second axis)), and the rows of them it gives back (poisoned with
+NaN instead, so that a row given back too early spoils the energy). Writes OUT/rank<R>.json per
+rank (and the run's measured and predicted bytes on rank 0).
 
 Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma]`` (``--rma``: global arrays
 out of shared memory) (tests/runtime/test_executor.py).
@@ -17,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from chainexec import api
-from chainexec.runtime import device, globalarray, store
+from chainexec.runtime import device, globalarray, mapped, store
 
 STREAMED = ("ovvv", "ovoo", "ovov", "t1")
 
@@ -53,6 +54,17 @@ def main():
         plain_read(self, tensor, version, region, out_)
 
     store.Store.read = recording_read
+    populated = []
+    plain_populate = mapped.MappedArray.populate
+
+    def recording_populate(self, rows):
+        whole = self.whole()
+        at, row = rows.ctypes.data - whole.ctypes.data, whole[0].nbytes
+        first = at % row // (row // whole.shape[1]) if whole.ndim > 1 else 0
+        populated.append([list(whole.shape[1:]), at // row, first, first + (rows.shape[1] if whole.ndim > 1 else 1)])
+        plain_populate(self, rows)
+
+    mapped.MappedArray.populate = recording_populate
     discarded = []
 
     def poisoning_discard(self, rows):  # as if the pages were gone: NaN, so a later read shows
@@ -65,7 +77,7 @@ def main():
     api.select = lambda name, comm: Recording()
     try:
         result = api.run(config, backend="numpy")
-        mine = {"aside": aside, "first": first, "reads": reads, "discarded": discarded}
+        mine = {"aside": aside, "first": first, "reads": reads, "populated": populated, "discarded": discarded}
         if comm.rank == 0:
             mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"]}
         with open(f"{out}/rank{comm.rank}.json", "w") as f:

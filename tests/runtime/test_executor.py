@@ -138,17 +138,21 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, memory", [(2, "shared"), (3, "shared"), (3, "rma")])
-def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
-    """(T) at o=6, v=10, tiles of 2, on several ranks of one host: each rank reads from disk a
+@pytest.mark.parametrize("ranks, memory, layout", [(2, "shared", "contiguous"), (3, "shared", "contiguous"),
+                                                   (3, "shared", "chunked"), (3, "rma", "contiguous")])
+def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, layout):
+    """(T) at o=6, v=10, tiles of 2, on several ranks of one host: each rank loads from disk a
     part of every row of each streamed input (its cut of the second axis, the cuts of all ranks
     tiling it; with the global arrays out of shared memory, ``rma``, the rows it owns), and every
-    rank copies every chunk to its device, each only once all ranks have read their parts
-    (:class:`~chainexec.runtime.globalarray.Board`); in shared memory each rank gives back
-    (here: poisons with NaN) each of its rows of every streamed input once all ranks have copied
-    it (during the loop or at its end: when is a matter of timing, not checked here). A rank's
-    first tile finds in its copy of ``ovvv`` exactly the rows that tile reads, the others still
-    zero; bytes as predicted; the energy equals a run on one rank with whole gets, to 1e-12."""
+    rank copies every chunk to its device, each only once all ranks have loaded their parts
+    (:class:`~chainexec.runtime.globalarray.Board`). Inputs stored contiguously are mapped from
+    their file on ranks of one host (:mod:`chainexec.runtime.mapped`): the loads make the pages
+    of each rank's parts resident, no HDF5 read, nothing given back. Chunked ones are read into
+    shared memory, and each rank gives back (here: poisons with NaN) each of its rows of every
+    streamed input once all ranks have copied it (during the loop or at its end: when is a
+    matter of timing, not checked here). A rank's first tile finds in its copy of ``ovvv``
+    exactly the rows that tile reads, the others still zero; bytes as predicted; the energy
+    equals a run on one rank with whole gets, to 1e-12."""
     import json
     import subprocess
     import sys
@@ -167,6 +171,13 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
         pytest.skip("no mpiexec")
     o, v = 6, 10
     config = triples_config(tmp_path, "200KiB", o, v)
+    if layout == "chunked":
+        with h5py.File(tmp_path / "inputs.h5", "a") as f:
+            for name in list(f):
+                values = f[name][()]
+                del f[name]
+                f.create_dataset(name, data=values, chunks=(1,) + values.shape[1:])
+    mapping = layout == "contiguous" and memory == "shared"
     monkeypatch.setattr(executor, "streamed", lambda *args: None)
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
@@ -195,7 +206,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
     for r, rec in enumerate(records):  # every own row of each of the four inputs given back
         own = set(range(r * o // ranks, (r + 1) * o // ranks))
         given = [(lo, hi, tuple(shape)) for shape, lo, hi in rec["discarded"]]
-        if memory == "rma":
+        if memory == "rma" or mapping:
             assert not given
             continue
         shapes = {s for _, _, s in given}
@@ -203,6 +214,16 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory):
         for shape in shapes:
             assert set().union(*(range(lo, hi) for lo, hi, s in given if s == shape)) == own
     second = {"ovvv": v, "ovoo": v, "ovov": v, "t1": v}
+    if mapping:
+        assert not any(t in second for rec in records for t, _ in rec["reads"])
+        rows = {"ovvv": [v, v, v], "ovoo": [v, o, o], "ovov": [v, o, v], "t1": [v]}
+        for tensor, shape in rows.items():
+            for row in range(o):
+                cuts = sorted((a, b) for rec in records for s, r, a, b in rec["populated"] if s == shape and r == row)
+                assert len(cuts) == ranks and cuts[0][0] == 0 and cuts[-1][1] == v
+                assert all(x[1] == y[0] for x, y in zip(cuts, cuts[1:]))
+        return
+    assert not any(rec["populated"] for rec in records)
     for tensor, n in second.items():
         for row in range(o):
             if memory == "rma":  # the owner's rows, whole, in one read per chunk

@@ -71,6 +71,33 @@ def test_mapped_rows_equal_the_dataset(data, rows):
     tile.free()
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+def test_ranks_of_one_host_share_the_rows_of_one_mapping(data, size):
+    """A tile mapped by each of ``size`` ranks of one host: every rank holds every row at hand,
+    the rows are split into blocks over the ranks as a global array's are, each rank's load
+    (:meth:`MappedArray.local`) is its block, and each counts only its block's bytes, so that
+    over the ranks the tile counts once (8 ranks over 7 rows: one rank holds none)."""
+    path, values = data
+    with h5py.File(path, "r") as f:
+        offset = contiguous_offset(f["contiguous"], np.dtype(np.float64))
+    tiles = [MappedArray(str(path), offset, SHAPE, np.float64, rank, size) for rank in range(size)]
+    bounds = [r * SHAPE[0] // size for r in range(size + 1)]
+    assert sum(t.nbytes_local for t in tiles) == values.nbytes
+    for rank, tile in enumerate(tiles):
+        assert tile.shared == (size > 1)
+        assert tile.rows == (bounds[rank], bounds[rank + 1])
+        assert np.array_equal(tile.local(), values[bounds[rank]:bounds[rank + 1]])
+        assert tile.nbytes_local == tile.local().nbytes
+        assert np.array_equal(tile.whole(), values)
+        for other in range(size):
+            assert tile.rows_of(other) == (bounds[other], bounds[other + 1])
+            assert np.array_equal(tile.block(other), values[bounds[other]:bounds[other + 1]])
+        assert tile.owners((slice(2, 6),)) == [(r, (max(2, bounds[r]), min(6, bounds[r + 1]))) for r in range(size)
+                                               if max(2, bounds[r]) < min(6, bounds[r + 1])]
+        assert np.array_equal(tile.get((slice(1, 6), slice(2, 4))), values[1:6, 2:4])
+        tile.free()
+
+
 def test_store_maps_whole_rows_of_a_file_source_only(tmp_path):
     """``Store.mapped``: whole-row tiles of a contiguous input's first version; a tile cut along
     another axis, a later version or an empty tile are read instead."""
