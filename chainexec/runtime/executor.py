@@ -1,11 +1,13 @@
 """Walks a Plan's loop nests on every rank, moves tiles between levels, and counts every byte.
 
 The executor is the only interpreter of the plan (see :mod:`chainexec.planner.plan` for the region
-rule and the statements). Global buffers are :class:`GlobalArray` s (allocated collectively);
-device buffers belong to the :class:`Backend`. Statements outside parallel loops run on all ranks,
-each on its own rows of the global buffer (loads read exactly those rows from disk; stores write
-them); iterations of a parallel loop are dealt round-robin to ranks, with a barrier before (loads
-visible) and after (accumulations complete).
+rule and the statements). Global buffers are :class:`GlobalArray` s (allocated collectively),
+except an input's tile that only its load fills where its file holds it as the array, on one
+rank or ranks of one host: a :class:`MappedArray` of the file on each rank
+(:mod:`chainexec.runtime.mapped`); device buffers belong to the :class:`Backend`. Statements
+outside parallel loops run on all ranks, each on its own rows of the global buffer (loads read
+exactly those rows from disk; stores write them); iterations of a parallel loop are dealt
+round-robin to ranks, with a barrier before (loads visible) and after (accumulations complete).
 
 Disk reads and writes run on a background worker (:mod:`chainexec.runtime.diskio`). In a
 double-buffered loop (:mod:`chainexec.planner.pipeline`) the loop's own global buffers live in two
@@ -429,7 +431,7 @@ class Executor:
             hostcopy.fill(out, 0)
         self.store.read(tensor, version, part, out)
 
-    def _share(self, ga: GlobalArray, lo: int, hi: int, rank: int) -> list[tuple]:
+    def _share(self, ga: GlobalArray | MappedArray, lo: int, hi: int, rank: int) -> list[tuple]:
         """The pieces of rows ``[lo, hi)`` of a streamed input that ``rank`` reads from disk:
         (owner of the rows, first row, end row, range along the second axis or None for all of
         it). In shared memory (ranks of one host) each row is cut along its second axis over all
@@ -520,7 +522,7 @@ class Executor:
             self.buffers[gkey].local()  # the worker's stores into the window, synced before they are announced
             self.board.publish(slot, hi)
 
-    def _ready(self, ga: GlobalArray, slot: int, lo: int, hi: int) -> None:
+    def _ready(self, ga: GlobalArray | MappedArray, slot: int, lo: int, hi: int) -> None:
         """Wait until every other rank with a share of rows ``[lo, hi)`` of a streamed input
         (:meth:`_share`) has published that it read them, publishing this rank's own meanwhile
         (two ranks may wait for each other's rows); the wait is idle time."""
@@ -914,7 +916,7 @@ class Executor:
         else:
             self.counters.hold("device", -buf.nbytes)
 
-    def _own_rows(self, ga: GlobalArray, region) -> tuple:
+    def _own_rows(self, ga: GlobalArray | MappedArray, region) -> tuple:
         """This rank's rows of a global buffer, as a region of the whole tensor."""
         if not region:
             return region if ga.rows[1] > ga.rows[0] else None
@@ -923,7 +925,7 @@ class Executor:
             return None
         return ((region[0][0] + lo, region[0][0] + hi),) + region[1:]
 
-    def _read(self, op: Op, ga: GlobalArray, region) -> None:
+    def _read(self, op: Op, ga: GlobalArray | MappedArray, region) -> None:
         """Queue the read of this rank's rows of ``ga`` (the tile ``region`` of ``op``'s tensor)."""
         part = self._own_rows(ga, region)
         self.unsynced = True

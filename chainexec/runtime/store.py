@@ -145,7 +145,8 @@ class Store:
         """The tile ``region`` of an input's source as a read-only mapping of its file
         (:mod:`chainexec.runtime.mapped`) where its bytes lie there as the tile (version 0 from
         a file, a contiguous dataset of the tensor's dtype, whole rows), as ``rank`` of ``size``
-        ranks of one host holds it; else None."""
+        ranks of one host holds it; else None, also where the file cannot be mapped (the tile is
+        then read; on several ranks every rank's is, :meth:`Executor._alloc`)."""
         t = self.plan.tensors[tensor]
         if version != 0 or "file" not in t.source or not region:
             return None
@@ -162,7 +163,10 @@ class Store:
         row = math.prod(t.shape[1:]) * dtype.itemsize
         if offset + region[0][1] * row > os.path.getsize(path):
             return None  # a file shorter than its dataset: HDF5's read reports it (a mapping would fault)
-        return MappedArray(path, offset + region[0][0] * row, tuple(b - a for a, b in region), dtype, rank, size)
+        try:
+            return MappedArray(path, offset + region[0][0] * row, tuple(b - a for a, b in region), dtype, rank, size)
+        except (OSError, ValueError):  # no mapping to be had (descriptors, address space): read instead
+            return None
 
     def _read_blocks(self, path: str, vds: h5py.Dataset, region, out: np.ndarray) -> None:
         """Read ``region`` of a stored version from the blocks behind its VDS, one block at a time.

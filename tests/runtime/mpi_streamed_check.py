@@ -1,13 +1,15 @@
 """Streamed inputs on several ranks: the (T) job of CONFIG run under mpiexec with a NumPy backend
 that records, on each rank, the chunks copied beside the work and what the device copy of
 ``ovvv`` holds when the rank's first tile starts, the parts of the streamed inputs it reads
-from disk through HDF5 or loads through their file's mapping (as (shape of a row, row, first
-and end element of the row's second axis)), and the rows of them it gives back (poisoned with
-NaN instead, so that a row given back too early spoils the energy). Writes OUT/rank<R>.json per
-rank (and the run's measured and predicted bytes on rank 0).
+from disk through HDF5, the inputs' pages it loads through their file's mapping (as (shape of a
+row, first row, rows, first and end element of the rows' second axis)), and the rows of the
+streamed inputs it gives back (poisoned with NaN instead, so that a row given back too early
+spoils the energy). Writes OUT/rank<R>.json per rank (and the run's measured and predicted bytes
+and peaks on rank 0).
 
-Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma]`` (``--rma``: global arrays
-out of shared memory) (tests/runtime/test_executor.py).
+Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma] [--refuse R]`` (``--rma``:
+global arrays out of shared memory; ``--refuse R``: rank R cannot map any file, as where it ran out
+of descriptors) (tests/runtime/test_executor.py).
 """
 
 import json
@@ -61,10 +63,16 @@ def main():
         whole = self.whole()
         at, row = rows.ctypes.data - whole.ctypes.data, whole[0].nbytes
         first = at % row // (row // whole.shape[1]) if whole.ndim > 1 else 0
-        populated.append([list(whole.shape[1:]), at // row, first, first + (rows.shape[1] if whole.ndim > 1 else 1)])
+        width = rows.shape[1] if whole.ndim > 1 else 1
+        populated.append([list(whole.shape[1:]), at // row, rows.shape[0], first, first + width])
         plain_populate(self, rows)
 
     mapped.MappedArray.populate = recording_populate
+    if "--refuse" in sys.argv and comm.rank == int(sys.argv[sys.argv.index("--refuse") + 1]):
+        def refused(*args):
+            raise OSError("no file descriptors left")
+
+        mapped.MappedArray.__init__ = refused
     discarded = []
 
     def poisoning_discard(self, rows):  # as if the pages were gone: NaN, so a later read shows
@@ -79,7 +87,8 @@ def main():
         result = api.run(config, backend="numpy")
         mine = {"aside": aside, "first": first, "reads": reads, "populated": populated, "discarded": discarded}
         if comm.rank == 0:
-            mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"]}
+            mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"],
+                     "peaks": [result["measured"]["memory_peak"], result["predicted"]["memory_peak"]]}
         with open(f"{out}/rank{comm.rank}.json", "w") as f:
             json.dump(mine, f)
     except Exception:

@@ -139,7 +139,8 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks, memory, layout", [(2, "shared", "contiguous"), (3, "shared", "contiguous"),
-                                                   (3, "shared", "chunked"), (3, "rma", "contiguous")])
+                                                   (3, "shared", "chunked"), (3, "shared", "refused"),
+                                                   (3, "rma", "contiguous")])
 def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, layout):
     """(T) at o=6, v=10, tiles of 2, on several ranks of one host: each rank loads from disk a
     part of every row of each streamed input (its cut of the second axis, the cuts of all ranks
@@ -147,7 +148,9 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     rank copies every chunk to its device, each only once all ranks have loaded their parts
     (:class:`~chainexec.runtime.globalarray.Board`). Inputs stored contiguously are mapped from
     their file on ranks of one host (:mod:`chainexec.runtime.mapped`): the loads make the pages
-    of each rank's parts resident, no HDF5 read, nothing given back. Chunked ones are read into
+    of each rank's parts resident, no HDF5 read, nothing given back; an input loaded whole
+    (``t2``) is made resident by each rank for its own rows. Chunked ones, and all of them where
+    one rank cannot map a file (``refused``: the others do not map either), are read into
     shared memory, and each rank gives back (here: poisons with NaN) each of its rows of every
     streamed input once all ranks have copied it (during the loop or at its end: when is a
     matter of timing, not checked here). A rank's first tile finds in its copy of ``ovvv``
@@ -178,6 +181,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
                 del f[name]
                 f.create_dataset(name, data=values, chunks=(1,) + values.shape[1:])
     mapping = layout == "contiguous" and memory == "shared"
+    refuse = ["--refuse", "1"] if layout == "refused" else []
     monkeypatch.setattr(executor, "streamed", lambda *args: None)
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
@@ -187,13 +191,14 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     env = dict(os.environ, PYTHONPATH=str(repo))
     check = repo / "tests/runtime/mpi_streamed_check.py"
     proc = subprocess.run([launcher, "-n", str(ranks), sys.executable, str(check), str(config), str(out),
-                           *(["--rma"] if memory == "rma" else [])],
+                           *(["--rma"] if memory == "rma" else []), *refuse],
                           capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
     with h5py.File(tmp_path / "energy.h5") as f:
         assert float(f["E"][()]) == pytest.approx(whole, rel=1e-12)
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     assert records[0]["measured"] == records[0]["predicted"]
+    assert records[0]["peaks"][0] == records[0]["peaks"][1]
     chunks = sorted([[2, v, v, v], [2, v, o, o], [2, v, o, v], [2, v]] * 3)
     for rec in records:
         assert sorted(rec["aside"]) == chunks
@@ -217,11 +222,16 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     if mapping:
         assert not any(t in second for rec in records for t, _ in rec["reads"])
         rows = {"ovvv": [v, v, v], "ovoo": [v, o, o], "ovov": [v, o, v], "t1": [v]}
-        for tensor, shape in rows.items():
+        for tensor, shape in rows.items():  # streamed: each row's cut over the ranks
             for row in range(o):
-                cuts = sorted((a, b) for rec in records for s, r, a, b in rec["populated"] if s == shape and r == row)
+                cuts = sorted((a, b) for rec in records for s, r, n, a, b in rec["populated"]
+                              if s == shape and r == row)
                 assert len(cuts) == ranks and cuts[0][0] == 0 and cuts[-1][1] == v
                 assert all(x[1] == y[0] for x, y in zip(cuts, cuts[1:]))
+        for r, rec in enumerate(records):  # t2 (o, o, v, v), loaded whole: each rank its own rows
+            t2 = [(first, n, a, b) for s, first, n, a, b in rec["populated"] if s == [o, v, v]]
+            lo, hi = r * o // ranks, (r + 1) * o // ranks
+            assert t2 == ([(lo, hi - lo, 0, o)] if hi > lo else [])
         return
     assert not any(rec["populated"] for rec in records)
     for tensor, n in second.items():
