@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Strong scaling of one config on 1..N GPUs of one host (one rank per GPU): a warm-up run on 1 rank
-# fills the kernel and tuning caches, then one timed run per rank count. Writes run_n<N>.json
+# Strong scaling of one config on 1..N GPUs of one host (one rank per GPU): each rank count's plan
+# made first (`chainexec plan --ranks N`, kept in the plan cache the runs read: no timed run plans;
+# until 2026-11-28 a 2-rank run's wall held 4 s of planning, its 1-rank warm-up's plan cached), a
+# warm-up run on 1 rank fills the kernel and tuning caches, then one timed run per rank count. Writes run_n<N>.json
 # (chainexec's report), its .wall (JSON: the launcher's wall seconds and the scalar outputs the run
 # wrote) and scaling.json: per rank count
 # the executor and wall seconds, speed-up and parallel efficiency against the first count, whether
@@ -39,6 +41,9 @@ values = verify.scalar_outputs(spec.load(config))
 Path(report + ".wall").write_text(json.dumps({"wall_seconds": end - start, "outputs": values}))
 PY
 }
+for n in $counts; do
+  python3 -m chainexec.cli plan "$config" --ranks "$n" "${machine[@]}" > "$out/plan_n$n.txt" 2>&1 || { tail -5 "$out/plan_n$n.txt"; exit 1; }
+done
 run 1 "$out/warmup.json"
 for n in $counts; do run "$n" "$out/run_n$n.json"; done
 python3 - "$out" "$config" $counts <<'PY'

@@ -36,11 +36,17 @@ def load_machine(path: str | None) -> Machine:
 
 
 def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1,
-         inline: bool = True) -> Plan:
+         inline: bool = True, plan_cache: bool = False) -> Plan:
     """Load and plan a config (pure apart from reading the two files); ``schedule`` forces a
     named alternative, ``ranks`` spreads parallel loops over that many ranks, ``inline`` False
-    keeps point-wise intermediates in buffers (see :func:`chainexec.planner.build.make_plan`)."""
-    return _make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks, inline)
+    keeps point-wise intermediates in buffers (see :func:`chainexec.planner.build.make_plan`).
+    ``plan_cache``: read the plan from :mod:`chainexec.plancache` where :func:`run` would, and
+    keep a new one there, so that a run of the same config, machine and options (``ranks``: the
+    run's rank count) from the same folder does not plan again."""
+    if not plan_cache:
+        return _make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks, inline)
+    text = spec_mod.read(config)
+    return _planned(spec_mod.loads(text, str(config)), text, load_machine(machine), schedule, ranks, inline, True)[0]
 
 
 def generate(config: str | Path) -> list[str]:

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     p.add_argument("--ranks", type=int, default=1, help="plan for this many MPI ranks (run plans for its own)")
     p.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
+    p.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
+                   help="plan again and keep nothing (by default the plan is read from, or kept in, the plan "
+                        "cache that `run` reads: plan ahead with --ranks N and the run of N ranks starts at once)")
     r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
     r.add_argument("config")
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
@@ -120,7 +123,7 @@ def main(argv=None) -> int:
         if args.command == "plan":
             if args.ranks < 1:
                 raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
-            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline)
+            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache)
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:

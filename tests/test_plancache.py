@@ -195,3 +195,26 @@ def test_a_cached_plan_must_match_its_config(fourindex, monkeypatch):
         assert not plancache.fits(plancache.load(kept.stem)[0], s)
         assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is False
         assert kept.read_text() == good  # made again and kept in its place
+
+
+@pytest.mark.mpi
+def test_cli_plan_keeps_the_plan_a_run_of_as_many_ranks_reads(fourindex):
+    """``chainexec plan --ranks 2`` keeps its plan in the cache, where a run of 2 ranks from the
+    same folder finds it and does not plan again; read back, it prints what planning prints.
+    ``--no-plan-cache`` plans and keeps nothing."""
+    import json
+
+    fresh = run_cli("plan", fourindex, "--ranks", "2", "--no-plan-cache")
+    assert fresh.returncode == 0, fresh.stderr
+    assert _cached_files() == []
+    first = run_cli("plan", fourindex, "--ranks", "2")
+    [kept] = _cached_files()
+    again = run_cli("plan", fourindex, "--ranks", "2")
+    assert first.stdout == fresh.stdout and again.stdout == fresh.stdout
+    assert _cached_files() == [kept]
+    report = fourindex.parent / "report.json"
+    proc = run_cli("run", fourindex, "--report-json", report, ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["run"]["plan_cached"] is True
+    assert _cached_files() == [kept]
+    assert np.max(np.abs(_result(fourindex) - _einsum(fourindex))) <= 1e-12 * np.max(np.abs(_einsum(fourindex)))

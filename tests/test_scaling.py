@@ -1,6 +1,6 @@
 """``benchmarks/scaling.sh`` on the NumPy backend under the PyPI MPI's ``mpiexec``: a small (T)
 job on 1 and 2 ranks; the summary holds both rank counts with efficiencies computed from the
-reports, every count as predicted, and the energy each run wrote equal to the independent
+reports, no timed run planned (each count's plan was made beforehand), every count as predicted, and the energy each run wrote equal to the independent
 reference (and so across rank counts)."""
 
 import json
@@ -34,6 +34,7 @@ def test_one_and_two_ranks_agree(tmp_path):
     for row in rows:
         report = json.loads((tmp_path / "out" / f"run_n{row['ranks']}.json").read_text())
         assert row["executor_seconds"] == report["measured"]["total_seconds"] and report["run"]["ranks"] == row["ranks"]
+        assert report["run"]["plan_cached"]  # planned before the timed runs, for every rank count
         assert row["measured_equals_predicted"]
         assert abs(row["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
     assert rows[0]["executor_efficiency"] == 1.0
