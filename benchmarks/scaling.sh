@@ -2,9 +2,9 @@
 # Strong scaling of one config on 1..N GPUs of one host (one rank per GPU): each rank count's plan
 # made first (`chainexec plan --ranks N`, kept in the plan cache the runs read: no timed run plans;
 # until 2026-11-28 a 2-rank run's wall held 4 s of planning, its 1-rank warm-up's plan cached), a
-# warm-up run on 1 rank fills the kernel and tuning caches, then one timed run per rank count. Writes run_n<N>.json
-# (chainexec's report), its .wall (JSON: the launcher's wall seconds and the scalar outputs the run
-# wrote) and scaling.json: per rank count
+# warm-up run on 1 rank fills the kernel and tuning caches, then one timed run per rank count.
+# Writes plan_n<N>.txt, run_n<N>.json (chainexec's report), its .wall (JSON: the launcher's wall
+# seconds and the scalar outputs the run wrote) and scaling.json: per rank count
 # the executor and wall seconds, speed-up and parallel efficiency against the first count, whether
 # every count the runtime measures equals the plan's prediction, and the config's scalar outputs
 # as written by that run (they must agree across rank counts).

@@ -67,6 +67,19 @@ def fourindex_config(n: int = 10, nmo: int = 8, global_memory="24KiB", device_me
     }
 
 
+def store_chunked(path: Path) -> None:
+    """Store every dataset of the HDF5 file ``path`` again with the same values, chunked one row
+    per chunk: its bytes no longer lie in the file as the array, so inputs are read through HDF5,
+    not mapped (:mod:`chainexec.runtime.mapped`)."""
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        for name in list(f):
+            values = f[name][()]
+            del f[name]
+            f.create_dataset(name, data=values, chunks=(1,) + values.shape[1:])
+
+
 def triples_config(folder: Path, device_memory: str, nocc: int = 8, nvir: int = 10, seed: int = 3,
                    global_memory: str = "1GiB") -> Path:
     """Seeded synthetic (T) inputs (``chainexec chem --synthetic``) in ``folder`` and their

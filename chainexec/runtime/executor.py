@@ -350,10 +350,8 @@ class Executor:
             for op, _ in ops(body[at + 1:]):
                 if op.tensor is not None and not (op.op == "free" and op.level == "device"):
                     later.setdefault(op.tensor, op)
-            # (a mapped tile's pages are the file's: nothing to give back)
             self.dropping = {t: [slots[t], self._key(loads[t]), 0] for t in rows
-                             if isinstance(self.buffers[self._key(loads[t])], GlobalArray)
-                             and self.buffers[self._key(loads[t])].shared and t in later
+                             if self.buffers[self._key(loads[t])].gives_back and t in later
                              and later[t].op == "free" and self._key(later[t]) == self._key(loads[t])}
             if self.dropping:  # the same on every rank: the same plan, one host for all or none
                 self.copied = Board(self.comm, len(rows))

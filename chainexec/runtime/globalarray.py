@@ -192,6 +192,11 @@ class GlobalArray:
         """Whether the window is in shared memory (every rank's :meth:`block` is at hand)."""
         return self._peers is not None
 
+    @property
+    def gives_back(self) -> bool:
+        """Whether :meth:`discard` gives pages back (in shared memory only)."""
+        return self.shared
+
     def rows_of(self, rank: int) -> tuple[int, int]:
         """``rank``'s ``[lo, hi)`` rows of axis 0."""
         return self._bounds[rank], self._bounds[rank + 1]

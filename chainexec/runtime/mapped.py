@@ -81,6 +81,7 @@ class MappedArray:
         self._bounds = row_bounds(self.shape, size)
         self.rows = self.rows_of(rank)
         self.shared = size > 1  # every rank's rows at hand, as in a global array in shared memory
+        self.gives_back = False  # the pages are the file's (:meth:`discard`)
         whole = math.prod(self.shape) * self.dtype.itemsize
         self.nbytes_local = whole // self.shape[0] * (self.rows[1] - self.rows[0]) if self.shape[0] else 0
         base = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from chainexec.runtime.executor import _tuples
-from tests.conftest import triples_config
+from tests.conftest import store_chunked, triples_config
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -175,11 +175,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     o, v = 6, 10
     config = triples_config(tmp_path, "200KiB", o, v)
     if layout == "chunked":
-        with h5py.File(tmp_path / "inputs.h5", "a") as f:
-            for name in list(f):
-                values = f[name][()]
-                del f[name]
-                f.create_dataset(name, data=values, chunks=(1,) + values.shape[1:])
+        store_chunked(tmp_path / "inputs.h5")
     mapping = layout == "contiguous" and memory == "shared"
     refuse = ["--refuse", "1"] if layout == "refused" else []
     monkeypatch.setattr(executor, "streamed", lambda *args: None)

@@ -15,7 +15,7 @@ from chainexec.runtime.checkpoint import Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.mapped import MappedArray, contiguous_offset
 from chainexec.runtime.store import Store
-from tests.conftest import triples_config
+from tests.conftest import store_chunked, triples_config
 
 SHAPE = (7, 5, 3)
 
@@ -84,7 +84,7 @@ def test_ranks_of_one_host_share_the_rows_of_one_mapping(data, size):
     bounds = [r * SHAPE[0] // size for r in range(size + 1)]
     assert sum(t.nbytes_local for t in tiles) == values.nbytes
     for rank, tile in enumerate(tiles):
-        assert tile.shared == (size > 1)
+        assert tile.shared == (size > 1) and not tile.gives_back
         assert tile.rows == (bounds[rank], bounds[rank + 1])
         assert np.array_equal(tile.local(), values[bounds[rank]:bounds[rank + 1]])
         assert tile.nbytes_local == tile.local().nbytes
@@ -122,11 +122,7 @@ def test_triples_with_inputs_mapped_or_read(tmp_path, monkeypatch, layout):
     within 1e-12 and every count equals the prediction either way."""
     config = triples_config(tmp_path, "200KiB", 6, 10)
     if layout == "chunked":
-        with h5py.File(tmp_path / "inputs.h5", "a") as f:
-            for name in list(f):
-                values = f[name][()]
-                del f[name]
-                f.create_dataset(name, data=values, chunks=(1,) + values.shape[1:])
+        store_chunked(tmp_path / "inputs.h5")
     loaded = []
     populate = MappedArray.populate
     monkeypatch.setattr(MappedArray, "populate", lambda self, rows: loaded.append(rows.nbytes) or populate(self, rows))
