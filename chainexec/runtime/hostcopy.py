@@ -6,8 +6,12 @@ arrays took 3.1 s of a 10.9 s executor, and device fetches from global memory ra
 because ``GlobalArray.get`` copies a rank's own rows into a page-locked staging buffer with one
 ``numpy.copyto`` before the DMA. NumPy releases the GIL inside such copies, so Python threads run
 them in parallel. The pool has one thread per core this process may run on
-(``os.sched_getaffinity``: under ``mpirun``/``srun`` binding, the rank's own cores), so ranks
-sharing a host do not oversubscribe it.
+(``os.sched_getaffinity``: under ``mpirun``/``srun`` binding, the rank's own cores), so bound ranks
+sharing a host do not oversubscribe it. Unbound ranks (``--bind-to none``) each see every core;
+that costs nothing measurable: four ranks on a 64-core H200 host, each copying 21.5 GB of mapped
+page cache into page-locked rows at once, took 1.32-1.36 s per rank with 64 threads each,
+1.32-1.33 s with 32 and 1.45-1.49 s with 16 (the host's memory bounds it, about 64 GB/s in all;
+one rank alone: 0.49 s; ``benchmarks/results/session31_2026-11-28.json``).
 """
 
 from __future__ import annotations
