@@ -12,7 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
-from chainexec import plancache
+from chainexec import plancache, safepaths
 from chainexec import spec as spec_mod
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
@@ -50,14 +50,18 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
 
 
 def generate(config: str | Path) -> list[str]:
-    """Write the seeded random inputs of a config to its HDF5 files; returns ``file:dataset`` names."""
-    return store.write_random_inputs(plan(config))
+    """Write the seeded random inputs of a config to its HDF5 files; returns ``file:dataset`` names.
+    Every file is checked (:func:`chainexec.safepaths.check_generate`) and every input's seed
+    found before any file is written; each file is written anew and renamed into place."""
+    s = spec_mod.load(config)
+    safepaths.check_generate(s)
+    return store.write_random_inputs(_make_plan(s, Machine(), None, 1, True))
 
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
         balance: str = "dynamic", progress: bool = False, checkpoint: str | Path | None = None,
         checkpoint_every: float = 600.0, stop_after: float | None = None, inline: bool = True,
-        plan_cache: bool = True) -> dict:
+        plan_cache: bool = True, reports: dict[str, str | None] | None = None) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`).
 
@@ -68,7 +72,13 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
     in :func:`plan`. ``plan_cache``: read the plan from :mod:`chainexec.plancache` where this
     config, machine, options and source were planned before (``run["plan_cached"]``), and keep
-    a new one there.
+    a new one there. ``reports``: files the caller writes after the run, by the option that names
+    them (``{"--report-json": path}``), checked with the run's own paths before anything runs.
+
+    Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) before it removes anything:
+    then the older outputs of this config (a run that fails later must not leave them looking
+    like its result), then the plan, the inputs and the checkpoint, and only then makes its
+    folders.
 
     ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, plans and checks the
     inputs; the others wait), starting the backend (CuPy's import and the device's context), in
@@ -79,23 +89,23 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     text = error = defect = kept = cached = None
     if comm.rank == 0:
         try:
-            text = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
-            s = spec_mod.loads(text, str(config))
-            # Outputs first: a run that fails to plan or on its inputs must not leave an older
-            # output behind that looks like this run's result.
-            store.prepare_outputs(s.resolve(o.file) for o in s.outputs)
-            p, text, cached = _planned(s, text, load_machine(machine), schedule, comm.size, inline, plan_cache)
-            store.check_inputs(p)
             if stop_after is not None and checkpoint is None:
                 raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
+            if checkpoint is not None and balance != "dynamic":
+                raise ChainexecError("checkpoints need --balance dynamic")
+            text = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
+            s = spec_mod.loads(text, str(config))
+            paths = safepaths.check_run(s, checkpoint, reports)
+            store.remove_outputs(paths.outputs)
+            p, text, cached = _planned(s, text, load_machine(machine), schedule, comm.size, inline, plan_cache)
+            store.check_inputs(p)
             if checkpoint is not None:
-                if balance != "dynamic":
-                    raise ChainexecError("checkpoints need --balance dynamic")
                 ck = Checkpoint.open(checkpoint, p, text, comm.size, checkpoint_every, stop_after)
                 kept = (ck.digest, ck.saved)
                 if not any(resumable(nest) for nest in p.nests):
                     print(f"chainexec: note: no resumable loop in this plan (see `chainexec plan`); "
                           f"{checkpoint} will hold nothing", file=sys.stderr)
+            store.make_folders(paths.outputs, paths.scratch)
         except ChainexecError as err:
             error = str(err)
         except Exception as err:  # a defect: the other ranks must not wait for the plan for ever

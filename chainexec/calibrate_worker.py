@@ -162,7 +162,7 @@ def _statements(comm, dev, scratch: str, reps: int) -> dict:
     if comm.rank == 0:
         folder.mkdir()
         chain = spec.loads(STATEMENT_CHAIN, str(folder / "chain.yaml"))
-        store.prepare_outputs(chain.resolve(o.file) for o in chain.outputs)
+        store.make_folders([chain.resolve(o.file) for o in chain.outputs], chain.resolve(chain.scratch))
         plan = make_plan(chain, ranks=comm.size)
         text = plan.to_json()
     plan = Plan.from_json(comm.bcast(text, root=0))

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from chainexec import calibrate
+from chainexec import atomicfile, calibrate
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError
@@ -103,14 +103,27 @@ def _plan_json(plan) -> dict:
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        atomicfile.write(Path(path), json.dumps(data, indent=1), mode=0o644)
+    except OSError as err:
+        raise ChainexecError(f"cannot write the report ({err.strerror or err})", path) from None
 
 
 def main(argv=None) -> int:
+    """The command line; an interrupt (Ctrl-C, SIGINT from the launcher) ends the process at once
+    with one line and status 130, leaving what a killed run leaves (no output renamed into place,
+    the last checkpoint)."""
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        if args.command != "run" or _rank() == 0:
+            print("chainexec: interrupted; no output was completed (a run with --checkpoint resumes "
+                  "from its last checkpoint)", file=sys.stderr, flush=True)
+        os._exit(130)  # not through the interpreter's exit, which would wait for the run's threads
+
+
+def _main(args) -> int:
     if args.command == "run":
         fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
         warmup.start(args.config, args.backend)
@@ -164,7 +177,8 @@ def main(argv=None) -> int:
                 result = api.run(args.config, backend=args.backend, machine=args.machine, schedule=args.schedule,
                                  balance=args.balance, progress=not args.quiet, checkpoint=args.checkpoint,
                                  checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
-                                 inline=args.inline, plan_cache=args.plan_cache)
+                                 inline=args.inline, plan_cache=args.plan_cache,
+                                 reports={"--report-json": args.report_json, "--plot": args.plot})
             except Stopped as stop:
                 if _rank() == 0:
                     print(f"chainexec: {stop}", file=sys.stderr)

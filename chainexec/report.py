@@ -170,8 +170,13 @@ def _pyplot():
 
 def _save(fig, path: str) -> None:
     """Write ``fig`` as PNG to ``path`` through a temporary file beside it: no partial file is left."""
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as err:
+        from chainexec.errors import ChainexecError
+
+        raise ChainexecError(f"cannot write the plot ({err.strerror or err})", path) from None
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")

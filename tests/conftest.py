@@ -46,6 +46,17 @@ def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None) -> 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
+def assert_refused(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """A CLI call refused as bad input: exit status 2, one line on stderr holding every needle,
+    no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
 def write_config(folder: Path, config: dict, name: str = "chain.yaml") -> Path:
     path = folder / name
     path.write_text(yaml.safe_dump(config, sort_keys=False))

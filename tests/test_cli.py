@@ -9,16 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import fourindex_config, run_cli, write_config
-
-
-def _assert_clean_failure(proc, *needles):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
 
 
 def _no_complete_output(folder):
@@ -50,7 +41,7 @@ def test_spec_errors(case, command, tmp_path):
     config = write_config(tmp_path, fourindex_config(n=10, nmo=8))
     config.write_text(edit(config.read_text()))
     proc = run_cli(command, config)
-    _assert_clean_failure(proc, *needles)
+    assert_refused(proc, *needles)
     _no_complete_output(tmp_path)
 
 
@@ -61,7 +52,7 @@ def test_yaml_error_names_the_line(tmp_path):
     lines[at] = lines[at].replace("C[p,a]", "C[p,a,zz]")
     config.write_text("\n".join(lines) + "\n")
     proc = run_cli("plan", config)
-    _assert_clean_failure(proc, f"chain.yaml:{at + 1}:", "unknown index 'zz'")
+    assert_refused(proc, f"chain.yaml:{at + 1}:", "unknown index 'zz'")
 
 
 def _with_inputs(tmp_path, mutate=None):
@@ -96,7 +87,7 @@ def test_input_errors(case, tmp_path):
     mutate, needles = INPUT_ERRORS[case]
     config = _with_inputs(tmp_path, mutate)
     proc = run_cli("run", config, ranks=2)
-    _assert_clean_failure(proc, *needles)
+    assert_refused(proc, *needles)
     assert not (tmp_path / "out" / "result.h5").exists()
 
 
@@ -104,7 +95,7 @@ def test_missing_input_file(tmp_path):
     config = _with_inputs(tmp_path)
     (tmp_path / "in.h5").unlink()
     proc = run_cli("run", config)
-    _assert_clean_failure(proc, "in.h5", "not found")
+    assert_refused(proc, "in.h5", "not found")
     assert not (tmp_path / "out" / "result.h5").exists()
 
 
@@ -112,7 +103,7 @@ def test_statement_dtype_mismatch(tmp_path):
     cfg = fourindex_config()
     cfg["tensors"]["C"]["dtype"] = "float32"
     proc = run_cli("plan", write_config(tmp_path, cfg))
-    _assert_clean_failure(proc, "chain.yaml:", "dtype mismatch")
+    assert_refused(proc, "chain.yaml:", "dtype mismatch")
 
 
 def test_output_not_writable(tmp_path):
@@ -122,7 +113,7 @@ def test_output_not_writable(tmp_path):
     config = write_config(tmp_path, cfg)
     assert run_cli("generate", config).returncode == 0
     proc = run_cli("run", config)
-    _assert_clean_failure(proc, "result.h5", "not writable")
+    assert_refused(proc, "result.h5", "not writable")
 
 
 def test_float32_chain_runs(tmp_path):
@@ -220,7 +211,7 @@ def test_a_run_that_cannot_plan_leaves_no_older_output(tmp_path):
     config = _with_inputs(tmp_path)  # ran once: its output is there
     config.write_text(config.read_text().replace("device_memory: 3KiB", "device_memory: 8"))
     proc = run_cli("run", config, "--quiet")
-    _assert_clean_failure(proc, "device_memory", "too small")
+    assert_refused(proc, "device_memory", "too small")
     assert not (tmp_path / "out" / "result.h5").exists()
 
 
@@ -238,5 +229,5 @@ def test_memory_the_host_lacks_is_one_clear_error(tmp_path):
     assert run_cli("generate", config).returncode == 0
     proc = run_cli("run", config, "--quiet")
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)  # MPICH's transport chatter
-    _assert_clean_failure(proc, str(config), "C[i,j] at the global level", "could not allocate 128.00 TiB")
+    assert_refused(proc, str(config), "C[i,j] at the global level", "could not allocate 128.00 TiB")
     assert not (tmp_path / "out.h5").exists()

@@ -20,21 +20,29 @@ No pickle: the rank files are plain ``.npz`` arrays read with ``allow_pickle=Fal
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
 import os
+import re
+import socket
 import time
 from pathlib import Path
 
 import numpy as np
 
+from chainexec import safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.cost import points
 from chainexec.planner.plan import CATEGORIES, Plan
 from chainexec.planner.resume import resumable
 
 MANIFEST = "checkpoint.json"
+_PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
+"""The names of the rank files and their temporary files."""
+_held: dict[Path, int] = {}
+"""Checkpoint folders this process has locked (:func:`_lock`), with the lock file's descriptor."""
 FORMAT = 2
 """Version of the manifest's layout and of the tile order its counts refer to (2: symmetric
 loops visit their tuples in another order since 2026-11-24, so a checkpoint of 1 would resume the
@@ -67,6 +75,26 @@ def _loops(plan: Plan) -> dict[tuple[int, int], int]:
     """Every resumable loop, (nest, position) → its number of tiles."""
     return {(k, pos): points([], [nest.body[pos]], plan.extents, "device")
             for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
+
+
+def _lock(folder: Path) -> None:
+    """Lock ``folder`` for this process until it exits (a POSIX record lock on the mark file,
+    which NFS and Lustre honour): a second run given the same checkpoint folder is refused
+    instead of mixing its parts with this run's. The lock goes with the process, also when it
+    is killed."""
+    folder = safepaths.resolved(folder)
+    if folder in _held:
+        return
+    fd = os.open(folder / safepaths.MARK, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").partition("held by ")[2].strip()
+        os.close(fd)
+        raise ChainexecError(f"checkpoint folder in use by another run{f' ({holder})' if holder else ''}",
+                             str(folder)) from None
+    os.pwrite(fd, f"\nheld by pid {os.getpid()} on {socket.gethostname()}\n".encode(), os.fstat(fd).st_size)
+    _held[folder] = fd
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -111,7 +139,8 @@ class Checkpoint:
         path = folder / MANIFEST
         saved = None
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            safepaths.make_owned(folder, "a run's checkpoint")
+            _lock(folder)
             if path.exists():
                 saved = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -201,11 +230,16 @@ class Checkpoint:
         self.committed = number
 
     def clear(self) -> None:
-        """Remove the manifest, then every part and leftover (rank 0, after the outputs are
-        complete; the manifest first, so a crash in between leaves no manifest naming a missing
-        part)."""
+        """Remove the manifest, then every part, the temporary files of both and the folder's
+        mark (rank 0, after the outputs are complete; the manifest first, so a crash in between
+        leaves no manifest naming a missing part). Only files named as this module names them
+        are removed: the folder keeps anything else."""
         (self.folder / MANIFEST).unlink(missing_ok=True)
         _fsync_dir(self.folder)
-        for pattern in ("rank*-*.npz", "rank*-*.tmp", "*.tmp"):
-            for path in self.folder.glob(pattern):
+        for path in self.folder.iterdir():
+            if _PART.fullmatch(path.name) or path.name == Path(MANIFEST).with_suffix(".tmp").name:
                 path.unlink(missing_ok=True)
+        (self.folder / safepaths.MARK).unlink(missing_ok=True)
+        fd = _held.pop(safepaths.resolved(self.folder), None)
+        if fd is not None:
+            os.close(fd)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from chainexec import generator
+from chainexec import generator, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
 from chainexec.runtime.region import whole_rows
@@ -52,49 +53,87 @@ def check_inputs(plan: Plan) -> None:
             raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
 
 
-def prepare_outputs(files) -> None:
-    """Make sure every output file can be written and no stale output survives to look complete
-    (called before planning, so that a run that fails to plan leaves no older result behind)."""
+def remove_outputs(files) -> None:
+    """Check that every output file can be written and remove the older outputs of these names
+    with their parts folders (rank 0, once :func:`chainexec.safepaths.check_run` has passed, so
+    that every file removed is one chainexec wrote, and before planning, so that a run that fails
+    later leaves no older result that looks like its own)."""
     for path in map(Path, files):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            probe = path.parent / f".{path.name}.probe"
-            probe.write_bytes(b"")
-            probe.unlink()
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+            os.close(fd)
+            os.unlink(probe)
             path.unlink(missing_ok=True)
-            shutil.rmtree(parts_dir(path), ignore_errors=True)
+            safepaths.remove_owned(parts_dir(path))
         except OSError as err:
             raise ChainexecError(f"output path is not writable ({err.strerror or err})", str(path)) from None
 
 
+def make_folders(files, scratch: Path) -> None:
+    """Make each output's parts folder and the scratch folder, marked as chainexec's
+    (:func:`chainexec.safepaths.make_owned`; rank 0, once every check of the run has passed)."""
+    for folder, what in [(parts_dir(Path(f)), f"the shard files of {Path(f).name}") for f in files] + [
+            (Path(scratch), "scratch of a run")]:
+        try:
+            safepaths.make_owned(folder, what)
+        except OSError as err:
+            raise ChainexecError(f"cannot make this folder ({err.strerror or err})", str(folder)) from None
+
+
 def parts_dir(output_file: Path) -> Path:
-    return output_file.with_name(output_file.name + ".parts")
+    return safepaths.parts_of(Path(output_file))
 
 
 def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
-    """``chainexec generate``: write every input that has a file and a seed, block by block."""
-    written = []
-    for t in plan.tensors.values():
-        if t.role != "input" or "file" not in t.source:
-            continue
+    """``chainexec generate``: write every input that has a file and a seed, block by block.
+    Every seed is checked first; each file is then written as a copy under a temporary name
+    (keeping the datasets the config does not write) and renamed into place, so that a failure
+    leaves every file as it was."""
+    inputs = [t for t in plan.tensors.values() if t.role == "input" and "file" in t.source]
+    for t in inputs:
         if "seed" not in t.source:
             raise ChainexecError(f"tensor {t.name} has no seed, so `chainexec generate` cannot write it",
                                  t.source["file"])
-        path = Path(t.source["file"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with h5py.File(path, "a") as f:
-            if t.source["dataset"] in f:
-                del f[t.source["dataset"]]
-            ds = f.create_dataset(t.source["dataset"], shape=tuple(t.shape), dtype=t.dtype)
-            ds.attrs["indices"] = ",".join(t.indices)
-            rows = max(1, rows_per_block // max(1, int(np.prod(t.shape[1:], dtype=np.int64))))
-            first = t.shape[0] if t.shape else 1
-            for lo in range(0, first, rows):
-                region = ((lo, min(lo + rows, first)),) + tuple((0, n) for n in t.shape[1:])
-                data = generator.block(t.source["seed"], tuple(t.shape), region[: len(t.shape)], t.dtype)
-                ds[tuple(slice(a, b) for a, b in region[: len(t.shape)])] = data
-        written.append(f"{path}:{t.source['dataset']}")
+    by_file: dict[str, list[TensorInfo]] = {}
+    for t in inputs:
+        by_file.setdefault(t.source["file"], []).append(t)
+    written = []
+    for file, group in by_file.items():
+        path = Path(file)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+        except OSError as err:
+            raise ChainexecError(f"cannot write here ({err.strerror or err})", file) from None
+        try:
+            if path.exists():
+                shutil.copyfile(path, tmp)
+            with h5py.File(tmp, "a") as f:
+                for t in group:
+                    _write_random(f, t, rows_per_block)
+            os.replace(tmp, path)
+        except OSError as err:
+            raise ChainexecError(f"cannot write the inputs ({err})", file) from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        written += [f"{path}:{t.source['dataset']}" for t in group]
     return written
+
+
+def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
+    """Tensor ``t``'s seeded values into dataset ``t.source["dataset"]`` of the open file ``f``."""
+    if t.source["dataset"] in f:
+        del f[t.source["dataset"]]
+    ds = f.create_dataset(t.source["dataset"], shape=tuple(t.shape), dtype=t.dtype)
+    ds.attrs["indices"] = ",".join(t.indices)
+    rows = max(1, rows_per_block // max(1, int(np.prod(t.shape[1:], dtype=np.int64))))
+    first = t.shape[0] if t.shape else 1
+    for lo in range(0, first, rows):
+        region = ((lo, min(lo + rows, first)),) + tuple((0, n) for n in t.shape[1:])
+        data = generator.block(t.source["seed"], tuple(t.shape), region[: len(t.shape)], t.dtype)
+        ds[tuple(slice(a, b) for a, b in region[: len(t.shape)])] = data
 
 
 class Store:
@@ -266,7 +305,7 @@ class Store:
                         ds.attrs["extents"] = np.array(t.shape, dtype=np.int64)
                     f.attrs[COMPLETE] = True
                 os.replace(tmp, path)
-            shutil.rmtree(self.plan.scratch, ignore_errors=True)
+            safepaths.remove_owned(Path(self.plan.scratch))
         self.comm.Barrier()
 
 

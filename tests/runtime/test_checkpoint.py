@@ -16,6 +16,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from chainexec import safepaths
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.planner.plan import Loop
 from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, triples_config, write_config
@@ -122,7 +123,7 @@ def test_several_resumable_loops(tmp_path, ranks):
             seen.append((manifest["nest"], manifest["position"], manifest["done"]))
             assert seen == sorted(set(seen)), seen  # always further
             assert sorted(p.name for p in folder.iterdir()) == sorted(
-                ["checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
+                [safepaths.MARK, "checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
         if seen or ranks == 1:
             break
     assert proc.returncode == 0 and seen, seen

@@ -1,0 +1,220 @@
+"""Paths checked before anything is written or removed, and the folders chainexec owns.
+
+A run reads its config and its input files; it replaces its output files (written as
+``<file>.tmp``, renamed into place) and their ``<file>.parts/`` folders, creates and at its end
+removes its scratch folder, fills and at its end empties a checkpoint folder, and writes report
+files (``--report-json``, ``--plot``). :func:`check_run` resolves every one of these paths
+(symbolic links, ``..``, hard links of existing files) before anything is touched and refuses,
+with one :class:`ChainexecError`, any overlap that would write over or remove an input, the
+config, another output or a folder chainexec did not create.
+
+A folder chainexec creates to remove later carries the mark file :data:`MARK`
+(:func:`make_owned`); :func:`remove_owned` removes a folder only where the mark is. A folder that
+exists without the mark is used only where it is empty.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chainexec.errors import ChainexecError
+
+MARK = ".chainexec-owned"
+"""The file that marks a folder chainexec made (scratch, an output's parts, a checkpoint)."""
+
+NAME_MAX = 255
+"""Bytes in one path component on the file systems chainexec runs on (ext4, XFS, Lustre, GPFS)."""
+
+WRITE_SUFFIXES = (".tmp", ".parts")
+"""What an output's file name gets for its temporary file and its parts folder."""
+
+
+def resolved(path: str | os.PathLike) -> Path:
+    """``path`` made absolute with every symbolic link and ``..`` resolved (missing parts kept)."""
+    return Path(os.path.realpath(os.path.abspath(path)))
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies below it."""
+    return inner == outer or outer in inner.parents
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two resolved paths name one file: equal, or hard links of one existing file."""
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def is_owned(folder: Path) -> bool:
+    return (Path(folder) / MARK).is_file()
+
+
+def make_owned(folder: Path, what: str) -> None:
+    """Create ``folder`` (and its parents) and mark it as chainexec's; an existing folder must
+    carry the mark already or be empty (:func:`check_run` has checked this)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not is_owned(folder):
+        (folder / MARK).write_text(f"made by chainexec: {what}; removed by chainexec when done\n")
+
+
+def remove_owned(folder: Path) -> None:
+    """Remove ``folder`` with everything in it, only where it carries chainexec's mark."""
+    if is_owned(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check_owned_folder(folder: Path, what: str) -> None:
+    """A folder chainexec will fill and remove or empty: absent, or a folder that is marked as
+    chainexec's or empty."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ChainexecError(f"{what} must be a folder, and this is a file", str(folder))
+    if not is_owned(folder) and any(folder.iterdir()):
+        raise ChainexecError(f"{what} exists and holds files chainexec did not make, which a run could remove "
+                             "or write over: name a new or empty folder", str(folder))
+
+
+def _check_name_lengths(path: Path, suffixes: tuple[str, ...] = ()) -> None:
+    """Every component of ``path``, and its last one with the longest of ``suffixes`` added, fits
+    in :data:`NAME_MAX` bytes (found now, not when the run writes its first file)."""
+    extra = max(map(len, suffixes), default=0)
+    if any(len(os.fsencode(part)) > NAME_MAX for part in path.parts) or len(os.fsencode(path.name)) + extra > NAME_MAX:
+        raise ChainexecError(f"a file name in this path is longer than the file system's {NAME_MAX} bytes"
+                             + (f" (with the {' or '.join(suffixes)} chainexec adds)" if suffixes else ""), str(path))
+
+
+@dataclass
+class RunPaths:
+    """Every path a run reads, writes or removes, resolved (:func:`resolved`)."""
+
+    config: Path
+    inputs: dict[Path, str] = field(default_factory=dict)  # file -> tensor that reads it
+    outputs: dict[Path, str] = field(default_factory=dict)  # file -> tensor(s) written to it
+    scratch: Path = Path()
+    checkpoint: Path | None = None
+    reports: dict[Path, str] = field(default_factory=dict)  # file -> the option that names it
+
+    @classmethod
+    def of(cls, spec, checkpoint=None, reports: dict[str, str | None] | None = None) -> "RunPaths":
+        paths = cls(resolved(spec.path), scratch=resolved(spec.resolve(spec.scratch)))
+        for t in spec.tensors.values():
+            if t.source is not None and t.source.file is not None:
+                paths.inputs.setdefault(resolved(spec.resolve(t.source.file)), t.name)
+        for o in spec.outputs:
+            file = resolved(spec.resolve(o.file))
+            paths.outputs[file] = ", ".join(filter(None, (paths.outputs.get(file), o.tensor)))
+        if checkpoint is not None:
+            paths.checkpoint = resolved(checkpoint)
+        for option, path in (reports or {}).items():
+            if path is not None:
+                paths.reports[resolved(path)] = option
+        return paths
+
+    def removed(self) -> list[tuple[Path, str]]:
+        """Folders the run removes whole (each output's parts folder, scratch) or fills and
+        empties (the checkpoint), each with what it is."""
+        folders = [(parts_of(f), f"the parts folder of output {t}") for f, t in self.outputs.items()]
+        folders.append((self.scratch, "the scratch folder"))
+        if self.checkpoint is not None:
+            folders.append((self.checkpoint, "the checkpoint folder"))
+        return folders
+
+    def kept(self) -> list[tuple[Path, str]]:
+        """Files the run must leave as they are (config, inputs) or writes (outputs, reports),
+        each with what it is (one file may stand in several roles: that is what is checked)."""
+        return ([(self.config, "the config")]
+                + [(f, f"the input of tensor {t}") for f, t in self.inputs.items()]
+                + [(f, f"the output of {t}") for f, t in self.outputs.items()]
+                + [(f, f"the file of {o}") for f, o in self.reports.items()])
+
+
+def parts_of(output_file: Path) -> Path:
+    """The folder of an output's shard files, beside it."""
+    return output_file.with_name(output_file.name + ".parts")
+
+
+def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = None) -> RunPaths:
+    """Refuse, before anything is written, every path of a run that would destroy what it must
+    not (a :class:`ChainexecError` naming the path): an output, its temporary file or its parts
+    folder equal to an input, the config, a report file or another output's; an existing output
+    that is not a file chainexec wrote; scratch, parts or checkpoint folders that exist with
+    files chainexec did not make, that hold or lie inside one another, or that hold the config,
+    an input, an output or a report file; a report file in a folder that does not exist; a file
+    name too long for the file system. Returns the resolved paths."""
+    paths = RunPaths.of(spec, checkpoint, reports)
+    kept = paths.kept()
+    read = kept[:1 + len(paths.inputs)]
+    written = kept[len(read):]
+    for k, (f, what) in enumerate(written):
+        for g, other in read + written[:k]:
+            if _same_file(f, g):
+                raise ChainexecError(f"{what} is also {other}: a run would write over it", str(f))
+        for g, other in read:
+            for suffix in WRITE_SUFFIXES:
+                if _same_file(f.with_name(f.name + suffix), g):
+                    raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
+        if f.is_dir():
+            raise ChainexecError(f"{what} is a folder, not a file", str(f))
+        _check_name_lengths(f, WRITE_SUFFIXES if f in paths.outputs else (".tmp",))
+    for f, what in paths.outputs.items():
+        if f.exists() and not _is_chainexec_output(f):
+            raise ChainexecError(f"the output of {what} exists and is not an output chainexec wrote; "
+                                 "chainexec replaces only its own: move it or name another file", str(f))
+    for f, option in paths.reports.items():
+        if not f.parent.is_dir():
+            raise ChainexecError(f"{option}: the folder does not exist", str(f.parent))
+    folders = paths.removed()
+    for k, (folder, what) in enumerate(folders):
+        _check_owned_folder(folder, what)
+        _check_name_lengths(folder)
+        for g, other in kept:
+            if _within(g, folder) or _within(folder, g):
+                raise ChainexecError(f"{what} would hold {other} ({g}); chainexec empties it", str(folder))
+        for j, (other_folder, other) in enumerate(folders):
+            if j != k and (_within(other_folder, folder) or (j < k and other_folder == folder)):
+                raise ChainexecError(f"{what} would hold {other}", str(folder))
+    return paths
+
+
+def _is_chainexec_output(path: Path) -> bool:
+    """Whether ``path`` is an HDF5 file chainexec wrote complete (its ``chainexec_complete``
+    attribute set)."""
+    import h5py
+
+    try:
+        if not h5py.is_hdf5(path):
+            return False
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get("chainexec_complete", False))
+    except OSError:
+        return False
+
+
+def check_generate(spec) -> list[Path]:
+    """The files ``chainexec generate`` writes (the inputs with a file), refused where one of
+    them is the config, an output, or an existing file that is not HDF5."""
+    import h5py
+
+    paths = RunPaths.of(spec)
+    for f, tensor in paths.inputs.items():
+        if _same_file(f, paths.config):
+            raise ChainexecError(f"the input of tensor {tensor} is the config itself", str(f))
+        for g, what in paths.outputs.items():
+            if _same_file(f, g):
+                raise ChainexecError(f"the input of tensor {tensor} is also the output of {what}", str(f))
+        if f.is_dir():
+            raise ChainexecError(f"the input of tensor {tensor} is a folder, not a file", str(f))
+        if f.exists() and not h5py.is_hdf5(f):
+            raise ChainexecError(f"exists and is not HDF5; `chainexec generate` writes only into HDF5 files "
+                                 f"(input of tensor {tensor})", str(f))
+        _check_name_lengths(f, (".tmp",))
+    return list(paths.inputs)

@@ -1,0 +1,203 @@
+"""Paths that would destroy user files are refused before anything is written or removed: one
+line naming the path, exit status 2, and every file of the user's as it was (compared by content
+before and after)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chainexec import safepaths
+from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file below ``folder`` (outside chainexec's own output) with a digest of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    """A generated config with its inputs beside user files: a folder of data, a stray ``.tmp``
+    file, and a sibling folder of the config's folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "sibling").mkdir()
+    (tmp_path / "sibling" / "thesis.txt").write_text("four years")
+    (work / "mydata").mkdir()
+    (work / "mydata" / "measured.h5").write_bytes(os.urandom(64))
+    (work / "notes.tmp").write_text("keep me")
+    config = write_config(work, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    return config
+
+
+def _edit(config: Path, output: str | None = None, scratch: str | None = None) -> Path:
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    if output is not None:
+        cfg["outputs"]["B"]["file"] = output
+    if scratch is not None:
+        cfg["scratch"] = scratch
+    return write_config(config.parent, cfg, "edited.yaml")
+
+
+DESTRUCTIVE = {
+    "output: the input": ("output", "in.h5", "input of tensor A"),
+    "output: the input through ..": ("output", "./sub/../in.h5", "input of tensor A"),
+    "output: the config": ("output", "edited.yaml", "is also the config"),
+    "output: a user file": ("output", "mydata/measured.h5", "not an output chainexec wrote"),
+    "output: a folder": ("output", "mydata", "is a folder"),
+    "output: a name too long": ("output", "x" * 250 + ".h5", "longer than"),
+    "scratch: the config's folder": ("scratch", ".", "scratch folder"),
+    "scratch: a user folder": ("scratch", "mydata", "scratch folder"),
+    "scratch: the parent folder": ("scratch", "..", "scratch folder"),
+    "scratch: a file": ("scratch", "in.h5", "must be a folder"),
+    "scratch: inside the output's parts": ("scratch", "out/result.h5.parts/s", "would hold the scratch folder"),
+}
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("case", sorted(DESTRUCTIVE))
+def test_path_that_would_destroy_user_files(case, ranks, user_folder):
+    field, value, needle = DESTRUCTIVE[case]
+    config = _edit(user_folder, **{field: value})
+    before = _snapshot(user_folder.parent.parent)
+    assert_refused(run_cli("run", config, "--quiet", ranks=ranks), needle)
+    assert _snapshot(user_folder.parent.parent) == before
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink"])
+def test_output_linked_to_the_input(kind, user_folder):
+    work = user_folder.parent
+    (os.symlink if kind == "symlink" else os.link)(work / "in.h5", work / "alias.h5")
+    config = _edit(user_folder, output="alias.h5")
+    before = _snapshot(work)
+    assert_refused(run_cli("run", config, "--quiet"), "input of tensor A")
+    assert _snapshot(work) == before
+
+
+def test_new_scratch_is_made_and_removed_and_only_it(user_folder):
+    """A scratch folder chainexec makes is marked while the run lasts and removed at its end;
+    the files beside it stay."""
+    config = _edit(user_folder, scratch="mine/scratch")
+    work = user_folder.parent
+    before = _snapshot(work)
+    proc = run_cli("run", config, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert not (work / "mine" / "scratch").exists() and (work / "mine").is_dir()
+    after = _snapshot(work)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert run_cli("verify", config).returncode == 0
+
+
+@pytest.mark.parametrize("folder", [".", "mydata", "out/result.h5.parts"])
+def test_checkpoint_folder_with_user_files(folder, user_folder):
+    work = user_folder.parent
+    assert run_cli("run", user_folder, "--quiet").returncode == 0  # the parts folder exists
+    before = _snapshot(work)
+    assert_refused(run_cli("run", user_folder, "--quiet", "--checkpoint", work / folder), str(work))
+    assert _snapshot(work) == before
+
+
+def test_checkpoint_keeps_what_it_did_not_write(user_folder):
+    """An empty folder of the user's serves as a checkpoint folder; a completed run removes its
+    own files from it and nothing else (a file put there meanwhile stays)."""
+    folder = user_folder.parent / "ck"
+    folder.mkdir()
+    proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0)
+    assert proc.returncode == 0, proc.stderr
+    assert list(folder.iterdir()) == []
+    (folder / safepaths.MARK).write_text("")
+    (folder / "later.tmp").write_text("mine")
+    (folder / "rank0-1.npz.bak").write_text("mine too")
+    proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["later.tmp", "rank0-1.npz.bak"]
+
+
+def test_checkpoint_folder_in_use(user_folder):
+    """A second run given a checkpoint folder that a running one holds is refused."""
+    folder = user_folder.parent / "ck"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from chainexec import safepaths; "
+         "from chainexec.runtime import checkpoint; f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); "
+         "checkpoint._lock(f); print('held', flush=True); sys.stdin.read()", str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _snapshot(user_folder.parent)
+        assert_refused(run_cli("run", user_folder, "--quiet", "--checkpoint", folder), "in use by another run",
+                 f"pid {holder.pid}")
+        assert _snapshot(user_folder.parent) == before
+    finally:
+        holder.communicate("")
+    proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder)
+    assert proc.returncode == 0, proc.stderr
+
+
+REPORTS = {
+    "--report-json into a missing folder": (["--report-json", "nowhere/r.json"], "does not exist"),
+    "--plot into a missing folder": (["--plot", "nowhere/r.png"], "does not exist"),
+    "--report-json over the input": (["--report-json", "in.h5"], "input of tensor A"),
+    "--plot over the config": (["--plot", "chain.yaml"], "the config"),
+    "--report-json over the output": (["--report-json", "out/result.h5"], "output of B"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORTS))
+def test_report_paths(case, user_folder):
+    options, needle = REPORTS[case]
+    work = user_folder.parent
+    before = _snapshot(work)
+    proc = run_cli("run", user_folder, "--quiet", *options, cwd=work)
+    assert_refused(proc, needle)
+    assert _snapshot(work) == before
+
+
+def test_generate_without_every_seed_writes_nothing(user_folder):
+    import yaml
+
+    cfg = yaml.safe_load(user_folder.read_text())
+    del cfg["tensors"]["C"]["source"]["seed"]
+    config = write_config(user_folder.parent, cfg, "edited.yaml")
+    before = _snapshot(user_folder.parent)
+    assert_refused(run_cli("generate", config), "tensor C has no seed")
+    assert _snapshot(user_folder.parent) == before
+
+
+@pytest.mark.parametrize("target", ["config", "output", "text file"])
+def test_generate_refuses_to_write_over(target, user_folder):
+    import yaml
+
+    work = user_folder.parent
+    assert run_cli("run", user_folder, "--quiet").returncode == 0
+    cfg = yaml.safe_load(user_folder.read_text())
+    file = {"config": "edited.yaml", "output": "out/result.h5", "text file": "notes.tmp"}[target]
+    cfg["tensors"]["A"]["source"]["file"] = file
+    config = write_config(work, cfg, "edited.yaml")
+    before = _snapshot(work)
+    assert_refused(run_cli("generate", config), file.split("/")[-1])
+    assert _snapshot(work) == before
+
+
+def test_generate_keeps_other_datasets(user_folder):
+    """``generate`` writes a new file and renames it into place, keeping datasets the config does
+    not name; nothing temporary is left beside it."""
+    import h5py
+    import numpy as np
+
+    work = user_folder.parent
+    with h5py.File(work / "in.h5", "a") as f:
+        f["extra"] = np.arange(7.0)
+    assert run_cli("generate", user_folder).returncode == 0
+    with h5py.File(work / "in.h5", "r") as f:
+        assert sorted(f) == ["A", "C", "extra"] and f["extra"][()].tolist() == list(range(7))
+    assert not [p for p in work.iterdir() if p.name.endswith(".tmp") and p.name != "notes.tmp"]
