@@ -12,9 +12,11 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+
 from chainexec import plancache, safepaths
 from chainexec import spec as spec_mod
-from chainexec.errors import ChainexecError
+from chainexec.errors import ChainexecError, RankFailed
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Plan
 from chainexec.planner.resume import resumable
@@ -110,9 +112,11 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             error = str(err)
         except Exception as err:  # a defect: the other ranks must not wait for the plan for ever
             defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
-    text, error, kept, cached = comm.bcast((text, error, kept, cached), root=0)
+    text, error, kept, cached, failed = comm.bcast((text, error, kept, cached, defect is not None), root=0)
     if defect is not None:
         raise defect
+    if failed:
+        raise RankFailed(error)
     if error is not None:
         raise ChainexecError(error)
     p = Plan.from_json(text)
@@ -124,19 +128,20 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     executor = Executor(p, comm, chosen, balance, progress, ck)
     try:
         try:
-            measured = executor.run()
+            with np.errstate(all="ignore"):  # values that are not finite are counted at the output (Store)
+                measured = executor.run()
             chosen.settle_locks()  # the unlocks of host memory the run locked (begun beside its end)
             uselog.flush()  # the first uses of this run, for the next run's warm-up
         except ChainexecError as err:
             if err.path is not None:
                 raise
-            raise ChainexecError(str(err), str(config)) from None
+            raise ChainexecError(str(err), str(config), collective=err.collective) from None
     except Stopped:
         raise
     except Exception as err:
         # A failure on one rank would leave the others waiting in a collective for ever: report it
         # and end the whole job (no output has been renamed into place, so nothing looks complete).
-        if comm.size == 1:
+        if comm.size == 1 or getattr(err, "collective", False):
             raise
         if isinstance(err, ChainexecError):
             print(f"chainexec: rank {comm.rank}: {err}", file=sys.stderr, flush=True)

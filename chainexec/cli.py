@@ -16,7 +16,7 @@ from pathlib import Path
 from chainexec import atomicfile, calibrate
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
-from chainexec.errors import ChainexecError
+from chainexec.errors import ChainexecError, RankFailed
 from chainexec.runtime import fdtable, warmup
 
 
@@ -205,6 +205,8 @@ def _main(args) -> int:
         if args.command != "run" or _rank() == 0:
             print(f"chainexec: {err}", file=sys.stderr)
         return 2
+    except RankFailed:
+        return 1
     return 0
 
 

@@ -7,12 +7,21 @@ traceback. Anything else escaping is a bug in chainexec and keeps its traceback.
 
 
 class ChainexecError(Exception):
-    """A user-facing error: ``str(err)`` is one line naming the file (and line) and the problem."""
+    """A user-facing error: ``str(err)`` is one line naming the file (and line) and the problem.
+    ``collective``: every rank of a run raises it at the same point (the run can end normally,
+    without aborting the other ranks)."""
 
-    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+    def __init__(self, message: str, path: str | None = None, line: int | None = None, collective: bool = False):
         self.path = path
         self.line = line
+        self.collective = collective
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(f"{where}{message}")
+
+
+class RankFailed(Exception):
+    """Raised on the other ranks where one rank failed with a defect (not a user error): that
+    rank prints the traceback; these end with the same status (1) and no message of their own,
+    so that the launcher's status (MPICH's joins the ranks' statuses bit by bit) stays 1."""

@@ -91,12 +91,15 @@ class Statement:
 class Output:
     """Where an output is written. ``symmetric``: indices the output is summed over whose
     permutations leave the summand, summed over everything else, unchanged (the (T) energy over
-    i, j, k): the planner may visit only ordered tiles of them, each weighted by its multiplicity."""
+    i, j, k): the planner may visit only ordered tiles of them, each weighted by its multiplicity.
+    ``allow_nonfinite``: values that are not finite (inf, NaN) are expected; without it a run whose
+    output holds one does not mark it complete."""
 
     tensor: str
     file: str
     dataset: str
     symmetric: tuple[str, ...] = ()
+    allow_nonfinite: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,8 @@ class Spec:
 
     def output_records(self) -> dict[str, dict]:
         """How a plan records the outputs: tensor -> ``{file (resolved), dataset}``."""
-        return {o.tensor: {"file": self.resolve(o.file), "dataset": o.dataset} for o in self.outputs}
+        return {o.tensor: {"file": self.resolve(o.file), "dataset": o.dataset,
+                           **({"allow_nonfinite": True} if o.allow_nonfinite else {})} for o in self.outputs}
 
 
 def parse_size(value, what: str) -> int:
@@ -240,7 +244,7 @@ def _line_map(node, prefix=()) -> dict:
 _TOP_KEYS = {"name", "dtype", "ranges", "indices", "tensors", "statements", "outputs", "machine", "scratch"}
 _TENSOR_KEYS = {"indices", "dtype", "source"}
 _SOURCE_KEYS = {"file", "dataset", "seed", "random", "expr"}
-_OUTPUT_KEYS = {"file", "dataset", "symmetric"}
+_OUTPUT_KEYS = {"file", "dataset", "symmetric", "allow_nonfinite"}
 _MACHINE_KEYS = {"global_memory", "device_memory"}
 
 
@@ -376,7 +380,10 @@ def loads(text: str, path: str = "<config>") -> Spec:
         if not isinstance(odef.get("file"), str) or not isinstance(odef.get("dataset"), str):
             raise p.fail(f"output {oname!r} needs 'file' and 'dataset'", where)
         symmetric = _symmetric(p, odef.get("symmetric", []), oname, tensors[oname], statements, extents, where)
-        outputs.append(Output(oname, odef["file"], odef["dataset"], symmetric))
+        allow = odef.get("allow_nonfinite", False)
+        if not isinstance(allow, bool):
+            raise p.fail(f"output {oname!r}: allow_nonfinite is true or false, not {allow!r}", where + ("allow_nonfinite",))
+        outputs.append(Output(oname, odef["file"], odef["dataset"], symmetric, allow))
     if not outputs:
         raise p.fail("outputs must name at least one tensor", ("outputs",))
 

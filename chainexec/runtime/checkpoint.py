@@ -7,7 +7,8 @@ every accumulation target of the loop at checkpoint N. Every rank writes and syn
 before rank 0 replaces the manifest (atomically, by rename): the manifest is the commit point,
 and the files it names are complete. Checkpoint numbers grow over the whole run (and on from a
 resumed one), so no checkpoint writes over the files the manifest names. It records the plan
-(SHA-256 of the plan's JSON, the rank count and the input files' sizes and times), the nest and
+(SHA-256 of the plan's JSON and the rank count; ``inputs.json`` beside it identifies the input
+files by content, :func:`_check_inputs`), the nest and
 loop, the tasks handed out before the
 checkpoint (all finished then: :meth:`chainexec.runtime.executor.Executor` stops every rank
 between tiles), what the loop had counted (bytes per category, flops, statements, streamed
@@ -32,13 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from chainexec import safepaths
+from chainexec import atomicfile, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.cost import points
 from chainexec.planner.plan import CATEGORIES, Plan
 from chainexec.planner.resume import resumable
 
 MANIFEST = "checkpoint.json"
+INPUTS = "inputs.json"
 _PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
 """The names of the rank files and their temporary files."""
 _held: dict[Path, int] = {}
@@ -59,16 +61,76 @@ class Stopped(Exception):
 
 
 def plan_digest(plan: Plan, plan_text: str, ranks: int) -> str:
-    """What a checkpoint belongs to: the plan (every tile, every buffer), the rank count (each
-    rank saves its own rows) and the input files as they are now (path, size, modification time:
-    inputs written anew with the same extents must not meet partial sums of the old ones)."""
-    files = sorted({t.source["file"] for t in plan.tensors.values()
-                    if t.role == "input" and t.source and "file" in t.source})
-    stamps = []
-    for path in files:
-        st = os.stat(path)
-        stamps.append(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("\0".join([plan_text, f"ranks={ranks}", *stamps]).encode()).hexdigest()
+    """What a checkpoint belongs to: the plan (every tile, every buffer, the input files' paths)
+    and the rank count (each rank saves its own rows). The inputs' contents are checked apart
+    (:func:`_check_inputs`)."""
+    return hashlib.sha256("\0".join([plan_text, f"ranks={ranks}"]).encode()).hexdigest()
+
+
+def _input_files(plan: Plan) -> list[str]:
+    return sorted({t.source["file"] for t in plan.tensors.values()
+                   if t.role == "input" and t.source and "file" in t.source})
+
+
+def _stamp(path: str) -> list[int]:
+    """What changes whenever a file's bytes do: size, modification and change times (the change
+    time cannot be set back by a user), inode and device."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def content_digest(path: str, chunk: int = 64 << 20) -> str:
+    """SHA-256 over the SHA-256 of each ``chunk`` bytes of the file, the chunks hashed on as
+    many threads as there are CPUs (hashlib releases the GIL): a file's identity by content,
+    read once at disk or page-cache speed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def one(offset: int) -> bytes:
+            return hashlib.sha256(os.pread(fd, chunk, offset)).digest()
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            parts = list(pool.map(one, range(0, size, chunk)))
+    finally:
+        os.close(fd)
+    return hashlib.sha256(b"".join(parts) + str(size).encode()).hexdigest()
+
+
+def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
+    """Identify the run's input files by content in ``folder/inputs.json``: a new checkpoint
+    records each file's stamp (:func:`_stamp`) and :func:`content_digest`; a resumed one accepts
+    a file whose stamp is unchanged, or whose content digest is (a copy, a touch: the new stamp
+    is recorded), and refuses one whose content differs, so that partial sums of other inputs
+    are never mixed in."""
+    path = folder / INPUTS
+    files = _input_files(plan)
+    record = None
+    if resuming:
+        try:
+            record = json.loads(path.read_text())
+            valid = isinstance(record, dict) and set(record) == set(files) and all(
+                isinstance(r, dict) and {"stamp", "sha256"} <= set(r) for r in record.values())
+        except (OSError, ValueError):
+            valid = False
+        if not valid:
+            raise ChainexecError("the checkpoint does not record its input files (remove the folder or choose "
+                                 "another)", str(path))
+    changed = False
+    for file in files:
+        stamp = _stamp(file)
+        if record is not None and record[file]["stamp"] == stamp:
+            continue
+        digest = content_digest(file)
+        if record is not None and record[file]["sha256"] != digest:
+            raise ChainexecError(f"the input file {file} changed since the checkpoint was written; its partial "
+                                 "sums would mix with the new values: remove the folder or choose another", str(path))
+        record = record or {}
+        record[file] = {"stamp": stamp, "sha256": digest}
+        changed = True
+    if changed or record is None:
+        atomicfile.write(path, json.dumps(record or {}, indent=1))
 
 
 def _loops(plan: Plan) -> dict[tuple[int, int], int]:
@@ -149,6 +211,10 @@ class Checkpoint:
         if saved is not None:
             ck._check(saved, path, _loops(plan), ranks)
             ck.saved, ck.committed = saved, saved["number"]
+        try:
+            _check_inputs(folder, plan, saved is not None)
+        except OSError as err:
+            raise ChainexecError(f"cannot identify the inputs: {err}", str(folder / INPUTS)) from None
         return ck
 
     def _check(self, saved, path: Path, loops: dict[tuple[int, int], int], ranks: int) -> None:
@@ -237,7 +303,7 @@ class Checkpoint:
         (self.folder / MANIFEST).unlink(missing_ok=True)
         _fsync_dir(self.folder)
         for path in self.folder.iterdir():
-            if _PART.fullmatch(path.name) or path.name == Path(MANIFEST).with_suffix(".tmp").name:
+            if _PART.fullmatch(path.name) or path.name in (Path(MANIFEST).with_suffix(".tmp").name, INPUTS):
                 path.unlink(missing_ok=True)
         (self.folder / safepaths.MARK).unlink(missing_ok=True)
         fd = _held.pop(safepaths.resolved(self.folder), None)

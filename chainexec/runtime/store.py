@@ -49,8 +49,30 @@ def check_inputs(plan: Plan) -> None:
                 if ds.dtype != np.dtype(t.dtype):
                     raise ChainexecError(
                         f"dataset {t.source['dataset']!r} has dtype {ds.dtype} but tensor {t.name} is {t.dtype}", path)
+                if ds.is_virtual:
+                    _check_sources(ds, path, t.name)
         except OSError as err:
             raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
+
+
+def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
+    """Every source of a virtual dataset exists (HDF5 would read a missing one as its fill
+    value: an output copied without its ``.parts/`` folder reads as NaN)."""
+    folder = os.path.dirname(path)
+    names: dict[str, set[str] | None] = {}  # a source file's datasets (None: unreadable)
+    for source in ds.virtual_sources():
+        file = path if source.file_name == "." else os.path.join(folder, source.file_name)
+        if file not in names:
+            try:
+                with h5py.File(file, "r") as f:
+                    names[file] = set()
+                    f.visit(names[file].add)
+            except OSError:
+                names[file] = None
+        if names[file] is None or source.dset_name.lstrip("/") not in names[file]:
+            raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} (input of tensor {tensor}) is a virtual dataset whose "
+                                 f"source {source.file_name}:{source.dset_name} is missing (copied without its "
+                                 f"{os.path.basename(path)}.parts folder?)", path)
 
 
 def remove_outputs(files) -> None:
@@ -154,6 +176,8 @@ class Store:
         self.last_version: dict[str, int] = {}
         self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank
         self.maps: dict[str, list] = {}  # a version's VDS file: its blocks (region, file, dataset)
+        # Elements of each output that this rank wrote and that are not finite (inf, NaN).
+        self.nonfinite: dict[str, int] = {t: 0 for t, info in plan.tensors.items() if info.role == "output"}
 
     def _version_base(self, t: TensorInfo, version: int) -> Path:
         folder = parts_dir(Path(t.output["file"])) if t.role == "output" else Path(self.plan.scratch)
@@ -247,6 +271,8 @@ class Store:
             self.shards[key] = h5py.File(base / f"rank{self.comm.rank}.h5", "w")
             self.blocks[key] = []
         name = f"b{len(self.blocks[key])}"
+        if tensor in self.nonfinite and not np.isfinite(data).all():
+            self.nonfinite[tensor] += int(data.size - np.count_nonzero(np.isfinite(data)))
         self.shards[key].create_dataset(name, data=data)
         self.blocks[key].append((name, region))
 
@@ -283,8 +309,19 @@ class Store:
             Path(str(base) + ".h5").unlink(missing_ok=True)
 
     def finish(self) -> None:
-        """Collective, after the last contraction: write each output file complete, then clean up."""
+        """Collective, after the last contraction: write each output file complete, then clean up.
+        An output holding values that are not finite (inf, NaN: an input holds them, or a
+        statement overflows) is not marked complete unless its config allows them
+        (``allow_nonfinite``): every rank raises the same :class:`ChainexecError`."""
         outputs = [t for t in self.plan.tensors.values() if t.role == "output"]
+        counts = self.comm.allreduce(np.array([self.nonfinite[t.name] for t in outputs], dtype=np.int64))
+        bad = [(t, int(n)) for t, n in zip(outputs, counts) if n and not t.output.get("allow_nonfinite")]
+        if bad:
+            t, n = bad[0]
+            raise ChainexecError(
+                f"output {t.name} holds {n} values that are not finite (inf or NaN) of {math.prod(t.shape)}, so it "
+                f"is not marked complete: an input holds such values or a statement overflows (set allow_nonfinite: "
+                f"true on the output where they are expected)", t.output["file"], collective=True)
         for t in outputs:
             self._drop(t, self.last_version[t.name], keep_shards=True)
         for f in self.readers.values():

@@ -17,6 +17,7 @@ import h5py
 import pytest
 
 from chainexec import safepaths
+from chainexec.runtime import checkpoint
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.planner.plan import Loop
 from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, triples_config, write_config
@@ -123,7 +124,7 @@ def test_several_resumable_loops(tmp_path, ranks):
             seen.append((manifest["nest"], manifest["position"], manifest["done"]))
             assert seen == sorted(set(seen)), seen  # always further
             assert sorted(p.name for p in folder.iterdir()) == sorted(
-                [safepaths.MARK, "checkpoint.json"] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
+                [safepaths.MARK, "checkpoint.json", checkpoint.INPUTS] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
         if seen or ranks == 1:
             break
     assert proc.returncode == 0 and seen, seen
@@ -221,9 +222,34 @@ def test_errors(tmp_path):
     manifest.write_text("{not json")
     _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
     manifest.write_text(json.dumps(data))
-    os.utime(tmp_path / "inputs.h5")  # inputs written again: partial sums of the old ones must not be used
-    _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest), "input files")
+    # Inputs written again with other values, of the same size and with the old times: partial
+    # sums of the old ones must not be used.
+    inputs = tmp_path / "inputs.h5"
+    times = inputs.stat()
+    with h5py.File(inputs, "a") as f:
+        name = next(iter(f))
+        f[name][(0,) * f[name].ndim] += 1.0
+    os.utime(inputs, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert inputs.stat().st_size == times.st_size
+    _one_line(run_cli("run", config, "--checkpoint", folder), "inputs.json", "inputs.h5 changed")
     assert not (tmp_path / "energy.h5").exists()
+
+
+def test_inputs_touched_or_copied_resume(tmp_path):
+    """Inputs whose bytes are unchanged — touched, or copied over themselves — resume: the
+    checkpoint knows them by content, and the energy equals an uninterrupted run's."""
+    config = _job(tmp_path)
+    folder = tmp_path / "ck"
+    assert run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0,
+                   "--stop-after", 0).returncode == 3
+    inputs = tmp_path / "inputs.h5"
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(inputs.read_bytes())
+    os.replace(copy, inputs)
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    assert read_report(tmp_path / "r.json")["run"]["resumed_tiles"] > 0
+    _check_energy(tmp_path)
 
 
 def test_plan_without_resumable_loop(tmp_path):

@@ -1,0 +1,110 @@
+"""The disk level refuses what would make a result that only looks right: outputs holding values
+that are not finite, inputs whose virtual datasets lost their sources."""
+
+from __future__ import annotations
+
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
+
+
+def _generated(tmp_path, cfg=None):
+    config = write_config(tmp_path, cfg or fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    return config
+
+
+def _poison(path, dataset: str, value: float) -> None:
+    with h5py.File(path, "a") as f:
+        f[dataset][(1,) * f[dataset].ndim] = value
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nonfinite_input_leaves_no_output(value, ranks, tmp_path):
+    config = _generated(tmp_path)
+    _poison(tmp_path / "in.h5", "A", value)
+    proc = run_cli("run", config, "--quiet", ranks=ranks)
+    assert_refused(proc, "result.h5", "output B holds", "not finite", "allow_nonfinite")
+    assert not (tmp_path / "out" / "result.h5").exists()
+
+
+def test_nonfinite_allowed(tmp_path):
+    """With ``allow_nonfinite: true`` the same run completes, and its values equal NumPy's (NaN
+    where NumPy's are)."""
+    cfg = fourindex_config()
+    cfg["outputs"]["B"]["allow_nonfinite"] = True
+    config = _generated(tmp_path, cfg)
+    _poison(tmp_path / "in.h5", "C", np.inf)
+    proc = run_cli("run", config, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        a, c = f["A"][()], f["C"][()]
+    expected = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a)
+    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
+        assert f.attrs["chainexec_complete"]
+        got = f["B"][()]
+    assert np.array_equal(np.isfinite(got), np.isfinite(expected)) and not np.isfinite(got).all()
+    finite = np.isfinite(expected)
+    assert np.abs(got[finite] - expected[finite]).max() <= 1e-12 * np.abs(expected[finite]).max()
+
+
+def test_overflowing_statement(tmp_path):
+    """Finite inputs and a finite factor whose product overflows float64."""
+    cfg = fourindex_config()
+    cfg["statements"] = [cfg["statements"][0].replace("= C[p,a]", "= 1e300 * C[p,a]")]
+    config = _generated(tmp_path, cfg)
+    _poison(tmp_path / "in.h5", "A", 1e300)
+    assert_refused(run_cli("run", config, "--quiet"), "output B holds", "not finite")
+
+
+def test_expression_dividing_by_zero(tmp_path):
+    cfg = {
+        "name": "denominator",
+        "indices": {"i": 5, "a": 5},
+        "tensors": {
+            "e": {"indices": ["i"], "source": {"file": "in.h5", "dataset": "e", "seed": 3}},
+            "f": {"indices": ["a"], "source": {"file": "in.h5", "dataset": "f", "seed": 3}},
+            "D": {"indices": ["i", "a"], "source": {"expr": "1 / (e[i] - f[a])"}},
+            "T": {"indices": ["i", "a"], "source": {"file": "in.h5", "dataset": "T", "seed": 4}},
+        },
+        "statements": ["R[i,a] = D[i,a] * T[i,a]"],
+        "outputs": {"R": {"file": "out.h5", "dataset": "R"}},
+        "machine": {"global_memory": "1MiB", "device_memory": "64KiB"},
+    }
+    config = _generated(tmp_path, cfg)
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        assert np.array_equal(f["e"][()], f["f"][()])  # one seed: e[i] - f[i] is 0 on the diagonal
+    assert_refused(run_cli("run", config, "--quiet"), "output R holds 5 values", "not finite")
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_output_copied_without_its_parts_is_refused_as_input(tmp_path):
+    """An output read as the input of another config: fine with its parts folder beside it,
+    refused (not read as NaN) where only the file was copied."""
+    config = _generated(tmp_path)
+    assert run_cli("run", config, "--quiet").returncode == 0
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(tmp_path / "out" / "result.h5", moved / "result.h5")
+    cfg = {
+        "name": "reread",
+        "indices": {i: 8 for i in "abcd"},
+        "tensors": {"B": {"indices": list("abcd"), "source": {"file": "result.h5", "dataset": "B"}}},
+        "statements": ["S[a,b] = B[a,b,c,d] * B[a,b,c,d]"],
+        "outputs": {"S": {"file": "s.h5", "dataset": "S"}},
+        "machine": {"global_memory": "1MiB", "device_memory": "64KiB"},
+    }
+    reread = write_config(moved, cfg)
+    assert_refused(run_cli("run", reread, "--quiet"), "result.h5", "virtual dataset", "missing")
+    shutil.copytree(tmp_path / "out" / "result.h5.parts", moved / "result.h5.parts")
+    proc = run_cli("run", reread, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
+        b = f["B"][()]
+    with h5py.File(moved / "s.h5", "r") as f:
+        assert np.allclose(f["S"][()], np.einsum("abcd,abcd->ab", b, b), rtol=1e-12, atol=0)
