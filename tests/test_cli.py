@@ -231,3 +231,38 @@ def test_memory_the_host_lacks_is_one_clear_error(tmp_path):
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)  # MPICH's transport chatter
     assert_refused(proc, str(config), "C[i,j] at the global level", "could not allocate 128.00 TiB")
     assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_interrupt_prints_one_line(ranks, tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) during a run: status 130, one
+    line from chainexec and no traceback, no output file, and the same command then completes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import mpiexec
+
+    cfg = fourindex_config(n=64, nmo=60, global_memory="8MiB", device_memory="1MiB")
+    cfg["tensors"]["A"]["source"] = {"random": 1}
+    cfg["tensors"]["C"]["source"] = {"random": 2}
+    config = write_config(tmp_path, cfg)
+    cmd = [sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet"]
+    if ranks:
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    parts = tmp_path / "out" / "result.h5.parts"
+    deadline = time.monotonic() + 60
+    while not any(parts.glob("B.*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    ours = [line for line in err.splitlines() if line.startswith("chainexec:")]
+    assert "Traceback" not in err and proc.returncode == 130, (proc.returncode, err)
+    # MPICH's launcher, interrupted itself, may end before it forwards the ranks' last line.
+    assert len(ours) == 1 and "interrupted" in ours[0] if not ranks else len(ours) <= 1, err
+    assert not (tmp_path / "out" / "result.h5").exists()
+    assert run_cli("run", config, "--quiet").returncode == 0
