@@ -240,3 +240,69 @@ def test_memory_the_host_lacks_is_one_clear_error(tmp_path):
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)  # MPICH's transport chatter
     _assert_clean_failure(proc, str(config), "C[i,j] at the global level", "could not allocate 128.00 TiB")
     assert not (tmp_path / "out.h5").exists()
+
+
+def _machine_text(**changes) -> str:
+    """A valid machine file's JSON with ``changes`` (a value of ``...`` removes the field)."""
+    import json
+
+    from chainexec.planner.machine import Machine
+
+    data = json.loads(Machine(statement_seconds=0).to_json()) | {"details": {"units": "as calibrate writes them"}}
+    data.update(changes)
+    return json.dumps({k: v for k, v in data.items() if v is not ...})
+
+
+MACHINE_ERRORS = {
+    "zero_rate": (_machine_text(flop_rate=0), ["'flop_rate'", "positive", "not 0"]),
+    "negative_rate": (_machine_text(disk_read=-1.0e9), ["'disk_read'", "positive", "-1"]),
+    "nan_rate": (_machine_text(disk_write=float("nan")), ["'disk_write'", "not NaN"]),
+    "infinite_rate": (_machine_text(global_to_device=float("inf")), ["'global_to_device'", "not Infinity"]),
+    "text_rate": (_machine_text(device_to_global="fast"), ["'device_to_global'", '"fast"']),
+    "boolean_rate": (_machine_text(flop_rate=True), ["'flop_rate'", "not true"]),
+    "zero_device_bandwidth": (_machine_text(device_bandwidth=0), ["'device_bandwidth'", "or null"]),
+    "negative_statement_seconds": (_machine_text(statement_seconds=-1e-4), ["'statement_seconds'", "0 or more"]),
+    "fractional_bytes": (_machine_text(aside_copy_bytes=1.5), ["'aside_copy_bytes'", "whole number"]),
+    "async_as_number": (_machine_text(async_statements=1), ["'async_statements'", "true or false"]),
+    "missing_rate": (_machine_text(flop_rate=...), ["missing field 'flop_rate'"]),
+    "missing_rates": (_machine_text(disk_read=..., disk_write=...), ["missing fields 'disk_read', 'disk_write'"]),
+    "unknown_field": (_machine_text(flop_rat=1e9), ["unknown field 'flop_rat'"]),
+    "repeated_field": ('{"flop_rate": 1e9, "flop_rate": 2e9}', ["'flop_rate' is given twice"]),
+    "list": ("[1e9, 1e9]", ["JSON object", "not an array"]),
+    "number": ("1e9", ["JSON object", "not a number"]),
+    "string": ('"fast"', ["JSON object", "not a string"]),
+    "not_json": ('{"flop_rate": 1e9,\n "disk_read": }', ["machine.json:2:", "not JSON"]),
+    "not_utf8": (b'{"source": "\xff"}', ["not UTF-8"]),
+    "folder": (None, ["cannot read machine file", "directory"]),
+    "missing_file": ("", ["cannot read machine file", "No such file"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MACHINE_ERRORS))
+def test_machine_file_errors(case, tmp_path):
+    """Every bad machine file is one line naming the file (and the field), exit 2."""
+    content, needles = MACHINE_ERRORS[case]
+    machine = tmp_path / "machine.json"
+    if content is None:
+        machine.mkdir()
+    elif isinstance(content, bytes):
+        machine.write_bytes(content)
+    elif content:
+        machine.write_text(content)
+    proc = run_cli("plan", write_config(tmp_path, fourindex_config()), "--machine", machine)
+    _assert_clean_failure(proc, str(machine), *needles)
+
+
+@pytest.mark.parametrize("optional", [{}, {"device_bandwidth": ..., "statement_seconds": ..., "source": ...,
+                                          "aside_copy_bytes": ..., "async_statements": ..., "details": ...}])
+def test_machine_file_rates_are_used(optional, tmp_path):
+    """A valid machine file (with or without its optional fields and calibrate's ``details``) is
+    read: the predicted compute seconds are the plan's flops over the file's flop rate."""
+    import json
+
+    machine = tmp_path / "machine.json"
+    machine.write_text(_machine_text(flop_rate=3.0e7, **optional))
+    proc = run_cli("plan", write_config(tmp_path, fourindex_config()), "--machine", machine, "--json")
+    assert proc.returncode == 0, proc.stderr
+    predicted = json.loads(proc.stdout)["predicted"]
+    assert predicted["seconds"]["compute"] == pytest.approx(predicted["flops"] / 3.0e7, rel=1e-12)
