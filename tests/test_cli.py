@@ -4,6 +4,7 @@ that looks complete."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -306,3 +307,124 @@ def test_machine_file_rates_are_used(optional, tmp_path):
     assert proc.returncode == 0, proc.stderr
     predicted = json.loads(proc.stdout)["predicted"]
     assert predicted["seconds"]["compute"] == pytest.approx(predicted["flops"] / 3.0e7, rel=1e-12)
+
+
+# An SCF of benzene in cc-pV5Z (876 orbitals) takes far longer than the CHEM_TIMEOUT seconds a
+# failing `chainexec chem` may take here: an error found only after PySCF's SCF fails its test.
+BEFORE_SCF = ("benzene", "--basis", "cc-pv5z")
+CHEM_TIMEOUT = 60
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _template(tmp_path, edit) -> Path:
+    """configs/ccsd_t.yaml changed by ``edit(text)`` (str -> str or bytes) as a file in
+    ``tmp_path``; ``edit`` None: a file that does not exist, "folder": a folder."""
+    path = tmp_path / "template.yaml"
+    if edit == "folder":
+        path.mkdir()
+    elif edit is not None:
+        text = edit((CONFIGS / "ccsd_t.yaml").read_text())
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def _synthetic_bytes(o: int, v: int) -> int:
+    """The (T) inputs' bytes, from the shapes of docs/chem.md's table."""
+    return 8 * (o * v + o * o * v * v + o * v**3 + o**3 * v + o * o * v * v + o + v + v * o)
+
+
+CHEM_ERRORS = {
+    # --synthetic: sizes, seed, and inputs larger than any disk here
+    "synthetic_zero_nocc": (("x", "--synthetic", 0, 7, 1), ["--synthetic 0 7 1", "at least 1"]),
+    "synthetic_negative_nvir": (("x", "--synthetic", 3, -7, 1), ["--synthetic 3 -7 1", "at least 1"]),
+    "synthetic_negative_seed": (("x", "--synthetic", 3, 7, -1), ["--synthetic 3 7 -1", "SEED 0 or more"]),
+    "synthetic_absurd": (("x", "--synthetic", 100000, 100000, 1),
+                         ["--synthetic 100000 100000 1", "the inputs would take",
+                          f"{_synthetic_bytes(100000, 100000) / 1024**4:.2f} TiB", "free here"]),
+    "synthetic_with_frozen": (("x", "--synthetic", 3, 7, 1, "--frozen", 1), ["--frozen does not apply to --synthetic"]),
+    "synthetic_with_scf_option": (("x", "--synthetic", 3, 7, 1, "--scf-max-cycle", 9),
+                                  ["--scf-max-cycle does not apply to --synthetic"]),
+    "synthetic_ao2mo": (("x", "--synthetic", 3, 7, 1, "--job", "ao2mo"), ["ao2mo job needs a molecule"]),
+    # the molecule and basis
+    "unknown_basis": (("h2o", "--basis", "no-such-basis"), ["'h2o'", "no basis 'no-such-basis'"]),
+    "missing_coordinate": (("O 0 0; H 0 0.757 0.587; H 0 -0.757 0.587",), ["'O 0 0; H", "cannot read the atom string"]),
+    "coordinate_not_a_number": (("O 0 0 x",), ["'O 0 0 x'", "cannot read the atom string"]),
+    "unknown_element": (("Qq 0 0 0",), ["'Qq 0 0 0'", "cannot read the atom string"]),
+    "no_atoms": (("",), ["''", "cannot read the atom string"]),
+    "odd_electrons": (("O 0 0 0; H 0 0 0.96",), ["cannot read the atom string", "Electron number 9"]),
+    "no_virtual_orbital": (("He 0 0 0", "--basis", "sto-3g"), ["no virtual orbital", "1 occupied"]),
+    # --frozen against the occupied orbitals (benzene: 42 electrons, 21 occupied)
+    "frozen_negative": ((*BEFORE_SCF, "--frozen", -1), ["--frozen must be 0 or more", "not -1"]),
+    "frozen_all_occupied": ((*BEFORE_SCF, "--frozen", 21), ["--frozen 21", "fewer than the 21 occupied"]),
+    "frozen_more_than_occupied": ((*BEFORE_SCF, "--frozen", 40), ["--frozen 40", "fewer than the 21 occupied"]),
+    "frozen_ao2mo": (("h2o", "--job", "ao2mo", "--frozen", 1), ["--frozen does not apply to the ao2mo job"]),
+    # convergence options
+    "scf_conv_tol_zero": ((*BEFORE_SCF, "--scf-conv-tol", 0), ["--scf-conv-tol", "positive", "not 0.0"]),
+    "scf_conv_tol_negative": ((*BEFORE_SCF, "--scf-conv-tol=-1e-9"), ["--scf-conv-tol", "not -1e-09"]),
+    "ccsd_conv_tol_nan": ((*BEFORE_SCF, "--ccsd-conv-tol", "nan"), ["--ccsd-conv-tol", "not nan"]),
+    "ccsd_conv_tol_inf": ((*BEFORE_SCF, "--ccsd-conv-tol", "inf"), ["--ccsd-conv-tol", "not inf"]),
+    "scf_max_cycle_zero": ((*BEFORE_SCF, "--scf-max-cycle", 0), ["--scf-max-cycle must be at least 1"]),
+    "ccsd_max_cycle_negative": ((*BEFORE_SCF, "--ccsd-max-cycle", -5), ["--ccsd-max-cycle must be at least 1"]),
+    "ccsd_option_ao2mo": (("h2o", "--job", "ao2mo", "--ccsd-max-cycle", 90),
+                          ["--ccsd-max-cycle does not apply to the ao2mo job"]),
+    # convergence failures name the option that helps
+    "scf_not_converged": (("h2o", "--scf-max-cycle", 1), ["'h2o' in cc-pvdz", "SCF did not converge", "--scf-max-cycle"]),
+    "ccsd_not_converged": (("h2o", "--ccsd-max-cycle", 1), ["CCSD did not converge", "--ccsd-max-cycle"]),
+    "ao2mo_scf_not_converged": (("h2o", "--job", "ao2mo", "--scf-max-cycle", 1), ["SCF did not converge", "--scf-max-cycle"]),
+}
+
+TEMPLATE_ERRORS = {
+    "missing": (None, ["cannot read the config template", "No such file"]),
+    "folder": ("folder", ["cannot read the config template", "Is a directory"]),
+    "not_utf8": (lambda text: text.encode("utf-16"), ["not UTF-8"]),
+    "malformed_yaml": (lambda text: text.replace("statements:", "statements: [oops"), ["malformed YAML"]),
+    "not_a_config": (lambda text: text.replace("machine:", "machin:"), ["unknown key 'machin'"]),
+    "other_ranges": (lambda text: (CONFIGS / "fourindex.yaml").read_text(), [":6:", "ranges (ao, mo)", "(occ, vir)"]),
+    "unknown_dataset": (lambda text: text.replace("dataset: t1}", "dataset: t9}"), [":22:", "'t9'", "does not write"]),
+    "wrong_shape": (lambda text: text.replace("t1: {indices: [i, a]", "t1: {indices: [a, i]")
+                    .replace("t1[k,c]", "t1[c,k]").replace("t1[j,b]", "t1[b,j]").replace("t1[i,a]", "t1[a,i]"),
+                    [":22:", "tensor 't1' has the shape (855, 21)", "'t1' as (21, 855)"]),
+}
+
+
+def _assert_nothing_complete(out: Path):
+    """No config in ``out``, and no inputs or temporary files beside one."""
+    left = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert not [name for name in left if name.endswith((".yaml", ".tmp"))], left
+
+
+@pytest.mark.parametrize("case", sorted(CHEM_ERRORS) + [f"template_{case}" for case in sorted(TEMPLATE_ERRORS)])
+def test_chem_errors(case, tmp_path):
+    """Bad `chainexec chem` input is one line, exit 2, found before PySCF's SCF where it does not
+    need one (BEFORE_SCF), and leaves no config in --out."""
+    if case.startswith("template_"):
+        edit, needles = TEMPLATE_ERRORS[case.removeprefix("template_")]
+        template = _template(tmp_path, edit)
+        args, needles = (*BEFORE_SCF, "--template", template), [str(template), *needles]
+    else:
+        args, needles = CHEM_ERRORS[case]
+    if "--synthetic" not in args:
+        pytest.importorskip("pyscf")
+    out = tmp_path / "out"
+    proc = run_cli("chem", *args, "--out", out, timeout=CHEM_TIMEOUT)
+    _assert_clean_failure(proc, *needles)
+    _assert_nothing_complete(out)
+    assert not (out / "inputs.h5").exists()
+
+
+def test_chem_config_describes_the_inputs_beside_it(tmp_path):
+    """A failed `chainexec chem` leaves an earlier job in --out whole (its inputs and config, byte
+    for byte); new inputs replace the configs that described the old ones."""
+    pytest.importorskip("pyscf")
+    out = tmp_path / "out"
+    assert run_cli("chem", "x", "--synthetic", 2, 3, 1, "--out", out).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"inputs.h5", "ccsd_t.yaml"}
+    _assert_clean_failure(run_cli("chem", "h2o", "--scf-max-cycle", 1, "--out", out), "--scf-max-cycle")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    proc = run_cli("chem", "h2o", "--job", "ao2mo", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["fourindex.yaml", "inputs.h5"]
+    assert proc.stdout.splitlines()[-1] == f"wrote {out / 'inputs.h5'} and {out / 'fourindex.yaml'}"
+    with h5py.File(out / "inputs.h5", "r") as f:
+        assert set(f) == {"A", "C"}
