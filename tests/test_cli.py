@@ -428,3 +428,24 @@ def test_chem_config_describes_the_inputs_beside_it(tmp_path):
     assert proc.stdout.splitlines()[-1] == f"wrote {out / 'inputs.h5'} and {out / 'fourindex.yaml'}"
     with h5py.File(out / "inputs.h5", "r") as f:
         assert set(f) == {"A", "C"}
+
+
+@pytest.mark.parametrize("nocc", [1, 3])
+def test_chem_synthetic_larger_than_memory(tmp_path, nocc):
+    """Synthetic inputs that fit the disk but whose arrays (with one temporary the size of the
+    largest, o·v³) would not fit this machine's memory are refused before anything is made."""
+    import os
+    import shutil
+
+    from chainexec.spec import format_size
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    nvir = next(v for v in range(1, 1 << 20) if _synthetic_bytes(nocc, v) + 8 * nocc * v**3 > memory)
+    size = _synthetic_bytes(nocc, nvir)
+    if size > 0.9 * shutil.disk_usage(tmp_path).free:
+        pytest.skip(f"{format_size(size)} of inputs need more disk than is free here")
+    out = tmp_path / "out"
+    proc = run_cli("chem", "x", "--synthetic", nocc, nvir, 1, "--out", out, timeout=CHEM_TIMEOUT)
+    _assert_clean_failure(proc, f"--synthetic {nocc} {nvir} 1", "would hold",
+                          f"{format_size(size + 8 * nocc * nvir**3)} in memory", f"this machine's {format_size(memory)}")
+    assert not out.exists()
