@@ -46,11 +46,12 @@ MOLECULES = {
 
 @dataclass(frozen=True)
 class Job:
-    """One kind of job: ``config``, the file name of its config in ``OUT``; ``output``, the file in
-    ``OUT`` its outputs go to; ``datasets``, each input dataset's index letters; ``ranges``, the
-    config range each letter runs over; ``sizes``, the key of the writer's summary that holds each
-    range's extent; ``writer``, the :mod:`chainexec.chem.bridge` function that writes the inputs
-    from a molecule; ``options``, the keywords of :data:`OPTIONS` that writer takes."""
+    """One kind of job, ``name`` (a key of :data:`JOBS`): ``config``, the file name of its config in
+    ``OUT``; ``output``, the file in ``OUT`` its outputs go to; ``datasets``, each input dataset's
+    index letters; ``ranges``, the config range each letter runs over; ``sizes``, the key of the
+    writer's summary that holds each range's extent; ``writer``, the :mod:`chainexec.chem.bridge`
+    function that writes the inputs from a molecule; ``options``, the keywords of :data:`OPTIONS`
+    that writer takes."""
 
     name: str
     config: str
