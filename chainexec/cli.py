@@ -73,13 +73,19 @@ def _parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("chem", help="prepare a CCSD(T) job: PySCF inputs (HDF5) and the config that reads them")
     ch.add_argument("molecule", help=f"one of {', '.join(MOLECULES)}, or a PySCF atom string (Angstrom)")
     ch.add_argument("--basis", default="cc-pvdz")
-    ch.add_argument("--frozen", type=int, default=0, help="frozen core orbitals")
+    ch.add_argument("--frozen", type=int, help="frozen core orbitals, fewer than the occupied ones (default 0)")
     ch.add_argument("--out", required=True, help="folder for inputs.h5 and ccsd_t.yaml")
     ch.add_argument("--job", default="ccsd_t", choices=tuple(TEMPLATES),
                     help="ccsd_t: the (T) energy job; ao2mo: the AO->MO four-index transform of the molecule's integrals")
     ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
-                    help="seeded random inputs of any size instead of PySCF")
+                    help="seeded random inputs of any size that fits the disk and memory, instead of PySCF")
+    ch.add_argument("--scf-conv-tol", type=float, metavar="HARTREE",
+                    help="RHF energy convergence threshold (default 1e-12; ao2mo 1e-10)")
+    ch.add_argument("--scf-max-cycle", type=int, metavar="N", help="RHF iterations at most (default 50)")
+    ch.add_argument("--ccsd-conv-tol", type=float, metavar="HARTREE",
+                    help="CCSD energy convergence threshold; the amplitudes' to its square root (default 1e-12)")
+    ch.add_argument("--ccsd-max-cycle", type=int, metavar="N", help="CCSD iterations at most (default 50)")
     b = sub.add_parser("bench", help="GPU benchmarks: 'tccg' checks and times the generated kernels on the "
                        "48 TCCG contractions (options: chainexec bench tccg -h)")
     b.add_argument("suite", choices=("tccg",))
@@ -148,12 +154,12 @@ def _main(args) -> int:
             if args.plot:
                 report.plot_alternatives(plan, args.plot)
         elif args.command == "chem":
-            summary = job.prepare(args.molecule, args.out, basis=args.basis, frozen=args.frozen,
-                                  template=args.template or TEMPLATES[args.job], job=args.job,
-                                  synthetic=tuple(args.synthetic) if args.synthetic else None)
-            config = "ccsd_t.yaml" if args.job == "ccsd_t" else "fourindex.yaml"
-            print(json.dumps({k: v for k, v in summary.items() if k != "path"}))
-            print(f"wrote {os.path.join(args.out, 'inputs.h5')} and {os.path.join(args.out, config)}")
+            options = {k: getattr(args, k) for k in job.OPTIONS if getattr(args, k) is not None}
+            summary = job.prepare(args.molecule, args.out, basis=args.basis, job=args.job,
+                                  template=args.template or TEMPLATES[args.job],
+                                  synthetic=tuple(args.synthetic) if args.synthetic else None, **options)
+            print(json.dumps({k: v for k, v in summary.items() if k not in ("path", "config")}))
+            print(f"wrote {summary['path']} and {summary['config']}")
         elif args.command == "bench":
             from chainexec import bench
 

@@ -184,7 +184,14 @@ def _check(tensor: str, method: str, dtype: str, error: float, value: float, siz
 
 
 def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) -> list[Check]:
-    """Check every output against NumPy; ``limit`` bytes decide between full and sampled checks."""
+    """Check every output against NumPy; ``limit`` bytes decide between full and sampled checks.
+    ``samples`` below 1 or ``limit`` below 0 is a :class:`ChainexecError`: the sampled check of a
+    chain larger than the limit would then look at no element and pass."""
+    if samples < 1:
+        raise ChainexecError(f"--samples must be at least 1 (output elements checked where the chain is larger "
+                             f"than --full-limit), not {samples}: with none, verify would pass without checking")
+    if limit < 0:
+        raise ChainexecError(f"--full-limit must be 0 bytes or more, not {limit}")
     total = sum(math.prod(spec.shape(n)) * DTYPES[t.dtype] for n, t in spec.tensors.items())
     checks = []
     if total <= limit:

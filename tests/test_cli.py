@@ -4,6 +4,7 @@ that looks complete."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -266,3 +267,210 @@ def test_interrupt_prints_one_line(ranks, tmp_path):
     assert len(ours) == 1 and "interrupted" in ours[0] if not ranks else len(ours) <= 1, err
     assert not (tmp_path / "out" / "result.h5").exists()
     assert run_cli("run", config, "--quiet", ranks=ranks).returncode == 0
+
+def _machine_text(**changes) -> str:
+    """A valid machine file's JSON with ``changes`` (a value of ``...`` removes the field)."""
+    import json
+
+    from chainexec.planner.machine import Machine
+
+    data = json.loads(Machine(statement_seconds=0).to_json()) | {"details": {"units": "as calibrate writes them"}}
+    data.update(changes)
+    return json.dumps({k: v for k, v in data.items() if v is not ...})
+
+
+MACHINE_ERRORS = {
+    "zero_rate": (_machine_text(flop_rate=0), ["'flop_rate'", "positive", "not 0"]),
+    "negative_rate": (_machine_text(disk_read=-1.0e9), ["'disk_read'", "positive", "-1"]),
+    "nan_rate": (_machine_text(disk_write=float("nan")), ["'disk_write'", "not NaN"]),
+    "infinite_rate": (_machine_text(global_to_device=float("inf")), ["'global_to_device'", "not Infinity"]),
+    "text_rate": (_machine_text(device_to_global="fast"), ["'device_to_global'", '"fast"']),
+    "boolean_rate": (_machine_text(flop_rate=True), ["'flop_rate'", "not true"]),
+    "zero_device_bandwidth": (_machine_text(device_bandwidth=0), ["'device_bandwidth'", "or null"]),
+    "negative_statement_seconds": (_machine_text(statement_seconds=-1e-4), ["'statement_seconds'", "0 or more"]),
+    "fractional_bytes": (_machine_text(aside_copy_bytes=1.5), ["'aside_copy_bytes'", "whole number"]),
+    "async_as_number": (_machine_text(async_statements=1), ["'async_statements'", "true or false"]),
+    "missing_rate": (_machine_text(flop_rate=...), ["missing field 'flop_rate'"]),
+    "missing_rates": (_machine_text(disk_read=..., disk_write=...), ["missing fields 'disk_read', 'disk_write'"]),
+    "unknown_field": (_machine_text(flop_rat=1e9), ["unknown field 'flop_rat'"]),
+    "repeated_field": ('{"flop_rate": 1e9, "flop_rate": 2e9}', ["'flop_rate' is given twice"]),
+    "list": ("[1e9, 1e9]", ["JSON object", "not an array"]),
+    "number": ("1e9", ["JSON object", "not a number"]),
+    "string": ('"fast"', ["JSON object", "not a string"]),
+    "not_json": ('{"flop_rate": 1e9,\n "disk_read": }', ["machine.json:2:", "not JSON"]),
+    "not_utf8": (b'{"source": "\xff"}', ["not UTF-8"]),
+    "folder": (None, ["cannot read machine file", "directory"]),
+    "missing_file": ("", ["cannot read machine file", "No such file"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MACHINE_ERRORS))
+def test_machine_file_errors(case, tmp_path):
+    """Every bad machine file is one line naming the file (and the field), exit 2."""
+    content, needles = MACHINE_ERRORS[case]
+    machine = tmp_path / "machine.json"
+    if content is None:
+        machine.mkdir()
+    elif isinstance(content, bytes):
+        machine.write_bytes(content)
+    elif content:
+        machine.write_text(content)
+    proc = run_cli("plan", write_config(tmp_path, fourindex_config()), "--machine", machine)
+    assert_refused(proc, str(machine), *needles)
+
+
+@pytest.mark.parametrize("optional", [{}, {"device_bandwidth": ..., "statement_seconds": ..., "source": ...,
+                                          "aside_copy_bytes": ..., "async_statements": ..., "details": ...}])
+def test_machine_file_rates_are_used(optional, tmp_path):
+    """A valid machine file (with or without its optional fields and calibrate's ``details``) is
+    read: the predicted compute seconds are the plan's flops over the file's flop rate."""
+    import json
+
+    machine = tmp_path / "machine.json"
+    machine.write_text(_machine_text(flop_rate=3.0e7, **optional))
+    proc = run_cli("plan", write_config(tmp_path, fourindex_config()), "--machine", machine, "--json")
+    assert proc.returncode == 0, proc.stderr
+    predicted = json.loads(proc.stdout)["predicted"]
+    assert predicted["seconds"]["compute"] == pytest.approx(predicted["flops"] / 3.0e7, rel=1e-12)
+
+
+# An SCF of benzene in cc-pV5Z (876 orbitals) takes far longer than the CHEM_TIMEOUT seconds a
+# failing `chainexec chem` may take here: an error found only after PySCF's SCF fails its test.
+BEFORE_SCF = ("benzene", "--basis", "cc-pv5z")
+CHEM_TIMEOUT = 60
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _template(tmp_path, edit) -> Path:
+    """configs/ccsd_t.yaml changed by ``edit(text)`` (str -> str or bytes) as a file in
+    ``tmp_path``; ``edit`` None: a file that does not exist, "folder": a folder."""
+    path = tmp_path / "template.yaml"
+    if edit == "folder":
+        path.mkdir()
+    elif edit is not None:
+        text = edit((CONFIGS / "ccsd_t.yaml").read_text())
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def _synthetic_bytes(o: int, v: int) -> int:
+    """The (T) inputs' bytes, from the shapes of docs/chem.md's table."""
+    return 8 * (o * v + o * o * v * v + o * v**3 + o**3 * v + o * o * v * v + o + v + v * o)
+
+
+CHEM_ERRORS = {
+    # --synthetic: sizes, seed, and inputs larger than any disk here
+    "synthetic_zero_nocc": (("x", "--synthetic", 0, 7, 1), ["--synthetic 0 7 1", "at least 1"]),
+    "synthetic_negative_nvir": (("x", "--synthetic", 3, -7, 1), ["--synthetic 3 -7 1", "at least 1"]),
+    "synthetic_negative_seed": (("x", "--synthetic", 3, 7, -1), ["--synthetic 3 7 -1", "SEED 0 or more"]),
+    "synthetic_absurd": (("x", "--synthetic", 100000, 100000, 1),
+                         ["--synthetic 100000 100000 1", "the inputs would take",
+                          f"{_synthetic_bytes(100000, 100000) / 1024**4:.2f} TiB", "free here"]),
+    "synthetic_with_frozen": (("x", "--synthetic", 3, 7, 1, "--frozen", 1), ["--frozen does not apply to --synthetic"]),
+    "synthetic_with_scf_option": (("x", "--synthetic", 3, 7, 1, "--scf-max-cycle", 9),
+                                  ["--scf-max-cycle does not apply to --synthetic"]),
+    "synthetic_ao2mo": (("x", "--synthetic", 3, 7, 1, "--job", "ao2mo"), ["ao2mo job needs a molecule"]),
+    # the molecule and basis
+    "unknown_basis": (("h2o", "--basis", "no-such-basis"), ["'h2o'", "no basis 'no-such-basis'"]),
+    "missing_coordinate": (("O 0 0; H 0 0.757 0.587; H 0 -0.757 0.587",), ["'O 0 0; H", "cannot read the atom string"]),
+    "coordinate_not_a_number": (("O 0 0 x",), ["'O 0 0 x'", "cannot read the atom string"]),
+    "unknown_element": (("Qq 0 0 0",), ["'Qq 0 0 0'", "cannot read the atom string"]),
+    "no_atoms": (("",), ["''", "cannot read the atom string"]),
+    "odd_electrons": (("O 0 0 0; H 0 0 0.96",), ["cannot read the atom string", "Electron number 9"]),
+    "no_virtual_orbital": (("He 0 0 0", "--basis", "sto-3g"), ["no virtual orbital", "1 occupied"]),
+    # --frozen against the occupied orbitals (benzene: 42 electrons, 21 occupied)
+    "frozen_negative": ((*BEFORE_SCF, "--frozen", -1), ["--frozen must be 0 or more", "not -1"]),
+    "frozen_all_occupied": ((*BEFORE_SCF, "--frozen", 21), ["--frozen 21", "fewer than the 21 occupied"]),
+    "frozen_more_than_occupied": ((*BEFORE_SCF, "--frozen", 40), ["--frozen 40", "fewer than the 21 occupied"]),
+    "frozen_ao2mo": (("h2o", "--job", "ao2mo", "--frozen", 1), ["--frozen does not apply to the ao2mo job"]),
+    # convergence options
+    "scf_conv_tol_zero": ((*BEFORE_SCF, "--scf-conv-tol", 0), ["--scf-conv-tol", "positive", "not 0.0"]),
+    "scf_conv_tol_negative": ((*BEFORE_SCF, "--scf-conv-tol=-1e-9"), ["--scf-conv-tol", "not -1e-09"]),
+    "ccsd_conv_tol_nan": ((*BEFORE_SCF, "--ccsd-conv-tol", "nan"), ["--ccsd-conv-tol", "not nan"]),
+    "ccsd_conv_tol_inf": ((*BEFORE_SCF, "--ccsd-conv-tol", "inf"), ["--ccsd-conv-tol", "not inf"]),
+    "scf_max_cycle_zero": ((*BEFORE_SCF, "--scf-max-cycle", 0), ["--scf-max-cycle must be at least 1"]),
+    "ccsd_max_cycle_negative": ((*BEFORE_SCF, "--ccsd-max-cycle", -5), ["--ccsd-max-cycle must be at least 1"]),
+    "ccsd_option_ao2mo": (("h2o", "--job", "ao2mo", "--ccsd-max-cycle", 90),
+                          ["--ccsd-max-cycle does not apply to the ao2mo job"]),
+    # convergence failures name the option that helps
+    "scf_not_converged": (("h2o", "--scf-max-cycle", 1), ["'h2o' in cc-pvdz", "SCF did not converge", "--scf-max-cycle"]),
+    "ccsd_not_converged": (("h2o", "--ccsd-max-cycle", 1), ["CCSD did not converge", "--ccsd-max-cycle"]),
+    "ao2mo_scf_not_converged": (("h2o", "--job", "ao2mo", "--scf-max-cycle", 1), ["SCF did not converge", "--scf-max-cycle"]),
+}
+
+TEMPLATE_ERRORS = {
+    "missing": (None, ["cannot read the config template", "No such file"]),
+    "folder": ("folder", ["cannot read the config template", "Is a directory"]),
+    "not_utf8": (lambda text: text.encode("utf-16"), ["not UTF-8"]),
+    "malformed_yaml": (lambda text: text.replace("statements:", "statements: [oops"), ["malformed YAML"]),
+    "not_a_config": (lambda text: text.replace("machine:", "machin:"), ["unknown key 'machin'"]),
+    "other_ranges": (lambda text: (CONFIGS / "fourindex.yaml").read_text(), [":6:", "ranges (ao, mo)", "(occ, vir)"]),
+    "unknown_dataset": (lambda text: text.replace("dataset: t1}", "dataset: t9}"), [":22:", "'t9'", "does not write"]),
+    "wrong_shape": (lambda text: text.replace("t1: {indices: [i, a]", "t1: {indices: [a, i]")
+                    .replace("t1[k,c]", "t1[c,k]").replace("t1[j,b]", "t1[b,j]").replace("t1[i,a]", "t1[a,i]"),
+                    [":22:", "tensor 't1' has the shape (855, 21)", "'t1' as (21, 855)"]),
+}
+
+
+def _assert_nothing_complete(out: Path):
+    """No config in ``out``, and no inputs or temporary files beside one."""
+    left = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert not [name for name in left if name.endswith((".yaml", ".tmp"))], left
+
+
+@pytest.mark.parametrize("case", sorted(CHEM_ERRORS) + [f"template_{case}" for case in sorted(TEMPLATE_ERRORS)])
+def test_chem_errors(case, tmp_path):
+    """Bad `chainexec chem` input is one line, exit 2, found before PySCF's SCF where it does not
+    need one (BEFORE_SCF), and leaves no config in --out."""
+    if case.startswith("template_"):
+        edit, needles = TEMPLATE_ERRORS[case.removeprefix("template_")]
+        template = _template(tmp_path, edit)
+        args, needles = (*BEFORE_SCF, "--template", template), [str(template), *needles]
+    else:
+        args, needles = CHEM_ERRORS[case]
+    if "--synthetic" not in args:
+        pytest.importorskip("pyscf")
+    out = tmp_path / "out"
+    proc = run_cli("chem", *args, "--out", out, timeout=CHEM_TIMEOUT)
+    assert_refused(proc, *needles)
+    _assert_nothing_complete(out)
+    assert not (out / "inputs.h5").exists()
+
+
+def test_chem_config_describes_the_inputs_beside_it(tmp_path):
+    """A failed `chainexec chem` leaves an earlier job in --out whole (its inputs and config, byte
+    for byte); new inputs replace the configs that described the old ones."""
+    pytest.importorskip("pyscf")
+    out = tmp_path / "out"
+    assert run_cli("chem", "x", "--synthetic", 2, 3, 1, "--out", out).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"inputs.h5", "ccsd_t.yaml"}
+    assert_refused(run_cli("chem", "h2o", "--scf-max-cycle", 1, "--out", out), "--scf-max-cycle")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    proc = run_cli("chem", "h2o", "--job", "ao2mo", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["fourindex.yaml", "inputs.h5"]
+    assert proc.stdout.splitlines()[-1] == f"wrote {out / 'inputs.h5'} and {out / 'fourindex.yaml'}"
+    with h5py.File(out / "inputs.h5", "r") as f:
+        assert set(f) == {"A", "C"}
+
+
+@pytest.mark.parametrize("nocc", [1, 3])
+def test_chem_synthetic_larger_than_memory(tmp_path, nocc):
+    """Synthetic inputs that fit the disk but whose arrays (with one temporary the size of the
+    largest, o·v³) would not fit this machine's memory are refused before anything is made."""
+    import os
+    import shutil
+
+    from chainexec.spec import format_size
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    nvir = next(v for v in range(1, 1 << 20) if _synthetic_bytes(nocc, v) + 8 * nocc * v**3 > memory)
+    size = _synthetic_bytes(nocc, nvir)
+    if size > 0.9 * shutil.disk_usage(tmp_path).free:
+        pytest.skip(f"{format_size(size)} of inputs need more disk than is free here")
+    out = tmp_path / "out"
+    proc = run_cli("chem", "x", "--synthetic", nocc, nvir, 1, "--out", out, timeout=CHEM_TIMEOUT)
+    assert_refused(proc, f"--synthetic {nocc} {nvir} 1", "would hold",
+                          f"{format_size(size + 8 * nocc * nvir**3)} in memory", f"this machine's {format_size(memory)}")
+    assert not out.exists()

@@ -114,3 +114,21 @@ def test_scalar_outputs_are_the_complete_scalars(tmp_path):
         f.attrs["chainexec_complete"] = False
     with pytest.raises(ChainexecError, match="not marked complete"):
         scalar_outputs(spec.load(config))
+
+
+@pytest.mark.parametrize("samples, limit, needle", [
+    (0, 0, "--samples must be at least 1"), (-3, 0, "--samples must be at least 1"),
+    (0, 2 << 30, "--samples must be at least 1"), (300, -1, "--full-limit must be 0 bytes or more"),
+    (1, 0, None), (1, 2 << 30, None)])
+def test_a_check_of_nothing_is_refused(finished, samples, limit, needle):
+    """`verify` that would check no element (no samples, or a negative byte limit) exits 2 with one
+    line naming the option; one sample, or the full einsum, checks and passes."""
+    proc = run_cli("verify", finished, "--samples", samples, "--full-limit", limit)
+    if needle is None:
+        assert proc.returncode == 0, proc.stderr
+        expected = 1 if limit == 0 else 4 * 2 * 5
+        assert f" over {expected} elements" in proc.stdout and proc.stdout.rstrip().endswith("ok"), proc.stdout
+        return
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert needle in line and f"not {samples if samples < 1 else limit}" in line, line

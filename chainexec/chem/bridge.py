@@ -18,7 +18,7 @@ f_vo       (v, o)          ``ai``       virtual-occupied Fock block f_ai (Hartre
 =========  ==============  ===========  ====================================================
 
 ``o`` and ``v`` count *active* orbitals (frozen core removed). Each dataset carries the attribute
-``indices``. File attributes: ``nocc``, ``nvir``, ``units`` ("Hartree") and either the PySCF
+``indices`` (:data:`chainexec.chem.layout.INDICES`). File attributes: ``nocc``, ``nvir``, ``units`` ("Hartree") and either the PySCF
 results (``e_hf`` total RHF energy, ``e_ccsd`` CCSD correlation energy, ``e_t`` PySCF's own
 ``mycc.ccsd_t()``, ``atoms``, ``basis``, ``frozen``) or, for random inputs, ``synthetic=True`` and
 ``seed``.
@@ -31,52 +31,83 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import h5py
 import numpy as np
 
-#: Dataset name -> index letters (o-class: i j k m, v-class: a b c f).
-INDICES = {
-    "t1": "ia",
-    "t2": "ijab",
-    "ovvv": "iabc",
-    "ovoo": "iajk",
-    "ovov": "iajb",
-    "e_occ": "i",
-    "e_vir": "a",
-    "f_vo": "ai",
-}
+from chainexec.chem.layout import AO2MO_INDICES, INDICES
 
 
-def write_ccsd_inputs(atoms: str, basis: str, path, *, frozen: int = 0,
-                      conv_tol: float = 1e-12) -> dict:
+class NotConverged(RuntimeError):
+    """PySCF's ``solver`` (``"scf"`` or ``"ccsd"``) stopped at its iteration limit before its
+    convergence threshold was met."""
+
+    def __init__(self, solver: str, conv_tol: float, max_cycle: int):
+        super().__init__(f"{solver.upper()} did not converge to {conv_tol:g} Hartree in {max_cycle} iterations")
+        self.solver = solver
+
+
+def molecule(atoms: str, basis: str):
+    """The PySCF molecule (``gto.Mole``, built, nothing solved) of ``atoms``, a PySCF atom string in
+    Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``), in ``basis``, a PySCF basis name. Its
+    ``nelectron`` and ``nao`` give the orbital counts before any SCF runs. Raises ``ValueError``
+    naming the basis PySCF lacks (for these elements), or the atom string it cannot read
+    (PySCF's parser raises many kinds of error for those: a name, an index, an electron count that
+    no closed shell has)."""
+    from pyscf import gto  # optional dependency: extra "chem"
+    from pyscf.lib.exceptions import BasisNotFoundError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PySCF's advice to install basis-set-exchange
+            return gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
+    except BasisNotFoundError as err:
+        raise ValueError(f"PySCF has no basis {basis!r} for these atoms ({first_line(err)})") from None
+    except Exception as err:  # what PySCF's parser raises on a malformed atom string varies
+        raise ValueError(f"PySCF cannot read the atom string ({first_line(err)})") from None
+
+
+def first_line(err: Exception) -> str:
+    """The first line of an error's message (PySCF's run over several), or its type's name."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _solve(solver: str, method, conv_tol: float, max_cycle: int, **kernel):
+    """Run PySCF's ``method`` (an SCF or CCSD object) to ``conv_tol`` Hartree in ``max_cycle``
+    iterations at most; :class:`NotConverged` where it stops short."""
+    method.conv_tol = conv_tol
+    method.max_cycle = max_cycle
+    method.kernel(**kernel)
+    if not method.converged:
+        raise NotConverged(solver, conv_tol, max_cycle)
+    return method
+
+
+def write_ccsd_inputs(mol, path, *, frozen: int = 0, scf_conv_tol: float = 1e-12, scf_max_cycle: int = 50,
+                      ccsd_conv_tol: float = 1e-12, ccsd_max_cycle: int = 50) -> dict:
     """Run RHF + closed-shell RCCSD + (T) with PySCF and write the (T) inputs to ``path``.
 
-    ``atoms`` is a PySCF atom string in Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``),
-    ``basis`` a PySCF basis name, ``frozen`` the number of lowest orbitals kept frozen in CCSD.
-    ``conv_tol`` (Hartree) is the energy convergence threshold of both SCF and CCSD; the CCSD
-    amplitude-change threshold is ``sqrt(conv_tol)``. The integrals and orbital energies are
-    taken from the same ``eris`` object PySCF's ``ccsd_t()`` uses, so the stored ``e_t`` is the
-    (T) energy of exactly the stored arrays. Raises ``RuntimeError`` if SCF or CCSD does not
-    converge; nothing is written then.
+    ``mol`` is a PySCF molecule (:func:`molecule`), ``frozen`` the number of lowest orbitals kept
+    frozen in CCSD. ``scf_conv_tol`` and ``ccsd_conv_tol`` (Hartree) are the energy convergence
+    thresholds of RHF and CCSD, ``scf_max_cycle`` and ``ccsd_max_cycle`` their iteration limits
+    (PySCF's own, 50); the CCSD amplitude-change threshold is ``sqrt(ccsd_conv_tol)``. Both
+    thresholds are tight by default: the stored ``e_hf``, ``e_ccsd`` and ``e_t`` are reference
+    energies, and the canonical orbitals of a converged RHF make ``f_vo`` vanish. The integrals
+    and orbital energies are taken from the same ``eris`` object PySCF's ``ccsd_t()`` uses, so the
+    stored ``e_t`` is the (T) energy of exactly the stored arrays. Raises :class:`NotConverged` if
+    RHF or CCSD stops at its limit; nothing is written then.
 
     Returns a summary: ``path``, ``nocc``, ``nvir``, ``e_hf``, ``e_ccsd``, ``e_t`` (Hartree).
     """
-    from pyscf import cc, gto, scf  # optional dependency: extra "chem"
+    from pyscf import cc, scf  # optional dependency: extra "chem"
 
-    mol = gto.M(atom=atoms, basis=basis, verbose=0)
-    mf = scf.RHF(mol)
-    mf.conv_tol = conv_tol
-    mf.kernel()
-    if not mf.converged:
-        raise RuntimeError(f"RHF did not converge for {atoms!r} / {basis!r}")
+    mf = _solve("scf", scf.RHF(mol), scf_conv_tol, scf_max_cycle)
     mycc = cc.RCCSD(mf, frozen=frozen or None)
-    mycc.conv_tol = conv_tol
-    mycc.conv_tol_normt = conv_tol ** 0.5
+    mycc.conv_tol_normt = ccsd_conv_tol ** 0.5
     eris = mycc.ao2mo()
-    mycc.kernel(eris=eris)
-    if not mycc.converged:
-        raise RuntimeError(f"CCSD did not converge for {atoms!r} / {basis!r}")
+    _solve("ccsd", mycc, ccsd_conv_tol, ccsd_max_cycle, eris=eris)
     start = time.perf_counter()
     e_t = float(mycc.ccsd_t(eris=eris))
     e_t_seconds = time.perf_counter() - start  # PySCF's own (T) step, for benchmarks
@@ -95,8 +126,8 @@ def write_ccsd_inputs(atoms: str, basis: str, path, *, frozen: int = 0,
     summary = {"path": os.fspath(path), "nocc": nocc, "nvir": nvir,
                "e_hf": float(mf.e_tot), "e_ccsd": float(mycc.e_corr), "e_t": e_t}
     attrs = {"nocc": nocc, "nvir": nvir, "units": "Hartree", "e_hf": summary["e_hf"],
-             "e_ccsd": summary["e_ccsd"], "e_t": e_t, "e_t_seconds": e_t_seconds, "atoms": atoms, "basis": basis,
-             "frozen": frozen}
+             "e_ccsd": summary["e_ccsd"], "e_t": e_t, "e_t_seconds": e_t_seconds, "atoms": mol.atom,
+             "basis": mol.basis, "frozen": frozen}
     _write_atomic(path, arrays, attrs)
     return summary
 
@@ -133,29 +164,21 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
     return {"path": os.fspath(path), "nocc": o, "nvir": v, "seed": seed}
 
 
-#: The four-index transform's inputs (:func:`write_ao2mo_inputs`): AO integrals and MO coefficients.
-AO2MO_INDICES = {"A": "pqrs", "C": "pa"}
+def write_ao2mo_inputs(mol, path, *, scf_conv_tol: float = 1e-10, scf_max_cycle: int = 50) -> dict:
+    """Run RHF with PySCF on ``mol`` (:func:`molecule`) and write the AO→MO transform's inputs to
+    ``path``: ``A`` (n, n, n, n), the AO two-electron integrals ``(pq|rs)`` in chemists' notation
+    without permutational packing (``mol.intor("int2e")``, Hartree), and ``C`` (n, m), the RHF MO
+    coefficients (``mf.mo_coeff``). ``configs/fourindex.yaml`` then computes ``(ab|cd) = Σ C_pa
+    C_qb C_rc C_sd (pq|rs)``, what ``pyscf.ao2mo.full(mol, C)`` returns (symmetry-packed).
+    ``scf_conv_tol`` (Hartree) and ``scf_max_cycle``: as for :func:`write_ccsd_inputs`. File
+    attributes: ``nao``, ``nmo``, ``atoms``, ``basis``, ``e_hf``, ``units``. Written atomically."""
+    from pyscf import scf
 
-
-def write_ao2mo_inputs(atoms: str, basis: str, path, *, conv_tol: float = 1e-10) -> dict:
-    """Run RHF with PySCF and write the AO→MO transform's inputs to ``path``: ``A`` (n, n, n, n),
-    the AO two-electron integrals ``(pq|rs)`` in chemists' notation without permutational
-    packing (``mol.intor("int2e")``, Hartree), and ``C`` (n, m), the RHF MO coefficients
-    (``mf.mo_coeff``). ``configs/fourindex.yaml`` then computes ``(ab|cd) = Σ C_pa C_qb C_rc C_sd
-    (pq|rs)``, what ``pyscf.ao2mo.full(mol, C)`` returns (symmetry-packed). File attributes:
-    ``nao``, ``nmo``, ``atoms``, ``basis``, ``e_hf``, ``units``. Written atomically."""
-    from pyscf import gto, scf
-
-    mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
-    mf = scf.RHF(mol)
-    mf.conv_tol = conv_tol
-    mf.kernel()
-    if not mf.converged:
-        raise RuntimeError("RHF did not converge")
+    mf = _solve("scf", scf.RHF(mol), scf_conv_tol, scf_max_cycle)
     eri = mol.intor("int2e")
     nao, nmo = mf.mo_coeff.shape
     _write_atomic(path, {"A": eri, "C": mf.mo_coeff},
-                  {"nao": nao, "nmo": nmo, "atoms": atoms, "basis": basis, "e_hf": float(mf.e_tot),
+                  {"nao": nao, "nmo": nmo, "atoms": mol.atom, "basis": mol.basis, "e_hf": float(mf.e_tot),
                    "units": "Hartree"}, AO2MO_INDICES)
     return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
 

@@ -1,18 +1,36 @@
-"""``chainexec chem``: prepare a CCSD(T) job — PySCF inputs and the config that reads them.
+"""``chainexec chem``: prepare a job from a molecule — its inputs (HDF5) and the config that reads them.
 
-Writes ``OUT/inputs.h5`` (see :mod:`chainexec.chem.bridge`) and ``OUT/ccsd_t.yaml``: a copy of
-the (T) chain config (default ``configs/ccsd_t.yaml``) with the occupied and virtual extents of
-this molecule and its paths pointing at ``OUT``. Molecules are named (:data:`MOLECULES`) or given
-as a PySCF atom string.
+Two jobs (:data:`JOBS`): ``ccsd_t`` writes ``OUT/inputs.h5``, the (T) inputs of
+:func:`chainexec.chem.bridge.write_ccsd_inputs` (or seeded random ones of any size,
+:func:`chainexec.chem.bridge.synthetic_inputs`), and ``OUT/ccsd_t.yaml``; ``ao2mo`` writes
+``OUT/inputs.h5``, AO integrals and MO coefficients, and ``OUT/fourindex.yaml``. The config is a
+copy of a template (``configs/ccsd_t.yaml``, ``configs/fourindex.yaml``) with the molecule's
+extents and its files in ``OUT``. Molecules are named (:data:`MOLECULES`) or given as a PySCF atom
+string (Angstrom).
+
+Every input is checked before PySCF computes anything, each problem a one-line
+:class:`ChainexecError`: the options (:data:`OPTIONS`), the template (a valid config of the job's
+shape: its ranges are the job's, and each tensor it reads from a file is a dataset the job writes,
+of the shape the job writes it), the molecule and basis (built, not solved), ``frozen`` against the
+occupied orbitals (half the molecule's electrons), and the size of the inputs (:func:`check_size`).
+The inputs are written first, whole or not at all; then the configs in ``OUT`` (of an earlier job,
+which described the inputs replaced) are removed and the job's config is written, whole or not at
+all. A config in ``OUT`` thus always describes the inputs beside it.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from chainexec import atomicfile, spec
+from chainexec.chem.layout import AO2MO_INDICES, INDICES
 from chainexec.errors import ChainexecError
 
 #: Equilibrium-like geometries in Angstrom (PySCF atom strings).
@@ -26,84 +44,231 @@ MOLECULES = {
 }
 
 
-def prepare(molecule: str, out: str | Path, *, basis: str = "cc-pvdz", frozen: int = 0,
-            template: str | Path, synthetic: tuple[int, int, int] | None = None, job: str = "ccsd_t") -> dict:
-    """Write inputs and a config for ``molecule`` (a name or an atom string) into folder ``out``;
-    with ``synthetic=(nocc, nvir, seed)`` write seeded random inputs instead of running PySCF.
-    ``job``: ``ccsd_t`` (the (T) energy, ``OUT/ccsd_t.yaml``) or ``ao2mo`` (the AO→MO four-index
-    transform of the molecule's integrals, ``OUT/fourindex.yaml``, from a four-index template)."""
-    from chainexec.chem import bridge
+@dataclass(frozen=True)
+class Job:
+    """One kind of job, ``name`` (a key of :data:`JOBS`): ``config``, the file name of its config in
+    ``OUT``; ``output``, the file in ``OUT`` its outputs go to; ``datasets``, each input dataset's
+    index letters; ``ranges``, the config range each letter runs over; ``sizes``, the key of the
+    writer's summary that holds each range's extent; ``writer``, the :mod:`chainexec.chem.bridge`
+    function that writes the inputs from a molecule; ``options``, the keywords of :data:`OPTIONS`
+    that writer takes."""
 
+    name: str
+    config: str
+    output: str
+    datasets: dict[str, str]
+    ranges: dict[str, str]
+    sizes: dict[str, str]
+    writer: str
+    options: tuple[str, ...]
+
+
+def _range_of(**letters: str) -> dict[str, str]:
+    """Index letter -> range name, from ``range=letters``."""
+    return {letter: name for name, all_letters in letters.items() for letter in all_letters}
+
+
+JOBS = {
+    "ccsd_t": Job("ccsd_t", "ccsd_t.yaml", "energy.h5", INDICES, _range_of(occ="ijkm", vir="abcf"),
+                  {"occ": "nocc", "vir": "nvir"}, "write_ccsd_inputs",
+                  ("frozen", "scf_conv_tol", "scf_max_cycle", "ccsd_conv_tol", "ccsd_max_cycle")),
+    "ao2mo": Job("ao2mo", "fourindex.yaml", "output.h5", AO2MO_INDICES, _range_of(ao="pqrs", mo="a"),
+                 {"ao": "nao", "mo": "nmo"}, "write_ao2mo_inputs", ("scf_conv_tol", "scf_max_cycle")),
+}
+"""What ``chainexec chem`` prepares."""
+
+
+def _tolerance(value) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+#: The PySCF options of :func:`prepare` (``chainexec chem --frozen``, ``--scf-conv-tol``, ...):
+#: whether a value is valid, and what a valid one is.
+OPTIONS = {
+    "frozen": (lambda v: v >= 0, "0 or more orbitals"),
+    "scf_conv_tol": (_tolerance, "a positive number of Hartree"),
+    "scf_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
+    "ccsd_conv_tol": (_tolerance, "a positive number of Hartree"),
+    "ccsd_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
+}
+
+
+def flag(option: str) -> str:
+    """The ``chainexec chem`` flag of a keyword of :data:`OPTIONS`."""
+    return "--" + option.replace("_", "-")
+
+
+def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = "ccsd_t", basis: str = "cc-pvdz",
+            synthetic: tuple[int, int, int] | None = None, **options) -> dict:
+    """Write the inputs and the config of ``job`` for ``molecule`` (a name or an atom string) in
+    ``basis`` into folder ``out``, the config made from ``template``; with ``synthetic=(nocc,
+    nvir, seed)`` seeded random (T) inputs instead of PySCF's. ``options``: keywords of
+    :data:`OPTIONS` for the job's PySCF writer (its defaults where not given). Returns the
+    writer's summary with ``config``, the config's path."""
     if job not in JOBS:
         raise ChainexecError(f"unknown chem job {job!r} ({', '.join(JOBS)})")
+    kind = JOBS[job]
+    _check_options(kind, options, synthetic)
+    cfg, lines = _template(template, kind)
+    if synthetic is not None:
+        extents, what, mol = _synthetic(kind, synthetic), "--synthetic " + " ".join(map(str, synthetic)), None
+    else:
+        mol, what = _molecule(molecule, basis), f"{molecule!r} in {basis}"
+        extents = _extents(kind, mol, options.get("frozen", 0), what)
+    _config(cfg, kind, extents, template, lines)
     out = Path(out)
+    check_size(out, _shapes(kind, extents), what, in_memory=synthetic is not None)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
-    inputs = out / "inputs.h5"
-    if job == "ao2mo":
-        if synthetic is not None:
-            raise ChainexecError("--synthetic makes (T) inputs; the ao2mo job needs a molecule")
-        summary = _pyscf(bridge.write_ao2mo_inputs, molecule, basis, inputs)
-        write_ao2mo_config(template, out / "fourindex.yaml", summary["nao"], summary["nmo"])
-        return summary
-    if synthetic is not None:
-        summary = bridge.synthetic_inputs(*synthetic, inputs)
-    else:
-        summary = _pyscf(bridge.write_ccsd_inputs, molecule, basis, inputs, frozen=frozen)
-    write_config(template, out / "ccsd_t.yaml", summary["nocc"], summary["nvir"])
-    return summary
-
-
-def _pyscf(write, molecule: str, basis: str, path: Path, **options) -> dict:
-    """``write(atoms, basis, path, **options)`` (a PySCF bridge writer) with its failures turned
-    into one-line user errors."""
+    summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
+    for other in JOBS.values():
+        (out / other.config).unlink(missing_ok=True)
+    config = out / kind.config
+    text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines)
     try:
-        return write(MOLECULES.get(molecule.lower(), molecule), basis, path, **options)
+        atomicfile.write(config, text, 0o644)
+    except OSError as err:
+        raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
+    return summary | {"config": str(config)}
+
+
+def _check_options(kind: Job, options: dict, synthetic) -> None:
+    for name, value in options.items():
+        if synthetic is not None or name not in kind.options:
+            raise ChainexecError(f"{flag(name)} does not apply to "
+                                 + ("--synthetic inputs" if synthetic is not None else f"the {kind.name} job"))
+        valid, what = OPTIONS[name]
+        if not valid(value):
+            raise ChainexecError(f"{flag(name)} must be {what}, not {value}")
+
+
+def _template(template: str | Path, kind: Job) -> tuple[dict, dict]:
+    """The template's config (a mapping) and its line map, once it is a valid config whose ranges
+    are ``kind``'s."""
+    where = str(template)
+    try:
+        text = Path(template).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ChainexecError(f"cannot read the config template: {err.strerror}", where) from None
+    except UnicodeDecodeError:
+        raise ChainexecError("the config template is not UTF-8 text", where) from None
+    lines = spec.loads(text, where).lines
+    cfg = yaml.safe_load(text)
+    ranges, wanted = list(cfg.get("ranges", {})), sorted(set(kind.ranges.values()))
+    if sorted(ranges) != wanted:
+        raise ChainexecError(f"the template's ranges ({', '.join(ranges) or 'none'}) are not the {kind.name} job's "
+                             f"({', '.join(wanted)})", where, lines.get(("ranges",)))
+    return cfg, lines
+
+
+def _synthetic(kind: Job, synthetic: tuple[int, int, int]) -> dict[str, int]:
+    nocc, nvir, seed = synthetic
+    if kind.name != "ccsd_t":
+        raise ChainexecError(f"--synthetic makes (T) inputs; the {kind.name} job needs a molecule")
+    if nocc < 1 or nvir < 1 or seed < 0:
+        raise ChainexecError(f"--synthetic {nocc} {nvir} {seed}: NOCC and NVIR must be at least 1, SEED 0 or more")
+    return {"occ": nocc, "vir": nvir}
+
+
+def _molecule(molecule: str, basis: str):
+    """PySCF's molecule (built, not solved; :func:`chainexec.chem.bridge.molecule`)."""
+    try:
+        from chainexec.chem import bridge
+
+        return bridge.molecule(MOLECULES.get(molecule.lower(), molecule), basis)
     except ImportError:
         raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
-    except (RuntimeError, ValueError, KeyError) as err:
-        raise ChainexecError(f"PySCF failed for {molecule!r} in {basis}: {err}") from None
+    except ValueError as err:
+        raise ChainexecError(f"{molecule!r}: {err}") from None
 
 
-JOBS = ("ccsd_t", "ao2mo")
-"""What ``chainexec chem`` prepares."""
+def _extents(kind: Job, mol, frozen: int, what: str) -> dict[str, int]:
+    """The job's range extents for ``mol``, known before any SCF: a closed shell fills half its
+    electrons' count of orbitals, and RHF makes as many orbitals as the basis has functions."""
+    if kind.name == "ao2mo":
+        return {"ao": mol.nao, "mo": mol.nao}
+    occupied = mol.nelectron // 2
+    if frozen >= occupied:
+        raise ChainexecError(f"--frozen {frozen} must be fewer than the {occupied} occupied orbitals of {what}")
+    if mol.nao <= occupied:
+        raise ChainexecError(f"{what} has no virtual orbital ({mol.nao} orbitals, {occupied} occupied)")
+    return {"occ": occupied - frozen, "vir": mol.nao - occupied}
 
 
-def write_ao2mo_config(template: str | Path, path: Path, nao: int, nmo: int) -> None:
-    """The four-index template with these extents, reading ``A`` and ``C`` from ``inputs.h5`` and
-    writing ``B`` to ``output.h5`` beside ``path``."""
-    cfg = _read_template(template)
-    cfg["ranges"] = {"ao": int(nao), "mo": int(nmo)}
-    for name in ("A", "C"):
-        cfg["tensors"][name]["source"] = {"file": "inputs.h5", "dataset": name}
+def _shapes(kind: Job, extents: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """Each input dataset's shape for these range extents."""
+    return {name: tuple(extents[kind.ranges[letter]] for letter in letters) for name, letters in kind.datasets.items()}
+
+
+def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memory: bool) -> None:
+    """Refuse inputs of these float64 ``shapes`` that cannot be written: where the file would
+    exceed the free space of ``out``'s file system (its nearest existing folder) or, with
+    ``in_memory`` (synthetic inputs, all made in memory before they are written), where the bytes
+    held at once — every array, and one temporary the size of the largest while it is symmetrized
+    (the peak measured for o=8, v=200: 1003 MiB against 1016 MiB so counted) — would exceed this
+    machine's physical memory."""
+    sizes = [spec.DTYPES["float64"] * math.prod(shape) for shape in shapes.values()]
+    folder = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    free = shutil.disk_usage(folder).free
+    if sum(sizes) > free:
+        raise ChainexecError(f"{what}: the inputs would take {spec.format_size(sum(sizes))}, more than the "
+                             f"{spec.format_size(free)} free here", str(out))
+    held, memory = sum(sizes) + max(sizes), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if in_memory and held > memory:
+        raise ChainexecError(f"{what}: making the inputs would hold {spec.format_size(held)} in memory, more than "
+                             f"this machine's {spec.format_size(memory)}")
+
+
+def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict) -> str:
+    """The config (YAML text) of the template ``cfg`` with these extents, its inputs read from
+    ``inputs.h5``, its outputs written to ``kind.output`` and its scratch in ``scratch``, all
+    beside it; each tensor read from a file must be a dataset ``kind`` writes, of its shape."""
+    cfg = copy.deepcopy(cfg)
+    cfg["ranges"] = {name: extents[name] for name in cfg["ranges"]}
+    for t in cfg["tensors"].values():
+        if "file" in t.get("source", {}):
+            t["source"] = {"file": "inputs.h5", "dataset": t["source"]["dataset"]}
     for o in cfg["outputs"].values():
-        o["file"] = "output.h5"
-    _write_yaml(cfg, path)
+        o["file"] = kind.output
+    cfg["scratch"] = "scratch"
+    text = yaml.safe_dump(cfg, sort_keys=False)
+    config, shapes = spec.loads(text, str(template)), _shapes(kind, extents)
+    for name, t in config.tensors.items():
+        if t.source is None or t.source.file is None:
+            continue
+        line = lines.get(("tensors", name))
+        if t.source.dataset not in shapes:
+            raise ChainexecError(f"tensor {name!r} reads dataset {t.source.dataset!r}, which the {kind.name} job does "
+                                 f"not write ({', '.join(shapes)})", str(template), line)
+        if config.shape(name) != shapes[t.source.dataset]:
+            raise ChainexecError(f"tensor {name!r} has the shape {config.shape(name)} where the {kind.name} job writes "
+                                 f"{t.source.dataset!r} as {shapes[t.source.dataset]} (indices "
+                                 f"{', '.join(kind.datasets[t.source.dataset])})", str(template), line)
+    return text
 
 
-def _read_template(template: str | Path) -> dict:
+def _write_inputs(kind: Job, path: Path, mol, synthetic, options: dict, what: str) -> dict:
+    """Write the inputs (the bridge's writers, atomic) with their failures as one-line errors; a
+    convergence failure names the options that would help."""
+    from chainexec.chem import bridge
+
     try:
-        return yaml.safe_load(Path(template).read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ChainexecError(f"cannot read the config template ({err})", str(template)) from None
-
-
-def _write_yaml(cfg: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    os.replace(tmp, path)
+        if synthetic is not None:
+            return bridge.synthetic_inputs(*synthetic, path)
+        return getattr(bridge, kind.writer)(mol, path, **options)
+    except bridge.NotConverged as err:
+        raise ChainexecError(f"{what}: {err}: raise {flag(err.solver + '_max_cycle')} "
+                             f"(or loosen {flag(err.solver + '_conv_tol')})") from None
+    except (RuntimeError, ValueError) as err:
+        raise ChainexecError(f"PySCF failed for {what}: {bridge.first_line(err)}") from None
+    except OSError as err:
+        raise ChainexecError(f"cannot write the inputs ({err})", str(path)) from None
 
 
 def write_config(template: str | Path, path: Path, nocc: int, nvir: int) -> None:
-    """The template config with these extents and its files inside ``path``'s folder."""
-    cfg = _read_template(template)
-    cfg["ranges"] = {"occ": int(nocc), "vir": int(nvir)}
-    for t in cfg["tensors"].values():
-        if "file" in t.get("source", {}):
-            t["source"]["file"] = "inputs.h5"
-    for o in cfg["outputs"].values():
-        o["file"] = "energy.h5"
-    cfg["scratch"] = "scratch"
-    _write_yaml(cfg, path)
+    """The (T) config of ``template`` with these extents and its files beside ``path``."""
+    kind = JOBS["ccsd_t"]
+    cfg, lines = _template(template, kind)
+    atomicfile.write(path, _config(cfg, kind, {"occ": nocc, "vir": nvir}, template, lines), 0o644)

@@ -4,14 +4,17 @@ The plan's predicted time per level is bytes / bandwidth (for compute, the sum o
 the larger of flops / rate and streamed bytes / device bandwidth); the bound is
 their maximum, what a run that overlaps all levels perfectly would take (multi-level paper,
 section 4: movement at each level is costed separately). The defaults are conservative figures
-for one node; a machine file (JSON, same field names) replaces them.
+for one node; a machine file (JSON, same field names, :meth:`Machine.from_file`) replaces them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from chainexec.errors import ChainexecError
 
 
 LEVEL_TIMES = ("disk", "global<->device", "compute")
@@ -79,6 +82,75 @@ class Machine:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Machine":
-        data = json.loads(Path(path).read_text())
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known}, **({} if "source" in data else {"source": str(path)}))
+        """The machine of a machine file: a JSON object whose keys are this class's fields. The
+        rates of :data:`RATES` are required; the other fields keep their defaults where absent, and
+        ``details`` (what ``chainexec calibrate`` measured) is ignored. Any other key, and any
+        value :data:`FIELDS` refuses, is a :class:`ChainexecError` naming the file and the field,
+        as is a file that cannot be read or is not JSON."""
+        try:
+            text = Path(path).read_bytes().decode("utf-8")
+        except OSError as err:
+            raise ChainexecError(f"cannot read machine file: {err.strerror}", str(path)) from None
+        except UnicodeDecodeError:
+            raise ChainexecError("machine file is not UTF-8 text", str(path)) from None
+        try:
+            data = json.loads(text, object_pairs_hook=_no_repeats)
+        except json.JSONDecodeError as err:
+            raise ChainexecError(f"machine file is not JSON: {err.msg}", str(path), err.lineno) from None
+        except ValueError as err:
+            raise ChainexecError(f"machine file: {err}", str(path)) from None
+        if not isinstance(data, dict):
+            raise ChainexecError(f"a machine file holds a JSON object of fields, not {_json_type(data)}", str(path))
+        for key, value in data.items():
+            if key == "details":
+                continue
+            if key not in FIELDS:
+                raise ChainexecError(f"unknown field {key!r} (known: {', '.join(FIELDS)}, details)", str(path))
+            valid, what = FIELDS[key]
+            if not valid(value):
+                raise ChainexecError(f"field {key!r} must be {what}, not {json.dumps(value)}", str(path))
+        missing = [name for name in RATES if name not in data]
+        if missing:
+            raise ChainexecError(f"missing field{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}", str(path))
+        data.pop("details", None)
+        return cls(**{"source": str(path), **data})
+
+
+#: The fields a machine file must give: the rates the model divides bytes and flops by.
+RATES = ("disk_read", "disk_write", "global_to_device", "device_to_global", "flop_rate")
+
+
+def _number(value) -> bool:
+    """A JSON number other than NaN and the infinities (which Python's JSON reads as floats)."""
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
+
+
+def _rate(value) -> bool:
+    return _number(value) and value > 0
+
+
+#: Each field of :class:`Machine`: whether a machine file's value is valid, and what a valid one is.
+FIELDS = {
+    **{name: (_rate, "a positive number of bytes per second") for name in RATES if name != "flop_rate"},
+    "flop_rate": (_rate, "a positive number of flops per second"),
+    "statement_seconds": (lambda v: _number(v) and v >= 0, "a number of seconds, 0 or more"),
+    "device_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "async_statements": (lambda v: isinstance(v, bool), "true or false"),
+    "aside_copy_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                         "a whole number of bytes, 0 or more"),
+    "source": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _no_repeats(pairs: list) -> dict:
+    """A JSON object's pairs as a dict; a key given twice (the first value would be lost) is refused."""
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"field {key!r} is given twice")
+        data[key] = value
+    return data
+
+
+def _json_type(value) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from chainexec.chem import bridge
-from chainexec.chem.bridge import synthetic_inputs, write_ccsd_inputs
+from chainexec.chem.bridge import molecule, synthetic_inputs, write_ccsd_inputs
 
 H2O = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
 
@@ -90,7 +90,7 @@ def test_failed_write_leaves_no_file_and_keeps_old_one(tmp_path, monkeypatch):
 def h2o_frozen(tmp_path_factory):
     pytest.importorskip("pyscf")
     path = tmp_path_factory.mktemp("bridge") / "h2o.h5"
-    return write_ccsd_inputs(H2O, "cc-pvdz", path, frozen=1)
+    return write_ccsd_inputs(molecule(H2O, "cc-pvdz"), path, frozen=1)
 
 
 def test_pyscf_file_layout_and_attributes(h2o_frozen):
@@ -112,9 +112,13 @@ def test_pyscf_file_layout_and_attributes(h2o_frozen):
         assert np.abs(f["f_vo"][()]).max() < 1e-6  # converged canonical RHF
 
 
-def test_invalid_basis_leaves_no_file(tmp_path):
+@pytest.mark.parametrize("solver, options", [("scf", {"scf_max_cycle": 1}), ("ccsd", {"ccsd_max_cycle": 1})])
+def test_not_converged_leaves_no_file(tmp_path, solver, options):
+    """An SCF or CCSD stopped at its iteration limit raises NotConverged naming the solver, and
+    writes nothing."""
     pytest.importorskip("pyscf")
-    path = tmp_path / "bad.h5"
-    with pytest.raises(Exception):
-        write_ccsd_inputs(H2O, "no-such-basis-xyz", path)
-    assert not path.exists() and not (tmp_path / "bad.h5.tmp").exists()
+    path = tmp_path / "h2o.h5"
+    with pytest.raises(bridge.NotConverged, match=f"{solver.upper()} did not converge") as caught:
+        write_ccsd_inputs(molecule(H2O, "cc-pvdz"), path, **options)
+    assert caught.value.solver == solver
+    assert not path.exists() and not (tmp_path / "h2o.h5.tmp").exists()

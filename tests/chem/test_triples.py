@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from chainexec.chem import triples
-from chainexec.chem.bridge import synthetic_inputs, write_ccsd_inputs
+from chainexec.chem.bridge import molecule, synthetic_inputs, write_ccsd_inputs
 from chainexec.chem.triples import ccsd_t_energy
 
 H2O = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
@@ -146,7 +146,7 @@ def test_synthetic_matches_pyscf_ccsd_t_slow(tiny):
 @pytest.mark.parametrize("name,atoms,frozen", [("h2o", H2O, 0), ("n2", N2, 2)])
 def test_real_molecule_matches_pyscf_ccsd_t(tmp_path, name, atoms, frozen):
     pytest.importorskip("pyscf")
-    info = write_ccsd_inputs(atoms, "cc-pvdz", tmp_path / f"{name}.h5", frozen=frozen)
+    info = write_ccsd_inputs(molecule(atoms, "cc-pvdz"), tmp_path / f"{name}.h5", frozen=frozen)
     with h5py.File(info["path"], "r") as f:
         e_pyscf = f.attrs["e_t"]
         assert ccsd_t_energy(f) == pytest.approx(e_pyscf, abs=1e-10, rel=0)
