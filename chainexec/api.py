@@ -29,12 +29,9 @@ from chainexec.verify import Check, verify as verify_spec
 
 
 def load_machine(path: str | None) -> Machine:
-    if path is None:
-        return Machine()
-    try:
-        return Machine.from_file(path)
-    except (OSError, ValueError, TypeError) as err:
-        raise ChainexecError(f"cannot read machine file ({err})", path) from None
+    """The machine file at ``path`` (:meth:`Machine.from_file`, which checks every field), or
+    the built-in model."""
+    return Machine() if path is None else Machine.from_file(path)
 
 
 def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1,

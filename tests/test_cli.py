@@ -268,6 +268,7 @@ def test_interrupt_prints_one_line(ranks, tmp_path):
     assert not (tmp_path / "out" / "result.h5").exists()
     assert run_cli("run", config, "--quiet", ranks=ranks).returncode == 0
 
+
 def _machine_text(**changes) -> str:
     """A valid machine file's JSON with ``changes`` (a value of ``...`` removes the field)."""
     import json
@@ -474,3 +475,10 @@ def test_chem_synthetic_larger_than_memory(tmp_path, nocc):
     assert_refused(proc, f"--synthetic {nocc} {nvir} 1", "would hold",
                           f"{format_size(size + 8 * nocc * nvir**3)} in memory", f"this machine's {format_size(memory)}")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["bogus"], ["run"], ["chem", "h2o", "--synthetic", "a", "b", "c", "--out", "x"],
+                                  ["run", "c.yaml", "--checkpoint-every", "soon"], ["plan", "c.yaml", "--ranks", "two"]])
+def test_usage_errors_are_one_line(args, tmp_path):
+    assert_refused(run_cli(*args, cwd=tmp_path), "chainexec", "-h")
+    assert list(tmp_path.iterdir()) == []
