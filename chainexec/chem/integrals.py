@@ -1,0 +1,117 @@
+"""AO two-electron integrals ``(pq|rs)`` (chemists' notation, Hartree) of a tile, computed on the
+fly by PySCF's libcint, in the packed layouts of :mod:`chainexec.packing`.
+
+libcint computes whole shells, so a tile is computed as the rows of the AO shells that cover
+it and then cut. For the layouts whose rows are symmetric pairs (s2ij, s4), the rows of the AOs
+``p`` of shells ``[sh0, sh1)`` — pairs ``(p, q)`` with ``q <= p``, the pair rows
+``[pair(P0, 0), pair(P1, 0))`` for ``P0, P1 = ao_loc[sh0], ao_loc[sh1]`` — come from two calls of
+``mol.intor("int2e", aosym=..., shls_slice=...)``:
+
+- the triangle ``P0 <= q <= p < P1``: ``aosym`` s4 (s2ij) with ``shls_slice = (sh0, sh1, sh0,
+  sh1, 0, nbas, 0, nbas)``, packed as ``lib.pack_tril`` of the local indices;
+- the rectangle ``q < P0 <= p < P1``: ``aosym`` s2kl (s1) with ``shls_slice = (sh0, sh1, 0, sh0,
+  0, nbas, 0, nbas)``;
+
+interleaved row by row. Only shell quartets of the tile's rows are computed (plus the rows of
+the partial shells at its two ends); the values are libcint's own, equal to the same rows of
+``mol.intor("int2e", aosym="s4")``. Layouts whose rows are ``p`` (s1, s2kl) take one call over
+the ``i`` shells; an s8 slice is cut from the s4 rows of the pair rows it touches (those rows in
+full: up to about twice the integrals the slice holds).
+
+Cost: a tile costs about the values it computes divided by libcint's rate, which depends on the
+basis (angular momenta, contraction depth) and so is to be measured per molecule. On one core
+(``OMP_NUM_THREADS=1``) of a shared 2-core development host the rate is 2.3–2.5e7 values/s
+for H2O and N2 in cc-pVTZ (nao 58, 60) and 1.2e7 values/s for benzene in cc-pVDZ (nao 114;
+its 43.0 M s4 values in 3.2–3.7 s); cutting the s4 tensor into one tile per shell costs 0–20 %
+more than one whole-tensor ``mol.intor`` call. libcint runs on ``lib.num_threads()`` OpenMP
+threads.
+
+PySCF is imported only where a molecule is built (:class:`Int2e`); the functions take a
+``pyscf.gto.Mole``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chainexec import packing
+from chainexec.errors import ChainexecError
+from chainexec.sources import register
+
+_RECTANGLE = {"s4": "s2kl", "s2ij": "s1"}
+"""Pair-row layout -> the ``aosym`` of its rows' rectangle ``q < P0`` (dense in ``p, q``)."""
+
+
+def shells_of(mol, a0: int, a1: int) -> tuple[int, int]:
+    """The shells ``[sh0, sh1)`` whose AOs cover the AOs ``[a0, a1)`` (``a0 < a1``)."""
+    ao_loc = mol.ao_loc_nr()
+    return (int(np.searchsorted(ao_loc, a0, side="right")) - 1,
+            int(np.searchsorted(ao_loc, a1, side="left")))
+
+
+def shell_rows(mol, sh0: int, sh1: int, kind: str = "s4") -> np.ndarray:
+    """The rows of ``mol.intor("int2e", aosym=kind)`` (``kind`` s1, s2ij, s2kl or s4) that
+    belong to the AOs ``p`` of shells ``[sh0, sh1)``: the leading-axis slice ``[P0, P1)`` for
+    s1 and s2kl, ``[pair(P0, 0), pair(P1, 0))`` for s2ij and s4, where ``P0, P1 = ao_loc[sh0],
+    ao_loc[sh1]``."""
+    nbas = mol.nbas
+    if kind not in ("s1", "s2kl", "s2ij", "s4"):
+        raise ValueError(f"shell rows of layout {kind!r}: s1, s2ij, s2kl or s4")
+    if kind in ("s1", "s2kl"):
+        return mol.intor("int2e", aosym=kind, shls_slice=(sh0, sh1, 0, nbas, 0, nbas, 0, nbas))
+    tri = mol.intor("int2e", aosym=kind, shls_slice=(sh0, sh1, sh0, sh1, 0, nbas, 0, nbas))
+    rect = mol.intor("int2e", aosym=_RECTANGLE[kind], shls_slice=(sh0, sh1, 0, sh0, 0, nbas, 0, nbas))
+    ao_loc = mol.ao_loc_nr()
+    a0, a1 = int(ao_loc[sh0]), int(ao_loc[sh1])
+    p, q = packing.pair_unindex(np.arange(packing.npair(a0), packing.npair(a1)))
+    ni = a1 - a0
+    rows = np.where(q < a0, (p - a0) * a0 + q, ni * a0 + packing.pair_index(p - a0, np.maximum(q - a0, 0)))
+    return np.concatenate([rect.reshape((ni * a0,) + tri.shape[1:]), tri])[rows]
+
+
+def rows(mol, start: int, stop: int, kind: str = "s4") -> np.ndarray:
+    """``mol.intor("int2e", aosym=kind)[start:stop]`` (any kind of :data:`chainexec.packing.KINDS`:
+    rows ``p`` of s1 and s2kl, pair rows of s2ij and s4, positions of the s8 vector), computed
+    from the shells that cover it (:func:`shell_rows`)."""
+    layout = packing.Layout(kind, mol.nao_nr())
+    start, stop = packing.checked_range((start, stop), layout.shape[0])
+    if start == stop:
+        return np.zeros((0,) + layout.shape[1:])
+    if kind == "s8":
+        r, c = packing.pair_unindex(np.arange(start, stop))
+        return rows(mol, int(r[0]), int(r[-1]) + 1, "s4")[r - r[0], c]
+    first, last = (start, stop - 1) if kind in ("s1", "s2kl") else packing.pair_unindex([start, stop - 1])[0]
+    sh0, sh1 = shells_of(mol, int(first), int(last) + 1)
+    a0 = int(mol.ao_loc_nr()[sh0])
+    offset = a0 if kind in ("s1", "s2kl") else packing.npair(a0)
+    return shell_rows(mol, sh0, sh1, kind)[start - offset:stop - offset]
+
+
+@register("pyscf.int2e")
+class Int2e:
+    """Source of the AO two-electron integrals of a molecule, in a packed layout.
+
+    Parameters: ``atoms``, a PySCF atom string in Angstrom (``"O 0 0 0.1173; H 0 0.7572
+    -0.4692; …"``); ``basis``, a PySCF basis name; ``layout``, one of
+    :data:`chainexec.packing.KINDS` (default s4). The stored array is
+    ``mol.intor("int2e", aosym=layout)`` (float64, Hartree); ``values((start, stop))`` is its
+    slice ``[start:stop]`` (:func:`rows`). Bad parameters raise :class:`ChainexecError`."""
+
+    def __init__(self, atoms: str, basis: str, layout: str = "s4"):
+        try:
+            from pyscf import gto
+        except ImportError:
+            raise ChainexecError(f"source {self.name!r} needs PySCF: pip install 'chainexec[chem]'") from None
+        if layout not in packing.KINDS:
+            raise ChainexecError(f"source {self.name!r}: unknown layout {layout!r} ({', '.join(packing.KINDS)})")
+        try:
+            self.mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", spin=None, verbose=0)
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            reason = " ".join(str(err).split())
+            raise ChainexecError(f"source {self.name!r}: PySCF cannot build {atoms!r} in {basis!r}: {reason}") from None
+        self.layout = packing.Layout(layout, self.mol.nao_nr())
+        self.shape = self.layout.shape
+        self.dtype = np.dtype(np.float64)
+
+    def values(self, region: tuple[int, int]) -> np.ndarray:
+        return rows(self.mol, region[0], region[1], self.layout.kind)

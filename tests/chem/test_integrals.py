@@ -1,0 +1,85 @@
+"""AO integrals of a tile computed by libcint (chainexec.chem.integrals) equal the same rows of
+PySCF's whole-tensor ``mol.intor("int2e", aosym=...)``; the registered source ``pyscf.int2e``;
+registry lookups."""
+
+import numpy as np
+import pytest
+
+from chainexec import packing, sources
+from chainexec.errors import ChainexecError
+
+pytest.importorskip("pyscf")
+
+from chainexec.chem import integrals  # noqa: E402  (after the PySCF check)
+from chainexec.chem.job import MOLECULES  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["h2o", "n2"])
+def molecule(request):
+    from pyscf import gto
+
+    mol = gto.M(atom=MOLECULES[request.param], basis="cc-pvdz", unit="Angstrom", verbose=0)
+    return request.param, mol, mol.intor("int2e", aosym="s4")
+
+
+def test_random_row_ranges_equal_the_s4_rows(molecule):
+    name, mol, s4 = molecule
+    rng = np.random.default_rng(len(name))
+    for _ in range(25):
+        r0, r1 = sorted(rng.integers(0, s4.shape[0] + 1, 2))
+        tile = integrals.rows(mol, r0, r1)
+        assert tile.shape == (r1 - r0, s4.shape[1])
+        assert np.abs(tile - s4[r0:r1]).max(initial=0.0) <= 1e-14
+
+
+def test_concatenated_tiles_equal_the_whole(molecule):
+    name, mol, s4 = molecule
+    rng = np.random.default_rng(7)
+    cuts = np.unique(np.concatenate([[0, s4.shape[0]], rng.integers(0, s4.shape[0], 9)]))
+    whole = np.concatenate([integrals.rows(mol, a, b) for a, b in zip(cuts[:-1], cuts[1:])])
+    assert np.abs(whole - s4).max() <= 1e-14
+    ao_loc = mol.ao_loc_nr()
+    by_shell = np.concatenate([integrals.shell_rows(mol, sh, sh + 1) for sh in range(mol.nbas)])
+    assert np.abs(by_shell - s4).max() <= 1e-14
+    for sh0, sh1 in [(0, 1), (2, 5), (mol.nbas - 3, mol.nbas)]:
+        first, last = packing.npair(ao_loc[sh0]), packing.npair(ao_loc[sh1])
+        assert np.abs(integrals.shell_rows(mol, sh0, sh1) - s4[first:last]).max() <= 1e-14
+        assert integrals.shells_of(mol, ao_loc[sh0], ao_loc[sh1]) == (sh0, sh1)
+
+
+@pytest.mark.parametrize("kind", ["s1", "s2ij", "s2kl", "s8"])
+def test_other_layouts_equal_intor(molecule, kind):
+    name, mol, _ = molecule
+    ref = mol.intor("int2e", aosym=kind)
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        a, b = sorted(rng.integers(0, ref.shape[0] + 1, 2))
+        assert np.abs(integrals.rows(mol, a, b, kind) - ref[a:b]).max(initial=0.0) <= 1e-14
+
+
+def test_registered_source(molecule):
+    name, mol, s4 = molecule
+    source = sources.lookup("pyscf.int2e")(atoms=MOLECULES[name], basis="cc-pvdz")
+    assert isinstance(source, sources.Source) and source.name == "pyscf.int2e"
+    assert source.shape == s4.shape and source.dtype == np.float64
+    assert source.layout == packing.Layout("s4", mol.nao_nr())
+    assert np.abs(source.values((40, 97)) - s4[40:97]).max() <= 1e-14
+    s8 = sources.lookup("pyscf.int2e")(atoms=MOLECULES[name], basis="cc-pvdz", layout="s8")
+    start, stop = packing.npair(40), packing.npair(97)
+    block = s8.layout.leading_tile(start, stop).unpack(s8.values((start, stop)))
+    assert np.abs(block - s4[40:97, :97]).max() <= 1e-14
+
+
+@pytest.mark.filterwarnings("ignore:Basis may be available")
+def test_bad_names_and_parameters_are_one_line():
+    for name in ("pyscf.int3e", ["pyscf.int2e"]):
+        with pytest.raises(ChainexecError) as err:
+            sources.lookup(name)
+        assert "\n" not in str(err.value) and "unknown source" in str(err.value) and "pyscf.int2e" in str(err.value)
+    factory = sources.lookup("pyscf.int2e")
+    for params, words in [(dict(layout="s16"), "unknown layout"), (dict(basis="no-such-basis"), "cannot build")]:
+        with pytest.raises(ChainexecError) as err:
+            factory(**{"atoms": MOLECULES["h2o"], "basis": "cc-pvdz", **params})
+        assert "\n" not in str(err.value) and words in str(err.value)
+    with pytest.raises(ValueError, match="registered twice"):
+        sources.register("pyscf.int2e")(type("Other", (), {}))
