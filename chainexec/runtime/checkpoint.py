@@ -114,7 +114,8 @@ def _valid(saved: dict, plan: Plan, ranks: int) -> bool:
         return False
     nest, position, tensors = saved["nest"], saved.get("position"), plan.tensors
     if position is None:
-        at = 0 < nest <= len(plan.nests) and plan.nests[nest - 1].checkpoint_after and saved["done"] == saved["tiles"] == 0
+        at = (0 < nest <= len(plan.nests) and plan.nests[nest - 1].checkpoint_after
+              and saved["done"] == saved["tiles"] == 0)
     else:
         loop = _loops(plan).get((nest, position)) if type(position) is int else None
         at = loop is not None and loop[1] == saved["tiles"] and saved["done"] < saved["tiles"]
@@ -164,10 +165,10 @@ def _lock(folder: Path) -> None:
 class Checkpoint:
     """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints (of
     a resumable loop or at a nest's end), and a stop after the first checkpoint past
-    ``stop_after`` seconds (None: run to the end). ``saved`` is the manifest found at the start (None: start from scratch), read
-    and checked on rank 0 by :meth:`open` and passed to every rank. ``committed`` is the number
-    of the checkpoint the manifest names now; numbers only grow, so a new checkpoint never
-    writes over the files of the committed one."""
+    ``stop_after`` seconds (None: run to the end). ``saved`` is the manifest found at the start
+    (None: start from scratch), read and checked on rank 0 by :meth:`open` and passed to every
+    rank. ``committed`` is the number of the checkpoint the manifest names now; numbers only
+    grow, so a new checkpoint never writes over the files of the committed one."""
 
     def __init__(self, folder: str | Path, digest: str, saved: dict | None = None, every: float = 600.0,
                  stop_after: float | None = None):

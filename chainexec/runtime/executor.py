@@ -834,7 +834,8 @@ class Executor:
             yield from range(count)
             return
         saved = self._saved(where, count)
-        start, prior = (saved["done"], np.array(saved["counts"], np.int64)) if saved else (0, np.zeros(COUNTS, np.int64))
+        start = saved["done"] if saved else 0
+        prior = np.array(saved["counts"] if saved else [0] * COUNTS, np.int64)
         base = self._counts()
         for n in range(start, count):
             yield n
