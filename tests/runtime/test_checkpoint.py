@@ -262,10 +262,11 @@ def _ranks_of(launcher: int) -> list[int]:
 @pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9])
 def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted):
     """A four-index transform (two nests of store loops, 20 and 8 iterations, device tiles
-    inside) checkpointing after every iteration: one rank gets SIGKILL once the manifest shows
-    ``fraction`` of the flops done, the launcher ends the others, and the same command finishes
-    from the last checkpoint: the output is the uninterrupted run's bit for bit, the resumed
-    run's movement, flops, statements and peaks (its own plus the checkpoint's) the prediction."""
+    inside; the first nest does 61 % of the flops, so 60 % falls about its end) checkpointing
+    after every iteration: one rank gets SIGKILL once the manifest shows ``fraction`` of the flops
+    done, the launcher ends the others, and the same command finishes from the last checkpoint:
+    the output is the uninterrupted run's bit for bit, the resumed run's movement, flops,
+    statements and peaks (its own plus the checkpoint's) the prediction."""
     launcher = mpiexec()
     if launcher is None:
         pytest.skip("no mpiexec")
@@ -273,12 +274,17 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
     folder = tmp_path / "ck"
     cmd = [launcher, "-n", str(ranks), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
            "--checkpoint", str(folder), "--checkpoint-every", "0"]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < fraction:
-        time.sleep(0.002)
-    victims = _ranks_of(proc.pid)
-    assert proc.poll() is None and len(victims) == ranks, "the run ended before it could be killed"
+    for _ in range(3):  # on a loaded machine the run may end between two looks: run it again
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < fraction:
+            time.sleep(0.002)
+        victims = _ranks_of(proc.pid)
+        if proc.poll() is None and len(victims) == ranks:
+            break
+        proc.wait()
+    else:
+        pytest.fail("the run ended before it could be killed, three times")
     os.kill(victims[-1], signal.SIGKILL)
     try:
         proc.wait(timeout=60)
@@ -288,7 +294,7 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
             proc.wait()
     assert proc.returncode != 0
     killed_at = _progress(folder, flops)
-    assert fraction <= killed_at < 1
+    assert fraction <= killed_at <= 1  # 1: killed after the checkpoint that follows the last nest
     proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json",
                    ranks=ranks)
     assert proc.returncode == 0, proc.stderr
