@@ -313,9 +313,9 @@ def test_fourindex_stop_and_resume(tmp_path, ranks, sizes, stops, uninterrupted)
     the next going on from it, until one completes: on one rank two nests of store loops (4 and 3
     iterations, two parallel loops in each of the first: a stop after every iteration but the
     last of each, and at the end of the first nest; a sealed shard file removed meanwhile is a
-    one-line error naming it); on two ranks one nest whose store loop (4 iterations) follows a loop that fills a
-    global intermediate, which every resumed run computes again. The output is an uninterrupted
-    run's bit for bit, the movement the prediction."""
+    one-line error naming it); on two ranks one nest whose store loop (4 iterations) follows a
+    loop that fills a global intermediate, which every resumed run computes again. The output is
+    an uninterrupted run's bit for bit, the movement and peaks the prediction."""
     config, expected, _ = uninterrupted(tmp_path, ranks, **sizes)
     folder = tmp_path / "ck"
     seen = []
