@@ -18,8 +18,7 @@ from chainexec import plancache, safepaths
 from chainexec import spec as spec_mod
 from chainexec.errors import ChainexecError, RankFailed
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import Plan
-from chainexec.planner.resume import resumable
+from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import store, uselog
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.comm import world
@@ -64,8 +63,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`).
 
-    ``checkpoint``: a folder where resumable loops save their progress at most every
-    ``checkpoint_every`` seconds and from which a later run of the same plan resumes
+    ``checkpoint``: a folder where resumable loops and finished nests save the run's progress at
+    most every ``checkpoint_every`` seconds and from which a later run of the same plan resumes
     (:mod:`chainexec.runtime.checkpoint`); it is emptied when the run completes. ``stop_after``:
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
     (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
@@ -77,7 +76,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) before it removes anything:
     then the older outputs of this config (a run that fails later must not leave them looking
     like its result), then the plan, the inputs and the checkpoint, and only then makes its
-    folders.
+    folders, removing the older outputs' parts folders first unless a checkpoint resumes (its
+    shards lie there).
 
     ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, plans and checks the
     inputs; the others wait), starting the backend (CuPy's import and the device's context), in
@@ -101,10 +101,11 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             if checkpoint is not None:
                 ck = Checkpoint.open(checkpoint, p, text, comm.size, checkpoint_every, stop_after)
                 kept = (ck.digest, ck.saved)
-                if not any(resumable(nest) for nest in p.nests):
-                    print(f"chainexec: note: no resumable loop in this plan (see `chainexec plan`); "
-                          f"{checkpoint} will hold nothing", file=sys.stderr)
-            store.make_folders(paths.outputs, paths.scratch)
+                if not (any(isinstance(node, Loop) and node.resume for nest in p.nests for node in nest.body)
+                        or any(nest.checkpoint_after for nest in p.nests[:-1])):
+                    print(f"chainexec: note: no resumable loop or nest end in this plan (see `chainexec plan`); "
+                          f"{checkpoint} will hold nothing until the run's end", file=sys.stderr)
+            store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
         except ChainexecError as err:
             error = str(err)
         except Exception as err:  # a defect: the other ranks must not wait for the plan for ever

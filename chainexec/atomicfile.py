@@ -1,7 +1,8 @@
 """Files replaced whole: written to a temporary file in the same folder and renamed onto their
 name, so that a process reading one meanwhile (another rank, another job on the node) sees the
 old file or the new one, never half of one. The caches' files (CUBINs, plans, the autotuner's
-decisions, the warm-up's log) are written so."""
+decisions, the warm-up's log) are written so. :func:`sync` makes a file or a rename durable
+(checkpoints: a node crash after it must not undo it)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,13 @@ def write(path: Path, data: bytes | str, mode: int | None = None) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sync(path: Path) -> None:
+    """Flush ``path`` to the storage device: a file's contents, or a folder's entries (a rename
+    or a new file in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

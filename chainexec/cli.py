@@ -65,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="print achieved vs the machine model's rate per level, wall vs bound, memory vs limits")
     r.add_argument("--plot", metavar="FILE.png", help="draw the --report comparison (needs matplotlib)")
     r.add_argument("--checkpoint", metavar="DIR",
-                   help="save the progress of resumable loops in DIR (on a file system every rank sees) and "
-                        "resume from it; emptied when the run completes")
+                   help="save the progress of resumable loops and finished nests in DIR (on a file system every "
+                        "rank sees) and resume from it; emptied when the run completes")
     r.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
                    help="seconds at most between checkpoints (default 600)")
     r.add_argument("--stop-after", type=float, metavar="SECONDS",

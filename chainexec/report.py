@@ -7,7 +7,6 @@ import tempfile
 
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.plan import CATEGORIES, Loop, Plan
-from chainexec.planner.resume import resumable
 from chainexec.spec import format_size
 
 _ARROW = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
@@ -41,14 +40,14 @@ def loop_nest(plan: Plan) -> str:
     """The plan's loop nests as indented pseudo-code, each statement tagged with its level."""
     lines = []
 
-    def walk(body, depth, resumable=()):
+    def walk(body, depth):
         pad = "  " * depth
-        for k, node in enumerate(body):
+        for node in body:
             if isinstance(node, Loop):
                 tiles = ", ".join(f"{i}:{t}" for i, t in node.tiles.items()) or "one tile"
                 kind = "parallel for" if node.parallel else "for"
                 ahead = "" if node.depth == 1 else f"  ({node.depth} buffers: {_overlap(node)})"
-                resumes = "  (resumable: run --checkpoint)" if k in resumable else ""
+                resumes = f"  (resumable, {node.resume}: run --checkpoint)" if node.resume else ""
                 lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
                 walk(node.body, depth + 1)
             elif node.op == "compute":
@@ -69,7 +68,7 @@ def loop_nest(plan: Plan) -> str:
 
     for nest in plan.nests:
         lines += [contraction_line(plan, k) for k in nest.contractions]
-        walk(nest.body, 1, resumable(nest))
+        walk(nest.body, 1)
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import buffer_elements, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
-from chainexec.planner import ordered
+from chainexec.planner import ordered, resume
 from chainexec.planner.order import binarize
 from chainexec.planner.choose import choose
 from chainexec.planner.pipeline import deepen
@@ -116,6 +116,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     mark(nests, cs, spec.extents)
     # Full reductions summed over the ordered elements of the tiles with equal positions.
     ordered.mark(nests, cs, tensors)
+    # What a run with --checkpoint saves and skips when resumed.
+    resume.mark(nests)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.predicted = predict(plan, machine, ranks)

@@ -134,7 +134,12 @@ class Loop:
     (position of the first ≤ the second ≤ …); everything accumulated in its body is multiplied by
     the tuple's multiplicity, the number of distinct permutations of its positions (1, 3 or 6
     for three indices). Valid for sums whose summand is symmetric in them (the outputs'
-    ``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.fused`)."""
+    ``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.fused`).
+
+    ``resume``: how a run with ``--checkpoint`` saves the progress of this loop at the top of a
+    nest (:mod:`chainexec.planner.resume`): ``accumulate`` (a parallel loop: the tiles handed out
+    and its accumulation targets' rows), ``store`` (a sequential global loop: its finished
+    iterations, whose stored tiles are durable), None (not saved: it reruns from its start)."""
 
     level: str
     tiles: dict[str, int]
@@ -146,6 +151,7 @@ class Loop:
     ahead: list = field(default_factory=list)
     # a double-buffered device loop: the results it copies back on a stream of their own, [tensor, indices] each
     back: list = field(default_factory=list)
+    resume: str | None = None
 
 
 def ops(body: list, loops: tuple = ()):
@@ -157,12 +163,22 @@ def ops(body: list, loops: tuple = ()):
             yield node, loops
 
 
+def stores(body: list) -> dict[str, int]:
+    """The version each tensor is stored at in a loop-nest body (``store`` statements; the last
+    where one tensor has several): the versions the body writes, closed after its nest."""
+    return {op.tensor: op.version for op, _ in ops(body) if op.op == "store"}
+
+
 @dataclass
 class Nest:
-    """The loop nest that computes a sub-chain of contractions (one, or several fused)."""
+    """The loop nest that computes a sub-chain of contractions (one, or several fused).
+    ``checkpoint_after``: no global buffer lives past its end, so that what it made is all in
+    its stored versions and a run with ``--checkpoint`` may checkpoint there
+    (:func:`chainexec.planner.resume.mark`)."""
 
     contractions: list[int]
     body: list
+    checkpoint_after: bool = False
 
 
 @dataclass
@@ -192,7 +208,7 @@ def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
                          "depth": node.depth, "symmetric": node.symmetric, "ahead": node.ahead,
-                         "back": node.back, "body": [_node_to_dict(n) for n in node.body]}}
+                         "back": node.back, "resume": node.resume, "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
 
@@ -202,7 +218,7 @@ def _node_from_dict(d: dict):
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
                     int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
                     [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])],
-                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])])
+                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"))
     return Op(**d["op"])
 
 
@@ -212,7 +228,8 @@ def to_dict(plan: Plan) -> dict:
         "extents": plan.extents,
         "tensors": {k: asdict(v) for k, v in plan.tensors.items()},
         "contractions": [asdict(c) for c in plan.contractions],
-        "nests": [{"contractions": n.contractions, "body": [_node_to_dict(x) for x in n.body]} for n in plan.nests],
+        "nests": [{"contractions": n.contractions, "body": [_node_to_dict(x) for x in n.body],
+                   "checkpoint_after": n.checkpoint_after} for n in plan.nests],
         "memory_limit": plan.memory_limit,
         "predicted": plan.predicted,
         "scratch": plan.scratch,
@@ -227,7 +244,8 @@ def from_dict(d: dict) -> Plan:
         extents=dict(d["extents"]),
         tensors={k: TensorInfo(**v) for k, v in d["tensors"].items()},
         contractions=[Contraction(**c) for c in d["contractions"]],
-        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]]) for n in d["nests"]],
+        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]], bool(n.get("checkpoint_after")))
+               for n in d["nests"]],
         memory_limit=dict(d["memory_limit"]),
         predicted=d["predicted"],
         scratch=d["scratch"],

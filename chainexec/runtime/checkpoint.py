@@ -1,20 +1,28 @@
-"""Checkpoints of resumable loops (:mod:`chainexec.planner.resume`), so that a run killed (a node
-failure, the batch system's time limit) or stopped on purpose (``run --stop-after``) goes on from
-its last checkpoint instead of from the start.
+"""Checkpoints (:mod:`chainexec.planner.resume`), so that a run killed (a node failure, the batch
+system's time limit) or stopped on purpose (``run --stop-after``) goes on from its last checkpoint
+instead of from the start.
 
-The folder holds ``checkpoint.json``, the manifest, and ``rank<R>-<N>.npz``: rank R's rows of
-every accumulation target of the loop at checkpoint N. Every rank writes and syncs its file
-before rank 0 replaces the manifest (atomically, by rename): the manifest is the commit point,
-and the files it names are complete. Checkpoint numbers grow over the whole run (and on from a
-resumed one), so no checkpoint writes over the files the manifest names. It records the plan
-(SHA-256 of the plan's JSON and the rank count; ``inputs.json`` beside it identifies the input
-files by content, :func:`_check_inputs`), the nest and
-loop, the tasks handed out before the
-checkpoint (all finished then: :meth:`chainexec.runtime.executor.Executor` stops every rank
-between tiles), what the loop had counted (bytes per category, flops, statements, streamed
-bytes), which a resumed run adds to its own, and the memory peaks reached, which it keeps (the
-tiles left may all be smaller edge tiles), so that its totals and peaks still equal the
-prediction.
+A checkpoint falls at the end of a nest that ``Nest.checkpoint_after`` allows, or between two
+tiles of a resumable loop (``Loop.resume``): an ``accumulate`` loop's (every rank between tiles,
+its accumulation targets' rows saved) or a ``store`` loop's (between two iterations, the stored
+blocks sealed: :meth:`chainexec.runtime.store.Store.seal`).
+
+The folder holds ``checkpoint.json``, the manifest, and for an accumulate loop
+``rank<R>-<N>.npz``: rank R's rows of every accumulation target at checkpoint N. Every rank makes
+its part durable (its rows written and synced, its shard files sealed) before rank 0 replaces the
+manifest (atomically, by rename): the manifest is the commit point, and the files it names are
+complete. Checkpoint numbers grow over the whole run (and on from a resumed one), so no
+checkpoint writes over the files the manifest names. It records the plan (SHA-256 of the plan's
+JSON and the rank count; ``inputs.json`` beside it identifies the input files by content,
+:func:`_check_inputs`); where the run goes on (``nest``: the
+nests before it are finished; ``position``: the resumable loop of that nest with ``done`` of its
+``tiles`` tiles finished, or None at the nest's start); the closed versions (``stored``, the
+latest of each tensor; ``joined``, each output's blocks per rank) and the sealed blocks of the
+versions being written (``open``); what the finished work had counted (``banked``: the finished
+nests and store loops of the nest, which a resumed run skips; ``counts``: the loop's tiles done;
+bytes per category, flops, statements, streamed bytes and parallel tiles, all ranks), which a
+resumed run adds to its own, and the memory peaks reached, which it keeps (the tiles left may
+all be smaller edge tiles), so that its totals and peaks still equal the prediction.
 
 No pickle: the rank files are plain ``.npz`` arrays read with ``allow_pickle=False``.
 """
@@ -36,8 +44,8 @@ import numpy as np
 from chainexec import atomicfile, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.cost import points
-from chainexec.planner.plan import CATEGORIES, Plan
-from chainexec.planner.resume import resumable
+from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores
+from chainexec.runtime.store import version_base
 
 MANIFEST = "checkpoint.json"
 INPUTS = "inputs.json"
@@ -45,17 +53,21 @@ _PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
 """The names of the rank files and their temporary files."""
 _held: dict[Path, int] = {}
 """Checkpoint folders this process has locked (:func:`_lock`), with the lock file's descriptor."""
-FORMAT = 2
-"""Version of the manifest's layout and of the tile order its counts refer to (2: symmetric
-loops visit their tuples in another order since 2026-11-24, so a checkpoint of 1 would resume the
-wrong tiles)."""
+FORMAT = 3
+"""Version of the manifest's layout and of the tile order its counts refer to (a checkpoint of
+another version is refused: 2 had no nest ends, store loops or block lists; 1 another order of
+symmetric loops' tuples)."""
+_SHARD = re.compile(r"rank[0-9]+(-[0-9]+)?\.h5")
+"""The names of shard files (:class:`chainexec.runtime.store.Store`)."""
+COUNTS = len(CATEGORIES) + 4
+"""Counts a manifest records: bytes per category, flops, statements, streamed bytes, parallel tiles."""
 
 
 class Stopped(Exception):
     """Every rank stopped after a checkpoint (``--stop-after``); the same command resumes."""
 
-    def __init__(self, done: int, count: int, folder: Path):
-        super().__init__(f"stopped at a checkpoint after {done} of {count} tiles ({folder}); "
+    def __init__(self, done: int, count: int, folder: Path, unit: str = "tiles"):
+        super().__init__(f"stopped at a checkpoint after {done} of {count} {unit} ({folder}); "
                          f"run the same command to resume")
         self.done, self.count, self.folder = done, count, folder
 
@@ -133,10 +145,63 @@ def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
         atomicfile.write(path, json.dumps(record or {}, indent=1))
 
 
-def _loops(plan: Plan) -> dict[tuple[int, int], int]:
-    """Every resumable loop, (nest, position) → its number of tiles."""
-    return {(k, pos): points([], [nest.body[pos]], plan.extents, "device")
-            for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
+def _loops(plan: Plan) -> dict[tuple[int, int], tuple[str, int]]:
+    """Every resumable loop, (nest, position) → its kind (``Loop.resume``) and number of tiles."""
+    return {(k, pos): (node.resume, points([], [node], plan.extents, "device"))
+            for k, nest in enumerate(plan.nests) for pos, node in enumerate(nest.body) if getattr(node, "resume", None)}
+
+
+def _blocks(per_rank, t: TensorInfo, ranks: int) -> bool:
+    """Whether ``per_rank`` holds each rank's blocks of tensor ``t`` as a manifest records them:
+    [shard file, dataset, region] each, named as the store names them, the region inside ``t``."""
+    return (isinstance(per_rank, list) and len(per_rank) == ranks
+            and all(isinstance(b, list) and len(b) == 3 and isinstance(b[0], str) and _SHARD.fullmatch(b[0])
+                    and isinstance(b[1], str) and re.fullmatch(r"b[0-9]+", b[1])
+                    and isinstance(b[2], list) and len(b[2]) == len(t.shape)
+                    and all(isinstance(r, list) and [type(x) for x in r] == [int, int] and 0 <= r[0] < r[1] <= n
+                            for r, n in zip(b[2], t.shape))
+                    for blocks in per_rank for b in blocks))
+
+
+def _valid(saved: dict, plan: Plan, ranks: int) -> bool:
+    """Whether a manifest's fields are all there and in range for ``plan`` on ``ranks`` ranks:
+    a place to go on from that this plan checkpoints, counts, peaks, and closed and open versions
+    of tensors it writes, with their blocks."""
+    if not (all(type(saved.get(k)) is int and saved[k] >= 0 for k in ("nest", "done", "tiles", "number", "ranks"))
+            and saved["ranks"] == ranks
+            and all(isinstance(saved.get(k), list) and len(saved[k]) == COUNTS
+                    and all(type(c) is int and 0 <= c < 2**63 for c in saved[k]) for k in ("counts", "banked"))
+            and isinstance(saved.get("peaks"), dict) and set(saved["peaks"]) == {"global", "device"}
+            and all(type(v) is int and v >= 0 for v in saved["peaks"].values())):
+        return False
+    nest, position, tensors = saved["nest"], saved.get("position"), plan.tensors
+    if position is None:
+        at = (0 < nest <= len(plan.nests) and plan.nests[nest - 1].checkpoint_after
+              and saved["done"] == saved["tiles"] == 0)
+    else:
+        loop = _loops(plan).get((nest, position)) if type(position) is int else None
+        at = loop is not None and loop[1] == saved["tiles"] and saved["done"] < saved["tiles"]
+    stored, joined, opened = saved.get("stored"), saved.get("joined"), saved.get("open")
+    if not (at and isinstance(stored, dict) and isinstance(joined, dict) and isinstance(opened, list)
+            and all(tensors.get(t) is not None and tensors[t].role != "input" and type(v) is int and v > 0
+                    for t, v in stored.items())
+            and set(joined) == {t for t in stored if tensors[t].role == "output"}
+            and all(_blocks(blocks, tensors[t], ranks) for t, blocks in joined.items())):
+        return False
+    writing = stores(plan.nests[nest].body).items() if nest < len(plan.nests) else ()
+    return all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str) and (o[0], o[1]) in writing
+               and _blocks(o[2], tensors[o[0]], ranks) for o in opened)
+
+
+def _missing(saved: dict, plan: Plan) -> Path | None:
+    """The first file that a valid manifest names and a resumed run reads but that is not there:
+    a shard file of a block it records, or (where nests are left to run) a closed version's VDS."""
+    named = [(t, v, b[0]) for t, v, blocks in saved["open"] for rank in blocks for b in rank]
+    named += [(t, saved["stored"][t], b[0]) for t, blocks in saved["joined"].items() for rank in blocks for b in rank]
+    paths = [version_base(plan, plan.tensors[t], v) / file for t, v, file in named]
+    if saved["nest"] < len(plan.nests):
+        paths += [Path(f"{version_base(plan, plan.tensors[t], v)}.h5") for t, v in saved["stored"].items()]
+    return next((p for p in paths if not p.is_file()), None)
 
 
 def _lock(folder: Path) -> None:
@@ -159,22 +224,13 @@ def _lock(folder: Path) -> None:
     _held[folder] = fd
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (a node crash after it must not undo it)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Checkpoint:
-    """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints of a
-    resumable loop, and a stop after the first checkpoint past ``stop_after`` seconds (None: run
-    to the end). ``saved`` is the manifest found at the start (None: start from scratch), read
-    and checked on rank 0 by :meth:`open` and passed to every rank. ``committed`` is the number
-    of the checkpoint the manifest names now; numbers only grow, so a new checkpoint never
-    writes over the files of the committed one."""
+    """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints (of
+    a resumable loop or at a nest's end), and a stop after the first checkpoint past
+    ``stop_after`` seconds (None: run to the end). ``saved`` is the manifest found at the start
+    (None: start from scratch), read and checked on rank 0 by :meth:`open` and passed to every
+    rank. ``committed`` is the number of the checkpoint the manifest names now; numbers only
+    grow, so a new checkpoint never writes over the files of the committed one."""
 
     def __init__(self, folder: str | Path, digest: str, saved: dict | None = None, every: float = 600.0,
                  stop_after: float | None = None):
@@ -193,9 +249,9 @@ class Checkpoint:
     def open(cls, folder: str | Path, plan: Plan, plan_text: str, ranks: int, every: float = 600.0,
              stop_after: float | None = None) -> "Checkpoint":
         """Create the folder, or read its manifest and check it (rank 0, before anything runs):
-        same plan, ranks and inputs; fields that name a resumable loop of this plan and a
-        position inside it; every rank's part readable. A one-line ChainexecError naming the
-        file otherwise."""
+        same plan, ranks and inputs; fields that name a place this plan checkpoints at and
+        versions it writes (:func:`_valid`); every rank's part readable, every shard file it
+        names there. A one-line ChainexecError naming the file otherwise."""
         folder = Path(folder)
         digest = plan_digest(plan, plan_text, ranks)
         path = folder / MANIFEST
@@ -209,7 +265,7 @@ class Checkpoint:
             raise ChainexecError(f"cannot use it as a checkpoint: {err}", str(path if path.exists() else folder)) from None
         ck = cls(folder, digest, None, every, stop_after)
         if saved is not None:
-            ck._check(saved, path, _loops(plan), ranks)
+            ck._check(saved, path, plan, ranks)
             ck.saved, ck.committed = saved, saved["number"]
         try:
             _check_inputs(folder, plan, saved is not None)
@@ -217,25 +273,21 @@ class Checkpoint:
             raise ChainexecError(f"cannot identify the inputs: {err}", str(folder / INPUTS)) from None
         return ck
 
-    def _check(self, saved, path: Path, loops: dict[tuple[int, int], int], ranks: int) -> None:
+    def _check(self, saved, path: Path, plan: Plan, ranks: int) -> None:
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ChainexecError("not a chainexec checkpoint of this version", str(path))
         if saved.get("plan") != self.digest:
             raise ChainexecError("a checkpoint of another plan (config, machine, rank count or input files "
                                  "differ); remove the folder or choose another", str(path))
-        fields = ("nest", "position", "done", "tiles", "number", "ranks")
-        counts = saved.get("counts")
-        if (not all(type(saved.get(k)) is int and saved[k] >= 0 for k in fields)
-                or not isinstance(counts, list) or len(counts) != len(CATEGORIES) + 3
-                or not all(type(c) is int and 0 <= c < 2**63 for c in counts)
-                or loops.get((saved["nest"], saved["position"])) != saved["tiles"]
-                or not saved["done"] < saved["tiles"] or saved["ranks"] != ranks
-                or not isinstance(saved.get("peaks"), dict) or set(saved["peaks"]) != {"global", "device"}
-                or not all(type(v) is int and v >= 0 for v in saved["peaks"].values())):
+        if not _valid(saved, plan, ranks):
             raise ChainexecError("damaged checkpoint manifest (a field is missing, out of range or names "
-                                 "no resumable loop of this plan)", str(path))
-        for rank in range(ranks):
-            self.read_rank(rank, saved["number"])
+                                 "no place this plan checkpoints at)", str(path))
+        if saved["position"] is not None and _loops(plan)[saved["nest"], saved["position"]][0] == "accumulate":
+            for rank in range(ranks):
+                self.read_rank(rank, saved["number"])
+        missing = _missing(saved, plan)
+        if missing is not None:
+            raise ChainexecError("a shard file or stored version this checkpoint names is missing", str(missing))
 
     def due(self) -> bool:
         """Whether to checkpoint now (asked by rank 0 between tiles)."""
@@ -284,7 +336,7 @@ class Checkpoint:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync_dir(self.folder)
+            atomicfile.sync(self.folder)
         except OSError as err:
             raise ChainexecError(f"cannot write the checkpoint manifest ({err})", str(path)) from None
         self.last = time.monotonic()
@@ -301,7 +353,7 @@ class Checkpoint:
         leaves no manifest naming a missing part). Only files named as this module names them
         are removed: the folder keeps anything else."""
         (self.folder / MANIFEST).unlink(missing_ok=True)
-        _fsync_dir(self.folder)
+        atomicfile.sync(self.folder)
         for path in self.folder.iterdir():
             if _PART.fullmatch(path.name) or path.name in (Path(MANIFEST).with_suffix(".tmp").name, INPUTS):
                 path.unlink(missing_ok=True)

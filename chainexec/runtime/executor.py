@@ -42,9 +42,8 @@ from chainexec.planner import inline, ordered, symmetry
 from chainexec.planner.cost import CATEGORY, parallel_tiles
 from chainexec.planner.machine import LEVEL_TIMES
 from chainexec.planner.pipeline import DEPTH, executed, fetched, prefetched, returned, staged, streamed
-from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, term_run
-from chainexec.planner.resume import resumable
-from chainexec.runtime.checkpoint import Checkpoint, Stopped
+from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, stores, term_run
+from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime import hostcopy
@@ -104,8 +103,9 @@ class Executor:
         """``balance``: ``dynamic`` hands the iterations of each parallel loop out through a shared
         counter (NWChem's nxtval: a rank takes the next tile when it is free); ``static`` deals
         them round-robin. Either way every tile moves the same bytes, so the prediction holds.
-        ``checkpoint``: save the progress of resumable loops there, and resume from it
-        (:meth:`_resumable`; needs dynamic balance)."""
+        ``checkpoint``: save the progress of resumable loops and finished nests there, and resume
+        from it (:meth:`_restore`, :meth:`_resumable`, :meth:`_iterations`, :meth:`_close`;
+        needs dynamic balance)."""
         if balance not in ("dynamic", "static"):
             raise ValueError(f"balance must be dynamic or static, not {balance!r}")
         if checkpoint is not None and balance != "dynamic":
@@ -176,9 +176,15 @@ class Executor:
         # page cache holds the file's pages once for all of them (:meth:`_alloc`)
         self.maps = comm.size == 1 or shares_memory(comm)
         self.checkpoint = checkpoint
-        self.resumable = {(k, pos) for k, nest in enumerate(plan.nests) for pos in resumable(nest)}
-        self.resumed = 0  # tiles a resumed loop found done
+        self.resumed = 0  # parallel tiles of the work a resumed run skips
         self.checkpoints = 0  # checkpoints written by this run
+        # where a resumed run goes on: (nest, position of the loop, -1 at the nest's start)
+        self.resume_at = (0, -1)
+        # counts (all ranks: COUNTS of them) of the work a resumed run skips: the finished nests
+        # and the finished store loops of the current one (:meth:`_close`, :meth:`_iterations`)
+        self.bank = np.zeros(COUNTS, np.int64)
+        # this rank's counts of the loads queued for a double-buffered loop's next iteration
+        self.early = np.zeros(COUNTS, np.int64)
         moved = plan.predicted["bytes"]
         backend.expect_transfers((moved["global->device"] + moved["device->global"]) // comm.size)
         backend.limit_memory(plan.memory_limit["device"], plan.predicted["memory_peak"]["device"])
@@ -189,18 +195,18 @@ class Executor:
         if self.balance == "dynamic":
             self.counter = TaskCounter(self.comm)
         try:
-            for k, nest in enumerate(self.plan.nests, 1):
+            for k in range(self._restore(), len(self.plan.nests)):
                 try:
-                    self._body(nest.body, k - 1)
+                    self._body(self.plan.nests[k].body, k)
+                    self._settle()
+                    self._close(k)
                 except Stopped:
                     self.disk.close()  # no streamed read may still write into a window freed here
                     self._release()
                     raise
-                self._settle()
-                for tensor, version in dict(self._stored(nest.body)).items():
-                    self.store.close_version(tensor, version)
                 if self.show_progress:
-                    self._report(k)
+                    self._report(k + 1)
+            self.store.drop_superseded()
         finally:
             self.disk.close()
             for key in list(self.locking):  # a failed run's: nothing stays locked behind it
@@ -253,11 +259,6 @@ class Executor:
         mine = {"rank": self.comm.rank, "busy_seconds": total - self.idle, "idle_seconds": self.idle,
                 "tiles": self.tiles_done}
         return self.comm.allgather(mine)
-
-    @staticmethod
-    def _stored(body):
-        """(tensor, version) of every store statement in a nest."""
-        return [(op.tensor, op.version) for op, _ in ops(body) if op.op == "store"]
 
     def _measured(self, seconds: float) -> dict:
         """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time
@@ -555,7 +556,11 @@ class Executor:
             self._spent("compute", name, self.backend.elapsed(start, end))
 
     def _loop(self, loop: Loop, where: tuple[int, int] | None = None) -> None:
-        """``where``: (nest, position) of a loop at the top of a nest."""
+        """``where``: (nest, position) of a loop at the top of a nest. A store loop before the place
+        a resumed run goes on from is skipped: it finished, its blocks are sealed and its
+        counts banked."""
+        if loop.resume == "store" and where is not None and where < self.resume_at:
+            return
         names = list(loop.tiles)
         spans = []
         for i in names:
@@ -564,19 +569,19 @@ class Executor:
         saved = dict(self.ranges[loop.level])
         combos, weights = _tuples(names, spans, loop.symmetric)
         if loop.depth > 1 and loop.level == "global":
-            self._double_buffered(loop, names, combos, weights)
+            self._double_buffered(loop, names, combos, weights, self._iterations(loop, where, len(combos)))
             self.ranges[loop.level] = saved
             return
         if loop.parallel:
             self._wait()
-            if self._checkpointed(where):
+            if self._checkpointed(loop, where):
                 mine = self._resumable(loop, where, len(combos))
             else:
                 if self.counter is not None:
                     self.counter.reset()
                 mine = self._claim(len(combos))
         else:
-            mine = range(len(combos))
+            mine = self._iterations(loop, where, len(combos))
         self.in_parallel += loop.parallel
         outer, symmetric = self.weight, self.symmetric
         if loop.symmetric:
@@ -681,8 +686,10 @@ class Executor:
                 named.add(self.plan.contractions[op.contraction].out)
         return [buf for (tensor, _, level), buf in self.buffers.items() if level == "device" and tensor not in named]
 
-    def _double_buffered(self, loop: Loop, names: list[str], combos: list[tuple], weights: list[int]) -> None:
-        """A sequential global loop whose disk traffic overlaps its work (module docstring)."""
+    def _double_buffered(self, loop: Loop, names: list[str], combos: list[tuple], weights: list[int], order) -> None:
+        """A sequential global loop whose disk traffic overlaps its work (module docstring), over
+        the iterations ``order`` gives (consecutive: :meth:`_iterations`). The loads counted for
+        the next iteration while one runs are kept in :attr:`early`."""
         own, ahead = staged(loop), prefetched(loop)
         rest = [node for node in loop.body if not any(node is op for op in ahead)]
         self.ranges["global"].update(zip(names, combos[0]))  # the first tile is a full one
@@ -695,10 +702,12 @@ class Executor:
             self.counters.hold("global", loop.depth * self.comm.allreduce(slots[0].nbytes_local))
         behind = self.behind
         self.behind = True
-        marks = {0: self._prefetch(ahead, names, combos, 0, loop.depth)}
+        marks = {}
         outer = self.weight
-        for n, combo in enumerate(combos):
-            self.ranges["global"].update(zip(names, combo))
+        for n in order:
+            if n not in marks:  # the first iteration's loads
+                marks[n] = self._prefetch(ahead, names, combos, n, loop.depth)
+            self.ranges["global"].update(zip(names, combos[n]))
             # Everything queued up to this tile's loads: also the stores that last used its slots.
             upto, filled = marks.pop(n)
             self.counters.seconds["disk"] += self.disk.wait(upto)
@@ -706,12 +715,15 @@ class Executor:
                 self.buffers[key], self.regions[key] = buf, region
                 buf.local()  # synchronise the window with what the worker wrote
             if n + 1 < len(combos):
+                before = self._counts()
                 marks[n + 1] = self._prefetch(ahead, names, combos, n + 1, loop.depth)
-                self.ranges["global"].update(zip(names, combo))
+                self.early = self._counts() - before
+                self.ranges["global"].update(zip(names, combos[n]))
             self.turn = n % loop.depth
             self.weight = outer * weights[n]
             self._body(rest)
         self.weight = outer
+        self.early = np.zeros(COUNTS, np.int64)
         self.counters.seconds["disk"] += self.disk.wait()
         self.behind = behind
         for op in own:
@@ -741,44 +753,45 @@ class Executor:
         while (n := self.counter.next()) < count:
             yield n
 
-    def _checkpointed(self, where: tuple[int, int] | None) -> bool:
-        """Whether the loop at ``where`` checkpoints: a resumable loop, not before the one a
-        resumed run goes on from (rerunning those must not replace a checkpoint further on)."""
-        ck = self.checkpoint
-        if ck is None or where not in self.resumable:
-            return False
-        return ck.saved is None or tuple(where) >= (ck.saved["nest"], ck.saved["position"])
+    def _checkpointed(self, loop: Loop, where: tuple[int, int] | None) -> bool:
+        """Whether ``loop`` (at ``where``) checkpoints: a resumable loop (``Loop.resume``), not
+        before the place a resumed run goes on from (rerunning those must not replace a
+        checkpoint that is further on)."""
+        return self.checkpoint is not None and loop.resume is not None and where is not None and where >= self.resume_at
+
+    def _saved(self, where: tuple[int, int], count: int) -> dict | None:
+        """The manifest being resumed where it goes on inside the loop at ``where`` (of ``count``
+        tiles), else None."""
+        saved = self.checkpoint.saved
+        if saved is None or (saved["nest"], saved["position"]) != tuple(where):
+            return None
+        if saved["tiles"] != count:
+            raise ChainexecError(f"the checkpoint's loop has {saved['tiles']} tiles, this one {count}",
+                                 str(self.checkpoint.folder))
+        return saved
 
     def _resumable(self, loop: Loop, where: tuple[int, int], count: int):
-        """This rank's iterations of a resumable loop (:mod:`chainexec.planner.resume`), with
+        """This rank's iterations of an accumulate loop (:mod:`chainexec.planner.resume`), with
         checkpoints (:mod:`chainexec.runtime.checkpoint`).
 
-        Resuming: the accumulation targets' rows come back from this rank's file, the counter
-        starts after the tiles done, and rank 0 adds what they had counted. Checkpointing: when
-        one is due, rank 0 fences the counter (:meth:`TaskCounter.fence`) at the first tile not
-        handed out instead of taking it; every other rank's next claim then returns the fence, so
-        all ranks meet between tiles, with every earlier tile finished and accumulated. There
-        they write their rows, rank 0 commits the manifest, and the counter goes back to the
-        fence's position (or, with ``--stop-after`` due, every rank raises :class:`Stopped`)."""
+        Resuming: the accumulation targets' rows come back from this rank's file and the counter
+        starts after the tiles done (what they counted :meth:`_restore` added). Checkpointing:
+        when one is due, rank 0 fences the counter (:meth:`TaskCounter.fence`) at the first tile
+        not handed out instead of taking it; every other rank's next claim then returns the
+        fence, so all ranks meet between tiles, with every earlier tile finished and
+        accumulated. There they write their rows, rank 0 commits the manifest (:meth:`_commit`),
+        and the counter goes back to the fence's position (or, with ``--stop-after`` due, every
+        rank raises :class:`Stopped`)."""
         ck = self.checkpoint
         targets = list(dict.fromkeys(self._find(op.tensor, op.indices, "global")
                                      for op, _ in ops(loop.body) if op.op == "accumulate"))
-        saved = ck.saved if ck.saved is not None and (ck.saved["nest"], ck.saved["position"]) == tuple(where) else None
-        start, prior = 0, np.zeros(len(CATEGORIES) + 3, np.int64)
+        saved = self._saved(where, count)
+        start, prior = 0, np.zeros(COUNTS, np.int64)
         if saved is not None:
-            if saved["tiles"] != count:
-                raise ChainexecError(f"the checkpoint's loop has {saved['tiles']} tiles, this one {count}",
-                                     str(ck.folder))
             rows = [self.buffers[key].local() for key in targets]
             for mine, kept in zip(rows, ck.read_rank(self.comm.rank, saved["number"], rows)):
                 mine[...] = kept
             start, prior = saved["done"], np.array(saved["counts"], np.int64)
-            # the peaks the earlier run reached (full tiles come first: the rest may be edge tiles)
-            for level, peak in saved["peaks"].items():
-                self.counters.peak[level] = max(self.counters.peak[level], peak)
-            self.resumed = start
-            if self.comm.rank == 0:
-                self._add_counts(prior)
         self.counter.reset(start)
         base = self._counts()
         taken = 0  # tiles rank 0 took since the last checkpoint: each checkpoint follows progress
@@ -803,38 +816,130 @@ class Executor:
             done = self.comm.bcast(fenced, root=0)
             self._settle()  # lands this rank's queued accumulates
             self.comm.Barrier()  # every tile before the fence has accumulated (and flushed)
-            number = (ck.committed or 0) + 1
-            ck.write_rank(self.comm.rank, number, [self.buffers[key].local() for key in targets])
             counts = prior + self.comm.allreduce(self._counts() - base)
-            peaks = {"global": int(self.counters.peak["global"]),
-                     "device": int(self.comm.allreduce(self.counters.peak["device"], op=_max()))}
-            self.comm.Barrier()
-            stop = False
-            if self.comm.rank == 0:
-                ck.commit({"nest": where[0], "position": where[1], "done": done, "tiles": count,
-                           "number": number, "ranks": self.comm.size, "counts": counts.tolist(), "peaks": peaks})
-                stop = ck.stopping()
-            stop = self.comm.bcast(stop, root=0)
-            self.comm.Barrier()
-            ck.supersede(self.comm.rank, number)
-            self.checkpoints += 1
-            if stop:
+            if self._commit(where, done, count, counts, [self.buffers[key].local() for key in targets]):
                 raise Stopped(done, count, ck.folder)
             self.counter.reset(done)
             taken = 0
 
+    def _iterations(self, loop: Loop, where: tuple[int, int] | None, count: int):
+        """The iterations of a sequential loop of ``count``, in order. Of a store loop being
+        checkpointed, those a resumed run has not finished, with a checkpoint between two where
+        one is due (every rank meets there anyway: the iterations are collective): each rank's
+        stores are durable (:meth:`_commit` seals them), and the loop's counts so far, less the
+        loads already queued for the next iteration (:attr:`early`, counted again when a
+        resumed run queues them), are committed with the iterations finished. At its end the
+        loop's counts go to the bank: a resumed run skips it."""
+        if not self._checkpointed(loop, where):
+            yield from range(count)
+            return
+        saved = self._saved(where, count)
+        start = saved["done"] if saved else 0
+        prior = np.array(saved["counts"] if saved else [0] * COUNTS, np.int64)
+        base = self._counts()
+        for n in range(start, count):
+            yield n
+            if n + 1 < count and self._due():
+                counts = prior + self.comm.allreduce(self._counts() - base - self.early)
+                if self._commit(where, n + 1, count, counts):
+                    raise Stopped(n + 1, count, self.checkpoint.folder)
+        self.bank = self.bank + prior + self.comm.allreduce(self._counts() - base)
+
+    def _close(self, k: int) -> None:
+        """After nest ``k`` (collective): join the versions it stored. A run that checkpoints
+        seals their blocks first and syncs the joins (:meth:`Store.close_version`); where the
+        plan allows (``Nest.checkpoint_after``) a checkpoint follows, when one is due and always
+        after the last nest (a crash in :meth:`Store.finish`, which removes scratch, then
+        leaves a checkpoint that needs only the outputs' shards)."""
+        nest, ck = self.plan.nests[k], self.checkpoint
+        if ck is None:
+            for tensor, version in stores(nest.body).items():
+                self.store.close_version(tensor, version)
+            return
+        self.store.seal((ck.committed or 0) + 1)
+        for tensor, version in stores(nest.body).items():
+            self.store.close_version(tensor, version, durable=True)
+        self.bank = self.comm.allreduce(self._counts())
+        last = k + 1 == len(self.plan.nests)
+        if nest.checkpoint_after and (last or self._due()):
+            if self._commit((k + 1, None), 0, 0, np.zeros(COUNTS, np.int64)) and not last:
+                raise Stopped(k + 1, len(self.plan.nests), ck.folder, "nests")
+
+    def _due(self) -> bool:
+        """Whether to checkpoint now: rank 0 decides (:meth:`Checkpoint.due`), every rank learns
+        (collective)."""
+        return self.comm.bcast(self.checkpoint.due() if self.comm.rank == 0 else None, root=0)
+
+    def _commit(self, at: tuple[int, int | None], done: int, tiles: int, counts: np.ndarray,
+                rows: list[np.ndarray] | None = None) -> bool:
+        """Collective: checkpoint number ``committed + 1``. Every rank makes its part durable (its
+        stores finished and sealed, :meth:`Store.seal`; ``rows``, an accumulate loop's targets'
+        rows, written), then rank 0 commits the manifest: the run goes on at ``at`` (nest, and
+        the position of the loop with ``done`` of its ``tiles`` finished, which counted
+        ``counts``; None: at the nest's start), with the closed versions, each rank's sealed
+        blocks of the nest's versions, the bank and the peaks. Afterwards the parts and
+        versions it supersedes go. Whether every rank is to stop (``--stop-after``)."""
+        ck = self.checkpoint
+        number = (ck.committed or 0) + 1
+        self._settle()
+        self.counters.seconds["disk"] += self.disk.wait()
+        if rows is not None:
+            ck.write_rank(self.comm.rank, number, rows)
+        self.store.seal(number)
+        writing = list(stores(self.plan.nests[at[0]].body).items()) if at[0] < len(self.plan.nests) else []
+        blocks = self.comm.gather(self.store.open_blocks(writing), root=0)
+        peaks = {"global": int(self.counters.peak["global"]),
+                 "device": int(self.comm.allreduce(self.counters.peak["device"], op=_max()))}
+        stop = False
+        if self.comm.rank == 0:
+            joined = {t: b for t, b in self.store.joined.items() if self.plan.tensors[t].role == "output"}
+            ck.commit({"nest": at[0], "position": at[1], "done": done, "tiles": tiles, "number": number,
+                       "ranks": self.comm.size, "counts": counts.tolist(), "banked": self.bank.tolist(),
+                       "peaks": peaks, "stored": self.store.last_version, "joined": joined,
+                       "open": [[t, v, [mine[j] for mine in blocks]] for j, (t, v) in enumerate(writing)]})
+            stop = ck.stopping()
+        stop = self.comm.bcast(stop, root=0)
+        ck.supersede(self.comm.rank, number)
+        self.store.drop_superseded()
+        self.checkpoints += 1
+        return stop
+
+    def _restore(self) -> int:
+        """Take back what the checkpoint being resumed recorded (every rank, before anything
+        runs): the closed versions and sealed blocks into the store (:meth:`Store.resume`), where
+        it goes on, the bank, the counts of all the work it skips (rank 0 adds them to its own:
+        the run's totals then equal the prediction) and the peaks reached (kept). The first nest
+        to run: 0 without a checkpoint to resume."""
+        saved = None if self.checkpoint is None else self.checkpoint.saved
+        if saved is None:
+            return 0
+        self.store.resume(saved["stored"], saved["joined"], saved["open"])
+        self.resume_at = (saved["nest"], -1 if saved["position"] is None else saved["position"])
+        self.bank = np.array(saved["banked"], np.int64)
+        skipped = self.bank + np.array(saved["counts"], np.int64)
+        self.resumed = int(skipped[-1])
+        if self.comm.rank == 0:
+            self._add_counts(skipped)
+        for level, peak in saved["peaks"].items():
+            self.counters.peak[level] = max(self.counters.peak[level], peak)
+        return saved["nest"]
+
     def _counts(self) -> np.ndarray:
-        """This rank's bytes per category, flops, statements and streamed bytes so far."""
+        """This rank's bytes per category, flops, statements, streamed bytes and parallel tiles so
+        far (rank 0's with the tiles of the work a resumed run skips: :meth:`_restore`)."""
         c = self.counters
-        return np.array([c.bytes[k] for k in CATEGORIES] + [c.flops, c.statements, c.streamed], np.int64)
+        tiles = self.tiles_done + (self.resumed if self.comm.rank == 0 else 0)
+        return np.array([c.bytes[k] for k in CATEGORIES] + [c.flops, c.statements, c.streamed, tiles], np.int64)
 
     def _add_counts(self, counts: np.ndarray) -> None:
+        """Add bytes, flops, statements and streamed bytes of ``counts`` (as :meth:`_counts`) to this rank's."""
         c = self.counters
         for k, v in zip(CATEGORIES, counts):
             c.bytes[k] += int(v)
-        c.flops += int(counts[-3])
-        c.statements += int(counts[-2])
-        c.streamed += int(counts[-1])
+        flops, statements, streamed = (int(v) for v in counts[len(CATEGORIES):len(CATEGORIES) + 3])
+        c.flops += flops
+        c.statements += statements
+        c.streamed += streamed
 
     def _wait(self) -> None:
         if self.board is not None and self.in_parallel:

@@ -7,12 +7,20 @@ a contraction rank 0 joins the blocks of that tensor version into a virtual data
 which any rank reads it back. Outputs are VDS files beside a ``<file>.parts/`` folder of shards,
 written under a temporary name and renamed into place only after the last contraction, with the
 attribute ``chainexec_complete`` — a killed run leaves no output file at all.
+
+A run that checkpoints (:mod:`chainexec.runtime.checkpoint`) seals its shards at each checkpoint
+(:meth:`Store.seal`): each rank closes, syncs and renames its shard file ``rank<R>.h5`` of every
+version being written to ``rank<R>-<N>.h5`` (N: the checkpoint's number), which is never written
+again (an HDF5 file a process dies writing may be unreadable whole), and its next blocks go to a
+new ``rank<R>.h5``. Each block is known by its file, its dataset and its region; a resumed run
+takes the sealed blocks and the closed versions back (:meth:`Store.resume`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,7 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from chainexec import generator, safepaths
+from chainexec import atomicfile, generator, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
 from chainexec.runtime.region import whole_rows
@@ -77,9 +85,10 @@ def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
 
 def remove_outputs(files) -> None:
     """Check that every output file can be written and remove the older outputs of these names
-    with their parts folders (rank 0, once :func:`chainexec.safepaths.check_run` has passed, so
-    that every file removed is one chainexec wrote, and before planning, so that a run that fails
-    later leaves no older result that looks like its own)."""
+    (rank 0, once :func:`chainexec.safepaths.check_run` has passed, so that every file removed is
+    one chainexec wrote, and before planning, so that a run that fails later leaves no older
+    result that looks like its own). Their parts folders go in :func:`make_folders`, once it is
+    known whether a checkpoint resumes from the shards they hold."""
     for path in map(Path, files):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,17 +96,20 @@ def remove_outputs(files) -> None:
             os.close(fd)
             os.unlink(probe)
             path.unlink(missing_ok=True)
-            safepaths.remove_owned(parts_dir(path))
         except OSError as err:
             raise ChainexecError(f"output path is not writable ({err.strerror or err})", str(path)) from None
 
 
-def make_folders(files, scratch: Path) -> None:
+def make_folders(files, scratch: Path, fresh: bool = False) -> None:
     """Make each output's parts folder and the scratch folder, marked as chainexec's
-    (:func:`chainexec.safepaths.make_owned`; rank 0, once every check of the run has passed)."""
+    (:func:`chainexec.safepaths.make_owned`; rank 0, once every check of the run has passed).
+    ``fresh`` (a run that resumes no checkpoint): remove the parts folders an older run left
+    first, so that its shards do not stay beside this run's."""
     for folder, what in [(parts_dir(Path(f)), f"the shard files of {Path(f).name}") for f in files] + [
             (Path(scratch), "scratch of a run")]:
         try:
+            if fresh and folder != Path(scratch):
+                safepaths.remove_owned(folder)
             safepaths.make_owned(folder, what)
         except OSError as err:
             raise ChainexecError(f"cannot make this folder ({err.strerror or err})", str(folder)) from None
@@ -105,6 +117,13 @@ def make_folders(files, scratch: Path) -> None:
 
 def parts_dir(output_file: Path) -> Path:
     return safepaths.parts_of(Path(output_file))
+
+
+def version_base(plan: Plan, t: TensorInfo, version: int) -> Path:
+    """Where version ``version`` of tensor ``t`` lies: its folder of shards and, with ``.h5``
+    added, its VDS (an output's in its parts folder, anything else's in scratch)."""
+    folder = parts_dir(Path(t.output["file"])) if t.role == "output" else Path(plan.scratch)
+    return folder / f"{t.name}.v{version}"
 
 
 def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
@@ -162,8 +181,9 @@ class Store:
     """One rank's view of the disk level during a run.
 
     ``read`` fills a buffer from an input or a stored version; ``write`` adds a block to this rank's
-    shard of a version; ``close_version`` (collective) joins a version's blocks into a VDS;
-    ``finish`` (collective) renames complete outputs into place and removes scratch.
+    shard of a version; ``seal`` makes the blocks written so far durable (checkpoints);
+    ``close_version`` (collective) joins a version's blocks into a VDS; ``finish`` (collective)
+    renames complete outputs into place and removes scratch.
     """
 
     def __init__(self, plan: Plan, comm):
@@ -173,15 +193,17 @@ class Store:
         # Open shard file and blocks written so far, per (tensor, version) being written.
         self.shards: dict[tuple[str, int], h5py.File] = {}
         self.blocks: dict[tuple[str, int], list[tuple[str, tuple[tuple[int, int], ...]]]] = {}
+        # Blocks in sealed shard files, [file, dataset, region] each, per (tensor, version) being written.
+        self.sealed: dict[tuple[str, int], list[list]] = {}
         self.last_version: dict[str, int] = {}
-        self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank
+        self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank, [file, dataset, region] each
         self.maps: dict[str, list] = {}  # a version's VDS file: its blocks (region, file, dataset)
         # Elements of each output that this rank wrote and that are not finite (inf, NaN).
         self.nonfinite: dict[str, int] = {t: 0 for t, info in plan.tensors.items() if info.role == "output"}
+        self.superseded: list[tuple[str, int]] = []  # closed durably, dropped after the next checkpoint
 
     def _version_base(self, t: TensorInfo, version: int) -> Path:
-        folder = parts_dir(Path(t.output["file"])) if t.role == "output" else Path(self.plan.scratch)
-        return folder / f"{t.name}.v{version}"
+        return version_base(self.plan, t, version)
 
     def read(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], out: np.ndarray) -> None:
         t = self.plan.tensors[tensor]
@@ -276,12 +298,31 @@ class Store:
         self.shards[key].create_dataset(name, data=data)
         self.blocks[key].append((name, region))
 
-    def close_version(self, tensor: str, version: int) -> None:
-        """Collective: join every rank's blocks of this version into ``<version>.h5`` (a VDS)."""
-        shard = self.shards.pop((tensor, version), None)
+    def seal(self, number: int) -> None:
+        """Make this rank's blocks written so far durable, for checkpoint ``number``: close each
+        open shard file, sync it and rename it to ``rank<R>-<number>.h5`` (synced in its
+        folder); the version's next block starts a new ``rank<R>.h5`` (:meth:`write`)."""
+        for key in list(self.shards):
+            self.shards.pop(key).close()
+            base = self._version_base(self.plan.tensors[key[0]], key[1])
+            path = base / f"rank{self.comm.rank}.h5"
+            sealed = base / f"rank{self.comm.rank}-{number}.h5"
+            atomicfile.sync(path)
+            os.replace(path, sealed)
+            atomicfile.sync(base)
+            self.sealed.setdefault(key, []).extend([sealed.name, name, region] for name, region in self.blocks.pop(key))
+
+    def close_version(self, tensor: str, version: int, durable: bool = False) -> None:
+        """Collective: join every rank's blocks of this version into ``<version>.h5`` (a VDS).
+        ``durable`` (a run that checkpoints, its blocks sealed): the VDS is synced, and the
+        version it supersedes is kept until :meth:`drop_superseded`, since the last committed
+        checkpoint may still name it."""
+        key = (tensor, version)
+        shard = self.shards.pop(key, None)
         if shard is not None:
             shard.close()
-        gathered = self.comm.gather(self.blocks.pop((tensor, version), []), root=0)
+        current = [[f"rank{self.comm.rank}.h5", name, region] for name, region in self.blocks.pop(key, [])]
+        gathered = self.comm.gather(self.sealed.pop(key, []) + current, root=0)
         t = self.plan.tensors[tensor]
         base = self._version_base(t, version)
         if self.comm.rank == 0:
@@ -289,12 +330,49 @@ class Store:
             tmp = base.with_name(base.name + ".h5.tmp")
             with h5py.File(tmp, "w") as f:
                 f.create_virtual_dataset("data", _layout(t, gathered, base.name), fillvalue=np.nan)
+            if durable:
+                atomicfile.sync(tmp)
             os.replace(tmp, str(base) + ".h5")
+            if durable:
+                atomicfile.sync(base.parent)
         self.comm.Barrier()
         old = self.last_version.get(tensor)
         self.last_version[tensor] = version
-        if old is not None:
+        if old is not None and durable:
+            self.superseded.append((tensor, old))
+        elif old is not None:
             self._drop(t, old)
+
+    def drop_superseded(self) -> None:
+        """Collective: drop the versions :meth:`close_version` kept (after a checkpoint that no
+        longer names them)."""
+        for tensor, version in self.superseded:
+            self._drop(self.plan.tensors[tensor], version)
+        self.superseded = []
+
+    def open_blocks(self, stored: list[tuple[str, int]]) -> list[list]:
+        """This rank's sealed blocks of each version in ``stored`` (the versions being written), in
+        that order: what a checkpoint records of them."""
+        return [self.sealed.get(key, []) for key in stored]
+
+    def resume(self, last_version: dict[str, int], joined: dict[str, list], opened: list[list]) -> None:
+        """Collective, before anything runs: take back what a checkpoint recorded — the latest
+        closed version of each tensor, rank 0 the block lists of the outputs' ones (for
+        :meth:`finish`), and each rank its sealed blocks of every version being written
+        (``opened``: [tensor, version, blocks per rank] each). Rank 0 then removes each version
+        file the checkpoint does not name (written after it, or superseded before it), so that
+        the folders hold only what the resumed run joins."""
+        self.last_version = dict(last_version)
+        for tensor, version, blocks in opened:
+            self.sealed[(tensor, version)] = [list(b) for b in blocks[self.comm.rank]]
+        if self.comm.rank == 0:
+            self.joined = dict(joined)
+            named = {(tensor, version): {b[0] for rank in blocks for b in rank} for tensor, version, blocks in opened}
+            named |= {(t, v): None for t, v in last_version.items()}
+            for t in self.plan.tensors.values():
+                if t.role != "input":
+                    _prune(self._version_base(t, 1).parent, t.name, named)
+        self.comm.Barrier()
 
     def _drop(self, t: TensorInfo, version: int, keep_shards: bool = False) -> None:
         """A superseded version: close readers on it; rank 0 deletes its files once all have."""
@@ -349,9 +427,31 @@ class Store:
 def _layout(t: TensorInfo, gathered: list, prefix: str) -> h5py.VirtualLayout:
     """A VDS layout of tensor ``t`` from each rank's blocks; shard paths relative to the VDS file."""
     layout = h5py.VirtualLayout(shape=tuple(t.shape), dtype=t.dtype)
-    for rank, blocks in enumerate(gathered):
-        for name, region in blocks:
+    for blocks in gathered:
+        for file, name, region in blocks:
             shape = tuple(b - a for a, b in region)
-            src = h5py.VirtualSource(f"{prefix}/rank{rank}.h5", name, shape=shape)
+            src = h5py.VirtualSource(f"{prefix}/{file}", name, shape=shape)
             layout[tuple(slice(a, b) for a, b in region)] = src
     return layout
+
+
+def _prune(folder: Path, tensor: str, named: dict) -> None:
+    """Remove from ``folder`` the version files of ``tensor`` that ``named`` does not keep:
+    ``named[(tensor, version)]`` is None for a closed version (kept whole), the shard files to
+    keep for a version being written (its VDS, written after the checkpoint, goes too)."""
+    found = re.compile(re.escape(tensor) + r"\.v([0-9]+)(\.h5(\.tmp)?)?")
+    for path in folder.iterdir() if folder.is_dir() else ():
+        match = found.fullmatch(path.name)
+        if match is None:
+            continue
+        key = (tensor, int(match.group(1)))
+        if key in named and named[key] is None:
+            continue
+        if key in named and path.is_dir():
+            for shard in path.iterdir():
+                if shard.name not in named[key]:
+                    shard.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

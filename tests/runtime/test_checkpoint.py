@@ -1,5 +1,6 @@
-"""Checkpoints: a (T) run stopped at a checkpoint, or killed, goes on from it and ends with the
-energy of the independent NumPy reference, the predicted movement to the byte, and an empty
+"""Checkpoints: a (T) run or a four-index transform stopped at a checkpoint, or killed, goes on
+from it and ends with the result of the independent NumPy reference (the four-index transform's
+bit for bit that of an uninterrupted run), the predicted movement to the byte, and an empty
 checkpoint folder; checkpoints of another plan, damaged ones and options that cannot work are
 one-line errors (status 2)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +16,13 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from chainexec import safepaths
 from chainexec.runtime import checkpoint
 from chainexec.chem.triples import ccsd_t_energy
-from chainexec.planner.plan import Loop
+from chainexec.planner.plan import CATEGORIES, Loop
 from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, triples_config, write_config
 from tests.runtime.test_reductions import CHAINS, _config, _reference
 
@@ -103,8 +106,10 @@ def test_stop_and_resume(tmp_path, ranks, machine, tiles, aside):
 def test_several_resumable_loops(tmp_path, ranks):
     """A chain whose plan has four resumable loops in two nests (a scalar computed, read back and
     reduced again), stopped at every checkpoint it can make: each run goes further (loops before
-    the saved one rerun without checkpointing), the folder holds just the manifest and one part
-    per rank, and the last run's outputs equal numpy.einsum's, its movement the prediction.
+    the saved one rerun without checkpointing; the first nest is skipped once it is done), the
+    folder holds just the manifest and one part per rank (at the second nest's start, the
+    manifest alone), and the last run's outputs equal numpy.einsum's, its movement the
+    prediction.
 
     Rank 0 fences a checkpoint between its own tiles only. With two ranks on a loaded machine it
     may find every tile of every loop handed out before it can (CI, 2026-11-27: rank 0 did 2 tiles,
@@ -121,15 +126,16 @@ def test_several_resumable_loops(tmp_path, ranks):
                 break
             assert proc.returncode == 3, proc.stderr
             manifest = json.loads((folder / "checkpoint.json").read_text())
-            seen.append((manifest["nest"], manifest["position"], manifest["done"]))
+            at_loop = manifest["position"] is not None  # else at a nest's start
+            seen.append((manifest["nest"], manifest["position"] if at_loop else -1, manifest["done"]))
             assert seen == sorted(set(seen)), seen  # always further
-            assert sorted(p.name for p in folder.iterdir()) == sorted(
-                [safepaths.MARK, "checkpoint.json", checkpoint.INPUTS] + [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)])
+            parts = [f"rank{r}-{manifest['number']}.npz" for r in range(ranks)] if at_loop else []
+            assert sorted(p.name for p in folder.iterdir()) == sorted([safepaths.MARK, "checkpoint.json", checkpoint.INPUTS] + parts)
         if seen or ranks == 1:
             break
     assert proc.returncode == 0 and seen, seen
     if ranks == 1:  # one rank stops in every loop it can; with two, a fast rank may finish a loop first
-        assert {n for n, _, _ in seen} == {0, 1}, seen
+        assert {n for n, p, _ in seen if p >= 0} == {0, 1} and (1, -1, 0) in seen, seen
     _check_report(tmp_path / "r.json")
     with h5py.File(tmp_path / "out.h5", "r") as f:
         for out, expected in _reference(CHAINS["a scalar read back in the chain"]).items():
@@ -186,6 +192,156 @@ def test_killed_run_resumes(tmp_path):
     _check_energy(tmp_path)
 
 
+def _transformed(folder) -> np.ndarray:
+    """The complete output of a four-index run in ``folder``."""
+    with h5py.File(folder / "out" / "result.h5", "r") as f:
+        assert f.attrs["chainexec_complete"]
+        return f["B"][()]
+
+
+def _check_transformed(folder, expected: np.ndarray) -> None:
+    """The output equals ``expected`` (an uninterrupted run's) bit for bit and numpy.einsum's
+    within 1e-12 of its largest element."""
+    got = _transformed(folder)
+    assert np.array_equal(got, expected)
+    with h5py.File(folder / "in.h5", "r") as f:
+        a, c = f["A"][()], f["C"][()]
+    reference = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a, optimize=True)
+    assert np.max(np.abs(got - reference)) <= 1e-12 * np.max(np.abs(reference))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """An uninterrupted four-index run (:func:`fourindex_config` of ``sizes``, seeded inputs) on
+    a number of ranks, run once per module, rank count and sizes: copies its config and inputs
+    into a folder, returning the config there, the run's output and its predicted flops."""
+    found = {}
+
+    def copied(folder: Path, ranks: int, **sizes) -> tuple[Path, np.ndarray, int]:
+        key = (ranks, *sorted(sizes.items()))
+        if key not in found:
+            source = tmp_path_factory.mktemp(f"uninterrupted{ranks}")
+            config = write_config(source, fourindex_config(**sizes))
+            assert run_cli("generate", config).returncode == 0
+            proc = run_cli("run", config, "--quiet", "--report-json", source / "r.json", ranks=ranks)
+            assert proc.returncode == 0, proc.stderr
+            found[key] = (source, _transformed(source), read_report(source / "r.json")["predicted"]["flops"])
+        source, output, flops = found[key]
+        for name in ("chain.yaml", "in.h5"):
+            shutil.copyfile(source / name, folder / name)
+        return folder / "chain.yaml", output, flops
+
+    return copied
+
+
+def _progress(folder, flops: int) -> float:
+    """The share of the plan's flops that the committed checkpoint in ``folder`` has finished
+    (0 where it has none yet)."""
+    try:
+        manifest = json.loads((folder / "checkpoint.json").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    return (manifest["banked"][len(CATEGORIES)] + manifest["counts"][len(CATEGORIES)]) / flops
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The process ids of the ranks (``python -m chainexec.cli``) that a launcher started: the
+    children of its children (MPICH's hydra proxy, each rank in a session of its own)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit():
+            parents[int(entry.name)] = (int(stat.rpartition(")")[2].split()[1]), args[1:3] == [b"-m", b"chainexec.cli"])
+    return [pid for pid, (parent, rank) in parents.items() if rank and parents.get(parent, (0,))[0] == launcher]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9])
+def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted):
+    """A four-index transform (two nests of store loops, 20 and 8 iterations, device tiles
+    inside; the first nest does 61 % of the flops, so 60 % falls about its end) checkpointing
+    after every iteration: one rank gets SIGKILL once the manifest shows ``fraction`` of the flops
+    done, the launcher ends the others, and the same command finishes from the last checkpoint:
+    the output is the uninterrupted run's bit for bit, the resumed run's movement, flops,
+    statements and peaks (its own plus the checkpoint's) the prediction."""
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    config, expected, flops = uninterrupted(tmp_path, ranks)
+    folder = tmp_path / "ck"
+    cmd = [launcher, "-n", str(ranks), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
+           "--checkpoint", str(folder), "--checkpoint-every", "0"]
+    for _ in range(3):  # on a loaded machine the run may end between two looks: run it again
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < fraction:
+            time.sleep(0.002)
+        victims = _ranks_of(proc.pid)
+        if proc.poll() is None and len(victims) == ranks:
+            break
+        proc.wait()
+    else:
+        pytest.fail("the run ended before it could be killed, three times")
+    os.kill(victims[-1], signal.SIGKILL)
+    try:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    killed_at = _progress(folder, flops)
+    assert fraction <= killed_at <= 1  # 1: killed after the checkpoint that follows the last nest
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json",
+                   ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    report = _check_report(tmp_path / "r.json")
+    assert report["measured"]["memory_peak"] == report["predicted"]["memory_peak"]
+    assert report["run"]["resumed_tiles"] > 0
+    _check_transformed(tmp_path, expected)
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("ranks, sizes, stops", [
+    (1, {"n": 8, "nmo": 5, "global_memory": "12KiB", "device_memory": "2KiB"}, 6),
+    (2, {"global_memory": "80KiB", "device_memory": "8KiB"}, 3)], ids=["1-two-nests", "2-loop-before"])
+def test_fourindex_stop_and_resume(tmp_path, ranks, sizes, stops, uninterrupted):
+    """Runs of a four-index transform each stop at their first checkpoint (``--stop-after 0``),
+    the next going on from it, until one completes: on one rank two nests of store loops (4 and 3
+    iterations, two parallel loops in each of the first: a stop after every iteration but the
+    last of each, and at the end of the first nest; a sealed shard file removed meanwhile is a
+    one-line error naming it); on two ranks one nest whose store loop (4 iterations) follows a
+    loop that fills a global intermediate, which every resumed run computes again. The output is
+    an uninterrupted run's bit for bit, the movement and peaks the prediction."""
+    config, expected, _ = uninterrupted(tmp_path, ranks, **sizes)
+    folder = tmp_path / "ck"
+    seen = []
+    for _ in range(stops + 1):
+        proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--stop-after", 0,
+                       "--report-json", tmp_path / "r.json", ranks=ranks)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == 3, proc.stderr
+        assert not (tmp_path / "out" / "result.h5").exists()
+        manifest = json.loads((folder / "checkpoint.json").read_text())
+        seen.append((manifest["nest"], -1 if manifest["position"] is None else manifest["position"], manifest["done"]))
+        assert seen == sorted(set(seen)), seen  # always further
+        if ranks == 1 and len(seen) == 2:  # a sealed shard file gone: refused, naming it
+            shard = next((tmp_path / "out").rglob("rank0-*.h5"))
+            kept = shard.rename(shard.with_name("kept"))
+            _one_line(run_cli("run", config, "--checkpoint", folder), str(shard), "missing")
+            kept.rename(shard)
+    assert proc.returncode == 0 and len(seen) == stops, seen
+    report = _check_report(tmp_path / "r.json")
+    assert report["measured"]["memory_peak"] == report["predicted"]["memory_peak"]
+    _check_transformed(tmp_path, expected)
+    assert list(folder.iterdir()) == []
+
+
 def _one_line(proc, *needles, launcher=False):
     """Status 2 and one line naming the problem; ``launcher``: under mpiexec, whose own report of
     a non-zero exit (Open MPI prints one) may follow chainexec's line."""
@@ -216,7 +372,8 @@ def test_errors(tmp_path):
     _one_line(run_cli("run", config, "--checkpoint", folder), str(part), "unreadable")
     part.write_bytes(good)
     for damage in ({"done": -1}, {"done": 120}, {"tiles": 7}, {"position": 0}, {"counts": [1, 2]},
-                   {"counts": [2**63] * 7}, {"format": 99}, {"format": 1}):  # 1: the old tile order
+                   {"counts": [2**63] * 8}, {"format": 99}, {"format": 2}, {"position": None},
+                   {"stored": {"E": 1}}, {"open": [["E", 1, [[["../rank0-1.h5", "b0", []]]]]]}):
         manifest.write_text(json.dumps(data | damage))
         _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
     manifest.write_text("{not json")
@@ -253,12 +410,16 @@ def test_inputs_touched_or_copied_resume(tmp_path):
 
 
 def test_plan_without_resumable_loop(tmp_path):
-    """The four-index transform loads and stores in its loops: the run says so and completes."""
-    config = write_config(tmp_path, fourindex_config())
-    assert run_cli("generate", config).returncode == 0
+    """A scalar reduced from an intermediate in 4 KiB of global memory: the plan's one nest is a
+    global loop whose tiles all add into the scalar, so nothing can be saved before its end. The
+    run says so and completes."""
+    chain = CHAINS["scalar of a two-term intermediate"]
+    config = write_config(tmp_path, _config(chain, "4KiB", "1KiB"))
     proc = run_cli("run", config, "--quiet", "--checkpoint", tmp_path / "ck")
     assert proc.returncode == 0, proc.stderr
-    assert "no resumable loop" in proc.stderr
+    assert "no resumable loop or nest end" in proc.stderr
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert abs(float(f["E"][()]) - _reference(chain)["E"]) <= 1e-12 * abs(_reference(chain)["E"])
     assert list((tmp_path / "ck").iterdir()) == []
 
 
