@@ -16,3 +16,10 @@ class ChainexecError(Exception):
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(f"{where}{message}")
+
+
+def quoted(value, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters (a hostile config's names
+    and expressions can be megabytes long; the message stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
