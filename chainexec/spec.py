@@ -35,7 +35,8 @@ MAX_NAME = 64
 MAX_CONFIG_BYTES = 1 << 20
 MAX_NODES = 10_000
 MAX_DEPTH = 32
-# Bytes in a memory limit: a signed 64-bit count.
+# Bytes in a memory limit, elements along an index and elements of a tensor: a signed 64-bit
+# count (what NumPy and HDF5 index with; the planner's float arithmetic stays finite).
 MAX_SIZE = 2**63 - 1
 
 # Names reach generated CUDA C source: C/C++/CUDA keywords would break it or change its meaning.
@@ -412,17 +413,19 @@ def loads(text: str, path: str = "<config>") -> Spec:
     ranges = p.mapping(data.get("ranges", {}), ("ranges",), None, "ranges")
     for rname, rext in ranges.items():
         p.ident(rname, "range name", ("ranges", rname))
-        if not isinstance(rext, int) or isinstance(rext, bool) or rext < 1:
-            raise p.fail(f"range {rname!r} must have a positive integer extent, got {rext!r}", ("ranges", rname))
+        if not _extent(rext):
+            raise p.fail(f"range {rname!r} must have a positive integer extent (at most 2^63 - 1), got "
+                         f"{quoted(rext)}", ("ranges", rname))
 
     extents: dict[str, int] = {}
     for iname, ext in p.mapping(data["indices"], ("indices",), None, "indices").items():
         p.ident(iname, "index name", ("indices", iname))
         if isinstance(ext, str) and ext in ranges:
             ext = ranges[ext]
-        if not isinstance(ext, int) or isinstance(ext, bool) or ext < 1:
+        if not _extent(ext):
             raise p.fail(
-                f"index {iname!r} must have a positive integer extent or a range name, got {ext!r}",
+                f"index {iname!r} must have a positive integer extent (at most 2^63 - 1) or a range name, got "
+                f"{quoted(ext)}",
                 ("indices", iname),
             )
         extents[iname] = ext
@@ -441,6 +444,7 @@ def loads(text: str, path: str = "<config>") -> Spec:
                 raise p.fail(f"tensor {tname!r} uses unknown index {i!r}", where + ("indices",))
         if len(set(idx)) != len(idx):
             raise p.fail(f"tensor {tname!r} repeats an index", where + ("indices",))
+        _check_elements(p, tname, idx, extents, where + ("indices",))
         dtype = _dtype(p, tdef.get("dtype", default_dtype), f"tensor {tname!r}: ", where + ("dtype",))
         source = None
         if "source" in tdef:
@@ -523,6 +527,17 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
         raise p.fail(f"source of {tname!r} needs 'file' and 'dataset' (or 'random: SEED')", where)
     _dataset(p, sdef["dataset"], f"source of {tname!r}", where + ("dataset",), nested=True)
     return Source(file=sdef["file"], dataset=sdef["dataset"], seed=sdef.get("seed"))
+
+
+def _extent(value) -> bool:
+    """Whether ``value`` is an extent: an integer from 1 to :data:`MAX_SIZE`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE
+
+
+def _check_elements(p: _Parser, name: str, indices, extents: dict[str, int], where) -> None:
+    """A tensor holds at most :data:`MAX_SIZE` elements."""
+    if math.prod(extents[i] for i in indices) > MAX_SIZE:
+        raise p.fail(f"tensor {name!r} would hold more than 2^63 - 1 elements (the product of its extents)", where)
 
 
 def _dtype(p: _Parser, value, what: str, where) -> str:
@@ -613,6 +628,7 @@ def _check_statements(p: _Parser, statements: list[Statement], extents, tensors:
         if lhs is None:
             dtypes = {tensors[r.tensor].dtype for r in st.operands}
             lhs = Tensor(st.lhs.tensor, st.lhs.indices, dtypes.pop() if len(dtypes) == 1 else "float64")
+            _check_elements(p, lhs.name, lhs.indices, extents, where)
             tensors[st.lhs.tensor] = lhs
         elif lhs.source is not None:
             raise p.fail(f"statement '{st.text}' assigns {st.lhs.tensor!r}, which is an input", where)

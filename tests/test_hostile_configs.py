@@ -123,6 +123,14 @@ CASES = {
                                   ("trailing_slash", "g/A/", "'g/A/'"), ("empty_group", "g//A", "'g//A'"),
                                   ("dot_group", "g/./A", "'g/./A'"), ("dot", ".", "'.'")]},
     "output_file_empty": (_replace("    file: out/result.h5", "    file: ''"), "  B:", "needs 'file' and 'dataset'"),
+    # Extents and tensors beyond a signed 64-bit count (NumPy's and HDF5's; the planner's floats overflowed).
+    "extent_2_63": (_replace("  p: 10\n", f"  p: {2**63}\n"), "  p:", "index 'p' must have a positive integer extent"),
+    "extent_1e400": (_replace("  p: 10\n", f"  p: {10**400}\n"), "  p:", "(at most 2^63 - 1)"),
+    "range_2_63": (_prepend(f"ranges: {{big: {2**63}}}\n"), "ranges:", "range 'big' must have a positive integer extent"),
+    "tensor_elements": (_replace("  p: 10\n  q: 10\n  r: 10\n  s: 10\n", "  p: 65536\n  q: 65536\n  r: 65536\n  s: 65536\n"),
+                        "indices:\n    - p\n    - q", "tensor 'A' would hold more than 2^63 - 1 elements"),
+    "inferred_tensor_elements": (_replace("  a: 8\n  b: 8\n  c: 8\n  d: 8\n", "  a: 65536\n  b: 65536\n  c: 65536\n  d: 65536\n"),
+                                 "- B[a,b,c,d] =", "tensor 'B' would hold more than 2^63 - 1 elements"),
     # 9. Names longer than 64 characters (they reach file names and CUDA source), or ending in a newline.
     "long_tensor_name": (lambda text: text.replace("B[a,b,c,d] =", "B" * 65 + "[a,b,c,d] =").replace("  B:", "  " + "B" * 65 + ":"),
                          "- BBB", "tensor name 'BBBB"),
