@@ -31,7 +31,7 @@ _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 MAX_NAME = 64
 # Bytes in a config file, YAML nodes it stands for (each alias counted as the nodes it refers to)
 # and nodes nested in one another: far above any chain's (the (T) job's config: 3.5 KiB, 199 nodes,
-# 5 deep), and low enough that reading any config takes well under a second.
+# 5 deep), and a bound on the work of reading any config, hostile ones included.
 MAX_CONFIG_BYTES = 1 << 20
 MAX_NODES = 10_000
 MAX_DEPTH = 32
@@ -173,13 +173,13 @@ def parse_size(value, what: str) -> int:
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"{what}: expected a size such as 8GiB or 512MiB, got {value!r}")
+            raise ValueError(f"{what}: expected a size such as 8GiB or 512MiB, got {quoted(value)}")
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what}: expected a size such as 8GiB, got {value!r}")
+        raise ValueError(f"{what}: expected a size such as 8GiB, got {quoted(value)}")
     # Comparisons with NaN are false: NaN fails this as the infinities do.
     if not 1 <= value <= MAX_SIZE:
-        raise ValueError(f"{what}: size must be a finite number of bytes from 1 to 2^63 - 1, got {value!r}")
+        raise ValueError(f"{what}: size must be a finite number of bytes from 1 to 2^63 - 1, got {quoted(value)}")
     return int(value)
 
 
@@ -398,9 +398,8 @@ def loads(text: str, path: str = "<config>") -> Spec:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ChainexecError(
-            problem if isinstance(err, _Refused) else f"malformed YAML: {problem}", path, mark.line + 1 if mark else None
-        ) from None
+        message = problem if isinstance(err, _Refused) else f"malformed YAML: {problem}"
+        raise ChainexecError(message, path, mark.line + 1 if mark else None) from None
     p = _Parser(path, _line_map(node) if node is not None else {})
     data = p.mapping(data, (), _TOP_KEYS, "the config")
     for key in ("indices", "tensors", "statements", "outputs", "machine"):
@@ -543,20 +542,20 @@ def _check_elements(p: _Parser, name: str, indices, extents: dict[str, int], whe
 def _dtype(p: _Parser, value, what: str, where) -> str:
     """``value`` where it names a dtype; ``what`` prefixes the error."""
     if not isinstance(value, str) or value not in DTYPES:
-        raise p.fail(f"{what}dtype {value!r} is not supported (float64 or float32)", where)
+        raise p.fail(f"{what}dtype {quoted(value)} is not supported (float64 or float32)", where)
     return value
 
 
 def _dataset(p: _Parser, name: str, what: str, where, nested: bool) -> str:
-    """``name`` where it names an HDF5 dataset plainly: printable, not empty, and (``nested``:
-    groups separated by single ``/``, as an input may lie in a group) no ``/`` at either end, no
-    empty, ``.`` or ``..`` part; an output's has no ``/`` at all (each output is one dataset at the
-    top of its file, so no two can overlap)."""
+    """``name`` where it names an HDF5 dataset plainly: printable, and made of parts none of which
+    is empty, ``.`` or ``..`` (HDF5 reads those as paths). ``nested`` (an input, which may lie in
+    a group): parts joined by single ``/``; else (an output: one dataset at the top of its file,
+    so that no two outputs overlap) one part, without ``/``."""
     parts = name.split("/") if nested else [name]
     if not name.isprintable() or any(part in ("", ".", "..") or (not nested and "/" in part) for part in parts):
         rule = ("names of groups and the dataset joined by single '/', none of them empty, '.' or '..'" if nested
                 else "a name without '/', not empty, '.' or '..'")
-        raise p.fail(f"{what}: dataset {name!r} is not a plain HDF5 dataset name ({rule})", where)
+        raise p.fail(f"{what}: dataset {quoted(name)} is not a plain HDF5 dataset name ({rule})", where)
     return name
 
 

@@ -68,12 +68,12 @@ CASES = {
                        b"# caf", "not UTF-8 text (byte 0xe9"),
     "utf16": (lambda text: text.encode("utf-16"), b"\xff\xfe", "not UTF-8 text (byte 0xff at offset 0)"),
     # 4. A dtype that is no name.
-    "dtype_list": (_prepend("dtype: [float64]\n"), "dtype:", "dtype ['float64'] is not supported"),
-    "dtype_mapping": (_prepend("dtype: {float64: 1}\n"), "dtype:", "dtype {'float64': 1} is not supported"),
-    "tensor_dtype_list": (_replace("  C:\n", "  C:\n    dtype: [float32]\n"), "dtype:",
-                          "tensor 'C': dtype ['float32'] is not supported"),
-    "tensor_dtype_mapping": (_replace("  C:\n", "  C:\n    dtype: {a: b}\n"), "dtype:",
-                             "tensor 'C': dtype {'a': 'b'} is not supported"),
+    **{f"dtype_{kind}_{place}": (edit(value), "dtype:", f"{prefix}dtype {shown} is not supported")
+       for kind, value, shown in [("list", "[float64]", "['float64']"), ("mapping", "{float64: 1}", "{'float64': 1}")]
+       for place, edit, prefix in [
+           ("top", lambda v: _prepend(f"dtype: {v}\n"), ""),
+           ("tensor", lambda v: _replace("  C:\n", f"  C:\n    dtype: {v}\n"), "tensor 'C': "),
+       ]},
     # 5. Sizes that are not a finite whole number of bytes an int64 holds.
     **{f"size_{name}": (_replace("device_memory: 3KiB", f"device_memory: {value}"), "device_memory:", problem)
        for name, value, problem in [
@@ -109,14 +109,15 @@ CASES = {
         ("inf", _replace(" = C[p,a]", " = inf * C[p,a]"), "cannot read 'inf'"),
     ]},
     # 8. Outputs that overwrite each other; dataset names that are empty or mean something else to HDF5.
-    "two_outputs_one_dataset": (_chain(_replace("outputs:", "- E[a,b,c,d] = B[a,b,c,d]\noutputs:"),
-                                       _replace("machine:", "  E:\n    file: ./out/../out/result.h5\n    dataset: B\nmachine:")),
-                                "  E:", "output 'E' goes to the dataset ./out/../out/result.h5:B, as output 'B' does"),
+    "two_outputs_one_dataset": (
+        _chain(_replace("outputs:", "- E[a,b,c,d] = B[a,b,c,d]\noutputs:"),
+               _replace("machine:", "  E:\n    file: ./out/../out/result.h5\n    dataset: B\nmachine:")),
+        "  E:", "output 'E' goes to the dataset ./out/../out/result.h5:B, as output 'B' does"),
     **{f"output_dataset_{name}": (_replace("    dataset: B", f"    dataset: {value}"), "    dataset:",
                                   f"output 'B': dataset {shown} is not a plain HDF5 dataset name")
-       for name, value, shown in [("empty", "''", "''"), ("leading_slash", "/B", "'/B'"), ("trailing_slash", "B/", "'B/'"),
-                                  ("group", "g/B", "'g/B'"), ("dot", ".", "'.'"), ("dotdot", "..", "'..'"),
-                                  ("tab", '"B\\t"', "'B\\t'")]},
+       for name, value, shown in [("empty", "''", "''"), ("leading_slash", "/B", "'/B'"),
+                                  ("trailing_slash", "B/", "'B/'"), ("group", "g/B", "'g/B'"), ("dot", ".", "'.'"),
+                                  ("dotdot", "..", "'..'"), ("tab", '"B\\t"', "'B\\t'")]},
     **{f"source_dataset_{name}": (_replace("      dataset: A", f"      dataset: {value}"), f"dataset: {value}",
                                   f"source of 'A': dataset {shown} is not a plain HDF5 dataset name")
        for name, value, shown in [("empty", "''", "''"), ("leading_slash", "/A", "'/A'"),
@@ -126,17 +127,21 @@ CASES = {
     # Extents and tensors beyond a signed 64-bit count (NumPy's and HDF5's; the planner's floats overflowed).
     "extent_2_63": (_replace("  p: 10\n", f"  p: {2**63}\n"), "  p:", "index 'p' must have a positive integer extent"),
     "extent_1e400": (_replace("  p: 10\n", f"  p: {10**400}\n"), "  p:", "(at most 2^63 - 1)"),
-    "range_2_63": (_prepend(f"ranges: {{big: {2**63}}}\n"), "ranges:", "range 'big' must have a positive integer extent"),
-    "tensor_elements": (_replace("  p: 10\n  q: 10\n  r: 10\n  s: 10\n", "  p: 65536\n  q: 65536\n  r: 65536\n  s: 65536\n"),
+    "range_2_63": (_prepend(f"ranges: {{big: {2**63}}}\n"), "ranges:",
+                   "range 'big' must have a positive integer extent"),
+    # 2^16 along each of four indices: 2^64 elements.
+    "tensor_elements": (_replace("  p: 10\n  q: 10\n  r: 10\n  s: 10\n", "".join(f"  {i}: 65536\n" for i in "pqrs")),
                         "indices:\n    - p\n    - q", "tensor 'A' would hold more than 2^63 - 1 elements"),
-    "inferred_tensor_elements": (_replace("  a: 8\n  b: 8\n  c: 8\n  d: 8\n", "  a: 65536\n  b: 65536\n  c: 65536\n  d: 65536\n"),
+    "inferred_tensor_elements": (_replace("  a: 8\n  b: 8\n  c: 8\n  d: 8\n", "".join(f"  {i}: 65536\n" for i in "abcd")),
                                  "- B[a,b,c,d] =", "tensor 'B' would hold more than 2^63 - 1 elements"),
     # 9. Names longer than 64 characters (they reach file names and CUDA source), or ending in a newline.
-    "long_tensor_name": (lambda text: text.replace("B[a,b,c,d] =", "B" * 65 + "[a,b,c,d] =").replace("  B:", "  " + "B" * 65 + ":"),
+    "long_tensor_name": (_chain(_replace("B[a,b,c,d] =", "B" * 65 + "[a,b,c,d] ="), _replace("  B:", "  " + "B" * 65 + ":")),
                          "- BBB", "tensor name 'BBBB"),
     "long_index_name": (_replace("  p: 10\n", "  p: 10\n  " + "i" * 65 + ": 3\n"), "iii", "has 65 characters"),
-    "long_config_name": (_replace("name: fourindex", "name: " + "n" * 65), "name:", "has 65 characters; names have at most 64"),
-    "name_with_newline": (_replace("name: fourindex", 'name: "fourindex\\n"'), "name:", "'fourindex\\n' is not a plain identifier"),
+    "long_config_name": (_replace("name: fourindex", "name: " + "n" * 65), "name:",
+                         "has 65 characters; names have at most 64"),
+    "name_with_newline": (_replace("name: fourindex", 'name: "fourindex\\n"'), "name:",
+                          "'fourindex\\n' is not a plain identifier"),
 }
 
 

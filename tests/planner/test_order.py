@@ -91,8 +91,8 @@ def _by_steps(steps, operands, keep, arrays):
     for step in steps:
         (a_ix, a), (b_ix, b) = values[step.left], values[step.right]
         used += [step.left, step.right]
-        spec = f"{''.join(map(letters.get, a_ix))},{''.join(map(letters.get, b_ix))}->{''.join(map(letters.get, step.indices))}"
-        values.append((step.indices, np.einsum(spec, a, b)))
+        a_s, b_s, out = ("".join(map(letters.get, ix)) for ix in (a_ix, b_ix, step.indices))
+        values.append((step.indices, np.einsum(f"{a_s},{b_s}->{out}", a, b)))
     assert sorted(used) == list(range(len(operands) + len(steps) - 1))  # every tensor but the last used once
     assert steps[-1].indices == keep
     return values[-1][1], letters
