@@ -25,3 +25,10 @@ class RankFailed(Exception):
     """Raised on the other ranks where one rank failed with a defect (not a user error): that
     rank prints the traceback; these end with the same status (1) and no message of their own,
     so that the launcher's status (MPICH's joins the ranks' statuses bit by bit) stays 1."""
+
+
+def quoted(value, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters (a hostile config's names
+    and expressions can be megabytes long; the message stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

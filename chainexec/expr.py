@@ -3,7 +3,8 @@
     1 / (e_occ[i] + e_occ[j] + e_occ[k] - e_vir[a] - e_vir[b] - e_vir[c])
 
 Parsed with :mod:`ast` (never evaluated as Python): only numbers, tensor references ``T[i,j]``,
-``+ - * /`` and parentheses are accepted. Indices broadcast: the value at a point of the computed
+``+ - * /`` and parentheses are accepted, and at most :data:`MAX_NESTING` of the characters that
+nest (see :func:`_lexicon`). Indices broadcast: the value at a point of the computed
 tensor takes each reference at the same index values. Evaluation works on any array module
 (NumPy or CuPy) and on tiles: each reference is given as an array over its own index order.
 """
@@ -11,11 +12,24 @@ tensor takes each reference at the same index values. Evaluation works on any ar
 from __future__ import annotations
 
 import ast
-import math
+import keyword
+import re
+import sys
 from functools import lru_cache
 from dataclasses import dataclass
 
+from chainexec.errors import quoted
+
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+# Characters that can open a level of the expression's tree: operators and signs (+ - * /),
+# parentheses and brackets (calls and subscripts) and points (attributes; decimal points count
+# too). An expression holds at most this many: the tree is then at most that deep, which Python's
+# parser and this module's recursive walks follow well within the interpreter's recursion limit.
+MAX_NESTING = 256
+_NESTING = "+-*/([."
+_ALLOWED = "only numbers, T[i,...] references, + - * / and parentheses are allowed"
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OTHER = re.compile(r"[^\sA-Za-z0-9_.+\-*/()\[\],]")
 
 
 @dataclass(frozen=True)
@@ -28,12 +42,28 @@ class Ref:
 def parse(text: str) -> ast.expr:
     """The validated expression tree; ValueError naming the offending part otherwise. Cached: the
     runtime evaluates the same expression for every tile (callers never modify the tree)."""
+    _lexicon(text)
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as err:
-        raise ValueError(f"cannot parse expression {text!r}: {err.msg}") from None
+        raise ValueError(f"cannot parse expression {quoted(text)}: {err.msg}") from None
     _check(tree, text)
     return tree
+
+
+def _lexicon(text: str) -> None:
+    """ValueError unless ``text`` is written with names, numbers, ``+ - * / ( ) [ ] ,`` and
+    blanks alone, has no Python keyword (``not`` and ``if``/``else`` nest without any character
+    of their own) and at most :data:`MAX_NESTING` characters that nest: what Python's parser
+    may then be given."""
+    other = _OTHER.search(text)
+    word = next((w for w in _WORD.findall(text) if keyword.iskeyword(w)), None)
+    if other is not None or word is not None:
+        raise ValueError(f"expression {quoted(text)}: {_ALLOWED}, not {other.group() if other else word!r}")
+    nesting = sum(map(text.count, _NESTING))
+    if nesting > MAX_NESTING:
+        raise ValueError(f"expression {quoted(text)} has {nesting} operators, signs, parentheses, brackets and "
+                         f"points; at most {MAX_NESTING}, which bound how deeply it nests")
 
 
 def _check(node: ast.AST, text: str) -> None:
@@ -43,21 +73,21 @@ def _check(node: ast.AST, text: str) -> None:
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         _check(node.operand, text)
     elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        if not math.isfinite(float(node.value)):
-            raise ValueError(f"expression {text!r}: the number {ast.unparse(node)} is not finite")
+        # Exact for ints of any size (float() of one past float64's range raises); false for NaN.
+        if not abs(node.value) <= sys.float_info.max:
+            raise ValueError(f"expression {quoted(text)}: the number {quoted(node.value, 40)} is not a finite float64")
     elif isinstance(node, ast.Subscript):
         _ref(node, text)
     else:
-        raise ValueError(f"expression {text!r}: only numbers, T[i,...] references, + - * / and parentheses "
-                         f"are allowed, not {ast.unparse(node)!r}")
+        raise ValueError(f"expression {quoted(text)}: {_ALLOWED}, not {ast.unparse(node)!r}")
 
 
 def _ref(node: ast.Subscript, text: str) -> Ref:
     if not isinstance(node.value, ast.Name):
-        raise ValueError(f"expression {text!r}: {ast.unparse(node)!r} is not a tensor reference")
+        raise ValueError(f"expression {quoted(text)}: {ast.unparse(node)!r} is not a tensor reference")
     items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
     if not all(isinstance(i, ast.Name) for i in items):
-        raise ValueError(f"expression {text!r}: indices of {ast.unparse(node)!r} must be index names")
+        raise ValueError(f"expression {quoted(text)}: indices of {ast.unparse(node)!r} must be index names")
     return Ref(node.value.id, tuple(i.id for i in items))
 
 

@@ -23,7 +23,8 @@ def contraction_line(plan: Plan, k: int) -> str:
     if c.factor != 1.0:
         rhs = f"{c.factor:g} * {rhs}"
     op = "+=" if c.accumulate else "="
-    return f"#{c.id}  {c.out}[{','.join(c.out_indices)}] {op} {rhs}    ({c.flops / 1e9:.3f} GFLOP)"
+    order = "" if c.order == "optimal" else f"  ({c.order} order)"
+    return f"#{c.id}  {c.out}[{','.join(c.out_indices)}] {op} {rhs}    ({c.flops / 1e9:.3f} GFLOP){order}"
 
 
 def _overlap(loop: Loop) -> str:

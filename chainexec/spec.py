@@ -1,8 +1,9 @@
 """Chain spec: the YAML config parsed and validated into frozen dataclasses.
 
-The format is documented with a complete example in ``docs/config.md``. Parsing uses
-``yaml.safe_load`` for the data and ``yaml.compose`` (same safe loader) only to find the line of
-each item, so every error names the file, the line and the offending item.
+The format is documented with a complete example in ``docs/config.md``. Parsing composes the
+YAML with a subclass of ``yaml.SafeLoader`` (:class:`_Loader`: ``yaml.safe_load`` semantics, with
+bounds on size and nesting and no repeated keys), builds the data from that node graph and maps
+each item to its line, so every error names the file, the line and the offending item.
 
 Paths inside a config (HDF5 inputs and outputs, scratch) are relative to the config file's folder.
 """
@@ -10,6 +11,7 @@ Paths inside a config (HDF5 inputs and outputs, scratch) are relative to the con
 from __future__ import annotations
 
 import keyword
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,11 +20,24 @@ from pathlib import Path
 import yaml
 
 from chainexec import expr
-from chainexec.errors import ChainexecError
+from chainexec.errors import ChainexecError, quoted
 
 DTYPES = {"float64": 8, "float32": 4}
+# The largest finite value of each dtype: a statement's factor must be one (it scales every term).
+_LARGEST = {"float64": (2 - 2.0**-52) * 2.0**1023, "float32": (2 - 2.0**-23) * 2.0**127}
 
-_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# Characters in a name: names reach file names (``<tensor>.v<k>`` folders) and generated CUDA source.
+MAX_NAME = 64
+# Bytes in a config file, YAML nodes it stands for (each alias counted as the nodes it refers to)
+# and nodes nested in one another: far above any chain's (the (T) job's config: 3.5 KiB, 199 nodes,
+# 5 deep), and a bound on the work of reading any config, hostile ones included.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_NODES = 10_000
+MAX_DEPTH = 32
+# Bytes in a memory limit, elements along an index and elements of a tensor: a signed 64-bit
+# count (what NumPy and HDF5 index with; the planner's float arithmetic stays finite).
+MAX_SIZE = 2**63 - 1
 
 # Names reach generated CUDA C source: C/C++/CUDA keywords would break it or change its meaning.
 _C_KEYWORDS = frozenset(
@@ -131,7 +146,7 @@ class Spec:
 
     def resolve(self, relpath: str) -> str:
         """A path from the config, made absolute against the config file's folder."""
-        return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), relpath))
+        return _resolve(self.path, relpath)
 
     def source_record(self, tensor: str) -> dict | None:
         """How a plan records ``tensor``'s source (:class:`chainexec.planner.plan.TensorInfo`):
@@ -150,21 +165,26 @@ class Spec:
                            **({"allow_nonfinite": True} if o.allow_nonfinite else {})} for o in self.outputs}
 
 
+def _resolve(config: str, relpath: str) -> str:
+    """``relpath`` made absolute against the folder of the config file ``config``."""
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(config)), relpath))
+
+
 def parse_size(value, what: str) -> int:
-    """``8GiB``, ``512 MiB``, ``1e9``, ``1000000`` → bytes."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what}: expected a size such as 8GiB, got {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError(f"{what}: size must be positive, got {value!r}")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{what}: expected a size such as 8GiB or 512MiB, got {value!r}")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if size <= 0:
-        raise ValueError(f"{what}: size must be positive, got {value!r}")
-    return size
+    """``8GiB``, ``512 MiB``, ``1e9``, ``1000000`` → bytes, a whole number from 1 to
+    :data:`MAX_SIZE` (fractions of a byte are dropped); ValueError for anything else, infinities
+    and NaN among it."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{what}: expected a size such as 8GiB or 512MiB, got {quoted(value)}")
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what}: expected a size such as 8GiB, got {quoted(value)}")
+    # Comparisons with NaN are false: NaN fails this as the infinities do.
+    if not 1 <= value <= MAX_SIZE:
+        raise ValueError(f"{what}: size must be a finite number of bytes from 1 to 2^63 - 1, got {quoted(value)}")
+    return int(value)
 
 
 def format_size(nbytes: float) -> str:
@@ -176,10 +196,16 @@ def format_size(nbytes: float) -> str:
 
 
 def check_identifier(name, what: str) -> str:
-    if not isinstance(name, str) or not _IDENT.match(name) or name in _C_KEYWORDS or keyword.iskeyword(name):
+    """``name`` where it is a plain identifier of at most :data:`MAX_NAME` characters that is no
+    Python or C/CUDA keyword; ValueError otherwise."""
+    shown = quoted(name)
+    if not isinstance(name, str) or not _IDENT.fullmatch(name) or name in _C_KEYWORDS or keyword.iskeyword(name):
         raise ValueError(
-            f"{what} {name!r} is not a plain identifier (letters, digits and _, starting with a letter; no keyword)"
+            f"{what} {shown} is not a plain identifier (letters, digits and _, starting with a letter; no keyword)"
         )
+    if len(name) > MAX_NAME:
+        raise ValueError(f"{what} {shown} has {len(name)} characters; names have at most {MAX_NAME} "
+                         "(they reach file names and generated CUDA source)")
     return name
 
 
@@ -225,6 +251,76 @@ def parse_statement(text: str, line: int | None = None) -> Statement:
     if not operands:
         raise ValueError(f"statement {text!r} has no tensor on its right-hand side")
     return Statement(lhs, op != "=", factor, tuple(operands), text.strip(), line)
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Well-formed YAML that a config may not be (:class:`_Loader`); ``problem`` says why."""
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, while composing and so before any Python value is built:
+
+    - a document of more than :data:`MAX_NODES` nodes, each alias counted as the nodes of what it
+      refers to (a few lines of nested aliases stand for billions of nodes, which building the
+      data or walking it would take for ever to visit); the count takes one step per node
+      composed, aliased parts are not walked again;
+    - an alias inside the collection it refers to (a recursive structure: no finite size);
+    - nesting deeper than :data:`MAX_DEPTH` collections (composing is recursive);
+    - a mapping that repeats a key (``yaml.safe_load`` keeps the last value silently), keys
+      compared as the values they stand for (``1`` and ``0x1`` are one key); ``<<`` merge keys
+      and the keys they merge in are YAML's overriding, not repeats.
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.nodes = 0  # nodes composed so far, each alias counted as the nodes it refers to
+        self.depth = 0  # collections open around the node being composed
+        self.sizes: dict[str, int] = {}  # anchor -> the nodes of what it names (once composed)
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.anchors and event.anchor not in self.sizes:
+                raise _Refused(None, None, f"alias *{event.anchor} lies inside what it refers to", event.start_mark)
+            self.nodes += self.sizes.get(event.anchor, 0)
+            node = super().compose_node(parent, index)
+        else:
+            start = self.nodes
+            self.nodes += 1
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise _Refused(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            node = super().compose_node(parent, index)
+            self.depth -= 1
+            if event.anchor is not None:
+                self.sizes[event.anchor] = self.nodes - start
+        if self.nodes > MAX_NODES:
+            raise _Refused(None, None, f"the config stands for more than {MAX_NODES} YAML nodes (aliases "
+                           "counted as what they refer to)", event.start_mark)
+        return node
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        first: dict = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                value = self.construct_object(key)
+                if value in first:
+                    raise _Refused(None, None, f"key {key.value!r} repeats (first on line {first[value]})",
+                                   key.start_mark)
+                first[value] = key.start_mark.line + 1
+        return node
+
+
+def _compose(text: str):
+    """The YAML document's node graph (for :func:`_line_map`) and the data built from it, by
+    :class:`_Loader`; (None, None) for an empty document."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        return node, None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _line_map(node, prefix=()) -> dict:
@@ -278,11 +374,20 @@ class _Parser:
 
 
 def read(path: str | Path) -> str:
-    """A config file's text; raises :class:`ChainexecError` where it cannot be read."""
+    """A config file's text (UTF-8, at most :data:`MAX_CONFIG_BYTES`); raises
+    :class:`ChainexecError` where it cannot be read, is longer or is not UTF-8."""
     try:
-        return Path(path).read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ChainexecError(f"cannot read config: {err.strerror}", str(path)) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ChainexecError(f"config is longer than {MAX_CONFIG_BYTES} bytes", str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ChainexecError(f"config is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+                             str(path), data.count(b"\n", 0, err.start) + 1) from None
 
 
 def load(path: str | Path) -> Spec:
@@ -291,15 +396,14 @@ def load(path: str | Path) -> Spec:
 
 
 def loads(text: str, path: str = "<config>") -> Spec:
+    """Parse and validate a config's text (``path`` names it in errors)."""
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node, data = _compose(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ChainexecError(
-            f"malformed YAML: {problem}", path, mark.line + 1 if mark else None
-        ) from None
+        message = problem if isinstance(err, _Refused) else f"malformed YAML: {problem}"
+        raise ChainexecError(message, path, mark.line + 1 if mark else None) from None
     p = _Parser(path, _line_map(node) if node is not None else {})
     data = p.mapping(data, (), _TOP_KEYS, "the config")
     for key in ("indices", "tensors", "statements", "outputs", "machine"):
@@ -307,24 +411,24 @@ def loads(text: str, path: str = "<config>") -> Spec:
             raise p.fail(f"missing required section {key!r}")
 
     name = p.ident(data.get("name", Path(path).stem), "config name", ("name",))
-    default_dtype = data.get("dtype", "float64")
-    if default_dtype not in DTYPES:
-        raise p.fail(f"dtype {default_dtype!r} is not supported (float64 or float32)", ("dtype",))
+    default_dtype = _dtype(p, data.get("dtype", "float64"), "", ("dtype",))
 
     ranges = p.mapping(data.get("ranges", {}), ("ranges",), None, "ranges")
     for rname, rext in ranges.items():
         p.ident(rname, "range name", ("ranges", rname))
-        if not isinstance(rext, int) or isinstance(rext, bool) or rext < 1:
-            raise p.fail(f"range {rname!r} must have a positive integer extent, got {rext!r}", ("ranges", rname))
+        if not _extent(rext):
+            raise p.fail(f"range {rname!r} must have a positive integer extent (at most 2^63 - 1), got "
+                         f"{quoted(rext)}", ("ranges", rname))
 
     extents: dict[str, int] = {}
     for iname, ext in p.mapping(data["indices"], ("indices",), None, "indices").items():
         p.ident(iname, "index name", ("indices", iname))
         if isinstance(ext, str) and ext in ranges:
             ext = ranges[ext]
-        if not isinstance(ext, int) or isinstance(ext, bool) or ext < 1:
+        if not _extent(ext):
             raise p.fail(
-                f"index {iname!r} must have a positive integer extent or a range name, got {ext!r}",
+                f"index {iname!r} must have a positive integer extent (at most 2^63 - 1) or a range name, got "
+                f"{quoted(ext)}",
                 ("indices", iname),
             )
         extents[iname] = ext
@@ -343,9 +447,8 @@ def loads(text: str, path: str = "<config>") -> Spec:
                 raise p.fail(f"tensor {tname!r} uses unknown index {i!r}", where + ("indices",))
         if len(set(idx)) != len(idx):
             raise p.fail(f"tensor {tname!r} repeats an index", where + ("indices",))
-        dtype = tdef.get("dtype", default_dtype)
-        if dtype not in DTYPES:
-            raise p.fail(f"tensor {tname!r}: dtype {dtype!r} is not supported (float64 or float32)", where + ("dtype",))
+        _check_elements(p, tname, idx, extents, where + ("indices",))
+        dtype = _dtype(p, tdef.get("dtype", default_dtype), f"tensor {tname!r}: ", where + ("dtype",))
         source = None
         if "source" in tdef:
             source = _parse_source(p, tdef["source"], where + ("source",), tname)
@@ -369,6 +472,7 @@ def loads(text: str, path: str = "<config>") -> Spec:
     _check_statements(p, statements, extents, tensors)
 
     outputs = []
+    written: dict[tuple[str, str], str] = {}  # (file resolved, dataset) -> the output written there
     for oname, odef in p.mapping(data["outputs"], ("outputs",), None, "outputs").items():
         where = ("outputs", oname)
         p.ident(oname, "output tensor name", where)
@@ -377,8 +481,14 @@ def loads(text: str, path: str = "<config>") -> Spec:
             raise p.fail(f"output {oname!r} is not assigned by any statement", where)
         if tensors[oname].source is not None:
             raise p.fail(f"output {oname!r} is an input (it has a source)", where)
-        if not isinstance(odef.get("file"), str) or not isinstance(odef.get("dataset"), str):
+        if not isinstance(odef.get("file"), str) or not odef["file"] or not isinstance(odef.get("dataset"), str):
             raise p.fail(f"output {oname!r} needs 'file' and 'dataset'", where)
+        _dataset(p, odef["dataset"], f"output {oname!r}", where + ("dataset",), nested=False)
+        place = (_resolve(path, odef["file"]), odef["dataset"])
+        if place in written:
+            raise p.fail(f"output {oname!r} goes to the dataset {odef['file']}:{odef['dataset']}, as output "
+                         f"{written[place]!r} does", where)
+        written[place] = oname
         symmetric = _symmetric(p, odef.get("symmetric", []), oname, tensors[oname], statements, extents, where)
         allow = odef.get("allow_nonfinite", False)
         if not isinstance(allow, bool):
@@ -419,9 +529,41 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
         except ValueError as err:
             raise p.fail(f"tensor {tname!r}: {err}", where + ("expr",)) from None
         return Source(expr=sdef["expr"])
-    if not isinstance(sdef.get("file"), str) or not isinstance(sdef.get("dataset"), str):
+    if not isinstance(sdef.get("file"), str) or not sdef["file"] or not isinstance(sdef.get("dataset"), str):
         raise p.fail(f"source of {tname!r} needs 'file' and 'dataset' (or 'random: SEED')", where)
+    _dataset(p, sdef["dataset"], f"source of {tname!r}", where + ("dataset",), nested=True)
     return Source(file=sdef["file"], dataset=sdef["dataset"], seed=sdef.get("seed"))
+
+
+def _extent(value) -> bool:
+    """Whether ``value`` is an extent: an integer from 1 to :data:`MAX_SIZE`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE
+
+
+def _check_elements(p: _Parser, name: str, indices, extents: dict[str, int], where) -> None:
+    """A tensor holds at most :data:`MAX_SIZE` elements."""
+    if math.prod(extents[i] for i in indices) > MAX_SIZE:
+        raise p.fail(f"tensor {name!r} would hold more than 2^63 - 1 elements (the product of its extents)", where)
+
+
+def _dtype(p: _Parser, value, what: str, where) -> str:
+    """``value`` where it names a dtype; ``what`` prefixes the error."""
+    if not isinstance(value, str) or value not in DTYPES:
+        raise p.fail(f"{what}dtype {quoted(value)} is not supported (float64 or float32)", where)
+    return value
+
+
+def _dataset(p: _Parser, name: str, what: str, where, nested: bool) -> str:
+    """``name`` where it names an HDF5 dataset plainly: printable, and made of parts none of which
+    is empty, ``.`` or ``..`` (HDF5 reads those as paths). ``nested`` (an input, which may lie in
+    a group): parts joined by single ``/``; else (an output: one dataset at the top of its file,
+    so that no two outputs overlap) one part, without ``/``."""
+    parts = name.split("/") if nested else [name]
+    if not name.isprintable() or any(part in ("", ".", "..") or (not nested and "/" in part) for part in parts):
+        rule = ("names of groups and the dataset joined by single '/', none of them empty, '.' or '..'" if nested
+                else "a name without '/', not empty, '.' or '..'")
+        raise p.fail(f"{what}: dataset {quoted(name)} is not a plain HDF5 dataset name ({rule})", where)
+    return name
 
 
 def _check_expr(p: _Parser, t: Tensor, tensors: dict, extents) -> None:
@@ -492,10 +634,13 @@ def _check_statements(p: _Parser, statements: list[Statement], extents, tensors:
         if lhs is None:
             dtypes = {tensors[r.tensor].dtype for r in st.operands}
             lhs = Tensor(st.lhs.tensor, st.lhs.indices, dtypes.pop() if len(dtypes) == 1 else "float64")
+            _check_elements(p, lhs.name, lhs.indices, extents, where)
             tensors[st.lhs.tensor] = lhs
         elif lhs.source is not None:
             raise p.fail(f"statement '{st.text}' assigns {st.lhs.tensor!r}, which is an input", where)
         _check_shape(p, st.lhs, lhs, extents, st, where)
+        if not abs(st.factor) <= _LARGEST[lhs.dtype]:  # false for NaN too
+            raise p.fail(f"'{st.text}': its factor {st.factor!r} is not a finite {lhs.dtype}", where)
         if st.accumulate and st.lhs.tensor not in assigned:
             raise p.fail(f"'{st.text}' accumulates into {st.lhs.tensor!r} before any '=' assigns it", where)
         # Each tensor has one value (the planner fuses and stores by name): a second '=' would

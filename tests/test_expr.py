@@ -57,7 +57,27 @@ def test_numbers_become_double_literals():
     assert expr.c_source(expr.parse("1 / 2"), {}) == "(1.0 / 2.0)"
 
 
-@pytest.mark.parametrize("bad", ["1e400 * x[i]", "x[i] ** 2", "f(x[i])", "x[0]", "x[i] if 1 else 2", "__import__('os')"])
+@pytest.mark.parametrize("bad", ["1e400 * x[i]", "x[i] ** 2", "f(x[i])", "x[0]", "x[i] if 1 else 2", "__import__('os')",
+                                 "1" + "0" * 400 + " * x[i]", "x[i] $ 2", "x.real[i]", "not x[i]"])
 def test_only_arithmetic_is_accepted(bad):
     with pytest.raises(ValueError):
         expr.parse(bad)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("(" * 5000 + "x[i]" + ")" * 5000, None), ("-" * 5000 + "x[i]", None), (" + ".join(["x[i]"] * 5000), None),
+    ("x[i]" + "[i]" * 5000, None), ("not " * 5000 + "x[i]", None), ("x[i] if x[i] else " * 3000 + "x[i]", None),
+    # 256 characters that nest (the documented limit): parsed, and evaluated as plain arithmetic says.
+    (" + ".join(["x[i]"] * 128), 128.0), ("-(" * 127 + "x[i]" + ")" * 127 + " * 2", -2.0),
+])
+def test_nesting_is_bounded(text, expected):
+    """Deeply nested expressions are refused with a ValueError (not Python's RecursionError); at
+    the limit they parse and evaluate."""
+    if expected is None:
+        with pytest.raises(ValueError):
+            expr.parse(text)
+        return
+    tree = expr.parse(text)
+    x = np.array([1.0, 3.0])
+    assert np.array_equal(expr.evaluate(tree, {expr.Ref("x", ("i",)): x}, ("i",), np), expected * x)
+    assert np.array_equal(eval(expr.c_source(tree, {expr.Ref("x", ("i",)): "x"}), {}, {"x": x}), expected * x)

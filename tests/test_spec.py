@@ -46,15 +46,54 @@ def test_statement_forms(text, factor, operands):
 
 
 @pytest.mark.parametrize("value, expected", [("8GiB", 8 * 2**30), ("1.5 MiB", 3 * 2**19), ("1e6", 10**6),
-                                             (4096, 4096), ("2GB", 2 * 10**9)])
+                                             (4096, 4096), ("2GB", 2 * 10**9), (2**63 - 1, 2**63 - 1),
+                                             ("8388607 TiB", (2**23 - 1) * 2**40), (1.9, 1)])
 def test_sizes(value, expected):
     assert spec.parse_size(value, "x") == expected
 
 
-@pytest.mark.parametrize("value", ["-1", "eight", 0, True, "3 parsecs"])
+@pytest.mark.parametrize("value", ["-1", "eight", 0, True, "3 parsecs", 0.5, float("inf"), float("-inf"), float("nan"),
+                                   "1e400", "inf GiB", "nan", 2**63, 10**400, "8 EiB", "8388608 TiB", [1], None])
 def test_bad_sizes(value):
     with pytest.raises(ValueError):
         spec.parse_size(value, "x")
+
+
+def test_aliases_within_the_bound_and_merge_keys_load():
+    """A merged mapping's keys may be overridden (YAML's merge, not a repeat); aliases that stand
+    for few nodes are plain YAML."""
+    text = BASE.replace("Y: {indices: [a, j], source: {file: y.h5, dataset: Y, seed: 2}}",
+                        "Y: {indices: &aj [a, j], source: &y {file: y.h5, dataset: Y, seed: 2}}\n"
+                        "  Z: {indices: *aj, source: {<<: *y, dataset: grp/Z}}")
+    s = spec.loads(text, "t.yaml")
+    assert s.tensors["Z"].indices == ("a", "j")
+    assert s.tensors["Z"].source == spec.Source(file="y.h5", dataset="grp/Z", seed=2)
+
+
+@pytest.mark.parametrize("keys, repeated", [("{i: 3, j: 3, i: 4}", "i"), ("{1: 3, 0x1: 4}", "0x1"),
+                                           ("{a: 1, 'a': 2}", "a")])
+def test_keys_repeat_as_the_values_they_stand_for(keys, repeated):
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(BASE.replace("indices: {i: occ, j: occ, a: vir, b: vir, k: 4}", f"indices: {keys}"), "t.yaml")
+    assert str(err.value).startswith("t.yaml:3: ") and f"key {repeated!r} repeats (first on line 3)" in str(err.value)
+
+
+def test_names_of_the_longest_length_load():
+    """Names of 64 characters (the documented limit) are accepted; 65 are refused (test_hostile_configs)."""
+    t, x, i = "T" * 64, "X" * 64, "i" * 64
+    text = f"""\
+name: {"c" * 64}
+indices: {{{i}: 3}}
+tensors:
+  {x}: {{indices: [{i}], source: {{random: 1}}}}
+statements:
+  - {t}[{i}] = {x}[{i}]
+outputs:
+  {t}: {{file: out.h5, dataset: {t}}}
+machine: {{global_memory: 1MiB, device_memory: 64KiB}}
+"""
+    s = spec.loads(text, "t.yaml")
+    assert s.name == "c" * 64 and set(s.tensors) == {t, x} and set(s.extents) == {i}
 
 
 @pytest.mark.parametrize("edit, message, line", [

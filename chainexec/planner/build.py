@@ -15,7 +15,7 @@ from chainexec.planner.cost import buffer_elements, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
 from chainexec.planner import ordered, resume
-from chainexec.planner.order import binarize
+from chainexec.planner.order import binarize, strategy
 from chainexec.planner.choose import choose
 from chainexec.planner.pipeline import deepen
 from chainexec.planner.plan import Contraction, Nest, Plan, TensorInfo
@@ -26,7 +26,8 @@ from chainexec.spec import DTYPES, Spec, format_size
 
 
 def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
-    """Binarize every statement (operation-minimal order) into contractions; describe every tensor."""
+    """Binarize every statement (operation-minimal order, or greedy for many operands:
+    :func:`~chainexec.planner.order.binarize`) into contractions; describe every tensor."""
     tensors: dict[str, TensorInfo] = {}
     outputs = spec.output_records()
     symmetric = {o.tensor: list(o.symmetric) for o in spec.outputs}
@@ -41,10 +42,11 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
         names = [r.tensor for r in st.operands]
         idx = [r.indices for r in st.operands]
         steps = binarize(list(idx), st.lhs.indices, spec.extents)
+        order = strategy(len(idx))
         if not steps:
             result.append(Contraction(len(result), st.lhs.tensor, list(st.lhs.indices), names[0], list(idx[0]),
                                       None, None, st.factor, st.accumulate,
-                                      math.prod(spec.extents[i] for i in st.lhs.indices), s))
+                                      math.prod(spec.extents[i] for i in st.lhs.indices), s, order))
             continue
         for k, step in enumerate(steps):
             last = k == len(steps) - 1
@@ -57,7 +59,7 @@ def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
             result.append(Contraction(
                 len(result), out, list(step.indices), names[step.left], list(idx[step.left]),
                 names[step.right], list(idx[step.right]), st.factor if last else 1.0,
-                st.accumulate and last, step.flops, s))
+                st.accumulate and last, step.flops, s, order))
     return result, tensors
 
 

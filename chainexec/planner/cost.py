@@ -47,17 +47,20 @@ def _visible(level: str, region_level: str) -> bool:
     return LEVELS.index(level) <= LEVELS.index(region_level)
 
 
-def _walk(loops: tuple[tuple[str, int], ...], k: int, lo: int, hi: int, seen: int, region_level: str) -> tuple[int, int]:
-    """(S, N) of one index over ``loops[k:]`` within the range [lo, hi), ``seen`` being the range
-    the buffer sees when no deeper loop sets it."""
+def _walk(loops: tuple[tuple[str, int], ...], k: int, length: int, seen: int, region_level: str) -> tuple[int, int]:
+    """(S, N) of one index over ``loops[k:]`` within a range of ``length`` elements, ``seen`` being
+    the range the buffer sees when no deeper loop sets it. A loop's tiles are all ``tile`` long
+    but the last, and the sums within a tile depend on its length alone: one full tile's times
+    their number plus the last's, so at most 2ᵏ calls for k loops, whatever the extent."""
     if k == len(loops):
         return seen, 1
     level, tile = loops[k]
+    full, last = divmod(length, tile)
     s = n = 0
-    for start in range(lo, hi, tile):
-        stop = min(start + tile, hi)
-        ds, dn = _walk(loops, k + 1, start, stop, stop - start if _visible(level, region_level) else seen, region_level)
-        s, n = s + ds, n + dn
+    for size, count in ((tile, full), (last, 1 if last else 0)):
+        if count:
+            ds, dn = _walk(loops, k + 1, size, size if _visible(level, region_level) else seen, region_level)
+            s, n = s + count * ds, n + count * dn
     return s, n
 
 
@@ -65,14 +68,14 @@ def _walk(loops: tuple[tuple[str, int], ...], k: int, lo: int, hi: int, seen: in
 def _index_sums(loops: tuple[tuple[str, int], ...], extent: int, region_level: str) -> tuple[int, int]:
     """(S_i, N_i) for one index: its enclosing loops as (level, tile), outermost first. Cached:
     candidate schedules priced by the planner share most of their loops."""
-    return _walk(loops, 0, 0, extent, extent, region_level)
+    return _walk(loops, 0, extent, extent, region_level)
 
 
 @lru_cache(maxsize=1 << 16)
 def _index_pieces(loops: tuple[tuple[str, int], ...], extent: int, region_level: str) -> tuple[tuple[int, int], ...]:
     """(S, N) of one index within each tile of its outermost loop (``loops[0]``), in order."""
     level, tile = loops[0]
-    return tuple(_walk(loops, 1, start, min(start + tile, extent),
+    return tuple(_walk(loops, 1, min(start + tile, extent) - start,
                        min(start + tile, extent) - start if _visible(level, region_level) else extent, region_level)
                  for start in range(0, extent, tile))
 

@@ -60,7 +60,10 @@ class TensorInfo:
 class Contraction:
     """``out[out_indices] (+)= factor · a[a_indices] · b[b_indices]`` (``b`` may be None: a permuted
     copy). ``statement`` is the position of the config statement it comes from; ``flops`` counts
-    2 per point of the joint index space (1 for a copy)."""
+    2 per point of the joint index space (1 for a copy); ``order`` says how that statement's
+    product was cut into binary contractions: ``optimal`` (the flop-minimal order) or ``greedy``
+    (a product of more operands than the exhaustive search takes,
+    :func:`chainexec.planner.order.strategy`)."""
 
     id: int
     out: str
@@ -73,6 +76,7 @@ class Contraction:
     accumulate: bool
     flops: int
     statement: int
+    order: str = "optimal"
 
     def indices(self) -> list[str]:
         seen = list(self.out_indices)

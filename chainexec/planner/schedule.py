@@ -257,6 +257,7 @@ def _halved(g: DeviceGroup, tiles: dict[str, int], index: str, tile: int) -> Non
 
 def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
     """``group`` with tiles halved until its nest fits both levels (in place); None if it cannot.
+    At most ⌈log₂ E⌉ halvings per index of extent E (its tile halves down to 1), each priced once.
 
     One halving at a time, the nest priced after each: a peak does not fall by a fixed factor per
     halving (a loop that appears can drop more, a global halving can raise the device peak by

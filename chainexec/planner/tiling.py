@@ -27,8 +27,18 @@ import math
 from chainexec.planner.plan import Contraction
 
 
+# Tile counts :func:`choose_tiles` steps an index through: every count up to this, then each about
+# 1/STEPS more than the last.
+STEPS = 64
+
+
 def tile_count(extent: int, tile: int) -> int:
     return -(-extent // tile)
+
+
+def _next_count(count: int) -> int:
+    """The tile count after ``count`` in :func:`choose_tiles`' steps (:data:`STEPS`)."""
+    return count + max(1, count // STEPS)
 
 
 def buffers(c: Contraction) -> list[list[str]]:
@@ -94,7 +104,10 @@ def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
     ``budget`` bytes, cutting only ``free`` indices (default: all); None if that cannot fit.
 
     Greedy: among single-index steps to the next larger tile count, take the one with the least
-    extra movement per byte freed (ties: larger tile, then name, for determinism)."""
+    extra movement per byte freed (ties: larger tile, then name, for determinism). The counts
+    are 1, 2, …, :data:`STEPS`, then each larger by a factor of about 1 + 1/STEPS, so that an
+    index of extent E takes at most STEPS · (1 + ln(E / STEPS)) steps (about 830 for E = 10⁷,
+    2 800 for E = 2⁶³) and the whole search that many per free index, whatever the extents."""
     tiles = {i: min(extents[i], (start or extents)[i]) for i in c.indices()}
     free = set(tiles if free is None else free)
     if footprint(c, {i: 1 if i in free else tiles[i] for i in tiles}, itemsize, whole) > budget:
@@ -106,7 +119,7 @@ def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
             if tiles[i] == 1:
                 continue
             trial = dict(tiles)
-            trial[i] = min(tile_count(extents[i], tile_count(extents[i], tiles[i]) + 1), tiles[i] - 1)
+            trial[i] = min(tile_count(extents[i], _next_count(tile_count(extents[i], tiles[i]))), tiles[i] - 1)
             freed = mem - footprint(c, trial, itemsize, whole)
             if freed <= 0:
                 continue

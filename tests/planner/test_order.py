@@ -1,12 +1,15 @@
 """Binarization: the DP's flop count equals a brute-force minimum over every pairwise contraction
-sequence, and the four-index transform becomes four O(N⁵) steps."""
+sequence, and the four-index transform becomes four O(N⁵) steps; products of more operands than
+the DP takes get a greedy order whose steps compute what numpy.einsum computes."""
 
 from __future__ import annotations
 
 import math
 import random
+import string
 from functools import lru_cache
 
+import numpy as np
 import pytest
 
 from chainexec.planner.order import binarize
@@ -78,3 +81,35 @@ def test_fourindex_contracts_the_files_last_index_first(ao, mo):
     assert [s.indices for s in steps[:3]] == [("p", "q", "r", "d"), ("p", "q", "c", "d"), ("p", "b", "c", "d")]
     assert (steps[0].left, steps[0].right) in ((3, 4), (4, 3))
     assert sum(s.flops for s in steps) == brute_force(operands, ("a", "b", "c", "d"), extents)
+
+
+def _by_steps(steps, operands, keep, arrays):
+    """The product computed pair by pair as ``steps`` say, each step one numpy.einsum."""
+    letters = {i: string.ascii_letters[k] for k, i in enumerate(sorted({i for ix in operands for i in ix}))}
+    values = list(zip(operands, arrays))
+    used = []
+    for step in steps:
+        (a_ix, a), (b_ix, b) = values[step.left], values[step.right]
+        used += [step.left, step.right]
+        a_s, b_s, out = ("".join(map(letters.get, ix)) for ix in (a_ix, b_ix, step.indices))
+        values.append((step.indices, np.einsum(f"{a_s},{b_s}->{out}", a, b)))
+    assert sorted(used) == list(range(len(operands) + len(steps) - 1))  # every tensor but the last used once
+    assert steps[-1].indices == keep
+    return values[-1][1], letters
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n, seed", [(11, 0), (16, 1), (20, 2), (30, 3), (40, 4)])
+def test_many_operands_get_a_greedy_order_that_computes_the_product(n, seed):
+    """A chain of n matrices with a few extra shared (batch) indices: beyond the exhaustive search's
+    reach, the order comes at once and its steps give numpy.einsum's value of the whole product."""
+    rng = np.random.default_rng(seed)
+    extents = {f"i{k}": int(rng.integers(2, 4)) for k in range(n + 1)} | {"x": 2, "y": 3}
+    operands = [(f"i{k}", f"i{k + 1}") + (("x",) if k % 5 == 0 else ()) + (("y",) if k % 7 == 3 else ())
+                for k in range(n)]
+    keep = ("i0", f"i{n}", "x")
+    arrays = [rng.standard_normal([extents[i] for i in ix]) for ix in operands]
+    steps = binarize(operands, keep, extents)
+    got, letters = _by_steps(steps, operands, keep, arrays)
+    whole = ",".join("".join(map(letters.get, ix)) for ix in operands) + "->" + "".join(map(letters.get, keep))
+    assert np.allclose(got, np.einsum(whole, *arrays, optimize=True), rtol=1e-10, atol=0)
