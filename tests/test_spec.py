@@ -79,7 +79,7 @@ def test_keys_repeat_as_the_values_they_stand_for(keys, repeated):
 
 
 def test_names_of_the_longest_length_load():
-    """Names of 64 characters (the documented limit) are accepted; 65 are refused (test_hostile_configs)."""
+    """Names of 64 characters (the documented limit) are accepted; 65 are refused (test_spec_hostile)."""
     t, x, i = "T" * 64, "X" * 64, "i" * 64
     text = f"""\
 name: {"c" * 64}
