@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import fourindex_config, run_cli, write_config
-from tests.test_cli import _assert_clean_failure
+from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
 
 
 def _bomb(mappings: bool) -> str:
@@ -161,4 +160,4 @@ def test_hostile_config_is_refused_in_one_line(case, tmp_path):
         config.write_text(edited)
     line = _line_of(edited, marker)
     proc = run_cli("plan", config, timeout=60)
-    _assert_clean_failure(proc, f"{config}:{line}: ", problem)
+    assert_refused(proc, f"{config}:{line}: ", problem)
