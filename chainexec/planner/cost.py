@@ -21,7 +21,7 @@ flops at the ordered elements of tiles with equal positions (:mod:`chainexec.pla
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
 array, all ranks together; device: one rank's device). A double-buffered loop's own buffers
-(:func:`chainexec.planner.pipeline.staged`: a global loop's global buffers, a device loop's
+(:func:`chainexec.planner.plan.staged`: a global loop's global buffers, a device loop's
 fetched input tiles) are held as ``depth`` full-size slots from loop entry to exit.
 """
 
@@ -31,12 +31,10 @@ from functools import lru_cache
 
 from chainexec import expr
 
-from chainexec.planner import inline, symmetry
+from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
-from chainexec.planner.pipeline import key, staged
-from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Plan
+from chainexec.planner.plan import CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, staged
 
-CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
                 "alloc": None, "free": None, "compute": "device", "eval": "device", "fused": "device"}
@@ -273,7 +271,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                                for c in (contractions[j] for j in group))
                     statements[0] += len(group) * where([])
                     if node.op == "fused":
-                        reads = inline.expression(node, contractions, tensors).leaves
+                        reads = node.expression.leaves
                         bytes_ = 2 * tile_bytes(node.tensor, node.indices, where) + sum(
                             tile_bytes(r.tensor, r.indices, where) for r in reads)
                     else:

@@ -28,11 +28,19 @@ each doing its own part of the global array (collective).
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+from chainexec import expr
 
 LEVELS = ("disk", "global", "device")
 CATEGORIES = ("disk->global", "global->disk", "global->device", "device->global")
+CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
+"""The category of bytes each moving statement counts in (runtime and cost model alike)."""
+LEVEL_TIMES = ("disk", "global<->device", "compute")
+"""The levels a plan's predicted and measured seconds are given for."""
 
 
 @dataclass
@@ -98,6 +106,38 @@ class Contraction:
         return f"{rhs}->{''.join(self.out_indices)}"
 
 
+@dataclass(frozen=True)
+class Fused:
+    """A fused statement as one expression: ``out[out_indices] += Σ value`` summed over the
+    ``domain`` indices the output lacks, ``value`` being :attr:`text` (the :mod:`chainexec.expr`
+    language, references to device buffers) over ``domain``. ``reduce``: the output is a scalar
+    (the sum runs over the whole domain); otherwise the domain is the output's indices."""
+
+    out: str
+    out_indices: tuple[str, ...]
+    domain: tuple[str, ...]
+    text: str
+    reduce: bool
+    # Reused producers (a full reduction's only): (name, indices, expression over them), each
+    # computed once per point of the domain and read by ``text`` as ``name[…]`` at permutations.
+    lets: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+
+    @cached_property
+    def tree(self) -> ast.expr:
+        """:attr:`text` parsed, once per statement: the backends key their generated code on it."""
+        return expr.parse(self.text)
+
+    @cached_property
+    def leaves(self) -> tuple[expr.Ref, ...]:
+        """The distinct buffer references the statement reads (each one view, read once), found
+        once per statement: reading them from the text took 1-3 ms per (T) tile on the host."""
+        names = {name for name, _, _ in self.lets}
+        found: list[expr.Ref] = []
+        for text in [self.text] + [text for _, _, text in self.lets]:
+            found += [r for r in expr.refs(expr.parse(text)) if r.tensor not in names and r not in found]
+        return tuple(found)
+
+
 @dataclass
 class Op:
     op: str
@@ -123,6 +163,9 @@ class Op:
     # symmetrized run (first statement) writes its symmetrization there alone
     # (:mod:`chainexec.planner.ordered`).
     ordered: bool | None = None
+    # A ``fused`` statement's expression (:func:`chainexec.planner.inline.expression`), what the
+    # runtime evaluates and the cost model prices.
+    expression: Fused | None = None
 
 
 @dataclass
@@ -171,6 +214,75 @@ def stores(body: list) -> dict[str, int]:
     """The version each tensor is stored at in a loop-nest body (``store`` statements; the last
     where one tensor has several): the versions the body writes, closed after its nest."""
     return {op.tensor: op.version for op, _ in ops(body) if op.op == "store"}
+
+
+# What a double-buffered loop's fields name (:mod:`chainexec.planner.pipeline` decides them):
+# readers of the plan's data, for the runtime and the cost model alike.
+
+DEPTH = 2
+"""Slots of each buffer of a double-buffered loop (:mod:`chainexec.planner.pipeline`)."""
+
+
+def key(op: Op) -> tuple:
+    """How the runtime and the cost model know a buffer: tensor, index names, level."""
+    return (op.tensor, tuple(op.indices), op.level)
+
+
+def staged(loop: Loop) -> list[Op]:
+    """The ``alloc`` statements of the buffers a double-buffered loop holds in ``depth`` slots
+    from entry to exit (one per buffer): a global loop's own global buffers, a device loop's
+    fetched inputs (:func:`fetched`); empty for any other loop."""
+    if loop.depth < 2:
+        return []
+    if loop.level == "device":
+        return [op for op in fetched(loop) if op.op == "alloc"] + returned(loop)
+    seen: dict[tuple, Op] = {}
+    for node in loop.body:
+        if isinstance(node, Op) and node.op == "alloc" and node.level == "global":
+            seen.setdefault(key(node), node)
+    return list(seen.values())
+
+
+def prefetched(loop: Loop) -> list[Op]:
+    """The statements a double-buffered loop runs one iteration ahead: the leading ``alloc``/``load``
+    statements of its body, keeping each staged buffer whose ``load`` fills it there (a buffer
+    allocated empty, such as an output, is set up only when its own iteration starts: its other
+    slot may still be being written to disk)."""
+    lead = []
+    for node in loop.body:
+        if not (isinstance(node, Op) and node.op in ("alloc", "load") and node.level == "global"):
+            break
+        lead.append(node)
+    loaded = {key(op) for op in lead if op.op == "load"}
+    own = {key(op) for op in staged(loop)}
+    return [op for op in lead if key(op) in loaded and key(op) in own]
+
+
+def fetched(loop: Loop) -> list[Op]:
+    """The statements a double-buffered device loop (:func:`chainexec.planner.pipeline.deepen`) runs one tile ahead, into
+    the other slot: the ``alloc`` and ``get`` of each buffer in ``loop.ahead``, in body order;
+    empty for any other loop."""
+    if loop.depth < 2 or loop.level != "device":
+        return []
+    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.ahead}
+    return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
+
+
+def executed(loop: Loop) -> list:
+    """``loop.body`` as the executor walks it each tile: without the statements it runs one
+    tile ahead (:func:`fetched`), which it runs separately."""
+    ahead = fetched(loop)
+    return [node for node in loop.body if not any(node is op for op in ahead)]
+
+
+def returned(loop: Loop) -> list[Op]:
+    """The ``alloc`` statements of the results a double-buffered device loop (:func:`chainexec.planner.pipeline.deepen`)
+    copies back to the host on a stream of their own (``loop.back``), in body order; empty for
+    any other loop."""
+    if loop.depth < 2 or loop.level != "device":
+        return []
+    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.back}
+    return [node for node in loop.body if isinstance(node, Op) and node.op == "alloc" and key(node) in keys]
 
 
 @dataclass
@@ -223,7 +335,12 @@ def _node_from_dict(d: dict):
                     int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
                     [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])],
                     [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"))
-    return Op(**d["op"])
+    op = dict(d["op"])
+    if "expression" in op:
+        e = op["expression"]
+        op["expression"] = Fused(e["out"], tuple(e["out_indices"]), tuple(e["domain"]), e["text"], e["reduce"],
+                                 tuple((name, tuple(ix), text) for name, ix, text in e["lets"]))
+    return Op(**op)
 
 
 def to_dict(plan: Plan) -> dict:

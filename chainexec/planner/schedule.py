@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
-from chainexec.planner.pipeline import DEPTH
+from chainexec.planner.plan import DEPTH
 from chainexec.planner.plan import Contraction, TensorInfo
 from chainexec.planner.tiling import choose_tiles, composites, equal_tiles_win, scheme_tiles, spread, tile_count
 

@@ -39,9 +39,8 @@ import math
 from collections import Counter
 from functools import lru_cache
 
-from chainexec.planner.ordered import ordered_count
-from chainexec.planner.pipeline import executed
-from chainexec.planner.plan import Contraction, Loop, Op, ops, term_run
+from chainexec.ordering import ordered_count
+from chainexec.planner.plan import Contraction, Loop, Op, executed, ops, term_run
 
 Term = tuple
 """A term as plain data: ``(a, a_indices, b, b_indices, factor)`` (``b`` None for a copy)."""
@@ -194,16 +193,6 @@ def _merged(values: list[int], ordered: bool) -> int:
     return ordered_count(values) if ordered and len(values) > 1 else math.prod(values)
 
 
-def pattern_of(positions: list[int]) -> tuple[int, ...]:
-    """The pattern (:func:`patterns`) of ordered tile positions."""
-    if not positions:
-        return ()
-    blocks = [0]
-    for p, q in zip(positions, positions[1:]):
-        blocks.append(blocks[-1] + (q != p))
-    return tuple(blocks)
-
-
 def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[str, int]):
     """For a run of terms (:func:`chainexec.planner.plan.term_run`) in a loop over ordered tile
     tuples of ``symmetric`` (loop order), per pattern of equal positions (:func:`patterns`): the
@@ -227,7 +216,7 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
 def runs(body: list, loop: Loop | None, contractions: list[Contraction]) -> list[list[int]]:
     """The positions in ``body`` (a nest's, or ``loop``'s) of each run of compute statements
     (:func:`chainexec.planner.plan.term_run`) as the executor meets them
-    (:func:`chainexec.planner.pipeline.executed`: without the statements a double-buffered loop
+    (:func:`chainexec.planner.plan.executed`: without the statements a double-buffered loop
     runs one tile ahead, which may stand between two runs in the body)."""
     view = executed(loop) if loop is not None else body
     position = {id(node): k for k, node in enumerate(body)}

@@ -38,11 +38,12 @@ import numpy as np
 
 from chainexec import expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import inline, ordered, symmetry
-from chainexec.planner.cost import CATEGORY, parallel_tiles
-from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.pipeline import DEPTH, executed, fetched, prefetched, returned, staged, streamed
-from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, stores, term_run
+from chainexec import ordering
+from chainexec.planner import symmetry
+from chainexec.planner.cost import parallel_tiles
+from chainexec.planner.plan import (CATEGORIES, CATEGORY, DEPTH, LEVEL_TIMES, Loop, Op, Plan, executed, fetched,
+                                    ops, prefetched, returned, staged, stores, term_run)
+from chainexec.planner.pipeline import streamed
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
@@ -125,7 +126,6 @@ class Executor:
         self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
-        self.fused: dict[int, inline.Fused] = {}  # each fused statement's expression, by id of its Op
         self.disk = DiskWorker()
         # Double-buffered loops being run: their slots per buffer key (global arrays; flat device
         # buffers), and which slot of a global loop's, and of a device loop's, is in use.
@@ -614,8 +614,8 @@ class Executor:
     @contextlib.contextmanager
     def _lanes(self, ahead: list[Op], back: list[Op], names: list[str], first: tuple):
         """The device slots of a double-buffered device loop's fetched tiles (``ahead``,
-        :func:`chainexec.planner.pipeline.fetched`) and results copied back (``back``, their
-        ``alloc`` statements: :func:`~chainexec.planner.pipeline.returned`): per buffer,
+        :func:`chainexec.planner.plan.fetched`) and results copied back (``back``, their
+        ``alloc`` statements: :func:`~chainexec.planner.plan.returned`): per buffer,
         :data:`DEPTH` flat buffers of its full tile (``first``, the loop's first tile, is a full
         one), held from loop entry to exit as the plan counts them."""
         saved = dict(self.ranges["device"])
@@ -1188,25 +1188,23 @@ class Executor:
         computed where they are read, from the buffers on the device; counted as the cost model
         does (the flops and statements of its contractions, its output twice and each distinct
         reference once)."""
-        f = self.fused.get(id(op))
-        if f is None:
-            f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
+        f = op.expression
         arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves}
         out = self._view(op.tensor, op.indices)
         within = self._equal_tiles() if op.ordered else ()
         self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out,
-                           ordered.dims(within, f.domain))
+                           ordering.dims(within, f.domain))
         self._watch()
         self._count([self.plan.contractions[k] for k in op.group], within)
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
 
     def _count(self, cs, within: tuple[tuple[str, ...], ...] = ()) -> None:
         """The statements and flops of contractions run on the current device tiles; ``within``:
-        the groups of indices whose ordered elements alone are summed (:func:`ordered.points`)."""
+        the groups of indices whose ordered elements alone are summed (:func:`chainexec.ordering.points`)."""
         self.counters.statements += len(cs)
         for c in cs:
             sizes = {i: b - a for i, (a, b) in zip(c.indices(), self._region("device", c.indices()))}
-            self.counters.flops += (2 if c.b is not None else 1) * ordered.points(sizes, within)
+            self.counters.flops += (2 if c.b is not None else 1) * ordering.points(sizes, within)
 
     def _compute(self, run: list[Op]) -> None:
         """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms
@@ -1237,8 +1235,8 @@ class Executor:
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
             keep = self._equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
-            self.backend.symmetrize(out, axes, ordered.dims(keep, cs[0].out_indices))
-            moved += out.nbytes + out.itemsize * ordered.points(dict(zip(cs[0].out_indices, out.shape)), keep)
+            self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
+            moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self._watch()
         self._count(cs)
         self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
@@ -1258,13 +1256,13 @@ class Executor:
 
     def _pattern(self) -> tuple[int, ...]:
         """The pattern of equal positions of the symmetric loop's tile tuple being run
-        (:func:`chainexec.planner.symmetry.pattern_of`; ``()`` outside such a loop)."""
-        return symmetry.pattern_of([self._range("device", i)[0] for i in self.symmetric or []])
+        (:func:`chainexec.ordering.pattern_of`; ``()`` outside such a loop)."""
+        return ordering.pattern_of([self._range("device", i)[0] for i in self.symmetric or []])
 
     def _equal_tiles(self) -> tuple[tuple[str, ...], ...]:
         """The symmetric indices that share a tile in the tuple being run, groups of two or more
-        (:func:`chainexec.planner.ordered.groups`)."""
-        return ordered.groups(self.symmetric or [], self._pattern())
+        (:func:`chainexec.ordering.groups`)."""
+        return ordering.groups(self.symmetric or [], self._pattern())
 
 
 def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
