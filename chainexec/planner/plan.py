@@ -166,6 +166,18 @@ class Op:
     # A ``fused`` statement's expression (:func:`chainexec.planner.inline.expression`), what the
     # runtime evaluates and the cost model prices.
     expression: Fused | None = None
+    # The first compute statement of a run of terms: how many statements the run adds in one
+    # pass (:func:`term_run`; recorded by :mod:`chainexec.planner.record`).
+    run: int | None = None
+    # A symmetrized run's first statement: per pattern of equal tile positions
+    # (:func:`pattern_key`), the terms it runs there, ``[[position, scale], …]``, and the axis
+    # permutations its output is then summed over, or None where every term runs
+    # (:func:`chainexec.planner.symmetry.schedule`).
+    schedule: dict | None = None
+    # An ``alloc`` whose buffer is written whole before it is read: False (no zero fill).
+    fill: bool | None = None
+    # A run's first statement that writes its output first: True (written as if it held zeros).
+    fresh: bool | None = None
 
 
 @dataclass
@@ -199,6 +211,8 @@ class Loop:
     # a double-buffered device loop: the results it copies back on a stream of their own, [tensor, indices] each
     back: list = field(default_factory=list)
     resume: str | None = None
+    # A loop with ``resume`` set: its number of tiles (ordered tuples of a symmetric loop).
+    count: int | None = None
 
 
 def ops(body: list, loops: tuple = ()):
@@ -285,6 +299,26 @@ def returned(loop: Loop) -> list[Op]:
     return [node for node in loop.body if isinstance(node, Op) and node.op == "alloc" and key(node) in keys]
 
 
+def pattern_key(pattern: tuple[int, ...]) -> str:
+    """How :attr:`Op.schedule` names a pattern of equal tile positions
+    (:func:`chainexec.ordering.pattern_of`): ``"0,1,1"``."""
+    return ",".join(map(str, pattern))
+
+
+def runs(body: list, loop: Loop | None) -> list[list[int]]:
+    """The positions in ``body`` (a nest's, or ``loop``'s) of each run of terms as
+    :attr:`Op.run` records them, in the order the executor meets them (:func:`executed`)."""
+    view = executed(loop) if loop is not None else body
+    position = {id(node): k for k, node in enumerate(body)}
+    found, n = [], 0
+    while n < len(view):
+        m = view[n].run if isinstance(view[n], Op) and view[n].op == "compute" else None
+        if m:
+            found.append([position[id(op)] for op in view[n:n + m]])
+        n += m or 1
+    return found
+
+
 @dataclass
 class Nest:
     """The loop nest that computes a sub-chain of contractions (one, or several fused).
@@ -295,6 +329,10 @@ class Nest:
     contractions: list[int]
     body: list
     checkpoint_after: bool = False
+    # Inputs read in rows while the nest's symmetric tile loop already runs
+    # (:func:`chainexec.planner.pipeline.streamed`): ``{"loop": its position in body, "rows":
+    # {tensor: rows per chunk}}``, or None.
+    streamed: dict | None = None
 
 
 @dataclass
@@ -311,6 +349,9 @@ class Plan:
     alternatives: list = field(default_factory=list)
     # MPI ranks the parallel loops are spread over and the predicted seconds shared by.
     ranks: int = 1
+    # Parallel-loop iterations (device tiles handed to ranks) of the whole plan: what a progress
+    # report counts toward.
+    parallel_tiles: int = 0
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -324,7 +365,8 @@ def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
                          "depth": node.depth, "symmetric": node.symmetric, "ahead": node.ahead,
-                         "back": node.back, "resume": node.resume, "body": [_node_to_dict(n) for n in node.body]}}
+                         "back": node.back, "resume": node.resume, "count": node.count,
+                         "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
 
@@ -334,7 +376,8 @@ def _node_from_dict(d: dict):
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
                     int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
                     [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])],
-                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"))
+                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"),
+                    loop.get("count"))
     op = dict(d["op"])
     if "expression" in op:
         e = op["expression"]
@@ -343,35 +386,46 @@ def _node_from_dict(d: dict):
     return Op(**op)
 
 
+FORMAT = 2
+"""Version of the plan's JSON layout: a plan of another version is not read
+(:func:`from_dict`; the plan cache then plans again)."""
+
+
 def to_dict(plan: Plan) -> dict:
     return {
+        "format": FORMAT,
         "name": plan.name,
         "extents": plan.extents,
         "tensors": {k: asdict(v) for k, v in plan.tensors.items()},
         "contractions": [asdict(c) for c in plan.contractions],
         "nests": [{"contractions": n.contractions, "body": [_node_to_dict(x) for x in n.body],
-                   "checkpoint_after": n.checkpoint_after} for n in plan.nests],
+                   "checkpoint_after": n.checkpoint_after, "streamed": n.streamed} for n in plan.nests],
         "memory_limit": plan.memory_limit,
         "predicted": plan.predicted,
         "scratch": plan.scratch,
         "alternatives": plan.alternatives,
         "ranks": plan.ranks,
+        "parallel_tiles": plan.parallel_tiles,
     }
 
 
 def from_dict(d: dict) -> Plan:
+    """The plan of :func:`to_dict`'s data; raises :class:`ValueError` for another :data:`FORMAT`."""
+    if d.get("format") != FORMAT:
+        raise ValueError(f"a plan of format {d.get('format')!r}, not {FORMAT}")
     return Plan(
         name=d["name"],
         extents=dict(d["extents"]),
         tensors={k: TensorInfo(**v) for k, v in d["tensors"].items()},
         contractions=[Contraction(**c) for c in d["contractions"]],
-        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]], bool(n.get("checkpoint_after")))
-               for n in d["nests"]],
+        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]], bool(n["checkpoint_after"]),
+                    n["streamed"]) for n in d["nests"]],
         memory_limit=dict(d["memory_limit"]),
         predicted=d["predicted"],
         scratch=d["scratch"],
         alternatives=list(d.get("alternatives", [])),
-        ranks=int(d.get("ranks", 1)),
+        ranks=int(d["ranks"]),
+        parallel_tiles=int(d["parallel_tiles"]),
     )
 
 

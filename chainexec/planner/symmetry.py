@@ -40,7 +40,7 @@ from collections import Counter
 from functools import lru_cache
 
 from chainexec.ordering import ordered_count
-from chainexec.planner.plan import Contraction, Loop, Op, executed, ops, term_run
+from chainexec.planner.plan import Contraction, Loop, Op, executed, ops, pattern_key, term_run
 
 Term = tuple
 """A term as plain data: ``(a, a_indices, b, b_indices, factor)`` (``b`` None for a copy)."""
@@ -260,10 +260,10 @@ def _names(op: Op, contractions: list[Contraction], tensor: str) -> bool:
 
 
 def mark(nests, contractions: list[Contraction], extents: dict[str, int]) -> None:
-    """Set :attr:`Op.symmetrized` on the first statement of each run of terms (inside a loop over
-    ordered tuples of symmetric indices, or not) for which :func:`schedule` runs fewer terms
-    somewhere, where the run adds into a buffer allocated just before it (:func:`fresh`); in
-    place."""
+    """Set :attr:`Op.symmetrized` and :attr:`Op.schedule` (:func:`schedule`'s terms per pattern,
+    as data) on the first statement of each run of terms (inside a loop over ordered tuples of
+    symmetric indices, or not) for which :func:`schedule` runs fewer terms somewhere, where the
+    run adds into a buffer allocated just before it (:func:`fresh`); in place."""
 
     def bodies(body, loops):
         yield body, loops
@@ -276,6 +276,10 @@ def mark(nests, contractions: list[Contraction], extents: dict[str, int]) -> Non
             sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
             for run in runs(body, loops[-1] if loops else None, contractions):
                 cs = [contractions[body[k].contraction] for k in run]
-                if (fresh(body, run[0], contractions)
-                        and schedule(cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents)):
+                taken = fresh(body, run[0], contractions) and schedule(
+                    cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents)
+                if taken:
                     body[run[0]].symmetrized = True
+                    body[run[0]].schedule = {pattern_key(p): None if t is None else [[list(x) for x in t[0]],
+                                                                                    [list(a) for a in t[1]]]
+                                             for p, t in taken.items()}
