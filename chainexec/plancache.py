@@ -2,19 +2,19 @@
 
 Planning is a pure function of the config's text, the machine model, the run's options (forced
 schedule, ranks, inlining) and the planner's code (:func:`chainexec.planner.build.make_plan`), so
-a plan made once can be read back instead of made again. At benzene's (T) sizes planning took
-0.8-2.0 s of a 3.4-4.1 s process on the GPU machine (sessions 18-19), more than the executor's
-0.5-0.8 s; a repeated run (a SLURM job resubmitted, a sweep over machines, the benchmarks' warm
-runs) reads its plan in milliseconds.
+a plan made once can be read back instead of made again: at the (T) job's sizes planning takes
+longer than the executor, and a repeated run (a SLURM job resubmitted, a sweep over machines,
+the benchmarks' warm runs) reads its plan in milliseconds.
 
 Plans are JSON (:meth:`chainexec.planner.plan.Plan.to_json`), never pickles, in
 ``$CHAINEXEC_PLAN_CACHE`` (default ``~/.cache/chainexec/plans``), one file per key. The key is the
 SHA-256 of everything planning reads: the config's text, the path it was given by and the working
-folder (paths in a plan are resolved from them), the machine model, the options, and the bytes of
-every source file of the ``chainexec`` package, so that any change to the planner makes new keys.
+folder (paths in a plan are resolved from them), the machine model, the options, the plan's
+format version and the bytes of the sources that make plans (:data:`PLANNING`), so that any
+change to the planner makes new keys.
 A file that does not parse is a miss and is replaced. Files are written to a temporary name and
 renamed, so concurrent runs never read half a plan. The cache keeps at most :data:`LIMIT` plans:
-every change to the source makes new keys, so old plans would otherwise pile up.
+every change to the planner makes new keys, so old plans would otherwise pile up.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from chainexec import atomicfile
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import Plan
+from chainexec.planner.plan import FORMAT, Plan
 
 
 PLAN_NAME = re.compile(r"[0-9a-f]{64}\.json")
@@ -44,19 +44,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CHAINEXEC_PLAN_CACHE", Path.home() / ".cache" / "chainexec" / "plans"))
 
 
-def tree_digest(root: str | Path) -> str:
-    """SHA-256 of the Python sources under ``root``: their relative paths and bytes, in path order."""
+PLANNING = ("planner", "spec.py", "expr.py", "ordering.py", "errors.py")
+"""The parts of the ``chainexec`` package a plan is made by (the spec's reading and the
+planner): a change anywhere else (the runtime, the kernels, the CLI) keeps the cached plans."""
+
+
+def tree_digest(root: str | Path, parts: tuple[str, ...] | None = None) -> str:
+    """SHA-256 of the Python sources under ``root`` (only those under ``parts``, paths relative
+    to it, where given): their relative paths and bytes, in path order."""
     root = Path(root)
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        name = path.relative_to(root)
+        if parts is None or name.parts[0] in parts:
+            h.update(str(name).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
 @lru_cache(maxsize=1)
 def source_digest() -> str:
-    """:func:`tree_digest` of the ``chainexec`` package: part of every key, computed once per process."""
-    return tree_digest(Path(__file__).resolve().parent)
+    """:func:`tree_digest` of the planning sources (:data:`PLANNING`) with the plan's
+    :data:`~chainexec.planner.plan.FORMAT`: part of every key, computed once per process."""
+    return f"{FORMAT}:{tree_digest(Path(__file__).resolve().parent, PLANNING)}"
 
 
 def key(config: str | Path, text: str, machine: Machine, schedule: str | None, ranks: int, inline: bool) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.plan import CATEGORIES, Loop, Plan
+from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES, Loop, Plan
 from chainexec.spec import format_size
 
 _ARROW = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}

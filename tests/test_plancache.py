@@ -15,6 +15,7 @@ import pytest
 from chainexec import api, plancache, spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
+from chainexec.planner.plan import FORMAT
 from tests.conftest import fourindex_config, run_cli, write_config
 
 
@@ -105,7 +106,11 @@ def test_tree_digest_changes_with_any_source_file(tmp_path):
     assert second != first
     (tmp_path / "planner" / "fusion.py").rename(tmp_path / "planner" / "tiling.py")
     assert plancache.tree_digest(tmp_path) not in (first, second)
-    assert plancache.source_digest() == plancache.tree_digest(os.path.dirname(plancache.__file__))
+    third = plancache.tree_digest(tmp_path, ("planner",))
+    (tmp_path / "a.py").write_text("x = 2\n")  # outside the parts named: the same digest
+    assert plancache.tree_digest(tmp_path, ("planner",)) == third
+    assert plancache.source_digest() == f"{FORMAT}:" + plancache.tree_digest(
+        os.path.dirname(plancache.__file__), plancache.PLANNING)
 
 
 def test_a_broken_cache_file_is_planned_again_and_replaced(fourindex):

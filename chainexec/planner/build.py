@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 from chainexec.errors import ChainexecError
-from chainexec.planner.cost import buffer_elements, predict, predict_nests
+from chainexec.planner.cost import buffer_elements, parallel_tiles, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
-from chainexec.planner import ordered, resume
+from chainexec.planner import ordered, record, resume
 from chainexec.planner.order import binarize, strategy
 from chainexec.planner.choose import choose
 from chainexec.planner.pipeline import deepen
@@ -120,7 +120,10 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     ordered.mark(nests, cs, tensors)
     # What a run with --checkpoint saves and skips when resumed.
     resume.mark(nests)
+    # What the runtime reads besides the statements (runs, fills, streamed inputs, tile counts).
+    record.finish(nests, cs, tensors, spec.extents)
     plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
+    plan.parallel_tiles = parallel_tiles(plan)
     plan.predicted = predict(plan, machine, ranks)
     return plan

@@ -21,7 +21,7 @@ flops at the ordered elements of tiles with equal positions (:mod:`chainexec.pla
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
 array, all ranks together; device: one rank's device). A double-buffered loop's own buffers
-(:func:`chainexec.planner.pipeline.staged`: a global loop's global buffers, a device loop's
+(:func:`chainexec.planner.plan.staged`: a global loop's global buffers, a device loop's
 fetched input tiles) are held as ``depth`` full-size slots from loop entry to exit.
 """
 
@@ -31,12 +31,10 @@ from functools import lru_cache
 
 from chainexec import expr
 
-from chainexec.planner import inline, symmetry
+from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
-from chainexec.planner.pipeline import key, staged
-from chainexec.planner.plan import CATEGORIES, LEVELS, Loop, Plan
+from chainexec.planner.plan import CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, runs, staged
 
-CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
                 "alloc": None, "free": None, "compute": "device", "eval": "device", "fused": "device"}
@@ -230,7 +228,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 
                 def all_tiles(ix):
                     return around.points(ix, extents, "device")
-            runs = _symmetrized_runs(body, loops, contractions, extents)
+            symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
@@ -250,9 +248,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     continue
                 if node.op in ("compute", "fused"):
                     where, passes = all_tiles, 0
-                    if k in runs:  # a symmetrized run: this term on the patterns it runs on
-                        start, place, taken = runs[k]
-                        ran = [p for p, t in taken.items() if t is None or place in (n for n, _ in t[0])]
+                    if k in symmetrized:  # a symmetrized run: this term on the patterns it runs on
+                        start, place, taken = symmetrized[k]
+                        ran = [pattern_of_key(p) for p, t in taken.items()
+                               if t is None or place in (n for n, _ in t[0])]
 
                         def where(ix, ran=ran):
                             return sum(around.by_pattern(ix, extents, "device")[p] for p in ran)
@@ -261,8 +260,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                             # written (at the ordered elements alone where node.ordered)
                             c = contractions[node.contraction]
                             passes = sum(tile_bytes(c.out, c.out_indices, lambda ix, p=p, o=o: around.by_pattern(
-                                ix, extents, "device", ordered=o)[p]) for p, t in taken.items() if t is not None
-                                for o in (False, bool(node.ordered)))
+                                ix, extents, "device", ordered=o)[pattern_of_key(p)]) for p, t in taken.items()
+                                if t is not None for o in (False, bool(node.ordered)))
                     group = node.group or [node.contraction]
                     summed = where
                     if node.op == "fused" and node.ordered:  # flops at the ordered elements; reads priced whole
@@ -273,7 +272,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                                for c in (contractions[j] for j in group))
                     statements[0] += len(group) * where([])
                     if node.op == "fused":
-                        reads = inline.expression(node, contractions, tensors).leaves
+                        reads = node.expression.leaves
                         bytes_ = 2 * tile_bytes(node.tensor, node.indices, where) + sum(
                             tile_bytes(r.tensor, r.indices, where) for r in reads)
                     else:
@@ -319,34 +318,34 @@ def _refs(source: str) -> tuple:
     return tuple(expr.refs(expr.parse(source)))
 
 
-def _symmetrized_runs(body: list, loops: list[Loop], contractions, extents: dict[str, int]) -> dict[int, tuple]:
-    """Positions in ``body`` of the statements of runs marked :attr:`Op.symmetrized`: position
-    -> (the run's first position, :func:`chainexec.planner.symmetry.schedule`'s patterns), the
-    executor's rule (its runs, :func:`chainexec.planner.symmetry.runs`)."""
+def _symmetrized_runs(body: list, loop: Loop | None) -> dict[int, tuple]:
+    """Positions in ``body`` of the statements of runs (:attr:`Op.run`) whose first statement has
+    an :attr:`Op.schedule`: position -> (the run's first position, its place in the run, the
+    schedule)."""
     found = {}
-    sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
-    for run in symmetry.runs(body, loops[-1] if loops else None, contractions):
-        if body[run[0]].symmetrized:
-            cs = [contractions[body[k].contraction] for k in run]
-            taken = symmetry.schedule(cs, sym, symmetry.free_indices(cs[0].out_indices, sym, loops, extents), extents)
-            if taken is not None:
-                found.update((k, (run[0], run.index(k), taken)) for k in run)
+    for run in runs(body, loop):
+        taken = body[run[0]].schedule
+        if taken is not None:
+            found.update((k, (run[0], run.index(k), taken)) for k in run)
     return found
 
 
 def _run_tails(body: list, loop: Loop | None, contractions) -> set[int]:
     """Positions in ``body`` of compute statements that continue the point-wise run of an earlier
-    one (:func:`~chainexec.planner.plan.term_run`, the runtime's rule, on the runs it meets:
-    :func:`chainexec.planner.symmetry.runs`). A run of contractions is priced term by term: on
-    the GPU the runtime adds its terms in one sum kernel or one by one, whichever it measures
-    faster (on the (T) tiles of o=24, v=180 the terms one by one are; priced as one pass, the
-    planner chose occupied tiles twice as large, whose skipped work the sum kernel did not win
-    back: 10.2 s against 7.1 s on the H100)."""
+    one (:attr:`Op.run`). A run of contractions is priced term by term: on the GPU the runtime
+    adds its terms in one sum kernel or one by one, whichever it measures faster (on the (T)
+    tiles the terms one by one are; priced as one pass, the planner chose occupied tiles twice
+    as large, whose skipped work the sum kernel did not win back)."""
     tails = set()
-    for run in symmetry.runs(body, loop, contractions):
+    for run in runs(body, loop):
         if len(run) > 1 and contractions[body[run[0]].contraction].pointwise():
             tails.update(run[1:])
     return tails
+
+
+def pattern_of_key(text: str) -> tuple[int, ...]:
+    """The pattern :func:`chainexec.planner.plan.pattern_key` names."""
+    return tuple(int(b) for b in text.split(",")) if text else ()
 
 
 def parallel_tiles(plan: Plan) -> int:

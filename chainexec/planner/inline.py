@@ -51,49 +51,16 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from functools import cached_property
 
 from chainexec import expr
 
-from .plan import Contraction, Loop, Op, TensorInfo, ops, term_run
+from .plan import Contraction, Fused, Loop, Op, TensorInfo, ops, term_run
 
 MOVED = 3
 """Most indices a reused value's reads may permute: the orbit kernel
 (:func:`chainexec.runtime.pointwise.orbit_reduce`) lists every tuple of blocks, ``blocks**MOVED``
 of them (125,000 at v=400 in blocks of 8); for four, a review measured 16 s and 2.6 GB at an
 extent of 100."""
-
-
-@dataclass(frozen=True)
-class Fused:
-    """A fused statement as one expression: ``out[out_indices] += Σ value`` summed over the
-    ``domain`` indices the output lacks, ``value`` being :attr:`text` (the :mod:`chainexec.expr`
-    language, references to device buffers) over ``domain``. ``reduce``: the output is a scalar
-    (the sum runs over the whole domain); otherwise the domain is the output's indices."""
-
-    out: str
-    out_indices: tuple[str, ...]
-    domain: tuple[str, ...]
-    text: str
-    reduce: bool
-    # Reused producers (a full reduction's only): (name, indices, expression over them), each
-    # computed once per point of the domain and read by ``text`` as ``name[…]`` at permutations.
-    lets: tuple[tuple[str, tuple[str, ...], str], ...] = ()
-
-    @cached_property
-    def tree(self) -> ast.expr:
-        """:attr:`text` parsed, once per statement: the backends key their generated code on it."""
-        return expr.parse(self.text)
-
-    @cached_property
-    def leaves(self) -> tuple[expr.Ref, ...]:
-        """The distinct buffer references the statement reads (each one view, read once), found
-        once per statement: reading them from the text took 1-3 ms per (T) tile on the host."""
-        names = {name for name, _, _ in self.lets}
-        found: list[expr.Ref] = []
-        for text in [self.text] + [text for _, _, text in self.lets]:
-            found += [r for r in expr.refs(expr.parse(text)) if r.tensor not in names and r not in found]
-        return tuple(found)
 
 
 def _renamed(text: str, rename: dict[str, str]) -> str:
@@ -240,7 +207,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         group = sorted(c.id for x in [run] + inner for c in x.terms)
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
                 inlined=[n for n in tensors if n in closure], lets=lets or None)
-        f = expression(op, cs, tensors)
+        f = op.expression = expression(op, cs, tensors)
         if any(set(own) != set(f.domain) or any(r.tensor in lets for r in expr.refs(expr.parse(text)))
                for _, own, text in f.lets):
             # a reused value read where another is made (one level of them only), or its indices

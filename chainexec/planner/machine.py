@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chainexec.errors import ChainexecError
 
-
-LEVEL_TIMES = ("disk", "global<->device", "compute")
 
 
 @dataclass(frozen=True)

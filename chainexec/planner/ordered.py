@@ -43,74 +43,10 @@ positions 21 of 36 pairs.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from functools import lru_cache
 
-import numpy as np
 
 from chainexec import expr
-from chainexec.planner import inline
 from chainexec.planner.plan import Contraction, Loop, TensorInfo, ops
-
-
-def groups(symmetric: list[str], pattern: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
-    """The groups of ``symmetric`` indices (loop order) that share a tile in a tile tuple of
-    ``pattern`` (:func:`chainexec.planner.symmetry.pattern_of`), groups of one left out."""
-    found = [tuple(i for i, b in zip(symmetric, pattern) if b == block) for block in sorted(set(pattern))]
-    return tuple(g for g in found if len(g) > 1)
-
-
-def dims(within: tuple[tuple[str, ...], ...], indices) -> tuple[tuple[int, ...], ...]:
-    """The groups of index names ``within`` as positions in ``indices`` (a buffer's or a domain's
-    order), as the backends take them."""
-    return tuple(tuple(list(indices).index(i) for i in g) for g in within)
-
-
-def ordered_count(extents: list[int]) -> int:
-    """Non-decreasing tuples of elements of indices sharing one tile (``extents``: each one's
-    elements there, all equal): ``C(s + g - 1, g)`` for ``g`` indices of ``s`` elements."""
-    if len(set(extents)) != 1:
-        raise ValueError(f"indices sharing a tile with unequal extents {extents}")
-    return math.comb(extents[0] + len(extents) - 1, len(extents))
-
-
-def points(sizes: dict[str, int], within: tuple[tuple[str, ...], ...]) -> int:
-    """Points of a statement over the indices of ``sizes`` (index -> elements of its tile) that an
-    ordered reduction sums where the indices of each group of ``within`` share one tile: each
-    group's non-decreasing tuples, times the other indices' elements."""
-    grouped = {i for g in within for i in g}
-    return math.prod(n for i, n in sizes.items() if i not in grouped) * math.prod(
-        ordered_count([sizes[i] for i in g]) for g in within)
-
-
-@lru_cache(maxsize=64)
-def weights(shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]) -> np.ndarray:
-    """Per point of a tile of ``shape``: the number of distinct permutations of its coordinates
-    within each group of dimensions of ``within`` (multiplied over the groups) where they are
-    non-decreasing in every group, else 0. Extent 1 along the dimensions of no group (it
-    broadcasts over them). float64, read-only: made once per shape and pattern (a Python loop
-    over the groups' points)."""
-    grouped = sorted({d for g in within for d in g})
-    if not grouped:
-        out = np.ones((1,) * len(shape))
-        out.flags.writeable = False
-        return out
-    grid = np.indices([shape[d] for d in grouped]).reshape(len(grouped), -1).T
-    where = {d: n for n, d in enumerate(grouped)}
-    out = np.empty(len(grid))
-    for row, x in enumerate(grid):
-        w = 1
-        for g in within:
-            values = [int(x[where[d]]) for d in g]
-            if values != sorted(values):
-                w = 0
-                break
-            w *= math.factorial(len(g)) // math.prod(math.factorial(c) for c in Counter(values).values())
-        out[row] = w
-    out = out.reshape([shape[d] if d in where else 1 for d in range(len(shape))])
-    out.flags.writeable = False
-    return out
 
 
 def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dict[str, TensorInfo]) -> bool:
@@ -150,7 +86,7 @@ def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contr
                 return False
             continue
         if op.op == "fused":
-            f = inline.expression(op, contractions, tensors)
+            f = op.expression
             refs = [r for r in f.leaves if r.tensor == out]
             if op.tensor == out or (refs and not op.ordered):
                 return False

@@ -35,46 +35,8 @@ import dataclasses
 import math
 
 from chainexec import expr
-from chainexec.planner.plan import Contraction, Loop, Nest, Op, TensorInfo, ops
+from chainexec.planner.plan import DEPTH, Contraction, Loop, Nest, Op, TensorInfo, key, ops
 from chainexec.planner.tiling import tile_count
-
-DEPTH = 2
-
-
-def key(op: Op) -> tuple:
-    """How the runtime and the cost model know a buffer: tensor, index names, level."""
-    return (op.tensor, tuple(op.indices), op.level)
-
-
-def staged(loop: Loop) -> list[Op]:
-    """The ``alloc`` statements of the buffers a double-buffered loop holds in ``depth`` slots
-    from entry to exit (one per buffer): a global loop's own global buffers, a device loop's
-    fetched inputs (:func:`fetched`); empty for any other loop."""
-    if loop.depth < 2:
-        return []
-    if loop.level == "device":
-        return [op for op in fetched(loop) if op.op == "alloc"] + returned(loop)
-    seen: dict[tuple, Op] = {}
-    for node in loop.body:
-        if isinstance(node, Op) and node.op == "alloc" and node.level == "global":
-            seen.setdefault(key(node), node)
-    return list(seen.values())
-
-
-def prefetched(loop: Loop) -> list[Op]:
-    """The statements a double-buffered loop runs one iteration ahead: the leading ``alloc``/``load``
-    statements of its body, keeping each staged buffer whose ``load`` fills it there (a buffer
-    allocated empty, such as an output, is set up only when its own iteration starts: its other
-    slot may still be being written to disk)."""
-    lead = []
-    for node in loop.body:
-        if not (isinstance(node, Op) and node.op in ("alloc", "load") and node.level == "global"):
-            break
-        lead.append(node)
-    loaded = {key(op) for op in lead if op.op == "load"}
-    own = {key(op) for op in staged(loop)}
-    return [op for op in lead if key(op) in loaded and key(op) in own]
-
 
 def _gets(body: list, contractions: list[Contraction]) -> list[tuple]:
     """The buffers (keys, in body order) that one device ``alloc`` and one ``get`` directly in
@@ -88,33 +50,6 @@ def _gets(body: list, contractions: list[Contraction]) -> list[tuple]:
     written = _written(body, contractions)
     direct = [key(node) for node in body if isinstance(node, Op) and node.op == "get" and node.level == "device"]
     return [k for k in direct if sorted(counts[k]) == ["alloc", "get"] and k[0] not in written]
-
-
-def fetched(loop: Loop) -> list[Op]:
-    """The statements a double-buffered device loop (:func:`deepen`) runs one tile ahead, into
-    the other slot: the ``alloc`` and ``get`` of each buffer in ``loop.ahead``, in body order;
-    empty for any other loop."""
-    if loop.depth < 2 or loop.level != "device":
-        return []
-    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.ahead}
-    return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
-
-
-def executed(loop: Loop) -> list:
-    """``loop.body`` as the executor walks it each tile: without the statements it runs one
-    tile ahead (:func:`fetched`), which it runs separately."""
-    ahead = fetched(loop)
-    return [node for node in loop.body if not any(node is op for op in ahead)]
-
-
-def returned(loop: Loop) -> list[Op]:
-    """The ``alloc`` statements of the results a double-buffered device loop (:func:`deepen`)
-    copies back to the host on a stream of their own (``loop.back``), in body order; empty for
-    any other loop."""
-    if loop.depth < 2 or loop.level != "device":
-        return []
-    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.back}
-    return [node for node in loop.body if isinstance(node, Op) and node.op == "alloc" and key(node) in keys]
 
 
 def _results(body: list, contractions: list[Contraction]) -> list[tuple]:

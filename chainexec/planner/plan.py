@@ -28,11 +28,19 @@ each doing its own part of the global array (collective).
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+from chainexec import expr
 
 LEVELS = ("disk", "global", "device")
 CATEGORIES = ("disk->global", "global->disk", "global->device", "device->global")
+CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
+"""The category of bytes each moving statement counts in (runtime and cost model alike)."""
+LEVEL_TIMES = ("disk", "global<->device", "compute")
+"""The levels a plan's predicted and measured seconds are given for."""
 
 
 @dataclass
@@ -98,6 +106,38 @@ class Contraction:
         return f"{rhs}->{''.join(self.out_indices)}"
 
 
+@dataclass(frozen=True)
+class Fused:
+    """A fused statement as one expression: ``out[out_indices] += Σ value`` summed over the
+    ``domain`` indices the output lacks, ``value`` being :attr:`text` (the :mod:`chainexec.expr`
+    language, references to device buffers) over ``domain``. ``reduce``: the output is a scalar
+    (the sum runs over the whole domain); otherwise the domain is the output's indices."""
+
+    out: str
+    out_indices: tuple[str, ...]
+    domain: tuple[str, ...]
+    text: str
+    reduce: bool
+    # Reused producers (a full reduction's only): (name, indices, expression over them), each
+    # computed once per point of the domain and read by ``text`` as ``name[…]`` at permutations.
+    lets: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+
+    @cached_property
+    def tree(self) -> ast.expr:
+        """:attr:`text` parsed, once per statement: the backends key their generated code on it."""
+        return expr.parse(self.text)
+
+    @cached_property
+    def leaves(self) -> tuple[expr.Ref, ...]:
+        """The distinct buffer references the statement reads (each one view, read once), found
+        once per statement: reading them from the text took 1-3 ms per (T) tile on the host."""
+        names = {name for name, _, _ in self.lets}
+        found: list[expr.Ref] = []
+        for text in [self.text] + [text for _, _, text in self.lets]:
+            found += [r for r in expr.refs(expr.parse(text)) if r.tensor not in names and r not in found]
+        return tuple(found)
+
+
 @dataclass
 class Op:
     op: str
@@ -123,6 +163,21 @@ class Op:
     # symmetrized run (first statement) writes its symmetrization there alone
     # (:mod:`chainexec.planner.ordered`).
     ordered: bool | None = None
+    # A ``fused`` statement's expression (:func:`chainexec.planner.inline.expression`), what the
+    # runtime evaluates and the cost model prices.
+    expression: Fused | None = None
+    # The first compute statement of a run of terms: how many statements the run adds in one
+    # pass (:func:`term_run`; recorded by :mod:`chainexec.planner.record`).
+    run: int | None = None
+    # A symmetrized run's first statement: per pattern of equal tile positions
+    # (:func:`pattern_key`), the terms it runs there, ``[[position, scale], …]``, and the axis
+    # permutations its output is then summed over, or None where every term runs
+    # (:func:`chainexec.planner.symmetry.schedule`).
+    schedule: dict | None = None
+    # An ``alloc`` whose buffer is written whole before it is read: False (no zero fill).
+    fill: bool | None = None
+    # A run's first statement that writes its output first: True (written as if it held zeros).
+    fresh: bool | None = None
 
 
 @dataclass
@@ -156,6 +211,8 @@ class Loop:
     # a double-buffered device loop: the results it copies back on a stream of their own, [tensor, indices] each
     back: list = field(default_factory=list)
     resume: str | None = None
+    # A loop with ``resume`` set: its number of tiles (ordered tuples of a symmetric loop).
+    count: int | None = None
 
 
 def ops(body: list, loops: tuple = ()):
@@ -173,6 +230,95 @@ def stores(body: list) -> dict[str, int]:
     return {op.tensor: op.version for op, _ in ops(body) if op.op == "store"}
 
 
+# What a double-buffered loop's fields name (:mod:`chainexec.planner.pipeline` decides them):
+# readers of the plan's data, for the runtime and the cost model alike.
+
+DEPTH = 2
+"""Slots of each buffer of a double-buffered loop (:mod:`chainexec.planner.pipeline`)."""
+
+
+def key(op: Op) -> tuple:
+    """How the runtime and the cost model know a buffer: tensor, index names, level."""
+    return (op.tensor, tuple(op.indices), op.level)
+
+
+def staged(loop: Loop) -> list[Op]:
+    """The ``alloc`` statements of the buffers a double-buffered loop holds in ``depth`` slots
+    from entry to exit (one per buffer): a global loop's own global buffers, a device loop's
+    fetched inputs (:func:`fetched`); empty for any other loop."""
+    if loop.depth < 2:
+        return []
+    if loop.level == "device":
+        return [op for op in fetched(loop) if op.op == "alloc"] + returned(loop)
+    seen: dict[tuple, Op] = {}
+    for node in loop.body:
+        if isinstance(node, Op) and node.op == "alloc" and node.level == "global":
+            seen.setdefault(key(node), node)
+    return list(seen.values())
+
+
+def prefetched(loop: Loop) -> list[Op]:
+    """The statements a double-buffered loop runs one iteration ahead: the leading ``alloc``/``load``
+    statements of its body, keeping each staged buffer whose ``load`` fills it there (a buffer
+    allocated empty, such as an output, is set up only when its own iteration starts: its other
+    slot may still be being written to disk)."""
+    lead = []
+    for node in loop.body:
+        if not (isinstance(node, Op) and node.op in ("alloc", "load") and node.level == "global"):
+            break
+        lead.append(node)
+    loaded = {key(op) for op in lead if op.op == "load"}
+    own = {key(op) for op in staged(loop)}
+    return [op for op in lead if key(op) in loaded and key(op) in own]
+
+
+def fetched(loop: Loop) -> list[Op]:
+    """The statements a double-buffered device loop (:func:`chainexec.planner.pipeline.deepen`) runs one tile ahead, into
+    the other slot: the ``alloc`` and ``get`` of each buffer in ``loop.ahead``, in body order;
+    empty for any other loop."""
+    if loop.depth < 2 or loop.level != "device":
+        return []
+    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.ahead}
+    return [node for node in loop.body if isinstance(node, Op) and node.op in ("alloc", "get") and key(node) in keys]
+
+
+def executed(loop: Loop) -> list:
+    """``loop.body`` as the executor walks it each tile: without the statements it runs one
+    tile ahead (:func:`fetched`), which it runs separately."""
+    ahead = fetched(loop)
+    return [node for node in loop.body if not any(node is op for op in ahead)]
+
+
+def returned(loop: Loop) -> list[Op]:
+    """The ``alloc`` statements of the results a double-buffered device loop (:func:`chainexec.planner.pipeline.deepen`)
+    copies back to the host on a stream of their own (``loop.back``), in body order; empty for
+    any other loop."""
+    if loop.depth < 2 or loop.level != "device":
+        return []
+    keys = {(tensor, tuple(indices), "device") for tensor, indices in loop.back}
+    return [node for node in loop.body if isinstance(node, Op) and node.op == "alloc" and key(node) in keys]
+
+
+def pattern_key(pattern: tuple[int, ...]) -> str:
+    """How :attr:`Op.schedule` names a pattern of equal tile positions
+    (:func:`chainexec.ordering.pattern_of`): ``"0,1,1"``."""
+    return ",".join(map(str, pattern))
+
+
+def runs(body: list, loop: Loop | None) -> list[list[int]]:
+    """The positions in ``body`` (a nest's, or ``loop``'s) of each run of terms as
+    :attr:`Op.run` records them, in the order the executor meets them (:func:`executed`)."""
+    view = executed(loop) if loop is not None else body
+    position = {id(node): k for k, node in enumerate(body)}
+    found, n = [], 0
+    while n < len(view):
+        m = view[n].run if isinstance(view[n], Op) and view[n].op == "compute" else None
+        if m:
+            found.append([position[id(op)] for op in view[n:n + m]])
+        n += m or 1
+    return found
+
+
 @dataclass
 class Nest:
     """The loop nest that computes a sub-chain of contractions (one, or several fused).
@@ -183,6 +329,10 @@ class Nest:
     contractions: list[int]
     body: list
     checkpoint_after: bool = False
+    # Inputs read in rows while the nest's symmetric tile loop already runs
+    # (:func:`chainexec.planner.pipeline.streamed`): ``{"loop": its position in body, "rows":
+    # {tensor: rows per chunk}}``, or None.
+    streamed: dict | None = None
 
 
 @dataclass
@@ -199,6 +349,9 @@ class Plan:
     alternatives: list = field(default_factory=list)
     # MPI ranks the parallel loops are spread over and the predicted seconds shared by.
     ranks: int = 1
+    # Parallel-loop iterations (device tiles handed to ranks) of the whole plan: what a progress
+    # report counts toward.
+    parallel_tiles: int = 0
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -212,7 +365,8 @@ def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
                          "depth": node.depth, "symmetric": node.symmetric, "ahead": node.ahead,
-                         "back": node.back, "resume": node.resume, "body": [_node_to_dict(n) for n in node.body]}}
+                         "back": node.back, "resume": node.resume, "count": node.count,
+                         "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
 
@@ -222,39 +376,56 @@ def _node_from_dict(d: dict):
         return Loop(loop["level"], dict(loop["tiles"]), loop["parallel"], [_node_from_dict(n) for n in loop["body"]],
                     int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
                     [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])],
-                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"))
-    return Op(**d["op"])
+                    [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"),
+                    loop.get("count"))
+    op = dict(d["op"])
+    if "expression" in op:
+        e = op["expression"]
+        op["expression"] = Fused(e["out"], tuple(e["out_indices"]), tuple(e["domain"]), e["text"], e["reduce"],
+                                 tuple((name, tuple(ix), text) for name, ix, text in e["lets"]))
+    return Op(**op)
+
+
+FORMAT = 2
+"""Version of the plan's JSON layout: a plan of another version is not read
+(:func:`from_dict`; the plan cache then plans again)."""
 
 
 def to_dict(plan: Plan) -> dict:
     return {
+        "format": FORMAT,
         "name": plan.name,
         "extents": plan.extents,
         "tensors": {k: asdict(v) for k, v in plan.tensors.items()},
         "contractions": [asdict(c) for c in plan.contractions],
         "nests": [{"contractions": n.contractions, "body": [_node_to_dict(x) for x in n.body],
-                   "checkpoint_after": n.checkpoint_after} for n in plan.nests],
+                   "checkpoint_after": n.checkpoint_after, "streamed": n.streamed} for n in plan.nests],
         "memory_limit": plan.memory_limit,
         "predicted": plan.predicted,
         "scratch": plan.scratch,
         "alternatives": plan.alternatives,
         "ranks": plan.ranks,
+        "parallel_tiles": plan.parallel_tiles,
     }
 
 
 def from_dict(d: dict) -> Plan:
+    """The plan of :func:`to_dict`'s data; raises :class:`ValueError` for another :data:`FORMAT`."""
+    if d.get("format") != FORMAT:
+        raise ValueError(f"a plan of format {d.get('format')!r}, not {FORMAT}")
     return Plan(
         name=d["name"],
         extents=dict(d["extents"]),
         tensors={k: TensorInfo(**v) for k, v in d["tensors"].items()},
         contractions=[Contraction(**c) for c in d["contractions"]],
-        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]], bool(n.get("checkpoint_after")))
-               for n in d["nests"]],
+        nests=[Nest(list(n["contractions"]), [_node_from_dict(x) for x in n["body"]], bool(n["checkpoint_after"]),
+                    n["streamed"]) for n in d["nests"]],
         memory_limit=dict(d["memory_limit"]),
         predicted=d["predicted"],
         scratch=d["scratch"],
         alternatives=list(d.get("alternatives", [])),
-        ranks=int(d.get("ranks", 1)),
+        ranks=int(d["ranks"]),
+        parallel_tiles=int(d["parallel_tiles"]),
     )
 
 

@@ -16,10 +16,11 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 
+from chainexec.planner import record
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Emitter, Schedule
-from chainexec.planner.pipeline import DEPTH
+from chainexec.planner.plan import DEPTH
 from chainexec.planner.plan import Contraction, TensorInfo
 from chainexec.planner.tiling import choose_tiles, composites, equal_tiles_win, scheme_tiles, spread, tile_count
 
@@ -66,7 +67,7 @@ class Context:
         order, so equal reprs emit equal nests."""
         at = repr(schedule)
         if at not in self._prices:
-            nests = self.emitter().schedule(schedule)
+            nests = record.runs(self.emitter().schedule(schedule), self.cs)
             self._prices[at] = predict_nests(nests, self.tensors, self.extents, self.cs, self.machine)
         # a record holds numbers and dictionaries of numbers: copying one level deep copies it all
         return {k: dict(v) if isinstance(v, dict) else v for k, v in self._prices[at].items()}

@@ -39,9 +39,8 @@ import math
 from collections import Counter
 from functools import lru_cache
 
-from chainexec.planner.ordered import ordered_count
-from chainexec.planner.pipeline import executed
-from chainexec.planner.plan import Contraction, Loop, Op, ops, term_run
+from chainexec.ordering import ordered_count
+from chainexec.planner.plan import Contraction, Loop, Op, executed, ops, pattern_key, term_run
 
 Term = tuple
 """A term as plain data: ``(a, a_indices, b, b_indices, factor)`` (``b`` None for a copy)."""
@@ -194,16 +193,6 @@ def _merged(values: list[int], ordered: bool) -> int:
     return ordered_count(values) if ordered and len(values) > 1 else math.prod(values)
 
 
-def pattern_of(positions: list[int]) -> tuple[int, ...]:
-    """The pattern (:func:`patterns`) of ordered tile positions."""
-    if not positions:
-        return ()
-    blocks = [0]
-    for p, q in zip(positions, positions[1:]):
-        blocks.append(blocks[-1] + (q != p))
-    return tuple(blocks)
-
-
 def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[str, int]):
     """For a run of terms (:func:`chainexec.planner.plan.term_run`) in a loop over ordered tile
     tuples of ``symmetric`` (loop order), per pattern of equal positions (:func:`patterns`): the
@@ -227,7 +216,7 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
 def runs(body: list, loop: Loop | None, contractions: list[Contraction]) -> list[list[int]]:
     """The positions in ``body`` (a nest's, or ``loop``'s) of each run of compute statements
     (:func:`chainexec.planner.plan.term_run`) as the executor meets them
-    (:func:`chainexec.planner.pipeline.executed`: without the statements a double-buffered loop
+    (:func:`chainexec.planner.plan.executed`: without the statements a double-buffered loop
     runs one tile ahead, which may stand between two runs in the body)."""
     view = executed(loop) if loop is not None else body
     position = {id(node): k for k, node in enumerate(body)}
@@ -271,10 +260,10 @@ def _names(op: Op, contractions: list[Contraction], tensor: str) -> bool:
 
 
 def mark(nests, contractions: list[Contraction], extents: dict[str, int]) -> None:
-    """Set :attr:`Op.symmetrized` on the first statement of each run of terms (inside a loop over
-    ordered tuples of symmetric indices, or not) for which :func:`schedule` runs fewer terms
-    somewhere, where the run adds into a buffer allocated just before it (:func:`fresh`); in
-    place."""
+    """Set :attr:`Op.symmetrized` and :attr:`Op.schedule` (:func:`schedule`'s terms per pattern,
+    as data) on the first statement of each run of terms (inside a loop over ordered tuples of
+    symmetric indices, or not) for which :func:`schedule` runs fewer terms somewhere, where the
+    run adds into a buffer allocated just before it (:func:`fresh`); in place."""
 
     def bodies(body, loops):
         yield body, loops
@@ -287,6 +276,10 @@ def mark(nests, contractions: list[Contraction], extents: dict[str, int]) -> Non
             sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
             for run in runs(body, loops[-1] if loops else None, contractions):
                 cs = [contractions[body[k].contraction] for k in run]
-                if (fresh(body, run[0], contractions)
-                        and schedule(cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents)):
+                taken = fresh(body, run[0], contractions) and schedule(
+                    cs, sym, free_indices(cs[0].out_indices, sym, loops, extents), extents)
+                if taken:
                     body[run[0]].symmetrized = True
+                    body[run[0]].schedule = {pattern_key(p): None if t is None else [[list(x) for x in t[0]],
+                                                                                    [list(a) for a in t[1]]]
+                                             for p, t in taken.items()}

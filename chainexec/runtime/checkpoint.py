@@ -43,7 +43,6 @@ import numpy as np
 
 from chainexec import atomicfile, safepaths
 from chainexec.errors import ChainexecError
-from chainexec.planner.cost import points
 from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores
 from chainexec.runtime.store import version_base
 
@@ -146,8 +145,9 @@ def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
 
 
 def _loops(plan: Plan) -> dict[tuple[int, int], tuple[str, int]]:
-    """Every resumable loop, (nest, position) → its kind (``Loop.resume``) and number of tiles."""
-    return {(k, pos): (node.resume, points([], [node], plan.extents, "device"))
+    """Every resumable loop, (nest, position) → its kind (``Loop.resume``) and number of tiles
+    (``Loop.count``)."""
+    return {(k, pos): (node.resume, node.count)
             for k, nest in enumerate(plan.nests) for pos, node in enumerate(nest.body) if getattr(node, "resume", None)}
 
 

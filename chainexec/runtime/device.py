@@ -82,9 +82,9 @@ import numpy as np
 
 from chainexec import atomicfile, expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import batchedgemm, ordered, stacking
-from chainexec.planner.inline import Fused
-from chainexec.planner.plan import Contraction
+from chainexec.ordering import weights
+from chainexec.planner import batchedgemm, stacking
+from chainexec.planner.plan import Contraction, Fused
 from chainexec.runtime import arena, hostlock, pointwise, uselog, warmup
 from chainexec.runtime.comm import local_rank
 from chainexec.spec import format_size
@@ -317,11 +317,11 @@ class Backend:
         out[...] = expr.evaluate(tree, arrays, order, self.xp)
 
     def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
-        """A fused statement (:class:`chainexec.planner.inline.Fused`): ``out += f``'s expression,
+        """A fused statement (:class:`chainexec.planner.plan.Fused`): ``out += f``'s expression,
         summed over the whole index space when ``f.reduce``; ``arrays[ref]``: each reference's
         tile over its own order; ``shape``: the extents of ``f.domain`` here. ``within``: groups
         of dimensions of ``f.domain`` (a reduction's) over which only the ordered elements are
-        summed, each weighted by its multiplicity (:func:`chainexec.planner.ordered.weights`)."""
+        summed, each weighted by its multiplicity (:func:`chainexec.ordering.weights`)."""
         arrays = dict(arrays)
         extent = dict(zip(f.domain, shape))
         for name, own, text in f.lets:  # computed once, read at each of its permutations
@@ -329,7 +329,7 @@ class Backend:
             arrays |= {r: value for r in expr.refs(f.tree) if r.tensor == name}
         value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
         if within:
-            value = value * ordered.weights(shape, within)
+            value = value * weights(shape, within)
         out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
 
     def symmetrize(self, out, axes, keep: tuple = ()) -> None:
@@ -340,7 +340,7 @@ class Backend:
         written (:mod:`chainexec.planner.ordered`), the others keep their values."""
         total = sum(out.transpose(p) for p in axes)
         if keep:
-            total = self.xp.where(ordered.weights(out.shape, keep) > 0, total, out)
+            total = self.xp.where(weights(out.shape, keep) > 0, total, out)
         out[...] = total
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
@@ -620,9 +620,9 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
 
 @lru_cache(maxsize=64)
 def _weights(xp, shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]):
-    """:func:`chainexec.planner.ordered.weights` on the device, made once per process, shape and
+    """:func:`chainexec.ordering.weights` on the device, made once per process, shape and
     pattern (a few per (T) run: 216 values for a tile of 6x6x6)."""
-    return xp.asarray(ordered.weights(shape, within))
+    return xp.asarray(weights(shape, within))
 
 
 @dataclass(eq=False)  # found by identity in the pending list (no comparing device arrays)

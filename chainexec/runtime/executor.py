@@ -38,11 +38,9 @@ import numpy as np
 
 from chainexec import expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import inline, ordered, symmetry
-from chainexec.planner.cost import CATEGORY, parallel_tiles
-from chainexec.planner.machine import LEVEL_TIMES
-from chainexec.planner.pipeline import DEPTH, executed, fetched, prefetched, returned, staged, streamed
-from chainexec.planner.plan import CATEGORIES, Loop, Op, Plan, ops, stores, term_run
+from chainexec import ordering
+from chainexec.planner.plan import (CATEGORIES, CATEGORY, DEPTH, LEVEL_TIMES, Loop, Op, Plan, executed, fetched,
+                                    ops, pattern_key, prefetched, returned, staged, stores)
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
@@ -115,7 +113,7 @@ class Executor:
         self.backend = backend
         self.balance = balance
         self.counter = None
-        self.progress = Progress(parallel_tiles(plan), len(plan.nests)) if progress and comm.rank == 0 else None
+        self.progress = Progress(plan.parallel_tiles, len(plan.nests)) if progress and comm.rank == 0 else None
         self.show_progress = progress
         self.store = Store(plan, comm)
         self.counters = Counters()
@@ -125,7 +123,6 @@ class Executor:
         self.tiles_done = 0
         self.buffers: dict[tuple, object] = {}
         self.regions: dict[tuple, tuple] = {}
-        self.fused: dict[int, inline.Fused] = {}  # each fused statement's expression, by id of its Op
         self.disk = DiskWorker()
         # Double-buffered loops being run: their slots per buffer key (global arrays; flat device
         # buffers), and which slot of a global loop's, and of a device loop's, is in use.
@@ -140,7 +137,6 @@ class Executor:
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         self.symmetric: list[str] | None = None  # the indices of the symmetric loop being run (Loop.symmetric)
-        self.schedules: dict[tuple, dict | None] = {}  # symmetrized runs' terms per pattern (symmetry.schedule)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
         # accumulates whose device→host copies are queued: (global array, region, host, token,
         # weight, statement name)
@@ -161,12 +157,7 @@ class Executor:
         self.dropping: dict[str, list] = {}
         self.discarder: ThreadPoolExecutor | None = None
         self.discarding: list = []
-        # global allocs that a load fills before anything else names the tensor: no zero fill
-        self.filled = set().union(*(_filled(nest.body) for nest in plan.nests))
-        # device allocs that the run of terms right after them writes first, and those runs' first
-        # statements: no zero fill, the run writes the buffer as if it held zeros
-        self.unset = set().union(*(_unset(nest.body, plan.contractions) for nest in plan.nests))
-        # global buffers of ``filled`` allocs in fresh memory (not mapped from a file), live now
+        # global buffers of allocs without zero fill (Op.fill) in fresh memory (not mapped from a file), live now
         self.fresh: set[tuple] = set()
         # mapped global buffers (inputs' tiles) being locked for the device, on a thread of their
         # own from their allocation on: the futures of their backend.lock_host handles
@@ -293,9 +284,9 @@ class Executor:
         """Run a loop body; ``nest`` is the nest's number where ``body`` is a whole nest."""
         k = 0
         if nest is not None:
-            found = streamed(body, self.plan.contractions, self.plan.tensors)
+            found = self.plan.nests[nest].streamed
             if found is not None:
-                k = self._stream(body, *found)
+                k = self._stream(body, found["loop"], found["rows"])
                 self._loop(body[k], (nest, k))
                 if self.board is not None:  # every rank is past the loop's closing barrier
                     self._discard(last=True)
@@ -313,7 +304,7 @@ class Executor:
             t0, idle0 = time.perf_counter(), self.idle
             start = self.backend.stamp() if queued else None
             if node.op == "compute":
-                run = body[k:k + term_run(body, k, self.plan.contractions)]
+                run = body[k:k + node.run]
                 self._compute(run)
                 k += len(run)
                 name = f"#{run[0].contraction}" + (f"-#{run[-1].contraction}" if len(run) > 1 else "")
@@ -614,8 +605,8 @@ class Executor:
     @contextlib.contextmanager
     def _lanes(self, ahead: list[Op], back: list[Op], names: list[str], first: tuple):
         """The device slots of a double-buffered device loop's fetched tiles (``ahead``,
-        :func:`chainexec.planner.pipeline.fetched`) and results copied back (``back``, their
-        ``alloc`` statements: :func:`~chainexec.planner.pipeline.returned`): per buffer,
+        :func:`chainexec.planner.plan.fetched`) and results copied back (``back``, their
+        ``alloc`` statements: :func:`~chainexec.planner.plan.returned`): per buffer,
         :data:`DEPTH` flat buffers of its full tile (``first``, the loop's first tile, is a full
         one), held from loop entry to exit as the plan counts them."""
         saved = dict(self.ranges["device"])
@@ -963,7 +954,7 @@ class Executor:
         shape = tuple(b - a for a, b in region)
         dtype = self.plan.tensors[op.tensor].dtype
         slots = self.slots.get(self._key(op))
-        zero = id(op) not in self.filled
+        zero = op.fill is not False
         if slots is not None and op.level == "device":
             # a result copied back aside (Loop.back): its slot, zeroed once the slot's last copy
             # to the host (two tiles ago) is done; the device's work from here on waits for it
@@ -993,7 +984,7 @@ class Executor:
         if buf is None:
             with _naming(op):
                 buf = (GlobalArray(self.comm, shape, dtype, zero=zero) if op.level == "global"
-                       else (self.backend.empty if id(op) in self.unset else self.backend.zeros)(shape, dtype))
+                       else (self.backend.zeros if zero else self.backend.empty)(shape, dtype))
             if op.level == "global" and not zero:
                 self.fresh.add(self._key(op))
         if op.level == "global":
@@ -1188,44 +1179,42 @@ class Executor:
         computed where they are read, from the buffers on the device; counted as the cost model
         does (the flops and statements of its contractions, its output twice and each distinct
         reference once)."""
-        f = self.fused.get(id(op))
-        if f is None:
-            f = self.fused[id(op)] = inline.expression(op, self.plan.contractions, self.plan.tensors)
+        f = op.expression
         arrays = {r: self._view(r.tensor, r.indices) for r in f.leaves}
         out = self._view(op.tensor, op.indices)
         within = self._equal_tiles() if op.ordered else ()
         self.backend.fused(f, arrays, tuple(b - a for a, b in self._region("device", f.domain)), out,
-                           ordered.dims(within, f.domain))
+                           ordering.dims(within, f.domain))
         self._watch()
         self._count([self.plan.contractions[k] for k in op.group], within)
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
 
     def _count(self, cs, within: tuple[tuple[str, ...], ...] = ()) -> None:
         """The statements and flops of contractions run on the current device tiles; ``within``:
-        the groups of indices whose ordered elements alone are summed (:func:`ordered.points`)."""
+        the groups of indices whose ordered elements alone are summed (:func:`chainexec.ordering.points`)."""
         self.counters.statements += len(cs)
         for c in cs:
             sizes = {i: b - a for i, (a, b) in zip(c.indices(), self._region("device", c.indices()))}
-            self.counters.flops += (2 if c.b is not None else 1) * ordered.points(sizes, within)
+            self.counters.flops += (2 if c.b is not None else 1) * ordering.points(sizes, within)
 
     def _compute(self, run: list[Op]) -> None:
-        """One contraction, or a run of terms into one buffer (:func:`term_run`): point-wise terms
-        in one point-wise kernel, contractions in one sum kernel. A run marked
-        :attr:`Op.symmetrized`, on a tile that permutations of its output's indices map onto
+        """One contraction, or a run of terms into one buffer (:attr:`Op.run`): point-wise terms
+        in one point-wise kernel, contractions in one sum kernel. A run with an
+        :attr:`Op.schedule`, on a tile that permutations of its output's indices map onto
         themselves (:meth:`_orbits`): one term per orbit into ``out`` (zero: the planner marks
         only runs into a buffer allocated just before them), then ``out`` = Σ of its permuted
         views, in place; counted as the cost model prices it. A run that writes its buffer first
-        (:func:`_unset`) is ``fresh`` to the backend."""
+        (:attr:`Op.fresh`) is ``fresh`` to the backend."""
         cs = [self.plan.contractions[op.contraction] for op in run]
         out = self._view(cs[0].out, cs[0].out_indices)
         operands = [(self._view(c.a, c.a_indices), self._view(c.b, c.b_indices) if c.b is not None else None)
                     for c in cs]
-        orbits = self._orbits(cs) if run[0].symmetrized else None
+        orbits = self._orbits(run) if run[0].schedule is not None else None
         if orbits is not None:
             terms, axes = orbits
             cs = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
             operands = [operands[k] for k, _ in terms]
-        fresh = id(run[0]) in self.unset
+        fresh = bool(run[0].fresh)
         if len(cs) == 1:
             self.backend.contract(cs[0], out, *operands[0], fresh)
         elif cs[0].pointwise():
@@ -1237,34 +1226,28 @@ class Executor:
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
             keep = self._equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
-            self.backend.symmetrize(out, axes, ordered.dims(keep, cs[0].out_indices))
-            moved += out.nbytes + out.itemsize * ordered.points(dict(zip(cs[0].out_indices, out.shape)), keep)
+            self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
+            moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self._watch()
         self._count(cs)
         self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
 
-    def _orbits(self, cs) -> tuple | None:
+    def _orbits(self, run: list[Op]) -> tuple | None:
         """The terms a symmetrized run runs on this tile (position, factor scale) and the axis
-        permutations its output is summed over (:func:`chainexec.planner.symmetry.schedule`), or None where
-        this tile runs every term."""
-        sym = self.symmetric or []
-        free = frozenset(i for i in cs[0].out_indices if i not in sym
-                         and self._range("device", i) == (0, self.plan.extents[i]))
-        key = (cs[0].id, tuple(sym), free)
-        if key not in self.schedules:  # 0.17 ms a tile to ask again (11,480 tiles at o=40)
-            self.schedules[key] = symmetry.schedule(cs, sym, free, self.plan.extents)
-        taken = self.schedules[key]
-        return None if taken is None else taken[self._pattern()]
+        permutations its output is summed over (:attr:`Op.schedule` of its first statement, at
+        this tile's pattern), or None where this tile runs every term."""
+        taken = run[0].schedule[pattern_key(self._pattern())]
+        return None if taken is None else (taken[0], tuple(map(tuple, taken[1])))
 
     def _pattern(self) -> tuple[int, ...]:
         """The pattern of equal positions of the symmetric loop's tile tuple being run
-        (:func:`chainexec.planner.symmetry.pattern_of`; ``()`` outside such a loop)."""
-        return symmetry.pattern_of([self._range("device", i)[0] for i in self.symmetric or []])
+        (:func:`chainexec.ordering.pattern_of`; ``()`` outside such a loop)."""
+        return ordering.pattern_of([self._range("device", i)[0] for i in self.symmetric or []])
 
     def _equal_tiles(self) -> tuple[tuple[str, ...], ...]:
         """The symmetric indices that share a tile in the tuple being run, groups of two or more
-        (:func:`chainexec.planner.ordered.groups`)."""
-        return ordered.groups(self.symmetric or [], self._pattern())
+        (:func:`chainexec.ordering.groups`)."""
+        return ordering.groups(self.symmetric or [], self._pattern())
 
 
 def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
@@ -1273,48 +1256,6 @@ def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
     if rows is None:
         return region
     return (slice(region[0].start + rows.start, region[0].start + rows.stop),) + region[1:]
-
-
-def _filled(body) -> set[int]:
-    """The ``id`` of each global ``alloc`` in ``body`` whose buffer a ``load`` of the same tile
-    from the input's source (version 0, read whole: a stored version is read block by block)
-    fills (each rank's rows) before any other statement names the tensor: its zero fill would
-    only be overwritten. Skipping it leaves the first touch of the pages to the disk reads, which
-    a streamed or double-buffered loop runs beside its work. (T) at o=40 v=400 on four H200s
-    (2026-11-26; 23 GB of inputs in shared memory): the statements before the loop took 1.4 s
-    instead of 6.2 s, and the executor 43.3-44.0 s instead of 45.1 s. The first touch then
-    slowed rank 0's reads of the first rows, which the other ranks waited for (3.7-4.1 s each),
-    until every rank read a cut of every row (:meth:`Executor._share`: 0.03-0.17 s)."""
-    filled, after = set(), {}
-    for op, _ in reversed(list(ops(body))):
-        if op.op == "alloc" and op.level == "global":
-            nxt = after.get(op.tensor)
-            if (nxt is not None and nxt.op == "load" and nxt.level == "global" and nxt.indices == op.indices
-                    and nxt.version == 0):
-                filled.add(id(op))
-        if op.tensor is not None:
-            after[op.tensor] = op
-    return filled
-
-
-def _unset(body, contractions) -> set[int]:
-    """The ``id`` of each device ``alloc`` in ``body`` (and its loops' bodies) whose buffer the
-    compute statement after it writes first (:func:`chainexec.planner.symmetry.fresh`: nothing
-    between them names the tensor; the run it starts reads none of its terms' outputs), and of
-    that statement. The buffer is then allocated without its zero fill and the run writes it as
-    if it held zeros (``fresh``: cuBLAS's β = 0), which saves a pass over the tile: the (T) W
-    tile's fills took 5.9 ms of benzene's 0.155 s of device time on an H100 (2026-11-27)."""
-    found = set()
-    for k, node in enumerate(body):
-        if isinstance(node, Loop):
-            found |= _unset(node.body, contractions)
-        elif node.op == "compute" and symmetry.fresh(body, k, contractions):
-            c = contractions[node.contraction]
-            if c.out not in (c.a, c.b):
-                alloc = next(n for n in reversed(body[:k]) if isinstance(n, Op) and n.op == "alloc"
-                             and n.level == "device" and n.tensor == c.out)
-                found |= {id(alloc), id(node)}
-    return found
 
 
 def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:

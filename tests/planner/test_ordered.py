@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from chainexec import api
+from chainexec import ordering
 from chainexec.planner import ordered, symmetry
 from chainexec.planner.plan import Contraction, Loop, Op, TensorInfo, ops
 from tests.conftest import triples_config
@@ -43,7 +44,7 @@ def test_weighted_ordered_sum_equals_the_whole_tile(shape, within):
     (6, 3, 1 for three; 2, 1 for two) add up to the group's whole cube."""
     rng = np.random.default_rng(len(shape) * 7 + sum(shape))
     x = _symmetric(rng, shape, within)
-    w = ordered.weights(shape, within)
+    w = ordering.weights(shape, within)
     assert np.isclose((w * x).sum(), x.sum(), rtol=1e-13, atol=0)
     full = np.broadcast_to(w, shape)
     for point in itertools.product(*map(range, shape)):
@@ -59,13 +60,13 @@ def test_weighted_ordered_sum_equals_the_whole_tile(shape, within):
                                           ({"i": 3, "j": 3}, ())])
 def test_points_count_the_nonzero_weights(sizes, within):
     names = list(sizes)
-    w = ordered.weights(tuple(sizes.values()), tuple(tuple(names.index(i) for i in g) for g in within))
-    assert ordered.points(sizes, within) == np.count_nonzero(np.broadcast_to(w, tuple(sizes.values())))
+    w = ordering.weights(tuple(sizes.values()), tuple(tuple(names.index(i) for i in g) for g in within))
+    assert ordering.points(sizes, within) == np.count_nonzero(np.broadcast_to(w, tuple(sizes.values())))
 
 
 def test_unequal_extents_sharing_a_tile_are_refused():
     with pytest.raises(ValueError, match="unequal"):
-        ordered.points({"i": 3, "j": 4}, (("i", "j"),))
+        ordering.points({"i": 3, "j": 4}, (("i", "j"),))
 
 
 @pytest.mark.parametrize("m,positions", [(2, 3), (3, 4), (3, 1)])
@@ -80,7 +81,7 @@ def test_ordered_pattern_sums_count_the_ordered_elements(m, positions):
     brute = {}
     for tup in itertools.product(range(positions), repeat=m):
         if all(p <= q for p, q in zip(tup, tup[1:])):
-            key = symmetry.pattern_of(list(tup))
+            key = ordering.pattern_of(list(tup))
             ranges = [range(starts[p], starts[p] + sizes[p]) for p in tup]
             count = sum(all(x[n] <= x[n + 1] for n in range(m - 1) if tup[n] == tup[n + 1])
                         for x in itertools.product(*ranges))

@@ -13,7 +13,7 @@ from chainexec.planner import pipeline
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import Loop, Nest, Op, Plan, TensorInfo, ops
+from chainexec.planner.plan import Loop, Nest, Op, Plan, TensorInfo, ops, fetched, prefetched, returned, staged
 from tests.conftest import fourindex_config, triples_config, write_config
 
 
@@ -70,11 +70,11 @@ def test_staged_and_prefetched():
     load_a = Op("load", "global", "A", ["s", "k"], version=0)
     loop = Loop("global", {"s": 2}, False, [out, a, load_a, Loop("device", {"s": 1}, True, []),
                                             Op("store", "global", "O", ["s"], version=1)], 2)
-    assert [op.tensor for op in pipeline.staged(loop)] == ["O", "A"]
+    assert [op.tensor for op in staged(loop)] == ["O", "A"]
     # The output is zero-filled in its own iteration (its other slot may still be on its way to disk).
-    assert pipeline.prefetched(loop) == [a, load_a]
+    assert prefetched(loop) == [a, load_a]
     loop.depth = 1
-    assert pipeline.staged(loop) == []
+    assert staged(loop) == []
 
 
 def test_one_iteration_loops_are_dropped():
@@ -144,7 +144,7 @@ def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
         peak = predict_nests([Nest([], body[:at] + [more] + body[at + 1:])], plan.tensors, plan.extents,
                              plan.contractions, None)["memory_peak"]
         assert peak["device"] > room
-        assert [op.op for op in pipeline.fetched(loop)] == ["alloc", "get"] * len(loop.ahead)
+        assert [op.op for op in fetched(loop)] == ["alloc", "get"] * len(loop.ahead)
     assert [s[1:3] for s in seen] == [(1, 0), (1, 0), (2, 3), (2, 6), (1, 0)]
     assert all(tiles == {"i": 2, "j": 2, "k": 2} and back == [] for tiles, _, _, back in seen)
 
@@ -175,7 +175,7 @@ def test_results_copied_back_are_two_full_tiles_for_the_whole_loop():
             Op("free", "device", "Z", ["s", "t"])]
     for depth, back, slots in ((1, [], 1), (2, [["Z", ["s", "t"]]], 2)):
         loop = Loop("device", {"s": 2}, True, list(body), depth, back=back)
-        assert [op.op for op in pipeline.returned(loop)] == ["alloc"] * len(back)
+        assert [op.op for op in returned(loop)] == ["alloc"] * len(back)
         peak = predict_nests([Nest([], [loop])], tensors, extents, [], None)["memory_peak"]
         assert peak["device"] == 8 * slots * 2 * 3
 
@@ -224,7 +224,7 @@ def test_which_device_loops_fetch_ahead():
 
     def deepened(nest):
         (out,) = pipeline.deepen([Nest([], nest)], {"s": 4, "t": 4}, cs, lambda body: True)
-        return [(loop.depth, [op.tensor for op in pipeline.fetched(loop) if op.op == "get"])
+        return [(loop.depth, [op.tensor for op in fetched(loop) if op.op == "get"])
                 + ((loop.back,) if loop.back else ()) for loop, _ in _loops(out.body)]
 
     assert deepened([Loop("device", {"s": 1}, True, x + z + twice + computed)]) == [(2, ["X"])]

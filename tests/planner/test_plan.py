@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chainexec import spec
+from chainexec import ordering, spec
 from chainexec.planner.build import make_plan
-from chainexec.planner.cost import CATEGORY
 from chainexec.planner import symmetry
-from chainexec.planner.plan import Loop, Plan, ops, term_run, to_dict
+from chainexec.planner.plan import CATEGORY, Loop, Plan, ops, term_run, to_dict
 from tests.conftest import fourindex_config, write_config
 from tests.runtime.test_chains import random_chain
 
@@ -66,7 +65,7 @@ def enumerate_bytes(plan: Plan) -> dict:
                              for i in plan.extents}
                     free = {i for i in cs[0].out_indices if i not in sym and where[i] == (0, plan.extents[i])}
                     taken = symmetry.schedule(cs, list(sym), free, plan.extents)[
-                        symmetry.pattern_of([where[i][0] for i in sym])]
+                        ordering.pattern_of([where[i][0] for i in sym])]
                     group = [c.id for c in cs] if taken is None else [cs[m].id for m, _ in taken[0]]
                     skip.update(range(k + 1, k + n))
                 elif k in skip:

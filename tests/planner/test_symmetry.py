@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from chainexec import api
+from chainexec import api, ordering
 from chainexec.chem import triples
 from chainexec.planner import build, symmetry
 from chainexec.planner.plan import Contraction, Loop, Op, ops
@@ -115,7 +115,7 @@ def test_pattern_sums_split_the_ordered_sum(m, positions):
     brute = {}
     for tup in itertools.product(range(positions), repeat=m):
         if all(p <= q for p, q in zip(tup, tup[1:])):
-            key = symmetry.pattern_of(list(tup))
+            key = ordering.pattern_of(list(tup))
             brute[key] = brute.get(key, 0) + math.prod(int(f[p]) for f, p in zip(factors, tup))
     assert {k: v for k, v in sums.items() if v} == brute
     assert set(sums) == set(symmetry.patterns(m))

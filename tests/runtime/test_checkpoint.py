@@ -75,7 +75,8 @@ def test_stop_and_resume(tmp_path, ranks, machine, tiles, aside):
     from chainexec import spec
     from chainexec.planner.build import make_plan
     from chainexec.planner.machine import Machine
-    from chainexec.planner.pipeline import fetched, returned, streamed
+    from chainexec.planner.pipeline import streamed
+    from chainexec.planner.plan import fetched, returned
 
     config = _job(tmp_path, machine=machine)
     model = Machine(aside_copy_bytes=0 if aside else Machine.aside_copy_bytes)

@@ -698,7 +698,7 @@ def test_symmetrize_equals_numpy(shape, group, cut, keep):
     buffer and on a view cut from a larger one (nothing outside the view written). ``ordered``:
     written only where the exchanged occupied coordinates are non-decreasing (the rest as it was:
     :mod:`chainexec.planner.ordered`)."""
-    from chainexec.planner import ordered
+    from chainexec import ordering
 
     keep = (((0, 1, 2),) if len(group) == 6 else ((0, 1),)) if keep else ()
     rng = np.random.default_rng(sum(shape))
@@ -707,7 +707,7 @@ def test_symmetrize_equals_numpy(shape, group, cut, keep):
     want = big.copy()
     want[inner] = sum(big[inner].transpose(p) for p in group)
     if keep:
-        want[inner] = np.where(ordered.weights(shape, keep) > 0, want[inner], big[inner])
+        want[inner] = np.where(ordering.weights(shape, keep) > 0, want[inner], big[inner])
     got = cupy.asarray(big)
     CupyBackend(cupy).symmetrize(got[inner], group, keep)
     host = cupy.asnumpy(got)
@@ -805,7 +805,7 @@ def test_fused_reduction_over_ordered_elements(reused, within):
     (``within``, :mod:`chainexec.planner.ordered`) on the GPU, by the plain reduction kernel and
     by the orbit kernel (a reused value read transposed), equals the NumPy backend's, and for
     values symmetric in the group the whole tile's sum (1e-12)."""
-    from chainexec.planner.inline import Fused
+    from chainexec.planner.plan import Fused
 
     rng = np.random.default_rng(len(within[0]) + 2 * reused)
     n, v = 4, 5

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from chainexec.errors import ChainexecError
 from chainexec.runtime.executor import _tuples
 from tests.conftest import store_chunked, triples_config
 
@@ -105,7 +106,8 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     import numpy as np
 
     from chainexec import api
-    from chainexec.runtime import device, executor
+    from chainexec.planner import record
+    from chainexec.runtime import device
 
     o, v = 6, 10
     config = triples_config(tmp_path, "200KiB", o, v)
@@ -129,9 +131,9 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     assert first == [(4, (o, v, v, v), True, True)]
     assert sorted(aside) == sorted([(2, v, v, v), (2, v, o, o), (2, v, o, v), (2, v)] * 3)
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
-    monkeypatch.setattr(executor, "streamed", lambda *args: None)
+    monkeypatch.setattr(record, "streamed", lambda *args: None)  # a plan that streams nothing
     aside.clear()
-    api.run(config, backend="numpy")
+    api.run(config, backend="numpy", plan_cache=False)
     assert not aside
     with h5py.File(tmp_path / "energy.h5") as f:
         assert float(f["E"][()]) == e
@@ -165,7 +167,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     from pathlib import Path
 
     from chainexec import api
-    from chainexec.runtime import executor
+    from chainexec.planner import record
     from tests.conftest import mpiexec
 
     repo = Path(__file__).resolve().parents[2]
@@ -178,8 +180,8 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
         store_chunked(tmp_path / "inputs.h5")
     mapping = layout == "contiguous" and memory == "shared"
     refuse = ["--refuse", "1"] if layout == "refused" else []
-    monkeypatch.setattr(executor, "streamed", lambda *args: None)
-    api.run(config, backend="numpy")
+    monkeypatch.setattr(record, "streamed", lambda *args: None)  # a plan that streams nothing
+    api.run(config, backend="numpy", plan_cache=False)
     with h5py.File(tmp_path / "energy.h5") as f:
         whole = float(f["E"][()])
     out = tmp_path / "ranks"
@@ -329,7 +331,7 @@ def test_queued_statements_are_timed_by_stamps_and_waited_for(tmp_path, landing,
 @pytest.mark.parametrize("poison", ["unfilled", "every"])
 def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poison):
     """(T) at o=6, v=10 with its inputs streamed: the inputs' global buffers, which loads fill,
-    are allocated without a zero fill (:func:`~chainexec.runtime.executor._filled`), the energy's
+    are allocated without a zero fill (``Op.fill`` False, :mod:`chainexec.planner.record`), the energy's
     accumulator with one. Poisoning every buffer allocated without a fill with NaN leaves the
     energy as it was; poisoning every global buffer (the accumulator too) makes it NaN, so the
     poison reaches the result where a fill is missing."""
@@ -342,11 +344,10 @@ def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poiso
 
     config = triples_config(tmp_path, "200KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
-    filled = executor._filled(plan.nests[0].body)
     allocs = [op for op in plan.nests[0].body if getattr(op, "op", None) == "alloc" and op.level == "global"]
-    assert sorted(op.tensor for op in allocs if id(op) in filled) == sorted(
+    assert sorted(op.tensor for op in allocs if op.fill is False) == sorted(
         ["ovvv", "t2", "ovoo", "ovov", "t1", "f_vo", "e_vir", "e_occ"])
-    assert [op.tensor for op in allocs if id(op) not in filled] == ["E"]
+    assert [op.tensor for op in allocs if op.fill is not False] == ["E"]
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
         clean = float(f["E"][()])
@@ -358,32 +359,35 @@ def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poiso
                 self.local()[...] = np.nan
 
     monkeypatch.setattr(executor, "GlobalArray", Poisoned)
+    if poison == "every":  # the energy is NaN: the run refuses to mark it complete
+        with pytest.raises(ChainexecError, match="output E holds 1 values that are not finite"):
+            api.run(config, backend="numpy")
+        return
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
-        e = float(f["E"][()])
-    assert e == clean if poison == "unfilled" else np.isnan(e)
+        assert float(f["E"][()]) == clean
 
 
 @pytest.mark.parametrize("poison", ["unset", "every"])
 def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch, poison):
     """(T) at o=6, v=10: W's device tile, which the run of its terms writes first, is allocated
-    without a zero fill (:func:`~chainexec.runtime.executor._unset`) and that run is told so
-    (``fresh``); the energy's device accumulator keeps its fill. Poisoning every buffer
+    without a zero fill (``Op.fill`` False) and that run is told so (``Op.fresh``,
+:mod:`chainexec.planner.record`); the energy's device accumulator keeps its fill. Poisoning every buffer
     allocated without a fill with NaN leaves the energy as it was; poisoning the filled ones
-    too makes it NaN, so the poison reaches the result where a fill is missing."""
+    too makes it NaN (and the run refuses to mark it complete), so the poison reaches the result
+    where a fill is missing."""
     import h5py
     import numpy as np
 
     from chainexec import api, spec
     from chainexec.planner import build
     from chainexec.planner.plan import ops
-    from chainexec.runtime import device, executor
+    from chainexec.runtime import device
 
     config = triples_config(tmp_path, "200KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
-    unset = executor._unset(plan.nests[0].body, plan.contractions)
     marked = [(op.op, op.tensor if op.op == "alloc" else plan.contractions[op.contraction].id)
-              for op, _ in ops(plan.nests[0].body) if id(op) in unset]
+              for op, _ in ops(plan.nests[0].body) if op.fill is False and op.level == "device" or op.fresh]
     assert marked == [("alloc", "W"), ("compute", 0)]
     api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
@@ -399,8 +403,11 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
             return np.full(shape, np.nan, dtype) if poison == "every" else super().zeros(shape, dtype)
 
     monkeypatch.setattr(api, "select", lambda name, comm: Poisoned())
-    api.run(config, backend="numpy")
-    with h5py.File(tmp_path / "energy.h5") as f:
-        e = float(f["E"][()])
-    assert e == clean if poison == "unset" else np.isnan(e)
+    if poison == "every":  # the energy is NaN: the run refuses to mark it complete
+        with pytest.raises(ChainexecError, match="output E holds 1 values that are not finite"):
+            api.run(config, backend="numpy")
+    else:
+        api.run(config, backend="numpy")
+        with h5py.File(tmp_path / "energy.h5") as f:
+            assert float(f["E"][()]) == clean
     assert made and all(len(shape) == 6 for shape in made)

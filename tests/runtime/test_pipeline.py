@@ -11,10 +11,9 @@ import pytest
 
 from chainexec import spec
 from chainexec.generator import block
-from chainexec.planner import pipeline
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import ops
+from chainexec.planner.plan import ops, fetched, prefetched, returned
 from tests.conftest import read_report, run_cli, write_config
 
 EXTENTS = {"i": 13, "j": 11, "k": 9, "l": 7}
@@ -38,7 +37,7 @@ def test_adding_into_a_stored_result_one_tile_ahead(tmp_path, global_memory, ran
     config = write_config(tmp_path, CHAIN | {"machine": {"global_memory": global_memory, "device_memory": "512B"}})
     plan = make_plan(spec.load(config), schedule="unfused")
     ahead = [op for nest in plan.nests for _, loops in ops(nest.body) for loop in loops if loop.depth > 1
-             for op in pipeline.prefetched(loop)]
+             for op in prefetched(loop)]
     assert any(op.op == "load" and op.tensor == "X" and op.version == 1 for op in ahead)
     assert run_cli("generate", config).returncode == 0
     proc = run_cli("run", config, "--schedule", "unfused", "--report-json", tmp_path / "r.json", ranks=ranks)
@@ -69,8 +68,8 @@ def test_device_tiles_fetched_one_tile_ahead(tmp_path, ranks):
     config = write_config(tmp_path, CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
     plan = make_plan(spec.load(config), ranks=ranks)
     loops = {id(loop): loop for nest in plan.nests for _, around in ops(nest.body) for loop in around}.values()
-    fetched = [(loop.parallel, op.tensor) for loop in loops for op in pipeline.fetched(loop) if op.op == "get"]
-    assert sorted(fetched) == [(False, "A"), (False, "B"), (False, "C"), (False, "D")]
+    ahead = [(loop.parallel, op.tensor) for loop in loops for op in fetched(loop) if op.op == "get"]
+    assert sorted(ahead) == [(False, "A"), (False, "B"), (False, "C"), (False, "D")]
     assert run_cli("generate", config).returncode == 0
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -161,10 +160,10 @@ def test_fetches_ahead_never_overtake_a_reader(tmp_path, monkeypatch):
             return f[name][...]
 
     for config in (triples, chain):
-        assert any(fetched for nest in make_plan(spec.load(config)).nests for _, loops in ops(nest.body)
-                   for fetched in map(pipeline.fetched, loops))
+        assert any(ahead for nest in make_plan(spec.load(config)).nests for _, loops in ops(nest.body)
+                   for ahead in map(fetched, loops))
         assert np.array_equal(result(config, Deferred()), result(config, None))
-    assert any(pipeline.returned(loop) for nest in make_plan(spec.load(triples), Machine(aside_copy_bytes=0)).nests
+    assert any(returned(loop) for nest in make_plan(spec.load(triples), Machine(aside_copy_bytes=0)).nests
                for _, loops in ops(nest.body) for loop in loops)
     assert not np.array_equal(result(triples, Deferred(honour_after=False)), result(triples, None))
     assert not np.array_equal(result(triples, Deferred(honour_wait=False)), result(triples, None))

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from chainexec.planner import ordered
+from chainexec import ordering
 from chainexec.runtime import pointwise
 
 
@@ -602,7 +602,7 @@ def test_symmetrize_in_place_equals_numpy(case, tmp_path):
     big, view = _padded(rng, shape, order, dtype)
     want = sum(view.transpose(p) for p in axes)
     if keep:
-        want = np.where(ordered.weights(shape, keep) > 0, want, view)
+        want = np.where(ordering.weights(shape, keep) > 0, want, view)
         assert not np.allclose(want, sum(view.transpose(p) for p in axes))
     strides = element_strides(view)
     plan = pointwise.symmetrize_plan(shape, strides, tuple(axes), np.dtype(dtype).itemsize)

@@ -1,0 +1,84 @@
+"""What the runtime reads of a plan's nests besides their statements, recorded on them as data
+(pure, in place): the runtime interprets these fields and never works them out again, and the
+cost model prices the same fields, so that "measured = predicted" compares two readings of one
+plan.
+
+- :attr:`Op.run` on the first compute statement of each run of terms
+  (:func:`chainexec.planner.plan.term_run`, as the executor meets them:
+  :func:`chainexec.planner.plan.executed`): how many statements it adds in one pass.
+- :attr:`Op.fill` False on an ``alloc`` whose buffer is written whole before anything reads it
+  (a global buffer that a ``load`` of the input's source fills; a device buffer that the run of
+  terms after it writes first), and :attr:`Op.fresh` on that run's first statement: no zero fill,
+  the run writes the buffer as if it held zeros.
+- :attr:`Nest.streamed`: the inputs a symmetric tile loop starts on before they are all in
+  (:func:`chainexec.planner.pipeline.streamed`).
+- :attr:`Loop.count` on each top-level loop a checkpoint can stop in: its number of tiles.
+
+:func:`runs` is called before every full prediction (the cost model reads ``Op.run``);
+:func:`finish` once on the chosen nests.
+"""
+
+from __future__ import annotations
+
+from chainexec.planner import symmetry
+from chainexec.planner.cost import points
+from chainexec.planner.pipeline import streamed
+from chainexec.planner.plan import Contraction, Loop, Nest, Op, TensorInfo, ops
+
+
+def _bodies(body: list, loop: Loop | None = None):
+    """Every loop-nest body with the loop it is the body of (None for a nest's own)."""
+    yield body, loop
+    for node in body:
+        if isinstance(node, Loop):
+            yield from _bodies(node.body, node)
+
+
+def runs(nests: list[Nest], contractions: list[Contraction]) -> list[Nest]:
+    """Set :attr:`Op.run` on the first statement of every run of terms (None on every other
+    compute statement); returns ``nests``."""
+    for nest in nests:
+        for body, loop in _bodies(nest.body):
+            for node in body:
+                if isinstance(node, Op) and node.op == "compute":
+                    node.run = None
+            for run in symmetry.runs(body, loop, contractions):
+                body[run[0]].run = len(run)
+    return nests
+
+
+def finish(nests: list[Nest], contractions: list[Contraction], tensors: dict[str, TensorInfo],
+           extents: dict[str, int]) -> None:
+    """Record every field of the module docstring on the chosen nests."""
+    runs(nests, contractions)
+    for nest in nests:
+        _fills(nest.body, contractions)
+        found = streamed(nest.body, contractions, tensors)
+        nest.streamed = None if found is None else {"loop": found[0], "rows": found[1]}
+        for node in nest.body:
+            if isinstance(node, Loop) and node.resume is not None:
+                node.count = points([], [node], extents, "device")
+
+
+def _fills(body: list, contractions: list[Contraction]) -> None:
+    """:attr:`Op.fill` and :attr:`Op.fresh` in ``body`` and its loops' bodies."""
+    for op, _ in ops(body):
+        op.fill = op.fresh = None
+    after: dict[str, Op] = {}
+    for op, _ in reversed(list(ops(body))):
+        if op.op == "alloc" and op.level == "global":
+            nxt = after.get(op.tensor)
+            if (nxt is not None and nxt.op == "load" and nxt.level == "global" and nxt.indices == op.indices
+                    and nxt.version == 0):
+                op.fill = False
+        if op.tensor is not None:
+            after[op.tensor] = op
+    for inner, _ in _bodies(body):
+        for k, node in enumerate(inner):
+            if isinstance(node, Op) and node.op == "compute" and node.run and symmetry.fresh(inner, k, contractions):
+                c = contractions[node.contraction]
+                if c.out not in (c.a, c.b):
+                    alloc = next(n for n in reversed(inner[:k]) if isinstance(n, Op) and n.op == "alloc"
+                                 and n.level == "device" and n.tensor == c.out)
+                    alloc.fill = False
+                    node.fresh = True
