@@ -149,8 +149,14 @@ def _line_of(text: str | bytes, marker: str | bytes) -> int:
     return text[:text.rindex(marker)].count(b"\n" if isinstance(text, bytes) else "\n") + 1
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_hostile_config_is_refused_in_one_line(case, tmp_path):
+LAUNCHED = ["alias_bomb", "duplicate_section", "utf16", "dtype_list_top", "size_inf", "expr_parentheses",
+            "two_outputs_one_dataset", "factor_literal", "long_tensor_name"]
+"""Cases also run on two ranks: the launcher's status is 2 (never the resume status 3)."""
+
+
+@pytest.mark.parametrize("case, command, ranks", [(c, "plan", None) for c in sorted(CASES)]
+                         + [(c, "run", 2) for c in LAUNCHED])
+def test_hostile_config_is_refused_in_one_line(case, command, ranks, tmp_path):
     edit, marker, problem = CASES[case]
     config = write_config(tmp_path, fourindex_config())
     edited = edit(config.read_text())
@@ -159,5 +165,5 @@ def test_hostile_config_is_refused_in_one_line(case, tmp_path):
     else:
         config.write_text(edited)
     line = _line_of(edited, marker)
-    proc = run_cli("plan", config, timeout=60)
+    proc = run_cli(command, config, timeout=60, ranks=ranks)
     assert_refused(proc, f"{config}:{line}: ", problem)
