@@ -40,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="dry run: print the loop nest and the predicted movement")
     p.add_argument("config")
     p.add_argument("--json", action="store_true", help="print the plan and prediction as JSON")
-    p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate")
+    p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate (default: $CHAINEXEC_MACHINE, "
+                   "else this machine's calibration in $CHAINEXEC_CACHE, made on first use)")
+    p.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"),
+                   help="the backend whose device memory a config without machine.device_memory plans for")
     p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     p.add_argument("--ranks", type=int, default=1, help="plan for this many MPI ranks (run plans for its own)")
@@ -51,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
     r.add_argument("config")
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
-    r.add_argument("--machine")
+    r.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate (default: as for plan)")
     r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     r.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
     r.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
@@ -112,7 +115,7 @@ def _plan_json(plan) -> dict:
                      "inputs": [ref(n, ix) for n, ix in c.operands()],
                      "flops": c.flops} for c in plan.contractions]
     return {"predicted": plan.predicted, "contractions": contractions, "alternatives": plan.alternatives,
-            "plan": to_dict(plan)}
+            "machine": plan.machine, "plan": to_dict(plan)}
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -149,13 +152,16 @@ def _main(args) -> int:
         if args.command == "plan":
             if args.ranks < 1:
                 raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
-            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache)
+            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache,
+                            args.backend)
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:
                 print(report.loop_nest(plan))
                 print()
                 print(report.summary(plan))
+                print()
+                print(report.machine(plan.machine))
                 print()
                 print(report.alternatives(plan))
             if args.plot:
@@ -175,6 +181,7 @@ def _main(args) -> int:
             options = {k: v for k, v in vars(args).items() if k != "command"}
             machine = calibrate.calibrate(**options)
             print(machine.to_json())
+            print(f"wrote {args.path or calibrate.cache_file(args.backend)[0]}")
         elif args.command == "generate":
             for name in api.generate(args.config):
                 print(f"wrote {name}")
@@ -199,6 +206,7 @@ def _main(args) -> int:
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
                 print(report.ranks(result["run"]["per_rank"]))
+                print(report.machine(result["run"]["machine"]))
                 if args.report:
                     print()
                     print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"],

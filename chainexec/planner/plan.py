@@ -199,6 +199,8 @@ class Plan:
     alternatives: list = field(default_factory=list)
     # MPI ranks the parallel loops are spread over and the predicted seconds shared by.
     ranks: int = 1
+    # Each memory limit and rate planned with: {"value", "from", "detail"} (chainexec.api sets it).
+    machine: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -239,6 +241,7 @@ def to_dict(plan: Plan) -> dict:
         "scratch": plan.scratch,
         "alternatives": plan.alternatives,
         "ranks": plan.ranks,
+        "machine": plan.machine,
     }
 
 
@@ -255,6 +258,7 @@ def from_dict(d: dict) -> Plan:
         scratch=d["scratch"],
         alternatives=list(d.get("alternatives", [])),
         ranks=int(d.get("ranks", 1)),
+        machine=dict(d.get("machine", {})),
     )
 
 
