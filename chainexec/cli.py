@@ -20,10 +20,6 @@ from chainexec.errors import ChainexecError, RankFailed
 from chainexec.runtime import fdtable, warmup
 
 
-TEMPLATES = {job: Path(__file__).resolve().parents[1] / "configs" / name
-             for job, name in (("ccsd_t", "ccsd_t.yaml"), ("ao2mo", "fourindex.yaml"))}
-
-
 NO_INLINE = "keep every point-wise intermediate in a device buffer of its own (no fused statements)"
 
 
@@ -85,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--basis", default="cc-pvdz")
     ch.add_argument("--frozen", type=int, help="frozen core orbitals, fewer than the occupied ones (default 0)")
     ch.add_argument("--out", required=True, help="folder for inputs.h5 and ccsd_t.yaml")
-    ch.add_argument("--job", default="ccsd_t", choices=tuple(TEMPLATES),
+    ch.add_argument("--job", default="ccsd_t", choices=tuple(job.TEMPLATES),
                     help="ccsd_t: the (T) energy job; ao2mo: the AO->MO four-index transform of the molecule's integrals")
     ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
@@ -169,7 +165,7 @@ def _main(args) -> int:
         elif args.command == "chem":
             options = {k: getattr(args, k) for k in job.OPTIONS if getattr(args, k) is not None}
             summary = job.prepare(args.molecule, args.out, basis=args.basis, job=args.job,
-                                  template=args.template or TEMPLATES[args.job],
+                                  template=args.template or job.TEMPLATES[args.job],
                                   synthetic=tuple(args.synthetic) if args.synthetic else None, **options)
             print(json.dumps({k: v for k, v in summary.items() if k not in ("path", "config")}))
             print(f"wrote {summary['path']} and {summary['config']}")
