@@ -57,6 +57,7 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
     if rates is None:
         rates, ident = _cache_lookup(figures, backend)
         if rates is None:
+            calibrate.writable(ident)
             machinecache.announce(ident)
             calibrate.calibrate(quick=True, backend=backend, ranks=min(ranks, os.cpu_count() or 1))
             rates = _calibrated(ident)
@@ -135,7 +136,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         if ours["rates"] is None:
             ours["rates"], ident = _cache_lookup(figures, backend)
             if ours["rates"] is None:
-                return machinecache.announce(ident), ident
+                where = calibrate.writable(ident)
+                machinecache.announce(ident)
+                return where, ident
         return None
 
     calibration = on_rank0(comm, limits_and_rates)

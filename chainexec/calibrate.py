@@ -119,15 +119,23 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
 
 
 def cache_file(backend: str) -> tuple[Path, dict]:
-    """This machine's calibration file in the cache for ``backend`` (its folder made) and the
+    """This machine's calibration file in the cache for ``backend`` (:func:`writable`) and the
     identity it is kept for (:mod:`chainexec.machinecache`)."""
     ident = machinecache.identity(detect.gpu_name(backend))
+    return writable(ident), ident
+
+
+def writable(ident: dict) -> Path:
+    """The cache file of the calibration of ``ident``, its folder made; a
+    :class:`ChainexecError` naming the folder or file where it cannot be written."""
     where = machinecache.path(ident)
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ChainexecError(f"cannot make the calibration cache folder ({err.strerror or err})", str(where.parent)) from None
-    return where, ident
+        raise ChainexecError(f"cannot make the calibration cache folder ({err.strerror or err}): set "
+                             f"${machinecache.CACHE} to a writable folder, or give --machine", str(where.parent)) from None
+    _check_writable(where)
+    return where
 
 
 def settings(scratch: Path, quick: bool, backend: str, size: int | None = None) -> dict:
@@ -143,7 +151,7 @@ def in_process(comm, path: Path, backend: str, ident: dict) -> Machine | None:
     None on the other ranks. The disk is measured in ``path``'s folder."""
     from chainexec.calibrate_worker import measure
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # on each host (rank 0's checked it: writable)
     raw = comm.gather(measure(comm, **settings(path.parent, True, backend)), root=0)
     return keep(path, raw, True, ident) if comm.rank == 0 else None
 

@@ -104,11 +104,10 @@ def cached(ident: dict) -> tuple[Machine, dict] | None:
     return found, record(found, given, "calibration cache", str(where))
 
 
-def announce(ident: dict) -> Path:
+def announce(ident: dict) -> None:
     """Say on stderr, in one line, that this machine has no calibration yet and a quick one is
-    made now; returns the file it goes to."""
+    made now."""
     where = path(ident)
     print(f"chainexec: no calibration of {ident['host']} ({ident['gpu']}) for this software in {where.parent}: "
           f"measuring a quick one (up to 10 s) into {where.name}; `chainexec calibrate` refreshes it",
           file=sys.stderr, flush=True)
-    return where

@@ -63,7 +63,8 @@ def test_a_config_without_machine_runs_within_the_mocked_host(tmp_path, monkeypa
         assert "defaults: $CHAINEXEC_MACHINE=defaults" in lines[rate], lines[rate]
 
 
-def test_a_config_without_machine_plans_for_the_real_host(tmp_path):
+def test_a_config_without_machine_plans_and_runs_on_the_real_host(tmp_path, monkeypatch):
+    monkeypatch.delenv("CHAINEXEC_HOST_MEMORY", raising=False)
     config = _config(tmp_path)
     proc = run_cli("plan", config, "--backend", "numpy", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -77,6 +78,11 @@ def test_a_config_without_machine_plans_for_the_real_host(tmp_path):
     assert data["plan"]["memory_limit"] == {level: data["machine"][f"{level}_memory"]["value"]
                                             for level in ("global", "device")}
     assert data["plan"]["machine"] == data["machine"]
+    proc = run_cli("run", config, "--backend", "numpy", "--report-json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = read_report(tmp_path / "r.json")
+    assert {r["from"] for k, r in report["run"]["machine"].items() if k.endswith("_memory")} == {"detected"}
+    assert report["measured"]["bytes"] == report["predicted"]["bytes"]
 
 
 def test_the_config_s_limits_win_one_by_one(tmp_path, monkeypatch):

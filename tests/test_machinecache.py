@@ -137,3 +137,14 @@ def test_machine_files_win_over_the_cache(tmp_path, calibrating, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_MACHINE", str(tmp_path / "missing.json"))
     assert_refused(run_cli("plan", config), "missing.json", "cannot read machine file")
     assert _kept(calibrating) == []
+
+
+@pytest.mark.mpi
+def test_a_cache_that_cannot_be_written_is_one_line(tmp_path, calibrating, monkeypatch):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("CHAINEXEC_CACHE", str(blocker / "machines"))
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    for proc in (run_cli("plan", config), run_cli("run", config, ranks=3)):
+        assert_refused(proc, str(blocker / "machines"), "cannot make the calibration cache folder", "--machine")
