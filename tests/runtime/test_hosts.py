@@ -109,14 +109,15 @@ def test_fourindex_on_simulated_hosts(tmp_path, monkeypatch):
 @pytest.mark.mpi
 def test_triples_on_simulated_hosts(tmp_path, monkeypatch):
     """(T) at o=6, v=10, its inputs streamed into the tile loop (``mpi_streamed_check.py``), on
-    4 ranks as 2 hosts of 2 ranks and as 4 ranks of one host: every tile adds the same
-    contribution to E, bit for bit (compared as the sorted contributions of all ranks: which
-    rank runs a tile, and so the order in which the contributions reach E, differs between any
-    two runs of several ranks, on one host too, so E itself agrees with the other runs and with 1
-    rank to 1e-12 relative); bytes and peaks as predicted. On one host the inputs are mapped from
-    their file and each rank makes its cut of every row resident; on two hosts nothing is mapped
-    or given back, and each element of every streamed input is read from the file once in all,
-    by the rank that owns its row, not once per host or rank."""
+    4 ranks as 2 hosts of 2 ranks, as 4 hosts of one rank under MPICH's network transport and as
+    4 ranks of one host: every tile adds the same contribution to E, bit for bit (compared as the
+    sorted contributions of all ranks: which rank runs a tile, and the order in which the ranks'
+    contributions reach E, differ between any two runs of several ranks, on one host too, so E
+    itself agrees with the other runs and with 1 rank to 1e-12 relative); bytes and peaks as
+    predicted. On one host the inputs are mapped from their file and each rank makes its cut of
+    every row resident; on several hosts nothing is mapped or given back, and each element of
+    every streamed input is read from the file once in all, by the rank that owns its row, not
+    once per host or rank."""
     from chainexec import api
 
     monkeypatch.delenv(SIMULATE, raising=False)
@@ -130,25 +131,26 @@ def test_triples_on_simulated_hosts(tmp_path, monkeypatch):
     api.run(config, backend="numpy", plan_cache=False)
     single = energy()
     runs = {}
-    for hosts in (1, 2):
+    for hosts, env in ((1, {}), (2, {SIMULATE: "2"}), (4, {NOLOCAL: "1"})):
         out = tmp_path / f"hosts{hosts}"
         out.mkdir()
-        launch("mpi_streamed_check.py", config, out, env={SIMULATE: str(hosts)} if hosts > 1 else {})
+        launch("mpi_streamed_check.py", config, out, env=env)
         assert energy() == pytest.approx(single, rel=1e-12)
         runs[hosts] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
         first = runs[hosts][0]
         assert first["hosts"] == hosts and first["measured"] == first["predicted"]
         assert first["peaks"][0] == first["peaks"][1]
     added = {hosts: sorted(x for rec in records for x in rec["added"]) for hosts, records in runs.items()}
-    assert added[1] and added[1] == added[2]
+    assert added[1] and added[1] == added[2] == added[4]
     assert all(rec["populated"] for rec in runs[1]) and not any(rec["reads"] for rec in runs[1])
-    assert not any(rec["populated"] or rec["discarded"] for rec in runs[2])
     shapes = {"ovvv": (o, v, v, v), "ovoo": (o, v, o, o), "ovov": (o, v, o, v), "t1": (o, v)}
-    for tensor, shape in shapes.items():
-        times = np.zeros(shape, np.int64)
-        for r, rec in enumerate(runs[2]):
-            for name, region in rec["reads"]:
-                if name == tensor:
-                    assert r * o // 4 <= region[0][0] and region[0][1] <= (r + 1) * o // 4, (tensor, r, region)
-                    times[tuple(slice(a, b) for a, b in region)] += 1
-        assert np.all(times == 1), tensor
+    for hosts in (2, 4):
+        assert not any(rec["populated"] or rec["discarded"] for rec in runs[hosts])
+        for tensor, shape in shapes.items():
+            times = np.zeros(shape, np.int64)
+            for r, rec in enumerate(runs[hosts]):
+                for name, region in rec["reads"]:
+                    if name == tensor:
+                        assert r * o // 4 <= region[0][0] and region[0][1] <= (r + 1) * o // 4, (tensor, r, region)
+                        times[tuple(slice(a, b) for a, b in region)] += 1
+            assert np.all(times == 1), (hosts, tensor)
