@@ -199,7 +199,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
               **({"calibrate": calibrated - calibrating} if calibration is not None else {}),
               "backend": ready - planned, "executor": measured["total_seconds"], "run": time.perf_counter() - started}
     return {"predicted": p.predicted, "measured": measured,
-            "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
+            "run": {"config": str(config), "ranks": comm.size, "hosts": executor.hosts, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "plan_cached": cached, "resumed_tiles": executor.resumed,
                     "checkpoints": executor.checkpoints,
                     "per_rank": executor.rank_times(measured["total_seconds"]),

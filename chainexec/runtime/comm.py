@@ -1,12 +1,27 @@
-"""The MPI world: one rank per GPU, or a single process when started without mpirun.
+"""The MPI world (one rank per GPU, or a single process when started without mpirun) and its hosts.
 
 mpi4py initialises MPI on import; a process started without a launcher is a world of one rank
 (MPI singleton init), so the same code path serves both.
+
+Hosts
+-----
+A host is the set of ranks that share memory (``MPI_COMM_TYPE_SHARED``): :func:`host_comm`. Every
+path that relies on ranks sharing a host asks it, and nothing else: global arrays in shared memory
+(:func:`chainexec.runtime.globalarray.shares_memory`), inputs mapped from their file and read
+through one page cache (:mod:`chainexec.runtime.mapped`, where the executor maps), the GPU a rank
+binds (:func:`local_rank`). With ``CHAINEXEC_SIMULATE_HOSTS=K`` (:data:`SIMULATE_HOSTS`) the ranks
+of one machine act as ranks of K hosts: world rank r of P is on simulated host ``r * K // P``
+(blocks of consecutive ranks, as srun and mpiexec place them by default), so none of those paths
+crosses from one simulated host to another. The MPI library's own transport between them stays
+shared memory; MPICH's ``MPIR_CVAR_NOLOCAL=1`` makes it the network's, and every rank a host of
+its own (docs/gpu.md, "Several ranks").
 """
 
 from __future__ import annotations
 
 import os
+
+from chainexec.errors import ChainexecError
 
 
 def world():
@@ -22,6 +37,11 @@ LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", 
 LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_NTASKS", "MPI_LOCALNRANKS")
 """Variables a launcher sets in the processes it starts; a process without any is an MPI singleton."""
 
+SIMULATE_HOSTS = "CHAINEXEC_SIMULATE_HOSTS"
+"""The variable that splits one machine's ranks into simulated hosts (:func:`host_comm`)."""
+
+_HOST: int | None = None  # attribute key of host_comm's answer on a communicator
+
 
 def launched() -> bool:
     """Whether a launcher started this process (one of :data:`LAUNCHER` is set), read without
@@ -31,7 +51,10 @@ def launched() -> bool:
 
 def env_local_rank() -> int | None:
     """This rank's position on its node as the first of :data:`LOCAL_RANK` set to a number says,
-    read without initialising MPI; None where none does."""
+    read without initialising MPI; None where none does, and under simulated hosts
+    (:data:`SIMULATE_HOSTS` set), where the launcher's position counts the whole machine's ranks."""
+    if os.environ.get(SIMULATE_HOSTS, ""):
+        return None
     for var in LOCAL_RANK:
         value = os.environ.get(var, "")
         if value.isascii() and value.isdigit():
@@ -39,15 +62,51 @@ def env_local_rank() -> int | None:
     return None
 
 
-def local_rank(comm) -> int:
-    """This rank's position among the ranks of its node (for binding a GPU): as the launcher says
-    (:func:`env_local_rank`), else found through MPI."""
-    local = env_local_rank()
-    if local is not None:
-        return local
+def simulated_hosts() -> int:
+    """The number of hosts :data:`SIMULATE_HOSTS` makes of one machine's ranks: 1 where it is
+    unset or empty; a :class:`ChainexecError` (raised alike on every rank) unless it is a
+    positive whole number."""
+    value = os.environ.get(SIMULATE_HOSTS, "")
+    if not value:
+        return 1
+    if not (value.isascii() and value.isdigit() and int(value) > 0):
+        raise ChainexecError(f"{SIMULATE_HOSTS}={value[:20]!r} is not a positive whole number of hosts",
+                             collective=True)
+    return int(value)
+
+
+def host_comm(comm):
+    """The ranks of ``comm`` on this rank's host, in ``comm``'s order: those sharing memory with
+    it, and of those, under :data:`SIMULATE_HOSTS` = K, the ones on its simulated host (world
+    rank r of P on host ``r * K // P``). Collective over ``comm`` the first time; the answer is
+    cached on ``comm`` as an MPI attribute and must not be freed."""
     from mpi4py import MPI
 
-    return comm.Split_type(MPI.COMM_TYPE_SHARED).rank
+    global _HOST
+    if _HOST is None:
+        _HOST = MPI.Comm.Create_keyval()
+    host = comm.Get_attr(_HOST)
+    if host is None:
+        hosts = simulated_hosts()
+        host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        if hosts > 1:
+            everyone = MPI.COMM_WORLD
+            node, host = host, host.Split(everyone.rank * hosts // everyone.size)
+            node.Free()
+        comm.Set_attr(_HOST, host)
+    return host
+
+
+def hosts(comm) -> int:
+    """How many hosts (:func:`host_comm`) the ranks of ``comm`` are on (collective)."""
+    return comm.allreduce(int(host_comm(comm).rank == 0))
+
+
+def local_rank(comm) -> int:
+    """This rank's position among the ranks of its host (for binding a GPU): as the launcher says
+    (:func:`env_local_rank`), else its rank in :func:`host_comm` (collective then)."""
+    local = env_local_rank()
+    return local if local is not None else host_comm(comm).rank
 
 
 def local_size() -> int:

@@ -3,8 +3,8 @@
 The executor is the only interpreter of the plan (see :mod:`chainexec.planner.plan` for the region
 rule and the statements). Global buffers are :class:`GlobalArray` s (allocated collectively),
 except an input's tile that only its load fills where its file holds it as the array, on one
-rank or ranks of one host: a :class:`MappedArray` of the file on each rank
-(:mod:`chainexec.runtime.mapped`); device buffers belong to the :class:`Backend`. Statements
+rank or ranks of one host (:func:`chainexec.runtime.comm.host_comm`): a :class:`MappedArray` of
+the file on each rank (:mod:`chainexec.runtime.mapped`); device buffers belong to the :class:`Backend`. Statements
 outside parallel loops run on all ranks, each on its own rows of the global buffer (loads read
 exactly those rows from disk; stores write them); iterations of a parallel loop are dealt
 round-robin to ranks, with a barrier before (loads visible) and after (accumulations complete).
@@ -42,6 +42,7 @@ from chainexec import ordering
 from chainexec.planner.plan import (CATEGORIES, CATEGORY, DEPTH, LEVEL_TIMES, Loop, Op, Plan, executed, fetched,
                                     ops, pattern_key, prefetched, returned, staged, stores)
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
+from chainexec.runtime.comm import hosts
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime import hostcopy
@@ -163,8 +164,12 @@ class Executor:
         # own from their allocation on: the futures of their backend.lock_host handles
         self.locking: dict[tuple, Future] = {}
         self.locker: ThreadPoolExecutor | None = None
+        # the hosts the ranks are on (:func:`host_comm`; collective, and where a bad
+        # CHAINEXEC_SIMULATE_HOSTS is refused on every rank before anything is read or written)
+        self.hosts = hosts(comm)
         # inputs' tiles are mapped from their files on one rank and on ranks of one host, whose
-        # page cache holds the file's pages once for all of them (:meth:`_alloc`)
+        # page cache holds the file's pages once for all of them (:meth:`_alloc`); on several
+        # hosts each rank reads its rows into a global array, so that each row is read once
         self.maps = comm.size == 1 or shares_memory(comm)
         self.checkpoint = checkpoint
         self.resumed = 0  # parallel tiles of the work a resumed run skips

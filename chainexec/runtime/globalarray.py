@@ -39,10 +39,13 @@ without calling MPI.
 
 Ranks of one host
 -----------------
-Where every rank of ``comm`` is on one host (and :data:`SHARED_MEMORY` is on), the window is
-allocated in shared memory (``MPI.Win.Allocate_shared``) and a ``get`` copies other ranks' rows
-with plain loads over threads (:mod:`chainexec.runtime.hostcopy`), as it does its own rows; puts
-and accumulates stay RMA calls. The memory model above is unchanged: a rank's stores become
+Where every rank of ``comm`` is on one host (:func:`chainexec.runtime.comm.host_comm`, simulated
+hosts included) and :data:`SHARED_MEMORY` is on, the window is allocated in shared memory
+(``MPI.Win.Allocate_shared``) and a ``get`` copies other ranks' rows with plain loads over threads
+(:mod:`chainexec.runtime.hostcopy`), as it does its own rows; puts and accumulates stay RMA calls.
+Where the ranks span hosts the window is one ``MPI.Win.Allocate`` over all of them, and a get of
+another rank's rows is an RMA call, also between ranks of one host: no window is in shared memory
+across hosts. The memory model above is unchanged: a rank's stores become
 visible to plain loads of others through the same ``MPI_Win_sync`` and Barrier (MPI-4 §12.7.1).
 (T) at o=40 v=400 on four H200s of one host (2026-11-26): the ranks' gets of ``ovvv`` to their
 devices took 21.2 s in all through Open MPI's RMA ``get``, 7.5 s through plain loads.
@@ -63,6 +66,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from chainexec.errors import ChainexecError
 from chainexec.runtime import hostcopy
+from chainexec.runtime.comm import host_comm
 from chainexec.runtime.region import Region, region_bounds, row_bounds, row_owners, whole_rows
 from chainexec.spec import format_size
 
@@ -74,29 +78,12 @@ it off to exercise RMA gets between ranks."""
 _madvise = ctypes.CDLL(None).madvise  # the C library's, for GlobalArray.discard
 _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
-_ONE_HOST: int | None = None  # attribute key of _on_one_host's answer on a communicator
-
 
 def shares_memory(comm: MPI.Comm) -> bool:
-    """Whether ``comm`` has several ranks, all of one host, and arrays over them live in shared
-    memory (:data:`SHARED_MEMORY`): then every rank reads every rank's rows where they lie
-    (collective the first time for a communicator)."""
-    return comm.Get_size() > 1 and SHARED_MEMORY and _on_one_host(comm)
-
-
-def _on_one_host(comm: MPI.Comm) -> bool:
-    """Whether every rank of ``comm`` shares memory with every other (collective the first time
-    for a communicator; the answer is cached on it as an MPI attribute, which goes with it)."""
-    global _ONE_HOST
-    if _ONE_HOST is None:
-        _ONE_HOST = MPI.Comm.Create_keyval()
-    known = comm.Get_attr(_ONE_HOST)
-    if known is None:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        known = node.Get_size() == comm.Get_size()
-        node.Free()
-        comm.Set_attr(_ONE_HOST, known)
-    return known
+    """Whether ``comm`` has several ranks, all of one host (:func:`host_comm`), and arrays over
+    them live in shared memory (:data:`SHARED_MEMORY`): then every rank reads every rank's rows
+    where they lie (collective the first time for a communicator)."""
+    return comm.Get_size() > 1 and SHARED_MEMORY and host_comm(comm).Get_size() == comm.Get_size()
 
 
 class GlobalArray:

@@ -26,8 +26,10 @@ gets read every row through its own mapping once the others have published their
 synthetic o=32 v=300 on two H200s (``benchmarks/results/session30_2026-11-28.json``) spent 2.6-2.7 s
 of each rank's disk worker on it and 15.17-15.40 s of executor, against 0.007-0.010 s and
 14.53-14.56 s mapped (one rank: 28.1-28.4 s either way), so 92 % parallel efficiency became 97 %.
-Ranks on several hosts still read into global arrays: a mapping there would read other hosts'
-shares from the file again, bytes the plan does not count. Where the backend page-locks host
+Ranks on several hosts (:func:`chainexec.runtime.comm.host_comm`, simulated hosts included) read
+into a global array instead, each rank its own rows, so that each row comes from the file once in
+all: mapped on every host, each host would read the other hosts' rows from the file again, bytes
+the plan does not count. Where the backend page-locks host
 memory for its copies (a run moving less than ``PINNED_FROM_BYTES`` per rank on a GPU), each
 rank's lock thread pins, and so makes resident, the whole tile at its allocation
 (:meth:`Executor._lock`), beside the loads that count it.

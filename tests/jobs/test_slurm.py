@@ -37,11 +37,53 @@ def test_job_script_shape(script):
     directives = [line.split()[1] for line in lines[:first_command] if line.startswith("#SBATCH")]
     assert not [line for line in lines[first_command:] if line.startswith("#SBATCH")]
     options = {d.split("=")[0] for d in directives}
-    assert {"--job-name", "--ntasks-per-node", "--gpus-per-task", "--time", "--output"} <= options
+    assert {"--job-name", "--nodes", "--ntasks-per-node", "--gpus-per-task", "--time", "--output"} <= options
     assert "--gpus-per-task=1" in directives  # one rank per GPU
     assert lines[first_command] == "set -euo pipefail"
     assert re.search(r'^srun --mpi="\$SRUN_MPI" "\$CHAINEXEC" run "\$CONFIG"', text, re.M)
     assert re.search(r"^SRUN_MPI=\$\{SRUN_MPI:-pmi2\}", text, re.M)
+    # several nodes: every node's view of the folders is checked before anything runs or is written
+    assert re.search(r'^\. "\$CHAINEXEC_HOME/jobs/nodes\.sh"$', text, re.M)
+    checked = re.search(r'^check_nodes "\$(VENV/bin/python|PYTHON)" .*\|\| exit 2$', text, re.M)
+    assert checked
+    steps = ("\nworld=$(srun", '"$CHAINEXEC" generate', '"$CHAINEXEC" chem')
+    later = [text.index(step) for step in steps if step in text]
+    assert len(later) == 2 and checked.start() < min(later)
+
+
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun's stand-in: options dropped, the command run here as the other node; with HIDE set that
+# node sees another folder of that name (this node's marks are not there)
+while [[ $1 == --* ]]; do shift; done
+[ -z "${HIDE:-}" ] || rm -f "$HIDE"/.chainexec-shared-*
+exec "$@"
+"""
+
+
+@pytest.mark.parametrize("nodes, hide, python, status, said", [
+    ("2", "", sys.executable, 0, "chainexec-job: all 2 nodes run"),
+    ("2", "b", sys.executable, 2, "does not see {b} (not on a shared file system)"),
+    ("2", "", "/nonexistent/python", 2, "cannot run /nonexistent/python"),
+    ("1", "b", "/nonexistent/python", 0, ""),
+], ids=["shared", "not shared", "no venv", "one node"])
+def test_check_nodes(tmp_path, nodes, hide, python, status, said):
+    """jobs/nodes.sh's ``check_nodes`` with a stand-in srun whose "node" sees both folders, or
+    another folder in place of the second, or cannot run the venv's Python: status 0 with a line
+    naming what every node sees, else 2 naming what a node lacks; no mark left behind. On one
+    node it does nothing (no srun)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(FAKE_SRUN if nodes != "1" else "#!/bin/sh\nexit 9\n")
+    (fake / "srun").chmod(0o755)
+    folders = {name: tmp_path / name for name in "ab"}
+    for folder in folders.values():
+        folder.mkdir()
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NUM_NODES": nodes, "HIDE": str(folders[hide]) if hide else ""}
+    proc = subprocess.run(["bash", "-c", f'set -euo pipefail; . {REPO}/jobs/nodes.sh; check_nodes "$@" || exit $?',
+                           "job", python, *map(str, folders.values())], capture_output=True, text=True, env=env)
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert said.format(**folders) in proc.stdout + proc.stderr
+    assert not [p for folder in folders.values() for p in folder.iterdir()]
 
 
 def _sinfo_states() -> list[str]:

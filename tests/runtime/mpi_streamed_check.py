@@ -2,10 +2,11 @@
 that records, on each rank, the chunks copied beside the work and what the device copy of
 ``ovvv`` holds when the rank's first tile starts, the parts of the streamed inputs it reads
 from disk through HDF5, the inputs' pages it loads through their file's mapping (as (shape of a
-row, first row, rows, first and end element of the rows' second axis)), and the rows of the
+row, first row, rows, first and end element of the rows' second axis)), the rows of the
 streamed inputs it gives back (poisoned with NaN instead, so that a row given back too early
-spoils the energy). Writes OUT/rank<R>.json per rank (and the run's measured and predicted bytes
-and peaks on rank 0).
+spoils the energy), and each tile's contribution it adds to the energy (``float.hex``). Writes
+OUT/rank<R>.json per rank (and the run's measured and predicted bytes and peaks and its number
+of hosts on rank 0).
 
 Usage: ``mpiexec -n N python mpi_streamed_check.py CONFIG OUT [--rma] [--refuse R]`` (``--rma``:
 global arrays out of shared memory; ``--refuse R``: rank R cannot map any file, as where it ran out
@@ -82,13 +83,24 @@ def main():
             self.block(comm.rank)[lo - self.rows[0]:hi - self.rows[0]] = np.nan
 
     globalarray.GlobalArray.discard = poisoning_discard
+    added = []
+    plain_accumulate = globalarray.GlobalArray.accumulate
+
+    def recording_accumulate(self, region, data):
+        if not self.shape:
+            added.append(float(data).hex())
+        plain_accumulate(self, region, data)
+
+    globalarray.GlobalArray.accumulate = recording_accumulate
     api.select = lambda name, comm: Recording()
     try:
         result = api.run(config, backend="numpy")
-        mine = {"aside": aside, "first": first, "reads": reads, "populated": populated, "discarded": discarded}
+        mine = {"aside": aside, "first": first, "reads": reads, "populated": populated, "discarded": discarded,
+                "added": added}
         if comm.rank == 0:
             mine |= {"measured": result["measured"]["bytes"], "predicted": result["predicted"]["bytes"],
-                     "peaks": [result["measured"]["memory_peak"], result["predicted"]["memory_peak"]]}
+                     "peaks": [result["measured"]["memory_peak"], result["predicted"]["memory_peak"]],
+                     "hosts": result["run"]["hosts"]}
         with open(f"{out}/rank{comm.rank}.json", "w") as f:
             json.dump(mine, f)
     except Exception:
