@@ -20,11 +20,10 @@ import time
 import cupy
 import numpy as np
 
-from chainexec.planner import sumkernel, summma
-from chainexec.planner.kernelconf import Device
+from chainexec.kernels import sumkernel, summma
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import device, kernels
-from tests.planner.test_sumkernel import W_TERMS
+from tests.kernels.test_sumkernel import W_TERMS
 
 
 def main(path, o=24, v=180, tile=3, with_sweep=1):
@@ -94,7 +93,7 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
 
     prob = sumkernel.problem(view(W, "ijkabc"), [sumkernel.Term(view(a, x), view(b, y), f)
                                                  for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
-    dev = Device.from_cupy()
+    dev = kernels.device_model()
     res["sweep"] = []
     sweep = [] if not with_sweep else [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
              for kc in sumkernel.KC] + [("summma", c) for c in summma.candidates(prob, dev, top=8)]

@@ -113,7 +113,7 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float) -> list[dict]:
     into a NaN-poisoned C, then alpha/beta) and timed with beta = 0."""
     import cupy
 
-    from chainexec.planner import gett
+    from chainexec.kernels import gett
     from chainexec.runtime.kernels import GettTables, launch_gett
 
     strides = tuple(dict(zip(idx, (s // x.itemsize for s in x.strides))) for idx, x in ((c, C), (a, A), (b, B)))
@@ -347,14 +347,14 @@ def main(argv=None) -> int:
     if not Path(args.tccg).is_file():
         raise ChainexecError("benchmark cases not found (give --tccg PATH)", args.tccg)
 
-    from chainexec.planner.kernelconf import Device, choose_config
-    from chainexec.runtime.kernels import get_kernel
+    from chainexec.kernels.kernelconf import choose_config
+    from chainexec.runtime.kernels import device_model, get_kernel
 
     cases = json.load(open(args.tccg))
     if args.ids:
         cases = [c for c in cases if c["id"] in args.ids]
     use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
-    device = Device.from_cupy()
+    device = device_model()
     result = {"environment": environment(), "device_model": asdict(device), "rows": [],
               "dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs(),
               "layout": "row-major: the last letter of each index string is stride-1"}

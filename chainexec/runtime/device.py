@@ -25,14 +25,14 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   reduction to a scalar through a CuPy ``ReductionKernel`` over a permuted view was tried and
   removed: without CUB, CuPy reduces to one output element in a single thread block, 60 s
   instead of 4 s for the (T) energy at o=21, v=93 on the H100.)
-* ``gett`` — the generated GETT kernel on FP64 tensor cores (:mod:`chainexec.planner.gett`):
+* ``gett`` — the generated GETT kernel on FP64 tensor cores (:mod:`chainexec.kernels.gett`):
   gathers through offset tables, so any strided operands and batch indices; float64.
-* ``batched`` — batched GEMMs over the operands as they lie (:mod:`chainexec.planner.batchedgemm`,
+* ``batched`` — batched GEMMs over the operands as they lie (:mod:`chainexec.kernels.batchedgemm`,
   the strided-batched GEMM paper): cuBLAS strided-batched calls, or one pointer-array batched
   call, adding straight into ``out`` with no copy and no workspace; float32/float64.
 * ``relayout`` — batched GEMM as above on copies of ``a`` and ``b`` permuted so that the modes
   each shares with ``out`` in runs merge into large GEMM dimensions
-  (:func:`chainexec.planner.batchedgemm.operand_orders`), still adding straight into ``out``: the
+  (:func:`chainexec.kernels.batchedgemm.operand_orders`), still adding straight into ``out``: the
   copies cost a pass over the operands, which in (T) are tiny beside the output, and no
   product temporary or permuted add as TTGT has. Offered where it makes larger GEMMs than
   ``batched``; workspace: the two copies.
@@ -55,7 +55,7 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   array.
 
 ``auto`` (the default) is the autotuner: the GETT cost model ranks its configurations and the top
-:data:`TUNE_TOP` (each with its staged-epilogue twin, :func:`~chainexec.planner.gett.candidates`)
+:data:`TUNE_TOP` (each with its staged-epilogue twin, :func:`~chainexec.kernels.gett.candidates`)
 are timed beside the other methods once per (contraction, shapes, strides,
 dtype) on the real operands — one untimed warm-up and the best of two CUDA-event-timed runs each —
 and the fastest is kept for the process (:attr:`CupyBackend.choices`) and across processes
@@ -82,7 +82,8 @@ import numpy as np
 
 from chainexec import atomicfile, expr
 from chainexec.errors import ChainexecError
-from chainexec.planner import batchedgemm, ordered, stacking
+from chainexec.kernels import batchedgemm, stacking
+from chainexec.planner import ordered
 from chainexec.planner.inline import Fused
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import arena, hostlock, pointwise, uselog, warmup
@@ -95,7 +96,7 @@ METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "c
 a run of contractions into one buffer through the generated register / tensor-core sum kernel
 without timing candidates; ``split``: its short-range terms through the register kernel, the
 others one by one, each by the method the autotuner picks; ``stack``: the terms that stack
-(:mod:`chainexec.planner.stacking`) as one contraction per stack, where their copies fit, the
+(:mod:`chainexec.kernels.stacking`) as one contraction per stack, where their copies fit, the
 others one by one, each tuned; any other forced method runs such a run term by term)."""
 TIMED_SUM_KINDS = ("sum",)
 """The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
@@ -542,14 +543,14 @@ class _Contiguous:
 
 @lru_cache(maxsize=None)
 def _relaid_orders(out: tuple, a: tuple, b: tuple) -> tuple:
-    """:func:`~chainexec.planner.batchedgemm.operand_orders` and the permutations to them, per
+    """:func:`~chainexec.kernels.batchedgemm.operand_orders` and the permutations to them, per
     index triple (asked again for every tile of a run)."""
     oa, ob = batchedgemm.operand_orders(out, a, b)
     return tuple(oa), tuple(ob), tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
 
 
 def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
-    """``c`` over copies of its operands in :func:`~chainexec.planner.batchedgemm.operand_orders`'
+    """``c`` over copies of its operands in :func:`~chainexec.kernels.batchedgemm.operand_orders`'
     index orders, and the permutations that make those copies from ``a`` and ``b``."""
     oa, ob, pa, pb = _relaid_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
@@ -567,10 +568,10 @@ class Choice:
     ``direct``; for a run of contractions into
     one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one), ``split`` (some terms in
     a sum kernel, the others one by one) or ``stack`` (the terms that stack as one contraction per
-    stack, :mod:`chainexec.planner.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
+    stack, :mod:`chainexec.kernels.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
     compared (empty when the method was forced or only one applies); ``config`` the GETT order
-    and configuration (:class:`~chainexec.planner.gett.GettConfig` fields) or the sum kernel's
-    (:class:`~chainexec.planner.sumkernel.SumConfig`, :class:`~chainexec.planner.summma.MmaConfig`),
+    and configuration (:class:`~chainexec.kernels.gett.GettConfig` fields) or the sum kernel's
+    (:class:`~chainexec.kernels.sumkernel.SumConfig`, :class:`~chainexec.kernels.summma.MmaConfig`),
     for ``split`` ``{"kind", "config", "terms"}`` (the kernel, its configuration, the positions of
     its terms), else None."""
 
@@ -1027,11 +1028,11 @@ class CupyBackend(Backend):
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
         adds to ``out`` once (:data:`chainexec.runtime.kernels.SUM_KINDS`: in registers,
-        :mod:`chainexec.planner.sumkernel`, or on tensor cores into a shared-memory tile,
-        :mod:`chainexec.planner.summma`), term by term, or *split*: the terms with short summed
-        ranges in one kernel and the others one by one (:func:`~chainexec.planner.sumkernel.splits`),
+        :mod:`chainexec.kernels.sumkernel`, or on tensor cores into a shared-memory tile,
+        :mod:`chainexec.kernels.summma`), term by term, or *split*: the terms with short summed
+        ranges in one kernel and the others one by one (:func:`~chainexec.kernels.sumkernel.splits`),
         or *stacked*: terms that split the output alike as one contraction over their summed
-        ranges concatenated, on copies of their small operands (:mod:`chainexec.planner.stacking`),
+        ranges concatenated, on copies of their small operands (:mod:`chainexec.kernels.stacking`),
         whichever is fastest. Decided once per (terms, shapes, strides, dtype) and kept
         (:class:`TuningCache`): the model's best configurations of each kernel in
         :data:`TIMED_SUM_KINDS`, for all the terms and for each split's part, are timed computing
@@ -1050,8 +1051,7 @@ class CupyBackend(Backend):
         Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
         v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
         25–30 ms each; the register kernel wins where the terms sum over short ranges."""
-        from chainexec.planner import sumkernel
-        from chainexec.planner.kernelconf import Device
+        from chainexec.kernels import sumkernel
         from chainexec.runtime import kernels
 
         if self.method not in ("auto", "split", "stack", *kernels.SUM_KINDS):
@@ -1070,7 +1070,7 @@ class CupyBackend(Backend):
         choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
         done = False
         if choice is None:
-            dev = Device.from_cupy()
+            dev = kernels.device_model()
 
             def candidates(kind, p):
                 try:
@@ -1166,13 +1166,13 @@ class CupyBackend(Backend):
 
     @staticmethod
     def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
-        """:func:`chainexec.planner.stacking.groups` of a run's terms at these extents."""
+        """:func:`chainexec.kernels.stacking.groups` of a run's terms at these extents."""
         extents = [dict(zip(c.out_indices, out.shape)) | _sizes(c, a, b) for c, (a, b) in zip(cs, operands)]
         return stacking.groups(tuple(cs[0].out_indices), [(tuple(c.a_indices), tuple(c.b_indices)) for c in cs],
                                extents)
 
     def _stacked(self, stacks: list, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
-        """Add each stack's terms to ``out`` as one contraction (:mod:`chainexec.planner.stacking`)
+        """Add each stack's terms to ``out`` as one contraction (:mod:`chainexec.kernels.stacking`)
         on copies of their operands concatenated along a new summed index, each term's factor
         in its ``L`` rows; that contraction is tuned as any other (:meth:`contract`), the first
         ``fresh`` where ``out`` is. While it runs the copies count against :attr:`workspace`."""
@@ -1355,7 +1355,7 @@ class CupyBackend(Backend):
             return None
         key = self._key(c, out, a, b)
         if key not in self._gett:
-            from chainexec.planner import gett
+            from chainexec.kernels import gett
             from chainexec.runtime import kernels
 
             strides = tuple(dict(zip(idx, _strides(x))) for idx, x in
@@ -1457,7 +1457,7 @@ class CupyBackend(Backend):
     def _contiguous(self, view):
         """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
         a view stepping across the copy's fastest index through shared memory
-        (:func:`chainexec.runtime.pointwise.staging`): on the H100, 0.39 ms against 0.63 ms for
+        (:func:`chainexec.kernels.elementwise.staging`): on the H100, 0.39 ms against 0.63 ms for
         ``cupy.ascontiguousarray`` to copy (T)'s ``ovvv[k,c,f,a]`` to ``[f,a,c]`` at v=400."""
         if view.flags.c_contiguous:
             return view
@@ -1610,7 +1610,7 @@ class CupyBackend(Backend):
 
     def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float) -> None:
         """The GETT kernel of ``config`` (its ``order`` and :class:`GettConfig` fields)."""
-        from chainexec.planner.gett import GettConfig
+        from chainexec.kernels.gett import GettConfig
         from chainexec.runtime import kernels
 
         fields = dict(config)

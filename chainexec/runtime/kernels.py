@@ -1,6 +1,6 @@
 """Compile generated contraction kernels with NVRTC (through CuPy), cache them on disk, launch them.
 
-The source comes from :mod:`chainexec.planner.codegen`.  Compiled CUBINs are cached under
+The source comes from :mod:`chainexec.kernels.codegen`.  Compiled CUBINs are cached under
 ``$CHAINEXEC_KERNEL_CACHE`` (default ``~/.cache/chainexec/kernels``) in files named by the
 SHA-256 of the source, the device's compute capability and the NVRTC options, so a kernel is
 compiled once per machine.  CuPy is imported lazily: this module imports on machines without it.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import atomicfile
-from ..planner import sumkernel, summma
-from ..planner.codegen import generate, grid_size, kernel_params
-from ..planner.kernelconf import Device, KernelConfig, choose_config, parse_contraction
+from ..kernels import sumkernel, summma
+from ..kernels.codegen import generate, grid_size, kernel_params
+from ..kernels.kernelconf import Device, KernelConfig, choose_config, parse_contraction
 from . import uselog
 
 NVRTC_OPTIONS = ("--std=c++17",)
@@ -201,14 +201,33 @@ class ContractionKernel:
         return C
 
 
+def device_model(device_id: int | None = None) -> Device:
+    """The :class:`~chainexec.kernels.kernelconf.Device` limits of a GPU (default: the current one),
+    read through CuPy."""
+    import cupy
+
+    dev = cupy.cuda.Device(device_id)
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    return Device(name=name.decode() if isinstance(name, bytes) else str(name),
+                  compute_capability=f"{props['major']}{props['minor']}",
+                  sm_count=int(props["multiProcessorCount"]),
+                  smem_per_block=int(props["sharedMemPerBlock"]),
+                  smem_per_sm=int(props["sharedMemPerMultiprocessor"]),
+                  regs_per_thread=255, regs_per_sm=int(props["regsPerMultiprocessor"]),
+                  max_threads_per_block=int(props["maxThreadsPerBlock"]),
+                  max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]),
+                  smem_optin=int(props["sharedMemPerBlockOptin"]) if "sharedMemPerBlockOptin" in props else None)
+
+
 def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = None,
                device: Device | None = None) -> ContractionKernel:
     """Compiled kernel for a contraction: the model's choice for the representative ``sizes``
-    on ``device`` (default: the current GPU, :meth:`Device.from_cupy`) unless ``config`` is
+    on ``device`` (default: the current GPU, :func:`device_model`) unless ``config`` is
     given."""
     parse_contraction(c, a, b, sizes)
     if config is None:
-        config = choose_config(c, a, b, sizes, dtype, device or Device.from_cupy())
+        config = choose_config(c, a, b, sizes, dtype, device or device_model())
     name, source = generate(c, a, b, sizes, dtype, config)
     function, cubin = load_function(name, source)
     return ContractionKernel(config=config, name=name, source=source, params=kernel_params(c, a, b),
@@ -216,12 +235,12 @@ def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = N
 
 
 def gett_function(cfg):
-    """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.planner.gett`) on the current device,
+    """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.kernels.gett`) on the current device,
     opted into the dynamic shared memory it needs (beyond the 48 KiB default). Kept per
     (configuration, device): a launch per tile must not regenerate and hash the source."""
     import cupy
 
-    from ..planner import gett
+    from ..kernels import gett
 
     key = (cfg, cupy.cuda.Device().id)
     with _LOCK:
@@ -244,11 +263,11 @@ class GettTables:
     pointers in the kernel's argument order."""
 
     def __init__(self, problem, strides, host: dict | None = None):
-        """``host``: the tables already made by :func:`chainexec.planner.gett.tables`, if they were."""
+        """``host``: the tables already made by :func:`chainexec.kernels.gett.tables`, if they were."""
         import cupy
         import numpy as np
 
-        from ..planner import gett
+        from ..kernels import gett
 
         host = host or gett.tables(problem, strides)
         flat = np.concatenate([host[t] for t in gett.TABLE_ORDER])

@@ -173,7 +173,7 @@ def test_ttgt_product_ends_in_the_outputs_fastest_index():
     add reads the product in runs along it: for every (T) W term (six of the twelve hold ``c`` in
     the left operand as written: four ``ovvv``, two ``ovoo``), and for random contractions, which
     must still equal ``numpy.einsum`` (``test_numpy_contract_matches_einsum``)."""
-    from tests.planner.test_sumkernel import W_TERMS
+    from tests.kernels.test_sumkernel import W_TERMS
 
     swaps = 0
     for a, b, _ in W_TERMS:
@@ -283,13 +283,13 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
     the key the next looks up, so the second and the third tune nothing. Until 2026-11-28 the
     stacks' contractions were kept only under the room of their timing (less a scratch tile):
     the second process tuned those six again (1.5-1.8 s of a benzene (T) executor on an H100)."""
-    from chainexec.planner import kernelconf
+    from chainexec.kernels.kernelconf import Device
     from chainexec.runtime import kernels
-    from tests.planner.test_sumkernel import W_TERMS
+    from tests.kernels.test_sumkernel import W_TERMS
 
     folder = tmp_path / "tuning"
     monkeypatch.setattr(device.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", folder)))
-    monkeypatch.setattr(kernelconf.Device, "from_cupy", classmethod(lambda cls: cls.H100()))
+    monkeypatch.setattr(kernels, "device_model", Device.H100)
     monkeypatch.setattr(kernels, "precompile", lambda *args, **kw: None)
     monkeypatch.setattr(device, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
     xp = types.SimpleNamespace(zeros=np.zeros, empty=np.empty, ndarray=np.ndarray, multiply=np.multiply,

@@ -23,13 +23,13 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
-from chainexec.planner import batchedgemm  # noqa: E402
+from chainexec.kernels import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
 from chainexec.runtime.device import Backend, CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, triples_config, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
-from tests.runtime.test_pointwise import PAIRS  # noqa: E402
+from tests.kernels.test_symmetrize import PAIRS  # noqa: E402
 from tests.runtime.test_fused import SMALL, check_fused_run  # noqa: E402
 from tests.runtime.test_inline import CHAINS as INLINE_CHAINS, LIMITS as INLINE_LIMITS, run_chain  # noqa: E402
 
@@ -176,7 +176,7 @@ def test_relayout_on_the_triples_terms(dtype):
     the operands cut from whole arrays along the occupied indices): each equals numpy.einsum, and
     the terms whose copies make larger GEMMs (the ``ovvv`` ones holding two indices adjacent in
     W among them) really run that way."""
-    from tests.planner.test_sumkernel import W_TERMS
+    from tests.kernels.test_sumkernel import W_TERMS
 
     rng = np.random.default_rng(17 + len(dtype))
     o, v, t = 7, 13, 2

@@ -14,10 +14,10 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
-from chainexec.planner import gett  # noqa: E402
+from chainexec.kernels import gett  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
-from tests.planner.test_gett import CASES, _arrays, _strides  # noqa: E402
+from tests.kernels.test_gett import CASES, _arrays, _strides  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

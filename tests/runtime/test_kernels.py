@@ -112,7 +112,7 @@ def device(nvrtc, monkeypatch):
 def test_a_gett_kernel_is_noted_at_every_launch_it_is_fetched_for(device):
     """The run's uses are noted where a kernel is fetched to be launched, also from the table that
     keeps it (a tuning run first fetches it while timing, paused); loading it is not a use."""
-    from chainexec.planner.gett import MMA_SHAPES, GettConfig
+    from chainexec.kernels.gett import MMA_SHAPES, GettConfig
     from chainexec.runtime import uselog
 
     cfg = GettConfig(2, 2, 2, 2, 16, 2, next(iter(MMA_SHAPES)), True, True)
@@ -137,7 +137,7 @@ def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, mo
 
     import numpy as np
 
-    from chainexec.planner.kernelconf import Device
+    from chainexec.kernels.kernelconf import Device
     from chainexec.runtime import uselog
 
     class ndarray:

@@ -12,7 +12,7 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
-from chainexec.planner.kernelconf import Device, choose_config, enumerate_configs  # noqa: E402
+from chainexec.kernels.kernelconf import Device, choose_config, enumerate_configs  # noqa: E402
 from chainexec.runtime import kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -113,7 +113,7 @@ def test_launch_validates_arrays():
         kern(A, B, beta=1.0)
 
 
-def test_device_from_cupy():
-    dev = Device.from_cupy()
+def test_device_model():
+    dev = kernels.device_model()
     assert dev.sm_count > 0 and dev.smem_per_block >= 48 * 1024
     assert dev.compute_capability == str(cupy.cuda.Device().compute_capability)

@@ -14,12 +14,11 @@ from tests.conftest import require_gpu
 
 cupy = require_gpu()
 
-from chainexec.planner import sumkernel, summma  # noqa: E402
-from chainexec.planner.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
-from chainexec.planner.kernelconf import Device  # noqa: E402
+from chainexec.kernels import sumkernel, summma  # noqa: E402
+from chainexec.kernels.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, kernels  # noqa: E402
-from tests.planner.test_sumkernel import CASES  # noqa: E402
+from tests.kernels.test_sumkernel import CASES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = {"float64": 1e-12, "float32": 1e-5}
@@ -71,7 +70,7 @@ def test_top_candidates_match_einsum(out, terms, sizes, dtype, pad, kind):
     C = _on_device(c0, pad)
     prob = _problem(out, terms, C, ops, dtype)
     gen = kernels.SUM_KINDS[kind][0]
-    cands = gen.candidates(prob, Device.from_cupy())
+    cands = gen.candidates(prob, kernels.device_model())
     batch = any(set(a) & set(b) for a, b in (sumkernel._sides(prob, t) for t in prob.terms))
     assert bool(cands) == (kind == "sum" or (dtype == "float64" and not batch))
     for cfg in cands:
@@ -92,7 +91,7 @@ def _check(kind, prob, cfg, C, c0, ops, ref, dtype):
 def test_every_mma_shape_matches_einsum(shape):
     """The tensor-core kernel with each FP64 MMA shape the device has, on the W terms with a
     tile the extents do not divide, at sizes with several blocks."""
-    if shape in SM90_SHAPES and int(Device.from_cupy().compute_capability) < 90:
+    if shape in SM90_SHAPES and int(kernels.device_model().compute_capability) < 90:
         pytest.skip(f"{shape} needs sm_90")
     out, terms, _ = CASES[0]
     sizes = dict(i=5, j=4, k=3, a=19, b=17, c=21, f=23, m=7)
@@ -126,7 +125,7 @@ def test_backend_contract_sum(method, room):
     prob = _problem(out, terms, C, ops, "float64")
     if method == "auto":
         parts = [prob] + [prob.part(p) for p in sumkernel.splits(prob)]
-        timed = sum(len(kernels.SUM_KINDS[k][0].candidates(p, Device.from_cupy()))
+        timed = sum(len(kernels.SUM_KINDS[k][0].candidates(p, kernels.device_model()))
                     for k in device.TIMED_SUM_KINDS for p in parts)
         assert len(parts) == 2 and choice.method in device.TIMED_SUM_KINDS + ("terms", "split")
         assert len(choice.seconds) == timed + 1
@@ -143,7 +142,7 @@ def test_precompiled_candidates_load_without_compiling(monkeypatch):
     c0, ref, ops = _case(out, terms, sizes, "float64", seed=11, pad=1)
     C = _on_device(c0, 1)
     prob = _problem(out, terms, C, ops, "float64")
-    dev = Device.from_cupy()
+    dev = kernels.device_model()
     jobs = [(prob, cfg) for cfg in sumkernel.candidates(prob, dev)]
     jobs += [(prob.part(p), cfg) for p in sumkernel.splits(prob) for cfg in sumkernel.candidates(prob.part(p), dev)]
     assert len(jobs) >= 4

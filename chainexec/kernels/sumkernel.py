@@ -466,7 +466,7 @@ def pipeline(p: SumProblem, cfg, k: int, t: Term, T: list[int], partial: list[bo
              stage: dict[str, int], kpitch: dict[str, int], before: list[str], inner: list[str],
              after: list[str]) -> list[str]:
     """One term's loop over its summed range, shared by the register kernel and the tensor-core
-    one (:mod:`chainexec.planner.summma`): the copy tables (:func:`_table`), then step s+1's A
+    one (:mod:`chainexec.kernels.summma`): the copy tables (:func:`_table`), then step s+1's A
     and B slices copied into one shared-memory stage (``stage[side]`` elements, element ``kl`` of
     the step at ``kl * kpitch[side]``) while the ``inner`` lines use step s's in the other
     (``(s & 1) * stage[side]``); ``before`` and ``after`` run around the loop. ``cfg`` needs

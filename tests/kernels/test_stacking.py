@@ -1,13 +1,13 @@
-"""Which terms of a run stack into one contraction (chainexec.planner.stacking), and the
+"""Which terms of a run stack into one contraction (chainexec.kernels.stacking), and the
 backend's stacked operands (CupyBackend._stacked run on NumPy) against numpy.einsum."""
 
 import numpy as np
 import pytest
 
-from chainexec.planner import stacking
+from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import device
-from tests.planner.test_sumkernel import W_TERMS
+from tests.kernels.test_sumkernel import W_TERMS
 
 
 def _extents(terms, sizes):
