@@ -22,7 +22,7 @@ import numpy as np
 
 from chainexec.kernels import sumkernel, summma
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import device, kernels
+from chainexec.runtime import device, launch
 from tests.kernels.test_sumkernel import W_TERMS
 
 
@@ -93,15 +93,15 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
 
     prob = sumkernel.problem(view(W, "ijkabc"), [sumkernel.Term(view(a, x), view(b, y), f)
                                                  for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
-    dev = kernels.device_model()
+    dev = launch.device_model()
     res["sweep"] = []
     sweep = [] if not with_sweep else [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
              for kc in sumkernel.KC] + [("summma", c) for c in summma.candidates(prob, dev, top=8)]
     for kind, cfg in sweep:
-        model = kernels.SUM_KINDS[kind][0].predict(prob, cfg, dev)
+        model = launch.SUM_KINDS[kind][0].predict(prob, cfg, dev)
         if model == float("inf"):
             continue
-        t = be._timed(lambda: kernels.launch_sum(kind, prob, cfg, W, ops, False))
+        t = be._timed(lambda: launch.launch_sum(kind, prob, cfg, W, ops, False))
         res["sweep"].append({"kind": kind, "config": cfg.name(), "model": model, "seconds": t, "tflops": flops / t / 1e12})
         print(kind, cfg.name(), round(model * 1e3, 2), round(t * 1e3, 2), round(flops / t / 1e12, 2), flush=True)
     print(json.dumps({k: v for k, v in res.items() if k != "sweep"}, indent=1))

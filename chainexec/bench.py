@@ -114,7 +114,7 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float) -> list[dict]:
     import cupy
 
     from chainexec.kernels import gett
-    from chainexec.runtime.kernels import GettTables, launch_gett
+    from chainexec.runtime.launch import GettTables, launch_gett
 
     strides = tuple(dict(zip(idx, (s // x.itemsize for s in x.strides))) for idx, x in ((c, C), (a, A), (b, B)))
     t = time.perf_counter()
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
         raise ChainexecError("benchmark cases not found (give --tccg PATH)", args.tccg)
 
     from chainexec.kernels.kernelconf import choose_config
-    from chainexec.runtime.kernels import device_model, get_kernel
+    from chainexec.runtime.launch import device_model, get_kernel
 
     cases = json.load(open(args.tccg))
     if args.ids:

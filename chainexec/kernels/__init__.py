@@ -1,7 +1,7 @@
 """GPU kernels as data: CUDA C source generators and the models that choose their configurations.
 
 Pure functions, like the planner: no CuPy, no CUDA, no files. The runtime compiles the sources
-and launches them (:mod:`chainexec.runtime.kernels`,
+(:mod:`chainexec.runtime.kernelcache`) and launches them (:mod:`chainexec.runtime.launch`,
 :mod:`chainexec.runtime.pointwise`); the tests compile them with nvcc and run them on the CPU.
 
 Contraction kernels: :mod:`~chainexec.kernels.kernelconf` and :mod:`~chainexec.kernels.codegen`

@@ -36,7 +36,7 @@ Contraction methods on the GPU (:class:`CupyBackend`):
   copies cost a pass over the operands, which in (T) are tiny beside the output, and no
   product temporary or permuted add as TTGT has. Offered where it makes larger GEMMs than
   ``batched``; workspace: the two copies.
-* ``kernel`` — the generated COGENT kernel (:mod:`chainexec.runtime.kernels`) for the tile's
+* ``kernel`` — the generated COGENT kernel (:mod:`chainexec.runtime.launch`) for the tile's
   extents, launched with ``alpha = factor, beta = 1`` straight into ``out`` when ``out`` is
   C-contiguous. Only for contractions without batch indices, in float32/float64.
 * ``ttgt`` — transpose–transpose–GEMM–transpose: permute one operand to (batch, its external,
@@ -99,7 +99,7 @@ others one by one, each by the method the autotuner picks; ``stack``: the terms 
 (:mod:`chainexec.kernels.stacking`) as one contraction per stack, where their copies fit, the
 others one by one, each tuned; any other forced method runs such a run term by term)."""
 TIMED_SUM_KINDS = ("sum",)
-"""The sum kernels (:data:`chainexec.runtime.kernels.SUM_KINDS`) whose candidates the autotuner
+"""The sum kernels (:data:`chainexec.runtime.launch.SUM_KINDS`) whose candidates the autotuner
 times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
 run on a GPU: until then it runs only where forced."""
 IN_PLACE = ("gett", "direct")
@@ -1027,7 +1027,7 @@ class CupyBackend(Backend):
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
-        adds to ``out`` once (:data:`chainexec.runtime.kernels.SUM_KINDS`: in registers,
+        adds to ``out`` once (:data:`chainexec.runtime.launch.SUM_KINDS`: in registers,
         :mod:`chainexec.kernels.sumkernel`, or on tensor cores into a shared-memory tile,
         :mod:`chainexec.kernels.summma`), term by term, or *split*: the terms with short summed
         ranges in one kernel and the others one by one (:func:`~chainexec.kernels.sumkernel.splits`),
@@ -1052,9 +1052,9 @@ class CupyBackend(Backend):
         v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
         25–30 ms each; the register kernel wins where the terms sum over short ranges."""
         from chainexec.kernels import sumkernel
-        from chainexec.runtime import kernels
+        from chainexec.runtime import kernelcache, launch
 
-        if self.method not in ("auto", "split", "stack", *kernels.SUM_KINDS):
+        if self.method not in ("auto", "split", "stack", *launch.SUM_KINDS):
             with self._reusing():
                 super().contract_sum(cs, out, operands, fresh)
             return
@@ -1070,11 +1070,11 @@ class CupyBackend(Backend):
         choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
         done = False
         if choice is None:
-            dev = kernels.device_model()
+            dev = launch.device_model()
 
             def candidates(kind, p):
                 try:
-                    return kernels.SUM_KINDS[kind][0].candidates(p, dev)
+                    return launch.SUM_KINDS[kind][0].candidates(p, dev)
                 except ValueError:  # no configuration fits the device
                     return []
 
@@ -1099,7 +1099,7 @@ class CupyBackend(Backend):
                 seconds["terms"] = sum(each)
                 jobs = [(part, kind, cfg) for part in [tuple(range(len(cs)))] + sumkernel.splits(prob)
                         for kind in TIMED_SUM_KINDS for cfg in candidates(kind, prob.part(part))]
-                kernels.precompile([kernels.SUM_KINDS[kind][0].generate(prob.part(part), cfg) for part, kind, cfg in jobs],
+                kernelcache.precompile([launch.SUM_KINDS[kind][0].generate(prob.part(part), cfg) for part, kind, cfg in jobs],
                                    dev.compute_capability)
                 for part, kind, cfg in jobs:
                     sub, ops = prob.part(part), [operands[k] for k in part]
@@ -1110,7 +1110,7 @@ class CupyBackend(Backend):
                         configs[name] = ("split", {"kind": kind, "config": cfg.to_json(), "terms": list(part)})
                     else:
                         configs[name] = (kind, cfg.to_json())
-                    seconds[name] = rest + self._timed(lambda: kernels.launch_sum(kind, sub, cfg, out, ops, False))
+                    seconds[name] = rest + self._timed(lambda: launch.launch_sum(kind, sub, cfg, out, ops, False))
                 stacks = self._stacks(cs, out, operands)
                 room = self.workspace
                 if stacks and (room is None or 2 * out.nbytes + stacked_bytes(stacks, operands, out.itemsize) <= room):
@@ -1138,16 +1138,16 @@ class CupyBackend(Backend):
         (finding them took 0.13 ms per (T) tile). A ``fresh`` output is written first by the
         first stack, or the first term, as :meth:`contract` writes a fresh one; a generated
         kernel adds, so before one it is cleared."""
-        from chainexec.runtime import kernels
+        from chainexec.runtime import launch
 
         if done:
             return
-        if fresh and (choice.method in kernels.SUM_KINDS or choice.method == "split"):
+        if fresh and (choice.method in launch.SUM_KINDS or choice.method == "split"):
             self.clear(out)
             fresh = False
-        if choice.method in kernels.SUM_KINDS:
-            kind_config = kernels.SUM_KINDS[choice.method][1].from_json(choice.config)
-            kernels.launch_sum(choice.method, prob, kind_config, out, operands)
+        if choice.method in launch.SUM_KINDS:
+            kind_config = launch.SUM_KINDS[choice.method][1].from_json(choice.config)
+            launch.launch_sum(choice.method, prob, kind_config, out, operands)
         elif choice.method == "stack":
             if key not in self._stack_runs:
                 stacks = self._stacks(cs, out, operands)
@@ -1157,7 +1157,7 @@ class CupyBackend(Backend):
             super().contract_sum([cs[k] for k in alone], out, [operands[k] for k in alone], fresh and not stacks)
         elif choice.method == "split":
             part, kind = choice.config["terms"], choice.config["kind"]
-            kernels.launch_sum(kind, prob.part(tuple(part)), kernels.SUM_KINDS[kind][1].from_json(choice.config["config"]),
+            launch.launch_sum(kind, prob.part(tuple(part)), launch.SUM_KINDS[kind][1].from_json(choice.config["config"]),
                                out, [operands[k] for k in part])
             super().contract_sum([c for k, c in enumerate(cs) if k not in part], out,
                                  [x for k, x in enumerate(operands) if k not in part])
@@ -1333,13 +1333,13 @@ class CupyBackend(Backend):
         key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
                str(dtype))
         if key not in self._kernels:
-            from chainexec.runtime import kernels
+            from chainexec.runtime import launch
 
             kern = None
             if (str(dtype) in ("float32", "float64") and max(sizes.values()) < 2**31
                     and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
                 try:
-                    kern = kernels.get_kernel(c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype))
+                    kern = launch.get_kernel(c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype))
                 except ValueError:  # batch index or no configuration survives
                     kern = None
             self._kernels[key] = kern
@@ -1356,7 +1356,7 @@ class CupyBackend(Backend):
         key = self._key(c, out, a, b)
         if key not in self._gett:
             from chainexec.kernels import gett
-            from chainexec.runtime import kernels
+            from chainexec.runtime import launch
 
             strides = tuple(dict(zip(idx, _strides(x))) for idx, x in
                             ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
@@ -1370,7 +1370,7 @@ class CupyBackend(Backend):
             fits = self.workspace is None or self.table_bytes + need <= self.workspace
             self._gett[key] = None
             if cands and fits:
-                self._gett[key] = ({o: (p, kernels.GettTables(p, strides, host[o])) for o, p in probs.items()}, cands)
+                self._gett[key] = ({o: (p, launch.GettTables(p, strides, host[o])) for o, p in probs.items()}, cands)
                 self.table_bytes += need
         return self._gett[key]
 
@@ -1611,7 +1611,7 @@ class CupyBackend(Backend):
     def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float) -> None:
         """The GETT kernel of ``config`` (its ``order`` and :class:`GettConfig` fields)."""
         from chainexec.kernels.gett import GettConfig
-        from chainexec.runtime import kernels
+        from chainexec.runtime import launch
 
         fields = dict(config)
         order = fields.pop("order")
@@ -1623,7 +1623,7 @@ class CupyBackend(Backend):
             # chosen on a probe whose cut made another load direction win: the model's best here
             cfg = next(x for o, x in cands if o == order)
         left, right = (b, a) if prob.swap else (a, b)
-        kernels.launch_gett(cfg, tables, out, left, right, alpha, 1.0)
+        launch.launch_gett(cfg, tables, out, left, right, alpha, 1.0)
 
     def _run(self, how: tuple, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += factor · a·b`` by ``how = (method, config)``. The COGENT kernel needs
@@ -1736,7 +1736,7 @@ class TuningCache:
     @classmethod
     def for_device(cls, cupy) -> "TuningCache":
         """The cache of the current CuPy device, in the kernel cache's folder."""
-        from chainexec.runtime.kernels import cache_dir
+        from chainexec.runtime.kernelcache import cache_dir
 
         return cls(uselog.device_name(cupy), cache_dir() / "tuning")
 

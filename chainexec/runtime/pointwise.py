@@ -8,7 +8,8 @@ a fused statement), a fused statement into a scalar through :func:`reduce` or, w
 reused values, :func:`orbit_reduce`; a symmetrized run ends with :func:`symmetrize`, and the
 ``direct`` contraction method is :func:`contract`. Each kernel's source and grid (its
 *preparation*) is made once per process and shape, and its arguments are logged for the next
-process's warm-up (:func:`prepare`); each kernel is compiled once per machine.
+process's warm-up (:func:`prepare`); each kernel is compiled through the kernel cache
+(:mod:`chainexec.runtime.kernelcache`), once per machine, and loaded once per device.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from chainexec.kernels.direct import direct_source
 from chainexec.kernels.elementwise import BLOCK, TOTAL_SOURCE, blocks, layout, reduce_source, source, staging
 from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
-from chainexec.runtime import uselog
+from chainexec.runtime import kernelcache, uselog
 
 
 def total(xp, partial):
@@ -33,25 +34,19 @@ def total(xp, partial):
 
 
 def _kernel(xp, text: str, name: str):
-    """The kernel ``name`` of ``text`` (:func:`_made`), logged on a GPU
-    (:mod:`chainexec.runtime.uselog`) for the next process's warm-up; an array module without
-    CUDA (the tests' recording ones) logs nothing."""
+    """The kernel ``name`` of ``text`` from the kernel cache (:mod:`chainexec.runtime.kernelcache`),
+    logged on a GPU (:mod:`chainexec.runtime.uselog`, ``sources``) for the next process's warm-up;
+    an array module without CUDA (the tests' recording ones) logs nothing."""
     if hasattr(xp, "cuda"):
         uselog.note(uselog.device_name(xp), "sources", (name, text))
-    return _made(xp, text, name)
+    return kernelcache.function(name, text, kernelcache.POINTWISE_OPTIONS)[0]
 
 
-@lru_cache(maxsize=1024)
-def _made(xp, text: str, name: str):
-    """The kernel ``name`` of ``text``, made once per process (CuPy compiles it or reads its own
-    disk cache)."""
-    return xp.RawKernel(text, name)
-
-
-def preload(xp, text: str, name: str) -> None:
-    """Make kernel ``name`` of ``text`` as :func:`_kernel` does and load it on the current device:
-    the warm-up's way to load a logged kernel before a launch asks for it."""
-    _ = _made(xp, text, name).num_regs  # reading an attribute makes CUDA's lazy loading load it
+def preload(text: str, name: str) -> None:
+    """Load kernel ``name`` of ``text`` as :func:`_kernel` does, on the current device: the
+    warm-up's way to load a logged kernel before a launch asks for it."""
+    function = kernelcache.function(name, text, kernelcache.POINTWISE_OPTIONS)[0]
+    _ = function.num_regs  # reading an attribute makes CUDA's lazy loading load it
 
 
 def _ready(xp, make, *args):

@@ -284,13 +284,13 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
     stacks' contractions were kept only under the room of their timing (less a scratch tile):
     the second process tuned those six again (1.5-1.8 s of a benzene (T) executor on an H100)."""
     from chainexec.kernels.kernelconf import Device
-    from chainexec.runtime import kernels
+    from chainexec.runtime import kernelcache, launch
     from tests.kernels.test_sumkernel import W_TERMS
 
     folder = tmp_path / "tuning"
     monkeypatch.setattr(device.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", folder)))
-    monkeypatch.setattr(kernels, "device_model", Device.H100)
-    monkeypatch.setattr(kernels, "precompile", lambda *args, **kw: None)
+    monkeypatch.setattr(launch, "device_model", Device.H100)
+    monkeypatch.setattr(kernelcache, "precompile", lambda *args, **kw: None)
     monkeypatch.setattr(device, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
     xp = types.SimpleNamespace(zeros=np.zeros, empty=np.empty, ndarray=np.ndarray, multiply=np.multiply,
                                get_default_memory_pool=_Pool,

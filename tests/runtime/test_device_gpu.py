@@ -25,7 +25,7 @@ cupy = require_gpu()
 
 from chainexec.kernels import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import device, kernels  # noqa: E402
+from chainexec.runtime import device, kernelcache  # noqa: E402
 from chainexec.runtime.device import Backend, CupyBackend, select  # noqa: E402
 from tests.conftest import read_report, run_cli, triples_config, write_config  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
@@ -724,9 +724,9 @@ def test_kernel_cache_reused():
     c = Contraction(0, "X", out_idx, "A", a_idx, "B", b_idx, 1.0, True, 0, 0)
     out, _, _, a, b = _operands(rng, c, size, "float64", False, False)
     CupyBackend(cupy, "kernel").contract(c, out, a, b)
-    loaded = len(kernels._LOADED)
+    loaded = len(kernelcache._LOADED)
     CupyBackend(cupy, "kernel").contract(c, out, a, b)
-    assert len(kernels._LOADED) == loaded
+    assert len(kernelcache._LOADED) == loaded
 
 
 # -- whole runs ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ cupy = require_gpu()
 
 from chainexec.kernels import gett  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import device, kernels  # noqa: E402
+from chainexec.runtime import device, launch  # noqa: E402
 from tests.kernels.test_gett import CASES, _arrays, _strides  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -48,9 +48,9 @@ def _device_views(host_arrays, view):
 def _run(cfg, c, a, b, sizes, C, A, B, alpha, beta, order="load"):
     strides = (_strides(C, c), _strides(A, a), _strides(B, b))
     p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides, order)
-    tables = kernels.GettTables(p, strides)
+    tables = launch.GettTables(p, strides)
     left, right = (B, A) if p.swap else (A, B)
-    kernels.launch_gett(cfg, tables, C, left, right, alpha, beta)
+    launch.launch_gett(cfg, tables, C, left, right, alpha, beta)
     return p
 
 

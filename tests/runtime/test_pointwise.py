@@ -1,6 +1,7 @@
 """Launches of the generated point-wise kernels (:mod:`chainexec.runtime.pointwise`), on any
-machine: with a stand-in for the compiled kernels that records launches, each launch passes on
-the source and grid of its family's generator (:mod:`chainexec.kernels`), made once per process;
+machine: with a stand-in for the kernel cache whose kernels record their launches, each launch
+passes on the source and grid of its family's generator (:mod:`chainexec.kernels`), made once
+per process, compiled with the point-wise options;
 on a GPU the preparations are logged and a later process makes them from the log. The kernels'
 numbers are checked on a GPU in test_pointwise_gpu.py."""
 
@@ -10,25 +11,34 @@ import numpy as np
 import pytest
 
 from chainexec.kernels import elementwise
-from chainexec.runtime import pointwise
+from chainexec.runtime import kernelcache, pointwise
 from tests.kernels.emulation import CASES, element_strides, views
 from tests.kernels.test_orbits import ENERGY_CODE, PERMS3
 
 
+@pytest.fixture
+def launches(monkeypatch) -> list:
+    """The launches of kernels from the kernel cache, recorded instead of run: (source, name,
+    grid, block, arguments, compiler options) each."""
+    made = []
+
+    def function(name, source, options):
+        return (lambda grid, block, args: made.append((source, name, grid, block, len(args), options))), "key"
+
+    monkeypatch.setattr(kernelcache, "function", function)
+    return made
+
+
 class _Recording:
-    """An array module whose ``RawKernel`` records launches instead of running them (NumPy for
-    the rest): what :func:`pointwise.launch` and :func:`pointwise.reduce` hand to CuPy."""
+    """An array module without CUDA (NumPy's allocations): what :func:`pointwise.launch` and
+    :func:`pointwise.reduce` allocate their partial sums with."""
 
     def __init__(self):
-        self.launches = []
         self.empty, self.zeros, self.float64, self.uint32 = np.empty, np.zeros, np.float64, np.uint32
-
-    def RawKernel(self, text, name):
-        return lambda grid, block, args: self.launches.append((text, name, grid, block, len(args)))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_launches_use_the_source_and_grid_of_their_staging(case):
+def test_launches_use_the_source_and_grid_of_their_staging(case, launches):
     """The kernel text and grid a launch and a reduction pass on are :func:`elementwise.source` /
     :func:`elementwise.reduce_source` and :func:`elementwise.blocks` of the reduced layout, staged or
     not, the same on a second call (made once per process); a reduction's partial sums are then
@@ -42,14 +52,15 @@ def test_launches_use_the_source_and_grid_of_their_staging(case):
     for _ in range(2):
         pointwise.launch(xp, "y + " + code, inputs, out)
     text = elementwise.source("y + " + code, shape, reduced, types)
-    assert xp.launches == [(text, "chainexec_pointwise", (grid,), (elementwise.BLOCK,), 1 + len(inputs))] * 2
+    options = kernelcache.POINTWISE_OPTIONS
+    assert launches == [(text, "chainexec_pointwise", (grid,), (elementwise.BLOCK,), 1 + len(inputs), options)] * 2
     walk = tuple(int(np.prod(out.shape[d + 1:])) for d in range(out.ndim))
     shape, reduced = elementwise.layout(out.shape, [walk] + [element_strides(a) for a in inputs])
     pointwise.reduce(xp, code, inputs, out.shape)
     grid = elementwise.blocks(shape, elementwise.staging(shape, reduced, types[:-1] + ("float64",)))
-    assert xp.launches[-2:] == [(elementwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
-                                 "chainexec_reduce", (grid,), (elementwise.BLOCK,), 1 + len(inputs)),
-                                (elementwise.TOTAL_SOURCE, "chainexec_total", (1,), (elementwise.BLOCK,), 3)]
+    assert launches[-2:] == [(elementwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
+                              "chainexec_reduce", (grid,), (elementwise.BLOCK,), 1 + len(inputs), options),
+                             (elementwise.TOTAL_SOURCE, "chainexec_total", (1,), (elementwise.BLOCK,), 3, options)]
 
 
 class _OnGpu(_Recording):
@@ -62,7 +73,7 @@ class _OnGpu(_Recording):
         self.asarray, self.int32 = np.asarray, np.int32
 
 
-def test_preparations_are_logged_once_and_made_again_from_the_log(tmp_path, monkeypatch):
+def test_preparations_are_logged_once_and_made_again_from_the_log(tmp_path, monkeypatch, launches):
     """A point-wise launch, a reduction, a symmetrization and an orbit reduction on a GPU log
     their preparations (:func:`pointwise._ready`) once per process, however often they run. A
     later process that makes them from the log (:func:`warmup.prepare`, as the backend's
@@ -79,13 +90,14 @@ def test_preparations_are_logged_once_and_made_again_from_the_log(tmp_path, monk
     e = rng.standard_normal(9)
 
     def run(xp):
+        launches.clear()
         out = rng.standard_normal((2, 9, 9, 9))
         pointwise.launch(xp, "y + p0", [z], out)
         pointwise.reduce(xp, "p0 * p0", [z], z.shape)
         pointwise.symmetrize(xp, out, [(0, 1, 2, 3), (0, 2, 1, 3)])
         pointwise.orbit_reduce(xp, ["p0 + p1"], ENERGY_CODE.replace("p2", "p1"), [(0, p) for p in PERMS3],
                                [z, e[None, None, :, None]], z.shape, "float64")
-        return [(text, name, grid) for text, name, grid, *_ in xp.launches]
+        return [(text, name, grid) for text, name, grid, *_ in launches]
 
     def clear():
         for make in pointwise.PREPARED.values():
