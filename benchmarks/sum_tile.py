@@ -22,7 +22,8 @@ import numpy as np
 
 from chainexec.kernels import sumkernel, summma
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import device, launch
+from chainexec.runtime import launch
+from chainexec.runtime.backends.cupy import CupyBackend
 from tests.kernels.test_sumkernel import W_TERMS
 
 
@@ -55,7 +56,7 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
     labels = ("sum", "summma", "split")
     for label, method, run in (("per-term", "auto", per_term), ("sum", "auto", summed), ("summma", "summma", summed),
                                ("split", "split", summed)):
-        be = device.CupyBackend(cupy, method)
+        be = CupyBackend(cupy, method)
         W = cupy.zeros(shape)
         times = []
         for _ in range(4):  # the first call decides the methods (tuning), the others are timed
@@ -85,7 +86,7 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
     for label in labels:
         got = cupy.asnumpy(outs[label][:, :, :, 0:1])
         res[f"einsum_sample_relative_error_{label}"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
-    be = device.CupyBackend(cupy, "sum")
+    be = CupyBackend(cupy, "sum")
     W = outs["sum"]
 
     def view(arr, idx):

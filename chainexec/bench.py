@@ -52,7 +52,9 @@ import numpy as np
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
-from chainexec.runtime.device import CupyBackend, _relaid, _ttgt_product
+from chainexec.runtime.backends.common import ttgt_product
+from chainexec.runtime.backends.cupy import CupyBackend
+from chainexec.runtime.backends.methods import _relaid
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -286,7 +288,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     # TTGT and the einsums hand back the GEMM's product viewed in C's index order; C's layout
     # costs them one more pass (the view made contiguous), which is what they are timed with.
     # Their times as returned are kept beside (``*_view_ms``) with whether the result was a view.
-    returned = {"ttgt": lambda: _ttgt_product(cupy, con, A, B),
+    returned = {"ttgt": lambda: ttgt_product(cupy, con, A, B),
                 "cupy_einsum": lambda: cupy.einsum(f"{a},{b}->{c}", A, B)}
     if use_torch:
         import torch
@@ -308,7 +310,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         times["cutensor"] = time_gpu(cutensor, budget_s)
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
-    # The runtime's selector (device.CupyBackend) picks the fastest of its methods: GETT, batched
+    # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT, batched
     # GEMM in place or on permuted copies, COGENT, TTGT, cupy.einsum and cuTENSOR where installed;
     # the libraries it is compared with are the others (where it picks a library, its ratio to the
     # best library is at most 1).

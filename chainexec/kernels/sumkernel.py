@@ -22,7 +22,7 @@ reads 20 values for 64 FMAs, whatever its split.
 Layouts are strided views (element strides); extents and strides are compile-time constants of
 the source, so guards exist only along dimensions that do not divide into their tile, and every
 offset is a sum of constant products. Index names never reach the source (dimensions are
-numbered). Pure functions: no CUDA or CuPy here; :mod:`chainexec.runtime.device` compiles and
+numbered). Pure functions: no CUDA or CuPy here; :mod:`chainexec.runtime.launch` compiles and
 launches.
 """
 

@@ -6,7 +6,7 @@ import pytest
 
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import device
+from chainexec.runtime.backends.cupy import CupyBackend
 from tests.kernels.test_sumkernel import W_TERMS
 
 
@@ -44,7 +44,7 @@ def test_stacking_rules(terms, sizes, expect):
     assert [s.terms for s in got] == expect
 
 
-class _NumpyStacker(device.CupyBackend):
+class _NumpyStacker(CupyBackend):
     """The backend's stacking on NumPy arrays, each stacked contraction by numpy.einsum (an
     independent reference for the copies' orders, offsets and factors)."""
 

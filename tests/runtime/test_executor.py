@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.executor import _tuples
 from tests.conftest import store_chunked, triples_config
 
@@ -72,13 +73,12 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
     import h5py
 
     from chainexec import api
-    from chainexec.runtime import device
 
     o, v = 6, 10
     config = triples_config(tmp_path, memory, o, v)
     shapes = []
 
-    class Recording(device.Backend):
+    class Recording(NumpyBackend):
         @contextlib.contextmanager
         def steady(self, arrays):
             shapes.append(sorted(x.shape for x in arrays))
@@ -105,13 +105,13 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     import numpy as np
 
     from chainexec import api
-    from chainexec.runtime import device, executor
+    from chainexec.runtime import executor
 
     o, v = 6, 10
     config = triples_config(tmp_path, "200KiB", o, v)
     aside, first = [], []
 
-    class Recording(device.Backend):
+    class Recording(NumpyBackend):
         def fetch_aside(self, dst, read, after=None, view=None):
             aside.append(dst.shape)
             super().fetch_aside(dst, read, after, view)
@@ -377,7 +377,7 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
     from chainexec import api, spec
     from chainexec.planner import build
     from chainexec.planner.plan import ops
-    from chainexec.runtime import device, executor
+    from chainexec.runtime import executor
 
     config = triples_config(tmp_path, "200KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
@@ -390,7 +390,7 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
         clean = float(f["E"][()])
     made = []
 
-    class Poisoned(device.Backend):
+    class Poisoned(NumpyBackend):
         def empty(self, shape, dtype):
             made.append(shape)
             return np.full(shape, np.nan, dtype)

@@ -15,6 +15,7 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
+from chainexec.kernels import elementwise  # noqa: E402
 from chainexec.runtime import pointwise  # noqa: E402
 from tests.kernels.emulation import CASES, views  # noqa: E402
 
@@ -43,7 +44,7 @@ def relerr(got, ref) -> float:
 def wide(request, monkeypatch):
     """Each kernel with 32-bit index arithmetic where it fits, and forced to 64-bit."""
     if request.param:
-        monkeypatch.setattr(pointwise, "INDEX32", 1)
+        monkeypatch.setattr(elementwise, "INDEX32", 1)
     return request.param
 
 

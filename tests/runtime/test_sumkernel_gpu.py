@@ -17,7 +17,9 @@ cupy = require_gpu()
 from chainexec.kernels import sumkernel, summma  # noqa: E402
 from chainexec.kernels.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import device, kernelcache, launch  # noqa: E402
+from chainexec.runtime import kernelcache, launch  # noqa: E402
+from chainexec.runtime.backends import tuning  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
 from tests.kernels.test_sumkernel import CASES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -113,7 +115,7 @@ def test_backend_contract_sum(method, room):
     C = _on_device(c0, 2)
     cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, method)
+    be = CupyBackend(cupy, method)
     if room is not None:
         be.limit_memory(room, 0)
     for _ in range(2):  # the deciding call, then the decision
@@ -126,8 +128,8 @@ def test_backend_contract_sum(method, room):
     if method == "auto":
         parts = [prob] + [prob.part(p) for p in sumkernel.splits(prob)]
         timed = sum(len(launch.SUM_KINDS[k][0].candidates(p, launch.device_model()))
-                    for k in device.TIMED_SUM_KINDS for p in parts)
-        assert len(parts) == 2 and choice.method in device.TIMED_SUM_KINDS + ("terms", "split")
+                    for k in tuning.TIMED_SUM_KINDS for p in parts)
+        assert len(parts) == 2 and choice.method in tuning.TIMED_SUM_KINDS + ("terms", "split")
         assert len(choice.seconds) == timed + 1
     elif method == "split":
         assert choice.method == "split" and choice.config["terms"] == list(range(6, 12))
@@ -176,7 +178,7 @@ def test_backend_stacks_the_short_sums(method):
     C = _on_device(c0, 1)
     cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, method)
+    be = CupyBackend(cupy, method)
     for _ in range(2):
         C[...] = cupy.asarray(c0)
         be.contract_sum(cs, C, ops)
@@ -195,7 +197,7 @@ def _relayout_recorded(terms, monkeypatch):
     addresses it copies from (every :meth:`_contiguous` call)."""
     cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, "relayout")
+    be = CupyBackend(cupy, "relayout")
     copied = []
     contiguous = be._contiguous
     monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
@@ -232,7 +234,7 @@ def test_relayout_copy_kept_from_term_to_term(monkeypatch):
         assert copied.count(slice_k) == 1
     copied.clear()
     be._time(("relayout", None), cs[4], W, *ops[4])
-    assert copied.count(slice_k) == 1 + device.TIMED_RUNS  # the warm-up and every timed run
+    assert copied.count(slice_k) == 1 + tuning.TIMED_RUNS  # the warm-up and every timed run
 
 
 def test_relayout_copy_held_while_steady(monkeypatch):

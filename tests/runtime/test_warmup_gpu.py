@@ -18,7 +18,8 @@ cupy = require_gpu()
 
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import kernelcache, launch, pointwise, uselog, warmup  # noqa: E402
-from chainexec.runtime.device import CupyBackend, select  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
+from chainexec.runtime.device import select  # noqa: E402
 from tests.runtime.test_device import reference, relerr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
