@@ -58,7 +58,6 @@ def offset_of(big: np.ndarray, view: np.ndarray) -> int:
     return (view.__array_interface__["data"][0] - big.ctypes.data) // big.itemsize
 
 
-
 STAGED_PRELUDE = r"""
 #include <barrier>
 #include <cstdio>
@@ -129,7 +128,6 @@ def stored(rng, shape, order, dtype=np.float64):
     """(buffer, element offset, view) of :func:`padded`: what the emulated kernels are passed."""
     big, view = padded(rng, shape, order, dtype)
     return big, offset_of(big, view), view
-
 
 
 def compiles_with_nvcc(tmp_path, sources: list[str]) -> None:

@@ -55,7 +55,6 @@ int main(int argc, char** argv) {
 """
 
 
-
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.parametrize("case", sorted(DIRECT_CASES))
 def test_direct_contraction_kernel_equals_einsum(case, tmp_path):

@@ -61,7 +61,6 @@ def test_index_width_follows_the_offsets():
     assert "int rest" in small and "long long rest" in wide
 
 
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_sources_compile_with_nvcc(tmp_path):
     out, inputs = views("broadcast")

@@ -69,7 +69,6 @@ def permuted(c: Contraction, a):
     return a.transpose([c.a_indices.index(i) for i in c.out_indices])
 
 
-
 def spread(arr, idx, order):
     """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
     index of ``order``; its axes outside ``order`` (extent 1) dropped."""
@@ -78,7 +77,6 @@ def spread(arr, idx, order):
     kept = [i for i in idx if i in order]
     view = arr.transpose([kept.index(i) for i in order if i in kept])
     return view[tuple(slice(None) if i in kept else None for i in order)]
-
 
 
 def element_strides(arr) -> tuple[int, ...]:

@@ -385,8 +385,6 @@ class Methods:
             kept[slot] = (key, self._contiguous(x.transpose(perm)), span)
         return kept[slot][1]
 
-
-
     def _kernel(self, c: Contraction, sizes: dict, dtype):
         """The generated COGENT kernel for this contraction and tile extents, or None where none
         applies (batch index, a 0-d tensor, dtype, extents, no surviving configuration)."""
