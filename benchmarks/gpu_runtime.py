@@ -43,6 +43,8 @@ sys.path.insert(0, str(REPO))
 from chainexec import api  # noqa: E402
 from chainexec.report import matches  # noqa: E402
 from chainexec.runtime import device  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
+from chainexec.runtime.device import TUNED  # noqa: E402
 
 
 def environment() -> dict:
@@ -100,7 +102,7 @@ def one_run(config: Path, backend: str, method: str | None) -> dict:
               "tflops_end_to_end": flops / measured["total_seconds"] / 1e12,
               "tflops_compute": flops / measured["seconds"]["compute"] / 1e12,
               "memory_peak": measured["memory_peak"], "pool_bytes_held": int(pool.total_bytes())}
-    if chosen.name == "cupy":
+    if TUNED in chosen.capabilities:
         record["choices"] = [{"out": list(k[0]), "a": list(k[1]), "b": list(k[2]), "a_shape": list(k[3]),
                               "b_shape": list(k[4]), "dtype": k[5], **asdict(ch)}
                              for k, ch in chosen.choices.items()]
@@ -116,7 +118,7 @@ def copy_rates(sizes_mib=(16, 256), reps: int = 5) -> list[dict]:
     import cupy
     import cupyx
 
-    backend = device.CupyBackend(cupy)
+    backend = CupyBackend(cupy)
     out = []
     for mib in sizes_mib:
         host = np.random.default_rng(0).standard_normal(mib << 17)  # mib MiB of float64

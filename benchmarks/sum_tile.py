@@ -20,11 +20,11 @@ import time
 import cupy
 import numpy as np
 
-from chainexec.planner import sumkernel, summma
-from chainexec.planner.kernelconf import Device
+from chainexec.kernels import sumkernel, summma
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import device, kernels
-from tests.planner.test_sumkernel import W_TERMS
+from chainexec.runtime import launch
+from chainexec.runtime.backends.cupy import CupyBackend
+from tests.kernels.test_sumkernel import W_TERMS
 
 
 def main(path, o=24, v=180, tile=3, with_sweep=1):
@@ -56,7 +56,7 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
     labels = ("sum", "summma", "split")
     for label, method, run in (("per-term", "auto", per_term), ("sum", "auto", summed), ("summma", "summma", summed),
                                ("split", "split", summed)):
-        be = device.CupyBackend(cupy, method)
+        be = CupyBackend(cupy, method)
         W = cupy.zeros(shape)
         times = []
         for _ in range(4):  # the first call decides the methods (tuning), the others are timed
@@ -86,7 +86,7 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
     for label in labels:
         got = cupy.asnumpy(outs[label][:, :, :, 0:1])
         res[f"einsum_sample_relative_error_{label}"] = float(np.linalg.norm(got - sample) / np.linalg.norm(sample))
-    be = device.CupyBackend(cupy, "sum")
+    be = CupyBackend(cupy, "sum")
     W = outs["sum"]
 
     def view(arr, idx):
@@ -94,15 +94,15 @@ def main(path, o=24, v=180, tile=3, with_sweep=1):
 
     prob = sumkernel.problem(view(W, "ijkabc"), [sumkernel.Term(view(a, x), view(b, y), f)
                                                  for (x, y, f), (a, b) in zip(W_TERMS, ops)], "float64")
-    dev = Device.from_cupy()
+    dev = launch.device_model()
     res["sweep"] = []
     sweep = [] if not with_sweep else [("sum", sumkernel.SumConfig(c.tb, c.reg, kc)) for c in sumkernel.candidates(prob, dev, top=8)
              for kc in sumkernel.KC] + [("summma", c) for c in summma.candidates(prob, dev, top=8)]
     for kind, cfg in sweep:
-        model = kernels.SUM_KINDS[kind][0].predict(prob, cfg, dev)
+        model = launch.SUM_KINDS[kind][0].predict(prob, cfg, dev)
         if model == float("inf"):
             continue
-        t = be._timed(lambda: kernels.launch_sum(kind, prob, cfg, W, ops, False))
+        t = be._timed(lambda: launch.launch_sum(kind, prob, cfg, W, ops, False))
         res["sweep"].append({"kind": kind, "config": cfg.name(), "model": model, "seconds": t, "tflops": flops / t / 1e12})
         print(kind, cfg.name(), round(model * 1e3, 2), round(t * 1e3, 2), round(flops / t / 1e12, 2), flush=True)
     print(json.dumps({k: v for k, v in res.items() if k != "sweep"}, indent=1))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# First GPU run of the tensor-core sum kernel (chainexec/planner/summma.py): the GPU tests of both
+# First GPU run of the tensor-core sum kernel (chainexec/kernels/summma.py): the GPU tests of both
 # sum kernels, one (T) W tile timed three ways (benchmarks/sum_tile.py: terms one by one, register
 # kernel, tensor-core kernel), and the synthetic o=24 v=180 (T) run with the default choice and
 # with the tensor-core kernel forced, twice each (the second with warm kernel and tuning caches).

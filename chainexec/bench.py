@@ -52,7 +52,9 @@ import numpy as np
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
-from chainexec.runtime.device import CupyBackend, _relaid, _ttgt_product
+from chainexec.runtime.backends.common import ttgt_product
+from chainexec.runtime.backends.cupy import CupyBackend
+from chainexec.runtime.backends.methods import _relaid
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,8 +115,8 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float) -> list[dict]:
     into a NaN-poisoned C, then alpha/beta) and timed with beta = 0."""
     import cupy
 
-    from chainexec.planner import gett
-    from chainexec.runtime.kernels import GettTables, launch_gett
+    from chainexec.kernels import gett
+    from chainexec.runtime.launch import GettTables, launch_gett
 
     strides = tuple(dict(zip(idx, (s // x.itemsize for s in x.strides))) for idx, x in ((c, C), (a, A), (b, B)))
     t = time.perf_counter()
@@ -286,7 +288,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     # TTGT and the einsums hand back the GEMM's product viewed in C's index order; C's layout
     # costs them one more pass (the view made contiguous), which is what they are timed with.
     # Their times as returned are kept beside (``*_view_ms``) with whether the result was a view.
-    returned = {"ttgt": lambda: _ttgt_product(cupy, con, A, B),
+    returned = {"ttgt": lambda: ttgt_product(cupy, con, A, B),
                 "cupy_einsum": lambda: cupy.einsum(f"{a},{b}->{c}", A, B)}
     if use_torch:
         import torch
@@ -308,7 +310,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         times["cutensor"] = time_gpu(cutensor, budget_s)
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
-    # The runtime's selector (device.CupyBackend) picks the fastest of its methods: GETT, batched
+    # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT, batched
     # GEMM in place or on permuted copies, COGENT, TTGT, cupy.einsum and cuTENSOR where installed;
     # the libraries it is compared with are the others (where it picks a library, its ratio to the
     # best library is at most 1).
@@ -347,14 +349,14 @@ def main(argv=None) -> int:
     if not Path(args.tccg).is_file():
         raise ChainexecError("benchmark cases not found (give --tccg PATH)", args.tccg)
 
-    from chainexec.planner.kernelconf import Device, choose_config
-    from chainexec.runtime.kernels import get_kernel
+    from chainexec.kernels.kernelconf import choose_config
+    from chainexec.runtime.launch import device_model, get_kernel
 
     cases = json.load(open(args.tccg))
     if args.ids:
         cases = [c for c in cases if c["id"] in args.ids]
     use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
-    device = Device.from_cupy()
+    device = device_model()
     result = {"environment": environment(), "device_model": asdict(device), "rows": [],
               "dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs(),
               "layout": "row-major: the last letter of each index string is stride-1"}

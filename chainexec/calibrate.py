@@ -293,7 +293,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
                       statement_seconds=per_statement, device_bandwidth=copy["per_second"],
-                      async_statements=first["backend"] == "cupy",
+                      async_statements=first["queued"],
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {

@@ -180,14 +180,14 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``)."""
-    from chainexec.runtime.device import select
+    from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
     from chainexec.runtime.globalarray import GlobalArray
 
     dev = select(backend, comm)
     xp = dev.xp
     stopwatch = _stopwatch(xp)
     rng = np.random.default_rng(comm.rank)
-    result: dict = {"backend": dev.name}
+    result: dict = {"backend": dev.name, "queued": QUEUED in dev.capabilities}
 
     # Disk: each rank its own file, as each rank reads its rows and writes its shard in a run.
     data = rng.random(max(1, size // 8))
@@ -209,15 +209,11 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     del data
 
     # Global array: every rank moves the whole block of the next rank (another rank's memory
-    # whenever P > 1), all at once; host buffers are pinned on a GPU so that they can feed the copy.
+    # whenever P > 1), all at once, into the backend's host buffers for device copies (page-locked
+    # on a GPU) so that they can feed the copy.
     rows = max(1, size // (8 * GA_COLUMNS))
     shape = (rows, GA_COLUMNS)
-    if dev.name == "cupy":
-        import cupyx
-
-        host = cupyx.empty_pinned(shape, np.float64)
-    else:
-        host = np.empty(shape, np.float64)
+    host = dev.host_empty(shape, np.float64)
     host[...] = 1.0
     ga = GlobalArray(comm, (comm.size * rows, GA_COLUMNS), np.float64, zero=False)
     ga.local()[...] = 1.0
@@ -234,7 +230,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
     # Host↔device: only where the device is not host memory (on NumPy the get already lands there).
     result["host_device"] = None
-    if dev.name == "cupy":
+    if SEPARATE_MEMORY in dev.capabilities:
         device_buf = xp.empty(shape, np.float64)
         result["host_device"] = {
             "bytes": host.nbytes,

@@ -7,7 +7,7 @@ memory are copied into it over threads (:func:`chainexec.runtime.hostcopy.copy`)
 the device asynchronously on the caller's stream; a part of the ring is written again only once
 the copy out of it is done (a CUDA event per part).
 
-Why: a run moving less than :data:`chainexec.runtime.device.PINNED_FROM_BYTES` copies its inputs
+Why: a run moving less than :data:`chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` copies its inputs
 from plain host memory, which the driver stages through a page-locked buffer of its own on the
 calling thread: 5-7 GB/s on the H100 host, the host blocked for the whole copy. In a warm (T) run
 at benzene's sizes (``torch.profiler`` trace, H100, 2026-11-27) those copies took 34 ms of host

@@ -22,8 +22,8 @@ executor, waiting for those copies and for the host work they delayed. Measured 
 - one DMA from it took 3.7 ms (54.8 GB/s), against 15.9-16.4 ms through an arena-like ring (12.8 GB/s);
 - unregistering took about 11 ms per 203 MB, hence the separate thread.
 
-Only a run of plain host memory locks (:attr:`chainexec.runtime.device.CupyBackend.pinned` false:
-under :data:`~chainexec.runtime.device.PINNED_FROM_BYTES` moved). A larger run stages through its
+Only a run of plain host memory locks (:attr:`chainexec.runtime.backends.cupy.CupyBackend.pinned` false:
+under :data:`~chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` moved). A larger run stages through its
 own page-locked buffers instead of holding tens of GB of page cache locked. Where registration
 fails (no support for read-only registration, no memory), the rows take the arena's path as before.
 """

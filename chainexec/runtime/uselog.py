@@ -15,8 +15,8 @@ newest :data:`KEPT` uses in the order first noted. ``gemms``: cuBLAS calls, each
 strided, transa, transb, m, n, k, lda, ldb, ldc, count, beta]`` (precision ``d`` or ``s``;
 strided: the strided-batched entry point, else the pointer-array one; beta 0 or 1). ``modules``:
 generated contraction kernels, each ``[CUBIN cache key, function name]``
-(:func:`chainexec.runtime.kernels.load_function`, noted at each launch). ``sources``: point-wise kernels, each
-``[function name, source]`` (:mod:`chainexec.runtime.pointwise`, compiled and cached by CuPy).
+(:func:`chainexec.runtime.kernelcache.note`, at each launch). ``sources``: point-wise kernels, each
+``[function name, source]`` (:mod:`chainexec.runtime.pointwise`; compiled through the same cache).
 ``prepared``: host-side preparations of point-wise kernels, each ``[name, arguments as JSON]``
 (:func:`chainexec.runtime.pointwise.prepare`), made again by the next process while its warm-up
 loads (:func:`chainexec.runtime.warmup.prepare`). A
@@ -74,8 +74,8 @@ def _entry(device: str, job: str) -> str:
 
 
 def path() -> Path:
-    """``<kernel cache>/uses.json`` (:func:`chainexec.runtime.kernels.cache_dir`)."""
-    from chainexec.runtime.kernels import cache_dir
+    """``<kernel cache>/uses.json`` (:func:`chainexec.runtime.kernelcache.cache_dir`)."""
+    from chainexec.runtime.kernelcache import cache_dir
 
     return cache_dir() / "uses.json"
 

@@ -171,17 +171,17 @@ def replay(cupy, device: str, job: str) -> None:
     """Use again, on the current device and stream, what the log holds for ``job`` on ``device``
     (a name): each cuBLAS call once on stand-in matrices of zeros (every matrix of a batch the
     same one: stride 0, or one address repeated; calls over :data:`STAND_IN_BYTES` skipped), each
-    generated kernel loaded into its in-process table (:func:`chainexec.runtime.kernels.preload`,
-    :func:`chainexec.runtime.pointwise.preload`)."""
-    from chainexec.runtime import kernels, pointwise
+    generated kernel loaded into the kernel cache's per-device table
+    (:func:`chainexec.runtime.kernelcache.preload`, :func:`chainexec.runtime.pointwise.preload`)."""
+    from chainexec.runtime import kernelcache, pointwise
 
     logged = uselog.uses(device, job)
     for key, name in logged["modules"]:
         if re.fullmatch(r"[0-9a-f]{64}", str(key)) and re.fullmatch(KERNEL, str(name)):  # a file name
-            kernels.preload(name, key)
+            kernelcache.preload(name, key)
     for name, text in logged["sources"]:
         if re.fullmatch(KERNEL, str(name)) and isinstance(text, str):
-            pointwise.preload(cupy, text, name)
+            pointwise.preload(text, name)
     for call in logged["gemms"]:
         _gemm(cupy, call)
 
@@ -197,7 +197,7 @@ def sizes(call: tuple) -> tuple[int, int, int]:
 def _gemm(cupy, call: tuple) -> None:
     from cupy_backends.cuda.libs import cublas
 
-    from chainexec.runtime.device import gemm_scalars
+    from chainexec.runtime.backends.methods import gemm_scalars
 
     precision, strided, ta, tb, m, n, k, lda, ldb, ldc, count, beta = call
     dtype = cupy.float64 if precision == "d" else cupy.float32

@@ -6,7 +6,7 @@ the host, changes the result."""
 
 import numpy as np
 
-from chainexec.runtime import device
+from chainexec.runtime.backends.numpy import NumpyBackend
 
 
 class Mark:
@@ -24,7 +24,7 @@ class Copy(Mark):
         self.copy, self.ran = copy, False
 
 
-class Deferred(device.Backend):
+class Deferred(NumpyBackend):
     """Compute statements and compute-stream copies are queued and run only when something waits
     for a mark after them (``elapsed``, ``reach``, ``wait``, a landed accumulate); a
     ``fetch_aside`` copy runs as soon as the queue has passed its ``after`` mark (at once
@@ -80,23 +80,23 @@ class Deferred(device.Backend):
     def contract(self, c, out, a, b, fresh=False):
         if fresh:  # queued before the product (the base class's clear would queue it after)
             self.clear(out)
-        self.queue.append(lambda: device.Backend.contract(self, c, out, a, b))
+        self.queue.append(lambda: NumpyBackend.contract(self, c, out, a, b))
 
     def contract_terms(self, cs, out, operands, fresh=False):
         if fresh:
             self.clear(out)
-        self.queue.append(lambda: [device.Backend.contract(self, c, out, a, b) for c, (a, b) in zip(cs, operands)])
+        self.queue.append(lambda: [NumpyBackend.contract(self, c, out, a, b) for c, (a, b) in zip(cs, operands)])
 
     contract_sum = contract_terms  # (the base class's run term by term through self.contract, queued here)
 
     def symmetrize(self, out, axes, keep=()):
-        self.queue.append(lambda: device.Backend.symmetrize(self, out, axes, keep))
+        self.queue.append(lambda: NumpyBackend.symmetrize(self, out, axes, keep))
 
     def evaluate(self, tree, arrays, order, out):
-        self.queue.append(lambda: device.Backend.evaluate(self, tree, arrays, order, out))
+        self.queue.append(lambda: NumpyBackend.evaluate(self, tree, arrays, order, out))
 
     def fused(self, f, arrays, shape, out, within=()):
-        self.queue.append(lambda: device.Backend.fused(self, f, arrays, shape, out, within))
+        self.queue.append(lambda: NumpyBackend.fused(self, f, arrays, shape, out, within))
 
     def _read(self, dst, read) -> np.ndarray:
         host = np.empty(dst.shape, dst.dtype)

@@ -21,7 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 from chainexec import api
-from chainexec.runtime import device, globalarray, mapped, store
+from chainexec.runtime import globalarray, mapped, store
+from chainexec.runtime.backends.numpy import NumpyBackend
 
 STREAMED = ("ovvv", "ovoo", "ovov", "t1")
 
@@ -32,7 +33,7 @@ def main():
     comm = MPI.COMM_WORLD
     aside, first = [], []
 
-    class Recording(device.Backend):
+    class Recording(NumpyBackend):
         def fetch_aside(self, dst, read, after=None, view=None):
             aside.append(list(dst.shape))
             super().fetch_aside(dst, read, after, view)

@@ -3,10 +3,10 @@ tests/runtime/test_executor.py and test_checkpoint.py run in their own processes
 
 import numpy as np
 
-from chainexec.runtime import device
+from chainexec.runtime.backends.numpy import NumpyBackend
 
 
-class Queued(device.Backend):
+class Queued(NumpyBackend):
     """NumPy, as if every compute statement were still running when it returns: a stamp is a
     number, a statement takes 0.25 s between its two stamps, and every fetch records how many
     stamps nothing has waited for yet. A copy to the host is queued too: its host array is NaN

@@ -14,7 +14,7 @@ from tests.conftest import require_gpu, triples_config  # noqa: E402
 cupy = require_gpu()
 
 from chainexec.runtime import arena  # noqa: E402
-from chainexec.runtime.device import CupyBackend  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,10 @@ import pytest
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import device
-from chainexec.runtime.device import Backend, select
+from chainexec.runtime.backends import common, methods, tuning
+from chainexec.runtime.backends.cupy import CupyBackend
+from chainexec.runtime.backends.numpy import NumpyBackend
+from chainexec.runtime.device import select
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -81,7 +84,7 @@ def test_numpy_contract_matches_einsum(kind, dtype):
     """Contiguous operands and strided views (offsets, steps); the padding around ``out``'s view
     must stay untouched."""
     rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
-    backend = Backend()
+    backend = NumpyBackend()
     for trial in range(40):
         c, size = random_case(rng, batch=kind == "batch", unary=kind == "unary", scalar=kind == "scalar")
         shape = lambda idx: [size[i] for i in idx]  # noqa: E731
@@ -160,7 +163,7 @@ def test_select_without_gpu(monkeypatch):
 
 def test_cupy_backend_rejects_unknown_method():
     with pytest.raises(ChainexecError, match="unknown GPU contraction method"):
-        device.CupyBackend(np, "fastest")
+        CupyBackend(np, "fastest")
 
 
 def test_device_memory_the_host_lacks_is_one_clear_error():
@@ -173,18 +176,18 @@ def test_ttgt_product_ends_in_the_outputs_fastest_index():
     add reads the product in runs along it: for every (T) W term (six of the twelve hold ``c`` in
     the left operand as written: four ``ovvv``, two ``ovoo``), and for random contractions, which
     must still equal ``numpy.einsum`` (``test_numpy_contract_matches_einsum``)."""
-    from tests.planner.test_sumkernel import W_TERMS
+    from tests.kernels.test_sumkernel import W_TERMS
 
     swaps = 0
     for a, b, _ in W_TERMS:
-        batch, lext, rext, ks, swap, *_ = device._ttgt(tuple("ijkabc"), tuple(a), tuple(b))
+        batch, lext, rext, ks, swap, *_ = common.ttgt_layout(tuple("ijkabc"), tuple(a), tuple(b))
         assert (batch + lext + rext)[-1] == "c"
         swaps += swap
     assert swaps == 6
     rng = np.random.default_rng(7)
     for _ in range(50):
         c, _ = random_case(rng, batch=bool(rng.integers(2)))
-        batch, lext, rext, *_ = device._ttgt(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+        batch, lext, rext, *_ = common.ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
         if c.out_indices[-1] in lext + rext:
             assert (batch + lext + rext)[-1] == c.out_indices[-1]
 
@@ -193,43 +196,43 @@ def test_tuning_cache_keeps_a_file_per_decision_and_reads_only_those_looked_up(t
     """Each decision is a file of its own: a lookup sees another process's decision at once, and
     decisions are per device."""
     folder = tmp_path / "tuning"
-    writer, reader = device.TuningCache("GPU A", folder), device.TuningCache("GPU A", folder)
+    writer, reader = tuning.TuningCache("GPU A", folder), tuning.TuningCache("GPU A", folder)
     assert reader.get(("c1",)) is None
-    writer.put(("c1",), device.Choice("batched", {"batched": 1.0}))
-    writer.put(("c2",), device.Choice("gett", {}, {"order": [1]}))
+    writer.put(("c1",), tuning.Choice("batched", {"batched": 1.0}))
+    writer.put(("c2",), tuning.Choice("gett", {}, {"order": [1]}))
     assert [reader.get(k) for k in [("c1",), ("c2",), ("c1",)]] == [
-        device.Choice("batched", {"batched": 1.0}), device.Choice("gett", {}, {"order": [1]}),
-        device.Choice("batched", {"batched": 1.0})]
-    writer.put(("c1",), device.Choice("ttgt"))  # decided again
-    assert reader.get(("c1",)) == device.Choice("ttgt")
-    assert device.TuningCache("GPU B", folder).get(("c1",)) is None
+        tuning.Choice("batched", {"batched": 1.0}), tuning.Choice("gett", {}, {"order": [1]}),
+        tuning.Choice("batched", {"batched": 1.0})]
+    writer.put(("c1",), tuning.Choice("ttgt"))  # decided again
+    assert reader.get(("c1",)) == tuning.Choice("ttgt")
+    assert tuning.TuningCache("GPU B", folder).get(("c1",)) is None
     assert sorted(p.suffix for p in folder.iterdir()) == [".json", ".json"]  # no temporary file left
 
 
 @pytest.mark.parametrize("text", ["", "not json", "[1]", '{"key": "other", "choice": {"method": "ttgt"}}',
                                   '{"choice": {"method": "ttgt"}}', '{"key": "%s", "choice": {"nonsense": 1}}'])
 def test_a_damaged_decision_is_none_and_decided_again(tmp_path, text):
-    cache = device.TuningCache("GPU", tmp_path / "tuning")
-    cache.put(("c",), device.Choice("batched"))
+    cache = tuning.TuningCache("GPU", tmp_path / "tuning")
+    cache.put(("c",), tuning.Choice("batched"))
     (file,) = (tmp_path / "tuning").iterdir()
     file.write_text(text.replace("%s", cache._key(("c",)).replace('"', '\\"')))
-    assert device.TuningCache("GPU", tmp_path / "tuning").get(("c",)) is None
-    cache.put(("c",), device.Choice("einsum"))
-    assert device.TuningCache("GPU", tmp_path / "tuning").get(("c",)) == device.Choice("einsum")
+    assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",)) is None
+    cache.put(("c",), tuning.Choice("einsum"))
+    assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",)) == tuning.Choice("einsum")
 
 
 def test_a_decision_of_the_older_single_file_is_moved_to_its_own(tmp_path, monkeypatch):
-    old = device.TuningCache("GPU", tmp_path / "tuning")
+    old = tuning.TuningCache("GPU", tmp_path / "tuning")
     (tmp_path / "tuning.json").write_text(json.dumps({
         old._key(("c1",)): {"method": "gett", "seconds": {}, "config": {"order": [0]}},
         old._key(("c2",)): {"method": "nonsense-field-set", "colour": "red"}}))
-    assert old.get(("c1",)) == device.Choice("gett", {}, {"order": [0]})
+    assert old.get(("c1",)) == tuning.Choice("gett", {}, {"order": [0]})
     assert old.get(("c2",)) is None and old.get(("c3",)) is None
     reads = []
     real = json.loads
-    monkeypatch.setattr(device.json, "loads", lambda text: reads.append(len(text)) or real(text))
-    fresh = device.TuningCache("GPU", tmp_path / "tuning")
-    assert fresh.get(("c1",)) == device.Choice("gett", {}, {"order": [0]})
+    monkeypatch.setattr(tuning.json, "loads", lambda text: reads.append(len(text)) or real(text))
+    fresh = tuning.TuningCache("GPU", tmp_path / "tuning")
+    assert fresh.get(("c1",)) == tuning.Choice("gett", {}, {"order": [0]})
     assert len(reads) == 1  # its own file only: the older one is not read again
 
 
@@ -240,9 +243,9 @@ def test_gemm_scalars_by_address_unless_the_binding_takes_values():
     def by_value():
         """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, double alpha, ...)"""
 
-    keep, one, two = device.gemm_scalars(by_address, 1.5, 0.0, np.float64)
+    keep, one, two = methods.gemm_scalars(by_address, 1.5, 0.0, np.float64)
     assert (one, two) == (keep.ctypes.data, keep.ctypes.data + 8) and keep.tolist() == [1.5, 0.0]
-    assert device.gemm_scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
+    assert methods.gemm_scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
 
 
 class _Pool:
@@ -258,7 +261,7 @@ class _Pool:
         pass
 
 
-class _Timed(device.CupyBackend):
+class _Timed(CupyBackend):
     """The CuPy backend's autotuner on NumPy arrays with its GPU parts stood in for: every
     contraction runs as nothing, TTGT times faster than einsum, and a run of terms takes a
     millisecond whichever way (so stacking them wins: fewer of them)."""
@@ -283,15 +286,15 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
     the key the next looks up, so the second and the third tune nothing. Until 2026-11-28 the
     stacks' contractions were kept only under the room of their timing (less a scratch tile):
     the second process tuned those six again (1.5-1.8 s of a benzene (T) executor on an H100)."""
-    from chainexec.planner import kernelconf
-    from chainexec.runtime import kernels
-    from tests.planner.test_sumkernel import W_TERMS
+    from chainexec.kernels.kernelconf import Device
+    from chainexec.runtime import kernelcache, launch
+    from tests.kernels.test_sumkernel import W_TERMS
 
     folder = tmp_path / "tuning"
-    monkeypatch.setattr(device.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", folder)))
-    monkeypatch.setattr(kernelconf.Device, "from_cupy", classmethod(lambda cls: cls.H100()))
-    monkeypatch.setattr(kernels, "precompile", lambda *args, **kw: None)
-    monkeypatch.setattr(device, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
+    monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", folder)))
+    monkeypatch.setattr(launch, "device_model", Device.H100)
+    monkeypatch.setattr(kernelcache, "precompile", lambda *args, **kw: None)
+    monkeypatch.setattr(tuning, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
     xp = types.SimpleNamespace(zeros=np.zeros, empty=np.empty, ndarray=np.ndarray, multiply=np.multiply,
                                get_default_memory_pool=_Pool,
                                cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)))
@@ -310,3 +313,71 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
             backend.contract_sum(cs, np.zeros([extent[i] for i in "ijkabc"]), operands, fresh=True)
         assert [ch.method for key, ch in backend.choices.items() if key[0] == "sum"] == ["stack"]
     assert tuned.count(0) > 12 and tuned.count(1) == tuned.count(2) == 0
+
+
+@pytest.fixture
+def numpy_gpu(monkeypatch, tmp_path):
+    """A CuPy backend over NumPy arrays (its tuning cache in a folder of the test's own): what its
+    contraction methods that need no GPU (TTGT, einsum) do, run on the CPU."""
+    monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
+    return CupyBackend(np)
+
+
+def test_backends_declare_the_capabilities_whose_members_they_have(numpy_gpu):
+    """A backend declares an optional capability exactly where it has that capability's members
+    of its own; without it, it keeps the seam's."""
+    def own(backend, name: str) -> bool:
+        if hasattr(device.Backend, name):
+            return getattr(type(backend), name) is not getattr(device.Backend, name)
+        return hasattr(backend, name)
+
+    for backend in (NumpyBackend(), numpy_gpu):
+        for capability, members in device.CAPABILITIES.items():
+            has = [name for name in members if own(backend, name)]
+            assert has == (list(members) if capability in backend.capabilities else []), (backend.name, capability)
+    assert NumpyBackend().capabilities == frozenset()
+    assert numpy_gpu.capabilities == frozenset(device.CAPABILITIES)
+
+
+def test_no_module_outside_the_backends_asks_which_backend_it_runs_on():
+    """Code outside :mod:`chainexec.runtime.backends` and the seam asks a backend for a capability
+    (:data:`chainexec.runtime.device.CAPABILITIES`), not for its name or class."""
+    import re
+    from pathlib import Path
+
+    import chainexec
+
+    asking = re.compile(r"\.name\s*[!=]=\s*[\"'](cupy|numpy)[\"']|isinstance\([^)]*(Cupy|Numpy)Backend")
+    root = Path(chainexec.__file__).parent
+    found = [str(path.relative_to(root)) for path in root.rglob("*.py")
+             if "backends" not in path.parts and asking.search(path.read_text())]
+    assert found == []
+
+
+def test_every_method_is_registered_once_with_its_workspace():
+    """The registry lists the methods in the order the autotuner names its candidates, and each
+    bounds its temporaries as documented (bytes)."""
+    assert list(methods.REGISTRY) == ["gett", "batched", "relayout", "kernel", "ttgt", "einsum", "direct", "cutensor"]
+    assert all(name == m.name for name, m in methods.REGISTRY.items())
+    out, a, b = np.zeros(10), np.zeros(3), np.zeros(5)
+    assert {name: m.workspace(out, a, b) for name, m in methods.REGISTRY.items()} == {
+        "gett": 0, "batched": 0, "relayout": 64, "kernel": 144, "ttgt": 144, "einsum": 224, "direct": 0, "cutensor": 80}
+    assert [name for name, m in methods.REGISTRY.items() if m.in_place] == ["gett", "direct"]
+    assert [name for name, m in methods.REGISTRY.items() if m.writes_fresh] == ["batched", "relayout", "ttgt"]
+
+
+@pytest.mark.parametrize("method", ["ttgt", "einsum"])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_methods_that_need_no_gpu_add_the_product(numpy_gpu, method, fresh):
+    """TTGT and einsum through the backend's dispatch (:meth:`Methods._run`), on NumPy: ``out +=
+    factor·a·b``, or, on a ``fresh`` output holding NaN, ``out = factor·a·b`` (TTGT writes its
+    product in; einsum adds to the output cleared first)."""
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        c, size = random_case(rng, batch=True)
+        a, b, out = (rng.standard_normal([size[i] for i in idx]) for idx in (c.a_indices, c.b_indices, c.out_indices))
+        want = reference(c, np.zeros_like(out) if fresh else out, a, b)
+        if fresh:
+            out[...] = np.nan
+        numpy_gpu._run((method, None), c, out, a, b, fresh)
+        assert relerr(out, want) <= 1e-12

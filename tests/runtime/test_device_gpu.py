@@ -23,13 +23,17 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
-from chainexec.planner import batchedgemm  # noqa: E402
+from chainexec.kernels import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import device, kernels  # noqa: E402
-from chainexec.runtime.device import Backend, CupyBackend, select  # noqa: E402
+from chainexec.runtime import kernelcache  # noqa: E402
+from chainexec.runtime.backends import cupy as cupy_backend  # noqa: E402
+from chainexec.runtime.backends import methods  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
+from chainexec.runtime.backends.numpy import NumpyBackend  # noqa: E402
+from chainexec.runtime.device import select  # noqa: E402
 from tests.conftest import read_report, run_cli, triples_config, write_config  # noqa: E402
+from tests.kernels.test_symmetrize import PAIRS  # noqa: E402
 from tests.runtime.test_device import TOL, embedded, random_case, reference, relerr  # noqa: E402
-from tests.runtime.test_pointwise import PAIRS  # noqa: E402
 from tests.runtime.test_fused import SMALL, check_fused_run  # noqa: E402
 from tests.runtime.test_inline import CHAINS as INLINE_CHAINS, LIMITS as INLINE_LIMITS, run_chain  # noqa: E402
 
@@ -91,7 +95,7 @@ def test_contract_matches_einsum(method, kind, dtype):
     tensor. Every third trial ``out`` is fresh (``Backend.contract``): NaN in its view, written as
     if it held zeros (cuBLAS's β = 0 for batched GEMM, TTGT's product copied in, else cleared
     first)."""
-    if method == "cutensor" and device._cutensor(cupy) is None:
+    if method == "cutensor" and methods._cutensor(cupy) is None:
         pytest.skip("libcutensor is not installed")
     rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
     backend = CupyBackend(cupy, method)
@@ -176,7 +180,7 @@ def test_relayout_on_the_triples_terms(dtype):
     the operands cut from whole arrays along the occupied indices): each equals numpy.einsum, and
     the terms whose copies make larger GEMMs (the ``ovvv`` ones holding two indices adjacent in
     W among them) really run that way."""
-    from tests.planner.test_sumkernel import W_TERMS
+    from tests.kernels.test_sumkernel import W_TERMS
 
     rng = np.random.default_rng(17 + len(dtype))
     o, v, t = 7, 13, 2
@@ -337,7 +341,7 @@ def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch
     from tests.conftest import fourindex_config
     from tests.runtime.test_run import check_fourindex
 
-    monkeypatch.setattr(device, "PINNED_FROM_BYTES", 0)
+    monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
     config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="6KiB"))
     machine = tmp_path / "machine.json"
     machine.write_text(Machine(aside_copy_bytes=0).to_json())
@@ -436,7 +440,7 @@ def test_fetch_through_staging_buffers(stage, monkeypatch):
     buffers used in turn (each refilled only after its copy finished; a row per chunk where a row
     is wider than a chunk), or in one piece when the tile fits one chunk: the tile equals the
     source whatever the chunk size, and every row is read once."""
-    monkeypatch.setattr(device, "STAGE_BYTES", stage)
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", stage)
     source = np.random.default_rng(8).standard_normal((37, 11, 6))
     reads = []
 
@@ -460,7 +464,7 @@ def test_only_one_piece_page_locked_fetches_are_queued(monkeypatch):
     """``fetch_waits``: a tile fetched in one piece from page-locked memory is queued behind the
     work before it; one fetched chunk by chunk, or from plain memory, waits for that work (the
     executor then waits first, so the get's seconds are its own)."""
-    monkeypatch.setattr(device, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
     small, large = backend.zeros((4, 8), np.float64), backend.zeros((64, 64), np.float64)
     assert not backend.fetch_waits(small) and backend.fetch_waits(large)
@@ -472,10 +476,10 @@ def test_only_one_piece_page_locked_fetches_are_queued(monkeypatch):
 def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypatch):
     """A run moving less than PINNED_FROM_BYTES per rank stages through plain memory (the first
     page-lock of a process costs ~0.5 s); fetch and to_host_async are right either way."""
-    monkeypatch.setattr(device, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
     backend.expect_transfers(moved)
-    assert backend.pinned == (moved >= device.PINNED_FROM_BYTES)
+    assert backend.pinned == (moved >= cupy_backend.PINNED_FROM_BYTES)
     source = np.random.default_rng(12).standard_normal((29, 7, 5))
     dst = backend.zeros(source.shape, source.dtype)
     backend.fetch(dst, lambda rows, out: out.__setitem__(Ellipsis, source[rows]))
@@ -508,7 +512,7 @@ def test_fetch_aside_runs_beside_queued_work(stage, monkeypatch):
     """``fetch_aside`` copies on its own stream while the work queued before it still runs (its
     staged chunks do not wait for that work), and work queued after it sees the data: a sum
     queued right after equals the source, also when a kernel queued before writes elsewhere."""
-    monkeypatch.setattr(device, "STAGE_BYTES", stage)
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", stage)
     backend = CupyBackend(cupy)
     backend.expect_transfers(5 << 30)
     source = np.random.default_rng(6).standard_normal((96, 33, 7))
@@ -534,7 +538,7 @@ def test_fetch_aside_after_waits_for_the_last_reader(stage, monkeypatch):
     reader, queued behind matrix products: measured on the H100 with ``after`` ignored, the
     chunked case fails; the one-piece case still passed (something in its path waits; not
     found), so only the chunked case is known to see the race."""
-    monkeypatch.setattr(device, "STAGE_BYTES", stage)
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", stage)
     backend = CupyBackend(cupy)
     backend.expect_transfers(5 << 30)
     rng = np.random.default_rng(8)
@@ -567,7 +571,7 @@ def test_fetch_from_host_memory_at_hand(moved, at_hand, strided, monkeypatch):
     a strided tile) through ``read`` as before. Either way the tile equals the source, and
     overwriting the source once ``fetch_aside`` has returned does not reach the device, though
     the copy was queued behind matrix products."""
-    monkeypatch.setattr(device, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
     backend.expect_transfers(moved)
     rng = np.random.default_rng(12)
@@ -724,9 +728,9 @@ def test_kernel_cache_reused():
     c = Contraction(0, "X", out_idx, "A", a_idx, "B", b_idx, 1.0, True, 0, 0)
     out, _, _, a, b = _operands(rng, c, size, "float64", False, False)
     CupyBackend(cupy, "kernel").contract(c, out, a, b)
-    loaded = len(kernels._LOADED)
+    loaded = len(kernelcache._LOADED)
     CupyBackend(cupy, "kernel").contract(c, out, a, b)
-    assert len(kernels._LOADED) == loaded
+    assert len(kernelcache._LOADED) == loaded
 
 
 # -- whole runs ----------------------------------------------------------------------------------
@@ -823,7 +827,7 @@ def test_fused_reduction_over_ordered_elements(reused, within):
         whole = np.sum(x * y[:, None])
     host = {r: (x if r.tensor == "X" else y) for r in f.leaves}
     cpu, gpu = np.zeros(()), cupy.zeros(())
-    Backend().fused(f, host, x.shape, cpu, within)
+    NumpyBackend().fused(f, host, x.shape, cpu, within)
     CupyBackend(cupy).fused(f, {r: cupy.asarray(a) for r, a in host.items()}, x.shape, gpu, within)
     assert abs(float(gpu) - float(cpu)) <= 1e-12 * abs(float(cpu))
     assert abs(float(cpu) - whole) <= 1e-12 * abs(whole)

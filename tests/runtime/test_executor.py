@@ -12,6 +12,7 @@ import os
 import pytest
 
 from chainexec.errors import ChainexecError
+from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.executor import _tuples
 from tests.conftest import store_chunked, triples_config
 
@@ -73,13 +74,12 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
     import h5py
 
     from chainexec import api
-    from chainexec.runtime import device
 
     o, v = 6, 10
     config = triples_config(tmp_path, memory, o, v)
     shapes = []
 
-    class Recording(device.Backend):
+    class Recording(NumpyBackend):
         @contextlib.contextmanager
         def steady(self, arrays):
             shapes.append(sorted(x.shape for x in arrays))
@@ -107,13 +107,12 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
 
     from chainexec import api
     from chainexec.planner import record
-    from chainexec.runtime import device
 
     o, v = 6, 10
     config = triples_config(tmp_path, "200KiB", o, v)
     aside, first = [], []
 
-    class Recording(device.Backend):
+    class Recording(NumpyBackend):
         def fetch_aside(self, dst, read, after=None, view=None):
             aside.append(dst.shape)
             super().fetch_aside(dst, read, after, view)
@@ -382,7 +381,6 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
     from chainexec import api, spec
     from chainexec.planner import build
     from chainexec.planner.plan import ops
-    from chainexec.runtime import device
 
     config = triples_config(tmp_path, "200KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
@@ -394,7 +392,7 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
         clean = float(f["E"][()])
     made = []
 
-    class Poisoned(device.Backend):
+    class Poisoned(NumpyBackend):
         def empty(self, shape, dtype):
             made.append(shape)
             return np.full(shape, np.nan, dtype)

@@ -14,10 +14,12 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
-from chainexec.planner import gett  # noqa: E402
+from chainexec.kernels import gett  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import device, kernels  # noqa: E402
-from tests.planner.test_gett import CASES, _arrays, _strides  # noqa: E402
+from chainexec.runtime import device, launch  # noqa: E402
+from chainexec.runtime.backends import methods, tuning  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
+from tests.kernels.test_gett import CASES, _arrays, _strides  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -48,9 +50,9 @@ def _device_views(host_arrays, view):
 def _run(cfg, c, a, b, sizes, C, A, B, alpha, beta, order="load"):
     strides = (_strides(C, c), _strides(A, a), _strides(B, b))
     p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides, order)
-    tables = kernels.GettTables(p, strides)
+    tables = launch.GettTables(p, strides)
     left, right = (B, A) if p.swap else (A, B)
-    kernels.launch_gett(cfg, tables, C, left, right, alpha, beta)
+    launch.launch_gett(cfg, tables, C, left, right, alpha, beta)
     return p
 
 
@@ -100,7 +102,7 @@ def _contraction(out, a, b, factor=1.0):
                        b=b[0], b_indices=list(b[1]), factor=factor, accumulate=True, flops=0, statement=0)
 
 
-@pytest.mark.parametrize("method", device.METHODS)
+@pytest.mark.parametrize("method", tuning.METHODS)
 def test_backend_methods_accumulate_into_views(method, monkeypatch):
     """out += factor * a*b through every method on views of larger buffers, against einsum."""
     monkeypatch.setenv("CHAINEXEC_GPU_METHOD", method)
@@ -116,7 +118,7 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     # the kernel has no layout here, nor relayout on padded views (no mode merges in W); the sum
     # kernels are for runs of terms; cuTENSOR may be absent; a forced split or stack tunes a lone
     # contraction as auto does
-    fallback = {"kernel", "relayout", "sum", "summma"} | ({"cutensor"} if device._cutensor(cupy) is None else set())
+    fallback = {"kernel", "relayout", "sum", "summma"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
     assert method in ("auto", "split", "stack") or forced == method or (method in fallback and forced == "ttgt")
 
 
@@ -151,7 +153,7 @@ def test_tuning_cache_is_reused_across_processes(monkeypatch):
     assert choice.seconds and min(choice.seconds, key=choice.seconds.get).split(":")[0] == choice.method
     assert first.tuning.path.exists()
     second = device.select("cupy")  # a new process sees the file only
-    monkeypatch.setattr(device.CupyBackend, "_time", lambda *a: pytest.fail("re-timed"))
+    monkeypatch.setattr(CupyBackend, "_time", lambda *a: pytest.fail("re-timed"))
     second.contract(c, C, A, B)
     assert next(iter(second.choices.values())) == choice
     assert _relerr(C.get(), hC + 2 * (hA @ hB)) <= 1e-12
@@ -161,14 +163,14 @@ def test_large_operands_are_tuned_on_a_probe(monkeypatch):
     """A tile above TUNE_BYTES is timed on views with its strides but fewer elements; the choice
     then runs on the whole tile, correctly."""
     monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "auto")
-    monkeypatch.setattr(device, "TUNE_BYTES", 1 << 20)
+    monkeypatch.setattr(tuning, "TUNE_BYTES", 1 << 20)
     be = device.select("cupy")
     sizes = dict(i=6, j=5, k=7, a=10, b=9, c=8, f=12)
     hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=4)
     W, A, B = _device_views((hW, hA, hB), False)
     seen = []
-    real = device.CupyBackend._time
-    monkeypatch.setattr(device.CupyBackend, "_time", lambda self, how, c, o, a, b: seen.append(o.nbytes) or real(
+    real = CupyBackend._time
+    monkeypatch.setattr(CupyBackend, "_time", lambda self, how, c, o, a, b: seen.append(o.nbytes) or real(
         self, how, c, o, a, b))
     be.contract(_contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf")), W, A, B)
     assert seen and max(seen) <= 1 << 20 < W.nbytes

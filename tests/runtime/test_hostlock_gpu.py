@@ -15,7 +15,7 @@ from tests.conftest import require_gpu, triples_config  # noqa: E402
 cupy = require_gpu()
 
 from chainexec.runtime import arena, hostlock  # noqa: E402
-from chainexec.runtime.device import CupyBackend  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
 from chainexec.runtime.mapped import MappedArray, contiguous_offset  # noqa: E402
 
 pytestmark = pytest.mark.gpu

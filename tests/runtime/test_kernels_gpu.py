@@ -12,8 +12,8 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
-from chainexec.planner.kernelconf import Device, choose_config, enumerate_configs  # noqa: E402
-from chainexec.runtime import kernels  # noqa: E402
+from chainexec.kernels.kernelconf import Device, choose_config, enumerate_configs  # noqa: E402
+from chainexec.runtime import kernelcache, launch  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,7 @@ CASES = [
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernels, "_LOADED", {})
+    monkeypatch.setattr(kernelcache, "_LOADED", {})
 
 
 def _inputs(a, b, c, sizes, dtype, seed):
@@ -51,7 +51,7 @@ def _relerr(out, ref):
 def test_kernel_matches_numpy(c, a, b, sizes, dtype, tol):
     """Model-chosen config, odd extents (partial tiles), beta = 0 then alpha/beta accumulate."""
     A, B, C0 = _inputs(a, b, c, sizes, dtype, seed=len(a) * 7 + len(b))
-    kern = kernels.get_kernel(c, a, b, sizes, dtype)
+    kern = launch.get_kernel(c, a, b, sizes, dtype)
     ref = np.einsum(f"{a},{b}->{c}", A.astype(np.float64), B.astype(np.float64))
     C = cupy.full(C0.shape, cupy.nan, dtype=dtype)
     kern(cupy.asarray(A), cupy.asarray(B), C)
@@ -68,7 +68,7 @@ def test_large_tile_config_on_small_odd_extents():
                         Device.H100())
     sizes = {i: cfg.tile(i) + 3 if cfg.tile(i) > 1 else 3 for i in "abcdef"}
     A, B, _ = _inputs("aebf", "dfce", "abcd", sizes, "float64", seed=5)
-    kern = kernels.get_kernel("abcd", "aebf", "dfce", sizes, "float64", config=cfg)
+    kern = launch.get_kernel("abcd", "aebf", "dfce", sizes, "float64", config=cfg)
     C = kern(cupy.asarray(A), cupy.asarray(B))
     assert _relerr(C.get(), np.einsum("aebf,dfce->abcd", A, B)) <= 1e-12
 
@@ -81,27 +81,27 @@ def test_every_surviving_config_of_a_small_case_is_correct():
     configs, _ = enumerate_configs(c, a, b, sizes, "float64", Device.H100())
     dA, dB = cupy.asarray(A), cupy.asarray(B)
     for cfg in configs[:: max(1, len(configs) // 12)]:
-        out = kernels.get_kernel(c, a, b, sizes, "float64", config=cfg)(dA, dB)
+        out = launch.get_kernel(c, a, b, sizes, "float64", config=cfg)(dA, dB)
         assert _relerr(out.get(), ref) <= 1e-12, cfg
 
 
 def test_disk_cache_compiles_once(monkeypatch, tmp_path):
     calls = []
-    real = kernels.compile_cubin
-    monkeypatch.setattr(kernels, "compile_cubin", lambda *a: calls.append(a) or real(*a))
+    real = kernelcache.compile_cubin
+    monkeypatch.setattr(kernelcache, "compile_cubin", lambda *a: calls.append(a) or real(*a))
     sizes = dict(a=10, b=12, c=14)
-    kernels.get_kernel("ab", "ac", "cb", sizes, "float64")
+    launch.get_kernel("ab", "ac", "cb", sizes, "float64")
     assert len(calls) == 1
     assert len(list((tmp_path / "cache").glob("*.cubin"))) == 1
-    monkeypatch.setattr(kernels, "_LOADED", {})  # a new process: only the disk cache is left
-    kern = kernels.get_kernel("ab", "ac", "cb", sizes, "float64")
+    monkeypatch.setattr(kernelcache, "_LOADED", {})  # a new process: only the disk cache is left
+    kern = launch.get_kernel("ab", "ac", "cb", sizes, "float64")
     assert len(calls) == 1
     A, B, _ = _inputs("ac", "cb", "ab", sizes, "float64", seed=3)
     assert _relerr(kern(cupy.asarray(A), cupy.asarray(B)).get(), A @ B) <= 1e-12
 
 
 def test_launch_validates_arrays():
-    kern = kernels.get_kernel("ab", "ac", "cb", dict(a=4, b=5, c=6), "float64")
+    kern = launch.get_kernel("ab", "ac", "cb", dict(a=4, b=5, c=6), "float64")
     A, B = cupy.ones((4, 6)), cupy.ones((6, 5))
     with pytest.raises(ValueError):
         kern(A, cupy.ones((7, 5)))
@@ -113,7 +113,7 @@ def test_launch_validates_arrays():
         kern(A, B, beta=1.0)
 
 
-def test_device_from_cupy():
-    dev = Device.from_cupy()
+def test_device_model():
+    dev = launch.device_model()
     assert dev.sm_count > 0 and dev.smem_per_block >= 48 * 1024
     assert dev.compute_capability == str(cupy.cuda.Device().compute_capability)

@@ -12,7 +12,7 @@ from chainexec import api
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.runtime import mapped
 from chainexec.runtime.checkpoint import Stopped
-from chainexec.runtime.device import Backend
+from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.mapped import MappedArray, contiguous_offset
 from chainexec.runtime.store import Store
 from tests.conftest import store_chunked, triples_config
@@ -150,7 +150,7 @@ def _four_index_inputs(config) -> list[int]:
     return [t.itemsize * int(np.prod(t.shape)) for t in plan.tensors.values() if t.role == "input" and len(t.shape) == 4]
 
 
-class Locking(Backend):
+class Locking(NumpyBackend):
     """The NumPy backend, recording :meth:`Backend.lock_host` and :meth:`Backend.unlock_host` as a
     GPU backend would see them, counting the fetches whose rows lie in a locked tile, and
     recording where the rows of each fetch and of each :meth:`Backend.fetch_waits` question lie
@@ -242,7 +242,7 @@ def test_no_lock_thread_where_the_backend_locks_nothing(tmp_path, monkeypatch):
     and it is never asked."""
     config = triples_config(tmp_path, "200KiB", 4, 6)
     asked = []
-    monkeypatch.setattr(Backend, "lock_host", lambda self, array: asked.append(array))
+    monkeypatch.setattr(NumpyBackend, "lock_host", lambda self, array: asked.append(array))
     before = {t.name for t in threading.enumerate()}
     api.run(config, backend="numpy")
     assert not asked and not any(t.name.startswith("chainexec-lock") for t in threading.enumerate() if t.name not in before)

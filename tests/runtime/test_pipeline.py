@@ -87,13 +87,13 @@ def test_tile_inputs_are_fetched_while_the_tile_before_computes(tmp_path, monkey
     last (the slot's last reader): they are on their way while tile n computes. Nothing is
     fetched on the compute stream in those loops."""
     from chainexec import api
-    from chainexec.runtime import device
+    from chainexec.runtime.backends.numpy import NumpyBackend
 
     config = write_config(tmp_path, CHAIN | {"machine": {"global_memory": "64KiB", "device_memory": "1KiB"}})
     assert run_cli("generate", config).returncode == 0
     events = []
 
-    class Recording(device.Backend):
+    class Recording(NumpyBackend):
         def stamp(self):
             mark = super().stamp()  # a clock reading, known by its identity below
             events.append(("stamp", mark))

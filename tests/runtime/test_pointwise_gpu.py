@@ -15,8 +15,9 @@ from tests.conftest import require_gpu  # noqa: E402
 
 cupy = require_gpu()
 
+from chainexec.kernels import elementwise  # noqa: E402
 from chainexec.runtime import pointwise  # noqa: E402
-from tests.runtime.test_pointwise import CASES, views  # noqa: E402
+from tests.kernels.emulation import CASES, views  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +44,7 @@ def relerr(got, ref) -> float:
 def wide(request, monkeypatch):
     """Each kernel with 32-bit index arithmetic where it fits, and forced to 64-bit."""
     if request.param:
-        monkeypatch.setattr(pointwise, "INDEX32", 1)
+        monkeypatch.setattr(elementwise, "INDEX32", 1)
     return request.param
 
 
@@ -89,7 +90,7 @@ def test_orbit_reduction_equals_numpy(extents, wide):
     """The (T) energy's shape through the orbit kernel: Z = W + 0.5·s[c, a]·e[b] computed once per
     element and read at the six permutations of (a, b, c); W stored in another index order. The
     sum equals NumPy's and repeats bit for bit."""
-    from tests.runtime.test_pointwise import ENERGY_CODE, PERMS3, permuted
+    from tests.kernels.test_orbits import ENERGY_CODE, PERMS3, permuted
 
     x, n = extents
     rng = np.random.default_rng(n)
@@ -115,7 +116,7 @@ def test_weighted_orbit_reduction_skips_zero_weights(along, wide):
     other dimension (2, 0, 1 over x = 3, W NaN where it is 0): those blocks are skipped, the sum
     equals NumPy's. Along a permuted dimension (a weight over a): no block can be skipped, the
     weight is multiplied in and the sum equals NumPy's."""
-    from tests.runtime.test_pointwise import ENERGY_CODE, PERMS3, permuted
+    from tests.kernels.test_orbits import ENERGY_CODE, PERMS3, permuted
 
     x, n = 3, 19
     rng = np.random.default_rng(5)

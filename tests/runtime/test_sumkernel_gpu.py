@@ -14,12 +14,13 @@ from tests.conftest import require_gpu
 
 cupy = require_gpu()
 
-from chainexec.planner import sumkernel, summma  # noqa: E402
-from chainexec.planner.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
-from chainexec.planner.kernelconf import Device  # noqa: E402
+from chainexec.kernels import sumkernel, summma  # noqa: E402
+from chainexec.kernels.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import device, kernels  # noqa: E402
-from tests.planner.test_sumkernel import CASES  # noqa: E402
+from chainexec.runtime import kernelcache, launch  # noqa: E402
+from chainexec.runtime.backends import tuning  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
+from tests.kernels.test_sumkernel import CASES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = {"float64": 1e-12, "float32": 1e-5}
@@ -60,7 +61,7 @@ def _problem(out, terms, C, ops, dtype):
                                             for (a, b, f), (x, y) in zip(terms, ops)], dtype)
 
 
-@pytest.mark.parametrize("kind", sorted(kernels.SUM_KINDS))
+@pytest.mark.parametrize("kind", sorted(launch.SUM_KINDS))
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("pad", [0, 2])
 @pytest.mark.parametrize("out,terms,sizes", CASES)
@@ -70,8 +71,8 @@ def test_top_candidates_match_einsum(out, terms, sizes, dtype, pad, kind):
     c0, ref, ops = _case(out, terms, sizes, dtype, seed=len(terms) + pad, pad=pad)
     C = _on_device(c0, pad)
     prob = _problem(out, terms, C, ops, dtype)
-    gen = kernels.SUM_KINDS[kind][0]
-    cands = gen.candidates(prob, Device.from_cupy())
+    gen = launch.SUM_KINDS[kind][0]
+    cands = gen.candidates(prob, launch.device_model())
     batch = any(set(a) & set(b) for a, b in (sumkernel._sides(prob, t) for t in prob.terms))
     assert bool(cands) == (kind == "sum" or (dtype == "float64" and not batch))
     for cfg in cands:
@@ -80,9 +81,9 @@ def test_top_candidates_match_einsum(out, terms, sizes, dtype, pad, kind):
 
 def _check(kind, prob, cfg, C, c0, ops, ref, dtype):
     C[...] = cupy.asarray(c0)
-    kernels.launch_sum(kind, prob, cfg, C, ops, store=False)
+    launch.launch_sum(kind, prob, cfg, C, ops, store=False)
     assert np.array_equal(cupy.asnumpy(C), c0), cfg.name()  # nothing written when timing
-    kernels.launch_sum(kind, prob, cfg, C, ops)
+    launch.launch_sum(kind, prob, cfg, C, ops)
     got = cupy.asnumpy(C).astype(np.float64)
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert err <= TOL[dtype], (cfg.name(), err)
@@ -92,7 +93,7 @@ def _check(kind, prob, cfg, C, c0, ops, ref, dtype):
 def test_every_mma_shape_matches_einsum(shape):
     """The tensor-core kernel with each FP64 MMA shape the device has, on the W terms with a
     tile the extents do not divide, at sizes with several blocks."""
-    if shape in SM90_SHAPES and int(Device.from_cupy().compute_capability) < 90:
+    if shape in SM90_SHAPES and int(launch.device_model().compute_capability) < 90:
         pytest.skip(f"{shape} needs sm_90")
     out, terms, _ = CASES[0]
     sizes = dict(i=5, j=4, k=3, a=19, b=17, c=21, f=23, m=7)
@@ -114,7 +115,7 @@ def test_backend_contract_sum(method, room):
     C = _on_device(c0, 2)
     cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, method)
+    be = CupyBackend(cupy, method)
     if room is not None:
         be.limit_memory(room, 0)
     for _ in range(2):  # the deciding call, then the decision
@@ -126,33 +127,33 @@ def test_backend_contract_sum(method, room):
     prob = _problem(out, terms, C, ops, "float64")
     if method == "auto":
         parts = [prob] + [prob.part(p) for p in sumkernel.splits(prob)]
-        timed = sum(len(kernels.SUM_KINDS[k][0].candidates(p, Device.from_cupy()))
-                    for k in device.TIMED_SUM_KINDS for p in parts)
-        assert len(parts) == 2 and choice.method in device.TIMED_SUM_KINDS + ("terms", "split")
+        timed = sum(len(launch.SUM_KINDS[k][0].candidates(p, launch.device_model()))
+                    for k in tuning.TIMED_SUM_KINDS for p in parts)
+        assert len(parts) == 2 and choice.method in tuning.TIMED_SUM_KINDS + ("terms", "split")
         assert len(choice.seconds) == timed + 1
     elif method == "split":
         assert choice.method == "split" and choice.config["terms"] == list(range(6, 12))
-    elif method in kernels.SUM_KINDS:
+    elif method in launch.SUM_KINDS:
         assert choice.method == method and not choice.seconds
 
 
 def test_precompiled_candidates_load_without_compiling(monkeypatch):
-    """The candidates compiled at once beforehand (:func:`kernels.precompile`, threads) are the
+    """The candidates compiled at once beforehand (:func:`kernelcache.precompile`, threads) are the
     ones launched later: no further NVRTC run, and each still matches ``numpy.einsum``."""
     out, terms, sizes = CASES[0]
     c0, ref, ops = _case(out, terms, sizes, "float64", seed=11, pad=1)
     C = _on_device(c0, 1)
     prob = _problem(out, terms, C, ops, "float64")
-    dev = Device.from_cupy()
+    dev = launch.device_model()
     jobs = [(prob, cfg) for cfg in sumkernel.candidates(prob, dev)]
     jobs += [(prob.part(p), cfg) for p in sumkernel.splits(prob) for cfg in sumkernel.candidates(prob.part(p), dev)]
     assert len(jobs) >= 4
-    kernels.precompile([sumkernel.generate(p, cfg) for p, cfg in jobs], dev.compute_capability)
+    kernelcache.precompile([sumkernel.generate(p, cfg) for p, cfg in jobs], dev.compute_capability)
     calls = []
-    real = kernels.compile_cubin
-    monkeypatch.setattr(kernels, "compile_cubin", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(kernels, "_LOADED", {})
-    monkeypatch.setattr(kernels, "_SUM", {})
+    real = kernelcache.compile_cubin
+    monkeypatch.setattr(kernelcache, "compile_cubin", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(kernelcache, "_LOADED", {})
+    monkeypatch.setattr(launch, "_SUM", {})
     for p, cfg in jobs:
         part = [k for k, t in enumerate(prob.terms) if t in p.terms]
         want = c0.astype(np.float64)
@@ -160,7 +161,7 @@ def test_precompiled_candidates_load_without_compiling(monkeypatch):
             a, b, f = terms[k]
             want = want + f * np.einsum(f"{a},{b}->{out}", cupy.asnumpy(ops[k][0]), cupy.asnumpy(ops[k][1]))
         C[...] = cupy.asarray(c0)
-        kernels.launch_sum("sum", p, cfg, C, [ops[k] for k in part])
+        launch.launch_sum("sum", p, cfg, C, [ops[k] for k in part])
         assert np.linalg.norm(cupy.asnumpy(C) - want) / np.linalg.norm(want) <= 1e-12, cfg.name()
     assert calls == []
 
@@ -177,7 +178,7 @@ def test_backend_stacks_the_short_sums(method):
     C = _on_device(c0, 1)
     cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, method)
+    be = CupyBackend(cupy, method)
     for _ in range(2):
         C[...] = cupy.asarray(c0)
         be.contract_sum(cs, C, ops)
@@ -196,7 +197,7 @@ def _relayout_recorded(terms, monkeypatch):
     addresses it copies from (every :meth:`_contiguous` call)."""
     cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = device.CupyBackend(cupy, "relayout")
+    be = CupyBackend(cupy, "relayout")
     copied = []
     contiguous = be._contiguous
     monkeypatch.setattr(be, "_contiguous", lambda x: copied.append(x.data.ptr) or contiguous(x))
@@ -233,7 +234,7 @@ def test_relayout_copy_kept_from_term_to_term(monkeypatch):
         assert copied.count(slice_k) == 1
     copied.clear()
     be._time(("relayout", None), cs[4], W, *ops[4])
-    assert copied.count(slice_k) == 1 + device.TIMED_RUNS  # the warm-up and every timed run
+    assert copied.count(slice_k) == 1 + tuning.TIMED_RUNS  # the warm-up and every timed run
 
 
 def test_relayout_copy_held_while_steady(monkeypatch):

@@ -17,8 +17,9 @@ from tests.conftest import require_gpu  # noqa: E402
 cupy = require_gpu()
 
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import kernels, pointwise, uselog, warmup  # noqa: E402
-from chainexec.runtime.device import CupyBackend, select  # noqa: E402
+from chainexec.runtime import kernelcache, launch, pointwise, uselog, warmup  # noqa: E402
+from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
+from chainexec.runtime.device import select  # noqa: E402
 from tests.runtime.test_device import reference, relerr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -51,9 +52,9 @@ def new_process(tmp_path, monkeypatch):
 
     def fresh():
         monkeypatch.setattr(uselog, "_PENDING", {})
-        for table in ("_LOADED", "_SUM", "_GETT"):
-            monkeypatch.setattr(kernels, table, {})
-        pointwise._made.cache_clear()
+        monkeypatch.setattr(kernelcache, "_LOADED", {})
+        for table in ("_SUM", "_GETT"):
+            monkeypatch.setattr(launch, table, {})
         for make in pointwise.PREPARED.values():
             make.cache_clear()
 
@@ -91,17 +92,21 @@ def test_logged_uses_are_loaded_again(new_process, monkeypatch):
         warmup.replay(cupy, name, JOB)
         stream.synchronize()
     warmup.prepare(name, JOB)  # as the backend's selection makes them while the warm-up loads
-    replayed = set(kernels._LOADED)
-    assert {key for key, _ in replayed} == {key for key, _ in modules}
-    assert pointwise._made.cache_info().currsize == len(sources)
+    cc = str(cupy.cuda.Device().compute_capability)
+
+    def keys(texts) -> set:
+        return {kernelcache.cache_key(text, cc, kernelcache.POINTWISE_OPTIONS) for text in texts}
+
+    replayed = {key for key, _ in kernelcache._LOADED}
+    assert replayed == {key for key, _ in modules} | keys(text for _, text in sources)
     made = sum(make.cache_info().currsize for make in pointwise.PREPARED.values())
     assert made == len(prepared)
     met = spied(monkeypatch)
     for seed, case in enumerate(CASES):
         assert contract(*case, seed + 10) <= 1e-12
     launched = {use[0] for kind, use, _ in met if kind == "modules"}
-    assert launched and launched <= {key for key, _ in replayed}  # every kernel launched was loaded
-    assert pointwise._made.cache_info().misses == len(sources)  # the launches found them loaded
+    assert launched and launched <= replayed  # every kernel launched was loaded
+    assert keys(use[1] for kind, use, _ in met if kind == "sources") <= replayed  # point-wise ones too
     y = cupy.zeros((5, 7))
     pointwise.launch(cupy, "y + 2.0 * p0", [cupy.ones((5, 7))], y)
     assert sum(make.cache_info().currsize for make in pointwise.PREPARED.values()) == made  # found made

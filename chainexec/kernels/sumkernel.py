@@ -22,7 +22,7 @@ reads 20 values for 64 FMAs, whatever its split.
 Layouts are strided views (element strides); extents and strides are compile-time constants of
 the source, so guards exist only along dimensions that do not divide into their tile, and every
 offset is a sum of constant products. Index names never reach the source (dimensions are
-numbered). Pure functions: no CUDA or CuPy here; :mod:`chainexec.runtime.device` compiles and
+numbered). Pure functions: no CUDA or CuPy here; :mod:`chainexec.runtime.launch` compiles and
 launches.
 """
 
@@ -466,7 +466,7 @@ def pipeline(p: SumProblem, cfg, k: int, t: Term, T: list[int], partial: list[bo
              stage: dict[str, int], kpitch: dict[str, int], before: list[str], inner: list[str],
              after: list[str]) -> list[str]:
     """One term's loop over its summed range, shared by the register kernel and the tensor-core
-    one (:mod:`chainexec.planner.summma`): the copy tables (:func:`_table`), then step s+1's A
+    one (:mod:`chainexec.kernels.summma`): the copy tables (:func:`_table`), then step s+1's A
     and B slices copied into one shared-memory stage (``stage[side]`` elements, element ``kl`` of
     the step at ``kl * kpitch[side]``) while the ``inner`` lines use step s's in the other
     (``(s & 1) * stage[side]``); ``before`` and ``after`` run around the loop. ``cfg`` needs

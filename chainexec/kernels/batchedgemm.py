@@ -6,7 +6,7 @@ can be split into *GEMM modes* (each group one stride in every tensor it appears
 modes* runs as STRIDEDBATCHEDGEMM calls (Sec. III-D, Listing 1) nested in loops over the other
 batch modes (Listing 2), reading the operands and writing the output in place. This module is the
 pure part: which modes go where (Sec. IV-D's priorities, Algorithm 2), as plain numbers the
-runtime hands to cuBLAS (:meth:`chainexec.runtime.device.CupyBackend`).
+runtime hands to cuBLAS (:meth:`chainexec.runtime.backends.methods.Methods.batched_gemm`).
 
 The choice, for ``out[...] (+)= α Σ a[...]·b[...]`` over strided views (strides in elements):
 

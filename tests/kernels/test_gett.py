@@ -14,7 +14,7 @@ from itertools import product
 import numpy as np
 import pytest
 
-from chainexec.planner import gett
+from chainexec.kernels import gett
 from tests.conftest import nvcc_reports
 
 CASES = [

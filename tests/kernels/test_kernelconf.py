@@ -11,8 +11,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from chainexec.planner.codegen import generate
-from chainexec.planner.kernelconf import (Device, KernelConfig, choose_config, config_rank,
+from chainexec.kernels.codegen import generate
+from chainexec.kernels.kernelconf import (Device, KernelConfig, choose_config, config_rank,
                                           enumerate_configs, parse_contraction)
 from tests.conftest import TCCG
 

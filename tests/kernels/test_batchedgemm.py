@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from chainexec.planner import batchedgemm
-from tests.planner.test_sumkernel import W_TERMS
+from chainexec.kernels import batchedgemm
+from tests.kernels.test_sumkernel import W_TERMS
 
 CASES = [
     # (out, a, b, sizes): GEMM, both operands transposed, the paper's case studies 1 and 2 (in

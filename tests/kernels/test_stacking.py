@@ -1,13 +1,13 @@
-"""Which terms of a run stack into one contraction (chainexec.planner.stacking), and the
+"""Which terms of a run stack into one contraction (chainexec.kernels.stacking), and the
 backend's stacked operands (CupyBackend._stacked run on NumPy) against numpy.einsum."""
 
 import numpy as np
 import pytest
 
-from chainexec.planner import stacking
+from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import device
-from tests.planner.test_sumkernel import W_TERMS
+from chainexec.runtime.backends.cupy import CupyBackend
+from tests.kernels.test_sumkernel import W_TERMS
 
 
 def _extents(terms, sizes):
@@ -44,7 +44,7 @@ def test_stacking_rules(terms, sizes, expect):
     assert [s.terms for s in got] == expect
 
 
-class _NumpyStacker(device.CupyBackend):
+class _NumpyStacker(CupyBackend):
     """The backend's stacking on NumPy arrays, each stacked contraction by numpy.einsum (an
     independent reference for the copies' orders, offsets and factors)."""
 

@@ -11,7 +11,8 @@ are one GEMM over the concatenated summed ranges, ``[A1 A2]·[B1; B2]``: copies 
 reshaping of operands into GEMM form, applied across terms (beyond the papers).
 
 Pure: which terms stack, and the index orders of the stacked operands. The runtime builds them
-(``CupyBackend`` in ``chainexec.runtime.device``) and the autotuner decides whether they win.
+(:meth:`chainexec.runtime.backends.tuning.Autotuner._stacked`) and the autotuner decides whether
+they win.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from chainexec.planner import summma as mm
-from chainexec.planner.gett import MMA_SHAPES
-from chainexec.planner.kernelconf import Device
+from chainexec.kernels import summma as mm
+from chainexec.kernels.gett import MMA_SHAPES
+from chainexec.kernels.kernelconf import Device
 from tests.conftest import nvcc_reports
-from tests.planner.test_sumkernel import CASES, _emulate, _problem
+from tests.kernels.test_sumkernel import CASES, _emulate, _problem
 
 H100 = Device.H100()
 A100 = Device("A100", "80", 108, 48 * 1024, 164 * 1024, 255, 65536, 1024, 2048)

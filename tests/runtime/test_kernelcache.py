@@ -1,44 +1,47 @@
-"""The kernel cache's CPU side: compiling many candidates at once (:func:`kernels.precompile`),
-with NVRTC replaced by a stand-in that records its calls (the GPU modules compile for real); and,
-with a stand-in CuPy, that a kernel's launches are the uses logged for the next process's
-warm-up (:mod:`chainexec.runtime.uselog`), not its loading."""
+"""The kernel cache's CPU side (:mod:`chainexec.runtime.kernelcache`): the key of a CUBIN, compiling
+many candidates at once (:func:`kernelcache.precompile`), with NVRTC replaced by a stand-in that
+records its calls (the GPU modules compile for real); and, with a stand-in CuPy, that every
+family of kernels loads through the one per-device table, and that a kernel's launches are the
+uses logged for the next process's warm-up (:mod:`chainexec.runtime.uselog`), not its loading."""
 
 import threading
 
 import pytest
 
-from chainexec.runtime import kernels
+from chainexec.runtime import kernelcache, launch
 
 
 @pytest.fixture
 def nvrtc(monkeypatch, tmp_path):
     """A stand-in compiler: the CUBIN is the source's bytes; ``bad`` sources fail as NVRTC does."""
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernelcache, "compiler_version", lambda: "12.4")
+    monkeypatch.setattr(kernelcache, "_KEYS", {})
     calls, threads = [], set()
 
-    def compile_cubin(source, name, cc):
+    def compile_cubin(source, name, cc, options):
         calls.append(source)
         threads.add(threading.get_ident())
         if source.startswith("bad"):
             raise RuntimeError(f"NVRTC failed for {name}")
         return f"{cc}:{source}".encode()
 
-    monkeypatch.setattr(kernels, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(kernelcache, "compile_cubin", compile_cubin)
     return calls, threads
 
 
-def _cubin(source, cc="90"):
-    return kernels.cache_dir() / f"{kernels.cache_key(source, cc)}.cubin"
+def _cubin(source, cc="90", options=kernelcache.OPTIONS):
+    return kernelcache.cache_dir() / f"{kernelcache.cache_key(source, cc, options)}.cubin"
 
 
 def test_precompile_fills_the_cache_once_per_source(nvrtc):
     calls, threads = nvrtc
     jobs = [(f"k{n}", f"src {n}") for n in range(8)] + [("k0", "src 0")]  # one source twice
-    kernels.precompile(jobs, "90")
+    kernelcache.precompile(jobs, "90")
     assert sorted(calls) == sorted(f"src {n}" for n in range(8))
     assert all(_cubin(f"src {n}").read_bytes() == f"90:src {n}".encode() for n in range(8))
     assert len(threads) >= 1 and threading.get_ident() not in threads  # compiled in worker threads
-    kernels.precompile(jobs + [("k9", "src 9"), ("k10", "src 10")], "90")  # only the new ones
+    kernelcache.precompile(jobs + [("k9", "src 9"), ("k10", "src 10")], "90")  # only the new ones
     assert sorted(calls[8:]) == ["src 10", "src 9"]
 
 
@@ -46,24 +49,33 @@ def test_a_failing_source_is_left_for_its_loader(nvrtc):
     """One candidate that does not compile leaves the others compiled and raises nothing here;
     compiling it again (where it is loaded) raises NVRTC's error."""
     calls, _ = nvrtc
-    kernels.precompile([("a", "src a"), ("bad", "bad source"), ("b", "src b")], "90")
+    kernelcache.precompile([("a", "src a"), ("bad", "bad source"), ("b", "src b")], "90")
     assert _cubin("src a").exists() and _cubin("src b").exists() and not _cubin("bad source").exists()
     with pytest.raises(RuntimeError, match="NVRTC failed"):
-        kernels._cached_cubin("bad", "bad source", "90")
+        kernelcache._cached_cubin("bad", "bad source", "90", kernelcache.OPTIONS)
     assert calls.count("bad source") == 2
 
 
 def test_a_single_missing_source_is_left_to_load_function(nvrtc):
     calls, _ = nvrtc
-    kernels.precompile([("a", "src a")], "90")
+    kernelcache.precompile([("a", "src a")], "90")
     assert calls == [] and not _cubin("src a").exists()
+
+
+def test_the_key_is_source_architecture_options_and_compiler(nvrtc, monkeypatch):
+    """Two CUBINs share a file only where source, architecture, options and NVRTC version agree."""
+    keys = {kernelcache.cache_key("src", "90"), kernelcache.cache_key("src k", "90"),
+            kernelcache.cache_key("src", "80"), kernelcache.cache_key("src", "90", kernelcache.POINTWISE_OPTIONS)}
+    monkeypatch.setattr(kernelcache, "compiler_version", lambda: "12.8")
+    keys.add(kernelcache.cache_key("src", "90"))
+    assert len(keys) == 5 and all(len(key) == 64 for key in keys)
 
 
 def test_threads_share_the_node_among_its_ranks(nvrtc, monkeypatch):
     """More local ranks (Open MPI's variable) than CPUs: one thread each."""
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "100000")
     calls, threads = nvrtc
-    kernels.precompile([(f"k{n}", f"src {n}") for n in range(4)], "90")
+    kernelcache.precompile([(f"k{n}", f"src {n}") for n in range(4)], "90")
     assert len(calls) == 4 and len(threads) == 1
 
 
@@ -73,6 +85,7 @@ class _Function:
     def __init__(self):
         self.max_dynamic_shared_size_bytes = 0
         self.launches = 0
+        self.num_regs = 32
 
     def __call__(self, *args, **kwargs):
         self.launches += 1
@@ -101,8 +114,9 @@ def device(nvrtc, monkeypatch):
         getDeviceProperties=lambda device: {"name": b"GPU"}))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, RawModule=RawModule))
     monkeypatch.setattr(uselog, "_NAMES", {})
-    for table in ("_LOADED", "_GETT", "_SUM"):
-        monkeypatch.setattr(kernels, table, {})
+    monkeypatch.setattr(kernelcache, "_LOADED", {})
+    for table in ("_GETT", "_SUM"):
+        monkeypatch.setattr(launch, table, {})
     noted = []
     monkeypatch.setattr(uselog, "note", lambda device, kind, use: noted.append(
         (kind, use, bool(getattr(uselog._PAUSED, "depth", 0)))))
@@ -112,22 +126,36 @@ def device(nvrtc, monkeypatch):
 def test_a_gett_kernel_is_noted_at_every_launch_it_is_fetched_for(device):
     """The run's uses are noted where a kernel is fetched to be launched, also from the table that
     keeps it (a tuning run first fetches it while timing, paused); loading it is not a use."""
-    from chainexec.planner.gett import MMA_SHAPES, GettConfig
+    from chainexec.kernels.gett import MMA_SHAPES, GettConfig
     from chainexec.runtime import uselog
 
     cfg = GettConfig(2, 2, 2, 2, 16, 2, next(iter(MMA_SHAPES)), True, True)
     with uselog.paused():
-        kernels.gett_function(cfg)
-    fn = kernels.gett_function(cfg)
-    assert kernels.gett_function(cfg) is fn and fn.max_dynamic_shared_size_bytes == cfg.smem_bytes()
-    key = next(iter(kernels._LOADED))[0]
+        launch.gett_function(cfg)
+    fn = launch.gett_function(cfg)
+    assert launch.gett_function(cfg) is fn and fn.max_dynamic_shared_size_bytes == cfg.smem_bytes()
+    key = next(iter(kernelcache._LOADED))[0]
     assert device == [("modules", (key, cfg.name()), True)] + [("modules", (key, cfg.name()), False)] * 2
 
 
 def test_loading_a_kernel_is_not_a_use(device):
-    fn, key = kernels.load_function("chainexec_k", "src k")
-    assert kernels.load_function("chainexec_k", "src k") == (fn, key) and device == []
-    assert key == kernels.cache_key("src k", "90") and _cubin("src k").exists()
+    fn, key = kernelcache.function("chainexec_k", "src k")
+    assert kernelcache.function("chainexec_k", "src k") == (fn, key) and device == []
+    assert key == kernelcache.cache_key("src k", "90") and _cubin("src k").exists()
+
+
+def test_point_wise_kernels_load_through_the_same_table(device, nvrtc):
+    """A point-wise kernel is compiled once, with the point-wise options, into the same disk cache
+    and per-device table as the contraction kernels; loading it again compiles nothing."""
+    from chainexec.kernels.elementwise import TOTAL_SOURCE
+    from chainexec.runtime import pointwise
+
+    calls, _ = nvrtc
+    pointwise.preload(TOTAL_SOURCE, "chainexec_total")
+    pointwise.preload(TOTAL_SOURCE, "chainexec_total")
+    key = kernelcache.cache_key(TOTAL_SOURCE, "90", kernelcache.POINTWISE_OPTIONS)
+    assert calls == [TOTAL_SOURCE] and list(kernelcache._LOADED) == [(key, 0)]
+    assert _cubin(TOTAL_SOURCE, options=kernelcache.POINTWISE_OPTIONS).exists() and device == []
 
 
 def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, monkeypatch):
@@ -137,7 +165,7 @@ def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, mo
 
     import numpy as np
 
-    from chainexec.planner.kernelconf import Device
+    from chainexec.kernels.kernelconf import Device
     from chainexec.runtime import uselog
 
     class ndarray:
@@ -147,7 +175,7 @@ def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, mo
             self.flags = type("Flags", (), {"c_contiguous": True})()
 
     monkeypatch.setattr(sys.modules["cupy"], "ndarray", ndarray, raising=False)
-    kern = kernels.get_kernel("ab", "ak", "kb", dict(a=8, b=8, k=8), "float64", device=Device.H100())
+    kern = launch.get_kernel("ab", "ak", "kb", dict(a=8, b=8, k=8), "float64", device=Device.H100())
     assert device == []  # made, not used
     A, B, C = ndarray((8, 8)), ndarray((8, 8)), ndarray((8, 8))
     with uselog.paused():
@@ -155,5 +183,5 @@ def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, mo
     kern(A, B, C, beta=1.0)
     kern(A, B, C)
     use = (kern.cubin, kern.name)
-    assert kern.cubin == kernels.cache_key(kern.source, "90") and kern.function.launches == 3
+    assert kern.cubin == kernelcache.cache_key(kern.source, "90") and kern.function.launches == 3
     assert device == [("modules", use, True), ("modules", use, False), ("modules", use, False)]

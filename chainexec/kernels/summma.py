@@ -1,14 +1,14 @@
 """The sum kernel on FP64 tensor cores: ``C += Σ_t f_t · A_t·B_t`` with every term's products on
 ``mma.sync … .f64`` and the terms summed in a shared-memory output tile.
 
-Why: the register sum kernel (:mod:`chainexec.planner.sumkernel`) moves the output once for all
+Why: the register sum kernel (:mod:`chainexec.kernels.sumkernel`) moves the output once for all
 terms but multiplies on the FP64 CUDA cores, whose peak is half the tensor cores'; measured on
 the H100 it ran the (T) W tile at 13.3 TFLOP/s, no faster than the terms one by one on tensor
 cores (which move the output once per term). Here each block keeps its output tile in shared
 memory for the whole kernel (the multi-level fusion paper's producer tile kept in the fastest
 level, ``papers/multilevel-fusion-tiling-tensor-contractions.txt`` Section 3, one level lower
 than the executor keeps it) and each term is a GEMM on the tensor cores, as in GETT
-(:mod:`chainexec.planner.gett`, the strided-batched GEMM paper's GETT formulation):
+(:mod:`chainexec.kernels.gett`, the strided-batched GEMM paper's GETT formulation):
 
 - A term splits the block's output tile (a box over the output indices) into rows, its
   A-side indices, and columns, its B-side ones, so ``M_t × N_t = Π tile`` whatever the split;
@@ -18,7 +18,7 @@ than the executor keeps it) and each term is a GEMM on the tensor cores, as in G
   fragments into the shared tile (each element owned by one lane per term, barriers between
   terms), and the tile goes to global memory once at the end.
 - Operand slices are staged as in the register kernel (copy tables, two-stage ``cp.async``;
-  :func:`chainexec.planner.sumkernel.pipeline`), one summed element per row of pitch ≡ 8 (mod
+  :func:`chainexec.kernels.sumkernel.pipeline`), one summed element per row of pitch ≡ 8 (mod
   16) doubles, so fragment reads (8 rows × 4 summed elements per instruction) take the minimum
   two shared-memory wavefronts.
 
@@ -58,7 +58,7 @@ TOP = 3
 @dataclass(frozen=True)
 class MmaConfig:
     """``tile``: the block's output tile per output dimension (elements); ``warps`` per block;
-    ``kc`` summed elements per step; ``mma`` the FP64 MMA shape (:data:`~chainexec.planner.gett.MMA_SHAPES`)."""
+    ``kc`` summed elements per step; ``mma`` the FP64 MMA shape (:data:`~chainexec.kernels.gett.MMA_SHAPES`)."""
 
     tile: tuple[int, ...]
     warps: int
@@ -190,7 +190,7 @@ def launch_shape(p: SumProblem, cfg: MmaConfig) -> tuple[int, int, int]:
 
 
 def predict(p: SumProblem, cfg: MmaConfig, dev: Device) -> float:
-    """Model seconds (at 1.7 GHz, as :func:`chainexec.planner.sumkernel.predict`): the slowest of
+    """Model seconds (at 1.7 GHz, as :func:`chainexec.kernels.sumkernel.predict`): the slowest of
     the tensor cores (padded MMA tiles), instruction issue (fragment reads, MMAs, copies,
     epilogues, per-step overhead), shared-memory wavefronts (fragment reads at two each; epilogue
     read-modify-writes counted at four, their bank pattern depends on the split) and L2 reads,

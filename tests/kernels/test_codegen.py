@@ -15,8 +15,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from chainexec.planner.codegen import generate, grid_size, kernel_name, kernel_params
-from chainexec.planner.kernelconf import Device, choose_config, enumerate_configs
+from chainexec.kernels.codegen import generate, grid_size, kernel_name, kernel_params
+from chainexec.kernels.kernelconf import Device, choose_config, enumerate_configs
 from tests.conftest import TCCG, nvcc_reports
 
 CASES = json.loads(TCCG.read_text())

@@ -26,7 +26,7 @@ in the same direction with a pitch of 4 mod 16 doubles, which makes both the cp.
 the tensor-core fragment reads free of bank conflicts.
 
 Pure Python (NumPy for the tables): the runtime compiles and launches
-(:mod:`chainexec.runtime.kernels`).
+(:mod:`chainexec.runtime.launch`).
 """
 
 from __future__ import annotations

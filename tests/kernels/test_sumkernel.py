@@ -13,11 +13,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from chainexec.planner import sumkernel as sk
-from chainexec.planner import summma
-from chainexec.planner.kernelconf import Device
+from chainexec.kernels import sumkernel as sk
+from chainexec.kernels import summma
+from chainexec.kernels.kernelconf import Device
 from tests.conftest import nvcc_reports
-from tests.planner.test_codegen import EMU_PRELUDE
+from tests.kernels.test_codegen import EMU_PRELUDE
 
 SUM_PRELUDE = EMU_PRELUDE + r"""
 #include <memory>
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {{
 
 def _emulate(tmp_path, out, terms, sizes, dtype, cfg, seed, pad=1, store=True, gen=sk):
     """(result, reference, initial output): the kernel emulated on views of padded buffers;
-    ``gen`` the generator module (this one's or :mod:`chainexec.planner.summma`)."""
+    ``gen`` the generator module (this one's or :mod:`chainexec.kernels.summma`)."""
     p = _problem(out, terms, sizes, dtype, pad)
     name, src = gen.generate(p, cfg)
     ctype = "double" if dtype == "float64" else "float"

@@ -1,144 +1,25 @@
-"""Compile generated contraction kernels with NVRTC (through CuPy), cache them on disk, launch them.
-
-The source comes from :mod:`chainexec.planner.codegen`.  Compiled CUBINs are cached under
-``$CHAINEXEC_KERNEL_CACHE`` (default ``~/.cache/chainexec/kernels``) in files named by the
-SHA-256 of the source, the device's compute capability and the NVRTC options, so a kernel is
-compiled once per machine.  CuPy is imported lazily: this module imports on machines without it.
+"""Launches of the generated contraction kernels: COGENT (:mod:`chainexec.kernels.codegen`),
+GETT (:mod:`chainexec.kernels.gett`) and the sum kernels (:mod:`chainexec.kernels.sumkernel`,
+:mod:`chainexec.kernels.summma`), compiled and loaded through the kernel cache
+(:mod:`chainexec.runtime.kernelcache`). CuPy is imported where a kernel is launched: this module
+imports on machines without it.
 
 Arrays are row-major (C order) CuPy arrays; the last index of each index string is stride-1.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
-from .. import atomicfile
-from ..planner import sumkernel, summma
-from ..planner.codegen import generate, grid_size, kernel_params
-from ..planner.kernelconf import Device, KernelConfig, choose_config, parse_contraction
-from . import uselog
+from chainexec.kernels import gett, sumkernel, summma
+from chainexec.kernels.codegen import generate, grid_size, kernel_params
+from chainexec.kernels.kernelconf import Device, KernelConfig, choose_config, parse_contraction
+from chainexec.runtime import kernelcache
 
-NVRTC_OPTIONS = ("--std=c++17",)
-"""Options passed to NVRTC besides the architecture (part of the cache key)."""
-
-_LOADED: dict = {}
-_GETT: dict = {}
-_SUM: dict = {}
+_GETT: dict = {}  # (GETT configuration, device) -> (function, CUBIN key)
+_SUM: dict = {}  # (sum problem, configuration, device) -> (function, blocks, threads, shared memory, CUBIN key, name)
 _LOCK = threading.Lock()
-
-
-def cache_dir() -> Path:
-    """Directory of the on-disk CUBIN cache (created on first use)."""
-    return Path(os.environ.get("CHAINEXEC_KERNEL_CACHE",
-                               Path.home() / ".cache" / "chainexec" / "kernels"))
-
-
-def cache_key(source: str, compute_capability: str) -> str:
-    """SHA-256 hex digest of the source, the compute capability (e.g. "90") and the options."""
-    text = "\0".join((source, compute_capability, *NVRTC_OPTIONS))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def compile_cubin(source: str, name: str, compute_capability: str) -> bytes:
-    """Compile ``source`` to a CUBIN for ``sm_<compute_capability>`` with NVRTC.
-
-    Raises RuntimeError with NVRTC's log when compilation fails."""
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture=sm_{compute_capability}",
-                                        *NVRTC_OPTIONS])
-        except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"NVRTC failed for {name}:\n{nvrtc.getProgramLog(prog)}") from exc
-        return nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-
-
-def _cached_cubin(name: str, source: str, cc: str) -> Path:
-    """The disk cache's CUBIN of ``source`` for ``sm_<cc>``, compiled on a miss. The CUBIN is
-    written to a temporary file and renamed, so concurrent processes never read half a file."""
-    path = cache_dir() / f"{cache_key(source, cc)}.cubin"
-    if not path.exists():
-        atomicfile.write(path, compile_cubin(source, name, cc))
-    return path
-
-
-def precompile(kernels: list[tuple[str, str]], compute_capability: str) -> None:
-    """Put the CUBINs of ``kernels`` ((name, source) pairs) in the disk cache, compiling the
-    missing ones (where there are two or more) at once in threads on this rank's share of the
-    node's CPUs (NVRTC runs without the GIL), so that :func:`load_function` then only loads them.
-    A source that fails to compile is left out here: it fails again where it is loaded, and the
-    autotuner scores that candidate as it always did. Why: a cold (T) run at benzene's sizes spent
-    69 of its 91 s in 104 NVRTC compilations one after the other, 52 s of them the sum kernels'
-    candidates, compiled just before each was timed (H100 machine, 2026-11-23)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .comm import local_size
-
-    missing = list({cache_key(src, compute_capability): (name, src) for name, src in kernels
-                    if not (cache_dir() / f"{cache_key(src, compute_capability)}.cubin").exists()}.values())
-    if len(missing) < 2:
-        return
-
-    def build(job):
-        try:
-            _cached_cubin(*job, compute_capability)
-        except RuntimeError:  # NVRTC's error: raised again, with its log, where the kernel is loaded
-            pass
-
-    with ThreadPoolExecutor(min(len(missing), max(1, len(os.sched_getaffinity(0)) // local_size()))) as pool:
-        list(pool.map(build, missing))
-
-
-def load_function(name: str, source: str) -> tuple:
-    """The CuPy kernel function ``name`` of ``source`` on the current device, and its CUBIN's
-    cache key: the in-process table, then the disk cache, and compiled only on a miss. The
-    callers that launch it note each launch as a use (:func:`_note`): a kernel loaded to be timed
-    or to see that it can be made is not logged for the next process's warm-up."""
-    import cupy
-
-    dev = cupy.cuda.Device()
-    cc = str(dev.compute_capability)
-    key = cache_key(source, cc)
-    with _LOCK:
-        fn = _LOADED.get((key, dev.id))
-    return (fn if fn is not None else _kept(name, _cached_cubin(name, source, cc), key, dev.id)), key
-
-
-def _kept(name: str, cubin: Path, key: str, device: int):
-    """Function ``name`` of the CUBIN file ``cubin`` (cache key ``key``) on ``device``, kept in
-    the in-process table (the one already there where another thread was first)."""
-    import cupy
-
-    fn = cupy.RawModule(path=str(cubin)).get_function(name)
-    with _LOCK:
-        return _LOADED.setdefault((key, device), fn)
-
-
-def _note(key: str, name: str) -> None:
-    """A launch of kernel ``name`` of the CUBIN ``key`` (:mod:`chainexec.runtime.uselog`)."""
-    import cupy
-
-    uselog.note(uselog.device_name(cupy), "modules", (key, name))
-
-
-def preload(name: str, key: str) -> None:
-    """Load kernel ``name`` of the cached CUBIN ``key`` on the current device into the in-process
-    table where the disk cache holds it: the function itself, not only its module. The warm-up's
-    way to load a logged kernel before :func:`load_function` asks for it."""
-    import cupy
-
-    path = cache_dir() / f"{key}.cubin"
-    dev = cupy.cuda.Device()
-    if (key, dev.id) not in _LOADED and path.exists():
-        _ = _kept(name, path, key, dev.id).num_regs  # reading an attribute makes lazy loading load it
 
 
 @dataclass(frozen=True)
@@ -150,7 +31,7 @@ class ContractionKernel:
     source: str
     params: tuple[str, ...]
     function: object
-    cubin: str  # the CUBIN's cache key: each call is a use of it (:mod:`chainexec.runtime.uselog`)
+    cubin: str  # the CUBIN's cache key: each call is a use of it (:func:`chainexec.runtime.kernelcache.note`)
 
     def extents(self, A, B, C=None) -> dict:
         """Extents of every index read off the array shapes; ValueError if they disagree."""
@@ -189,7 +70,7 @@ class ContractionKernel:
             raise ValueError("extents must be below 2**31")
         if min(ext.values()) == 0 or A.size == 0 or B.size == 0:
             raise ValueError("zero-sized extents are not supported")
-        _note(self.cubin, self.name)  # each call: a kernel made to be timed or checked is no use
+        kernelcache.note(self.cubin, self.name)  # each call: a kernel made to be timed or checked is no use
         args = (C, A, B, *(np.int32(ext[i]) for i in self.params), dtype.type(alpha),
                 dtype.type(beta))
         launch = (grid_size(self.config, ext),), (self.config.threads,), args
@@ -201,39 +82,56 @@ class ContractionKernel:
         return C
 
 
+def device_model(device_id: int | None = None) -> Device:
+    """The :class:`~chainexec.kernels.kernelconf.Device` limits of a GPU (default: the current one),
+    read through CuPy."""
+    import cupy
+
+    dev = cupy.cuda.Device(device_id)
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    return Device(name=name.decode() if isinstance(name, bytes) else str(name),
+                  compute_capability=f"{props['major']}{props['minor']}",
+                  sm_count=int(props["multiProcessorCount"]),
+                  smem_per_block=int(props["sharedMemPerBlock"]),
+                  smem_per_sm=int(props["sharedMemPerMultiprocessor"]),
+                  regs_per_thread=255, regs_per_sm=int(props["regsPerMultiprocessor"]),
+                  max_threads_per_block=int(props["maxThreadsPerBlock"]),
+                  max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]),
+                  smem_optin=int(props["sharedMemPerBlockOptin"]) if "sharedMemPerBlockOptin" in props else None)
+
+
 def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = None,
                device: Device | None = None) -> ContractionKernel:
     """Compiled kernel for a contraction: the model's choice for the representative ``sizes``
-    on ``device`` (default: the current GPU, :meth:`Device.from_cupy`) unless ``config`` is
+    on ``device`` (default: the current GPU, :func:`device_model`) unless ``config`` is
     given."""
     parse_contraction(c, a, b, sizes)
     if config is None:
-        config = choose_config(c, a, b, sizes, dtype, device or Device.from_cupy())
+        config = choose_config(c, a, b, sizes, dtype, device or device_model())
     name, source = generate(c, a, b, sizes, dtype, config)
-    function, cubin = load_function(name, source)
+    function, cubin = kernelcache.function(name, source)
     return ContractionKernel(config=config, name=name, source=source, params=kernel_params(c, a, b),
                              function=function, cubin=cubin)
 
 
 def gett_function(cfg):
-    """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.planner.gett`) on the current device,
+    """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.kernels.gett`) on the current device,
     opted into the dynamic shared memory it needs (beyond the 48 KiB default). Kept per
     (configuration, device): a launch per tile must not regenerate and hash the source."""
     import cupy
-
-    from ..planner import gett
 
     key = (cfg, cupy.cuda.Device().id)
     with _LOCK:
         kept = _GETT.get(key)
     if kept is None:
-        fn, cubin = load_function(cfg.name(), gett.source(cfg))
+        fn, cubin = kernelcache.function(cfg.name(), gett.source(cfg))
         if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes():
             fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
         kept = (fn, cubin)
         with _LOCK:
             _GETT[key] = kept
-    _note(kept[1], cfg.name())  # each call: the autotuner's first one is paused
+    kernelcache.note(kept[1], cfg.name())  # each call: the autotuner's first one is paused
     return kept[0]
 
 
@@ -244,11 +142,9 @@ class GettTables:
     pointers in the kernel's argument order."""
 
     def __init__(self, problem, strides, host: dict | None = None):
-        """``host``: the tables already made by :func:`chainexec.planner.gett.tables`, if they were."""
+        """``host``: the tables already made by :func:`chainexec.kernels.gett.tables`, if they were."""
         import cupy
         import numpy as np
-
-        from ..planner import gett
 
         host = host or gett.tables(problem, strides)
         flat = np.concatenate([host[t] for t in gett.TABLE_ORDER])
@@ -279,7 +175,7 @@ def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None
     if kept is None:
         gen = SUM_KINDS[kind][0]
         name, source = gen.generate(problem, cfg)
-        fn, cubin = load_function(name, source)
+        fn, cubin = kernelcache.function(name, source)
         shape = gen.launch_shape(problem, cfg)
         if fn.max_dynamic_shared_size_bytes < shape[2]:
             fn.max_dynamic_shared_size_bytes = shape[2]
@@ -287,7 +183,7 @@ def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None
         with _LOCK:
             _SUM[key] = kept
     fn, nblocks, threads, smem, cubin, name = kept
-    _note(cubin, name)  # each launch: the autotuner's first one is paused
+    kernelcache.note(cubin, name)  # each launch: the autotuner's first one is paused
     args = [C] + [x for pair in operands for x in pair] + [np.int32(1 if store else 0)]
     fn((nblocks,), (threads,), tuple(args), shared_mem=smem)
 

@@ -88,25 +88,6 @@ class Device:
                    smem_per_block=48 * 1024, smem_per_sm=228 * 1024, regs_per_thread=255,
                    regs_per_sm=65536, max_threads_per_block=1024, max_threads_per_sm=2048)
 
-    @classmethod
-    def from_cupy(cls, device_id: int | None = None) -> "Device":
-        """Read the limits of a real GPU through CuPy (imported here, so that the module imports
-        without it)."""
-        import cupy
-
-        dev = cupy.cuda.Device(device_id)
-        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"]
-        return cls(name=name.decode() if isinstance(name, bytes) else str(name),
-                   compute_capability=f"{props['major']}{props['minor']}",
-                   sm_count=int(props["multiProcessorCount"]),
-                   smem_per_block=int(props["sharedMemPerBlock"]),
-                   smem_per_sm=int(props["sharedMemPerMultiprocessor"]),
-                   regs_per_thread=255, regs_per_sm=int(props["regsPerMultiprocessor"]),
-                   max_threads_per_block=int(props["maxThreadsPerBlock"]),
-                   max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]),
-                   smem_optin=int(props["sharedMemPerBlockOptin"]) if "sharedMemPerBlockOptin" in props else None)
-
 
 @dataclass(frozen=True)
 class Contraction:

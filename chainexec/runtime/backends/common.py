@@ -1,0 +1,91 @@
+"""Helpers of both backends and their contraction methods, over any array module (NumPy or CuPy):
+transpose-transpose-GEMM-transpose (TTGT), which contracts any pair of operands and is the NumPy
+backend's method and the CuPy backend's fallback; views of an operand over another index order;
+element strides; the rows a fetch fills."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from chainexec.planner.plan import Contraction
+
+
+@lru_cache(maxsize=None)
+def ttgt_layout(out: tuple, a: tuple, b: tuple):
+    """Transpose-transpose-GEMM-transpose layout of ``out = a·b``: index groups batch (in all
+    three), the left and the right GEMM operand's external ones and contracted (in a and b only),
+    whether the GEMM takes b as its left operand, and the permutations that bring the left operand to (batch, left-ext, k),
+    the right one to (batch, k, right-ext) and the GEMM result to ``out``'s order.
+
+    The operand holding ``out``'s fastest index goes right, so that the product's fastest index is
+    ``out``'s: the final ``out += product`` then reads the product in runs along that index
+    instead of one element per run (the (T) term ``ovvv[i,a,f,c]·t2[j,k,b,f]`` into
+    ``W[i,j,k,a,b,c]``: the product ends in ``c``, not ``b``). Within each group the indices keep
+    ``out``'s order."""
+    batch = [i for i in out if i in a and i in b]
+    aext = [i for i in out if i in a and i not in b]
+    bext = [i for i in out if i in b and i not in a]
+    ks = [i for i in a if i in b and i not in out]
+    swap = bool(out) and out[-1] in aext
+    (left, lext), (right, rext) = ((b, bext), (a, aext)) if swap else ((a, aext), (b, bext))
+    result = batch + lext + rext
+    return (batch, lext, rext, ks, swap, [left.index(i) for i in batch + lext + ks],
+            [right.index(i) for i in batch + ks + rext], [result.index(i) for i in out])
+
+
+def index_extents(c: Contraction, a, b) -> dict[str, int]:
+    """Extent of every index of a binary contraction, read off the operands' shapes."""
+    return dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape))
+
+
+def ttgt_product(xp, c: Contraction, a, b):
+    """``factor · a·b`` as an array (module ``xp``) viewed in ``out``'s index order.
+
+    The reshapes copy an operand only when its permutation is not a view-compatible layout; with
+    no batch index the GEMM is 2-D (one plain GEMM call)."""
+    batch, lext, rext, ks, swap, pl, pr, pout = ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+    size = index_extents(c, a, b)
+    left, right = (b, a) if swap else (a, b)
+    if not ks:
+        # Nothing summed (Hadamard or outer product): an element-wise broadcast, not a batch of
+        # 1×1 GEMMs.
+        product = (left.transpose(pl).reshape([size[i] for i in batch + lext] + [1] * len(rext))
+                   * right.transpose(pr).reshape([size[i] for i in batch] + [1] * len(lext) + [size[i] for i in rext]))
+        if c.factor != 1.0:
+            product *= c.factor
+        return product.transpose(pout)
+    nb, nl, nr, nk = (math.prod(size[i] for i in g) for g in (batch, lext, rext, ks))
+    lead = (nb,) if batch else ()
+    product = xp.matmul(left.transpose(pl).reshape(lead + (nl, nk)), right.transpose(pr).reshape(lead + (nk, nr)))
+    product = product.reshape([size[i] for i in batch + lext + rext])
+    if c.factor != 1.0:
+        product *= c.factor
+    return product.transpose(pout)
+
+
+def permuted(c: Contraction, a):
+    """A unary statement's operand viewed in ``out``'s index order (a permuted copy)."""
+    return a.transpose([c.a_indices.index(i) for i in c.out_indices])
+
+
+def spread(arr, idx, order):
+    """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
+    index of ``order``; its axes outside ``order`` (extent 1) dropped."""
+    if any(i not in order for i in idx):  # (indexing a 0-d NumPy array would give a scalar)
+        arr = arr[tuple(slice(None) if i in order else 0 for i in idx)]
+    kept = [i for i in idx if i in order]
+    view = arr.transpose([kept.index(i) for i in order if i in kept])
+    return view[tuple(slice(None) if i in kept else None for i in order)]
+
+
+def element_strides(arr) -> tuple[int, ...]:
+    """An array's strides in elements."""
+    return tuple(s // arr.itemsize for s in arr.strides)
+
+
+def all_rows(dst) -> slice | None:
+    """All of the first axis of ``dst`` as :meth:`chainexec.runtime.device.Backend.fetch`'s ``read``
+    and ``view`` take rows (None for a 0-d buffer)."""
+    return slice(0, dst.shape[0]) if dst.ndim else None
+

@@ -1,0 +1,497 @@
+"""The CuPy backend: one GPU per rank (:class:`CupyBackend`).
+
+Buffers come from CuPy's memory pool, kept within the configured device memory; host→device
+fetches go through page-locked staging buffers, the upload arena (:mod:`chainexec.runtime.arena`)
+or straight from host memory locked where it lies (:mod:`chainexec.runtime.hostlock`); copies
+back to the host are queued behind the statements that compute them. Statements that sum over
+nothing, fused statements and symmetrizations run as generated point-wise kernels
+(:mod:`chainexec.runtime.pointwise`); contractions by the fastest of the contraction methods
+(:mod:`chainexec.runtime.backends.methods`), chosen by the autotuner
+(:mod:`chainexec.runtime.backends.tuning`). The backend declares every optional capability of
+:mod:`chainexec.runtime.device`.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from chainexec import expr
+from chainexec.errors import ChainexecError
+from chainexec.ordering import weights
+from chainexec.planner.plan import Fused
+from chainexec.planner.plan import Contraction
+from chainexec.runtime import arena, hostlock, pointwise
+from chainexec.runtime.backends.common import all_rows, spread
+from chainexec.runtime.backends.methods import Methods
+from chainexec.runtime.backends.tuning import METHODS, Autotuner, Choice, TuningCache
+from chainexec.runtime.device import HOST_LOCKS, QUEUED, SEPARATE_MEMORY, STEADY, TUNED, Backend
+
+PINNED_FROM_BYTES = 4 << 30
+"""Host↔device bytes per rank from which a run uses page-locked host buffers. The first
+page-locked allocation of a run's process cost 0.35–0.55 s on the H100 machine (7 ms in a bare
+process); page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s),
+so they repay that from about 5 GB on."""
+DEFERRED_BYTES = 64 << 10
+"""Largest device array that :meth:`CupyBackend.to_host_async` copies back in two steps when the
+run's host buffers are plain memory: a copy on the device queued behind the work before it,
+then, once that is done, the copy to the host on a stream of its own
+(:meth:`CupyBackend._deliver`). A copy into plain memory on the current stream makes the host
+wait for all the work queued before it, and page-locking
+a small buffer mid-run waits for the device too (cudaHostAlloc: 0.29-0.45 s at benzene's sizes
+on the H100, 2026-11-27). (T) at benzene's sizes copies its 8-byte energy back once per tile;
+the host waited 0.14-0.16 s of its 0.51-0.64 s executor there, while the device drained its
+queue. Measured on an H200 (2026-11-27, fresh processes alternating, synthetic o=21 v=93): the
+executor's median 0.503 s without it, 0.485 s with it (means 0.518 and 0.483 s); on benzene,
+with the tuning file read once as well, 0.43-0.48 s against 0.59-0.67 s before both."""
+UPLOAD_BYTES = 256 << 20
+"""Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
+STAGE_BYTES = 8 << 20
+"""Bytes of each of the two staging buffers that tiles reach the device through (host memory,
+outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
+where a row (first axis) is larger. On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
+(T) inputs at o=24, v=180 (1.4 GB) reached the device in 0.65 s instead of 0.94 s."""
+
+
+def _one_piece(dst) -> bool:
+    """Whether :meth:`CupyBackend.fetch` fills the device tile ``dst`` in one piece (a tile of
+    at most one staging chunk or one row, a 0-d one, or a strided view) rather than chunk by chunk."""
+    row = dst.nbytes // dst.shape[0] if dst.ndim and dst.shape[0] else 0
+    return not row or dst.nbytes <= max(row, STAGE_BYTES) or not dst.flags.c_contiguous
+
+
+@lru_cache(maxsize=256)
+def _c_code(tree, refs: tuple) -> str:
+    """An expression's C code over the buffers ``refs`` as ``p0, p1, …``, made once per statement
+    and process (a (T) run evaluates the same expressions on every tile)."""
+    return expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)})
+
+
+@lru_cache(maxsize=256)
+def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """A reduction with reused values over the buffers ``refs`` (``p0, p1, …``): each value's C
+    code, the statement's (reading the values as ``q0, q1, …``), and each read as (value, the
+    permutation of ``f.domain`` that takes a point to where the value is read). Made once per
+    statement and process: building them takes 0.36 ms on the host for the (T) energy."""
+    names = [name for name, _, _ in f.lets]
+    params = {r: f"p{k}" for k, r in enumerate(refs)}
+    reads = [r for r in expr.refs(f.tree) if r.tensor in names]
+    codes = [expr.c_source(expr.parse(text), params) for _, _, text in f.lets]
+    code = expr.c_source(f.tree, params | {r: f"q{k}" for k, r in enumerate(reads)})
+    perms = []
+    for r in reads:
+        j = names.index(r.tensor)
+        source = dict(zip(f.lets[j][1], r.indices))  # the value at y is read where x[source[i]] = y[i]
+        perms.append((j, tuple(f.domain.index(source[i]) for i in f.domain)))
+    return tuple(codes), code, tuple(perms)
+
+
+@lru_cache(maxsize=64)
+def _weights(xp, shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]):
+    """:func:`chainexec.ordering.weights` on the device, made once per process, shape and
+    pattern (a few per (T) run: 216 values for a tile of 6x6x6)."""
+    return xp.asarray(weights(shape, within))
+
+
+@dataclass(eq=False)  # found by identity in the pending list (no comparing device arrays)
+class _Deferred:
+    """A small copy to the host in two steps (:meth:`CupyBackend.to_host_async`): ``source`` a
+    copy of the device array made on the current stream, done when ``ready`` (an event) is;
+    ``host`` the plain host array it lands in (``source`` None once it has)."""
+
+    source: object
+    ready: object
+    host: np.ndarray
+
+
+class CupyBackend(Autotuner, Methods, Backend):
+    """CuPy on the rank's GPU: buffers from CuPy's memory pool, device→host copies into pinned
+    (page-locked) memory from CuPy's pinned pool, host→device DMA straight from pinned inputs,
+    contractions by the fastest of the candidate methods (see the module docstring).
+
+    Everything runs on the current (default) stream, but for :meth:`fetch_aside`'s copies, which
+    the current stream waits for (an event), and :meth:`to_host_async`'s copies aside, which it
+    waits for (:meth:`wait_for`) before it writes their slot again. The compute methods return
+    once their kernels are queued (the host prepares the next statement while the device runs this one);
+    the executor times them with CUDA events (:meth:`stamp`), so its per-level seconds are the
+    device's time, and waits (:meth:`wait`) before anything it times on the host. Until
+    2026-11-24 every compute statement synchronized before it returned."""
+
+    name = "cupy"
+    capabilities = frozenset({QUEUED, SEPARATE_MEMORY, HOST_LOCKS, STEADY, TUNED})
+
+    def __init__(self, cupy, method: str = "auto"):
+        if method not in METHODS:
+            raise ChainexecError(f"unknown GPU contraction method {method!r} ({', '.join(METHODS)})")
+        super().__init__(cupy)
+        self.method = method
+        self.choices: dict[tuple, Choice] = {}
+        self._kernels: dict[tuple, object] = {}
+        self._gett: dict[tuple, tuple] = {}
+        self._batches: dict[tuple, tuple | None] = {}
+        self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit
+        self.table_bytes = 0  # device bytes of the GETT offset tables made so far (kept)
+        self.memory: int | None = None  # the configured device memory (bytes); None: no limit
+        self.tuning = TuningCache.for_device(cupy)
+        self._stages: list[np.ndarray] | None = None
+        self._uploads: collections.deque = collections.deque()  # (page-locked host array, its copy's event)
+        # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
+        # while a run executes (:meth:`_reusing`), else None
+        self._kept: dict | None = None
+        # inside :meth:`steady`: the steady arrays' memory spans, the relayout copies of their
+        # views kept across statements (operand position -> (key, copy, source span)), and the
+        # bytes set aside for those (None: no limit)
+        self._steady: list[tuple[int, int]] | None = None
+        self._held: dict = {}
+        self._hold_room: int | None = None
+        self._aside = None  # the stream of :meth:`fetch_aside`, made on first use
+        self._back = None  # the stream of :meth:`to_host_async`'s copies aside, made on first use
+        # (device array, the contiguous array copied, its aside copy's event)
+        self._returning: collections.deque = collections.deque()
+        self._deferred: list[_Deferred] = []  # small copies to the host not yet delivered
+        self._small = None  # the stream that delivers them, made on first use
+        self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
+        self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
+        self._locks: hostlock.Locks | None = None  # host memory locked in place (a run of plain memory)
+
+    @property
+    def out_of_memory(self) -> type[BaseException]:
+        return self.xp.cuda.memory.OutOfMemoryError
+
+    def upload(self, dst, host: np.ndarray) -> None:
+        """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about
+        55 GB/s from page-locked memory on the H100 machine, 9 GB/s through the driver's staging
+        from pageable memory), else through a contiguous temporary. A copy from page-locked
+        memory is queued on the current stream behind the work before it, and returns at once:
+        ``host`` is kept until the copy is done (the pinned pool would otherwise hand its memory
+        to another copy in flight), at most :data:`UPLOAD_BYTES` of them, beyond which the
+        oldest are waited for. Until 2026-11-24 every such copy waited for the device, so a (T)
+        tile's small inputs, fetched between its contractions, emptied the device's queue three
+        times per tile while the host prepared the next statements."""
+        if not (dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape):
+            dst[...] = self.xp.asarray(host.copy(order="C"))
+            return
+        stream = self.xp.cuda.get_current_stream()
+        dst.set(host, stream=stream)
+        if not self._pinned(host):
+            return
+        self._uploads.append((host, stream.record()))
+        held = sum(h.nbytes for h, _ in self._uploads)
+        while self._uploads and (self._uploads[0][1].done or held > UPLOAD_BYTES):
+            host, event = self._uploads.popleft()
+            event.synchronize()
+            held -= host.nbytes
+
+    def fetch(self, dst, read, view=None) -> None:
+        """As :meth:`Backend.fetch`. In a run of plain host memory (not :attr:`pinned`), rows that
+        ``view`` finds in host memory go to a contiguous ``dst`` in one copy from there: the
+        driver stages pageable memory itself, so a staging buffer of ours only added a copy on
+        one thread (4-5 GB/s, then the driver's 9 GB/s). At benzene's sizes (194 MB of inputs, H100,
+        2026-11-27) a run's global→device seconds fell from 0.068-0.089 to 0.033-0.039. Where the
+        warm-up made the page-locked arena (:mod:`chainexec.runtime.arena`), such rows go through
+        it instead: copied into it over threads, then DMA'd without the host waiting. Rows in
+        memory locked where it lies (:meth:`lock_host`: an input's mapped tile) skip both: one
+        DMA from there, queued at once. Otherwise through two staging buffers of :data:`STAGE_BYTES` each, or
+        one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
+        :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
+        (asynchronously from page-locked memory, on the current stream), the next is read into
+        the other. A tile the size of one chunk or less, or of one row, is read and copied in one
+        piece. A page-locked buffer the size of each tile instead made the (T) inputs at o=24,
+        v=180 take 1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
+        whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
+        v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
+        stream = self.xp.cuda.get_current_stream()
+        if not self.pinned and dst.flags.c_contiguous:
+            host, locked = self._at_hand(dst, view)
+            if host is not None:
+                # one DMA where the rows lie in memory locked in place (:meth:`lock_host`), else
+                # through the page-locked arena where the warm-up made one (queued once the host
+                # rows are read into it), else from pageable memory, returning once the driver
+                # has staged all of it
+                if locked or not arena.upload(self.xp, dst, host, stream):
+                    dst.set(host, stream=stream)
+                return
+        if _one_piece(dst):
+            host = self.host_empty(dst.shape, dst.dtype)
+            read(all_rows(dst), host)
+            self.upload(dst, host)
+            return
+        row = dst.nbytes // dst.shape[0]
+        step = max(1, STAGE_BYTES // row)
+        stages = self._staging(step * row)
+        done = [None, None]
+        for n, lo in enumerate(range(0, dst.shape[0], step)):
+            hi = min(lo + step, dst.shape[0])
+            if done[n % 2] is not None:
+                done[n % 2].synchronize()  # the copy out of this staging buffer has finished
+            host = stages[n % 2][:(hi - lo) * row].view(dst.dtype).reshape((hi - lo,) + dst.shape[1:])
+            read(slice(lo, hi), host)
+            dst[lo:hi].set(host, stream=stream)
+            done[n % 2] = stream.record()
+        stream.synchronize()
+
+    def locks_host(self) -> bool:
+        """As :meth:`Backend.locks_host`: in a run of plain host memory (not :attr:`pinned`)."""
+        return self._locks is not None
+
+    def lock_host(self, array: np.ndarray) -> int | None:
+        """As :meth:`Backend.lock_host`: registered with CUDA (:mod:`chainexec.runtime.hostlock`),
+        in a run of plain host memory only (not :attr:`pinned`)."""
+        return None if self._locks is None else self._locks.lock(array)
+
+    def unlock_host(self, handle: int) -> None:
+        """As :meth:`Backend.unlock_host`: unregistered on a thread of its own once the copies
+        queued so far, on this stream and the one aside, are done (about 11 ms per 203 MB on the
+        H100 host, 2026-11-28)."""
+        after = [self.xp.cuda.get_current_stream().record()]
+        if self._aside is not None:
+            after.append(self._aside.record())
+        self._locks.unlock(handle, after)
+
+    def settle_locks(self) -> None:
+        if self._locks is not None:
+            self._locks.settle()
+
+    def fetch_aside(self, dst, read, after=None, view=None) -> None:
+        """As :meth:`Backend.fetch_aside`: :meth:`fetch` on a second stream, which the current one
+        then waits for (an event), so the copy engine fills ``dst`` while the kernels queued
+        before run; the host waits at most for this copy itself (its staging buffers' turns, or
+        :meth:`upload`'s limit on bytes in flight), not for those kernels, but where the
+        second stream first waits for ``after`` (an event on the current stream) and the copy
+        goes through the staging buffers. ``dst`` must have nothing pending on the device
+        before ``after``, its allocation's zero fill included, or at all without ``after``: the
+        executor fetches aside without it only inside a parallel loop, after waiting for the
+        device at its start."""
+        if self._aside is None:
+            self._aside = self.xp.cuda.Stream(non_blocking=True)
+        main = self.xp.cuda.get_current_stream()
+        if after is not None:
+            self._aside.wait_event(after)
+        with self._aside:
+            self.fetch(dst, read, view)
+            done = self._aside.record()
+        main.wait_event(done)
+
+    def fetch_waits(self, dst, view=None) -> bool:
+        """As :meth:`Backend.fetch_waits`: only a one-piece fetch from page-locked memory into a
+        contiguous tile is queued, from the staging buffers of a run that page-locks them
+        (:attr:`pinned`) or from host memory locked where it lies (:meth:`lock_host`, found
+        through ``view``). One through the staging buffers refills each after its copy (queued
+        behind everything before it), and a copy from plain memory returns once done or, through
+        the page-locked arena, once read into it (its DMA queued; counted as waiting all the
+        same: whether the arena takes a copy is known only at the copy)."""
+        if not dst.flags.c_contiguous:
+            return True
+        if self.pinned:
+            return not _one_piece(dst)
+        return not self._at_hand(dst, view)[1]
+
+    def _at_hand(self, dst, view) -> tuple[np.ndarray | None, bool]:
+        """The host rows :meth:`fetch` copies into all of ``dst`` where ``view`` finds them in host
+        memory (else None; ``view`` None: not looked for), and whether they lie in memory locked in
+        place (:meth:`lock_host`), from where one DMA is queued without the host waiting."""
+        host = None if view is None else view(all_rows(dst))
+        return host, host is not None and self._locks is not None and self._locks.holds(host)
+
+    def _staging(self, nbytes: int) -> list[np.ndarray]:
+        """The two staging buffers of :meth:`fetch` (:meth:`host_empty`), at least ``nbytes`` (at
+        most :data:`STAGE_BYTES` or one row of a tile) each, kept for the backend's life."""
+        if self._stages is None or self._stages[0].nbytes < nbytes:
+            self._stages = [self.host_empty(nbytes, np.uint8) for _ in range(2)]
+        return self._stages
+
+    def _pinned(self, host: np.ndarray) -> bool:
+        """Whether ``host``'s memory is page-locked (allocated or registered through CUDA)."""
+        if host.nbytes == 0:
+            return False
+        rt = self.xp.cuda.runtime
+        return rt.pointerGetAttributes(host.ctypes.data).type == rt.memoryTypeHost
+
+    def to_host_async(self, array, aside: bool = False) -> tuple[np.ndarray, object]:
+        """As :meth:`Backend.to_host_async`: into a :meth:`host_empty` array on the current
+        stream, or with ``aside`` on a third stream (the results' own: it waits for the work
+        queued before on the current one, which goes on without waiting for it); the token is a
+        CUDA event recorded after the copy. An aside copy's device array is kept until the copy
+        is done or the current stream waits for it (:meth:`wait_for`): its memory returns to the
+        pool only then. The call returns before the copy only into page-locked memory
+        (:attr:`pinned`; a copy into plain memory waits for it), and a process's first call
+        waits for the device (CuPy's first page-locked allocation does). A small array in a run
+        of plain host memory is copied in two steps (:data:`DEFERRED_BYTES`); its token is a
+        :class:`_Deferred`, whose host array is filled when :meth:`arrived` first finds its
+        device copy done, or by :meth:`wait`."""
+        main = self.xp.cuda.get_current_stream()
+        if not aside and not self.pinned and array.nbytes <= DEFERRED_BYTES:
+            copy = _Deferred(array.copy(), main.record(), np.empty(array.shape, array.dtype))
+            self._deferred.append(copy)
+            return copy.host, copy
+        host = self.host_empty(array.shape, array.dtype)
+        if not aside:
+            # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
+            (array if array.flags.c_contiguous else array.copy()).get(stream=main, out=host, blocking=False)
+            return host, main.record()
+        if self._back is None:
+            self._back = self.xp.cuda.Stream(non_blocking=True)
+        self._back.wait_event(main.record())
+        with self._back:
+            source = array if array.flags.c_contiguous else array.copy()
+            source.get(stream=self._back, out=host, blocking=False)
+            done = self._back.record()
+        while self._returning and self._returning[0][-1].done:
+            self._returning.popleft()
+        self._returning.append((array, source, done))
+        return host, done
+
+    def wait_for(self, token) -> None:
+        """As :meth:`Backend.wait_for`; the copied array is let go (work that reuses its memory
+        is queued on the current stream, after the copy)."""
+        if token is not None:
+            self.xp.cuda.get_current_stream().wait_event(token)
+            self._returning = collections.deque(x for x in self._returning if x[-1] is not token)
+
+    def arrived(self, token) -> bool:
+        if isinstance(token, _Deferred):
+            if not token.ready.done:
+                return False
+            self._deliver(token)
+            return True
+        return token.done
+
+    def _deliver(self, copy: _Deferred) -> None:
+        """A deferred small copy's second step (:data:`DEFERRED_BYTES`), its device copy done:
+        to the host on a stream of its own, which waits for nothing queued on the others."""
+        if copy.source is None:
+            return
+        copy.ready.synchronize()  # done already where arrived() found it so; wait() may not have
+        if self._small is None:
+            self._small = self.xp.cuda.Stream(non_blocking=True)
+        copy.source.get(stream=self._small, out=copy.host)
+        copy.source = None
+        self._deferred.remove(copy)
+
+    def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
+        """As :meth:`Backend.evaluate`, in one element-wise kernel generated from the expression
+        (:func:`chainexec.expr.c_source`) over broadcast views: no temporary arrays (evaluated
+        operation by operation, a 6-D denominator made two more 6-D arrays than the plan has)."""
+        code, views = self._expression(tree, arrays, order)
+        pointwise.launch(self.xp, code, views, out)
+
+    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
+        """As :meth:`Backend.fused`, in one generated kernel over broadcast views: a point-wise
+        kernel adding to ``out``, or a reduction kernel (:func:`chainexec.runtime.pointwise.reduce`)
+        whose sum is added to the scalar ``out``. The inlined intermediates exist only in
+        registers; reused ones (``f.lets``) in the shared memory of an orbit kernel
+        (:func:`chainexec.runtime.pointwise.orbit_reduce`). ``within``'s weights are one more input
+        the reduction multiplies by (made once per process and shape, outside the plan's device
+        memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero
+        where it does not vary along the permuted dimensions."""
+        views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays]
+        if f.lets:  # only full reductions reuse values (chainexec.planner.inline)
+            codes, code, perms = _orbit_codes(f, tuple(arrays))
+        else:
+            code = _c_code(f.tree, tuple(arrays))
+        if not f.reduce:
+            pointwise.launch(self.xp, f"y + {code}", views, out)
+            return
+        skip = None
+        if within:
+            code, skip = f"({code}) * p{len(views)}", len(views)
+            views.append(_weights(self.xp, shape, within))
+        if f.lets:
+            total = pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, skip)
+        else:  # no block structure: the weight is multiplied by, nothing skipped
+            total = pointwise.reduce(self.xp, code, views, shape)
+        out += total.astype(out.dtype)
+
+    def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
+        """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""
+        views = [expr.spread(arrays[r], r, order, self.xp) for r in arrays]
+        return _c_code(tree, tuple(arrays)), views
+
+    def pool_bytes(self) -> int:
+        """Bytes CuPy's device memory pool holds now (live arrays and cached free blocks)."""
+        return int(self.xp.get_default_memory_pool().total_bytes())
+
+    def stamp(self):
+        """A CUDA event recorded on the current stream: the point in its queue reached now."""
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
+
+    def elapsed(self, start, end) -> float:
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
+
+    def reach(self, mark) -> None:
+        mark.synchronize()
+
+    def wait(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+        if self._back is not None:
+            self._back.synchronize()
+        for copy in list(self._deferred):
+            self._deliver(copy)
+        self._uploads.clear()
+        self._returning.clear()
+
+    def host_empty(self, shape, dtype) -> np.ndarray:
+        """A host array for copies to and from the device: page-locked from CuPy's pinned pool
+        (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory."""
+        if not self.pinned:
+            return np.empty(shape, dtype)
+        import cupyx
+
+        return cupyx.empty_pinned(shape, dtype)
+
+    def limit_memory(self, limit: int, planned: int) -> None:
+        """As :meth:`Backend.limit_memory`: a method whose temporaries
+        (:meth:`~chainexec.runtime.backends.methods.Method.workspace`) would not fit in the room left
+        is not a candidate of the autotuner where one that needs none applies, probes are cut so
+        that a probe's scratch output and temporaries fit too, and when the blocks CuPy's pool
+        caches take it over ``limit`` after a contraction, they are given back. (The allocator's
+        high-water mark went 0.4 GiB over a 1 GiB limit in the out-of-core four-index run of
+        2026-11-22 through TTGT's temporaries.)"""
+        self.workspace = max(0, limit - planned)
+        self.memory = limit
+
+    def make_room(self, nbytes: int) -> None:
+        """Give CuPy's cached free blocks back before an allocation that could take the pool over
+        the configured device memory: blocks freed by tiles of other shapes (edge tiles) do not
+        fit the next buffer, and the pool grew beside them. In the 4 MiB demo (planned peak
+        3.9 MiB) it held 6.0 MiB at its high-water mark on the H100 that way, every allocation
+        but 350 KB being the plan's own buffers (CuPy's LineProfileHook)."""
+        if self.memory is None:
+            return
+        pool = self.xp.get_default_memory_pool()
+        if pool.total_bytes() + nbytes > self.memory and pool.free_bytes():
+            pool.free_all_blocks()
+
+    def expect_transfers(self, nbytes: int) -> None:
+        """Use page-locked host buffers only if this rank will move at least
+        :data:`PINNED_FROM_BYTES` between host and device in the run; otherwise inputs may be
+        locked where they lie (:meth:`lock_host`), from this thread's device."""
+        self.pinned = nbytes >= PINNED_FROM_BYTES
+        self._locks = None if self.pinned else hostlock.Locks(self.xp)
+
+    def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
+        """As :meth:`Backend.contract_terms`, in one generated point-wise kernel
+        (:mod:`chainexec.runtime.pointwise`) over broadcast views: ``out`` is read and written once
+        for all the terms (twelve outer products accumulated into one (T) tile were twelve passes
+        over it), only written where ``fresh``, and no temporary is made."""
+        views, terms = [], []
+        for c, (a, b) in zip(cs, operands):
+            factors = [f"p{len(views) + k}" for k in range(1 if b is None else 2)]
+            views += [spread(a, c.a_indices, c.out_indices)] + ([] if b is None else [spread(b, c.b_indices, c.out_indices)])
+            terms.append(" * ".join([repr(float(c.factor))] + factors))
+        pointwise.launch(self.xp, " + ".join(([] if fresh else ["y"]) + terms), views, out)
+
+    def symmetrize(self, out, axes, keep: tuple = ()) -> None:
+        """As :meth:`Backend.symmetrize`, in place in one generated kernel that takes each orbit
+        of blocks through shared memory (:func:`chainexec.runtime.pointwise.symmetrize`): one
+        read and one write of ``out`` (of its kept elements). Out of place (a scratch tile, then
+        ``out += Σ`` its permuted views, until 2026-11-27) it read six views and ``out`` and
+        wrote ``out``: on an H200, 4.2 ms for a 1.39 GB (T) tile under six permutations, 1.3 ms
+        under two."""
+        pointwise.symmetrize(self.xp, out, axes, keep)

@@ -1,0 +1,597 @@
+"""The CuPy backend's contraction methods: each a registered strategy (:class:`Method`, one class
+per method, in :data:`REGISTRY`) that says where it applies, which configurations the autotuner
+times, the device temporaries it makes, and how it runs; and the state they share on the backend
+(:class:`Methods`: GETT's offset tables, batched-GEMM layouts, COGENT kernels, relayout copies).
+
+``gett`` (the generated GETT kernel on FP64 tensor cores), ``batched`` (cuBLAS batched GEMMs over
+the operands as they lie, the strided-batched GEMM paper), ``relayout`` (the same on permuted
+copies of the operands), ``kernel`` (the generated COGENT kernel), ``ttgt``
+(transpose-transpose-GEMM-transpose), ``einsum`` (``cupy.einsum``, so the choice is never slower
+than it), ``direct`` (a thread per output element: slow, but it applies to every contraction and
+needs no memory, so a plan that fills the device limit has a method that keeps within it) and
+``cutensor`` (NVIDIA's cuTENSOR, where libcutensor is installed).
+
+Views: GETT, batched GEMM, cuTENSOR and the direct kernel work on the views as they lie; TTGT,
+``cupy.einsum`` and the COGENT kernel make contiguous copies and product temporaries, workspace
+outside the plan's buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from chainexec.kernels import batchedgemm
+from chainexec.planner.plan import Contraction
+from chainexec.runtime import pointwise, uselog
+from chainexec.runtime.backends.common import element_strides, index_extents, ttgt_product
+
+TUNE_TOP = 3
+"""GETT configurations the model ranks best that the one-time autotune times."""
+GETT_MIN_OUTPUT = 4096
+"""Output elements below which GETT is not tried: a GEMM-shaped kernel needs output tiles to
+spread over the SMs (a dot product or a tiny output is a reduction, better left to cuBLAS)."""
+HOLD_SHARE = 4
+"""A loop with steady inputs (:meth:`Methods.steady`) sets 1/HOLD_SHARE of the room the plan
+leaves aside for relayout copies held from tile to tile."""
+
+
+def _span(arr) -> tuple[int, int]:
+    """A device array's memory span: the address of its view's first byte and one past its last."""
+    lo = arr.data.ptr + sum(min(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides))
+    return lo, arr.data.ptr + sum(max(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides)) + arr.itemsize
+
+
+def _inside(span: tuple[int, int], spans) -> bool:
+    """Whether a memory span (:func:`_span`) lies within one of ``spans``."""
+    return any(a <= span[0] and span[1] <= b for a, b in spans)
+
+
+def _overlaps(x, y) -> bool:
+    """Whether two device arrays' memory spans (:func:`_span`) meet."""
+    (a0, a1), (b0, b1) = _span(x), _span(y)
+    return a0 < b1 and b0 < a1
+
+
+@lru_cache(maxsize=None)
+def _cutensor(cupy):
+    """``cupyx.cutensor`` where libcutensor loads and contracts (checked once on a small case), else
+    None: CuPy imports the module without the library and fails only at the first call."""
+    try:
+        from cupyx import cutensor
+
+        x = cupy.ones((2, 3))
+        y = cupy.ones((3, 4))
+        z = cupy.zeros((2, 4))
+        cutensor.contraction(1.0, x, ("a", "k"), y, ("k", "b"), 0.0, z, ("a", "b"))
+        return cutensor if float(z[0, 0]) == 3.0 else None
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class _Contiguous:
+    """A C-contiguous array's shape, dtype, item size and strides (bytes), without the array:
+    what :meth:`Methods._batched` reads of an operand."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.shape[d + 1:]) * self.itemsize for d in range(len(self.shape)))
+
+
+@lru_cache(maxsize=None)
+def _relaid_orders(out: tuple, a: tuple, b: tuple) -> tuple:
+    """:func:`~chainexec.kernels.batchedgemm.operand_orders` and the permutations to them, per
+    index triple (asked again for every tile of a run)."""
+    oa, ob = batchedgemm.operand_orders(out, a, b)
+    return tuple(oa), tuple(ob), tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
+
+
+def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
+    """``c`` over copies of its operands in :func:`~chainexec.kernels.batchedgemm.operand_orders`'
+    index orders, and the permutations that make those copies from ``a`` and ``b``."""
+    oa, ob, pa, pb = _relaid_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+    return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
+
+
+def _gemm_size(g) -> int:
+    """Elements of one GEMM's output in a batched-GEMM layout: what a larger layout gains."""
+    return g.out.rows * g.out.cols
+
+
+class Method:
+    """A way to add one contraction ``c.factor · a·b`` into ``out`` on the GPU: one of the
+    autotuner's candidates. ``be`` is the :class:`~chainexec.runtime.backends.cupy.CupyBackend`,
+    whose tables the methods share (:class:`Methods`)."""
+
+    name: str
+    in_place = False
+    """Timed on the output itself with a factor of 0 (:meth:`add`): no scratch output needed."""
+    writes_fresh = False
+    """Writes a ``fresh`` output as if it held zeros; before the others it is cleared."""
+    keeps_copies = False
+    """Reads the relayout copies kept from an earlier term of the run (the others drop them)."""
+
+    def applies(self, be, c: Contraction, out, a, b) -> bool:
+        """Whether the method can contract these operands."""
+        return True
+
+    def configurations(self, be, c: Contraction, out, a, b) -> dict:
+        """Candidate name -> configuration (plain data, or None) to time, where it applies."""
+        return {self.name: None}
+
+    def workspace(self, out, a, b) -> int:
+        """Upper bound (bytes) of the device temporaries it makes beside the operands."""
+        return 0
+
+    def run(self, be, config, c: Contraction, out, a, b, fresh: bool) -> None:
+        """``out += c.factor · a·b`` (``out = …`` where ``fresh`` and :attr:`writes_fresh`)."""
+        raise NotImplementedError
+
+
+class Gett(Method):
+    """The GETT kernel (:meth:`Methods._gett_call`); where its tables do not fit here (chosen on a
+    probe, or a cached choice), the direct kernel instead."""
+
+    name = "gett"
+    in_place = True
+
+    def applies(self, be, c, out, a, b) -> bool:
+        return be._problem(c, out, a, b) is not None
+
+    def configurations(self, be, c, out, a, b) -> dict:
+        return {f"gett:{order}:{cfg.name()}": {"order": order, **asdict(cfg)}
+                for order, cfg in be._problem(c, out, a, b)[1]}
+
+    def add(self, be, config, c, out, a, b, factor: float) -> None:
+        """``out += factor · a·b`` by the GETT kernel of ``config``."""
+        be._gett_call(config, c, out, a, b, factor)
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        if be._problem(c, out, a, b) is not None:
+            self.add(be, config, c, out, a, b, c.factor)
+        else:
+            REGISTRY["direct"].add(be, None, c, out, a, b, c.factor)
+
+
+class Batched(Method):
+    """cuBLAS batched GEMMs over the operands as they lie (:meth:`Methods.batched_gemm`); TTGT
+    where the tile has no layout (chosen on a probe)."""
+
+    name = "batched"
+    writes_fresh = True
+
+    def applies(self, be, c, out, a, b) -> bool:
+        return be._batched(c, out, a, b) is not None
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        if not be.batched_gemm(c, out, a, b, c.factor, 0.0 if fresh else 1.0):
+            be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+
+
+class Relayout(Method):
+    """Batched GEMMs on copies of the operands permuted so that the modes each shares with ``out``
+    in runs merge into large GEMM dimensions (:func:`_relaid`,
+    :func:`chainexec.kernels.batchedgemm.operand_orders`), still adding straight into ``out``: the
+    copies cost a pass over the operands, which in (T) are tiny beside the output, and no product
+    temporary or permuted add as TTGT has. Offered where it makes larger GEMMs than the operands
+    as they lie; TTGT where the tile has no layout."""
+
+    name = "relayout"
+    writes_fresh = True
+    keeps_copies = True
+
+    def applies(self, be, c, out, a, b) -> bool:
+        copied, in_place = be._relayout(c, out, a, b), be._batched(c, out, a, b)
+        return copied is not None and (in_place is None or _gemm_size(copied[0]) > _gemm_size(in_place[0]))
+
+    def workspace(self, out, a, b) -> int:
+        return a.nbytes + b.nbytes
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        if be._relayout(c, out, a, b) is None:  # chosen on a probe; no layout here
+            be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+            return
+        moved, pa, pb = _relaid(c)
+        if not be.batched_gemm(moved, out, be._relaid_copy(0, a, pa, out), be._relaid_copy(1, b, pb, out), c.factor,
+                               0.0 if fresh else 1.0):
+            # the copies' strides differ from their description (extent-1 or empty axes)
+            be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+
+
+class Kernel(Method):
+    """The generated COGENT kernel on C-contiguous copies of the operands, into ``out`` where it is
+    C-contiguous, else into a temporary then added; TTGT where no configuration survives at these
+    extents (chosen on a probe)."""
+
+    name = "kernel"
+
+    def applies(self, be, c, out, a, b) -> bool:
+        return be._kernel(c, index_extents(c, a, b), out.dtype) is not None  # made, not used: not logged
+
+    def workspace(self, out, a, b) -> int:
+        return a.nbytes + b.nbytes + out.nbytes
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        kern = be._kernel(c, index_extents(c, a, b), out.dtype)
+        if kern is None:
+            out += ttgt_product(be.xp, c, a, b)
+            return
+        left, right = be.xp.ascontiguousarray(a), be.xp.ascontiguousarray(b)
+        if out.flags.c_contiguous:
+            kern(left, right, out, alpha=c.factor, beta=1.0)
+        else:
+            out += kern(left, right, None, alpha=c.factor)
+
+
+class Ttgt(Method):
+    """Transpose-transpose-GEMM-transpose with ``cupy.matmul``; a fresh output gets the product
+    copied in."""
+
+    name = "ttgt"
+    writes_fresh = True
+
+    def workspace(self, out, a, b) -> int:
+        return a.nbytes + b.nbytes + out.nbytes
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+
+
+def _modes(c: Contraction) -> list[str]:
+    """The index strings of ``a``, ``b`` and ``out``, one letter per index, for einsum and cuTENSOR."""
+    sub = {i: chr(ord("a") + n) for n, i in enumerate(dict.fromkeys(c.a_indices + c.b_indices))}
+    return ["".join(sub[i] for i in idx) for idx in (c.a_indices, c.b_indices, c.out_indices)]
+
+
+class Einsum(Method):
+    """``cupy.einsum``, its product added."""
+
+    name = "einsum"
+
+    def workspace(self, out, a, b) -> int:
+        return a.nbytes + b.nbytes + 2 * out.nbytes
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        product = be.xp.einsum("{},{}->{}".format(*_modes(c)), a, b)
+        out += product if c.factor == 1.0 else c.factor * product
+
+
+class Direct(Method):
+    """The direct kernel (:func:`chainexec.runtime.pointwise.contract`) over the views as they lie."""
+
+    name = "direct"
+    in_place = True
+
+    def add(self, be, config, c, out, a, b, factor: float) -> None:
+        """``out += factor · a·b``."""
+        pointwise.contract(be.xp, out, a, b, (c.out_indices, c.a_indices, c.b_indices), factor)
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        self.add(be, config, c, out, a, b, c.factor)
+
+
+class Cutensor(Method):
+    """cuTENSOR's contraction into ``out`` (β = 1), where libcutensor is installed."""
+
+    name = "cutensor"
+
+    def applies(self, be, c, out, a, b) -> bool:
+        return (_cutensor(be.xp) is not None and str(out.dtype) in ("float32", "float64")
+                and all((c.out_indices, c.a_indices, c.b_indices)))  # no 0-d tensor
+
+    def workspace(self, out, a, b) -> int:
+        return out.nbytes
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        modes = _modes(c)
+        _cutensor(be.xp).contraction(c.factor, a, tuple(modes[0]), b, tuple(modes[1]), 1.0, out, tuple(modes[2]))
+
+
+REGISTRY = {m.name: m for m in (Gett(), Batched(), Relayout(), Kernel(), Ttgt(), Einsum(), Direct(), Cutensor())}
+"""The contraction methods by name, in the order the autotuner lists its candidates. Workspaces:
+TTGT and the COGENT kernel may copy both operands and make an output-sized product (or temporary
+output), ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the direct kernel
+make none (GETT's offset tables, kept for the process, are checked against the room by
+:meth:`Methods._problem`; batched GEMM's pointer tables, 24 bytes per GEMM of a pointer-array
+call, are not counted); ``relayout`` copies both operands; cuTENSOR's is counted as one output.
+(Where batched GEMM or relayout was chosen on a probe and the tile has no layout, the fallback's
+TTGT temporaries are not in this bound: a failed allocation then falls back to GETT,
+:meth:`chainexec.runtime.backends.tuning.Autotuner.contract`.)"""
+
+
+class Methods:
+    """The contraction methods' part of :class:`~chainexec.runtime.backends.cupy.CupyBackend`: the
+    tables they share, kept per (contraction, shapes, strides, dtype), and the relayout copies
+    kept within a run of terms and across the tiles of a loop with steady inputs. Its state is
+    made in the backend's ``__init__``."""
+
+    @contextlib.contextmanager
+    def _reusing(self):
+        """Within a run of terms into one output, a relayout copy is kept for the next term
+        (:meth:`_relaid_copy`): in (T), W's terms ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2``
+        copy the same slice to the same order, 0.39 ms each per tile at v=400 on the H100."""
+        self._kept = {}
+        try:
+            yield
+        finally:
+            self._kept = None
+
+    def _drop_kept(self) -> None:
+        """Free the relayout copies kept so far in this run (:meth:`_reusing`), if any."""
+        if self._kept:
+            self._kept.clear()
+
+    @contextlib.contextmanager
+    def steady(self, arrays):
+        """As :meth:`Backend.steady`: a relayout copy of a view of a steady array is kept from
+        statement to statement and tile to tile (:meth:`_relaid_copy`), and dropped on leaving
+        (an inner loop's: those of arrays not steady in the outer one). In (T) the terms
+        ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2`` copy the slice ``ovvv[k]`` (0.39 ms at
+        v=400 on the H100) once per k instead of once per tile. The outermost one sets
+        1/:data:`HOLD_SHARE` of the room the plan leaves aside for the held copies: the rest is
+        what the autotuner and the methods' temporaries may use meanwhile (:attr:`workspace`, also
+        in the tuning keys), so that held copies and temporaries together stay within it."""
+        outer, room, spans = self._steady, self.workspace, [_span(x) for x in arrays]
+        reserve = outer is None and spans and room is not None
+        if reserve:
+            self._hold_room = room // HOLD_SHARE
+            self.workspace = room - self._hold_room
+        self._steady = (outer or []) + spans
+        try:
+            yield
+        finally:
+            self._steady = outer
+            if reserve:
+                self.workspace, self._hold_room = room, None
+            for slot, (_, _, span) in list(self._held.items()):
+                if not _inside(span, outer or []):
+                    del self._held[slot]
+
+    def _relaid_copy(self, slot: int, x, perm: tuple, out):
+        """``x`` permuted by ``perm``, C-contiguous (:meth:`_contiguous`). Inside
+        :meth:`_reusing` the copy last made for operand position ``slot`` when it is of the same
+        memory, shape, strides and permutation. Only one copy per position is kept (the previous
+        one is dropped before a new one is made), and none across other methods (:meth:`_run`),
+        so a run holds no more than one term's relayout temporaries, as the autotuner's room
+        assumes. Not where ``x`` overlaps ``out``, which the run changes. A view of a
+        :meth:`steady` array has its copy held across runs instead, one per position, where the
+        held copies fit in the room :meth:`steady` sets aside for them."""
+        if _overlaps(x, out):
+            return self._contiguous(x.transpose(perm))
+        key = (x.data.ptr, x.shape, x.strides, tuple(perm), x.dtype.str)
+        span = _span(x)
+        others = sum(copy.nbytes for s, (_, copy, _) in self._held.items() if s != slot)
+        if self._steady and _inside(span, self._steady) and (
+                self._hold_room is None or others + x.nbytes <= self._hold_room):
+            kept = self._held
+        elif self._kept is not None:
+            kept = self._kept
+        else:
+            return self._contiguous(x.transpose(perm))
+        if kept.get(slot, (None,))[0] != key:
+            kept.pop(slot, None)
+            kept[slot] = (key, self._contiguous(x.transpose(perm)), span)
+        return kept[slot][1]
+
+    def _kernel(self, c: Contraction, sizes: dict, dtype):
+        """The generated COGENT kernel for this contraction and tile extents, or None where none
+        applies (batch index, a 0-d tensor, dtype, extents, no surviving configuration)."""
+        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
+               str(dtype))
+        if key not in self._kernels:
+            from chainexec.runtime import launch
+
+            kern = None
+            if (str(dtype) in ("float32", "float64") and max(sizes.values()) < 2**31
+                    and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
+                try:
+                    kern = launch.get_kernel(c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype))
+                except ValueError:  # batch index or no configuration survives
+                    kern = None
+            self._kernels[key] = kern
+        return self._kernels[key]
+
+    def _problem(self, c: Contraction, out, a, b):
+        """GETT problems by order with their device tables, and the model's ranked
+        (order, configuration) candidates for these operands (float64 only), cached by shapes
+        and strides; None where GETT does not apply, or where its tables (kept for the process)
+        would not fit in the room the plan leaves: in the 4 MiB demo on the H100 they held the
+        allocator 2 % above the limit."""
+        if out.dtype != np.float64 or out.size < GETT_MIN_OUTPUT:
+            return None
+        key = self._key(c, out, a, b)
+        if key not in self._gett:
+            from chainexec.kernels import gett
+            from chainexec.runtime import launch
+
+            strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
+                            ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+            probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices),
+                                  index_extents(c, a, b), strides)
+            dev = self.xp.cuda.Device()
+            cands = gett.candidates(probs, dev.attributes["MultiProcessorCount"], TUNE_TOP,
+                                    int(dev.compute_capability))
+            host = {o: gett.tables(p, strides) for o, p in probs.items()} if cands else {}
+            need = sum(t.nbytes for h in host.values() for t in h.values())
+            fits = self.workspace is None or self.table_bytes + need <= self.workspace
+            self._gett[key] = None
+            if cands and fits:
+                self._gett[key] = ({o: (p, launch.GettTables(p, strides, host[o])) for o, p in probs.items()}, cands)
+                self.table_bytes += need
+        return self._gett[key]
+
+    def _batched(self, c: Contraction, out, a, b):
+        """The batched-GEMM layout of these operands (cached by shapes and strides), its BLAS form,
+        its launches and each pointer-array launch's byte offsets as a (3, matrices) device array,
+        or None where none applies (dtype, a mode in one tensor only, BLAS's 32-bit dimensions
+        exceeded)."""
+        key = self._key(c, out, a, b)
+        if key not in self._batches:
+            g = None
+            if out.dtype in (np.float32, np.float64) and a.dtype == b.dtype == out.dtype:
+                strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
+                                ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+                g = batchedgemm.plan(c.out_indices, c.a_indices, c.b_indices, index_extents(c, a, b) | dict(
+                    zip(c.out_indices, out.shape)), strides)
+            self._batches[key] = None
+            if g is not None:
+                bl, launches = batchedgemm.blas(g), g.launches()
+                if max([bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc, g.batch[0]]
+                       + [len(launch.offsets) for launch in launches]) < 2**31:
+                    self._batches[key] = (g, bl, launches, [
+                        None if launch.strided else self.xp.asarray(
+                            np.ascontiguousarray(launch.offsets.T) * out.itemsize)
+                        for launch in launches])
+        return self._batches[key]
+
+    def batched_gemm(self, c: Contraction, out, a, b, alpha: float, beta: float = 1.0) -> bool:
+        """``out = alpha·a·b + beta·out`` by :meth:`_batched`'s cuBLAS calls on the current
+        stream; False (nothing done) where no layout applies."""
+        found = self._batched(c, out, a, b)
+        if found is None:
+            return False
+        from cupy_backends.cuda.libs import cublas
+
+        g, bl, launches, offsets = found
+        handle = self.xp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        double = out.dtype == np.float64
+        strided = cublas.dgemmStridedBatched if double else cublas.sgemmStridedBatched
+        pointers = cublas.dgemmBatched if double else cublas.sgemmBatched
+        ops = tuple(cublas.CUBLAS_OP_T if t else cublas.CUBLAS_OP_N for t in (bl.trans_a, bl.trans_b))
+        lhs, rhs = (1, 0) if bl.swap else (0, 1)
+        base = (a.data.ptr, b.data.ptr, out.data.ptr)
+        count, *steps = g.batch
+        size = out.itemsize
+        # every launch's matrix addresses before the first call: a failed allocation then leaves
+        # ``out`` untouched for the caller's fallback. Each base address is a kernel argument: a
+        # host array copied to the device here would wait for all the work queued before it.
+        ats = [None if table is None else self._addresses(table, base) for table in offsets]
+        for launch, at in zip(launches, ats):
+            second = beta if launch.first else 1.0
+            keep, one, two = gemm_scalars(strided if launch.strided else pointers, alpha, second, out.dtype)
+            uselog.note(self.tuning.device, "gemms",  # for the next process's warm-up
+                        ("d" if double else "s", bool(launch.strided), bool(bl.trans_a), bool(bl.trans_b),
+                         *map(int, (bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc)),
+                         int(count if launch.strided else len(launch.offsets)), int(second != 0)))
+            if launch.strided:
+                at = [p + int(o) * size for p, o in zip(base, launch.offsets[0])]
+                strided(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs], bl.lda, steps[lhs], at[rhs], bl.ldb,
+                        steps[rhs], two, at[2], bl.ldc, steps[2], count)
+            else:
+                # addresses made on the device from the byte offsets kept there; CuPy's pool
+                # reuses their block only for work queued later on the same stream
+                pointers(handle, *ops, bl.m, bl.n, bl.k, one, at[lhs].data.ptr, bl.lda, at[rhs].data.ptr,
+                         bl.ldb, two, at[2].data.ptr, bl.ldc, at.shape[1])
+        return True
+
+    def _addresses(self, table, base: tuple[int, int, int]):
+        """The (3, matrices) device addresses of a pointer-array launch: row r of ``table`` (byte
+        offsets) plus ``base[r]``, added on the device with the address as a kernel argument."""
+        at = self.xp.empty_like(table)
+        for row, address in enumerate(base):
+            self.xp.add(table[row], address, out=at[row])
+        return at
+
+    def _relayout(self, c: Contraction, out, a, b):
+        """:meth:`_batched`'s layout for C-contiguous copies of ``a`` and ``b`` in the orders of
+        :func:`_relaid`, or None (the copies are described by shape, not made)."""
+        moved, pa, pb = _relaid(c)
+        copies = [_Contiguous(tuple(x.shape[p] for p in perm), x.dtype) for x, perm in ((a, pa), (b, pb))]
+        return self._batched(moved, out, *copies)
+
+    def _contiguous(self, view):
+        """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
+        a view stepping across the copy's fastest index through shared memory
+        (:func:`chainexec.kernels.elementwise.staging`): on the H100, 0.39 ms against 0.63 ms for
+        ``cupy.ascontiguousarray`` to copy (T)'s ``ovvv[k,c,f,a]`` to ``[f,a,c]`` at v=400."""
+        if view.flags.c_contiguous:
+            return view
+        copy = self.xp.empty(view.shape, view.dtype)
+        pointwise.launch(self.xp, "p0", [view], copy)
+        return copy
+
+    def _candidates(self, c: Contraction, out, a, b) -> dict:
+        """Candidate name -> configuration (plain data, or None), for every method of
+        :data:`REGISTRY` that applies: ``gett:<order>:<config>`` for the model's top GETT
+        candidates, else the method's name."""
+        cands = {}
+        for method in REGISTRY.values():
+            if method.applies(self, c, out, a, b):
+                cands |= method.configurations(self, c, out, a, b)
+        return cands
+
+    @staticmethod
+    def _key(c: Contraction, out, a, b) -> tuple:
+        """What a method choice depends on: the contraction, shapes, strides and dtype."""
+        return (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
+                element_strides(out), element_strides(a), element_strides(b), str(out.dtype))
+
+    def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float) -> None:
+        """The GETT kernel of ``config`` (its ``order`` and :class:`GettConfig` fields)."""
+        from chainexec.kernels.gett import GettConfig
+        from chainexec.runtime import launch
+
+        fields = dict(config)
+        order = fields.pop("order")
+        probs, cands = self._problem(c, out, a, b)
+        order = order if order in probs else next(iter(probs))
+        prob, tables = probs[order]
+        cfg = GettConfig(**fields)
+        if (cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast):
+            # chosen on a probe whose cut made another load direction win: the model's best here
+            cfg = next(x for o, x in cands if o == order)
+        left, right = (b, a) if prob.swap else (a, b)
+        launch.launch_gett(cfg, tables, out, left, right, alpha, 1.0)
+
+    def _run(self, how: tuple, c: Contraction, out, a, b, fresh: bool = False) -> None:
+        """``out += factor · a·b`` by ``how = (method, config)`` (:data:`REGISTRY`). ``fresh``
+        (:meth:`contract`): the methods that write a fresh output as if it held zeros do (batched
+        GEMM with β = 0, TTGT copying its product in), and before the others ``out`` is cleared.
+        A method that reads no relayout copy kept from an earlier term drops them first."""
+        method, config = how
+        strategy = REGISTRY[method]
+        if not strategy.keeps_copies:
+            self._drop_kept()
+        if fresh and not strategy.writes_fresh:
+            self.clear(out)
+            fresh = False
+        strategy.run(self, config, c, out, a, b, fresh)
+
+    @staticmethod
+    def _add(out, product, fresh: bool) -> None:
+        """``out += product``, or ``out[...] = product`` where ``out`` is fresh."""
+        if fresh:
+            out[...] = product
+        else:
+            out += product
+
+
+def gemm_scalars(gemm, alpha: float, beta: float, dtype) -> tuple:
+    """``(array, alpha, beta)`` as ``gemm`` (a CuPy cuBLAS binding) takes them in pointer mode
+    host: recent CuPy by address (into the array, which must stay alive until the call
+    returns), old versions by value. Only a signature that says so (its docstring) selects by
+    value, since a value read as an address crashes cuBLAS."""
+    values = np.array([alpha, beta], dtype)
+    if _takes_values(gemm):
+        return values, *values.tolist()
+    return values, values.ctypes.data, values.ctypes.data + values.itemsize
+
+
+@lru_cache(maxsize=None)
+def _takes_values(gemm) -> bool:
+    """Whether ``gemm``'s signature takes the scalars by value (read once per binding, not per
+    launch)."""
+    return any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float"))

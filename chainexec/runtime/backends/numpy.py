@@ -1,0 +1,63 @@
+"""The NumPy backend: device memory is host memory, and every statement is done when its call
+returns. It declares no optional capability (:mod:`chainexec.runtime.device`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chainexec import expr
+from chainexec.ordering import weights
+from chainexec.planner.plan import Fused
+from chainexec.planner.plan import Contraction
+from chainexec.runtime.backends.common import all_rows, permuted, ttgt_product
+from chainexec.runtime.device import Backend
+
+
+class NumpyBackend(Backend):
+    """NumPy on the host: contractions by TTGT with ``numpy.matmul``, expressions with NumPy
+    broadcasting."""
+
+    name = "numpy"
+
+    def __init__(self):
+        super().__init__(np)
+
+    def fetch(self, dst, read, view=None) -> None:
+        """As :meth:`Backend.fetch`: the source is read straight into ``dst``."""
+        read(all_rows(dst), dst)
+
+    def to_host_async(self, array, aside: bool = False) -> tuple[np.ndarray, object]:
+        """As :meth:`Backend.to_host_async`: the array itself, arrived at once."""
+        return array, None
+
+    def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:
+        out[...] = expr.evaluate(tree, arrays, order, self.xp)
+
+    def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
+        """As :meth:`Backend.fused`: values computed once per point (``f.lets``) are evaluated
+        whole, then read at each of their permutations."""
+        arrays = dict(arrays)
+        extent = dict(zip(f.domain, shape))
+        for name, own, text in f.lets:  # computed once, read at each of its permutations
+            value = self.xp.broadcast_to(expr.evaluate(expr.parse(text), arrays, own, self.xp), [extent[i] for i in own])
+            arrays |= {r: value for r in expr.refs(f.tree) if r.tensor == name}
+        value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
+        if within:
+            value = value * weights(shape, within)
+        out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
+
+    def symmetrize(self, out, axes, keep: tuple = ()) -> None:
+        total = sum(out.transpose(p) for p in axes)
+        if keep:
+            total = self.xp.where(weights(out.shape, keep) > 0, total, out)
+        out[...] = total
+
+    def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
+        """As :meth:`Backend.contract`, by TTGT (``numpy.matmul``); a ``fresh`` output is cleared
+        first."""
+        if fresh:
+            self.clear(out)
+        if b is None:
+            out += c.factor * permuted(c, a)
+        else:
+            out += ttgt_product(np, c, a, b)

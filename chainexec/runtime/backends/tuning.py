@@ -1,0 +1,532 @@
+"""The CuPy backend's autotuner: how a contraction or a run of contractions into one buffer runs
+is decided once per (contraction, shapes, strides, dtype, room the plan leaves), by timing the
+candidates, and kept for the process (``CupyBackend.choices``) and across processes
+(:class:`TuningCache`).
+
+The candidates of a single contraction are its methods that apply
+(:mod:`chainexec.runtime.backends.methods`), the GETT model's top
+:data:`~chainexec.runtime.backends.methods.TUNE_TOP`
+configurations each with its staged-epilogue twin (:func:`~chainexec.kernels.gett.candidates`);
+those of a run of terms are the terms one by one (each by its own tuned method), the sum kernels
+of :data:`TIMED_SUM_KINDS` for the whole run and for each split, and the stacks. Each is timed on
+the real operands or on a probe of them (:func:`_probe`): one untimed warm-up and the best of
+:data:`TIMED_RUNS` CUDA-event-timed runs (:meth:`Autotuner._timed`); the fastest is kept
+(:meth:`Autotuner._decide`). The environment variable ``CHAINEXEC_GPU_METHOD`` (one of
+:data:`METHODS`) forces a method for benchmarks; a method that does not apply falls back to
+``ttgt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from chainexec import atomicfile
+from chainexec.errors import ChainexecError
+from chainexec.kernels import stacking
+from chainexec.planner.plan import Contraction
+from chainexec.runtime import uselog
+from chainexec.runtime.backends.common import element_strides, index_extents, spread
+from chainexec.runtime.backends.methods import REGISTRY
+
+METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split",
+           "stack")
+"""Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
+a run of contractions into one buffer through the generated register / tensor-core sum kernel
+without timing candidates; ``split``: its short-range terms through the register kernel, the
+others one by one, each by the method the autotuner picks; ``stack``: the terms that stack
+(:mod:`chainexec.kernels.stacking`) as one contraction per stack, where their copies fit, the
+others one by one, each tuned; any other forced method runs such a run term by term)."""
+TIMED_SUM_KINDS = ("sum",)
+"""The sum kernels (:data:`chainexec.runtime.launch.SUM_KINDS`) whose candidates the autotuner
+times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
+run on a GPU: until then it runs only where forced."""
+TIMED_RUNS = 2
+"""CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
+PROBE_FLOOR = 1 << 20
+"""Output bytes below which probes are not cut even when the plan leaves less room (only the
+methods timed in place, :attr:`Method.in_place <chainexec.runtime.backends.methods.Method.in_place>`,
+are then timed within the room)."""
+TUNE_BYTES = 512 << 20
+"""Output bytes above which the autotuner times a probe instead of the whole contraction. A probe
+cut too far changes the methods' shapes, not just their sizes: at 64 MiB the (T) W tiles of
+o=24, v=180 were cut along a virtual index, the batched GEMMs shrank to a few rows and lost to GETT
+on the probe, while forced on the real tiles they took 6.0 s of compute against auto's 6.5 s (H100).
+At 512 MiB only the occupied indices are cut (to 2)."""
+
+
+def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
+    """Views of ``out``, ``a`` and ``b`` cut along ``out``'s slowest indices (the same index in
+    the inputs) until the output is at most ``limit`` bytes (:data:`TUNE_BYTES`): the strides, and
+    so the memory-access pattern every method sees, stay those of the real operands, at a fraction
+    of the cost of timing six methods on a multi-GiB tile. A cut index keeps at least 2 elements."""
+    order = sorted(range(out.ndim), key=lambda d: -out.strides[d])
+    views = [out, a, b]
+    for d in order:
+        if views[0].nbytes <= limit:
+            break
+        name, n = c.out_indices[d], views[0].shape[d]
+        keep = max(2, n * limit // views[0].nbytes)
+        for v, idx in enumerate((c.out_indices, c.a_indices, c.b_indices)):
+            if name in idx and keep < n:
+                cut = [slice(None)] * views[v].ndim
+                cut[idx.index(name)] = slice(0, keep)
+                views[v] = views[v][tuple(cut)]
+    return tuple(views)
+
+
+def stacked_bytes(stacks: list, operands: list[tuple], itemsize: int) -> int:
+    """Device bytes of the copies :meth:`Autotuner._stacked` holds at once (one stack's, in the
+    output's dtype of ``itemsize`` bytes)."""
+    return itemsize * max((sum(a.size + b.size for k in st.terms for a, b in [operands[k]]) for st in stacks),
+                          default=0)
+
+
+def _like(xp, out):
+    """A zeroed scratch array shaped as ``out``, with ``out``'s strides where their span is at
+    most twice ``out``'s size (else C-contiguous: a view cut from a much larger buffer)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides)) // out.itemsize if out.size else 0
+    if out.flags.c_contiguous or span > 2 * out.size or min(out.strides, default=0) < 0:
+        return xp.zeros(out.shape, out.dtype)
+    base = xp.zeros(span, out.dtype)
+    return xp.ndarray(out.shape, out.dtype, base.data, strides=out.strides)
+
+
+@dataclass
+class Choice:
+    """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
+    is ``gett``, ``batched``, ``relayout``, ``kernel``, ``ttgt``, ``einsum``, ``cutensor`` or
+    ``direct``; for a run of contractions into
+    one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one), ``split`` (some terms in
+    a sum kernel, the others one by one) or ``stack`` (the terms that stack as one contraction per
+    stack, :mod:`chainexec.kernels.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
+    compared (empty when the method was forced or only one applies); ``config`` the GETT order
+    and configuration (:class:`~chainexec.kernels.gett.GettConfig` fields) or the sum kernel's
+    (:class:`~chainexec.kernels.sumkernel.SumConfig`, :class:`~chainexec.kernels.summma.MmaConfig`),
+    for ``split`` ``{"kind", "config", "terms"}`` (the kernel, its configuration, the positions of
+    its terms), else None."""
+
+    method: str
+    seconds: dict = field(default_factory=dict)
+    config: dict | None = None
+
+
+TUNING_VERSION = 7
+"""Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
+so that decisions recorded by older code are not read back."""
+
+
+class TuningCache:
+    """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning/``: one file
+    per decision, named by the SHA-256 of its key (device name and contraction, shapes, strides,
+    dtype) and holding the key and the :class:`Choice`, written atomically (temporary file, then
+    rename). A lookup reads one small file, so another process's decision is seen at once and
+    a process reads only the decisions it needs.
+
+    Why: until 2026-11-27 every decision lived in one ``tuning.json``, read whole by each new
+    backend before its first statement and rewritten whole by each new decision. At the GPU
+    hosts' 391 decisions (450 kB) one read took 8 ms on the 2-core VM, the cost grows with every
+    shape a user's runs meet; the first tile of a (T) process waited 6.8 ms for host work before
+    its first kernel (H200 trace, 2026-11-27), this read likely among it (not timed apart on the
+    GPU host). A decision found only in an
+    older ``tuning.json`` beside the folder (read once, on the first miss) is moved to a file of
+    its own."""
+
+    def __init__(self, device: str, path: Path):
+        self.device = device
+        self.path = path  # the folder
+        self._legacy: dict | None = None  # the older tuning.json, once read
+
+    @classmethod
+    def for_device(cls, cupy) -> "TuningCache":
+        """The cache of the current CuPy device, in the kernel cache's folder."""
+        from chainexec.runtime.kernelcache import cache_dir
+
+        return cls(uselog.device_name(cupy), cache_dir() / "tuning")
+
+    def _key(self, key: tuple) -> str:
+        return json.dumps([TUNING_VERSION, self.device, *key])
+
+    def _file(self, text: str) -> Path:
+        return self.path / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+    def get(self, key: tuple) -> Choice | None:
+        text = self._key(key)
+        try:
+            entry = json.loads(self._file(text).read_text())
+            if isinstance(entry, dict) and entry.get("key") == text:
+                return Choice(**entry["choice"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        if self._legacy is None:
+            try:
+                self._legacy = json.loads((self.path.parent / "tuning.json").read_text())
+            except (OSError, ValueError):
+                self._legacy = {}
+        entry = self._legacy.get(text) if isinstance(self._legacy, dict) else None
+        try:
+            choice = Choice(**entry)
+        except TypeError:  # not there, or not a decision
+            return None
+        self.put(key, choice)
+        return choice
+
+    def put(self, key: tuple, choice: Choice) -> None:
+        text = self._key(key)
+        atomicfile.write(self._file(text), json.dumps({"key": text, "choice": asdict(choice)}), 0o644)
+
+
+class Autotuner:
+    """The autotuner's part of :class:`~chainexec.runtime.backends.cupy.CupyBackend`: it contracts
+    (:meth:`contract`, :meth:`contract_sum`) by the decision it makes once and keeps. Its state
+    (``method``, ``choices``, ``tuning``, ``workspace``) is made in the backend's ``__init__``."""
+
+    def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
+        """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
+        adds to ``out`` once (:data:`chainexec.runtime.launch.SUM_KINDS`: in registers,
+        :mod:`chainexec.kernels.sumkernel`, or on tensor cores into a shared-memory tile,
+        :mod:`chainexec.kernels.summma`), term by term, or *split*: the terms with short summed
+        ranges in one kernel and the others one by one (:func:`~chainexec.kernels.sumkernel.splits`),
+        or *stacked*: terms that split the output alike as one contraction over their summed
+        ranges concatenated, on copies of their small operands (:mod:`chainexec.kernels.stacking`),
+        whichever is fastest. Decided once per (terms, shapes, strides, dtype) and kept
+        (:class:`TuningCache`): the model's best configurations of each kernel in
+        :data:`TIMED_SUM_KINDS`, for all the terms and for each split's part, are timed computing
+        without storing, and each term on its own (by its own tuned method) on a scratch output
+        where the plan leaves room for one, else once for real on ``out``; a split costs its
+        kernel plus the other terms' seconds; the stacks are timed on a scratch output plus the
+        other terms' seconds, where the room holds the scratch and their copies. A kernel timed without storing skips one pass over
+        the output that the terms' times include (on the o=24, v=180 (T) tile the split was
+        timed at 19.8 ms and ran in 23.2 ms), so close decisions lean towards the kernels.
+        ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces that kernel's first configuration,
+        ``split`` the first split with the register kernel's first configuration and the other
+        terms tuned (the terms one by one where either has none), ``stack`` the stacks where their
+        copies fit (else the terms one by one); any other forced method runs
+        the terms one by one.
+
+        Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
+        v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
+        25–30 ms each; the register kernel wins where the terms sum over short ranges."""
+        from chainexec.kernels import sumkernel
+        from chainexec.runtime import kernelcache, launch
+
+        if self.method not in ("auto", "split", "stack", *launch.SUM_KINDS):
+            with self._reusing():
+                self.term_by_term(cs, out, operands, fresh)
+            return
+
+        def view(arr, indices):
+            return sumkernel.View(tuple(indices), tuple(arr.shape), element_strides(arr))
+
+        prob = sumkernel.problem(view(out, cs[0].out_indices),
+                                 [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices), float(c.factor))
+                                  for c, (a, b) in zip(cs, operands)], str(out.dtype))
+        # the kernels timed are part of the key: a decision made without one is not reused once it joins
+        key = ("sum", repr(prob), TIMED_SUM_KINDS, "stack") + (() if self.workspace is None else (self.workspace,))
+        choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
+        done = False
+        if choice is None:
+            dev = launch.device_model()
+
+            def candidates(kind, p):
+                try:
+                    return launch.SUM_KINDS[kind][0].candidates(p, dev)
+                except ValueError:  # no configuration fits the device
+                    return []
+
+            if self.method == "stack":
+                stacks = self._stacks(cs, out, operands)
+                fits = self.workspace is None or stacked_bytes(stacks, operands, out.itemsize) <= self.workspace
+                choice = Choice("stack" if stacks and fits else "terms")
+            elif self.method == "split":
+                parts = sumkernel.splits(prob)
+                cands = candidates("sum", prob.part(parts[0])) if parts else []
+                choice = (Choice("split", config={"kind": "sum", "config": cands[0].to_json(), "terms": list(parts[0])})
+                          if cands else Choice("terms"))
+            elif self.method != "auto":
+                cands = candidates(self.method, prob)
+                choice = Choice(self.method, config=cands[0].to_json()) if cands else Choice("terms")
+            else:
+                if fresh:  # timing a term may add it to ``out`` for real
+                    self.clear(out)
+                    fresh = False
+                seconds, configs = {}, {}
+                each, done = self._time_terms(cs, out, operands)
+                seconds["terms"] = sum(each)
+                jobs = [(part, kind, cfg) for part in [tuple(range(len(cs)))] + sumkernel.splits(prob)
+                        for kind in TIMED_SUM_KINDS for cfg in candidates(kind, prob.part(part))]
+                kernelcache.precompile([launch.SUM_KINDS[kind][0].generate(prob.part(part), cfg)
+                                        for part, kind, cfg in jobs], dev.compute_capability)
+                for part, kind, cfg in jobs:
+                    sub, ops = prob.part(part), [operands[k] for k in part]
+                    rest = sum(s for k, s in enumerate(each) if k not in part)
+                    name = f"{kind} {cfg.name()}"
+                    if len(part) < len(cs):
+                        name = f"split {name} terms {','.join(map(str, part))}"
+                        configs[name] = ("split", {"kind": kind, "config": cfg.to_json(), "terms": list(part)})
+                    else:
+                        configs[name] = (kind, cfg.to_json())
+                    seconds[name] = rest + self._timed(lambda: launch.launch_sum(kind, sub, cfg, out, ops, False))
+                stacks = self._stacks(cs, out, operands)
+                room = self.workspace
+                if stacks and (room is None or 2 * out.nbytes + stacked_bytes(stacks, operands, out.itemsize) <= room):
+                    scratch = _like(self.xp, out)
+                    rest = sum(s for k, s in enumerate(each) if not any(k in st.terms for st in stacks))
+                    # the stacked contractions are first tuned inside this timing, beside the scratch
+                    self.workspace = None if room is None else room - scratch.nbytes
+                    try:
+                        seconds["stack"] = rest + self._timed(lambda: self._stacked(stacks, cs, scratch, operands))
+                    finally:
+                        self.workspace = room
+                    del scratch
+                how = {name: configs.get(name, (name, None)) for name in seconds}  # "terms", "stack": no configuration
+                choice = self._decide(key, seconds, how)
+        self.choices[key] = choice
+        with self._reusing():
+            self._sum(key, choice, done, prob, cs, out, operands, fresh)
+
+    def _sum(self, key: tuple, choice: Choice, done: bool, prob, cs: list[Contraction], out,
+             operands: list[tuple], fresh: bool) -> None:
+        """Run :meth:`contract_sum`'s decision (nothing where timing the terms on ``out`` added
+        them already); ``key`` the run's tuning key, under which a stacked run's stacks are kept
+        (finding them took 0.13 ms per (T) tile). A ``fresh`` output is written first by the
+        first stack, or the first term, as :meth:`contract` writes a fresh one; a generated
+        kernel adds, so before one it is cleared."""
+        from chainexec.runtime import launch
+
+        if done:
+            return
+        if fresh and (choice.method in launch.SUM_KINDS or choice.method == "split"):
+            self.clear(out)
+            fresh = False
+        if choice.method in launch.SUM_KINDS:
+            kind_config = launch.SUM_KINDS[choice.method][1].from_json(choice.config)
+            launch.launch_sum(choice.method, prob, kind_config, out, operands)
+        elif choice.method == "stack":
+            if key not in self._stack_runs:
+                stacks = self._stacks(cs, out, operands)
+                self._stack_runs[key] = stacks, [k for k in range(len(cs)) if not any(k in st.terms for st in stacks)]
+            stacks, alone = self._stack_runs[key]
+            self._stacked(stacks, cs, out, operands, fresh)
+            self.term_by_term([cs[k] for k in alone], out, [operands[k] for k in alone], fresh and not stacks)
+        elif choice.method == "split":
+            part, kind = choice.config["terms"], choice.config["kind"]
+            launch.launch_sum(kind, prob.part(tuple(part)), launch.SUM_KINDS[kind][1].from_json(choice.config["config"]),
+                               out, [operands[k] for k in part])
+            self.term_by_term([c for k, c in enumerate(cs) if k not in part], out,
+                              [x for k, x in enumerate(operands) if k not in part])
+        else:
+            self.term_by_term(cs, out, operands, fresh)
+
+    @staticmethod
+    def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
+        """:func:`chainexec.kernels.stacking.groups` of a run's terms at these extents."""
+        extents = [dict(zip(c.out_indices, out.shape)) | index_extents(c, a, b) for c, (a, b) in zip(cs, operands)]
+        return stacking.groups(tuple(cs[0].out_indices), [(tuple(c.a_indices), tuple(c.b_indices)) for c in cs],
+                               extents)
+
+    def _stacked(self, stacks: list, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
+        """Add each stack's terms to ``out`` as one contraction (:mod:`chainexec.kernels.stacking`)
+        on copies of their operands concatenated along a new summed index, each term's factor
+        in its ``L`` rows; that contraction is tuned as any other (:meth:`contract`), the first
+        ``fresh`` where ``out`` is. While it runs the copies count against :attr:`workspace`."""
+        xp = self.xp
+        extent = dict(zip(cs[0].out_indices, out.shape))
+        for st in stacks:
+            self._drop_kept()  # no earlier term's relayout copy held beside this stack's
+            parts = []
+            for n, side in zip(st.terms, st.sides):
+                c, (a, b) = cs[n], operands[n]
+                (x, xi), (y, yi) = ((a, c.a_indices), (b, c.b_indices))[::1 if side else -1]
+                ks = [i for i in xi if i in yi and i not in c.out_indices]
+                parts.append((c.factor, spread(x, xi, ks + list(st.left)), spread(y, yi, ks + list(st.right)),
+                              len(ks)))
+            depth = sum(math.prod(x.shape[:nk]) for _, x, _, nk in parts)
+            left = xp.empty((depth,) + tuple(extent[i] for i in st.left), out.dtype)
+            right = xp.empty((depth,) + tuple(extent[i] for i in st.right), out.dtype)
+            at = 0
+            for factor, x, y, nk in parts:
+                k = math.prod(x.shape[:nk])
+                xp.multiply(x, factor, out=left[at:at + k].reshape(x.shape))
+                right[at:at + k].reshape(y.shape)[...] = y
+                at += k
+            name = next(f"stacked{n}" for n in range(len(cs[0].out_indices) + 1)
+                        if f"stacked{n}" not in cs[0].out_indices)
+            merged = replace(cs[st.terms[0]], a="stacked", a_indices=[name, *st.left], b="stacked",
+                             b_indices=[name, *st.right], factor=1.0)
+            room = self.workspace
+            if room is not None:
+                self.workspace = room - left.nbytes - right.nbytes
+            try:
+                self.contract(merged, out, left, right, fresh and st is stacks[0])
+            finally:
+                self.workspace = room
+            del left, right, parts  # freed before the next stack's copies
+
+    def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:
+        """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
+        output (:func:`_like`) after a warm-up where the plan leaves room for two outputs, else
+        run once on ``out`` itself (their first run, a little slower than later ones)."""
+        hows = [self._choose(c, out, a, b) for c, (a, b) in zip(cs, operands)]  # tuned on probes
+        if self.workspace is None or 2 * out.nbytes <= self.workspace:
+            scratch = _like(self.xp, out)
+            return [self._timed(lambda: self._run(how, c, scratch, a, b))
+                    for how, c, (a, b) in zip(hows, cs, operands)], False
+        events = [self.xp.cuda.Event() for _ in range(len(cs) + 1)]
+        events[0].record()
+        for how, c, (a, b), end in zip(hows, cs, operands, events[1:]):
+            self._run(how, c, out, a, b)
+            end.record()
+        events[-1].synchronize()
+        return [self.xp.cuda.get_elapsed_time(s, e) / 1e3 for s, e in zip(events, events[1:])], True
+
+    def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
+        """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`. A
+        ``fresh`` output is written by cuBLAS with β = 0 where batched GEMM runs it (no zero fill
+        and no read of ``out``: the (T) W tile's 20 fills took 5.9 ms of 0.155 s of device time
+        at benzene's shapes on an H100, 2026-11-27), else cleared first (:meth:`_run`).
+
+        When the chosen method's workspace does not fit in the device memory left (CuPy's
+        OutOfMemoryError, also under a pool limit), the contraction runs through GETT where it
+        applies, else the direct kernel: neither needs any (``out`` is untouched by the failed
+        attempt: every method adds its product only once it is complete)."""
+        if b is None or c.pointwise():
+            self.contract_terms([c], out, [(a, b)], fresh)
+        else:
+            how = self._choose(c, out, a, b)
+            try:
+                self._run(how, c, out, a, b, fresh)
+            except self.xp.cuda.memory.OutOfMemoryError:
+                if REGISTRY[how[0]].in_place:
+                    raise ChainexecError(f"device memory: none left for {c.out}[{','.join(c.out_indices)}] += "
+                                         f"{c.a}·{c.b} ({how[0]}, tile {'x'.join(map(str, out.shape))}); "
+                                         f"lower machine.device_memory") from None
+                gp = self._problem(c, out, a, b)
+                fallback = ("direct", None) if gp is None else ("gett", {"order": gp[1][0][0], **asdict(gp[1][0][1])})
+                self._run(fallback, c, out, a, b, fresh)
+                self.choices[self._kept_key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
+        pool = self.xp.get_default_memory_pool()
+        if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
+            # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB in the
+            # out-of-core four-index run with every choice within the room
+            pool.free_all_blocks()
+
+    def _choose(self, c: Contraction, out, a, b) -> tuple:
+        """(method, GETT config or None) for these operands, decided once: forced by
+        ``CHAINEXEC_GPU_METHOD``, else read from the tuning cache, else timed (the model
+        proposes the GETT configurations; the fastest candidate wins) and recorded. Large
+        operands are timed on a probe (:func:`_probe`): the same strides over fewer elements."""
+        kept = self._kept_key(c, out, a, b)
+        choice = self.choices.get(kept)
+        if choice is None:
+            if self.method not in ("auto", "split", "stack"):  # a forced split or stack tunes the terms as auto
+                cands = self._candidates(c, out, a, b)
+                forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
+                choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
+            else:
+                choice = self.tuning.get(kept)
+                if choice is None:
+                    self._drop_kept()  # no relayout copy of an earlier term held while tuning this one
+                    # a probe of at least PROBE_FLOOR: smaller ones change every method's shape
+                    limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
+                        PROBE_FLOOR, self.workspace // 4))
+                    po, pa, pb = _probe(c, out, a, b, limit)
+                    every = self._candidates(c, po, pa, pb)
+                    cands = ({m: cfg for m, cfg in every.items()
+                              if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
+                             or {m: cfg for m, cfg in every.items()
+                                 if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
+                             or every)
+                    seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
+                    choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()})
+                    # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
+                    # not needed again: left there they held the pool 1 GB above the plan's
+                    # buffers in the first out-of-core four-index run
+                    self.xp.get_default_memory_pool().free_all_blocks()
+            self.choices[kept] = choice
+        return choice.method, choice.config
+
+    def _decide(self, key: tuple, seconds: dict, how: dict) -> Choice:
+        """The fastest of the timed candidates (``seconds``: candidate -> best seconds; ``how``:
+        candidate -> (method, configuration)), kept in the tuning cache under ``key``."""
+        method, config = how[min(seconds, key=seconds.get)]
+        choice = Choice(method, seconds, config)
+        self.tuning.put(key, choice)
+        return choice
+
+    def _kept_key(self, c: Contraction, out, a, b) -> tuple:
+        """The key a method choice is kept under, in this process and in the tuning cache alike:
+        :meth:`_key` and the room the plan leaves now (:attr:`workspace`). A choice made within
+        less room is not read where a run leaves more: it tunes again. Until 2026-11-28 the
+        process kept its choices without the room. The (T) W stacks' contractions, tuned first
+        while the stack itself was timed (the room less a scratch tile), were then run from
+        that in-process choice, never under the room they run in. So the next process tuned
+        them again: 1.5-1.8 s of executor in the run after a cold one, against 0.16-0.20 s in
+        later runs (H100, benzene-size (T), 2026-11-28)."""
+        key = self._key(c, out, a, b)
+        return key if self.workspace is None else key + (self.workspace,)
+
+    def _fits(self, method: str, tile: tuple, probe: tuple) -> bool:
+        """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing
+        it on ``probe``, the probe's temporaries plus its scratch output (at most twice the
+        probe's output, :func:`_like`; GETT times in place) —
+        fit in the memory the plan leaves (:meth:`limit_memory`; always, without a limit)."""
+        if self.workspace is None:
+            return True
+        strategy = REGISTRY[method]
+        scratch = 0 if strategy.in_place else 2 * probe[0].nbytes
+        return max(strategy.workspace(*tile), strategy.workspace(*probe) + scratch) <= self.workspace
+
+    def _time(self, how: tuple, c: Contraction, out, a, b) -> float:
+        """Seconds of one contraction by ``how = (method, config)`` (best of :data:`TIMED_RUNS`
+        after one warm-up, CUDA events). The methods timed in place (GETT and the direct kernel,
+        :attr:`~chainexec.runtime.backends.methods.Method.in_place`) run in place
+        with a factor of 0 (their cost does not depend on it, and ``out`` keeps its strides, which
+        their speed depends on; a finite result is unchanged); the others write a scratch output with ``out``'s strides
+        where its span is at most twice its size (:func:`_like`), so that layouts that depend on
+        strides, as batched GEMM's do, are timed as they will run."""
+        strategy = REGISTRY[how[0]]
+        if strategy.in_place:
+            def run():
+                strategy.add(self, how[1], c, out, a, b, 0.0)
+        else:
+            scratch = []
+
+            def run():
+                if not scratch:
+                    scratch.append(_like(self.xp, out))
+                self._run(how, c, scratch[0], a, b)
+        return self._timed(run)
+
+    @uselog.paused()  # a candidate's kernels and calls are no use to a later warm-up
+    def _timed(self, run) -> float:
+        """Seconds of ``run()`` on the device: one untimed warm-up, then the best of
+        :data:`TIMED_RUNS` CUDA-event-timed runs; ``inf`` if it cannot launch here (resources).
+        No relayout copy is kept between the runs (:meth:`_reusing`, :meth:`steady`): each pays
+        for its own."""
+        cp = self.xp
+        kept, self._kept = self._kept, None
+        steady, self._steady = self._steady, None
+        if kept:
+            kept.clear()
+        self._held.clear()
+        try:
+            try:
+                run()
+            except Exception:  # a candidate that cannot launch here is not chosen
+                return math.inf
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            best = math.inf
+            for _ in range(TIMED_RUNS):
+                start.record()
+                run()
+                end.record()
+                end.synchronize()
+                best = min(best, cp.cuda.get_elapsed_time(start, end) / 1e3)
+            return best
+        finally:
+            self._kept = kept
+            self._steady = steady

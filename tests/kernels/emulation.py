@@ -1,0 +1,140 @@
+"""The CPU emulation of generated point-wise kernels, shared by the tests of every point-wise
+family: views of one kind over NaN-padded buffers, every CUDA thread of a block a
+``std::thread`` (g++), and the nvcc compile check."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+
+from chainexec.kernels.elementwise import BLOCK
+
+
+def views(case: str, xp=np):
+    """(out, inputs) views of one kind (NumPy, or CuPy with ``xp=cupy``: the same values and
+    strides), with out's index order the inputs broadcast over. ``cut``'s out is a window of a
+    larger buffer."""
+    rng = np.random.default_rng(11)
+
+    def normal(*shape):
+        return xp.asarray(rng.standard_normal(shape))
+
+    base = normal(5, 4, 6, 3, 7)
+    if case == "contiguous":
+        return base, [base.copy(), base.copy()]
+    if case == "permuted":
+        # stored in another index order, read through a transposed view (R's Z[i,j,k,b,c,a])
+        return base, [xp.ascontiguousarray(base.transpose(2, 0, 4, 1, 3)).transpose(1, 3, 0, 4, 2),
+                      xp.ascontiguousarray(base.transpose(4, 3, 2, 1, 0)).transpose(4, 3, 2, 1, 0)]
+    if case == "cut":
+        big = normal(9, 6, 8, 5, 11)
+        return big[2:7, 1:5, 1:7, :3, 3:10], [big[:5, :4, :6, 2:5, :7].copy(), normal(9, 6, 8, 5, 11)[1:6, :4, 2:8, 1:4, :7]]
+    if case == "broadcast":
+        return base, [normal(5, 1, 6, 1, 1), normal(1, 4, 1, 3, 7), normal(1, 1, 1, 1, 1)]
+    if case == "extent-one":
+        return normal(1, 4, 1, 3, 1), [normal(3, 1, 4, 1, 1).transpose(1, 2, 3, 0, 4)]
+    raise ValueError(case)
+
+
+CASES = ["contiguous", "permuted", "cut", "broadcast", "extent-one"]
+
+
+def element_strides(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(0 if n == 1 else s // a.itemsize for n, s in zip(a.shape, a.strides))
+
+
+def padded(rng, shape, order, dtype=np.float64):
+    """(buffer, view): a view of shape ``shape`` into a NaN-padded buffer stored in axis order ``order``."""
+    stored = [shape[d] for d in order]
+    big = np.full([n + 2 for n in stored], np.nan, dtype)
+    inner = tuple(slice(1, 1 + n) for n in stored)
+    big[inner] = rng.standard_normal(stored)
+    return big, big[inner or ...].transpose(np.argsort(order))
+
+
+def offset_of(big: np.ndarray, view: np.ndarray) -> int:
+    """Where ``view`` starts in ``big`` (elements)."""
+    return (view.__array_interface__["data"][0] - big.ctypes.data) // big.itemsize
+
+
+STAGED_PRELUDE = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+struct Dim3 { unsigned x; };
+thread_local Dim3 threadIdx, blockIdx;
+static std::barrier<>* g_block;
+static std::barrier<>* g_warp[8];
+static double g_lane[256];
+#define __global__
+#define __restrict__
+#define __shared__ static
+static inline void __syncthreads() { g_block->arrive_and_wait(); }
+static double __shfl_down_sync(unsigned, double v, int s) {
+  const unsigned t = threadIdx.x;
+  g_lane[t] = v;
+  g_warp[t / 32]->arrive_and_wait();
+  const double r = t % 32 + s < 32 ? g_lane[t + s] : v;
+  g_warp[t / 32]->arrive_and_wait();
+  return r;
+}
+"""
+
+
+def emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets: list[int], grid: int) -> np.ndarray:
+    """Run a generated point-wise kernel on the CPU: every CUDA thread of a block a
+    ``std::thread`` (``std::barrier`` for ``__syncthreads`` and per warp for the shuffles,
+    ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
+    whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry."""
+    ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int"}
+    decl = "\n".join(f"  std::vector<{ctype[b.dtype]}> b{k}({b.size}); "
+                     f"if (fread(b{k}.data(), sizeof({ctype[b.dtype]}), {b.size}, f) != {b.size}) return 2;"
+                     for k, b in enumerate(buffers))
+    args = ", ".join(f"b{k}.data() + {off}" for k, off in enumerate(offsets))
+    main = f"""
+int main(int argc, char** argv) {{
+  FILE* f = fopen(argv[1], "rb");
+{decl}
+  fclose(f);
+  for (unsigned b = 0; b < {grid}u; ++b) {{
+    std::barrier<> block({BLOCK});
+    std::barrier<> w0(32), w1(32), w2(32), w3(32), w4(32), w5(32), w6(32), w7(32);
+    std::barrier<>* warps[8] = {{&w0, &w1, &w2, &w3, &w4, &w5, &w6, &w7}};
+    for (int w = 0; w < 8; ++w) g_warp[w] = warps[w];
+    g_block = &block;
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < {BLOCK}u; ++t)
+      ts.emplace_back([&, t, b] {{ threadIdx.x = t; blockIdx.x = b; {name}({args}); }});
+    for (auto& th : ts) th.join();
+  }}
+  f = fopen(argv[1], "wb");
+  fwrite(b0.data(), sizeof({ctype[buffers[0].dtype]}), {buffers[0].size}, f);
+  fclose(f);
+  return 0;
+}}
+"""
+    cpp, exe, data = tmp_path / f"{name}.cpp", tmp_path / name, tmp_path / f"{name}.bin"
+    cpp.write_text(STAGED_PRELUDE + text + main)
+    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True, timeout=300)
+    data.write_bytes(b"".join(b.tobytes() for b in buffers))
+    subprocess.run([str(exe), str(data)], check=True, timeout=300)  # a barrier some thread misses hangs
+    return np.fromfile(data, dtype=buffers[0].dtype, count=buffers[0].size).reshape(buffers[0].shape)
+
+
+def stored(rng, shape, order, dtype=np.float64):
+    """(buffer, element offset, view) of :func:`padded`: what the emulated kernels are passed."""
+    big, view = padded(rng, shape, order, dtype)
+    return big, offset_of(big, view), view
+
+
+def compiles_with_nvcc(tmp_path, sources: list[str]) -> None:
+    """Assert that each CUDA source compiles with nvcc to a CUBIN for sm_90."""
+    for k, text in enumerate(sources):
+        f = tmp_path / f"p{k}.cu"
+        f.write_text(text)
+        r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / f"p{k}.cubin"), str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr

@@ -1,0 +1,159 @@
+"""Orbit kernels (:mod:`chainexec.kernels.orbits`), on any machine: the orbit table covers every
+block tuple once and its targets are the reads' images; the generated kernel, run on the CPU, a
+``std::thread`` per CUDA thread, against a reference that reads each permutation in the
+documented direction (the inverse direction fails it), with and without a weight; and the (T)
+energy's kernel compiles with nvcc for sm_90 (skipped without nvcc)."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import numpy as np
+import pytest
+
+from chainexec.kernels import elementwise, orbits
+from tests.kernels.emulation import compiles_with_nvcc, element_strides, emulated, stored
+
+
+ENERGY_CODE = "p0 * (4.0 * q0 + q1 + 1.5 * q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p2"
+"""The (T) energy's combination of its six reads, the two 3-cycles weighted apart (1 and 1.5): a
+read taken in the inverse direction changes the sum."""
+
+
+def permuted(z: np.ndarray, p: tuple[int, ...]) -> np.ndarray:
+    """The array ``q`` with ``q[x] = z[x[p[0]], x[p[1]], …]``: a reused value read at ``p`` as
+    :func:`orbits.orbits` documents it, written with einsum's own index names."""
+    names = "abcdefgh"[:z.ndim]
+    return np.einsum(f"{''.join(names[p[d]] for d in range(z.ndim))}->{names}", z)
+
+
+PERMS6 = [(0, 1, 2) + tuple(3 + d for d in p) for p in [(0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (1, 0, 2), (2, 1, 0)]]
+PERMS3 = [(0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2), (0, 1, 3, 2), (0, 2, 1, 3), (0, 3, 2, 1)]
+"""The (T) energy's six reads of Z[x, a, b, c] (x untouched): the value at (x, a, b, c) read at
+(x, a, b, c), (x, b, c, a), (x, c, a, b), (x, a, c, b), (x, b, a, c) and (x, c, b, a)."""
+
+
+@pytest.mark.parametrize("blocks, perms, order", [(3, [(1, 2, 0)], 3), (4, [(1, 0, 2), (0, 2, 1)], 6),
+                                                  (5, [(1, 0)], 2), (2, [(0, 1, 2), (2, 0, 1), (1, 0, 2)], 6)])
+def test_orbits_cover_every_block_once(blocks, perms, order):
+    """The orbit table lists every block tuple in exactly one orbit, each orbit the images of its
+    first block under the generated group (a 3-cycle makes 3 permutations, two transpositions 6),
+    and each read's target slot holds the block that read maps to."""
+    assert len(orbits.group(tuple(perms))) == order
+    table, count, members = orbits.orbit_table(blocks, tuple(perms))
+    s = len(perms[0])
+    width = 1 + members * (s + len(perms))
+    assert members == order and len(table) == count * width
+    seen = []
+    for row in (table[k * width:(k + 1) * width] for k in range(count)):
+        n = row[0]
+        tuples = [tuple(row[1 + t * s:1 + (t + 1) * s]) for t in range(n)]
+        assert len(set(tuples)) == n
+        group = {tuple(tuples[0][g[u]] for u in range(s)) for g in orbits.group(tuple(perms))}
+        assert set(tuples) == group
+        for t, block in enumerate(tuples):
+            for r, p in enumerate(perms):
+                target = row[1 + members * s + t * len(perms) + r]
+                assert tuples[target] == tuple(block[p[u]] for u in range(s))
+        seen += tuples
+    assert sorted(seen) == sorted(itertools.product(range(blocks), repeat=s))
+
+
+def test_orbit_reads_must_permute_dimensions_of_one_extent():
+    with pytest.raises(ValueError, match="unequal extents"):
+        orbits.orbits((3, 8, 9), [(0, 2, 1)], 1, 8)
+    with pytest.raises(ValueError, match="not permutations"):
+        orbits.orbits((3, 8, 8), [(0, 1, 1)], 1, 8)
+    plan = orbits.orbits((3, 40, 40, 40), PERMS3, 1, 8)
+    assert (plan.moved, plan.edge, plan.members, plan.count) == ((1, 2, 3), 8, 6, 35)
+    assert orbits.orbits((3, 40, 40), [(0, 2, 1)], 2, 8).edge == 16
+    assert orbits.orbits((3, 40, 40, 40), PERMS3, 3, 8).edge == 4  # three values' blocks fit in shared memory
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
+@pytest.mark.parametrize("case", ["energy", "weighted", "weighted along a", "two values", "float32"])
+def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
+    """The orbit kernel, run on the CPU, against NumPy. ``energy``: the (T) energy's shape, a
+    reused value Z = W + 0.5·s[c, a]·e[b] (a small input read across c, a broadcast one) read at
+    the six permutations of (a, b, c) over blocks of 8 overhanging the extent 19, with x = 2 one
+    orbit grid per point. ``weighted``: the same at x = 3 times a weight over x of 2, 0 and 1
+    that skips the blocks where it is zero (``skip``, :mod:`chainexec.planner.ordered`), W being
+    NaN there: a block that computed anything would make the sum NaN. ``weighted along a``: a
+    weight over a, a permuted dimension, zero for some a: no block is skipped (a block holds
+    points of several weights), the weight only multiplied by. ``two values``: two reused
+    values over (a, b) blocks of 16 overhanging 20, one read transposed; ``float32``: the same in
+    single precision (values kept as float)."""
+    if wide:
+        monkeypatch.setattr(elementwise, "INDEX32", 1)
+    rng = np.random.default_rng(7)
+    dtype = np.float32 if case == "float32" else np.float64
+    skip = None
+    if case in ("energy", "weighted", "weighted along a"):
+        x, n = (2, 19) if case == "energy" else (3, 19)
+        shape = (x, n, n, n)
+        w_big, w_off, w = stored(rng, shape, [0, 1, 2, 3])
+        s_big, s_off, s_ = stored(rng, (n, n), [0, 1])
+        e_big, e_off, e = stored(rng, (n,), [0])
+        views_ = [w, s_.T[None, :, None, :], e[None, None, :, None]]
+        buffers, offsets = [w_big, s_big, e_big], [w_off, s_off, e_off]
+        lets = ["p0 + 0.5 * p1 * p2"]
+        code = ENERGY_CODE
+        reads = [(0, p) for p in PERMS3]
+        z = w + 0.5 * views_[1] * views_[2]
+        q = [permuted(z, p) for p in PERMS3]
+        terms = w * (4 * q[0] + q[1] + 1.5 * q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * views_[2]
+        ref = np.sum(terms)
+        if case == "weighted":
+            weight = np.array([2.0, 0.0, 1.0])
+            ref = np.sum(terms * weight[:, None, None, None], where=weight[:, None, None, None] != 0)
+            w[1] = np.nan
+            views_.append(weight[:, None, None, None])
+            buffers.append(weight)
+            offsets.append(0)
+            code, skip = f"({code}) * p3", 3
+        if case == "weighted along a":
+            weight = rng.integers(0, 3, n).astype(np.float64)
+            weight[2] = 0.0
+            ref = np.sum(terms * weight[None, :, None, None])
+            views_.append(weight[None, :, None, None])
+            buffers.append(weight)
+            offsets.append(0)
+            code, skip = f"({code}) * p3", 3
+    else:
+        shape = (3, 20, 20)
+        a_big, a_off, a = stored(rng, shape, [2, 0, 1], dtype)
+        b_big, b_off, b = stored(rng, (20,), [0], dtype)
+        views_ = [a, b[None, None, :]]
+        buffers, offsets = [a_big, b_big], [a_off, b_off]
+        lets = ["p0 * p1", "p0 + p1"]
+        code = "q0 * q1 + p1"
+        reads = [(0, (0, 1, 2)), (1, (0, 2, 1))]
+        first, second = a * views_[1], a + views_[1]
+        ref = np.sum(first.astype(np.float64) * second.transpose(0, 2, 1) + views_[1] * np.ones(shape))
+    strides = [element_strides(v) for v in views_]
+    types = tuple(np.dtype(v.dtype).name for v in views_) + (np.dtype(dtype).name,)
+    plan = orbits.orbits(shape, [p for _, p in reads], len(lets), np.dtype(dtype).itemsize)
+    assert plan.edge == (16 if case in ("two values", "float32") else 8)
+    text = orbits.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan, skip)
+    assert ("long long" if wide else "const int c") in text
+    assert ("== 0) {" in text) == (case == "weighted")  # along a permuted dimension nothing is skipped
+    table = np.array(orbits.orbit_table(-(-shape[plan.moved[0]] // plan.edge), plan.perms)[0], np.int32)
+    grid = plan.count * int(np.prod([n for d, n in enumerate(shape) if d not in plan.moved]))
+    partial = np.full(grid, np.nan)
+    got = emulated(tmp_path, text, "chainexec_orbits", [partial] + buffers + [table], [0] + offsets + [0], grid)
+    tolerance = 1e-5 if case == "float32" else 1e-13
+    assert abs(got.sum() - ref) <= tolerance * np.sum(np.abs(ref) + 1)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_energy_source_compiles_with_nvcc(tmp_path):
+    """The (T) energy with Z reused, at o=40 v=400 (one occupied point per tile)."""
+    shape = (1, 1, 1, 400, 400, 400)
+    orbit = orbits.orbits(shape, PERMS6, 1, 8)
+    code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p1"
+    assert orbit.count == 22100
+    compiles_with_nvcc(tmp_path, [orbits.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape,
+                                                      [(0, 0, 0, 160000, 400, 1), (0, 0, 0, 400, 1, 0)],
+                                                      ("float64",) * 3, orbit)])
