@@ -3,10 +3,16 @@
 ``run`` is collective: every MPI rank calls it. Rank 0 loads the config, plans, and checks inputs
 and outputs; any problem is broadcast so that all ranks raise the same :class:`ChainexecError`
 before anything is written.
+
+Memory limits a config leaves out are detected on the machine (:mod:`chainexec.detect`; ``run``
+gathers every rank's figures on rank 0), and the rates come from a machine file or this machine's
+calibration (:mod:`chainexec.machinecache`); a plan records where each came from (``Plan.machine``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 import traceback
@@ -14,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from chainexec import plancache, safepaths
+from chainexec import calibrate, detect, machinecache, plancache, safepaths
 from chainexec import spec as spec_mod
+from chainexec.detect import Limit
 from chainexec.errors import ChainexecError, RankFailed
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, Plan
@@ -27,24 +34,36 @@ from chainexec.runtime.executor import Executor
 from chainexec.verify import Check, verify as verify_spec
 
 
-def load_machine(path: str | None) -> Machine:
-    """The machine file at ``path`` (:meth:`Machine.from_file`, which checks every field), or
-    the built-in model."""
-    return Machine() if path is None else Machine.from_file(path)
-
-
 def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1,
-         inline: bool = True, plan_cache: bool = False) -> Plan:
-    """Load and plan a config (pure apart from reading the two files); ``schedule`` forces a
-    named alternative, ``ranks`` spreads parallel loops over that many ranks, ``inline`` False
-    keeps point-wise intermediates in buffers (see :func:`chainexec.planner.build.make_plan`).
-    ``plan_cache``: read the plan from :mod:`chainexec.plancache` where :func:`run` would, and
-    keep a new one there, so that a run of the same config, machine and options (``ranks``: the
-    run's rank count) from the same folder does not plan again."""
-    if not plan_cache:
-        return _make_plan(spec_mod.load(config), load_machine(machine), schedule, ranks, inline)
+         inline: bool = True, plan_cache: bool = False, backend: str = "auto") -> Plan:
+    """Load and plan a config (pure apart from reading files and the machine's figures);
+    ``schedule`` forces a named alternative, ``ranks`` spreads parallel loops over that many ranks,
+    ``inline`` False keeps point-wise intermediates in buffers (see
+    :func:`chainexec.planner.build.make_plan`). ``plan_cache``: read the plan from
+    :mod:`chainexec.plancache` where :func:`run` would, and keep a new one there, so that a run of
+    the same config, machine and options (``ranks``: the run's rank count) from the same folder
+    does not plan again.
+
+    Memory limits the config leaves out are detected as for ``ranks`` ranks on this host with
+    ``backend`` (:func:`chainexec.detect.local`). The rates come from the machine file
+    ``machine``, else as :mod:`chainexec.machinecache` says: this machine's calibration, made first
+    where there is none (a quick one on ``ranks`` ranks, at most one per CPU). ``plan.machine``
+    says where each limit and rate came from."""
     text = spec_mod.read(config)
-    return _planned(spec_mod.loads(text, str(config)), text, load_machine(machine), schedule, ranks, inline, True)[0]
+    s = spec_mod.loads(text, str(config))
+    rates = machinecache.named(machine)
+    figures = detect.local(backend, ranks) if _missing(s) else None
+    limits = _limits(s, figures)
+    if rates is None:
+        rates, ident = _cache_lookup(figures, backend)
+        if rates is None:
+            calibrate.writable(ident)
+            machinecache.announce(ident)
+            calibrate.calibrate(quick=True, backend=backend, ranks=min(ranks, os.cpu_count() or 1))
+            rates = _calibrated(ident)
+    p = _planned(s, text, limits, rates[0], schedule, ranks, inline, plan_cache)[0]
+    p.machine = _record(limits, rates[1])
+    return p
 
 
 def generate(config: str | Path) -> list[str]:
@@ -53,7 +72,9 @@ def generate(config: str | Path) -> list[str]:
     found before any file is written; each file is written anew and renamed into place."""
     s = spec_mod.load(config)
     safepaths.check_generate(s)
-    return store.write_random_inputs(_make_plan(s, Machine(), None, 1, True))
+    # The plan only lists the inputs: limits the config leaves out need no detecting.
+    limits = {level: getattr(s.machine, f"{level}_memory") or spec_mod.MAX_SIZE for level in ("global", "device")}
+    return store.write_random_inputs(_make_plan(_within(s, limits), Machine(), None, 1, True))
 
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
@@ -61,7 +82,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         checkpoint_every: float = 600.0, stop_after: float | None = None, inline: bool = True,
         plan_cache: bool = True, reports: dict[str, str | None] | None = None) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
-    (``run["memory_limit"]``: the configured bytes per level, for :func:`chainexec.report.run_report`).
+    (``run["memory_limit"]``: the bytes per level planned for, for
+    :func:`chainexec.report.run_report`; ``run["machine"]``: where each limit and rate came from,
+    as ``Plan.machine``).
 
     ``checkpoint``: a folder where resumable loops and finished nests save the run's progress at
     most every ``checkpoint_every`` seconds and from which a later run of the same plan resumes
@@ -69,55 +92,85 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
     (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
     in :func:`plan`. ``plan_cache``: read the plan from :mod:`chainexec.plancache` where this
-    config, machine, options and source were planned before (``run["plan_cached"]``), and keep
-    a new one there. ``reports``: files the caller writes after the run, by the option that names
-    them (``{"--report-json": path}``), checked with the run's own paths before anything runs.
+    config, limits, machine, options and source were planned before (``run["plan_cached"]``),
+    and keep a new one there. ``reports``: files the caller writes after the run, by the option
+    that names them (``{"--report-json": path}``), checked with the run's own paths before
+    anything runs.
 
     Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) before it removes anything:
     then the older outputs of this config (a run that fails later must not leave them looking
     like its result), then the plan, the inputs and the checkpoint, and only then makes its
     folders, removing the older outputs' parts folders first unless a checkpoint resumes (its
-    shards lie there).
+    shards lie there). Where the config leaves a memory limit out, every rank reads its machine's
+    figures and rank 0 derives the limits (:func:`chainexec.detect.gather`,
+    :func:`chainexec.detect.limits`); where no machine file names the rates and this machine has
+    no calibration in the cache, all ranks make a quick one together first
+    (:func:`chainexec.calibrate.in_process`; rank 0 says so on stderr).
 
-    ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, plans and checks the
-    inputs; the others wait), starting the backend (CuPy's import and the device's context), in
-    the executor (slowest rank) and in all of this call; the rest of a process's wall time is
-    the interpreter's start and imports."""
+    ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, detects, plans and
+    checks the inputs; the others wait), calibrating (only where a calibration was made),
+    starting the backend (CuPy's import and the device's context), in the executor (slowest rank)
+    and in all of this call; the rest of a process's wall time is the interpreter's start and
+    imports."""
     comm = world()
     started = time.perf_counter()
-    text = error = defect = kept = cached = None
-    if comm.rank == 0:
+    ours: dict = {}  # rank 0's state from one step to the next
+
+    def read() -> bool:
+        if stop_after is not None and checkpoint is None:
+            raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
+        if checkpoint is not None and balance != "dynamic":
+            raise ChainexecError("checkpoints need --balance dynamic")
+        ours["text"] = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
+        ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
+        ours["paths"] = safepaths.check_run(s, checkpoint, reports)
+        store.remove_outputs(ours["paths"].outputs)
+        ours["rates"] = machinecache.named(machine)
+        return bool(_missing(s))
+
+    figures = detect.gather(comm, backend) if on_rank0(comm, read) else None
+
+    def limits_and_rates() -> tuple[Path, dict] | None:
+        """The calibration file to make and the identity it is for, where one must be made first."""
+        ours["limits"] = _limits(ours["spec"], figures)
+        if ours["rates"] is None:
+            ours["rates"], ident = _cache_lookup(figures, backend)
+            if ours["rates"] is None:
+                where = calibrate.writable(ident)
+                machinecache.announce(ident)
+                return where, ident
+        return None
+
+    calibration = on_rank0(comm, limits_and_rates)
+    calibrating = time.perf_counter()
+    if calibration is not None:
         try:
-            if stop_after is not None and checkpoint is None:
-                raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
-            if checkpoint is not None and balance != "dynamic":
-                raise ChainexecError("checkpoints need --balance dynamic")
-            text = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
-            s = spec_mod.loads(text, str(config))
-            paths = safepaths.check_run(s, checkpoint, reports)
-            store.remove_outputs(paths.outputs)
-            p, text, cached = _planned(s, text, load_machine(machine), schedule, comm.size, inline, plan_cache)
-            store.check_inputs(p)
-            if checkpoint is not None:
-                ck = Checkpoint.open(checkpoint, p, text, comm.size, checkpoint_every, stop_after)
-                kept = (ck.digest, ck.saved)
-                if not (any(isinstance(node, Loop) and node.resume for nest in p.nests for node in nest.body)
-                        or any(nest.checkpoint_after for nest in p.nests[:-1])):
-                    print(f"chainexec: note: no resumable loop or nest end in this plan (see `chainexec plan`); "
-                          f"{checkpoint} will hold nothing until the run's end", file=sys.stderr)
-            store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
-        except ChainexecError as err:
-            error = str(err)
-        except Exception as err:  # a defect: the other ranks must not wait for the plan for ever
-            defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
-    text, error, kept, cached, failed = comm.bcast((text, error, kept, cached, defect is not None), root=0)
-    if defect is not None:
-        raise defect
-    if failed:
-        raise RankFailed(error)
-    if error is not None:
-        raise ChainexecError(error)
+            calibrate.in_process(comm, calibration[0], backend, calibration[1])
+        except Exception as err:
+            _end_all(comm, err)
+    calibrated = time.perf_counter()
+
+    def prepare() -> tuple:
+        if calibration is not None:
+            ours["rates"] = _calibrated(calibration[1])
+        s, limits, (rates, record) = ours["spec"], ours["limits"], ours["rates"]
+        p, text, cached = _planned(s, ours["text"], limits, rates, schedule, comm.size, inline, plan_cache)
+        store.check_inputs(p)
+        kept = None
+        if checkpoint is not None:
+            ck = Checkpoint.open(checkpoint, p, text, comm.size, checkpoint_every, stop_after)
+            kept = (ck.digest, ck.saved)
+            if not (any(isinstance(node, Loop) and node.resume for nest in p.nests for node in nest.body)
+                    or any(nest.checkpoint_after for nest in p.nests[:-1])):
+                print(f"chainexec: note: no resumable loop or nest end in this plan (see `chainexec plan`); "
+                      f"{checkpoint} will hold nothing until the run's end", file=sys.stderr)
+        paths = ours["paths"]
+        store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
+        return text, kept, cached, _record(limits, record)
+
+    text, kept, cached, record = on_rank0(comm, prepare)
     p = Plan.from_json(text)
+    p.machine = record
     planned = time.perf_counter()
     uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
     chosen = select(backend, comm)
@@ -137,31 +190,110 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     except Stopped:
         raise
     except Exception as err:
-        # A failure on one rank would leave the others waiting in a collective for ever: report it
-        # and end the whole job (no output has been renamed into place, so nothing looks complete).
-        if comm.size == 1 or getattr(err, "collective", False):
-            raise
-        if isinstance(err, ChainexecError):
-            print(f"chainexec: rank {comm.rank}: {err}", file=sys.stderr, flush=True)
-        else:
-            traceback.print_exc()
-            sys.stderr.flush()
-        code = 2 if isinstance(err, ChainexecError) else 1
-        comm.Abort(code)
-        raise SystemExit(code) from None  # Abort may return before the launcher ends this process
+        _end_all(comm, err)
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
         comm.Barrier()
         if comm.rank == 0:
             ck.clear()
-    phases = {"plan": planned - started, "backend": ready - planned,
-              "executor": measured["total_seconds"], "run": time.perf_counter() - started}
+    phases = {"plan": planned - started - (calibrated - calibrating),
+              **({"calibrate": calibrated - calibrating} if calibration is not None else {}),
+              "backend": ready - planned, "executor": measured["total_seconds"], "run": time.perf_counter() - started}
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "plan_cached": cached, "resumed_tiles": executor.resumed,
                     "checkpoints": executor.checkpoints,
                     "per_rank": executor.rank_times(measured["total_seconds"]),
                     "statement_seconds": executor.statement_seconds(),
-                    "memory_limit": p.memory_limit, "phases": phases}}
+                    "memory_limit": p.memory_limit, "machine": p.machine, "phases": phases}}
+
+
+def on_rank0(comm, step):
+    """``step()`` on rank 0, its result on every rank. What it raises there is raised on every
+    rank: a :class:`ChainexecError` as one, a defect as itself on rank 0 and as
+    :class:`RankFailed` on the others (which must not wait for rank 0 for ever)."""
+    result = error = defect = None
+    if comm.rank == 0:
+        try:
+            result = step()
+        except ChainexecError as err:
+            error = str(err)
+        except Exception as err:
+            defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
+    result, error, failed = comm.bcast((result, error, defect is not None), root=0)
+    if defect is not None:
+        raise defect
+    if failed:
+        raise RankFailed(error)
+    if error is not None:
+        raise ChainexecError(error)
+    return result
+
+
+def _end_all(comm, err: Exception):
+    """End every rank on ``err``, raised on this rank while the others may wait for it in a
+    collective for ever: report it and abort the whole job (no output has been renamed into
+    place, so nothing looks complete). A run of one rank, or an error every rank raises alike
+    (``collective``), raises it instead."""
+    if comm.size == 1 or getattr(err, "collective", False):
+        raise err
+    if isinstance(err, ChainexecError):
+        print(f"chainexec: rank {comm.rank}: {err}", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exc()
+        sys.stderr.flush()
+    code = 2 if isinstance(err, ChainexecError) else 1
+    comm.Abort(code)
+    raise SystemExit(code) from None  # Abort may return before the launcher ends this process
+
+
+def _missing(s) -> tuple[str, ...]:
+    """The levels (``global``, ``device``) whose memory limit the config ``s`` leaves out."""
+    return tuple(level for level in ("global", "device") if getattr(s.machine, f"{level}_memory") is None)
+
+
+def _limits(s, figures: list | None) -> dict[str, Limit]:
+    """Each level's memory limit: the config's, or detected from the ranks' ``figures``
+    (:func:`chainexec.detect.limits`; a rank's error, sent in their place, is raised here)."""
+    found = {}
+    for level in ("global", "device"):
+        given = getattr(s.machine, f"{level}_memory")
+        if given is not None:
+            line = s.lines.get(("machine", f"{level}_memory"))
+            found[level] = Limit(given, "config", s.path if line is None else f"{s.path}:{line}")
+    if len(found) < 2:
+        failed = [f for f in figures if isinstance(f, str)]
+        if failed:
+            raise ChainexecError(failed[0])
+        found |= detect.limits(figures, _missing(s))
+    return {level: found[level] for level in ("global", "device")}
+
+
+def _within(s, limits: dict[str, int]):
+    """The spec ``s`` with these memory limits (bytes per level)."""
+    return dataclasses.replace(s, machine=spec_mod.Machine(limits["global"], limits["device"]))
+
+
+def _record(limits: dict[str, Limit], rates: dict[str, dict]) -> dict[str, dict]:
+    """Each memory limit and rate planned with, by name (``global_memory``, ``device_memory``,
+    then the machine model's fields): ``{"value", "from", "detail"}``."""
+    return {f"{level}_memory": {"value": limit.bytes, "from": limit.origin, "detail": limit.detail}
+            for level, limit in limits.items()} | rates
+
+
+def _cache_lookup(figures: list | None, backend: str) -> tuple[tuple[Machine, dict] | None, dict]:
+    """This machine's calibration in the cache with its record (None where there is none), and
+    the identity it is kept for: with the GPU of rank 0 (``figures[0]``, else the one ``backend``
+    takes at local rank 0, which rank 0 always is)."""
+    ident = machinecache.identity(figures[0].gpu if figures else detect.gpu_name(backend))
+    return machinecache.cached(ident), ident
+
+
+def _calibrated(ident: dict) -> tuple[Machine, dict]:
+    """The calibration of ``ident`` just made, with its record (:func:`chainexec.machinecache.cached`)."""
+    found = machinecache.cached(ident)
+    if found is None:
+        raise ChainexecError("the calibration just made cannot be read back", str(machinecache.path(ident)))
+    return found
 
 
 def _make_plan(s, machine: Machine, schedule: str | None, ranks: int, inline: bool) -> Plan:
@@ -173,17 +305,27 @@ def _make_plan(s, machine: Machine, schedule: str | None, ranks: int, inline: bo
     return make_plan(s, machine, schedule, ranks, inline)
 
 
-def _planned(s, text: str, machine: Machine, schedule: str | None, ranks: int, inline: bool,
-             use_cache: bool) -> tuple[Plan, str, bool]:
-    """The plan of spec ``s`` (parsed from the config ``text``), its JSON, and whether it came
-    from the plan cache (:mod:`chainexec.plancache`; only where ``use_cache``, which also keeps a
-    new one). A cached plan that does not match ``s`` (:func:`chainexec.plancache.fits`) is made
-    again."""
-    digest = plancache.key(s.path, text, machine, schedule, ranks, inline) if use_cache else None
+def _planned(s, text: str, limits: dict[str, Limit], machine: Machine, schedule: str | None, ranks: int,
+             inline: bool, use_cache: bool) -> tuple[Plan, str, bool]:
+    """The plan of spec ``s`` (parsed from the config ``text``) within ``limits``, its JSON, and
+    whether it came from the plan cache (:mod:`chainexec.plancache`; only where ``use_cache``,
+    which also keeps a new one). A cached plan that does not match ``s``
+    (:func:`chainexec.plancache.fits`) is made again. A planning error where a limit was
+    detected says so."""
+    sizes = {level: limit.bytes for level, limit in limits.items()}
+    digest = plancache.key(s.path, text, sizes, machine, schedule, ranks, inline) if use_cache else None
     found = None if digest is None else plancache.load(digest)
     if found is not None and plancache.fits(found[0], s):
         return *found, True
-    p = _make_plan(s, machine, schedule, ranks, inline)
+    try:
+        p = _make_plan(_within(s, sizes), machine, schedule, ranks, inline)
+    except ChainexecError as err:
+        detected = [f"{level} {spec_mod.format_size(limit.bytes)}" for level, limit in limits.items()
+                    if limit.origin == "detected"]
+        if not detected:
+            raise
+        raise ChainexecError(f"{err} (memory detected on this machine: {', '.join(detected)}; the config's "
+                             "machine.global_memory and machine.device_memory set it)") from None
     made = p.to_json()
     if digest is not None:
         plancache.store(digest, made)

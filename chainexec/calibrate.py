@@ -20,6 +20,10 @@ once, so that each rate is one rank's share while the others work too.
 Every rate is the median over repetitions of (bytes or flops of one rank) / (seconds of the
 slowest rank in that repetition). The file holds the :class:`Machine` fields plus a ``details``
 object (raw samples, methods, sizes, units) that :meth:`Machine.from_file` ignores.
+
+How much is measured is a :class:`Profile`: :data:`FULL`, or :data:`QUICK` (seconds), what a plan
+or run measures on first use into the cache of calibrations (:mod:`chainexec.machinecache`): a
+plan through :func:`calibrate`, a run on its own ranks (:func:`in_process`).
 """
 
 from __future__ import annotations
@@ -37,42 +41,71 @@ import sys
 import tempfile
 from pathlib import Path
 
+from chainexec import detect, machinecache
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 from chainexec.spec import parse_size
 
-# Bytes per rank per repetition for the disk and global-array measurements: 256 MiB is far past
-# disk and RDMA latencies and the caches, yet quick on a node; --quick (tests) keeps the whole run
-# near a second on a 2-core machine.
-DEFAULT_SIZE = 256 << 20
-QUICK_SIZE = 4 << 20
-REPETITIONS = 5
-QUICK_REPETITIONS = 3
-# GEMM order per backend: large enough for the BLAS to reach its full rate, small enough for well
-# under a second per call (three 32 MiB matrices at n = 2048, three 8 MiB at 1024); 256 when quick.
-GEMM_N = {"cupy": 2048, "numpy": 1024}
-QUICK_GEMM_N = {"cupy": 256, "numpy": 256}
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """How much a calibration measures: ``size`` bytes per rank per repetition for the disk,
+    global-array and device-copy measurements, ``repetitions`` timed calls of each, and the GEMM
+    matrix order per backend (``gemm_n``)."""
+
+    size: int
+    repetitions: int
+    gemm_n: dict
 
 
-def calibrate(path: str | Path, *, scratch: str | Path | None = None, size: int | None = None,
+# 256 MiB is far past disk and RDMA latencies and the caches, yet quick on a node. GEMM orders are
+# large enough for the BLAS to reach its full rate, small enough for well under a second per call
+# (three 32 MiB matrices at n = 2048, three 8 MiB at 1024).
+FULL = Profile(256 << 20, 5, {"cupy": 2048, "numpy": 1024})
+# The quick calibration a plan or run makes on first use (and `--quick`): at most 10 s with the
+# launch (4.8-6.1 s with 2 ranks on the shared 2-core VM, NumPy, 3.5 s of it what TINY takes too:
+# launch, imports, fixed costs), with the full GEMM order, since a small GEMM misses the BLAS's
+# rate (order 256 measured 1.4 GFLOP/s there against 25 GFLOP/s at 1024).
+QUICK = Profile(32 << 20, 3, FULL.gemm_n)
+# What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): 3.5 s with the launch
+# on the shared 2-core VM, rates not to plan with.
+TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256})
+QUICK_VARIABLE = "CHAINEXEC_QUICK_CALIBRATION"
+
+
+def profile(quick: bool) -> Profile:
+    """:data:`FULL`, or where ``quick`` :data:`QUICK` (:data:`TINY` where ``$CHAINEXEC_QUICK_CALIBRATION``
+    is ``tiny``)."""
+    if not quick:
+        return FULL
+    return TINY if os.environ.get(QUICK_VARIABLE) == "tiny" else QUICK
+
+
+def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = None, size: int | None = None,
               backend: str = "auto", ranks: int = 2, quick: bool = False) -> Machine:
     """Measure this machine, write the machine file ``path`` (JSON, atomically) and return it.
 
     Args:
         path: machine file to write; its folder must exist and be writable (checked before any
-            measurement, so a typo costs no time).
+            measurement, so a typo costs no time). None: this machine's calibration in the cache
+            (:func:`cache_file`), which plans and runs without ``--machine`` read.
         scratch: folder for the disk test files, default ``path``'s folder. Put it on the
             filesystem that holds the HDF5 inputs and outputs: that is the disk being modelled.
         size: bytes per rank per repetition for the disk and global-array measurements
-            (default 256 MiB, quick 4 MiB); each rank needs about 2 × size of host memory.
+            (default: the profile's, 256 MiB, quick 32 MiB); each rank needs about 2 × size of
+            host memory.
         backend: ``auto``, ``numpy`` or ``cupy``, as for ``chainexec run``.
         ranks: MPI ranks to launch, as many as a run will use on this node (one per GPU).
-        quick: small sizes and 3 repetitions (about a second; for tests, not for planning).
+        quick: the :data:`QUICK` profile (seconds) instead of :data:`FULL`.
 
     Raises:
         ChainexecError: ``path`` or ``scratch`` not writable, bad arguments, no mpiexec, or the
             measurement failing (the message carries the failing rank's error).
     """
+    if backend not in ("auto", "numpy", "cupy"):
+        raise ChainexecError(f"unknown backend {backend!r} (auto, numpy or cupy)")
+    ident = None
+    if path is None:
+        path, ident = cache_file(backend)
     path = Path(path)
     _check_writable(path)
     scratch = Path(scratch) if scratch is not None else path.parent
@@ -82,31 +115,70 @@ def calibrate(path: str | Path, *, scratch: str | Path | None = None, size: int 
         raise ChainexecError(f"ranks must be at least 1, got {ranks}")
     if size is not None and size < 1:
         raise ChainexecError(f"size must be a positive number of bytes, got {size}")
-    if backend not in ("auto", "numpy", "cupy"):
-        raise ChainexecError(f"unknown backend {backend!r} (auto, numpy or cupy)")
+    return keep(path, _launch(settings(scratch, quick, backend, size), ranks), quick, ident)
 
-    config = {"scratch": str(scratch.resolve()),
-              "size": size or (QUICK_SIZE if quick else DEFAULT_SIZE),
-              "reps": QUICK_REPETITIONS if quick else REPETITIONS,
-              "gemm_n": QUICK_GEMM_N if quick else GEMM_N,
-              "backend": backend}
-    ranks_raw = _launch(config, ranks)
-    machine, details = _summarise(ranks_raw, quick)
+
+def cache_file(backend: str) -> tuple[Path, dict]:
+    """This machine's calibration file in the cache for ``backend`` (:func:`writable`) and the
+    identity it is kept for (:mod:`chainexec.machinecache`)."""
+    ident = machinecache.identity(detect.gpu_name(backend))
+    return writable(ident), ident
+
+
+def writable(ident: dict) -> Path:
+    """The cache file of the calibration of ``ident``, its folder made; a
+    :class:`ChainexecError` naming the folder or file where it cannot be written."""
+    where = machinecache.path(ident)
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ChainexecError(f"cannot make the calibration cache folder ({err.strerror or err}): set "
+                             f"${machinecache.CACHE} to a writable folder, or give --machine", str(where.parent)) from None
+    _check_writable(where)
+    return where
+
+
+def settings(scratch: Path, quick: bool, backend: str, size: int | None = None) -> dict:
+    """The keyword arguments of :func:`chainexec.calibrate_worker.measure` (but ``comm``)."""
+    chosen = profile(quick)
+    return {"scratch": str(scratch.resolve()), "size": size or chosen.size, "reps": chosen.repetitions,
+            "gemm_n": chosen.gemm_n, "backend": backend}
+
+
+def in_process(comm, path: Path, backend: str, ident: dict) -> Machine | None:
+    """A quick calibration by the ranks of ``comm`` themselves (a run's, under its launcher:
+    collective), kept in ``path`` (in the cache, for ``ident``) by rank 0, which returns it;
+    None on the other ranks. The disk is measured in ``path``'s folder."""
+    from chainexec.calibrate_worker import measure
+
+    path.parent.mkdir(parents=True, exist_ok=True)  # on each host (rank 0's checked it: writable)
+    raw = comm.gather(measure(comm, **settings(path.parent, True, backend)), root=0)
+    return keep(path, raw, True, ident) if comm.rank == 0 else None
+
+
+def keep(path: Path, raw: list[dict], quick: bool, ident: dict | None) -> Machine:
+    """The machine of every rank's raw timings, written to ``path`` with its details (and the
+    identity it is kept for in the cache, ``ident``)."""
+    machine, details = _summarise(raw, quick)
+    if ident is not None:
+        details["kept_for"] = ident
     _write_atomically(path, {**dataclasses.asdict(machine), "details": details})
     return machine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``chainexec calibrate`` options; their destinations are :func:`calibrate`'s parameters."""
-    parser.add_argument("path", help="machine file (JSON) to write; give it to plan/run as --machine")
+    parser.add_argument("path", nargs="?", help="machine file (JSON) to write, for plan/run --machine (default: "
+                        "this machine's calibration in $CHAINEXEC_CACHE, which plan and run read without --machine)")
     parser.add_argument("--scratch", help="folder for the disk test files (default: the machine file's "
                         "folder); use the filesystem that holds the HDF5 data")
     parser.add_argument("--size", type=_size_argument, help="bytes per rank per repetition for the disk, "
-                        f"global-array and device-copy tests, e.g. 1GiB (default {DEFAULT_SIZE >> 20}MiB, quick {QUICK_SIZE >> 20}MiB)")
+                        f"global-array and device-copy tests, e.g. 1GiB (default {FULL.size >> 20}MiB, quick {QUICK.size >> 20}MiB)")
     parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
     parser.add_argument("--ranks", type=int, default=2, help="MPI ranks to launch: as many as a run uses "
                         "on this node (default 2)")
-    parser.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions (for tests)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK.size >> 20}MiB, {QUICK.repetitions} "
+                        "repetitions: seconds (what a first plan or run on a machine measures)")
 
 
 def _size_argument(text: str) -> int:

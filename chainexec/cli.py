@@ -20,10 +20,6 @@ from chainexec.errors import ChainexecError, RankFailed
 from chainexec.runtime import fdtable, warmup
 
 
-TEMPLATES = {job: Path(__file__).resolve().parents[1] / "configs" / name
-             for job, name in (("ccsd_t", "ccsd_t.yaml"), ("ao2mo", "fourindex.yaml"))}
-
-
 NO_INLINE = "keep every point-wise intermediate in a device buffer of its own (no fused statements)"
 
 
@@ -40,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="dry run: print the loop nest and the predicted movement")
     p.add_argument("config")
     p.add_argument("--json", action="store_true", help="print the plan and prediction as JSON")
-    p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate")
+    p.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate (default: $CHAINEXEC_MACHINE, "
+                   "else this machine's calibration in $CHAINEXEC_CACHE, made on first use)")
+    p.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"),
+                   help="the backend whose device memory a config without machine.device_memory plans for")
     p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     p.add_argument("--ranks", type=int, default=1, help="plan for this many MPI ranks (run plans for its own)")
@@ -51,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute a config (under mpirun/mpiexec for several ranks)")
     r.add_argument("config")
     r.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
-    r.add_argument("--machine")
+    r.add_argument("--machine", help="machine file (JSON) with bandwidths and flop rate (default: as for plan)")
     r.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
     r.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
     r.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
@@ -82,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--basis", default="cc-pvdz")
     ch.add_argument("--frozen", type=int, help="frozen core orbitals, fewer than the occupied ones (default 0)")
     ch.add_argument("--out", required=True, help="folder for inputs.h5 and ccsd_t.yaml")
-    ch.add_argument("--job", default="ccsd_t", choices=tuple(TEMPLATES),
+    ch.add_argument("--job", default="ccsd_t", choices=tuple(job.TEMPLATES),
                     help="ccsd_t: the (T) energy job; ao2mo: the AO->MO four-index transform of the molecule's integrals")
     ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
@@ -112,7 +111,7 @@ def _plan_json(plan) -> dict:
                      "inputs": [ref(n, ix) for n, ix in c.operands()],
                      "flops": c.flops} for c in plan.contractions]
     return {"predicted": plan.predicted, "contractions": contractions, "alternatives": plan.alternatives,
-            "plan": to_dict(plan)}
+            "machine": plan.machine, "plan": to_dict(plan)}
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -149,7 +148,8 @@ def _main(args) -> int:
         if args.command == "plan":
             if args.ranks < 1:
                 raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
-            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache)
+            plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache,
+                            args.backend)
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:
@@ -157,13 +157,15 @@ def _main(args) -> int:
                 print()
                 print(report.summary(plan))
                 print()
+                print(report.machine(plan.machine))
+                print()
                 print(report.alternatives(plan))
             if args.plot:
                 report.plot_alternatives(plan, args.plot)
         elif args.command == "chem":
             options = {k: getattr(args, k) for k in job.OPTIONS if getattr(args, k) is not None}
             summary = job.prepare(args.molecule, args.out, basis=args.basis, job=args.job,
-                                  template=args.template or TEMPLATES[args.job],
+                                  template=args.template or job.TEMPLATES[args.job],
                                   synthetic=tuple(args.synthetic) if args.synthetic else None, **options)
             print(json.dumps({k: v for k, v in summary.items() if k not in ("path", "config")}))
             print(f"wrote {summary['path']} and {summary['config']}")
@@ -175,6 +177,7 @@ def _main(args) -> int:
             options = {k: v for k, v in vars(args).items() if k != "command"}
             machine = calibrate.calibrate(**options)
             print(machine.to_json())
+            print(f"wrote {args.path or calibrate.cache_file(args.backend)[0]}")
         elif args.command == "generate":
             for name in api.generate(args.config):
                 print(f"wrote {name}")
@@ -199,6 +202,7 @@ def _main(args) -> int:
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
                 print(report.ranks(result["run"]["per_rank"]))
+                print(report.machine(result["run"]["machine"]))
                 if args.report:
                     print()
                     print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"],

@@ -9,9 +9,10 @@ the benchmarks' warm runs) reads its plan in milliseconds.
 Plans are JSON (:meth:`chainexec.planner.plan.Plan.to_json`), never pickles, in
 ``$CHAINEXEC_PLAN_CACHE`` (default ``~/.cache/chainexec/plans``), one file per key. The key is the
 SHA-256 of everything planning reads: the config's text, the path it was given by and the working
-folder (paths in a plan are resolved from them), the machine model, the options, the plan's
-format version and the bytes of the sources that make plans (:data:`PLANNING`), so that any
-change to the planner makes new keys.
+folder (paths in a plan are resolved from them), the memory limits (a config without them plans
+for the limits detected on the machine), the machine model, the options, the plan's format
+version and the bytes of the sources that make plans (:data:`PLANNING`), so that any change to
+the planner makes new keys.
 A file that does not parse is a miss and is replaced. Files are written to a temporary name and
 renamed, so concurrent runs never read half a plan. The cache keeps at most :data:`LIMIT` plans:
 every change to the planner makes new keys, so old plans would otherwise pile up.
@@ -68,10 +69,12 @@ def source_digest() -> str:
     return f"{FORMAT}:{tree_digest(Path(__file__).resolve().parent, PLANNING)}"
 
 
-def key(config: str | Path, text: str, machine: Machine, schedule: str | None, ranks: int, inline: bool) -> str:
-    """The cache key of planning ``text`` (the config file's contents, given as ``config``) for
+def key(config: str | Path, text: str, limits: dict[str, int], machine: Machine, schedule: str | None, ranks: int,
+        inline: bool) -> str:
+    """The cache key of planning ``text`` (the config file's contents, given as ``config``) within
+    the memory ``limits`` (bytes per level: the config's, or detected from the machine) for
     ``machine`` with these options: a hex SHA-256."""
-    parts = [source_digest(), str(config), os.getcwd(), text, machine.to_json(), schedule, ranks, inline]
+    parts = [source_digest(), str(config), os.getcwd(), text, limits, machine.to_json(), schedule, ranks, inline]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 

@@ -87,6 +87,24 @@ def summary(plan: Plan) -> str:
     return "\n".join(rows)
 
 
+def _setting(name: str, value) -> str:
+    """A memory limit's or rate's value with its unit."""
+    if value is None or isinstance(value, bool):
+        return "-" if value is None else str(value).lower()
+    if name.endswith("_memory") or name.endswith("_bytes"):
+        return format_size(value)
+    unit = {"flop_rate": "flop/s", "statement_seconds": "s"}.get(name, "B/s")
+    return f"{value:.3g} {unit}"
+
+
+def machine(record: dict) -> str:
+    """Where each memory limit and rate of a plan came from (``Plan.machine``), a line each: config,
+    detected, machine file, calibration cache or the built-in defaults, and the detail."""
+    rows = [f"{'limit or rate':<20}{'value':>16}  from"]
+    rows += [f"{name:<20}{_setting(name, r['value']):>16}  {r['from']}: {r['detail']}" for name, r in record.items()]
+    return "\n".join(rows)
+
+
 def comparison(predicted: dict, measured: dict) -> str:
     """Predicted and measured side by side; rows that must agree exactly are marked when they
     differ. Columns are as wide as the largest number (a (T) run streams petabytes)."""

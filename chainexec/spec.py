@@ -120,10 +120,11 @@ class Output:
 @dataclass(frozen=True)
 class Machine:
     """Memory per level in bytes: ``global_memory`` is the whole distributed global array (all ranks
-    together); ``device_memory`` is per rank (one GPU each)."""
+    together); ``device_memory`` is per rank (one GPU each). None where the config leaves it out:
+    the run detects it from the machine (:mod:`chainexec.detect`)."""
 
-    global_memory: int
-    device_memory: int
+    global_memory: int | None = None
+    device_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -406,7 +407,7 @@ def loads(text: str, path: str = "<config>") -> Spec:
         raise ChainexecError(message, path, mark.line + 1 if mark else None) from None
     p = _Parser(path, _line_map(node) if node is not None else {})
     data = p.mapping(data, (), _TOP_KEYS, "the config")
-    for key in ("indices", "tensors", "statements", "outputs", "machine"):
+    for key in ("indices", "tensors", "statements", "outputs"):
         if key not in data:
             raise p.fail(f"missing required section {key!r}")
 
@@ -497,13 +498,11 @@ def loads(text: str, path: str = "<config>") -> Spec:
     if not outputs:
         raise p.fail("outputs must name at least one tensor", ("outputs",))
 
-    mdef = p.mapping(data["machine"], ("machine",), _MACHINE_KEYS, "machine")
+    mdef = p.mapping(data.get("machine", {}), ("machine",), _MACHINE_KEYS, "machine")
     sizes = {}
-    for key in _MACHINE_KEYS:
-        if key not in mdef:
-            raise p.fail(f"machine needs {key!r}", ("machine",))
+    for key, value in mdef.items():  # keys the mapping check let through: those of _MACHINE_KEYS
         try:
-            sizes[key] = parse_size(mdef[key], key)
+            sizes[key] = parse_size(value, key)
         except ValueError as err:
             raise p.fail(str(err), ("machine", key)) from None
     scratch = data.get("scratch", str(Path(outputs[0].file).parent / f".{name}.scratch"))

@@ -28,6 +28,18 @@ def own_plan_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_PLAN_CACHE", str(tmp_path_factory.mktemp("plans")))
 
 
+@pytest.fixture(autouse=True)
+def default_rates(tmp_path_factory, monkeypatch):
+    """Plans with the built-in rates (``CHAINEXEC_MACHINE=defaults``), as the tests' expectations
+    of tile choices assume, and no calibration made on first use; a test of the calibration
+    cache removes the variable. Calibrations go to a folder of the test's own
+    (``CHAINEXEC_CACHE``), never the user's home, and a quick one is the tiny one
+    (``CHAINEXEC_QUICK_CALIBRATION=tiny``)."""
+    monkeypatch.setenv("CHAINEXEC_MACHINE", "defaults")
+    monkeypatch.setenv("CHAINEXEC_CACHE", str(tmp_path_factory.mktemp("machines")))
+    monkeypatch.setenv("CHAINEXEC_QUICK_CALIBRATION", "tiny")
+
+
 def mpiexec() -> str | None:
     local = BIN / "mpiexec"
     return str(local) if local.exists() else shutil.which("mpiexec")

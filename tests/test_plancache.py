@@ -59,16 +59,19 @@ def test_second_run_reads_the_plan_the_first_made(fourindex):
 
 def test_the_key_changes_with_each_planning_input(fourindex, tmp_path, monkeypatch):
     text = fourindex.read_text()
-    base = (fourindex, text, Machine(), None, 1, True)
+    limits = {"global": 24 << 10, "device": 3 << 10}
+    base = (fourindex, text, limits, Machine(), None, 1, True)
     k = plancache.key(*base)
     assert plancache.key(*base) == k
     changed = [
-        (fourindex, text.replace("24KiB", "32KiB"), Machine(), None, 1, True),
-        (tmp_path / "other.yaml", text, Machine(), None, 1, True),
-        (fourindex, text, Machine(flop_rate=1e12), None, 1, True),
-        (fourindex, text, Machine(), "unfused", 1, True),
-        (fourindex, text, Machine(), None, 2, True),
-        (fourindex, text, Machine(), None, 1, False),
+        (fourindex, text.replace("24KiB", "32KiB"), limits, Machine(), None, 1, True),
+        (tmp_path / "other.yaml", text, limits, Machine(), None, 1, True),
+        # Limits detected on another machine, for a config that leaves them out.
+        (fourindex, text, {"global": 24 << 10, "device": 4 << 10}, Machine(), None, 1, True),
+        (fourindex, text, limits, Machine(flop_rate=1e12), None, 1, True),
+        (fourindex, text, limits, Machine(), "unfused", 1, True),
+        (fourindex, text, limits, Machine(), None, 2, True),
+        (fourindex, text, limits, Machine(), None, 1, False),
     ]
     assert len({plancache.key(*c) for c in changed} | {k}) == len(changed) + 1
     monkeypatch.chdir(tmp_path.parent)  # a relative path names another file from elsewhere
@@ -88,7 +91,7 @@ def test_the_working_folder_changes_a_plan_of_a_relative_config(tmp_path, monkey
         text = write_config(folder, fourindex_config()).read_text()
         monkeypatch.chdir(folder)
         plans.append(make_plan(spec.load("chain.yaml")))
-        keys.append(plancache.key("chain.yaml", text, Machine(), None, 1, True))
+        keys.append(plancache.key("chain.yaml", text, {"global": 24 << 10, "device": 3 << 10}, Machine(), None, 1, True))
     assert plans[0].tensors["B"].output != plans[1].tensors["B"].output
     assert keys[0] != keys[1]
 

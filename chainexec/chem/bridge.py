@@ -113,9 +113,24 @@ def write_ccsd_inputs(mol, path, *, frozen: int = 0, scf_conv_tol: float = 1e-12
     e_t_seconds = time.perf_counter() - start  # PySCF's own (T) step, for benchmarks
 
     nocc, nvir = mycc.t1.shape
-    arrays = {
-        "t1": mycc.t1,
-        "t2": mycc.t2,
+    arrays = ccsd_arrays(mycc.t1, mycc.t2, eris)
+    summary = {"path": os.fspath(path), "nocc": nocc, "nvir": nvir,
+               "e_hf": float(mf.e_tot), "e_ccsd": float(mycc.e_corr), "e_t": e_t}
+    attrs = {"nocc": nocc, "nvir": nvir, "units": "Hartree", "e_hf": summary["e_hf"],
+             "e_ccsd": summary["e_ccsd"], "e_t": e_t, "e_t_seconds": e_t_seconds, "atoms": mol.atom,
+             "basis": mol.basis, "frozen": frozen}
+    write_atomic(path, arrays, attrs)
+    return summary
+
+
+def ccsd_arrays(t1, t2, eris) -> dict:
+    """The (T) inputs (the datasets of the module docstring) of PySCF's closed-shell amplitudes
+    ``t1`` (o, v) and ``t2`` (o, o, v, v) and integrals ``eris`` (``mycc.ao2mo()``): the active
+    orbitals only, as ``t1``'s shape counts them; energies in Hartree."""
+    nocc = t1.shape[0]
+    return {
+        "t1": t1,
+        "t2": t2,
         "ovvv": eris.get_ovvv(),
         "ovoo": eris.ovoo,
         "ovov": eris.ovov,
@@ -123,13 +138,6 @@ def write_ccsd_inputs(mol, path, *, frozen: int = 0, scf_conv_tol: float = 1e-12
         "e_vir": eris.mo_energy[nocc:],
         "f_vo": eris.fock[nocc:, :nocc],
     }
-    summary = {"path": os.fspath(path), "nocc": nocc, "nvir": nvir,
-               "e_hf": float(mf.e_tot), "e_ccsd": float(mycc.e_corr), "e_t": e_t}
-    attrs = {"nocc": nocc, "nvir": nvir, "units": "Hartree", "e_hf": summary["e_hf"],
-             "e_ccsd": summary["e_ccsd"], "e_t": e_t, "e_t_seconds": e_t_seconds, "atoms": mol.atom,
-             "basis": mol.basis, "frozen": frozen}
-    _write_atomic(path, arrays, attrs)
-    return summary
 
 
 def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
@@ -160,7 +168,7 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
         "f_vo": 1e-3 * rng.standard_normal((v, o)),
     }
     attrs = {"nocc": o, "nvir": v, "units": "Hartree", "synthetic": True, "seed": seed}
-    _write_atomic(path, arrays, attrs)
+    write_atomic(path, arrays, attrs)
     return {"path": os.fspath(path), "nocc": o, "nvir": v, "seed": seed}
 
 
@@ -177,13 +185,13 @@ def write_ao2mo_inputs(mol, path, *, scf_conv_tol: float = 1e-10, scf_max_cycle:
     mf = _solve("scf", scf.RHF(mol), scf_conv_tol, scf_max_cycle)
     eri = mol.intor("int2e")
     nao, nmo = mf.mo_coeff.shape
-    _write_atomic(path, {"A": eri, "C": mf.mo_coeff},
+    write_atomic(path, {"A": eri, "C": mf.mo_coeff},
                   {"nao": nao, "nmo": nmo, "atoms": mol.atom, "basis": mol.basis, "e_hf": float(mf.e_tot),
                    "units": "Hartree"}, AO2MO_INDICES)
     return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
 
 
-def _write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES) -> None:
+def write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES) -> None:
     """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically."""
     path = os.fspath(path)
     tmp = path + ".tmp"

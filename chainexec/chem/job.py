@@ -77,6 +77,9 @@ JOBS = {
 }
 """What ``chainexec chem`` prepares."""
 
+TEMPLATES = {name: Path(__file__).resolve().parents[2] / "configs" / kind.config for name, kind in JOBS.items()}
+"""Each job's default template: ``configs/ccsd_t.yaml``, ``configs/fourindex.yaml``."""
+
 
 def _tolerance(value) -> bool:
     return math.isfinite(value) and value > 0
@@ -267,8 +270,12 @@ def _write_inputs(kind: Job, path: Path, mol, synthetic, options: dict, what: st
         raise ChainexecError(f"cannot write the inputs ({err})", str(path)) from None
 
 
-def write_config(template: str | Path, path: Path, nocc: int, nvir: int) -> None:
-    """The (T) config of ``template`` with these extents and its files beside ``path``."""
+def write_config(template: str | Path, path: Path, nocc: int, nvir: int, detected: bool = False) -> None:
+    """The (T) config of ``template`` with these extents and its files beside ``path``;
+    ``detected``: without the template's ``machine:`` section, so that a run detects its memory
+    limits (:mod:`chainexec.detect`)."""
     kind = JOBS["ccsd_t"]
     cfg, lines = _template(template, kind)
+    if detected:
+        cfg.pop("machine", None)
     atomicfile.write(path, _config(cfg, kind, {"occ": nocc, "vir": nvir}, template, lines), 0o644)

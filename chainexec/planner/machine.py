@@ -85,6 +85,11 @@ class Machine:
         ``details`` (what ``chainexec calibrate`` measured) is ignored. Any other key, and any
         value :data:`FIELDS` refuses, is a :class:`ChainexecError` naming the file and the field,
         as is a file that cannot be read or is not JSON."""
+        return cls.read(path)[0]
+
+    @classmethod
+    def read(cls, path: str | Path) -> tuple["Machine", frozenset[str]]:
+        """:meth:`from_file`'s machine and the fields the file gives (the others are defaults)."""
         try:
             text = Path(path).read_bytes().decode("utf-8")
         except OSError as err:
@@ -111,7 +116,7 @@ class Machine:
         if missing:
             raise ChainexecError(f"missing field{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}", str(path))
         data.pop("details", None)
-        return cls(**{"source": str(path), **data})
+        return cls(**{"source": str(path), **data}), frozenset(data)
 
 
 #: The fields a machine file must give: the rates the model divides bytes and flops by.

@@ -352,6 +352,8 @@ class Plan:
     # Parallel-loop iterations (device tiles handed to ranks) of the whole plan: what a progress
     # report counts toward.
     parallel_tiles: int = 0
+    # Each memory limit and rate planned with: {"value", "from", "detail"} (chainexec.api sets it).
+    machine: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -406,6 +408,7 @@ def to_dict(plan: Plan) -> dict:
         "alternatives": plan.alternatives,
         "ranks": plan.ranks,
         "parallel_tiles": plan.parallel_tiles,
+        "machine": plan.machine,
     }
 
 
@@ -426,6 +429,7 @@ def from_dict(d: dict) -> Plan:
         alternatives=list(d.get("alternatives", [])),
         ranks=int(d["ranks"]),
         parallel_tiles=int(d["parallel_tiles"]),
+        machine=dict(d["machine"]),
     )
 
 

@@ -1,0 +1,113 @@
+"""Where a plan's rates come from, and the calibrations kept per machine in the user's cache.
+
+The rates (:class:`chainexec.planner.machine.Machine`) come from the first of:
+
+1. ``--machine FILE`` (``plan``, ``run``);
+2. ``$CHAINEXEC_MACHINE``: a machine file, or ``defaults`` for the built-in rates;
+3. this machine's calibration in the cache folder ``$CHAINEXEC_CACHE`` (default
+   ``~/.cache/chainexec/machines``): one machine file per machine, named by the host, the GPU model
+   (``cpu`` for the NumPy backend) and a digest of those and the software versions (chainexec,
+   NumPy, Python, and CuPy where it is used), so that a calibration serves only the machine and
+   software it measured. ``chainexec calibrate`` with no path refreshes it; where there is none
+   (or it cannot be read), a quick calibration makes it on first use and says so in one line on
+   stderr (:func:`announce`).
+
+Each rate's origin is kept with the plan (:func:`record`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from chainexec.errors import ChainexecError
+from chainexec.planner.machine import Machine
+
+MACHINE = "CHAINEXEC_MACHINE"
+"""The environment variable naming a machine file (or ``defaults``) where ``--machine`` is not given."""
+CACHE = "CHAINEXEC_CACHE"
+"""The environment variable naming the folder of calibrations."""
+RATE_FIELDS = tuple(f.name for f in fields(Machine) if f.name != "source")
+"""The fields of the machine model a plan records the origin of."""
+
+
+def cache_dir() -> Path:
+    """The folder of calibrations (created by the first calibration kept there)."""
+    return Path(os.environ.get(CACHE, Path.home() / ".cache" / "chainexec" / "machines"))
+
+
+def versions(gpu: bool) -> dict[str, str]:
+    """The software a calibration's rates depend on: chainexec, NumPy, Python, and CuPy where
+    ``gpu`` (read from the modules: no package metadata, whose import costs a run 0.08 s)."""
+    import numpy
+
+    import chainexec
+
+    found = {"chainexec": chainexec.__version__, "numpy": numpy.__version__, "python": platform.python_version()}
+    if gpu:
+        import cupy
+
+        found["cupy"] = cupy.__version__
+    return found
+
+
+def identity(gpu: str | None) -> dict:
+    """What a calibration is kept for: this host's name, the GPU model (``gpu``; None: the NumPy
+    backend, ``cpu``) and :func:`versions`."""
+    return {"host": platform.node(), "gpu": gpu or "cpu", "versions": versions(gpu is not None)}
+
+
+def path(ident: dict) -> Path:
+    """The cache file of the calibration of ``ident`` (:func:`identity`): host and GPU model in
+    the name for people, a digest of the whole identity for uniqueness."""
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    readable = "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", ident[key])[:40] for key in ("host", "gpu"))
+    return cache_dir() / f"{readable}_{digest}.json"
+
+
+def record(machine: Machine, given: frozenset[str], origin: str, detail: str) -> dict[str, dict]:
+    """Each rate of ``machine`` with where it came from: ``origin`` and ``detail`` for the fields
+    in ``given``, the built-in defaults for the others."""
+    return {name: {"value": getattr(machine, name), "from": origin if name in given else "defaults",
+                   "detail": detail if name in given else "built-in"} for name in RATE_FIELDS}
+
+
+def named(machine: str | None) -> tuple[Machine, dict] | None:
+    """The rates of ``machine`` (``--machine``) or ``$CHAINEXEC_MACHINE`` with their :func:`record`;
+    None where neither names them (the cache's calibration serves)."""
+    if machine is not None:
+        found, given = Machine.read(machine)
+        return found, record(found, given, "machine file", machine)
+    chosen = os.environ.get(MACHINE)
+    if not chosen:
+        return None
+    if chosen == "defaults":
+        return Machine(), record(Machine(), frozenset(RATE_FIELDS), "defaults", f"${MACHINE}=defaults")
+    found, given = Machine.read(chosen)
+    return found, record(found, given, "machine file", f"{chosen} (${MACHINE})")
+
+
+def cached(ident: dict) -> tuple[Machine, dict] | None:
+    """The calibration of ``ident`` in the cache with its :func:`record`; None where there is none
+    or it cannot be read (a calibration then replaces it)."""
+    where = path(ident)
+    try:
+        found, given = Machine.read(where)
+    except ChainexecError:
+        return None
+    return found, record(found, given, "calibration cache", str(where))
+
+
+def announce(ident: dict) -> None:
+    """Say on stderr, in one line, that this machine has no calibration yet and a quick one is
+    made now."""
+    where = path(ident)
+    print(f"chainexec: no calibration of {ident['host']} ({ident['gpu']}) for this software in {where.parent}: "
+          f"measuring a quick one (up to 10 s) into {where.name}; `chainexec calibrate` refreshes it",
+          file=sys.stderr, flush=True)

@@ -1,0 +1,150 @@
+"""The calibration kept per machine: made once on first use (saying so in one stderr line), then
+reused; made again for other software versions; never shared between machines (host or GPU
+model); refreshed by ``chainexec calibrate`` with no path; ``--machine`` and
+``$CHAINEXEC_MACHINE`` win over it. Quick calibrations are the tiny ones here (conftest)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chainexec import api, machinecache
+from chainexec.planner.machine import Machine
+from tests.conftest import assert_refused, fourindex_config, read_report, run_cli, write_config
+
+FIRST_USE = "chainexec: no calibration of "
+
+
+@pytest.fixture
+def calibrating(monkeypatch):
+    """Rates from the cache (no ``$CHAINEXEC_MACHINE``); the cache folder is the test's own."""
+    monkeypatch.delenv("CHAINEXEC_MACHINE")
+    return machinecache.cache_dir()
+
+
+def _kept(folder) -> list:
+    return sorted(folder.glob("*.json"))
+
+
+@pytest.mark.mpi
+def test_made_once_on_first_use_then_reused(tmp_path, calibrating):
+    config = write_config(tmp_path, fourindex_config())
+    first = run_cli("plan", config, "--ranks", 2)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count(FIRST_USE) == 1 and len(first.stderr.strip().splitlines()) == 1, first.stderr
+    [kept] = _kept(calibrating)
+    made = kept.stat().st_mtime_ns
+    assert json.loads(kept.read_text())["details"]["kept_for"] == machinecache.identity(None)
+    assert "calibration cache: " + str(kept) in first.stdout
+    # The run, on other ranks, reads the same calibration: no second one.
+    assert run_cli("generate", config).returncode == 0
+    second = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=3)
+    assert second.returncode == 0, second.stderr
+    assert FIRST_USE not in second.stderr
+    assert _kept(calibrating) == [kept] and kept.stat().st_mtime_ns == made
+    record = read_report(tmp_path / "r.json")["run"]["machine"]
+    assert record["flop_rate"] == {"value": Machine.from_file(kept).flop_rate, "from": "calibration cache",
+                                   "detail": str(kept)}
+
+
+@pytest.mark.mpi
+def test_a_run_calibrates_on_its_own_ranks(tmp_path, calibrating):
+    """Under a launcher the run's ranks measure together, in the process (no nested launch)."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=3)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(FIRST_USE) == 1, proc.stderr
+    [kept] = _kept(calibrating)
+    details = json.loads(kept.read_text())["details"]
+    assert details["ranks"] == 3 and details["quick"] is True
+    report = read_report(tmp_path / "r.json")
+    assert "calibrate" in report["run"]["phases"]
+    assert report["measured"]["bytes"] == report["predicted"]["bytes"]
+
+
+@pytest.mark.mpi
+def test_other_versions_and_machines_get_their_own(tmp_path, calibrating, monkeypatch, capsys):
+    config = write_config(tmp_path, fourindex_config())
+    api.plan(config)
+    [first] = _kept(calibrating)
+    assert capsys.readouterr().err.count(FIRST_USE) == 1
+    api.plan(config)
+    assert FIRST_USE not in capsys.readouterr().err
+    # Another NumPy: calibrated anew, the first calibration left for the software it measured.
+    versions = machinecache.versions
+    monkeypatch.setattr(machinecache, "versions", lambda gpu: versions(gpu) | {"numpy": "0.0"})
+    plan = api.plan(config)
+    assert capsys.readouterr().err.count(FIRST_USE) == 1
+    [second] = set(_kept(calibrating)) - {first}
+    assert plan.machine["disk_read"]["detail"] == str(second)
+    # Another host of the same model and software: its own file too.
+    monkeypatch.setattr(machinecache.platform, "node", lambda: "another-host")
+    api.plan(config)
+    assert capsys.readouterr().err.count(FIRST_USE) == 1
+    assert len(_kept(calibrating)) == 3
+    assert any(path.name.startswith("another-host_cpu_") for path in _kept(calibrating))
+
+
+def test_identities_name_distinct_files():
+    base = {"host": "node1", "gpu": "cpu", "versions": {"chainexec": "0.1.0", "numpy": "2.0", "python": "3.11"}}
+    others = [base | {"host": "node2"}, base | {"gpu": "NVIDIA H200"}, base | {"gpu": "NVIDIA H100 80GB HBM3"},
+              base | {"versions": base["versions"] | {"cupy": "13.0"}}, base | {"host": "a/../b"}]
+    paths = [machinecache.path(i) for i in [base, *others]]
+    assert len(set(paths)) == len(paths)
+    assert all(p.parent == machinecache.cache_dir() for p in paths)
+    assert paths[2].name.startswith("node1_NVIDIA-H200_")
+
+
+@pytest.mark.mpi
+def test_calibrate_without_a_path_refreshes_the_cache(tmp_path, calibrating):
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("plan", config).returncode == 0
+    [kept] = _kept(calibrating)
+    made = kept.stat().st_mtime_ns
+    proc = run_cli("calibrate", "--quick", "--ranks", 1, "--backend", "numpy")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"wrote {kept}"
+    assert kept.stat().st_mtime_ns > made
+    assert json.loads(kept.read_text())["details"]["ranks"] == 1
+    again = run_cli("plan", config)
+    assert again.returncode == 0 and FIRST_USE not in again.stderr
+
+
+@pytest.mark.mpi
+def test_a_broken_calibration_is_made_again(tmp_path, calibrating):
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("plan", config).returncode == 0
+    [kept] = _kept(calibrating)
+    kept.write_text('{"disk_read": ')
+    proc = run_cli("plan", config)
+    assert proc.returncode == 0 and proc.stderr.count(FIRST_USE) == 1, proc.stderr
+    assert Machine.from_file(kept).flop_rate > 0
+
+
+def test_machine_files_win_over_the_cache(tmp_path, calibrating, monkeypatch):
+    config = write_config(tmp_path, fourindex_config())
+    machine = tmp_path / "machine.json"
+    machine.write_text(json.dumps({"disk_read": 1e9, "disk_write": 1e9, "global_to_device": 1e10,
+                                   "device_to_global": 1e10, "flop_rate": 3e7}))
+    data = json.loads(run_cli("plan", config, "--machine", machine, "--json").stdout)["machine"]
+    assert data["flop_rate"] == {"value": 3e7, "from": "machine file", "detail": str(machine)}
+    assert data["statement_seconds"]["from"] == "defaults"
+    monkeypatch.setenv("CHAINEXEC_MACHINE", str(machine))
+    data = json.loads(run_cli("plan", config, "--json").stdout)["machine"]
+    assert data["flop_rate"]["detail"] == f"{machine} ($CHAINEXEC_MACHINE)"
+    monkeypatch.setenv("CHAINEXEC_MACHINE", str(tmp_path / "missing.json"))
+    assert_refused(run_cli("plan", config), "missing.json", "cannot read machine file")
+    assert _kept(calibrating) == []
+
+
+@pytest.mark.mpi
+def test_a_cache_that_cannot_be_written_is_one_line(tmp_path, calibrating, monkeypatch):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("CHAINEXEC_CACHE", str(blocker / "machines"))
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    for proc in (run_cli("plan", config), run_cli("run", config, ranks=3)):
+        assert_refused(proc, str(blocker / "machines"), "cannot make the calibration cache folder", "--machine")
