@@ -34,29 +34,28 @@ renaming of them (``8! = 40,320``)."""
 
 @dataclass(frozen=True)
 class Symmetry:
-    """Pairs of adjacent indices (by name, in the tensor's order), and whether the two pairs
-    exchange."""
+    """Symmetric pairs of adjacent indices, by the position of their first index in the tensor
+    (``(0, 2)``: indices 0–1 and 2–3), and whether the two pairs exchange."""
 
-    pairs: tuple[tuple[str, str], ...]
+    pairs: tuple[int, ...]
     exchange: bool = False
 
-    def kind(self, indices: tuple[str, ...]) -> str:
-        """PySCF's name of the packed layout of a tensor over ``indices`` with this symmetry."""
-        if len(indices) == 2:
+    def kind(self, rank: int) -> str:
+        """PySCF's name of the packed layout of a tensor of ``rank`` indices with this symmetry."""
+        if rank == 2:
             return "s2"
-        at = {indices.index(a) for a, _ in self.pairs}
         if self.exchange:
             return "s8"
-        return {frozenset({0, 2}): "s4", frozenset({0}): "s2ij", frozenset({2}): "s2kl"}[frozenset(at)]
+        return {(0, 2): "s4", (0,): "s2ij", (2,): "s2kl"}[self.pairs]
 
-    def permutations(self, indices: tuple[str, ...]) -> list[tuple[str, ...]]:
-        """Every order of ``indices`` that the symmetry maps the tensor onto itself by (the
-        identity first)."""
-        found = [tuple(indices)]
-        generators = [dict([(a, b), (b, a)]) for a, b in self.pairs]
+    def permutations(self, rank: int) -> list[tuple[int, ...]]:
+        """Every order of a tensor's ``rank`` index positions that the symmetry maps the tensor
+        onto itself by (the identity first)."""
+        generators = [{a: a + 1, a + 1: a} for a in self.pairs]
         if self.exchange:
-            (a, b), (c, d) = self.pairs
-            generators.append({a: c, b: d, c: a, d: b})
+            a, c = self.pairs
+            generators.append({a: c, a + 1: c + 1, c: a, c + 1: a + 1})
+        found = [tuple(range(rank))]
         frontier = list(found)
         while frontier:
             current = frontier.pop()
@@ -98,7 +97,7 @@ def parse(value, indices: tuple[str, ...], extents: dict[str, int]) -> Symmetry:
     if len(indices) == 4 and exchange:
         if len(pairs) != 2 or extents[pairs[0][0]] != extents[pairs[1][0]]:
             raise ValueError("symmetry: exchange needs two pairs of one extent")
-    return Symmetry(tuple((a, b) for a, b in pairs), exchange)
+    return Symmetry(tuple(sorted(indices.index(a) for a, _ in pairs)), exchange)
 
 
 def preserved(lhs: tuple[str, ...], symmetry: Symmetry, refs: list[tuple[str, tuple[str, ...]]],
@@ -118,16 +117,15 @@ def preserved(lhs: tuple[str, ...], symmetry: Symmetry, refs: list[tuple[str, tu
             renamed = tuple(mapping.get(i, i) for i in ix)
             sym = declared.get(name)
             if sym is not None:
-                position = {i: n for n, i in enumerate(ix)}
-                renamed = min(tuple(renamed[position[i]] for i in perm) for perm in sym.permutations(ix))
+                renamed = min(tuple(renamed[n] for n in perm) for perm in sym.permutations(len(ix)))
             terms.append((name, renamed))
         return sorted(terms)
 
     original = canonical({})
-    generators = [((a, b),) for a, b in symmetry.pairs]
+    generators = [((lhs[a], lhs[a + 1]),) for a in symmetry.pairs]
     if symmetry.exchange:
-        (a, b), (c, d) = symmetry.pairs
-        generators.append(((a, c), (b, d)))
+        a, c = symmetry.pairs
+        generators.append(((lhs[a], lhs[c]), (lhs[a + 1], lhs[c + 1])))
     for swaps in generators:
         sigma = {}
         for x, y in swaps:

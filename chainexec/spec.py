@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from chainexec import expr
+from chainexec import expr, pairs
 from chainexec.errors import ChainexecError, quoted
 
 DTYPES = {"float64": 8, "float32": 4}
@@ -73,10 +73,16 @@ class Source:
 
 @dataclass(frozen=True)
 class Tensor:
+    """A tensor of the chain. ``symmetry``: its declared symmetric pairs of indices (and their
+    exchange, :mod:`chainexec.pairs`); ``layout``: how its values lie in its HDF5 dataset —
+    ``dense``, or ``packed`` (each value once, PySCF's layout of the symmetry)."""
+
     name: str
     indices: tuple[str, ...]
     dtype: str
     source: Source | None = None
+    symmetry: pairs.Symmetry | None = None
+    layout: str = "dense"
 
 
 @dataclass(frozen=True)
@@ -339,7 +345,7 @@ def _line_map(node, prefix=()) -> dict:
 
 
 _TOP_KEYS = {"name", "dtype", "ranges", "indices", "tensors", "statements", "outputs", "machine", "scratch"}
-_TENSOR_KEYS = {"indices", "dtype", "source"}
+_TENSOR_KEYS = {"indices", "dtype", "source", "symmetry", "layout"}
 _SOURCE_KEYS = {"file", "dataset", "seed", "random", "expr"}
 _OUTPUT_KEYS = {"file", "dataset", "symmetric", "allow_nonfinite"}
 _MACHINE_KEYS = {"global_memory", "device_memory"}
@@ -453,7 +459,8 @@ def loads(text: str, path: str = "<config>") -> Spec:
         source = None
         if "source" in tdef:
             source = _parse_source(p, tdef["source"], where + ("source",), tname)
-        tensors[tname] = Tensor(tname, tuple(idx), dtype, source)
+        symmetry, layout = _symmetry(p, tdef, tname, tuple(idx), extents, where, source)
+        tensors[tname] = Tensor(tname, tuple(idx), dtype, source, symmetry, layout)
 
     for t in tensors.values():
         if t.source is not None and t.source.expr is not None:
@@ -471,6 +478,7 @@ def loads(text: str, path: str = "<config>") -> Spec:
             raise p.fail(str(err), ("statements", k)) from None
         statements.append(st)
     _check_statements(p, statements, extents, tensors)
+    _check_symmetry_kept(p, statements, extents, tensors)
 
     outputs = []
     written: dict[tuple[str, str], str] = {}  # (file resolved, dataset) -> the output written there
@@ -509,6 +517,27 @@ def loads(text: str, path: str = "<config>") -> Spec:
     if not isinstance(scratch, str):
         raise p.fail("scratch must be a folder path", ("scratch",))
     return Spec(path, name, extents, tensors, tuple(statements), tuple(outputs), Machine(**sizes), scratch, p.lines)
+
+
+def _symmetry(p: _Parser, tdef: dict, tname: str, indices: tuple[str, ...], extents: dict[str, int], where,
+              source: Source | None) -> tuple[pairs.Symmetry | None, str]:
+    """A tensor's ``symmetry`` and ``layout``: packed needs a symmetry, and a file to be read from
+    or an output to be written to (a random or computed source has no layout)."""
+    symmetry = None
+    if "symmetry" in tdef:
+        try:
+            symmetry = pairs.parse(tdef["symmetry"], indices, extents)
+        except ValueError as err:
+            raise p.fail(f"tensor {tname!r}: {err}", where + ("symmetry",)) from None
+    layout = tdef.get("layout", "dense")
+    if layout not in ("dense", "packed"):
+        raise p.fail(f"tensor {tname!r}: layout is dense or packed, not {quoted(layout)}", where + ("layout",))
+    if layout == "packed" and symmetry is None:
+        raise p.fail(f"tensor {tname!r}: a packed layout needs a symmetry to pack", where + ("layout",))
+    if layout == "packed" and source is not None and source.file is None:
+        raise p.fail(f"tensor {tname!r}: only a tensor read from a file (or written as an output) has a packed layout",
+                     where + ("layout",))
+    return symmetry, layout
 
 
 def _parse_source(p: _Parser, sdef, where, tname) -> Source:
@@ -610,6 +639,19 @@ def _symmetric(p, value, oname: str, tensor: Tensor, statements, extents, where)
         raise p.fail(f"output {oname!r}: symmetric indices must have one extent, got "
                      + ", ".join(f"{i}={extents[i]}" for i in value), where)
     return tuple(value)
+
+
+def _check_symmetry_kept(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:
+    """Every statement into a tensor declared symmetric keeps that symmetry (:func:`pairs.preserved`)."""
+    declared = {t.name: t.symmetry for t in tensors.values() if t.symmetry is not None}
+    for k, st in enumerate(statements):
+        symmetry = declared.get(st.lhs.tensor)
+        if symmetry is None:
+            continue
+        why = pairs.preserved(st.lhs.indices, symmetry, [(r.tensor, r.indices) for r in st.operands], declared,
+                              extents)
+        if why is not None:
+            raise p.fail(f"'{st.text}' assigns {st.lhs.tensor!r}, declared symmetric, but {why}", ("statements", k))
 
 
 def _check_statements(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:
