@@ -27,6 +27,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+LAYOUTS = ("s2", "s2ij", "s2kl", "s4", "s8")
+"""PySCF's names of the packed layouts (``aosym`` of ``mol.intor``; ``s2`` packs a matrix)."""
+
 MAX_SUMMED = 8
 """Most indices a statement into a symmetric tensor may sum over: :func:`preserved` tries every
 renaming of them (``8! = 40,320``)."""
@@ -47,6 +50,14 @@ class Symmetry:
         if self.exchange:
             return "s8"
         return {(0, 2): "s4", (0,): "s2ij", (2,): "s2kl"}[self.pairs]
+
+    def layouts(self, rank: int) -> tuple[str, ...]:
+        """The packed layouts a tensor of ``rank`` indices with this symmetry may be stored in:
+        those packing only pairs (and an exchange) it declares."""
+        if rank == 2:
+            return ("s2",)
+        found = [{(0,): "s2ij", (2,): "s2kl", (0, 2): "s4"}[p] for p in ((0,), (2,), (0, 2)) if set(p) <= set(self.pairs)]
+        return tuple(found + (["s8"] if self.exchange else []))
 
     def permutations(self, rank: int) -> list[tuple[int, ...]]:
         """Every order of a tensor's ``rank`` index positions that the symmetry maps the tensor

@@ -75,7 +75,8 @@ class Source:
 class Tensor:
     """A tensor of the chain. ``symmetry``: its declared symmetric pairs of indices (and their
     exchange, :mod:`chainexec.pairs`); ``layout``: how its values lie in its HDF5 dataset —
-    ``dense``, or ``packed`` (each value once, PySCF's layout of the symmetry)."""
+    ``dense``, or the PySCF name of a packed layout its symmetry allows (``s2``, ``s2ij``,
+    ``s2kl``, ``s4``, ``s8``; ``packed`` in the config names the layout of its whole symmetry)."""
 
     name: str
     indices: tuple[str, ...]
@@ -530,14 +531,21 @@ def _symmetry(p: _Parser, tdef: dict, tname: str, indices: tuple[str, ...], exte
         except ValueError as err:
             raise p.fail(f"tensor {tname!r}: {err}", where + ("symmetry",)) from None
     layout = tdef.get("layout", "dense")
-    if layout not in ("dense", "packed"):
-        raise p.fail(f"tensor {tname!r}: layout is dense or packed, not {quoted(layout)}", where + ("layout",))
-    if layout == "packed" and symmetry is None:
+    if layout not in ("dense", "packed") + pairs.LAYOUTS:
+        raise p.fail(f"tensor {tname!r}: layout is dense, packed or one of {', '.join(pairs.LAYOUTS)}, not "
+                     f"{quoted(layout)}", where + ("layout",))
+    if layout == "dense":
+        return symmetry, layout
+    if symmetry is None:
         raise p.fail(f"tensor {tname!r}: a packed layout needs a symmetry to pack", where + ("layout",))
-    if layout == "packed" and source is not None and source.file is None:
+    if source is not None and source.file is None:
         raise p.fail(f"tensor {tname!r}: only a tensor read from a file (or written as an output) has a packed layout",
                      where + ("layout",))
-    return symmetry, layout
+    kind = symmetry.kind(len(indices)) if layout == "packed" else layout
+    if kind not in symmetry.layouts(len(indices)):
+        raise p.fail(f"tensor {tname!r}: layout {kind} packs what its symmetry does not declare (it allows "
+                     f"{', '.join(symmetry.layouts(len(indices)))})", where + ("layout",))
+    return symmetry, kind
 
 
 def _parse_source(p: _Parser, sdef, where, tname) -> Source:

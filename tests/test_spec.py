@@ -156,14 +156,15 @@ outputs:
 
 def test_symmetry_declarations_load():
     s = spec.loads(AO2MO, "ao2mo.yaml")
-    assert s.tensors["A"].symmetry.kind(4) == "s8" and s.tensors["A"].layout == "packed"
+    assert s.tensors["A"].symmetry.kind(4) == "s8" and s.tensors["A"].layout == "s8"
     assert s.tensors["C"].symmetry is None and s.tensors["C"].layout == "dense"
 
 
 @pytest.mark.parametrize("edits, message, line", [
     ([("C[q,b] * C[r,c]", "C[q,c] * C[r,b]")], "exchanging a<->b in the result does not give the same sum", 11),
     ([("C[s,d] * A", "D[s,d] * A")], "exchanging c<->d in the result does not give the same sum", 11),
-    ([("exchange: true}, layout: packed,", "exchange: true}, layout: zip,")], "layout is dense or packed", 5),
+    ([("exchange: true}, layout: packed,", "exchange: true}, layout: zip,")], "layout is dense, packed or one of", 5),
+    ([("exchange: true}, layout: packed", "exchange: false}, layout: s8")], "layout s8 packs what its symmetry", 5),
     ([("  C: {indices: [p, a], source", "  C: {indices: [p, a], layout: packed, source")],
      "needs a symmetry to pack", 7),
     ([("mo: 5}", "mo: 5, mo2: 6}"), ("d: mo}", "d: mo2}")], "pair [c, d] has extents 5 and 6", 9),

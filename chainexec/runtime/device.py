@@ -174,6 +174,7 @@ class Backend:
 
     def __init__(self):
         self.xp = np
+        self.indexes: dict[int, tuple] = {}  # gather positions on the device, by id of the host array (gather)
 
     def clear(self, array) -> None:
         """Set a device array to zeros, in the order the backend computes in (queued on a GPU)."""
@@ -359,6 +360,25 @@ class Backend:
         """Each term by :meth:`contract`, the first one ``fresh`` where ``out`` is."""
         for n, (c, (a, b)) in enumerate(zip(cs, operands)):
             self.contract(c, out, a, b, fresh and n == 0)
+
+    def gather(self, out, a, axis: int, index: np.ndarray, merge: bool, factor: float, fresh: bool) -> None:
+        """``out (+)= factor · a`` taken at ``index`` along ``axis`` (``a``'s axes ``axis`` and
+        ``axis + 1`` merged first where ``merge``): a pair index unpacked into its members or
+        members packed into their pair (:mod:`chainexec.planner.packed`). ``fresh``: ``out`` holds
+        nothing yet (written, not added to). ``index`` is a host array the caller keeps; its
+        copy on the device is made once."""
+        if merge:
+            a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
+        device = self.indexes.get(id(index))
+        if device is None or device[0] is not index:
+            device = self.indexes[id(index)] = (index, self.xp.asarray(index))
+        taken = self.xp.take(a, device[1], axis=axis)
+        if factor != 1.0:
+            taken *= factor
+        if fresh:
+            out[...] = taken
+        else:
+            out += taken
 
     def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).
@@ -1293,6 +1313,25 @@ class CupyBackend(Backend):
             end.record()
         events[-1].synchronize()
         return [self.xp.cuda.get_elapsed_time(s, e) / 1e3 for s, e in zip(events, events[1:])], True
+
+    def gather(self, out, a, axis: int, index: np.ndarray, merge: bool, factor: float, fresh: bool) -> None:
+        """``out (+)= factor · a`` taken at ``index`` along ``axis`` (``a``'s axes ``axis`` and
+        ``axis + 1`` merged first where ``merge``): a pair index unpacked into its members or
+        members packed into their pair (:mod:`chainexec.planner.packed`). ``fresh``: ``out`` holds
+        nothing yet (written, not added to). ``index`` is a host array the caller keeps; its
+        copy on the device is made once."""
+        if merge:
+            a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
+        device = self.indexes.get(id(index))
+        if device is None or device[0] is not index:
+            device = self.indexes[id(index)] = (index, self.xp.asarray(index))
+        taken = self.xp.take(a, device[1], axis=axis)
+        if factor != 1.0:
+            taken *= factor
+        if fresh:
+            out[...] = taken
+        else:
+            out += taken
 
     def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`. A

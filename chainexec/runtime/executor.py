@@ -39,6 +39,7 @@ import numpy as np
 from chainexec import expr
 from chainexec.errors import ChainexecError
 from chainexec import ordering
+from chainexec.packing import pair_index, pair_unindex
 from chainexec.planner.plan import (CATEGORIES, CATEGORY, DEPTH, LEVEL_TIMES, Loop, Op, Plan, executed, fetched,
                                     ops, pattern_key, prefetched, returned, staged, stores)
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
@@ -138,6 +139,7 @@ class Executor:
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         self.symmetric: list[str] | None = None  # the indices of the symmetric loop being run (Loop.symmetric)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
+        self.gathers: dict[tuple, tuple] = {}  # packs' and unpacks' gather positions per tile (_gather)
         # accumulates whose device→host copies are queued: (global array, region, host, token,
         # weight, statement name)
         self.landing: collections.deque[tuple] = collections.deque()
@@ -1194,7 +1196,7 @@ class Executor:
         the groups of indices whose ordered elements alone are summed (:func:`chainexec.ordering.points`)."""
         self.counters.statements += len(cs)
         for c in cs:
-            sizes = {i: b - a for i, (a, b) in zip(c.indices(), self._region("device", c.indices()))}
+            sizes = {i: b - a for i, (a, b) in zip(c.space(), self._region("device", c.space()))}
             self.counters.flops += (2 if c.b is not None else 1) * ordering.points(sizes, within)
 
     def _compute(self, run: list[Op]) -> None:
@@ -1215,7 +1217,9 @@ class Executor:
             cs = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
             operands = [operands[k] for k, _ in terms]
         fresh = bool(run[0].fresh)
-        if len(cs) == 1:
+        if cs[0].pairs:
+            self.backend.gather(out, operands[0][0], *self._gather(cs[0]), cs[0].factor, fresh)
+        elif len(cs) == 1:
             self.backend.contract(cs[0], out, *operands[0], fresh)
         elif cs[0].pointwise():
             self.backend.contract_terms(cs, out, operands, fresh)
@@ -1231,6 +1235,26 @@ class Executor:
         self._watch()
         self._count(cs)
         self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
+
+    def _gather(self, c) -> tuple[int, np.ndarray, bool]:
+        """Where a pack or unpack (:attr:`Contraction.pairs`) gathers its output tile from its
+        operand: the operand's axis, the positions along it (a pair's members' block for an
+        unpack; each pair's members, their two axes merged into one, for a pack) and whether
+        the two axes are merged. Made once per tile shape, from the current device ranges."""
+        (pair, members), = c.pairs.items()
+        ranges = tuple(self._range("device", i) for i in (pair, *members))
+        key = (c.id, ranges)
+        found = self.gathers.get(key)
+        if found is None:
+            (k0, k1), (r0, r1), (s0, s1) = ranges
+            if pair in c.a_indices:  # unpack: the operand holds the pair whole
+                index = pair_index(np.arange(r0, r1)[:, None], np.arange(s0, s1)[None, :]) - k0
+                found = (c.a_indices.index(pair), index, False)
+            else:  # pack: the operand holds the members whole
+                rows, cols = pair_unindex(np.arange(k0, k1))
+                found = (c.a_indices.index(members[0]), (rows - r0) * (s1 - s0) + cols - s0, True)
+            self.gathers[key] = found
+        return found
 
     def _orbits(self, run: list[Op]) -> tuple | None:
         """The terms a symmetrized run runs on this tile (position, factor scale) and the axis
