@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
                     help="seeded random inputs of any size that fits the disk and memory, instead of PySCF")
+    ch.add_argument("--layout", choices=("s8", "s4", "dense"),
+                    help="ao2mo: how the AO integrals are written and read (PySCF's aosym; default s8)")
     ch.add_argument("--scf-conv-tol", type=float, metavar="HARTREE",
                     help="RHF energy convergence threshold (default 1e-12; ao2mo 1e-10)")
     ch.add_argument("--scf-max-cycle", type=int, metavar="N", help="RHF iterations at most (default 50)")

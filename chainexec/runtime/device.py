@@ -361,18 +361,24 @@ class Backend:
         for n, (c, (a, b)) in enumerate(zip(cs, operands)):
             self.contract(c, out, a, b, fresh and n == 0)
 
-    def gather(self, out, a, axis: int, index: np.ndarray, merge: bool, factor: float, fresh: bool) -> None:
-        """``out (+)= factor · a`` taken at ``index`` along ``axis`` (``a``'s axes ``axis`` and
-        ``axis + 1`` merged first where ``merge``): a pair index unpacked into its members or
-        members packed into their pair (:mod:`chainexec.planner.packed`). ``fresh``: ``out`` holds
-        nothing yet (written, not added to). ``index`` is a host array the caller keeps; its
-        copy on the device is made once."""
+    def gather(self, out, a, before, axis: int, index: np.ndarray, merge: bool, after, factor: float,
+               fresh: bool) -> None:
+        """``out (+)= factor · a`` taken at ``index`` along ``axis``: a pair index unpacked into
+        its members, or members packed into their pair (:mod:`chainexec.planner.packed`).
+        ``a``'s axes are first put in the order ``before`` (None: as they are) and, where
+        ``merge``, its axes ``axis`` and ``axis + 1`` merged; the result's axes are then put in
+        the order ``after``. ``fresh``: ``out`` holds nothing yet (written, not added to).
+        ``index`` is a host array the caller keeps; its copy on the device is made once."""
+        if before is not None:
+            a = a.transpose(before)
         if merge:
             a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
         device = self.indexes.get(id(index))
         if device is None or device[0] is not index:
             device = self.indexes[id(index)] = (index, self.xp.asarray(index))
         taken = self.xp.take(a, device[1], axis=axis)
+        if after is not None:
+            taken = taken.transpose(after)
         if factor != 1.0:
             taken *= factor
         if fresh:

@@ -1236,11 +1236,14 @@ class Executor:
         self._count(cs)
         self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
 
-    def _gather(self, c) -> tuple[int, np.ndarray, bool]:
-        """Where a pack or unpack (:attr:`Contraction.pairs`) gathers its output tile from its
-        operand: the operand's axis, the positions along it (a pair's members' block for an
-        unpack; each pair's members, their two axes merged into one, for a pack) and whether
-        the two axes are merged. Made once per tile shape, from the current device ranges."""
+    def _gather(self, c) -> tuple:
+        """How a pack or unpack (:attr:`Contraction.pairs`) gathers its output tile from its
+        operand (:meth:`Backend.gather`'s arguments after the arrays): the order of the operand's
+        axes that puts a pack's members side by side (None: as they are), the axis to take along,
+        the positions (an unpack: each member pair's position in its pair index; a pack: each
+        pair's position in the two members' axes merged), whether those axes are merged, and the
+        order of the result's axes that gives the output's (None: as they are). Made once per
+        tile, from the current device ranges."""
         (pair, members), = c.pairs.items()
         ranges = tuple(self._range("device", i) for i in (pair, *members))
         key = (c.id, ranges)
@@ -1248,11 +1251,15 @@ class Executor:
         if found is None:
             (k0, k1), (r0, r1), (s0, s1) = ranges
             if pair in c.a_indices:  # unpack: the operand holds the pair whole
+                axis = c.a_indices.index(pair)
                 index = pair_index(np.arange(r0, r1)[:, None], np.arange(s0, s1)[None, :]) - k0
-                found = (c.a_indices.index(pair), index, False)
+                made = c.a_indices[:axis] + members + c.a_indices[axis + 1:]
+                found = (None, axis, index, False, _order(made, c.out_indices))
             else:  # pack: the operand holds the members whole
+                axis = c.out_indices.index(pair)
                 rows, cols = pair_unindex(np.arange(k0, k1))
-                found = (c.a_indices.index(members[0]), (rows - r0) * (s1 - s0) + cols - s0, True)
+                wanted = c.out_indices[:axis] + members + c.out_indices[axis + 1:]
+                found = (_order(c.a_indices, wanted), axis, (rows - r0) * (s1 - s0) + cols - s0, True, None)
             self.gathers[key] = found
         return found
 
@@ -1280,6 +1287,12 @@ def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
     if rows is None:
         return region
     return (slice(region[0].start + rows.start, region[0].start + rows.stop),) + region[1:]
+
+
+def _order(have: list[str], want: list[str]) -> tuple[int, ...] | None:
+    """The axes of an array over ``have`` in the order ``want`` (None where they are so)."""
+    order = tuple(have.index(i) for i in want)
+    return None if order == tuple(range(len(order))) else order
 
 
 def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:
