@@ -62,6 +62,8 @@ class Source:
     ``file``/``dataset``: an HDF5 dataset (``seed``, when given, lets ``chainexec generate`` write it).
     ``random``: values made on the fly by the seeded element-wise generator (no file at all).
     ``expr``: computed element-wise from other inputs (:mod:`chainexec.expr`), e.g. a denominator.
+    ``compute``: a registered source (:mod:`chainexec.sources`) that computes the values of the
+    rows being loaded, made with ``parameters`` (name, value pairs: strings and numbers).
     """
 
     file: str | None = None
@@ -69,6 +71,8 @@ class Source:
     seed: int | None = None
     random: int | None = None
     expr: str | None = None
+    compute: str | None = None
+    parameters: tuple[tuple[str, object], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ class Spec:
         source = self.tensors[tensor].source
         if source is None:
             return None
-        record = {k: v for k, v in vars(source).items() if v is not None}
+        record = {k: dict(v) if k == "parameters" else v for k, v in vars(source).items() if v is not None}
         if "file" in record:
             record["file"] = self.resolve(record["file"])
         return record
@@ -538,8 +542,9 @@ def _symmetry(p: _Parser, tdef: dict, tname: str, indices: tuple[str, ...], exte
         return symmetry, layout
     if symmetry is None:
         raise p.fail(f"tensor {tname!r}: a packed layout needs a symmetry to pack", where + ("layout",))
-    if source is not None and source.file is None:
-        raise p.fail(f"tensor {tname!r}: only a tensor read from a file (or written as an output) has a packed layout",
+    if source is not None and source.file is None and source.compute is None:
+        raise p.fail(f"tensor {tname!r}: only a tensor read from a file or computed by a source (or written as an "
+                     "output) has a packed layout",
                      where + ("layout",))
     kind = symmetry.kind(len(indices)) if layout == "packed" else layout
     if kind not in symmetry.layouts(len(indices)):
@@ -549,6 +554,8 @@ def _symmetry(p: _Parser, tdef: dict, tname: str, indices: tuple[str, ...], exte
 
 
 def _parse_source(p: _Parser, sdef, where, tname) -> Source:
+    if isinstance(sdef, dict) and "compute" in sdef:
+        return _computed(p, sdef, where, tname)
     sdef = p.mapping(sdef, where, _SOURCE_KEYS, f"source of {tname!r}")
     for key in ("seed", "random"):
         if key in sdef and (not isinstance(sdef[key], int) or isinstance(sdef[key], bool) or sdef[key] < 0):
@@ -569,6 +576,23 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
         raise p.fail(f"source of {tname!r} needs 'file' and 'dataset' (or 'random: SEED')", where)
     _dataset(p, sdef["dataset"], f"source of {tname!r}", where + ("dataset",), nested=True)
     return Source(file=sdef["file"], dataset=sdef["dataset"], seed=sdef.get("seed"))
+
+
+def _computed(p: _Parser, sdef: dict, where, tname: str) -> Source:
+    """A registered source: its name (one :func:`chainexec.sources.lookup` knows) and its
+    parameters, each a string or a number."""
+    from chainexec import sources
+
+    try:
+        sources.lookup(sdef["compute"])
+    except ChainexecError as err:
+        raise p.fail(f"source of {tname!r}: {err}", where + ("compute",)) from None
+    parameters = {k: v for k, v in sdef.items() if k != "compute"}
+    for key, value in parameters.items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise p.fail(f"source of {tname!r}: parameter {quoted(key)} must be a string or a number, not "
+                         f"{quoted(value)}", where + (key,))
+    return Source(compute=sdef["compute"], parameters=tuple(sorted(parameters.items())))
 
 
 def _extent(value) -> bool:

@@ -50,6 +50,14 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
         at = dict(zip(t.indices, region))
         arrays = {r: _input(spec, r.tensor, tuple(at[i] for i in r.indices)) for r in expr.refs(tree)}
         return np.broadcast_to(expr.evaluate(tree, arrays, t.indices, np), tuple(b - a for a, b in region))
+    if t.source.compute is not None:  # the registered source's values, as the run's inputs are
+        from chainexec import sources
+
+        made = sources.lookup(t.source.compute)(**dict(t.source.parameters),
+                                                layout="s1" if t.layout == "dense" else t.layout)
+        values = made.values((0, made.shape[0]))
+        full = values if t.layout == "dense" else dense(values, t.layout, shape)
+        return full.reshape(shape)[tuple(slice(a, b) for a, b in region)]
     path = spec.resolve(t.source.file)
     try:
         with h5py.File(path, "r") as f:

@@ -94,7 +94,7 @@ OPTIONS = {
     "scf_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
     "ccsd_conv_tol": (_tolerance, "a positive number of Hartree"),
     "ccsd_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
-    "layout": (lambda v: v in ("s8", "s4", "dense"), "s8, s4 or dense"),
+    "layout": (lambda v: v in ("s8", "s4", "dense", "computed"), "s8, s4, dense or computed"),
 }
 
 
@@ -121,7 +121,8 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         mol, what = _molecule(molecule, basis), f"{molecule!r} in {basis}"
         extents = _extents(kind, mol, options.get("frozen", 0), what)
     layout = options.get("layout", "s8") if kind.name == "ao2mo" else None
-    _config(cfg, kind, extents, template, lines, layout)
+    source = None if mol is None else {"atoms": MOLECULES.get(molecule.lower(), molecule), "basis": basis}
+    _config(cfg, kind, extents, template, lines, layout, source)
     out = Path(out)
     check_size(out, _shapes(kind, extents, layout), what, in_memory=synthetic is not None)
     try:
@@ -132,7 +133,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     for other in JOBS.values():
         (out / other.config).unlink(missing_ok=True)
     config = out / kind.config
-    text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout)
+    text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
     try:
         atomicfile.write(config, text, 0o644)
     except OSError as err:
@@ -210,6 +211,8 @@ def _shapes(kind: Job, extents: dict[str, int], layout: str | None = None) -> di
     if layout in ("s4", "s8"):
         pairs = npair(shapes["A"][0])
         shapes["A"] = (pairs, pairs) if layout == "s4" else (npair(pairs),)
+    if layout == "computed":
+        del shapes["A"]
     return shapes
 
 
@@ -232,19 +235,23 @@ def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memo
                              f"this machine's {spec.format_size(memory)}")
 
 
-def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict, layout: str | None = None) -> str:
+def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict, layout: str | None = None,
+            molecule: dict | None = None) -> str:
     """The config (YAML text) of the template ``cfg`` with these extents, its inputs read from
     ``inputs.h5``, its outputs written to ``kind.output`` and its scratch in ``scratch``, all
     beside it; each tensor read from a file must be a dataset ``kind`` writes, of its shape.
     ``layout``: the layout of the tensors read from the integrals' dataset ``A`` (the ao2mo
-    job's ``--layout``), where given."""
+    job's ``--layout``), where given; ``computed``: read from the registered source
+    ``pyscf.int2e`` of ``molecule`` (its ``atoms`` and ``basis``) instead, in s4."""
     cfg = copy.deepcopy(cfg)
     cfg["ranges"] = {name: extents[name] for name in cfg["ranges"]}
     for t in cfg["tensors"].values():
         if "file" in t.get("source", {}):
             t["source"] = {"file": "inputs.h5", "dataset": t["source"]["dataset"]}
             if layout is not None and t["source"]["dataset"] == "A":
-                t["layout"] = layout
+                t["layout"] = "s4" if layout == "computed" else layout
+                if layout == "computed":  # the integrals of each tile computed where it is loaded
+                    t["source"] = {"compute": "pyscf.int2e", **molecule}
     for o in cfg["outputs"].values():
         o["file"] = kind.output
     cfg["scratch"] = "scratch"
