@@ -174,7 +174,7 @@ class Backend:
 
     def __init__(self):
         self.xp = np
-        self.indexes: dict[int, tuple] = {}  # gather positions on the device, by id of the host array (gather)
+        self.indexes: dict[tuple, object] = {}  # gather positions where the arrays are, per tile shape (gather)
 
     def clear(self, array) -> None:
         """Set a device array to zeros, in the order the backend computes in (queued on a GPU)."""
@@ -361,22 +361,20 @@ class Backend:
         for n, (c, (a, b)) in enumerate(zip(cs, operands)):
             self.contract(c, out, a, b, fresh and n == 0)
 
-    def gather(self, out, a, before, axis: int, index: np.ndarray, merge: bool, after, factor: float,
-               fresh: bool) -> None:
-        """``out (+)= factor · a`` taken at ``index`` along ``axis``: a pair index unpacked into
-        its members, or members packed into their pair (:mod:`chainexec.planner.packed`).
-        ``a``'s axes are first put in the order ``before`` (None: as they are) and, where
-        ``merge``, its axes ``axis`` and ``axis + 1`` merged; the result's axes are then put in
-        the order ``after``. ``fresh``: ``out`` holds nothing yet (written, not added to).
-        ``index`` is a host array the caller keeps; its copy on the device is made once."""
+    def gather(self, out, a, before, axis: int, positions: tuple, after, factor: float, fresh: bool) -> None:
+        """``out (+)= factor · a`` taken along ``axis`` at ``positions``: a pair index unpacked
+        into its members, or members packed into their pair (:mod:`chainexec.planner.packed`).
+        ``a``'s axes are first put in the order ``before`` (None: as they are), the result's
+        then in the order ``after``. ``positions``: ``("unpack", k0, r0, r1, s0, s1)`` takes, for
+        the members' block ``[r0, r1) × [s0, s1)``, each pair ``pair(max, min) - k0``;
+        ``("pack", k0, k1, r0, s0, s1)`` merges the two member axes (``s1 - s0`` the second's
+        extent) and takes, for each pair ``k`` in ``[k0, k1)``, its members' place in them.
+        ``fresh``: ``out`` holds nothing yet (written, not added to)."""
         if before is not None:
             a = a.transpose(before)
-        if merge:
+        if positions[0] == "pack":
             a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
-        device = self.indexes.get(id(index))
-        if device is None or device[0] is not index:
-            device = self.indexes[id(index)] = (index, self.xp.asarray(index))
-        taken = self.xp.take(a, device[1], axis=axis)
+        taken = self.xp.take(a, self._positions(positions), axis=axis)
         if after is not None:
             taken = taken.transpose(after)
         if factor != 1.0:
@@ -385,6 +383,27 @@ class Backend:
             out[...] = taken
         else:
             out += taken
+
+    def _positions(self, positions: tuple):
+        """The gather positions of :meth:`gather`, computed where the arrays are (the pair
+        formula of :mod:`chainexec.packing`, element-wise in ``xp``) once per tile shape."""
+        found = self.indexes.get(positions)
+        if found is None:
+            xp = self.xp
+            if positions[0] == "unpack":
+                _, k0, r0, r1, s0, s1 = positions
+                r, s = xp.arange(r0, r1)[:, None], xp.arange(s0, s1)[None, :]
+                high, low = xp.maximum(r, s), xp.minimum(r, s)
+                found = high * (high + 1) // 2 + low - k0
+            else:
+                _, k0, k1, r0, s0, s1 = positions
+                k = xp.arange(k0, k1)
+                row = ((xp.sqrt(8.0 * k + 1) - 1) // 2).astype(xp.int64)
+                row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
+                row += (row + 1) * (row + 2) // 2 <= k
+                found = (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
+            self.indexes[positions] = found
+        return found
 
     def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += c.factor · a·b`` over the contraction's indices (``b`` None: permuted copy).

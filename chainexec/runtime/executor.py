@@ -39,7 +39,6 @@ import numpy as np
 from chainexec import expr
 from chainexec.errors import ChainexecError
 from chainexec import ordering
-from chainexec.packing import pair_index, pair_unindex
 from chainexec.planner.plan import (CATEGORIES, CATEGORY, DEPTH, LEVEL_TIMES, Loop, Op, Plan, executed, fetched,
                                     ops, pattern_key, prefetched, returned, staged, stores)
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
@@ -1240,10 +1239,11 @@ class Executor:
         """How a pack or unpack (:attr:`Contraction.pairs`) gathers its output tile from its
         operand (:meth:`Backend.gather`'s arguments after the arrays): the order of the operand's
         axes that puts a pack's members side by side (None: as they are), the axis to take along,
-        the positions (an unpack: each member pair's position in its pair index; a pack: each
-        pair's position in the two members' axes merged), whether those axes are merged, and the
-        order of the result's axes that gives the output's (None: as they are). Made once per
-        tile, from the current device ranges."""
+        which positions to take (``("unpack", pair start, member ranges)``: each member pair's
+        position in the pair index; ``("pack", pair range, member starts and extent)``: each
+        pair's position in the two member axes merged), and the order of the result's axes that
+        gives the output's (None: as they are). Made once per tile, from the current device
+        ranges."""
         (pair, members), = c.pairs.items()
         ranges = tuple(self._range("device", i) for i in (pair, *members))
         key = (c.id, ranges)
@@ -1252,14 +1252,12 @@ class Executor:
             (k0, k1), (r0, r1), (s0, s1) = ranges
             if pair in c.a_indices:  # unpack: the operand holds the pair whole
                 axis = c.a_indices.index(pair)
-                index = pair_index(np.arange(r0, r1)[:, None], np.arange(s0, s1)[None, :]) - k0
                 made = c.a_indices[:axis] + members + c.a_indices[axis + 1:]
-                found = (None, axis, index, False, _order(made, c.out_indices))
+                found = (None, axis, ("unpack", k0, r0, r1, s0, s1), _order(made, c.out_indices))
             else:  # pack: the operand holds the members whole
                 axis = c.out_indices.index(pair)
-                rows, cols = pair_unindex(np.arange(k0, k1))
                 wanted = c.out_indices[:axis] + members + c.out_indices[axis + 1:]
-                found = (_order(c.a_indices, wanted), axis, (rows - r0) * (s1 - s0) + cols - s0, True, None)
+                found = (_order(c.a_indices, wanted), axis, ("pack", k0, k1, r0, s0, s1), None)
             self.gathers[key] = found
         return found
 
