@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
                     help="seeded random inputs of any size that fits the disk and memory, instead of PySCF")
+    ch.add_argument("--layout", choices=("s8", "s4", "dense", "computed"),
+                    help="ao2mo: how the AO integrals are written and read (PySCF's aosym; default s8), or "
+                         "'computed': not written, each tile computed by libcint where it is loaded")
     ch.add_argument("--scf-conv-tol", type=float, metavar="HARTREE",
                     help="RHF energy convergence threshold (default 1e-12; ao2mo 1e-10)")
     ch.add_argument("--scf-max-cycle", type=int, metavar="N", help="RHF iterations at most (default 50)")
@@ -128,6 +131,9 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _main(args)
+    except BrokenPipeError:  # the reader of our output went away (`| head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if args.command != "run" or _rank() == 0:
             print("chainexec: interrupted; no output was completed (a run with --checkpoint resumes "

@@ -127,12 +127,13 @@ def _prune(folder: Path, keep: int) -> None:
 
 def fits(plan: Plan, spec) -> bool:
     """Whether a plan read from the cache is one of ``spec`` (:class:`chainexec.spec.Spec`) in
-    what the cache must not be trusted with: its name, extents and scratch folder, every input's
+    what the cache must not be trusted with: its name, the config's extents and scratch folder, every input's
     source and output's file as the spec resolves them, and every tensor and index name an
     identifier (names reach generated CUDA source; a config's are validated when it is read, a
     cached plan's are not). A folder others may write to is otherwise trusted as the kernel
     cache's compiled code is."""
-    if plan.name != spec.name or plan.extents != dict(spec.extents) or plan.scratch != spec.resolve(spec.scratch):
+    if (plan.name != spec.name or any(plan.extents.get(i) != n for i, n in spec.extents.items())
+            or plan.scratch != spec.resolve(spec.scratch)):
         return False
     outputs = spec.output_records()
     for name, t in plan.tensors.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from chainexec import expr
+from chainexec import expr, pairs
 from chainexec.errors import ChainexecError, quoted
 
 DTYPES = {"float64": 8, "float32": 4}
@@ -62,6 +62,8 @@ class Source:
     ``file``/``dataset``: an HDF5 dataset (``seed``, when given, lets ``chainexec generate`` write it).
     ``random``: values made on the fly by the seeded element-wise generator (no file at all).
     ``expr``: computed element-wise from other inputs (:mod:`chainexec.expr`), e.g. a denominator.
+    ``compute``: a registered source (:mod:`chainexec.sources`) that computes the values of the
+    rows being loaded, made with ``parameters`` (name, value pairs: strings and numbers).
     """
 
     file: str | None = None
@@ -69,14 +71,23 @@ class Source:
     seed: int | None = None
     random: int | None = None
     expr: str | None = None
+    compute: str | None = None
+    parameters: tuple[tuple[str, object], ...] | None = None
 
 
 @dataclass(frozen=True)
 class Tensor:
+    """A tensor of the chain. ``symmetry``: its declared symmetric pairs of indices (and their
+    exchange, :mod:`chainexec.pairs`); ``layout``: how its values lie in its HDF5 dataset —
+    ``dense``, or the PySCF name of a packed layout its symmetry allows (``s2``, ``s2ij``,
+    ``s2kl``, ``s4``, ``s8``; ``packed`` in the config names the layout of its whole symmetry)."""
+
     name: str
     indices: tuple[str, ...]
     dtype: str
     source: Source | None = None
+    symmetry: pairs.Symmetry | None = None
+    layout: str = "dense"
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ class Spec:
         source = self.tensors[tensor].source
         if source is None:
             return None
-        record = {k: v for k, v in vars(source).items() if v is not None}
+        record = {k: dict(v) if k == "parameters" else v for k, v in vars(source).items() if v is not None}
         if "file" in record:
             record["file"] = self.resolve(record["file"])
         return record
@@ -339,7 +350,7 @@ def _line_map(node, prefix=()) -> dict:
 
 
 _TOP_KEYS = {"name", "dtype", "ranges", "indices", "tensors", "statements", "outputs", "machine", "scratch"}
-_TENSOR_KEYS = {"indices", "dtype", "source"}
+_TENSOR_KEYS = {"indices", "dtype", "source", "symmetry", "layout"}
 _SOURCE_KEYS = {"file", "dataset", "seed", "random", "expr"}
 _OUTPUT_KEYS = {"file", "dataset", "symmetric", "allow_nonfinite"}
 _MACHINE_KEYS = {"global_memory", "device_memory"}
@@ -453,7 +464,8 @@ def loads(text: str, path: str = "<config>") -> Spec:
         source = None
         if "source" in tdef:
             source = _parse_source(p, tdef["source"], where + ("source",), tname)
-        tensors[tname] = Tensor(tname, tuple(idx), dtype, source)
+        symmetry, layout = _symmetry(p, tdef, tname, tuple(idx), extents, where, source)
+        tensors[tname] = Tensor(tname, tuple(idx), dtype, source, symmetry, layout)
 
     for t in tensors.values():
         if t.source is not None and t.source.expr is not None:
@@ -471,6 +483,7 @@ def loads(text: str, path: str = "<config>") -> Spec:
             raise p.fail(str(err), ("statements", k)) from None
         statements.append(st)
     _check_statements(p, statements, extents, tensors)
+    _check_symmetry_kept(p, statements, extents, tensors)
 
     outputs = []
     written: dict[tuple[str, str], str] = {}  # (file resolved, dataset) -> the output written there
@@ -511,7 +524,38 @@ def loads(text: str, path: str = "<config>") -> Spec:
     return Spec(path, name, extents, tensors, tuple(statements), tuple(outputs), Machine(**sizes), scratch, p.lines)
 
 
+def _symmetry(p: _Parser, tdef: dict, tname: str, indices: tuple[str, ...], extents: dict[str, int], where,
+              source: Source | None) -> tuple[pairs.Symmetry | None, str]:
+    """A tensor's ``symmetry`` and ``layout``: packed needs a symmetry, and a file to be read from
+    or an output to be written to (a random or computed source has no layout)."""
+    symmetry = None
+    if "symmetry" in tdef:
+        try:
+            symmetry = pairs.parse(tdef["symmetry"], indices, extents)
+        except ValueError as err:
+            raise p.fail(f"tensor {tname!r}: {err}", where + ("symmetry",)) from None
+    layout = tdef.get("layout", "dense")
+    if layout not in ("dense", "packed") + pairs.LAYOUTS:
+        raise p.fail(f"tensor {tname!r}: layout is dense, packed or one of {', '.join(pairs.LAYOUTS)}, not "
+                     f"{quoted(layout)}", where + ("layout",))
+    if layout == "dense":
+        return symmetry, layout
+    if symmetry is None:
+        raise p.fail(f"tensor {tname!r}: a packed layout needs a symmetry to pack", where + ("layout",))
+    if source is not None and source.file is None and source.compute is None:
+        raise p.fail(f"tensor {tname!r}: only a tensor read from a file or computed by a source (or written as an "
+                     "output) has a packed layout",
+                     where + ("layout",))
+    kind = symmetry.kind(len(indices)) if layout == "packed" else layout
+    if kind not in symmetry.layouts(len(indices)):
+        raise p.fail(f"tensor {tname!r}: layout {kind} packs what its symmetry does not declare (it allows "
+                     f"{', '.join(symmetry.layouts(len(indices)))})", where + ("layout",))
+    return symmetry, kind
+
+
 def _parse_source(p: _Parser, sdef, where, tname) -> Source:
+    if isinstance(sdef, dict) and "compute" in sdef:
+        return _computed(p, sdef, where, tname)
     sdef = p.mapping(sdef, where, _SOURCE_KEYS, f"source of {tname!r}")
     for key in ("seed", "random"):
         if key in sdef and (not isinstance(sdef[key], int) or isinstance(sdef[key], bool) or sdef[key] < 0):
@@ -532,6 +576,23 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
         raise p.fail(f"source of {tname!r} needs 'file' and 'dataset' (or 'random: SEED')", where)
     _dataset(p, sdef["dataset"], f"source of {tname!r}", where + ("dataset",), nested=True)
     return Source(file=sdef["file"], dataset=sdef["dataset"], seed=sdef.get("seed"))
+
+
+def _computed(p: _Parser, sdef: dict, where, tname: str) -> Source:
+    """A registered source: its name (one :func:`chainexec.sources.lookup` knows) and its
+    parameters, each a string or a number."""
+    from chainexec import sources
+
+    try:
+        sources.lookup(sdef["compute"])
+    except ChainexecError as err:
+        raise p.fail(f"source of {tname!r}: {err}", where + ("compute",)) from None
+    parameters = {k: v for k, v in sdef.items() if k != "compute"}
+    for key, value in parameters.items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise p.fail(f"source of {tname!r}: parameter {quoted(key)} must be a string or a number, not "
+                         f"{quoted(value)}", where + (key,))
+    return Source(compute=sdef["compute"], parameters=tuple(sorted(parameters.items())))
 
 
 def _extent(value) -> bool:
@@ -610,6 +671,19 @@ def _symmetric(p, value, oname: str, tensor: Tensor, statements, extents, where)
         raise p.fail(f"output {oname!r}: symmetric indices must have one extent, got "
                      + ", ".join(f"{i}={extents[i]}" for i in value), where)
     return tuple(value)
+
+
+def _check_symmetry_kept(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:
+    """Every statement into a tensor declared symmetric keeps that symmetry (:func:`pairs.preserved`)."""
+    declared = {t.name: t.symmetry for t in tensors.values() if t.symmetry is not None}
+    for k, st in enumerate(statements):
+        symmetry = declared.get(st.lhs.tensor)
+        if symmetry is None:
+            continue
+        why = pairs.preserved(st.lhs.indices, symmetry, [(r.tensor, r.indices) for r in st.operands], declared,
+                              extents)
+        if why is not None:
+            raise p.fail(f"'{st.text}' assigns {st.lhs.tensor!r}, declared symmetric, but {why}", ("statements", k))
 
 
 def _check_statements(p: _Parser, statements: list[Statement], extents, tensors: dict) -> None:

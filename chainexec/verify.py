@@ -50,12 +50,48 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
         at = dict(zip(t.indices, region))
         arrays = {r: _input(spec, r.tensor, tuple(at[i] for i in r.indices)) for r in expr.refs(tree)}
         return np.broadcast_to(expr.evaluate(tree, arrays, t.indices, np), tuple(b - a for a, b in region))
+    if t.source.compute is not None:  # the registered source's values, as the run's inputs are
+        from chainexec import sources
+
+        made = sources.lookup(t.source.compute)(**dict(t.source.parameters),
+                                                layout="s1" if t.layout == "dense" else t.layout)
+        values = made.values((0, made.shape[0]))
+        full = values if t.layout == "dense" else dense(values, t.layout, shape)
+        return full.reshape(shape)[tuple(slice(a, b) for a, b in region)]
     path = spec.resolve(t.source.file)
     try:
         with h5py.File(path, "r") as f:
+            if t.layout != "dense":  # read whole, unpacked here
+                return dense(f[t.source.dataset][()], t.layout, shape)[tuple(slice(a, b) for a, b in region)]
             return f[t.source.dataset][tuple(slice(a, b) for a, b in region)]
     except (OSError, KeyError) as err:
         raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
+
+
+def _pairs(n: int) -> np.ndarray:
+    """``(n, n)``: the position of each pair ``(p, q)`` in a row-major lower triangle (both
+    orders), from ``numpy.tril_indices``."""
+    at = np.zeros((n, n), dtype=np.int64)
+    rows, cols = np.tril_indices(n)
+    at[rows, cols] = np.arange(len(rows))
+    at[cols, rows] = np.arange(len(rows))
+    return at
+
+
+def dense(values: np.ndarray, layout: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The dense tensor of ``shape`` that a packed array in ``layout`` (PySCF's names) stands for,
+    independently of :mod:`chainexec.packing`: each pair's triangle read at both orders."""
+    if layout == "s2":
+        return values[_pairs(shape[0])]
+    if layout == "s8":
+        values = values[_pairs(math.isqrt(8 * len(values) + 1) // 2)]
+    rows, cols = (_pairs(shape[0]) if layout in ("s2ij", "s4", "s8") else None,
+                  _pairs(shape[2]) if layout in ("s2kl", "s4", "s8") else None)
+    if rows is not None and cols is not None:
+        return values[rows[:, :, None, None], cols[None, None, :, :]]
+    if rows is not None:
+        return values[rows]
+    return values[:, :, cols]
 
 
 def read_output(spec: Spec, name: str) -> np.ndarray:
@@ -65,6 +101,9 @@ def read_output(spec: Spec, name: str) -> np.ndarray:
         with h5py.File(path, "r") as f:
             if not f.attrs.get(COMPLETE, False):
                 raise ChainexecError("output is not marked complete", path)
+            t = spec.tensors[name]
+            if t.layout != "dense":
+                return dense(f[out.dataset][...], t.layout, spec.shape(name))
             return f[out.dataset][...]
     except OSError as err:
         raise ChainexecError(f"cannot read output ({err})", path) from None
@@ -183,6 +222,17 @@ def _check(tensor: str, method: str, dtype: str, error: float, value: float, siz
     return Check(tensor, method, relative, tolerance, elements)
 
 
+def _symmetric(spec: Spec, name: str) -> Check:
+    """An input stored dense whose config declares a symmetry: the largest difference between it
+    and its image under each permutation the symmetry allows, relative to its largest value (a
+    packed run reads one triangle of it, so data that lacks the symmetry gives another result)."""
+    t = spec.tensors[name]
+    values = _input(spec, name)
+    scale = float(np.max(np.abs(values))) or 1.0
+    worst = max(float(np.max(np.abs(values - values.transpose(perm)))) for perm in t.symmetry.permutations(values.ndim))
+    return Check(f"{name} (its declared symmetry)", "permuted", worst / scale, TOLERANCE[t.dtype], values.size)
+
+
 def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) -> list[Check]:
     """Check every output against NumPy; ``limit`` bytes decide between full and sampled checks.
     ``samples`` below 1 or ``limit`` below 0 is a :class:`ChainexecError`: the sampled check of a
@@ -193,7 +243,9 @@ def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) 
     if limit < 0:
         raise ChainexecError(f"--full-limit must be 0 bytes or more, not {limit}")
     total = sum(math.prod(spec.shape(n)) * DTYPES[t.dtype] for n, t in spec.tensors.items())
-    checks = []
+    checks = [_symmetric(spec, n) for n, t in spec.tensors.items()
+              if t.symmetry is not None and t.layout == "dense" and t.source is not None and t.source.file is not None
+              and math.prod(spec.shape(n)) * DTYPES[t.dtype] <= limit]
     if total <= limit:
         reference, magnitude = full_reference(spec), full_reference(spec, magnitude=True)
         for o in spec.outputs:

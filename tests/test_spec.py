@@ -135,3 +135,46 @@ def test_symmetric_output_accepted():
     text = BASE.replace("T: {file: out.h5, dataset: T}", "T: {file: out.h5, dataset: T, symmetric: [b, a]}")
     (out,) = spec.loads(text, "t.yaml").outputs
     assert out.symmetric == ("b", "a")
+
+
+AO2MO = """\
+name: ao2mo
+ranges: {ao: 7, mo: 5}
+indices: {p: ao, q: ao, r: ao, s: ao, a: mo, b: mo, c: mo, d: mo}
+tensors:
+  A: {indices: [p, q, r, s], symmetry: {pairs: [[p, q], [r, s]], exchange: true}, layout: packed,
+      source: {file: in.h5, dataset: eri}}
+  C: {indices: [p, a], source: {file: in.h5, dataset: C}}
+  D: {indices: [p, a], source: {file: in.h5, dataset: D}}
+  B: {indices: [a, b, c, d], symmetry: {pairs: [[a, b], [c, d]], exchange: true}, layout: packed}
+statements:
+  - B[a,b,c,d] = C[p,a] * C[q,b] * C[r,c] * C[s,d] * A[p,q,r,s]
+outputs:
+  B: {file: out.h5, dataset: B}
+"""
+
+
+def test_symmetry_declarations_load():
+    s = spec.loads(AO2MO, "ao2mo.yaml")
+    assert s.tensors["A"].symmetry.kind(4) == "s8" and s.tensors["A"].layout == "s8"
+    assert s.tensors["C"].symmetry is None and s.tensors["C"].layout == "dense"
+
+
+@pytest.mark.parametrize("edits, message, line", [
+    ([("C[q,b] * C[r,c]", "C[q,c] * C[r,b]")], "exchanging a<->b in the result does not give the same sum", 11),
+    ([("C[s,d] * A", "D[s,d] * A")], "exchanging c<->d in the result does not give the same sum", 11),
+    ([("exchange: true}, layout: packed,", "exchange: true}, layout: zip,")], "layout is dense, packed or one of", 5),
+    ([("exchange: true}, layout: packed", "exchange: false}, layout: s8")], "layout s8 packs what its symmetry", 5),
+    ([("  C: {indices: [p, a], source", "  C: {indices: [p, a], layout: packed, source")],
+     "needs a symmetry to pack", 7),
+    ([("mo: 5}", "mo: 5, mo2: 6}"), ("d: mo}", "d: mo2}")], "pair [c, d] has extents 5 and 6", 9),
+    ([("pairs: [[p, q], [r, s]], exchange: true}, layout: packed", "pairs: [[p, r]]}, layout: packed")],
+     "not two adjacent indices", 5),
+])
+def test_symmetry_errors(edits, message, line):
+    text = AO2MO
+    for old, new in edits:
+        text = text.replace(old, new)
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(text, "ao2mo.yaml")
+    assert str(err.value).startswith(f"ao2mo.yaml:{line}: ") and message in str(err.value), str(err.value)

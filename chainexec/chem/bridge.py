@@ -172,22 +172,26 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
     return {"path": os.fspath(path), "nocc": o, "nvir": v, "seed": seed}
 
 
-def write_ao2mo_inputs(mol, path, *, scf_conv_tol: float = 1e-10, scf_max_cycle: int = 50) -> dict:
+def write_ao2mo_inputs(mol, path, *, layout: str = "s8", scf_conv_tol: float = 1e-10, scf_max_cycle: int = 50) -> dict:
     """Run RHF with PySCF on ``mol`` (:func:`molecule`) and write the AO→MO transform's inputs to
-    ``path``: ``A`` (n, n, n, n), the AO two-electron integrals ``(pq|rs)`` in chemists' notation
-    without permutational packing (``mol.intor("int2e")``, Hartree), and ``C`` (n, m), the RHF MO
-    coefficients (``mf.mo_coeff``). ``configs/fourindex.yaml`` then computes ``(ab|cd) = Σ C_pa
-    C_qb C_rc C_sd (pq|rs)``, what ``pyscf.ao2mo.full(mol, C)`` returns (symmetry-packed).
-    ``scf_conv_tol`` (Hartree) and ``scf_max_cycle``: as for :func:`write_ccsd_inputs`. File
-    attributes: ``nao``, ``nmo``, ``atoms``, ``basis``, ``e_hf``, ``units``. Written atomically."""
+    ``path``: ``A``, the AO two-electron integrals ``(pq|rs)`` in chemists' notation (Hartree) as
+    ``mol.intor("int2e", aosym=layout)`` gives them — ``s8`` packed by all eight permutations,
+    ``s4`` by the two pairs, ``dense`` (n, n, n, n); none where ``computed`` (the run computes
+    them, :mod:`chainexec.chem.integrals`) — and ``C`` (n, m), the RHF MO coefficients
+    (``mf.mo_coeff``). ``configs/ao2mo.yaml`` then computes ``(ab|cd) = Σ C_pa C_qb C_rc C_sd
+    (pq|rs)``, what ``pyscf.ao2mo.full(mol, C)`` returns. ``scf_conv_tol`` (Hartree) and
+    ``scf_max_cycle``: as for :func:`write_ccsd_inputs`. File attributes: ``nao``, ``nmo``,
+    ``atoms``, ``basis``, ``e_hf``, ``units``, ``layout``. Written atomically."""
     from pyscf import scf
 
     mf = _solve("scf", scf.RHF(mol), scf_conv_tol, scf_max_cycle)
-    eri = mol.intor("int2e")
+    arrays = {"C": mf.mo_coeff}
+    if layout != "computed":  # else the run computes them (the source pyscf.int2e)
+        arrays["A"] = mol.intor("int2e", aosym="s1" if layout == "dense" else layout)
     nao, nmo = mf.mo_coeff.shape
-    write_atomic(path, {"A": eri, "C": mf.mo_coeff},
+    write_atomic(path, arrays,
                   {"nao": nao, "nmo": nmo, "atoms": mol.atom, "basis": mol.basis, "e_hf": float(mf.e_tot),
-                   "units": "Hartree"}, AO2MO_INDICES)
+                   "units": "Hartree", "layout": layout}, AO2MO_INDICES)
     return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
 
 

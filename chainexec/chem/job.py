@@ -31,6 +31,7 @@ import yaml
 
 from chainexec import atomicfile, spec
 from chainexec.chem.layout import AO2MO_INDICES, INDICES
+from chainexec.packing import npair
 from chainexec.errors import ChainexecError
 
 #: Equilibrium-like geometries in Angstrom (PySCF atom strings).
@@ -72,13 +73,13 @@ JOBS = {
     "ccsd_t": Job("ccsd_t", "ccsd_t.yaml", "energy.h5", INDICES, _range_of(occ="ijkm", vir="abcf"),
                   {"occ": "nocc", "vir": "nvir"}, "write_ccsd_inputs",
                   ("frozen", "scf_conv_tol", "scf_max_cycle", "ccsd_conv_tol", "ccsd_max_cycle")),
-    "ao2mo": Job("ao2mo", "fourindex.yaml", "output.h5", AO2MO_INDICES, _range_of(ao="pqrs", mo="a"),
-                 {"ao": "nao", "mo": "nmo"}, "write_ao2mo_inputs", ("scf_conv_tol", "scf_max_cycle")),
+    "ao2mo": Job("ao2mo", "ao2mo.yaml", "output.h5", AO2MO_INDICES, _range_of(ao="pqrs", mo="a"),
+                 {"ao": "nao", "mo": "nmo"}, "write_ao2mo_inputs", ("scf_conv_tol", "scf_max_cycle", "layout")),
 }
 """What ``chainexec chem`` prepares."""
 
 TEMPLATES = {name: Path(__file__).resolve().parents[2] / "configs" / kind.config for name, kind in JOBS.items()}
-"""Each job's default template: ``configs/ccsd_t.yaml``, ``configs/fourindex.yaml``."""
+"""Each job's default template: ``configs/ccsd_t.yaml``, ``configs/ao2mo.yaml``."""
 
 
 def _tolerance(value) -> bool:
@@ -93,6 +94,7 @@ OPTIONS = {
     "scf_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
     "ccsd_conv_tol": (_tolerance, "a positive number of Hartree"),
     "ccsd_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
+    "layout": (lambda v: v in ("s8", "s4", "dense", "computed"), "s8, s4, dense or computed"),
 }
 
 
@@ -118,9 +120,11 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     else:
         mol, what = _molecule(molecule, basis), f"{molecule!r} in {basis}"
         extents = _extents(kind, mol, options.get("frozen", 0), what)
-    _config(cfg, kind, extents, template, lines)
+    layout = options.get("layout", "s8") if kind.name == "ao2mo" else None
+    source = None if mol is None else {"atoms": MOLECULES.get(molecule.lower(), molecule), "basis": basis}
+    _config(cfg, kind, extents, template, lines, layout, source)
     out = Path(out)
-    check_size(out, _shapes(kind, extents), what, in_memory=synthetic is not None)
+    check_size(out, _shapes(kind, extents, layout), what, in_memory=synthetic is not None)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -129,7 +133,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     for other in JOBS.values():
         (out / other.config).unlink(missing_ok=True)
     config = out / kind.config
-    text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines)
+    text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
     try:
         atomicfile.write(config, text, 0o644)
     except OSError as err:
@@ -200,9 +204,16 @@ def _extents(kind: Job, mol, frozen: int, what: str) -> dict[str, int]:
     return {"occ": occupied - frozen, "vir": mol.nao - occupied}
 
 
-def _shapes(kind: Job, extents: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """Each input dataset's shape for these range extents."""
-    return {name: tuple(extents[kind.ranges[letter]] for letter in letters) for name, letters in kind.datasets.items()}
+def _shapes(kind: Job, extents: dict[str, int], layout: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Each input dataset's shape for these range extents (dense; ``A`` in ``layout`` where it is
+    packed: PySCF's ``mol.intor("int2e", aosym=layout)``)."""
+    shapes = {name: tuple(extents[kind.ranges[letter]] for letter in letters) for name, letters in kind.datasets.items()}
+    if layout in ("s4", "s8"):
+        pairs = npair(shapes["A"][0])
+        shapes["A"] = (pairs, pairs) if layout == "s4" else (npair(pairs),)
+    if layout == "computed":
+        del shapes["A"]
+    return shapes
 
 
 def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memory: bool) -> None:
@@ -224,15 +235,23 @@ def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memo
                              f"this machine's {spec.format_size(memory)}")
 
 
-def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict) -> str:
+def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict, layout: str | None = None,
+            molecule: dict | None = None) -> str:
     """The config (YAML text) of the template ``cfg`` with these extents, its inputs read from
     ``inputs.h5``, its outputs written to ``kind.output`` and its scratch in ``scratch``, all
-    beside it; each tensor read from a file must be a dataset ``kind`` writes, of its shape."""
+    beside it; each tensor read from a file must be a dataset ``kind`` writes, of its shape.
+    ``layout``: the layout of the tensors read from the integrals' dataset ``A`` (the ao2mo
+    job's ``--layout``), where given; ``computed``: read from the registered source
+    ``pyscf.int2e`` of ``molecule`` (its ``atoms`` and ``basis``) instead, in s4."""
     cfg = copy.deepcopy(cfg)
     cfg["ranges"] = {name: extents[name] for name in cfg["ranges"]}
     for t in cfg["tensors"].values():
         if "file" in t.get("source", {}):
             t["source"] = {"file": "inputs.h5", "dataset": t["source"]["dataset"]}
+            if layout is not None and t["source"]["dataset"] == "A":
+                t["layout"] = "s4" if layout == "computed" else layout
+                if layout == "computed":  # the integrals of each tile computed where it is loaded
+                    t["source"] = {"compute": "pyscf.int2e", **molecule}
     for o in cfg["outputs"].values():
         o["file"] = kind.output
     cfg["scratch"] = "scratch"

@@ -14,7 +14,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.cost import buffer_elements, parallel_tiles, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
-from chainexec.planner import ordered, record, resume
+from chainexec.planner import ordered, packed, record, resume
 from chainexec.planner.order import binarize, strategy
 from chainexec.planner.choose import choose
 from chainexec.planner.pipeline import deepen
@@ -25,42 +25,101 @@ from chainexec.planner.tiling import minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
 
 
-def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo]]:
+def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo], dict[str, int]]:
     """Binarize every statement (operation-minimal order, or greedy for many operands:
-    :func:`~chainexec.planner.order.binarize`) into contractions; describe every tensor."""
+    :func:`~chainexec.planner.order.binarize`) into contractions, statements over packed tensors
+    into contractions over their pair indices (:mod:`chainexec.planner.packed`); describe every
+    tensor. Returns the contractions, the tensors and every index's extent (the pair indices'
+    too)."""
+    extents = dict(spec.extents)
+    names = set(extents)
+    kinds = {t.name: t.layout for t in spec.tensors.values() if t.layout != "dense"}
     tensors: dict[str, TensorInfo] = {}
     outputs = spec.output_records()
     symmetric = {o.tensor: list(o.symmetric) for o in spec.outputs}
     for t in spec.tensors.values():
         role = "input" if t.source is not None else "output" if t.name in outputs else "intermediate"
-        tensors[t.name] = TensorInfo(t.name, list(t.indices), [spec.extents[i] for i in t.indices], t.dtype,
+        own = packed.form(t.indices, kinds.get(t.name), names, extents)
+        tensors[t.name] = TensorInfo(t.name, list(own.indices), [extents[i] for i in own.indices], t.dtype,
                                      DTYPES[t.dtype], role, spec.source_record(t.name), outputs.get(t.name),
-                                     symmetric.get(t.name, []))
+                                     symmetric.get(t.name, []), kinds.get(t.name),
+                                     list(t.indices) if t.name in kinds else None)
     result: list[Contraction] = []
-    for s, st in enumerate(spec.statements):
-        dtype = spec.tensors[st.lhs.tensor].dtype
-        names = [r.tensor for r in st.operands]
-        idx = [r.indices for r in st.operands]
-        steps = binarize(list(idx), st.lhs.indices, spec.extents)
-        order = strategy(len(idx))
-        if not steps:
-            result.append(Contraction(len(result), st.lhs.tensor, list(st.lhs.indices), names[0], list(idx[0]),
-                                      None, None, st.factor, st.accumulate,
-                                      math.prod(spec.extents[i] for i in st.lhs.indices), s, order))
-            continue
+
+    def add(s: int, step: packed.Step | None, out: str, out_indices, a: str, a_indices, b=None, b_indices=None,
+            factor: float = 1.0, accumulate: bool = False, flops: int = 0, order: str = "optimal") -> None:
+        """One contraction of statement ``s``; a temporary output gets its tensor."""
+        if out not in tensors:
+            tensors[out] = TensorInfo(out, list(out_indices), [extents[i] for i in out_indices],
+                                      spec.tensors[spec.statements[s].lhs.tensor].dtype,
+                                      DTYPES[spec.tensors[spec.statements[s].lhs.tensor].dtype], "intermediate")
+        result.append(Contraction(len(result), out, list(out_indices), a, list(a_indices), b,
+                                  list(b_indices) if b_indices is not None else None, factor, accumulate,
+                                  step.flops(extents) if step is not None else flops, s, order,
+                                  step.pairs if step is not None else None))
+
+    def run_steps(s: int, st, steps: list[packed.Step], last: bool) -> str:
+        """Contractions of ``steps`` (each reading the one before where ``a`` is None); the last
+        writes the statement's result where ``last``, else a temporary (returned)."""
+        previous = None
         for k, step in enumerate(steps):
-            last = k == len(steps) - 1
-            out = st.lhs.tensor if last else f"_s{s}_{k}"
-            if not last:
-                tensors[out] = TensorInfo(out, list(step.indices), [spec.extents[i] for i in step.indices], dtype,
-                                          DTYPES[dtype], "intermediate")
-            names.append(out)
+            final = last and k == len(steps) - 1
+            out = st.lhs.tensor if final else f"_s{s}_p{len(result)}"
+            add(s, step, out, step.out, step.a if step.a is not None else previous, step.a_indices, step.b,
+                step.b_indices, st.factor if final else 1.0, st.accumulate and final)
+            previous = out
+        return previous
+
+    for s, st in enumerate(spec.statements):
+        forms = [packed.form(r.indices, kinds.get(r.tensor), names, extents) for r in st.operands]
+        result_form = packed.form(st.lhs.indices, kinds.get(st.lhs.tensor), names, extents)
+        steps = _transform(st, forms, result_form, kinds)
+        if steps is not None:
+            run_steps(s, st, steps, True)
+            continue
+        names_ = [r.tensor for r in st.operands]
+        idx = [r.indices for r in st.operands]
+        for n, (ref, own) in enumerate(zip(st.operands, forms)):
+            if own.pairs:  # read unpacked whole
+                names_[n] = run_steps(s, st, packed.unpacked(ref.tensor, own), False)
+        pack = packed.packed(tuple(st.lhs.indices), result_form)
+        lhs = f"_s{s}_d" if pack else st.lhs.tensor
+        if pack:
+            tensors[lhs] = TensorInfo(lhs, list(st.lhs.indices), [extents[i] for i in st.lhs.indices],
+                                      spec.tensors[st.lhs.tensor].dtype, DTYPES[spec.tensors[st.lhs.tensor].dtype],
+                                      "intermediate")
+        factor, accumulate = (1.0, False) if pack else (st.factor, st.accumulate)
+        steps_ = binarize(list(idx), st.lhs.indices, extents)
+        order = strategy(len(idx))
+        if not steps_:
+            add(s, None, lhs, st.lhs.indices, names_[0], idx[0], factor=factor, accumulate=accumulate,
+                flops=math.prod(extents[i] for i in st.lhs.indices), order=order)
+        for k, step in enumerate(steps_):
+            last = k == len(steps_) - 1
+            out = lhs if last else f"_s{s}_{k}"
+            names_.append(out)
             idx.append(step.indices)
-            result.append(Contraction(
-                len(result), out, list(step.indices), names[step.left], list(idx[step.left]),
-                names[step.right], list(idx[step.right]), st.factor if last else 1.0,
-                st.accumulate and last, step.flops, s, order))
-    return result, tensors
+            add(s, None, out, step.indices, names_[step.left], idx[step.left], names_[step.right], idx[step.right],
+                factor if last else 1.0, accumulate and last, step.flops, order)
+        if pack:
+            pack[0].a = lhs
+            run_steps(s, st, pack, True)
+    return result, tensors, extents
+
+
+def _transform(st, forms: list[packed.Form], result: packed.Form, kinds: dict[str, str]) -> list[packed.Step] | None:
+    """The four-index transform's steps (:func:`chainexec.planner.packed.transform`) where
+    statement ``st`` is one: its one packed four-index operand times matrices; else None."""
+    tensors = [n for n, f in enumerate(forms) if f.pairs]
+    if len(tensors) != 1 or len(st.operands[tensors[0]].indices) != 4:
+        return None
+    at = tensors[0]
+    ref = st.operands[at]
+    others = [r for n, r in enumerate(st.operands) if n != at]
+    if any(len(r.indices) != 2 or r.tensor in kinds for r in others):
+        return None
+    matrices = [(r.tensor, tuple(r.indices)) for r in others]
+    return packed.transform(ref.tensor, forms[at], tuple(ref.indices), matrices, tuple(st.lhs.indices), result)
 
 
 def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None = None, ranks: int = 1,
@@ -73,12 +132,12 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     ``inline`` False keeps every point-wise intermediate in a buffer of its own
     (:mod:`chainexec.planner.inline`)."""
     machine = machine or Machine()
-    cs, tensors = contractions(spec)
+    cs, tensors, extents = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
     for c in cs:
         item = tensors[c.out].itemsize
         for level in ("global", "device"):
-            need = minimal_footprint(c, item)
+            need = minimal_footprint(c, item, extents)
             if limits[level] < need:
                 raise ChainexecError(
                     f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
@@ -87,7 +146,7 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     # Disk traffic overlapped with work where the limits leave room for the second buffers;
     # otherwise (only the single-buffered plans fit) the sequential plan.
     for overlap in (True, False):
-        ctx = Context(cs, tensors, spec.extents, limits, machine, overlap, inline)
+        ctx = Context(cs, tensors, extents, limits, machine, overlap, inline)
         try:
             chosen, alternatives = choose(ctx, schedule)
             break
@@ -101,28 +160,28 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     # buffers (the tiles stay those chosen), taking at most half that room: the rest stays for
     # the contractions' temporaries (device.Backend.limit_memory; at 256 MiB the (T) job at
     # o=16, v=120 ran 4.3-5.1 s with its room taken, 4.0-4.2 s without fetching ahead).
-    room = (limits["device"] + predict_nests(nests, tensors, spec.extents, cs, None)["memory_peak"]["device"]) // 2
+    room = (limits["device"] + predict_nests(nests, tensors, extents, cs, None)["memory_peak"]["device"]) // 2
 
     def fits(body) -> bool:
-        peak = predict_nests([Nest([], body)], tensors, spec.extents, cs, None)["memory_peak"]
+        peak = predict_nests([Nest([], body)], tensors, extents, cs, None)["memory_peak"]
         return peak["device"] <= room and peak["global"] <= limits["global"]
 
     def large(op, loops) -> bool:
         """Whether a result's full device tile is worth copying back aside (Machine.aside_copy_bytes)."""
-        tile = tensors[op.tensor].itemsize * buffer_elements(op.indices, loops, "device", spec.extents)
+        tile = tensors[op.tensor].itemsize * buffer_elements(op.indices, loops, "device", extents)
         return tile >= machine.aside_copy_bytes
 
-    nests = deepen(nests, spec.extents, cs, fits, large)
+    nests = deepen(nests, extents, cs, fits, large)
     # Runs of terms evaluated once per orbit on the tiles of a symmetric loop that permutations
     # map onto themselves (the tiles stay).
-    mark(nests, cs, spec.extents)
+    mark(nests, cs, extents)
     # Full reductions summed over the ordered elements of the tiles with equal positions.
     ordered.mark(nests, cs, tensors)
     # What a run with --checkpoint saves and skips when resumed.
     resume.mark(nests)
     # What the runtime reads besides the statements (runs, fills, streamed inputs, tile counts).
-    record.finish(nests, cs, tensors, spec.extents)
-    plan = Plan(spec.name, dict(spec.extents), tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
+    record.finish(nests, cs, tensors, extents)
+    plan = Plan(spec.name, extents, tensors, cs, nests, limits, {}, spec.resolve(spec.scratch),
                 alternatives, ranks)
     plan.parallel_tiles = parallel_tiles(plan)
     plan.predicted = predict(plan, machine, ranks)

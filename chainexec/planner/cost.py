@@ -268,7 +268,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 
                         def summed(ix):
                             return sum(around.by_pattern(ix, extents, "device", ordered=True).values())
-                    work = sum((2 if c.b is not None else 1) * summed(c.indices())
+                    work = sum((2 if c.b is not None else 1) * summed(c.space())
                                for c in (contractions[j] for j in group))
                     statements[0] += len(group) * where([])
                     if node.op == "fused":

@@ -58,6 +58,10 @@ class TensorInfo:
     output: dict | None = None
     # Indices the output is summed over and symmetric in (:class:`chainexec.spec.Output`).
     symmetric: list[str] = field(default_factory=list)
+    # A packed tensor (:mod:`chainexec.planner.packed`): PySCF's name of its layout, and its
+    # indices as the config declares them (``indices`` are then its pair indices).
+    layout: str | None = None
+    dense: list[str] | None = None
 
     def computed(self) -> bool:
         """Whether it is made from an expression over other tensors (``source: {expr}``)."""
@@ -85,6 +89,9 @@ class Contraction:
     flops: int
     statement: int
     order: str = "optimal"
+    # A pack or unpack (:mod:`chainexec.planner.packed`): the pair index and its two members.
+    # Unpack: the operand holds the pair, the output its members; pack: the other way round.
+    pairs: dict[str, list[str]] | None = None
 
     def indices(self) -> list[str]:
         seen = list(self.out_indices)
@@ -93,15 +100,32 @@ class Contraction:
                 seen.append(i)
         return seen
 
+    def whole(self) -> list[str]:
+        """Indices no loop around it may cut: a pack's or unpack's operand side of its pair (the
+        pair index it unpacks, the members it packs), which a gather reads whole."""
+        if not self.pairs:
+            return []
+        (pair, members), = self.pairs.items()
+        return [pair] if pair in self.a_indices else list(members)
+
+    def space(self) -> list[str]:
+        """The indices of the points it works on (flops: 2 per point, 1 for a copy): all of its
+        indices, a pack's or unpack's output's alone (it gathers one value per output element)."""
+        return list(self.out_indices) if self.pairs else self.indices()
+
     def operands(self) -> list[tuple[str, list[str]]]:
         """(tensor, indices) of ``a``, and of ``b`` when there is one."""
         return [(self.a, self.a_indices)] + ([(self.b, self.b_indices)] if self.b is not None else [])
 
     def pointwise(self) -> bool:
-        """Whether it sums over nothing: a permuted copy, a Hadamard or an outer product."""
-        return set(self.a_indices) | set(self.b_indices or []) <= set(self.out_indices)
+        """Whether it sums over nothing: a permuted copy, a Hadamard or an outer product (not a
+        pack or unpack, which no point-wise kernel expresses)."""
+        return not self.pairs and set(self.a_indices) | set(self.b_indices or []) <= set(self.out_indices)
 
     def einsum(self) -> str:
+        if self.pairs:
+            (pair, _), = self.pairs.items()
+            return f"{','.join(self.a_indices)}->{','.join(self.out_indices)} ({'unpack' if pair in self.a_indices else 'pack'})"
         rhs = "".join(self.a_indices) if self.b is None else f"{''.join(self.a_indices)},{''.join(self.b_indices)}"
         return f"{rhs}->{''.join(self.out_indices)}"
 

@@ -269,12 +269,13 @@ def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
         over = [lvl for lvl in ("device", "global") if peak[lvl] > ctx.limits[lvl]]
         if not over:
             return group
-        if not _halve(group, over[0]):
+        if not _halve(group, over[0], {i for k in group.contractions for i in ctx.cs[k].whole()}):
             return None
 
 
-def _halve(group: DiskGroup, level: str) -> bool:
-    """Halve the largest tile the given level owns in a group; False when all are 1.
+def _halve(group: DiskGroup, level: str, whole: set[str] = frozenset()) -> bool:
+    """Halve the largest tile the given level owns in a group, never one of ``whole`` (indices a
+    contraction of the group keeps whole); False when all are 1.
 
     On the device, the fused loops of a device group come first: they alone shrink the tensors
     the group keeps on the device, while cutting a contraction's other indices only multiplies
@@ -287,7 +288,7 @@ def _halve(group: DiskGroup, level: str) -> bool:
         for g in group.groups:
             fused = set(g.glob) if len(g.contractions) > 1 else set(g.dev)
             candidates += [(i in fused, t, g.dev, i, g) for i, t in g.dev.items()]
-    candidates = [c for c in candidates if c[1] > 1]
+    candidates = [c for c in candidates if c[1] > 1 and c[3] not in whole]
     if not candidates:
         return False
     _, tile, tiles, index, g = max(candidates, key=lambda c: (c[0], c[1]))
@@ -324,7 +325,7 @@ def split_for_ranks(ctx: Context, schedule: Schedule, ranks: int) -> None:
             def tile(i: str) -> int:
                 return min(g.dev.get(i, span[i]), span[i])
 
-            blocked: set[str] = set()
+            blocked = {i for k in g.contractions for i in ctx.cs[k].whole()}
             while _parallel_count(g, names, span, tile, ctx.extents) < ranks:
                 cuts = [i for i in names if tile(i) > 1 and i not in blocked]
                 if not cuts:

@@ -92,24 +92,28 @@ def movement(c: Contraction, extents: dict[str, int], tiles: dict[str, int], pas
     return total
 
 
-def minimal_footprint(c: Contraction, itemsize: int) -> int:
-    """Bytes the smallest possible tiling (every tile 1) needs at one level."""
-    return footprint(c, {i: 1 for i in c.indices()}, itemsize)
+def minimal_footprint(c: Contraction, itemsize: int, extents: dict[str, int]) -> int:
+    """Bytes the smallest possible tiling (every tile 1, but for what the contraction keeps
+    whole) needs at one level."""
+    return footprint(c, {i: extents[i] if i in c.whole() else 1 for i in c.indices()}, itemsize)
 
 
 def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int, passes: bool,
                  start: dict[str, int] | None = None, free: list[str] | None = None,
                  whole: dict[str, int] | None = None) -> dict[str, int] | None:
     """Tiles (≤ ``extents``, from ``start`` or whole extents) shrunk until the three buffers fit
-    ``budget`` bytes, cutting only ``free`` indices (default: all); None if that cannot fit.
+    ``budget`` bytes, cutting only ``free`` indices (default: all) and never those the
+    contraction keeps whole (:meth:`~chainexec.planner.plan.Contraction.whole`); None if that
+    cannot fit.
 
     Greedy: among single-index steps to the next larger tile count, take the one with the least
     extra movement per byte freed (ties: larger tile, then name, for determinism). The counts
     are 1, 2, …, :data:`STEPS`, then each larger by a factor of about 1 + 1/STEPS, so that an
     index of extent E takes at most STEPS · (1 + ln(E / STEPS)) steps (about 830 for E = 10⁷,
     2 800 for E = 2⁶³) and the whole search that many per free index, whatever the extents."""
-    tiles = {i: min(extents[i], (start or extents)[i]) for i in c.indices()}
-    free = set(tiles if free is None else free)
+    tiles = {i: extents[i] if i in c.whole() else min(extents[i], (start or extents).get(i, extents[i]))
+             for i in c.indices()}
+    free = set(tiles if free is None else free) - set(c.whole())
     if footprint(c, {i: 1 if i in free else tiles[i] for i in tiles}, itemsize, whole) > budget:
         return None
     mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles, passes)

@@ -70,6 +70,7 @@ class Backend(abc.ABC):
 
     def __init__(self, xp):
         self.xp = xp
+        self.indexes: dict[tuple, object] = {}  # gather positions where the arrays are, per tile shape (gather)
 
     # -- required ------------------------------------------------------------------------------
 
@@ -138,6 +139,50 @@ class Backend(abc.ABC):
         """Each term by :meth:`contract`, the first one ``fresh`` where ``out`` is."""
         for n, (c, (a, b)) in enumerate(zip(cs, operands)):
             self.contract(c, out, a, b, fresh and n == 0)
+
+    def gather(self, out, a, before, axis: int, positions: tuple, after, factor: float, fresh: bool) -> None:
+        """``out (+)= factor · a`` taken along ``axis`` at ``positions``: a pair index unpacked
+        into its members, or members packed into their pair (:mod:`chainexec.planner.packed`).
+        ``a``'s axes are first put in the order ``before`` (None: as they are), the result's
+        then in the order ``after``. ``positions``: ``("unpack", k0, r0, r1, s0, s1)`` takes, for
+        the members' block ``[r0, r1) × [s0, s1)``, each pair ``pair(max, min) - k0``;
+        ``("pack", k0, k1, r0, s0, s1)`` merges the two member axes (``s1 - s0`` the second's
+        extent) and takes, for each pair ``k`` in ``[k0, k1)``, its members' place in them.
+        ``fresh``: ``out`` holds nothing yet (written, not added to)."""
+        if before is not None:
+            a = a.transpose(before)
+        if positions[0] == "pack":
+            a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
+        taken = self.xp.take(a, self._positions(positions), axis=axis)
+        if after is not None:
+            taken = taken.transpose(after)
+        if factor != 1.0:
+            taken *= factor
+        if fresh:
+            out[...] = taken
+        else:
+            out += taken
+
+    def _positions(self, positions: tuple):
+        """The gather positions of :meth:`gather`, computed where the arrays are (the pair
+        formula of :mod:`chainexec.packing`, element-wise in ``xp``) once per tile shape."""
+        found = self.indexes.get(positions)
+        if found is None:
+            xp = self.xp
+            if positions[0] == "unpack":
+                _, k0, r0, r1, s0, s1 = positions
+                r, s = xp.arange(r0, r1)[:, None], xp.arange(s0, s1)[None, :]
+                high, low = xp.maximum(r, s), xp.minimum(r, s)
+                found = high * (high + 1) // 2 + low - k0
+            else:
+                _, k0, k1, r0, s0, s1 = positions
+                k = xp.arange(k0, k1)
+                row = ((xp.sqrt(8.0 * k + 1) - 1) // 2).astype(xp.int64)
+                row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
+                row += (row + 1) * (row + 2) // 2 <= k
+                found = (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
+            self.indexes[positions] = found
+        return found
 
     @abc.abstractmethod
     def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:

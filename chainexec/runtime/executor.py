@@ -139,6 +139,7 @@ class Executor:
         self.weight = 1  # multiplicity of the symmetric loop's tile tuple being run (Loop.symmetric)
         self.symmetric: list[str] | None = None  # the indices of the symmetric loop being run (Loop.symmetric)
         self.pending: list[tuple[str, object, object]] = []  # queued statements: (name, start stamp, end stamp)
+        self.gathers: dict[tuple, tuple] = {}  # packs' and unpacks' gather positions per tile (_gather)
         # accumulates whose device→host copies are queued: (global array, region, host, token,
         # weight, statement name)
         self.landing: collections.deque[tuple] = collections.deque()
@@ -1199,7 +1200,7 @@ class Executor:
         the groups of indices whose ordered elements alone are summed (:func:`chainexec.ordering.points`)."""
         self.counters.statements += len(cs)
         for c in cs:
-            sizes = {i: b - a for i, (a, b) in zip(c.indices(), self._region("device", c.indices()))}
+            sizes = {i: b - a for i, (a, b) in zip(c.space(), self._region("device", c.space()))}
             self.counters.flops += (2 if c.b is not None else 1) * ordering.points(sizes, within)
 
     def _compute(self, run: list[Op]) -> None:
@@ -1220,7 +1221,9 @@ class Executor:
             cs = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
             operands = [operands[k] for k, _ in terms]
         fresh = bool(run[0].fresh)
-        if len(cs) == 1:
+        if cs[0].pairs:
+            self.backend.gather(out, operands[0][0], *self._gather(cs[0]), cs[0].factor, fresh)
+        elif len(cs) == 1:
             self.backend.contract(cs[0], out, *operands[0], fresh)
         elif cs[0].pointwise():
             self.backend.contract_terms(cs, out, operands, fresh)
@@ -1236,6 +1239,32 @@ class Executor:
         self._watch()
         self._count(cs)
         self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
+
+    def _gather(self, c) -> tuple:
+        """How a pack or unpack (:attr:`Contraction.pairs`) gathers its output tile from its
+        operand (:meth:`Backend.gather`'s arguments after the arrays): the order of the operand's
+        axes that puts a pack's members side by side (None: as they are), the axis to take along,
+        which positions to take (``("unpack", pair start, member ranges)``: each member pair's
+        position in the pair index; ``("pack", pair range, member starts and extent)``: each
+        pair's position in the two member axes merged), and the order of the result's axes that
+        gives the output's (None: as they are). Made once per tile, from the current device
+        ranges."""
+        (pair, members), = c.pairs.items()
+        ranges = tuple(self._range("device", i) for i in (pair, *members))
+        key = (c.id, ranges)
+        found = self.gathers.get(key)
+        if found is None:
+            (k0, k1), (r0, r1), (s0, s1) = ranges
+            if pair in c.a_indices:  # unpack: the operand holds the pair whole
+                axis = c.a_indices.index(pair)
+                made = c.a_indices[:axis] + members + c.a_indices[axis + 1:]
+                found = (None, axis, ("unpack", k0, r0, r1, s0, s1), _order(made, c.out_indices))
+            else:  # pack: the operand holds the members whole
+                axis = c.out_indices.index(pair)
+                wanted = c.out_indices[:axis] + members + c.out_indices[axis + 1:]
+                found = (_order(c.a_indices, wanted), axis, ("pack", k0, k1, r0, s0, s1), None)
+            self.gathers[key] = found
+        return found
 
     def _orbits(self, run: list[Op]) -> tuple | None:
         """The terms a symmetrized run runs on this tile (position, factor scale) and the axis
@@ -1261,6 +1290,12 @@ def _within(region: tuple[slice, ...], rows: slice | None) -> tuple[slice, ...]:
     if rows is None:
         return region
     return (slice(region[0].start + rows.start, region[0].start + rows.stop),) + region[1:]
+
+
+def _order(have: list[str], want: list[str]) -> tuple[int, ...] | None:
+    """The axes of an array over ``have`` in the order ``want`` (None where they are so)."""
+    order = tuple(have.index(i) for i in want)
+    return None if order == tuple(range(len(order))) else order
 
 
 def _tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:

@@ -37,9 +37,27 @@ from chainexec.runtime.mapped import MappedArray, contiguous_offset
 COMPLETE = "chainexec_complete"
 
 
+def computed(t: TensorInfo):
+    """The registered source (:mod:`chainexec.sources`) of an input computed where it is loaded,
+    made with the config's parameters and the tensor's layout (:attr:`TensorInfo.layout`)."""
+    from chainexec import sources
+
+    factory = sources.lookup(t.source["compute"])
+    try:
+        return factory(**t.source.get("parameters", {}), layout=t.layout or "s1")
+    except TypeError as err:
+        raise ChainexecError(f"source {t.source['compute']!r} of tensor {t.name}: {err}") from None
+
+
 def check_inputs(plan: Plan) -> None:
-    """Every HDF5 source exists and matches its tensor's shape and dtype; raises ChainexecError."""
+    """Every HDF5 source exists and matches its tensor's shape and dtype, and every computed one
+    makes values of that shape and dtype; raises ChainexecError."""
     for t in plan.tensors.values():
+        if t.role == "input" and "compute" in t.source:
+            source = computed(t)
+            if tuple(source.shape) != tuple(t.shape) or np.dtype(source.dtype) != np.dtype(t.dtype):
+                raise ChainexecError(f"source {t.source['compute']!r} makes {source.dtype} values of shape "
+                                     f"{tuple(source.shape)}, but tensor {t.name} is {t.dtype} of {tuple(t.shape)}")
         if t.role != "input" or "file" not in t.source:
             continue
         path = t.source["file"]
@@ -190,6 +208,7 @@ class Store:
         self.plan = plan
         self.comm = comm
         self.readers: dict[str, h5py.File] = {}
+        self.sources: dict[str, object] = {}  # computed inputs' sources, made on first read (computed)
         # Open shard file and blocks written so far, per (tensor, version) being written.
         self.shards: dict[tuple[str, int], h5py.File] = {}
         self.blocks: dict[tuple[str, int], list[tuple[str, tuple[tuple[int, int], ...]]]] = {}
@@ -209,6 +228,13 @@ class Store:
         t = self.plan.tensors[tensor]
         if version == 0 and "random" in t.source:
             out[...] = generator.block(t.source["random"], tuple(t.shape), region, t.dtype)
+            return
+        if version == 0 and "compute" in t.source:
+            source = self.sources.get(tensor)
+            if source is None:
+                source = self.sources[tensor] = computed(t)
+            rows = region[0] if region else (0, 1)
+            out[...] = source.values(rows)[(slice(None),) + tuple(slice(a, b) for a, b in region[1:])]
             return
         if version == 0:
             path, name = t.source["file"], t.source["dataset"]

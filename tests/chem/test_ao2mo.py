@@ -1,35 +1,111 @@
 """The AO→MO four-index transform of a molecule's integrals: `chainexec chem MOLECULE --job ao2mo`
-writes PySCF's AO integrals and MO coefficients, `chainexec run` transforms them, and the result
-equals PySCF's own `ao2mo.full` (integrals recomputed by PySCF, unpacked) on 1 and 2 ranks."""
+writes PySCF's AO integrals (packed s8 or s4, or dense; or none: each tile computed by libcint
+where it is loaded) and MO coefficients, `chainexec run`
+transforms them over index pairs, and the result — in PySCF's compact s4 layout, or dense where
+the config asks — equals PySCF's own `ao2mo.full` (integrals recomputed by PySCF) on 1, 2 and 4
+ranks, with the bytes moved equal to the prediction."""
 
 import h5py
 import numpy as np
 import pytest
+import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import assert_refused, read_report, run_cli
 
 pytest.importorskip("pyscf")
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_ao2mo_equals_pyscf(tmp_path, ranks):
+def _reference(molecule: str, C: np.ndarray) -> np.ndarray:
     from pyscf import ao2mo, gto
 
     from chainexec.chem.job import MOLECULES
 
-    prep = run_cli("chem", "h2o", "--basis", "cc-pvdz", "--job", "ao2mo", "--out", tmp_path)
+    mol = gto.M(atom=MOLECULES[molecule], basis="cc-pvdz", unit="Angstrom", verbose=0)
+    return ao2mo.full(mol, C)  # s4: (npair, npair)
+
+
+@pytest.mark.parametrize("molecule, layout, output, ranks, memory", [
+    ("h2o", "s8", "s4", 1, "small"), ("h2o", "s8", "s4", 2, "small"), ("h2o", "s4", "s4", 4, "small"),
+    ("n2", "s8", "s4", 2, "small"), ("n2", "s4", "dense", 1, "small"), ("h2o", "dense", "s4", 1, "small"),
+    ("h2o", "s8", "s4", 1, "ample"), ("n2", "s4", "s4", 2, "ample"),
+    ("h2o", "computed", "s4", 2, "small"), ("n2", "computed", "s4", 4, "small"),
+])
+def test_ao2mo_equals_pyscf(molecule, layout, output, ranks, memory, tmp_path):
+    """``small``: limits that tile both levels; ``ample``: room for everything, where each packed
+    input value is read from disk once and each output value written once."""
+    from pyscf import ao2mo
+
+    prep = run_cli("chem", molecule, "--basis", "cc-pvdz", "--job", "ao2mo", "--layout", layout, "--out", tmp_path)
     assert prep.returncode == 0, prep.stderr
-    run = run_cli("run", tmp_path / "fourindex.yaml", "--report-json", tmp_path / "r.json", ranks=ranks)
+    config = tmp_path / "ao2mo.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["tensors"]["B"]["layout"] = output
+    cfg["machine"] = ({"global_memory": "2MiB", "device_memory": "1MiB"} if memory == "small"
+                      else {"global_memory": "256MiB", "device_memory": "64MiB"})
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    run = run_cli("run", config, "--quiet", "--report-json", tmp_path / "r.json", ranks=ranks)
     assert run.returncode == 0, run.stderr
+    report = read_report(tmp_path / "r.json")
+    assert report["measured"]["bytes"] == report["predicted"]["bytes"]
     with h5py.File(tmp_path / "inputs.h5") as f:
         C = f["C"][...]
-        nao, nmo = int(f.attrs["nao"]), int(f.attrs["nmo"])
+        assert ("A" in f) == (layout != "computed")  # computed integrals never touch the disk
+    nmo = C.shape[1]
+    ref = _reference(molecule, C)
     with h5py.File(tmp_path / "output.h5") as f:
         B = f["B"][...]
-    mol = gto.M(atom=MOLECULES["h2o"], basis="cc-pvdz", unit="Angstrom", verbose=0)
-    ref = ao2mo.restore(1, ao2mo.full(mol, C), nmo)
-    assert (nao, nmo) == (24, 24) and B.shape == (nmo,) * 4
-    assert np.linalg.norm(B - ref) <= 1e-12 * np.linalg.norm(ref)
+    if output == "s4":
+        assert B.shape == ref.shape
+        assert np.abs(B - ref).max() <= 1e-12 * np.abs(ref).max()
+        assert np.abs(ao2mo.restore(1, B, nmo) - ao2mo.restore(1, ref, nmo)).max() <= 1e-12 * np.abs(ref).max()
+    else:
+        dense = ao2mo.restore(1, ref, nmo)
+        assert B.shape == dense.shape and np.abs(B - dense).max() <= 1e-12 * np.abs(dense).max()
+    if memory == "ample":
+        with h5py.File(tmp_path / "inputs.h5") as f:
+            packed_input = f["A"].size
+        assert report["measured"]["bytes"]["disk->global"] == 8 * (packed_input + C.size)
+        assert report["measured"]["bytes"]["global->disk"] == 8 * B.size
+
+
+def test_verify_reads_packed_layouts(tmp_path):
+    """``chainexec verify`` unpacks the packed input and output independently and agrees."""
+    assert run_cli("chem", "h2o", "--job", "ao2mo", "--out", tmp_path).returncode == 0
+    assert run_cli("run", tmp_path / "ao2mo.yaml", "--quiet").returncode == 0
+    check = run_cli("verify", tmp_path / "ao2mo.yaml")
+    assert check.returncode == 0 and " ok" in check.stdout, check.stdout + check.stderr
+
+
+def test_a_symmetry_the_data_lacks_is_caught_by_verify(tmp_path):
+    """Integrals written dense but not symmetric (one element changed) and declared symmetric:
+    verify checks the declaration against the data and fails."""
+    assert run_cli("chem", "h2o", "--job", "ao2mo", "--layout", "dense", "--out", tmp_path).returncode == 0
+    with h5py.File(tmp_path / "inputs.h5", "a") as f:
+        f["A"][0, 1, 2, 3] += 1.0
+    config = tmp_path / "ao2mo.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["tensors"]["B"]["layout"] = "dense"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert run_cli("run", config, "--quiet").returncode == 0
+    check = run_cli("verify", config)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert [line.split(":")[0] for line in check.stdout.splitlines() if "FAILED" in line] == ["A (its declared symmetry)"]
+
+
+BAD = {
+    "packed dataset of the wrong length": (lambda f: (f.__delitem__("A"), f.create_dataset("A", data=np.ones(17))),
+                                           ["inputs.h5", "shape (17,)"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_packed_input(case, tmp_path):
+    edit, needles = BAD[case]
+    assert run_cli("chem", "h2o", "--job", "ao2mo", "--out", tmp_path).returncode == 0
+    with h5py.File(tmp_path / "inputs.h5", "a") as f:
+        edit(f)
+    assert_refused(run_cli("run", tmp_path / "ao2mo.yaml", "--quiet"), *needles)
+    assert not (tmp_path / "output.h5").exists()
 
 
 def test_ao2mo_refuses_synthetic(tmp_path):

@@ -381,3 +381,23 @@ def test_methods_that_need_no_gpu_add_the_product(numpy_gpu, method, fresh):
             out[...] = np.nan
         numpy_gpu._run((method, None), c, out, a, b, fresh)
         assert relerr(out, want) <= 1e-12
+
+
+@pytest.mark.parametrize("n, tile", [(1, (0, 1)), (7, (0, 28)), (13, (5, 60)), (13, (90, 91)), (64, (1000, 2080))])
+def test_gather_packs_and_unpacks_pairs(n, tile):
+    """Backend.gather against explicit loops over the triangle ``p >= q``: a tile ``[k0, k1)`` of
+    pair positions packed from a symmetric block, and a member block unpacked from pairs."""
+    rng = np.random.default_rng(n)
+    pairs = [(p, q) for p in range(n) for q in range(p + 1)]  # row-major lower triangle
+    k0, k1 = tile
+    x = rng.standard_normal((3, n, n))
+    x = x + x.transpose(0, 2, 1)
+    packed = np.empty((3, k1 - k0))
+    NumpyBackend().gather(packed, x, None, 1, ("pack", k0, k1, 0, 0, n), None, 1.0, True)
+    assert np.array_equal(packed, np.array([[x[b, p, q] for p, q in pairs[k0:k1]] for b in range(3)]))
+    values = rng.standard_normal((len(pairs), 2))
+    r0, r1, s0, s1 = 0, n, n // 3, n
+    out = np.zeros((r1 - r0, s1 - s0, 2))
+    NumpyBackend().gather(out, values, None, 0, ("unpack", 0, r0, r1, s0, s1), None, 2.0, False)
+    want = np.array([[values[pairs.index((max(r, s), min(r, s)))] for s in range(s0, s1)] for r in range(r0, r1)])
+    assert np.array_equal(out, 2.0 * want)
