@@ -242,14 +242,14 @@ def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict
     beside it; each tensor read from a file must be a dataset ``kind`` writes, of its shape.
     ``layout``: the layout of the tensors read from the integrals' dataset ``A`` (the ao2mo
     job's ``--layout``), where given; ``computed``: read from the registered source
-    ``pyscf.int2e`` of ``molecule`` (its ``atoms`` and ``basis``) instead, in s4."""
+    ``pyscf.int2e`` of ``molecule`` (its ``atoms`` and ``basis``) instead, in s8."""
     cfg = copy.deepcopy(cfg)
     cfg["ranges"] = {name: extents[name] for name in cfg["ranges"]}
     for t in cfg["tensors"].values():
         if "file" in t.get("source", {}):
             t["source"] = {"file": "inputs.h5", "dataset": t["source"]["dataset"]}
             if layout is not None and t["source"]["dataset"] == "A":
-                t["layout"] = "s4" if layout == "computed" else layout
+                t["layout"] = "s8" if layout == "computed" else layout
                 if layout == "computed":  # the integrals of each tile computed where it is loaded
                     t["source"] = {"compute": "pyscf.int2e", **molecule}
     for o in cfg["outputs"].values():

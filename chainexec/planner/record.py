@@ -10,6 +10,9 @@ plan.
   (a global buffer that a ``load`` of the input's source fills; a device buffer that the run of
   terms after it writes first), and :attr:`Op.fresh` on that run's first statement: no zero fill,
   the run writes the buffer as if it held zeros.
+- :attr:`Op.fresh` on an ``accumulate`` that is the only write of its global buffer, once per
+  region (:func:`_results`), and ``fill`` False on that buffer's ``alloc``: each tile is then
+  written into the buffer, not added to zeros.
 - :attr:`Nest.streamed`: the inputs a symmetric tile loop starts on before they are all in
   (:func:`chainexec.planner.pipeline.streamed`).
 - :attr:`Loop.count` on each top-level loop a checkpoint can stop in: its number of tiles.
@@ -53,6 +56,7 @@ def finish(nests: list[Nest], contractions: list[Contraction], tensors: dict[str
     runs(nests, contractions)
     for nest in nests:
         _fills(nest.body, contractions)
+        _results(nest.body)
         found = streamed(nest.body, contractions, tensors)
         nest.streamed = None if found is None else {"loop": found[0], "rows": found[1]}
         for node in nest.body:
@@ -82,3 +86,23 @@ def _fills(body: list, contractions: list[Contraction]) -> None:
                                  and n.level == "device" and n.tensor == c.out)
                     alloc.fill = False
                     node.fresh = True
+
+
+def _results(body: list) -> None:
+    """Mark the ``accumulate`` of a tensor as ``fresh`` and its global ``alloc`` as needing no
+    fill where the nest allocates the tensor in global memory once, accumulates it once and
+    writes it no other way, and every loop between the two cuts only the tensor's own indices
+    (no loop over a summed index, no symmetric loop): every element is then accumulated exactly
+    once, so the tile can be written instead of added to zeros."""
+    found = list(ops(body))
+    for tensor in {op.tensor for op, _ in found if op.op == "accumulate"}:
+        named = [(op, loops) for op, loops in found if op.tensor == tensor]
+        allocs = [(op, loops) for op, loops in named if op.op == "alloc" and op.level == "global"]
+        adds = [(op, loops) for op, loops in named if op.op == "accumulate"]
+        if len(allocs) != 1 or len(adds) != 1 or any(op.op in ("load", "eval", "fused") for op, _ in named):
+            continue
+        (alloc, outer), (add, inner) = allocs[0], adds[0]
+        if list(inner[:len(outer)]) != list(outer) or any(
+                loop.symmetric or set(loop.tiles) - set(add.indices) for loop in inner[len(outer):]):
+            continue
+        add.fresh, alloc.fill = True, False

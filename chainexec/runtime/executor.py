@@ -1144,20 +1144,21 @@ class Executor:
         host, token = self.backend.to_host_async(self.buffers[key], aside=aside)
         if aside:
             self.returning[key][self.lane] = token
-        self.landing.append((ga, sl, host, token, self.weight, f"accumulate {op.tensor}"))
+        self.landing.append((ga, sl, host, token, self.weight, f"accumulate {op.tensor}", bool(op.fresh)))
         self.counters.move(CATEGORY["accumulate"], host.nbytes)
         while self.landing and self.backend.arrived(self.landing[0][3]):
             self._land()
 
     def _land(self) -> str:
-        """Add the oldest queued accumulate's host copy (arrived) to its global array; its
-        statement's name."""
-        ga, sl, host, _, weight, name = self.landing.popleft()
+        """Add the oldest queued accumulate's host copy (arrived) to its global array, or write
+        it there where it is the only value that patch gets (``Op.fresh``: the planner found
+        every tile accumulated once into a buffer nothing else writes); its statement's name."""
+        ga, sl, host, _, weight, name, fresh = self.landing.popleft()
         if weight != 1:  # stands for the other permutations of a symmetric loop's tile tuple
             host = host * weight
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)
             host = host.copy(order="C")
-        ga.accumulate(sl, host)
+        (ga.put if fresh else ga.accumulate)(sl, host)
         return name
 
     def _view(self, tensor: str, indices) -> object:

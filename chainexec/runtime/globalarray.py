@@ -300,9 +300,12 @@ class GlobalArray:
         return block[lo - self._bounds[rank]:hi - self._bounds[rank]]
 
     def put(self, region: Region, data: np.ndarray) -> None:
-        """Overwrite the patch ``region`` with ``data`` (the patch's shape and the array's dtype)."""
+        """Overwrite the patch ``region`` with ``data`` (the patch's shape and the array's dtype).
+        This rank's own rows (and others' in shared memory) are written straight into their block
+        over threads, as :meth:`get` reads them."""
         self._check(region, data)
-        self._run(region, np.ascontiguousarray(data), self._win.Put)
+        self._run(region, np.ascontiguousarray(data), self._win.Put, own=_written)
+        self._win.Sync()
 
     def accumulate(self, region: Region, data: np.ndarray) -> None:
         """Add ``data`` element-wise into the patch ``region``, atomically per element (MPI.SUM),
@@ -319,6 +322,11 @@ class GlobalArray:
         self._win.Unlock_all()
         self._win.Free()
         self._block = None
+
+
+def _written(chunk: np.ndarray, block: np.ndarray) -> None:
+    """Write a patch's rows into the block that holds them (:meth:`GlobalArray.put`)."""
+    hostcopy.copy(block, chunk)
 
 
 class _Integers:

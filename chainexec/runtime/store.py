@@ -259,7 +259,7 @@ class Store:
         ranks of one host holds it; else None, also where the file cannot be mapped (the tile is
         then read; on several ranks every rank's is, :meth:`Executor._alloc`)."""
         t = self.plan.tensors[tensor]
-        if version != 0 or "file" not in t.source or not region:
+        if version != 0 or not t.source or "file" not in t.source or not region:
             return None
         if not whole_rows(region, t.shape) or region[0][1] <= region[0][0]:
             return None
