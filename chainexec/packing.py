@@ -48,13 +48,10 @@ from functools import cached_property
 
 import numpy as np
 
+from chainexec.pairs import npair
+
 KINDS = ("s1", "s2ij", "s2kl", "s4", "s8")
 """The packed layouts, named by PySCF's ``aosym`` codes."""
-
-
-def npair(n: int) -> int:
-    """Number of symmetric pairs ``p >= q`` of an index of extent ``n``: ``n (n + 1) / 2``."""
-    return n * (n + 1) // 2
 
 
 def pair_index(p, q) -> np.ndarray:

@@ -35,6 +35,11 @@ MAX_SUMMED = 8
 renaming of them (``8! = 40,320``)."""
 
 
+def npair(n: int) -> int:
+    """Number of symmetric pairs ``p >= q`` of an index of extent ``n``: ``n (n + 1) / 2``."""
+    return n * (n + 1) // 2
+
+
 @dataclass(frozen=True)
 class Symmetry:
     """Symmetric pairs of adjacent indices, by the position of their first index in the tensor

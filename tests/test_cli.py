@@ -450,8 +450,8 @@ def test_chem_config_describes_the_inputs_beside_it(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     proc = run_cli("chem", "h2o", "--job", "ao2mo", "--out", out)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["fourindex.yaml", "inputs.h5"]
-    assert proc.stdout.splitlines()[-1] == f"wrote {out / 'inputs.h5'} and {out / 'fourindex.yaml'}"
+    assert sorted(p.name for p in out.iterdir()) == ["ao2mo.yaml", "inputs.h5"]
+    assert proc.stdout.splitlines()[-1] == f"wrote {out / 'inputs.h5'} and {out / 'ao2mo.yaml'}"
     with h5py.File(out / "inputs.h5", "r") as f:
         assert set(f) == {"A", "C"}
 

@@ -31,7 +31,7 @@ import yaml
 
 from chainexec import atomicfile, spec
 from chainexec.chem.layout import AO2MO_INDICES, INDICES
-from chainexec.packing import npair
+from chainexec.pairs import npair
 from chainexec.errors import ChainexecError
 
 #: Equilibrium-like geometries in Angstrom (PySCF atom strings).

@@ -134,6 +134,10 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     machine = machine or Machine()
     cs, tensors, extents = contractions(spec)
     limits = {"global": spec.machine.global_memory, "device": spec.machine.device_memory}
+    unset = [f"machine.{level}_memory" for level, size in limits.items() if size is None]
+    if unset:
+        raise ChainexecError(f"{' and '.join(unset)} not set: the planner needs both memory limits in bytes "
+                             "(chainexec.api.plan takes them from the machine where the config has none)", spec.path)
     for c in cs:
         item = tensors[c.out].itemsize
         for level in ("global", "device"):

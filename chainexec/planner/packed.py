@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chainexec.packing import npair
+from chainexec.pairs import npair
 
 LAYOUT_PAIRS = {"s2": (0,), "s2ij": (0,), "s2kl": (2,), "s4": (0, 2), "s8": (0, 2)}
 """The index positions where each packed layout's pairs start."""

@@ -49,7 +49,7 @@ def test_search_equals_brute_force(config, tmp_path):
     else:
         text = (CONFIGS / "expr_d.yaml").read_text().replace("N: 40", "N: 5").replace("32GiB", "64KiB")
         s = spec.loads(text.replace("1GiB", "6KiB"), str(CONFIGS / "expr_d.yaml"))
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     ctx = Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
                   Machine())
     chooser = Chooser(ctx)

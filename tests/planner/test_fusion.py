@@ -30,7 +30,7 @@ def load(name: str, n: int | None = None) -> spec.Spec:
 
 
 def links(s: spec.Spec):
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     return [(cs[k], cs[k + 1], tensors[cs[k].out]) for k in range(len(cs) - 1)], cs, tensors
 
 
@@ -93,7 +93,7 @@ def test_memory_recurrence_by_hand():
 
 def test_memory_recurrence_expression_d_is_n5():
     s = load("d", 10)
-    cs, _ = contractions(s)
+    cs, _, _ = contractions(s)
     outs = [list(max([c.a_indices, c.b_indices], key=len)) for c in cs[:1]] + [c.out_indices for c in cs]
     f = fusion.memory_f(outs, s.extents)
     assert 10**5 <= f < 2 * 10**5  # the paper: "fusion of all five contractions requires memory size N^5"
@@ -157,7 +157,7 @@ outputs:
   T: {file: t.h5, dataset: T}
 machine: {global_memory: 1MiB, device_memory: 64KiB}
 """
-    cs, tensors = contractions(spec.loads(text, str(tmp_path / "c.yaml")))
+    cs, tensors, _ = contractions(spec.loads(text, str(tmp_path / "c.yaml")))
     # T feeds U, U takes a += and feeds V's product: one run; nothing written there is needed by
     # Q's product, which starts a new run.
     assert fusion.fusable_lists(cs, tensors) == [[0, 1, 2, 3, 4], [5, 6]]

@@ -59,7 +59,7 @@ def test_no_store_inside_a_loop_over_an_index_its_tensor_lacks(tmp_path):
 
 def _emitter(name: str, tmp_path) -> Emitter:
     s = spec.load(write_config(tmp_path, _config(CHAINS[name], "1GiB", "1GiB")))
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     return Emitter(cs, s.extents, tensors)
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from chainexec import ordering, spec
+from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
 from chainexec.planner import symmetry
 from chainexec.planner.plan import CATEGORY, Loop, Plan, ops, term_run, to_dict
@@ -125,6 +126,16 @@ def test_memory_limits_respected(tmp_path, glob, device):
     plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(global_memory=glob, device_memory=device))))
     for level in ("global", "device"):
         assert 0 < plan.predicted["memory_peak"][level] <= plan.memory_limit[level]
+
+
+@pytest.mark.parametrize("missing", ["global_memory", "device_memory"])
+def test_a_limit_left_to_detection_is_refused_by_the_pure_planner(tmp_path, missing):
+    cfg = fourindex_config()
+    del cfg["machine"][missing]
+    config = write_config(tmp_path, cfg)
+    with pytest.raises(ChainexecError, match=f"machine.{missing} not set") as err:
+        make_plan(spec.load(config))
+    assert str(err.value).startswith(str(config)) and "\n" not in str(err.value)
 
 
 def test_flops_and_contractions(tmp_path):

@@ -151,7 +151,7 @@ def test_memory_peaks_alone_equal_the_priced_ones(config, tmp_path):
     else:
         text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 4").replace("vir: 19", "vir: 7")
         s = spec.loads(text.replace("256MiB", "96KiB"), str(CONFIGS / "ccsd_t.yaml"))
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     limits = {"global": s.machine.global_memory, "device": s.machine.device_memory}
     alone, priced = (Context(cs, tensors, s.extents, limits, Machine()) for _ in range(2))
     ids = [c.id for c in cs]
@@ -178,7 +178,7 @@ def _small_t_context():
 
     text = (CONFIGS / "ccsd_t.yaml").read_text().replace("occ: 5", "occ: 4").replace("vir: 19", "vir: 7")
     s = spec.loads(text.replace("1GiB", "64KiB").replace("256MiB", "8KiB"), str(CONFIGS / "ccsd_t.yaml"))
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     return Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
                    Machine()), s
 

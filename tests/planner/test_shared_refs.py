@@ -96,7 +96,7 @@ def test_triples_device_gets_share_equal_regions(tmp_path):
     ovvv[i,a,f,c] (and the other pairs that differ in whole virtual positions) are fetched once
     per tile."""
     s = t_spec(tmp_path, 21, 93, "32GiB", "12GiB")
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     ctx = Context(cs, tensors, s.extents, {"global": s.machine.global_memory, "device": s.machine.device_memory},
                   Machine())
     chosen, _ = choose(ctx)
@@ -152,7 +152,7 @@ machine: {global_memory: 1MiB, device_memory: 1MiB}
 
 def _price(tmp_path, dev: dict[str, int]):
     s = spec.loads(CHAIN, str(tmp_path / "c.yaml"))
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     full = {i: s.extents[i] for i in s.extents}
     group = DeviceGroup([0, 1, 2], {i: full[i] for i in "iabc"}, full | dev)
     nests = Emitter(cs, s.extents, tensors).schedule(Schedule([DiskGroup([group])]))
@@ -204,7 +204,7 @@ outputs:
 machine: {global_memory: 1MiB, device_memory: 1MiB}
 """
     s = spec.loads(text, str(tmp_path / "c.yaml"))
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
 
     def price(glob, dev):
         nests = Emitter(cs, s.extents, tensors).schedule(Schedule([DiskGroup([DeviceGroup([0], glob, dev)])]))

@@ -32,7 +32,7 @@ outputs:
 machine: {{global_memory: 8MiB, device_memory: 512KiB}}
 """
     s = spec.loads(text, "/tmp/tccg.yaml")
-    cs, tensors = contractions(s)
+    cs, tensors, _ = contractions(s)
     return s, cs[0], tensors
 
 
