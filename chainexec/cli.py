@@ -80,10 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("molecule", help=f"one of {', '.join(MOLECULES)}, or a PySCF atom string (Angstrom)")
     ch.add_argument("--basis", default="cc-pvdz")
     ch.add_argument("--frozen", type=int, help="frozen core orbitals, fewer than the occupied ones (default 0)")
-    ch.add_argument("--out", required=True, help="folder for inputs.h5 and ccsd_t.yaml")
+    ch.add_argument("--out", required=True, help="folder for inputs.h5 and the job's config (ccsd_t.yaml or ao2mo.yaml)")
     ch.add_argument("--job", default="ccsd_t", choices=tuple(job.TEMPLATES),
                     help="ccsd_t: the (T) energy job; ao2mo: the AO->MO four-index transform of the molecule's integrals")
-    ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/fourindex.yaml)")
+    ch.add_argument("--template", help="the config to copy (default: configs/ccsd_t.yaml or configs/ao2mo.yaml)")
     ch.add_argument("--synthetic", nargs=3, type=int, metavar=("NOCC", "NVIR", "SEED"),
                     help="seeded random inputs of any size that fits the disk and memory, instead of PySCF")
     ch.add_argument("--layout", choices=("s8", "s4", "dense", "computed"),

@@ -3,8 +3,8 @@
 Two jobs (:data:`JOBS`): ``ccsd_t`` writes ``OUT/inputs.h5``, the (T) inputs of
 :func:`chainexec.chem.bridge.write_ccsd_inputs` (or seeded random ones of any size,
 :func:`chainexec.chem.bridge.synthetic_inputs`), and ``OUT/ccsd_t.yaml``; ``ao2mo`` writes
-``OUT/inputs.h5``, AO integrals and MO coefficients, and ``OUT/fourindex.yaml``. The config is a
-copy of a template (``configs/ccsd_t.yaml``, ``configs/fourindex.yaml``) with the molecule's
+``OUT/inputs.h5``, AO integrals and MO coefficients, and ``OUT/ao2mo.yaml``. The config is a
+copy of a template (``configs/ccsd_t.yaml``, ``configs/ao2mo.yaml``) with the molecule's
 extents and its files in ``OUT``. Molecules are named (:data:`MOLECULES`) or given as a PySCF atom
 string (Angstrom).
 
