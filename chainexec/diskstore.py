@@ -22,9 +22,11 @@ that an entry of another version is another file, absent to this one. A file is 
 (:func:`chainexec.atomicfile.write`): writers of one key at once leave one of their files, and a
 reader never sees half of one. A file that is missing, unreadable or refused by its reader's
 parser is absent (:func:`read`), never an error: a cache only saves work. A store with a limit
-keeps the entries used last and removes the temporary files of killed writers (:meth:`Store.prune`).
+keeps the entries used last and removes the temporary files of killed writers
+(:meth:`Store.prune`).
 
-The plans, the CUBINs and the autotuner's decisions are stores. Two caches are not, and share only
+The plans, the CUBINs and the autotuner's decisions are stores (a CUBIN's key names the compiler
+version instead of a store version, and keeps its own text). Two caches are not, and share only
 what fits them: the use log is one file that each process merges its uses into (read, merge,
 replace whole), not an entry per key; the calibrations are machine files named for people (host,
 GPU model and a digest), read with the machine file's own errors
@@ -39,9 +41,10 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from chainexec import atomicfile
 
