@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from chainexec import diskstore
+from chainexec import diskstore, machinecache, plancache
 from chainexec.diskstore import Store, digest
+from chainexec.runtime import kernelcache, uselog
 
 
 def test_an_entry_round_trips(tmp_path):
@@ -128,3 +129,16 @@ def test_a_folder_is_its_variable_else_under_the_root(tmp_path, monkeypatch):
     assert diskstore.folder("some", "CHAINEXEC_SOME_CACHE") == root / "some"
     monkeypatch.setenv("CHAINEXEC_SOME_CACHE", str(tmp_path / "elsewhere"))
     assert diskstore.folder("some", "CHAINEXEC_SOME_CACHE") == tmp_path / "elsewhere"
+
+
+def test_each_cache_folder_is_its_variable_else_under_the_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = tmp_path / "home" / ".cache" / "chainexec"
+    for cache_dir, env, name in [(plancache.cache_dir, "CHAINEXEC_PLAN_CACHE", "plans"),
+                                 (kernelcache.cache_dir, "CHAINEXEC_KERNEL_CACHE", "kernels"),
+                                 (machinecache.cache_dir, "CHAINEXEC_CACHE", "machines")]:
+        monkeypatch.delenv(env, raising=False)
+        assert cache_dir() == root / name
+        monkeypatch.setenv(env, str(tmp_path / env))
+        assert cache_dir() == tmp_path / env
+    assert uselog.path() == tmp_path / "CHAINEXEC_KERNEL_CACHE" / "uses.json"
