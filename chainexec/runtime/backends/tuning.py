@@ -134,6 +134,11 @@ class TuningCache:
         self.store = diskstore.Store(path, TUNING_VERSION, mode=diskstore.SHARED)
         self._legacy: dict | None = None  # the older tuning.json, once read
 
+    @property
+    def path(self) -> Path:
+        """The folder of the decisions."""
+        return self.store.folder
+
     @classmethod
     def for_device(cls, cupy) -> "TuningCache":
         """The cache of the current CuPy device, in the kernel cache's folder."""
@@ -155,7 +160,7 @@ class TuningCache:
         if choice is not None:
             return choice
         if self._legacy is None:
-            found = diskstore.read(self.store.folder.parent / "tuning.json", json.loads)
+            found = diskstore.read(self.path.parent / "tuning.json", json.loads)
             self._legacy = found if isinstance(found, dict) else {}
         try:
             choice = Choice(**self._legacy.get(text))
