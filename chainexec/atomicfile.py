@@ -1,8 +1,8 @@
 """Files replaced whole: written to a temporary file in the same folder and renamed onto their
 name, so that a process reading one meanwhile (another rank, another job on the node) sees the
-old file or the new one, never half of one. The caches' files (CUBINs, plans, the autotuner's
-decisions, the warm-up's log) are written so. :func:`sync` makes a file or a rename durable
-(checkpoints: a node crash after it must not undo it)."""
+old file or the new one, never half of one. The caches' files (:mod:`chainexec.diskstore`: plans,
+CUBINs, the autotuner's decisions, the warm-up's log, calibrations) are written so. :func:`sync`
+makes a file or a rename durable (checkpoints: a node crash after it must not undo it)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from chainexec import detect, machinecache
+from chainexec import atomicfile, detect, diskstore, machinecache
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 from chainexec.spec import parse_size
@@ -205,14 +205,12 @@ def _check_writable(path: Path) -> None:
 
 
 def _write_atomically(path: Path, data: dict) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename it over ``path``: a reader sees the
-    old file or the whole new one, never a torn one."""
-    tmp = _tmp(path)
+    """Write ``data`` as JSON to ``path`` whole (:func:`chainexec.atomicfile.write`), readable by
+    the node's other users as the shared caches are: a reader sees the old file or the whole new
+    one, never a torn one."""
     try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, path)
+        atomicfile.write(path, json.dumps(data, indent=1) + "\n", diskstore.SHARED)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise ChainexecError(f"cannot write the machine file ({err.strerror or err})", str(path)) from None
 
 

@@ -13,11 +13,17 @@ The rates (:class:`chainexec.planner.machine.Machine`) come from the first of:
    stderr (:func:`announce`).
 
 Each rate's origin is kept with the plan (:func:`record`).
+
+The calibrations are not a :class:`chainexec.diskstore.Store`: their files are machine files
+named for people (host and GPU model, then a digest), read with the machine file's own errors
+(:meth:`chainexec.planner.machine.Machine.read`) and written by ``chainexec calibrate``, which
+also writes them to paths outside the cache. They share the caches' folder
+(:func:`chainexec.diskstore.folder`), the key's digest (:func:`chainexec.diskstore.digest`) and the
+whole-file write (:mod:`chainexec.calibrate`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -26,6 +32,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from chainexec import diskstore
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 
@@ -39,12 +46,13 @@ RATE_FIELDS = tuple(f.name for f in fields(Machine) if f.name != "source")
 
 def cache_dir() -> Path:
     """The folder of calibrations (created by the first calibration kept there)."""
-    return Path(os.environ.get(CACHE, Path.home() / ".cache" / "chainexec" / "machines"))
+    return diskstore.folder("machines", CACHE)
 
 
 def versions(gpu: bool) -> dict[str, str]:
     """The software a calibration's rates depend on: chainexec, NumPy, Python, and CuPy where
-    ``gpu`` (read from the modules: no package metadata, whose import costs a run 0.08 s)."""
+    ``gpu``, read from the modules: not from the package metadata, whose import would add to
+    every run's start-up."""
     import numpy
 
     import chainexec
@@ -66,7 +74,7 @@ def identity(gpu: str | None) -> dict:
 def path(ident: dict) -> Path:
     """The cache file of the calibration of ``ident`` (:func:`identity`): host and GPU model in
     the name for people, a digest of the whole identity for uniqueness."""
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    digest = diskstore.digest(json.dumps(ident, sort_keys=True))[:16]
     readable = "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", ident[key])[:40] for key in ("host", "gpu"))
     return cache_dir() / f"{readable}_{digest}.json"
 

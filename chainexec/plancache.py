@@ -2,47 +2,42 @@
 
 Planning is a pure function of the config's text, the machine model, the run's options (forced
 schedule, ranks, inlining) and the planner's code (:func:`chainexec.planner.build.make_plan`), so
-a plan made once can be read back instead of made again: at the (T) job's sizes planning takes
-longer than the executor, and a repeated run (a SLURM job resubmitted, a sweep over machines,
-the benchmarks' warm runs) reads its plan in milliseconds.
+a plan made once is read back instead of made again: planning a large job can take longer than
+its executor, and a repeated run (a SLURM job resubmitted, a sweep over machines, a benchmark's
+warm runs) reads one file instead.
 
-Plans are JSON (:meth:`chainexec.planner.plan.Plan.to_json`), never pickles, in
-``$CHAINEXEC_PLAN_CACHE`` (default ``~/.cache/chainexec/plans``), one file per key. The key is the
-SHA-256 of everything planning reads: the config's text, the path it was given by and the working
-folder (paths in a plan are resolved from them), the memory limits (a config without them plans
-for the limits detected on the machine), the machine model, the options, the plan's format
-version and the bytes of the sources that make plans (:data:`PLANNING`), so that any change to
-the planner makes new keys.
-A file that does not parse is a miss and is replaced. Files are written to a temporary name and
-renamed, so concurrent runs never read half a plan. The cache keeps at most :data:`LIMIT` plans:
-every change to the planner makes new keys, so old plans would otherwise pile up.
+The cache is a :class:`chainexec.diskstore.Store` in ``$CHAINEXEC_PLAN_CACHE`` (default
+``~/.cache/chainexec/plans``): one file per key, holding the plan's JSON
+(:meth:`chainexec.planner.plan.Plan.to_json`, never a pickle), private to the user. The key is
+the SHA-256 of everything planning reads: the store's version, which is :func:`source_digest`
+(the plan's format and the bytes of the sources that make plans, :data:`PLANNING`, so that any
+change to the planner makes new keys), the config's text, the path it was given by and the
+working folder (paths in a plan are resolved from them), the memory limits (a config without them
+plans for the limits detected on the machine), the machine model and the options. A file that
+does not parse is a miss and is replaced. The cache keeps at most :data:`LIMIT` plans: every
+change to the planner makes new keys, so old plans would otherwise pile up.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
-import time
 from functools import lru_cache
 from pathlib import Path
 
-from chainexec import atomicfile
+from chainexec import diskstore
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import FORMAT, Plan
 
 
-PLAN_NAME = re.compile(r"[0-9a-f]{64}\.json")
-"""A cached plan's file name: its key."""
 LIMIT = 256
-"""Plans kept at most; storing one more removes those read or written longest ago (a plan's
-file is touched when it is read). The (T) plan at benzene's sizes is 100 kB."""
+"""Plans kept at most (files); storing one more removes those read or written longest ago. A
+large job's plan is about 100 kB, so the cache stays within tens of MB."""
 
 
 def cache_dir() -> Path:
     """Folder of the plan cache (created on first store)."""
-    return Path(os.environ.get("CHAINEXEC_PLAN_CACHE", Path.home() / ".cache" / "chainexec" / "plans"))
+    return diskstore.folder("plans", "CHAINEXEC_PLAN_CACHE")
 
 
 PLANNING = ("planner", "spec.py", "expr.py", "ordering.py", "errors.py")
@@ -69,60 +64,33 @@ def source_digest() -> str:
     return f"{FORMAT}:{tree_digest(Path(__file__).resolve().parent, PLANNING)}"
 
 
+def _store() -> diskstore.Store:
+    """The plan cache: versioned by :func:`source_digest`, at most :data:`LIMIT` plans."""
+    return diskstore.Store(cache_dir(), version=source_digest(), limit=LIMIT)
+
+
 def key(config: str | Path, text: str, limits: dict[str, int], machine: Machine, schedule: str | None, ranks: int,
         inline: bool) -> str:
     """The cache key of planning ``text`` (the config file's contents, given as ``config``) within
     the memory ``limits`` (bytes per level: the config's, or detected from the machine) for
     ``machine`` with these options: a hex SHA-256."""
-    parts = [source_digest(), str(config), os.getcwd(), text, limits, machine.to_json(), schedule, ranks, inline]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+    return diskstore.digest(_store().key(str(config), os.getcwd(), text, limits, machine.to_json(), schedule, ranks,
+                                         inline))
 
 
 def load(digest: str) -> tuple[Plan, str] | None:
     """The cached plan of key ``digest`` and its JSON text, or None where there is none or its
     file does not parse; a plan found is marked as just used (:data:`LIMIT`)."""
-    path = cache_dir() / f"{digest}.json"
-    try:
-        text = path.read_text()
-        found = Plan.from_json(text), text
-    except (OSError, ValueError, KeyError, TypeError):  # unreadable, or not a plan's JSON
-        return None
-    try:
-        os.utime(path)
-    except OSError:  # a cache this process may read but not write: the plan serves all the same
-        pass
-    return found
+    return _store().load(digest, lambda text: (Plan.from_json(text), text))
 
 
 def store(digest: str, text: str) -> None:
     """Keep a plan's JSON ``text`` under key ``digest``; a cache folder that cannot be written
     is not an error (the run goes on, planning again next time)."""
-    folder = cache_dir()
     try:
-        atomicfile.write(folder / f"{digest}.json", text)
+        _store().save(digest, text)
     except OSError:
-        return
-    _prune(folder, LIMIT)
-
-
-def _prune(folder: Path, keep: int) -> None:
-    """Remove all but the ``keep`` plans of ``folder`` used last (by modification time), and
-    temporary files older than a day (a process killed while writing); only this cache's own
-    names are touched, and a file that cannot be removed (another process's, or gone) is left."""
-    used, now = [], time.time()
-    for path in folder.iterdir():
-        try:
-            if PLAN_NAME.fullmatch(path.name):
-                used.append((path.stat().st_mtime, path))
-            elif path.suffix == ".tmp" and now - path.stat().st_mtime > 86400:
-                path.unlink()
-        except OSError:
-            continue
-    for _, path in sorted(used)[:-keep]:
-        try:
-            path.unlink()
-        except OSError:
-            continue
+        pass
 
 
 def fits(plan: Plan, spec) -> bool:

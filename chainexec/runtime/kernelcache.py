@@ -3,31 +3,31 @@ machine, and each device loads it once per process.
 
 Every generated kernel goes through :func:`function`: the contraction kernels
 (:mod:`chainexec.runtime.launch`: COGENT, GETT, sum kernels) and the point-wise ones
-(:mod:`chainexec.runtime.pointwise`). A CUBIN is kept on disk under
-``$CHAINEXEC_KERNEL_CACHE`` (default ``~/.cache/chainexec/kernels``) in a file named by
-:func:`cache_key`, the SHA-256 of its source, the architecture (``sm_<compute capability>``), the
-compiler options and the NVRTC version, and written whole (temporary file, then rename), so
-concurrent processes never read half a file. In the process, a per-device table holds each
-loaded function by (key, device). CuPy is imported where a kernel is compiled or loaded: the
-module imports on machines without it.
+(:mod:`chainexec.runtime.pointwise`). A CUBIN is kept on disk in a
+:class:`chainexec.diskstore.Store` in ``$CHAINEXEC_KERNEL_CACHE`` (default
+``~/.cache/chainexec/kernels``), in a file named by :func:`cache_key`, the SHA-256 of its source,
+the architecture (``sm_<compute capability>``), the compiler options and the NVRTC version: the
+compiler's version in the key does what a store's format version does, so the store has none of
+its own. Files are written whole, so concurrent processes never read half of one. In the process,
+a per-device table holds each loaded function by (key, device). CuPy is imported where a kernel
+is compiled or loaded: the module imports on machines without it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from functools import lru_cache
 from pathlib import Path
 
-from chainexec import atomicfile
+from chainexec import diskstore
 from chainexec.runtime import uselog
 
 OPTIONS = ("--std=c++17",)
 """NVRTC options besides the architecture for the contraction kernels (part of the cache key)."""
 POINTWISE_OPTIONS = ("--std=c++17", "-ftz=true")
 """NVRTC options for the point-wise kernels: single-precision denormals flushed to zero, as CuPy
-compiles its own kernels (``cupy.RawKernel``), which the point-wise kernels were compiled as."""
+compiles its own kernels (``cupy.RawKernel``)."""
 
 _LOADED: dict = {}  # (cache key, device) -> function
 _KEYS: dict = {}  # (source, architecture, options) -> cache key, so that a launch hashes no source
@@ -37,8 +37,12 @@ _LOCK = threading.Lock()
 def cache_dir() -> Path:
     """Folder of the kernel cache (created on first use): CUBINs, the autotuner's decisions
     (``tuning/``) and the warm-up's use log (``uses.json``)."""
-    return Path(os.environ.get("CHAINEXEC_KERNEL_CACHE",
-                               Path.home() / ".cache" / "chainexec" / "kernels"))
+    return diskstore.folder("kernels", "CHAINEXEC_KERNEL_CACHE")
+
+
+def _store() -> diskstore.Store:
+    """The CUBINs' store: ``<key>.cubin`` files in :func:`cache_dir`, private to the user."""
+    return diskstore.Store(cache_dir(), suffix=".cubin")
 
 
 @lru_cache(maxsize=1)
@@ -52,8 +56,7 @@ def compiler_version() -> str:
 def cache_key(source: str, compute_capability: str, options: tuple[str, ...] = OPTIONS) -> str:
     """SHA-256 hex digest of the source, the compute capability (e.g. ``"90"``), the options and
     the compiler's version: a CUBIN's file name."""
-    text = "\0".join((source, compute_capability, *options, compiler_version()))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return diskstore.digest("\0".join((source, compute_capability, *options, compiler_version())))
 
 
 def compile_cubin(source: str, name: str, compute_capability: str, options: tuple[str, ...] = OPTIONS) -> bytes:
@@ -83,10 +86,9 @@ def _key(source: str, compute_capability: str, options: tuple[str, ...]) -> str:
 
 def _cached_cubin(name: str, source: str, compute_capability: str, options: tuple[str, ...]) -> Path:
     """The disk cache's CUBIN of ``source``, compiled on a miss."""
-    path = cache_dir() / f"{_key(source, compute_capability, options)}.cubin"
-    if not path.exists():
-        atomicfile.write(path, compile_cubin(source, name, compute_capability, options))
-    return path
+    store, key = _store(), _key(source, compute_capability, options)
+    path = store.path(key)
+    return path if path.exists() else store.save(key, compile_cubin(source, name, compute_capability, options))
 
 
 def precompile(kernels: list[tuple[str, str]], compute_capability: str, options: tuple[str, ...] = OPTIONS) -> None:
@@ -94,15 +96,16 @@ def precompile(kernels: list[tuple[str, str]], compute_capability: str, options:
     missing ones (where there are two or more) at once in threads on this rank's share of the
     node's CPUs (NVRTC runs without the GIL), so that :func:`function` then only loads them. A
     source that fails to compile is left out here: it fails again where it is loaded, and the
-    autotuner scores that candidate as it always does. Why: the autotuner times a run of terms'
-    sum-kernel candidates one after another, and compiled one by one their NVRTC time would add
-    up to most of a cold (T) run."""
+    autotuner scores that candidate as it always does. The autotuner times a run of terms'
+    sum-kernel candidates one after another: compiled one by one, their NVRTC time would add up
+    to most of a first run's time."""
     from concurrent.futures import ThreadPoolExecutor
 
     from chainexec.runtime.comm import local_size
 
+    store = _store()
     missing = list({_key(src, compute_capability, options): (name, src) for name, src in kernels
-                    if not (cache_dir() / f"{_key(src, compute_capability, options)}.cubin").exists()}.values())
+                    if not store.path(_key(src, compute_capability, options)).exists()}.values())
     if len(missing) < 2:
         return
 
@@ -156,7 +159,7 @@ def preload(name: str, key: str) -> None:
     way to load a logged kernel before :func:`function` asks for it."""
     import cupy
 
-    path = cache_dir() / f"{key}.cubin"
+    path = _store().path(key)
     dev = cupy.cuda.Device()
     if (key, dev.id) not in _LOADED and path.exists():
         _ = _kept(name, path, key, dev.id).num_regs  # reading an attribute makes lazy loading load it

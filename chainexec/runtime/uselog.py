@@ -1,13 +1,11 @@
 """What runs on a device loaded on first use, kept so that the next process loads it early.
 
-Why: CUDA loads a library's kernels and a module's functions on their first use in a process
-(lazy loading). In a fresh (T) process at benzene's shapes (o=21, v=93) those first uses held up
-the executor for about 0.1 s (``torch.profiler``, H200 and H100, 2026-11-27): 13–24 ms before each
-of the first cuBLAS GEMM kernels ran, about 5 ms before each generated kernel's first launch. A
-second run in the same process does not pay them, and runs 2–5 of one process took 0.19 s
-against 0.28–0.34 s in fresh processes. The kernel cuBLAS picks depends on the call's shape, so
-the log keeps the calls themselves; :mod:`chainexec.runtime.warmup` makes them again on stand-in
-matrices, and loads the logged generated kernels, on a thread that starts with the process.
+CUDA loads a library's kernels and a module's functions on their first use in a process (lazy
+loading), so a fresh process's first cuBLAS calls and first launch of each generated kernel wait
+for a load that a second run in the same process does not pay. The kernel cuBLAS picks depends
+on the call's shape, so the log keeps the calls themselves; :mod:`chainexec.runtime.warmup`
+makes them again on stand-in matrices, and loads the logged generated kernels, on a thread that
+starts with the process.
 
 The file is ``<kernel cache>/uses.json``: per device name and job (a config file's path, so that
 a warm-up loads what this job used, not what every job on the device did) and per kind, the
@@ -22,9 +20,14 @@ generated contraction kernels, each ``[CUBIN cache key, function name]``
 loads (:func:`chainexec.runtime.warmup.prepare`). A
 run's uses are gathered in memory (:func:`note`: no file touched while the executor runs) and
 merged into the file once, after the executor (:func:`flush`, from :func:`chainexec.api.run`),
-which is replaced atomically and only where it changes; two processes flushing at once may lose
-one's additions (a later run adds them again). Unreadable means empty.
-Nothing here is needed for a run's results: the log only moves a load earlier.
+which is replaced whole and only where it changes; two processes flushing at once may lose
+one's additions (a later run adds them again). Unreadable means empty. Nothing here is needed
+for a run's results: the log only moves a load earlier.
+
+The log is not a :class:`chainexec.diskstore.Store` of entries: it is one file that each process
+merges its uses into (read, merge, replace whole). It shares the caches' folder (the kernel
+cache's), their tolerant read (:func:`chainexec.diskstore.read`) and their whole-file write,
+readable by the node's other users (:data:`chainexec.diskstore.SHARED`).
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ import os
 import threading
 from pathlib import Path
 
-from chainexec import atomicfile
+from chainexec import atomicfile, diskstore
 
 KEPT = 64
-"""Uses kept per device, job and kind (the newest): a (T) run at benzene's shapes makes 12
-distinct cuBLAS calls and launches 11 point-wise kernels (2026-11-27)."""
+"""Uses kept per device, job and kind (the newest): more than the distinct cuBLAS calls and
+point-wise kernels that one run of a job meets, so that none of a job's uses is dropped."""
 
 JOBS = 16
 """Jobs whose uses are kept per device (those that added a use most recently): a warm-up
@@ -81,11 +84,8 @@ def path() -> Path:
 
 
 def _file(where: Path) -> dict:
-    try:
-        data = json.loads(where.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    data = diskstore.read(where, json.loads)
+    return data if isinstance(data, dict) else {}
 
 
 def _kinds(entry) -> dict[str, list[tuple]]:
@@ -113,7 +113,7 @@ _PAUSED = threading.local()
 def paused():
     """Within it, this thread's uses are not logged: the autotuner's timing runs load every
     candidate it times, and a warm-up that loaded them all would take longer than the loads it
-    saves (each generated kernel about 1–5 ms)."""
+    saves."""
     _PAUSED.depth = getattr(_PAUSED, "depth", 0) + 1
     try:
         yield
@@ -161,7 +161,7 @@ def flush(where: Path | None = None) -> None:
     if not changed:
         return
     try:
-        atomicfile.write(where, json.dumps(data), 0o644)  # the cache is meant to be shared
+        atomicfile.write(where, json.dumps(data), diskstore.SHARED)
     except OSError:
         pass
 

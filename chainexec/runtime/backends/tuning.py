@@ -18,13 +18,12 @@ the real operands or on a probe of them (:func:`_probe`): one untimed warm-up an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from chainexec import atomicfile
+from chainexec import diskstore
 from chainexec.errors import ChainexecError
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
@@ -52,10 +51,10 @@ methods timed in place, :attr:`Method.in_place <chainexec.runtime.backends.metho
 are then timed within the room)."""
 TUNE_BYTES = 512 << 20
 """Output bytes above which the autotuner times a probe instead of the whole contraction. A probe
-cut too far changes the methods' shapes, not just their sizes: at 64 MiB the (T) W tiles of
-o=24, v=180 were cut along a virtual index, the batched GEMMs shrank to a few rows and lost to GETT
-on the probe, while forced on the real tiles they took 6.0 s of compute against auto's 6.5 s (H100).
-At 512 MiB only the occupied indices are cut (to 2)."""
+cut too far changes the methods' shapes, not just their sizes: cut along a long (virtual) index,
+a (T) tile's batched GEMMs shrink to a few rows and lose to GETT on the probe while they win on
+the real tile. The limit is large enough that a (T) tile is cut along its short (occupied)
+indices, not its long ones."""
 
 
 def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
@@ -115,30 +114,30 @@ class Choice:
 
 
 TUNING_VERSION = 7
-"""Part of every tuning-cache key: raise it when methods or GETT configurations change meaning,
-so that decisions recorded by older code are not read back."""
+"""The tuning cache's format version, the first part of every key: raised when methods or GETT
+configurations change meaning, so that decisions recorded by older code are not read back."""
 
 
 class TuningCache:
-    """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning/``: one file
-    per decision, named by the SHA-256 of its key (device name and contraction, shapes, strides,
-    dtype) and holding the key and the :class:`Choice`, written atomically (temporary file, then
-    rename). A lookup reads one small file, so another process's decision is seen at once and
-    a process reads only the decisions it needs.
-
-    Why: until 2026-11-27 every decision lived in one ``tuning.json``, read whole by each new
-    backend before its first statement and rewritten whole by each new decision. At the GPU
-    hosts' 391 decisions (450 kB) one read took 8 ms on the 2-core VM, the cost grows with every
-    shape a user's runs meet; the first tile of a (T) process waited 6.8 ms for host work before
-    its first kernel (H200 trace, 2026-11-27), this read likely among it (not timed apart on the
-    GPU host). A decision found only in an
-    older ``tuning.json`` beside the folder (read once, on the first miss) is moved to a file of
-    its own."""
+    """The autotuner's decisions, kept across processes in ``<kernel cache>/tuning/``, a
+    :class:`chainexec.diskstore.Store` readable by the node's other users: one file per decision,
+    named by the SHA-256 of its key (the version, the device name, and the contraction, shapes,
+    strides, dtype and room), holding the key and the :class:`Choice`. A lookup reads one small
+    file: its cost does not grow with the decisions kept, a process reads only the decisions it
+    needs, and another process's decision is seen at once. A file whose key is not the one looked
+    up, or that does not parse, is no decision. A decision found only in the older one-file layout
+    (``tuning.json`` beside the folder, read once, on the first miss) is moved to a file of its
+    own."""
 
     def __init__(self, device: str, path: Path):
         self.device = device
-        self.path = path  # the folder
+        self.store = diskstore.Store(path, TUNING_VERSION, mode=diskstore.SHARED)
         self._legacy: dict | None = None  # the older tuning.json, once read
+
+    @property
+    def path(self) -> Path:
+        """The folder of the decisions."""
+        return self.store.folder
 
     @classmethod
     def for_device(cls, cupy) -> "TuningCache":
@@ -148,27 +147,23 @@ class TuningCache:
         return cls(uselog.device_name(cupy), cache_dir() / "tuning")
 
     def _key(self, key: tuple) -> str:
-        return json.dumps([TUNING_VERSION, self.device, *key])
-
-    def _file(self, text: str) -> Path:
-        return self.path / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+        return self.store.key(self.device, *key)
 
     def get(self, key: tuple) -> Choice | None:
         text = self._key(key)
-        try:
-            entry = json.loads(self._file(text).read_text())
-            if isinstance(entry, dict) and entry.get("key") == text:
-                return Choice(**entry["choice"])
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
+
+        def decision(raw: str) -> Choice | None:
+            entry = json.loads(raw)
+            return Choice(**entry["choice"]) if isinstance(entry, dict) and entry.get("key") == text else None
+
+        choice = self.store.load(diskstore.digest(text), decision)
+        if choice is not None:
+            return choice
         if self._legacy is None:
-            try:
-                self._legacy = json.loads((self.path.parent / "tuning.json").read_text())
-            except (OSError, ValueError):
-                self._legacy = {}
-        entry = self._legacy.get(text) if isinstance(self._legacy, dict) else None
+            found = diskstore.read(self.path.parent / "tuning.json", json.loads)
+            self._legacy = found if isinstance(found, dict) else {}
         try:
-            choice = Choice(**entry)
+            choice = Choice(**self._legacy.get(text))
         except TypeError:  # not there, or not a decision
             return None
         self.put(key, choice)
@@ -176,7 +171,7 @@ class TuningCache:
 
     def put(self, key: tuple, choice: Choice) -> None:
         text = self._key(key)
-        atomicfile.write(self._file(text), json.dumps({"key": text, "choice": asdict(choice)}), 0o644)
+        self.store.save(diskstore.digest(text), json.dumps({"key": text, "choice": asdict(choice)}))
 
 
 class Autotuner:
@@ -199,17 +194,17 @@ class Autotuner:
         where the plan leaves room for one, else once for real on ``out``; a split costs its
         kernel plus the other terms' seconds; the stacks are timed on a scratch output plus the
         other terms' seconds, where the room holds the scratch and their copies. A kernel timed without storing skips one pass over
-        the output that the terms' times include (on the o=24, v=180 (T) tile the split was
-        timed at 19.8 ms and ran in 23.2 ms), so close decisions lean towards the kernels.
+        the output that the terms' times include, so close decisions lean towards the kernels.
         ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces that kernel's first configuration,
         ``split`` the first split with the register kernel's first configuration and the other
         terms tuned (the terms one by one where either has none), ``stack`` the stacks where their
         copies fit (else the terms one by one); any other forced method runs
         the terms one by one.
 
-        Measured on the H100 (``benchmarks/sum_tile.py``, 2026-11-23): on the (T) tile of o=24,
-        v=180 the register kernel and the terms one by one (batched GEMM on tensor cores) take
-        25–30 ms each; the register kernel wins where the terms sum over short ranges."""
+        The choice is timed because neither side wins everywhere: on a (T) tile the register
+        kernel and the terms one by one (batched GEMM on tensor cores) are close, and the
+        register kernel wins where the terms sum over short ranges (``benchmarks/sum_tile.py``
+        compares them)."""
         from chainexec.kernels import sumkernel
         from chainexec.runtime import kernelcache, launch
 
@@ -292,8 +287,8 @@ class Autotuner:
              operands: list[tuple], fresh: bool) -> None:
         """Run :meth:`contract_sum`'s decision (nothing where timing the terms on ``out`` added
         them already); ``key`` the run's tuning key, under which a stacked run's stacks are kept
-        (finding them took 0.13 ms per (T) tile). A ``fresh`` output is written first by the
-        first stack, or the first term, as :meth:`contract` writes a fresh one; a generated
+        (found once, not again on every tile). A ``fresh`` output is written first by the first
+        stack, or the first term, as :meth:`contract` writes a fresh one; a generated
         kernel adds, so before one it is cleared."""
         from chainexec.runtime import launch
 
@@ -386,8 +381,8 @@ class Autotuner:
     def contract(self, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += c.factor · a·b`` on the GPU by the chosen method; see :class:`Backend`. A
         ``fresh`` output is written by cuBLAS with β = 0 where batched GEMM runs it (no zero fill
-        and no read of ``out``: the (T) W tile's 20 fills took 5.9 ms of 0.155 s of device time
-        at benzene's shapes on an H100, 2026-11-27), else cleared first (:meth:`_run`).
+        and no read of ``out``: each is a pass over the whole tile), else cleared first
+        (:meth:`_run`).
 
         When the chosen method's workspace does not fit in the device memory left (CuPy's
         OutOfMemoryError, also under a pool limit), the contraction runs through GETT where it
@@ -410,8 +405,8 @@ class Autotuner:
                 self.choices[self._kept_key(c, out, a, b)] = Choice(fallback[0], config=fallback[1])
         pool = self.xp.get_default_memory_pool()
         if self.memory is not None and pool.total_bytes() > self.memory and pool.free_bytes():
-            # temporaries of differently shaped tiles, cached: 1.12 GB held against 1 GiB in the
-            # out-of-core four-index run with every choice within the room
+            # the pool caches the temporaries of differently shaped tiles: kept, they outgrow
+            # the room the plan leaves even where every choice fits in it
             pool.free_all_blocks()
 
     def _choose(self, c: Contraction, out, a, b) -> tuple:
@@ -443,8 +438,7 @@ class Autotuner:
                     seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
                     choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()})
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
-                    # not needed again: left there they held the pool 1 GB above the plan's
-                    # buffers in the first out-of-core four-index run
+                    # not needed again: left there, they hold the pool above the plan's buffers
                     self.xp.get_default_memory_pool().free_all_blocks()
             self.choices[kept] = choice
         return choice.method, choice.config
@@ -460,12 +454,11 @@ class Autotuner:
     def _kept_key(self, c: Contraction, out, a, b) -> tuple:
         """The key a method choice is kept under, in this process and in the tuning cache alike:
         :meth:`_key` and the room the plan leaves now (:attr:`workspace`). A choice made within
-        less room is not read where a run leaves more: it tunes again. Until 2026-11-28 the
-        process kept its choices without the room. The (T) W stacks' contractions, tuned first
-        while the stack itself was timed (the room less a scratch tile), were then run from
-        that in-process choice, never under the room they run in. So the next process tuned
-        them again: 1.5-1.8 s of executor in the run after a cold one, against 0.16-0.20 s in
-        later runs (H100, benzene-size (T), 2026-11-28)."""
+        less room is not read where a run leaves more: it tunes again. The process keys its
+        own choices by the room too: a stack's contractions are tuned first while the stack
+        itself is timed (within the room less a scratch tile); keyed without the room, the run
+        would reuse that choice and never record one under the room it runs in, and each later
+        process would tune them again."""
         key = self._key(c, out, a, b)
         return key if self.workspace is None else key + (self.workspace,)
 
