@@ -8,6 +8,12 @@ Candidates:
 - ``paper: disk+global`` — the paper's procedure at both levels (section 5.2): cut links that are
   not profitable at a level (eq. 5.1–5.3), then split each fusable list by dynamic programming
   (section 5.1) into sub-chains that fit — first at the device level, then at the global level;
+- ``fused`` — each fusable list whole as one disk group of one device group (its inputs fetched
+  per device tile where they do not fit the device whole), where every list fits so: the
+  profitability cuts of eq. 5.1–5.3 judge one link at a time, and for a long chain whose inputs
+  outgrow the device (the (T) job's 34 contractions with ``ovvv`` larger than a GPU) they cut
+  it into groups that exchange six-index intermediates through the global array, while the
+  whole chain on the device moves only input tiles;
 - ``search`` — beyond the paper: every way of cutting each fusable list into disk groups and
   each disk group into device groups, with every tiling scheme of each unfused contraction and a
   grid of global tile sizes around them (:func:`grid_candidates`), priced exactly. Costs of disk groups add up, so the best cut is found by dynamic programming over
@@ -176,6 +182,11 @@ class Chooser:
                     groups.append(self._fit(within(seg)))
         return Schedule(groups)
 
+    def fused(self) -> Schedule | None:
+        """Every fusable list as one device group (module docstring); None where one does not fit."""
+        groups = [self._fit((tuple(run),)) for run in self.lists]
+        return None if any(g is None for g in groups) else Schedule(groups)
+
     def search(self) -> Schedule | None:
         """Exhaustive over cuts at both levels and single-contraction schemes (module docstring)."""
         if any(len(run) > SEARCH_LIMIT for run in self.lists):
@@ -219,9 +230,8 @@ def choose(ctx: Context, prefer: str | None = None) -> tuple[Schedule, list[dict
     chooser = Chooser(ctx)
     candidates = [("unfused", chooser.unfused()), ("paper: disk", chooser.paper(device_level=False)),
                   ("paper: disk+global", chooser.paper(device_level=True))]
-    searched = chooser.search()
-    if searched is not None:
-        candidates.append(("search", searched))
+    candidates += [(name, found) for name, found in (("fused", chooser.fused()), ("search", chooser.search()))
+                   if found is not None]
     priced = []
     for name, schedule in candidates:
         pred = ctx.price(schedule)
