@@ -1,7 +1,7 @@
 """Check and time chainexec's generated kernels on the 48 TCCG contractions (needs a GPU).
 
-For each contraction and scale (1 = the sizes of ``benchmarks/tccg.json``, a copy of
-``shared/benchmarks/tccg.json``, 2 = every extent doubled): the COGENT kernel of the model's
+For each contraction and scale (1 = the sizes of ``benchmarks/tccg.json``, 2 = every extent
+doubled): the COGENT kernel of the model's
 configuration and the GETT tensor-core kernels of the GETT model's top three configurations are
 each checked against ``cupy.einsum`` on fresh
 random inputs (output poisoned with NaN first, so an unwritten element fails; relative Frobenius
@@ -22,8 +22,8 @@ CCSD(T) cases the output alone (302 MB at scale 1) bounds the rate, below what a
 Every method is timed until C is in its layout. GETT, COGENT, batched GEMM and cuTENSOR write
 into C; TTGT, ``cupy.einsum`` and ``torch.einsum`` return the GEMM's product *viewed* in C's
 index order, which a consumer of C's layout (the next contraction's kernel, an HDF5 write) must
-still copy: they are timed with that copy, by their own library (before 2026-11-25 they were
-timed without it, which on the CCSD(T) cases left out a pass over a 302 MB output). Their times
+still copy: they are timed with that copy, by their own library (timed without it, they would
+leave out a pass over the output, 302 MB on the CCSD(T) cases). Their times
 as returned are recorded beside (``ttgt_view_ms``, ``cupy_einsum_view_ms``,
 ``torch_einsum_view_ms``), with ``views`` saying which results were views.
 
@@ -384,7 +384,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # recorded, not hidden: one failing case must not lose the rest
             row = {"id": case["id"], "name": case["name"], "scale": s, "error": repr(exc)}
         # The case's arrays are gone with run_case's frame: hand their blocks back to the device
-        # (without this, cases 32-48 at scale 2 found too little free memory and were skipped).
+        # (without this, cases 32-48 at scale 2 find too little free memory and are skipped).
         import cupy
 
         cupy.get_default_memory_pool().free_all_blocks()

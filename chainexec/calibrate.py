@@ -62,12 +62,11 @@ class Profile:
 # (three 32 MiB matrices at n = 2048, three 8 MiB at 1024).
 FULL = Profile(256 << 20, 5, {"cupy": 2048, "numpy": 1024})
 # The quick calibration a plan or run makes on first use (and `--quick`): at most 10 s with the
-# launch (4.8-6.1 s with 2 ranks on the shared 2-core VM, NumPy, 3.5 s of it what TINY takes too:
-# launch, imports, fixed costs), with the full GEMM order, since a small GEMM misses the BLAS's
-# rate (order 256 measured 1.4 GFLOP/s there against 25 GFLOP/s at 1024).
+# launch (most of it the launch, imports and fixed costs, which TINY pays too), with the full GEMM
+# order, since a small GEMM misses the BLAS's rate (order 256 reaches a small fraction of it).
 QUICK = Profile(32 << 20, 3, FULL.gemm_n)
-# What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): 3.5 s with the launch
-# on the shared 2-core VM, rates not to plan with.
+# What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): little more than the
+# launch and imports, rates not to plan with.
 TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256})
 QUICK_VARIABLE = "CHAINEXEC_QUICK_CALIBRATION"
 

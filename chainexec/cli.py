@@ -146,7 +146,7 @@ def _main(args) -> int:
         fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
         warmup.start(args.config, args.backend)
     # Imported after the GPU warm-up began, so that it overlaps these imports (the runtime, h5py;
-    # about 1 s with MPI's start on the GPU hosts) instead of the run's first statements.
+    # about a second with MPI's start) instead of the run's first statements.
     from chainexec import api, report
     from chainexec.runtime.checkpoint import Stopped
 

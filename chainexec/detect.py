@@ -37,7 +37,7 @@ HOST_MEMORY = "CHAINEXEC_HOST_MEMORY"
 # Device memory CUDA reports free that a run cannot plan its buffers into: the modules of
 # generated kernels, cuBLAS's and cuTENSOR's workspaces (one per stream), and the memory pool's
 # rounding of blocks and its fragmentation, which grows with the buffers. Kept aside: 1 GiB, or
-# 1/16 of the free memory where that is more (8.7 GiB of an H200's 139 GiB).
+# 1/16 of the free memory where that is more (8.7 GiB of 139 GiB free).
 GPU_RESERVE = 1 << 30
 GPU_RESERVE_SHARE = 1 / 16
 # Host memory a run needs beside the global array (and, on NumPy, the device buffers): the

@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 BIN = Path(sys.executable).parent
-# The 48 TCCG contractions (a copy of shared/benchmarks/tccg.json, kept in the repository so that
-# CI's clean clone checks them too).
+# The 48 TCCG contractions, kept in the repository so that CI's clean clone checks them too.
 TCCG = Path(__file__).resolve().parents[1] / "benchmarks" / "tccg.json"
 
 

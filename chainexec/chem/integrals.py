@@ -19,12 +19,9 @@ the ``i`` shells; an s8 slice is cut from the s4 rows of the pair rows it touche
 full: up to about twice the integrals the slice holds).
 
 Cost: a tile costs about the values it computes divided by libcint's rate, which depends on the
-basis (angular momenta, contraction depth) and so is to be measured per molecule. On one core
-(``OMP_NUM_THREADS=1``) of a shared 2-core development host the rate is 2.3–2.5e7 values/s
-for H2O and N2 in cc-pVTZ (nao 58, 60) and 1.2e7 values/s for benzene in cc-pVDZ (nao 114;
-its 43.0 M s4 values in 3.2–3.7 s); cutting the s4 tensor into one tile per shell costs 0–20 %
-more than one whole-tensor ``mol.intor`` call. libcint runs on ``lib.num_threads()`` OpenMP
-threads.
+basis (angular momenta, contraction depth) and so is to be measured per molecule. Cutting the
+s4 tensor into one tile per shell costs little more than one whole-tensor ``mol.intor`` call.
+libcint runs on ``lib.num_threads()`` OpenMP threads.
 
 PySCF is imported only where a molecule is built (:class:`Int2e`); the functions take a
 ``pyscf.gto.Mole``.

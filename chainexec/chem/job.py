@@ -220,8 +220,8 @@ def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memo
     """Refuse inputs of these float64 ``shapes`` that cannot be written: where the file would
     exceed the free space of ``out``'s file system (its nearest existing folder) or, with
     ``in_memory`` (synthetic inputs, all made in memory before they are written), where the bytes
-    held at once — every array, and one temporary the size of the largest while it is symmetrized
-    (the peak measured for o=8, v=200: 1003 MiB against 1016 MiB so counted) — would exceed this
+    held at once — every array, and one temporary the size of the largest while it is symmetrized,
+    a count just above the process's actual peak — would exceed this
     machine's physical memory."""
     sizes = [spec.DTYPES["float64"] * math.prod(shape) for shape in shapes.values()]
     folder = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())

@@ -1,7 +1,7 @@
 """A binary contraction as batched GEMMs over the operands as they lie: no copy, no transpose.
 
 Shi, Niranjan, Anandkumar and Cecka, "Tensor contractions with extended BLAS kernels on CPU and
-GPU" (``../shared/papers/strided-batched-gemm-tensor-contractions.txt``): a contraction whose modes
+GPU": a contraction whose modes
 can be split into *GEMM modes* (each group one stride in every tensor it appears in) and *batch
 modes* runs as STRIDEDBATCHEDGEMM calls (Sec. III-D, Listing 1) nested in loops over the other
 batch modes (Listing 2), reading the operands and writing the output in place. This module is the
@@ -21,9 +21,9 @@ The choice, for ``out[...] (+)= α Σ a[...]·b[...]`` over strided views (strid
    (priority 2); with more, all of them are one pointer-array batched call instead of the
    paper's nested loops of calls (Listing 2). A call costs microseconds of Python and launch, and
    the autotuner times methods on a probe with fewer nested iterations than the real tile: with a
-   call per iteration batched GEMM lost to GETT on the (T) terms' probes (o=24, v=180, H100),
-   while one call over the whole tile is the form that runs. Contracted modes left out of K' are
-   looped, each iteration's call adding into the same output.
+   call per iteration, batched GEMM's launch overhead on the probe would make it lose to GETT on
+   the (T) terms, while one call over the whole tile is the form that runs. Contracted modes left
+   out of K' are looped, each iteration's call adding into the same output.
 
 Beyond the paper: multi-mode and arbitrary-order contractions (it treats single-mode ones), views
 cut from larger buffers (any strides), modes of extent 1 ignored, and batch modes shared by all
@@ -40,9 +40,9 @@ import numpy as np
 
 MIN_SIDE = 8
 """Fewest GEMM rows or columns worth a BLAS call: thinner GEMMs are matrix-vector products or dot
-products. TCCG cases 2-8 and 20-30 fell to batches of them (0.1-0.9 TFLOP/s on the H100 where
-the other methods reach 3-50), and the (T) energy's full reduction, one 1x1 GEMM over 1.4e8
-summed elements, took twice the time of the other methods. The autotuner need not time them."""
+products, which run at a small fraction of the other methods' rate (TCCG cases 2-8 and 20-30
+would fall to batches of them, and the (T) energy's full reduction to one 1x1 GEMM over 1.4e8
+summed elements). The autotuner need not time them."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,8 @@ class Launch:
 def _offsets(loops) -> np.ndarray:
     """Element offsets (a, b, out) of every iteration of ``loops`` (each (extent, a stride,
     b stride, out stride); the last varies fastest), one row per iteration. Built as arrays: a
-    (T) W tile of o=21, v=93 has 20,088 GEMMs a call, and tuples of Python ints took 0.14 s a
-    layout, 2.3 s of a 3.5 s run (H100, cProfile)."""
+    (T) W tile of o=21, v=93 has 20,088 GEMMs a call, and tuples of Python ints would cost a
+    tenth of a second a layout, most of a short run."""
     every = np.zeros((1, 3), np.int64)
     for n, sa, sb, so in loops:
         step = np.arange(n, dtype=np.int64)[:, None] * np.array([sa, sb, so], np.int64)

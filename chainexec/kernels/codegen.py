@@ -1,8 +1,9 @@
 """CUDA C source for one binary tensor contraction from a COGENT configuration.
 
-The kernel follows Algorithm 1 of the COGENT paper (``papers/cogent-gpu-tensor-contraction-
-codegen.txt``, Section III): each thread block owns one output tile held in registers
-(``REGx x REGy`` per thread, Section III-A/B) and loops over the internal indices in steps of
+The kernel follows Algorithm 1 of the COGENT paper (Kim et al., "A Code Generator for
+High-Performance Tensor Contractions on GPUs", CGO 2019, Section III): each thread block owns
+one output tile held in registers (``REGx x REGy`` per thread, Section III-A/B) and loops over
+the internal indices in steps of
 ``TBk``; each step (1) loads the two input slices from global into shared memory, (2) reads a
 column of the x-tile and a row of the y-tile into registers, (3) accumulates their outer product,
 and finally (4) stores the output tile, ``C = alpha * A*B + beta * C``.

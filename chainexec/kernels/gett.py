@@ -1,13 +1,14 @@
 """GETT kernels on FP64 tensor cores: any binary contraction as one GEMM over index groups.
 
-Beyond COGENT (``papers/cogent-gpu-tensor-contraction-codegen.txt``), whose kernels use FP64 FMA
+Beyond COGENT (Kim et al., "A Code Generator for High-Performance Tensor Contractions on GPUs",
+CGO 2019), whose kernels use FP64 FMA
 units only, this generator targets the FP64 tensor cores of sm_80 and newer (``mma.sync ...
 m8n8k4 ... f64``; on sm_90 also ``m16n8k4``) with asynchronous global→shared copies
 (``cp.async``) in a multi-stage pipeline.
 
 The contraction ``C[c] (+)= alpha * sum A[a]*B[b]`` is the GEMM-like tensor-tensor product
-(GETT) of Springer & Bientinesi, the idea the strided-batched-GEMM paper
-(``papers/strided-batched-gemm-tensor-contractions.txt``, Section 2) generalizes: its indices fall
+(GETT) of Springer & Bientinesi, the idea the strided-batched-GEMM paper (Shi et al., "Tensor
+Contractions with Extended BLAS Kernels on CPU and GPU", Section 2) generalizes: its indices fall
 into four groups -- batch ``L`` (in all three tensors), ``M`` (A and C), ``N`` (B and C) and
 ``K`` (A and B, summed). Flattening each group turns every tensor access into a sum of two
 offsets: ``A[m,k] = A[offAm[m] + offAk[k]]``, ``B[k,n] = B[offBk[k] + offBn[n]]``,
@@ -125,8 +126,7 @@ class GettConfig:
         mod 16 doubles. The shared memory serves 8-byte stores a half-warp at a time; one
         fragment store puts a half-warp's 16 lanes on 4 rows × 4 even (or odd) columns, so at
         least two lanes share a bank pair whatever the pitch, and any pitch but 0 or 2 mod 16
-        reaches that floor (on the H100: 8 cycles per store, against 16 at 0 or 2 mod 16 and
-        6.2 for 16 contiguous doubles; measured 2026-11-25 in a review)."""
+        reaches that floor, where 0 or 2 mod 16 takes twice the cycles per store."""
         width = self.mma_n * 8
         return width + (3 - width) % 16
 
@@ -333,7 +333,8 @@ def _amplification(run: int, along: int) -> float:
 PEAK_FLOPS = 60e12
 """FP64 tensor-core rate the model assumes (flop/s; H100 SXM peak is 67 TFLOP/s)."""
 DRAM_BYTES = 3.0e12
-"""DRAM bandwidth the model assumes (bytes/s; H100 SXM HBM3, measured ~3 TB/s)."""
+"""DRAM bandwidth the model assumes (bytes/s; a sustained rate, below the 3.35 TB/s peak of the H100
+SXM's HBM3)."""
 
 
 def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int) -> float:
@@ -561,10 +562,9 @@ def _staged_epilogue(cfg: GettConfig) -> list[str]:
     """C = alpha·acc (+ beta·C) through shared memory, one MMA row-tile at a time: each warp writes
     its ``rows × 8·mma_n`` accumulators to its own padded tile (the pipeline's memory, free once
     every copy has landed), then its lanes store the tile row by row along n, 32 consecutive
-    elements per instruction. The TCCG CCSD(T) outputs (302 MB, K = 24) are store-bound: on the
-    H100 this took case 31 from 0.277 to 0.223 ms with the model's configuration
-    (``benchmarks/results/gett_epilogue_probe_h100_2026-11-24.json``), but it made some other
-    configurations slower, so the autotuner times both (:func:`candidates`)."""
+    elements per instruction, so that the store-bound TCCG CCSD(T) outputs (302 MB, K = 24) are
+    written in whole sectors. Some other configurations run slower staged than storing fragments
+    directly, so the autotuner times both (:func:`candidates`)."""
     r, width, pitch = cfg.rows, cfg.mma_n * 8, cfg.stage_pitch()
     return ["  // epilogue staged through shared memory: whole rows of the warp's tile per store instruction",
             "  __syncthreads();",

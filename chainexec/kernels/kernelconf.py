@@ -1,7 +1,7 @@
 """COGENT kernel configurations: enumeration, pruning and the DRAM-transaction cost model.
 
 Implements the configuration space of Kim et al., "A Code Generator for High-Performance Tensor
-Contractions on GPUs" (CGO 2019; ``papers/cogent-gpu-tensor-contraction-codegen.txt``):
+Contractions on GPUs" (CGO 2019):
 
 * Section III-B: the output tile of a thread block is a 2-D arrangement of threads
   (TBx x TBy) times a 2-D register tile (REGx x REGy); the external indices of the input that

@@ -81,8 +81,8 @@ def orbit_table(blocks: int, perms: tuple[tuple[int, ...], ...]) -> tuple[tuple[
 
     under_group, under_read = images(elements), images(perms)
     members = len(elements)
-    # whole arrays, one row per orbit (a loop over orbits took 6-7 ms of a fresh (T) process's
-    # first tile at 12 blocks a side): an orbit is its first block's images under the group,
+    # whole arrays, one row per orbit (a Python loop over orbits costs milliseconds of a (T)
+    # tile's host time at 12 blocks a side): an orbit is its first block's images under the group,
     # repeats dropped, in the group's order, padded with zeros to ``members`` blocks
     orbit = under_group[np.flatnonzero(under_group.min(axis=1) == np.arange(blocks ** s))]
     first = np.stack([~(orbit[:, :g] == orbit[:, g:g + 1]).any(axis=1) for g in range(members)], axis=1)

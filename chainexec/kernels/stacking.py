@@ -3,11 +3,11 @@
 A term added on its own to an output reads and writes all of it: 2·itemsize bytes an element
 for 2·depth flops (depth: its summed length). In the (T) tile with occupied tiles of one, the six
 ``ovoo·t2`` terms sum over m (o = 40 at #6's size), so each is a pass over W's 512 MB for little
-arithmetic: on the H100 they took 0.56-0.70 ms each, one by one, against 1.26 ms for a ``ovvv·t2``
-term with 10x their flops. Where two terms split the output's indices the same way between their
-operands (W[a,(bc)] from ``ovoo[i,a,j,m]·t2[m,k,b,c]`` and ``ovoo[i,a,k,m]·t2[m,j,c,b]``), they
-are one GEMM over the concatenated summed ranges, ``[A1 A2]·[B1; B2]``: copies of the operands
-(each small beside the output) in place of a pass over it. The strided-batched GEMM paper's
+arithmetic: one by one, each takes about half the time of a ``ovvv·t2`` term with 10x its flops.
+Where two terms split the output's indices the same way between their operands (W[a,(bc)] from
+``ovoo[i,a,j,m]·t2[m,k,b,c]`` and ``ovoo[i,a,k,m]·t2[m,j,c,b]``), they are one GEMM over the
+concatenated summed ranges, ``[A1 A2]·[B1; B2]``: copies of the operands (each small beside the
+output) in place of a pass over it. The strided-batched GEMM paper's
 reshaping of operands into GEMM form, applied across terms (beyond the papers).
 
 Pure: which terms stack, and the index orders of the stacked operands. The runtime builds them

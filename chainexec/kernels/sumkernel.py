@@ -2,13 +2,13 @@
 
 Why: a statement list such as the (T) triples' twelve ``W += vvov·t2`` / ``W -= vooo·t2`` terms
 run one contraction at a time reads and writes the whole output per term (16 bytes per element
-for ``2·K`` flops): at K = o = 24 that is 3 flop/byte, far below the H100's balance of about 20,
+for ``2·K`` flops): at K = o = 24 that is 3 flop/byte, far below an H100's balance of about 20,
 and at K = v = 180 it is at the balance. Accumulating every term in registers before the single
-store moves the output once for all of them. This is the loop fusion of the multi-level fusion
-paper (``papers/multilevel-fusion-tiling-tensor-contractions.txt``, Section 3: a producer's
-tile kept in the fastest level while every contribution to it is made) taken to the register
-level, on COGENT's kernel structure (``papers/cogent-gpu-tensor-contraction-codegen.txt``,
-Algorithm 1: a block's output tile in registers, operand slices staged through shared memory).
+store moves the output once for all of them. This is the loop fusion of the multi-level paper
+(Section 3: a producer's tile kept in the fastest level while every contribution to it is made)
+taken to the register level, on COGENT's kernel structure (Kim et al., CGO 2019, Algorithm 1: a
+block's output tile in registers, operand slices staged through shared memory); both papers are
+cited in ``docs/architecture.md``.
 
 What COGENT's single-term mapping cannot do here: its register tile is an outer product of
 x-input rows and y-input columns, a split of the output indices that differs per term (in (T)
@@ -123,8 +123,8 @@ class SumProblem:
     def cast(self) -> str:
         """The cast of offset terms: none (32-bit arithmetic, fewer instructions per copy) where
         every view's elements lie within 2^31 of its start, else to 64 bits. Found once per
-        problem: the generators ask for it per offset they write (349 times for one (T) kernel,
-        7 ms of a fresh process's first tile under cProfile, H100 host, 2026-11-27)."""
+        problem: the generators ask for it per offset they write, hundreds of times for one (T)
+        kernel."""
         span = max(sum((n - 1) * s for n, s in zip(v.shape, v.strides))
                    for v in [self.out] + [x for t in self.terms for x in (t.a, t.b)])
         return "" if span < 2**31 else "(long long)"
@@ -231,9 +231,9 @@ def predict(p: SumProblem, cfg: SumConfig, dev: Device) -> float:
     wavefronts and L2 reads over all SMs, with padded tiles and the last partial wave of blocks
     counted; ``inf`` where the config exceeds the device (registers, shared memory, threads).
 
-    The issue term is what the first measurements on the H100 showed: copies that decomposed
-    their element number in every step took twice the instructions of the FMAs (see
-    :func:`_table`)."""
+    The issue term is there because instruction issue, not the FMA pipe, can bound the kernel:
+    copies that decompose their element number in every step take twice the instructions of the
+    FMAs (see :func:`_table`)."""
     regs, smem = registers(p, cfg), smem_bytes(p, cfg)
     if regs > dev.regs_per_thread or smem > dev.smem_per_block or cfg.threads > dev.max_threads_per_block:
         return math.inf
@@ -289,8 +289,9 @@ def splits(p: SumProblem) -> list[tuple[int, ...]]:
     Why: a term run on its own reads and writes the whole output, 2·itemsize bytes an element
     for 2·depth flops. Where the range is long the pass is paid for (the (T) ``vvov`` terms,
     depth v, run as batched GEMM on the tensor cores); where it is short the passes are the cost
-    (the six ``ooov`` terms, depth o: on the o=24, v=180 tile, six passes at 1.2 TB/s took as long
-    as half the GEMM work). One kernel for the short terms reads and writes the output once."""
+    (the six ``ooov`` terms, depth o: on the o=24, v=180 tile, six passes at the device's
+    bandwidth take as long as half the GEMM work). One kernel for the short terms reads and writes
+    the output once."""
     depths = [p.depth(t) for t in p.terms]
     parts = [tuple(k for k, d in enumerate(depths) if d <= limit) for limit in sorted(set(depths))[:-1]]
     return [part for part in parts if len(part) >= 2]
@@ -533,8 +534,8 @@ def _table(p, cfg, side, view, local, pitch, kpitch, inner, T, partial) -> list[
     threads read neighbouring addresses), its offset in the operand at step 0 (-1 past an edge of
     the output's tile) and its place in a shared-memory stage. Copies then cost a table read and
     an add per step instead of a mixed-radix decomposition: with the decomposition in every step,
-    the copies' integer arithmetic took twice the instructions of the FMAs (Nsight Compute on
-    the H100, (T) tile of o=24, v=180: 12 TFLOP/s, FP64 pipe 38 % busy)."""
+    the copies' integer arithmetic takes twice the instructions of the FMAs and leaves the FP64
+    pipe idle most of the time."""
     kc = cfg.kc
     run = math.prod(T[d] for d in local)
     fast_inner = min((view.stride(i) for i in inner), default=0)

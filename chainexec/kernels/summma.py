@@ -2,12 +2,11 @@
 ``mma.sync … .f64`` and the terms summed in a shared-memory output tile.
 
 Why: the register sum kernel (:mod:`chainexec.kernels.sumkernel`) moves the output once for all
-terms but multiplies on the FP64 CUDA cores, whose peak is half the tensor cores'; measured on
-the H100 it ran the (T) W tile at 13.3 TFLOP/s, no faster than the terms one by one on tensor
-cores (which move the output once per term). Here each block keeps its output tile in shared
-memory for the whole kernel (the multi-level fusion paper's producer tile kept in the fastest
-level, ``papers/multilevel-fusion-tiling-tensor-contractions.txt`` Section 3, one level lower
-than the executor keeps it) and each term is a GEMM on the tensor cores, as in GETT
+terms but multiplies on the FP64 CUDA cores, whose peak is half the tensor cores', so on the (T)
+W tile it is no faster than the terms one by one on tensor cores (which move the output once per
+term). Here each block keeps its output tile in shared memory for the whole kernel (the
+multi-level paper's producer tile kept in the fastest level, Section 3, one level lower than the
+executor keeps it) and each term is a GEMM on the tensor cores, as in GETT
 (:mod:`chainexec.kernels.gett`, the strided-batched GEMM paper's GETT formulation):
 
 - A term splits the block's output tile (a box over the output indices) into rows, its

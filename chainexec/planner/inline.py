@@ -36,8 +36,8 @@ into shared memory first (:func:`chainexec.runtime.pointwise.orbit_reduce`); on 
 one temporary array. Runs are visited last to first so that a reduction takes its reused producer
 before the producer's own run could become a fused statement; one level of reuse only (a reused
 value's producer reads none). In (T) the epilogue becomes one statement over ``W``: ``Z``'s buffer
-and its two passes (made, then read six times) are gone. The multi-level fusion paper
-(``papers/multilevel-fusion-tiling-tensor-contractions.txt``, Section 3) keeps a fused producer's
+and its two passes (made, then read six times) are gone. The multi-level paper (Section 3; cited
+in ``docs/architecture.md``) keeps a fused producer's
 tile in the fastest memory level; here a producer of the device level moves one level further
 down, into the registers of the statement that uses it.
 
@@ -59,8 +59,8 @@ from .plan import Contraction, Fused, Loop, Op, TensorInfo, ops, term_run
 MOVED = 3
 """Most indices a reused value's reads may permute: the orbit kernel
 (:func:`chainexec.runtime.pointwise.orbit_reduce`) lists every tuple of blocks, ``blocks**MOVED``
-of them (125,000 at v=400 in blocks of 8); for four, a review measured 16 s and 2.6 GB at an
-extent of 100."""
+of them (125,000 at v=400 in blocks of 8); for four the list alone takes seconds and gigabytes at
+an extent of 100."""
 
 
 def _renamed(text: str, rename: dict[str, str]) -> str:

@@ -29,7 +29,7 @@ class Machine:
     flop_rate: float = 20.0e9
     # Seconds the runtime spends per compute statement it runs, beside the flops (bookkeeping, tile
     # copies, kernel launch): what makes many small tiles slower than few large ones. `chainexec
-    # calibrate` measures it (4.7e-4 s with 2 ranks on a 2-core VM, NumPy).
+    # calibrate` measures it.
     statement_seconds: float = 2.0e-4
     # Bytes per second a compute statement reads and writes in device memory (its operands' and
     # output's tiles): a statement costs the larger of flops / flop_rate and streamed bytes /
@@ -38,7 +38,7 @@ class Machine:
     # calibrate` measures it (a device-to-device copy); None, the default, leaves compute as flops
     # alone (the papers' model).
     device_bandwidth: float | None = None
-    # Whether compute statements are queued on a device stream (CuPy, since 2026-11-24): the
+    # Whether compute statements are queued on a device stream (CuPy): the
     # host's per-statement seconds then overlap the device's compute of the statements before
     # them instead of adding to it (the executor waits for the device only before transfers, so
     # within a tile; the (T) tiles are alike, so per tile and summed come to the same). False for
@@ -46,9 +46,9 @@ class Machine:
     async_statements: bool = False
     # Bytes of the smallest result tile a device loop copies back to the host on a stream of its
     # own (``Loop.back``, :func:`chainexec.planner.pipeline.deepen`); smaller ones are copied on
-    # the compute stream, where a copy costs less host time than handing it to another stream:
-    # at o=32, v=300 on the H100 (2026-11-27) the (T) energy's 8-byte copies aside took 1.08 s of
-    # host time in 816 tiles (1.19 s in another run), against 0.27 s on the compute stream.
+    # the compute stream, where a copy costs less host time than handing it to another stream
+    # (an event, a stream switch and a later wait per copy, several times the copy's own host time
+    # for the (T) energy's 8-byte copy per tile).
     aside_copy_bytes: int = 1 << 20
     source: str = "defaults"
 
@@ -56,11 +56,8 @@ class Machine:
         """Seconds of one compute statement (over all its iterations) that does ``flops`` and
         streams ``streamed`` bytes through device memory: the larger of the two times, the
         roofline model (Williams, Waterman and Patterson, CACM 52(4), 2009), since a kernel reads
-        its operands while it multiplies them. Until 2026-11-24 (thirteenth session) the two were
-        added, which priced W's operand reads in (T) on top of its GEMMs' flops: at o=40, v=400
-        the planner took occupied tiles of 2 once 40 GiB was set (predicted 137.4 s against
-        138.5 s for tiles of 1), and on the H100 they ran in 180.9 s against 135.4 s for tiles of 1
-        (both at 40 GiB, warm)."""
+        its operands while it multiplies them. Not their sum: that prices W's operand reads in
+        (T) on top of its GEMMs' flops, and so favours larger occupied tiles that run slower."""
         if not self.device_bandwidth:
             return flops / self.flop_rate
         return max(flops / self.flop_rate, streamed / self.device_bandwidth)

@@ -139,8 +139,8 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     of one tile while the loop runs (the runtime does; on several ranks each reads its share
     and the others wait for it, :meth:`chainexec.runtime.executor.Executor._ready`), so that the loop starts after
     its first rows instead of after every input: in (T) ``ovvv``, ``ovoo``, ``ovov`` and ``t1``; at
-    o=40 v=400 ``ovvv`` alone is 20 GB of the 23 GB read, about 6 s of disk and copy time before
-    the first tile on the H100 machine.
+    o=40 v=400 ``ovvv`` alone is 20 GB of the 23 GB read, seconds of disk and copy time that would
+    otherwise come before the first tile.
 
     Returns the loop's position in ``body`` and, per streamed tensor, its rows per chunk (the
     symmetric indices' tile); None where nothing can be streamed. A tensor read through a computed

@@ -154,7 +154,8 @@ class Fused:
     @cached_property
     def leaves(self) -> tuple[expr.Ref, ...]:
         """The distinct buffer references the statement reads (each one view, read once), found
-        once per statement: reading them from the text took 1-3 ms per (T) tile on the host."""
+        once per statement: reading them from the text per tile would cost milliseconds of host
+        time per (T) tile."""
         names = {name for name, _, _ in self.lets}
         found: list[expr.Ref] = []
         for text in [self.text] + [text for _, _, text in self.lets]:

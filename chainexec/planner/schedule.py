@@ -262,8 +262,8 @@ def _shrunk(ctx: Context, group: DiskGroup) -> DiskGroup | None:
 
     One halving at a time, the nest priced after each: a peak does not fall by a fixed factor per
     halving (a loop that appears can drop more, a global halving can raise the device peak by
-    splitting a shared buffer), so several halvings per pricing ended with other tiles in 58 of
-    617 calls planning (T) at o=6, v=20 with 256 KiB of device memory (tried 2026-11-23)."""
+    splitting a shared buffer), so several halvings per pricing can end with other tiles than
+    one at a time does (smaller than needed)."""
     while True:
         peak = ctx.peaks(Schedule([group]))
         over = [lvl for lvl in ("device", "global") if peak[lvl] > ctx.limits[lvl]]

@@ -18,18 +18,17 @@ restores it exactly once.
 
 Over the whole loop the terms run add up to Σ over the tile cube of each tile once instead of
 each ordered tile tuple times the number of terms: at benzene's (T) sizes (o=21, v=93, tiles of
-6) the plan's flops fall from 3.38 to 1.79 TFLOP, W's twelve terms to 2·o³v³(o+v) = 1.70.
-Measured on one H200 full tile
-(``benchmarks/results/session20_2026-11-27.json``, call 12): twelve terms 13.2 ms against
-6.7 ms (i = j = k: two terms, one GEMM, and a pass reading six permuted views) and 8.6 ms
-(two equal: six terms).
+6) the plan's flops fall from 3.38 to 1.79 TFLOP, W's twelve terms to 2·o³v³(o+v) = 1.70. On a
+tile with i = j = k that is two terms, one GEMM and a pass reading six permuted views, and with
+two of them equal six terms, instead of twelve.
 
 The planner marks a run (:attr:`chainexec.planner.plan.Op.symmetrized` on its first statement);
 the cost model (:mod:`chainexec.planner.cost`) prices each pattern of equal positions with the
 terms and the pass the executor runs there, so predicted flops, statements, streamed bytes and
-peaks still equal the measured ones. Until 2026-11-27 the orbit terms went into a scratch tile
-and the output got ``+= Σ`` of the scratch's permuted views: a second tile of device memory and,
-on a diagonal (T) tile, eight passes over the tile instead of two.
+peaks still equal the measured ones. The terms go into the output itself, symmetrized in place,
+not into a scratch tile whose permuted views are then added to the output (``+= Σ``): that
+would take a second tile of device memory and, on a diagonal (T) tile, eight passes over the
+tile instead of two.
 """
 
 from __future__ import annotations

@@ -9,22 +9,12 @@ the copy out of it is done (a CUDA event per part).
 
 Why: a run moving less than :data:`chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` copies its inputs
 from plain host memory, which the driver stages through a page-locked buffer of its own on the
-calling thread: 5-7 GB/s on the H100 host, the host blocked for the whole copy. In a warm (T) run
-at benzene's sizes (``torch.profiler`` trace, H100, 2026-11-27) those copies took 34 ms of host
-time (t2 5.3 ms, each 38.6 MB slice of ``ovvv`` 5.8-7.5 ms), and the compute stream idled 25 ms
-of its 186 ms waiting for them: 18.6 ms before the first GEMM, 8.7 ms for the second slice.
-Page-locked memory is not allocated mid-run: ``cudaHostAlloc`` waits for the device (0.29-0.45 s
-at benzene's sizes, see ``DEFERRED_BYTES``); where the warm-up did not make the arena before the
-run (a run from Python), copies take the driver's path as before.
-
-Measured (H100 host, 2026-11-27, ``benchmarks/results/session24_2026-11-27.json``): one 38.6 MB
-slice of a mapped input reached the device in 2.6-5.3 ms through the arena (2 MiB per thread)
-against 5.1-8.1 ms by the driver's path; under the profiler, the warm run's compute stream idled
-11 ms instead of 25 ms. Whole runs gained less, since in a fresh process the first tiles wait for
-the host's first-use work rather than for these copies: benzene/cc-pVDZ fresh processes 0.202-0.228 s
-of executor against 0.215-0.253 s (medians 0.218 and 0.235 s, with the first-tile host fixes of the
-same session), synthetic o=21 v=93 medians 0.216 against 0.219 s; second and later runs in one
-process 0.172-0.199 against 0.176-0.181 s.
+calling thread: at one thread's copy rate, with the host blocked for the whole copy, while the
+compute stream idles waiting for the data (most of all before the first GEMM). Through the arena
+the host copy runs over threads and the DMA runs asynchronously behind it, so a slice reaches the
+device sooner and the host goes on meanwhile. Page-locked memory is not allocated mid-run:
+``cudaHostAlloc`` waits for the device (see ``DEFERRED_BYTES``); where the warm-up did not make
+the arena before the run (a run from Python), copies take the driver's path.
 """
 
 from __future__ import annotations
@@ -39,8 +29,8 @@ from chainexec.runtime import hostcopy
 ARENA_BYTES = 32 << 20
 """Bytes of the arena. A copy's part is at most half of it, so one part can be filled while the
 DMA of the one before runs (at 50 GB/s a 16 MiB part's DMA takes about 0.3 ms, its copy into the
-arena over threads about 1 ms). Page-locked memory cost about 0.5 ms per MiB to allocate on the
-H100 host (``cudaHostAlloc``, fresh processes, 2026-11-27: 64 MiB 33-35 ms, 256 MiB 136-158 ms)."""
+arena over threads about 1 ms). No larger, since allocating page-locked memory
+(``cudaHostAlloc``) takes time in proportion to its size, in the warm-up of every process."""
 SMALLEST = 1 << 20
 """Bytes below which a copy takes the driver's path: handing it to threads costs more than it saves."""
 PIECE = 2 << 20
@@ -101,8 +91,8 @@ def prepare(cupy) -> Arena | None:
     device = cupy.cuda.Device().id
     with _LOCK:
         if device not in _ARENAS:
-            # from CuPy's page-locked pool, not through cupyx.empty_pinned: importing cupyx took
-            # the warm-up 0.2-0.5 s of the interpreter's lock (H100, 2026-11-27)
+            # from CuPy's page-locked pool, not through cupyx.empty_pinned: importing cupyx would
+            # hold the interpreter's lock for a large part of the warm-up
             try:
                 memory = cupy.cuda.alloc_pinned_memory(ARENA_BYTES)
             except Exception:  # no page-locked memory to be had: the driver's path serves

@@ -4,17 +4,14 @@ Why: Linux keeps a process's open files in a table of 64 slots at first and grow
 descriptor does not fit (``expand_files``). Where the table is shared by several threads, growing it
 waits for an RCU grace period (``synchronize_rcu``) so that no thread still reads the old table.
 A (T) run's process passes 64 open descriptors in its first tiles (CUDA's device files, MPI's,
-the inputs' files): on the GPU hosts (16-vCPU virtual machines) the descriptor that passed it,
-the fifth input's mapping (Python's ``mmap`` duplicates its descriptor), blocked the executor for
-12-26 ms in a fresh process with 0.1 ms of CPU time (kernel stacks sampled from another process,
-H100, 2026-11-27, ``benchmarks/results/session26_2026-11-27.json``: ``synchronize_rcu`` <
-``expand_files`` < ``alloc_fd`` < ``fcntl(F_DUPFD_CLOEXEC)``). The table never shrinks, and
-growing it while the process still has one thread needs no grace period at all; so the ``run``
-command grows it first thing (:func:`reserve`), before NumPy's BLAS threads, the warm-up or MPI
-start theirs: 36 µs there, against 8 ms for the same growth with 16 threads. Benzene's (T) in
-fresh processes: executor medians 0.1818 and 0.1861 s against 0.1909 and 0.2005 s on two H100
-hosts. A run from Python (:func:`chainexec.api.run`) is left as it is: there the process has
-threads already, and growing the table costs the same grace period wherever it happens.
+the inputs' files; Python's ``mmap`` duplicates each mapped file's descriptor), and the growth
+then blocks the executor for a grace period (``synchronize_rcu`` < ``expand_files`` <
+``alloc_fd`` < ``fcntl(F_DUPFD_CLOEXEC)``), milliseconds of waiting with no CPU time spent. The
+table never shrinks, and growing it while the process still has one thread needs no grace period
+at all; so the ``run`` command grows it first thing (:func:`reserve`), before NumPy's BLAS
+threads, the warm-up or MPI start theirs. A run from Python (:func:`chainexec.api.run`) is left
+as it is: there the process has threads already, and growing the table costs the same grace
+period wherever it happens.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ Progress
 --------
 Between ranks of one node MPICH does RMA through shared memory: an operation completes while its
 target computes without calling MPI. Between nodes (or with ``MPIR_CVAR_NOLOCAL=1``) MPICH may
-serve operations with active messages that the target handles only inside MPI calls (measured with
-the UCX netmod: get, put, accumulate and the counter's fetch-and-add all waited for a busy target);
+serve operations with active messages that the target handles only inside MPI calls (with the
+UCX netmod, get, put, accumulate and the counter's fetch-and-add all wait for a busy target);
 run with ``MPIR_CVAR_ASYNC_PROGRESS=1`` (a progress thread per rank) when ranks compute long
 without calling MPI.
 
@@ -47,8 +47,8 @@ Where the ranks span hosts the window is one ``MPI.Win.Allocate`` over all of th
 another rank's rows is an RMA call, also between ranks of one host: no window is in shared memory
 across hosts. The memory model above is unchanged: a rank's stores become
 visible to plain loads of others through the same ``MPI_Win_sync`` and Barrier (MPI-4 §12.7.1).
-(T) at o=40 v=400 on four H200s of one host (2026-11-26): the ranks' gets of ``ovvv`` to their
-devices took 21.2 s in all through Open MPI's RMA ``get``, 7.5 s through plain loads.
+Other ranks' rows are read with plain loads over threads because that copies them faster than
+RMA ``get`` calls through the MPI library do between ranks of one host.
 
 Nothing here counts bytes: the caller (the executor) counts them; a patch moves exactly
 ``region size × itemsize`` bytes, split over owners as :meth:`GlobalArray.owners` tells.
@@ -193,10 +193,9 @@ class GlobalArray:
         where the window is in shared memory (``MADV_REMOVE`` on the whole pages inside them):
         their contents are lost for every rank, so only for rows no rank reads again. Nothing
         where the window is not in shared memory or the system declines. Freeing a window's
-        touched pages is otherwise paid at :meth:`free`: on the development machine under MPICH,
-        two ranks having touched 1 GiB each, the free took 0.09-0.40 s, and 0.001-0.005 s after
-        each rank had discarded its rows (0.14-0.51 s). Makes no MPI call: a helper thread may
-        run it."""
+        touched pages is otherwise paid at :meth:`free`, all at once while every rank waits;
+        discarding rows as they are done spreads that cost over the run. Makes no MPI call: a
+        helper thread may run it."""
         if self._peers is None:
             return
         lo, hi = max(rows[0], self.rows[0]), min(rows[1], self.rows[1])
@@ -278,7 +277,7 @@ class GlobalArray:
             raise ValueError("out must be C-contiguous")
         # This rank's own rows (and others' in shared memory) are copied straight from their
         # block: no RMA call and no packing through a subarray datatype, over threads (one
-        # thread's copy bounded the device fetches at 4.2 GB/s on the H100 machine).
+        # thread's copy runs below the device's fetch rate and would bound the device fetches).
         self._run(region, out, self._win.Get, own=hostcopy.copy)
         return out
 

@@ -1,17 +1,14 @@
 """Host-memory copies and fills split over threads.
 
-One thread copies host memory at 4-5 GB/s on the H100 machine, and touches fresh pages at about
-2 GB/s. Both bounded a (T) run at o=12, v=400 (2026-11-24): zero-filling 6.5 GB of new global
-arrays took 3.1 s of a 10.9 s executor, and device fetches from global memory ran at 4.2 GB/s,
-because ``GlobalArray.get`` copies a rank's own rows into a page-locked staging buffer with one
-``numpy.copyto`` before the DMA. NumPy releases the GIL inside such copies, so Python threads run
-them in parallel. The pool has one thread per core this process may run on
-(``os.sched_getaffinity``: under ``mpirun``/``srun`` binding, the rank's own cores), so bound ranks
-sharing a host do not oversubscribe it. Unbound ranks (``--bind-to none``) each see every core;
-that costs nothing measurable: four ranks on a 64-core H200 host, each copying 21.5 GB of mapped
-page cache into page-locked rows at once, took 1.32-1.36 s per rank with 64 threads each,
-1.32-1.33 s with 32 and 1.45-1.49 s with 16 (the host's memory bounds it, about 64 GB/s in all;
-one rank alone: 0.49 s; ``benchmarks/results/session31_2026-11-28.json``).
+One thread copies host memory at a few GB/s and touches fresh pages at less, far below the
+host's memory bandwidth and the device's fetch rate: zero-filling new global arrays and the
+device's fetches from global memory (``GlobalArray.get`` copies a rank's own rows into a
+page-locked staging buffer before the DMA) would otherwise bound a (T) run. NumPy releases the
+GIL inside such copies, so Python threads run them in parallel. The pool has one thread per core
+this process may run on (``os.sched_getaffinity``: under ``mpirun``/``srun`` binding, the rank's
+own cores), so bound ranks sharing a host do not oversubscribe it. Unbound ranks (``--bind-to
+none``) each see every core; that costs nothing measurable, since the host's memory bandwidth,
+not the number of threads, bounds ranks that copy at once.
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ it saves."""
 FILL_PIECE_BYTES = 2 << 20
 """Smallest piece (bytes) a thread is given a fill of. Fills are mostly first touches of fresh
 pages, at about 2 GB/s a thread (1 ms for 2 MiB, against some 0.05 ms to hand a piece to the
-pool); with 16 MiB pieces the rows of one (T) tile at benzene's sizes (9-39 MB per input) went
-to one or two threads."""
+pool); with 16 MiB pieces the rows of one (T) tile at benzene's sizes (9-39 MB per input) would
+go to one or two threads."""
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

@@ -13,19 +13,17 @@ go only after that; the run's caller waits for the unlocks after the executor
 
 Why: the other path for such rows is the page-locked arena (:mod:`chainexec.runtime.arena`).
 There the host copies them into page-locked memory over threads, which is the host's work on the
-main thread. In a fresh benzene-size (T) run (H100, 2026-11-28, ``torch.profiler``,
-``.gpurun/s28/tl_cli.py``) the device idled 28-41 ms in the first 60 ms of a 0.167-0.183 s
-executor, waiting for those copies and for the host work they delayed. Measured on the same host
-(``.gpurun/s28/reg.py``) with the 203 MB input file mapped:
-- registering it took 4.4-6.5 ms, also with 180 ms of work queued on the device (it does not wait
-  for the device, unlike ``cudaHostAlloc``);
-- one DMA from it took 3.7 ms (54.8 GB/s), against 15.9-16.4 ms through an arena-like ring (12.8 GB/s);
-- unregistering took about 11 ms per 203 MB, hence the separate thread.
+main thread, and the device waits for those copies and for the host work they delay in a run's
+first tiles. A registered mapping needs no host copy: each copy of its rows is one DMA at the
+link's rate, several times faster than through a ring like the arena's. Registering does not wait
+for the device (unlike ``cudaHostAlloc``), so it may happen while work is queued there.
+Unregistering takes time in proportion to the size (milliseconds per hundred MB), hence the
+separate thread.
 
 Only a run of plain host memory locks (:attr:`chainexec.runtime.backends.cupy.CupyBackend.pinned` false:
 under :data:`~chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` moved). A larger run stages through its
 own page-locked buffers instead of holding tens of GB of page cache locked. Where registration
-fails (no support for read-only registration, no memory), the rows take the arena's path as before.
+fails (no support for read-only registration, no memory), the rows take the arena's path.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import numpy as np
 
 READ_ONLY = 8
 """``cudaHostRegisterReadOnly``: the pages are only read by the device. A read-only mapping
-cannot be registered otherwise (``cudaErrorInvalidValue`` without it, H100, 2026-11-28)."""
+cannot be registered otherwise (``cudaErrorInvalidValue`` without it)."""
 PORTABLE = 1
 """``cudaHostRegisterPortable``: page-locked for every CUDA context, whichever device the
 registering thread had current."""

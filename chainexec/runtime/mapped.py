@@ -1,16 +1,14 @@
 """Inputs held at the global level as a read-only mapping of their file's bytes.
 
 Why: a streamed (T) input read through HDF5 lands in fresh host memory: the kernel faults in and
-zeroes every page, HDF5 copies the rows in, and the device copies them out again. At benzene's
-sizes (194 MB of inputs) that path took 0.23-0.26 s to put the inputs on an H100, with the
-device waiting for the first rows; copied to the device straight from a mapping of the file
-(the page cache's pages, no fault-and-zero, no copy) the same bytes took 0.031-0.042 s
-(``.gpurun/s21/map.py``, 2026-11-27, recorded in ``benchmarks/results/session21_2026-11-27.json``).
+zeroes every page, HDF5 copies the rows in, and the device copies them out again, while the
+device waits for the first rows. Copied to the device straight from a mapping of the file (the
+page cache's pages), the same bytes need no fault-and-zero and no host copy.
 
 A dataset qualifies where its bytes lie in the file as the array they hold: contiguous layout
 (no chunks, hence no filters), an offset HDF5 reports, and the tensor's own dtype with the
 machine's byte order. The tile must be whole rows (cut along the first axis only): then it is one
-contiguous range of the file. Anything else is read through HDF5 as before.
+contiguous range of the file. Anything else is read through HDF5.
 
 The global level stays what the plan says: host memory holding the tile. The load (disk →
 global) is :meth:`MappedArray.populate`, which makes the tile's pages resident
@@ -21,11 +19,9 @@ executor maps only tiles a load fills and nothing but gets reads (an input's glo
 Ranks of one host map the same tile each, and the page cache holds its pages once for all of
 them: each rank loads its share of the pages (the executor cuts each streamed row over the
 ranks, as it does a global array's in shared memory) and counts that share, and every rank's
-gets read every row through its own mapping once the others have published their loads. Until
-2026-11-28 several ranks read the inputs through HDF5 into a global array in shared memory:
-synthetic o=32 v=300 on two H200s (``benchmarks/results/session30_2026-11-28.json``) spent 2.6-2.7 s
-of each rank's disk worker on it and 15.17-15.40 s of executor, against 0.007-0.010 s and
-14.53-14.56 s mapped (one rank: 28.1-28.4 s either way), so 92 % parallel efficiency became 97 %.
+gets read every row through its own mapping once the others have published their loads: no rank
+spends its disk worker copying rows through HDF5 into a global array in shared memory, a cost that
+does not shrink with the number of ranks and so lowers the parallel efficiency.
 Ranks on several hosts (:func:`chainexec.runtime.comm.host_comm`, simulated hosts included) read
 into a global array instead, each rank its own rows, so that each row comes from the file once in
 all: mapped on every host, each host would read the other hosts' rows from the file again, bytes

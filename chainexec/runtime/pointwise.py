@@ -169,10 +169,9 @@ PREPARED = {make.__name__: make for make in (_prepared, _symmetrize_prepared, _o
 
 def prepare(name: str, text: str) -> None:
     """Make the preparation ``name`` of :data:`PREPARED` from the arguments :func:`_ready` logged
-    (``text``, JSON), as a launch with them would: the launch then finds it made. Why: in a fresh
-    (T) process at benzene's shapes the executor made 10 of them on its first tiles, 7.2-11.6 ms
-    while the device waited (H100, 2026-11-27). Raises ValueError (or what the preparation
-    raises) on anything else."""
+    (``text``, JSON), as a launch with them would: the launch then finds it made. Why: otherwise a
+    fresh process's executor makes them on its first tiles, host work the device waits for. Raises
+    ValueError (or what the preparation raises) on anything else."""
     make = PREPARED.get(name)
     if make is None:
         raise ValueError(f"no preparation {name!r}")

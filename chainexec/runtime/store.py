@@ -284,9 +284,10 @@ class Store:
 
         Through the VDS, HDF5 scatters each block into ``out`` run by run: when the reader's tile
         and the writer's blocks cut different indices, those runs can be a few elements long (a
-        164 MB tile took seconds). Here each block's part lands in a contiguous buffer first (one
-        read of contiguous rows when the block's leading index is the one cut) and NumPy places
-        it; where that part of ``out`` is contiguous itself, the read goes straight into it."""
+        tile of a hundred MB then takes seconds). Here each block's part lands in a contiguous
+        buffer first (one read of contiguous rows when the block's leading index is the one cut)
+        and NumPy places it; where that part of ``out`` is contiguous itself, the read goes
+        straight into it."""
         blocks = self.maps.get(path)
         if blocks is None:
             folder = os.path.dirname(path)

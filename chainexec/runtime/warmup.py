@@ -5,22 +5,18 @@ kernels the backend launches itself, and what earlier runs on this device used
 (:mod:`chainexec.runtime.uselog`): their cuBLAS calls, made again on stand-in matrices so that the
 kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
 when the ``run`` command starts, before the interpreter imports the runtime, h5py and MPI (about
-1 s on the GPU hosts), so that it overlaps them; the backend's selection
+a second), so that it overlaps them; the backend's selection
 (:func:`chainexec.runtime.device.select`) then waits for it (:func:`wait`). Where nothing began
 it (a run from Python), the selection begins one without the replay and does not wait; never
 two for one device.
 
-Why: in a fresh (T) process at benzene's shapes on an H200 the device sat idle for 0.17 s of the
-executor's first 0.2 s (``torch.profiler`` trace, 2026-11-27), about 0.1 s of it these first
-uses. Started with the backend, just before the executor, a replay of the cuBLAS calls competed
-with the executor's own first calls (the loads of two threads wait for each other) and made it
-slower (session 22, H100). Measured as it is now (fresh processes alternating with the code
-before, 2026-11-27), benzene/cc-pVDZ's executor median fell from 0.257 to 0.215 s on an H200 and
-from 0.291 to 0.218 s on an H100, ``api.run``'s from 0.547 to 0.487 s and from 0.648 to 0.418 s;
-the process's wall time moved within its noise (1.82 against 1.95 s, 1.96 against 1.86 s), since
-CuPy's import on this thread and the main thread's imports share the interpreter's lock. Nothing
-here is needed for correctness: a failure only leaves the loading to the first real use, which
-reports any real fault itself.
+Why: a fresh process's device would otherwise sit idle for most of the executor's first tiles
+while these first uses load. Begun with the backend, just before the executor, a replay of the
+cuBLAS calls would compete with the executor's own first calls (the loads of two threads wait for
+each other) and slow it down; begun at the command's start it overlaps the imports instead. The
+process's wall time gains less than the executor's, since CuPy's import on this thread and the
+main thread's imports share the interpreter's lock. Nothing here is needed for correctness: a
+failure only leaves the loading to the first real use, which reports any real fault itself.
 """
 
 from __future__ import annotations
@@ -81,9 +77,9 @@ def prepare(device: str, job: str) -> None:
     ``device`` (a name): :func:`chainexec.runtime.pointwise.prepare` each. The backend's
     selection calls it while the warm-up is still loading (:func:`busy`), a wait in which the
     main thread has nothing else to do and the loads mostly run outside the interpreter's
-    lock. Measured in fresh (T) processes at benzene's shapes (H100, 2026-11-27): 29-44 ms here,
-    more than the 7.2-11.6 ms the executor spent on them (the warm-up's own Python shares the
-    lock), with the wait no longer. Best effort: a use that cannot be made is left to the run."""
+    lock. The preparations take longer here than in the executor (the warm-up's own Python
+    shares the lock), but within a wait that is no longer for them. Best effort: a use that
+    cannot be made is left to the run."""
     from chainexec.runtime import pointwise
 
     for name, text in uselog.uses(device, job)["prepared"]:
@@ -96,9 +92,8 @@ def prepare(device: str, job: str) -> None:
 def wait() -> None:
     """Wait (at most :data:`WAIT` seconds) for the warm-up :func:`start` began, so that the run's
     first statements do not compete with its loads: in a fresh (T) process the executor's first
-    cuBLAS call and the warm-up's replay of the same calls waited for each other's kernel loads
-    (session 22's trace; the device's module loads are serialised). Returns at once where none
-    was begun."""
+    cuBLAS call and the warm-up's replay of the same calls would wait for each other's kernel
+    loads (the device's module loads are serialised). Returns at once where none was begun."""
     for thread in _EARLY:
         thread.join(WAIT)
 
@@ -106,7 +101,7 @@ def wait() -> None:
 def context(local: int) -> None:
     """Create the CUDA context of GPU ``local mod GPUs`` (its primary context, the one CuPy then
     uses) through the driver library directly. Why: CUDA's start (``cuInit``) and the context's
-    creation took 0.1 s each on an H200 (2026-11-27), and a call through ``ctypes`` releases the
+    creation take a tenth of a second each, and a call through ``ctypes`` releases the
     interpreter's lock, so they overlap the imports of the main thread; CuPy's own import, Python
     work that holds the lock, is what the warm-up waits for before it could make them itself.
     Nothing happens where the driver library is missing or a call fails."""
@@ -139,10 +134,10 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
     libraries and kernels every run uses, each by one call on a few elements, then, given a
     ``job``, what its earlier runs used on ``device`` (:func:`replay`) and the page-locked
     upload arena (:func:`chainexec.runtime.arena.prepare`): only where the run waits for the
-    warm-up (:func:`wait`), since a replay beside the run's statements slowed them and would skew
-    the autotuner's timings, and a page-locked allocation waits for the device. The reductions' last step is
-    :func:`chainexec.runtime.pointwise.total`, not CUB: loaded here, CUB's 34 ms held up the
-    executor's first GEMM."""
+    warm-up (:func:`wait`), since a replay beside the run's statements slows them and would skew
+    the autotuner's timings, and a page-locked allocation waits for the device. The reductions'
+    last step is :func:`chainexec.runtime.pointwise.total`, not CUB: loaded here, CUB's module
+    load would hold up the executor's first GEMM."""
     try:
         from chainexec.runtime import arena, pointwise
 

@@ -1,7 +1,7 @@
 """COGENT configuration space, pruning and DRAM-transaction model (no GPU needed).
 
-The 48 TCCG contractions come from ``benchmarks/tccg.json`` (a copy of ``shared/benchmarks/tccg.json``);
-their index strings are used as row-major (last letter stride-1).
+The 48 TCCG contractions come from ``benchmarks/tccg.json``; their index strings are used as
+row-major (last letter stride-1).
 """
 
 import json

@@ -32,28 +32,26 @@ from chainexec.runtime.device import HOST_LOCKS, QUEUED, SEPARATE_MEMORY, STEADY
 
 PINNED_FROM_BYTES = 4 << 30
 """Host↔device bytes per rank from which a run uses page-locked host buffers. The first
-page-locked allocation of a run's process cost 0.35–0.55 s on the H100 machine (7 ms in a bare
-process); page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s),
-so they repay that from about 5 GB on."""
+page-locked allocation of a run's process costs about half a second (it waits for the device);
+page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s), so they
+repay that from about 5 GB on."""
 DEFERRED_BYTES = 64 << 10
 """Largest device array that :meth:`CupyBackend.to_host_async` copies back in two steps when the
 run's host buffers are plain memory: a copy on the device queued behind the work before it,
 then, once that is done, the copy to the host on a stream of its own
 (:meth:`CupyBackend._deliver`). A copy into plain memory on the current stream makes the host
 wait for all the work queued before it, and page-locking
-a small buffer mid-run waits for the device too (cudaHostAlloc: 0.29-0.45 s at benzene's sizes
-on the H100, 2026-11-27). (T) at benzene's sizes copies its 8-byte energy back once per tile;
-the host waited 0.14-0.16 s of its 0.51-0.64 s executor there, while the device drained its
-queue. Measured on an H200 (2026-11-27, fresh processes alternating, synthetic o=21 v=93): the
-executor's median 0.503 s without it, 0.485 s with it (means 0.518 and 0.483 s); on benzene,
-with the tuning file read once as well, 0.43-0.48 s against 0.59-0.67 s before both."""
+a small buffer mid-run waits for the device too (``cudaHostAlloc``). (T) copies its 8-byte
+energy back once per tile: copied on the current stream, each such copy would leave the host
+waiting while the device drains its queue, with nothing queued behind it."""
 UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
 STAGE_BYTES = 8 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
 outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
-where a row (first axis) is larger. On the H100 machine 8 MiB chunks were faster than 64 MiB ones: the
-(T) inputs at o=24, v=180 (1.4 GB) reached the device in 0.65 s instead of 0.94 s."""
+where a row (first axis) is larger. Small chunks let the next chunk's read overlap the copy of
+this one sooner than large ones do, so tiles reach the device faster through 8 MiB chunks than
+through 64 MiB ones."""
 
 
 def _one_piece(dst) -> bool:
@@ -75,7 +73,7 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
     """A reduction with reused values over the buffers ``refs`` (``p0, p1, …``): each value's C
     code, the statement's (reading the values as ``q0, q1, …``), and each read as (value, the
     permutation of ``f.domain`` that takes a point to where the value is read). Made once per
-    statement and process: building them takes 0.36 ms on the host for the (T) energy."""
+    statement and process: building them per tile would add host time to every (T) tile."""
     names = [name for name, _, _ in f.lets]
     params = {r: f"p{k}" for k, r in enumerate(refs)}
     reads = [r for r in expr.refs(f.tree) if r.tensor in names]
@@ -117,8 +115,7 @@ class CupyBackend(Autotuner, Methods, Backend):
     waits for (:meth:`wait_for`) before it writes their slot again. The compute methods return
     once their kernels are queued (the host prepares the next statement while the device runs this one);
     the executor times them with CUDA events (:meth:`stamp`), so its per-level seconds are the
-    device's time, and waits (:meth:`wait`) before anything it times on the host. Until
-    2026-11-24 every compute statement synchronized before it returned."""
+    device's time, and waits (:meth:`wait`) before anything it times on the host."""
 
     name = "cupy"
     capabilities = frozenset({QUEUED, SEPARATE_MEMORY, HOST_LOCKS, STEADY, TUNED})
@@ -163,14 +160,14 @@ class CupyBackend(Autotuner, Methods, Backend):
 
     def upload(self, dst, host: np.ndarray) -> None:
         """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about
-        55 GB/s from page-locked memory on the H100 machine, 9 GB/s through the driver's staging
-        from pageable memory), else through a contiguous temporary. A copy from page-locked
+        55 GB/s from page-locked memory, 9 GB/s through the driver's staging from pageable
+        memory), else through a contiguous temporary. A copy from page-locked
         memory is queued on the current stream behind the work before it, and returns at once:
         ``host`` is kept until the copy is done (the pinned pool would otherwise hand its memory
         to another copy in flight), at most :data:`UPLOAD_BYTES` of them, beyond which the
-        oldest are waited for. Until 2026-11-24 every such copy waited for the device, so a (T)
-        tile's small inputs, fetched between its contractions, emptied the device's queue three
-        times per tile while the host prepared the next statements."""
+        oldest are waited for. Why: a copy that waited for the device would empty the device's
+        queue each time a (T) tile's small inputs are fetched between its contractions, while the
+        host prepares the next statements."""
         if not (dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape):
             dst[...] = self.xp.asarray(host.copy(order="C"))
             return
@@ -189,8 +186,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         """As :meth:`Backend.fetch`. In a run of plain host memory (not :attr:`pinned`), rows that
         ``view`` finds in host memory go to a contiguous ``dst`` in one copy from there: the
         driver stages pageable memory itself, so a staging buffer of ours only added a copy on
-        one thread (4-5 GB/s, then the driver's 9 GB/s). At benzene's sizes (194 MB of inputs, H100,
-        2026-11-27) a run's global→device seconds fell from 0.068-0.089 to 0.033-0.039. Where the
+        one thread (4-5 GB/s, then the driver's 9 GB/s). Where the
         warm-up made the page-locked arena (:mod:`chainexec.runtime.arena`), such rows go through
         it instead: copied into it over threads, then DMA'd without the host waiting. Rows in
         memory locked where it lies (:meth:`lock_host`: an input's mapped tile) skip both: one
@@ -199,10 +195,9 @@ class CupyBackend(Autotuner, Methods, Backend):
         :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
         (asynchronously from page-locked memory, on the current stream), the next is read into
         the other. A tile the size of one chunk or less, or of one row, is read and copied in one
-        piece. A page-locked buffer the size of each tile instead made the (T) inputs at o=24,
-        v=180 take 1.73 s on the H100 machine, against 0.65 s through these buffers; until 2026-11-23 a tile
-        whose rows were larger than a chunk still took that path (``ovvv``, 46.7 MB rows at o=24,
-        v=180: 0.43-0.51 s for 1.1 GB; 216 MB rows at o=32, v=300: 5.6 s for 6.9 GB)."""
+        piece. Not a page-locked buffer the size of each tile: its allocation and the whole
+        tile's read would come before any copy, where two small buffers overlap the reads with
+        the copies."""
         stream = self.xp.cuda.get_current_stream()
         if not self.pinned and dst.flags.c_contiguous:
             host, locked = self._at_hand(dst, view)
@@ -244,8 +239,8 @@ class CupyBackend(Autotuner, Methods, Backend):
 
     def unlock_host(self, handle: int) -> None:
         """As :meth:`Backend.unlock_host`: unregistered on a thread of its own once the copies
-        queued so far, on this stream and the one aside, are done (about 11 ms per 203 MB on the
-        H100 host, 2026-11-28)."""
+        queued so far, on this stream and the one aside, are done (unregistering takes time in
+        proportion to the size, which the run does not wait for)."""
         after = [self.xp.cuda.get_current_stream().record()]
         if self._aside is not None:
             after.append(self._aside.record())
@@ -450,18 +445,16 @@ class CupyBackend(Autotuner, Methods, Backend):
         (:meth:`~chainexec.runtime.backends.methods.Method.workspace`) would not fit in the room left
         is not a candidate of the autotuner where one that needs none applies, probes are cut so
         that a probe's scratch output and temporaries fit too, and when the blocks CuPy's pool
-        caches take it over ``limit`` after a contraction, they are given back. (The allocator's
-        high-water mark went 0.4 GiB over a 1 GiB limit in the out-of-core four-index run of
-        2026-11-22 through TTGT's temporaries.)"""
+        caches take it over ``limit`` after a contraction, they are given back: temporaries such as
+        TTGT's would otherwise take the allocator's high-water mark over the limit."""
         self.workspace = max(0, limit - planned)
         self.memory = limit
 
     def make_room(self, nbytes: int) -> None:
         """Give CuPy's cached free blocks back before an allocation that could take the pool over
         the configured device memory: blocks freed by tiles of other shapes (edge tiles) do not
-        fit the next buffer, and the pool grew beside them. In the 4 MiB demo (planned peak
-        3.9 MiB) it held 6.0 MiB at its high-water mark on the H100 that way, every allocation
-        but 350 KB being the plan's own buffers (CuPy's LineProfileHook)."""
+        fit the next buffer, and the pool would grow beside them past the plan's peak, though
+        nearly every allocation is the plan's own buffers."""
         if self.memory is None:
             return
         pool = self.xp.get_default_memory_pool()
@@ -490,8 +483,7 @@ class CupyBackend(Autotuner, Methods, Backend):
     def symmetrize(self, out, axes, keep: tuple = ()) -> None:
         """As :meth:`Backend.symmetrize`, in place in one generated kernel that takes each orbit
         of blocks through shared memory (:func:`chainexec.runtime.pointwise.symmetrize`): one
-        read and one write of ``out`` (of its kept elements). Out of place (a scratch tile, then
-        ``out += Σ`` its permuted views, until 2026-11-27) it read six views and ``out`` and
-        wrote ``out``: on an H200, 4.2 ms for a 1.39 GB (T) tile under six permutations, 1.3 ms
-        under two."""
+        read and one write of ``out`` (of its kept elements), where out of place (a scratch tile,
+        then ``out += Σ`` its permuted views) it would read every permuted view and ``out`` and
+        write ``out``: several times the memory traffic under six permutations."""
         pointwise.symmetrize(self.xp, out, axes, keep)

@@ -321,7 +321,7 @@ class Methods:
     def _reusing(self):
         """Within a run of terms into one output, a relayout copy is kept for the next term
         (:meth:`_relaid_copy`): in (T), W's terms ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2``
-        copy the same slice to the same order, 0.39 ms each per tile at v=400 on the H100."""
+        copy the same slice to the same order, so the second term reuses the first's copy."""
         self._kept = {}
         try:
             yield
@@ -338,8 +338,8 @@ class Methods:
         """As :meth:`Backend.steady`: a relayout copy of a view of a steady array is kept from
         statement to statement and tile to tile (:meth:`_relaid_copy`), and dropped on leaving
         (an inner loop's: those of arrays not steady in the outer one). In (T) the terms
-        ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2`` copy the slice ``ovvv[k]`` (0.39 ms at
-        v=400 on the H100) once per k instead of once per tile. The outermost one sets
+        ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2`` copy the slice ``ovvv[k]`` once per k
+        instead of once per tile. The outermost one sets
         1/:data:`HOLD_SHARE` of the room the plan leaves aside for the held copies: the rest is
         what the autotuner and the methods' temporaries may use meanwhile (:attr:`workspace`, also
         in the tuning keys), so that held copies and temporaries together stay within it."""
@@ -407,8 +407,8 @@ class Methods:
         """GETT problems by order with their device tables, and the model's ranked
         (order, configuration) candidates for these operands (float64 only), cached by shapes
         and strides; None where GETT does not apply, or where its tables (kept for the process)
-        would not fit in the room the plan leaves: in the 4 MiB demo on the H100 they held the
-        allocator 2 % above the limit."""
+        would not fit in the room the plan leaves: there they would hold the allocator above the
+        configured device memory."""
         if out.dtype != np.float64 or out.size < GETT_MIN_OUTPUT:
             return None
         key = self._key(c, out, a, b)
@@ -515,8 +515,8 @@ class Methods:
     def _contiguous(self, view):
         """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
         a view stepping across the copy's fastest index through shared memory
-        (:func:`chainexec.kernels.elementwise.staging`): on the H100, 0.39 ms against 0.63 ms for
-        ``cupy.ascontiguousarray`` to copy (T)'s ``ovvv[k,c,f,a]`` to ``[f,a,c]`` at v=400."""
+        (:func:`chainexec.kernels.elementwise.staging`), so that both its reads and its writes are
+        coalesced, where ``cupy.ascontiguousarray`` reads such a view with strided loads."""
         if view.flags.c_contiguous:
             return view
         copy = self.xp.empty(view.shape, view.dtype)
