@@ -40,7 +40,8 @@ def cache_dir() -> Path:
     return diskstore.folder("plans", "CHAINEXEC_PLAN_CACHE")
 
 
-PLANNING = ("planner", "spec.py", "expr.py", "ordering.py", "errors.py")
+PLANNING = ("planner", "spec.py", "specyaml.py", "speccheck.py", "spectypes.py", "pairs.py", "expr.py", "ordering.py",
+            "errors.py")
 """The parts of the ``chainexec`` package a plan is made by (the spec's reading and the
 planner): a change anywhere else (the runtime, the kernels, the CLI) keeps the cached plans."""
 
