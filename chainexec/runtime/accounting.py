@@ -48,7 +48,8 @@ class Counters:
         self.seconds = dict.fromkeys(LEVEL_TIMES, 0.0)
         self.flops = 0
         self.statements = 0
-        self.streamed = 0  # bytes compute statements read and write in device memory (as cost.predict_nests counts them)
+        # bytes compute statements read and write in device memory (as cost.predict_nests counts them)
+        self.streamed = 0
         # seconds per timed statement: "#k" (compute; "#k-#m" a point-wise run), "eval T", "get T", "accumulate T"
         self.by_statement: dict[str, float] = {}
         self.live = {"global": 0, "device": 0}
