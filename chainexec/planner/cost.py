@@ -80,7 +80,7 @@ def _index_pieces(loops: tuple[tuple[str, int], ...], extent: int, region_level:
 
 def _ordered_sum(factors: list[list[int]]) -> int:
     """Σ over tile positions p_0 ≤ p_1 ≤ … ≤ p_m of Π_j factors[j][p_j]: what a symmetric loop
-    visits (its ordered tuples, :func:`chainexec.runtime.executor._tuples`), by suffix sums from
+    visits (its ordered tuples, :func:`chainexec.runtime.frame.tuples`), by suffix sums from
     the last index to the first."""
     acc = list(factors[-1])
     for factor in reversed(factors[:-1]):

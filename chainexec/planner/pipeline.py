@@ -26,7 +26,7 @@ the device limit keeps its tiles and single buffers. Results flow back the same 
 loop accumulates into a global array (``alloc``, ``accumulate`` and ``free`` in its body) gets two
 slots too where they fit (``Loop.back``), and its copy to the host runs on a third stream while
 the device computes the next tile into the other slot
-(:meth:`chainexec.runtime.executor.Executor._accumulate`).
+(:meth:`chainexec.runtime.landing.Landing.accumulate`).
 """
 
 from __future__ import annotations
@@ -133,11 +133,11 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     A nest that opens with ``alloc``/``load``/``get`` statements (inputs read whole to global
     memory, then copied whole to the device) followed by a parallel device loop over symmetric
     indices visits its tiles with the largest position slowest
-    (:func:`chainexec.runtime.executor._tuples`): a tile at largest position p reads only the
+    (:func:`chainexec.runtime.frame.tuples`): a tile at largest position p reads only the
     first ``(p + 1)·tile`` rows of an input whose every reference in the loop has one of the
     symmetric indices first. Such an input can be read from disk and copied to the device in rows
     of one tile while the loop runs (the runtime does; on several ranks each reads its share
-    and the others wait for it, :meth:`chainexec.runtime.executor.Executor._ready`), so that the loop starts after
+    and the others wait for it, :meth:`chainexec.runtime.streaming.Streams.ready`), so that the loop starts after
     its first rows instead of after every input: in (T) ``ovvv``, ``ovoo``, ``ovov`` and ``t1``; at
     o=40 v=400 ``ovvv`` alone is 20 GB of the 23 GB read, seconds of disk and copy time that would
     otherwise come before the first tile.

@@ -240,7 +240,7 @@ def fresh(body: list, start: int, contractions: list[Contraction]) -> bool:
     output's device ``alloc`` comes before it in the same body, with no statement in between
     naming the tensor. The in-place symmetrization (``out = Σ`` of its permuted views) restores
     the run's sum only on such a buffer; the runtime writes it without a zero fill before
-    (:func:`chainexec.runtime.executor._unset`)."""
+    (:meth:`chainexec.runtime.buffers.Buffers.alloc`)."""
     out = contractions[body[start].contraction].out
     for node in reversed(body[:start]):
         named = [node] if isinstance(node, Op) else [op for op, _ in ops(node.body)]

@@ -397,9 +397,9 @@ class Board(_Integers):
     number that only grows) and reads the others' without their taking part. The executor's
     streamed inputs on several ranks: each rank reads its share of an input from disk and
     publishes how far it got, and a rank that needs rows waits until every rank with a share of
-    them has published them (:meth:`chainexec.runtime.executor.Executor._ready`); a second board
+    them has published them (:meth:`chainexec.runtime.streaming.Streams.ready`); a second board
     holds how far each rank has copied them to its device
-    (:meth:`chainexec.runtime.executor.Executor._discard`). Element-wise atomic (``MPI.REPLACE``
+    (:meth:`chainexec.runtime.streaming.Streams.discard`). Element-wise atomic (``MPI.REPLACE``
     accumulates, ``MPI.NO_OP`` reads), so reads never see a torn value. Created and freed
     collectively over ``comm``."""
 

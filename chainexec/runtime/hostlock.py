@@ -4,7 +4,7 @@ What: ``cudaHostRegister`` (read-only, portable) of host memory that a run only 
 input's tile mapped from its file (:mod:`chainexec.runtime.mapped`), so that each copy of its rows
 to the device is one asynchronous DMA with no staging copy on the host. The executor begins
 locking a mapped tile on a thread of its own when it maps it
-(:meth:`chainexec.runtime.executor.Executor._lock`), and nothing waits for that: a copy made
+(:meth:`chainexec.runtime.buffers.Buffers.lock`), and nothing waits for that: a copy made
 before the lock is done takes the backend's other path (the arena, or the driver's staging where
 no warm-up made one). It unlocks the tile when the plan frees it, or when the run fails. The
 unlock runs on another thread once the copies queued before it are done, and the mapping is let

@@ -28,7 +28,7 @@ all: mapped on every host, each host would read the other hosts' rows from the f
 the plan does not count. Where the backend page-locks host
 memory for its copies (a run moving less than ``PINNED_FROM_BYTES`` per rank on a GPU), each
 rank's lock thread pins, and so makes resident, the whole tile at its allocation
-(:meth:`Executor._lock`), beside the loads that count it.
+(:meth:`chainexec.runtime.buffers.Buffers.lock`), beside the loads that count it.
 """
 
 from __future__ import annotations

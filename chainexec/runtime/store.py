@@ -257,7 +257,7 @@ class Store:
         (:mod:`chainexec.runtime.mapped`) where its bytes lie there as the tile (version 0 from
         a file, a contiguous dataset of the tensor's dtype, whole rows), as ``rank`` of ``size``
         ranks of one host holds it; else None, also where the file cannot be mapped (the tile is
-        then read; on several ranks every rank's is, :meth:`Executor._alloc`)."""
+        then read; on several ranks every rank's is, :meth:`chainexec.runtime.buffers.Buffers.alloc`)."""
         t = self.plan.tensors[tensor]
         if version != 0 or not t.source or "file" not in t.source or not region:
             return None

@@ -93,14 +93,14 @@ def enumerate_bytes(plan: Plan) -> dict:
 @pytest.mark.parametrize("factors", [[[5, 4], [1, 1]], [[3, 1, 2], [2, 5, 7], [1, 4, 6]]])
 def test_ordered_sum_is_over_the_executors_tuples(factors):
     """The cost model's sum over a symmetric loop's tile positions (``cost._ordered_sum``) is over
-    the tuples the executor visits (``executor._tuples``: first ≤ second ≤ …), also with factors
+    the tuples the executor visits (``frame.tuples``: first ≤ second ≤ …), also with factors
     that differ by position and index (edge tiles, indices a statement does not read)."""
     from chainexec.planner.cost import _ordered_sum
-    from chainexec.runtime.executor import _tuples
+    from chainexec.runtime.frame import tuples
 
     names = [f"x{n}" for n in range(len(factors))]
     spans = [[(p, p + 1) for p in range(len(factors[0]))] for _ in names]
-    combos, _ = _tuples(names, spans, names)
+    combos, _ = tuples(names, spans, names)
     assert _ordered_sum(factors) == sum(math.prod(f[c[j][0]] for j, f in enumerate(factors)) for c in combos)
 
 

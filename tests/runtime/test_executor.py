@@ -13,7 +13,7 @@ import pytest
 
 from chainexec.errors import ChainexecError
 from chainexec.runtime.backends.numpy import NumpyBackend
-from chainexec.runtime.executor import _tuples
+from chainexec.runtime.frame import tuples
 from tests.conftest import store_chunked, triples_config
 
 
@@ -22,7 +22,7 @@ from tests.conftest import store_chunked, triples_config
 def test_ordered_tuples_and_weights(n, symmetric):
     names = ["i", "x", "j", "k"]
     spans = [[(3 * p, 3 * p + 3) for p in range(n)] if i != "x" else [(0, 2), (2, 4)] for i in names]
-    combos, weights = _tuples(names, spans, symmetric)
+    combos, weights = tuples(names, spans, symmetric)
     k = len(symmetric)
     assert len(combos) == math.comb(n + k - 1, k) * 2 * n ** (3 - k)
     assert sum(weights) == 2 * n ** 3
@@ -40,27 +40,27 @@ def test_ordered_tuples_and_weights(n, symmetric):
 
 def test_plain_loops_keep_every_tuple():
     spans = [[(0, 2), (2, 3)], [(0, 1), (1, 2), (2, 3)]]
-    combos, weights = _tuples(["i", "j"], spans, [])
+    combos, weights = tuples(["i", "j"], spans, [])
     assert combos == list(itertools.product(*spans)) and weights == [1] * 6
 
 
 def test_steady_buffers_are_those_the_loop_only_reads():
-    """:meth:`Executor._steady`: of the device buffers that exist when a loop starts, those no
+    """:meth:`Buffers.steady`: of the device buffers that exist when a loop starts, those no
     statement of its body names, as a buffer or a contraction's output (here only A: B is fetched
     in the loop, C computed); global buffers never."""
     from types import SimpleNamespace
 
     from chainexec.planner.plan import Loop, Op
-    from chainexec.runtime.executor import Executor
+    from chainexec.runtime.buffers import Buffers
 
     a, b, c, g = (object() for _ in range(4))
     body = [Op("get", "device", "B", ["k", "j"]), Op("compute", "device", "X", contraction=0),
             Loop("device", {"j": 1}, body=[Op("free", "device", "T", ["i"])])]
     fake = SimpleNamespace(plan=SimpleNamespace(contractions=[SimpleNamespace(out="C")]),
-                           buffers={("A", ("i", "k"), "device"): a, ("B", ("k", "j"), "device"): b,
+                           arrays={("A", ("i", "k"), "device"): a, ("B", ("k", "j"), "device"): b,
                                     ("C", ("i", "j"), "device"): c, ("A", ("i", "k"), "global"): g,
                                     ("T", ("i",), "device"): object()})
-    assert Executor._steady(fake, Loop("device", {"i": 1}, parallel=True, body=body)) == [a]
+    assert Buffers.steady(fake, Loop("device", {"i": 1}, parallel=True, body=body)) == [a]
 
 
 @pytest.mark.parametrize("memory, whole", [("200KiB", True), ("128KiB", False)])
@@ -248,7 +248,7 @@ QUEUED_RUN = r'''
 import json, sys
 import h5py
 from chainexec import api
-from chainexec.runtime import executor
+from chainexec.runtime import executor, landing
 from tests.runtime.queued import Queued
 
 
@@ -263,7 +263,7 @@ backend = Queued()
 backend.fetch_waits = lambda dst, view=None: sys.argv[4] == "waits"
 api.select = lambda name, comm: backend
 executor.PENDING = 2  # the oldest half read while the run goes on
-executor.LANDING_BYTES = int(sys.argv[3])
+landing.LANDING_BYTES = int(sys.argv[3])
 result = api.run(sys.argv[1], backend="numpy")
 print(json.dumps({"seen": backend.seen, "stamps": backend.clock, "open": len(backend.open), "early": backend.early,
                   "queued_copies": backend.queued_copies, "unlanded": backend.unlanded,
@@ -339,7 +339,7 @@ def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poiso
 
     from chainexec import api, spec
     from chainexec.planner import build
-    from chainexec.runtime import executor
+    from chainexec.runtime import buffers
 
     config = triples_config(tmp_path, "200KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
@@ -351,13 +351,13 @@ def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poiso
     with h5py.File(tmp_path / "energy.h5") as f:
         clean = float(f["E"][()])
 
-    class Poisoned(executor.GlobalArray):
+    class Poisoned(buffers.GlobalArray):
         def __init__(self, comm, shape, dtype, zero=True):
             super().__init__(comm, shape, dtype, zero=zero)
             if not zero or poison == "every":
                 self.local()[...] = np.nan
 
-    monkeypatch.setattr(executor, "GlobalArray", Poisoned)
+    monkeypatch.setattr(buffers, "GlobalArray", Poisoned)
     if poison == "every":  # the energy is NaN: the run refuses to mark it complete
         with pytest.raises(ChainexecError, match="output E holds 1 values that are not finite"):
             api.run(config, backend="numpy")

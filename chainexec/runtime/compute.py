@@ -1,0 +1,139 @@
+"""The statements that compute on device tiles, and what each counts.
+
+A contraction or a run of terms into one buffer (:attr:`Op.run`), a fused statement
+(:mod:`chainexec.planner.inline`) and a computed tensor's evaluation run on the device buffers of
+the current tiles (:meth:`Buffers.view`) through the :class:`Backend`. Each counts its flops,
+statements and streamed bytes (those it reads and writes in device memory) as the cost model
+prices it (:func:`chainexec.planner.cost.predict_nests`), so measured equals predicted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from chainexec import expr, ordering
+from chainexec.planner.plan import Op, Plan, pattern_key
+from chainexec.runtime.accounting import Counters
+from chainexec.runtime.buffers import Buffers
+from chainexec.runtime.device import Backend
+from chainexec.runtime.frame import Frame
+
+
+class Compute:
+    """Runs compute statements on the device tiles of a frame and counts them."""
+
+    def __init__(self, plan: Plan, backend: Backend, buffers: Buffers, counters: Counters):
+        self.plan = plan
+        self.backend = backend
+        self.buffers = buffers
+        self.counters = counters
+        self.gathers: dict[tuple, tuple] = {}  # packs' and unpacks' gather positions per tile (_gather)
+
+    def eval(self, op: Op, frame: Frame) -> None:
+        """Fill a computed tensor's device tile from its expression's inputs (already on the device)."""
+        t = self.plan.tensors[op.tensor]
+        tree = expr.parse(t.source["expr"])
+        rename = dict(zip(t.indices, op.indices))
+        arrays = {r: self.buffers.view(r.tensor, [rename[i] for i in r.indices], frame) for r in expr.refs(tree)}
+        out = self.buffers.view(op.tensor, op.indices, frame)
+        self.backend.evaluate(tree, arrays, tuple(t.indices), out)
+        self.counters.streamed += out.nbytes + sum(a.nbytes for a in arrays.values())
+
+    def fused(self, op: Op, frame: Frame) -> None:
+        """A fused statement (:mod:`chainexec.planner.inline`): its inlined intermediates are
+        computed where they are read, from the buffers on the device; counted as the cost model
+        does (the flops and statements of its contractions, its output twice and each distinct
+        reference once)."""
+        f = op.expression
+        arrays = {r: self.buffers.view(r.tensor, r.indices, frame) for r in f.leaves}
+        out = self.buffers.view(op.tensor, op.indices, frame)
+        within = frame.equal_tiles() if op.ordered else ()
+        self.backend.fused(f, arrays, tuple(b - a for a, b in frame.region("device", f.domain)), out,
+                           ordering.dims(within, f.domain))
+        self.counters.watch()
+        self._count([self.plan.contractions[k] for k in op.group], frame, within)
+        self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
+
+    def run(self, run: list[Op], frame: Frame) -> None:
+        """One contraction, or a run of terms into one buffer (:attr:`Op.run`): point-wise terms
+        in one point-wise kernel, contractions in one sum kernel. A run with an
+        :attr:`Op.schedule`, on a tile that permutations of its output's indices map onto
+        themselves (:meth:`_orbits`): one term per orbit into ``out`` (zero: the planner marks
+        only runs into a buffer allocated just before them), then ``out`` = Σ of its permuted
+        views, in place; counted as the cost model prices it. A run that writes its buffer first
+        (:attr:`Op.fresh`) is ``fresh`` to the backend."""
+        cs = [self.plan.contractions[op.contraction] for op in run]
+        out = self.buffers.view(cs[0].out, cs[0].out_indices, frame)
+        operands = [(self.buffers.view(c.a, c.a_indices, frame),
+                     self.buffers.view(c.b, c.b_indices, frame) if c.b is not None else None) for c in cs]
+        orbits = self._orbits(run, frame) if run[0].schedule is not None else None
+        if orbits is not None:
+            terms, axes = orbits
+            cs = [replace(cs[k], factor=cs[k].factor * scale) for k, scale in terms]
+            operands = [operands[k] for k, _ in terms]
+        fresh = bool(run[0].fresh)
+        if cs[0].pairs:
+            self.backend.gather(out, operands[0][0], *self._gather(cs[0], frame), cs[0].factor, fresh)
+        elif len(cs) == 1:
+            self.backend.contract(cs[0], out, *operands[0], fresh)
+        elif cs[0].pointwise():
+            self.backend.contract_terms(cs, out, operands, fresh)
+        else:
+            self.backend.contract_sum(cs, out, operands, fresh)
+        # tile-sized reads and writes, the cost model's rule (cost._run_tails): the output read
+        # and written once per term, once for a point-wise run
+        moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
+        if orbits is not None:  # out read once more, and written where it is kept
+            keep = frame.equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
+            self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
+            moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)
+        self.counters.watch()
+        self._count(cs, frame)
+        self.counters.streamed += moved + sum(x.nbytes for pair in operands for x in pair if x is not None)
+
+    def _count(self, cs, frame: Frame, within: tuple[tuple[str, ...], ...] = ()) -> None:
+        """The statements and flops of contractions run on the device tiles of ``frame``;
+        ``within``: the groups of indices whose ordered elements alone are summed
+        (:func:`chainexec.ordering.points`)."""
+        self.counters.statements += len(cs)
+        for c in cs:
+            sizes = {i: b - a for i, (a, b) in zip(c.space(), frame.region("device", c.space()))}
+            self.counters.flops += (2 if c.b is not None else 1) * ordering.points(sizes, within)
+
+    def _gather(self, c, frame: Frame) -> tuple:
+        """How a pack or unpack (:attr:`Contraction.pairs`) gathers its output tile from its
+        operand (:meth:`Backend.gather`'s arguments after the arrays): the order of the operand's
+        axes that puts a pack's members side by side (None: as they are), the axis to take along,
+        which positions to take (``("unpack", pair start, member ranges)``: each member pair's
+        position in the pair index; ``("pack", pair range, member starts and extent)``: each
+        pair's position in the two member axes merged), and the order of the result's axes that
+        gives the output's (None: as they are). Made once per tile, from the device ranges of
+        ``frame``."""
+        (pair, members), = c.pairs.items()
+        ranges = tuple(frame.range("device", i) for i in (pair, *members))
+        k = (c.id, ranges)
+        found = self.gathers.get(k)
+        if found is None:
+            (k0, k1), (r0, r1), (s0, s1) = ranges
+            if pair in c.a_indices:  # unpack: the operand holds the pair whole
+                axis = c.a_indices.index(pair)
+                made = c.a_indices[:axis] + members + c.a_indices[axis + 1:]
+                found = (None, axis, ("unpack", k0, r0, r1, s0, s1), _order(made, c.out_indices))
+            else:  # pack: the operand holds the members whole
+                axis = c.out_indices.index(pair)
+                wanted = c.out_indices[:axis] + members + c.out_indices[axis + 1:]
+                found = (_order(c.a_indices, wanted), axis, ("pack", k0, k1, r0, s0, s1), None)
+            self.gathers[k] = found
+        return found
+
+    def _orbits(self, run: list[Op], frame: Frame) -> tuple | None:
+        """The terms a symmetrized run runs on this tile (position, factor scale) and the axis
+        permutations its output is summed over (:attr:`Op.schedule` of its first statement, at
+        this tile's pattern), or None where this tile runs every term."""
+        taken = run[0].schedule[pattern_key(frame.pattern())]
+        return None if taken is None else (taken[0], tuple(map(tuple, taken[1])))
+
+
+def _order(have: list[str], want: list[str]) -> tuple[int, ...] | None:
+    """The axes of an array over ``have`` in the order ``want`` (None where they are so)."""
+    order = tuple(have.index(i) for i in want)
+    return None if order == tuple(range(len(order))) else order

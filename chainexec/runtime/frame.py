@@ -1,0 +1,88 @@
+"""The iterations of a loop and the state it fixes for its body.
+
+A loop runs its body once per tile tuple (:func:`tuples`); each loop the executor enters gets a
+:class:`Frame` of its own, a copy of the enclosing one that the loop changes per tile and drops
+at its end, so that nothing a loop sets outlives it. Statements read the tiles they work on from
+the current frame (:meth:`Frame.region`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+
+from chainexec import ordering
+
+
+@dataclass
+class Frame:
+    """What the loops around the statement being run have fixed.
+
+    ``ranges``: per level (``global``, ``device``), the tile of each index that a loop at that
+    level tiles, as (start, stop) in elements of the whole tensor; ``extents``: each index's
+    extent (the plan's). ``weight``: the multiplicity of the symmetric loop's tile tuple being
+    run (``Loop.symmetric``), times those of the loops around it; ``symmetric``: the indices of
+    the symmetric loop being run, None outside one. ``parallel``: the number of parallel loops
+    around. ``lane``: the slot of a double-buffered device loop's buffers in use (the tile's turn
+    modulo :data:`~chainexec.planner.plan.DEPTH`); ``turn``: that of a double-buffered global
+    loop. ``behind``: inside a double-buffered global loop, whose slots' stores complete later."""
+
+    extents: dict[str, int]
+    ranges: dict[str, dict[str, tuple[int, int]]] = field(default_factory=lambda: {"global": {}, "device": {}})
+    weight: int = 1
+    symmetric: list[str] | None = None
+    parallel: int = 0
+    lane: int = 0
+    turn: int = 0
+    behind: bool = False
+
+    def inner(self) -> Frame:
+        """A copy for a loop entered here: the same state, ranges of its own."""
+        return replace(self, ranges={level: dict(r) for level, r in self.ranges.items()})
+
+    def range(self, level: str, index: str) -> tuple[int, int]:
+        """The tile of ``index`` at ``level``: a device tile where a device loop tiles the index,
+        else the global one, else the whole extent."""
+        if level == "device" and index in self.ranges["device"]:
+            return self.ranges["device"][index]
+        return self.ranges["global"].get(index, (0, self.extents[index]))
+
+    def region(self, level: str, indices) -> tuple[tuple[int, int], ...]:
+        """The tile of ``indices`` at ``level`` (:meth:`range` of each)."""
+        return tuple(self.range(level, i) for i in indices)
+
+    def pattern(self) -> tuple[int, ...]:
+        """The pattern of equal positions of the symmetric loop's tile tuple being run
+        (:func:`chainexec.ordering.pattern_of`; ``()`` outside such a loop)."""
+        return ordering.pattern_of([self.range("device", i)[0] for i in self.symmetric or []])
+
+    def equal_tiles(self) -> tuple[tuple[str, ...], ...]:
+        """The symmetric indices that share a tile in the tuple being run, groups of two or more
+        (:func:`chainexec.ordering.groups`)."""
+        return ordering.groups(self.symmetric or [], self.pattern())
+
+
+def tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:
+    """A loop's tile tuples (one (start, stop) per index of ``names``) in order, and each one's
+    weight. Over ``symmetric`` indices only ordered tuples are kept (tile position of the first ≤
+    the second ≤ …), each weighted by the number of distinct permutations of its positions; they
+    come with the symmetric indices slowest, last first, so the largest position changes least
+    often: in (T) the slice ``ovvv[k]`` whose relayout copy the backend keeps
+    (:meth:`Backend.steady`) changes once per position of ``k`` instead of once per tuple, and
+    the tiles up to position p read only the input slices up to p."""
+    if not symmetric:
+        combos = list(itertools.product(*spans))
+        return combos, [1] * len(combos)
+    at = [names.index(i) for i in symmetric]
+    slowest = at[::-1] + [n for n in range(len(names)) if n not in at]
+    kept, weights = [], []
+    for ordered in itertools.product(*(range(len(spans[n])) for n in slowest)):
+        where = [0] * len(names)
+        for n, p in zip(slowest, ordered):
+            where[n] = p
+        positions = [where[k] for k in at]
+        if all(p <= q for p, q in zip(positions, positions[1:])):
+            kept.append(tuple(s[p] for s, p in zip(spans, where)))
+            weights.append(math.factorial(len(at)) // math.prod(math.factorial(positions.count(p))
+                                                                 for p in set(positions)))
+    return kept, weights

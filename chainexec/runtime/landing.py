@@ -1,0 +1,99 @@
+"""Results on their way back from the device: accumulates whose copies to the host are queued.
+
+An ``accumulate`` queues its tile's copy to the host behind the statements that compute it and
+adds it to the global array once it has arrived (:meth:`Landing.land`): at once if it already has
+(an earlier tile's), else when the executor next waits for the device, which it does before any
+global-level statement, barrier or checkpoint. So the device's queue does not empty once per
+tile. A result copied back aside (``Loop.back``) is copied on a stream of its own, so the device
+computes the next tile, into the other slot, during the copy."""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from chainexec.planner.plan import CATEGORY, Op, key
+from chainexec.runtime.accounting import OP_LEVEL, Counters
+from chainexec.runtime.buffers import Buffers
+from chainexec.runtime.device import Backend
+from chainexec.runtime.frame import Frame
+
+LANDING_BYTES = 64 << 20
+"""Host bytes of queued accumulates above which the executor waits for the device before the
+next accumulate: page-locked host memory outside the plan's levels."""
+
+
+@dataclass
+class Result:
+    """An accumulate whose copy to the host is queued: the global array and the patch of it
+    (slices) it goes to, the host array the copy lands in, the backend's token for the copy, the
+    weight it is multiplied by (the symmetric tile tuple's, :attr:`Frame.weight`), the
+    statement's name (``accumulate T``) and whether it is the only value the patch gets
+    (``Op.fresh``: written, not added)."""
+
+    ga: object
+    patch: tuple[slice, ...]
+    host: np.ndarray
+    token: object
+    weight: int
+    name: str
+    fresh: bool
+
+
+class Landing:
+    """The queue of accumulates on their way to their global arrays, oldest first."""
+
+    def __init__(self, backend: Backend, buffers: Buffers, counters: Counters):
+        self.backend = backend
+        self.buffers = buffers
+        self.counters = counters
+        self.queue: collections.deque[Result] = collections.deque()
+
+    def accumulate(self, op: Op, frame: Frame) -> None:
+        """Queue the copy of ``op``'s device tile (in ``frame``) to the host, and land the queued
+        results that have arrived."""
+        ga, patch = self.buffers.relative(op, frame)
+        k = key(op)
+        aside = k in self.buffers.returning
+        host, token = self.backend.to_host_async(self.buffers.arrays[k], aside=aside)
+        if aside:
+            self.buffers.returning[k][frame.lane] = token
+        self.queue.append(Result(ga, patch, host, token, frame.weight, f"accumulate {op.tensor}", bool(op.fresh)))
+        self.counters.move(CATEGORY["accumulate"], host.nbytes)
+        while self.queue and self.backend.arrived(self.queue[0].token):
+            self.land()
+
+    def land(self) -> str:
+        """Add the oldest queued result's host copy (arrived) to its global array, or write it
+        there where it is the only value that patch gets (``Op.fresh``: the planner found every
+        tile accumulated once into a buffer nothing else writes); its statement's name."""
+        r = self.queue.popleft()
+        host = r.host
+        if r.weight != 1:  # stands for the other permutations of a symmetric loop's tile tuple
+            host = host * r.weight
+        if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)
+            host = host.copy(order="C")
+        (r.ga.put if r.fresh else r.ga.accumulate)(r.patch, host)
+        return r.name
+
+    def land_all(self) -> None:
+        """Land every queued result (the device is done with them all), each timed as its statement."""
+        while self.queue:
+            t0 = time.perf_counter()
+            name = self.land()
+            self.counters.spend(OP_LEVEL["accumulate"], name, time.perf_counter() - t0)
+
+    def blocks(self, op: Op, frame: Frame) -> bool:
+        """Whether the queued results land before ``op`` runs: before a get reads their global
+        array, before any global-level statement (the planner puts accumulates in parallel loops,
+        whose closing barrier lands them; this keeps other plans right too), and before one more
+        accumulate would hold more than :data:`LANDING_BYTES` of host memory."""
+        if op.op == "get":
+            ga = self.buffers.arrays[self.buffers.find(op.tensor, op.indices, "global", frame)] if self.queue else None
+            return any(r.ga is ga for r in self.queue)
+        if op.op == "accumulate":
+            return sum(r.host.nbytes for r in self.queue) > LANDING_BYTES
+        return bool(self.queue) and op.level == "global"
