@@ -13,7 +13,6 @@ import ast
 import io
 import re
 import tokenize
-import warnings
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,6 @@ UP = re.compile(r"(?<![\w.])(?:\.\./)+[\w./-]*")
 """A relative path that climbs (``../x``): outside where it leaves the repository, climbing from
 a Markdown file's folder (its links are relative to it) or from the repository's root (a
 docstring names paths from there)."""
-
-ALLOWED: dict[str, str] = {
-    # Files that other branches of issue #42 own and clean (with plancache.py, machinecache.py
-    # and runtime/kernelcache.py, which already pass); each still carries dated history here.
-    # Still scanned and reported below. Empty this once those branches are merged.
-    "chainexec/runtime/executor.py": "owned by another branch of issue #42",
-}
-
 
 def problems(text: str, where: Path) -> list[str]:
     """What in one line of reference text is history or a path outside the repository."""
@@ -75,21 +66,8 @@ def findings(path: Path) -> list[str]:
 
 
 def test_reference_text_is_in_the_present_tense():
-    lines = [line for path in scanned() if path.relative_to(ROOT).as_posix() not in ALLOWED
-             for line in findings(path)]
+    lines = [line for path in scanned() for line in findings(path)]
     assert not lines, "history or outside paths in reference text:\n" + "\n".join(lines)
-
-
-@pytest.mark.parametrize("rel", sorted(ALLOWED))
-def test_allowed_files_are_scanned_too(rel):
-    """Each allowed file is still scanned and reported: an expected failure (xfail, with its
-    lines) while it carries history, a warning once it is clean and its entry can go."""
-    path = ROOT / rel
-    assert path.exists(), f"{rel} is on the allow-list but does not exist: remove its entry"
-    lines = findings(path)
-    if lines:
-        pytest.xfail(f"{ALLOWED[rel]}; {len(lines)} lines:\n" + "\n".join(lines))
-    warnings.warn(f"{rel} is clean: remove it from ALLOWED in tests/test_present_tense.py")
 
 
 @pytest.mark.parametrize("text, expected", [
