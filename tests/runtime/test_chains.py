@@ -33,11 +33,14 @@ def _statement(rng: random.Random, first: tuple[str, list[str]] | None, n_operan
             return operands, lhs
 
 
-def random_chain(seed: int, folder) -> dict:
+def random_chain(seed: int, folder, contractions: tuple[int, int] = (2, 5),
+                 device: tuple[str, ...] = ("1KiB", "2KiB")) -> dict:
+    """A seeded chain of ``contractions`` (least, most) binary contractions, planned within one of
+    the ``device`` memory limits."""
     rng = random.Random(seed)
     extents = {i: rng.randint(2, 5) for i in POOL}
     tensors, statements = {}, []
-    budget = rng.randint(2, 5)  # binary contractions
+    budget = rng.randint(*contractions)  # binary contractions
     prev = None
     k = 0
     while budget > 0:
@@ -69,7 +72,7 @@ def random_chain(seed: int, folder) -> dict:
         "tensors": tensors,
         "statements": statements,
         "outputs": {prev[0]: {"file": "out.h5", "dataset": prev[0]}},
-        "machine": {"global_memory": rng.choice(["6KiB", "16KiB", "64KiB"]), "device_memory": rng.choice(["1KiB", "2KiB"])},
+        "machine": {"global_memory": rng.choice(["6KiB", "16KiB", "64KiB"]), "device_memory": rng.choice(device)},
     }
 
 
@@ -91,16 +94,11 @@ def reference(cfg: dict, folder) -> np.ndarray:
     return values[next(iter(cfg["outputs"]))]
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_random_chain(seed, tmp_path):
-    cfg = random_chain(seed, tmp_path)
-    config = write_config(tmp_path, cfg)
-    plan = make_plan(spec.load(config))
-    assert 2 <= len(plan.contractions) - sum("+=" in s for s in cfg["statements"]) <= 5
-    assert all(2 <= len(t.indices) <= 6 for t in plan.tensors.values())
+def _run_equals_reference(cfg: dict, config, tmp_path, ranks) -> None:
+    """The chain run by the CLI on ``ranks``: bytes and peaks as predicted, output equal to the
+    einsum reference within 1e-12 relative."""
     if any("file" in t["source"] for t in cfg["tensors"].values()):
         assert run_cli("generate", config).returncode == 0
-    ranks = [None, 2, 3][seed % 3]
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     result = read_report(tmp_path / "r.json")
@@ -112,3 +110,24 @@ def test_random_chain(seed, tmp_path):
         got = f[name][...]
     assert got.shape == expected.shape
     assert np.max(np.abs(got - expected)) <= 1e-12 * np.max(np.abs(expected))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_chain(seed, tmp_path):
+    cfg = random_chain(seed, tmp_path)
+    config = write_config(tmp_path, cfg)
+    plan = make_plan(spec.load(config))
+    assert 2 <= len(plan.contractions) - sum("+=" in s for s in cfg["statements"]) <= 5
+    assert all(2 <= len(t.indices) <= 6 for t in plan.tensors.values())
+    _run_equals_reference(cfg, config, tmp_path, [None, 2, 3][seed % 3])
+
+
+@pytest.mark.parametrize("seed, ranks", [(17, 3), (25, 2), (50, 1)])
+def test_long_random_chain_fused_whole(seed, tmp_path, ranks):
+    """Chains of 6–9 contractions (past the exhaustive search) whose whole run fits one device
+    group: the ``fused`` alternative, checked like the short chains."""
+    cfg = random_chain(seed, tmp_path, contractions=(6, 9), device=("4KiB", "16KiB", "64KiB"))
+    config = write_config(tmp_path, cfg)
+    plan = make_plan(spec.load(config))
+    assert [a["name"] for a in plan.alternatives if a["kind"] == "schedule" and a["chosen"]] == ["fused"]
+    _run_equals_reference(cfg, config, tmp_path, ranks)
