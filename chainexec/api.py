@@ -110,8 +110,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, detects, plans and
     checks the inputs; the others wait), calibrating (only where a calibration was made),
     starting the backend (CuPy's import and the device's context), in the executor (slowest rank)
-    and in all of this call; the rest of a process's wall time is the interpreter's start and
-    imports."""
+    — of which, on a backend that compiles and tunes, ``compile`` and ``tune`` seconds
+    (:meth:`~chainexec.runtime.device.Backend.startup_seconds`: what a run with warm caches does
+    not pay) — and in all of this call; the rest of a process's wall time is the interpreter's
+    start and imports."""
     comm = world()
     started = time.perf_counter()
     ours: dict = {}  # rank 0's state from one step to the next
@@ -197,7 +199,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             ck.clear()
     phases = {"plan": planned - started - (calibrated - calibrating),
               **({"calibrate": calibrated - calibrating} if calibration is not None else {}),
-              "backend": ready - planned, "executor": measured["total_seconds"], "run": time.perf_counter() - started}
+              "backend": ready - planned, "executor": measured["total_seconds"], **chosen.startup_seconds(),
+              "run": time.perf_counter() - started}
     return {"predicted": p.predicted, "measured": measured,
             "run": {"config": str(config), "ranks": comm.size, "hosts": executor.hosts, "rank": comm.rank, "backend": chosen.name,
                     "balance": balance, "plan_cached": cached, "resumed_tiles": executor.resumed,

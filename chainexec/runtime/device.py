@@ -45,14 +45,15 @@ STEADY = "steady copies"
 """Copies the backend derives from a loop's read-only inputs are kept from statement to statement
 (:meth:`Backend.steady`)."""
 TUNED = "tuned"
-"""The backend chooses how to contract by timing its methods; its decisions are in ``choices``."""
+"""The backend chooses how to contract by timing its methods; its decisions are in ``choices``,
+the seconds its first uses cost in :meth:`Backend.startup_seconds`."""
 
 CAPABILITIES = {
     QUEUED: ("stamp", "elapsed", "reach", "wait", "arrived", "wait_for", "fetch_aside", "fetch_waits"),
     SEPARATE_MEMORY: ("out_of_memory", "host_empty", "expect_transfers", "limit_memory", "pool_bytes", "make_room"),
     HOST_LOCKS: ("locks_host", "lock_host", "unlock_host", "settle_locks"),
     STEADY: ("steady",),
-    TUNED: ("choices",),
+    TUNED: ("choices", "startup_seconds"),
 }
 """The members a backend with each capability has of its own (``choices``: a dict of its
 decisions); without it, it keeps :class:`Backend`'s."""
@@ -309,6 +310,15 @@ class Backend(abc.ABC):
         tile reads them): a copy the backend derives from one of them may be kept for later
         statements."""
         yield
+
+    # -- TUNED: without it, nothing is compiled or tuned -------------------------------------------
+
+    def startup_seconds(self) -> dict[str, float]:
+        """Seconds of this process's work that a run with warm caches does not repeat, by kind:
+        ``compile`` (kernels compiled, summed over the threads that compile at once) and ``tune``
+        (candidate methods timed, the compiles that timing triggers included); both are part of
+        the executor's seconds."""
+        return {}
 
 
 def select(name: str = "auto", comm=None) -> Backend:

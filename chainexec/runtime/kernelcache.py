@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,6 +33,15 @@ compiles its own kernels (``cupy.RawKernel``)."""
 _LOADED: dict = {}  # (cache key, device) -> function
 _KEYS: dict = {}  # (source, architecture, options) -> cache key, so that a launch hashes no source
 _LOCK = threading.Lock()
+_COMPILED = [0.0, 0]  # NVRTC seconds in this process (summed over compiling threads), kernels compiled
+
+
+def compiled() -> tuple[float, int]:
+    """Seconds NVRTC has spent compiling in this process, summed over the threads that compile at
+    once (:func:`precompile`), and the number of kernels it compiled: the compile part of a
+    first run's time, which a run with every CUBIN in the disk cache does not pay."""
+    with _LOCK:
+        return _COMPILED[0], _COMPILED[1]
 
 
 def cache_dir() -> Path:
@@ -88,7 +98,14 @@ def _cached_cubin(name: str, source: str, compute_capability: str, options: tupl
     """The disk cache's CUBIN of ``source``, compiled on a miss."""
     store, key = _store(), _key(source, compute_capability, options)
     path = store.path(key)
-    return path if path.exists() else store.save(key, compile_cubin(source, name, compute_capability, options))
+    if path.exists():
+        return path
+    start = time.perf_counter()
+    cubin = compile_cubin(source, name, compute_capability, options)
+    with _LOCK:
+        _COMPILED[0] += time.perf_counter() - start
+        _COMPILED[1] += 1
+    return store.save(key, cubin)
 
 
 def precompile(kernels: list[tuple[str, str]], compute_capability: str, options: tuple[str, ...] = OPTIONS) -> None:

@@ -323,6 +323,31 @@ def numpy_gpu(monkeypatch, tmp_path):
     return CupyBackend(np)
 
 
+def test_tune_seconds_count_each_outermost_timing_once(numpy_gpu):
+    """:meth:`startup_seconds`' ``tune``: the wall seconds of the autotuner's timing calls, a
+    timing nested in another (a stack timed through its terms) counted once with its outer one;
+    candidates that cannot launch (here: each raises after a pause) are timed too. The NumPy
+    backend compiles and tunes nothing."""
+    import math
+    import time
+
+    def inner():
+        time.sleep(0.2)
+        raise RuntimeError("cannot launch here")
+
+    def outer():
+        numpy_gpu._timed(inner)
+        time.sleep(0.05)
+        raise RuntimeError("cannot launch here")
+
+    assert numpy_gpu.startup_seconds()["tune"] == 0.0
+    assert numpy_gpu._timed(outer) == math.inf
+    tune = numpy_gpu.startup_seconds()["tune"]
+    assert 0.25 <= tune < 0.45  # counted twice, the nested 0.2 s would make it at least 0.45
+    assert set(numpy_gpu.startup_seconds()) == {"compile", "tune"}
+    assert NumpyBackend().startup_seconds() == {}
+
+
 def test_backends_declare_the_capabilities_whose_members_they_have(numpy_gpu):
     """A backend declares an optional capability exactly where it has that capability's members
     of its own; without it, it keeps the seam's."""

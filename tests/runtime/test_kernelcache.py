@@ -56,6 +56,29 @@ def test_a_failing_source_is_left_for_its_loader(nvrtc):
     assert calls.count("bad source") == 2
 
 
+def test_compile_seconds_count_the_misses_only(nvrtc, monkeypatch):
+    """:func:`kernelcache.compiled` adds each compile's seconds (here a stand-in taking 0.05 s),
+    summed over the threads that compile at once; a CUBIN read from the disk cache adds nothing."""
+    import time
+
+    monkeypatch.setattr(kernelcache, "_COMPILED", [0.0, 0])
+    inner = kernelcache.compile_cubin
+
+    def slow(source, name, cc, options):
+        time.sleep(0.05)
+        return inner(source, name, cc, options)
+
+    monkeypatch.setattr(kernelcache, "compile_cubin", slow)
+    kernelcache.precompile([(f"k{n}", f"src {n}") for n in range(4)], "90")
+    seconds, kernels = kernelcache.compiled()
+    assert kernels == 4 and 4 * 0.05 <= seconds < 4 * 0.05 + 1.0
+    kernelcache._cached_cubin("k0", "src 0", "90", kernelcache.OPTIONS)
+    assert kernelcache.compiled() == (seconds, 4)
+    with pytest.raises(RuntimeError, match="NVRTC failed"):
+        kernelcache._cached_cubin("bad", "bad source", "90", kernelcache.OPTIONS)
+    assert kernelcache.compiled() == (seconds, 4)
+
+
 def test_a_single_missing_source_is_left_to_load_function(nvrtc):
     calls, _ = nvrtc
     kernelcache.precompile([("a", "src a")], "90")

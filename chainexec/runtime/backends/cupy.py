@@ -24,7 +24,7 @@ from chainexec.errors import ChainexecError
 from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import arena, hostlock, pointwise
+from chainexec.runtime import arena, hostlock, kernelcache, pointwise
 from chainexec.runtime.backends.common import all_rows, spread
 from chainexec.runtime.backends.methods import Methods
 from chainexec.runtime.backends.tuning import METHODS, Autotuner, Choice, TuningCache
@@ -133,6 +133,8 @@ class CupyBackend(Autotuner, Methods, Backend):
         self.table_bytes = 0  # device bytes of the GETT offset tables made so far (kept)
         self.memory: int | None = None  # the configured device memory (bytes); None: no limit
         self.tuning = TuningCache.for_device(cupy)
+        self.tuned_seconds = 0.0  # wall seconds spent timing candidates (:meth:`_timed`, outermost calls)
+        self._timing = 0  # depth of :meth:`_timed` calls (a stack's timing runs its terms' own)
         self._stages: list[np.ndarray] | None = None
         self._uploads: collections.deque = collections.deque()  # (page-locked host array, its copy's event)
         # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
@@ -153,6 +155,9 @@ class CupyBackend(Autotuner, Methods, Backend):
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
         self._locks: hostlock.Locks | None = None  # host memory locked in place (a run of plain memory)
+
+    def startup_seconds(self) -> dict[str, float]:
+        return {"compile": kernelcache.compiled()[0], "tune": self.tuned_seconds}
 
     @property
     def out_of_memory(self) -> type[BaseException]:

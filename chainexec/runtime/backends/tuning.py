@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -506,6 +507,8 @@ class Autotuner:
         if kept:
             kept.clear()
         self._held.clear()
+        began = time.perf_counter()
+        self._timing += 1
         try:
             try:
                 run()
@@ -521,5 +524,8 @@ class Autotuner:
                 best = min(best, cp.cuda.get_elapsed_time(start, end) / 1e3)
             return best
         finally:
+            self._timing -= 1
+            if not self._timing:
+                self.tuned_seconds += time.perf_counter() - began
             self._kept = kept
             self._steady = steady
