@@ -22,8 +22,8 @@ Candidates:
 
 The rule: the plan uses the candidate with the least predicted movement time (disk plus
 global↔device seconds; compute is the same for all) among those that fit; ties go to the earlier
-candidate in the list above, so the paper's choice is kept unless the search finds a strictly
-better one.
+candidate in the list above, so the paper's choice is kept unless the fused or the searched one
+is strictly better.
 """
 
 from __future__ import annotations
