@@ -6,11 +6,9 @@ import threading
 import h5py
 import numpy as np
 import pytest
-import yaml
 
 from chainexec import api
 from chainexec.chem.triples import ccsd_t_energy
-from chainexec.runtime import mapped
 from chainexec.runtime.checkpoint import Stopped
 from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.mapped import MappedArray, contiguous_offset
