@@ -279,9 +279,10 @@ def test_small_copy_delivered_when_found_arrived():
     backend = CupyBackend(cupy)
     backend.expect_transfers(0)
     values = cupy.asarray(np.random.default_rng(8).standard_normal(5))
+    values += 0.0  # the addition's kernel compiled now, not while the hold below runs
     before = cupy.asnumpy(values)
     copies = [backend.to_host_async(values[k]) for k in range(5)]
-    hold(2.0)  # outlasts the host's polling
+    hold(5.0)  # outlasts the host's polling, also on a host busy with other processes
     values += 1.0  # queued after the copies: not in them
     deadline = time.monotonic() + 30
     while not backend.arrived(copies[0][1]):
