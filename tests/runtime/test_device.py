@@ -17,7 +17,7 @@ import pytest
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import device
-from chainexec.runtime.backends import common, methods, tuning
+from chainexec.runtime.backends import common, methods, termruns, tuning
 from chainexec.runtime.backends.cupy import CupyBackend
 from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.device import select
@@ -294,7 +294,7 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", folder)))
     monkeypatch.setattr(launch, "device_model", Device.H100)
     monkeypatch.setattr(kernelcache, "precompile", lambda *args, **kw: None)
-    monkeypatch.setattr(tuning, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
+    monkeypatch.setattr(termruns, "TIMED_SUM_KINDS", ())  # no generated kernel: terms or stacks
     xp = types.SimpleNamespace(zeros=np.zeros, empty=np.empty, ndarray=np.ndarray, multiply=np.multiply,
                                get_default_memory_pool=_Pool,
                                cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)))

@@ -18,7 +18,7 @@ from chainexec.kernels import sumkernel, summma  # noqa: E402
 from chainexec.kernels.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import kernelcache, launch  # noqa: E402
-from chainexec.runtime.backends import tuning  # noqa: E402
+from chainexec.runtime.backends import termruns, tuning  # noqa: E402
 from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
 from tests.kernels.test_sumkernel import CASES  # noqa: E402
 
@@ -128,8 +128,8 @@ def test_backend_contract_sum(method, room):
     if method == "auto":
         parts = [prob] + [prob.part(p) for p in sumkernel.splits(prob)]
         timed = sum(len(launch.SUM_KINDS[k][0].candidates(p, launch.device_model()))
-                    for k in tuning.TIMED_SUM_KINDS for p in parts)
-        assert len(parts) == 2 and choice.method in tuning.TIMED_SUM_KINDS + ("terms", "split")
+                    for k in termruns.TIMED_SUM_KINDS for p in parts)
+        assert len(parts) == 2 and choice.method in termruns.TIMED_SUM_KINDS + ("terms", "split")
         assert len(choice.seconds) == timed + 1
     elif method == "split":
         assert choice.method == "split" and choice.config["terms"] == list(range(6, 12))

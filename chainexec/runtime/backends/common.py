@@ -89,3 +89,12 @@ def all_rows(dst) -> slice | None:
     and ``view`` take rows (None for a 0-d buffer)."""
     return slice(0, dst.shape[0]) if dst.ndim else None
 
+
+def scratch_like(xp, out):
+    """A zeroed scratch array shaped as ``out``, with ``out``'s strides where their span is at
+    most twice ``out``'s size (else C-contiguous: a view cut from a much larger buffer)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides)) // out.itemsize if out.size else 0
+    if out.flags.c_contiguous or span > 2 * out.size or min(out.strides, default=0) < 0:
+        return xp.zeros(out.shape, out.dtype)
+    base = xp.zeros(span, out.dtype)
+    return xp.ndarray(out.shape, out.dtype, base.data, strides=out.strides)

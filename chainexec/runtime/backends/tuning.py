@@ -7,8 +7,10 @@ The candidates of a single contraction are its methods that apply
 (:mod:`chainexec.runtime.backends.methods`), the GETT model's top
 :data:`~chainexec.runtime.backends.methods.TUNE_TOP`
 configurations each with its staged-epilogue twin (:func:`~chainexec.kernels.gett.candidates`);
-those of a run of terms are the terms one by one (each by its own tuned method), the sum kernels
-of :data:`TIMED_SUM_KINDS` for the whole run and for each split, and the stacks. Each is timed on
+those of a run of terms are the candidates of the strategies registered in
+:mod:`chainexec.runtime.backends.termruns` (the terms one by one, each by its own tuned method;
+the sum kernels of :data:`~chainexec.runtime.backends.termruns.TIMED_SUM_KINDS` for the whole run
+and for each split; the stacks). Each is timed on
 the real operands or on a probe of them (:func:`_probe`): one untimed warm-up and the best of
 :data:`TIMED_RUNS` CUDA-event-timed runs (:meth:`Autotuner._timed`); the fastest is kept
 (:meth:`Autotuner._decide`). The environment variable ``CHAINEXEC_GPU_METHOD`` (one of
@@ -29,21 +31,17 @@ from chainexec.errors import ChainexecError
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
-from chainexec.runtime.backends.common import element_strides, index_extents, spread
+from chainexec.runtime.backends import termruns
+from chainexec.runtime.backends.common import element_strides, index_extents, scratch_like, spread
 from chainexec.runtime.backends.methods import REGISTRY
 
-METHODS = ("auto", "gett", "batched", "relayout", "kernel", "ttgt", "einsum", "cutensor", "direct", "sum", "summma", "split",
-           "stack")
-"""Values of ``CHAINEXEC_GPU_METHOD``: how :class:`CupyBackend` contracts (``sum`` / ``summma``:
-a run of contractions into one buffer through the generated register / tensor-core sum kernel
-without timing candidates; ``split``: its short-range terms through the register kernel, the
-others one by one, each by the method the autotuner picks; ``stack``: the terms that stack
-(:mod:`chainexec.kernels.stacking`) as one contraction per stack, where their copies fit, the
-others one by one, each tuned; any other forced method runs such a run term by term)."""
-TIMED_SUM_KINDS = ("sum",)
-"""The sum kernels (:data:`chainexec.runtime.launch.SUM_KINDS`) whose candidates the autotuner
-times against the terms one by one. The tensor-core kernel (``summma``) joins them once it has
-run on a GPU: until then it runs only where forced."""
+METHODS = ("auto", *REGISTRY, *(name for name in termruns.REGISTRY if name != "terms"))
+"""Values of ``CHAINEXEC_GPU_METHOD``: ``auto`` (tune), a contraction method
+(:data:`chainexec.runtime.backends.methods.REGISTRY`), or a strategy of a run of terms into one
+buffer (:data:`chainexec.runtime.backends.termruns.REGISTRY`: ``sum`` / ``summma``, ``split``,
+``stack``), whose first candidate that fits then runs without timing the others; a run of terms
+under a forced contraction method runs term by term, and a single contraction under a forced
+strategy is tuned."""
 TIMED_RUNS = 2
 """CUDA-event-timed runs per method in the one-time comparison (the best one counts)."""
 PROBE_FLOOR = 1 << 20
@@ -76,23 +74,6 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
                 cut[idx.index(name)] = slice(0, keep)
                 views[v] = views[v][tuple(cut)]
     return tuple(views)
-
-
-def stacked_bytes(stacks: list, operands: list[tuple], itemsize: int) -> int:
-    """Device bytes of the copies :meth:`Autotuner._stacked` holds at once (one stack's, in the
-    output's dtype of ``itemsize`` bytes)."""
-    return itemsize * max((sum(a.size + b.size for k in st.terms for a, b in [operands[k]]) for st in stacks),
-                          default=0)
-
-
-def _like(xp, out):
-    """A zeroed scratch array shaped as ``out``, with ``out``'s strides where their span is at
-    most twice ``out``'s size (else C-contiguous: a view cut from a much larger buffer)."""
-    span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides)) // out.itemsize if out.size else 0
-    if out.flags.c_contiguous or span > 2 * out.size or min(out.strides, default=0) < 0:
-        return xp.zeros(out.shape, out.dtype)
-    base = xp.zeros(span, out.dtype)
-    return xp.ndarray(out.shape, out.dtype, base.data, strides=out.strides)
 
 
 @dataclass
@@ -181,35 +162,18 @@ class Autotuner:
     (``method``, ``choices``, ``tuning``, ``workspace``) is made in the backend's ``__init__``."""
 
     def contract_sum(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
-        """As :meth:`Backend.contract_sum`: in one generated kernel that accumulates every term and
-        adds to ``out`` once (:data:`chainexec.runtime.launch.SUM_KINDS`: in registers,
-        :mod:`chainexec.kernels.sumkernel`, or on tensor cores into a shared-memory tile,
-        :mod:`chainexec.kernels.summma`), term by term, or *split*: the terms with short summed
-        ranges in one kernel and the others one by one (:func:`~chainexec.kernels.sumkernel.splits`),
-        or *stacked*: terms that split the output alike as one contraction over their summed
-        ranges concatenated, on copies of their small operands (:mod:`chainexec.kernels.stacking`),
-        whichever is fastest. Decided once per (terms, shapes, strides, dtype) and kept
-        (:class:`TuningCache`): the model's best configurations of each kernel in
-        :data:`TIMED_SUM_KINDS`, for all the terms and for each split's part, are timed computing
-        without storing, and each term on its own (by its own tuned method) on a scratch output
-        where the plan leaves room for one, else once for real on ``out``; a split costs its
-        kernel plus the other terms' seconds; the stacks are timed on a scratch output plus the
-        other terms' seconds, where the room holds the scratch and their copies. A kernel timed without storing skips one pass over
-        the output that the terms' times include, so close decisions lean towards the kernels.
-        ``CHAINEXEC_GPU_METHOD=sum`` or ``summma`` forces that kernel's first configuration,
-        ``split`` the first split with the register kernel's first configuration and the other
-        terms tuned (the terms one by one where either has none), ``stack`` the stacks where their
-        copies fit (else the terms one by one); any other forced method runs
-        the terms one by one.
-
-        The choice is timed because neither side wins everywhere: on a (T) tile the register
-        kernel and the terms one by one (batched GEMM on tensor cores) are close, and the
-        register kernel wins where the terms sum over short ranges (``benchmarks/sum_tile.py``
-        compares them)."""
+        """As :meth:`Backend.contract_sum`: by the strategy
+        (:mod:`chainexec.runtime.backends.termruns`: the terms one by one, one sum kernel, a split,
+        stacks) decided once per (terms, shapes, strides, dtype, room the plan leaves) and kept
+        (:class:`TuningCache`). Deciding times each term on its own (by its own tuned method) on a
+        scratch output where the plan leaves room for one, else once for real on ``out``
+        (:meth:`_time_terms`), then every timed strategy's candidates whose workspace fits the
+        room (:meth:`_tune_run`); the fastest is kept. ``CHAINEXEC_GPU_METHOD`` naming a strategy
+        forces its first candidate that fits (the terms one by one where none does); any other
+        forced method runs the terms one by one."""
         from chainexec.kernels import sumkernel
-        from chainexec.runtime import kernelcache, launch
 
-        if self.method not in ("auto", "split", "stack", *launch.SUM_KINDS):
+        if self.method != "auto" and self.method not in termruns.REGISTRY:
             with self._reusing():
                 self.term_by_term(cs, out, operands, fresh)
             return
@@ -221,101 +185,60 @@ class Autotuner:
                                  [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices), float(c.factor))
                                   for c, (a, b) in zip(cs, operands)], str(out.dtype))
         # the kernels timed are part of the key: a decision made without one is not reused once it joins
-        key = ("sum", repr(prob), TIMED_SUM_KINDS, "stack") + (() if self.workspace is None else (self.workspace,))
+        key = (("sum", repr(prob), termruns.TIMED_SUM_KINDS, "stack")
+               + (() if self.workspace is None else (self.workspace,)))
+        run = termruns.Run(cs, out, operands, prob, key)
         choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
         done = False
         if choice is None:
-            dev = launch.device_model()
-
-            def candidates(kind, p):
-                try:
-                    return launch.SUM_KINDS[kind][0].candidates(p, dev)
-                except ValueError:  # no configuration fits the device
-                    return []
-
-            if self.method == "stack":
-                stacks = self._stacks(cs, out, operands)
-                fits = self.workspace is None or stacked_bytes(stacks, operands, out.itemsize) <= self.workspace
-                choice = Choice("stack" if stacks and fits else "terms")
-            elif self.method == "split":
-                parts = sumkernel.splits(prob)
-                cands = candidates("sum", prob.part(parts[0])) if parts else []
-                choice = (Choice("split", config={"kind": "sum", "config": cands[0].to_json(), "terms": list(parts[0])})
-                          if cands else Choice("terms"))
-            elif self.method != "auto":
-                cands = candidates(self.method, prob)
-                choice = Choice(self.method, config=cands[0].to_json()) if cands else Choice("terms")
+            if self.method != "auto":
+                choice = self._forced_run(run)
             else:
                 if fresh:  # timing a term may add it to ``out`` for real
                     self.clear(out)
                     fresh = False
-                seconds, configs = {}, {}
                 each, done = self._time_terms(cs, out, operands)
-                seconds["terms"] = sum(each)
-                jobs = [(part, kind, cfg) for part in [tuple(range(len(cs)))] + sumkernel.splits(prob)
-                        for kind in TIMED_SUM_KINDS for cfg in candidates(kind, prob.part(part))]
-                kernelcache.precompile([launch.SUM_KINDS[kind][0].generate(prob.part(part), cfg)
-                                        for part, kind, cfg in jobs], dev.compute_capability)
-                for part, kind, cfg in jobs:
-                    sub, ops = prob.part(part), [operands[k] for k in part]
-                    rest = sum(s for k, s in enumerate(each) if k not in part)
-                    name = f"{kind} {cfg.name()}"
-                    if len(part) < len(cs):
-                        name = f"split {name} terms {','.join(map(str, part))}"
-                        configs[name] = ("split", {"kind": kind, "config": cfg.to_json(), "terms": list(part)})
-                    else:
-                        configs[name] = (kind, cfg.to_json())
-                    seconds[name] = rest + self._timed(lambda: launch.launch_sum(kind, sub, cfg, out, ops, False))
-                stacks = self._stacks(cs, out, operands)
-                room = self.workspace
-                if stacks and (room is None or 2 * out.nbytes + stacked_bytes(stacks, operands, out.itemsize) <= room):
-                    scratch = _like(self.xp, out)
-                    rest = sum(s for k, s in enumerate(each) if not any(k in st.terms for st in stacks))
-                    # the stacked contractions are first tuned inside this timing, beside the scratch
-                    self.workspace = None if room is None else room - scratch.nbytes
-                    try:
-                        seconds["stack"] = rest + self._timed(lambda: self._stacked(stacks, cs, scratch, operands))
-                    finally:
-                        self.workspace = room
-                    del scratch
-                how = {name: configs.get(name, (name, None)) for name in seconds}  # "terms", "stack": no configuration
-                choice = self._decide(key, seconds, how)
+                choice = self._tune_run(run, each)
         self.choices[key] = choice
-        with self._reusing():
-            self._sum(key, choice, done, prob, cs, out, operands, fresh)
-
-    def _sum(self, key: tuple, choice: Choice, done: bool, prob, cs: list[Contraction], out,
-             operands: list[tuple], fresh: bool) -> None:
-        """Run :meth:`contract_sum`'s decision (nothing where timing the terms on ``out`` added
-        them already); ``key`` the run's tuning key, under which a stacked run's stacks are kept
-        (found once, not again on every tile). A ``fresh`` output is written first by the first
-        stack, or the first term, as :meth:`contract` writes a fresh one; a generated
-        kernel adds, so before one it is cleared."""
-        from chainexec.runtime import launch
-
-        if done:
+        if done:  # timing the terms on ``out`` added them already
             return
-        if fresh and (choice.method in launch.SUM_KINDS or choice.method == "split"):
-            self.clear(out)
-            fresh = False
-        if choice.method in launch.SUM_KINDS:
-            kind_config = launch.SUM_KINDS[choice.method][1].from_json(choice.config)
-            launch.launch_sum(choice.method, prob, kind_config, out, operands)
-        elif choice.method == "stack":
-            if key not in self._stack_runs:
-                stacks = self._stacks(cs, out, operands)
-                self._stack_runs[key] = stacks, [k for k in range(len(cs)) if not any(k in st.terms for st in stacks)]
-            stacks, alone = self._stack_runs[key]
-            self._stacked(stacks, cs, out, operands, fresh)
-            self.term_by_term([cs[k] for k in alone], out, [operands[k] for k in alone], fresh and not stacks)
-        elif choice.method == "split":
-            part, kind = choice.config["terms"], choice.config["kind"]
-            launch.launch_sum(kind, prob.part(tuple(part)), launch.SUM_KINDS[kind][1].from_json(choice.config["config"]),
-                               out, [operands[k] for k in part])
-            self.term_by_term([c for k, c in enumerate(cs) if k not in part], out,
-                              [x for k, x in enumerate(operands) if k not in part])
-        else:
-            self.term_by_term(cs, out, operands, fresh)
+        strategy = termruns.REGISTRY[choice.method]
+        with self._reusing():
+            if fresh and strategy.clears_fresh:
+                self.clear(out)
+                fresh = False
+            strategy.run(self, run, choice.config, fresh)
+
+    def _fits_run(self, strategy, run, config, timing: bool) -> bool:
+        """Whether ``strategy``'s workspace for ``config`` (and, ``timing`` it, its scratch output)
+        fits in the room the plan leaves (always, without a limit)."""
+        if self.workspace is None:
+            return True
+        scratch = 2 * run.out.nbytes if timing and strategy.timed_on_scratch else 0
+        return strategy.workspace(self, run, config) + scratch <= self.workspace
+
+    def _forced_run(self, run) -> Choice:
+        """The forced strategy's first candidate that fits, else the terms one by one."""
+        strategy = termruns.REGISTRY[self.method]
+        for config in strategy.configurations(self, run).values():
+            if self._fits_run(strategy, run, config, False):
+                return Choice(strategy.name, config=config)
+        return Choice("terms")
+
+    def _tune_run(self, run, each: list[float]) -> Choice:
+        """Time every timed strategy's candidates that fit (their generated kernels compiled
+        first, together) and keep the fastest under the run's key; ``each``: the seconds of each
+        term on its own."""
+        from chainexec.runtime import kernelcache, launch
+
+        cands = [(strategy, name, config) for strategy in termruns.REGISTRY.values() if strategy.timed()
+                 for name, config in strategy.configurations(self, run).items()
+                 if self._fits_run(strategy, run, config, True)]
+        sources = [k for strategy, _, config in cands for k in strategy.kernels(run, config)]
+        if sources:
+            kernelcache.precompile(sources, launch.device_model().compute_capability)
+        seconds = {name: strategy.seconds(self, run, config, each) for strategy, name, config in cands}
+        return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands})
 
     @staticmethod
     def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
@@ -368,7 +291,7 @@ class Autotuner:
         run once on ``out`` itself (their first run, a little slower than later ones)."""
         hows = [self._choose(c, out, a, b) for c, (a, b) in zip(cs, operands)]  # tuned on probes
         if self.workspace is None or 2 * out.nbytes <= self.workspace:
-            scratch = _like(self.xp, out)
+            scratch = scratch_like(self.xp, out)
             return [self._timed(lambda: self._run(how, c, scratch, a, b))
                     for how, c, (a, b) in zip(hows, cs, operands)], False
         events = [self.xp.cuda.Event() for _ in range(len(cs) + 1)]
@@ -418,7 +341,7 @@ class Autotuner:
         kept = self._kept_key(c, out, a, b)
         choice = self.choices.get(kept)
         if choice is None:
-            if self.method not in ("auto", "split", "stack"):  # a forced split or stack tunes the terms as auto
+            if self.method in REGISTRY:  # under a forced strategy of runs, single contractions are tuned
                 cands = self._candidates(c, out, a, b)
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
@@ -491,7 +414,7 @@ class Autotuner:
 
             def run():
                 if not scratch:
-                    scratch.append(_like(self.xp, out))
+                    scratch.append(scratch_like(self.xp, out))
                 self._run(how, c, scratch[0], a, b)
         return self._timed(run)
 

@@ -1,0 +1,151 @@
+"""The strategies of a run of terms into one buffer (:mod:`chainexec.runtime.backends.termruns`),
+driven by the CuPy backend's autotuner over NumPy arrays: the registry, the forced and tuned
+choices within the room the plan leaves, and the sums they produce, against ``numpy.einsum`` over
+the (T) ``W`` tile's twelve terms (independent of the backend's TTGT and stacking code). The
+generated sum kernels need a GPU: ``tests/runtime/test_sumkernel_gpu.py`` runs them."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from chainexec.kernels import sumkernel
+from chainexec.planner.plan import Contraction
+from chainexec.runtime.backends import termruns, tuning
+from chainexec.runtime.backends.common import element_strides
+from chainexec.runtime.backends.cupy import CupyBackend
+from tests.kernels.test_sumkernel import W_TERMS
+from tests.runtime.test_device import _Pool
+
+EXTENT = dict(i=3, j=4, k=2, a=7, b=5, c=6, f=4, m=3)
+
+
+class _Event:
+    """A CUDA event as the autotuner uses it on NumPy, where work is done when it returns."""
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _OnNumpy(CupyBackend):
+    """The CuPy backend on NumPy arrays: its contraction methods that need no GPU (TTGT, einsum)
+    run for real; a timing runs its candidate once and reports :attr:`clock` seconds (the same for
+    every candidate, so a strategy that runs fewer timed parts costs less)."""
+
+    clock = 1e-3
+
+    def _candidates(self, c, out, a, b):
+        return {"ttgt": None, "einsum": None}
+
+    def _timed(self, run):
+        run()
+        return self.clock
+
+
+@pytest.fixture
+def on_numpy(monkeypatch, tmp_path):
+    """A factory of :class:`_OnNumpy` backends (forced ``method``, room in bytes) sharing one tuning
+    folder of the test's own, with no sum kernel among the timed candidates."""
+    monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
+    monkeypatch.setattr(termruns, "TIMED_SUM_KINDS", ())
+    xp = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("_")},
+                               get_default_memory_pool=_Pool,
+                               cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError),
+                                                          Event=_Event, get_elapsed_time=lambda start, end: 1.0))
+
+    def make(method: str = "auto", room: int | None = None):
+        backend = _OnNumpy(xp, method)
+        if room is not None:
+            backend.limit_memory(room, 0)
+        return backend
+
+    return make
+
+
+def _run(seed: int):
+    """The W tile's terms, random operands, a random starting ``W`` and the einsum reference."""
+    rng = np.random.default_rng(seed)
+    cs = [Contraction(n, "W", list("ijkabc"), f"A{n}", list(a), f"B{n}", list(b), f, n > 0, 0, n)
+          for n, (a, b, f) in enumerate(W_TERMS)]
+    operands = [(rng.standard_normal([EXTENT[i] for i in c.a_indices]),
+                 rng.standard_normal([EXTENT[i] for i in c.b_indices])) for c in cs]
+    start = rng.standard_normal([EXTENT[i] for i in "ijkabc"])
+    total = sum(c.factor * np.einsum(f"{''.join(c.a_indices)},{''.join(c.b_indices)}->ijkabc", a, b)
+                for c, (a, b) in zip(cs, operands))
+    return cs, operands, start, total
+
+
+def _choice(backend) -> tuning.Choice:
+    return next(choice for key, choice in backend.choices.items() if key[0] == "sum")
+
+
+def test_every_strategy_is_registered_once_and_can_be_forced():
+    """The registry lists the strategies in the order their candidates are timed; every one but
+    the terms one by one is a value of ``CHAINEXEC_GPU_METHOD``; only the tensor-core kernel waits
+    to be forced."""
+    assert list(termruns.REGISTRY) == ["terms", "sum", "summma", "split", "stack"]
+    assert all(name == s.name for name, s in termruns.REGISTRY.items())
+    assert [name for name in tuning.METHODS if name in termruns.REGISTRY] == ["sum", "summma", "split", "stack"]
+    assert [name for name, s in termruns.REGISTRY.items() if s.timed()] == ["terms", "sum", "split", "stack"]
+    assert [name for name, s in termruns.REGISTRY.items() if s.clears_fresh] == ["sum", "summma", "split"]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("method,room,chosen", [
+    ("auto", None, "stack"),       # the stacks run fewer timed parts than the twelve terms
+    ("auto", 4096, "terms"),       # no room for a scratch tile and the stacks' copies
+    ("stack", None, "stack"),
+    ("stack", 512, "terms"),       # forced, but one stack's copies do not fit
+])
+def test_a_run_adds_its_terms_by_the_strategy_that_fits(on_numpy, method, room, chosen, fresh):
+    """Two tiles of one shape, the first deciding and the second reusing the decision: each adds
+    (or, ``fresh``, writes over NaN) the twelve terms, equal to einsum's sum to 1e-12, by the
+    strategy that the timings choose, or that is forced, among those whose workspace fits."""
+    backend = on_numpy(method, room)
+    for seed in (1, 2):
+        cs, operands, start, total = _run(seed)
+        out = np.full_like(start, np.nan) if fresh else start.copy()
+        backend.contract_sum(cs, out, operands, fresh)
+        want = total if fresh else start + total
+        assert np.linalg.norm(out - want) <= 1e-12 * np.linalg.norm(want)
+    choice = _choice(backend)
+    assert choice.method == chosen
+    assert set(choice.seconds) == ({"terms", "stack"} if method == "auto" and room is None
+                                   else {"terms"} if method == "auto" else set())
+
+
+def test_stack_workspace_is_one_stacks_copies(on_numpy):
+    """The stack strategy holds the copies of one stack at a time: the largest stack's operands, in
+    the output's bytes per element."""
+    backend = on_numpy()
+    cs, operands, start, _ = _run(3)
+
+    def view(arr, indices):
+        return sumkernel.View(tuple(indices), tuple(arr.shape), element_strides(arr))
+
+    prob = sumkernel.problem(view(start, "ijkabc"), [sumkernel.Term(view(a, c.a_indices), view(b, c.b_indices),
+                                                                    c.factor) for c, (a, b) in zip(cs, operands)],
+                             "float64")
+    run = termruns.Run(cs, start, operands, prob, ("sum",))
+    stacks = backend._stacks(cs, start, operands)
+    assert stacks and all(len(st.terms) >= 2 for st in stacks)
+    want = max(8 * sum(operands[k][0].size + operands[k][1].size for k in st.terms) for st in stacks)
+    assert termruns.REGISTRY["stack"].workspace(backend, run, None) == want
+    assert all(termruns.REGISTRY[name].workspace(backend, run, None) == 0 for name in ("terms", "split"))
+
+
+def test_a_forced_contraction_method_runs_the_terms_one_by_one(on_numpy):
+    """Forced to one contraction method, a run adds its terms one by one through it and decides
+    no strategy."""
+    backend = on_numpy("einsum")
+    cs, operands, start, total = _run(4)
+    out = start.copy()
+    backend.contract_sum(cs, out, operands)
+    assert np.linalg.norm(out - start - total) <= 1e-12 * np.linalg.norm(start + total)
+    assert not [key for key in backend.choices if key[0] == "sum"]
+    assert {choice.method for choice in backend.choices.values()} == {"einsum"}
