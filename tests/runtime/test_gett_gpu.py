@@ -17,7 +17,7 @@ cupy = require_gpu()
 from chainexec.kernels import gett  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import device, launch  # noqa: E402
-from chainexec.runtime.backends import methods, tuning  # noqa: E402
+from chainexec.runtime.backends import methods, termruns, tuning  # noqa: E402
 from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
 from tests.kernels.test_gett import CASES, _arrays, _strides  # noqa: E402
 
@@ -115,11 +115,11 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     ref = hW - 0.75 * np.einsum("iafb,kjcf->ijkabc", hA, hB)
     assert _relerr(W.get(), ref) <= 1e-12
     forced = be.choices[next(iter(be.choices))].method
-    # the kernel has no layout here, nor relayout on padded views (no mode merges in W); the sum
-    # kernels are for runs of terms; cuTENSOR may be absent; a forced split or stack tunes a lone
-    # contraction as auto does
-    fallback = {"kernel", "relayout", "sum", "summma"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
-    assert method in ("auto", "split", "stack") or forced == method or (method in fallback and forced == "ttgt")
+    # the kernel has no layout here, nor relayout on padded views (no mode merges in W); cuTENSOR
+    # may be absent; a strategy of runs of terms (termruns), forced, tunes a lone contraction as auto does
+    fallback = {"kernel", "relayout"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
+    assert (method in ("auto", *termruns.REGISTRY) or forced == method
+            or (method in fallback and forced == "ttgt"))
 
 
 def test_elementwise_statements_make_no_temporaries():
