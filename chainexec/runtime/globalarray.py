@@ -308,10 +308,16 @@ class GlobalArray:
 
     def accumulate(self, region: Region, data: np.ndarray) -> None:
         """Add ``data`` element-wise into the patch ``region``, atomically per element (MPI.SUM),
-        so several ranks may accumulate into overlapping patches at once."""
+        so several ranks may accumulate into overlapping patches at once. On a communicator of
+        one rank no other writer exists: the patch is added in place over threads
+        (:func:`chainexec.runtime.hostcopy.add`). MPI's accumulate applies its operation element by
+        element inside the library, at about 1 GB/s, against 10 GB/s for one thread's NumPy
+        addition; it bounded the four-index transform's accumulation of its half-transformed
+        integrals on one GPU."""
         self._check(region, data)
         self._run(region, np.ascontiguousarray(data),
-                  lambda origin, rank, target: self._win.Accumulate(origin, rank, target, MPI.SUM))
+                  lambda origin, rank, target: self._win.Accumulate(origin, rank, target, MPI.SUM),
+                  own=_added if self.comm.size == 1 else None)
 
     def free(self) -> None:
         """Release the window (collective); the array, its views and arrays from ``local()`` are
@@ -326,6 +332,11 @@ class GlobalArray:
 def _written(chunk: np.ndarray, block: np.ndarray) -> None:
     """Write a patch's rows into the block that holds them (:meth:`GlobalArray.put`)."""
     hostcopy.copy(block, chunk)
+
+
+def _added(chunk: np.ndarray, block: np.ndarray) -> None:
+    """Add a patch's rows into the block that holds them (:meth:`GlobalArray.accumulate`, one rank)."""
+    hostcopy.add(block, chunk)
 
 
 class _Integers:

@@ -1,4 +1,4 @@
-"""Host-memory copies and fills split over threads.
+"""Host-memory copies, additions and fills split over threads.
 
 One thread copies host memory at a few GB/s and touches fresh pages at less, far below the
 host's memory bandwidth and the device's fetch rate: zero-filling new global arrays and the
@@ -89,6 +89,15 @@ def copy(dst: np.ndarray, src: np.ndarray, piece: int | None = None) -> None:
     if math.prod(dst.shape) == 0:
         return
     _run(np.copyto, _split((dst, src), piece or PIECE_BYTES))
+
+
+def add(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst += src`` (same shape), over threads when large (:data:`PIECE_BYTES` a thread at least)."""
+    if dst.shape != src.shape:
+        raise ValueError(f"addition of {src.shape} into {dst.shape}")
+    if math.prod(dst.shape) == 0:
+        return
+    _run(lambda d, s: np.add(d, s, out=d), _split((dst, src), PIECE_BYTES))
 
 
 def fill(dst: np.ndarray, value) -> None:

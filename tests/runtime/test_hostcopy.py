@@ -35,6 +35,27 @@ def test_copy_equals_numpy(shape, view):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("view", ["whole", "transposed", "strided"])
+def test_add_equals_numpy(shape, view):
+    rng = np.random.default_rng(len(shape) * 5 + sum(shape))
+    src = rng.standard_normal(shape)
+    if view == "transposed" and len(shape) > 1:
+        src = rng.standard_normal(shape[::-1]).T
+    base = rng.standard_normal((shape[0] * 2,) + shape[1:]) if view == "strided" and shape and shape[0] else None
+    dst = base[::2] if base is not None else rng.standard_normal(shape)
+    want = dst + src
+    hostcopy.add(dst, src)
+    assert np.array_equal(dst, want)
+    if base is not None:
+        assert np.array_equal(base[::2], want)  # added through the view
+
+
+def test_add_rejects_other_shapes():
+    with pytest.raises(ValueError, match="addition"):
+        hostcopy.add(np.zeros((3, 2)), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_fill_reaches_every_element(shape):
     base = np.random.default_rng(1).standard_normal((3,) + shape)
     dst = base[1:2].reshape(shape)  # a view, also where shape is ()
