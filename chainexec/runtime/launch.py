@@ -101,15 +101,21 @@ def device_model(device_id: int | None = None) -> Device:
                   smem_optin=int(props["sharedMemPerBlockOptin"]) if "sharedMemPerBlockOptin" in props else None)
 
 
-def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = None,
-               device: Device | None = None) -> ContractionKernel:
-    """Compiled kernel for a contraction: the model's choice for the representative ``sizes``
-    on ``device`` (default: the current GPU, :func:`device_model`) unless ``config`` is
-    given."""
+def kernel_source(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = None,
+                  device: Device | None = None) -> tuple[KernelConfig, str, str]:
+    """(configuration, name, CUDA source) of a contraction's COGENT kernel: the model's choice for
+    the representative ``sizes`` on ``device`` (default: the current GPU, :func:`device_model`)
+    unless ``config`` is given. Raises ValueError where none applies."""
     parse_contraction(c, a, b, sizes)
     if config is None:
         config = choose_config(c, a, b, sizes, dtype, device or device_model())
-    name, source = generate(c, a, b, sizes, dtype, config)
+    return (config, *generate(c, a, b, sizes, dtype, config))
+
+
+def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = None,
+               device: Device | None = None) -> ContractionKernel:
+    """Compiled kernel for a contraction (:func:`kernel_source`)."""
+    config, name, source = kernel_source(c, a, b, sizes, dtype, config, device)
     function, cubin = kernelcache.function(name, source)
     return ContractionKernel(config=config, name=name, source=source, params=kernel_params(c, a, b),
                              function=function, cubin=cubin)

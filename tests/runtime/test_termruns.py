@@ -149,3 +149,27 @@ def test_a_forced_contraction_method_runs_the_terms_one_by_one(on_numpy):
     assert np.linalg.norm(out - start - total) <= 1e-12 * np.linalg.norm(start + total)
     assert not [key for key in backend.choices if key[0] == "sum"]
     assert {choice.method for choice in backend.choices.values()} == {"einsum"}
+
+
+def test_every_terms_kernels_are_compiled_together_before_any_timing(on_numpy, monkeypatch):
+    """Tuning a run, the generated kernels of every term's candidates (here the direct kernel of
+    each term's probe, one source per term) go to one parallel compile, grouped by compiler options,
+    before the first candidate is timed; the run still adds the terms exactly."""
+    from chainexec.kernels.kernelconf import Device
+    from chainexec.runtime import kernelcache, launch
+
+    timed, compiled = [], []
+    monkeypatch.setattr(launch, "device_model", Device.H100)
+    monkeypatch.setattr(kernelcache, "precompile", lambda kernels, capability, options=kernelcache.OPTIONS:
+                        compiled.append((len(timed), options, {source for _, source in kernels})))
+    backend = on_numpy()
+    backend._candidates = lambda c, out, a, b: {"direct": None, "ttgt": None}
+    backend._time = lambda how, c, out, a, b: timed.append(how[0]) or {"ttgt": 1.0, "direct": 2.0}[how[0]]
+    cs, operands, start, total = _run(5)
+    out = start.copy()
+    backend.contract_sum(cs, out, operands)
+    assert np.linalg.norm(out - start - total) <= 1e-12 * np.linalg.norm(start + total)
+    before, options, sources = compiled[0]
+    assert before == 0 and options == kernelcache.POINTWISE_OPTIONS
+    assert len(sources) == len(cs) and all("chainexec_direct" in s for s in sources)
+    assert len(timed) >= 2 * len(cs)  # every term's two candidates timed afterwards

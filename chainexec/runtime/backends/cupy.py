@@ -127,6 +127,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         self.method = method
         self.choices: dict[tuple, Choice] = {}
         self._kernels: dict[tuple, object] = {}
+        self._sources: dict[tuple, tuple | None] = {}  # COGENT (config, name, source) by contraction and extents
         self._gett: dict[tuple, tuple] = {}
         self._batches: dict[tuple, tuple | None] = {}
         self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit

@@ -135,6 +135,12 @@ class Method:
         """Upper bound (bytes) of the device temporaries it makes beside the operands."""
         return 0
 
+    def kernels(self, be, config, c: Contraction, out, a, b) -> list[tuple[str, str, tuple]]:
+        """The generated kernels (name, CUDA source, compiler options) that running ``config``
+        loads: compiled together, in threads, before the autotuner times any candidate
+        (:meth:`~chainexec.runtime.backends.tuning.Autotuner._precompile`); none for a library."""
+        return []
+
     def run(self, be, config, c: Contraction, out, a, b, fresh: bool) -> None:
         """``out += c.factor · a·b`` (``out = …`` where ``fresh`` and :attr:`writes_fresh`)."""
         raise NotImplementedError
@@ -153,6 +159,13 @@ class Gett(Method):
     def configurations(self, be, c, out, a, b) -> dict:
         return {f"gett:{order}:{cfg.name()}": {"order": order, **asdict(cfg)}
                 for order, cfg in be._problem(c, out, a, b)[1]}
+
+    def kernels(self, be, config, c, out, a, b) -> list:
+        from chainexec.kernels import gett
+        from chainexec.runtime.kernelcache import OPTIONS
+
+        cfg = gett.GettConfig(**{k: v for k, v in config.items() if k != "order"})
+        return [(cfg.name(), gett.source(cfg), OPTIONS)]
 
     def add(self, be, config, c, out, a, b, factor: float) -> None:
         """``out += factor · a·b`` by the GETT kernel of ``config``."""
@@ -218,7 +231,13 @@ class Kernel(Method):
     name = "kernel"
 
     def applies(self, be, c, out, a, b) -> bool:
-        return be._kernel(c, index_extents(c, a, b), out.dtype) is not None  # made, not used: not logged
+        return be._kernel_source(c, index_extents(c, a, b), out.dtype) is not None
+
+    def kernels(self, be, config, c, out, a, b) -> list:
+        from chainexec.runtime.kernelcache import OPTIONS
+
+        _, name, source = be._kernel_source(c, index_extents(c, a, b), out.dtype)
+        return [(name, source, OPTIONS)]
 
     def workspace(self, out, a, b) -> int:
         return a.nbytes + b.nbytes + out.nbytes
@@ -273,6 +292,13 @@ class Direct(Method):
 
     name = "direct"
     in_place = True
+
+    def kernels(self, be, config, c, out, a, b) -> list:
+        from chainexec.kernels.direct import direct_source
+        from chainexec.runtime.kernelcache import POINTWISE_OPTIONS
+
+        return [("chainexec_direct", direct_source(out, a, b, (c.out_indices, c.a_indices, c.b_indices)),
+                 POINTWISE_OPTIONS)]
 
     def add(self, be, config, c, out, a, b, factor: float) -> None:
         """``out += factor · a·b``."""
@@ -385,22 +411,35 @@ class Methods:
             kept[slot] = (key, self._contiguous(x.transpose(perm)), span)
         return kept[slot][1]
 
+    def _kernel_source(self, c: Contraction, sizes: dict, dtype) -> tuple | None:
+        """(configuration, name, CUDA source) of the generated COGENT kernel for this contraction
+        and tile extents (:func:`chainexec.runtime.launch.kernel_source`, nothing compiled), or None
+        where none applies (batch index, a 0-d tensor, dtype, extents, no surviving configuration)."""
+        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
+               str(dtype))
+        if key not in self._sources:
+            from chainexec.runtime import launch
+
+            made = None
+            if (str(dtype) in ("float32", "float64") and max(sizes.values()) < 2**31
+                    and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
+                try:
+                    made = launch.kernel_source(c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype))
+                except ValueError:  # batch index or no configuration survives
+                    made = None
+            self._sources[key] = made
+        return self._sources[key]
+
     def _kernel(self, c: Contraction, sizes: dict, dtype):
-        """The generated COGENT kernel for this contraction and tile extents, or None where none
-        applies (batch index, a 0-d tensor, dtype, extents, no surviving configuration)."""
+        """The compiled COGENT kernel of :meth:`_kernel_source`, or None where none applies."""
         key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
                str(dtype))
         if key not in self._kernels:
             from chainexec.runtime import launch
 
-            kern = None
-            if (str(dtype) in ("float32", "float64") and max(sizes.values()) < 2**31
-                    and all((c.out_indices, c.a_indices, c.b_indices))):  # no 0-d tensor
-                try:
-                    kern = launch.get_kernel(c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype))
-                except ValueError:  # batch index or no configuration survives
-                    kern = None
-            self._kernels[key] = kern
+            made = self._kernel_source(c, sizes, dtype)
+            self._kernels[key] = None if made is None else launch.get_kernel(
+                c.out_indices, c.a_indices, c.b_indices, sizes, str(dtype), made[0])
         return self._kernels[key]
 
     def _problem(self, c: Contraction, out, a, b):

@@ -96,8 +96,8 @@ class Strategy:
 
 
 def stacked_bytes(stacks: list, operands: list[tuple], itemsize: int) -> int:
-    """Device bytes of the copies :meth:`~chainexec.runtime.backends.tuning.Autotuner._stacked` holds at once (one stack's, in the
-    output's dtype of ``itemsize`` bytes)."""
+    """Device bytes of the copies :meth:`~chainexec.runtime.backends.tuning.Autotuner._stacked`
+    holds at once (one stack's, in the output's dtype of ``itemsize`` bytes)."""
     return itemsize * max((sum(a.size + b.size for k in st.terms for a, b in [operands[k]]) for st in stacks),
                           default=0)
 

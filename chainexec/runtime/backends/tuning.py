@@ -287,8 +287,12 @@ class Autotuner:
 
     def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:
         """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
-        output (:func:`_like`) after a warm-up where the plan leaves room for two outputs, else
+        output (:func:`scratch_like`) after a warm-up where the plan leaves room for two outputs, else
         run once on ``out`` itself (their first run, a little slower than later ones)."""
+        # the kernels of every term still to tune compiled together first
+        self._precompile([(c, *self._timed_candidates(c, out, a, b)) for c, (a, b) in zip(cs, operands)
+                          if self._kept_key(c, out, a, b) not in self.choices
+                          and self.tuning.get(self._kept_key(c, out, a, b)) is None])
         hows = [self._choose(c, out, a, b) for c, (a, b) in zip(cs, operands)]  # tuned on probes
         if self.workspace is None or 2 * out.nbytes <= self.workspace:
             scratch = scratch_like(self.xp, out)
@@ -349,16 +353,8 @@ class Autotuner:
                 choice = self.tuning.get(kept)
                 if choice is None:
                     self._drop_kept()  # no relayout copy of an earlier term held while tuning this one
-                    # a probe of at least PROBE_FLOOR: smaller ones change every method's shape
-                    limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(
-                        PROBE_FLOOR, self.workspace // 4))
-                    po, pa, pb = _probe(c, out, a, b, limit)
-                    every = self._candidates(c, po, pa, pb)
-                    cands = ({m: cfg for m, cfg in every.items()
-                              if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
-                             or {m: cfg for m, cfg in every.items()
-                                 if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
-                             or every)
+                    (po, pa, pb), cands = self._timed_candidates(c, out, a, b)
+                    self._precompile([(c, (po, pa, pb), cands)])
                     seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
                     choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()})
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
@@ -366,6 +362,36 @@ class Autotuner:
                     self.xp.get_default_memory_pool().free_all_blocks()
             self.choices[kept] = choice
         return choice.method, choice.config
+
+    def _timed_candidates(self, c: Contraction, out, a, b) -> tuple[tuple, dict]:
+        """The probe (:func:`_probe`, at least :data:`PROBE_FLOOR` output bytes: smaller ones
+        change every method's shape) a contraction's candidates are timed on, and those candidates
+        (name -> configuration): the ones whose temporaries fit the room the plan leaves, else those
+        that make none, else all."""
+        limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(PROBE_FLOOR, self.workspace // 4))
+        po, pa, pb = _probe(c, out, a, b, limit)
+        every = self._candidates(c, po, pa, pb)
+        cands = ({m: cfg for m, cfg in every.items() if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
+                 or {m: cfg for m, cfg in every.items() if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
+                 or every)
+        return (po, pa, pb), cands
+
+    def _precompile(self, timings: list[tuple]) -> None:
+        """Compile, together and in threads (:func:`chainexec.runtime.kernelcache.precompile`), the
+        generated kernels of every candidate about to be timed: ``timings`` holds (contraction,
+        its probe's (out, a, b), candidates). Loaded one by one at their first timed launch, their
+        NVRTC seconds would add up, contraction after contraction."""
+        from chainexec.runtime import kernelcache, launch
+
+        groups: dict[tuple, list] = {}
+        for c, (po, pa, pb), cands in timings:
+            for name, config in cands.items():
+                for kernel, source, options in REGISTRY[name.split(":")[0]].kernels(self, config, c, po, pa, pb):
+                    groups.setdefault(options, []).append((kernel, source))
+        if groups:
+            capability = launch.device_model().compute_capability
+            for options, kernels in groups.items():
+                kernelcache.precompile(kernels, capability, options)
 
     def _decide(self, key: tuple, seconds: dict, how: dict) -> Choice:
         """The fastest of the timed candidates (``seconds``: candidate -> best seconds; ``how``:
@@ -389,7 +415,7 @@ class Autotuner:
     def _fits(self, method: str, tile: tuple, probe: tuple) -> bool:
         """Whether ``method``'s temporaries for the ``tile`` operands (out, a, b) — and, timing
         it on ``probe``, the probe's temporaries plus its scratch output (at most twice the
-        probe's output, :func:`_like`; GETT times in place) —
+        probe's output, :func:`scratch_like`; GETT times in place) —
         fit in the memory the plan leaves (:meth:`limit_memory`; always, without a limit)."""
         if self.workspace is None:
             return True
@@ -403,7 +429,7 @@ class Autotuner:
         :attr:`~chainexec.runtime.backends.methods.Method.in_place`) run in place
         with a factor of 0 (their cost does not depend on it, and ``out`` keeps its strides, which
         their speed depends on; a finite result is unchanged); the others write a scratch output with ``out``'s strides
-        where its span is at most twice its size (:func:`_like`), so that layouts that depend on
+        where its span is at most twice its size (:func:`scratch_like`), so that layouts that depend on
         strides, as batched GEMM's do, are timed as they will run."""
         strategy = REGISTRY[how[0]]
         if strategy.in_place:
