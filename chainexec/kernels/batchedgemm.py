@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -238,3 +239,21 @@ def blas(g: BatchedGemm) -> Blas:
     trans_a, lda = _column_major(first)
     trans_b, ldb = _column_major(second)
     return Blas(trans_a, trans_b, first.rows, second.cols, first.cols, lda, ldb, ldc, swap)
+
+
+def gemm_scalars(gemm, alpha: float, beta: float, dtype) -> tuple:
+    """``(array, alpha, beta)`` as ``gemm`` (a CuPy cuBLAS binding) takes them in pointer mode
+    host: recent CuPy by address (into the array, which must stay alive until the call
+    returns), old versions by value. Only a signature that says so (its docstring) selects by
+    value, since a value read as an address crashes cuBLAS."""
+    values = np.array([alpha, beta], dtype)
+    if _takes_values(gemm):
+        return values, *values.tolist()
+    return values, values.ctypes.data, values.ctypes.data + values.itemsize
+
+
+@lru_cache(maxsize=None)
+def _takes_values(gemm) -> bool:
+    """Whether ``gemm``'s signature takes the scalars by value (read once per binding, not per
+    launch)."""
+    return any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float"))

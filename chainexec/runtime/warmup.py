@@ -192,7 +192,7 @@ def sizes(call: tuple) -> tuple[int, int, int]:
 def _gemm(cupy, call: tuple) -> None:
     from cupy_backends.cuda.libs import cublas
 
-    from chainexec.runtime.backends.methods import gemm_scalars
+    from chainexec.kernels.batchedgemm import gemm_scalars
 
     precision, strided, ta, tb, m, n, k, lda, ldb, ldc, count, beta = call
     dtype = cupy.float64 if precision == "d" else cupy.float32

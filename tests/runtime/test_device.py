@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from chainexec.errors import ChainexecError
+from chainexec.kernels import batchedgemm
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import device
 from chainexec.runtime.backends import common, methods, termruns, tuning
@@ -243,9 +244,9 @@ def test_gemm_scalars_by_address_unless_the_binding_takes_values():
     def by_value():
         """gemm(intptr_t handle, int transa, int transb, int m, int n, int k, double alpha, ...)"""
 
-    keep, one, two = methods.gemm_scalars(by_address, 1.5, 0.0, np.float64)
+    keep, one, two = batchedgemm.gemm_scalars(by_address, 1.5, 0.0, np.float64)
     assert (one, two) == (keep.ctypes.data, keep.ctypes.data + 8) and keep.tolist() == [1.5, 0.0]
-    assert methods.gemm_scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
+    assert batchedgemm.gemm_scalars(by_value, 1.5, 1.0, np.float32)[1:] == (1.5, 1.0)
 
 
 class _Pool:

@@ -411,12 +411,17 @@ class Methods:
             kept[slot] = (key, self._contiguous(x.transpose(perm)), span)
         return kept[slot][1]
 
+    @staticmethod
+    def _kernel_key(c: Contraction, sizes: dict, dtype) -> tuple:
+        """What a COGENT kernel depends on: the contraction's index lists, the extents and dtype."""
+        return (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
+                str(dtype))
+
     def _kernel_source(self, c: Contraction, sizes: dict, dtype) -> tuple | None:
         """(configuration, name, CUDA source) of the generated COGENT kernel for this contraction
         and tile extents (:func:`chainexec.runtime.launch.kernel_source`, nothing compiled), or None
         where none applies (batch index, a 0-d tensor, dtype, extents, no surviving configuration)."""
-        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
-               str(dtype))
+        key = self._kernel_key(c, sizes, dtype)
         if key not in self._sources:
             from chainexec.runtime import launch
 
@@ -432,8 +437,7 @@ class Methods:
 
     def _kernel(self, c: Contraction, sizes: dict, dtype):
         """The compiled COGENT kernel of :meth:`_kernel_source`, or None where none applies."""
-        key = (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), tuple(sorted(sizes.items())),
-               str(dtype))
+        key = self._kernel_key(c, sizes, dtype)
         if key not in self._kernels:
             from chainexec.runtime import launch
 
@@ -520,7 +524,8 @@ class Methods:
         ats = [None if table is None else self._addresses(table, base) for table in offsets]
         for launch, at in zip(launches, ats):
             second = beta if launch.first else 1.0
-            keep, one, two = gemm_scalars(strided if launch.strided else pointers, alpha, second, out.dtype)
+            keep, one, two = batchedgemm.gemm_scalars(strided if launch.strided else pointers, alpha, second,
+                                                      out.dtype)
             uselog.note(self.tuning.device, "gemms",  # for the next process's warm-up
                         ("d" if double else "s", bool(launch.strided), bool(bl.trans_a), bool(bl.trans_b),
                          *map(int, (bl.m, bl.n, bl.k, bl.lda, bl.ldb, bl.ldc)),
@@ -617,20 +622,3 @@ class Methods:
         else:
             out += product
 
-
-def gemm_scalars(gemm, alpha: float, beta: float, dtype) -> tuple:
-    """``(array, alpha, beta)`` as ``gemm`` (a CuPy cuBLAS binding) takes them in pointer mode
-    host: recent CuPy by address (into the array, which must stay alive until the call
-    returns), old versions by value. Only a signature that says so (its docstring) selects by
-    value, since a value read as an address crashes cuBLAS."""
-    values = np.array([alpha, beta], dtype)
-    if _takes_values(gemm):
-        return values, *values.tolist()
-    return values, values.ctypes.data, values.ctypes.data + values.itemsize
-
-
-@lru_cache(maxsize=None)
-def _takes_values(gemm) -> bool:
-    """Whether ``gemm``'s signature takes the scalars by value (read once per binding, not per
-    launch)."""
-    return any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float"))

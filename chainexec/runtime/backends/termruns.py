@@ -80,9 +80,10 @@ class Strategy:
         """Device bytes it holds beside the run's operands and output while it runs."""
         return 0
 
-    def kernels(self, run: Run, config) -> list[tuple[str, str]]:
-        """The generated kernels ((name, source) pairs) it launches: compiled together, in threads,
-        before any candidate is timed (:func:`chainexec.runtime.kernelcache.precompile`)."""
+    def kernels(self, run: Run, config) -> list[tuple[str, str, tuple]]:
+        """The generated kernels (name, CUDA source, compiler options) it launches: compiled
+        together, in threads, before any candidate is timed
+        (:meth:`~chainexec.runtime.backends.tuning.Autotuner._compile`)."""
         return []
 
     def seconds(self, tuner, run: Run, config, each: list[float]) -> float:
@@ -120,11 +121,12 @@ def _launch(kind: str, problem, config: dict, out, operands: list[tuple], store:
     launch.launch_sum(kind, problem, launch.SUM_KINDS[kind][1].from_json(config), out, operands, store)
 
 
-def _source(kind: str, problem, config: dict) -> tuple[str, str]:
-    from chainexec.runtime import launch
+def _source(kind: str, problem, config: dict) -> tuple[str, str, tuple]:
+    """(name, CUDA source, compiler options) of the sum kernel ``kind`` of ``config`` over ``problem``."""
+    from chainexec.runtime import kernelcache, launch
 
     gen, cls = launch.SUM_KINDS[kind]
-    return gen.generate(problem, cls.from_json(config))
+    return (*gen.generate(problem, cls.from_json(config)), kernelcache.OPTIONS)
 
 
 class Terms(Strategy):
@@ -210,16 +212,26 @@ class Stack(Strategy):
     name = "stack"
     timed_on_scratch = True
 
+    @staticmethod
+    def _found(tuner, run) -> tuple[list, list[int]]:
+        """The run's stacks and the positions of the terms in none, found once per run key (kept
+        in the backend's ``_stack_runs``), not again for every question or tile."""
+        if run.key not in tuner._stack_runs:
+            stacks = tuner._stacks(run.cs, run.out, run.operands)
+            tuner._stack_runs[run.key] = stacks, [k for k in range(len(run.cs))
+                                                  if not any(k in st.terms for st in stacks)]
+        return tuner._stack_runs[run.key]
+
     def configurations(self, tuner, run) -> dict:
-        return {"stack": None} if tuner._stacks(run.cs, run.out, run.operands) else {}
+        return {"stack": None} if self._found(tuner, run)[0] else {}
 
     def workspace(self, tuner, run, config) -> int:
-        return stacked_bytes(tuner._stacks(run.cs, run.out, run.operands), run.operands, run.out.itemsize)
+        return stacked_bytes(self._found(tuner, run)[0], run.operands, run.out.itemsize)
 
     def seconds(self, tuner, run, config, each) -> float:
-        stacks = tuner._stacks(run.cs, run.out, run.operands)
+        stacks, alone = self._found(tuner, run)
         scratch = scratch_like(tuner.xp, run.out)
-        rest = sum(s for k, s in enumerate(each) if not any(k in st.terms for st in stacks))
+        rest = sum(each[k] for k in alone)
         room = tuner.workspace
         # the stacked contractions are first tuned inside this timing, beside the scratch
         tuner.workspace = None if room is None else room - scratch.nbytes
@@ -229,11 +241,7 @@ class Stack(Strategy):
             tuner.workspace = room
 
     def run(self, tuner, run, config, fresh) -> None:
-        if run.key not in tuner._stack_runs:  # found once, not again on every tile
-            stacks = tuner._stacks(run.cs, run.out, run.operands)
-            tuner._stack_runs[run.key] = stacks, [k for k in range(len(run.cs))
-                                                  if not any(k in st.terms for st in stacks)]
-        stacks, alone = tuner._stack_runs[run.key]
+        stacks, alone = self._found(tuner, run)
         tuner._stacked(stacks, run.cs, run.out, run.operands, fresh)
         tuner.term_by_term([run.cs[k] for k in alone], run.out, [run.operands[k] for k in alone],
                            fresh and not stacks)

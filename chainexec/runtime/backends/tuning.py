@@ -229,14 +229,10 @@ class Autotuner:
         """Time every timed strategy's candidates that fit (their generated kernels compiled
         first, together) and keep the fastest under the run's key; ``each``: the seconds of each
         term on its own."""
-        from chainexec.runtime import kernelcache, launch
-
         cands = [(strategy, name, config) for strategy in termruns.REGISTRY.values() if strategy.timed()
                  for name, config in strategy.configurations(self, run).items()
                  if self._fits_run(strategy, run, config, True)]
-        sources = [k for strategy, _, config in cands for k in strategy.kernels(run, config)]
-        if sources:
-            kernelcache.precompile(sources, launch.device_model().compute_capability)
+        self._compile([k for strategy, _, config in cands for k in strategy.kernels(run, config)])
         seconds = {name: strategy.seconds(self, run, config, each) for strategy, name, config in cands}
         return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands})
 
@@ -289,11 +285,19 @@ class Autotuner:
         """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
         output (:func:`scratch_like`) after a warm-up where the plan leaves room for two outputs, else
         run once on ``out`` itself (their first run, a little slower than later ones)."""
-        # the kernels of every term still to tune compiled together first
-        self._precompile([(c, *self._timed_candidates(c, out, a, b)) for c, (a, b) in zip(cs, operands)
-                          if self._kept_key(c, out, a, b) not in self.choices
-                          and self.tuning.get(self._kept_key(c, out, a, b)) is None])
-        hows = [self._choose(c, out, a, b) for c, (a, b) in zip(cs, operands)]  # tuned on probes
+        keys = [self._kept_key(c, out, a, b) for c, (a, b) in zip(cs, operands)]
+        pending = {}  # the terms still to tune: (contraction, probe, candidates), kernels compiled together first
+        for key, c, (a, b) in zip(keys, cs, operands):
+            if key in self.choices or key in pending:
+                continue
+            found = self.tuning.get(key)
+            if found is not None:
+                self.choices[key] = found
+            else:
+                pending[key] = (c, *self._timed_candidates(c, out, a, b))
+        self._precompile(list(pending.values()))
+        hows = [self._choose(c, out, a, b, pending[key][1:] if key in pending else None)  # tuned on probes
+                for key, c, (a, b) in zip(keys, cs, operands)]
         if self.workspace is None or 2 * out.nbytes <= self.workspace:
             scratch = scratch_like(self.xp, out)
             return [self._timed(lambda: self._run(how, c, scratch, a, b))
@@ -337,11 +341,13 @@ class Autotuner:
             # the room the plan leaves even where every choice fits in it
             pool.free_all_blocks()
 
-    def _choose(self, c: Contraction, out, a, b) -> tuple:
+    def _choose(self, c: Contraction, out, a, b, prepared: tuple | None = None) -> tuple:
         """(method, GETT config or None) for these operands, decided once: forced by
         ``CHAINEXEC_GPU_METHOD``, else read from the tuning cache, else timed (the model
         proposes the GETT configurations; the fastest candidate wins) and recorded. Large
-        operands are timed on a probe (:func:`_probe`): the same strides over fewer elements."""
+        operands are timed on a probe (:func:`_probe`): the same strides over fewer elements.
+        ``prepared``: the probe and candidates of a contraction known to need timing
+        (:meth:`_time_terms` found them and compiled their kernels)."""
         kept = self._kept_key(c, out, a, b)
         choice = self.choices.get(kept)
         if choice is None:
@@ -350,11 +356,13 @@ class Autotuner:
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:
-                choice = self.tuning.get(kept)
+                choice = None if prepared is not None else self.tuning.get(kept)
                 if choice is None:
                     self._drop_kept()  # no relayout copy of an earlier term held while tuning this one
-                    (po, pa, pb), cands = self._timed_candidates(c, out, a, b)
-                    self._precompile([(c, (po, pa, pb), cands)])
+                    if prepared is None:
+                        prepared = self._timed_candidates(c, out, a, b)
+                        self._precompile([(c, *prepared)])
+                    (po, pa, pb), cands = prepared
                     seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
                     choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()})
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
@@ -377,21 +385,27 @@ class Autotuner:
         return (po, pa, pb), cands
 
     def _precompile(self, timings: list[tuple]) -> None:
-        """Compile, together and in threads (:func:`chainexec.runtime.kernelcache.precompile`), the
-        generated kernels of every candidate about to be timed: ``timings`` holds (contraction,
-        its probe's (out, a, b), candidates). Loaded one by one at their first timed launch, their
-        NVRTC seconds would add up, contraction after contraction."""
+        """Compile together the generated kernels of every contraction candidate about to be
+        timed (:meth:`_compile`): ``timings`` holds (contraction, its probe's (out, a, b),
+        candidates)."""
+        self._compile([k for c, (po, pa, pb), cands in timings for name, config in cands.items()
+                       for k in REGISTRY[name.split(":")[0]].kernels(self, config, c, po, pa, pb)])
+
+    @staticmethod
+    def _compile(kernels: list[tuple[str, str, tuple]]) -> None:
+        """Compile ``kernels`` ((name, CUDA source, compiler options)) together, in threads, per
+        set of options (:func:`chainexec.runtime.kernelcache.precompile`; those in the disk cache
+        are skipped). Loaded one by one at their first timed launch, their NVRTC seconds would
+        add up, candidate after candidate."""
         from chainexec.runtime import kernelcache, launch
 
         groups: dict[tuple, list] = {}
-        for c, (po, pa, pb), cands in timings:
-            for name, config in cands.items():
-                for kernel, source, options in REGISTRY[name.split(":")[0]].kernels(self, config, c, po, pa, pb):
-                    groups.setdefault(options, []).append((kernel, source))
+        for name, source, options in kernels:
+            groups.setdefault(options, []).append((name, source))
         if groups:
             capability = launch.device_model().compute_capability
-            for options, kernels in groups.items():
-                kernelcache.precompile(kernels, capability, options)
+            for options, sources in groups.items():
+                kernelcache.precompile(sources, capability, options)
 
     def _decide(self, key: tuple, seconds: dict, how: dict) -> Choice:
         """The fastest of the timed candidates (``seconds``: candidate -> best seconds; ``how``:
