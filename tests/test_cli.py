@@ -9,6 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import yaml
 
 from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
 
@@ -454,6 +455,26 @@ def test_chem_config_describes_the_inputs_beside_it(tmp_path):
     assert proc.stdout.splitlines()[-1] == f"wrote {out / 'inputs.h5'} and {out / 'ao2mo.yaml'}"
     with h5py.File(out / "inputs.h5", "r") as f:
         assert set(f) == {"A", "C"}
+
+
+def test_chem_configs_leave_the_memory_limits_to_the_machine(tmp_path):
+    """A config `chainexec chem` writes from its shipped template carries no memory limit (the
+    template's are its H2O example's), so that `plan` takes both from the machine and says so; a
+    user's own template keeps the limits it sets."""
+    out = tmp_path / "out"
+    assert run_cli("chem", "x", "--synthetic", 2, 3, 1, "--out", out).returncode == 0
+    assert "machine" not in yaml.safe_load((out / "ccsd_t.yaml").read_text())
+    proc = run_cli("plan", out / "ccsd_t.yaml")
+    assert proc.returncode == 0, proc.stderr
+    limits = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    for level in ("global_memory", "device_memory"):
+        assert "  detected: " in limits[level], proc.stdout
+    template = tmp_path / "mine.yaml"
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml").read_text())
+    cfg["machine"] = {"global_memory": "3MiB", "device_memory": "1MiB"}
+    template.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert run_cli("chem", "x", "--synthetic", 2, 3, 1, "--out", out, "--template", template).returncode == 0
+    assert yaml.safe_load((out / "ccsd_t.yaml").read_text())["machine"] == cfg["machine"]
 
 
 @pytest.mark.parametrize("nocc", [1, 3])

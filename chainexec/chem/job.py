@@ -114,7 +114,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         raise ChainexecError(f"unknown chem job {job!r} ({', '.join(JOBS)})")
     kind = JOBS[job]
     _check_options(kind, options, synthetic)
-    cfg, lines = _template(template, kind)
+    cfg, lines = _template(template, kind, detected=Path(template).resolve() == TEMPLATES[job])
     if synthetic is not None:
         extents, what, mol = _synthetic(kind, synthetic), "--synthetic " + " ".join(map(str, synthetic)), None
     else:
@@ -151,9 +151,12 @@ def _check_options(kind: Job, options: dict, synthetic) -> None:
             raise ChainexecError(f"{flag(name)} must be {what}, not {value}")
 
 
-def _template(template: str | Path, kind: Job) -> tuple[dict, dict]:
+def _template(template: str | Path, kind: Job, detected: bool = False) -> tuple[dict, dict]:
     """The template's config (a mapping) and its line map, once it is a valid config whose ranges
-    are ``kind``'s."""
+    are ``kind``'s; ``detected``: without the template's memory limits (``machine:``'s
+    ``global_memory`` and ``device_memory``, and the section where nothing else is left), so that a
+    run detects them (:mod:`chainexec.detect`). The shipped templates' limits are their own
+    examples' (H2O), not a limit for the molecule a user prepares; a user's template keeps its own."""
     where = str(template)
     try:
         text = Path(template).read_text(encoding="utf-8")
@@ -167,6 +170,11 @@ def _template(template: str | Path, kind: Job) -> tuple[dict, dict]:
     if sorted(ranges) != wanted:
         raise ChainexecError(f"the template's ranges ({', '.join(ranges) or 'none'}) are not the {kind.name} job's "
                              f"({', '.join(wanted)})", where, lines.get(("ranges",)))
+    if detected and isinstance(cfg.get("machine"), dict):
+        for limit in ("global_memory", "device_memory"):
+            cfg["machine"].pop(limit, None)
+        if not cfg["machine"]:
+            del cfg["machine"]
     return cfg, lines
 
 
@@ -291,10 +299,7 @@ def _write_inputs(kind: Job, path: Path, mol, synthetic, options: dict, what: st
 
 def write_config(template: str | Path, path: Path, nocc: int, nvir: int, detected: bool = False) -> None:
     """The (T) config of ``template`` with these extents and its files beside ``path``;
-    ``detected``: without the template's ``machine:`` section, so that a run detects its memory
-    limits (:mod:`chainexec.detect`)."""
+    ``detected``: without the template's memory limits (:func:`_template`)."""
     kind = JOBS["ccsd_t"]
-    cfg, lines = _template(template, kind)
-    if detected:
-        cfg.pop("machine", None)
+    cfg, lines = _template(template, kind, detected)
     atomicfile.write(path, _config(cfg, kind, {"occ": nocc, "vir": nvir}, template, lines), 0o644)

@@ -88,7 +88,7 @@ def test_six_index_intermediates_stay_on_the_device(tmp_path, device_memory):
     assert run_cli("chem", "synthetic", "--synthetic", 4, 9, 5, "--out", tmp_path).returncode == 0
     config = tmp_path / "ccsd_t.yaml"
     cfg = yaml.safe_load(config.read_text())
-    cfg["machine"]["device_memory"] = device_memory
+    cfg["machine"] = {"global_memory": "1GiB", "device_memory": device_memory}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     plan = make_plan(spec.load(config))
     moved = _moved(plan)

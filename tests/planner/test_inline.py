@@ -9,7 +9,7 @@ from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.inline import expression, fuse
 from chainexec.planner.plan import Contraction, Loop, Op, Plan, TensorInfo, ops
-from tests.conftest import run_cli
+from tests.conftest import triples_config
 
 N = 5
 
@@ -141,8 +141,7 @@ def test_renamed_reads_over_untiled_indices_are_inlined():
 @pytest.fixture(scope="module")
 def triples(tmp_path_factory):
     out = tmp_path_factory.mktemp("triples")
-    assert run_cli("chem", "synthetic", "--synthetic", 4, 9, 5, "--out", out).returncode == 0
-    return spec.load(out / "ccsd_t.yaml")
+    return spec.load(triples_config(out, "256MiB", 4, 9, 5))
 
 
 def test_triples_epilogue_keeps_one_six_index_buffer(triples):

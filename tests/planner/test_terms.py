@@ -9,7 +9,7 @@ from __future__ import annotations
 from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.plan import Loop, term_run
-from tests.conftest import run_cli
+from tests.conftest import triples_config
 
 
 def _bodies(body):
@@ -20,9 +20,8 @@ def _bodies(body):
 
 
 def test_triples_tile_groups_its_pointwise_terms(tmp_path):
-    assert run_cli("chem", "synthetic", "--synthetic", 4, 9, 5, "--out", tmp_path).returncode == 0
     # Unfused (the runs as they are before point-wise producers are inlined, test_inline.py)
-    plan = make_plan(spec.load(tmp_path / "ccsd_t.yaml"), inline=False)
+    plan = make_plan(spec.load(triples_config(tmp_path, "256MiB", 4, 9, 5)), inline=False)
     runs = []
     for nest in plan.nests:
         for body in _bodies(nest.body):
