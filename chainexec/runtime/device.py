@@ -321,12 +321,37 @@ class Backend(abc.ABC):
         return {}
 
 
+TUNE_MARGIN = "CHAINEXEC_TUNE_MARGIN"
+"""The environment variable that sets the autotuner's margin (:func:`tune_margin`)."""
+
+
+def tune_margin() -> float:
+    """The factor of the best predicted seconds within which the autotuner times candidates
+    (:data:`chainexec.runtime.backends.costmodel.MARGIN` where ``CHAINEXEC_TUNE_MARGIN`` is unset;
+    ``inf`` times every candidate); a value that is not a number of at least 1 is an error naming
+    the variable."""
+    from chainexec.runtime.backends.costmodel import MARGIN
+
+    given = os.environ.get(TUNE_MARGIN, "")
+    if not given:
+        return MARGIN
+    try:
+        margin = float(given)
+    except ValueError:
+        margin = math.nan
+    if not margin >= 1:
+        raise ChainexecError(f"{TUNE_MARGIN}={given!r} is not a number of at least 1 (inf: time every candidate)")
+    return margin
+
+
 def select(name: str = "auto", comm=None) -> Backend:
     """``numpy``, ``cupy``, or ``auto`` (CuPy when it imports and sees a GPU, else NumPy).
 
     With CuPy, the rank takes GPU ``local rank mod GPUs on the node``: one rank per GPU (several
     ranks share a GPU when there are more ranks than GPUs). The contraction method comes from
-    ``CHAINEXEC_GPU_METHOD`` (default ``auto``); an unknown value is an error on every backend."""
+    ``CHAINEXEC_GPU_METHOD`` (default ``auto``), the autotuner's margin from
+    ``CHAINEXEC_TUNE_MARGIN`` (:func:`tune_margin`); an unknown value is an error on every
+    backend."""
     from chainexec.runtime import uselog, warmup
     from chainexec.runtime.backends.cupy import CupyBackend
     from chainexec.runtime.backends.numpy import NumpyBackend
@@ -338,6 +363,7 @@ def select(name: str = "auto", comm=None) -> Backend:
     method = os.environ.get("CHAINEXEC_GPU_METHOD", "auto")
     if method not in METHODS:
         raise ChainexecError(f"CHAINEXEC_GPU_METHOD={method!r} is not one of {', '.join(METHODS)}")
+    margin = tune_margin()
     if name in ("auto", "cupy"):
         try:
             import cupy
@@ -351,7 +377,7 @@ def select(name: str = "auto", comm=None) -> Backend:
                 warmup.wait()
                 if warmup.claim(device):  # where the command's start did not warm this device up
                     threading.Thread(target=warmup.warm_up, args=(cupy, device), name="chainexec-warm-up").start()
-                return CupyBackend(cupy, method)
+                return CupyBackend(cupy, method, margin)
         except Exception as err:  # no cupy, no driver, no device: all mean "no GPU here"
             if name == "cupy":
                 raise ChainexecError(f"backend cupy is not usable here: {err}") from None

@@ -9,6 +9,7 @@ float64), host round trips, and ``select``'s errors.
 from __future__ import annotations
 
 import json
+import math
 import types
 
 import numpy as np
@@ -284,9 +285,9 @@ class _Timed(CupyBackend):
 def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypatch):
     """Three processes in turn, each adding the (T) W tile's twelve terms (stacked in pairs) into
     two tiles of one shape within the plan's room: the first tunes and keeps every choice under
-    the key the next looks up, so the second and the third tune nothing. Until 2026-11-28 the
-    stacks' contractions were kept only under the room of their timing (less a scratch tile):
-    the second process tuned those six again (1.5-1.8 s of a benzene (T) executor on an H100)."""
+    the key the next looks up, so the second and the third tune nothing — the stacks'
+    contractions too, which are timed within less room (a scratch tile) than they run in. Every
+    candidate is timed (margin ``inf``)."""
     from chainexec.kernels.kernelconf import Device
     from chainexec.runtime import kernelcache, launch
     from tests.kernels.test_sumkernel import W_TERMS
@@ -306,7 +307,7 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
     operands = [(rng.random([extent[i] for i in c.a_indices]), rng.random([extent[i] for i in c.b_indices])) for c in cs]
     tuned = []
     for process in range(3):
-        backend = _Timed(xp)
+        backend = _Timed(xp, "auto", math.inf)
         backend.limit_memory(40 << 30, 1 << 30)
         put = backend.tuning.put
         monkeypatch.setattr(backend.tuning, "put", lambda key, choice, put=put, n=process: tuned.append(n) or put(key, choice))
@@ -427,3 +428,22 @@ def test_gather_packs_and_unpacks_pairs(n, tile):
     NumpyBackend().gather(out, values, None, 0, ("unpack", 0, r0, r1, s0, s1), None, 2.0, False)
     want = np.array([[values[pairs.index((max(r, s), min(r, s)))] for s in range(s0, s1)] for r in range(r0, r1)])
     assert np.array_equal(out, 2.0 * want)
+
+
+def test_the_tuning_margin_comes_from_its_variable(monkeypatch):
+    """``CHAINEXEC_TUNE_MARGIN``: unset, the cost models' margin; a number of at least 1 (``inf``:
+    every candidate timed) as given; anything else refused naming the variable."""
+    import math
+
+    from chainexec.errors import ChainexecError
+    from chainexec.runtime.backends import costmodel
+
+    monkeypatch.delenv(device.TUNE_MARGIN, raising=False)
+    assert device.tune_margin() == costmodel.MARGIN
+    for given, want in (("1", 1.0), ("2.5", 2.5), ("inf", math.inf)):
+        monkeypatch.setenv(device.TUNE_MARGIN, given)
+        assert device.tune_margin() == want
+    for bad in ("0.5", "-1", "nan", "wide"):
+        monkeypatch.setenv(device.TUNE_MARGIN, bad)
+        with pytest.raises(ChainexecError, match=device.TUNE_MARGIN):
+            device.tune_margin()

@@ -11,6 +11,7 @@ Skipped without CuPy or a CUDA device. Inputs are fresh random normals; the refe
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_contract_matches_einsum(method, kind, dtype):
     if method == "cutensor" and methods._cutensor(cupy) is None:
         pytest.skip("libcutensor is not installed")
     rng = np.random.default_rng({"plain": 1, "batch": 2, "unary": 3, "scalar": 4}[kind] * 10 + len(dtype))
-    backend = CupyBackend(cupy, method)
+    backend = CupyBackend(cupy, method, math.inf)  # auto: every candidate timed
     for trial in range(12):
         c, size = random_case(rng, batch=kind == "batch", unary=kind == "unary", scalar=kind == "scalar",
                               max_extent=9)
@@ -643,9 +644,9 @@ def test_memory_limit_falls_back_to_gett():
 
 @pytest.mark.parametrize("room", ["none", "plenty"])
 def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monkeypatch):
-    """With no device memory left beyond the plan's buffers the autotuner times only the direct
-    kernel (no temporaries, timed in place; GETT's offset tables would not fit, batched GEMM's
-    timing needs a scratch output), and
+    """With no device memory left beyond the plan's buffers the autotuner keeps only the direct
+    kernel (no temporaries; GETT's offset tables would not fit, batched GEMM's timing needs a
+    scratch output), untimed as the only candidate, and
     does not take a choice cached under more memory; with room, TTGT and einsum are timed too.
     Either way the result is right."""
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))  # same key in both cases
@@ -654,7 +655,7 @@ def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monke
     c = Contraction(id=0, out="W", out_indices=list("iajb"), a="A", a_indices=list("ikb"), b="B",
                     b_indices=list("jak"), factor=0.5, accumulate=True, flops=0, statement=0)
     for limit in ([1 << 40] if room == "plenty" else [1 << 40, 0]):
-        backend = CupyBackend(cupy, "auto")
+        backend = CupyBackend(cupy, "auto", math.inf)
         backend.limit_memory(limit, 0)
         W, A, B = (cupy.asarray(x) for x in (hW, hA, hB))
         backend.contract(c, W, A, B)
@@ -664,7 +665,7 @@ def test_workspace_limit_keeps_methods_without_temporaries(room, tmp_path, monke
     if room == "plenty":
         assert {"ttgt", "einsum"} <= timed
     else:
-        assert choice.method == "direct" and timed == {"direct"}
+        assert choice.method == "direct" and timed == set()  # the only candidate: not timed
 
 
 def test_select_binds_gpu(monkeypatch):

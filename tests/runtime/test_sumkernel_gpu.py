@@ -7,6 +7,8 @@ view poisons the result), extents do not divide into the tiles, and each of the 
 candidates is run, not only the first.
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -115,7 +117,7 @@ def test_backend_contract_sum(method, room):
     C = _on_device(c0, 2)
     cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = CupyBackend(cupy, method)
+    be = CupyBackend(cupy, method, math.inf)  # auto: every candidate timed
     if room is not None:
         be.limit_memory(room, 0)
     for _ in range(2):  # the deciding call, then the decision
@@ -178,7 +180,7 @@ def test_backend_stacks_the_short_sums(method):
     C = _on_device(c0, 1)
     cs = [Contraction(k, "C", list(out), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
           for k, (a, b, f) in enumerate(terms)]
-    be = CupyBackend(cupy, method)
+    be = CupyBackend(cupy, method, math.inf)  # auto: every candidate timed
     for _ in range(2):
         C[...] = cupy.asarray(c0)
         be.contract_sum(cs, C, ops)

@@ -6,6 +6,7 @@ generated sum kernels need a GPU: ``tests/runtime/test_sumkernel_gpu.py`` runs t
 
 from __future__ import annotations
 
+import math
 import types
 
 import numpy as np
@@ -49,8 +50,9 @@ class _OnNumpy(CupyBackend):
 
 @pytest.fixture
 def on_numpy(monkeypatch, tmp_path):
-    """A factory of :class:`_OnNumpy` backends (forced ``method``, room in bytes) sharing one tuning
-    folder of the test's own, with no sum kernel among the timed candidates."""
+    """A factory of :class:`_OnNumpy` backends (forced ``method``, room in bytes, the autotuner's
+    margin: by default every candidate timed) sharing one tuning folder of the test's own, with no
+    sum kernel among the timed candidates."""
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
     monkeypatch.setattr(termruns, "TIMED_SUM_KINDS", ())
     xp = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("_")},
@@ -58,8 +60,8 @@ def on_numpy(monkeypatch, tmp_path):
                                cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError),
                                                           Event=_Event, get_elapsed_time=lambda start, end: 1.0))
 
-    def make(method: str = "auto", room: int | None = None):
-        backend = _OnNumpy(xp, method)
+    def make(method: str = "auto", room: int | None = None, margin: float = math.inf):
+        backend = _OnNumpy(xp, method, margin)
         if room is not None:
             backend.limit_memory(room, 0)
         return backend
@@ -173,3 +175,48 @@ def test_every_terms_kernels_are_compiled_together_before_any_timing(on_numpy, m
     assert before == 0 and options == kernelcache.POINTWISE_OPTIONS
     assert len(sources) == len(cs) and all("chainexec_direct" in s for s in sources)
     assert len(timed) >= 2 * len(cs)  # every term's two candidates timed afterwards
+
+
+def test_a_candidate_the_models_put_far_ahead_runs_untimed_and_alone_compiled(on_numpy, monkeypatch):
+    """At the cost models' margin, a 320³ GEMM whose candidates are the direct kernel and TTGT
+    (the direct kernel predicted many times slower) takes TTGT without timing anything or
+    compiling the direct kernel; the decision is kept with no seconds and the product is added
+    exactly. At 2×2, where launches dominate, the direct kernel (one launch against TTGT's four)
+    is the one left."""
+    from chainexec.runtime import kernelcache
+    from chainexec.runtime.backends import costmodel
+
+    compiled, timed = [], []
+    monkeypatch.setattr(kernelcache, "precompile", lambda kernels, capability, options=None: compiled.append(kernels))
+    backend = on_numpy(margin=costmodel.MARGIN)
+    backend._candidates = lambda c, out, a, b: {"direct": None, "ttgt": None}
+    backend._time = lambda how, c, out, a, b: timed.append(how[0]) or 1.0
+    rng = np.random.default_rng(6)
+    c = Contraction(0, "C", ["i", "j"], "A", ["i", "f"], "B", ["f", "j"], 0.5, True, 0, 0)
+    a, b, out = (rng.standard_normal((320, 320)) for _ in range(3))
+    want = out + 0.5 * np.einsum("if,fj->ij", a, b)
+    backend.contract(c, out, a, b)
+    assert np.linalg.norm(out - want) <= 1e-12 * np.linalg.norm(want)
+    assert timed == [] and compiled == []
+    assert [(choice.method, choice.seconds) for choice in backend.choices.values()] == [("ttgt", {})]
+    small = [x[:2, :2].copy() for x in (a, b, out)]
+    assert set(backend._timed_candidates(c, small[2], *small[:2])[1]) == {"direct"}
+
+
+def test_a_strategy_the_models_put_far_ahead_runs_untimed(on_numpy, monkeypatch):
+    """Where the strategies' models leave one (the stacks, predicted far ahead here), the run
+    takes it without timing a term or a strategy, keeps the decision with no seconds, and adds
+    the terms exactly; a second tile reads the decision."""
+    from chainexec.runtime.backends import costmodel
+
+    monkeypatch.setattr(termruns.Stack, "predicted", lambda self, tuner, run, each: 1e-9)
+    backend = on_numpy(margin=costmodel.MARGIN)
+    timings = []
+    backend._timed = lambda run: timings.append(run) or 1.0
+    for seed in (7, 8):
+        cs, operands, start, total = _run(seed)
+        out = start.copy()
+        backend.contract_sum(cs, out, operands)
+        assert np.linalg.norm(out - start - total) <= 1e-12 * np.linalg.norm(start + total)
+    assert timings == []
+    assert (_choice(backend).method, _choice(backend).seconds) == ("stack", {})

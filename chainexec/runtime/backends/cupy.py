@@ -25,6 +25,7 @@ from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import arena, hostlock, kernelcache, pointwise
+from chainexec.runtime.backends import costmodel
 from chainexec.runtime.backends.common import all_rows, spread
 from chainexec.runtime.backends.methods import Methods
 from chainexec.runtime.backends.tuning import METHODS, Autotuner, Choice, TuningCache
@@ -120,11 +121,12 @@ class CupyBackend(Autotuner, Methods, Backend):
     name = "cupy"
     capabilities = frozenset({QUEUED, SEPARATE_MEMORY, HOST_LOCKS, STEADY, TUNED})
 
-    def __init__(self, cupy, method: str = "auto"):
+    def __init__(self, cupy, method: str = "auto", margin: float = costmodel.MARGIN):
         if method not in METHODS:
             raise ChainexecError(f"unknown GPU contraction method {method!r} ({', '.join(METHODS)})")
         super().__init__(cupy)
         self.method = method
+        self.margin = margin  # candidates predicted within this factor of the best are timed
         self.choices: dict[tuple, Choice] = {}
         self._kernels: dict[tuple, object] = {}
         self._sources: dict[tuple, tuple | None] = {}  # COGENT (config, name, source) by contraction and extents

@@ -24,9 +24,11 @@ GEMM on tensor cores) are close, and the register kernel wins where the terms su
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from chainexec.planner.plan import Contraction
+from chainexec.runtime.backends import costmodel
 from chainexec.runtime.backends.common import scratch_like
 
 TIMED_SUM_KINDS = ("sum",)
@@ -47,6 +49,13 @@ class Run:
     operands: list[tuple]
     problem: object
     key: tuple
+
+    def views(self) -> tuple:
+        """The cost models' view of the run: the output's and each term's operands'
+        :class:`~chainexec.runtime.backends.costmodel.Operand`."""
+        out = costmodel.operand(self.cs[0].out_indices, self.out)
+        return out, [(costmodel.operand(c.a_indices, a), costmodel.operand(c.b_indices, b))
+                     for c, (a, b) in zip(self.cs, self.operands)]
 
     def others(self, part) -> tuple[list[Contraction], list[tuple]]:
         """The terms (contractions, operands) whose positions are not in ``part``."""
@@ -85,6 +94,12 @@ class Strategy:
         together, in threads, before any candidate is timed
         (:meth:`~chainexec.runtime.backends.tuning.Autotuner._compile`)."""
         return []
+
+    def predicted(self, tuner, run: Run, each: list[float]) -> float:
+        """The cost models' seconds of the whole run this way at its best configuration (a lower
+        bound where its configurations are found by a search of their own), ``each`` the predicted
+        seconds of each term on its own (:mod:`chainexec.runtime.backends.costmodel`)."""
+        raise NotImplementedError
 
     def seconds(self, tuner, run: Run, config, each: list[float]) -> float:
         """Seconds of the whole run this way (the best of the timed runs of its own part, plus
@@ -135,6 +150,9 @@ class Terms(Strategy):
 
     name = "terms"
 
+    def predicted(self, tuner, run, each) -> float:
+        return sum(each)
+
     def seconds(self, tuner, run, config, each) -> float:
         return sum(each)
 
@@ -154,6 +172,10 @@ class SumKernel(Strategy):
 
     def timed(self) -> bool:
         return self.name in TIMED_SUM_KINDS
+
+    def predicted(self, tuner, run, each) -> float:
+        out, terms = run.views()
+        return costmodel.sum_kernel(out, terms, run.out.itemsize, self.name == "summma")
 
     def configurations(self, tuner, run) -> dict:
         return {f"{self.name} {cfg.name()}": cfg.to_json() for cfg in _candidates(self.name, run.problem)}
@@ -176,6 +198,15 @@ class Split(Strategy):
 
     name = "split"
     clears_fresh = True
+
+    def predicted(self, tuner, run, each) -> float:
+        from chainexec.kernels import sumkernel
+
+        out, terms = run.views()
+        kinds = TIMED_SUM_KINDS if tuner.method == "auto" else ("sum",)
+        return min((costmodel.sum_kernel(out, [terms[k] for k in part], run.out.itemsize, kind == "summma")
+                    + sum(s for k, s in enumerate(each) if k not in part)
+                    for part in sumkernel.splits(run.problem) for kind in kinds), default=math.inf)
 
     def configurations(self, tuner, run) -> dict:
         from chainexec.kernels import sumkernel
@@ -221,6 +252,15 @@ class Stack(Strategy):
             tuner._stack_runs[run.key] = stacks, [k for k in range(len(run.cs))
                                                   if not any(k in st.terms for st in stacks)]
         return tuner._stack_runs[run.key]
+
+    def predicted(self, tuner, run, each) -> float:
+        stacks, alone = self._found(tuner, run)
+        if not stacks:
+            return math.inf
+        out, terms = run.views()
+        return (sum(costmodel.stacked(out, [terms[k] for k in st.terms], tuple(st.left), tuple(st.right),
+                                      run.out.itemsize) for st in stacks)
+                + sum(each[k] for k in alone))
 
     def configurations(self, tuner, run) -> dict:
         return {"stack": None} if self._found(tuner, run)[0] else {}

@@ -31,7 +31,7 @@ from chainexec.errors import ChainexecError
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
-from chainexec.runtime.backends import termruns
+from chainexec.runtime.backends import costmodel, termruns
 from chainexec.runtime.backends.common import element_strides, index_extents, scratch_like, spread
 from chainexec.runtime.backends.methods import REGISTRY
 
@@ -194,11 +194,14 @@ class Autotuner:
             if self.method != "auto":
                 choice = self._forced_run(run)
             else:
-                if fresh:  # timing a term may add it to ``out`` for real
-                    self.clear(out)
-                    fresh = False
-                each, done = self._time_terms(cs, out, operands)
-                choice = self._tune_run(run, each)
+                kept = self._predicted_run(run)
+                choice = self._untimed_run(run, kept)
+                if choice is None:
+                    if fresh:  # timing a term may add it to ``out`` for real
+                        self.clear(out)
+                        fresh = False
+                    each, done = self._time_terms(cs, out, operands)
+                    choice = self._tune_run(run, each, kept)
         self.choices[key] = choice
         if done:  # timing the terms on ``out`` added them already
             return
@@ -225,13 +228,39 @@ class Autotuner:
                 return Choice(strategy.name, config=config)
         return Choice("terms")
 
-    def _tune_run(self, run, each: list[float]) -> Choice:
-        """Time every timed strategy's candidates that fit (their generated kernels compiled
-        first, together) and keep the fastest under the run's key; ``each``: the seconds of each
-        term on its own."""
-        cands = [(strategy, name, config) for strategy in termruns.REGISTRY.values() if strategy.timed()
-                 for name, config in strategy.configurations(self, run).items()
-                 if self._fits_run(strategy, run, config, True)]
+    def _predicted_run(self, run) -> list:
+        """The timed strategies (:mod:`chainexec.runtime.backends.termruns`) whose cost model
+        (:meth:`~chainexec.runtime.backends.termruns.Strategy.predicted`, each term on its own at
+        its best library method's prediction) is within :attr:`margin` of the best, best first;
+        a stack that does not fit the room the plan leaves is not among them."""
+        out, terms = run.views()
+        each = [costmodel.library(out, a, b, run.out.itemsize) for a, b in terms]
+        predicted = {name: strategy.predicted(self, run, each) for name, strategy in termruns.REGISTRY.items()
+                     if strategy.timed() and self._fits_run(strategy, run, None, False)}
+        return [termruns.REGISTRY[name] for name in costmodel.ambiguous(predicted, self.margin)]
+
+    def _untimed_run(self, run, kept: list) -> Choice | None:
+        """Where the cost models leave one strategy (``kept``, :meth:`_predicted_run`), it with its
+        model's best configuration that fits, kept in the tuning cache untimed; else None."""
+        if len(kept) != 1:
+            return None
+        strategy = kept[0]
+        config = next((config for config in strategy.configurations(self, run).values()
+                       if self._fits_run(strategy, run, config, False)), False)
+        if config is False:
+            return None
+        return self._decide(run.key, {}, {strategy.name: (strategy.name, config)})
+
+    def _tune_run(self, run, each: list[float], kept: list) -> Choice:
+        """Time the candidates that fit of the strategies ``kept`` (:meth:`_predicted_run`; their
+        generated kernels compiled first, together) and keep the fastest under the run's key;
+        ``each``: the seconds of each term on its own."""
+        def fitting(strategies) -> list:
+            return [(strategy, name, config) for strategy in strategies
+                    for name, config in strategy.configurations(self, run).items()
+                    if self._fits_run(strategy, run, config, True)]
+
+        cands = fitting(kept) or fitting(s for s in termruns.REGISTRY.values() if s.timed())
         self._compile([k for strategy, _, config in cands for k in strategy.kernels(run, config)])
         seconds = {name: strategy.seconds(self, run, config, each) for strategy, name, config in cands}
         return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands})
@@ -363,7 +392,8 @@ class Autotuner:
                         prepared = self._timed_candidates(c, out, a, b)
                         self._precompile([(c, *prepared)])
                     (po, pa, pb), cands = prepared
-                    seconds = {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()}
+                    seconds = ({} if len(cands) == 1 else  # the models leave one: chosen untimed
+                               {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()})
                     choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()})
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
                     # not needed again: left there, they hold the pool above the plan's buffers
@@ -374,15 +404,26 @@ class Autotuner:
     def _timed_candidates(self, c: Contraction, out, a, b) -> tuple[tuple, dict]:
         """The probe (:func:`_probe`, at least :data:`PROBE_FLOOR` output bytes: smaller ones
         change every method's shape) a contraction's candidates are timed on, and those candidates
-        (name -> configuration): the ones whose temporaries fit the room the plan leaves, else those
-        that make none, else all."""
+        (name -> configuration): of the ones whose temporaries fit the room the plan leaves (else
+        those that make none, else all), those the cost models predict on the probe within
+        :attr:`margin` of the best (:func:`chainexec.runtime.backends.costmodel.ambiguous`). One
+        candidate left is chosen untimed."""
         limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(PROBE_FLOOR, self.workspace // 4))
         po, pa, pb = _probe(c, out, a, b, limit)
         every = self._candidates(c, po, pa, pb)
         cands = ({m: cfg for m, cfg in every.items() if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
                  or {m: cfg for m, cfg in every.items() if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
                  or every)
-        return (po, pa, pb), cands
+        predicted = self._predicted(c, po, pa, pb, cands)
+        return (po, pa, pb), {m: cands[m] for m in costmodel.ambiguous(predicted, self.margin)}
+
+    def _predicted(self, c: Contraction, out, a, b, cands: dict) -> dict[str, float]:
+        """Candidate -> the cost model's seconds for these operands
+        (:func:`chainexec.runtime.backends.costmodel.predict`)."""
+        ops = [costmodel.operand(i, x) for i, x in ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b))]
+        gett = any(m.startswith("gett:") for m in cands)  # only GETT's model counts the SMs
+        sm_count = self.xp.cuda.Device().attributes["MultiProcessorCount"] if gett else 0
+        return {m: costmodel.predict(m.split(":")[0], cfg, *ops, out.itemsize, sm_count) for m, cfg in cands.items()}
 
     def _precompile(self, timings: list[tuple]) -> None:
         """Compile together the generated kernels of every contraction candidate about to be
@@ -409,8 +450,9 @@ class Autotuner:
 
     def _decide(self, key: tuple, seconds: dict, how: dict) -> Choice:
         """The fastest of the timed candidates (``seconds``: candidate -> best seconds; ``how``:
-        candidate -> (method, configuration)), kept in the tuning cache under ``key``."""
-        method, config = how[min(seconds, key=seconds.get)]
+        candidate -> (method, configuration)), or the only candidate where none was timed, kept in
+        the tuning cache under ``key``."""
+        method, config = how[min(seconds, key=seconds.get) if seconds else next(iter(how))]
         choice = Choice(method, seconds, config)
         self.tuning.put(key, choice)
         return choice

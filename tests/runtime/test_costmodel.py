@@ -1,0 +1,80 @@
+"""The autotuner's cost models (:mod:`chainexec.runtime.backends.costmodel`): their rooflines
+against formulas written out here, the margin rule, and the choices they make on candidates timed
+on an H200 (``benchmarks/results/tuning_h200_2026-11-29.json``, every candidate of a (T) job
+timed), read through ``benchmarks/tuning_model.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from chainexec.runtime.backends import costmodel
+from chainexec.runtime.backends.costmodel import Operand
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "benchmarks" / "results" / "tuning_h200_2026-11-29.json"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("tuning_model", REPO / "benchmarks" / "tuning_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _c_order(indices: str, extents: dict) -> Operand:
+    shape = tuple(extents[i] for i in indices)
+    return Operand(tuple(indices), shape, tuple(math.prod(shape[d + 1:]) for d in range(len(shape))))
+
+
+@pytest.mark.parametrize("m, n, k", [(96, 80, 64), (8, 300, 17), (513, 9, 1000)])
+def test_batched_gemm_is_its_flops_at_the_shapes_rate_plus_its_traffic(m, n, k):
+    """``C[m,n] += A[m,k]·B[k,n]`` (row-major, one GEMM): the flops at the tensor-core rate times
+    the shape's efficiency, plus A and B read and C read and written, plus one launch; TTGT on
+    the same operands makes the same GEMM and moves more, so it is predicted slower."""
+    size = {"m": m, "n": n, "k": k}
+    out, a, b = _c_order("mn", size), _c_order("mk", size), _c_order("kn", size)
+    eff = (m / (m + 32)) * (n / (n + 32)) * (k / (k + 16))
+    want = 2 * m * n * k / (costmodel.FLOPS * eff) + 8 * (m * k + k * n + 2 * m * n) / costmodel.BANDWIDTH \
+        + costmodel.LAUNCH
+    assert costmodel.predict("batched", None, out, a, b, 8, 132) == pytest.approx(want, rel=1e-12)
+    assert costmodel.predict("ttgt", None, out, a, b, 8, 132) > want
+    assert costmodel.predict("direct", None, out, a, b, 8, 132) > costmodel.predict("kernel", None, out, a, b, 8, 132)
+
+
+def test_a_method_without_a_layout_or_model_is_never_predicted_fastest():
+    """Batched GEMM where no GEMM layout exists (an index in one operand only) and an unknown
+    method are ``inf``; the margin keeps every candidate where no prediction is finite."""
+    size = {"i": 9, "j": 10, "k": 11}
+    out, a, b = _c_order("i", size), _c_order("ij", size), _c_order("jk", size)
+    assert costmodel.predict("batched", None, out, a, b, 8, 132) == math.inf
+    assert costmodel.predict("unknown", None, out, a, b, 8, 132) == math.inf
+    assert costmodel.ambiguous({"x": math.inf, "y": math.inf}) == ["x", "y"]
+
+
+def test_candidates_within_the_margin_are_kept_best_first():
+    predicted = {"a": 3.0, "b": 1.0, "c": 1.2, "d": 1.3, "e": math.inf}
+    assert costmodel.ambiguous(predicted, 1.25) == ["b", "c"]
+    assert costmodel.ambiguous(predicted, 1.0) == ["b"]
+    assert costmodel.ambiguous(predicted, math.inf) == ["b", "c", "d", "a", "e"]
+
+
+def test_recorded_timings_lose_little_at_the_margin():
+    """On every decision of the recorded H200 (T) job: keeping only the candidates the models put
+    within :data:`~costmodel.MARGIN` of the best, the best of them is at most 5 % slower than the
+    best of all for single contractions and 10 % for runs of terms, while fewer than a quarter of
+    the contraction candidates and at most two strategies per run are timed; without a margin
+    (1.0) the models alone would lose more on some decision."""
+    tm = _script()
+    ratios, rows, runs = tm.evaluate(tm.entries(str(RECORD)))
+    assert len(rows) >= 50 and len(runs) >= 5
+    regrets = [tm.regret(measured, predicted, costmodel.MARGIN) for measured, predicted in rows]
+    assert max(regrets) <= 1.05
+    timed = sum(len(costmodel.ambiguous(p, costmodel.MARGIN)) for _, p in rows)
+    assert timed < 0.25 * sum(len(m) for m, _ in rows)
+    assert max(tm.regret(best, predicted, costmodel.MARGIN) for best, predicted in runs) <= 1.10
+    assert max(len(costmodel.ambiguous(p, costmodel.MARGIN)) for _, p in runs) <= 2
+    assert max(tm.regret(measured, predicted, 1.0) for measured, predicted in rows) > max(regrets)
