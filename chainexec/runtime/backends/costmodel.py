@@ -26,7 +26,7 @@ strategy: the terms one by one at their best library method (:func:`library`), a
 (:func:`sum_kernel`), the stacks (:func:`stacked`).
 
 The shares are set from the candidates' timings of a (T) job on an H200
-(``benchmarks/results/tuning_h200_2026-11-29.json``; ``benchmarks/tuning_model.py`` prints each
+(``benchmarks/results/tuning_h200_benzene.json``; ``benchmarks/tuning_model.py`` prints each
 method's measured over predicted seconds and what model-first tuning would lose at each margin).
 
 A candidate is timed where its prediction is within :data:`MARGIN` of the best prediction
