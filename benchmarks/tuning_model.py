@@ -60,8 +60,7 @@ def gett_configs(c, out, a, b, sm_count: int) -> dict:
                     ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
     sizes = dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape)) | dict(zip(c.out_indices, out.shape))
     probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), sizes, strides)
-    return {f"gett:{order}:{cfg.name()}": {"order": order, **cfg.__dict__}
-            for order, cfg in gett.candidates(probs, sm_count, methods.TUNE_TOP)}
+    return methods.Gett.named(gett.candidates(probs, sm_count, methods.TUNE_TOP))
 
 
 def run_of_terms(key: list) -> termruns.Run | None:
@@ -79,7 +78,7 @@ def run_of_terms(key: list) -> termruns.Run | None:
 def strategies(run: termruns.Run, measured: dict) -> tuple[dict, dict]:
     """(strategy -> best measured seconds, strategy -> predicted seconds) of a run's decision."""
     tuner = types.SimpleNamespace(method="auto", _stack_runs={}, _stacks=tuning.Autotuner._stacks)
-    out, terms = run.views()
+    out, terms = run.views
     each = [costmodel.library(out, a, b, 8) for a, b in terms]
     best: dict[str, float] = {}
     for name, seconds in measured.items():

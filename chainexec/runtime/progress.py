@@ -1,8 +1,8 @@
 """Progress of a run, shown by rank 0 after every nest: parallel tiles done of the plan's total,
 bytes per second per level so far, elapsed time and an ETA from the tile rate. A tqdm bar on a
 terminal; one plain log line per nest otherwise (batch jobs, CI logs). tqdm is imported only for
-a bar: its import (about 0.1 s, with the package metadata it reads) is a share of a short run's
-process that a batch job need not pay."""
+a bar: its import (with the package metadata it reads) is a share of a short run's process that a
+batch job need not pay."""
 
 from __future__ import annotations
 

@@ -183,7 +183,8 @@ def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize:
 
 def library(out: Operand, a: Operand, b: Operand, itemsize: int) -> float:
     """The best prediction of the library methods (batched GEMM, relayout, TTGT): what a term of a
-    run costs on its own in the strategies' models (:func:`run_terms`), without GETT's tables."""
+    run costs on its own in the strategies' models
+    (:meth:`chainexec.runtime.backends.termruns.Strategy.predicted`), without GETT's tables."""
     return min(_batched(out, a, b, itemsize), _relayout(out, a, b, itemsize), _ttgt(out, a, b, itemsize))
 
 

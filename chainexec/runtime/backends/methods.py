@@ -157,8 +157,14 @@ class Gett(Method):
         return be._problem(c, out, a, b) is not None
 
     def configurations(self, be, c, out, a, b) -> dict:
-        return {f"gett:{order}:{cfg.name()}": {"order": order, **asdict(cfg)}
-                for order, cfg in be._problem(c, out, a, b)[1]}
+        return self.named(be._problem(c, out, a, b)[1])
+
+    @staticmethod
+    def named(candidates) -> dict:
+        """Candidate name (``gett:<order>:<config>``) -> configuration (the order and the
+        :class:`~chainexec.kernels.gett.GettConfig` fields) of the GETT model's ranked
+        (order, configuration) ``candidates``."""
+        return {f"gett:{order}:{cfg.name()}": {"order": order, **asdict(cfg)} for order, cfg in candidates}
 
     def kernels(self, be, config, c, out, a, b) -> list:
         from chainexec.kernels import gett

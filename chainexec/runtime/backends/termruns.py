@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from chainexec.planner.plan import Contraction
 from chainexec.runtime.backends import costmodel
@@ -50,9 +51,10 @@ class Run:
     problem: object
     key: tuple
 
+    @cached_property
     def views(self) -> tuple:
         """The cost models' view of the run: the output's and each term's operands'
-        :class:`~chainexec.runtime.backends.costmodel.Operand`."""
+        :class:`~chainexec.runtime.backends.costmodel.Operand` (made once per run)."""
         out = costmodel.operand(self.cs[0].out_indices, self.out)
         return out, [(costmodel.operand(c.a_indices, a), costmodel.operand(c.b_indices, b))
                      for c, (a, b) in zip(self.cs, self.operands)]
@@ -174,7 +176,7 @@ class SumKernel(Strategy):
         return self.name in TIMED_SUM_KINDS
 
     def predicted(self, tuner, run, each) -> float:
-        out, terms = run.views()
+        out, terms = run.views
         return costmodel.sum_kernel(out, terms, run.out.itemsize, self.name == "summma")
 
     def configurations(self, tuner, run) -> dict:
@@ -202,7 +204,7 @@ class Split(Strategy):
     def predicted(self, tuner, run, each) -> float:
         from chainexec.kernels import sumkernel
 
-        out, terms = run.views()
+        out, terms = run.views
         kinds = TIMED_SUM_KINDS if tuner.method == "auto" else ("sum",)
         return min((costmodel.sum_kernel(out, [terms[k] for k in part], run.out.itemsize, kind == "summma")
                     + sum(s for k, s in enumerate(each) if k not in part)
@@ -257,7 +259,7 @@ class Stack(Strategy):
         stacks, alone = self._found(tuner, run)
         if not stacks:
             return math.inf
-        out, terms = run.views()
+        out, terms = run.views
         return (sum(costmodel.stacked(out, [terms[k] for k in st.terms], tuple(st.left), tuple(st.right),
                                       run.out.itemsize) for st in stacks)
                 + sum(each[k] for k in alone))

@@ -1,6 +1,7 @@
 """The CuPy backend's autotuner: how a contraction or a run of contractions into one buffer runs
-is decided once per (contraction, shapes, strides, dtype, room the plan leaves), by timing the
-candidates, and kept for the process (``CupyBackend.choices``) and across processes
+is decided once per (contraction, shapes, strides, dtype, room the plan leaves), by the cost
+models (:mod:`chainexec.runtime.backends.costmodel`) and, among the candidates they cannot tell
+apart, by timing, and kept for the process (``CupyBackend.choices``) and across processes
 (:class:`TuningCache`).
 
 The candidates of a single contraction are its methods that apply
@@ -10,7 +11,9 @@ configurations each with its staged-epilogue twin (:func:`~chainexec.kernels.get
 those of a run of terms are the candidates of the strategies registered in
 :mod:`chainexec.runtime.backends.termruns` (the terms one by one, each by its own tuned method;
 the sum kernels of :data:`~chainexec.runtime.backends.termruns.TIMED_SUM_KINDS` for the whole run
-and for each split; the stacks). Each is timed on
+and for each split; the stacks). Only the candidates predicted within :attr:`margin`
+(``CHAINEXEC_TUNE_MARGIN``, default :data:`~chainexec.runtime.backends.costmodel.MARGIN`) of the
+best are compiled and timed; one left is chosen untimed. Each is timed on
 the real operands or on a probe of them (:func:`_probe`): one untimed warm-up and the best of
 :data:`TIMED_RUNS` CUDA-event-timed runs (:meth:`Autotuner._timed`); the fastest is kept
 (:meth:`Autotuner._decide`). The environment variable ``CHAINEXEC_GPU_METHOD`` (one of
@@ -233,34 +236,35 @@ class Autotuner:
         (:meth:`~chainexec.runtime.backends.termruns.Strategy.predicted`, each term on its own at
         its best library method's prediction) is within :attr:`margin` of the best, best first;
         a stack that does not fit the room the plan leaves is not among them."""
-        out, terms = run.views()
+        out, terms = run.views
         each = [costmodel.library(out, a, b, run.out.itemsize) for a, b in terms]
         predicted = {name: strategy.predicted(self, run, each) for name, strategy in termruns.REGISTRY.items()
                      if strategy.timed() and self._fits_run(strategy, run, None, False)}
         return [termruns.REGISTRY[name] for name in costmodel.ambiguous(predicted, self.margin)]
 
+    def _fitting(self, strategies, run, timing: bool) -> list[tuple]:
+        """(strategy, candidate name, configuration) of each configuration of ``strategies`` that
+        fits the room the plan leaves (:meth:`_fits_run`), in their order."""
+        return [(strategy, name, config) for strategy in strategies
+                for name, config in strategy.configurations(self, run).items()
+                if self._fits_run(strategy, run, config, timing)]
+
     def _untimed_run(self, run, kept: list) -> Choice | None:
         """Where the cost models leave one strategy (``kept``, :meth:`_predicted_run`), it with its
         model's best configuration that fits, kept in the tuning cache untimed; else None."""
-        if len(kept) != 1:
+        found = self._fitting(kept, run, False) if len(kept) == 1 else []
+        if not found:
             return None
-        strategy = kept[0]
-        config = next((config for config in strategy.configurations(self, run).values()
-                       if self._fits_run(strategy, run, config, False)), False)
-        if config is False:
-            return None
+        strategy, _, config = found[0]
         return self._decide(run.key, {}, {strategy.name: (strategy.name, config)})
 
     def _tune_run(self, run, each: list[float], kept: list) -> Choice:
-        """Time the candidates that fit of the strategies ``kept`` (:meth:`_predicted_run`; their
-        generated kernels compiled first, together) and keep the fastest under the run's key;
-        ``each``: the seconds of each term on its own."""
-        def fitting(strategies) -> list:
-            return [(strategy, name, config) for strategy in strategies
-                    for name, config in strategy.configurations(self, run).items()
-                    if self._fits_run(strategy, run, config, True)]
-
-        cands = fitting(kept) or fitting(s for s in termruns.REGISTRY.values() if s.timed())
+        """Time the candidates that fit of the strategies ``kept`` (:meth:`_predicted_run`; of
+        every timed strategy where none of theirs fits; their generated kernels compiled first,
+        together) and keep the fastest under the run's key; ``each``: the seconds of each term on
+        its own."""
+        cands = (self._fitting(kept, run, True)
+                 or self._fitting([s for s in termruns.REGISTRY.values() if s.timed()], run, True))
         self._compile([k for strategy, _, config in cands for k in strategy.kernels(run, config)])
         seconds = {name: strategy.seconds(self, run, config, each) for strategy, name, config in cands}
         return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands})
