@@ -49,7 +49,7 @@ TUNED = "tuned"
 the seconds its first uses cost in :meth:`Backend.startup_seconds`."""
 
 CAPABILITIES = {
-    QUEUED: ("stamp", "elapsed", "reach", "wait", "arrived", "wait_for", "fetch_aside", "fetch_waits"),
+    QUEUED: ("stamp", "elapsed", "reach", "wait", "arrived", "reach_copy", "wait_for", "fetch_aside", "fetch_waits"),
     SEPARATE_MEMORY: ("out_of_memory", "host_empty", "expect_transfers", "limit_memory", "pool_bytes", "make_room"),
     HOST_LOCKS: ("locks_host", "lock_host", "unlock_host", "settle_locks"),
     STEADY: ("steady",),
@@ -228,6 +228,10 @@ class Backend(abc.ABC):
     def arrived(self, token) -> bool:
         """Whether the copy :meth:`to_host_async` gave ``token`` for has reached the host."""
         return True
+
+    def reach_copy(self, token) -> None:
+        """Return once the copy :meth:`to_host_async` gave ``token`` for has reached the host
+        (here: at once)."""
 
     def wait_for(self, token) -> None:
         """Let the work handed to the backend from now on start once the copy

@@ -328,8 +328,10 @@ class GlobalArray:
 
 
 def _written(chunk: np.ndarray, block: np.ndarray) -> None:
-    """Write a patch's rows into the block that holds them (:meth:`GlobalArray.put`)."""
-    hostcopy.copy(block, chunk)
+    """Write a patch's rows into the block that holds them (:meth:`GlobalArray.put`), split over
+    threads as fills are (:data:`hostcopy.FILL_PIECE_BYTES`): a put is mostly the first touch of
+    a buffer the plan does not zero (an output tile written once)."""
+    hostcopy.copy(block, chunk, hostcopy.FILL_PIECE_BYTES)
 
 
 def _added(chunk: np.ndarray, block: np.ndarray) -> None:

@@ -1,4 +1,4 @@
-"""Host-memory copies, additions and fills split over threads.
+"""Host-memory copies, additions, fills, counts and file writes split over threads.
 
 One thread copies host memory at a few GB/s and touches fresh pages at less, far below the
 host's memory bandwidth and the device's fetch rate: zero-filling new global arrays and the
@@ -66,19 +66,18 @@ def _split(arrays: tuple[np.ndarray, ...], piece: int) -> list[tuple[np.ndarray,
     return [tuple(a[p] for a in arrays) for p in pieces(arrays[0].shape, count)]
 
 
-def _run(work, parts: list[tuple[np.ndarray, ...]]) -> None:
-    """``work`` on every part, over the pool; every part has finished when it returns or raises."""
+def _run(work, parts: list[tuple[np.ndarray, ...]]) -> list:
+    """``work`` on every part, over the pool; every part has finished when it returns (its
+    results, in the parts' order) or raises."""
     global _pool
     if len(parts) == 1:
-        work(*parts[0])
-        return
+        return [work(*parts[0])]
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(threads(), thread_name_prefix="chainexec-hostcopy")
     futures = [_pool.submit(work, *p) for p in parts]
     wait(futures)
-    for done in futures:
-        done.result()
+    return [done.result() for done in futures]
 
 
 def copy(dst: np.ndarray, src: np.ndarray, piece: int | None = None) -> None:
@@ -105,3 +104,28 @@ def fill(dst: np.ndarray, value) -> None:
     if math.prod(dst.shape) == 0:
         return
     _run(lambda part: part.fill(value), _split((dst,), FILL_PIECE_BYTES))
+
+
+def nonfinite(a: np.ndarray) -> int:
+    """How many elements of ``a`` are not finite (inf, NaN), counted over threads when large: an
+    output's check before it is stored reads every byte of it."""
+    if a.size == 0:
+        return 0
+    return sum(_run(lambda part: part.size - int(np.count_nonzero(np.isfinite(part))), _split((a,), PIECE_BYTES)))
+
+
+def write(fd: int, offset: int, data: np.ndarray) -> None:
+    """Write the bytes of the C-contiguous ``data`` into the open file ``fd`` from byte
+    ``offset`` on, over threads when large (``os.pwrite`` of each piece: the page cache takes
+    them in parallel, several times one thread's rate)."""
+    flat = data.reshape(-1).view(np.uint8)
+    start = flat.ctypes.data
+
+    def written(part: np.ndarray) -> None:
+        view, at = memoryview(part), offset + part.ctypes.data - start
+        while view.nbytes:
+            n = os.pwrite(fd, view, at)
+            view, at = view[n:], at + n
+
+    if flat.size:
+        _run(written, _split((flat,), PIECE_BYTES))

@@ -5,11 +5,17 @@ adds it to the global array once it has arrived (:meth:`Landing.land`): at once 
 (an earlier tile's), else when the executor next waits for the device, which it does before any
 global-level statement, barrier or checkpoint. So the device's queue does not empty once per
 tile. A result copied back aside (``Loop.back``) is copied on a stream of its own, so the device
-computes the next tile, into the other slot, during the copy."""
+computes the next tile, into the other slot, during the copy.
+
+A tile larger than :data:`LANDING_BYTES` goes back in parts of at most :data:`PART_BYTES`, each
+landed once it has arrived while the next ones are copied: a page-locked host array of the whole
+tile would cost the host more than the copy itself (``cudaHostAlloc`` pins page by page, on one
+thread, at about 1 GB/s), and would hold host memory outside the plan's levels."""
 
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass
 
@@ -24,6 +30,9 @@ from chainexec.runtime.frame import Frame
 LANDING_BYTES = 64 << 20
 """Host bytes of queued accumulates above which the executor waits for the device before the
 next accumulate: page-locked host memory outside the plan's levels."""
+PART_BYTES = 16 << 20
+"""Bytes of each part a tile larger than :data:`LANDING_BYTES` is copied back in (at least one
+row of its last axis): with the queue's bound, four parts are on their way while one lands."""
 
 
 @dataclass
@@ -54,17 +63,25 @@ class Landing:
 
     def accumulate(self, op: Op, frame: Frame) -> None:
         """Queue the copy of ``op``'s device tile (in ``frame``) to the host, and land the queued
-        results that have arrived."""
+        results that have arrived. A tile larger than :data:`LANDING_BYTES` (the device done
+        with the work before it: :meth:`blocks`) is queued part by part (:func:`parts`), each
+        landed once it has arrived while the queue holds more than :data:`LANDING_BYTES`."""
         ga, patch = self.buffers.relative(op, frame)
         k = key(op)
         aside = k in self.buffers.returning
-        host, token = self.backend.to_host_async(self.buffers.arrays[k], aside=aside)
+        tile = self.buffers.arrays[k]
+        name = f"accumulate {op.tensor}"
+        for part in parts(tile.shape, tile.dtype.itemsize, PART_BYTES):
+            host, token = self.backend.to_host_async(tile[part] if part else tile, aside=aside)
+            self.queue.append(Result(ga, within(patch, part), host, token, frame.weight, name, bool(op.fresh)))
+            self.counters.move(CATEGORY["accumulate"], host.nbytes)
+            while self.queue and sum(r.host.nbytes for r in self.queue) > LANDING_BYTES:
+                self.backend.reach_copy(self.queue[0].token)
+                self.land()
+            while self.queue and self.backend.arrived(self.queue[0].token):
+                self.land()
         if aside:
             self.buffers.returning[k][frame.lane] = token
-        self.queue.append(Result(ga, patch, host, token, frame.weight, f"accumulate {op.tensor}", bool(op.fresh)))
-        self.counters.move(CATEGORY["accumulate"], host.nbytes)
-        while self.queue and self.backend.arrived(self.queue[0].token):
-            self.land()
 
     def land(self) -> str:
         """Add the oldest queued result's host copy (arrived) to its global array, or write it
@@ -89,11 +106,31 @@ class Landing:
     def blocks(self, op: Op, frame: Frame) -> bool:
         """Whether the queued results land before ``op`` runs: before a get reads their global
         array, before any global-level statement (the planner puts accumulates in parallel loops,
-        whose closing barrier lands them; this keeps other plans right too), and before one more
-        accumulate would hold more than :data:`LANDING_BYTES` of host memory."""
+        whose closing barrier lands them; this keeps other plans right too), before one more
+        accumulate would hold more than :data:`LANDING_BYTES` of host memory, and before the
+        accumulate of a tile larger than that (copied back in parts, whose waits for their copies
+        are then the copies' own time)."""
         if op.op == "get":
             ga = self.buffers.arrays[self.buffers.find(op.tensor, op.indices, "global", frame)] if self.queue else None
             return any(r.ga is ga for r in self.queue)
         if op.op == "accumulate":
-            return sum(r.host.nbytes for r in self.queue) > LANDING_BYTES
+            return max(sum(r.host.nbytes for r in self.queue), self.buffers.arrays[key(op)].nbytes) > LANDING_BYTES
         return bool(self.queue) and op.level == "global"
+
+
+def parts(shape: tuple[int, ...], itemsize: int, limit: int) -> list[tuple[slice, ...]]:
+    """Index tuples (slices of the leading axes) that cut a C-contiguous array of ``shape`` into
+    C-contiguous parts of at most ``limit`` bytes each, in order, or of one row of its last axis
+    where that is larger; ``[()]`` (the whole array) where it fits in one."""
+    if not shape or math.prod(shape) * itemsize <= limit:
+        return [()]
+    row = math.prod(shape[1:]) * itemsize
+    if row <= limit or len(shape) == 1:
+        step = max(1, limit // row)
+        return [(slice(i, min(i + step, shape[0])),) for i in range(0, shape[0], step)]
+    return [(slice(i, i + 1),) + inner for i in range(shape[0]) for inner in parts(shape[1:], itemsize, limit)]
+
+
+def within(patch: tuple[slice, ...], part: tuple[slice, ...]) -> tuple[slice, ...]:
+    """The slices of ``patch`` (of a global array) that a ``part`` of the tile it holds covers."""
+    return tuple(slice(p.start + q.start, p.start + q.stop) for p, q in zip(patch, part)) + patch[len(part):]

@@ -323,6 +323,30 @@ def test_to_host_aside_waits_for_queued_work_and_is_waited_for():
     assert np.allclose(host, 6.0 * start + 3.0, rtol=1e-15, atol=1e-15)
 
 
+@pytest.mark.parametrize("pinned, aside", [(True, False), (True, True), (False, False)])
+def test_reach_copy_returns_once_arrived(pinned, aside):
+    """:meth:`CupyBackend.reach_copy` returns once a copy queued behind long work has arrived:
+    into page-locked memory, aside, and a small copy into plain memory (delivered by it)."""
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(5 << 30 if pinned else 0)
+    dev = cupy.asarray(np.random.default_rng(6).standard_normal((64, 33) if pinned else (3,)))
+    backend.to_host_async(dev, aside=aside)  # first uses: page-locked pool, kernels
+    backend.wait()
+    dev *= 1.0
+    hold(0.5)
+    dev *= 2.0
+    expected = cupy.asnumpy(dev)  # (waits: the hold and the product done)
+    hold(0.5)
+    dev *= 3.0
+    host, token = backend.to_host_async(dev, aside=aside)
+    dev += 1.0  # queued after the copy
+    assert not backend.arrived(token)
+    backend.reach_copy(token)
+    assert backend.arrived(token)
+    assert np.array_equal(host, 3.0 * expected)
+    backend.wait()
+
+
 def test_results_copied_back_aside_on_gpu(tmp_path):
     """The four-index transform on 3 ranks whose tile loops copy their results back aside:
     equal to numpy.einsum, movement and peaks as planned (tests/runtime/test_run.py)."""
@@ -331,26 +355,37 @@ def test_results_copied_back_aside_on_gpu(tmp_path):
     fourindex_copied_back(tmp_path, 3, "cupy")
 
 
-def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("parts", [False, True], ids=["whole", "in-parts"])
+def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch, parts):
     """One rank in this process, with page-locked host buffers forced (a run that moves little
     copies into plain memory, where every copy returns only once done, which would hide a race):
     the four-index transform whose first tile loop copies its result back aside equals
-    numpy.einsum; movement and peaks as planned."""
+    numpy.einsum; movement and peaks as planned. ``parts``: with a landing bound of 512 B below
+    its result tiles, every tile goes back in parts of 128 B, waited for by
+    :meth:`CupyBackend.reach_copy`."""
     from chainexec import api, spec
     from chainexec.planner.build import make_plan
     from chainexec.planner.machine import Machine
     from chainexec.planner.plan import ops
+    from chainexec.runtime import landing
     from tests.conftest import fourindex_config
     from tests.runtime.test_run import check_fourindex
 
     monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
+    if parts:
+        monkeypatch.setattr(landing, "LANDING_BYTES", 512)
+        monkeypatch.setattr(landing, "PART_BYTES", 128)
     config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="6KiB"))
     machine = tmp_path / "machine.json"
     machine.write_text(Machine(aside_copy_bytes=0).to_json())
     plan = make_plan(spec.load(config), Machine(aside_copy_bytes=0))
     assert any(loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops)
     assert run_cli("generate", config).returncode == 0
+    reached = []
+    reach = CupyBackend.reach_copy
+    monkeypatch.setattr(CupyBackend, "reach_copy", lambda self, token: (reached.append(token), reach(self, token)))
     run = api.run(config, backend="cupy", machine=str(machine))
+    assert bool(reached) == parts
     assert run["measured"]["bytes"] == run["predicted"]["bytes"]
     assert run["measured"]["memory_peak"] == run["predicted"]["memory_peak"]
     check_fourindex(tmp_path)

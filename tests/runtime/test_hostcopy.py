@@ -131,3 +131,36 @@ def test_a_failing_piece_raises_after_every_piece_ends(monkeypatch):
     with pytest.raises(ValueError, match="this piece"):
         hostcopy.copy(dst, np.arange(5000.0))
     assert ends == [1000] * 4 and np.array_equal(dst[1000:], np.arange(1000.0, 5000.0))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32])
+def test_nonfinite_counts_as_numpy(shape, dtype):
+    rng = np.random.default_rng(len(shape) * 3 + sum(shape))
+    a = rng.standard_normal(shape).astype(dtype)
+    if a.size:
+        flat = a.reshape(-1)
+        for value in (np.nan, np.inf, -np.inf):
+            flat[rng.integers(a.size, size=3)] = value
+    assert hostcopy.nonfinite(a) == a.size - np.count_nonzero(np.isfinite(a))
+    if a.ndim > 1:
+        assert hostcopy.nonfinite(a.T) == a.size - np.count_nonzero(np.isfinite(a))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_write_puts_the_bytes_at_the_offset(tmp_path, shape):
+    """Every piece at its place in the file, the bytes before the offset untouched."""
+    import os
+
+    data = np.random.default_rng(sum(shape) + 1).standard_normal(shape)
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"\x07" * 333)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        hostcopy.write(fd, 101, data)
+    finally:
+        os.close(fd)
+    got = path.read_bytes()
+    assert got[:101] == b"\x07" * 101
+    assert got[101:101 + data.nbytes] == data.tobytes()
+    assert len(got) == max(333, 101 + data.nbytes)

@@ -362,6 +362,13 @@ class CupyBackend(Autotuner, Methods, Backend):
             return True
         return token.done
 
+    def reach_copy(self, token) -> None:
+        if isinstance(token, _Deferred):
+            token.ready.synchronize()
+            self._deliver(token)
+        else:
+            token.synchronize()
+
     def _deliver(self, copy: _Deferred) -> None:
         """A deferred small copy's second step (:data:`DEFERRED_BYTES`), its device copy done:
         to the host on a stream of its own, which waits for nothing queued on the others."""
