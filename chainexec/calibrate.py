@@ -49,12 +49,14 @@ from chainexec.spec import parse_size
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """How much a calibration measures: ``size`` bytes per rank per repetition for the disk,
-    global-array and device-copy measurements, ``repetitions`` timed calls of each, and the GEMM
-    matrix order per backend (``gemm_n``)."""
+    global-array and device-copy measurements, ``repetitions`` timed calls of each, the GEMM
+    matrix order per backend (``gemm_n``), and the extent of each index of the matrix product
+    whose tiny tiles measure the seconds per statement (``statement_n``: n³/128 statements)."""
 
     size: int
     repetitions: int
     gemm_n: dict
+    statement_n: int = 48
 
 
 # 256 MiB is far past disk and RDMA latencies and the caches, yet quick on a node. GEMM orders are
@@ -64,10 +66,13 @@ FULL = Profile(256 << 20, 5, {"cupy": 2048, "numpy": 1024})
 # The quick calibration a plan or run makes on first use (and `--quick`): at most 10 s with the
 # launch (most of it the launch, imports and fixed costs, which TINY pays too), with the full GEMM
 # order, since a small GEMM misses the BLAS's rate (order 256 reaches a small fraction of it).
-QUICK = Profile(32 << 20, 3, FULL.gemm_n)
+# Its statements are an eighth of the full profile's (144 a run): the
+# seconds per statement are a mean over many alike, and the executor runs were most of a quick
+# calibration's own time.
+QUICK = Profile(32 << 20, 3, FULL.gemm_n, 24)
 # What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): little more than the
 # launch and imports, rates not to plan with.
-TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256})
+TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256}, 24)
 QUICK_VARIABLE = "CHAINEXEC_QUICK_CALIBRATION"
 
 
@@ -141,7 +146,7 @@ def settings(scratch: Path, quick: bool, backend: str, size: int | None = None) 
     """The keyword arguments of :func:`chainexec.calibrate_worker.measure` (but ``comm``)."""
     chosen = profile(quick)
     return {"scratch": str(scratch.resolve()), "size": size or chosen.size, "reps": chosen.repetitions,
-            "gemm_n": chosen.gemm_n, "backend": backend}
+            "gemm_n": chosen.gemm_n, "statement_n": chosen.statement_n, "backend": backend}
 
 
 def in_process(comm, path: Path, backend: str, ident: dict) -> Machine | None:
@@ -311,8 +316,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "gemm": {"n": gemm["n"], "dtype": "float64", "flops_per_call": flops, **gemm_rate},
         "device_copy": {"what": "one device buffer copied into another (bytes read + written)",
                         "bytes_per_call": first["device_copy"]["bytes"], **copy},
-        "statement": {"what": "executor wall seconds per compute statement of a 48x48x48 matrix product "
-                      "run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
+        "statement": {"what": f"executor wall seconds per compute statement of a {statement['n']}-cubed matrix "
+                      "product run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
                       "statements_per_run": statement["statements"], "seconds": per_statement},
     }
     return machine, details

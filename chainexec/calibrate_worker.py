@@ -27,18 +27,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-# A chain whose plan runs many tiny tiles: the per-statement measurement.
+# A chain whose plan runs many tiny tiles: the per-statement measurement (``{n}``: each index's extent).
 STATEMENT_CHAIN = """\
 name: statements
-indices: {i: 48, j: 48, k: 48}
+indices: {{i: {n}, j: {n}, k: {n}}}
 tensors:
-  A: {indices: [i, k], source: {random: 1}}
-  B: {indices: [k, j], source: {random: 2}}
+  A: {{indices: [i, k], source: {{random: 1}}}}
+  B: {{indices: [k, j], source: {{random: 2}}}}
 statements:
   - C[i,j] = A[i,k] * B[k,j]
 outputs:
-  C: {file: out.h5, dataset: C}
-machine: {global_memory: 1MiB, device_memory: 2KiB}
+  C: {{file: out.h5, dataset: C}}
+machine: {{global_memory: 1MiB, device_memory: 2KiB}}
 scratch: scratch
 """
 
@@ -145,10 +145,10 @@ def _repeat(comm, reps: int, clock, fn) -> list[float]:
     return samples
 
 
-def _statements(comm, dev, scratch: str, reps: int) -> dict:
-    """Run :data:`STATEMENT_CHAIN` through the executor ``reps`` times (after one untimed run) in a
-    folder under ``scratch``; returns the compute statements per run (all ranks) and each run's
-    wall seconds (slowest rank)."""
+def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
+    """Run :data:`STATEMENT_CHAIN` of extent ``n`` through the executor ``reps`` times (after one
+    untimed run) in a folder under ``scratch``; returns the extent, the compute statements per run
+    (all ranks) and each run's wall seconds (slowest rank)."""
     import shutil
 
     from chainexec import spec
@@ -161,7 +161,7 @@ def _statements(comm, dev, scratch: str, reps: int) -> dict:
     text = None
     if comm.rank == 0:
         folder.mkdir()
-        chain = spec.loads(STATEMENT_CHAIN, str(folder / "chain.yaml"))
+        chain = spec.loads(STATEMENT_CHAIN.format(n=n), str(folder / "chain.yaml"))
         store.make_folders([chain.resolve(o.file) for o in chain.outputs], chain.resolve(chain.scratch))
         plan = make_plan(chain, ranks=comm.size)
         text = plan.to_json()
@@ -172,14 +172,15 @@ def _statements(comm, dev, scratch: str, reps: int) -> dict:
         comm.Barrier()
         if comm.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
-    return {"statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
+    return {"n": n, "statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
 
 
-def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str) -> dict:
+def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str, statement_n: int) -> dict:
     """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
 
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
-    ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``)."""
+    ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
+    extent of the statement measurement's product (:func:`_statements`)."""
     from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
     from chainexec.runtime.globalarray import GlobalArray
 
@@ -246,7 +247,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
     # One statement: the executor's wall time per compute statement on tiny tiles, where its own
     # bookkeeping, tile copies and kernel launches are all there is.
-    result["statement"] = _statements(comm, dev, scratch, reps)
+    result["statement"] = _statements(comm, dev, scratch, reps, statement_n)
 
     # GEMM: float64 square matrices, the executor's contraction kernel on this backend.
     n = gemm_n[dev.name]

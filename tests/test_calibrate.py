@@ -70,6 +70,8 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert details["gemm"]["flops_per_call"] == 2 * details["gemm"]["n"] ** 3
     assert details["gemm"]["per_second"] == machine.flop_rate
     assert details["statement"]["seconds"] == machine.statement_seconds
+    # the quick profile's product, 24³ in tiles of 2 KiB: 144 compute statements a run
+    assert "24-cubed" in details["statement"]["what"] and details["statement"]["statements_per_run"] == 144
     assert details["device_copy"]["per_second"] == machine.device_bandwidth
     assert details["device_copy"]["bytes_per_call"] > 0
     # Medians of the per-repetition samples.
