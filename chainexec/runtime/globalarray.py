@@ -278,7 +278,7 @@ class GlobalArray:
         # This rank's own rows (and others' in shared memory) are copied straight from their
         # block: no RMA call and no packing through a subarray datatype, over threads (one
         # thread's copy runs below the device's fetch rate and would bound the device fetches).
-        self._run(region, out, self._win.Get, own=hostcopy.copy)
+        self._run(region, out, self._win.Get, own=_read)
         return out
 
     def at_hand(self, region: Region) -> np.ndarray | None:
@@ -325,6 +325,14 @@ class GlobalArray:
         self._win.Unlock_all()
         self._win.Free()
         self._block = None
+
+
+def _read(chunk: np.ndarray, block: np.ndarray) -> None:
+    """Read a patch's rows from the block that holds them (:meth:`GlobalArray.get`), split over
+    threads in pieces of :data:`hostcopy.FILL_PIECE_BYTES`: the device's fetches read a tile
+    through staging buffers of a few MB each (:data:`chainexec.runtime.backends.cupy.STAGE_BYTES`),
+    which pieces of the default size would leave to one thread."""
+    hostcopy.copy(chunk, block, hostcopy.FILL_PIECE_BYTES)
 
 
 def _written(chunk: np.ndarray, block: np.ndarray) -> None:
