@@ -337,6 +337,8 @@ def test_reach_copy_returns_once_arrived(pinned, aside):
     hold(1.0)
     dev *= 3.0
     host, token = backend.to_host_async(dev, aside=aside)
+    if aside:  # an aside copy's array changes only after the work that follows waits for it
+        backend.wait_for(token)
     dev += 1.0  # queued after the copy
     assert not backend.arrived(token)
     backend.reach_copy(token)
