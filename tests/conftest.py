@@ -62,8 +62,9 @@ def assert_refused(proc: subprocess.CompletedProcess, *needles: str) -> None:
     no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
-    # Open MPI's mpiexec adds its own note on a rank's exit status, between lines of dashes
-    lines = proc.stderr.split("-" * 40)[0].strip().splitlines()
+    # Open MPI's mpiexec adds its own note on a rank's exit status, below a line of dashes alone
+    lines = proc.stderr.strip().splitlines()
+    lines = lines[:next((k for k, line in enumerate(lines) if len(line) >= 40 and set(line) == {"-"}), len(lines))]
     assert len(lines) == 1, proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
