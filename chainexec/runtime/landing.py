@@ -7,10 +7,13 @@ global-level statement, barrier or checkpoint. So the device's queue does not em
 tile. A result copied back aside (``Loop.back``) is copied on a stream of its own, so the device
 computes the next tile, into the other slot, during the copy.
 
-A tile larger than :data:`LANDING_BYTES` goes back in parts of at most :data:`PART_BYTES`, each
-landed once it has arrived while the next ones are copied: a page-locked host array of the whole
-tile would cost the host more than the copy itself (``cudaHostAlloc`` pins page by page, on one
-thread, at about 1 GB/s), and would hold host memory outside the plan's levels."""
+A tile larger than :data:`LANDING_BYTES` that is not copied back aside goes back in parts of at
+most :data:`PART_BYTES`, each landed once it has arrived while the next ones are copied: a
+page-locked host array of the whole tile would cost the host more than the copy itself
+(``cudaHostAlloc`` pins page by page, on one thread, at about 1 GB/s), and would hold host memory
+outside the plan's levels. A tile copied back aside stays whole: its loop computes the next tile
+during the copy, which waiting for parts on the host would stop, and the page-locked arrays of
+its two lanes return to CuPy's pool for the loop's next tiles."""
 
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ LANDING_BYTES = 64 << 20
 """Host bytes of queued accumulates above which the executor waits for the device before the
 next accumulate: page-locked host memory outside the plan's levels."""
 PART_BYTES = 16 << 20
-"""Bytes of each part a tile larger than :data:`LANDING_BYTES` is copied back in (at least one
-row of its last axis): with the queue's bound, four parts are on their way while one lands."""
+"""Bytes of each part a tile larger than :data:`LANDING_BYTES`, not copied back aside, is copied
+back in (at least one row of its last axis): with the queue's bound, four parts are on their way
+while one lands."""
 
 
 @dataclass
@@ -63,15 +67,17 @@ class Landing:
 
     def accumulate(self, op: Op, frame: Frame) -> None:
         """Queue the copy of ``op``'s device tile (in ``frame``) to the host, and land the queued
-        results that have arrived. A tile larger than :data:`LANDING_BYTES` (the device done
-        with the work before it: :meth:`blocks`) is queued part by part (:func:`parts`), each
-        landed once it has arrived while the queue holds more than :data:`LANDING_BYTES`."""
+        results that have arrived. A tile larger than :data:`LANDING_BYTES` not copied back
+        aside (the device done with the work before it: :meth:`blocks`) is queued part by part
+        (:func:`parts`), each landed once it has arrived while the queue holds more than
+        :data:`LANDING_BYTES`."""
         ga, patch = self.buffers.relative(op, frame)
         k = key(op)
         aside = k in self.buffers.returning
         tile = self.buffers.arrays[k]
         name = f"accumulate {op.tensor}"
-        for part in parts(tile.shape, tile.dtype.itemsize, PART_BYTES):
+        whole = aside or tile.nbytes <= LANDING_BYTES
+        for part in [()] if whole else parts(tile.shape, tile.dtype.itemsize, PART_BYTES):
             host, token = self.backend.to_host_async(tile[part] if part else tile, aside=aside)
             self.queue.append(Result(ga, within(patch, part), host, token, frame.weight, name, bool(op.fresh)))
             self.counters.move(CATEGORY["accumulate"], host.nbytes)
@@ -108,13 +114,15 @@ class Landing:
         array, before any global-level statement (the planner puts accumulates in parallel loops,
         whose closing barrier lands them; this keeps other plans right too), before one more
         accumulate would hold more than :data:`LANDING_BYTES` of host memory, and before the
-        accumulate of a tile larger than that (copied back in parts, whose waits for their copies
-        are then the copies' own time)."""
+        accumulate of a tile larger than that not copied back aside (copied back in parts, whose
+        waits for their copies are then the copies' own time)."""
         if op.op == "get":
             ga = self.buffers.arrays[self.buffers.find(op.tensor, op.indices, "global", frame)] if self.queue else None
             return any(r.ga is ga for r in self.queue)
         if op.op == "accumulate":
-            return max(sum(r.host.nbytes for r in self.queue), self.buffers.arrays[key(op)].nbytes) > LANDING_BYTES
+            k = key(op)
+            tile = 0 if k in self.buffers.returning else self.buffers.arrays[k].nbytes
+            return max(sum(r.host.nbytes for r in self.queue), tile) > LANDING_BYTES
         return bool(self.queue) and op.level == "global"
 
 

@@ -355,13 +355,15 @@ def test_results_copied_back_aside_on_gpu(tmp_path):
     fourindex_copied_back(tmp_path, 3, "cupy")
 
 
-@pytest.mark.parametrize("parts", [False, True], ids=["whole", "in-parts"])
-def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch, parts):
+@pytest.mark.parametrize("aside, bound", [(True, None), (True, 256), (False, 512)],
+                         ids=["aside", "aside-bound", "in-parts"])
+def test_results_copied_back_into_page_locked_memory(tmp_path, monkeypatch, aside, bound):
     """One rank in this process, with page-locked host buffers forced (a run that moves little
     copies into plain memory, where every copy returns only once done, which would hide a race):
-    the four-index transform whose first tile loop copies its result back aside equals
-    numpy.einsum; movement and peaks as planned. ``parts``: with a landing bound of 512 B below
-    its largest result tiles (1 KiB), every tile goes back in parts of at most 128 B."""
+    the four-index transform whose first tile loop copies its result back aside (``aside``)
+    equals numpy.einsum; movement and peaks as planned. With a landing bound below its result
+    tiles (the aside ones 512 B, the others 1 KiB), every tile beyond it not copied back aside
+    goes back in parts of at most 128 B, and those copied back aside go whole."""
     from chainexec import api, spec
     from chainexec.planner.build import make_plan
     from chainexec.planner.machine import Machine
@@ -371,21 +373,23 @@ def test_results_copied_back_aside_into_page_locked_memory(tmp_path, monkeypatch
     from tests.runtime.test_run import check_fourindex
 
     monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
-    if parts:
-        monkeypatch.setattr(landing, "LANDING_BYTES", 512)
+    if bound:
+        monkeypatch.setattr(landing, "LANDING_BYTES", bound)
         monkeypatch.setattr(landing, "PART_BYTES", 128)
     config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="6KiB"))
-    machine = tmp_path / "machine.json"
-    machine.write_text(Machine(aside_copy_bytes=0).to_json())
-    plan = make_plan(spec.load(config), Machine(aside_copy_bytes=0))
-    assert any(loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops)
+    machine = Machine(aside_copy_bytes=0 if aside else 1 << 40)
+    (tmp_path / "machine.json").write_text(machine.to_json())
+    plan = make_plan(spec.load(config), machine)
+    assert any(loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops) == aside
     assert run_cli("generate", config).returncode == 0
-    sizes = []
+    sizes = {False: [], True: []}  # bytes of each copy to the host, by whether it was made aside
     copy = CupyBackend.to_host_async
     monkeypatch.setattr(CupyBackend, "to_host_async",
-                        lambda self, array, aside=False: (sizes.append(array.nbytes), copy(self, array, aside))[1])
-    run = api.run(config, backend="cupy", machine=str(machine))
-    assert (max(sizes) <= 128) == parts and max(sizes) <= 1024
+                        lambda self, array, aside=False: (sizes[aside].append(array.nbytes), copy(self, array, aside))[1])
+    run = api.run(config, backend="cupy", machine=str(tmp_path / "machine.json"))
+    assert bool(sizes[True]) == aside and max(sizes[False] + sizes[True]) <= 1024
+    if bound:  # tiles beyond the bound in parts unless copied back aside
+        assert max(sizes[False]) <= bound and max(sizes[True], default=1024) > bound
     assert run["measured"]["bytes"] == run["predicted"]["bytes"]
     assert run["measured"]["memory_peak"] == run["predicted"]["memory_peak"]
     check_fourindex(tmp_path)

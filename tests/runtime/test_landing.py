@@ -73,7 +73,7 @@ def tile_then_parts(self, op, frame):
 
 landing.Landing.accumulate = tile_then_parts
 copy = backend.to_host_async
-backend.to_host_async = lambda array, aside=False: (sizes.append(array.nbytes), copy(array, aside))[1]
+backend.to_host_async = lambda array, aside=False: (sizes.append([array.nbytes, aside]), copy(array, aside))[1]
 api.select = lambda name, comm: backend
 landing.LANDING_BYTES = int(sys.argv[3])
 landing.PART_BYTES = int(sys.argv[4])
@@ -88,9 +88,9 @@ with open(f"rank{MPI.COMM_WORLD.rank}.json", "w") as f:
 def test_tiles_beyond_the_bound_land_in_parts(tmp_path, aside):
     """The small four-index transform on 3 ranks, whose result tiles (up to 1 KiB) exceed a
     landing bound of 512 B, on a backend whose copies to the host hold NaN until the statements
-    before them are waited for: each tile goes back in parts of at most 128 B, and the result
-    equals numpy.einsum's with the predicted movement — copied back aside (``Loop.back``) and on
-    the compute stream."""
+    before them are waited for: each tile beyond the bound goes back in parts of at most 128 B, but
+    where its loop copies it back aside (``Loop.back``: whole, the next tile computed meanwhile); the result
+    equals numpy.einsum's with the predicted movement."""
     config = write_config(tmp_path, fourindex_config(device_memory="24KiB"))
     machine = Machine(aside_copy_bytes=0 if aside else 1 << 40)
     (tmp_path / "machine.json").write_text(machine.to_json())
@@ -108,12 +108,17 @@ def test_tiles_beyond_the_bound_land_in_parts(tmp_path, aside):
                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     assert proc.returncode == 0, proc.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
-    sizes = [n for r in ranks for n in r["sizes"]]
+    sizes = [n for r in ranks for n, _ in r["sizes"]]
     tiles = [n for r in ranks for n in r["tiles"]]
+    assert {made_aside for r in ranks for _, made_aside in r["sizes"]} == {aside}
     assert ranks[0]["measured"]["bytes"] == ranks[0]["predicted"]["bytes"]
     assert sum(sizes) == sum(tiles) == ranks[0]["measured"]["bytes"]["device->global"]
-    assert max(sizes) <= 128 and max(tiles) > 512  # tiles beyond the bound, in parts
-    assert len(sizes) > len(tiles)
+    assert max(tiles) > 512
+    if aside:  # whole tiles
+        assert sorted(sizes) == sorted(tiles)
+    else:  # tiles beyond the bound in parts of 128 B at most, the others whole
+        assert max(sizes) <= 512 and len(sizes) > len(tiles)
+        assert sorted(n for n in sizes if n > 128) == sorted(n for n in tiles if 128 < n <= 512)
     check_fourindex(tmp_path)
 
 def _loops(body):
