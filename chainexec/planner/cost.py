@@ -223,12 +223,12 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             return tensors[tensor].itemsize * where(indices)
 
         def walk(body, loops, ranges, slotted=frozenset()):
-            if machine is not None:
+            if machine is not None:  # (the statements' movement and flops: not for peaks alone)
                 tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
+                symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
 
                 def all_tiles(ix):
                     return around.points(ix, extents, "device")
-            symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
