@@ -233,7 +233,9 @@ def _finer(ctx: Context, group: DiskGroup) -> list[DiskGroup]:
             tile = tile_count(tile, 2)
             finer = copy.deepcopy(group)
             finer.groups[pos].dev.update(dict.fromkeys(sym, tile))
-            if ctx.fits(ctx.peaks(Schedule([finer]))):
+            # priced whole, not only its peaks: :func:`fit` prices every one that fits (from the
+            # cache then), and one that fits is what finer tiles nearly always are
+            if ctx.fits(ctx.price(Schedule([finer]))["memory_peak"]):
                 found.append(finer)
     return found
 
