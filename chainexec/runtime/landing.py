@@ -10,8 +10,8 @@ computes the next tile, into the other slot, during the copy.
 A tile larger than :data:`LANDING_BYTES` that is not copied back aside goes back in parts of at
 most :data:`PART_BYTES`, each landed once it has arrived while the next ones are copied: a
 page-locked host array of the whole tile would cost the host more than the copy itself
-(``cudaHostAlloc`` pins page by page, on one thread, at about 1 GB/s), and would hold host memory
-outside the plan's levels. A tile copied back aside stays whole: its loop computes the next tile
+(``cudaHostAlloc`` pins page by page, on one thread, many times slower than the copy), and
+would hold host memory outside the plan's levels. A tile copied back aside stays whole: its loop computes the next tile
 during the copy, which waiting for parts on the host would stop, and the page-locked arrays of
 its two lanes return to CuPy's pool for the loop's next tiles."""
 

@@ -456,9 +456,9 @@ def _written(f: h5py.File, name: str, data: np.ndarray) -> None:
     """Dataset ``name`` of the open file ``f`` holding ``data``. C-contiguous data in the
     machine's byte order goes into a contiguous dataset allocated at once and left unfilled,
     its bytes written straight into the file at the dataset's offset over threads
-    (:func:`hostcopy.write`): HDF5 writes a dataset on one thread, a few GB/s into the page
-    cache, the bound of a run whose output is tens of GB. Other data, and data a thread writes
-    alone (under :data:`hostcopy.PIECE_BYTES`), goes through HDF5."""
+    (:func:`hostcopy.write`): HDF5 writes a dataset on one thread, far below the page cache's
+    rate over threads, the bound of a run whose output is tens of GB. Other data, and data a
+    thread writes alone (under :data:`hostcopy.PIECE_BYTES`), goes through HDF5."""
     if data.nbytes < hostcopy.PIECE_BYTES or not data.flags.c_contiguous or data.dtype.byteorder not in "=|":
         f.create_dataset(name, data=data)
         return
