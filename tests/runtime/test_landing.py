@@ -15,6 +15,7 @@ import pytest
 from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
+from chainexec.planner.plan import ops
 from chainexec.runtime.landing import parts, within
 from tests.conftest import fourindex_config, mpiexec, run_cli, write_config
 from tests.runtime.test_run import check_fourindex
@@ -95,7 +96,7 @@ def test_tiles_beyond_the_bound_land_in_parts(tmp_path, aside):
     machine = Machine(aside_copy_bytes=0 if aside else 1 << 40)
     (tmp_path / "machine.json").write_text(machine.to_json())
     plan = make_plan(spec.load(config), machine, ranks=3)
-    assert any(loop.back for nest in plan.nests for loop in _loops(nest.body)) == aside
+    assert any(loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops) == aside
     assert run_cli("generate", config).returncode == 0
     (tmp_path / "parts.py").write_text(PARTS_RUN)
     launcher = mpiexec()
@@ -120,11 +121,3 @@ def test_tiles_beyond_the_bound_land_in_parts(tmp_path, aside):
         assert max(sizes) <= 512 and len(sizes) > len(tiles)
         assert sorted(n for n in sizes if n > 128) == sorted(n for n in tiles if 128 < n <= 512)
     check_fourindex(tmp_path)
-
-def _loops(body):
-    from chainexec.planner.plan import Loop
-
-    for node in body:
-        if isinstance(node, Loop):
-            yield node
-            yield from _loops(node.body)

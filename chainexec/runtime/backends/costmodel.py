@@ -1,6 +1,6 @@
 """Predicted seconds of each contraction method on the GPU: the autotuner's first opinion, so that
-only the candidates the model cannot tell apart are compiled and timed (issue #43, "choose from
-the cost models first, tune only where the models disagree by a stated margin").
+only the candidates the models cannot tell apart are compiled and timed, and a first run on a
+fresh machine does not pay for compiling and timing every candidate.
 
 Every model is a roofline over the method's own work (a pure function of the operands' indices,
 shapes and element strides; no device is touched, so the choices can be checked against timings
