@@ -69,14 +69,14 @@ def on_numpy(monkeypatch, tmp_path):
     return make
 
 
-def _run(seed: int):
+def _run(seed: int, extent: dict[str, int] = EXTENT):
     """The W tile's terms, random operands, a random starting ``W`` and the einsum reference."""
     rng = np.random.default_rng(seed)
     cs = [Contraction(n, "W", list("ijkabc"), f"A{n}", list(a), f"B{n}", list(b), f, n > 0, 0, n)
           for n, (a, b, f) in enumerate(W_TERMS)]
-    operands = [(rng.standard_normal([EXTENT[i] for i in c.a_indices]),
-                 rng.standard_normal([EXTENT[i] for i in c.b_indices])) for c in cs]
-    start = rng.standard_normal([EXTENT[i] for i in "ijkabc"])
+    operands = [(rng.standard_normal([extent[i] for i in c.a_indices]),
+                 rng.standard_normal([extent[i] for i in c.b_indices])) for c in cs]
+    start = rng.standard_normal([extent[i] for i in "ijkabc"])
     total = sum(c.factor * np.einsum(f"{''.join(c.a_indices)},{''.join(c.b_indices)}->ijkabc", a, b)
                 for c, (a, b) in zip(cs, operands))
     return cs, operands, start, total
@@ -220,3 +220,78 @@ def test_a_strategy_the_models_put_far_ahead_runs_untimed(on_numpy, monkeypatch)
         assert np.linalg.norm(out - start - total) <= 1e-12 * np.linalg.norm(start + total)
     assert timings == []
     assert (_choice(backend).method, _choice(backend).seconds) == ("stack", {})
+
+
+def _timed_runs(backend) -> list:
+    """The timings ``backend`` makes from now on (each still runs its candidate once)."""
+    made = []
+
+    def timed(run):
+        made.append(run)
+        run()
+        return backend.clock
+
+    backend._timed = timed
+    return made
+
+
+def test_a_run_of_a_classmate_shape_takes_the_decided_strategy_untimed(on_numpy):
+    """Runs of one class (:mod:`chainexec.runtime.backends.shapeclass`): the first shape's
+    strategy is timed; a shape whose extents are within a factor of two of it (a cut tile, a
+    slightly larger molecule) takes that strategy without timing anything, in this process and in
+    a later one that shares the tuning cache, and adds the terms exactly; a shape beyond the
+    factor is timed again, and so is one within the factor of a reused decision only."""
+    def added(backend, seed, extent) -> tuning.Choice:
+        cs, operands, start, total = _run(seed, extent)
+        out = start.copy()
+        backend.contract_sum(cs, out, operands)
+        assert np.linalg.norm(out - start - total) <= 1e-12 * np.linalg.norm(start + total)
+        shape = f"shape={tuple(extent[i] for i in 'ijkabc')}"
+        return next(c for k, c in backend.choices.items() if k[0] == "sum" and shape in k[1])
+
+    backend = on_numpy()
+    timings = _timed_runs(backend)
+    first = added(backend, 10, EXTENT)
+    assert first.method == "stack" and first.seconds and timings
+    timings.clear()
+    cut = added(backend, 11, EXTENT | {"i": 2, "c": 9})
+    assert (cut.method, cut.seconds, timings) == ("stack", {}, [])
+    later = on_numpy()  # its stacks differ: their own contractions may be timed, the strategy is not
+    assert added(later, 12, EXTENT | {"i": 5, "c": 9}) == tuning.Choice("stack")
+    timings = _timed_runs(later)
+    assert added(later, 13, EXTENT | {"i": 7, "a": 10}).seconds and timings  # i: 7 is beyond 2 × 3
+
+
+def test_a_contraction_of_a_classmate_shape_takes_the_decided_method_untimed(on_numpy):
+    """A contraction whose candidates the models cannot tell apart is timed once per class: a
+    classmate shape takes the method its nearest timed classmate won, untimed, in this process
+    and in a later one; a shape within the factor of that reused decision but beyond the timed
+    one's, or of another layout, is timed."""
+    timed = []
+
+    def timing(backend):
+        backend._time = lambda how, c, out, a, b: timed.append(how[0]) or {"ttgt": 2.0, "einsum": 1.0}[how[0]]
+        return backend
+
+    backend = timing(on_numpy())
+    rng = np.random.default_rng(14)
+    c = Contraction(0, "C", ["i", "j"], "A", ["i", "f"], "B", ["f", "j"], 0.5, True, 0, 0)
+
+    def contracted(i: int, f: int, j: int, transposed: bool = False) -> tuning.Choice:
+        a, b, out = rng.standard_normal((i, f)), rng.standard_normal((f, j)), rng.standard_normal((i, j))
+        if transposed:
+            a = np.asfortranarray(a)
+        want = out + 0.5 * np.einsum("if,fj->ij", a, b)
+        backend.contract(c, out, a, b)
+        assert np.linalg.norm(out - want) <= 1e-12 * np.linalg.norm(want)
+        return backend.choices[backend._kept_key(c, out, a, b)]
+
+    assert contracted(8, 9, 10).seconds == {"ttgt": 2.0, "einsum": 1.0}
+    timed.clear()
+    assert (contracted(12, 9, 6), timed) == (tuning.Choice("einsum"), [])
+    assert contracted(20, 9, 10).seconds and timed  # 20 is beyond 2 × 8; near the reused 12 only
+    timed.clear()
+    assert contracted(8, 9, 10, transposed=True).seconds and timed
+    timed.clear()
+    backend = timing(on_numpy())  # a later process, sharing the tuning cache
+    assert (contracted(14, 9, 15), timed) == (tuning.Choice("einsum"), [])

@@ -136,6 +136,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         self.table_bytes = 0  # device bytes of the GETT offset tables made so far (kept)
         self.memory: int | None = None  # the configured device memory (bytes); None: no limit
         self.tuning = TuningCache.for_device(cupy)
+        self.classes: dict[str, list] = {}  # decided shapes per class (Autotuner._classmates)
         self.tuned_seconds = 0.0  # wall seconds spent timing candidates (:meth:`_timed`, outermost calls)
         self._timing = 0  # depth of :meth:`_timed` calls (a stack's timing runs its terms' own)
         self._stages: list[np.ndarray] | None = None

@@ -34,7 +34,7 @@ from chainexec.errors import ChainexecError
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
-from chainexec.runtime.backends import costmodel, termruns
+from chainexec.runtime.backends import costmodel, shapeclass, termruns
 from chainexec.runtime.backends.common import element_strides, index_extents, scratch_like, spread
 from chainexec.runtime.backends.methods import REGISTRY
 
@@ -158,6 +158,25 @@ class TuningCache:
         text = self._key(key)
         self.store.save(diskstore.digest(text), json.dumps({"key": text, "choice": asdict(choice)}))
 
+    def classmates(self, signature: list) -> list[tuple[dict[str, int], str]]:
+        """The shapes decided in the class ``signature``
+        (:mod:`~chainexec.runtime.backends.shapeclass`), as (extents, decision) pairs, oldest
+        first; none where the file is absent, damaged or another key's."""
+        text = self._key(("class", signature))
+
+        def decided(raw: str) -> list | None:
+            entry = json.loads(raw)
+            if not isinstance(entry, dict) or entry.get("key") != text:
+                return None
+            return [(dict(e), str(d)) for e, d in entry["shapes"]]
+
+        return self.store.load(diskstore.digest(text), decided) or []
+
+    def classify(self, signature: list, shapes: list[tuple[dict[str, int], str]]) -> None:
+        """Keep ``shapes`` ((extents, decision) pairs) as the class ``signature``'s decided shapes."""
+        text = self._key(("class", signature))
+        self.store.save(diskstore.digest(text), json.dumps({"key": text, "shapes": shapes}))
+
 
 class Autotuner:
     """The autotuner's part of :class:`~chainexec.runtime.backends.cupy.CupyBackend`: it contracts
@@ -198,13 +217,16 @@ class Autotuner:
                 choice = self._forced_run(run)
             else:
                 kept = self._predicted_run(run)
-                choice = self._untimed_run(run, kept)
+                like = self._like([(v.indices, v.shape, v.strides)
+                                   for v in [prob.out, *(x for t in prob.terms for x in (t.a, t.b))]],
+                                  prob.dtype, "run " + ",".join(termruns.TIMED_SUM_KINDS))
+                choice = self._untimed_run(run, kept, like) or self._reused_run(run, kept, like)
                 if choice is None:
                     if fresh:  # timing a term may add it to ``out`` for real
                         self.clear(out)
                         fresh = False
                     each, done = self._time_terms(cs, out, operands)
-                    choice = self._tune_run(run, each, kept)
+                    choice = self._tune_run(run, each, kept, like)
         self.choices[key] = choice
         if done:  # timing the terms on ``out`` added them already
             return
@@ -249,25 +271,38 @@ class Autotuner:
                 for name, config in strategy.configurations(self, run).items()
                 if self._fits_run(strategy, run, config, timing)]
 
-    def _untimed_run(self, run, kept: list) -> Choice | None:
+    def _untimed_run(self, run, kept: list, like: tuple) -> Choice | None:
         """Where the cost models leave one strategy (``kept``, :meth:`_predicted_run`), it with its
-        model's best configuration that fits, kept in the tuning cache untimed; else None."""
+        model's best configuration that fits, kept in the tuning cache untimed and for the run's
+        classmates (``like``, :meth:`_like`); else None."""
         found = self._fitting(kept, run, False) if len(kept) == 1 else []
+        if not found:
+            return None
+        strategy, _, config = found[0]
+        return self._decide(run.key, {}, {strategy.name: (strategy.name, config)}, like)
+
+    def _reused_run(self, run, kept: list, like: tuple) -> Choice | None:
+        """Where the strategies ``kept`` (:meth:`_predicted_run`) include the one decided for the
+        run's nearest classmate (:meth:`_alike`), it untimed with its model's best configuration
+        that fits, kept in the tuning cache; else None."""
+        alike = self._alike(like)
+        found = self._fitting([s for s in kept if s.name == alike], run, False)
         if not found:
             return None
         strategy, _, config = found[0]
         return self._decide(run.key, {}, {strategy.name: (strategy.name, config)})
 
-    def _tune_run(self, run, each: list[float], kept: list) -> Choice:
+    def _tune_run(self, run, each: list[float], kept: list, like: tuple) -> Choice:
         """Time the candidates that fit of the strategies ``kept`` (:meth:`_predicted_run`; of
         every timed strategy where none of theirs fits; their generated kernels compiled first,
-        together) and keep the fastest under the run's key; ``each``: the seconds of each term on
-        its own."""
+        together) and keep the fastest under the run's key and for its classmates (``like``);
+        ``each``: the seconds of each term on its own."""
         cands = (self._fitting(kept, run, True)
                  or self._fitting([s for s in termruns.REGISTRY.values() if s.timed()], run, True))
         self._compile([k for strategy, _, config in cands for k in strategy.kernels(run, config)])
         seconds = {name: strategy.seconds(self, run, config, each) for strategy, name, config in cands}
-        return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands})
+        return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands},
+                            like)
 
     @staticmethod
     def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
@@ -395,22 +430,26 @@ class Autotuner:
                     if prepared is None:
                         prepared = self._timed_candidates(c, out, a, b)
                         self._precompile([(c, *prepared)])
-                    (po, pa, pb), cands = prepared
-                    seconds = ({} if len(cands) == 1 else  # the models leave one: chosen untimed
+                    (po, pa, pb), cands, like = prepared
+                    seconds = ({} if len(cands) == 1 else  # one left (by the models or a classmate): untimed
                                {m: self._time((m.split(":")[0], cfg), c, po, pa, pb) for m, cfg in cands.items()})
-                    choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()})
+                    choice = self._decide(kept, seconds, {m: (m.split(":")[0], cfg) for m, cfg in cands.items()},
+                                          like)
                     # the candidates' temporaries and scratch outputs, cached by CuPy's pool, are
                     # not needed again: left there, they hold the pool above the plan's buffers
                     self.xp.get_default_memory_pool().free_all_blocks()
             self.choices[kept] = choice
         return choice.method, choice.config
 
-    def _timed_candidates(self, c: Contraction, out, a, b) -> tuple[tuple, dict]:
+    def _timed_candidates(self, c: Contraction, out, a, b) -> tuple[tuple, dict, tuple | None]:
         """The probe (:func:`_probe`, at least :data:`PROBE_FLOOR` output bytes: smaller ones
-        change every method's shape) a contraction's candidates are timed on, and those candidates
-        (name -> configuration): of the ones whose temporaries fit the room the plan leaves (else
-        those that make none, else all), those the cost models predict on the probe within
-        :attr:`margin` of the best (:func:`chainexec.runtime.backends.costmodel.ambiguous`). One
+        change every method's shape) a contraction's candidates are timed on, those candidates
+        (name -> configuration), and the class (:meth:`_like`) their decision is kept for. The
+        candidates: of the ones whose temporaries fit the room the plan leaves (else those that
+        make none, else all), those the cost models predict on the probe within :attr:`margin` of
+        the best (:func:`chainexec.runtime.backends.costmodel.ambiguous`); where several are and
+        the method decided for the nearest classmate (:meth:`_alike`) is among them, only its
+        best-predicted candidate, and no class (a reused decision is not one to reuse). One
         candidate left is chosen untimed."""
         limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(PROBE_FLOOR, self.workspace // 4))
         po, pa, pb = _probe(c, out, a, b, limit)
@@ -418,8 +457,14 @@ class Autotuner:
         cands = ({m: cfg for m, cfg in every.items() if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
                  or {m: cfg for m, cfg in every.items() if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
                  or every)
-        predicted = self._predicted(c, po, pa, pb, cands)
-        return (po, pa, pb), {m: cands[m] for m in costmodel.ambiguous(predicted, self.margin)}
+        close = costmodel.ambiguous(self._predicted(c, po, pa, pb, cands), self.margin)
+        like = self._like([(c.out_indices, out.shape, element_strides(out)), (c.a_indices, a.shape, element_strides(a)),
+                           (c.b_indices, b.shape, element_strides(b))], str(out.dtype), "one")
+        alike = self._alike(like) if len(close) > 1 else None
+        same = [m for m in close if m.split(":")[0] == alike]
+        if same:
+            return (po, pa, pb), {same[0]: cands[same[0]]}, None
+        return (po, pa, pb), {m: cands[m] for m in close}, like
 
     def _predicted(self, c: Contraction, out, a, b, cands: dict) -> dict[str, float]:
         """Candidate -> the cost model's seconds for these operands
@@ -432,8 +477,8 @@ class Autotuner:
     def _precompile(self, timings: list[tuple]) -> None:
         """Compile together the generated kernels of every contraction candidate about to be
         timed (:meth:`_compile`): ``timings`` holds (contraction, its probe's (out, a, b),
-        candidates)."""
-        self._compile([k for c, (po, pa, pb), cands in timings for name, config in cands.items()
+        candidates, class)."""
+        self._compile([k for c, (po, pa, pb), cands, _ in timings for name, config in cands.items()
                        for k in REGISTRY[name.split(":")[0]].kernels(self, config, c, po, pa, pb)])
 
     @staticmethod
@@ -452,14 +497,47 @@ class Autotuner:
             for options, sources in groups.items():
                 kernelcache.precompile(sources, capability, options)
 
-    def _decide(self, key: tuple, seconds: dict, how: dict) -> Choice:
+    def _decide(self, key: tuple, seconds: dict, how: dict, like: tuple | None = None) -> Choice:
         """The fastest of the timed candidates (``seconds``: candidate -> best seconds; ``how``:
         candidate -> (method, configuration)), or the only candidate where none was timed, kept in
-        the tuning cache under ``key``."""
+        the tuning cache under ``key`` and, where ``like`` names the shape's class
+        (:meth:`_like`), for its classmates."""
         method, config = how[min(seconds, key=seconds.get) if seconds else next(iter(how))]
         choice = Choice(method, seconds, config)
         self.tuning.put(key, choice)
+        if like is not None:
+            self._learn(like, method)
         return choice
+
+    @staticmethod
+    def _like(views, dtype: str, kind: str) -> tuple:
+        """The class of a shape (:mod:`~chainexec.runtime.backends.shapeclass`) as the autotuner
+        keeps it: the signature of ``views`` ((indices, shape, strides) each), its JSON text, and
+        the extents."""
+        signature = shapeclass.signature(views, dtype, kind)
+        return signature, json.dumps(signature), shapeclass.extents(views)
+
+    def _classmates(self, like: tuple) -> list:
+        """The decided shapes of the class ``like`` (:meth:`_like`): this process's list, read
+        from the tuning cache once per class."""
+        signature, text, _ = like
+        shapes = self.classes.get(text)
+        if shapes is None:
+            shapes = self.classes[text] = self.tuning.classmates(signature)
+        return shapes
+
+    def _alike(self, like: tuple) -> str | None:
+        """The method (or run strategy) decided for the nearest classmate of the shape ``like``
+        (:func:`~chainexec.runtime.backends.shapeclass.nearest`), or None."""
+        return shapeclass.nearest(self._classmates(like), like[2])
+
+    def _learn(self, like: tuple, method: str) -> None:
+        """Keep ``method`` as the decision for the shape ``like``, for its later classmates in this
+        process and in others (the latest :data:`~chainexec.runtime.backends.shapeclass.KEPT`)."""
+        shapes = self._classmates(like)
+        shapes.append((like[2], method))
+        del shapes[:-shapeclass.KEPT]
+        self.tuning.classify(like[0], shapes)
 
     def _kept_key(self, c: Contraction, out, a, b) -> tuple:
         """The key a method choice is kept under, in this process and in the tuning cache alike:
