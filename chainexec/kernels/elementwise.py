@@ -32,7 +32,7 @@ staged (:data:`STAGE_SHARE`).
 :func:`reduce_source` sums such an expression over a whole index space instead of writing it (a
 fused statement into a scalar, :mod:`chainexec.planner.inline`: the (T) energy): one element per
 thread as above, each block adds its threads' values in a fixed order and writes one partial
-sum, and one more block adds the partial sums (:data:`TOTAL_SOURCE`). The grid depends on the
+sum, and one more block adds the partial sums (:func:`total_source`). The grid depends on the
 shape and strides only, so a reduction's result is the same bit for bit every time (no atomics).
 """
 
@@ -296,27 +296,39 @@ def reduce_source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ..
     return "\n".join(lines + block_sum())
 
 
-def block_sum() -> list[str]:
+def block_sum(last: str = "Y[blockIdx.x] = acc") -> list[str]:
     """A reduction kernel's last lines: the threads' ``acc`` added by a warp-shuffle and
-    shared-memory (``part``) tree in a fixed order, the block's sum written to ``Y[blockIdx.x]``."""
+    shared-memory (``part``) tree in a fixed order, the block's sum stored by thread 0's ``last``
+    (C statement; by default written to ``Y[blockIdx.x]``)."""
     return ["  for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
             "  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;",
             "  __syncthreads();",
             "  if (threadIdx.x < 32) {",
             f"    acc = threadIdx.x < {BLOCK // 32} ? part[threadIdx.x] : 0.0;",
             "    for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);",
-            "    if (threadIdx.x == 0) Y[blockIdx.x] = acc;",
+            f"    if (threadIdx.x == 0) {last};",
             "  }",
             "}"]
 
 
-TOTAL_SOURCE = "\n".join(["extern \"C\" __global__ void chainexec_total(double* __restrict__ Y, "
-                          "const double* __restrict__ P, const unsigned n) {",
-                          "  __shared__ double part[32];",
-                          "  double acc = 0.0;",
-                          f"  for (unsigned k = threadIdx.x; k < n; k += {BLOCK}u) acc += P[k];"] + block_sum())
-"""CUDA C of ``chainexec_total(y, partial, n)``: one block adds the ``n`` partial sums of a
-reduction kernel (each thread a fixed stride of them in order, then :func:`block_sum`'s fixed
-tree) into ``y[0]``. Not CuPy's ``sum``: that is CUB's reduction, whose module loading holds up
-a fresh process's first kernels for tens of milliseconds."""
+def total_source(dtype: str | None = None) -> str:
+    """CUDA C of ``chainexec_total(y, partial, n)``: one block adds the ``n`` partial sums of a
+    reduction kernel (each thread a fixed stride of them in order, then :func:`block_sum`'s fixed
+    tree) and writes the sum to ``y[0]`` (float64), or, given the ``dtype`` of ``y``, adds it to
+    ``y[0]`` (rounded to that dtype): a fused statement into a scalar ends here, with no kernel
+    of CuPy's to add its sum (two more kernels to compile on a first run, two more launches per
+    tile)."""
+    ctype = C_TYPES[dtype or "float64"]
+    last = "Y[blockIdx.x] = acc" if dtype is None else f"Y[0] += ({ctype})acc"  # one block: Y[0]
+    return "\n".join([f"extern \"C\" __global__ void chainexec_total({ctype}* __restrict__ Y, "
+                      "const double* __restrict__ P, const unsigned n) {",
+                      "  __shared__ double part[32];",
+                      "  double acc = 0.0;",
+                      f"  for (unsigned k = threadIdx.x; k < n; k += {BLOCK}u) acc += P[k];"] + block_sum(last))
+
+
+TOTAL_SOURCE = total_source()
+""":func:`total_source` writing the sum: the reductions' last step. Not CuPy's ``sum``: that is
+CUB's reduction, whose module loading holds up a fresh process's first kernels for tens of
+milliseconds."""
 

@@ -19,17 +19,22 @@ import math
 from functools import lru_cache
 
 from chainexec.kernels.direct import direct_source
-from chainexec.kernels.elementwise import BLOCK, TOTAL_SOURCE, blocks, layout, reduce_source, source, staging
+from chainexec.kernels.elementwise import (BLOCK, TOTAL_SOURCE, blocks, layout, reduce_source, source, staging,
+                                           total_source)
 from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
 from chainexec.runtime import kernelcache, uselog
 
 
-def total(xp, partial):
-    """Σ ``partial`` (float64, one dimension) as a 0-d float64 device array, in a fixed order
-    (:data:`TOTAL_SOURCE`): the same bits every run."""
-    out = xp.empty((), xp.float64)
-    _kernel(xp, TOTAL_SOURCE, "chainexec_total")((1,), (BLOCK,), (out, partial, xp.uint32(partial.size)))
+def total(xp, partial, into=None):
+    """Σ ``partial`` (float64, one dimension) in a fixed order (:func:`total_source`): the same
+    bits every run. As a new 0-d float64 device array, or added to the 0-d array ``into``
+    (float64 or float32), which is returned."""
+    if into is None:
+        out, text = xp.empty((), xp.float64), TOTAL_SOURCE
+    else:
+        out, text = into, total_source(into.dtype.name)
+    _kernel(xp, text, "chainexec_total")((1,), (BLOCK,), (out, partial, xp.uint32(partial.size)))
     return out
 
 
@@ -90,19 +95,19 @@ def launch(xp, code: str, views: list, out) -> None:
     _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
 
 
-def reduce(xp, code: str, views: list, shape: tuple[int, ...]):
+def reduce(xp, code: str, views: list, shape: tuple[int, ...], into=None):
     """Σ ``code`` over every element of ``shape`` (views as in :func:`launch`, each with extent
-    ``shape``'s or 1 per dimension), as a 0-d float64 device array; threads walk ``shape`` in
-    C order (its last dimension fastest)."""
+    ``shape``'s or 1 per dimension), as a 0-d float64 device array, or added to the 0-d array
+    ``into`` (:func:`total`); threads walk ``shape`` in C order (its last dimension fastest)."""
     if math.prod(shape) == 0:
-        return xp.zeros((), xp.float64)
+        return xp.zeros((), xp.float64) if into is None else into
     walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
     merged, strides = layout(tuple(shape), _strides(views, walk))
     types = tuple(v.dtype.name for v in views) + ("float64",)
     text, grid = _ready(xp, _prepared, "chainexec_reduce", code, merged, tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
-    return total(xp, partial)
+    return total(xp, partial, into)
 
 
 @lru_cache(maxsize=256)
@@ -143,16 +148,17 @@ def _orbit_prepared(lets: tuple[str, ...], code: str, reads: tuple[tuple[int, tu
 
 
 def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[int, ...]]], views: list,
-                 shape: tuple[int, ...], dtype: str, skip: int | None = None):
+                 shape: tuple[int, ...], dtype: str, skip: int | None = None, into=None):
     """Σ ``code`` over every element of ``shape``, where ``code`` reads the inputs ``views[k]`` as
     ``pk`` (as :func:`reduce`: extent ``shape``'s or 1 per dimension) and values of ``dtype``
     computed once per point, ``lets[j]`` (C code over the inputs), as ``q{r}``: read ``r`` is
     ``(j, p)``, the value of ``lets[j]`` at the point ``y`` with ``y[d] = x[p[d]]``, ``p`` a
     permutation of dimensions of one extent (:func:`orbit_source`). ``skip``: an input ``code``
     multiplies by (a weight); where it does not vary along the permuted dimensions, the blocks
-    where it is zero are skipped. A 0-d float64 device array."""
+    where it is zero are skipped. A 0-d float64 device array, or ``into`` with the sum added
+    (:func:`total`)."""
     if math.prod(shape) == 0:
-        return xp.zeros((), xp.float64)
+        return xp.zeros((), xp.float64) if into is None else into
     strides = _strides(views, (0,) * len(shape))[1:]
     types = tuple(v.dtype.name for v in views) + (dtype,)
     plan, text, grid = _ready(xp, _orbit_prepared, tuple(lets), code, tuple((j, tuple(p)) for j, p in reads),
@@ -160,7 +166,7 @@ def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[in
     partial = xp.empty(grid, xp.float64)
     table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
     _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
-    return total(xp, partial)
+    return total(xp, partial, into)
 
 
 PREPARED = {make.__name__: make for make in (_prepared, _symmetrize_prepared, _orbit_prepared)}

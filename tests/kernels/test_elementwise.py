@@ -189,13 +189,20 @@ def test_only_large_inputs_read_across_are_staged():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("into", [None, "float64", "float32"], ids=["written", "added", "added-float32"])
 @pytest.mark.parametrize("n", [1, 255, 4097])
-def test_total_adds_partial_sums_in_a_fixed_order(n, tmp_path):
+def test_total_adds_partial_sums_in_a_fixed_order(n, into, tmp_path):
     """The reductions' last step (one block over ``n`` partial sums, fewer or more than its
-    threads), run on the CPU, against NumPy's sum; nothing but ``y[0]`` is written."""
-    partial = np.random.default_rng(n).standard_normal(n)
-    y = np.full(2, np.nan)
-    text = elementwise.TOTAL_SOURCE.replace(", const unsigned n)", ")").replace(
-        "k < n;", f"k < {n}u;")  # the emulation passes buffers only
+    threads), run on the CPU, against NumPy's sum: written to ``y[0]`` (:data:`TOTAL_SOURCE`), or
+    added to the ``y[0]`` it finds, rounded to ``y``'s dtype (:func:`total_source`); nothing but
+    ``y[0]`` is written."""
+    rng = np.random.default_rng(n)
+    partial = rng.standard_normal(n)
+    start = rng.standard_normal()
+    y = np.array([np.nan if into is None else start, np.nan], dtype=into or "float64")
+    source = elementwise.TOTAL_SOURCE if into is None else elementwise.total_source(into)
+    text = source.replace(", const unsigned n)", ")").replace("k < n;", f"k < {n}u;")  # the emulation passes buffers only
     got = emulated(tmp_path, text, "chainexec_total", [y, partial], [0, 0], 1)
-    assert abs(got[0] - partial.sum()) <= 1e-13 * np.abs(partial).sum() and np.isnan(got[1])
+    want = partial.sum() if into is None else y[0] + y.dtype.type(partial.sum())
+    tol = 1e-13 if y.dtype == np.float64 else 1e-6
+    assert abs(got[0] - want) <= tol * (np.abs(partial).sum() + abs(y[0] if into else 0)) and np.isnan(got[1])

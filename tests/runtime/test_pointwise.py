@@ -61,6 +61,10 @@ def test_launches_use_the_source_and_grid_of_their_staging(case, launches):
     assert launches[-2:] == [(elementwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
                               "chainexec_reduce", (grid,), (elementwise.BLOCK,), 1 + len(inputs), options),
                              (elementwise.TOTAL_SOURCE, "chainexec_total", (1,), (elementwise.BLOCK,), 3, options)]
+    scalar = np.zeros((), np.float32)  # a fused statement's scalar output: the total adds to it
+    assert pointwise.reduce(xp, code, inputs, out.shape, into=scalar) is scalar
+    assert launches[-1] == (elementwise.total_source("float32"), "chainexec_total", (1,), (elementwise.BLOCK,), 3,
+                            options)
 
 
 class _OnGpu(_Recording):

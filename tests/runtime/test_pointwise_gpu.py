@@ -83,6 +83,10 @@ def test_reduction_equals_numpy(case, wide):
     terms = [(k + 1.5) * a * a if k % 2 else (k - 0.5) * a for k, a in enumerate(host)]
     assert abs(float(got) - float(np.sum(sum(terms)))) <= 1e-13 * float(np.sum(sum(np.abs(t) for t in terms)))
     assert float(pointwise.reduce(cupy, code, inputs, out.shape)) == float(got)
+    for dtype in (cupy.float64, cupy.float32):  # a fused statement's scalar output: the sum added to it
+        into = cupy.full((), 2.5, dtype)
+        assert pointwise.reduce(cupy, code, inputs, out.shape, into=into) is into
+        assert float(into) == float(dtype(2.5) + dtype(float(got)))
 
 
 @pytest.mark.parametrize("extents", [(2, 19), (1, 40), (3, 8)], ids=["edge-blocks", "whole-blocks", "one-block"])
@@ -108,6 +112,9 @@ def test_orbit_reduction_equals_numpy(extents, wide):
     assert abs(float(got) - float(np.sum(terms))) <= 1e-13 * float(np.sum(np.abs(terms)))
     assert float(pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape,
                                         "float64")) == float(got)
+    into = cupy.full((), -1.25)
+    pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], code, reads, views_, w.shape, "float64", into=into)
+    assert float(into) == -1.25 + float(got)
 
 
 @pytest.mark.parametrize("along", ["occupied", "permuted"])

@@ -392,7 +392,7 @@ class CupyBackend(Autotuner, Methods, Backend):
     def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
         """As :meth:`Backend.fused`, in one generated kernel over broadcast views: a point-wise
         kernel adding to ``out``, or a reduction kernel (:func:`chainexec.runtime.pointwise.reduce`)
-        whose sum is added to the scalar ``out``. The inlined intermediates exist only in
+        whose last step adds its sum to the scalar ``out``. The inlined intermediates exist only in
         registers; reused ones (``f.lets``) in the shared memory of an orbit kernel
         (:func:`chainexec.runtime.pointwise.orbit_reduce`). ``within``'s weights are one more input
         the reduction multiplies by (made once per process and shape, outside the plan's device
@@ -411,10 +411,9 @@ class CupyBackend(Autotuner, Methods, Backend):
             code, skip = f"({code}) * p{len(views)}", len(views)
             views.append(_weights(self.xp, shape, within))
         if f.lets:
-            total = pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, skip)
+            pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, skip, into=out)
         else:  # no block structure: the weight is multiplied by, nothing skipped
-            total = pointwise.reduce(self.xp, code, views, shape)
-        out += total.astype(out.dtype)
+            pointwise.reduce(self.xp, code, views, shape, into=out)
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""
