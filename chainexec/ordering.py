@@ -29,11 +29,12 @@ def pattern_of(positions: list[int]) -> tuple[int, ...]:
     return tuple(blocks)
 
 
-def groups(symmetric: list[str], pattern: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
+def groups(symmetric: list[str], pattern: tuple[int, ...], ones: bool = False) -> tuple[tuple[str, ...], ...]:
     """The groups of ``symmetric`` indices (loop order) that share a tile in a tile tuple of
-    ``pattern`` (:func:`chainexec.planner.symmetry.pattern_of`), groups of one left out."""
+    ``pattern`` (:func:`chainexec.planner.symmetry.pattern_of`), groups of one left out unless
+    ``ones`` (a group of one orders nothing: its weights are all 1)."""
     found = [tuple(i for i, b in zip(symmetric, pattern) if b == block) for block in sorted(set(pattern))]
-    return tuple(g for g in found if len(g) > 1)
+    return tuple(g for g in found if ones or len(g) > 1)
 
 
 def dims(within: tuple[tuple[str, ...], ...], indices) -> tuple[tuple[int, ...], ...]:

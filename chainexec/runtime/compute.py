@@ -46,7 +46,9 @@ class Compute:
         f = op.expression
         arrays = {r: self.buffers.view(r.tensor, r.indices, frame) for r in f.leaves}
         out = self.buffers.view(op.tensor, op.indices, frame)
-        within = frame.equal_tiles() if op.ordered else ()
+        # every symmetric index in a group, those of one too: the weights then span the same
+        # dimensions in every tile tuple of one tile shape, and so does the kernel that reads them
+        within = frame.equal_tiles(ones=True) if op.ordered else ()
         self.backend.fused(f, arrays, tuple(b - a for a, b in frame.region("device", f.domain)), out,
                            ordering.dims(within, f.domain))
         self.counters.watch()

@@ -56,10 +56,11 @@ class Frame:
         (:func:`chainexec.ordering.pattern_of`; ``()`` outside such a loop)."""
         return ordering.pattern_of([self.range("device", i)[0] for i in self.symmetric or []])
 
-    def equal_tiles(self) -> tuple[tuple[str, ...], ...]:
-        """The symmetric indices that share a tile in the tuple being run, groups of two or more
+    def equal_tiles(self, ones: bool = False) -> tuple[tuple[str, ...], ...]:
+        """The symmetric indices that share a tile in the tuple being run, groups of two or more,
+        and with ``ones`` each other symmetric index in a group of its own
         (:func:`chainexec.ordering.groups`)."""
-        return ordering.groups(self.symmetric or [], self.pattern())
+        return ordering.groups(self.symmetric or [], self.pattern(), ones)
 
 
 def tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list[str]) -> tuple[list, list[int]]:

@@ -54,6 +54,26 @@ def test_weighted_ordered_sum_equals_the_whole_tile(shape, within):
     assert w.sum() == math.prod(shape[d] for d in grouped)
 
 
+@pytest.mark.parametrize("positions", [(0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 2)])
+def test_groups_of_one_give_every_pattern_of_a_tile_shape_one_weights_layout(positions):
+    """With the groups of one kept (what the executor hands the backend for an ordered
+    reduction), every symmetric index is in a group, so the weights of a 6×6×6 tile span the
+    same dimensions whatever positions are equal (one generated kernel per tile shape reads
+    them); their values are those of the groups of two or more, broadcast, and the points they
+    count are the same."""
+    pattern = ordering.pattern_of(list(positions))
+    kept = ordering.groups(["i", "j", "k"], pattern, ones=True)
+    equal = ordering.groups(["i", "j", "k"], pattern)
+    assert sorted(i for g in kept for i in g) == ["i", "j", "k"] and set(equal) <= set(kept)
+    shape = (6, 6, 6, 4)
+    weights = ordering.weights(shape, ordering.dims(kept, "ijka"))
+    assert weights.shape == (6, 6, 6, 1)
+    assert np.array_equal(weights, np.broadcast_to(ordering.weights(shape, ordering.dims(equal, "ijka")),
+                                                   weights.shape))
+    sizes = dict(zip("ijka", shape))
+    assert ordering.points(sizes, kept) == ordering.points(sizes, equal)
+
+
 @pytest.mark.parametrize("sizes,within", [({"i": 6, "j": 6, "k": 6, "a": 4}, (("i", "j", "k"),)),
                                           ({"i": 6, "j": 6, "k": 3, "a": 4}, (("i", "j"),)),
                                           ({"i": 2, "j": 5, "k": 5}, (("j", "k"),)),
