@@ -27,6 +27,7 @@ class Compute:
         self.buffers = buffers
         self.counters = counters
         self.gathers: dict[tuple, tuple] = {}  # packs' and unpacks' gather positions per tile (_gather)
+        self.symmetrized: set[tuple] = set()  # (run, tile shape) whose symmetrizations are prepared
 
     def eval(self, op: Op, frame: Frame) -> None:
         """Fill a computed tensor's device tile from its expression's inputs (already on the device)."""
@@ -86,6 +87,9 @@ class Compute:
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
             keep = frame.equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
+            if (run[0].contraction, out.shape) not in self.symmetrized:
+                self.symmetrized.add((run[0].contraction, out.shape))
+                self.backend.prepare_symmetrize(out, self._symmetrizations(run, frame, cs[0].out_indices))
             self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
             moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self.counters.watch()
@@ -125,6 +129,21 @@ class Compute:
                 wanted = c.out_indices[:axis] + members + c.out_indices[axis + 1:]
                 found = (_order(c.a_indices, wanted), axis, ("pack", k0, k1, r0, s0, s1), None)
             self.gathers[k] = found
+        return found
+
+    @staticmethod
+    def _symmetrizations(run: list[Op], frame: Frame, indices: list[str]) -> list[tuple]:
+        """(axes, keep) of the symmetrization of each pattern of equal tile positions in the run's
+        :attr:`Op.schedule` that a tile of this one's extents can have (those sharing a tile are
+        of one extent), ``keep`` over the output's ``indices``: what the run's tiles of this shape
+        symmetrize by, made ready at the first of them (:meth:`Backend.prepare_symmetrize`)."""
+        sym = frame.symmetric or []
+        extent = {i: b - a for i, (a, b) in zip(sym, frame.region("device", sym))}
+        found = []
+        for key, taken in run[0].schedule.items():
+            groups = ordering.groups(sym, tuple(int(p) for p in key.split(",")) if key else ())
+            if taken is not None and all(len({extent[i] for i in g}) == 1 for g in groups):
+                found.append((tuple(map(tuple, taken[1])), ordering.dims(groups, indices) if run[0].ordered else ()))
         return found
 
     def _orbits(self, run: list[Op], frame: Frame) -> tuple | None:

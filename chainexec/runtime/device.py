@@ -206,6 +206,13 @@ class Backend(abc.ABC):
         dimensions; only the elements whose coordinates are non-decreasing within each are
         written (:mod:`chainexec.planner.ordered`), the others keep their values."""
 
+    def prepare_symmetrize(self, out, variants: list[tuple]) -> None:
+        """Make ready, together, what :meth:`symmetrize` of ``out`` (or of a tile of its shape and
+        layout) by each ``(axes, keep)`` of ``variants`` needs: the symmetrizations the tiles of
+        one shape run, one per pattern of equal tile positions. A backend that generates a kernel
+        per variant compiles them at once, where the tiles would each wait for their own; here
+        nothing needs making."""
+
     # -- QUEUED: without it, work is done when a call returns ------------------------------------
 
     def stamp(self):

@@ -118,6 +118,18 @@ def _symmetrize_prepared(shape: tuple[int, ...], strides: tuple[int, ...], axes:
     return symmetrize_source(shape, strides, axes, dtype, plan, keep), math.prod(plan.counts)
 
 
+def prepare_symmetrize(xp, out, variants: list[tuple]) -> None:
+    """Compile together, in threads (:func:`chainexec.runtime.kernelcache.precompile`; those in
+    the disk cache skipped), the kernels :func:`symmetrize` of ``out``'s shape and layout runs by
+    each ``(axes, keep)`` of ``variants``. Their preparations are made again (and logged) where
+    they are launched."""
+    shape, strides = tuple(out.shape), tuple(s // out.itemsize for s in out.strides)
+    made = [_symmetrize_prepared.__wrapped__(shape, strides, tuple(map(tuple, axes)), out.dtype.name,
+                                             tuple(map(tuple, keep)))[0] for axes, keep in variants]
+    kernelcache.precompile([("chainexec_symmetrize", text) for text in made],
+                           str(xp.cuda.Device().compute_capability), kernelcache.POINTWISE_OPTIONS)
+
+
 def symmetrize(xp, out, axes, keep: tuple[tuple[int, ...], ...] = ()) -> None:
     """``out[...] = Σ out.transpose(p)`` over the axis permutations ``axes`` (a group mapping
     ``out``'s shape onto itself), in place, in one kernel (:func:`symmetrize_source`), at the

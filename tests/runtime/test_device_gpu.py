@@ -769,6 +769,30 @@ def test_symmetrize_equals_numpy(shape, group, cut, keep):
     assert np.array_equal(host[outside], big[outside])
 
 
+def test_prepared_symmetrizations_compile_nothing_when_they_run(tmp_path, monkeypatch):
+    """The symmetrizations of a (T) tile's three patterns with equal positions, prepared at once
+    (:meth:`CupyBackend.prepare_symmetrize`, a kernel cache of the test's own), compile three
+    kernels in threads; each then runs without compiling and equals NumPy's sum of the transposes
+    at its kept elements."""
+    from chainexec import ordering
+
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
+    shape = (3, 3, 3, 11, 11, 11)
+    variants = [(PAIRS, ((0, 1, 2),)), (PAIRS[:2], ((0, 1),)), ([PAIRS[0], PAIRS[3]], ((1, 2),))]
+    backend = CupyBackend(cupy)
+    rng = np.random.default_rng(23)
+    before = kernelcache.compiled()[1]
+    backend.prepare_symmetrize(cupy.empty(shape), variants)
+    assert kernelcache.compiled()[1] == before + 3
+    for group, keep in variants:
+        x = rng.standard_normal(shape)
+        got = cupy.asarray(x)
+        backend.symmetrize(got, group, keep)
+        want = np.where(ordering.weights(shape, keep) > 0, sum(x.transpose(p) for p in group), x)
+        assert relerr(cupy.asnumpy(got), want) <= 1e-13
+    assert kernelcache.compiled()[1] == before + 3
+
+
 def test_kernel_cache_reused():
     """The second backend finds the first one's kernel in the in-process table (no recompile)."""
     out_idx, a_idx, b_idx, size = AGREE[0]

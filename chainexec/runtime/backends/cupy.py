@@ -502,3 +502,8 @@ class CupyBackend(Autotuner, Methods, Backend):
         then ``out += Σ`` its permuted views) it would read every permuted view and ``out`` and
         write ``out``: several times the memory traffic under six permutations."""
         pointwise.symmetrize(self.xp, out, axes, keep)
+
+    def prepare_symmetrize(self, out, variants: list[tuple]) -> None:
+        """As :meth:`Backend.prepare_symmetrize`: the generated kernel of each variant
+        (:func:`chainexec.runtime.pointwise.prepare_symmetrize`), compiled at once in threads."""
+        pointwise.prepare_symmetrize(self.xp, out, variants)
