@@ -196,7 +196,8 @@ class Backend(abc.ABC):
         summed over the whole index space when ``f.reduce``; ``arrays[ref]``: each reference's
         tile over its own order; ``shape``: the extents of ``f.domain`` here. ``within``: groups
         of dimensions of ``f.domain`` (a reduction's) over which only the ordered elements are
-        summed, each weighted by its multiplicity (:func:`chainexec.ordering.weights`)."""
+        summed, each weighted by its multiplicity (:func:`chainexec.ordering.weights`); every
+        symmetric index of the loop is in one, a group of one ordering nothing."""
 
     @abc.abstractmethod
     def symmetrize(self, out, axes, keep: tuple = ()) -> None:

@@ -35,7 +35,9 @@ class NumpyBackend(Backend):
 
     def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
         """As :meth:`Backend.fused`: values computed once per point (``f.lets``) are evaluated
-        whole, then read at each of their permutations."""
+        whole, then read at each of their permutations. Groups of one in ``within`` order
+        nothing (their weights are 1): only the others are multiplied in."""
+        within = tuple(g for g in within if len(g) > 1)
         arrays = dict(arrays)
         extent = dict(zip(f.domain, shape))
         for name, own, text in f.lets:  # computed once, read at each of its permutations
