@@ -311,24 +311,19 @@ def block_sum(last: str = "Y[blockIdx.x] = acc") -> list[str]:
             "}"]
 
 
-def total_source(dtype: str | None = None) -> str:
+def total_source(dtype: str) -> str:
     """CUDA C of ``chainexec_total(y, partial, n)``: one block adds the ``n`` partial sums of a
     reduction kernel (each thread a fixed stride of them in order, then :func:`block_sum`'s fixed
-    tree) and writes the sum to ``y[0]`` (float64), or, given the ``dtype`` of ``y``, adds it to
-    ``y[0]`` (rounded to that dtype): a fused statement into a scalar ends here, with no kernel
-    of CuPy's to add its sum (two more kernels to compile on a first run, two more launches per
-    tile)."""
-    ctype = C_TYPES[dtype or "float64"]
-    last = "Y[blockIdx.x] = acc" if dtype is None else f"Y[0] += ({ctype})acc"  # one block: Y[0]
+    tree) to ``y[0]``, a 0-d array of ``dtype`` (the sum rounded to it): the reductions' last
+    step, adding to the fused statement's scalar output itself, with no kernel of CuPy's to add
+    the sum (two more to compile on a first run, two more launches per tile). Not CuPy's ``sum``
+    either: that is CUB's reduction, whose module loading holds up a fresh process's first
+    kernels for tens of milliseconds."""
+    ctype = C_TYPES[dtype]
     return "\n".join([f"extern \"C\" __global__ void chainexec_total({ctype}* __restrict__ Y, "
                       "const double* __restrict__ P, const unsigned n) {",
                       "  __shared__ double part[32];",
                       "  double acc = 0.0;",
-                      f"  for (unsigned k = threadIdx.x; k < n; k += {BLOCK}u) acc += P[k];"] + block_sum(last))
-
-
-TOTAL_SOURCE = total_source()
-""":func:`total_source` writing the sum: the reductions' last step. Not CuPy's ``sum``: that is
-CUB's reduction, whose module loading holds up a fresh process's first kernels for tens of
-milliseconds."""
+                      f"  for (unsigned k = threadIdx.x; k < n; k += {BLOCK}u) acc += P[k];"]
+                     + block_sum(f"Y[0] += ({ctype})acc"))
 

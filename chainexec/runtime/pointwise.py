@@ -19,23 +19,17 @@ import math
 from functools import lru_cache
 
 from chainexec.kernels.direct import direct_source
-from chainexec.kernels.elementwise import (BLOCK, TOTAL_SOURCE, blocks, layout, reduce_source, source, staging,
-                                           total_source)
+from chainexec.kernels.elementwise import BLOCK, blocks, layout, reduce_source, source, staging, total_source
 from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
 from chainexec.runtime import kernelcache, uselog
 
 
-def total(xp, partial, into=None):
-    """Σ ``partial`` (float64, one dimension) in a fixed order (:func:`total_source`): the same
-    bits every run. As a new 0-d float64 device array, or added to the 0-d array ``into``
-    (float64 or float32), which is returned."""
-    if into is None:
-        out, text = xp.empty((), xp.float64), TOTAL_SOURCE
-    else:
-        out, text = into, total_source(into.dtype.name)
-    _kernel(xp, text, "chainexec_total")((1,), (BLOCK,), (out, partial, xp.uint32(partial.size)))
-    return out
+def total(xp, partial, into) -> None:
+    """Add Σ ``partial`` (float64, one dimension), summed in a fixed order (:func:`total_source`:
+    the same bits every run), to the 0-d array ``into`` (float64 or float32)."""
+    args = (into, partial, xp.uint32(partial.size))
+    _kernel(xp, total_source(into.dtype.name), "chainexec_total")((1,), (BLOCK,), args)
 
 
 def _kernel(xp, text: str, name: str):
@@ -95,19 +89,19 @@ def launch(xp, code: str, views: list, out) -> None:
     _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
 
 
-def reduce(xp, code: str, views: list, shape: tuple[int, ...], into=None):
-    """Σ ``code`` over every element of ``shape`` (views as in :func:`launch`, each with extent
-    ``shape``'s or 1 per dimension), as a 0-d float64 device array, or added to the 0-d array
-    ``into`` (:func:`total`); threads walk ``shape`` in C order (its last dimension fastest)."""
+def reduce(xp, code: str, views: list, shape: tuple[int, ...], into) -> None:
+    """Add Σ ``code`` over every element of ``shape`` (views as in :func:`launch`, each with
+    extent ``shape``'s or 1 per dimension) to the 0-d array ``into`` (:func:`total`); threads walk
+    ``shape`` in C order (its last dimension fastest)."""
     if math.prod(shape) == 0:
-        return xp.zeros((), xp.float64) if into is None else into
+        return
     walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
     merged, strides = layout(tuple(shape), _strides(views, walk))
     types = tuple(v.dtype.name for v in views) + ("float64",)
     text, grid = _ready(xp, _prepared, "chainexec_reduce", code, merged, tuple(strides), types)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
-    return total(xp, partial, into)
+    total(xp, partial, into)
 
 
 @lru_cache(maxsize=256)
@@ -123,11 +117,17 @@ def prepare_symmetrize(xp, out, variants: list[tuple]) -> None:
     the disk cache skipped), the kernels :func:`symmetrize` of ``out``'s shape and layout runs by
     each ``(axes, keep)`` of ``variants``. Their preparations are made again (and logged) where
     they are launched."""
-    shape, strides = tuple(out.shape), tuple(s // out.itemsize for s in out.strides)
-    made = [_symmetrize_prepared.__wrapped__(shape, strides, tuple(map(tuple, axes)), out.dtype.name,
-                                             tuple(map(tuple, keep)))[0] for axes, keep in variants]
+    if math.prod(out.shape) == 0:
+        return
+    made = [_symmetrize_prepared.__wrapped__(*_symmetrized(out, axes, keep))[0] for axes, keep in variants]
     kernelcache.precompile([("chainexec_symmetrize", text) for text in made],
                            str(xp.cuda.Device().compute_capability), kernelcache.POINTWISE_OPTIONS)
+
+
+def _symmetrized(out, axes, keep) -> tuple:
+    """The arguments of :func:`_symmetrize_prepared` for ``out`` by ``axes`` at ``keep``."""
+    return (tuple(out.shape), tuple(s // out.itemsize for s in out.strides), tuple(map(tuple, axes)),
+            out.dtype.name, tuple(map(tuple, keep)))
 
 
 def symmetrize(xp, out, axes, keep: tuple[tuple[int, ...], ...] = ()) -> None:
@@ -136,9 +136,7 @@ def symmetrize(xp, out, axes, keep: tuple[tuple[int, ...], ...] = ()) -> None:
     points ``keep`` keeps."""
     if math.prod(out.shape) == 0:
         return
-    strides = tuple(s // out.itemsize for s in out.strides)
-    text, grid = _ready(xp, _symmetrize_prepared, tuple(out.shape), strides, tuple(map(tuple, axes)), out.dtype.name,
-                        tuple(map(tuple, keep)))
+    text, grid = _ready(xp, _symmetrize_prepared, *_symmetrized(out, axes, keep))
     _kernel(xp, text, "chainexec_symmetrize")((grid,), (BLOCK,), (out,))
 
 
@@ -160,17 +158,17 @@ def _orbit_prepared(lets: tuple[str, ...], code: str, reads: tuple[tuple[int, tu
 
 
 def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[int, ...]]], views: list,
-                 shape: tuple[int, ...], dtype: str, skip: int | None = None, into=None):
-    """Σ ``code`` over every element of ``shape``, where ``code`` reads the inputs ``views[k]`` as
+                 shape: tuple[int, ...], dtype: str, into, skip: int | None = None) -> None:
+    """Add to the 0-d array ``into`` (:func:`total`) Σ ``code`` over every element of ``shape``,
+    where ``code`` reads the inputs ``views[k]`` as
     ``pk`` (as :func:`reduce`: extent ``shape``'s or 1 per dimension) and values of ``dtype``
     computed once per point, ``lets[j]`` (C code over the inputs), as ``q{r}``: read ``r`` is
     ``(j, p)``, the value of ``lets[j]`` at the point ``y`` with ``y[d] = x[p[d]]``, ``p`` a
     permutation of dimensions of one extent (:func:`orbit_source`). ``skip``: an input ``code``
     multiplies by (a weight); where it does not vary along the permuted dimensions, the blocks
-    where it is zero are skipped. A 0-d float64 device array, or ``into`` with the sum added
-    (:func:`total`)."""
+    where it is zero are skipped."""
     if math.prod(shape) == 0:
-        return xp.zeros((), xp.float64) if into is None else into
+        return
     strides = _strides(views, (0,) * len(shape))[1:]
     types = tuple(v.dtype.name for v in views) + (dtype,)
     plan, text, grid = _ready(xp, _orbit_prepared, tuple(lets), code, tuple((j, tuple(p)) for j, p in reads),
@@ -178,7 +176,7 @@ def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[in
     partial = xp.empty(grid, xp.float64)
     table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
     _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
-    return total(xp, partial, into)
+    total(xp, partial, into)
 
 
 PREPARED = {make.__name__: make for make in (_prepared, _symmetrize_prepared, _orbit_prepared)}

@@ -150,7 +150,7 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
             cupy.add(x, y, out=y)  # products added into an output
             cupy.add(cupy.arange(3, dtype=cupy.int64), 1)  # batched GEMMs' device addresses
             y.fill(0.0)
-            pointwise.total(cupy, y.reshape(-1))  # the reductions' last step
+            pointwise.total(cupy, y.reshape(-1), cupy.zeros((), cupy.float64))  # the reductions' last step
             x @ y  # cuBLAS
             if job is not None:
                 arena.prepare(cupy)  # its allocation waits for the device: before the run only

@@ -79,7 +79,7 @@ def test_sources_compile_with_nvcc(tmp_path):
                 elementwise.source("y + p0 * p1", *box2, ("float64",) * 3)]
     assert all(elementwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
     assert "long long rest" in sources[-2]
-    compiles_with_nvcc(tmp_path, sources + [elementwise.TOTAL_SOURCE])
+    compiles_with_nvcc(tmp_path, sources + [elementwise.total_source("float64"), elementwise.total_source("float32")])
 
 
 def _epilogue_views(rng, x, a, b, c, dtype=np.float64):
@@ -189,20 +189,18 @@ def test_only_large_inputs_read_across_are_staged():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
-@pytest.mark.parametrize("into", [None, "float64", "float32"], ids=["written", "added", "added-float32"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("n", [1, 255, 4097])
-def test_total_adds_partial_sums_in_a_fixed_order(n, into, tmp_path):
+def test_total_adds_partial_sums_in_a_fixed_order(n, dtype, tmp_path):
     """The reductions' last step (one block over ``n`` partial sums, fewer or more than its
-    threads), run on the CPU, against NumPy's sum: written to ``y[0]`` (:data:`TOTAL_SOURCE`), or
-    added to the ``y[0]`` it finds, rounded to ``y``'s dtype (:func:`total_source`); nothing but
-    ``y[0]`` is written."""
+    threads), run on the CPU: NumPy's sum added to the ``y[0]`` it finds, rounded to ``y``'s
+    dtype (:func:`total_source`); nothing but ``y[0]`` is written."""
     rng = np.random.default_rng(n)
     partial = rng.standard_normal(n)
-    start = rng.standard_normal()
-    y = np.array([np.nan if into is None else start, np.nan], dtype=into or "float64")
-    source = elementwise.TOTAL_SOURCE if into is None else elementwise.total_source(into)
-    text = source.replace(", const unsigned n)", ")").replace("k < n;", f"k < {n}u;")  # the emulation passes buffers only
+    y = np.array([rng.standard_normal(), np.nan], dtype=dtype)
+    text = elementwise.total_source(dtype).replace(", const unsigned n)", ")").replace(
+        "k < n;", f"k < {n}u;")  # the emulation passes buffers only
     got = emulated(tmp_path, text, "chainexec_total", [y, partial], [0, 0], 1)
-    want = partial.sum() if into is None else y[0] + y.dtype.type(partial.sum())
-    tol = 1e-13 if y.dtype == np.float64 else 1e-6
-    assert abs(got[0] - want) <= tol * (np.abs(partial).sum() + abs(y[0] if into else 0)) and np.isnan(got[1])
+    tol = 1e-13 if dtype == "float64" else 1e-6
+    assert abs(got[0] - (y[0] + y.dtype.type(partial.sum()))) <= tol * (np.abs(partial).sum() + abs(y[0]))
+    assert np.isnan(got[1])

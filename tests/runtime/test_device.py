@@ -223,6 +223,30 @@ def test_a_damaged_decision_is_none_and_decided_again(tmp_path, text):
     assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",)) == tuning.Choice("einsum")
 
 
+def test_a_class_file_keeps_what_every_process_adds(tmp_path):
+    """Two processes (caches) adding decided shapes to one class: each addition reads the file
+    again, so none is lost; a shape decided again replaces its entry; the latest ``KEPT`` stay;
+    another class, or a file whose extents are not numbers, holds none."""
+    from chainexec.runtime.backends import shapeclass
+
+    first, second = (tuning.TuningCache("GPU", tmp_path / "tuning") for _ in range(2))
+    sig = ["one", "float64", [[["i", "j"], [0, 1], []]]]
+    first.classify(sig, {"i": 4, "j": 4}, "gett")
+    second.classify(sig, {"i": 40, "j": 40}, "batched")
+    assert first.classify(sig, {"i": 11, "j": 11}, "ttgt") == [
+        ({"i": 4, "j": 4}, "gett"), ({"i": 40, "j": 40}, "batched"), ({"i": 11, "j": 11}, "ttgt")]
+    second.classify(sig, {"i": 4, "j": 4}, "relayout")
+    assert tuning.TuningCache("GPU", tmp_path / "tuning").classmates(sig)[-1] == ({"i": 4, "j": 4}, "relayout")
+    for n in range(shapeclass.KEPT + 3):
+        first.classify(sig, {"i": 100 + n, "j": 4}, "gett")
+    kept = first.classmates(sig)
+    assert len(kept) == shapeclass.KEPT and kept[-1] == ({"i": 100 + shapeclass.KEPT + 2, "j": 4}, "gett")
+    assert first.classmates(sig[:2] + [[[["j", "i"], [0, 1], []]]]) == []
+    (file,) = [f for f in (tmp_path / "tuning").iterdir() if "shapes" in f.read_text()]
+    file.write_text(file.read_text().replace('"j": 4}', '"j": "four"}', 1))
+    assert first.classmates(sig) == []
+
+
 def test_a_decision_of_the_older_single_file_is_moved_to_its_own(tmp_path, monkeypatch):
     old = tuning.TuningCache("GPU", tmp_path / "tuning")
     (tmp_path / "tuning.json").write_text(json.dumps({

@@ -170,15 +170,17 @@ def test_loading_a_kernel_is_not_a_use(device):
 def test_point_wise_kernels_load_through_the_same_table(device, nvrtc):
     """A point-wise kernel is compiled once, with the point-wise options, into the same disk cache
     and per-device table as the contraction kernels; loading it again compiles nothing."""
-    from chainexec.kernels.elementwise import TOTAL_SOURCE
+    from chainexec.kernels.elementwise import total_source
+
+    TOTAL = total_source("float64")
     from chainexec.runtime import pointwise
 
     calls, _ = nvrtc
-    pointwise.preload(TOTAL_SOURCE, "chainexec_total")
-    pointwise.preload(TOTAL_SOURCE, "chainexec_total")
-    key = kernelcache.cache_key(TOTAL_SOURCE, "90", kernelcache.POINTWISE_OPTIONS)
-    assert calls == [TOTAL_SOURCE] and list(kernelcache._LOADED) == [(key, 0)]
-    assert _cubin(TOTAL_SOURCE, options=kernelcache.POINTWISE_OPTIONS).exists() and device == []
+    pointwise.preload(TOTAL, "chainexec_total")
+    pointwise.preload(TOTAL, "chainexec_total")
+    key = kernelcache.cache_key(TOTAL, "90", kernelcache.POINTWISE_OPTIONS)
+    assert calls == [TOTAL] and list(kernelcache._LOADED) == [(key, 0)]
+    assert _cubin(TOTAL, options=kernelcache.POINTWISE_OPTIONS).exists() and device == []
 
 
 def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, monkeypatch):

@@ -56,15 +56,13 @@ def test_launches_use_the_source_and_grid_of_their_staging(case, launches):
     assert launches == [(text, "chainexec_pointwise", (grid,), (elementwise.BLOCK,), 1 + len(inputs), options)] * 2
     walk = tuple(int(np.prod(out.shape[d + 1:])) for d in range(out.ndim))
     shape, reduced = elementwise.layout(out.shape, [walk] + [element_strides(a) for a in inputs])
-    pointwise.reduce(xp, code, inputs, out.shape)
+    scalar = np.zeros((), np.float32)  # a fused statement's scalar output: the total adds to it
+    pointwise.reduce(xp, code, inputs, out.shape, scalar)
     grid = elementwise.blocks(shape, elementwise.staging(shape, reduced, types[:-1] + ("float64",)))
     assert launches[-2:] == [(elementwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
                               "chainexec_reduce", (grid,), (elementwise.BLOCK,), 1 + len(inputs), options),
-                             (elementwise.TOTAL_SOURCE, "chainexec_total", (1,), (elementwise.BLOCK,), 3, options)]
-    scalar = np.zeros((), np.float32)  # a fused statement's scalar output: the total adds to it
-    assert pointwise.reduce(xp, code, inputs, out.shape, into=scalar) is scalar
-    assert launches[-1] == (elementwise.total_source("float32"), "chainexec_total", (1,), (elementwise.BLOCK,), 3,
-                            options)
+                             (elementwise.total_source("float32"), "chainexec_total", (1,), (elementwise.BLOCK,), 3,
+                              options)]
 
 
 class _OnGpu(_Recording):
@@ -97,10 +95,10 @@ def test_preparations_are_logged_once_and_made_again_from_the_log(tmp_path, monk
         launches.clear()
         out = rng.standard_normal((2, 9, 9, 9))
         pointwise.launch(xp, "y + p0", [z], out)
-        pointwise.reduce(xp, "p0 * p0", [z], z.shape)
+        pointwise.reduce(xp, "p0 * p0", [z], z.shape, np.zeros(()))
         pointwise.symmetrize(xp, out, [(0, 1, 2, 3), (0, 2, 1, 3)])
         pointwise.orbit_reduce(xp, ["p0 + p1"], ENERGY_CODE.replace("p2", "p1"), [(0, p) for p in PERMS3],
-                               [z, e[None, None, :, None]], z.shape, "float64")
+                               [z, e[None, None, :, None]], z.shape, "float64", np.zeros(()))
         return [(text, name, grid) for text, name, grid, *_ in launches]
 
     def clear():

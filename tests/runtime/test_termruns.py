@@ -239,8 +239,8 @@ def test_a_run_of_a_classmate_shape_takes_the_decided_strategy_untimed(on_numpy)
     """Runs of one class (:mod:`chainexec.runtime.backends.shapeclass`): the first shape's
     strategy is timed; a shape whose extents are within a factor of two of it (a cut tile, a
     slightly larger molecule) takes that strategy without timing anything, in this process and in
-    a later one that shares the tuning cache, and adds the terms exactly; a shape beyond the
-    factor is timed again, and so is one within the factor of a reused decision only."""
+    a later one that shares the tuning cache, and adds the terms (to 1e-12); a shape beyond the
+    factor of the timed one and within that of a reused decision only (i = 7) is timed again."""
     def added(backend, seed, extent) -> tuning.Choice:
         cs, operands, start, total = _run(seed, extent)
         out = start.copy()
@@ -295,3 +295,35 @@ def test_a_contraction_of_a_classmate_shape_takes_the_decided_method_untimed(on_
     timed.clear()
     backend = timing(on_numpy())  # a later process, sharing the tuning cache
     assert (contracted(14, 9, 15), timed) == (tuning.Choice("einsum"), [])
+
+
+def test_a_decision_the_room_made_is_not_one_for_classmates(on_numpy):
+    """Where the room the plan leaves turns candidates away, the decision is not kept for the
+    shape's class: a run with no room for a scratch tile or stacks runs its terms one by one, and
+    a classmate with room is timed; a contraction whose faster method (einsum here) does not fit
+    takes TTGT untimed, and a classmate with room times both and takes einsum."""
+    from chainexec.runtime.backends.methods import REGISTRY
+
+    tight = on_numpy("auto", 4096)
+    cs, operands, start, _ = _run(15)
+    tight.contract_sum(cs, start.copy(), operands)
+    assert _choice(tight).method == "terms"
+    roomy = on_numpy()
+    timings = _timed_runs(roomy)
+    cs, operands, start, _ = _run(16, EXTENT | {"i": 2, "c": 9})
+    roomy.contract_sum(cs, start.copy(), operands)
+    assert _choice(roomy).seconds and timings
+
+    rng = np.random.default_rng(17)
+    c = Contraction(0, "C", ["i", "j"], "A", ["i", "f"], "B", ["f", "j"], 1.0, True, 0, 0)
+    a, b, out = rng.standard_normal((8, 9)), rng.standard_normal((9, 10)), rng.standard_normal((8, 10))
+    need = {m: REGISTRY[m].workspace(out, a, b) + 2 * out.nbytes for m in ("ttgt", "einsum")}
+    assert need["einsum"] > need["ttgt"]
+    for backend, shape, want in ((on_numpy("auto", need["ttgt"]), (8, 9, 10), tuning.Choice("ttgt")),
+                                 (on_numpy(), (10, 9, 12), None)):
+        backend._time = lambda how, c, out, a, b: {"ttgt": 2.0, "einsum": 1.0}[how[0]]
+        i, f, j = shape
+        x, y, z = rng.standard_normal((i, f)), rng.standard_normal((f, j)), rng.standard_normal((i, j))
+        backend.contract(c, z, x, y)
+        got = backend.choices[backend._kept_key(c, z, x, y)]
+        assert got == want if want else (got.method, set(got.seconds)) == ("einsum", {"ttgt", "einsum"})

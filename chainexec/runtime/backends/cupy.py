@@ -411,9 +411,9 @@ class CupyBackend(Autotuner, Methods, Backend):
             code, skip = f"({code}) * p{len(views)}", len(views)
             views.append(_weights(self.xp, shape, within))
         if f.lets:
-            pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, skip, into=out)
+            pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, out, skip)
         else:  # no block structure: the weight is multiplied by, nothing skipped
-            pointwise.reduce(self.xp, code, views, shape, into=out)
+            pointwise.reduce(self.xp, code, views, shape, out)
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""

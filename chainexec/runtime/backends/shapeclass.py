@@ -33,7 +33,7 @@ def _order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: (-abs(strides[d]), d)))
 
 
-def signature(views, dtype: str, kind: str) -> tuple:
+def signature(views, dtype: str, kind: str) -> list:
     """What a class shares: per view (``(indices, shape, strides)`` in elements) its indices,
     stride order (:func:`_order`) and dimensions of extent one; the dtype; ``kind`` (what is
     decided: one contraction, or a run's strategy with its timed kernels). Plain lists and

@@ -2,7 +2,8 @@
 is decided once per (contraction, shapes, strides, dtype, room the plan leaves), by the cost
 models (:mod:`chainexec.runtime.backends.costmodel`) and, among the candidates they cannot tell
 apart, by timing, and kept for the process (``CupyBackend.choices``) and across processes
-(:class:`TuningCache`).
+(:class:`TuningCache`). A shape whose close candidates include the method decided for its nearest
+classmate (:mod:`~chainexec.runtime.backends.shapeclass`) takes it untimed.
 
 The candidates of a single contraction are its methods that apply
 (:mod:`chainexec.runtime.backends.methods`), the GETT model's top
@@ -87,7 +88,8 @@ class Choice:
     one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one), ``split`` (some terms in
     a sum kernel, the others one by one) or ``stack`` (the terms that stack as one contraction per
     stack, :mod:`chainexec.kernels.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
-    compared (empty when the method was forced or only one applies); ``config`` the GETT order
+    compared (empty when the method was forced, the cost models left one, or a classmate's was
+    taken); ``config`` the GETT order
     and configuration (:class:`~chainexec.kernels.gett.GettConfig` fields) or the sum kernel's
     (:class:`~chainexec.kernels.sumkernel.SumConfig`, :class:`~chainexec.kernels.summma.MmaConfig`),
     for ``split`` ``{"kind", "config", "terms"}`` (the kernel, its configuration, the positions of
@@ -112,7 +114,8 @@ class TuningCache:
     needs, and another process's decision is seen at once. A file whose key is not the one looked
     up, or that does not parse, is no decision. A decision found only in the older one-file layout
     (``tuning.json`` beside the folder, read once, on the first miss) is moved to a file of its
-    own."""
+    own. Beside them, one file per class of shapes (:mod:`~chainexec.runtime.backends.shapeclass`)
+    holds the class's decided shapes (:meth:`classmates`, :meth:`classify`)."""
 
     def __init__(self, device: str, path: Path):
         self.device = device
@@ -168,14 +171,20 @@ class TuningCache:
             entry = json.loads(raw)
             if not isinstance(entry, dict) or entry.get("key") != text:
                 return None
-            return [(dict(e), str(d)) for e, d in entry["shapes"]]
+            return [({str(i): int(n) for i, n in e.items()}, str(d)) for e, d in entry["shapes"]]
 
         return self.store.load(diskstore.digest(text), decided) or []
 
-    def classify(self, signature: list, shapes: list[tuple[dict[str, int], str]]) -> None:
-        """Keep ``shapes`` ((extents, decision) pairs) as the class ``signature``'s decided shapes."""
+    def classify(self, signature: list, extents: dict[str, int], decision: str) -> list:
+        """Add the shape ``extents`` decided as ``decision`` to the class ``signature``'s file (its
+        entry for those extents replaced), read again first so that what other processes added
+        since is kept; the latest :data:`~chainexec.runtime.backends.shapeclass.KEPT` stay. The
+        class's decided shapes, as :meth:`classmates` reads them."""
         text = self._key(("class", signature))
+        shapes = [(e, d) for e, d in self.classmates(signature) if e != extents] + [(extents, decision)]
+        shapes = shapes[-shapeclass.KEPT:]
         self.store.save(diskstore.digest(text), json.dumps({"key": text, "shapes": shapes}))
+        return shapes
 
 
 class Autotuner:
@@ -272,37 +281,49 @@ class Autotuner:
                 if self._fits_run(strategy, run, config, timing)]
 
     def _untimed_run(self, run, kept: list, like: tuple) -> Choice | None:
-        """Where the cost models leave one strategy (``kept``, :meth:`_predicted_run`), it with its
-        model's best configuration that fits, kept in the tuning cache untimed and for the run's
-        classmates (``like``, :meth:`_like`); else None."""
-        found = self._fitting(kept, run, False) if len(kept) == 1 else []
+        """Where the cost models leave one strategy (``kept``, :meth:`_predicted_run`), it
+        (:meth:`_untimed`), kept for the run's classmates too (``like``, :meth:`_like`) where the
+        room turned none away (:meth:`_roomy`); else None."""
+        return self._untimed(run, kept, like if self._roomy(run) else None) if len(kept) == 1 else None
+
+    def _roomy(self, run) -> bool:
+        """Whether the room the plan leaves holds what any strategy could need beside the run:
+        a scratch output to time on and a product (4 outputs) and copies of every operand, twice
+        (the stacks' copies, a term's relayout or TTGT copies). Only a decision made where the
+        room turned nothing away is one for the run's classmates, which may have more room; the
+        bound is checked instead of each strategy's configurations, whose search (the sum
+        kernels') costs seconds."""
+        need = 4 * run.out.nbytes + 2 * sum(x.nbytes for pair in run.operands for x in pair if x is not None)
+        return self.workspace is None or need <= self.workspace
+
+    def _reused_run(self, run, kept: list, like: tuple) -> Choice | None:
+        """Where the strategies ``kept`` (:meth:`_predicted_run`) include the one decided for the
+        run's nearest classmate (:meth:`_alike`), it (:meth:`_untimed`); else None."""
+        alike = self._alike(like)
+        return self._untimed(run, [s for s in kept if s.name == alike], None)
+
+    def _untimed(self, run, strategies: list, like: tuple | None) -> Choice | None:
+        """The first of ``strategies`` with a configuration that fits, at its model's best one,
+        kept in the tuning cache untimed (and for the classmates of ``like``); None where none
+        fits."""
+        found = self._fitting(strategies, run, False)
         if not found:
             return None
         strategy, _, config = found[0]
         return self._decide(run.key, {}, {strategy.name: (strategy.name, config)}, like)
 
-    def _reused_run(self, run, kept: list, like: tuple) -> Choice | None:
-        """Where the strategies ``kept`` (:meth:`_predicted_run`) include the one decided for the
-        run's nearest classmate (:meth:`_alike`), it untimed with its model's best configuration
-        that fits, kept in the tuning cache; else None."""
-        alike = self._alike(like)
-        found = self._fitting([s for s in kept if s.name == alike], run, False)
-        if not found:
-            return None
-        strategy, _, config = found[0]
-        return self._decide(run.key, {}, {strategy.name: (strategy.name, config)})
-
     def _tune_run(self, run, each: list[float], kept: list, like: tuple) -> Choice:
         """Time the candidates that fit of the strategies ``kept`` (:meth:`_predicted_run`; of
         every timed strategy where none of theirs fits; their generated kernels compiled first,
-        together) and keep the fastest under the run's key and for its classmates (``like``);
-        ``each``: the seconds of each term on its own."""
+        together) and keep the fastest under the run's key and, where the room turned none away
+        (:meth:`_roomy`), for its classmates (``like``); ``each``: the seconds of each term on its
+        own."""
         cands = (self._fitting(kept, run, True)
                  or self._fitting([s for s in termruns.REGISTRY.values() if s.timed()], run, True))
         self._compile([k for strategy, _, config in cands for k in strategy.kernels(run, config)])
         seconds = {name: strategy.seconds(self, run, config, each) for strategy, name, config in cands}
         return self._decide(run.key, seconds, {name: (strategy.name, config) for strategy, name, config in cands},
-                            like)
+                            like if self._roomy(run) else None)
 
     @staticmethod
     def _stacks(cs: list[Contraction], out, operands: list[tuple]) -> list:
@@ -449,13 +470,14 @@ class Autotuner:
         make none, else all), those the cost models predict on the probe within :attr:`margin` of
         the best (:func:`chainexec.runtime.backends.costmodel.ambiguous`); where several are and
         the method decided for the nearest classmate (:meth:`_alike`) is among them, only its
-        best-predicted candidate, and no class (a reused decision is not one to reuse). One
-        candidate left is chosen untimed."""
+        best-predicted candidate, and no class (a reused decision is not one to reuse). No class
+        either where the room turned candidates away: a classmate may have more. One candidate
+        left is chosen untimed."""
         limit = TUNE_BYTES if self.workspace is None else min(TUNE_BYTES, max(PROBE_FLOOR, self.workspace // 4))
         po, pa, pb = _probe(c, out, a, b, limit)
         every = self._candidates(c, po, pa, pb)
-        cands = ({m: cfg for m, cfg in every.items() if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
-                 or {m: cfg for m, cfg in every.items() if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
+        fitting = {m: cfg for m, cfg in every.items() if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
+        cands = (fitting or {m: cfg for m, cfg in every.items() if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
                  or every)
         close = costmodel.ambiguous(self._predicted(c, po, pa, pb, cands), self.margin)
         like = self._like([(c.out_indices, out.shape, element_strides(out)), (c.a_indices, a.shape, element_strides(a)),
@@ -464,7 +486,7 @@ class Autotuner:
         same = [m for m in close if m.split(":")[0] == alike]
         if same:
             return (po, pa, pb), {same[0]: cands[same[0]]}, None
-        return (po, pa, pb), {m: cands[m] for m in close}, like
+        return (po, pa, pb), {m: cands[m] for m in close}, like if len(fitting) == len(every) else None
 
     def _predicted(self, c: Contraction, out, a, b, cands: dict) -> dict[str, float]:
         """Candidate -> the cost model's seconds for these operands
@@ -533,11 +555,10 @@ class Autotuner:
 
     def _learn(self, like: tuple, method: str) -> None:
         """Keep ``method`` as the decision for the shape ``like``, for its later classmates in this
-        process and in others (the latest :data:`~chainexec.runtime.backends.shapeclass.KEPT`)."""
-        shapes = self._classmates(like)
-        shapes.append((like[2], method))
-        del shapes[:-shapeclass.KEPT]
-        self.tuning.classify(like[0], shapes)
+        process and in others (:meth:`TuningCache.classify`, which also brings in what other
+        processes decided in the class since this one read it)."""
+        signature, text, extents = like
+        self.classes[text] = self.tuning.classify(signature, extents, method)
 
     def _kept_key(self, c: Contraction, out, a, b) -> tuple:
         """The key a method choice is kept under, in this process and in the tuning cache alike:
