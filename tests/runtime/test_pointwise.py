@@ -123,3 +123,33 @@ def test_preparations_are_logged_once_and_made_again_from_the_log(tmp_path, monk
     assert [make.cache_info().misses for make in pointwise.PREPARED.values()] == misses
     with pytest.raises(ValueError, match="no preparation"):
         pointwise.prepare("os.system", "[]")
+
+
+def test_an_ordered_reduction_is_one_orbit_kernel_per_tile_shape(launches, tmp_path):
+    """The (T) energy's fused statement on the CuPy backend, on a 2×2×2 occupied tile, with the
+    groups the executor hands it for each pattern of equal tile positions (every symmetric index
+    in a group, :meth:`Frame.equal_tiles`): one orbit kernel for all four patterns (the weights
+    span the same dimensions), each launch followed by the last step adding the sum to the
+    statement's scalar output (:func:`elementwise.total_source` of its dtype)."""
+    import types
+
+    from chainexec import api, ordering
+    from chainexec.planner.plan import ops
+    from chainexec.runtime.backends.cupy import CupyBackend
+    from tests.conftest import triples_config
+
+    plan = api.plan(triples_config(tmp_path, "128KiB", nocc=7, nvir=6))
+    f = next(op.expression for nest in plan.nests for op, _ in ops(nest.body) if op.ordered and op.expression)
+    xp = types.ModuleType("numpy_without_cuda")  # hashable, as CuPy is, and without ``cuda``: nothing logged
+    xp.__dict__.update({k: getattr(np, k) for k in dir(np) if not k.startswith("_")})
+    rng = np.random.default_rng(18)
+    tile = {i: 2 if i in "ijk" else n for i, n in plan.extents.items()}
+    arrays = {r: rng.standard_normal([tile[i] for i in r.indices]) for r in f.leaves}
+    out = np.zeros(())
+    for positions in [(0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 2)]:
+        within = ordering.groups(list("ijk"), ordering.pattern_of(list(positions)), ones=True)
+        CupyBackend.fused(types.SimpleNamespace(xp=xp), f, arrays, tuple(tile[i] for i in f.domain), out,
+                          ordering.dims(within, f.domain))
+    assert [name for _, name, *_ in launches] == ["chainexec_orbits", "chainexec_total"] * 4
+    assert len({text for text, name, *_ in launches if name == "chainexec_orbits"}) == 1
+    assert {text for text, name, *_ in launches if name == "chainexec_total"} == {elementwise.total_source("float64")}
