@@ -292,7 +292,7 @@ class Autotuner:
         (the stacks' copies, a term's relayout or TTGT copies). Only a decision made where the
         room turned nothing away is one for the run's classmates, which may have more room; the
         bound is checked instead of each strategy's configurations, whose search (the sum
-        kernels') costs seconds."""
+        kernels') would cost more than the decision it guards."""
         need = 4 * run.out.nbytes + 2 * sum(x.nbytes for pair in run.operands for x in pair if x is not None)
         return self.workspace is None or need <= self.workspace
 
