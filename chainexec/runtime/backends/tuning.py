@@ -178,8 +178,9 @@ class TuningCache:
     def classify(self, signature: list, extents: dict[str, int], decision: str) -> list:
         """Add the shape ``extents`` decided as ``decision`` to the class ``signature``'s file (its
         entry for those extents replaced), read again first so that what other processes added
-        since is kept; the latest :data:`~chainexec.runtime.backends.shapeclass.KEPT` stay. The
-        class's decided shapes, as :meth:`classmates` reads them."""
+        since is kept (two writing at the same moment can still lose one's shape: a cache, it
+        then times that shape again); the latest :data:`~chainexec.runtime.backends.shapeclass.KEPT`
+        stay. The class's decided shapes, as :meth:`classmates` reads them."""
         text = self._key(("class", signature))
         shapes = [(e, d) for e, d in self.classmates(signature) if e != extents] + [(extents, decision)]
         shapes = shapes[-shapeclass.KEPT:]
