@@ -42,6 +42,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 C_TYPES = {"float64": "double", "float32": "float"}
 """The dtypes a plan's tensors may have (see :mod:`chainexec.spec`), as C type names."""
@@ -311,6 +312,7 @@ def block_sum(last: str = "Y[blockIdx.x] = acc") -> list[str]:
             "}"]
 
 
+@lru_cache(maxsize=None)
 def total_source(dtype: str) -> str:
     """CUDA C of ``chainexec_total(y, partial, n)``: one block adds the ``n`` partial sums of a
     reduction kernel (each thread a fixed stride of them in order, then :func:`block_sum`'s fixed

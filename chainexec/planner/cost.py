@@ -33,7 +33,7 @@ from chainexec import expr
 
 from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, runs, staged
+from chainexec.planner.plan import CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, pattern_of_key, runs, staged
 
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
@@ -341,11 +341,6 @@ def _run_tails(body: list, loop: Loop | None, contractions) -> set[int]:
         if len(run) > 1 and contractions[body[run[0]].contraction].pointwise():
             tails.update(run[1:])
     return tails
-
-
-def pattern_of_key(text: str) -> tuple[int, ...]:
-    """The pattern :func:`chainexec.planner.plan.pattern_key` names."""
-    return tuple(int(b) for b in text.split(",")) if text else ()
 
 
 def parallel_tiles(plan: Plan) -> int:

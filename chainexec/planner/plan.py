@@ -330,6 +330,11 @@ def pattern_key(pattern: tuple[int, ...]) -> str:
     return ",".join(map(str, pattern))
 
 
+def pattern_of_key(text: str) -> tuple[int, ...]:
+    """The pattern :func:`pattern_key` names."""
+    return tuple(int(b) for b in text.split(",")) if text else ()
+
+
 def runs(body: list, loop: Loop | None) -> list[list[int]]:
     """The positions in ``body`` (a nest's, or ``loop``'s) of each run of terms as
     :attr:`Op.run` records them, in the order the executor meets them (:func:`executed`)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from chainexec import expr, ordering
-from chainexec.planner.plan import Op, Plan, pattern_key
+from chainexec.planner.plan import Op, Plan, pattern_key, pattern_of_key
 from chainexec.runtime.accounting import Counters
 from chainexec.runtime.buffers import Buffers
 from chainexec.runtime.device import Backend
@@ -141,7 +141,7 @@ class Compute:
         extent = {i: b - a for i, (a, b) in zip(sym, frame.region("device", sym))}
         found = []
         for key, taken in run[0].schedule.items():
-            groups = ordering.groups(sym, tuple(int(p) for p in key.split(",")) if key else ())
+            groups = ordering.groups(sym, pattern_of_key(key))
             if taken is not None and all(len({extent[i] for i in g}) == 1 for g in groups):
                 found.append((tuple(map(tuple, taken[1])), ordering.dims(groups, indices) if run[0].ordered else ()))
         return found

@@ -115,11 +115,11 @@ def _symmetrize_prepared(shape: tuple[int, ...], strides: tuple[int, ...], axes:
 def prepare_symmetrize(xp, out, variants: list[tuple]) -> None:
     """Compile together, in threads (:func:`chainexec.runtime.kernelcache.precompile`; those in
     the disk cache skipped), the kernels :func:`symmetrize` of ``out``'s shape and layout runs by
-    each ``(axes, keep)`` of ``variants``. Their preparations are made again (and logged) where
-    they are launched."""
+    each ``(axes, keep)`` of ``variants``, their preparations made (and logged) here, as the
+    launches then find them."""
     if math.prod(out.shape) == 0:
         return
-    made = [_symmetrize_prepared.__wrapped__(*_symmetrized(out, axes, keep))[0] for axes, keep in variants]
+    made = [_ready(xp, _symmetrize_prepared, *_symmetrized(out, axes, keep))[0] for axes, keep in variants]
     kernelcache.precompile([("chainexec_symmetrize", text) for text in made],
                            str(xp.cuda.Device().compute_capability), kernelcache.POINTWISE_OPTIONS)
 
