@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from chainexec import atomicfile, calibrate
 from chainexec.chem import job
@@ -145,10 +146,14 @@ def _main(args) -> int:
     if args.command == "run":
         fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
         warmup.start(args.config, args.backend)
-    # Imported after the GPU warm-up began, so that it overlaps these imports (the runtime, h5py;
-    # about a second with MPI's start) instead of the run's first statements.
-    from chainexec import api, report
-    from chainexec.runtime.checkpoint import Stopped
+    # Imported after the GPU warm-up began, so that its CUDA context is made beside these imports
+    # (the runtime, h5py; about a second with MPI's start) instead of before the run's first
+    # statements; then CuPy is imported here and the warm-up goes on (warmup.proceed).
+    try:
+        from chainexec import api, report
+        from chainexec.runtime.checkpoint import Stopped
+    finally:
+        warmup.proceed()
 
     try:
         if args.command == "plan":
@@ -233,6 +238,29 @@ def _main(args) -> int:
     return 0
 
 
+def command() -> NoReturn:
+    """The ``chainexec`` program: :func:`main`, then :func:`end` with its status."""
+    end(main())
+
+
+def end(status: int) -> NoReturn:
+    """End the process with ``status`` once its output is flushed and MPI, where this process
+    started it, is finalized, without the interpreter's own exit: that frees CuPy's memory pools
+    block by block, tears the CUDA context down and collects every module, a third of a second
+    or more after a GPU run that has nothing left to do. By then a run has closed what it wrote and
+    renamed its outputs into place, and its threads have ended or hold nothing that must finish
+    (a kernel cache file is written whole or not at all)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, a stream already closed
+            pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(status)
+
+
 def _rank() -> int:
     from chainexec.runtime.comm import world
 
@@ -240,4 +268,4 @@ def _rank() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

@@ -503,3 +503,18 @@ def test_chem_synthetic_larger_than_memory(tmp_path, nocc):
 def test_usage_errors_are_one_line(args, tmp_path):
     assert_refused(run_cli(*args, cwd=tmp_path), "chainexec", "-h")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mpi", [False, True], ids=["plain", "mpi-started"])
+def test_the_program_ends_with_its_status_and_all_its_output(mpi, tmp_path):
+    """:func:`chainexec.cli.end`: output still in the buffers (a pipe is block-buffered) is
+    written, MPI is finalized where the process started it, and the status is the program's."""
+    import subprocess
+    import sys
+
+    start = ("from mpi4py import MPI; f = MPI.Finalize; "
+             "MPI.Finalize = lambda: (print('finalized', file=sys.stderr), f())[1]; ") if mpi else ""
+    code = f"import sys; {start}from chainexec import cli; print('x' * 100000, end=''); cli.end(3)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 3 and done.stdout == "x" * 100000
+    assert done.stderr == ("finalized\n" if mpi else ""), done.stderr

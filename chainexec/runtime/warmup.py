@@ -4,23 +4,29 @@ What: the CUDA context (:func:`context`), cuBLAS (its state and a handle), the C
 kernels the backend launches itself, and what earlier runs on this device used
 (:mod:`chainexec.runtime.uselog`): their cuBLAS calls, made again on stand-in matrices so that the
 kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
-when the ``run`` command starts, before the interpreter imports the runtime, h5py and MPI (about
-a second), so that it overlaps them; the backend's selection
-(:func:`chainexec.runtime.device.select`) then waits for it (:func:`wait`). Where nothing began
-it (a run from Python), the selection begins one without the replay and does not wait; never
-two for one device.
+when the ``run`` command starts: the context, made through the driver with the interpreter's lock
+released, overlaps the command's imports of the runtime, h5py and MPI (about a second). The
+thread then waits for :func:`proceed`, which the command calls once those imports have ended: it
+imports CuPy on the calling thread and lets the warm-up go on. The backend's selection
+(:func:`chainexec.runtime.device.select`) then waits for the loads (:func:`wait`). Where nothing
+began it (a run from Python), the selection begins one without the replay and does not wait;
+never two for one device.
 
 Why: a fresh process's device would otherwise sit idle for most of the executor's first tiles
 while these first uses load. Begun with the backend, just before the executor, a replay of the
 cuBLAS calls would compete with the executor's own first calls (the loads of two threads wait for
-each other) and slow it down; begun at the command's start it overlaps the imports instead. The
-process's wall time gains less than the executor's, since CuPy's import on this thread and the
-main thread's imports share the interpreter's lock. Nothing here is needed for correctness: a
-failure only leaves the loading to the first real use, which reports any real fault itself.
+each other) and slow it down; begun at the command's start it overlaps the run's reading,
+detection and planning instead (a first run's calibration waits for it). CuPy is imported on the
+main thread, after its other imports: imported on this thread beside them (NumPy with it) it
+gains little (both hold the interpreter's lock) and risks the import system's deadlock detection
+failing one of the two imports, which would leave the main thread a CuPy half imported. Nothing
+here is needed for correctness: a failure only leaves the loading to the first real use, which
+reports any real fault itself.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 
@@ -41,6 +47,7 @@ WAIT = 60.0
 _LOCK = threading.Lock()
 _CLAIMED: set[int] = set()  # devices whose warm-up this process has begun
 _EARLY: list[threading.Thread] = []  # the warm-up begun by :func:`start`
+_GO = threading.Event()  # set by :func:`proceed`: the warm-up may import CuPy and load
 
 
 def claim(device: int) -> bool:
@@ -67,6 +74,21 @@ this only takes its path."""
     thread.start()
 
 
+def proceed() -> None:
+    """Let the warm-up :func:`start` began go on past the CUDA context: import CuPy on the calling
+    thread (the main thread, once its own imports have ended: never two threads importing at once),
+    then release the warm-up, which uses that CuPy. Does nothing where none began or after the
+    first call; a CuPy that does not import is left to the backend's selection to report."""
+    if not _EARLY or _GO.is_set():
+        return
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # no cupy: the warm-up finds none either and ends
+        pass
+    finally:
+        _GO.set()
+
+
 def busy() -> bool:
     """Whether the warm-up :func:`start` began is still loading."""
     return any(thread.is_alive() for thread in _EARLY)
@@ -90,10 +112,13 @@ def prepare(device: str, job: str) -> None:
 
 
 def wait() -> None:
-    """Wait (at most :data:`WAIT` seconds) for the warm-up :func:`start` began, so that the run's
-    first statements do not compete with its loads: in a fresh (T) process the executor's first
-    cuBLAS call and the warm-up's replay of the same calls would wait for each other's kernel
-    loads (the device's module loads are serialised). Returns at once where none was begun."""
+    """Wait (at most :data:`WAIT` seconds) for the warm-up :func:`start` began (releasing it first:
+    :func:`proceed`), so that the run's first statements do not compete with its loads: in a
+    fresh (T) process the executor's first cuBLAS call and the warm-up's replay of the same calls
+    would wait for each other's kernel loads (the device's module loads are serialised), and a
+    calibration's timings would be skewed by loads that hold the interpreter's lock (CuPy
+    compiles its element-wise kernels holding it). Returns at once where none was begun."""
+    proceed()
     for thread in _EARLY:
         thread.join(WAIT)
 
@@ -101,12 +126,10 @@ def wait() -> None:
 def context(local: int) -> None:
     """Create the CUDA context of GPU ``local mod GPUs`` (its primary context, the one CuPy then
     uses) through the driver library directly. Why: CUDA's start (``cuInit``) and the context's
-    creation take a tenth of a second each, and a call through ``ctypes`` releases the
-    interpreter's lock, so they overlap the imports of the main thread; CuPy's own import, Python
-    work that holds the lock, is what the warm-up waits for before it could make them itself.
-    Nothing happens where the driver library is missing or a call fails."""
-    import ctypes
-
+    creation take a tenth of a second each, and a call through ``ctypes`` (imported with this
+    module: the thread imports nothing) releases the interpreter's lock, so they overlap the
+    imports of the main thread. Nothing happens where the driver library is missing or a call
+    fails."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -120,6 +143,7 @@ def context(local: int) -> None:
 def _early(local: int, job: str) -> None:
     try:
         context(local)
+        _GO.wait(WAIT)  # :func:`proceed`: the main thread's imports, CuPy's last, have ended
         import cupy
 
         count = cupy.cuda.runtime.getDeviceCount()

@@ -8,9 +8,12 @@ GPU in ``test_warmup_gpu.py``."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -27,6 +30,7 @@ def warmed(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(warmup, "_CLAIMED", set())
     monkeypatch.setattr(warmup, "_EARLY", [])
+    monkeypatch.setattr(warmup, "_GO", threading.Event())
     monkeypatch.setattr(warmup, "context", lambda local: None)
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
@@ -73,6 +77,37 @@ def test_wait_returns_once_the_warm_up_has_ended(warmed, monkeypatch):
     threading.Timer(0.2, gate.set).start()
     warmup.wait()
     assert warmed == [0] and not any(t.is_alive() for t in warmup._EARLY)
+
+
+def test_cupy_is_imported_on_the_main_thread_after_its_imports(warmed, monkeypatch):
+    """Begun at the command's start, the warm-up makes the CUDA context and waits: CuPy is imported
+    by :func:`warmup.proceed` on the calling (main) thread, and only then does the warm-up load.
+    No two threads import at once."""
+    importers, reached = [], threading.Event()
+    fake = types.ModuleType("cupy")
+    fake.cuda = sys.modules["cupy"].cuda
+
+    class Loader(importlib.abc.Loader):
+        def create_module(self, spec):
+            return fake
+
+        def exec_module(self, module):
+            importers.append(threading.current_thread().name)
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            return importlib.util.spec_from_loader(name, Loader()) if name == "cupy" else None
+
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "cupy")
+    monkeypatch.setattr(warmup, "context", lambda local: reached.set())
+    warmup.start("ccsd_t.yaml", "auto")
+    assert reached.wait(30)
+    time.sleep(0.2)  # time enough for a warm-up that did not wait to import and load
+    assert importers == [] and warmed == [] and warmup.busy()
+    warmup.proceed()
+    warmup.wait()
+    assert importers == [threading.current_thread().name] and [device for device, _ in warmed] == [0]
 
 
 def test_busy_while_the_warm_up_loads(warmed, monkeypatch):
