@@ -249,7 +249,9 @@ def end(status: int) -> NoReturn:
     block by block, tears the CUDA context down and collects every module, a third of a second
     or more after a GPU run that has nothing left to do. By then a run has closed what it wrote and
     renamed its outputs into place, and its threads have ended or hold nothing that must finish
-    (a kernel cache file is written whole or not at all)."""
+    (a kernel cache file is written whole or not at all). A rank of several ends through the
+    interpreter (mpi4py finalizes MPI there): one that left at once after its own finalize could
+    fail peers still finalizing (MPICH over UCX then reported the run killed, status 9)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -257,6 +259,8 @@ def end(status: int) -> NoReturn:
             pass
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        if mpi.COMM_WORLD.Get_size() > 1:
+            sys.exit(status)
         mpi.Finalize()
     os._exit(status)
 

@@ -505,16 +505,26 @@ def test_usage_errors_are_one_line(args, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("mpi", [False, True], ids=["plain", "mpi-started"])
-def test_the_program_ends_with_its_status_and_all_its_output(mpi, tmp_path):
+@pytest.mark.parametrize("ranks", [0, 1, 3], ids=["plain", "mpi-started", "three-ranks"])
+def test_the_program_ends_with_its_status_and_all_its_output(ranks, tmp_path):
     """:func:`chainexec.cli.end`: output still in the buffers (a pipe is block-buffered) is
-    written, MPI is finalized where the process started it, and the status is the program's."""
+    written, MPI is finalized where the process started it (by the process itself when it is the
+    only rank, else by the interpreter's exit), and the status is the program's. Three ranks end
+    together, five times over: none leaves its peers failing in their finalize."""
     import subprocess
     import sys
 
+    from tests.conftest import mpiexec
+
     start = ("from mpi4py import MPI; f = MPI.Finalize; "
-             "MPI.Finalize = lambda: (print('finalized', file=sys.stderr), f())[1]; ") if mpi else ""
+             "MPI.Finalize = lambda: (print('finalized', file=sys.stderr), f())[1]; ") if ranks else ""
     code = f"import sys; {start}from chainexec import cli; print('x' * 100000, end=''); cli.end(3)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 3 and done.stdout == "x" * 100000
-    assert done.stderr == ("finalized\n" if mpi else ""), done.stderr
+    command = [sys.executable, "-c", code]
+    if ranks > 1:
+        if mpiexec() is None:
+            pytest.skip("no mpiexec")
+        command = [mpiexec(), "-n", str(ranks), *command]
+    for _ in range(5 if ranks > 1 else 1):
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 3 and done.stdout == "x" * 100000 * max(ranks, 1), done.stderr
+        assert ("finalized" in done.stderr) == (ranks == 1), done.stderr

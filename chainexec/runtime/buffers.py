@@ -215,6 +215,24 @@ class Buffers:
             return buf
         return buf[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))]
 
+    def stand_in(self, tensor: str, indices, frame: Frame) -> np.ndarray:
+        """What :meth:`view` of ``tensor[indices]`` is at the device tile of ``frame``, possibly
+        a tile not run yet, as a read-only NumPy array of its shape, strides and dtype over no
+        memory of its own (never read): for listing the kernels that tile's statements launch.
+        A cut of the live buffer where the buffer spans that tile, else the contiguous tile a
+        buffer allocated there would be (:meth:`alloc`: a buffer allocated per tile)."""
+        k = (tensor, tuple(indices), "device")
+        if k not in self.arrays:
+            k = next(k for k in self.arrays if k[0] == tensor and k[2] == "device")
+        buf, outer = self.arrays[k], self.regions[k]
+        inner = frame.region("device", indices)
+        shape = tuple(b - a for a, b in inner)
+        if all(o <= a and b <= e for (a, b), (o, e) in zip(inner, outer)):
+            strides = tuple(buf.strides)
+        else:
+            strides = tuple(buf.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))
+        return np.lib.stride_tricks.as_strided(np.zeros(1, buf.dtype), shape, strides, writeable=False)
+
     def source(self, op: Op, frame: Frame) -> tuple:
         """``op``'s tile in its global buffer as :meth:`Backend.fetch` reads it: ``read(rows,
         out)`` copies rows of it into ``out``, ``view(rows)`` is them in host memory where they

@@ -27,7 +27,7 @@ class Compute:
         self.buffers = buffers
         self.counters = counters
         self.gathers: dict[tuple, tuple] = {}  # packs' and unpacks' gather positions per tile (_gather)
-        self.symmetrized: set[tuple] = set()  # (run, tile shape) whose symmetrizations are prepared
+        self.prepared: set[tuple] = set()  # statements (and the tile shapes) whose kernels are ready (_prepare)
 
     def eval(self, op: Op, frame: Frame) -> None:
         """Fill a computed tensor's device tile from its expression's inputs (already on the device)."""
@@ -44,17 +44,44 @@ class Compute:
         computed where they are read, from the buffers on the device; counted as the cost model
         does (the flops and statements of its contractions, its output twice and each distinct
         reference once)."""
-        f = op.expression
-        arrays = {r: self.buffers.view(r.tensor, r.indices, frame) for r in f.leaves}
-        out = self.buffers.view(op.tensor, op.indices, frame)
-        # every symmetric index in a group, those of one too: the weights then span the same
-        # dimensions in every tile tuple of one tile shape, and so does the kernel that reads them
-        within = frame.equal_tiles(ones=True) if op.ordered else ()
-        self.backend.fused(f, arrays, tuple(b - a for a, b in frame.region("device", f.domain)), out,
-                           ordering.dims(within, f.domain))
+        f, arrays, shape, out, dims = args = self._fused_args(op, frame, self.buffers.view)
+        self._prepare(("fused", op.tensor, tuple(op.group)), frame, shape,
+                      lambda at: self.backend.fused_kernels(*self._fused_args(op, at, self.buffers.stand_in)))
+        self.backend.fused(*args)
         self.counters.watch()
+        within = frame.equal_tiles(ones=True) if op.ordered else ()
         self._count([self.plan.contractions[k] for k in op.group], frame, within)
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
+
+    def _fused_args(self, op: Op, frame: Frame, view) -> tuple:
+        """:meth:`Backend.fused`'s arguments for fused statement ``op`` at ``frame``'s tile, each
+        array ``view(tensor, indices, frame)`` (:meth:`Buffers.view`, or :meth:`Buffers.stand_in`).
+        Every symmetric index is in a group of ``within``, those of one too: the weights then span
+        the same dimensions in every tile tuple of one tile shape, and so does the kernel."""
+        f = op.expression
+        within = frame.equal_tiles(ones=True) if op.ordered else ()
+        return (f, {r: view(r.tensor, r.indices, frame) for r in f.leaves},
+                tuple(b - a for a, b in frame.region("device", f.domain)), view(op.tensor, op.indices, frame),
+                ordering.dims(within, f.domain))
+
+    def _prepare(self, statement: tuple, frame: Frame, shape: tuple, kernels_at) -> None:
+        """Make ready together (:meth:`Backend.precompile`) the kernels ``statement`` needs at
+        one tile of each shape of the symmetric device loop being run (:attr:`Frame.shapes`), at
+        the first tile it runs on: ``kernels_at(frame)`` lists them at a frame of such a tile.
+        Outside such a loop, those of the current tile, once per tile ``shape``. Why: each tile
+        shape's kernels would otherwise compile one after another as its first tile meets them."""
+        if frame.shapes:
+            at = []
+            for ranges in frame.shapes:
+                tile = frame.inner()
+                tile.ranges["device"].update(ranges)
+                at.append(tile)
+            key = (statement, tuple(tuple(r.items()) for r in frame.shapes))
+        else:
+            at, key = [frame], (statement, shape)
+        if key not in self.prepared:
+            self.prepared.add(key)
+            self.backend.precompile([k for tile in at for k in kernels_at(tile)])
 
     def run(self, run: list[Op], frame: Frame) -> None:
         """One contraction, or a run of terms into one buffer (:attr:`Op.run`): point-wise terms
@@ -87,9 +114,9 @@ class Compute:
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
             keep = frame.equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
-            if (run[0].contraction, out.shape) not in self.symmetrized:
-                self.symmetrized.add((run[0].contraction, out.shape))
-                self.backend.prepare_symmetrize(out, self._symmetrizations(run, frame, cs[0].out_indices))
+            self._prepare(("run", run[0].contraction), frame, out.shape, lambda at: self.backend.symmetrize_kernels(
+                self.buffers.stand_in(cs[0].out, cs[0].out_indices, at),
+                self._symmetrizations(run, at, cs[0].out_indices)))
             self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
             moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self.counters.watch()
@@ -136,7 +163,7 @@ class Compute:
         """(axes, keep) of the symmetrization of each pattern of equal tile positions in the run's
         :attr:`Op.schedule` that a tile of this one's extents can have (those sharing a tile are
         of one extent), ``keep`` over the output's ``indices``: what the run's tiles of this shape
-        symmetrize by, made ready at the first of them (:meth:`Backend.prepare_symmetrize`)."""
+        symmetrize by, made ready together (:meth:`_prepare`)."""
         sym = frame.symmetric or []
         extent = {i: b - a for i, (a, b) in zip(sym, frame.region("device", sym))}
         found = []

@@ -207,12 +207,22 @@ class Backend(abc.ABC):
         dimensions; only the elements whose coordinates are non-decreasing within each are
         written (:mod:`chainexec.planner.ordered`), the others keep their values."""
 
-    def prepare_symmetrize(self, out, variants: list[tuple]) -> None:
-        """Make ready, together, what :meth:`symmetrize` of ``out`` (or of a tile of its shape and
-        layout) by each ``(axes, keep)`` of ``variants`` needs: the symmetrizations the tiles of
-        one shape run, one per pattern of equal tile positions. A backend that generates a kernel
-        per variant compiles them at once, where the tiles would each wait for their own; here
-        nothing needs making."""
+    def symmetrize_kernels(self, out, variants: list[tuple]) -> list:
+        """The kernels :meth:`symmetrize` of an array laid out as ``out`` runs by each ``(axes,
+        keep)`` of ``variants``, for :meth:`precompile`; ``out`` may be a stand-in of a tile not
+        allocated yet (:meth:`chainexec.runtime.buffers.Buffers.stand_in`). None here: this
+        backend generates no kernels."""
+        return []
+
+    def fused_kernels(self, f, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> list:
+        """The kernels :meth:`fused` with these arguments runs, for :meth:`precompile` (the arrays
+        may be stand-ins, as in :meth:`symmetrize_kernels`). None here."""
+        return []
+
+    def precompile(self, kernels: list) -> None:
+        """Make ``kernels`` (of :meth:`symmetrize_kernels` and :meth:`fused_kernels`) ready
+        together: a backend that generates kernels compiles them at once, where the tiles that
+        launch them would each wait for their own. Nothing here."""
 
     # -- QUEUED: without it, work is done when a call returns ------------------------------------
 

@@ -41,7 +41,7 @@ from chainexec.runtime.comm import hosts
 from chainexec.runtime.compute import Compute
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
-from chainexec.runtime.frame import Frame, tuples
+from chainexec.runtime.frame import Frame, shapes, tuples
 from chainexec.runtime.landing import Landing
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
@@ -253,6 +253,8 @@ class Executor:
         frame.parallel += loop.parallel
         if loop.symmetric:
             frame.symmetric = loop.symmetric
+            if loop.level == "device":
+                frame.shapes = shapes(names, combos)
         stop = [names.index(i) for i in loop.symmetric]
         ahead, back = fetched(loop), returned(loop)
         body = executed(loop)

@@ -25,7 +25,9 @@ class Frame:
     the symmetric loop being run, None outside one. ``parallel``: the number of parallel loops
     around. ``lane``: the slot of a double-buffered device loop's buffers in use (the tile's turn
     modulo :data:`~chainexec.planner.plan.DEPTH`); ``turn``: that of a double-buffered global
-    loop. ``behind``: inside a double-buffered global loop, whose slots' stores complete later."""
+    loop. ``behind``: inside a double-buffered global loop, whose slots' stores complete later.
+    ``shapes``: inside a symmetric device loop, the device ranges of its first tile of each shape
+    (:func:`shapes`), whose kernels its statements make ready at its first tile; else None."""
 
     extents: dict[str, int]
     ranges: dict[str, dict[str, tuple[int, int]]] = field(default_factory=lambda: {"global": {}, "device": {}})
@@ -35,6 +37,7 @@ class Frame:
     lane: int = 0
     turn: int = 0
     behind: bool = False
+    shapes: list[dict[str, tuple[int, int]]] | None = None
 
     def inner(self) -> Frame:
         """A copy for a loop entered here: the same state, ranges of its own."""
@@ -87,3 +90,12 @@ def tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list
             weights.append(math.factorial(len(at)) // math.prod(math.factorial(positions.count(p))
                                                                  for p in set(positions)))
     return kept, weights
+
+
+def shapes(names: list[str], combos: list[tuple]) -> list[dict[str, tuple[int, int]]]:
+    """The first of a loop's tile tuples ``combos`` (one range per index of ``names``) of each
+    shape (extent per index), in order, as ranges by index."""
+    first: dict[tuple, dict] = {}
+    for combo in combos:
+        first.setdefault(tuple(b - a for a, b in combo), dict(zip(names, combo)))
+    return list(first.values())

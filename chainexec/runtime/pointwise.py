@@ -80,13 +80,26 @@ def launch(xp, code: str, views: list, out) -> None:
     """``out[...] = code`` element by element on the current stream, ``views[k]`` read as ``pk``
     and ``out``'s current value as ``y``; every view has ``out``'s number of dimensions, with
     extent ``out``'s or 1 (broadcast) in each. Nothing here writes anything but ``out``'s view."""
-    total = math.prod(out.shape)
-    if total == 0:
+    if math.prod(out.shape) == 0:
         return
+    text, grid = _launch_prepared(xp, code, views, out)
+    _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
+
+
+def launch_kernels(xp, code: str, views: list, out) -> list[tuple[str, str]]:
+    """The kernel :func:`launch` with these arguments runs, as (name, source) pairs for
+    :func:`precompile` (none where ``out`` is empty), its preparation made (and logged) here. Here and
+    in the other ``*_kernels`` functions the arrays may be stand-ins of the shapes, strides and
+    dtypes of the real ones (:meth:`chainexec.runtime.buffers.Buffers.stand_in`)."""
+    if math.prod(out.shape) == 0:
+        return []
+    return [("chainexec_pointwise", _launch_prepared(xp, code, views, out)[0])]
+
+
+def _launch_prepared(xp, code: str, views: list, out) -> tuple[str, int]:
     shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
     types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
-    text, grid = _ready(xp, _prepared, "chainexec_pointwise", code, shape, tuple(strides), types)
-    _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
+    return _ready(xp, _prepared, "chainexec_pointwise", code, shape, tuple(strides), types)
 
 
 def reduce(xp, code: str, views: list, shape: tuple[int, ...], into) -> None:
@@ -95,13 +108,24 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...], into) -> None:
     ``shape`` in C order (its last dimension fastest)."""
     if math.prod(shape) == 0:
         return
-    walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
-    merged, strides = layout(tuple(shape), _strides(views, walk))
-    types = tuple(v.dtype.name for v in views) + ("float64",)
-    text, grid = _ready(xp, _prepared, "chainexec_reduce", code, merged, tuple(strides), types)
+    text, grid = _reduce_prepared(xp, code, views, shape)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
     total(xp, partial, into)
+
+
+def reduce_kernels(xp, code: str, views: list, shape: tuple[int, ...], into) -> list[tuple[str, str]]:
+    """The kernel :func:`reduce` with these arguments runs (as :func:`launch_kernels`)."""
+    if math.prod(shape) == 0:
+        return []
+    return [("chainexec_reduce", _reduce_prepared(xp, code, views, shape)[0])]
+
+
+def _reduce_prepared(xp, code: str, views: list, shape: tuple[int, ...]) -> tuple[str, int]:
+    walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+    merged, strides = layout(tuple(shape), _strides(views, walk))
+    types = tuple(v.dtype.name for v in views) + ("float64",)
+    return _ready(xp, _prepared, "chainexec_reduce", code, merged, tuple(strides), types)
 
 
 @lru_cache(maxsize=256)
@@ -112,16 +136,18 @@ def _symmetrize_prepared(shape: tuple[int, ...], strides: tuple[int, ...], axes:
     return symmetrize_source(shape, strides, axes, dtype, plan, keep), math.prod(plan.counts)
 
 
-def prepare_symmetrize(xp, out, variants: list[tuple]) -> None:
-    """Compile together, in threads (:func:`chainexec.runtime.kernelcache.precompile`; those in
-    the disk cache skipped), the kernels :func:`symmetrize` of ``out``'s shape and layout runs by
-    each ``(axes, keep)`` of ``variants``, their preparations made (and logged) here, as the
-    launches then find them."""
+def symmetrize_kernels(xp, out, axes, keep: tuple[tuple[int, ...], ...] = ()) -> list[tuple[str, str]]:
+    """The kernel :func:`symmetrize` with these arguments runs (as :func:`launch_kernels`)."""
     if math.prod(out.shape) == 0:
-        return
-    made = [_ready(xp, _symmetrize_prepared, *_symmetrized(out, axes, keep))[0] for axes, keep in variants]
-    kernelcache.precompile([("chainexec_symmetrize", text) for text in made],
-                           str(xp.cuda.Device().compute_capability), kernelcache.POINTWISE_OPTIONS)
+        return []
+    return [("chainexec_symmetrize", _ready(xp, _symmetrize_prepared, *_symmetrized(out, axes, keep))[0])]
+
+
+def precompile(xp, kernels: list[tuple[str, str]]) -> None:
+    """Compile ``kernels`` ((name, source) pairs of the ``*_kernels`` functions) together, in
+    threads, those the disk cache lacks (:func:`chainexec.runtime.kernelcache.precompile`): their
+    launches then only load them, where each would otherwise wait for its own compile."""
+    kernelcache.precompile(kernels, str(xp.cuda.Device().compute_capability), kernelcache.POINTWISE_OPTIONS)
 
 
 def _symmetrized(out, axes, keep) -> tuple:
@@ -169,14 +195,26 @@ def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[in
     where it is zero are skipped."""
     if math.prod(shape) == 0:
         return
-    strides = _strides(views, (0,) * len(shape))[1:]
-    types = tuple(v.dtype.name for v in views) + (dtype,)
-    plan, text, grid = _ready(xp, _orbit_prepared, tuple(lets), code, tuple((j, tuple(p)) for j, p in reads),
-                              tuple(shape), tuple(strides), types, skip)
+    plan, text, grid = _orbit_ready(xp, lets, code, reads, views, shape, dtype, skip)
     partial = xp.empty(grid, xp.float64)
     table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
     _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
     total(xp, partial, into)
+
+
+def orbit_kernels(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[int, ...]]], views: list,
+                  shape: tuple[int, ...], dtype: str, into, skip: int | None = None) -> list[tuple[str, str]]:
+    """The kernel :func:`orbit_reduce` with these arguments runs (as :func:`launch_kernels`)."""
+    if math.prod(shape) == 0:
+        return []
+    return [("chainexec_orbits", _orbit_ready(xp, lets, code, reads, views, shape, dtype, skip)[1])]
+
+
+def _orbit_ready(xp, lets, code, reads, views, shape, dtype, skip) -> tuple:
+    strides = _strides(views, (0,) * len(shape))[1:]
+    types = tuple(v.dtype.name for v in views) + (dtype,)
+    return _ready(xp, _orbit_prepared, tuple(lets), code, tuple((j, tuple(p)) for j, p in reads),
+                  tuple(shape), tuple(strides), types, skip)
 
 
 PREPARED = {make.__name__: make for make in (_prepared, _symmetrize_prepared, _orbit_prepared)}

@@ -771,9 +771,10 @@ def test_symmetrize_equals_numpy(shape, group, cut, keep):
 
 def test_prepared_symmetrizations_compile_nothing_when_they_run(tmp_path, monkeypatch):
     """The symmetrizations of a (T) tile's three patterns with equal positions, prepared at once
-    (:meth:`CupyBackend.prepare_symmetrize`, a kernel cache of the test's own), compile three
-    kernels in threads; each then runs without compiling and equals NumPy's sum of the transposes
-    at its kept elements."""
+    (:meth:`CupyBackend.symmetrize_kernels` listed at a stand-in of the tile, then
+    :meth:`CupyBackend.precompile`, a kernel cache of the test's own), compile three kernels in
+    threads; each then runs without compiling and equals NumPy's sum of the transposes at its kept
+    elements."""
     from chainexec import ordering
 
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
@@ -782,7 +783,8 @@ def test_prepared_symmetrizations_compile_nothing_when_they_run(tmp_path, monkey
     backend = CupyBackend(cupy)
     rng = np.random.default_rng(23)
     before = kernelcache.compiled()[1]
-    backend.prepare_symmetrize(cupy.empty(shape), variants)
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1), shape, cupy.empty(shape).strides, writeable=False)
+    backend.precompile(backend.symmetrize_kernels(stand_in, variants))
     assert kernelcache.compiled()[1] == before + 3
     for group, keep in variants:
         x = rng.standard_normal(shape)

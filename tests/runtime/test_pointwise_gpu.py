@@ -142,3 +142,37 @@ def test_weighted_orbit_reduction_skips_zero_weights(along, wide):
     pointwise.orbit_reduce(cupy, ["p0 + 0.5 * p1 * p2"], f"({ENERGY_CODE}) * p3", [(0, p) for p in PERMS3],
                            views_, hw.shape, "float64", got, 3)
     assert abs(float(got) - ref) <= 1e-13 * float(np.sum(np.abs(terms * weight)))
+
+
+def test_orbit_kernels_listed_at_stand_ins_are_those_the_launches_run(tmp_path, monkeypatch):
+    """The orbit kernels of two tile shapes, listed at NumPy stand-ins of their views
+    (:func:`pointwise.orbit_kernels`) and compiled together (:func:`pointwise.precompile`, a
+    kernel cache of the test's own), are the ones the launches then run: nothing more compiles,
+    and each sum equals NumPy's."""
+    from chainexec.runtime import kernelcache
+    from tests.kernels.test_orbits import ENERGY_CODE, PERMS3, permuted
+
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
+    n, rng = 13, np.random.default_rng(29)
+    lets, reads = ["p0 + 0.5 * p1 * p2"], [(0, p) for p in PERMS3]
+    cases = []
+    for x in (3, 2):
+        hw, hs, he = rng.standard_normal((x, n, n, n)), rng.standard_normal((n, n)), rng.standard_normal(n)
+        views_ = [cupy.asarray(hw).transpose(0, 2, 3, 1), cupy.asarray(hs).T[None, :, None, :],
+                  cupy.asarray(he)[None, None, :, None]]
+        stand_ins = [np.lib.stride_tricks.as_strided(np.zeros(1), v.shape, v.strides, writeable=False) for v in views_]
+        cases.append((views_, stand_ins, [v.get() for v in views_]))
+    listed = [k for _, stand_ins, _ in cases
+              for k in pointwise.orbit_kernels(cupy, lets, ENERGY_CODE, reads, stand_ins, stand_ins[0].shape,
+                                               "float64", None)]
+    before = kernelcache.compiled()[1]
+    pointwise.precompile(cupy, listed)
+    assert kernelcache.compiled()[1] == before + 2
+    for views_, _, (hw, hs, he) in cases:
+        got = cupy.zeros(())
+        pointwise.orbit_reduce(cupy, lets, ENERGY_CODE, reads, views_, views_[0].shape, "float64", got)
+        z = hw + 0.5 * hs * he
+        q = [permuted(z, p) for p in PERMS3]
+        terms = hw * (4 * q[0] + q[1] + 1.5 * q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * he
+        assert abs(float(got) - float(np.sum(terms))) <= 1e-13 * float(np.sum(np.abs(terms)))
+    assert kernelcache.compiled()[1] == before + 2

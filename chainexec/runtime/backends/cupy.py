@@ -88,6 +88,11 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
     return tuple(codes), code, tuple(perms)
 
 
+_KERNELS = {pointwise.launch: pointwise.launch_kernels, pointwise.reduce: pointwise.reduce_kernels,
+            pointwise.orbit_reduce: pointwise.orbit_kernels}
+"""The function that lists the kernel each point-wise launcher of :meth:`CupyBackend.fused` runs."""
+
+
 @lru_cache(maxsize=64)
 def _weights(xp, shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]):
     """:func:`chainexec.ordering.weights` on the device, made once per process, shape and
@@ -398,22 +403,34 @@ class CupyBackend(Autotuner, Methods, Backend):
         the reduction multiplies by (made once per process and shape, outside the plan's device
         memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero
         where it does not vary along the permuted dimensions."""
-        views = [expr.spread(arrays[r], r, f.domain, self.xp) for r in arrays]
+        run, args = self._fused_call(f, arrays, shape, out, within, self.xp)
+        run(self.xp, *args)
+
+    def fused_kernels(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> list:
+        """As :meth:`Backend.fused_kernels`: the generated kernel :meth:`fused` launches, its
+        views spread over NumPy's stand-ins."""
+        run, args = self._fused_call(f, arrays, shape, out, within, np)
+        return _KERNELS[run](self.xp, *args)
+
+    @staticmethod
+    def _fused_call(f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple, xp) -> tuple:
+        """The point-wise function that runs fused statement ``f`` and its arguments after the
+        array module, the views spread by ``xp`` (the device's, or NumPy over stand-ins)."""
+        views = [expr.spread(arrays[r], r, f.domain, xp) for r in arrays]
         if f.lets:  # only full reductions reuse values (chainexec.planner.inline)
             codes, code, perms = _orbit_codes(f, tuple(arrays))
         else:
             code = _c_code(f.tree, tuple(arrays))
         if not f.reduce:
-            pointwise.launch(self.xp, f"y + {code}", views, out)
-            return
+            return pointwise.launch, (f"y + {code}", views, out)
         skip = None
         if within:
             code, skip = f"({code}) * p{len(views)}", len(views)
-            views.append(_weights(self.xp, shape, within))
+            views.append(_weights(xp, shape, within))
         if f.lets:
-            pointwise.orbit_reduce(self.xp, codes, code, perms, views, shape, out.dtype.name, out, skip)
-        else:  # no block structure: the weight is multiplied by, nothing skipped
-            pointwise.reduce(self.xp, code, views, shape, out)
+            return pointwise.orbit_reduce, (codes, code, perms, views, shape, out.dtype.name, out, skip)
+        # no block structure: the weight is multiplied by, nothing skipped
+        return pointwise.reduce, (code, views, shape, out)
 
     def _expression(self, tree, arrays: dict, order: tuple[str, ...]) -> tuple[str, list]:
         """An expression's C code over ``p0, p1, …`` and the matching views, broadcast over ``order``."""
@@ -503,7 +520,12 @@ class CupyBackend(Autotuner, Methods, Backend):
         write ``out``: several times the memory traffic under six permutations."""
         pointwise.symmetrize(self.xp, out, axes, keep)
 
-    def prepare_symmetrize(self, out, variants: list[tuple]) -> None:
-        """As :meth:`Backend.prepare_symmetrize`: the generated kernel of each variant
-        (:func:`chainexec.runtime.pointwise.prepare_symmetrize`), compiled at once in threads."""
-        pointwise.prepare_symmetrize(self.xp, out, variants)
+    def symmetrize_kernels(self, out, variants: list[tuple]) -> list:
+        """As :meth:`Backend.symmetrize_kernels`: the generated kernel of each variant
+        (:func:`chainexec.runtime.pointwise.symmetrize_kernels`)."""
+        return [k for axes, keep in variants for k in pointwise.symmetrize_kernels(self.xp, out, axes, keep)]
+
+    def precompile(self, kernels: list) -> None:
+        """As :meth:`Backend.precompile`: compiled at once in threads
+        (:func:`chainexec.runtime.pointwise.precompile`)."""
+        pointwise.precompile(self.xp, kernels)
