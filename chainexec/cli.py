@@ -249,18 +249,22 @@ def end(status: int) -> NoReturn:
     block by block, tears the CUDA context down and collects every module, a third of a second
     or more after a GPU run that has nothing left to do. By then a run has closed what it wrote and
     renamed its outputs into place, and its threads have ended or hold nothing that must finish
-    (a kernel cache file is written whole or not at all). A rank of several ends through the
-    interpreter (mpi4py finalizes MPI there): one that left at once after its own finalize could
-    fail peers still finalizing (MPICH over UCX then reported the run killed, status 9)."""
+    (a kernel cache file is written whole or not at all). Through the interpreter's exit instead
+    (mpi4py finalizes MPI there): a rank of several, since one that leaves at once after its own
+    finalize can fail peers still finalizing (under MPICH over UCX the launcher reports the run
+    killed, status 9); and a process under a profiler or coverage tracer, which writes its data
+    at that exit."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):  # a reader that went away, a stream already closed
             pass
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        if mpi.COMM_WORLD.Get_size() > 1:
-            sys.exit(status)
+    started = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+    if (started and mpi.COMM_WORLD.Get_size() > 1) or sys.gettrace() is not None or sys.getprofile() is not None:
+        sys.exit(status)
+    if started:
         mpi.Finalize()
     os._exit(status)
 

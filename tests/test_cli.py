@@ -4,6 +4,8 @@ that looks complete."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
+from tests.conftest import assert_refused, fourindex_config, mpiexec, run_cli, write_config
 
 
 def _no_complete_output(folder):
@@ -511,11 +513,6 @@ def test_the_program_ends_with_its_status_and_all_its_output(ranks, tmp_path):
     written, MPI is finalized where the process started it (by the process itself when it is the
     only rank, else by the interpreter's exit), and the status is the program's. Three ranks end
     together, five times over: none leaves its peers failing in their finalize."""
-    import subprocess
-    import sys
-
-    from tests.conftest import mpiexec
-
     start = ("from mpi4py import MPI; f = MPI.Finalize; "
              "MPI.Finalize = lambda: (print('finalized', file=sys.stderr), f())[1]; ") if ranks else ""
     code = f"import sys; {start}from chainexec import cli; print('x' * 100000, end=''); cli.end(3)"
@@ -528,3 +525,13 @@ def test_the_program_ends_with_its_status_and_all_its_output(ranks, tmp_path):
         done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 3 and done.stdout == "x" * 100000 * max(ranks, 1), done.stderr
         assert ("finalized" in done.stderr) == (ranks == 1), done.stderr
+
+
+def test_a_profiled_program_keeps_its_profile(tmp_path):
+    """Under a profiler the program ends through the interpreter's exit, where cProfile writes
+    its data."""
+    script = tmp_path / "end.py"
+    script.write_text("from chainexec import cli\ncli.end(0)\n")
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "p.prof"), str(script)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "p.prof").stat().st_size > 0, done.stderr

@@ -215,23 +215,26 @@ class Buffers:
             return buf
         return buf[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))]
 
-    def stand_in(self, tensor: str, indices, frame: Frame) -> np.ndarray:
-        """What :meth:`view` of ``tensor[indices]`` is at the device tile of ``frame``, possibly
-        a tile not run yet, as a read-only NumPy array of its shape, strides and dtype over no
-        memory of its own (never read): for listing the kernels that tile's statements launch.
-        A cut of the live buffer where the buffer spans that tile, else the contiguous tile a
-        buffer allocated there would be (:meth:`alloc`: a buffer allocated per tile)."""
-        k = (tensor, tuple(indices), "device")
-        if k not in self.arrays:
-            k = next(k for k in self.arrays if k[0] == tensor and k[2] == "device")
-        buf, outer = self.arrays[k], self.regions[k]
-        inner = frame.region("device", indices)
-        shape = tuple(b - a for a, b in inner)
-        if all(o <= a and b <= e for (a, b), (o, e) in zip(inner, outer)):
-            strides = tuple(buf.strides)
-        else:
-            strides = tuple(buf.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))
-        return np.lib.stride_tricks.as_strided(np.zeros(1, buf.dtype), shape, strides, writeable=False)
+    def stand_in(self, tensor: str, indices, frame: Frame, live: Frame) -> np.ndarray:
+        """What :meth:`view` of ``tensor[indices]`` is at the device tile of ``frame``, a tile of
+        the loop being run at ``live`` (maybe not run yet), as a read-only NumPy array of its
+        shape, strides and dtype over no memory of its own (never read): for listing the kernels
+        that tile's statements launch. The buffer is the one :meth:`find` takes there, each live
+        buffer at the region it has at that tile: a buffer made per tile (its region is the live
+        tile's) at that tile's, contiguous as :meth:`alloc` makes it; any other where it is."""
+        need = frame.region("device", indices)
+        exact = (tensor, tuple(indices), "device")
+        for k in [exact] if exact in self.arrays else [k for k in self.arrays if k[0] == tensor and k[2] == "device"]:
+            per_tile = self.regions[k] == live.region("device", k[1])
+            region = frame.region("device", k[1]) if per_tile else self.regions[k]
+            if k == exact or all(o <= a and b <= e for (a, b), (o, e) in zip(need, region)):
+                break
+        buf = self.arrays[k]
+        made = tuple(b - a for a, b in region)
+        strides = (tuple(buf.itemsize * math.prod(made[d + 1:]) for d in range(len(made))) if per_tile
+                   else buf.strides)
+        return np.lib.stride_tricks.as_strided(np.zeros(1, buf.dtype), tuple(b - a for a, b in need), strides,
+                                               writeable=False)
 
     def source(self, op: Op, frame: Frame) -> tuple:
         """``op``'s tile in its global buffer as :meth:`Backend.fetch` reads it: ``read(rows,

@@ -44,44 +44,50 @@ class Compute:
         computed where they are read, from the buffers on the device; counted as the cost model
         does (the flops and statements of its contractions, its output twice and each distinct
         reference once)."""
-        f, arrays, shape, out, dims = args = self._fused_args(op, frame, self.buffers.view)
-        self._prepare(("fused", op.tensor, tuple(op.group)), frame, shape,
-                      lambda at: self.backend.fused_kernels(*self._fused_args(op, at, self.buffers.stand_in)))
+        args = self._fused_args(op, frame, self.buffers.view)
+        if frame.shapes:  # elsewhere a fused statement's one kernel compiles as it launches
+            self._prepare(("fused", op.tensor, tuple(op.group)), frame, (), lambda at: self.backend.fused_kernels(
+                *self._fused_args(op, at, lambda t, i, tile: self.buffers.stand_in(t, i, tile, frame))))
         self.backend.fused(*args)
         self.counters.watch()
-        within = frame.equal_tiles(ones=True) if op.ordered else ()
-        self._count([self.plan.contractions[k] for k in op.group], frame, within)
+        arrays, out = args[1], args[3]
+        self._count([self.plan.contractions[k] for k in op.group], frame, self._within(op, frame))
         self.counters.streamed += 2 * out.nbytes + sum(a.nbytes for a in arrays.values())
+
+    @staticmethod
+    def _within(op: Op, frame: Frame) -> tuple[tuple[str, ...], ...]:
+        """The groups of indices whose ordered elements alone a fused statement sums at ``frame``'s
+        tile: every symmetric index in a group, those of one too, so that the weights span the same
+        dimensions in every tile tuple of one tile shape, and so does the kernel that reads them."""
+        return frame.equal_tiles(ones=True) if op.ordered else ()
 
     def _fused_args(self, op: Op, frame: Frame, view) -> tuple:
         """:meth:`Backend.fused`'s arguments for fused statement ``op`` at ``frame``'s tile, each
-        array ``view(tensor, indices, frame)`` (:meth:`Buffers.view`, or :meth:`Buffers.stand_in`).
-        Every symmetric index is in a group of ``within``, those of one too: the weights then span
-        the same dimensions in every tile tuple of one tile shape, and so does the kernel."""
+        array ``view(tensor, indices, frame)``: :meth:`Buffers.view`, or a stand-in
+        (:meth:`Buffers.stand_in`)."""
         f = op.expression
-        within = frame.equal_tiles(ones=True) if op.ordered else ()
         return (f, {r: view(r.tensor, r.indices, frame) for r in f.leaves},
                 tuple(b - a for a, b in frame.region("device", f.domain)), view(op.tensor, op.indices, frame),
-                ordering.dims(within, f.domain))
+                ordering.dims(self._within(op, frame), f.domain))
 
     def _prepare(self, statement: tuple, frame: Frame, shape: tuple, kernels_at) -> None:
         """Make ready together (:meth:`Backend.precompile`) the kernels ``statement`` needs at
         one tile of each shape of the symmetric device loop being run (:attr:`Frame.shapes`), at
         the first tile it runs on: ``kernels_at(frame)`` lists them at a frame of such a tile.
-        Outside such a loop, those of the current tile, once per tile ``shape``. Why: each tile
-        shape's kernels would otherwise compile one after another as its first tile meets them."""
+        Elsewhere those of the current tile, once per tile ``shape``. Why: each tile shape's
+        kernels would otherwise compile one after another as its first tile meets them."""
+        key = (statement, frame.shapes or shape)
+        if key in self.prepared:
+            return
+        self.prepared.add(key)
+        at = [frame]
         if frame.shapes:
             at = []
             for ranges in frame.shapes:
                 tile = frame.inner()
                 tile.ranges["device"].update(ranges)
                 at.append(tile)
-            key = (statement, tuple(tuple(r.items()) for r in frame.shapes))
-        else:
-            at, key = [frame], (statement, shape)
-        if key not in self.prepared:
-            self.prepared.add(key)
-            self.backend.precompile([k for tile in at for k in kernels_at(tile)])
+        self.backend.precompile([k for tile in at for k in kernels_at(tile)])
 
     def run(self, run: list[Op], frame: Frame) -> None:
         """One contraction, or a run of terms into one buffer (:attr:`Op.run`): point-wise terms
@@ -115,7 +121,7 @@ class Compute:
         if orbits is not None:  # out read once more, and written where it is kept
             keep = frame.equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
             self._prepare(("run", run[0].contraction), frame, out.shape, lambda at: self.backend.symmetrize_kernels(
-                self.buffers.stand_in(cs[0].out, cs[0].out_indices, at),
+                self.buffers.stand_in(cs[0].out, cs[0].out_indices, at, frame),
                 self._symmetrizations(run, at, cs[0].out_indices)))
             self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
             moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)

@@ -251,10 +251,9 @@ class Executor:
             mine = self.claims.iterations(loop, where, len(combos))
         self.frame = frame = outer.inner()
         frame.parallel += loop.parallel
+        frame.shapes = shapes(names, combos) if loop.symmetric and loop.level == "device" else None
         if loop.symmetric:
             frame.symmetric = loop.symmetric
-            if loop.level == "device":
-                frame.shapes = shapes(names, combos)
         stop = [names.index(i) for i in loop.symmetric]
         ahead, back = fetched(loop), returned(loop)
         body = executed(loop)

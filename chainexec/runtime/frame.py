@@ -26,8 +26,9 @@ class Frame:
     around. ``lane``: the slot of a double-buffered device loop's buffers in use (the tile's turn
     modulo :data:`~chainexec.planner.plan.DEPTH`); ``turn``: that of a double-buffered global
     loop. ``behind``: inside a double-buffered global loop, whose slots' stores complete later.
-    ``shapes``: inside a symmetric device loop, the device ranges of its first tile of each shape
-    (:func:`shapes`), whose kernels its statements make ready at its first tile; else None."""
+    ``shapes``: in the body of a symmetric device loop, the device ranges of its first tile of
+    each shape (:func:`shapes`), whose kernels its statements make ready at its first tile; None
+    elsewhere (a loop nested in it too)."""
 
     extents: dict[str, int]
     ranges: dict[str, dict[str, tuple[int, int]]] = field(default_factory=lambda: {"global": {}, "device": {}})
@@ -37,7 +38,7 @@ class Frame:
     lane: int = 0
     turn: int = 0
     behind: bool = False
-    shapes: list[dict[str, tuple[int, int]]] | None = None
+    shapes: tuple[tuple[tuple[str, tuple[int, int]], ...], ...] | None = None
 
     def inner(self) -> Frame:
         """A copy for a loop entered here: the same state, ranges of its own."""
@@ -92,10 +93,10 @@ def tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list
     return kept, weights
 
 
-def shapes(names: list[str], combos: list[tuple]) -> list[dict[str, tuple[int, int]]]:
+def shapes(names: list[str], combos: list[tuple]) -> tuple[tuple[tuple[str, tuple[int, int]], ...], ...]:
     """The first of a loop's tile tuples ``combos`` (one range per index of ``names``) of each
-    shape (extent per index), in order, as ranges by index."""
-    first: dict[tuple, dict] = {}
+    shape (extent per index), in order, each as (index, range) pairs."""
+    first: dict[tuple, tuple] = {}
     for combo in combos:
-        first.setdefault(tuple(b - a for a, b in combo), dict(zip(names, combo)))
-    return list(first.values())
+        first.setdefault(tuple(b - a for a, b in combo), tuple(zip(names, combo)))
+    return tuple(first.values())

@@ -82,7 +82,7 @@ def launch(xp, code: str, views: list, out) -> None:
     extent ``out``'s or 1 (broadcast) in each. Nothing here writes anything but ``out``'s view."""
     if math.prod(out.shape) == 0:
         return
-    text, grid = _launch_prepared(xp, code, views, out)
+    text, grid = _launch_made(xp, code, views, out)
     _kernel(xp, text, "chainexec_pointwise")((grid,), (BLOCK,), (out, *views))
 
 
@@ -93,10 +93,11 @@ def launch_kernels(xp, code: str, views: list, out) -> list[tuple[str, str]]:
     dtypes of the real ones (:meth:`chainexec.runtime.buffers.Buffers.stand_in`)."""
     if math.prod(out.shape) == 0:
         return []
-    return [("chainexec_pointwise", _launch_prepared(xp, code, views, out)[0])]
+    return [("chainexec_pointwise", _launch_made(xp, code, views, out)[0])]
 
 
-def _launch_prepared(xp, code: str, views: list, out) -> tuple[str, int]:
+def _launch_made(xp, code: str, views: list, out) -> tuple[str, int]:
+    """The source and grid of :func:`launch`'s kernel for these arguments (:func:`_ready`)."""
     shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
     types = tuple(v.dtype.name for v in views) + (out.dtype.name,)
     return _ready(xp, _prepared, "chainexec_pointwise", code, shape, tuple(strides), types)
@@ -108,7 +109,7 @@ def reduce(xp, code: str, views: list, shape: tuple[int, ...], into) -> None:
     ``shape`` in C order (its last dimension fastest)."""
     if math.prod(shape) == 0:
         return
-    text, grid = _reduce_prepared(xp, code, views, shape)
+    text, grid = _reduce_made(xp, code, views, shape)
     partial = xp.empty(grid, xp.float64)
     _kernel(xp, text, "chainexec_reduce")((grid,), (BLOCK,), (partial, *views))
     total(xp, partial, into)
@@ -118,10 +119,11 @@ def reduce_kernels(xp, code: str, views: list, shape: tuple[int, ...], into) -> 
     """The kernel :func:`reduce` with these arguments runs (as :func:`launch_kernels`)."""
     if math.prod(shape) == 0:
         return []
-    return [("chainexec_reduce", _reduce_prepared(xp, code, views, shape)[0])]
+    return [("chainexec_reduce", _reduce_made(xp, code, views, shape)[0])]
 
 
-def _reduce_prepared(xp, code: str, views: list, shape: tuple[int, ...]) -> tuple[str, int]:
+def _reduce_made(xp, code: str, views: list, shape: tuple[int, ...]) -> tuple[str, int]:
+    """The source and grid of :func:`reduce`'s kernel for these arguments (:func:`_ready`)."""
     walk = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
     merged, strides = layout(tuple(shape), _strides(views, walk))
     types = tuple(v.dtype.name for v in views) + ("float64",)
@@ -195,7 +197,7 @@ def orbit_reduce(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[in
     where it is zero are skipped."""
     if math.prod(shape) == 0:
         return
-    plan, text, grid = _orbit_ready(xp, lets, code, reads, views, shape, dtype, skip)
+    plan, text, grid = _orbit_made(xp, lets, code, reads, views, shape, dtype, skip)
     partial = xp.empty(grid, xp.float64)
     table = _table(xp, -(-shape[plan.moved[0]] // plan.edge), plan.perms)
     _kernel(xp, text, "chainexec_orbits")((grid,), (BLOCK,), (partial, *views, table))
@@ -207,10 +209,12 @@ def orbit_kernels(xp, lets: list[str], code: str, reads: list[tuple[int, tuple[i
     """The kernel :func:`orbit_reduce` with these arguments runs (as :func:`launch_kernels`)."""
     if math.prod(shape) == 0:
         return []
-    return [("chainexec_orbits", _orbit_ready(xp, lets, code, reads, views, shape, dtype, skip)[1])]
+    return [("chainexec_orbits", _orbit_made(xp, lets, code, reads, views, shape, dtype, skip)[1])]
 
 
-def _orbit_ready(xp, lets, code, reads, views, shape, dtype, skip) -> tuple:
+def _orbit_made(xp, lets, code, reads, views, shape, dtype, skip) -> tuple:
+    """The :class:`Orbits`, source and grid of :func:`orbit_reduce`'s kernel for these arguments
+    (:func:`_ready`)."""
     strides = _strides(views, (0,) * len(shape))[1:]
     types = tuple(v.dtype.name for v in views) + (dtype,)
     return _ready(xp, _orbit_prepared, tuple(lets), code, tuple((j, tuple(p)) for j, p in reads),

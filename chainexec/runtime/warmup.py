@@ -143,8 +143,9 @@ def context(local: int) -> None:
 def _early(local: int, job: str) -> None:
     try:
         context(local)
-        _GO.wait(WAIT)  # :func:`proceed`: the main thread's imports, CuPy's last, have ended
-        import cupy
+        if not _GO.wait(WAIT):  # :func:`proceed` never came: importing here could race the main thread's
+            return
+        import cupy  # imported by :func:`proceed` on the main thread: found in sys.modules
 
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception:  # no cupy, no driver, no device: the backend's selection says so itself

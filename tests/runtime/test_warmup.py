@@ -13,7 +13,6 @@ import importlib.util
 import subprocess
 import sys
 import threading
-import time
 import types
 
 import pytest
@@ -79,11 +78,11 @@ def test_wait_returns_once_the_warm_up_has_ended(warmed, monkeypatch):
     assert warmed == [0] and not any(t.is_alive() for t in warmup._EARLY)
 
 
-def test_cupy_is_imported_on_the_main_thread_after_its_imports(warmed, monkeypatch):
-    """Begun at the command's start, the warm-up makes the CUDA context and waits: CuPy is imported
-    by :func:`warmup.proceed` on the calling (main) thread, and only then does the warm-up load.
-    No two threads import at once."""
-    importers, reached = [], threading.Event()
+@pytest.fixture
+def importers(warmed, monkeypatch) -> list:
+    """The names of the threads that import ``cupy`` (the stand-in of :func:`warmed`), recorded
+    by a finder of its own (CuPy is not in ``sys.modules`` until one does)."""
+    names = []
     fake = types.ModuleType("cupy")
     fake.cuda = sys.modules["cupy"].cuda
 
@@ -92,7 +91,7 @@ def test_cupy_is_imported_on_the_main_thread_after_its_imports(warmed, monkeypat
             return fake
 
         def exec_module(self, module):
-            importers.append(threading.current_thread().name)
+            names.append(threading.current_thread().name)
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
@@ -100,14 +99,37 @@ def test_cupy_is_imported_on_the_main_thread_after_its_imports(warmed, monkeypat
 
     monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
     monkeypatch.delitem(sys.modules, "cupy")
-    monkeypatch.setattr(warmup, "context", lambda local: reached.set())
+    return names
+
+
+def test_cupy_is_imported_on_the_main_thread_after_its_imports(warmed, importers, monkeypatch):
+    """Begun at the command's start, the warm-up makes the CUDA context and waits: CuPy is imported
+    by :func:`warmup.proceed` on the calling (main) thread, and only then does the warm-up load.
+    No two threads import at once."""
+    reached = threading.Event()
+
+    class Gate(threading.Event):
+        def wait(self, timeout=None):
+            reached.set()  # the warm-up waits here, before any import
+            return super().wait(timeout)
+
+    monkeypatch.setattr(warmup, "_GO", Gate())
     warmup.start("ccsd_t.yaml", "auto")
     assert reached.wait(30)
-    time.sleep(0.2)  # time enough for a warm-up that did not wait to import and load
     assert importers == [] and warmed == [] and warmup.busy()
     warmup.proceed()
     warmup.wait()
     assert importers == [threading.current_thread().name] and [device for device, _ in warmed] == [0]
+
+
+def test_a_warm_up_never_released_imports_nothing(warmed, importers, monkeypatch):
+    """Where :func:`warmup.proceed` never comes (within :data:`warmup.WAIT`), the warm-up ends
+    without importing or loading anything."""
+    monkeypatch.setattr(warmup, "WAIT", 0.05)
+    warmup.start("ccsd_t.yaml", "auto")
+    for thread in warmup._EARLY:
+        thread.join(30)
+    assert importers == [] and warmed == [] and not warmup.busy()
 
 
 def test_busy_while_the_warm_up_loads(warmed, monkeypatch):

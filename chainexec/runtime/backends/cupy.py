@@ -88,9 +88,9 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
     return tuple(codes), code, tuple(perms)
 
 
-_KERNELS = {pointwise.launch: pointwise.launch_kernels, pointwise.reduce: pointwise.reduce_kernels,
+_KERNEL_LISTS = {pointwise.launch: pointwise.launch_kernels, pointwise.reduce: pointwise.reduce_kernels,
             pointwise.orbit_reduce: pointwise.orbit_kernels}
-"""The function that lists the kernel each point-wise launcher of :meth:`CupyBackend.fused` runs."""
+"""Per point-wise launcher of :meth:`CupyBackend.fused`, the function that lists the kernel it runs."""
 
 
 @lru_cache(maxsize=64)
@@ -403,14 +403,14 @@ class CupyBackend(Autotuner, Methods, Backend):
         the reduction multiplies by (made once per process and shape, outside the plan's device
         memory, as the orbit tables are); the orbit kernel skips the blocks where it is zero
         where it does not vary along the permuted dimensions."""
-        run, args = self._fused_call(f, arrays, shape, out, within, self.xp)
-        run(self.xp, *args)
+        launch, args = self._fused_call(f, arrays, shape, out, within, self.xp)
+        launch(self.xp, *args)
 
     def fused_kernels(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> list:
         """As :meth:`Backend.fused_kernels`: the generated kernel :meth:`fused` launches, its
         views spread over NumPy's stand-ins."""
-        run, args = self._fused_call(f, arrays, shape, out, within, np)
-        return _KERNELS[run](self.xp, *args)
+        launch, args = self._fused_call(f, arrays, shape, out, within, np)
+        return _KERNEL_LISTS[launch](self.xp, *args)
 
     @staticmethod
     def _fused_call(f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple, xp) -> tuple:
