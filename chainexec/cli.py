@@ -246,8 +246,8 @@ def command() -> NoReturn:
 def end(status: int) -> NoReturn:
     """End the process with ``status`` once its output is flushed and MPI, where this process
     started it, is finalized, without the interpreter's own exit: that frees CuPy's memory pools
-    block by block, tears the CUDA context down and collects every module, a third of a second
-    or more after a GPU run that has nothing left to do. By then a run has closed what it wrote and
+    block by block, tears the CUDA context down and collects every module, work a GPU run that
+    has nothing left to do waits for. By then a run has closed what it wrote and
     renamed its outputs into place, and its threads have ended or hold nothing that must finish
     (a kernel cache file is written whole or not at all). Through the interpreter's exit instead
     (mpi4py finalizes MPI there): a rank of several, since one that leaves at once after its own

@@ -320,7 +320,7 @@ def total_source(dtype: str) -> str:
     step, adding to the fused statement's scalar output itself, with no kernel of CuPy's to add
     the sum (two more to compile on a first run, two more launches per tile). Not CuPy's ``sum``
     either: that is CUB's reduction, whose module loading holds up a fresh process's first
-    kernels for tens of milliseconds."""
+    kernels."""
     ctype = C_TYPES[dtype]
     return "\n".join([f"extern \"C\" __global__ void chainexec_total({ctype}* __restrict__ Y, "
                       "const double* __restrict__ P, const unsigned n) {",

@@ -221,7 +221,8 @@ class Buffers:
         shape, strides and dtype over no memory of its own (never read): for listing the kernels
         that tile's statements launch. The buffer is the one :meth:`find` takes there, each live
         buffer at the region it has at that tile: a buffer made per tile (its region is the live
-        tile's) at that tile's, contiguous as :meth:`alloc` makes it; any other where it is."""
+        tile's) at that tile's, contiguous as :meth:`alloc` makes it; any other where it is. (Where
+        none would cover the tile, :meth:`find` fails there too: the last is taken.)"""
         need = frame.region("device", indices)
         exact = (tensor, tuple(indices), "device")
         for k in [exact] if exact in self.arrays else [k for k in self.arrays if k[0] == tensor and k[2] == "device"]:

@@ -46,7 +46,7 @@ class Compute:
         reference once)."""
         args = self._fused_args(op, frame, self.buffers.view)
         if frame.shapes:  # elsewhere a fused statement's one kernel compiles as it launches
-            self._prepare(("fused", op.tensor, tuple(op.group)), frame, (), lambda at: self.backend.fused_kernels(
+            self._prepare(("fused", op.tensor, tuple(op.group)), frame, lambda at: self.backend.fused_kernels(
                 *self._fused_args(op, at, lambda t, i, tile: self.buffers.stand_in(t, i, tile, frame))))
         self.backend.fused(*args)
         self.counters.watch()
@@ -70,7 +70,7 @@ class Compute:
                 tuple(b - a for a, b in frame.region("device", f.domain)), view(op.tensor, op.indices, frame),
                 ordering.dims(self._within(op, frame), f.domain))
 
-    def _prepare(self, statement: tuple, frame: Frame, shape: tuple, kernels_at) -> None:
+    def _prepare(self, statement: tuple, frame: Frame, kernels_at, shape: tuple = ()) -> None:
         """Make ready together (:meth:`Backend.precompile`) the kernels ``statement`` needs at
         one tile of each shape of the symmetric device loop being run (:attr:`Frame.shapes`), at
         the first tile it runs on: ``kernels_at(frame)`` lists them at a frame of such a tile.
@@ -120,9 +120,9 @@ class Compute:
         moved = 2 * (1 if cs[0].pointwise() else len(cs)) * out.nbytes
         if orbits is not None:  # out read once more, and written where it is kept
             keep = frame.equal_tiles() if run[0].ordered else ()  # only ordered reductions read it
-            self._prepare(("run", run[0].contraction), frame, out.shape, lambda at: self.backend.symmetrize_kernels(
+            self._prepare(("run", run[0].contraction), frame, lambda at: self.backend.symmetrize_kernels(
                 self.buffers.stand_in(cs[0].out, cs[0].out_indices, at, frame),
-                self._symmetrizations(run, at, cs[0].out_indices)))
+                self._symmetrizations(run, at, cs[0].out_indices)), out.shape)
             self.backend.symmetrize(out, axes, ordering.dims(keep, cs[0].out_indices))
             moved += out.nbytes + out.itemsize * ordering.points(dict(zip(cs[0].out_indices, out.shape)), keep)
         self.counters.watch()

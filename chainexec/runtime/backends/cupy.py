@@ -89,7 +89,7 @@ def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tup
 
 
 _KERNEL_LISTS = {pointwise.launch: pointwise.launch_kernels, pointwise.reduce: pointwise.reduce_kernels,
-            pointwise.orbit_reduce: pointwise.orbit_kernels}
+                 pointwise.orbit_reduce: pointwise.orbit_kernels}
 """Per point-wise launcher of :meth:`CupyBackend.fused`, the function that lists the kernel it runs."""
 
 
