@@ -288,7 +288,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     # TTGT and the einsums hand back the GEMM's product viewed in C's index order; C's layout
     # costs them one more pass (the view made contiguous), which is what they are timed with.
     # Their times as returned are kept beside (``*_view_ms``) with whether the result was a view.
-    returned = {"ttgt": lambda: ttgt_product(cupy, con, A, B),
+    returned = {"ttgt": lambda: ttgt_product(backend, con, A, B),
                 "cupy_einsum": lambda: cupy.einsum(f"{a},{b}->{c}", A, B)}
     if use_torch:
         import torch

@@ -79,6 +79,21 @@ class Backend(abc.ABC):
         """Set a device array to zeros, in the order the backend computes in (queued on a GPU)."""
         array.fill(0)
 
+    def assign(self, out, x, factor: float = 1.0, add: bool = False) -> None:
+        """``out[...] = factor·x``, or ``out += factor·x`` where ``add`` (``factor·x`` rounded
+        first): the tile operations between views (stacked operands, products added into an
+        output), in the order the backend computes in. ``x`` has ``out``'s number of dimensions,
+        with ``out``'s extent or 1 (broadcast) in each, and may be ``out`` itself."""
+        if add:
+            out += x if factor == 1.0 else factor * x
+        else:
+            self.xp.multiply(x, factor, out=out)
+
+    def copy(self, array):
+        """A new C-contiguous device array holding ``array``'s values (a 0-d one stays 0-d), in
+        the order the backend computes in."""
+        return self.xp.array(array, order="C", copy=True)
+
     def zeros(self, shape, dtype):
         """A zero-filled device buffer of ``shape`` (elements) and ``dtype``; one clear error
         when the memory is not there (the plan's limit is above what the device has)."""

@@ -6,7 +6,10 @@ Every device statement that sums over nothing goes through :func:`launch` (a per
 Hadamard or outer product, a run of such terms into one buffer, a computed tensor's expression,
 a fused statement), a fused statement into a scalar through :func:`reduce` or, where it reads
 reused values, :func:`orbit_reduce`; a symmetrized run ends with :func:`symmetrize`, and the
-``direct`` contraction method is :func:`contract`. Each kernel's source and grid (its
+``direct`` contraction method is :func:`contract`. The tile operations between views of any
+shape (:func:`assign`, :func:`fill`, :func:`copy`) run the shape-generic kernels of
+:mod:`chainexec.kernels.strided`, which a warm-up compiles at once (:func:`load_strided`). Each
+other kernel's source and grid (its
 *preparation*) is made once per process and shape, and its arguments are logged for the next
 process's warm-up (:func:`prepare`); each kernel is compiled through the kernel cache
 (:mod:`chainexec.runtime.kernelcache`), once per machine, and loaded once per device.
@@ -18,8 +21,12 @@ import json
 import math
 from functools import lru_cache
 
+import numpy as np
+
+from chainexec.kernels import strided
 from chainexec.kernels.direct import direct_source
-from chainexec.kernels.elementwise import BLOCK, blocks, layout, reduce_source, source, staging, total_source
+from chainexec.kernels.elementwise import (BLOCK, blocks, index_type, layout, reduce_source, source, staging,
+                                           total_source)
 from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
 from chainexec.runtime import kernelcache, uselog
@@ -249,3 +256,73 @@ def contract(xp, out, a, b, indices: tuple[list[str], list[str], list[str]], fac
         return
     kernel = _kernel(xp, direct_source(out, a, b, indices), "chainexec_direct")
     kernel(((total + BLOCK - 1) // BLOCK,), (BLOCK,), (out, a, b, xp.float64(factor)))
+
+
+def _ints(index: str, values) -> tuple:
+    """``values`` as the kernel arguments of C type ``index`` (``int`` or ``long long``)."""
+    make = np.int32 if index == "int" else np.int64
+    return tuple(make(v) for v in values)
+
+
+def _scalar(out, value: float):
+    """``value`` as a kernel argument of ``out``'s dtype."""
+    return np.dtype(out.dtype).type(value)
+
+
+def _strided(xp, op: str, out, views: list):
+    """The kernel of :func:`chainexec.kernels.strided.strided_source` doing ``op`` on ``out``
+    (and reading ``views``, none or one), its grid and its integer arguments (the element count,
+    the merged extents but the first, then every array's strides)."""
+    if any(v.ndim != out.ndim or any(m not in (1, n) for m, n in zip(v.shape, out.shape)) for v in views):
+        raise ValueError(f"{[v.shape for v in views]} do not broadcast to {out.shape} dimension by dimension")
+    shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
+    n = math.prod(shape)
+    grid = strided.grid(n)
+    index = index_type([n + grid * BLOCK], shape, strides)
+    text = strided.strided_source(len(shape), out.dtype.name, (views[0] if views else out).dtype.name, index)
+    numbers = (n, *shape[1:], *(s for st in strides for s in st))
+    return _kernel(xp, text, f"chainexec_strided_{op}"), grid, _ints(index, numbers)
+
+
+def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
+    """``out[...] = factor·x`` (``out += factor·x`` where ``add``) on the current stream, ``x``
+    with ``out``'s number of dimensions and ``out``'s extent or 1 (broadcast) in each; ``x`` may
+    be ``out`` itself. ValueError where ``x`` does not broadcast so."""
+    if math.prod(out.shape) == 0:
+        return
+    kernel, grid, numbers = _strided(xp, "add" if add else "set", out, [x])
+    kernel((grid,), (BLOCK,), (out, x, _scalar(out, factor), *numbers))
+
+
+def fill(xp, out, value: float) -> None:
+    """``out[...] = value`` on the current stream: a memset where ``value`` is 0 and ``out``
+    is contiguous, else the fill kernel."""
+    if math.prod(out.shape) == 0:
+        return
+    if value == 0 and out.flags.c_contiguous:
+        out.data.memset_async(0, out.nbytes)
+        return
+    kernel, grid, numbers = _strided(xp, "fill", out, [])
+    kernel((grid,), (BLOCK,), (out, _scalar(out, value), *numbers))
+
+
+def copy(xp, x):
+    """A new C-contiguous array holding ``x``'s values (0-d stays 0-d), on the current stream: a
+    device-to-device copy where ``x`` is contiguous, else :func:`assign`."""
+    out = xp.empty(x.shape, x.dtype)
+    if x.flags.c_contiguous:
+        if x.nbytes:
+            out.data.copy_from_device_async(x.data, x.nbytes)
+    else:
+        assign(xp, out, x)
+    return out
+
+
+def load_strided(xp) -> None:
+    """Compile together (:func:`precompile`) and load on the current device the tile
+    operations' usual kernels (:func:`chainexec.kernels.strided.common`): a warm-up's, so that
+    no tile operation of the run waits for a compile."""
+    kernels = strided.common()
+    precompile(xp, kernels)
+    for name, text in kernels:
+        preload(text, name)

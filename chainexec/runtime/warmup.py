@@ -1,7 +1,9 @@
 """Load on a thread of its own, as early as the process allows, what a GPU run loads on first use.
 
-What: the CUDA context (:func:`context`), cuBLAS (its state and a handle), the CuPy element-wise
-kernels the backend launches itself, and what earlier runs on this device used
+What: the CUDA context (:func:`context`), cuBLAS (its state and a handle), the kernels of the
+backend's tile operations (:func:`chainexec.runtime.pointwise.load_strided`: compiled together in
+threads where the kernel cache lacks them) and the one CuPy element-wise kernel it launches
+itself, and what earlier runs on this device used
 (:mod:`chainexec.runtime.uselog`): their cuBLAS calls, made again on stand-in matrices so that the
 kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
 when the ``run`` command starts: the context, made through the driver with the interpreter's lock
@@ -168,15 +170,11 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
 
         # its own loads are not the run's uses (uselog.paused is per thread)
         with uselog.paused(), cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
-            x = cupy.ones((8, 8), cupy.float64)
-            y = cupy.empty_like(x)
-            y[...] = x  # cupy_copy: operand stacking and copies between views
-            cupy.multiply(x, 0.5, out=y)  # factors folded into stacked operands
-            cupy.add(x, y, out=y)  # products added into an output
-            cupy.add(cupy.arange(3, dtype=cupy.int64), 1)  # batched GEMMs' device addresses
-            y.fill(0.0)
-            pointwise.total(cupy, y.reshape(-1), cupy.zeros((), cupy.float64))  # the reductions' last step
-            x @ y  # cuBLAS
+            pointwise.load_strided(cupy)  # tile copies, stacked operands, products added, clears
+            cupy.add(cupy.zeros(3, cupy.int64), 1)  # batched GEMMs' device addresses
+            x = cupy.zeros((8, 8), cupy.float64)
+            pointwise.total(cupy, x.reshape(-1), cupy.zeros((), cupy.float64))  # the reductions' last step
+            x @ x  # cuBLAS
             if job is not None:
                 arena.prepare(cupy)  # its allocation waits for the device: before the run only
                 replay(cupy, uselog.device_name(cupy, device), job)

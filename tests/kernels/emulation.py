@@ -66,6 +66,8 @@ STAGED_PRELUDE = r"""
 #include <vector>
 struct Dim3 { unsigned x; };
 thread_local Dim3 threadIdx, blockIdx;
+static Dim3 gridDim;
+static inline double __dmul_rn(double a, double b) { return a * b; }
 static std::barrier<>* g_block;
 static std::barrier<>* g_warp[8];
 static double g_lane[256];
@@ -84,21 +86,24 @@ static double __shfl_down_sync(unsigned, double v, int s) {
 """
 
 
-def emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets: list[int], grid: int) -> np.ndarray:
+def emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets: list[int], grid: int,
+             scalars: tuple[str, ...] = ()) -> np.ndarray:
     """Run a generated point-wise kernel on the CPU: every CUDA thread of a block a
     ``std::thread`` (``std::barrier`` for ``__syncthreads`` and per warp for the shuffles,
     ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
-    whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry."""
+    whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry,
+    then the C literals ``scalars``."""
     ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int"}
     decl = "\n".join(f"  std::vector<{ctype[b.dtype]}> b{k}({b.size}); "
                      f"if (fread(b{k}.data(), sizeof({ctype[b.dtype]}), {b.size}, f) != {b.size}) return 2;"
                      for k, b in enumerate(buffers))
-    args = ", ".join(f"b{k}.data() + {off}" for k, off in enumerate(offsets))
+    args = ", ".join([f"b{k}.data() + {off}" for k, off in enumerate(offsets)] + list(scalars))
     main = f"""
 int main(int argc, char** argv) {{
   FILE* f = fopen(argv[1], "rb");
 {decl}
   fclose(f);
+  gridDim.x = {grid}u;
   for (unsigned b = 0; b < {grid}u; ++b) {{
     std::barrier<> block({BLOCK});
     std::barrier<> w0(32), w1(32), w2(32), w3(32), w4(32), w5(32), w6(32), w7(32);
@@ -117,7 +122,7 @@ int main(int argc, char** argv) {{
 }}
 """
     cpp, exe, data = tmp_path / f"{name}.cpp", tmp_path / name, tmp_path / f"{name}.bin"
-    cpp.write_text(STAGED_PRELUDE + text + main)
+    cpp.write_text(STAGED_PRELUDE + f"static const Dim3 blockDim{{{BLOCK}u}};\n" + text + main)
     subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True, timeout=300)
     data.write_bytes(b"".join(b.tobytes() for b in buffers))
     subprocess.run([str(exe), str(data)], check=True, timeout=300)  # a barrier some thread misses hangs

@@ -6,8 +6,8 @@ import pytest
 
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
-from chainexec.runtime.backends.cupy import CupyBackend
 from tests.kernels.test_sumkernel import W_TERMS
+from tests.runtime.hosttiles import HostTiles
 
 
 def _extents(terms, sizes):
@@ -44,7 +44,7 @@ def test_stacking_rules(terms, sizes, expect):
     assert [s.terms for s in got] == expect
 
 
-class _NumpyStacker(CupyBackend):
+class _NumpyStacker(HostTiles):
     """The backend's stacking on NumPy arrays, each stacked contraction by numpy.einsum (an
     independent reference for the copies' orders, offsets and factors)."""
 

@@ -23,6 +23,7 @@ from chainexec.runtime.backends import common, methods, termruns, tuning
 from chainexec.runtime.backends.cupy import CupyBackend
 from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.device import select
+from tests.runtime.hosttiles import HostTiles
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -287,7 +288,7 @@ class _Pool:
         pass
 
 
-class _Timed(CupyBackend):
+class _Timed(HostTiles):
     """The CuPy backend's autotuner on NumPy arrays with its GPU parts stood in for: every
     contraction runs as nothing, TTGT times faster than einsum, and a run of terms takes a
     millisecond whichever way (so stacking them wins: fewer of them)."""
@@ -343,10 +344,11 @@ def test_a_cold_run_keeps_every_choice_the_next_run_looks_up(tmp_path, monkeypat
 
 @pytest.fixture
 def numpy_gpu(monkeypatch, tmp_path):
-    """A CuPy backend over NumPy arrays (its tuning cache in a folder of the test's own): what its
-    contraction methods that need no GPU (TTGT, einsum) do, run on the CPU."""
+    """A CuPy backend over NumPy arrays (its tuning cache in a folder of the test's own, its tile
+    operations NumPy's): what its contraction methods that need no GPU (TTGT, einsum) do, run on
+    the CPU."""
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
-    return CupyBackend(np)
+    return HostTiles(np)
 
 
 def test_tune_seconds_count_each_outermost_timing_once(numpy_gpu):

@@ -7,12 +7,14 @@ numbers are checked on a GPU in test_pointwise_gpu.py."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
-from chainexec.kernels import elementwise
+from chainexec.kernels import elementwise, strided
 from chainexec.runtime import kernelcache, pointwise
-from tests.kernels.emulation import CASES, element_strides, views
+from tests.kernels.emulation import CASES, element_strides, emulated, views
 from tests.kernels.test_orbits import ENERGY_CODE, PERMS3
 
 
@@ -153,3 +155,91 @@ def test_an_ordered_reduction_is_one_orbit_kernel_per_tile_shape(launches, tmp_p
     assert [name for _, name, *_ in launches] == ["chainexec_orbits", "chainexec_total"] * 4
     assert len({text for text, name, *_ in launches if name == "chainexec_orbits"}) == 1
     assert {text for text, name, *_ in launches if name == "chainexec_total"} == {elementwise.total_source("float64")}
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list:
+    """Kernel launches recorded with their arguments instead of run: (source, name, blocks, arguments)."""
+    made = []
+
+    def function(name, source, options):
+        return (lambda grid, block, args: made.append((source, name, grid[0], args))), "key"
+
+    monkeypatch.setattr(kernelcache, "function", function)
+    return made
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while a.base is not None:
+        a = a.base
+    return a
+
+
+def _within(buffer: np.ndarray, view: np.ndarray) -> np.ndarray:
+    """``view``'s place in a copy ``buffer`` of its whole buffer."""
+    offset = view.__array_interface__["data"][0] - _root(view).ctypes.data
+    return np.ndarray(view.shape, view.dtype, buffer, offset, view.strides)
+
+
+def _emulated_call(tmp_path, call) -> np.ndarray:
+    """A recorded launch of a tile operation run on the CPU (:func:`emulated`): its arrays passed
+    as their whole buffers at their offsets, its numbers as C literals; the output's whole buffer
+    as the kernel left it."""
+    text, name, grid, args = call
+    arrays = [a for a in args if isinstance(a, np.ndarray)]
+    numbers = args[len(arrays):]
+    roots = [_root(a) for a in arrays]
+    offsets = [(a.__array_interface__["data"][0] - r.ctypes.data) // a.itemsize for a, r in zip(arrays, roots)]
+    literals = [float(v).hex() if isinstance(v, np.floating) else str(int(v)) for v in numbers]
+    return emulated(tmp_path, text, name, [r.copy() for r in roots], offsets, grid, tuple(literals))
+
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", CASES)
+def test_a_tile_addition_launches_the_generic_kernel_numpy_agrees_with(case, calls, tmp_path):
+    """``out += f·x`` (:func:`pointwise.assign`) over each kind of view (a window of a larger
+    buffer, permuted, broadcast, extent one): one launch of the add kernel of the merged
+    dimensions' module, whose emulation writes ``out + f·x`` exactly where NumPy has it and leaves
+    the rest of out's buffer as it was."""
+    out, inputs = views(case)
+    x = inputs[-1] if case == "cut" else inputs[0]
+    pointwise.assign(_Recording(), out, x, -0.75, add=True)
+    [(text, name, grid, args)] = calls
+    dims = len(elementwise.layout(out.shape, [element_strides(out), element_strides(x)])[0])
+    assert name == "chainexec_strided_add" and text == strided.strided_source(dims, "float64", "float64", "int")
+    assert grid == strided.grid(out.size) and args[2] == np.float64(-0.75) and len(args) == 3 + 3 * dims
+    got = _emulated_call(tmp_path, calls[0])
+    expected = _root(out).copy()
+    _within(expected, out)[...] += -0.75 * x
+    assert np.array_equal(got, expected)
+
+
+@needs_gxx
+def test_a_scaled_copy_a_fill_and_a_scalar_launch_the_generic_kernels_numpy_agrees_with(calls, tmp_path):
+    """A stacked operand's scaled copy from a permuted view (set), a clear of a window with gaps
+    by a value other than zero (fill), and a 0-d copy: each the kernel of its operation, emulated
+    equal to NumPy."""
+    out, inputs = views("permuted")
+    pointwise.assign(_Recording(), out, inputs[0], 0.5)
+    assert np.array_equal(_emulated_call(tmp_path, calls[-1]), 0.5 * inputs[0])
+    window, _ = views("cut")
+    pointwise.fill(_Recording(), window, 3.0)
+    expected = _root(window).copy()
+    _within(expected, window)[...] = 3.0
+    assert calls[-1][1] == "chainexec_strided_fill" and np.array_equal(_emulated_call(tmp_path, calls[-1]), expected)
+    scalar = np.zeros(())
+    pointwise.assign(_Recording(), scalar, np.array(2.25), 2.0)
+    assert calls[-1][0] == strided.strided_source(0, "float64", "float64", "int")
+    assert _emulated_call(tmp_path, calls[-1]) == 4.5
+
+
+def test_an_input_that_does_not_broadcast_dimension_by_dimension_is_refused(calls):
+    with pytest.raises(ValueError, match="do not broadcast"):
+        pointwise.assign(_Recording(), np.zeros((3, 4)), np.zeros(4), 1.0)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        pointwise.assign(_Recording(), np.zeros((3, 4)), np.zeros((3, 2)), 1.0)
+    pointwise.assign(_Recording(), np.zeros((0, 4)), np.zeros((0, 4)), 1.0)  # nothing to do
+    assert calls == []

@@ -176,3 +176,69 @@ def test_orbit_kernels_listed_at_stand_ins_are_those_the_launches_run(tmp_path, 
         terms = hw * (4 * q[0] + q[1] + 1.5 * q[2] - 2 * q[3] - 2 * q[4] - 2 * q[5]) * he
         assert abs(float(got) - float(np.sum(terms))) <= 1e-13 * float(np.sum(np.abs(terms)))
     assert kernelcache.compiled()[1] == before + 2
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tile_operations_equal_numpy(case, wide):
+    """The backend's tile operations on each kind of view (:func:`pointwise.assign`, ``fill``,
+    ``copy``): ``out += f·x``, ``out = f·x`` and a fill write what NumPy writes, bit for bit, and
+    nothing outside out's view; a copy is C-contiguous and equal."""
+    out, inputs = views(case, cupy)
+    x = inputs[0]
+    whole = out if out.base is None else out.base
+    host, hx, before = out.get(), x.get(), whole.get()
+    pointwise.assign(cupy, out, x, -0.75, add=True)
+    assert np.array_equal(out.get(), host + -0.75 * hx)
+    pointwise.assign(cupy, out, x, 0.5)
+    assert np.array_equal(out.get(), np.broadcast_to(0.5 * hx, host.shape))
+    pointwise.fill(cupy, out, 0.0)
+    assert not out.get().any()
+    inside = np.zeros(whole.shape, bool)  # out's elements in its buffer: elsewhere it is as it was
+    np.ndarray(out.shape, bool, inside, (out.data.ptr - whole.data.ptr) // out.itemsize,
+               tuple(st // out.itemsize for st in out.strides))[...] = True
+    assert np.array_equal(whole.get()[~inside], before[~inside])
+    copied = pointwise.copy(cupy, x)
+    assert copied.flags.c_contiguous and np.array_equal(copied.get(), hx)
+
+
+def test_tile_operations_in_place_in_float32_and_on_scalars():
+    """A product scaled in place (``x`` is ``out``), float64 into float32 (the product rounded
+    once, as NumPy rounds it), a 0-d copy that stays 0-d, and a clear of a view with gaps by the
+    fill kernel."""
+    rng = np.random.default_rng(4)
+    a = cupy.asarray(rng.standard_normal((6, 7, 5)))
+    host = a.get()
+    pointwise.assign(cupy, a, a, 3.0)
+    assert np.array_equal(a.get(), 3.0 * host)
+    low = cupy.zeros((7, 6), cupy.float32)
+    pointwise.assign(cupy, low, a[:, :, 2].T, -1.5, add=True)
+    assert np.array_equal(low.get(), (np.float32(-1.5) * (3.0 * host)[:, :, 2].T).astype(np.float32))
+    scalar = pointwise.copy(cupy, a[2, 3, 4])
+    assert scalar.shape == () and float(scalar) == 3.0 * host[2, 3, 4]
+    pointwise.fill(cupy, a[:, 1:4, ::2], 0.0)
+    expect = 3.0 * host
+    expect[:, 1:4, ::2] = 0.0
+    assert np.array_equal(a.get(), expect)
+
+
+def test_after_the_warm_ups_load_no_tile_operation_compiles(tmp_path, monkeypatch):
+    """:func:`pointwise.load_strided` compiles the usual modules together; tile operations of 0 to
+    :data:`strided.COMMON_DIMS` merged dimensions then compile nothing."""
+    from chainexec.kernels import strided
+    from chainexec.runtime import kernelcache
+
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
+    pointwise.load_strided(cupy)
+    before = kernelcache.compiled()[1]
+    rng = np.random.default_rng(9)
+    for dims in range(strided.COMMON_DIMS + 1):
+        # every other element of each axis of a 4^dims buffer: no two axes merge
+        base = cupy.asarray(rng.standard_normal((4,) * dims))
+        view = base[(slice(None, None, 2),) * dims]
+        expect = 3.0 * view.get()
+        out = cupy.empty_like(view)
+        pointwise.assign(cupy, out, view)
+        pointwise.assign(cupy, out, view, 2.0, add=True)
+        pointwise.fill(cupy, view, 1.0)
+        assert np.array_equal(out.get(), expect) and (view.get() == 1.0).all()
+    assert kernelcache.compiled()[1] == before

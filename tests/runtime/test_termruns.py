@@ -16,8 +16,8 @@ from chainexec.kernels import sumkernel
 from chainexec.planner.plan import Contraction
 from chainexec.runtime.backends import termruns, tuning
 from chainexec.runtime.backends.common import element_strides
-from chainexec.runtime.backends.cupy import CupyBackend
 from tests.kernels.test_sumkernel import W_TERMS
+from tests.runtime.hosttiles import HostTiles
 from tests.runtime.test_device import _Pool
 
 EXTENT = dict(i=3, j=4, k=2, a=7, b=5, c=6, f=4, m=3)
@@ -33,7 +33,7 @@ class _Event:
         pass
 
 
-class _OnNumpy(CupyBackend):
+class _OnNumpy(HostTiles):
     """The CuPy backend on NumPy arrays: its contraction methods that need no GPU (TTGT, einsum)
     run for real; a timing runs its candidate once and reports :attr:`clock` seconds (the same for
     every candidate, so a strategy that runs fewer timed parts costs less)."""

@@ -39,11 +39,15 @@ def index_extents(c: Contraction, a, b) -> dict[str, int]:
     return dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape))
 
 
-def ttgt_product(xp, c: Contraction, a, b):
-    """``factor · a·b`` as an array (module ``xp``) viewed in ``out``'s index order.
+def ttgt_product(be, c: Contraction, a, b):
+    """``factor · a·b`` as an array of backend ``be`` viewed in ``out``'s index order.
 
-    The reshapes copy an operand only when its permutation is not a view-compatible layout; with
-    no batch index the GEMM is 2-D (one plain GEMM call)."""
+    An operand whose permutation is not C-contiguous is copied first (:meth:`Backend.copy
+    <chainexec.runtime.device.Backend.copy>`), so that each GEMM operand is a plain matrix (or a
+    batch of them); the factor scales the product in place (:meth:`Backend.assign
+    <chainexec.runtime.device.Backend.assign>`). With no batch index the GEMM is 2-D (one plain
+    GEMM call)."""
+    xp = be.xp
     batch, lext, rext, ks, swap, pl, pr, pout = ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     size = index_extents(c, a, b)
     left, right = (b, a) if swap else (a, b)
@@ -53,14 +57,15 @@ def ttgt_product(xp, c: Contraction, a, b):
         product = (left.transpose(pl).reshape([size[i] for i in batch + lext] + [1] * len(rext))
                    * right.transpose(pr).reshape([size[i] for i in batch] + [1] * len(lext) + [size[i] for i in rext]))
         if c.factor != 1.0:
-            product *= c.factor
+            be.assign(product, product, c.factor)
         return product.transpose(pout)
     nb, nl, nr, nk = (math.prod(size[i] for i in g) for g in (batch, lext, rext, ks))
     lead = (nb,) if batch else ()
-    product = xp.matmul(left.transpose(pl).reshape(lead + (nl, nk)), right.transpose(pr).reshape(lead + (nk, nr)))
+    left, right = ((x if x.flags.c_contiguous else be.copy(x)) for x in (left.transpose(pl), right.transpose(pr)))
+    product = xp.matmul(left.reshape(lead + (nl, nk)), right.reshape(lead + (nk, nr)))
     product = product.reshape([size[i] for i in batch + lext + rext])
     if c.factor != 1.0:
-        product *= c.factor
+        be.assign(product, product, c.factor)
     return product.transpose(pout)
 
 

@@ -168,6 +168,21 @@ class CupyBackend(Autotuner, Methods, Backend):
     def startup_seconds(self) -> dict[str, float]:
         return {"compile": kernelcache.compiled()[0], "tune": self.tuned_seconds}
 
+    def clear(self, array) -> None:
+        """As :meth:`Backend.clear`: a memset, or the fill kernel for a view with gaps
+        (:func:`chainexec.runtime.pointwise.fill`)."""
+        pointwise.fill(self.xp, array, 0.0)
+
+    def assign(self, out, x, factor: float = 1.0, add: bool = False) -> None:
+        """As :meth:`Backend.assign`, by the shape-generic kernels a warm-up loads
+        (:func:`chainexec.runtime.pointwise.assign`), not CuPy's, which a process compiles
+        one by one on their first use."""
+        pointwise.assign(self.xp, out, x, factor, add)
+
+    def copy(self, array):
+        """As :meth:`Backend.copy` (:func:`chainexec.runtime.pointwise.copy`)."""
+        return pointwise.copy(self.xp, array)
+
     @property
     def out_of_memory(self) -> type[BaseException]:
         return self.xp.cuda.memory.OutOfMemoryError
@@ -183,7 +198,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         queue each time a (T) tile's small inputs are fetched between its contractions, while the
         host prepares the next statements."""
         if not (dst.flags.c_contiguous and host.flags.c_contiguous and dst.shape == host.shape):
-            dst[...] = self.xp.asarray(host.copy(order="C"))
+            self.assign(dst, self.xp.asarray(host.copy(order="C")))
             return
         stream = self.xp.cuda.get_current_stream()
         dst.set(host, stream=stream)
@@ -333,19 +348,18 @@ class CupyBackend(Autotuner, Methods, Backend):
         device copy done, or by :meth:`wait`."""
         main = self.xp.cuda.get_current_stream()
         if not aside and not self.pinned and array.nbytes <= DEFERRED_BYTES:
-            copy = _Deferred(array.copy(), main.record(), np.empty(array.shape, array.dtype))
+            copy = _Deferred(self.copy(array), main.record(), np.empty(array.shape, array.dtype))
             self._deferred.append(copy)
             return copy.host, copy
         host = self.host_empty(array.shape, array.dtype)
         if not aside:
-            # (copy() keeps a 0-d array 0-d; ascontiguousarray would make it 1-d)
-            (array if array.flags.c_contiguous else array.copy()).get(stream=main, out=host, blocking=False)
+            (array if array.flags.c_contiguous else self.copy(array)).get(stream=main, out=host, blocking=False)
             return host, main.record()
         if self._back is None:
             self._back = self.xp.cuda.Stream(non_blocking=True)
         self._back.wait_event(main.record())
         with self._back:
-            source = array if array.flags.c_contiguous else array.copy()
+            source = array if array.flags.c_contiguous else self.copy(array)
             source.get(stream=self._back, out=host, blocking=False)
             done = self._back.record()
         while self._returning and self._returning[0][-1].done:

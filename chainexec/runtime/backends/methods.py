@@ -196,7 +196,7 @@ class Batched(Method):
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
         if not be.batched_gemm(c, out, a, b, c.factor, 0.0 if fresh else 1.0):
-            be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+            be._add(out, ttgt_product(be, c, a, b), fresh)
 
 
 class Relayout(Method):
@@ -220,13 +220,13 @@ class Relayout(Method):
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
         if be._relayout(c, out, a, b) is None:  # chosen on a probe; no layout here
-            be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+            be._add(out, ttgt_product(be, c, a, b), fresh)
             return
         moved, pa, pb = _relaid(c)
         if not be.batched_gemm(moved, out, be._relaid_copy(0, a, pa, out), be._relaid_copy(1, b, pb, out), c.factor,
                                0.0 if fresh else 1.0):
             # the copies' strides differ from their description (extent-1 or empty axes)
-            be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+            be._add(out, ttgt_product(be, c, a, b), fresh)
 
 
 class Kernel(Method):
@@ -251,13 +251,13 @@ class Kernel(Method):
     def run(self, be, config, c, out, a, b, fresh) -> None:
         kern = be._kernel(c, index_extents(c, a, b), out.dtype)
         if kern is None:
-            out += ttgt_product(be.xp, c, a, b)
+            be._add(out, ttgt_product(be, c, a, b), False)
             return
-        left, right = be.xp.ascontiguousarray(a), be.xp.ascontiguousarray(b)
+        left, right = (x if x.flags.c_contiguous else be.copy(x) for x in (a, b))
         if out.flags.c_contiguous:
             kern(left, right, out, alpha=c.factor, beta=1.0)
         else:
-            out += kern(left, right, None, alpha=c.factor)
+            be._add(out, kern(left, right, None, alpha=c.factor), False)
 
 
 class Ttgt(Method):
@@ -271,7 +271,7 @@ class Ttgt(Method):
         return a.nbytes + b.nbytes + out.nbytes
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
-        be._add(out, ttgt_product(be.xp, c, a, b), fresh)
+        be._add(out, ttgt_product(be, c, a, b), fresh)
 
 
 def _modes(c: Contraction) -> list[str]:
@@ -289,8 +289,7 @@ class Einsum(Method):
         return a.nbytes + b.nbytes + 2 * out.nbytes
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
-        product = be.xp.einsum("{},{}->{}".format(*_modes(c)), a, b)
-        out += product if c.factor == 1.0 else c.factor * product
+        be._add(out, be.xp.einsum("{},{}->{}".format(*_modes(c)), a, b), False, c.factor)
 
 
 class Direct(Method):
@@ -620,11 +619,8 @@ class Methods:
             fresh = False
         strategy.run(self, config, c, out, a, b, fresh)
 
-    @staticmethod
-    def _add(out, product, fresh: bool) -> None:
-        """``out += product``, or ``out[...] = product`` where ``out`` is fresh."""
-        if fresh:
-            out[...] = product
-        else:
-            out += product
+    def _add(self, out, product, fresh: bool, factor: float = 1.0) -> None:
+        """``out += factor·product``, or ``out[...] = factor·product`` where ``out`` is fresh
+        (:meth:`chainexec.runtime.device.Backend.assign`)."""
+        self.assign(out, product, factor, not fresh)
 

@@ -62,4 +62,4 @@ class NumpyBackend(Backend):
         if b is None:
             out += c.factor * permuted(c, a)
         else:
-            out += ttgt_product(np, c, a, b)
+            out += ttgt_product(self, c, a, b)

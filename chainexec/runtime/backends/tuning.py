@@ -355,8 +355,8 @@ class Autotuner:
             at = 0
             for factor, x, y, nk in parts:
                 k = math.prod(x.shape[:nk])
-                xp.multiply(x, factor, out=left[at:at + k].reshape(x.shape))
-                right[at:at + k].reshape(y.shape)[...] = y
+                self.assign(left[at:at + k].reshape(x.shape), x, factor)
+                self.assign(right[at:at + k].reshape(y.shape), y)
                 at += k
             name = next(f"stacked{n}" for n in range(len(cs[0].out_indices) + 1)
                         if f"stacked{n}" not in cs[0].out_indices)
