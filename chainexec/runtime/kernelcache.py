@@ -9,7 +9,8 @@ Every generated kernel goes through :func:`function`: the contraction kernels
 the architecture (``sm_<compute capability>``), the compiler options and the NVRTC version: the
 compiler's version in the key does what a store's format version does, so the store has none of
 its own. Files are written whole, so concurrent processes never read half of one. In the process,
-a per-device table holds each loaded function by (key, device). CuPy is imported where a kernel
+each device loads a CUBIN's module once, and a per-device table holds each function loaded from
+it by (key, name, device): a source may hold several kernels. CuPy is imported where a kernel
 is compiled or loaded: the module imports on machines without it.
 """
 
@@ -30,7 +31,8 @@ POINTWISE_OPTIONS = ("--std=c++17", "-ftz=true")
 """NVRTC options for the point-wise kernels: single-precision denormals flushed to zero, as CuPy
 compiles its own kernels (``cupy.RawKernel``)."""
 
-_LOADED: dict = {}  # (cache key, device) -> function
+_LOADED: dict = {}  # (cache key, kernel name, device) -> function
+_MODULES: dict = {}  # (cache key, device) -> its loaded module
 _KEYS: dict = {}  # (source, architecture, options) -> cache key, so that a launch hashes no source
 _LOCK = threading.Lock()
 _COMPILED = [0.0, 0]  # NVRTC seconds in this process (summed over compiling threads), kernels compiled
@@ -148,18 +150,25 @@ def function(name: str, source: str, options: tuple[str, ...] = OPTIONS) -> tupl
     cc = str(dev.compute_capability)
     key = _key(source, cc, options)
     with _LOCK:
-        fn = _LOADED.get((key, dev.id))
+        fn = _LOADED.get((key, name, dev.id))
     return (fn if fn is not None else _kept(name, _cached_cubin(name, source, cc, options), key, dev.id)), key
 
 
 def _kept(name: str, cubin: Path, key: str, device: int):
     """Function ``name`` of the CUBIN file ``cubin`` (cache key ``key``) on ``device``, kept in
-    the per-device table (the one already there where another thread was first)."""
+    the per-device table (the one already there where another thread was first), from the
+    module loaded once per device."""
     import cupy
 
-    fn = cupy.RawModule(path=str(cubin)).get_function(name)
     with _LOCK:
-        return _LOADED.setdefault((key, device), fn)
+        module = _MODULES.get((key, device))
+    if module is None:
+        module = cupy.RawModule(path=str(cubin))
+        with _LOCK:
+            module = _MODULES.setdefault((key, device), module)
+    fn = module.get_function(name)
+    with _LOCK:
+        return _LOADED.setdefault((key, name, device), fn)
 
 
 def note(key: str, name: str) -> None:
@@ -178,5 +187,5 @@ def preload(name: str, key: str) -> None:
 
     path = _store().path(key)
     dev = cupy.cuda.Device()
-    if (key, dev.id) not in _LOADED and path.exists():
+    if (key, name, dev.id) not in _LOADED and path.exists():
         _ = _kept(name, path, key, dev.id).num_regs  # reading an attribute makes lazy loading load it

@@ -102,6 +102,9 @@ def test_threads_share_the_node_among_its_ranks(nvrtc, monkeypatch):
     assert len(calls) == 4 and len(threads) == 1
 
 
+LOADS: list[str] = []  # the CUBIN files modules were loaded from, in order
+
+
 class _Function:
     """A loaded kernel as CuPy returns it: its dynamic shared memory limit, and its launches."""
 
@@ -129,15 +132,20 @@ def device(nvrtc, monkeypatch):
     class RawModule:
         def __init__(self, path):
             self.path = path
+            LOADS.append(path)
 
         def get_function(self, name):
-            return _Function()
+            fn = _Function()
+            fn.name = name
+            return fn
 
     cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
         getDeviceProperties=lambda device: {"name": b"GPU"}))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, RawModule=RawModule))
     monkeypatch.setattr(uselog, "_NAMES", {})
     monkeypatch.setattr(kernelcache, "_LOADED", {})
+    monkeypatch.setattr(kernelcache, "_MODULES", {})
+    LOADS.clear()
     for table in ("_GETT", "_SUM"):
         monkeypatch.setattr(launch, table, {})
     noted = []
@@ -179,7 +187,7 @@ def test_point_wise_kernels_load_through_the_same_table(device, nvrtc):
     pointwise.preload(TOTAL, "chainexec_total")
     pointwise.preload(TOTAL, "chainexec_total")
     key = kernelcache.cache_key(TOTAL, "90", kernelcache.POINTWISE_OPTIONS)
-    assert calls == [TOTAL] and list(kernelcache._LOADED) == [(key, 0)]
+    assert calls == [TOTAL] and list(kernelcache._LOADED) == [(key, "chainexec_total", 0)]
     assert _cubin(TOTAL, options=kernelcache.POINTWISE_OPTIONS).exists() and device == []
 
 
@@ -210,3 +218,16 @@ def test_a_contraction_kernel_is_noted_at_each_call_and_not_when_made(device, mo
     use = (kern.cubin, kern.name)
     assert kern.cubin == kernelcache.cache_key(kern.source, "90") and kern.function.launches == 3
     assert device == [("modules", use, True), ("modules", use, False), ("modules", use, False)]
+
+
+def test_the_kernels_of_one_source_are_each_its_own_function_of_one_module(device, nvrtc):
+    """A source holding several kernels (the tile operations' set, add and fill) compiles and
+    loads once, and each name is that kernel, not the one loaded first."""
+    from chainexec.kernels.strided import OPERATIONS, strided_source
+
+    calls, _ = nvrtc
+    text = strided_source(2, "float64", "float64", "int")
+    found = {op: kernelcache.function(f"chainexec_strided_{op}", text) for op in OPERATIONS}
+    assert {fn.name for fn, _ in found.values()} == {f"chainexec_strided_{op}" for op in OPERATIONS}
+    assert len({key for _, key in found.values()}) == 1 and calls == [text] and len(LOADS) == 1
+    assert kernelcache.function("chainexec_strided_add", text)[0] is found["add"][0]

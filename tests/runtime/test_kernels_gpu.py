@@ -32,6 +32,7 @@ CASES = [
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(kernelcache, "_LOADED", {})
+    monkeypatch.setattr(kernelcache, "_MODULES", {})
 
 
 def _inputs(a, b, c, sizes, dtype, seed):
@@ -94,6 +95,7 @@ def test_disk_cache_compiles_once(monkeypatch, tmp_path):
     assert len(calls) == 1
     assert len(list((tmp_path / "cache").glob("*.cubin"))) == 1
     monkeypatch.setattr(kernelcache, "_LOADED", {})  # a new process: only the disk cache is left
+    monkeypatch.setattr(kernelcache, "_MODULES", {})
     kern = launch.get_kernel("ab", "ac", "cb", sizes, "float64")
     assert len(calls) == 1
     A, B, _ = _inputs("ac", "cb", "ab", sizes, "float64", seed=3)

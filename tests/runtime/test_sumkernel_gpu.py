@@ -155,6 +155,7 @@ def test_precompiled_candidates_load_without_compiling(monkeypatch):
     real = kernelcache.compile_cubin
     monkeypatch.setattr(kernelcache, "compile_cubin", lambda *a: calls.append(a) or real(*a))
     monkeypatch.setattr(kernelcache, "_LOADED", {})
+    monkeypatch.setattr(kernelcache, "_MODULES", {})
     monkeypatch.setattr(launch, "_SUM", {})
     for p, cfg in jobs:
         part = [k for k, t in enumerate(prob.terms) if t in p.terms]

@@ -53,6 +53,7 @@ def new_process(tmp_path, monkeypatch):
     def fresh():
         monkeypatch.setattr(uselog, "_PENDING", {})
         monkeypatch.setattr(kernelcache, "_LOADED", {})
+        monkeypatch.setattr(kernelcache, "_MODULES", {})
         for table in ("_SUM", "_GETT"):
             monkeypatch.setattr(launch, table, {})
         for make in pointwise.PREPARED.values():
@@ -97,7 +98,7 @@ def test_logged_uses_are_loaded_again(new_process, monkeypatch):
     def keys(texts) -> set:
         return {kernelcache.cache_key(text, cc, kernelcache.POINTWISE_OPTIONS) for text in texts}
 
-    replayed = {key for key, _ in kernelcache._LOADED}
+    replayed = {key for key, *_ in kernelcache._LOADED}
     assert replayed == {key for key, _ in modules} | keys(text for _, text in sources)
     made = sum(make.cache_info().currsize for make in pointwise.PREPARED.values())
     assert made == len(prepared)
