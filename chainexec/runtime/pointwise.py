@@ -271,17 +271,30 @@ def _scalar(out, value: float):
 
 def _strided(xp, op: str, out, views: list):
     """The kernel of :func:`chainexec.kernels.strided.strided_source` doing ``op`` on ``out``
-    (and reading ``views``, none or one), its grid and its integer arguments (the element count,
-    the merged extents but the first, then every array's strides)."""
-    if any(v.ndim != out.ndim or any(m not in (1, n) for m, n in zip(v.shape, out.shape)) for v in views):
-        raise ValueError(f"{[v.shape for v in views]} do not broadcast to {out.shape} dimension by dimension")
-    shape, strides = layout(tuple(out.shape), _strides(views, tuple(s // out.itemsize for s in out.strides)))
-    n = math.prod(shape)
+    (and reading ``views``, none or one), its grid and its integer arguments (:func:`_strided_made`)."""
+    text, name, grid, numbers = _strided_made(op, tuple(out.shape), tuple(out.strides), out.dtype.name,
+                                              tuple((tuple(v.shape), tuple(v.strides), v.dtype.name) for v in views))
+    return _kernel(xp, text, name), grid, numbers
+
+
+@lru_cache(maxsize=4096)
+def _strided_made(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, views: tuple) -> tuple:
+    """The source, kernel name, grid and integer arguments (the element count, the merged extents
+    but the first, then every array's strides) of ``op`` on an output of ``shape``, byte
+    ``strides`` and ``dtype``, reading ``views`` ((shape, byte strides, dtype) each), made once per
+    process and layout: the executor's tile operations repeat a few layouts on every tile.
+    ValueError where a view does not broadcast to ``shape`` dimension by dimension."""
+    if any(len(vs) != len(shape) or any(m not in (1, n) for m, n in zip(vs, shape)) for vs, _, _ in views):
+        raise ValueError(f"{[vs for vs, _, _ in views]} do not broadcast to {shape} dimension by dimension")
+    walk = tuple(s // np.dtype(dtype).itemsize for s in strides)
+    reads = [tuple(0 if m == 1 else s // np.dtype(t).itemsize for m, s in zip(vs, st)) for vs, st, t in views]
+    merged, merged_strides = layout(shape, [walk] + reads)
+    n = math.prod(merged)
     grid = strided.grid(n)
-    index = index_type([n + grid * BLOCK], shape, strides)
-    text = strided.strided_source(len(shape), out.dtype.name, (views[0] if views else out).dtype.name, index)
-    numbers = (n, *shape[1:], *(s for st in strides for s in st))
-    return _kernel(xp, text, f"chainexec_strided_{op}"), grid, _ints(index, numbers)
+    index = index_type([n + grid * BLOCK], merged, merged_strides)
+    text = strided.strided_source(len(merged), dtype, views[0][2] if views else dtype, index)
+    numbers = _ints(index, (n, *merged[1:], *(s for st in merged_strides for s in st)))
+    return text, f"chainexec_strided_{op}", grid, numbers
 
 
 def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
