@@ -184,13 +184,12 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
     from chainexec.runtime.globalarray import GlobalArray
 
-    dev = select(backend, comm)
-    xp = dev.xp
-    stopwatch = _stopwatch(xp)
     rng = np.random.default_rng(comm.rank)
-    result: dict = {"backend": dev.name, "queued": QUEUED in dev.capabilities}
+    result: dict = {}
 
     # Disk: each rank its own file, as each rank reads its rows and writes its shard in a run.
+    # Measured before the backend is chosen: the disk needs no device, and a process's device
+    # warm-up (:mod:`chainexec.runtime.warmup`), which the choice waits for, goes on meanwhile.
     data = rng.random(max(1, size // 8))
     path = Path(scratch) / f".chainexec-calibrate-{os.getpid()}-{comm.rank}.h5"
     try:
@@ -208,6 +207,11 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     finally:
         path.unlink(missing_ok=True)
     del data
+
+    dev = select(backend, comm)
+    xp = dev.xp
+    stopwatch = _stopwatch(xp)
+    result |= {"backend": dev.name, "queued": QUEUED in dev.capabilities}
 
     # Global array: every rank moves the whole block of the next rank (another rank's memory
     # whenever P > 1), all at once, into the backend's host buffers for device copies (page-locked

@@ -257,3 +257,17 @@ def _takes_values(gemm) -> bool:
     """Whether ``gemm``'s signature takes the scalars by value (read once per binding, not per
     launch)."""
     return any(f"{t} alpha" in (gemm.__doc__ or "") for t in ("double", "float"))
+
+
+ADDRESSES = "\n".join([
+    'extern "C" __global__ void chainexec_addresses(long long* at, const long long* table, const long long n,',
+    "                                               const long long a, const long long b, const long long c) {",
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < 3 * n;",
+    "       i += (long long)gridDim.x * blockDim.x)",
+    "    at[i] = table[i] + (i < n ? a : i < 2 * n ? b : c);",
+    "}"])
+"""CUDA C of ``chainexec_addresses(at, table, n, a, b, c)``: the device addresses of a pointer-array
+launch's matrices, row r of the (3, ``n``) byte offsets ``table`` plus the base address ``a``,
+``b`` or ``c`` of its operand (the addresses are kernel arguments, so nothing is copied from the
+host, which would wait for the work queued before it), in one launch. The source is the same for
+every launch: a warm-up compiles and loads it (:func:`chainexec.runtime.pointwise.load_common`)."""

@@ -8,7 +8,7 @@ a fused statement), a fused statement into a scalar through :func:`reduce` or, w
 reused values, :func:`orbit_reduce`; a symmetrized run ends with :func:`symmetrize`, and the
 ``direct`` contraction method is :func:`contract`. The tile operations between views of any
 shape (:func:`assign`, :func:`fill`, :func:`copy`) run the shape-generic kernels of
-:mod:`chainexec.kernels.strided`, which a warm-up compiles at once (:func:`load_strided`). Each
+:mod:`chainexec.kernels.strided`, which a warm-up compiles at once with the other kernels of every run (:func:`load_common`). Each
 other kernel's source and grid (its
 *preparation*) is made once per process and shape, and its arguments are logged for the next
 process's warm-up (:func:`prepare`); each kernel is compiled through the kernel cache
@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from chainexec.kernels import strided
+from chainexec.kernels.batchedgemm import ADDRESSES
 from chainexec.kernels.direct import direct_source
 from chainexec.kernels.elementwise import (BLOCK, blocks, index_type, layout, reduce_source, source, staging,
                                            total_source)
@@ -331,11 +332,28 @@ def copy(xp, x):
     return out
 
 
-def load_strided(xp) -> None:
-    """Compile together (:func:`precompile`) and load on the current device the tile
-    operations' usual kernels (:func:`chainexec.kernels.strided.common`): a warm-up's, so that
-    no tile operation of the run waits for a compile."""
-    kernels = strided.common()
+def addresses(xp, table, base: tuple[int, int, int]):
+    """The device addresses of a pointer-array batched GEMM's matrices: a new (3, n) int64 array,
+    row r the byte offsets ``table[r]`` (C-contiguous int64) plus ``base[r]``
+    (:data:`chainexec.kernels.batchedgemm.ADDRESSES`), on the current stream."""
+    at = xp.empty_like(table)
+    n = table.shape[1]
+    _kernel(xp, ADDRESSES, "chainexec_addresses")((strided.grid(3 * n),), (BLOCK,),
+                                                  (at, table, np.int64(n), *map(np.int64, base)))
+    return at
+
+
+def common_kernels() -> list[tuple[str, str]]:
+    """(name, source) of the kernels any run may launch whatever its shapes: the tile operations'
+    usual modules (:func:`chainexec.kernels.strided.common`), the batched GEMMs' addresses and the
+    reductions' last step into a float64 scalar."""
+    return [*strided.common(), ("chainexec_addresses", ADDRESSES), ("chainexec_total", total_source("float64"))]
+
+
+def load_common(xp) -> None:
+    """Compile together (:func:`precompile`, in threads) and load on the current device
+    :func:`common_kernels`: a warm-up's, so that none of the run's launches waits for them."""
+    kernels = common_kernels()
     precompile(xp, kernels)
     for name, text in kernels:
         preload(text, name)

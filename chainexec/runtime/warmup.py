@@ -1,9 +1,9 @@
 """Load on a thread of its own, as early as the process allows, what a GPU run loads on first use.
 
-What: the CUDA context (:func:`context`), cuBLAS (its state and a handle), the kernels of the
-backend's tile operations (:func:`chainexec.runtime.pointwise.load_strided`: compiled together in
-threads where the kernel cache lacks them) and the one CuPy element-wise kernel it launches
-itself, and what earlier runs on this device used
+What: the CUDA context (:func:`context`), cuBLAS (its state and a handle), the kernels every run
+may launch whatever its shapes (:func:`chainexec.runtime.pointwise.load_common`: the tile
+operations and the like, compiled together in threads where the kernel cache lacks them), and
+what earlier runs on this device used
 (:mod:`chainexec.runtime.uselog`): their cuBLAS calls, made again on stand-in matrices so that the
 kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
 when the ``run`` command starts: the context, made through the driver with the interpreter's lock
@@ -118,8 +118,8 @@ def wait() -> None:
     :func:`proceed`), so that the run's first statements do not compete with its loads: in a
     fresh (T) process the executor's first cuBLAS call and the warm-up's replay of the same calls
     would wait for each other's kernel loads (the device's module loads are serialised), and a
-    calibration's timings would be skewed by loads that hold the interpreter's lock (CuPy
-    compiles its element-wise kernels holding it). Returns at once where none was begun."""
+    calibration's device timings would be skewed by the compiles and loads beside them. Returns
+    at once where none was begun."""
     proceed()
     for thread in _EARLY:
         thread.join(WAIT)
@@ -170,10 +170,8 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
 
         # its own loads are not the run's uses (uselog.paused is per thread)
         with uselog.paused(), cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
-            pointwise.load_strided(cupy)  # tile copies, stacked operands, products added, clears
-            cupy.add(cupy.zeros(3, cupy.int64), 1)  # batched GEMMs' device addresses
+            pointwise.load_common(cupy)  # tile operations, batched GEMMs' addresses, reductions' last step
             x = cupy.zeros((8, 8), cupy.float64)
-            pointwise.total(cupy, x.reshape(-1), cupy.zeros((), cupy.float64))  # the reductions' last step
             x @ x  # cuBLAS
             if job is not None:
                 arena.prepare(cupy)  # its allocation waits for the device: before the run only

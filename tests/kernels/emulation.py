@@ -93,7 +93,8 @@ def emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets:
     ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
     whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry,
     then the C literals ``scalars``."""
-    ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int"}
+    ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int",
+             np.dtype(np.int64): "long long"}
     decl = "\n".join(f"  std::vector<{ctype[b.dtype]}> b{k}({b.size}); "
                      f"if (fread(b{k}.data(), sizeof({ctype[b.dtype]}), {b.size}, f) != {b.size}) return 2;"
                      for k, b in enumerate(buffers))

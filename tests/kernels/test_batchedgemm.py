@@ -4,11 +4,13 @@ checked), equal ``numpy.einsum`` on fresh random operands, contiguous, permuted 
 buffers; the paper's case studies run as one call."""
 
 import math
+import shutil
 
 import numpy as np
 import pytest
 
 from chainexec.kernels import batchedgemm
+from tests.kernels.emulation import compiles_with_nvcc, emulated
 from tests.kernels.test_sumkernel import W_TERMS
 
 CASES = [
@@ -216,3 +218,21 @@ def test_copies_in_operand_orders(c, a, b, sizes):
     expect = np.einsum(f"{a},{b}->{c}", x, y) + out
     run(copied, out, x2, y2)
     assert np.max(np.abs(out - expect)) <= 1e-12 * np.max(np.abs(expect))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_the_addresses_kernel_adds_each_rows_base(tmp_path):
+    """:data:`batchedgemm.ADDRESSES` emulated (two blocks for 3·300 addresses, each thread walking
+    on a grid apart): row r of the byte offsets plus base r, for addresses above 2^32."""
+    rng = np.random.default_rng(2)
+    table = rng.integers(0, 2**40, (3, 300), dtype=np.int64)
+    base = (2**45 + 8, 3 * 2**45, 5 * 2**45 + 16)
+    at = np.zeros_like(table)
+    got = emulated(tmp_path, batchedgemm.ADDRESSES, "chainexec_addresses", [at, table], [0, 0], 2,
+                   ("300", *map(str, base)))
+    assert np.array_equal(got, table + np.array(base, np.int64)[:, None])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_the_addresses_kernel_compiles_with_nvcc(tmp_path):
+    compiles_with_nvcc(tmp_path, [batchedgemm.ADDRESSES])

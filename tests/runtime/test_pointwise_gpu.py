@@ -221,14 +221,15 @@ def test_tile_operations_in_place_in_float32_and_on_scalars():
     assert np.array_equal(a.get(), expect)
 
 
-def test_after_the_warm_ups_load_no_tile_operation_compiles(tmp_path, monkeypatch):
-    """:func:`pointwise.load_strided` compiles the usual modules together; tile operations of 0 to
-    :data:`strided.COMMON_DIMS` merged dimensions then compile nothing."""
+def test_after_the_warm_ups_load_no_common_kernel_compiles(tmp_path, monkeypatch):
+    """:func:`pointwise.load_common` compiles the common kernels together; tile operations of 0
+    to :data:`strided.COMMON_DIMS` merged dimensions, a batched GEMM's addresses and a
+    reduction's total then compile nothing, and each computes what NumPy does."""
     from chainexec.kernels import strided
     from chainexec.runtime import kernelcache
 
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path))
-    pointwise.load_strided(cupy)
+    pointwise.load_common(cupy)
     before = kernelcache.compiled()[1]
     rng = np.random.default_rng(9)
     for dims in range(strided.COMMON_DIMS + 1):
@@ -241,4 +242,12 @@ def test_after_the_warm_ups_load_no_tile_operation_compiles(tmp_path, monkeypatc
         pointwise.assign(cupy, out, view, 2.0, add=True)
         pointwise.fill(cupy, view, 1.0)
         assert np.array_equal(out.get(), expect) and (view.get() == 1.0).all()
+    table = rng.integers(0, 2**40, (3, 700), dtype=np.int64)
+    base = (2**45, 3 * 2**45, 5 * 2**45)
+    at = pointwise.addresses(cupy, cupy.asarray(table), base)
+    assert np.array_equal(at.get(), table + np.array(base, np.int64)[:, None])
+    partial = rng.standard_normal(1000)
+    into = cupy.zeros((), cupy.float64)
+    pointwise.total(cupy, cupy.asarray(partial), into)
+    assert abs(float(into) - partial.sum()) <= 1e-12 * np.abs(partial).sum()
     assert kernelcache.compiled()[1] == before

@@ -548,11 +548,8 @@ class Methods:
 
     def _addresses(self, table, base: tuple[int, int, int]):
         """The (3, matrices) device addresses of a pointer-array launch: row r of ``table`` (byte
-        offsets) plus ``base[r]``, added on the device with the address as a kernel argument."""
-        at = self.xp.empty_like(table)
-        for row, address in enumerate(base):
-            self.xp.add(table[row], address, out=at[row])
-        return at
+        offsets) plus ``base[r]``, made on the device (:func:`chainexec.runtime.pointwise.addresses`)."""
+        return pointwise.addresses(self.xp, table, base)
 
     def _relayout(self, c: Contraction, out, a, b):
         """:meth:`_batched`'s layout for C-contiguous copies of ``a`` and ``b`` in the orders of
