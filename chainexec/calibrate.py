@@ -283,7 +283,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         # A tile goes global → pinned host → device one step after the other: seconds per byte add.
         to_device = 1 / (1 / get["per_second"] + 1 / h2d["per_second"])
         to_global = 1 / (1 / acc["per_second"] + 1 / d2h["per_second"])
-        host_device = {"buffers": "pinned host (cupyx.empty_pinned), timed with CUDA events",
+        host_device = {"buffers": "pinned host (CuPy's page-locked pool), timed with CUDA events",
                        "bytes_per_rank": nbytes, "host_to_device": h2d, "device_to_host": d2h}
     else:
         # NumPy's "device" is host memory: the get's destination is the device buffer already.

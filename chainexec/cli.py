@@ -262,11 +262,19 @@ def end(status: int) -> NoReturn:
             pass
     mpi = sys.modules.get("mpi4py.MPI")
     started = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
-    if (started and mpi.COMM_WORLD.Get_size() > 1) or sys.gettrace() is not None or sys.getprofile() is not None:
+    if (started and mpi.COMM_WORLD.Get_size() > 1) or _observed():
         sys.exit(status)
     if started:
         mpi.Finalize()
     os._exit(status)
+
+
+def _observed() -> bool:
+    """Whether a tracer or profiler watches this process: ``sys.settrace``/``setprofile``'s, or
+    a tool registered with ``sys.monitoring`` (Python 3.12 on: cProfile and coverage use it)."""
+    monitoring = getattr(sys, "monitoring", None)
+    tools = [] if monitoring is None else [monitoring.get_tool(n) for n in range(6)]
+    return sys.gettrace() is not None or sys.getprofile() is not None or any(t is not None for t in tools)
 
 
 def _rank() -> int:

@@ -14,6 +14,7 @@ nothing, fused statements and symmetrizations run as generated point-wise kernel
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -479,12 +480,13 @@ class CupyBackend(Autotuner, Methods, Backend):
 
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool
-        (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory."""
+        (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory. Not through
+        ``cupyx.empty_pinned``: importing cupyx takes about half a second, which a first run
+        would wait for."""
         if not self.pinned:
             return np.empty(shape, dtype)
-        import cupyx
-
-        return cupyx.empty_pinned(shape, dtype)
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        return np.ndarray(shape, dtype, buffer=self.xp.cuda.alloc_pinned_memory(nbytes))
 
     def limit_memory(self, limit: int, planned: int) -> None:
         """As :meth:`Backend.limit_memory`: a method whose temporaries
