@@ -181,6 +181,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
     extent of the statement measurement's product (:func:`_statements`)."""
+    from chainexec.runtime import warmup
     from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
     from chainexec.runtime.globalarray import GlobalArray
 
@@ -188,8 +189,9 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     result: dict = {}
 
     # Disk: each rank its own file, as each rank reads its rows and writes its shard in a run.
-    # Measured before the backend is chosen: the disk needs no device, and a process's device
-    # warm-up (:mod:`chainexec.runtime.warmup`), which the choice waits for, goes on meanwhile.
+    # Measured before the backend is chosen: the disk needs no device, and a run's device warm-up
+    # (:mod:`chainexec.runtime.warmup`), begun at its start and waited for by the choice, goes on
+    # meanwhile.
     data = rng.random(max(1, size // 8))
     path = Path(scratch) / f".chainexec-calibrate-{os.getpid()}-{comm.rank}.h5"
     try:
@@ -209,6 +211,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     del data
 
     dev = select(backend, comm)
+    warmup.settle()  # a warm-up the selection began (``chainexec calibrate``'s workers) beside no timing
     xp = dev.xp
     stopwatch = _stopwatch(xp)
     result |= {"backend": dev.name, "queued": QUEUED in dev.capabilities}

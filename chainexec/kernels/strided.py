@@ -7,8 +7,8 @@ contraction's operands copied with their factors (:mod:`chainexec.kernels.stacki
 added into its output, an operand made contiguous for a GEMM or for the host, an output cleared.
 :func:`chainexec.kernels.elementwise.source` compiles one kernel per shape and strides; these take
 the extents and strides as arguments and compile in only the number of dimensions (after
-:func:`~chainexec.kernels.elementwise.layout` has merged what it can), the dtypes and the index
-width, so that one CUBIN serves every tile of a dimension count, and a process's warm-up compiles
+:func:`~chainexec.kernels.elementwise.layout` has merged what it can), the dtype (one for both
+arrays, as the planner's statements have) and the index width, so that one CUBIN serves every tile of a dimension count, and a process's warm-up compiles
 the usual ones at once, in threads, before its first statement (:func:`common`). CuPy's own
 element-wise kernels are generic in the same way, but CuPy compiles each one on its first use, one
 after another, holding the interpreter's lock: a tenth of a second each, eight of them in the
@@ -17,10 +17,10 @@ first tiles of a (T) run.
 The element number is split into coordinates by divisions by the extents (one per dimension per
 element, as in CuPy's kernels; :mod:`~chainexec.kernels.elementwise` divides by constants
 instead). Threads walk ``out`` in its memory order, so its writes are coalesced. The product
-``f·x`` (``f`` of ``out``'s dtype) is made in double precision and rounded to ``out``'s dtype
-before it is added (``__dmul_rn``: no fused multiply-add), which is ``out += f * x`` as NumPy and
-CuPy round it (for float32 the double product of two floats is exact, so its rounding is the
-float product's); with ``f = 1`` a copy or sum is exact.
+``f·x`` (``f`` of the dtype) is made in double precision and rounded to the dtype before it is
+added (``__dmul_rn``: no fused multiply-add), which is ``out += f * x`` as NumPy and CuPy round
+it (for float32 the double product of two floats is exact, so its rounding is the float
+product's); with ``f = 1`` a copy or sum is exact.
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ def grid(n: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def strided_source(dims: int, out_type: str, in_type: str, index: str) -> str:
-    """CUDA C of the three kernels for views of ``dims`` dimensions (after merging), ``out`` of
-    dtype ``out_type``, ``x`` of ``in_type`` (names of :data:`C_TYPES`), index arithmetic in
-    ``index`` (``int`` or ``long long``: :func:`chainexec.kernels.elementwise.index_type` of the
-    element count plus one grid's threads and of every offset span):
+def strided_source(dims: int, dtype: str, index: str) -> str:
+    """CUDA C of the three kernels for views of ``dims`` dimensions (after merging), ``out`` and
+    ``x`` of ``dtype`` (a name of :data:`C_TYPES`), index arithmetic in ``index`` (``int`` or
+    ``long long``: :func:`chainexec.kernels.elementwise.index_type` of the element count plus one
+    grid's threads and of every offset span):
 
     - ``chainexec_strided_set(Y, P, f, n, e1, …, y0, …, s0, …)``: ``Y[at] = f·P[from]``;
     - ``chainexec_strided_add(…)`` (the same arguments): ``Y[at] += f·P[from]``;
@@ -58,7 +58,7 @@ def strided_source(dims: int, out_type: str, in_type: str, index: str) -> str:
     over the ``n`` elements of extents ``e0, e1, …`` (``e0`` is ``n / Π e1…``, so not an
     argument), ``y`` and ``s`` the strides (elements) of ``Y`` and ``P``. ``P`` may be ``Y``
     itself (no ``__restrict__``)."""
-    t, x = C_TYPES[out_type], C_TYPES[in_type]
+    t = C_TYPES[dtype]
     extents = [f"const {index} e{d}" for d in range(1, dims)]
     ys = [f"const {index} y{d}" for d in range(dims)]
     ss = [f"const {index} s{d}" for d in range(dims)]
@@ -69,7 +69,7 @@ def strided_source(dims: int, out_type: str, in_type: str, index: str) -> str:
     lines = []
     for op in OPERATIONS:
         reads = op != "fill"
-        params = [f"{t}* Y"] + ([f"const {x}* P"] if reads else []) + [f"const {t} f", f"const {index} n"]
+        params = [f"{t}* Y"] + ([f"const {t}* P"] if reads else []) + [f"const {t} f", f"const {index} n"]
         params += extents + ys + (ss if reads else [])
         value = f"({t})__dmul_rn((double)f, (double)P[{src}])" if reads else "f"
         store = f"Y[{at}] += {value};" if op == "add" else f"Y[{at}] = {value};"
@@ -83,5 +83,5 @@ def strided_source(dims: int, out_type: str, in_type: str, index: str) -> str:
 def common() -> list[tuple[str, str]]:
     """The modules a warm-up compiles and loads, as (kernel name, source) pairs: float64 views of
     0 to :data:`COMMON_DIMS` dimensions, 32-bit indices."""
-    return [(f"chainexec_strided_{op}", strided_source(d, "float64", "float64", "int"))
+    return [(f"chainexec_strided_{op}", strided_source(d, "float64", "int"))
             for d in range(COMMON_DIMS + 1) for op in OPERATIONS]

@@ -22,7 +22,6 @@ import abc
 import contextlib
 import math
 import os
-import threading
 import time
 
 import numpy as np
@@ -88,6 +87,11 @@ class Backend(abc.ABC):
             out += x if factor == 1.0 else factor * x
         else:
             self.xp.multiply(x, factor, out=out)
+
+    def reshaped(self, view, shape):
+        """``view`` reshaped to ``shape`` (its axes merged in groups) for a GEMM: a view where
+        the axes merge, else a copy (NumPy's ``reshape``)."""
+        return view.reshape(shape)
 
     def copy(self, array):
         """A new C-contiguous device array holding ``array``'s values (a 0-d one stays 0-d), in
@@ -172,19 +176,15 @@ class Backend(abc.ABC):
         taken = self.xp.take(a, self._positions(positions), axis=axis)
         if after is not None:
             taken = taken.transpose(after)
-        if factor != 1.0:
-            taken *= factor
-        if fresh:
-            out[...] = taken
-        else:
-            out += taken
+        self.assign(out, taken, factor, not fresh)
 
     def _positions(self, positions: tuple):
-        """The gather positions of :meth:`gather`, computed where the arrays are (the pair
-        formula of :mod:`chainexec.packing`, element-wise in ``xp``) once per tile shape."""
+        """The gather positions of :meth:`gather`, once per tile shape: the pair formula of
+        :mod:`chainexec.packing`, element-wise on the host, then placed where the arrays are (on
+        a GPU, element-wise there would compile a CuPy kernel per operation on first use)."""
         found = self.indexes.get(positions)
         if found is None:
-            xp = self.xp
+            xp = np
             if positions[0] == "unpack":
                 _, k0, r0, r1, s0, s1 = positions
                 r, s = xp.arange(r0, r1)[:, None], xp.arange(s0, s1)[None, :]
@@ -197,7 +197,7 @@ class Backend(abc.ABC):
                 row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
                 row += (row + 1) * (row + 2) // 2 <= k
                 found = (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
-            self.indexes[positions] = found
+            found = self.indexes[positions] = self.xp.asarray(found)
         return found
 
     @abc.abstractmethod
@@ -412,8 +412,7 @@ def select(name: str = "auto", comm=None) -> Backend:
                 if warmup.busy():  # its loads leave this thread idle: make the logged host preparations meanwhile
                     warmup.prepare(uselog.device_name(cupy, device), uselog.job())
                 warmup.wait()
-                if warmup.claim(device):  # where the command's start did not warm this device up
-                    threading.Thread(target=warmup.warm_up, args=(cupy, device), name="chainexec-warm-up").start()
+                warmup.begin(cupy, device)  # where the command's start did not warm this device up
                 return CupyBackend(cupy, method, margin)
         except Exception as err:  # no cupy, no driver, no device: all mean "no GPU here"
             if name == "cupy":

@@ -8,10 +8,10 @@ a fused statement), a fused statement into a scalar through :func:`reduce` or, w
 reused values, :func:`orbit_reduce`; a symmetrized run ends with :func:`symmetrize`, and the
 ``direct`` contraction method is :func:`contract`. The tile operations between views of any
 shape (:func:`assign`, :func:`fill`, :func:`copy`) run the shape-generic kernels of
-:mod:`chainexec.kernels.strided`, which a warm-up compiles at once with the other kernels of every run (:func:`load_common`). Each
-other kernel's source and grid (its
-*preparation*) is made once per process and shape, and its arguments are logged for the next
-process's warm-up (:func:`prepare`); each kernel is compiled through the kernel cache
+:mod:`chainexec.kernels.strided`, which a warm-up compiles at once with the other kernels of
+every run (:func:`load_common`). Each other kernel's source and grid (its *preparation*) is made
+once per process and shape, and its arguments are logged for the next process's warm-up
+(:func:`prepare`); each kernel is compiled through the kernel cache
 (:mod:`chainexec.runtime.kernelcache`), once per machine, and loaded once per device.
 """
 
@@ -284,24 +284,27 @@ def _strided_made(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dty
     but the first, then every array's strides) of ``op`` on an output of ``shape``, byte
     ``strides`` and ``dtype``, reading ``views`` ((shape, byte strides, dtype) each), made once per
     process and layout: the executor's tile operations repeat a few layouts on every tile.
-    ValueError where a view does not broadcast to ``shape`` dimension by dimension."""
+    ValueError where a view does not broadcast to ``shape`` dimension by dimension or has another
+    dtype."""
     if any(len(vs) != len(shape) or any(m not in (1, n) for m, n in zip(vs, shape)) for vs, _, _ in views):
         raise ValueError(f"{[vs for vs, _, _ in views]} do not broadcast to {shape} dimension by dimension")
+    if any(t != dtype for _, _, t in views):
+        raise ValueError(f"a tile operation takes one dtype: {[t for _, _, t in views]} into {dtype}")
     walk = tuple(s // np.dtype(dtype).itemsize for s in strides)
     reads = [tuple(0 if m == 1 else s // np.dtype(t).itemsize for m, s in zip(vs, st)) for vs, st, t in views]
     merged, merged_strides = layout(shape, [walk] + reads)
     n = math.prod(merged)
     grid = strided.grid(n)
     index = index_type([n + grid * BLOCK], merged, merged_strides)
-    text = strided.strided_source(len(merged), dtype, views[0][2] if views else dtype, index)
+    text = strided.strided_source(len(merged), dtype, index)
     numbers = _ints(index, (n, *merged[1:], *(s for st in merged_strides for s in st)))
     return text, f"chainexec_strided_{op}", grid, numbers
 
 
 def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
     """``out[...] = factor·x`` (``out += factor·x`` where ``add``) on the current stream, ``x``
-    with ``out``'s number of dimensions and ``out``'s extent or 1 (broadcast) in each; ``x`` may
-    be ``out`` itself. ValueError where ``x`` does not broadcast so."""
+    of ``out``'s dtype with ``out``'s number of dimensions and ``out``'s extent or 1 (broadcast)
+    in each; ``x`` may be ``out`` itself. ValueError otherwise."""
     if math.prod(out.shape) == 0:
         return
     kernel, grid, numbers = _strided(xp, "add" if add else "set", out, [x])

@@ -49,6 +49,7 @@ WAIT = 60.0
 _LOCK = threading.Lock()
 _CLAIMED: set[int] = set()  # devices whose warm-up this process has begun
 _EARLY: list[threading.Thread] = []  # the warm-up begun by :func:`start`
+_LATE: list[threading.Thread] = []  # those begun by the backend's selection (:func:`begin`)
 _GO = threading.Event()  # set by :func:`proceed`: the warm-up may import CuPy and load
 
 
@@ -125,6 +126,24 @@ def wait() -> None:
         thread.join(WAIT)
 
 
+def begin(cupy, device: int) -> None:
+    """Begin a warm-up of ``device`` without the replay on a thread of its own, where nothing
+    began one (:func:`claim`): the backend's selection's, for a run from Python, which does
+    not wait for it (:func:`settle` does)."""
+    if claim(device):
+        thread = threading.Thread(target=warm_up, args=(cupy, device), name="chainexec-warm-up")
+        _LATE.append(thread)
+        thread.start()
+
+
+def settle() -> None:
+    """Wait for every warm-up this process began: a calibration's, before it times the device,
+    which loads beside it would skew."""
+    wait()
+    for thread in _LATE:
+        thread.join()
+
+
 def context(local: int) -> None:
     """Create the CUDA context of GPU ``local mod GPUs`` (its primary context, the one CuPy then
     uses) through the driver library directly. Why: CUDA's start (``cuInit``) and the context's
@@ -170,7 +189,10 @@ def warm_up(cupy, device: int, job: str | None = None) -> None:
 
         # its own loads are not the run's uses (uselog.paused is per thread)
         with uselog.paused(), cupy.cuda.Device(device), cupy.cuda.Stream(non_blocking=True) as stream:
-            pointwise.load_common(cupy)  # tile operations, batched GEMMs' addresses, reductions' last step
+            try:  # tile operations, batched GEMMs' addresses, reductions' last step
+                pointwise.load_common(cupy)
+            except Exception:  # compiled where a launch needs them; the rest still loads
+                pass
             x = cupy.zeros((8, 8), cupy.float64)
             x @ x  # cuBLAS
             if job is not None:

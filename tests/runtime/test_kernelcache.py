@@ -226,7 +226,7 @@ def test_the_kernels_of_one_source_are_each_its_own_function_of_one_module(devic
     from chainexec.kernels.strided import OPERATIONS, strided_source
 
     calls, _ = nvrtc
-    text = strided_source(2, "float64", "float64", "int")
+    text = strided_source(2, "float64", "int")
     found = {op: kernelcache.function(f"chainexec_strided_{op}", text) for op in OPERATIONS}
     assert {fn.name for fn, _ in found.values()} == {f"chainexec_strided_{op}" for op in OPERATIONS}
     assert len({key for _, key in found.values()}) == 1 and calls == [text] and len(LOADS) == 1

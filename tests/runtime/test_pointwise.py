@@ -209,7 +209,7 @@ def test_a_tile_addition_launches_the_generic_kernel_numpy_agrees_with(case, cal
     pointwise.assign(_Recording(), out, x, -0.75, add=True)
     [(text, name, grid, args)] = calls
     dims = len(elementwise.layout(out.shape, [element_strides(out), element_strides(x)])[0])
-    assert name == "chainexec_strided_add" and text == strided.strided_source(dims, "float64", "float64", "int")
+    assert name == "chainexec_strided_add" and text == strided.strided_source(dims, "float64", "int")
     assert grid == strided.grid(out.size) and args[2] == np.float64(-0.75) and len(args) == 3 + 3 * dims
     got = _emulated_call(tmp_path, calls[0])
     expected = _root(out).copy()
@@ -232,14 +232,25 @@ def test_a_scaled_copy_a_fill_and_a_scalar_launch_the_generic_kernels_numpy_agre
     assert calls[-1][1] == "chainexec_strided_fill" and np.array_equal(_emulated_call(tmp_path, calls[-1]), expected)
     scalar = np.zeros(())
     pointwise.assign(_Recording(), scalar, np.array(2.25), 2.0)
-    assert calls[-1][0] == strided.strided_source(0, "float64", "float64", "int")
+    assert calls[-1][0] == strided.strided_source(0, "float64", "int")
     assert _emulated_call(tmp_path, calls[-1]) == 4.5
 
 
-def test_an_input_that_does_not_broadcast_dimension_by_dimension_is_refused(calls):
+def test_an_input_that_does_not_broadcast_dimension_by_dimension_or_of_another_dtype_is_refused(calls):
     with pytest.raises(ValueError, match="do not broadcast"):
         pointwise.assign(_Recording(), np.zeros((3, 4)), np.zeros(4), 1.0)
     with pytest.raises(ValueError, match="do not broadcast"):
         pointwise.assign(_Recording(), np.zeros((3, 4)), np.zeros((3, 2)), 1.0)
+    with pytest.raises(ValueError, match="one dtype"):
+        pointwise.assign(_Recording(), np.zeros((3, 4), np.float32), np.zeros((3, 4)), 1.0)
     pointwise.assign(_Recording(), np.zeros((0, 4)), np.zeros((0, 4)), 1.0)  # nothing to do
     assert calls == []
+
+
+@needs_gxx
+def test_a_tile_operation_reads_a_view_with_negative_strides(calls, tmp_path):
+    source = np.random.default_rng(3).standard_normal((6, 5, 4))
+    x = source[::-1, :, ::-2]
+    out = np.ones((6, 5, 2))
+    pointwise.assign(_Recording(), out, x, 2.0, add=True)
+    assert any(v < 0 for v in calls[-1][3][3:]) and np.array_equal(_emulated_call(tmp_path, calls[-1]), 1.0 + 2.0 * x)

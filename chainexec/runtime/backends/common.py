@@ -42,9 +42,9 @@ def index_extents(c: Contraction, a, b) -> dict[str, int]:
 def ttgt_product(be, c: Contraction, a, b):
     """``factor · a·b`` as an array of backend ``be`` viewed in ``out``'s index order.
 
-    An operand whose permutation is not C-contiguous is copied first (:meth:`Backend.copy
-    <chainexec.runtime.device.Backend.copy>`), so that each GEMM operand is a plain matrix (or a
-    batch of them); the factor scales the product in place (:meth:`Backend.assign
+    Each operand's permutation becomes its matrices by :meth:`Backend.reshaped
+    <chainexec.runtime.device.Backend.reshaped>` (a view where the backend's GEMM takes one);
+    the factor scales the product in place (:meth:`Backend.assign
     <chainexec.runtime.device.Backend.assign>`). With no batch index the GEMM is 2-D (one plain
     GEMM call)."""
     xp = be.xp
@@ -61,8 +61,8 @@ def ttgt_product(be, c: Contraction, a, b):
         return product.transpose(pout)
     nb, nl, nr, nk = (math.prod(size[i] for i in g) for g in (batch, lext, rext, ks))
     lead = (nb,) if batch else ()
-    left, right = ((x if x.flags.c_contiguous else be.copy(x)) for x in (left.transpose(pl), right.transpose(pr)))
-    product = xp.matmul(left.reshape(lead + (nl, nk)), right.reshape(lead + (nk, nr)))
+    product = xp.matmul(be.reshaped(left.transpose(pl), lead + (nl, nk)),
+                        be.reshaped(right.transpose(pr), lead + (nk, nr)))
     product = product.reshape([size[i] for i in batch + lext + rext])
     if c.factor != 1.0:
         be.assign(product, product, c.factor)

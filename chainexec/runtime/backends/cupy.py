@@ -184,6 +184,12 @@ class CupyBackend(Autotuner, Methods, Backend):
         """As :meth:`Backend.copy` (:func:`chainexec.runtime.pointwise.copy`)."""
         return pointwise.copy(self.xp, array)
 
+    def reshaped(self, view, shape):
+        """As :meth:`Backend.reshaped`, from a C-contiguous copy (:meth:`copy`) of a view that is
+        not one: CuPy would make its copies (in ``reshape`` and in ``matmul``) with element-wise
+        kernels it compiles on first use."""
+        return (view if view.flags.c_contiguous else self.copy(view)).reshape(shape)
+
     @property
     def out_of_memory(self) -> type[BaseException]:
         return self.xp.cuda.memory.OutOfMemoryError
