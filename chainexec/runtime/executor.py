@@ -328,6 +328,8 @@ class Executor:
             for k, (buf, region) in filled.items():
                 self.buffers.arrays[k], self.buffers.regions[k] = buf, region
                 buf.local()  # synchronise the window with what the worker wrote
+            if filled:  # this rank's loads of the tile have landed, the other ranks' only after a barrier
+                self.unsynced = True
             if n + 1 < len(combos):
                 before = self.counters.counts()
                 marks[n + 1] = self._prefetch(ahead, frame, names, combos, n + 1, loop.depth)

@@ -409,3 +409,37 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
         with h5py.File(tmp_path / "energy.h5") as f:
             assert float(f["E"][()]) == clean
     assert made and all(len(shape) == 6 for shape in made)
+
+
+def test_a_get_outside_the_parallel_loop_waits_for_every_ranks_loads_of_the_last_tile(tmp_path):
+    """The four-index transform on 2 ranks whose second rank's loads of ``C`` land 0.2 s late
+    (each slot zeroed first, as a fresh window is): its double-buffered store loop's last
+    iteration queues no loads for a next one, yet its get of the whole ``C`` tile (outside the
+    parallel loop: every rank reads every rank's rows) still waits at a barrier for them, so the
+    result equals ``numpy.einsum``'s (rows of ``C`` read as zeros changed a quarter of the last
+    iteration's tiles)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import h5py
+    import numpy as np
+
+    from tests.conftest import fourindex_config, mpiexec, run_cli, write_config
+
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.run([launcher, "-n", "2", sys.executable, str(repo / "tests/runtime/mpi_slow_loads.py"),
+                           str(config), "C", "0.2"], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        a, c = f["A"][()], f["C"][()]
+    with h5py.File(tmp_path / "out" / "result.h5", "r") as f:
+        got = f["B"][()]
+    reference = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a, optimize=True)
+    assert np.max(np.abs(got - reference)) <= 1e-12 * np.max(np.abs(reference))
