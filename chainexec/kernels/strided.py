@@ -11,8 +11,7 @@ the extents and strides as arguments and compile in only the number of dimension
 arrays, as the planner's statements have) and the index width, so that one CUBIN serves every tile of a dimension count, and a process's warm-up compiles
 the usual ones at once, in threads, before its first statement (:func:`common`). CuPy's own
 element-wise kernels are generic in the same way, but CuPy compiles each one on its first use, one
-after another, holding the interpreter's lock: a tenth of a second each, eight of them in the
-first tiles of a (T) run.
+after another, holding the interpreter's lock, while the run's first tiles wait.
 
 The element number is split into coordinates by divisions by the extents (one per dimension per
 element, as in CuPy's kernels; :mod:`~chainexec.kernels.elementwise` divides by constants

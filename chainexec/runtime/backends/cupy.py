@@ -487,8 +487,8 @@ class CupyBackend(Autotuner, Methods, Backend):
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool
         (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory. Not through
-        ``cupyx.empty_pinned``: importing cupyx takes about half a second, which a first run
-        would wait for."""
+        ``cupyx.empty_pinned``: a first run would wait for cupyx's import, which loads far more
+        than this needs."""
         if not self.pinned:
             return np.empty(shape, dtype)
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
