@@ -147,7 +147,7 @@ def _main(args) -> int:
         fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
         warmup.start(args.config, args.backend)
     # Imported after the GPU warm-up began, so that its CUDA context is made beside these imports
-    # (the runtime, h5py; about a second with MPI's start) instead of before the run's first
+    # (the runtime, h5py, MPI's start) instead of before the run's first
     # statements; then CuPy is imported here and the warm-up goes on (warmup.proceed).
     try:
         from chainexec import api, report

@@ -8,8 +8,9 @@ added into its output, an operand made contiguous for a GEMM or for the host, an
 :func:`chainexec.kernels.elementwise.source` compiles one kernel per shape and strides; these take
 the extents and strides as arguments and compile in only the number of dimensions (after
 :func:`~chainexec.kernels.elementwise.layout` has merged what it can), the dtype (one for both
-arrays, as the planner's statements have) and the index width, so that one CUBIN serves every tile of a dimension count, and a process's warm-up compiles
-the usual ones at once, in threads, before its first statement (:func:`common`). CuPy's own
+arrays, as the planner's statements have) and the index width, so that one CUBIN serves every
+tile of a dimension count, and a process's warm-up compiles the usual ones at once, in threads,
+before its first statement (:func:`common`). CuPy's own
 element-wise kernels are generic in the same way, but CuPy compiles each one on its first use, one
 after another, holding the interpreter's lock, while the run's first tiles wait.
 

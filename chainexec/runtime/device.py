@@ -98,6 +98,10 @@ class Backend(abc.ABC):
         the order the backend computes in."""
         return self.xp.array(array, order="C", copy=True)
 
+    def contiguous(self, array):
+        """``array`` where it is C-contiguous, else :meth:`copy` of it."""
+        return array if array.flags.c_contiguous else self.copy(array)
+
     def zeros(self, shape, dtype):
         """A zero-filled device buffer of ``shape`` (elements) and ``dtype``; one clear error
         when the memory is not there (the plan's limit is above what the device has)."""
@@ -184,16 +188,15 @@ class Backend(abc.ABC):
         a GPU, element-wise there would compile a CuPy kernel per operation on first use)."""
         found = self.indexes.get(positions)
         if found is None:
-            xp = np
             if positions[0] == "unpack":
                 _, k0, r0, r1, s0, s1 = positions
-                r, s = xp.arange(r0, r1)[:, None], xp.arange(s0, s1)[None, :]
-                high, low = xp.maximum(r, s), xp.minimum(r, s)
+                r, s = np.arange(r0, r1)[:, None], np.arange(s0, s1)[None, :]
+                high, low = np.maximum(r, s), np.minimum(r, s)
                 found = high * (high + 1) // 2 + low - k0
             else:
                 _, k0, k1, r0, s0, s1 = positions
-                k = xp.arange(k0, k1)
-                row = ((xp.sqrt(8.0 * k + 1) - 1) // 2).astype(xp.int64)
+                k = np.arange(k0, k1)
+                row = ((np.sqrt(8.0 * k + 1) - 1) // 2).astype(np.int64)
                 row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
                 row += (row + 1) * (row + 2) // 2 <= k
                 found = (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0

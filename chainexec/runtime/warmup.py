@@ -7,7 +7,7 @@ what earlier runs on this device used
 (:mod:`chainexec.runtime.uselog`): their cuBLAS calls, made again on stand-in matrices so that the
 kernels cuBLAS picks for those shapes load, and their generated kernels. :func:`start` begins it
 when the ``run`` command starts: the context, made through the driver with the interpreter's lock
-released, overlaps the command's imports of the runtime, h5py and MPI (about a second). The
+released, overlaps the command's imports of the runtime, h5py and MPI. The
 thread then waits for :func:`proceed`, which the command calls once those imports have ended: it
 imports CuPy on the calling thread and lets the warm-up go on. The backend's selection
 (:func:`chainexec.runtime.device.select`) then waits for the loads (:func:`wait`). Where nothing
@@ -147,7 +147,7 @@ def settle() -> None:
 def context(local: int) -> None:
     """Create the CUDA context of GPU ``local mod GPUs`` (its primary context, the one CuPy then
     uses) through the driver library directly. Why: CUDA's start (``cuInit``) and the context's
-    creation take a tenth of a second each, and a call through ``ctypes`` (imported with this
+    creation take time the run would otherwise wait for, and a call through ``ctypes`` (imported with this
     module: the thread imports nothing) releases the interpreter's lock, so they overlap the
     imports of the main thread. Nothing happens where the driver library is missing or a call
     fails."""

@@ -185,10 +185,10 @@ class CupyBackend(Autotuner, Methods, Backend):
         return pointwise.copy(self.xp, array)
 
     def reshaped(self, view, shape):
-        """As :meth:`Backend.reshaped`, from a C-contiguous copy (:meth:`copy`) of a view that is
-        not one: CuPy would make its copies (in ``reshape`` and in ``matmul``) with element-wise
+        """As :meth:`Backend.reshaped`, from a C-contiguous copy (:meth:`contiguous`) of a view that
+        is not one: CuPy would make its copies (in ``reshape`` and in ``matmul``) with element-wise
         kernels it compiles on first use."""
-        return (view if view.flags.c_contiguous else self.copy(view)).reshape(shape)
+        return self.contiguous(view).reshape(shape)
 
     @property
     def out_of_memory(self) -> type[BaseException]:
@@ -360,13 +360,13 @@ class CupyBackend(Autotuner, Methods, Backend):
             return copy.host, copy
         host = self.host_empty(array.shape, array.dtype)
         if not aside:
-            (array if array.flags.c_contiguous else self.copy(array)).get(stream=main, out=host, blocking=False)
+            self.contiguous(array).get(stream=main, out=host, blocking=False)
             return host, main.record()
         if self._back is None:
             self._back = self.xp.cuda.Stream(non_blocking=True)
         self._back.wait_event(main.record())
         with self._back:
-            source = array if array.flags.c_contiguous else self.copy(array)
+            source = self.contiguous(array)
             source.get(stream=self._back, out=host, blocking=False)
             done = self._back.record()
         while self._returning and self._returning[0][-1].done:

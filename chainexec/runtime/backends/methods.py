@@ -253,7 +253,7 @@ class Kernel(Method):
         if kern is None:
             be._add(out, ttgt_product(be, c, a, b), False)
             return
-        left, right = (x if x.flags.c_contiguous else be.copy(x) for x in (a, b))
+        left, right = be.contiguous(a), be.contiguous(b)
         if out.flags.c_contiguous:
             kern(left, right, out, alpha=c.factor, beta=1.0)
         else:
@@ -562,7 +562,8 @@ class Methods:
         """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
         a view stepping across the copy's fastest index through shared memory
         (:func:`chainexec.kernels.elementwise.staging`), so that both its reads and its writes are
-        coalesced, where ``cupy.ascontiguousarray`` reads such a view with strided loads."""
+        coalesced, where :meth:`Backend.contiguous <chainexec.runtime.device.Backend.contiguous>`'s
+        shape-generic copy reads such a view with strided loads (this one is compiled per shape)."""
         if view.flags.c_contiguous:
             return view
         copy = self.xp.empty(view.shape, view.dtype)
