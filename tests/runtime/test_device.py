@@ -473,3 +473,17 @@ def test_the_tuning_margin_comes_from_its_variable(monkeypatch):
         monkeypatch.setenv(device.TUNE_MARGIN, bad)
         with pytest.raises(ChainexecError, match=device.TUNE_MARGIN):
             device.tune_margin()
+
+
+@pytest.mark.parametrize("shape, dtype", [(3024, np.uint8), ((4, 5), np.float64), ((), np.float32)])
+def test_page_locked_host_arrays_take_an_extent_or_a_shape(numpy_gpu, shape, dtype):
+    """:meth:`CupyBackend.host_empty` takes what ``numpy.empty`` takes (the staging buffers ask for
+    a byte count), sized from CuPy's pinned pool (here a stand-in that records the bytes asked)."""
+    asked = []
+    numpy_gpu.xp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        alloc_pinned_memory=lambda nbytes: asked.append(nbytes) or bytearray(nbytes)))
+    host = numpy_gpu.host_empty(shape, dtype)
+    assert host.shape == np.empty(shape).shape and host.dtype == dtype
+    assert asked == [host.nbytes]
+    host[...] = 7
+    assert (host == 7).all()

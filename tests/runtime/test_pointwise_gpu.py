@@ -42,10 +42,19 @@ def relerr(got, ref) -> float:
 
 @pytest.fixture(params=[False, True], ids=["32-bit", "64-bit"])
 def wide(request, monkeypatch):
-    """Each kernel with 32-bit index arithmetic where it fits, and forced to 64-bit."""
+    """Each kernel with 32-bit index arithmetic where it fits, and forced to 64-bit; the sources
+    made once per process are made afresh, before and after, so that none made under the forced
+    limit outlives the test (a later test in this worker would launch 64-bit kernels)."""
+    def forget():
+        for make in (*pointwise.PREPARED.values(), pointwise._strided_made):
+            make.cache_clear()
+
     if request.param:
+        forget()
         monkeypatch.setattr(elementwise, "INDEX32", 1)
-    return request.param
+    yield request.param
+    if request.param:
+        forget()
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -202,17 +211,21 @@ def test_tile_operations_equal_numpy(case, wide):
 
 
 def test_tile_operations_in_place_in_float32_and_on_scalars():
-    """A product scaled in place (``x`` is ``out``), float64 into float32 (the product rounded
-    once, as NumPy rounds it), a 0-d copy that stays 0-d, and a clear of a view with gaps by the
-    fill kernel."""
+    """A product scaled in place (``x`` is ``out``), a float32 product added with a factor float32
+    rounds (as NumPy's float32 arithmetic has it), a float64 view into float32 refused (one dtype
+    per operation), a 0-d copy that stays 0-d, and a clear of a view with gaps by the fill kernel."""
     rng = np.random.default_rng(4)
     a = cupy.asarray(rng.standard_normal((6, 7, 5)))
     host = a.get()
     pointwise.assign(cupy, a, a, 3.0)
     assert np.array_equal(a.get(), 3.0 * host)
-    low = cupy.zeros((7, 6), cupy.float32)
-    pointwise.assign(cupy, low, a[:, :, 2].T, -1.5, add=True)
-    assert np.array_equal(low.get(), (np.float32(-1.5) * (3.0 * host)[:, :, 2].T).astype(np.float32))
+    low = cupy.asarray(rng.standard_normal((7, 6)), cupy.float32)
+    x = cupy.asarray(rng.standard_normal((6, 7, 5)), cupy.float32)
+    before, hx = low.get(), x.get()
+    pointwise.assign(cupy, low, x[:, :, 2].T, 0.1, add=True)
+    assert np.array_equal(low.get(), before + np.float32(0.1) * hx[:, :, 2].T)
+    with pytest.raises(ValueError, match="one dtype"):
+        pointwise.assign(cupy, low, a[:, :, 2].T, -1.5, add=True)
     scalar = pointwise.copy(cupy, a[2, 3, 4])
     assert scalar.shape == () and float(scalar) == 3.0 * host[2, 3, 4]
     pointwise.fill(cupy, a[:, 1:4, ::2], 0.0)

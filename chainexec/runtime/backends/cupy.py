@@ -488,9 +488,10 @@ class CupyBackend(Autotuner, Methods, Backend):
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool
         (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory. Not through
         ``cupyx.empty_pinned``: a first run would wait for cupyx's import, which loads far more
-        than this needs."""
+        than this needs. ``shape`` is an extent or a tuple of extents, as for ``numpy.empty``."""
         if not self.pinned:
             return np.empty(shape, dtype)
+        shape = tuple(shape) if np.iterable(shape) else (int(shape),)
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         return np.ndarray(shape, dtype, buffer=self.xp.cuda.alloc_pinned_memory(nbytes))
 
