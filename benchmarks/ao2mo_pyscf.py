@@ -6,7 +6,8 @@ run; ``computed``: none written, each tile computed by libcint where chainexec l
 whole ``chainexec run`` process is timed (under ``mpiexec -n RANKS`` for several ranks). PySCF's
 ``ao2mo.outcore.full(mol, C, file, compact=True)`` — integrals computed on the fly, output in the
 same compact s4 layout — is timed on the same host with the same threads. Both outputs are
-compared element by element, in row blocks (the whole array where it is small), and the summary
+compared element by element, in row blocks (every row, or a sample of rows spread over the whole
+array with ``--sample-rows`` where the disk cannot hold both outputs at once), and the summary
 records both times (chainexec's fastest of ``--repeat`` runs: the first compiles and tunes its
 kernels), both sides' output bytes and chainexec's run reports. Every layout and PySCF use the
 orbitals of the first layout's SCF (degenerate orbitals differ between SCF runs).
@@ -26,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import h5py
@@ -42,18 +44,38 @@ def run(cmd: list[str], env: dict) -> float:
     return seconds
 
 
-def compare(ours: Path, theirs: Path, rows: int = 2048) -> dict:
-    """Largest absolute difference and largest absolute value of two s4 outputs, in row blocks."""
-    with h5py.File(ours) as f, h5py.File(theirs) as g:
-        a, b = f["B"], g["eri_mo"]
-        if a.shape != b.shape:
-            sys.exit(f"shapes differ: chainexec {a.shape}, PySCF {b.shape}")
+def row_blocks(n: int, sample: int, block: int = 64) -> list[slice]:
+    """The row blocks of an output of ``n`` rows to compare: every row (blocks of 2048) where
+    ``sample`` is 0 or covers them all, else about ``sample`` rows in blocks of ``block`` spread
+    evenly from the first row to the last."""
+    if not sample or sample >= n:
+        return [slice(r, min(n, r + 2048)) for r in range(0, n, 2048)]
+    starts = np.unique(np.linspace(0, max(0, n - block), max(2, -(-sample // block))).astype(int))
+    return [slice(int(r), min(n, int(r) + block)) for r in starts]
+
+
+def compare(ours, theirs: Path, blocks: list[slice]) -> dict:
+    """Largest absolute difference and largest absolute value of two s4 outputs over the row
+    ``blocks``; ``ours`` is chainexec's output file or its rows of those blocks, read before the
+    file was removed (one array per block)."""
+    with h5py.File(theirs) as g, (h5py.File(ours) if isinstance(ours, Path) else nullcontext()) as f:
+        b = g["eri_mo"]
         worst = largest = 0.0
-        for r in range(0, a.shape[0], rows):
-            x, y = a[r:r + rows], b[r:r + rows]
+        for k, rows in enumerate(blocks):
+            x, y = (f["B"][rows] if f is not None else ours[k]), b[rows]
+            if x.shape != y.shape:
+                sys.exit(f"shapes differ: chainexec {x.shape}, PySCF {y.shape} (rows {rows.start}:{rows.stop})")
             worst = max(worst, float(np.max(np.abs(x - y))))
             largest = max(largest, float(np.max(np.abs(y))))
-    return {"max_abs_difference": worst, "max_abs_value": largest, "elements": int(np.prod(a.shape))}
+        shape = b.shape
+    compared = sum(r.stop - r.start for r in blocks)
+    return {"max_abs_difference": worst, "max_abs_value": largest, "elements": int(np.prod(shape)),
+            "rows_compared": compared, "rows": shape[0]}
+
+
+def say(*what) -> None:
+    """A line of progress, at once (a run cut short keeps what it had printed)."""
+    print(*what, flush=True)
 
 
 def main() -> None:
@@ -67,6 +89,9 @@ def main() -> None:
     ap.add_argument("--launcher", default="mpirun")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=2, help="chainexec runs per layout; the fastest is compared")
+    ap.add_argument("--sample-rows", type=int, default=0,
+                    help="compare about this many rows (0: all); each chainexec output is then read and removed "
+                         "before the next run, for disks that cannot hold chainexec's and PySCF's outputs at once")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,6 +102,7 @@ def main() -> None:
     summary = {"molecule": args.molecule, "basis": args.basis, "threads": args.threads, "ranks": args.ranks,
                "backend": args.backend, "chainexec": {}}
     C = None
+    kept = {}  # per layout: its output file, or its sampled rows
     for layout in args.layouts:
         work = out / f"work_{layout}"
         shutil.rmtree(work, ignore_errors=True)
@@ -101,6 +127,12 @@ def main() -> None:
         summary["chainexec"][layout] = {"prepare_seconds": prepare, "run_seconds": min(runs), "runs_seconds": runs,
                                         "command": " ".join(command), "input_bytes": input_bytes,
                                         "executor_seconds": record["measured"]["total_seconds"], "report": record}
+        say(layout, "prepared in", round(prepare, 2), "s, runs", [round(r, 2) for r in runs], "s")
+        with h5py.File(work / "output.h5") as f:
+            blocks = row_blocks(f["B"].shape[0], args.sample_rows)
+            kept[layout] = [f["B"][rows] for rows in blocks] if args.sample_rows else work / "output.h5"
+        if args.sample_rows:
+            shutil.rmtree(work)
     from pyscf import ao2mo, gto, lib
 
     from chainexec.chem.job import MOLECULES
@@ -112,11 +144,12 @@ def main() -> None:
     ao2mo.outcore.full(mol, C, str(erifile), dataname="eri_mo", compact=True)
     summary["pyscf_outcore_seconds"] = time.perf_counter() - t0
     summary["pyscf_output_bytes"] = os.path.getsize(erifile)
+    say("PySCF outcore", round(summary["pyscf_outcore_seconds"], 2), "s")
     for layout in args.layouts:
         entry = summary["chainexec"][layout]
-        entry |= compare(out / f"work_{layout}" / "output.h5", erifile)
+        entry |= compare(kept[layout], erifile, blocks)
         entry["speedup_over_pyscf"] = summary["pyscf_outcore_seconds"] / entry["run_seconds"]
-        shutil.rmtree(out / f"work_{layout}")
+        shutil.rmtree(out / f"work_{layout}", ignore_errors=True)
     erifile.unlink()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "chainexec"} | {

@@ -122,3 +122,20 @@ def test_not_converged_leaves_no_file(tmp_path, solver, options):
         write_ccsd_inputs(molecule(H2O, "cc-pvdz"), path, **options)
     assert caught.value.solver == solver
     assert not path.exists() and not (tmp_path / "h2o.h5.tmp").exists()
+
+
+@pytest.mark.parametrize("name, basis, functions, electrons", [
+    ("h2o", "cc-pvdz", 24, 10), ("n2", "cc-pvdz", 28, 14), ("benzene", "cc-pvdz", 114, 42),
+    ("pyridine", "cc-pvdz", 109, 42), ("anisole", "cc-pvtz", 352, 58)])
+def test_named_molecules_build_with_their_size_and_no_atoms_closer_than_a_bond(name, basis, functions, electrons):
+    """Each named molecule (``chainexec chem NAME``) builds in PySCF with the functions and
+    electrons its formula gives (cc-pVDZ: 14 per C, N, O and 5 per H; cc-pVTZ: 30 and 14), and
+    no two atoms nearer than 0.95 Angstrom."""
+    pytest.importorskip("pyscf")
+    from chainexec.chem.job import MOLECULES
+
+    mol = molecule(MOLECULES[name], basis)
+    assert (mol.nao, mol.nelectron) == (functions, electrons)
+    xyz = mol.atom_coords(unit="Angstrom")
+    apart = np.linalg.norm(xyz[:, None] - xyz[None], axis=-1) + np.eye(len(xyz)) * 10
+    assert apart.min() > 0.95
