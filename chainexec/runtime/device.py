@@ -184,8 +184,8 @@ class Backend(abc.ABC):
 
     def _positions(self, positions: tuple):
         """The gather positions of :meth:`gather`, once per tile shape: the pair formula of
-        :mod:`chainexec.packing`, element-wise on the host, then placed where the arrays are (on
-        a GPU, element-wise there would compile a CuPy kernel per operation on first use)."""
+        :mod:`chainexec.packing`, element-wise, one int64 per element of the tile (the CuPy
+        backend computes them in its kernel instead)."""
         found = self.indexes.get(positions)
         if found is None:
             if positions[0] == "unpack":
@@ -200,7 +200,7 @@ class Backend(abc.ABC):
                 row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
                 row += (row + 1) * (row + 2) // 2 <= k
                 found = (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
-            found = self.indexes[positions] = self.xp.asarray(found)
+            self.indexes[positions] = found
         return found
 
     @abc.abstractmethod

@@ -9,7 +9,8 @@ reused values, :func:`orbit_reduce`; a symmetrized run ends with :func:`symmetri
 ``direct`` contraction method is :func:`contract`. The tile operations between views of any
 shape (:func:`assign`, :func:`fill`, :func:`copy`) run the shape-generic kernels of
 :mod:`chainexec.kernels.strided`, which a warm-up compiles at once with the other kernels of
-every run (:func:`load_common`). Each other kernel's source and grid (its *preparation*) is made
+every run (:func:`load_common`), and the moves between packed pairs and their members
+(:func:`gather`) those of :mod:`chainexec.kernels.pairgather`. Each other kernel's source and grid (its *preparation*) is made
 once per process and shape, and its arguments are logged for the next process's warm-up
 (:func:`prepare`); each kernel is compiled through the kernel cache
 (:mod:`chainexec.runtime.kernelcache`), once per machine, and loaded once per device.
@@ -23,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from chainexec.kernels import strided
+from chainexec.kernels import pairgather, strided
 from chainexec.kernels.batchedgemm import ADDRESSES
 from chainexec.kernels.direct import direct_source
 from chainexec.kernels.elementwise import (BLOCK, blocks, index_type, layout, reduce_source, source, staging,
@@ -333,6 +334,42 @@ def copy(xp, x):
     else:
         assign(xp, out, x)
     return out
+
+
+def gather(xp, out, a, axis: int, positions: tuple, after, factor: float, add: bool) -> None:
+    """``out[...] = factor·a`` taken along ``axis`` at the pair ``positions`` of
+    :meth:`chainexec.runtime.device.Backend.gather` (``a``'s axes already in the order
+    ``before``), its axes then in the order ``after`` (None: as taken), ``out += …`` where
+    ``add``; on the current stream, by the kernel of
+    :func:`chainexec.kernels.pairgather.gather_source`, which computes each element's position
+    (no table of positions). ValueError where the shapes or dtypes disagree."""
+    if math.prod(out.shape) == 0:
+        return
+    if a.dtype != out.dtype:
+        raise ValueError(f"a gather takes one dtype: {a.dtype} into {out.dtype}")
+    step = [s // a.itemsize for s in a.strides]
+    kind = positions[0]
+    if kind == "unpack":
+        _, k0, r0, r1, m0, m1 = positions
+        shape = a.shape[:axis] + (r1 - r0, m1 - m0) + a.shape[axis + 1:]
+        reads = step[:axis] + [None, None] + step[axis + 1:]
+        members = (k0, r0, m0, step[axis])
+    else:
+        _, k0, k1, r0, m0, m1 = positions
+        shape = a.shape[:axis] + (k1 - k0,) + a.shape[axis + 2:]
+        reads = step[:axis] + [None] + step[axis + 2:]
+        members = (k0, r0, m0, step[axis], step[axis + 1])
+    order = tuple(range(len(shape))) if after is None else tuple(after)
+    if tuple(shape[t] for t in order) != tuple(out.shape):
+        raise ValueError(f"a {kind} of {a.shape} along axis {axis} at {positions} gives "
+                         f"{tuple(shape[t] for t in order)}, not {out.shape}")
+    special = tuple(order.index(axis + j) for j in range(pairgather.KINDS[kind]))
+    text = pairgather.gather_source(kind, out.ndim, out.dtype.name, special)
+    n = math.prod(out.shape)
+    numbers = (n, *out.shape[1:], *(s // out.itemsize for s in out.strides),
+               *(reads[t] for t in order if reads[t] is not None), *members)
+    kernel = _kernel(xp, text, f"chainexec_{kind}_{'add' if add else 'set'}")
+    kernel((strided.grid(n),), (BLOCK,), (out, a, _scalar(out, factor), *map(np.int64, numbers)))
 
 
 def addresses(xp, table, base: tuple[int, int, int]):

@@ -60,6 +60,7 @@ def offset_of(big: np.ndarray, view: np.ndarray) -> int:
 
 STAGED_PRELUDE = r"""
 #include <barrier>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -144,3 +145,15 @@ def compiles_with_nvcc(tmp_path, sources: list[str]) -> None:
         r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / f"p{k}.cubin"), str(f)],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
+
+
+def gathered_shape(a_shape: tuple, before, axis: int, positions: tuple, after) -> tuple:
+    """The shape a gather (:meth:`chainexec.runtime.device.Backend.gather`) of an array of
+    ``a_shape`` writes: the pair axis replaced by its members' block (unpack) or the two member
+    axes by the block of pairs (pack), the axes in the orders ``before`` and ``after``."""
+    taken = a_shape if before is None else tuple(a_shape[d] for d in before)
+    if positions[0] == "unpack":
+        shape = taken[:axis] + (positions[3] - positions[2], positions[5] - positions[4]) + taken[axis + 1:]
+    else:
+        shape = taken[:axis] + (positions[2] - positions[1],) + taken[axis + 2:]
+    return shape if after is None else tuple(shape[t] for t in after)

@@ -8,6 +8,6 @@ from chainexec.runtime.device import Backend
 
 
 class HostTiles(CupyBackend):
-    """The CuPy backend with :class:`Backend`'s ``clear``, ``assign`` and ``copy``."""
+    """The CuPy backend with :class:`Backend`'s ``clear``, ``assign``, ``copy`` and ``gather``."""
 
-    clear, assign, copy = Backend.clear, Backend.assign, Backend.copy
+    clear, assign, copy, gather = Backend.clear, Backend.assign, Backend.copy, Backend.gather

@@ -14,7 +14,7 @@ import pytest
 
 from chainexec.kernels import elementwise, strided
 from chainexec.runtime import kernelcache, pointwise
-from tests.kernels.emulation import CASES, element_strides, emulated, views
+from tests.kernels.emulation import CASES, element_strides, emulated, gathered_shape, views
 from tests.kernels.test_orbits import ENERGY_CODE, PERMS3
 
 
@@ -254,3 +254,32 @@ def test_a_tile_operation_reads_a_view_with_negative_strides(calls, tmp_path):
     out = np.ones((6, 5, 2))
     pointwise.assign(_Recording(), out, x, 2.0, add=True)
     assert any(v < 0 for v in calls[-1][3][3:]) and np.array_equal(_emulated_call(tmp_path, calls[-1]), 1.0 + 2.0 * x)
+
+
+@needs_gxx
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "added"])
+@pytest.mark.parametrize("positions, a_shape, before, axis, after", [
+    (("unpack", 10, 4, 7, 1, 6), (18, 3), (1, 0), 1, (2, 0, 1)),
+    (("unpack", 0, 0, 5, 0, 5), (15, 2, 3), None, 0, None),
+    (("pack", 12, 36, 4, 0, 8), (4, 8, 2), None, 0, (1, 0)),
+    (("pack", 3, 10, 2, 0, 4), (3, 2, 4), (1, 0, 2), 1, None)],
+    ids=["unpack-permuted", "unpack-diagonal", "pack-permuted", "pack-member-axes-last"])
+def test_the_cupy_backends_gather_launches_what_numpy_takes(positions, a_shape, before, axis, after, fresh, calls,
+                                                            tmp_path):
+    """The CuPy backend's gather (:func:`pointwise.gather`: one launch of the pair kernel, no
+    table of positions) writes, emulated, what the NumPy backend's ``take`` at its table of
+    positions writes: the axes put in order before and after, the factor, added or fresh."""
+    from chainexec.runtime.backends.numpy import NumpyBackend
+
+    rng = np.random.default_rng(len(calls) + sum(a_shape))
+    a = rng.standard_normal(a_shape)
+    ref = NumpyBackend()
+    shape = gathered_shape(a.shape, before, axis, positions, after)
+    out = rng.standard_normal(shape)
+    expected = out.copy()
+    ref.gather(expected, a, before, axis, positions, after, -0.5, fresh)
+    pointwise.gather(_Recording(), out, a if before is None else a.transpose(before), axis, positions, after, -0.5,
+                     not fresh)
+    [(text, name, grid, args)] = calls
+    assert name == f"chainexec_{positions[0]}_{'set' if fresh else 'add'}"
+    assert np.array_equal(_emulated_call(tmp_path, calls[0]), expected)

@@ -17,7 +17,7 @@ cupy = require_gpu()
 
 from chainexec.kernels import elementwise  # noqa: E402
 from chainexec.runtime import pointwise  # noqa: E402
-from tests.kernels.emulation import CASES, views  # noqa: E402
+from tests.kernels.emulation import CASES, gathered_shape, views  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -264,3 +264,28 @@ def test_after_the_warm_ups_load_no_common_kernel_compiles(tmp_path, monkeypatch
     pointwise.total(cupy, cupy.asarray(partial), into)
     assert abs(float(into) - partial.sum()) <= 1e-12 * np.abs(partial).sum()
     assert kernelcache.compiled()[1] == before
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "added"])
+@pytest.mark.parametrize("positions, a_shape, before, axis, after", [
+    (("unpack", 0, 0, 40, 0, 40), (820, 820), None, 0, None),
+    (("unpack", 55, 10, 23, 3, 19), (7, 221), None, 1, (1, 2, 0)),
+    (("pack", 0, 820, 0, 0, 40), (40, 40, 9), None, 0, (1, 0)),
+    (("pack", 100, 230, 13, 0, 21), (9, 8, 21), (1, 0, 2), 1, None)],
+    ids=["s8-to-s4", "unpack-permuted", "pack", "pack-permuted"])
+def test_gather_by_the_pair_kernel_equals_numpys_take(positions, a_shape, before, axis, after, fresh):
+    """:meth:`CupyBackend.gather` (positions computed in the kernel) writes what the NumPy
+    backend's ``take`` at its table of positions writes, bit for bit (each value moved and
+    scaled once), on blocks of pairs and members away from the origin."""
+    from chainexec.runtime.backends.cupy import CupyBackend
+    from chainexec.runtime.backends.numpy import NumpyBackend
+
+    rng = np.random.default_rng(sum(a_shape))
+    a = rng.standard_normal(a_shape)
+    shape = gathered_shape(a.shape, before, axis, positions, after)
+    out = rng.standard_normal(shape)
+    expected = out.copy()
+    NumpyBackend().gather(expected, a, before, axis, positions, after, 0.3, fresh)
+    got = cupy.asarray(out)
+    CupyBackend(cupy).gather(got, cupy.asarray(a), before, axis, positions, after, 0.3, fresh)
+    assert np.array_equal(got.get(), expected)

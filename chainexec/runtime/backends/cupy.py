@@ -184,6 +184,13 @@ class CupyBackend(Autotuner, Methods, Backend):
         """As :meth:`Backend.copy` (:func:`chainexec.runtime.pointwise.copy`)."""
         return pointwise.copy(self.xp, array)
 
+    def gather(self, out, a, before, axis: int, positions: tuple, after, factor: float, fresh: bool) -> None:
+        """As :meth:`Backend.gather`, by a kernel that computes each element's pair position
+        (:func:`chainexec.runtime.pointwise.gather`): a table of positions would take as much
+        device memory as the tile, in int64."""
+        pointwise.gather(self.xp, out, a if before is None else a.transpose(before), axis, positions, after,
+                         factor, not fresh)
+
     def reshaped(self, view, shape):
         """As :meth:`Backend.reshaped`, from a C-contiguous copy (:meth:`contiguous`) of a view that
         is not one: CuPy would make its copies (in ``reshape`` and in ``matmul``) with element-wise
