@@ -487,3 +487,37 @@ def test_page_locked_host_arrays_take_an_extent_or_a_shape(numpy_gpu, shape, dty
     assert asked == [host.nbytes]
     host[...] = 7
     assert (host == 7).all()
+
+
+def _lying(shape, dtype=np.float64):
+    """An array of ``shape`` with C strides over one element's memory: a tile too large to
+    allocate, for code that reads shapes and strides only (reading an element is out of bounds)."""
+    from numpy.lib.stride_tricks import as_strided
+
+    item = np.dtype(dtype).itemsize
+    return as_strided(np.zeros(1, dtype), shape, [item * math.prod(shape[k + 1:]) for k in range(len(shape))])
+
+
+@pytest.mark.parametrize("out_indices, a_indices, b_indices, sizes, probe", [
+    # AO→MO's last quarter-transform, 352 functions: the GEMM keeps 44 of its 352 columns, not 3
+    ("abx", "pbx", "pa", dict(a=352, b=352, x=62128, p=352), (44, 44, 34663)),
+    # a (T) tile: cut along its slow occupied indices only
+    ("ijkabc", "iafb", "kjcf", dict(i=21, j=21, k=21, a=93, b=93, c=93, f=93), (2, 2, 20, 93, 93, 93)),
+    # a short last index: the second pass cuts the first one further
+    ("ab", "ak", "kb", dict(a=10**9, b=2, k=3), (33554432, 2))])
+def test_a_probe_cuts_several_indices_before_one_to_a_few_elements(out_indices, a_indices, b_indices, sizes, probe):
+    """:func:`tuning._probe`: the slowest index is cut by at most :data:`tuning.PROBE_CUT` before
+    the next is cut, then (where that was not enough) as far as needed; the operands are cut
+    along the same indices, and the output is at most the limit."""
+    c = Contraction(id=0, out="o", out_indices=list(out_indices), a="x", a_indices=list(a_indices), b="y",
+                    b_indices=list(b_indices), factor=1.0, accumulate=False, flops=0, statement=0)
+    tiles = [_lying(tuple(sizes[i] for i in idx)) for idx in (out_indices, a_indices, b_indices)]
+    views = tuning._probe(c, *tiles, 512 << 20)
+    # shapes and strides only: the arrays lie about their memory, and a failing assertion's report would read it
+    shapes, strides, nbytes = [v.shape for v in views], [v.strides for v in views], views[0].nbytes
+    before = [t.strides for t in tiles]
+    del views, tiles
+    assert shapes[0] == probe and nbytes <= 512 << 20
+    cut = dict(zip(out_indices, probe))
+    assert shapes[1:] == [tuple(cut.get(i, sizes[i]) for i in idx) for idx in (a_indices, b_indices)]
+    assert strides == before

@@ -60,23 +60,34 @@ the real tile. The limit is large enough that a (T) tile is cut along its short 
 indices, not its long ones."""
 
 
+PROBE_CUT = 8
+"""The most a probe's first pass divides one index's extent by (:func:`_probe`)."""
+
+
 def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     """Views of ``out``, ``a`` and ``b`` cut along ``out``'s slowest indices (the same index in
     the inputs) until the output is at most ``limit`` bytes (:data:`TUNE_BYTES`): the strides, and
     so the memory-access pattern every method sees, stay those of the real operands, at a fraction
-    of the cost of timing six methods on a multi-GiB tile. A cut index keeps at least 2 elements."""
+    of the cost of timing six methods on a multi-GiB tile. A first pass cuts each index to no less
+    than its extent over :data:`PROBE_CUT` before it cuts the next, a second (where the first
+    was not enough) as far as needed: one index cut to a few elements changes the shape, not
+    just its size, where it is one of a GEMM's
+    dimensions (AO→MO's ``out[a, b, cd] = Σ_p x[p, b, cd] C[p, a]`` of 352 functions, cut along
+    ``a`` alone, is a GEMM of three columns, on which the direct kernel beats cuBLAS, while on the
+    whole tile cuBLAS is far faster). A cut index keeps at least 2 elements."""
     order = sorted(range(out.ndim), key=lambda d: -out.strides[d])
     views = [out, a, b]
-    for d in order:
-        if views[0].nbytes <= limit:
-            break
-        name, n = c.out_indices[d], views[0].shape[d]
-        keep = max(2, n * limit // views[0].nbytes)
-        for v, idx in enumerate((c.out_indices, c.a_indices, c.b_indices)):
-            if name in idx and keep < n:
-                cut = [slice(None)] * views[v].ndim
-                cut[idx.index(name)] = slice(0, keep)
-                views[v] = views[v][tuple(cut)]
+    for capped in (True, False):
+        for d in order:
+            if views[0].nbytes <= limit:
+                return tuple(views)
+            name, n = c.out_indices[d], views[0].shape[d]
+            keep = max(2, n * limit // views[0].nbytes, n // PROBE_CUT if capped else 0)
+            for v, idx in enumerate((c.out_indices, c.a_indices, c.b_indices)):
+                if name in idx and keep < n:
+                    cut = [slice(None)] * views[v].ndim
+                    cut[idx.index(name)] = slice(0, keep)
+                    views[v] = views[v][tuple(cut)]
     return tuple(views)
 
 
@@ -100,7 +111,7 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 7
+TUNING_VERSION = 8
 """The tuning cache's format version, the first part of every key: raised when methods or GETT
 configurations change meaning, so that decisions recorded by older code are not read back."""
 
