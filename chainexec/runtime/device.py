@@ -61,6 +61,29 @@ BACKENDS = ("auto", "numpy", "cupy")
 """Values of ``--backend``."""
 
 
+GATHER_BLOCK = 1 << 22
+"""Elements :meth:`Backend.gather` takes at once (at least one position's worth): its table of
+positions and the values taken stay within a few tens of MiB."""
+
+
+def _positions(positions: tuple, first: int, last: int) -> np.ndarray:
+    """The positions :meth:`Backend.gather` takes for the block ``[first, last)`` of its first
+    coordinate (the members' rows of an unpack, the pairs of a pack), by the pair formula of
+    :mod:`chainexec.packing`: an unpack's ``(last - first, s1 - s0)`` pair numbers, a pack's
+    places of each pair's members in the merged member axes."""
+    if positions[0] == "unpack":
+        _, k0, r0, r1, s0, s1 = positions
+        r, s = np.arange(r0 + first, r0 + last)[:, None], np.arange(s0, s1)[None, :]
+        high, low = np.maximum(r, s), np.minimum(r, s)
+        return high * (high + 1) // 2 + low - k0
+    _, k0, k1, r0, s0, s1 = positions
+    k = np.arange(k0 + first, k0 + last)
+    row = ((np.sqrt(8.0 * k + 1) - 1) // 2).astype(np.int64)
+    row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
+    row += (row + 1) * (row + 2) // 2 <= k
+    return (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
+
+
 class Backend(abc.ABC):
     """The seam: what the executor asks of the device level. ``name`` is the backend's name (for
     reports), ``xp`` its array module, ``capabilities`` the optional capabilities it has."""
@@ -70,7 +93,6 @@ class Backend(abc.ABC):
 
     def __init__(self, xp):
         self.xp = xp
-        self.indexes: dict[tuple, object] = {}  # gather positions where the arrays are, per tile shape (gather)
 
     # -- required ------------------------------------------------------------------------------
 
@@ -172,36 +194,28 @@ class Backend(abc.ABC):
         the members' block ``[r0, r1) × [s0, s1)``, each pair ``pair(max, min) - k0``;
         ``("pack", k0, k1, r0, s0, s1)`` merges the two member axes (``s1 - s0`` the second's
         extent) and takes, for each pair ``k`` in ``[k0, k1)``, its members' place in them.
-        ``fresh``: ``out`` holds nothing yet (written, not added to)."""
+        ``fresh``: ``out`` holds nothing yet (written, not added to).
+
+        Here NumPy's ``take``, at tables of positions (one int64 per element taken) made for
+        :data:`GATHER_BLOCK` positions at a time along the first coordinate taken, each block
+        then written into its slice of ``out``: a table of the whole tile would take as much
+        memory as the tile, and more for its temporaries, beside the plan's buffers."""
         if before is not None:
             a = a.transpose(before)
         if positions[0] == "pack":
             a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
-        taken = self.xp.take(a, self._positions(positions), axis=axis)
-        if after is not None:
-            taken = taken.transpose(after)
-        self.assign(out, taken, factor, not fresh)
-
-    def _positions(self, positions: tuple):
-        """The gather positions of :meth:`gather`, once per tile shape: the pair formula of
-        :mod:`chainexec.packing`, element-wise, one int64 per element of the tile (the CuPy
-        backend computes them in its kernel instead)."""
-        found = self.indexes.get(positions)
-        if found is None:
-            if positions[0] == "unpack":
-                _, k0, r0, r1, s0, s1 = positions
-                r, s = np.arange(r0, r1)[:, None], np.arange(s0, s1)[None, :]
-                high, low = np.maximum(r, s), np.minimum(r, s)
-                found = high * (high + 1) // 2 + low - k0
-            else:
-                _, k0, k1, r0, s0, s1 = positions
-                k = np.arange(k0, k1)
-                row = ((np.sqrt(8.0 * k + 1) - 1) // 2).astype(np.int64)
-                row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
-                row += (row + 1) * (row + 2) // 2 <= k
-                found = (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
-            self.indexes[positions] = found
-        return found
+            count, width = positions[2] - positions[1], 1
+        else:
+            count, width = positions[3] - positions[2], positions[5] - positions[4]
+        dim = axis if after is None else list(after).index(axis)  # out's axis of the first coordinate
+        step = max(1, GATHER_BLOCK // max(1, width * (a.size // max(1, a.shape[axis]))))
+        for first in range(0, count, step):
+            last = min(count, first + step)
+            taken = self.xp.take(a, _positions(positions, first, last), axis=axis)
+            if after is not None:
+                taken = taken.transpose(after)
+            part = tuple(slice(first, last) if d == dim else slice(None) for d in range(out.ndim))
+            self.assign(out[part], taken, factor, not fresh)
 
     @abc.abstractmethod
     def evaluate(self, tree, arrays: dict, order: tuple[str, ...], out) -> None:

@@ -521,3 +521,31 @@ def test_a_probe_cuts_several_indices_before_one_to_a_few_elements(out_indices, 
     cut = dict(zip(out_indices, probe))
     assert shapes[1:] == [tuple(cut.get(i, sizes[i]) for i in idx) for idx in (a_indices, b_indices)]
     assert strides == before
+
+
+@pytest.mark.parametrize("positions, a_shape, before, axis, after", [
+    (("unpack", 10, 4, 7, 1, 6), (18, 3), (1, 0), 1, (2, 0, 1)),
+    (("unpack", 0, 0, 9, 0, 9), (45, 2, 3), None, 0, None),
+    (("pack", 12, 36, 4, 0, 8), (4, 8, 2), None, 0, (1, 0)),
+    (("pack", 3, 10, 2, 0, 4), (3, 2, 4), (1, 0, 2), 1, None)])
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_gather_takes_its_positions_a_block_at_a_time(positions, a_shape, before, axis, after, fresh, monkeypatch):
+    """The NumPy backend's gather makes tables for at most :data:`device.GATHER_BLOCK` elements
+    taken (here 6; at least one member row) and writes what one table of the whole tile gives."""
+    from tests.kernels.emulation import gathered_shape
+
+    rng = np.random.default_rng(sum(a_shape))
+    a = rng.standard_normal(a_shape)
+    out = rng.standard_normal(gathered_shape(a_shape, before, axis, positions, after))
+    whole, blocks = out.copy(), out.copy()
+    monkeypatch.setattr(device, "GATHER_BLOCK", 1 << 40)
+    NumpyBackend().gather(whole, a, before, axis, positions, after, 0.7, fresh)
+    tables = []
+    real = device._positions
+    monkeypatch.setattr(device, "_positions", lambda p, first, last: tables.append(real(p, first, last)) or tables[-1])
+    monkeypatch.setattr(device, "GATHER_BLOCK", 6)
+    NumpyBackend().gather(blocks, a, before, axis, positions, after, 0.7, fresh)
+    taken = a.shape if before is None else tuple(a.shape[d] for d in before)
+    per_position = a.size // math.prod(taken[axis:axis + (2 if positions[0] == "pack" else 1)])
+    assert len(tables) > 1 and all(t.size * per_position <= 6 or len(t) == 1 for t in tables)
+    assert np.array_equal(blocks, whole)
