@@ -112,8 +112,9 @@ class Choice:
 
 
 TUNING_VERSION = 8
-"""The tuning cache's format version, the first part of every key: raised when methods or GETT
-configurations change meaning, so that decisions recorded by older code are not read back."""
+"""The tuning cache's format version, the first part of every key: raised when methods, GETT
+configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
+recorded by older code are not read back."""
 
 
 class TuningCache:
