@@ -35,14 +35,18 @@ class Source(Protocol):
     tensor where ``layout`` is None. ``values((start, stop))`` returns
     ``array[start:stop]``, the slice of the leading axis, shape ``(stop - start,) + shape[1:]``
     — what reading the same rows of the stored array from a file gives (for a packed layout,
-    :meth:`chainexec.packing.Layout.leading_tile` says which block they hold)."""
+    :meth:`chainexec.packing.Layout.leading_tile` says which block they hold).
+    ``values(region, out)`` may compute them into ``out`` (a C-contiguous array of that shape and
+    the dtype) and return it, or return an array of its own, which the caller then copies: the
+    whole tensor computed into its global array is neither a second copy of it in host memory
+    nor a pass over it."""
 
     name: ClassVar[str]
     shape: tuple[int, ...]
     dtype: np.dtype
     layout: Layout | None
 
-    def values(self, region: tuple[int, int]) -> np.ndarray: ...
+    def values(self, region: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray: ...
 
 
 def register(name: str):

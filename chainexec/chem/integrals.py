@@ -66,15 +66,20 @@ def shell_rows(mol, sh0: int, sh1: int, kind: str = "s4") -> np.ndarray:
     return np.concatenate([rect.reshape((ni * a0,) + tri.shape[1:]), tri])[rows]
 
 
-def rows(mol, start: int, stop: int, kind: str = "s4") -> np.ndarray:
+def rows(mol, start: int, stop: int, kind: str = "s4", out: np.ndarray | None = None) -> np.ndarray:
     """``mol.intor("int2e", aosym=kind)[start:stop]`` (any kind of :data:`chainexec.packing.KINDS`:
     rows ``p`` of s1 and s2kl, pair rows of s2ij and s4, positions of the s8 vector), computed
-    from the shells that cover it (:func:`shell_rows`)."""
+    from the shells that cover it (:func:`shell_rows`). The whole tensor is one ``intor`` call,
+    into ``out`` where that is a C-contiguous float64 array of its shape (libcint writes there);
+    other rows are a new array."""
     layout = packing.Layout(kind, mol.nao_nr())
     start, stop = packing.checked_range((start, stop), layout.shape[0])
     if start == stop:
         return np.zeros((0,) + layout.shape[1:])
     if (start, stop) == (0, layout.shape[0]):  # the whole tensor: one call, each unique integral once
+        if out is not None and out.shape == tuple(layout.shape) and out.dtype == np.float64 and out.flags.c_contiguous:
+            mol.intor("int2e", aosym=kind, out=out)  # a view of out's memory comes back
+            return out
         return mol.intor("int2e", aosym=kind)
     if kind == "s8":
         r, c = packing.pair_unindex(np.arange(start, stop))
@@ -112,5 +117,5 @@ class Int2e:
         self.shape = self.layout.shape
         self.dtype = np.dtype(np.float64)
 
-    def values(self, region: tuple[int, int]) -> np.ndarray:
-        return rows(self.mol, region[0], region[1], self.layout.kind)
+    def values(self, region: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
+        return rows(self.mol, region[0], region[1], self.layout.kind, out)

@@ -235,7 +235,10 @@ class Store:
             if source is None:
                 source = self.sources[tensor] = computed(t)
             rows = region[0] if region else (0, 1)
-            out[...] = source.values(rows)[(slice(None),) + tuple(slice(a, b) for a, b in region[1:])]
+            into = out if whole_rows(region, tuple(t.shape)) and out.flags.c_contiguous else None
+            got = source.values(rows, into)
+            if got is not out:
+                out[...] = got[(slice(None),) + tuple(slice(a, b) for a, b in region[1:])]
             return
         if version == 0:
             path, name = t.source["file"], t.source["dataset"]

@@ -70,6 +70,24 @@ def test_registered_source(molecule):
     assert np.abs(block - s4[40:97, :97]).max() <= 1e-14
 
 
+@pytest.mark.parametrize("kind", ["s8", "s4"])
+def test_the_whole_tensor_is_computed_into_the_array_given(molecule, kind):
+    """``values`` of every row with ``out`` (C-contiguous, float64, the stored shape) has libcint
+    write ``out`` itself, NaN-filled before, with intor's values; an ``out`` of another shape or
+    layout, or rows other than all, leave it untouched and return an array of their own."""
+    name, mol, _ = molecule
+    source = sources.lookup("pyscf.int2e")(atoms=MOLECULES[name], basis="cc-pvdz", layout=kind)
+    ref = mol.intor("int2e", aosym=kind)
+    out = np.full(source.shape, np.nan)
+    assert source.values((0, source.shape[0]), out) is out
+    assert np.array_equal(out, ref)
+    strided = np.full(source.shape, np.nan, order="F") if out.ndim > 1 else np.full(2 * out.size, np.nan)[::2]
+    for other, rows in [(strided, (0, source.shape[0])), (np.full((3,) + source.shape[1:], np.nan), (5, 8))]:
+        got = source.values(rows, other)
+        assert got is not other and np.isnan(other).all()
+        assert np.abs(got - ref[rows[0]:rows[1]]).max() <= 1e-14
+
+
 @pytest.mark.filterwarnings("ignore:Basis may be available")
 def test_bad_names_and_parameters_are_one_line():
     for name in ("pyscf.int3e", ["pyscf.int2e"]):
