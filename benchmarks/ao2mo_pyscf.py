@@ -46,20 +46,23 @@ def run(cmd: list[str], env: dict) -> float:
 
 def row_blocks(n: int, sample: int, block: int = 64) -> list[slice]:
     """The row blocks of an output of ``n`` rows to compare: every row (blocks of 2048) where
-    ``sample`` is 0 or covers them all, else about ``sample`` rows in blocks of ``block`` spread
-    evenly from the first row to the last."""
-    if not sample or sample >= n:
+    ``sample`` is 0 or its blocks would cover half of them, else about ``sample`` rows in blocks of ``block``
+    spread evenly from the first row to the last (at least a block apart: none compared twice)."""
+    count = max(2, -(-sample // block))
+    if not sample or 2 * count * block >= n:
         return [slice(r, min(n, r + 2048)) for r in range(0, n, 2048)]
-    starts = np.unique(np.linspace(0, max(0, n - block), max(2, -(-sample // block))).astype(int))
+    starts = np.linspace(0, n - block, count).astype(int)
     return [slice(int(r), min(n, int(r) + block)) for r in starts]
 
 
-def compare(ours, theirs: Path, blocks: list[slice]) -> dict:
+def compare(ours, theirs: Path, blocks: list[slice], shape: tuple) -> dict:
     """Largest absolute difference and largest absolute value of two s4 outputs over the row
     ``blocks``; ``ours`` is chainexec's output file or its rows of those blocks, read before the
-    file was removed (one array per block)."""
+    file was removed (one array per block), ``shape`` its output's shape, which PySCF's must have."""
     with h5py.File(theirs) as g, (h5py.File(ours) if isinstance(ours, Path) else nullcontext()) as f:
         b = g["eri_mo"]
+        if b.shape != tuple(shape):
+            sys.exit(f"shapes differ: chainexec {tuple(shape)}, PySCF {b.shape}")
         worst = largest = 0.0
         for k, rows in enumerate(blocks):
             x, y = (f["B"][rows] if f is not None else ours[k]), b[rows]
@@ -102,7 +105,7 @@ def main() -> None:
     summary = {"molecule": args.molecule, "basis": args.basis, "threads": args.threads, "ranks": args.ranks,
                "backend": args.backend, "chainexec": {}}
     C = None
-    kept = {}  # per layout: its output file, or its sampled rows
+    kept, shapes = {}, {}  # per layout: its output file, or its sampled rows; its output's shape
     for layout in args.layouts:
         work = out / f"work_{layout}"
         shutil.rmtree(work, ignore_errors=True)
@@ -129,6 +132,7 @@ def main() -> None:
                                         "executor_seconds": record["measured"]["total_seconds"], "report": record}
         say(layout, "prepared in", round(prepare, 2), "s, runs", [round(r, 2) for r in runs], "s")
         with h5py.File(work / "output.h5") as f:
+            shapes[layout] = f["B"].shape
             blocks = row_blocks(f["B"].shape[0], args.sample_rows)
             kept[layout] = [f["B"][rows] for rows in blocks] if args.sample_rows else work / "output.h5"
         if args.sample_rows:
@@ -147,7 +151,7 @@ def main() -> None:
     say("PySCF outcore", round(summary["pyscf_outcore_seconds"], 2), "s")
     for layout in args.layouts:
         entry = summary["chainexec"][layout]
-        entry |= compare(kept[layout], erifile, blocks)
+        entry |= compare(kept[layout], erifile, blocks, shapes[layout])
         entry["speedup_over_pyscf"] = summary["pyscf_outcore_seconds"] / entry["run_seconds"]
         shutil.rmtree(out / f"work_{layout}", ignore_errors=True)
     erifile.unlink()

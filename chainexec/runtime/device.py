@@ -66,11 +66,11 @@ GATHER_BLOCK = 1 << 22
 positions and the values taken stay within a few tens of MiB."""
 
 
-def _positions(positions: tuple, first: int, last: int) -> np.ndarray:
+def _positions(positions: tuple, first: int, last: int):
     """The positions :meth:`Backend.gather` takes for the block ``[first, last)`` of its first
     coordinate (the members' rows of an unpack, the pairs of a pack), by the pair formula of
     :mod:`chainexec.packing`: an unpack's ``(last - first, s1 - s0)`` pair numbers, a pack's
-    places of each pair's members in the merged member axes."""
+    (rows, columns) of each pair's members in the two member axes."""
     if positions[0] == "unpack":
         _, k0, r0, r1, s0, s1 = positions
         r, s = np.arange(r0 + first, r0 + last)[:, None], np.arange(s0, s1)[None, :]
@@ -81,7 +81,7 @@ def _positions(positions: tuple, first: int, last: int) -> np.ndarray:
     row = ((np.sqrt(8.0 * k + 1) - 1) // 2).astype(np.int64)
     row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
     row += (row + 1) * (row + 2) // 2 <= k
-    return (row - r0) * (s1 - s0) + (k - row * (row + 1) // 2) - s0
+    return row - r0, k - row * (row + 1) // 2 - s0
 
 
 class Backend(abc.ABC):
@@ -196,22 +196,23 @@ class Backend(abc.ABC):
         extent) and takes, for each pair ``k`` in ``[k0, k1)``, its members' place in them.
         ``fresh``: ``out`` holds nothing yet (written, not added to).
 
-        Here NumPy's ``take``, at tables of positions (one int64 per element taken) made for
-        :data:`GATHER_BLOCK` positions at a time along the first coordinate taken, each block
-        then written into its slice of ``out``: a table of the whole tile would take as much
-        memory as the tile, and more for its temporaries, beside the plan's buffers."""
+        Here the array library's indexing (``take`` along the pair axis; the member axes indexed
+        by rows and columns together, in place: no merged copy of a permuted operand), at
+        positions made for :data:`GATHER_BLOCK` elements at a time along the first coordinate
+        taken, each block then written into its slice of ``out``: a table of the whole tile would
+        take as much memory as the tile, and more for its temporaries, beside the plan's buffers."""
         if before is not None:
             a = a.transpose(before)
-        if positions[0] == "pack":
-            a = a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
-            count, width = positions[2] - positions[1], 1
-        else:
-            count, width = positions[3] - positions[2], positions[5] - positions[4]
+        pack = positions[0] == "pack"
+        count, width = (positions[2] - positions[1], 1) if pack else (positions[3] - positions[2],
+                                                                       positions[5] - positions[4])
         dim = axis if after is None else list(after).index(axis)  # out's axis of the first coordinate
-        step = max(1, GATHER_BLOCK // max(1, width * (a.size // max(1, a.shape[axis]))))
+        per = math.prod(a.shape[:axis] + a.shape[axis + (2 if pack else 1):])  # elements per position
+        step = max(1, GATHER_BLOCK // max(1, width * per))
         for first in range(0, count, step):
             last = min(count, first + step)
-            taken = self.xp.take(a, _positions(positions, first, last), axis=axis)
+            where = _positions(positions, first, last)
+            taken = a[(slice(None),) * axis + where] if pack else self.xp.take(a, where, axis=axis)
             if after is not None:
                 taken = taken.transpose(after)
             part = tuple(slice(first, last) if d == dim else slice(None) for d in range(out.ndim))

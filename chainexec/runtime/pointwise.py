@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from chainexec import packing
 from chainexec.kernels import pairgather, strided
 from chainexec.kernels.batchedgemm import ADDRESSES
 from chainexec.kernels.direct import direct_source
@@ -359,6 +360,8 @@ def gather(xp, out, a, axis: int, positions: tuple, after, factor: float, add: b
         shape = a.shape[:axis] + (k1 - k0,) + a.shape[axis + 2:]
         reads = step[:axis] + [None] + step[axis + 2:]
         members = (k0, r0, m0, step[axis], step[axis + 1])
+    if not _reads_within(a, axis, positions):
+        raise ValueError(f"a {kind} at {positions} reads past {a.shape} along axis {axis}")
     order = tuple(range(len(shape))) if after is None else tuple(after)
     if tuple(shape[t] for t in order) != tuple(out.shape):
         raise ValueError(f"a {kind} of {a.shape} along axis {axis} at {positions} gives "
@@ -370,6 +373,21 @@ def gather(xp, out, a, axis: int, positions: tuple, after, factor: float, add: b
                *(reads[t] for t in order if reads[t] is not None), *members)
     kernel = _kernel(xp, text, f"chainexec_{kind}_{'add' if add else 'set'}")
     kernel((strided.grid(n),), (BLOCK,), (out, a, _scalar(out, factor), *map(np.int64, numbers)))
+
+
+def _reads_within(a, axis: int, positions: tuple) -> bool:
+    """Whether every element :func:`gather` reads lies in ``a``: an unpack's first and last pair
+    (its block's corners) on the pair axis, each of a pack's pairs' members (one row and column
+    per pair, on the host) on the two member axes. The kernel itself reads unchecked."""
+    if positions[0] == "unpack":
+        _, k0, r0, r1, m0, m1 = positions
+        if r1 <= r0 or m1 <= m0:
+            return True
+        return 0 <= packing.pair_index(r0, m0) - k0 and packing.pair_index(r1 - 1, m1 - 1) - k0 < a.shape[axis]
+    _, k0, k1, r0, m0, m1 = positions
+    rows, cols = packing.pair_unindex(np.arange(k0, k1))
+    return k1 <= k0 or (0 <= rows.min() - r0 and rows.max() - r0 < a.shape[axis]
+                        and 0 <= cols.min() - m0 and cols.max() - m0 < min(m1 - m0, a.shape[axis + 1]))
 
 
 def addresses(xp, table, base: tuple[int, int, int]):

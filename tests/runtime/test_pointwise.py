@@ -283,3 +283,16 @@ def test_the_cupy_backends_gather_launches_what_numpy_takes(positions, a_shape, 
     [(text, name, grid, args)] = calls
     assert name == f"chainexec_{positions[0]}_{'set' if fresh else 'add'}"
     assert np.array_equal(_emulated_call(tmp_path, calls[0]), expected)
+
+
+@pytest.mark.parametrize("positions, a_shape, out_shape", [
+    (("unpack", 0, 0, 4, 0, 4), (5, 3), (4, 4, 3)),  # pairs 0..9 asked of 5
+    (("unpack", 3, 1, 4, 0, 4), (7, 3), (3, 4, 3)),  # pair (1, 0) = 1 lies before the first, 3
+    (("pack", 3, 10, 3, 0, 4), (1, 4, 2), (7, 2)),  # pairs of row 2 asked of rows from 3
+    (("pack", 0, 10, 0, 0, 3), (4, 3, 2), (10, 2))])  # member column 3 asked of 3 columns
+def test_a_gather_that_would_read_past_its_operand_is_refused_before_a_launch(positions, a_shape, out_shape, calls):
+    """The pair kernels read unchecked: :func:`pointwise.gather` refuses positions that lie
+    outside the operand (a ValueError, nothing launched), where NumPy's ``take`` would raise."""
+    with pytest.raises(ValueError, match="reads past"):
+        pointwise.gather(_Recording(), np.zeros(out_shape), np.zeros(a_shape), 0, positions, None, 1.0, False)
+    assert calls == []

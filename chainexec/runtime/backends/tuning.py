@@ -61,16 +61,17 @@ indices, not its long ones."""
 
 
 PROBE_CUT = 8
-"""The most a probe's first pass divides one index's extent by (:func:`_probe`)."""
+"""A probe's first pass keeps at least ``extent // PROBE_CUT`` elements of each index it cuts
+(and 2; :func:`_probe`)."""
 
 
 def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     """Views of ``out``, ``a`` and ``b`` cut along ``out``'s slowest indices (the same index in
     the inputs) until the output is at most ``limit`` bytes (:data:`TUNE_BYTES`): the strides, and
     so the memory-access pattern every method sees, stay those of the real operands, at a fraction
-    of the cost of timing six methods on a multi-GiB tile. A first pass cuts each index to no less
-    than its extent over :data:`PROBE_CUT` before it cuts the next, a second (where the first
-    was not enough) as far as needed: one index cut to a few elements changes the shape, not
+    of the cost of timing six methods on a multi-GiB tile. A first pass cuts each index to no fewer
+    than ``extent // PROBE_CUT`` elements before it cuts the next, a second (where the first was
+    not enough) as far as needed: one index cut to a few elements changes the shape, not
     just its size, where it is one of a GEMM's
     dimensions (AO→MO's ``out[a, b, cd] = Σ_p x[p, b, cd] C[p, a]`` of 352 functions, cut along
     ``a`` alone, is a GEMM of three columns, on which the direct kernel beats cuBLAS, while on the
