@@ -132,3 +132,41 @@ def test_blocks_written_into_their_dataset_read_back(tmp_path, monkeypatch, dtyp
         assert np.array_equal(f["b0"][()], data)
         assert np.array_equal(f["b1"][()], data[::-1] if data.ndim else data)
         assert np.array_equal(f["before"][()], np.arange(5)) and np.array_equal(f["after"][()], np.arange(7))
+
+
+class _Counting:
+    """A computed tensor's source (arange values) that records the ``out`` it is given."""
+
+    def __init__(self, shape):
+        self.shape, self.given = shape, []
+        self.stored = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+
+    def values(self, rows, out=None):
+        self.given.append(out)
+        if out is not None:
+            out[...] = self.stored[rows[0]:rows[1]]
+            return out
+        return self.stored[rows[0]:rows[1]].copy()
+
+
+@pytest.mark.parametrize("region, into", [(((2, 5), (0, 4), (0, 3)), True), (((0, 6), (1, 3), (0, 3)), False),
+                                          (((1, 2), (0, 4), (0, 3)), "strided")])
+def test_a_computed_tensors_rows_are_computed_into_the_buffer_they_load(region, into):
+    """:meth:`Store.read` of a computed tensor hands the destination to the source where the
+    region is whole rows and the destination is C-contiguous (the values are made there, no
+    copy), else none (the source's rows are then cut and copied); the values are the stored
+    array's region either way."""
+    import types
+
+    from chainexec.runtime.store import Store
+
+    shape = (6, 4, 3)
+    source = _Counting(shape)
+    store = Store.__new__(Store)
+    store.plan = types.SimpleNamespace(tensors={"A": types.SimpleNamespace(source={"compute": "counting"}, shape=shape)})
+    store.sources = {"A": source}
+    box = tuple(b - a for a, b in region)
+    out = np.full((box[0], box[1], 2 * box[2]), np.nan)[:, :, ::2] if into == "strided" else np.full(box, np.nan)
+    store.read("A", 0, region, out)
+    assert len(source.given) == 1 and source.given[0] is (out if into is True else None)
+    assert np.array_equal(out, source.stored[tuple(slice(a, b) for a, b in region)])
