@@ -7,8 +7,8 @@ A packed tensor's pair index is ``k = pair(p, q) = p(p+1)/2 + q`` for ``p >= q``
 ``pair(max(r, m), min(r, m))``; packing reads pair ``k``'s value at its members' place, row
 ``p = floor((sqrt(8k + 1) - 1) / 2)`` (corrected by one where the square root's rounding put it
 off) and column ``q = k - p(p+1)/2``. :meth:`chainexec.runtime.device.Backend.gather` states the
-operation; on the host NumPy's ``take`` does it with a table of positions, one entry per element
-of the tile. On a GPU such a table is as large as the tile itself in int64 (the whole s8 → s4
+operation; on the host NumPy's indexing does it at tables of positions, a block of the tile at a
+time. On a GPU a table of the whole tile is as large as the tile itself in int64 (the whole s8 → s4
 unpack of 352 functions: 3.9e9 positions, 31 GB); these kernels compute the position of each
 element instead, so that the device reads the packed tile and writes the unpacked one once, and
 nothing else.
