@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from chainexec import packing
 from chainexec.errors import ChainexecError
 from chainexec.spec import format_size
 
@@ -73,15 +74,10 @@ def _positions(positions: tuple, first: int, last: int):
     (rows, columns) of each pair's members in the two member axes."""
     if positions[0] == "unpack":
         _, k0, r0, r1, s0, s1 = positions
-        r, s = np.arange(r0 + first, r0 + last)[:, None], np.arange(s0, s1)[None, :]
-        high, low = np.maximum(r, s), np.minimum(r, s)
-        return high * (high + 1) // 2 + low - k0
+        return packing.pair_index(np.arange(r0 + first, r0 + last)[:, None], np.arange(s0, s1)[None, :]) - k0
     _, k0, k1, r0, s0, s1 = positions
-    k = np.arange(k0 + first, k0 + last)
-    row = ((np.sqrt(8.0 * k + 1) - 1) // 2).astype(np.int64)
-    row -= row * (row + 1) // 2 > k  # rounding of the square root, corrected
-    row += (row + 1) * (row + 2) // 2 <= k
-    return row - r0, k - row * (row + 1) // 2 - s0
+    row, column = packing.pair_unindex(np.arange(k0 + first, k0 + last))
+    return row - r0, column - s0
 
 
 class Backend(abc.ABC):

@@ -71,11 +71,11 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     so the memory-access pattern every method sees, stay those of the real operands, at a fraction
     of the cost of timing six methods on a multi-GiB tile. A first pass cuts each index to no fewer
     than ``extent // PROBE_CUT`` elements before it cuts the next, a second (where the first was
-    not enough) as far as needed: one index cut to a few elements changes the shape, not
-    just its size, where it is one of a GEMM's
-    dimensions (AO→MO's ``out[a, b, cd] = Σ_p x[p, b, cd] C[p, a]`` of 352 functions, cut along
-    ``a`` alone, is a GEMM of three columns, on which the direct kernel beats cuBLAS, while on the
-    whole tile cuBLAS is far faster). A cut index keeps at least 2 elements."""
+    not enough) as far as needed: one index cut to a few elements changes the shape, not just its
+    size, where it is one of a GEMM's dimensions (AO→MO's ``out[a, b, cd] = Σ_p x[p, b, cd]
+    C[p, a]`` of 352 functions, cut along ``a`` alone, is a GEMM of three columns, on which the
+    direct kernel beats cuBLAS, while on the whole tile cuBLAS is far faster). A cut index keeps
+    at least 2 elements."""
     order = sorted(range(out.ndim), key=lambda d: -out.strides[d])
     views = [out, a, b]
     for capped in (True, False):
