@@ -89,6 +89,9 @@ def _compose(text: str):
     try:
         node = loader.get_single_node()
         return node, None if node is None else loader.construct_document(node)
+    except (ValueError, OverflowError) as err:  # PyYAML's scanner: an escape beyond Unicode (chr())
+        raise yaml.MarkedYAMLError(problem=f"a scalar's escape names no character ({err})",
+                                   problem_mark=loader.get_mark()) from None
     finally:
         loader.dispose()
 

@@ -66,6 +66,7 @@ CASES = {
     "latin1_comment": (lambda text: _replace("statements:", "# café\nstatements:")(text).encode("latin-1"),
                        b"# caf", "not UTF-8 text (byte 0xe9"),
     "utf16": (lambda text: text.encode("utf-16"), b"\xff\xfe", "not UTF-8 text (byte 0xff at offset 0)"),
+    "escape_beyond_unicode": (_prepend('x: "\\U10010000"\n'), "x:", "malformed YAML: a scalar's escape names no character"),
     # 4. A dtype that is no name.
     **{f"dtype_{kind}_{place}": (edit(value), "dtype:", f"{prefix}dtype {shown} is not supported")
        for kind, value, shown in [("list", "[float64]", "['float64']"), ("mapping", "{float64: 1}", "{'float64': 1}")]
