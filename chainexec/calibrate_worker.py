@@ -269,9 +269,9 @@ def main(argv: list[str]) -> int:
     """Run :func:`measure` with the JSON keyword arguments in ``argv[1]``; rank 0 prints
     ``{"ranks": [result of rank 0, rank 1, …]}`` as one line. A failing rank writes
     ``"<exception type>: <message>"`` to ``<argv[2]>/rank<N>`` before aborting."""
-    from mpi4py import MPI
+    from chainexec.runtime.comm import world
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     try:
         result = measure(comm, **json.loads(argv[1]))
     except BaseException as err:

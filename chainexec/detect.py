@@ -199,10 +199,9 @@ def gather(comm, backend: str) -> list[Figures | str] | None:
     """Every rank's :class:`Figures` on rank 0 (None on the others), read at once (collective):
     ranks per host from a split of ``comm`` by shared memory, the host's name from MPI. A rank
     that cannot read its figures sends its error's text instead."""
-    from mpi4py import MPI
+    from chainexec.runtime.comm import local_rank, mpi
 
-    from chainexec.runtime.comm import local_rank
-
+    MPI = mpi()
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         mine = here(backend, local_rank(comm), shared.size, MPI.Get_processor_name())

@@ -158,6 +158,6 @@ class Counters:
 
 
 def _max():
-    from mpi4py import MPI
+    from chainexec.runtime.comm import mpi
 
-    return MPI.MAX
+    return mpi().MAX

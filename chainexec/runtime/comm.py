@@ -1,7 +1,9 @@
 """The MPI world (one rank per GPU, or a single process when started without mpirun) and its hosts.
 
-mpi4py initialises MPI on import; a process started without a launcher is a world of one rank
-(MPI singleton init), so the same code path serves both.
+mpi4py initialises MPI on import, and every use of MPI in the package goes through :func:`mpi`. A
+process started without a launcher is a world of one rank (MPI singleton init), so the same code
+path serves both; such a process starts MPI with :data:`SINGLETON`'s settings, where its
+environment does not set them, so that Open MPI starts no daemon for it.
 
 Hosts
 -----
@@ -24,11 +26,32 @@ import os
 from chainexec.errors import ChainexecError
 
 
-def world():
-    """COMM_WORLD (imported lazily so that planning never initialises MPI)."""
-    from mpi4py import MPI
+SINGLETON = {"OMPI_MCA_ess_singleton_isolated": "1"}
+"""Open MPI's settings for the start of a process no launcher started (:func:`launched`): with no
+launcher, its singleton start forks a daemon (``orted``) that a rank never uses unless it spawns
+processes, which chainexec never does; that fork and the daemon's wire-up are a third of the MPI
+start of a one-rank run. Other MPI libraries ignore these variables."""
 
-    return MPI.COMM_WORLD
+
+def mpi():
+    """mpi4py's ``MPI`` module, MPI initialised by its first import. A process no launcher
+    started takes the settings of :data:`SINGLETON` that its environment leaves unset (the
+    user's own values win) for MPI's start only: they are removed once MPI has started, so the
+    processes it starts later (a launcher among them) do not inherit them. Every module of the
+    package imports MPI through this, never before it is needed: planning never initialises MPI."""
+    added = [] if launched() else [name for name in SINGLETON if name not in os.environ]
+    os.environ.update({name: SINGLETON[name] for name in added})
+    try:
+        from mpi4py import MPI
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+    return MPI
+
+
+def world():
+    """COMM_WORLD (:func:`mpi`)."""
+    return mpi().COMM_WORLD
 
 
 LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK")
@@ -80,8 +103,7 @@ def host_comm(comm):
     it, and of those, under :data:`SIMULATE_HOSTS` = K, the ones on its simulated host (world
     rank r of P on host ``r * K // P``). Collective over ``comm`` the first time; the answer is
     cached on ``comm`` as an MPI attribute and must not be freed."""
-    from mpi4py import MPI
-
+    MPI = mpi()
     global _HOST
     if _HOST is None:
         _HOST = MPI.Comm.Create_keyval()

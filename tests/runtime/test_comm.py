@@ -1,0 +1,85 @@
+"""The MPI entry point (:func:`chainexec.runtime.comm.mpi`): a process no launcher started takes
+the singleton settings its environment leaves unset, a launched one takes none, and no module
+of the package imports mpi4py around it."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from chainexec.runtime import comm
+
+PACKAGE = Path(comm.__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def unset(monkeypatch):
+    """No launcher variable and none of the singleton settings in the environment."""
+    for var in (*comm.LAUNCHER, *comm.SINGLETON):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def _started(monkeypatch) -> dict:
+    """:func:`comm.mpi` with an mpi4py whose ``MPI`` records the singleton settings in the
+    environment when imported (MPI's start); returns those, and checks what ``mpi()`` returned."""
+    seen = {}
+
+    def attribute(name):
+        seen.update({var: os.environ.get(var) for var in comm.SINGLETON})
+        return "the MPI module"
+
+    fake = types.ModuleType("mpi4py")
+    fake.__getattr__ = attribute
+    monkeypatch.setitem(sys.modules, "mpi4py", fake)
+    assert comm.mpi() == "the MPI module"
+    return seen
+
+
+def test_a_singleton_starts_with_the_settings(unset):
+    assert _started(unset) == comm.SINGLETON
+    assert not any(var in os.environ for var in comm.SINGLETON)  # not inherited by what it starts
+
+
+def test_the_users_settings_win(unset):
+    for var in comm.SINGLETON:
+        unset.setenv(var, "user's")
+    assert set(_started(unset).values()) == {"user's"}
+    assert all(os.environ[var] == "user's" for var in comm.SINGLETON)
+
+
+def test_a_launched_process_takes_none(unset):
+    unset.setattr(comm, "launched", lambda: True)
+    assert set(_started(unset).values()) == {None}
+    assert not any(var in os.environ for var in comm.SINGLETON)
+
+
+def test_the_world_of_a_singleton(unset):
+    MPI = comm.mpi()
+    assert comm.world() is MPI.COMM_WORLD and MPI.COMM_WORLD.size == 1
+
+
+def _imports_mpi4py(path: Path) -> list[int]:
+    """Lines of ``path`` that import mpi4py or a module of it."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        lines += [node.lineno for name in names if name.split(".")[0] == "mpi4py"]
+    return lines
+
+
+def test_every_use_of_mpi_goes_through_the_entry_point():
+    """Only comm.py imports mpi4py itself; globalarray.py imports mpi4py.util after calling
+    :func:`~chainexec.runtime.comm.mpi` (that module imports MPI)."""
+    found = {str(p.relative_to(PACKAGE)): _imports_mpi4py(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    found = {name: lines for name, lines in found.items() if lines}
+    assert set(found) == {"runtime/comm.py", "runtime/globalarray.py"}, found
+    text = (PACKAGE / "runtime/globalarray.py").read_text().splitlines()
+    first = next(n for n, line in enumerate(text, 1) if line.startswith("MPI = mpi()"))
+    assert all(line > first for line in found["runtime/globalarray.py"])
