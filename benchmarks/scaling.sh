@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Strong scaling of one config on 1..N GPUs of one host (one rank per GPU): each rank count's plan
-# made first (`chainexec plan --ranks N`, kept in the plan cache the runs read: no timed run plans;
-# until 2026-11-28 a 2-rank run's wall held 4 s of planning, its 1-rank warm-up's plan cached), a
-# warm-up run on 1 rank fills the kernel and tuning caches, then one timed run per rank count.
+# made first (`chainexec plan --ranks N`, kept in the plan cache the runs read: no timed run plans),
+# a warm-up run on 1 rank fills the kernel and tuning caches, then one timed run per rank count.
 # Writes plan_n<N>.txt, run_n<N>.json (chainexec's report), its .wall (JSON: the launcher's wall
-# seconds and the scalar outputs the run wrote) and scaling.json: per rank count
-# the executor and wall seconds, speed-up and parallel efficiency against the first count, whether
-# every count the runtime measures equals the plan's prediction, and the config's scalar outputs
-# as written by that run (they must agree across rank counts).
+# seconds and the scalar outputs the run wrote) and scaling.json: per rank count the launcher's
+# wall and the executor's seconds with their parallel efficiency against the first count (wall
+# first: what a user waits for), the slowest rank's start (process start to executor start),
+# whether every count the runtime measures equals the plan's prediction, the config's scalar
+# outputs as written by that run (they must agree across rank counts) and each rank's breakdown
+# (start, busy, idle, seconds per level, tiles).
 # Usage on the GPU machine: bash benchmarks/scaling.sh CONFIG OUTDIR "1 2 4"
 # Environment: MACHINE (a machine file for --machine, e.g. benchmarks/results/machine_h100_2026-11-23.json),
 # BACKEND (default cupy), MPIRUN (default /usr/bin/mpirun where it exists, else mpiexec on PATH),
@@ -54,17 +55,19 @@ for n in counts:
     r = json.load(open(f"{out}/run_n{n}.json"))
     after = json.load(open(f"{out}/run_n{n}.json.wall"))
     m, p = r["measured"], r["predicted"]
-    rows.append({"ranks": n, "executor_seconds": m["total_seconds"], "wall_seconds": after["wall_seconds"],
+    rows.append({"ranks": n, "wall_seconds": after["wall_seconds"], "executor_seconds": m["total_seconds"],
+                 "start_seconds_max": max((k["start_seconds"] for k in r["run"]["per_rank"] if k["start_seconds"] is not None),
+                                          default=None),
                  "measured_equals_predicted": all(m[k] == p[k] for k in ("flops", "statements", "streamed", "bytes",
                                                                        "memory_peak")),
                  "outputs": after["outputs"], "per_rank": r["run"]["per_rank"]})
 base = rows[0]
 for row in rows:
-    for key in ("executor_seconds", "wall_seconds"):
+    for key in ("wall_seconds", "executor_seconds"):
         row[key.replace("seconds", "efficiency")] = base[key] / (row["ranks"] / base["ranks"] * row[key])
 json.dump({"config": config, "rows": rows}, open(f"{out}/scaling.json", "w"), indent=1)
 for row in rows:
-    print(f"{row['ranks']} ranks: executor {row['executor_seconds']:.2f} s ({row['executor_efficiency']:.1%}), "
-          f"wall {row['wall_seconds']:.2f} s ({row['wall_efficiency']:.1%}), counts as predicted "
-          f"{row['measured_equals_predicted']}, outputs {row['outputs']}")
+    print(f"{row['ranks']} ranks: wall {row['wall_seconds']:.2f} s ({row['wall_efficiency']:.1%}), "
+          f"executor {row['executor_seconds']:.2f} s ({row['executor_efficiency']:.1%}), slowest start "
+          f"{'-' if row['start_seconds_max'] is None else format(row['start_seconds_max'], '.2f')} s, counts as predicted {row['measured_equals_predicted']}, outputs {row['outputs']}")
 PY

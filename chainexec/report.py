@@ -119,9 +119,14 @@ def comparison(predicted: dict, measured: dict) -> str:
 
 
 def ranks(per_rank: list[dict]) -> str:
-    """Per-rank busy and idle seconds and parallel tiles done (load balance at a glance)."""
-    rows = [f"{'rank':<6}{'busy s':>10}{'idle s':>10}{'tiles':>8}"]
-    rows += [f"{r['rank']:<6}{r['busy_seconds']:>10.3f}{r['idle_seconds']:>10.3f}{r['tiles']:>8d}" for r in per_rank]
+    """Per rank: seconds from the process's start to the executor's (start s), busy and idle
+    seconds, seconds in the global<->device statements (transfers both ways) and parallel
+    tiles done: load balance and start-up at a glance."""
+    rows = [f"{'rank':<6}{'start s':>10}{'busy s':>10}{'idle s':>10}{'g<->d s':>10}{'tiles':>8}"]
+    for r in per_rank:
+        start = "-" if r["start_seconds"] is None else f"{r['start_seconds']:.3f}"
+        rows.append(f"{r['rank']:<6}{start:>10}{r['busy_seconds']:>10.3f}{r['idle_seconds']:>10.3f}"
+                    f"{r['level_seconds']['global<->device']:>10.3f}{r['tiles']:>8d}")
     return "\n".join(rows)
 
 

@@ -131,3 +131,14 @@ def test_comparison_marks_every_exact_row_that_differs_and_keeps_wide_numbers_ap
     assert text.count("MISMATCH") == 1
     assert not report.matches(predicted, measured)
     assert report.matches(predicted, dict(measured, streamed=predicted["streamed"]))
+
+
+def test_ranks_table_has_a_row_per_rank_with_its_start_and_transfer_seconds():
+    per_rank = [{"rank": 0, "start_seconds": 1.25, "busy_seconds": 3.5, "idle_seconds": 0.125,
+                 "level_seconds": {"disk": 0.0, "global<->device": 0.75, "compute": 2.0}, "tiles": 7},
+                {"rank": 1, "start_seconds": None, "busy_seconds": 3.0, "idle_seconds": 0.5,
+                 "level_seconds": {"disk": 0.0, "global<->device": 0.25, "compute": 2.5}, "tiles": 6}]
+    text = report.ranks(per_rank)
+    assert text.splitlines()[0].split() == ["rank", "start", "s", "busy", "s", "idle", "s", "g<->d", "s", "tiles"]
+    assert _row(text, "0") == ["0", "1.250", "3.500", "0.125", "0.750", "7"]
+    assert _row(text, "1") == ["1", "-", "3.000", "0.500", "0.250", "6"]

@@ -37,9 +37,12 @@ def test_one_and_two_ranks_agree(tmp_path):
         assert report["run"]["plan_cached"]  # planned before the timed runs, for every rank count
         assert row["measured_equals_predicted"]
         assert abs(row["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
-    assert rows[0]["executor_efficiency"] == 1.0
+        assert row["start_seconds_max"] == max(rank["start_seconds"] for rank in report["run"]["per_rank"])
+        assert 0 < row["start_seconds_max"] < row["wall_seconds"]
+    assert rows[0]["executor_efficiency"] == rows[0]["wall_efficiency"] == 1.0
     assert rows[1]["executor_efficiency"] == pytest.approx(rows[0]["executor_seconds"] / (2 * rows[1]["executor_seconds"]))
-    assert "2 ranks: executor" in done.stdout
+    assert rows[1]["wall_efficiency"] == pytest.approx(rows[0]["wall_seconds"] / (2 * rows[1]["wall_seconds"]))
+    assert "2 ranks: wall" in done.stdout
 
 
 def test_the_machine_file_reaches_the_runs(tmp_path):

@@ -13,7 +13,10 @@ prediction."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -57,6 +60,7 @@ class Counters:
         self.idle = 0.0  # seconds waiting at barriers and for other ranks' streamed rows
         self.high_water = 0  # bytes; stays 0 where the backend has no allocator to watch
         self.tiles = 0  # parallel tiles done
+        self.started: float | None = None  # the process's age at the executor's start (process_seconds)
         self.resumed = 0  # parallel tiles of the work a resumed run skips
         self.pending: list[Stamped] = []  # queued statements, oldest first
 
@@ -132,10 +136,15 @@ class Counters:
         return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
     def rank_times(self, total: float) -> list[dict]:
-        """Per rank (gathered on every rank): seconds waiting at the parallel loops' barriers
-        (idle), the rest of ``total`` seconds (busy), and parallel tiles done."""
-        mine = {"rank": self.comm.rank, "busy_seconds": total - self.idle, "idle_seconds": self.idle,
-                "tiles": self.tiles}
+        """Per rank (gathered on every rank): the seconds from the process's start to the
+        executor's (``start_seconds``: the interpreter's start, imports, MPI's and the device's
+        start, planning or waiting for rank 0's plan; None where the system does not say when
+        the process started), seconds waiting at the parallel loops' barriers (idle), the rest
+        of ``total`` seconds (busy), this rank's seconds in each level's statements
+        (``level_seconds``; the report's ``seconds`` are the busiest rank's), and parallel
+        tiles done."""
+        mine = {"rank": self.comm.rank, "start_seconds": self.started, "busy_seconds": total - self.idle,
+                "idle_seconds": self.idle, "level_seconds": dict(self.seconds), "tiles": self.tiles}
         return self.comm.allgather(mine)
 
     def measured(self, seconds: float) -> dict:
@@ -155,6 +164,17 @@ class Counters:
             "seconds": {k: float(self.comm.allreduce(v, op=mx)) for k, v in self.seconds.items()},
             "total_seconds": float(self.comm.allreduce(seconds, op=mx)),
         } | ({"memory_high_water": {"device": int(high_water)}} if high_water else {})
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started, as Linux counts them: its start time in
+    ``/proc/self/stat`` (clock ticks since boot, field 22) against the boot-time clock now, to
+    a clock tick (10 ms on most systems). None where ``/proc`` does not say (not Linux)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # from field 3 on
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _max():

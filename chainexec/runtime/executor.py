@@ -33,7 +33,7 @@ import numpy as np
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import (CATEGORY, DEPTH, Loop, Op, Plan, executed, fetched, key, prefetched, returned,
                                     staged)
-from chainexec.runtime.accounting import OP_LEVEL, Counters
+from chainexec.runtime.accounting import OP_LEVEL, Counters, process_seconds
 from chainexec.runtime.buffers import Buffers, own_rows
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
 from chainexec.runtime.claims import Claims
@@ -106,6 +106,7 @@ class Executor:
     def run(self) -> dict:
         """Execute every nest; return the measured record (summed over ranks) on every rank."""
         start = time.perf_counter()
+        self.counters.started = process_seconds()
         self.claims.start()
         try:
             for k in range(self.claims.restore(), len(self.plan.nests)):

@@ -3,6 +3,7 @@ predicted bytes; the plan really tiles at both levels."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import h5py
@@ -115,7 +116,9 @@ def test_load_balance_modes(fourindex, balance):
     """Tiles handed out round-robin or through the shared counter: same bytes, same result, every
     parallel tile done exactly once over the ranks."""
     report = fourindex.parent / f"report-{balance}.json"
+    began = time.perf_counter()
     proc = run_cli("run", fourindex, "--balance", balance, "--report-json", report, ranks=3)
+    wall = time.perf_counter() - began
     assert proc.returncode == 0, proc.stderr
     result = read_report(report)
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
@@ -150,6 +153,11 @@ def test_load_balance_modes(fourindex, balance):
     if balance == "static":  # round-robin: at most one tile apart per execution of a parallel loop
         assert max(r["tiles"] for r in per_rank) - min(r["tiles"] for r in per_rank) <= executions
     assert all(r["busy_seconds"] >= 0 and r["idle_seconds"] >= 0 for r in per_rank)
+    # each rank's start (process start to executor start) lies within the launcher's wall time, and
+    # the report's seconds per level are the busiest rank's
+    assert all(0 < r["start_seconds"] < wall for r in per_rank)
+    assert {level: max(r["level_seconds"][level] for r in per_rank) for level in result["measured"]["seconds"]} \
+        == result["measured"]["seconds"]
     with h5py.File(fourindex.parent / "in.h5", "r") as f:
         a, c = f["A"][...], f["C"][...]
     expected_b = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a)
