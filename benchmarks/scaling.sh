@@ -13,7 +13,7 @@
 # Environment: MACHINE (a machine file for --machine, e.g. benchmarks/results/machine_h100_2026-11-23.json),
 # BACKEND (default cupy), MPIRUN (default /usr/bin/mpirun where it exists, else mpiexec on PATH),
 # MPIFLAGS (default "--bind-to none", Open MPI's; empty for MPICH). NVLink multicast stays off
-# (NCCL_NVLS_ENABLE=0: see the device notes), as in the sixteenth to twentieth sessions' runs.
+# (NCCL_NVLS_ENABLE=0: see the device notes).
 set -euo pipefail
 config=${1:?config} out=${2:?output folder} counts=${3:-"1 2"}
 export PYTHONPATH=${PYTHONPATH:-}:$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
