@@ -132,7 +132,8 @@ def ranks(per_rank: list[dict]) -> str:
 
 def statements(seconds: dict[str, float], top: int = 10) -> str:
     """Where the executor's time went: the ``top`` statements by seconds (summed over ranks;
-    compute, evaluations and global<->device transfers) and their share of all those seconds."""
+    compute, evaluations, global<->device transfers and the disk worker's loads and stores) and
+    their share of all those seconds."""
     total = sum(seconds.values()) or 1.0
     rows = [f"{'statement':<18}{'seconds':>12}{'share':>9}"]
     rows += [f"{name:<18}{s:>12.4f}{_percent(s / total):>9}" for name, s in list(seconds.items())[:top]]

@@ -76,6 +76,12 @@ class Counters:
         self.seconds[level] += seconds
         self.by_statement[name] = self.by_statement.get(name, 0.0) + seconds
 
+    def spend_disk(self, seconds: dict[str, float]) -> None:
+        """Add the disk worker's busy seconds by statement (:meth:`DiskWorker.wait`) to the disk
+        level and to each statement."""
+        for name, s in seconds.items():
+            self.spend("disk", name, s)
+
     def queue(self, name: str, start, end) -> None:
         """Note a statement queued between the backend stamps ``start`` and ``end``."""
         self.pending.append(Stamped(name, start, end))
@@ -125,10 +131,13 @@ class Counters:
 
     def statement_seconds(self) -> dict[str, float]:
         """Seconds spent in each statement the executor times per level: compute (``#k``; a run of
-        point-wise terms as ``#k-#m``), a computed tensor's evaluation (``eval T``) and transfers
-        between global and device memory (``get T``, ``accumulate T``), summed over ranks, most
-        first (collective). Compute statements are timed between backend stamps (CUDA events
-        on a GPU) and transfers after waiting for them, so these are the device's times."""
+        point-wise terms as ``#k-#m``), a computed tensor's evaluation (``eval T``), transfers
+        between global and device memory (``get T``, ``accumulate T``) and the disk worker's
+        reads and writes (``load T``, ``store T``: a computed input's values made where it is
+        loaded included), summed over ranks, most first (collective). Compute statements are
+        timed between backend stamps (CUDA events on a GPU), transfers after waiting for them
+        and disk jobs on the worker's thread, so these are the device's and the worker's times,
+        which overlap where a loop is double-buffered."""
         total: dict[str, float] = {}
         for mine in self.comm.allgather(self.by_statement):
             for key, seconds in mine.items():

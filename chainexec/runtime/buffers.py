@@ -258,8 +258,9 @@ class Buffers:
         HDF5 read, into memory faulted in first where the buffer is fresh (:meth:`read_fresh`).
         The worker's job number."""
         if isinstance(ga, MappedArray):
-            return self.disk.submit(ga.populate, out)
-        return self.disk.submit(self.read_fresh if k in self.fresh else self.store.read, tensor, version, part, out)
+            return self.disk.submit(f"load {tensor}", ga.populate, out)
+        return self.disk.submit(f"load {tensor}", self.read_fresh if k in self.fresh else self.store.read, tensor,
+                                version, part, out)
 
     def read_fresh(self, tensor: str, version: int, part, out: np.ndarray) -> None:
         """Read ``part`` of ``tensor`` into ``out``, memory not touched since its allocation: its

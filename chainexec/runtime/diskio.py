@@ -24,35 +24,36 @@ def _timed(job, *args) -> float:
 
 
 class DiskWorker:
-    """Jobs numbered 1, 2, … in submission order; :meth:`wait` returns their busy seconds."""
+    """Jobs numbered 1, 2, … in submission order, each named for the statement it serves;
+    :meth:`wait` returns their busy seconds by name."""
 
     def __init__(self):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainexec-disk")
-        self._pending: deque[Future] = deque()
+        self._pending: deque[tuple[str, Future]] = deque()
         self.submitted = 0
         self._done = 0
 
-    def submit(self, job, *args) -> int:
-        """Queue ``job(*args)``; its number."""
-        self._pending.append(self._pool.submit(_timed, job, *args))
+    def submit(self, name: str, job, *args) -> int:
+        """Queue ``job(*args)`` for the statement ``name`` (``load T``, ``store T``); its number."""
+        self._pending.append((name, self._pool.submit(_timed, job, *args)))
         self.submitted += 1
         return self.submitted
 
-    def wait(self, upto: int | None = None) -> float:
+    def wait(self, upto: int | None = None) -> dict[str, float]:
         """Block until jobs 1..``upto`` (all submitted, by default) have finished; the seconds the
-        worker spent on the ones finished here. A job's exception is raised here."""
+        worker spent on the ones finished here, by name. A job's exception is raised here."""
         upto = self.submitted if upto is None else upto
-        seconds = 0.0
+        seconds: dict[str, float] = {}
         while self._done < upto:
-            future = self._pending.popleft()
+            name, future = self._pending.popleft()
             self._done += 1
-            seconds += future.result()
+            seconds[name] = seconds.get(name, 0.0) + future.result()
         return seconds
 
     def finished(self, upto: int) -> bool:
         """Whether jobs 1..``upto`` have all finished, without waiting for them (their seconds
         still count at :meth:`wait`). A finished job's exception is raised here."""
-        for future in itertools.islice(self._pending, max(0, upto - self._done)):
+        for _, future in itertools.islice(self._pending, max(0, upto - self._done)):
             if not future.done():
                 return False
             future.result()

@@ -325,7 +325,7 @@ class Executor:
             frame.ranges["global"].update(zip(names, combos[n]))
             # Everything queued up to this tile's loads: also the stores that last used its slots.
             upto, filled = marks.pop(n)
-            self.counters.seconds["disk"] += self.disk.wait(upto)
+            self.counters.spend_disk(self.disk.wait(upto))
             for k, (buf, region) in filled.items():
                 self.buffers.arrays[k], self.buffers.regions[k] = buf, region
                 buf.local()  # synchronise the window with what the worker wrote
@@ -340,7 +340,7 @@ class Executor:
             frame.weight = outer * weights[n]
             self._body(rest)
         self.claims.early = np.zeros(COUNTS, np.int64)
-        self.counters.seconds["disk"] += self.disk.wait()
+        self.counters.spend_disk(self.disk.wait())
         self.buffers.unstage(own)
 
     def _prefetch(self, ahead: list[Op], frame: Frame, names: list[str], combos: list[tuple], n: int,
@@ -384,7 +384,7 @@ class Executor:
     def _load(self, op: Op) -> None:
         k = key(op)
         self._read(op, self.buffers.arrays[k], self.buffers.regions[k])
-        self.counters.seconds["disk"] += self.disk.wait()
+        self.counters.spend_disk(self.disk.wait())
         self.buffers.arrays[k].local()
 
     def _store(self, op: Op) -> None:
@@ -395,10 +395,10 @@ class Executor:
         part = own_rows(ga, self.buffers.regions[k])
         if part is not None:
             local = ga.local()
-            self.disk.submit(self.store.write, op.tensor, op.version, part, local)
+            self.disk.submit(f"store {op.tensor}", self.store.write, op.tensor, op.version, part, local)
             self.counters.move(CATEGORY["store"], local.nbytes)
         if not (self.frame.behind and k in self.buffers.slots):
-            self.counters.seconds["disk"] += self.disk.wait()
+            self.counters.spend_disk(self.disk.wait())
 
     def _waits_first(self, op: Op, frame: Frame, aside: bool = False) -> bool:
         """Whether the executor waits for the device (:meth:`_settle`) before ``op``: where queued

@@ -177,7 +177,7 @@ class Streams:
         while self.arriving and (need is None or self.arriving[0].lo < need):
             c = self.arriving.popleft()
             if c.job is not None:
-                self.counters.seconds["disk"] += self.disk.wait(c.job)
+                self.counters.spend_disk(self.disk.wait(c.job))
             ga, dst = self.buffers.arrays[c.gkey], self.buffers.arrays[c.dkey][c.lo:c.hi]
             if self.board is not None:
                 self.ready(ga, c.slot, c.lo, c.hi)
@@ -230,7 +230,7 @@ class Streams:
         while self.reading and (everything or self.disk.finished(self.reading[0].job)):
             r = self.reading.popleft()
             if everything:
-                self.counters.seconds["disk"] += self.disk.wait(r.job)
+                self.counters.spend_disk(self.disk.wait(r.job))
             latest[r.slot] = (r.hi, r.gkey)
         for slot, (hi, gkey) in latest.items():
             self.buffers.arrays[gkey].local()  # the worker's stores into the window, synced before they are announced

@@ -111,6 +111,21 @@ def test_run_without_mpiexec_is_one_rank(fourindex):
     assert check.returncode == 0 and " ok" in check.stdout, check.stdout + check.stderr
 
 
+def test_disk_statements_are_timed(fourindex):
+    """Every load and store of the plan has the disk worker's seconds in the report's statements,
+    and on one rank they add up to the disk level's seconds."""
+    report = fourindex.parent / "report-disk.json"
+    proc = run_cli("run", fourindex, "--report-json", report)
+    assert proc.returncode == 0, proc.stderr
+    result = read_report(report)
+    disk = {name: s for name, s in result["run"]["statement_seconds"].items() if name.split()[0] in ("load", "store")}
+    planned = {f"{op.op} {op.tensor}" for nest in make_plan(spec.load(fourindex)).nests for op, _ in ops(nest.body)
+               if op.op in ("load", "store")}
+    assert set(disk) == planned and {name.split()[0] for name in planned} == {"load", "store"}
+    assert all(s > 0 for s in disk.values())
+    assert sum(disk.values()) == pytest.approx(result["measured"]["seconds"]["disk"], rel=1e-9)
+
+
 @pytest.mark.parametrize("balance", ["static", "dynamic"])
 def test_load_balance_modes(fourindex, balance):
     """Tiles handed out round-robin or through the shared counter: same bytes, same result, every
