@@ -40,9 +40,12 @@ REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulat
                 "alloc": None, "free": None, "compute": "device", "eval": "device", "fused": "device"}
 
 
+_VISIBLE = {(a, b): LEVELS.index(a) <= LEVELS.index(b) for a in LEVELS for b in LEVELS}
+
+
 def _visible(level: str, region_level: str) -> bool:
     """Whether a loop at ``level`` sets the range seen by a buffer at ``region_level``."""
-    return LEVELS.index(level) <= LEVELS.index(region_level)
+    return _VISIBLE[level, region_level]
 
 
 def _walk(loops: tuple[tuple[str, int], ...], k: int, length: int, seen: int, region_level: str) -> tuple[int, int]:
@@ -169,9 +172,11 @@ def _narrowed(ranges: dict[str, dict[str, int]], loop: Loop, extents: dict[str, 
     """``ranges`` inside ``loop``: per buffer level, the tile of each index that a full-size buffer
     at that level sees (an index not listed spans its extent). :func:`buffer_elements`' rule one
     loop at a time, so that a walk reads each loop once, not every loop around every buffer."""
+    if not loop.tiles:
+        return ranges
     inner = {}
     for level, seen in ranges.items():
-        if loop.tiles and _visible(loop.level, level):
+        if _VISIBLE[loop.level, level]:
             seen = dict(seen)
             for i, tile in loop.tiles.items():
                 seen[i] = min(seen.get(i, extents[i]), tile)
@@ -232,8 +237,11 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
-                    slots = dict.fromkeys(live, 0)
                     own = staged(node)
+                    if not own:
+                        walk(node.body, loops + [node], inner, slotted)
+                        continue
+                    slots = dict.fromkeys(live, 0)
                     for op in own:
                         slots[op.level] += node.depth * tensors[op.tensor].itemsize * _elements(
                             op.indices, inner[op.level], extents)
@@ -244,7 +252,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
                     continue
-                if machine is None and node.op not in ("alloc", "free"):
+                if machine is None and node.op != "alloc" and node.op != "free":
                     continue
                 if node.op in ("compute", "fused"):
                     where, passes = all_tiles, 0

@@ -112,16 +112,18 @@ def arrange(body: list, extents: dict[str, int], overlap: bool = True, ranges: d
         if not isinstance(node, Loop):
             out.append(node)
             continue
-        inner = dict(ranges)
         if node.level == "global":
-            inner.update({i: min(ranges[i], t) for i, t in node.tiles.items()})
-        count = _iterations(node, ranges) if node.level == "global" else None
+            inner = ranges | {i: min(ranges[i], t) for i, t in node.tiles.items()}
+            count = _iterations(node, ranges)
+        else:
+            inner, count = ranges, None
         sub = arrange(node.body, extents, overlap, inner)
         if count == 1 and not node.parallel:
             out.extend(sub)
             continue
-        own = [n for n in sub if isinstance(n, Op) and n.op == "alloc" and n.level == "global"]
-        depth = DEPTH if (overlap and count and count >= 2 and not node.parallel and own and _moves_disk(sub)
+        depth = DEPTH if (overlap and count and count >= 2 and not node.parallel
+                          and any(isinstance(n, Op) and n.op == "alloc" and n.level == "global" for n in sub)
+                          and _moves_disk(sub)
                           and not any(isinstance(n, Loop) and _allocates_global(n.body) for n in sub)) else 1
         out.append(Loop(node.level, dict(node.tiles), node.parallel, sub, depth, list(node.symmetric)))
     return out
