@@ -222,7 +222,7 @@ class Claims:
         ck = self.checkpoint
         number = (ck.committed or 0) + 1
         self.settle()
-        self.counters.seconds["disk"] += self.disk.wait()
+        self.counters.spend_disk(self.disk.wait())
         if rows is not None:
             ck.write_rank(self.comm.rank, number, rows)
         self.store.seal(number)
