@@ -176,7 +176,7 @@ def _narrowed(ranges: dict[str, dict[str, int]], loop: Loop, extents: dict[str, 
         return ranges
     inner = {}
     for level, seen in ranges.items():
-        if _VISIBLE[loop.level, level]:
+        if _visible(loop.level, level):
             seen = dict(seen)
             for i, tile in loop.tiles.items():
                 seen[i] = min(seen.get(i, extents[i]), tile)
@@ -252,7 +252,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
                     continue
-                if machine is None and node.op != "alloc" and node.op != "free":
+                if machine is None and node.op not in ("alloc", "free"):
                     continue
                 if node.op in ("compute", "fused"):
                     where, passes = all_tiles, 0

@@ -22,6 +22,7 @@ its own (docs/gpu.md, "Several ranks").
 from __future__ import annotations
 
 import os
+import sys
 
 from chainexec.errors import ChainexecError
 
@@ -38,7 +39,11 @@ def mpi():
     started takes the settings of :data:`SINGLETON` that its environment leaves unset (the
     user's own values win) for MPI's start only: they are removed once MPI has started, so the
     processes it starts later (a launcher among them) do not inherit them. Every module of the
-    package imports MPI through this, never before it is needed: planning never initialises MPI."""
+    package imports MPI through this, never before it is needed: planning never initialises MPI.
+    Once MPI has started, the module is returned as it is (the environment is left alone)."""
+    started = sys.modules.get("mpi4py.MPI")
+    if started is not None:
+        return started
     added = [] if launched() else [name for name in SINGLETON if name not in os.environ]
     os.environ.update({name: SINGLETON[name] for name in added})
     try:

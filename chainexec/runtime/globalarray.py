@@ -65,11 +65,11 @@ import numpy as np
 from chainexec.errors import ChainexecError
 from chainexec.runtime import hostcopy
 from chainexec.runtime.comm import host_comm, mpi
-
-MPI = mpi()
-from mpi4py.util.dtlib import from_numpy_dtype  # noqa: E402 (imports MPI: after mpi())
 from chainexec.runtime.region import Region, region_bounds, row_bounds, row_owners, whole_rows
 from chainexec.spec import format_size
+
+MPI = mpi()
+from mpi4py.util.dtlib import from_numpy_dtype  # noqa: E402 (it imports MPI: after mpi())
 
 
 SHARED_MEMORY = True

@@ -37,6 +37,7 @@ def _started(monkeypatch) -> dict:
     fake = types.ModuleType("mpi4py")
     fake.__getattr__ = attribute
     monkeypatch.setitem(sys.modules, "mpi4py", fake)
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)  # MPI not started yet
     assert comm.mpi() == "the MPI module"
     return seen
 
@@ -62,6 +63,15 @@ def test_a_launched_process_takes_none(unset):
 def test_the_world_of_a_singleton(unset):
     MPI = comm.mpi()
     assert comm.world() is MPI.COMM_WORLD and MPI.COMM_WORLD.size == 1
+
+
+def test_once_started_the_environment_is_left_alone(unset):
+    """After MPI's start, a call neither sets nor removes the settings (another thread may be
+    reading the environment)."""
+    comm.mpi()
+    unset.setattr(comm, "launched", lambda: pytest.fail("the settings were weighed again after MPI's start"))
+    assert comm.mpi() is sys.modules["mpi4py.MPI"]
+    assert not any(var in os.environ for var in comm.SINGLETON)
 
 
 def _imports_mpi4py(path: Path) -> list[int]:
