@@ -114,18 +114,16 @@ def nonfinite(a: np.ndarray) -> int:
     return sum(_run(lambda part: part.size - int(np.count_nonzero(np.isfinite(part))), _split((a,), PIECE_BYTES)))
 
 
-def write(fd: int, offset: int, data: np.ndarray) -> None:
-    """Write the bytes of the C-contiguous ``data`` into the open file ``fd`` from byte
-    ``offset`` on, over threads when large (``os.pwrite`` of each piece: the page cache takes
-    them in parallel, several times one thread's rate)."""
-    flat = data.reshape(-1).view(np.uint8)
-    start = flat.ctypes.data
-
-    def written(part: np.ndarray) -> None:
-        view, at = memoryview(part), offset + part.ctypes.data - start
+def write_files(jobs: list[tuple[int, int, np.ndarray]]) -> None:
+    """Write each job's C-contiguous array into its open file from its byte offset on: ``jobs``
+    holds (file descriptor, offset, array), one thread each (``os.pwrite``). Why one thread a
+    file: buffered writes to one file take its inode's lock, so threads writing one file add
+    nothing (about 3.5 GB/s on ext4 whatever their number), while threads writing separate files
+    scale with them (about 30 GB/s over 16)."""
+    def written(fd: int, offset: int, data: np.ndarray) -> None:
+        view, at = memoryview(data.reshape(-1).view(np.uint8)), offset
         while view.nbytes:
             n = os.pwrite(fd, view, at)
             view, at = view[n:], at + n
 
-    if flat.size:
-        _run(written, _split((flat,), PIECE_BYTES))
+    _run(written, [job for job in jobs if job[2].size])

@@ -30,13 +30,15 @@ from chainexec.runtime.buffers import Buffers
 from chainexec.runtime.device import Backend
 from chainexec.runtime.frame import Frame
 
-LANDING_BYTES = 64 << 20
+LANDING_BYTES = 256 << 20
 """Host bytes of queued accumulates above which the executor waits for the device before the
 next accumulate: page-locked host memory outside the plan's levels."""
-PART_BYTES = 16 << 20
+PART_BYTES = 64 << 20
 """Bytes of each part a tile larger than :data:`LANDING_BYTES`, not copied back aside, is copied
 back in (at least one row of its last axis): with the queue's bound, four parts are on their way
-while one lands."""
+while one lands. Smaller parts land a large tile slower (a wait and a landing call per part,
+each too short to keep the host's threads busy); larger ones keep fewer parts in flight, so the
+copy and the landing overlap less."""
 
 
 @dataclass

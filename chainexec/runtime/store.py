@@ -4,7 +4,10 @@ are complete or absent.
 h5py from PyPI is serial, so no two processes ever write one file. Each rank writes the blocks it
 owns into its own shard file, one dataset per block (contiguous, no chunk read-modify-write); after
 a contraction rank 0 joins the blocks of that tensor version into a virtual dataset (VDS), through
-which any rank reads it back. Outputs are VDS files beside a ``<file>.parts/`` folder of shards,
+which any rank reads it back. A large block is cut into stripes along its first long axis, each
+its own dataset in its own file of the rank's shard (``rank<R>.h5``, ``rank<R>s<S>.h5``), written
+on a thread each: buffered writes to one file take its inode's lock, so only separate files
+take a block at the page cache's rate over threads. Outputs are VDS files beside a ``<file>.parts/`` folder of shards,
 written under a temporary name and renamed into place only after the last contraction, with the
 attribute ``chainexec_complete`` — a killed run leaves no output file at all.
 
@@ -210,9 +213,10 @@ class Store:
         self.comm = comm
         self.readers: dict[str, h5py.File] = {}
         self.sources: dict[str, object] = {}  # computed inputs' sources, made on first read (computed)
-        # Open shard file and blocks written so far, per (tensor, version) being written.
-        self.shards: dict[tuple[str, int], h5py.File] = {}
-        self.blocks: dict[tuple[str, int], list[tuple[str, tuple[tuple[int, int], ...]]]] = {}
+        # Open shard files by stripe, and blocks written so far as (stripe, dataset, region), per
+        # (tensor, version) being written.
+        self.shards: dict[tuple[str, int], dict[int, h5py.File]] = {}
+        self.blocks: dict[tuple[str, int], list[tuple[int, str, tuple[tuple[int, int], ...]]]] = {}
         # Blocks in sealed shard files, [file, dataset, region] each, per (tensor, version) being written.
         self.sealed: dict[tuple[str, int], list[list]] = {}
         self.last_version: dict[str, int] = {}
@@ -319,29 +323,49 @@ class Store:
             return
         key = (tensor, version)
         if key not in self.shards:
-            base = self._version_base(self.plan.tensors[tensor], version)
-            base.mkdir(parents=True, exist_ok=True)
-            self.shards[key] = h5py.File(base / f"rank{self.comm.rank}.h5", "w")
+            self._version_base(self.plan.tensors[tensor], version).mkdir(parents=True, exist_ok=True)
+            self.shards[key] = {}
             self.blocks[key] = []
-        name = f"b{len(self.blocks[key])}"
         if tensor in self.nonfinite:
             self.nonfinite[tensor] += hostcopy.nonfinite(data)
-        _written(self.shards[key], name, data)
-        self.blocks[key].append((name, region))
+        jobs = []
+        try:
+            for stripe, (within, part) in enumerate(_stripes(region, data)):
+                f = self._shard(key, stripe)
+                name = f"b{len(self.blocks[key])}"
+                offset = _dataset(f, name, part)
+                if offset is not None:
+                    jobs.append((os.open(f.filename, os.O_WRONLY), offset, part))
+                self.blocks[key].append((stripe, name, within))
+            hostcopy.write_files(jobs)
+        finally:
+            for fd, _, _ in jobs:
+                os.close(fd)
+
+    def _shard(self, key: tuple[str, int], stripe: int) -> h5py.File:
+        """This rank's open shard file of stripe ``stripe`` of a version being written."""
+        f = self.shards[key].get(stripe)
+        if f is None:
+            base = self._version_base(self.plan.tensors[key[0]], key[1])
+            f = self.shards[key][stripe] = h5py.File(base / _shard_name(self.comm.rank, stripe), "w")
+        return f
 
     def seal(self, number: int) -> None:
         """Make this rank's blocks written so far durable, for checkpoint ``number``: close each
-        open shard file, sync it and rename it to ``rank<R>-<number>.h5`` (synced in its
-        folder); the version's next block starts a new ``rank<R>.h5`` (:meth:`write`)."""
+        open shard file, sync it and rename it to ``rank<R>[s<S>]-<number>.h5`` (synced in its
+        folder); the version's next block starts new shard files (:meth:`write`)."""
         for key in list(self.shards):
-            self.shards.pop(key).close()
             base = self._version_base(self.plan.tensors[key[0]], key[1])
-            path = base / f"rank{self.comm.rank}.h5"
-            sealed = base / f"rank{self.comm.rank}-{number}.h5"
-            atomicfile.sync(path)
-            os.replace(path, sealed)
+            names = {}
+            for stripe, f in self.shards.pop(key).items():
+                f.close()
+                path = base / _shard_name(self.comm.rank, stripe)
+                names[stripe] = _shard_name(self.comm.rank, stripe, number)
+                atomicfile.sync(path)
+                os.replace(path, base / names[stripe])
             atomicfile.sync(base)
-            self.sealed.setdefault(key, []).extend([sealed.name, name, region] for name, region in self.blocks.pop(key))
+            self.sealed.setdefault(key, []).extend([names[stripe], name, region]
+                                                   for stripe, name, region in self.blocks.pop(key))
 
     def close_version(self, tensor: str, version: int, durable: bool = False) -> None:
         """Collective: join every rank's blocks of this version into ``<version>.h5`` (a VDS).
@@ -349,10 +373,9 @@ class Store:
         version it supersedes is kept until :meth:`drop_superseded`, since the last committed
         checkpoint may still name it."""
         key = (tensor, version)
-        shard = self.shards.pop(key, None)
-        if shard is not None:
+        for shard in self.shards.pop(key, {}).values():
             shard.close()
-        current = [[f"rank{self.comm.rank}.h5", name, region] for name, region in self.blocks.pop(key, [])]
+        current = [[_shard_name(self.comm.rank, stripe), name, region] for stripe, name, region in self.blocks.pop(key, [])]
         gathered = self.comm.gather(self.sealed.pop(key, []) + current, root=0)
         t = self.plan.tensors[tensor]
         base = self._version_base(t, version)
@@ -455,16 +478,39 @@ class Store:
         self.comm.Barrier()
 
 
-def _written(f: h5py.File, name: str, data: np.ndarray) -> None:
-    """Dataset ``name`` of the open file ``f`` holding ``data``. C-contiguous data in the
-    machine's byte order goes into a contiguous dataset allocated at once and left unfilled,
-    its bytes written straight into the file at the dataset's offset over threads
-    (:func:`hostcopy.write`): HDF5 writes a dataset on one thread, far below the page cache's
-    rate over threads, the bound of a run whose output is tens of GB. Other data, and data a
-    thread writes alone (under :data:`hostcopy.PIECE_BYTES`), goes through HDF5."""
+def _shard_name(rank: int, stripe: int, sealed: int | None = None) -> str:
+    """The file of ``rank``'s shard holding stripe ``stripe`` of a version's blocks:
+    ``rank<R>.h5`` (stripe 0) or ``rank<R>s<S>.h5``; ``rank<R>[s<S>]-<N>.h5`` once sealed at
+    checkpoint N (:meth:`Store.seal`)."""
+    return f"rank{rank}" + (f"s{stripe}" if stripe else "") + (f"-{sealed}" if sealed is not None else "") + ".h5"
+
+
+def _stripes(region: tuple[tuple[int, int], ...], data: np.ndarray) -> list[tuple[tuple[tuple[int, int], ...], np.ndarray]]:
+    """The block ``data`` at ``region`` as the stripes :meth:`Store.write` puts in files of their
+    own, each (its region, its data): cut along the first axis longer than one into at most one
+    stripe per thread (:func:`hostcopy.threads`) of at least :data:`hostcopy.PIECE_BYTES`. Data
+    that is not C-contiguous in the machine's byte order stays whole (HDF5 writes it)."""
+    count = min(hostcopy.threads(), data.nbytes // hostcopy.PIECE_BYTES)
+    if count <= 1 or not data.flags.c_contiguous or data.dtype.byteorder not in "=|":
+        return [(region, data)]
+    stripes = []
+    for piece in hostcopy.pieces(data.shape, count):
+        piece += (slice(None),) * (data.ndim - len(piece))
+        bounds = (cut.indices(n)[:2] for cut, n in zip(piece, data.shape))
+        stripes.append((tuple((lo + a, lo + b) for (lo, _), (a, b) in zip(region, bounds)), data[piece]))
+    return stripes
+
+
+def _dataset(f: h5py.File, name: str, data: np.ndarray) -> int | None:
+    """Make dataset ``name`` of the open file ``f`` for ``data``: the byte offset in the file
+    where the caller writes ``data``'s bytes, or None where HDF5 wrote them. C-contiguous data in
+    the machine's byte order goes into a contiguous dataset allocated at once and left unfilled,
+    its bytes written straight into the file (:func:`hostcopy.write_files`): HDF5 writes a
+    dataset on one thread, through copies of its own. Other data, and data under
+    :data:`hostcopy.PIECE_BYTES`, goes through HDF5."""
     if data.nbytes < hostcopy.PIECE_BYTES or not data.flags.c_contiguous or data.dtype.byteorder not in "=|":
         f.create_dataset(name, data=data)
-        return
+        return None
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
@@ -472,12 +518,7 @@ def _written(f: h5py.File, name: str, data: np.ndarray) -> None:
     offset = ds.id.get_offset()
     if offset is None:  # no contiguous storage in the file (HDF5 chose another layout)
         ds[...] = data
-        return
-    fd = os.open(f.filename, os.O_WRONLY)
-    try:
-        hostcopy.write(fd, offset, data)
-    finally:
-        os.close(fd)
+    return offset
 
 
 def _layout(t: TensorInfo, gathered: list, prefix: str) -> h5py.VirtualLayout:

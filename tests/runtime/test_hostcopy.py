@@ -148,19 +148,25 @@ def test_nonfinite_counts_as_numpy(shape, dtype):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_write_puts_the_bytes_at_the_offset(tmp_path, shape):
-    """Every piece at its place in the file, the bytes before the offset untouched."""
+def test_write_files_puts_each_arrays_bytes_at_its_offset(tmp_path, shape):
+    """Each array at its offset in its own file (an empty array writes nothing), the bytes
+    before the offset untouched."""
     import os
 
-    data = np.random.default_rng(sum(shape) + 1).standard_normal(shape)
-    path = tmp_path / "f.bin"
-    path.write_bytes(b"\x07" * 333)
-    fd = os.open(path, os.O_WRONLY)
+    rng = np.random.default_rng(sum(shape) + 1)
+    arrays = [np.asarray(rng.standard_normal(shape)), np.flip(rng.standard_normal(shape)).copy(), np.empty(0)]
+    offsets = [101, 7, 50]
+    fds = []
+    for k in range(3):
+        (tmp_path / f"f{k}.bin").write_bytes(bytes([k + 1]) * 333)
+        fds.append(os.open(tmp_path / f"f{k}.bin", os.O_WRONLY))
     try:
-        hostcopy.write(fd, 101, data)
+        hostcopy.write_files(list(zip(fds, offsets, arrays)))
     finally:
-        os.close(fd)
-    got = path.read_bytes()
-    assert got[:101] == b"\x07" * 101
-    assert got[101:101 + data.nbytes] == data.tobytes()
-    assert len(got) == max(333, 101 + data.nbytes)
+        for fd in fds:
+            os.close(fd)
+    for k, (offset, data) in enumerate(zip(offsets, arrays)):
+        got = (tmp_path / f"f{k}.bin").read_bytes()
+        assert got[:offset] == bytes([k + 1]) * offset
+        assert got[offset:offset + data.nbytes] == data.tobytes()
+        assert len(got) == max(333, offset + data.nbytes)

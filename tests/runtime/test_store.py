@@ -113,25 +113,110 @@ def test_output_copied_without_its_parts_is_refused_as_input(tmp_path):
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32, np.dtype(">f8")])
 @pytest.mark.parametrize("shape", [(), (0, 3), (37,), (7, 5, 9), (2, 1, 61)])
 def test_blocks_written_into_their_dataset_read_back(tmp_path, monkeypatch, dtype, shape):
-    """A block written straight into its contiguous dataset's bytes (over threads, pieces of
-    64 B here) reads back through HDF5 as it was, beside datasets HDF5 wrote itself; data in the
-    other byte order goes through HDF5."""
+    """A block whose bytes are written straight into its contiguous dataset (``_dataset`` gives
+    the offset, :func:`hostcopy.write_files` writes them) reads back through HDF5 as it was,
+    beside datasets HDF5 wrote itself; data in the other byte order goes through HDF5."""
+    import os
+
     from chainexec.runtime import hostcopy
-    from chainexec.runtime.store import _written
+    from chainexec.runtime.store import _dataset
 
     monkeypatch.setattr(hostcopy, "PIECE_BYTES", 64)
-    monkeypatch.setattr(hostcopy, "_pool", None)
     data = (np.random.default_rng(len(shape)).standard_normal(shape) * 3).astype(dtype)
+    blocks = {"b0": data, "b1": np.ascontiguousarray(data[::-1]) if data.ndim else data}
     with h5py.File(tmp_path / "shard.h5", "w") as f:
         f.create_dataset("before", data=np.arange(5))
-        _written(f, "b0", data)
-        _written(f, "b1", data[::-1] if data.ndim else data)
+        offsets = {name: _dataset(f, name, block) for name, block in blocks.items()}
         f.create_dataset("after", data=np.arange(7))
+        direct = data.nbytes >= 64 and data.dtype.byteorder in "=|"
+        assert all((offset is not None) == direct for offset in offsets.values())
+        fd = os.open(f.filename, os.O_WRONLY)
+        try:
+            hostcopy.write_files([(fd, offsets[name], block) for name, block in blocks.items() if offsets[name] is not None])
+        finally:
+            os.close(fd)
     with h5py.File(tmp_path / "shard.h5", "r") as f:
         assert f["b0"].dtype == data.dtype and f["b0"].shape == data.shape
-        assert np.array_equal(f["b0"][()], data)
-        assert np.array_equal(f["b1"][()], data[::-1] if data.ndim else data)
+        for name, block in blocks.items():
+            assert np.array_equal(f[name][()], block)
         assert np.array_equal(f["before"][()], np.arange(5)) and np.array_equal(f["after"][()], np.arange(7))
+
+
+@pytest.mark.parametrize("shape, region", [((13, 5, 3), ((2, 15), (0, 5), (1, 4))), ((1, 29, 4), ((3, 4), (5, 34), (0, 4))),
+                                           ((40,), ((0, 40),)), ((1, 1), ((0, 1), (0, 1))), ((), ())])
+@pytest.mark.parametrize("threads", [1, 3, 4])
+def test_stripes_cover_the_block_once_along_its_first_long_axis(monkeypatch, shape, region, threads):
+    """``_stripes``: at most one stripe per thread, each C-contiguous and at least
+    :data:`hostcopy.PIECE_BYTES`, their regions tiling the block's region, each holding the
+    block's values there; non-contiguous data and the other byte order stay whole."""
+    from chainexec.runtime import hostcopy
+    from chainexec.runtime.store import _stripes
+
+    monkeypatch.setattr(hostcopy, "PIECE_BYTES", 64)
+    monkeypatch.setattr(hostcopy, "threads", lambda: threads)
+    data = np.random.default_rng(len(shape) + threads).standard_normal(shape)
+    stripes = _stripes(region, data)
+    assert 1 <= len(stripes) <= max(1, min(threads, data.nbytes // 64))
+    covered = np.zeros(shape, int)
+    for within, part in stripes:
+        assert part.flags.c_contiguous and (len(stripes) == 1 or part.nbytes >= 64)
+        cut = tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(within, region))
+        assert np.array_equal(part, data[cut])
+        covered[cut] += 1
+    assert np.all(covered == 1)
+    long = [d for d, n in enumerate(shape) if n > 1]
+    assert all(w[d] == region[d] for w, _ in stripes for d in range(len(region)) if d != long[0]) if long else True
+    if data.ndim > 1:
+        assert len(_stripes(region, np.asfortranarray(data))) == 1
+    assert len(_stripes(region, data.astype(">f8"))) == 1
+
+
+class _OneRank:
+    """The collectives :class:`Store` calls, for one rank."""
+
+    rank, size = 0, 1
+
+    def gather(self, value, root=0):
+        return [value]
+
+    def Barrier(self):
+        pass
+
+
+def test_striped_blocks_read_back_through_their_version_sealed_or_open(tmp_path, monkeypatch):
+    """Blocks cut into stripes (four threads here), some sealed at a checkpoint between them, make
+    one file per stripe, sealed under their checkpoint's number; the version's VDS and
+    :meth:`Store.read` give back every value written, a small block beside them whole."""
+    from chainexec import api
+    from chainexec.runtime import hostcopy
+    from chainexec.runtime.store import Store
+
+    monkeypatch.setattr(hostcopy, "PIECE_BYTES", 256)
+    monkeypatch.setattr(hostcopy, "threads", lambda: 4)
+    plan = api.plan(write_config(tmp_path, fourindex_config()))
+    t = plan.tensors["B"]
+    store = Store(plan, _OneRank())
+    values = np.random.default_rng(5).standard_normal(t.shape)
+    half = t.shape[0] // 2
+    cuts = [((0, half),) + tuple((0, n) for n in t.shape[1:]), ((half, t.shape[0] - 1),) + tuple((0, n) for n in t.shape[1:]),
+            ((t.shape[0] - 1, t.shape[0]), (0, 1)) + tuple((0, n) for n in t.shape[2:]),
+            ((t.shape[0] - 1, t.shape[0]), (1, t.shape[1])) + tuple((0, n) for n in t.shape[2:])]
+    for k, region in enumerate(cuts):
+        store.write("B", 1, region, values[tuple(slice(a, b) for a, b in region)].copy())
+        if k == 0:
+            store.seal(1)
+    store.close_version("B", 1)
+    base = tmp_path / "out" / "result.h5.parts" / "B.v1"
+    assert sorted(p.name for p in base.iterdir()) == sorted(
+        ["rank0-1.h5", "rank0s1-1.h5", "rank0s2-1.h5", "rank0s3-1.h5", "rank0.h5", "rank0s1.h5", "rank0s2.h5", "rank0s3.h5"])
+    with h5py.File(str(base) + ".h5", "r") as f:
+        assert np.array_equal(f["data"][()], values)
+    out = np.full(t.shape, np.nan)
+    store.read("B", 1, tuple((0, n) for n in t.shape), out)
+    assert np.array_equal(out, values)
+    part = np.full((3, 2) + tuple(t.shape[2:]), np.nan)
+    store.read("B", 1, ((half - 1, half + 2), (2, 4)) + tuple((0, n) for n in t.shape[2:]), part)
+    assert np.array_equal(part, values[half - 1:half + 2, 2:4])
 
 
 class _Counting:
