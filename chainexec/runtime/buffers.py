@@ -51,9 +51,10 @@ class Buffers:
         self.returning: dict[tuple, list] = {}
         # global buffers of allocs without zero fill (Op.fill) in fresh memory (not mapped from a file), live now
         self.fresh: set[tuple] = set()
-        # mapped global buffers (inputs' tiles) being locked for the device, on a thread of their
-        # own from their allocation on: the futures of their backend.lock_host handles
-        self.locking: dict[tuple, Future] = {}
+        # global buffers being locked for the device (inputs' mapped tiles read-only, global
+        # arrays writable), on a thread of their own from their allocation on: the futures of
+        # their backend.lock_host handles, and whether each is writable (unlocked before it is freed)
+        self.locking: dict[tuple, tuple[Future, bool]] = {}
         self.locker: ThreadPoolExecutor | None = None
         # inputs' tiles are mapped from their files on one rank and on ranks of one host, whose
         # page cache holds the file's pages once for all of them (:meth:`alloc`); on several
@@ -93,13 +94,15 @@ class Buffers:
                 buf.free()
                 buf = None
             if buf is not None:
-                self.lock(k, buf)
+                self.lock(k, buf.whole())
         if buf is None:
             with _naming(op):
                 buf = (GlobalArray(self.comm, shape, dtype, zero=zero) if op.level == "global"
                        else (self.backend.zeros if zero else self.backend.empty)(shape, dtype))
             if op.level == "global" and not zero:
                 self.fresh.add(k)
+            if op.level == "global":
+                self.lock(k, buf.local(), writable=True)
         if op.level == "global":
             # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
             # peak is that of the whole global array at one moment, as planned.
@@ -272,25 +275,30 @@ class Buffers:
             hostcopy.fill(out, 0)
         self.store.read(tensor, version, part, out)
 
-    def lock(self, k: tuple, ga: MappedArray) -> None:
-        """Begin locking the mapped tile ``ga`` (buffer ``k``) for the device
-        (:meth:`Backend.lock_host`) on a thread of its own, so that its gets become DMAs from the
-        file's pages. Nothing waits for it: a get before it is done takes the backend's other
-        path."""
-        if not self.backend.locks_host():
+    def lock(self, k: tuple, memory: np.ndarray, writable: bool = False) -> None:
+        """Begin locking the host ``memory`` of global buffer ``k`` for the device
+        (:meth:`Backend.lock_host`) on a thread of its own, where the backend locks that kind of
+        memory: a mapped tile's file pages (read-only), so that its gets become DMAs from them,
+        or this rank's block of a global array (``writable``), so that its gets and the results
+        written into it are DMAs (:mod:`chainexec.runtime.landing`). Nothing waits for it: a
+        copy before it is done takes the backend's other path. Fresh memory is faulted in by
+        the lock itself, on that thread, beside the run."""
+        if not self.backend.locks_host(writable):
             return
         if self.locker is None:
             self.locker = ThreadPoolExecutor(1, thread_name_prefix="chainexec-lock")
-        self.locking[k] = self.locker.submit(self.backend.lock_host, ga.whole())
+        self.locking[k] = (self.locker.submit(self.backend.lock_host, memory, writable), writable)
 
     def unlock(self, k: tuple) -> None:
         """Unlock the global buffer ``k`` where :meth:`lock` locked it, once the lock is done
-        (the unlock waits for the copies queued from it; the mapping outlives it). A lock that
-        failed left the buffer unlocked: its gets took the other path, and nothing is undone."""
-        locking = self.locking.pop(k, None)
+        (the unlock waits for the copies queued from and to it): a mapped tile beside the run
+        (the mapping outlives it), a global array's block before returning (its window is freed
+        next). A lock that failed left the buffer unlocked: its copies took the other path, and
+        nothing is undone."""
+        locking, writable = self.locking.pop(k, (None, False))
         handle = None if locking is None or locking.exception() is not None else locking.result()
         if handle is not None:
-            self.backend.unlock_host(handle)
+            self.backend.unlock_host(handle, wait=writable)
 
     def free_global(self, k: tuple, ga) -> None:
         """Let the global buffer ``k`` go, unlocked first (:meth:`unlock`)."""

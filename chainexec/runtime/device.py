@@ -39,8 +39,8 @@ SEPARATE_MEMORY = "separate memory"
 page-locked for them (:meth:`Backend.host_empty`), and the device's allocator holds a limit and a
 high-water mark of its own."""
 HOST_LOCKS = "host locks"
-"""Host memory can be locked where it lies (an input mapped from its file), so that fetches copy
-from it directly."""
+"""Host memory can be locked where it lies (an input mapped from its file, a global array), so
+that copies to and from the device are DMAs from and to it directly."""
 STEADY = "steady copies"
 """Copies the backend derives from a loop's read-only inputs are kept from statement to statement
 (:meth:`Backend.steady`)."""
@@ -51,7 +51,7 @@ the seconds its first uses cost in :meth:`Backend.startup_seconds`."""
 CAPABILITIES = {
     QUEUED: ("stamp", "elapsed", "reach", "wait", "arrived", "reach_copy", "wait_for", "fetch_aside", "fetch_waits"),
     SEPARATE_MEMORY: ("out_of_memory", "host_empty", "expect_transfers", "limit_memory", "pool_bytes", "make_room"),
-    HOST_LOCKS: ("locks_host", "lock_host", "unlock_host", "settle_locks"),
+    HOST_LOCKS: ("locks_host", "lock_host", "unlock_host", "settle_locks", "holds_host", "to_host_into"),
     STEADY: ("steady",),
     TUNED: ("choices", "startup_seconds"),
 }
@@ -332,21 +332,35 @@ class Backend(abc.ABC):
 
     # -- HOST_LOCKS: without it, nothing is locked ------------------------------------------------
 
-    def locks_host(self) -> bool:
-        """Whether :meth:`lock_host` may lock anything in this run, so that a thread for it is
-        worth starting."""
+    def locks_host(self, writable: bool = False) -> bool:
+        """Whether :meth:`lock_host` may lock anything of this kind in this run (``writable``:
+        memory the device writes too, a global array; else memory it only reads, an input's
+        mapped tile), so that a thread for it is worth starting."""
         return False
 
-    def lock_host(self, array: np.ndarray):
-        """Page-lock the host ``array`` where it lies (an input's tile that the run only reads), so
-        that :meth:`fetch` copies its rows to the device without staging them; callable from any
-        thread. A handle for :meth:`unlock_host`, or None where nothing was done. ``array`` must
-        not change until it is unlocked."""
+    def lock_host(self, array: np.ndarray, writable: bool = False):
+        """Page-lock the host ``array`` where it lies, so that :meth:`fetch` copies its rows to the
+        device without staging them and, ``writable``, :meth:`to_host_into` copies results into
+        it; callable from any thread. A handle for :meth:`unlock_host`, or None where nothing was
+        done. A read-only ``array`` must not change until it is unlocked."""
         return None
 
-    def unlock_host(self, handle) -> None:
+    def unlock_host(self, handle, wait: bool = False) -> None:
         """Undo :meth:`lock_host` (``handle``: what it returned, not None) once the copies handed
-        to the backend so far are done; the array may be let go at once."""
+        to the backend so far are done: beside the run, the array let go at once, or with
+        ``wait`` before returning, after which the caller may free the memory itself."""
+
+    def holds_host(self, host: np.ndarray) -> bool:
+        """Whether all of the host array ``host`` lies in memory :meth:`lock_host` locked
+        writable, so that :meth:`to_host_into` may copy into it."""
+        return False
+
+    def to_host_into(self, array, out: np.ndarray):
+        """Copy the device ``array`` into ``out`` (host memory :meth:`holds_host` finds locked, of
+        ``array``'s shape), as :meth:`to_host_async` does into its own host array: a token for
+        :meth:`arrived` and :meth:`reach_copy`."""
+        out[...] = array
+        return None
 
     def settle_locks(self) -> None:
         """Return once every :meth:`unlock_host` handed over so far is done (after the executor:

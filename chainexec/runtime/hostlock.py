@@ -46,45 +46,49 @@ SMALLEST = 1 << 20
 
 class Locks:
     """The host ranges a backend has page-locked: start address → (bytes, the array, kept alive
-    until unlocked so that its mapping outlives the registration). Made on the thread that drives
+    until unlocked so that its mapping outlives the registration, whether locked writable). Made on the thread that drives
     the backend's GPU, whose device the other threads' calls then use."""
 
     def __init__(self, cupy):
         self.xp = cupy
         self.device = cupy.cuda.Device().id
-        self._spans: dict[int, tuple[int, np.ndarray]] = {}
+        self._spans: dict[int, tuple[int, np.ndarray, bool]] = {}
         self._guard = threading.Lock()
         self._unlocking: list[Future] = []
         self._pool: ThreadPoolExecutor | None = None
 
-    def lock(self, array: np.ndarray) -> int | None:
-        """Page-lock the C-contiguous host ``array`` in place (from any thread); its address as the
-        handle for :meth:`unlock`, or None where it was not locked (too small, not contiguous, or
-        refused by the driver). ``array`` must not change until unlocked."""
+    def lock(self, array: np.ndarray, writable: bool = False) -> int | None:
+        """Page-lock the C-contiguous host ``array`` in place (from any thread), read-only unless
+        ``writable``; its address as the handle for :meth:`unlock`, or None where it was not
+        locked (too small, not contiguous, or refused by the driver). A read-only ``array`` must
+        not change until unlocked."""
         if array.nbytes < SMALLEST or not array.flags.c_contiguous:
             return None
         ptr = array.ctypes.data
         runtime = self.xp.cuda.runtime
         try:
             with self.xp.cuda.Device(self.device):
-                runtime.hostRegister(ptr, array.nbytes, READ_ONLY | PORTABLE)
+                runtime.hostRegister(ptr, array.nbytes, PORTABLE if writable else READ_ONLY | PORTABLE)
         except runtime.CUDARuntimeError:
             return None
         with self._guard:
-            self._spans[ptr] = (array.nbytes, array)
+            self._spans[ptr] = (array.nbytes, array, writable)
         return ptr
 
-    def holds(self, host: np.ndarray) -> bool:
-        """Whether all of ``host`` lies in memory locked here."""
+    def holds(self, host: np.ndarray, writable: bool = False) -> bool:
+        """Whether all of ``host`` lies in memory locked here (``writable``: locked writable)."""
         lo = host.ctypes.data
         hi = lo + host.nbytes
         with self._guard:
-            return any(p <= lo and hi <= p + n for p, (n, _) in self._spans.items())
+            return any(p <= lo and hi <= p + n and (w or not writable) for p, (n, _, w) in self._spans.items())
 
-    def unlock(self, handle: int, after: list) -> None:
-        """Unregister the range :meth:`lock` returned ``handle`` for, on a thread of its own, once
-        the CUDA events ``after`` (marking the last copies that may read it) are reached; the
-        array is let go after that."""
+    def unlock(self, handle: int, after: list, wait: bool = False) -> None:
+        """Unregister the range :meth:`lock` returned ``handle`` for once the CUDA events
+        ``after`` (marking the last copies that may use it) are reached: on a thread of its own,
+        the array let go after that, or with ``wait`` here (the caller frees the memory next)."""
+        if wait:
+            self._unregister(handle, after)
+            return
         with self._guard:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="chainexec-unlock")

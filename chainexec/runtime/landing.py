@@ -13,7 +13,12 @@ page-locked host array of the whole tile would cost the host more than the copy 
 (``cudaHostAlloc`` pins page by page, on one thread, many times slower than the copy), and
 would hold host memory outside the plan's levels. A tile copied back aside stays whole: its loop computes the next tile
 during the copy, which waiting for parts on the host would stop, and the page-locked arrays of
-its two lanes return to CuPy's pool for the loop's next tiles."""
+its two lanes return to CuPy's pool for the loop's next tiles.
+
+A part that is the only value its patch gets (``Op.fresh``, weight one), whose patch lies in
+this rank's block of a global array locked for the device (:meth:`Backend.holds_host`), is
+copied straight into the global array (:meth:`Backend.to_host_into`): one DMA at the link's
+rate, with no page-locked part to copy from on the host; landing it is waiting for it."""
 
 from __future__ import annotations
 
@@ -46,8 +51,9 @@ class Result:
     """An accumulate whose copy to the host is queued: the global array and the patch of it
     (slices) it goes to, the host array the copy lands in, the backend's token for the copy, the
     weight it is multiplied by (the symmetric tile tuple's, :attr:`Frame.weight`), the
-    statement's name (``accumulate T``) and whether it is the only value the patch gets
-    (``Op.fresh``: written, not added)."""
+    statement's name (``accumulate T``), whether it is the only value the patch gets
+    (``Op.fresh``: written, not added) and whether the copy lands in the global array itself
+    (nothing left to write)."""
 
     ga: object
     patch: tuple[slice, ...]
@@ -56,6 +62,7 @@ class Result:
     weight: int
     name: str
     fresh: bool
+    direct: bool = False
 
 
 class Landing:
@@ -80,10 +87,15 @@ class Landing:
         name = f"accumulate {op.tensor}"
         whole = aside or tile.nbytes <= LANDING_BYTES
         for part in [()] if whole else parts(tile.shape, tile.dtype.itemsize, PART_BYTES):
-            host, token = self.backend.to_host_async(tile[part] if part else tile, aside=aside)
-            self.queue.append(Result(ga, within(patch, part), host, token, frame.weight, name, bool(op.fresh)))
+            piece, target = tile[part] if part else tile, within(patch, part)
+            into = None if aside or not op.fresh or frame.weight != 1 else ga.at_hand(target)
+            if into is not None and self.backend.holds_host(into):
+                host, token, direct = into, self.backend.to_host_into(piece, into), True
+            else:
+                (host, token), direct = self.backend.to_host_async(piece, aside=aside), False
+            self.queue.append(Result(ga, target, host, token, frame.weight, name, bool(op.fresh), direct))
             self.counters.move(CATEGORY["accumulate"], host.nbytes)
-            while self.queue and sum(r.host.nbytes for r in self.queue) > LANDING_BYTES:
+            while self.queue and self.held() > LANDING_BYTES:
                 self.backend.reach_copy(self.queue[0].token)
                 self.land()
             while self.queue and self.backend.arrived(self.queue[0].token):
@@ -91,11 +103,18 @@ class Landing:
         if aside:
             self.buffers.returning[k][frame.lane] = token
 
+    def held(self) -> int:
+        """Bytes of host memory the queued results hold outside the global arrays (their
+        page-locked copies; a copy into its global array holds none)."""
+        return sum(r.host.nbytes for r in self.queue if not r.direct)
+
     def land(self) -> str:
         """Add the oldest queued result's host copy (arrived) to its global array, or write it
         there where it is the only value that patch gets (``Op.fresh``: the planner found every
         tile accumulated once into a buffer nothing else writes); its statement's name."""
         r = self.queue.popleft()
+        if r.direct:
+            return r.name
         host = r.host
         if r.weight != 1:  # stands for the other permutations of a symmetric loop's tile tuple
             host = host * r.weight
@@ -124,7 +143,7 @@ class Landing:
         if op.op == "accumulate":
             k = key(op)
             tile = 0 if k in self.buffers.returning else self.buffers.arrays[k].nbytes
-            return max(sum(r.host.nbytes for r in self.queue), tile) > LANDING_BYTES
+            return max(self.held(), tile) > LANDING_BYTES
         return bool(self.queue) and op.level == "global"
 
 

@@ -55,7 +55,7 @@ def test_a_run_through_the_arena(tmp_path, monkeypatch):
 
     monkeypatch.setattr(arena.Arena, "upload", spy)
     # inputs mapped from their file are locked where they lie and skip the arena (hostlock.py)
-    monkeypatch.setattr(CupyBackend, "lock_host", lambda self, array: None)
+    monkeypatch.setattr(CupyBackend, "lock_host", lambda self, array, writable=False: None)
     config = triples_config(tmp_path, "4GiB", nocc=8, nvir=48)
     result = api.run(config, backend="cupy")
     assert any(taken)

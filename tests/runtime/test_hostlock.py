@@ -89,3 +89,26 @@ def test_a_refused_lock_is_none_and_a_refused_unlock_keeps_the_range():
         locks.unlock(handle, [])
         locks.settle()
     assert locks.holds(a) and locks._spans[handle][1] is a  # the mapping is kept, not unmapped while locked
+
+
+def test_a_writable_lock_is_registered_writable_and_held_as_such():
+    """``writable``: registered without the read-only flag; :meth:`Locks.holds` with ``writable``
+    finds views of it, and not of a read-only lock."""
+    log = []
+    locks = hostlock.Locks(fake_cupy(log))
+    a, b = np.arange(300000.0), np.arange(300000.0)
+    locks.lock(a, writable=True)
+    locks.lock(b)
+    assert log[1] == ("register", a.ctypes.data, a.nbytes, hostlock.PORTABLE)
+    assert locks.holds(a[5:9], writable=True) and locks.holds(a[5:9])
+    assert locks.holds(b[5:9]) and not locks.holds(b[5:9], writable=True)
+
+
+def test_a_waiting_unlock_unregisters_on_the_callers_thread_before_returning():
+    log = []
+    locks = hostlock.Locks(fake_cupy(log))
+    a = np.arange(300000.0)
+    handle = locks.lock(a, writable=True)
+    locks.unlock(handle, [Event(log)], wait=True)
+    assert log[2:] == [("event", threading.current_thread().name), ("device", 3), ("unregister", handle)]
+    assert not locks.holds(a) and not locks._spans and locks._pool is None

@@ -2,7 +2,9 @@
 mapping of an HDF5 dataset is registered, the backend copies rows of it to the device by DMA,
 and they equal h5py's reads of the dataset; unlocking waits for the copies and forgets the range.
 A (T) run whose mapped inputs are locked gives the independent reference's energy with the bytes
-the plan predicts and leaves nothing locked. Skipped without CuPy or a CUDA device."""
+the plan predicts and leaves nothing locked. In a run of page-locked buffers, global arrays are
+locked writable instead: rows are fetched from them and results copied into them by DMA, and a
+four-index transform so run equals numpy.einsum's. Skipped without CuPy or a CUDA device."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import require_gpu, triples_config  # noqa: E402
+from tests.conftest import fourindex_config, require_gpu, run_cli, triples_config, write_config  # noqa: E402
 
 cupy = require_gpu()
 
@@ -88,14 +90,14 @@ def test_a_run_with_its_inputs_locked(tmp_path, monkeypatch):
     init, lock, holds = hostlock.Locks.__init__, hostlock.Locks.lock, hostlock.Locks.holds
     monkeypatch.setattr(hostlock.Locks, "__init__", lambda self, xp: made.append(self) or init(self, xp))
 
-    def spy(self, array):
-        handle = lock(self, array)
+    def spy(self, array, writable=False):
+        handle = lock(self, array, writable)
         if handle is not None:
             locked.append(array)
         return handle
 
     monkeypatch.setattr(hostlock.Locks, "lock", spy)
-    monkeypatch.setattr(hostlock.Locks, "holds", lambda self, host: held.append(holds(self, host)) or held[-1])
+    monkeypatch.setattr(hostlock.Locks, "holds", lambda self, host, writable=False: held.append(holds(self, host, writable)) or held[-1])
     config = triples_config(tmp_path, "4GiB", nocc=8, nvir=48)
     result = api.run(config, backend="cupy")
     assert len(locked) >= 3 and any(held)  # t2, ovov and ovvv at least; some get from locked rows
@@ -105,3 +107,60 @@ def test_a_run_with_its_inputs_locked(tmp_path, monkeypatch):
     expected = ccsd_t_energy(tmp_path / "inputs.h5")
     assert abs(got - expected) <= 1e-12 * abs(expected)
     assert len(made) == 1 and not any(holds(made[0], a) for a in locked)
+
+
+def test_a_global_arrays_block_locked_writable_in_a_run_of_page_locked_buffers():
+    """In a run of page-locked buffers (:data:`PINNED_FROM_BYTES` moved) only writable locks are
+    made: a block of host memory locked so takes a device tile's values by DMA
+    (:meth:`CupyBackend.to_host_into`) and gives rows to the device without the executor
+    waiting (``fetch_waits``); the unlock that waits forgets the range before it returns."""
+    from chainexec.runtime.backends.cupy import PINNED_FROM_BYTES
+
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(PINNED_FROM_BYTES)
+    block = np.zeros((64, 300, 25))  # 3.8 MB
+    assert not backend.locks_host() and backend.lock_host(block) is None
+    assert backend.locks_host(writable=True)
+    handle = backend.lock_host(block, writable=True)
+    assert handle is not None and backend.holds_host(block[3:9]) and not backend.holds_host(np.zeros(10))
+    values = cupy.random.default_rng(3).standard_normal(block.shape)
+    token = backend.to_host_into(values[5:40], block[5:40])
+    backend.reach_copy(token)
+    np.testing.assert_array_equal(block[5:40], cupy.asnumpy(values[5:40]))
+    assert not block[:5].any() and not block[40:].any()
+    dst = cupy.full((30,) + block.shape[1:], np.nan)
+    cupy.cuda.get_current_stream().synchronize()
+    rows = block[8:38]
+    assert not backend.fetch_waits(dst, lambda r: rows)
+    backend.fetch(dst, lambda r, out: None, view=lambda r: rows)
+    np.testing.assert_array_equal(cupy.asnumpy(dst), rows)
+    backend.unlock_host(handle, wait=True)
+    assert not backend.holds_host(block[3:9]) and not backend._locks._spans
+
+
+def test_a_four_index_transform_through_locked_global_arrays(tmp_path, monkeypatch):
+    """The four-index transform (n = 22, 20 MOs: 1.3-1.9 MB tensors) on the CuPy backend with
+    page-locked buffers from the first byte: its global arrays are locked, its result copied
+    straight into them; the output equals numpy.einsum's within 1e-12, the bytes the plan's, and
+    nothing stays locked."""
+    from chainexec import api
+    from chainexec.runtime.backends import cupy as cupy_backend
+    from tests.runtime.test_landing import _Now
+    from tests.runtime.test_run import check_fourindex
+    from chainexec.runtime import buffers
+
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
+    monkeypatch.setattr(buffers, "ThreadPoolExecutor", _Now)
+    into, made = [], []
+    original = CupyBackend.to_host_into
+    monkeypatch.setattr(CupyBackend, "to_host_into", lambda self, array, out: into.append(out.nbytes) or original(self, array, out))
+    init = hostlock.Locks.__init__
+    monkeypatch.setattr(hostlock.Locks, "__init__", lambda self, xp: made.append(self) or init(self, xp))
+    config = write_config(tmp_path, fourindex_config(n=22, nmo=20, global_memory="64MiB", device_memory="64MiB"))
+    assert run_cli("generate", config).returncode == 0
+    result = api.run(config, backend="cupy")
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert sum(into) >= 20 ** 4 * 8
+    assert made and not any(locks._spans for locks in made)
+    check_fourindex(tmp_path)

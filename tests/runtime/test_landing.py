@@ -16,6 +16,7 @@ from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import ops
+from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.landing import parts, within
 from tests.conftest import fourindex_config, mpiexec, run_cli, write_config
 from tests.runtime.test_run import check_fourindex
@@ -120,4 +121,86 @@ def test_tiles_beyond_the_bound_land_in_parts(tmp_path, aside):
     else:  # tiles beyond the bound in parts of 128 B at most, the others whole
         assert max(sizes) <= 512 and len(sizes) > len(tiles)
         assert sorted(n for n in sizes if n > 128) == sorted(n for n in tiles if 128 < n <= 512)
+    check_fourindex(tmp_path)
+
+
+class _Now:
+    """A stand-in for the executor's lock thread that runs each job at once, so that every global
+    array is locked before its first copy."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def submit(self, job, *args):
+        from concurrent.futures import Future
+
+        done = Future()
+        done.set_result(job(*args))
+        return done
+
+    def shutdown(self):
+        pass
+
+
+class _LockingGlobals(NumpyBackend):
+    """The NumPy backend locking global arrays writable, as a GPU run of page-locked buffers does
+    (:meth:`Backend.locks_host`): it records the locks, unlocks and the bytes copied straight into
+    locked memory (:meth:`Backend.to_host_into`) or through its own host arrays."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, np.ndarray] = {}
+        self.locked, self.waited = [], []
+        self.copied = {"into": 0, "own": 0}
+
+    def locks_host(self, writable=False):
+        return writable
+
+    def lock_host(self, array, writable=False):
+        assert writable
+        handle = len(self.locked)
+        self.locked.append(array.nbytes)
+        self.live[handle] = array
+        return handle
+
+    def unlock_host(self, handle, wait=False):
+        self.waited.append(wait)
+        del self.live[handle]
+
+    def holds_host(self, host):
+        lo, hi = host.ctypes.data, host.ctypes.data + host.nbytes
+        return host.nbytes > 0 and any(a.ctypes.data <= lo and hi <= a.ctypes.data + a.nbytes for a in self.live.values())
+
+    def to_host_into(self, array, out):
+        assert self.holds_host(out)
+        self.copied["into"] += out.nbytes
+        return super().to_host_into(array, out)
+
+    def to_host_async(self, array, aside=False):
+        self.copied["own"] += array.nbytes
+        return super().to_host_async(array, aside)
+
+
+@pytest.mark.parametrize("bound, part, direct", [(1 << 20, 1 << 18, True), (8192, 4096, True), (512, 128, False)])
+def test_fresh_results_land_straight_into_locked_global_arrays(tmp_path, monkeypatch, bound, part, direct):
+    """The small four-index transform in one tile on a backend that locks global arrays: each
+    global array is locked once and unlocked before it is freed (waiting); results that are the
+    only value of their patch are copied straight into the locked array, whole or in parts of
+    whole rows (32 KiB of B: one 4 KiB row a part), and the rest through host arrays, parts cut
+    inside a row too (128 B); the result equals numpy.einsum's and the bytes the plan's."""
+    from chainexec import api
+    from chainexec.runtime import buffers, landing
+
+    config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="1MiB"))
+    assert run_cli("generate", config).returncode == 0
+    backend = _LockingGlobals()
+    monkeypatch.setattr(api, "select", lambda name, comm: backend)
+    monkeypatch.setattr(buffers, "ThreadPoolExecutor", _Now)
+    monkeypatch.setattr(landing, "LANDING_BYTES", bound)
+    monkeypatch.setattr(landing, "PART_BYTES", part)
+    result = api.run(config, backend="numpy")
+    assert result["measured"]["bytes"] == result["predicted"]["bytes"]
+    assert (backend.copied["into"] > 0) == direct
+    assert backend.copied["into"] + backend.copied["own"] == result["measured"]["bytes"]["device->global"]
+    assert backend.locked and not backend.live and all(backend.waited) and len(backend.waited) == len(backend.locked)
     check_fourindex(tmp_path)

@@ -174,10 +174,10 @@ class Locking(NumpyBackend):
         self.rows.append(("asked", self._at(dst, view)))
         return super().fetch_waits(dst, view)
 
-    def locks_host(self):
-        return True
+    def locks_host(self, writable=False):
+        return not writable  # as a GPU run of plain host memory: mapped tiles only
 
-    def lock_host(self, array):
+    def lock_host(self, array, writable=False):
         with self.guard:
             handle = len(self.locks)
             self.locks.append((array.nbytes, threading.current_thread().name))
@@ -185,7 +185,7 @@ class Locking(NumpyBackend):
             self.spans.append((array.ctypes.data, array.nbytes))
         return handle
 
-    def unlock_host(self, handle):
+    def unlock_host(self, handle, wait=False):
         with self.guard:
             self.unlocked.append(handle)
             del self.live[handle]
@@ -240,7 +240,7 @@ def test_no_lock_thread_where_the_backend_locks_nothing(tmp_path, monkeypatch):
     and it is never asked."""
     config = triples_config(tmp_path, "200KiB", 4, 6)
     asked = []
-    monkeypatch.setattr(NumpyBackend, "lock_host", lambda self, array: asked.append(array))
+    monkeypatch.setattr(NumpyBackend, "lock_host", lambda self, array, writable=False: asked.append(array))
     before = {t.name for t in threading.enumerate()}
     api.run(config, backend="numpy")
     assert not asked and not any(t.name.startswith("chainexec-lock") for t in threading.enumerate() if t.name not in before)

@@ -164,7 +164,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         self._small = None  # the stream that delivers them, made on first use
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
-        self._locks: hostlock.Locks | None = None  # host memory locked in place (a run of plain memory)
+        self._locks: hostlock.Locks | None = None  # host memory locked in place (made by expect_transfers)
 
     def startup_seconds(self) -> dict[str, float]:
         return {"compile": kernelcache.compiled()[0], "tune": self.tuned_seconds}
@@ -242,9 +242,9 @@ class CupyBackend(Autotuner, Methods, Backend):
         tile's read would come before any copy, where two small buffers overlap the reads with
         the copies."""
         stream = self.xp.cuda.get_current_stream()
-        if not self.pinned and dst.flags.c_contiguous:
+        if dst.flags.c_contiguous:
             host, locked = self._at_hand(dst, view)
-            if host is not None:
+            if locked or (host is not None and not self.pinned):
                 # one DMA where the rows lie in memory locked in place (:meth:`lock_host`), else
                 # through the page-locked arena where the warm-up made one (queued once the host
                 # rows are read into it), else from pageable memory, returning once the driver
@@ -271,23 +271,35 @@ class CupyBackend(Autotuner, Methods, Backend):
             done[n % 2] = stream.record()
         stream.synchronize()
 
-    def locks_host(self) -> bool:
-        """As :meth:`Backend.locks_host`: in a run of plain host memory (not :attr:`pinned`)."""
-        return self._locks is not None
+    def locks_host(self, writable: bool = False) -> bool:
+        """As :meth:`Backend.locks_host`: global arrays (``writable``) in a run of page-locked
+        host buffers (:attr:`pinned`), whose transfers then skip the staging copies on the host;
+        inputs' mapped tiles in a run of plain host memory, which does not hold tens of GB of
+        page cache locked."""
+        return self._locks is not None and writable == self.pinned
 
-    def lock_host(self, array: np.ndarray) -> int | None:
-        """As :meth:`Backend.lock_host`: registered with CUDA (:mod:`chainexec.runtime.hostlock`),
-        in a run of plain host memory only (not :attr:`pinned`)."""
-        return None if self._locks is None else self._locks.lock(array)
+    def lock_host(self, array: np.ndarray, writable: bool = False) -> int | None:
+        """As :meth:`Backend.lock_host`: registered with CUDA (:mod:`chainexec.runtime.hostlock`)
+        where :meth:`locks_host` allows it."""
+        return self._locks.lock(array, writable) if self.locks_host(writable) else None
 
-    def unlock_host(self, handle: int) -> None:
-        """As :meth:`Backend.unlock_host`: unregistered on a thread of its own once the copies
-        queued so far, on this stream and the one aside, are done (unregistering takes time in
-        proportion to the size, which the run does not wait for)."""
+    def unlock_host(self, handle: int, wait: bool = False) -> None:
+        """As :meth:`Backend.unlock_host`: unregistered once the copies queued so far, on this
+        stream and the two aside, are done; on a thread of its own (unregistering takes time in
+        proportion to the size, which the run need not wait for) unless ``wait``."""
         after = [self.xp.cuda.get_current_stream().record()]
-        if self._aside is not None:
-            after.append(self._aside.record())
-        self._locks.unlock(handle, after)
+        after += [stream.record() for stream in (self._aside, self._back) if stream is not None]
+        self._locks.unlock(handle, after, wait)
+
+    def holds_host(self, host: np.ndarray) -> bool:
+        return self._locks is not None and host.nbytes > 0 and self._locks.holds(host, writable=True)
+
+    def to_host_into(self, array, out: np.ndarray):
+        """As :meth:`Backend.to_host_into`: one DMA queued on the current stream behind the work
+        before it; the token is a CUDA event recorded after it."""
+        main = self.xp.cuda.get_current_stream()
+        self.contiguous(array).get(stream=main, out=out, blocking=False)
+        return main.record()
 
     def settle_locks(self) -> None:
         if self._locks is not None:
@@ -323,9 +335,9 @@ class CupyBackend(Autotuner, Methods, Backend):
         same: whether the arena takes a copy is known only at the copy)."""
         if not dst.flags.c_contiguous:
             return True
-        if self.pinned:
-            return not _one_piece(dst)
-        return not self._at_hand(dst, view)[1]
+        if self._at_hand(dst, view)[1]:
+            return False
+        return not (self.pinned and _one_piece(dst))
 
     def _at_hand(self, dst, view) -> tuple[np.ndarray | None, bool]:
         """The host rows :meth:`fetch` copies into all of ``dst`` where ``view`` finds them in host
@@ -525,10 +537,11 @@ class CupyBackend(Autotuner, Methods, Backend):
 
     def expect_transfers(self, nbytes: int) -> None:
         """Use page-locked host buffers only if this rank will move at least
-        :data:`PINNED_FROM_BYTES` between host and device in the run; otherwise inputs may be
-        locked where they lie (:meth:`lock_host`), from this thread's device."""
+        :data:`PINNED_FROM_BYTES` between host and device in the run, and then lock global arrays
+        where they lie (:meth:`lock_host`); otherwise inputs' mapped tiles are locked instead.
+        Locks are made from this thread's device."""
         self.pinned = nbytes >= PINNED_FROM_BYTES
-        self._locks = None if self.pinned else hostlock.Locks(self.xp)
+        self._locks = hostlock.Locks(self.xp)
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_terms`, in one generated point-wise kernel
