@@ -33,11 +33,13 @@ level's time is the disk worker's own time in its jobs."""
 @dataclass
 class Stamped:
     """A statement the backend may still be running: its name (as :attr:`Counters.by_statement`
-    keys it) and the backend stamps taken before and after it was queued."""
+    keys it), the backend stamps taken before and after it was queued, and the level its
+    seconds count toward (a contraction's compute; a copy queued on the device, global↔device)."""
 
     name: str
     start: object
     end: object
+    level: str = "compute"
 
 
 class Counters:
@@ -82,15 +84,17 @@ class Counters:
         for name, s in seconds.items():
             self.spend("disk", name, s)
 
-    def queue(self, name: str, start, end) -> None:
-        """Note a statement queued between the backend stamps ``start`` and ``end``."""
-        self.pending.append(Stamped(name, start, end))
+    def queue(self, name: str, start, end, level: str = "compute") -> None:
+        """Note a statement queued between the backend stamps ``start`` and ``end``, whose
+        seconds count toward ``level``."""
+        self.pending.append(Stamped(name, start, end, level))
 
     def read(self, count: int) -> None:
-        """Add the compute seconds of the oldest ``count`` queued statements (waiting for them)."""
+        """Add the seconds of the oldest ``count`` queued statements to their levels (waiting for
+        them)."""
         done, self.pending = self.pending[:count], self.pending[count:]
         for s in done:
-            self.spend("compute", s.name, self.backend.elapsed(s.start, s.end))
+            self.spend(s.level, s.name, self.backend.elapsed(s.start, s.end))
 
     def watch(self) -> None:
         """Record the device allocator's high-water mark (scratch included), where there is one."""

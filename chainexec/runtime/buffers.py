@@ -64,7 +64,10 @@ class Buffers:
     def alloc(self, op: Op, frame: Frame) -> None:
         """Allocate ``op``'s buffer at its tile in ``frame``: a double-buffered loop's slot where
         it has one, else new memory (zeroed unless ``Op.fill`` is False), an input's tile mapped
-        from its file where the ranks can map it."""
+        from its file where the ranks can map it. A global array the backend locks
+        (:meth:`lock`) is zeroed all the same: the fill touches its pages over threads, where
+        the lock would fault them in on one thread, holding the process's address space for
+        seconds against every other thread's allocations."""
         k = key(op)
         region = frame.region(op.level, op.indices)
         shape = tuple(b - a for a, b in region)
@@ -96,12 +99,13 @@ class Buffers:
             if buf is not None:
                 self.lock(k, buf.whole())
         if buf is None:
+            locked = op.level == "global" and self.backend.locks_host(writable=True)
             with _naming(op):
-                buf = (GlobalArray(self.comm, shape, dtype, zero=zero) if op.level == "global"
+                buf = (GlobalArray(self.comm, shape, dtype, zero=zero or locked) if op.level == "global"
                        else (self.backend.zeros if zero else self.backend.empty)(shape, dtype))
-            if op.level == "global" and not zero:
+            if op.level == "global" and not (zero or locked):
                 self.fresh.add(k)
-            if op.level == "global":
+            if locked:
                 self.lock(k, buf.local(), writable=True)
         if op.level == "global":
             # Allocation is collective anyway: sum the windows' real sizes over ranks here, so the
@@ -254,6 +258,13 @@ class Buffers:
 
         return read, view
 
+    def locked(self, op: Op, frame: Frame) -> bool:
+        """Whether ``op``'s get copies its tile from host memory the backend holds locked
+        writable (a global array's block, :meth:`lock`): one DMA queued on the device, which the
+        executor times there."""
+        host = self.source(op, frame)[1](None)
+        return host is not None and self.arrays[key(op)].flags.c_contiguous and self.backend.holds_host(host)
+
     def fill(self, ga, k: tuple, tensor: str, version: int, part, out: np.ndarray) -> int:
         """Queue on the disk worker the load of ``part`` of ``tensor`` (``version``; a region
         of the whole tensor) into ``out``, a view of the global buffer ``ga`` (key ``k``): for a
@@ -281,8 +292,7 @@ class Buffers:
         memory: a mapped tile's file pages (read-only), so that its gets become DMAs from them,
         or this rank's block of a global array (``writable``), so that its gets and the results
         written into it are DMAs (:mod:`chainexec.runtime.landing`). Nothing waits for it: a
-        copy before it is done takes the backend's other path. Fresh memory is faulted in by
-        the lock itself, on that thread, beside the run."""
+        copy before it is done takes the backend's other path."""
         if not self.backend.locks_host(writable):
             return
         if self.locker is None:

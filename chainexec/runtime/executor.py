@@ -50,7 +50,9 @@ from chainexec.runtime.streaming import Streams
 # Statements the backend may still be running when it returns: timed between backend stamps
 # (CUDA events on a GPU) and added up later (Executor._settle), so the host prepares the next
 # statement while the device runs this one. A get's copy to the device is queued behind them too
-# (its host time is what it counts); everything else the executor times waits for them.
+# (its host time is what it counts), but for a get or accumulate that only queues copies on the
+# device (Executor._queues_copies), timed between stamps as well. Everything else the executor
+# times waits for them.
 QUEUED = ("compute", "eval", "fused")
 PENDING = 1024
 """Queued statements' stamps held before the oldest half are read (waiting for them)."""
@@ -165,9 +167,9 @@ class Executor:
                 self._loop(node, None if nest is None else (nest, k))
                 k += 1
                 continue
-            queued = node.op in QUEUED
             if self._waits_first(node, self.frame):
                 self._settle()
+            queued = node.op in QUEUED or self._queues_copies(node)
             t0, idle0 = time.perf_counter(), self.counters.idle
             start = self.backend.stamp() if queued else None
             if node.op == "compute":
@@ -180,11 +182,20 @@ class Executor:
                 k += 1
                 name = f"{node.op} {node.tensor}" + (f" #{node.group[0]}-#{node.group[-1]}" if node.group else "")
             if queued:
-                self.counters.queue(name, start, self.backend.stamp())
+                self.counters.queue(name, start, self.backend.stamp(), OP_LEVEL[node.op])
                 if len(self.counters.pending) >= PENDING:
                     self._settle(PENDING // 2)
             elif node.op in OP_LEVEL:  # a get's barrier is idle time
                 self.counters.spend(OP_LEVEL[node.op], name, time.perf_counter() - t0 - (self.counters.idle - idle0))
+
+    def _queues_copies(self, op: Op) -> bool:
+        """Whether all ``op`` does is queue copies on the device, whose seconds the device's
+        stamps then measure: a get from host memory locked for the device
+        (:meth:`Buffers.locked`), an accumulate copied straight into its locked global array
+        (:meth:`Landing.straight`)."""
+        if op.op == "get":
+            return self.buffers.locked(op, self.frame)
+        return op.op == "accumulate" and self.landing.straight(op, self.frame)
 
     def _statement(self, op: Op) -> None:
         """Run one statement other than a contraction in the current frame."""

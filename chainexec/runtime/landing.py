@@ -85,15 +85,14 @@ class Landing:
         aside = k in self.buffers.returning
         tile = self.buffers.arrays[k]
         name = f"accumulate {op.tensor}"
-        whole = aside or tile.nbytes <= LANDING_BYTES
-        for part in [()] if whole else parts(tile.shape, tile.dtype.itemsize, PART_BYTES):
+        for part in self._parts(tile, aside):
             piece, target = tile[part] if part else tile, within(patch, part)
-            into = None if aside or not op.fresh or frame.weight != 1 else ga.at_hand(target)
-            if into is not None and self.backend.holds_host(into):
-                host, token, direct = into, self.backend.to_host_into(piece, into), True
+            into = self._into(op, frame, ga, target, aside)
+            if into is not None:
+                host, token = into, self.backend.to_host_into(piece, into)
             else:
-                (host, token), direct = self.backend.to_host_async(piece, aside=aside), False
-            self.queue.append(Result(ga, target, host, token, frame.weight, name, bool(op.fresh), direct))
+                host, token = self.backend.to_host_async(piece, aside=aside)
+            self.queue.append(Result(ga, target, host, token, frame.weight, name, bool(op.fresh), into is not None))
             self.counters.move(CATEGORY["accumulate"], host.nbytes)
             while self.queue and self.held() > LANDING_BYTES:
                 self.backend.reach_copy(self.queue[0].token)
@@ -102,6 +101,33 @@ class Landing:
                 self.land()
         if aside:
             self.buffers.returning[k][frame.lane] = token
+
+    def straight(self, op: Op, frame: Frame) -> bool:
+        """Whether :meth:`accumulate` copies every part of ``op``'s tile straight into its
+        global array (:meth:`_into`), queuing nothing but those copies."""
+        ga, patch = self.buffers.relative(op, frame)
+        k = key(op)
+        aside = k in self.buffers.returning
+        tile = self.buffers.arrays[k]
+        return all(self._into(op, frame, ga, within(patch, part), aside) is not None for part in self._parts(tile, aside))
+
+    @staticmethod
+    def _parts(tile, aside: bool) -> list[tuple[slice, ...]]:
+        """The parts :meth:`accumulate` copies ``tile`` back in: whole where copied back aside or
+        within :data:`LANDING_BYTES`, else :func:`parts` of :data:`PART_BYTES`."""
+        if aside or tile.nbytes <= LANDING_BYTES:
+            return [()]
+        return parts(tile.shape, tile.dtype.itemsize, PART_BYTES)
+
+    def _into(self, op: Op, frame: Frame, ga, target: tuple[slice, ...], aside: bool):
+        """The patch ``target`` of global array ``ga`` as the host memory a part is copied
+        straight into, or None: only for a part not copied back aside that is the only value
+        of its patch (``Op.fresh``, weight one) and lies in memory locked for the device
+        (:meth:`Backend.holds_host`)."""
+        if aside or not op.fresh or frame.weight != 1:
+            return None
+        into = ga.at_hand(target)
+        return into if into is not None and self.backend.holds_host(into) else None
 
     def held(self) -> int:
         """Bytes of host memory the queued results hold outside the global arrays (their
