@@ -139,28 +139,29 @@ def test_a_global_arrays_block_locked_writable_in_a_run_of_page_locked_buffers()
 
 
 def test_a_four_index_transform_through_locked_global_arrays(tmp_path, monkeypatch):
-    """The four-index transform (n = 22, 20 MOs: 1.3-1.9 MB tensors) on the CuPy backend with
-    page-locked buffers from the first byte: its global arrays are locked, its result copied
-    straight into them; the output equals numpy.einsum's within 1e-12, the bytes the plan's, and
-    nothing stays locked."""
+    """The small four-index transform in one tile on the CuPy backend with page-locked buffers
+    from the first byte and every global array locked however small (``SMALLEST`` 0): its
+    result is copied straight into its global array; the output equals numpy.einsum's within
+    1e-12, the bytes the plan's, and nothing stays locked."""
     from chainexec import api
+    from chainexec.runtime import buffers
     from chainexec.runtime.backends import cupy as cupy_backend
     from tests.runtime.test_landing import _Now
     from tests.runtime.test_run import check_fourindex
-    from chainexec.runtime import buffers
 
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
+    monkeypatch.setattr(hostlock, "SMALLEST", 0)
     monkeypatch.setattr(buffers, "ThreadPoolExecutor", _Now)
     into, made = [], []
     original = CupyBackend.to_host_into
     monkeypatch.setattr(CupyBackend, "to_host_into", lambda self, array, out: into.append(out.nbytes) or original(self, array, out))
     init = hostlock.Locks.__init__
     monkeypatch.setattr(hostlock.Locks, "__init__", lambda self, xp: made.append(self) or init(self, xp))
-    config = write_config(tmp_path, fourindex_config(n=22, nmo=20, global_memory="64MiB", device_memory="64MiB"))
+    config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="1MiB"))
     assert run_cli("generate", config).returncode == 0
     result = api.run(config, backend="cupy")
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
-    assert sum(into) >= 20 ** 4 * 8
+    assert sum(into) == 8 ** 4 * 8
     assert made and not any(locks._spans for locks in made)
     check_fourindex(tmp_path)
