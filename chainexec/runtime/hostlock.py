@@ -20,10 +20,15 @@ for the device (unlike ``cudaHostAlloc``), so it may happen while work is queued
 Unregistering takes time in proportion to the size (milliseconds per hundred MB), hence the
 separate thread.
 
-Only a run of plain host memory locks (:attr:`chainexec.runtime.backends.cupy.CupyBackend.pinned` false:
-under :data:`~chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` moved). A larger run stages through its
-own page-locked buffers instead of holding tens of GB of page cache locked. Where registration
-fails (no support for read-only registration, no memory), the rows take the arena's path.
+Only a run of plain host memory locks inputs' tiles (:attr:`chainexec.runtime.backends.cupy.CupyBackend.pinned`
+false: under :data:`~chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` moved). A larger run does not
+hold tens of GB of page cache locked: it locks its global arrays instead, writable (each rank's
+block, zero-filled at allocation so that the registration finds its pages touched: faulting them
+in, the driver holds the process's address space for seconds against every other thread's
+allocations), so that their rows go to the device and results come back into them by DMA, and
+unlocks each before its window is freed, waiting (:meth:`Locks.unlock` with ``wait``). Where
+registration fails (no support for read-only registration, no memory), the copies take the other
+paths.
 """
 
 from __future__ import annotations
