@@ -7,6 +7,9 @@ ranks (``mpiexec -n ranks``, see :mod:`chainexec.calibrate_worker`) on this node
 once, so that each rate is one rank's share while the others work too.
 
 - disk write: h5py writes a contiguous float64 dataset and fsyncs it (each rank its own file);
+  and as a run's store writes a block (stripes in files of their own, over threads), nothing
+  synced: the rate at which the page cache takes writes, up to the host's dirty-page limit
+  (``vm.dirty_bytes``, else ``vm.dirty_ratio`` of the memory available), shared by the ranks;
 - disk read: the file's bytes past the page cache (O_DIRECT, else posix_fadvise DONTNEED);
 - global→device: a GlobalArray ``get`` of a block owned by another rank; on a GPU then a copy from
   pinned host memory to the device, the two combined as consecutive steps (seconds per byte add);
@@ -265,6 +268,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         return [r[group][key] for r in raw]
 
     write = _rate(disk["write_bytes"], over_ranks("disk", "write_s"))
+    cached = _rate(disk["cached_write_bytes"], over_ranks("disk", "cached_write_s"))
     read = _rate(disk["read_bytes"], over_ranks("disk", "read_s"))
     get = _rate(ga["bytes"], over_ranks("global_array", "get_s"))
     put = _rate(ga["bytes"], over_ranks("global_array", "put_s"))
@@ -295,7 +299,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
                       statement_seconds=per_statement, device_bandwidth=copy["per_second"],
-                      async_statements=first["queued"],
+                      async_statements=first["queued"], disk_write_cached=cached["per_second"],
+                      write_cache_bytes=disk["write_cache_bytes"] // len(raw),
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {
@@ -306,7 +311,11 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "backend": first["backend"], "quick": quick, "repetitions": len(gemm["s"]),
         "disk": {"bytes_per_rank": disk["write_bytes"], "file_bytes_per_rank": disk["read_bytes"],
                  "write_method": "h5py contiguous float64 dataset, flush + fsync, one file per rank",
-                 "read_method": disk["read_method"], "write": write, "read": read},
+                 "read_method": disk["read_method"], "write": write, "read": read,
+                 "cached_write": {"bytes_per_rank": disk["cached_write_bytes"],
+                                  "method": "the store's stripes, a file per thread, closed, nothing synced", **cached},
+                 "write_cache": {"bytes_per_host": disk["write_cache_bytes"], "from": disk["write_cache_from"],
+                                 "per_rank": "shared evenly by the ranks measuring on the host"}},
         "global_array": {"bytes_per_rank": ga["bytes"],
                          "patch": "whole block of rank (r + 1) mod P" + ("" if len(raw) > 1 else " (its own: 1 rank)"),
                          "get": get, "put": put, "accumulate": acc},

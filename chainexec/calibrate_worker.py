@@ -68,6 +68,34 @@ def write_seconds(path: Path, data: np.ndarray) -> float:
     return time.perf_counter() - start
 
 
+def cached_write_seconds(folder: Path, data: np.ndarray) -> float:
+    """Seconds to write ``data`` as the runtime's store writes a block
+    (:func:`chainexec.runtime.store.write_stripes`: stripes in files of their own, a thread
+    each) and close the files, nothing synced: the rate at which the page cache takes a run's
+    writes, up to the host's dirty-page limit. The files are removed afterwards."""
+    from chainexec.runtime.store import write_stripes
+
+    paths = []
+
+    def shard(stripe: int) -> h5py.File:
+        paths.append(folder / f".chainexec-calibrate-{os.getpid()}-s{stripe}.h5")
+        files.append(h5py.File(paths[-1], "w"))
+        return files[-1]
+
+    files: list[h5py.File] = []
+    try:
+        start = time.perf_counter()
+        write_stripes(shard, 0, ((0, len(data)),), data)
+        for f in files:
+            f.close()
+        return time.perf_counter() - start
+    finally:
+        for f in files:
+            f.close()
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+
 def read_method(path: Path) -> str:
     """The best way to read ``path`` past the page cache that its filesystem supports: O_DIRECT when
     opening with it and reading one aligned chunk works (tmpfs and some network filesystems refuse
@@ -181,7 +209,8 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
     extent of the statement measurement's product (:func:`_statements`)."""
-    from chainexec.runtime import warmup
+    from chainexec import detect
+    from chainexec.runtime import hostcopy, warmup
     from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
     from chainexec.runtime.globalarray import GlobalArray
 
@@ -208,6 +237,16 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
                           "read_s": reads, "read_method": method}
     finally:
         path.unlink(missing_ok=True)
+    del data
+    # Writes the page cache takes, as a run's store makes them: enough bytes for a stripe per thread.
+    data = np.ones(max(size, hostcopy.threads() * hostcopy.PIECE_BYTES) // 8)
+    cached = []
+    for _ in range(reps):
+        comm.Barrier()
+        cached.append(cached_write_seconds(Path(scratch), data))
+    limit, where = detect.write_cache()
+    result["disk"] |= {"cached_write_bytes": data.nbytes, "cached_write_s": cached, "write_cache_bytes": limit,
+                       "write_cache_from": where}
     del data
 
     dev = select(backend, comm)

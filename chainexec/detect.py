@@ -99,6 +99,22 @@ def host_memory(meminfo: Path = Path("/proc/meminfo"), cgroups: Path = Path("/sy
     return available, where
 
 
+def write_cache(meminfo: Path = Path("/proc/meminfo"), vm: Path = Path("/proc/sys/vm")) -> tuple[int, str]:
+    """Bytes of writes this host's page cache holds before the kernel makes writers wait for the
+    disk, and where the figure comes from: ``vm.dirty_bytes`` where set, else ``vm.dirty_ratio``
+    percent of the memory available (:func:`host_memory`: about what the kernel counts as
+    dirtyable); 0 where neither can be read."""
+    try:
+        given = int((vm / "dirty_bytes").read_text())
+        if given:
+            return given, f"{vm}/dirty_bytes"
+        ratio = int((vm / "dirty_ratio").read_text())
+    except (OSError, ValueError):
+        return 0, "no dirty-page limit readable"
+    available, where = host_memory(meminfo)
+    return available * ratio // 100, f"{vm}/dirty_ratio {ratio} % of {where}"
+
+
 def cgroup_room(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
     """Bytes the memory cgroups of this process leave it: for each limited cgroup (cgroup v2's
     ``memory.max``, v1's ``memory.limit_in_bytes``), from the process's own up to the hierarchy's

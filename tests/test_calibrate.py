@@ -24,7 +24,8 @@ from chainexec.planner.machine import Machine
 from tests.conftest import mpiexec
 
 REPO = Path(__file__).resolve().parents[1]
-RATES = ("disk_read", "disk_write", "global_to_device", "device_to_global", "flop_rate", "device_bandwidth")
+RATES = ("disk_read", "disk_write", "global_to_device", "device_to_global", "flop_rate", "device_bandwidth",
+         "disk_write_cached")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,8 @@ def test_file_round_trips_with_plausible_rates(calibrated):
     assert 1e8 <= loaded.flop_rate <= (1e13 if backend == "numpy" else 1e15)
     assert 1e6 <= loaded.disk_read <= 1e11
     assert 1e6 <= loaded.disk_write <= 1e11
+    assert 1e6 <= loaded.disk_write_cached <= 1e12
+    assert isinstance(loaded.write_cache_bytes, int) and loaded.write_cache_bytes >= 0
     assert 1e7 <= loaded.global_to_device <= 1e12
     assert 1e6 <= loaded.device_to_global <= 1e12
     # Memory copies: from a slow CPU node's DRAM to HBM (H100 about 3e12 bytes/s read + written).
@@ -75,7 +78,10 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert details["device_copy"]["per_second"] == machine.device_bandwidth
     assert details["device_copy"]["bytes_per_call"] > 0
     # Medians of the per-repetition samples.
-    for group, key in (("disk", "write"), ("global_array", "get"), ("global_array", "accumulate")):
+    assert details["disk"]["cached_write"]["per_second"] == machine.disk_write_cached
+    assert details["disk"]["cached_write"]["bytes_per_rank"] >= 16 << 20  # a stripe per thread at least
+    assert details["disk"]["write_cache"]["bytes_per_host"] // 2 == machine.write_cache_bytes
+    for group, key in (("disk", "write"), ("disk", "cached_write"), ("global_array", "get"), ("global_array", "accumulate")):
         assert np.median(details[group][key]["samples_per_second"]) == details[group][key]["per_second"]
     if details["backend"] == "numpy":
         # On the CPU the device is host memory: global→device is the get, device→global the accumulate.
@@ -95,8 +101,10 @@ def test_planner_predicts_with_the_calibrated_rates(calibrated):
     plan = make_plan(config, loaded)
     measured = plan.predicted
     moved = measured["bytes"]
+    cached = min(moved["global->disk"], loaded.write_cache_bytes)
     expected = {
-        "disk": moved["disk->global"] / loaded.disk_read + moved["global->disk"] / loaded.disk_write,
+        "disk": moved["disk->global"] / loaded.disk_read + cached / loaded.disk_write_cached
+        + (moved["global->disk"] - cached) / loaded.disk_write,
         "global<->device": moved["global->device"] / loaded.global_to_device
         + moved["device->global"] / loaded.device_to_global,
     }

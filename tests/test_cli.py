@@ -293,6 +293,8 @@ MACHINE_ERRORS = {
     "zero_device_bandwidth": (_machine_text(device_bandwidth=0), ["'device_bandwidth'", "or null"]),
     "negative_statement_seconds": (_machine_text(statement_seconds=-1e-4), ["'statement_seconds'", "0 or more"]),
     "fractional_bytes": (_machine_text(aside_copy_bytes=1.5), ["'aside_copy_bytes'", "whole number"]),
+    "zero_cached_write": (_machine_text(disk_write_cached=0), ["'disk_write_cached'", "or null"]),
+    "negative_write_cache": (_machine_text(write_cache_bytes=-1), ["'write_cache_bytes'", "0 or more"]),
     "async_as_number": (_machine_text(async_statements=1), ["'async_statements'", "true or false"]),
     "missing_rate": (_machine_text(flop_rate=...), ["missing field 'flop_rate'"]),
     "missing_rates": (_machine_text(disk_read=..., disk_write=...), ["missing fields 'disk_read', 'disk_write'"]),
@@ -324,7 +326,8 @@ def test_machine_file_errors(case, tmp_path):
 
 
 @pytest.mark.parametrize("optional", [{}, {"device_bandwidth": ..., "statement_seconds": ..., "source": ...,
-                                          "aside_copy_bytes": ..., "async_statements": ..., "details": ...}])
+                                          "aside_copy_bytes": ..., "async_statements": ..., "details": ...,
+                                          "disk_write_cached": ..., "write_cache_bytes": ...}])
 def test_machine_file_rates_are_used(optional, tmp_path):
     """A valid machine file (with or without its optional fields and calibrate's ``details``) is
     read: the predicted compute seconds are the plan's flops over the file's flop rate."""

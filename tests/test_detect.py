@@ -172,3 +172,18 @@ def test_host_memory_from_meminfo_and_cgroups(tmp_path, monkeypatch):
     assert detect.cgroup_room(root, own) == 3 * GiB
     (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert detect.cgroup_room(root, own) is None
+
+
+def test_write_cache_from_the_dirty_limits(tmp_path, monkeypatch):
+    """vm.dirty_bytes where set, else vm.dirty_ratio percent of the host memory available; 0
+    where the limits cannot be read."""
+    monkeypatch.setenv("CHAINEXEC_HOST_MEMORY", "10GiB")
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    (vm / "dirty_bytes").write_text("0\n")
+    (vm / "dirty_ratio").write_text("20\n")
+    assert detect.write_cache(tmp_path / "meminfo", vm) == (2 * GiB, f"{vm}/dirty_ratio 20 % of $CHAINEXEC_HOST_MEMORY")
+    (vm / "dirty_bytes").write_text("123456789\n")
+    assert detect.write_cache(tmp_path / "meminfo", vm) == (123456789, f"{vm}/dirty_bytes")
+    (vm / "dirty_bytes").unlink()
+    assert detect.write_cache(tmp_path / "meminfo", vm) == (0, "no dirty-page limit readable")

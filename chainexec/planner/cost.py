@@ -315,7 +315,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0])
+    seconds = machine.seconds(moved, compute[0], ranks)
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
 

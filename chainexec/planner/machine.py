@@ -50,6 +50,14 @@ class Machine:
     # (an event, a stream switch and a later wait per copy, several times the copy's own host time
     # for the (T) energy's 8-byte copy per tile).
     aside_copy_bytes: int = 1 << 20
+    # Bytes per second of a run's writes that the page cache takes (each rank's blocks written
+    # over threads into files of their own, :mod:`chainexec.runtime.store`, nothing synced), and
+    # the bytes per rank it takes at that rate (the host's dirty-page limit shared by its ranks)
+    # before the kernel makes writers wait for the disk: beyond them writes go at disk_write.
+    # `chainexec calibrate` measures both; None leaves every write at disk_write, the rate of
+    # writes made durable.
+    disk_write_cached: float | None = None
+    write_cache_bytes: int = 0
     source: str = "defaults"
 
     def compute_seconds(self, flops: int, streamed: int) -> float:
@@ -62,11 +70,21 @@ class Machine:
             return flops / self.flop_rate
         return max(flops / self.flop_rate, streamed / self.device_bandwidth)
 
-    def seconds(self, moved: dict[str, int], compute: float) -> dict[str, float]:
-        """Seconds per level for the given bytes per category and compute seconds (the sum of
-        :meth:`compute_seconds` over the statements)."""
+    def write_seconds(self, nbytes: int, ranks: int = 1) -> float:
+        """Seconds of ``nbytes`` written to disk by ``ranks`` ranks, summed over the ranks as
+        :meth:`seconds` counts them: each rank's first :attr:`write_cache_bytes` bytes at
+        :attr:`disk_write_cached`, the rest at :attr:`disk_write`."""
+        if not self.disk_write_cached:
+            return nbytes / self.disk_write
+        cached = min(nbytes, self.write_cache_bytes * ranks)
+        return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
+
+    def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1) -> dict[str, float]:
+        """Seconds per level for the given bytes per category (all ``ranks`` ranks' together) and
+        compute seconds (the sum of :meth:`compute_seconds` over the statements), summed over the
+        ranks."""
         return {
-            "disk": moved["disk->global"] / self.disk_read + moved["global->disk"] / self.disk_write,
+            "disk": moved["disk->global"] / self.disk_read + self.write_seconds(moved["global->disk"], ranks),
             "global<->device": moved["global->device"] / self.global_to_device
             + moved["device->global"] / self.device_to_global,
             "compute": compute,
@@ -138,6 +156,9 @@ FIELDS = {
     "async_statements": (lambda v: isinstance(v, bool), "true or false"),
     "aside_copy_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                          "a whole number of bytes, 0 or more"),
+    "disk_write_cached": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "write_cache_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                    "a whole number of bytes, 0 or more"),
     "source": (lambda v: isinstance(v, str), "a string"),
 }
 

@@ -328,19 +328,7 @@ class Store:
             self.blocks[key] = []
         if tensor in self.nonfinite:
             self.nonfinite[tensor] += hostcopy.nonfinite(data)
-        jobs = []
-        try:
-            for stripe, (within, part) in enumerate(_stripes(region, data)):
-                f = self._shard(key, stripe)
-                name = f"b{len(self.blocks[key])}"
-                offset = _dataset(f, name, part)
-                if offset is not None:
-                    jobs.append((os.open(f.filename, os.O_WRONLY), offset, part))
-                self.blocks[key].append((stripe, name, within))
-            hostcopy.write_files(jobs)
-        finally:
-            for fd, _, _ in jobs:
-                os.close(fd)
+        self.blocks[key] += write_stripes(lambda stripe: self._shard(key, stripe), len(self.blocks[key]), region, data)
 
     def _shard(self, key: tuple[str, int], stripe: int) -> h5py.File:
         """This rank's open shard file of stripe ``stripe`` of a version being written."""
@@ -476,6 +464,27 @@ class Store:
                 os.replace(tmp, path)
             safepaths.remove_owned(Path(self.plan.scratch))
         self.comm.Barrier()
+
+
+def write_stripes(shard, first: int, region: tuple[tuple[int, int], ...], data: np.ndarray) -> list[tuple]:
+    """Write the block ``data`` (at ``region`` of its tensor) as :meth:`Store.write` does: cut
+    into stripes (:func:`_stripes`), stripe S a dataset of the open HDF5 file ``shard(S)``,
+    named ``b<first + S>``, the stripes' bytes written over threads (a thread a file). Each
+    stripe's (S, dataset, region)."""
+    jobs, written = [], []
+    try:
+        for stripe, (within, part) in enumerate(_stripes(region, data)):
+            f = shard(stripe)
+            name = f"b{first + stripe}"
+            offset = _dataset(f, name, part)
+            if offset is not None:
+                jobs.append((os.open(f.filename, os.O_WRONLY), offset, part))
+            written.append((stripe, name, within))
+        hostcopy.write_files(jobs)
+    finally:
+        for fd, _, _ in jobs:
+            os.close(fd)
+    return written
 
 
 def _shard_name(rank: int, stripe: int, sealed: int | None = None) -> str:
