@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -325,9 +326,14 @@ class Buffers:
                 ga.free()
 
     def close(self) -> None:
-        """After the run, finished or failed: nothing stays locked behind it."""
+        """After the run, finished or failed: nothing stays locked behind it. An unlock that
+        fails (a device left in error by a failed run) is a warning, so that the others are
+        still tried and a failed run's own error is the one raised."""
         for k in list(self.locking):
-            self.unlock(k)
+            try:
+                self.unlock(k)
+            except Exception as err:
+                warnings.warn(f"chainexec: the host memory of {k[0]} stays page-locked ({err})", RuntimeWarning)
         if self.locker is not None:
             self.locker.shutdown()
 

@@ -56,7 +56,7 @@ FORMAT = 3
 """Version of the manifest's layout and of the tile order its counts refer to (a checkpoint of
 another version is refused: 2 had no nest ends, store loops or block lists; 1 another order of
 symmetric loops' tuples)."""
-_SHARD = re.compile(r"rank[0-9]+(-[0-9]+)?\.h5")
+_SHARD = re.compile(r"rank[0-9]+(s[0-9]+)?(-[0-9]+)?\.h5")
 """The names of shard files (:class:`chainexec.runtime.store.Store`)."""
 COUNTS = len(CATEGORIES) + 4
 """Counts a manifest records: bytes per category, flops, statements, streamed bytes, parallel tiles."""

@@ -193,8 +193,8 @@ class Executor:
         stamps then measure: a get from host memory locked for the device
         (:meth:`Buffers.locked`), an accumulate copied straight into its locked global array
         (:meth:`Landing.straight`)."""
-        if op.op == "get":
-            return self.buffers.locked(op, self.frame)
+        if op.op == "get":  # (not where it waits at a barrier first: that wait is idle time, not the copy's)
+            return (self.frame.parallel or not self.unsynced) and self.buffers.locked(op, self.frame)
         return op.op == "accumulate" and self.landing.straight(op, self.frame)
 
     def _statement(self, op: Op) -> None:

@@ -92,16 +92,18 @@ class Locks:
         ``after`` (marking the last copies that may use it) are reached: on a thread of its own,
         the array let go after that, or with ``wait`` here (the caller frees the memory next)."""
         if wait:
-            self._unregister(handle, after)
+            self._unregister(handle, after, wait=True)
             return
         with self._guard:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="chainexec-unlock")
         self._unlocking.append(self._pool.submit(self._unregister, handle, after))
 
-    def _unregister(self, handle: int, after: list) -> None:
-        """Where the driver refuses, the range stays in the registry (its mapping is kept rather
-        than unmapped while locked) and a warning says so: the run's results stand."""
+    def _unregister(self, handle: int, after: list, wait: bool = False) -> None:
+        """Where the driver refuses, a warning says so (the run's results stand) and the range
+        stays in the registry, its mapping kept rather than unmapped while locked; but for an
+        unlock the caller waits for (``wait``), which frees the memory next: its range is
+        forgotten, so that nothing finds memory locked there afterwards."""
         for event in after:
             event.synchronize()
         runtime = self.xp.cuda.runtime
@@ -110,7 +112,8 @@ class Locks:
                 runtime.hostUnregister(handle)
         except runtime.CUDARuntimeError as err:
             warnings.warn(f"chainexec: host memory at {handle:#x} stays page-locked ({err})", RuntimeWarning)
-            return
+            if not wait:
+                return
         with self._guard:
             del self._spans[handle]
 

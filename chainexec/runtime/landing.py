@@ -104,7 +104,10 @@ class Landing:
 
     def straight(self, op: Op, frame: Frame) -> bool:
         """Whether :meth:`accumulate` copies every part of ``op``'s tile straight into its
-        global array (:meth:`_into`), queuing nothing but those copies."""
+        global array (:meth:`_into`), queuing nothing but those copies, with no earlier result
+        queued that it would land on the host meanwhile."""
+        if any(not r.direct for r in self.queue):
+            return False
         ga, patch = self.buffers.relative(op, frame)
         k = key(op)
         aside = k in self.buffers.returning
@@ -161,14 +164,15 @@ class Landing:
         array, before any global-level statement (the planner puts accumulates in parallel loops,
         whose closing barrier lands them; this keeps other plans right too), before one more
         accumulate would hold more than :data:`LANDING_BYTES` of host memory, and before the
-        accumulate of a tile larger than that not copied back aside (copied back in parts, whose
-        waits for their copies are then the copies' own time)."""
+        accumulate of a tile larger than that neither copied back aside nor straight into its
+        global array (:meth:`straight`; copied back in parts, whose waits for their copies are
+        then the copies' own time)."""
         if op.op == "get":
             ga = self.buffers.arrays[self.buffers.find(op.tensor, op.indices, "global", frame)] if self.queue else None
             return any(r.ga is ga for r in self.queue)
         if op.op == "accumulate":
             k = key(op)
-            tile = 0 if k in self.buffers.returning else self.buffers.arrays[k].nbytes
+            tile = 0 if k in self.buffers.returning or self.straight(op, frame) else self.buffers.arrays[k].nbytes
             return max(self.held(), tile) > LANDING_BYTES
         return bool(self.queue) and op.level == "global"
 

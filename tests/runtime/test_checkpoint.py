@@ -343,6 +343,33 @@ def test_fourindex_stop_and_resume(tmp_path, ranks, sizes, stops, uninterrupted)
     assert list(folder.iterdir()) == []
 
 
+def test_striped_blocks_stop_and_resume(tmp_path, monkeypatch, uninterrupted):
+    """The one-rank four-index transform of two nests of store loops, its blocks cut into three
+    stripes (``PIECE_BYTES`` 64, three threads), stopped at every checkpoint and resumed in this
+    process until it completes: the checkpoints name the sealed stripes' files
+    (``rank0s<S>-<N>.h5``), a resumed run takes them back, and the output is an uninterrupted
+    run's bit for bit."""
+    from chainexec import api
+    from chainexec.runtime import hostcopy
+
+    config, expected, _ = uninterrupted(tmp_path, 1, n=8, nmo=5, global_memory="12KiB", device_memory="2KiB")
+    monkeypatch.setattr(hostcopy, "PIECE_BYTES", 64)
+    monkeypatch.setattr(hostcopy, "threads", lambda: 3)
+    folder = tmp_path / "ck"
+    named = set()
+    for _ in range(20):
+        try:
+            api.run(config, backend="numpy", checkpoint=str(folder), checkpoint_every=0, stop_after=0)
+            break
+        except checkpoint.Stopped:
+            manifest = json.loads((folder / "checkpoint.json").read_text())
+            named |= {b[0] for _, _, per_rank in manifest["open"] for blocks in per_rank for b in blocks}
+    else:
+        raise AssertionError("the run never completed")
+    assert any(name.startswith("rank0s") for name in named), named
+    _check_transformed(tmp_path, expected)
+
+
 def _one_line(proc, *needles, launcher=False):
     """Status 2 and one line naming the problem; ``launcher``: under mpiexec, whose own report of
     a non-zero exit (Open MPI prints one) may follow chainexec's line."""

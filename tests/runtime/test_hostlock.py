@@ -112,3 +112,15 @@ def test_a_waiting_unlock_unregisters_on_the_callers_thread_before_returning():
     locks.unlock(handle, [Event(log)], wait=True)
     assert log[2:] == [("event", threading.current_thread().name), ("device", 3), ("unregister", handle)]
     assert not locks.holds(a) and not locks._spans and locks._pool is None
+
+
+def test_a_refused_waiting_unlock_forgets_the_range_its_caller_frees():
+    """Where the driver refuses an unlock the caller waits for (it frees the memory next), a
+    warning says so and the range is forgotten: nothing finds memory locked there afterwards."""
+    log = []
+    locks = hostlock.Locks(fake_cupy(log, refuse=("unregister",)))
+    a = np.arange(300000.0)
+    handle = locks.lock(a, writable=True)
+    with pytest.warns(RuntimeWarning, match="stays page-locked"):
+        locks.unlock(handle, [], wait=True)
+    assert not locks.holds(a, writable=True) and not locks._spans
