@@ -263,6 +263,8 @@ class Buffers:
         """Whether ``op``'s get copies its tile from host memory the backend holds locked
         writable (a global array's block, :meth:`lock`): one DMA queued on the device, which the
         executor times there."""
+        if not self.backend.locks_host(writable=True):  # (every get asks: nothing to look up in most runs)
+            return False
         host = self.source(op, frame)[1](None)
         return host is not None and self.arrays[key(op)].flags.c_contiguous and self.backend.holds_host(host)
 

@@ -106,13 +106,12 @@ class Landing:
         """Whether :meth:`accumulate` copies every part of ``op``'s tile straight into its
         global array (:meth:`_into`), queuing nothing but those copies, with no earlier result
         queued that it would land on the host meanwhile."""
-        if any(not r.direct for r in self.queue):
-            return False
-        ga, patch = self.buffers.relative(op, frame)
         k = key(op)
-        aside = k in self.buffers.returning
+        if not op.fresh or frame.weight != 1 or k in self.buffers.returning or any(not r.direct for r in self.queue):
+            return False  # (every accumulate asks: the (T) energy's, added per tile, answers here)
+        ga, patch = self.buffers.relative(op, frame)
         tile = self.buffers.arrays[k]
-        return all(self._into(op, frame, ga, within(patch, part), aside) is not None for part in self._parts(tile, aside))
+        return all(self._into(op, frame, ga, within(patch, part), False) is not None for part in self._parts(tile, False))
 
     @staticmethod
     def _parts(tile, aside: bool) -> list[tuple[slice, ...]]:

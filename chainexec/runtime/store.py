@@ -500,7 +500,7 @@ def _stripes(region: tuple[tuple[int, int], ...], data: np.ndarray) -> list[tupl
     stripe per thread (:func:`hostcopy.threads`) of at least :data:`hostcopy.PIECE_BYTES`. Data
     that is not C-contiguous in the machine's byte order stays whole (HDF5 writes it)."""
     count = min(hostcopy.threads(), data.nbytes // hostcopy.PIECE_BYTES)
-    if count <= 1 or not data.flags.c_contiguous or data.dtype.byteorder not in "=|":
+    if count <= 1 or not _raw(data):
         return [(region, data)]
     stripes = []
     for piece in hostcopy.pieces(data.shape, count):
@@ -510,6 +510,12 @@ def _stripes(region: tuple[tuple[int, int], ...], data: np.ndarray) -> list[tupl
     return stripes
 
 
+def _raw(data: np.ndarray) -> bool:
+    """Whether ``data``'s bytes, as they lie, are its dataset's in the file: C-contiguous, in the
+    machine's byte order."""
+    return data.flags.c_contiguous and data.dtype.byteorder in "=|"
+
+
 def _dataset(f: h5py.File, name: str, data: np.ndarray) -> int | None:
     """Make dataset ``name`` of the open file ``f`` for ``data``: the byte offset in the file
     where the caller writes ``data``'s bytes, or None where HDF5 wrote them. C-contiguous data in
@@ -517,7 +523,7 @@ def _dataset(f: h5py.File, name: str, data: np.ndarray) -> int | None:
     its bytes written straight into the file (:func:`hostcopy.write_files`): HDF5 writes a
     dataset on one thread, through copies of its own. Other data, and data under
     :data:`hostcopy.PIECE_BYTES`, goes through HDF5."""
-    if data.nbytes < hostcopy.PIECE_BYTES or not data.flags.c_contiguous or data.dtype.byteorder not in "=|":
+    if data.nbytes < hostcopy.PIECE_BYTES or not _raw(data):
         f.create_dataset(name, data=data)
         return None
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
