@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--launcher", default="mpirun")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--keep", action="store_true",
+                    help="keep each layout's folder OUT/work_LAYOUT (inputs.h5, output.h5 unless sampled), "
+                         "e.g. for benchmarks/ao2mo_accuracy.py --ours")
     ap.add_argument("--repeat", type=int, default=2, help="chainexec runs per layout; the fastest is compared")
     ap.add_argument("--sample-rows", type=int, default=0,
                     help="compare about this many rows (0: all); each chainexec output is then read and removed "
@@ -151,7 +154,8 @@ def main() -> None:
         entry = summary["chainexec"][layout]
         entry |= compare(kept[layout], erifile, blocks, shapes[layout])
         entry["speedup_over_pyscf"] = summary["pyscf_outcore_seconds"] / entry["run_seconds"]
-        shutil.rmtree(out / f"work_{layout}", ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(out / f"work_{layout}", ignore_errors=True)
     erifile.unlink()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "chainexec"} | {

@@ -246,10 +246,21 @@ def _launch(config: dict, ranks: int) -> list[dict]:
             # A rank killed while writing leaves an empty report: take the first complete one.
             files = sorted(Path(error_dir).glob("rank*"), key=lambda f: int(f.name[4:]))
             reports = [text for text in (f.read_text().strip() for f in files) if text]
-            errors = proc.stderr.strip().splitlines()
-            reason = reports[0] if reports else errors[-1] if errors else "no output"
+            reason = reports[0] if reports else _launcher_reason(proc.stderr)
             raise ChainexecError(f"measurement failed under {cmd[0]} -n {ranks} (exit {proc.returncode}): {reason}")
     return json.loads(lines[-1])["ranks"]
+
+
+def _launcher_reason(stderr: str) -> str:
+    """The launcher's own message in one line: the first line of the last box of its output
+    (Open MPI frames each message between rules of dashes), else its last line with text."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    text = [k for k, line in enumerate(lines) if any(c.isalnum() for c in line)]
+    if not text:
+        return "no output"
+    rules = [k for k, line in enumerate(lines) if len(line) >= 10 and set(line) == {"-"}]
+    boxed = [k for k in text if len(rules) >= 2 and rules[-2] < k < rules[-1]]
+    return lines[boxed[0] if boxed and rules[-1] > text[-1] else text[-1]]
 
 
 def _rate(amount: float, samples_per_rank: list[list[float]]) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from chainexec import spec
-from chainexec.calibrate import add_arguments, calibrate
+from chainexec.calibrate import add_arguments, calibrate, _launcher_reason
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
@@ -169,3 +169,26 @@ def test_worker_failure_is_one_clear_error(tmp_path):
     with pytest.raises(ChainexecError, match="backend cupy is not usable here"):
         calibrate(tmp_path / "machine.json", quick=True, backend="cupy")
     assert not (tmp_path / "machine.json").exists()
+
+
+OPEN_MPI_ROOT = """--------------------------------------------------------------------------
+mpiexec has detected an attempt to run as root.
+
+Running as root is *strongly* discouraged as any mistake (e.g., in
+defining TMPDIR) or bug can result in catastrophic damage to the OS
+--------------------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize("stderr, reason", [
+    (OPEN_MPI_ROOT, "mpiexec has detected an attempt to run as root."),
+    ("warning: slow disk\n" + OPEN_MPI_ROOT, "mpiexec has detected an attempt to run as root."),
+    (OPEN_MPI_ROOT + "Abort(1) on node 0\n", "Abort(1) on node 0"),
+    ("first\n  last line  \n\n", "last line"),
+    ("----------\n\n", "no output"),
+    ("", "no output"),
+])
+def test_launcher_failure_names_its_message_not_a_rule(stderr, reason):
+    """Where no rank left a report, the error carries the launcher's message line: the first line
+    inside Open MPI's last box of dashes, else the last line with text."""
+    assert _launcher_reason(stderr) == reason
