@@ -76,7 +76,7 @@ SHARED_MEMORY = True
 """Whether arrays over ranks of one host live in shared memory (module docstring); the tests turn
 it off to exercise RMA gets between ranks."""
 
-_madvise = ctypes.CDLL(None).madvise  # the C library's, for GlobalArray.discard
+_madvise = ctypes.CDLL(None).madvise  # the C library's, for _advise
 _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
@@ -124,6 +124,7 @@ class GlobalArray:
         # every rank's part of a window in shared memory, for plain loads (None: RMA only)
         self._peers = [self._win.Shared_query(r)[0] for r in range(comm.size)] if shared else None
         self._block = self._view_block()
+        _advise(self._block, mmap.MADV_HUGEPAGE)
         if zero:
             hostcopy.fill(self._block, 0)
         # One shared epoch on all targets for the array's life: operations then need only a flush,
@@ -202,12 +203,7 @@ class GlobalArray:
         lo, hi = max(rows[0], self.rows[0]), min(rows[1], self.rows[1])
         if hi <= lo:
             return
-        part = self._block[lo - self.rows[0]:hi - self.rows[0]]
-        page = mmap.PAGESIZE
-        start = -(-part.ctypes.data // page) * page
-        end = (part.ctypes.data + part.nbytes) // page * page
-        if end > start:
-            _madvise(start, end - start, mmap.MADV_REMOVE)
+        _advise(self._block[lo - self.rows[0]:hi - self.rows[0]], mmap.MADV_REMOVE)
 
     def block(self, rank: int) -> np.ndarray | None:
         """``rank``'s block (its rows, shaped as :meth:`local`'s but 0-d arrays as one row) where
@@ -326,6 +322,23 @@ class GlobalArray:
         self._win.Unlock_all()
         self._win.Free()
         self._block = None
+
+
+def _advise(part: np.ndarray, advice: int) -> None:
+    """``madvise`` the whole pages inside ``part``'s memory; a refusal is ignored (the advice is
+    a hint, or the memory is not of the kind it applies to).
+
+    ``MADV_HUGEPAGE`` on a block before its first touch: where the window is private memory (a
+    rank alone on its host) and the system's transparent huge pages are ``madvise`` or
+    ``always``, the block is faulted, zeroed, page-locked for the device and freed in 2 MiB pages
+    instead of 4 KiB ones: filling and locking a block take about half the time, freeing it a
+    tenth (``benchmarks/results/INDEX.md``). A window in shared memory (``shmem_enabled`` is
+    usually ``never``) keeps its pages."""
+    page = mmap.PAGESIZE
+    start = -(-part.ctypes.data // page) * page
+    end = (part.ctypes.data + part.nbytes) // page * page
+    if end > start:
+        _madvise(start, end - start, advice)
 
 
 def _read(chunk: np.ndarray, block: np.ndarray) -> None:

@@ -11,6 +11,7 @@ prints its traceback and aborts all ranks, so the launcher never hangs.
 import mmap
 import sys
 import traceback
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -280,6 +281,33 @@ def check_discard(comm):
     ga.free()
 
 
+def vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of this process's mapping that holds ``address`` (``/proc/self/smaps``)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def check_huge_pages(comm):
+    """Each rank's block is advised for transparent huge pages before its first touch: the whole
+    pages inside it carry the ``hg`` flag (``MADV_HUGEPAGE``) where the kernel has them."""
+    if not Path("/sys/kernel/mm/transparent_hugepage").exists():
+        return
+    ga = GlobalArray(comm, (4 * comm.size, 1024 * mmap.PAGESIZE // 8), np.float64)
+    block = ga.local()
+    first = -(-block.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE
+    assert "hg" in vm_flags(first) and "hg" in vm_flags(block.ctypes.data + block.nbytes - mmap.PAGESIZE - 1)
+    assert not block.any()
+    comm.Barrier()
+    ga.free()
+
+
 def check_board(comm):
     """Every rank publishes a growing count in each of two slots while reading the others': what
     it reads of a rank never goes back and is always a value that rank published (3·step + rank
@@ -325,6 +353,7 @@ def main():
         check_counter(comm)
         check_board(comm)
         check_discard(comm)
+        check_huge_pages(comm)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()
