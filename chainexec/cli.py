@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from chainexec import atomicfile, calibrate
+from chainexec import atomicfile, calibrate, safepaths
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError, RankFailed
@@ -253,7 +253,9 @@ def end(status: int) -> NoReturn:
     (mpi4py finalizes MPI there): a rank of several, since one that leaves at once after its own
     finalize can fail peers still finalizing (under MPICH over UCX the launcher reports the run
     killed, status 9); and a process under a profiler or coverage tracer, which writes its data
-    at that exit."""
+    at that exit. Older outputs' folders that a run moved aside are removed first
+    (:func:`chainexec.safepaths.wait_removals`)."""
+    safepaths.wait_removals()
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

@@ -15,8 +15,11 @@ exists without the mark is used only where it is empty.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +72,47 @@ def remove_owned(folder: Path) -> None:
     """Remove ``folder`` with everything in it, only where it carries chainexec's mark."""
     if is_owned(folder):
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_REMOVING: list[threading.Thread] = []
+"""The threads of :func:`remove_owned_aside` calls (:func:`wait_removals` waits for them)."""
+
+
+def wait_removals() -> None:
+    """Wait until every folder :func:`remove_owned_aside` moved aside is removed: a process that
+    ends without the interpreter's exit (:func:`chainexec.cli.end`) calls it first."""
+    while _REMOVING:
+        _REMOVING.pop().join()
+
+
+def remove_owned_aside(folder: Path) -> threading.Thread | None:
+    """:func:`remove_owned` without waiting for it: the marked ``folder`` is renamed at once into
+    a new hidden folder beside it (``.<name>.old-XXXXXX``) and removed there by a thread that the
+    process waits for before it exits (:func:`wait_removals`). Removing tens of GB of files whose pages the kernel is
+    still writing back waits for that writeback, and the run that replaces them goes on
+    meanwhile. The same thread removes what a process stopped during its removal left of earlier
+    ones (hidden folders of that pattern whose ``<name>`` still carries the mark, which goes
+    last). Returns the thread, None where ``folder`` is not chainexec's."""
+    folder = Path(folder)
+    if not is_owned(folder):
+        return None
+    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+    os.rename(folder, aside / folder.name)
+    found = [p for p in folder.parent.glob(glob.escape(f".{folder.name}.old-") + "*") if is_owned(p / folder.name)]
+
+    def remove() -> None:
+        for old in found:
+            for entry in (old / folder.name).iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                elif entry.name != MARK:
+                    entry.unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True)
+
+    thread = threading.Thread(target=remove, name=f"chainexec-remove-{folder.name}")
+    thread.start()
+    _REMOVING.append(thread)
+    return thread
 
 
 def _check_owned_folder(folder: Path, what: str) -> None:

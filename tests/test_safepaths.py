@@ -201,3 +201,55 @@ def test_generate_keeps_other_datasets(user_folder):
     with h5py.File(work / "in.h5", "r") as f:
         assert sorted(f) == ["A", "C", "extra"] and f["extra"][()].tolist() == list(range(7))
     assert not [p for p in work.iterdir() if p.name.endswith(".tmp") and p.name != "notes.tmp"]
+
+
+def _marked(folder: Path, files: int = 3) -> Path:
+    safepaths.make_owned(folder, "a test's parts")
+    (folder / "sub").mkdir()
+    for k in range(files):
+        (folder / f"rank{k}.h5").write_bytes(os.urandom(1000))
+        (folder / "sub" / f"s{k}.h5").write_bytes(b"x")
+    return folder
+
+
+def test_owned_folder_is_moved_aside_then_removed(tmp_path):
+    """The folder is gone from its name at once; its files go on a thread; nothing is left."""
+    folder = _marked(tmp_path / "out.h5.parts")
+    thread = safepaths.remove_owned_aside(folder)
+    assert not folder.exists()
+    thread.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_folder_not_ours_stays(tmp_path):
+    folder = tmp_path / "out.h5.parts"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("user data")
+    assert safepaths.remove_owned_aside(folder) is None
+    assert (folder / "mine.txt").read_text() == "user data"
+
+
+def test_what_a_stopped_removal_left_goes_with_the_next(tmp_path):
+    """A hidden folder of the pattern whose parts still carry the mark (a removal stopped before
+    its end) goes too; one whose parts lack the mark, or of another output's name, stays."""
+    left = _marked(tmp_path / ".out.h5.parts.old-abc123" / "out.h5.parts")
+    foreign = tmp_path / ".out.h5.parts.old-zzz" / "out.h5.parts"
+    foreign.mkdir(parents=True)
+    (foreign / "keep.txt").write_text("not chainexec's")
+    other = _marked(tmp_path / ".b.h5.parts.old-x" / "b.h5.parts")
+    safepaths.remove_owned_aside(_marked(tmp_path / "out.h5.parts")).join()
+    assert not left.parent.exists()
+    assert (foreign / "keep.txt").exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".b.h5.parts.old-x", ".out.h5.parts.old-zzz"]
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_a_run_again_replaces_the_older_parts_and_leaves_none(ranks, user_folder):
+    """A second run of a config moves the first run's parts folder aside and removes it before
+    its process ends: only the new output and its parts stay, and it verifies."""
+    work = user_folder.parent
+    for _ in range(2):
+        proc = run_cli("run", user_folder, "--quiet", ranks=ranks)
+        assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (work / "out").iterdir()) == ["result.h5", "result.h5.parts"]
+    assert run_cli("verify", user_folder).returncode == 0

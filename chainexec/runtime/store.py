@@ -125,13 +125,14 @@ def remove_outputs(files) -> None:
 def make_folders(files, scratch: Path, fresh: bool = False) -> None:
     """Make each output's parts folder and the scratch folder, marked as chainexec's
     (:func:`chainexec.safepaths.make_owned`; rank 0, once every check of the run has passed).
-    ``fresh`` (a run that resumes no checkpoint): remove the parts folders an older run left
-    first, so that its shards do not stay beside this run's."""
+    ``fresh`` (a run that resumes no checkpoint): first move the parts folders an older run left
+    aside, removed there while this run goes on (:func:`chainexec.safepaths.remove_owned_aside`),
+    so that their shards do not stay beside this run's."""
     for folder, what in [(parts_dir(Path(f)), f"the shard files of {Path(f).name}") for f in files] + [
             (Path(scratch), "scratch of a run")]:
         try:
             if fresh and folder != Path(scratch):
-                safepaths.remove_owned(folder)
+                safepaths.remove_owned_aside(folder)
             safepaths.make_owned(folder, what)
         except OSError as err:
             raise ChainexecError(f"cannot make this folder ({err.strerror or err})", str(folder)) from None
