@@ -26,7 +26,7 @@ from chainexec.detect import Limit
 from chainexec.errors import ChainexecError, RankFailed
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, Plan
-from chainexec.runtime import store, uselog
+from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
 from chainexec.runtime.comm import world
 from chainexec.runtime.device import select
@@ -151,6 +151,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         except Exception as err:
             _end_all(comm, err)
     calibrated = time.perf_counter()
+    bound = sum(comm.gather(hostcopy.bound_narrowly(), root=0) or [])
+    if bound:
+        print(f"chainexec: note: {hostcopy.narrow_note(bound, comm.size)}", file=sys.stderr, flush=True)
 
     def prepare() -> tuple:
         if calibration is not None:

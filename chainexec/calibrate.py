@@ -231,15 +231,28 @@ def _mpiexec() -> str:
     return found
 
 
+def unbound(version: str) -> list[str]:
+    """The options that start a launcher's ranks unbound, from its ``--version`` text: Open MPI
+    binds each rank to one core where it starts two or fewer (and to a package above that), so
+    a rank's host copies, fills and writes, threaded over the cores it may use
+    (:func:`chainexec.runtime.hostcopy.threads`), would be measured on one thread, and a run
+    started without a launcher, or as the project's scripts launch it, uses every core. MPICH's
+    Hydra binds nothing unless asked."""
+    return ["--bind-to", "none"] if "Open MPI" in version or "OpenRTE" in version else []
+
+
 def _launch(config: dict, ranks: int) -> list[dict]:
-    """Run the worker on ``ranks`` ranks; return each rank's raw timings. A failure reports the
-    lowest failing rank's own message (from the error folder), else the launcher's last line."""
+    """Run the worker on ``ranks`` ranks, unbound (:func:`unbound`); return each rank's raw
+    timings. A failure reports the lowest failing rank's own message (from the error folder),
+    else the launcher's message (:func:`_launcher_reason`)."""
     # The worker imports this package: make that work from a source checkout that is not installed.
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="chainexec-calibrate-") as error_dir:
-        cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "chainexec.calibrate_worker",
-               json.dumps(config), error_dir]
+        launcher = _mpiexec()
+        version = subprocess.run([launcher, "--version"], capture_output=True, text=True, env=env)
+        cmd = [launcher, "-n", str(ranks), *unbound(version.stdout + version.stderr), sys.executable, "-m",
+               "chainexec.calibrate_worker", json.dumps(config), error_dir]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
@@ -319,6 +332,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                   "flop_rate": "flop/s per rank, all ranks computing at once",
                   "rates": "median over repetitions of one rank's amount / the slowest rank's seconds"},
         "date": date, "host": host, "cpu_count": os.cpu_count(), "ranks": len(raw),
+        "cores_per_rank": min(r["cores"] for r in raw),
         "backend": first["backend"], "quick": quick, "repetitions": len(gemm["s"]),
         "disk": {"bytes_per_rank": disk["write_bytes"], "file_bytes_per_rank": disk["read_bytes"],
                  "write_method": "h5py contiguous float64 dataset, flush + fsync, one file per rank",

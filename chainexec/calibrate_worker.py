@@ -215,7 +215,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     from chainexec.runtime.globalarray import GlobalArray
 
     rng = np.random.default_rng(comm.rank)
-    result: dict = {}
+    result: dict = {"cores": hostcopy.threads()}
 
     # Disk: each rank its own file, as each rank reads its rows and writes its shard in a run.
     # Measured before the backend is chosen: the disk needs no device, and a run's device warm-up

@@ -9,13 +9,14 @@ import importlib.util
 import inspect
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from chainexec import spec
-from chainexec.calibrate import add_arguments, calibrate, _launcher_reason
+from chainexec.calibrate import _launcher_reason, add_arguments, calibrate, unbound
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
@@ -67,6 +68,8 @@ def test_details_record_how_and_what_was_measured(calibrated):
     path, machine = calibrated
     details = json.loads(path.read_text())["details"]
     assert details["ranks"] == 2 and details["quick"] is True and details["repetitions"] == 3
+    # launched unbound: each rank may use the cores this process may (Open MPI would bind it to one)
+    assert details["cores_per_rank"] == len(os.sched_getaffinity(0))
     assert details["disk"]["read_method"] in (DIRECT, FADVISE)
     assert details["disk"]["read"]["per_second"] == machine.disk_read
     assert details["disk"]["file_bytes_per_rank"] >= details["disk"]["bytes_per_rank"] > 0
@@ -192,3 +195,15 @@ def test_launcher_failure_names_its_message_not_a_rule(stderr, reason):
     """Where no rank left a report, the error carries the launcher's message line: the first line
     inside Open MPI's last box of dashes, else the last line with text."""
     assert _launcher_reason(stderr) == reason
+
+
+@pytest.mark.parametrize("version, flags", [
+    ("mpiexec (Open MPI) 4.1.5\n\nReport bugs to http://www.open-mpi.org/community/help/\n", ["--bind-to", "none"]),
+    ("mpiexec (OpenRTE) 4.0.3\n", ["--bind-to", "none"]),
+    ("HYDRA build details:\n    Version:                                 4.1.2\n", []),
+    ("", []),
+])
+def test_launcher_starts_ranks_unbound(version, flags):
+    """Open MPI binds a rank of two or fewer to one core: the calibration asks it not to, as a run
+    started without a launcher is not; MPICH's Hydra binds nothing unless asked."""
+    assert unbound(version) == flags

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
+from chainexec.runtime.comm import local_size
+
 PIECE_BYTES = 16 << 20
 """Smallest piece (bytes) a thread is given a copy of: below it, starting threads costs more than
 it saves."""
@@ -36,6 +38,23 @@ _pool_lock = threading.Lock()
 def threads() -> int:
     """Threads a copy may use: the cores this process may run on."""
     return len(os.sched_getaffinity(0))
+
+
+def bound_narrowly() -> bool:
+    """Whether the launcher bound this process to one core where its share of the host
+    (:func:`os.cpu_count` over the ranks the launcher started on it) is two or more: its copies,
+    fills and writes then run on one thread. Open MPI's ``mpirun`` does this by default where it
+    starts two ranks or fewer; SLURM where a task has one CPU (``--cpus-per-task``)."""
+    return threads() == 1 and (os.cpu_count() or 1) // local_size() >= 2
+
+
+def narrow_note(bound: int, ranks: int) -> str:
+    """The line ``chainexec run`` prints where ``bound`` of its ``ranks`` are bound narrowly
+    (:func:`bound_narrowly`)."""
+    which = "the run's rank is" if ranks == 1 else f"{bound} of the run's {ranks} ranks are"
+    return (f"{which} bound to one core of a host with more for it: host copies, fills and writes run on one "
+            "thread there (launch with `--bind-to none` under Open MPI's mpirun, or give each SLURM task "
+            "more CPUs with --cpus-per-task)")
 
 
 def pieces(shape: tuple[int, ...], count: int) -> list[tuple[slice, ...]]:
