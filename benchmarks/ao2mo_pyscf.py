@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--launcher", default="mpirun")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--keep", action="store_true",
-                    help="keep each layout's folder OUT/work_LAYOUT (inputs.h5, output.h5 unless sampled), "
+                    help="keep each layout's folder OUT/work_LAYOUT (inputs.h5, and output.h5 where every row is compared), "
                          "e.g. for benchmarks/ao2mo_accuracy.py --ours")
     ap.add_argument("--repeat", type=int, default=2, help="chainexec runs per layout; the fastest is compared")
     ap.add_argument("--sample-rows", type=int, default=0,
@@ -136,7 +136,10 @@ def main() -> None:
             shapes[layout] = f["B"].shape
             blocks = row_blocks(f["B"].shape[0], args.sample_rows)
             kept[layout] = [f["B"][rows] for rows in blocks] if args.sample_rows else work / "output.h5"
-        if args.sample_rows:
+        if args.sample_rows and args.keep:
+            for made in (work / "output.h5", work / "output.h5.parts"):
+                shutil.rmtree(made) if made.is_dir() else made.unlink()
+        elif args.sample_rows:
             shutil.rmtree(work)
     from pyscf import ao2mo, gto, lib
 

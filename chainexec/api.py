@@ -100,8 +100,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) before it removes anything:
     then the older outputs of this config (a run that fails later must not leave them looking
     like its result), then the plan, the inputs and the checkpoint, and only then makes its
-    folders, removing the older outputs' parts folders first unless a checkpoint resumes (its
-    shards lie there). Where the config leaves a memory limit out, every rank reads its machine's
+    folders, moving the older outputs' parts folders aside first, removed while the run goes on,
+    unless a checkpoint resumes (its shards lie there). Where the config leaves a memory limit out, every rank reads its machine's
     figures and rank 0 derives the limits (:func:`chainexec.detect.gather`,
     :func:`chainexec.detect.limits`); where no machine file names the rates and this machine has
     no calibration in the cache, all ranks make a quick one together first

@@ -265,15 +265,21 @@ def _launch(config: dict, ranks: int) -> list[dict]:
 
 
 def _launcher_reason(stderr: str) -> str:
-    """The launcher's own message in one line: the first line of the last box of its output
-    (Open MPI frames each message between rules of dashes), else its last line with text."""
+    """The launcher's own message in one line: the first paragraph of the last box of its output
+    (Open MPI frames each message between rules of dashes, and may add lines of its own after the
+    box, each beginning ``[host:pid]``), else its last line with text."""
     lines = [line.strip() for line in stderr.splitlines()]
-    text = [k for k, line in enumerate(lines) if any(c.isalnum() for c in line)]
-    if not text:
-        return "no output"
+    while lines and (not lines[-1] or lines[-1].startswith("[")):
+        lines.pop()
     rules = [k for k, line in enumerate(lines) if len(line) >= 10 and set(line) == {"-"}]
-    boxed = [k for k in text if len(rules) >= 2 and rules[-2] < k < rules[-1]]
-    return lines[boxed[0] if boxed and rules[-1] > text[-1] else text[-1]]
+    if len(rules) >= 2 and rules[-1] == len(lines) - 1:
+        box = lines[rules[-2] + 1:rules[-1]]
+        start = next((k for k, line in enumerate(box) if line), len(box))
+        stop = next((k for k in range(start, len(box)) if not box[k]), len(box))
+        if start < stop:
+            return " ".join(box[start:stop])
+    text = [line for line in lines if any(c.isalnum() for c in line)]
+    return text[-1] if text else "no output"
 
 
 def _rate(amount: float, samples_per_rank: list[list[float]]) -> dict:

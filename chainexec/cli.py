@@ -253,15 +253,15 @@ def end(status: int) -> NoReturn:
     (mpi4py finalizes MPI there): a rank of several, since one that leaves at once after its own
     finalize can fail peers still finalizing (under MPICH over UCX the launcher reports the run
     killed, status 9); and a process under a profiler or coverage tracer, which writes its data
-    at that exit. Older outputs' folders that a run moved aside are removed first
-    (:func:`chainexec.safepaths.wait_removals`)."""
-    safepaths.wait_removals()
+    at that exit. Older outputs' folders that a run moved aside are removed before it ends,
+    once the output is flushed (:func:`chainexec.safepaths.wait_removals`)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
         except (OSError, ValueError):  # a reader that went away, a stream already closed
             pass
+    safepaths.wait_removals()
     mpi = sys.modules.get("mpi4py.MPI")
     started = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
     if (started and mpi.COMM_WORLD.Get_size() > 1) or _observed():

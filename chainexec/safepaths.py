@@ -34,6 +34,13 @@ NAME_MAX = 255
 WRITE_SUFFIXES = (".tmp", ".parts")
 """What an output's file name gets for its temporary file and its parts folder."""
 
+ASIDE = ".old-"
+"""What an older parts folder's name gets, with eight random characters, for the folder it is
+moved into to be removed (:func:`remove_owned_aside`)."""
+
+PARTS_ASIDE = ".parts" + ASIDE + "XXXXXXXX"
+"""The longest an output's file name gets in a run: its parts folder moved aside."""
+
 
 def resolved(path: str | os.PathLike) -> Path:
     """``path`` made absolute with every symbolic link and ``..`` resolved (missing parts kept)."""
@@ -60,9 +67,10 @@ def is_owned(folder: Path) -> bool:
 
 
 def make_owned(folder: Path, what: str) -> None:
-    """Create ``folder`` (and its parents) and mark it as chainexec's; an existing folder must
-    carry the mark already or be empty (:func:`check_run` has checked this)."""
-    folder = Path(folder)
+    """Create ``folder`` (and its parents; where it is a symbolic link, the folder it names) and
+    mark it as chainexec's; an existing folder must carry the mark already or be empty
+    (:func:`check_run` has checked this)."""
+    folder = resolved(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if not is_owned(folder):
         (folder / MARK).write_text(f"made by chainexec: {what}; removed by chainexec when done\n")
@@ -86,28 +94,47 @@ def wait_removals() -> None:
 
 
 def remove_owned_aside(folder: Path) -> threading.Thread | None:
-    """:func:`remove_owned` without waiting for it: the marked ``folder`` is renamed at once into
-    a new hidden folder beside it (``.<name>.old-XXXXXX``) and removed there by a thread that the
-    process waits for before it exits (:func:`wait_removals`). Removing tens of GB of files whose pages the kernel is
-    still writing back waits for that writeback, and the run that replaces them goes on
-    meanwhile. The same thread removes what a process stopped during its removal left of earlier
-    ones (hidden folders of that pattern whose ``<name>`` still carries the mark, which goes
-    last). Returns the thread, None where ``folder`` is not chainexec's."""
-    folder = Path(folder)
+    """:func:`remove_owned` without waiting for it: the marked ``folder`` (followed where it is
+    a symbolic link) is renamed at once into a new marked folder beside it,
+    ``<name>.old-XXXXXXXX``, and removed there by a thread that the process waits for before it
+    exits (:func:`wait_removals`). Removing tens of GB of files whose pages the kernel is still
+    writing back waits for that writeback, and the run that replaces them goes on meanwhile.
+    The thread removes this folder first, then what a process stopped during its removal left
+    of earlier ones (folders of that pattern that still carry the mark, which goes last); one
+    it cannot remove stays for the next. Returns the thread, None where ``folder`` is not
+    chainexec's.
+
+    Raises:
+        ChainexecError: the folder cannot be moved (a mount point, say); nothing is left beside it.
+    """
+    folder = resolved(folder)
     if not is_owned(folder):
         return None
-    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
-    os.rename(folder, aside / folder.name)
-    found = [p for p in folder.parent.glob(glob.escape(f".{folder.name}.old-") + "*") if is_owned(p / folder.name)]
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=folder.name + ASIDE, dir=folder.parent))
+        try:
+            make_owned(aside, f"an older {folder.name} being removed")
+            os.rename(folder, aside / folder.name)
+        except OSError:
+            shutil.rmtree(aside, ignore_errors=True)
+            raise
+    except OSError as err:
+        raise ChainexecError(f"cannot move the older parts folder aside to remove it ({err.strerror or err})",
+                             str(folder)) from None
+    pattern = glob.escape(folder.name + ASIDE) + "*"
+    found = [aside] + [p for p in folder.parent.glob(pattern) if p != aside and is_owned(p) and not p.is_symlink()]
 
     def remove() -> None:
         for old in found:
-            for entry in (old / folder.name).iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                elif entry.name != MARK:
-                    entry.unlink(missing_ok=True)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                for entry in old.iterdir():
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    elif entry.name != MARK:
+                        entry.unlink()
+                shutil.rmtree(old)
+            except OSError:
+                continue
 
     thread = threading.Thread(target=remove, name=f"chainexec-remove-{folder.name}")
     thread.start()
@@ -208,7 +235,7 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
                     raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
         if f.is_dir():
             raise ChainexecError(f"{what} is a folder, not a file", str(f))
-        _check_name_lengths(f, WRITE_SUFFIXES if f in paths.outputs else (".tmp",))
+        _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE) if f in paths.outputs else (".tmp",))
     for f, what in paths.outputs.items():
         if f.exists() and not _is_chainexec_output(f):
             raise ChainexecError(f"the output of {what} exists and is not an output chainexec wrote; "

@@ -181,19 +181,34 @@ Running as root is *strongly* discouraged as any mistake (e.g., in
 defining TMPDIR) or bug can result in catastrophic damage to the OS
 --------------------------------------------------------------------------
 """
+OPEN_MPI_SLOTS = """--------------------------------------------------------------------------
+There are not enough slots available in the system to satisfy the 4
+slots that were requested by the application:
+
+  python3
+
+Either request fewer slots for your application, or make more slots
+--------------------------------------------------------------------------
+[h1:12345] 3 more processes have sent help message help-orte-rmaps-base.txt / orte-rmaps-base:alloc-error
+[h1:12345] Set MCA parameter "orte_base_help_aggregate" to 0 to see all help / error messages
+"""
+SLOTS = "There are not enough slots available in the system to satisfy the 4 slots that were requested by the application:"
 
 
 @pytest.mark.parametrize("stderr, reason", [
     (OPEN_MPI_ROOT, "mpiexec has detected an attempt to run as root."),
     ("warning: slow disk\n" + OPEN_MPI_ROOT, "mpiexec has detected an attempt to run as root."),
+    (OPEN_MPI_SLOTS, SLOTS),
     (OPEN_MPI_ROOT + "Abort(1) on node 0\n", "Abort(1) on node 0"),
     ("first\n  last line  \n\n", "last line"),
     ("----------\n\n", "no output"),
+    ("----------\n----------\n", "no output"),
     ("", "no output"),
 ])
 def test_launcher_failure_names_its_message_not_a_rule(stderr, reason):
-    """Where no rank left a report, the error carries the launcher's message line: the first line
-    inside Open MPI's last box of dashes, else the last line with text."""
+    """Where no rank left a report, the error carries the launcher's message in one line: the
+    first paragraph inside Open MPI's last box of dashes (its own lines after the box left out),
+    else the last line with text."""
     assert _launcher_reason(stderr) == reason
 
 

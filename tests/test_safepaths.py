@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from chainexec import safepaths
+from chainexec.errors import ChainexecError
 from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
 
 
@@ -218,7 +220,7 @@ def test_owned_folder_is_moved_aside_then_removed(tmp_path):
     thread = safepaths.remove_owned_aside(folder)
     assert not folder.exists()
     thread.join()
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_folder_not_ours_stays(tmp_path):
@@ -230,17 +232,66 @@ def test_a_folder_not_ours_stays(tmp_path):
 
 
 def test_what_a_stopped_removal_left_goes_with_the_next(tmp_path):
-    """A hidden folder of the pattern whose parts still carry the mark (a removal stopped before
-    its end) goes too; one whose parts lack the mark, or of another output's name, stays."""
-    left = _marked(tmp_path / ".out.h5.parts.old-abc123" / "out.h5.parts")
-    foreign = tmp_path / ".out.h5.parts.old-zzz" / "out.h5.parts"
-    foreign.mkdir(parents=True)
+    """A folder of the pattern that still carries the mark (a removal stopped before its end)
+    goes too; one without the mark (a user's copy), or of another output's name, stays."""
+    left = _marked(tmp_path / "out.h5.parts.old-abc12345")
+    foreign = tmp_path / "out.h5.parts.old-zzzzzzzz"
+    foreign.mkdir()
     (foreign / "keep.txt").write_text("not chainexec's")
-    other = _marked(tmp_path / ".b.h5.parts.old-x" / "b.h5.parts")
+    other = _marked(tmp_path / "b.h5.parts.old-x")
     safepaths.remove_owned_aside(_marked(tmp_path / "out.h5.parts")).join()
-    assert not left.parent.exists()
-    assert (foreign / "keep.txt").exists() and other.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".b.h5.parts.old-x", ".out.h5.parts.old-zzz"]
+    assert not left.exists() and (foreign / "keep.txt").exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.h5.parts.old-x", "out.h5.parts.old-zzzzzzzz"]
+
+
+def test_one_leftover_that_cannot_go_stops_no_other(tmp_path, monkeypatch):
+    """A leftover the thread cannot remove stays, marked, for the next run; the folder moved
+    aside now and every other leftover go."""
+    stuck = _marked(tmp_path / "out.h5.parts.old-aaaaaaaa")
+    later = _marked(tmp_path / "out.h5.parts.old-zzzzzzzz")
+    rmtree = shutil.rmtree
+
+    def refuse(path, *args, **kwargs):
+        if Path(path).parent == stuck:
+            raise PermissionError(13, "Permission denied", str(path))
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(safepaths.shutil, "rmtree", refuse)
+    safepaths.remove_owned_aside(_marked(tmp_path / "out.h5.parts")).join()
+    assert [p.name for p in tmp_path.iterdir()] == [stuck.name] and safepaths.is_owned(stuck)
+    assert not later.exists()
+
+
+def test_a_linked_parts_folder_is_replaced_where_it_points(tmp_path):
+    """A parts folder that is a symbolic link: the folder it names is moved aside beside itself
+    and made again there, so the next shards land where the user pointed them."""
+    target = _marked(tmp_path / "big" / "parts")
+    link = tmp_path / "out.h5.parts"
+    link.symlink_to(target)
+    safepaths.remove_owned_aside(link).join()
+    safepaths.make_owned(link, "parts")
+    assert link.is_symlink() and target.is_dir() and [p.name for p in target.iterdir()] == [safepaths.MARK]
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["parts"]
+
+
+def test_a_folder_that_cannot_move_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
+    folder = _marked(tmp_path / "out.h5.parts")
+
+    def busy(src, dst):
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(safepaths.os, "rename", busy)
+    with pytest.raises(ChainexecError, match="cannot move the older parts folder aside.*busy"):
+        safepaths.remove_owned_aside(folder)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.h5.parts"] and len(list(folder.iterdir())) == 5
+
+
+def test_an_output_name_with_no_room_for_the_parts_moved_aside_is_refused(user_folder):
+    """The longest name a run makes of an output's (its parts folder moved aside) must fit."""
+    name = "x" * (safepaths.NAME_MAX - len(safepaths.PARTS_ASIDE) + 1)
+    config = _edit(user_folder, output=name)
+    assert_refused(run_cli("run", config, "--quiet"), "longer than", safepaths.PARTS_ASIDE)
+    assert run_cli("run", _edit(user_folder, output=name[:-1]), "--quiet").returncode == 0
 
 
 @pytest.mark.parametrize("ranks", [None, 2])

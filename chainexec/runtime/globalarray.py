@@ -331,9 +331,8 @@ def _advise(part: np.ndarray, advice: int) -> None:
     ``MADV_HUGEPAGE`` on a block before its first touch: where the window is private memory (a
     rank alone on its host) and the system's transparent huge pages are ``madvise`` or
     ``always``, the block is faulted, zeroed, page-locked for the device and freed in 2 MiB pages
-    instead of 4 KiB ones: filling and locking a block take about half the time, freeing it a
-    tenth (``benchmarks/results/INDEX.md``). A window in shared memory (``shmem_enabled`` is
-    usually ``never``) keeps its pages."""
+    instead of 4 KiB ones, a 512th of the page faults, page-table entries and pages to pin. A
+    window in shared memory takes huge pages only where ``shmem_enabled`` allows them."""
     page = mmap.PAGESIZE
     start = -(-part.ctypes.data // page) * page
     end = (part.ctypes.data + part.nbytes) // page * page
