@@ -138,7 +138,7 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
 
     thread = threading.Thread(target=remove, name=f"chainexec-remove-{folder.name}")
     thread.start()
-    _REMOVING.append(thread)
+    _REMOVING[:] = [t for t in _REMOVING if t.is_alive()] + [thread]  # a long process runs many
     return thread
 
 
