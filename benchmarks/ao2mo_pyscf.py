@@ -137,8 +137,8 @@ def main() -> None:
             blocks = row_blocks(f["B"].shape[0], args.sample_rows)
             kept[layout] = [f["B"][rows] for rows in blocks] if args.sample_rows else work / "output.h5"
         if args.sample_rows and args.keep:
-            for made in (work / "output.h5", work / "output.h5.parts"):
-                shutil.rmtree(made) if made.is_dir() else made.unlink()
+            shutil.rmtree(work / "output.h5.parts")
+            (work / "output.h5").unlink()
         elif args.sample_rows:
             shutil.rmtree(work)
     from pyscf import ao2mo, gto, lib

@@ -101,11 +101,13 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     then the older outputs of this config (a run that fails later must not leave them looking
     like its result), then the plan, the inputs and the checkpoint, and only then makes its
     folders, moving the older outputs' parts folders aside first, removed while the run goes on,
-    unless a checkpoint resumes (its shards lie there). Where the config leaves a memory limit out, every rank reads its machine's
-    figures and rank 0 derives the limits (:func:`chainexec.detect.gather`,
-    :func:`chainexec.detect.limits`); where no machine file names the rates and this machine has
-    no calibration in the cache, all ranks make a quick one together first
-    (:func:`chainexec.calibrate.in_process`; rank 0 says so on stderr).
+    unless a checkpoint resumes (its shards lie there). Where the config leaves a memory limit
+    out, every rank reads its machine's figures and rank 0 derives the limits
+    (:func:`chainexec.detect.gather`, :func:`chainexec.detect.limits`); rank 0 notes ranks that
+    Open MPI bound to one core (:func:`chainexec.runtime.hostcopy.bound_narrowly`); where no
+    machine file names the rates and this machine has no calibration in the cache, all ranks
+    make a quick one together first (:func:`chainexec.calibrate.in_process`; rank 0 says so on
+    stderr).
 
     ``run["phases"]``: this rank's seconds spent planning (rank 0 loads, detects, plans and
     checks the inputs; the others wait), calibrating (only where a calibration was made),
@@ -143,6 +145,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
                 return where, ident
         return None
 
+    bound = sum(comm.gather(hostcopy.bound_narrowly(), root=0) or [])
+    if bound:
+        print(f"chainexec: note: {hostcopy.narrow_note(bound, comm.size)}", file=sys.stderr, flush=True)
     calibration = on_rank0(comm, limits_and_rates)
     calibrating = time.perf_counter()
     if calibration is not None:
@@ -151,9 +156,6 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         except Exception as err:
             _end_all(comm, err)
     calibrated = time.perf_counter()
-    bound = sum(comm.gather(hostcopy.bound_narrowly(), root=0) or [])
-    if bound:
-        print(f"chainexec: note: {hostcopy.narrow_note(bound, comm.size)}", file=sys.stderr, flush=True)
 
     def prepare() -> tuple:
         if calibration is not None:

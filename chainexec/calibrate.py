@@ -37,6 +37,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -237,8 +238,17 @@ def unbound(version: str) -> list[str]:
     a rank's host copies, fills and writes, threaded over the cores it may use
     (:func:`chainexec.runtime.hostcopy.threads`), would be measured on one thread, and a run
     started without a launcher, or as the project's scripts launch it, uses every core. MPICH's
-    Hydra binds nothing unless asked."""
+    Hydra binds nothing unless asked; Intel MPI pins each rank to its share of the cores."""
     return ["--bind-to", "none"] if "Open MPI" in version or "OpenRTE" in version else []
+
+
+def _version(launcher: str, env: dict) -> str:
+    """What ``launcher --version`` prints (empty where it fails or takes over 30 s)."""
+    try:
+        proc = subprocess.run([launcher, "--version"], capture_output=True, text=True, env=env, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout + proc.stderr
 
 
 def _launch(config: dict, ranks: int) -> list[dict]:
@@ -250,8 +260,7 @@ def _launch(config: dict, ranks: int) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="chainexec-calibrate-") as error_dir:
         launcher = _mpiexec()
-        version = subprocess.run([launcher, "--version"], capture_output=True, text=True, env=env)
-        cmd = [launcher, "-n", str(ranks), *unbound(version.stdout + version.stderr), sys.executable, "-m",
+        cmd = [launcher, "-n", str(ranks), *unbound(_version(launcher, env)), sys.executable, "-m",
                "chainexec.calibrate_worker", json.dumps(config), error_dir]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = proc.stdout.strip().splitlines()
@@ -269,10 +278,9 @@ def _launcher_reason(stderr: str) -> str:
     (Open MPI frames each message between rules of dashes, and may add lines of its own after the
     box, each beginning ``[host:pid]``), else its last line with text."""
     lines = [line.strip() for line in stderr.splitlines()]
-    while lines and (not lines[-1] or lines[-1].startswith("[")):
-        lines.pop()
     rules = [k for k, line in enumerate(lines) if len(line) >= 10 and set(line) == {"-"}]
-    if len(rules) >= 2 and rules[-1] == len(lines) - 1:
+    after = lines[rules[-1] + 1:] if rules else []
+    if len(rules) >= 2 and all(not line or re.match(r"\[[^\]]+:\d+\] ", line) for line in after):
         box = lines[rules[-2] + 1:rules[-1]]
         start = next((k for k, line in enumerate(box) if line), len(box))
         stop = next((k for k in range(start, len(box)) if not box[k]), len(box))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -121,8 +122,8 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
     except OSError as err:
         raise ChainexecError(f"cannot move the older parts folder aside to remove it ({err.strerror or err})",
                              str(folder)) from None
-    pattern = glob.escape(folder.name + ASIDE) + "*"
-    found = [aside] + [p for p in folder.parent.glob(pattern) if p != aside and is_owned(p) and not p.is_symlink()]
+    found = [aside] + [p for p in folder.parent.glob(glob.escape(folder.name + ASIDE) + "*")
+                       if p != aside and _left_aside(p, folder.name)]
 
     def remove() -> None:
         for old in found:
@@ -140,6 +141,19 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
     thread.start()
     _REMOVING[:] = [t for t in _REMOVING if t.is_alive()] + [thread]  # a long process runs many
     return thread
+
+
+def _left_aside(path: Path, name: str) -> bool:
+    """Whether ``path`` is a folder :func:`remove_owned_aside` made for a parts folder ``name``
+    and did not finish removing: named ``<name>.old-`` and the eight characters ``mkdtemp``
+    adds, not a link, marked, and holding nothing but its mark and ``<name>`` (another output's
+    parts folder may begin with the same name, as ``<name>.old-x.h5.parts``)."""
+    if not re.fullmatch(re.escape(name + ASIDE) + r"[a-z0-9_]{8}", path.name) or path.is_symlink():
+        return False
+    try:
+        return is_owned(path) and {entry.name for entry in path.iterdir()} <= {MARK, name}
+    except OSError:
+        return False
 
 
 def _check_owned_folder(folder: Path, what: str) -> None:
@@ -193,7 +207,7 @@ class RunPaths:
     def removed(self) -> list[tuple[Path, str]]:
         """Folders the run removes whole (each output's parts folder, scratch) or fills and
         empties (the checkpoint), each with what it is."""
-        folders = [(parts_of(f), f"the parts folder of output {t}") for f, t in self.outputs.items()]
+        folders = [(resolved(parts_of(f)), f"the parts folder of output {t}") for f, t in self.outputs.items()]
         folders.append((self.scratch, "the scratch folder"))
         if self.checkpoint is not None:
             folders.append((self.checkpoint, "the checkpoint folder"))

@@ -203,6 +203,10 @@ SLOTS = "There are not enough slots available in the system to satisfy the 4 slo
     ("first\n  last line  \n\n", "last line"),
     ("----------\n\n", "no output"),
     ("----------\n----------\n", "no output"),
+    ("[mpiexec@h1] HYDU_create_process (lib/utils/launch.c:73): execvp error on file python3 (No such file)\n",
+     "[mpiexec@h1] HYDU_create_process (lib/utils/launch.c:73): execvp error on file python3 (No such file)"),
+    ("[h1:12345] *** An error occurred in MPI_Init\n[h1:12345] *** on a NULL communicator\n",
+     "[h1:12345] *** on a NULL communicator"),
     ("", "no output"),
 ])
 def test_launcher_failure_names_its_message_not_a_rule(stderr, reason):
@@ -222,3 +226,11 @@ def test_launcher_starts_ranks_unbound(version, flags):
     """Open MPI binds a rank of two or fewer to one core: the calibration asks it not to, as a run
     started without a launcher is not; MPICH's Hydra binds nothing unless asked."""
     assert unbound(version) == flags
+
+
+def test_a_launcher_that_cannot_say_its_version_gets_no_options(tmp_path):
+    """One that is missing or fails says nothing: the calibration starts it as it is."""
+    from chainexec.calibrate import _version
+
+    assert _version(str(tmp_path / "no-mpiexec"), dict(os.environ)) == ""
+    assert unbound(_version("false", dict(os.environ))) == []

@@ -11,6 +11,7 @@ import pytest
 
 from chainexec import api, machinecache
 from chainexec.planner.machine import Machine
+from chainexec.runtime import hostcopy
 from tests.conftest import assert_refused, fourindex_config, read_report, run_cli, write_config
 
 FIRST_USE = "chainexec: no calibration of "
@@ -85,12 +86,18 @@ def test_other_versions_and_machines_get_their_own(tmp_path, calibrating, monkey
     assert capsys.readouterr().err.count(FIRST_USE) == 1
     assert len(_kept(calibrating)) == 3
     assert any(path.name.startswith("another-host_cpu_") for path in _kept(calibrating))
+    # A process a launcher bound to fewer cores measures one thread's host copies: its own file.
+    monkeypatch.setattr(hostcopy, "threads", lambda: 1)
+    api.plan(config)
+    assert capsys.readouterr().err.count(FIRST_USE) == 1
+    assert len(_kept(calibrating)) == 4
 
 
 def test_identities_name_distinct_files():
-    base = {"host": "node1", "gpu": "cpu", "versions": {"chainexec": "0.1.0", "numpy": "2.0", "python": "3.11"}}
+    base = {"host": "node1", "gpu": "cpu", "cores": 16,
+            "versions": {"chainexec": "0.1.0", "numpy": "2.0", "python": "3.11"}}
     others = [base | {"host": "node2"}, base | {"gpu": "NVIDIA H200"}, base | {"gpu": "NVIDIA H100 80GB HBM3"},
-              base | {"versions": base["versions"] | {"cupy": "13.0"}}, base | {"host": "a/../b"}]
+              base | {"versions": base["versions"] | {"cupy": "13.0"}}, base | {"host": "a/../b"}, base | {"cores": 1}]
     paths = [machinecache.path(i) for i in [base, *others]]
     assert len(set(paths)) == len(paths)
     assert all(p.parent == machinecache.cache_dir() for p in paths)

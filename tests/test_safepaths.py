@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -231,24 +232,40 @@ def test_a_folder_not_ours_stays(tmp_path):
     assert (folder / "mine.txt").read_text() == "user data"
 
 
+def _left(folder: Path) -> Path:
+    """What a removal stopped before its end leaves: ``folder`` (``<name>.old-XXXXXXXX``),
+    marked, holding the marked parts folder ``<name>`` with its files."""
+    safepaths.make_owned(folder, "an older parts folder being removed")
+    return _marked(folder / folder.name[:folder.name.index(safepaths.ASIDE)])
+
+
 def test_what_a_stopped_removal_left_goes_with_the_next(tmp_path):
-    """A folder of the pattern that still carries the mark (a removal stopped before its end)
-    goes too; one without the mark (a user's copy), or of another output's name, stays."""
-    left = _marked(tmp_path / "out.h5.parts.old-abc12345")
+    """A folder a removal stopped before its end left goes too; one of the pattern without the
+    mark (a user's copy), or of another output's name, stays."""
+    left = _left(tmp_path / "out.h5.parts.old-abc12345")
     foreign = tmp_path / "out.h5.parts.old-zzzzzzzz"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("not chainexec's")
-    other = _marked(tmp_path / "b.h5.parts.old-x")
+    other = _left(tmp_path / "b.h5.parts.old-xxxxxxxx")
     safepaths.remove_owned_aside(_marked(tmp_path / "out.h5.parts")).join()
-    assert not left.exists() and (foreign / "keep.txt").exists() and other.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.h5.parts.old-x", "out.h5.parts.old-zzzzzzzz"]
+    assert not left.parent.exists() and (foreign / "keep.txt").exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.h5.parts.old-xxxxxxxx", "out.h5.parts.old-zzzzzzzz"]
+
+
+def test_another_outputs_parts_whose_name_begins_alike_stay(tmp_path):
+    """Outputs ``r.h5`` and ``r.h5.parts.old-abcdefgh.h5``: the second's parts folder begins
+    with the first's pattern, is marked, and is live; moving the first's aside leaves it."""
+    live = _marked(tmp_path / "r.h5.parts.old-abcdefgh.h5.parts")
+    live8 = _marked(tmp_path / "r.h5.parts.old-abcdefgh")  # the pattern's length, a parts folder's contents
+    safepaths.remove_owned_aside(_marked(tmp_path / "r.h5.parts")).join()
+    assert len(list(live.iterdir())) == 5 and len(list(live8.iterdir())) == 5
 
 
 def test_one_leftover_that_cannot_go_stops_no_other(tmp_path, monkeypatch):
     """A leftover the thread cannot remove stays, marked, for the next run; the folder moved
     aside now and every other leftover go."""
-    stuck = _marked(tmp_path / "out.h5.parts.old-aaaaaaaa")
-    later = _marked(tmp_path / "out.h5.parts.old-zzzzzzzz")
+    stuck = _left(tmp_path / "out.h5.parts.old-aaaaaaaa").parent
+    later = _left(tmp_path / "out.h5.parts.old-zzzzzzzz").parent
     rmtree = shutil.rmtree
 
     def refuse(path, *args, **kwargs):
@@ -260,6 +277,50 @@ def test_one_leftover_that_cannot_go_stops_no_other(tmp_path, monkeypatch):
     safepaths.remove_owned_aside(_marked(tmp_path / "out.h5.parts")).join()
     assert [p.name for p in tmp_path.iterdir()] == [stuck.name] and safepaths.is_owned(stuck)
     assert not later.exists()
+
+
+def test_wait_removals_waits_for_a_slow_one(tmp_path, monkeypatch):
+    release = threading.Event()
+    rmtree = shutil.rmtree
+
+    def slow(path, *args, **kwargs):
+        release.wait(10)
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(safepaths.shutil, "rmtree", slow)
+    thread = safepaths.remove_owned_aside(_marked(tmp_path / "out.h5.parts"))
+    assert thread.is_alive()
+    threading.Timer(0.2, release.set).start()
+    safepaths.wait_removals()
+    assert not thread.is_alive() and list(tmp_path.iterdir()) == []
+
+
+def test_a_process_ends_once_its_removal_is_done(tmp_path):
+    """``chainexec.cli.end`` (which leaves without the interpreter's exit) waits for a removal
+    that outlasts the rest of the process."""
+    folder = _marked(tmp_path / "out.h5.parts")
+    code = ("import shutil, sys, time\n"
+            "from chainexec import cli, safepaths\n"
+            "rmtree = shutil.rmtree\n"
+            "safepaths.shutil.rmtree = lambda path, *a, **k: (time.sleep(1), rmtree(path, *a, **k))\n"
+            f"safepaths.remove_owned_aside({str(folder)!r})\n"
+            "cli.end(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_parts_folder_linked_to_the_scratch_folder_is_refused(user_folder):
+    """The parts folder is checked where it leads: a link into the run's scratch folder (which
+    the run removes at its end) is refused before anything is written."""
+    work = user_folder.parent
+    config = _edit(user_folder, scratch="scr")
+    (work / "scr").mkdir()
+    (work / "out").mkdir(exist_ok=True)
+    (work / "out" / "result.h5.parts").symlink_to(work / "scr")
+    before = _snapshot(work)
+    assert_refused(run_cli("run", config, "--quiet"), "scr")
+    assert _snapshot(work) == before
 
 
 def test_a_linked_parts_folder_is_replaced_where_it_points(tmp_path):

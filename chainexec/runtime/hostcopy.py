@@ -41,11 +41,14 @@ def threads() -> int:
 
 
 def bound_narrowly() -> bool:
-    """Whether the launcher bound this process to one core where its share of the host
-    (:func:`os.cpu_count` over the ranks the launcher started on it) is two or more: its copies,
-    fills and writes then run on one thread. Open MPI's ``mpirun`` does this by default where it
-    starts two ranks or fewer; SLURM where a task has one CPU (``--cpus-per-task``)."""
-    return threads() == 1 and (os.cpu_count() or 1) // local_size() >= 2
+    """Whether Open MPI's launcher (which sets ``OMPI_COMM_WORLD_LOCAL_SIZE``) bound this process
+    to one core where its share of the host (:func:`os.cpu_count` over the ranks it started
+    there) is two or more: its copies, fills and writes then run on one thread. ``mpirun`` binds
+    a rank to a core by default where it starts two or fewer. Other launchers and limits (SLURM's
+    ``--cpus-per-task``, a container's CPU set) are the user's choice, and their share of the host
+    is not known here."""
+    return ("OMPI_COMM_WORLD_LOCAL_SIZE" in os.environ and threads() == 1
+            and (os.cpu_count() or 1) // local_size() >= 2)
 
 
 def narrow_note(bound: int, ranks: int) -> str:
@@ -53,8 +56,7 @@ def narrow_note(bound: int, ranks: int) -> str:
     (:func:`bound_narrowly`)."""
     which = "the run's rank is" if ranks == 1 else f"{bound} of the run's {ranks} ranks are"
     return (f"{which} bound to one core of a host with more for it: host copies, fills and writes run on one "
-            "thread there (launch with `--bind-to none` under Open MPI's mpirun, or give each SLURM task "
-            "more CPUs with --cpus-per-task)")
+            "thread there (launch with `mpirun --bind-to none`)")
 
 
 def pieces(shape: tuple[int, ...], count: int) -> list[tuple[slice, ...]]:
