@@ -8,9 +8,9 @@ The rates (:class:`chainexec.planner.machine.Machine`) come from the first of:
    ``~/.cache/chainexec/machines``): one machine file per machine, named by the host, the GPU model
    (``cpu`` for the NumPy backend) and a digest of those, the cores a rank may run on and the
    software versions (chainexec, NumPy, Python, and CuPy where it is used), so that a calibration
-   serves only the machine, binding and software it measured. ``chainexec calibrate`` with no path refreshes it; where there is none
-   (or it cannot be read), a quick calibration makes it on first use and says so in one line on
-   stderr (:func:`announce`).
+   serves only the machine, binding and software it measured. ``chainexec calibrate`` with no
+   path refreshes it; where there is none (or it cannot be read), a quick calibration makes it
+   on first use and says so in one line on stderr (:func:`announce`).
 
 Each rate's origin is kept with the plan (:func:`record`).
 

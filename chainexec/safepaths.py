@@ -126,13 +126,10 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
                        if p != aside and _left_aside(p, folder.name)]
 
     def remove() -> None:
-        for old in found:
+        for old in found:  # each holds its mark and at most the parts folder (_left_aside)
             try:
-                for entry in old.iterdir():
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry)
-                    elif entry.name != MARK:
-                        entry.unlink()
+                if (old / folder.name).is_dir():
+                    shutil.rmtree(old / folder.name)
                 shutil.rmtree(old)
             except OSError:
                 continue
