@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from chainexec import atomicfile, calibrate, safepaths
+from chainexec import atomicfile, calibrate, safepaths, server
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError, RankFailed
@@ -102,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("options", nargs=argparse.REMAINDER)
     c = sub.add_parser("calibrate", help="measure this machine's bandwidths and flop rate into a machine file")
     calibrate.add_arguments(c)
+    s = sub.add_parser("serve", help="keep a process with everything a run loads, and run in it the `run` and "
+                       "`plan` commands of this user on this host (see docs/serve.md)")
+    s.add_argument("--idle", type=float, default=server.IDLE, metavar="SECONDS",
+                   help=f"end after this many seconds without a run (default {server.IDLE:g})")
+    s.add_argument("--stop", action="store_true", help="end the server that answers, once its run in progress ends")
     return ap
 
 
@@ -143,8 +148,9 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    if args.command == "run":
+    if args.command in ("run", "serve"):
         fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
+    if args.command == "run":
         warmup.start(args.config, args.backend)
     # Imported after the GPU warm-up began, so that its CUDA context is made beside these imports
     # (the runtime, h5py, MPI's start) instead of before the run's first
@@ -189,6 +195,12 @@ def _main(args) -> int:
             machine = calibrate.calibrate(**options)
             print(machine.to_json())
             print(f"wrote {args.path or calibrate.cache_file(args.backend)[0]}")
+        elif args.command == "serve":
+            if args.stop:
+                pid = server.stop()
+                print("no server answers" if pid is None else f"the server (pid {pid}) ends once its run ends")
+            else:
+                server.serve(idle=args.idle)
         elif args.command == "generate":
             for name in api.generate(args.config):
                 print(f"wrote {name}")

@@ -13,13 +13,12 @@ prediction."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from chainexec.client import process_start
 from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES
 from chainexec.runtime.device import Backend
 from chainexec.runtime.progress import Progress
@@ -179,15 +178,21 @@ class Counters:
         } | ({"memory_high_water": {"device": int(high_water)}} if high_water else {})
 
 
+STARTED: list[float] = []
+"""Where a server runs a client's command (:mod:`chainexec.server`): the client's start, in
+seconds of the boot-time clock, which :func:`process_seconds` counts from instead of this
+process's own."""
+
+
 def process_seconds() -> float | None:
-    """Seconds since this process started, as Linux counts them: its start time in
-    ``/proc/self/stat`` (clock ticks since boot, field 22) against the boot-time clock now, to
-    a clock tick (10 ms on most systems). None where ``/proc`` does not say (not Linux)."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # from field 3 on
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
+    """Seconds since the process of this run started, as Linux counts them: its start
+    (:func:`chainexec.client.process_start`; the client's, :data:`STARTED`, in a served run)
+    against the boot-time clock now, to a clock tick (10 ms on most systems). None where ``/proc``
+    does not say (not Linux)."""
+    start = STARTED[-1] if STARTED else process_start()
+    if start is None:
         return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start
 
 
 def _max():

@@ -73,6 +73,7 @@ this only takes its path."""
     if backend == "numpy" or (local is None and launched()):
         return
     thread = threading.Thread(target=_early, args=(local or 0, uselog.job_of(config)), name="chainexec-warm-up")
+    _EARLY[:] = [t for t in _EARLY if t.is_alive()]  # a server's earlier runs' (chainexec.server)
     _EARLY.append(thread)
     thread.start()
 

@@ -1,0 +1,236 @@
+"""The ``chainexec`` program's first step: hand a ``run`` or ``plan`` to a running ``chainexec serve``.
+
+Why: a fresh process spends about a second before a warm run's work begins (the interpreter,
+NumPy and h5py, MPI's start, CuPy and the CUDA context) and more to end; a (T) run of benzene
+does 0.2 s of work. ``chainexec serve`` (:mod:`chainexec.server`) is a process that has all of
+that loaded and keeps it between runs; this module, which imports only the standard library,
+is what the ``chainexec`` command runs first. Where a server of the same user answers on this
+host, runs the same code with the same Python, and was started in the same environment (:func:`differences`),
+the command hands it its arguments, its folder, its umask and its standard streams
+themselves (the descriptors, passed over a Unix socket: the run writes to the terminal, pipe or
+file the command was given, as it would itself) and ends with the run's exit status. Otherwise it
+runs the command itself (:func:`chainexec.cli.command`), with the same result: serving only
+saves the start. A command under a launcher (one of several ranks) is never handed over.
+
+The protocol (:func:`send`, :func:`receive`): one request, a JSON object with the standard
+streams' descriptors attached; the server's answer, ``accepted`` or ``refused`` with a reason;
+then, once the run has ended, its ``status``. A client that goes away during the run (Ctrl-C,
+a batch system's kill) stops the run as an interrupt stops a run of its own, and the server
+with it (:mod:`chainexec.server`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import stat
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+SERVED = ("run", "plan")
+"""The commands a server runs; the others (generate, verify, chem, calibrate, bench) run in their
+own process."""
+
+SOCKET = "CHAINEXEC_SERVE_SOCKET"
+"""The environment variable naming the server's socket where the default (:func:`socket_path`)
+will not do."""
+
+LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_NTASKS", "MPI_LOCALNRANKS")
+"""Variables a launcher sets in the processes it starts (as :data:`chainexec.runtime.comm.LAUNCHER`,
+which imports what this module must not)."""
+
+SHELL = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
+"""Variables a shell keeps for itself: they may differ between the server's start and a client."""
+
+HEADER = struct.Struct("!I")
+"""A message's length in bytes, before its JSON text."""
+
+LARGEST = 16 << 20
+"""Bytes of one message at most (a request holds the client's environment)."""
+
+
+def per_run(name: str) -> bool:
+    """Whether the variable ``name`` is read when a run needs it, so that a server applies the
+    client's value to the run it hands over: the package's own (``CHAINEXEC_*``, read at each
+    use, never at import) and the shell's bookkeeping (:data:`SHELL`). Every other variable may be
+    read once when a library starts (CUDA's, Open MPI's, OpenMP's thread count, Python's paths):
+    a client whose value differs from the server's start runs itself."""
+    return name in SHELL or name.startswith("CHAINEXEC_")
+
+
+def differences(served: dict[str, str], env: dict[str, str]) -> list[str]:
+    """Names of the variables that are not :func:`per_run` and differ between the server's start
+    environment ``served`` and a client's ``env`` (set in one only, or to different values),
+    sorted."""
+    return sorted(k for k in served.keys() | env.keys() if not per_run(k) and served.get(k) != env.get(k))
+
+
+def default_path() -> Path:
+    """Where the server's socket is: :data:`SOCKET` where set, else ``chainexec/serve.sock``
+    under ``$XDG_RUNTIME_DIR`` (a per-user folder on systemd hosts), else under
+    ``<temp>/chainexec-<uid>``."""
+    given = os.environ.get(SOCKET)
+    if given:
+        return Path(given)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "chainexec" / "serve.sock"
+    return Path(tempfile.gettempdir()) / f"chainexec-{os.getuid()}" / "serve.sock"
+
+
+def socket_path() -> Path | None:
+    """:func:`default_path`, or None where its folder is not this user's alone (:func:`private`):
+    there another user could have put a socket."""
+    path = default_path()
+    return path if private(path.parent) else None
+
+
+def private(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder (not a symbolic link) of this user that no one else
+    may write in."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def code() -> str:
+    """What a server and its client must share: the interpreter, its version and every Python
+    file of this package as it is now on disk (path, size and modification time), as a
+    SHA-256 hex digest. A package edited or reinstalled since the server started differs."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{root}".encode())
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            st = os.stat(path)
+            digest.update(f"\0{path}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def process_start() -> float | None:
+    """When this process started, in seconds of the boot-time clock (``CLOCK_BOOTTIME``), as
+    Linux counts it: field 22 of ``/proc/self/stat`` (clock ticks since boot), to a clock tick.
+    None where ``/proc`` does not say (not Linux)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # from field 3 on
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+    """Send ``message`` as JSON after its length (:data:`HEADER`), with the descriptors ``fds``
+    attached to its first bytes."""
+    data = json.dumps(message).encode()
+    frame = HEADER.pack(len(data)) + data
+    sent = socket.send_fds(sock, [frame], list(fds)) if fds else sock.send(frame)
+    sock.sendall(frame[sent:])
+
+
+def receive(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
+    """The next message of :func:`send` and the descriptors attached to it (at most ``fds``);
+    (None, []) where the peer closed the connection before a whole message. A message that is
+    not a JSON object within :data:`LARGEST` bytes raises ``ValueError``."""
+    data, received, _, _ = socket.recv_fds(sock, 1 << 16, fds) if fds else (sock.recv(1 << 16), [], 0, None)
+    if len(data) < HEADER.size:
+        for fd in received:
+            os.close(fd)
+        return None, []
+    (size,) = HEADER.unpack_from(data)
+    if size > LARGEST:
+        for fd in received:
+            os.close(fd)
+        raise ValueError(f"a message of {size} bytes")
+    body = bytearray(data[HEADER.size:])
+    while len(body) < size:
+        more = sock.recv(min(1 << 20, size - len(body)))
+        if not more:
+            for fd in received:
+                os.close(fd)
+            return None, []
+        body += more
+    message = json.loads(bytes(body[:size]))
+    if not isinstance(message, dict):
+        raise ValueError("a message that is not a JSON object")
+    return message, received
+
+
+def connect(path: Path | None = None) -> socket.socket | None:
+    """A connection to the server at ``path`` (default :func:`socket_path`), or None where none
+    answers there."""
+    path = path or socket_path()
+    if path is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def forward(argv: list[str]) -> int | None:
+    """Hand the command ``argv`` (without the program's name) to a server and return the run's
+    exit status; None where it runs here instead: not a :data:`SERVED` command, under a
+    launcher, a standard stream closed, no server answering, or a server that refuses it (busy
+    with another run, other code, another environment: :func:`differences`)."""
+    if not argv or argv[0] not in SERVED or any(v in os.environ for v in LAUNCHER):
+        return None
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return None
+    sock = connect()
+    if sock is None:
+        return None
+    with sock:
+        request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
+                   "code": code(), "started": process_start(), "pid": os.getpid()}
+        try:
+            send(sock, request, [0, 1, 2])
+            answer, _ = receive(sock)
+        except (OSError, ValueError):
+            return None
+        if not answer or not answer.get("accepted"):
+            return None
+        try:
+            done, _ = receive(sock)
+        except KeyboardInterrupt:  # the server sees us go and stops the run (it prints the line)
+            return 130
+        except (OSError, ValueError):
+            done = None
+    if done is None or not isinstance(done.get("status"), int):
+        print(f"chainexec: the server (pid {answer.get('pid')}) ended during the run; no output was "
+              "completed (its own output says why)", file=sys.stderr)
+        return 1
+    return done["status"]
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def command() -> None:
+    """The ``chainexec`` program: the command handed to a server (:func:`forward`), else run here
+    (:func:`chainexec.cli.command`)."""
+    status = forward(sys.argv[1:])
+    if status is None:
+        from chainexec.cli import command as here
+
+        here()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    command()

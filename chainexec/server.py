@@ -1,0 +1,366 @@
+"""``chainexec serve``: one process that runs the ``run`` and ``plan`` commands clients hand it.
+
+What it keeps between runs: the interpreter and every module a run imports, MPI (started once,
+as the single rank of its own world), CuPy with the GPU's context, cuBLAS and the generated
+kernels already loaded, so that a warm run spends its time on its work. What it does per run
+(:func:`serve_one`): each request comes from :func:`chainexec.client.forward` over a Unix socket
+only this user can reach (the folder is checked, and the peer's user id, ``SO_PEERCRED``); the
+server takes the client's standard streams (its descriptors, put in place of 0, 1 and 2), its
+folder, its umask and the per-run variables of its environment
+(:func:`chainexec.client.per_run`), runs the command through :func:`chainexec.cli.main` on its
+main thread, waits for the removals the run left (:func:`chainexec.safepaths.wait_removals`),
+hands back what it took and answers with the exit status. The output, the exit status and the
+files written are those of the same command run on its own.
+
+What it refuses, so that the client runs the command itself: a request while a run is in
+progress (one run at a time: a second would share the GPU and the memory limits the first
+planned for), a client whose package files or Python differ (:func:`chainexec.client.code`:
+edited since the server started), or whose environment differs in a variable read at a
+library's start (:func:`chainexec.client.differences`).
+
+How it ends: after ``idle`` seconds without a request; at ``chainexec serve --stop``; at
+SIGTERM or SIGINT; and whenever a run does not end normally. A client that goes away during its
+run (Ctrl-C, a batch system's kill) interrupts the run as Ctrl-C interrupts a run of its own: no
+output renamed into place, the last checkpoint kept, and the process ends with it. An error the
+command does not turn into an exit status (a defect) is printed to the client and ends the server
+too: what it leaves in memory is not trusted for the next run. Memory between runs: CuPy's pools
+are emptied after each run; the CUDA context and the loaded kernels stay.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+from chainexec import client
+from chainexec.errors import ChainexecError
+
+IDLE = 900.0
+"""Seconds without a request after which a server ends, by default."""
+
+
+def serve(idle: float = IDLE, path: Path | None = None) -> None:
+    """Serve runs at ``path`` (default :func:`chainexec.client.socket_path`, its folder made
+    where missing) until ``idle`` seconds pass without a request, a stop request arrives or
+    SIGTERM or SIGINT; returns then, the socket removed. Raises ChainexecError where the folder
+    is not this user's alone or a server already answers there."""
+    path = path or _folder()
+    probe = client.connect(path)
+    if probe is not None:
+        probe.close()
+        raise ChainexecError("a server already answers there (chainexec serve --stop ends it)", path)
+    started = dict(os.environ)
+    _warm()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        path.unlink(missing_ok=True)  # a server that ended without removing it (nothing answered above)
+        listener.bind(str(path))
+        os.chmod(path, 0o600)
+        bound = os.stat(path).st_ino
+        listener.listen(8)
+    except OSError as err:
+        listener.close()
+        raise ChainexecError(f"cannot listen on the socket ({err.strerror or err})", path) from None
+    state = _State(started, client.code())
+    acceptor = threading.Thread(target=_accept, args=(listener, state), name="chainexec-serve-accept", daemon=True)
+    acceptor.start()
+    # both interrupt (a shell starts a background job with SIGINT ignored; _watch sends it)
+    previous = [signal.signal(n, signal.default_int_handler) for n in (signal.SIGINT, signal.SIGTERM)]
+    print(f"chainexec: serving runs at {path} (pid {os.getpid()}); ends after {idle:g} s without one, "
+          "or at `chainexec serve --stop`", file=sys.stderr, flush=True)
+    try:
+        while True:
+            try:
+                item = state.queue.get(timeout=idle)
+            except queue.Empty:
+                break
+            if item is None:
+                break
+            if not serve_one(state, *item):
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for number, handler in zip((signal.SIGINT, signal.SIGTERM), previous):
+            signal.signal(number, handler)
+        listener.close()
+        state.log.close()
+        try:
+            if os.stat(path).st_ino == bound:  # not a later server's
+                path.unlink()
+        except OSError:
+            pass
+    print("chainexec: the server ended", file=sys.stderr, flush=True)
+
+
+def stop(path: Path | None = None) -> int | None:
+    """Ask the server at ``path`` (default :func:`chainexec.client.socket_path`) to end once its
+    run in progress, if any, has ended; its process id, or None where no server answers."""
+    sock = client.connect(path)
+    if sock is None:
+        return None
+    with sock:
+        client.send(sock, {"stop": True})
+        answer, _ = client.receive(sock)
+    return None if answer is None else answer.get("pid")
+
+
+class _State:
+    """What the accepting thread and the main thread share: the requests accepted (or None:
+    end), whether a run is in progress, the start environment and code, and the server's own
+    standard error."""
+
+    def __init__(self, env: dict[str, str], code: str):
+        self.queue: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.busy = False
+        self.env = env
+        self.code = code
+        self.log = os.fdopen(os.dup(2), "w", buffering=1)
+
+
+def _folder() -> Path:
+    """:func:`chainexec.client.default_path`, its folder made (mode 0700) where missing and not
+    named by :data:`chainexec.client.SOCKET`; ChainexecError where the folder is not this user's
+    alone (:func:`chainexec.client.private`)."""
+    path = client.default_path()
+    if not os.environ.get(client.SOCKET):
+        try:
+            path.parent.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise ChainexecError(f"cannot make the socket's folder ({err.strerror or err})", path.parent) from None
+    if not client.private(path.parent):
+        raise ChainexecError("the socket's folder must be a folder of this user that no one else may write in",
+                             path.parent)
+    return path
+
+
+def _warm() -> None:
+    """Import what a run imports and start MPI, so that the first run does not pay for them; the
+    GPU's warm-up is the first run's (it knows the job)."""
+    from chainexec import api, cli, report  # noqa: F401
+    from chainexec.runtime.comm import world
+
+    world()
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # the NumPy backend serves as well
+        pass
+
+
+def _accept(listener: socket.socket, state: _State) -> None:
+    """Accept connections until the listener closes: a stop request ends the main loop once
+    the run in progress has ended; a run request goes to the main thread where none is in
+    progress, else is refused at once (the client runs it itself)."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        try:
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                continue
+            request, fds = client.receive(conn, fds=3)
+        except (OSError, ValueError):
+            conn.close()
+            continue
+        if request is None:
+            conn.close()
+            continue
+        if request.get("stop"):
+            _answer(conn, {"pid": os.getpid()})
+            conn.close()
+            state.queue.put(None)
+            continue
+        with state.lock:
+            taken = not state.busy and len(fds) == 3
+            state.busy = state.busy or taken
+        if not taken:
+            reason = "busy with another run" if len(fds) == 3 else "no standard streams"
+            _answer(conn, {"refused": reason})
+            _log(state, f"refused {' '.join(map(str, request.get('argv', [])[:2]))} for pid {request.get('pid')}: {reason}")
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
+        state.queue.put((conn, request, fds))
+
+
+def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int]) -> bool:
+    """Run one request on this (the main) thread, answer its status and close the connection;
+    False where the server must end (a run that did not end normally)."""
+    go_on = True
+    begun = time.perf_counter()
+    what = f"{' '.join(map(str, request.get('argv', [])[:2]))} for pid {request.get('pid')}"
+    try:
+        reason = _refusal(state, request)
+        if reason:
+            _answer(conn, {"refused": reason})
+            _log(state, f"refused {what}: {reason}")
+            return True
+        _answer(conn, {"accepted": True, "pid": os.getpid()})
+        _log(state, f"began {what} in {request['cwd']}")
+        done, wake = os.pipe()
+        watcher = threading.Thread(target=_watch, args=(conn, done), name="chainexec-serve-watch", daemon=True)
+        try:
+            with _client(request, fds):
+                watcher.start()
+                status, go_on = _run(request["argv"])
+                os.write(wake, b"!")
+            watcher.join()
+        finally:
+            os.close(done)
+            os.close(wake)
+        _answer(conn, {"status": status})
+        _log(state, f"served {what} in {request['cwd']}: status {status}, {time.perf_counter() - begun:.2f} s")
+    finally:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        with state.lock:
+            state.busy = False
+    return go_on
+
+
+def _refusal(state: _State, request: dict) -> str | None:
+    """Why a request must run in its own process, or None."""
+    argv, env = request.get("argv"), request.get("env")
+    if not (isinstance(argv, list) and argv and argv[0] in client.SERVED and all(isinstance(a, str) for a in argv)):
+        return "not a command a server runs"
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        return "no environment"
+    if not isinstance(request.get("cwd"), str) or not isinstance(request.get("umask"), int):
+        return "no folder or umask"
+    if request.get("code") != state.code:
+        return "the package or Python differs from the server's (edited or reinstalled since it started)"
+    differ = client.differences(state.env, env)
+    if differ:
+        return f"the environment differs from the server's start in {', '.join(differ[:8])}"
+    return None
+
+
+@contextmanager
+def _client(request: dict, fds: list[int]):
+    """The client's standard streams on descriptors 0–2 (line-buffered where a terminal), its
+    folder, umask and per-run variables, and its start as the run's process start, for the
+    duration; everything handed back afterwards, even where the run raised."""
+    from chainexec.runtime import accounting
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    env = dict(os.environ)
+    here = os.getcwd()
+    mask = os.umask(0o077)
+    os.umask(mask)
+    try:
+        for fd, target in zip(fds, (0, 1, 2)):
+            os.dup2(fd, target)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)
+        os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        given = request["env"]
+        for name in [n for n in os.environ if client.per_run(n) and n not in given]:
+            del os.environ[name]
+        os.environ.update({n: v for n, v in given.items() if client.per_run(n)})
+        if isinstance(request.get("started"), (int, float)):
+            accounting.STARTED.append(float(request["started"]))
+        yield
+    finally:
+        accounting.STARTED.clear()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        for fd, target in zip(saved, (0, 1, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)
+        os.umask(mask)
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def _run(argv: list[str]) -> tuple[int, bool]:
+    """The command's exit status as its own process would end with it, and whether the server
+    may go on: not after an error the command let through (a defect), whose traceback the client
+    gets as it would from its own process."""
+    from chainexec import cli, safepaths
+
+    go_on = True
+    try:
+        status = cli.main(argv)
+    except SystemExit as leave:  # argparse: -h (0), a bad argument (2)
+        status = leave.code if isinstance(leave.code, int) else (0 if leave.code is None else 1)
+    except KeyboardInterrupt:  # outside the command's own handler, which ends the process as this does
+        os._exit(130)
+    except Exception:
+        try:
+            traceback.print_exc()
+        except OSError:  # a client that went away
+            pass
+        status, go_on = 1, False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away
+            pass
+    safepaths.wait_removals()
+    _release()
+    return status, go_on
+
+
+def _release() -> None:
+    """Hand CuPy's pooled device and page-locked host blocks back, so that a server between runs
+    holds only its context and kernels."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _watch(conn: socket.socket, done: int) -> None:
+    """Interrupt the main thread's run (SIGINT, as Ctrl-C would) where the client goes away
+    before it ends: the client sends nothing after its request, so the connection turning
+    readable means it closed. Returns without a signal once the descriptor ``done`` turns
+    readable (the run has ended)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLHUP | select.POLLERR)
+    poller.register(done, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll()}
+    if done not in ready:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def _log(state: _State, line: str) -> None:
+    """One line on the server's own standard error (descriptor 2 is a client's during a run)."""
+    print(f"chainexec serve: {line}", file=state.log, flush=True)
+
+
+def _answer(conn: socket.socket, message: dict) -> None:
+    try:
+        client.send(conn, message)
+    except OSError:  # a client that went away: nothing to tell
+        pass
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]

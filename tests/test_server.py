@@ -1,0 +1,234 @@
+"""``chainexec serve`` (:mod:`chainexec.server`) with real processes: a served run writes what
+the same command writes on its own, bad input still ends in one line and status 2, and what the
+server must not run (busy, other code, another environment) runs in the client's own process.
+NumPy backend: every path here is the same on a GPU host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import assert_refused
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fourindex(folder: Path, name: str = "fourindex", ao: int = 24, mo: int = 21) -> Path:
+    """The demo's four-index config with its files in ``folder``, extents ``ao`` and ``mo``."""
+    text = (ROOT / "configs" / "fourindex.yaml").read_text()
+    text = text.replace("ao: 64", f"ao: {ao}").replace("mo: 60", f"mo: {mo}")
+    text = text.replace("../runs/fourindex/", f"{name}-files/")
+    config = folder / f"{name}.yaml"
+    config.write_text(text)
+    return config
+
+
+class Server:
+    """A ``chainexec serve`` process with a socket folder of its own (a short path: a Unix
+    socket's is at most 107 bytes), and the environment its clients share."""
+
+    def __init__(self, env: dict | None = None, idle: float = 120, python_path: str | None = None):
+        self.folder = Path(tempfile.mkdtemp(prefix="cx"))
+        self.env = dict(env or os.environ, XDG_RUNTIME_DIR=str(self.folder), PYTHONUNBUFFERED="1")
+        self.env.pop("CHAINEXEC_SERVE_SOCKET", None)
+        if python_path:
+            self.env["PYTHONPATH"] = python_path
+        self.log = self.folder / "server.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "chainexec.cli", "serve", "--idle", str(idle)],
+                                         env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+        deadline = time.monotonic() + 120
+        while "serving runs at" not in self.text():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.text()
+            time.sleep(0.05)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def command(self, *args, cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+        """``chainexec ARGS`` through the client, as the ``chainexec`` program runs it."""
+        return subprocess.run([sys.executable, "-m", "chainexec.client", *map(str, args)], cwd=cwd,
+                              env=env or self.env, capture_output=True, text=True, timeout=300, **kw)
+
+    def close(self):
+        if self.proc.poll() is None:
+            subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=self.env, timeout=60)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def server():
+    srv = Server()
+    yield srv
+    srv.close()
+
+
+def served(srv: Server) -> int:
+    return srv.text().count("chainexec serve: served run")
+
+
+@pytest.mark.parametrize("ao, mo", [(24, 21), (17, 13)])
+def test_a_served_run_writes_what_its_own_process_writes(server, tmp_path, ao, mo):
+    config = fourindex(tmp_path, ao=ao, mo=mo)
+    assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    here = subprocess.run([sys.executable, "-m", "chainexec.cli", "run", config, "--quiet"], cwd=tmp_path,
+                          env=server.env, capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0, here.stderr
+    alone = h5py.File(tmp_path / "fourindex-files" / "output.h5")["B"][...]
+    for k in range(2):  # the second is served warm
+        proc = server.command("run", config, "--quiet", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert served(server) == k + 1, server.text()
+        with h5py.File(tmp_path / "fourindex-files" / "output.h5") as f:
+            assert np.array_equal(f["B"][...], alone)
+        assert proc.stdout.splitlines()[:6] == here.stdout.splitlines()[:6]  # the byte counts
+    A = h5py.File(tmp_path / "fourindex-files" / "input.h5")["A"][...]
+    C = h5py.File(tmp_path / "fourindex-files" / "input.h5")["C"][...]
+    ref = np.einsum("pa,qb,rc,sd,pqrs->abcd", C, C, C, C, A, optimize=True)
+    assert np.linalg.norm(alone - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+def test_bad_input_through_a_server_is_one_line_and_status_2(server, tmp_path):
+    assert_refused(server.command("run", "missing.yaml", cwd=tmp_path), "missing.yaml")
+    assert_refused(server.command("plan", "missing.yaml", "--ranks", "0", cwd=tmp_path), "--ranks")
+    assert_refused(server.command("run", "x.yaml", "--bogus", cwd=tmp_path), "--bogus")
+    help_text = server.command("run", "-h", cwd=tmp_path)
+    assert help_text.returncode == 0 and "--checkpoint" in help_text.stdout
+    assert server.text().count("chainexec serve: served") == 4 and server.proc.poll() is None
+    config = fourindex(tmp_path)
+    assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    assert server.command("run", config, "--quiet", cwd=tmp_path).returncode == 0  # still serving
+
+
+def test_the_run_takes_the_clients_folder_and_per_run_variables(server, tmp_path):
+    """``CHAINEXEC_*`` variables apply to the served run alone; its relative paths are the client's
+    folder's."""
+    config = fourindex(tmp_path)
+    machine = tmp_path / "rates.json"
+    machine.write_text((ROOT / "configs" / "machines" / "h100.json").read_text()
+                       if (ROOT / "configs" / "machines" / "h100.json").exists()
+                       else next((ROOT / "configs" / "machines").glob("*.json")).read_text())
+    plan = server.command("plan", config.name, cwd=tmp_path, env=dict(server.env, CHAINEXEC_MACHINE=str(machine)))
+    assert plan.returncode == 0, plan.stderr
+    assert str(machine) in plan.stdout
+    again = server.command("plan", config.name, cwd=tmp_path)
+    assert again.returncode == 0 and str(machine) not in again.stdout
+    assert served_plans(server) == 2
+
+
+def served_plans(srv: Server) -> int:
+    return srv.text().count("chainexec serve: served plan")
+
+
+def test_a_client_in_another_environment_runs_itself(server, tmp_path):
+    config = fourindex(tmp_path)
+    env = dict(server.env, OMP_NUM_THREADS="1")
+    assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    proc = server.command("run", config, "--quiet", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused run" in server.text() and "OMP_NUM_THREADS" in server.text()
+    assert served(server) == 0
+    assert h5py.File(tmp_path / "fourindex-files" / "output.h5")["B"].shape == (21,) * 4
+
+
+def test_other_code_runs_itself(tmp_path):
+    """A server started from a copy of the package refuses a client once a file of it changes."""
+    copy = tmp_path / "pkg"
+    shutil.copytree(ROOT / "chainexec", copy / "chainexec", ignore=shutil.ignore_patterns("__pycache__"))
+    srv = Server(python_path=str(copy))
+    try:
+        config = fourindex(tmp_path)
+        assert srv.command("generate", config, cwd=tmp_path).returncode == 0
+        assert srv.command("run", config, "--quiet", cwd=tmp_path).returncode == 0
+        assert served(srv) == 1
+        edited = copy / "chainexec" / "report.py"
+        edited.write_text(edited.read_text() + "\n")
+        proc = srv.command("run", config, "--quiet", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert served(srv) == 1 and "the package or Python differs" in srv.text()
+    finally:
+        srv.close()
+
+
+def began(srv: Server, proc: subprocess.Popen) -> None:
+    """Wait until the server has begun ``proc``'s run."""
+    deadline = time.monotonic() + 60
+    while not any(line.startswith("chainexec serve: began run") and f" for pid {proc.pid} " in line
+                  for line in srv.text().splitlines()):
+        assert proc.poll() is None and time.monotonic() < deadline, (srv.text(), proc.communicate())
+        time.sleep(0.02)
+
+
+def client(srv: Server, config: Path, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "chainexec.client", "run", str(config), "--quiet"], cwd=cwd,
+                            env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_second_client_runs_itself_while_one_is_served_and_a_client_that_goes_stops_its_run(server, tmp_path):
+    slow = fourindex(tmp_path, "slow", ao=80, mo=77)
+    quick = fourindex(tmp_path)
+    for config in (slow, quick):
+        assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    first = client(server, slow, tmp_path)
+    began(server, first)
+    second = server.command("run", quick, "--quiet", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "refused run" in server.text() and "busy with another run" in server.text()
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert served(server) == 1  # the slow one
+    result = tmp_path / "slow-files" / "output.h5"
+    result.unlink()
+    third = client(server, slow, tmp_path)
+    began(server, third)
+    time.sleep(0.3)
+    third.send_signal(signal.SIGKILL)  # a batch system's kill: the client is gone at once
+    third.wait()
+    assert server.proc.wait(60) == 130, server.text()  # the run interrupted as by Ctrl-C, the server with it
+    assert not result.exists() and served(server) == 1
+
+
+def test_one_server_per_socket_and_stop_without_one(server, tmp_path):
+    again = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=server.env, capture_output=True,
+                           text=True, timeout=120)
+    assert_refused(again, "already answers")
+    server.close()
+    stop = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=server.env,
+                          capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0 and "no server answers" in stop.stdout
+
+
+def test_a_server_ends_when_idle_and_removes_its_socket():
+    srv = Server(idle=1)
+    try:
+        assert srv.proc.wait(60) == 0
+        assert "the server ended" in srv.text()
+        assert not (srv.folder / "chainexec" / "serve.sock").exists()
+    finally:
+        srv.close()
+
+
+def test_a_socket_folder_others_may_write_in_is_refused(tmp_path):
+    folder = Path(tempfile.mkdtemp(prefix="cx"))
+    try:
+        folder.chmod(0o777)
+        env = dict(os.environ, CHAINEXEC_SERVE_SOCKET=str(folder / "serve.sock"))
+        proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert_refused(proc, "no one else may write", str(folder))
+    finally:
+        shutil.rmtree(folder)
