@@ -203,12 +203,14 @@ def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
     return {"n": n, "statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
 
 
-def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str, statement_n: int) -> dict:
+def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str, statement_n: int,
+            copy_size: int) -> dict:
     """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
 
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
-    extent of the statement measurement's product (:func:`_statements`)."""
+    extent of the statement measurement's product (:func:`_statements`); ``copy_size``: bytes of
+    the device copy."""
     from chainexec import detect
     from chainexec.runtime import hostcopy, warmup
     from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
@@ -288,7 +290,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
     # Device memory: one buffer copied into another by the backend's tile operation, what
     # streaming a statement's tiles costs.
-    src = xp.asarray(rng.random(max(1, size // 8)))
+    src = xp.full(max(1, copy_size // 8), 0.5)  # the values do not change a copy's rate
     dst = xp.empty_like(src)
     result["device_copy"] = {"bytes": 2 * src.nbytes, "s": _repeat(comm, reps, stopwatch, lambda: dev.assign(dst, src))}
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from chainexec import spec
-from chainexec.calibrate import _launcher_reason, add_arguments, calibrate, unbound
+from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _launcher_reason, add_arguments, calibrate,
+                                 settings, unbound)
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
@@ -79,7 +80,8 @@ def test_details_record_how_and_what_was_measured(calibrated):
     # the quick profile's product, 24³ in tiles of 2 KiB: 144 compute statements a run
     assert "24-cubed" in details["statement"]["what"] and details["statement"]["statements_per_run"] == 144
     assert details["device_copy"]["per_second"] == machine.device_bandwidth
-    assert details["device_copy"]["bytes_per_call"] > 0
+    used = {p.size: p for p in (QUICK, TINY)}[details["disk"]["bytes_per_rank"]]  # the fixture's profile
+    assert details["device_copy"]["bytes_per_call"] == 2 * used.copy_size  # read and written
     # Medians of the per-repetition samples.
     assert details["disk"]["cached_write"]["per_second"] == machine.disk_write_cached
     assert details["disk"]["cached_write"]["bytes_per_rank"] >= 16 << 20  # a stripe per thread at least
@@ -234,3 +236,12 @@ def test_a_launcher_that_cannot_say_its_version_gets_no_options(tmp_path):
 
     assert _version(str(tmp_path / "no-mpiexec"), dict(os.environ)) == ""
     assert unbound(_version("false", dict(os.environ))) == []
+
+
+def test_a_quick_calibration_copies_as_much_device_memory_as_a_full_one(tmp_path, monkeypatch):
+    """The device copy is microseconds long at the disk's quick size: too short against the clock."""
+    monkeypatch.delenv(QUICK_VARIABLE, raising=False)
+    quick, full = (settings(tmp_path, q, "cupy") for q in (True, False))
+    assert quick["copy_size"] == full["copy_size"] == FULL.copy_size >= 256 << 20
+    assert quick["size"] < full["size"]
+    assert settings(tmp_path, True, "cupy", size=1 << 30)["copy_size"] == 1 << 30
