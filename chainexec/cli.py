@@ -138,7 +138,9 @@ def main(argv=None) -> int:
     try:
         return _main(args)
     except BrokenPipeError:  # the reader of our output went away (`| head`): nothing left to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
         return 0
     except KeyboardInterrupt:
         if args.command != "run" or _rank() == 0:

@@ -53,13 +53,18 @@ LARGEST = 16 << 20
 """Bytes of one message at most (a request holds the client's environment)."""
 
 
+ONCE = frozenset({"CHAINEXEC_SIMULATE_HOSTS"})
+"""The package's variables a process reads once (:func:`chainexec.runtime.comm.host_comm` keeps
+its answer on the world communicator)."""
+
+
 def per_run(name: str) -> bool:
     """Whether the variable ``name`` is read when a run needs it, so that a server applies the
     client's value to the run it hands over: the package's own (``CHAINEXEC_*``, read at each
-    use, never at import) and the shell's bookkeeping (:data:`SHELL`). Every other variable may be
-    read once when a library starts (CUDA's, Open MPI's, OpenMP's thread count, Python's paths):
-    a client whose value differs from the server's start runs itself."""
-    return name in SHELL or name.startswith("CHAINEXEC_")
+    use, but :data:`ONCE`) and the shell's bookkeeping (:data:`SHELL`). Every other variable may
+    be read once when a library starts (CUDA's, Open MPI's, OpenMP's thread count, Python's
+    paths): a client whose value differs from the server's start runs itself."""
+    return name in SHELL or (name.startswith("CHAINEXEC_") and name not in ONCE)
 
 
 def differences(served: dict[str, str], env: dict[str, str]) -> list[str]:
@@ -114,6 +119,19 @@ def code() -> str:
     return digest.hexdigest()
 
 
+def identity() -> dict:
+    """What a process inherits besides its environment and shapes how a run reads, writes and
+    runs, which a server must share with its client: the group ids (files' group owner, folders
+    a run may enter), the CPUs it may run on (a calibration is kept per count of them), its
+    priority and its resource limits."""
+    import resource
+
+    limits = {name: list(resource.getrlimit(getattr(resource, name)))
+              for name in sorted(dir(resource)) if name.startswith("RLIMIT_")}
+    return {"gid": os.getgid(), "egid": os.getegid(), "groups": sorted(os.getgroups()),
+            "cpus": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0), "limits": limits}
+
+
 def process_start() -> float | None:
     """When this process started, in seconds of the boot-time clock (``CLOCK_BOOTTIME``), as
     Linux counts it: field 22 of ``/proc/self/stat`` (clock ticks since boot), to a clock tick.
@@ -135,31 +153,46 @@ def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
 
 
 def receive(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
-    """The next message of :func:`send` and the descriptors attached to it (at most ``fds``);
-    (None, []) where the peer closed the connection before a whole message. A message that is
-    not a JSON object within :data:`LARGEST` bytes raises ``ValueError``."""
-    data, received, _, _ = socket.recv_fds(sock, 1 << 16, fds) if fds else (sock.recv(1 << 16), [], 0, None)
-    if len(data) < HEADER.size:
-        for fd in received:
-            os.close(fd)
+    """The next message of :func:`send` and the descriptors attached to it (at most ``fds``),
+    read to its last byte and no further (the next message stays for the next call); (None, [])
+    where the peer closed the connection before a whole message. A message that is not a JSON
+    object within :data:`LARGEST` bytes raises ``ValueError``; the descriptors received are
+    closed whenever no message is returned."""
+    received: list[int] = []
+    try:
+        head = b""
+        while len(head) < HEADER.size:
+            if fds and not received:
+                data, received, _, _ = socket.recv_fds(sock, HEADER.size - len(head), fds)
+            else:
+                data = sock.recv(HEADER.size - len(head))
+            if not data:
+                raise EOFError
+            head += data
+        (size,) = HEADER.unpack(head)
+        if size > LARGEST:
+            raise ValueError(f"a message of {size} bytes")
+        body = bytearray()
+        while len(body) < size:
+            more = sock.recv(min(1 << 20, size - len(body)))
+            if not more:
+                raise EOFError
+            body += more
+        message = json.loads(bytes(body))
+        if not isinstance(message, dict):
+            raise ValueError("a message that is not a JSON object")
+        return message, received
+    except EOFError:
+        _close(received)
         return None, []
-    (size,) = HEADER.unpack_from(data)
-    if size > LARGEST:
-        for fd in received:
-            os.close(fd)
-        raise ValueError(f"a message of {size} bytes")
-    body = bytearray(data[HEADER.size:])
-    while len(body) < size:
-        more = sock.recv(min(1 << 20, size - len(body)))
-        if not more:
-            for fd in received:
-                os.close(fd)
-            return None, []
-        body += more
-    message = json.loads(bytes(body[:size]))
-    if not isinstance(message, dict):
-        raise ValueError("a message that is not a JSON object")
-    return message, received
+    except BaseException:  # ValueError (JSON's too), OSError, a timeout
+        _close(received)
+        raise
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def connect(path: Path | None = None) -> socket.socket | None:
@@ -177,11 +210,20 @@ def connect(path: Path | None = None) -> socket.socket | None:
     return sock
 
 
+ANSWER = 30.0
+"""Seconds a client waits for a server's first answer (accepted or refused) before it runs the
+command itself."""
+
+STOPPING = 60.0
+"""Seconds a client interrupted during a served run waits for the server to stop the run."""
+
+
 def forward(argv: list[str]) -> int | None:
     """Hand the command ``argv`` (without the program's name) to a server and return the run's
     exit status; None where it runs here instead: not a :data:`SERVED` command, under a
-    launcher, a standard stream closed, no server answering, or a server that refuses it (busy
-    with another run, other code, another environment: :func:`differences`)."""
+    launcher, a standard stream closed, no server answering within :data:`ANSWER` seconds, or a
+    server that refuses it (busy with another run, other code, another environment or
+    :func:`identity`)."""
     if not argv or argv[0] not in SERVED or any(v in os.environ for v in LAUNCHER):
         return None
     try:
@@ -189,23 +231,28 @@ def forward(argv: list[str]) -> int | None:
             os.fstat(fd)
     except OSError:
         return None
-    sock = connect()
+    path = socket_path()
+    if path is None or not os.path.exists(path):
+        return None
+    request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
+               "code": code(), "identity": identity(), "started": process_start(), "pid": os.getpid()}
+    sock = connect(path)
     if sock is None:
         return None
     with sock:
-        request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
-                   "code": code(), "started": process_start(), "pid": os.getpid()}
         try:
+            sock.settimeout(ANSWER)
             send(sock, request, [0, 1, 2])
             answer, _ = receive(sock)
+            sock.settimeout(None)
         except (OSError, ValueError):
             return None
         if not answer or not answer.get("accepted"):
             return None
         try:
             done, _ = receive(sock)
-        except KeyboardInterrupt:  # the server sees us go and stops the run (it prints the line)
-            return 130
+        except KeyboardInterrupt:
+            return _interrupted(sock)
         except (OSError, ValueError):
             done = None
     if done is None or not isinstance(done.get("status"), int):
@@ -213,6 +260,20 @@ def forward(argv: list[str]) -> int | None:
               "completed (its own output says why)", file=sys.stderr)
         return 1
     return done["status"]
+
+
+def _interrupted(sock: socket.socket) -> int:
+    """Status 130 once the server has stopped the run (it sees this end close for writing and
+    interrupts it, then ends; at most :data:`STOPPING` seconds), so that the next command does
+    not begin beside the run."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(STOPPING)
+        while sock.recv(1 << 12):
+            pass
+    except (OSError, KeyboardInterrupt):
+        pass
+    return 130
 
 
 def _umask() -> int:

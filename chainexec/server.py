@@ -29,11 +29,13 @@ are emptied after each run; the CUDA context and the loaded kernels stay.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -52,18 +54,48 @@ IDLE = 900.0
 def serve(idle: float = IDLE, path: Path | None = None) -> None:
     """Serve runs at ``path`` (default :func:`chainexec.client.socket_path`, its folder made
     where missing) until ``idle`` seconds pass without a request, a stop request arrives or
-    SIGTERM or SIGINT; returns then, the socket removed. Raises ChainexecError where the folder
-    is not this user's alone or a server already answers there."""
+    SIGTERM or SIGINT; returns then, the socket removed. Raises ChainexecError where ``idle`` is
+    not a positive number of seconds, the folder is not this user's alone, something other than a
+    socket is at ``path``, or a server already serves there (it holds ``<path>.lock`` for its
+    life: two servers started at once cannot both bind)."""
+    if not 0 < idle < 1e9:
+        raise ChainexecError(f"--idle must be a positive number of seconds, not {idle:g}")
     path = path or _folder()
-    probe = client.connect(path)
-    if probe is not None:
-        probe.close()
-        raise ChainexecError("a server already answers there (chainexec serve --stop ends it)", path)
+    held = _hold(path.with_name(path.name + ".lock"))
+    try:
+        _serve(idle, path)
+    finally:
+        os.close(held)
+
+
+def _hold(lock: Path) -> int:
+    """A descriptor of ``lock`` (made where missing) locked for this process (``flock``); a
+    ChainexecError where another process holds it."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise ChainexecError(f"cannot open the server's lock ({err.strerror or err})", lock) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ChainexecError("a server already serves there (chainexec serve --stop ends it)", lock) from None
+    return fd
+
+
+def _serve(idle: float, path: Path) -> None:
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None and not stat.S_ISSOCK(found.st_mode):
+        raise ChainexecError("something other than a socket is there", path)
     started = dict(os.environ)
     _warm()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        path.unlink(missing_ok=True)  # a server that ended without removing it (nothing answered above)
+        if found is not None:
+            path.unlink()  # a server that ended without removing it (none holds the lock)
         listener.bind(str(path))
         os.chmod(path, 0o600)
         bound = os.stat(path).st_ino
@@ -71,7 +103,7 @@ def serve(idle: float = IDLE, path: Path | None = None) -> None:
     except OSError as err:
         listener.close()
         raise ChainexecError(f"cannot listen on the socket ({err.strerror or err})", path) from None
-    state = _State(started, client.code())
+    state = _State(started, client.code(), client.identity())
     acceptor = threading.Thread(target=_accept, args=(listener, state), name="chainexec-serve-accept", daemon=True)
     acceptor.start()
     # both interrupt (a shell starts a background job with SIGINT ignored; _watch sends it)
@@ -94,10 +126,13 @@ def serve(idle: float = IDLE, path: Path | None = None) -> None:
         for number, handler in zip((signal.SIGINT, signal.SIGTERM), previous):
             signal.signal(number, handler)
         listener.close()
-        state.log.close()
         try:
-            if os.stat(path).st_ino == bound:  # not a later server's
+            if os.stat(path).st_ino == bound:
                 path.unlink()
+        except OSError:
+            pass
+        try:
+            state.log.close()
         except OSError:
             pass
     print("chainexec: the server ended", file=sys.stderr, flush=True)
@@ -117,15 +152,16 @@ def stop(path: Path | None = None) -> int | None:
 
 class _State:
     """What the accepting thread and the main thread share: the requests accepted (or None:
-    end), whether a run is in progress, the start environment and code, and the server's own
-    standard error."""
+    end), whether a run is in progress, the start environment, code and identity
+    (:func:`chainexec.client.identity`), and the server's own standard error."""
 
-    def __init__(self, env: dict[str, str], code: str):
+    def __init__(self, env: dict[str, str], code: str, identity: dict):
         self.queue: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.busy = False
         self.env = env
         self.code = code
+        self.identity = identity
         self.log = os.fdopen(os.dup(2), "w", buffering=1)
 
 
@@ -160,43 +196,63 @@ def _warm() -> None:
         pass
 
 
+RECEIVE = 5.0
+"""Seconds the server waits for a connection's request."""
+
+
 def _accept(listener: socket.socket, state: _State) -> None:
     """Accept connections until the listener closes: a stop request ends the main loop once
     the run in progress has ended; a run request goes to the main thread where none is in
-    progress, else is refused at once (the client runs it itself)."""
+    progress, else is refused at once (the client runs it itself). A connection that sends no
+    whole request within :data:`RECEIVE` seconds, or anything unexpected, is closed and logged,
+    and the next one is accepted."""
     while True:
         try:
             conn, _ = listener.accept()
         except OSError:
             return
         try:
-            if _peer_uid(conn) != os.getuid():
-                conn.close()
-                continue
-            request, fds = client.receive(conn, fds=3)
-        except (OSError, ValueError):
+            _take(conn, state)
+        except Exception as err:
+            _log(state, f"dropped a connection: {type(err).__name__}: {err}")
             conn.close()
-            continue
-        if request is None:
-            conn.close()
-            continue
-        if request.get("stop"):
-            _answer(conn, {"pid": os.getpid()})
-            conn.close()
-            state.queue.put(None)
-            continue
-        with state.lock:
-            taken = not state.busy and len(fds) == 3
-            state.busy = state.busy or taken
-        if not taken:
-            reason = "busy with another run" if len(fds) == 3 else "no standard streams"
-            _answer(conn, {"refused": reason})
-            _log(state, f"refused {' '.join(map(str, request.get('argv', [])[:2]))} for pid {request.get('pid')}: {reason}")
-            for fd in fds:
-                os.close(fd)
-            conn.close()
-            continue
-        state.queue.put((conn, request, fds))
+
+
+def _take(conn: socket.socket, state: _State) -> None:
+    if _peer_uid(conn) != os.getuid():
+        conn.close()
+        return
+    conn.settimeout(RECEIVE)
+    request, fds = client.receive(conn, fds=3)
+    conn.settimeout(None)
+    if request is None:
+        conn.close()
+        return
+    if request.get("stop"):
+        _answer(conn, {"pid": os.getpid()})
+        conn.close()
+        _log(state, "asked to stop")
+        state.queue.put(None)
+        return
+    with state.lock:
+        taken = not state.busy and len(fds) == 3
+        state.busy = state.busy or taken
+    if not taken:
+        reason = "busy with another run" if len(fds) == 3 else "no standard streams"
+        _answer(conn, {"refused": reason})
+        _log(state, f"refused {_label(request)}: {reason}")
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    state.queue.put((conn, request, fds))
+
+
+def _label(request: dict) -> str:
+    """The command and client of a request, for the log, whatever the request holds."""
+    argv = request.get("argv")
+    words = " ".join(map(str, argv[:2])) if isinstance(argv, list) else "?"
+    return f"{words[:200]} for pid {str(request.get('pid'))[:20]}"
 
 
 def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int]) -> bool:
@@ -204,7 +260,7 @@ def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int])
     False where the server must end (a run that did not end normally)."""
     go_on = True
     begun = time.perf_counter()
-    what = f"{' '.join(map(str, request.get('argv', [])[:2]))} for pid {request.get('pid')}"
+    what = _label(request)
     try:
         reason = _refusal(state, request)
         if reason:
@@ -249,6 +305,14 @@ def _refusal(state: _State, request: dict) -> str | None:
     differ = client.differences(state.env, env)
     if differ:
         return f"the environment differs from the server's start in {', '.join(differ[:8])}"
+    theirs = request.get("identity")
+    if not isinstance(theirs, dict):
+        return "no identity"
+    other = sorted(k for k in state.identity.keys() | theirs.keys() if state.identity.get(k) != theirs.get(k))
+    if other:
+        return f"the process differs from the server in {', '.join(other)} (groups, CPUs, priority, limits)"
+    if not os.path.isdir(request["cwd"]) or not os.access(request["cwd"], os.X_OK):
+        return "the server cannot enter the client's folder"
     return None
 
 
@@ -262,7 +326,7 @@ def _client(request: dict, fds: list[int]):
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = [os.dup(fd) for fd in (0, 1, 2)]
-    env = dict(os.environ)
+    env = {n: v for n, v in os.environ.items() if client.per_run(n)}
     here = os.getcwd()
     mask = os.umask(0o077)
     os.umask(mask)
@@ -273,10 +337,7 @@ def _client(request: dict, fds: list[int]):
             stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)
         os.chdir(request["cwd"])
         os.umask(request["umask"])
-        given = request["env"]
-        for name in [n for n in os.environ if client.per_run(n) and n not in given]:
-            del os.environ[name]
-        os.environ.update({n: v for n, v in given.items() if client.per_run(n)})
+        _set_per_run({n: v for n, v in request["env"].items() if client.per_run(n)})
         if isinstance(request.get("started"), (int, float)):
             accounting.STARTED.append(float(request["started"]))
         yield
@@ -294,8 +355,17 @@ def _client(request: dict, fds: list[int]):
             stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)
         os.umask(mask)
         os.chdir(here)
-        os.environ.clear()
-        os.environ.update(env)
+        _set_per_run(env)
+
+
+def _set_per_run(values: dict[str, str]) -> None:
+    """Make the :func:`chainexec.client.per_run` variables of this process ``values``, changing
+    only those that differ (the environment is shared with threads that may read it)."""
+    for name in [n for n in os.environ if client.per_run(n) and n not in values]:
+        del os.environ[name]
+    for name, value in values.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _run(argv: list[str]) -> tuple[int, bool]:
@@ -303,6 +373,7 @@ def _run(argv: list[str]) -> tuple[int, bool]:
     may go on: not after an error the command let through (a defect), whose traceback the client
     gets as it would from its own process."""
     from chainexec import cli, safepaths
+    from chainexec.runtime import checkpoint
 
     go_on = True
     try:
@@ -323,6 +394,7 @@ def _run(argv: list[str]) -> tuple[int, bool]:
         except (OSError, ValueError):  # a reader that went away
             pass
     safepaths.wait_removals()
+    checkpoint.release()
     _release()
     return status, go_on
 
@@ -351,7 +423,10 @@ def _watch(conn: socket.socket, done: int) -> None:
 
 def _log(state: _State, line: str) -> None:
     """One line on the server's own standard error (descriptor 2 is a client's during a run)."""
-    print(f"chainexec serve: {line}", file=state.log, flush=True)
+    try:
+        print(f"chainexec serve: {line}", file=state.log, flush=True)
+    except (OSError, ValueError):  # the server's own standard error went away
+        pass
 
 
 def _answer(conn: socket.socket, message: dict) -> None:

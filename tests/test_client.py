@@ -4,6 +4,7 @@ its own process."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -20,7 +21,7 @@ from chainexec import client
 @pytest.mark.parametrize("name, per_run", [
     ("CHAINEXEC_MACHINE", True), ("CHAINEXEC_CACHE", True), ("PWD", True), ("OLDPWD", True), ("_", True),
     ("OMP_NUM_THREADS", False), ("CUDA_VISIBLE_DEVICES", False), ("PYTHONPATH", False), ("HOME", False),
-    ("OMPI_MCA_btl", False), ("chainexec_machine", False),
+    ("OMPI_MCA_btl", False), ("chainexec_machine", False), ("CHAINEXEC_SIMULATE_HOSTS", False),
 ])
 def test_per_run_variables_are_the_packages_and_the_shells(name, per_run):
     assert client.per_run(name) is per_run
@@ -86,6 +87,38 @@ def test_messages_carry_json_and_descriptors():
         os.close(r)
         client.send(left, {"status": 3})
         assert client.receive(right) == ({"status": 3}, [])
+
+
+def test_two_messages_in_one_read_are_both_received():
+    """A fast command's two answers (accepted, then its status) often arrive together."""
+    left, right = socket.socketpair()
+    with left, right:
+        data = b""
+        for message in ({"accepted": True}, {"status": 2}):
+            body = json.dumps(message).encode()
+            data += struct.pack("!I", len(body)) + body
+        left.sendall(data)
+        assert client.receive(right) == ({"accepted": True}, [])
+        assert client.receive(right) == ({"status": 2}, [])
+
+
+def test_descriptors_of_a_malformed_message_are_closed():
+    left, right = socket.socketpair()
+    with left, right:
+        r, w = os.pipe()
+        socket.send_fds(left, [struct.pack("!I", 2) + b"[]"], [w])
+        os.close(w)
+        with pytest.raises(ValueError):
+            client.receive(right, fds=3)
+        assert os.read(r, 1) == b""  # no copy of the write end is left open
+        os.close(r)
+
+
+def test_the_identity_is_what_the_process_inherits():
+    ident = client.identity()
+    assert ident["gid"] == os.getgid() and ident["groups"] == sorted(os.getgroups())
+    assert ident["cpus"] == sorted(os.sched_getaffinity(0))
+    assert "RLIMIT_NOFILE" in ident["limits"] and json.loads(json.dumps(ident)) == ident
 
 
 def test_a_message_cut_short_or_malformed_is_not_taken():
@@ -157,7 +190,7 @@ def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch):
     assert seen["fds"] == 3
     assert request["argv"] == ["run", "x.yaml", "--quiet"] and request["cwd"] == os.getcwd()
     assert request["env"] == dict(os.environ) and request["pid"] == os.getpid()
-    assert request["code"] == client.code()
+    assert request["code"] == client.code() and request["identity"] == client.identity()
 
 
 def test_the_code_changes_with_any_file_of_the_package(tmp_path, monkeypatch):

@@ -5,9 +5,13 @@ NumPy backend: every path here is the same on a GPU host."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -18,6 +22,7 @@ import h5py
 import numpy as np
 import pytest
 
+from chainexec.planner.machine import Machine
 from tests.conftest import assert_refused
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,10 +52,20 @@ class Server:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "chainexec.cli", "serve", "--idle", str(idle)],
                                          env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
-        deadline = time.monotonic() + 120
-        while "serving runs at" not in self.text():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.text()
-            time.sleep(0.05)
+        try:
+            self.wait_for(lambda text: "serving runs at" in text, 120)
+        except BaseException:
+            self.proc.kill()
+            raise
+
+    def wait_for(self, seen, seconds: float = 30) -> str:
+        """The log once ``seen(log text)`` holds (the server writes a request's line after it
+        answers the client); fails after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while not seen(text := self.text()):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.02)
+        return text
 
     def text(self) -> str:
         return self.log.read_text()
@@ -61,13 +76,15 @@ class Server:
                               env=env or self.env, capture_output=True, text=True, timeout=300, **kw)
 
     def close(self):
-        if self.proc.poll() is None:
-            subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=self.env, timeout=60)
-            try:
+        try:
+            if self.proc.poll() is None:
+                subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=self.env, timeout=60)
                 self.proc.wait(60)
-            except subprocess.TimeoutExpired:
+        finally:
+            if self.proc.poll() is None:
                 self.proc.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
+                self.proc.wait()
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -77,7 +94,10 @@ def server():
     srv.close()
 
 
-def served(srv: Server) -> int:
+def served(srv: Server, count: int | None = None) -> int:
+    """Runs the server has served, once ``count`` of them are logged where given."""
+    if count is not None:
+        srv.wait_for(lambda text: text.count("chainexec serve: served run") >= count)
     return srv.text().count("chainexec serve: served run")
 
 
@@ -92,7 +112,7 @@ def test_a_served_run_writes_what_its_own_process_writes(server, tmp_path, ao, m
     for k in range(2):  # the second is served warm
         proc = server.command("run", config, "--quiet", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-        assert served(server) == k + 1, server.text()
+        assert served(server, k + 1) == k + 1, server.text()
         with h5py.File(tmp_path / "fourindex-files" / "output.h5") as f:
             assert np.array_equal(f["B"][...], alone)
         assert proc.stdout.splitlines()[:6] == here.stdout.splitlines()[:6]  # the byte counts
@@ -108,30 +128,72 @@ def test_bad_input_through_a_server_is_one_line_and_status_2(server, tmp_path):
     assert_refused(server.command("run", "x.yaml", "--bogus", cwd=tmp_path), "--bogus")
     help_text = server.command("run", "-h", cwd=tmp_path)
     assert help_text.returncode == 0 and "--checkpoint" in help_text.stdout
-    assert server.text().count("chainexec serve: served") == 4 and server.proc.poll() is None
+    server.wait_for(lambda text: text.count("chainexec serve: served") == 4)
+    assert server.proc.poll() is None
     config = fourindex(tmp_path)
     assert server.command("generate", config, cwd=tmp_path).returncode == 0
     assert server.command("run", config, "--quiet", cwd=tmp_path).returncode == 0  # still serving
 
 
 def test_the_run_takes_the_clients_folder_and_per_run_variables(server, tmp_path):
-    """``CHAINEXEC_*`` variables apply to the served run alone; its relative paths are the client's
-    folder's."""
+    """``CHAINEXEC_*`` variables apply to the served run alone (set, changed or removed); its
+    relative paths are the client's folder's."""
     config = fourindex(tmp_path)
     machine = tmp_path / "rates.json"
-    machine.write_text((ROOT / "configs" / "machines" / "h100.json").read_text()
-                       if (ROOT / "configs" / "machines" / "h100.json").exists()
-                       else next((ROOT / "configs" / "machines").glob("*.json")).read_text())
-    plan = server.command("plan", config.name, cwd=tmp_path, env=dict(server.env, CHAINEXEC_MACHINE=str(machine)))
+    machine.write_text(json.dumps(dataclasses.asdict(Machine(flop_rate=3e10, source="the client's file"))))
+    with_file = dict(server.env, CHAINEXEC_MACHINE=str(machine))
+    plan = server.command("plan", config.name, cwd=tmp_path, env=with_file)
     assert plan.returncode == 0, plan.stderr
     assert str(machine) in plan.stdout
     again = server.command("plan", config.name, cwd=tmp_path)
     assert again.returncode == 0 and str(machine) not in again.stdout
-    assert served_plans(server) == 2
+    assert "$CHAINEXEC_MACHINE=defaults" in again.stdout  # the server's own value, restored
+    without = {k: v for k, v in server.env.items() if k != "CHAINEXEC_MACHINE"}
+    third = server.command("plan", config.name, cwd=tmp_path, env=without)
+    assert third.returncode == 0, third.stderr
+    assert "$CHAINEXEC_MACHINE" not in third.stdout and "calibration" in third.stdout
+    server.wait_for(lambda text: text.count("chainexec serve: served plan") == 3)
 
 
-def served_plans(srv: Server) -> int:
-    return srv.text().count("chainexec serve: served plan")
+def test_a_served_runs_checkpoint_folder_is_free_once_it_ends(server, tmp_path):
+    """A checkpoint folder's lock lasts for a run's process: a server lets it go after the run, so
+    that the run resumes in a process of its own."""
+    config = fourindex(tmp_path, ao=30, mo=27)
+    assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    stopped = server.command("run", config, "--quiet", "--checkpoint", "ck", "--stop-after", "0", cwd=tmp_path)
+    assert stopped.returncode == 3, stopped.stderr
+    served(server, 1)
+    resumed = subprocess.run([sys.executable, "-m", "chainexec.cli", "run", config, "--quiet", "--checkpoint", "ck"],
+                             cwd=tmp_path, env=server.env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_connection_that_sends_nothing_or_garbage_stops_no_one(server, tmp_path):
+    path = server.folder / "chainexec" / "serve.sock"
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(path))
+    garbage = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    garbage.connect(str(path))
+    garbage.sendall(struct.pack("!I", 9) + b'{"argv": ')
+    garbage.close()
+    r, w = os.pipe()
+    odd = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    odd.connect(str(path))
+    socket.send_fds(odd, [struct.pack("!I", 12) + b'{"argv": 5}'], [r, w, w])
+    os.close(r)
+    os.close(w)
+    odd.close()
+    config = fourindex(tmp_path)
+    assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    proc = server.command("run", config, "--quiet", cwd=tmp_path)  # served once the silent one times out
+    assert proc.returncode == 0, proc.stderr
+    assert served(server, 1) == 1 and "dropped a connection" in server.text()
+    silent.close()
+    fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+    for _ in range(3):
+        assert server.command("run", "missing.yaml", cwd=tmp_path).returncode == 2
+    server.wait_for(lambda text: text.count("chainexec serve: served run") == 4)
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) == fds  # nothing kept per request
 
 
 def test_a_client_in_another_environment_runs_itself(server, tmp_path):
@@ -140,8 +202,8 @@ def test_a_client_in_another_environment_runs_itself(server, tmp_path):
     assert server.command("generate", config, cwd=tmp_path).returncode == 0
     proc = server.command("run", config, "--quiet", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "refused run" in server.text() and "OMP_NUM_THREADS" in server.text()
-    assert served(server) == 0
+    text = server.wait_for(lambda text: "refused run" in text)
+    assert "OMP_NUM_THREADS" in text and served(server) == 0
     assert h5py.File(tmp_path / "fourindex-files" / "output.h5")["B"].shape == (21,) * 4
 
 
@@ -154,12 +216,13 @@ def test_other_code_runs_itself(tmp_path):
         config = fourindex(tmp_path)
         assert srv.command("generate", config, cwd=tmp_path).returncode == 0
         assert srv.command("run", config, "--quiet", cwd=tmp_path).returncode == 0
-        assert served(srv) == 1
+        assert served(srv, 1) == 1
         edited = copy / "chainexec" / "report.py"
         edited.write_text(edited.read_text() + "\n")
         proc = srv.command("run", config, "--quiet", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-        assert served(srv) == 1 and "the package or Python differs" in srv.text()
+        assert "the package or Python differs" in srv.wait_for(lambda text: "refused" in text)
+        assert served(srv) == 1
     finally:
         srv.close()
 
@@ -187,10 +250,10 @@ def test_a_second_client_runs_itself_while_one_is_served_and_a_client_that_goes_
     began(server, first)
     second = server.command("run", quick, "--quiet", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
-    assert "refused run" in server.text() and "busy with another run" in server.text()
+    assert "busy with another run" in server.wait_for(lambda text: "refused run" in text)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
-    assert served(server) == 1  # the slow one
+    assert served(server, 1) == 1  # the slow one
     result = tmp_path / "slow-files" / "output.h5"
     result.unlink()
     third = client(server, slow, tmp_path)
@@ -205,7 +268,7 @@ def test_a_second_client_runs_itself_while_one_is_served_and_a_client_that_goes_
 def test_one_server_per_socket_and_stop_without_one(server, tmp_path):
     again = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=server.env, capture_output=True,
                            text=True, timeout=120)
-    assert_refused(again, "already answers")
+    assert_refused(again, "already serves")
     server.close()
     stop = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=server.env,
                           capture_output=True, text=True, timeout=60)
@@ -230,5 +293,23 @@ def test_a_socket_folder_others_may_write_in_is_refused(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=env, capture_output=True,
                               text=True, timeout=120)
         assert_refused(proc, "no one else may write", str(folder))
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_file_that_is_not_a_socket_is_left_alone(tmp_path):
+    folder = Path(tempfile.mkdtemp(prefix="cx"))
+    try:
+        folder.chmod(0o700)
+        notes = folder / "notes.txt"
+        notes.write_text("precious")
+        env = dict(os.environ, CHAINEXEC_SERVE_SOCKET=str(notes))
+        proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--idle", "1"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert_refused(proc, "other than a socket", str(notes))
+        assert notes.read_text() == "precious"
+        proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--idle", "nan"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert_refused(proc, "--idle")
     finally:
         shutil.rmtree(folder)

@@ -224,6 +224,14 @@ def _lock(folder: Path) -> None:
     _held[folder] = fd
 
 
+def release() -> None:
+    """Unlock every checkpoint folder this process holds: a process that outlives its run
+    (:mod:`chainexec.server`) calls it after each, as a run's own process lets its locks go when it
+    exits."""
+    while _held:
+        os.close(_held.popitem()[1])
+
+
 class Checkpoint:
     """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints (of
     a resumable loop or at a nest's end), and a stop after the first checkpoint past
