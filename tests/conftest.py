@@ -4,6 +4,7 @@ configs into a temporary folder."""
 from __future__ import annotations
 
 import json
+import functools
 import os
 import shutil
 import subprocess
@@ -44,14 +45,28 @@ def mpiexec() -> str | None:
     return str(local) if local.exists() else shutil.which("mpiexec")
 
 
+@functools.cache
+def _unbound(launcher: str) -> tuple[str, ...]:
+    from chainexec.calibrate import _version, unbound
+
+    return tuple(unbound(_version(launcher, dict(os.environ))))
+
+
+def launch(ranks: int) -> list[str]:
+    """``mpiexec -n ranks`` as the project's scripts launch a run (Open MPI's ``--bind-to none``,
+    without which it binds a rank of two or fewer to one core and the run says so on stderr);
+    skips the test where there is no mpiexec."""
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    return [launcher, *_unbound(launcher), "-n", str(ranks)]
+
+
 def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
     """``chainexec ARGS`` as a user runs it; ``ranks`` launches it under ``mpiexec -n ranks``."""
     cmd = [sys.executable, "-m", "chainexec.cli", *map(str, args)]
     if ranks is not None:
-        launcher = mpiexec()
-        if launcher is None:
-            pytest.skip("no mpiexec")
-        cmd = [launcher, "-n", str(ranks), *cmd]
+        cmd = [*launch(ranks), *cmd]
     # Open MPI (the GPU machines' system MPI) refuses to start as root without these; MPICH ignores them.
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)

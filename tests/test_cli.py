@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import assert_refused, fourindex_config, mpiexec, run_cli, write_config
+from tests.conftest import assert_refused, fourindex_config, launch, run_cli, write_config
 
 
 def _no_complete_output(folder):
@@ -247,15 +247,13 @@ def test_interrupt_prints_one_line(ranks, tmp_path):
     import sys
     import time
 
-    from tests.conftest import mpiexec
-
     cfg = fourindex_config(n=48, nmo=44, global_memory="8MiB", device_memory="1MiB")
     cfg["tensors"]["A"]["source"] = {"random": 1}
     cfg["tensors"]["C"]["source"] = {"random": 2}
     config = write_config(tmp_path, cfg)
     cmd = [sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet"]
     if ranks:
-        cmd = [mpiexec(), "-n", str(ranks), *cmd]
+        cmd = [*launch(ranks), *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     parts = tmp_path / "out" / "result.h5.parts"
     deadline = time.monotonic() + 60
@@ -521,9 +519,7 @@ def test_the_program_ends_with_its_status_and_all_its_output(ranks, tmp_path):
     code = f"import sys; {start}from chainexec import cli; print('x' * 100000, end=''); cli.end(3)"
     command = [sys.executable, "-c", code]
     if ranks > 1:
-        if mpiexec() is None:
-            pytest.skip("no mpiexec")
-        command = [mpiexec(), "-n", str(ranks), *command]
+        command = [*launch(ranks), *command]
     for _ in range(5 if ranks > 1 else 1):
         done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 3 and done.stdout == "x" * 100000 * max(ranks, 1), done.stderr

@@ -23,7 +23,7 @@ from chainexec import safepaths
 from chainexec.runtime import checkpoint
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.planner.plan import CATEGORIES, Loop
-from tests.conftest import fourindex_config, mpiexec, read_report, run_cli, triples_config, write_config
+from tests.conftest import fourindex_config, launch, read_report, run_cli, triples_config, write_config
 from tests.runtime.test_reductions import CHAINS, _config, _reference
 
 MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
@@ -166,12 +166,9 @@ def test_resumed_at_the_last_edge_tile(tmp_path):
 def test_killed_run_resumes(tmp_path):
     """SIGKILL to the whole job (as a node failure or scancel --signal=KILL) while it checkpoints
     after every tile; the next run resumes from the last committed checkpoint."""
-    launcher = mpiexec()
-    if launcher is None:
-        pytest.skip("no mpiexec")
     config = _job(tmp_path, nocc=10)  # 220 tiles
     folder = tmp_path / "ck"
-    cmd = [launcher, "-n", "2", sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
+    cmd = [*launch(2), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
            "--checkpoint", str(folder), "--checkpoint-every", "0"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -246,9 +243,10 @@ def _progress(folder, flops: int) -> float:
 
 
 def _ranks_of(launcher: int) -> list[int]:
-    """The process ids of the ranks (``python -m chainexec.cli``) that a launcher started: the
-    children of its children (MPICH's hydra proxy, each rank in a session of its own)."""
-    parents = {}
+    """The process ids of the ranks (``python -m chainexec.cli``) that a launcher started, at any
+    depth below it (MPICH's hydra proxy starts each rank in a session of its own; Open MPI's
+    launcher starts them itself)."""
+    parents, ranks = {}, set()
     for entry in Path("/proc").iterdir():
         try:
             stat = (entry / "stat").read_text()
@@ -256,8 +254,20 @@ def _ranks_of(launcher: int) -> list[int]:
         except OSError:
             continue
         if entry.name.isdigit():
-            parents[int(entry.name)] = (int(stat.rpartition(")")[2].split()[1]), args[1:3] == [b"-m", b"chainexec.cli"])
-    return [pid for pid, (parent, rank) in parents.items() if rank and parents.get(parent, (0,))[0] == launcher]
+            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+            if args[1:3] == [b"-m", b"chainexec.cli"]:
+                ranks.add(int(entry.name))
+
+    def below(pid: int) -> bool:
+        for _ in range(16):
+            pid = parents.get(pid, 0)
+            if pid == launcher:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return sorted(pid for pid in ranks if below(pid))
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -269,12 +279,9 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
     done, the launcher ends the others, and the same command finishes from the last checkpoint:
     the output is the uninterrupted run's bit for bit, the resumed run's movement, flops,
     statements and peaks (its own plus the checkpoint's) the prediction."""
-    launcher = mpiexec()
-    if launcher is None:
-        pytest.skip("no mpiexec")
     config, expected, flops = uninterrupted(tmp_path, ranks)
     folder = tmp_path / "ck"
-    cmd = [launcher, "-n", str(ranks), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
+    cmd = [*launch(ranks), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
            "--checkpoint", str(folder), "--checkpoint-every", "0"]
     for _ in range(3):  # on a loaded machine the run may end between two looks: run it again
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
