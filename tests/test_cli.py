@@ -155,7 +155,8 @@ def test_report_keys_identical(tmp_path):
     proc = run_cli("run", config, "--report-json", tmp_path / "r.json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "r.json").read_text())
-    assert set(data["predicted"]) == set(data["measured"])
+    # a GPU run also measures its allocator's high-water mark, which nothing predicts
+    assert set(data["predicted"]) <= set(data["measured"]) <= set(data["predicted"]) | {"memory_high_water"}
     for key in ("bytes", "memory_peak", "seconds"):
         assert set(data["predicted"][key]) == set(data["measured"][key])
 

@@ -366,7 +366,7 @@ def test_striped_blocks_stop_and_resume(tmp_path, monkeypatch, uninterrupted):
     named = set()
     for _ in range(20):
         try:
-            api.run(config, backend="numpy", checkpoint=str(folder), checkpoint_every=0, stop_after=0)
+            api.run(config, checkpoint=str(folder), checkpoint_every=0, stop_after=0)  # the backend of `uninterrupted`
             break
         except checkpoint.Stopped:
             manifest = json.loads((folder / "checkpoint.json").read_text())
