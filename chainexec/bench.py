@@ -30,7 +30,9 @@ as returned are recorded beside (``ttgt_view_ms``, ``cupy_einsum_view_ms``,
 Layout: the index strings of tccg.json are used as given with **row-major** storage, i.e. the
 last letter of each string is the stride-1 index (the original TCCG strings are column-major).
 
-Usage: ``chainexec bench tccg --out results.json [--scales 1 2]`` (or ``main([...])`` from Python).
+Usage: ``chainexec bench tccg --out results.json [--scales 1 2] [--cases FILE]`` (or ``main([...])``
+from Python); ``--cases`` takes any list of contractions in ``benchmarks/tccg.json``'s format
+(:func:`load_cases`), and each case's line and row say its share of the bound (``of_bound``).
 """
 
 from __future__ import annotations
@@ -333,9 +335,64 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     return row
 
 
+def load_cases(path: str | Path) -> list[dict]:
+    """The contractions of a case file in ``benchmarks/tccg.json``'s format: a JSON list of
+    objects with ``id`` (a whole number, each once), ``name`` and ``group`` (strings), ``C``,
+    ``A`` and ``B`` (index strings, one lower-case ASCII letter per index: they name variables of
+    the generated CUDA source) and ``sizes`` (each index's extent, a positive whole number).
+    Every index of ``C`` is in ``A`` or ``B``, and an index not in ``C`` is summed, so in both.
+    Anything else is a ChainexecError naming the file and the case."""
+    try:
+        cases = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ChainexecError(f"cannot read the cases ({err.strerror or err})", str(path)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ChainexecError(f"the cases are not JSON ({err})", str(path)) from None
+    if not isinstance(cases, list) or not cases:
+        raise ChainexecError("the cases must be a non-empty JSON list of contractions", str(path))
+    seen = set()
+    for k, case in enumerate(cases):
+        problem = _case_problem(case, seen)
+        if problem:
+            ident = case.get("id", f"#{k}") if isinstance(case, dict) else f"#{k}"
+            raise ChainexecError(f"case {ident}: {problem}", str(path))
+    return cases
+
+
+def _case_problem(case, seen: set) -> str | None:
+    if not isinstance(case, dict):
+        return "not a JSON object"
+    missing = [key for key in ("id", "name", "group", "C", "A", "B", "sizes") if key not in case]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not isinstance(case["id"], int) or isinstance(case["id"], bool) or case["id"] in seen:
+        return "id must be a whole number given once"
+    seen.add(case["id"])
+    if not all(isinstance(case[key], str) for key in ("name", "group")):
+        return "name and group must be strings"
+    for key in ("C", "A", "B"):
+        text = case[key]
+        if not (isinstance(text, str) and text and all("a" <= ch <= "z" for ch in text) and len(set(text)) == len(text)):
+            return f"{key} must be distinct lower-case letters, one per index"
+    sizes = case["sizes"]
+    names = set(case["A"]) | set(case["B"]) | set(case["C"])
+    if not isinstance(sizes, dict) or set(sizes) != names:
+        return f"sizes must give exactly the indices {''.join(sorted(names))}"
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes.values()):
+        return "each size must be a positive whole number"
+    if not set(case["C"]) <= set(case["A"]) | set(case["B"]):
+        return "an index of C is in neither A nor B"
+    summed = (set(case["A"]) | set(case["B"])) - set(case["C"])
+    if not summed <= set(case["A"]) & set(case["B"]):
+        return "a summed index (not in C) must be in both A and B"
+    return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="chainexec bench tccg", description=__doc__.splitlines()[0])
-    parser.add_argument("--tccg", default=str(REPO / "benchmarks" / "tccg.json"))
+    parser.add_argument("--cases", "--tccg", dest="cases", default=str(REPO / "benchmarks" / "tccg.json"),
+                        help="contractions to check and time, in benchmarks/tccg.json's format (default: the 48 TCCG "
+                             "cases)")
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
@@ -344,15 +401,13 @@ def main(argv=None) -> int:
                         help="seconds of timed repeats per method and case (at least 3 repeats)")
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args(argv)
+    cases = load_cases(args.cases)
     if importlib.util.find_spec("cupy") is None:
         raise ChainexecError("bench tccg needs CuPy and a GPU (cupy is not installed here)")
-    if not Path(args.tccg).is_file():
-        raise ChainexecError("benchmark cases not found (give --tccg PATH)", args.tccg)
 
     from chainexec.kernels.kernelconf import choose_config
     from chainexec.runtime.launch import device_model, get_kernel
 
-    cases = json.load(open(args.tccg))
     if args.ids:
         cases = [c for c in cases if c["id"] in args.ids]
     use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
@@ -402,7 +457,7 @@ def main(argv=None) -> int:
                   f"torch={row.get('torch_einsum_gflops', float('nan')):6.0f} "
                   f"cutensor={row.get('cutensor_gflops', float('nan')):6.0f} GFLOP/s "
                   f"x{row['ratio_vs_best_library']:.2f} (at most x{row['ceiling_vs_best_library']:.2f}: "
-                  f"bound {row['bound_gflops']:6.0f} GFLOP/s)", flush=True)
+                  f"bound {row['bound_gflops']:6.0f} GFLOP/s, {row['of_bound']:.0%} of it)", flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     tol = 1e-12 if args.dtype == "float64" else 1e-5
     bad = [r for r in result["rows"] if "skipped" not in r and (
@@ -412,7 +467,8 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
     for scale, groups in result["summary"].items():
         print(f"scale {scale}: " + "; ".join(f"{g} geomean {v['geomean']:.2f} (at most {v['ceiling_geomean']:.2f}) "
-                                             f"min {v['min']:.2f} ({len(v['below_1'])} below 1 of {v['cases']})"
+                                             f"min {v['min']:.2f} ({len(v['below_1'])} below 1 of {v['cases']}), "
+                                             f"{v['of_bound_geomean']:.0%} of the bound"
                                              for g, v in groups.items()))
     print(f"failures: {result['failures']}")
     return 1 if bad else 0

@@ -6,9 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from chainexec.bench import _contiguous, _in_layout, bound_ms, summary, worst
+from chainexec.bench import _contiguous, _in_layout, bound_ms, load_cases, summary, worst
+from chainexec.errors import ChainexecError
 
-from tests.conftest import TCCG
+from tests.conftest import TCCG, assert_refused, run_cli
 
 CASES = json.loads(TCCG.read_text())
 
@@ -81,3 +82,43 @@ def test_summary_with_bounds_gives_the_ceiling():
              "ceiling_vs_best_library": 1.0, "of_bound": 0.5}]
     s = summary(rows)["1"]["ml"]
     assert s["ceiling_geomean"] == pytest.approx(2.0) and s["of_bound_geomean"] == pytest.approx(0.5)
+
+
+def test_the_shipped_cases_load():
+    assert load_cases(TCCG) == CASES and len(CASES) == 48
+
+
+GOOD = {"id": 1, "name": "x", "group": "odd", "C": "abc", "A": "acd", "B": "db", "sizes": {"a": 7, "b": 11, "c": 13, "d": 3}}
+
+
+@pytest.mark.parametrize("cases, needle", [
+    ([], "non-empty JSON list"),
+    ({"id": 1}, "non-empty JSON list"),
+    ([GOOD, GOOD], "case 1: id must be a whole number given once"),
+    ([dict(GOOD, id="1")], "id must be a whole number"),
+    ([{k: v for k, v in GOOD.items() if k != "B"}], "missing B"),
+    ([dict(GOOD, C="a;c")], "C must be distinct lower-case letters"),
+    ([dict(GOOD, A="acdd")], "A must be distinct lower-case letters"),
+    ([dict(GOOD, B="dB")], "B must be distinct lower-case letters"),
+    ([dict(GOOD, sizes={"a": 7, "b": 11, "c": 13})], "sizes must give exactly the indices abcd"),
+    ([dict(GOOD, sizes={"a": 7, "b": 11, "c": 13, "d": 0})], "positive whole number"),
+    ([dict(GOOD, sizes={"a": 7, "b": 11, "c": 13, "d": 2.5})], "positive whole number"),
+    ([dict(GOOD, C="abce", sizes={"a": 7, "b": 11, "c": 13, "d": 3, "e": 2})], "in neither A nor B"),
+    ([dict(GOOD, A="acde", sizes={"a": 7, "b": 11, "c": 13, "d": 3, "e": 2})], "must be in both A and B"),
+    (["abc"], "case #0: not a JSON object"),
+])
+def test_a_bad_case_file_is_one_error_naming_the_file_and_case(tmp_path, cases, needle):
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    with pytest.raises(ChainexecError) as err:
+        load_cases(path)
+    assert needle in str(err.value) and str(path) in str(err.value)
+
+
+def test_any_list_of_contractions_loads_and_bad_files_fail_before_the_gpu(tmp_path):
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps([GOOD, dict(GOOD, id=2, C="ba", A="adc", B="cdb", sizes={"a": 5, "b": 17, "c": 2, "d": 3})]))
+    assert [c["id"] for c in load_cases(path)] == [1, 2]
+    (tmp_path / "bad.json").write_text("[{")
+    proc = run_cli("bench", "tccg", "--out", tmp_path / "r.json", "--cases", tmp_path / "bad.json")
+    assert_refused(proc, "not JSON", "bad.json")
