@@ -43,8 +43,16 @@ LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_
 """Variables a launcher sets in the processes it starts (as :data:`chainexec.runtime.comm.LAUNCHER`,
 which imports what this module must not)."""
 
-SHELL = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
-"""Variables a shell keeps for itself: they may differ between the server's start and a client."""
+SHELL = frozenset({
+    "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PS1", "PS2", "PROMPT_COMMAND", "HISTFILE", "HISTSIZE",
+    "HISTCONTROL", "MAIL", "TERM", "COLORTERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "VTE_VERSION", "WINDOWID",
+    "TMUX", "TMUX_PANE", "STY", "WINDOW", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "GPG_TTY",
+    "DISPLAY", "XAUTHORITY", "DBUS_SESSION_BUS_ADDRESS", "XDG_SESSION_ID", "XDG_SESSION_TYPE", "XDG_VTNR",
+    "LS_COLORS", "LESS", "LESSOPEN", "LESSCLOSE", "PAGER", "EDITOR", "VISUAL",
+})
+"""Variables of the shell, the terminal and the login session (another terminal, tmux pane or
+ssh login has its own): they may differ between the server's start and a client, and the
+client's apply to its run."""
 
 HEADER = struct.Struct("!I")
 """A message's length in bytes, before its JSON text."""
@@ -61,7 +69,7 @@ its answer on the world communicator)."""
 def per_run(name: str) -> bool:
     """Whether the variable ``name`` is read when a run needs it, so that a server applies the
     client's value to the run it hands over: the package's own (``CHAINEXEC_*``, read at each
-    use, but :data:`ONCE`) and the shell's bookkeeping (:data:`SHELL`). Every other variable may
+    use, but :data:`ONCE`) and the session's (:data:`SHELL`). Every other variable may
     be read once when a library starts (CUDA's, Open MPI's, OpenMP's thread count, Python's
     paths): a client whose value differs from the server's start runs itself."""
     return name in SHELL or (name.startswith("CHAINEXEC_") and name not in ONCE)

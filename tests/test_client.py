@@ -20,6 +20,7 @@ from chainexec import client
 
 @pytest.mark.parametrize("name, per_run", [
     ("CHAINEXEC_MACHINE", True), ("CHAINEXEC_CACHE", True), ("PWD", True), ("OLDPWD", True), ("_", True),
+    ("TERM", True), ("TMUX_PANE", True), ("SSH_TTY", True), ("SSH_CONNECTION", True), ("DISPLAY", True),
     ("OMP_NUM_THREADS", False), ("CUDA_VISIBLE_DEVICES", False), ("PYTHONPATH", False), ("HOME", False),
     ("OMPI_MCA_btl", False), ("chainexec_machine", False), ("CHAINEXEC_SIMULATE_HOSTS", False),
 ])

@@ -198,12 +198,16 @@ def test_a_connection_that_sends_nothing_or_garbage_stops_no_one(server, tmp_pat
 
 def test_a_client_in_another_environment_runs_itself(server, tmp_path):
     config = fourindex(tmp_path)
-    env = dict(server.env, OMP_NUM_THREADS="1")
     assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    other_terminal = dict(server.env, TERM="screen-256color", TMUX_PANE="%3", SSH_TTY="/dev/pts/9")
+    proc = server.command("run", config, "--quiet", cwd=tmp_path, env=other_terminal)
+    assert proc.returncode == 0, proc.stderr
+    assert served(server, 1) == 1  # another terminal of the same session is served
+    env = dict(server.env, OMP_NUM_THREADS="1")
     proc = server.command("run", config, "--quiet", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     text = server.wait_for(lambda text: "refused run" in text)
-    assert "OMP_NUM_THREADS" in text and served(server) == 0
+    assert "OMP_NUM_THREADS" in text and served(server) == 1
     assert h5py.File(tmp_path / "fourindex-files" / "output.h5")["B"].shape == (21,) * 4
 
 
