@@ -205,17 +205,25 @@ def _close(fds: list[int]) -> None:
 
 def connect(path: Path | None = None) -> socket.socket | None:
     """A connection to the server at ``path`` (default :func:`socket_path`), or None where none
-    answers there."""
+    answers there or the process that answers is another user's."""
     path = path or socket_path()
     if path is None:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
+        if peer_uid(sock) == os.getuid():
+            return sock
     except OSError:
-        sock.close()
-        return None
-    return sock
+        pass
+    sock.close()
+    return None
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
 
 
 ANSWER = 30.0

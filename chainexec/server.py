@@ -36,7 +36,6 @@ import select
 import signal
 import socket
 import stat
-import struct
 import sys
 import threading
 import time
@@ -219,7 +218,7 @@ def _accept(listener: socket.socket, state: _State) -> None:
 
 
 def _take(conn: socket.socket, state: _State) -> None:
-    if _peer_uid(conn) != os.getuid():
+    if client.peer_uid(conn) != os.getuid():
         conn.close()
         return
     conn.settimeout(RECEIVE)
@@ -434,8 +433,3 @@ def _answer(conn: socket.socket, message: dict) -> None:
         client.send(conn, message)
     except OSError:  # a client that went away: nothing to tell
         pass
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]

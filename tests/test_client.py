@@ -229,3 +229,9 @@ class _listening:
 
     def __exit__(self, *exc):
         self.sock.close()
+
+
+def test_the_peer_of_a_socket_is_this_user():
+    left, right = socket.socketpair()
+    with left, right:
+        assert client.peer_uid(left) == client.peer_uid(right) == os.getuid()
