@@ -56,8 +56,8 @@ class Profile:
     global-array measurements, ``repetitions`` timed calls of each, the GEMM
     matrix order per backend (``gemm_n``), the extent of each index of the matrix product
     whose tiny tiles measure the seconds per statement (``statement_n``: n³/128 statements), and
-    the bytes of the device copy (``copy_size``: a GPU copies 32 MiB in about 20 µs, as long as
-    the clock's own start and stop; a copy of 256 MiB is long against them)."""
+    the bytes of the device copy (``copy_size``: a GPU copies 32 MiB in about as long as the
+    clock takes to start and stop; a copy of 256 MiB is long against them)."""
 
     size: int
     repetitions: int
@@ -255,6 +255,12 @@ def _version(launcher: str, env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
+def launch_options(launcher: str, env: dict) -> list[str]:
+    """:func:`unbound`'s options for ``launcher`` as it says it is (``--version`` run with
+    ``env``)."""
+    return unbound(_version(launcher, env))
+
+
 def _launch(config: dict, ranks: int) -> list[dict]:
     """Run the worker on ``ranks`` ranks, unbound (:func:`unbound`); return each rank's raw
     timings. A failure reports the lowest failing rank's own message (from the error folder),
@@ -264,7 +270,7 @@ def _launch(config: dict, ranks: int) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="chainexec-calibrate-") as error_dir:
         launcher = _mpiexec()
-        cmd = [launcher, "-n", str(ranks), *unbound(_version(launcher, env)), sys.executable, "-m",
+        cmd = [launcher, "-n", str(ranks), *launch_options(launcher, env), sys.executable, "-m",
                "chainexec.calibrate_worker", json.dumps(config), error_dir]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = proc.stdout.strip().splitlines()

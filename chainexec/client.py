@@ -1,8 +1,8 @@
 """The ``chainexec`` program's first step: hand a ``run`` or ``plan`` to a running ``chainexec serve``.
 
-Why: a fresh process spends about a second before a warm run's work begins (the interpreter,
-NumPy and h5py, MPI's start, CuPy and the CUDA context) and more to end; a (T) run of benzene
-does 0.2 s of work. ``chainexec serve`` (:mod:`chainexec.server`) is a process that has all of
+Why: a fresh process starts the interpreter, NumPy and h5py, MPI, CuPy and the CUDA context
+before a warm run's work begins, and tears them down after it; for a small job that takes
+several times the work itself. ``chainexec serve`` (:mod:`chainexec.server`) is a process that has all of
 that loaded and keeps it between runs; this module, which imports only the standard library,
 is what the ``chainexec`` command runs first. Where a server of the same user answers on this
 host, runs the same code with the same Python, and was started in the same environment (:func:`differences`),
@@ -40,8 +40,8 @@ SOCKET = "CHAINEXEC_SERVE_SOCKET"
 will not do."""
 
 LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_NTASKS", "MPI_LOCALNRANKS")
-"""Variables a launcher sets in the processes it starts (as :data:`chainexec.runtime.comm.LAUNCHER`,
-which imports what this module must not)."""
+"""Variables a launcher sets in the processes it starts; a process without any is an MPI
+singleton (:func:`chainexec.runtime.comm.launched`)."""
 
 SHELL = frozenset({
     "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PS1", "PS2", "PROMPT_COMMAND", "HISTFILE", "HISTSIZE",
@@ -50,7 +50,7 @@ SHELL = frozenset({
     "DISPLAY", "XAUTHORITY", "DBUS_SESSION_BUS_ADDRESS", "XDG_SESSION_ID", "XDG_SESSION_TYPE", "XDG_VTNR",
     "LS_COLORS", "LESS", "LESSOPEN", "LESSCLOSE", "PAGER", "EDITOR", "VISUAL",
 })
-"""Variables of the shell, the terminal and the login session (another terminal, tmux pane or
+"""Variables of the shell, the terminal and the login (another terminal, tmux pane or
 ssh login has its own): they may differ between the server's start and a client, and the
 client's apply to its run."""
 
@@ -69,7 +69,7 @@ its answer on the world communicator)."""
 def per_run(name: str) -> bool:
     """Whether the variable ``name`` is read when a run needs it, so that a server applies the
     client's value to the run it hands over: the package's own (``CHAINEXEC_*``, read at each
-    use, but :data:`ONCE`) and the session's (:data:`SHELL`). Every other variable may
+    use, but :data:`ONCE`) and the login's (:data:`SHELL`). Every other variable may
     be read once when a library starts (CUDA's, Open MPI's, OpenMP's thread count, Python's
     paths): a client whose value differs from the server's start runs itself."""
     return name in SHELL or (name.startswith("CHAINEXEC_") and name not in ONCE)
@@ -240,7 +240,9 @@ def forward(argv: list[str]) -> int | None:
     launcher, a standard stream closed, no server answering within :data:`ANSWER` seconds, or a
     server that refuses it (busy with another run, other code, another environment or
     :func:`identity`)."""
-    if not argv or argv[0] not in SERVED or any(v in os.environ for v in LAUNCHER):
+    from chainexec.runtime.comm import launched
+
+    if not argv or argv[0] not in SERVED or launched():
         return None
     try:
         for fd in (0, 1, 2):

@@ -47,9 +47,9 @@ def mpiexec() -> str | None:
 
 @functools.cache
 def _unbound(launcher: str) -> tuple[str, ...]:
-    from chainexec.calibrate import _version, unbound
+    from chainexec.calibrate import launch_options
 
-    return tuple(unbound(_version(launcher, dict(os.environ))))
+    return tuple(launch_options(launcher, dict(os.environ)))
 
 
 def launch(ranks: int) -> list[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
+from chainexec.client import LAUNCHER
 from chainexec.errors import ChainexecError
 
 
@@ -62,8 +63,6 @@ def world():
 LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK")
 """Where launchers (Open MPI, MPICH's Hydra, srun, PMI) say a rank's position on its node."""
 
-LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_NTASKS", "MPI_LOCALNRANKS")
-"""Variables a launcher sets in the processes it starts; a process without any is an MPI singleton."""
 
 SIMULATE_HOSTS = "CHAINEXEC_SIMULATE_HOSTS"
 """The variable that splits one machine's ranks into simulated hosts (:func:`host_comm`)."""
