@@ -10,15 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-from chainexec import atomicfile, calibrate, safepaths, server
+from chainexec import atomicfile, calibrate, safepaths, server, stopsignals
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ChainexecError, RankFailed
-from chainexec.runtime import fdtable, warmup
+from chainexec.runtime import comm, fdtable, warmup
 
 
 NO_INLINE = "keep every point-wise intermediate in a device buffer of its own (no fused statements)"
@@ -130,11 +131,16 @@ def _write_json(path: str, data: dict) -> None:
         raise ChainexecError(f"cannot write the report ({err.strerror or err})", path) from None
 
 
-def main(argv=None) -> int:
+def main(argv=None, own: bool = False) -> int:
     """The command line; an interrupt (Ctrl-C, SIGINT from the launcher) ends the process at once
     with one line and status 130, leaving what a killed run leaves (no output renamed into place,
-    the last checkpoint)."""
+    the last checkpoint). In a process of its own (``own``: not a server's run of a client's
+    command), every command but ``serve`` (which handles its signals itself) has SIGINT and SIGTERM
+    watched by a thread (:mod:`chainexec.stopsignals`): they end it even while its main thread
+    waits inside MPI or on the device."""
     args = _parser().parse_args(argv)
+    if own and args.command != "serve":
+        stopsignals.watch(speaks=args.command != "run" or not comm.env_rank())
     try:
         return _main(args)
     except BrokenPipeError:  # the reader of our output went away (`| head`): nothing left to say
@@ -144,8 +150,7 @@ def main(argv=None) -> int:
         return 0
     except KeyboardInterrupt:
         if args.command != "run" or _rank() == 0:
-            print("chainexec: interrupted; no output was completed (a run with --checkpoint resumes "
-                  "from its last checkpoint)", file=sys.stderr, flush=True)
+            print(stopsignals.line(signal.SIGINT), end="", file=sys.stderr, flush=True)
         os._exit(130)  # not through the interpreter's exit, which would wait for the run's threads
 
 
@@ -253,8 +258,8 @@ def _main(args) -> int:
 
 
 def command() -> NoReturn:
-    """The ``chainexec`` program: :func:`main`, then :func:`end` with its status."""
-    end(main())
+    """The ``chainexec`` program: :func:`main` in a process of its own, then :func:`end` with its status."""
+    end(main(own=True))
 
 
 def end(status: int) -> NoReturn:

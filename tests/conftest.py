@@ -7,6 +7,7 @@ import json
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,60 @@ def launch(ranks: int) -> list[str]:
     if launcher is None:
         pytest.skip("no mpiexec")
     return [launcher, *_unbound(launcher), "-n", str(ranks)]
+
+
+def ranks_of(launcher: int) -> list[int]:
+    """The process ids of the ranks (``python -m chainexec.cli``) that a launcher started, at any
+    depth below it (MPICH's hydra proxy starts each rank in a session of its own; Open MPI's
+    launcher starts them itself)."""
+    return [pid for pid, args in _below(launcher) if args[1:3] == [b"-m", b"chainexec.cli"]]
+
+
+def _below(launcher: int) -> list[tuple[int, list[bytes]]]:
+    """The processes at any depth below ``launcher``: (process id, command line's arguments)."""
+    parents, found = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+        found[int(entry.name)] = args
+
+    def below(pid: int) -> bool:
+        for _ in range(16):
+            pid = parents.get(pid, 0)
+            if pid == launcher:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return sorted((pid, args) for pid, args in found.items() if below(pid))
+
+
+def kill_job(launcher: int) -> None:
+    """SIGKILL to a launched job as a node failure or ``scancel --signal=KILL`` ends it: the
+    launcher's process group (it was started in a session of its own) and every process below it,
+    which Open MPI's launcher starts each in a process group of its own (a signal to the
+    launcher's group alone leaves them running to the end of the run)."""
+    processes = _below(launcher)
+    os.killpg(launcher, signal.SIGKILL)
+    for pid, _ in processes:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def open_mpi() -> bool:
+    """Whether the tests' ``mpiexec`` is Open MPI's (the one launcher :func:`_unbound` gives
+    options to)."""
+    launcher = mpiexec()
+    return launcher is not None and bool(_unbound(launcher))
 
 
 def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:

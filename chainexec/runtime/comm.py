@@ -60,6 +60,9 @@ def world():
     return mpi().COMM_WORLD
 
 
+WORLD_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+"""Where launchers (Open MPI, MPICH's Hydra and PMI, PMIx, srun) say a rank's number in the world."""
+
 LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK")
 """Where launchers (Open MPI, MPICH's Hydra, srun, PMI) say a rank's position on its node."""
 
@@ -76,17 +79,28 @@ def launched() -> bool:
     return any(var in os.environ for var in LAUNCHER)
 
 
+def env_rank() -> int | None:
+    """This rank's number in the world as the first of :data:`WORLD_RANK` set to a number says,
+    read without initialising MPI (from any thread); None where none does."""
+    return _first_number(WORLD_RANK)
+
+
+def _first_number(names) -> int | None:
+    """The value of the first of the variables ``names`` set to a whole number; None if none is."""
+    for var in names:
+        value = os.environ.get(var, "")
+        if value.isascii() and value.isdigit():
+            return int(value)
+    return None
+
+
 def env_local_rank() -> int | None:
     """This rank's position on its node as the first of :data:`LOCAL_RANK` set to a number says,
     read without initialising MPI; None where none does, and under simulated hosts
     (:data:`SIMULATE_HOSTS` set), where the launcher's position counts the whole machine's ranks."""
     if os.environ.get(SIMULATE_HOSTS, ""):
         return None
-    for var in LOCAL_RANK:
-        value = os.environ.get(var, "")
-        if value.isascii() and value.isdigit():
-            return int(value)
-    return None
+    return _first_number(LOCAL_RANK)
 
 
 def simulated_hosts() -> int:

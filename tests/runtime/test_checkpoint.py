@@ -23,7 +23,7 @@ from chainexec import safepaths
 from chainexec.runtime import checkpoint
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.planner.plan import CATEGORIES, Loop
-from tests.conftest import fourindex_config, launch, read_report, run_cli, triples_config, write_config
+from tests.conftest import fourindex_config, kill_job, launch, ranks_of, read_report, run_cli, triples_config, write_config
 from tests.runtime.test_reductions import CHAINS, _config, _reference
 
 MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
@@ -179,7 +179,7 @@ def test_killed_run_resumes(tmp_path):
         except (OSError, ValueError):
             pass
         time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_job(proc.pid)
     proc.wait()
     assert proc.returncode != 0, "the run ended before it could be killed"
     killed_at = _done(folder)
@@ -242,34 +242,6 @@ def _progress(folder, flops: int) -> float:
     return (manifest["banked"][len(CATEGORIES)] + manifest["counts"][len(CATEGORIES)]) / flops
 
 
-def _ranks_of(launcher: int) -> list[int]:
-    """The process ids of the ranks (``python -m chainexec.cli``) that a launcher started, at any
-    depth below it (MPICH's hydra proxy starts each rank in a session of its own; Open MPI's
-    launcher starts them itself)."""
-    parents, ranks = {}, set()
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.name.isdigit():
-            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
-            if args[1:3] == [b"-m", b"chainexec.cli"]:
-                ranks.add(int(entry.name))
-
-    def below(pid: int) -> bool:
-        for _ in range(16):
-            pid = parents.get(pid, 0)
-            if pid == launcher:
-                return True
-            if pid <= 1:
-                return False
-        return False
-
-    return sorted(pid for pid in ranks if below(pid))
-
-
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9])
 def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted):
@@ -288,7 +260,7 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < fraction:
             time.sleep(0.002)
-        victims = _ranks_of(proc.pid)
+        victims = ranks_of(proc.pid)
         if proc.poll() is None and len(victims) == ranks:
             break
         proc.wait()
@@ -299,7 +271,7 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc.pid)
             proc.wait()
     assert proc.returncode != 0
     killed_at = _progress(folder, flops)

@@ -1,0 +1,62 @@
+"""SIGINT and SIGTERM end a chainexec process at once, from a thread that watches for them.
+
+Why a thread: Python runs a signal's handler on the main thread between two bytecodes, so a
+process whose main thread waits inside a call into C (an MPI collective whose peer has gone, a
+device synchronisation, libcint) sees neither Ctrl-C nor a batch system's SIGTERM until that call
+returns, if it ever does. The C handler Python installs for a signal with a handler writes the
+signal's number to the wake-up descriptor (``signal.set_wakeup_fd``) at once, whatever the main
+thread is doing; the watching thread reads it, writes one line and ends the process.
+
+Which signals: SIGINT is Ctrl-C (MPICH's launcher forwards it to every rank). SIGTERM is what Open
+MPI's launcher sends every rank when it is interrupted itself, what SLURM sends at a job's time
+limit (SIGKILL follows after its ``KillWait``) and what ``scancel`` sends by default: without a
+handler, each of these ended a rank silently.
+
+What the process leaves is what a killed one leaves: no output renamed into place, and the last
+checkpoint of a run with ``--checkpoint``, from which the same command resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""Exit status per signal: 128 + its number, as a shell reports a process it ended."""
+
+NOTE = "no output was completed (a run with --checkpoint resumes from its last checkpoint)"
+
+
+def line(number: int) -> str:
+    """The one line a process ended by signal ``number`` writes to stderr."""
+    what = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
+    return f"chainexec: {what}; {NOTE}\n"
+
+
+def watch(speaks: bool = True) -> None:
+    """From now on, SIGINT and SIGTERM end this process at once with :data:`STATUS`, after
+    :func:`line` on stderr where ``speaks`` (rank 0 of a run, so that a launcher's many ranks
+    say it once). Call from the main thread (``set_wakeup_fd`` is its alone), once per process."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    for number in STATUS:
+        signal.signal(number, _noted)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read, speaks), name="chainexec-signals", daemon=True).start()
+
+
+def _noted(number, frame) -> None:
+    """The Python handler of a watched signal: nothing (its C handler has woken :func:`_watch`)."""
+
+
+def _watch(descriptor: int, speaks: bool) -> None:
+    """Wait for a watched signal's number on ``descriptor``; then the line, and the end. Written
+    with ``os.write`` and ended with ``os._exit``: the main thread may hold ``sys.stderr``'s lock,
+    and the interpreter's exit would wait for the run's threads."""
+    while True:
+        for number in os.read(descriptor, 64):
+            if number in STATUS:
+                if speaks:
+                    os.write(2, line(number).encode())
+                os._exit(STATUS[number])

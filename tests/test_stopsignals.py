@@ -1,0 +1,79 @@
+"""SIGINT and SIGTERM end a process whose main thread waits inside MPI (chainexec.stopsignals):
+a rank in a barrier its peer never reaches, signalled alone, writes its one line and ends with
+128 + the signal's number, where Python's own handler would wait for the barrier forever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chainexec import stopsignals
+from tests.conftest import kill_job, launch
+
+RANK = """
+import os, sys, time
+from chainexec import stopsignals
+from chainexec.runtime.comm import world
+rank = world().rank
+stopsignals.watch(speaks=rank == 0)
+if rank == 0:
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    world().Barrier()
+else:
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_ends_a_rank_waiting_in_mpi(tmp_path, number):
+    pid_file = tmp_path / "pid"
+    cmd = [*launch(2), sys.executable, "-c", RANK, str(pid_file)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pid_file.exists(), proc.communicate(timeout=10)
+        time.sleep(0.5)  # rank 0 is inside the barrier by now
+        rank0 = int(pid_file.read_text())
+        os.kill(rank0, number)
+        deadline = time.monotonic() + 60
+        while _alive(rank0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(rank0), "rank 0 did not end"
+        try:  # the launcher ends the other rank, or the test does
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill_job(proc.pid)
+            _, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            kill_job(proc.pid)
+            proc.wait()
+    assert err.count(stopsignals.line(number).strip()) == 1, err
+    assert "Traceback" not in err
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("number, word", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM")])
+def test_line_names_the_signal(number, word):
+    line = stopsignals.line(number)
+    assert line.startswith(f"chainexec: {word}; ") and line.endswith("\n") and line.count("\n") == 1
+    assert stopsignals.STATUS[number] == 128 + number
