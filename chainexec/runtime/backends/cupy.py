@@ -521,21 +521,9 @@ class CupyBackend(Autotuner, Methods, Backend):
         is not a candidate of the autotuner where one that needs none applies, probes are cut so
         that a probe's scratch output and temporaries fit too, and when the blocks CuPy's pool
         caches take it over ``limit`` after a contraction, they are given back: temporaries such as
-        TTGT's would otherwise take the allocator's high-water mark over the limit.
-
-        The plan's peak is taken from the device here, in one block given back to CuPy's pool at
-        once, which cuts the run's buffers from it: no allocation mid-run then waits for the
-        driver, which page-locking host memory on another thread (:meth:`lock_host`) holds for
-        as long as a registration takes, hundreds of milliseconds for a few GB. Where the device
-        lacks that much, nothing is taken (the run's own allocations then say so)."""
+        TTGT's would otherwise take the allocator's high-water mark over the limit."""
         self.workspace = max(0, limit - planned)
         self.memory = limit
-        pool = self.xp.get_default_memory_pool()
-        pool.free_all_blocks()
-        try:
-            pool.malloc(planned)
-        except self.xp.cuda.memory.OutOfMemoryError:
-            pass
 
     def make_room(self, nbytes: int) -> None:
         """Give CuPy's cached free blocks back before an allocation that could take the pool over
