@@ -321,6 +321,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     get = _rate(ga["bytes"], over_ranks("global_array", "get_s"))
     put = _rate(ga["bytes"], over_ranks("global_array", "put_s"))
     acc = _rate(ga["bytes"], over_ranks("global_array", "accumulate_s"))
+    fill = _rate(ga["bytes"], over_ranks("global_array", "fill_s"))
     flops = 2 * gemm["n"] ** 3
     gemm_rate = _rate(flops, over_ranks("gemm", "s"))
     copy = _rate(first["device_copy"]["bytes"], over_ranks("device_copy", "s"))
@@ -348,7 +349,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
                       statement_seconds=per_statement, device_bandwidth=copy["per_second"],
                       async_statements=first["queued"], disk_write_cached=cached["per_second"],
-                      write_cache_bytes=disk["write_cache_bytes"] // len(raw),
+                      write_cache_bytes=disk["write_cache_bytes"] // len(raw), global_fill=fill["per_second"],
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {
@@ -367,7 +368,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                                  "per_rank": "shared evenly by the ranks measuring on the host"}},
         "global_array": {"bytes_per_rank": ga["bytes"],
                          "patch": "whole block of rank (r + 1) mod P" + ("" if len(raw) > 1 else " (its own: 1 rank)"),
-                         "get": get, "put": put, "accumulate": acc},
+                         "get": get, "put": put, "accumulate": acc,
+                         "fill": {"what": "a zero-filled global array of the same size allocated and freed", **fill}},
         "host_device": host_device,
         "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
         "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),

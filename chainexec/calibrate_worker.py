@@ -270,6 +270,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     region = (slice(peer * rows, (peer + 1) * rows),)
     result["global_array"] = {
         "bytes": host.nbytes, "peer": peer,
+        "fill_s": _repeat(comm, reps, _wall, lambda: GlobalArray(comm, ga.shape, np.float64).free()),
         "get_s": _repeat(comm, reps, _wall, lambda: ga.get(region, out=host)),
         "put_s": _repeat(comm, reps, _wall, lambda: ga.put(region, host)),
         "accumulate_s": _repeat(comm, reps, _wall, lambda: ga.accumulate(region, host)),

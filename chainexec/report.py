@@ -83,7 +83,7 @@ def summary(plan: Plan) -> str:
     rows.append(f"{'flops':<18}{p['flops'] / 1e9:>12.3f} GF")
     rows.append(f"{'time (model)':<18}" + (f"{plan.ranks} ranks: " if plan.ranks > 1 else "")
                 + "  ".join(f"{k} {v:.3g} s" for k, v in p["seconds"].items())
-                + f"  bound {p['total_seconds']:.3g} s")
+                + f"  run {p['total_seconds']:.3g} s")
     return "\n".join(rows)
 
 
@@ -289,7 +289,7 @@ def _memory_rows(measured: dict, memory_limit: dict[str, int]) -> list[str]:
 
 def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int], phases: dict | None = None) -> str:
     """Achieved against the machine model, per level (disk, global<->device, compute); the wall time
-    against the predicted bound; memory peaks against the limits (bytes per level); where the
+    against the predicted one; memory peaks against the limits (bytes per level); where the
     seconds of the run went (``phases`` of :func:`chainexec.api.run`)."""
     # One space at least between cells: a (T) run at o=40 v=400 counts 3.9e15 flops (21 characters).
     rows = [f"{'level':<15} {'predicted':>25} {'measured':>25} {'busy s':>9} {'achieved':>20} {'bound':>20} "
@@ -302,8 +302,8 @@ def run_report(predicted: dict, measured: dict, memory_limit: dict[str, int], ph
     rows.append("(amounts: bytes; compute: flops. achieved = all ranks' amount / busiest rank's seconds;"
                 " bound = the prediction's rate)")
     wall = _ratio(measured["total_seconds"], predicted["total_seconds"])
-    rows.append(f"wall s: measured {measured['total_seconds']:.3f}, predicted bound {predicted['total_seconds']:.3f}, "
-                f"measured/bound {'-' if wall is None else f'{wall:.2f}x'}")
+    rows.append(f"wall s: measured {measured['total_seconds']:.3f}, predicted {predicted['total_seconds']:.3f}, "
+                f"measured/predicted {'-' if wall is None else f'{wall:.2f}x'}")
     if phases:
         rows.append("run s: " + ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items()))
     return "\n".join(rows + _memory_rows(measured, memory_limit))
@@ -337,7 +337,7 @@ def plot_run(predicted: dict, measured: dict, path: str) -> None:
                                     ("predicted", [r["predicted_seconds"] for r in rows])], "busy seconds")
     rates.set_title("rate per level")
     seconds.set_title(f"seconds per level (wall {measured['total_seconds']:.3g} s, "
-                      f"bound {predicted['total_seconds']:.3g} s)")
+                      f"predicted {predicted['total_seconds']:.3g} s)")
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)

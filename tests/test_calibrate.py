@@ -86,8 +86,10 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert details["disk"]["cached_write"]["per_second"] == machine.disk_write_cached
     assert details["disk"]["cached_write"]["bytes_per_rank"] >= 16 << 20  # a stripe per thread at least
     assert details["disk"]["write_cache"]["bytes_per_host"] // 2 == machine.write_cache_bytes
-    for group, key in (("disk", "write"), ("disk", "cached_write"), ("global_array", "get"), ("global_array", "accumulate")):
+    for group, key in (("disk", "write"), ("disk", "cached_write"), ("global_array", "get"), ("global_array", "accumulate"),
+                       ("global_array", "fill")):
         assert np.median(details[group][key]["samples_per_second"]) == details[group][key]["per_second"]
+    assert details["global_array"]["fill"]["per_second"] == machine.global_fill > 0
     if details["backend"] == "numpy":
         # On the CPU the device is host memory: global→device is the get, device→global the accumulate.
         assert details["host_device"] is None

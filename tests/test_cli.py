@@ -303,6 +303,7 @@ MACHINE_ERRORS = {
     "fractional_bytes": (_machine_text(aside_copy_bytes=1.5), ["'aside_copy_bytes'", "whole number"]),
     "zero_cached_write": (_machine_text(disk_write_cached=0), ["'disk_write_cached'", "or null"]),
     "negative_write_cache": (_machine_text(write_cache_bytes=-1), ["'write_cache_bytes'", "0 or more"]),
+    "zero_global_fill": (_machine_text(global_fill=0), ["'global_fill'", "or null"]),
     "async_as_number": (_machine_text(async_statements=1), ["'async_statements'", "true or false"]),
     "missing_rate": (_machine_text(flop_rate=...), ["missing field 'flop_rate'"]),
     "missing_rates": (_machine_text(disk_read=..., disk_write=...), ["missing fields 'disk_read', 'disk_write'"]),

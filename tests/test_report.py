@@ -56,7 +56,7 @@ def test_table():
                                              "40.0%"]
     assert _row(text, "compute") == ["compute", "60,000,000,000", "60,000,000,000", "12.000", "5.000", "GFLOP/s",
                                      "20.000", "GFLOP/s", "25.0%"]
-    assert "measured 20.000, predicted bound 8.000, measured/bound 2.50x" in text
+    assert "measured 20.000, predicted 8.000, measured/predicted 2.50x" in text
     assert _row(text, "peak global") == ["peak", "global", "32.00", "MiB", "64.00", "MiB", "50.0%"]
     assert _row(text, "peak device") == ["peak", "device", "3.00", "MiB", "4.00", "MiB", "75.0%"]
     assert "high-water" not in text and "ABOVE LIMIT" not in text
@@ -82,7 +82,7 @@ def test_zero_seconds_and_bytes_print_a_dash():
     assert _row(text, "disk")[-3:] == ["-", "-", "-"]
     assert _row(text, "global<->device")[-5:] == ["5.000", "GB/s", "10.000", "GB/s", "50.0%"]
     assert _row(text, "compute")[-4:] == ["-", "20.000", "GFLOP/s", "-"]
-    assert "measured/bound -" in text
+    assert "measured/predicted -" in text
     assert _row(text, "peak global")[-1] == "-"
 
 

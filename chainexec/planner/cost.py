@@ -192,25 +192,51 @@ def _elements(indices, seen: dict[str, int], extents: dict[str, int]) -> int:
     return size
 
 
-def predict(plan: Plan, machine: Machine, ranks: int = 1) -> dict:
+def predict(plan: Plan, machine: Machine, ranks: int = 1, cached: dict[str, float] | None = None) -> dict:
     """The ``predicted`` record of a plan: bytes per category (all ranks together), flops, memory
-    peak per level, and seconds per level for ``ranks`` ranks sharing the work, each at the
-    machine file's per-rank rates (the bound of a perfectly balanced run)."""
-    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks)
+    peak per level, seconds per level for ``ranks`` ranks sharing the work, each at the machine
+    file's per-rank rates (a perfectly balanced run), and the run's seconds (:func:`wall`).
+    ``cached``: per input tensor, the share of its bytes that the page cache holds where its
+    loads map them (:mod:`chainexec.runtime.mapped`), loads that move nothing."""
+    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks, cached)
     record["seconds"] = {level: t / ranks for level, t in record["seconds"].items()}
-    record["total_seconds"] = max(record["seconds"].values())
     return record
 
 
-def predict_nests(nests, tensors, extents, contractions, machine: Machine | None, ranks: int = 1) -> dict:
+def wall(levels: dict[str, float], overlapped: int, prepare: float = 0.0) -> float:
+    """Seconds of one nest whose levels take ``levels`` seconds each, over ``overlapped``
+    iterations of its outermost double-buffered loop (1 where it has none), after ``prepare``
+    seconds of global memory's preparation: a pipeline of that many stages,
+
+        (Σ_levels t + (N − 1) · max_levels t) / N,
+
+    since each level works on one iteration while the others work on the next (multi-level
+    paper, section 4: each level's movement is costed separately; a double-buffered loop hides
+    all but the slowest level's time from the second iteration on). A nest without such a loop
+    runs its levels one after the other (N = 1: their sum); a long pipeline tends to the
+    slowest level alone."""
+    if not levels:
+        return prepare
+    return prepare + (sum(levels.values()) + (overlapped - 1) * max(levels.values())) / overlapped
+
+
+def predict_nests(nests, tensors, extents, contractions, machine: Machine | None, ranks: int = 1,
+                  cached: dict[str, float] | None = None) -> dict:
     """:func:`predict` for loose parts of a plan (used to price candidate schedules, for one rank).
     A transfer to the device outside every parallel loop (a fused group's inputs fetched once per
     global tile) is made by each of the ``ranks``. With no ``machine``, only the memory peaks
     (``{"memory_peak": …}``): what fitting tiles to the limits asks of each step, at a third of
-    the cost (the statements' movement and flops are not counted)."""
+    the cost (the statements' movement and flops are not counted). ``total_seconds`` is the sum
+    over the nests of :func:`wall` for one of ``ranks`` ranks. A global buffer's pages are
+    touched once before its first use, by a zero fill (a buffer accumulated into, or one the
+    backend page-locks) or by its first write: each allocation of one is priced at
+    :attr:`Machine.global_fill`, but an input's tile read from its file (mapped where the file
+    allows: :mod:`chainexec.runtime.mapped`)."""
+    cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
+    mapped, filled, total = [0], [0], 0.0
 
     def count(work: int, bytes_: int) -> None:
         """One compute statement's flops and streamed bytes over all its iterations."""
@@ -221,6 +247,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
+        before = (dict(moved), compute[0], mapped[0], filled[0])
+        overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
             """Bytes of ``tensor[indices]``'s device tiles over the iterations that ``where``
@@ -238,6 +266,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
                     own = staged(node)
+                    if own and not overlapped[0] and machine is not None:
+                        runs_on = ranks if node.parallel or any(loop.parallel for loop in loops) else 1
+                        overlapped[0] = max(1, points([], loops + [node], extents, "global") // runs_on)
                     if not own:
                         walk(node.body, loops + [node], inner, slotted)
                         continue
@@ -297,6 +328,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in _refs(t.source["expr"])))
                     continue
                 item = tensors[node.tensor].itemsize
+                if machine is not None and node.op == "alloc" and node.level == "global" and not _from_file(tensors[node.tensor]):
+                    filled[0] += item * _elements(node.indices, ranges["global"], extents) * around.points(
+                        [], extents, "global")
                 if node.op in ("alloc", "free"):
                     buffer = key(node)
                     if buffer in slotted:
@@ -309,15 +343,28 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         live[node.level] -= sizes.pop(buffer)
                 else:
                     every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
-                    moved[CATEGORY[node.op]] += every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
+                    nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
+                    moved[CATEGORY[node.op]] += nbytes
+                    if node.op == "load":
+                        mapped[0] += round(nbytes * cached.get(node.tensor, 0.0))
 
         walk(nest.body, [], {level: {} for level in live})
+        if machine is not None:
+            own = {k: moved[k] - before[0][k] for k in moved}
+            levels = machine.seconds(own, compute[0] - before[1], ranks, mapped[0] - before[2])
+            prepare = (filled[0] - before[3]) / machine.global_fill if machine.global_fill else 0.0
+            total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], ranks)
+    seconds = machine.seconds(moved, compute[0], ranks, mapped[0])
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
-            "memory_peak": peak, "seconds": seconds, "total_seconds": max(seconds.values())}
+            "memory_peak": peak, "seconds": seconds, "total_seconds": total}
+
+
+def _from_file(tensor) -> bool:
+    """Whether ``tensor`` is an input read from an HDF5 file (not computed, not an intermediate)."""
+    return tensor.role == "input" and "file" in tensor.source
 
 
 @lru_cache(maxsize=256)

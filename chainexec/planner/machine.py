@@ -1,9 +1,9 @@
 """Machine model: the bandwidths and flop rate that turn predicted bytes and flops into seconds.
 
 The plan's predicted time per level is bytes / bandwidth (for compute, the sum over statements of
-the larger of flops / rate and streamed bytes / device bandwidth); the bound is
-their maximum, what a run that overlaps all levels perfectly would take (multi-level paper,
-section 4: movement at each level is costed separately). The defaults are conservative figures
+the larger of flops / rate and streamed bytes / device bandwidth); movement at each level is
+costed separately (multi-level paper, section 4). How the levels of a nest overlap, and so the
+predicted wall time, is :func:`chainexec.planner.cost.predict`'s. The defaults are conservative figures
 for one node; a machine file (JSON, same field names, :meth:`Machine.from_file`) replaces them.
 """
 
@@ -58,6 +58,11 @@ class Machine:
     # writes made durable.
     disk_write_cached: float | None = None
     write_cache_bytes: int = 0
+    # Bytes per second a run prepares zero-filled global memory at: the allocation of a global
+    # buffer whose first statement adds into it (an accumulated output), its MPI window made and
+    # its pages touched over threads. `chainexec calibrate` measures it; None leaves the
+    # preparation unpriced.
+    global_fill: float | None = None
     source: str = "defaults"
 
     def compute_seconds(self, flops: int, streamed: int) -> float:
@@ -79,12 +84,13 @@ class Machine:
         cached = min(nbytes, self.write_cache_bytes * ranks)
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
-    def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1) -> dict[str, float]:
+    def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1, cached: int = 0) -> dict[str, float]:
         """Seconds per level for the given bytes per category (all ``ranks`` ranks' together) and
         compute seconds (the sum of :meth:`compute_seconds` over the statements), summed over the
-        ranks."""
+        ranks. ``cached``: bytes of the loads that map pages the page cache holds, which move
+        nothing (:mod:`chainexec.runtime.mapped`)."""
         return {
-            "disk": moved["disk->global"] / self.disk_read + self.write_seconds(moved["global->disk"], ranks),
+            "disk": (moved["disk->global"] - cached) / self.disk_read + self.write_seconds(moved["global->disk"], ranks),
             "global<->device": moved["global->device"] / self.global_to_device
             + moved["device->global"] / self.device_to_global,
             "compute": compute,
@@ -159,6 +165,7 @@ FIELDS = {
     "disk_write_cached": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "write_cache_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                     "a whole number of bytes, 0 or more"),
+    "global_fill": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "source": (lambda v: isinstance(v, str), "a string"),
 }
 

@@ -32,6 +32,13 @@ from chainexec.runtime.mapped import MappedArray
 from chainexec.runtime.store import Store
 
 
+def maps_inputs(comm) -> bool:
+    """Whether the ranks of ``comm`` map inputs' tiles from their files: one rank, or ranks of one
+    host, whose page cache holds the file's pages once for all of them (collective the first
+    time for a communicator: :func:`chainexec.runtime.globalarray.shares_memory`)."""
+    return comm.size == 1 or shares_memory(comm)
+
+
 class Buffers:
     """The buffers live now, with their regions (per index, (start, stop) in elements of the
     whole tensor), and the slots of the double-buffered loops being run."""
@@ -60,7 +67,7 @@ class Buffers:
         # inputs' tiles are mapped from their files on one rank and on ranks of one host, whose
         # page cache holds the file's pages once for all of them (:meth:`alloc`); on several
         # hosts each rank reads its rows into a global array, so that each row is read once
-        self.maps = comm.size == 1 or shares_memory(comm)
+        self.maps = maps_inputs(comm)
 
     def alloc(self, op: Op, frame: Frame) -> None:
         """Allocate ``op``'s buffer at its tile in ``frame``: a double-buffered loop's slot where

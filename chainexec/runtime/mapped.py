@@ -62,6 +62,36 @@ def contiguous_offset(dataset: h5py.Dataset, dtype: np.dtype) -> int | None:
     return dataset.id.get_offset()
 
 
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def cached_share(path: str, dataset: str, dtype: np.dtype) -> float:
+    """The share (0 to 1) of ``dataset``'s bytes in ``path`` that the page cache holds, where its
+    loads map them (:func:`contiguous_offset`); 0 for a dataset they read through HDF5, an empty
+    one, or a file that cannot be read or mapped. Asked of the kernel page by page (``mincore`` over a
+    read-only mapping of the range: nothing is read)."""
+    try:
+        with h5py.File(path, "r") as f:
+            ds = f[dataset]
+            offset, nbytes = contiguous_offset(ds, np.dtype(dtype)), ds.size * np.dtype(dtype).itemsize
+    except (OSError, KeyError, TypeError):
+        return 0.0
+    if offset is None or nbytes == 0:
+        return 0.0
+    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    length = offset + nbytes - start
+    pages = -(-length // mmap.PAGESIZE)
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), length, prot=mmap.PROT_READ, offset=start) as mapping:
+            view = np.frombuffer(mapping, np.uint8)
+            vector = np.zeros(pages, np.uint8)
+            failed = _libc.mincore(view.ctypes.data, length, vector.ctypes.data)
+            del view
+    except (OSError, ValueError):
+        return 0.0
+    return 0.0 if failed else float(np.count_nonzero(vector & 1)) / pages
+
+
 class MappedArray:
     """An input's whole global tile, read-only, over the mapping of the file range that holds it
     (the tile's rows ``region[0]`` of the dataset, every other axis whole), as ``rank`` of

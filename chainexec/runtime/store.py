@@ -36,7 +36,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
 from chainexec.runtime import hostcopy
 from chainexec.runtime.region import whole_rows
-from chainexec.runtime.mapped import MappedArray, contiguous_offset
+from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
 
 COMPLETE = "chainexec_complete"
 
@@ -51,6 +51,14 @@ def computed(t: TensorInfo):
         return factory(**t.source.get("parameters", {}), layout=t.layout or "s1")
     except TypeError as err:
         raise ChainexecError(f"source {t.source['compute']!r} of tensor {t.name}: {err}") from None
+
+
+def cached_inputs(plan: Plan) -> dict[str, float]:
+    """Per input tensor read from a file, the share of its dataset's bytes that the page cache
+    holds where its loads map them (:func:`chainexec.runtime.mapped.cached_share`): what
+    :func:`chainexec.planner.cost.predict` prices as loads that move nothing."""
+    return {t.name: cached_share(t.source["file"], t.source["dataset"], np.dtype(t.dtype))
+            for t in plan.tensors.values() if t.role == "input" and "file" in t.source}
 
 
 def check_inputs(plan: Plan) -> None:

@@ -104,7 +104,8 @@ def test_predicted_seconds_are_shared_by_the_ranks():
     # the defaults have no device bandwidth: compute is the flops' time, totals alike
     one_rank = machine.seconds(p["bytes"], machine.compute_seconds(p["flops"], p["streamed"]))
     assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
-    assert p["total_seconds"] == pytest.approx(max(one_rank.values()) / 3, rel=1e-12)
+    # the run's seconds: each nest's levels as a pipeline, between the slowest level and their sum
+    assert max(one_rank.values()) / 3 * (1 - 1e-12) <= p["total_seconds"] <= sum(one_rank.values()) / 3 * (1 + 1e-12)
 
 
 def test_split_that_would_overflow_the_device_is_not_taken():

@@ -11,7 +11,7 @@ from chainexec import api
 from chainexec.chem.triples import ccsd_t_energy
 from chainexec.runtime.checkpoint import Stopped
 from chainexec.runtime.backends.numpy import NumpyBackend
-from chainexec.runtime.mapped import MappedArray, contiguous_offset
+from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
 from chainexec.runtime.store import Store
 from tests.conftest import store_chunked, triples_config
 
@@ -244,3 +244,33 @@ def test_no_lock_thread_where_the_backend_locks_nothing(tmp_path, monkeypatch):
     before = {t.name for t in threading.enumerate()}
     api.run(config, backend="numpy")
     assert not asked and not any(t.name.startswith("chainexec-lock") for t in threading.enumerate() if t.name not in before)
+
+
+def _evicted(path) -> None:
+    """The file's pages written to the disk and dropped from the page cache."""
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_cached_share_counts_the_pages_the_page_cache_holds(tmp_path):
+    """A dataset of 64 pages and more: all cached once read, few once dropped (the file system
+    may keep some); a dataset read through HDF5, or one that is not there, counts none."""
+    path = tmp_path / "big.h5"
+    values = np.random.default_rng(5).standard_normal(64 * 4096 // 8 + 123)
+    with h5py.File(path, "w") as f:
+        f["A"] = values
+        f.create_dataset("chunked", data=values, chunks=(512,))
+    _evicted(path)
+    assert cached_share(str(path), "A", np.dtype(np.float64)) < 0.5
+    with h5py.File(path, "r") as f:
+        assert np.array_equal(f["A"][()], values)  # read: now in the page cache
+    assert cached_share(str(path), "A", np.dtype(np.float64)) == 1.0
+    assert cached_share(str(path), "chunked", np.dtype(np.float64)) == 0.0
+    assert cached_share(str(path), "missing", np.dtype(np.float64)) == 0.0
+    assert cached_share(str(tmp_path / "none.h5"), "A", np.dtype(np.float64)) == 0.0

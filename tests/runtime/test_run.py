@@ -192,3 +192,28 @@ def test_progress_lines(fourindex):
     assert f"nest {len(plan.nests)}/{len(plan.nests)}, tiles {total}/{total}," in lines[-1]
     quiet = run_cli("run", fourindex, "--quiet", ranks=2)
     assert quiet.returncode == 0 and "chainexec: nest" not in quiet.stderr
+
+
+def test_run_prices_page_cached_inputs_as_loads_that_move_nothing(tmp_path):
+    """The same one-tile run with its input file dropped from the page cache and then read into
+    it: the second predicts the disk level as its writes alone (the built-in rates); the
+    bytes, and so the measured movement, do not change."""
+    import os
+
+    from chainexec import api
+
+    config = write_config(tmp_path, fourindex_config(global_memory="1GiB", device_memory="1GiB"))
+    assert run_cli("generate", config).returncode == 0
+    path = tmp_path / "in.h5"
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    dropped = api.run(config, backend="numpy")
+    path.read_bytes()
+    cached = api.run(config, backend="numpy")
+    machine = Machine()
+    moved = cached["predicted"]["bytes"]
+    assert moved == dropped["predicted"]["bytes"] == cached["measured"]["bytes"]
+    assert cached["predicted"]["seconds"]["disk"] == pytest.approx(machine.write_seconds(moved["global->disk"]), rel=1e-12)
+    assert dropped["predicted"]["seconds"]["disk"] > cached["predicted"]["seconds"]["disk"]

@@ -1,0 +1,90 @@
+"""The predicted run time (chainexec.planner.cost): each nest's levels as a pipeline over its
+outermost double-buffered loop, global memory's preparation, and loads of page-cached pages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from chainexec import spec
+from chainexec.planner.build import make_plan
+from chainexec.planner.cost import predict, predict_nests, wall
+from chainexec.planner.machine import Machine
+from chainexec.planner.plan import Loop
+from tests.conftest import fourindex_config
+
+LEVELS = {"disk": 3.0, "global<->device": 1.0, "compute": 2.0}
+
+
+@pytest.mark.parametrize("overlapped, prepare, expected", [
+    (1, 0.0, 6.0),                   # no double-buffered loop: one level after the other
+    (2, 0.0, (6.0 + 3.0) / 2),       # two stages: the slowest level hides the others once
+    (10**9, 0.0, 3.0),               # a long pipeline: the slowest level alone
+    (4, 0.5, 0.5 + (6.0 + 9.0) / 4), # the preparation comes first
+])
+def test_wall_is_a_pipeline_of_the_levels(overlapped, prepare, expected):
+    assert wall(LEVELS, overlapped, prepare) == pytest.approx(expected, rel=1e-9)
+
+
+def _plan(global_memory: str, device_memory: str, machine: Machine, ranks: int = 1):
+    s = spec.loads(yaml.safe_dump(fourindex_config(global_memory=global_memory, device_memory=device_memory)),
+                   "/tmp/fourindex.yaml")
+    return make_plan(s, machine, ranks=ranks)
+
+
+def _overlapped(body, extents: dict[str, int], around: int = 1) -> int | None:
+    """Iterations of the first double-buffered loop in ``body`` (depth first), its enclosing
+    loops' iterations included, counted from the loops' tiles."""
+    for node in body:
+        if isinstance(node, Loop):
+            count = around * math.prod(-(-extents[i] // t) for i, t in node.tiles.items())
+            if node.depth >= 2:
+                return count
+            found = _overlapped(node.body, extents, count)
+            if found is not None:
+                return found
+    return None
+
+
+def test_one_tile_nest_runs_its_levels_one_after_the_other():
+    p = _plan("1GiB", "1GiB", Machine())
+    assert len(p.nests) == 1 and _overlapped(p.nests[0].body, p.extents) is None
+    assert p.predicted["total_seconds"] == pytest.approx(sum(p.predicted["seconds"].values()), rel=1e-12)
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_double_buffered_nests_are_pipelines(ranks):
+    machine = Machine()
+    p = _plan("24KiB", "3KiB", machine, ranks)
+    expected = 0.0
+    for nest in p.nests:
+        n = _overlapped(nest.body, p.extents)
+        assert n is not None and n > 1
+        levels = predict_nests([nest], p.tensors, p.extents, p.contractions, machine, ranks)["seconds"]
+        expected += wall({k: v / ranks for k, v in levels.items()}, n)
+    assert p.predicted["total_seconds"] == pytest.approx(expected, rel=1e-12)
+    assert max(p.predicted["seconds"].values()) < p.predicted["total_seconds"] < sum(p.predicted["seconds"].values())
+
+
+def test_global_buffers_are_prepared_but_inputs_read_from_files():
+    """One tile: the output B is the only global buffer not read from a file; its preparation
+    adds its bytes at the fill rate."""
+    plain, filled = (_plan("1GiB", "1GiB", Machine(global_fill=rate)).predicted for rate in (None, 2.0e9))
+    b_bytes = 8 ** 4 * 8
+    assert filled["seconds"] == plain["seconds"]
+    assert filled["total_seconds"] - plain["total_seconds"] == pytest.approx(b_bytes / 2.0e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 1.0])
+def test_loads_of_page_cached_inputs_move_nothing(share):
+    machine = Machine()
+    p = _plan("1GiB", "1GiB", machine)
+    on_disk = predict(p, machine)
+    cached = predict(p, machine, cached={"A": share})
+    a_bytes = 10 ** 4 * 8  # loaded once: one tile
+    assert cached["bytes"] == on_disk["bytes"]
+    assert on_disk["seconds"]["disk"] - cached["seconds"]["disk"] == pytest.approx(share * a_bytes / machine.disk_read,
+                                                                                   rel=1e-9, abs=1e-15)
+    assert cached["seconds"]["compute"] == on_disk["seconds"]["compute"]
