@@ -297,20 +297,27 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
 
 
 def _computed(p: _Parser, sdef: dict, where, tname: str) -> Source:
-    """A registered source: its name (one :func:`chainexec.sources.lookup` knows) and its
-    parameters, each a string or a number."""
+    """A registered source: its name (one :func:`chainexec.sources.lookup` knows), its
+    parameters, each a string or a number, and optionally ``bytes_per_second``, a positive
+    number: the rate it makes values at."""
     from chainexec import sources
 
     try:
         sources.lookup(sdef["compute"])
     except ChainexecError as err:
         raise p.fail(f"source of {tname!r}: {err}", where + ("compute",)) from None
-    parameters = {k: v for k, v in sdef.items() if k != "compute"}
+    rate = sdef.get("bytes_per_second")
+    if "bytes_per_second" in sdef and not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                                           and math.isfinite(rate) and rate > 0):
+        raise p.fail(f"source of {tname!r}: bytes_per_second must be a positive number, not {quoted(rate)}",
+                     where + ("bytes_per_second",))
+    parameters = {k: v for k, v in sdef.items() if k not in ("compute", "bytes_per_second")}
     for key, value in parameters.items():
         if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise p.fail(f"source of {tname!r}: parameter {quoted(key)} must be a string or a number, not "
                          f"{quoted(value)}", where + (key,))
-    return Source(compute=sdef["compute"], parameters=tuple(sorted(parameters.items())))
+    return Source(compute=sdef["compute"], parameters=tuple(sorted(parameters.items())),
+                  bytes_per_second=None if rate is None else float(rate))
 
 
 def _extent(value) -> bool:

@@ -29,7 +29,9 @@ class Source:
     ``random``: values made on the fly by the seeded element-wise generator (no file at all).
     ``expr``: computed element-wise from other inputs (:mod:`chainexec.expr`), e.g. a denominator.
     ``compute``: a registered source (:mod:`chainexec.sources`) that computes the values of the
-    rows being loaded, made with ``parameters`` (name, value pairs: strings and numbers).
+    rows being loaded, made with ``parameters`` (name, value pairs: strings and numbers);
+    ``bytes_per_second``, where the config states it, the rate it makes them at, which the
+    planner prices its loads at (else at the disk's read rate).
     """
 
     file: str | None = None
@@ -39,6 +41,7 @@ class Source:
     expr: str | None = None
     compute: str | None = None
     parameters: tuple[tuple[str, object], ...] | None = None
+    bytes_per_second: float | None = None
 
 
 @dataclass(frozen=True)

@@ -178,3 +178,22 @@ def test_symmetry_errors(edits, message, line):
     with pytest.raises(ChainexecError) as err:
         spec.loads(text, "ao2mo.yaml")
     assert str(err.value).startswith(f"ao2mo.yaml:{line}: ") and message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("value", ["0", "-1.0e+9", "fast", "true", ".nan"])
+def test_computed_source_rate_is_a_positive_number(value):
+    """``bytes_per_second`` of a computed source: one line naming the tensor and the key."""
+    from tests.planner.test_cost import COMPUTED
+
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(COMPUTED % f", bytes_per_second: {value}", "/tmp/computed.yaml")
+    assert "\n" not in str(err.value) and "bytes_per_second must be a positive number" in str(err.value)
+    assert "'A'" in str(err.value)
+
+
+def test_computed_source_rate_is_kept_apart_from_its_parameters():
+    from tests.planner.test_cost import COMPUTED
+
+    s = spec.loads(COMPUTED % ", bytes_per_second: 3200000000.0", "/tmp/computed.yaml")
+    source = s.tensors["A"].source
+    assert source.bytes_per_second == 3.2e9 and "bytes_per_second" not in dict(source.parameters)

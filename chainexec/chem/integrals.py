@@ -91,6 +91,22 @@ def rows(mol, start: int, stop: int, kind: str = "s4", out: np.ndarray | None = 
     return shell_rows(mol, sh0, sh1, kind)[start - offset:stop - offset]
 
 
+def rate(mol, share: float = 0.05) -> float:
+    """Bytes per second libcint makes ``mol``'s integrals at on this host (its threads): the
+    s4 rows of every k-th shell (k about ``1 / share``, so the sample spans the molecule's
+    angular momenta and contraction depths) timed together. What a config states as a computed
+    source's ``bytes_per_second``, which the planner prices its loads at."""
+    import time
+
+    step = max(1, round(1 / share))
+    made, spent = 0, 0.0
+    for sh in range(0, mol.nbas, step):
+        start = time.perf_counter()
+        made += shell_rows(mol, sh, sh + 1).nbytes
+        spent += time.perf_counter() - start
+    return made / spent
+
+
 @register("pyscf.int2e")
 class Int2e:
     """Source of the AO two-electron integrals of a molecule, in a packed layout.

@@ -141,6 +141,10 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
     summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
+    if layout == "computed":
+        from chainexec.chem import integrals
+
+        source["bytes_per_second"] = float(f"{integrals.rate(mol):.3g}")
     for other in JOBS.values():
         (out / other.config).unlink(missing_ok=True)
     config = out / kind.config
@@ -270,7 +274,7 @@ def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict
             if layout is not None and t["source"]["dataset"] == "A":
                 t["layout"] = "s8" if layout == "computed" else layout
                 if layout == "computed":  # the integrals of each tile computed where it is loaded
-                    t["source"] = {"compute": "pyscf.int2e", **molecule}
+                    t["source"] = {"compute": "pyscf.int2e", **molecule}  # with libcint's rate, once measured
     for o in cfg["outputs"].values():
         o["file"] = kind.output
     cfg["scratch"] = "scratch"

@@ -226,7 +226,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     A transfer to the device outside every parallel loop (a fused group's inputs fetched once per
     global tile) is made by each of the ``ranks``. With no ``machine``, only the memory peaks
     (``{"memory_peak": …}``): what fitting tiles to the limits asks of each step, at a third of
-    the cost (the statements' movement and flops are not counted). ``total_seconds`` is the sum
+    the cost (the statements' movement and flops are not counted). A computed source's loads
+    are priced at the ``bytes_per_second`` its config states. ``total_seconds`` is the sum
     over the nests of :func:`wall` for one of ``ranks`` ranks. A global buffer's pages are
     touched once before its first use, by a zero fill (a buffer accumulated into, or one the
     backend page-locks) or by its first write: each allocation of one is priced at
@@ -236,7 +237,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
-    mapped, filled, total = [0], [0], 0.0
+    priced, filled, total = [0, 0.0], [0], 0.0
 
     def count(work: int, bytes_: int) -> None:
         """One compute statement's flops and streamed bytes over all its iterations."""
@@ -247,7 +248,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], mapped[0], filled[0])
+        before = (dict(moved), compute[0], tuple(priced), filled[0])
         overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
@@ -346,20 +347,33 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
                     moved[CATEGORY[node.op]] += nbytes
                     if node.op == "load":
-                        mapped[0] += round(nbytes * cached.get(node.tensor, 0.0))
+                        _price_load(priced, nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))
 
         walk(nest.body, [], {level: {} for level in live})
         if machine is not None:
             own = {k: moved[k] - before[0][k] for k in moved}
-            levels = machine.seconds(own, compute[0] - before[1], ranks, mapped[0] - before[2])
+            levels = machine.seconds(own, compute[0] - before[1], ranks,
+                                     (priced[0] - before[2][0], priced[1] - before[2][1]))
             prepare = (filled[0] - before[3]) / machine.global_fill if machine.global_fill else 0.0
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], ranks, mapped[0])
+    seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]))
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "memory_peak": peak, "seconds": seconds, "total_seconds": total}
+
+
+def _price_load(priced: list, nbytes: int, tensor, cached: float) -> None:
+    """Add to ``priced`` (bytes, seconds) a load of ``nbytes`` of ``tensor`` that is not a disk
+    read: a computed source's whole at the rate its config states, or the ``cached`` share of an
+    input's bytes that the page cache holds, which its mapping moves in no time."""
+    rate = tensor.source.get("bytes_per_second") if tensor.source else None
+    if "compute" in (tensor.source or {}) and rate:
+        priced[0] += nbytes
+        priced[1] += nbytes / rate
+    elif cached:
+        priced[0] += round(nbytes * cached)
 
 
 def _from_file(tensor) -> bool:

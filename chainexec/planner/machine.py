@@ -84,13 +84,16 @@ class Machine:
         cached = min(nbytes, self.write_cache_bytes * ranks)
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
-    def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1, cached: int = 0) -> dict[str, float]:
+    def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1,
+                priced: tuple[int, float] = (0, 0.0)) -> dict[str, float]:
         """Seconds per level for the given bytes per category (all ``ranks`` ranks' together) and
         compute seconds (the sum of :meth:`compute_seconds` over the statements), summed over the
-        ranks. ``cached``: bytes of the loads that map pages the page cache holds, which move
-        nothing (:mod:`chainexec.runtime.mapped`)."""
+        ranks. ``priced``: bytes of loads that are not disk reads and their seconds (a computed
+        source's at its rate; a mapped input's pages the page cache holds move in none)."""
+        loads, seconds = priced
         return {
-            "disk": (moved["disk->global"] - cached) / self.disk_read + self.write_seconds(moved["global->disk"], ranks),
+            "disk": (moved["disk->global"] - loads) / self.disk_read + seconds
+            + self.write_seconds(moved["global->disk"], ranks),
             "global<->device": moved["global->device"] / self.global_to_device
             + moved["device->global"] / self.device_to_global,
             "compute": compute,

@@ -101,3 +101,17 @@ def test_bad_names_and_parameters_are_one_line():
         assert "\n" not in str(err.value) and words in str(err.value)
     with pytest.raises(ValueError, match="registered twice"):
         sources.register("pyscf.int2e")(type("Other", (), {}))
+
+
+def test_rate_times_the_rows_of_every_kth_shell(monkeypatch):
+    """libcint's rate for a config's ``bytes_per_second``: the bytes of the s4 rows of a spread
+    sample of shells over the seconds they took."""
+    from chainexec.chem import integrals
+
+    mol = sources.lookup("pyscf.int2e")(atoms=MOLECULES["h2o"], basis="cc-pvdz").mol
+    asked = []
+    rows = integrals.shell_rows
+    monkeypatch.setattr(integrals, "shell_rows", lambda m, a, b: asked.append((a, b)) or rows(m, a, b))
+    rate = integrals.rate(mol, share=0.25)
+    assert asked == [(sh, sh + 1) for sh in range(0, mol.nbas, 4)]
+    assert np.isfinite(rate) and rate > 0

@@ -88,3 +88,34 @@ def test_loads_of_page_cached_inputs_move_nothing(share):
     assert on_disk["seconds"]["disk"] - cached["seconds"]["disk"] == pytest.approx(share * a_bytes / machine.disk_read,
                                                                                    rel=1e-9, abs=1e-15)
     assert cached["seconds"]["compute"] == on_disk["seconds"]["compute"]
+
+
+COMPUTED = """
+name: computed
+ranges: {ao: 7, mo: 5}
+indices: {p: ao, q: ao, r: ao, s: ao, a: mo, b: mo, c: mo, d: mo}
+tensors:
+  A:
+    indices: [p, q, r, s]
+    symmetry: {pairs: [[p, q], [r, s]], exchange: true}
+    layout: s8
+    source: {compute: pyscf.int2e, atoms: "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", basis: sto-3g%s}
+  C: {indices: [p, a], source: {file: in.h5, dataset: C}}
+statements:
+- B[a,b,c,d] = C[p,a] * C[q,b] * C[r,c] * C[s,d] * A[p,q,r,s]
+outputs: {B: {file: out.h5, dataset: B}}
+machine: {global_memory: 1GiB, device_memory: 1GiB}
+"""
+
+
+def test_computed_source_loads_at_its_stated_rate():
+    """The integrals of a computed source, loaded once (one tile), at the config's
+    ``bytes_per_second`` instead of the disk's read rate; the bytes are the same."""
+    machine = Machine()
+    read, stated = (make_plan(spec.loads(COMPUTED % extra, "/tmp/computed.yaml"), machine).predicted
+                    for extra in ("", ", bytes_per_second: 2000000.0"))
+    npair = 7 * 8 // 2
+    a_bytes = npair * (npair + 1) // 2 * 8
+    assert read["bytes"] == stated["bytes"]
+    assert stated["seconds"]["disk"] - read["seconds"]["disk"] == pytest.approx(
+        a_bytes / 2.0e6 - a_bytes / machine.disk_read, rel=1e-9)
