@@ -321,7 +321,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     get = _rate(ga["bytes"], over_ranks("global_array", "get_s"))
     put = _rate(ga["bytes"], over_ranks("global_array", "put_s"))
     acc = _rate(ga["bytes"], over_ranks("global_array", "accumulate_s"))
-    fill = _rate(ga["bytes"], over_ranks("global_array", "fill_s"))
+    fill = _rate(ga["fill_bytes"], over_ranks("global_array", "fill_s"))
     flops = 2 * gemm["n"] ** 3
     gemm_rate = _rate(flops, over_ranks("gemm", "s"))
     copy = _rate(first["device_copy"]["bytes"], over_ranks("device_copy", "s"))
@@ -369,7 +369,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "global_array": {"bytes_per_rank": ga["bytes"],
                          "patch": "whole block of rank (r + 1) mod P" + ("" if len(raw) > 1 else " (its own: 1 rank)"),
                          "get": get, "put": put, "accumulate": acc,
-                         "fill": {"what": "a zero-filled global array of the same size allocated and freed", **fill}},
+                         "fill": {"what": "a zero-filled global array allocated and freed", "bytes_per_rank": ga["fill_bytes"],
+                                  **fill}},
         "host_device": host_device,
         "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
         "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),

@@ -210,7 +210,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
     extent of the statement measurement's product (:func:`_statements`); ``copy_size``: bytes of
-    the device copy."""
+    the device copy, and at least those of the global array's fill."""
     from chainexec import detect
     from chainexec.runtime import hostcopy, warmup
     from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
@@ -268,9 +268,13 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     ga.local()[...] = 1.0
     peer = (comm.rank + 1) % comm.size
     region = (slice(peer * rows, (peer + 1) * rows),)
+    # A fill of ``copy_size`` bytes or more: the window's creation costs as long as filling tens
+    # of MiB, and a run's global buffers are large against it.
+    fill_rows = max(rows, copy_size // (8 * GA_COLUMNS))
     result["global_array"] = {
-        "bytes": host.nbytes, "peer": peer,
-        "fill_s": _repeat(comm, reps, _wall, lambda: GlobalArray(comm, ga.shape, np.float64).free()),
+        "bytes": host.nbytes, "peer": peer, "fill_bytes": fill_rows * GA_COLUMNS * 8,
+        "fill_s": _repeat(comm, reps, _wall, lambda: GlobalArray(comm, (comm.size * fill_rows, GA_COLUMNS),
+                                                                 np.float64).free()),
         "get_s": _repeat(comm, reps, _wall, lambda: ga.get(region, out=host)),
         "put_s": _repeat(comm, reps, _wall, lambda: ga.put(region, host)),
         "accumulate_s": _repeat(comm, reps, _wall, lambda: ga.accumulate(region, host)),

@@ -90,6 +90,7 @@ def test_details_record_how_and_what_was_measured(calibrated):
                        ("global_array", "fill")):
         assert np.median(details[group][key]["samples_per_second"]) == details[group][key]["per_second"]
     assert details["global_array"]["fill"]["per_second"] == machine.global_fill > 0
+    assert details["global_array"]["fill"]["bytes_per_rank"] >= used.copy_size // 8192 * 8192  # rows of 1024 float64
     if details["backend"] == "numpy":
         # On the CPU the device is host memory: global→device is the get, device→global the accumulate.
         assert details["host_device"] is None

@@ -91,18 +91,21 @@ def rows(mol, start: int, stop: int, kind: str = "s4", out: np.ndarray | None = 
     return shell_rows(mol, sh0, sh1, kind)[start - offset:stop - offset]
 
 
-def rate(mol, share: float = 0.05) -> float:
-    """Bytes per second libcint makes ``mol``'s integrals at on this host (its threads): the
-    s4 rows of every k-th shell (k about ``1 / share``, so the sample spans the molecule's
-    angular momenta and contraction depths) timed together. What a config states as a computed
-    source's ``bytes_per_second``, which the planner prices its loads at."""
+def rate(mol, blocks: int = 4, share: float = 1 / 8) -> float:
+    """Bytes per second libcint makes ``mol``'s integrals at on this host (its threads): the s4
+    rows of ``blocks`` blocks of consecutive shells, spread over the molecule and together about
+    ``share`` of its shells, timed together. Blocks, not single shells: a call over one shell's
+    rows leaves most threads idle and runs at a fraction of the rate of the calls a run makes (the
+    whole s8 tensor in one call, or a tile's shells). What a config states as a computed source's
+    ``bytes_per_second``, which the planner prices its loads at."""
     import time
 
-    step = max(1, round(1 / share))
+    size = max(1, round(mol.nbas * share / blocks))
     made, spent = 0, 0.0
-    for sh in range(0, mol.nbas, step):
+    for k in range(blocks):
+        sh0 = min(mol.nbas - size, (2 * k + 1) * mol.nbas // (2 * blocks))
         start = time.perf_counter()
-        made += shell_rows(mol, sh, sh + 1).nbytes
+        made += shell_rows(mol, sh0, sh0 + size).nbytes
         spent += time.perf_counter() - start
     return made / spent
 
