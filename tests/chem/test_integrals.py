@@ -103,15 +103,17 @@ def test_bad_names_and_parameters_are_one_line():
         sources.register("pyscf.int2e")(type("Other", (), {}))
 
 
-def test_rate_times_the_rows_of_every_kth_shell(monkeypatch):
-    """libcint's rate for a config's ``bytes_per_second``: the bytes of the s4 rows of a spread
-    sample of shells over the seconds they took."""
+def test_rate_times_blocks_of_shells_spread_over_the_molecule(monkeypatch):
+    """libcint's rate for a config's ``bytes_per_second``: the bytes of the s4 rows of blocks of
+    consecutive shells, one in each quarter of the molecule, over the seconds they took."""
     from chainexec.chem import integrals
 
     mol = sources.lookup("pyscf.int2e")(atoms=MOLECULES["h2o"], basis="cc-pvdz").mol
     asked = []
     rows = integrals.shell_rows
     monkeypatch.setattr(integrals, "shell_rows", lambda m, a, b: asked.append((a, b)) or rows(m, a, b))
-    rate = integrals.rate(mol, share=0.25)
-    assert asked == [(sh, sh + 1) for sh in range(0, mol.nbas, 4)]
+    rate = integrals.rate(mol, blocks=4, share=1 / 4)
+    size = round(mol.nbas / 16)
+    assert size >= 1 and len(asked) == 4 and all(b - a == size for a, b in asked)
+    assert [a * 4 // mol.nbas for a, _ in asked] == [0, 1, 2, 3] and asked[-1][1] <= mol.nbas
     assert np.isfinite(rate) and rate > 0
