@@ -242,15 +242,16 @@ def _progress(folder, flops: int) -> float:
     return (manifest["banked"][len(CATEGORIES)] + manifest["counts"][len(CATEGORIES)]) / flops
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("fraction, ranks", [(0.3, 2), (0.6, 2), (0.6, 4), (0.9, 4)],
+                         ids=["0.3-2", "0.6-2", "0.6-4", "0.9-4"])
 def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted):
     """A four-index transform (two nests of store loops, 20 and 8 iterations, device tiles
     inside; the first nest does 61 % of the flops, so 60 % falls about its end) checkpointing
     after every iteration: one rank gets SIGKILL once the manifest shows ``fraction`` of the flops
     done, the launcher ends the others, and the same command finishes from the last checkpoint:
     the output is the uninterrupted run's bit for bit, the resumed run's movement, flops,
-    statements and peaks (its own plus the checkpoint's) the prediction."""
+    statements and peaks (its own plus the checkpoint's) the prediction. Each fraction on one
+    rank count at least, the nest's end on both."""
     config, expected, flops = uninterrupted(tmp_path, ranks)
     folder = tmp_path / "ck"
     cmd = [*launch(ranks), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
