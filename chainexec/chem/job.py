@@ -274,7 +274,7 @@ def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict
             if layout is not None and t["source"]["dataset"] == "A":
                 t["layout"] = "s8" if layout == "computed" else layout
                 if layout == "computed":  # the integrals of each tile computed where it is loaded
-                    t["source"] = {"compute": "pyscf.int2e", **molecule}  # with libcint's rate, once measured
+                    t["source"] = {"compute": "pyscf.int2e", **molecule}  # and bytes_per_second (prepare)
     for o in cfg["outputs"].values():
         o["file"] = kind.output
     cfg["scratch"] = "scratch"

@@ -329,7 +329,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in _refs(t.source["expr"])))
                     continue
                 item = tensors[node.tensor].itemsize
-                if machine is not None and node.op == "alloc" and node.level == "global" and not _from_file(tensors[node.tensor]):
+                if machine is not None and node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
                     filled[0] += item * _elements(node.indices, ranges["global"], extents) * around.points(
                         [], extents, "global")
                 if node.op in ("alloc", "free"):
@@ -368,17 +368,12 @@ def _price_load(priced: list, nbytes: int, tensor, cached: float) -> None:
     """Add to ``priced`` (bytes, seconds) a load of ``nbytes`` of ``tensor`` that is not a disk
     read: a computed source's whole at the rate its config states, or the ``cached`` share of an
     input's bytes that the page cache holds, which its mapping moves in no time."""
-    rate = tensor.source.get("bytes_per_second") if tensor.source else None
-    if "compute" in (tensor.source or {}) and rate:
+    rate = (tensor.source or {}).get("bytes_per_second")  # only a computed source states one
+    if rate:
         priced[0] += nbytes
         priced[1] += nbytes / rate
     elif cached:
         priced[0] += round(nbytes * cached)
-
-
-def _from_file(tensor) -> bool:
-    """Whether ``tensor`` is an input read from an HDF5 file (not computed, not an intermediate)."""
-    return tensor.role == "input" and "file" in tensor.source
 
 
 @lru_cache(maxsize=256)

@@ -58,10 +58,10 @@ class Machine:
     # writes made durable.
     disk_write_cached: float | None = None
     write_cache_bytes: int = 0
-    # Bytes per second a run prepares zero-filled global memory at: the allocation of a global
-    # buffer whose first statement adds into it (an accumulated output), its MPI window made and
-    # its pages touched over threads. `chainexec calibrate` measures it; None leaves the
-    # preparation unpriced.
+    # Bytes per second a run prepares global memory at: a global buffer's MPI window made and its
+    # pages touched once, by a zero fill over threads or by its first write (every global buffer
+    # but an input's tile read from its file, :func:`chainexec.planner.cost.predict_nests`).
+    # `chainexec calibrate` measures it; None leaves the preparation unpriced.
     global_fill: float | None = None
     source: str = "defaults"
 

@@ -67,6 +67,10 @@ class TensorInfo:
         """Whether it is made from an expression over other tensors (``source: {expr}``)."""
         return self.source is not None and "expr" in self.source
 
+    def from_file(self) -> bool:
+        """Whether it is an input read from an HDF5 dataset (``source: {file, dataset}``)."""
+        return self.role == "input" and self.source is not None and "file" in self.source
+
 
 @dataclass
 class Contraction:

@@ -79,8 +79,7 @@ def plan_digest(plan: Plan, plan_text: str, ranks: int) -> str:
 
 
 def _input_files(plan: Plan) -> list[str]:
-    return sorted({t.source["file"] for t in plan.tensors.values()
-                   if t.role == "input" and t.source and "file" in t.source})
+    return sorted({t.source["file"] for t in plan.tensors.values() if t.from_file()})
 
 
 def _stamp(path: str) -> list[int]:

@@ -58,7 +58,7 @@ def cached_inputs(plan: Plan) -> dict[str, float]:
     holds where its loads map them (:func:`chainexec.runtime.mapped.cached_share`): what
     :func:`chainexec.planner.cost.predict` prices as loads that move nothing."""
     return {t.name: cached_share(t.source["file"], t.source["dataset"], np.dtype(t.dtype))
-            for t in plan.tensors.values() if t.role == "input" and "file" in t.source}
+            for t in plan.tensors.values() if t.from_file()}
 
 
 def check_inputs(plan: Plan) -> None:
@@ -162,7 +162,7 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
     Every seed is checked first; each file is then written as a copy under a temporary name
     (keeping the datasets the config does not write) and renamed into place, so that a failure
     leaves every file as it was."""
-    inputs = [t for t in plan.tensors.values() if t.role == "input" and "file" in t.source]
+    inputs = [t for t in plan.tensors.values() if t.from_file()]
     for t in inputs:
         if "seed" not in t.source:
             raise ChainexecError(f"tensor {t.name} has no seed, so `chainexec generate` cannot write it",
