@@ -30,7 +30,7 @@ out = sys.argv[1]
 for p in ["inline_warm", "noinline_warm", "inline_warm2", "noinline_warm2"]:
     d = json.load(open(f"{out}/syn_{p}.json"))
     m, pr = d["measured"], d["predicted"]
-    st = sorted(d["run"].get("statement_seconds", {}).items(), key=lambda kv: -kv[1])[:8]
+    st = sorted(d["measured"]["by_statement"].items(), key=lambda kv: -kv[1])[:8]
     print(p, "total", round(m["total_seconds"], 3), "compute", round(m["seconds"]["compute"], 3),
           "flops", m["flops"], "TF/s", round(m["flops"] / m["seconds"]["compute"] / 1e12, 2),
           "equal", all(m[k] == pr[k] for k in ("bytes", "flops", "statements", "streamed", "memory_peak")),

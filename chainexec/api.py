@@ -229,7 +229,6 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
                     "balance": balance, "plan_cached": cached, "resumed_tiles": executor.resumed,
                     "checkpoints": executor.checkpoints,
                     "per_rank": executor.rank_times(measured["total_seconds"]),
-                    "statement_seconds": executor.statement_seconds(),
                     "memory_limit": p.memory_limit, "machine": p.machine, "phases": phases}}
 
 

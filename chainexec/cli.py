@@ -237,7 +237,7 @@ def _main(args) -> int:
                     print()
                     print(report.run_report(result["predicted"], result["measured"], result["run"]["memory_limit"],
                                             result["run"]["phases"]))
-                    print(report.statements(result["run"]["statement_seconds"]))
+                    print(report.statements(result["measured"]["by_statement"], result["predicted"]["by_statement"]))
                     if result["run"]["plan_cached"]:
                         print("plan read from the plan cache (--no-plan-cache plans again)")
                 if args.report_json:

@@ -130,16 +130,19 @@ def ranks(per_rank: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def statements(seconds: dict[str, float], top: int = 10) -> str:
+def statements(seconds: dict[str, float], predicted: dict[str, float], top: int = 10) -> str:
     """Where the executor's time went: the ``top`` statements by seconds (summed over ranks;
-    compute, evaluations, global<->device transfers and the disk worker's loads and stores) and
-    their share of all those seconds."""
+    compute, evaluations, global<->device transfers and the disk worker's loads and stores),
+    their share of all those seconds, and the seconds the plan predicts for each
+    (:func:`chainexec.planner.cost.predict`'s ``by_statement``, all ranks together)."""
     total = sum(seconds.values()) or 1.0
-    rows = [f"{'statement':<18}{'seconds':>12}{'share':>9}"]
-    rows += [f"{name:<18}{s:>12.4f}{_percent(s / total):>9}" for name, s in list(seconds.items())[:top]]
+    rows = [f"{'statement':<22}{'seconds':>12}{'share':>9}{'predicted':>12}"]
+    rows += [f"{name:<22}{s:>12.4f}{_percent(s / total):>9}{predicted.get(name, 0.0):>12.4f}"
+             for name, s in list(seconds.items())[:top]]
     if len(seconds) > top:
         rest = sum(list(seconds.values())[top:])
-        rows.append(f"{f'({len(seconds) - top} more)':<18}{rest:>12.4f}{_percent(rest / total):>9}")
+        guess = sum(predicted.get(name, 0.0) for name in list(seconds)[top:])
+        rows.append(f"{f'({len(seconds) - top} more)':<22}{rest:>12.4f}{_percent(rest / total):>9}{guess:>12.4f}")
     return "\n".join(rows)
 
 

@@ -91,21 +91,28 @@ def rows(mol, start: int, stop: int, kind: str = "s4", out: np.ndarray | None = 
     return shell_rows(mol, sh0, sh1, kind)[start - offset:stop - offset]
 
 
-def rate(mol, blocks: int = 4, share: float = 1 / 8) -> float:
-    """Bytes per second libcint makes ``mol``'s integrals at on this host (its threads): the s4
-    rows of ``blocks`` blocks of consecutive shells, spread over the molecule and together about
-    ``share`` of its shells, timed together. Blocks, not single shells: a call over one shell's
-    rows leaves most threads idle and runs at a fraction of the rate of the calls a run makes (the
-    whole s8 tensor in one call, or a tile's shells). What a config states as a computed source's
-    ``bytes_per_second``, which the planner prices its loads at."""
+def rate(mol, blocks: int = 4, target: int = 1 << 26) -> float:
+    """Bytes per second libcint makes ``mol``'s integrals at on this host (its threads): ``blocks``
+    raw ``intor`` calls, each over a block of consecutive ``i`` shells and one of ``k`` shells
+    (all ``j`` and ``l``; about ``target`` bytes of s1 values, at most a 32nd of the s8 tensor's
+    bytes each), the blocks spread over the molecule, timed together. Each value costs libcint the same whatever the layout stores, so
+    this is the rate of a whole-tensor call in bytes of its layout. Raw calls, not
+    :func:`shell_rows`: its reordering of the rows is single-threaded NumPy work that takes
+    longer than libcint's on many cores. Wide blocks: every call has ``i × j`` shell pairs for
+    all threads. What a config states as a computed source's ``bytes_per_second``, which the
+    planner prices its loads at."""
+    import math
     import time
 
-    size = max(1, round(mol.nbas * share / blocks))
+    nbas, nao = mol.nbas, mol.nao_nr()
+    target = min(target, packing.Layout("s8", nao).shape[0] * 8 // 32)
+    size = max(1, min(nbas, round(math.sqrt(target / (8 * nao * nao)) * nbas / nao)))
     made, spent = 0, 0.0
     for k in range(blocks):
-        sh0 = min(mol.nbas - size, (2 * k + 1) * mol.nbas // (2 * blocks))
+        i0 = min(nbas - size, (2 * k + 1) * nbas // (2 * blocks))
+        k0 = min(nbas - size, (2 * ((k + blocks // 2) % blocks) + 1) * nbas // (2 * blocks))
         start = time.perf_counter()
-        made += shell_rows(mol, sh0, sh0 + size).nbytes
+        made += mol.intor("int2e", aosym="s1", shls_slice=(i0, i0 + size, 0, nbas, k0, k0 + size, 0, nbas)).nbytes
         spent += time.perf_counter() - start
     return made / spent
 

@@ -238,12 +238,19 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
     priced, filled, total = [0, 0.0], [0], 0.0
+    by_statement: dict[str, float] = {}
+    stored: dict[str, int] = {}
 
-    def count(work: int, bytes_: int) -> None:
+    def spend(name: str, seconds: float) -> None:
+        by_statement[name] = by_statement.get(name, 0.0) + seconds
+
+    def count(work: int, bytes_: int, name: str) -> None:
         """One compute statement's flops and streamed bytes over all its iterations."""
         flops[0] += work
         streamed[0] += bytes_
-        compute[0] += machine.compute_seconds(work, bytes_)
+        seconds = machine.compute_seconds(work, bytes_)
+        compute[0] += seconds
+        spend(name, seconds)
 
     for nest in nests:
         live = {"global": 0, "device": 0}
@@ -260,6 +267,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             if machine is not None:  # (the statements' movement and flops: not for peaks alone)
                 tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
                 symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
+                names = _statement_names(body, loops[-1] if loops else None)
 
                 def all_tiles(ix):
                     return around.points(ix, extents, "device")
@@ -320,13 +328,14 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         # a point-wise run's output is read and written once
                         bytes_ = (0 if k in tails else 2 * tile_bytes(c.out, c.out_indices, where)) + sum(
                             tile_bytes(n, ix, where) for n, ix in c.operands())
-                    count(work, bytes_ + passes)
+                    count(work, bytes_ + passes, names[k])
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
                     count(0, tile_bytes(node.tensor, node.indices, all_tiles) + sum(
-                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in _refs(t.source["expr"])))
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in _refs(t.source["expr"])),
+                        names[k])
                     continue
                 item = tensors[node.tensor].itemsize
                 if machine is not None and node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
@@ -347,7 +356,15 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
                     moved[CATEGORY[node.op]] += nbytes
                     if node.op == "load":
+                        before_load = tuple(priced)
                         _price_load(priced, nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))
+                        spend(names[k], priced[1] - before_load[1] + (
+                            nbytes - (priced[0] - before_load[0])) / machine.disk_read)
+                    elif node.op == "store":
+                        stored[names[k]] = stored.get(names[k], 0) + nbytes
+                    else:
+                        spend(names[k], nbytes / (machine.global_to_device if node.op == "get"
+                                                  else machine.device_to_global))
 
         walk(nest.body, [], {level: {} for level in live})
         if machine is not None:
@@ -360,8 +377,12 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     if machine is None:
         return {"memory_peak": peak}
     seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]))
+    writes = sum(stored.values())
+    for name, nbytes in stored.items():  # the cached share of the writes spread over them by bytes
+        spend(name, machine.write_seconds(writes, ranks) * nbytes / writes)
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
-            "memory_peak": peak, "seconds": seconds, "total_seconds": total}
+            "memory_peak": peak, "seconds": seconds, "total_seconds": total,
+            "by_statement": dict(sorted(by_statement.items(), key=lambda kv: -kv[1]))}
 
 
 def _price_load(priced: list, nbytes: int, tensor, cached: float) -> None:
@@ -380,6 +401,22 @@ def _price_load(priced: list, nbytes: int, tensor, cached: float) -> None:
 def _refs(source: str) -> tuple:
     """The tensor references of a computed tensor's expression (parsed once per planning)."""
     return tuple(expr.refs(expr.parse(source)))
+
+
+def _statement_names(body: list, loop: Loop | None) -> dict[int, str]:
+    """The name under which the runtime times each statement of ``body`` (positions -> names,
+    :attr:`chainexec.runtime.accounting.Counters.by_statement`): ``#k`` for a contraction,
+    ``#k-#m`` for every term of a run from contraction k to m (timed as one), ``OP T`` for
+    the other statements, ``OP T #k-#m`` for a fused statement that stands for contractions k to m."""
+    names = {}
+    for k, node in enumerate(body):
+        if isinstance(node, Loop):
+            continue
+        names[k] = f"{node.op} {node.tensor}" + (f" #{node.group[0]}-#{node.group[-1]}" if node.group else "")
+    for run in runs(body, loop):
+        first, last = body[run[0]].contraction, body[run[-1]].contraction
+        names.update((k, f"#{first}" + (f"-#{last}" if len(run) > 1 else "")) for k in run)
+    return names
 
 
 def _symmetrized_runs(body: list, loop: Loop | None) -> dict[int, tuple]:

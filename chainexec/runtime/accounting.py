@@ -162,7 +162,8 @@ class Counters:
     def measured(self, seconds: float) -> dict:
         """Same keys as the plan's ``predicted``: seconds per level are the busiest rank's time
         inside that level's statements; ``total_seconds`` is the wall time of the slowest rank
-        (``seconds`` on this one)."""
+        (``seconds`` on this one); ``by_statement`` each statement's seconds summed over the
+        ranks (:meth:`statement_seconds`). Collective."""
         total = self.comm.allreduce(np.array([self.bytes[k] for k in CATEGORIES]
                                              + [self.flops, self.statements, self.streamed], dtype=np.int64))
         mx = _max()
@@ -175,6 +176,7 @@ class Counters:
             "memory_peak": self.peaks(),
             "seconds": {k: float(self.comm.allreduce(v, op=mx)) for k, v in self.seconds.items()},
             "total_seconds": float(self.comm.allreduce(seconds, op=mx)),
+            "by_statement": self.statement_seconds(),
         } | ({"memory_high_water": {"device": int(high_water)}} if high_water else {})
 
 

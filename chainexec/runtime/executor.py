@@ -139,10 +139,6 @@ class Executor:
         self.buffers.release()
         self.claims.free()
 
-    def statement_seconds(self) -> dict[str, float]:
-        """Seconds per timed statement, summed over ranks (:meth:`Counters.statement_seconds`; collective)."""
-        return self.counters.statement_seconds()
-
     def rank_times(self, total: float) -> list[dict]:
         """Busy and idle seconds and tiles per rank (:meth:`Counters.rank_times`; collective)."""
         return self.counters.rank_times(total)

@@ -104,16 +104,27 @@ def test_bad_names_and_parameters_are_one_line():
 
 
 def test_rate_times_blocks_of_shells_spread_over_the_molecule(monkeypatch):
-    """libcint's rate for a config's ``bytes_per_second``: the bytes of the s4 rows of blocks of
-    consecutive shells, one in each quarter of the molecule, over the seconds they took."""
+    """libcint's rate for a config's ``bytes_per_second``: the bytes of raw ``intor`` calls over
+    blocks of ``i`` and ``k`` shells (all ``j``, ``l``), one block in each quarter of the
+    molecule, over the seconds they took; each block about the target's bytes."""
+    from pyscf import gto
+
     from chainexec.chem import integrals
 
     mol = sources.lookup("pyscf.int2e")(atoms=MOLECULES["h2o"], basis="cc-pvdz").mol
     asked = []
-    rows = integrals.shell_rows
-    monkeypatch.setattr(integrals, "shell_rows", lambda m, a, b: asked.append((a, b)) or rows(m, a, b))
-    rate = integrals.rate(mol, blocks=4, share=1 / 4)
-    size = round(mol.nbas / 16)
-    assert size >= 1 and len(asked) == 4 and all(b - a == size for a, b in asked)
-    assert [a * 4 // mol.nbas for a, _ in asked] == [0, 1, 2, 3] and asked[-1][1] <= mol.nbas
-    assert np.isfinite(rate) and rate > 0
+    intor = gto.Mole.intor
+
+    def spy(self, name, aosym="s1", shls_slice=None, **kw):
+        asked.append(shls_slice)
+        return intor(self, name, aosym=aosym, shls_slice=shls_slice, **kw)
+
+    monkeypatch.setattr(gto.Mole, "intor", spy)
+    nao, target = mol.nao_nr(), 1 << 16
+    rate = integrals.rate(mol, blocks=4, target=target)
+    assert len(asked) == 4 and np.isfinite(rate) and rate > 0
+    sizes = {(i1 - i0, k1 - k0) for i0, i1, j0, j1, k0, k1, l0, l1 in asked}
+    assert len(sizes) == 1 and all((j0, j1, l0, l1) == (0, mol.nbas, 0, mol.nbas) for _, _, j0, j1, _, _, l0, l1 in asked)
+    assert [s[0] * 4 // mol.nbas for s in asked] == [0, 1, 2, 3] and sorted(s[4] * 4 // mol.nbas for s in asked) == [0, 1, 2, 3]
+    made = [8 * nao * nao * (ao[s[1]] - ao[s[0]]) * (ao[s[5]] - ao[s[4]]) for ao in [mol.ao_loc_nr()] for s in asked]
+    assert target / 8 < sum(made) / 4 < 8 * target

@@ -119,3 +119,31 @@ def test_computed_source_loads_at_its_stated_rate():
     assert read["bytes"] == stated["bytes"]
     assert stated["seconds"]["disk"] - read["seconds"]["disk"] == pytest.approx(
         a_bytes / 2.0e6 - a_bytes / machine.disk_read, rel=1e-9)
+
+
+def _by_level(by_statement: dict[str, float]) -> dict[str, float]:
+    """Per-statement seconds (:func:`predict`'s ``by_statement``) added up per level."""
+    level = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device"}
+    found = dict.fromkeys(LEVELS, 0.0)
+    for name, seconds in by_statement.items():
+        found[level.get(name.split()[0], "compute")] += seconds
+    return found
+
+
+@pytest.mark.parametrize("memory, ranks, cached", [(("1GiB", "1GiB"), 1, 0.0), (("24KiB", "3KiB"), 1, 0.5),
+                                                   (("24KiB", "3KiB"), 3, 0.0)])
+def test_statement_seconds_add_up_to_the_levels(memory, ranks, cached):
+    """Each statement's predicted seconds (all ranks together), summed per level, are the level's
+    seconds: the report sets them beside the statements the runtime times."""
+    machine = Machine(device_bandwidth=5.0e10, disk_write_cached=4.0e9, write_cache_bytes=4096)
+    p = predict(_plan(*memory, machine, ranks), machine, ranks, cached={"A": cached})
+    assert {name.split()[0] for name in p["by_statement"]} >= {"load", "store", "get", "accumulate"}
+    assert _by_level(p["by_statement"]) == pytest.approx({k: v * ranks for k, v in p["seconds"].items()}, rel=1e-12)
+
+
+def test_statement_seconds_of_a_computed_source():
+    machine = Machine()
+    p = make_plan(spec.loads(COMPUTED % ", bytes_per_second: 2000000.0", "/tmp/computed.yaml"), machine).predicted
+    npair = 7 * 8 // 2
+    assert p["by_statement"]["load A"] == pytest.approx(npair * (npair + 1) // 2 * 8 / 2.0e6, rel=1e-12)
+    assert _by_level(p["by_statement"]) == pytest.approx(p["seconds"], rel=1e-12)

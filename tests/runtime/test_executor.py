@@ -269,7 +269,7 @@ print(json.dumps({"seen": backend.seen, "stamps": backend.clock, "open": len(bac
                   "queued_copies": backend.queued_copies, "unlanded": backend.unlanded,
                   "E": energy(sys.argv[2]), "E_plain": e_plain,
                   "measured": result["measured"], "predicted": result["predicted"],
-                  "statements": result["run"]["statement_seconds"]}))
+                  "statements": result["measured"]["by_statement"]}))
 '''
 
 

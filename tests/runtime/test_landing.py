@@ -212,7 +212,7 @@ def test_fresh_results_land_straight_into_locked_global_arrays(tmp_path, monkeyp
     result = api.run(config, backend="numpy")
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
     assert (backend.copied["into"] > 0) == direct
-    assert (result["run"]["statement_seconds"]["accumulate B"] >= 0.25) == direct
+    assert (result["measured"]["by_statement"]["accumulate B"] >= 0.25) == direct
     assert backend.copied["into"] + backend.copied["own"] == result["measured"]["bytes"]["device->global"]
     assert backend.locked and not backend.live and all(backend.waited) and len(backend.waited) == len(backend.locked)
     check_fourindex(tmp_path)

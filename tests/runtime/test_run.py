@@ -118,12 +118,31 @@ def test_disk_statements_are_timed(fourindex):
     proc = run_cli("run", fourindex, "--report-json", report)
     assert proc.returncode == 0, proc.stderr
     result = read_report(report)
-    disk = {name: s for name, s in result["run"]["statement_seconds"].items() if name.split()[0] in ("load", "store")}
+    disk = {name: s for name, s in result["measured"]["by_statement"].items() if name.split()[0] in ("load", "store")}
     planned = {f"{op.op} {op.tensor}" for nest in make_plan(spec.load(fourindex)).nests for op, _ in ops(nest.body)
                if op.op in ("load", "store")}
     assert set(disk) == planned and {name.split()[0] for name in planned} == {"load", "store"}
     assert all(s > 0 for s in disk.values())
     assert sum(disk.values()) == pytest.approx(result["measured"]["seconds"]["disk"], rel=1e-9)
+
+
+@pytest.mark.parametrize("job", ["fourindex", "ccsd_t"])
+def test_every_timed_statement_is_predicted(fourindex, tmp_path, job):
+    """The report sets each statement's measured seconds beside its predicted ones: the runtime
+    times statements under the names the plan predicts, loads and stores, transfers, contractions,
+    the runs of (T)'s W terms and its fused energy statement alike."""
+    config = fourindex
+    if job == "ccsd_t":
+        assert run_cli("chem", "synthetic", "--synthetic", 3, 7, 2, "--out", tmp_path).returncode == 0
+        config = tmp_path / "ccsd_t.yaml"
+    report = tmp_path / "report.json"
+    proc = run_cli("run", config, "--report-json", report)
+    assert proc.returncode == 0, proc.stderr
+    result = read_report(report)
+    measured, predicted = result["measured"]["by_statement"], result["predicted"]["by_statement"]
+    assert set(measured) == set(predicted)
+    kinds = {name.split()[0][0] if name.startswith("#") else name.split()[0] for name in measured}
+    assert kinds == ({"load", "store", "get", "accumulate", "#"} | ({"fused"} if job == "ccsd_t" else set()))
 
 
 @pytest.mark.parametrize("balance", ["static", "dynamic"])
