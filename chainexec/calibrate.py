@@ -350,6 +350,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                       statement_seconds=per_statement, device_bandwidth=copy["per_second"],
                       async_statements=first["queued"], disk_write_cached=cached["per_second"],
                       write_cache_bytes=disk["write_cache_bytes"] // len(raw), global_fill=fill["per_second"],
+                      host_to_device=host_device and host_device["host_to_device"]["per_second"],
+                      device_to_host=host_device and host_device["device_to_host"]["per_second"],
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from chainexec.errors import ChainexecError
-from chainexec.planner.cost import buffer_elements, parallel_tiles, predict, predict_nests
+from chainexec.planner.cost import buffer_elements, parallel_tiles, pinned, predict, predict_nests
 from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
 from chainexec.planner import ordered, packed, record, resume
@@ -189,4 +189,7 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
                 alternatives, ranks)
     plan.parallel_tiles = parallel_tiles(plan)
     plan.predicted = predict(plan, machine, ranks)
+    plan.pinned = pinned(plan.predicted["bytes"], machine, ranks)
+    if plan.pinned:  # its global arrays' transfers at the page-locked rates
+        plan.predicted = predict(plan, machine, ranks)
     return plan

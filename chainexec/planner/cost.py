@@ -197,10 +197,20 @@ def predict(plan: Plan, machine: Machine, ranks: int = 1, cached: dict[str, floa
     peak per level, seconds per level for ``ranks`` ranks sharing the work, each at the machine
     file's per-rank rates (a perfectly balanced run), and the run's seconds (:func:`wall`).
     ``cached``: per input tensor, the share of its bytes that the page cache holds where its
-    loads map them (:mod:`chainexec.runtime.mapped`), loads that move nothing."""
-    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks, cached)
+    loads map them (:mod:`chainexec.runtime.mapped`), loads that move nothing. Transfers of a
+    pinned plan's global arrays (:attr:`Plan.pinned`) move by DMA from page-locked memory."""
+    record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks, cached,
+                           plan.pinned)
     record["seconds"] = {level: t / ranks for level, t in record["seconds"].items()}
     return record
+
+
+def pinned(moved: dict[str, int], machine: Machine, ranks: int) -> bool:
+    """Whether a run that moves ``moved`` bytes per category (all ranks together) uses page-locked
+    host buffers: at least :attr:`Machine.pinned_from_bytes` between global and device memory
+    per rank. Its global arrays are then locked where they lie, and their tiles move to and from
+    the device by DMA (a GPU backend; the NumPy backend's device is host memory)."""
+    return (moved["global->device"] + moved["device->global"]) // ranks >= machine.pinned_from_bytes
 
 
 def wall(levels: dict[str, float], overlapped: int, prepare: float = 0.0) -> float:
@@ -221,7 +231,7 @@ def wall(levels: dict[str, float], overlapped: int, prepare: float = 0.0) -> flo
 
 
 def predict_nests(nests, tensors, extents, contractions, machine: Machine | None, ranks: int = 1,
-                  cached: dict[str, float] | None = None) -> dict:
+                  cached: dict[str, float] | None = None, locks: bool = False) -> dict:
     """:func:`predict` for loose parts of a plan (used to price candidate schedules, for one rank).
     A transfer to the device outside every parallel loop (a fused group's inputs fetched once per
     global tile) is made by each of the ``ranks``. With no ``machine``, only the memory peaks
@@ -232,12 +242,16 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     touched once before its first use, by a zero fill (a buffer accumulated into, or one the
     backend page-locks) or by its first write: each allocation of one is priced at
     :attr:`Machine.global_fill`, but an input's tile read from its file (mapped where the file
-    allows: :mod:`chainexec.runtime.mapped`)."""
+    allows: :mod:`chainexec.runtime.mapped`). ``locks``: the run locks its global arrays
+    (:func:`pinned`), whose transfers are priced at the page-locked rates
+    (:meth:`Machine.transfer_seconds`); an input's tiles read from its file are not locked
+    and go through a staging copy."""
     cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
     priced, filled, total = [0, 0.0], [0], 0.0
+    locked = [0, 0]  # bytes to and from the device by DMA from page-locked global arrays
     by_statement: dict[str, float] = {}
     stored: dict[str, int] = {}
 
@@ -255,7 +269,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], tuple(priced), filled[0])
+        before = (dict(moved), compute[0], tuple(priced), filled[0], tuple(locked))
         overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
@@ -363,20 +377,23 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     elif node.op == "store":
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
-                        spend(names[k], nbytes / (machine.global_to_device if node.op == "get"
-                                                  else machine.device_to_global))
+                        dma = locks and not tensors[node.tensor].from_file()
+                        if dma:
+                            locked[node.op != "get"] += nbytes
+                        spend(names[k], machine.transfer_seconds(node.op, nbytes, dma))
 
         walk(nest.body, [], {level: {} for level in live})
         if machine is not None:
             own = {k: moved[k] - before[0][k] for k in moved}
             levels = machine.seconds(own, compute[0] - before[1], ranks,
-                                     (priced[0] - before[2][0], priced[1] - before[2][1]))
+                                     (priced[0] - before[2][0], priced[1] - before[2][1]),
+                                     (locked[0] - before[4][0], locked[1] - before[4][1]))
             prepare = (filled[0] - before[3]) / machine.global_fill if machine.global_fill else 0.0
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]))
+    seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]), (locked[0], locked[1]))
     writes = sum(stored.values())
     for name, nbytes in stored.items():  # the cached share of the writes spread over them by bytes
         spend(name, machine.write_seconds(writes, ranks) * nbytes / writes)

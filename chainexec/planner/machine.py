@@ -63,6 +63,17 @@ class Machine:
     # but an input's tile read from its file, :func:`chainexec.planner.cost.predict_nests`).
     # `chainexec calibrate` measures it; None leaves the preparation unpriced.
     global_fill: float | None = None
+    # Host<->device bytes per rank from which a run uses page-locked host buffers (:attr:`Plan.pinned`):
+    # its global arrays are then locked where they lie and their tiles move by DMA, without the
+    # staging copy on the host. The first page-locked allocation of a process costs about half a
+    # second (it waits for the device); page-locked copies save about 0.09 s per GB over plain
+    # memory (about 55 against 9 GB/s), so they repay that from about 5 GB on.
+    pinned_from_bytes: int = 4 << 30
+    # Bytes per second of those DMA copies between page-locked host memory and the device, each
+    # way: the rate of a pinned run's transfers of global arrays. `chainexec calibrate` measures
+    # them on a GPU; None prices every transfer at global_to_device / device_to_global.
+    host_to_device: float | None = None
+    device_to_host: float | None = None
     source: str = "defaults"
 
     def compute_seconds(self, flops: int, streamed: int) -> float:
@@ -85,19 +96,31 @@ class Machine:
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
     def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1,
-                priced: tuple[int, float] = (0, 0.0)) -> dict[str, float]:
+                priced: tuple[int, float] = (0, 0.0), locked: tuple[int, int] = (0, 0)) -> dict[str, float]:
         """Seconds per level for the given bytes per category (all ``ranks`` ranks' together) and
         compute seconds (the sum of :meth:`compute_seconds` over the statements), summed over the
         ranks. ``priced``: bytes of loads that are not disk reads and their seconds (a computed
-        source's at its rate; a mapped input's pages the page cache holds move in none)."""
+        source's at its rate; a mapped input's pages the page cache holds move in none).
+        ``locked``: the bytes of ``global->device`` and ``device->global`` that move between
+        page-locked host memory and the device (:meth:`transfer_seconds`)."""
         loads, seconds = priced
+        staged = (moved["global->device"] - locked[0], moved["device->global"] - locked[1])
         return {
             "disk": (moved["disk->global"] - loads) / self.disk_read + seconds
             + self.write_seconds(moved["global->disk"], ranks),
-            "global<->device": moved["global->device"] / self.global_to_device
-            + moved["device->global"] / self.device_to_global,
+            "global<->device": self.transfer_seconds("get", staged[0]) + self.transfer_seconds("get", locked[0], True)
+            + self.transfer_seconds("accumulate", staged[1]) + self.transfer_seconds("accumulate", locked[1], True),
             "compute": compute,
         }
+
+    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False) -> float:
+        """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA
+        from page-locked host memory where ``locked`` (at :attr:`host_to_device` /
+        :attr:`device_to_host` where measured), else through a staging copy on the host (at
+        :attr:`global_to_device` / :attr:`device_to_global`)."""
+        if op == "get":
+            return nbytes / (self.host_to_device if locked and self.host_to_device else self.global_to_device)
+        return nbytes / (self.device_to_host if locked and self.device_to_host else self.device_to_global)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -169,6 +192,10 @@ FIELDS = {
     "write_cache_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                     "a whole number of bytes, 0 or more"),
     "global_fill": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "pinned_from_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                          "a whole number of bytes, 0 or more"),
+    "host_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "device_to_host": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "source": (lambda v: isinstance(v, str), "a string"),
 }
 

@@ -388,6 +388,9 @@ class Plan:
     parallel_tiles: int = 0
     # Each memory limit and rate planned with: {"value", "from", "detail"} (chainexec.api sets it).
     machine: dict = field(default_factory=dict)
+    # Whether the run uses page-locked host buffers and locks its global arrays where they lie
+    # (:func:`chainexec.planner.cost.pinned`): what a GPU backend does and the prediction prices.
+    pinned: bool = False
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -422,7 +425,7 @@ def _node_from_dict(d: dict):
     return Op(**op)
 
 
-FORMAT = 2
+FORMAT = 3
 """Version of the plan's JSON layout: a plan of another version is not read
 (:func:`from_dict`; the plan cache then plans again)."""
 
@@ -443,6 +446,7 @@ def to_dict(plan: Plan) -> dict:
         "ranks": plan.ranks,
         "parallel_tiles": plan.parallel_tiles,
         "machine": plan.machine,
+        "pinned": plan.pinned,
     }
 
 
@@ -464,6 +468,7 @@ def from_dict(d: dict) -> Plan:
         ranks=int(d["ranks"]),
         parallel_tiles=int(d["parallel_tiles"]),
         machine=dict(d["machine"]),
+        pinned=bool(d["pinned"]),
     )
 
 

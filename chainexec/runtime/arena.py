@@ -7,7 +7,7 @@ memory are copied into it over threads (:func:`chainexec.runtime.hostcopy.copy`)
 the device asynchronously on the caller's stream; a part of the ring is written again only once
 the copy out of it is done (a CUDA event per part).
 
-Why: a run moving less than :data:`chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` copies its inputs
+Why: a run the plan does not pin (:attr:`chainexec.planner.plan.Plan.pinned`) copies its inputs
 from plain host memory, which the driver stages through a page-locked buffer of its own on the
 calling thread: at one thread's copy rate, with the host blocked for the whole copy, while the
 compute stream idles waiting for the data (most of all before the first GEMM). Through the arena

@@ -312,9 +312,9 @@ class Backend(abc.ABC):
         """A host array for copies to and from the device (here: plain memory)."""
         return np.empty(shape, dtype)
 
-    def expect_transfers(self, nbytes: int) -> None:
-        """Bytes this rank will move between host and device memory in the run (a hint for the
-        kind of host buffers to use)."""
+    def expect_transfers(self, pinned: bool) -> None:
+        """Whether the run uses page-locked host buffers and locks its global arrays
+        (:attr:`chainexec.planner.plan.Plan.pinned`, the plan's decision)."""
 
     def limit_memory(self, limit: int, planned: int) -> None:
         """The configured device memory and the plan's peak in it (bytes per rank): what is left

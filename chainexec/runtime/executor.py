@@ -91,8 +91,7 @@ class Executor:
                              self.streams, self._settle)
         self.frame = Frame(plan.extents)  # the innermost loop's being run
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
-        moved = plan.predicted["bytes"]
-        backend.expect_transfers((moved["global->device"] + moved["device->global"]) // comm.size)
+        backend.expect_transfers(plan.pinned)
         backend.limit_memory(plan.memory_limit["device"], plan.predicted["memory_peak"]["device"])
 
     @property

@@ -21,7 +21,7 @@ Unregistering takes time in proportion to the size (milliseconds per hundred MB)
 separate thread.
 
 Only a run of plain host memory locks inputs' tiles (:attr:`chainexec.runtime.backends.cupy.CupyBackend.pinned`
-false: under :data:`~chainexec.runtime.backends.cupy.PINNED_FROM_BYTES` moved). A larger run does not
+false: under :attr:`~chainexec.planner.machine.Machine.pinned_from_bytes` moved). A larger run does not
 hold tens of GB of page cache locked: it locks its global arrays instead, writable (each rank's
 block, zero-filled at allocation so that the registration finds its pages touched: faulting them
 in, the driver holds the process's address space for seconds against every other thread's

@@ -26,7 +26,7 @@ Ranks on several hosts (:func:`chainexec.runtime.comm.host_comm`, simulated host
 into a global array instead, each rank its own rows, so that each row comes from the file once in
 all: mapped on every host, each host would read the other hosts' rows from the file again, bytes
 the plan does not count. Where the backend page-locks host
-memory for its copies (a run moving less than ``PINNED_FROM_BYTES`` per rank on a GPU), each
+memory for its copies (a run moving less than ``Machine.pinned_from_bytes`` per rank on a GPU), each
 rank's lock thread pins, and so makes resident, the whole tile at its allocation
 (:meth:`chainexec.runtime.buffers.Buffers.lock`), beside the loads that count it.
 """

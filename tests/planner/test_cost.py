@@ -130,12 +130,14 @@ def _by_level(by_statement: dict[str, float]) -> dict[str, float]:
     return found
 
 
-@pytest.mark.parametrize("memory, ranks, cached", [(("1GiB", "1GiB"), 1, 0.0), (("24KiB", "3KiB"), 1, 0.5),
-                                                   (("24KiB", "3KiB"), 3, 0.0)])
-def test_statement_seconds_add_up_to_the_levels(memory, ranks, cached):
+@pytest.mark.parametrize("memory, ranks, cached, pinned_from", [
+    (("1GiB", "1GiB"), 1, 0.0, 4 << 30), (("24KiB", "3KiB"), 1, 0.5, 4 << 30), (("24KiB", "3KiB"), 3, 0.0, 4 << 30),
+    (("24KiB", "3KiB"), 3, 0.0, 0)])
+def test_statement_seconds_add_up_to_the_levels(memory, ranks, cached, pinned_from):
     """Each statement's predicted seconds (all ranks together), summed per level, are the level's
     seconds: the report sets them beside the statements the runtime times."""
-    machine = Machine(device_bandwidth=5.0e10, disk_write_cached=4.0e9, write_cache_bytes=4096)
+    machine = Machine(device_bandwidth=5.0e10, disk_write_cached=4.0e9, write_cache_bytes=4096,
+                      host_to_device=3.0e10, device_to_host=2.0e10, pinned_from_bytes=pinned_from)
     p = predict(_plan(*memory, machine, ranks), machine, ranks, cached={"A": cached})
     assert {name.split()[0] for name in p["by_statement"]} >= {"load", "store", "get", "accumulate"}
     assert _by_level(p["by_statement"]) == pytest.approx({k: v * ranks for k, v in p["seconds"].items()}, rel=1e-12)
@@ -147,3 +149,34 @@ def test_statement_seconds_of_a_computed_source():
     npair = 7 * 8 // 2
     assert p["by_statement"]["load A"] == pytest.approx(npair * (npair + 1) // 2 * 8 / 2.0e6, rel=1e-12)
     assert _by_level(p["by_statement"]) == pytest.approx(p["seconds"], rel=1e-12)
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_plan_pins_from_the_machines_bytes_per_rank(ranks):
+    """``Plan.pinned``, what a GPU run's host buffers are: page-locked where the run moves at
+    least ``pinned_from_bytes`` between global and device memory per rank."""
+    moved = _plan("24KiB", "3KiB", Machine(), ranks).predicted["bytes"]
+    per_rank = (moved["global->device"] + moved["device->global"]) // ranks
+    for threshold, expected in ((per_rank, True), (per_rank + 1, False), (0, True)):
+        assert _plan("24KiB", "3KiB", Machine(pinned_from_bytes=threshold), ranks).pinned is expected
+
+
+def test_a_pinned_plan_moves_global_arrays_at_the_page_locked_rates():
+    """One tile: the output B goes back from the device by DMA into its locked global array at
+    ``device_to_host``; the inputs' tiles, mapped from their files or read into global memory,
+    go through a staging copy at ``global_to_device`` whether or not the run pins. Unpinned,
+    every transfer is staged."""
+    rates = dict(global_to_device=1.0e10, device_to_global=8.0e9, host_to_device=4.0e10, device_to_host=3.0e10)
+    plain, locked = (_plan("1GiB", "1GiB", Machine(**rates, pinned_from_bytes=b)) for b in (1 << 50, 0))
+    assert (plain.pinned, locked.pinned) == (False, True)
+    assert plain.predicted["bytes"] == locked.predicted["bytes"]
+    b_bytes = locked.predicted["bytes"]["device->global"]
+    assert b_bytes == 8 ** 4 * 8
+    assert plain.predicted["by_statement"]["accumulate B"] == pytest.approx(b_bytes / 8.0e9, rel=1e-12)
+    assert locked.predicted["by_statement"]["accumulate B"] == pytest.approx(b_bytes / 3.0e10, rel=1e-12)
+    gets = {k: v for k, v in locked.predicted["by_statement"].items() if k.startswith("get ")}
+    assert len(gets) >= 2 and gets == {k: plain.predicted["by_statement"][k] for k in gets}
+    assert sum(gets.values()) == pytest.approx(locked.predicted["bytes"]["global->device"] / 1.0e10, rel=1e-12)
+    # a machine without measured page-locked rates prices a pinned run's transfers as staged
+    unmeasured = _plan("1GiB", "1GiB", Machine(global_to_device=1.0e10, device_to_global=8.0e9, pinned_from_bytes=0))
+    assert unmeasured.pinned and unmeasured.predicted["seconds"] == plain.predicted["seconds"]

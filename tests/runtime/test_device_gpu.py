@@ -257,7 +257,7 @@ def test_to_host_async_arrives_behind_queued_work(shape, cut, pinned):
     array: copied on the device first, DEFERRED_BYTES)."""
     rng = np.random.default_rng(4)
     backend = CupyBackend(cupy)
-    backend.expect_transfers(5 << 30 if pinned else 0)
+    backend.expect_transfers(pinned)
     assert backend.pinned == pinned
     start = rng.standard_normal(shape)
     dev = cupy.asarray(start)
@@ -285,7 +285,7 @@ def test_small_copy_delivered_when_found_arrived():
     :meth:`CupyBackend.arrived` that first finds it done, without :meth:`CupyBackend.wait`, while
     work queued after it still runs; the copies the executor has not asked about stay pending."""
     backend = CupyBackend(cupy)
-    backend.expect_transfers(0)
+    backend.expect_transfers(False)
     values = cupy.asarray(np.random.default_rng(8).standard_normal(5))
     values += 0.0  # the addition's kernel compiled now, not while the hold below runs
     before = cupy.asnumpy(values)
@@ -335,7 +335,7 @@ def test_reach_copy_returns_once_arrived(pinned, aside):
     """:meth:`CupyBackend.reach_copy` returns once a copy queued behind long work has arrived:
     into page-locked memory, aside, and a small copy into plain memory (delivered by it)."""
     backend = CupyBackend(cupy)
-    backend.expect_transfers(5 << 30 if pinned else 0)
+    backend.expect_transfers(pinned)
     dev = cupy.asarray(np.random.default_rng(6).standard_normal((64, 33) if pinned else (3,)))
     backend.to_host_async(dev, aside=aside)  # first uses: page-locked pool, kernels
     dev *= 2.0
@@ -379,12 +379,11 @@ def test_results_copied_back_into_page_locked_memory(tmp_path, monkeypatch, asid
     from tests.conftest import fourindex_config
     from tests.runtime.test_run import check_fourindex
 
-    monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
     if bound:
         monkeypatch.setattr(landing, "LANDING_BYTES", bound)
         monkeypatch.setattr(landing, "PART_BYTES", 128)
     config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="6KiB"))
-    machine = Machine(aside_copy_bytes=0 if aside else 1 << 40)
+    machine = Machine(aside_copy_bytes=0 if aside else 1 << 40, pinned_from_bytes=0)
     (tmp_path / "machine.json").write_text(machine.to_json())
     plan = make_plan(spec.load(config), machine)
     assert any(loop.back for nest in plan.nests for _, loops in ops(nest.body) for loop in loops) == aside
@@ -520,14 +519,15 @@ def test_only_one_piece_page_locked_fetches_are_queued(monkeypatch):
     assert backend.fetch_waits(small)
 
 
-@pytest.mark.parametrize("moved", [0, 5 << 30], ids=["small-run-plain-memory", "large-run-page-locked"])
-def test_runs_page_lock_host_buffers_only_when_they_move_enough(moved, monkeypatch):
-    """A run moving less than PINNED_FROM_BYTES per rank stages through plain memory (the first
-    page-lock of a process costs ~0.5 s); fetch and to_host_async are right either way."""
+@pytest.mark.parametrize("pinned", [False, True], ids=["small-run-plain-memory", "large-run-page-locked"])
+def test_runs_page_lock_host_buffers_only_when_the_plan_says(pinned, monkeypatch):
+    """A run the plan does not pin (``Plan.pinned``: it moves less than
+    ``Machine.pinned_from_bytes`` per rank) stages through plain memory (the first page-lock of
+    a process costs ~0.5 s); fetch and to_host_async are right either way."""
     monkeypatch.setattr(cupy_backend, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
-    backend.expect_transfers(moved)
-    assert backend.pinned == (moved >= cupy_backend.PINNED_FROM_BYTES)
+    backend.expect_transfers(pinned)
+    assert backend.pinned == pinned
     source = np.random.default_rng(12).standard_normal((29, 7, 5))
     dst = backend.zeros(source.shape, source.dtype)
     backend.fetch(dst, lambda rows, out: out.__setitem__(Ellipsis, source[rows]))

@@ -32,11 +32,6 @@ from chainexec.runtime.backends.methods import Methods
 from chainexec.runtime.backends.tuning import METHODS, Autotuner, Choice, TuningCache
 from chainexec.runtime.device import HOST_LOCKS, QUEUED, SEPARATE_MEMORY, STEADY, TUNED, Backend
 
-PINNED_FROM_BYTES = 4 << 30
-"""Host↔device bytes per rank from which a run uses page-locked host buffers. The first
-page-locked allocation of a run's process costs about half a second (it waits for the device);
-page-locked copies save about 0.09 s per GB over plain memory (about 55 against 9 GB/s), so they
-repay that from about 5 GB on."""
 DEFERRED_BYTES = 64 << 10
 """Largest device array that :meth:`CupyBackend.to_host_async` copies back in two steps when the
 run's host buffers are plain memory: a copy on the device queued behind the work before it,
@@ -536,12 +531,12 @@ class CupyBackend(Autotuner, Methods, Backend):
         if pool.total_bytes() + nbytes > self.memory and pool.free_bytes():
             pool.free_all_blocks()
 
-    def expect_transfers(self, nbytes: int) -> None:
-        """Use page-locked host buffers only if this rank will move at least
-        :data:`PINNED_FROM_BYTES` between host and device in the run, and then lock global arrays
-        where they lie (:meth:`lock_host`); otherwise inputs' mapped tiles are locked instead.
-        Locks are made from this thread's device."""
-        self.pinned = nbytes >= PINNED_FROM_BYTES
+    def expect_transfers(self, pinned: bool) -> None:
+        """Use page-locked host buffers where the plan says so (:attr:`Plan.pinned`: the run moves
+        at least :attr:`Machine.pinned_from_bytes` between host and device per rank), and then
+        lock global arrays where they lie (:meth:`lock_host`); otherwise inputs' mapped tiles are
+        locked instead. Locks are made from this thread's device."""
+        self.pinned = pinned
         self._locks = hostlock.Locks(self.xp)
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
