@@ -73,9 +73,10 @@ def _price_cached(p: Plan, machine: Machine, ranks: int) -> bool:
     """Price ``p`` again where the page cache holds some of its mapped inputs' bytes
     (:func:`chainexec.runtime.store.cached_inputs`): a run's loads of those map them and move
     nothing, so a job run again, or run right after its inputs were written, takes less than
-    the same plan with every byte on the disk. Whether it did."""
+    the same plan with every byte on the disk; and a pinned plan's gets of mapped inputs' rows go
+    through staging buffers at their own rate (:meth:`Machine.transfer_seconds`). Whether it did."""
     shares = store.cached_inputs(p)
-    if not any(shares.values()):
+    if not (any(shares.values()) or p.pinned and shares):
         return False
     p.predicted = predict(p, machine, ranks, shares)
     return True

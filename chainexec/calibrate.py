@@ -342,6 +342,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         # NumPy's "device" is host memory: the get's destination is the device buffer already.
         to_device, to_global = get["per_second"], acc["per_second"]
         host_device = None
+    locking = first["host_lock"] and _rate(first["host_lock"]["bytes"], over_ranks("host_lock", "s"))
+    mapped = first["mapped_fetch"] and _rate(first["mapped_fetch"]["bytes"], over_ranks("mapped_fetch", "s"))
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     host = platform.node()
@@ -352,6 +354,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                       write_cache_bytes=disk["write_cache_bytes"] // len(raw), global_fill=fill["per_second"],
                       host_to_device=host_device and host_device["host_to_device"]["per_second"],
                       device_to_host=host_device and host_device["device_to_host"]["per_second"],
+                      host_lock=locking and locking["per_second"], mapped_to_device=mapped and mapped["per_second"],
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {
@@ -374,6 +377,12 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                          "fill": {"what": "a zero-filled global array allocated and freed", "bytes_per_rank": ga["fill_bytes"],
                                   **fill}},
         "host_device": host_device,
+        "host_lock": locking and {"what": "a zero-filled global array of the fill's size registered with the device "
+                                  "(writable) and unregistered, waiting", "bytes_per_rank": first["host_lock"]["bytes"],
+                                  **locking},
+        "mapped_to_device": mapped and {"what": "a file's rows in the page cache, mapped, fetched to the device "
+                                        "through the staging buffers", "bytes_per_rank": first["mapped_fetch"]["bytes"],
+                                        **mapped},
         "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
         "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),
         "gemm": {"n": gemm["n"], "dtype": "float64", "flops_per_call": flops, **gemm_rate},

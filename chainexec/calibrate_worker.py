@@ -213,8 +213,9 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     the device copy, and at least those of the global array's fill."""
     from chainexec import detect
     from chainexec.runtime import hostcopy, warmup
-    from chainexec.runtime.device import QUEUED, SEPARATE_MEMORY, select
+    from chainexec.runtime.device import HOST_LOCKS, QUEUED, SEPARATE_MEMORY, select
     from chainexec.runtime.globalarray import GlobalArray
+    from chainexec.runtime.mapped import MappedArray, contiguous_offset
 
     rng = np.random.default_rng(comm.rank)
     result: dict = {"cores": hostcopy.threads()}
@@ -292,6 +293,39 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
             "d2h_s": _repeat(comm, reps, stopwatch, lambda: device_buf.get(out=host)),
         }
         del device_buf
+
+    # Page-locking: what a pinned run (``Plan.pinned``) does to each global array before its
+    # first transfer and undoes before freeing it (a zero-filled array of the fill's size,
+    # registered writable and unregistered, waiting, as the runtime does); and the rows of an
+    # input's tile mapped from its file, whose pages the page cache holds, fetched to the device
+    # through the staging buffers, which is how such a run gets them.
+    result["host_lock"] = result["mapped_fetch"] = None
+    if HOST_LOCKS in dev.capabilities:
+        dev.expect_transfers(True)
+        ga = GlobalArray(comm, (comm.size * fill_rows, GA_COLUMNS), np.float64)
+        block = ga.local()
+
+        def lock_and_unlock():
+            dev.unlock_host(dev.lock_host(block, writable=True), wait=True)
+
+        result["host_lock"] = {"bytes": block.nbytes, "s": _repeat(comm, reps, _wall, lock_and_unlock)}
+        comm.Barrier()
+        ga.free()
+        path = Path(scratch) / f".chainexec-calibrate-mapped-{os.getpid()}-{comm.rank}.h5"
+        try:
+            with h5py.File(path, "w") as f:
+                f.create_dataset("x", data=np.full(shape, 0.5))
+            with h5py.File(path, "r") as f:
+                offset = contiguous_offset(f["x"], np.dtype(np.float64))
+            mapped = MappedArray(str(path), offset, shape, np.float64)
+            rows = mapped.whole()
+            mapped.populate(rows)
+            device_buf = xp.empty(shape, np.float64)
+            result["mapped_fetch"] = {"bytes": rows.nbytes, "s": _repeat(
+                comm, reps, stopwatch, lambda: dev.fetch(device_buf, lambda r, out: np.copyto(out, rows[r])))}
+            del device_buf, rows, mapped
+        finally:
+            path.unlink(missing_ok=True)
 
     # Device memory: one buffer copied into another by the backend's tile operation, what
     # streaming a statement's tiles costs.

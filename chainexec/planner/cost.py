@@ -243,15 +243,16 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     backend page-locks) or by its first write: each allocation of one is priced at
     :attr:`Machine.global_fill`, but an input's tile read from its file (mapped where the file
     allows: :mod:`chainexec.runtime.mapped`). ``locks``: the run locks its global arrays
-    (:func:`pinned`), whose transfers are priced at the page-locked rates
-    (:meth:`Machine.transfer_seconds`); an input's tiles read from its file are not locked
-    and go through a staging copy."""
+    (:func:`pinned`): each allocation of one is then page-locked, at :attr:`Machine.host_lock`,
+    and its transfers are priced at the page-locked rates (:meth:`Machine.transfer_seconds`);
+    an input's tiles read from its file are not locked and go through a staging copy, those of
+    an input whose loads map it (one in ``cached``) at :attr:`Machine.mapped_to_device`."""
     cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
     priced, filled, total = [0, 0.0], [0], 0.0
-    locked = [0, 0]  # bytes to and from the device by DMA from page-locked global arrays
+    transfers = [0.0]  # seconds of the global<->device level, statement by statement
     by_statement: dict[str, float] = {}
     stored: dict[str, int] = {}
 
@@ -269,7 +270,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], tuple(priced), filled[0], tuple(locked))
+        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0])
         overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
@@ -377,23 +378,25 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     elif node.op == "store":
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
-                        dma = locks and not tensors[node.tensor].from_file()
-                        if dma:
-                            locked[node.op != "get"] += nbytes
-                        spend(names[k], machine.transfer_seconds(node.op, nbytes, dma))
+                        source = tensors[node.tensor]
+                        seconds = machine.transfer_seconds(node.op, nbytes, locks and not source.from_file(),
+                                                           locks and node.tensor in cached)
+                        transfers[0] += seconds
+                        spend(names[k], seconds)
 
         walk(nest.body, [], {level: {} for level in live})
         if machine is not None:
             own = {k: moved[k] - before[0][k] for k in moved}
             levels = machine.seconds(own, compute[0] - before[1], ranks,
-                                     (priced[0] - before[2][0], priced[1] - before[2][1]),
-                                     (locked[0] - before[4][0], locked[1] - before[4][1]))
-            prepare = (filled[0] - before[3]) / machine.global_fill if machine.global_fill else 0.0
+                                     (priced[0] - before[2][0], priced[1] - before[2][1]), transfers[0] - before[4])
+            prepared = filled[0] - before[3]
+            prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
+                prepared / machine.host_lock if locks and machine.host_lock else 0.0)
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]), (locked[0], locked[1]))
+    seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]), transfers[0])
     writes = sum(stored.values())
     for name, nbytes in stored.items():  # the cached share of the writes spread over them by bytes
         spend(name, machine.write_seconds(writes, ranks) * nbytes / writes)

@@ -74,6 +74,13 @@ class Machine:
     # them on a GPU; None prices every transfer at global_to_device / device_to_global.
     host_to_device: float | None = None
     device_to_host: float | None = None
+    # Bytes per second a pinned run page-locks its global arrays at (each registered with the
+    # device before its first transfer and unregistered before it is freed), and the rate at
+    # which an input's rows mapped from its file, in the page cache, reach the device in such a
+    # run (not locked: copied through the staging buffers). `chainexec calibrate` measures both
+    # on a GPU; None leaves the locking unpriced and prices those rows at global_to_device.
+    host_lock: float | None = None
+    mapped_to_device: float | None = None
     source: str = "defaults"
 
     def compute_seconds(self, flops: int, streamed: int) -> float:
@@ -96,30 +103,33 @@ class Machine:
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
     def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1,
-                priced: tuple[int, float] = (0, 0.0), locked: tuple[int, int] = (0, 0)) -> dict[str, float]:
+                priced: tuple[int, float] = (0, 0.0), transfers: float | None = None) -> dict[str, float]:
         """Seconds per level for the given bytes per category (all ``ranks`` ranks' together) and
         compute seconds (the sum of :meth:`compute_seconds` over the statements), summed over the
         ranks. ``priced``: bytes of loads that are not disk reads and their seconds (a computed
         source's at its rate; a mapped input's pages the page cache holds move in none).
-        ``locked``: the bytes of ``global->device`` and ``device->global`` that move between
-        page-locked host memory and the device (:meth:`transfer_seconds`)."""
+        ``transfers``: the global<->device level's seconds where the statements were priced one by
+        one (:meth:`transfer_seconds`), else every byte goes through a staging copy."""
         loads, seconds = priced
-        staged = (moved["global->device"] - locked[0], moved["device->global"] - locked[1])
+        if transfers is None:
+            transfers = self.transfer_seconds("get", moved["global->device"]) + self.transfer_seconds(
+                "accumulate", moved["device->global"])
         return {
             "disk": (moved["disk->global"] - loads) / self.disk_read + seconds
             + self.write_seconds(moved["global->disk"], ranks),
-            "global<->device": self.transfer_seconds("get", staged[0]) + self.transfer_seconds("get", locked[0], True)
-            + self.transfer_seconds("accumulate", staged[1]) + self.transfer_seconds("accumulate", locked[1], True),
+            "global<->device": transfers,
             "compute": compute,
         }
 
-    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False) -> float:
+    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False) -> float:
         """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA
         from page-locked host memory where ``locked`` (at :attr:`host_to_device` /
-        :attr:`device_to_host` where measured), else through a staging copy on the host (at
-        :attr:`global_to_device` / :attr:`device_to_global`)."""
+        :attr:`device_to_host` where measured); rows of a pinned run's input mapped from its
+        file where ``mapped`` (at :attr:`mapped_to_device` where measured); else through a
+        staging copy on the host (at :attr:`global_to_device` / :attr:`device_to_global`)."""
         if op == "get":
-            return nbytes / (self.host_to_device if locked and self.host_to_device else self.global_to_device)
+            rate = (self.host_to_device if locked else self.mapped_to_device if mapped else None) or self.global_to_device
+            return nbytes / rate
         return nbytes / (self.device_to_host if locked and self.device_to_host else self.device_to_global)
 
     def to_json(self) -> str:
@@ -196,6 +206,8 @@ FIELDS = {
                           "a whole number of bytes, 0 or more"),
     "host_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "device_to_host": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "host_lock": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "mapped_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "source": (lambda v: isinstance(v, str), "a string"),
 }
 

@@ -180,3 +180,30 @@ def test_a_pinned_plan_moves_global_arrays_at_the_page_locked_rates():
     # a machine without measured page-locked rates prices a pinned run's transfers as staged
     unmeasured = _plan("1GiB", "1GiB", Machine(global_to_device=1.0e10, device_to_global=8.0e9, pinned_from_bytes=0))
     assert unmeasured.pinned and unmeasured.predicted["seconds"] == plain.predicted["seconds"]
+
+
+def test_a_pinned_plan_locks_its_global_arrays_once_each():
+    """One tile: B, the only global buffer not read from a file, is prepared at the fill rate and,
+    in a pinned plan, also page-locked at ``host_lock`` before its first transfer."""
+    rates = dict(global_fill=2.0e9, host_lock=4.0e9)
+    plain, locked = (_plan("1GiB", "1GiB", Machine(**rates, pinned_from_bytes=b)).predicted for b in (1 << 50, 0))
+    unlocked = _plan("1GiB", "1GiB", Machine(global_fill=2.0e9)).predicted
+    b_bytes = 8 ** 4 * 8
+    assert plain["total_seconds"] == pytest.approx(unlocked["total_seconds"], rel=1e-12)
+    assert locked["total_seconds"] - plain["total_seconds"] == pytest.approx(
+        b_bytes / 4.0e9 + locked["seconds"]["global<->device"] - plain["seconds"]["global<->device"], rel=1e-9)
+
+
+@pytest.mark.parametrize("pinned_from", [0, 1 << 50])
+def test_mapped_inputs_reach_the_device_at_their_own_rate_in_a_pinned_plan(pinned_from):
+    """An input whose loads map its file (one the page-cache shares name) goes to the device
+    through the staging buffers at ``mapped_to_device`` in a pinned plan; in a plan that does not
+    pin, at ``global_to_device`` as any staged tile."""
+    machine = Machine(global_to_device=1.0e10, mapped_to_device=4.0e9, pinned_from_bytes=pinned_from)
+    p = _plan("1GiB", "1GiB", machine)
+    inputs = {name: 0.0 for name, t in p.tensors.items() if t.from_file()}
+    assert "A" in inputs
+    staged, mapped = predict(p, machine), predict(p, machine, cached=inputs)
+    a_bytes = 10 ** 4 * 8
+    assert staged["by_statement"]["get A"] == pytest.approx(a_bytes / 1.0e10, rel=1e-12)
+    assert mapped["by_statement"]["get A"] == pytest.approx(a_bytes / (4.0e9 if p.pinned else 1.0e10), rel=1e-12)
