@@ -47,7 +47,7 @@ def test_locked_rows_reach_the_device(tile, monkeypatch):
     mapped, values = tile
     backend = CupyBackend(cupy)
     assert not backend.locks_host() and backend.lock_host(mapped.local()) is None  # not yet told: pinned
-    backend.expect_transfers(1 << 20)
+    backend.expect_transfers(False)
     assert backend.locks_host()
     whole = cupy.empty((40,) + values.shape[1:])
     assert backend.fetch_waits(whole, lambda r: mapped.at_hand((r,)))
@@ -110,14 +110,12 @@ def test_a_run_with_its_inputs_locked(tmp_path, monkeypatch):
 
 
 def test_a_global_arrays_block_locked_writable_in_a_run_of_page_locked_buffers():
-    """In a run of page-locked buffers (:data:`PINNED_FROM_BYTES` moved) only writable locks are
+    """In a run of page-locked buffers (``Plan.pinned``) only writable locks are
     made: a block of host memory locked so takes a device tile's values by DMA
     (:meth:`CupyBackend.to_host_into`) and gives rows to the device without the executor
     waiting (``fetch_waits``); the unlock that waits forgets the range before it returns."""
-    from chainexec.runtime.backends.cupy import PINNED_FROM_BYTES
-
     backend = CupyBackend(cupy)
-    backend.expect_transfers(PINNED_FROM_BYTES)
+    backend.expect_transfers(True)
     block = np.zeros((64, 300, 25))  # 3.8 MB
     assert not backend.locks_host() and backend.lock_host(block) is None
     assert backend.locks_host(writable=True)
@@ -140,17 +138,16 @@ def test_a_global_arrays_block_locked_writable_in_a_run_of_page_locked_buffers()
 
 def test_a_four_index_transform_through_locked_global_arrays(tmp_path, monkeypatch):
     """The small four-index transform in one tile on the CuPy backend with page-locked buffers
-    from the first byte and every global array locked however small (``SMALLEST`` 0): its
+    (a machine that pins from 0 bytes: ``Plan.pinned``) and every global array locked however small (``SMALLEST`` 0): its
     result is copied straight into its global array; the output equals numpy.einsum's within
     1e-12, the bytes the plan's, and nothing stays locked."""
     from chainexec import api
     from chainexec.runtime import buffers
-    from chainexec.runtime.backends import cupy as cupy_backend
+    from chainexec.planner.machine import Machine
     from tests.runtime.test_landing import _Now
     from tests.runtime.test_run import check_fourindex
 
     monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cupy_backend, "PINNED_FROM_BYTES", 0)
     monkeypatch.setattr(hostlock, "SMALLEST", 0)
     monkeypatch.setattr(buffers, "ThreadPoolExecutor", _Now)
     into, made = [], []
@@ -160,7 +157,8 @@ def test_a_four_index_transform_through_locked_global_arrays(tmp_path, monkeypat
     monkeypatch.setattr(hostlock.Locks, "__init__", lambda self, xp: made.append(self) or init(self, xp))
     config = write_config(tmp_path, fourindex_config(global_memory="1MiB", device_memory="1MiB"))
     assert run_cli("generate", config).returncode == 0
-    result = api.run(config, backend="cupy")
+    (tmp_path / "machine.json").write_text(Machine(pinned_from_bytes=0).to_json())
+    result = api.run(config, backend="cupy", machine=str(tmp_path / "machine.json"))
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
     assert sum(into) == 8 ** 4 * 8
     assert made and not any(locks._spans for locks in made)
