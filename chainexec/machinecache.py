@@ -7,8 +7,9 @@ The rates (:class:`chainexec.planner.machine.Machine`) come from the first of:
 3. this machine's calibration in the cache folder ``$CHAINEXEC_CACHE`` (default
    ``~/.cache/chainexec/machines``): one machine file per machine, named by the host, the GPU model
    (``cpu`` for the NumPy backend) and a digest of those, the cores a rank may run on and the
-   software versions (chainexec, NumPy, Python, and CuPy where it is used), so that a calibration
-   serves only the machine, binding and software it measured. ``chainexec calibrate`` with no
+   software versions (chainexec, NumPy, Python, and CuPy where it is used) and the rates a
+   calibration fills (:data:`RATE_FIELDS`), so that a calibration serves only the machine, binding
+   and software it measured, and one made before chainexec measured a new rate is made again. ``chainexec calibrate`` with no
    path refreshes it; where there is none (or it cannot be read), a quick calibration makes it
    on first use and says so in one line on stderr (:func:`announce`).
 
@@ -69,10 +70,12 @@ def identity(gpu: str | None) -> dict:
     """What a calibration is kept for: this host's name, the GPU model (``gpu``; None: the NumPy
     backend, ``cpu``), the cores this process may run on (a rank's host copies, fills and writes
     use a thread each: :func:`chainexec.runtime.hostcopy.threads`; a rank a launcher bound to
-    fewer measures, and is kept, apart) and :func:`versions`."""
+    fewer measures, and is kept, apart), :func:`versions` and the rates' names
+    (:data:`RATE_FIELDS`: a calibration lacking a rate the model now prices is not used)."""
     from chainexec.runtime.hostcopy import threads
 
-    return {"host": platform.node(), "gpu": gpu or "cpu", "cores": threads(), "versions": versions(gpu is not None)}
+    return {"host": platform.node(), "gpu": gpu or "cpu", "cores": threads(), "versions": versions(gpu is not None),
+            "rates": list(RATE_FIELDS)}
 
 
 def path(ident: dict) -> Path:

@@ -91,13 +91,20 @@ def test_other_versions_and_machines_get_their_own(tmp_path, calibrating, monkey
     api.plan(config)
     assert capsys.readouterr().err.count(FIRST_USE) == 1
     assert len(_kept(calibrating)) == 4
+    # A version of chainexec whose model prices a rate fewer (as one before a rate was added):
+    # its own file, so a calibration that lacks a rate is not used by the code that prices it.
+    monkeypatch.setattr(machinecache, "RATE_FIELDS", machinecache.RATE_FIELDS[:-1])
+    api.plan(config)
+    assert capsys.readouterr().err.count(FIRST_USE) == 1
+    assert len(_kept(calibrating)) == 5
 
 
 def test_identities_name_distinct_files():
     base = {"host": "node1", "gpu": "cpu", "cores": 16,
-            "versions": {"chainexec": "0.1.0", "numpy": "2.0", "python": "3.11"}}
+            "versions": {"chainexec": "0.1.0", "numpy": "2.0", "python": "3.11"}, "rates": ["disk_read"]}
     others = [base | {"host": "node2"}, base | {"gpu": "NVIDIA H200"}, base | {"gpu": "NVIDIA H100 80GB HBM3"},
-              base | {"versions": base["versions"] | {"cupy": "13.0"}}, base | {"host": "a/../b"}, base | {"cores": 1}]
+              base | {"versions": base["versions"] | {"cupy": "13.0"}}, base | {"host": "a/../b"}, base | {"cores": 1},
+              base | {"rates": ["disk_read", "host_lock"]}]
     paths = [machinecache.path(i) for i in [base, *others]]
     assert len(set(paths)) == len(paths)
     assert all(p.parent == machinecache.cache_dir() for p in paths)
