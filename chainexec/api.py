@@ -184,7 +184,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
             text = p.to_json()
         kept = None
         if checkpoint is not None:
-            ck = Checkpoint.open(checkpoint, p, text, comm.size, checkpoint_every, stop_after)
+            ck = Checkpoint.open(checkpoint, p, comm.size, checkpoint_every, stop_after)
             kept = (ck.digest, ck.saved)
             if not (any(isinstance(node, Loop) and node.resume for nest in p.nests for node in nest.body)
                     or any(nest.checkpoint_after for nest in p.nests[:-1])):

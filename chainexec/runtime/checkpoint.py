@@ -43,7 +43,7 @@ import numpy as np
 
 from chainexec import atomicfile, safepaths
 from chainexec.errors import ChainexecError
-from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores
+from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores, to_dict
 from chainexec.runtime.store import version_base
 
 MANIFEST = "checkpoint.json"
@@ -52,10 +52,11 @@ _PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
 """The names of the rank files and their temporary files."""
 _held: dict[Path, int] = {}
 """Checkpoint folders this process has locked (:func:`_lock`), with the lock file's descriptor."""
-FORMAT = 3
-"""Version of the manifest's layout and of the tile order its counts refer to (a checkpoint of
-another version is refused: 2 had no nest ends, store loops or block lists; 1 another order of
-symmetric loops' tuples)."""
+FORMAT = 4
+"""Version of the manifest's layout, of the tile order its counts refer to and of its plan digest
+(a checkpoint of another version is refused: 3 digested the plan's records too
+(:data:`RECORDS`); 2 had no nest ends, store loops or block lists; 1 another order of symmetric
+loops' tuples)."""
 _SHARD = re.compile(r"rank[0-9]+(s[0-9]+)?(-[0-9]+)?\.h5")
 """The names of shard files (:class:`chainexec.runtime.store.Store`)."""
 COUNTS = len(CATEGORIES) + 4
@@ -71,11 +72,19 @@ class Stopped(Exception):
         self.done, self.count, self.folder = done, count, folder
 
 
-def plan_digest(plan: Plan, plan_text: str, ranks: int) -> str:
-    """What a checkpoint belongs to: the plan (every tile, every buffer, the input files' paths)
-    and the rank count (each rank saves its own rows). The inputs' contents are checked apart
-    (:func:`_check_inputs`)."""
-    return hashlib.sha256("\0".join([plan_text, f"ranks={ranks}"]).encode()).hexdigest()
+RECORDS = ("predicted", "alternatives", "machine", "memory_limit")
+"""Fields of a plan's data that describe it rather than make its work: its prediction (priced
+again for the page cache's contents, which a resumed run finds changed), the alternatives
+weighed, where its limits and rates came from, and the limits themselves (detected from the
+memory free at the start). A resumed run may differ in them and still do the same work."""
+
+
+def plan_digest(plan: Plan, ranks: int) -> str:
+    """What a checkpoint belongs to: the plan's work (every tile, every buffer, the input files'
+    paths: its data but :data:`RECORDS`) and the rank count (each rank saves its own rows). The
+    inputs' contents are checked apart (:func:`_check_inputs`)."""
+    work = {k: v for k, v in to_dict(plan).items() if k not in RECORDS}
+    return hashlib.sha256("\0".join([json.dumps(work, sort_keys=True), f"ranks={ranks}"]).encode()).hexdigest()
 
 
 def _input_files(plan: Plan) -> list[str]:
@@ -253,14 +262,14 @@ class Checkpoint:
         self.started = self.last = time.monotonic()
 
     @classmethod
-    def open(cls, folder: str | Path, plan: Plan, plan_text: str, ranks: int, every: float = 600.0,
+    def open(cls, folder: str | Path, plan: Plan, ranks: int, every: float = 600.0,
              stop_after: float | None = None) -> "Checkpoint":
         """Create the folder, or read its manifest and check it (rank 0, before anything runs):
         same plan, ranks and inputs; fields that name a place this plan checkpoints at and
         versions it writes (:func:`_valid`); every rank's part readable, every shard file it
         names there. A one-line ChainexecError naming the file otherwise."""
         folder = Path(folder)
-        digest = plan_digest(plan, plan_text, ranks)
+        digest = plan_digest(plan, ranks)
         path = folder / MANIFEST
         saved = None
         try:

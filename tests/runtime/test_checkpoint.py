@@ -380,7 +380,7 @@ def test_errors(tmp_path):
     _one_line(run_cli("run", config, "--checkpoint", folder), str(part), "unreadable")
     part.write_bytes(good)
     for damage in ({"done": -1}, {"done": 120}, {"tiles": 7}, {"position": 0}, {"counts": [1, 2]},
-                   {"counts": [2**63] * 8}, {"format": 99}, {"format": 2}, {"position": None},
+                   {"counts": [2**63] * 8}, {"format": 99}, {"format": 3}, {"position": None},
                    {"stored": {"E": 1}}, {"open": [["E", 1, [[["../rank0-1.h5", "b0", []]]]]]}):
         manifest.write_text(json.dumps(data | damage))
         _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
@@ -398,6 +398,55 @@ def test_errors(tmp_path):
     assert inputs.stat().st_size == times.st_size
     _one_line(run_cli("run", config, "--checkpoint", folder), "inputs.json", "inputs.h5 changed")
     assert not (tmp_path / "energy.h5").exists()
+
+
+def test_inputs_out_of_the_page_cache_resume(tmp_path):
+    """A run resumed after its inputs left the page cache (a reboot, other jobs) prices its loads
+    again (:func:`chainexec.api._price_cached`), so its prediction differs from the stopped
+    run's; it does the same work and resumes, and the energy equals an uninterrupted run's."""
+    config = _job(tmp_path)
+    folder = tmp_path / "ck"
+    first = tmp_path / "first.json"
+    assert run_cli("run", config, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0,
+                   "--stop-after", 0, "--report-json", first).returncode == 3
+    inputs = tmp_path / "inputs.h5"
+    fd = os.open(inputs, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped
+    finally:
+        os.close(fd)
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = read_report(tmp_path / "r.json")
+    assert report["run"]["resumed_tiles"] > 0
+    _check_energy(tmp_path)
+
+
+def test_a_checkpoint_belongs_to_the_work_not_the_records(tmp_path):
+    """The checkpoint's plan digest: the same for a plan priced again, with other records of
+    where its limits and rates came from, other alternatives and other detected limits; another
+    for another tile, another input file or another rank count."""
+    import copy
+    from dataclasses import replace
+
+    from chainexec import spec
+    from chainexec.planner.build import make_plan
+
+    plan = make_plan(spec.load(_job(tmp_path)))
+    digest = checkpoint.plan_digest(plan, 1)
+    records = replace(plan, predicted={"total_seconds": 1.0}, alternatives=[], machine={"disk_read": {"from": "x"}},
+                      memory_limit={"global": 1, "device": 2})
+    assert checkpoint.plan_digest(records, 1) == digest
+    assert checkpoint.plan_digest(plan, 2) != digest
+    tiled = copy.deepcopy(plan)
+    loop = next(node for nest in tiled.nests for node in nest.body if isinstance(node, Loop) and node.tiles)
+    loop.tiles = {i: t + 1 for i, t in loop.tiles.items()}
+    assert checkpoint.plan_digest(tiled, 1) != digest
+    moved = copy.deepcopy(plan)
+    name = next(n for n, t in moved.tensors.items() if t.from_file())
+    moved.tensors[name].source = moved.tensors[name].source | {"file": str(tmp_path / "elsewhere.h5")}
+    assert checkpoint.plan_digest(moved, 1) != digest
 
 
 def test_inputs_touched_or_copied_resume(tmp_path):
