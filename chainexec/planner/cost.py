@@ -33,7 +33,8 @@ from chainexec import expr
 
 from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, pattern_of_key, runs, staged
+from chainexec.planner.plan import (CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, pattern_of_key, runs, staged,
+                                     statement_name)
 
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
@@ -371,10 +372,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
                     moved[CATEGORY[node.op]] += nbytes
                     if node.op == "load":
-                        before_load = tuple(priced)
-                        _price_load(priced, nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))
-                        spend(names[k], priced[1] - before_load[1] + (
-                            nbytes - (priced[0] - before_load[0])) / machine.disk_read)
+                        other, seconds = _priced_load(nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))
+                        priced[0] += other
+                        priced[1] += seconds
+                        spend(names[k], seconds + (nbytes - other) / machine.disk_read)
                     elif node.op == "store":
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
@@ -405,16 +406,14 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             "by_statement": dict(sorted(by_statement.items(), key=lambda kv: -kv[1]))}
 
 
-def _price_load(priced: list, nbytes: int, tensor, cached: float) -> None:
-    """Add to ``priced`` (bytes, seconds) a load of ``nbytes`` of ``tensor`` that is not a disk
-    read: a computed source's whole at the rate its config states, or the ``cached`` share of an
-    input's bytes that the page cache holds, which its mapping moves in no time."""
+def _priced_load(nbytes: int, tensor, cached: float) -> tuple[int, float]:
+    """(bytes, seconds) of a load of ``nbytes`` of ``tensor`` that are not a disk read: a
+    computed source's whole at the rate its config states, or the ``cached`` share of an input's
+    bytes that the page cache holds, which its mapping moves in no time."""
     rate = (tensor.source or {}).get("bytes_per_second")  # only a computed source states one
     if rate:
-        priced[0] += nbytes
-        priced[1] += nbytes / rate
-    elif cached:
-        priced[0] += round(nbytes * cached)
+        return nbytes, nbytes / rate
+    return round(nbytes * cached), 0.0
 
 
 @lru_cache(maxsize=256)
@@ -425,17 +424,12 @@ def _refs(source: str) -> tuple:
 
 def _statement_names(body: list, loop: Loop | None) -> dict[int, str]:
     """The name under which the runtime times each statement of ``body`` (positions -> names,
-    :attr:`chainexec.runtime.accounting.Counters.by_statement`): ``#k`` for a contraction,
-    ``#k-#m`` for every term of a run from contraction k to m (timed as one), ``OP T`` for
-    the other statements, ``OP T #k-#m`` for a fused statement that stands for contractions k to m."""
-    names = {}
-    for k, node in enumerate(body):
-        if isinstance(node, Loop):
-            continue
-        names[k] = f"{node.op} {node.tensor}" + (f" #{node.group[0]}-#{node.group[-1]}" if node.group else "")
+    :func:`chainexec.planner.plan.statement_name`): every term of a run of terms under the run's."""
+    names = {k: statement_name(node.op, node.tensor, node.group) for k, node in enumerate(body)
+             if not isinstance(node, Loop) and node.op != "compute"}
     for run in runs(body, loop):
-        first, last = body[run[0]].contraction, body[run[-1]].contraction
-        names.update((k, f"#{first}" + (f"-#{last}" if len(run) > 1 else "")) for k in run)
+        name = statement_name("compute", group=[body[k].contraction for k in run])
+        names.update((k, name) for k in run)
     return names
 
 

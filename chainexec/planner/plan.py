@@ -339,6 +339,17 @@ def pattern_of_key(text: str) -> tuple[int, ...]:
     return tuple(int(b) for b in text.split(",")) if text else ()
 
 
+def statement_name(op: str, tensor: str | None = None, group: list[int] | None = None) -> str:
+    """The name a statement is timed by (:attr:`chainexec.runtime.accounting.Counters.by_statement`)
+    and predicted under (:func:`chainexec.planner.cost.predict`'s ``by_statement``): ``#k`` for
+    contraction k, ``#k-#m`` for a run of terms (``group``: its contractions, timed as one),
+    ``OP T`` for a statement of kind ``op`` on tensor T, ``OP T #k-#m`` for a fused statement
+    standing for the contractions ``group``."""
+    if op == "compute":
+        return f"#{group[0]}" + (f"-#{group[-1]}" if len(group) > 1 else "")
+    return f"{op} {tensor}" + (f" #{group[0]}-#{group[-1]}" if group else "")
+
+
 def runs(body: list, loop: Loop | None) -> list[list[int]]:
     """The positions in ``body`` (a nest's, or ``loop``'s) of each run of terms as
     :attr:`Op.run` records them, in the order the executor meets them (:func:`executed`)."""

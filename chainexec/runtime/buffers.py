@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from chainexec.errors import ChainexecError
-from chainexec.planner.plan import DEPTH, Loop, Op, Plan, key, ops
+from chainexec.planner.plan import DEPTH, Loop, Op, Plan, key, ops, statement_name
 from chainexec.runtime import hostcopy
 from chainexec.runtime.accounting import Counters
 from chainexec.runtime.device import Backend
@@ -282,8 +282,8 @@ class Buffers:
         HDF5 read, into memory faulted in first where the buffer is fresh (:meth:`read_fresh`).
         The worker's job number."""
         if isinstance(ga, MappedArray):
-            return self.disk.submit(f"load {tensor}", ga.populate, out)
-        return self.disk.submit(f"load {tensor}", self.read_fresh if k in self.fresh else self.store.read, tensor,
+            return self.disk.submit(statement_name("load", tensor), ga.populate, out)
+        return self.disk.submit(statement_name("load", tensor), self.read_fresh if k in self.fresh else self.store.read, tensor,
                                 version, part, out)
 
     def read_fresh(self, tensor: str, version: int, part, out: np.ndarray) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import (CATEGORY, DEPTH, Loop, Op, Plan, executed, fetched, key, prefetched, returned,
-                                    staged)
+                                    staged, statement_name)
 from chainexec.runtime.accounting import OP_LEVEL, Counters, process_seconds
 from chainexec.runtime.buffers import Buffers, own_rows
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
@@ -171,11 +171,11 @@ class Executor:
                 run = body[k:k + node.run]
                 self.compute.run(run, self.frame)
                 k += len(run)
-                name = f"#{run[0].contraction}" + (f"-#{run[-1].contraction}" if len(run) > 1 else "")
+                name = statement_name("compute", group=[op.contraction for op in run])
             else:
                 self._statement(node)
                 k += 1
-                name = f"{node.op} {node.tensor}" + (f" #{node.group[0]}-#{node.group[-1]}" if node.group else "")
+                name = statement_name(node.op, node.tensor, node.group)
             if queued:
                 self.counters.queue(name, start, self.backend.stamp(), OP_LEVEL[node.op])
                 if len(self.counters.pending) >= PENDING:
@@ -308,7 +308,7 @@ class Executor:
                     self.backend.reach(done[slot])
                 t0 = time.perf_counter()
                 self._get(op, frame, after=done[slot])
-                self.counters.spend(OP_LEVEL["get"], f"get {op.tensor}", time.perf_counter() - t0)
+                self.counters.spend(OP_LEVEL["get"], statement_name("get", op.tensor), time.perf_counter() - t0)
             yield n
             done[slot] = self.backend.stamp()
 
@@ -401,7 +401,7 @@ class Executor:
         part = own_rows(ga, self.buffers.regions[k])
         if part is not None:
             local = ga.local()
-            self.disk.submit(f"store {op.tensor}", self.store.write, op.tensor, op.version, part, local)
+            self.disk.submit(statement_name("store", op.tensor), self.store.write, op.tensor, op.version, part, local)
             self.counters.move(CATEGORY["store"], local.nbytes)
         if not (self.frame.behind and k in self.buffers.slots):
             self.counters.spend_disk(self.disk.wait())

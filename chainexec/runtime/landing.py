@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chainexec.planner.plan import CATEGORY, Op, key
+from chainexec.planner.plan import CATEGORY, Op, key, statement_name
 from chainexec.runtime.accounting import OP_LEVEL, Counters
 from chainexec.runtime.buffers import Buffers
 from chainexec.runtime.device import Backend
@@ -84,7 +84,7 @@ class Landing:
         k = key(op)
         aside = k in self.buffers.returning
         tile = self.buffers.arrays[k]
-        name = f"accumulate {op.tensor}"
+        name = statement_name("accumulate", op.tensor)
         for part in self._parts(tile, aside):
             piece, target = tile[part] if part else tile, within(patch, part)
             into = self._into(op, frame, ga, target, aside)

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from chainexec.planner.plan import CATEGORY, Op, Plan, key, ops
+from chainexec.planner.plan import CATEGORY, Op, Plan, key, ops, statement_name
 from chainexec.runtime.accounting import OP_LEVEL, Counters
 from chainexec.runtime.buffers import Buffers, within
 from chainexec.runtime.device import Backend
@@ -185,7 +185,7 @@ class Streams:
             t0 = time.perf_counter()
             self.backend.fetch_aside(dst, lambda rows, out: ga.get(within(chunk, rows), out=out),
                                      view=lambda rows: ga.at_hand(within(chunk, rows)))
-            self.counters.spend(OP_LEVEL["get"], f"get {c.tensor}", time.perf_counter() - t0)
+            self.counters.spend(OP_LEVEL["get"], statement_name("get", c.tensor), time.perf_counter() - t0)
             if self.copied is not None:  # the rows are in page-locked staging or on the device now
                 self.copied.publish(c.slot, c.hi)
 
