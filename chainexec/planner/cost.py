@@ -424,9 +424,10 @@ def _refs(source: str) -> tuple:
 
 def _statement_names(body: list, loop: Loop | None) -> dict[int, str]:
     """The name under which the runtime times each statement of ``body`` (positions -> names,
-    :func:`chainexec.planner.plan.statement_name`): every term of a run of terms under the run's."""
-    names = {k: statement_name(node.op, node.tensor, node.group) for k, node in enumerate(body)
-             if not isinstance(node, Loop) and node.op != "compute"}
+    :func:`chainexec.planner.plan.statement_name`): a contraction outside a run of terms under its
+    own, every term of a run under the run's."""
+    names = {k: statement_name(node.op, node.tensor, [node.contraction] if node.op == "compute" else node.group)
+             for k, node in enumerate(body) if not isinstance(node, Loop)}
     for run in runs(body, loop):
         name = statement_name("compute", group=[body[k].contraction for k in run])
         names.update((k, name) for k in run)
