@@ -386,8 +386,9 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
         "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),
         "gemm": {"n": gemm["n"], "dtype": "float64", "flops_per_call": flops, **gemm_rate},
-        "device_copy": {"what": "one device buffer copied into another (bytes read + written)",
-                        "bytes_per_call": first["device_copy"]["bytes"], **copy},
+        "device_copy": {"what": "a tile copied by the backend's tile operation into each of the six orders of its last "
+                                "three indices (bytes read + written, all six)",
+                        "shape": first["device_copy"]["shape"], "bytes_per_call": first["device_copy"]["bytes"], **copy},
         "statement": {"what": f"executor wall seconds per compute statement of a {statement['n']}-cubed matrix "
                       "product run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
                       "statements_per_run": statement["statements"], "seconds": per_statement},

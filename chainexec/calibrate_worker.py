@@ -16,6 +16,7 @@ tested in a process that must not initialise MPI.
 
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import os
@@ -298,10 +299,12 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     # first transfer and undoes before freeing it (a zero-filled array of the fill's size,
     # registered writable and unregistered, waiting, as the runtime does); and the rows of an
     # input's tile mapped from its file, whose pages the page cache holds, fetched to the device
-    # through the staging buffers, which is how such a run gets them.
+    # through the staging buffers, which is how such a run gets them (of the fill's size too: a
+    # run's inputs are large against the fetch's fixed costs, threads started over the buffers).
     result["host_lock"] = result["mapped_fetch"] = None
     if HOST_LOCKS in dev.capabilities:
         dev.expect_transfers(True)
+        fill_shape = (fill_rows, GA_COLUMNS)
         ga = GlobalArray(comm, (comm.size * fill_rows, GA_COLUMNS), np.float64)
         block = ga.local()
 
@@ -314,24 +317,37 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
         path = Path(scratch) / f".chainexec-calibrate-mapped-{os.getpid()}-{comm.rank}.h5"
         try:
             with h5py.File(path, "w") as f:
-                f.create_dataset("x", data=np.full(shape, 0.5))
+                f.create_dataset("x", data=np.full(fill_shape, 0.5))
             with h5py.File(path, "r") as f:
                 offset = contiguous_offset(f["x"], np.dtype(np.float64))
-            mapped = MappedArray(str(path), offset, shape, np.float64)
+            mapped = MappedArray(str(path), offset, fill_shape, np.float64)
             rows = mapped.whole()
             mapped.populate(rows)
-            device_buf = xp.empty(shape, np.float64)
+            device_buf = xp.empty(fill_shape, np.float64)
             result["mapped_fetch"] = {"bytes": rows.nbytes, "s": _repeat(
                 comm, reps, stopwatch, lambda: dev.fetch(device_buf, lambda r, out: np.copyto(out, rows[r])))}
             del device_buf, rows, mapped
         finally:
             path.unlink(missing_ok=True)
 
-    # Device memory: one buffer copied into another by the backend's tile operation, what
-    # streaming a statement's tiles costs.
-    src = xp.full(max(1, copy_size // 8), 0.5)  # the values do not change a copy's rate
+    # Device memory: what streaming a statement's tiles costs. A statement reads its operands in
+    # other orders than they lie (a (T) tile's terms each permute its three virtual indices), and
+    # the backend's tile operation moves a permuted tile at a fraction of a contiguous copy's rate
+    # (on an H200 about half where the innermost index changes). So one tile shaped like a
+    # (T) tile, 4·4·4·n³ of ``copy_size`` bytes, is copied by that operation into each of the six
+    # orders of its last three indices, contiguous among them, and the rate is their bytes over
+    # their seconds together.
+    n = max(1, round((copy_size // (8 * 64)) ** (1 / 3)))
+    src = xp.full((4, 4, 4, n, n, n), 0.5)  # the values do not change a copy's rate
+    views = [src.transpose(0, 1, 2, *(3 + p for p in order)) for order in itertools.permutations(range(3))]
     dst = xp.empty_like(src)
-    result["device_copy"] = {"bytes": 2 * src.nbytes, "s": _repeat(comm, reps, stopwatch, lambda: dev.assign(dst, src))}
+
+    def copy_in_every_order():
+        for view in views:
+            dev.assign(dst, view)
+
+    result["device_copy"] = {"bytes": 2 * src.nbytes * len(views), "shape": list(src.shape),
+                             "s": _repeat(comm, reps, stopwatch, copy_in_every_order)}
 
     # One statement: the executor's wall time per compute statement on tiny tiles, where its own
     # bookkeeping, tile copies and kernel launches are all there is.

@@ -9,7 +9,7 @@ The rates (:class:`chainexec.planner.machine.Machine`) come from the first of:
    (``cpu`` for the NumPy backend) and a digest of those, the cores a rank may run on and the
    software versions (chainexec, NumPy, Python, and CuPy where it is used) and the rates a
    calibration fills (:data:`RATE_FIELDS`), so that a calibration serves only the machine, binding
-   and software it measured, and one made before chainexec measured a new rate is made again. ``chainexec calibrate`` with no
+   and software it measured, and one made before chainexec measured a new rate, or measured one another way, is made again. ``chainexec calibrate`` with no
    path refreshes it; where there is none (or it cannot be read), a quick calibration makes it
    on first use and says so in one line on stderr (:func:`announce`).
 
@@ -43,6 +43,11 @@ CACHE = "CHAINEXEC_CACHE"
 """The environment variable naming the folder of calibrations."""
 RATE_FIELDS = tuple(f.name for f in fields(Machine) if f.name != "source")
 """The fields of the machine model a plan records the origin of."""
+MEASUREMENTS = 2
+"""Version of what ``chainexec calibrate`` measures for those fields
+(:mod:`chainexec.calibrate_worker`), raised when a measurement changes: a calibration made by
+another version is made again. 2: the device bandwidth over a tile copied in six orders, the
+mapped fetch over the fill's bytes."""
 
 
 def cache_dir() -> Path:
@@ -70,12 +75,13 @@ def identity(gpu: str | None) -> dict:
     """What a calibration is kept for: this host's name, the GPU model (``gpu``; None: the NumPy
     backend, ``cpu``), the cores this process may run on (a rank's host copies, fills and writes
     use a thread each: :func:`chainexec.runtime.hostcopy.threads`; a rank a launcher bound to
-    fewer measures, and is kept, apart), :func:`versions` and the rates' names
-    (:data:`RATE_FIELDS`: a calibration lacking a rate the model now prices is not used)."""
+    fewer measures, and is kept, apart), :func:`versions`, the rates' names (:data:`RATE_FIELDS`:
+    a calibration lacking a rate the model now prices is not used) and how they are measured
+    (:data:`MEASUREMENTS`)."""
     from chainexec.runtime.hostcopy import threads
 
     return {"host": platform.node(), "gpu": gpu or "cpu", "cores": threads(), "versions": versions(gpu is not None),
-            "rates": list(RATE_FIELDS)}
+            "rates": list(RATE_FIELDS), "measurements": MEASUREMENTS}
 
 
 def path(ident: dict) -> Path:

@@ -81,7 +81,11 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert "24-cubed" in details["statement"]["what"] and details["statement"]["statements_per_run"] == 144
     assert details["device_copy"]["per_second"] == machine.device_bandwidth
     used = {p.size: p for p in (QUICK, TINY)}[details["disk"]["bytes_per_rank"]]  # the fixture's profile
-    assert details["device_copy"]["bytes_per_call"] == 2 * used.copy_size  # read and written
+    # a (T)-shaped tile of about copy_size bytes, read and written in each of six orders
+    shape = details["device_copy"]["shape"]
+    assert shape[:3] == [4, 4, 4] and shape[3] == shape[4] == shape[5]
+    assert details["device_copy"]["bytes_per_call"] == 6 * 2 * 8 * math.prod(shape)
+    assert 0.8 * used.copy_size < 8 * math.prod(shape) < 1.2 * used.copy_size
     # Medians of the per-repetition samples.
     assert details["disk"]["cached_write"]["per_second"] == machine.disk_write_cached
     assert details["disk"]["cached_write"]["bytes_per_rank"] >= 16 << 20  # a stripe per thread at least

@@ -97,6 +97,11 @@ def test_other_versions_and_machines_get_their_own(tmp_path, calibrating, monkey
     api.plan(config)
     assert capsys.readouterr().err.count(FIRST_USE) == 1
     assert len(_kept(calibrating)) == 5
+    # One that measures a rate another way: its own file too.
+    monkeypatch.setattr(machinecache, "MEASUREMENTS", machinecache.MEASUREMENTS + 1)
+    api.plan(config)
+    assert capsys.readouterr().err.count(FIRST_USE) == 1
+    assert len(_kept(calibrating)) == 6
 
 
 def test_identities_name_distinct_files():
@@ -104,7 +109,7 @@ def test_identities_name_distinct_files():
             "versions": {"chainexec": "0.1.0", "numpy": "2.0", "python": "3.11"}, "rates": ["disk_read"]}
     others = [base | {"host": "node2"}, base | {"gpu": "NVIDIA H200"}, base | {"gpu": "NVIDIA H100 80GB HBM3"},
               base | {"versions": base["versions"] | {"cupy": "13.0"}}, base | {"host": "a/../b"}, base | {"cores": 1},
-              base | {"rates": ["disk_read", "host_lock"]}]
+              base | {"rates": ["disk_read", "host_lock"]}, base | {"measurements": 1}]
     paths = [machinecache.path(i) for i in [base, *others]]
     assert len(set(paths)) == len(paths)
     assert all(p.parent == machinecache.cache_dir() for p in paths)

@@ -35,8 +35,9 @@ class Machine:
     # output's tiles): a statement costs the larger of flops / flop_rate and streamed bytes /
     # device_bandwidth (:meth:`compute_seconds`), which is what makes point-wise statements over
     # 6-D tiles and output-heavy contractions slow though their flops are few. `chainexec
-    # calibrate` measures it (a device-to-device copy); None, the default, leaves compute as flops
-    # alone (the papers' model).
+    # calibrate` measures it (a tile copied into each order of its last three indices, since
+    # statements read their operands permuted); None, the default, leaves compute as flops alone
+    # (the papers' model).
     device_bandwidth: float | None = None
     # Whether compute statements are queued on a device stream (CuPy): the
     # host's per-statement seconds then overlap the device's compute of the statements before
