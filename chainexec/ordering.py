@@ -13,7 +13,6 @@ equal positions, each weighted by the number of its distinct permutations
 from __future__ import annotations
 
 import math
-from collections import Counter
 from functools import lru_cache
 
 import numpy as np
@@ -65,25 +64,29 @@ def weights(shape: tuple[int, ...], within: tuple[tuple[int, ...], ...]) -> np.n
     """Per point of a tile of ``shape``: the number of distinct permutations of its coordinates
     within each group of dimensions of ``within`` (multiplied over the groups) where they are
     non-decreasing in every group, else 0. Extent 1 along the dimensions of no group (it
-    broadcasts over them). float64, read-only: made once per shape and pattern (a Python loop
-    over the groups' points)."""
+    broadcasts over them). float64, read-only: made once per shape and pattern, with array
+    operations over the points (a (T) run meets a new pattern on each of its first tiles).
+
+    A group's non-decreasing coordinates fall in runs of equal values of lengths L1, L2, …; its
+    distinct permutations number n! / (L1!·L2!·…), and the product of those factorials is the
+    product over the coordinates of each one's place in its run (1 at a run's start, one more
+    for each equal coordinate before it)."""
     grouped = sorted({d for g in within for d in g})
     if not grouped:
         out = np.ones((1,) * len(shape))
         out.flags.writeable = False
         return out
-    grid = np.indices([shape[d] for d in grouped]).reshape(len(grouped), -1).T
+    grid = np.indices([shape[d] for d in grouped]).reshape(len(grouped), -1)
     where = {d: n for n, d in enumerate(grouped)}
-    out = np.empty(len(grid))
-    for row, x in enumerate(grid):
-        w = 1
-        for g in within:
-            values = [int(x[where[d]]) for d in g]
-            if values != sorted(values):
-                w = 0
-                break
-            w *= math.factorial(len(g)) // math.prod(math.factorial(c) for c in Counter(values).values())
-        out[row] = w
+    out = np.ones(grid.shape[1])
+    for g in within:
+        values = grid[[where[d] for d in g]]
+        out *= math.factorial(len(g))
+        place = np.ones(grid.shape[1])
+        for t in range(1, len(g)):
+            out *= values[t] >= values[t - 1]
+            place = np.where(values[t] == values[t - 1], place + 1, 1)
+            out /= place
     out = out.reshape([shape[d] if d in where else 1 for d in range(len(shape))])
     out.flags.writeable = False
     return out

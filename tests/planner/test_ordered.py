@@ -37,11 +37,12 @@ def _symmetric(rng, shape, within) -> np.ndarray:
 
 @pytest.mark.parametrize("shape,within", [((5, 5, 5, 3), ((0, 1, 2),)), ((4, 4, 6, 2), ((0, 1),)),
                                           ((3, 6, 6), ((1, 2),)), ((4, 4, 3, 3), ((0, 1), (2, 3))),
-                                          ((1, 1, 7), ((0, 1),)), ((6, 2), ())])
+                                          ((1, 1, 7), ((0, 1),)), ((6, 2), ()), ((4, 4, 4, 4, 2), ((0, 1, 2, 3),))])
 def test_weighted_ordered_sum_equals_the_whole_tile(shape, within):
     """Σ weights·x over the tile equals Σ x for arrays symmetric within the groups (1e-13); the
-    weights are zero exactly where a group's coordinates decrease, and the multiplicities
-    (6, 3, 1 for three; 2, 1 for two) add up to the group's whole cube."""
+    weights are zero exactly where a group's coordinates decrease, elsewhere the number of
+    distinct orders of each group's coordinates (6, 3, 1 for three; 2, 1 for two), and they add
+    up to the group's whole cube."""
     rng = np.random.default_rng(len(shape) * 7 + sum(shape))
     x = _symmetric(rng, shape, within)
     w = ordering.weights(shape, within)
@@ -49,7 +50,9 @@ def test_weighted_ordered_sum_equals_the_whole_tile(shape, within):
     full = np.broadcast_to(w, shape)
     for point in itertools.product(*map(range, shape)):
         rising = all(point[g[n]] <= point[g[n + 1]] for g in within for n in range(len(g) - 1))
-        assert (full[point] > 0) == rising
+        # its multiplicity: the distinct orders of each group's coordinates, counted one by one
+        orders = math.prod(len(set(itertools.permutations([point[d] for d in g]))) for g in within)
+        assert full[point] == (orders if rising else 0)
     grouped = {d for g in within for d in g}
     assert w.sum() == math.prod(shape[d] for d in grouped)
 
