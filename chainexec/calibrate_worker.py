@@ -242,8 +242,10 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     finally:
         path.unlink(missing_ok=True)
     del data
-    # Writes the page cache takes, as a run's store makes them: enough bytes for a stripe per thread.
-    data = np.ones(max(size, hostcopy.threads() * hostcopy.PIECE_BYTES) // 8)
+    # Writes the page cache takes, as a run's store makes them: four stripes' bytes per thread, as
+    # each thread's file is made and closed once per write, fixed costs that a run's gigabytes
+    # spread thin (with one stripe per thread the rate came out at half a run's).
+    data = np.ones(max(size, 4 * hostcopy.threads() * hostcopy.PIECE_BYTES) // 8)
     cached = []
     for _ in range(reps):
         comm.Barrier()

@@ -47,7 +47,7 @@ MEASUREMENTS = 2
 """Version of what ``chainexec calibrate`` measures for those fields
 (:mod:`chainexec.calibrate_worker`), raised when a measurement changes: a calibration made by
 another version is made again. 2: the device bandwidth over a tile copied in six orders, the
-mapped fetch over the fill's bytes."""
+mapped fetch over the fill's bytes, the cached writes over four stripes per thread."""
 
 
 def cache_dir() -> Path:
