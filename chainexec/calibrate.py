@@ -55,15 +55,18 @@ class Profile:
     """How much a calibration measures: ``size`` bytes per rank per repetition for the disk and
     global-array measurements, ``repetitions`` timed calls of each, the GEMM
     matrix order per backend (``gemm_n``), the extent of each index of the matrix product
-    whose tiny tiles measure the seconds per statement (``statement_n``: n³/128 statements), and
+    whose tiny tiles measure the seconds per statement (``statement_n``: n³/128 statements),
     the bytes of the device copy (``copy_size``: a GPU copies 32 MiB in about as long as the
-    clock takes to start and stop; a copy of 256 MiB is long against them)."""
+    clock takes to start and stop; a copy of 256 MiB is long against them), and the 16 MiB
+    stripes per thread of the cached writes (``stripes``: each thread's file is made and closed
+    once per write, fixed costs that one stripe each does not spread thin)."""
 
     size: int
     repetitions: int
     gemm_n: dict
     statement_n: int = 48
     copy_size: int = 256 << 20
+    stripes: int = 4
 
 
 # 256 MiB is far past disk and RDMA latencies and the caches, yet quick on a node. GEMM orders are
@@ -79,7 +82,7 @@ FULL = Profile(256 << 20, 5, {"cupy": 2048, "numpy": 1024})
 QUICK = Profile(32 << 20, 3, FULL.gemm_n, 24)
 # What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): little more than the
 # launch and imports, rates not to plan with.
-TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256}, 24, 4 << 20)
+TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256}, 24, 4 << 20, 1)
 QUICK_VARIABLE = "CHAINEXEC_QUICK_CALIBRATION"
 
 
@@ -154,7 +157,7 @@ def settings(scratch: Path, quick: bool, backend: str, size: int | None = None) 
     chosen = profile(quick)
     return {"scratch": str(scratch.resolve()), "size": size or chosen.size, "reps": chosen.repetitions,
             "gemm_n": chosen.gemm_n, "statement_n": chosen.statement_n, "backend": backend,
-            "copy_size": size or chosen.copy_size}
+            "copy_size": size or chosen.copy_size, "stripes": chosen.stripes}
 
 
 def in_process(comm, path: Path, backend: str, ident: dict) -> Machine | None:

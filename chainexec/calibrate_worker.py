@@ -205,13 +205,14 @@ def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
 
 
 def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str, statement_n: int,
-            copy_size: int) -> dict:
+            copy_size: int, stripes: int) -> dict:
     """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
 
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
     extent of the statement measurement's product (:func:`_statements`); ``copy_size``: bytes of
-    the device copy, and at least those of the global array's fill."""
+    the device copy, and at least those of the global array's fill; ``stripes``: the cached
+    writes' stripes per thread, at least."""
     from chainexec import detect
     from chainexec.runtime import hostcopy, warmup
     from chainexec.runtime.device import HOST_LOCKS, QUEUED, SEPARATE_MEMORY, select
@@ -242,10 +243,10 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     finally:
         path.unlink(missing_ok=True)
     del data
-    # Writes the page cache takes, as a run's store makes them: four stripes' bytes per thread, as
+    # Writes the page cache takes, as a run's store makes them: ``stripes`` stripes per thread, as
     # each thread's file is made and closed once per write, fixed costs that a run's gigabytes
     # spread thin (with one stripe per thread the rate came out at half a run's).
-    data = np.ones(max(size, 4 * hostcopy.threads() * hostcopy.PIECE_BYTES) // 8)
+    data = np.ones(max(size, stripes * hostcopy.threads() * hostcopy.PIECE_BYTES) // 8)
     cached = []
     for _ in range(reps):
         comm.Barrier()

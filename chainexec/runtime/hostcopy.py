@@ -40,6 +40,17 @@ def threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def share() -> int:
+    """Cores this rank may keep busy computing: those it may run on (:func:`threads`), or its
+    share of the host's where the launcher's ranks on the host may each run on all of them
+    (unbound, ``mpirun --bind-to none``). Ranks that each start a BLAS thread per core run more
+    threads than there are cores, and BLAS threads that wait for each other at the end of every
+    small GEMM then wait for a core too: two ranks on two cores ran the four-index transform's
+    contractions six times slower than with one BLAS thread each."""
+    cores = threads()
+    return max(1, min(cores, (os.cpu_count() or cores) // local_size()))
+
+
 def bound_narrowly() -> bool:
     """Whether Open MPI's launcher (which sets ``OMPI_COMM_WORLD_LOCAL_SIZE``) bound this process
     to one core where its share of the host (:func:`os.cpu_count` over the ranks it started

@@ -1,6 +1,7 @@
 """Threaded host copies and fills against NumPy's own, with pieces small enough that every case
 is split over several threads."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from chainexec.runtime import hostcopy
-from tests.conftest import fourindex_config, run_cli, write_config
+from tests.conftest import fourindex_config, launch, run_cli, write_config
 
 
 @pytest.fixture(autouse=True)
@@ -194,6 +195,53 @@ def test_a_rank_bound_to_one_core_of_its_share_is_found(monkeypatch, cores, host
     if local is not None:
         monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local)
     assert hostcopy.bound_narrowly() is narrow
+
+
+@pytest.mark.parametrize("cores, host_cores, local, want", [
+    (16, 16, None, 16),    # one process: every core
+    (16, 16, "2", 8),      # two unbound ranks: half each
+    (2, 2, "2", 1),        # this machine's demo: one core each
+    (16, 16, "32", 1),     # more ranks than cores: one each still
+    (4, 16, "4", 4),       # bound (srun's --cpus-per-task): its own cores, not a share of them
+    (2, 16, "4", 2),       # bound to fewer than its share
+])
+def test_a_rank_computes_on_its_share_of_the_host(monkeypatch, cores, host_cores, local, want):
+    monkeypatch.setattr(hostcopy, "threads", lambda: cores)
+    monkeypatch.setattr(hostcopy.os, "cpu_count", lambda: host_cores)
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    if local is not None:
+        monkeypatch.setenv("MPI_LOCALNRANKS", local)
+    assert hostcopy.share() == want
+
+
+BLAS_THREADS = """
+import json
+from mpi4py import MPI
+from threadpoolctl import threadpool_info
+from chainexec.runtime import hostcopy
+from chainexec.runtime.backends.numpy import NumpyBackend
+
+NumpyBackend()
+threads = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+print(json.dumps({"rank": MPI.COMM_WORLD.rank, "threads": threads, "share": hostcopy.share()}))
+"""
+
+
+@pytest.mark.mpi
+def test_ranks_of_a_host_share_its_cores_among_their_blas_threads():
+    """Under the launcher, each rank's NumPy backend runs its BLAS on its share of the host's
+    cores, where each BLAS alone starts a thread per core."""
+    proc = subprocess.run([*launch(2), sys.executable, "-c", BLAS_THREADS], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    found = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                   key=lambda r: r["rank"])
+    assert [r["rank"] for r in found] == [0, 1]
+    cores = len(os.sched_getaffinity(0))
+    for r in found:
+        assert r["share"] == max(1, cores // 2)
+        assert r["threads"] and all(n == r["share"] for n in r["threads"])
 
 
 @pytest.mark.parametrize("bound, ranks, start", [(1, 1, "the run's rank is bound"), (2, 4, "2 of the run's 4 ranks are")])

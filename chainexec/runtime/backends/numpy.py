@@ -10,17 +10,23 @@ from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
 from chainexec.planner.plan import Contraction
 from chainexec.runtime.backends.common import all_rows, permuted, ttgt_product
+from chainexec.runtime import hostcopy
 from chainexec.runtime.device import Backend
 
 
 class NumpyBackend(Backend):
     """NumPy on the host: contractions by TTGT with ``numpy.matmul``, expressions with NumPy
-    broadcasting."""
+    broadcasting. The BLAS behind ``matmul`` runs this rank's share of the host's cores in
+    threads (:func:`chainexec.runtime.hostcopy.share`, set for the process by threadpoolctl),
+    not a thread per core in every rank."""
 
     name = "numpy"
 
     def __init__(self):
+        from threadpoolctl import threadpool_limits
+
         super().__init__(np)
+        threadpool_limits(limits=hostcopy.share(), user_api="blas")
 
     def fetch(self, dst, read, view=None) -> None:
         """As :meth:`Backend.fetch`: the source is read straight into ``dst``."""
