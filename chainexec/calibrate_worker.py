@@ -245,7 +245,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     del data
     # Writes the page cache takes, as a run's store makes them: ``stripes`` stripes per thread, as
     # each thread's file is made and closed once per write, fixed costs that a run's gigabytes
-    # spread thin (with one stripe per thread the rate came out at half a run's).
+    # spread thin and one stripe per thread does not.
     data = np.ones(max(size, stripes * hostcopy.threads() * hostcopy.PIECE_BYTES) // 8)
     cached = []
     for _ in range(reps):
@@ -336,10 +336,10 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     # Device memory: what streaming a statement's tiles costs. A statement reads its operands in
     # other orders than they lie (a (T) tile's terms each permute its three virtual indices), and
     # the backend's tile operation moves a permuted tile at a fraction of a contiguous copy's rate
-    # (on an H200 about half where the innermost index changes). So one tile shaped like a
-    # (T) tile, 4·4·4·n³ of ``copy_size`` bytes, is copied by that operation into each of the six
-    # orders of its last three indices, contiguous among them, and the rate is their bytes over
-    # their seconds together.
+    # (the lower where the innermost index changes). So one tile shaped like a (T) tile,
+    # 4·4·4·n³ of ``copy_size`` bytes, is copied by that operation into each of the six orders of
+    # its last three indices, contiguous among them, and the rate is their bytes over their
+    # seconds together.
     n = max(1, round((copy_size // (8 * 64)) ** (1 / 3)))
     src = xp.full((4, 4, 4, n, n, n), 0.5)  # the values do not change a copy's rate
     views = [src.transpose(0, 1, 2, *(3 + p for p in order)) for order in itertools.permutations(range(3))]

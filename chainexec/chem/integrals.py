@@ -97,7 +97,8 @@ def rate(mol, blocks: int = 4, target: int = 1 << 26) -> float:
     (all ``j`` and ``l``; about ``target`` bytes of s1 values, at most a 32nd of the s8 tensor's
     bytes each), the blocks spread over the molecule, timed together; the faster of two passes
     (the first call after a long computation in the same process, such as ``chem``'s SCF, runs
-    slower than the next ones), written into one buffer whose pages are touched before. Each value costs libcint the same whatever the layout stores, so
+    slower than the next ones), written into one buffer whose pages are touched before. Each
+    value costs libcint the same whatever the layout stores, so
     this is the rate of a whole-tensor call in bytes of its layout. Raw calls, not
     :func:`shell_rows`: its reordering of the rows is single-threaded NumPy work that takes
     longer than libcint's on many cores. Wide blocks: every call has ``i × j`` shell pairs for
@@ -115,7 +116,7 @@ def rate(mol, blocks: int = 4, target: int = 1 << 26) -> float:
         k0 = min(nbas - size, (2 * ((k + blocks // 2) % blocks) + 1) * nbas // (2 * blocks))
         slices.append((i0, i0 + size, 0, nbas, k0, k0 + size, 0, nbas))
     # One buffer for every call, its pages touched first: a run's libcint writes into global
-    # memory already filled, and a fresh array's first touch costs about as long as libcint.
+    # memory already filled, where a fresh array's pages would be first touched by libcint.
     buffer = np.zeros(max((ao[s[1]] - ao[s[0]]) * (ao[s[5]] - ao[s[4]]) for s in slices) * nao * nao)
     rates = []
     for _ in range(2):

@@ -45,8 +45,7 @@ def share() -> int:
     share of the host's where the launcher's ranks on the host may each run on all of them
     (unbound, ``mpirun --bind-to none``). Ranks that each start a BLAS thread per core run more
     threads than there are cores, and BLAS threads that wait for each other at the end of every
-    small GEMM then wait for a core too: two ranks on two cores ran the four-index transform's
-    contractions six times slower than with one BLAS thread each."""
+    small GEMM then wait for a core too."""
     cores = threads()
     return max(1, min(cores, (os.cpu_count() or cores) // local_size()))
 
