@@ -116,8 +116,11 @@ def test_rate_times_blocks_of_shells_spread_over_the_molecule(monkeypatch):
     asked = []
     intor = gto.Mole.intor
 
+    buffers = []
+
     def spy(self, name, aosym="s1", shls_slice=None, **kw):
         asked.append(shls_slice)
+        buffers.append(kw.get("out"))
         return intor(self, name, aosym=aosym, shls_slice=shls_slice, **kw)
 
     monkeypatch.setattr(gto.Mole, "intor", spy)
@@ -130,3 +133,7 @@ def test_rate_times_blocks_of_shells_spread_over_the_molecule(monkeypatch):
     assert [s[0] * 4 // mol.nbas for s in asked] == [0, 1, 2, 3] and sorted(s[4] * 4 // mol.nbas for s in asked) == [0, 1, 2, 3]
     made = [8 * nao * nao * (ao[s[1]] - ao[s[0]]) * (ao[s[5]] - ao[s[4]]) for ao in [mol.ao_loc_nr()] for s in asked]
     assert target / 8 < sum(made) / 4 < 8 * target
+    # every call writes into one buffer (made and filled before the first, as a run writes into
+    # filled global memory), as large as the largest block
+    assert buffers[0] is not None and all(b is buffers[0] for b in buffers)
+    assert buffers[0].nbytes == max(made)
