@@ -340,8 +340,8 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     # 4·4·4·n³ of ``copy_size`` bytes, is copied by that operation into each of the six orders of
     # its last three indices, contiguous among them, and the rate is their bytes over their
     # seconds together.
-    n = max(1, round((copy_size // (8 * 64)) ** (1 / 3)))
-    src = xp.full((4, 4, 4, n, n, n), 0.5)  # the values do not change a copy's rate
+    edge = max(1, round((copy_size // (8 * 64)) ** (1 / 3)))
+    src = xp.full((4, 4, 4, edge, edge, edge), 0.5)  # the values do not change a copy's rate
     views = [src.transpose(0, 1, 2, *(3 + p for p in order)) for order in itertools.permutations(range(3))]
     dst = xp.empty_like(src)
 

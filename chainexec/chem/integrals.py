@@ -116,8 +116,9 @@ def rate(mol, blocks: int = 4, target: int = 1 << 26) -> float:
         k0 = min(nbas - size, (2 * ((k + blocks // 2) % blocks) + 1) * nbas // (2 * blocks))
         slices.append((i0, i0 + size, 0, nbas, k0, k0 + size, 0, nbas))
     # One buffer for every call, its pages touched first: a run's libcint writes into global
-    # memory already filled, where a fresh array's pages would be first touched by libcint.
-    buffer = np.zeros(max((ao[s[1]] - ao[s[0]]) * (ao[s[5]] - ao[s[4]]) for s in slices) * nao * nao)
+    # memory already filled, where a fresh array's pages (np.zeros' too) would be first touched by
+    # libcint.
+    buffer = np.full(max((ao[s[1]] - ao[s[0]]) * (ao[s[5]] - ao[s[4]]) for s in slices) * nao * nao, 0.0)
     rates = []
     for _ in range(2):
         made, spent = 0, 0.0

@@ -388,8 +388,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
         walk(nest.body, [], {level: {} for level in live})
         if machine is not None:
             own = {k: moved[k] - before[0][k] for k in moved}
-            levels = machine.seconds(own, compute[0] - before[1], ranks,
-                                     (priced[0] - before[2][0], priced[1] - before[2][1]), transfers[0] - before[4])
+            levels = machine.seconds(own, compute[0] - before[1], transfers[0] - before[4], ranks,
+                                     (priced[0] - before[2][0], priced[1] - before[2][1]))
             prepared = filled[0] - before[3]
             prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
                 prepared / machine.host_lock if locks and machine.host_lock else 0.0)
@@ -397,7 +397,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], ranks, (priced[0], priced[1]), transfers[0])
+    seconds = machine.seconds(moved, compute[0], transfers[0], ranks, (priced[0], priced[1]))
     writes = sum(stored.values())
     for name, nbytes in stored.items():  # the cached share of the writes spread over them by bytes
         spend(name, machine.write_seconds(writes, ranks) * nbytes / writes)

@@ -66,9 +66,9 @@ class Machine:
     global_fill: float | None = None
     # Host<->device bytes per rank from which a run uses page-locked host buffers (:attr:`Plan.pinned`):
     # its global arrays are then locked where they lie and their tiles move by DMA, without the
-    # staging copy on the host. The first page-locked allocation of a process costs about half a
-    # second (it waits for the device); page-locked copies save about 0.09 s per GB over plain
-    # memory (about 55 against 9 GB/s), so they repay that from about 5 GB on.
+    # staging copy on the host. The first page-locked allocation of a process waits for the
+    # device; DMA from page-locked memory runs several times faster than the staged copies, which
+    # repays that wait from a few GB on (the measurements: benchmarks/results/INDEX.md).
     pinned_from_bytes: int = 4 << 30
     # Bytes per second of those DMA copies between page-locked host memory and the device, each
     # way: the rate of a pinned run's transfers of global arrays. `chainexec calibrate` measures
@@ -103,18 +103,15 @@ class Machine:
         cached = min(nbytes, self.write_cache_bytes * ranks)
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
-    def seconds(self, moved: dict[str, int], compute: float, ranks: int = 1,
-                priced: tuple[int, float] = (0, 0.0), transfers: float | None = None) -> dict[str, float]:
-        """Seconds per level for the given bytes per category (all ``ranks`` ranks' together) and
-        compute seconds (the sum of :meth:`compute_seconds` over the statements), summed over the
-        ranks. ``priced``: bytes of loads that are not disk reads and their seconds (a computed
-        source's at its rate; a mapped input's pages the page cache holds move in none).
-        ``transfers``: the global<->device level's seconds where the statements were priced one by
-        one (:meth:`transfer_seconds`), else every byte goes through a staging copy."""
+    def seconds(self, moved: dict[str, int], compute: float, transfers: float, ranks: int = 1,
+                priced: tuple[int, float] = (0, 0.0)) -> dict[str, float]:
+        """Seconds per level for the given bytes per category (all ``ranks`` ranks' together),
+        compute seconds (the sum of :meth:`compute_seconds` over the statements) and transfer
+        seconds (the sum of :meth:`transfer_seconds` over the gets and accumulates, each at the
+        rate of its kind of host memory), summed over the ranks. ``priced``: bytes of loads that
+        are not disk reads and their seconds (a computed source's at its rate; a mapped input's
+        pages the page cache holds move in none)."""
         loads, seconds = priced
-        if transfers is None:
-            transfers = self.transfer_seconds("get", moved["global->device"]) + self.transfer_seconds(
-                "accumulate", moved["device->global"])
         return {
             "disk": (moved["disk->global"] - loads) / self.disk_read + seconds
             + self.write_seconds(moved["global->disk"], ranks),

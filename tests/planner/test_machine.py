@@ -22,7 +22,7 @@ def test_writes_fill_each_ranks_cache_then_go_at_the_disks_rate(nbytes, ranks, e
     machine = Machine(disk_write=200 * MB, disk_write_cached=3000 * MB, write_cache_bytes=1000 * MB)
     assert machine.write_seconds(nbytes, ranks) == pytest.approx(expected, rel=1e-12)
     moved = {"disk->global": 700 * MB, "global->disk": nbytes, "global->device": 0, "device->global": 0}
-    assert machine.seconds(moved, 0.0, ranks)["disk"] == pytest.approx(700 / 1000 + expected, rel=1e-12)
+    assert machine.seconds(moved, 0.0, 0.0, ranks)["disk"] == pytest.approx(700 / 1000 + expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("cache", [0, 1000 * MB])

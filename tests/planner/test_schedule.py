@@ -102,7 +102,9 @@ def test_predicted_seconds_are_shared_by_the_ranks():
     plan = make_plan(s, machine, ranks=3)
     p = plan.predicted
     # the defaults have no device bandwidth: compute is the flops' time, totals alike
-    one_rank = machine.seconds(p["bytes"], machine.compute_seconds(p["flops"], p["streamed"]))
+    moves = (p["bytes"]["global->device"] / machine.global_to_device
+             + p["bytes"]["device->global"] / machine.device_to_global)
+    one_rank = machine.seconds(p["bytes"], machine.compute_seconds(p["flops"], p["streamed"]), moves)
     assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
     # the run's seconds: each nest's levels as a pipeline, between the slowest level and their sum
     assert max(one_rank.values()) / 3 * (1 - 1e-12) <= p["total_seconds"] <= sum(one_rank.values()) / 3 * (1 + 1e-12)
