@@ -109,17 +109,44 @@ def stabilizer(group, symmetric: tuple[str, ...], blocks: tuple[int, ...]):
     return tuple(g for g in group if all(where[i] == where[j] for i, j in g if i in where))
 
 
+def gemm_score(out: tuple[str, ...], side: frozenset, other: frozenset, sizes: dict[str, int]) -> int:
+    """Elements of one GEMM of a term that splits ``out``'s indices into ``side`` and ``other``
+    (each operand's own), in the batched-GEMM form of its operands copied into ``out``'s order
+    (:func:`chainexec.kernels.batchedgemm.operand_orders`): one GEMM dimension is the run of
+    consecutive output indices of one side that ends at ``out``'s unit-stride last index, the
+    other the largest such run of the other side; the rest are batched. At (T)'s W[i,j,k,a,b,c]
+    the split (a|bc) makes GEMMs of v²×(o·v), (ab|c) v²×v, (ac|b) only o²×v."""
+    runs: dict[frozenset, list[int]] = {side: [], other: []}
+    for n, i in enumerate(out):
+        for s in runs:
+            if i in s:
+                runs[s].append(sizes[i] * runs[s][-1] if n and out[n - 1] in s else sizes[i])
+    if not out or out[-1] not in side | other:
+        return 0
+    last = side if out[-1] in side else other
+    rest = other if last is side else side
+    return runs[last][-1] * max(runs[rest], default=1)
+
+
 @lru_cache(maxsize=1024)
-def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H) -> tuple[tuple[int, float], ...] | None:
+def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H,
+                sizes: tuple[tuple[str, int], ...] = ()) -> tuple[tuple[int, float], ...] | None:
     """One term per orbit of ``H`` on the run's terms, as (position, factor scale), or None where
-    that would not run fewer terms. Within an orbit the term is taken whose split of the output's
+    that would not run fewer terms. Within an orbit the term is taken whose GEMM is the largest
+    (:func:`gemm_score` at the extents ``sizes``), and of those one whose split of the output's
     indices between its two operands is that of a term already taken, where one is, so that the
-    backend can still stack them into one GEMM (:mod:`chainexec.planner.stacking`); the scale is
-    1 / (the elements of ``H`` that map it onto itself)."""
+    backend can still stack them into one GEMM (:mod:`chainexec.kernels.stacking`); the scale is
+    1 / (the elements of ``H`` that map it onto itself). Why the GEMM first: on a (T) tile with
+    i = j, the orbits pair an (ac|b) term with an (a|bc) one; taken as they come, two of the
+    three stacks are GEMMs of o²×v, each as slow as the tile's other stacks together."""
     keys = [_key(t) for t in run]
+    extent = dict.fromkeys(out, 1) | dict(sizes)
 
     def split(t: Term):
         return frozenset([frozenset(i for i in t[1] if i in out), frozenset(i for i in t[3] if i in out)])
+
+    def score(t: Term) -> int:
+        return gemm_score(out, frozenset(i for i in t[1] if i in out), frozenset(i for i in t[3] if i in out), extent)
 
     taken, seen = [], set()
     for k, t in enumerate(run):
@@ -129,7 +156,7 @@ def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H) -> tuple[tuple[i
         orbit = sorted({n for n, key in enumerate(keys) if key in images})
         seen.update(orbit)
         splits = {split(run[n]) for n, _ in taken}
-        pick = next((n for n in orbit if split(run[n]) in splits), orbit[0])
+        pick = max(orbit, key=lambda n: (score(run[n]), split(run[n]) in splits, -n))
         fixed = sum(_key(_renamed(run[pick], dict(g))) == keys[pick] for g in H)
         taken.append((pick, 1.0 / fixed))
     return tuple(taken) if len(taken) < len(run) else None
@@ -207,7 +234,7 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
     found = {}
     for pattern in patterns(len(symmetric)):
         H = stabilizer(group, tuple(symmetric), pattern)
-        taken = orbit_terms(run, out, H)
+        taken = orbit_terms(run, out, H, tuple((i, extents[i]) for i in out))
         found[pattern] = None if taken is None else (taken, axes(H, out))
     return found if any(found.values()) else None
 

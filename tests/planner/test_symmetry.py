@@ -83,6 +83,49 @@ def test_terms_taken_per_pattern_sum_back_to_the_run(pattern, order, count, tmp_
     assert np.abs(rebuilt - whole).max() <= 1e-12 * np.abs(whole).max()
 
 
+@pytest.mark.parametrize("split,elements", [
+    (("jbc", "ika"), 88 * 88 * 21 * 88),  # (a|bc): (b,c) against (k,a)
+    (("iab", "kjc"), 88 * 88 * 88),       # (ab|c): (a,b) against c
+    (("iac", "jkb"), 88 * 21 * 21),       # (ac|b): c against (j,k)
+])
+def test_gemm_score_is_the_batched_gemm_of_the_split(split, elements):
+    """:func:`symmetry.gemm_score` at (T)'s W[i,j,k,a,b,c], o=21, v=88, for each way a W term
+    splits the virtual indices, counted by hand from the runs of consecutive output indices."""
+    sizes = dict.fromkeys("ijk", 21) | dict.fromkeys("abc", 88)
+    side, other = (frozenset(s) for s in split)
+    assert symmetry.gemm_score(tuple("ijkabc"), side, other, sizes) == elements
+    assert symmetry.gemm_score(tuple("ijkabc"), other, side, sizes) == elements
+
+
+@pytest.mark.parametrize("pattern", [(0, 0, 0), (0, 0, 1), (0, 1, 1)])
+def test_each_orbit_gives_its_largest_gemm(pattern, tmp_path_factory):
+    """The term taken from each orbit has the largest :func:`symmetry.gemm_score` of its orbit:
+    no W term that splits (ac|b), whose GEMMs are o²×v, runs on a tile where its image under the
+    stabilizer splits (a|bc) or (ab|c)."""
+    cs, extents = _w_run(tmp_path_factory)
+    out = tuple(cs[0].out_indices)
+    group = symmetry.invariances(symmetry.terms(cs), out, ("i", "j", "k"), frozenset("abc"),
+                                 tuple(sorted(extents.items())))
+    H = symmetry.stabilizer(group, ("i", "j", "k"), pattern)
+    taken, _ = symmetry.schedule(cs, ["i", "j", "k"], {"a", "b", "c"}, extents)[pattern]
+
+    def score(c: Contraction) -> int:
+        return symmetry.gemm_score(out, frozenset(i for i in c.a_indices if i in out),
+                                   frozenset(i for i in c.b_indices if i in out), extents)
+
+    def image(c: Contraction, g) -> tuple:
+        names = dict(g)
+        return frozenset([(c.a, tuple(names[i] if i in names else i for i in c.a_indices)),
+                          (c.b, tuple(names[i] if i in names else i for i in c.b_indices))])
+
+    for k, _ in taken:
+        orbit = {image(cs[k], g) for g in H}
+        members = [c for c in cs if image(c, ()) in orbit and c.factor == cs[k].factor]
+        assert len(members) >= 2 and score(cs[k]) == max(score(c) for c in members)
+        virtual = [frozenset(i for i in ix if i in "abc") for ix in (cs[k].a_indices, cs[k].b_indices)]
+        assert frozenset("ac") not in virtual
+
+
 def test_a_term_its_own_image_is_taken_at_its_share():
     """``X[i,j] = A[i,k]·A[j,k] + B[i,k]·C[j,k] + B[j,k]·C[i,k]`` on a tile with i and j equal:
     the first term is its own image under (i j), so it is taken at half its factor; two of three
