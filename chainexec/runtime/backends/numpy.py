@@ -9,6 +9,7 @@ from chainexec import expr
 from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
 from chainexec.planner.plan import Contraction
+from chainexec.runtime.backends import blockwise
 from chainexec.runtime.backends.common import all_rows, permuted, ttgt_product
 from chainexec.runtime import hostcopy
 from chainexec.runtime.device import Backend
@@ -40,19 +41,9 @@ class NumpyBackend(Backend):
         out[...] = expr.evaluate(tree, arrays, order, self.xp)
 
     def fused(self, f: Fused, arrays: dict, shape: tuple[int, ...], out, within: tuple = ()) -> None:
-        """As :meth:`Backend.fused`: values computed once per point (``f.lets``) are evaluated
-        whole, then read at each of their permutations. Groups of one in ``within`` order
-        nothing (their weights are 1): only the others are multiplied in."""
-        within = tuple(g for g in within if len(g) > 1)
-        arrays = dict(arrays)
-        extent = dict(zip(f.domain, shape))
-        for name, own, text in f.lets:  # computed once, read at each of its permutations
-            value = self.xp.broadcast_to(expr.evaluate(expr.parse(text), arrays, own, self.xp), [extent[i] for i in own])
-            arrays |= {r: value for r in expr.refs(f.tree) if r.tensor == name}
-        value = expr.evaluate(f.tree, arrays, f.domain, self.xp)
-        if within:
-            value = value * weights(shape, within)
-        out[...] += self.xp.broadcast_to(value, shape).sum() if f.reduce else value
+        """As :meth:`Backend.fused`, block by block over the leading indices, intermediates in
+        cache (:mod:`chainexec.runtime.backends.blockwise`)."""
+        blockwise.fused(f, arrays, shape, out, within)
 
     def symmetrize(self, out, axes, keep: tuple = ()) -> None:
         total = sum(out.transpose(p) for p in axes)
