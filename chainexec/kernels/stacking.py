@@ -20,9 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-STACK_SHARE = 8
-"""A term is stacked only where its two operands together have at most 1/STACK_SHARE of the
-output's elements: their copies then cost less than the pass over the output they save."""
+STACK_SHARE = 2
+"""How much less a stack's copies must move than the passes over the output it saves. A stack
+of n terms saves n - 1 passes (each reads and writes the output: 2·size elements) for one write
+of its operands' copies (Σ their elements; its GEMM reads them where the terms would read the
+operands): it is kept where that sum is at most 2·(n - 1)·size / STACK_SHARE, its largest
+terms left out until it is. A term whose own operands hold more than 2·size / STACK_SHARE
+elements stays alone. At (T)'s occupied tiles of two (o=40, v=400), an ``ovvv·t2`` term's
+operands hold a quarter of W: it stacks with the ``ovoo·t2`` term of its split, whose pass over
+W moves more than the copies."""
 
 
 @dataclass(frozen=True)
@@ -55,22 +61,26 @@ def groups(out: tuple[str, ...], terms: list[tuple[tuple[str, ...], tuple[str, .
     """Stacks of two or more terms of a run into ``out`` (term ``n``: operand index tuples
     ``terms[n]``, extents of its indices and the output's ``extents[n]``), in order of their first
     term. Terms stack where they split the output's indices of extent > 1 the same way between
-    their operands; a term whose operands hold more than 1/``share`` of the output's elements
-    stays alone."""
+    their operands, where their copies move less than the passes they save (:data:`STACK_SHARE`,
+    ``share``)."""
     size = math.prod(extents[0][i] for i in out) if terms else 0
-    found: dict[tuple[frozenset, frozenset], list[tuple[int, bool]]] = {}
+    found: dict[tuple[frozenset, frozenset], list[tuple[int, bool, int]]] = {}
     for n, ((a, b), ext) in enumerate(zip(terms, extents)):
         split = _split(out, a, b, ext)
         elements = math.prod(ext[i] for i in a) + math.prod(ext[i] for i in b)
-        if split is None or elements * share > size:
+        if split is None or elements * share > 2 * size:
             continue
         key = tuple(sorted(split, key=lambda s: sorted(out.index(i) for i in s)))
-        found.setdefault(key, []).append((n, split[0] == key[0]))
+        found.setdefault(key, []).append((n, split[0] == key[0], elements))
     stacks = []
     for (left, right), members in found.items():
+        members = sorted(members, key=lambda m: m[2])
+        while len(members) > 1 and sum(m[2] for m in members) * share > 2 * (len(members) - 1) * size:
+            members.pop()
         if len(members) < 2:
             continue
+        members.sort()
         ones = {i for i in out if extents[members[0][0]][i] == 1}
-        stacks.append(Stack(tuple(n for n, _ in members), tuple(i for i in out if i in left or i in ones),
-                            tuple(i for i in out if i in right), tuple(s for _, s in members)))
+        stacks.append(Stack(tuple(n for n, _, _ in members), tuple(i for i in out if i in left or i in ones),
+                            tuple(i for i in out if i in right), tuple(s for _, s, _ in members)))
     return sorted(stacks, key=lambda s: s.terms[0])

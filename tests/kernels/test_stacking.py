@@ -27,8 +27,13 @@ def test_triples_tile_of_one_stacks_the_sums_over_m_in_pairs():
                    stacking.Stack((10, 11), tuple("ijkab"), ("c",), (False, False))]
 
 
-def test_occupied_tiles_of_two_split_the_output_differently():
-    assert _groups("ijkabc", W_TERMS, dict(i=2, j=2, k=2, a=400, b=400, c=400, f=400, m=40)) == []
+def test_occupied_tiles_of_two_stack_each_sum_over_f_with_the_sum_over_m_of_its_split():
+    """At o=40, v=400 with occupied tiles of two, an ovvv·t2 term's operands hold a quarter of W:
+    its copy moves less than the pass over W that the ovoo·t2 term of the same split saves."""
+    got = _groups("ijkabc", W_TERMS, dict(i=2, j=2, k=2, a=400, b=400, c=400, f=400, m=40))
+    assert [(s.terms, "".join(s.left), "".join(s.right)) for s in got] == [
+        ((0, 11), "iab", "jkc"), ((1, 9), "iac", "jkb"), ((2, 10), "ikc", "jab"),
+        ((3, 7), "ika", "jbc"), ((4, 8), "ijb", "kac"), ((5, 6), "ija", "kbc")]
 
 
 @pytest.mark.parametrize("terms,sizes,expect", [
@@ -66,7 +71,7 @@ class _NumpyStacker(HostTiles):
 @pytest.mark.parametrize("fresh", [False, True])
 @pytest.mark.parametrize("occupied", [(1, 1, 1), (2, 1, 1)])
 def test_stacked_terms_equal_einsum(occupied, fresh):
-    """The W tile's twelve terms with sums over m stacked (the rest added one by one here), on
+    """The W tile's twelve terms, those that stack as stacks (the rest added one by one here), on
     permuted views of larger arrays, against numpy.einsum term by term; ``fresh``: into a tile
     of NaN that the first stack overwrites and the others add to."""
     sizes = dict(zip("ijk", occupied)) | dict(a=40, b=33, c=45, f=41, m=4)
@@ -81,7 +86,8 @@ def test_stacked_terms_equal_einsum(occupied, fresh):
     ref = W0 + sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
     be = _NumpyStacker()
     stacks = be._stacks(cs, W0, ops)
-    assert [s.terms for s in stacks] == ([(6, 7), (8, 9), (10, 11)] if occupied == (1, 1, 1) else [(6, 7)])
+    assert [s.terms for s in stacks] == ([(0, 2, 10, 11), (6, 7), (8, 9)] if occupied == (1, 1, 1)
+                                         else [(2, 10), (3, 5, 6, 7), (4, 8)])
     W = np.full_like(W0, np.nan) if fresh else W0.copy()
     if fresh:
         ref -= W0
@@ -90,4 +96,5 @@ def test_stacked_terms_equal_einsum(occupied, fresh):
         if not any(k in s.terms for s in stacks):
             be.contract(cs[k], W, *ops[k])
     assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
-    assert all(a[0] == b[0] == 2 * sizes["m"] for *_, a, b in be.seen[:len(stacks)])  # one GEMM per stack
+    depths = [sum(sizes["f" if k < 6 else "m"] for k in st.terms) for st in stacks]
+    assert [(a[0], b[0]) for *_, a, b in be.seen[:len(stacks)]] == [(d, d) for d in depths]  # one GEMM per stack
