@@ -18,9 +18,7 @@ once, so that each rate is one rank's share while the others work too.
 - compute: the backend's float64 GEMM (numpy.matmul or cupy.matmul), 2·n³ flops per call;
 - device bandwidth: one device buffer copied into another (bytes read + written), the rate at
   which a compute statement streams its tiles;
-- seconds per statement: the executor on a product in tiny tiles (its fixed cost per statement);
-- fused point-wise arithmetic: the executor on the (T) energy's fused statement over one tile,
-  its flops as the cost model counts them per second.
+- seconds per statement: the executor on a product in tiny tiles (its fixed cost per statement).
 
 Every rate is the median over repetitions of (bytes or flops of one rank) / (seconds of the
 slowest rank in that repetition). The file holds the :class:`Machine` fields plus a ``details``
@@ -61,9 +59,7 @@ class Profile:
     the bytes of the device copy (``copy_size``: a GPU copies 32 MiB in about as long as the
     clock takes to start and stop; a copy of 256 MiB is long against them), and the 16 MiB
     stripes per thread of the cached writes (``stripes``: each thread's file is made and closed
-    once per write, fixed costs that one stripe each does not spread thin), and the extents
-    (occupied, virtual) per backend of the fused statement that measures the rate of point-wise
-    arithmetic (``fused``: a GPU's tile of 6³·64³ points takes about a millisecond)."""
+    once per write, fixed costs that one stripe each does not spread thin)."""
 
     size: int
     repetitions: int
@@ -71,7 +67,6 @@ class Profile:
     statement_n: int = 48
     copy_size: int = 256 << 20
     stripes: int = 4
-    fused: dict = dataclasses.field(default_factory=lambda: {"cupy": (6, 64), "numpy": (4, 24)})
 
 
 # 256 MiB is far past disk and RDMA latencies and the caches, yet quick on a node. GEMM orders are
@@ -87,7 +82,7 @@ FULL = Profile(256 << 20, 5, {"cupy": 2048, "numpy": 1024})
 QUICK = Profile(32 << 20, 3, FULL.gemm_n, 24)
 # What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): little more than the
 # launch and imports, rates not to plan with.
-TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256}, 24, 4 << 20, 1, {"cupy": (2, 8), "numpy": (2, 8)})
+TINY = Profile(4 << 20, 3, {"cupy": 256, "numpy": 256}, 24, 4 << 20, 1)
 QUICK_VARIABLE = "CHAINEXEC_QUICK_CALIBRATION"
 
 
@@ -162,7 +157,7 @@ def settings(scratch: Path, quick: bool, backend: str, size: int | None = None) 
     chosen = profile(quick)
     return {"scratch": str(scratch.resolve()), "size": size or chosen.size, "reps": chosen.repetitions,
             "gemm_n": chosen.gemm_n, "statement_n": chosen.statement_n, "backend": backend,
-            "copy_size": size or chosen.copy_size, "stripes": chosen.stripes, "fused": chosen.fused}
+            "copy_size": size or chosen.copy_size, "stripes": chosen.stripes}
 
 
 def in_process(comm, path: Path, backend: str, ident: dict) -> Machine | None:
@@ -336,9 +331,6 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     statement = first["statement"]
     # Every rank runs its share of the statements in the same (slowest rank's) seconds.
     per_statement = 1 / _rate(statement["statements"] / len(raw), over_ranks("statement", "s"))["per_second"]
-    fused = first["fused"]
-    # Its seconds are summed over the ranks (each rank's own tiles): flops over them is one rank's rate.
-    fused_rate = _rate(fused["flops"], [fused["s"]])
 
     if first["host_device"] is not None:
         nbytes = first["host_device"]["bytes"]
@@ -360,8 +352,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     host = platform.node()
     machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
-                      statement_seconds=per_statement, fused_rate=fused_rate["per_second"],
-                      device_bandwidth=copy["per_second"],
+                      statement_seconds=per_statement, device_bandwidth=copy["per_second"],
                       async_statements=first["queued"], disk_write_cached=cached["per_second"],
                       write_cache_bytes=disk["write_cache_bytes"] // len(raw), global_fill=fill["per_second"],
                       host_to_device=host_device and host_device["host_to_device"]["per_second"],
@@ -404,8 +395,5 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "statement": {"what": f"executor wall seconds per compute statement of a {statement['n']}-cubed matrix "
                       "product run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
                       "statements_per_run": statement["statements"], "seconds": per_statement},
-        "fused": {"what": "the (T) energy's fused statement (calibrate_worker.FUSED_CHAIN) over one device tile of "
-                  f"{fused['extents'][0]}^3 x {fused['extents'][1]}^3 points: its flops as the cost model counts them "
-                  "over its seconds (summed over the ranks)", "flops_per_run": fused["flops"], **fused_rate},
     }
     return machine, details

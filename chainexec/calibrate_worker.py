@@ -43,55 +43,6 @@ machine: {{global_memory: 1MiB, device_memory: 2KiB}}
 scratch: scratch
 """
 
-FUSED_CHAIN = """\
-name: fused
-indices: {{i: {o}, j: {o}, k: {o}, a: {v}, b: {v}, c: {v}, f: {f}}}
-tensors:
-  X: {{indices: [i, a, f, b], source: {{random: 1}}}}
-  Y: {{indices: [k, j, c, f], source: {{random: 2}}}}
-  P: {{indices: [i, a, j, b], source: {{random: 3}}}}
-  Q: {{indices: [k, c], source: {{random: 4}}}}
-  T: {{indices: [i, j, a, b], source: {{random: 5}}}}
-  F: {{indices: [a, i], source: {{random: 6}}}}
-  e: {{indices: [i], source: {{random: 7}}}}
-  d: {{indices: [a], source: {{random: 8}}}}
-  D: {{indices: [i, j, k, a, b, c], source: {{expr: "1 / (1 + e[i] + e[j] + e[k] + d[a] + d[b] + d[c])"}}}}
-statements:
-  - W[i,j,k,a,b,c] = X[i,a,f,b] * Y[k,j,c,f]
-  - V[i,j,k,a,b,c] = P[i,a,j,b] * Q[k,c]
-  - V[i,j,k,a,b,c] += P[i,a,k,c] * Q[j,b]
-  - V[i,j,k,a,b,c] += P[j,b,i,a] * Q[k,c]
-  - V[i,j,k,a,b,c] += P[j,b,k,c] * Q[i,a]
-  - V[i,j,k,a,b,c] += P[k,c,i,a] * Q[j,b]
-  - V[i,j,k,a,b,c] += P[k,c,j,b] * Q[i,a]
-  - V[i,j,k,a,b,c] += T[i,j,a,b] * F[c,k]
-  - V[i,j,k,a,b,c] += T[i,k,a,c] * F[b,j]
-  - V[i,j,k,a,b,c] += T[j,i,b,a] * F[c,k]
-  - V[i,j,k,a,b,c] += T[j,k,b,c] * F[a,i]
-  - V[i,j,k,a,b,c] += T[k,i,c,a] * F[b,j]
-  - V[i,j,k,a,b,c] += T[k,j,c,b] * F[a,i]
-  - Z[i,j,k,a,b,c] = W[i,j,k,a,b,c]
-  - Z[i,j,k,a,b,c] += 0.5 * V[i,j,k,a,b,c]
-  - R[i,j,k,a,b,c] = 4 * Z[i,j,k,a,b,c]
-  - R[i,j,k,a,b,c] += Z[i,j,k,b,c,a]
-  - R[i,j,k,a,b,c] += Z[i,j,k,c,a,b]
-  - R[i,j,k,a,b,c] -= 2 * Z[i,j,k,a,c,b]
-  - R[i,j,k,a,b,c] -= 2 * Z[i,j,k,b,a,c]
-  - R[i,j,k,a,b,c] -= 2 * Z[i,j,k,c,b,a]
-  - E[] = W[i,j,k,a,b,c] * D[i,j,k,a,b,c] * R[i,j,k,a,b,c]
-outputs:
-  E: {{file: out.h5, dataset: E}}
-machine: {{global_memory: 4GiB, device_memory: 4GiB}}
-scratch: scratch
-"""
-"""The (T) energy's fused statement on random operands (configs/ccsd_t.yaml's V, Z, R and E over
-a W made by one contraction, summed length ``f``, and a denominator of positive values): what
-:func:`_fused` times, the point-wise arithmetic of one device tile whose reused value is read
-at permuted indices (the orbit kernel on a GPU, blocks of points on NumPy)."""
-FUSED_SUMMED = 4
-"""``f`` of :data:`FUSED_CHAIN`: W's contraction a small part of the run, its flops subtracted."""
-
-
 # Read methods, from best to worst at keeping the page cache out of a read measurement.
 DIRECT = "O_DIRECT"
 FADVISE = "posix_fadvise(POSIX_FADV_DONTNEED) after fsync"
@@ -223,10 +174,10 @@ def _repeat(comm, reps: int, clock, fn) -> list[float]:
     return samples
 
 
-def _runs(comm, dev, scratch: str, reps: int, text: str, name: str) -> list[dict]:
-    """The measured records of ``reps`` executor runs (after one untimed run) of the chain
-    ``text`` (YAML), planned for ``comm``'s ranks in a folder of its own under ``scratch``, which
-    is removed after them."""
+def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
+    """Run :data:`STATEMENT_CHAIN` of extent ``n`` through the executor ``reps`` times (after one
+    untimed run) in a folder under ``scratch``; returns the extent, the compute statements per run
+    (all ranks) and each run's wall seconds (slowest rank)."""
     import shutil
 
     from chainexec import spec
@@ -235,52 +186,33 @@ def _runs(comm, dev, scratch: str, reps: int, text: str, name: str) -> list[dict
     from chainexec.runtime import store
     from chainexec.runtime.executor import Executor
 
-    folder = Path(scratch) / f".chainexec-calibrate-{name}-{comm.bcast(os.getpid(), root=0)}"
-    plan_text = None
+    folder = Path(scratch) / f".chainexec-calibrate-statements-{comm.bcast(os.getpid(), root=0)}"
+    text = None
     if comm.rank == 0:
         folder.mkdir()
-        chain = spec.loads(text, str(folder / "chain.yaml"))
+        chain = spec.loads(STATEMENT_CHAIN.format(n=n), str(folder / "chain.yaml"))
         store.make_folders([chain.resolve(o.file) for o in chain.outputs], chain.resolve(chain.scratch))
-        plan_text = make_plan(chain, ranks=comm.size).to_json()
-    plan = Plan.from_json(comm.bcast(plan_text, root=0))
+        plan = make_plan(chain, ranks=comm.size)
+        text = plan.to_json()
+    plan = Plan.from_json(comm.bcast(text, root=0))
     try:
-        return [Executor(plan, comm, dev, "static").run() for _ in range(reps + 1)][1:]
+        runs = [Executor(plan, comm, dev, "static").run() for _ in range(reps + 1)][1:]
     finally:
         comm.Barrier()
         if comm.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
-    """Run :data:`STATEMENT_CHAIN` of extent ``n`` through the executor (:func:`_runs`); returns the
-    extent, the compute statements per run (all ranks) and each run's wall seconds (slowest
-    rank)."""
-    runs = _runs(comm, dev, scratch, reps, STATEMENT_CHAIN.format(n=n), "statements")
     return {"n": n, "statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
 
 
-def _fused(comm, dev, scratch: str, reps: int, extents: tuple[int, int]) -> dict:
-    """Run :data:`FUSED_CHAIN` with ``extents`` (occupied, virtual) through the executor
-    (:func:`_runs`); returns the extents, the fused statement's flops per run as the cost model
-    counts them (all ranks: the run's less W's contraction, 2·o³v³·f) and its seconds in each run
-    (summed over the ranks, as the run's report sums a statement's)."""
-    o, v = extents
-    runs = _runs(comm, dev, scratch, reps, FUSED_CHAIN.format(o=o, v=v, f=FUSED_SUMMED), "fused")
-    name = next(k for k in runs[0]["by_statement"] if k.startswith("fused"))
-    return {"extents": [o, v], "flops": runs[0]["flops"] - 2 * o ** 3 * v ** 3 * FUSED_SUMMED,
-            "s": [r["by_statement"][name] for r in runs]}
-
-
 def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str, statement_n: int,
-            copy_size: int, stripes: int, fused: dict) -> dict:
+            copy_size: int, stripes: int) -> dict:
     """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
 
     ``size``: bytes per rank per repetition for the disk and global-array measurements;
     ``gemm_n``: GEMM matrix order per backend name (``numpy``/``cupy``); ``statement_n``: the
     extent of the statement measurement's product (:func:`_statements`); ``copy_size``: bytes of
     the device copy, and at least those of the global array's fill; ``stripes``: the cached
-    writes' stripes per thread, at least; ``fused``: the extents (occupied, virtual) of the fused
-    statement's chain per backend name (:func:`_fused`)."""
+    writes' stripes per thread, at least."""
     from chainexec import detect
     from chainexec.runtime import hostcopy, warmup
     from chainexec.runtime.device import HOST_LOCKS, QUEUED, SEPARATE_MEMORY, select
@@ -423,10 +355,6 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     # One statement: the executor's wall time per compute statement on tiny tiles, where its own
     # bookkeeping, tile copies and kernel launches are all there is.
     result["statement"] = _statements(comm, dev, scratch, reps, statement_n)
-
-    # One fused point-wise statement: the (T) energy's arithmetic over a device tile, which the
-    # GEMM's rate does not price (CUDA cores, not tensor cores; a reused value read permuted).
-    result["fused"] = _fused(comm, dev, scratch, reps, tuple(fused[dev.name]))
 
     # GEMM: float64 square matrices, the executor's contraction kernel on this backend.
     n = gemm_n[dev.name]

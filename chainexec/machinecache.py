@@ -43,12 +43,11 @@ CACHE = "CHAINEXEC_CACHE"
 """The environment variable naming the folder of calibrations."""
 RATE_FIELDS = tuple(f.name for f in fields(Machine) if f.name != "source")
 """The fields of the machine model a plan records the origin of."""
-MEASUREMENTS = 3
+MEASUREMENTS = 2
 """Version of what ``chainexec calibrate`` measures for those fields
 (:mod:`chainexec.calibrate_worker`), raised when a measurement changes: a calibration made by
 another version is made again. 2: the device bandwidth over a tile copied in six orders, the
-mapped fetch over the fill's bytes, the cached writes over four stripes per thread; 3: the
-fused statements' rate."""
+mapped fetch over the fill's bytes, the cached writes over four stripes per thread."""
 
 
 def cache_dir() -> Path:

@@ -81,12 +81,6 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert "24-cubed" in details["statement"]["what"] and details["statement"]["statements_per_run"] == 144
     assert details["device_copy"]["per_second"] == machine.device_bandwidth
     used = {p.size: p for p in (QUICK, TINY)}[details["disk"]["bytes_per_rank"]]  # the fixture's profile
-    # the (T) energy's fused statement over one tile: 36 flops a point as the cost model counts
-    # them (tests/planner/test_cost.py counts them by hand), W's contraction not among them
-    o, v = used.fused[details["backend"]]
-    assert details["fused"]["flops_per_run"] == 36 * o ** 3 * v ** 3
-    assert details["fused"]["per_second"] == machine.fused_rate > 0
-    assert np.median(details["fused"]["samples_per_second"]) == machine.fused_rate
     # a (T)-shaped tile of about copy_size bytes, read and written in each of six orders
     shape = details["device_copy"]["shape"]
     assert shape[:3] == [4, 4, 4] and shape[3] == shape[4] == shape[5]

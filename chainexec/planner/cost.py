@@ -260,12 +260,11 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     def spend(name: str, seconds: float) -> None:
         by_statement[name] = by_statement.get(name, 0.0) + seconds
 
-    def count(work: int, bytes_: int, name: str, fused: bool = False) -> None:
-        """One compute statement's flops and streamed bytes over all its iterations (``fused``:
-        a fused point-wise statement's, :meth:`Machine.compute_seconds`)."""
+    def count(work: int, bytes_: int, name: str) -> None:
+        """One compute statement's flops and streamed bytes over all its iterations."""
         flops[0] += work
         streamed[0] += bytes_
-        seconds = machine.compute_seconds(work, bytes_, fused)
+        seconds = machine.compute_seconds(work, bytes_)
         compute[0] += seconds
         spend(name, seconds)
 
@@ -345,7 +344,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         # a point-wise run's output is read and written once
                         bytes_ = (0 if k in tails else 2 * tile_bytes(c.out, c.out_indices, where)) + sum(
                             tile_bytes(n, ix, where) for n, ix in c.operands())
-                    count(work, bytes_ + passes, names[k], node.op == "fused")
+                    count(work, bytes_ + passes, names[k])
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]

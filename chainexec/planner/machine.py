@@ -31,12 +31,6 @@ class Machine:
     # copies, kernel launch): what makes many small tiles slower than few large ones. `chainexec
     # calibrate` measures it.
     statement_seconds: float = 2.0e-4
-    # Flops per second of a fused point-wise statement (:mod:`chainexec.planner.inline`), counted
-    # as the cost model counts them (each inlined statement's flops at the points evaluated): a
-    # GPU runs them on its CUDA cores in one generated kernel, not on the tensor cores the GEMM
-    # rate measures, and the (T) energy's reads its reused value at six permutations. `chainexec
-    # calibrate` measures it on that statement; None prices them at flop_rate.
-    fused_rate: float | None = None
     # Bytes per second a compute statement reads and writes in device memory (its operands' and
     # output's tiles): a statement costs the larger of flops / flop_rate and streamed bytes /
     # device_bandwidth (:meth:`compute_seconds`), which is what makes point-wise statements over
@@ -90,17 +84,15 @@ class Machine:
     mapped_to_device: float | None = None
     source: str = "defaults"
 
-    def compute_seconds(self, flops: int, streamed: int, fused: bool = False) -> float:
+    def compute_seconds(self, flops: int, streamed: int) -> float:
         """Seconds of one compute statement (over all its iterations) that does ``flops`` and
         streams ``streamed`` bytes through device memory: the larger of the two times, the
         roofline model (Williams, Waterman and Patterson, CACM 52(4), 2009), since a kernel reads
         its operands while it multiplies them. Not their sum: that prices W's operand reads in
-        (T) on top of its GEMMs' flops, and so favours larger occupied tiles that run slower.
-        A ``fused`` point-wise statement's flops go at :attr:`fused_rate` where it is known."""
-        rate = self.fused_rate if fused and self.fused_rate else self.flop_rate
+        (T) on top of its GEMMs' flops, and so favours larger occupied tiles that run slower."""
         if not self.device_bandwidth:
-            return flops / rate
-        return max(flops / rate, streamed / self.device_bandwidth)
+            return flops / self.flop_rate
+        return max(flops / self.flop_rate, streamed / self.device_bandwidth)
 
     def write_seconds(self, nbytes: int, ranks: int = 1) -> float:
         """Seconds of ``nbytes`` written to disk by ``ranks`` ranks, summed over the ranks as
@@ -200,7 +192,6 @@ FIELDS = {
     **{name: (_rate, "a positive number of bytes per second") for name in RATES if name != "flop_rate"},
     "flop_rate": (_rate, "a positive number of flops per second"),
     "statement_seconds": (lambda v: _number(v) and v >= 0, "a number of seconds, 0 or more"),
-    "fused_rate": (lambda v: v is None or _rate(v), "a positive number of flops per second, or null"),
     "device_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "async_statements": (lambda v: isinstance(v, bool), "true or false"),
     "aside_copy_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,

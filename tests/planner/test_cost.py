@@ -207,22 +207,3 @@ def test_mapped_inputs_reach_the_device_at_their_own_rate_in_a_pinned_plan(pinne
     a_bytes = 10 ** 4 * 8
     assert staged["by_statement"]["get A"] == pytest.approx(a_bytes / 1.0e10, rel=1e-12)
     assert mapped["by_statement"]["get A"] == pytest.approx(a_bytes / (4.0e9 if p.pinned else 1.0e10), rel=1e-12)
-
-
-@pytest.mark.parametrize("fused_rate", [None, 1.0e6, 3.0e9])
-def test_a_fused_statement_is_priced_at_the_fused_rate(fused_rate, tmp_path):
-    """The (T) energy's fused statement on random operands (``calibrate_worker.FUSED_CHAIN``,
-    o=3, v=5): 36 flops a point, counted by hand (V's twelve products of two factors, Z's two
-    terms, R's six, D·R and W·(D·R)), priced at ``Machine.fused_rate`` where it is given, else
-    at the GEMM's ``flop_rate``; W's contraction stays at ``flop_rate``."""
-    from chainexec.calibrate_worker import FUSED_CHAIN
-
-    o, v, f = 3, 5, 4
-    config = spec.loads(FUSED_CHAIN.format(o=o, v=v, f=f), str(tmp_path / "chain.yaml"))
-    machine = Machine(flop_rate=2.0e9, fused_rate=fused_rate)
-    predicted = predict(make_plan(config, machine), machine)
-    points = o ** 3 * v ** 3
-    assert predicted["flops"] == 36 * points + 2 * points * f
-    seconds = {k: s for k, s in predicted["by_statement"].items() if not k.startswith(("load", "get", "store", "acc"))}
-    assert seconds == pytest.approx({"fused E #1-#22": 36 * points / (fused_rate or machine.flop_rate),
-                                     "#0": 2 * points * f / machine.flop_rate}, rel=1e-12)
