@@ -10,16 +10,16 @@ The script prints, and writes to OUT/summary.json, per side: the executor second
 (the report's ``run.phases.executor``), the process's wall seconds (end to end: the interpreter's
 start, imports, planning, the backend's start, the executor, the outputs; ``api.run``'s share as
 ``run_median_s``) and the autotuner decisions each round added to its cache
-(none once the cache has seen the job: until c1812f1 the round after a cold one tuned again),
+(none once the cache has seen the job),
 their median, minimum and maximum over the rounds kept,
 whether every measured count equals the prediction, the outputs' scalar values, and, where an
 input file carries PySCF's (T) energy and seconds (``chainexec chem``), the ratio of PySCF's (T)
 seconds to the median and each side's energy minus PySCF's.
 
-Why: the A/B method of sessions 19-28 (docs/chem.md) lived in untracked scripts. Two pitfalls it
-guards against. ``python -m chainexec.cli`` started in the repository imports the working tree
-ahead of ``PYTHONPATH``, so every side ran the same code (twenty-fifth session's correction):
-here the processes start in OUT and the script prints the file each side imports. And versions
+Why: an A/B comparison has two pitfalls this script guards against. ``python -m chainexec.cli``
+started in the repository imports the working tree ahead of ``PYTHONPATH``, so every side would
+run the same code: here the processes start in OUT and the script prints the file each side
+imports. And versions
 tuned by separate cold runs may differ by their autotuner's choices rather than by their code:
 ``--share-cache`` removes that.
 

@@ -12,9 +12,6 @@ TRACE.json [--warm]``. It prints the executor's seconds, the device's span and b
 (the union of its kernels, copies and memsets), its time per kernel name, the CUDA API calls
 that took longest on the host, and the device's longest idle gaps with the host calls that
 overlap them. ``TRACE.json`` is the Chrome trace (chrome://tracing, Perfetto).
-
-Used in the eighteenth session (2026-11-27, ``benchmarks/results/session18_2026-11-27.json``):
-at benzene's shapes the device was busy 0.24 s of a 0.40-0.52 s executor.
 """
 
 import argparse
