@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 NP ?= 2
 # pytest workers (pytest-xdist): most tests wait on subprocesses (the CLI, mpiexec), so two
-# share two cores well (the suite took 14.4 min against 17.8 min one at a time on 2 cores).
+# share two cores well; a worker that runs out of tests takes the other's queued ones
+# (--dist worksteal), so the end of the run is not one worker's long tests alone.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test clean
@@ -25,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/chainexec verify configs/fourindex.yaml
 
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --durations=15
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
