@@ -17,13 +17,16 @@ The choice, for ``out[...] (+)= α Σ a[...]·b[...]`` over strided views (strid
    ``a`` in M or K, ``b`` in K or N (either may be transposed, ``out`` by computing ``outᵀ = bᵀaᵀ``).
 3. Of the valid (M', N', K') subsets the largest GEMM wins (|M'|·|N'|, then |K'|), so the
    heaviest part of the work runs in one call.
-4. The remaining output modes are batched: the largest alone is one STRIDEDBATCHEDGEMM call
-   (priority 2); with more, all of them are one pointer-array batched call instead of the
-   paper's nested loops of calls (Listing 2). A call costs microseconds of Python and launch, and
-   the autotuner times methods on a probe with fewer nested iterations than the real tile: with a
-   call per iteration, batched GEMM's launch overhead on the probe would make it lose to GETT on
-   the (T) terms, while one call over the whole tile is the form that runs. Contracted modes left
-   out of K' are looped, each iteration's call adding into the same output.
+4. The remaining output modes are batched. Modes that step as one in all three tensors merge
+   into one batch mode; the largest is one STRIDEDBATCHEDGEMM call (priority 2). Where others
+   remain, the paper nests the calls in loops over them (Listing 2): that form is kept where the
+   loops have at most :data:`STRIDED_CALLS` iterations, and beyond that all of them are one
+   pointer-array batched call. cuBLAS runs a pointer-array call with small tiles whatever the
+   GEMMs' size (the (T) W term of o=32, v=300 at occupied tiles of two: 300×90000×332 GEMMs at
+   a 64×64 tile), while a call costs microseconds of Python and launch: with a call per
+   iteration of many, batched GEMM's launch overhead on the autotuner's probe would make it lose
+   to GETT on small (T) terms. Contracted modes left out of K' are looped, each iteration's call
+   adding into the same output.
 
 Beyond the paper: multi-mode and arbitrary-order contractions (it treats single-mode ones), views
 cut from larger buffers (any strides), modes of extent 1 ignored, and batch modes shared by all
@@ -44,6 +47,10 @@ MIN_SIDE = 8
 products, which run at a small fraction of the other methods' rate (TCCG cases 2-8 and 20-30
 would fall to batches of them, and the (T) energy's full reduction to one 1x1 GEMM over 1.4e8
 summed elements). The autotuner need not time them."""
+
+STRIDED_CALLS = 16
+"""Most strided-batched calls nested in loops over the output modes left beside the batch mode;
+more nested iterations are one pointer-array call (module docstring, item 4)."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +81,16 @@ class BatchedGemm:
     k_loops: tuple[tuple[int, int, int, int], ...]
 
     def launches(self) -> list[Launch]:
-        """The BLAS calls that compute it, in order, one per k-loop iteration (the first may
-        overwrite, the others add): a strided-batched call where there are no nested loops, else
-        one pointer-array call over every nested-loop and batch iteration."""
+        """The BLAS calls that compute it, in order, for each k-loop iteration (the first's may
+        overwrite, the others' add): a strided-batched call per nested-loop iteration where there
+        are at most :data:`STRIDED_CALLS`, else one pointer-array call over every nested-loop and
+        batch iteration."""
         k_offsets = _offsets(self.k_loops)
-        if not self.loops:
-            return [Launch(k_off[None, :], True, n == 0) for n, k_off in enumerate(k_offsets)]
+        nested = _offsets(self.loops)
+        if len(nested) <= STRIDED_CALLS:
+            return [Launch((k_off + row)[None, :], True, n == 0) for n, k_off in enumerate(k_offsets) for row in nested]
         count, *strides = self.batch
-        every = (_offsets(self.loops)[:, None, :] + np.arange(count)[:, None] * np.array(strides)).reshape(-1, 3)
+        every = (nested[:, None, :] + np.arange(count)[:, None] * np.array(strides)).reshape(-1, 3)
         return [Launch(k_off + every, False, n == 0) for n, k_off in enumerate(k_offsets)]
 
 
@@ -127,6 +136,23 @@ def _groups(modes: list[str], sizes: dict[str, int], strides: list[dict[str, int
                 continue
             found.append((math.prod(sizes[i] for i in group), tuple(group),
                           tuple(st[group[0]] for st in strides)))
+    return found
+
+
+def _merged(loops: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """Output-mode loops (extent, a stride, b stride, out stride) with each pair that steps as one
+    in all three tensors (the outer's strides the inner's times the inner's extent; a stride of 0
+    where a tensor lacks the mode) made one loop."""
+    found = sorted(loops, key=lambda x: x[3])
+    joined = True
+    while joined:
+        joined = False
+        for inner, outer in itertools.permutations(found, 2):
+            if all(so == si * inner[0] for si, so in zip(inner[1:], outer[1:])):
+                found.remove(inner)
+                found[found.index(outer)] = (inner[0] * outer[0], *inner[1:])
+                joined = True
+                break
     return found
 
 
@@ -178,7 +204,7 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
         return None
     left = [i for i in modes if i not in used]
     entry = {i: (sizes[i], sa.get(i, 0), sb.get(i, 0), so.get(i, 0)) for i in left}
-    loops = sorted((entry[i] for i in left if i in so), key=lambda x: -x[0])
+    loops = sorted(_merged([entry[i] for i in left if i in so]), key=lambda x: -x[0])
     k_loops = tuple(entry[i] for i in left if i not in so)
     batch = loops[0] if loops else (1, 0, 0, 0)
     return BatchedGemm(Matrix(m, k, ma, ka), Matrix(k, n, kb, nb), Matrix(m, n, mo, no), batch,

@@ -133,24 +133,45 @@ def test_paper_case_studies_run_as_one_call(c, a, b, gemm, batch):
 
 def test_largest_gemm_and_largest_batch_mode_are_chosen():
     # (T) vvov term W[ijkabc] += ovvv[iafc]·t2[jkbf] over a W tile: c (unit in W and ovvv) by b,
-    # summed over f; the batch is a (the largest mode left); i, j, k nested loops, so one
-    # pointer-array call over all of them.
+    # summed over f; the batch is a (the largest mode left); j and k step as one mode in W and
+    # t2 (ovvv lacks both), i does not: loops of 2 and 4 iterations, few enough for a
+    # strided-batched call each.
     sizes = dict(i=2, j=2, k=2, a=30, b=30, c=30, f=30)
     strides = tuple(_strides(np.empty([sizes[i] for i in idx]), idx) for idx in ("ijkabc", "iafc", "jkbf"))
     g = batchedgemm.plan("ijkabc", "iafc", "jkbf", sizes, strides)
     assert (g.out.rows, g.out.cols, g.a.cols) == (30, 30, 30)
-    assert g.batch[0] == 30 and sorted(n for n, *_ in g.loops) == [2, 2, 2]
-    (launch,) = g.launches()
-    assert not launch.strided and len(launch.offsets) == 8 * 30
+    assert g.batch[0] == 30 and sorted(n for n, *_ in g.loops) == [2, 4]
+    launches = g.launches()
+    assert len(launches) == 8 and all(launch.strided and launch.first for launch in launches)
+    assert len({launch.offsets[0, 2] for launch in launches}) == 8
 
 
-def test_many_nested_iterations_become_one_pointer_array_call():
-    sizes = dict(i=3, j=3, k=3, a=12, b=12, c=12, f=12)
+def test_modes_that_step_as_one_in_every_tensor_are_one_batch():
+    # The (T) W term as the stacks copy it, W[ijkabc] += L[fiab]·R[fjkc]: (a, b) rows, c columns,
+    # f summed; (j, k) one batch mode of 4 (stride 0 in L), i a loop of 2: two strided calls, not
+    # a pointer-array call over 8 matrices.
+    sizes = dict(i=2, j=2, k=2, a=9, b=10, c=11, f=12)
+    strides = tuple(_strides(np.empty([sizes[i] for i in idx]), idx) for idx in ("ijkabc", "fiab", "fjkc"))
+    g = batchedgemm.plan("ijkabc", "fiab", "fjkc", sizes, strides)
+    assert (g.out.rows * g.out.cols, g.a.cols) == (990, 12)
+    assert g.batch[0] == 4 and [n for n, *_ in g.loops] == [2]
+    assert [launch.strided for launch in g.launches()] == [True, True]
+
+
+@pytest.mark.parametrize("extent,calls", [(2, 8), (3, 1)])
+def test_nested_iterations_beyond_the_limit_become_one_pointer_array_call(extent, calls):
+    # i, j, k of ``extent``: j and k merge, i is left; 2·4 = 8 iterations are strided calls,
+    # 3·9 = 27 (more than STRIDED_CALLS) one pointer-array call over every matrix.
+    sizes = dict(i=extent, j=extent, k=extent, a=12, b=12, c=12, f=12)
     strides = tuple(_strides(np.empty([sizes[i] for i in idx]), idx) for idx in ("ijkabc", "iafc", "jkbf"))
     g = batchedgemm.plan("ijkabc", "iafc", "jkbf", sizes, strides)
-    (launch,) = g.launches()
-    assert not launch.strided and len(launch.offsets) == 27 * 12
-    assert len(set(o[2] for o in launch.offsets)) == 27 * 12, "no two matrices of one call share an output"
+    assert 8 <= batchedgemm.STRIDED_CALLS < 27
+    launches = g.launches()
+    assert len(launches) == calls
+    if calls == 1:
+        (launch,) = launches
+        assert not launch.strided and len(launch.offsets) == extent ** 3 * 12
+        assert len(set(o[2] for o in launch.offsets)) == extent ** 3 * 12, "no two matrices of one call share an output"
 
 
 @pytest.mark.parametrize("c,a,b", [("ab", "a", "b"), ("ab", "abk", "b"), ("a", "ab", "a")])

@@ -218,14 +218,15 @@ def test_relayout_on_the_triples_terms(dtype):
 @pytest.mark.parametrize("out_idx,a_idx,b_idx,size,path", [
     ("abc", "ad", "bdc", dict(a=40, b=30, c=20, d=25), "strided"),
     ("ijkabc", "iafc", "jkbf", dict(i=3, j=3, k=3, a=12, b=11, c=13, f=10), "pointer-array"),
-    ("ijkabc", "iajm", "mkbc", dict(i=2, j=1, k=3, a=17, b=15, c=16, m=9), "pointer-array"),
+    ("ijkabc", "iajm", "mkbc", dict(i=2, j=1, k=3, a=17, b=15, c=16, m=9), "nested-strided"),
     ("ab", "alk", "klb", dict(a=40, b=50, k=3, l=4), "k-loop"),
     ("ab", "ak", "kb", dict(a=70, b=50, k=60), "transposed-out"),
 ])
 def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):
     """Each form of cuBLAS call the batched method makes — strided batches, one pointer-array
-    call, a looped contracted mode, the output computed as its transpose — on views cut from
-    larger buffers (padding untouched), against numpy.einsum."""
+    call, strided calls nested in loops over output modes, a looped contracted mode, the output
+    computed as its transpose — on views cut from larger buffers (padding untouched), against
+    numpy.einsum."""
     rng = np.random.default_rng(len(path) + len(dtype))
     c = Contraction(0, "X", list(out_idx), "A", list(a_idx), "B", list(b_idx), -0.75, True, 0, 0)
     out, big, sl, a, b = _operands(rng, c, size, dtype, True, step=False)
@@ -235,6 +236,7 @@ def test_batched_gemm_paths(out_idx, a_idx, b_idx, size, path, dtype):
     backend.contract(c, out, a, b)
     g, _, launches, _ = backend._batched(c, out, a, b)
     expect = {"strided": all(x.strided for x in launches), "pointer-array": not launches[0].strided,
+              "nested-strided": len(launches) > 1 and all(x.strided and x.first for x in launches),
               "k-loop": len(launches) > 1 and not launches[1].first,
               "transposed-out": len(launches) == 1 and batchedgemm.blas(g).swap}
     assert expect[path], g
