@@ -142,12 +142,8 @@ def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H,
     keys = [_key(t) for t in run]
     extent = dict.fromkeys(out, 1) | dict(sizes)
 
-    def split(t: Term):
-        return frozenset([frozenset(i for i in t[1] if i in out), frozenset(i for i in t[3] if i in out)])
-
-    def score(t: Term) -> int:
-        return gemm_score(out, frozenset(i for i in t[1] if i in out), frozenset(i for i in t[3] if i in out), extent)
-
+    # each term's output indices held by its first and by its second operand
+    sides = [(frozenset(i for i in t[1] if i in out), frozenset(i for i in t[3] if i in out)) for t in run]
     taken, seen = [], set()
     for k, t in enumerate(run):
         if k in seen:
@@ -155,8 +151,8 @@ def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H,
         images = [_key(_renamed(t, dict(g))) for g in H]
         orbit = sorted({n for n, key in enumerate(keys) if key in images})
         seen.update(orbit)
-        splits = {split(run[n]) for n, _ in taken}
-        pick = max(orbit, key=lambda n: (score(run[n]), split(run[n]) in splits, -n))
+        splits = {frozenset(sides[n]) for n, _ in taken}
+        pick = max(orbit, key=lambda n: (gemm_score(out, *sides[n], extent), frozenset(sides[n]) in splits, -n))
         fixed = sum(_key(_renamed(run[pick], dict(g))) == keys[pick] for g in H)
         taken.append((pick, 1.0 / fixed))
     return tuple(taken) if len(taken) < len(run) else None
