@@ -118,8 +118,12 @@ def write_cache(meminfo: Path = Path("/proc/meminfo"), vm: Path = Path("/proc/sy
 def cgroup_room(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
     """Bytes the memory cgroups of this process leave it: for each limited cgroup (cgroup v2's
     ``memory.max``, v1's ``memory.limit_in_bytes``), from the process's own up to the hierarchy's
-    root as mounted here, its limit less its use plus the file pages the kernel reclaims first
-    (``inactive_file``); the smallest of those, or None where no cgroup limits memory."""
+    root as mounted here, its limit less its use plus the page cache's file pages, which the
+    kernel reclaims before it fails an allocation (``inactive_file`` and ``active_file``, as
+    ``MemAvailable`` counts them outside a cgroup); the smallest of those, or None where no cgroup
+    limits memory. Without the active pages the room would shrink by a run's inputs once they are
+    read twice (pages read again move to the active list): the limits detected, and with them the
+    plan cache's key, would change between a job's second and third runs."""
     try:
         lines = own.read_text().splitlines()
     except OSError:
@@ -128,9 +132,10 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/sel
     for line in lines:
         hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if hierarchy == "0":
-            base, names = root, ("memory.max", "memory.current", "inactive_file")
+            base, names = root, ("memory.max", "memory.current", ("inactive_file", "active_file"))
         elif "memory" in controllers.split(","):
-            base, names = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            base, names = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                            ("total_inactive_file", "total_active_file"))
         else:
             continue
         folder = base / path.strip("/")
@@ -141,16 +146,16 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/sel
     return min(rooms) if rooms else None
 
 
-def _room(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
-    """One cgroup's limit less its use plus its inactive file pages; None where it sets no limit
-    (``max``, or v1's page-rounded 2^63 - 1) or its files cannot be read."""
+def _room(folder: Path, limit_file: str, usage_file: str, file_keys: tuple[str, ...]) -> int | None:
+    """One cgroup's limit less its use plus its file pages (``memory.stat``'s ``file_keys``); None
+    where it sets no limit (``max``, or v1's page-rounded 2^63 - 1) or its files cannot be read."""
     try:
         limit = (folder / limit_file).read_text().strip()
         if limit == "max" or int(limit) >= 1 << 62:
             return None
         usage = int((folder / usage_file).read_text())
         stats = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
-        return int(limit) - usage + int(stats.get(inactive_key, 0))
+        return int(limit) - usage + sum(int(stats.get(key, 0)) for key in file_keys)
     except (OSError, ValueError):
         return None
 

@@ -157,18 +157,19 @@ def test_host_memory_from_meminfo_and_cgroups(tmp_path, monkeypatch):
     root = tmp_path / "fs"
     (root / "job" / "step").mkdir(parents=True)
     assert detect.host_memory(meminfo, root, own) == (20000000 * 1024, f"{meminfo} MemAvailable")
-    # cgroup v2: the job's limit, less its use, plus what the kernel reclaims first.
+    # cgroup v2: the job's limit, less its use, plus the page cache's file pages, active ones
+    # (inputs read twice) as well as inactive ones.
     (root / "job" / "memory.max").write_text(f"{8 * GiB}\n")
-    (root / "job" / "memory.current").write_text(f"{3 * GiB}\n")
-    (root / "job" / "memory.stat").write_text(f"anon 1\ninactive_file {GiB}\n")
+    (root / "job" / "memory.current").write_text(f"{5 * GiB}\n")
+    (root / "job" / "memory.stat").write_text(f"anon {3 * GiB}\nactive_file {GiB}\ninactive_file {GiB}\nshmem 0\n")
     (root / "job" / "step" / "memory.max").write_text("max\n")
-    assert detect.host_memory(meminfo, root, own) == (6 * GiB, "the memory cgroup's limit less its use")
+    assert detect.host_memory(meminfo, root, own) == (5 * GiB, "the memory cgroup's limit less its use")
     # cgroup v1, in a container that mounts its own cgroup as the root of the hierarchy.
     own.write_text("4:memory:/host/side/path\n1:cpu:/\n")
     (root / "memory").mkdir()
     (root / "memory" / "memory.limit_in_bytes").write_text(f"{4 * GiB}\n")
-    (root / "memory" / "memory.usage_in_bytes").write_text(f"{GiB}\n")
-    (root / "memory" / "memory.stat").write_text("total_inactive_file 0\n")
+    (root / "memory" / "memory.usage_in_bytes").write_text(f"{2 * GiB}\n")
+    (root / "memory" / "memory.stat").write_text(f"total_active_file {GiB}\ntotal_inactive_file 0\n")
     assert detect.cgroup_room(root, own) == 3 * GiB
     (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert detect.cgroup_room(root, own) is None
