@@ -143,7 +143,7 @@ def _merged(loops: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int,
     """Output-mode loops (extent, a stride, b stride, out stride) with each pair that steps as one
     in all three tensors (the outer's strides the inner's times the inner's extent; a stride of 0
     where a tensor lacks the mode) made one loop."""
-    found = sorted(loops, key=lambda x: x[3])
+    found = list(loops)
     joined = True
     while joined:
         joined = False

@@ -124,21 +124,12 @@ def _loop(level: str, tiles: dict[str, int], body: list, parallel: bool = False,
 def same_region(ix, iy, tiled) -> bool:
     """Whether two references to one tensor cover the same region in every iteration of loops that
     tile the indices ``tiled``: position by position the same index, or two indices neither of
-    which is tiled (both span the whole extent). Positions, not names, decide. Plain loops: the
-    emitter asks this hundreds of thousands of times while tiles are fitted."""
-    if len(ix) != len(iy):
-        return False
-    for x, y in zip(ix, iy):
-        if x != y and (x in tiled or y in tiled):
-            return False
-    return True
+    which is tiled (both span the whole extent). Positions, not names, decide."""
+    return len(ix) == len(iy) and all(x == y or (x not in tiled and y not in tiled) for x, y in zip(ix, iy))
 
 
 def _covered(refs, name: str, ix, tiled) -> bool:
-    for n, i in refs:
-        if n == name and same_region(i, ix, tiled):
-            return True
-    return False
+    return any(n == name and same_region(i, ix, tiled) for n, i in refs)
 
 
 class Emitter:
