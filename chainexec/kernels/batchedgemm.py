@@ -71,7 +71,8 @@ class BatchedGemm:
     ``a``, ``b`` and ``out`` are the GEMM views (m×k, k×n, m×n). ``batch`` is the strided batch:
     (count, a stride, b stride, out stride) in elements. ``loops`` are the nested output-mode loops
     and ``k_loops`` the contracted modes outside the GEMM, each as (extent, a stride, b stride,
-    out stride); a k-loop's iterations add into the same output, so only its first may overwrite."""
+    out stride); a k-loop's iterations add into the same output, so only its first may overwrite.
+    ``dims``: the modes that make m, n and k, each innermost first."""
 
     a: Matrix
     b: Matrix
@@ -79,6 +80,7 @@ class BatchedGemm:
     batch: tuple[int, int, int, int]
     loops: tuple[tuple[int, int, int, int], ...]
     k_loops: tuple[tuple[int, int, int, int], ...]
+    dims: tuple[tuple[str, ...], ...] = ()
 
     def launches(self) -> list[Launch]:
         """The BLAS calls that compute it, in order, for each k-loop iteration (the first's may
@@ -196,10 +198,11 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
                     continue
                 score = (m_ext * n_ext, k_ext)
                 if best is None or score > best[0]:
-                    best = (score, (m_ext, mo, ma), (n_ext, no, nb), (k_ext, ka, kb), set(m_grp + n_grp + k_grp))
+                    best = (score, (m_ext, mo, ma), (n_ext, no, nb), (k_ext, ka, kb), (m_grp, n_grp, k_grp))
     if best is None:
         return None
-    _, (m, mo, ma), (n, no, nb), (k, ka, kb), used = best
+    _, (m, mo, ma), (n, no, nb), (k, ka, kb), dims = best
+    used = set(sum(dims, ()))
     if min(m, n) < min_side:
         return None
     left = [i for i in modes if i not in used]
@@ -208,7 +211,7 @@ def plan(out_indices, a_indices, b_indices, sizes: dict[str, int],
     k_loops = tuple(entry[i] for i in left if i not in so)
     batch = loops[0] if loops else (1, 0, 0, 0)
     return BatchedGemm(Matrix(m, k, ma, ka), Matrix(k, n, kb, nb), Matrix(m, n, mo, no), batch,
-                       tuple(loops[1:]), k_loops)
+                       tuple(loops[1:]), k_loops, dims)
 
 
 def operand_orders(out_indices, a_indices, b_indices) -> tuple[list[str], list[str]]:

@@ -503,12 +503,17 @@ def _lying(shape, dtype=np.float64):
     ("abx", "pbx", "pa", dict(a=352, b=352, x=62128, p=352), (44, 44, 34663)),
     # a (T) tile: cut along its slow occupied indices only
     ("ijkabc", "iafb", "kjcf", dict(i=21, j=21, k=21, a=93, b=93, c=93, f=93), (2, 2, 20, 93, 93, 93)),
+    # (T) tiles' stacked terms: GEMMs of (bc)x(ka) cut along b, not along a under k; GEMMs of c×b
+    # batched over a cut along a
+    ("ijkabc", "fika", "fjbc", dict(i=2, j=2, k=2, a=300, b=300, c=300, f=332), (2, 2, 2, 300, 93, 300)),
+    ("ijkabc", "fkac", "fijb", dict(i=2, j=2, k=2, a=300, b=300, c=300, f=332), (2, 2, 2, 93, 300, 300)),
     # a short last index: the second pass cuts the first one further
     ("ab", "ak", "kb", dict(a=10**9, b=2, k=3), (33554432, 2))])
 def test_a_probe_cuts_several_indices_before_one_to_a_few_elements(out_indices, a_indices, b_indices, sizes, probe):
     """:func:`tuning._probe`: the slowest index is cut to no fewer than ``extent // PROBE_CUT``
-    elements before the next is cut, then (where that was not enough) as far as needed; the
-    operands are cut along the same indices, and the output is at most the limit."""
+    elements before the next is cut, then (where that was not enough) as far as needed, the
+    in-place GEMM's batch modes first and the inner modes of its dimensions last; the operands are
+    cut along the same indices, and the output is at most the limit."""
     c = Contraction(id=0, out="o", out_indices=list(out_indices), a="x", a_indices=list(a_indices), b="y",
                     b_indices=list(b_indices), factor=1.0, accumulate=False, flops=0, statement=0)
     tiles = [_lying(tuple(sizes[i] for i in idx)) for idx in (out_indices, a_indices, b_indices)]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from chainexec import diskstore
 from chainexec.errors import ChainexecError
-from chainexec.kernels import stacking
+from chainexec.kernels import batchedgemm, stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
 from chainexec.runtime.backends import costmodel, shapeclass, termruns
@@ -65,6 +65,23 @@ PROBE_CUT = 8
 (and 2; :func:`_probe`)."""
 
 
+def _cut_order(c: Contraction, out, a, b) -> list[int]:
+    """``out``'s dimensions in the order :func:`_probe` cuts them: slowest first, except that the
+    modes of the in-place batched GEMM's m, n and k (:func:`chainexec.kernels.batchedgemm.plan`)
+    come after the others (cut, those change how many GEMMs there are, not their shape), the
+    outermost mode of each GEMM dimension, the largest dimension's first, before the inner ones
+    (cut, an inner one splits its dimension in two)."""
+    sizes = index_extents(c, a, b) | dict(zip(c.out_indices, out.shape))
+    strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
+                    ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+    g = batchedgemm.plan(c.out_indices, c.a_indices, c.b_indices, sizes, strides)
+    rank = {}
+    for n, group in enumerate(sorted(g.dims if g else (), key=lambda group: -math.prod(sizes[i] for i in group))):
+        rank |= {i: (2, n) for i in group[:-1]} | {group[-1]: (1, n)}
+    slowest = sorted(range(out.ndim), key=lambda d: -out.strides[d])
+    return sorted(slowest, key=lambda d: rank.get(c.out_indices[d], (0, 0)))
+
+
 def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     """Views of ``out``, ``a`` and ``b`` cut along ``out``'s slowest indices (the same index in
     the inputs) until the output is at most ``limit`` bytes (:data:`TUNE_BYTES`): the strides, and
@@ -75,11 +92,14 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     size, where it is one of a GEMM's dimensions (AO→MO's ``out[a, b, cd] = Σ_p x[p, b, cd]
     C[p, a]`` of 352 functions, cut along ``a`` alone, is a GEMM of three columns, on which the
     direct kernel beats cuBLAS, while on the whole tile cuBLAS is far faster). A cut index keeps
-    at least 2 elements."""
-    order = sorted(range(out.ndim), key=lambda d: -out.strides[d])
+    at least 2 elements. Within each pass the in-place GEMM's batch modes are cut first, then the
+    outermost mode of its largest dimension (:func:`_cut_order`): a (T) tile's stacked term
+    ``W[ijkabc] += L[f,i,k,a]·R[f,j,b,c]`` is GEMMs of (bc)×(ka); cut along ``a``, the slowest
+    index left, they are GEMMs of (bc)×a, on which TTGT wins the probe and loses the tile; cut
+    along ``b``, of (bc/3)×(ka)."""
     views = [out, a, b]
     for capped in (True, False):
-        for d in order:
+        for d in _cut_order(c, out, a, b):
             if views[0].nbytes <= limit:
                 return tuple(views)
             name, n = c.out_indices[d], views[0].shape[d]
@@ -112,7 +132,7 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 8
+TUNING_VERSION = 9
 """The tuning cache's format version, the first part of every key: raised when methods, GETT
 configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
 recorded by older code are not read back."""
