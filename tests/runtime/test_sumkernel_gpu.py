@@ -16,7 +16,7 @@ from tests.conftest import require_gpu
 
 cupy = require_gpu()
 
-from chainexec.kernels import sumkernel, summma  # noqa: E402
+from chainexec.kernels import stacking, sumkernel, summma  # noqa: E402
 from chainexec.kernels.gett import MMA_SHAPES, SM90_SHAPES  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
 from chainexec.runtime import kernelcache, launch  # noqa: E402
@@ -109,8 +109,9 @@ def test_every_mma_shape_matches_einsum(shape):
 @pytest.mark.parametrize("method,room", [("auto", None), ("auto", 1 << 10), ("sum", None), ("summma", None),
                                          ("split", None), ("ttgt", None)])
 def test_backend_contract_sum(method, room):
-    """The backend's run of contractions: tuned (the terms timed on a scratch output, or, with no
-    room for one, on the output itself), forced to a sum kernel, split (the six sums over m in the
+    """The backend's run of contractions: tuned (the sum kernels, the terms one by one and, where
+    terms stack, the stacks, timed on a scratch output, or, with no room for one, on the output
+    itself), forced to a sum kernel, split (the six sums over m in the
     register kernel, the others one by one), or term by term."""
     out, terms, sizes = CASES[0]
     c0, ref, ops = _case(out, terms, sizes, "float64", seed=7, pad=2)
@@ -131,8 +132,9 @@ def test_backend_contract_sum(method, room):
         parts = [prob] + [prob.part(p) for p in sumkernel.splits(prob)]
         timed = sum(len(launch.SUM_KINDS[k][0].candidates(p, launch.device_model()))
                     for k in termruns.TIMED_SUM_KINDS for p in parts)
-        assert len(parts) == 2 and choice.method in termruns.TIMED_SUM_KINDS + ("terms", "split")
-        assert len(choice.seconds) == timed + 1
+        stacks = stacking.groups(tuple(out), [(tuple(a), tuple(b)) for a, b, _ in terms], [sizes] * len(terms))
+        assert len(parts) == 2 and choice.method in termruns.TIMED_SUM_KINDS + ("terms", "split", "stack")
+        assert len(choice.seconds) == timed + 1 + bool(stacks)  # and the terms one by one, and the stacks
     elif method == "split":
         assert choice.method == "split" and choice.config["terms"] == list(range(6, 12))
     elif method in launch.SUM_KINDS:
