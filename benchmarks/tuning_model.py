@@ -32,12 +32,15 @@ from chainexec.runtime.backends import costmodel, methods, termruns, tuning
 
 
 def entries(path: str) -> list[dict]:
-    """The tuning cache's entries: a folder of decision files, a JSON list of them, or a result
-    file holding that list as ``entries``."""
+    """The tuning cache's decisions: from a folder of its files (less the files of shape classes,
+    which hold no ``choice``), a JSON list of them, or a result file holding that list as
+    ``entries``."""
     if Path(path).is_dir():
-        return [json.loads(Path(p).read_text()) for p in glob.glob(str(Path(path) / "*"))]
-    data = json.loads(Path(path).read_text())
-    return data["entries"] if isinstance(data, dict) else data
+        found = [json.loads(Path(p).read_text()) for p in glob.glob(str(Path(path) / "*"))]
+    else:
+        data = json.loads(Path(path).read_text())
+        found = data["entries"] if isinstance(data, dict) else data
+    return [entry for entry in found if "choice" in entry]
 
 
 def fake(shape, strides) -> np.ndarray:

@@ -90,3 +90,17 @@ def test_timings_the_shares_were_not_set_on_lose_little_on_the_whole():
     assert len(rows) >= 25 and math.exp(sum(map(math.log, regrets)) / len(regrets)) <= 1.03
     assert max(regrets) <= 1.30
     assert all(tm.regret(best, predicted, costmodel.MARGIN) == 1.0 for best, predicted in runs)
+
+
+def test_the_script_reads_the_decisions_of_a_cache_folder_not_its_shape_classes(tmp_path):
+    """A tuning cache folder holds the autotuner's decisions and the files of its shape classes
+    (``key`` and ``shapes``, no ``choice``): ``tuning_model.entries`` returns the decisions only,
+    as the recorded list's are."""
+    import json
+
+    decisions = json.loads(RECORD.read_text())["entries"][:3]
+    for n, entry in enumerate(decisions):
+        (tmp_path / f"d{n}.json").write_text(json.dumps(entry))
+    (tmp_path / "class.json").write_text(json.dumps({"key": "[9]", "shapes": [[2, 3]]}))
+    found = _script().entries(str(tmp_path))
+    assert sorted(json.dumps(e, sort_keys=True) for e in found) == sorted(json.dumps(e, sort_keys=True) for e in decisions)
