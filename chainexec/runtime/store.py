@@ -208,6 +208,26 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
         ds[tuple(slice(a, b) for a, b in region[: len(t.shape)])] = data
 
 
+SMALL_READ = 1 << 20
+"""Bytes up to which :func:`_read` reads through h5py's indexing (its selection made in C, several
+times faster a call) and copies, rather than through ``read_direct`` (its selection made in
+Python, but straight into the destination: no temporary, which beyond this size costs more)."""
+
+
+def _read(dataset: h5py.Dataset, source, out: np.ndarray, target) -> None:
+    """``out[target] = dataset[source]`` (``source`` and ``target`` slices of equal shape, or
+    ``np.s_[()]`` and ``...`` for a 0-d dataset)."""
+    into = out[target]
+    if into.nbytes <= SMALL_READ:
+        out[target] = dataset[source]
+    elif into.flags.c_contiguous:
+        dataset.read_direct(out, source_sel=source, **({} if target is ... else {"dest_sel": target}))
+    else:
+        part = np.empty(into.shape, out.dtype)
+        dataset.read_direct(part, source_sel=source)
+        out[target] = part
+
+
 class Store:
     """One rank's view of the disk level during a run.
 
@@ -221,6 +241,7 @@ class Store:
         self.plan = plan
         self.comm = comm
         self.readers: dict[str, h5py.File] = {}
+        self.datasets: dict[tuple[str, str], h5py.Dataset] = {}  # (path, name): opened once (_dataset)
         self.sources: dict[str, object] = {}  # computed inputs' sources, made on first read (computed)
         # Open shard files by stripe, and blocks written so far as (stripe, dataset, region), per
         # (tensor, version) being written.
@@ -230,7 +251,7 @@ class Store:
         self.sealed: dict[tuple[str, int], list[list]] = {}
         self.last_version: dict[str, int] = {}
         self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank, [file, dataset, region] each
-        self.maps: dict[str, list] = {}  # a version's VDS file: its blocks (region, file, dataset)
+        self.maps: dict[str, tuple] = {}  # a version's VDS file: its blocks' bounds, files and datasets
         # Elements of each output that this rank wrote and that are not finite (inf, NaN).
         self.nonfinite: dict[str, int] = {t: 0 for t, info in plan.tensors.items() if info.role == "output"}
         self.superseded: list[tuple[str, int]] = []  # closed durably, dropped after the next checkpoint
@@ -257,16 +278,25 @@ class Store:
             path, name = t.source["file"], t.source["dataset"]
         else:
             path, name = str(self._version_base(t, version)) + ".h5", "data"
-        f = self.readers.get(path)
-        if f is None:
-            f = self.readers[path] = h5py.File(path, "r")
         sel = tuple(slice(a, b) for a, b in region)
         if not out.size:
             return
         if version and region:
-            self._read_blocks(path, f[name], region, out)
+            self._read_blocks(path, self._dataset(path, name), region, out)
         else:
-            f[name].read_direct(out, source_sel=sel if sel else np.s_[()])
+            _read(self._dataset(path, name), sel if sel else np.s_[()], out, ...)
+
+    def _dataset(self, path: str, name: str) -> h5py.Dataset:
+        """Dataset ``name`` of the file at ``path``, opened once: an open costs about as much as a
+        small read, and a version read back in thousands of tiles reads each of its blocks many
+        times."""
+        found = self.datasets.get((path, name))
+        if found is None:
+            f = self.readers.get(path)
+            if f is None:
+                f = self.readers[path] = h5py.File(path, "r")
+            found = self.datasets[(path, name)] = f[name]
+        return found
 
     def mapped(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], rank: int = 0,
                size: int = 1) -> MappedArray | None:
@@ -303,29 +333,28 @@ class Store:
         and the writer's blocks cut different indices, those runs can be a few elements long (a
         tile of a hundred MB then takes seconds). Here each block's part lands in a contiguous
         buffer first (one read of contiguous rows when the block's leading index is the one cut)
-        and NumPy places it; where that part of ``out`` is contiguous itself, the read goes
-        straight into it."""
-        blocks = self.maps.get(path)
-        if blocks is None:
+        and NumPy places it; where that part of ``out`` is contiguous itself and large, the read
+        goes straight into it (:func:`_read`). A version written in thousands of tiles and read
+        back in as many meets tens of blocks per read: the blocks the region meets are found in
+        one array comparison over all their bounds, and each block's dataset is opened once
+        (:meth:`_dataset`)."""
+        found = self.maps.get(path)
+        if found is None:
             folder = os.path.dirname(path)
-            blocks = self.maps[path] = [
-                (tuple((a, b + 1) for a, b in zip(*m.vspace.get_select_bounds())), os.path.join(folder, m.file_name),
-                 m.dset_name) for m in vds.virtual_sources()]
-        for bounds, file, name in blocks:
-            cut = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(bounds, region)]
-            if any(a >= b for a, b in cut):
-                continue
-            source = tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(cut, bounds))
+            sources = vds.virtual_sources()
+            bounds = np.array([np.stack(m.vspace.get_select_bounds(), axis=1) for m in sources],
+                              dtype=np.int64).reshape(len(sources), len(region), 2)
+            bounds[..., 1] += 1
+            found = self.maps[path] = (bounds, [(os.path.join(folder, m.file_name), m.dset_name) for m in sources])
+        bounds, files = found
+        wanted = np.array(region, dtype=np.int64).reshape(len(region), 2)
+        meets = ((bounds[..., 0] < wanted[:, 1]) & (bounds[..., 1] > wanted[:, 0])).all(axis=1)
+        for n in np.flatnonzero(meets):
+            (file, name), block = files[n], bounds[n].tolist()
+            cut = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(block, region)]
+            source = tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(cut, block))
             target = tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(cut, region))
-            f = self.readers.get(file)
-            if f is None:
-                f = self.readers[file] = h5py.File(file, "r")
-            if out[target].flags.c_contiguous:
-                f[name].read_direct(out, source_sel=source, dest_sel=target)
-            else:
-                part = np.empty([b - a for a, b in cut], out.dtype)
-                f[name].read_direct(part, source_sel=source)
-                out[target] = part
+            _read(self._dataset(file, name), source, out, target)
 
     def write(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], data: np.ndarray) -> None:
         if data.size == 0:
@@ -430,6 +459,7 @@ class Store:
         base = self._version_base(t, version)
         self.maps.pop(str(base) + ".h5", None)
         for path in [p for p in self.readers if p == str(base) + ".h5" or p.startswith(str(base) + os.sep)]:
+            self.datasets = {k: d for k, d in self.datasets.items() if k[0] != path}
             self.readers.pop(path).close()
         self.comm.Barrier()
         if self.comm.rank == 0:
@@ -453,6 +483,7 @@ class Store:
                 f"true on the output where they are expected)", t.output["file"], collective=True)
         for t in outputs:
             self._drop(t, self.last_version[t.name], keep_shards=True)
+        self.datasets = {}
         for f in self.readers.values():
             f.close()
         self.readers = {}

@@ -183,14 +183,18 @@ class _OneRank:
         pass
 
 
-def test_striped_blocks_read_back_through_their_version_sealed_or_open(tmp_path, monkeypatch):
+@pytest.mark.parametrize("small_read", [0, 1 << 30])
+def test_striped_blocks_read_back_through_their_version_sealed_or_open(tmp_path, monkeypatch, small_read):
     """Blocks cut into stripes (four threads here), some sealed at a checkpoint between them, make
     one file per stripe, sealed under their checkpoint's number; the version's VDS and
-    :meth:`Store.read` give back every value written, a small block beside them whole."""
+    :meth:`Store.read` give back every value written, a small block beside them whole, and an
+    input's tile its file's values: each part read straight into its destination or into a
+    buffer first (``SMALL_READ`` 0), or through h5py's indexing (every part small)."""
     from chainexec import api
-    from chainexec.runtime import hostcopy
+    from chainexec.runtime import hostcopy, store as stored
     from chainexec.runtime.store import Store
 
+    monkeypatch.setattr(stored, "SMALL_READ", small_read)
     monkeypatch.setattr(hostcopy, "PIECE_BYTES", 256)
     monkeypatch.setattr(hostcopy, "threads", lambda: 4)
     plan = api.plan(write_config(tmp_path, fourindex_config()))
@@ -217,6 +221,13 @@ def test_striped_blocks_read_back_through_their_version_sealed_or_open(tmp_path,
     part = np.full((3, 2) + tuple(t.shape[2:]), np.nan)
     store.read("B", 1, ((half - 1, half + 2), (2, 4)) + tuple((0, n) for n in t.shape[2:]), part)
     assert np.array_equal(part, values[half - 1:half + 2, 2:4])
+    a = plan.tensors["A"]  # an input's tile, from its own file
+    inputs = np.random.default_rng(6).standard_normal(a.shape)
+    with h5py.File(a.source["file"], "w") as f:
+        f.create_dataset(a.source["dataset"], data=inputs)
+    tile = np.full((2, 3) + tuple(a.shape[2:]), np.nan)
+    store.read("A", 0, ((1, 3), (4, 7)) + tuple((0, n) for n in a.shape[2:]), tile)
+    assert np.array_equal(tile, inputs[1:3, 4:7])
 
 
 class _Counting:
