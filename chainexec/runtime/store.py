@@ -311,11 +311,8 @@ class Store:
         if not whole_rows(region, t.shape) or region[0][1] <= region[0][0]:
             return None
         path = t.source["file"]
-        f = self.readers.get(path)
-        if f is None:
-            f = self.readers[path] = h5py.File(path, "r")
         dtype = np.dtype(t.dtype)
-        offset = contiguous_offset(f[t.source["dataset"]], dtype)
+        offset = contiguous_offset(self._dataset(path, t.source["dataset"]), dtype)
         if offset is None:
             return None
         row = math.prod(t.shape[1:]) * dtype.itemsize
