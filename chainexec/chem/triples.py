@@ -74,6 +74,9 @@ followed by the element-wise and reduction steps::
     E(T)      = (1/3) * einsum("ijkabc,ijkabc->", Y, R)
 
 ``tests/chem/test_triples.py`` evaluates this table line by line against a brute-force reference.
+``configs/ccsd_t.yaml`` adds the ``V`` rows in the pairs that share their one-index factor
+(V1+V3, V2+V5, V4+V6, V7+V9, V8+V11, V10+V12) through the pair sums
+``P[iajb] = ovov[iajb] + ovov[jbia]`` and ``Q[ijab] = t2[ijab] + t2[jiba]``: six outer products.
 """
 
 from __future__ import annotations

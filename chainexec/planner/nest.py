@@ -479,7 +479,10 @@ class Emitter:
                 last_use[name] = pos
         own = [set(tiles) for tiles in own_tiles]
         work = [[(n, ix) for n, ix in c.operands() if n not in writers and n not in on_device] for c in cs]
-        held = self._held(work, own, fused_tiled)
+        # a computed operand's inputs are fetched where it is made: they share buffers across
+        # contractions as the operands do (t2's tiles that W's terms and V's pair sums read)
+        leaves = [[leaf for n, ix in refs for leaf in self._leaves(n, ix) if leaf[0] not in on_device] for refs in work]
+        held = self._held(leaves, own, fused_tiled)
         dev_body: list = []
         live: set[str] = set()
         holding: list[tuple[str, list[str]]] = []

@@ -80,3 +80,25 @@ def test_a_partial_sum_is_not_read_inside_its_group(tmp_path):
     assert not emitter.valid(members)
     e = next(k for k, c in enumerate(emitter.cs) if c.out == "E")
     assert emitter.valid(members[:e + 1])
+
+
+def test_a_computed_operands_inputs_share_the_operands_device_buffers(tmp_path):
+    """(T) at o=10, v=8 with its inputs fetched tile by tile (256 KiB of device memory): the pair
+    sum ``Q[i,j,a,b] = t2[i,j,a,b] + t2[j,i,b,a]`` reads the slabs of ``t2`` that W's terms read
+    (``t2[i,j,a,f]``, ``t2[j,i,b,f]``, …): each such slab is fetched once per tile and held from
+    its W term to the pair sum, and the first two W terms, which hold their operands, stay one
+    run of terms that is symmetrized."""
+    from chainexec.planner.nest import same_region
+    from chainexec.planner.symmetry import runs
+    from tests.conftest import triples_config
+
+    plan = make_plan(spec.load(triples_config(tmp_path, "256KiB", 10, 8)))
+    loop = next(loops[-1] for nest in plan.nests for _, loops in ops(nest.body)
+                if loops and loops[-1].level == "device" and loops[-1].symmetric)
+    tiled = set(loop.tiles)
+    gets = [op.indices for op in loop.body if getattr(op, "op", None) == "get" and op.tensor == "t2"]
+    evals = [op for op in loop.body if getattr(op, "op", None) == "eval" and op.tensor == "Q"]
+    assert len(evals) == 3 and gets
+    assert not any(same_region(a, b, tiled) for n, a in enumerate(gets) for b in gets[:n])
+    run = runs(loop.body, loop, plan.contractions)[0]
+    assert len(run) == 2 and loop.body[run[0]].symmetrized

@@ -249,14 +249,15 @@ def test_which_device_loops_fetch_ahead():
 
 
 @pytest.mark.parametrize("memory, expected", [
-    ("200KiB", {"ovvv": 2, "ovoo": 2, "ovov": 2, "t1": 2}),  # whole inputs before a loop over tiles of 2
+    ("224KiB", {"ovvv": 2, "ovoo": 2, "t1": 2}),  # whole inputs before a loop over tiles of 2
     ("128KiB", None),  # inputs fetched tile by tile in the loop: nothing opens the nest
     ("1GiB", None),  # one tile: no symmetric loop
 ])
 def test_streamed_inputs_of_the_triples_loop(tmp_path, memory, expected):
     """(T) at o=6, v=10: the inputs read only at an occupied index of the symmetric tile loop
     first stream in rows of one tile; not ``t2`` (also read as ``t2[m,k,b,c]``), ``f_vo`` (read
-    as ``f_vo[c,k]``) or the orbital energies (read through the denominator's expression)."""
+    as ``f_vo[c,k]``), ``ovov`` or the orbital energies (read through the expressions of the pair
+    sums and of the denominator)."""
     plan = make_plan(spec.load(triples_config(tmp_path, memory, 6, 10)))
     found = [pipeline.streamed(nest.body, plan.contractions, plan.tensors) for nest in plan.nests]
     if expected is None:

@@ -239,7 +239,7 @@ def test_shared_single_contractions_equal_a_fresh_emitters():
     ids = [c.id for c in ctx.cs]
     inputs = [t.name for t in ctx.tensors.values() if t.role == "input"]
     steps = 0
-    for cut, together, resident in itertools.product((5, 17, 31), (False, True), ([], inputs)):
+    for cut, together, resident in itertools.product((5, 17, 25), (False, True), ([], inputs)):
         def single(k):
             whole = {i: s.extents[i] for i in ctx.cs[k].indices()}
             return DeviceGroup([k], dict(whole), dict(whole), resident=resident)

@@ -142,7 +142,7 @@ def test_every_timed_statement_is_predicted(fourindex, tmp_path, job):
     measured, predicted = result["measured"]["by_statement"], result["predicted"]["by_statement"]
     assert set(measured) == set(predicted)
     kinds = {name.split()[0][0] if name.startswith("#") else name.split()[0] for name in measured}
-    assert kinds == ({"load", "store", "get", "accumulate", "#"} | ({"fused"} if job == "ccsd_t" else set()))
+    assert kinds == ({"load", "store", "get", "accumulate", "#"} | ({"fused", "eval"} if job == "ccsd_t" else set()))
 
 
 @pytest.mark.parametrize("balance", ["static", "dynamic"])
