@@ -24,7 +24,7 @@ from chainexec import api
 from chainexec.runtime import globalarray, mapped, store
 from chainexec.runtime.backends.numpy import NumpyBackend
 
-STREAMED = ("ovvv", "ovoo", "ovov", "t1")
+STREAMED = ("ovvv", "ovoo", "t1")
 
 
 def main():

@@ -63,7 +63,7 @@ def test_steady_buffers_are_those_the_loop_only_reads():
     assert Buffers.steady(fake, Loop("device", {"i": 1}, parallel=True, body=body)) == [a]
 
 
-@pytest.mark.parametrize("memory, whole", [("200KiB", True), ("128KiB", False)])
+@pytest.mark.parametrize("memory, whole", [("224KiB", True), ("128KiB", False)])
 def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, whole):
     """The (T) job (o=6, v=10; tiles of 2) with its inputs whole on the device: the tile loop's
     steady arrays are the eight inputs fetched before it (W, computed in it, is not); with
@@ -99,7 +99,7 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
 
 def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     """(T) at o=6, v=10 on one rank, tiles of 2 (three positions): the loop starts with only the
-    first rows of ``ovvv``, ``ovoo``, ``ovov`` and ``t1`` on the device (the rest of the device
+    first rows of ``ovvv``, ``ovoo`` and ``t1`` on the device (the rest of the device
     buffer still zero) and the others arrive, beside the work, as tiles first need them: one chunk
     per input and position. Bytes as predicted; the energy equals a run with whole gets."""
     import h5py
@@ -109,7 +109,7 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     from chainexec.planner import record
 
     o, v = 6, 10
-    config = triples_config(tmp_path, "200KiB", o, v)
+    config = triples_config(tmp_path, "224KiB", o, v)
     aside, first = [], []
 
     class Recording(NumpyBackend):
@@ -127,8 +127,8 @@ def test_streamed_inputs_arrive_as_the_tiles_need_them(tmp_path, monkeypatch):
     result = api.run(config, backend="numpy")
     with h5py.File(tmp_path / "energy.h5") as f:
         e = float(f["E"][()])
-    assert first == [(4, (o, v, v, v), True, True)]
-    assert sorted(aside) == sorted([(2, v, v, v), (2, v, o, o), (2, v, o, v), (2, v)] * 3)
+    assert first == [(3, (o, v, v, v), True, True)]
+    assert sorted(aside) == sorted([(2, v, v, v), (2, v, o, o), (2, v)] * 3)
     assert result["measured"]["bytes"] == result["predicted"]["bytes"]
     monkeypatch.setattr(record, "streamed", lambda *args: None)  # a plan that streams nothing
     aside.clear()
@@ -174,7 +174,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     if launcher is None:
         pytest.skip("no mpiexec")
     o, v = 6, 10
-    config = triples_config(tmp_path, "200KiB", o, v)
+    config = triples_config(tmp_path, "224KiB", o, v)
     if layout == "chunked":
         store_chunked(tmp_path / "inputs.h5")
     mapping = layout == "contiguous" and memory == "shared"
@@ -196,7 +196,7 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     assert records[0]["measured"] == records[0]["predicted"]
     assert records[0]["peaks"][0] == records[0]["peaks"][1]
-    chunks = sorted([[2, v, v, v], [2, v, o, o], [2, v, o, v], [2, v]] * 3)
+    chunks = sorted([[2, v, v, v], [2, v, o, o], [2, v]] * 3)
     for rec in records:
         assert sorted(rec["aside"]) == chunks
         if rec["first"]:  # a rank may get no tile
@@ -205,20 +205,20 @@ def test_streamed_inputs_on_several_ranks(tmp_path, monkeypatch, ranks, memory, 
             assert 0 < need <= o and first["rows"] == o
             assert all(first["filled"][:need]) and all(first["empty"][need:])
     assert sum(bool(rec["first"]) for rec in records) >= 2
-    for r, rec in enumerate(records):  # every own row of each of the four inputs given back
+    for r, rec in enumerate(records):  # every own row of each of the three inputs given back
         own = set(range(r * o // ranks, (r + 1) * o // ranks))
         given = [(lo, hi, tuple(shape)) for shape, lo, hi in rec["discarded"]]
         if memory == "rma" or mapping:
             assert not given
             continue
         shapes = {s for _, _, s in given}
-        assert len(shapes) == (4 if own else 0)
+        assert len(shapes) == (3 if own else 0)
         for shape in shapes:
             assert set().union(*(range(lo, hi) for lo, hi, s in given if s == shape)) == own
-    second = {"ovvv": v, "ovoo": v, "ovov": v, "t1": v}
+    second = {"ovvv": v, "ovoo": v, "t1": v}
     if mapping:
         assert not any(t in second for rec in records for t, _ in rec["reads"])
-        rows = {"ovvv": [v, v, v], "ovoo": [v, o, o], "ovov": [v, o, v], "t1": [v]}
+        rows = {"ovvv": [v, v, v], "ovoo": [v, o, o], "t1": [v]}
         for tensor, shape in rows.items():  # streamed: each row's cut over the ranks
             for row in range(o):
                 cuts = sorted((a, b) for rec in records for s, r, n, a, b in rec["populated"]
@@ -341,7 +341,7 @@ def test_global_buffers_a_load_fills_are_not_zeroed(tmp_path, monkeypatch, poiso
     from chainexec.planner import build
     from chainexec.runtime import buffers
 
-    config = triples_config(tmp_path, "200KiB", 6, 10)
+    config = triples_config(tmp_path, "224KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
     allocs = [op for op in plan.nests[0].body if getattr(op, "op", None) == "alloc" and op.level == "global"]
     assert sorted(op.tensor for op in allocs if op.fill is False) == sorted(
@@ -382,7 +382,7 @@ def test_device_buffers_a_run_writes_first_are_not_zeroed(tmp_path, monkeypatch,
     from chainexec.planner import build
     from chainexec.planner.plan import ops
 
-    config = triples_config(tmp_path, "200KiB", 6, 10)
+    config = triples_config(tmp_path, "224KiB", 6, 10)
     plan = build.make_plan(spec.load(config))
     marked = [(op.op, op.tensor if op.op == "alloc" else plan.contractions[op.contraction].id)
               for op, _ in ops(plan.nests[0].body) if op.fill is False and op.level == "device" or op.fresh]
