@@ -98,3 +98,43 @@ def test_stacked_terms_equal_einsum(occupied, fresh):
     assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
     depths = [sum(sizes["f" if k < 6 else "m"] for k in st.terms) for st in stacks]
     assert [(a[0], b[0]) for *_, a, b in be.seen[:len(stacks)]] == [(d, d) for d in depths]  # one GEMM per stack
+
+
+def test_a_copy_the_next_stack_makes_again_is_kept_for_it():
+    """The W tile (occupied tiles of two at o=6, v=10) on views of whole ``ovvv``, ``ovoo`` and
+    ``t2`` arrays, as the executor passes them: the six stacks' twelve copies are ten, since
+    ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also the next stack's ``ovvv[i,a,f,c] ⊕ -t2[m,i,c,a]``
+    (and likewise for ``ovvv[k]``; ``ovvv[j]`` is read transposed by the next stack); W equals
+    numpy.einsum term by term."""
+    o, v = 6, 10
+    rng = np.random.default_rng(5)
+    whole = {"ovvv": rng.standard_normal((o, v, v, v)), "ovoo": rng.standard_normal((o, v, o, o)),
+             "t2": rng.standard_normal((o, o, v, v))}
+    tile = {"i": slice(0, 2), "j": slice(2, 4), "k": slice(4, 6)}
+    names = {"ovvv": "ovvv", "ovoo": "ovoo", "oovv": "t2"}
+
+    def operand(idx):
+        kind = "".join("o" if i in "ijkm" else "v" for i in idx)
+        return whole[names[kind]][tuple(tile.get(i, slice(None)) for i in idx)]
+
+    ops = [(operand(a), operand(b)) for a, b, _ in W_TERMS]
+    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(W_TERMS)]
+    ref = sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
+
+    class Counting(_NumpyStacker):
+        def __init__(self):
+            super().__init__()
+            self.copies = []
+
+        def contract(self, c, out, a, b, fresh=False):
+            self.copies += [x for x in (a, b) if not any(x is y for y in self.copies)]
+            super().contract(c, out, a, b, fresh)
+
+    be = Counting()
+    stacks = be._stacks(cs, np.empty((2, 2, 2, v, v, v)), ops)
+    assert len(stacks) == 6 and sorted(n for s in stacks for n in s.terms) == list(range(12))
+    W = np.full((2, 2, 2, v, v, v), np.nan)
+    be._stacked(stacks, cs, W, ops, fresh=True)
+    assert len(be.copies) == 10
+    assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13

@@ -74,6 +74,11 @@ def permuted(c: Contraction, a):
     return a.transpose([c.a_indices.index(i) for i in c.out_indices])
 
 
+def address(arr) -> int:
+    """Address of ``arr``'s first element, a NumPy or a CuPy array alike (their array interfaces)."""
+    return (getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__)["data"][0]
+
+
 def spread(arr, idx, order):
     """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
     index of ``order``; its axes outside ``order`` (extent 1) dropped."""

@@ -36,7 +36,7 @@ from chainexec.kernels import batchedgemm, stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
 from chainexec.runtime.backends import costmodel, shapeclass, termruns
-from chainexec.runtime.backends.common import element_strides, index_extents, scratch_like, spread
+from chainexec.runtime.backends.common import address, element_strides, index_extents, scratch_like, spread
 from chainexec.runtime.backends.methods import REGISTRY
 
 METHODS = ("auto", *REGISTRY, *(name for name in termruns.REGISTRY if name != "terms"))
@@ -370,29 +370,22 @@ class Autotuner:
         """Add each stack's terms to ``out`` as one contraction (:mod:`chainexec.kernels.stacking`)
         on copies of their operands concatenated along a new summed index, each term's factor
         in its ``L`` rows; that contraction is tuned as any other (:meth:`contract`), the first
-        ``fresh`` where ``out`` is. While it runs the copies count against :attr:`workspace`."""
-        xp = self.xp
+        ``fresh`` where ``out`` is. While it runs the copies count against :attr:`workspace`.
+        A copy the next stack would make again (the same views of the same memory, the same
+        factors: in a (T) tile, ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also ``ovvv[i,a,f,c] ⊕
+        -t2[m,i,c,a]``) is kept for it instead of dropped, so no more than one stack's copies
+        exist at a time."""
         extent = dict(zip(cs[0].out_indices, out.shape))
-        for st in stacks:
+        sides = [self._stack_sides(st, cs, operands, extent) for st in stacks]
+        kept: dict[tuple, object] = {}
+        for n, st in enumerate(stacks):
             self._drop_kept()  # no earlier term's relayout copy held beside this stack's
-            parts = []
-            for n, side in zip(st.terms, st.sides):
-                c, (a, b) = cs[n], operands[n]
-                (x, xi), (y, yi) = ((a, c.a_indices), (b, c.b_indices))[::1 if side else -1]
-                ks = [i for i in xi if i in yi and i not in c.out_indices]
-                parts.append((c.factor, spread(x, xi, ks + list(st.left)), spread(y, yi, ks + list(st.right)),
-                              len(ks)))
-            depth = sum(math.prod(x.shape[:nk]) for _, x, _, nk in parts)
-            left = xp.empty((depth,) + tuple(extent[i] for i in st.left), out.dtype)
-            right = xp.empty((depth,) + tuple(extent[i] for i in st.right), out.dtype)
-            at = 0
-            for factor, x, y, nk in parts:
-                k = math.prod(x.shape[:nk])
-                self.assign(left[at:at + k].reshape(x.shape), x, factor)
-                self.assign(right[at:at + k].reshape(y.shape), y)
-                at += k
-            name = next(f"stacked{n}" for n in range(len(cs[0].out_indices) + 1)
-                        if f"stacked{n}" not in cs[0].out_indices)
+            left, right = (kept.get(key) if key in kept else self._stack_copy(parts, shape, out.dtype)
+                           for key, parts, shape in sides[n])
+            following = {key for key, _, _ in sides[n + 1]} if n + 1 < len(stacks) else set()
+            kept = {key: copy for (key, _, _), copy in zip(sides[n], (left, right)) if key in following}
+            name = next(f"stacked{k}" for k in range(len(cs[0].out_indices) + 1)
+                        if f"stacked{k}" not in cs[0].out_indices)
             merged = replace(cs[st.terms[0]], a="stacked", a_indices=[name, *st.left], b="stacked",
                              b_indices=[name, *st.right], factor=1.0)
             room = self.workspace
@@ -402,7 +395,36 @@ class Autotuner:
                 self.contract(merged, out, left, right, fresh and st is stacks[0])
             finally:
                 self.workspace = room
-            del left, right, parts  # freed before the next stack's copies
+            del left, right  # freed before the next stack's copies, unless kept for it
+
+    @staticmethod
+    def _stack_sides(st, cs: list[Contraction], operands: list[tuple], extent: dict) -> list[tuple]:
+        """A stack's ``L`` and ``R`` operands as (key, parts, shape): each part a term's factor
+        (1 on ``R``), its operand viewed over the summed indices then the side's indices, and the
+        number of summed ones; the key says what the copy holds (the parts' factors, memory,
+        shapes, strides and dtypes)."""
+        lefts, rights = [], []
+        for n, side in zip(st.terms, st.sides):
+            c, (a, b) = cs[n], operands[n]
+            (x, xi), (y, yi) = ((a, c.a_indices), (b, c.b_indices))[::1 if side else -1]
+            ks = [i for i in xi if i in yi and i not in c.out_indices]
+            lefts.append((c.factor, spread(x, xi, ks + list(st.left)), len(ks)))
+            rights.append((1.0, spread(y, yi, ks + list(st.right)), len(ks)))
+        depth = sum(math.prod(x.shape[:nk]) for _, x, nk in lefts)
+        return [(tuple((f, address(x), x.shape, x.strides, x.dtype.str) for f, x, _ in parts), parts,
+                 (depth,) + tuple(extent[i] for i in names))
+                for parts, names in ((lefts, st.left), (rights, st.right))]
+
+    def _stack_copy(self, parts: list[tuple], shape: tuple, dtype):
+        """One side of a stack (:meth:`_stack_sides`): its parts copied one after another along
+        the stacked summed index, each times its factor."""
+        copy = self.xp.empty(shape, dtype)
+        at = 0
+        for factor, x, nk in parts:
+            k = math.prod(x.shape[:nk])
+            self.assign(copy[at:at + k].reshape(x.shape), x, factor)
+            at += k
+        return copy
 
     def _time_terms(self, cs: list[Contraction], out, operands: list[tuple]) -> tuple[list[float], bool]:
         """Seconds of each term on its own, and whether ``out`` got them: timed on a scratch
