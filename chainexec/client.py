@@ -157,7 +157,8 @@ def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
     data = json.dumps(message).encode()
     frame = HEADER.pack(len(data)) + data
     sent = socket.send_fds(sock, [frame], list(fds)) if fds else sock.send(frame)
-    sock.sendall(frame[sent:])
+    if sent < len(frame):  # (sending nothing more to a peer that has answered and closed fails)
+        sock.sendall(frame[sent:])
 
 
 def receive(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:

@@ -167,10 +167,16 @@ def test_without_a_server_the_command_runs_itself(tmp_path, monkeypatch):
     assert client.forward(["run", "x.yaml"]) is None
 
 
-def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch):
-    """The client sends its request with its three standard streams and, refused, runs itself."""
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch, attempt):
+    """The client sends its request with its three standard streams and, refused, runs itself:
+    it reads the refusal (the server's answer is sent whole, and the client's request was too,
+    however soon the server closes after answering; five attempts, as the two race)."""
     tmp_path.chmod(0o700)
     monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
+    answers = []
+    receive = client.receive
+    monkeypatch.setattr(client, "receive", lambda sock, fds=0: answers.append(receive(sock, fds)) or answers[-1])
     with _listening(tmp_path / "serve.sock") as listener:
         seen = {}
 
@@ -182,11 +188,13 @@ def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch):
                 for fd in fds:
                     os.close(fd)
                 client.send(conn, {"refused": "busy with another run"})
+                seen["answered"] = True
 
         thread = threading.Thread(target=refuse)
         thread.start()
         assert client.forward(["run", "x.yaml", "--quiet"]) is None
         thread.join()
+    assert seen["answered"] and answers[-1] == ({"refused": "busy with another run"}, [])
     request = seen["request"]
     assert seen["fds"] == 3
     assert request["argv"] == ["run", "x.yaml", "--quiet"] and request["cwd"] == os.getcwd()
