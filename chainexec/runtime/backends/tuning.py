@@ -380,7 +380,7 @@ class Autotuner:
         kept: dict[tuple, object] = {}
         for n, st in enumerate(stacks):
             self._drop_kept()  # no earlier term's relayout copy held beside this stack's
-            left, right = (kept.get(key) if key in kept else self._stack_copy(parts, shape, out.dtype)
+            left, right = (kept[key] if key in kept else self._stack_copy(parts, shape, out.dtype)
                            for key, parts, shape in sides[n])
             following = {key for key, _, _ in sides[n + 1]} if n + 1 < len(stacks) else set()
             kept = {key: copy for (key, _, _), copy in zip(sides[n], (left, right)) if key in following}
