@@ -269,10 +269,12 @@ def end(status: int) -> NoReturn:
     has nothing left to do waits for. By then a run has closed what it wrote and
     renamed its outputs into place, and its threads have ended or hold nothing that must finish
     (a kernel cache file is written whole or not at all). Through the interpreter's exit instead
-    (mpi4py finalizes MPI there): a rank of several, since one that leaves at once after its own
-    finalize can fail peers still finalizing (under MPICH over UCX the launcher reports the run
-    killed, status 9); and a process under a profiler or coverage tracer, which writes its data
-    at that exit. Older outputs' folders that a run moved aside are removed before it ends,
+    (mpi4py finalizes MPI there): a rank of several under an MPI whose finalize does not wait for
+    every rank (:func:`fenced_finalize`), since one that leaves at once after its own finalize can
+    fail peers still finalizing (under MPICH over UCX the launcher reports the run killed, status
+    9); and a process under a profiler or coverage tracer, which writes its data at that exit.
+    Ranks of several under Open MPI finalize and leave at once: the launcher waits for the
+    slowest rank's exit, and the interpreter's is the longer by its teardown of CuPy and CUDA. Older outputs' folders that a run moved aside are removed before it ends,
     once the output is flushed (:func:`chainexec.safepaths.wait_removals`)."""
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -283,11 +285,20 @@ def end(status: int) -> NoReturn:
     safepaths.wait_removals()
     mpi = sys.modules.get("mpi4py.MPI")
     started = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
-    if (started and mpi.COMM_WORLD.Get_size() > 1) or _observed():
+    if (started and mpi.COMM_WORLD.Get_size() > 1 and not fenced_finalize(mpi)) or _observed():
         sys.exit(status)
     if started:
         mpi.Finalize()
     os._exit(status)
+
+
+def fenced_finalize(mpi) -> bool:
+    """Whether ``mpi`` (the module ``mpi4py.MPI``) is an MPI whose ``MPI_Finalize`` returns only
+    once every rank has entered it, so that a rank may leave at once after it: Open MPI's, which
+    opens its finalize with a PMIx fence, unless its parameter ``async_mpi_finalize`` is set in
+    the environment (``OMPI_MCA_async_mpi_finalize``)."""
+    flag = os.environ.get("OMPI_MCA_async_mpi_finalize", "0").strip().lower()
+    return mpi.Get_library_version().startswith("Open MPI") and flag in ("0", "false", "no", "")
 
 
 def _observed() -> bool:
