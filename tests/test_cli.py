@@ -493,24 +493,35 @@ def test_chem_configs_leave_the_memory_limits_to_the_machine(tmp_path):
     assert yaml.safe_load((out / "ccsd_t.yaml").read_text())["machine"] == cfg["machine"]
 
 
-@pytest.mark.parametrize("nocc", [1, 3])
-def test_chem_synthetic_larger_than_memory(tmp_path, nocc):
-    """Synthetic inputs that fit the disk but whose arrays (with one temporary the size of the
-    largest, o·v³) would not fit this machine's memory are refused before anything is made."""
+@pytest.mark.parametrize("per_vir", [4, 8])
+def test_chem_synthetic_larger_than_memory(tmp_path, per_vir):
+    """Synthetic inputs that fit the disk but whose arrays made whole in memory (all but ``ovvv``,
+    made in blocks: :data:`chainexec.chem.layout.SYNTHETIC_IN_MEMORY`), with one temporary the
+    size of the largest, would not fit this machine's memory are refused before anything is made:
+    cases with ``per_vir`` occupied orbitals per virtual one, whose o³v and o²v² arrays outweigh
+    ovvv."""
     import os
     import shutil
 
+    from chainexec.chem.layout import SYNTHETIC_IN_MEMORY
     from chainexec.spec import format_size
 
+    def held(o, v):
+        shapes = {"t1": o * v, "t2": o * o * v * v, "ovoo": o**3 * v, "ovov": o * o * v * v, "e_occ": o,
+                  "e_vir": v, "f_vo": v * o}
+        assert set(shapes) == set(SYNTHETIC_IN_MEMORY)
+        return 8 * (sum(shapes.values()) + max(shapes.values()))
+
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    nvir = next(v for v in range(1, 1 << 20) if _synthetic_bytes(nocc, v) + 8 * nocc * v**3 > memory)
+    nvir = next(v for v in range(1, 1 << 20) if held(per_vir * v, v) > memory)
+    nocc = per_vir * nvir
     size = _synthetic_bytes(nocc, nvir)
     if size > 0.9 * shutil.disk_usage(tmp_path).free:
         pytest.skip(f"{format_size(size)} of inputs need more disk than is free here")
     out = tmp_path / "out"
     proc = run_cli("chem", "x", "--synthetic", nocc, nvir, 1, "--out", out, timeout=CHEM_TIMEOUT)
     assert_refused(proc, f"--synthetic {nocc} {nvir} 1", "would hold",
-                          f"{format_size(size + 8 * nocc * nvir**3)} in memory", f"this machine's {format_size(memory)}")
+                   f"{format_size(held(nocc, nvir))} in memory", f"this machine's {format_size(memory)}")
     assert not out.exists()
 
 

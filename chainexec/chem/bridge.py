@@ -29,9 +29,11 @@ complete, so a file at ``path`` is never partial; on any failure the temporary f
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -140,6 +142,12 @@ def ccsd_arrays(t1, t2, eris) -> dict:
     }
 
 
+SYNTHETIC_BLOCK_BYTES = 64 << 20
+"""Bytes of ``ovvv`` a thread makes at once (whole rows (i, a), at least one): blocks small
+enough that the threads' blocks in flight stay far below any input that needs them, large enough
+that handing one to a thread costs nothing measurable."""
+
+
 def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
     """Write seeded random (T) inputs of physically sensible shape and scale to ``path``.
 
@@ -150,6 +158,13 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
     every denominator is <= -1.5 Hartree); f_vo ~1e-3 Hartree, deliberately non-zero so that the
     f_vo term of the formula is exercised. The file gets ``synthetic=True`` and ``seed`` instead
     of PySCF energies. Returns ``{"path", "nocc", "nvir", "seed"}``.
+
+    ``ovvv`` is not held whole: each of its rows (i, a), a v×v matrix, comes from a random stream
+    of its own keyed by (seed, i, a), so its values do not depend on how the rows are grouped;
+    threads make blocks of rows (:data:`SYNTHETIC_BLOCK_BYTES`), written in order as they come.
+    Inputs whose ``ovvv`` exceeds this machine's memory (a (T) case larger than one GPU) then need
+    only the disk; the rest (:data:`chainexec.chem.layout.SYNTHETIC_IN_MEMORY`) is made in memory from
+    one stream.
     """
     rng = np.random.default_rng(seed)
     o, v = nocc, nvir
@@ -160,7 +175,6 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
     arrays = {
         "t1": 1e-2 * rng.standard_normal((o, v)),
         "t2": sym(1e-2 * rng.standard_normal((o, o, v, v)), (1, 0, 3, 2)),
-        "ovvv": sym(1e-1 * rng.standard_normal((o, v, v, v)), (0, 1, 3, 2)),
         "ovoo": sym(1e-1 * rng.standard_normal((o, v, o, o)), (0, 1, 3, 2)),
         "ovov": sym(1e-1 * rng.standard_normal((o, v, o, v)), (2, 3, 0, 1)),
         "e_occ": np.sort(rng.uniform(-1.5, -0.3, o)),
@@ -168,8 +182,38 @@ def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
         "f_vo": 1e-3 * rng.standard_normal((v, o)),
     }
     attrs = {"nocc": o, "nvir": v, "units": "Hartree", "synthetic": True, "seed": seed}
-    write_atomic(path, arrays, attrs)
+    write_atomic(path, arrays, attrs, parts={"ovvv": ((o, v, v, v), _ovvv_blocks(o, v, seed))})
     return {"path": os.fspath(path), "nocc": o, "nvir": v, "seed": seed}
+
+
+def _ovvv_blocks(o: int, v: int, seed: int):
+    """The synthetic ``ovvv`` in blocks of rows, in order: ``((i, slice(a0, a1)), block)``, row
+    (i, a) = 0.05·(x + xᵀ) for x the v×v standard normals of the stream keyed (seed, i, a)
+    (exactly symmetric in its last two indices). Made over threads (NumPy's generators release
+    the interpreter's lock while they fill), at most two blocks per thread ahead of the one
+    taken."""
+    from chainexec.runtime import hostcopy
+
+    rows = max(1, SYNTHETIC_BLOCK_BYTES // (8 * v * v))
+    blocks = [(i, lo, min(lo + rows, v)) for i in range(o) for lo in range(0, v, rows)]
+
+    def make(i: int, lo: int, hi: int):
+        out = np.empty((hi - lo, v, v))
+        for a in range(lo, hi):
+            x = np.random.default_rng((seed, i, a)).standard_normal((v, v))
+            np.add(x, x.T, out=out[a - lo])
+        out *= 0.05
+        return (i, slice(lo, hi)), out
+
+    threads = hostcopy.threads()
+    with ThreadPoolExecutor(threads, thread_name_prefix="chainexec-synthetic") as pool:
+        ahead = collections.deque()
+        for block in blocks:
+            ahead.append(pool.submit(make, *block))
+            if len(ahead) > 2 * threads:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
 
 
 def write_ao2mo_inputs(mol, path, *, layout: str = "s8", scf_conv_tol: float = 1e-10, scf_max_cycle: int = 50) -> dict:
@@ -195,14 +239,21 @@ def write_ao2mo_inputs(mol, path, *, layout: str = "s8", scf_conv_tol: float = 1
     return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
 
 
-def write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES) -> None:
-    """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically."""
+def write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES, parts: dict | None = None) -> None:
+    """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically;
+    ``parts``: datasets written piece by piece, by name ``(shape, pieces)`` where ``pieces``
+    yields ``(where, values)`` that together cover the shape (float64, contiguous layout)."""
     path = os.fspath(path)
     tmp = path + ".tmp"
     try:
         with h5py.File(tmp, "w") as f:
             for name, array in arrays.items():
                 dset = f.create_dataset(name, data=np.asarray(array, dtype=np.float64))
+                dset.attrs["indices"] = indices[name]
+            for name, (shape, pieces) in (parts or {}).items():
+                dset = f.create_dataset(name, shape=shape, dtype=np.float64)
+                for where, values in pieces:
+                    dset[where] = values
                 dset.attrs["indices"] = indices[name]
             f.attrs.update(attrs)
         os.replace(tmp, path)

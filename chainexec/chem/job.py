@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from chainexec import atomicfile, spec
-from chainexec.chem.layout import AO2MO_INDICES, INDICES
+from chainexec.chem.layout import AO2MO_INDICES, INDICES, SYNTHETIC_IN_MEMORY
 from chainexec.pairs import npair
 from chainexec.errors import ChainexecError
 
@@ -135,7 +135,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     source = None if mol is None else {"atoms": MOLECULES.get(molecule.lower(), molecule), "basis": basis}
     _config(cfg, kind, extents, template, lines, layout, source)
     out = Path(out)
-    check_size(out, _shapes(kind, extents, layout), what, in_memory=synthetic is not None)
+    check_size(out, _shapes(kind, extents, layout), what, in_memory=SYNTHETIC_IN_MEMORY if synthetic is not None else ())
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -239,21 +239,22 @@ def _shapes(kind: Job, extents: dict[str, int], layout: str | None = None) -> di
     return shapes
 
 
-def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memory: bool) -> None:
+def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memory: tuple[str, ...] = ()) -> None:
     """Refuse inputs of these float64 ``shapes`` that cannot be written: where the file would
-    exceed the free space of ``out``'s file system (its nearest existing folder) or, with
-    ``in_memory`` (synthetic inputs, all made in memory before they are written), where the bytes
-    held at once — every array, and one temporary the size of the largest while it is symmetrized,
-    a count just above the process's actual peak — would exceed this
-    machine's physical memory."""
+    exceed the free space of ``out``'s file system (its nearest existing folder) or where the
+    bytes held at once of the arrays named ``in_memory`` (synthetic inputs made whole in memory
+    before they are written, :data:`chainexec.chem.layout.SYNTHETIC_IN_MEMORY`) — each of them,
+    and one temporary the size of the largest while it is symmetrized, a count just above the
+    process's actual peak — would exceed this machine's physical memory."""
     sizes = [spec.DTYPES["float64"] * math.prod(shape) for shape in shapes.values()]
+    made = [spec.DTYPES["float64"] * math.prod(shapes[name]) for name in in_memory if name in shapes]
     folder = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
     free = shutil.disk_usage(folder).free
     if sum(sizes) > free:
         raise ChainexecError(f"{what}: the inputs would take {spec.format_size(sum(sizes))}, more than the "
                              f"{spec.format_size(free)} free here", str(out))
-    held, memory = sum(sizes) + max(sizes), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if in_memory and held > memory:
+    held, memory = sum(made) + max(made, default=0), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if held > memory:
         raise ChainexecError(f"{what}: making the inputs would hold {spec.format_size(held)} in memory, more than "
                              f"this machine's {spec.format_size(memory)}")
 

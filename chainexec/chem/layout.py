@@ -16,5 +16,9 @@ INDICES = {
     "f_vo": "ai",
 }
 
+#: The synthetic (T) inputs made whole in memory before they are written; ``ovvv``, o·v³ elements
+#: and the largest by far, is made and written in blocks (:func:`chainexec.chem.bridge.synthetic_inputs`).
+SYNTHETIC_IN_MEMORY = ("t1", "t2", "ovoo", "ovov", "e_occ", "e_vir", "f_vo")
+
 #: The four-index transform's inputs: AO integrals (AO: p q r s) and MO coefficients (MO: a).
 AO2MO_INDICES = {"A": "pqrs", "C": "pa"}

@@ -6,6 +6,7 @@ import pytest
 
 from chainexec.chem import bridge
 from chainexec.chem.bridge import molecule, synthetic_inputs, write_ccsd_inputs
+from chainexec.chem.layout import SYNTHETIC_IN_MEMORY
 
 H2O = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
 
@@ -57,6 +58,26 @@ def test_synthetic_is_deterministic_per_seed(tmp_path):
         for name in bridge.INDICES:
             np.testing.assert_array_equal(a[name][()], b[name][()])
             assert not np.array_equal(a[name][()], c[name][()]), name
+
+
+@pytest.mark.parametrize("o, v", [(3, 5), (2, 13)])
+def test_synthetic_ovvv_does_not_depend_on_its_blocks(tmp_path, monkeypatch, o, v):
+    """``ovvv`` is made in blocks of rows over threads, each row from a stream of its own: blocks
+    of one row and blocks of all rows give the same file, every array equal."""
+    files = []
+    for block in (8 * v * v, 8 * o * v**3):
+        monkeypatch.setattr(bridge, "SYNTHETIC_BLOCK_BYTES", block)
+        files.append(tmp_path / f"{block}.h5")
+        synthetic_inputs(o, v, 7, files[-1])
+    with h5py.File(files[0], "r") as a, h5py.File(files[1], "r") as b:
+        assert set(a) == set(b) == set(bridge.INDICES)
+        for name in a:
+            np.testing.assert_array_equal(a[name][()], b[name][()])
+        assert np.abs(a["ovvv"][()]).min() > 0 and len(np.unique(a["ovvv"][()])) > o * v * v * (v - 1) // 2
+
+
+def test_synthetic_arrays_made_in_memory_are_all_but_ovvv():
+    assert set(SYNTHETIC_IN_MEMORY) == set(bridge.INDICES) - {"ovvv"}
 
 
 def test_failed_write_leaves_no_file_and_keeps_old_one(tmp_path, monkeypatch):
