@@ -48,6 +48,13 @@ MADV_POPULATE_READ = 22
 """Linux 5.14's ``madvise`` advice that faults a range's pages in for reading (reading the file
 where they are not cached), synchronously."""
 
+PIECE = 4 << 20
+"""Bytes each thread is given of a copy out of a mapping (:meth:`MappedArray.get`), smaller than
+:data:`chainexec.runtime.hostcopy.PIECE_BYTES`: a staging buffer holds one row of a tile where
+a row is larger than its 8 MiB, and one row of a (T) ``t2`` is tens of MB (23 MB at o=32 v=300),
+which 16 MiB pieces give to one or two threads. The copies out of the page cache that fill those
+buffers are most of a whole tile's get before a loop (``t2`` and ``ovov`` of (T))."""
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
@@ -154,11 +161,12 @@ class MappedArray:
         return row_owners(self._bounds, region_bounds(region, self.shape))
 
     def get(self, region, out: np.ndarray | None = None) -> np.ndarray:
-        """A copy of the patch ``region`` (into ``out`` when given)."""
+        """A copy of the patch ``region`` (into ``out`` when given: over threads in pieces of
+        :data:`PIECE` bytes)."""
         patch = self._whole[tuple(slice(a, b) for a, b in region_bounds(region, self.shape))]
         if out is None:
             return patch.copy()
-        hostcopy.copy(out, patch)
+        hostcopy.copy(out, patch, PIECE)
         return out
 
     def at_hand(self, region) -> np.ndarray | None:

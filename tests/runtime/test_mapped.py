@@ -69,6 +69,28 @@ def test_mapped_rows_equal_the_dataset(data, rows):
     tile.free()
 
 
+def test_a_get_out_of_a_mapping_goes_over_threads_in_small_pieces(tmp_path, monkeypatch):
+    """A copy out of a mapping of one (T) t2 row's size (23 MB at o=32 v=300) is cut into
+    :data:`chainexec.runtime.mapped.PIECE` pieces over the threads, not the one or two pieces of
+    :data:`hostcopy.PIECE_BYTES`."""
+    from chainexec.runtime import hostcopy, mapped
+
+    monkeypatch.setattr(hostcopy, "threads", lambda: 8)
+    values = np.random.default_rng(5).standard_normal((4, 300, 2400))  # rows of 5.8 MB, 23 MB in all
+    path = tmp_path / "t2.h5"
+    with h5py.File(path, "w") as f:
+        f["t2"] = values
+        offset = contiguous_offset(f["t2"], np.dtype(np.float64))
+    tile = MappedArray(str(path), offset, values.shape, np.float64)
+    parts = []
+    real = hostcopy._run
+    monkeypatch.setattr(hostcopy, "_run", lambda work, pieces: (parts.append(len(pieces)), real(work, pieces))[1])
+    out = np.empty_like(values)
+    tile.get((slice(None),), out=out)
+    assert np.array_equal(out, values) and parts == [min(8, values.nbytes // mapped.PIECE)] and parts[0] > 2
+    tile.free()
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 8])
 def test_ranks_of_one_host_share_the_rows_of_one_mapping(data, size):
     """A tile mapped by each of ``size`` ranks of one host: every rank holds every row at hand,
