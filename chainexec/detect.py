@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chainexec.errors import ChainexecError
+from chainexec.runtime import warmup
 from chainexec.spec import format_size, parse_size
 
 HOST_MEMORY = "CHAINEXEC_HOST_MEMORY"
@@ -194,7 +195,9 @@ def gpu_name(backend: str, local_rank: int = 0) -> str | None:
 
 def here(backend: str, local_rank: int, host_ranks: int, host: str | None = None) -> Figures:
     """This rank's :class:`Figures`: ``local_rank`` is its position among the ``host_ranks``
-    ranks of its host, ``host`` the host's name (default: the node name)."""
+    ranks of its host, ``host`` the host's name (default: the node name). A GPU's free memory is
+    the figure the run's warm-up read as it made the context (:func:`chainexec.runtime.warmup.free_memory`),
+    where it did, else the device's answer now."""
     memory, where = host_memory()
     name = host or platform.node()
     model = gpu_name(backend, local_rank)
@@ -204,8 +207,10 @@ def here(backend: str, local_rank: int, host_ranks: int, host: str | None = None
 
     count = cupy.cuda.runtime.getDeviceCount()
     index = local_rank % count
-    with cupy.cuda.Device(index):
-        free, _ = cupy.cuda.runtime.memGetInfo()
+    free = warmup.free_memory(index)
+    if free is None:
+        with cupy.cuda.Device(index):
+            free, _ = cupy.cuda.runtime.memGetInfo()
     return Figures(name, host_ranks, memory, where, model, count, index, free)
 
 

@@ -6,12 +6,15 @@ cache's key; the pure derivation over ranks, hosts and GPUs; the cgroup and memi
 from __future__ import annotations
 
 import json
+import sys
+import types
 
 import pytest
 
 from chainexec import detect
 from chainexec.detect import Figures
 from chainexec.errors import ChainexecError
+from chainexec.runtime import uselog, warmup
 from tests.conftest import assert_refused, fourindex_config, read_report, run_cli, write_config
 
 GiB = 1 << 30
@@ -139,6 +142,32 @@ def test_limits_over_ranks_hosts_and_gpus():
     assert found["global"].bytes == detect.rounded(56 * GiB)
     with pytest.raises(ChainexecError, match="GPU 0 .* has 512.00 MiB free"):
         detect.limits([Figures("g", 1, 64 * GiB, "test", "small", 1, 0, 512 << 20)])
+
+
+@pytest.mark.parametrize("early", [None, 5 << 30])
+def test_a_gpus_free_memory_is_the_warm_ups_reading_where_it_made_one(monkeypatch, early):
+    """:func:`detect.here` takes the free memory the run's warm-up read as it made the rank's
+    context (:func:`warmup.free_memory`) without asking the device, else asks the device."""
+    asked = []
+
+    class Device:
+        def __init__(self, index):
+            asked.append(index)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 4, memGetInfo=lambda: (9 << 30, 10 << 30),
+                                    getDeviceProperties=lambda index: {"name": b"GPU"})
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=Device)))
+    monkeypatch.setattr(warmup, "_FREE", {} if early is None else {2: early})
+    monkeypatch.setattr(uselog, "_NAMES", {})
+    figures = detect.here("cupy", 6, 4, "host")
+    assert (figures.gpu_index, figures.gpu_free) == (2, 9 << 30 if early is None else early)
+    assert asked == ([2] if early is None else [])
 
 
 def test_rounded_keeps_sixteen_steps_per_power_of_two():

@@ -51,6 +51,7 @@ _CLAIMED: set[int] = set()  # devices whose warm-up this process has begun
 _EARLY: list[threading.Thread] = []  # the warm-up begun by :func:`start`
 _LATE: list[threading.Thread] = []  # those begun by the backend's selection (:func:`begin`)
 _GO = threading.Event()  # set by :func:`proceed`: the warm-up may import CuPy and load
+_FREE: dict[int, int] = {}  # device -> its free bytes, read by :func:`context` as it made the context
 
 
 def claim(device: int) -> bool:
@@ -72,6 +73,7 @@ this only takes its path."""
     local = env_local_rank()
     if backend == "numpy" or (local is None and launched()):
         return
+    _FREE.clear()  # a server's earlier runs' figures (chainexec.server)
     thread = threading.Thread(target=_early, args=(local or 0, uselog.job_of(config)), name="chainexec-warm-up")
     _EARLY[:] = [t for t in _EARLY if t.is_alive()]  # a server's earlier runs' (chainexec.server)
     _EARLY.append(thread)
@@ -147,19 +149,32 @@ def settle() -> None:
 
 def context(local: int) -> None:
     """Create the CUDA context of GPU ``local mod GPUs`` (its primary context, the one CuPy then
-    uses) through the driver library directly. Why: CUDA's start (``cuInit``) and the context's
-    creation take time the run would otherwise wait for, and a call through ``ctypes`` (imported with this
-    module: the thread imports nothing) releases the interpreter's lock, so they overlap the
-    imports of the main thread. Nothing happens where the driver library is missing or a call
-    fails."""
+    uses) through the driver library directly, and read the GPU's free memory in it
+    (:func:`free_memory`). Why: CUDA's start (``cuInit``) and the context's creation take time the
+    run would otherwise wait for, and a call through ``ctypes`` (imported with this module: the
+    thread imports nothing) releases the interpreter's lock, so they overlap the imports of the
+    main thread. Nothing happens where the driver library is missing or a call fails."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return
     count, device, ctx = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
     if (cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-            and cuda.cuDeviceGet(ctypes.byref(device), local % count.value) == 0):
-        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)  # kept for the process's life
+            and cuda.cuDeviceGet(ctypes.byref(device), local % count.value) == 0
+            and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device) == 0):  # kept for the process's life
+        free, total, popped = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_void_p()
+        if cuda.cuCtxPushCurrent_v2(ctx) == 0:
+            if cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0:
+                _FREE[local % count.value] = free.value
+            cuda.cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+
+def free_memory(device: int) -> int | None:
+    """Bytes free on GPU ``device`` when this run's start made its context (:func:`context`),
+    before the warm-up allocated or loaded anything there; None where the start has not (yet)
+    made it. The machine's detection (:func:`chainexec.detect.here`) reads it instead of asking
+    the device: while the warm-up loads its kernels, a query of the device waits for those loads."""
+    return _FREE.get(device)
 
 
 def _early(local: int, job: str) -> None:

@@ -215,25 +215,37 @@ class FakeDriver:
                 self.ordinal = args[1]
             elif name == "cuDevicePrimaryCtxRetain":
                 self.retained = args[1]
+            elif name == "cuMemGetInfo_v2":
+                args[0]._obj.value, args[1]._obj.value = 7 << 30, 8 << 30
             return 0
         return call
 
 
 @pytest.mark.parametrize("local, count, ordinal", [(0, 1, 0), (5, 4, 1), (3, 4, 3)])
 def test_context_made_on_the_gpu_the_rank_will_use(monkeypatch, local, count, ordinal):
+    """The context of the rank's GPU, and that GPU's free memory read in it (the context made
+    current for the reading only)."""
     driver = FakeDriver(count)
     monkeypatch.setattr("ctypes.CDLL", lambda name: driver)
+    monkeypatch.setattr(warmup, "_FREE", {})
     warmup.context(local)
     assert driver.ordinal == ordinal and driver.retained.value == ordinal + 100
-    assert driver.calls == ["cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain"]
+    assert driver.calls == ["cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+                            "cuCtxPushCurrent_v2", "cuMemGetInfo_v2", "cuCtxPopCurrent_v2"]
+    assert warmup.free_memory(ordinal) == 7 << 30 and warmup.free_memory(ordinal + 1) is None
 
 
-@pytest.mark.parametrize("fail", ["cuInit", "cuDeviceGetCount", "cuDeviceGet"])
-def test_no_context_where_the_driver_fails(monkeypatch, fail):
+@pytest.mark.parametrize("fail", ["cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+                                  "cuCtxPushCurrent_v2", "cuMemGetInfo_v2"])
+def test_no_context_or_no_figure_where_the_driver_fails(monkeypatch, fail):
+    """A failed call leaves what follows it undone and no free memory read; a context made
+    current is popped again even where the reading failed."""
     driver = FakeDriver(2, fail)
     monkeypatch.setattr("ctypes.CDLL", lambda name: driver)
+    monkeypatch.setattr(warmup, "_FREE", {})
     warmup.context(0)
-    assert driver.calls[-1] == fail and "cuDevicePrimaryCtxRetain" not in driver.calls
+    assert warmup.free_memory(0) is None
+    assert driver.calls[-1] == ("cuCtxPopCurrent_v2" if fail == "cuMemGetInfo_v2" else fail)
 
 
 def test_no_context_without_a_driver(monkeypatch):
