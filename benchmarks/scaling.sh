@@ -5,7 +5,9 @@
 # Writes plan_n<N>.txt, run_n<N>.json (chainexec's report), its .wall (JSON: the launcher's wall
 # seconds and the scalar outputs the run wrote) and scaling.json: per rank count the launcher's
 # wall and the executor's seconds with their parallel efficiency against the first count (wall
-# first: what a user waits for), the slowest rank's start (process start to executor start),
+# first: what a user waits for), the launcher's own seconds for that many ranks (`true` launched
+# alone: its start and end of the processes, part of every run's wall), the slowest rank's start
+# (process start to executor start),
 # whether every count the runtime measures equals the plan's prediction, the config's scalar
 # outputs as written by that run (they must agree across rank counts) and each rank's breakdown
 # (start, busy, idle, seconds per level, tiles).
@@ -45,6 +47,14 @@ PY
 for n in $counts; do
   python3 -m chainexec.cli plan "$config" --ranks "$n" "${machine[@]}" > "$out/plan_n$n.txt" 2>&1 || { tail -5 "$out/plan_n$n.txt"; exit 1; }
 done
+for n in $counts; do  # the launcher alone: N processes that start and end at once
+  python3 - "$out/launcher_n$n.txt" "$MPIRUN" -n "$n" "${flags[@]}" true <<'PY'
+import subprocess, sys, time
+start = time.perf_counter()
+subprocess.run(sys.argv[2:], check=True, stdout=subprocess.DEVNULL)
+open(sys.argv[1], "w").write(f"{time.perf_counter() - start}\n")
+PY
+done
 run 1 "$out/warmup.json"
 for n in $counts; do run "$n" "$out/run_n$n.json"; done
 python3 - "$out" "$config" $counts <<'PY'
@@ -56,6 +66,7 @@ for n in counts:
     after = json.load(open(f"{out}/run_n{n}.json.wall"))
     m, p = r["measured"], r["predicted"]
     rows.append({"ranks": n, "wall_seconds": after["wall_seconds"], "executor_seconds": m["total_seconds"],
+                 "launcher_seconds": float(open(f"{out}/launcher_n{n}.txt").read()),
                  "start_seconds_max": max((k["start_seconds"] for k in r["run"]["per_rank"] if k["start_seconds"] is not None),
                                           default=None),
                  "measured_equals_predicted": all(m[k] == p[k] for k in ("flops", "statements", "streamed", "bytes",
@@ -68,6 +79,7 @@ for row in rows:
 json.dump({"config": config, "rows": rows}, open(f"{out}/scaling.json", "w"), indent=1)
 for row in rows:
     print(f"{row['ranks']} ranks: wall {row['wall_seconds']:.2f} s ({row['wall_efficiency']:.1%}), "
-          f"executor {row['executor_seconds']:.2f} s ({row['executor_efficiency']:.1%}), slowest start "
+          f"executor {row['executor_seconds']:.2f} s ({row['executor_efficiency']:.1%}), "
+          f"launcher alone {row['launcher_seconds']:.2f} s, slowest start "
           f"{'-' if row['start_seconds_max'] is None else format(row['start_seconds_max'], '.2f')} s, counts as predicted {row['measured_equals_predicted']}, outputs {row['outputs']}")
 PY

@@ -1,7 +1,8 @@
 """``benchmarks/scaling.sh`` on the NumPy backend under the PyPI MPI's ``mpiexec``: a small (T)
 job on 1 and 2 ranks; the summary holds both rank counts with efficiencies computed from the
-reports, no timed run planned (each count's plan was made beforehand), every count as predicted, and the energy each run wrote equal to the independent
-reference (and so across rank counts)."""
+reports and the launcher's own seconds per count, no timed run planned (each count's plan was
+made beforehand), every count as predicted, and the energy each run wrote equal to the
+independent reference (and so across rank counts)."""
 
 import json
 import os
@@ -39,10 +40,11 @@ def test_one_and_two_ranks_agree(tmp_path):
         assert abs(row["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
         assert row["start_seconds_max"] == max(rank["start_seconds"] for rank in report["run"]["per_rank"])
         assert 0 < row["start_seconds_max"] < row["wall_seconds"]
+        assert 0 < row["launcher_seconds"] < row["wall_seconds"]
     assert rows[0]["executor_efficiency"] == rows[0]["wall_efficiency"] == 1.0
     assert rows[1]["executor_efficiency"] == pytest.approx(rows[0]["executor_seconds"] / (2 * rows[1]["executor_seconds"]))
     assert rows[1]["wall_efficiency"] == pytest.approx(rows[0]["wall_seconds"] / (2 * rows[1]["wall_seconds"]))
-    assert "2 ranks: wall" in done.stdout
+    assert "2 ranks: wall" in done.stdout and "launcher alone" in done.stdout
 
 
 def test_the_machine_file_reaches_the_runs(tmp_path):
