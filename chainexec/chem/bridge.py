@@ -143,9 +143,12 @@ def ccsd_arrays(t1, t2, eris) -> dict:
 
 
 SYNTHETIC_BLOCK_BYTES = 64 << 20
-"""Bytes of ``ovvv`` a thread makes at once (whole rows (i, a), at least one): blocks small
-enough that the threads' blocks in flight stay far below any input that needs them, large enough
+"""Bytes of ``ovvv`` a thread makes at once (whole rows (i, a), at least one): large enough
 that handing one to a thread costs nothing measurable."""
+
+SYNTHETIC_FLIGHT_BYTES = 1 << 30
+"""Bytes of ``ovvv`` blocks made and not yet written, at most (and at least one block): what the
+generator holds beside the arrays made in memory, whatever the number of cores."""
 
 
 def synthetic_inputs(nocc: int, nvir: int, seed: int, path) -> dict:
@@ -190,8 +193,8 @@ def _ovvv_blocks(o: int, v: int, seed: int):
     """The synthetic ``ovvv`` in blocks of rows, in order: ``((i, slice(a0, a1)), block)``, row
     (i, a) = 0.05·(x + xᵀ) for x the v×v standard normals of the stream keyed (seed, i, a)
     (exactly symmetric in its last two indices). Made over threads (NumPy's generators release
-    the interpreter's lock while they fill), at most two blocks per thread ahead of the one
-    taken."""
+    the interpreter's lock while they fill), at most two blocks per thread and
+    :data:`SYNTHETIC_FLIGHT_BYTES` ahead of the one taken."""
     from chainexec.runtime import hostcopy
 
     rows = max(1, SYNTHETIC_BLOCK_BYTES // (8 * v * v))
@@ -206,11 +209,12 @@ def _ovvv_blocks(o: int, v: int, seed: int):
         return (i, slice(lo, hi)), out
 
     threads = hostcopy.threads()
+    most = max(1, min(2 * threads, SYNTHETIC_FLIGHT_BYTES // (8 * rows * v * v)))
     with ThreadPoolExecutor(threads, thread_name_prefix="chainexec-synthetic") as pool:
         ahead = collections.deque()
         for block in blocks:
             ahead.append(pool.submit(make, *block))
-            if len(ahead) > 2 * threads:
+            if len(ahead) >= most:
                 yield ahead.popleft().result()
         while ahead:
             yield ahead.popleft().result()

@@ -76,6 +76,31 @@ def test_synthetic_ovvv_does_not_depend_on_its_blocks(tmp_path, monkeypatch, o, 
         assert np.abs(a["ovvv"][()]).min() > 0 and len(np.unique(a["ovvv"][()])) > o * v * v * (v - 1) // 2
 
 
+@pytest.mark.parametrize("flight_rows, threads", [(1, 8), (3, 8), (100, 2)])
+def test_synthetic_ovvv_blocks_in_flight_are_bounded(tmp_path, monkeypatch, flight_rows, threads):
+    """At most :data:`bridge.SYNTHETIC_FLIGHT_BYTES` of blocks (at least one) and two per thread
+    are made and not yet written, whatever the number of cores; the file is the same."""
+    from chainexec.runtime import hostcopy
+
+    o, v = 3, 6
+    monkeypatch.setattr(hostcopy, "threads", lambda: threads)
+    monkeypatch.setattr(bridge, "SYNTHETIC_BLOCK_BYTES", 8 * v * v)  # one row per block
+    monkeypatch.setattr(bridge, "SYNTHETIC_FLIGHT_BYTES", flight_rows * 8 * v * v)
+    made, written = [], []
+    real = np.random.default_rng
+
+    def counting(seed):
+        made.append(seed)
+        return real(seed)
+
+    monkeypatch.setattr(bridge.np.random, "default_rng", counting)
+    blocks = bridge._ovvv_blocks(o, v, 3)
+    for where, values in blocks:
+        written.append(where)
+        assert len(made) - len(written) < min(flight_rows, 2 * threads) + 1
+    assert len(written) == o * v and len(made) == o * v
+
+
 def test_synthetic_arrays_made_in_memory_are_all_but_ovvv():
     assert set(SYNTHETIC_IN_MEMORY) == set(bridge.INDICES) - {"ovvv"}
 
