@@ -274,8 +274,9 @@ def end(status: int) -> NoReturn:
     fail peers still finalizing (under MPICH over UCX the launcher reports the run killed, status
     9); and a process under a profiler or coverage tracer, which writes its data at that exit.
     Ranks of several under Open MPI finalize and leave at once: the launcher waits for the
-    slowest rank's exit, and the interpreter's is the longer by its teardown of CuPy and CUDA. Older outputs' folders that a run moved aside are removed before it ends,
-    once the output is flushed (:func:`chainexec.safepaths.wait_removals`)."""
+    slowest rank's exit, and the interpreter's is the longer by its teardown of CuPy and CUDA.
+    Older outputs' folders that a run moved aside are removed before it ends, once the output is
+    flushed (:func:`chainexec.safepaths.wait_removals`)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

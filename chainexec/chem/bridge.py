@@ -39,6 +39,7 @@ import h5py
 import numpy as np
 
 from chainexec.chem.layout import AO2MO_INDICES, INDICES
+from chainexec.runtime import hostcopy
 
 
 class NotConverged(RuntimeError):
@@ -195,8 +196,6 @@ def _ovvv_blocks(o: int, v: int, seed: int):
     (exactly symmetric in its last two indices). Made over threads (NumPy's generators release
     the interpreter's lock while they fill), at most two blocks per thread and
     :data:`SYNTHETIC_FLIGHT_BYTES` ahead of the one taken."""
-    from chainexec.runtime import hostcopy
-
     rows = max(1, SYNTHETIC_BLOCK_BYTES // (8 * v * v))
     blocks = [(i, lo, min(lo + rows, v)) for i in range(o) for lo in range(0, v, rows)]
 
