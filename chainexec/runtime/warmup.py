@@ -70,10 +70,10 @@ def start(config, backend: str = "auto") -> None:
     (GPU 0). Does nothing for the NumPy backend, under a launcher that does not say the local
     rank, or without CuPy or a GPU. A config that is missing or unreadable is the run's to report:
 this only takes its path."""
+    _FREE.clear()  # a server's earlier runs' figures (chainexec.server), whether or not this one warms up
     local = env_local_rank()
     if backend == "numpy" or (local is None and launched()):
         return
-    _FREE.clear()  # a server's earlier runs' figures (chainexec.server)
     thread = threading.Thread(target=_early, args=(local or 0, uselog.job_of(config)), name="chainexec-warm-up")
     _EARLY[:] = [t for t in _EARLY if t.is_alive()]  # a server's earlier runs' (chainexec.server)
     _EARLY.append(thread)

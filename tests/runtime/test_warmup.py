@@ -57,6 +57,16 @@ def test_the_process_start_warms_up_the_gpu_the_rank_will_use(warmed, monkeypatc
     assert [device for device, _ in warmed] == expected
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cupy"])
+def test_an_earlier_runs_free_memory_is_forgotten_at_each_start(warmed, monkeypatch, backend):
+    """A server's next run never reads the free memory an earlier run's warm-up read, whether or
+    not this run warms up a GPU (the stand-in warm-up here reads none)."""
+    monkeypatch.setattr(warmup, "_FREE", {0: 5 << 30})
+    warmup.start("job.yaml", backend)
+    warmup.wait()
+    assert warmup.free_memory(0) is None
+
+
 def test_nothing_for_the_numpy_backend(warmed):
     started("numpy")
     assert warmed == []
