@@ -343,8 +343,8 @@ def _advise(part: np.ndarray, advice: int) -> None:
 def _read(chunk: np.ndarray, block: np.ndarray) -> None:
     """Read a patch's rows from the block that holds them (:meth:`GlobalArray.get`), split over
     threads in pieces of :data:`hostcopy.FILL_PIECE_BYTES`: the device's fetches read a tile
-    through staging buffers of a few MB each (:data:`chainexec.runtime.backends.cupy.STAGE_BYTES`),
-    which pieces of the default size would leave to one thread."""
+    through staging buffers of tens of MB each (:data:`chainexec.runtime.backends.cupy.STAGE_BYTES`),
+    which pieces of the default size would leave to a few threads."""
     hostcopy.copy(chunk, block, hostcopy.FILL_PIECE_BYTES)
 
 

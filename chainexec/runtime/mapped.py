@@ -51,7 +51,7 @@ where they are not cached), synchronously."""
 PIECE = 4 << 20
 """Bytes each thread is given of a copy out of a mapping (:meth:`MappedArray.get`), smaller than
 :data:`chainexec.runtime.hostcopy.PIECE_BYTES`: a staging buffer holds one row of a tile where
-a row is larger than its 8 MiB, and one row of a (T) ``t2`` is tens of MB (23 MB at o=32 v=300),
+a row is larger than its 64 MiB, and one row of a (T) ``t2`` is tens of MB (23 MB at o=32 v=300),
 which 16 MiB pieces give to one or two threads. The copies out of the page cache that fill those
 buffers are most of a whole tile's get before a loop (``t2`` and ``ovov`` of (T))."""
 

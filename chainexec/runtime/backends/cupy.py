@@ -43,12 +43,13 @@ energy back once per tile: copied on the current stream, each such copy would le
 waiting while the device drains its queue, with nothing queued behind it."""
 UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
-STAGE_BYTES = 8 << 20
+STAGE_BYTES = 64 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
 outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
-where a row (first axis) is larger. Small chunks let the next chunk's read overlap the copy of
-this one sooner than large ones do, so tiles reach the device faster through 8 MiB chunks than
-through 64 MiB ones."""
+where a row (first axis) is larger. A chunk's read goes over the copy threads in pieces of a few
+MiB (:meth:`chainexec.runtime.mapped.MappedArray.get`, :meth:`chainexec.runtime.globalarray.GlobalArray.get`):
+64 MiB keep a host's threads busy, where an 8 MiB chunk leaves its read to two or four of them
+and the tile arrives at that read's rate; the DMA of one chunk runs while the next is read."""
 
 
 def _one_piece(dst) -> bool:
