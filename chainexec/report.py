@@ -48,7 +48,9 @@ def loop_nest(plan: Plan) -> str:
                 kind = "parallel for" if node.parallel else "for"
                 ahead = "" if node.depth == 1 else f"  ({node.depth} buffers: {_overlap(node)})"
                 resumes = f"  (resumable, {node.resume}: run --checkpoint)" if node.resume else ""
-                lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{resumes}")
+                kept = ("  (kept while only " + node.symmetric[0] + " changes: "
+                        + ", ".join(f"{t}[{','.join(ix)}]" for t, ix in node.kept) + ")") if node.kept else ""
+                lines.append(f"{pad}{kind} tiles [{tiles}] @{node.level}{ahead}{kept}{resumes}")
                 walk(node.body, depth + 1)
             elif node.op == "compute":
                 marked = ("  (run symmetrized: one term per orbit where a permutation maps the tile onto itself"

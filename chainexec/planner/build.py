@@ -17,6 +17,7 @@ from chainexec.planner.machine import Machine
 from chainexec.planner import ordered, packed, record, resume
 from chainexec.planner.order import binarize, strategy
 from chainexec.planner.choose import choose
+from chainexec.planner.keep import keep
 from chainexec.planner.pipeline import deepen
 from chainexec.planner.plan import Contraction, Nest, Plan, TensorInfo
 from chainexec.planner.schedule import Context, split_for_ranks
@@ -175,6 +176,9 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
         tile = tensors[op.tensor].itemsize * buffer_elements(op.indices, loops, "device", extents)
         return tile >= machine.aside_copy_bytes
 
+    # Input tiles of a symmetric loop fetched once per group of its tiles, not once per tile,
+    # where they fit in the same room (tiles kept first: they save bytes, fetching ahead only time).
+    nests = keep(nests, extents, cs, tensors, fits, ranks)
     nests = deepen(nests, extents, cs, fits, large)
     # Runs of terms evaluated once per orbit on the tiles of a symmetric loop that permutations
     # map onto themselves (the tiles stay).

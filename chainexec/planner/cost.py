@@ -112,12 +112,17 @@ class Loops:
                 self.tiles[i] = self.tiles.get(i, ()) + ((loop.level, tile),)
         self.counts: dict[tuple, int] = {}
 
-    def points(self, indices, extents: dict[str, int], region_level: str) -> int:
-        """:func:`points` of ``indices`` inside these loops."""
-        key = (tuple(indices), region_level)
+    def points(self, indices, extents: dict[str, int], region_level: str, grouped: bool = False) -> int:
+        """:func:`points` of ``indices`` inside these loops; ``grouped``: once per group of the
+        symmetric loop's tuples (those that differ only in its first index's position,
+        :mod:`chainexec.planner.keep`) instead of once per tuple, for indices without that first
+        index."""
+        key = (tuple(indices), region_level, grouped)
         total = self.counts.get(key)
         if total is None:
             rest, factors = self._factors(indices, extents, region_level)
+            if grouped:
+                factors = factors[1:]
             total = self.counts[key] = rest * (_ordered_sum(factors) if factors else 1)
         return total
 
@@ -155,6 +160,13 @@ def points(indices, loops: list[Loop], extents: dict[str, int], region_level: st
     that the indices of a symmetric loop (the outermost loop over them) are summed jointly over
     its ordered tile tuples."""
     return Loops(loops).points(indices, extents, region_level)
+
+
+def units(loop: Loop, extents: dict[str, int]) -> int:
+    """What ``loop`` hands out to ranks: its tiles (ordered tuples of a symmetric loop), or the
+    groups of them where it keeps tiles across a group (``Loop.kept``,
+    :func:`chainexec.runtime.frame.groups`)."""
+    return Loops([loop]).points([], extents, "device", grouped=bool(loop.kept))
 
 
 def buffer_elements(indices: list[str], loops: list[Loop], level: str, extents: dict[str, int]) -> int:
@@ -369,7 +381,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         live[node.level] -= sizes.pop(buffer)
                 else:
                     every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
-                    nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op])
+                    grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
+                    nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op], grouped)
                     moved[CATEGORY[node.op]] += nbytes
                     if node.op == "load":
                         other, seconds = _priced_load(nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))

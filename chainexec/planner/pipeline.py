@@ -38,18 +38,21 @@ from chainexec import expr
 from chainexec.planner.plan import DEPTH, Contraction, Loop, Nest, Op, TensorInfo, key, ops
 from chainexec.planner.tiling import tile_count
 
-def _gets(body: list, contractions: list[Contraction]) -> list[tuple]:
+def _gets(body: list, contractions: list[Contraction], kept: list = ()) -> list[tuple]:
     """The buffers (keys, in body order) that one device ``alloc`` and one ``get`` directly in
     ``body`` fill with an input tile, where nothing else in the body, nested loops included,
     allocates or fetches the same buffer or writes its tensor (accumulates it, computes it,
-    evaluates it): a tile fetched one tile ahead would miss what the tile before wrote."""
+    evaluates it): a tile fetched one tile ahead would miss what the tile before wrote. Not the
+    tiles the loop keeps across a group (``kept``, :mod:`chainexec.planner.keep`)."""
     counts: dict[tuple, list[str]] = {}
     for op, _ in ops(body):
         if op.level == "device" and op.op in ("alloc", "get"):
             counts.setdefault(key(op), []).append(op.op)
-    written = _written(body, contractions)
-    direct = [key(node) for node in body if isinstance(node, Op) and node.op == "get" and node.level == "device"]
-    return [k for k in direct if sorted(counts[k]) == ["alloc", "get"] and k[0] not in written]
+    found = written(body, contractions)
+    held = {(tensor, tuple(indices), "device") for tensor, indices in kept}
+    direct = [key(node) for node in body if isinstance(node, Op) and node.op == "get" and node.level == "device"
+              and key(node) not in held]
+    return [k for k in direct if sorted(counts[k]) == ["alloc", "get"] and k[0] not in found]
 
 
 def _results(body: list, contractions: list[Contraction]) -> list[tuple]:
@@ -68,10 +71,10 @@ def _results(body: list, contractions: list[Contraction]) -> list[tuple]:
     own = [key(n) for n in body if isinstance(n, Op) and n.op in ("alloc", "accumulate", "free")]
     direct = [(k, key(node)) for k, node in enumerate(body) if isinstance(node, Op) and node.op == "accumulate"]
     return [b for k, b in direct if sorted(counts[b]) == ["accumulate", "alloc", "free"] and own.count(b) == 3
-            and b[0] not in got | _written(body[k + 1:], contractions)]
+            and b[0] not in got | written(body[k + 1:], contractions)]
 
 
-def _written(body: list, contractions: list[Contraction]) -> set[str]:
+def written(body: list, contractions: list[Contraction]) -> set[str]:
     """The tensors statements of ``body`` (nested loops included) write: accumulate, compute
     (their output), evaluate or fuse."""
     out = set()
@@ -194,7 +197,7 @@ def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contra
             if not isinstance(node, Loop):
                 continue
             inside = shared or node.parallel
-            moves = _gets(node.body, contractions) or _results(node.body, contractions)
+            moves = _gets(node.body, contractions, node.kept) or _results(node.body, contractions)
             if node.level == "device" and inside and moves and _iterations(node, ranges) >= 2:
                 yield path + (k,)
             inner = dict(ranges) | {i: min(ranges[i], t) for i, t in node.tiles.items()}
@@ -223,7 +226,7 @@ def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contra
         for path in list(candidates(body, dict(extents))):
             loop, loops = at(body, path), chain(body, path)
             allocs = {key(op): op for op in loop.body if isinstance(op, Op) and op.op == "alloc"}
-            keys = _gets(loop.body, contractions)
+            keys = _gets(loop.body, contractions, loop.kept)
             results = [k for k in _results(loop.body, contractions) if large(allocs[k], loops)]
             trials = (replaced(body, path, named(keys[:count]), back)
                       for count in range(len(keys), -1, -1) for back in ([named(results), []] if results else [[]])

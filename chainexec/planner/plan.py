@@ -224,6 +224,14 @@ class Loop:
     for three indices). Valid for sums whose summand is symmetric in them (the outputs'
     ``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.fused`).
 
+    ``kept``: in a parallel symmetric device loop that tiles only its symmetric indices, device
+    tiles ([tensor, indices] each) that stay on the device from one tile to the next within a
+    *group*: the consecutive tuples (:func:`chainexec.runtime.frame.tuples`) that differ only in
+    the first symmetric index's position, over none of whose indices the tile runs. Such a loop
+    hands out whole groups (:func:`chainexec.runtime.frame.groups`); a kept tile's ``alloc`` and
+    ``get`` (first in the body) run at a group's first tile and its ``free`` (last) at the
+    group's last, so its bytes move once per group (:mod:`chainexec.planner.keep`).
+
     ``resume``: how a run with ``--checkpoint`` saves the progress of this loop at the top of a
     nest (:mod:`chainexec.planner.resume`): ``accumulate`` (a parallel loop: the tiles handed out
     and its accumulation targets' rows), ``store`` (a sequential global loop: its finished
@@ -240,8 +248,11 @@ class Loop:
     # a double-buffered device loop: the results it copies back on a stream of their own, [tensor, indices] each
     back: list = field(default_factory=list)
     resume: str | None = None
-    # A loop with ``resume`` set: its number of tiles (ordered tuples of a symmetric loop).
+    # A loop with ``resume`` set: its number of tiles (ordered tuples of a symmetric loop), or of
+    # groups where it keeps tiles (the units it hands out).
     count: int | None = None
+    # device tiles kept across a group's tiles, [tensor, indices] each
+    kept: list = field(default_factory=list)
 
 
 def ops(body: list, loops: tuple = ()):
@@ -415,7 +426,7 @@ def _node_to_dict(node) -> dict:
     if isinstance(node, Loop):
         return {"loop": {"level": node.level, "tiles": node.tiles, "parallel": node.parallel,
                          "depth": node.depth, "symmetric": node.symmetric, "ahead": node.ahead,
-                         "back": node.back, "resume": node.resume, "count": node.count,
+                         "back": node.back, "resume": node.resume, "count": node.count, "kept": node.kept,
                          "body": [_node_to_dict(n) for n in node.body]}}
     return {"op": {k: v for k, v in asdict(node).items() if v is not None}}
 
@@ -427,7 +438,7 @@ def _node_from_dict(d: dict):
                     int(loop.get("depth", 1)), list(loop.get("symmetric", [])),
                     [[tensor, list(indices)] for tensor, indices in loop.get("ahead", [])],
                     [[tensor, list(indices)] for tensor, indices in loop.get("back", [])], loop.get("resume"),
-                    loop.get("count"))
+                    loop.get("count"), [[tensor, list(indices)] for tensor, indices in loop.get("kept", [])])
     op = dict(d["op"])
     if "expression" in op:
         e = op["expression"]
@@ -436,7 +447,7 @@ def _node_from_dict(d: dict):
     return Op(**op)
 
 
-FORMAT = 3
+FORMAT = 4
 """Version of the plan's JSON layout: a plan of another version is not read
 (:func:`from_dict`; the plan cache then plans again)."""
 

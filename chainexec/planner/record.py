@@ -15,7 +15,8 @@ plan.
   written into the buffer, not added to zeros.
 - :attr:`Nest.streamed`: the inputs a symmetric tile loop starts on before they are all in
   (:func:`chainexec.planner.pipeline.streamed`).
-- :attr:`Loop.count` on each top-level loop a checkpoint can stop in: its number of tiles.
+- :attr:`Loop.count` on each top-level loop a checkpoint can stop in: the number of tiles, or of
+  groups of them, it hands out (:func:`chainexec.planner.cost.units`).
 
 :func:`runs` is called before every full prediction (the cost model reads ``Op.run``);
 :func:`finish` once on the chosen nests.
@@ -24,7 +25,7 @@ plan.
 from __future__ import annotations
 
 from chainexec.planner import symmetry
-from chainexec.planner.cost import points
+from chainexec.planner.cost import units
 from chainexec.planner.pipeline import streamed
 from chainexec.planner.plan import Contraction, Loop, Nest, Op, TensorInfo, ops
 
@@ -61,7 +62,7 @@ def finish(nests: list[Nest], contractions: list[Contraction], tensors: dict[str
         nest.streamed = None if found is None else {"loop": found[0], "rows": found[1]}
         for node in nest.body:
             if isinstance(node, Loop) and node.resume is not None:
-                node.count = points([], [node], extents, "device")
+                node.count = units(node, extents)
 
 
 def _fills(body: list, contractions: list[Contraction]) -> None:

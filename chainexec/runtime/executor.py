@@ -41,7 +41,7 @@ from chainexec.runtime.comm import hosts
 from chainexec.runtime.compute import Compute
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
-from chainexec.runtime.frame import Frame, shapes, tuples
+from chainexec.runtime.frame import Frame, groups, shapes, tuples
 from chainexec.runtime.landing import Landing
 from chainexec.runtime.progress import Progress
 from chainexec.runtime.store import Store
@@ -162,6 +162,9 @@ class Executor:
                 self._loop(node, None if nest is None else (nest, k))
                 k += 1
                 continue
+            if self._held(node):
+                k += 1
+                continue
             if self._waits_first(node, self.frame):
                 self._settle()
             queued = node.op in QUEUED or self._queues_copies(node)
@@ -182,6 +185,15 @@ class Executor:
                     self._settle(PENDING // 2)
             elif node.op in OP_LEVEL:  # a get's barrier is idle time
                 self.counters.spend(OP_LEVEL[node.op], name, time.perf_counter() - t0 - (self.counters.idle - idle0))
+
+    def _held(self, op: Op) -> bool:
+        """Whether ``op`` is skipped because its tile stays on the device across the group being
+        run (``Loop.kept``): a kept tile's ``alloc`` and ``get`` past the group's first tile, its
+        ``free`` before the group's last."""
+        frame = self.frame
+        if not frame.kept or op.op not in ("alloc", "get", "free") or key(op) not in frame.kept:
+            return False
+        return not frame.first if op.op != "free" else not frame.last
 
     def _queues_copies(self, op: Op) -> bool:
         """Whether all ``op`` does is queue copies on the device, whose seconds the device's
@@ -251,13 +263,19 @@ class Executor:
             self._double_buffered(loop, names, combos, weights, self.claims.iterations(loop, where, len(combos)))
             self.frame = outer
             return
+        # what the loop hands out: its tiles, or the groups of them across which it keeps tiles
+        units = groups(names, combos, loop.symmetric) if loop.kept else None
+        count = len(combos) if units is None else len(units)
         if loop.parallel:
             self._wait()
-            mine = self.claims.parallel(loop, where, len(combos), outer)
+            mine = self.claims.parallel(loop, where, count, outer)
         else:
-            mine = self.claims.iterations(loop, where, len(combos))
+            mine = self.claims.iterations(loop, where, count)
         self.frame = frame = outer.inner()
         frame.parallel += loop.parallel
+        frame.kept = frozenset((tensor, tuple(indices), "device") for tensor, indices in loop.kept)
+        ends = {n: (k == 0, k == len(unit) - 1) for unit in units or () for k, n in enumerate(unit)}
+        tiles = mine if units is None else (n for u in mine for n in units[u])
         frame.shapes = shapes(names, combos) if loop.symmetric and loop.level == "device" else None
         if loop.symmetric:
             frame.symmetric = loop.symmetric
@@ -266,8 +284,9 @@ class Executor:
         body = executed(loop)
         with (self.backend.steady(self.buffers.steady(loop)),
               self.buffers.lanes(ahead, back, names, combos[0] if ahead or back else (), frame) as slots):
-            for turn, n in enumerate(self._ahead(ahead, slots, names, combos, mine, frame) if ahead else mine):
+            for turn, n in enumerate(self._ahead(ahead, slots, names, combos, tiles, frame) if ahead else tiles):
                 frame.lane = turn % DEPTH
+                frame.first, frame.last = ends.get(n, (True, True))
                 if self.streams.arriving and stop:
                     self.streams.arrive(max(combos[n][i][1] for i in stop))
                 frame.ranges[loop.level].update(zip(names, combos[n]))

@@ -28,7 +28,9 @@ class Frame:
     loop. ``behind``: inside a double-buffered global loop, whose slots' stores complete later.
     ``shapes``: in the body of a symmetric device loop, the device ranges of its first tile of
     each shape (:func:`shapes`), whose kernels its statements make ready at its first tile; None
-    elsewhere (a loop nested in it too)."""
+    elsewhere (a loop nested in it too). ``kept``: in the body of a loop that keeps tiles across a
+    group (``Loop.kept``), their buffers' keys; ``first``, ``last``: whether the tile being run is
+    its group's first, its last."""
 
     extents: dict[str, int]
     ranges: dict[str, dict[str, tuple[int, int]]] = field(default_factory=lambda: {"global": {}, "device": {}})
@@ -39,6 +41,9 @@ class Frame:
     turn: int = 0
     behind: bool = False
     shapes: tuple[tuple[tuple[str, tuple[int, int]], ...], ...] | None = None
+    kept: frozenset = frozenset()
+    first: bool = True
+    last: bool = True
 
     def inner(self) -> Frame:
         """A copy for a loop entered here: the same state, ranges of its own."""
@@ -91,6 +96,26 @@ def tuples(names: list[str], spans: list[list[tuple[int, int]]], symmetric: list
             weights.append(math.factorial(len(at)) // math.prod(math.factorial(positions.count(p))
                                                                  for p in set(positions)))
     return kept, weights
+
+
+def groups(names: list[str], combos: list[tuple], symmetric: list[str]) -> list[list[int]]:
+    """A loop's tile tuples ``combos`` (:func:`tuples`' order) as groups of consecutive ones that
+    differ only in the first symmetric index's tile (the fastest of them): per group, the
+    tuples' positions in ``combos``, the groups largest first (stable), so that ranks taking
+    them from the shared counter finish together (groups of the (T) loop hold 1 to p + 1
+    tuples at largest position p, the largest last in tuple order). A loop that keeps tiles
+    across a group's tiles (``Loop.kept``) hands out these groups; their number is the cost
+    model's (:func:`chainexec.planner.cost.units`)."""
+    fastest = names.index(symmetric[0])
+    found: list[list[int]] = []
+    last = None
+    for n, combo in enumerate(combos):
+        rest = combo[:fastest] + combo[fastest + 1:]
+        if rest != last:
+            found.append([])
+            last = rest
+        found[-1].append(n)
+    return sorted(found, key=len, reverse=True)
 
 
 def shapes(names: list[str], combos: list[tuple]) -> tuple[tuple[tuple[str, tuple[int, int]], ...], ...]:

@@ -6,7 +6,9 @@ The oracle reads only what the plan says: a loop at a level cuts each of its ind
 range at that level into tiles (a device range starts as the global one); a symmetric loop
 visits the tuples whose tile positions over its symmetric indices do not decrease; ``load`` and
 ``store`` move their global region, ``get`` and ``accumulate`` their device region; a device
-transfer outside every parallel loop is made by each rank.
+transfer outside every parallel loop is made by each rank; a tile a loop keeps (``Loop.kept``)
+is fetched once per distinct tuple of positions of the loop's indices other than its first
+symmetric one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def oracle_bytes(plan: Plan, ranks: int = 1) -> dict[str, int]:
             return ranges["device"][index]
         return ranges["global"].get(index, (0, plan.extents[index]))
 
-    def walk(body, ranges, parallel):
+    def walk(body, ranges, parallel, kept=frozenset(), first=True):
         for node in body:
             if isinstance(node, Loop):
                 names = list(node.tiles)
@@ -43,13 +45,19 @@ def oracle_bytes(plan: Plan, ranks: int = 1) -> dict[str, int]:
                 for i in names:
                     lo, hi = span(ranges, node.level, i)
                     tiles.append([(s, min(s + node.tiles[i], hi)) for s in range(lo, hi, node.tiles[i])])
+                held = {(tensor, tuple(indices)) for tensor, indices in node.kept}
+                seen = set()
                 for combo in itertools.product(*(range(len(t)) for t in tiles)):
                     positions = [combo[names.index(i)] for i in node.symmetric]
                     if positions != sorted(positions):
                         continue
+                    rest = tuple(p for i, p in zip(names, combo) if not node.kept or i != node.symmetric[0])
                     inner = {"global": dict(ranges["global"]), "device": dict(ranges["device"])}
                     inner[node.level].update({i: tiles[n][p] for n, (i, p) in enumerate(zip(names, combo))})
-                    walk(node.body, inner, parallel or node.parallel)
+                    walk(node.body, inner, parallel or node.parallel, held, rest not in seen)
+                    seen.add(rest)
+            elif node.op == "get" and (node.tensor, tuple(node.indices)) in kept and not first:
+                continue
             elif node.op in MOVES:
                 level, category = MOVES[node.op]
                 elements = 1

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from chainexec import spec
-from chainexec.planner import pipeline
+from chainexec.planner import build, pipeline
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
@@ -103,7 +103,11 @@ def test_single_buffers_when_double_ones_do_not_fit(tmp_path):
     assert depths == {24: {1}, 40: {1}, 48: {1, 2}, 64: {1, 2}}
 
 
-def test_depth_survives_json(tmp_path):
+def test_depth_survives_json(tmp_path, monkeypatch):
+    """Double-buffered loops' depths, fetched tiles and results copied back aside survive JSON:
+    the four-index transform's, and the (T) loop's with its tiles not kept across groups
+    (:mod:`chainexec.planner.keep`, which would take the room first)."""
+    monkeypatch.setattr(build, "keep", lambda nests, *args: nests)
     plan = make_plan(spec.load(write_config(tmp_path, fourindex_config())))
     again = Plan.from_json(plan.to_json())
     depths = [loop.depth for nest in plan.nests for loop, _ in _loops(nest.body)]
@@ -115,16 +119,19 @@ def test_depth_survives_json(tmp_path):
                      for loop, _ in _loops(nest.body)]
 
 
-def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path):
+def test_device_loops_fetch_ahead_as_many_tiles_as_fit(tmp_path, monkeypatch):
     """(T) at o=8, v=10 fetches 34 input tiles in each tile of its loop (tiles of 2; its peak
-    111,360 B with every tile freed after use). The second slots may take half the room the
-    device limit leaves beside that peak (the rest stays for the contractions' temporaries):
-    none fits with 128 or 160 KiB; with more, the plan fetches ahead the most first tiles that
-    fit, and one more would not. The tiles are those of the single-buffered plan. With 320 KiB
-    the inputs are whole on the device and stream in: no tile is fetched in the loop. The tile's
-    energy (8 B, below ``Machine.aside_copy_bytes``) is not copied back aside."""
+    111,360 B with every tile freed after use), none kept across groups here
+    (:mod:`chainexec.planner.keep`, which would take the room first). The second slots may take
+    half the room the device limit leaves beside that peak (the rest stays for the
+    contractions' temporaries): none fits with 128 or 160 KiB; with more, the plan fetches
+    ahead the most first tiles that fit, and one more would not. The tiles are those of the
+    single-buffered plan. With 320 KiB the inputs are whole on the device and stream in: no
+    tile is fetched in the loop. The tile's energy (8 B, below ``Machine.aside_copy_bytes``) is
+    not copied back aside."""
     import dataclasses
 
+    monkeypatch.setattr(build, "keep", lambda nests, *args: nests)
     config = triples_config(tmp_path, "128KiB")
     seen = []
     for kib in (128, 160, 200, 260, 320):

@@ -26,8 +26,10 @@ from chainexec.planner.plan import CATEGORIES, Loop
 from tests.conftest import fourindex_config, kill_job, launch, ranks_of, read_report, run_cli, triples_config, write_config
 from tests.runtime.test_reductions import CHAINS, _config, _reference
 
-MACHINE = {"global_memory": "1GiB", "device_memory": "128KiB"}
-"""Device tiles of one occupied index each: the (T) loop visits C(nocc + 2, 3) ordered tiles."""
+MACHINE = {"global_memory": "1GiB", "device_memory": "96KiB"}
+"""Device tiles of one occupied index each: the (T) loop visits C(nocc + 2, 3) ordered tiles,
+handed out in C(nocc + 1, 2) groups across which it keeps the tiles over j and k
+(:mod:`chainexec.planner.keep`)."""
 
 
 def _job(tmp_path, nocc=8, nvir=10, machine=MACHINE):
@@ -58,9 +60,24 @@ STREAMED = {"global_memory": "1GiB", "device_memory": "300KiB"}
 loop (:func:`chainexec.planner.pipeline.streamed`), 20 ordered tiles."""
 
 
-AHEAD = {"global_memory": "1GiB", "device_memory": "200KiB"}
-"""Inputs fetched tile by tile, tiles of 2, the first three of each tile's input tiles one tile
-ahead (:func:`chainexec.planner.pipeline.deepen`)."""
+AHEAD = {"global_memory": "1GiB", "device_memory": "284KiB"}
+"""Inputs fetched tile by tile, tiles of 2, those over j and k kept across each group of tiles
+(:mod:`chainexec.planner.keep`) and the first of the others one tile ahead
+(:func:`chainexec.planner.pipeline.deepen`)."""
+
+
+def _tiles_done(plan, done: int) -> int:
+    """The tiles in the first ``done`` units the plan's loop hands out (its groups where it keeps
+    tiles across them, :func:`chainexec.runtime.frame.groups`)."""
+    from chainexec.runtime.frame import groups, tuples
+
+    loop = next(node for node in plan.nests[0].body if isinstance(node, Loop))
+    if not loop.kept:
+        return done
+    names = list(loop.tiles)
+    spans = [[(s, min(s + t, plan.extents[i])) for s in range(0, plan.extents[i], t)] for i, t in loop.tiles.items()]
+    combos, _ = tuples(names, spans, loop.symmetric)
+    return sum(len(g) for g in groups(names, combos, loop.symmetric)[:done])
 
 
 @pytest.mark.parametrize("ranks, machine, tiles, aside", [
@@ -98,7 +115,7 @@ def test_stop_and_resume(tmp_path, ranks, machine, tiles, aside):
     proc = run_cli("run", config, "--quiet", "--machine", tmp_path / "machine.json", "--checkpoint", folder,
                    "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stderr
-    assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] == done[-1]
+    assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] == _tiles_done(plan, done[-1])
     _check_energy(tmp_path)
     assert list(folder.iterdir()) == []
 
