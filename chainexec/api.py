@@ -25,7 +25,7 @@ from chainexec import spec as spec_mod
 from chainexec.detect import Limit
 from chainexec.errors import ChainexecError, RankFailed
 from chainexec.planner.machine import Machine
-from chainexec.planner.cost import predict
+from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
@@ -74,10 +74,13 @@ def _price_cached(p: Plan, machine: Machine, ranks: int) -> bool:
     (:func:`chainexec.runtime.store.cached_inputs`): a run's loads of those map them and move
     nothing, so a job run again, or run right after its inputs were written, takes less than
     the same plan with every byte on the disk; and a pinned plan's gets of mapped inputs' rows go
-    through staging buffers at their own rate (:meth:`Machine.transfer_seconds`). Whether it did."""
+    through staging buffers at their own rate (:meth:`Machine.transfer_seconds`), or by DMA from
+    the mapping locked where it lies where that pays (:func:`chainexec.planner.cost.locked_inputs`,
+    :attr:`Plan.locked`). Whether it did."""
     shares = store.cached_inputs(p)
     if not (any(shares.values()) or p.pinned and shares):
         return False
+    p.locked = locked_inputs(p, machine, ranks, shares)
     p.predicted = predict(p, machine, ranks, shares)
     return True
 

@@ -86,6 +86,8 @@ def summary(plan: Plan) -> str:
     rows.append(f"{'time (model)':<18}" + (f"{plan.ranks} ranks: " if plan.ranks > 1 else "")
                 + "  ".join(f"{k} {v:.3g} s" for k, v in p["seconds"].items())
                 + f"  run {p['total_seconds']:.3g} s")
+    if plan.pinned:
+        rows.append(f"{'page-locked':<18}global arrays" + "".join(f", {t} (mapped)" for t in plan.locked))
     return "\n".join(rows)
 
 

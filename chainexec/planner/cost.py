@@ -213,9 +213,47 @@ def predict(plan: Plan, machine: Machine, ranks: int = 1, cached: dict[str, floa
     loads map them (:mod:`chainexec.runtime.mapped`), loads that move nothing. Transfers of a
     pinned plan's global arrays (:attr:`Plan.pinned`) move by DMA from page-locked memory."""
     record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks, cached,
-                           plan.pinned)
+                           plan.pinned, frozenset(plan.locked))
     record["seconds"] = {level: t / ranks for level, t in record["seconds"].items()}
     return record
+
+
+def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, float]) -> list[str]:
+    """The inputs of a pinned plan whose loads map them (those in ``cached``,
+    :mod:`chainexec.runtime.mapped`) that a run should lock where they lie, read-only, on every
+    rank (:attr:`Plan.locked`): those whose gets, moved by DMA from the locked pages instead of
+    through the staging copy (:attr:`Machine.host_to_device` against
+    :attr:`Machine.mapped_to_device`), save more seconds than locking the whole mapping takes
+    (:attr:`Machine.host_lock`). A (T) job whose ``ovvv`` does not fit the device fetches it tile
+    by tile, several times its size: locked, its tiles arrive at the DMA's rate. None where the
+    machine lacks one of those rates (a machine file without them, the NumPy backend)."""
+    rates = (machine.host_to_device, machine.mapped_to_device, machine.host_lock)
+    if not (plan.pinned and all(rates)):
+        return []
+    fetched: dict[str, int] = {}
+    held: dict[str, int] = {}
+
+    def walk(body, loops):
+        for node in body:
+            if isinstance(node, Loop):
+                walk(node.body, loops + [node])
+            elif node.tensor in cached and node.op in ("get", "alloc"):
+                around = Loops(loops)
+                item = plan.tensors[node.tensor].itemsize
+                if node.op == "get":
+                    grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
+                    every = 1 if any(loop.parallel for loop in loops) else ranks
+                    fetched[node.tensor] = fetched.get(node.tensor, 0) + every * item * around.points(
+                        node.indices, plan.extents, "device", grouped)
+                elif node.level == "global":
+                    held[node.tensor] = held.get(node.tensor, 0) + item * around.points(
+                        node.indices, plan.extents, "global")
+
+    for nest in plan.nests:
+        walk(nest.body, [])
+    to_device, staged, lock = rates
+    return sorted(t for t, nbytes in fetched.items()
+                  if nbytes / ranks * (1 / staged - 1 / to_device) > held.get(t, 0) / lock)
 
 
 def pinned(moved: dict[str, int], machine: Machine, ranks: int) -> bool:
@@ -244,7 +282,7 @@ def wall(levels: dict[str, float], overlapped: int, prepare: float = 0.0) -> flo
 
 
 def predict_nests(nests, tensors, extents, contractions, machine: Machine | None, ranks: int = 1,
-                  cached: dict[str, float] | None = None, locks: bool = False) -> dict:
+                  cached: dict[str, float] | None = None, locks: bool = False, locked: frozenset = frozenset()) -> dict:
     """:func:`predict` for loose parts of a plan (used to price candidate schedules, for one rank).
     A transfer to the device outside every parallel loop (a fused group's inputs fetched once per
     global tile) is made by each of the ``ranks``. With no ``machine``, only the memory peaks
@@ -259,12 +297,14 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     (:func:`pinned`): each allocation of one is then page-locked, at :attr:`Machine.host_lock`,
     and its transfers are priced at the page-locked rates (:meth:`Machine.transfer_seconds`);
     an input's tiles read from its file are not locked and go through a staging copy, those of
-    an input whose loads map it (one in ``cached``) at :attr:`Machine.mapped_to_device`."""
+    an input whose loads map it (one in ``cached``) at :attr:`Machine.mapped_to_device`, but
+    those of an input in ``locked`` (:attr:`Plan.locked`), whose mapping every rank locks where
+    it lies (at :attr:`Machine.host_lock`, before its first get), by DMA at the page-locked rate."""
     cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
-    priced, filled, total = [0, 0.0], [0], 0.0
+    priced, filled, mapped, total = [0, 0.0], [0], [0], 0.0
     transfers = [0.0]  # seconds of the global<->device level, statement by statement
     by_statement: dict[str, float] = {}
     stored: dict[str, int] = {}
@@ -283,7 +323,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0])
+        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0])
         overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
@@ -369,6 +409,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                 if machine is not None and node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
                     filled[0] += item * _elements(node.indices, ranges["global"], extents) * around.points(
                         [], extents, "global")
+                if machine is not None and node.op == "alloc" and node.level == "global" and node.tensor in locked:
+                    # every rank locks the whole mapped tile (its gets read any of its rows)
+                    mapped[0] += ranks * item * _elements(node.indices, ranges["global"], extents) * around.points(
+                        [], extents, "global")
                 if node.op in ("alloc", "free"):
                     buffer = key(node)
                     if buffer in slotted:
@@ -393,8 +437,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
                         source = tensors[node.tensor]
-                        seconds = machine.transfer_seconds(node.op, nbytes, locks and not source.from_file(),
-                                                           locks and node.tensor in cached)
+                        seconds = machine.transfer_seconds(
+                            node.op, nbytes, locks and (not source.from_file() or node.tensor in locked),
+                            locks and node.tensor in cached)
                         transfers[0] += seconds
                         spend(names[k], seconds)
 
@@ -405,7 +450,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                                      (priced[0] - before[2][0], priced[1] - before[2][1]))
             prepared = filled[0] - before[3]
             prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
-                prepared / machine.host_lock if locks and machine.host_lock else 0.0)
+                (prepared + mapped[0] - before[5]) / machine.host_lock if locks and machine.host_lock else 0.0)
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:

@@ -225,9 +225,9 @@ class Loop:
     ``symmetric`` declarations, :meth:`chainexec.planner.nest.Emitter.fused`).
 
     ``kept``: in a parallel symmetric device loop that tiles only its symmetric indices, device
-    tiles ([tensor, indices] each) that stay on the device from one tile to the next within a
-    *group*: the consecutive tuples (:func:`chainexec.runtime.frame.tuples`) that differ only in
-    the first symmetric index's position, over none of whose indices the tile runs. Such a loop
+    tiles ([tensor, indices] each, their indices without the first symmetric one) that stay on
+    the device from one tile to the next within a *group*: the consecutive tuples
+    (:func:`chainexec.runtime.frame.tuples`) that differ only in that index's position. Such a loop
     hands out whole groups (:func:`chainexec.runtime.frame.groups`); a kept tile's ``alloc`` and
     ``get`` (first in the body) run at a group's first tile and its ``free`` (last) at the
     group's last, so its bytes move once per group (:mod:`chainexec.planner.keep`).
@@ -413,6 +413,9 @@ class Plan:
     # Whether the run uses page-locked host buffers and locks its global arrays where they lie
     # (:func:`chainexec.planner.cost.pinned`): what a GPU backend does and the prediction prices.
     pinned: bool = False
+    # Inputs mapped from their files whose mapping a pinned run locks in place too, read-only, so
+    # that their tiles move to the device by DMA (:func:`chainexec.planner.cost.locked_inputs`).
+    locked: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)
@@ -469,6 +472,7 @@ def to_dict(plan: Plan) -> dict:
         "parallel_tiles": plan.parallel_tiles,
         "machine": plan.machine,
         "pinned": plan.pinned,
+        "locked": plan.locked,
     }
 
 
@@ -491,6 +495,7 @@ def from_dict(d: dict) -> Plan:
         parallel_tiles=int(d["parallel_tiles"]),
         machine=dict(d["machine"]),
         pinned=bool(d["pinned"]),
+        locked=list(d.get("locked", [])),
     )
 
 

@@ -105,7 +105,7 @@ class Buffers:
                 buf.free()
                 buf = None
             if buf is not None:
-                self.lock(k, buf.whole())
+                self.lock(k, buf.whole(), named=op.tensor in self.plan.locked)
         if buf is None:
             locked = op.level == "global" and self.backend.locks_host(writable=True)
             with _naming(op):
@@ -267,13 +267,14 @@ class Buffers:
         return read, view
 
     def locked(self, op: Op, frame: Frame) -> bool:
-        """Whether ``op``'s get copies its tile from host memory the backend holds locked
-        writable (a global array's block, :meth:`lock`): one DMA queued on the device, which the
-        executor times there."""
+        """Whether ``op``'s get copies its tile from host memory the backend holds locked in a
+        pinned run (a global array's block, or a mapped input the plan names, :meth:`lock`): one
+        DMA queued on the device, which the executor times there."""
         if not self.backend.locks_host(writable=True):  # (every get asks: nothing to look up in most runs)
             return False
         host = self.source(op, frame)[1](None)
-        return host is not None and self.arrays[key(op)].flags.c_contiguous and self.backend.holds_host(host)
+        return (host is not None and self.arrays[key(op)].flags.c_contiguous
+                and self.backend.holds_host(host, writable=False))
 
     def fill(self, ga, k: tuple, tensor: str, version: int, part, out: np.ndarray) -> int:
         """Queue on the disk worker the load of ``part`` of ``tensor`` (``version``; a region
@@ -296,18 +297,19 @@ class Buffers:
             hostcopy.fill(out, 0)
         self.store.read(tensor, version, part, out)
 
-    def lock(self, k: tuple, memory: np.ndarray, writable: bool = False) -> None:
+    def lock(self, k: tuple, memory: np.ndarray, writable: bool = False, named: bool = False) -> None:
         """Begin locking the host ``memory`` of global buffer ``k`` for the device
         (:meth:`Backend.lock_host`) on a thread of its own, where the backend locks that kind of
-        memory: a mapped tile's file pages (read-only), so that its gets become DMAs from them,
-        or this rank's block of a global array (``writable``), so that its gets and the results
-        written into it are DMAs (:mod:`chainexec.runtime.landing`). Nothing waits for it: a
-        copy before it is done takes the backend's other path."""
-        if not self.backend.locks_host(writable):
+        memory: a mapped tile's file pages (read-only; ``named``: an input the plan names in
+        :attr:`Plan.locked`), so that its gets become DMAs from them, or this rank's block of a
+        global array (``writable``), so that its gets and the results written into it are DMAs
+        (:mod:`chainexec.runtime.landing`). Nothing waits for it: a copy before it is done takes
+        the backend's other path."""
+        if not self.backend.locks_host(writable, named):
             return
         if self.locker is None:
             self.locker = ThreadPoolExecutor(1, thread_name_prefix="chainexec-lock")
-        self.locking[k] = (self.locker.submit(self.backend.lock_host, memory, writable), writable)
+        self.locking[k] = (self.locker.submit(self.backend.lock_host, memory, writable, named), writable)
 
     def unlock(self, k: tuple) -> None:
         """Unlock the global buffer ``k`` where :meth:`lock` locked it, once the lock is done

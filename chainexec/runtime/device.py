@@ -332,17 +332,19 @@ class Backend(abc.ABC):
 
     # -- HOST_LOCKS: without it, nothing is locked ------------------------------------------------
 
-    def locks_host(self, writable: bool = False) -> bool:
+    def locks_host(self, writable: bool = False, named: bool = False) -> bool:
         """Whether :meth:`lock_host` may lock anything of this kind in this run (``writable``:
         memory the device writes too, a global array; else memory it only reads, an input's
-        mapped tile), so that a thread for it is worth starting."""
+        mapped tile; ``named``: one the plan names, :attr:`Plan.locked`), so that a thread for
+        it is worth starting."""
         return False
 
-    def lock_host(self, array: np.ndarray, writable: bool = False):
+    def lock_host(self, array: np.ndarray, writable: bool = False, named: bool = False):
         """Page-lock the host ``array`` where it lies, so that :meth:`fetch` copies its rows to the
         device without staging them and, ``writable``, :meth:`to_host_into` copies results into
-        it; callable from any thread. A handle for :meth:`unlock_host`, or None where nothing was
-        done. A read-only ``array`` must not change until it is unlocked."""
+        it; callable from any thread (``named`` as in :meth:`locks_host`). A handle for
+        :meth:`unlock_host`, or None where nothing was done. A read-only ``array`` must not
+        change until it is unlocked."""
         return None
 
     def unlock_host(self, handle, wait: bool = False) -> None:
@@ -350,9 +352,9 @@ class Backend(abc.ABC):
         to the backend so far are done: beside the run, the array let go at once, or with
         ``wait`` before returning, after which the caller may free the memory itself."""
 
-    def holds_host(self, host: np.ndarray) -> bool:
+    def holds_host(self, host: np.ndarray, writable: bool = True) -> bool:
         """Whether all of the host array ``host`` lies in memory :meth:`lock_host` locked
-        writable, so that :meth:`to_host_into` may copy into it."""
+        (``writable``: locked writable, so that :meth:`to_host_into` may copy into it)."""
         return False
 
     def to_host_into(self, array, out: np.ndarray):

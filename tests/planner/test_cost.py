@@ -207,3 +207,38 @@ def test_mapped_inputs_reach_the_device_at_their_own_rate_in_a_pinned_plan(pinne
     a_bytes = 10 ** 4 * 8
     assert staged["by_statement"]["get A"] == pytest.approx(a_bytes / 1.0e10, rel=1e-12)
     assert mapped["by_statement"]["get A"] == pytest.approx(a_bytes / (4.0e9 if p.pinned else 1.0e10), rel=1e-12)
+
+
+def test_mapped_inputs_fetched_many_times_their_size_are_locked(tmp_path):
+    """(T) at o=6, v=10 with 96 KiB of device memory fetches ``ovvv`` tile by tile, several times
+    its size: in a pinned plan the planner names it among the inputs to lock in place
+    (:func:`chainexec.planner.cost.locked_inputs`), whose gets are then priced by DMA at
+    ``host_to_device``, and whose lock (every rank locks the whole mapping) at ``host_lock``
+    joins the nest's preparation. Inputs fetched once (whole on the device before the loop, with
+    320 KiB at o=8) save less than their locks cost and are not named; nothing is named without
+    the rates, where the plan is not pinned, or where locking is too slow to repay."""
+    import dataclasses
+
+    from chainexec.planner.cost import locked_inputs
+    from tests.conftest import triples_config
+
+    machine = Machine(global_to_device=1.0e10, mapped_to_device=2.0e10, host_to_device=5.0e10, host_lock=2.0e10,
+                      pinned_from_bytes=0)
+    p = make_plan(spec.load(triples_config(tmp_path, "96KiB", 6, 10)), machine)
+    assert p.pinned
+    cached = {name: 1.0 for name, t in p.tensors.items() if t.from_file()}
+    named = locked_inputs(p, machine, 1, cached)
+    assert "ovvv" in named
+    whole = make_plan(spec.load(triples_config(tmp_path / "whole", "320KiB", 8, 10)), machine)
+    assert whole.pinned and locked_inputs(whole, machine, 1, cached) == []
+    assert locked_inputs(p, dataclasses.replace(machine, host_lock=1.0e3), 1, cached) == []
+    assert locked_inputs(p, dataclasses.replace(machine, host_to_device=None), 1, cached) == []
+    assert locked_inputs(dataclasses.replace(p, pinned=False), machine, 1, cached) == []
+    plain = predict(p, machine, cached=cached)
+    locked = predict(dataclasses.replace(p, locked=named), machine, cached=cached)
+    ovvv = p.tensors["ovvv"]
+    fetched = plain["by_statement"]["get ovvv"] * 2.0e10
+    assert locked["by_statement"]["get ovvv"] == pytest.approx(fetched / 5.0e10, rel=1e-12)
+    assert locked["bytes"] == plain["bytes"]
+    held = ovvv.itemsize * math.prod(ovvv.shape)
+    assert fetched / 2.0e10 - fetched / 5.0e10 > held / 2.0e10

@@ -156,7 +156,7 @@ class _LockingGlobals(NumpyBackend):
         self.locked, self.waited = [], []
         self.copied = {"into": 0, "own": 0}
 
-    def locks_host(self, writable=False):
+    def locks_host(self, writable=False, named=False):
         return writable
 
     def stamp(self):
@@ -166,7 +166,7 @@ class _LockingGlobals(NumpyBackend):
     def elapsed(self, start, end):
         return 0.25 * (end - start)
 
-    def lock_host(self, array, writable=False):
+    def lock_host(self, array, writable=False, named=False):
         assert writable
         handle = len(self.locked)
         self.locked.append(array.nbytes)
@@ -177,7 +177,7 @@ class _LockingGlobals(NumpyBackend):
         self.waited.append(wait)
         del self.live[handle]
 
-    def holds_host(self, host):
+    def holds_host(self, host, writable=True):
         lo, hi = host.ctypes.data, host.ctypes.data + host.nbytes
         return host.nbytes > 0 and any(a.ctypes.data <= lo and hi <= a.ctypes.data + a.nbytes for a in self.live.values())
 

@@ -9,6 +9,7 @@ import pytest
 
 from chainexec import api
 from chainexec.chem.triples import ccsd_t_energy
+from chainexec.planner.machine import Machine
 from chainexec.runtime.checkpoint import Stopped
 from chainexec.runtime.backends.numpy import NumpyBackend
 from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
@@ -198,10 +199,10 @@ class Locking(NumpyBackend):
         self.rows.append(("asked", self._at(dst, view)))
         return super().fetch_waits(dst, view)
 
-    def locks_host(self, writable=False):
+    def locks_host(self, writable=False, named=False):
         return not writable  # as a GPU run of plain host memory: mapped tiles only
 
-    def lock_host(self, array, writable=False):
+    def lock_host(self, array, writable=False, named=False):
         with self.guard:
             handle = len(self.locks)
             self.locks.append((array.nbytes, threading.current_thread().name))
@@ -259,12 +260,60 @@ def test_mapped_tiles_locked_on_a_thread_until_freed(tmp_path, monkeypatch, end)
     assert sorted(backend.unlocked) == list(range(len(backend.locks))) and not backend.live
 
 
+class PinnedLocking(Locking):
+    """:class:`Locking` as a GPU backend of a pinned run sees it: global arrays locked writable,
+    inputs' mapped tiles only where the plan names them (:attr:`Plan.locked`); each lock recorded
+    with whether it was writable and named."""
+
+    def __init__(self):
+        super().__init__()
+        self.kinds: list[tuple[int, bool, bool]] = []  # (bytes, writable, named) per lock
+
+    def locks_host(self, writable=False, named=False):
+        return writable or named
+
+    def lock_host(self, array, writable=False, named=False):
+        self.kinds.append((array.nbytes, writable, named))
+        return super().lock_host(array, writable, named)
+
+
+def test_inputs_the_plan_names_are_locked_in_a_pinned_run(tmp_path, monkeypatch):
+    """A pinned run (a machine file with page-locked rates and ``pinned_from_bytes`` 0) of (T) at
+    o=6, v=10 fetching its tiles tuple by tuple (96 KiB): the plan names the mapped inputs
+    whose gets repay a lock (``ovvv`` among them, :func:`chainexec.planner.cost.locked_inputs`);
+    the run locks exactly those mappings, read-only and whole, and no other input's; its
+    fetches of them find their rows locked; every count equals the prediction and E(T) the
+    reference."""
+    config = triples_config(tmp_path, "96KiB", 6, 10)
+    machine = tmp_path / "machine.json"
+    machine.write_text(Machine(global_to_device=1.0e10, mapped_to_device=2.0e10, host_to_device=5.0e10,
+                               host_lock=2.0e10, pinned_from_bytes=0).to_json())
+    backend = PinnedLocking()
+    monkeypatch.setattr(api, "select", lambda name, comm: backend)
+    result = api.run(config, backend="numpy", machine=str(machine))
+    plan = api.plan(config, machine=str(machine))
+    assert "ovvv" in plan.locked
+    sizes = {t.itemsize * int(np.prod(t.shape)) for name, t in plan.tensors.items() if name in plan.locked}
+    others = {t.itemsize * int(np.prod(t.shape)) for name, t in plan.tensors.items()
+              if t.from_file() and name not in plan.locked}
+    named = {n for n, writable, flag in backend.kinds if flag}
+    assert named == sizes and not any(writable for _, writable, flag in backend.kinds if flag)
+    assert not others & {n for n, writable, flag in backend.kinds if not writable and not flag}
+    assert backend.fetched["locked"] > 0
+    for key in ("bytes", "flops", "statements"):
+        assert result["measured"][key] == result["predicted"][key], key
+    with h5py.File(tmp_path / "energy.h5", "r") as f:
+        got = float(f["E"][()])
+    expected = ccsd_t_energy(tmp_path / "inputs.h5")
+    assert abs(got - expected) <= 1e-12 * abs(expected)
+
+
 def test_no_lock_thread_where_the_backend_locks_nothing(tmp_path, monkeypatch):
     """The NumPy backend locks nothing (:meth:`Backend.locks_host`): no thread is started for it
     and it is never asked."""
     config = triples_config(tmp_path, "200KiB", 4, 6)
     asked = []
-    monkeypatch.setattr(NumpyBackend, "lock_host", lambda self, array, writable=False: asked.append(array))
+    monkeypatch.setattr(NumpyBackend, "lock_host", lambda self, array, writable=False, named=False: asked.append(array))
     before = {t.name for t in threading.enumerate()}
     api.run(config, backend="numpy")
     assert not asked and not any(t.name.startswith("chainexec-lock") for t in threading.enumerate() if t.name not in before)

@@ -268,17 +268,18 @@ class CupyBackend(Autotuner, Methods, Backend):
             done[n % 2] = stream.record()
         stream.synchronize()
 
-    def locks_host(self, writable: bool = False) -> bool:
+    def locks_host(self, writable: bool = False, named: bool = False) -> bool:
         """As :meth:`Backend.locks_host`: global arrays (``writable``) in a run of page-locked
         host buffers (:attr:`pinned`), whose transfers then skip the staging copies on the host;
         inputs' mapped tiles in a run of plain host memory, which does not hold tens of GB of
-        page cache locked."""
-        return self._locks is not None and writable == self.pinned
+        page cache locked, and in a pinned run those the plan names (``named``: fetched so many
+        times over that their gets' DMAs repay the lock, :attr:`Plan.locked`)."""
+        return self._locks is not None and (writable == self.pinned or named and not writable)
 
-    def lock_host(self, array: np.ndarray, writable: bool = False) -> int | None:
+    def lock_host(self, array: np.ndarray, writable: bool = False, named: bool = False) -> int | None:
         """As :meth:`Backend.lock_host`: registered with CUDA (:mod:`chainexec.runtime.hostlock`)
         where :meth:`locks_host` allows it."""
-        return self._locks.lock(array, writable) if self.locks_host(writable) else None
+        return self._locks.lock(array, writable) if self.locks_host(writable, named) else None
 
     def unlock_host(self, handle: int, wait: bool = False) -> None:
         """As :meth:`Backend.unlock_host`: unregistered once the copies queued so far, on this
@@ -288,8 +289,8 @@ class CupyBackend(Autotuner, Methods, Backend):
         after += [stream.record() for stream in (self._aside, self._back) if stream is not None]
         self._locks.unlock(handle, after, wait)
 
-    def holds_host(self, host: np.ndarray) -> bool:
-        return self._locks is not None and host.nbytes > 0 and self._locks.holds(host, writable=True)
+    def holds_host(self, host: np.ndarray, writable: bool = True) -> bool:
+        return self._locks is not None and host.nbytes > 0 and self._locks.holds(host, writable=writable)
 
     def to_host_into(self, array, out: np.ndarray):
         """As :meth:`Backend.to_host_into`: one DMA queued on the current stream behind the work
