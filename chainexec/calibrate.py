@@ -347,6 +347,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         host_device = None
     locking = first["host_lock"] and _rate(first["host_lock"]["bytes"], over_ranks("host_lock", "s"))
     mapped = first["mapped_fetch"] and _rate(first["mapped_fetch"]["bytes"], over_ranks("mapped_fetch", "s"))
+    direct = first.get("mapped_locked_fetch") and _rate(first["mapped_locked_fetch"]["bytes"],
+                                                        over_ranks("mapped_locked_fetch", "s"))
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     host = platform.node()
@@ -358,6 +360,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                       host_to_device=host_device and host_device["host_to_device"]["per_second"],
                       device_to_host=host_device and host_device["device_to_host"]["per_second"],
                       host_lock=locking and locking["per_second"], mapped_to_device=mapped and mapped["per_second"],
+                      mapped_locked_to_device=direct and direct["per_second"],
                       source=f"chainexec calibrate on {host}, {date}, {len(raw)} rank{'s' * (len(raw) != 1)}, {first['backend']}"
                              + (", quick" if quick else ""))
     details = {
@@ -386,6 +389,9 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "mapped_to_device": mapped and {"what": "a file's rows in the page cache, mapped, fetched to the device "
                                         "through the staging buffers", "bytes_per_rank": first["mapped_fetch"]["bytes"],
                                         **mapped},
+        "mapped_locked_to_device": direct and {"what": "the same rows with the mapping locked where it lies "
+                                               "(read-only), fetched by DMA from the page cache's pages",
+                                               "bytes_per_rank": first["mapped_locked_fetch"]["bytes"], **direct},
         "global_to_device": "get" + (" then host_to_device, 1/(1/get + 1/h2d)" if host_device else ""),
         "device_to_global": ("device_to_host then accumulate, 1/(1/acc + 1/d2h)" if host_device else "accumulate"),
         "gemm": {"n": gemm["n"], "dtype": "float64", "flops_per_call": flops, **gemm_rate},

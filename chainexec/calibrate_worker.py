@@ -305,7 +305,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     # through the staging buffers, each filled by the mapping's own copy over threads
     # (:meth:`MappedArray.get`), which is how such a run gets them (of the fill's size too: a
     # run's inputs are large against the fetch's fixed costs, threads started over the buffers).
-    result["host_lock"] = result["mapped_fetch"] = None
+    result["host_lock"] = result["mapped_fetch"] = result["mapped_locked_fetch"] = None
     if HOST_LOCKS in dev.capabilities:
         dev.expect_transfers(True)
         fill_shape = (fill_rows, GA_COLUMNS)
@@ -330,6 +330,14 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
             device_buf = xp.empty(fill_shape, np.float64)
             result["mapped_fetch"] = {"bytes": rows.nbytes, "s": _repeat(
                 comm, reps, stopwatch, lambda: dev.fetch(device_buf, lambda r, out: mapped.get((r,), out)))}
+            # the same rows with the mapping locked where it lies, read-only, as a pinned run
+            # locks the inputs its plan names (Plan.locked): one DMA from the page cache's pages
+            handle = dev.lock_host(rows, writable=False, named=True)
+            if handle is not None:
+                result["mapped_locked_fetch"] = {"bytes": rows.nbytes, "s": _repeat(
+                    comm, reps, stopwatch, lambda: dev.fetch(device_buf, lambda r, out: mapped.get((r,), out),
+                                                             lambda r: rows if r is None else rows[r]))}
+                dev.unlock_host(handle, wait=True)
             del device_buf, rows, mapped
         finally:
             path.unlink(missing_ok=True)

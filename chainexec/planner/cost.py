@@ -222,12 +222,13 @@ def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, fl
     """The inputs of a pinned plan whose loads map them (those in ``cached``,
     :mod:`chainexec.runtime.mapped`) that a run should lock where they lie, read-only, on every
     rank (:attr:`Plan.locked`): those whose gets, moved by DMA from the locked pages instead of
-    through the staging copy (:attr:`Machine.host_to_device` against
-    :attr:`Machine.mapped_to_device`), save more seconds than locking the whole mapping takes
+    through the staging copy (:attr:`Machine.mapped_locked_to_device`, else
+    :attr:`Machine.host_to_device`, against :attr:`Machine.mapped_to_device`), save more
+    seconds than locking the whole mapping takes
     (:attr:`Machine.host_lock`). A (T) job whose ``ovvv`` does not fit the device fetches it tile
     by tile, several times its size: locked, its tiles arrive at the DMA's rate. None where the
     machine lacks one of those rates (a machine file without them, the NumPy backend)."""
-    rates = (machine.host_to_device, machine.mapped_to_device, machine.host_lock)
+    rates = (machine.mapped_locked_to_device or machine.host_to_device, machine.mapped_to_device, machine.host_lock)
     if not (plan.pinned and all(rates)):
         return []
     fetched: dict[str, int] = {}
@@ -299,7 +300,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     an input's tiles read from its file are not locked and go through a staging copy, those of
     an input whose loads map it (one in ``cached``) at :attr:`Machine.mapped_to_device`, but
     those of an input in ``locked`` (:attr:`Plan.locked`), whose mapping every rank locks where
-    it lies (at :attr:`Machine.host_lock`, before its first get), by DMA at the page-locked rate."""
+    it lies (at :attr:`Machine.host_lock`, before its first get), by DMA from the locked pages
+    (:attr:`Machine.mapped_locked_to_device`)."""
     cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}

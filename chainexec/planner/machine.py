@@ -82,6 +82,10 @@ class Machine:
     # on a GPU; None leaves the locking unpriced and prices those rows at global_to_device.
     host_lock: float | None = None
     mapped_to_device: float | None = None
+    # Bytes per second at which those rows reach the device by DMA where a pinned run locks the
+    # mapping itself (:attr:`Plan.locked`): page-cache pages, slower to DMA from than a page-locked
+    # buffer. `chainexec calibrate` measures it on a GPU; None prices them at host_to_device.
+    mapped_locked_to_device: float | None = None
     source: str = "defaults"
 
     def compute_seconds(self, flops: int, streamed: int) -> float:
@@ -122,11 +126,13 @@ class Machine:
     def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False) -> float:
         """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA
         from page-locked host memory where ``locked`` (at :attr:`host_to_device` /
-        :attr:`device_to_host` where measured); rows of a pinned run's input mapped from its
-        file where ``mapped`` (at :attr:`mapped_to_device` where measured); else through a
-        staging copy on the host (at :attr:`global_to_device` / :attr:`device_to_global`)."""
+        :attr:`device_to_host` where measured; rows of a mapped input, ``mapped`` too, at
+        :attr:`mapped_locked_to_device` where measured); rows of a pinned run's input mapped from
+        its file where ``mapped`` alone (at :attr:`mapped_to_device` where measured); else
+        through a staging copy on the host (at :attr:`global_to_device` / :attr:`device_to_global`)."""
         if op == "get":
-            rate = (self.host_to_device if locked else self.mapped_to_device if mapped else None) or self.global_to_device
+            dma = (self.mapped_locked_to_device if mapped else None) or self.host_to_device
+            rate = (dma if locked else self.mapped_to_device if mapped else None) or self.global_to_device
             return nbytes / rate
         return nbytes / (self.device_to_host if locked and self.device_to_host else self.device_to_global)
 
@@ -206,6 +212,7 @@ FIELDS = {
     "device_to_host": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "host_lock": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "mapped_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "mapped_locked_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "source": (lambda v: isinstance(v, str), "a string"),
 }
 

@@ -213,7 +213,8 @@ def test_mapped_inputs_fetched_many_times_their_size_are_locked(tmp_path):
     """(T) at o=6, v=10 with 96 KiB of device memory fetches ``ovvv`` tile by tile, several times
     its size: in a pinned plan the planner names it among the inputs to lock in place
     (:func:`chainexec.planner.cost.locked_inputs`), whose gets are then priced by DMA at
-    ``host_to_device``, and whose lock (every rank locks the whole mapping) at ``host_lock``
+    ``mapped_locked_to_device`` (else ``host_to_device``), and whose lock (every rank locks the
+    whole mapping) at ``host_lock``
     joins the nest's preparation. Inputs fetched once (whole on the device before the loop, with
     320 KiB at o=8) save less than their locks cost and are not named; nothing is named without
     the rates, where the plan is not pinned, or where locking is too slow to repay."""
@@ -240,5 +241,9 @@ def test_mapped_inputs_fetched_many_times_their_size_are_locked(tmp_path):
     fetched = plain["by_statement"]["get ovvv"] * 2.0e10
     assert locked["by_statement"]["get ovvv"] == pytest.approx(fetched / 5.0e10, rel=1e-12)
     assert locked["bytes"] == plain["bytes"]
+    # where measured, the DMA from the locked page cache is priced at its own rate
+    direct = dataclasses.replace(machine, mapped_locked_to_device=3.5e10)
+    assert predict(dataclasses.replace(p, locked=named), direct, cached=cached)["by_statement"]["get ovvv"] \
+        == pytest.approx(fetched / 3.5e10, rel=1e-12)
     held = ovvv.itemsize * math.prod(ovvv.shape)
     assert fetched / 2.0e10 - fetched / 5.0e10 > held / 2.0e10

@@ -853,9 +853,10 @@ def test_fused_statements_on_gpu(name, limits, ranks, tmp_path):
 
 @pytest.mark.parametrize("ranks", [None, 2])
 def test_triples_fetching_tiles_ahead_on_gpu(ranks, tmp_path):
-    """(T) at o=8, v=10 with 260 KiB of device memory: its tile loop fetches the first six input
-    tiles of the next tile on the second stream while a tile computes (two slots each); the
-    energy equals the NumPy reference of chainexec.chem.triples, bytes and peaks the plan."""
+    """(T) at o=8, v=10 with 284 KiB of device memory: its tile loop keeps the tiles over j and k
+    across each group of tiles (:mod:`chainexec.planner.keep`) and fetches the first of the
+    others for the next tile on the second stream while a tile computes (two slots); the energy
+    equals the NumPy reference of chainexec.chem.triples, bytes and peaks the plan."""
     from chainexec import spec
     from chainexec.chem.triples import ccsd_t_energy
     from chainexec.planner.build import make_plan
@@ -863,9 +864,9 @@ def test_triples_fetching_tiles_ahead_on_gpu(ranks, tmp_path):
 
     import h5py
 
-    config = triples_config(tmp_path, "260KiB")
+    config = triples_config(tmp_path, "284KiB")
     plan = make_plan(spec.load(config), ranks=ranks or 1)
-    assert [(n.depth, len(n.ahead)) for n in plan.nests[0].body if isinstance(n, Loop)] == [(2, 6)]
+    assert [(n.depth, len(n.ahead), len(n.kept)) for n in plan.nests[0].body if isinstance(n, Loop)] == [(2, 1, 17)]
     report = tmp_path / "r.json"
     proc = run_cli("run", config, "--backend", "cupy", "--report-json", report, ranks=ranks)
     assert proc.returncode == 0, proc.stdout + proc.stderr
