@@ -218,30 +218,40 @@ def predict(plan: Plan, machine: Machine, ranks: int = 1, cached: dict[str, floa
     return record
 
 
+def whole_rows(indices, ranges: dict[str, dict[str, int]], extents: dict[str, int]) -> bool:
+    """Whether a device tile over ``indices`` is whole rows of its global tile: every axis but
+    the first as long as there (``ranges``: the tiles each level's buffers see,
+    :func:`_narrowed`). Such a tile lies in one piece of host memory, from which the backend
+    copies it in one DMA where that memory is locked; another is gathered through the staging
+    buffers."""
+    return all(ranges["device"].get(i, extents[i]) >= ranges["global"].get(i, extents[i]) for i in list(indices)[1:])
+
+
 def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, float]) -> list[str]:
     """The inputs of a pinned plan whose loads map them (those in ``cached``,
     :mod:`chainexec.runtime.mapped`) that a run should lock where they lie, read-only, on every
-    rank (:attr:`Plan.locked`): those whose gets, moved by DMA from the locked pages instead of
-    through the staging copy (:attr:`Machine.mapped_locked_to_device`, else
-    :attr:`Machine.host_to_device`, against :attr:`Machine.mapped_to_device`), save more
-    seconds than locking the whole mapping takes
-    (:attr:`Machine.host_lock`). A (T) job whose ``ovvv`` does not fit the device fetches it tile
-    by tile, several times its size: locked, its tiles arrive at the DMA's rate. None where the
-    machine lacks one of those rates (a machine file without them, the NumPy backend)."""
+    rank (:attr:`Plan.locked`): those whose gets of whole rows (:func:`whole_rows`), moved by DMA
+    from the locked pages instead of through the staging copy
+    (:attr:`Machine.mapped_locked_to_device`, else :attr:`Machine.host_to_device`, against
+    :attr:`Machine.mapped_to_device`), save more seconds than locking the whole mapping takes
+    (:attr:`Machine.host_lock`). A (T) job whose ``ovvv`` does not fit the device fetches its
+    slabs of occupied rows tile by tile, several times its size: locked, they arrive at the
+    DMA's rate. None where the machine lacks one of those rates (a machine file without them,
+    the NumPy backend)."""
     rates = (machine.mapped_locked_to_device or machine.host_to_device, machine.mapped_to_device, machine.host_lock)
     if not (plan.pinned and all(rates)):
         return []
     fetched: dict[str, int] = {}
     held: dict[str, int] = {}
 
-    def walk(body, loops):
+    def walk(body, loops, ranges):
         for node in body:
             if isinstance(node, Loop):
-                walk(node.body, loops + [node])
+                walk(node.body, loops + [node], _narrowed(ranges, node, plan.extents))
             elif node.tensor in cached and node.op in ("get", "alloc"):
                 around = Loops(loops)
                 item = plan.tensors[node.tensor].itemsize
-                if node.op == "get":
+                if node.op == "get" and whole_rows(node.indices, ranges, plan.extents):
                     grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
                     every = 1 if any(loop.parallel for loop in loops) else ranks
                     fetched[node.tensor] = fetched.get(node.tensor, 0) + every * item * around.points(
@@ -251,7 +261,7 @@ def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, fl
                         node.indices, plan.extents, "global")
 
     for nest in plan.nests:
-        walk(nest.body, [])
+        walk(nest.body, [], {"global": {}, "device": {}})
     to_device, staged, lock = rates
     return sorted(t for t, nbytes in fetched.items()
                   if nbytes / ranks * (1 / staged - 1 / to_device) > held.get(t, 0) / lock)
@@ -301,7 +311,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     an input whose loads map it (one in ``cached``) at :attr:`Machine.mapped_to_device`, but
     those of an input in ``locked`` (:attr:`Plan.locked`), whose mapping every rank locks where
     it lies (at :attr:`Machine.host_lock`, before its first get), by DMA from the locked pages
-    (:attr:`Machine.mapped_locked_to_device`)."""
+    (:attr:`Machine.mapped_locked_to_device`) where the tile is whole rows of the mapping
+    (:func:`whole_rows`; others still through the staging copy)."""
     cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
@@ -439,8 +450,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
                         source = tensors[node.tensor]
+                        direct = node.tensor in locked and whole_rows(node.indices, ranges, extents)
                         seconds = machine.transfer_seconds(
-                            node.op, nbytes, locks and (not source.from_file() or node.tensor in locked),
+                            node.op, nbytes, locks and (not source.from_file() or direct),
                             locks and node.tensor in cached)
                         transfers[0] += seconds
                         spend(names[k], seconds)

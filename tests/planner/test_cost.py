@@ -230,6 +230,11 @@ def test_mapped_inputs_fetched_many_times_their_size_are_locked(tmp_path):
     cached = {name: 1.0 for name, t in p.tensors.items() if t.from_file()}
     named = locked_inputs(p, machine, 1, cached)
     assert "ovvv" in named
+    # t2's tiles are cut along its second index (t2[k,j,...] in tiles of j): never whole rows of
+    # the mapping, so always gathered through the staging buffers, and not worth locking
+    assert "t2" not in named
+    as_staged = predict(dataclasses.replace(p, locked=["t2"]), machine, cached=cached)["by_statement"]
+    assert as_staged["get t2"] == predict(p, machine, cached=cached)["by_statement"]["get t2"]
     whole = make_plan(spec.load(triples_config(tmp_path / "whole", "320KiB", 8, 10)), machine)
     assert whole.pinned and locked_inputs(whole, machine, 1, cached) == []
     assert locked_inputs(p, dataclasses.replace(machine, host_lock=1.0e3), 1, cached) == []
