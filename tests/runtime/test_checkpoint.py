@@ -60,10 +60,10 @@ STREAMED = {"global_memory": "1GiB", "device_memory": "300KiB"}
 loop (:func:`chainexec.planner.pipeline.streamed`), 20 ordered tiles."""
 
 
-AHEAD = {"global_memory": "1GiB", "device_memory": "284KiB"}
-"""Inputs fetched tile by tile, tiles of 2, those over j and k kept across each group of tiles
-(:mod:`chainexec.planner.keep`) and the first of the others one tile ahead
-(:func:`chainexec.planner.pipeline.deepen`)."""
+AHEAD = {"global_memory": "1GiB", "device_memory": "304KiB"}
+"""At o=10: inputs fetched tile by tile, tiles of 2 (35 tuples in 15 groups), those over j and k
+kept across each group (:mod:`chainexec.planner.keep`) and the first of the others one tile
+ahead (:func:`chainexec.planner.pipeline.deepen`)."""
 
 
 def _tiles_done(plan, done: int) -> int:
@@ -95,7 +95,7 @@ def test_stop_and_resume(tmp_path, ranks, machine, tiles, aside):
     from chainexec.planner.pipeline import streamed
     from chainexec.planner.plan import fetched, returned
 
-    config = _job(tmp_path, machine=machine)
+    config = _job(tmp_path, nocc=10 if machine is AHEAD else 8, machine=machine)
     model = Machine(aside_copy_bytes=0 if aside else Machine.aside_copy_bytes)
     (tmp_path / "machine.json").write_text(model.to_json())
     plan = make_plan(spec.load(config), model, ranks=ranks)
