@@ -97,14 +97,18 @@ def test_triples_loop_reads_its_inputs_steady(tmp_path, monkeypatch, memory, who
         assert float(f["E"][()]) == e
 
 
-@pytest.mark.parametrize("ranks, balance", [(1, "dynamic"), (2, "static"), (3, "dynamic")])
-def test_triples_keeps_tiles_across_groups(tmp_path, ranks, balance):
-    """(T) at o=6, v=10 with 96 KiB of device memory: tiles of one occupied index, 56 ordered
-    tuples in 21 groups, the tiles over j and k (both ``ovvv`` slabs among them) kept across
-    each group (:mod:`chainexec.planner.keep`). On 1-3 ranks, handed out from the shared counter
-    or round-robin, every count the runtime measures equals the prediction (the kept tiles'
-    gets once per group, the others once per tuple), every tuple runs once, and the energy
-    equals :func:`chainexec.chem.triples.ccsd_t_energy`'s (no code shared) within 1e-12."""
+@pytest.mark.parametrize("ranks, balance, nocc, nvir, memory, groups, tuples, slabs", [
+    (1, "dynamic", 6, 10, "96KiB", 21, 56, 2), (2, "static", 6, 10, "96KiB", 21, 56, 2),
+    (3, "dynamic", 6, 10, "96KiB", 21, 56, 2), (2, "dynamic", 7, 9, "120KiB", 10, 20, 1)])
+def test_triples_keeps_tiles_across_groups(tmp_path, ranks, balance, nocc, nvir, memory, groups, tuples, slabs):
+    """(T) whose inputs do not fit the device: at o=6, v=10 with 96 KiB, tiles of one occupied
+    index, 56 ordered tuples in 21 groups, the tiles over j and k (both ``ovvv`` slabs among
+    them) kept across each group (:mod:`chainexec.planner.keep`); at o=7, v=9 with 120 KiB,
+    tiles of 2 with an edge tile of one, 20 tuples in 10 groups, one slab kept. On 1-3 ranks,
+    handed out from the shared counter or round-robin, every count the runtime measures equals
+    the prediction (the kept tiles' gets once per group, the others once per tuple), every
+    tuple runs once, and the energy equals :func:`chainexec.chem.triples.ccsd_t_energy`'s (no
+    code shared) within 1e-12."""
     import h5py
 
     from chainexec import spec
@@ -113,15 +117,15 @@ def test_triples_keeps_tiles_across_groups(tmp_path, ranks, balance):
     from chainexec.planner.plan import Loop
     from tests.conftest import read_report, run_cli
 
-    config = triples_config(tmp_path, "96KiB", 6, 10)
+    config = triples_config(tmp_path, memory, nocc, nvir)
     loop = next(n for n in make_plan(spec.load(config), ranks=ranks).nests[0].body if isinstance(n, Loop))
-    assert loop.count == 21 and [t for t, _ in loop.kept].count("ovvv") == 2
+    assert loop.count == groups and [t for t, _ in loop.kept].count("ovvv") == slabs
     proc = run_cli("run", config, "--balance", balance, "--report-json", tmp_path / "r.json", ranks=ranks)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = read_report(tmp_path / "r.json")
     for key in ("bytes", "flops", "statements", "memory_peak"):
         assert report["measured"][key] == report["predicted"][key], key
-    assert sum(r["tiles"] for r in report["run"]["per_rank"]) == 56
+    assert sum(r["tiles"] for r in report["run"]["per_rank"]) == tuples
     with h5py.File(tmp_path / "energy.h5", "r") as f:
         got = float(f["E"][()])
     expected = ccsd_t_energy(tmp_path / "inputs.h5")
