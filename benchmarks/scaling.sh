@@ -10,7 +10,10 @@
 # (process start to executor start),
 # whether every count the runtime measures equals the plan's prediction, the config's scalar
 # outputs as written by that run (they must agree across rank counts) and each rank's breakdown
-# (start, busy, idle, seconds per level, tiles).
+# (start, busy, idle, seconds per level, tiles), and the flop rate per rank (the plan's flops over
+# the executor's seconds and the ranks: against the DGEMM rate for the larger-than-one-GPU target).
+# WARMUP=0 skips the warm-up run: for a job one rank would take too long on (the (T) case larger
+# than one GPU, run on 4 ranks only: `WARMUP=0 bash benchmarks/scaling.sh CONFIG OUTDIR "4"`).
 # Usage on the GPU machine: bash benchmarks/scaling.sh CONFIG OUTDIR "1 2 4"
 # Environment: MACHINE (a machine file for --machine, e.g. benchmarks/results/machine_h100_2026-11-23.json),
 # BACKEND (default cupy), MPIRUN (default /usr/bin/mpirun where it exists, else mpiexec on PATH),
@@ -55,7 +58,7 @@ subprocess.run(sys.argv[2:], check=True, stdout=subprocess.DEVNULL)
 open(sys.argv[1], "w").write(f"{time.perf_counter() - start}\n")
 PY
 done
-run 1 "$out/warmup.json"
+[ "${WARMUP:-1}" = 0 ] || run 1 "$out/warmup.json"
 for n in $counts; do run "$n" "$out/run_n$n.json"; done
 python3 - "$out" "$config" $counts <<'PY'
 import json, sys
@@ -71,6 +74,7 @@ for n in counts:
                                           default=None),
                  "measured_equals_predicted": all(m[k] == p[k] for k in ("flops", "statements", "streamed", "bytes",
                                                                        "memory_peak")),
+                 "flops_per_second_per_rank": m["flops"] / m["total_seconds"] / n,
                  "outputs": after["outputs"], "per_rank": r["run"]["per_rank"]})
 base = rows[0]
 for row in rows:

@@ -60,3 +60,25 @@ def test_the_machine_file_reaches_the_runs(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "absent.json" in done.stdout + done.stderr
     assert not (tmp_path / "out" / "scaling.json").exists()
+
+
+def test_without_the_warm_up_run(tmp_path):
+    """``WARMUP=0``: no warm-up run (a job too large for one rank, run on several only); the
+    summary holds the one count asked for, its flop rate per rank the report's flops over its
+    executor seconds and ranks, and its energy the reference."""
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    config = triples_config(tmp_path / "job", "1GiB", 4, 9)
+    env = dict(os.environ, BACKEND="numpy", MPIRUN=launcher, MPIFLAGS="", WARMUP="0",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "scaling.sh"), str(config), str(tmp_path / "out"), "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / "out" / "warmup.json").exists()
+    (row,) = json.loads((tmp_path / "out" / "scaling.json").read_text())["rows"]
+    report = json.loads((tmp_path / "out" / "run_n2.json").read_text())
+    m = report["measured"]
+    assert row["ranks"] == 2 and row["flops_per_second_per_rank"] == m["flops"] / m["total_seconds"] / 2
+    expected = ccsd_t_energy(tmp_path / "job" / "inputs.h5")
+    assert abs(row["outputs"]["E"] - expected) <= 1e-12 * abs(expected)
