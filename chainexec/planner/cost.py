@@ -162,6 +162,16 @@ def points(indices, loops: list[Loop], extents: dict[str, int], region_level: st
     return Loops(loops).points(indices, extents, region_level)
 
 
+def moved_bytes(node, loops: list[Loop], around: Loops, extents: dict[str, int], item: int, ranks: int) -> int:
+    """Bytes the moving statement ``node`` (load, store, get, accumulate) inside ``loops`` (their
+    :class:`Loops` ``around``) moves over all its iterations, ``item`` bytes an element: a
+    transfer to the device outside every parallel loop made by each of the ``ranks``; a tile the
+    innermost loop keeps across groups (``Loop.kept``) once per group."""
+    every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
+    grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
+    return every * item * around.points(node.indices, extents, REGION_LEVEL[node.op], grouped)
+
+
 def units(loop: Loop, extents: dict[str, int]) -> int:
     """What ``loop`` hands out to ranks: its tiles (ordered tuples of a symmetric loop), or the
     groups of them where it keeps tiles across a group (``Loop.kept``,
@@ -252,10 +262,8 @@ def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, fl
                 around = Loops(loops)
                 item = plan.tensors[node.tensor].itemsize
                 if node.op == "get" and whole_rows(node.indices, ranges, plan.extents):
-                    grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
-                    every = 1 if any(loop.parallel for loop in loops) else ranks
-                    fetched[node.tensor] = fetched.get(node.tensor, 0) + every * item * around.points(
-                        node.indices, plan.extents, "device", grouped)
+                    fetched[node.tensor] = fetched.get(node.tensor, 0) + moved_bytes(
+                        node, loops, around, plan.extents, item, ranks)
                 elif node.level == "global":
                     held[node.tensor] = held.get(node.tensor, 0) + item * around.points(
                         node.indices, plan.extents, "global")
@@ -437,9 +445,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     else:
                         live[node.level] -= sizes.pop(buffer)
                 else:
-                    every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
-                    grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
-                    nbytes = every * item * around.points(node.indices, extents, REGION_LEVEL[node.op], grouped)
+                    nbytes = moved_bytes(node, loops, around, extents, item, ranks)
                     moved[CATEGORY[node.op]] += nbytes
                     if node.op == "load":
                         other, seconds = _priced_load(nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))

@@ -71,7 +71,8 @@ def moved(loop: Loop, kept: list[tuple]) -> Loop:
     held = set(kept)
     head = [op for op in loop.body if isinstance(op, Op) and op.op in ("alloc", "get") and key(op) in held]
     tail = [op for op in loop.body if isinstance(op, Op) and op.op == "free" and key(op) in held]
-    rest = [node for node in loop.body if not any(node is op for op in head + tail)]
+    taken = {id(op) for op in head + tail}
+    rest = [node for node in loop.body if id(node) not in taken]
     order = [key(op) for op in head if op.op == "alloc"]
     return dataclasses.replace(loop, body=head + rest + tail, kept=[[k[0], list(k[1])] for k in order])
 
