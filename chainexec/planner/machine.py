@@ -83,8 +83,9 @@ class Machine:
     host_lock: float | None = None
     mapped_to_device: float | None = None
     # Bytes per second at which those rows reach the device by DMA where a pinned run locks the
-    # mapping itself (:attr:`Plan.locked`): page-cache pages, slower to DMA from than a page-locked
-    # buffer. `chainexec calibrate` measures it on a GPU; None prices them at host_to_device.
+    # mapping itself (:attr:`Plan.locked`): one copy from the page cache's own pages, not from a
+    # buffer of the run's. `chainexec calibrate` measures it on a GPU; None prices them at
+    # host_to_device.
     mapped_locked_to_device: float | None = None
     source: str = "defaults"
 
