@@ -201,11 +201,14 @@ def _ordered(group, strides: dict) -> tuple[str, ...]:
     return tuple(sorted(group, key=lambda i: -strides[i]))
 
 
-ORDERS = ("load", "store")
+ORDERS = ("load", "store", "store-n")
 """How a problem orders its M and N groups: ``load`` puts each operand's stride-1 index last
-(coalesced loads), ``store`` follows C's strides (coalesced stores). Which wins depends on how
-often the operands are re-read against how much C is written, so both are offered to the
-autotuner (:func:`variants`)."""
+(coalesced loads), ``store`` follows C's strides (coalesced stores), ``store-n`` orders N by C
+and M by A. C is stored along N, so ``store-n`` keeps C's runs along N whole while A's tile is
+read along A's own stride-1 index; where C interleaves A's and B's indices, as the (T) outputs
+do, ``store`` reads A in scattered elements. (M by C with N by B stores C across its runs.)
+Which wins depends on how often the operands are re-read against how much C is written, so the
+distinct ones are offered to the autotuner (:func:`variants`)."""
 
 
 def _run(strides: dict, group, sizes: dict) -> int:
@@ -243,7 +246,7 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
     k = _ordered(kg, sa if a_fast in kg else sb)
     m = _ordered(mg, sc if order == "store" or a_fast in kg else sa)
     b_fast = _fastest(sb, [i for i in ng + kg if sizes[i] > 1] or ng + kg)
-    n = _ordered(ng, sc if order == "store" or b_fast in kg else sb)
+    n = _ordered(ng, sc if order in ("store", "store-n") or b_fast in kg else sb)
 
     def last(strides_, group):
         return strides_[group[-1]] if group else math.inf
@@ -562,13 +565,25 @@ def _staged_epilogue(cfg: GettConfig) -> list[str]:
     """C = alpha·acc (+ beta·C) through shared memory, one MMA row-tile at a time: each warp writes
     its ``rows × 8·mma_n`` accumulators to its own padded tile (the pipeline's memory, free once
     every copy has landed), then its lanes store the tile row by row along n, 32 consecutive
-    elements per instruction, so that the store-bound TCCG CCSD(T) outputs (302 MB, K = 24) are
-    written in whole sectors. Some other configurations run slower staged than storing fragments
-    directly, so the autotuner times both (:func:`candidates`)."""
+    elements per instruction (``32 / width`` rows of a narrower tile), so that the store-bound
+    TCCG CCSD(T) outputs (302 MB, K = 24) are written in whole sectors. A lane's columns are the
+    same in every row: their offsets are read from the table once, so a store costs one table
+    read per row, not one per element. Some other configurations run slower staged than storing
+    fragments directly, so the autotuner times both (:func:`candidates`)."""
     r, width, pitch = cfg.rows, cfg.mma_n * 8, cfg.stage_pitch()
+    lanes = min(width, 32)
+    per_lane = max(1, width // 32)
     return ["  // epilogue staged through shared memory: whole rows of the warp's tile per store instruction",
             "  __syncthreads();",
             f"  double* stage = smem + warp * {r * pitch};",
+            f"  const int col = lane % {lanes};",
+            f"  long long ocn[{per_lane}]; bool vcn[{per_lane}];",
+            "  #pragma unroll",
+            f"  for (int q = 0; q < {per_lane}; ++q) {{",
+            "    const long long n = bn + wn + col + 32 * q;",
+            "    vcn[q] = n < N;",
+            "    ocn[q] = vcn[q] ? offcn[n] : 0;",
+            "  }",
             "  #pragma unroll",
             f"  for (int i = 0; i < {cfg.mma_m}; ++i) {{",
             "    #pragma unroll",
@@ -579,15 +594,17 @@ def _staged_epilogue(cfg: GettConfig) -> list[str]:
             "        for (int q = 0; q < 2; ++q)",
             f"          stage[(h * 8 + (lane >> 2)) * {pitch} + j * 8 + 2 * (lane & 3) + q] = acc[i][j][2 * h + q];",
             "    __syncwarp();",
-            f"    for (int e = lane; e < {r * width}; e += 32) {{",
-            f"      const int row = e / {width}, col = e % {width};",
-            f"      const long long m = bm + wm + i * {r} + row, n = bn + wn + col;",
-            "      if (m < M && n < N) {",
-            "        double* p = C + offcm[m] + offcn[n];",
-            f"        const double v = alpha * stage[row * {pitch} + col];",
-            "        *p = beta == 0.0 ? v : fma(beta, *p, v);",
-            "      }",
+            f"    for (int row = lane / {lanes}; row < {r}; row += {32 // lanes}) {{",
+            f"      const long long m = bm + wm + i * {r} + row;",
+            "      if (m >= M) continue;",
+            "      const long long om = offcm[m];",
+            "      #pragma unroll",
+            f"      for (int q = 0; q < {per_lane}; ++q)",
+            "        if (vcn[q]) {",
+            "          double* p = C + om + ocn[q];",
+            f"          const double v = alpha * stage[row * {pitch} + col + 32 * q];",
+            "          *p = beta == 0.0 ? v : fma(beta, *p, v);",
+            "        }",
             "    }",
             "    __syncwarp();",
             "  }"]
-
