@@ -65,6 +65,8 @@ def smem_limit(arch: int) -> int:
 
 ELEM = 8
 """Bytes per float64 element (the only type of these kernels)."""
+SECTOR = 32
+"""Bytes of one DRAM/L2 sector: a run of fewer contiguous bytes still moves a whole sector."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,10 @@ class Problem:
     ``swap``: the caller's A and B were exchanged (B must hold C's stride-1 index). ``m, n, k, l``
     are the index names of each group in table order (last = fastest), ``sizes`` their extents.
     ``runs``: elements contiguous in memory along the direction C is stored and A and B are
-    loaded (for the cost model). Tables are int64 element offsets, built by :func:`tables`."""
+    loaded (for the cost model). ``blocked``: (group, x, y) for each group whose table order
+    interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the group's last
+    index, ``y`` the other tensor's stride-1 index. Tables are int64 element offsets, built by
+    :func:`tables`."""
 
     m: tuple[str, ...]
     n: tuple[str, ...]
@@ -181,6 +186,7 @@ class Problem:
     a_k_fast: bool
     b_n_fast: bool
     runs: tuple[int, int, int]
+    blocked: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -251,11 +257,31 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
     def last(strides_, group):
         return strides_[group[-1]] if group else math.inf
 
+    def reach(group, blockable):
+        """B's smallest stride along ``group`` as loaded: 1 where B's stride-1 index is in it,
+        last or interleaved with the group's last index (``blockable``), else its last's."""
+        if b_fast in group and sb[b_fast] == 1 and (group[-1] == b_fast or blockable):
+            return 1
+        return last(sb, group)
+
     a_k_fast = last(sa, k) < last(sa, m)
-    b_n_fast = last(sb, n) <= last(sb, k)
+    b_n_fast = reach(n, bool(n) and sc[n[-1]] == 1) <= reach(k, a_k_fast and bool(k) and sa[k[-1]] == 1)
+    runs = [_run(sc, n, sizes), _run(sa, k if a_k_fast else m, sizes), _run(sb, n if b_n_fast else k, sizes)]
+    # A group read (or written) along itself by two tensors whose stride-1 indices differ is
+    # enumerated in BLOCK × BLOCK blocks of those two indices, so that both read whole sectors.
+    blocked = []
+    if a_k_fast and not b_n_fast:
+        y = _fastest(sb, [i for i in k if sizes[i] > 1])
+        if y is not None and y != k[-1] and sb[y] == 1 and sa[k[-1]] == 1:
+            blocked.append(("k", k[-1], y))
+            runs[1:] = [min(runs[1], BLOCK), min(sizes[y], BLOCK)]
+    if b_n_fast and n and sc[n[-1]] == 1:
+        y = _fastest(sb, [i for i in n if sizes[i] > 1])
+        if y is not None and y != n[-1] and sb[y] == 1:
+            blocked.append(("n", n[-1], y))
+            runs[0], runs[2] = min(runs[0], BLOCK), min(sizes[y], BLOCK)
     return Problem(m=m, n=n, k=k, l=tuple(lg), sizes=dict(sizes), swap=swap, a_k_fast=a_k_fast,
-                   b_n_fast=b_n_fast, runs=(_run(sc, n, sizes), _run(sa, k if a_k_fast else m, sizes),
-                                            _run(sb, n if b_n_fast else k, sizes)))
+                   b_n_fast=b_n_fast, runs=tuple(runs), blocked=tuple(blocked))
 
 
 def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict]) -> dict[str, Problem]:
@@ -268,12 +294,32 @@ def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dic
     return out
 
 
-def _table(group, sizes: dict, strides: dict) -> np.ndarray:
-    """Element offset of every multi-index of ``group`` (row-major over the group, int64)."""
-    off = np.zeros(1, dtype=np.int64)
-    for i in group:
-        off = (off[:, None] + np.arange(sizes[i], dtype=np.int64) * strides[i]).ravel()
-    return off
+BLOCK = SECTOR // ELEM
+"""Elements per side of an interleaved group's blocks (:func:`enumeration`): one sector."""
+
+
+def enumeration(group, sizes: dict, blocked: tuple[str, str] | None = None) -> np.ndarray:
+    """Every multi-index of ``group`` in table order, as an int64 array (one row per index of
+    ``group``, one column per position). Row-major over ``group``; with ``blocked = (x, y)``,
+    the other indices stay outermost in their order, then come ``y // BLOCK``, ``x // BLOCK``,
+    ``y % BLOCK``, ``x % BLOCK``: consecutive positions walk ``x`` in runs of up to ``BLOCK``
+    and, over ``BLOCK`` runs, ``y`` likewise, so a tensor whose stride-1 index is ``x`` and
+    one whose stride-1 index is ``y`` both read whole sectors of a tile (a sum is indifferent
+    to the order of its terms; C's rows and columns are addressed through the tables)."""
+    idx = np.indices([sizes[i] for i in group], dtype=np.int64).reshape(len(group), -1)
+    if blocked is None:
+        return idx
+    x, y = (group.index(i) for i in blocked)
+    keys = [idx[g] for g in range(len(group)) if g not in (x, y)]
+    keys += [idx[y] // BLOCK, idx[x] // BLOCK, idx[y] % BLOCK, idx[x] % BLOCK]
+    return idx[:, np.lexsort(keys[::-1])]
+
+
+def _table(group, sizes: dict, strides: dict, blocked: tuple[str, str] | None = None) -> np.ndarray:
+    """Element offset of every multi-index of ``group`` in table order (:func:`enumeration`)."""
+    if not group:
+        return np.zeros(1, dtype=np.int64)
+    return np.array([strides[i] for i in group], dtype=np.int64) @ enumeration(group, sizes, blocked)
 
 
 def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray]:
@@ -282,9 +328,10 @@ def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray
     sc, sa, sb = strides
     if p.swap:
         sa, sb = sb, sa
-    return {"am": _table(p.m, p.sizes, sa), "ak": _table(p.k, p.sizes, sa), "al": _table(p.l, p.sizes, sa),
-            "bk": _table(p.k, p.sizes, sb), "bn": _table(p.n, p.sizes, sb), "bl": _table(p.l, p.sizes, sb),
-            "cm": _table(p.m, p.sizes, sc), "cn": _table(p.n, p.sizes, sc), "cl": _table(p.l, p.sizes, sc)}
+    blocked = {g: (x, y) for g, x, y in p.blocked}
+    groups = {"m": p.m, "n": p.n, "k": p.k, "l": p.l}
+    tensors = {"a": sa, "b": sb, "c": sc}
+    return {key: _table(groups[key[1]], p.sizes, tensors[key[0]], blocked.get(key[1])) for key in TABLE_ORDER}
 
 
 TABLE_ORDER = ("am", "ak", "al", "bk", "bn", "bl", "cm", "cn", "cl")
@@ -321,10 +368,6 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     best = [(x[1], x[3]) for x in sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])]
     twins = [(order, replace(cfg, staged=True)) for order, cfg in best]
     return best + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
-
-
-SECTOR = 32
-"""Bytes of one DRAM/L2 sector: a run of fewer contiguous bytes still moves a whole sector."""
 
 
 def _amplification(run: int, along: int) -> float:

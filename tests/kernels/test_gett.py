@@ -27,6 +27,8 @@ CASES = [
     ("ba", "ak", "kb", dict(a=21, b=9, k=14)),
     ("aib", "ak", "kib", dict(a=6, i=1, b=10, k=8)),
     ("abcd", "eafc", "bfde", dict(a=4, b=5, c=3, d=6, e=7, f=2)),
+    # A's and B's stride-1 indices both summed (f, e): K enumerated in blocks, ragged at 6 and 7
+    ("abcd", "aebf", "dfce", dict(a=3, b=4, c=5, d=2, e=6, f=7)),
 ]
 
 
@@ -101,6 +103,41 @@ def test_groups_and_coalescing_choices():
     p = gett.problem(("b", "a"), ("a", "k"), ("k", "b"), sizes,
                      (_strides(C, "ba"), _strides(A, "ak"), _strides(B, "kb")))
     assert p.swap and p.n == ("a",)
+
+
+def test_groups_read_by_two_tensors_along_different_indices_are_enumerated_in_sector_blocks():
+    # K = (e, f): A's stride-1 index f, B's e; both operands are loaded along K
+    sizes = dict(a=3, b=4, c=5, d=2, e=6, f=7)
+    C, A, B = _arrays("abcd", "aebf", "dfce", sizes, 0)
+    p = gett.problem(tuple("abcd"), tuple("aebf"), tuple("dfce"), sizes,
+                     (_strides(C, "abcd"), _strides(A, "aebf"), _strides(B, "dfce")))
+    assert p.a_k_fast and not p.b_n_fast and p.blocked == (("k", "f", "e"),) and p.runs[1:] == (4, 4)
+    # N = (b, c, f) in C's order (f stride-1 in C) and B's stride-1 index c: B loaded along N
+    sizes = dict(a=5, b=4, c=3, d=6, e=2, f=7, g=9)
+    C, A, B = _arrays("abcdef", "dega", "gfbc", sizes, 0)
+    q = gett.problem(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes,
+                     (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")), "store-n")
+    assert q.b_n_fast and q.n == ("b", "c", "f") and q.blocked == (("n", "f", "c"),) and q.runs == (4, 5, 3)
+
+
+@pytest.mark.parametrize("group,sizes", [(("p", "x", "q", "y"), dict(p=2, x=9, q=3, y=6)),
+                                         (("y", "x"), dict(x=4, y=8)), (("x", "y"), dict(x=3, y=2))])
+def test_blocked_enumeration_visits_every_multi_index_once(group, sizes):
+    plain = gett.enumeration(group, sizes)
+    idx = gett.enumeration(group, sizes, ("x", "y"))
+    assert idx.shape == plain.shape
+    assert sorted(map(tuple, idx.T)) == sorted(map(tuple, plain.T))  # a permutation of the plain order
+    x, y = group.index("x"), group.index("y")
+    B = gett.BLOCK
+    # the first positions: x fastest in a run of up to BLOCK, then y, within one block
+    first = idx[:, :min(sizes["x"], B) * min(sizes["y"], B)]
+    assert list(first[x][:min(sizes["x"], B)]) == list(range(min(sizes["x"], B)))
+    assert set(first[y]) == set(range(min(sizes["y"], B))) and set(first[x]) == set(range(min(sizes["x"], B)))
+    # the other indices stay outermost: they change only where a whole (x, y) plane is done
+    others = [g for g in range(len(group)) if g not in (x, y)]
+    plane = sizes["x"] * sizes["y"]
+    for g in others:
+        assert all(len(set(idx[g][s:s + plane])) == 1 for s in range(0, idx.shape[1], plane))
 
 
 @pytest.mark.parametrize("bad", [(("a", "a"), ("a", "k"), ("k", "a")), (("a", "b"), ("a", "k"), ("k",))])
