@@ -222,13 +222,13 @@ class GlobalArray:
         empty for an empty region. Lets a caller count bytes per owner (local versus remote)."""
         return row_owners(self._bounds, self._normalise(region))
 
-    def _transfers(self, region: Region):
-        """Yield ``(owner, origin row slice, starts, sizes)`` per owner of ``region``: the rows of the
-        contiguous patch buffer that owner holds, and where they lie in the owner's block (first
-        element and extents per axis)."""
-        bounds = self._normalise(region) or ((0, 1),)
+    def _transfers(self, box: tuple[tuple[int, int], ...]):
+        """Yield ``(owner, origin row slice, starts, sizes)`` per owner of the patch ``box``
+        (:meth:`_normalise`'s bounds): the rows of the contiguous patch buffer that owner holds,
+        and where they lie in the owner's block (first element and extents per axis)."""
+        bounds = box or ((0, 1),)
         patch_lo = bounds[0][0]
-        for rank, (lo, hi) in self.owners(region):
+        for rank, (lo, hi) in row_owners(self._bounds, box):
             sizes = (hi - lo, *(b - a for a, b in bounds[1:]))
             starts = (lo - self._bounds[rank], *(a for a, _ in bounds[1:]))
             yield rank, slice(lo - patch_lo, hi - patch_lo), starts, sizes
@@ -237,20 +237,21 @@ class GlobalArray:
         """Shape of the patch ``region`` selects."""
         return tuple(b - a for a, b in self._normalise(region))
 
-    def _check(self, region: Region, data: np.ndarray) -> None:
-        """Raise unless ``data`` has the patch's shape and the array's dtype."""
-        if data.shape != self.patch_shape(region) or data.dtype != self.dtype:
-            raise ValueError(f"data {data.shape} {data.dtype} does not match patch "
-                             f"{self.patch_shape(region)} {self.dtype}")
+    def _check(self, box: tuple[tuple[int, int], ...], data: np.ndarray) -> None:
+        """Raise unless ``data`` has the shape of the patch ``box`` (:meth:`_normalise`'s bounds)
+        and the array's dtype."""
+        shape = tuple(b - a for a, b in box)
+        if data.shape != shape or data.dtype != self.dtype:
+            raise ValueError(f"data {data.shape} {data.dtype} does not match patch {shape} {self.dtype}")
 
-    def _run(self, region: Region, buf: np.ndarray, issue, own=None) -> None:
+    def _run(self, box: tuple[tuple[int, int], ...], buf: np.ndarray, issue, own=None) -> None:
         """Issue one RMA call per owner on the rows of ``buf`` it holds, with a subarray type that
-        selects them in the owner's block (only the patch's bytes travel), then flush those
-        owners. ``own(chunk, block_patch)``, where given, handles this rank's rows instead, in
-        its own memory, and other ranks' rows in a window in shared memory."""
-        rows = buf.reshape(self.patch_shape(region) or (1,))  # a 0-d patch as one row
+        selects them in the owner's block (only the patch ``box``'s bytes travel), then flush
+        those owners. ``own(chunk, block_patch)``, where given, handles this rank's rows instead,
+        in its own memory, and other ranks' rows in a window in shared memory."""
+        rows = buf.reshape(tuple(b - a for a, b in box) or (1,))  # a 0-d patch as one row
         issued = []
-        for rank, sl, starts, sizes in self._transfers(region):
+        for rank, sl, starts, sizes in self._transfers(box):
             chunk = rows[sl]
             if own is not None and (rank == self.comm.rank or self._peers is not None):
                 self._win.Sync()
@@ -267,15 +268,16 @@ class GlobalArray:
     def get(self, region: Region, out: np.ndarray | None = None) -> np.ndarray:
         """Copy of the patch ``region`` (a C-contiguous array of the patch's shape), fetched
         one-sidedly from however many owners it spans; written into ``out`` when given."""
+        box = self._normalise(region)
         if out is None:
-            out = np.empty(self.patch_shape(region), self.dtype)
-        self._check(region, out)
+            out = np.empty(tuple(b - a for a, b in box), self.dtype)
+        self._check(box, out)
         if not out.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
         # This rank's own rows (and others' in shared memory) are copied straight from their
         # block: no RMA call and no packing through a subarray datatype, over threads (one
         # thread's copy runs below the device's fetch rate and would bound the device fetches).
-        self._run(region, out, self._win.Get, own=_read)
+        self._run(box, out, self._win.Get, own=_read)
         return out
 
     def at_hand(self, region: Region) -> np.ndarray | None:
@@ -299,8 +301,9 @@ class GlobalArray:
         """Overwrite the patch ``region`` with ``data`` (the patch's shape and the array's dtype).
         This rank's own rows (and others' in shared memory) are written straight into their block
         over threads, as :meth:`get` reads them."""
-        self._check(region, data)
-        self._run(region, np.ascontiguousarray(data), self._win.Put, own=_written)
+        box = self._normalise(region)
+        self._check(box, data)
+        self._run(box, np.ascontiguousarray(data), self._win.Put, own=_written)
         self._win.Sync()
 
     def accumulate(self, region: Region, data: np.ndarray) -> None:
@@ -309,8 +312,9 @@ class GlobalArray:
         one rank no other writer exists: the patch is added in place over threads
         (:func:`chainexec.runtime.hostcopy.add`): MPI's accumulate applies its operation element
         by element inside the library, several times slower than NumPy's vectorized addition."""
-        self._check(region, data)
-        self._run(region, np.ascontiguousarray(data),
+        box = self._normalise(region)
+        self._check(box, data)
+        self._run(box, np.ascontiguousarray(data),
                   lambda origin, rank, target: self._win.Accumulate(origin, rank, target, MPI.SUM),
                   own=_added if self.comm.size == 1 else None)
 

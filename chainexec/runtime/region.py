@@ -18,13 +18,14 @@ def region_bounds(region: Region, shape: tuple[int, ...]) -> tuple[tuple[int, in
     if len(region) > len(shape):
         raise IndexError(f"region {region} has more axes than shape {shape}")
     found = []
-    for s, n in zip(tuple(region) + (slice(None),) * (len(shape) - len(region)), shape):
+    for s, n in zip(region, shape):
         if not isinstance(s, slice):
             raise TypeError(f"region entries must be slices, got {s!r}")
         start, stop, step = s.indices(n)
         if step != 1:
             raise ValueError(f"region slices must have step 1, got {s}")
         found.append((start, max(start, stop)))
+    found += [(0, n) for n in shape[len(region):]]
     return tuple(found)
 
 
