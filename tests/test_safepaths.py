@@ -25,20 +25,28 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """A config and the inputs ``chainexec generate`` wrote for it, made once per module (and
+    worker): every test copies the folder."""
+    work = tmp_path_factory.mktemp("generated")
+    config = write_config(work, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    return work
+
+
 @pytest.fixture
-def user_folder(tmp_path):
+def user_folder(tmp_path, generated):
     """A generated config with its inputs beside user files: a folder of data, a stray ``.tmp``
     file, and a sibling folder of the config's folder."""
     work = tmp_path / "work"
-    work.mkdir()
+    shutil.copytree(generated, work)
     (tmp_path / "sibling").mkdir()
     (tmp_path / "sibling" / "thesis.txt").write_text("four years")
     (work / "mydata").mkdir()
     (work / "mydata" / "measured.h5").write_bytes(os.urandom(64))
     (work / "notes.tmp").write_text("keep me")
-    config = write_config(work, fourindex_config())
-    assert run_cli("generate", config).returncode == 0
-    return config
+    return work / "chain.yaml"
 
 
 def _edit(config: Path, output: str | None = None, scratch: str | None = None) -> Path:

@@ -5,6 +5,9 @@ transforms them over index pairs, and the result — in PySCF's compact s4 layou
 the config asks — equals PySCF's own `ao2mo.full` (integrals recomputed by PySCF) on 1, 2 and 4
 ranks, with the bytes moved equal to the prediction."""
 
+import shutil
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -25,19 +28,35 @@ def _reference(molecule: str, C: np.ndarray) -> np.ndarray:
     return ao2mo.full(mol, C)  # s4: (npair, npair)
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """``chainexec chem``'s folder (config and inputs, relative to each other) per molecule and
+    layout, made once per module (and worker); a test copies it."""
+    made = {}
+
+    def folder(molecule: str, layout: str) -> Path:
+        if (molecule, layout) not in made:
+            out = tmp_path_factory.mktemp(f"{molecule}-{layout}")
+            prep = run_cli("chem", molecule, "--basis", "cc-pvdz", "--job", "ao2mo", "--layout", layout, "--out", out)
+            assert prep.returncode == 0, prep.stderr
+            made[molecule, layout] = out
+        return made[molecule, layout]
+
+    return folder
+
+
 @pytest.mark.parametrize("molecule, layout, output, ranks, memory", [
     ("h2o", "s8", "s4", 1, "small"), ("h2o", "s8", "s4", 2, "small"), ("h2o", "s4", "s4", 4, "small"),
     ("n2", "s8", "s4", 2, "small"), ("n2", "s4", "dense", 1, "small"), ("h2o", "dense", "s4", 1, "small"),
     ("h2o", "s8", "s4", 1, "ample"), ("n2", "s4", "s4", 2, "ample"),
     ("h2o", "computed", "s4", 2, "small"), ("n2", "computed", "s4", 4, "small"), ("n2", "computed", "s4", 1, "ample"),
 ])
-def test_ao2mo_equals_pyscf(molecule, layout, output, ranks, memory, tmp_path):
+def test_ao2mo_equals_pyscf(molecule, layout, output, ranks, memory, tmp_path, prepared):
     """``small``: limits that tile both levels; ``ample``: room for everything, where each packed
     input value is read from disk once and each output value written once."""
     from pyscf import ao2mo
 
-    prep = run_cli("chem", molecule, "--basis", "cc-pvdz", "--job", "ao2mo", "--layout", layout, "--out", tmp_path)
-    assert prep.returncode == 0, prep.stderr
+    shutil.copytree(prepared(molecule, layout), tmp_path, dirs_exist_ok=True)
     config = tmp_path / "ao2mo.yaml"
     cfg = yaml.safe_load(config.read_text())
     # libcint's rate, measured by chem, states what the planner prices computed loads at
