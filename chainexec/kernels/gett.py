@@ -228,8 +228,10 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
             order: str = "load") -> Problem:
     """Flatten ``C[c] = sum A[a] B[b]`` for operands with ``strides`` (elements per index, one
     dict per tensor C, A, B), the M and N groups in ``order`` (:data:`ORDERS`). Each operand
-    is loaded along whichever of its two groups has the smaller stride at its last index.
-    Raises ValueError for an index in one tensor only or repeated in one tensor."""
+    is loaded along whichever of its two groups has the smaller stride at its last index, B
+    along the group holding its stride-1 index wherever that group is blocked with it
+    (:attr:`Problem.blocked`). Raises ValueError for an index in one tensor only or repeated in
+    one tensor."""
     for name, idx in (("C", c), ("A", a), ("B", b)):
         if len(set(idx)) != len(idx):
             raise ValueError(f"repeated index in {name}[{','.join(idx)}]")
