@@ -112,20 +112,25 @@ def environment() -> dict:
     return env
 
 
-def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float) -> list[dict]:
-    """The GETT model's top configurations for this case: each checked against ``ref`` (beta = 0
-    into a NaN-poisoned C, then alpha/beta) and timed with beta = 0."""
+def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> list[dict]:
+    """The GETT model's top configurations for this case (``choose(problems, sm_count)``'s
+    (order, configuration) pairs where given): each checked against ``ref`` (beta = 0 into a
+    NaN-poisoned C, then alpha/beta) and timed with beta = 0. Their kernels are compiled first,
+    together in threads."""
     import cupy
 
     from chainexec.kernels import gett
+    from chainexec.runtime import kernelcache
     from chainexec.runtime.launch import GettTables, launch_gett
 
     strides = tuple(dict(zip(idx, (s // x.itemsize for s in x.strides))) for idx, x in ((c, C), (a, A), (b, B)))
     t = time.perf_counter()
     probs = gett.variants(tuple(c), tuple(a), tuple(b), sizes, strides)
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    cands = gett.candidates(probs, sms, top=3)
+    dev = cupy.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    cands = (choose or (lambda problems, sm_count: gett.candidates(problems, sm_count, top=3)))(probs, sms)
     model_s = time.perf_counter() - t
+    kernelcache.precompile([(cfg.name(), gett.source(cfg)) for _, cfg in cands], str(dev.compute_capability))
     tables = {o: GettTables(p, strides) for o, p in probs.items()}
     rows = []
     for order, cfg in cands:

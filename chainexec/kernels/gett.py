@@ -267,27 +267,26 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
         return last(sb, group)
 
     a_k_fast = last(sa, k) < last(sa, m)
-    b_n_fast = reach(n, bool(n) and sc[n[-1]] == 1) <= reach(k, a_k_fast and bool(k) and sa[k[-1]] == 1)
+    # the group B is loaded along may be blocked with the index A (K) or C (N) reads it along:
+    # where that tensor's stride-1 index is the group's last
+    blockable = {"k": a_k_fast and bool(k) and sa[k[-1]] == 1, "n": bool(n) and sc[n[-1]] == 1}
+    b_n_fast = reach(n, blockable["n"]) <= reach(k, blockable["k"])
     runs = [_run(sc, n, sizes), _run(sa, k if a_k_fast else m, sizes), _run(sb, n if b_n_fast else k, sizes)]
     # A group read (or written) along itself by two tensors whose stride-1 indices differ is
     # enumerated in BLOCK × BLOCK blocks of those two indices, so that both read whole sectors.
     blocked = []
-    if a_k_fast and not b_n_fast:
-        y = _fastest(sb, [i for i in k if sizes[i] > 1])
-        if y is not None and y != k[-1] and sb[y] == 1 and sa[k[-1]] == 1:
-            blocked.append(("k", k[-1], y))
-            runs[1:] = [min(runs[1], BLOCK), min(sizes[y], BLOCK)]
-    if b_n_fast and n and sc[n[-1]] == 1:
-        y = _fastest(sb, [i for i in n if sizes[i] > 1])
-        if y is not None and y != n[-1] and sb[y] == 1:
-            blocked.append(("n", n[-1], y))
-            runs[0], runs[2] = min(runs[0], BLOCK), min(sizes[y], BLOCK)
+    name, group = ("n", n) if b_n_fast else ("k", k)
+    y = _fastest(sb, [i for i in group if sizes[i] > 1])
+    if blockable[name] and y is not None and y != group[-1] and sb[y] == 1:
+        blocked.append((name, group[-1], y))
+        other = 0 if name == "n" else 1  # C's run along N, or A's along K
+        runs[other], runs[2] = min(runs[other], BLOCK), min(sizes[y], BLOCK)
     return Problem(m=m, n=n, k=k, l=tuple(lg), sizes=dict(sizes), swap=swap, a_k_fast=a_k_fast,
                    b_n_fast=b_n_fast, runs=tuple(runs), blocked=tuple(blocked))
 
 
 def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict]) -> dict[str, Problem]:
-    """Order -> problem for the distinct problems of :data:`ORDERS` (one or two)."""
+    """Order -> problem for the distinct problems of :data:`ORDERS` (one to three)."""
     out: dict[str, Problem] = {}
     for order in ORDERS:
         p = problem(c, a, b, sizes, strides, order)

@@ -29,6 +29,7 @@ from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.frame import Frame
 from chainexec.runtime.globalarray import GlobalArray, shares_memory
 from chainexec.runtime.mapped import MappedArray
+from chainexec.runtime.region import box_shape
 from chainexec.runtime.store import Store
 
 
@@ -78,7 +79,7 @@ class Buffers:
         seconds against every other thread's allocations."""
         k = key(op)
         region = frame.region(op.level, op.indices)
-        shape = tuple(b - a for a, b in region)
+        shape = box_shape(region)
         dtype = self.plan.tensors[op.tensor].dtype
         slots = self.slots.get(k)
         zero = op.fill is not False
@@ -144,7 +145,7 @@ class Buffers:
         full one). :meth:`unstage` frees them after the loop; where a run stops inside it,
         :meth:`release` does."""
         for op in own:
-            shape = tuple(b - a for a, b in frame.region("global", op.indices))
+            shape = box_shape(frame.region("global", op.indices))
             with _naming(op):
                 slots = [GlobalArray(self.comm, shape, self.plan.tensors[op.tensor].dtype, zero=False)
                          for _ in range(depth)]
@@ -246,10 +247,10 @@ class Buffers:
             if k == exact or all(o <= a and b <= e for (a, b), (o, e) in zip(need, region)):
                 break
         buf = self.arrays[k]
-        made = tuple(b - a for a, b in region)
+        made = box_shape(region)
         strides = (tuple(buf.itemsize * math.prod(made[d + 1:]) for d in range(len(made))) if per_tile
                    else buf.strides)
-        return np.lib.stride_tricks.as_strided(np.zeros(1, buf.dtype), tuple(b - a for a, b in need), strides,
+        return np.lib.stride_tricks.as_strided(np.zeros(1, buf.dtype), box_shape(need), strides,
                                                writeable=False)
 
     def source(self, op: Op, frame: Frame) -> tuple:

@@ -16,6 +16,7 @@ from chainexec.runtime.accounting import Counters
 from chainexec.runtime.buffers import Buffers
 from chainexec.runtime.device import Backend
 from chainexec.runtime.frame import Frame
+from chainexec.runtime.region import box_shape
 
 
 class Compute:
@@ -67,7 +68,7 @@ class Compute:
         (:meth:`Buffers.stand_in`)."""
         f = op.expression
         return (f, {r: view(r.tensor, r.indices, frame) for r in f.leaves},
-                tuple(b - a for a, b in frame.region("device", f.domain)), view(op.tensor, op.indices, frame),
+                box_shape(frame.region("device", f.domain)), view(op.tensor, op.indices, frame),
                 ordering.dims(self._within(op, frame), f.domain))
 
     def _prepare(self, statement: tuple, frame: Frame, kernels_at, shape: tuple = ()) -> None:

@@ -44,6 +44,7 @@ from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.frame import Frame, groups, shapes, tuples
 from chainexec.runtime.landing import Landing
 from chainexec.runtime.progress import Progress
+from chainexec.runtime.region import box_shape
 from chainexec.runtime.store import Store
 from chainexec.runtime.streaming import Streams
 
@@ -315,7 +316,7 @@ class Executor:
                 k = key(op)
                 if op.op == "alloc":
                     region = frame.region("device", op.indices)
-                    shape = tuple(b - a for a, b in region)
+                    shape = box_shape(region)
                     self.buffers.arrays[k] = slots[k][slot][:math.prod(shape)].reshape(shape)
                     self.buffers.regions[k] = region
                     continue
@@ -377,7 +378,7 @@ class Executor:
             k = key(op)
             if op.op == "alloc":
                 region = frame.region("global", op.indices)
-                filled[k] = (self.buffers.slots[k][n % depth].view(tuple(b - a for a, b in region)), region)
+                filled[k] = (self.buffers.slots[k][n % depth].view(box_shape(region)), region)
             else:
                 self._read(op, *filled[k])
         return self.disk.submitted, filled

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from chainexec import ordering
+from chainexec.runtime.region import box_shape
 
 
 @dataclass
@@ -123,5 +124,5 @@ def shapes(names: list[str], combos: list[tuple]) -> tuple[tuple[tuple[str, tupl
     shape (extent per index), in order, each as (index, range) pairs."""
     first: dict[tuple, tuple] = {}
     for combo in combos:
-        first.setdefault(tuple(b - a for a, b in combo), tuple(zip(names, combo)))
+        first.setdefault(box_shape(combo), tuple(zip(names, combo)))
     return tuple(first.values())

@@ -65,12 +65,18 @@ import numpy as np
 from chainexec.errors import ChainexecError
 from chainexec.runtime import hostcopy
 from chainexec.runtime.comm import host_comm, mpi
-from chainexec.runtime.region import Region, region_bounds, row_bounds, row_owners, whole_rows
+from chainexec.runtime.region import (
+    Region,
+    box_shape,
+    region_bounds,
+    row_bounds,
+    row_owners,
+    whole_rows,
+)
 from chainexec.spec import format_size
 
 MPI = mpi()
 from mpi4py.util.dtlib import from_numpy_dtype  # noqa: E402 (it imports MPI: after mpi())
-
 
 SHARED_MEMORY = True
 """Whether arrays over ranks of one host live in shared memory (module docstring); the tests turn
@@ -235,12 +241,12 @@ class GlobalArray:
 
     def patch_shape(self, region: Region) -> tuple[int, ...]:
         """Shape of the patch ``region`` selects."""
-        return tuple(b - a for a, b in self._normalise(region))
+        return box_shape(self._normalise(region))
 
     def _check(self, box: tuple[tuple[int, int], ...], data: np.ndarray) -> None:
         """Raise unless ``data`` has the shape of the patch ``box`` (:meth:`_normalise`'s bounds)
         and the array's dtype."""
-        shape = tuple(b - a for a, b in box)
+        shape = box_shape(box)
         if data.shape != shape or data.dtype != self.dtype:
             raise ValueError(f"data {data.shape} {data.dtype} does not match patch {shape} {self.dtype}")
 
@@ -249,7 +255,7 @@ class GlobalArray:
         selects them in the owner's block (only the patch ``box``'s bytes travel), then flush
         those owners. ``own(chunk, block_patch)``, where given, handles this rank's rows instead,
         in its own memory, and other ranks' rows in a window in shared memory."""
-        rows = buf.reshape(tuple(b - a for a, b in box) or (1,))  # a 0-d patch as one row
+        rows = buf.reshape(box_shape(box) or (1,))  # a 0-d patch as one row
         issued = []
         for rank, sl, starts, sizes in self._transfers(box):
             chunk = rows[sl]
@@ -270,7 +276,7 @@ class GlobalArray:
         one-sidedly from however many owners it spans; written into ``out`` when given."""
         box = self._normalise(region)
         if out is None:
-            out = np.empty(tuple(b - a for a, b in box), self.dtype)
+            out = np.empty(box_shape(box), self.dtype)
         self._check(box, out)
         if not out.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")

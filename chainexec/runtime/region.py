@@ -29,6 +29,11 @@ def region_bounds(region: Region, shape: tuple[int, ...]) -> tuple[tuple[int, in
     return tuple(found)
 
 
+def box_shape(box: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """Extent per axis of a box (``[start, stop)`` per axis, :func:`region_bounds`)."""
+    return tuple(b - a for a, b in box)
+
+
 def whole_rows(box: tuple[tuple[int, int], ...], shape: tuple[int, ...]) -> bool:
     """Whether the box (``[start, stop)`` per axis) spans every axis of ``shape`` but the first:
     rows of a C-ordered array, one contiguous range of it."""

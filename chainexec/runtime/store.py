@@ -35,8 +35,8 @@ from chainexec import atomicfile, generator, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
 from chainexec.runtime import hostcopy
-from chainexec.runtime.region import whole_rows
 from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
+from chainexec.runtime.region import box_shape, whole_rows
 
 COMPLETE = "chainexec_complete"
 
@@ -319,7 +319,7 @@ class Store:
         if offset + region[0][1] * row > os.path.getsize(path):
             return None  # a file shorter than its dataset: HDF5's read reports it (a mapping would fault)
         try:
-            return MappedArray(path, offset + region[0][0] * row, tuple(b - a for a, b in region), dtype, rank, size)
+            return MappedArray(path, offset + region[0][0] * row, box_shape(region), dtype, rank, size)
         except (OSError, ValueError):  # no mapping to be had (descriptors, address space): read instead
             return None
 
@@ -578,7 +578,7 @@ def _layout(t: TensorInfo, gathered: list, prefix: str) -> h5py.VirtualLayout:
     layout = h5py.VirtualLayout(shape=tuple(t.shape), dtype=t.dtype)
     for blocks in gathered:
         for file, name, region in blocks:
-            shape = tuple(b - a for a, b in region)
+            shape = box_shape(region)
             src = h5py.VirtualSource(f"{prefix}/{file}", name, shape=shape)
             layout[tuple(slice(a, b) for a, b in region)] = src
     return layout
