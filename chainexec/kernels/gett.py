@@ -159,6 +159,15 @@ class GettConfig:
                 + ("_st" if self.staged else ""))
 
 
+RASTER = 8
+"""Block rows per raster group: consecutive blocks walk the block rows of a group of RASTER
+(the last group fewer) fastest, then the block columns, so the blocks that read one column tile
+of B run together and all but the first find it in L2 (and a group's RASTER row tiles of A stay
+there while its columns pass); with M of one or two tiles, as in the AO→MO transforms (M = 72),
+B is read from DRAM once, not once per block row (the grouped ordering of Triton's matmul
+tutorial)."""
+
+
 TILES = ((2, 2, 4, 4, 16), (2, 2, 4, 4, 8), (2, 4, 4, 4, 16), (4, 2, 4, 4, 16), (2, 2, 8, 4, 16),
          (2, 2, 2, 8, 16), (4, 4, 4, 4, 16), (2, 2, 4, 4, 32))
 """Candidate (warps_m, warps_n, mma_m, mma_n, bk) in units of 8-row MMA tiles: 64×64 to 128×128
@@ -387,9 +396,11 @@ SXM's HBM3)."""
 def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int) -> float:
     """Roofline estimate that ranks configurations (the model proposes, timing decides):
     padded flops over the peak, scaled by the wave quantization of blocks over SMs, against
-    DRAM traffic (each A tile read once per block column, each B tile once per block row, C
-    read and written once), each stream inflated by the sectors its access pattern wastes (C
-    is stored 8 consecutive n at a time)."""
+    DRAM traffic, each stream inflated by the sectors its access pattern wastes (C is stored 8
+    consecutive n at a time): C read and written once; each B tile read once per raster group
+    (:data:`RASTER`: the group's blocks that read it run together); each A tile once where a
+    group's row tiles fit in :data:`L2_SHARE` (they stay in L2 while the group's columns
+    pass), else once per block column."""
     M, N, K, L = p.dims
     tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
     blocks = tm * tn * L
@@ -400,8 +411,15 @@ def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int) -> float:
     run_c, run_a, run_b = p.runs
     amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
     amp_b = _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk)
-    traffic = ELEM * L * (M * K * tn * amp_a + K * N * tm * amp_b + 2 * M * N * _amplification(run_c, 8))
+    reads_a = 1 if RASTER * cfg.bm * K * ELEM <= L2_SHARE else tn
+    reads_b = -(-tm // RASTER)
+    traffic = ELEM * L * (M * K * reads_a * amp_a + K * N * reads_b * amp_b + 2 * M * N * _amplification(run_c, 8))
     return max(compute, traffic / DRAM_BYTES)
+
+
+L2_SHARE = 12 * 2**20
+"""Bytes of L2 the model lets a raster group's A row tiles hold (a quarter of the H100's and
+H200's 50 MB, the rest for B's column tiles, C's stores and other streams)."""
 
 
 def _cp_async(dst: str, src: str, ok: str) -> str:
@@ -538,8 +556,12 @@ def source(cfg: GettConfig) -> str:
          f"  double* sB = smem + {cfg.stages} * A_STAGE;",
          "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
          f"  const int wm = (warp / {cfg.warps_n}) * {wm}, wn = (warp % {cfg.warps_n}) * {wn};",
-         f"  const long long bm = ((long long)blockIdx.x / tilesN) * {cfg.bm};",
-         f"  const long long bn = ((long long)blockIdx.x % tilesN) * {cfg.bn};",
+         f"  // block -> tile: groups of {RASTER} block rows (the last fewer), rows fastest within a group",
+         f"  const long long tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, span = {RASTER}LL * tilesN;",
+         f"  const long long first = ((long long)blockIdx.x / span) * {RASTER}, within = (long long)blockIdx.x % span;",
+         f"  const long long rows = tilesM - first < {RASTER} ? tilesM - first : {RASTER};",
+         f"  const long long bm = (first + within % rows) * {cfg.bm};",
+         f"  const long long bn = (within / rows) * {cfg.bn};",
          "  A += offal[blockIdx.y]; B += offbl[blockIdx.y]; C += offcl[blockIdx.y];"]
     L += _setup(cfg, "A") + _setup(cfg, "B")
     L += [f"  double acc[{cfg.mma_m}][{cfg.mma_n}][{acc}];",

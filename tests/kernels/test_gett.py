@@ -197,6 +197,24 @@ def test_shared_memory_pitches_avoid_bank_conflicts():
             assert len(slots) == 16
 
 
+@pytest.mark.parametrize("rows, bm_warps, reads_b", [(72, 1, 1), (72, 2, 1), (72, 4, 1), (600, 1, 5)])
+def test_model_reads_b_once_per_raster_group(rows, bm_warps, reads_b):
+    """The AO→MO shape ``abcd-ea-ebcd`` (TCCG 9: M = a = 72, N = 72³, K = 72) is memory-bound:
+    with block rows of 16, 32 or 64, all of M's 5, 3 or 2 block rows fit one raster group
+    (:data:`~chainexec.kernels.gett.RASTER`) and the model moves A and B once and C twice; with
+    a = 600 (38 block rows of 16, five groups) B five times. Counted here by hand from the
+    tensors' sizes."""
+    sizes = dict(a=rows, b=72, c=72, d=72, e=72)
+    n = 72**3
+    strides = ({"a": n, "b": 72**2, "c": 72, "d": 1}, {"e": rows, "a": 1}, {"e": n, "b": 72**2, "c": 72, "d": 1})
+    p = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides)
+    cfg = gett.GettConfig(bm_warps, 2, 1, 4, 8, 2, "m16n8k4", p.a_k_fast, p.b_n_fast)
+    tiles = -(-rows // cfg.bm)
+    assert cfg.valid() and -(-tiles // gett.RASTER) == reads_b
+    moved = 8 * (72 * rows + reads_b * 72 * n + 2 * rows * n)
+    assert gett.predicted_seconds(p, cfg, 132) == pytest.approx(moved / gett.DRAM_BYTES)
+
+
 def _staged_twins():
     """A staged-epilogue twin of one configuration per epilogue shape (warps, MMA tiles per warp,
     MMA shape: the staged epilogue's code depends on nothing else)."""
