@@ -29,7 +29,7 @@ from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import Checkpoint, Stopped
-from chainexec.runtime.comm import world
+from chainexec.runtime.comm import barrier, world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
 from chainexec.runtime.buffers import maps_inputs
@@ -221,7 +221,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     except Exception as err:
         _end_all(comm, err)
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
-        comm.Barrier()
+        barrier(comm)
         if comm.rank == 0:
             ck.clear()
     phases = {"plan": planned - started - (calibrated - calibrating),
@@ -248,6 +248,7 @@ def on_rank0(comm, step):
             error = str(err)
         except Exception as err:
             defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
+    barrier(comm)  # the others wait for rank 0 here without keeping a core busy
     result, error, failed = comm.bcast((result, error, defect is not None), root=0)
     if defect is not None:
         raise defect

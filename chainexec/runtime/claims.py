@@ -19,6 +19,7 @@ from chainexec.planner.plan import Loop, Plan, ops, stores
 from chainexec.runtime.accounting import Counters
 from chainexec.runtime.buffers import Buffers
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
+from chainexec.runtime.comm import barrier
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.frame import Frame
 from chainexec.runtime.globalarray import TaskCounter
@@ -155,7 +156,7 @@ class Claims:
                 self.streams.publish(everything=True)
             done = self.comm.bcast(fenced, root=0)
             self.settle()  # lands this rank's queued accumulates
-            self.comm.Barrier()  # every tile before the fence has accumulated (and flushed)
+            barrier(self.comm)  # every tile before the fence has accumulated (and flushed)
             counts = prior + self.comm.allreduce(self.counters.counts() - base)
             if self.commit(where, done, count, counts, [self.buffers.arrays[k].local() for k in targets]):
                 raise Stopped(done, count, ck.folder)

@@ -17,12 +17,22 @@ of one machine act as ranks of K hosts: world rank r of P is on simulated host `
 crosses from one simulated host to another. The MPI library's own transport between them stays
 shared memory; MPICH's ``MPIR_CVAR_NOLOCAL=1`` makes it the network's, and every rank a host of
 its own (docs/gpu.md, "Several ranks").
+
+Waiting
+-------
+MPI's blocking calls poll at full speed until they complete (MPICH and Open MPI alike): a rank
+that waits seconds in a collective (for rank 0's plan, for the slowest rank at the end of a loop)
+keeps a core busy that the ranks still working on the same host could use, its own I/O threads
+among them, and on a host with fewer cores than ranks it slows them. The long waits go through
+:func:`barrier` instead, which tests a non-blocking barrier and sleeps between tests: the
+planning broadcast, the executor's barriers and those of the global arrays and the store.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from chainexec.client import LAUNCHER
 from chainexec.errors import ChainexecError
@@ -140,6 +150,36 @@ def host_comm(comm):
 def hosts(comm) -> int:
     """How many hosts (:func:`host_comm`) the ranks of ``comm`` are on (collective)."""
     return comm.allreduce(int(host_comm(comm).rank == 0))
+
+
+SPIN_SECONDS = 2e-5
+"""How long :func:`wait` tests a request back to back before it starts to sleep between tests
+(seconds): ranks that arrive together are not slowed by a nap."""
+NAP_SECONDS = (5e-5, 1e-3)
+"""The first and the longest sleep between two tests of a request in :func:`wait` (seconds; each
+nap twice the last): a wait ends at most a millisecond after its request completes."""
+
+
+def wait(request) -> None:
+    """Complete the MPI ``request`` without keeping a core busy: tested back to back for
+    :data:`SPIN_SECONDS`, then with sleeps of growing length (:data:`NAP_SECONDS`) between
+    tests, each of which also lets MPI progress."""
+    start = time.perf_counter()
+    while not request.Test():
+        if time.perf_counter() - start > SPIN_SECONDS:
+            break
+    else:
+        return
+    nap = NAP_SECONDS[0]
+    while not request.Test():
+        time.sleep(nap)
+        nap = min(2 * nap, NAP_SECONDS[1])
+
+
+def barrier(comm) -> None:
+    """``comm.Barrier()`` waiting as :func:`wait` does (a non-blocking barrier, tested)."""
+    if comm.size > 1:
+        wait(comm.Ibarrier())
 
 
 def local_rank(comm) -> int:

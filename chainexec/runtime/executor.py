@@ -37,7 +37,7 @@ from chainexec.runtime.accounting import OP_LEVEL, Counters, process_seconds
 from chainexec.runtime.buffers import Buffers, own_rows
 from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
 from chainexec.runtime.claims import Claims
-from chainexec.runtime.comm import hosts
+from chainexec.runtime.comm import barrier, hosts
 from chainexec.runtime.compute import Compute
 from chainexec.runtime.device import Backend
 from chainexec.runtime.diskio import DiskWorker
@@ -393,7 +393,7 @@ class Executor:
         self._settle()  # a rank's idle time at the barrier starts when its device is done
         t0 = time.perf_counter()
         self.unsynced = False
-        self.comm.Barrier()
+        barrier(self.comm)
         self.counters.idle += time.perf_counter() - t0
 
     # -- transfers ---------------------------------------------------------------------------

@@ -17,8 +17,10 @@ data are in the owners' memory (``put``/``accumulate``) or in the caller's buffe
 instead of an RMA call to itself.
 
 - A ``put`` or ``accumulate`` is visible to every rank's ``get`` and ``local()`` once the writer
-  has returned from it and then passed a ``comm.Barrier()`` that the reader also passed.
-- Writes through ``local()`` are visible to other ranks' ``get`` after a ``comm.Barrier()`` too.
+  has returned from it and then passed a barrier that the reader also passed (``comm.Barrier()``
+  or :func:`chainexec.runtime.comm.barrier`, which this module and the runtime use: a
+  non-blocking barrier waited for without keeping a core busy, the same synchronization).
+- Writes through ``local()`` are visible to other ranks' ``get`` after a barrier too.
   ``local()`` calls ``MPI_Win_sync`` each time, so call it after the Barrier instead of keeping one
   view across Barriers (MPI-4 §12.7: the unified model, which MPICH gives ``Win.Allocate`` windows
   and the constructor checks, needs that sync between RMA and plain loads and stores; strictly also
@@ -64,7 +66,7 @@ import numpy as np
 
 from chainexec.errors import ChainexecError
 from chainexec.runtime import hostcopy
-from chainexec.runtime.comm import host_comm, mpi
+from chainexec.runtime.comm import barrier, host_comm, mpi
 from chainexec.runtime.region import (
     Region,
     box_shape,
@@ -137,7 +139,7 @@ class GlobalArray:
         # not a lock round trip each; NOCHECK because no rank ever takes an exclusive lock.
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self._win.Sync()
-        comm.Barrier()
+        barrier(comm)
 
     def _layout(self, shape: tuple[int, ...], bounds: list[int]) -> None:
         self.shape = shape
@@ -382,7 +384,7 @@ class _Integers:
         self._values[...] = 0
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self._win.Sync()
-        comm.Barrier()
+        barrier(comm)
 
     def free(self) -> None:
         """Release the window (collective)."""
@@ -426,12 +428,12 @@ class TaskCounter(_Integers):
 
     def reset(self, value: int = 0) -> None:
         """Set the counter to ``value`` (collective; no rank may be inside ``next`` meanwhile)."""
-        self.comm.Barrier()
+        barrier(self.comm)
         self._win.Sync()
         if self.comm.rank == 0:
             self._values[...] = value
         self._win.Sync()
-        self.comm.Barrier()
+        barrier(self.comm)
 
 
 class Board(_Integers):

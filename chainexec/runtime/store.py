@@ -35,6 +35,7 @@ from chainexec import atomicfile, generator, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
 from chainexec.runtime import hostcopy
+from chainexec.runtime.comm import barrier
 from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
 from chainexec.runtime.region import box_shape, whole_rows
 
@@ -412,7 +413,7 @@ class Store:
             os.replace(tmp, str(base) + ".h5")
             if durable:
                 atomicfile.sync(base.parent)
-        self.comm.Barrier()
+        barrier(self.comm)
         old = self.last_version.get(tensor)
         self.last_version[tensor] = version
         if old is not None and durable:
@@ -449,7 +450,7 @@ class Store:
             for t in self.plan.tensors.values():
                 if t.role != "input":
                     _prune(self._version_base(t, 1).parent, t.name, named)
-        self.comm.Barrier()
+        barrier(self.comm)
 
     def _drop(self, t: TensorInfo, version: int, keep_shards: bool = False) -> None:
         """A superseded version: close readers on it; rank 0 deletes its files once all have."""
@@ -458,7 +459,7 @@ class Store:
         for path in [p for p in self.readers if p == str(base) + ".h5" or p.startswith(str(base) + os.sep)]:
             self.datasets = {k: d for k, d in self.datasets.items() if k[0] != path}
             self.readers.pop(path).close()
-        self.comm.Barrier()
+        barrier(self.comm)
         if self.comm.rank == 0:
             if not keep_shards:
                 shutil.rmtree(base, ignore_errors=True)
@@ -500,7 +501,7 @@ class Store:
                     f.attrs[COMPLETE] = True
                 os.replace(tmp, path)
             safepaths.remove_owned(Path(self.plan.scratch))
-        self.comm.Barrier()
+        barrier(self.comm)
 
 
 def write_stripes(shard, first: int, region: tuple[tuple[int, int], ...], data: np.ndarray) -> list[tuple]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -93,3 +94,32 @@ def test_every_use_of_mpi_goes_through_the_entry_point():
     text = (PACKAGE / "runtime/globalarray.py").read_text().splitlines()
     first = next(n for n, line in enumerate(text, 1) if line.startswith("MPI = mpi()"))
     assert all(line > first for line in found["runtime/globalarray.py"])
+
+
+QUIET = """
+import sys, time
+from chainexec.runtime import comm
+world = comm.world()
+if world.rank == 1:
+    time.sleep(float(sys.argv[1]))  # rank 0 waits this long at the barrier
+start, cpu = time.perf_counter(), time.process_time()
+comm.barrier(world)
+waited, busy = time.perf_counter() - start, time.process_time() - cpu
+print(world.rank, f"{waited:.3f} {busy:.3f}", flush=True)
+"""
+
+
+def test_a_rank_waits_at_a_barrier_without_keeping_a_core_busy(tmp_path):
+    """:func:`comm.barrier` on 2 ranks, one of which arrives 1.5 s late: the other waits the
+    whole time, yet uses a small part of a core meanwhile (a blocking ``Barrier`` polls at full
+    speed: its CPU time would equal the wait)."""
+    from tests.conftest import launch
+
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET)
+    proc = subprocess.run([*launch(2), sys.executable, str(script), "1.5"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    seen = {int(r): (float(w), float(b)) for r, w, b in (line.split() for line in proc.stdout.splitlines())}
+    waited, busy = seen[0]
+    assert waited >= 1.4 and busy < 0.25 * waited, seen
