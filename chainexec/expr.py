@@ -102,6 +102,13 @@ def refs(tree: ast.expr) -> list[Ref]:
     return found
 
 
+@lru_cache(maxsize=1024)
+def text_refs(text: str) -> tuple[Ref, ...]:
+    """:func:`refs` of the expression ``text`` (:func:`parse`), cached: planning asks for those of
+    the same few expressions tens of thousands of times (each fused alternative it weighs)."""
+    return tuple(refs(parse(text)))
+
+
 def spread(array, ref: Ref, order: tuple[str, ...], xp):
     """``array`` (``ref`` over its own index order) as a view over ``order``, with length-1 axes
     for the indices it lacks, so that it broadcasts against the computed tensor."""

@@ -354,7 +354,7 @@ def _dataset(p: _Parser, name: str, what: str, where, nested: bool) -> str:
 def _check_expr(p: _Parser, t: Tensor, tensors: dict, extents) -> None:
     """A computed tensor reads inputs with a file or random source, over its own indices."""
     where = ("tensors", t.name, "source", "expr")
-    for ref in expr.refs(expr.parse(t.source.expr)):
+    for ref in expr.text_refs(t.source.expr):
         other = tensors.get(ref.tensor)
         if other is None or other.source is None or other.source.expr is not None:
             raise p.fail(f"tensor {t.name!r}: {ref.tensor!r} in its expression is not an input with a file "

@@ -423,7 +423,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
                     count(0, tile_bytes(node.tensor, node.indices, all_tiles) + sum(
-                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in _refs(t.source["expr"])),
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in expr.text_refs(t.source["expr"])),
                         names[k])
                     continue
                 item = tensors[node.tensor].itemsize
@@ -492,12 +492,6 @@ def _priced_load(nbytes: int, tensor, cached: float) -> tuple[int, float]:
     if rate:
         return nbytes, nbytes / rate
     return round(nbytes * cached), 0.0
-
-
-@lru_cache(maxsize=256)
-def _refs(source: str) -> tuple:
-    """The tensor references of a computed tensor's expression (parsed once per planning)."""
-    return tuple(expr.refs(expr.parse(source)))
 
 
 def _statement_names(body: list, loop: Loop | None) -> dict[int, str]:

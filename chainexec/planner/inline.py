@@ -170,7 +170,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         if t.computed():
             own = next((body[k].indices for k in evals[name]), None)
             return (len(evals[name]) == 1 and name not in writer and own is not None
-                    and all(r.indices for r in expr.refs(expr.parse(t.source["expr"])))
+                    and all(r.indices for r in expr.text_refs(t.source["expr"]))
                     and _renames_untiled(own, ix, tiled))
         terms = made(name)
         return terms is not None and max(writer[name]) < reader and _renames_untiled(terms[0].out_indices, ix, tiled)
@@ -208,7 +208,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         op = Op("fused", "device", tensor=run.out, indices=list(first.out_indices), group=group,
                 inlined=[n for n in tensors if n in closure], lets=lets or None)
         f = op.expression = expression(op, cs, tensors)
-        if any(set(own) != set(f.domain) or any(r.tensor in lets for r in expr.refs(expr.parse(text)))
+        if any(set(own) != set(f.domain) or any(r.tensor in lets for r in expr.text_refs(text))
                for _, own, text in f.lets):
             # a reused value read where another is made (one level of them only), or its indices
             # renamed on the way to the reduction (its value is made over its own names)

@@ -167,7 +167,7 @@ class Emitter:
         """What a computed tensor (``source: {expr}``) used as ``name[ix]`` reads, renamed to ``ix``."""
         t = self.tensors[name]
         rename = dict(zip(t.indices, ix))
-        return [(r.tensor, [rename[i] for i in r.indices]) for r in expr.refs(expr.parse(t.source["expr"]))]
+        return [(r.tensor, [rename[i] for i in r.indices]) for r in expr.text_refs(t.source["expr"])]
 
     def _leaves(self, name, ix) -> list[tuple[str, list[str]]]:
         """The stored tensors ``name[ix]`` needs at the global level: itself, or, for a computed

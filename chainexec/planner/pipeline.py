@@ -165,7 +165,7 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
         for k in group:
             for name, indices in contractions[k].operands():
                 first.setdefault(name, set()).add(indices[0] if indices else "")
-    through = {r.tensor for t in tensors.values() if t.computed() for r in expr.refs(expr.parse(t.source["expr"]))}
+    through = {r.tensor for t in tensors.values() if t.computed() for r in expr.text_refs(t.source["expr"])}
     named = {op.tensor for op, _ in ops(loop.body)}  # fetched, freed or written in the loop
     chosen = {t: loop.tiles[next(iter(first[t]))] for t in dict.fromkeys(gets)
               if loads.count(t) == 1 and gets.count(t) == 1 and t not in through | named and first.get(t)

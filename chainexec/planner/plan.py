@@ -163,7 +163,7 @@ class Fused:
         names = {name for name, _, _ in self.lets}
         found: list[expr.Ref] = []
         for text in [self.text] + [text for _, _, text in self.lets]:
-            found += [r for r in expr.refs(expr.parse(text)) if r.tensor not in names and r not in found]
+            found += [r for r in expr.text_refs(text) if r.tensor not in names and r not in found]
         return tuple(found)
 
 
