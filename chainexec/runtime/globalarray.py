@@ -375,11 +375,15 @@ def _added(chunk: np.ndarray, block: np.ndarray) -> None:
 class _Integers:
     """``count`` int64 on rank 0, zero at first, in one window held in a shared passive epoch
     for its life (as :class:`GlobalArray`'s): the shared state of :class:`TaskCounter` and
-    :class:`Board`. Created and freed collectively over ``comm``."""
+    :class:`Board`. In shared memory where the ranks share it (:func:`shares_memory`): MPICH
+    then does the atomics in that memory itself rather than by messages rank 0 serves, which on
+    a host with fewer cores than ranks wait for rank 0 to be scheduled. Created and freed
+    collectively over ``comm``."""
 
     def __init__(self, comm: MPI.Comm, count: int):
         self.comm = comm
-        self._win = MPI.Win.Allocate(8 * count if comm.rank == 0 else 0, 8, comm=comm)
+        allocate = MPI.Win.Allocate_shared if shares_memory(comm) else MPI.Win.Allocate
+        self._win = allocate(8 * count if comm.rank == 0 else 0, 8, comm=comm)
         self._values = np.frombuffer(self._win.tomemory(), np.int64)  # rank 0's; empty elsewhere
         self._values[...] = 0
         self._win.Lock_all(MPI.MODE_NOCHECK)
