@@ -423,8 +423,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
                     count(0, tile_bytes(node.tensor, node.indices, all_tiles) + sum(
-                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles) for r in expr.text_refs(t.source["expr"])),
-                        names[k])
+                        tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles)
+                        for r in expr.text_refs(t.source["expr"])), names[k])
                     continue
                 item = tensors[node.tensor].itemsize
                 if machine is not None and node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
