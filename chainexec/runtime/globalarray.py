@@ -118,6 +118,7 @@ class GlobalArray:
         shape = tuple(int(n) for n in shape)
         self._layout(shape, row_bounds(shape, comm.size))
         shared = shares_memory(comm)
+        barrier(comm)  # the ranks meet first without keeping a core busy: the allocation polls
         try:
             allocate = MPI.Win.Allocate_shared if shared else MPI.Win.Allocate
             self._win = allocate(self.nbytes_local, self.dtype.itemsize, comm=comm)
@@ -383,6 +384,7 @@ class _Integers:
     def __init__(self, comm: MPI.Comm, count: int):
         self.comm = comm
         allocate = MPI.Win.Allocate_shared if shares_memory(comm) else MPI.Win.Allocate
+        barrier(comm)  # as GlobalArray's: the ranks meet before the allocation, which polls
         self._win = allocate(8 * count if comm.rank == 0 else 0, 8, comm=comm)
         self._values = np.frombuffer(self._win.tomemory(), np.int64)  # rank 0's; empty elsewhere
         self._values[...] = 0
