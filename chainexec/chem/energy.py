@@ -40,13 +40,13 @@ def ccsd_t(mycc, t1=None, t2=None, eris=None, *, backend: str = "auto", machine:
         ChainexecError: ``mycc`` is not a closed-shell CCSD with amplitudes, or the run fails.
     """
     from chainexec import api
-    from chainexec.runtime.comm import world
+    from chainexec.runtime.comm import barrier, world
 
     comm = world()
     made = Path(api.on_rank0(comm, lambda: _write(mycc, t1, t2, eris, folder)))
     try:
         api.run(made / "ccsd_t.yaml", backend=backend, machine=machine, plan_cache=False)
-        comm.Barrier()
+        barrier(comm)
         energy = api.on_rank0(comm, lambda: _energy(made / "energy.h5"))
     finally:
         if comm.rank == 0:
