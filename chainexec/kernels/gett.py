@@ -80,7 +80,8 @@ class GettConfig:
     is loaded along k (A's stride-1 index is summed), else along m; ``b_n_fast``: B's along n,
     else along k. ``staged``: the epilogue passes each warp's accumulators through shared memory
     and stores whole rows of its tile per instruction (:func:`source`), else every lane stores
-    its own fragment elements."""
+    its own fragment elements. ``wide``: offsets and extents are 64-bit (:attr:`Problem.wide`),
+    else 32-bit, which halves the instructions of every index computation and table read."""
 
     warps_m: int
     warps_n: int
@@ -92,6 +93,7 @@ class GettConfig:
     a_k_fast: bool
     b_n_fast: bool
     staged: bool = False
+    wide: bool = False
 
     @property
     def rows(self) -> int:
@@ -148,15 +150,18 @@ class GettConfig:
         t = self.threads
         a_run = self.bk if self.a_k_fast else self.bm
         b_run = self.bn if self.b_n_fast else self.bk
-        # 512 threads leave 128 registers each: too few for m16n8k8's larger fragments (spills)
-        return (self.mma in MMA_SHAPES and not (t > 256 and self.kstep == 8) and t % a_run == 0 and t % b_run == 0
+        # 512 threads leave 128 registers each: too few for m16n8k8's larger fragments (spills);
+        # so do 16 m16n8k8 tiles a warp (64 accumulators and 24 fragment doubles a lane) beside
+        # the prefetched k offsets, with any number of threads
+        heavy = self.kstep == 8 and (t > 256 or self.mma_m * self.mma_n >= 16)
+        return (self.mma in MMA_SHAPES and not heavy and t % a_run == 0 and t % b_run == 0
                 and (self.bm * self.bk) % t == 0 and (self.bn * self.bk) % t == 0
                 and self.bk % self.kstep == 0 and self.smem_bytes() <= smem_limit(arch))
 
     def name(self) -> str:
         return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
                 f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
-                + ("_st" if self.staged else ""))
+                + ("_st" if self.staged else "") + ("_i64" if self.wide else ""))
 
 
 RASTER = 8
@@ -183,8 +188,9 @@ class Problem:
     ``runs``: elements contiguous in memory along the direction C is stored and A and B are
     loaded (for the cost model). ``blocked``: (group, x, y) for each group whose table order
     interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the group's last
-    index, ``y`` the other tensor's stride-1 index. Tables are int64 element offsets, built by
-    :func:`tables`."""
+    index, ``y`` the other tensor's stride-1 index. ``wide``: some element offset or extent
+    reaches 2^31, so the kernel indexes in 64 bits. Tables are element offsets (int64 where
+    ``wide``, else int32), built by :func:`tables`."""
 
     m: tuple[str, ...]
     n: tuple[str, ...]
@@ -196,6 +202,7 @@ class Problem:
     b_n_fast: bool
     runs: tuple[int, int, int]
     blocked: tuple[tuple[str, str, str], ...] = ()
+    wide: bool = False
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -290,8 +297,10 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
         blocked.append((name, group[-1], y))
         other = 0 if name == "n" else 1  # C's run along N, or A's along K
         runs[other], runs[2] = min(runs[other], BLOCK), min(sizes[y], BLOCK)
+    farthest = max(sum((sizes[i] - 1) * abs(st[i]) for i in st) for st in (sc, sa, sb))
+    wide = max(farthest, *(math.prod(sizes[i] for i in g) for g in (m, n, k, lg))) >= NARROW
     return Problem(m=m, n=n, k=k, l=tuple(lg), sizes=dict(sizes), swap=swap, a_k_fast=a_k_fast,
-                   b_n_fast=b_n_fast, runs=tuple(runs), blocked=tuple(blocked))
+                   b_n_fast=b_n_fast, runs=tuple(runs), blocked=tuple(blocked), wide=wide)
 
 
 def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict]) -> dict[str, Problem]:
@@ -341,11 +350,17 @@ def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray
     blocked = {g: (x, y) for g, x, y in p.blocked}
     groups = {"m": p.m, "n": p.n, "k": p.k, "l": p.l}
     tensors = {"a": sa, "b": sb, "c": sc}
-    return {key: _table(groups[key[1]], p.sizes, tensors[key[0]], blocked.get(key[1])) for key in TABLE_ORDER}
+    dtype = np.int64 if p.wide else np.int32
+    return {key: _table(groups[key[1]], p.sizes, tensors[key[0]], blocked.get(key[1])).astype(dtype)
+            for key in TABLE_ORDER}
 
 
 TABLE_ORDER = ("am", "ak", "al", "bk", "bn", "bl", "cm", "cn", "cl")
 """Order of the table pointers in the kernel's signature."""
+NARROW = 2**31
+"""Offsets and extents below this fit the 32-bit index type (:attr:`Problem.wide`)."""
+INDEX = {False: "int", True: "long long"}
+"""CUDA type of offsets and extents, by :attr:`GettConfig.wide`."""
 
 
 def configs(p: Problem, stages: int = 3, arch: int = 90) -> list[GettConfig]:
@@ -355,7 +370,7 @@ def configs(p: Problem, stages: int = 3, arch: int = 90) -> list[GettConfig]:
     for (wm, wn, mm, mn, bk), shape in itertools.product(TILES, MMA_SHAPES):
         rows = MMA_SHAPES[shape][0]
         if mm * 8 % rows == 0:
-            cfg = GettConfig(wm, wn, mm * 8 // rows, mn, bk, stages, shape, p.a_k_fast, p.b_n_fast)
+            cfg = GettConfig(wm, wn, mm * 8 // rows, mn, bk, stages, shape, p.a_k_fast, p.b_n_fast, wide=p.wide)
             if cfg.valid(arch):
                 out.append(cfg)
     return out
@@ -427,55 +442,65 @@ def _cp_async(dst: str, src: str, ok: str) -> str:
             f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"(({ok}) ? 8 : 0));')
 
 
-def _load(cfg: GettConfig, side: str) -> list[str]:
-    """Per-stage cooperative cp.async of one operand tile (zero-filled outside the tensor).
-    The thread's rows/columns along the non-loaded direction are fixed for the whole kernel,
-    so their offsets sit in registers (``o<side>[r]``); the loaded direction's offsets are
-    read per stage from the tables."""
+def _shape(cfg: GettConfig, side: str) -> tuple[str, int, int, int]:
+    """(loaded direction, threads per run, run step between a thread's rows, elements per
+    thread) of one operand's cooperative tile load."""
     if side == "A":
-        run = cfg.bk if cfg.a_k_fast else cfg.bm
-        fast = "k" if cfg.a_k_fast else "m"
+        run, fast = (cfg.bk, "k") if cfg.a_k_fast else (cfg.bm, "m")
     else:
-        run = cfg.bn if cfg.b_n_fast else cfg.bk
-        fast = "n" if cfg.b_n_fast else "k"
-    t = cfg.threads
-    step = t // run
-    count = (cfg.bm if side == "A" else cfg.bn) * cfg.bk // t
+        run, fast = (cfg.bn, "n") if cfg.b_n_fast else (cfg.bk, "k")
+    return fast, run, cfg.threads // run, (cfg.bm if side == "A" else cfg.bn) * cfg.bk // cfg.threads
+
+
+def _offsets(cfg: GettConfig, side: str) -> list[str]:
+    """Read the k offsets of the thread's elements of k-tile ``nt`` of one operand from its
+    table into registers (``k<side>[r]``, valid where ``f<side>[r]``): one where the thread's
+    elements share a k (the tile is loaded along k), else one per element. A read past the
+    last tile reads nothing."""
+    fast, run, step, count = _shape(cfg, side)
+    lo = side.lower()
+    if fast == "k":
+        return [f"    {{ const idx kk = nt * {cfg.bk} + {lo}_fast; f{side}[0] = kk < K; "
+                f"k{side}[0] = f{side}[0] ? off{lo}k[kk] : 0; }}"]
+    return ["    #pragma unroll",
+            f"    for (int r = 0; r < {count}; ++r) {{",
+            f"      const idx kk = nt * {cfg.bk} + {lo}_slow + r * {step};",
+            f"      f{side}[r] = kk < K;",
+            f"      k{side}[r] = f{side}[r] ? off{lo}k[kk] : 0;",
+            "    }"]
+
+
+def _copies(cfg: GettConfig, side: str) -> list[str]:
+    """Per-stage cooperative cp.async of one operand tile into stage ``st`` (zero-filled outside
+    the tensor), from the k offsets :func:`_offsets` read. The thread's rows/columns along the
+    non-loaded direction are fixed for the whole kernel, so their offsets sit in registers
+    (``o<side>[r]``)."""
+    fast, run, step, count = _shape(cfg, side)
     pitch = cfg.pitches()[0 if side == "A" else 1]
     lo = side.lower()
-    lines = [f"    {{ // {side} tile: threads along {fast}"]
-    if fast == "k":
-        # The k offset is shared by the thread's rows; rows are the fixed direction.
-        lines += [f"      const long long kk = k0 + {lo}_fast;",
-                  "      const bool okk = kk < K;",
-                  f"      const long long ok_ = okk ? off{lo}k[kk] : 0;",
-                  "      #pragma unroll",
-                  f"      for (int r = 0; r < {count}; ++r)",
-                  "        " + _cp_async(f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]",
-                                         f"{side} + o{side}[r] + ok_", f"okk && v{side}[r]")]
+    dst = f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]"
+    if fast == "k":  # rows are the fixed direction; the k offset is shared by the thread's rows
+        src, ok = f"{side} + (o{side}[r] + k{side}[0])", f"f{side}[0] && v{side}[r]"
     else:
-        lines += ["      #pragma unroll",
-                  f"      for (int r = 0; r < {count}; ++r) {{",
-                  f"        const long long kk = k0 + {lo}_slow + r * {step};",
-                  "        const bool okk = kk < K;",
-                  f"        const long long ok_ = okk ? off{lo}k[kk] : 0;",
-                  "        " + _cp_async(f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]",
-                                         f"{side} + o{side}[0] + ok_", f"okk && v{side}[0]"),
-                  "      }"]
-    lines.append("    }")
-    return lines
+        src, ok = f"{side} + (o{side}[0] + k{side}[r])", f"f{side}[r] && v{side}[0]"
+    return [f"    // {side} tile: threads along {fast}", "    #pragma unroll",
+            f"    for (int r = 0; r < {count}; ++r)", "      " + _cp_async(dst, src, ok)]
 
 
 def _issue(cfg: GettConfig, tile: str, stage: str, pad: str) -> list[str]:
     """Start the cp.async copies of k-tile ``tile`` into shared-memory stage ``stage`` (C
-    expressions; the stage is the tile modulo the stage count), then commit
-    the group — an empty group past the last tile, so that group counts stay equal to tile
-    numbers and ``wait_group stages-1`` always means "tile t has landed"."""
-    lines = ["{", f"  const long long nt = {tile};", f"  const int st = {stage};",
-             f"  const long long k0 = nt * {cfg.bk};", "  if (nt < tiles) {"]
-    lines += ["  " + x for x in _load(cfg, "A") + _load(cfg, "B")]
+    expressions; the stage is the tile modulo the stage count) from the k offsets already in
+    registers, then commit the group — an empty group past the last tile, so that group counts
+    stay equal to tile numbers and ``wait_group stages-1`` always means "tile t has landed"."""
+    lines = ["{", f"  const idx nt = {tile};", f"  const int st = {stage};", "  if (nt < tiles) {"]
+    lines += ["  " + x for x in _copies(cfg, "A") + _copies(cfg, "B")]
     lines += ["  }", '  asm volatile("cp.async.commit_group;\\n" ::);', "}"]
     return [pad + x for x in lines]
+
+
+def _fetch(cfg: GettConfig, tile: str, pad: str) -> list[str]:
+    """Read the k offsets of k-tile ``tile`` (a C expression) for the next :func:`_issue`."""
+    return [pad + x for x in ["{", f"  const idx nt = {tile};"] + _offsets(cfg, "A") + _offsets(cfg, "B") + ["}"]]
 
 
 def _setup(cfg: GettConfig, side: str) -> list[str]:
@@ -494,17 +519,17 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
     lines = [f"  const int {lo}_fast = tid % {run};", f"  const int {lo}_slow = tid / {run};"]
     if k_fast:  # rows (m or n) are the slow direction: one register offset per row loaded
         count = total * cfg.bk // t
-        lines += [f"  long long o{side}[{count}]; bool v{side}[{count}];",
+        lines += [f"  idx o{side}[{count}]; bool v{side}[{count}];",
                   "  #pragma unroll",
                   f"  for (int r = 0; r < {count}; ++r) {{",
-                  f"    const long long x = {base} + {lo}_slow + r * {step};",
+                  f"    const idx x = {base} + {lo}_slow + r * {step};",
                   f"    v{side}[r] = x < {bound};",
-                  f"    o{side}[r] = v{side}[r] ? {table}[x] : 0;",
+                  f"    o{side}[r] = {lo}l + (v{side}[r] ? {table}[x] : 0);",
                   "  }"]
     else:
-        lines += [f"  long long o{side}[1]; bool v{side}[1];",
+        lines += [f"  idx o{side}[1]; bool v{side}[1];",
                   f"  v{side}[0] = {base} + {lo}_fast < {bound};",
-                  f"  o{side}[0] = v{side}[0] ? {table}[{base} + {lo}_fast] : 0;"]
+                  f"  o{side}[0] = {lo}l + (v{side}[0] ? {table}[{base} + {lo}_fast] : 0);"]
     return lines
 
 
@@ -544,10 +569,11 @@ def source(cfg: GettConfig) -> str:
     L = [f"// chainexec GETT kernel on FP64 tensor cores ({cfg.mma}), cp.async {cfg.stages}-stage pipeline",
          f"// block {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps_m}x{cfg.warps_n} warps of {cfg.mma_m}x{cfg.mma_n} MMA tiles;"
          f" A along {'k' if cfg.a_k_fast else 'm'}, B along {'n' if cfg.b_n_fast else 'k'}",
+         f"using idx = {INDEX[cfg.wide]};  // element offsets and extents",
          f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
          f"{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,",
-         "    " + ", ".join(f"const long long* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
-         "    const long long M, const long long N, const long long K, const long long tilesN,",
+         "    " + ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
+         "    const idx M, const idx N, const idx K, const idx tilesN,",
          "    const double alpha, const double beta)",
          "{",
          f"  constexpr int A_STAGE = {sa}, B_STAGE = {sb};",
@@ -557,12 +583,13 @@ def source(cfg: GettConfig) -> str:
          "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
          f"  const int wm = (warp / {cfg.warps_n}) * {wm}, wn = (warp % {cfg.warps_n}) * {wn};",
          f"  // block -> tile: groups of {RASTER} block rows (the last fewer), rows fastest within a group",
-         f"  const long long tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, span = {RASTER}LL * tilesN;",
-         f"  const long long first = ((long long)blockIdx.x / span) * {RASTER}, within = (long long)blockIdx.x % span;",
-         f"  const long long rows = tilesM - first < {RASTER} ? tilesM - first : {RASTER};",
-         f"  const long long bm = (first + within % rows) * {cfg.bm};",
-         f"  const long long bn = (within / rows) * {cfg.bn};",
-         "  A += offal[blockIdx.y]; B += offbl[blockIdx.y]; C += offcl[blockIdx.y];"]
+         f"  const idx tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, span = {RASTER} * tilesN;",
+         f"  const idx first = ((idx)blockIdx.x / span) * {RASTER}, within = (idx)blockIdx.x % span;",
+         f"  const idx rows = tilesM - first < {RASTER} ? tilesM - first : {RASTER};",
+         f"  const idx bm = (first + within % rows) * {cfg.bm};",
+         f"  const idx bn = (within / rows) * {cfg.bn};",
+         "  // the batch's offsets, added to every row's (the sum is below the farthest element's offset)",
+         "  const idx al = offal[blockIdx.y], bl = offbl[blockIdx.y], cl = offcl[blockIdx.y];"]
     L += _setup(cfg, "A") + _setup(cfg, "B")
     L += [f"  double acc[{cfg.mma_m}][{cfg.mma_n}][{acc}];",
           "  #pragma unroll",
@@ -571,12 +598,17 @@ def source(cfg: GettConfig) -> str:
           f"    for (int j = 0; j < {cfg.mma_n}; ++j)",
           "      #pragma unroll",
           f"      for (int q = 0; q < {acc}; ++q) acc[i][j][q] = 0.0;",
-          f"  const long long tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
-          "  // prologue: the first stages-1 tiles in flight",
-          f"  for (int s = 0; s < {cfg.stages - 1}; ++s)"]
-    L += _issue(cfg, "s", "s", "    ")
-    L += ["  for (long long t = 0; t < tiles; ++t) {"]
+          f"  const idx tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
+          f"  idx kA[{_shape(cfg, 'A')[3] if not cfg.a_k_fast else 1}], kB[{_shape(cfg, 'B')[3] if cfg.b_n_fast else 1}];",
+          f"  bool fA[{_shape(cfg, 'A')[3] if not cfg.a_k_fast else 1}], fB[{_shape(cfg, 'B')[3] if cfg.b_n_fast else 1}];",
+          "  // prologue: the first stages-1 tiles in flight, and the next tile's k offsets read",
+          f"  for (int s = 0; s < {cfg.stages - 1}; ++s) {{"]
+    L += _fetch(cfg, "s", "    ") + _issue(cfg, "s", "s", "    ")
+    L += ["  }"] + _fetch(cfg, f"{cfg.stages - 1}", "  ")
+    L += ["  for (idx t = 0; t < tiles; ++t) {"]
     L += _issue(cfg, f"t + {cfg.stages - 1}", f"(int)(nt % {cfg.stages})", "    ")
+    L += ["    // the next tile's k offsets: their reads complete while this tile is computed"]
+    L += _fetch(cfg, f"t + {cfg.stages}", "    ")
     L += [f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
           "    __syncthreads();",
           f"    const int cur = (int)(t % {cfg.stages}) * A_STAGE, curb = (int)(t % {cfg.stages}) * B_STAGE;",
@@ -601,30 +633,69 @@ def source(cfg: GettConfig) -> str:
     return "\n".join(L)
 
 
+STORE_CHUNK = 8
+"""Rows of a row-tile whose C elements a lane of the staged epilogue reads (``beta != 0``) before
+it stores them: more keeps more reads in flight, and more registers live at once (half as many
+rows with 64-bit offsets, which take two registers each: the largest tiles then fit 255
+registers without spilling)."""
+
+
+def _by_beta(body) -> list[str]:
+    """``body(accumulate)`` (lines) twice, behind one test of ``beta``: the stores then neither
+    test it per element nor read C where ``beta == 0``; where ``beta != 0`` each body reads all
+    the C elements of a row group before it writes any, so that the reads are in flight
+    together (every element of C has one writer, the thread that reads it)."""
+    return (["  if (beta == 0.0) {"] + ["  " + x for x in body(False)] + ["  } else {"]
+            + ["  " + x for x in body(True)] + ["  }"])
+
+
 def _direct_epilogue(cfg: GettConfig) -> list[str]:
     """C = alpha·acc (+ beta·C) straight from the fragments: lanes 4q..4q+3 hold 8 consecutive n
-    of one row, so each store instruction writes 8 rows of 8 elements (a sector each)."""
+    of one row, so each store instruction writes 8 rows of 8 elements (a sector each). A lane's
+    ``2·mma_n`` column offsets and ``mma_m·rows/8`` row offsets are read from the tables before
+    the first store, all at once, so that the stores wait for one table read, not one each."""
     r = cfg.rows
+
+    def body(accumulate: bool) -> list[str]:
+        old = [f"      double old[{cfg.mma_n}][2];",
+               "      #pragma unroll",
+               f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
+               "        #pragma unroll",
+               "        for (int q = 0; q < 2; ++q)",
+               "          old[j][q] = vcn[j][q] ? C[ocm[i][h] + ocn[j][q]] : 0.0;"] if accumulate else []
+        return ["  #pragma unroll",
+                f"  for (int i = 0; i < {cfg.mma_m}; ++i)",
+                "    #pragma unroll",
+                f"    for (int h = 0; h < {r // 8}; ++h) {{",
+                "      if (!vcm[i][h]) continue;"] + old + [
+                "      #pragma unroll",
+                f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
+                "        #pragma unroll",
+                "        for (int q = 0; q < 2; ++q)",
+                "          if (vcn[j][q]) {",
+                "            const double v = alpha * acc[i][j][2 * h + q];",
+                "            C[ocm[i][h] + ocn[j][q]] = " + ("fma(beta, old[j][q], v);" if accumulate else "v;"),
+                "          }",
+                "    }"]
     return ["  // epilogue: C = alpha*acc (+ beta*C); lanes 4q..4q+3 hold 8 consecutive n of one row",
+            f"  idx ocn[{cfg.mma_n}][2], ocm[{cfg.mma_m}][{r // 8}];",
+            f"  bool vcn[{cfg.mma_n}][2], vcm[{cfg.mma_m}][{r // 8}];",
+            "  #pragma unroll",
+            f"  for (int j = 0; j < {cfg.mma_n}; ++j)",
+            "    #pragma unroll",
+            "    for (int q = 0; q < 2; ++q) {",
+            "      const idx n = bn + wn + j * 8 + 2 * (lane & 3) + q;",
+            "      vcn[j][q] = n < N;",
+            "      ocn[j][q] = vcn[j][q] ? offcn[n] : 0;",
+            "    }",
             "  #pragma unroll",
             f"  for (int i = 0; i < {cfg.mma_m}; ++i)",
             "    #pragma unroll",
             f"    for (int h = 0; h < {r // 8}; ++h) {{",
-            f"      const long long m = bm + wm + i * {r} + h * 8 + (lane >> 2);",
-            "      if (m >= M) continue;",
-            "      const long long om = offcm[m];",
-            "      #pragma unroll",
-            f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
-            "        #pragma unroll",
-            "        for (int q = 0; q < 2; ++q) {",
-            "          const long long n = bn + wn + j * 8 + 2 * (lane & 3) + q;",
-            "          if (n < N) {",
-            "            double* p = C + om + offcn[n];",
-            "            const double v = alpha * acc[i][j][2 * h + q];",
-            "            *p = beta == 0.0 ? v : fma(beta, *p, v);",
-            "          }",
-            "        }",
-            "    }"]
+            f"      const idx m = bm + wm + i * {r} + h * 8 + (lane >> 2);",
+            "      vcm[i][h] = m < M;",
+            "      ocm[i][h] = cl + (vcm[i][h] ? offcm[m] : 0);",
+            "    }"] + _by_beta(body)
 
 
 def _staged_epilogue(cfg: GettConfig) -> list[str]:
@@ -633,44 +704,65 @@ def _staged_epilogue(cfg: GettConfig) -> list[str]:
     every copy has landed), then its lanes store the tile row by row along n, 32 consecutive
     elements per instruction (``32 / width`` rows of a narrower tile), so that the store-bound
     TCCG CCSD(T) outputs (302 MB, K = 24) are written in whole sectors. A lane's columns are the
-    same in every row: their offsets are read from the table once, so a store costs one table
-    read per row, not one per element. Some other configurations run slower staged than storing
-    fragments directly, so the autotuner times both (:func:`candidates`)."""
+    same in every row: their offsets are read from the table once. The row offsets of a row-tile
+    are read in one instruction, lane ``k`` reading row ``k``'s, and handed to the lanes that
+    store each row by a warp shuffle, so that no store waits for a table read of its own. Some
+    other configurations run slower staged than storing fragments directly, so the autotuner
+    times both (:func:`candidates`)."""
     r, width, pitch = cfg.rows, cfg.mma_n * 8, cfg.stage_pitch()
     lanes = min(width, 32)
     per_lane = max(1, width // 32)
+    rows = r * lanes // 32  # rows each lane stores per row-tile
+    chunk = min(rows, STORE_CHUNK // (2 if cfg.wide else 1))
+
+    def body(accumulate: bool) -> list[str]:
+        return ["  #pragma unroll",
+                f"  for (int i = 0; i < {cfg.mma_m}; ++i) {{",
+                f"    const idx mine = bm + wm + i * {r} + lane % {r};",
+                "    const idx om_mine = cl + (mine < M ? offcm[mine] : 0);",
+                "    #pragma unroll",
+                f"    for (int h = 0; h < {r // 8}; ++h)",
+                "      #pragma unroll",
+                f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
+                "        #pragma unroll",
+                "        for (int q = 0; q < 2; ++q)",
+                f"          stage[(h * 8 + (lane >> 2)) * {pitch} + j * 8 + 2 * (lane & 3) + q] = acc[i][j][2 * h + q];",
+                "    __syncwarp();",
+                "    #pragma unroll",
+                f"    for (int s0 = 0; s0 < {rows}; s0 += {chunk}) {{",
+                f"      idx om[{chunk}];",
+                "      #pragma unroll",
+                f"      for (int s = 0; s < {chunk}; ++s)",
+                f"        om[s] = __shfl_sync(0xffffffffu, om_mine, lane / {lanes} + (s0 + s) * {32 // lanes});"] + ([
+                f"      double old[{chunk}][{per_lane}];",
+                "      #pragma unroll",
+                f"      for (int s = 0; s < {chunk}; ++s)",
+                "        #pragma unroll",
+                f"        for (int q = 0; q < {per_lane}; ++q)",
+                f"          old[s][q] = vcn[q] && bm + wm + i * {r} + lane / {lanes} + (s0 + s) * {32 // lanes} < M"
+                " ? C[om[s] + ocn[q]] : 0.0;"] if accumulate else []) + [
+                "      #pragma unroll",
+                f"      for (int s = 0; s < {chunk}; ++s) {{",
+                f"        const int row = lane / {lanes} + (s0 + s) * {32 // lanes};",
+                f"        if (bm + wm + i * {r} + row >= M) continue;",
+                "        #pragma unroll",
+                f"        for (int q = 0; q < {per_lane}; ++q)",
+                "          if (vcn[q]) {",
+                f"            const double v = alpha * stage[row * {pitch} + col + 32 * q];",
+                "            C[om[s] + ocn[q]] = " + ("fma(beta, old[s][q], v);" if accumulate else "v;"),
+                "          }",
+                "      }",
+                "    }",
+                "    __syncwarp();",
+                "  }"]
     return ["  // epilogue staged through shared memory: whole rows of the warp's tile per store instruction",
             "  __syncthreads();",
             f"  double* stage = smem + warp * {r * pitch};",
             f"  const int col = lane % {lanes};",
-            f"  long long ocn[{per_lane}]; bool vcn[{per_lane}];",
+            f"  idx ocn[{per_lane}]; bool vcn[{per_lane}];",
             "  #pragma unroll",
             f"  for (int q = 0; q < {per_lane}; ++q) {{",
-            "    const long long n = bn + wn + col + 32 * q;",
+            "    const idx n = bn + wn + col + 32 * q;",
             "    vcn[q] = n < N;",
             "    ocn[q] = vcn[q] ? offcn[n] : 0;",
-            "  }",
-            "  #pragma unroll",
-            f"  for (int i = 0; i < {cfg.mma_m}; ++i) {{",
-            "    #pragma unroll",
-            f"    for (int h = 0; h < {r // 8}; ++h)",
-            "      #pragma unroll",
-            f"      for (int j = 0; j < {cfg.mma_n}; ++j)",
-            "        #pragma unroll",
-            "        for (int q = 0; q < 2; ++q)",
-            f"          stage[(h * 8 + (lane >> 2)) * {pitch} + j * 8 + 2 * (lane & 3) + q] = acc[i][j][2 * h + q];",
-            "    __syncwarp();",
-            f"    for (int row = lane / {lanes}; row < {r}; row += {32 // lanes}) {{",
-            f"      const long long m = bm + wm + i * {r} + row;",
-            "      if (m >= M) continue;",
-            "      const long long om = offcm[m];",
-            "      #pragma unroll",
-            f"      for (int q = 0; q < {per_lane}; ++q)",
-            "        if (vcn[q]) {",
-            "          double* p = C + om + ocn[q];",
-            f"          const double v = alpha * stage[row * {pitch} + col + 32 * q];",
-            "          *p = beta == 0.0 ? v : fma(beta, *p, v);",
-            "        }",
-            "    }",
-            "    __syncwarp();",
-            "  }"]
+            "  }"] + _by_beta(body)

@@ -10,7 +10,7 @@ Arrays are row-major (C order) CuPy arrays; the last index of each index string 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chainexec.kernels import gett, sumkernel, summma
 from chainexec.kernels.codegen import generate, grid_size, kernel_params
@@ -158,6 +158,7 @@ class GettTables:
         cuts = np.cumsum([0] + [host[t].size for t in gett.TABLE_ORDER])
         self.views = tuple(self.buffer[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
         self.dims = problem.dims
+        self.wide = problem.wide
 
 
 SUM_KINDS = {"sum": (sumkernel, sumkernel.SumConfig), "summma": (summma, summma.MmaConfig)}
@@ -201,11 +202,13 @@ MAX_GRID_Y = 65535
 def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> None:
     """``C = alpha·A·B + beta·C`` over the tables' index groups, for CuPy float64 arrays or
     views (the tables already hold their strides; A and B as the tables were built, i.e.
-    swapped by the caller when the problem says so). Batches beyond gridDim.y's limit go in
-    several launches."""
+    swapped by the caller when the problem says so). The kernel's index width is the tables'
+    (``cfg.wide`` is set from them). Batches beyond gridDim.y's limit go in several launches."""
     import numpy as np
 
+    cfg = replace(cfg, wide=tables.wide)
     fn = gett_function(cfg)
+    index = np.int64 if cfg.wide else np.int32
     M, N, K, L = tables.dims
     tiles_n = -(-N // cfg.bn)
     blocks = -(-M // cfg.bm) * tiles_n
@@ -214,5 +217,5 @@ def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> 
         l1 = min(L, l0 + MAX_GRID_Y)
         fn((blocks, l1 - l0), (cfg.threads,),
            (C, A, B, am, ak, al[l0:l1], bk, bn, bl[l0:l1], cm, cn, cl[l0:l1],
-            np.int64(M), np.int64(N), np.int64(K), np.int64(tiles_n), np.float64(alpha), np.float64(beta)),
+            index(M), index(N), index(K), index(tiles_n), np.float64(alpha), np.float64(beta)),
            shared_mem=cfg.smem_bytes())

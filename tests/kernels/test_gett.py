@@ -240,9 +240,38 @@ def test_staged_epilogue_memory_and_banks():
             assert max(pairs.count(p) for p in set(pairs)) == 2
 
 
+def _both_widths(cfgs):
+    """Every second configuration with 64-bit offsets: the odd ones are one compilation unit."""
+    return [replace(cfg, wide=i % 2 == 1) for i, cfg in enumerate(cfgs)]
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("tensor", [0, 1, 2])
+def test_offsets_are_32_bit_unless_an_element_lies_2_31_away(wide, tensor):
+    """A GEMM whose C, A or B (a view of a larger buffer, its rows far apart) has its farthest
+    element just below 2^31 elements from its first, or just beyond: 32-bit tables and kernels
+    below, 64-bit beyond, with the same offsets."""
+    sizes = dict(a=40, b=24, k=16)
+    strides = [{"a": 24, "b": 1}, {"a": 16, "k": 1}, {"k": 24, "b": 1}]
+    slow, fast = (("a", "b"), ("a", "k"), ("k", "b"))[tensor]
+    below = (gett.NARROW - 1 - (sizes[fast] - 1)) // (sizes[slow] - 1)
+    strides[tensor][slow] = below + wide
+    reach = sum((sizes[i] - 1) * st for i, st in strides[tensor].items())
+    assert (reach >= gett.NARROW) == wide and abs(reach - gett.NARROW) < sizes[slow]
+    p = gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, tuple(strides))
+    assert p.wide == wide
+    tabs = gett.tables(p, tuple(strides))
+    assert {t.dtype for t in tabs.values()} == {np.dtype(np.int64 if wide else np.int32)}
+    wide_tabs = gett.tables(replace(p, wide=True), tuple(strides))
+    assert all(np.array_equal(tabs[k], wide_tabs[k]) for k in tabs)
+    cands = gett.candidates({"load": p}, 132)
+    assert cands and all(cfg.wide == wide and cfg.name().endswith("_i64") == wide for _, cfg in cands)
+    assert ("using idx = long long;" if wide else "using idx = int;") in gett.source(cands[0][1])
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_staged_epilogues_compile_with_nvcc(tmp_path):
-    cfgs = _staged_twins()
+    cfgs = _both_widths(_staged_twins())
     assert all(cfg.valid() for cfg in cfgs)
     log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
     assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
@@ -252,7 +281,7 @@ def test_staged_epilogues_compile_with_nvcc(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_all_configurations_compile_with_nvcc(tmp_path):
-    cfgs = _all_configs()
+    cfgs = _both_widths(_all_configs())
     log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
     assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
     # ptxas spills a few registers in at most two configurations (m16n8k8, A and B both loaded

@@ -5,6 +5,7 @@ with NaN where beta = 0, so an unwritten element fails); operands include stride
 buffers, batch indices and extent-1 indices; every valid configuration is run at least once.
 """
 
+from dataclasses import replace
 from itertools import product
 
 import numpy as np
@@ -47,18 +48,22 @@ def _device_views(host_arrays, view):
     return out
 
 
-def _run(cfg, c, a, b, sizes, C, A, B, alpha, beta, order="load"):
+def _run(cfg, c, a, b, sizes, C, A, B, alpha, beta, order="load", wide=False):
+    """Launch ``cfg``; ``wide``: with 64-bit tables and offsets, as if an operand reached 2^31
+    elements (the kernel's width follows the tables)."""
     strides = (_strides(C, c), _strides(A, a), _strides(B, b))
     p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides, order)
+    p = replace(p, wide=p.wide or wide)
     tables = launch.GettTables(p, strides)
     left, right = (B, A) if p.swap else (A, B)
     launch.launch_gett(cfg, tables, C, left, right, alpha, beta)
     return p
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("view", [False, True])
 @pytest.mark.parametrize("c,a,b,sizes", CASES)
-def test_top_candidates_match_numpy(c, a, b, sizes, view):
+def test_top_candidates_match_numpy(c, a, b, sizes, view, wide):
     hC, hA, hB = _arrays(c, a, b, sizes, seed=3 + len(a), view=False)
     ref = np.einsum(f"{a},{b}->{c}", hA, hB)
     C, A, B = _device_views((hC, hA, hB), view)
@@ -66,10 +71,10 @@ def test_top_candidates_match_numpy(c, a, b, sizes, view):
     probs = gett.variants(tuple(c), tuple(a), tuple(b), sizes, strides)
     for order, cfg in gett.candidates(probs, 132, top=4):
         C[...] = cupy.nan
-        _run(cfg, c, a, b, sizes, C, A, B, 1.0, 0.0, order)
+        _run(cfg, c, a, b, sizes, C, A, B, 1.0, 0.0, order, wide)
         assert _relerr(C.get(), ref) <= 1e-12, cfg
         C[...] = cupy.asarray(hC)
-        _run(cfg, c, a, b, sizes, C, A, B, 0.5, -1.25, order)
+        _run(cfg, c, a, b, sizes, C, A, B, 0.5, -1.25, order, wide)
         assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
 
 
@@ -120,6 +125,26 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     fallback = {"kernel", "relayout"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
     assert (method in ("auto", *termruns.REGISTRY) or forced == method
             or (method in fallback and forced == "ttgt"))
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_gett_writes_a_fresh_output_without_reading_it(fresh, monkeypatch):
+    """Forced GETT on a (T)-shaped term: a fresh output (NaN in it) is written as if it held
+    zeros, in one kernel with beta = 0 (no clearing first); otherwise the product is added."""
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "gett")
+    be = device.select("cupy")
+    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=9, f=11)
+    hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=5, view=False)
+    W, A, B = _device_views((hW, hA, hB), True)
+    if fresh:
+        W[...] = cupy.nan
+    cleared = []
+    monkeypatch.setattr(CupyBackend, "clear", lambda self, out: cleared.append(out.shape))
+    c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=1.5)
+    be.contract(c, W, A, B, fresh)
+    ref = 1.5 * np.einsum("iafb,kjcf->ijkabc", hA, hB) + (0.0 if fresh else hW)
+    assert _relerr(W.get(), ref) <= 1e-12
+    assert be.choices[next(iter(be.choices))].method == "gett" and not cleared
 
 
 def test_elementwise_statements_make_no_temporaries():

@@ -148,10 +148,12 @@ class Method:
 
 class Gett(Method):
     """The GETT kernel (:meth:`Methods._gett_call`); where its tables do not fit here (chosen on a
-    probe, or a cached choice), the direct kernel instead."""
+    probe, or a cached choice), the direct kernel instead. A fresh output is written with
+    ``beta = 0``: neither cleared first nor read."""
 
     name = "gett"
     in_place = True
+    writes_fresh = True
 
     def applies(self, be, c, out, a, b) -> bool:
         return be._problem(c, out, a, b) is not None
@@ -173,14 +175,16 @@ class Gett(Method):
         cfg = gett.GettConfig(**{k: v for k, v in config.items() if k != "order"})
         return [(cfg.name(), gett.source(cfg), OPTIONS)]
 
-    def add(self, be, config, c, out, a, b, factor: float) -> None:
-        """``out += factor · a·b`` by the GETT kernel of ``config``."""
-        be._gett_call(config, c, out, a, b, factor)
+    def add(self, be, config, c, out, a, b, factor: float, beta: float = 1.0) -> None:
+        """``out = factor · a·b + beta · out`` by the GETT kernel of ``config``."""
+        be._gett_call(config, c, out, a, b, factor, beta)
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
         if be._problem(c, out, a, b) is not None:
-            self.add(be, config, c, out, a, b, c.factor)
+            self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
         else:
+            if fresh:
+                be.clear(out)
             REGISTRY["direct"].add(be, None, c, out, a, b, c.factor)
 
 
@@ -586,8 +590,9 @@ class Methods:
         return (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
                 element_strides(out), element_strides(a), element_strides(b), str(out.dtype))
 
-    def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float) -> None:
-        """The GETT kernel of ``config`` (its ``order`` and :class:`GettConfig` fields)."""
+    def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float, beta: float = 1.0) -> None:
+        """``out = alpha · a·b + beta · out`` by the GETT kernel of ``config`` (its ``order`` and
+        :class:`GettConfig` fields)."""
         from chainexec.kernels.gett import GettConfig
         from chainexec.runtime import launch
 
@@ -601,7 +606,7 @@ class Methods:
             # chosen on a probe whose cut made another load direction win: the model's best here
             cfg = next(x for o, x in cands if o == order)
         left, right = (b, a) if prob.swap else (a, b)
-        launch.launch_gett(cfg, tables, out, left, right, alpha, 1.0)
+        launch.launch_gett(cfg, tables, out, left, right, alpha, beta)
 
     def _run(self, how: tuple, c: Contraction, out, a, b, fresh: bool = False) -> None:
         """``out += factor · a·b`` by ``how = (method, config)`` (:data:`REGISTRY`). ``fresh``
