@@ -452,12 +452,19 @@ def _shape(cfg: GettConfig, side: str) -> tuple[str, int, int, int]:
     return fast, run, cfg.threads // run, (cfg.bm if side == "A" else cfg.bn) * cfg.bk // cfg.threads
 
 
+def _k_reads(cfg: GettConfig, side: str) -> int:
+    """k offsets a thread reads per tile of one operand: one where the tile is loaded along k
+    (the thread's elements share a k), else one per element."""
+    fast, _, _, count = _shape(cfg, side)
+    return 1 if fast == "k" else count
+
+
 def _offsets(cfg: GettConfig, side: str) -> list[str]:
     """Read the k offsets of the thread's elements of k-tile ``nt`` of one operand from its
     table into registers (``k<side>[r]``, valid where ``f<side>[r]``): one where the thread's
     elements share a k (the tile is loaded along k), else one per element. A read past the
     last tile reads nothing."""
-    fast, run, step, count = _shape(cfg, side)
+    fast, _, step, count = _shape(cfg, side)
     lo = side.lower()
     if fast == "k":
         return [f"    {{ const idx kk = nt * {cfg.bk} + {lo}_fast; f{side}[0] = kk < K; "
@@ -475,7 +482,7 @@ def _copies(cfg: GettConfig, side: str) -> list[str]:
     the tensor), from the k offsets :func:`_offsets` read. The thread's rows/columns along the
     non-loaded direction are fixed for the whole kernel, so their offsets sit in registers
     (``o<side>[r]``)."""
-    fast, run, step, count = _shape(cfg, side)
+    fast, _, step, count = _shape(cfg, side)
     pitch = cfg.pitches()[0 if side == "A" else 1]
     lo = side.lower()
     dst = f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]"
@@ -599,8 +606,8 @@ def source(cfg: GettConfig) -> str:
           "      #pragma unroll",
           f"      for (int q = 0; q < {acc}; ++q) acc[i][j][q] = 0.0;",
           f"  const idx tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
-          f"  idx kA[{_shape(cfg, 'A')[3] if not cfg.a_k_fast else 1}], kB[{_shape(cfg, 'B')[3] if cfg.b_n_fast else 1}];",
-          f"  bool fA[{_shape(cfg, 'A')[3] if not cfg.a_k_fast else 1}], fB[{_shape(cfg, 'B')[3] if cfg.b_n_fast else 1}];",
+          f"  idx kA[{_k_reads(cfg, 'A')}], kB[{_k_reads(cfg, 'B')}];",
+          f"  bool fA[{_k_reads(cfg, 'A')}], fB[{_k_reads(cfg, 'B')}];",
           "  // prologue: the first stages-1 tiles in flight, and the next tile's k offsets read",
           f"  for (int s = 0; s < {cfg.stages - 1}; ++s) {{"]
     L += _fetch(cfg, "s", "    ") + _issue(cfg, "s", "s", "    ")
