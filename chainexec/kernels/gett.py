@@ -544,7 +544,8 @@ def source(cfg: GettConfig) -> str:
     """CUDA C source of the kernel for ``cfg``.
 
     Signature: ``(C, A, B, offam, offak, offal, offbk, offbn, offbl, offcm, offcn, offcl,
-    M, N, K, tilesN, alpha, beta)``; grid ``(ceil(M/bm) * tilesN, L)``, block ``cfg.threads``,
+    M, N, K, tilesN, alpha, beta)``, tables and extents of type ``idx`` (``int``, or
+    ``long long`` where ``cfg.wide``); grid ``(ceil(M/bm) * tilesN, L)``, block ``cfg.threads``,
     dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C not read when
     ``beta == 0``). Every element of C is written by exactly one thread."""
     if not cfg.valid():
