@@ -189,8 +189,8 @@ class Problem:
     loaded (for the cost model). ``blocked``: (group, x, y) for each group whose table order
     interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the group's last
     index, ``y`` the other tensor's stride-1 index. ``wide``: some element offset or extent
-    reaches 2^31, so the kernel indexes in 64 bits. Tables are element offsets (int64 where
-    ``wide``, else int32), built by :func:`tables`."""
+    reaches :data:`NARROW` (2^31 less a margin), so the kernel indexes in 64 bits. Tables are
+    element offsets (int64 where ``wide``, else int32), built by :func:`tables`."""
 
     m: tuple[str, ...]
     n: tuple[str, ...]
@@ -357,8 +357,9 @@ def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray
 
 TABLE_ORDER = ("am", "ak", "al", "bk", "bn", "bl", "cm", "cn", "cl")
 """Order of the table pointers in the kernel's signature."""
-NARROW = 2**31
-"""Offsets and extents below this fit the 32-bit index type (:attr:`Problem.wide`)."""
+NARROW = 2**31 - 2**16
+"""Offsets and extents below this fit the 32-bit index type (:attr:`Problem.wide`): the kernel
+computes indices up to a few tiles past an extent (at most 2^16 elements), which must not wrap."""
 INDEX = {False: "int", True: "long long"}
 """CUDA type of offsets and extents, by :attr:`GettConfig.wide`."""
 

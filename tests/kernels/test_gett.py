@@ -247,10 +247,11 @@ def _both_widths(cfgs):
 
 @pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("tensor", [0, 1, 2])
-def test_offsets_are_32_bit_unless_an_element_lies_2_31_away(wide, tensor):
+def test_offsets_are_32_bit_unless_an_element_lies_near_2_31_away(wide, tensor):
     """A GEMM whose C, A or B (a view of a larger buffer, its rows far apart) has its farthest
-    element just below 2^31 elements from its first, or just beyond: 32-bit tables and kernels
-    below, 64-bit beyond, with the same offsets."""
+    element just below ``NARROW`` (2^31 less a margin for indices a few tiles past an extent)
+    elements from its first, or just beyond: 32-bit tables and kernels below, 64-bit beyond,
+    with the same offsets."""
     sizes = dict(a=40, b=24, k=16)
     strides = [{"a": 24, "b": 1}, {"a": 16, "k": 1}, {"k": 24, "b": 1}]
     slow, fast = (("a", "b"), ("a", "k"), ("k", "b"))[tensor]
