@@ -513,20 +513,11 @@ def _fetch(cfg: GettConfig, tile: str, pad: str) -> list[str]:
 
 def _setup(cfg: GettConfig, side: str) -> list[str]:
     """The thread's fixed coordinates and register offsets for loading one operand."""
-    if side == "A":
-        run = cfg.bk if cfg.a_k_fast else cfg.bm
-        k_fast, base, bound, table = cfg.a_k_fast, "bm", "M", "offam"
-        total = cfg.bm
-    else:
-        run = cfg.bn if cfg.b_n_fast else cfg.bk
-        k_fast, base, bound, table = not cfg.b_n_fast, "bn", "N", "offbn"
-        total = cfg.bn
-    t = cfg.threads
-    step = t // run
+    fast, run, step, count = _shape(cfg, side)
+    base, bound, table = ("bm", "M", "offam") if side == "A" else ("bn", "N", "offbn")
     lo = side.lower()
     lines = [f"  const int {lo}_fast = tid % {run};", f"  const int {lo}_slow = tid / {run};"]
-    if k_fast:  # rows (m or n) are the slow direction: one register offset per row loaded
-        count = total * cfg.bk // t
+    if fast == "k":  # rows (m or n) are the slow direction: one register offset per row loaded
         lines += [f"  idx o{side}[{count}]; bool v{side}[{count}];",
                   "  #pragma unroll",
                   f"  for (int r = 0; r < {count}; ++r) {{",
@@ -724,6 +715,8 @@ def _staged_epilogue(cfg: GettConfig) -> list[str]:
     rows = r * lanes // 32  # rows each lane stores per row-tile
     chunk = min(rows, STORE_CHUNK // (2 if cfg.wide else 1))
 
+    row = f"lane / {lanes} + (s0 + s) * {32 // lanes}"  # the s-th row of a chunk a lane stores
+
     def body(accumulate: bool) -> list[str]:
         return ["  #pragma unroll",
                 f"  for (int i = 0; i < {cfg.mma_m}; ++i) {{",
@@ -742,17 +735,17 @@ def _staged_epilogue(cfg: GettConfig) -> list[str]:
                 f"      idx om[{chunk}];",
                 "      #pragma unroll",
                 f"      for (int s = 0; s < {chunk}; ++s)",
-                f"        om[s] = __shfl_sync(0xffffffffu, om_mine, lane / {lanes} + (s0 + s) * {32 // lanes});"] + ([
+                f"        om[s] = __shfl_sync(0xffffffffu, om_mine, {row});"] + ([
                 f"      double old[{chunk}][{per_lane}];",
                 "      #pragma unroll",
                 f"      for (int s = 0; s < {chunk}; ++s)",
                 "        #pragma unroll",
                 f"        for (int q = 0; q < {per_lane}; ++q)",
-                f"          old[s][q] = vcn[q] && bm + wm + i * {r} + lane / {lanes} + (s0 + s) * {32 // lanes} < M"
+                f"          old[s][q] = vcn[q] && bm + wm + i * {r} + {row} < M"
                 " ? C[om[s] + ocn[q]] : 0.0;"] if accumulate else []) + [
                 "      #pragma unroll",
                 f"      for (int s = 0; s < {chunk}; ++s) {{",
-                f"        const int row = lane / {lanes} + (s0 + s) * {32 // lanes};",
+                f"        const int row = {row};",
                 f"        if (bm + wm + i * {r} + row >= M) continue;",
                 "        #pragma unroll",
                 f"        for (int q = 0; q < {per_lane}; ++q)",

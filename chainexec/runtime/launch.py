@@ -206,7 +206,8 @@ def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> 
     (``cfg.wide`` is set from them). Batches beyond gridDim.y's limit go in several launches."""
     import numpy as np
 
-    cfg = replace(cfg, wide=tables.wide)
+    if cfg.wide != tables.wide:
+        cfg = replace(cfg, wide=tables.wide)
     fn = gett_function(cfg)
     index = np.int64 if cfg.wide else np.int32
     M, N, K, L = tables.dims
