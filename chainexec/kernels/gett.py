@@ -174,9 +174,13 @@ tutorial)."""
 
 
 TILES = ((2, 2, 4, 4, 16), (2, 2, 4, 4, 8), (2, 4, 4, 4, 16), (4, 2, 4, 4, 16), (2, 2, 8, 4, 16),
-         (2, 2, 2, 8, 16), (4, 4, 4, 4, 16), (2, 2, 4, 4, 32))
-"""Candidate (warps_m, warps_n, mma_m, mma_n, bk) in units of 8-row MMA tiles: 64×64 to 128×128
-block tiles; bk 8 for short sums, 32 for long ones."""
+         (2, 2, 2, 8, 16), (4, 4, 4, 4, 16), (2, 2, 4, 4, 32), (1, 2, 4, 4, 8), (2, 2, 2, 4, 8),
+         (2, 2, 2, 4, 16), (2, 2, 2, 4, 32))
+"""Candidate (warps_m, warps_n, mma_m, mma_n, bk) in units of 8-row MMA tiles: 32×64 to 128×128
+block tiles; bk 8 for short sums, 32 for long ones. The 32×64 tiles (two or four warps) keep
+more blocks resident per SM: the memory-bound contractions (short sums, or outputs too small to
+fill the SMs with larger tiles) are bound by the latency of each block's loads and stores, not
+by the DRAM rate the model assumes."""
 
 
 @dataclass(frozen=True)
@@ -377,23 +381,46 @@ def configs(p: Problem, stages: int = 3, arch: int = 90) -> list[GettConfig]:
     return out
 
 
+TIER = 1.03
+"""Predictions within this factor of each other rank as equal (:func:`candidates`)."""
+
+
+def _rank(p: Problem, cfg: GettConfig, sm_count: int) -> tuple[int, float]:
+    """Ranking key of a configuration: its predicted time's :data:`TIER` (so that predictions
+    the roofline cannot tell apart, as for every memory-bound configuration of one order, tie),
+    then the summed range padded to whole k-tiles over the range (a k-tile of padding is a
+    load round trip and MMAs for nothing)."""
+    K = p.dims[2]
+    return (math.floor(math.log(predicted_seconds(p, cfg, sm_count)) / math.log(TIER)),
+            -(-K // cfg.bk) * cfg.bk / K)
+
+
 def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
                arch: int = 90) -> list[tuple[str, GettConfig]]:
-    """The ``top`` (order, configuration) pairs the model ranks best among ``problems``
-    (:func:`variants`) on compute capability ``arch``, the best of every order among them, then
-    the staged-epilogue twin of each (:attr:`GettConfig.staged`) where its shared memory fits:
-    the autotuner times these. The model cannot tell the two epilogues apart (both store whole
-    sectors; what differs is the number of store instructions and their order), the timing can.
-    Empty where the device has no FP64 MMA (before sm_80)."""
-    ranked = sorted(((predicted_seconds(p, cfg, sm_count), order, cfg.name(), cfg)
+    """The (order, configuration) pairs the autotuner times for ``problems`` (:func:`variants`)
+    on compute capability ``arch``: the ``top`` the model ranks best (:func:`_rank`), the best of
+    every order among them; then the best-ranked of every k-tile depth (bk) and of every block
+    shape (rows, columns, threads) not among those, no larger than the best's block tile, since
+    which of the ties is fastest depends on latency and occupancy the roofline does not see
+    (smaller tiles keep more blocks resident); then the staged-epilogue twin of each
+    (:attr:`GettConfig.staged`) where its shared memory fits. The model cannot tell the two
+    epilogues apart (both store whole sectors; what differs is the number of store instructions
+    and their order), the timing can. Empty where the device has no FP64 MMA (before sm_80)."""
+    ranked = sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg)
                      for order, p in problems.items() for cfg in configs(p, arch=arch)), key=lambda x: x[:3])
     if not ranked:
         return []
     firsts = [next(x for x in ranked if x[1] == order) for order in problems]
     rest = [x for x in ranked if x not in firsts]
-    best = [(x[1], x[3]) for x in sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])]
-    twins = [(order, replace(cfg, staged=True)) for order, cfg in best]
-    return best + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
+    best = sorted(firsts + rest[:max(0, top - len(firsts))], key=lambda x: x[:3])
+    area = best[0][3].bm * best[0][3].bn
+    for shape in (lambda c: c.bk, lambda c: (c.bm, c.bn, c.threads)):
+        for x in ranked:
+            if all(shape(x[3]) != shape(y[3]) for y in best) and x[3].bm * x[3].bn <= area:
+                best.append(x)
+    chosen = [(x[1], x[3]) for x in best]
+    twins = [(order, replace(cfg, staged=True)) for order, cfg in chosen]
+    return chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
 
 
 def _amplification(run: int, along: int) -> float:

@@ -121,10 +121,11 @@ def get_kernel(c, a, b, sizes: dict, dtype: str, config: KernelConfig | None = N
                              function=function, cubin=cubin)
 
 
-def gett_function(cfg):
-    """The compiled GETT kernel of ``cfg`` (:mod:`chainexec.kernels.gett`) on the current device,
-    opted into the dynamic shared memory it needs (beyond the 48 KiB default). Kept per
-    (configuration, device): a launch per tile must not regenerate and hash the source."""
+def gett_function(cfg) -> tuple:
+    """(compiled GETT kernel, CUBIN key) of ``cfg`` (:mod:`chainexec.kernels.gett`) on the
+    current device, opted into the dynamic shared memory it needs (beyond the 48 KiB default).
+    Kept per (configuration, device): a launch per tile must not regenerate and hash the source.
+    Loading is not a use; :func:`launch_gett` notes each launch."""
     import cupy
 
     key = (cfg, cupy.cuda.Device().id)
@@ -137,8 +138,7 @@ def gett_function(cfg):
         kept = (fn, cubin)
         with _LOCK:
             _GETT[key] = kept
-    kernelcache.note(kept[1], cfg.name())  # each call: the autotuner's first one is paused
-    return kept[0]
+    return kept
 
 
 class GettTables:
@@ -159,6 +159,35 @@ class GettTables:
         self.views = tuple(self.buffer[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
         self.dims = problem.dims
         self.wide = problem.wide
+        self._launches: dict = {}
+
+    def launches(self, cfg) -> tuple:
+        """(function, CUBIN key, name, threads, shared memory bytes, [(grid, table and extent
+        arguments)] per launch) of ``cfg`` at the tables' index width, made at the first call and
+        kept per (configuration, device): a launch per tile then only adds the operands and
+        scalars. Batches beyond gridDim.y's limit go in several launches, each with its slice
+        of the batch tables."""
+        import cupy
+
+        key = (cfg, cupy.cuda.Device().id)
+        kept = self._launches.get(key)
+        if kept is None:
+            import numpy as np
+
+            run = cfg if cfg.wide == self.wide else replace(cfg, wide=self.wide)
+            fn, cubin = gett_function(run)
+            index = np.int64 if run.wide else np.int32
+            M, N, K, L = self.dims
+            tiles_n = -(-N // run.bn)
+            blocks = -(-M // run.bm) * tiles_n
+            am, ak, al, bk, bn, bl, cm, cn, cl = self.views
+            extents = (index(M), index(N), index(K), index(tiles_n))
+            kept = self._launches[key] = (fn, cubin, run.name(), run.threads, run.smem_bytes(), [
+                ((blocks, min(L, l0 + MAX_GRID_Y) - l0),
+                 (am, ak, al[l0:l0 + MAX_GRID_Y], bk, bn, bl[l0:l0 + MAX_GRID_Y], cm, cn, cl[l0:l0 + MAX_GRID_Y],
+                  *extents))
+                for l0 in range(0, L, MAX_GRID_Y)])
+        return kept
 
 
 SUM_KINDS = {"sum": (sumkernel, sumkernel.SumConfig), "summma": (summma, summma.MmaConfig)}
@@ -203,20 +232,11 @@ def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> 
     """``C = alpha·A·B + beta·C`` over the tables' index groups, for CuPy float64 arrays or
     views (the tables already hold their strides; A and B as the tables were built, i.e.
     swapped by the caller when the problem says so). The kernel's index width is the tables'
-    (``cfg.wide`` is set from them). Batches beyond gridDim.y's limit go in several launches."""
+    (``cfg.wide`` is set from them; :meth:`GettTables.launches`)."""
     import numpy as np
 
-    if cfg.wide != tables.wide:
-        cfg = replace(cfg, wide=tables.wide)
-    fn = gett_function(cfg)
-    index = np.int64 if cfg.wide else np.int32
-    M, N, K, L = tables.dims
-    tiles_n = -(-N // cfg.bn)
-    blocks = -(-M // cfg.bm) * tiles_n
-    am, ak, al, bk, bn, bl, cm, cn, cl = tables.views
-    for l0 in range(0, L, MAX_GRID_Y):
-        l1 = min(L, l0 + MAX_GRID_Y)
-        fn((blocks, l1 - l0), (cfg.threads,),
-           (C, A, B, am, ak, al[l0:l1], bk, bn, bl[l0:l1], cm, cn, cl[l0:l1],
-            index(M), index(N), index(K), index(tiles_n), np.float64(alpha), np.float64(beta)),
-           shared_mem=cfg.smem_bytes())
+    fn, cubin, name, threads, smem, launches = tables.launches(cfg)
+    kernelcache.note(cubin, name)  # each call: the autotuner's first one is paused
+    scalars = (np.float64(alpha), np.float64(beta))
+    for grid, args in launches:
+        fn(grid, (threads,), (C, A, B, *args, *scalars), shared_mem=smem)

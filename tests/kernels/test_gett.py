@@ -166,16 +166,30 @@ def test_candidates_are_valid_and_ranked():
                           (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")))
     assert set(probs) == set(gett.ORDERS)  # C's stride-1 index f is not B's: the orders differ
     ranked = gett.candidates(probs, sm_count=132, top=3)
-    # the best of each order (more than the three asked for), then the staged-epilogue twin of
-    # each (they fit: no shared-memory limit hit)
-    cands, twins = ranked[:len(gett.ORDERS)], ranked[len(gett.ORDERS):]
-    assert twins == [(o, replace(cfg, staged=True)) for o, cfg in cands]
-    assert {o for o, _ in cands} == set(gett.ORDERS) and not any(cfg.staged for _, cfg in cands)
+    # the best of each order (more than the three asked for), then the best of each k-tile depth
+    # and block shape no larger than the best's, then the staged-epilogue twin of each (they fit:
+    # no shared-memory limit hit)
+    plain = [x for x in ranked if not x[1].staged]
+    cands, diverse = plain[:len(gett.ORDERS)], plain[len(gett.ORDERS):]
+    assert ranked[len(plain):] == [(o, replace(cfg, staged=True)) for o, cfg in plain]
+    assert {o for o, _ in cands} == set(gett.ORDERS)
     for order, cfg in ranked:
         p = probs[order]
         assert cfg.valid() and (cfg.a_k_fast, cfg.b_n_fast) == (p.a_k_fast, p.b_n_fast)
+    keys = [gett._rank(probs[o], cfg, 132) for o, cfg in plain]
+    assert keys[:len(cands)] == sorted(keys[:len(cands)])
+    every = [(gett._rank(p, cfg, 132), o, cfg) for o, p in probs.items() for cfg in gett.configs(p)]
+    area = cands[0][1].bm * cands[0][1].bn
+    shapes = (lambda c: c.bk, lambda c: (c.bm, c.bn, c.threads))
+    for shape in shapes:
+        assert {shape(cfg) for _, cfg in plain} == {shape(cfg) for _, _, cfg in every if cfg.bm * cfg.bn <= area} | {
+            shape(cfg) for _, cfg in cands}
+    for _, cfg in diverse:  # each the best-ranked of its k-tile depth or of its block shape
+        assert any(min((k, o, c.name()) for k, o, c in every if shape(c) == shape(cfg) and c.bm * c.bn <= area)[2]
+                   == cfg.name() for shape in shapes)
+    # K = 24: k-tiles of 8 pad nothing, so among the ties a k-tile of 8 ranks first
+    assert cands[0][1].bk == 8
     times = [gett.predicted_seconds(probs[o], cfg, 132) for o, cfg in cands]
-    assert times == sorted(times)
     # Storing along f (C's stride-1 index) is predicted cheaper than storing along c, and of the
     # two orders that store along f, reading A along its stride-1 index a cheaper than across it.
     assert cands[0][0] == "store-n"

@@ -141,7 +141,7 @@ def device(nvrtc, monkeypatch):
 
     cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
         getDeviceProperties=lambda device: {"name": b"GPU"}))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, RawModule=RawModule))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, RawModule=RawModule, asarray=lambda x: x))
     monkeypatch.setattr(uselog, "_NAMES", {})
     monkeypatch.setattr(kernelcache, "_LOADED", {})
     monkeypatch.setattr(kernelcache, "_MODULES", {})
@@ -154,18 +154,23 @@ def device(nvrtc, monkeypatch):
     return noted
 
 
-def test_a_gett_kernel_is_noted_at_every_launch_it_is_fetched_for(device):
-    """The run's uses are noted where a kernel is fetched to be launched, also from the table that
-    keeps it (a tuning run first fetches it while timing, paused); loading it is not a use."""
-    from chainexec.kernels.gett import MMA_SHAPES, GettConfig
+def test_a_gett_kernel_is_noted_at_every_launch(device):
+    """The run's uses are noted at every launch, also of the function kept for the tables (a
+    tuning run first launches it while timing, paused); loading it is not a use."""
+    from chainexec.kernels import gett
     from chainexec.runtime import uselog
 
-    cfg = GettConfig(2, 2, 2, 2, 16, 2, next(iter(MMA_SHAPES)), True, True)
+    sizes = dict(a=40, b=24, k=16)
+    strides = ({"a": 24, "b": 1}, {"a": 16, "k": 1}, {"k": 24, "b": 1})
+    tables = launch.GettTables(gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, strides), strides)
+    cfg = gett.GettConfig(2, 2, 2, 2, 16, 2, next(iter(gett.MMA_SHAPES)), True, True)
+    fn, key = launch.gett_function(cfg)
+    assert device == [] and fn.max_dynamic_shared_size_bytes == cfg.smem_bytes()
     with uselog.paused():
-        launch.gett_function(cfg)
-    fn = launch.gett_function(cfg)
-    assert launch.gett_function(cfg) is fn and fn.max_dynamic_shared_size_bytes == cfg.smem_bytes()
-    key = next(iter(kernelcache._LOADED))[0]
+        launch.launch_gett(cfg, tables, None, None, None, 1.0, 0.0)
+    for _ in range(2):
+        launch.launch_gett(cfg, tables, None, None, None, 1.0, 0.0)
+    assert launch.gett_function(cfg) == (fn, key) and fn.launches == 3
     assert device == [("modules", (key, cfg.name()), True)] + [("modules", (key, cfg.name()), False)] * 2
 
 

@@ -91,7 +91,13 @@ def spread(arr, idx, order):
 
 def element_strides(arr) -> tuple[int, ...]:
     """An array's strides in elements."""
-    return tuple(s // arr.itemsize for s in arr.strides)
+    return _in_elements(arr.strides, arr.itemsize)
+
+
+@lru_cache(maxsize=4096)
+def _in_elements(strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Byte strides in elements, kept: asked for every operand of every tile's contraction."""
+    return tuple(s // itemsize for s in strides)
 
 
 def all_rows(dst) -> slice | None:

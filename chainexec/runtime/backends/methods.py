@@ -73,6 +73,13 @@ def _cutensor(cupy):
         return None
 
 
+@lru_cache(maxsize=None)
+def _dtype_name(dtype) -> str:
+    """``str(dtype)``, kept per dtype: NumPy builds the text anew at every call, and a method
+    choice's key (:meth:`Methods._key`) needs it at every contraction."""
+    return str(dtype)
+
+
 @dataclass(frozen=True)
 class _Contiguous:
     """A C-contiguous array's shape, dtype, item size and strides (bytes), without the array:
@@ -588,7 +595,7 @@ class Methods:
     def _key(c: Contraction, out, a, b) -> tuple:
         """What a method choice depends on: the contraction, shapes, strides and dtype."""
         return (tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), a.shape, b.shape, out.shape,
-                element_strides(out), element_strides(a), element_strides(b), str(out.dtype))
+                element_strides(out), element_strides(a), element_strides(b), _dtype_name(out.dtype))
 
     def _gett_call(self, config: dict, c: Contraction, out, a, b, alpha: float, beta: float = 1.0) -> None:
         """``out = alpha · a·b + beta · out`` by the GETT kernel of ``config`` (its ``order`` and
