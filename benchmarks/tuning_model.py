@@ -2,16 +2,18 @@
 checked against the timings of a tuning cache made on a GPU.
 
 What: every single-contraction decision in the cache (``<kernel cache>/tuning/*``, or a JSON list of
-their entries) holds each candidate's best timed seconds. For each, the candidates are predicted on
+their entries) holds each candidate's best timed seconds (so does every case of a ``chainexec bench
+tccg`` result file, at its full size: :func:`bench_rows`). For each, the candidates are predicted on
 the probe they were timed on (``tuning._probe``, as the autotuner cuts it); the script prints, per
 method, the ratio of measured to predicted seconds (median, min, max), and, for several margins,
-how many candidates model-first tuning times (those within the margin of the best prediction) and
-its regret: the best measured among them over the best measured of all (1.0: nothing lost).
+how many candidates model-first tuning times (``costmodel.ambiguous``: those within the margin of the
+best prediction, or of their own method's best where that is within ``costmodel.WIDE``) and its
+regret: the best measured among them over the best measured of all (1.0: nothing lost).
 
 Why: the margin (``costmodel.MARGIN``) trades the first run's compile and tune seconds against
 warm-run speed; this measures that trade on real timings without a GPU.
 
-Usage: ``python3 benchmarks/tuning_model.py TUNING [--sm-count 132] [--margins 1 1.25 1.5 2 3]``
+Usage: ``python3 benchmarks/tuning_model.py TUNING|BENCH.json [--sm-count 132] [--margins 1 1.25 1.5 2 3]``
 """
 
 from __future__ import annotations
@@ -96,7 +98,15 @@ def main() -> None:
     ap.add_argument("--sm-count", type=int, default=132)
     ap.add_argument("--margins", type=float, nargs="+", default=[1.0, 1.25, 1.5, 2.0, 3.0])
     args = ap.parse_args()
-    ratios, rows, runs = evaluate(entries(args.tuning), args.sm_count)
+    data = json.loads(Path(args.tuning).read_text()) if Path(args.tuning).is_file() else None
+    if isinstance(data, dict) and "rows" in data:  # a ``chainexec bench tccg`` result
+        rows, runs = bench_rows(args.tuning, sm_count=args.sm_count), []
+        ratios: dict[str, list[float]] = {}
+        for measured, predicted in rows:
+            for name, seconds in measured.items():
+                ratios.setdefault(name.split(":")[0], []).append(seconds / predicted[name])
+    else:
+        ratios, rows, runs = evaluate(entries(args.tuning), args.sm_count)
     report(ratios, rows, runs, args.margins)
 
 
@@ -131,10 +141,38 @@ def evaluate(decisions: list[dict], sm_count: int = 132) -> tuple[dict, list, li
     return ratios, rows, runs
 
 
-def regret(measured: dict, predicted: dict, margin: float) -> float:
-    """The best measured seconds among the candidates model-first tuning keeps at ``margin`` over
-    the best measured of all (1.0: nothing lost)."""
-    return min(measured[m] for m in costmodel.ambiguous(predicted, margin)) / min(measured.values())
+def regret(measured: dict, predicted: dict, margin: float, wide: float = costmodel.WIDE) -> float:
+    """The best measured seconds among the candidates model-first tuning keeps at ``margin`` (and
+    ``wide``: :func:`chainexec.runtime.backends.costmodel.ambiguous`) over the best measured of
+    all (1.0: nothing lost)."""
+    return min(measured[m] for m in costmodel.ambiguous(predicted, margin, wide)) / min(measured.values())
+
+
+BENCH_METHODS = {"batched": "batched", "relayout": "relayout", "ttgt": "ttgt", "einsum": "cupy_einsum",
+                 "kernel": "cogent", "cutensor": "cutensor"}
+"""Autotuner method -> the key of its time in a ``chainexec bench tccg`` row (``<key>_ms``)."""
+
+
+def bench_rows(path: str, cutensor: bool = True, sm_count: int = 132) -> list[tuple[dict, dict]]:
+    """(measured, predicted) seconds by candidate, named as the autotuner names them, of every
+    case of a ``chainexec bench tccg`` result file (C-contiguous operands at the case's sizes):
+    the library methods and the GETT candidates the bench timed that the autotuner offers now;
+    cuTENSOR only where ``cutensor``."""
+    out = []
+    for row in json.loads(Path(path).read_text())["rows"]:
+        if "skipped" in row:
+            continue
+        idx = row["name"].split("-")
+        arrays = [fake([row["sizes"][i] for i in x],
+                       [math.prod(row["sizes"][i] for i in x[d + 1:]) for d in range(len(x))]) for x in idx]
+        c = Contraction(0, "O", list(idx[0]), "A", list(idx[1]), "B", list(idx[2]), 1.0, True, 0, 0)
+        ops = [costmodel.operand(i, x) for i, x in zip(idx, arrays)]
+        configs = gett_configs(c, *arrays, sm_count)
+        measured = {m: row[f"{key}_ms"] / 1e3 for m, key in BENCH_METHODS.items()
+                    if f"{key}_ms" in row and (cutensor or m != "cutensor")}
+        measured |= {name: g["ms"] / 1e3 for g in row.get("gett", []) if (name := f"gett:{g['order']}:{g['config']}") in configs}
+        out.append((measured, {m: costmodel.predict(m.split(":")[0], configs.get(m), *ops, 8, sm_count) for m in measured}))
+    return out
 
 
 def report(ratios: dict, rows: list, runs: list, margins: list[float]) -> None:
@@ -147,7 +185,7 @@ def report(ratios: dict, rows: list, runs: list, margins: list[float]) -> None:
         timed = total = untimed = 0
         regrets = []
         for measured, predicted in rows:
-            kept = costmodel.ambiguous(predicted, margin)
+            kept = costmodel.ambiguous(predicted, margin, costmodel.WIDE)
             timed += len(kept) if len(kept) > 1 else 0
             untimed += len(kept) == 1
             total += len(measured)
@@ -159,7 +197,7 @@ def report(ratios: dict, rows: list, runs: list, margins: list[float]) -> None:
         print("  " + "  ".join(f"{name} {best[name] * 1e3:.3f} ms ({predicted[name] * 1e3:.3f})"
                                for name in sorted(best, key=best.get)))
     for margin in margins:
-        regrets = [regret(best, predicted, margin) for best, predicted in runs]
+        regrets = [regret(best, predicted, margin, 1.0) for best, predicted in runs]
         kept = [len(costmodel.ambiguous(predicted, margin)) for _, predicted in runs]
         print(f"  margin {margin:.2f}: strategies timed per run {kept}, regret max "
               f"{max(regrets, default=1):.3f}")

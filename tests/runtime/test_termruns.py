@@ -178,9 +178,9 @@ def test_every_terms_kernels_are_compiled_together_before_any_timing(on_numpy, m
 
 
 def test_a_candidate_the_models_put_far_ahead_runs_untimed_and_alone_compiled(on_numpy, monkeypatch):
-    """At the cost models' margin, a 320³ GEMM whose candidates are the direct kernel and TTGT
-    (the direct kernel predicted many times slower) takes TTGT without timing anything or
-    compiling the direct kernel; the decision is kept with no seconds and the product is added
+    """At the cost models' margin, a 640³ GEMM whose candidates are the direct kernel and TTGT
+    (the direct kernel predicted more than :data:`~costmodel.WIDE` times slower) takes TTGT
+    without timing anything or compiling the direct kernel; the decision is kept with no seconds and the product is added
     exactly. At 2×2, where launches dominate, the direct kernel (one launch against TTGT's four)
     is the one left."""
     from chainexec.runtime import kernelcache
@@ -193,7 +193,7 @@ def test_a_candidate_the_models_put_far_ahead_runs_untimed_and_alone_compiled(on
     backend._time = lambda how, c, out, a, b: timed.append(how[0]) or 1.0
     rng = np.random.default_rng(6)
     c = Contraction(0, "C", ["i", "j"], "A", ["i", "f"], "B", ["f", "j"], 0.5, True, 0, 0)
-    a, b, out = (rng.standard_normal((320, 320)) for _ in range(3))
+    a, b, out = (rng.standard_normal((640, 640)) for _ in range(3))
     want = out + 0.5 * np.einsum("if,fj->ij", a, b)
     backend.contract(c, out, a, b)
     assert np.linalg.norm(out - want) <= 1e-12 * np.linalg.norm(want)

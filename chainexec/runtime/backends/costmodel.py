@@ -15,7 +15,8 @@ recorded on any machine, ``benchmarks/tuning_model.py``):
 - ``ttgt`` — one GEMM over the merged free and summed extents (``ttgt_layout``), plus both
   operands transposed, the product written, and the permuted add (product and output read, output
   written); ``einsum`` the same with one more output pass (its product is a separate array).
-- ``cutensor`` — the GEMM bound and the minimum traffic of the contraction.
+- ``cutensor`` — the GEMM bound and the minimum traffic of the contraction, over
+  :data:`CUTENSOR_SHARE`.
 - ``gett`` — the GETT kernel's own model (:func:`chainexec.kernels.gett.predicted_seconds`), the
   one that ranks its configurations, over :data:`GETT_SHARE`.
 - ``kernel`` (COGENT) and ``direct`` — the flops on the CUDA cores (half the tensor-core rate)
@@ -27,11 +28,14 @@ strategy: the terms one by one at their best library method (:func:`library`), a
 
 The shares are set from the candidates' timings of a (T) job on an H200
 (``benchmarks/results/tuning_h200_benzene.json``; ``benchmarks/tuning_model.py`` prints each
-method's measured over predicted seconds and what model-first tuning would lose at each margin).
+method's measured over predicted seconds and what model-first tuning would lose at each margin),
+cuTENSOR's from the TCCG cases (``benchmarks/results/tccg_h200_2026-12-01d.json``, where it runs
+at 1.16–2.6 times its roofline).
 
-A candidate is timed where its prediction is within :data:`MARGIN` of the best prediction
-(:func:`ambiguous`): where one candidate is predicted faster than every other by more than the
-margin it is chosen without timing, and the others' kernels are never compiled.
+A candidate is timed where its prediction is within :data:`MARGIN` of the best prediction, or
+within the margin of its own method's best where that is within :data:`WIDE` of the best
+(:func:`ambiguous`): where one candidate is predicted faster than every other by more than
+these it is chosen without timing, and the others' kernels are never compiled.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ HALF = (32, 32, 16)
 dimension (:func:`gemm_efficiency`)."""
 GETT_SHARE = 0.5
 """Share of its own roofline model that the generated GETT kernel reaches."""
+CUTENSOR_SHARE = 0.8
+"""Share of its roofline (the GEMM bound and the least traffic) that cuTENSOR reaches."""
 CORE_SHARE = 0.15
 """Share of the CUDA cores' FP64 rate that the generated COGENT kernel reaches."""
 DIRECT_SHARE = 0.08
@@ -66,6 +72,12 @@ its best configuration."""
 MARGIN = 1.25
 """Candidates predicted within this factor of the best prediction are timed; the others are not
 (where only the best is left, it is chosen untimed)."""
+WIDE = 1.75
+"""A method whose best prediction is within this factor of the best of all has its candidates
+within :data:`MARGIN` of its own best timed too (:func:`ambiguous`, single contractions): one
+method's candidates share one model, but how one method's model compares with another's varies
+across shapes by up to 2× (on the recorded TCCG timings, GETT's is pessimistic on large
+memory-bound contractions, cuTENSOR's optimistic)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +183,7 @@ def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize:
     if method in ("ttgt", "einsum"):
         return _ttgt(out, a, b, itemsize, 3 if method == "ttgt" else 4) + (EINSUM_OVERHEAD if method == "einsum" else 0)
     if method == "cutensor":
-        return _least(out, a, b, itemsize, FLOPS * gemm_efficiency(*_ttgt_extents(out, a, b)[1:]))
+        return _least(out, a, b, itemsize, FLOPS * gemm_efficiency(*_ttgt_extents(out, a, b)[1:])) / CUTENSOR_SHARE
     if method == "gett":
         return _gett(config, out, a, b, sm_count)
     if method == "kernel":
@@ -215,10 +227,18 @@ def stacked(out: Operand, terms: list[tuple[Operand, Operand]], left: tuple[str,
     return copies + library(out, *one, itemsize)
 
 
-def ambiguous(predicted: dict[str, float], margin: float = MARGIN) -> list[str]:
-    """The candidates (of candidate -> predicted seconds) within ``margin`` of the best
-    prediction, best first: the ones worth timing. All of them where no prediction is finite."""
+def ambiguous(predicted: dict[str, float], margin: float = MARGIN, wide: float = 1.0) -> list[str]:
+    """The candidates worth timing, best first: of candidate -> predicted seconds (a method's
+    candidates named ``method`` or ``method:configuration``), those within ``margin`` of the best
+    prediction, and those within ``margin`` of their own method's best where that is within
+    ``wide`` of the best of all (:data:`WIDE`). All of them where no prediction is finite."""
     best = min(predicted.values(), default=math.inf)
     if not math.isfinite(best):
         return list(predicted)
-    return sorted((m for m, t in predicted.items() if t <= margin * best), key=predicted.get)
+    own: dict[str, float] = {}
+    for name, t in predicted.items():
+        method = name.split(":")[0]
+        own[method] = min(own.get(method, math.inf), t)
+    return sorted((m for m, t in predicted.items()
+                   if t <= margin * best or (own[m.split(":")[0]] <= wide * best
+                                             and t <= margin * own[m.split(":")[0]])), key=predicted.get)

@@ -14,7 +14,9 @@ those of a run of terms are the candidates of the strategies registered in
 the sum kernels of :data:`~chainexec.runtime.backends.termruns.TIMED_SUM_KINDS` for the whole run
 and for each split; the stacks). Only the candidates predicted within :attr:`margin`
 (``CHAINEXEC_TUNE_MARGIN``, default :data:`~chainexec.runtime.backends.costmodel.MARGIN`) of the
-best are compiled and timed; one left is chosen untimed. Each is timed on
+best (a single contraction's also within it of their own method's best, where that is within
+:data:`~chainexec.runtime.backends.costmodel.WIDE` of the best) are compiled and timed; one left
+is chosen untimed. Each is timed on
 the real operands or on a probe of them (:func:`_probe`): one untimed warm-up and the best of
 :data:`TIMED_RUNS` CUDA-event-timed runs (:meth:`Autotuner._timed`); the fastest is kept
 (:meth:`Autotuner._decide`). The environment variable ``CHAINEXEC_GPU_METHOD`` (one of
@@ -132,7 +134,7 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 13
+TUNING_VERSION = 14
 """The tuning cache's format version, the first part of every key: raised when methods, GETT
 configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
 recorded by older code are not read back."""
@@ -535,7 +537,7 @@ class Autotuner:
         fitting = {m: cfg for m, cfg in every.items() if self._fits(m.split(":")[0], (out, a, b), (po, pa, pb))}
         cands = (fitting or {m: cfg for m, cfg in every.items() if not REGISTRY[m.split(":")[0]].workspace(out, a, b)}
                  or every)
-        close = costmodel.ambiguous(self._predicted(c, po, pa, pb, cands), self.margin)
+        close = costmodel.ambiguous(self._predicted(c, po, pa, pb, cands), self.margin, costmodel.WIDE)
         like = self._like([(c.out_indices, out.shape, element_strides(out)), (c.a_indices, a.shape, element_strides(a)),
                            (c.b_indices, b.shape, element_strides(b))], str(out.dtype), "one")
         alike = self._alike(like) if len(close) > 1 else None
