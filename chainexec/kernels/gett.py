@@ -390,7 +390,7 @@ def _rank(p: Problem, cfg: GettConfig, sm_count: int) -> tuple[int, float]:
     the roofline cannot tell apart, as for every memory-bound configuration of one order, tie),
     then the summed range padded to whole k-tiles over the range (a k-tile of padding is a
     load round trip and MMAs for nothing)."""
-    K = p.dims[2]
+    K = max(p.dims[2], 1)
     return (math.floor(math.log(predicted_seconds(p, cfg, sm_count)) / math.log(TIER)),
             -(-K // cfg.bk) * cfg.bk / K)
 

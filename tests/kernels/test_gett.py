@@ -202,6 +202,16 @@ def test_candidates_are_valid_and_ranked():
         gett.source(gett.GettConfig(2, 2, 4, 4, 6, 3, "m8n8k4", True, True))  # bk not a multiple of 4
 
 
+def test_an_empty_summed_range_still_ranks_its_configurations():
+    """K = 0 (a summed extent of 0) pads nothing: ranking the configurations does not divide by
+    it."""
+    sizes = dict(a=64, b=64, k=0)
+    p = gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, ({"a": 64, "b": 1}, {"a": 1, "k": 1}, {"k": 64, "b": 1}))
+    assert p.dims[2] == 0
+    cands = gett.candidates({"load": p}, 132)
+    assert cands and all(cfg.valid() for _, cfg in cands)
+
+
 def test_shared_memory_pitches_avoid_bank_conflicts():
     """Fragment reads: lanes 0-15 touch rows 0-3 x columns 0-3; with a pitch of 4 mod 16 doubles
     the 16 addresses fall into 16 distinct 8-byte bank pairs."""
