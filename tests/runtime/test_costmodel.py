@@ -101,7 +101,7 @@ def test_timings_the_shares_were_not_set_on_lose_little_on_the_whole():
     regrets = [tm.regret(measured, predicted, costmodel.MARGIN) for measured, predicted in rows]
     assert len(rows) >= 25 and math.exp(sum(map(math.log, regrets)) / len(regrets)) <= 1.03
     assert max(regrets) <= 1.30
-    assert all(tm.regret(best, predicted, costmodel.MARGIN) == 1.0 for best, predicted in runs)
+    assert all(tm.regret(best, predicted, costmodel.MARGIN, 1.0) == 1.0 for best, predicted in runs)
 
 
 @pytest.mark.parametrize("cutensor", [False, True])
