@@ -106,13 +106,13 @@ def test_timings_the_shares_were_not_set_on_lose_little_on_the_whole():
 
 @pytest.mark.parametrize("cutensor", [False, True])
 def test_the_fastest_method_of_every_tccg_case_is_among_those_timed(cutensor):
-    """On the 48 TCCG cases timed by every method on an H200 (``tccg_h200_2026-12-01d.json``,
+    """On the 48 TCCG cases timed by every method on an H200 (``tccg_h200_cutensor.json``,
     cuTENSOR installed; without it, its times left out): the candidates the models keep include
     the fastest of every case. The margin alone (``wide`` 1) does not: with cuTENSOR predicted
     best nearly everywhere, it times cuTENSOR alone and loses 15 % or more on the geometric mean
     (GETT was up to 1.9 times faster)."""
     tm = _script()
-    rows = tm.bench_rows(str(RECORD.with_name("tccg_h200_2026-12-01d.json")), cutensor)
+    rows = tm.bench_rows(str(RECORD.with_name("tccg_h200_cutensor.json")), cutensor)
     assert len(rows) == 48 and all(any(m.startswith("gett:") for m in measured) for measured, _ in rows)
     assert all(tm.regret(measured, predicted, costmodel.MARGIN) == 1.0 for measured, predicted in rows)
     alone = [tm.regret(measured, predicted, costmodel.MARGIN, 1.0) for measured, predicted in rows]
