@@ -174,6 +174,32 @@ def test_a_gett_kernel_is_noted_at_every_launch(device):
     assert device == [("modules", (key, cfg.name()), True)] + [("modules", (key, cfg.name()), False)] * 2
 
 
+def test_a_gett_batch_beyond_the_grid_limit_goes_in_several_launches(device, monkeypatch):
+    """A batch of more than gridDim.y's limit blocks (here the limit set to 3, a batch of 7) is
+    launched in slices of the limit, each with its slice of the three batch tables and the same
+    other tables, extents and scalars; the arguments are made once per configuration."""
+    from chainexec.kernels import gett
+
+    monkeypatch.setattr(launch, "MAX_GRID_Y", 3)
+    sizes = dict(l=7, a=40, b=24, k=16)
+    strides = ({"l": 960, "a": 24, "b": 1}, {"l": 640, "a": 16, "k": 1}, {"l": 384, "k": 24, "b": 1})
+    p = gett.problem(("l", "a", "b"), ("l", "a", "k"), ("l", "k", "b"), sizes, strides)
+    tables = launch.GettTables(p, strides)
+    cfg = gett.GettConfig(2, 2, 2, 2, 16, 2, next(iter(gett.MMA_SHAPES)), p.a_k_fast, p.b_n_fast)
+    fn, _, name, threads, smem, launches = tables.launches(cfg)
+    assert tables.launches(cfg)[5] is launches and (name, threads, smem) == (cfg.name(), 128, cfg.smem_bytes())
+    blocks = -(-40 // cfg.bm) * -(-24 // cfg.bn)
+    assert [grid for grid, _ in launches] == [(blocks, 3), (blocks, 3), (blocks, 1)]
+    am, ak, al, bk, bn, bl, cm, cn, cl = tables.views
+    for n, (_, args) in enumerate(launches):
+        assert all(x is y for x, y in zip(args[:2] + args[3:5] + args[6:8], (am, ak, bk, bn, cm, cn)))
+        for got, table in zip(args[2::3][:3], (al, bl, cl)):
+            assert list(got) == list(table[3 * n:3 * n + 3]) and len(table) == 7
+        assert [int(x) for x in args[9:]] == [40, 24, 16, -(-24 // cfg.bn)]
+    launch.launch_gett(cfg, tables, None, None, None, 1.0, 0.0)
+    assert fn.launches == 3
+
+
 def test_loading_a_kernel_is_not_a_use(device):
     fn, key = kernelcache.function("chainexec_k", "src k")
     assert kernelcache.function("chainexec_k", "src k") == (fn, key) and device == []
