@@ -170,8 +170,11 @@ def bench_rows(path: str, cutensor: bool = True, sm_count: int = 132) -> list[tu
         configs = gett_configs(c, *arrays, sm_count)
         measured = {m: row[f"{key}_ms"] / 1e3 for m, key in BENCH_METHODS.items()
                     if f"{key}_ms" in row and (cutensor or m != "cutensor")}
-        measured |= {name: g["ms"] / 1e3 for g in row.get("gett", []) if (name := f"gett:{g['order']}:{g['config']}") in configs}
-        out.append((measured, {m: costmodel.predict(m.split(":")[0], configs.get(m), *ops, 8, sm_count) for m in measured}))
+        for g in row.get("gett", []):
+            if (name := f"gett:{g['order']}:{g['config']}") in configs:
+                measured[name] = g["ms"] / 1e3
+        predicted = {m: costmodel.predict(m.split(":")[0], configs.get(m), *ops, 8, sm_count) for m in measured}
+        out.append((measured, predicted))
     return out
 
 

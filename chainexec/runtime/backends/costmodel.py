@@ -235,10 +235,10 @@ def ambiguous(predicted: dict[str, float], margin: float = MARGIN, wide: float =
     best = min(predicted.values(), default=math.inf)
     if not math.isfinite(best):
         return list(predicted)
+    method = {name: name.split(":")[0] for name in predicted}
     own: dict[str, float] = {}
     for name, t in predicted.items():
-        method = name.split(":")[0]
-        own[method] = min(own.get(method, math.inf), t)
+        own[method[name]] = min(own.get(method[name], math.inf), t)
     return sorted((m for m, t in predicted.items()
-                   if t <= margin * best or (own[m.split(":")[0]] <= wide * best
-                                             and t <= margin * own[m.split(":")[0]])), key=predicted.get)
+                   if t <= margin * best or own[method[m]] <= wide * best and t <= margin * own[method[m]]),
+                  key=predicted.get)
