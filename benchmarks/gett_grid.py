@@ -45,7 +45,7 @@ def main(ids: list[int], out: str) -> None:
         B = cupy.random.standard_normal([sizes[i] for i in b])
         C = cupy.empty([sizes[i] for i in c])
         ref = cupy.einsum(f"{a},{b}->{c}", A, B)
-        results = sorted(gett_rows(c, a, b, sizes, A, B, C, ref, 0.01, choose=grid), key=lambda r: r["ms"])
+        results = sorted(gett_rows(c, a, b, sizes, A, B, C, ref, 0.01, choose=grid)[0], key=lambda r: r["ms"])
         nbytes = sum(math.prod(sizes[i] for i in s) * 8 for s in (a, b, c))
         bound = bound_ms(2 * math.prod(sizes.values()), nbytes, *roof)
         error = worst(*(r["rel_err"] for r in results), *(r["rel_err_beta"] for r in results))

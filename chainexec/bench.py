@@ -79,25 +79,46 @@ def worst(*errors: float) -> float:
     return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
-def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> tuple[float, int]:
-    """Median milliseconds of ``fn()`` over repeats timed with CUDA events, after one warm-up;
-    the number of repeats fits ``budget_s``."""
+def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> dict:
+    """Median milliseconds and repeats of every callable in ``fns``, timed in rounds that call each
+    once in turn (``measure(fn)`` gives one call's milliseconds): methods compared with each other
+    run under the same clocks and power state. A device that throttles under a long DGEMM drifts
+    by 10 % or more between runs of the same kernel; methods timed one after another would carry
+    that drift into their ratio. Rounds stop at ``max_reps``, or once every callable has
+    ``min_reps`` and the next round would pass ``budget_s`` per callable."""
+    times = {key: [] for key in fns}
+    while True:
+        for key, fn in fns.items():
+            times[key].append(measure(fn))
+        done = len(next(iter(times.values())))
+        spent = sum(map(sum, times.values())) / 1e3
+        if done >= max_reps or (done >= min_reps and spent * (done + 1) / done > budget_s * len(fns)):
+            return {key: (float(np.median(t)), len(t)) for key, t in times.items()}
+
+
+def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> dict:
+    """:func:`rounds` on the device: each call timed with CUDA events, after one warm-up call of
+    each."""
     import cupy
 
-    fn()
+    for fn in fns.values():
+        fn()
     cupy.cuda.Device().synchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    while True:
+
+    def measure(fn) -> float:
         start.record()
         fn()
         stop.record()
         stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-        if len(times) >= max_reps or (len(times) >= min_reps and
-                                      sum(times) / 1e3 * (len(times) + 1) / len(times) > budget_s):
-            break
-    return float(np.median(times)), len(times)
+        return cupy.cuda.get_elapsed_time(start, stop)
+
+    return rounds(fns, measure, budget_s, min_reps, max_reps)
+
+
+def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> tuple[float, int]:
+    """Median milliseconds and repeats of ``fn()`` alone (:func:`time_together`)."""
+    return time_together({0: fn}, budget_s, min_reps, max_reps)[0]
 
 
 def environment() -> dict:
@@ -112,11 +133,12 @@ def environment() -> dict:
     return env
 
 
-def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> list[dict]:
+def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tuple[list[dict], list]:
     """The GETT model's top configurations for this case (``choose(problems, sm_count)``'s
     (order, configuration) pairs where given): each checked against ``ref`` (beta = 0 into a
-    NaN-poisoned C, then alpha/beta) and timed with beta = 0. Their kernels are compiled first,
-    together in threads."""
+    NaN-poisoned C, then alpha/beta) and timed with beta = 0; a row per configuration and, in the
+    same order, each one's timed launch as a callable. Their kernels are compiled first, together
+    in threads."""
     import cupy
 
     from chainexec.kernels import gett
@@ -132,7 +154,7 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> lis
     model_s = time.perf_counter() - t
     kernelcache.precompile([(cfg.name(), gett.source(cfg)) for _, cfg in cands], str(dev.compute_capability))
     tables = {o: GettTables(p, strides) for o, p in probs.items()}
-    rows = []
+    rows, calls = [], []
     for order, cfg in cands:
         prob = probs[order]
         left, right = (B, A) if prob.swap else (A, B)
@@ -141,10 +163,12 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> lis
         err = rel_error(C, ref)
         launch_gett(cfg, tables[order], C, left, right, 0.5, -2.0)
         err_beta = rel_error(C, -1.5 * ref)
-        ms, reps = time_gpu(lambda: launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0), budget_s)
+        calls.append(lambda cfg=cfg, order=order, left=left, right=right:
+                     launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0))
+        ms, reps = time_gpu(calls[-1], budget_s)
         rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
                      "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
-    return rows
+    return rows, calls
 
 
 def _contiguous(x) -> bool:
@@ -263,11 +287,16 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
            "config": {k: getattr(cfg, k) for k in ("x_operand", "tbx", "regx", "tby", "regy",
                                                   "tbk", "threads", "smem_bytes", "num_blocks",
                                                   "trans_total")}}
-    times = {"cogent": time_gpu(lambda: kernel(A, B, C), budget_s)}
+    # every method's timed call, timed alone first (pools emptied after each, so that a case
+    # that fits once fits every method), then the fastest of chainexec's against the fastest
+    # library head to head (:func:`time_together`)
+    fns = {"cogent": lambda: kernel(A, B, C)}
+    times = {}
     if dtype == "float64":
-        row["gett"] = gett_rows(c, a, b, sizes, A, B, C, ref, budget_s)
-        best = min(row["gett"], key=lambda r: r["ms"])
-        times["gett"] = (best["ms"], best["reps"])
+        row["gett"], calls = gett_rows(c, a, b, sizes, A, B, C, ref, budget_s)
+        best = min(range(len(calls)), key=lambda i: row["gett"][i]["ms"])
+        times["gett"] = (row["gett"][best]["ms"], row["gett"][best]["reps"])
+        fns["gett"] = calls[best]
         row["rel_err"] = worst(err, *(r["rel_err"] for r in row["gett"]))
         row["rel_err_beta"] = worst(err_beta, *(r["rel_err_beta"] for r in row["gett"]))
     con = Contraction(id=0, out="C", out_indices=list(c), a="A", a_indices=list(a), b="B", b_indices=list(b),
@@ -276,7 +305,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     C[...] = cupy.nan
     if backend.batched_gemm(con, C, A, B, 1.0, beta=0.0):
         row["rel_err"] = worst(row["rel_err"], rel_error(C, ref))
-        times["batched"] = time_gpu(lambda: backend.batched_gemm(con, C, A, B, 1.0, beta=0.0), budget_s)
+        fns["batched"] = lambda: backend.batched_gemm(con, C, A, B, 1.0, beta=0.0)
     if "relayout" in backend._candidates(con, C, A, B):  # where the runtime's autotuner offers it
         moved, pa, pb = _relaid(con)
 
@@ -290,11 +319,17 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         relayout()
         row["relayout_rel_err"] = rel_error(C, ref)
         row["rel_err"] = worst(row["rel_err"], row["relayout_rel_err"])
-        times["relayout"] = time_gpu(relayout, budget_s)
+        fns["relayout"] = relayout
+    # the runtime's TTGT method, its product copied into C by the runtime's own kernel
+    C[...] = cupy.nan
+    backend._run(("ttgt", None), con, C, A, B, fresh=True)
+    row["rel_err"] = worst(row["rel_err"], rel_error(C, ref))
+    fns["ttgt"] = lambda: backend._run(("ttgt", None), con, C, A, B, fresh=True)
     del ref
     # TTGT and the einsums hand back the GEMM's product viewed in C's index order; C's layout
-    # costs them one more pass (the view made contiguous), which is what they are timed with.
-    # Their times as returned are kept beside (``*_view_ms``) with whether the result was a view.
+    # costs them one more pass (the view made contiguous), which is what the einsums are timed
+    # with, by their own library's copy. Their times as returned are kept beside (``*_view_ms``)
+    # with whether the result was a view.
     returned = {"ttgt": lambda: ttgt_product(backend, con, A, B),
                 "cupy_einsum": lambda: cupy.einsum(f"{a},{b}->{c}", A, B)}
     if use_torch:
@@ -305,35 +340,51 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     row["views"] = {}
     for key, fn in returned.items():
         row["views"][key] = not _contiguous(fn())
-        times[key] = time_gpu(lambda fn=fn: _in_layout(fn()), budget_s)
-        times[f"{key}_view"] = time_gpu(fn, budget_s)
-        cupy.get_default_memory_pool().free_all_blocks()
-    del returned
-    if use_torch:
-        del tA, tB
-        torch.cuda.empty_cache()
+        fns.setdefault(key, lambda fn=fn: _in_layout(fn()))
+        fns[f"{key}_view"] = fn
     cutensor = cutensor_call(a, b, c, A, B, C)
     if cutensor is not None:
-        times["cutensor"] = time_gpu(cutensor, budget_s)
+        fns["cutensor"] = cutensor
+
+    def release():
+        cupy.get_default_memory_pool().free_all_blocks()
+        if use_torch:
+            torch.cuda.empty_cache()
+
+    for key, fn in fns.items():
+        if key not in times:
+            times[key] = time_gpu(fn, budget_s)
+            release()
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
     # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT, batched
     # GEMM in place or on permuted copies, COGENT, TTGT, cupy.einsum and cuTENSOR where installed;
     # the libraries it is compared with are the others (where it picks a library, its ratio to the
-    # best library is at most 1).
+    # best library is at most 1). The ratio is read from the two timed head to head, in rounds
+    # with five times the budget: each alone is the fastest of several noisy medians.
     ours = {k: times[k][0] for k in ("gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "cutensor")
             if k in times}
     row["selector"] = min(ours, key=ours.get)
-    row["chainexec_ms"] = ours[row["selector"]]
     row["generated_ms"] = min(times[k][0] for k in ("gett", "cogent") if k in times)
     libs = {k: times[k][0] for k in ("cupy_einsum", "torch_einsum", "cutensor") if k in times}
     row["best_library"] = min(libs, key=libs.get)
-    row["ratio_vs_best_library"] = libs[row["best_library"]] / row["chainexec_ms"]
     row["generated_ratio_vs_best_library"] = libs[row["best_library"]] / row["generated_ms"]
+    pair = dict.fromkeys((row["selector"], row["best_library"]))
+    try:
+        final = time_together({k: fns[k] for k in pair}, 5 * budget_s, min_reps=5)
+        row["head_to_head"] = {k: {"ms": ms, "reps": reps} for k, (ms, reps) in final.items()}
+    except (cupy.cuda.memory.OutOfMemoryError, *([torch.cuda.OutOfMemoryError] if use_torch else [])):
+        # both methods' temporaries at once: each alone's times
+        final = {k: times[k] for k in pair}
+        row["head_to_head"] = "not timed: the two methods' temporaries together exceed the device memory"
+    release()
+    row["chainexec_ms"] = final[row["selector"]][0]
+    row["library_ms"] = final[row["best_library"]][0]
+    row["ratio_vs_best_library"] = row["library_ms"] / row["chainexec_ms"]
     row["bound_ms"] = bound_ms(flops, sum(nbytes.values()), *roof)
-    row["ceiling_vs_best_library"] = libs[row["best_library"]] / row["bound_ms"]
+    row["ceiling_vs_best_library"] = row["library_ms"] / row["bound_ms"]
     row["of_bound"] = row["bound_ms"] / row["chainexec_ms"]
-    for key in ("bound", "chainexec", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
+    for key in ("bound", "chainexec", "library", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
                 "torch_einsum", "cutensor", "ttgt_view", "cupy_einsum_view", "torch_einsum_view"):
         if f"{key}_ms" in row:
             row[f"{key}_gflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e9

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from chainexec.bench import _contiguous, _in_layout, bound_ms, load_cases, summary, worst
+from chainexec.bench import _contiguous, _in_layout, bound_ms, load_cases, rounds, summary, worst
 from chainexec.errors import ChainexecError
 
 from tests.conftest import TCCG, assert_refused, run_cli
@@ -37,6 +37,42 @@ def test_results_are_timed_in_the_output_layout():
     laid = _in_layout(view)
     assert _contiguous(laid) and laid.shape == view.shape and np.array_equal(laid, view)
     assert _in_layout(product) is product
+
+
+class _DriftingClock:
+    """A device whose every call of any method takes one step longer than the call before (a
+    clock throttling under load), and which logs the order of the calls."""
+
+    def __init__(self, step: float = 0.01):
+        self.calls, self.step = [], step
+
+    def measure(self, fn) -> float:
+        self.calls.append(fn())
+        return 1.0 + self.step * len(self.calls)
+
+
+def test_methods_are_timed_in_turn_within_the_budget():
+    clock = _DriftingClock()
+    times = rounds({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, clock.measure, 0.0048, min_reps=3)
+    assert clock.calls == ["a", "b", "c"] * 4  # a fifth round would pass 4.8 ms per method
+    assert times["a"] == (pytest.approx(1.0 + 0.01 * 5.5), 4) and times["c"] == (pytest.approx(1.0 + 0.01 * 7.5), 4)
+
+
+@pytest.mark.parametrize("budget,min_reps,max_reps,reps", [(0.0, 3, 50, 3), (0.0, 7, 50, 7), (1e9, 3, 11, 11)])
+def test_rounds_stop_at_the_fewest_or_the_most_repeats(budget, min_reps, max_reps, reps):
+    times = rounds({"a": lambda: "a", "b": lambda: "b"}, _DriftingClock().measure, budget, min_reps, max_reps)
+    assert [n for _, n in times.values()] == [reps, reps]
+
+
+def test_equal_methods_on_a_drifting_clock_time_equal_in_rounds():
+    """Two copies of one method on a clock that slows by 1 % a call: timed in rounds their medians
+    differ by one call's drift; timed one after the other, by the first one's whole run."""
+    same = lambda: "x"
+    together = rounds({"a": same, "b": same}, _DriftingClock().measure, 0.0, min_reps=20)
+    clock = _DriftingClock()
+    alone = [rounds({k: same}, clock.measure, 0.0, min_reps=20)[k] for k in "ab"]
+    assert together["b"][0] / together["a"][0] == pytest.approx(1.0, abs=0.011)
+    assert alone[1][0] / alone[0][0] > 1.15
 
 
 def test_summary_geomean_per_scale_and_group():
