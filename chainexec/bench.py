@@ -60,6 +60,9 @@ from chainexec.runtime.backends.methods import _relaid
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: Methods within this factor of their side's fastest alone are timed again head to head.
+CONTENDERS = 1.05
+
 
 def rel_error(out, ref) -> float:
     """||out - ref||_F / ||ref||_F, accumulated slice by slice along axis 0 (bounded memory)."""
@@ -250,6 +253,12 @@ def dgemm_gflops(n: int = 8192) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
+def contenders(*sides: dict) -> list:
+    """The methods of every side (name -> milliseconds alone) within :data:`CONTENDERS` of their
+    side's fastest, each once, in the sides' order."""
+    return list(dict.fromkeys(k for side in sides for k in side if side[k] <= CONTENDERS * min(side.values())))
+
+
 def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
              roof: tuple[float, float]) -> dict:
     """Check and time one contraction at one scale; returns a JSON-ready row. ``roof``: the
@@ -360,24 +369,25 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT, batched
     # GEMM in place or on permuted copies, COGENT, TTGT, cupy.einsum and cuTENSOR where installed;
     # the libraries it is compared with are the others (where it picks a library, its ratio to the
-    # best library is at most 1). The ratio is read from the two timed head to head, in rounds
-    # with five times the budget: each alone is the fastest of several noisy medians.
+    # best library is at most 1). Each side's methods within CONTENDERS of its fastest alone are
+    # timed again together (:func:`time_together`, five times the budget) and each side's
+    # fastest there gives the ratio: alone, each is the least of several noisy medians.
     ours = {k: times[k][0] for k in ("gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "cutensor")
             if k in times}
-    row["selector"] = min(ours, key=ours.get)
-    row["generated_ms"] = min(times[k][0] for k in ("gett", "cogent") if k in times)
     libs = {k: times[k][0] for k in ("cupy_einsum", "torch_einsum", "cutensor") if k in times}
-    row["best_library"] = min(libs, key=libs.get)
-    row["generated_ratio_vs_best_library"] = libs[row["best_library"]] / row["generated_ms"]
-    pair = dict.fromkeys((row["selector"], row["best_library"]))
+    row["generated_ms"] = min(times[k][0] for k in ("gett", "cogent") if k in times)
+    row["generated_ratio_vs_best_library"] = min(libs.values()) / row["generated_ms"]
+    close = contenders(ours, libs)
     try:
-        final = time_together({k: fns[k] for k in pair}, 5 * budget_s, min_reps=5)
+        final = time_together({k: fns[k] for k in close}, 5 * budget_s, min_reps=5)
         row["head_to_head"] = {k: {"ms": ms, "reps": reps} for k, (ms, reps) in final.items()}
     except (cupy.cuda.memory.OutOfMemoryError, *([torch.cuda.OutOfMemoryError] if use_torch else [])):
-        # both methods' temporaries at once: each alone's times
-        final = {k: times[k] for k in pair}
-        row["head_to_head"] = "not timed: the two methods' temporaries together exceed the device memory"
+        # the contenders' temporaries together exceed the device memory: each alone's times
+        final = times
+        row["head_to_head"] = "not timed: the contenders' temporaries together exceed the device memory"
     release()
+    row["selector"] = min((k for k in ours if k in close), key=lambda k: final[k][0])
+    row["best_library"] = min((k for k in libs if k in close), key=lambda k: final[k][0])
     row["chainexec_ms"] = final[row["selector"]][0]
     row["library_ms"] = final[row["best_library"]][0]
     row["ratio_vs_best_library"] = row["library_ms"] / row["chainexec_ms"]

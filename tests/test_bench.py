@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from chainexec.bench import _contiguous, _in_layout, bound_ms, load_cases, rounds, summary, worst
+from chainexec.bench import _contiguous, _in_layout, bound_ms, contenders, load_cases, rounds, summary, worst
 from chainexec.errors import ChainexecError
 
 from tests.conftest import TCCG, assert_refused, run_cli
@@ -73,6 +73,18 @@ def test_equal_methods_on_a_drifting_clock_time_equal_in_rounds():
     alone = [rounds({k: same}, clock.measure, 0.0, min_reps=20)[k] for k in "ab"]
     assert together["b"][0] / together["a"][0] == pytest.approx(1.0, abs=0.011)
     assert alone[1][0] / alone[0][0] > 1.15
+
+
+@pytest.mark.parametrize("ours,libs,expected", [
+    ({"gett": 1.0, "ttgt": 1.04, "batched": 1.06}, {"cupy_einsum": 2.0, "torch_einsum": 2.11}, ["gett", "ttgt", "cupy_einsum"]),
+    ({"ttgt": 5.6, "cupy_einsum": 5.5}, {"cupy_einsum": 5.5, "torch_einsum": 5.7, "cutensor": 6.1},
+     ["ttgt", "cupy_einsum", "torch_einsum"]),
+    ({"cutensor": 0.6, "gett": 0.9}, {"cutensor": 0.6, "cupy_einsum": 3.0}, ["cutensor"]),
+])
+def test_each_side_s_methods_near_its_fastest_are_timed_again(ours, libs, expected):
+    """Within 5 % of the side's fastest alone, each method once though both sides offer it
+    (cupy.einsum, cuTENSOR)."""
+    assert contenders(ours, libs) == expected
 
 
 def test_summary_geomean_per_scale_and_group():
