@@ -62,6 +62,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Methods within this factor of their side's fastest alone are timed again head to head.
 CONTENDERS = 1.05
+#: A method (or GETT configuration) whose first timed call takes more than this factor of the
+#: fastest median timed before it in the case is timed once: it can be neither the best nor a
+#: contender, and at scale 2 the repeats of such methods took most of a case's time.
+HOPELESS = 2.0
 
 
 def rel_error(out, ref) -> float:
@@ -82,24 +86,28 @@ def worst(*errors: float) -> float:
     return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
-def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> dict:
+def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int = 50,
+           hopeless_ms: float = math.inf) -> dict:
     """Median milliseconds and repeats of every callable in ``fns``, timed in rounds that call each
     once in turn (``measure(fn)`` gives one call's milliseconds): methods compared with each other
     run under the same clocks and power state. A device that throttles under a long DGEMM drifts
     by 10 % or more between runs of the same kernel; methods timed one after another would carry
     that drift into their ratio. Rounds stop at ``max_reps``, or once every callable has
-    ``min_reps`` and the next round would pass ``budget_s`` per callable."""
+    ``min_reps`` and the next round would pass ``budget_s`` per callable, or after the first
+    where every call took longer than ``hopeless_ms``."""
     times = {key: [] for key in fns}
     while True:
         for key, fn in fns.items():
             times[key].append(measure(fn))
         done = len(next(iter(times.values())))
         spent = sum(map(sum, times.values())) / 1e3
-        if done >= max_reps or (done >= min_reps and spent * (done + 1) / done > budget_s * len(fns)):
+        if (done >= max_reps or (done >= min_reps and spent * (done + 1) / done > budget_s * len(fns))
+                or (done == 1 and min(t[0] for t in times.values()) > hopeless_ms)):
             return {key: (float(np.median(t)), len(t)) for key, t in times.items()}
 
 
-def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> dict:
+def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int = 50,
+                  hopeless_ms: float = math.inf) -> dict:
     """:func:`rounds` on the device: each call timed with CUDA events, after one warm-up call of
     each."""
     import cupy
@@ -116,12 +124,13 @@ def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int =
         stop.synchronize()
         return cupy.cuda.get_elapsed_time(start, stop)
 
-    return rounds(fns, measure, budget_s, min_reps, max_reps)
+    return rounds(fns, measure, budget_s, min_reps, max_reps, hopeless_ms)
 
 
-def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> tuple[float, int]:
+def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50,
+             hopeless_ms: float = math.inf) -> tuple[float, int]:
     """Median milliseconds and repeats of ``fn()`` alone (:func:`time_together`)."""
-    return time_together({0: fn}, budget_s, min_reps, max_reps)[0]
+    return time_together({0: fn}, budget_s, min_reps, max_reps, hopeless_ms)[0]
 
 
 def environment() -> dict:
@@ -140,8 +149,9 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
     """The GETT model's top configurations for this case (``choose(problems, sm_count)``'s
     (order, configuration) pairs where given): each checked against ``ref`` (beta = 0 into a
     NaN-poisoned C, then alpha/beta) and timed with beta = 0; a row per configuration and, in the
-    same order, each one's timed launch as a callable. Their kernels are compiled first, together
-    in threads."""
+    same order, each one's timed launch as a callable; one whose first timed call takes more than
+    :data:`HOPELESS` times the fastest so far is timed once. Their kernels are compiled first,
+    together in threads."""
     import cupy
 
     from chainexec.kernels import gett
@@ -168,7 +178,8 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
         err_beta = rel_error(C, -1.5 * ref)
         calls.append(lambda cfg=cfg, order=order, left=left, right=right:
                      launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0))
-        ms, reps = time_gpu(calls[-1], budget_s)
+        ms, reps = time_gpu(calls[-1], budget_s,
+                            hopeless_ms=HOPELESS * min((r["ms"] for r in rows), default=math.inf))
         rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
                      "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
     return rows, calls
@@ -360,9 +371,10 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         if use_torch:
             torch.cuda.empty_cache()
 
-    for key, fn in fns.items():
+    for key in sorted(fns, key=lambda k: k == "cogent"):  # COGENT, the slowest almost everywhere, last
         if key not in times:
-            times[key] = time_gpu(fn, budget_s)
+            times[key] = time_gpu(fns[key], budget_s,
+                                  hopeless_ms=HOPELESS * min((ms for ms, _ in times.values()), default=math.inf))
             release()
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps

@@ -64,6 +64,14 @@ def test_rounds_stop_at_the_fewest_or_the_most_repeats(budget, min_reps, max_rep
     assert [n for _, n in times.values()] == [reps, reps]
 
 
+@pytest.mark.parametrize("hopeless,reps", [(0.5, 1), (1.0, 1), (1.02, 3), (math.inf, 3)])
+def test_a_method_slower_than_hopeless_on_its_first_call_is_timed_once(hopeless, reps):
+    """The first timed call takes 1.01 ms: timed once where that is more than ``hopeless_ms``,
+    else repeated as usual."""
+    times = rounds({"a": lambda: "a"}, _DriftingClock().measure, 0.0, min_reps=3, hopeless_ms=hopeless)
+    assert times["a"][1] == reps
+
+
 def test_equal_methods_on_a_drifting_clock_time_equal_in_rounds():
     """Two copies of one method on a clock that slows by 1 % a call: timed in rounds their medians
     differ by one call's drift; timed one after the other, by the first one's whole run."""
