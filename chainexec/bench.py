@@ -9,9 +9,10 @@ error; then the alpha/beta path), as are the batched-GEMM layouts (cuBLAS in pla
 permuted copies of the operands as the runtime's ``relayout`` makes them), and timed
 beside TTGT, ``cupy.einsum`` and, where importable,
 ``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events (median of repeats after a
-warm-up). ``chainexec`` is what the runtime's selector takes (the fastest of GETT, batched GEMM in
-place or relaid, COGENT, TTGT, cupy.einsum and cuTENSOR); the measured cuBLAS DGEMM rate is
-recorded for scale.
+warm-up; :data:`HOPELESS`). ``chainexec`` is what the runtime's selector takes (the fastest of
+GETT, batched GEMM in place or relaid, COGENT, TTGT, cupy.einsum and cuTENSOR); its ratio to the
+best library is read from the two sides' near-fastest methods timed again together in rounds
+(:func:`contenders`, :func:`time_together`). The measured cuBLAS DGEMM rate is recorded for scale.
 
 Each case also gets the least time any method could take on this device (:func:`bound_ms`, a
 roofline: its flops at the measured DGEMM rate, or each operand read once and the output
@@ -19,13 +20,13 @@ written once at the measured copy bandwidth, whichever is longer), and from it t
 ratio to the best library that any method could reach (``ceiling_vs_best_library``). On the
 CCSD(T) cases the output alone (302 MB at scale 1) bounds the rate, below what a DGEMM reaches.
 
-Every method is timed until C is in its layout. GETT, COGENT, batched GEMM and cuTENSOR write
-into C; TTGT, ``cupy.einsum`` and ``torch.einsum`` return the GEMM's product *viewed* in C's
-index order, which a consumer of C's layout (the next contraction's kernel, an HDF5 write) must
-still copy: they are timed with that copy, by their own library (timed without it, they would
-leave out a pass over the output, 302 MB on the CCSD(T) cases). Their times
-as returned are recorded beside (``ttgt_view_ms``, ``cupy_einsum_view_ms``,
-``torch_einsum_view_ms``), with ``views`` saying which results were views.
+Every method is timed until C is in its layout. GETT, COGENT, batched GEMM, cuTENSOR and TTGT
+(as the runtime runs it) write into C; ``cupy.einsum`` and ``torch.einsum`` return the GEMM's
+product *viewed* in C's index order, which a consumer of C's layout (the next contraction's
+kernel, an HDF5 write) must still copy: they are timed with that copy, by their own library
+(timed without it, they would leave out a pass over the output, 302 MB on the CCSD(T) cases).
+Their times as returned are recorded beside (``cupy_einsum_view_ms``, ``torch_einsum_view_ms``;
+``ttgt_view_ms`` for TTGT's product alone), with ``views`` saying which results were views.
 
 Layout: the index strings of tccg.json are used as given with **row-major** storage, i.e. the
 last letter of each string is the stride-1 index (the original TCCG strings are column-major).
