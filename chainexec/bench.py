@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONTENDERS = 1.05
 #: A method (or GETT configuration) whose first timed call takes more than this factor of the
 #: fastest median timed before it in the case is timed once: it can be neither the best nor a
-#: contender, and at scale 2 the repeats of such methods took most of a case's time.
+#: contender, and at scale 2 the repeats of such methods would take most of a case's time.
 HOPELESS = 2.0
 
 
