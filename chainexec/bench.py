@@ -67,6 +67,11 @@ CONTENDERS = 1.05
 #: fastest median timed before it in the case is timed once: it can be neither the best nor a
 #: contender, and at scale 2 the repeats of such methods would take most of a case's time.
 HOPELESS = 2.0
+#: A GETT configuration whose first timed call takes more than this factor of the fastest
+#: configuration's median before it is timed once: it cannot be the fastest configuration (the
+#: model ranks them, so the fastest comes early), and at scale 2 twenty configurations of a
+#: CCSD case at 0.5-1.5 s per call, each repeated, took most of the case's time.
+GETT_CUT = 1.25
 
 
 def rel_error(out, ref) -> float:
@@ -108,12 +113,12 @@ def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int
 
 
 def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int = 50,
-                  hopeless_ms: float = math.inf) -> dict:
+                  hopeless_ms: float = math.inf, warm: bool = False) -> dict:
     """:func:`rounds` on the device: each call timed with CUDA events, after one warm-up call of
-    each."""
+    each unless they are ``warm`` (run already: kernels loaded, memory pools filled)."""
     import cupy
 
-    for fn in fns.values():
+    for fn in () if warm else fns.values():
         fn()
     cupy.cuda.Device().synchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
@@ -129,9 +134,9 @@ def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int =
 
 
 def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50,
-             hopeless_ms: float = math.inf) -> tuple[float, int]:
+             hopeless_ms: float = math.inf, warm: bool = False) -> tuple[float, int]:
     """Median milliseconds and repeats of ``fn()`` alone (:func:`time_together`)."""
-    return time_together({0: fn}, budget_s, min_reps, max_reps, hopeless_ms)[0]
+    return time_together({0: fn}, budget_s, min_reps, max_reps, hopeless_ms, warm)[0]
 
 
 def environment() -> dict:
@@ -151,8 +156,8 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
     (order, configuration) pairs where given): each checked against ``ref`` (beta = 0 into a
     NaN-poisoned C, then alpha/beta) and timed with beta = 0; a row per configuration and, in the
     same order, each one's timed launch as a callable; one whose first timed call takes more than
-    :data:`HOPELESS` times the fastest so far is timed once. Their kernels are compiled first,
-    together in threads."""
+    :data:`GETT_CUT` times the fastest so far is timed once. Their kernels are compiled first,
+    together in threads; the checks' two launches are each one's warm-up."""
     import cupy
 
     from chainexec.kernels import gett
@@ -179,8 +184,8 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
         err_beta = rel_error(C, -1.5 * ref)
         calls.append(lambda cfg=cfg, order=order, left=left, right=right:
                      launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0))
-        ms, reps = time_gpu(calls[-1], budget_s,
-                            hopeless_ms=HOPELESS * min((r["ms"] for r in rows), default=math.inf))
+        ms, reps = time_gpu(calls[-1], budget_s, warm=True,
+                            hopeless_ms=GETT_CUT * min((r["ms"] for r in rows), default=math.inf))
         rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
                      "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
     return rows, calls

@@ -2,11 +2,14 @@
 
 import json
 import math
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from chainexec.bench import _contiguous, _in_layout, bound_ms, contenders, load_cases, rounds, summary, worst
+from chainexec.bench import (_contiguous, _in_layout, bound_ms, contenders, load_cases, rounds, summary, time_together,
+                             worst)
 from chainexec.errors import ChainexecError
 
 from tests.conftest import TCCG, assert_refused, run_cli
@@ -70,6 +73,25 @@ def test_a_method_slower_than_hopeless_on_its_first_call_is_timed_once(hopeless,
     else repeated as usual."""
     times = rounds({"a": lambda: "a"}, _DriftingClock().measure, 0.0, min_reps=3, hopeless_ms=hopeless)
     assert times["a"][1] == reps
+
+
+def _fake_cupy() -> SimpleNamespace:
+    """What :func:`time_together` uses of CuPy, on the host: events that record nothing and
+    elapsed times of 1 ms."""
+    event = lambda: SimpleNamespace(record=lambda: None, synchronize=lambda: None)
+    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(synchronize=lambda: None), Event=event,
+                           get_elapsed_time=lambda start, stop: 1.0)
+    return SimpleNamespace(cuda=cuda)
+
+
+@pytest.mark.parametrize("warm,calls", [(False, 4), (True, 3)])
+def test_a_warm_callable_is_timed_without_a_warm_up_call(monkeypatch, warm, calls):
+    """Three timed calls, after one warm-up call unless the callable has run already (a GETT
+    configuration's checks)."""
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    made = []
+    times = time_together({"a": lambda: made.append(1)}, 0.0, min_reps=3, warm=warm)
+    assert times["a"] == (1.0, 3) and len(made) == calls
 
 
 def test_equal_methods_on_a_drifting_clock_time_equal_in_rounds():
