@@ -58,6 +58,14 @@ tile, is slower staged; its energy, reading the tile-sized ``Z`` across ``c`` fo
 (:file:`benchmarks/results/INDEX.md`)."""
 BOX = 512
 """Elements of a staged block's box (two per thread), where the extents allow."""
+UNROLL = 4
+"""Elements per thread of an unstaged kernel over at least :data:`UNROLL_MIN` elements, a block
+apart (a warp's accesses stay coalesced), all read before any is written: with one 8-byte read
+in flight per thread and 2048 threads an SM, an SM holds about the bytes that DRAM's latency
+times its bandwidth asks for, and no more."""
+UNROLL_MIN = 1 << 22
+"""Elements from which an unstaged kernel is unrolled (:data:`UNROLL`); its grid still has
+thousands of blocks."""
 STAGE_BYTES = 40 * 1024
 """Shared memory (bytes) the staged inputs of one block may take; beyond it nothing is staged."""
 
@@ -202,15 +210,33 @@ def _params(types: tuple[str, ...]) -> str:
 
 
 def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...],
-              plan: Staging | None, body: list[str]) -> list[str]:
+              plan: Staging | None, body: list[str], reads_y: bool = False) -> list[str]:
     """Kernel lines that run ``body`` once per element of ``shape`` with its coordinates
-    ``c0, c1, …`` and every input's value ``p0, p1, …`` defined: one element per thread, or with
-    ``plan`` a block's cube of them, staged inputs copied to shared memory first."""
+    ``c0, c1, …``, every input's value ``p0, p1, …`` and the element's offset ``at`` in the array
+    of ``strides[0]`` defined (and its value there ``y``, of type ``types[-1]``, where
+    ``reads_y``): one element per thread, :func:`unrolled` ones a thread where unstaged (all read
+    first, then ``body`` run for each), or with ``plan`` a block's cube of them, staged inputs
+    copied to shared memory first."""
+    where = [f"const {index_type([math.prod(shape)], shape, strides)} at = {offset_code(strides[0])};"]
+    where += [f"const {C_TYPES[types[-1]]} y = Y[at];"] if reads_y else []
     if plan is None:
         index, element = _element(shape, strides, types)
-        return ([f"const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
-                 f"if (flat < {math.prod(shape)}LL) {{", f"  unsigned {index} rest = (unsigned {index})flat;"]
-                + ["  " + line for line in element + body] + ["}"])
+        n, unroll = math.prod(shape), unrolled(math.prod(shape))
+        if unroll == 1:
+            return ([f"const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
+                     f"if (flat < {n}LL) {{", f"  unsigned {index} rest = (unsigned {index})flat;"]
+                    + ["  " + line for line in element + where + body] + ["}"])
+        read = [(C_TYPES[t], f"p{k}") for k, t in enumerate(types[:-1])] + [(index, "at")]
+        read += [(C_TYPES[types[-1]], "y")] if reads_y else []
+        lines = [f"const long long first = (long long)blockIdx.x * {BLOCK * unroll} + threadIdx.x;"]
+        for u in range(unroll):  # every element's reads (an element past the end reads element 0)
+            lines += [f"const bool ok{u} = first + {u * BLOCK} < {n}LL;"] + [f"{t} {name}_{u};" for t, name in read]
+            lines += ["{", f"  unsigned {index} rest = (unsigned {index})(ok{u} ? first + {u * BLOCK} : 0);"]
+            lines += ["  " + line for line in element + where] + [f"  {name}_{u} = {name};" for _, name in read] + ["}"]
+        for u in range(unroll):
+            lines += [f"if (ok{u}) {{"] + [f"  const {t} {name} = {name}_{u};" for t, name in read]
+            lines += ["  " + line for line in body] + ["}"]
+        return lines
     index = index_type([math.prod(shape)], shape, strides)
     lines = []
     for k in plan.staged:
@@ -252,12 +278,18 @@ def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tup
         else:
             read = f"P{k}[{offset_code(strides[1 + k])}]"
         lines.append(f"  const {C_TYPES[t]} p{k} = {read};")
-    return lines + ["  " + line for line in body] + ["}"]
+    return lines + ["  " + line for line in where + body] + ["}"]
+
+
+def unrolled(n: int) -> int:
+    """Elements per thread of an unstaged kernel over ``n`` elements (:data:`UNROLL`)."""
+    return UNROLL if n >= UNROLL_MIN else 1
 
 
 def blocks(shape: tuple[int, ...], plan: Staging | None) -> int:
     """Thread blocks of :func:`source`'s and :func:`reduce_source`'s grid for ``shape``."""
-    return plan.blocks(shape) if plan else -(-math.prod(shape) // BLOCK)
+    n = math.prod(shape)
+    return plan.blocks(shape) if plan else -(-n // (BLOCK * unrolled(n)))
 
 
 def source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> str:
@@ -268,22 +300,18 @@ def source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ...]], ty
     ``y`` (the output's current value), numbers and operators only (made by
     :func:`chainexec.expr.c_source` or from contraction factors): no user text reaches the source."""
     check_code(code)
-    index = index_type([math.prod(shape)], shape, strides)
-    out_type = C_TYPES[types[-1]]
-    body = [f"const {index} at = {offset_code(strides[0])};"]
-    if re.search(r"\by\b", code):
-        body.append(f"const {out_type} y = Y[at];")
-    body.append(f"Y[at] = ({out_type})({code});")
+    body = [f"Y[at] = ({C_TYPES[types[-1]]})({code});"]
     lines = [f"extern \"C\" __global__ void chainexec_pointwise({_params(types)}) {{"]
-    lines += ["  " + line for line in _elements(shape, strides, types, staging(shape, strides, types), body)]
+    lines += ["  " + line for line in _elements(shape, strides, types, staging(shape, strides, types), body,
+                                                bool(re.search(r"\by\b", code)))]
     return "\n".join(lines + ["}"])
 
 
 def reduce_source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> str:
     """CUDA C of ``chainexec_reduce(partial, p0, p1, …)``: block ``b`` writes to ``partial[b]`` the
-    sum, in double precision, of ``code`` over its elements of ``shape`` (one per thread, or a
-    staged cube of them per block, each thread's in a fixed order, then added by a warp-shuffle
-    and shared-memory tree in a fixed order). Arguments as in :func:`source`, with ``strides[0]``
+    sum, in double precision, of ``code`` over its elements of ``shape`` (one or :func:`unrolled`
+    ones per thread, or a staged cube of them per block, each thread's in a fixed order, then
+    added by a warp-shuffle and shared-memory tree in a fixed order). Arguments as in :func:`source`, with ``strides[0]``
     those of the index space read contiguously (the order the threads walk) and ``types[-1]``
     float64 (the partial sums); ``code`` may not read ``y``."""
     check_code(code)

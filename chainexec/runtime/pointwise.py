@@ -33,6 +33,7 @@ from chainexec.kernels.elementwise import (BLOCK, blocks, index_type, layout, re
 from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
 from chainexec.runtime import kernelcache, uselog
+from chainexec.runtime.backends.common import address
 
 
 def total(xp, partial, into) -> None:
@@ -303,12 +304,37 @@ def _strided_made(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dty
     return text, f"chainexec_strided_{op}", grid, numbers
 
 
+SHAPED_BYTES = 16 << 20
+"""Smallest output (bytes) that :func:`assign` copies or adds into, by a factor of ±1, with the
+kernel compiled for its shape (:func:`launch`: divisions by constants, unrolled, staged where a
+view steps across ``out``'s fastest index) instead of the shape-generic one, whose divisions by
+run-time extents and one element a thread hold it well below the copy bandwidth, and whose reads
+of a view stepping across ``out``'s fastest index are strided. A compile (a tenth of a second,
+once per shape and machine: the kernel cache keeps it) is repaid only by large copies; other
+factors keep the generic kernel's rounding (no fused multiply-add)."""
+
+
+def _span(a) -> tuple[int, int]:
+    """The first and one past the last byte address that the view ``a`` reaches."""
+    start = address(a)
+    low = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s > 0)
+    return start + low, start + high + a.itemsize
+
+
 def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
     """``out[...] = factor·x`` (``out += factor·x`` where ``add``) on the current stream, ``x``
     of ``out``'s dtype with ``out``'s number of dimensions and ``out``'s extent or 1 (broadcast)
-    in each; ``x`` may be ``out`` itself. ValueError otherwise."""
+    in each; ``x`` may be ``out`` itself. ValueError otherwise. From :data:`SHAPED_BYTES` by the
+    kernel of ``out``'s shape where the factor is ±1 and ``x`` lies apart from ``out``."""
     if math.prod(out.shape) == 0:
         return
+    if out.nbytes >= SHAPED_BYTES and factor in (1.0, -1.0) and x.dtype == out.dtype and x.ndim == out.ndim:
+        (lo, hi), (x_lo, x_hi) = _span(out), _span(x)
+        if x_hi <= lo or hi <= x_lo:
+            value = "p0" if factor == 1.0 else "-p0"
+            launch(xp, f"y + {value}" if add else value, [x], out)
+            return
     kernel, grid, numbers = _strided(xp, "add" if add else "set", out, [x])
     kernel((grid,), (BLOCK,), (out, x, _scalar(out, factor), *numbers))
 

@@ -127,6 +127,47 @@ def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path, monkeypa
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("extents", [(3, 7, 50), (4, 8, 64)], ids=["last-block-short", "whole-blocks"])
+@pytest.mark.parametrize("kind", ["write", "reduce"])
+def test_unrolled_kernel_equals_numpy(extents, kind, tmp_path, monkeypatch):
+    """Unstaged kernels with :data:`~chainexec.kernels.elementwise.UNROLL` elements a thread (all
+    read, then all written): ``y + 1.5·p0·p1 - p2`` into a NaN-padded output view, from a view
+    stored in another order, a contiguous one and a broadcast one, over 1050 elements (the last
+    block's threads partly past the end) and 2048 (whole blocks): numpy's values exactly where
+    numpy has them and nothing outside the view; the reduction's partial sums add up to numpy's
+    sum."""
+    monkeypatch.setattr(elementwise, "UNROLL_MIN", 1)
+    monkeypatch.setattr(elementwise, "STAGE_SHARE", 0)  # the view read across out's fastest index unstaged
+    rng = np.random.default_rng(sum(extents))
+    inputs = [stored(rng, extents, [0, 2, 1]), stored(rng, extents, [0, 1, 2]), stored(rng, extents[:1], [0])]
+    inputs[2] = inputs[2][:2] + (inputs[2][2][:, None, None],)
+    big, off, out = stored(rng, extents, [0, 1, 2])
+    strides = [element_strides(out)] + [element_strides(v) for _, _, v in inputs]
+    shape, reduced = elementwise.layout(out.shape, strides)
+    types = ("float64",) * 4
+    assert elementwise.staging(shape, reduced, types) is None
+    grid = elementwise.blocks(shape, None)
+    assert grid == -(-int(np.prod(extents)) // (elementwise.BLOCK * elementwise.UNROLL))
+    p = [v for _, _, v in inputs]
+    if kind == "write":
+        text = elementwise.source("y + 1.5 * p0 * p1 + -p2", shape, reduced, types)
+        assert "ok3" in text
+        got = emulated(tmp_path, text, "chainexec_pointwise", [big] + [b for b, _, _ in inputs],
+                       [off] + [o for _, o, _ in inputs], grid)
+        inner = tuple(slice(1, 1 + n) for n in extents)
+        assert np.array_equal(got[inner], out + 1.5 * p[0] * p[1] - p[2])
+        outside = np.ones(got.shape, bool)
+        outside[inner] = False
+        assert np.isnan(got[outside]).all()
+    else:
+        partial = np.full(grid, np.nan)
+        got = emulated(tmp_path, elementwise.reduce_source("1.5 * p0 * p1 + -p2", shape, reduced, types),
+                       "chainexec_reduce", [partial] + [b for b, _, _ in inputs], [0] + [o for _, o, _ in inputs], grid)
+        ref = np.sum(1.5 * p[0] * p[1] - p[2])
+        assert abs(got.sum() - ref) <= 1e-13 * np.sum(np.abs(1.5 * p[0] * p[1]) + np.abs(p[2]))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.parametrize("extents", [(3, 9, 10, 11), (2, 8, 8, 8)], ids=["edge-boxes", "whole-boxes"])
 @pytest.mark.parametrize("wide", [False, True], ids=["32-bit", "64-bit"])
 def test_staged_reduction_equals_numpy(extents, wide, tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ cupy = require_gpu()
 
 from chainexec.kernels import batchedgemm  # noqa: E402
 from chainexec.planner.plan import Contraction  # noqa: E402
-from chainexec.runtime import kernelcache  # noqa: E402
+from chainexec.runtime import kernelcache, pointwise  # noqa: E402
 from chainexec.runtime.backends import cupy as cupy_backend  # noqa: E402
 from chainexec.runtime.backends import methods  # noqa: E402
 from chainexec.runtime.backends.cupy import CupyBackend  # noqa: E402
@@ -165,9 +165,10 @@ AGREE = [
 def test_kernel_and_ttgt_agree(case, views, staged, monkeypatch):
     """float64: the generated kernel and TTGT give the same result to 1e-12 (relative), and both
     match numpy.einsum; with ``views`` every operand is a slice of a larger buffer. TTGT's
-    operand copies by the shape-generic kernel, or (``staged``) by the kernels compiled per shape
-    that large copies take (:data:`~chainexec.runtime.backends.cupy.COPY_STAGED_BYTES`)."""
-    monkeypatch.setattr(cupy_backend, "COPY_STAGED_BYTES", 0 if staged else math.inf)
+    copies (its operands' and its product's into ``out``) by the shape-generic kernel, or
+    (``staged``) by the kernels compiled per shape that large copies take
+    (:data:`~chainexec.runtime.pointwise.SHAPED_BYTES`)."""
+    monkeypatch.setattr(pointwise, "SHAPED_BYTES", 0 if staged else math.inf)
     out_idx, a_idx, b_idx, size = AGREE[case]
     rng = np.random.default_rng(100 + case)
     c = Contraction(0, "X", out_idx, "A", a_idx, "B", b_idx, -1.5, True, 0, 0)

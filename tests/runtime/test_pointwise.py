@@ -218,6 +218,37 @@ def test_a_tile_addition_launches_the_generic_kernel_numpy_agrees_with(case, cal
 
 
 @needs_gxx
+@pytest.mark.parametrize("case", ["permuted", "cut", "broadcast"])
+@pytest.mark.parametrize("factor,add,code", [(1.0, True, "y + p0"), (-1.0, False, "-p0"), (1.0, False, "p0")])
+def test_a_large_copy_or_addition_by_one_launches_the_kernel_of_its_shape(case, factor, add, code, calls, tmp_path,
+                                                                          monkeypatch):
+    """From :data:`pointwise.SHAPED_BYTES` (here every size), ``out (+)= ±x`` runs on the
+    point-wise kernel of its shape (:func:`elementwise.source`), whose emulation writes what NumPy
+    has exactly where it has it."""
+    monkeypatch.setattr(pointwise, "SHAPED_BYTES", 0)
+    out, inputs = views(case)
+    x = inputs[-1] if case == "cut" else inputs[0]
+    pointwise.assign(_Recording(), out, x, factor, add)
+    [(text, name, grid, args)] = calls
+    shape, reduced = elementwise.layout(out.shape, [element_strides(out), element_strides(x)])
+    assert name == "chainexec_pointwise" and text == elementwise.source(code, shape, reduced, ("float64",) * 2)
+    expected = _root(out).copy()
+    _within(expected, out)[...] = (out if add else 0.0) + factor * x
+    assert np.array_equal(_emulated_call(tmp_path, calls[0]), expected)
+
+
+def test_a_large_scaled_or_overlapping_assignment_keeps_the_generic_kernel(calls, monkeypatch):
+    """A factor other than ±1 (its rounding is the generic kernel's) and an input sharing memory
+    with the output (read while written) keep the shape-generic kernels at any size."""
+    monkeypatch.setattr(pointwise, "SHAPED_BYTES", 0)
+    out, inputs = views("permuted")
+    pointwise.assign(_Recording(), out, inputs[0], 0.5)
+    pointwise.assign(_Recording(), out, out, 1.0, add=True)
+    pointwise.assign(_Recording(), out[:, :2], out[:, 1:3], -1.0)
+    assert [name for _, name, _, _ in calls] == ["chainexec_strided_set", "chainexec_strided_add", "chainexec_strided_set"]
+
+
+@needs_gxx
 def test_a_scaled_copy_a_fill_and_a_scalar_launch_the_generic_kernels_numpy_agrees_with(calls, tmp_path):
     """A stacked operand's scaled copy from a permuted view (set), a clear of a window with gaps
     by a value other than zero (fill), and a 0-d copy: each the kernel of its operation, emulated

@@ -41,12 +41,6 @@ wait for all the work queued before it, and page-locking
 a small buffer mid-run waits for the device too (``cudaHostAlloc``). (T) copies its 8-byte
 energy back once per tile: copied on the current stream, each such copy would leave the host
 waiting while the device drains its queue, with nothing queued behind it."""
-COPY_STAGED_BYTES = 16 << 20
-"""Smallest view (bytes) that :meth:`CupyBackend.reshaped` copies by a kernel compiled for its
-shape: where the view's fastest index is not the copy's, the shape-generic copy's strided reads
-take up to three times as long, a tenth of a compute-bound TTGT of the CCSD cases of
-``benchmarks/tccg.json``; a compile (a tenth of a second, once per shape and machine: the kernel
-cache keeps it) is repaid only by large copies."""
 UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
 STAGE_BYTES = 64 << 20
@@ -195,14 +189,11 @@ class CupyBackend(Autotuner, Methods, Backend):
                          factor, not fresh)
 
     def reshaped(self, view, shape):
-        """As :meth:`Backend.reshaped`, from a C-contiguous copy of a view that is not one: CuPy
+        """As :meth:`Backend.reshaped`, from a C-contiguous copy (:meth:`contiguous`: the
+        point-wise copy, by the kernel of the view's shape where it is large,
+        :data:`~chainexec.runtime.pointwise.SHAPED_BYTES`) of a view that is not one: CuPy
         would make its copies (in ``reshape`` and in ``matmul``) with element-wise kernels it
-        compiles on first use. A view of :data:`COPY_STAGED_BYTES` or more is copied by the
-        kernel compiled for its shape (:meth:`_contiguous`), which reads a view stepping across
-        the copy's fastest index through shared memory; a smaller one by the shape-generic copy
-        (:meth:`contiguous`), whose reads of such a view are strided, and which costs no compile."""
-        if view.nbytes >= COPY_STAGED_BYTES:
-            return self._contiguous(view).reshape(shape)
+        compiles on first use."""
         return self.contiguous(view).reshape(shape)
 
     @property
