@@ -61,8 +61,9 @@ from chainexec.runtime.backends.methods import _relaid
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Methods within this factor of their side's fastest alone are timed again head to head.
-CONTENDERS = 1.05
+#: Methods within this factor of their side's fastest alone are timed again head to head: alone,
+#: one method's medians of five calls differ by up to 10 % from one timing to the next.
+CONTENDERS = 1.10
 #: A method (or GETT configuration) whose first timed call takes more than this factor of the
 #: fastest median timed before it in the case is timed once: it can be neither the best nor a
 #: contender, and at scale 2 the repeats of such methods would take most of a case's time.

@@ -106,13 +106,13 @@ def test_equal_methods_on_a_drifting_clock_time_equal_in_rounds():
 
 
 @pytest.mark.parametrize("ours,libs,expected", [
-    ({"gett": 1.0, "ttgt": 1.04, "batched": 1.06}, {"cupy_einsum": 2.0, "torch_einsum": 2.11}, ["gett", "ttgt", "cupy_einsum"]),
-    ({"ttgt": 5.6, "cupy_einsum": 5.5}, {"cupy_einsum": 5.5, "torch_einsum": 5.7, "cutensor": 6.1},
+    ({"gett": 1.0, "ttgt": 1.09, "batched": 1.11}, {"cupy_einsum": 2.0, "torch_einsum": 2.21}, ["gett", "ttgt", "cupy_einsum"]),
+    ({"ttgt": 6.0, "cupy_einsum": 5.5}, {"cupy_einsum": 5.5, "torch_einsum": 5.7, "cutensor": 6.1},
      ["ttgt", "cupy_einsum", "torch_einsum"]),
     ({"cutensor": 0.6, "gett": 0.9}, {"cutensor": 0.6, "cupy_einsum": 3.0}, ["cutensor"]),
 ])
 def test_each_side_s_methods_near_its_fastest_are_timed_again(ours, libs, expected):
-    """Within 5 % of the side's fastest alone, each method once though both sides offer it
+    """Within 10 % of the side's fastest alone, each method once though both sides offer it
     (cupy.einsum, cuTENSOR)."""
     assert contenders(ours, libs) == expected
 
