@@ -62,7 +62,7 @@ def test_index_width_follows_the_offsets():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_sources_compile_with_nvcc(tmp_path):
+def test_sources_compile_with_nvcc(tmp_path, monkeypatch):
     out, inputs = views("broadcast")
     strides = [element_strides(out)] + [element_strides(a) for a in inputs]
     shape, reduced = elementwise.layout(out.shape, strides)
@@ -79,6 +79,13 @@ def test_sources_compile_with_nvcc(tmp_path):
                 elementwise.source("y + p0 * p1", *box2, ("float64",) * 3)]
     assert all(elementwise.staging(*box, ("float64",) * len(box[1])) for box in (box3, box2))
     assert "long long rest" in sources[-2]
+    # Unrolled (four, two elements a thread), with 32- and 64-bit offsets
+    monkeypatch.setattr(elementwise, "UNROLL_MIN", 1)
+    monkeypatch.setattr(elementwise, "STAGE_SHARE", 0)
+    sources += [elementwise.source("y + p0", shape, reduced[:2], ("float64",) * 2),
+                elementwise.source("p0 * p1", (8, 8), [(8, 1), (2**29, 8), (1, 8)], ("float64",) * 3),
+                elementwise.reduce_source("p0 * p1", shape, reduced[:3], ("float64",) * 3)]
+    assert all("ok1" in text for text in sources[-3:])
     compiles_with_nvcc(tmp_path, sources + [elementwise.total_source("float64"), elementwise.total_source("float32")])
 
 
@@ -116,7 +123,8 @@ def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path, monkeypa
     plan = elementwise.staging(shape, reduced, types)
     assert plan is not None and plan.staged == (0, 1, 4, 5) and plan.cube == (1, 2, 3)
     got = emulated(tmp_path, elementwise.source(code, shape, reduced, types), "chainexec_pointwise",
-                    [big] + [b for b, _, _ in inputs], [off] + [o for _, o, _ in inputs], elementwise.blocks(shape, plan))
+                    [big] + [b for b, _, _ in inputs], [off] + [o for _, o, _ in inputs],
+                    elementwise.blocks(shape, plan, len(inputs)))
     p = [v.astype(np.float64) for _, _, v in inputs]
     ref = out + 1.5 * p[0] * p[1] + p[2] * p[3] - 0.5 * p[0] + p[4] * p[5]
     view = got[tuple(slice(1, 1 + n) for n in extents)]
@@ -128,43 +136,49 @@ def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path, monkeypa
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 @pytest.mark.parametrize("extents", [(3, 7, 50), (4, 8, 64)], ids=["last-block-short", "whole-blocks"])
+@pytest.mark.parametrize("code,value,unroll", [
+    ("1.5 * p0", lambda p: 1.5 * p[0], 4),
+    ("1.5 * p0 * p1 + -p1", lambda p: 1.5 * p[0] * p[1] - p[1], 2),
+    ("p0 + p1 * p2", lambda p: p[0] + p[1] * p[2], 1),
+], ids=["one-input", "two-inputs", "three-inputs"])
 @pytest.mark.parametrize("kind", ["write", "reduce"])
-def test_unrolled_kernel_equals_numpy(extents, kind, tmp_path, monkeypatch):
-    """Unstaged kernels with :data:`~chainexec.kernels.elementwise.UNROLL` elements a thread (all
-    read, then all written): ``y + 1.5·p0·p1 - p2`` into a NaN-padded output view, from a view
-    stored in another order, a contiguous one and a broadcast one, over 1050 elements (the last
-    block's threads partly past the end) and 2048 (whole blocks): numpy's values exactly where
-    numpy has them and nothing outside the view; the reduction's partial sums add up to numpy's
-    sum."""
+def test_unrolled_kernel_equals_numpy(extents, code, value, unroll, kind, tmp_path, monkeypatch):
+    """Unstaged kernels of one, two and three inputs take four, two and one elements a thread
+    (:data:`~chainexec.kernels.elementwise.UNROLL` reads in flight, all read, then all written):
+    ``y + code`` into a NaN-padded output view, from a view stored in another order, a contiguous
+    one and a broadcast one, over 1050 elements (the last block's threads partly past the end)
+    and 2048 (whole blocks): numpy's values (to rounding) where numpy has them and nothing outside
+    the view; the reduction's partial sums add up to numpy's sum of ``code``."""
     monkeypatch.setattr(elementwise, "UNROLL_MIN", 1)
     monkeypatch.setattr(elementwise, "STAGE_SHARE", 0)  # the view read across out's fastest index unstaged
     rng = np.random.default_rng(sum(extents))
     inputs = [stored(rng, extents, [0, 2, 1]), stored(rng, extents, [0, 1, 2]), stored(rng, extents[:1], [0])]
     inputs[2] = inputs[2][:2] + (inputs[2][2][:, None, None],)
+    inputs = inputs[:1 + ("p1" in code) + ("p2" in code)]
     big, off, out = stored(rng, extents, [0, 1, 2])
     strides = [element_strides(out)] + [element_strides(v) for _, _, v in inputs]
     shape, reduced = elementwise.layout(out.shape, strides)
-    types = ("float64",) * 4
+    types = ("float64",) * (len(inputs) + 1)
     assert elementwise.staging(shape, reduced, types) is None
-    grid = elementwise.blocks(shape, None)
-    assert grid == -(-int(np.prod(extents)) // (elementwise.BLOCK * elementwise.UNROLL))
+    grid = elementwise.blocks(shape, None, len(inputs))
+    assert grid == -(-int(np.prod(extents)) // (elementwise.BLOCK * unroll))
     p = [v for _, _, v in inputs]
+    ref = value(p)
     if kind == "write":
-        text = elementwise.source("y + 1.5 * p0 * p1 + -p2", shape, reduced, types)
-        assert "ok3" in text
+        text = elementwise.source("y + " + code, shape, reduced, types)
+        assert (f"ok{unroll - 1}" in text) == (unroll > 1) and f"ok{unroll}" not in text
         got = emulated(tmp_path, text, "chainexec_pointwise", [big] + [b for b, _, _ in inputs],
                        [off] + [o for _, o, _ in inputs], grid)
         inner = tuple(slice(1, 1 + n) for n in extents)
-        assert np.array_equal(got[inner], out + 1.5 * p[0] * p[1] - p[2])
+        assert np.max(np.abs(got[inner] - (out + ref))) <= 1e-14 * np.max(np.abs(out + ref))
         outside = np.ones(got.shape, bool)
         outside[inner] = False
         assert np.isnan(got[outside]).all()
     else:
         partial = np.full(grid, np.nan)
-        got = emulated(tmp_path, elementwise.reduce_source("1.5 * p0 * p1 + -p2", shape, reduced, types),
-                       "chainexec_reduce", [partial] + [b for b, _, _ in inputs], [0] + [o for _, o, _ in inputs], grid)
-        ref = np.sum(1.5 * p[0] * p[1] - p[2])
-        assert abs(got.sum() - ref) <= 1e-13 * np.sum(np.abs(1.5 * p[0] * p[1]) + np.abs(p[2]))
+        got = emulated(tmp_path, elementwise.reduce_source(code, shape, reduced, types), "chainexec_reduce",
+                       [partial] + [b for b, _, _ in inputs], [0] + [o for _, o, _ in inputs], grid)
+        assert abs(got.sum() - np.sum(ref)) <= 1e-13 * np.sum(np.abs(ref) + sum(np.abs(v) for v in p))
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -194,7 +208,7 @@ def test_staged_reduction_equals_numpy(extents, wide, tmp_path, monkeypatch):
     plan = elementwise.staging(shape, reduced, types)
     assert plan is not None and set(plan.staged) == {2, 3, 4} and len(plan.cube) == 3
     assert ("long long rest" if wide else "int rest") in elementwise.reduce_source("p0", shape, reduced, types)
-    grid = elementwise.blocks(shape, plan)
+    grid = elementwise.blocks(shape, plan, len(views_))
     partial = np.full(grid, np.nan)
     got = emulated(tmp_path, elementwise.reduce_source(code, shape, reduced, types), "chainexec_reduce",
                     [partial, w_big, z_big, z_big, z_big, z_big, e_big], [0] + offsets, grid)
@@ -226,7 +240,7 @@ def test_only_large_inputs_read_across_are_staged():
     plan = elementwise.staging(TILE, ENERGY, ("float64",) * 14)
     assert plan == elementwise.Staging((3, 4, 5), (8, 8, 8), (1, 5, 7, 10))
     assert elementwise.staging(TILE, Z_STATEMENT, ("float64",) * 20) is None
-    assert elementwise.blocks(TILE, plan) == 27 * 23 ** 3
+    assert elementwise.blocks(TILE, plan, len(ENERGY) - 1) == 27 * 23 ** 3
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
