@@ -135,12 +135,11 @@ def test_staged_pointwise_kernel_equals_numpy(extents, dtype, tmp_path, monkeypa
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
-@pytest.mark.parametrize("extents", [(3, 7, 50), (4, 8, 64)], ids=["last-block-short", "whole-blocks"])
-@pytest.mark.parametrize("code,value,unroll", [
-    ("1.5 * p0", lambda p: 1.5 * p[0], 4),
-    ("1.5 * p0 * p1 + -p1", lambda p: 1.5 * p[0] * p[1] - p[1], 2),
-    ("p0 + p1 * p2", lambda p: p[0] + p[1] * p[2], 1),
-], ids=["one-input", "two-inputs", "three-inputs"])
+@pytest.mark.parametrize("extents,code,value,unroll", [
+    ((3, 7, 50), "1.5 * p0", lambda p: 1.5 * p[0], 4),
+    ((4, 8, 64), "1.5 * p0 * p1 + -p1", lambda p: 1.5 * p[0] * p[1] - p[1], 2),
+    ((3, 7, 50), "p0 + p1 * p2", lambda p: p[0] + p[1] * p[2], 1),
+], ids=["one-input-last-block-short", "two-inputs-whole-blocks", "three-inputs"])
 @pytest.mark.parametrize("kind", ["write", "reduce"])
 def test_unrolled_kernel_equals_numpy(extents, code, value, unroll, kind, tmp_path, monkeypatch):
     """Unstaged kernels of one, two and three inputs take four, two and one elements a thread

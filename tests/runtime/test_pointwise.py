@@ -218,8 +218,8 @@ def test_a_tile_addition_launches_the_generic_kernel_numpy_agrees_with(case, cal
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["permuted", "cut", "broadcast"])
-@pytest.mark.parametrize("factor,add,code", [(1.0, True, "y + p0"), (-1.0, False, "-p0"), (1.0, False, "p0")])
+@pytest.mark.parametrize("case,factor,add,code", [("permuted", 1.0, True, "y + p0"), ("cut", -1.0, False, "-p0"),
+                                                  ("broadcast", 1.0, False, "p0")])
 def test_a_large_copy_or_addition_by_one_launches_the_kernel_of_its_shape(case, factor, add, code, calls, tmp_path,
                                                                           monkeypatch):
     """From :data:`pointwise.SHAPED_BYTES` (here every size), ``out (+)= ±x`` runs on the
