@@ -70,8 +70,8 @@ CONTENDERS = 1.10
 HOPELESS = 2.0
 #: A GETT configuration whose first timed call takes more than this factor of the fastest
 #: configuration's median before it is timed once: it cannot be the fastest configuration (the
-#: model ranks them, so the fastest comes early), and at scale 2 twenty configurations of a
-#: CCSD case at 0.5-1.5 s per call, each repeated, took most of the case's time.
+#: model ranks them, so the fastest comes early); at scale 2 a CCSD case's twenty configurations
+#: take 0.5-1.5 s a call, and repeating every one would take most of the case's time.
 GETT_CUT = 1.25
 
 

@@ -316,9 +316,9 @@ def reduce_source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ..
     """CUDA C of ``chainexec_reduce(partial, p0, p1, …)``: block ``b`` writes to ``partial[b]`` the
     sum, in double precision, of ``code`` over its elements of ``shape`` (one or :func:`unrolled`
     ones per thread, or a staged cube of them per block, each thread's in a fixed order, then
-    added by a warp-shuffle and shared-memory tree in a fixed order). Arguments as in :func:`source`, with ``strides[0]``
-    those of the index space read contiguously (the order the threads walk) and ``types[-1]``
-    float64 (the partial sums); ``code`` may not read ``y``."""
+    added by a warp-shuffle and shared-memory tree in a fixed order). Arguments as in
+    :func:`source`, with ``strides[0]`` those of the index space read contiguously (the order the
+    threads walk) and ``types[-1]`` float64 (the partial sums); ``code`` may not read ``y``."""
     check_code(code)
     if re.search(r"\by\b", code):
         raise ValueError("a reduction has no output value y to read")
