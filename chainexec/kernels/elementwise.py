@@ -193,12 +193,11 @@ def coordinates(shape: tuple[int, ...], index: str) -> list[str]:
             for d in reversed(range(len(shape)))]
 
 
-def _element(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> tuple[str, list[str]]:
-    """The index type and the lines that find an element's coordinates and read every input's
+def _element(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...], index: str) -> list[str]:
+    """The lines that find an element's coordinates (of C type ``index``) and read every input's
     value ``p0, p1, …`` there, for :func:`source` and :func:`reduce_source` (arguments as there)."""
-    index = index_type([math.prod(shape)], shape, strides)
     loads = [f"const {C_TYPES[t]} p{k} = P{k}[{offset_code(strides[1 + k])}];" for k, t in enumerate(types[:-1])]
-    return index, coordinates(shape, index) + loads
+    return coordinates(shape, index) + loads
 
 
 def offset_code(st: tuple[int, ...]) -> str:
@@ -219,11 +218,12 @@ def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tup
     ``reads_y``): one element per thread, :func:`unrolled` ones a thread where unstaged (all read
     first, then ``body`` run for each), or with ``plan`` a block's cube of them, staged inputs
     copied to shared memory first."""
-    where = [f"const {index_type([math.prod(shape)], shape, strides)} at = {offset_code(strides[0])};"]
+    n = math.prod(shape)
+    index = index_type([n], shape, strides)
+    where = [f"const {index} at = {offset_code(strides[0])};"]
     where += [f"const {C_TYPES[types[-1]]} y = Y[at];"] if reads_y else []
     if plan is None:
-        index, element = _element(shape, strides, types)
-        n = math.prod(shape)
+        element = _element(shape, strides, types, index)
         unroll = unrolled(n, len(types) - 1)
         if unroll == 1:
             return ([f"const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
@@ -240,7 +240,6 @@ def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tup
             lines += [f"if (ok{u}) {{"] + [f"  const {t} {name} = {name}_{u};" for t, name in read]
             lines += ["  " + line for line in body] + ["}"]
         return lines
-    index = index_type([math.prod(shape)], shape, strides)
     lines = []
     for k in plan.staged:
         lines.append(f"__shared__ {C_TYPES[types[k]]} S{k}[{plan.pitches(strides[1 + k])[1]}];")

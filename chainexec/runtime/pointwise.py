@@ -325,11 +325,13 @@ def _span(a) -> tuple[int, int]:
 def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
     """``out[...] = factor·x`` (``out += factor·x`` where ``add``) on the current stream, ``x``
     of ``out``'s dtype with ``out``'s number of dimensions and ``out``'s extent or 1 (broadcast)
-    in each; ``x`` may be ``out`` itself. ValueError otherwise. From :data:`SHAPED_BYTES` by the
-    kernel of ``out``'s shape where the factor is ±1 and ``x`` lies apart from ``out``."""
+    in each; ``x`` may be ``out`` itself. ValueError otherwise (the shape-generic kernel's checks).
+    From :data:`SHAPED_BYTES` by the kernel of ``out``'s shape where the factor is ±1 and ``x``
+    lies apart from ``out``."""
     if math.prod(out.shape) == 0:
         return
-    if out.nbytes >= SHAPED_BYTES and factor in (1.0, -1.0) and x.dtype == out.dtype and x.ndim == out.ndim:
+    if (out.nbytes >= SHAPED_BYTES and factor in (1.0, -1.0) and x.dtype == out.dtype and x.ndim == out.ndim
+            and all(m in (1, n) for m, n in zip(x.shape, out.shape))):
         (lo, hi), (x_lo, x_hi) = _span(out), _span(x)
         if x_hi <= lo or hi <= x_lo:
             value = "p0" if factor == 1.0 else "-p0"

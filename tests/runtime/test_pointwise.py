@@ -267,7 +267,12 @@ def test_a_scaled_copy_a_fill_and_a_scalar_launch_the_generic_kernels_numpy_agre
     assert _emulated_call(tmp_path, calls[-1]) == 4.5
 
 
-def test_an_input_that_does_not_broadcast_dimension_by_dimension_or_of_another_dtype_is_refused(calls):
+@pytest.mark.parametrize("shaped", [1 << 60, 0], ids=["small", "large"])
+def test_an_input_that_does_not_broadcast_dimension_by_dimension_or_of_another_dtype_is_refused(calls, shaped,
+                                                                                                 monkeypatch):
+    """Refused before any launch, also where a copy of that size would take the kernel of its shape
+    (:data:`pointwise.SHAPED_BYTES`)."""
+    monkeypatch.setattr(pointwise, "SHAPED_BYTES", shaped)
     with pytest.raises(ValueError, match="do not broadcast"):
         pointwise.assign(_Recording(), np.zeros((3, 4)), np.zeros(4), 1.0)
     with pytest.raises(ValueError, match="do not broadcast"):
