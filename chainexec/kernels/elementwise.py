@@ -59,12 +59,11 @@ tile, is slower staged; its energy, reading the tile-sized ``Z`` across ``c`` fo
 BOX = 512
 """Elements of a staged block's box (two per thread), where the extents allow."""
 UNROLL = 4
-"""Reads in flight a thread of an unstaged kernel over at least :data:`UNROLL_MIN` elements:
-a kernel of ``k`` inputs takes ``UNROLL // k`` elements a thread (at least one), a block apart
-(a warp's accesses stay coalesced), all read before any is written. With one 8-byte read in
-flight per thread and 2048 threads an SM, an SM holds about the bytes that DRAM's latency times
-its bandwidth asks for, and no more; a kernel of many inputs has that many reads in flight
-already, and unrolled it would hold every element's values in registers at once."""
+"""Elements a thread of an unstaged kernel over at least :data:`UNROLL_MIN` elements, a block
+apart (a warp's accesses stay coalesced), all read before any is written, whatever the number of
+inputs: with one element a thread an SM keeps too few reads in flight to stream at DRAM's
+bandwidth. Four a thread read two or three 4 GB inputs in a reduction 10-20 % faster than one or
+two a thread, and writes no slower (:file:`benchmarks/results/INDEX.md`)."""
 UNROLL_MIN = 1 << 22
 """Elements from which an unstaged kernel is unrolled (:data:`UNROLL`); its grid still has
 thousands of blocks."""
@@ -224,7 +223,7 @@ def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tup
     where += [f"const {C_TYPES[types[-1]]} y = Y[at];"] if reads_y else []
     if plan is None:
         element = _element(shape, strides, types, index)
-        unroll = unrolled(n, len(types) - 1)
+        unroll = unrolled(n)
         if unroll == 1:
             return ([f"const long long flat = (long long)blockIdx.x * {BLOCK} + threadIdx.x;",
                      f"if (flat < {n}LL) {{", f"  unsigned {index} rest = (unsigned {index})flat;"]
@@ -283,17 +282,15 @@ def _elements(shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tup
     return lines + ["  " + line for line in where + body] + ["}"]
 
 
-def unrolled(n: int, inputs: int) -> int:
-    """Elements per thread of an unstaged kernel over ``n`` elements reading ``inputs`` arrays
-    (:data:`UNROLL`)."""
-    return max(1, UNROLL // max(1, inputs)) if n >= UNROLL_MIN else 1
+def unrolled(n: int) -> int:
+    """Elements per thread of an unstaged kernel over ``n`` elements (:data:`UNROLL`)."""
+    return UNROLL if n >= UNROLL_MIN else 1
 
 
-def blocks(shape: tuple[int, ...], plan: Staging | None, inputs: int) -> int:
-    """Thread blocks of :func:`source`'s and :func:`reduce_source`'s grid for ``shape``, the
-    kernel reading ``inputs`` arrays."""
+def blocks(shape: tuple[int, ...], plan: Staging | None) -> int:
+    """Thread blocks of :func:`source`'s and :func:`reduce_source`'s grid for ``shape``."""
     n = math.prod(shape)
-    return plan.blocks(shape) if plan else -(-n // (BLOCK * unrolled(n, inputs)))
+    return plan.blocks(shape) if plan else -(-n // (BLOCK * unrolled(n)))
 
 
 def source(code: str, shape: tuple[int, ...], strides: list[tuple[int, ...]], types: tuple[str, ...]) -> str:

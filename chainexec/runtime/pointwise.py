@@ -84,7 +84,7 @@ def _prepared(kind: str, code: str, shape: tuple[int, ...], strides: tuple[tuple
     """The source (:func:`source` or :func:`reduce_source`, by ``kind``) and grid of one kernel,
     made once per process: a (T) run launches the same few kernels on every tile."""
     make = source if kind == "chainexec_pointwise" else reduce_source
-    return make(code, shape, list(strides), types), blocks(shape, staging(shape, list(strides), types), len(types) - 1)
+    return make(code, shape, list(strides), types), blocks(shape, staging(shape, list(strides), types))
 
 
 def launch(xp, code: str, views: list, out) -> None:

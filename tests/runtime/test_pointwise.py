@@ -48,7 +48,7 @@ def test_launches_use_the_source_and_grid_of_their_staging(case, launches):
     out, inputs = views(case)
     types = tuple(a.dtype.name for a in inputs) + (out.dtype.name,)
     shape, reduced = elementwise.layout(out.shape, [element_strides(out)] + [element_strides(a) for a in inputs])
-    grid = elementwise.blocks(shape, elementwise.staging(shape, reduced, types), len(inputs))
+    grid = elementwise.blocks(shape, elementwise.staging(shape, reduced, types))
     code = " + ".join(f"p{k}" for k in range(len(inputs)))
     xp = _Recording()
     for _ in range(2):
@@ -60,7 +60,7 @@ def test_launches_use_the_source_and_grid_of_their_staging(case, launches):
     shape, reduced = elementwise.layout(out.shape, [walk] + [element_strides(a) for a in inputs])
     scalar = np.zeros((), np.float32)  # a fused statement's scalar output: the total adds to it
     pointwise.reduce(xp, code, inputs, out.shape, scalar)
-    grid = elementwise.blocks(shape, elementwise.staging(shape, reduced, types[:-1] + ("float64",)), len(inputs))
+    grid = elementwise.blocks(shape, elementwise.staging(shape, reduced, types[:-1] + ("float64",)))
     assert launches[-2:] == [(elementwise.reduce_source(code, shape, reduced, types[:-1] + ("float64",)),
                               "chainexec_reduce", (grid,), (elementwise.BLOCK,), 1 + len(inputs), options),
                              (elementwise.total_source("float32"), "chainexec_total", (1,), (elementwise.BLOCK,), 3,
