@@ -10,9 +10,10 @@ permuted copies of the operands as the runtime's ``relayout`` makes them), and t
 beside TTGT, ``cupy.einsum`` and, where importable,
 ``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events (median of repeats after a
 warm-up; :data:`HOPELESS`). ``chainexec`` is what the runtime's selector takes (the fastest of
-GETT, batched GEMM in place or relaid, COGENT, TTGT, cupy.einsum and cuTENSOR); its ratio to the
-best library is read from the two sides' near-fastest methods timed again together in rounds
-(:func:`contenders`, :func:`time_together`). The measured cuBLAS DGEMM rate is recorded for scale.
+GETT, batched GEMM in place or relaid, COGENT, TTGT plain or pipelined, cupy.einsum and
+cuTENSOR); its ratio to the best library is read from the two sides' near-fastest methods timed
+again together in rounds (:func:`contenders`, :func:`time_together`). The measured cuBLAS DGEMM
+rate is recorded for scale.
 
 Each case also gets the least time any method could take on this device (:func:`bound_ms`, a
 roofline: its flops at the measured DGEMM rate, or each operand read once and the output
@@ -57,7 +58,7 @@ from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
 from chainexec.runtime.backends.common import ttgt_product
 from chainexec.runtime.backends.cupy import CupyBackend
-from chainexec.runtime.backends.methods import _relaid
+from chainexec.runtime.backends.methods import REGISTRY, _relaid
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -347,11 +348,13 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         row["relayout_rel_err"] = rel_error(C, ref)
         row["rel_err"] = worst(row["rel_err"], row["relayout_rel_err"])
         fns["relayout"] = relayout
-    # the runtime's TTGT method, its product copied into C by the runtime's own kernel
-    C[...] = cupy.nan
-    backend._run(("ttgt", None), con, C, A, B, fresh=True)
-    row["rel_err"] = worst(row["rel_err"], rel_error(C, ref))
-    fns["ttgt"] = lambda: backend._run(("ttgt", None), con, C, A, B, fresh=True)
+    # the runtime's TTGT method, its product copied into C by the runtime's own kernel, plain and
+    # pipelined (``ttgt:<chunks>``) where the autotuner offers it
+    for key, config in REGISTRY["ttgt"].configurations(backend, con, C, A, B).items():
+        C[...] = cupy.nan
+        backend._run(("ttgt", config), con, C, A, B, fresh=True)
+        row["rel_err"] = worst(row["rel_err"], rel_error(C, ref))
+        fns[key] = lambda config=config: backend._run(("ttgt", config), con, C, A, B, fresh=True)
     del ref
     # TTGT and the einsums hand back the GEMM's product viewed in C's index order; C's layout
     # costs them one more pass (the view made contiguous), which is what the einsums are timed
@@ -387,13 +390,14 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
     # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT, batched
-    # GEMM in place or on permuted copies, COGENT, TTGT, cupy.einsum and cuTENSOR where installed;
+    # GEMM in place or on permuted copies, COGENT, TTGT (plain or pipelined), cupy.einsum and
+    # cuTENSOR where installed;
     # the libraries it is compared with are the others (where it picks a library, its ratio to the
     # best library is at most 1). Each side's methods within CONTENDERS of its fastest alone are
     # timed again together (:func:`time_together`, five times the budget) and each side's
     # fastest there gives the ratio: alone, each is the least of several noisy medians.
-    ours = {k: times[k][0] for k in ("gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "cutensor")
-            if k in times}
+    ours = {k: times[k][0] for k in times
+            if k.split(":")[0] in ("gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "cutensor")}
     libs = {k: times[k][0] for k in ("cupy_einsum", "torch_einsum", "cutensor") if k in times}
     row["generated_ms"] = min(times[k][0] for k in ("gett", "cogent") if k in times)
     row["generated_ratio_vs_best_library"] = min(libs.values()) / row["generated_ms"]

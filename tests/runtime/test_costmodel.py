@@ -45,6 +45,32 @@ def test_batched_gemm_is_its_flops_at_the_shapes_rate_plus_its_traffic(m, n, k):
     assert costmodel.predict("direct", None, out, a, b, 8, 132) > costmodel.predict("kernel", None, out, a, b, 8, 132)
 
 
+@pytest.mark.parametrize("out_idx, a_idx, b_idx, right", [
+    ("abcd", "aecf", "fbed", "b"),  # TCCG 23: the operand holding out's fastest index goes right
+    ("abcd", "fbed", "aecf", "a"),  # the operands exchanged
+    ("abdc", "aecf", "fbed", "a"),  # out's fastest index in the other operand
+])
+@pytest.mark.parametrize("chunks", [3, 6])
+def test_pipelined_ttgt_runs_all_but_one_chunk_of_its_copies_beside_the_gemm(out_idx, a_idx, b_idx, right, chunks):
+    """``ttgt`` with ``{"chunks": n}`` at the odd extents of ``benchmarks/odd_extents.json``'s
+    case 106 (TCCG 23's contraction, extents 53 to 73): the right
+    operand's copy, then the longer of the GEMM (rows cut n-fold in the shape's efficiency) and
+    the left operand's copy with the output's four passes, plus one chunk's share of the latter,
+    plus 1 + 3n launches; faster than plain TTGT, which adds every part."""
+    size = dict(a=71, b=73, c=67, d=61, e=59, f=53)
+    out, a, b = (_c_order(idx, size) for idx in (out_idx, a_idx, b_idx))
+    rhs, lhs = (b, a) if right == "b" else (a, b)
+    m, n, k = (math.prod(size[i] for i in group) for group in (
+        set(lhs.indices) - set(rhs.indices), set(rhs.indices) - set(lhs.indices), set(lhs.indices) & set(rhs.indices)))
+    eff = (m // chunks / (m // chunks + 32)) * (n / (n + 32)) * (k / (k + 16))
+    compute = 2.0 * m * n * k / (costmodel.FLOPS * eff)
+    rest = 8 * (2 * lhs.size + 4 * out.size) / costmodel.BANDWIDTH
+    want = 16 * rhs.size / costmodel.BANDWIDTH + max(compute, rest) + rest / chunks + (1 + 3 * chunks) * costmodel.LAUNCH
+    got = costmodel.predict("ttgt", {"chunks": chunks}, out, a, b, 8, 132)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got < costmodel.predict("ttgt", None, out, a, b, 8, 132)
+
+
 def test_a_method_without_a_layout_or_model_is_never_predicted_fastest():
     """Batched GEMM where no GEMM layout exists (an index in one operand only) and an unknown
     method are ``inf``; the margin keeps every candidate where no prediction is finite."""

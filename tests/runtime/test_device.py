@@ -436,6 +436,103 @@ def test_methods_that_need_no_gpu_add_the_product(numpy_gpu, method, fresh):
         assert relerr(out, want) <= 1e-12
 
 
+def _numpy_with_streams():
+    """NumPy with stand-in CUDA streams (``xp.cuda``): work runs at once; each stream counts the
+    times it was entered and keeps the events it waited for; an event is (stream, times entered)."""
+    current = []
+
+    class Stream:
+        def __init__(self, non_blocking: bool = False):
+            self.entered, self.waited = 0, []
+
+        def __enter__(self):
+            self.entered += 1
+            current.append(self)
+            return self
+
+        def __exit__(self, *exc):
+            current.pop()
+            return False
+
+        def record(self):
+            return (self, self.entered)
+
+        def wait_event(self, event):
+            self.waited.append(event)
+
+    main = Stream()
+    cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: current[-1] if current else main)
+    return types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")}, cuda=cuda), main
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 7])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypatch, tmp_path):
+    """A pipelined TTGT (``ttgt`` with ``{"chunks": n}``) on NumPy with stand-in streams: random
+    contractions (batch indices, factors, either operand on the GEMM's left, extents below the
+    chunk count) into a strided view of a larger buffer equal ``numpy.einsum`` (a ``fresh``
+    output holding NaN is written as if it held zeros), the buffer around the view untouched; the
+    chunks run on the two streams in turn, each stream after the current one's event, and the
+    current stream waits for every chunk's."""
+    monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
+    xp, main = _numpy_with_streams()
+    backend = HostTiles(xp)
+    rng = np.random.default_rng(10 * chunks + fresh)
+    runs = swapped = 0
+    while runs < 8:
+        c, size = random_case(rng, batch=runs % 2 == 1, max_extent=8)
+        split = methods._pipeline_index(c)
+        if split is None:
+            continue
+        a, b = (rng.standard_normal([size[i] for i in idx]) for idx in (c.a_indices, c.b_indices))
+        out, big, sl = embedded(rng, [size[i] for i in c.out_indices], "float64")
+        want = reference(c, np.zeros(out.shape) if fresh else out, a, b)
+        before = big.copy()
+        if fresh:
+            out[...] = np.nan
+        waits = len(main.waited)
+        backend._run(("ttgt", {"chunks": chunks}), c, out, a, b, fresh)
+        assert relerr(out, want) <= 1e-12, (c, size)
+        outside = np.ones(big.shape, bool)
+        outside[sl] = False
+        assert np.array_equal(big[outside], before[outside])
+        ran = min(chunks, size[split])
+        assert len(main.waited) - waits == ran
+        runs += 1
+        swapped += common.ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))[4]
+    first, second = backend._pipes
+    assert first.entered >= second.entered > 0 and 0 < swapped < runs
+    assert all(event[0] is main for event in first.waited + second.waited)
+    assert {event[0] for event in main.waited} == {first, second}
+
+
+def test_ttgt_is_offered_pipelined_on_large_outputs_apart_from_the_operands(numpy_gpu):
+    """TTGT's candidates: plain always; pipelined in each of
+    :data:`~methods.PIPELINE_CHUNKS` chunks no more than the cut index's extent, where the output
+    has :data:`~methods.PIPELINE_MIN_BYTES` and shares no memory with an operand; not where
+    nothing is summed."""
+    c = Contraction(0, "C", list("abcd"), "A", list("aecf"), "B", list("fbed"), 1.0, True, 0, 0)
+    assert methods._pipeline_index(c) == "a"
+    side = round((methods.PIPELINE_MIN_BYTES // 8) ** 0.25) + 1
+    big = np.empty((side,) * 4)
+    a, b = np.empty((side, 3, side, 3)), np.empty((3, side, 3, side))
+    ttgt = methods.REGISTRY["ttgt"]
+    assert ttgt.configurations(numpy_gpu, c, big, a, b) == {
+        "ttgt": None, **{f"ttgt:{n}": {"chunks": n} for n in methods.PIPELINE_CHUNKS}}
+    wide = round((methods.PIPELINE_MIN_BYTES // 32) ** (1 / 3)) + 1  # a's cut index 4 long
+    assert ttgt.configurations(numpy_gpu, c, np.empty((4, wide, wide, wide)), np.empty((4, 3, wide, 3)),
+                               np.empty((3, wide, 3, wide))) == {"ttgt": None, "ttgt:3": {"chunks": 3}}
+    assert ttgt.configurations(numpy_gpu, c, big[:, :, :, :side // 2], a, b[..., :side // 2]) == {"ttgt": None}
+    into_a = np.empty(2 * big.size)
+    assert ttgt.configurations(numpy_gpu, c, into_a[:big.size].reshape(big.shape),
+                               into_a[big.size:big.size + a.size].reshape(a.shape), b) == {
+        "ttgt": None, **{f"ttgt:{n}": {"chunks": n} for n in methods.PIPELINE_CHUNKS}}
+    assert ttgt.configurations(numpy_gpu, c, into_a[:big.size].reshape(big.shape),
+                               into_a[:a.size].reshape(a.shape), b) == {"ttgt": None}
+    outer = Contraction(0, "C", list("ab"), "A", list("a"), "B", list("b"), 1.0, True, 0, 0)
+    assert methods._pipeline_index(outer) is None
+
+
 @pytest.mark.parametrize("n, tile", [(1, (0, 1)), (7, (0, 28)), (13, (5, 60)), (13, (90, 91)), (64, (1000, 2080))])
 def test_gather_packs_and_unpacks_pairs(n, tile):
     """Backend.gather against explicit loops over the triangle ``p >= q``: a tile ``[k0, k1)`` of

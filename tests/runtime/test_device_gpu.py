@@ -187,6 +187,39 @@ def test_kernel_and_ttgt_agree(case, views, staged, monkeypatch):
     assert relerr(results["batched"], np.asarray(results["ttgt"], np.float64)) <= 1e-12
 
 
+@pytest.mark.parametrize("chunks", [2, 3, 6])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_pipelined_ttgt_matches_einsum_on_its_streams(chunks, dtype):
+    """TTGT pipelined in ``chunks`` on the device's streams: the tile shapes of :data:`AGREE` and
+    random contractions (batch indices, factors, views into larger buffers, fresh outputs holding
+    NaN), issued from a stream of the test's own, whose next kernel (a sum of ``out``) must see
+    every chunk's product without the host waiting in between; the buffer around ``out``
+    untouched. Cases whose contraction sums nothing have no pipelined form (plain TTGT runs)."""
+    rng = np.random.default_rng(chunks + 10 * len(dtype))
+    backend = CupyBackend(cupy, "ttgt")
+    cases = [(Contraction(0, "X", o, "A", a, "B", b, -1.5, True, 0, 0), size) for o, a, b, size in AGREE]
+    cases += [random_case(rng, batch=k % 2 == 1, max_extent=9) for k in range(10)]
+    caller = cupy.cuda.Stream(non_blocking=True)
+    for trial, (c, size) in enumerate(cases):
+        fresh = trial % 3 == 2
+        out, big, sl, a, b = _operands(rng, c, size, dtype, trial % 2 == 1, step=trial % 4 == 3)
+        ref = reference(c, np.zeros(out.shape) if fresh else cupy.asnumpy(out), cupy.asnumpy(a), cupy.asnumpy(b))
+        if fresh:
+            out[...] = np.nan
+        before = cupy.asnumpy(big)
+        with caller:
+            backend._run(("ttgt", {"chunks": chunks}), c, out, a, b, fresh)
+            total = out.astype(cupy.float64).sum()
+        caller.synchronize()
+        got = cupy.asnumpy(big)
+        assert relerr(got[sl], ref) <= TOL[dtype], (c, size)
+        assert abs(float(total) - ref.sum()) <= TOL[dtype] * float(np.abs(ref).sum()) * 10
+        untouched = np.ones(got.shape, bool)
+        untouched[sl] = False
+        assert np.array_equal(got[untouched], before[untouched])
+    assert backend._pipes is not None
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_relayout_on_the_triples_terms(dtype):
     """The twelve (T) W terms forced to ``relayout`` as the executor passes them (a whole W tile;

@@ -14,7 +14,9 @@ recorded on any machine, ``benchmarks/tuning_model.py``):
   plus the copies (each operand read and written).
 - ``ttgt`` — one GEMM over the merged free and summed extents (``ttgt_layout``), plus both
   operands transposed, the product written, and the permuted add (product and output read, output
-  written); ``einsum`` the same with one more output pass (its product is a separate array).
+  written); pipelined, the left operand's copy and the output's passes beside the GEMM but for
+  one chunk's; ``einsum`` as plain TTGT with one more output pass (its product is a separate
+  array).
 - ``cutensor`` — the GEMM bound and the minimum traffic of the contraction, over
   :data:`CUTENSOR_SHARE`.
 - ``gett`` — the GETT kernel's own model (:func:`chainexec.kernels.gett.predicted_seconds`), the
@@ -153,11 +155,20 @@ def _ttgt_extents(out: Operand, a: Operand, b: Operand) -> tuple[int, int, int, 
     return tuple(math.prod(size[i] for i in g) for g in (batch, lext, rext, ks))
 
 
-def _ttgt(out: Operand, a: Operand, b: Operand, itemsize: int, passes: int = 3) -> float:
+def _ttgt(out: Operand, a: Operand, b: Operand, itemsize: int, passes: int = 3, chunks: int = 1) -> float:
+    """TTGT's GEMM, its operands' copies and ``passes`` over the output beside the product's
+    write. Pipelined in ``chunks`` (more than one): the right operand's copy first, then the
+    chunks' GEMMs beside the other chunks' copies and passes (the longer of the two), of which one
+    chunk's run alone."""
     nb, m, n, k = _ttgt_extents(out, a, b)
-    compute = 2.0 * nb * m * n * k / (FLOPS * gemm_efficiency(m, n, k))
-    moved = itemsize * (2 * (a.size + b.size) + (1 + passes) * out.size)
-    return compute + moved / BANDWIDTH + 4 * LAUNCH
+    swap = ttgt_layout(out.indices, a.indices, b.indices)[4]
+    left, right = (b, a) if swap else (a, b)
+    compute = 2.0 * nb * m * n * k / (FLOPS * gemm_efficiency(max(1, m // chunks), n, k))
+    right_copy = 2.0 * itemsize * right.size / BANDWIDTH
+    rest = itemsize * (2 * left.size + (1 + passes) * out.size) / BANDWIDTH
+    if chunks == 1:
+        return compute + right_copy + rest + 4 * LAUNCH
+    return right_copy + max(compute, rest) + rest / chunks + (1 + 3 * chunks) * LAUNCH
 
 
 def _least(out: Operand, a: Operand, b: Operand, itemsize: int, rate: float) -> float:
@@ -175,13 +186,16 @@ def _gett(config: dict, out: Operand, a: Operand, b: Operand, sm_count: int) -> 
 def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize: int, sm_count: int) -> float:
     """Predicted seconds of ``method`` (a name of
     :data:`~chainexec.runtime.backends.methods.REGISTRY`) with ``config`` (GETT's order and
-    configuration, else None) for ``out += a·b``; ``inf`` where the method has no model."""
+    configuration, a pipelined TTGT's chunks, else None) for ``out += a·b``; ``inf`` where the
+    method has no model."""
     if method == "batched":
         return _batched(out, a, b, itemsize)
     if method == "relayout":
         return _relayout(out, a, b, itemsize)
-    if method in ("ttgt", "einsum"):
-        return _ttgt(out, a, b, itemsize, 3 if method == "ttgt" else 4) + (EINSUM_OVERHEAD if method == "einsum" else 0)
+    if method == "ttgt":
+        return _ttgt(out, a, b, itemsize, 3, config["chunks"] if config else 1)
+    if method == "einsum":
+        return _ttgt(out, a, b, itemsize, 4) + EINSUM_OVERHEAD
     if method == "cutensor":
         return _least(out, a, b, itemsize, FLOPS * gemm_efficiency(*_ttgt_extents(out, a, b)[1:])) / CUTENSOR_SHARE
     if method == "gett":

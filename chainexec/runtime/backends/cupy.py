@@ -159,6 +159,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         self._returning: collections.deque = collections.deque()
         self._deferred: list[_Deferred] = []  # small copies to the host not yet delivered
         self._small = None  # the stream that delivers them, made on first use
+        self._pipes = None  # the two streams of a pipelined TTGT, made on first use
         self._stack_runs: dict[tuple, tuple] = {}  # run key -> (stacks, the terms left alone)
         self.pinned = True  # page-locked host buffers (expect_transfers decides for a run)
         self._locks: hostlock.Locks | None = None  # host memory locked in place (made by expect_transfers)

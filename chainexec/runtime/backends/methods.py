@@ -28,13 +28,21 @@ import numpy as np
 from chainexec.kernels import batchedgemm
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import pointwise, uselog
-from chainexec.runtime.backends.common import element_strides, index_extents, ttgt_product
+from chainexec.runtime.backends.common import element_strides, index_extents, ttgt_layout, ttgt_product
 
 TUNE_TOP = 3
 """GETT configurations the model ranks best that the one-time autotune times."""
 GETT_MIN_OUTPUT = 4096
 """Output elements below which GETT is not tried: a GEMM-shaped kernel needs output tiles to
 spread over the SMs (a dot product or a tiny output is a reduction, better left to cuBLAS)."""
+PIPELINE_CHUNKS = (3, 6)
+"""Chunks of a pipelined TTGT (``ttgt:<chunks>``, :meth:`Methods._ttgt_pipelined`) the autotuner
+times beside the plain one. On the CCSD contractions of the TCCG set (a 5184³ GEMM and three
+215 MB copies) three chunks on two streams hide nearly all the copies: 6 % faster than plain TTGT
+(:file:`benchmarks/results/INDEX.md`)."""
+PIPELINE_MIN_BYTES = 64 << 20
+"""Output bytes from which TTGT is also offered pipelined: below, its copies take microseconds,
+what a second stream's launches and waits cost."""
 HOLD_SHARE = 4
 """A loop with steady inputs (:meth:`Methods.steady`) sets 1/HOLD_SHARE of the room the plan
 leaves aside for relayout copies held from tile to tile."""
@@ -110,6 +118,11 @@ def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
     index orders, and the permutations that make those copies from ``a`` and ``b``."""
     oa, ob, pa, pb = _relaid_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
+
+
+def _along(indices, index: str, lo: int, hi: int) -> tuple:
+    """The key that takes elements ``lo:hi`` of ``index`` from an array over ``indices``."""
+    return tuple(slice(lo, hi) if i == index else slice(None) for i in indices)
 
 
 def _gemm_size(g) -> int:
@@ -273,16 +286,46 @@ class Kernel(Method):
 
 class Ttgt(Method):
     """Transpose-transpose-GEMM-transpose with ``cupy.matmul``; a fresh output gets the product
-    copied in."""
+    copied in. Pipelined (configuration ``{"chunks": n}``, :meth:`Methods._ttgt_pipelined`):
+    the GEMM's left operand, its product and ``out`` cut into ``n`` chunks along one index, each
+    chunk's copies and GEMM on one of two streams in turn, so that one chunk's copies run while
+    the other stream's GEMM does; offered where ``out`` has at least :data:`PIPELINE_MIN_BYTES`
+    and lies apart from both operands."""
 
     name = "ttgt"
     writes_fresh = True
+
+    def configurations(self, be, c, out, a, b) -> dict:
+        named = {self.name: None}
+        split = _pipeline_index(c)
+        if split is not None and out.nbytes >= PIPELINE_MIN_BYTES and not be._aliased(out, a, b):
+            extent = index_extents(c, a, b)[split]
+            named |= {f"ttgt:{n}": {"chunks": n} for n in PIPELINE_CHUNKS if n <= extent}
+        return named
 
     def workspace(self, out, a, b) -> int:
         return a.nbytes + b.nbytes + out.nbytes
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
-        be._add(out, ttgt_product(be, c, a, b), fresh)
+        if config and _pipeline_index(c) is not None and not be._aliased(out, a, b):
+            be._ttgt_pipelined(c, out, a, b, fresh, config["chunks"])
+        else:  # plain, or chosen on a probe for a tile whose output meets an operand
+            be._add(out, ttgt_product(be, c, a, b), fresh)
+
+
+@lru_cache(maxsize=None)
+def _pipeline_layout(out: tuple, a: tuple, b: tuple) -> str | None:
+    """The index a pipelined TTGT cuts into chunks: the outermost of the GEMM's left operand's
+    free indices (:func:`~chainexec.runtime.backends.common.ttgt_layout`, in ``out``'s order), so
+    that a chunk of the left operand makes a block of the GEMM's rows; None where the contraction
+    sums over nothing or the left operand has no free index."""
+    _, lext, _, ks, *_ = ttgt_layout(out, a, b)
+    return lext[0] if lext and ks else None
+
+
+def _pipeline_index(c: Contraction) -> str | None:
+    """:func:`_pipeline_layout` of a contraction."""
+    return _pipeline_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
 
 
 def _modes(c: Contraction) -> list[str]:
@@ -633,4 +676,63 @@ class Methods:
         """``out += factor·product``, or ``out[...] = factor·product`` where ``out`` is fresh
         (:meth:`chainexec.runtime.device.Backend.assign`)."""
         self.assign(out, product, factor, not fresh)
+
+    def _aliased(self, out, a, b) -> bool:
+        """Whether ``out``'s memory may meet an operand's (bounds only): a pipelined TTGT writes
+        a chunk of ``out`` while later chunks still read the operands."""
+        return bool(self.xp.may_share_memory(out, a) or self.xp.may_share_memory(out, b))
+
+    def _ttgt_pipelined(self, c: Contraction, out, a, b, fresh: bool, chunks: int) -> None:
+        """``out += factor · a·b`` (``out = …`` where ``fresh``) by TTGT in ``chunks`` chunks of
+        the left operand's outermost free index (:func:`_pipeline_layout`): the right operand
+        copied on the current stream, then for each chunk, on the two streams of
+        :meth:`_pipeline_streams` in turn, the left operand's chunk copied, its GEMM against the
+        whole right copy (a block of the product's rows) and the product's chunk added into the
+        same chunk of ``out``; the current stream waits for both at the end. The chunks' copies
+        (none where a chunk is C-contiguous already) and products are allocated on the current
+        stream before any chunk runs, so that CuPy's pool returns their memory to the current
+        stream's share, not to a share of the other streams kept from the plan's buffers; they
+        are let go only after the current stream waits. A chunk's GEMM has fewer rows than the
+        whole: its rounding may differ from plain TTGT's in the last bits."""
+        xp = self.xp
+        batch, lext, rext, ks, swap, pl, pr, pout = ttgt_layout(tuple(c.out_indices), tuple(c.a_indices),
+                                                                tuple(c.b_indices))
+        size = index_extents(c, a, b)
+        (left, left_idx), right = ((b, c.b_indices), a) if swap else ((a, c.a_indices), b)
+        split = lext[0]
+        chunks = max(1, min(chunks, size[split]))  # a choice made on a larger tile
+        bounds = [k * size[split] // chunks for k in range(chunks + 1)]
+        nb, nr, nk = (math.prod(size[i] for i in g) for g in (batch, rext, ks))
+        inner = math.prod(size[i] for i in lext[1:])
+        lead = (nb,) if batch else ()
+        main = xp.cuda.get_current_stream()
+        rmat = self.reshaped(right.transpose(pr), lead + (nk, nr))
+        made = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            part = left[_along(left_idx, split, lo, hi)].transpose(pl)
+            copy = part if part.flags.c_contiguous else xp.empty(part.shape, left.dtype)
+            made.append((part, copy, xp.empty(lead + ((hi - lo) * inner, nr), out.dtype)))
+        ready = main.record()
+        done = []
+        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            stream = self._pipeline_streams()[k % 2]
+            stream.wait_event(ready)
+            part, lcopy, product = made[k]
+            with stream:
+                if lcopy is not part:
+                    self.assign(lcopy, part)
+                xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
+                if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
+                    self.assign(product, product, c.factor)
+                view = product.reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
+                self._add(out[_along(c.out_indices, split, lo, hi)], view.transpose(pout), fresh)
+                done.append(stream.record())
+        for event in done:
+            main.wait_event(event)
+
+    def _pipeline_streams(self) -> list:
+        """The two streams of :meth:`_ttgt_pipelined`, made on first use."""
+        if self._pipes is None:
+            self._pipes = [self.xp.cuda.Stream(non_blocking=True) for _ in range(2)]
+        return self._pipes
 
