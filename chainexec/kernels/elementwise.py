@@ -62,8 +62,9 @@ UNROLL = 4
 """Elements a thread of an unstaged kernel over at least :data:`UNROLL_MIN` elements, a block
 apart (a warp's accesses stay coalesced), all read before any is written, whatever the number of
 inputs: with one element a thread an SM keeps too few reads in flight to stream at DRAM's
-bandwidth. Four a thread read two or three 4 GB inputs in a reduction 10-20 % faster than one or
-two a thread, and writes no slower (:file:`benchmarks/results/INDEX.md`)."""
+bandwidth. Four a thread read the two or three tile-sized inputs of a reduction faster than one
+or two a thread, and write no slower, also with several inputs, whose values it then holds in
+registers four at a time (:file:`benchmarks/results/INDEX.md`)."""
 UNROLL_MIN = 1 << 22
 """Elements from which an unstaged kernel is unrolled (:data:`UNROLL`); its grid still has
 thousands of blocks."""

@@ -37,8 +37,9 @@ GETT_MIN_OUTPUT = 4096
 spread over the SMs (a dot product or a tiny output is a reduction, better left to cuBLAS)."""
 PIPELINE_CHUNKS = (3, 6)
 """Chunks of a pipelined TTGT (``ttgt:<chunks>``, :meth:`Methods._ttgt_pipelined`) the autotuner
-times beside the plain one. On the CCSD contractions of the TCCG set (a 5184³ GEMM and three
-215 MB copies) three chunks on two streams hide nearly all the copies: 6 % faster than plain TTGT
+times beside the plain one: fewer leave more of the first chunk's copy and the last chunk's add
+alone, more make smaller GEMMs. On the CCSD contractions of the TCCG set (a 5184³ GEMM between
+three 215 MB copies) three chunks on two streams hide most of the copies
 (:file:`benchmarks/results/INDEX.md`)."""
 PIPELINE_MIN_BYTES = 64 << 20
 """Output bytes from which TTGT is also offered pipelined: below, its copies take microseconds,
