@@ -708,11 +708,11 @@ class Methods:
         lead = (nb,) if batch else ()
         main = xp.cuda.get_current_stream()
         rmat = self.reshaped(right.transpose(pr), lead + (nk, nr))
-        made = []
+        made, dtype = [], xp.result_type(left.dtype, right.dtype)  # the product's, as matmul's
         for lo, hi in zip(bounds, bounds[1:]):
             part = left[_along(left_idx, split, lo, hi)].transpose(pl)
             copy = part if part.flags.c_contiguous else xp.empty(part.shape, left.dtype)
-            made.append((part, copy, xp.empty(lead + ((hi - lo) * inner, nr), out.dtype)))
+            made.append((part, copy, xp.empty(lead + ((hi - lo) * inner, nr), dtype)))
         ready = main.record()
         done = []
         for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
