@@ -143,8 +143,10 @@ class GettConfig:
         return max(pipeline, epilogue)
 
     def valid(self, arch: int = 90) -> bool:
-        """Whether the cooperative loads divide evenly and the shape and shared memory exist on
-        compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA needs 80 or newer)."""
+        """Whether the cooperative loads divide evenly, a staged epilogue's lanes cover a warp's
+        rows (its width, ``8·mma_n``, divides 32 or is a multiple of it), and the shape and shared
+        memory exist on compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA needs 80 or
+        newer)."""
         if arch < 80 or (arch < 90 and self.mma in SM90_SHAPES):
             return False
         t = self.threads
@@ -154,7 +156,12 @@ class GettConfig:
         # so do 16 m16n8k8 tiles a warp (64 accumulators and 24 fragment doubles a lane) beside
         # the prefetched k offsets, with any number of threads
         heavy = self.kstep == 8 and (t > 256 or self.mma_m * self.mma_n >= 16)
-        return (self.mma in MMA_SHAPES and not heavy and t % a_run == 0 and t % b_run == 0
+        # the staged epilogue's lanes store whole rows of a warp's tile: 32 / width rows at once,
+        # or width / 32 elements a lane
+        width = self.mma_n * 8
+        stageable = 32 % width == 0 or width % 32 == 0
+        return (self.mma in MMA_SHAPES and not heavy and (stageable or not self.staged)
+                and t % a_run == 0 and t % b_run == 0
                 and (self.bm * self.bk) % t == 0 and (self.bn * self.bk) % t == 0
                 and self.bk % self.kstep == 0 and self.smem_bytes() <= smem_limit(arch))
 

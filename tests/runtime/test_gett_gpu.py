@@ -78,10 +78,15 @@ def test_top_candidates_match_numpy(c, a, b, sizes, view, wide):
         assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
 
 
+OFF_GRID = ((2, 1, 2, 3, 16), (1, 1, 2, 3, 16), (2, 2, 2, 2, 16), (2, 4, 4, 1, 16), (3, 2, 3, 4, 24))
+"""Tile shapes outside :data:`~chainexec.kernels.gett.TILES` (three warps, warp tiles 8, 16 and 24
+columns wide): whatever :meth:`GettConfig.valid` admits computes the contraction."""
+
+
 @pytest.mark.parametrize("staged", [False, True])
 def test_every_configuration_is_correct(staged):
-    """All tile shapes, both MMA shapes, all four load directions, odd extents (partial tiles),
-    each epilogue."""
+    """All tile shapes (:data:`~chainexec.kernels.gett.TILES` and :data:`OFF_GRID`), every MMA
+    shape, all four load directions, odd extents (partial tiles), each epilogue."""
     sizes = dict(a=70, b=45, k=37)
     layouts = {(True, True): ("ak", "kb"), (True, False): ("ak", "bk"), (False, True): ("ka", "kb"),
                (False, False): ("ka", "bk")}
@@ -89,7 +94,7 @@ def test_every_configuration_is_correct(staged):
         hC, hA, hB = _arrays("ab", a, b, sizes, seed=7)
         ref = np.einsum(f"{a},{b}->ab", hA, hB)
         C, A, B = _device_views((hC, hA, hB), False)
-        for (wm, wn, mm, mn, bk), shape in product(gett.TILES, gett.MMA_SHAPES):
+        for (wm, wn, mm, mn, bk), shape in product(gett.TILES + OFF_GRID, gett.MMA_SHAPES):
             rows = gett.MMA_SHAPES[shape][0]
             if mm * 8 % rows:
                 continue
