@@ -418,8 +418,9 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     row["bound_ms"] = bound_ms(flops, sum(nbytes.values()), *roof)
     row["ceiling_vs_best_library"] = row["library_ms"] / row["bound_ms"]
     row["of_bound"] = row["bound_ms"] / row["chainexec_ms"]
-    for key in ("bound", "chainexec", "library", "generated", "gett", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
-                "torch_einsum", "cutensor", "ttgt_view", "cupy_einsum_view", "torch_einsum_view"):
+    for key in ("bound", "chainexec", "library", "generated", "gett", "batched", "relayout", "cogent", *(
+            k for k in times if k.split(":")[0] == "ttgt"), "cupy_einsum", "torch_einsum", "cutensor", "ttgt_view",
+                "cupy_einsum_view", "torch_einsum_view"):
         if f"{key}_ms" in row:
             row[f"{key}_gflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e9
     return row

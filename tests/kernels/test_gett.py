@@ -159,12 +159,13 @@ def _all_configs():
     return out
 
 
-@pytest.mark.parametrize("mma_n, stageable", [(1, True), (2, True), (3, False), (4, True), (5, False), (8, True)])
+@pytest.mark.parametrize("mma_n, stageable", [(1, True), (2, True), (3, False), (4, True), (5, False), (6, False),
+                                               (8, True), (12, True)])
 def test_a_staged_epilogue_needs_warp_rows_that_tile_a_warp(mma_n, stageable):
     """The staged epilogue stores 32 / width rows of a warp's tile per instruction, or width / 32
     elements a lane: a width (8·mma_n columns) that neither divides 32 nor is a multiple of it
-    (24, 40) would leave lanes storing into the wrong rows, so such configurations are invalid
-    staged and valid storing their fragments directly."""
+    (24, 40, 48) would leave lanes storing into the wrong rows, or columns unstored, so such
+    configurations are invalid staged and valid storing their fragments directly."""
     cfg = gett.GettConfig(2, 1, 1, mma_n, 16, 3, "m16n8k4", True, False)
     assert cfg.valid()
     assert replace(cfg, staged=True).valid() == stageable

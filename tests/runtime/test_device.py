@@ -437,16 +437,17 @@ def test_methods_that_need_no_gpu_add_the_product(numpy_gpu, method, fresh):
 
 
 def _numpy_with_streams():
-    """NumPy with stand-in CUDA streams (``xp.cuda``): work runs at once; each stream counts the
-    times it was entered and keeps the events it waited for; an event is (stream, times entered)."""
-    current = []
+    """NumPy with stand-in CUDA streams (``xp.cuda``) that run work at once, and a log of what ran
+    on which stream: ``xp.matmul`` logs ("gemm", stream), a stream's wait ("wait", stream, event);
+    an event is (stream, the log's length when recorded). Returns (xp, the current stream outside
+    every ``with``, the log)."""
+    current, log = [], []
 
     class Stream:
         def __init__(self, non_blocking: bool = False):
-            self.entered, self.waited = 0, []
+            pass
 
         def __enter__(self):
-            self.entered += 1
             current.append(self)
             return self
 
@@ -455,14 +456,21 @@ def _numpy_with_streams():
             return False
 
         def record(self):
-            return (self, self.entered)
+            return (self, len(log))
 
         def wait_event(self, event):
-            self.waited.append(event)
+            log.append(("wait", self, event))
 
     main = Stream()
-    cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: current[-1] if current else main)
-    return types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")}, cuda=cuda), main
+    now = lambda: current[-1] if current else main  # noqa: E731
+
+    def matmul(x, y, out=None):
+        log.append(("gemm", now()))
+        return np.matmul(x, y, out=out)
+
+    cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=now)
+    names = {k: getattr(np, k) for k in dir(np) if not k.startswith("__")} | {"matmul": matmul, "cuda": cuda}
+    return types.SimpleNamespace(**names), main, log
 
 
 @pytest.mark.parametrize("chunks", [2, 3, 7])
@@ -471,12 +479,19 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
     """A pipelined TTGT (``ttgt`` with ``{"chunks": n}``) on NumPy with stand-in streams: random
     contractions (batch indices, factors, either operand on the GEMM's left, extents below the
     chunk count) into a strided view of a larger buffer equal ``numpy.einsum`` (a ``fresh``
-    output holding NaN is written as if it held zeros), the buffer around the view untouched; the
-    chunks run on the two streams in turn, each stream after the current one's event, and the
-    current stream waits for every chunk's."""
+    output holding NaN is written as if it held zeros), the buffer around the view untouched.
+    Order, from the log: the right operand's copy on the current stream, then each side stream
+    waits for an event recorded after it; chunk k's GEMM and its copies and adds run on side
+    stream k mod 2, after that wait; the current stream then waits for an event of each side
+    stream recorded after its last work."""
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
-    xp, main = _numpy_with_streams()
+    xp, main, log = _numpy_with_streams()
     backend = HostTiles(xp)
+    for name in ("assign", "copy"):
+        def logged(*args, _name=name, _op=getattr(backend, name), **kwargs):
+            log.append((_name, xp.cuda.get_current_stream()))
+            return _op(*args, **kwargs)
+        monkeypatch.setattr(backend, name, logged)
     rng = np.random.default_rng(10 * chunks + fresh)
     runs = swapped = 0
     while runs < 8:
@@ -490,45 +505,62 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
         before = big.copy()
         if fresh:
             out[...] = np.nan
-        waits = len(main.waited)
+        first = len(log)
         backend._run(("ttgt", {"chunks": chunks}), c, out, a, b, fresh)
         assert relerr(out, want) <= 1e-12, (c, size)
         outside = np.ones(big.shape, bool)
         outside[sl] = False
         assert np.array_equal(big[outside], before[outside])
-        ran = min(chunks, size[split])
-        assert len(main.waited) - waits == ran
+        side = backend._pipes
+        entries = list(enumerate(log))[first:]
+        gemms = [(k, e[1]) for k, e in entries if e[0] == "gemm"]
+        assert [stream for _, stream in gemms] == [side[k % 2] for k in range(min(chunks, size[split]))]
+        ready = {e[2] for _, e in entries if e[0] == "wait" and e[1] in side}
+        assert len(ready) == 1 and next(iter(ready))[0] is main
+        at = next(iter(ready))[1]
+        assert all(e[1] is main for k, e in entries if k < at and e[0] in ("copy", "assign"))
+        assert all(k < at for k, e in entries if e[1] is main and e[0] in ("copy", "assign", "gemm"))
+        assert all(e[1] in side for k, e in entries if k >= at and e[0] in ("gemm", "assign"))
+        joined = [e[2] for _, e in entries if e[0] == "wait" and e[1] is main]
+        assert [event[0] for event in joined[-2:]] == side
+        for stream, (_, when) in zip(side, joined[-2:]):
+            assert all(k < when for k, e in entries if e[1] is stream and e[0] != "wait")
         runs += 1
         swapped += common.ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))[4]
-    first, second = backend._pipes
-    assert first.entered >= second.entered > 0 and 0 < swapped < runs
-    assert all(event[0] is main for event in first.waited + second.waited)
-    assert {event[0] for event in main.waited} == {first, second}
+    assert 0 < swapped < runs
 
 
 def test_ttgt_is_offered_pipelined_on_large_outputs_apart_from_the_operands(numpy_gpu):
-    """TTGT's candidates: plain always; pipelined in each of
-    :data:`~methods.PIPELINE_CHUNKS` chunks no more than the cut index's extent, where the output
-    has :data:`~methods.PIPELINE_MIN_BYTES` and shares no memory with an operand; not where
-    nothing is summed."""
+    """TTGT's candidates: plain always; pipelined in each of :data:`~methods.PIPELINE_CHUNKS`
+    chunks no more than the cut index's extent and no smaller than
+    :data:`~chainexec.runtime.pointwise.SHAPED_BYTES` of output each, where the output shares no
+    memory with an operand; not where nothing is summed."""
+    from chainexec.runtime import pointwise
+
     c = Contraction(0, "C", list("abcd"), "A", list("aecf"), "B", list("fbed"), 1.0, True, 0, 0)
     assert methods._pipeline_index(c) == "a"
-    side = round((methods.PIPELINE_MIN_BYTES // 8) ** 0.25) + 1
-    big = np.empty((side,) * 4)
-    a, b = np.empty((side, 3, side, 3)), np.empty((3, side, 3, side))
+    every = {"ttgt": None, **{f"ttgt:{n}": {"chunks": n} for n in methods.PIPELINE_CHUNKS}}
+    most = max(methods.PIPELINE_CHUNKS)
+
+    def side(chunks: int) -> int:  # a cube's edge whose output just holds chunks × SHAPED_BYTES
+        return round((chunks * pointwise.SHAPED_BYTES // 8) ** 0.25) + 1
+
     ttgt = methods.REGISTRY["ttgt"]
-    assert ttgt.configurations(numpy_gpu, c, big, a, b) == {
-        "ttgt": None, **{f"ttgt:{n}": {"chunks": n} for n in methods.PIPELINE_CHUNKS}}
-    wide = round((methods.PIPELINE_MIN_BYTES // 32) ** (1 / 3)) + 1  # a's cut index 4 long
-    assert ttgt.configurations(numpy_gpu, c, np.empty((4, wide, wide, wide)), np.empty((4, 3, wide, 3)),
-                               np.empty((3, wide, 3, wide))) == {"ttgt": None, "ttgt:3": {"chunks": 3}}
-    assert ttgt.configurations(numpy_gpu, c, big[:, :, :, :side // 2], a, b[..., :side // 2]) == {"ttgt": None}
-    into_a = np.empty(2 * big.size)
-    assert ttgt.configurations(numpy_gpu, c, into_a[:big.size].reshape(big.shape),
-                               into_a[big.size:big.size + a.size].reshape(a.shape), b) == {
-        "ttgt": None, **{f"ttgt:{n}": {"chunks": n} for n in methods.PIPELINE_CHUNKS}}
-    assert ttgt.configurations(numpy_gpu, c, into_a[:big.size].reshape(big.shape),
-                               into_a[:a.size].reshape(a.shape), b) == {"ttgt": None}
+    for n, offered in [(most, every), (3, {"ttgt": None, "ttgt:3": {"chunks": 3}}), (1, {"ttgt": None})]:
+        e = side(n)
+        assert ttgt.configurations(numpy_gpu, c, np.empty((e,) * 4), np.empty((e, 3, e, 3)),
+                                   np.empty((3, e, 3, e))) == offered
+    e = round((most * pointwise.SHAPED_BYTES // 32) ** (1 / 3)) + 1  # the cut index 4 long
+    assert ttgt.configurations(numpy_gpu, c, np.empty((4, e, e, e)), np.empty((4, 3, e, 3)),
+                               np.empty((3, e, 3, e))) == {"ttgt": None, "ttgt:3": {"chunks": 3}}
+    e = side(most)
+    shape = (e,) * 4
+    into_a = np.empty(2 * e ** 4)
+    b = np.empty((3, e, 3, e))
+    assert ttgt.configurations(numpy_gpu, c, into_a[:e ** 4].reshape(shape),
+                               into_a[e ** 4:e ** 4 + 9 * e ** 2].reshape(e, 3, e, 3), b) == every
+    assert ttgt.configurations(numpy_gpu, c, into_a[:e ** 4].reshape(shape),
+                               into_a[:9 * e ** 2].reshape(e, 3, e, 3), b) == {"ttgt": None}
     outer = Contraction(0, "C", list("ab"), "A", list("a"), "B", list("b"), 1.0, True, 0, 0)
     assert methods._pipeline_index(outer) is None
 

@@ -79,8 +79,8 @@ def test_top_candidates_match_numpy(c, a, b, sizes, view, wide):
 
 
 OFF_GRID = ((2, 1, 2, 3, 16), (1, 1, 2, 3, 16), (2, 2, 2, 2, 16), (2, 4, 4, 1, 16), (3, 2, 3, 4, 24))
-"""Tile shapes outside :data:`~chainexec.kernels.gett.TILES` (three warps, warp tiles 8, 16 and 24
-columns wide): whatever :meth:`GettConfig.valid` admits computes the contraction."""
+"""Tile shapes outside :data:`~chainexec.kernels.gett.TILES` (three warps along m, warp tiles 8, 16
+and 24 columns wide): whatever :meth:`GettConfig.valid` admits computes the contraction."""
 
 
 @pytest.mark.parametrize("staged", [False, True])

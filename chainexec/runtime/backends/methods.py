@@ -41,9 +41,6 @@ times beside the plain one: fewer leave more of the first chunk's copy and the l
 alone, more make smaller GEMMs. On the CCSD contractions of the TCCG set (a 5184³ GEMM between
 three 215 MB copies) three chunks on two streams hide most of the copies
 (:file:`benchmarks/results/INDEX.md`)."""
-PIPELINE_MIN_BYTES = 64 << 20
-"""Output bytes from which TTGT is also offered pipelined: below, its copies take microseconds,
-what a second stream's launches and waits cost."""
 HOLD_SHARE = 4
 """A loop with steady inputs (:meth:`Methods.steady`) sets 1/HOLD_SHARE of the room the plan
 leaves aside for relayout copies held from tile to tile."""
@@ -290,8 +287,13 @@ class Ttgt(Method):
     copied in. Pipelined (configuration ``{"chunks": n}``, :meth:`Methods._ttgt_pipelined`):
     the GEMM's left operand, its product and ``out`` cut into ``n`` chunks along one index, each
     chunk's copies and GEMM on one of two streams in turn, so that one chunk's copies run while
-    the other stream's GEMM does; offered where ``out`` has at least :data:`PIPELINE_MIN_BYTES`
-    and lies apart from both operands."""
+    the other stream's GEMM does; offered where each chunk of ``out`` has at least
+    :data:`~chainexec.runtime.pointwise.SHAPED_BYTES` (its copies then run on the point-wise
+    kernels of their shape, and take longer than a second stream's launches and waits cost) and
+    ``out`` lies apart from both operands. Two streams run GEMMs at once: cuBLAS promises the
+    same bits from run to run only for one active stream or with ``CUBLAS_WORKSPACE_CONFIG``
+    set (its "results reproducibility"), so a pipelined choice may differ from run to run in the
+    last bits where that variable is unset."""
 
     name = "ttgt"
     writes_fresh = True
@@ -299,9 +301,10 @@ class Ttgt(Method):
     def configurations(self, be, c, out, a, b) -> dict:
         named = {self.name: None}
         split = _pipeline_index(c)
-        if split is not None and out.nbytes >= PIPELINE_MIN_BYTES and not be._aliased(out, a, b):
+        if split is not None and not be._aliased(out, a, b):
             extent = index_extents(c, a, b)[split]
-            named |= {f"ttgt:{n}": {"chunks": n} for n in PIPELINE_CHUNKS if n <= extent}
+            named |= {f"ttgt:{n}": {"chunks": n} for n in PIPELINE_CHUNKS
+                      if n <= extent and out.nbytes // n >= pointwise.SHAPED_BYTES}
         return named
 
     def workspace(self, out, a, b) -> int:
@@ -692,9 +695,11 @@ class Methods:
         same chunk of ``out``; the current stream waits for both at the end. The chunks' copies
         (none where a chunk is C-contiguous already) and products are allocated on the current
         stream before any chunk runs, so that CuPy's pool returns their memory to the current
-        stream's share, not to a share of the other streams kept from the plan's buffers; they
-        are let go only after the current stream waits. A chunk's GEMM has fewer rows than the
-        whole: its rounding may differ from plain TTGT's in the last bits."""
+        stream's share, not to a share of the other streams kept from the plan's buffers, and so
+        that a lack of memory fails before anything is added to ``out``; they are let go only
+        after the current stream waits for both streams, which it does also where a chunk
+        raises. A chunk's GEMM has fewer rows than the whole: its rounding may differ from plain
+        TTGT's in the last bits."""
         xp = self.xp
         batch, lext, rext, ks, swap, pl, pr, pout = ttgt_layout(tuple(c.out_indices), tuple(c.a_indices),
                                                                 tuple(c.b_indices))
@@ -714,22 +719,23 @@ class Methods:
             copy = part if part.flags.c_contiguous else xp.empty(part.shape, left.dtype)
             made.append((part, copy, xp.empty(lead + ((hi - lo) * inner, nr), dtype)))
         ready = main.record()
-        done = []
-        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            stream = self._pipeline_streams()[k % 2]
-            stream.wait_event(ready)
-            part, lcopy, product = made[k]
-            with stream:
-                if lcopy is not part:
-                    self.assign(lcopy, part)
-                xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
-                if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
-                    self.assign(product, product, c.factor)
-                view = product.reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
-                self._add(out[_along(c.out_indices, split, lo, hi)], view.transpose(pout), fresh)
-                done.append(stream.record())
-        for event in done:
-            main.wait_event(event)
+        streams = self._pipeline_streams()
+        try:
+            for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+                stream = streams[k % 2]
+                stream.wait_event(ready)
+                part, lcopy, product = made[k]
+                with stream:
+                    if lcopy is not part:
+                        self.assign(lcopy, part)
+                    xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
+                    if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
+                        self.assign(product, product, c.factor)
+                    view = product.reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
+                    self._add(out[_along(c.out_indices, split, lo, hi)], view.transpose(pout), fresh)
+        finally:  # also after an error, before the temporaries' memory returns to the pool
+            for stream in streams:
+                main.wait_event(stream.record())
 
     def _pipeline_streams(self) -> list:
         """The two streams of :meth:`_ttgt_pipelined`, made on first use."""
