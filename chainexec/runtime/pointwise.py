@@ -33,7 +33,7 @@ from chainexec.kernels.elementwise import (BLOCK, blocks, index_type, layout, re
 from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
 from chainexec.runtime import kernelcache, uselog
-from chainexec.runtime.backends.common import address
+from chainexec.runtime.backends.common import overlaps
 
 
 def total(xp, partial, into) -> None:
@@ -314,14 +314,6 @@ once per shape and machine: the kernel cache keeps it) is repaid only by large c
 factors keep the generic kernel's rounding (no fused multiply-add)."""
 
 
-def _span(a) -> tuple[int, int]:
-    """The first and one past the last byte address that the view ``a`` reaches."""
-    start = address(a)
-    low = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s < 0)
-    high = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s > 0)
-    return start + low, start + high + a.itemsize
-
-
 def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
     """``out[...] = factor·x`` (``out += factor·x`` where ``add``) on the current stream, ``x``
     of ``out``'s dtype with ``out``'s number of dimensions and ``out``'s extent or 1 (broadcast)
@@ -332,8 +324,7 @@ def assign(xp, out, x, factor: float = 1.0, add: bool = False) -> None:
         return
     if (out.nbytes >= SHAPED_BYTES and factor in (1.0, -1.0) and x.dtype == out.dtype and x.ndim == out.ndim
             and all(m in (1, n) for m, n in zip(x.shape, out.shape))):
-        (lo, hi), (x_lo, x_hi) = _span(out), _span(x)
-        if x_hi <= lo or hi <= x_lo:
+        if not overlaps(out, x):
             value = "p0" if factor == 1.0 else "-p0"
             launch(xp, f"y + {value}" if add else value, [x], out)
             return

@@ -79,6 +79,21 @@ def address(arr) -> int:
     return (getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__)["data"][0]
 
 
+def span(arr) -> tuple[int, int]:
+    """The memory a view reaches, NumPy or CuPy alike: the address of its lowest byte and one past
+    its highest."""
+    start = address(arr)
+    low = sum(min(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides))
+    return start + low, start + high + arr.itemsize
+
+
+def overlaps(x, y) -> bool:
+    """Whether two views' memory spans (:func:`span`) meet."""
+    (a0, a1), (b0, b1) = span(x), span(y)
+    return a0 < b1 and b0 < a1
+
+
 def spread(arr, idx, order):
     """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
     index of ``order``; its axes outside ``order`` (extent 1) dropped."""

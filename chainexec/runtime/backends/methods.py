@@ -28,7 +28,7 @@ import numpy as np
 from chainexec.kernels import batchedgemm
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import pointwise, uselog
-from chainexec.runtime.backends.common import element_strides, index_extents, ttgt_layout, ttgt_product
+from chainexec.runtime.backends.common import element_strides, index_extents, overlaps, span, ttgt_layout, ttgt_product
 
 TUNE_TOP = 3
 """GETT configurations the model ranks best that the one-time autotune times."""
@@ -46,21 +46,10 @@ HOLD_SHARE = 4
 leaves aside for relayout copies held from tile to tile."""
 
 
-def _span(arr) -> tuple[int, int]:
-    """A device array's memory span: the address of its view's first byte and one past its last."""
-    lo = arr.data.ptr + sum(min(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides))
-    return lo, arr.data.ptr + sum(max(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides)) + arr.itemsize
-
-
-def _inside(span: tuple[int, int], spans) -> bool:
-    """Whether a memory span (:func:`_span`) lies within one of ``spans``."""
-    return any(a <= span[0] and span[1] <= b for a, b in spans)
-
-
-def _overlaps(x, y) -> bool:
-    """Whether two device arrays' memory spans (:func:`_span`) meet."""
-    (a0, a1), (b0, b1) = _span(x), _span(y)
-    return a0 < b1 and b0 < a1
+def _inside(reach: tuple[int, int], spans) -> bool:
+    """Whether a memory span (:func:`~chainexec.runtime.backends.common.span`) lies within one of
+    ``spans``."""
+    return any(a <= reach[0] and reach[1] <= b for a, b in spans)
 
 
 @lru_cache(maxsize=None)
@@ -300,8 +289,8 @@ class Ttgt(Method):
 
     def configurations(self, be, c, out, a, b) -> dict:
         named = {self.name: None}
-        split = _pipeline_index(c)
-        if split is not None and not be._aliased(out, a, b):
+        split = _pipelined(c, out, a, b)
+        if split is not None:
             extent = index_extents(c, a, b)[split]
             named |= {f"ttgt:{n}": {"chunks": n} for n in PIPELINE_CHUNKS
                       if n <= extent and out.nbytes // n >= pointwise.SHAPED_BYTES}
@@ -311,7 +300,7 @@ class Ttgt(Method):
         return a.nbytes + b.nbytes + out.nbytes
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
-        if config and _pipeline_index(c) is not None and not be._aliased(out, a, b):
+        if config and _pipelined(c, out, a, b) is not None:
             be._ttgt_pipelined(c, out, a, b, fresh, config["chunks"])
         else:  # plain, or chosen on a probe for a tile whose output meets an operand
             be._add(out, ttgt_product(be, c, a, b), fresh)
@@ -330,6 +319,12 @@ def _pipeline_layout(out: tuple, a: tuple, b: tuple) -> str | None:
 def _pipeline_index(c: Contraction) -> str | None:
     """:func:`_pipeline_layout` of a contraction."""
     return _pipeline_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+
+
+def _pipelined(c: Contraction, out, a, b) -> str | None:
+    """:func:`_pipeline_index` where ``out`` lies apart from both operands (a chunk of ``out`` is
+    written while later chunks still read them), else None."""
+    return None if overlaps(out, a) or overlaps(out, b) else _pipeline_index(c)
 
 
 def _modes(c: Contraction) -> list[str]:
@@ -432,7 +427,7 @@ class Methods:
         1/:data:`HOLD_SHARE` of the room the plan leaves aside for the held copies: the rest is
         what the autotuner and the methods' temporaries may use meanwhile (:attr:`workspace`, also
         in the tuning keys), so that held copies and temporaries together stay within it."""
-        outer, room, spans = self._steady, self.workspace, [_span(x) for x in arrays]
+        outer, room, spans = self._steady, self.workspace, [span(x) for x in arrays]
         reserve = outer is None and spans and room is not None
         if reserve:
             self._hold_room = room // HOLD_SHARE
@@ -444,8 +439,8 @@ class Methods:
             self._steady = outer
             if reserve:
                 self.workspace, self._hold_room = room, None
-            for slot, (_, _, span) in list(self._held.items()):
-                if not _inside(span, outer or []):
+            for slot, (_, _, reach) in list(self._held.items()):
+                if not _inside(reach, outer or []):
                     del self._held[slot]
 
     def _relaid_copy(self, slot: int, x, perm: tuple, out):
@@ -457,12 +452,12 @@ class Methods:
         assumes. Not where ``x`` overlaps ``out``, which the run changes. A view of a
         :meth:`steady` array has its copy held across runs instead, one per position, where the
         held copies fit in the room :meth:`steady` sets aside for them."""
-        if _overlaps(x, out):
+        if overlaps(x, out):
             return self._contiguous(x.transpose(perm))
         key = (x.data.ptr, x.shape, x.strides, tuple(perm), x.dtype.str)
-        span = _span(x)
+        reach = span(x)
         others = sum(copy.nbytes for s, (_, copy, _) in self._held.items() if s != slot)
-        if self._steady and _inside(span, self._steady) and (
+        if self._steady and _inside(reach, self._steady) and (
                 self._hold_room is None or others + x.nbytes <= self._hold_room):
             kept = self._held
         elif self._kept is not None:
@@ -471,7 +466,7 @@ class Methods:
             return self._contiguous(x.transpose(perm))
         if kept.get(slot, (None,))[0] != key:
             kept.pop(slot, None)
-            kept[slot] = (key, self._contiguous(x.transpose(perm)), span)
+            kept[slot] = (key, self._contiguous(x.transpose(perm)), reach)
         return kept[slot][1]
 
     @staticmethod
@@ -680,11 +675,6 @@ class Methods:
         """``out += factor·product``, or ``out[...] = factor·product`` where ``out`` is fresh
         (:meth:`chainexec.runtime.device.Backend.assign`)."""
         self.assign(out, product, factor, not fresh)
-
-    def _aliased(self, out, a, b) -> bool:
-        """Whether ``out``'s memory may meet an operand's (bounds only): a pipelined TTGT writes
-        a chunk of ``out`` while later chunks still read the operands."""
-        return bool(self.xp.may_share_memory(out, a) or self.xp.may_share_memory(out, b))
 
     def _ttgt_pipelined(self, c: Contraction, out, a, b, fresh: bool, chunks: int) -> None:
         """``out += factor · a·b`` (``out = …`` where ``fresh``) by TTGT in ``chunks`` chunks of
