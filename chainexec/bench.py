@@ -63,7 +63,7 @@ from chainexec.runtime.backends.methods import REGISTRY, _relaid
 REPO = Path(__file__).resolve().parents[1]
 
 #: Methods within this factor of their side's fastest alone are timed again head to head: alone,
-#: one method's medians of five calls differ by up to 10 % from one timing to the next.
+#: one method's medians of a few calls differ by several percent from one timing to the next.
 CONTENDERS = 1.10
 #: A method (or GETT configuration) whose first timed call takes more than this factor of the
 #: fastest median timed before it in the case is timed once: it can be neither the best nor a
@@ -71,8 +71,8 @@ CONTENDERS = 1.10
 HOPELESS = 2.0
 #: A GETT configuration whose first timed call takes more than this factor of the fastest
 #: configuration's median before it is timed once: it cannot be the fastest configuration (the
-#: model ranks them, so the fastest comes early); at scale 2 a CCSD case's twenty configurations
-#: take 0.5-1.5 s a call, and repeating every one would take most of the case's time.
+#: model ranks them, so the fastest comes early); at scale 2 a CCSD case's configurations take
+#: up to seconds a call, and repeating every one would take most of the case's time.
 GETT_CUT = 1.25
 
 
