@@ -437,15 +437,21 @@ def test_methods_that_need_no_gpu_add_the_product(numpy_gpu, method, fresh):
 
 
 def _numpy_with_streams():
-    """NumPy with stand-in CUDA streams (``xp.cuda``) that run work at once, and a log of what ran
-    on which stream: ``xp.matmul`` logs ("gemm", stream), a stream's wait ("wait", stream, event);
-    an event is (stream, the log's length when recorded). Returns (xp, the current stream outside
-    every ``with``, the log)."""
-    current, log = [], []
+    """NumPy with stand-in CUDA streams (``xp.cuda``) that queue work: ``xp.matmul`` and the
+    callables passed to ``queued`` run later, on the stream current when they were called; a
+    stream's wait and record are queued likewise (an event is (stream, its queue's length when
+    recorded), reached once the stream has run that many entries). ``xp.empty`` returns arrays
+    of NaN, so that work run before what it reads is visible. Returns (xp, the current stream
+    outside every ``with``, every stream made, ``queued``, ``drain``): ``queued(kind, fn)``
+    wraps ``fn`` to queue its calls under ``kind``; ``drain(pick)`` runs the queues to their end
+    in an order the waits allow, ``pick`` choosing among the streams that can run their next
+    entry, and returns the (kind, stream) of each call in the order run."""
+    current, made = [], []
 
     class Stream:
         def __init__(self, non_blocking: bool = False):
-            pass
+            self.queue, self.done = [], 0
+            made.append(self)
 
         def __enter__(self):
             current.append(self)
@@ -456,75 +462,102 @@ def _numpy_with_streams():
             return False
 
         def record(self):
-            return (self, len(log))
+            return (self, len(self.queue))
 
         def wait_event(self, event):
-            log.append(("wait", self, event))
+            self.queue.append(("wait", event))
 
     main = Stream()
     now = lambda: current[-1] if current else main  # noqa: E731
 
-    def matmul(x, y, out=None):
-        log.append(("gemm", now()))
-        return np.matmul(x, y, out=out)
+    def queued(kind, fn):
+        def call(*args, **kwargs):
+            now().queue.append((kind, lambda: fn(*args, **kwargs)))
+        return call
+
+    def matmul(x, y, out):
+        queued("gemm", np.matmul)(x, y, out=out)
+        return out
+
+    def drain(pick) -> list:
+        ran = []
+        while any(s.done < len(s.queue) for s in made):
+            can = [s for s in made if s.done < len(s.queue)
+                   and (s.queue[s.done][0] != "wait" or s.queue[s.done][1][0].done >= s.queue[s.done][1][1])]
+            assert can, "the streams wait for each other"
+            stream = pick(can)
+            kind, what = stream.queue[stream.done]
+            if kind != "wait":
+                what()
+                ran.append((kind, stream))
+            stream.done += 1
+        return ran
 
     cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=now)
-    names = {k: getattr(np, k) for k in dir(np) if not k.startswith("__")} | {"matmul": matmul, "cuda": cuda}
-    return types.SimpleNamespace(**names), main, log
+    names = {k: getattr(np, k) for k in dir(np) if not k.startswith("__")} | {
+        "matmul": matmul, "cuda": cuda, "empty": lambda shape, dtype=float: np.full(shape, np.nan, dtype)}
+    return types.SimpleNamespace(**names), main, made, queued, drain
 
 
 @pytest.mark.parametrize("chunks", [2, 3, 7])
 @pytest.mark.parametrize("fresh", [False, True])
 def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypatch, tmp_path):
-    """A pipelined TTGT (``ttgt`` with ``{"chunks": n}``) on NumPy with stand-in streams: random
-    contractions (batch indices, factors, either operand on the GEMM's left, extents below the
-    chunk count) into a strided view of a larger buffer equal ``numpy.einsum`` (a ``fresh``
-    output holding NaN is written as if it held zeros), the buffer around the view untouched.
-    Order, from the log: the right operand's copy on the current stream, then each side stream
-    waits for an event recorded after it; chunk k's GEMM and its copies and adds run on side
-    stream k mod 2, after that wait; the current stream then waits for an event of each side
-    stream recorded after its last work."""
+    """A pipelined TTGT (``ttgt`` with ``{"chunks": n}``) on NumPy with stand-in streams that
+    queue its work and run it in five orders the waits allow (each stream's first, and at
+    random): random contractions (batch indices, factors, either operand on the GEMM's left,
+    extents below the chunk count) into a strided view of a larger buffer equal
+    ``numpy.einsum`` in every order (a ``fresh`` output holding NaN is written as if it held
+    zeros; temporaries start as NaN, so a GEMM before its chunk's copy or an add before its
+    GEMM shows), the buffer around the view untouched. Every GEMM runs on one side stream,
+    every copy and add on the other; the current stream's last entries wait for all the work
+    given to both; and where the GEMMs' stream goes first, GEMM k + 1 runs before chunk k's add
+    (the chunks overlap)."""
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
-    xp, main, log = _numpy_with_streams()
+    xp, main, made, queued, drain = _numpy_with_streams()
     backend = HostTiles(xp)
-    for name in ("assign", "copy"):
-        def logged(*args, _name=name, _op=getattr(backend, name), **kwargs):
-            log.append((_name, xp.cuda.get_current_stream()))
-            return _op(*args, **kwargs)
-        monkeypatch.setattr(backend, name, logged)
+    into = []  # the buffer whose view is the output: an assign into it is an add
+
+    def assign(target, *args, _op=backend.assign, **kwargs):
+        queued("add" if np.shares_memory(target, into[-1]) else "assign", _op)(target, *args, **kwargs)
+    monkeypatch.setattr(backend, "assign", assign)
     rng = np.random.default_rng(10 * chunks + fresh)
     runs = swapped = 0
-    while runs < 8:
+    while runs < 6:
         c, size = random_case(rng, batch=runs % 2 == 1, max_extent=8)
         split = methods._pipeline_index(c)
         if split is None:
             continue
         a, b = (rng.standard_normal([size[i] for i in idx]) for idx in (c.a_indices, c.b_indices))
-        out, big, sl = embedded(rng, [size[i] for i in c.out_indices], "float64")
-        want = reference(c, np.zeros(out.shape) if fresh else out, a, b)
+        start, big, sl = embedded(rng, [size[i] for i in c.out_indices], "float64")
+        into.append(big)
+        want = reference(c, np.zeros(start.shape) if fresh else start, a, b)
         before = big.copy()
         if fresh:
-            out[...] = np.nan
-        first = len(log)
-        backend._run(("ttgt", {"chunks": chunks}), c, out, a, b, fresh)
-        assert relerr(out, want) <= 1e-12, (c, size)
-        outside = np.ones(big.shape, bool)
-        outside[sl] = False
-        assert np.array_equal(big[outside], before[outside])
-        side = backend._pipes
-        entries = list(enumerate(log))[first:]
-        gemms = [(k, e[1]) for k, e in entries if e[0] == "gemm"]
-        assert [stream for _, stream in gemms] == [side[k % 2] for k in range(min(chunks, size[split]))]
-        ready = {e[2] for _, e in entries if e[0] == "wait" and e[1] in side}
-        assert len(ready) == 1 and next(iter(ready))[0] is main
-        at = next(iter(ready))[1]
-        assert all(e[1] is main for k, e in entries if k < at and e[0] in ("copy", "assign"))
-        assert all(k < at for k, e in entries if e[1] is main and e[0] in ("copy", "assign", "gemm"))
-        assert all(e[1] in side for k, e in entries if k >= at and e[0] in ("gemm", "assign"))
-        joined = [e[2] for _, e in entries if e[0] == "wait" and e[1] is main]
-        assert [event[0] for event in joined[-2:]] == side
-        for stream, (_, when) in zip(side, joined[-2:]):
-            assert all(k < when for k, e in entries if e[1] is stream and e[0] != "wait")
+            big[sl] = np.nan
+        first = big.copy()
+        n = min(chunks, size[split])
+        order = np.random.default_rng(runs)
+        for prefer in ((1, 2, 0), (2, 1, 0), (0, 2, 1), None, None):  # streams by their place in made
+            def pick(can):
+                return (can[order.integers(len(can))] if prefer is None
+                        else min(can, key=lambda s: prefer.index(made.index(s))))
+            big[...] = first
+            out = big[sl]
+            backend._run(("ttgt", {"chunks": chunks}), c, out, a, b, fresh)
+            gemms, copies = backend._pipes
+            assert made[1:] == [gemms, copies]
+            assert main.queue[-2:] == [("wait", (s, len(s.queue))) for s in (gemms, copies)]
+            ran = drain(pick)
+            assert relerr(out, want) <= 1e-12, (c, size)
+            outside = np.ones(big.shape, bool)
+            outside[sl] = False
+            assert np.array_equal(big[outside], before[outside])
+            assert [s for kind, s in ran if kind == "gemm"] == [gemms] * n
+            assert [s for kind, s in ran if kind == "add"] == [copies] * n
+            assert all(s is not main for kind, s in ran)
+            if prefer == (1, 2, 0):
+                at = {kind: [k for k, (x, _) in enumerate(ran) if x == kind] for kind in ("gemm", "add")}
+                assert all(g < add for g, add in zip(at["gemm"][1:], at["add"]))
         runs += 1
         swapped += common.ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))[4]
     assert 0 < swapped < runs

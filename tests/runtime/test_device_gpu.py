@@ -220,6 +220,30 @@ def test_pipelined_ttgt_matches_einsum_on_its_streams(chunks, dtype):
     assert backend._pipes is not None
 
 
+def test_pipelined_ttgt_gives_the_same_bits_each_run():
+    """A pipelined TTGT run five times on the same operands (CCSD's shape at a tenth of TCCG's
+    sizes, its product's chunks above :data:`~chainexec.runtime.pointwise.SHAPED_BYTES`) gives
+    the same bits each time, with ``CUBLAS_WORKSPACE_CONFIG`` unset: its GEMMs share one stream,
+    for which cuBLAS promises run-to-run reproducibility."""
+    import os
+
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    rng = np.random.default_rng(5)
+    backend = CupyBackend(cupy, "ttgt")
+    c = Contraction(0, "X", list("abcd"), "A", list("aebf"), "B", list("dfce"), 0.5, True, 0, 0)
+    size = dict(zip("abcdef", (96, 96, 64, 64, 96, 80)))
+    a, b = (cupy.asarray(rng.standard_normal([size[i] for i in idx])) for idx in (c.a_indices, c.b_indices))
+    start = cupy.asarray(rng.standard_normal([size[i] for i in c.out_indices]))
+    runs = []
+    for _ in range(5):
+        out = start.copy()
+        backend._run(("ttgt", {"chunks": 3}), c, out, a, b, False)
+        runs.append(cupy.asnumpy(out))
+    want = reference(c, cupy.asnumpy(start), cupy.asnumpy(a), cupy.asnumpy(b))
+    assert relerr(runs[0], want) <= 1e-12
+    assert all(np.array_equal(run, runs[0]) for run in runs[1:])
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_relayout_on_the_triples_terms(dtype):
     """The twelve (T) W terms forced to ``relayout`` as the executor passes them (a whole W tile;

@@ -274,15 +274,13 @@ class Kernel(Method):
 class Ttgt(Method):
     """Transpose-transpose-GEMM-transpose with ``cupy.matmul``; a fresh output gets the product
     copied in. Pipelined (configuration ``{"chunks": n}``, :meth:`Methods._ttgt_pipelined`):
-    the GEMM's left operand, its product and ``out`` cut into ``n`` chunks along one index, each
-    chunk's copies and GEMM on one of two streams in turn, so that one chunk's copies run while
-    the other stream's GEMM does; offered where each chunk of ``out`` has at least
+    the GEMM's left operand, its product and ``out`` cut into ``n`` chunks along one index, the
+    chunks' GEMMs on one stream and their copies and adds on another, so that a chunk's copies
+    run while another chunk's GEMM does; offered where each chunk of ``out`` has at least
     :data:`~chainexec.runtime.pointwise.SHAPED_BYTES` (its copies then run on the point-wise
     kernels of their shape, and take longer than a second stream's launches and waits cost) and
-    ``out`` lies apart from both operands. Two streams run GEMMs at once: cuBLAS promises the
-    same bits from run to run only for one active stream or with ``CUBLAS_WORKSPACE_CONFIG``
-    set (its "results reproducibility"), so a pipelined choice may differ from run to run in the
-    last bits where that variable is unset."""
+    ``out`` lies apart from both operands. No two GEMMs run at once: cuBLAS promises the same
+    bits from run to run for one active stream (its "results reproducibility")."""
 
     name = "ttgt"
     writes_fresh = True
@@ -679,10 +677,13 @@ class Methods:
     def _ttgt_pipelined(self, c: Contraction, out, a, b, fresh: bool, chunks: int) -> None:
         """``out += factor · a·b`` (``out = …`` where ``fresh``) by TTGT in ``chunks`` chunks of
         the left operand's outermost free index (:func:`_pipeline_layout`): the right operand
-        copied on the current stream, then for each chunk, on the two streams of
-        :meth:`_pipeline_streams` in turn, the left operand's chunk copied, its GEMM against the
-        whole right copy (a block of the product's rows) and the product's chunk added into the
-        same chunk of ``out``; the current stream waits for both at the end. The chunks' copies
+        copied on the current stream, then the chunks' GEMMs (each the left operand's chunk
+        against the whole right copy: a block of the product's rows) one after another on the
+        first stream of :meth:`_pipeline_streams`, and their copies and adds on the second, which
+        copies chunk k + 1 before it waits for GEMM k and adds its product into the same chunk of
+        ``out``: each GEMM runs beside the next chunk's copy and the last chunk's add. The GEMMs
+        share one stream so that no two run at once (cuBLAS's run-to-run bitwise promise holds
+        for one active stream). The current stream waits for both at the end. The chunks' copies
         (none where a chunk is C-contiguous already) and products are allocated on the current
         stream before any chunk runs, so that CuPy's pool returns their memory to the current
         stream's share, not to a share of the other streams kept from the plan's buffers, and so
@@ -709,26 +710,40 @@ class Methods:
             copy = part if part.flags.c_contiguous else xp.empty(part.shape, left.dtype)
             made.append((part, copy, xp.empty(lead + ((hi - lo) * inner, nr), dtype)))
         ready = main.record()
-        streams = self._pipeline_streams()
+        gemms, copies = self._pipeline_streams()
+
+        def gemm(k: int):
+            """Chunk k's copy on ``copies``, its GEMM (and scaling) on ``gemms``; the event of
+            the GEMM's end."""
+            part, lcopy, product = made[k]
+            if lcopy is not part:
+                with copies:
+                    self.assign(lcopy, part)
+                gemms.wait_event(copies.record())
+            with gemms:
+                xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
+                if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
+                    self.assign(product, product, c.factor)
+                return gemms.record()
+
         try:
+            gemms.wait_event(ready)
+            copies.wait_event(ready)
+            done = gemm(0)
             for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-                stream = streams[k % 2]
-                stream.wait_event(ready)
-                part, lcopy, product = made[k]
-                with stream:
-                    if lcopy is not part:
-                        self.assign(lcopy, part)
-                    xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
-                    if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
-                        self.assign(product, product, c.factor)
-                    view = product.reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
+                after = gemm(k + 1) if k + 1 < chunks else None
+                copies.wait_event(done)
+                view = made[k][2].reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
+                with copies:
                     self._add(out[_along(c.out_indices, split, lo, hi)], view.transpose(pout), fresh)
+                done = after
         finally:  # also after an error, before the temporaries' memory returns to the pool
-            for stream in streams:
+            for stream in (gemms, copies):
                 main.wait_event(stream.record())
 
     def _pipeline_streams(self) -> list:
-        """The two streams of :meth:`_ttgt_pipelined`, made on first use."""
+        """The two streams of :meth:`_ttgt_pipelined` (its GEMMs', its copies' and adds'), made
+        on first use."""
         if self._pipes is None:
             self._pipes = [self.xp.cuda.Stream(non_blocking=True) for _ in range(2)]
         return self._pipes
