@@ -221,17 +221,16 @@ def test_pipelined_ttgt_matches_einsum_on_its_streams(chunks, dtype):
 
 
 def test_pipelined_ttgt_gives_the_same_bits_each_run():
-    """A pipelined TTGT run five times on the same operands (CCSD's shape at a tenth of TCCG's
-    sizes, its product's chunks above :data:`~chainexec.runtime.pointwise.SHAPED_BYTES`) gives
-    the same bits each time, with ``CUBLAS_WORKSPACE_CONFIG`` unset: its GEMMs share one stream,
-    for which cuBLAS promises run-to-run reproducibility."""
+    """A pipelined TTGT run five times on the same operands (a CCSD contraction's shape at odd
+    extents) gives the same bits each time, with ``CUBLAS_WORKSPACE_CONFIG`` unset: its GEMMs
+    share one stream, for which cuBLAS promises run-to-run reproducibility."""
     import os
 
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     rng = np.random.default_rng(5)
     backend = CupyBackend(cupy, "ttgt")
     c = Contraction(0, "X", list("abcd"), "A", list("aebf"), "B", list("dfce"), 0.5, True, 0, 0)
-    size = dict(zip("abcdef", (96, 96, 64, 64, 96, 80)))
+    size = dict(zip("abcdef", (47, 40, 33, 24, 25, 16)))
     a, b = (cupy.asarray(rng.standard_normal([size[i] for i in idx])) for idx in (c.a_indices, c.b_indices))
     start = cupy.asarray(rng.standard_normal([size[i] for i in c.out_indices]))
     runs = []
