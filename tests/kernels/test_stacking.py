@@ -55,6 +55,7 @@ class _NumpyStacker(HostTiles):
 
     def __init__(self):
         self.xp, self.workspace, self._kept, self.seen = np, None, None, []
+        self._held, self._steady, self._hold_room = {}, None, None
 
     def contract(self, c, out, a, b, fresh=False):
         """As the backend's, with ``fresh`` as cuBLAS's β = 0: ``out`` overwritten, not added to."""
@@ -138,3 +139,70 @@ def test_a_copy_the_next_stack_makes_again_is_kept_for_it():
     be._stacked(stacks, cs, W, ops, fresh=True)
     assert len(be.copies) == 10
     assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
+
+
+def _whole_triples(o: int, v: int, rng):
+    """Whole ``ovvv``, ``ovoo`` and ``t2`` arrays and, for an occupied tile (slices of i, j, k),
+    the W terms' operands as views of them, as the executor passes them."""
+    whole = {"ovvv": rng.standard_normal((o, v, v, v)), "ovoo": rng.standard_normal((o, v, o, o)),
+             "oovv": rng.standard_normal((o, o, v, v))}
+
+    def operands(tile):
+        def operand(idx):
+            kind = "".join("o" if i in "ijkm" else "v" for i in idx)
+            return whole[kind][tuple(tile.get(i, slice(None)) for i in idx)]
+        return [(operand(a), operand(b)) for a, b, _ in W_TERMS]
+    return whole, operands
+
+
+@pytest.mark.parametrize("room", ["unlimited", "one copy", "none"])
+def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
+    """Two W tiles at o=8, v=10 whose occupied tiles share i and j, inside ``steady`` over the
+    whole inputs: the second makes only the stack sides the first did not (those over its new
+    k slice), where the room :meth:`steady` sets aside holds the first's copies; with room for
+    one copy it holds one and makes the others again; outside ``steady`` it makes every side
+    again. Each tile equals numpy.einsum term by term; a held side no stack of a tile reads is
+    dropped at its end, and leaving ``steady`` drops them all."""
+    o, v = 8, 10
+    whole, operands = _whole_triples(o, v, np.random.default_rng(9))
+    tiles = [{"i": slice(0, 2), "j": slice(2, 4), "k": slice(4, 6)}, {"i": slice(0, 2), "j": slice(2, 4), "k": slice(6, 8)}]
+    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+          for k, (a, b, f) in enumerate(W_TERMS)]
+
+    class Counting(_NumpyStacker):
+        made = 0
+
+        def _stack_copy(self, parts, shape, dtype):
+            self.made += 1
+            return super()._stack_copy(parts, shape, dtype)
+
+    be, alone = Counting(), Counting()
+    stacks = be._stacks(cs, np.empty((2, 2, 2, v, v, v)), operands(tiles[0]))
+    biggest = max(np.prod(shape) * 8 for tile in tiles for side in [be._stack_sides(st, cs, operands(tile),
+                  dict(zip("ijkabc", (2, 2, 2, v, v, v)))) for st in stacks] for _, _, shape in side)
+    if room == "one copy":
+        be.workspace = 4 * int(biggest)  # steady sets a quarter aside: one copy of the largest side
+    keys = []
+    with be.steady([x for x in whole.values()] if room != "none" else []):
+        for tile in tiles:
+            ops = operands(tile)
+            ref = sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
+            W = np.full((2, 2, 2, v, v, v), np.nan)
+            before, alone.made = be.made, 0
+            be._stacked(stacks, cs, W, ops, fresh=True)
+            alone._stacked(stacks, cs, np.empty_like(W), ops, fresh=True)
+            assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
+            sides = {key for st in stacks for key, _, _ in be._stack_sides(st, cs, ops, dict(zip("ijkabc", W.shape)))}
+            held = {slot[1] for slot in be._held}
+            assert held <= sides
+            keys.append(sides)
+            if room == "one copy":
+                assert len(held) == 1 and sum(x.nbytes for _, x, _ in be._held.values()) <= biggest
+            if tile is tiles[0] or room == "none":
+                assert be.made - before == alone.made == 10
+            elif room == "unlimited":
+                assert be.made - before == len(keys[1] - keys[0]) < alone.made
+            else:
+                assert be.made - before == alone.made - len(kept & sides) == 9
+            kept = held
+    assert not be._held

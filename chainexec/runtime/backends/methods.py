@@ -46,10 +46,10 @@ HOLD_SHARE = 4
 leaves aside for relayout copies held from tile to tile."""
 
 
-def _inside(reach: tuple[int, int], spans) -> bool:
-    """Whether a memory span (:func:`~chainexec.runtime.backends.common.span`) lies within one of
-    ``spans``."""
-    return any(a <= reach[0] and reach[1] <= b for a, b in spans)
+def _within(reaches: tuple[tuple[int, int], ...], spans) -> bool:
+    """Whether each memory span of ``reaches`` (:func:`~chainexec.runtime.backends.common.span`)
+    lies within one of ``spans``."""
+    return all(any(a <= low and high <= b for a, b in spans) for low, high in reaches)
 
 
 @lru_cache(maxsize=None)
@@ -438,7 +438,7 @@ class Methods:
             if reserve:
                 self.workspace, self._hold_room = room, None
             for slot, (_, _, reach) in list(self._held.items()):
-                if not _inside(reach, outer or []):
+                if not _within(reach, outer or []):
                     del self._held[slot]
 
     def _relaid_copy(self, slot: int, x, perm: tuple, out):
@@ -453,9 +453,9 @@ class Methods:
         if overlaps(x, out):
             return self._contiguous(x.transpose(perm))
         key = (x.data.ptr, x.shape, x.strides, tuple(perm), x.dtype.str)
-        reach = span(x)
+        reach = (span(x),)
         others = sum(copy.nbytes for s, (_, copy, _) in self._held.items() if s != slot)
-        if self._steady and _inside(reach, self._steady) and (
+        if self._steady and _within(reach, self._steady) and (
                 self._hold_room is None or others + x.nbytes <= self._hold_room):
             kept = self._held
         elif self._kept is not None:

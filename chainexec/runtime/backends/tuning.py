@@ -38,8 +38,8 @@ from chainexec.kernels import batchedgemm, stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
 from chainexec.runtime.backends import costmodel, shapeclass, termruns
-from chainexec.runtime.backends.common import address, element_strides, index_extents, scratch_like, spread
-from chainexec.runtime.backends.methods import REGISTRY
+from chainexec.runtime.backends.common import address, element_strides, index_extents, scratch_like, span, spread
+from chainexec.runtime.backends.methods import REGISTRY, _within
 
 METHODS = ("auto", *REGISTRY, *(name for name in termruns.REGISTRY if name != "terms"))
 """Values of ``CHAINEXEC_GPU_METHOD``: ``auto`` (tune), a contraction method
@@ -376,14 +376,15 @@ class Autotuner:
         A copy the next stack would make again (the same views of the same memory, the same
         factors: in a (T) tile, ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also ``ovvv[i,a,f,c] ⊕
         -t2[m,i,c,a]``) is kept for it instead of dropped, so no more than one stack's copies
-        exist at a time."""
+        exist at a time, beside those held across runs (:meth:`_stack_side`); a held copy that
+        no stack of this run reads is dropped at its end (in (T), the next tile's stacks read
+        those over ``ovvv[i]`` and ``ovvv[j]`` again while ``k`` moves on)."""
         extent = dict(zip(cs[0].out_indices, out.shape))
         sides = [self._stack_sides(st, cs, operands, extent) for st in stacks]
         kept: dict[tuple, object] = {}
         for n, st in enumerate(stacks):
             self._drop_kept()  # no earlier term's relayout copy held beside this stack's
-            left, right = (kept[key] if key in kept else self._stack_copy(parts, shape, out.dtype)
-                           for key, parts, shape in sides[n])
+            left, right = (self._stack_side(key, parts, shape, out.dtype, kept) for key, parts, shape in sides[n])
             following = {key for key, _, _ in sides[n + 1]} if n + 1 < len(stacks) else set()
             kept = {key: copy for (key, _, _), copy in zip(sides[n], (left, right)) if key in following}
             name = next(f"stacked{k}" for k in range(len(cs[0].out_indices) + 1)
@@ -397,7 +398,29 @@ class Autotuner:
                 self.contract(merged, out, left, right, fresh and st is stacks[0])
             finally:
                 self.workspace = room
-            del left, right  # freed before the next stack's copies, unless kept for it
+            del left, right  # freed before the next stack's copies, unless kept for it or held
+        read = {("stack", key) for side in sides for key, _, _ in side}
+        for slot in [s for s in self._held if isinstance(s, tuple) and s not in read]:
+            del self._held[slot]
+
+    def _stack_side(self, key: tuple, parts: list[tuple], shape: tuple, dtype, kept: dict):
+        """One side of a stack (:meth:`_stack_sides`'s ``key`` and ``parts``): the copy ``kept``
+        from the previous stack or held from an earlier run where either holds the same, else a
+        new one (:meth:`_stack_copy`). A new copy whose parts all lie in :meth:`steady` arrays is
+        held across runs, as relayout copies are, where the held copies together fit in the room
+        :meth:`steady` sets aside for them."""
+        if key in kept:
+            return kept[key]
+        slot = ("stack", key)
+        if slot in self._held:
+            return self._held[slot][1]
+        copy = self._stack_copy(parts, shape, dtype)
+        reach = tuple(span(x) for _, x, _ in parts)
+        held = sum(x.nbytes for _, x, _ in self._held.values())
+        if self._steady and _within(reach, self._steady) and (
+                self._hold_room is None or held + copy.nbytes <= self._hold_room):
+            self._held[slot] = (key, copy, reach)
+        return copy
 
     @staticmethod
     def _stack_sides(st, cs: list[Contraction], operands: list[tuple], extent: dict) -> list[tuple]:
