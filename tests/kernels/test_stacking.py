@@ -1,11 +1,14 @@
 """Which terms of a run stack into one contraction (chainexec.kernels.stacking), and the
 backend's stacked operands (CupyBackend._stacked run on NumPy) against numpy.einsum."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
 from chainexec.kernels import stacking
 from chainexec.planner.plan import Contraction
+from chainexec.runtime.backends.common import span
 from tests.kernels.test_sumkernel import W_TERMS
 from tests.runtime.hosttiles import HostTiles
 
@@ -155,14 +158,23 @@ def _whole_triples(o: int, v: int, rng):
     return whole, operands
 
 
-@pytest.mark.parametrize("room", ["unlimited", "one copy", "none"])
+ROOMS = ["unlimited", "one copy", "one copy, nested", "shared with a relayout copy", "part steady", "none"]
+"""How :func:`test_stack_copies_of_steady_arrays_are_held_for_the_next_tile` runs its tiles:
+inside ``steady`` over the whole inputs with no room set; with room for one copy, also inside
+an outer ``steady`` over nothing; with room for two copies of which a held relayout copy takes
+one and a byte; inside ``steady`` over ``ovvv`` and ``ovoo`` only (every side holds a ``t2``
+part); outside ``steady``."""
+
+
+@pytest.mark.parametrize("room", ROOMS)
 def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
-    """Two W tiles at o=8, v=10 whose occupied tiles share i and j, inside ``steady`` over the
-    whole inputs: the second makes only the stack sides the first did not (those over its new
-    k slice), where the room :meth:`steady` sets aside holds the first's copies; with room for
-    one copy it holds one and makes the others again; outside ``steady`` it makes every side
-    again. Each tile equals numpy.einsum term by term; a held side no stack of a tile reads is
-    dropped at its end, and leaving ``steady`` drops them all."""
+    """Two W tiles at o=8, v=10 whose occupied tiles share i and j (:data:`ROOMS`): the second
+    makes only the stack sides the first did not (those over its new k slice) where the room
+    :meth:`steady` sets aside holds the first's copies; with room for one copy it holds one and
+    makes the others again, nested or not; held relayout and stack copies together stay within
+    the room, and the relayout copy stays held; a side with a part outside the steady arrays is
+    never held; outside ``steady`` every side is made again. Each tile equals numpy.einsum term
+    by term; no held side is one the tile does not read, and leaving ``steady`` drops them all."""
     o, v = 8, 10
     whole, operands = _whole_triples(o, v, np.random.default_rng(9))
     tiles = [{"i": slice(0, 2), "j": slice(2, 4), "k": slice(4, 6)}, {"i": slice(0, 2), "j": slice(2, 4), "k": slice(6, 8)}]
@@ -178,12 +190,20 @@ def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
 
     be, alone = Counting(), Counting()
     stacks = be._stacks(cs, np.empty((2, 2, 2, v, v, v)), operands(tiles[0]))
-    biggest = max(np.prod(shape) * 8 for tile in tiles for side in [be._stack_sides(st, cs, operands(tile),
-                  dict(zip("ijkabc", (2, 2, 2, v, v, v)))) for st in stacks] for _, _, shape in side)
-    if room == "one copy":
-        be.workspace = 4 * int(biggest)  # steady sets a quarter aside: one copy of the largest side
+    biggest = int(max(np.prod(shape) * 8 for tile in tiles for side in [be._stack_sides(st, cs, operands(tile),
+                      dict(zip("ijkabc", (2, 2, 2, v, v, v)))) for st in stacks] for _, _, shape in side))
+    if room.startswith("one copy"):
+        be.workspace = 4 * biggest  # steady sets a quarter aside: one copy of the largest side
+    if room.startswith("shared"):
+        be.workspace = 8 * biggest
+    steady = {"none": [], "part steady": [whole["ovvv"], whole["ovoo"]]}.get(room, list(whole.values()))
     keys = []
-    with be.steady([x for x in whole.values()] if room != "none" else []):
+    with contextlib.ExitStack() as scopes:
+        if room.endswith("nested"):
+            scopes.enter_context(be.steady([]))
+        scopes.enter_context(be.steady(steady))
+        if room.startswith("shared"):
+            be._held[0] = (("relayout",), np.empty(biggest // 8 + 1), (span(whole["oovv"]),))
         for tile in tiles:
             ops = operands(tile)
             ref = sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
@@ -193,16 +213,21 @@ def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
             alone._stacked(stacks, cs, np.empty_like(W), ops, fresh=True)
             assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
             sides = {key for st in stacks for key, _, _ in be._stack_sides(st, cs, ops, dict(zip("ijkabc", W.shape)))}
-            held = {slot[1] for slot in be._held}
+            held = {slot[1] for slot in be._held if isinstance(slot, tuple)}
             assert held <= sides
             keys.append(sides)
-            if room == "one copy":
-                assert len(held) == 1 and sum(x.nbytes for _, x, _ in be._held.values()) <= biggest
-            if tile is tiles[0] or room == "none":
+            if be._hold_room is not None:
+                assert sum(x.nbytes for _, x, _ in be._held.values()) <= be._hold_room
+            if room.startswith("one copy"):
+                assert be._hold_room == biggest and len(held) == 1
+            if room.startswith("shared"):
+                assert 0 in be._held and held
+            if tile is tiles[0] or room in ("none", "part steady"):
                 assert be.made - before == alone.made == 10
+                assert held or room in ("none", "part steady")
             elif room == "unlimited":
                 assert be.made - before == len(keys[1] - keys[0]) < alone.made
-            else:
+            elif room.startswith("one copy"):
                 assert be.made - before == alone.made - len(kept & sides) == 9
             kept = held
     assert not be._held

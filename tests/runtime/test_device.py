@@ -441,7 +441,8 @@ def _numpy_with_streams():
     callables passed to ``queued`` run later, on the stream current when they were called; a
     stream's wait and record are queued likewise (an event is (stream, its queue's length when
     recorded), reached once the stream has run that many entries). ``xp.empty`` returns arrays
-    of NaN, so that work run before what it reads is visible. Returns (xp, the current stream
+    of NaN, so that work run before what it reads is visible, and logs the stream current at
+    each allocation in ``xp.allocated``. Returns (xp, the current stream
     outside every ``with``, every stream made, ``queued``, ``drain``): ``queued(kind, fn)``
     wraps ``fn`` to queue its calls under ``kind``; ``drain(pick)`` runs the queues to their end
     in an order the waits allow, ``pick`` choosing among the streams that can run their next
@@ -493,9 +494,15 @@ def _numpy_with_streams():
             stream.done += 1
         return ran
 
+    allocated = []
+
+    def empty(shape, dtype=float):
+        allocated.append(now())
+        return np.full(shape, np.nan, dtype)
+
     cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=now)
     names = {k: getattr(np, k) for k in dir(np) if not k.startswith("__")} | {
-        "matmul": matmul, "cuda": cuda, "empty": lambda shape, dtype=float: np.full(shape, np.nan, dtype)}
+        "matmul": matmul, "cuda": cuda, "empty": empty, "allocated": allocated}
     return types.SimpleNamespace(**names), main, made, queued, drain
 
 
@@ -508,10 +515,12 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
     extents below the chunk count) into a strided view of a larger buffer equal
     ``numpy.einsum`` in every order (a ``fresh`` output holding NaN is written as if it held
     zeros; temporaries start as NaN, so a GEMM before its chunk's copy or an add before its
-    GEMM shows), the buffer around the view untouched. Every GEMM runs on one side stream,
-    every copy and add on the other; the current stream's last entries wait for all the work
-    given to both; and where the GEMMs' stream goes first, GEMM k + 1 runs before chunk k's add
-    (the chunks overlap)."""
+    GEMM shows; so does the right operand's copy, queued on the current stream, read before the
+    side streams wait for it), the buffer around the view untouched. Every temporary is
+    allocated on the current stream; every GEMM runs on one side stream, every copy and add on
+    the other (the current stream only the right operand's copy); the current stream's last entries wait for all the work given to both; and
+    where the GEMMs' stream goes first, GEMM k + 1 runs before chunk k's add (the chunks
+    overlap)."""
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
     xp, main, made, queued, drain = _numpy_with_streams()
     backend = HostTiles(xp)
@@ -519,7 +528,13 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
 
     def assign(target, *args, _op=backend.assign, **kwargs):
         queued("add" if np.shares_memory(target, into[-1]) else "assign", _op)(target, *args, **kwargs)
+
+    def reshaped(view, shape):
+        copy = xp.empty(shape, view.dtype)
+        queued("assign", copy.__setitem__)(Ellipsis, view.reshape(shape))
+        return copy
     monkeypatch.setattr(backend, "assign", assign)
+    monkeypatch.setattr(backend, "reshaped", reshaped)
     rng = np.random.default_rng(10 * chunks + fresh)
     runs = swapped = 0
     while runs < 6:
@@ -543,8 +558,10 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
                         else min(can, key=lambda s: prefer.index(made.index(s))))
             big[...] = first
             out = big[sl]
+            xp.allocated.clear()
             backend._run(("ttgt", {"chunks": chunks}), c, out, a, b, fresh)
             gemms, copies = backend._pipes
+            assert xp.allocated and all(s is main for s in xp.allocated)
             assert made[1:] == [gemms, copies]
             assert main.queue[-2:] == [("wait", (s, len(s.queue))) for s in (gemms, copies)]
             ran = drain(pick)
@@ -554,13 +571,42 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
             assert np.array_equal(big[outside], before[outside])
             assert [s for kind, s in ran if kind == "gemm"] == [gemms] * n
             assert [s for kind, s in ran if kind == "add"] == [copies] * n
-            assert all(s is not main for kind, s in ran)
+            assert [(kind, s) for kind, s in ran if s is main] == [("assign", main)]  # the right copy
             if prefer == (1, 2, 0):
                 at = {kind: [k for k, (x, _) in enumerate(ran) if x == kind] for kind in ("gemm", "add")}
                 assert all(g < add for g, add in zip(at["gemm"][1:], at["add"]))
         runs += 1
         swapped += common.ttgt_layout(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))[4]
     assert 0 < swapped < runs
+
+
+def test_pipelined_ttgt_joins_its_streams_when_a_chunk_fails(monkeypatch, tmp_path):
+    """A GEMM that raises while a pipelined TTGT issues its second chunk: the error reaches the
+    caller, and the current stream's last entries still wait for all the work given to both
+    side streams (the temporaries' memory returns to the pool only after it), which runs to its
+    end."""
+    monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
+    xp, main, made, queued, drain = _numpy_with_streams()
+    issued = []
+
+    def failing(x, y, out):
+        issued.append(out)
+        if len(issued) == 2:
+            raise RuntimeError("GEMM failed")
+        queued("gemm", np.matmul)(x, y, out=out)
+        return out
+    xp.matmul = failing
+    backend = HostTiles(xp)
+    monkeypatch.setattr(backend, "assign", queued("assign", backend.assign))
+    rng = np.random.default_rng(4)
+    c = Contraction(0, "X", list("abcd"), "A", list("aebf"), "B", list("dfce"), 1.0, True, 0, 0)
+    size = dict(zip("abcdef", (6, 5, 4, 3, 5, 4)))
+    a, b, out = (rng.standard_normal([size[i] for i in idx]) for idx in (c.a_indices, c.b_indices, c.out_indices))
+    with pytest.raises(RuntimeError, match="GEMM failed"):
+        backend._run(("ttgt", {"chunks": 3}), c, out, a, b, False)
+    gemms, copies = backend._pipes
+    assert main.queue[-2:] == [("wait", (s, len(s.queue))) for s in (gemms, copies)]
+    drain(lambda can: can[0])
 
 
 def test_ttgt_is_offered_pipelined_on_large_outputs_apart_from_the_operands(numpy_gpu):

@@ -421,12 +421,12 @@ class Methods:
         statement to statement and tile to tile (:meth:`_relaid_copy`), and dropped on leaving
         (an inner loop's: those of arrays not steady in the outer one). In (T) the terms
         ``ovvv[k,c,f,a]·t2`` and ``ovvv[k,c,f,b]·t2`` copy the slice ``ovvv[k]`` once per k
-        instead of once per tile. The outermost one sets
+        instead of once per tile. The outermost one with arrays sets
         1/:data:`HOLD_SHARE` of the room the plan leaves aside for the held copies: the rest is
         what the autotuner and the methods' temporaries may use meanwhile (:attr:`workspace`, also
         in the tuning keys), so that held copies and temporaries together stay within it."""
         outer, room, spans = self._steady, self.workspace, [span(x) for x in arrays]
-        reserve = outer is None and spans and room is not None
+        reserve = self._hold_room is None and spans and room is not None
         if reserve:
             self._hold_room = room // HOLD_SHARE
             self.workspace = room - self._hold_room
@@ -680,8 +680,9 @@ class Methods:
         copied on the current stream, then the chunks' GEMMs (each the left operand's chunk
         against the whole right copy: a block of the product's rows) one after another on the
         first stream of :meth:`_pipeline_streams`, and their copies and adds on the second, which
-        copies chunk k + 1 before it waits for GEMM k and adds its product into the same chunk of
-        ``out``: each GEMM runs beside the next chunk's copy and the last chunk's add. The GEMMs
+        copies chunk k + 1 before it waits for GEMM k and adds its product (scaled by the factor
+        first) into the same chunk of ``out``: each GEMM runs beside the next chunk's copy and the
+        last chunk's add. The GEMMs
         share one stream so that no two run at once (cuBLAS's run-to-run bitwise promise holds
         for one active stream). The current stream waits for both at the end. The chunks' copies
         (none where a chunk is C-contiguous already) and products are allocated on the current
@@ -713,8 +714,7 @@ class Methods:
         gemms, copies = self._pipeline_streams()
 
         def gemm(k: int):
-            """Chunk k's copy on ``copies``, its GEMM (and scaling) on ``gemms``; the event of
-            the GEMM's end."""
+            """Chunk k's copy on ``copies``, its GEMM on ``gemms``; the event of the GEMM's end."""
             part, lcopy, product = made[k]
             if lcopy is not part:
                 with copies:
@@ -722,8 +722,6 @@ class Methods:
                 gemms.wait_event(copies.record())
             with gemms:
                 xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
-                if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
-                    self.assign(product, product, c.factor)
                 return gemms.record()
 
         try:
@@ -733,8 +731,11 @@ class Methods:
             for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
                 after = gemm(k + 1) if k + 1 < chunks else None
                 copies.wait_event(done)
-                view = made[k][2].reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
+                product = made[k][2]
+                view = product.reshape([hi - lo if i == split else size[i] for i in batch + lext + rext])
                 with copies:
+                    if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
+                        self.assign(product, product, c.factor)
                     self._add(out[_along(c.out_indices, split, lo, hi)], view.transpose(pout), fresh)
                 done = after
         finally:  # also after an error, before the temporaries' memory returns to the pool

@@ -377,10 +377,13 @@ class Autotuner:
         factors: in a (T) tile, ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also ``ovvv[i,a,f,c] ⊕
         -t2[m,i,c,a]``) is kept for it instead of dropped, so no more than one stack's copies
         exist at a time, beside those held across runs (:meth:`_stack_side`); a held copy that
-        no stack of this run reads is dropped at its end (in (T), the next tile's stacks read
-        those over ``ovvv[i]`` and ``ovvv[j]`` again while ``k`` moves on)."""
+        no stack of this run reads is dropped before any is made (in (T), the next tile's stacks
+        read those over ``ovvv[i]`` and ``ovvv[j]`` again while ``k`` moves on)."""
         extent = dict(zip(cs[0].out_indices, out.shape))
         sides = [self._stack_sides(st, cs, operands, extent) for st in stacks]
+        read = {("stack", key) for side in sides for key, _, _ in side}
+        for slot in [s for s in self._held if isinstance(s, tuple) and s not in read]:
+            del self._held[slot]
         kept: dict[tuple, object] = {}
         for n, st in enumerate(stacks):
             self._drop_kept()  # no earlier term's relayout copy held beside this stack's
@@ -399,9 +402,6 @@ class Autotuner:
             finally:
                 self.workspace = room
             del left, right  # freed before the next stack's copies, unless kept for it or held
-        read = {("stack", key) for side in sides for key, _, _ in side}
-        for slot in [s for s in self._held if isinstance(s, tuple) and s not in read]:
-            del self._held[slot]
 
     def _stack_side(self, key: tuple, parts: list[tuple], shape: tuple, dtype, kept: dict):
         """One side of a stack (:meth:`_stack_sides`'s ``key`` and ``parts``): the copy ``kept``
@@ -427,7 +427,7 @@ class Autotuner:
         """A stack's ``L`` and ``R`` operands as (key, parts, shape): each part a term's factor
         (1 on ``R``), its operand viewed over the summed indices then the side's indices, and the
         number of summed ones; the key says what the copy holds (the parts' factors, memory,
-        shapes, strides and dtypes)."""
+        shapes, strides, dtypes and summed indices, and the copy's shape)."""
         lefts, rights = [], []
         for n, side in zip(st.terms, st.sides):
             c, (a, b) = cs[n], operands[n]
@@ -436,9 +436,9 @@ class Autotuner:
             lefts.append((c.factor, spread(x, xi, ks + list(st.left)), len(ks)))
             rights.append((1.0, spread(y, yi, ks + list(st.right)), len(ks)))
         depth = sum(math.prod(x.shape[:nk]) for _, x, nk in lefts)
-        return [(tuple((f, address(x), x.shape, x.strides, x.dtype.str) for f, x, _ in parts), parts,
-                 (depth,) + tuple(extent[i] for i in names))
-                for parts, names in ((lefts, st.left), (rights, st.right))]
+        shapes = [(depth,) + tuple(extent[i] for i in names) for names in (st.left, st.right)]
+        return [(tuple((f, address(x), x.shape, x.strides, x.dtype.str, nk) for f, x, nk in parts) + (shape,), parts,
+                 shape) for parts, shape in zip((lefts, rights), shapes)]
 
     def _stack_copy(self, parts: list[tuple], shape: tuple, dtype):
         """One side of a stack (:meth:`_stack_sides`): its parts copied one after another along
