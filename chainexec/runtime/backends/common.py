@@ -94,6 +94,11 @@ def overlaps(x, y) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def within(reaches: tuple[tuple[int, int], ...], spans) -> bool:
+    """Whether each memory span of ``reaches`` (:func:`span`) lies within one of ``spans``."""
+    return all(any(a <= low and high <= b for a, b in spans) for low, high in reaches)
+
+
 def spread(arr, idx, order):
     """``arr`` (over index order ``idx``) as a view over ``order``: length 1 where it lacks an
     index of ``order``; its axes outside ``order`` (extent 1) dropped."""

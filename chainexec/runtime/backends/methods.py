@@ -28,7 +28,8 @@ import numpy as np
 from chainexec.kernels import batchedgemm
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import pointwise, uselog
-from chainexec.runtime.backends.common import element_strides, index_extents, overlaps, span, ttgt_layout, ttgt_product
+from chainexec.runtime.backends.common import (element_strides, index_extents, overlaps, span, ttgt_layout, ttgt_product,
+                                               within)
 
 TUNE_TOP = 3
 """GETT configurations the model ranks best that the one-time autotune times."""
@@ -44,12 +45,6 @@ three 215 MB copies) three chunks on two streams hide most of the copies
 HOLD_SHARE = 4
 """A loop with steady inputs (:meth:`Methods.steady`) sets 1/HOLD_SHARE of the room the plan
 leaves aside for relayout copies held from tile to tile."""
-
-
-def _within(reaches: tuple[tuple[int, int], ...], spans) -> bool:
-    """Whether each memory span of ``reaches`` (:func:`~chainexec.runtime.backends.common.span`)
-    lies within one of ``spans``."""
-    return all(any(a <= low and high <= b for a, b in spans) for low, high in reaches)
 
 
 @lru_cache(maxsize=None)
@@ -438,7 +433,7 @@ class Methods:
             if reserve:
                 self.workspace, self._hold_room = room, None
             for slot, (_, _, reach) in list(self._held.items()):
-                if not _within(reach, outer or []):
+                if not within(reach, outer or []):
                     del self._held[slot]
 
     def _relaid_copy(self, slot: int, x, perm: tuple, out):
@@ -455,7 +450,7 @@ class Methods:
         key = (x.data.ptr, x.shape, x.strides, tuple(perm), x.dtype.str)
         reach = (span(x),)
         others = sum(copy.nbytes for s, (_, copy, _) in self._held.items() if s != slot)
-        if self._steady and _within(reach, self._steady) and (
+        if self._steady and within(reach, self._steady) and (
                 self._hold_room is None or others + x.nbytes <= self._hold_room):
             kept = self._held
         elif self._kept is not None:
@@ -682,9 +677,9 @@ class Methods:
         first stream of :meth:`_pipeline_streams`, and their copies and adds on the second, which
         copies chunk k + 1 before it waits for GEMM k and adds its product (scaled by the factor
         first) into the same chunk of ``out``: each GEMM runs beside the next chunk's copy and the
-        last chunk's add. The GEMMs
-        share one stream so that no two run at once (cuBLAS's run-to-run bitwise promise holds
-        for one active stream). The current stream waits for both at the end. The chunks' copies
+        last chunk's add. The GEMMs share one stream so that no two run at once (cuBLAS's
+        run-to-run bitwise promise holds for one active stream). The current stream waits for
+        both at the end. The chunks' copies
         (none where a chunk is C-contiguous already) and products are allocated on the current
         stream before any chunk runs, so that CuPy's pool returns their memory to the current
         stream's share, not to a share of the other streams kept from the plan's buffers, and so

@@ -38,8 +38,9 @@ from chainexec.kernels import batchedgemm, stacking
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import uselog
 from chainexec.runtime.backends import costmodel, shapeclass, termruns
-from chainexec.runtime.backends.common import address, element_strides, index_extents, scratch_like, span, spread
-from chainexec.runtime.backends.methods import REGISTRY, _within
+from chainexec.runtime.backends.common import (address, element_strides, index_extents, scratch_like, span, spread,
+                                               within)
+from chainexec.runtime.backends.methods import REGISTRY
 
 METHODS = ("auto", *REGISTRY, *(name for name in termruns.REGISTRY if name != "terms"))
 """Values of ``CHAINEXEC_GPU_METHOD``: ``auto`` (tune), a contraction method
@@ -417,7 +418,7 @@ class Autotuner:
         copy = self._stack_copy(parts, shape, dtype)
         reach = tuple(span(x) for _, x, _ in parts)
         held = sum(x.nbytes for _, x, _ in self._held.values())
-        if self._steady and _within(reach, self._steady) and (
+        if self._steady and within(reach, self._steady) and (
                 self._hold_room is None or held + copy.nbytes <= self._hold_room):
             self._held[slot] = (key, copy, reach)
         return copy
