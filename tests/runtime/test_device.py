@@ -500,7 +500,11 @@ def _numpy_with_streams():
         allocated.append(now())
         return np.full(shape, np.nan, dtype)
 
-    cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=now)
+    class OutOfMemoryError(MemoryError):
+        pass
+
+    cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=now,
+                                 memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError))
     names = {k: getattr(np, k) for k in dir(np) if not k.startswith("__")} | {
         "matmul": matmul, "cuda": cuda, "empty": empty, "allocated": allocated}
     return types.SimpleNamespace(**names), main, made, queued, drain
@@ -580,19 +584,24 @@ def test_pipelined_ttgt_adds_the_product_chunk_by_chunk(chunks, fresh, monkeypat
     assert 0 < swapped < runs
 
 
-def test_pipelined_ttgt_joins_its_streams_when_a_chunk_fails(monkeypatch, tmp_path):
-    """A GEMM that raises while a pipelined TTGT issues its second chunk: the error reaches the
-    caller, and the current stream's last entries still wait for all the work given to both
-    side streams (the temporaries' memory returns to the pool only after it), which runs to its
-    end."""
+@pytest.mark.parametrize("fails, error", [(2, "runtime"), (1, "memory"), (2, "memory"), (3, "memory")])
+def test_pipelined_ttgt_joins_its_streams_when_a_chunk_fails(fails, error, monkeypatch, tmp_path):
+    """A GEMM call that raises while a pipelined TTGT in three chunks issues its work (the
+    ``fails``-th; the third is issued after the first chunk's add): the current stream's last
+    entries still wait for all the work given to both side streams (the temporaries' memory
+    returns to the pool only after it), which runs to its end. Any error but a lack of memory
+    reaches the caller as it is; a lack of memory does where nothing has been added to ``out``
+    yet (another method may run), and becomes a ChainexecError naming the output once a chunk's
+    add is issued (another method would add that chunk again)."""
     monkeypatch.setattr(tuning.TuningCache, "for_device", classmethod(lambda cls, xp: cls("GPU", tmp_path)))
     xp, main, made, queued, drain = _numpy_with_streams()
+    raised = xp.cuda.memory.OutOfMemoryError if error == "memory" else RuntimeError
     issued = []
 
     def failing(x, y, out):
         issued.append(out)
-        if len(issued) == 2:
-            raise RuntimeError("GEMM failed")
+        if len(issued) == fails:
+            raise raised("GEMM failed")
         queued("gemm", np.matmul)(x, y, out=out)
         return out
     xp.matmul = failing
@@ -602,7 +611,11 @@ def test_pipelined_ttgt_joins_its_streams_when_a_chunk_fails(monkeypatch, tmp_pa
     c = Contraction(0, "X", list("abcd"), "A", list("aebf"), "B", list("dfce"), 1.0, True, 0, 0)
     size = dict(zip("abcdef", (6, 5, 4, 3, 5, 4)))
     a, b, out = (rng.standard_normal([size[i] for i in idx]) for idx in (c.a_indices, c.b_indices, c.out_indices))
-    with pytest.raises(RuntimeError, match="GEMM failed"):
+    if fails == 3 and error == "memory":
+        expect = (ChainexecError, r"X\[a,b,c,d\] \+= A·B .*lower machine.device_memory")
+    else:
+        expect = (raised, "GEMM failed")
+    with pytest.raises(expect[0], match=expect[1]):
         backend._run(("ttgt", {"chunks": 3}), c, out, a, b, False)
     gemms, copies = backend._pipes
     assert main.queue[-2:] == [("wait", (s, len(s.queue))) for s in (gemms, copies)]

@@ -25,6 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from chainexec.errors import ChainexecError
 from chainexec.kernels import batchedgemm
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import pointwise, uselog
@@ -685,8 +686,10 @@ class Methods:
         stream's share, not to a share of the other streams kept from the plan's buffers, and so
         that a lack of memory fails before anything is added to ``out``; they are let go only
         after the current stream waits for both streams, which it does also where a chunk
-        raises. A chunk's GEMM has fewer rows than the whole: its rounding may differ from plain
-        TTGT's in the last bits."""
+        raises. A lack of memory after a chunk's add is issued raises :class:`ChainexecError`,
+        not CuPy's error, since a method run after it would add those chunks again. A chunk's
+        GEMM has fewer rows than the whole: its rounding may differ from plain TTGT's in the last
+        bits."""
         xp = self.xp
         batch, lext, rext, ks, swap, pl, pr, pout = ttgt_layout(tuple(c.out_indices), tuple(c.a_indices),
                                                                 tuple(c.b_indices))
@@ -719,6 +722,7 @@ class Methods:
                 xp.matmul(lcopy.reshape(lead + (product.shape[-2], nk)), rmat, out=product)
                 return gemms.record()
 
+        added = False
         try:
             gemms.wait_event(ready)
             copies.wait_event(ready)
@@ -732,7 +736,14 @@ class Methods:
                     if c.factor != 1.0:  # scaled in place, then added: plain TTGT's rounding and copies
                         self.assign(product, product, c.factor)
                     self._add(out[_along(c.out_indices, split, lo, hi)], view.transpose(pout), fresh)
+                added = True
                 done = after
+        except xp.cuda.memory.OutOfMemoryError:
+            if not added:  # out untouched: the caller may run another method
+                raise
+            raise ChainexecError(f"device memory: none left for {c.out}[{','.join(c.out_indices)}] += {c.a}·{c.b} "
+                                 f"(ttgt in {chunks} chunks, tile {'x'.join(map(str, out.shape))}) after part of it "
+                                 f"was added; lower machine.device_memory") from None
         finally:  # also after an error, before the temporaries' memory returns to the pool
             for stream in (gemms, copies):
                 main.wait_event(stream.record())

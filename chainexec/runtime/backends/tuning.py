@@ -490,7 +490,9 @@ class Autotuner:
         When the chosen method's workspace does not fit in the device memory left (CuPy's
         OutOfMemoryError, also under a pool limit), the contraction runs through GETT where it
         applies, else the direct kernel: neither needs any (``out`` is untouched by the failed
-        attempt: every method adds its product only once it is complete)."""
+        attempt: every method adds its product only once it is complete, but pipelined TTGT,
+        which adds chunk by chunk and raises :class:`ChainexecError` where it runs short after
+        a chunk's add)."""
         if b is None or c.pointwise():
             self.contract_terms([c], out, [(a, b)], fresh)
         else:
