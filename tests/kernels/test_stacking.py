@@ -213,7 +213,7 @@ def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
             alone._stacked(stacks, cs, np.empty_like(W), ops, fresh=True)
             assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
             sides = {key for st in stacks for key, _, _ in be._stack_sides(st, cs, ops, dict(zip("ijkabc", W.shape)))}
-            held = {slot[1] for slot in be._held if isinstance(slot, tuple)}
+            held = {slot[2] for slot in be._held if isinstance(slot, tuple)}
             assert held <= sides
             keys.append(sides)
             if be._hold_room is not None:
@@ -231,3 +231,44 @@ def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
                 assert be.made - before == alone.made - len(kept & sides) == 9
             kept = held
     assert not be._held
+
+
+def test_two_runs_of_stacks_in_a_tile_keep_their_own_held_sides():
+    """Two runs of W's terms in each tile (their own contractions, into their own outputs, over
+    inputs of their own), inside ``steady`` over all the inputs: each run's second tile makes
+    only its sides over the new k slice, though the other run ran in between; each output
+    equals numpy.einsum term by term."""
+    o, v = 8, 10
+    tiles = [{"i": slice(0, 2), "j": slice(2, 4), "k": slice(4, 6)}, {"i": slice(0, 2), "j": slice(2, 4), "k": slice(6, 8)}]
+    runs = []
+    for n, seed in enumerate((9, 10)):
+        whole, operands = _whole_triples(o, v, np.random.default_rng(seed))
+        cs = [Contraction(100 * n + k, f"W{n}", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+              for k, (a, b, f) in enumerate(W_TERMS)]
+        runs.append((whole, operands, cs))
+
+    class Counting(_NumpyStacker):
+        made = 0
+
+        def _stack_copy(self, parts, shape, dtype):
+            self.made += 1
+            return super()._stack_copy(parts, shape, dtype)
+
+    be = Counting()
+    stacks = be._stacks(runs[0][2], np.empty((2, 2, 2, v, v, v)), runs[0][1](tiles[0]))
+    extent = dict(zip("ijkabc", (2, 2, 2, v, v, v)))
+    made = []
+    with be.steady([x for whole, _, _ in runs for x in whole.values()]):
+        for tile in tiles:
+            for whole, operands, cs in runs:
+                ops = operands(tile)
+                ref = sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
+                W = np.full((2, 2, 2, v, v, v), np.nan)
+                before = be.made
+                be._stacked(stacks, cs, W, ops, fresh=True)
+                made.append(be.made - before)
+                assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-13
+    keys = [[{key for st in stacks for key, _, _ in be._stack_sides(st, cs, operands(tile), extent)}
+             for _, operands, cs in runs] for tile in tiles]
+    assert made == [10, 10, len(keys[1][0] - keys[0][0]), len(keys[1][1] - keys[0][1])]
+    assert made[2] < 10 and made[3] < 10

@@ -377,18 +377,21 @@ class Autotuner:
         A copy the next stack would make again (the same views of the same memory, the same
         factors: in a (T) tile, ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also ``ovvv[i,a,f,c] ⊕
         -t2[m,i,c,a]``) is kept for it instead of dropped, so no more than one stack's copies
-        exist at a time, beside those held across runs (:meth:`_stack_side`); a held copy that
-        no stack of this run reads is dropped before any is made (in (T), the next tile's stacks
-        read those over ``ovvv[i]`` and ``ovvv[j]`` again while ``k`` moves on)."""
+        exist at a time, beside those held across runs (:meth:`_stack_side`): a run of the same
+        contractions drops the held copies that none of its stacks reads before it makes any (in
+        (T), the next tile's stacks read those over ``ovvv[i]`` and ``ovvv[j]`` again while ``k``
+        moves on), and leaves those of other runs of a tile alone."""
         extent = dict(zip(cs[0].out_indices, out.shape))
         sides = [self._stack_sides(st, cs, operands, extent) for st in stacks]
-        read = {("stack", key) for side in sides for key, _, _ in side}
-        for slot in [s for s in self._held if isinstance(s, tuple) and s not in read]:
+        owner = tuple(c.id for c in cs)
+        read = {("stack", owner, key) for side in sides for key, _, _ in side}
+        for slot in [s for s in self._held if isinstance(s, tuple) and s[1] == owner and s not in read]:
             del self._held[slot]
         kept: dict[tuple, object] = {}
         for n, st in enumerate(stacks):
             self._drop_kept()  # no earlier term's relayout copy held beside this stack's
-            left, right = (self._stack_side(key, parts, shape, out.dtype, kept) for key, parts, shape in sides[n])
+            left, right = (self._stack_side(("stack", owner, key), parts, shape, out.dtype, kept)
+                           for key, parts, shape in sides[n])
             following = {key for key, _, _ in sides[n + 1]} if n + 1 < len(stacks) else set()
             kept = {key: copy for (key, _, _), copy in zip(sides[n], (left, right)) if key in following}
             name = next(f"stacked{k}" for k in range(len(cs[0].out_indices) + 1)
@@ -404,15 +407,16 @@ class Autotuner:
                 self.workspace = room
             del left, right  # freed before the next stack's copies, unless kept for it or held
 
-    def _stack_side(self, key: tuple, parts: list[tuple], shape: tuple, dtype, kept: dict):
-        """One side of a stack (:meth:`_stack_sides`'s ``key`` and ``parts``): the copy ``kept``
-        from the previous stack or held from an earlier run where either holds the same, else a
-        new one (:meth:`_stack_copy`). A new copy whose parts all lie in :meth:`steady` arrays is
-        held across runs, as relayout copies are, where the held copies together fit in the room
-        :meth:`steady` sets aside for them."""
+    def _stack_side(self, slot: tuple, parts: list[tuple], shape: tuple, dtype, kept: dict):
+        """One side of a stack (``slot``: ("stack", the run's contraction ids, the key of
+        :meth:`_stack_sides`); its ``parts``): the copy ``kept`` from the previous stack or held
+        from an earlier run where either holds the same, else a new one (:meth:`_stack_copy`). A
+        new copy whose parts all lie in :meth:`steady` arrays is held across runs, as relayout
+        copies are, where the held copies together fit in the room :meth:`steady` sets aside for
+        them."""
+        key = slot[2]
         if key in kept:
             return kept[key]
-        slot = ("stack", key)
         if slot in self._held:
             return self._held[slot][1]
         copy = self._stack_copy(parts, shape, dtype)
