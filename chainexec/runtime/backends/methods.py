@@ -45,7 +45,7 @@ three 215 MB copies) three chunks on two streams hide most of the copies
 (:file:`benchmarks/results/INDEX.md`)."""
 HOLD_SHARE = 4
 """A loop with steady inputs (:meth:`Methods.steady`) sets 1/HOLD_SHARE of the room the plan
-leaves aside for relayout copies held from tile to tile."""
+leaves aside for the relayout copies and stacked terms' operand copies held from tile to tile."""
 
 
 @lru_cache(maxsize=None)
@@ -680,9 +680,8 @@ class Methods:
         first) into the same chunk of ``out``: each GEMM runs beside the next chunk's copy and the
         last chunk's add. The GEMMs share one stream so that no two run at once (cuBLAS's
         run-to-run bitwise promise holds for one active stream). The current stream waits for
-        both at the end. The chunks' copies
-        (none where a chunk is C-contiguous already) and products are allocated on the current
-        stream before any chunk runs, so that CuPy's pool returns their memory to the current
+        both at the end. The chunks' copies (none where a chunk is C-contiguous already) and
+        products are allocated on the current stream before any chunk runs, so that CuPy's pool returns their memory to the current
         stream's share, not to a share of the other streams kept from the plan's buffers, and so
         that a lack of memory fails before anything is added to ``out``; they are let go only
         after the current stream waits for both streams, which it does also where a chunk
