@@ -2,14 +2,20 @@
 several permutations of some of its dimensions (pure CUDA C source generation;
 :func:`chainexec.runtime.pointwise.orbit_reduce` launches them).
 
-The (T) energy reads ``Z = W + V/2`` at the six permutations of a, b, c (reused values,
-:mod:`chainexec.planner.inline`). The permuted dimensions are cut into blocks (8x8x8), and a
-thread block takes the blocks of one orbit under the group the permutations generate (a block and
-its up to five images): it computes the values over them into shared memory, then sums the
-expression over the same points reading them there. Each value is computed once and never stored
-outside shared memory, where as two statements ``Z`` is written to device memory and read back.
-A thread takes a run of points along the first permuted dimension (:data:`RUN`), loading the
-inputs that do not vary along it once.
+The (T) energy sums ``W·D·R`` where ``R`` reads ``Z = W + V/2`` at the six permutations of a, b, c
+(reused values, :mod:`chainexec.planner.inline`). The permuted dimensions are cut into blocks
+(8x8x8), and a thread block takes the blocks of one orbit under the group ``G`` the permutations
+generate (a block ``B`` and its up to five images). Stage one computes the reused values over
+those blocks into shared memory, and copies there the inputs the summed expression reads that
+vary along two or more permuted dimensions (W: :func:`staged`). Stage two takes each point ``x``
+of ``B`` and sums the expression at the points ``g·x`` of the orbit's other blocks, one ``g`` per
+block: every value they read at permuted points is a value at a point ``h·x`` of ``x``'s own point
+orbit, so a thread loads each once (six loads for the six points of a generic orbit, where a
+thread per point loads 36), and reads W at ``g·x`` in shared memory, where in device memory its
+address would step across W's storage from one thread of a warp to the next. Each value is
+computed once and never stored outside shared memory, where as two statements ``Z`` is written
+to device memory and read back. In stage one a thread takes a run of points along the first
+permuted dimension (:data:`RUN`), loading the inputs that do not vary along it once.
 """
 
 from __future__ import annotations
@@ -19,14 +25,27 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from chainexec.kernels.elementwise import (BLOCK, BOX, C_TYPES, STAGE_BYTES, block_sum, box_pitches, check_code,
-                                           index_type, offset_code)
+from chainexec.kernels.elementwise import (BLOCK, BOX, C_TYPES, block_sum, box_pitches, check_code, index_type,
+                                           offset_code)
 from chainexec.planner.inline import MOVED
 
 RUN = 4
-"""Points an orbit kernel's thread takes one after another along the first permuted dimension
-(:func:`orbit_source`): inputs that do not vary along it are loaded once for the run. In the (T)
-energy, 8 of the reused ``Z``'s 19 inputs are such (at a run of 4: 13 loads per point, not 19)."""
+"""Points an orbit kernel's thread takes one after another along the first permuted dimension in
+stage one (:func:`orbit_source`): inputs that do not vary along it are loaded once for the run. In
+the (T) energy, 8 of the reused ``Z``'s 19 inputs are such (at a run of 4: 13 loads per point,
+not 19)."""
+
+SHARED_BYTES = 64 * 1024
+"""Shared memory (bytes) one orbit's blocks of values may take; beyond CUDA's 48 KiB of static
+shared memory, so the kernel takes it as dynamic shared memory its launch opts into. The (T)
+energy's ``Z`` and W over six blocks of 8x8x8 take 56 KiB: four thread blocks on an H100's or
+H200's 228 KiB a multiprocessor."""
+
+MULTIPROCESSOR_SHARED = 228 * 1024
+"""Shared memory (bytes) of one multiprocessor of an H100 or H200 (sm_90), of which each resident
+thread block takes its own and 1 KiB for the system: an orbit kernel's launch bounds ask for as
+many resident blocks as fit (at most 4), so that the compiler keeps its registers within them
+(the (T) energy: 64 a thread, 66 unbounded, which leaves room for 3)."""
 
 
 @dataclass(frozen=True)
@@ -35,20 +54,22 @@ class Orbits:
     reused values permute (one extent), cut into blocks of ``edge`` elements along each; ``perms``:
     each read's permutation of them (position ``u`` of the value read is the point's position
     ``perms[r][u]``). The blocks of an orbit (a block and its images under the group the
-    permutations generate) go to one thread block: ``count`` orbits of at most ``members``."""
+    permutations generate, ``members`` elements) go to one thread block: ``count`` orbits.
+    ``shared``: bytes of dynamic shared memory a thread block takes for its blocks of values."""
 
     moved: tuple[int, ...]
     edge: int
     perms: tuple[tuple[int, ...], ...]
     count: int
     members: int
+    shared: int
 
     def width(self) -> int:
         """Entries of one orbit's row in :func:`orbit_table`."""
-        return 1 + self.members * (len(self.moved) + len(self.perms))
+        return 2 + self.members * (len(self.moved) + 1)
 
     def slot(self) -> tuple[dict[int, int], int]:
-        """Shared-memory strides (elements) of one block of reused values and its size."""
+        """Shared-memory strides (elements) of one block of values and its size."""
         return box_pitches(list(self.moved), [self.edge] * len(self.moved))
 
 
@@ -66,20 +87,17 @@ def group(perms: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
 
 @lru_cache(maxsize=64)
 def orbit_table(blocks: int, perms: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], int, int]:
-    """The orbits of the block tuples ``[0, blocks)^s`` under :func:`group` of ``perms``, as one
-    flat int table: per orbit, its number of distinct blocks, then each block's coordinates
-    (``members`` slots of ``s``), then for each block and each read ``r`` the slot of the block
-    that ``perms[r]`` maps it to. Returns (table, orbits, members)."""
+    """The orbits of the block tuples ``[0, blocks)^s`` under :func:`group` ``G`` of ``perms``, as
+    one flat int table: per orbit, its number of distinct blocks, then each block's coordinates
+    (``members`` slots of ``s``, the first block ``B`` first), then for each ``g`` of ``G`` the slot
+    of the block ``g·B``, then a mask whose bit ``g`` is set where ``g`` is the first element of
+    ``G`` to map ``B`` to that block. Returns (table, orbits, members)."""
     import numpy as np
 
     s, elements = len(perms[0]), group(perms)
     shape = (blocks,) * s
     coords = np.stack(np.unravel_index(np.arange(blocks ** s), shape), axis=1)
-
-    def images(ps) -> np.ndarray:
-        return np.stack([np.ravel_multi_index(tuple(coords[:, list(g)].T), shape) for g in ps], axis=1)
-
-    under_group, under_read = images(elements), images(perms)
+    under_group = np.stack([np.ravel_multi_index(tuple(coords[:, list(g)].T), shape) for g in elements], axis=1)
     members = len(elements)
     # whole arrays, one row per orbit (a Python loop over orbits costs milliseconds of a (T)
     # tile's host time at 12 blocks a side): an orbit is its first block's images under the group,
@@ -89,41 +107,62 @@ def orbit_table(blocks: int, perms: tuple[tuple[int, ...], ...]) -> tuple[tuple[
     order = np.argsort(~first, axis=1, kind="stable")
     blocks_of = np.take_along_axis(orbit, order, axis=1)
     valid = np.take_along_axis(first, order, axis=1)
-    targets = under_read[blocks_of]  # (orbits, members, reads): the blocks each read maps to
-    slots = (targets[..., None] == blocks_of[:, None, None, :]).argmax(axis=-1)
+    slots = (orbit[..., None] == blocks_of[:, None, :]).argmax(axis=-1)  # (orbits, members): the slot of g·B
     rows = np.concatenate([first.sum(axis=1)[:, None],
                            (coords[blocks_of] * valid[..., None]).reshape(len(orbit), -1),
-                           (slots * valid[..., None]).reshape(len(orbit), -1)], axis=1)
+                           slots, (first << np.arange(members)).sum(axis=1)[:, None]], axis=1)
     return tuple(rows.ravel().tolist()), len(rows), members
 
 
-def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], lets: int, itemsize: int) -> Orbits:
-    """The :class:`Orbits` of an index space ``shape`` whose reused values are read at ``reads``
-    (each a permutation of its dimensions: the value at point ``x`` is read at the point ``y`` with
-    ``y[d] = x[reads[r][d]]``): the blocks hold about :data:`BOX` points (8x8x8 for three moved
-    dimensions, 16x16 for two), fewer where the reused values of ``lets`` tensors of ``itemsize``
-    bytes would not fit in :data:`STAGE_BYTES` of shared memory."""
+def moved_dimensions(shape: tuple[int, ...], reads: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The dimensions of ``shape`` that ``reads`` (each a permutation of its dimensions) move;
+    ValueError where a read is no permutation, none moves a dimension, they move more than
+    :data:`MOVED` or dimensions of unequal extents."""
     moved = tuple(d for d in range(len(shape)) if any(p[d] != d for p in reads))
     if not moved or any(sorted(p) != list(range(len(shape))) for p in reads):
         raise ValueError(f"reads {reads} of reused values are not permutations that move a dimension")
     if len(moved) > MOVED:
         raise ValueError(f"reused values read across {len(moved)} permuted dimensions (at most {MOVED})")
-    extent = shape[moved[0]]
-    if any(shape[d] != extent for d in moved):
+    if any(shape[d] != shape[moved[0]] for d in moved):
         raise ValueError(f"reused values read across dimensions of unequal extents {[shape[d] for d in moved]}")
+    return moved
+
+
+def staged(code: str, strides: list[tuple[int, ...]], moved: tuple[int, ...]) -> tuple[int, ...]:
+    """The inputs ``code`` reads (``p{k}``) that vary along two or more of the ``moved``
+    dimensions: :func:`orbit_source` copies them into shared memory in stage one and reads them
+    there at permuted points. An input along one moved dimension is read in device memory: the
+    threads of a warp read consecutive elements of it (or one)."""
+    return tuple(k for k, st in enumerate(strides)
+                 if re.search(rf"\bp{k}\b", code) and sum(1 for d in moved if st[d]) >= 2)
+
+
+def _aligned(size: int) -> int:
+    return -(-size // 16) * 16
+
+
+def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], itemsizes: tuple[int, ...]) -> Orbits:
+    """The :class:`Orbits` of an index space ``shape`` whose reused values are read at ``reads``
+    (each a permutation of its dimensions: the value at point ``x`` is read at the point ``y`` with
+    ``y[d] = x[reads[r][d]]``), with one array of blocks in shared memory per entry of
+    ``itemsizes`` (bytes of an element: the reused values', then the :func:`staged` inputs'): the
+    blocks hold about :data:`BOX` points (8x8x8 for three moved dimensions, 16x16 for two), fewer
+    where the arrays would not fit in :data:`SHARED_BYTES`."""
+    moved = moved_dimensions(shape, reads)
     perms = tuple(tuple(moved.index(p[d]) for d in moved) for p in reads)
     members = len(group(perms))
-    edge = min(extent, 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
+    edge = min(shape[moved[0]], 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
 
     def shared(edge: int) -> int:
-        return lets * members * box_pitches(list(moved), [edge] * len(moved))[1] * itemsize
+        return sum(_aligned(members * box_pitches(list(moved), [edge] * len(moved))[1] * size) for size in itemsizes)
 
-    while edge > 1 and shared(edge) > STAGE_BYTES:
+    while edge > 1 and shared(edge) > SHARED_BYTES:
         edge //= 2
-    if shared(edge) > STAGE_BYTES:
-        raise ValueError(f"{lets} reused values over {members} blocks do not fit in {STAGE_BYTES} bytes of shared memory")
-    count = orbit_table(-(-extent // edge), perms)[1]
-    return Orbits(moved, edge, perms, count, members)
+    if shared(edge) > SHARED_BYTES:
+        raise ValueError(f"{len(itemsizes)} arrays of values over {members} blocks do not fit in {SHARED_BYTES} "
+                         f"bytes of shared memory")
+    count = orbit_table(-(-shape[moved[0]] // edge), perms)[1]
+    return Orbits(moved, edge, perms, count, members, shared(edge))
 
 
 def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape: tuple[int, ...],
@@ -133,12 +172,15 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     the inputs ``p0, p1, …`` at the point) at permuted points (``code`` reads ``q{r}``: the value of
     ``lets[reads[r]]`` at the point ``plan.perms[r]`` maps the point to). Thread block ``b`` takes
     orbit ``b % plan.count`` (:func:`orbit_table`, the ``table`` argument) at the point
-    ``b / plan.count`` of the other dimensions: it computes the reused values over the orbit's
-    blocks into shared memory, then sums ``code`` over the same points, reading them there, and
-    writes ``partial[b]`` (threads' sums in a fixed order, as :func:`reduce_source`). Every point
-    lies in one block of one orbit, and a permuted point in a block of the same orbit, so every
-    reused value is computed once and never stored outside shared memory. ``strides``: each
-    input's over ``shape``; ``types``: the inputs' dtypes, then the reused values'. ``skip``: an
+    ``b / plan.count`` of the other dimensions. Stage one computes the reused values over the
+    orbit's blocks into shared memory and copies the :func:`staged` inputs there; stage two takes
+    the points ``x`` of the orbit's first block ``B`` and, for each ``g`` of the group that maps
+    ``B`` to a block first, adds ``code`` at ``g·x``, its reused values loaded once per ``x`` from
+    the point orbit of ``x``. The threads' sums are added in a fixed order, as
+    :func:`reduce_source`, into ``partial[b]``. Every point lies in one block of one orbit, and a
+    permuted point in a block of the same orbit, so every reused value is computed once and never
+    stored outside shared memory (``plan.shared`` bytes of dynamic shared memory). ``strides``:
+    each input's over ``shape``; ``types``: the inputs' dtypes, then the reused values'. ``skip``: an
     input ``code`` multiplies by (a weight); where it does not vary along the permuted dimensions,
     a block where it is zero writes 0 and computes nothing (:mod:`chainexec.planner.ordered`: 41 %
     of the (T) energy's blocks at benzene's tiles); where it does, it is only multiplied by."""
@@ -148,11 +190,19 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     extent, index = shape[moved[0]], index_type([math.prod(shape)], shape, strides)
     pitch, slot = plan.slot()
     value = C_TYPES[types[-1]]
-    lines = ["extern \"C\" __global__ void chainexec_orbits(double* __restrict__ Y, "
+    copied = staged(code, strides, moved)
+    elements = group(plan.perms)
+    arrays = [(f"L{j}", value) for j in range(len(lets))] + [(f"S{k}", C_TYPES[types[k]]) for k in copied]
+    resident = max(1, min(4, MULTIPROCESSOR_SHARED // (plan.shared + 32 * 8 + 1024)))
+    lines = [f"extern \"C\" __global__ void __launch_bounds__({BLOCK}, {resident}) chainexec_orbits(double* __restrict__ Y, "
              + ", ".join([f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])]
                          + ["const int* __restrict__ T"]) + ") {",
-             "  __shared__ double part[32];"]
-    lines += [f"  __shared__ {value} L{j}[{plan.members * slot}];" for j in range(len(lets))]
+             "  __shared__ double part[32];",
+             "  extern __shared__ double chainexec_shared[];"]
+    start = 0
+    for name, ctype in arrays:
+        lines.append(f"  {ctype}* const {name} = ({ctype}*)((char*)chainexec_shared + {start});")
+        start += _aligned(plan.members * slot * (8 if ctype == "double" else 4))
     lines += [f"  const int* orbit = T + (blockIdx.x % {plan.count}u) * {plan.width()};",
               f"  unsigned long long rest = blockIdx.x / {plan.count}u;"]
     lines += [f"  const {index} c{d} = ({index})(rest % {shape[d]}ull); rest /= {shape[d]}ull;"
@@ -163,46 +213,73 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
                   "    return;",
                   "  }"]
     lines += ["  double acc = 0.0;"]
-
-    first, chunk = moved[0], min(edge, RUN)
-    tasks = edge ** (s - 1) * -(-edge // chunk)  # per block: a point of the other moved dimensions, a run
-
-    def points(codes: list[str], body: list[str]) -> list[str]:
-        """``body`` once per point of the orbit's blocks (``t``: the block's slot, ``l{d}``: the
-        point's place in it), with the inputs that ``codes`` read loaded as ``p{k}``. A thread takes
-        a run of :data:`RUN` points along the first moved dimension, loading the inputs that do
-        not vary along it once for the run; a warp spans the last moved dimensions, as the
-        threads of the other kernels span the fastest dimension."""
-        used = [k for k in range(len(types) - 1) if any(re.search(rf"\bp{k}\b", c) for c in codes)]
-        loop = [f"for (unsigned task = threadIdx.x; task < orbit[0] * {tasks}u; task += {BLOCK}u) {{",
-                f"  const int t = task / {tasks}u;",
-                f"  unsigned r = task % {tasks}u;"]
-        for u in reversed(range(1, s)):
-            loop += [f"  const {index} l{moved[u]} = r % {edge}u; r /= {edge}u;",
-                     f"  const {index} c{moved[u]} = orbit[1 + t * {s} + {u}] * {edge} + l{moved[u]};"]
-        if extent % edge:
-            loop.append(f"  if ({' || '.join(f'c{d} >= {extent}' for d in moved[1:])}) continue;")
-        loop.append(f"  const {index} h = r * {chunk};")
-        loop += [f"  const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in used if not strides[k][first]]
-        stop = f"l{first} < h + {chunk}" + (f" && l{first} < {edge}" if edge % chunk else "")
-        loop += [f"  for ({index} l{first} = h; {stop}; ++l{first}) {{",
-                 f"    const {index} c{first} = orbit[1 + t * {s}] * {edge} + l{first};"]
-        if extent % edge:
-            loop.append(f"    if (c{first} >= {extent}) break;")
-        loop += [f"    const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in used if strides[k][first]]
-        return loop + ["    " + line for line in body] + ["  }", "}"]
-
-    def at(mapping: dict[int, str]) -> str:
-        return " + ".join(f"{mapping[d]} * {pitch[d]}" for d in moved)
-
-    here = at({d: f"l{d}" for d in moved})
-    lines += ["  " + line for line in points(list(lets), [f"L{j}[t * {slot} + {here}] = ({value})({c});"
-                                                            for j, c in enumerate(lets)])]
+    lines += ["  " + line for line in _stage_one(lets, copied, shape, strides, types, plan, index)]
     lines.append("  __syncthreads();")
-    gets = []
-    for r, (j, perm) in enumerate(zip(reads, plan.perms)):
-        target = f"orbit[1 + {plan.members * s} + t * {len(plan.perms)} + {r}]"
-        gets.append(f"const {value} q{r} = L{j}[{target} * {slot} + {at({d: f'l{moved[perm[u]]}' for u, d in enumerate(moved)})}];")
-    lines += ["  " + line for line in points([code], gets + [f"acc += (double)({code});"])]
+
+    def reads_of(k: int) -> bool:
+        return bool(re.search(rf"\bp{k}\b", code))
+
+    fixed = [k for k in range(len(types) - 1) if reads_of(k) and not any(strides[k][d] for d in moved)]
+    varying = [k for k in range(len(types) - 1) if reads_of(k) and k not in fixed and k not in copied]
+    lines += [f"  const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in fixed]
+    base = 1 + plan.members * s  # an orbit's row: where the slots of the blocks g·B start
+
+    def at(g: tuple[int, ...], element: int) -> str:
+        """The element of the block of values that holds the point ``g·x``."""
+        return f"orbit[{base + element}] * {slot} + " + " + ".join(f"x{g[u]} * {pitch[moved[u]]}" for u in range(s))
+
+    lines += [f"  const int firsts = orbit[{base + plan.members}];",
+              f"  for (unsigned e = threadIdx.x; e < {edge ** s}u; e += {BLOCK}u) {{",
+              "    unsigned r = e;"]
+    for u in reversed(range(s)):
+        lines += [f"    const {index} x{u} = r % {edge}u;" + (f" r /= {edge}u;" if u else ""),
+                  f"    const {index} g{u} = orbit[{1 + u}] * {edge} + x{u};"]
+    if extent % edge:  # x past the extent: so is every point of its point orbit
+        lines.append(f"    if ({' || '.join(f'g{u} >= {extent}' for u in range(s))}) continue;")
+    for j in sorted(set(reads)):
+        lines += [f"    const {value} z{j}_{h} = L{j}[{at(g, h)}];" for h, g in enumerate(elements)]
+    for h, g in enumerate(elements):
+        body = [f"const {index} c{moved[u]} = g{g[u]};" for u in range(s)]
+        body += [f"const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in varying]
+        body += [f"const {C_TYPES[types[k]]} p{k} = S{k}[{at(g, h)}];" for k in copied]
+        body += [f"const {value} q{r} = z{j}_{elements.index(tuple(g[p[u]] for u in range(s)))};"
+                 for r, (j, p) in enumerate(zip(reads, plan.perms))]
+        body.append(f"acc += (double)({code});")
+        lines += [f"    if (firsts & {1 << h}) {{"] + ["      " + line for line in body] + ["    }"]
+    lines.append("  }")
     return "\n".join(lines + block_sum())
 
+
+def _stage_one(lets: tuple[str, ...], copied: tuple[int, ...], shape: tuple[int, ...],
+               strides: list[tuple[int, ...]], types: tuple[str, ...], plan: Orbits, index: str) -> list[str]:
+    """Stage one of :func:`orbit_source`: each point of the orbit's blocks (``t``: the block's slot,
+    ``l{d}``: the point's place in it) writes the reused values ``L{j}`` and the copied inputs
+    ``S{k}`` there. A thread takes a run of :data:`RUN` points along the first moved dimension,
+    loading the inputs that do not vary along it once for the run; a warp spans the last moved
+    dimensions, as the threads of the other kernels span the fastest dimension."""
+    moved, edge, s = plan.moved, plan.edge, len(plan.moved)
+    extent, (pitch, slot) = shape[moved[0]], plan.slot()
+    first, chunk = moved[0], min(edge, RUN)
+    tasks = edge ** (s - 1) * -(-edge // chunk)  # per block: a point of the other moved dimensions, a run
+    codes = list(lets) + [f"p{k}" for k in copied]
+    used = [k for k in range(len(types) - 1) if any(re.search(rf"\bp{k}\b", c) for c in codes)]
+    loop = [f"for (unsigned task = threadIdx.x; task < orbit[0] * {tasks}u; task += {BLOCK}u) {{",
+            f"  const int t = task / {tasks}u;",
+            f"  unsigned r = task % {tasks}u;"]
+    for u in reversed(range(1, s)):
+        loop += [f"  const {index} l{moved[u]} = r % {edge}u; r /= {edge}u;",
+                 f"  const {index} c{moved[u]} = orbit[1 + t * {s} + {u}] * {edge} + l{moved[u]};"]
+    if extent % edge:
+        loop.append(f"  if ({' || '.join(f'c{d} >= {extent}' for d in moved[1:])}) continue;")
+    loop.append(f"  const {index} h = r * {chunk};")
+    loop += [f"  const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in used if not strides[k][first]]
+    stop = f"l{first} < h + {chunk}" + (f" && l{first} < {edge}" if edge % chunk else "")
+    loop += [f"  for ({index} l{first} = h; {stop}; ++l{first}) {{",
+             f"    const {index} c{first} = orbit[1 + t * {s}] * {edge} + l{first};"]
+    if extent % edge:
+        loop.append(f"    if (c{first} >= {extent}) break;")
+    loop += [f"    const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in used if strides[k][first]]
+    here = " + ".join(f"l{d} * {pitch[d]}" for d in moved)
+    loop += [f"    L{j}[t * {slot} + {here}] = ({C_TYPES[types[-1]]})({c});" for j, c in enumerate(lets)]
+    loop += [f"    S{k}[t * {slot} + {here}] = p{k};" for k in copied]
+    return loop + ["  }", "}"]

@@ -4,6 +4,7 @@ family: views of one kind over NaN-padded buffers, every CUDA thread of a block 
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
@@ -73,6 +74,7 @@ static std::barrier<>* g_block;
 static std::barrier<>* g_warp[8];
 static double g_lane[256];
 #define __global__
+#define __launch_bounds__(...)
 #define __restrict__
 #define __shared__ static
 static inline void __syncthreads() { g_block->arrive_and_wait(); }
@@ -91,7 +93,7 @@ def emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets:
              scalars: tuple[str, ...] = ()) -> np.ndarray:
     """Run a generated point-wise kernel on the CPU: every CUDA thread of a block a
     ``std::thread`` (``std::barrier`` for ``__syncthreads`` and per warp for the shuffles,
-    ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
+    ``__shared__`` function-static, dynamic shared memory too), blocks one after another; ``buffers[0]`` is the output's
     whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry,
     then the C literals ``scalars``."""
     ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int",
@@ -124,6 +126,8 @@ int main(int argc, char** argv) {{
 }}
 """
     cpp, exe, data = tmp_path / f"{name}.cpp", tmp_path / name, tmp_path / f"{name}.bin"
+    # dynamic shared memory: one function-static array of 512 KiB, shared by the block's threads
+    text = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"alignas(16) static \1 \2[1 << 16];", text)
     cpp.write_text(STAGED_PRELUDE + f"static const Dim3 blockDim{{{BLOCK}u}};\n" + text + main)
     subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True, timeout=300)
     data.write_bytes(b"".join(b.tobytes() for b in buffers))

@@ -38,37 +38,47 @@ PERMS3 = [(0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2), (0, 1, 3, 2), (0, 2, 1, 3), 
                                                   (5, [(1, 0)], 2), (2, [(0, 1, 2), (2, 0, 1), (1, 0, 2)], 6)])
 def test_orbits_cover_every_block_once(blocks, perms, order):
     """The orbit table lists every block tuple in exactly one orbit, each orbit the images of its
-    first block under the generated group (a 3-cycle makes 3 permutations, two transpositions 6),
-    and each read's target slot holds the block that read maps to."""
-    assert len(orbits.group(tuple(perms))) == order
+    first block B under the generated group (a 3-cycle makes 3 permutations, two transpositions
+    6); for each group element g the slot it names holds g·B, and the mask marks the first g of
+    the group's order that maps B to each block of the orbit."""
+    group = orbits.group(tuple(perms))
+    assert len(group) == order
     table, count, members = orbits.orbit_table(blocks, tuple(perms))
     s = len(perms[0])
-    width = 1 + members * (s + len(perms))
+    width = 2 + members * (s + 1)
     assert members == order and len(table) == count * width
     seen = []
     for row in (table[k * width:(k + 1) * width] for k in range(count)):
         n = row[0]
         tuples = [tuple(row[1 + t * s:1 + (t + 1) * s]) for t in range(n)]
         assert len(set(tuples)) == n
-        group = {tuple(tuples[0][g[u]] for u in range(s)) for g in orbits.group(tuple(perms))}
-        assert set(tuples) == group
-        for t, block in enumerate(tuples):
-            for r, p in enumerate(perms):
-                target = row[1 + members * s + t * len(perms) + r]
-                assert tuples[target] == tuple(block[p[u]] for u in range(s))
+        images = [tuple(tuples[0][g[u]] for u in range(s)) for g in group]
+        assert set(tuples) == set(images)
+        slots, mask = row[1 + members * s:1 + members * s + members], row[-1]
+        assert [tuples[slots[e]] for e in range(members)] == images
+        assert [e for e in range(members) if mask >> e & 1] == [images.index(b) for b in tuples]
         seen += tuples
     assert sorted(seen) == sorted(itertools.product(range(blocks), repeat=s))
 
 
 def test_orbit_reads_must_permute_dimensions_of_one_extent():
     with pytest.raises(ValueError, match="unequal extents"):
-        orbits.orbits((3, 8, 9), [(0, 2, 1)], 1, 8)
+        orbits.orbits((3, 8, 9), [(0, 2, 1)], (8,))
     with pytest.raises(ValueError, match="not permutations"):
-        orbits.orbits((3, 8, 8), [(0, 1, 1)], 1, 8)
-    plan = orbits.orbits((3, 40, 40, 40), PERMS3, 1, 8)
+        orbits.orbits((3, 8, 8), [(0, 1, 1)], (8,))
+    plan = orbits.orbits((3, 40, 40, 40), PERMS3, (8,))
     assert (plan.moved, plan.edge, plan.members, plan.count) == ((1, 2, 3), 8, 6, 35)
-    assert orbits.orbits((3, 40, 40), [(0, 2, 1)], 2, 8).edge == 16
-    assert orbits.orbits((3, 40, 40, 40), PERMS3, 3, 8).edge == 4  # three values' blocks fit in shared memory
+    assert plan.shared == 6 * 584 * 8  # six blocks of 8x8x8 at odd pitches (73, 9, 1)
+    assert orbits.orbits((3, 40, 40, 40), PERMS3, (8, 8)).edge == 8  # the (T) energy's Z and W: 56 KiB
+    assert orbits.orbits((3, 40, 40), [(0, 2, 1)], (8, 8)).edge == 16
+    assert orbits.orbits((3, 40, 40, 40), PERMS3, (8, 8, 8)).edge == 4  # three arrays' blocks fit in shared memory
+
+
+def test_inputs_read_across_two_permuted_dimensions_are_staged():
+    """W (all three permuted dimensions) and a matrix over two are copied into shared memory; a
+    vector along one, an input over none and one the code does not read are not."""
+    strides = [(0, 400, 20, 1), (0, 20, 1, 0), (0, 0, 0, 1), (1, 0, 0, 0), (0, 20, 1, 0)]
+    assert orbits.staged("p0 * p1 + p2 * p3 + q0", strides, (1, 2, 3)) == (0, 1)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -134,7 +144,10 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
         ref = np.sum(first.astype(np.float64) * second.transpose(0, 2, 1) + views_[1] * np.ones(shape))
     strides = [element_strides(v) for v in views_]
     types = tuple(np.dtype(v.dtype).name for v in views_) + (np.dtype(dtype).name,)
-    plan = orbits.orbits(shape, [p for _, p in reads], len(lets), np.dtype(dtype).itemsize)
+    copied = orbits.staged(code, strides, orbits.moved_dimensions(shape, [p for _, p in reads]))
+    assert copied == ((0,) if case in ("energy", "weighted", "weighted along a") else ())
+    sizes = (np.dtype(dtype).itemsize,) * len(lets) + tuple(np.dtype(views_[k].dtype).itemsize for k in copied)
+    plan = orbits.orbits(shape, [p for _, p in reads], sizes)
     assert plan.edge == (16 if case in ("two values", "float32") else 8)
     text = orbits.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan, skip)
     assert ("long long" if wide else "const int c") in text
@@ -151,7 +164,7 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
 def test_energy_source_compiles_with_nvcc(tmp_path):
     """The (T) energy with Z reused, at o=40 v=400 (one occupied point per tile)."""
     shape = (1, 1, 1, 400, 400, 400)
-    orbit = orbits.orbits(shape, PERMS6, 1, 8)
+    orbit = orbits.orbits(shape, PERMS6, (8, 8))
     code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p1"
     assert orbit.count == 22100
     compiles_with_nvcc(tmp_path, [orbits.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape,

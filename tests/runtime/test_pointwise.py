@@ -21,11 +21,24 @@ from tests.kernels.test_orbits import ENERGY_CODE, PERMS3
 @pytest.fixture
 def launches(monkeypatch) -> list:
     """The launches of kernels from the kernel cache, recorded instead of run: (source, name,
-    grid, block, arguments, compiler options) each."""
+    grid, block, arguments, compiler options) each, and the dynamic shared memory (bytes) where a
+    launch passes some, which the function must have been opted into first."""
     made = []
 
+    class Function:
+        def __init__(self, name, source, options):
+            self.name, self.source, self.options = name, source, options
+            self.max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __call__(self, grid, block, args, shared_mem=None):
+            launch = (self.source, self.name, grid, block, len(args), self.options)
+            if shared_mem is not None:
+                assert shared_mem <= self.max_dynamic_shared_size_bytes
+                launch += (shared_mem,)
+            made.append(launch)
+
     def function(name, source, options):
-        return (lambda grid, block, args: made.append((source, name, grid, block, len(args), options))), "key"
+        return Function(name, source, options), "key"
 
     monkeypatch.setattr(kernelcache, "function", function)
     return made
@@ -153,6 +166,7 @@ def test_an_ordered_reduction_is_one_orbit_kernel_per_tile_shape(launches, tmp_p
         CupyBackend.fused(types.SimpleNamespace(xp=xp, _fused_call=CupyBackend._fused_call), f, arrays,
                           tuple(tile[i] for i in f.domain), out, ordering.dims(within, f.domain))
     assert [name for _, name, *_ in launches] == ["chainexec_orbits", "chainexec_total"] * 4
+    assert {len(launch) for launch in launches[::2]} == {7}  # each orbit launch passes its dynamic shared memory
     assert len({text for text, name, *_ in launches if name == "chainexec_orbits"}) == 1
     assert {text for text, name, *_ in launches if name == "chainexec_total"} == {elementwise.total_source("float64")}
 
