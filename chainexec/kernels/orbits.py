@@ -38,15 +38,8 @@ not 19)."""
 SHARED_BYTES = 64 * 1024
 """Shared memory (bytes) one orbit's blocks of values may take; beyond CUDA's 48 KiB of static
 shared memory, so the kernel takes it as dynamic shared memory its launch opts into. The (T)
-energy's ``Z`` and W over six blocks of 8x8x8 take 56 KiB: four thread blocks on an H100's or
-H200's 228 KiB a multiprocessor."""
-
-MULTIPROCESSOR_SHARED = 228 * 1024
-"""Shared memory (bytes) of one multiprocessor of an H100 or H200 (sm_90), of which each resident
-thread block takes its own and 1 KiB for the system: an orbit kernel's launch bounds ask for as
-many resident blocks as fit (at most 4), so that the compiler keeps its registers within them
-(the (T) energy: 64 a thread, 66 unbounded, which leaves room for 3)."""
-
+energy's ``Z`` and W over six blocks of 8x8x8 take 56 KiB (its 66 registers a thread leave room
+for three thread blocks a multiprocessor; launch bounds for four, at 64 registers, run slower)."""
 
 @dataclass(frozen=True)
 class Orbits:
@@ -193,8 +186,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     copied = staged(code, strides, moved)
     elements = group(plan.perms)
     arrays = [(f"L{j}", value) for j in range(len(lets))] + [(f"S{k}", C_TYPES[types[k]]) for k in copied]
-    resident = max(1, min(4, MULTIPROCESSOR_SHARED // (plan.shared + 32 * 8 + 1024)))
-    lines = [f"extern \"C\" __global__ void __launch_bounds__({BLOCK}, {resident}) chainexec_orbits(double* __restrict__ Y, "
+    lines = ["extern \"C\" __global__ void chainexec_orbits(double* __restrict__ Y, "
              + ", ".join([f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])]
                          + ["const int* __restrict__ T"]) + ") {",
              "  __shared__ double part[32];",

@@ -74,7 +74,6 @@ static std::barrier<>* g_block;
 static std::barrier<>* g_warp[8];
 static double g_lane[256];
 #define __global__
-#define __launch_bounds__(...)
 #define __restrict__
 #define __shared__ static
 static inline void __syncthreads() { g_block->arrive_and_wait(); }
