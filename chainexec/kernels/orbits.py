@@ -38,8 +38,7 @@ not 19)."""
 SHARED_BYTES = 64 * 1024
 """Shared memory (bytes) one orbit's blocks of values may take; beyond CUDA's 48 KiB of static
 shared memory, so the kernel takes it as dynamic shared memory its launch opts into. The (T)
-energy's ``Z`` and W over six blocks of 8x8x8 take 56 KiB (its 66 registers a thread leave room
-for three thread blocks a multiprocessor; launch bounds for four, at 64 registers, run slower)."""
+energy's ``Z`` and W over six blocks of 8x8x8 take 56 KiB."""
 
 @dataclass(frozen=True)
 class Orbits:
