@@ -8,7 +8,7 @@ The (T) energy sums ``W·D·R`` where ``R`` reads ``Z = W + V/2`` at the six per
 generate (a block ``B`` and its up to five images). Stage one computes the reused values over
 those blocks into shared memory, and copies there the inputs the summed expression reads that
 vary along two or more permuted dimensions (W: :func:`staged`). Stage two takes each point ``x``
-of ``B`` and sums the expression at the points ``g·x`` of the orbit's other blocks, one ``g`` per
+of ``B`` and sums the expression at the points ``g·x`` of the orbit's blocks, one ``g`` per
 block: every value they read at permuted points is a value at a point ``h·x`` of ``x``'s own point
 orbit, so a thread loads each once (six loads for the six points of a generic orbit, where a
 thread per point loads 36), and reads W at ``g·x`` in shared memory, where in device memory its
@@ -38,7 +38,9 @@ not 19)."""
 SHARED_BYTES = 64 * 1024
 """Shared memory (bytes) one orbit's blocks of values may take; beyond CUDA's 48 KiB of static
 shared memory, so the kernel takes it as dynamic shared memory its launch opts into. The (T)
-energy's ``Z`` and W over six blocks of 8x8x8 take 56 KiB."""
+energy's ``Z`` and W over six blocks of 8x8x8 take 56,064 bytes."""
+
+_SIZES = {"double": 8, "float": 4}
 
 @dataclass(frozen=True)
 class Orbits:
@@ -46,14 +48,17 @@ class Orbits:
     reused values permute (one extent), cut into blocks of ``edge`` elements along each; ``perms``:
     each read's permutation of them (position ``u`` of the value read is the point's position
     ``perms[r][u]``). The blocks of an orbit (a block and its images under the group the
-    permutations generate, ``members`` elements) go to one thread block: ``count`` orbits.
-    ``shared``: bytes of dynamic shared memory a thread block takes for its blocks of values."""
+    permutations generate, whose order ``members`` is the most blocks an orbit has) go to one
+    thread block: ``count`` orbits. ``copied``: the inputs stage one copies into shared memory
+    (:func:`staged`, as many as fit); ``shared``: bytes of dynamic shared memory a thread block
+    takes for its blocks of values and copies (:func:`shared_arrays`)."""
 
     moved: tuple[int, ...]
     edge: int
     perms: tuple[tuple[int, ...], ...]
     count: int
     members: int
+    copied: tuple[int, ...]
     shared: int
 
     def width(self) -> int:
@@ -122,39 +127,57 @@ def moved_dimensions(shape: tuple[int, ...], reads: list[tuple[int, ...]]) -> tu
 
 def staged(code: str, strides: list[tuple[int, ...]], moved: tuple[int, ...]) -> tuple[int, ...]:
     """The inputs ``code`` reads (``p{k}``) that vary along two or more of the ``moved``
-    dimensions: :func:`orbit_source` copies them into shared memory in stage one and reads them
-    there at permuted points. An input along one moved dimension is read in device memory: the
-    threads of a warp read consecutive elements of it (or one)."""
-    return tuple(k for k, st in enumerate(strides)
-                 if re.search(rf"\bp{k}\b", code) and sum(1 for d in moved if st[d]) >= 2)
+    dimensions, those along more first: :func:`orbit_source` copies them into shared memory in
+    stage one, as many as fit (:func:`orbits`), and reads them there at permuted points. An input
+    along one moved dimension is read in device memory: the threads of a warp read consecutive
+    elements of it (or one)."""
+    spans = {k: sum(1 for d in moved if st[d]) for k, st in enumerate(strides) if re.search(rf"\bp{k}\b", code)}
+    return tuple(sorted((k for k, n in spans.items() if n >= 2), key=lambda k: (-spans[k], k)))
 
 
-def _aligned(size: int) -> int:
-    return -(-size // 16) * 16
+def shared_arrays(lets: int, copied: tuple[int, ...], types: tuple[str, ...], members: int,
+                  slot: int) -> tuple[list[tuple[str, str, int]], int]:
+    """The arrays of an orbit kernel's dynamic shared memory: (name, C type, byte offset) of each
+    reused value's blocks ``L{j}`` (of ``types[-1]``), then each copied input's ``S{k}`` (of
+    ``types[k]``), ``members`` blocks of ``slot`` elements each, every array 16-byte aligned; and
+    the bytes they take."""
+    arrays, start = [], 0
+    for name, ctype in ([(f"L{j}", C_TYPES[types[-1]]) for j in range(lets)]
+                        + [(f"S{k}", C_TYPES[types[k]]) for k in copied]):
+        arrays.append((name, ctype, start))
+        start += -(-members * slot * _SIZES[ctype] // 16) * 16
+    return arrays, start
 
 
-def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], itemsizes: tuple[int, ...]) -> Orbits:
-    """The :class:`Orbits` of an index space ``shape`` whose reused values are read at ``reads``
-    (each a permutation of its dimensions: the value at point ``x`` is read at the point ``y`` with
-    ``y[d] = x[reads[r][d]]``), with one array of blocks in shared memory per entry of
-    ``itemsizes`` (bytes of an element: the reused values', then the :func:`staged` inputs'): the
-    blocks hold about :data:`BOX` points (8x8x8 for three moved dimensions, 16x16 for two), fewer
-    where the arrays would not fit in :data:`SHARED_BYTES`."""
+def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], code: str, strides: list[tuple[int, ...]],
+           types: tuple[str, ...], lets: int) -> Orbits:
+    """The :class:`Orbits` of an index space ``shape`` whose ``lets`` reused values are read at
+    ``reads`` (each a permutation of its dimensions: the value at point ``x`` is read at the point
+    ``y`` with ``y[d] = x[reads[r][d]]``) by ``code`` over inputs of ``strides`` (``types``: the
+    inputs' dtypes, then the values'), as :func:`orbit_source` takes them. The blocks hold about
+    :data:`BOX` points (8x8x8 for three moved dimensions, 16x16 for two). The :func:`staged`
+    inputs are copied into shared memory as long as they fit in :data:`SHARED_BYTES` beside the
+    values at that edge, those along fewer moved dimensions left out first (they never cut the
+    blocks: at an edge of 4 stage two would leave three threads in four idle); the edge is cut
+    where the values alone do not fit."""
     moved = moved_dimensions(shape, reads)
     perms = tuple(tuple(moved.index(p[d]) for d in moved) for p in reads)
     members = len(group(perms))
     edge = min(shape[moved[0]], 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
 
-    def shared(edge: int) -> int:
-        return sum(_aligned(members * box_pitches(list(moved), [edge] * len(moved))[1] * size) for size in itemsizes)
+    def shared(edge: int, copied: tuple[int, ...]) -> int:
+        return shared_arrays(lets, copied, types, members, box_pitches(list(moved), [edge] * len(moved))[1])[1]
 
-    while edge > 1 and shared(edge) > SHARED_BYTES:
+    copied = staged(code, strides, moved)
+    while copied and shared(edge, copied) > SHARED_BYTES:
+        copied = copied[:-1]
+    while edge > 1 and shared(edge, copied) > SHARED_BYTES:
         edge //= 2
-    if shared(edge) > SHARED_BYTES:
-        raise ValueError(f"{len(itemsizes)} arrays of values over {members} blocks do not fit in {SHARED_BYTES} "
-                         f"bytes of shared memory")
+    if shared(edge, copied) > SHARED_BYTES:
+        raise ValueError(f"{lets} reused values over {members} blocks do not fit in {SHARED_BYTES} bytes of "
+                         f"shared memory")
     count = orbit_table(-(-shape[moved[0]] // edge), perms)[1]
-    return Orbits(moved, edge, perms, count, members, shared(edge))
+    return Orbits(moved, edge, perms, count, members, copied, shared(edge, copied))
 
 
 def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape: tuple[int, ...],
@@ -165,7 +188,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     ``lets[reads[r]]`` at the point ``plan.perms[r]`` maps the point to). Thread block ``b`` takes
     orbit ``b % plan.count`` (:func:`orbit_table`, the ``table`` argument) at the point
     ``b / plan.count`` of the other dimensions. Stage one computes the reused values over the
-    orbit's blocks into shared memory and copies the :func:`staged` inputs there; stage two takes
+    orbit's blocks into shared memory and copies ``plan.copied`` there; stage two takes
     the points ``x`` of the orbit's first block ``B`` and, for each ``g`` of the group that maps
     ``B`` to a block first, adds ``code`` at ``g·x``, its reused values loaded once per ``x`` from
     the point orbit of ``x``. The threads' sums are added in a fixed order, as
@@ -182,18 +205,18 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     extent, index = shape[moved[0]], index_type([math.prod(shape)], shape, strides)
     pitch, slot = plan.slot()
     value = C_TYPES[types[-1]]
-    copied = staged(code, strides, moved)
+    copied = plan.copied
     elements = group(plan.perms)
-    arrays = [(f"L{j}", value) for j in range(len(lets))] + [(f"S{k}", C_TYPES[types[k]]) for k in copied]
+    arrays, size = shared_arrays(len(lets), copied, types, plan.members, slot)
+    if size != plan.shared:
+        raise ValueError(f"an orbit kernel's shared arrays take {size} bytes where its plan has {plan.shared}")
     lines = ["extern \"C\" __global__ void chainexec_orbits(double* __restrict__ Y, "
              + ", ".join([f"const {C_TYPES[t]}* __restrict__ P{k}" for k, t in enumerate(types[:-1])]
                          + ["const int* __restrict__ T"]) + ") {",
              "  __shared__ double part[32];",
              "  extern __shared__ double chainexec_shared[];"]
-    start = 0
-    for name, ctype in arrays:
-        lines.append(f"  {ctype}* const {name} = ({ctype}*)((char*)chainexec_shared + {start});")
-        start += _aligned(plan.members * slot * (8 if ctype == "double" else 4))
+    lines += [f"  {ctype}* const {name} = ({ctype}*)((char*)chainexec_shared + {start});"
+              for name, ctype, start in arrays]
     lines += [f"  const int* orbit = T + (blockIdx.x % {plan.count}u) * {plan.width()};",
               f"  unsigned long long rest = blockIdx.x / {plan.count}u;"]
     lines += [f"  const {index} c{d} = ({index})(rest % {shape[d]}ull); rest /= {shape[d]}ull;"

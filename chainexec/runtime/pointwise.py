@@ -30,7 +30,7 @@ from chainexec.kernels.batchedgemm import ADDRESSES
 from chainexec.kernels.direct import direct_source
 from chainexec.kernels.elementwise import (BLOCK, blocks, index_type, layout, reduce_source, source, staging,
                                            total_source)
-from chainexec.kernels.orbits import moved_dimensions, orbit_source, orbit_table, orbits, staged
+from chainexec.kernels.orbits import orbit_source, orbit_table, orbits
 from chainexec.kernels.symmetrize import symmetrize_plan, symmetrize_source
 from chainexec.runtime import kernelcache, uselog
 from chainexec.runtime.backends.common import overlaps
@@ -191,10 +191,7 @@ def _orbit_prepared(lets: tuple[str, ...], code: str, reads: tuple[tuple[int, tu
                     shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], types: tuple[str, ...],
                     skip: int | None = None):
     """The :class:`Orbits`, source and grid of one orbit kernel, made once per process."""
-    size = {"float64": 8, "float32": 4}
-    perms = [p for _, p in reads]
-    copied = staged(code, list(strides), moved_dimensions(shape, perms))
-    plan = orbits(shape, perms, (size[types[-1]],) * len(lets) + tuple(size[types[k]] for k in copied))
+    plan = orbits(shape, [p for _, p in reads], code, list(strides), types, len(lets))
     grid = plan.count * math.prod(n for d, n in enumerate(shape) if d not in plan.moved)
     return plan, orbit_source(lets, code, tuple(j for j, _ in reads), shape, list(strides), types, plan, skip), grid
 

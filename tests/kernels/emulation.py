@@ -60,6 +60,7 @@ def offset_of(big: np.ndarray, view: np.ndarray) -> int:
 
 
 STAGED_PRELUDE = r"""
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdio>
@@ -73,6 +74,7 @@ static inline double __dmul_rn(double a, double b) { return a * b; }
 static std::barrier<>* g_block;
 static std::barrier<>* g_warp[8];
 static double g_lane[256];
+static unsigned char* g_dynamic;
 #define __global__
 #define __restrict__
 #define __shared__ static
@@ -88,13 +90,21 @@ static double __shfl_down_sync(unsigned, double v, int s) {
 """
 
 
+GUARD = 4096
+"""Bytes past an emulated kernel's dynamic shared memory that :func:`emulated` checks it never
+writes."""
+
+
 def emulated(tmp_path, text: str, name: str, buffers: list[np.ndarray], offsets: list[int], grid: int,
-             scalars: tuple[str, ...] = ()) -> np.ndarray:
+             scalars: tuple[str, ...] = (), shared: int = 0) -> np.ndarray:
     """Run a generated point-wise kernel on the CPU: every CUDA thread of a block a
     ``std::thread`` (``std::barrier`` for ``__syncthreads`` and per warp for the shuffles,
-    ``__shared__`` function-static, dynamic shared memory too), blocks one after another; ``buffers[0]`` is the output's
+    ``__shared__`` function-static), blocks one after another; ``buffers[0]`` is the output's
     whole buffer, returned as the kernel left it; each array is passed at its ``offsets`` entry,
-    then the C literals ``scalars``."""
+    then the C literals ``scalars``. The kernel's dynamic shared memory (``extern __shared__``)
+    is ``shared`` bytes as its launch would give it, filled with NaN (all bits set) before each
+    block: a read of a value no thread wrote gives NaN, and a write past the end (into the
+    :data:`GUARD` bytes after it) fails the run."""
     ctype = {np.dtype(np.float64): "double", np.dtype(np.float32): "float", np.dtype(np.int32): "int",
              np.dtype(np.int64): "long long"}
     decl = "\n".join(f"  std::vector<{ctype[b.dtype]}> b{k}({b.size}); "
@@ -107,7 +117,10 @@ int main(int argc, char** argv) {{
 {decl}
   fclose(f);
   gridDim.x = {grid}u;
+  std::vector<unsigned char> dynamic({shared + GUARD});
+  g_dynamic = dynamic.data();
   for (unsigned b = 0; b < {grid}u; ++b) {{
+    std::fill(dynamic.begin(), dynamic.end(), 0xff);
     std::barrier<> block({BLOCK});
     std::barrier<> w0(32), w1(32), w2(32), w3(32), w4(32), w5(32), w6(32), w7(32);
     std::barrier<>* warps[8] = {{&w0, &w1, &w2, &w3, &w4, &w5, &w6, &w7}};
@@ -117,6 +130,7 @@ int main(int argc, char** argv) {{
     for (unsigned t = 0; t < {BLOCK}u; ++t)
       ts.emplace_back([&, t, b] {{ threadIdx.x = t; blockIdx.x = b; {name}({args}); }});
     for (auto& th : ts) th.join();
+    for (size_t i = {shared}; i < dynamic.size(); ++i) if (dynamic[i] != 0xff) return 3;
   }}
   f = fopen(argv[1], "wb");
   fwrite(b0.data(), sizeof({ctype[buffers[0].dtype]}), {buffers[0].size}, f);
@@ -125,8 +139,7 @@ int main(int argc, char** argv) {{
 }}
 """
     cpp, exe, data = tmp_path / f"{name}.cpp", tmp_path / name, tmp_path / f"{name}.bin"
-    # dynamic shared memory: one function-static array of 512 KiB, shared by the block's threads
-    text = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"alignas(16) static \1 \2[1 << 16];", text)
+    text = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* const \2 = (\1*)g_dynamic;", text)
     cpp.write_text(STAGED_PRELUDE + f"static const Dim3 blockDim{{{BLOCK}u}};\n" + text + main)
     subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True, timeout=300)
     data.write_bytes(b"".join(b.tobytes() for b in buffers))

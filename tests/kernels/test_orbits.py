@@ -1,8 +1,10 @@
 """Orbit kernels (:mod:`chainexec.kernels.orbits`), on any machine: the orbit table covers every
-block tuple once and its targets are the reads' images; the generated kernel, run on the CPU, a
-``std::thread`` per CUDA thread, against a reference that reads each permutation in the
-documented direction (the inverse direction fails it), with and without a weight; and the (T)
-energy's kernel compiles with nvcc for sm_90 (skipped without nvcc)."""
+block tuple once, names the group's images of each orbit's first block and marks the first
+element mapping to each; inputs are copied into shared memory as far as they fit; the generated
+kernel, run on the CPU, a ``std::thread`` per CUDA thread, against a reference that reads each
+permutation in the documented direction (the inverse direction fails it), with and without a
+weight, in other groups, dtypes and dimensions; and the (T) energy's kernel compiles with nvcc
+for sm_90 (skipped without nvcc)."""
 
 from __future__ import annotations
 
@@ -61,24 +63,36 @@ def test_orbits_cover_every_block_once(blocks, perms, order):
     assert sorted(seen) == sorted(itertools.product(range(blocks), repeat=s))
 
 
+W4 = (64000, 1600, 40, 1)
+"""Strides of a W over (x, a, b, c) of 40 each, stored in that order."""
+
+
 def test_orbit_reads_must_permute_dimensions_of_one_extent():
     with pytest.raises(ValueError, match="unequal extents"):
-        orbits.orbits((3, 8, 9), [(0, 2, 1)], (8,))
+        orbits.orbits((3, 8, 9), [(0, 2, 1)], "q0", [], ("float64",), 1)
     with pytest.raises(ValueError, match="not permutations"):
-        orbits.orbits((3, 8, 8), [(0, 1, 1)], (8,))
-    plan = orbits.orbits((3, 40, 40, 40), PERMS3, (8,))
-    assert (plan.moved, plan.edge, plan.members, plan.count) == ((1, 2, 3), 8, 6, 35)
+        orbits.orbits((3, 8, 8), [(0, 1, 1)], "q0", [], ("float64",), 1)
+    plan = orbits.orbits((3, 40, 40, 40), PERMS3, "q0", [], ("float64",), 1)
+    assert (plan.moved, plan.edge, plan.members, plan.count, plan.copied) == ((1, 2, 3), 8, 6, 35, ())
     assert plan.shared == 6 * 584 * 8  # six blocks of 8x8x8 at odd pitches (73, 9, 1)
-    assert orbits.orbits((3, 40, 40, 40), PERMS3, (8, 8)).edge == 8  # the (T) energy's Z and W: 56 KiB
-    assert orbits.orbits((3, 40, 40), [(0, 2, 1)], (8, 8)).edge == 16
-    assert orbits.orbits((3, 40, 40, 40), PERMS3, (8, 8, 8)).edge == 4  # three arrays' blocks fit in shared memory
+    assert orbits.orbits((3, 40, 40), [(0, 2, 1)], "q0", [], ("float64",), 2).edge == 16
+    assert orbits.orbits((3, 40, 40, 40), PERMS3, "q0", [], ("float64",), 3).edge == 4  # three values' blocks fit
 
 
-def test_inputs_read_across_two_permuted_dimensions_are_staged():
-    """W (all three permuted dimensions) and a matrix over two are copied into shared memory; a
-    vector along one, an input over none and one the code does not read are not."""
-    strides = [(0, 400, 20, 1), (0, 20, 1, 0), (0, 0, 0, 1), (1, 0, 0, 0), (0, 20, 1, 0)]
-    assert orbits.staged("p0 * p1 + p2 * p3 + q0", strides, (1, 2, 3)) == (0, 1)
+def test_inputs_read_across_two_permuted_dimensions_are_staged_as_far_as_they_fit():
+    """W (all three permuted dimensions) and a matrix over two are copied into shared memory, W
+    first; a vector along one, an input over none and one the code does not read are not. The
+    (T) energy's Z and W take 56,064 bytes at blocks of 8; a float64 matrix beside them would not
+    fit, so it is left out rather than the blocks cut; beside float32 values a float32 one fits."""
+    strides = [(0, 20, 1, 0), W4, (0, 0, 0, 1), (1, 0, 0, 0), (0, 20, 1, 0)]
+    code = "p0 * p1 + p2 * p3 + q0"
+    assert orbits.staged(code, strides, (1, 2, 3)) == (1, 0)
+    energy = orbits.orbits((3, 40, 40, 40), PERMS3, "p1 * q0", strides, ("float64",) * 6, 1)
+    assert (energy.edge, energy.copied, energy.shared) == (8, (1,), 2 * 6 * 584 * 8)
+    both = orbits.orbits((3, 40, 40, 40), PERMS3, code, strides, ("float64",) * 6, 1)
+    assert (both.edge, both.copied, both.shared) == (8, (1,), energy.shared)
+    small = orbits.orbits((3, 40, 40, 40), PERMS3, code, strides, ("float32",) + ("float64",) * 4 + ("float32",), 1)
+    assert (small.edge, small.copied, small.shared) == (8, (1, 0), 6 * 584 * (4 + 8 + 4))
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -144,10 +158,8 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
         ref = np.sum(first.astype(np.float64) * second.transpose(0, 2, 1) + views_[1] * np.ones(shape))
     strides = [element_strides(v) for v in views_]
     types = tuple(np.dtype(v.dtype).name for v in views_) + (np.dtype(dtype).name,)
-    copied = orbits.staged(code, strides, orbits.moved_dimensions(shape, [p for _, p in reads]))
-    assert copied == ((0,) if case in ("energy", "weighted", "weighted along a") else ())
-    sizes = (np.dtype(dtype).itemsize,) * len(lets) + tuple(np.dtype(views_[k].dtype).itemsize for k in copied)
-    plan = orbits.orbits(shape, [p for _, p in reads], sizes)
+    plan = orbits.orbits(shape, [p for _, p in reads], code, strides, types, len(lets))
+    assert plan.copied == ((0,) if case in ("energy", "weighted", "weighted along a") else ())
     assert plan.edge == (16 if case in ("two values", "float32") else 8)
     text = orbits.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan, skip)
     assert ("long long" if wide else "const int c") in text
@@ -155,18 +167,72 @@ def test_orbit_reduction_equals_numpy(case, wide, tmp_path, monkeypatch):
     table = np.array(orbits.orbit_table(-(-shape[plan.moved[0]] // plan.edge), plan.perms)[0], np.int32)
     grid = plan.count * int(np.prod([n for d, n in enumerate(shape) if d not in plan.moved]))
     partial = np.full(grid, np.nan)
-    got = emulated(tmp_path, text, "chainexec_orbits", [partial] + buffers + [table], [0] + offsets + [0], grid)
+    got = emulated(tmp_path, text, "chainexec_orbits", [partial] + buffers + [table], [0] + offsets + [0], grid,
+                   shared=plan.shared)
     tolerance = 1e-5 if case == "float32" else 1e-13
     assert abs(got.sum() - ref) <= tolerance * np.sum(np.abs(ref) + 1)
+
+
+C3 = PERMS3[:3]
+"""Reads of a value over (x, a, b, c) at the 3-cycles of (a, b, c) alone."""
+
+OTHER_CASES = {
+    # name: (shape, inputs as (dimensions, storage order, dtype), values, code, reads, values' dtype)
+    "energy float32": ((2, 11, 11, 11), [((0, 1, 2, 3), [3, 1, 0, 2], "float32"), ((1, 3), [1, 0], "float32"),
+                                         ((2,), [0], "float32")],
+                       ["p0 + 0.5 * p1 * p2"], ENERGY_CODE, [(0, p) for p in PERMS3], "float32"),
+    "W float32, values float64": ((2, 11, 11, 11), [((0, 1, 2, 3), [0, 1, 2, 3], "float32"),
+                                                    ((1, 3), [1, 0], "float64"), ((2,), [0], "float64")],
+                                  ["p0 + 0.5 * p1 * p2"], ENERGY_CODE, [(0, p) for p in PERMS3], "float64"),
+    "3-cycles": ((2, 10, 10, 10), [((0, 1, 2, 3), [0, 1, 2, 3], "float64"), ((2,), [0], "float64")],
+                 ["p0 * p0 + p1"], "p0 * (q0 + 2.0 * q1 - 3.0 * q2) * p1", [(0, p) for p in C3], "float64"),
+    "two dimensions apart, a matrix copied": ((9, 3, 9), [((0, 2), [1, 0], "float64"), ((0, 1, 2), [2, 0, 1], "float64")],
+                                              ["p1 * 2.0"], "p0 * (q0 - 3.0 * q1)", [(0, (0, 1, 2)), (0, (2, 1, 0))],
+                                              "float64"),
+}
+"""Orbit reductions beyond the (T) energy: its shape in single precision (W copied as float), W
+in another dtype than the values, a group of three elements (the 3-cycles: orbits of three
+blocks and of one), two permuted dimensions with another between them and a matrix over them
+copied into shared memory."""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("case", list(OTHER_CASES))
+def test_other_orbit_reductions_equal_numpy(case, tmp_path):
+    """Each of :data:`OTHER_CASES`, emulated on the CPU with its exact dynamic shared memory
+    (NaN where no thread wrote, a write past its end failing the run), against NumPy."""
+    shape, inputs, lets, code, reads, dtype = OTHER_CASES[case]
+    rng = np.random.default_rng(13)
+    views_, buffers, offsets = [], [], []
+    for dims, order, kind in inputs:
+        big, off, view = stored(rng, tuple(shape[d] for d in dims), order, np.dtype(kind))
+        views_.append(view[tuple(slice(None) if d in dims else None for d in range(len(shape)))])
+        buffers.append(big)
+        offsets.append(off)
+    strides = [element_strides(v) for v in views_]
+    types = tuple(v.dtype.name for v in views_) + (dtype,)
+    plan = orbits.orbits(shape, [p for _, p in reads], code, strides, types, len(lets))
+    assert plan.copied == (0,)
+    text = orbits.orbit_source(tuple(lets), code, tuple(j for j, _ in reads), shape, strides, types, plan)
+    table = np.array(orbits.orbit_table(-(-shape[plan.moved[0]] // plan.edge), plan.perms)[0], np.int32)
+    grid = plan.count * int(np.prod([n for d, n in enumerate(shape) if d not in plan.moved]))
+    got = emulated(tmp_path, text, "chainexec_orbits", [np.full(grid, np.nan)] + buffers + [table],
+                   [0] + offsets + [0], grid, shared=plan.shared).sum()
+    inputs_ = {f"p{k}": np.broadcast_to(v, shape).astype(np.float64) for k, v in enumerate(views_)}
+    values = [eval(text_, {}, inputs_).astype(dtype) for text_ in lets]
+    reads_ = {f"q{r}": permuted(values[j], p).astype(np.float64) for r, (j, p) in enumerate(reads)}
+    terms = eval(code, {}, inputs_ | reads_)
+    tolerance = 1e-5 if "float32" in types else 1e-13
+    assert abs(got - np.sum(terms)) <= tolerance * np.sum(np.abs(terms))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_energy_source_compiles_with_nvcc(tmp_path):
     """The (T) energy with Z reused, at o=40 v=400 (one occupied point per tile)."""
     shape = (1, 1, 1, 400, 400, 400)
-    orbit = orbits.orbits(shape, PERMS6, (8, 8))
     code = "p0 * (4.0 * q0 + q1 + q2 - 2.0 * q3 - 2.0 * q4 - 2.0 * q5) * p1"
-    assert orbit.count == 22100
-    compiles_with_nvcc(tmp_path, [orbits.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape,
-                                                      [(0, 0, 0, 160000, 400, 1), (0, 0, 0, 400, 1, 0)],
+    strides = [(0, 0, 0, 160000, 400, 1), (0, 0, 0, 400, 1, 0)]
+    orbit = orbits.orbits(shape, PERMS6, code, strides, ("float64",) * 3, 1)
+    assert (orbit.count, orbit.copied) == (22100, (0,))
+    compiles_with_nvcc(tmp_path, [orbits.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape, strides,
                                                       ("float64",) * 3, orbit)])
