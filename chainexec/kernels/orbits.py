@@ -41,6 +41,8 @@ shared memory, so the kernel takes it as dynamic shared memory its launch opts i
 energy's ``Z`` and W over six blocks of 8x8x8 take 56,064 bytes."""
 
 _SIZES = {"double": 8, "float": 4}
+"""Bytes of an element of each C type of :data:`C_TYPES`."""
+
 
 @dataclass(frozen=True)
 class Orbits:
