@@ -113,18 +113,9 @@ def orbit_table(blocks: int, perms: tuple[tuple[int, ...], ...]) -> tuple[tuple[
     return tuple(rows.ravel().tolist()), len(rows), members
 
 
-def moved_dimensions(shape: tuple[int, ...], reads: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The dimensions of ``shape`` that ``reads`` (each a permutation of its dimensions) move;
-    ValueError where a read is no permutation, none moves a dimension, they move more than
-    :data:`MOVED` or dimensions of unequal extents."""
-    moved = tuple(d for d in range(len(shape)) if any(p[d] != d for p in reads))
-    if not moved or any(sorted(p) != list(range(len(shape))) for p in reads):
-        raise ValueError(f"reads {reads} of reused values are not permutations that move a dimension")
-    if len(moved) > MOVED:
-        raise ValueError(f"reused values read across {len(moved)} permuted dimensions (at most {MOVED})")
-    if any(shape[d] != shape[moved[0]] for d in moved):
-        raise ValueError(f"reused values read across dimensions of unequal extents {[shape[d] for d in moved]}")
-    return moved
+def _reads(text: str, k: int) -> bool:
+    """Whether C code ``text`` reads input ``p{k}``."""
+    return bool(re.search(rf"\bp{k}\b", text))
 
 
 def staged(code: str, strides: list[tuple[int, ...]], moved: tuple[int, ...]) -> tuple[int, ...]:
@@ -133,7 +124,7 @@ def staged(code: str, strides: list[tuple[int, ...]], moved: tuple[int, ...]) ->
     stage one, as many as fit (:func:`orbits`), and reads them there at permuted points. An input
     along one moved dimension is read in device memory: the threads of a warp read consecutive
     elements of it (or one)."""
-    spans = {k: sum(1 for d in moved if st[d]) for k, st in enumerate(strides) if re.search(rf"\bp{k}\b", code)}
+    spans = {k: sum(1 for d in moved if st[d]) for k, st in enumerate(strides) if _reads(code, k)}
     return tuple(sorted((k for k, n in spans.items() if n >= 2), key=lambda k: (-spans[k], k)))
 
 
@@ -162,7 +153,13 @@ def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], code: str, stri
     values at that edge, those along fewer moved dimensions left out first (they never cut the
     blocks: at an edge of 4 stage two would leave three threads in four idle); the edge is cut
     where the values alone do not fit."""
-    moved = moved_dimensions(shape, reads)
+    moved = tuple(d for d in range(len(shape)) if any(p[d] != d for p in reads))
+    if not moved or any(sorted(p) != list(range(len(shape))) for p in reads):
+        raise ValueError(f"reads {reads} of reused values are not permutations that move a dimension")
+    if len(moved) > MOVED:
+        raise ValueError(f"reused values read across {len(moved)} permuted dimensions (at most {MOVED})")
+    if any(shape[d] != shape[moved[0]] for d in moved):
+        raise ValueError(f"reused values read across dimensions of unequal extents {[shape[d] for d in moved]}")
     perms = tuple(tuple(moved.index(p[d]) for d in moved) for p in reads)
     members = len(group(perms))
     edge = min(shape[moved[0]], 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
@@ -231,12 +228,8 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     lines += ["  double acc = 0.0;"]
     lines += ["  " + line for line in _stage_one(lets, copied, shape, strides, types, plan, index)]
     lines.append("  __syncthreads();")
-
-    def reads_of(k: int) -> bool:
-        return bool(re.search(rf"\bp{k}\b", code))
-
-    fixed = [k for k in range(len(types) - 1) if reads_of(k) and not any(strides[k][d] for d in moved)]
-    varying = [k for k in range(len(types) - 1) if reads_of(k) and k not in fixed and k not in copied]
+    fixed = [k for k in range(len(types) - 1) if _reads(code, k) and not any(strides[k][d] for d in moved)]
+    varying = [k for k in range(len(types) - 1) if _reads(code, k) and k not in fixed and k not in copied]
     lines += [f"  const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in fixed]
     base = 1 + plan.members * s  # an orbit's row: where the slots of the blocks g·B start
 
@@ -278,7 +271,7 @@ def _stage_one(lets: tuple[str, ...], copied: tuple[int, ...], shape: tuple[int,
     first, chunk = moved[0], min(edge, RUN)
     tasks = edge ** (s - 1) * -(-edge // chunk)  # per block: a point of the other moved dimensions, a run
     codes = list(lets) + [f"p{k}" for k in copied]
-    used = [k for k in range(len(types) - 1) if any(re.search(rf"\bp{k}\b", c) for c in codes)]
+    used = [k for k in range(len(types) - 1) if any(_reads(c, k) for c in codes)]
     loop = [f"for (unsigned task = threadIdx.x; task < orbit[0] * {tasks}u; task += {BLOCK}u) {{",
             f"  const int t = task / {tasks}u;",
             f"  unsigned r = task % {tasks}u;"]

@@ -681,11 +681,11 @@ class Methods:
         last chunk's add. The GEMMs share one stream so that no two run at once (cuBLAS's
         run-to-run bitwise promise holds for one active stream). The current stream waits for
         both at the end. The chunks' copies (none where a chunk is C-contiguous already) and
-        products are allocated on the current stream before any chunk runs, so that CuPy's pool returns their memory to the current
-        stream's share, not to a share of the other streams kept from the plan's buffers, and so
-        that a lack of memory fails before anything is added to ``out``; they are let go only
-        after the current stream waits for both streams, which it does also where a chunk
-        raises. A lack of memory after a chunk's add is issued raises :class:`ChainexecError`,
+        products are allocated on the current stream before any chunk runs, so that CuPy's pool
+        returns their memory to the current stream's share, not to a share of the other streams
+        kept from the plan's buffers, and so that a lack of memory fails before anything is added
+        to ``out``; they are let go only after the current stream waits for both streams, which
+        it does also where a chunk raises. A lack of memory after a chunk's add is issued raises :class:`ChainexecError`,
         not CuPy's error, since a method run after it would add those chunks again. A chunk's
         GEMM has fewer rows than the whole: its rounding may differ from plain TTGT's in the last
         bits."""
