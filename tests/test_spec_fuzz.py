@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -107,17 +108,26 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Path:
+    """A folder holding ``good.yaml`` (a small four-index transform) and its generated inputs,
+    made once for all the examples."""
+    folder = tmp_path_factory.mktemp("good")
+    good = folder / "good.yaml"
+    good.write_text(yaml.safe_dump(fourindex_config(n=6, nmo=5), sort_keys=False))
+    assert run_cli("generate", good).returncode == 0
+    return folder
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
-def test_run_exits_0_or_2_and_touches_only_its_outputs(text):
+def test_run_exits_0_or_2_and_touches_only_its_outputs(generated, text):
     """The CLI's ``run`` on a fuzzed config beside the inputs of the valid one: exit 0 or 2 with
     one line, and every file that was there before (inputs, the config, a user's file) as it
     was."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        good = folder / "good.yaml"
-        good.write_text(yaml.safe_dump(fourindex_config(n=6, nmo=5), sort_keys=False))
-        assert run_cli("generate", good).returncode == 0
+        shutil.copytree(generated, folder, dirs_exist_ok=True)
         (folder / "user.txt").write_text("mine")
         config = folder / "chain.yaml"
         config.write_bytes(text.encode("latin-1", errors="replace"))
