@@ -14,15 +14,26 @@ import yaml
 
 SIX = ("W", "V", "Z", "R", "Dinv")
 
+
+def refuse(problem: str) -> None:
+    print(f"triples_order: {problem}", file=sys.stderr)
+    sys.exit(2)
+
+
 source_path, out_path, order = sys.argv[1:4]
 if sorted(order) != sorted("ijkabc"):
-    print(f"triples_order: {order!r} is not a permutation of ijkabc", file=sys.stderr)
-    sys.exit(2)
+    refuse(f"{order!r} is not a permutation of ijkabc")
 with open(source_path) as f:
     cfg = yaml.safe_load(f)
 source = "".join(cfg["tensors"]["Dinv"]["indices"])
+if sorted(source) != sorted("ijkabc"):
+    refuse(f"{source_path}: Dinv's indices {source!r} are not a permutation of ijkabc")
 positions = [source.index(i) for i in order]
 reference = re.compile(r"\b(" + "|".join(SIX) + r")\[([a-z](?:,[a-z]){5})\]")
+named = re.compile(r"\b(" + "|".join(SIX) + r")\s*\[")
+if any(len(named.findall(s)) != len(reference.findall(s)) for s in cfg["statements"]):
+    refuse(f"{source_path}: a reference to {', '.join(SIX)} is not of the form X[i,a,j,b,k,c] "
+           "(six one-letter indices, no spaces)")
 
 
 def permuted(match: re.Match) -> str:

@@ -42,3 +42,17 @@ def test_an_order_that_is_no_permutation_is_refused(tmp_path):
     proc = _order(Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml", tmp_path / "x.yaml", "ijkabd")
     assert proc.returncode == 2 and "not a permutation" in proc.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_reference_the_script_cannot_read_is_refused(tmp_path):
+    """A reference with a space in it would be left unpermuted while Dinv's declaration moves:
+    a copy computing another energy. The script writes nothing and says which form it reads."""
+    config = Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["statements"][18] = cfg["statements"][18].replace("Z[i,a,j,b,k,c]", "Z[i, a, j, b, k, c]")
+    spaced = tmp_path / "spaced.yaml"
+    spaced.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    proc = _order(spaced, tmp_path / "x.yaml", "ijkabc")
+    assert proc.returncode == 2 and "not of the form" in proc.stderr
+    assert not (tmp_path / "x.yaml").exists()
+

@@ -114,8 +114,8 @@ def gemm_score(out: tuple[str, ...], side: frozenset, other: frozenset, sizes: d
     (each operand's own), in the batched-GEMM form of its operands copied into ``out``'s order
     (:func:`chainexec.kernels.batchedgemm.operand_orders`): one GEMM dimension is the run of
     consecutive output indices of one side that ends at ``out``'s unit-stride last index, the
-    other the largest such run of the other side; the rest are batched. At (T)'s W[i,j,k,a,b,c]
-    the split (a|bc) makes GEMMs of v²×(o·v), (ab|c) v²×v, (ac|b) only o²×v."""
+    other the largest such run of the other side; the rest are batched. At (T)'s W in the order
+    W[i,j,k,a,b,c] the split (a|bc) makes GEMMs of v²×(o·v), (ab|c) v²×v, (ac|b) only o²×v."""
     runs: dict[frozenset, list[int]] = {side: [], other: []}
     for n, i in enumerate(out):
         for s in runs:
@@ -137,7 +137,7 @@ def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H,
     indices between its two operands is that of a term already taken, where one is, so that the
     backend can still stack them into one GEMM (:mod:`chainexec.kernels.stacking`); the scale is
     1 / (the elements of ``H`` that map it onto itself). Why the GEMM first: on a (T) tile with
-    i = j, the orbits pair an (ac|b) term with an (a|bc) one; taken as they come, two of the
+    i = j, in the order W[i,j,k,a,b,c], the orbits pair an (ac|b) term with an (a|bc) one; taken as they come, two of the
     three stacks are GEMMs of o²×v, each as slow as the tile's other stacks together."""
     keys = [_key(t) for t in run]
     extent = dict.fromkeys(out, 1) | dict(sizes)

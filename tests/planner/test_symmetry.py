@@ -89,7 +89,7 @@ def test_terms_taken_per_pattern_sum_back_to_the_run(pattern, order, count, tmp_
     (("iac", "jkb"), 88 * 21 * 21),       # (ac|b): c against (j,k)
 ])
 def test_gemm_score_is_the_batched_gemm_of_the_split(split, elements):
-    """:func:`symmetry.gemm_score` at (T)'s W[i,j,k,a,b,c], o=21, v=88, for each way a W term
+    """:func:`symmetry.gemm_score` at (T)'s W in the order W[i,j,k,a,b,c], o=21, v=88, for each way a W term
     splits the virtual indices, counted by hand from the runs of consecutive output indices."""
     sizes = dict.fromkeys("ijk", 21) | dict.fromkeys("abc", 88)
     side, other = (frozenset(s) for s in split)
@@ -101,9 +101,10 @@ def test_gemm_score_is_the_batched_gemm_of_the_split(split, elements):
 def test_each_orbit_gives_its_largest_gemm(pattern, tmp_path_factory):
     """The term taken from each orbit has the largest :func:`symmetry.gemm_score` of its orbit.
     The config holds W as W[i,a,j,b,k,c], where the split of the output's indices into (j,b,c)
-    and (i,a,k) (terms W4 and W8) makes the smallest GEMMs, v×(o·v): c's run is c alone, and
-    the other side's longest run a pair. On every tile pattern the stabilizer maps that split
-    onto a larger one, so it never runs."""
+    and (i,a,k) (terms W4 and W8 of docs/chem.md, positions 3 and 7) makes the smallest GEMMs,
+    v×(o·v): c's run is c alone, and the other side's longest run a pair. On each pattern with
+    equal positions (those parametrized) the stabilizer maps that split onto a larger one, so it
+    does not run there."""
     cs, extents = _w_run(tmp_path_factory)
     out = tuple(cs[0].out_indices)
     assert out == tuple("iajbkc")

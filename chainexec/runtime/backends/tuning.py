@@ -96,10 +96,10 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
     C[p, a]`` of 352 functions, cut along ``a`` alone, is a GEMM of three columns, on which the
     direct kernel beats cuBLAS, while on the whole tile cuBLAS is far faster). A cut index keeps
     at least 2 elements. Within each pass the in-place GEMM's batch modes are cut first, then the
-    outermost mode of its largest dimension (:func:`_cut_order`): a (T) tile's stacked term
-    ``W[ijkabc] += L[f,i,k,a]·R[f,j,b,c]`` is GEMMs of (bc)×(ka); cut along ``a``, the slowest
-    index left, they are GEMMs of (bc)×a, on which TTGT wins the probe and loses the tile; cut
-    along ``b``, of (bc/3)×(ka)."""
+    outermost mode of its largest dimension (:func:`_cut_order`): a (T) tile's stacked term, W
+    in the order ijkabc, ``W[ijkabc] += L[f,i,k,a]·R[f,j,b,c]`` is GEMMs of (bc)×(ka); cut along
+    ``a``, the slowest index left, they are GEMMs of (bc)×a, on which TTGT wins the probe and
+    loses the tile; cut along ``b``, of (bc/3)×(ka)."""
     views = [out, a, b]
     for capped in (True, False):
         for d in _cut_order(c, out, a, b):
