@@ -137,8 +137,9 @@ def orbit_terms(run: tuple[Term, ...], out: tuple[str, ...], H,
     indices between its two operands is that of a term already taken, where one is, so that the
     backend can still stack them into one GEMM (:mod:`chainexec.kernels.stacking`); the scale is
     1 / (the elements of ``H`` that map it onto itself). Why the GEMM first: on a (T) tile with
-    i = j, in the order W[i,j,k,a,b,c], the orbits pair an (ac|b) term with an (a|bc) one; taken as they come, two of the
-    three stacks are GEMMs of o²×v, each as slow as the tile's other stacks together."""
+    i = j, W in the order W[i,j,k,a,b,c], the orbits pair an (ac|b) term with an (a|bc) one;
+    taken as they come, two of the three stacks are GEMMs of o²×v, each as slow as the tile's
+    other stacks together."""
     keys = [_key(t) for t in run]
     extent = dict.fromkeys(out, 1) | dict(sizes)
 

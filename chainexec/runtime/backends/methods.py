@@ -685,10 +685,10 @@ class Methods:
         returns their memory to the current stream's share, not to a share of the other streams
         kept from the plan's buffers, and so that a lack of memory fails before anything is added
         to ``out``; they are let go only after the current stream waits for both streams, which
-        it does also where a chunk raises. A lack of memory after a chunk's add is issued raises :class:`ChainexecError`,
-        not CuPy's error, since a method run after it would add those chunks again. A chunk's
-        GEMM has fewer rows than the whole: its rounding may differ from plain TTGT's in the last
-        bits."""
+        it does also where a chunk raises. A lack of memory after a chunk's add is issued raises
+        :class:`ChainexecError`, not CuPy's error, since a method run after it would add those
+        chunks again. A chunk's GEMM has fewer rows than the whole: its rounding may differ from
+        plain TTGT's in the last bits."""
         xp = self.xp
         batch, lext, rext, ks, swap, pl, pr, pout = ttgt_layout(tuple(c.out_indices), tuple(c.a_indices),
                                                                 tuple(c.b_indices))
