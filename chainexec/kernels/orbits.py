@@ -38,7 +38,7 @@ not 19)."""
 SHARED_BYTES = 64 * 1024
 """Shared memory (bytes) one orbit's blocks of values may take; beyond CUDA's 48 KiB of static
 shared memory, so the kernel takes it as dynamic shared memory its launch opts into. The (T)
-energy's ``Z`` and W over six blocks of 8x8x8 take 56,064 bytes."""
+energy's ``Z`` and W over six blocks of 8x8x8 take 49,152 bytes."""
 
 _SIZES = {"double": 8, "float": 4}
 """Bytes of an element of each C type of :data:`C_TYPES`."""
@@ -67,9 +67,46 @@ class Orbits:
         """Entries of one orbit's row in :func:`orbit_table`."""
         return 2 + self.members * (len(self.moved) + 1)
 
-    def slot(self) -> tuple[dict[int, int], int]:
-        """Shared-memory strides (elements) of one block of values and its size."""
-        return box_pitches(list(self.moved), [self.edge] * len(self.moved))
+    def slot(self) -> int:
+        """Shared-memory elements of one block of values (:func:`slot_size`)."""
+        return slot_size(len(self.moved), self.edge)
+
+    def place(self, coords: list[str]) -> str:
+        """C expression of the element a point takes in its block of values, its coordinate along
+        ``moved[u]`` being ``coords[u]``: :func:`swizzled`'s where that layout applies, else at the
+        odd pitches of :func:`~chainexec.kernels.elementwise.box_pitches`."""
+        if swizzled(len(self.moved), self.edge):
+            a, b, c = (f"({x})" for x in coords)
+            return (f"((({b} >> 1) * 8 + {c}) * 16 + ((({a} ^ {b} ^ {c}) & 6) | (({a} ^ {c}) & 1) "
+                    f"| ((({b} ^ {c}) & 1) << 3)))")
+        pitch = box_pitches(list(self.moved), [self.edge] * len(self.moved))[0]
+        return " + ".join(f"{x} * {pitch[d]}" for x, d in zip(coords, self.moved))
+
+
+def swizzled(dims: int, edge: int) -> bool:
+    """Whether blocks of ``dims`` permuted dimensions of ``edge`` elements are laid out by an XOR
+    swizzle (:meth:`Orbits.place`): three dimensions at blocks of 8, the (T) energy's.
+
+    Shared memory serves a warp's 64-bit accesses a half-warp at a time, over 16 bank pairs: a
+    half-warp's 16 elements take one pass where their bank pairs differ. In stage two a half-warp
+    takes 8 points along one permuted dimension by 2 along another, and reads each value at the
+    six permutations of the point, so that the two dimensions it walks are any ordered pair of
+    the three; stage one writes along the last two. No pitches serve every pair (the dimension
+    walked 8-wide needs an odd pitch, the one walked 2-wide a pitch of 8 mod 16), and at the odd
+    pitches 73, 9, 1 every such access takes two passes per half-warp where one would do. The
+    swizzle puts a point ``(a, b, c)`` at row
+    ``(b >> 1, c)`` of 16 elements and in that row at bits 1-2 of ``a ^ b ^ c``, bit 0 of
+    ``a ^ c`` and bit 3 of ``b ^ c``: for every ordered pair of dimensions the 16 points of such a
+    walk land in 16 distinct bank pairs, and the 512 points in 512 distinct elements."""
+    return dims == 3 and edge == 8
+
+
+def slot_size(dims: int, edge: int) -> int:
+    """Shared-memory elements of one block of values of ``dims`` permuted dimensions of ``edge``
+    elements: ``edge³`` swizzled (:func:`swizzled`), else padded to odd pitches."""
+    if swizzled(dims, edge):
+        return edge ** dims
+    return box_pitches(list(range(dims)), [edge] * dims)[1]
 
 
 def group(perms: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
@@ -165,7 +202,7 @@ def orbits(shape: tuple[int, ...], reads: list[tuple[int, ...]], code: str, stri
     edge = min(shape[moved[0]], 2 ** int(math.log2(BOX) / len(moved) + 1e-9))
 
     def shared(edge: int, copied: tuple[int, ...]) -> int:
-        return shared_arrays(lets, copied, types, members, box_pitches(list(moved), [edge] * len(moved))[1])[1]
+        return shared_arrays(lets, copied, types, members, slot_size(len(moved), edge))[1]
 
     copied = staged(code, strides, moved)
     while copied and shared(edge, copied) > SHARED_BYTES:
@@ -202,7 +239,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
         check_code(text)
     moved, edge, s = plan.moved, plan.edge, len(plan.moved)
     extent, index = shape[moved[0]], index_type([math.prod(shape)], shape, strides)
-    pitch, slot = plan.slot()
+    slot = plan.slot()
     value = C_TYPES[types[-1]]
     copied = plan.copied
     elements = group(plan.perms)
@@ -235,7 +272,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
 
     def at(g: tuple[int, ...], element: int) -> str:
         """The element of the block of values that holds the point ``g·x``."""
-        return f"orbit[{base + element}] * {slot} + " + " + ".join(f"x{g[u]} * {pitch[moved[u]]}" for u in range(s))
+        return f"orbit[{base + element}] * {slot} + " + plan.place([f"x{g[u]}" for u in range(s)])
 
     lines += [f"  const int firsts = orbit[{base + plan.members}];",
               f"  for (unsigned e = threadIdx.x; e < {edge ** s}u; e += {BLOCK}u) {{",
@@ -267,7 +304,7 @@ def _stage_one(lets: tuple[str, ...], copied: tuple[int, ...], shape: tuple[int,
     loading the inputs that do not vary along it once for the run; a warp spans the last moved
     dimensions, as the threads of the other kernels span the fastest dimension."""
     moved, edge, s = plan.moved, plan.edge, len(plan.moved)
-    extent, (pitch, slot) = shape[moved[0]], plan.slot()
+    extent, slot = shape[moved[0]], plan.slot()
     first, chunk = moved[0], min(edge, RUN)
     tasks = edge ** (s - 1) * -(-edge // chunk)  # per block: a point of the other moved dimensions, a run
     codes = list(lets) + [f"p{k}" for k in copied]
@@ -288,7 +325,7 @@ def _stage_one(lets: tuple[str, ...], copied: tuple[int, ...], shape: tuple[int,
     if extent % edge:
         loop.append(f"    if (c{first} >= {extent}) break;")
     loop += [f"    const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in used if strides[k][first]]
-    here = " + ".join(f"l{d} * {pitch[d]}" for d in moved)
+    here = plan.place([f"l{d}" for d in moved])
     loop += [f"    L{j}[t * {slot} + {here}] = ({C_TYPES[types[-1]]})({c});" for j, c in enumerate(lets)]
     loop += [f"    S{k}[t * {slot} + {here}] = p{k};" for k in copied]
     return loop + ["  }", "}"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -74,25 +75,67 @@ def test_orbit_reads_must_permute_dimensions_of_one_extent():
         orbits.orbits((3, 8, 8), [(0, 1, 1)], "q0", [], ("float64",), 1)
     plan = orbits.orbits((3, 40, 40, 40), PERMS3, "q0", [], ("float64",), 1)
     assert (plan.moved, plan.edge, plan.members, plan.count, plan.copied) == ((1, 2, 3), 8, 6, 35, ())
-    assert plan.shared == 6 * 584 * 8  # six blocks of 8x8x8 at odd pitches (73, 9, 1)
+    assert plan.shared == 6 * 512 * 8  # six blocks of 8x8x8, swizzled
     assert orbits.orbits((3, 40, 40), [(0, 2, 1)], "q0", [], ("float64",), 2).edge == 16
     assert orbits.orbits((3, 40, 40, 40), PERMS3, "q0", [], ("float64",), 3).edge == 4  # three values' blocks fit
+
+
+def _places(plan: orbits.Orbits) -> dict:
+    """Each point of a block of values -> its element, by evaluating :meth:`Orbits.place`'s C
+    expression in Python (the same operators, on coordinates below 2^31)."""
+    s, edge = len(plan.moved), plan.edge
+    return {x: eval(plan.place([str(v) for v in x])) for x in itertools.product(range(edge), repeat=s)}
+
+
+def _passes(places: dict, walk) -> int:
+    """Shared-memory passes of a warp's 64-bit accesses at the points ``walk`` (32 of them): per
+    half-warp, the most of its distinct elements that share one of the 16 bank pairs."""
+    total = 0
+    for half in (walk[:16], walk[16:]):
+        pairs = Counter(e % 16 for e in {places[x] for x in half})
+        total += max(pairs.values())
+    return total
+
+
+@pytest.mark.parametrize("shape, edge", [((3, 40, 40, 40), 8), ((3, 40, 40), 16), ((3, 40, 40, 40), 4)])
+def test_blocks_of_values_take_distinct_elements_and_one_pass_per_half_warp(shape, edge):
+    """:meth:`Orbits.place` over a block: every point its own element below the block's size; and
+    the accesses of stage two (a warp at 8 points along the last dimension by 4 along the one
+    before, read at each permutation of the point) and of stage one's writes (the identity) take
+    one pass per half-warp where the blocks are swizzled (three dimensions at 8), so two a warp,
+    where the odd pitches 73, 9, 1 took four at every permutation. Two dimensions at 16 walk one
+    dimension per half-warp, at odd pitches: one pass. Blocks of 4 (three values beside each
+    other) keep odd pitches; their points take distinct elements."""
+    moved = len(shape) - 1
+    perms = PERMS3 if moved == 3 else [(0, 2, 1)]
+    plan = orbits.orbits(shape, perms, "q0", [], ("float64",), 1 if edge != 4 else 3)
+    assert plan.edge == edge
+    places = _places(plan)
+    assert len(set(places.values())) == edge ** moved and max(places.values()) < plan.slot()
+    thread = [tuple(np.unravel_index(e, (edge,) * moved)) for e in range(32)]  # stage two's warp, last fastest
+    if edge >= 8:  # a warp walks 32 points of one block
+        for g in orbits.group(plan.perms):
+            assert _passes(places, [tuple(x[g[u]] for u in range(moved)) for x in thread]) == 2
+    if moved == 3 and edge == 8:
+        pitched = {x: 73 * x[0] + 9 * x[1] + x[2] for x in places}
+        assert all(_passes(pitched, [tuple(x[g[u]] for u in range(3)) for x in thread]) == 4
+                   for g in orbits.group(plan.perms))
 
 
 def test_inputs_read_across_two_permuted_dimensions_are_staged_as_far_as_they_fit():
     """W (all three permuted dimensions) and a matrix over two are copied into shared memory, W
     first; a vector along one, an input over none and one the code does not read are not. The
-    (T) energy's Z and W take 56,064 bytes at blocks of 8; a float64 matrix beside them would not
+    (T) energy's Z and W take 49,152 bytes at blocks of 8; a float64 matrix beside them would not
     fit, so it is left out rather than the blocks cut; beside float32 values a float32 one fits."""
     strides = [(0, 20, 1, 0), W4, (0, 0, 0, 1), (1, 0, 0, 0), (0, 20, 1, 0)]
     code = "p0 * p1 + p2 * p3 + q0"
     assert orbits.staged(code, strides, (1, 2, 3)) == (1, 0)
     energy = orbits.orbits((3, 40, 40, 40), PERMS3, "p1 * q0", strides, ("float64",) * 6, 1)
-    assert (energy.edge, energy.copied, energy.shared) == (8, (1,), 2 * 6 * 584 * 8)
+    assert (energy.edge, energy.copied, energy.shared) == (8, (1,), 2 * 6 * 512 * 8)
     both = orbits.orbits((3, 40, 40, 40), PERMS3, code, strides, ("float64",) * 6, 1)
     assert (both.edge, both.copied, both.shared) == (8, (1,), energy.shared)
     small = orbits.orbits((3, 40, 40, 40), PERMS3, code, strides, ("float32",) + ("float64",) * 4 + ("float32",), 1)
-    assert (small.edge, small.copied, small.shared) == (8, (1, 0), 6 * 584 * (4 + 8 + 4))
+    assert (small.edge, small.copied, small.shared) == (8, (1, 0), 6 * 512 * (4 + 8 + 4))
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
