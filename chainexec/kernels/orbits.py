@@ -15,7 +15,10 @@ thread per point loads 36), and reads W at ``g·x`` in shared memory, where in d
 address would step across W's storage from one thread of a warp to the next. Each value is
 computed once and never stored outside shared memory, where as two statements ``Z`` is written
 to device memory and read back. In stage one a thread takes a run of points along the first
-permuted dimension (:data:`RUN`), loading the inputs that do not vary along it once.
+permuted dimension (:data:`RUN`), loading the inputs that do not vary along it once. In stage
+two an input along one permuted dimension (the (T) energy's orbital energies, in ``D``) takes at
+every ``g·x`` its value at one of ``x``'s coordinates: a thread loads it once per coordinate
+(three loads where it would load six, one per group element).
 """
 
 from __future__ import annotations
@@ -284,9 +287,17 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
         lines.append(f"    if ({' || '.join(f'g{u} >= {extent}' for u in range(s))}) continue;")
     for j in sorted(set(reads)):
         lines += [f"    const {value} z{j}_{h} = L{j}[{at(g, h)}];" for h, g in enumerate(elements)]
+    # an input along one permuted dimension takes, at every g·x, its value at one of x's s
+    # coordinates: loaded once per coordinate, not once per group element
+    single = {k: along[0] for k in varying if len(along := [u for u in range(s) if strides[k][moved[u]]]) == 1}
+    for k, u in single.items():
+        for v in range(s):
+            offset = " + ".join(f"{f'g{v}' if d == moved[u] else f'c{d}'} * {st}" for d, st in enumerate(strides[k]) if st)
+            lines.append(f"    const {C_TYPES[types[k]]} p{k}_{v} = P{k}[{offset}];")
     for h, g in enumerate(elements):
         body = [f"const {index} c{moved[u]} = g{g[u]};" for u in range(s)]
-        body += [f"const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in varying]
+        body += [f"const {C_TYPES[types[k]]} p{k} = " + (f"p{k}_{g[single[k]]};" if k in single else
+                                                      f"P{k}[{offset_code(strides[k])}];") for k in varying]
         body += [f"const {C_TYPES[types[k]]} p{k} = S{k}[{at(g, h)}];" for k in copied]
         body += [f"const {value} q{r} = z{j}_{elements.index(tuple(g[p[u]] for u in range(s)))};"
                  for r, (j, p) in enumerate(zip(reads, plan.perms))]
