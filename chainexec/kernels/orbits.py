@@ -94,13 +94,14 @@ def swizzled(dims: int, edge: int) -> bool:
     half-warp's 16 elements take one pass where their bank pairs differ. In stage two a half-warp
     takes 8 points along one permuted dimension by 2 along another, and reads each value at the
     six permutations of the point, so that the two dimensions it walks are any ordered pair of
-    the three; stage one writes along the last two. No pitches serve every pair (the dimension
-    walked 8-wide needs an odd pitch, the one walked 2-wide a pitch of 8 mod 16), and at the odd
-    pitches 73, 9, 1 every such access takes two passes per half-warp where one would do. The
-    swizzle puts a point ``(a, b, c)`` at row
-    ``(b >> 1, c)`` of 16 elements and in that row at bits 1-2 of ``a ^ b ^ c``, bit 0 of
-    ``a ^ c`` and bit 3 of ``b ^ c``: for every ordered pair of dimensions the 16 points of such a
-    walk land in 16 distinct bank pairs, and the 512 points in 512 distinct elements."""
+    the three; stage one writes along the last two. No pitches serve every pair: beside an odd
+    pitch of the dimension walked 8-wide the one walked 2-wide needs a pitch of 8 mod 16, beside
+    one of 2 mod 4 an odd one, and each dimension is walked both ways; at the odd pitches of
+    :func:`~chainexec.kernels.elementwise.box_pitches` every such access takes two passes per
+    half-warp. The swizzle puts a point ``(a, b, c)`` at row ``(b >> 1, c)`` of 16 elements and
+    in that row at bits 1-2 of ``a ^ b ^ c``, bit 0 of ``a ^ c`` and bit 3 of ``b ^ c``: for
+    every ordered pair of dimensions the 16 points of such a walk land in 16 distinct bank pairs,
+    and the 512 points in 512 distinct elements."""
     return dims == 3 and edge == 8
 
 

@@ -100,26 +100,32 @@ def _passes(places: dict, walk) -> int:
 @pytest.mark.parametrize("shape, edge", [((3, 40, 40, 40), 8), ((3, 40, 40), 16), ((3, 40, 40, 40), 4)])
 def test_blocks_of_values_take_distinct_elements_and_one_pass_per_half_warp(shape, edge):
     """:meth:`Orbits.place` over a block: every point its own element below the block's size; and
-    the accesses of stage two (a warp at 8 points along the last dimension by 4 along the one
-    before, read at each permutation of the point) and of stage one's writes (the identity) take
-    one pass per half-warp where the blocks are swizzled (three dimensions at 8), so two a warp,
-    where the odd pitches 73, 9, 1 took four at every permutation. Two dimensions at 16 walk one
-    dimension per half-warp, at odd pitches: one pass. Blocks of 4 (three values beside each
-    other) keep odd pitches; their points take distinct elements."""
+    every warp's accesses of stage two (32 points of the block, the last dimension fastest, read at
+    each permutation of the point; the identity is also stage one's writes) take one pass per
+    half-warp, two a warp, where a warp walks one block: three dimensions at 8 (swizzled) and two
+    at 16 (odd pitches, a half-warp along one dimension). At 8 the odd pitches of
+    :func:`elementwise.box_pitches` take four a warp at every permutation: why blocks of 8 are
+    swizzled. Blocks of 4 (three values beside each other) keep odd pitches; their points take
+    distinct elements."""
     moved = len(shape) - 1
     perms = PERMS3 if moved == 3 else [(0, 2, 1)]
     plan = orbits.orbits(shape, perms, "q0", [], ("float64",), 1 if edge != 4 else 3)
     assert plan.edge == edge
     places = _places(plan)
     assert len(set(places.values())) == edge ** moved and max(places.values()) < plan.slot()
-    thread = [tuple(np.unravel_index(e, (edge,) * moved)) for e in range(32)]  # stage two's warp, last fastest
-    if edge >= 8:  # a warp walks 32 points of one block
+    warps = [[tuple(int(i) for i in np.unravel_index(e, (edge,) * moved)) for e in range(w, w + 32)]
+             for w in range(0, edge ** moved, 32)]
+
+    def passes(layout: dict, g: tuple) -> list[int]:
+        return [_passes(layout, [tuple(x[g[u]] for u in range(moved)) for x in warp]) for warp in warps]
+
+    if edge >= 8:
         for g in orbits.group(plan.perms):
-            assert _passes(places, [tuple(x[g[u]] for u in range(moved)) for x in thread]) == 2
+            assert passes(places, g) == [2] * len(warps)
     if moved == 3 and edge == 8:
-        pitched = {x: 73 * x[0] + 9 * x[1] + x[2] for x in places}
-        assert all(_passes(pitched, [tuple(x[g[u]] for u in range(3)) for x in thread]) == 4
-                   for g in orbits.group(plan.perms))
+        pitch = elementwise.box_pitches(list(range(3)), [8] * 3)[0]
+        pitched = {x: sum(x[d] * pitch[d] for d in range(3)) for x in places}
+        assert all(passes(pitched, g) == [4] * len(warps) for g in orbits.group(plan.perms))
 
 
 def test_inputs_read_across_two_permuted_dimensions_are_staged_as_far_as_they_fit():
