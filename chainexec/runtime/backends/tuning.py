@@ -377,20 +377,18 @@ class Autotuner:
         A copy the next stack would make again (the same views of the same memory, the same
         factors: in a (T) tile, ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also ``ovvv[i,a,f,c] ⊕
         -t2[m,i,c,a]``) is kept for it instead of dropped, so no more than one stack's copies
-        exist at a time, beside those held across runs (:meth:`_stack_side`): a run of the same
-        contractions drops the held copies that none of its stacks reads before it makes any (in
-        (T), the next tile's stacks read those over ``ovvv[i]`` and ``ovvv[j]`` again while ``k``
-        moves on), and leaves those of other runs of a tile alone."""
+        exist at a time, beside those held across runs (:meth:`_stack_side`), which stay while
+        they fit: in (T) the next tile's stacks read those over ``ovvv[i]`` and ``ovvv[j]`` again
+        while ``k`` moves on, and a later row of tiles those over the ``ovvv[k]`` of the rows
+        before."""
         extent = dict(zip(cs[0].out_indices, out.shape))
         sides = [self._stack_sides(st, cs, operands, extent) for st in stacks]
         owner = tuple(c.id for c in cs)
         read = {("stack", owner, key) for side in sides for key, _, _ in side}
-        for slot in [s for s in self._held if isinstance(s, tuple) and s[1] == owner and s not in read]:
-            del self._held[slot]
         kept: dict[tuple, object] = {}
         for n, st in enumerate(stacks):
             self._drop_kept()  # no earlier term's relayout copy held beside this stack's
-            left, right = (self._stack_side(("stack", owner, key), parts, shape, out.dtype, kept)
+            left, right = (self._stack_side(("stack", owner, key), parts, shape, out.dtype, kept, read)
                            for key, parts, shape in sides[n])
             following = {key for key, _, _ in sides[n + 1]} if n + 1 < len(stacks) else set()
             kept = {key: copy for (key, _, _), copy in zip(sides[n], (left, right)) if key in following}
@@ -407,25 +405,44 @@ class Autotuner:
                 self.workspace = room
             del left, right  # freed before the next stack's copies, unless kept for it or held
 
-    def _stack_side(self, slot: tuple, parts: list[tuple], shape: tuple, dtype, kept: dict):
+    def _stack_side(self, slot: tuple, parts: list[tuple], shape: tuple, dtype, kept: dict, read: set):
         """One side of a stack (``slot``: ("stack", the run's contraction ids, the key of
         :meth:`_stack_sides`); its ``parts``): the copy ``kept`` from the previous stack or held
         from an earlier run where either holds the same, else a new one (:meth:`_stack_copy`). A
         new copy whose parts all lie in :meth:`steady` arrays is held across runs, as relayout
-        copies are, where the held copies together fit in the room :meth:`steady` sets aside for
-        them."""
+        copies are, where it fits in the room :meth:`steady` sets aside for held copies once the
+        held stack sides least recently read that no stack of this run reads (``read``: the
+        run's slots) are dropped (:meth:`_room_for`)."""
         key = slot[2]
         if key in kept:
             return kept[key]
         if slot in self._held:
+            self._held[slot] = self._held.pop(slot)  # the most recently read last
             return self._held[slot][1]
-        copy = self._stack_copy(parts, shape, dtype)
         reach = tuple(span(x) for _, x, _ in parts)
-        held = sum(x.nbytes for _, x, _ in self._held.values())
-        if self._steady and within(reach, self._steady) and (
-                self._hold_room is None or held + copy.nbytes <= self._hold_room):
+        hold = bool(self._steady) and within(reach, self._steady) and self._room_for(
+            math.prod(shape) * self.xp.dtype(dtype).itemsize, read)
+        copy = self._stack_copy(parts, shape, dtype)
+        if hold:
             self._held[slot] = (key, copy, reach)
         return copy
+
+    def _room_for(self, nbytes: int, read: set) -> bool:
+        """Whether a copy of ``nbytes`` can be held beside the held copies (the room
+        :meth:`steady` sets aside; any where none is set), dropping for it, least recently read
+        first, as many held stack sides outside ``read`` as it takes; none are dropped where even
+        all of them would not make room. Relayout copies (:meth:`_relaid_copy`) stay."""
+        if self._hold_room is None:
+            return True
+        held = sum(x.nbytes for _, x, _ in self._held.values())
+        spare = [slot for slot in self._held if isinstance(slot, tuple) and slot not in read]
+        if held - sum(self._held[slot][1].nbytes for slot in spare) + nbytes > self._hold_room:
+            return False
+        for slot in spare:
+            if held + nbytes <= self._hold_room:
+                break
+            held -= self._held.pop(slot)[1].nbytes
+        return True
 
     @staticmethod
     def _stack_sides(st, cs: list[Contraction], operands: list[tuple], extent: dict) -> list[tuple]:
