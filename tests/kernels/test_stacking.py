@@ -84,8 +84,7 @@ def test_stacked_terms_equal_einsum(occupied, fresh):
     for a, b, _ in W_TERMS:
         x, y = (rng.standard_normal([sizes[i] + 1 for i in idx]) for idx in (a, b))
         ops.append((x[tuple(slice(1, None) for _ in a)], y[tuple(slice(0, -1) for _ in b)]))
-    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
-          for k, (a, b, f) in enumerate(W_TERMS)]
+    cs = _w_contractions()
     W0 = rng.standard_normal([sizes[i] for i in "ijkabc"])
     ref = W0 + sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
     be = _NumpyStacker()
@@ -122,8 +121,7 @@ def test_a_copy_the_next_stack_makes_again_is_kept_for_it():
         return whole[names[kind]][tuple(tile.get(i, slice(None)) for i in idx)]
 
     ops = [(operand(a), operand(b)) for a, b, _ in W_TERMS]
-    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
-          for k, (a, b, f) in enumerate(W_TERMS)]
+    cs = _w_contractions()
     ref = sum(f * np.einsum(f"{a},{b}->ijkabc", x, y) for (a, b, f), (x, y) in zip(W_TERMS, ops))
 
     class Counting(_NumpyStacker):
@@ -158,6 +156,22 @@ def _whole_triples(o: int, v: int, rng):
     return whole, operands
 
 
+class _Counting(_NumpyStacker):
+    """The NumPy stacker counting the stack sides it makes."""
+
+    made = 0
+
+    def _stack_copy(self, parts, shape, dtype):
+        self.made += 1
+        return super()._stack_copy(parts, shape, dtype)
+
+
+def _w_contractions() -> list[Contraction]:
+    """W's twelve terms as the contractions of one run into ``W[i,j,k,a,b,c]``."""
+    return [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
+            for k, (a, b, f) in enumerate(W_TERMS)]
+
+
 ROOMS = ["unlimited", "one copy", "one copy, nested", "shared with a relayout copy", "part steady", "none"]
 """How :func:`test_stack_copies_of_steady_arrays_are_held_for_the_next_tile` runs its tiles:
 inside ``steady`` over the whole inputs with no room set; with room for one copy, also inside
@@ -180,17 +194,9 @@ def test_stack_copies_of_steady_arrays_are_held_for_the_next_tile(room):
     whole, operands = _whole_triples(o, v, np.random.default_rng(9))
     tiles = [{"i": slice(0, 2), "j": slice(2, 4), "k": slice(4, 6)}, {"i": slice(0, 2), "j": slice(2, 4), "k": slice(6, 8)}]
     tiles.append(tiles[0])
-    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
-          for k, (a, b, f) in enumerate(W_TERMS)]
+    cs = _w_contractions()
 
-    class Counting(_NumpyStacker):
-        made = 0
-
-        def _stack_copy(self, parts, shape, dtype):
-            self.made += 1
-            return super()._stack_copy(parts, shape, dtype)
-
-    be, alone = Counting(), Counting()
+    be, alone = _Counting(), _Counting()
     stacks = be._stacks(cs, np.empty((2, 2, 2, v, v, v)), operands(tiles[0]))
     biggest = int(max(np.prod(shape) * 8 for tile in tiles for side in [be._stack_sides(st, cs, operands(tile),
                       dict(zip("ijkabc", (2, 2, 2, v, v, v)))) for st in stacks] for _, _, shape in side))
@@ -247,17 +253,9 @@ def test_held_sides_give_way_to_the_newest_where_the_room_holds_one():
     whole, operands = _whole_triples(o, v, np.random.default_rng(11))
     first = {"i": slice(0, 2), "j": slice(2, 4), "k": slice(4, 6)}
     apart = {"i": slice(6, 8), "j": slice(6, 8), "k": slice(6, 8)}
-    cs = [Contraction(k, "W", list("ijkabc"), f"A{k}", list(a), f"B{k}", list(b), f, True, 0, k)
-          for k, (a, b, f) in enumerate(W_TERMS)]
+    cs = _w_contractions()
 
-    class Counting(_NumpyStacker):
-        made = 0
-
-        def _stack_copy(self, parts, shape, dtype):
-            self.made += 1
-            return super()._stack_copy(parts, shape, dtype)
-
-    be, alone = Counting(), Counting()
+    be, alone = _Counting(), _Counting()
     extent = dict(zip("ijkabc", (2, 2, 2, v, v, v)))
     stacks = be._stacks(cs, np.empty((2, 2, 2, v, v, v)), operands(first))
     be.workspace = 4 * int(max(np.prod(shape) * 8 for tile in (first, apart) for st in stacks
@@ -291,14 +289,7 @@ def test_two_runs_of_stacks_in_a_tile_keep_their_own_held_sides():
               for k, (a, b, f) in enumerate(W_TERMS)]
         runs.append((whole, operands, cs))
 
-    class Counting(_NumpyStacker):
-        made = 0
-
-        def _stack_copy(self, parts, shape, dtype):
-            self.made += 1
-            return super()._stack_copy(parts, shape, dtype)
-
-    be = Counting()
+    be = _Counting()
     stacks = be._stacks(runs[0][2], np.empty((2, 2, 2, v, v, v)), runs[0][1](tiles[0]))
     extent = dict(zip("ijkabc", (2, 2, 2, v, v, v)))
     made = []
