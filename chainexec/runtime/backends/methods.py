@@ -444,15 +444,16 @@ class Methods:
         one is dropped before a new one is made), and none across other methods (:meth:`_run`),
         so a run holds no more than one term's relayout temporaries, as the autotuner's room
         assumes. Not where ``x`` overlaps ``out``, which the run changes. A view of a
-        :meth:`steady` array has its copy held across runs instead, one per position, where the
-        held copies fit in the room :meth:`steady` sets aside for them."""
+        :meth:`steady` array has its copy held across runs instead, one per position, where it
+        fits in the room :meth:`steady` sets aside for held copies once held stack sides give
+        way (:meth:`_room_for`)."""
         if overlaps(x, out):
             return self._contiguous(x.transpose(perm))
         key = (x.data.ptr, x.shape, x.strides, tuple(perm), x.dtype.str)
         reach = (span(x),)
-        others = sum(copy.nbytes for s, (_, copy, _) in self._held.items() if s != slot)
-        if self._steady and within(reach, self._steady) and (
-                self._hold_room is None or others + x.nbytes <= self._hold_room):
+        if self._held.get(slot, (None,))[0] == key:
+            return self._held[slot][1]
+        if self._steady and within(reach, self._steady) and self._room_for(x.nbytes, set(), slot):
             kept = self._held
         elif self._kept is not None:
             kept = self._kept
@@ -462,6 +463,25 @@ class Methods:
             kept.pop(slot, None)
             kept[slot] = (key, self._contiguous(x.transpose(perm)), reach)
         return kept[slot][1]
+
+    def _room_for(self, nbytes: int, read: set, replaced=None) -> bool:
+        """Whether a copy of ``nbytes`` can be held beside the held copies, in the room
+        :meth:`steady` sets aside (any where none is set), dropping for it, least recently read
+        first, as many held stack sides (:meth:`~chainexec.runtime.backends.tuning.Autotuner._stack_side`)
+        outside ``read`` as it takes; none are dropped where even all of them would not make room.
+        Relayout copies stay, but the one at ``replaced``, which the new copy takes the place of,
+        is not counted."""
+        if self._hold_room is None:
+            return True
+        held = sum(x.nbytes for slot, (_, x, _) in self._held.items() if slot != replaced)
+        spare = [slot for slot in self._held if isinstance(slot, tuple) and slot not in read]
+        if held - sum(self._held[slot][1].nbytes for slot in spare) + nbytes > self._hold_room:
+            return False
+        for slot in spare:
+            if held + nbytes <= self._hold_room:
+                break
+            held -= self._held.pop(slot)[1].nbytes
+        return True
 
     @staticmethod
     def _kernel_key(c: Contraction, sizes: dict, dtype) -> tuple:

@@ -378,8 +378,8 @@ class Autotuner:
         factors: in a (T) tile, ``ovvv[i,a,f,b] ⊕ -t2[m,i,b,a]`` is also ``ovvv[i,a,f,c] ⊕
         -t2[m,i,c,a]``) is kept for it instead of dropped, so no more than one stack's copies
         exist at a time, beside those held across runs (:meth:`_stack_side`), which stay while
-        they fit: in (T) the next tile's stacks read those over ``ovvv[i]`` and ``ovvv[j]`` again
-        while ``k`` moves on, and a later row of tiles those over the ``ovvv[k]`` of the rows
+        they fit: in (T) the next tile's stacks read those over ``ovvv[j]`` and ``ovvv[k]`` again
+        while ``i`` moves on, and a later row of tiles those over the ``ovvv[i]`` of the rows
         before."""
         extent = dict(zip(cs[0].out_indices, out.shape))
         sides = [self._stack_sides(st, cs, operands, extent) for st in stacks]
@@ -412,7 +412,8 @@ class Autotuner:
         new copy whose parts all lie in :meth:`steady` arrays is held across runs, as relayout
         copies are, where it fits in the room :meth:`steady` sets aside for held copies once the
         held stack sides least recently read that no stack of this run reads (``read``: the
-        run's slots) are dropped (:meth:`_room_for`)."""
+        run's slots) are dropped (:meth:`~chainexec.runtime.backends.methods.Methods._room_for`;
+        where the plan sets no room, every held side stays until :meth:`steady` ends)."""
         key = slot[2]
         if key in kept:
             return kept[key]
@@ -426,23 +427,6 @@ class Autotuner:
         if hold:
             self._held[slot] = (key, copy, reach)
         return copy
-
-    def _room_for(self, nbytes: int, read: set) -> bool:
-        """Whether a copy of ``nbytes`` can be held beside the held copies (the room
-        :meth:`steady` sets aside; any where none is set), dropping for it, least recently read
-        first, as many held stack sides outside ``read`` as it takes; none are dropped where even
-        all of them would not make room. Relayout copies (:meth:`_relaid_copy`) stay."""
-        if self._hold_room is None:
-            return True
-        held = sum(x.nbytes for _, x, _ in self._held.values())
-        spare = [slot for slot in self._held if isinstance(slot, tuple) and slot not in read]
-        if held - sum(self._held[slot][1].nbytes for slot in spare) + nbytes > self._hold_room:
-            return False
-        for slot in spare:
-            if held + nbytes <= self._hold_room:
-                break
-            held -= self._held.pop(slot)[1].nbytes
-        return True
 
     @staticmethod
     def _stack_sides(st, cs: list[Contraction], operands: list[tuple], extent: dict) -> list[tuple]:
