@@ -293,7 +293,8 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     single = {k: along[0] for k in varying if len(along := [u for u in range(s) if strides[k][moved[u]]]) == 1}
     for k, u in single.items():
         for v in range(s):
-            offset = " + ".join(f"{f'g{v}' if d == moved[u] else f'c{d}'} * {st}" for d, st in enumerate(strides[k]) if st)
+            offset = " + ".join(f"{f'g{v}' if d == moved[u] else f'c{d}'} * {st}"
+                                for d, st in enumerate(strides[k]) if st)
             lines.append(f"    const {C_TYPES[types[k]]} p{k}_{v} = P{k}[{offset}];")
     for h, g in enumerate(elements):
         body = [f"const {index} c{moved[u]} = g{g[u]};" for u in range(s)]
