@@ -328,6 +328,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     flops = 2 * gemm["n"] ** 3
     gemm_rate = _rate(flops, over_ranks("gemm", "s"))
     copy = _rate(first["device_copy"]["bytes"], over_ranks("device_copy", "s"))
+    orbit = first.get("orbit") and _rate(first["orbit"]["points"] * first["orbit"]["bytes_per_point"],
+                                         over_ranks("orbit", "s"))
     statement = first["statement"]
     # Every rank runs its share of the statements in the same (slowest rank's) seconds.
     per_statement = 1 / _rate(statement["statements"] / len(raw), over_ranks("statement", "s"))["per_second"]
@@ -355,6 +357,7 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
                       statement_seconds=per_statement, device_bandwidth=copy["per_second"],
+                      orbit_bandwidth=orbit and orbit["per_second"],
                       async_statements=first["queued"], disk_write_cached=cached["per_second"],
                       write_cache_bytes=disk["write_cache_bytes"] // len(raw), global_fill=fill["per_second"],
                       host_to_device=host_device and host_device["host_to_device"]["per_second"],
@@ -398,6 +401,11 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         "device_copy": {"what": "a tile copied by the backend's tile operation into each of the six orders of its last "
                                 "three indices (bytes read + written, all six)",
                         "shape": first["device_copy"]["shape"], "bytes_per_call": first["device_copy"]["bytes"], **copy},
+        "orbit": orbit and {"what": "the backend's fused reduction over a (T)-shaped tile reading a reused value at six "
+                                    "permutations, its points times the L1 and shared-memory bytes per point "
+                                    "chainexec.kernels.orbits.point_bytes counts, over its seconds",
+                            "points": first["orbit"]["points"], "bytes_per_point": first["orbit"]["bytes_per_point"],
+                            **orbit},
         "statement": {"what": f"executor wall seconds per compute statement of a {statement['n']}-cubed matrix "
                       "product run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
                       "statements_per_run": statement["statements"], "seconds": per_statement},

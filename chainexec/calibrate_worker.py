@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import mmap
 import os
 import sys
@@ -42,6 +43,17 @@ outputs:
 machine: {{global_memory: 1MiB, device_memory: 2KiB}}
 scratch: scratch
 """
+
+# The orbit-kernel measurement (:func:`_orbit`): a reduction shaped as the (T) energy's, over
+# tiles of ORBIT_TILE occupied by ORBIT_EDGE virtual elements along each pair index, reading one
+# reused value (W plus six outer products) at the six permutations of a, b, c. The inputs lie in
+# [1, 2), so the denominator's terms are all positive.
+ORBIT_DOMAIN = ("i", "a", "j", "b", "k", "c")
+ORBIT_LET = ("W[i,a,j,b,k,c] + 0.5 * (t[i,a] * P[j,b,k,c] + t[j,b] * P[i,a,k,c] + t[k,c] * P[i,a,j,b]"
+             " + g[a,i] * Q[j,k,b,c] + g[b,j] * Q[i,k,a,c] + g[c,k] * Q[i,j,a,b])")
+ORBIT_SUM = ("W[i,a,j,b,k,c] * (4 * Z[i,a,j,b,k,c] + Z[i,b,j,c,k,a] + Z[i,c,j,a,k,b] - 2 * Z[i,a,j,c,k,b]"
+             " - 2 * Z[i,c,j,b,k,a] - 2 * Z[i,b,j,a,k,c]) / (d[i] + d[j] + d[k] + e[a] + e[b] + e[c])")
+ORBIT_TILE, ORBIT_EDGE = 2, 200
 
 # Read methods, from best to worst at keeping the page cache out of a read measurement.
 DIRECT = "O_DIRECT"
@@ -204,6 +216,23 @@ def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
     return {"n": n, "statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
 
 
+def _orbit(dev, rng, comm, reps: int, clock) -> dict:
+    """Seconds of the backend's fused reduction :data:`ORBIT_SUM` (its reused value ``Z`` made by
+    :data:`ORBIT_LET`) on random inputs, ``reps`` times, with its points and the bytes per point
+    :func:`chainexec.kernels.orbits.fused_point_bytes` counts for it."""
+    from chainexec.kernels.orbits import fused_point_bytes
+    from chainexec.planner.plan import Fused
+
+    f = Fused("E", (), ORBIT_DOMAIN, ORBIT_SUM, True, (("Z", ORBIT_DOMAIN, ORBIT_LET),))
+    extents = {i: ORBIT_TILE if i in "ijk" else ORBIT_EDGE for i in ORBIT_DOMAIN}
+    arrays = {r: dev.xp.asarray(rng.random(tuple(extents[i] for i in r.indices)) + 1.0) for r in f.leaves}
+    shape = tuple(extents[i] for i in ORBIT_DOMAIN)
+    out = dev.xp.zeros((), np.float64)
+    dtypes = dict.fromkeys([r.tensor for r in f.leaves] + [f.out], "float64")
+    return {"points": math.prod(shape), "bytes_per_point": fused_point_bytes(f, extents, dtypes),
+            "s": _repeat(comm, reps, clock, lambda: dev.fused(f, arrays, shape, out))}
+
+
 def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str, statement_n: int,
             copy_size: int, stripes: int) -> dict:
     """This rank's raw timings (seconds per repetition) and the bytes or flops each moved or did.
@@ -360,6 +389,10 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
     result["device_copy"] = {"bytes": 2 * src.nbytes * len(views), "shape": list(src.shape),
                              "s": _repeat(comm, reps, stopwatch, copy_in_every_order)}
+
+    # Orbit kernels: the rate at which a GPU's fused reductions with reused values move their
+    # bytes through L1 and shared memory (:func:`chainexec.kernels.orbits.point_bytes`).
+    result["orbit"] = _orbit(dev, rng, comm, reps, stopwatch) if SEPARATE_MEMORY in dev.capabilities else None
 
     # One statement: the executor's wall time per compute statement on tiny tiles, where its own
     # bookkeeping, tile copies and kernel launches are all there is.

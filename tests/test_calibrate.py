@@ -103,8 +103,12 @@ def test_details_record_how_and_what_was_measured(calibrated):
         assert not machine.async_statements  # NumPy runs statements on the host, one after the other
         assert machine.global_to_device == details["global_array"]["get"]["per_second"]
         assert machine.device_to_global == details["global_array"]["accumulate"]["per_second"]
+        assert details["orbit"] is None and machine.orbit_bandwidth is None  # no orbit kernels on the CPU
     else:
         assert machine.async_statements  # queued on a CUDA stream
+        orbit = details["orbit"]
+        assert orbit["per_second"] == machine.orbit_bandwidth
+        assert orbit["points"] == 8 * 200 ** 3 and orbit["bytes_per_point"] == 112.0
 
 
 @pytest.mark.mpi
@@ -255,3 +259,20 @@ def test_a_quick_calibration_copies_as_much_device_memory_as_a_full_one(tmp_path
     assert quick["size"] < full["size"]
     assert settings(tmp_path, True, "cupy", size=1 << 30)["copy_size"] == 1 << 30
     assert quick["stripes"] == full["stripes"] == 4  # the cached writes: their fixed costs spread thin
+
+
+def test_the_orbit_measurement_runs_the_t_shaped_reduction(monkeypatch):
+    """The orbit-kernel measurement runs its (T)-shaped fused reduction through a backend's
+    ``fused`` (here NumPy's, at a small edge) and reports its points, the bytes per point the
+    model counts for it (as for the (T) energy: 112) and one positive time per repetition."""
+    from chainexec import calibrate_worker
+    from chainexec.runtime.device import select
+
+    class Comm:
+        def Barrier(self):
+            pass
+
+    monkeypatch.setattr(calibrate_worker, "ORBIT_EDGE", 12)
+    got = calibrate_worker._orbit(select("numpy"), np.random.default_rng(1), Comm(), 3, calibrate_worker._wall)
+    assert got["points"] == 8 * 12 ** 3 and got["bytes_per_point"] == 112.0
+    assert len(got["s"]) == 3 and min(got["s"]) > 0

@@ -301,6 +301,7 @@ MACHINE_ERRORS = {
     "text_rate": (_machine_text(device_to_global="fast"), ["'device_to_global'", '"fast"']),
     "boolean_rate": (_machine_text(flop_rate=True), ["'flop_rate'", "not true"]),
     "zero_device_bandwidth": (_machine_text(device_bandwidth=0), ["'device_bandwidth'", "or null"]),
+    "zero_orbit_bandwidth": (_machine_text(orbit_bandwidth=0), ["'orbit_bandwidth'", "or null"]),
     "negative_statement_seconds": (_machine_text(statement_seconds=-1e-4), ["'statement_seconds'", "0 or more"]),
     "fractional_bytes": (_machine_text(aside_copy_bytes=1.5), ["'aside_copy_bytes'", "whole number"]),
     "zero_cached_write": (_machine_text(disk_write_cached=0), ["'disk_write_cached'", "or null"]),

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from chainexec import expr
 from chainexec.kernels.elementwise import (BLOCK, BOX, C_TYPES, block_sum, box_pitches, check_code, index_type,
                                            offset_code)
 from chainexec.planner.inline import MOVED
@@ -154,6 +155,27 @@ def orbit_table(blocks: int, perms: tuple[tuple[int, ...], ...]) -> tuple[tuple[
     return tuple(rows.ravel().tolist()), len(rows), members
 
 
+@lru_cache(maxsize=256)
+def orbit_codes(f, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """A fused reduction with reused values (``f``, a :class:`chainexec.planner.plan.Fused` with
+    ``lets``) over the buffers ``refs`` (``p0, p1, …``): each value's C code, the statement's
+    (reading the values as ``q0, q1, …``), and each read as (value, the permutation of
+    ``f.domain`` that takes a point to where the value is read), as :func:`orbit_source` takes
+    them. Made once per statement and process: building them per tile would add host time to
+    every (T) tile."""
+    names = [name for name, _, _ in f.lets]
+    params = {r: f"p{k}" for k, r in enumerate(refs)}
+    reads = [r for r in expr.refs(f.tree) if r.tensor in names]
+    codes = [expr.c_source(expr.parse(text), params) for _, _, text in f.lets]
+    code = expr.c_source(f.tree, params | {r: f"q{k}" for k, r in enumerate(reads)})
+    perms = []
+    for r in reads:
+        j = names.index(r.tensor)
+        source = dict(zip(f.lets[j][1], r.indices))  # the value at y is read where x[source[i]] = y[i]
+        perms.append((j, tuple(f.domain.index(source[i]) for i in f.domain)))
+    return tuple(codes), code, tuple(perms)
+
+
 def _reads(text: str, k: int) -> bool:
     """Whether C code ``text`` reads input ``p{k}``."""
     return bool(re.search(rf"\bp{k}\b", text))
@@ -269,8 +291,7 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
     lines += ["  double acc = 0.0;"]
     lines += ["  " + line for line in _stage_one(lets, copied, shape, strides, types, plan, index)]
     lines.append("  __syncthreads();")
-    fixed = [k for k in range(len(types) - 1) if _reads(code, k) and not any(strides[k][d] for d in moved)]
-    varying = [k for k in range(len(types) - 1) if _reads(code, k) and k not in fixed and k not in copied]
+    fixed, varying, single = _summed_inputs(code, strides, plan)
     lines += [f"  const {C_TYPES[types[k]]} p{k} = P{k}[{offset_code(strides[k])}];" for k in fixed]
     base = 1 + plan.members * s  # an orbit's row: where the slots of the blocks g·B start
 
@@ -288,9 +309,6 @@ def orbit_source(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape
         lines.append(f"    if ({' || '.join(f'g{u} >= {extent}' for u in range(s))}) continue;")
     for j in sorted(set(reads)):
         lines += [f"    const {value} z{j}_{h} = L{j}[{at(g, h)}];" for h, g in enumerate(elements)]
-    # an input along one permuted dimension takes, at every g·x, its value at one of x's s
-    # coordinates: loaded once per coordinate, not once per group element
-    single = {k: along[0] for k in varying if len(along := [u for u in range(s) if strides[k][moved[u]]]) == 1}
     for k, u in single.items():
         for v in range(s):
             offset = " + ".join(f"{f'g{v}' if d == moved[u] else f'c{d}'} * {st}"
@@ -320,8 +338,7 @@ def _stage_one(lets: tuple[str, ...], copied: tuple[int, ...], shape: tuple[int,
     extent, slot = shape[moved[0]], plan.slot()
     first, chunk = moved[0], min(edge, RUN)
     tasks = edge ** (s - 1) * -(-edge // chunk)  # per block: a point of the other moved dimensions, a run
-    codes = list(lets) + [f"p{k}" for k in copied]
-    used = [k for k in range(len(types) - 1) if any(_reads(c, k) for c in codes)]
+    used = _stage_one_inputs(lets, copied, len(types) - 1)
     loop = [f"for (unsigned task = threadIdx.x; task < orbit[0] * {tasks}u; task += {BLOCK}u) {{",
             f"  const int t = task / {tasks}u;",
             f"  unsigned r = task % {tasks}u;"]
@@ -342,3 +359,63 @@ def _stage_one(lets: tuple[str, ...], copied: tuple[int, ...], shape: tuple[int,
     loop += [f"    L{j}[t * {slot} + {here}] = ({C_TYPES[types[-1]]})({c});" for j, c in enumerate(lets)]
     loop += [f"    S{k}[t * {slot} + {here}] = p{k};" for k in copied]
     return loop + ["  }", "}"]
+
+
+def _summed_inputs(code: str, strides: list[tuple[int, ...]], plan: Orbits) -> tuple[list[int], list[int], dict]:
+    """The inputs stage two of :func:`orbit_source` reads in device memory: those that vary along
+    no permuted dimension (``fixed``, loaded once per thread), the others not copied into shared
+    memory (``varying``), and of these each one along a single permuted dimension with its
+    position in ``plan.moved`` (``single``): at every ``g·x`` it takes its value at one of
+    ``x``'s coordinates, so it is loaded once per coordinate, not once per group element."""
+    fixed = [k for k in range(len(strides)) if _reads(code, k) and not any(strides[k][d] for d in plan.moved)]
+    varying = [k for k in range(len(strides)) if _reads(code, k) and k not in fixed and k not in plan.copied]
+    single = {k: along[0] for k in varying
+              if len(along := [u for u in range(len(plan.moved)) if strides[k][plan.moved[u]]]) == 1}
+    return fixed, varying, single
+
+
+def _stage_one_inputs(lets: tuple[str, ...], copied: tuple[int, ...], inputs: int) -> list[int]:
+    """The inputs stage one of :func:`orbit_source` loads: those the reused values read, and the
+    ones it copies into shared memory."""
+    codes = list(lets) + [f"p{k}" for k in copied]
+    return [k for k in range(inputs) if any(_reads(c, k) for c in codes)]
+
+
+def point_bytes(lets: tuple[str, ...], code: str, reads: tuple[int, ...], strides: list[tuple[int, ...]],
+                types: tuple[str, ...], plan: Orbits) -> float:
+    """Bytes the kernel of :func:`orbit_source` loads and stores per point of its index space
+    through the SM's L1 and shared memory, the path that bounds it (its device-memory traffic is
+    each input's tile once, W's included). Stage one loads each input its reused values read once
+    per point where it varies along the first permuted dimension, else once per run of
+    :data:`RUN`, and stores each value and copied input once; stage two loads, per point, each
+    value read (one per group element of ``x``'s point orbit, each point of which it evaluates),
+    each copied input in shared memory and each ``varying`` input in device memory, an input
+    along one permuted dimension once per coordinate (:func:`_summed_inputs`). The time model
+    (:func:`chainexec.planner.cost.predict_nests`) divides these bytes by the rate ``chainexec
+    calibrate`` measures on one such kernel (``Machine.orbit_bandwidth``), the hierarchical
+    roofline's L1 ceiling (Yang, Kurth and Williams, Concurrency Computat. Pract. Exper. 32(20),
+    2020)."""
+    size = [_SIZES[C_TYPES[t]] for t in types]
+    first, chunk = plan.moved[0], min(plan.edge, RUN)
+    members = len(group(plan.perms))
+    one = sum(size[k] * (1 if strides[k][first] else 1 / chunk)
+              for k in _stage_one_inputs(lets, plan.copied, len(types) - 1))
+    one += len(lets) * size[-1] + sum(size[k] for k in plan.copied)
+    _, varying, single = _summed_inputs(code, strides, plan)
+    two = len(set(reads)) * size[-1] + sum(size[k] for k in plan.copied)
+    two += sum(size[k] * (len(plan.moved) / members if k in single else 1) for k in varying)
+    return one + two
+
+
+def fused_point_bytes(f, extents: dict[str, int], dtypes: dict[str, str]) -> float:
+    """:func:`point_bytes` of the orbit kernel that runs the fused reduction ``f`` (a
+    :class:`chainexec.planner.plan.Fused` with ``lets``) over a tile of ``extents`` (per index of
+    its domain): its inputs are ``f``'s references in the order the runtime passes them
+    (:attr:`~chainexec.planner.plan.Fused.leaves`), each varying along the indices it names, of
+    their tensors' ``dtypes``; its values of the output's."""
+    refs = f.leaves
+    codes, code, perms = orbit_codes(f, refs)
+    strides = [tuple(int(i in r.indices) for i in f.domain) for r in refs]
+    types = tuple(dtypes[r.tensor] for r in refs) + (dtypes[f.out],)
+    plan = orbits(tuple(extents[i] for i in f.domain), [p for _, p in perms], code, strides, types, len(codes))
+    return point_bytes(codes, code, tuple(j for j, _ in perms), strides, types, plan)

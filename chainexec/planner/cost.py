@@ -30,7 +30,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from chainexec import expr
-
+from chainexec.kernels import orbits
 from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import (CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, pattern_of_key, runs, staged,
@@ -333,11 +333,13 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     def spend(name: str, seconds: float) -> None:
         by_statement[name] = by_statement.get(name, 0.0) + seconds
 
-    def count(work: int, bytes_: int, name: str) -> None:
-        """One compute statement's flops and streamed bytes over all its iterations."""
+    def count(work: int, bytes_: int, name: str, floor: float = 0.0) -> None:
+        """One compute statement's flops and streamed bytes over all its iterations; ``floor``:
+        seconds it takes at least (an orbit kernel's,
+        :func:`chainexec.kernels.orbits.fused_point_bytes`)."""
         flops[0] += work
         streamed[0] += bytes_
-        seconds = machine.compute_seconds(work, bytes_)
+        seconds = max(machine.compute_seconds(work, bytes_), floor)
         compute[0] += seconds
         spend(name, seconds)
 
@@ -417,7 +419,13 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         # a point-wise run's output is read and written once
                         bytes_ = (0 if k in tails else 2 * tile_bytes(c.out, c.out_indices, where)) + sum(
                             tile_bytes(n, ix, where) for n, ix in c.operands())
-                    count(work, bytes_ + passes, names[k])
+                    floor = 0.0
+                    if node.op == "fused" and node.expression.lets and machine.orbit_bandwidth:
+                        f = node.expression
+                        floor = summed(list(f.domain)) * orbits.fused_point_bytes(
+                            f, {i: ranges["device"].get(i, extents[i]) for i in f.domain},
+                            {t: info.dtype for t, info in tensors.items()}) / machine.orbit_bandwidth
+                    count(work, bytes_ + passes, names[k], floor)
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]

@@ -39,6 +39,14 @@ class Machine:
     # statements read their operands permuted); None, the default, leaves compute as flops alone
     # (the papers' model).
     device_bandwidth: float | None = None
+    # Bytes per second an orbit kernel (a fused full reduction with reused values,
+    # :mod:`chainexec.kernels.orbits`) loads and stores through the SMs' L1 and shared memory, as
+    # :func:`chainexec.kernels.orbits.point_bytes` counts them: such a statement costs at least
+    # its points times those bytes over this rate (the hierarchical roofline's L1 ceiling), since
+    # it reads each value at several permuted points there while its device-memory traffic is
+    # each input's tile once. `chainexec calibrate` measures it on a GPU; None leaves those
+    # statements at :meth:`compute_seconds`.
+    orbit_bandwidth: float | None = None
     # Whether compute statements are queued on a device stream (CuPy): the
     # host's per-statement seconds then overlap the device's compute of the statements before
     # them instead of adding to it (the executor waits for the device only before transfers, so
@@ -200,6 +208,7 @@ FIELDS = {
     "flop_rate": (_rate, "a positive number of flops per second"),
     "statement_seconds": (lambda v: _number(v) and v >= 0, "a number of seconds, 0 or more"),
     "device_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "orbit_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "async_statements": (lambda v: isinstance(v, bool), "true or false"),
     "aside_copy_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                          "a whole number of bytes, 0 or more"),

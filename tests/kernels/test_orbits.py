@@ -9,6 +9,7 @@ for sm_90 (skipped without nvcc)."""
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
 from collections import Counter
 
@@ -285,3 +286,48 @@ def test_energy_source_compiles_with_nvcc(tmp_path):
     assert (orbit.count, orbit.copied) == (22100, (0,))
     compiles_with_nvcc(tmp_path, [orbits.orbit_source(("p0 + 0.5 * p1",), code, (0,) * 6, shape, strides,
                                                       ("float64",) * 3, orbit)])
+
+
+def _counted_bytes(source: str, members: int) -> float:
+    """Bytes per point the generated float64 kernel ``source`` loads and stores, read off its
+    text: stage one's loads before its run loop once per run of :data:`orbits.RUN` points, those
+    inside once per point, one store per value and copy; stage two's loads before the group
+    elements' blocks once per ``x`` (shared by its ``members`` points), those in one element's
+    block once per point."""
+    one, two = source.split("__syncthreads();", 1)
+    one = one[one.index("for (unsigned task"):]
+    outer, inner = one.split("for (int", 1)
+    load = r"= [PLS]\d+\["
+    per_x = two[two.index("for (unsigned e"):two.index("if (firsts")]
+    element = two[two.index("if (firsts & 1)"):two.index("if (firsts & 2)")]
+    count = (len(re.findall(load, inner)) + len(re.findall(load, outer)) / orbits.RUN
+             + len(re.findall(r"^\s*[LS]\d+\[.*\] = ", inner, re.M))
+             + len(re.findall(load, per_x)) / members + len(re.findall(load, element)))
+    return 8 * count
+
+
+@pytest.mark.parametrize("extra", ["", " * M[b,c]"])
+def test_point_bytes_are_the_loads_and_stores_the_kernel_makes(extra):
+    """:func:`orbits.fused_point_bytes` of the calibration's (T)-shaped reduction
+    (:data:`chainexec.calibrate_worker.ORBIT_SUM`) equals the loads and stores its generated
+    kernel makes per point, counted in the source: 112 bytes (8.5 loads of Z's inputs, Z and W
+    stored, Z and W read once per point in shared memory, the three orbital energies along a, b,
+    c once per coordinate: 0.5 a point). With a matrix over b, c that does not fit in shared
+    memory beside Z and W, one more load per point from device memory."""
+    from chainexec import calibrate_worker as cw
+    from chainexec.planner.plan import Fused
+
+    f = Fused("E", (), cw.ORBIT_DOMAIN, cw.ORBIT_SUM + extra, True, (("Z", cw.ORBIT_DOMAIN, cw.ORBIT_LET),))
+    extents = {i: 2 if i in "ijk" else 40 for i in f.domain}
+    refs = f.leaves
+    codes, code, perms = orbits.orbit_codes(f, refs)
+    strides = [tuple(int(np.prod([extents[j] for j in r.indices[r.indices.index(i) + 1:]])) if i in r.indices else 0
+                     for i in f.domain) for r in refs]
+    types = ("float64",) * (len(refs) + 1)
+    plan = orbits.orbits(tuple(extents[i] for i in f.domain), [p for _, p in perms], code, strides, types, 1)
+    assert plan.edge == 8 and [refs[k].tensor for k in plan.copied] == ["W"] and plan.members == 6
+    source = orbits.orbit_source(codes, code, tuple(j for j, _ in perms), tuple(extents[i] for i in f.domain),
+                                 strides, types, plan)
+    got = orbits.fused_point_bytes(f, extents, dict.fromkeys([r.tensor for r in refs] + ["E"], "float64"))
+    assert got == pytest.approx(_counted_bytes(source, plan.members), rel=1e-12)
+    assert got == 112.0 + 8.0 * bool(extra)

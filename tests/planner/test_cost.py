@@ -252,3 +252,38 @@ def test_mapped_inputs_fetched_many_times_their_size_are_locked(tmp_path):
         == pytest.approx(fetched / 3.5e10, rel=1e-12)
     held = ovvv.itemsize * math.prod(ovvv.shape)
     assert fetched / 2.0e10 - fetched / 5.0e10 > held / 2.0e10
+
+
+@pytest.mark.parametrize("nocc, nvir, device_memory, tiled", [(7, 12, "1GiB", False), (5, 9, "96KiB", True)])
+def test_an_orbit_kernel_costs_its_points_bytes_at_the_orbit_bandwidth(tmp_path, nocc, nvir, device_memory, tiled):
+    """The (T) energy, a fused reduction with a reused value, takes at least the points its
+    kernel visits (in a loop over i, j, k tiles the ordered ones, C(o+2, 3)·v³: i ≤ j ≤ k; as one
+    tile every one, o³·v³) times the bytes per point its orbit kernel moves
+    through L1 and shared memory (:func:`chainexec.kernels.orbits.fused_point_bytes`, at the
+    plan's device tile) over ``orbit_bandwidth``; every other statement is priced as without the
+    rate, as is the energy where that rate is so high that its roofline time is the larger."""
+    import dataclasses
+
+    from chainexec.kernels import orbits
+    from chainexec.planner.plan import ops
+    from tests.conftest import triples_config
+
+    machine = Machine(device_bandwidth=3.0e12, flop_rate=5.0e13, async_statements=True)
+    p = make_plan(spec.load(triples_config(tmp_path, device_memory, nocc, nvir)), machine)
+    fused = [(op, loops) for nest in p.nests for op, loops in ops(nest.body) if op.op == "fused" and op.expression.lets]
+    assert len(fused) == 1
+    op, loops = fused[0]
+    f = op.expression
+    tile = {i: n for loop in loops if loop.level == "device" for i, n in loop.tiles.items()}
+    per_point = orbits.fused_point_bytes(f, {i: tile.get(i, p.extents[i]) for i in f.domain},
+                                         {t: info.dtype for t, info in p.tensors.items()})
+    assert per_point > 0
+    assert any(loop.symmetric for loop in loops) == tiled
+    points = (math.comb(nocc + 2, 3) if tiled else nocc ** 3) * nvir ** 3
+    base = predict(p, machine)["by_statement"]
+    (name,) = [k for k in base if k.startswith("fused E")]
+    slow = predict(p, dataclasses.replace(machine, orbit_bandwidth=1.0e6))["by_statement"]
+    assert slow[name] == pytest.approx(points * per_point / 1.0e6, rel=1e-12)
+    assert slow[name] > base[name]
+    assert {k: v for k, v in slow.items() if k != name} == {k: v for k, v in base.items() if k != name}
+    assert predict(p, dataclasses.replace(machine, orbit_bandwidth=1.0e30))["by_statement"] == base

@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from chainexec import expr
+from chainexec.kernels import orbits
 from chainexec.errors import ChainexecError
 from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
@@ -64,25 +65,6 @@ def _c_code(tree, refs: tuple) -> str:
     """An expression's C code over the buffers ``refs`` as ``p0, p1, …``, made once per statement
     and process (a (T) run evaluates the same expressions on every tile)."""
     return expr.c_source(tree, {r: f"p{k}" for k, r in enumerate(refs)})
-
-
-@lru_cache(maxsize=256)
-def _orbit_codes(f: Fused, refs: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[int, tuple[int, ...]], ...]]:
-    """A reduction with reused values over the buffers ``refs`` (``p0, p1, …``): each value's C
-    code, the statement's (reading the values as ``q0, q1, …``), and each read as (value, the
-    permutation of ``f.domain`` that takes a point to where the value is read). Made once per
-    statement and process: building them per tile would add host time to every (T) tile."""
-    names = [name for name, _, _ in f.lets]
-    params = {r: f"p{k}" for k, r in enumerate(refs)}
-    reads = [r for r in expr.refs(f.tree) if r.tensor in names]
-    codes = [expr.c_source(expr.parse(text), params) for _, _, text in f.lets]
-    code = expr.c_source(f.tree, params | {r: f"q{k}" for k, r in enumerate(reads)})
-    perms = []
-    for r in reads:
-        j = names.index(r.tensor)
-        source = dict(zip(f.lets[j][1], r.indices))  # the value at y is read where x[source[i]] = y[i]
-        perms.append((j, tuple(f.domain.index(source[i]) for i in f.domain)))
-    return tuple(codes), code, tuple(perms)
 
 
 _KERNEL_LISTS = {pointwise.launch: pointwise.launch_kernels, pointwise.reduce: pointwise.reduce_kernels,
@@ -459,7 +441,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         array module, the views spread by ``xp`` (the device's, or NumPy over stand-ins)."""
         views = [expr.spread(arrays[r], r, f.domain, xp) for r in arrays]
         if f.lets:  # only full reductions reuse values (chainexec.planner.inline)
-            codes, code, perms = _orbit_codes(f, tuple(arrays))
+            codes, code, perms = orbits.orbit_codes(f, tuple(arrays))
         else:
             code = _c_code(f.tree, tuple(arrays))
         if not f.reduce:
