@@ -381,29 +381,36 @@ def _stage_one_inputs(lets: tuple[str, ...], copied: tuple[int, ...], inputs: in
     return [k for k in range(inputs) if any(_reads(c, k) for c in codes)]
 
 
-def point_bytes(lets: tuple[str, ...], code: str, reads: tuple[int, ...], strides: list[tuple[int, ...]],
-                types: tuple[str, ...], plan: Orbits) -> float:
+def point_bytes(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape: tuple[int, ...],
+                strides: list[tuple[int, ...]], types: tuple[str, ...], plan: Orbits) -> float:
     """Bytes the kernel of :func:`orbit_source` loads and stores per point of its index space
-    through the SM's L1 and shared memory, the path that bounds it (its device-memory traffic is
-    each input's tile once, W's included). Stage one loads each input its reused values read once
-    per point where it varies along the first permuted dimension, else once per run of
-    :data:`RUN`, and stores each value and copied input once; stage two loads, per point, each
-    value read (one per group element of ``x``'s point orbit, each point of which it evaluates),
-    each copied input in shared memory and each ``varying`` input in device memory, an input
-    along one permuted dimension once per coordinate (:func:`_summed_inputs`). The time model
+    ``shape`` through the SM's L1 and shared memory, the path that bounds it (its device-memory
+    traffic is each input's tile once, W's included), averaged over the points as the kernel's
+    loops visit them. Stage one loads each input its reused values read once per point where it
+    varies along the first permuted dimension, else once per run of :data:`RUN` (runs cover
+    every block whole, past the extent too), and stores each value and copied input once. Stage
+    two, per point ``x`` of an orbit's first block, loads every value at each group element and
+    each input along one permuted dimension once per coordinate; per point it evaluates (every
+    point once: an orbit of fewer blocks evaluates fewer per ``x``), each copied input in shared
+    memory and each other input in device memory; each thread loads the inputs along no permuted
+    dimension once (:func:`_summed_inputs`). The time model
     (:func:`chainexec.planner.cost.predict_nests`) divides these bytes by the rate ``chainexec
     calibrate`` measures on one such kernel (``Machine.orbit_bandwidth``), the hierarchical
     roofline's L1 ceiling (Yang, Kurth and Williams, Concurrency Computat. Pract. Exper. 32(20),
     2020)."""
     size = [_SIZES[C_TYPES[t]] for t in types]
-    first, chunk = plan.moved[0], min(plan.edge, RUN)
-    members = len(group(plan.perms))
-    one = sum(size[k] * (1 if strides[k][first] else 1 / chunk)
-              for k in _stage_one_inputs(lets, plan.copied, len(types) - 1))
+    s, edge, first = len(plan.moved), plan.edge, plan.moved[0]
+    extent, chunk, blocks = shape[first], min(edge, RUN), -(-shape[first] // edge)
+    table, count, members = orbit_table(blocks, plan.perms)
+    starts = [table[k * plan.width() + 1:k * plan.width() + 1 + s] for k in range(count)]
+    xs = sum(math.prod(min(edge, extent - b * edge) for b in start) for start in starts) / extent ** s
+    runs = blocks * -(-edge // chunk) / extent
+    one = sum(size[k] * (1 if strides[k][first] else runs) for k in _stage_one_inputs(lets, plan.copied, len(types) - 1))
     one += len(lets) * size[-1] + sum(size[k] for k in plan.copied)
-    _, varying, single = _summed_inputs(code, strides, plan)
-    two = len(set(reads)) * size[-1] + sum(size[k] for k in plan.copied)
-    two += sum(size[k] * (len(plan.moved) / members if k in single else 1) for k in varying)
+    fixed, varying, single = _summed_inputs(code, strides, plan)
+    two = xs * (len(set(reads)) * members * size[-1] + sum(s * size[k] for k in single))
+    two += sum(size[k] for k in plan.copied) + sum(size[k] for k in varying if k not in single)
+    two += BLOCK * count / extent ** s * sum(size[k] for k in fixed)
     return one + two
 
 
@@ -417,5 +424,6 @@ def fused_point_bytes(f, extents: dict[str, int], dtypes: dict[str, str]) -> flo
     codes, code, perms = orbit_codes(f, refs)
     strides = [tuple(int(i in r.indices) for i in f.domain) for r in refs]
     types = tuple(dtypes[r.tensor] for r in refs) + (dtypes[f.out],)
-    plan = orbits(tuple(extents[i] for i in f.domain), [p for _, p in perms], code, strides, types, len(codes))
-    return point_bytes(codes, code, tuple(j for j, _ in perms), strides, types, plan)
+    shape = tuple(extents[i] for i in f.domain)
+    plan = orbits(shape, [p for _, p in perms], code, strides, types, len(codes))
+    return point_bytes(codes, code, tuple(j for j, _ in perms), shape, strides, types, plan)

@@ -182,9 +182,7 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         if name in deep or len(found) < 2 or tensors[name].computed() or (terms := made(name)) is None:
             return False
         own = terms[0].out_indices
-        moved = {d for _, ix, _ in found for d, (a, b) in enumerate(zip(own, ix)) if a != b}
-        extents = {tensors[name].shape[d] for d in moved}
-        return (0 < len(moved) <= MOVED and len(extents) == 1
+        return (_orbit_bounded({name: own}, [(name, ix) for _, ix, _ in found], tensors)
                 and all(r == found[0][0] > max(writer[name]) and set(ix) == set(own) == set(c.indices())
                         and _renames_untiled(own, ix, tiled) for r, ix, c in found))
 
@@ -213,6 +211,9 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
             # a reused value read where another is made (one level of them only), or its indices
             # renamed on the way to the reduction (its value is made over its own names)
             return None
+        if lets and not _orbit_bounded({n: own for n, own, _ in f.lets},
+                                       [(r.tensor, r.indices) for r in expr.refs(f.tree) if r.tensor in lets], tensors):
+            return None  # each value within the orbit kernel's bounds, all of them together not
         leaves = {x.tensor for x in f.leaves}
         if run.out in leaves:
             return None  # it would read its own output, elsewhere than where it writes: a race in one kernel
@@ -255,6 +256,17 @@ def fuse(body: list, cs: list[Contraction], tensors: dict[str, TensorInfo], tile
         elif k not in removed:
             out.append(node)
     return out
+
+
+def _orbit_bounded(own: dict[str, tuple[str, ...]], reads: list[tuple[str, tuple[str, ...]]],
+                   tensors: dict[str, TensorInfo]) -> bool:
+    """Whether reads of reused values (value, indices read), each value over its ``own``
+    indices, permute at least one and at most :data:`MOVED` of them altogether, all of one extent:
+    the bounds of the one orbit kernel that computes them all."""
+    moved = {(name, d) for name, ix in reads for d, (a, b) in enumerate(zip(own[name], ix)) if a != b}
+    names = {own[name][d] for name, d in moved}
+    extents = {tensors[name].shape[d] for name, d in moved}
+    return 0 < len(names) <= MOVED and len(extents) == 1
 
 
 def _frees(node, tensors: set[str]) -> bool:

@@ -288,46 +288,67 @@ def test_energy_source_compiles_with_nvcc(tmp_path):
                                                       ("float64",) * 3, orbit)])
 
 
-def _counted_bytes(source: str, members: int) -> float:
-    """Bytes per point the generated float64 kernel ``source`` loads and stores, read off its
-    text: stage one's loads before its run loop once per run of :data:`orbits.RUN` points, those
-    inside once per point, one store per value and copy; stage two's loads before the group
-    elements' blocks once per ``x`` (shared by its ``members`` points), those in one element's
-    block once per point."""
+def _counted_bytes(source: str, plan: orbits.Orbits, extent: int) -> float:
+    """Bytes per point the generated float64 kernel ``source`` loads and stores, its loads and
+    stores read off its text and each counted as often as its loop runs it, orbit by orbit
+    (:func:`orbits.orbit_table`): stage one's loads before its run loop once per run of
+    :data:`orbits.RUN` points (the last run of a block past the extent too), those inside and its
+    stores once per point within the extent; stage two's loads before the orbit loop once per
+    thread, those before the group elements' blocks once per point ``x`` of the orbit's first
+    block, and each element's block's once where its bit is set."""
+    load, store = r"= [PLS]\d+\[", r"^\s*[LS]\d+\[.*\] = "
     one, two = source.split("__syncthreads();", 1)
     one = one[one.index("for (unsigned task"):]
     outer, inner = one.split("for (int", 1)
-    load = r"= [PLS]\d+\["
-    per_x = two[two.index("for (unsigned e"):two.index("if (firsts")]
-    element = two[two.index("if (firsts & 1)"):two.index("if (firsts & 2)")]
-    count = (len(re.findall(load, inner)) + len(re.findall(load, outer)) / orbits.RUN
-             + len(re.findall(r"^\s*[LS]\d+\[.*\] = ", inner, re.M))
-             + len(re.findall(load, per_x)) / members + len(re.findall(load, element)))
-    return 8 * count
+    outer, inner = len(re.findall(load, outer)), len(re.findall(load, inner)) + len(re.findall(store, inner, re.M))
+    fixed = len(re.findall(load, two[:two.index("const int firsts")]))
+    per_x = len(re.findall(load, two[two.index("for (unsigned e"):two.index("if (firsts")]))
+    marks = [m.start() for m in re.finditer(r"if \(firsts & ", two)] + [len(two)]
+    element = [len(re.findall(load, two[a:b])) for a, b in zip(marks, marks[1:])]
+    s, edge, chunk = len(plan.moved), plan.edge, min(plan.edge, orbits.RUN)
+    table, count, _ = orbits.orbit_table(-(-extent // edge), plan.perms)
+    width, total = plan.width(), 0
+    for row in (table[k * width:(k + 1) * width] for k in range(count)):
+        blocks = [row[1 + b * s:1 + (b + 1) * s] for b in range(row[0])]
+        total += elementwise.BLOCK * fixed
+        for block in blocks:
+            for rest in itertools.product(range(edge), repeat=s - 1):
+                if all(block[u + 1] * edge + rest[u] < extent for u in range(s - 1)):
+                    total += -(-edge // chunk) * outer + min(edge, extent - block[0] * edge) * inner
+        for x in itertools.product(range(edge), repeat=s):
+            if all(blocks[0][u] * edge + x[u] < extent for u in range(s)):
+                total += per_x + sum(n for h, n in enumerate(element) if row[-1] >> h & 1)
+    return 8 * total / extent ** s
 
 
-@pytest.mark.parametrize("extra", ["", " * M[b,c]"])
-def test_point_bytes_are_the_loads_and_stores_the_kernel_makes(extra):
+@pytest.mark.parametrize("extent, extra", [(40, ""), (41, ""), (19, ""), (12, ""), (19, " * M[b,c]")])
+def test_point_bytes_are_the_loads_and_stores_the_kernel_makes(extent, extra):
     """:func:`orbits.fused_point_bytes` of the calibration's (T)-shaped reduction
     (:data:`chainexec.calibrate_worker.ORBIT_SUM`) equals the loads and stores its generated
-    kernel makes per point, counted in the source: 112 bytes (8.5 loads of Z's inputs, Z and W
+    kernel makes per point, counted in the source and weighted by its loops' trip counts: at
+    extents that blocks of 8 divide and that they overhang, where diagonal orbits of fewer blocks
+    load a point orbit's values for fewer points, and with a matrix over b, c that does not fit
+    in shared memory beside Z and W (one more load per point, from device memory). Towards large
+    extents the count tends to 112 bytes (115.3 at 400): 8.5 loads of Z's inputs, Z and W
     stored, Z and W read once per point in shared memory, the three orbital energies along a, b,
-    c once per coordinate: 0.5 a point). With a matrix over b, c that does not fit in shared
-    memory beside Z and W, one more load per point from device memory."""
+    c once per coordinate (half a load a point)."""
     from chainexec import calibrate_worker as cw
     from chainexec.planner.plan import Fused
 
     f = Fused("E", (), cw.ORBIT_DOMAIN, cw.ORBIT_SUM + extra, True, (("Z", cw.ORBIT_DOMAIN, cw.ORBIT_LET),))
-    extents = {i: 2 if i in "ijk" else 40 for i in f.domain}
+    extents = {i: 2 if i in "ijk" else extent for i in f.domain}
+    shape = tuple(extents[i] for i in f.domain)
     refs = f.leaves
     codes, code, perms = orbits.orbit_codes(f, refs)
     strides = [tuple(int(np.prod([extents[j] for j in r.indices[r.indices.index(i) + 1:]])) if i in r.indices else 0
                      for i in f.domain) for r in refs]
     types = ("float64",) * (len(refs) + 1)
-    plan = orbits.orbits(tuple(extents[i] for i in f.domain), [p for _, p in perms], code, strides, types, 1)
+    plan = orbits.orbits(shape, [p for _, p in perms], code, strides, types, 1)
     assert plan.edge == 8 and [refs[k].tensor for k in plan.copied] == ["W"] and plan.members == 6
-    source = orbits.orbit_source(codes, code, tuple(j for j, _ in perms), tuple(extents[i] for i in f.domain),
-                                 strides, types, plan)
+    source = orbits.orbit_source(codes, code, tuple(j for j, _ in perms), shape, strides, types, plan)
     got = orbits.fused_point_bytes(f, extents, dict.fromkeys([r.tensor for r in refs] + ["E"], "float64"))
-    assert got == pytest.approx(_counted_bytes(source, plan.members), rel=1e-12)
-    assert got == 112.0 + 8.0 * bool(extra)
+    assert got == pytest.approx(_counted_bytes(source, plan, extent), rel=1e-12)
+    assert got > 112 + 8 * bool(extra)
+    if extent == 40:  # at the (T) job's v = 400: diagonal orbits and the once-per-thread loads add 3 %
+        large = orbits.fused_point_bytes(f, extents | dict.fromkeys("abc", 400), dict.fromkeys([r.tensor for r in refs] + ["E"], "float64"))
+        assert 112 < large < got and large == pytest.approx(115.3376, rel=1e-12)

@@ -207,10 +207,16 @@ def test_two_fused_statements_reading_one_buffer_free_it_once_after_both(tmp_pat
     # the reduction renames R's indices: Z's value would be made over names the reduction lacks
     ({"i": 4, "j": 4, "a": 4, "b": 4}, ["Z[i,j] = A[i,j] * B[i,j]", "R[i,j] = 2 * Z[i,j]", "R[i,j] -= Z[j,i]",
                                         "E[] = S[a,b] * R[a,b]"]),
-], ids=["never permuted", "unequal extents", "renamed reduction"])
+    # two values within the kernel's bounds each, together permuting four indices (i, j and a, b)
+    ({"i": 4, "j": 4, "a": 4, "b": 4}, ["Z[i,j,a,b] = T[i,j,a,b] * T[i,j,a,b]", "Y[i,j,a,b] = 3 * T[i,j,a,b]",
+                                        "R[i,j,a,b] = Z[j,i,a,b]", "R[i,j,a,b] += Z[i,j,a,b]",
+                                        "R[i,j,a,b] += Y[i,j,b,a]", "R[i,j,a,b] += Y[i,j,a,b]",
+                                        "E[] = T[i,j,a,b] * R[i,j,a,b]"]),
+], ids=["never permuted", "unequal extents", "renamed reduction", "four together"])
 def test_values_the_orbit_kernel_cannot_reuse_stay_buffers(tmp_path, indices, statements):
     """Found in review (each planned as a reused value, then failed on the GPU or on both
-    backends): such a producer stays a buffer, and the run equals einsum."""
+    backends; the last also in the cost model's price of the orbit kernel): such a producer stays
+    a buffer, and the run equals einsum."""
     import numpy as np
     import yaml
 
@@ -229,7 +235,11 @@ def test_values_the_orbit_kernel_cannot_reuse_stay_buffers(tmp_path, indices, st
     api.run(tmp_path / "c.yaml", backend="numpy")
     x = {n: block(k, tuple(indices[i] for i in ix), tuple((0, indices[i]) for i in ix), "float64")
          for k, (n, ix) in enumerate(used.items(), 1)}
-    if "T" in x:
+    if "Y[i,j,a,b] = 3 * T[i,j,a,b]" in statements:
+        t = x["T"]
+        z, y = t * t, 3 * t
+        ref = np.sum(t * (z.transpose(1, 0, 2, 3) + z + y.transpose(0, 1, 3, 2) + y))
+    elif "T" in x:
         t = x["T"]
         z = t * t.transpose(1, 0, 3, 2)
         ref = np.sum(t * (z.transpose(1, 0, 2, 3) + z.transpose(0, 1, 3, 2)))
