@@ -401,17 +401,29 @@ def point_bytes(lets: tuple[str, ...], code: str, reads: tuple[int, ...], shape:
     size = [_SIZES[C_TYPES[t]] for t in types]
     s, edge, first = len(plan.moved), plan.edge, plan.moved[0]
     extent, chunk, blocks = shape[first], min(edge, RUN), -(-shape[first] // edge)
-    table, count, members = orbit_table(blocks, plan.perms)
-    starts = [table[k * plan.width() + 1:k * plan.width() + 1 + s] for k in range(count)]
-    xs = sum(math.prod(min(edge, extent - b * edge) for b in start) for start in starts) / extent ** s
+    members = len(group(plan.perms))
+    xs = _first_points(extent, edge, plan.perms) / extent ** s
     runs = blocks * -(-edge // chunk) / extent
     one = sum(size[k] * (1 if strides[k][first] else runs) for k in _stage_one_inputs(lets, plan.copied, len(types) - 1))
     one += len(lets) * size[-1] + sum(size[k] for k in plan.copied)
     fixed, varying, single = _summed_inputs(code, strides, plan)
     two = xs * (len(set(reads)) * members * size[-1] + sum(s * size[k] for k in single))
     two += sum(size[k] for k in plan.copied) + sum(size[k] for k in varying if k not in single)
-    two += BLOCK * count / extent ** s * sum(size[k] for k in fixed)
+    two += BLOCK * plan.count / extent ** s * sum(size[k] for k in fixed)
     return one + two
+
+
+@lru_cache(maxsize=64)
+def _first_points(extent: int, edge: int, perms: tuple[tuple[int, ...], ...]) -> int:
+    """Points within ``extent`` of the first blocks of every orbit (:func:`orbit_table`) of
+    blocks of ``edge`` under ``perms``: the points ``x`` stage two of :func:`orbit_source` visits.
+    Counted once per extent and group (a (T) plan prices its energy once per candidate tiling)."""
+    import numpy as np
+
+    s = len(perms[0])
+    table, count, members = orbit_table(-(-extent // edge), perms)
+    starts = np.asarray(table).reshape(count, 2 + members * (s + 1))[:, 1:1 + s]
+    return int(np.minimum(edge, extent - starts * edge).prod(axis=1).sum())
 
 
 def fused_point_bytes(f, extents: dict[str, int], dtypes: dict[str, str]) -> float:

@@ -21,8 +21,8 @@ from functools import lru_cache
 import numpy as np
 
 from chainexec import expr
-from chainexec.kernels import orbits
 from chainexec.errors import ChainexecError
+from chainexec.kernels import orbits
 from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
 from chainexec.planner.plan import Contraction
