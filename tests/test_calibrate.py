@@ -263,7 +263,7 @@ def test_a_quick_calibration_copies_as_much_device_memory_as_a_full_one(tmp_path
 
 def test_the_orbit_measurement_runs_the_t_shaped_reduction(monkeypatch):
     """The orbit-kernel measurement runs its (T)-shaped fused reduction through a backend's
-    ``fused`` (here NumPy's, at a small edge) and reports its points, the bytes per point the
+    ``fused`` (here NumPy's, at a small edge) and reports the points of its calls, the bytes per point the
     model counts for it (more than a generic orbit's 112: at this small edge diagonal orbits and
     the once-per-thread loads weigh more) and one positive time per repetition."""
     from chainexec import calibrate_worker
@@ -275,5 +275,6 @@ def test_the_orbit_measurement_runs_the_t_shaped_reduction(monkeypatch):
 
     monkeypatch.setattr(calibrate_worker, "ORBIT_EDGE", 12)
     got = calibrate_worker._orbit(select("numpy"), np.random.default_rng(1), Comm(), 3, calibrate_worker._wall)
-    assert got["points"] == 8 * 12 ** 3 and got["bytes_per_point"] > 112
+    assert got["points"] == calibrate_worker.ORBIT_CALLS * calibrate_worker.ORBIT_TILE ** 3 * 12 ** 3
+    assert got["bytes_per_point"] > 112
     assert len(got["s"]) == 3 and min(got["s"]) > 0
