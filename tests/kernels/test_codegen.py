@@ -18,6 +18,7 @@ import pytest
 from chainexec.kernels.codegen import generate, grid_size, kernel_name, kernel_params
 from chainexec.kernels.kernelconf import Device, choose_config, enumerate_configs
 from tests.conftest import TCCG, nvcc_reports
+from tests.kernels.emulation import compile_emulation
 
 CASES = json.loads(TCCG.read_text())
 H100 = Device.H100()
@@ -80,8 +81,7 @@ def _emulate(tmp_path, c, a, b, sizes, dtype, cfg, alpha, beta, seed):
     params = kernel_params(c, a, b)
     cpp, exe = tmp_path / f"{name}.cpp", tmp_path / name
     cpp.write_text(EMU_PRELUDE + src + _emu_main(name, ctype, len(params)))
-    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)],
-                   check=True)
+    compile_emulation(tmp_path, cpp, exe)
     rng = np.random.default_rng(seed)
     A = rng.standard_normal([sizes[i] for i in a]).astype(dtype)
     B = rng.standard_normal([sizes[i] for i in b]).astype(dtype)

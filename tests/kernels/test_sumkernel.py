@@ -17,6 +17,7 @@ from chainexec.kernels import sumkernel as sk
 from chainexec.kernels import summma
 from chainexec.kernels.kernelconf import Device
 from tests.conftest import nvcc_reports
+from tests.kernels.emulation import compile_emulation
 from tests.kernels.test_codegen import EMU_PRELUDE
 
 SUM_PRELUDE = EMU_PRELUDE + r"""
@@ -121,7 +122,7 @@ def _emulate(tmp_path, out, terms, sizes, dtype, cfg, seed, pad=1, store=True, g
     ctype = "double" if dtype == "float64" else "float"
     cpp, exe = tmp_path / f"{name}.cpp", tmp_path / name
     cpp.write_text(SUM_PRELUDE + src + _emu_main(name, ctype, len(terms)))
-    subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", str(cpp), "-o", str(exe)], check=True)
+    compile_emulation(tmp_path, cpp, exe)
     rng = np.random.default_rng(seed)
     views, bufs = [], []
     for idx in [out] + [x for a, b, _ in terms for x in (a, b)]:
