@@ -117,13 +117,23 @@ def open_mpi() -> bool:
     return launcher is not None and bool(_unbound(launcher))
 
 
-def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
-    """``chainexec ARGS`` as a user runs it; ``ranks`` launches it under ``mpiexec -n ranks``."""
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+"""The environment of a ``chainexec chem`` that solves a molecule with PySCF (:func:`run_cli`'s
+``env``): on one OpenMP thread, as the tests' own PySCF solves run (``lib.with_omp_threads(1)``),
+since pytest's workers share the cores (on two cores two workers of two OpenMP threads each
+took 4-8 times as long)."""
+
+
+def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``chainexec ARGS`` as a user runs it; ``ranks`` launches it under ``mpiexec -n ranks``;
+    ``env`` adds to the environment."""
     cmd = [sys.executable, "-m", "chainexec.cli", *map(str, args)]
     if ranks is not None:
         cmd = [*launch(ranks), *cmd]
     # Open MPI (the GPU machines' system MPI) refuses to start as root without these; MPICH ignores them.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               **(env or {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 

@@ -134,9 +134,13 @@ def test_failed_write_leaves_no_file_and_keeps_old_one(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def h2o_frozen(tmp_path_factory):
+    """PySCF on one thread (:data:`tests.conftest.ONE_THREAD`)."""
     pytest.importorskip("pyscf")
+    from pyscf import lib
+
     path = tmp_path_factory.mktemp("bridge") / "h2o.h5"
-    return write_ccsd_inputs(molecule(H2O, "cc-pvdz"), path, frozen=1)
+    with lib.with_omp_threads(1):
+        return write_ccsd_inputs(molecule(H2O, "cc-pvdz"), path, frozen=1)
 
 
 def test_pyscf_file_layout_and_attributes(h2o_frozen):

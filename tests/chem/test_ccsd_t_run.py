@@ -8,7 +8,7 @@ import h5py
 import pytest
 
 from chainexec.chem.triples import ccsd_t_energy
-from tests.conftest import read_report, require_gpu, run_cli
+from tests.conftest import ONE_THREAD, read_report, require_gpu, run_cli
 
 
 def _energy(folder) -> float:
@@ -21,7 +21,7 @@ def _energy(folder) -> float:
 def molecule(request, tmp_path_factory):
     pytest.importorskip("pyscf")
     folder = tmp_path_factory.mktemp(request.param)
-    proc = run_cli("chem", request.param, "--out", folder, timeout=600)
+    proc = run_cli("chem", request.param, "--out", folder, timeout=600, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr
     with h5py.File(folder / "inputs.h5", "r") as f:
         return folder, float(f.attrs["e_t"])

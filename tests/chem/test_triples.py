@@ -145,8 +145,12 @@ def test_synthetic_matches_pyscf_ccsd_t_slow(tiny):
 
 @pytest.mark.parametrize("name,atoms,frozen", [("h2o", H2O, 0), ("n2", N2, 2)])
 def test_real_molecule_matches_pyscf_ccsd_t(tmp_path, name, atoms, frozen):
+    """PySCF on one thread (:data:`tests.conftest.ONE_THREAD`)."""
     pytest.importorskip("pyscf")
-    info = write_ccsd_inputs(molecule(atoms, "cc-pvdz"), tmp_path / f"{name}.h5", frozen=frozen)
+    from pyscf import lib
+
+    with lib.with_omp_threads(1):
+        info = write_ccsd_inputs(molecule(atoms, "cc-pvdz"), tmp_path / f"{name}.h5", frozen=frozen)
     with h5py.File(info["path"], "r") as f:
         e_pyscf = f.attrs["e_t"]
         assert ccsd_t_energy(f) == pytest.approx(e_pyscf, abs=1e-10, rel=0)
