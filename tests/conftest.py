@@ -186,10 +186,12 @@ def store_chunked(path: Path) -> None:
 
 def triples_config(folder: Path, device_memory: str, nocc: int = 8, nvir: int = 10, seed: int = 3,
                    global_memory: str = "1GiB") -> Path:
-    """Seeded synthetic (T) inputs (``chainexec chem --synthetic``) in ``folder`` and their
-    config, with ``global_memory`` and ``device_memory`` set."""
-    assert run_cli("chem", "x", "--synthetic", nocc, nvir, seed, "--out", folder).returncode == 0
-    config = Path(folder) / "ccsd_t.yaml"
+    """Seeded synthetic (T) inputs in ``folder`` and their config, with ``global_memory`` and
+    ``device_memory`` set: the files ``chainexec chem x --synthetic NOCC NVIR SEED --out FOLDER``
+    writes, made by the function it calls in this process (the tests of the command run it)."""
+    from chainexec.chem import job
+
+    config = Path(job.prepare("x", folder, template=job.TEMPLATES["ccsd_t"], synthetic=(nocc, nvir, seed))["config"])
     cfg = yaml.safe_load(config.read_text())
     cfg["machine"] = {"global_memory": global_memory, "device_memory": device_memory}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
