@@ -48,8 +48,8 @@ scratch: scratch
 # tiles of ORBIT_TILE occupied by ORBIT_EDGE virtual elements along each pair index, reading one
 # reused value (W plus six outer products) at the six permutations of a, b, c. The inputs lie in
 # [1, 2), so the denominator's terms are all positive. A repetition times ORBIT_CALLS calls back
-# to back: a run queues its calls behind other work, so the host's preparation of a call (0.3-0.4 ms
-# on a GPU, as long as a kernel over a tile of 2) is not the kernel's time; queued, each call's
+# to back: a run queues its calls behind other work, so the host's preparation of a call (on a GPU
+# about as long as the kernel over a tile of 2) is not the kernel's time; queued, each call's
 # preparation overlaps the kernel before it and only the first one's stays in the measurement.
 ORBIT_DOMAIN = ("i", "a", "j", "b", "k", "c")
 ORBIT_LET = ("W[i,a,j,b,k,c] + 0.5 * (t[i,a] * P[j,b,k,c] + t[j,b] * P[i,a,k,c] + t[k,c] * P[i,a,j,b]"

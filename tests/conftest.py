@@ -120,8 +120,8 @@ def open_mpi() -> bool:
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 """The environment of a ``chainexec chem`` that solves a molecule with PySCF (:func:`run_cli`'s
 ``env``): on one OpenMP thread, as the tests' own PySCF solves run (``lib.with_omp_threads(1)``),
-since pytest's workers share the cores (on two cores two workers of two OpenMP threads each
-took 4-8 times as long)."""
+since pytest's workers share the cores and OpenMP threads that outnumber them wait on each
+other."""
 
 
 def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chainexec import spec
+from chainexec import calibrate_worker, spec
 from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _launcher_reason, add_arguments, calibrate,
                                  settings, unbound)
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
@@ -108,8 +108,9 @@ def test_details_record_how_and_what_was_measured(calibrated):
         assert machine.async_statements  # queued on a CUDA stream
         orbit = details["orbit"]
         assert orbit["per_second"] == machine.orbit_bandwidth
-        # four calls over a 3·200·3·200·3·200 tile
-        assert orbit["points"] == 4 * 27 * 200 ** 3 and orbit["bytes_per_point"] == pytest.approx(116.7104, rel=1e-12)
+        assert orbit["points"] == calibrate_worker.ORBIT_CALLS * math.prod(
+            calibrate_worker.ORBIT_TILE if i in "ijk" else calibrate_worker.ORBIT_EDGE for i in calibrate_worker.ORBIT_DOMAIN)
+        assert orbit["bytes_per_point"] == pytest.approx(116.7104, rel=1e-12)
 
 
 @pytest.mark.mpi
@@ -267,7 +268,6 @@ def test_the_orbit_measurement_runs_the_t_shaped_reduction(monkeypatch):
     ``fused`` (here NumPy's, at a small edge) and reports the points of its calls, the bytes per point the
     model counts for it (more than a generic orbit's 112: at this small edge diagonal orbits and
     the once-per-thread loads weigh more) and one positive time per repetition."""
-    from chainexec import calibrate_worker
     from chainexec.runtime.device import select
 
     class Comm:
