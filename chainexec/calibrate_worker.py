@@ -340,9 +340,9 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
     # first transfer and undoes before freeing it (a zero-filled array of the fill's size,
     # registered writable and unregistered, waiting, as the runtime does); and the rows of an
     # input's tile mapped from its file, whose pages the page cache holds, fetched to the device
-    # through the staging buffers, each filled by the mapping's own copy over threads
-    # (:meth:`MappedArray.get`), which is how such a run gets them (of the fill's size too: a
-    # run's inputs are large against the fetch's fixed costs, threads started over the buffers).
+    # through the staging buffers, each filled from the mapping (:meth:`MappedArray.at_hand`)
+    # over threads, which is how such a run gets them (of the fill's size too: a run's inputs
+    # are large against the fetch's fixed costs, threads started over the buffers).
     result["host_lock"] = result["mapped_fetch"] = result["mapped_locked_fetch"] = None
     if HOST_LOCKS in dev.capabilities:
         dev.expect_transfers(True)
@@ -367,7 +367,8 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
             mapped.populate(rows)
             device_buf = xp.empty(fill_shape, np.float64)
             result["mapped_fetch"] = {"bytes": rows.nbytes, "s": _repeat(
-                comm, reps, stopwatch, lambda: dev.fetch(device_buf, lambda r, out: mapped.get((r,), out)))}
+                comm, reps, stopwatch, lambda: dev.fetch(device_buf, lambda r, out: mapped.get((r,), out),
+                                                         lambda r: mapped.at_hand((r,))))}
             # the same rows with the mapping locked where it lies, read-only, as a pinned run
             # locks the inputs its plan names (Plan.locked): one DMA from the page cache's pages
             handle = dev.lock_host(rows, writable=False, named=True)

@@ -677,11 +677,12 @@ def test_fetch_aside_after_waits_for_the_last_reader(stage, monkeypatch):
 @pytest.mark.parametrize("at_hand", [True, False])
 @pytest.mark.parametrize("strided", [False, True])
 def test_fetch_from_host_memory_at_hand(moved, at_hand, strided, monkeypatch):
-    """In a run of plain host memory, rows that ``view`` finds in host memory go to a contiguous
-    device tile in one copy from there, without ``read``; otherwise (page-locked runs, no view,
-    a strided tile) through ``read`` as before. Either way the tile equals the source, and
-    overwriting the source once ``fetch_aside`` has returned does not reach the device, though
-    the copy was queued behind matrix products."""
+    """Rows that ``view`` finds in host memory go to a contiguous device tile without ``read``:
+    in a run of plain host memory in one copy from there, in a page-locked run through the
+    staging buffers in pieces (the tile is larger than one); otherwise (no view, a strided tile)
+    through ``read`` as before. Either way the tile equals the source, and overwriting the
+    source once ``fetch_aside`` has returned does not reach the device, though the copy was
+    queued behind matrix products."""
     monkeypatch.setattr(cupy_backend, "STAGE_BYTES", 4096)
     backend = CupyBackend(cupy)
     backend.expect_transfers(moved)
@@ -704,7 +705,24 @@ def test_fetch_from_host_memory_at_hand(moved, at_hand, strided, monkeypatch):
     source[...] = np.nan
     backend.wait()
     assert np.array_equal(cupy.asnumpy(dst), kept)
-    assert (not reads) == (at_hand and not moved and not strided)
+    assert (not reads) == (at_hand and not strided)
+
+
+@pytest.mark.parametrize("stage", [64, 1000, 4096], ids=["row-above-stage", "pieces-across-rows", "rows-per-piece"])
+def test_rows_at_hand_reach_a_page_locked_run_in_pieces_of_a_stage(stage, monkeypatch):
+    """In a page-locked run, rows that ``view`` finds in host memory reach a tile larger than a
+    staging buffer in pieces of the buffer's size, cut anywhere in a row, without ``read``: the
+    tile equals the source, and the staging buffers stay one piece long however long a row is
+    (a (T) ``ovvv`` row of 512 MB read row by row made them a row long)."""
+    monkeypatch.setattr(cupy_backend, "STAGE_BYTES", stage)
+    source = np.random.default_rng(9).standard_normal((37, 11, 6))
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(True)
+    dst = backend.zeros(source.shape, source.dtype)
+    reads = []
+    backend.fetch(dst, lambda rows, out: reads.append(rows), view=lambda rows: source[rows])
+    assert np.array_equal(cupy.asnumpy(dst), source) and not reads
+    assert [s.nbytes for s in backend._stages] == [stage, stage]
 
 
 def test_pinned_buffers_can_be_reused_at_once():

@@ -26,7 +26,7 @@ from chainexec.kernels import orbits
 from chainexec.ordering import weights
 from chainexec.planner.plan import Fused
 from chainexec.planner.plan import Contraction
-from chainexec.runtime import arena, hostlock, kernelcache, pointwise
+from chainexec.runtime import arena, hostcopy, hostlock, kernelcache, pointwise
 from chainexec.runtime.backends import costmodel
 from chainexec.runtime.backends.common import all_rows, spread
 from chainexec.runtime.backends.methods import Methods
@@ -46,11 +46,17 @@ UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
 STAGE_BYTES = 64 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
-outside the plan's levels, kept for the backend's life); a buffer is one row of the tile instead
+outside the plan's levels, kept for the backend's life). Rows the source holds in host memory
+(its ``view``) go through them in pieces of this size whatever the rows' length; rows read
+through ``read`` go a whole number of rows at a time, so a buffer is one row of the tile instead
 where a row (first axis) is larger. A chunk's read goes over the copy threads in pieces of a few
-MiB (:meth:`chainexec.runtime.mapped.MappedArray.get`, :meth:`chainexec.runtime.globalarray.GlobalArray.get`):
-64 MiB keep a host's threads busy, where an 8 MiB chunk leaves its read to two or four of them
-and the tile arrives at that read's rate; the DMA of one chunk runs while the next is read."""
+MiB (:data:`STAGE_PIECE`, :meth:`chainexec.runtime.mapped.MappedArray.get`,
+:meth:`chainexec.runtime.globalarray.GlobalArray.get`): 64 MiB keep a host's threads busy, where
+an 8 MiB chunk leaves its read to two or four of them and the tile arrives at that read's rate;
+the DMA of one chunk runs while the next is read."""
+STAGE_PIECE = 4 << 20
+"""Bytes each copy thread is given of a staging buffer's fill from rows in host memory: sixteen
+threads share a 64 MiB buffer (:data:`chainexec.runtime.mapped.PIECE` for the same reason)."""
 
 
 def _one_piece(dst) -> bool:
@@ -215,9 +221,11 @@ class CupyBackend(Autotuner, Methods, Backend):
         warm-up made the page-locked arena (:mod:`chainexec.runtime.arena`), such rows go through
         it instead: copied into it over threads, then DMA'd without the host waiting. Rows in
         memory locked where it lies (:meth:`lock_host`: an input's mapped tile) skip both: one
-        DMA from there, queued at once. Otherwise through two staging buffers of :data:`STAGE_BYTES` each, or
-        one row (first axis) each where a row is larger (:meth:`host_empty`: page-locked when
-        :attr:`pinned`), used in turn: while one chunk of rows is copied to the device
+        DMA from there, queued at once. Otherwise through two staging buffers of :data:`STAGE_BYTES` each
+        (:meth:`host_empty`: page-locked when :attr:`pinned`): rows that ``view`` finds in host
+        memory in pieces of that size (:meth:`_fetch_pieces`), rows read through ``read`` a
+        whole number of rows at a time, or one row each where a row is larger; the buffers are
+        used in turn: while one chunk of rows is copied to the device
         (asynchronously from page-locked memory, on the current stream), the next is read into
         the other. A tile the size of one chunk or less, or of one row, is read and copied in one
         piece. Not a page-locked buffer the size of each tile: its allocation and the whole
@@ -233,6 +241,9 @@ class CupyBackend(Autotuner, Methods, Backend):
                 # has staged all of it
                 if locked or not arena.upload(self.xp, dst, host, stream):
                     dst.set(host, stream=stream)
+                return
+            if host is not None and dst.nbytes > STAGE_BYTES:
+                self._fetch_pieces(dst, host, stream)
                 return
         if _one_piece(dst):
             host = self.host_empty(dst.shape, dst.dtype)
@@ -250,6 +261,27 @@ class CupyBackend(Autotuner, Methods, Backend):
             host = stages[n % 2][:(hi - lo) * row].view(dst.dtype).reshape((hi - lo,) + dst.shape[1:])
             read(slice(lo, hi), host)
             dst[lo:hi].set(host, stream=stream)
+            done[n % 2] = stream.record()
+        stream.synchronize()
+
+    def _fetch_pieces(self, dst, host: np.ndarray, stream) -> None:
+        """Fill the contiguous device tile ``dst`` from ``host``, the same rows C-contiguous in
+        host memory, through the two staging buffers in pieces of :data:`STAGE_BYTES` whatever
+        the rows' length: while one piece is copied to the device, the next is copied into the
+        other buffer over the copy threads. A (T) ``ovvv`` row of v³ elements (512 MB at
+        v = 400) read row by row would make each buffer a row long, page-locked when first
+        needed (about half a second for the two) and held for the backend's life, and would wait
+        for each row's whole copy before reading the next but one."""
+        src = host.reshape(-1).view(np.uint8)
+        out = dst.reshape(-1).view(self.xp.uint8)
+        stages = self._staging(min(STAGE_BYTES, src.nbytes))
+        done = [None, None]
+        for n, lo in enumerate(range(0, src.nbytes, STAGE_BYTES)):
+            hi = min(lo + STAGE_BYTES, src.nbytes)
+            if done[n % 2] is not None:
+                done[n % 2].synchronize()  # the copy out of this staging buffer has finished
+            hostcopy.copy(stages[n % 2][:hi - lo], src[lo:hi], STAGE_PIECE)
+            out[lo:hi].set(stages[n % 2][:hi - lo], stream=stream)
             done[n % 2] = stream.record()
         stream.synchronize()
 
