@@ -28,17 +28,19 @@ def test_summarize_counts_calls_per_shape_longest_first():
 def test_spans_reach_every_element_a_batched_gemm_reads_and_writes(ta, tb, interleaved):
     """A batched GEMM over column-major views of flat arrays of :func:`spans`' lengths, done with
     NumPy element by element of its strides, touches the last element of each and nothing past:
-    the lengths are exact. Interleaved: the batch index is a column block of each operand (its
-    stride a multiple of a column, smaller than the matrix), as a W stack's tile gives."""
+    the lengths are exact. Interleaved: the batch index lies inside the operands' columns (A's
+    matrices overlapping, as a broadcast operand's may) and inside C's rows (its matrices side by
+    side in each column), as a W stack's tile gives."""
     m, n, k, count = 5, 3, 4, 3
     a_rows, a_cols = (m, k) if ta == 0 else (k, m)
     b_rows, b_cols = (k, n) if tb == 0 else (n, k)
-    lda, ldb, ldc = a_rows + 1, b_rows + 2, m
-    strides = (lda * 2, ldb, ldc * 1) if interleaved else (0, 0, 0)
+    lda, ldb = a_rows + 1, b_rows + 2
+    ldc = m * count if interleaved else m
+    strides = (lda * 2, ldb, m) if interleaved else (0, 0, 0)
     row = dict(zip(census.FIELDS, ("strided", ta, tb, m, n, k, lda, strides[0], ldb, strides[1], ldc, strides[2],
                                    count)))
     sa, sb, sc, span_a, span_b, span_c = census.spans(row)
-    assert (sa, sb, sc) == ((lda * 2, ldb, ldc) if interleaved else (lda * a_cols, ldb * b_cols, ldc * n))
+    assert (sa, sb, sc) == ((lda * 2, ldb, m) if interleaved else (lda * a_cols, ldb * b_cols, ldc * n))
     for span, stride, ld, rows_, cols in ((span_a, sa, lda, a_rows, a_cols), (span_b, sb, ldb, b_rows, b_cols),
                                           (span_c, sc, ldc, m, n)):
         touched = np.zeros(span + 1, bool)

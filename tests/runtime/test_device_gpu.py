@@ -713,7 +713,7 @@ def test_rows_at_hand_reach_a_page_locked_run_in_pieces_of_a_stage(stage, monkey
     """In a page-locked run, rows that ``view`` finds in host memory reach a tile larger than a
     staging buffer in pieces of the buffer's size, cut anywhere in a row, without ``read``: the
     tile equals the source, and the staging buffers stay one piece long however long a row is
-    (a (T) ``ovvv`` row of 512 MB read row by row made them a row long)."""
+    (a (T) ``ovvv`` row is 512 MB at v = 400)."""
     monkeypatch.setattr(cupy_backend, "STAGE_BYTES", stage)
     source = np.random.default_rng(9).standard_normal((37, 11, 6))
     backend = CupyBackend(cupy)

@@ -270,8 +270,8 @@ class CupyBackend(Autotuner, Methods, Backend):
         the rows' length: while one piece is copied to the device, the next is copied into the
         other buffer over the copy threads. A (T) ``ovvv`` row of v³ elements (512 MB at
         v = 400) read row by row would make each buffer a row long, page-locked when first
-        needed (about half a second for the two) and held for the backend's life, and would wait
-        for each row's whole copy before reading the next but one."""
+        needed and held for the backend's life, and would wait for each row's whole copy before
+        reading the next but one."""
         src = host.reshape(-1).view(np.uint8)
         out = dst.reshape(-1).view(self.xp.uint8)
         stages = self._staging(min(STAGE_BYTES, src.nbytes))
