@@ -252,36 +252,37 @@ class CupyBackend(Autotuner, Methods, Backend):
             return
         row = dst.nbytes // dst.shape[0]
         step = max(1, STAGE_BYTES // row)
-        stages = self._staging(step * row)
-        done = [None, None]
-        for n, lo in enumerate(range(0, dst.shape[0], step)):
-            hi = min(lo + step, dst.shape[0])
-            if done[n % 2] is not None:
-                done[n % 2].synchronize()  # the copy out of this staging buffer has finished
-            host = stages[n % 2][:(hi - lo) * row].view(dst.dtype).reshape((hi - lo,) + dst.shape[1:])
-            read(slice(lo, hi), host)
-            dst[lo:hi].set(host, stream=stream)
-            done[n % 2] = stream.record()
-        stream.synchronize()
+        self._through_stages(stream, step * row, (
+            (dst[lo:lo + step], lambda buf, lo=lo: read(slice(lo, lo + len(buf)), buf))
+            for lo in range(0, dst.shape[0], step)))
 
     def _fetch_pieces(self, dst, host: np.ndarray, stream) -> None:
         """Fill the contiguous device tile ``dst`` from ``host``, the same rows C-contiguous in
         host memory, through the two staging buffers in pieces of :data:`STAGE_BYTES` whatever
-        the rows' length: while one piece is copied to the device, the next is copied into the
-        other buffer over the copy threads. A (T) ``ovvv`` row of v³ elements (512 MB at
-        v = 400) read row by row would make each buffer a row long, page-locked when first
-        needed and held for the backend's life, and would wait for each row's whole copy before
-        reading the next but one."""
+        the rows' length, each piece copied into its buffer over the copy threads. A (T)
+        ``ovvv`` row of v³ elements (512 MB at v = 400) read row by row would make each buffer
+        a row long, page-locked when first needed and held for the backend's life, and would
+        wait for each row's whole copy before reading the next but one."""
         src = host.reshape(-1).view(np.uint8)
         out = dst.reshape(-1).view(self.xp.uint8)
-        stages = self._staging(min(STAGE_BYTES, src.nbytes))
+        self._through_stages(stream, min(STAGE_BYTES, src.nbytes), (
+            (out[lo:lo + STAGE_BYTES], lambda buf, lo=lo: hostcopy.copy(buf, src[lo:lo + len(buf)], STAGE_PIECE))
+            for lo in range(0, src.nbytes, STAGE_BYTES)))
+
+    def _through_stages(self, stream, nbytes: int, parts) -> None:
+        """Copy ``parts`` ((device array, fill) pairs, each array at most ``nbytes`` bytes) to the
+        device through the two staging buffers (:meth:`_staging`) in turn: ``fill(buffer)`` writes
+        a part into a host buffer of its array's shape and type, which is then copied to the
+        device on ``stream`` (asynchronously from page-locked memory) while the next part is
+        filled into the other buffer. Returns once the last copy is done."""
+        stages = self._staging(nbytes)
         done = [None, None]
-        for n, lo in enumerate(range(0, src.nbytes, STAGE_BYTES)):
-            hi = min(lo + STAGE_BYTES, src.nbytes)
+        for n, (target, fill) in enumerate(parts):
             if done[n % 2] is not None:
                 done[n % 2].synchronize()  # the copy out of this staging buffer has finished
-            hostcopy.copy(stages[n % 2][:hi - lo], src[lo:hi], STAGE_PIECE)
-            out[lo:hi].set(stages[n % 2][:hi - lo], stream=stream)
+            buf = stages[n % 2][:target.nbytes].view(target.dtype).reshape(target.shape)
+            fill(buf)
+            target.set(buf, stream=stream)
             done[n % 2] = stream.record()
         stream.synchronize()
 
