@@ -69,6 +69,14 @@ SECTOR = 32
 """Bytes of one DRAM/L2 sector: a run of fewer contiguous bytes still moves a whole sector."""
 
 
+SHORT_SUM = 48
+"""Longest summed range (elements, a multiple of 4) a short-sum kernel holds
+(:attr:`GettConfig.span`): its warp's A fragments take ``mma_m · bk / 2`` doubles a lane."""
+FRAGMENT_REGISTERS = 96
+"""Registers a lane of a short-sum kernel may give to A's fragments (``mma_m · bk``): with a
+chunk's accumulators, B's fragment and the offsets, 128-160 registers in all."""
+
+
 @dataclass(frozen=True)
 class GettConfig:
     """Compiled-in shape of one kernel.
@@ -81,7 +89,12 @@ class GettConfig:
     else along k. ``staged``: the epilogue passes each warp's accumulators through shared memory
     and stores whole rows of its tile per instruction (:func:`source`), else every lane stores
     its own fragment elements. ``wide``: offsets and extents are 64-bit (:attr:`Problem.wide`),
-    else 32-bit, which halves the instructions of every index computation and table read."""
+    else 32-bit, which halves the instructions of every index computation and table read.
+
+    ``span > 0``: the short-sum kernel (:mod:`chainexec.kernels.shortsum`, valid where
+    :meth:`short_valid`): ``warps_m`` warps along m (``warps_n`` 1), each holding the A fragments
+    of ``mma_m`` m16 tiles for the whole sum (``bk`` at least K), walk ``span`` columns (``bn``)
+    in chunks of ``8·mma_n``, B streamed through ``stages`` shared-memory buffers."""
 
     warps_m: int
     warps_n: int
@@ -94,6 +107,7 @@ class GettConfig:
     b_n_fast: bool
     staged: bool = False
     wide: bool = False
+    span: int = 0
 
     @property
     def rows(self) -> int:
@@ -113,7 +127,7 @@ class GettConfig:
 
     @property
     def bn(self) -> int:
-        return self.warps_n * self.mma_n * 8
+        return self.span or self.warps_n * self.mma_n * 8
 
     def pitches(self) -> tuple[int, int]:
         """Shared-memory row pitch (elements) of the A and B tiles: the loaded direction's length
@@ -134,10 +148,20 @@ class GettConfig:
         width = self.mma_n * 8
         return width + (3 - width) % 16
 
+    def short_elems(self) -> tuple[int, int]:
+        """Elements of the short-sum kernel's shared memory: A's tile (``bm`` rows of ``bk + 4``,
+        k fastest, read into fragments once) and one stage of B's chunk (along the direction B
+        is loaded, with a pitch of 4 mod 16 doubles as :meth:`pitches`)."""
+        chunk = 8 * self.mma_n
+        return self.bm * (self.bk + 4), (self.bk * (chunk + 4) if self.b_n_fast else chunk * (self.bk + 4))
+
     def smem_bytes(self) -> int:
         """Dynamic shared memory (bytes): the pipeline's stages, or the staged epilogue's tiles
         (one ``rows × stage_pitch`` tile per warp, in the same memory once the pipeline is done)
-        if larger."""
+        if larger; a short-sum kernel's A tile and B stages (:meth:`short_elems`)."""
+        if self.span:
+            a, b = self.short_elems()
+            return (a + self.stages * b) * ELEM
         pipeline = self.stages * sum(self.stage_elems()) * ELEM
         epilogue = self.warps_m * self.warps_n * self.rows * self.stage_pitch() * ELEM if self.staged else 0
         return max(pipeline, epilogue)
@@ -147,6 +171,8 @@ class GettConfig:
         rows (its width, ``8·mma_n``, divides 32 or is a multiple of it), and the shape and shared
         memory exist on compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA needs 80 or
         newer)."""
+        if self.span:
+            return self.short_valid(arch)
         if arch < 80 or (arch < 90 and self.mma in SM90_SHAPES):
             return False
         t = self.threads
@@ -165,7 +191,20 @@ class GettConfig:
                 and (self.bm * self.bk) % t == 0 and (self.bn * self.bk) % t == 0
                 and self.bk % self.kstep == 0 and self.smem_bytes() <= smem_limit(arch))
 
+    def short_valid(self, arch: int = 90) -> bool:
+        """Whether a short-sum configuration exists on compute capability ``arch``: one warp
+        along n, m16n8k4 MMAs (sm_90), no staged epilogue, a sum of at most :data:`SHORT_SUM` in
+        whole MMA steps held in at most :data:`FRAGMENT_REGISTERS` registers a lane, a span of
+        whole chunks, two or more stages, shared memory within the block's limit."""
+        return (arch >= 90 and self.mma == "m16n8k4" and self.warps_n == 1 and not self.staged
+                and 0 < self.bk <= SHORT_SUM and self.bk % 4 == 0 and self.mma_m * self.bk <= FRAGMENT_REGISTERS
+                and self.span % (8 * self.mma_n) == 0 and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
+
     def name(self) -> str:
+        if self.span:
+            return (f"chainexec_shortsum_w{self.warps_m}_t{self.mma_m}x{self.mma_n}_k{self.bk}_n{self.span}"
+                    f"_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
+                    + ("_i64" if self.wide else ""))
         return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
                 f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
                 + ("_st" if self.staged else "") + ("_i64" if self.wide else ""))
@@ -412,7 +451,9 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     (smaller tiles keep more blocks resident); then the staged-epilogue twin of each
     (:attr:`GettConfig.staged`) where its shared memory fits. The model cannot tell the two
     epilogues apart (both store whole sectors; what differs is the number of store instructions
-    and their order), the timing can. Empty where the device has no FP64 MMA (before sm_80)."""
+    and their order), the timing can. Last, for a short sum, the short-sum kernels of every order
+    (:func:`short_configs`), bound by the L1/shared-memory traffic the model does not count.
+    Empty where the device has no FP64 MMA (before sm_80)."""
     ranked = sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg)
                      for order, p in problems.items() for cfg in configs(p, arch=arch)), key=lambda x: x[:3])
     if not ranked:
@@ -427,7 +468,31 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
                 best.append(x)
     chosen = [(x[1], x[3]) for x in best]
     twins = [(order, replace(cfg, staged=True)) for order, cfg in chosen]
-    return chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
+    return (chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
+            + [(order, cfg) for order, p in problems.items() for cfg in short_configs(p, arch)])
+
+
+SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2))
+"""Short-sum shapes the autotuner times where the sum is short enough (:func:`short_configs`):
+(warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages). One m16 tile and a chunk of
+32 columns a warp hold the fewest registers a lane; the two spans suit outputs with many columns
+(fewer re-reads of A's tile) and with few (more blocks)."""
+
+SHORT_TUNED = 24
+"""Longest sum (elements) for which the autotuner times short-sum kernels. Past it the pipelined
+GETT kernels win (measured at sums of 32 and 48, ``benchmarks/results/``): their k-loop amortizes
+its loads over the sum, while a short-sum warp's unrolled sum grows its registers."""
+
+
+def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
+    """The short-sum configurations (:attr:`GettConfig.span`) of :data:`SHORT_TILES` valid for
+    ``p`` on compute capability ``arch``: each holds ``p``'s whole sum, rounded up to whole MMA
+    steps; none where the sum is longer than :data:`SHORT_TUNED`."""
+    K = p.dims[2]
+    bk = max(4, -(-K // 4) * 4)
+    out = [GettConfig(w, 1, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span)
+           for w, mm, mn, span, st in SHORT_TILES]
+    return [cfg for cfg in out if cfg.valid(arch)] if K <= SHORT_TUNED else []
 
 
 def _amplification(run: int, along: int) -> float:
@@ -573,7 +638,12 @@ def source(cfg: GettConfig) -> str:
     M, N, K, tilesN, alpha, beta)``, tables and extents of type ``idx`` (``int``, or
     ``long long`` where ``cfg.wide``); grid ``(ceil(M/bm) * tilesN, L)``, block ``cfg.threads``,
     dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C not read when
-    ``beta == 0``). Every element of C is written by exactly one thread."""
+    ``beta == 0``). Every element of C is written by exactly one thread. A short-sum
+    configuration (``cfg.span``) gets :func:`chainexec.kernels.shortsum.source`'s kernel."""
+    if cfg.span:
+        from chainexec.kernels import shortsum
+
+        return shortsum.source(cfg)
     if not cfg.valid():
         raise ValueError(f"invalid GETT configuration {cfg}")
     pa, pb = cfg.pitches()

@@ -166,7 +166,8 @@ class GettTables:
         arguments)] per launch) of ``cfg`` at the tables' index width, made at the first call and
         kept per (configuration, device): a launch per tile then only adds the operands and
         scalars. Batches beyond gridDim.y's limit go in several launches, each with its slice
-        of the batch tables."""
+        of the batch tables. Raises ValueError for a short-sum configuration whose sum is
+        shorter than the tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`)."""
         import cupy
 
         key = (cfg, cupy.cuda.Device().id)
@@ -175,9 +176,11 @@ class GettTables:
             import numpy as np
 
             run = cfg if cfg.wide == self.wide else replace(cfg, wide=self.wide)
+            M, N, K, L = self.dims
+            if run.span and K > run.bk:
+                raise ValueError(f"{run.name()} sums at most {run.bk} elements, not {K}")
             fn, cubin = gett_function(run)
             index = np.int64 if run.wide else np.int32
-            M, N, K, L = self.dims
             tiles_n = -(-N // run.bn)
             blocks = -(-M // run.bm) * tiles_n
             am, ak, al, bk, bn, bl, cm, cn, cl = self.views

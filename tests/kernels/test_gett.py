@@ -177,10 +177,14 @@ def test_candidates_are_valid_and_ranked():
     probs = gett.variants(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes,
                           (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")))
     assert set(probs) == set(gett.ORDERS)  # C's stride-1 index f is not B's: the orders differ
-    ranked = gett.candidates(probs, sm_count=132, top=3)
+    every_kind = gett.candidates(probs, sm_count=132, top=3)
     # the best of each order (more than the three asked for), then the best of each k-tile depth
     # and block shape no larger than the best's, then the staged-epilogue twin of each (they fit:
-    # no shared-memory limit hit)
+    # no shared-memory limit hit); last, K = 24 being short, the short-sum kernels of each order
+    ranked = [x for x in every_kind if not x[1].span]
+    short = [(o, cfg) for o, p in probs.items() for cfg in gett.short_configs(p)]
+    assert every_kind == ranked + short and short
+    assert all(cfg.bk == 24 and cfg.valid() for _, cfg in short)
     plain = [x for x in ranked if not x[1].staged]
     cands, diverse = plain[:len(gett.ORDERS)], plain[len(gett.ORDERS):]
     assert ranked[len(plain):] == [(o, replace(cfg, staged=True)) for o, cfg in plain]

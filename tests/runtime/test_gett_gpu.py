@@ -107,6 +107,51 @@ def test_every_configuration_is_correct(staged):
             assert _relerr(C.get(), ref) <= 1e-12, cfg
 
 
+SHORT_GRID = tuple(product((2, 4), (1, 2), (4, 8), (128, 256), (2, 3)))
+"""(warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages) of the short-sum kernels
+checked: both chunk widths, spans that a block fills or leaves ragged, two and three stages."""
+
+
+@pytest.mark.parametrize("K", [1, 7, 24, 45])
+def test_short_sum_kernels_are_correct(K):
+    """Every short-sum shape of :data:`SHORT_GRID` that holds the sum, all four load directions,
+    odd M and N (partial blocks and chunks), a batch index, strided views of larger buffers,
+    alpha and beta, 32- and 64-bit offsets: against NumPy."""
+    sizes = dict(l=2, a=75, b=301, k=K)
+    layouts = {(True, True): ("lak", "lkb"), (True, False): ("lak", "lbk"), (False, True): ("lka", "lkb"),
+               (False, False): ("lka", "lbk")}
+    bk = -(-K // 4) * 4
+    for n, ((ak, bn), (a, b)) in enumerate(layouts.items()):
+        hC, hA, hB = _arrays("lab", a, b, sizes, seed=K + n)
+        ref = np.einsum(f"{a},{b}->lab", hA, hB)
+        C, A, B = _device_views((hC, hA, hB), True)
+        ran = 0
+        for warps, mma_m, mma_n, span, stages in SHORT_GRID:
+            cfg = gett.GettConfig(warps, 1, mma_m, mma_n, bk, stages, "m16n8k4", ak, bn, span=span)
+            if not cfg.valid():
+                continue
+            wide = ran % 2 == 1
+            C[...] = cupy.nan
+            p = _run(cfg, "lab", a, b, sizes, C, A, B, 1.0, 0.0, wide=wide)
+            assert (p.a_k_fast, p.b_n_fast) == (ak, bn)
+            assert _relerr(C.get(), ref) <= 1e-12, cfg
+            C[...] = cupy.asarray(hC)
+            _run(cfg, "lab", a, b, sizes, C, A, B, 0.5, -1.25, wide=wide)
+            assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
+            ran += 1
+        assert ran >= 8
+
+
+def test_a_short_sum_kernel_refuses_a_longer_sum():
+    sizes = dict(a=40, b=64, k=30)
+    hC, hA, hB = _arrays("ab", "ak", "kb", sizes, seed=5)
+    C, A, B = _device_views((hC, hA, hB), False)
+    cfg = gett.GettConfig(4, 1, 2, 8, 28, 3, "m16n8k4", True, True, span=128)
+    assert cfg.valid()
+    with pytest.raises(ValueError, match="sums at most 28"):
+        _run(cfg, "ab", "ak", "kb", sizes, C, A, B, 1.0, 0.0)
+
+
 def _contraction(out, a, b, factor=1.0):
     return Contraction(id=0, out=out[0], out_indices=list(out[1]), a=a[0], a_indices=list(a[1]),
                        b=b[0], b_indices=list(b[1]), factor=factor, accumulate=True, flops=0, statement=0)

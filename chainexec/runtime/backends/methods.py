@@ -665,8 +665,10 @@ class Methods:
         order = order if order in probs else next(iter(probs))
         prob, tables = probs[order]
         cfg = GettConfig(**fields)
-        if (cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast):
-            # chosen on a probe whose cut made another load direction win: the model's best here
+        if (cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast) or (cfg.span and prob.dims[2] > cfg.bk):
+            # chosen on a probe whose cut made another load direction win, or taken from a
+            # classmate whose sum a short-sum kernel held and this one's it does not: the model's
+            # best here
             cfg = next(x for o, x in cands if o == order)
         left, right = (b, a) if prob.swap else (a, b)
         launch.launch_gett(cfg, tables, out, left, right, alpha, beta)

@@ -1,0 +1,96 @@
+"""Short-sum GETT configurations (:attr:`GettConfig.span`) and their generated source.
+
+Which configurations exist (the limits of :meth:`GettConfig.short_valid`), what they occupy, that
+every one compiles with nvcc for sm_90 without spilling (when nvcc is present), and that the
+launch refuses a sum longer than the kernel holds. Their results are checked against
+``numpy.einsum`` on the GPU (``tests/runtime/test_gett_gpu.py``).
+"""
+
+import re
+import shutil
+from dataclasses import replace
+from itertools import product
+
+import pytest
+
+from chainexec.kernels import gett
+from tests.conftest import nvcc_reports
+
+
+def _short(warps=4, mma_m=2, mma_n=8, bk=24, stages=3, span=256, a_k_fast=False, b_n_fast=True, **kw):
+    return gett.GettConfig(warps, 1, mma_m, mma_n, bk, stages, "m16n8k4", a_k_fast, b_n_fast, span=span, **kw)
+
+
+def test_a_short_sum_block_spans_its_columns_with_one_warp_along_n():
+    cfg = _short()
+    assert cfg.valid() and cfg.bm == 4 * 2 * 16 and cfg.bn == 256 and cfg.threads == 128
+    a, b = cfg.short_elems()
+    assert (a, b) == (128 * 28, 24 * 68)  # A's rows of bk + 4; B's chunk of 64 columns, pitch 68
+    assert cfg.smem_bytes() == (a + 3 * b) * gett.ELEM
+    along_k = _short(b_n_fast=False)
+    assert along_k.short_elems()[1] == 64 * 28 and along_k.smem_bytes() == cfg.smem_bytes() - 3 * 24 * 68 * 8 + 3 * 64 * 28 * 8
+    assert cfg.name().startswith("chainexec_shortsum_") and cfg.name() != _short(span=512).name()
+    assert replace(cfg, wide=True).name() == cfg.name() + "_i64"
+
+
+@pytest.mark.parametrize("change, valid", [
+    ({}, True),
+    ({"bk": gett.SHORT_SUM}, True),  # two m16 tiles of 48: 96 fragment registers a lane
+    ({"bk": gett.SHORT_SUM + 4, "mma_m": 1}, False),  # longer than a short sum
+    ({"bk": 26}, False),  # not whole MMA steps
+    ({"span": 200}, False),  # not whole chunks of 64
+    ({"stages": 1}, False),
+    ({"staged": True}, False),
+    ({"mma": "m8n8k4"}, False),
+    ({"warps_n": 2}, False),
+    ({"mma_m": 4, "bk": 28}, False),  # 4 × 28 fragment registers: too many
+    ({"warps_m": 16, "mma_m": 2, "bk": 48, "mma_n": 16, "stages": 8}, False),  # beyond shared memory
+])
+def test_short_sum_limits(change, valid):
+    cfg = replace(_short(), **change)
+    assert cfg.valid() == valid
+    if not valid:
+        with pytest.raises(ValueError):
+            gett.source(cfg)
+
+
+def test_short_sums_need_sm_90():
+    assert _short().valid(90) and not _short().valid(80)
+
+
+def _grid():
+    """Every short-sum shape the autotuner may time, both load directions, both widths."""
+    out = []
+    for (warps, mma_m, mma_n, span, stages), ak, bn in product(
+            product((2, 4), (1, 2), (4, 8), (128, 512), (2, 3)), (False, True), (False, True)):
+        cfg = _short(warps, mma_m, mma_n, 24 if mma_m == 2 else 48, stages, span, ak, bn)
+        if cfg.valid():
+            out.append(replace(cfg, wide=len(out) % 2 == 1))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_short_sum_kernels_compile_with_nvcc_without_spills(tmp_path):
+    cfgs = _grid()
+    log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
+    assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(spills) == len(cfgs) and max(spills) == 0
+    assert all(f"{c.name()}(" in gett.source(c) for c in cfgs)
+
+
+@pytest.mark.parametrize("K, bk", [(0, 4), (1, 4), (21, 24), (23, 24), (24, 24), (25, None), (45, None)])
+def test_short_configs_hold_the_whole_sum(K, bk):
+    """Each short-sum candidate sums ``K`` rounded up to whole MMA steps; none past
+    :data:`~chainexec.kernels.gett.SHORT_TUNED`, and only the shapes whose fragments fit."""
+    sizes = dict(a=40, b=72, k=K)
+    p = gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, ({"a": 72, "b": 1}, {"a": max(K, 1), "k": 1},
+                                                                   {"k": 72, "b": 1}))
+    found = gett.short_configs(p)
+    if bk is None:
+        assert found == []
+        return
+    assert found and all(cfg.bk == bk and cfg.span and cfg.valid() for cfg in found)
+    assert {(c.warps_m, c.mma_m, c.mma_n, c.span, c.stages) for c in found} == {
+        t for t in gett.SHORT_TILES if t[1] * bk <= gett.FRAGMENT_REGISTERS}
+    assert gett.short_configs(p, arch=80) == []
