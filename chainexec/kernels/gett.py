@@ -236,9 +236,10 @@ class Problem:
     ``swap``: the caller's A and B were exchanged (B must hold C's stride-1 index). ``m, n, k, l``
     are the index names of each group in table order (last = fastest), ``sizes`` their extents.
     ``runs``: elements contiguous in memory along the direction C is stored and A and B are
-    loaded (for the cost model). ``blocked``: (group, x, y) for each group whose table order
+    loaded (for the cost model). ``blocked``: (group, x, y, run) for each group whose table order
     interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the group's last
-    index, ``y`` the other tensor's stride-1 index. ``wide``: some element offset or extent
+    index, ``y`` the other tensor's stride-1 index, ``run`` the elements of ``x`` a block
+    walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short). ``wide``: some element offset or extent
     reaches :data:`NARROW` (2^31 less a margin), so the kernel indexes in 64 bits. Tables are
     element offsets (int64 where ``wide``, else int32), built by :func:`tables`."""
 
@@ -251,7 +252,7 @@ class Problem:
     a_k_fast: bool
     b_n_fast: bool
     runs: tuple[int, int, int]
-    blocked: tuple[tuple[str, str, str], ...] = ()
+    blocked: tuple[tuple[str, str, str, int], ...] = ()
     wide: bool = False
 
     @property
@@ -339,14 +340,17 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
     b_n_fast = reach(n, blockable["n"]) <= reach(k, blockable["k"])
     runs = [_run(sc, n, sizes), _run(sa, k if a_k_fast else m, sizes), _run(sb, n if b_n_fast else k, sizes)]
     # A group read (or written) along itself by two tensors whose stride-1 indices differ is
-    # enumerated in BLOCK × BLOCK blocks of those two indices, so that both read whole sectors.
+    # enumerated in blocks of those two indices, so that both read whole sectors: BLOCK × BLOCK,
+    # or C_RUN of C's index by BLOCK of B's where C is written at the rate of its runs (a
+    # short sum: short-sum kernels, :data:`C_RUN`).
     blocked = []
     name, group = ("n", n) if b_n_fast else ("k", k)
     y = _fastest(sb, [i for i in group if sizes[i] > 1])
     if blockable[name] and y is not None and y != group[-1] and sb[y] == 1:
-        blocked.append((name, group[-1], y))
+        run = C_RUN if name == "n" and math.prod(sizes[i] for i in k) <= SHORT_TUNED else BLOCK
+        blocked.append((name, group[-1], y, run))
         other = 0 if name == "n" else 1  # C's run along N, or A's along K
-        runs[other], runs[2] = min(runs[other], BLOCK), min(sizes[y], BLOCK)
+        runs[other], runs[2] = min(runs[other], run), min(sizes[y], BLOCK)
     farthest = max(sum((sizes[i] - 1) * abs(st[i]) for i in st) for st in (sc, sa, sb))
     wide = max(farthest, *(math.prod(sizes[i] for i in g) for g in (m, n, k, lg))) >= NARROW
     return Problem(m=m, n=n, k=k, l=tuple(lg), sizes=dict(sizes), swap=swap, a_k_fast=a_k_fast,
@@ -365,26 +369,35 @@ def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dic
 
 BLOCK = SECTOR // ELEM
 """Elements per side of an interleaved group's blocks (:func:`enumeration`): one sector."""
+C_RUN = 2 * BLOCK
+"""Elements of C's stride-1 index an interleaved N group walks before B's where the sum is
+short (at most :data:`SHORT_TUNED`): two sectors, so that each row of a short-sum kernel's
+store instruction (8 columns) is one 64-byte piece of a line, not two sectors of two lines:
+C written in sector-sized pieces scattered over lines does not reach the write rate of whole
+lines. B's reads along the group, from L2 for a short sum, stay a sector each. Elsewhere the
+tiled kernels, whose tiles are read in BLOCK × BLOCK blocks, keep :data:`BLOCK`."""
 
 
-def enumeration(group, sizes: dict, blocked: tuple[str, str] | None = None) -> np.ndarray:
+def enumeration(group, sizes: dict, blocked: tuple[str, str, int] | None = None) -> np.ndarray:
     """Every multi-index of ``group`` in table order, as an int64 array (one row per index of
-    ``group``, one column per position). Row-major over ``group``; with ``blocked = (x, y)``,
-    the other indices stay outermost in their order, then come ``y // BLOCK``, ``x // BLOCK``,
-    ``y % BLOCK``, ``x % BLOCK``: consecutive positions walk ``x`` in runs of up to ``BLOCK``
-    and, over ``BLOCK`` runs, ``y`` likewise, so a tensor whose stride-1 index is ``x`` and
-    one whose stride-1 index is ``y`` both read whole sectors of a tile (a sum is indifferent
-    to the order of its terms; C's rows and columns are addressed through the tables)."""
+    ``group``, one column per position). Row-major over ``group``; with ``blocked = (x, y,
+    run)``, the other indices stay outermost in their order, then come ``y // BLOCK``,
+    ``x // run``, ``y % BLOCK``, ``x % run``: consecutive positions walk ``x`` in runs of up to
+    ``run`` and, over ``BLOCK`` runs, ``y`` in runs of up to ``BLOCK``, so a tensor whose
+    stride-1 index is ``x`` and one whose stride-1 index is ``y`` both read whole sectors of a
+    tile (a sum is indifferent to the order of its terms; C's rows and columns are addressed
+    through the tables)."""
     idx = np.indices([sizes[i] for i in group], dtype=np.int64).reshape(len(group), -1)
     if blocked is None:
         return idx
-    x, y = (group.index(i) for i in blocked)
+    x, y = (group.index(i) for i in blocked[:2])
+    run = blocked[2]
     keys = [idx[g] for g in range(len(group)) if g not in (x, y)]
-    keys += [idx[y] // BLOCK, idx[x] // BLOCK, idx[y] % BLOCK, idx[x] % BLOCK]
+    keys += [idx[y] // BLOCK, idx[x] // run, idx[y] % BLOCK, idx[x] % run]
     return idx[:, np.lexsort(keys[::-1])]
 
 
-def _table(group, sizes: dict, strides: dict, blocked: tuple[str, str] | None = None) -> np.ndarray:
+def _table(group, sizes: dict, strides: dict, blocked: tuple[str, str, int] | None = None) -> np.ndarray:
     """Element offset of every multi-index of ``group`` in table order (:func:`enumeration`)."""
     if not group:
         return np.zeros(1, dtype=np.int64)
@@ -397,7 +410,7 @@ def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray
     sc, sa, sb = strides
     if p.swap:
         sa, sb = sb, sa
-    blocked = {g: (x, y) for g, x, y in p.blocked}
+    blocked = {g: (x, y, run) for g, x, y, run in p.blocked}
     groups = {"m": p.m, "n": p.n, "k": p.k, "l": p.l}
     tensors = {"a": sa, "b": sb, "c": sc}
     dtype = np.int64 if p.wide else np.int32

@@ -22,6 +22,8 @@ CASES = [
     # sides, C's fastest index in A (swap), extent-1 index, 4-D CCSD-style.
     ("ab", "ak", "kb", dict(a=37, b=29, k=23)),
     ("abcdef", "dega", "gfbc", dict(a=5, b=4, c=3, d=6, e=2, f=7, g=9)),
+    # the same with C's stride-1 index f in ragged runs of C_RUN (19) and B's c of BLOCK (5)
+    ("abcdef", "dega", "gfbc", dict(a=3, b=2, c=5, d=4, e=3, f=19, g=13)),
     ("lab", "lak", "lkb", dict(l=3, a=11, b=13, k=5)),
     ("ab", "ak", "bk", dict(a=17, b=19, k=31)),
     ("ba", "ak", "kb", dict(a=21, b=9, k=14)),
@@ -111,28 +113,38 @@ def test_groups_read_by_two_tensors_along_different_indices_are_enumerated_in_se
     C, A, B = _arrays("abcd", "aebf", "dfce", sizes, 0)
     p = gett.problem(tuple("abcd"), tuple("aebf"), tuple("dfce"), sizes,
                      (_strides(C, "abcd"), _strides(A, "aebf"), _strides(B, "dfce")))
-    assert p.a_k_fast and not p.b_n_fast and p.blocked == (("k", "f", "e"),) and p.runs[1:] == (4, 4)
+    assert p.a_k_fast and not p.b_n_fast and p.blocked == (("k", "f", "e", gett.BLOCK),) and p.runs[1:] == (4, 4)
     # N = (b, c, f) in C's order (f stride-1 in C) and B's stride-1 index c: B loaded along N
     sizes = dict(a=5, b=4, c=3, d=6, e=2, f=7, g=9)
     C, A, B = _arrays("abcdef", "dega", "gfbc", sizes, 0)
     q = gett.problem(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes,
                      (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")), "store-n")
-    assert q.b_n_fast and q.n == ("b", "c", "f") and q.blocked == (("n", "f", "c"),) and q.runs == (4, 5, 3)
+    # the sum (g = 9) is short: C's f in runs of C_RUN (all 7 of them), B's c in runs of BLOCK
+    assert q.b_n_fast and q.n == ("b", "c", "f") and q.blocked == (("n", "f", "c", gett.C_RUN),) and q.runs == (7, 5, 3)
+    # a longer sum: f in runs of BLOCK
+    sizes = dict(sizes, g=gett.SHORT_TUNED + 1)
+    C, A, B = _arrays("abcdef", "dega", "gfbc", sizes, 0)
+    q = gett.problem(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes,
+                     (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")), "store-n")
+    assert q.blocked == (("n", "f", "c", gett.BLOCK),) and q.runs == (4, 5, 3)
 
 
+@pytest.mark.parametrize("run", [gett.BLOCK, gett.C_RUN])
 @pytest.mark.parametrize("group,sizes", [(("p", "x", "q", "y"), dict(p=2, x=9, q=3, y=6)),
-                                         (("y", "x"), dict(x=4, y=8)), (("x", "y"), dict(x=3, y=2))])
-def test_blocked_enumeration_visits_every_multi_index_once(group, sizes):
+                                         (("y", "x"), dict(x=4, y=8)), (("x", "y"), dict(x=3, y=2)),
+                                         (("y", "x"), dict(x=19, y=11))])
+def test_blocked_enumeration_visits_every_multi_index_once(group, sizes, run):
     plain = gett.enumeration(group, sizes)
-    idx = gett.enumeration(group, sizes, ("x", "y"))
+    idx = gett.enumeration(group, sizes, ("x", "y", run))
     assert idx.shape == plain.shape
     assert sorted(map(tuple, idx.T)) == sorted(map(tuple, plain.T))  # a permutation of the plain order
     x, y = group.index("x"), group.index("y")
     B = gett.BLOCK
-    # the first positions: x fastest in a run of up to BLOCK, then y, within one block
-    first = idx[:, :min(sizes["x"], B) * min(sizes["y"], B)]
-    assert list(first[x][:min(sizes["x"], B)]) == list(range(min(sizes["x"], B)))
-    assert set(first[y]) == set(range(min(sizes["y"], B))) and set(first[x]) == set(range(min(sizes["x"], B)))
+    # the first positions: x fastest in a run of up to `run`, then y in runs of up to BLOCK,
+    # within one block
+    first = idx[:, :min(sizes["x"], run) * min(sizes["y"], B)]
+    assert list(first[x][:min(sizes["x"], run)]) == list(range(min(sizes["x"], run)))
+    assert set(first[y]) == set(range(min(sizes["y"], B))) and set(first[x]) == set(range(min(sizes["x"], run)))
     # the other indices stay outermost: they change only where a whole (x, y) plane is done
     others = [g for g in range(len(group)) if g not in (x, y)]
     plane = sizes["x"] * sizes["y"]
