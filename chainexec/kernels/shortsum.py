@@ -44,15 +44,18 @@ def _chunk_loader(cfg: GettConfig) -> str:
             '"r"((unsigned)__cvta_generic_to_shared(&sB[s * B_STAGE + {dst}])), "l"(src), "r"(ok ? 8 : 0));')
     if cfg.b_n_fast and cfg.threads % chunk == 0:
         rows = cfg.threads // chunk
+        # the block's rows of threads take the chunk's bk rows in turns; where bk is not a
+        # multiple of them, the last turn's rows past bk load nothing
+        past = "" if cfg.bk % rows == 0 else f"if (k >= {cfg.bk}) break;\n        "
         return head + f"""
       const int n = tid % {chunk};
       const idx nn = bn + (idx)c * {chunk} + n;
       const bool inside = nn < N;
       const idx on = inside ? offbn[nn] : 0;
       #pragma unroll
-      for (int r = 0; r < {elems // cfg.threads}; ++r) {{
+      for (int r = 0; r < {-(-cfg.bk // rows)}; ++r) {{
         const int k = tid / {chunk} + r * {rows};
-        const bool ok = inside && k < K;
+        {past}const bool ok = inside && k < K;
         const double* src = B + (ok ? bl + koff[k] + on : 0);
         {copy.format(dst=f"k * {pitch} + n")}
       }}""" + tail

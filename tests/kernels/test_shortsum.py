@@ -62,8 +62,8 @@ def _grid():
     """Every short-sum shape the autotuner may time, both load directions, both widths."""
     out = []
     for (warps, mma_m, mma_n, span, stages), ak, bn in product(
-            product((2, 4), (1, 2), (4, 8), (128, 512), (2, 3)), (False, True), (False, True)):
-        cfg = _short(warps, mma_m, mma_n, 24 if mma_m == 2 else 48, stages, span, ak, bn)
+            product((2, 4, 8), (1, 2), (4, 8), (128, 512), (2, 3)), (False, True), (False, True)):
+        cfg = _short(warps, mma_m, mma_n, (24 if mma_m == 2 else 48) - 4 * (warps == 8), stages, span, ak, bn)
         if cfg.valid():
             out.append(replace(cfg, wide=len(out) % 2 == 1))
     return out

@@ -107,12 +107,13 @@ def test_every_configuration_is_correct(staged):
             assert _relerr(C.get(), ref) <= 1e-12, cfg
 
 
-SHORT_GRID = tuple(product((2, 4), (1, 2), (4, 8), (128, 256), (2, 3)))
+SHORT_GRID = tuple(product((2, 4, 8), (1, 2), (4, 8), (128, 256), (2, 3)))
 """(warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages) of the short-sum kernels
-checked: both chunk widths, spans that a block fills or leaves ragged, two and three stages."""
+checked: both chunk widths, spans that a block fills or leaves ragged, two and three stages,
+blocks whose rows of threads divide a chunk's rows or not (8 warps over sums of 4 and 20)."""
 
 
-@pytest.mark.parametrize("K", [1, 7, 24, 45])
+@pytest.mark.parametrize("K", [1, 7, 19, 24, 45])
 def test_short_sum_kernels_are_correct(K):
     """Every short-sum shape of :data:`SHORT_GRID` that holds the sum, all four load directions,
     odd M and N (partial blocks and chunks), a batch index, strided views of larger buffers,
