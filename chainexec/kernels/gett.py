@@ -239,8 +239,9 @@ class Problem:
     loaded (for the cost model). ``blocked``: (group, x, y, run) for each group whose table order
     interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the group's last
     index, ``y`` the other tensor's stride-1 index, ``run`` the elements of ``x`` a block
-    walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short). ``wide``: some element offset or extent
-    reaches :data:`NARROW` (2^31 less a margin), so the kernel indexes in 64 bits. Tables are
+    walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short). ``wide``:
+    some element offset or extent reaches :data:`NARROW` (2^31 less a margin), so the kernel
+    indexes in 64 bits. Tables are
     element offsets (int64 where ``wide``, else int32), built by :func:`tables`."""
 
     m: tuple[str, ...]
@@ -465,7 +466,8 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     (:attr:`GettConfig.staged`) where its shared memory fits. The model cannot tell the two
     epilogues apart (both store whole sectors; what differs is the number of store instructions
     and their order), the timing can. Last, for a short sum, the short-sum kernels of every order
-    (:func:`short_configs`), bound by the L1/shared-memory traffic the model does not count.
+    (:func:`short_configs`), bound by writing C, which the model does not rank: the timing
+    decides.
     Empty where the device has no FP64 MMA (before sm_80)."""
     ranked = sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg)
                      for order, p in problems.items() for cfg in configs(p, arch=arch)), key=lambda x: x[:3])
@@ -493,8 +495,8 @@ SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2))
 
 SHORT_TUNED = 24
 """Longest sum (elements) for which the autotuner times short-sum kernels. Past it the pipelined
-GETT kernels win (measured at sums of 32 and 48, ``benchmarks/results/``): their k-loop amortizes
-its loads over the sum, while a short-sum warp's unrolled sum grows its registers."""
+GETT kernels are faster (``benchmarks/results/``): their k-loop amortizes its loads over the
+sum, while a short-sum warp's unrolled sum grows its registers."""
 
 
 def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
@@ -644,6 +646,20 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
     return lines
 
 
+def block_tile(cfg: GettConfig) -> list[str]:
+    """Source lines that give a block its tile, ``bm`` and ``bn`` (first row and column of C),
+    and its batch's offsets ``al``, ``bl``, ``cl``: groups of :data:`RASTER` block rows, rows
+    fastest within a group (the short-sum kernel's grid is the same)."""
+    return [f"  // block -> tile: groups of {RASTER} block rows (the last fewer), rows fastest within a group",
+            f"  const idx tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, span = {RASTER} * tilesN;",
+            f"  const idx first = ((idx)blockIdx.x / span) * {RASTER}, within = (idx)blockIdx.x % span;",
+            f"  const idx rows = tilesM - first < {RASTER} ? tilesM - first : {RASTER};",
+            f"  const idx bm = (first + within % rows) * {cfg.bm};",
+            f"  const idx bn = (within / rows) * {cfg.bn};",
+            "  // the batch's offsets, added to every row's (the sum is below the farthest element's offset)",
+            "  const idx al = offal[blockIdx.y], bl = offbl[blockIdx.y], cl = offcl[blockIdx.y];"]
+
+
 def source(cfg: GettConfig) -> str:
     """CUDA C source of the kernel for ``cfg``.
 
@@ -699,14 +715,7 @@ def source(cfg: GettConfig) -> str:
          f"  double* sB = smem + {cfg.stages} * A_STAGE;",
          "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
          f"  const int wm = (warp / {cfg.warps_n}) * {wm}, wn = (warp % {cfg.warps_n}) * {wn};",
-         f"  // block -> tile: groups of {RASTER} block rows (the last fewer), rows fastest within a group",
-         f"  const idx tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, span = {RASTER} * tilesN;",
-         f"  const idx first = ((idx)blockIdx.x / span) * {RASTER}, within = (idx)blockIdx.x % span;",
-         f"  const idx rows = tilesM - first < {RASTER} ? tilesM - first : {RASTER};",
-         f"  const idx bm = (first + within % rows) * {cfg.bm};",
-         f"  const idx bn = (within / rows) * {cfg.bn};",
-         "  // the batch's offsets, added to every row's (the sum is below the farthest element's offset)",
-         "  const idx al = offal[blockIdx.y], bl = offbl[blockIdx.y], cl = offcl[blockIdx.y];"]
+         *block_tile(cfg)]
     L += _setup(cfg, "A") + _setup(cfg, "B")
     L += [f"  double acc[{cfg.mma_m}][{cfg.mma_n}][{acc}];",
           "  #pragma unroll",

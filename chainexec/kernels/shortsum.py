@@ -20,7 +20,7 @@ computes the ``bm × span`` tile GETT's grid gives it."""
 
 from __future__ import annotations
 
-from chainexec.kernels.gett import INDEX, RASTER, TABLE_ORDER, GettConfig
+from chainexec.kernels.gett import INDEX, TABLE_ORDER, GettConfig, block_tile
 
 
 def _chunk_loader(cfg: GettConfig) -> str:
@@ -112,6 +112,7 @@ def source(cfg: GettConfig) -> str:
            '{%0, %1, %2, %3};\\n" : "+d"(acc[i][0]), "+d"(acc[i][1]), "+d"(acc[i][2]), "+d"(acc[i][3]) : '
            '"d"(fa[i][ks][0]), "d"(fa[i][ks][1]), "d"(b));')
     tables = ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER)
+    tile = "\n".join(block_tile(cfg))
     return f"""// chainexec short-sum GETT kernel: block {cfg.bm} rows x {cfg.span} columns, {cfg.warps_m} warps of {cfg.mma_m} m16
 // tiles holding A's fragments for the whole sum (K <= {cfg.bk}); B in chunks of {chunk} columns, {cfg.stages} stages
 using idx = {INDEX[cfg.wide]};  // element offsets and extents
@@ -126,13 +127,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
   double* sA = smem;
   double* sB = smem + {a_elems};
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // block -> tile as in GETT: groups of {RASTER} block rows, rows fastest within a group
-  const idx tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, group = {RASTER} * tilesN;
-  const idx first = ((idx)blockIdx.x / group) * {RASTER}, within = (idx)blockIdx.x % group;
-  const idx rows = tilesM - first < {RASTER} ? tilesM - first : {RASTER};
-  const idx bm = (first + within % rows) * {cfg.bm};
-  const idx bn = (within / rows) * {cfg.span};
-  const idx al = offal[blockIdx.y], bl = offbl[blockIdx.y], cl = offcl[blockIdx.y];
+{tile}
   const idx left = (N - bn + {chunk - 1}) / {chunk};
   const int chunks = left < {cfg.span // chunk} ? (int)left : {cfg.span // chunk};
   // B's k offsets in shared memory: read for every element of every chunk, they would otherwise
