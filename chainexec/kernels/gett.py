@@ -77,6 +77,11 @@ FRAGMENT_REGISTERS = 96
 chunk's accumulators, B's fragment and the offsets, 128-160 registers in all."""
 
 
+BULK_SUM = 128
+"""Longest summed range (elements) a bulk-copy kernel holds: A's tile and B's stages take
+``bk`` rows of shared memory each."""
+
+
 @dataclass(frozen=True)
 class GettConfig:
     """Compiled-in shape of one kernel.
@@ -94,7 +99,14 @@ class GettConfig:
     ``span > 0``: the short-sum kernel (:mod:`chainexec.kernels.shortsum`, valid where
     :meth:`short_valid`): ``warps_m`` warps along m (``warps_n`` 1), each holding the A fragments
     of ``mma_m`` m16 tiles for the whole sum (``bk`` at least K), walk ``span`` columns (``bn``)
-    in chunks of ``8·mma_n``, B streamed through ``stages`` shared-memory buffers."""
+    in chunks of ``8·mma_n``, B streamed through ``stages`` shared-memory buffers.
+
+    ``bulk`` (with ``span > 0``): the bulk-copy kernel (:mod:`chainexec.kernels.bulk`, valid
+    where :meth:`bulk_valid`): one block row of ``16·mma_m`` rows of A held in shared memory for
+    the whole sum (``bk`` at least K), ``warps_n`` warps side by side along n, each ``mma_m ×
+    mma_n`` m16n8 tiles of a chunk of ``8·mma_n·warps_n`` columns, B's chunks copied row by row
+    by the tensor memory accelerator into ``stages`` buffers; for B whose rows of a chunk are
+    contiguous (:attr:`Problem.bulk_run`)."""
 
     warps_m: int
     warps_n: int
@@ -108,6 +120,7 @@ class GettConfig:
     staged: bool = False
     wide: bool = False
     span: int = 0
+    bulk: bool = False
 
     @property
     def rows(self) -> int:
@@ -155,12 +168,29 @@ class GettConfig:
         chunk = 8 * self.mma_n
         return self.bm * (self.bk + 4), (self.bk * (chunk + 4) if self.b_n_fast else chunk * (self.bk + 4))
 
+    def chunk(self) -> int:
+        """Columns of C a short-sum or bulk-copy block computes per B chunk."""
+        return 8 * self.mma_n * (self.warps_n if self.bulk else 1)
+
+    def bulk_pitches(self) -> tuple[int, int]:
+        """Shared-memory row pitches (elements) of the bulk-copy kernel's A tile (k fastest) and
+        B chunk (n fastest): 4 or 12 mod 16 doubles, so that the 8 rows × 4 columns of a
+        fragment read fall on distinct banks twice over (two wavefronts); even, so that every
+        row of B starts on 16 bytes as a bulk copy's destination must."""
+        return tuple(x + 4 if x % 8 == 0 else x + 8 for x in (self.bk, self.chunk()))
+
+    def bulk_elems(self) -> tuple[int, int]:
+        """Elements of the bulk-copy kernel's shared memory: A's tile (``bm`` rows) and one stage of
+        B's chunk (``bk`` rows), at :meth:`bulk_pitches`."""
+        pa, pb = self.bulk_pitches()
+        return self.bm * pa, self.bk * pb
+
     def smem_bytes(self) -> int:
         """Dynamic shared memory (bytes): the pipeline's stages, or the staged epilogue's tiles
         (one ``rows × stage_pitch`` tile per warp, in the same memory once the pipeline is done)
         if larger; a short-sum kernel's A tile and B stages (:meth:`short_elems`)."""
         if self.span:
-            a, b = self.short_elems()
+            a, b = self.bulk_elems() if self.bulk else self.short_elems()
             return (a + self.stages * b) * ELEM
         pipeline = self.stages * sum(self.stage_elems()) * ELEM
         epilogue = self.warps_m * self.warps_n * self.rows * self.stage_pitch() * ELEM if self.staged else 0
@@ -172,7 +202,7 @@ class GettConfig:
         memory exist on compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA needs 80 or
         newer)."""
         if self.span:
-            return self.short_valid(arch)
+            return self.bulk_valid(arch) if self.bulk else self.short_valid(arch)
         if arch < 80 or (arch < 90 and self.mma in SM90_SHAPES):
             return False
         t = self.threads
@@ -200,7 +230,19 @@ class GettConfig:
                 and 0 < self.bk <= SHORT_SUM and self.bk % 4 == 0 and self.mma_m * self.bk <= FRAGMENT_REGISTERS
                 and self.span % (8 * self.mma_n) == 0 and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
 
+    def bulk_valid(self, arch: int = 90) -> bool:
+        """Whether a bulk-copy configuration exists on compute capability ``arch``: the tensor
+        memory accelerator's bulk copies and m16n8k4 MMAs (sm_90), one warp along m, B loaded
+        along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, a span of
+        whole chunks, two or more stages, shared memory within the block's limit."""
+        return (arch >= 90 and self.mma == "m16n8k4" and self.warps_m == 1 and self.b_n_fast and not self.staged
+                and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and self.span % self.chunk() == 0
+                and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
+
     def name(self) -> str:
+        if self.bulk:
+            return (f"chainexec_bulk_w{self.warps_n}_t{self.mma_m}x{self.mma_n}_k{self.bk}_n{self.span}"
+                    f"_s{self.stages}_{'ak' if self.a_k_fast else 'am'}bn" + ("_i64" if self.wide else ""))
         if self.span:
             return (f"chainexec_shortsum_w{self.warps_m}_t{self.mma_m}x{self.mma_n}_k{self.bk}_n{self.span}"
                     f"_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
@@ -241,7 +283,11 @@ class Problem:
     index, ``y`` the other tensor's stride-1 index, ``run`` the elements of ``x`` a block
     walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short). ``wide``:
     some element offset or extent reaches :data:`NARROW` (2^31 less a margin), so the kernel
-    indexes in 64 bits. Tables are
+    indexes in 64 bits. ``bulk_run``: where B is loaded along an unblocked N, the elements of B
+    contiguous along N in table order (the trailing indices of N whose strides chain from 1),
+    and every other stride of B even, so that chunks of an even number of columns that divide it
+    are contiguous and start on 16 bytes past B's base (the bulk-copy kernel,
+    :mod:`chainexec.kernels.bulk`); else 0. Tables are
     element offsets (int64 where ``wide``, else int32), built by :func:`tables`."""
 
     m: tuple[str, ...]
@@ -255,6 +301,7 @@ class Problem:
     runs: tuple[int, int, int]
     blocked: tuple[tuple[str, str, str, int], ...] = ()
     wide: bool = False
+    bulk_run: int = 0
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -354,8 +401,26 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
         runs[other], runs[2] = min(runs[other], run), min(sizes[y], BLOCK)
     farthest = max(sum((sizes[i] - 1) * abs(st[i]) for i in st) for st in (sc, sa, sb))
     wide = max(farthest, *(math.prod(sizes[i] for i in g) for g in (m, n, k, lg))) >= NARROW
+    bulk_run = _contiguous_run(n, sb, sizes) if b_n_fast and not blocked else 0
     return Problem(m=m, n=n, k=k, l=tuple(lg), sizes=dict(sizes), swap=swap, a_k_fast=a_k_fast,
-                   b_n_fast=b_n_fast, runs=tuple(runs), blocked=tuple(blocked), wide=wide)
+                   b_n_fast=b_n_fast, runs=tuple(runs), blocked=tuple(blocked), wide=wide, bulk_run=bulk_run)
+
+
+def _contiguous_run(n: tuple, strides: dict, sizes: dict) -> int:
+    """Elements of a tensor with ``strides`` contiguous along the trailing indices of ``n`` (in
+    table order) whose strides chain from 1 (extent-1 indices skipped); 0 where one of its other
+    strides is odd, so that a run's even-sized pieces start on 16 bytes."""
+    run, merged = 1, set()
+    for i in reversed(n):
+        if sizes[i] == 1:
+            merged.add(i)
+        elif strides[i] == run:
+            run *= sizes[i]
+            merged.add(i)
+        else:
+            break
+    odd = any(strides[i] % 2 for i in strides if i not in merged and sizes[i] > 1)
+    return 0 if odd or run == 1 else run
 
 
 def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict]) -> dict[str, Problem]:
@@ -466,7 +531,8 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     (:attr:`GettConfig.staged`) where its shared memory fits. The model cannot tell the two
     epilogues apart (both store whole sectors; what differs is the number of store instructions
     and their order), the timing can. Last, for a short sum, the short-sum kernels of every order
-    (:func:`short_configs`), bound by writing C, which the model does not rank: the timing
+    (:func:`short_configs`), bound by writing C, and where B's chunks are contiguous the
+    bulk-copy kernels (:func:`bulk_configs`), neither of which the model ranks: the timing
     decides.
     Empty where the device has no FP64 MMA (before sm_80)."""
     ranked = sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg)
@@ -484,7 +550,8 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     chosen = [(x[1], x[3]) for x in best]
     twins = [(order, replace(cfg, staged=True)) for order, cfg in chosen]
     return (chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
-            + [(order, cfg) for order, p in problems.items() for cfg in short_configs(p, arch)])
+            + [(order, cfg) for order, p in problems.items() for cfg in short_configs(p, arch)]
+            + [(order, cfg) for order, p in problems.items() for cfg in bulk_configs(p, sm_count, arch)])
 
 
 SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2))
@@ -508,6 +575,44 @@ def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
     out = [GettConfig(w, 1, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span)
            for w, mm, mn, span, st in SHORT_TILES]
     return [cfg for cfg in out if cfg.valid(arch)] if K <= SHORT_TUNED else []
+
+
+BULK_TILES = ((8, 2, 2), (8, 1, 4))
+"""Bulk-copy shapes the autotuner times where they apply (:func:`bulk_configs`): (warps along n,
+n8 tiles a warp, stages). Eight warps a block, the only block of its SM (A's tile and B's
+stages fill its shared memory), chunks of 128 or 64 columns."""
+BULK_WAVES = (1, 2)
+"""Waves of blocks over the SMs a bulk-copy kernel's span is sized for (:func:`bulk_configs`):
+one block an SM reads A's tile once and has no tail; two leave the SMs that finish first less
+idle time at the end."""
+BULK_ROWS = 6
+"""Most m16 tiles a bulk-copy warp holds along m (96 rows, all of M: :func:`bulk_configs`)."""
+
+
+def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
+    """The bulk-copy configurations (:attr:`GettConfig.bulk`) of :data:`BULK_TILES` for ``p`` on
+    compute capability ``arch``: where B's chunks are contiguous (:attr:`Problem.bulk_run` a
+    multiple of the chunk), the sum fits, one block row holds all of M (at most
+    :data:`BULK_ROWS` m16 tiles: A is read once per block) and C's runs along n take a lane
+    group's 8 columns whole (a kernel that reads B in whole rows and writes C in scattered
+    elements is bound by the writes); a span of whole chunks that makes :data:`BULK_WAVES` waves
+    of blocks over ``sm_count`` SMs."""
+    M, N, K, L = p.dims
+    if not p.bulk_run or M > 16 * BULK_ROWS or p.runs[0] < 8:
+        return []
+    bk, mma_m = max(4, -(-K // 4) * 4), -(-M // 16)
+    out = []
+    for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES):
+        chunk = 8 * mn * w
+        if p.bulk_run % chunk:
+            continue
+        slots = sm_count * waves
+        blocks = -(-M // (16 * mma_m)) * L
+        span = chunk * max(1, -(-(-(-N // chunk) * blocks) // slots))
+        cfg = GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span, bulk=True)
+        if cfg.valid(arch) and cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def _amplification(run: int, along: int) -> float:
@@ -552,7 +657,9 @@ L2_SHARE = 12 * 2**20
 H200's 50 MB, the rest for B's column tiles, C's stores and other streams)."""
 
 
-def _cp_async(dst: str, src: str, ok: str) -> str:
+def cp_async(dst: str, src: str, ok: str) -> str:
+    """An 8-byte cp.async of the C expression ``src`` into the shared-memory address ``dst``,
+    zero-filled where ``ok`` is false."""
     return (f'asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\\n" :: '
             f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"(({ok}) ? 8 : 0));')
 
@@ -606,7 +713,7 @@ def _copies(cfg: GettConfig, side: str) -> list[str]:
     else:
         src, ok = f"{side} + (o{side}[0] + k{side}[r])", f"f{side}[r] && v{side}[0]"
     return [f"    // {side} tile: threads along {fast}", "    #pragma unroll",
-            f"    for (int r = 0; r < {count}; ++r)", "      " + _cp_async(dst, src, ok)]
+            f"    for (int r = 0; r < {count}; ++r)", "      " + cp_async(dst, src, ok)]
 
 
 def _issue(cfg: GettConfig, tile: str, stage: str, pad: str) -> list[str]:
@@ -668,7 +775,12 @@ def source(cfg: GettConfig) -> str:
     ``long long`` where ``cfg.wide``); grid ``(ceil(M/bm) * tilesN, L)``, block ``cfg.threads``,
     dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C not read when
     ``beta == 0``). Every element of C is written by exactly one thread. A short-sum
-    configuration (``cfg.span``) gets :func:`chainexec.kernels.shortsum.source`'s kernel."""
+    configuration (``cfg.span``) gets :func:`chainexec.kernels.shortsum.source`'s kernel, a
+    bulk-copy one (``cfg.bulk``) :func:`chainexec.kernels.bulk.source`'s."""
+    if cfg.bulk:
+        from chainexec.kernels import bulk
+
+        return bulk.source(cfg)
     if cfg.span:
         from chainexec.kernels import shortsum
 

@@ -20,7 +20,7 @@ computes the ``bm × span`` tile GETT's grid gives it."""
 
 from __future__ import annotations
 
-from chainexec.kernels.gett import INDEX, TABLE_ORDER, GettConfig, block_tile
+from chainexec.kernels.gett import INDEX, TABLE_ORDER, GettConfig, block_tile, cp_async
 
 
 def _chunk_loader(cfg: GettConfig) -> str:
@@ -78,20 +78,85 @@ def _chunk_loader(cfg: GettConfig) -> str:
       }}""" + tail
 
 
-def _store(accumulate: bool) -> str:
+def _store(accumulate: bool, acc: str) -> str:
     """Store a lane's two columns of one row of C: one 16-byte store where C holds them side by
     side and the address is aligned, else one store per column; with ``accumulate``, ``beta``
     times the old values added (each element has one writer, the lane that reads it)."""
     old = ("          if (v0) x0 = fma(beta, p[0], x0);\n"
            "          if (v1) x1 = fma(beta, C[ocm[i][h] + o1], x1);\n") if accumulate else ""
     return (f"""          double* p = C + (ocm[i][h] + o0);
-          double x0 = alpha * acc[i][2 * h], x1 = alpha * acc[i][2 * h + 1];
+          double x0 = alpha * {acc}[2 * h], x1 = alpha * {acc}[2 * h + 1];
 {old}          if (pair && (((unsigned long long)p) & 15) == 0) {{
             *(double2*)p = make_double2(x0, x1);
           }} else {{
             if (v0) *p = x0;
             if (v1) C[ocm[i][h] + o1] = x1;
           }}""")
+
+
+def column_offsets(n0: str) -> str:
+    """Source lines that read the C column offsets of a lane's two columns of one n8 column tile
+    (``o0``, ``o1``; valid where ``v0``, ``v1``; side by side in C where ``pair``): lanes
+    4q..4q+3 hold 8 consecutive columns, the first a lane's at the C expression ``n0``."""
+    return f"""      // lanes 4q..4q+3 hold 8 consecutive columns of rows lane/4 and lane/4 + 8 of each m16 tile
+      const idx n0 = {n0};
+      const bool v0 = n0 < N, v1 = n0 + 1 < N;
+      const idx o0 = v0 ? offcn[n0] : 0, o1 = v1 ? offcn[n0 + 1] : 0;
+      const bool pair = v1 && o1 == o0 + 1;"""
+
+
+def tile_stores(acc: str, mma_m: int) -> str:
+    """Source lines that store a lane's two columns (:func:`column_offsets`) of a warp's ``mma_m``
+    m16 tiles from the MMA fragments (``acc`` indexed by ``i``, the m16 tile, gives a tile's
+    four accumulators), rows lane/4 and lane/4 + 8 of each tile, whose row offsets and validity
+    are ``ocm[i][h]`` and ``vcm[i][h]``. C = alpha·acc, plus beta·C where ``beta != 0``."""
+    return f"""      #pragma unroll
+      for (int i = 0; i < {mma_m}; ++i)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+          if (!vcm[i][h] || !v0) continue;
+          if (beta == 0.0) {{
+{_store(False, acc)}
+          }} else {{
+{_store(True, acc)}
+          }}
+        }}"""
+
+
+def a_tile(cfg: GettConfig, pitch: int) -> str:
+    """Source lines that gather a block's ``bm × bk`` tile of A into shared memory (``sA``, k
+    fastest at a row pitch of ``pitch`` elements, zero past M and K) by cp.async, every
+    element's copy in flight at once, and wait for all of the thread's copies before a block
+    barrier: a synchronous gather would wait a memory round trip per element a thread loads."""
+    coords = (f"const int k = e % {cfg.bk}, m = e / {cfg.bk};" if cfg.a_k_fast
+              else f"const int m = e % {cfg.bm}, k = e / {cfg.bm};")
+    copy = cp_async(f"&sA[m * {pitch} + k]", "A + (ok ? al + offam[mm] + offak[k] : 0)", "ok")
+    return f"""  // A's tile, once: zero past M and K
+  for (int e = tid; e < {cfg.bm * cfg.bk}; e += {cfg.threads}) {{
+    {coords}
+    const idx mm = bm + m;
+    const bool ok = k < K && mm < M;
+    {copy}
+  }}
+  asm volatile("cp.async.commit_group;\\n" ::);
+  asm volatile("cp.async.wait_group 0;\\n" ::);
+  __syncthreads();"""
+
+
+def row_offsets(mma_m: int, wm: str = "") -> str:
+    """Source lines that read the C row offsets and validity (``ocm``, ``vcm``) of a lane's rows
+    of ``mma_m`` m16 tiles starting at row ``bm`` (plus the C expression ``wm``)."""
+    first = f"bm + {wm} + " if wm else "bm + "
+    return f"""  idx ocm[{mma_m}][2];
+  bool vcm[{mma_m}][2];
+  #pragma unroll
+  for (int i = 0; i < {mma_m}; ++i)
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {{
+      const idx m = {first}i * 16 + h * 8 + (lane >> 2);
+      vcm[i][h] = m < M;
+      ocm[i][h] = cl + (vcm[i][h] ? offcm[m] : 0);
+    }}"""
 
 
 def source(cfg: GettConfig) -> str:
@@ -106,8 +171,6 @@ def source(cfg: GettConfig) -> str:
     pb = b_stage // (cfg.bk if cfg.b_n_fast else chunk)
     fb = (f"sB[cur + (ks * 4 + (lane & 3)) * {pb} + j * 8 + (lane >> 2)]" if cfg.b_n_fast
           else f"sB[cur + (j * 8 + (lane >> 2)) * {pb} + ks * 4 + (lane & 3)]")
-    a_coords = (f"const int k = e % {cfg.bk}, m = e / {cfg.bk};" if cfg.a_k_fast
-                else f"const int m = e % {cfg.bm}, k = e / {cfg.bm};")
     mma = ('asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, '
            '{%0, %1, %2, %3};\\n" : "+d"(acc[i][0]), "+d"(acc[i][1]), "+d"(acc[i][2]), "+d"(acc[i][3]) : '
            '"d"(fa[i][ks][0]), "d"(fa[i][ks][1]), "d"(b));')
@@ -138,13 +201,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
 {_chunk_loader(cfg)}
   #pragma unroll
   for (int c = 0; c < {cfg.stages - 1}; ++c) issue(c);
-  // A's tile, once: zero past M and K
-  for (int e = tid; e < {cfg.bm * cfg.bk}; e += {cfg.threads}) {{
-    {a_coords}
-    const idx mm = bm + m;
-    sA[m * {pa} + k] = (k < K && mm < M) ? A[al + offam[mm] + offak[k]] : 0.0;
-  }}
-  __syncthreads();
+{a_tile(cfg, pa)}
   const int wm = warp * {16 * cfg.mma_m};
   double fa[{cfg.mma_m}][{steps}][2];
   #pragma unroll
@@ -154,16 +211,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
       fa[i][ks][0] = sA[(wm + i * 16 + (lane >> 2)) * {pa} + ks * 4 + (lane & 3)];
       fa[i][ks][1] = sA[(wm + i * 16 + 8 + (lane >> 2)) * {pa} + ks * 4 + (lane & 3)];
     }}
-  idx ocm[{cfg.mma_m}][2];
-  bool vcm[{cfg.mma_m}][2];
-  #pragma unroll
-  for (int i = 0; i < {cfg.mma_m}; ++i)
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {{
-      const idx m = bm + wm + i * 16 + h * 8 + (lane >> 2);
-      vcm[i][h] = m < M;
-      ocm[i][h] = cl + (vcm[i][h] ? offcm[m] : 0);
-    }}
+{row_offsets(cfg.mma_m, "wm")}
   for (int c = 0; c < chunks; ++c) {{
     asm volatile("cp.async.wait_group {cfg.stages - 2};\\n" ::);
     __syncthreads();  // chunk c has landed for every thread; chunk c-1's stage is free
@@ -181,22 +229,8 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
         for (int i = 0; i < {cfg.mma_m}; ++i)
           {mma}
       }}
-      // lanes 4q..4q+3 hold 8 consecutive columns of rows lane/4 and lane/4 + 8 of each m16 tile
-      const idx n0 = bn + (idx)c * {chunk} + j * 8 + 2 * (lane & 3);
-      const bool v0 = n0 < N, v1 = n0 + 1 < N;
-      const idx o0 = v0 ? offcn[n0] : 0, o1 = v1 ? offcn[n0 + 1] : 0;
-      const bool pair = v1 && o1 == o0 + 1;
-      #pragma unroll
-      for (int i = 0; i < {cfg.mma_m}; ++i)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {{
-          if (!vcm[i][h] || !v0) continue;
-          if (beta == 0.0) {{
-{_store(False)}
-          }} else {{
-{_store(True)}
-          }}
-        }}
+{column_offsets(f"bn + (idx)c * {chunk} + j * 8 + 2 * (lane & 3)")}
+{tile_stores("acc[i]", cfg.mma_m)}
     }}
   }}
   asm volatile("cp.async.wait_group 0;\\n" ::);

@@ -159,6 +159,7 @@ class GettTables:
         self.views = tuple(self.buffer[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
         self.dims = problem.dims
         self.wide = problem.wide
+        self.bulk_run = problem.bulk_run
         self._launches: dict = {}
 
     def launches(self, cfg) -> tuple:
@@ -166,8 +167,10 @@ class GettTables:
         arguments)] per launch) of ``cfg`` at the tables' index width, made at the first call and
         kept per (configuration, device): a launch per tile then only adds the operands and
         scalars. Batches beyond gridDim.y's limit go in several launches, each with its slice
-        of the batch tables. Raises ValueError for a short-sum configuration whose sum is
-        shorter than the tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`)."""
+        of the batch tables. Raises ValueError for a short-sum or bulk-copy configuration whose
+        sum is shorter than the tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`), and
+        for a bulk-copy one whose chunks of B are not contiguous
+        (:attr:`~chainexec.kernels.gett.Problem.bulk_run`)."""
         import cupy
 
         key = (cfg, cupy.cuda.Device().id)
@@ -179,6 +182,9 @@ class GettTables:
             M, N, K, L = self.dims
             if run.span and K > run.bk:
                 raise ValueError(f"{run.name()} sums at most {run.bk} elements, not {K}")
+            if run.bulk and (self.bulk_run == 0 or self.bulk_run % run.chunk()):
+                raise ValueError(f"{run.name()} copies chunks of {run.chunk()} columns of B, "
+                                 f"which are not contiguous here (runs of {self.bulk_run})")
             fn, cubin = gett_function(run)
             index = np.int64 if run.wide else np.int32
             tiles_n = -(-N // run.bn)
@@ -227,6 +233,8 @@ def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None
     fn((nblocks,), (threads,), tuple(args), shared_mem=smem)
 
 
+BULK_ALIGN = 16
+"""Bytes a bulk copy's source address must be aligned to (the bulk-copy kernel's B base)."""
 MAX_GRID_Y = 65535
 """CUDA's limit on gridDim.y (the batch dimension of a GETT launch)."""
 
@@ -235,10 +243,13 @@ def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> 
     """``C = alpha·A·B + beta·C`` over the tables' index groups, for CuPy float64 arrays or
     views (the tables already hold their strides; A and B as the tables were built, i.e.
     swapped by the caller when the problem says so). The kernel's index width is the tables'
-    (``cfg.wide`` is set from them; :meth:`GettTables.launches`)."""
+    (``cfg.wide`` is set from them; :meth:`GettTables.launches`). Raises ValueError for a
+    bulk-copy configuration where B's base is not on :data:`BULK_ALIGN` bytes."""
     import numpy as np
 
     fn, cubin, name, threads, smem, launches = tables.launches(cfg)
+    if cfg.bulk and B.data.ptr % BULK_ALIGN:
+        raise ValueError(f"{name} copies B by bulk copies, which need its base on {BULK_ALIGN} bytes")
     kernelcache.note(cubin, name)  # each call: the autotuner's first one is paused
     scalars = (np.float64(alpha), np.float64(beta))
     for grid, args in launches:

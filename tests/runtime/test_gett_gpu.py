@@ -5,7 +5,7 @@ with NaN where beta = 0, so an unwritten element fails); operands include stride
 buffers, batch indices and extent-1 indices; every valid configuration is run at least once.
 """
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from itertools import product
 
 import numpy as np
@@ -256,3 +256,69 @@ def test_large_operands_are_tuned_on_a_probe(monkeypatch):
     be.contract(_contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf")), W, A, B)
     assert seen and max(seen) <= 1 << 20 < W.nbytes
     assert _relerr(W.get(), hW + np.einsum("iafb,kjcf->ijkabc", hA, hB)) <= 1e-12
+
+
+def _bulk_views(host_arrays):
+    """The arrays on the device as interior slices of buffers two elements wider on every axis,
+    starting one element in (two on the last axis): B's rows stay 16-byte aligned where its
+    extents are even."""
+    out = []
+    for x in host_arrays:
+        big = cupy.full([n + 2 for n in x.shape], cupy.nan)
+        sl = tuple(slice(1, 1 + n) for n in x.shape[:-1]) + (slice(2, 2 + x.shape[-1]),)
+        big[sl] = cupy.asarray(x)
+        out.append(big[sl])
+    return out
+
+
+@pytest.mark.parametrize("M", [20, 75])
+@pytest.mark.parametrize("K", [1, 7, 19, 72])
+def test_bulk_copy_kernels_are_correct(K, M):
+    """Every bulk-copy shape of :data:`gett.BULK_TILES` at spans of one and five chunks (a
+    block's last chunks past N), both of A's load directions, a batch index, strided views of
+    larger buffers, alpha and beta, 32- and 64-bit offsets, and the autotuner's own bulk
+    candidates: against NumPy."""
+    sizes = dict(l=2, a=M, b=384, k=K)
+    ran = 0
+    for n, (a, view) in enumerate(product(("lak", "lka"), (False, True))):
+        hC, hA, hB = _arrays("lab", a, "lkb", sizes, seed=K + M + n)
+        ref = np.einsum(f"{a},lkb->lab", hA, hB)
+        C, A, B = _bulk_views((hC, hA, hB)) if view else _device_views((hC, hA, hB), False)
+        strides = (_strides(C, "lab"), _strides(A, a), _strides(B, "lkb"))
+        p = gett.problem(("l", "a", "b"), tuple(a), ("l", "k", "b"), sizes, strides)
+        assert p.bulk_run == 384
+        bk, mma_m = max(4, -(-K // 4) * 4), -(-M // 16)
+        cfgs = [gett.GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, True, span=8 * mn * w * chunks,
+                                bulk=True) for (w, mn, st), chunks in product(gett.BULK_TILES, (1, 5))]
+        cfgs += gett.bulk_configs(p, 132)
+        for cfg in cfgs:
+            assert cfg.valid(), cfg
+            wide = ran % 2 == 1
+            C[...] = cupy.nan
+            _run(cfg, "lab", a, "lkb", sizes, C, A, B, 1.0, 0.0, wide=wide)
+            assert _relerr(C.get(), ref) <= 1e-12, cfg
+            C[...] = cupy.asarray(hC)
+            _run(cfg, "lab", a, "lkb", sizes, C, A, B, 0.5, -1.25, wide=wide)
+            assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
+            ran += 1
+    assert ran >= 24
+
+
+def test_a_bulk_copy_kernel_refuses_b_off_16_bytes_and_the_backend_falls_back():
+    """B one element past a 16-byte boundary: the launch refuses the bulk-copy kernel; the
+    backend, handed that configuration (as a tuning cache would), runs the model's best GETT
+    kernel instead, and the result matches NumPy."""
+    sizes = dict(a=40, b=256, k=24)
+    hC, hA, hB = _arrays("ab", "ka", "kb", sizes, seed=9)
+    C, A = _device_views((hC, hA), False)
+    buf = cupy.empty(hB.size + 1)
+    B = buf[1:].reshape(hB.shape)
+    B[...] = cupy.asarray(hB)
+    cfg = gett.GettConfig(1, 8, 3, 2, 24, 2, "m16n8k4", False, True, span=512, bulk=True)
+    with pytest.raises(ValueError, match="16 bytes"):
+        _run(cfg, "ab", "ka", "kb", sizes, C, A, B, 1.0, 0.0)
+    be = device.select("cupy")
+    c = _contraction(("C", "ab"), ("X", "ka"), ("Y", "kb"))
+    C[...] = cupy.asarray(hC)
+    be._gett_call({"order": "load", **asdict(cfg)}, c, C, A, B, 2.0, 1.0)
+    assert _relerr(C.get(), hC + 2.0 * np.einsum("ka,kb->ab", hA, hB)) <= 1e-12

@@ -665,12 +665,15 @@ class Methods:
         order = order if order in probs else next(iter(probs))
         prob, tables = probs[order]
         cfg = GettConfig(**fields)
-        if (cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast) or (cfg.span and prob.dims[2] > cfg.bk):
-            # chosen on a probe whose cut made another load direction win, or taken from a
-            # classmate whose sum a short-sum kernel held and this one's it does not: the model's
-            # best here
-            cfg = next(x for o, x in cands if o == order)
         left, right = (b, a) if prob.swap else (a, b)
+        bulk_fails = cfg.bulk and (not prob.bulk_run or prob.bulk_run % cfg.chunk() or right.data.ptr % launch.BULK_ALIGN)
+        if ((cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast) or (cfg.span and prob.dims[2] > cfg.bk)
+                or bulk_fails):
+            # chosen on a probe whose cut made another load direction win, or taken from a
+            # classmate whose sum a short-sum kernel held and this one's it does not, or whose B
+            # a bulk-copy kernel copied in whole aligned chunks and this one's it cannot: the
+            # model's best here
+            cfg = next(x for o, x in cands if o == order)
         launch.launch_gett(cfg, tables, out, left, right, alpha, beta)
 
     def _run(self, how: tuple, c: Contraction, out, a, b, fresh: bool = False) -> None:

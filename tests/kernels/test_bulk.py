@@ -1,0 +1,158 @@
+"""Bulk-copy GETT configurations (:attr:`GettConfig.bulk`), where they apply, and their source.
+
+Which configurations exist (:meth:`GettConfig.bulk_valid`), what they occupy, which problems have
+B's chunks contiguous (:attr:`Problem.bulk_run`), which candidates the autotuner gets
+(:func:`gett.bulk_configs`), and that every candidate shape compiles with nvcc for sm_90 without
+spilling (when nvcc is present). Their results are checked against ``numpy.einsum`` on the GPU
+(``tests/runtime/test_gett_gpu.py``).
+"""
+
+import re
+import shutil
+from dataclasses import replace
+from itertools import product
+
+import pytest
+
+from chainexec.kernels import gett
+from tests.conftest import nvcc_reports
+
+
+def _bulk(warps=8, mma_m=5, mma_n=2, bk=72, stages=2, span=1024, a_k_fast=False, **kw):
+    return gett.GettConfig(1, warps, mma_m, mma_n, bk, stages, "m16n8k4", a_k_fast, True, span=span, bulk=True, **kw)
+
+
+def _strides(idx: str, sizes: dict) -> dict:
+    """Row-major element strides of a tensor with indices ``idx``."""
+    out, step = {}, 1
+    for i in reversed(idx):
+        out[i] = step
+        step *= sizes[i]
+    return out
+
+
+def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n():
+    cfg = _bulk()
+    assert cfg.valid() and cfg.bm == 80 and cfg.bn == 1024 and cfg.threads == 256 and cfg.chunk() == 128
+    assert cfg.bulk_pitches() == (76, 132)  # 12 and 4 mod 16 doubles
+    assert cfg.bulk_elems() == (80 * 76, 72 * 132)
+    assert cfg.smem_bytes() == (80 * 76 + 2 * 72 * 132) * gett.ELEM
+    assert _bulk(bk=68).bulk_pitches()[0] == 76  # 68 + 4 is 8 mod 16: two rows a bank group apart
+    assert cfg.name().startswith("chainexec_bulk_") and cfg.name() != _bulk(span=512).name()
+    assert replace(cfg, wide=True).name() == cfg.name() + "_i64"
+    assert _bulk(a_k_fast=True).name() != cfg.name()
+
+
+@pytest.mark.parametrize("change, valid", [
+    ({}, True),
+    ({"bk": gett.BULK_SUM, "warps_n": 4, "mma_n": 1, "mma_m": 1}, True),
+    ({"bk": gett.BULK_SUM + 4}, False),  # longer than the sum a block holds
+    ({"bk": 70}, False),  # not whole MMA steps
+    ({"span": 1000}, False),  # not whole chunks of 128
+    ({"stages": 1}, False),
+    ({"stages": 3}, False),  # beyond shared memory
+    ({"staged": True}, False),
+    ({"mma": "m8n8k4"}, False),
+    ({"warps_m": 2}, False),
+    ({"b_n_fast": False}, False),  # B's rows are copied along n
+])
+def test_bulk_limits(change, valid):
+    cfg = replace(_bulk(), **change)
+    assert cfg.valid() == valid
+    if not valid:
+        with pytest.raises(ValueError):
+            gett.source(cfg)
+
+
+def test_bulk_copies_need_sm_90():
+    assert _bulk().valid(90) and not _bulk().valid(80)
+
+
+@pytest.mark.parametrize("c, a, b, sizes, run", [
+    # the AO→MO transforms of the TCCG set: B's n indices contiguous, merged into one run
+    ("abcd", "ea", "ebcd", dict(a=72, b=72, c=72, d=72, e=72), 72 ** 3),
+    ("abcd", "eb", "aecd", dict(a=72, b=72, c=72, d=72, e=72), 72 ** 2),
+    ("abcd", "ec", "abed", dict(a=72, b=72, c=72, d=72, e=72), 72),
+    ("abcd", "ea", "ebcd", dict(a=5, b=3, c=1, d=8, e=9), 24),  # an extent-1 index inside the run
+    ("abcd", "ea", "ebcd", dict(a=5, b=3, c=4, d=7, e=9), 84),  # B's row stride 3·4·7 = 84 even
+    ("abcd", "ea", "ebcd", dict(a=5, b=3, c=5, d=7, e=9), 0),  # 105, odd: rows not on 16 bytes
+    ("ab", "ak", "kb", dict(a=8, b=96, k=5), 96),
+    ("ab", "ak", "bk", dict(a=8, b=96, k=5), 0),  # B loaded along k
+])
+def test_bulk_run_is_the_contiguous_stretch_of_b_along_n(c, a, b, sizes, run):
+    strides = tuple(_strides(x, sizes) for x in (c, a, b))
+    p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides)
+    assert p.bulk_run == run
+    if not run:
+        assert gett.bulk_configs(p, 132) == []
+
+
+def test_bulk_run_is_zero_where_n_is_blocked_or_a_stride_is_odd():
+    """The (T) contractions' N groups walk C's and B's stride-1 indices in blocks: not one run."""
+    sizes = dict(a=24, b=16, c=16, d=24, e=16, f=16, g=24)
+    strides = tuple(_strides(x, sizes) for x in ("abcdef", "dega", "gfbc"))
+    store = gett.problem(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes, strides, "store")
+    assert store.blocked and store.bulk_run == 0
+    odd = gett.problem(("a", "b"), ("a", "k"), ("k", "b"), dict(a=8, b=64, k=5),
+                       ({"a": 64, "b": 1}, {"a": 5, "k": 1}, {"k": 65, "b": 1}))
+    assert odd.bulk_run == 0
+
+
+def test_bulk_configs_hold_all_of_m_and_size_their_spans_for_whole_waves():
+    sizes = dict(a=72, b=72, c=72, d=72, e=72)
+    strides = tuple(_strides(x, sizes) for x in ("abcd", "ea", "ebcd"))
+    p = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides)
+    found = gett.bulk_configs(p, 132)
+    assert {(c.warps_n, c.mma_n, c.stages) for c in found} == set(gett.BULK_TILES)
+    chunks = {c.chunk() for c in found}
+    assert chunks == {128, 64}
+    for cfg in found:
+        assert cfg.valid() and cfg.bm == 80 and cfg.bk == 72 and cfg.span % cfg.chunk() == 0
+        blocks = -(-72 ** 3 // cfg.span)
+        assert any(blocks <= 132 * w and blocks > 132 * w - 132 for w in gett.BULK_WAVES), cfg
+    assert {c.span for c in found if c.chunk() == 128} == {23 * 128, 12 * 128}
+    assert gett.bulk_configs(p, 132, arch=80) == []
+
+
+@pytest.mark.parametrize("sizes, order, why", [
+    (dict(a=100, b=72, c=72, d=72, e=72), "load", "M of 100 takes two block rows"),
+    (dict(a=72, b=72, c=72, d=72, e=132), "load", "a sum longer than a block holds"),
+    (dict(a=72, b=72, c=72, d=36, e=72), "load", "runs of 72·72·36 = 186624: whole chunks of 128 and 64, kept"),
+])
+def test_bulk_configs_only_where_a_block_holds_m_and_the_sum(sizes, order, why):
+    strides = tuple(_strides(x, sizes) for x in ("abcd", "ea", "ebcd"))
+    p = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides, order)
+    found = gett.bulk_configs(p, 132)
+    assert bool(found) == ("kept" in why), why
+
+
+def test_bulk_configs_are_offered_last_among_the_candidates():
+    sizes = dict(a=72, b=72, c=72, d=72, e=72)
+    strides = tuple(_strides(x, sizes) for x in ("abcd", "ea", "ebcd"))
+    probs = gett.variants(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides)
+    cands = gett.candidates(probs, 132)
+    bulk = [i for i, (_, cfg) in enumerate(cands) if cfg.bulk]
+    assert bulk and bulk == list(range(len(cands) - len(bulk), len(cands)))
+    assert not cands[0][1].bulk and not cands[0][1].span
+
+
+def _grid():
+    """Every bulk shape the autotuner may time, at sums of 4 to 96 and 1 to 6 m16 tiles, both of
+    A's load directions, both index widths."""
+    out = []
+    for (warps, mma_n, stages), mma_m, bk, ak in product(gett.BULK_TILES, (1, 2, 5, 6), (4, 32, 72, 96), (False, True)):
+        cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * 3, ak)
+        if cfg.valid():
+            out.append(replace(cfg, wide=len(out) % 2 == 1))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_bulk_kernels_compile_with_nvcc_without_spills(tmp_path):
+    cfgs = _grid()
+    assert len(cfgs) >= 40
+    log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
+    assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(spills) == len(cfgs) and max(spills) == 0
+    assert all(f"{c.name()}(" in gett.source(c) and "cp.async.bulk" in gett.source(c) for c in cfgs)
