@@ -7,8 +7,10 @@ are GEMMs with a small A and a long B whose rows are contiguous along n. A tiled
 is bound by the latency of those small steps, not by DRAM or the tensor cores. Here a block
 holds its ``bm = 16·mma_m`` rows of A in shared memory for the whole sum (``bk`` at least K,
 loaded once) and walks ``span`` columns in chunks of ``8·mma_n·warps_n``: each row of a chunk of
-B is one bulk copy (``cp.async.bulk``, issued by the lanes of warp 0, completing on the stage's
-mbarrier), ``stages`` chunks in flight, one block barrier a chunk; A's tile is gathered by
+B is one bulk copy (``cp.async.bulk``) issued by the lanes of a copying warp and completing on
+the stage's mbarrier; ``stages`` chunks in flight, each stage refilled once every computing warp
+has arrived on its second mbarrier, so that the computing warps run free of one another (one
+warp's stores beside another's MMAs) with no block barrier in the loop. A's tile is gathered by
 cp.async while the first chunks are copied, every element's copy in flight at once (a
 synchronous gather waits a memory round trip per element a thread loads). Warps lie side by side along
 n, each summing its ``mma_m × mma_n`` m16n8 tiles over the whole K from shared memory and
@@ -60,7 +62,8 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
   extern __shared__ __align__(16) double smem[];
   double* sA = smem;
   double* sB = smem + {a_elems};
-  __shared__ __align__(8) unsigned long long full[{stages}];  // one mbarrier a stage: its chunk has landed
+  // two mbarriers a stage: its chunk has landed (full), every computing warp has read it (empty)
+  __shared__ __align__(8) unsigned long long full[{stages}], empty[{stages}];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 {tile}
   const idx left = (N - bn + CHUNK - 1) / CHUNK;
@@ -72,13 +75,22 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
   for (int c = tid; c < chunks; c += {cfg.threads}) coff[c] = bl + offbn[bn + (idx)c * CHUNK];
   if (tid == 0) {{
     #pragma unroll
-    for (int s = 0; s < {stages}; ++s)
+    for (int s = 0; s < {stages}; ++s) {{
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"((unsigned)__cvta_generic_to_shared(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], {cfg.warps_n};\\n"
+                   :: "r"((unsigned)__cvta_generic_to_shared(&empty[s])));
+    }}
     asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
   __syncthreads();  // the barriers are initialized, the offsets in place
-  // chunk c into stage c % stages: lane 0 arms the stage's barrier with the chunk's bytes, the
-  // lanes of warp 0 copy one row of K each
+  auto wait = [](unsigned bar, unsigned parity) {{  // until the barrier at shared address bar completes a phase
+    unsigned done = 0;
+    while (!done)
+      asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }}\\n"
+                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }};
+  // chunk c into stage c % stages: lane 0 of the copying warp arms the stage's full barrier with
+  // the chunk's bytes, its lanes copy one row of K each
   auto issue = [&](int c) {{
     if (c < chunks) {{
       const int s = c % {stages};
@@ -93,7 +105,8 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
                         "r"(CHUNK * 8), "r"(bar) : "memory");
     }}
   }};
-  if (warp == 0) {{
+  const bool copier = warp == {cfg.warps_n};  // the last warp copies B; the others compute
+  if (copier) {{
     #pragma unroll
     for (int c = 0; c < {stages}; ++c) issue(c);
   }}
@@ -104,17 +117,19 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
     sB[s * B_STAGE + (int)K * PB + r] = 0.0;
   }}
 {a_tile(cfg, pa)}
+  if (copier) {{
+    // each stage refilled once every computing warp has read its last chunk
+    for (int c = {stages}; c < chunks; ++c) {{
+      wait((unsigned)__cvta_generic_to_shared(&empty[c % {stages}]), (c / {stages} - 1) & 1);
+      issue(c);
+    }}
+    return;
+  }}
 {row_offsets(cfg.mma_m)}
   const int wn = warp * {8 * cfg.mma_n};
   for (int c = 0; c < chunks; ++c) {{
     const int s = c % {stages};
-    {{
-      const unsigned bar = (unsigned)__cvta_generic_to_shared(&full[s]), parity = (c / {stages}) & 1;
-      unsigned done = 0;
-      while (!done)
-        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }}\\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }}
+    wait((unsigned)__cvta_generic_to_shared(&full[s]), (c / {stages}) & 1);
     const double* sb = sB + s * B_STAGE;
     // the chunk's C column offsets, read while the chunk is summed
     idx co0[{cfg.mma_n}], co1[{cfg.mma_n}];
@@ -148,8 +163,6 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
         for (int j = 0; j < {cfg.mma_n}; ++j)
           {MMA}
     }}
-    __syncthreads();  // every warp has read stage s: refill it
-    if (warp == 0) issue(c + {stages});
     #pragma unroll
     for (int j = 0; j < {cfg.mma_n}; ++j) {{
       // lanes 4q..4q+3 hold 8 consecutive columns of rows lane/4 and lane/4 + 8 of each m16 tile
@@ -157,6 +170,11 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
       const bool v0 = cv0[j], v1 = cv1[j], pair = v1 && o1 == o0 + 1;
 {tile_stores("acc[i][j]", cfg.mma_m)}
     }}
+    // this warp has read stage s (arriving after its stores keeps the accumulators' registers
+    // free of the arrival's ordering)
+    __syncwarp();
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"((unsigned)__cvta_generic_to_shared(&empty[s])) : "memory");
   }}
 }}
 """

@@ -80,6 +80,10 @@ chunk's accumulators, B's fragment and the offsets, 128-160 registers in all."""
 BULK_SUM = 128
 """Longest summed range (elements) a bulk-copy kernel holds: A's tile and B's stages take
 ``bk`` rows of shared memory each."""
+BULK_ACCUMULATORS = 40
+"""Most accumulators (doubles, ``4·mma_m·mma_n``) a lane of a bulk-copy kernel holds: with its
+copying warp a block of eight computing warps has 288 threads, for which ptxas gives a lane at
+most 168 registers, and more accumulators spill."""
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,8 @@ class GettConfig:
     where :meth:`bulk_valid`): one block row of ``16·mma_m`` rows of A held in shared memory for
     the whole sum (``bk`` at least K), ``warps_n`` warps side by side along n, each ``mma_m ×
     mma_n`` m16n8 tiles of a chunk of ``8·mma_n·warps_n`` columns, B's chunks copied row by row
-    by the tensor memory accelerator into ``stages`` buffers; for B whose rows of a chunk are
-    contiguous (:attr:`Problem.bulk_run`)."""
+    by the tensor memory accelerator into ``stages`` buffers by one more warp; for B whose rows of
+    a chunk are contiguous (:attr:`Problem.bulk_run`)."""
 
     warps_m: int
     warps_n: int
@@ -132,7 +136,8 @@ class GettConfig:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        """Threads a block: its computing warps', and a bulk-copy kernel's copying warp."""
+        return 32 * (self.warps_m * self.warps_n + self.bulk)
 
     @property
     def bm(self) -> int:
@@ -233,10 +238,12 @@ class GettConfig:
     def bulk_valid(self, arch: int = 90) -> bool:
         """Whether a bulk-copy configuration exists on compute capability ``arch``: the tensor
         memory accelerator's bulk copies and m16n8k4 MMAs (sm_90), one warp along m, B loaded
-        along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, a span of
-        whole chunks, two or more stages, shared memory within the block's limit."""
+        along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, at most
+        :data:`BULK_ACCUMULATORS` a lane, a span of whole chunks, two or more stages, shared
+        memory within the block's limit."""
         return (arch >= 90 and self.mma == "m16n8k4" and self.warps_m == 1 and self.b_n_fast and not self.staged
-                and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and self.span % self.chunk() == 0
+                and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and 4 * self.mma_m * self.mma_n <= BULK_ACCUMULATORS
+                and self.span % self.chunk() == 0
                 and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
 
     def name(self) -> str:

@@ -31,9 +31,9 @@ def _strides(idx: str, sizes: dict) -> dict:
     return out
 
 
-def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n():
+def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n_and_one_warp_copying():
     cfg = _bulk()
-    assert cfg.valid() and cfg.bm == 80 and cfg.bn == 1024 and cfg.threads == 256 and cfg.chunk() == 128
+    assert cfg.valid() and cfg.bm == 80 and cfg.bn == 1024 and cfg.threads == 288 and cfg.chunk() == 128
     assert cfg.bulk_pitches() == (76, 132)  # 12 and 4 mod 16 doubles
     assert cfg.bulk_elems() == (80 * 76, 72 * 132)
     assert cfg.smem_bytes() == (80 * 76 + 2 * 72 * 132) * gett.ELEM
@@ -55,6 +55,8 @@ def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n():
     ({"mma": "m8n8k4"}, False),
     ({"warps_m": 2}, False),
     ({"b_n_fast": False}, False),  # B's rows are copied along n
+    ({"mma_m": 6}, False),  # 48 accumulators a lane: more than 168 registers
+    ({"mma_m": 6, "mma_n": 1}, True),
 ])
 def test_bulk_limits(change, valid):
     cfg = replace(_bulk(), **change)
