@@ -174,7 +174,8 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
     // free of the arrival's ordering)
     __syncwarp();
     if (lane == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"((unsigned)__cvta_generic_to_shared(&empty[s])) : "memory");
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n"
+                   :: "r"((unsigned)__cvta_generic_to_shared(&empty[s])) : "memory");
   }}
 }}
 """

@@ -80,6 +80,9 @@ chunk's accumulators, B's fragment and the offsets, 128-160 registers in all."""
 BULK_SUM = 128
 """Longest summed range (elements) a bulk-copy kernel holds: A's tile and B's stages take
 ``bk`` rows of shared memory each."""
+BULK_CHUNKS = 64
+"""Most chunks a bulk-copy block walks: their first columns' offsets sit in static shared memory
+(8 bytes each at most), outside the dynamic shared memory :meth:`GettConfig.smem_bytes` counts."""
 BULK_ACCUMULATORS = 40
 """Most accumulators (doubles, ``4·mma_m·mma_n``) a lane of a bulk-copy kernel holds: with its
 copying warp a block of eight computing warps has 288 threads, for which ptxas gives a lane at
@@ -239,11 +242,11 @@ class GettConfig:
         """Whether a bulk-copy configuration exists on compute capability ``arch``: the tensor
         memory accelerator's bulk copies and m16n8k4 MMAs (sm_90), one warp along m, B loaded
         along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, at most
-        :data:`BULK_ACCUMULATORS` a lane, a span of whole chunks, two or more stages, shared
-        memory within the block's limit."""
+        :data:`BULK_ACCUMULATORS` a lane, a span of whole chunks, at most :data:`BULK_CHUNKS`,
+        two or more stages, shared memory within the block's limit."""
         return (arch >= 90 and self.mma == "m16n8k4" and self.warps_m == 1 and self.b_n_fast and not self.staged
                 and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and 4 * self.mma_m * self.mma_n <= BULK_ACCUMULATORS
-                and self.span % self.chunk() == 0
+                and 0 < self.span <= BULK_CHUNKS * self.chunk() and self.span % self.chunk() == 0
                 and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
 
     def name(self) -> str:
@@ -603,7 +606,7 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
     :data:`BULK_ROWS` m16 tiles: A is read once per block) and C's runs along n take a lane
     group's 8 columns whole (a kernel that reads B in whole rows and writes C in scattered
     elements is bound by the writes); a span of whole chunks that makes :data:`BULK_WAVES` waves
-    of blocks over ``sm_count`` SMs."""
+    of blocks over ``sm_count`` SMs, at most :data:`BULK_CHUNKS` chunks."""
     M, N, K, L = p.dims
     if not p.bulk_run or M > 16 * BULK_ROWS or p.runs[0] < 8:
         return []
@@ -615,7 +618,7 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
             continue
         slots = sm_count * waves
         blocks = -(-M // (16 * mma_m)) * L
-        span = chunk * max(1, -(-(-(-N // chunk) * blocks) // slots))
+        span = chunk * min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * blocks) // slots)))
         cfg = GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span, bulk=True)
         if cfg.valid(arch) and cfg not in out:
             out.append(cfg)

@@ -57,6 +57,9 @@ def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n_and_one_warp_cop
     ({"b_n_fast": False}, False),  # B's rows are copied along n
     ({"mma_m": 6}, False),  # 48 accumulators a lane: more than 168 registers
     ({"mma_m": 6, "mma_n": 1}, True),
+    ({"span": 0}, False),
+    ({"span": 128 * gett.BULK_CHUNKS}, True),
+    ({"span": 128 * (gett.BULK_CHUNKS + 1)}, False),  # more chunk offsets than static shared memory holds
 ])
 def test_bulk_limits(change, valid):
     cfg = replace(_bulk(), **change)
@@ -114,6 +117,10 @@ def test_bulk_configs_hold_all_of_m_and_size_their_spans_for_whole_waves():
         assert any(blocks <= 132 * w and blocks > 132 * w - 132 for w in gett.BULK_WAVES), cfg
     assert {c.span for c in found if c.chunk() == 128} == {23 * 128, 12 * 128}
     assert gett.bulk_configs(p, 132, arch=80) == []
+    wide = dict(sizes, b=72 * 64)  # 64 times the columns: one wave would take 1470 chunks a block
+    huge = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), wide,
+                        tuple(_strides(x, wide) for x in ("abcd", "ea", "ebcd")))
+    assert {c.span // c.chunk() for c in gett.bulk_configs(huge, 132)} == {gett.BULK_CHUNKS}
 
 
 @pytest.mark.parametrize("sizes, order, why", [

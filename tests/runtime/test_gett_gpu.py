@@ -275,7 +275,7 @@ def _bulk_views(host_arrays):
 @pytest.mark.parametrize("K", [1, 7, 19, 72])
 def test_bulk_copy_kernels_are_correct(K, M):
     """Every bulk-copy shape of :data:`gett.BULK_TILES` at spans of one and five chunks (a
-    block's last chunks past N), both of A's load directions, a batch index, strided views of
+    block's span past N's last chunk), both of A's load directions, a batch index, strided views of
     larger buffers, alpha and beta, 32- and 64-bit offsets, and the autotuner's own bulk
     candidates: against NumPy."""
     sizes = dict(l=2, a=M, b=384, k=K)
@@ -322,3 +322,7 @@ def test_a_bulk_copy_kernel_refuses_b_off_16_bytes_and_the_backend_falls_back():
     C[...] = cupy.asarray(hC)
     be._gett_call({"order": "load", **asdict(cfg)}, c, C, A, B, 2.0, 1.0)
     assert _relerr(C.get(), hC + 2.0 * np.einsum("ka,kb->ab", hA, hB)) <= 1e-12
+    # the autotuner is offered no bulk-copy candidate for this B, and some for an aligned one
+    named = methods.REGISTRY["gett"].configurations(be, c, C, A, B)
+    aligned = methods.REGISTRY["gett"].configurations(be, c, C, A, buf[:-1].reshape(hB.shape))
+    assert named and not any(x["bulk"] for x in named.values()) and any(x["bulk"] for x in aligned.values())

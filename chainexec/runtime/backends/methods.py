@@ -162,7 +162,14 @@ class Gett(Method):
         return be._problem(c, out, a, b) is not None
 
     def configurations(self, be, c, out, a, b) -> dict:
-        return self.named(be._problem(c, out, a, b)[1])
+        """The model's candidates, less the bulk-copy ones where the operand playing B is off
+        :data:`~chainexec.runtime.launch.BULK_ALIGN` bytes: those would run the fallback
+        (:meth:`Methods._gett_call`) and time it under their name."""
+        from chainexec.runtime.launch import BULK_ALIGN
+
+        probs, cands = be._problem(c, out, a, b)
+        return self.named([(order, cfg) for order, cfg in cands
+                           if not cfg.bulk or (a, b)[not probs[order][0].swap].data.ptr % BULK_ALIGN == 0])
 
     @staticmethod
     def named(candidates) -> dict:
