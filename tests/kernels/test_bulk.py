@@ -165,3 +165,28 @@ def test_bulk_kernels_compile_with_nvcc_without_spills(tmp_path):
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
     assert len(spills) == len(cfgs) and max(spills) == 0
     assert all(f"{c.name()}(" in gett.source(c) and "cp.async.bulk" in gett.source(c) for c in cfgs)
+
+
+@pytest.mark.parametrize("c, a, b, sizes, pad", [
+    ("abcd", "ea", "ebcd", dict(a=5, b=3, c=1, d=8, e=9), 0),
+    ("abcd", "eb", "aecd", dict(a=4, b=6, c=6, d=4, e=5), 0),
+    ("lab", "lak", "lkb", dict(l=3, a=7, b=48, k=5), 2),  # B a view of a buffer 2 wider on every axis
+    ("lab", "lkb", "lak", dict(l=2, a=32, b=10, k=4), 0),  # C's stride-1 index in the first operand: swapped
+    ("abc", "bk", "bkac", dict(a=6, b=5, c=3, k=4), 0),  # two N indices merged, a batch index
+])
+def test_every_chunk_that_divides_bulk_run_is_contiguous_and_starts_on_16_bytes(c, a, b, sizes, pad):
+    """The property the bulk-copy kernel relies on, read off the tables themselves: for every even
+    chunk that divides ``bulk_run``, each chunk of B's N table is consecutive offsets from an even
+    one, and B's K and batch offsets are even."""
+    strides = [_strides(x, sizes) for x in (c, a, b)]
+    if pad:
+        padded = {i: sizes[i] + pad for i in b}
+        strides[2] = _strides(b, padded)
+    p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, tuple(strides))
+    assert p.bulk_run >= 2
+    t = gett.tables(p, tuple(strides))
+    assert all(t[key].size and (t[key] % 2 == 0).all() for key in ("bk", "bl"))
+    for chunk in range(2, p.bulk_run + 1, 2):
+        if p.bulk_run % chunk == 0:
+            rows = t["bn"].reshape(-1, chunk)
+            assert (rows[:, 0] % 2 == 0).all() and (rows - rows[:, :1] == range(chunk)).all(), chunk
