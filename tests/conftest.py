@@ -229,3 +229,18 @@ def nvcc_reports(tmp_path: Path, sources: list[str]) -> list[str]:
         assert r.returncode == 0, r.stderr[-3000:]
     assert all((tmp_path / f"nvcc{k}.cubin").stat().st_size > 0 for k in range(len(sources)))
     return [r.stdout + r.stderr for r in results]
+
+
+def gett_spills(tmp_path: Path, cfgs: list) -> list[int]:
+    """Bytes of spill stores ptxas reports for each GETT-family configuration's kernel
+    (:func:`chainexec.kernels.gett.source`), compiled for sm_90 in two sources; fails the test
+    where a kernel is missing from the report."""
+    import re
+
+    from chainexec.kernels import gett
+
+    log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
+    assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(spills) == len(cfgs)
+    return spills

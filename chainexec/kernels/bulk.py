@@ -11,24 +11,24 @@ B is one bulk copy (``cp.async.bulk``) issued by the lanes of a copying warp and
 the stage's mbarrier; ``stages`` chunks in flight, each stage refilled once every computing warp
 has arrived on its second mbarrier, so that the computing warps run free of one another (one
 warp's stores beside another's MMAs) with no block barrier in the loop. A's tile is gathered by
-cp.async while the first chunks are copied, every element's copy in flight at once (a
-synchronous gather waits a memory round trip per element a thread loads). Warps lie side by side along
-n, each summing its ``mma_m × mma_n`` m16n8 tiles over the whole K from shared memory and
-storing them from the fragments as GETT's short-sum kernel does
+cp.async while the first chunks are copied (:func:`chainexec.kernels.shortsum.a_tile`). Warps
+lie side by side along n, each summing its ``mma_m × mma_n`` m16n8 tiles over the whole K from
+shared memory and storing them from the fragments as GETT's short-sum kernel does
 (:func:`chainexec.kernels.shortsum.tile_stores`), their column offsets read while they are
 summed.
 
 The bulk copies need B's rows of a chunk contiguous and 16-byte aligned: the problem's
 :attr:`~chainexec.kernels.gett.Problem.bulk_run` (B's elements contiguous along n in table order,
-every other stride of B even) a multiple of the chunk, and B's base 16-byte aligned (checked at
-launch, :meth:`chainexec.runtime.launch.GettTables.launches`). The configuration is a
+every other stride of B even) a multiple of the chunk (checked by
+:meth:`chainexec.runtime.launch.GettTables.launches`), and B's base 16-byte aligned (checked by
+:func:`chainexec.runtime.launch.launch_gett`). The configuration is a
 :class:`~chainexec.kernels.gett.GettConfig` with ``bulk`` set (its limits:
 :meth:`~chainexec.kernels.gett.GettConfig.bulk_valid`); the offset tables, the grid and the
 kernel's signature are GETT's."""
 
 from __future__ import annotations
 
-from chainexec.kernels.gett import INDEX, TABLE_ORDER, GettConfig, block_tile
+from chainexec.kernels.gett import GettConfig, block_tile, signature
 from chainexec.kernels.shortsum import a_tile, row_offsets, tile_stores
 
 MMA = ('asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, '
@@ -46,17 +46,12 @@ def source(cfg: GettConfig) -> str:
     a_elems, b_stage = cfg.bulk_elems()
     pa, pb = cfg.bulk_pitches()
     chunk, stages, steps = cfg.chunk(), cfg.stages, cfg.bk // 4
-    tables = ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER)
+    head = "\n".join(signature(cfg))
     tile = "\n".join(block_tile(cfg))
     return f"""// chainexec bulk-copy GETT kernel: block {cfg.bm} rows x {cfg.span} columns; A's rows in shared memory for
 // the whole sum (K <= {cfg.bk}); B in chunks of {chunk} columns by bulk copies, {stages} stages; {cfg.warps_n} warps
 // along n, each {cfg.mma_m}x{cfg.mma_n} m16n8 tiles
-using idx = {INDEX[cfg.wide]};  // element offsets and extents
-extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
-{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,
-    {tables},
-    const idx M, const idx N, const idx K, const idx tilesN,
-    const double alpha, const double beta)
+{head}
 {{
   constexpr int B_STAGE = {b_stage}, PA = {pa}, PB = {pb}, CHUNK = {chunk};
   extern __shared__ __align__(16) double smem[];

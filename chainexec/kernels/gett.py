@@ -177,8 +177,9 @@ class GettConfig:
         return self.bm * (self.bk + 4), (self.bk * (chunk + 4) if self.b_n_fast else chunk * (self.bk + 4))
 
     def chunk(self) -> int:
-        """Columns of C a short-sum or bulk-copy block computes per B chunk."""
-        return 8 * self.mma_n * (self.warps_n if self.bulk else 1)
+        """Columns of C a short-sum or bulk-copy block computes per B chunk (a short-sum block has
+        one warp along n)."""
+        return 8 * self.mma_n * self.warps_n
 
     def bulk_pitches(self) -> tuple[int, int]:
         """Shared-memory row pitches (elements) of the bulk-copy kernel's A tile (k fastest) and
@@ -616,9 +617,8 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
         chunk = 8 * mn * w
         if p.bulk_run % chunk:
             continue
-        slots = sm_count * waves
-        blocks = -(-M // (16 * mma_m)) * L
-        span = chunk * min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * blocks) // slots)))
+        # one block row: a batch's columns spread over the waves' blocks
+        span = chunk * min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * L) // (sm_count * waves))))
         cfg = GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span, bulk=True)
         if cfg.valid(arch) and cfg not in out:
             out.append(cfg)
@@ -763,10 +763,21 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
     return lines
 
 
+def signature(cfg: GettConfig) -> list[str]:
+    """Source lines of a GETT-family kernel's index type and signature (:func:`source`): C, A
+    and B, the nine offset tables in :data:`TABLE_ORDER`, the extents and the scalars."""
+    return [f"using idx = {INDEX[cfg.wide]};  // element offsets and extents",
+            f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
+            f"{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,",
+            "    " + ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
+            "    const idx M, const idx N, const idx K, const idx tilesN,",
+            "    const double alpha, const double beta)"]
+
+
 def block_tile(cfg: GettConfig) -> list[str]:
     """Source lines that give a block its tile, ``bm`` and ``bn`` (first row and column of C),
     and its batch's offsets ``al``, ``bl``, ``cl``: groups of :data:`RASTER` block rows, rows
-    fastest within a group (the short-sum kernel's grid is the same)."""
+    fastest within a group (the short-sum and bulk-copy kernels' grids are the same)."""
     return [f"  // block -> tile: groups of {RASTER} block rows (the last fewer), rows fastest within a group",
             f"  const idx tilesM = (M + {cfg.bm - 1}) / {cfg.bm}, span = {RASTER} * tilesN;",
             f"  const idx first = ((idx)blockIdx.x / span) * {RASTER}, within = (idx)blockIdx.x % span;",
@@ -824,12 +835,7 @@ def source(cfg: GettConfig) -> str:
     L = [f"// chainexec GETT kernel on FP64 tensor cores ({cfg.mma}), cp.async {cfg.stages}-stage pipeline",
          f"// block {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps_m}x{cfg.warps_n} warps of {cfg.mma_m}x{cfg.mma_n} MMA tiles;"
          f" A along {'k' if cfg.a_k_fast else 'm'}, B along {'n' if cfg.b_n_fast else 'k'}",
-         f"using idx = {INDEX[cfg.wide]};  // element offsets and extents",
-         f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
-         f"{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,",
-         "    " + ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
-         "    const idx M, const idx N, const idx K, const idx tilesN,",
-         "    const double alpha, const double beta)",
+         *signature(cfg),
          "{",
          f"  constexpr int A_STAGE = {sa}, B_STAGE = {sb};",
          "  extern __shared__ double smem[];",

@@ -20,7 +20,7 @@ computes the ``bm × span`` tile GETT's grid gives it."""
 
 from __future__ import annotations
 
-from chainexec.kernels.gett import INDEX, TABLE_ORDER, GettConfig, block_tile, cp_async
+from chainexec.kernels.gett import GettConfig, block_tile, cp_async, signature
 
 
 def _chunk_loader(cfg: GettConfig) -> str:
@@ -174,16 +174,11 @@ def source(cfg: GettConfig) -> str:
     mma = ('asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, '
            '{%0, %1, %2, %3};\\n" : "+d"(acc[i][0]), "+d"(acc[i][1]), "+d"(acc[i][2]), "+d"(acc[i][3]) : '
            '"d"(fa[i][ks][0]), "d"(fa[i][ks][1]), "d"(b));')
-    tables = ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER)
+    head = "\n".join(signature(cfg))
     tile = "\n".join(block_tile(cfg))
     return f"""// chainexec short-sum GETT kernel: block {cfg.bm} rows x {cfg.span} columns, {cfg.warps_m} warps of {cfg.mma_m} m16
 // tiles holding A's fragments for the whole sum (K <= {cfg.bk}); B in chunks of {chunk} columns, {cfg.stages} stages
-using idx = {INDEX[cfg.wide]};  // element offsets and extents
-extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)
-{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,
-    {tables},
-    const idx M, const idx N, const idx K, const idx tilesN,
-    const double alpha, const double beta)
+{head}
 {{
   constexpr int B_STAGE = {b_stage};
   extern __shared__ double smem[];

@@ -235,6 +235,13 @@ def launch_sum(kind: str, problem, cfg, C, operands, store: bool = True) -> None
 
 BULK_ALIGN = 16
 """Bytes a bulk copy's source address must be aligned to (the bulk-copy kernel's B base)."""
+
+
+def bulk_fits(cfg, bulk_run: int, B) -> bool:
+    """Whether the bulk-copy configuration ``cfg`` can copy the CuPy array or view ``B`` (the
+    operand playing B) of a problem whose :attr:`~chainexec.kernels.gett.Problem.bulk_run` is
+    ``bulk_run``: its chunks contiguous, its base on :data:`BULK_ALIGN` bytes."""
+    return bool(bulk_run) and bulk_run % cfg.chunk() == 0 and B.data.ptr % BULK_ALIGN == 0
 MAX_GRID_Y = 65535
 """CUDA's limit on gridDim.y (the batch dimension of a GETT launch)."""
 

@@ -6,7 +6,6 @@ launch refuses a sum longer than the kernel holds. Their results are checked aga
 ``numpy.einsum`` on the GPU (``tests/runtime/test_gett_gpu.py``).
 """
 
-import re
 import shutil
 from dataclasses import replace
 from itertools import product
@@ -14,7 +13,7 @@ from itertools import product
 import pytest
 
 from chainexec.kernels import gett
-from tests.conftest import nvcc_reports
+from tests.conftest import gett_spills
 
 
 def _short(warps=4, mma_m=2, mma_n=8, bk=24, stages=3, span=256, a_k_fast=False, b_n_fast=True, **kw):
@@ -72,10 +71,7 @@ def _grid():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_short_sum_kernels_compile_with_nvcc_without_spills(tmp_path):
     cfgs = _grid()
-    log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
-    assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
-    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-    assert len(spills) == len(cfgs) and max(spills) == 0
+    assert max(gett_spills(tmp_path, cfgs)) == 0
     assert all(f"{c.name()}(" in gett.source(c) for c in cfgs)
 
 

@@ -162,14 +162,18 @@ class Gett(Method):
         return be._problem(c, out, a, b) is not None
 
     def configurations(self, be, c, out, a, b) -> dict:
-        """The model's candidates, less the bulk-copy ones where the operand playing B is off
-        :data:`~chainexec.runtime.launch.BULK_ALIGN` bytes: those would run the fallback
-        (:meth:`Methods._gett_call`) and time it under their name."""
-        from chainexec.runtime.launch import BULK_ALIGN
+        """The model's candidates, less the bulk-copy ones that cannot copy the operand playing B
+        (:func:`~chainexec.runtime.launch.bulk_fits`: its base off 16 bytes): those would run the
+        fallback (:meth:`Methods._gett_call`) and time it under their name."""
+        from chainexec.runtime.launch import bulk_fits
 
         probs, cands = be._problem(c, out, a, b)
-        return self.named([(order, cfg) for order, cfg in cands
-                           if not cfg.bulk or (a, b)[not probs[order][0].swap].data.ptr % BULK_ALIGN == 0])
+
+        def fits(order, cfg) -> bool:
+            prob = probs[order][0]
+            return not cfg.bulk or bulk_fits(cfg, prob.bulk_run, a if prob.swap else b)
+
+        return self.named([(order, cfg) for order, cfg in cands if fits(order, cfg)])
 
     @staticmethod
     def named(candidates) -> dict:
@@ -673,9 +677,8 @@ class Methods:
         prob, tables = probs[order]
         cfg = GettConfig(**fields)
         left, right = (b, a) if prob.swap else (a, b)
-        bulk_fails = cfg.bulk and (not prob.bulk_run or prob.bulk_run % cfg.chunk() or right.data.ptr % launch.BULK_ALIGN)
         if ((cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast) or (cfg.span and prob.dims[2] > cfg.bk)
-                or bulk_fails):
+                or (cfg.bulk and not launch.bulk_fits(cfg, prob.bulk_run, right))):
             # chosen on a probe whose cut made another load direction win, or taken from a
             # classmate whose sum a short-sum kernel held and this one's it does not, or whose B
             # a bulk-copy kernel copied in whole aligned chunks and this one's it cannot: the
