@@ -8,8 +8,10 @@ random inputs (output poisoned with NaN first, so an unwritten element fails; re
 error; then the alpha/beta path), as are the batched-GEMM layouts (cuBLAS in place, and on
 permuted copies of the operands as the runtime's ``relayout`` makes them), and timed
 beside TTGT, ``cupy.einsum`` and, where importable,
-``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events (median of repeats after a
-warm-up; :data:`HOPELESS`). ``chainexec`` is what the runtime's selector takes (the fastest of
+``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events around the device's work
+alone, the host's time to issue it left out for every method alike
+(:class:`~chainexec.runtime.devicetime.Stopwatch`; median of repeats after a warm-up;
+:data:`HOPELESS`). ``chainexec`` is what the runtime's selector takes (the fastest of
 GETT, batched GEMM in place or relaid, COGENT, TTGT plain or pipelined, cupy.einsum and
 cuTENSOR); its ratio to the best library is read from the two sides' near-fastest methods timed
 again together in rounds (:func:`contenders`, :func:`time_together`). The measured cuBLAS DGEMM
@@ -116,23 +118,18 @@ def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int
 
 def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int = 50,
                   hopeless_ms: float = math.inf, warm: bool = False) -> dict:
-    """:func:`rounds` on the device: each call timed with CUDA events, after one warm-up call of
-    each unless they are ``warm`` (run already: kernels loaded, memory pools filled)."""
+    """:func:`rounds` on the device: each call's device time
+    (:meth:`~chainexec.runtime.devicetime.Stopwatch.ms`: between CUDA events, the host's time to
+    issue the call's work left out), after one warm-up call of each unless they are ``warm`` (run
+    already: kernels loaded, memory pools filled)."""
     import cupy
+
+    from chainexec.runtime.devicetime import Stopwatch
 
     for fn in () if warm else fns.values():
         fn()
     cupy.cuda.Device().synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-
-    def measure(fn) -> float:
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        return cupy.cuda.get_elapsed_time(start, stop)
-
-    return rounds(fns, measure, budget_s, min_reps, max_reps, hopeless_ms)
+    return rounds(fns, Stopwatch(cupy).ms, budget_s, min_reps, max_reps, hopeless_ms)
 
 
 def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50,
