@@ -55,6 +55,7 @@ from statistics import geometric_mean
 
 import numpy as np
 
+from chainexec import atomicfile
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
@@ -364,19 +365,20 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
 
         tA, tB = torch.from_dlpack(A), torch.from_dlpack(B)
         returned["torch_einsum"] = lambda: torch.einsum(f"{a},{b}->{c}", tA, tB)
+    def release():
+        cupy.get_default_memory_pool().free_all_blocks()
+        if use_torch:
+            torch.cuda.empty_cache()
+
     row["views"] = {}
     for key, fn in returned.items():
         row["views"][key] = not _contiguous(fn())
+        release()  # one library's cached product must not leave the next too little memory
         fns.setdefault(key, lambda fn=fn: _in_layout(fn()))
         fns[f"{key}_view"] = fn
     cutensor = cutensor_call(a, b, c, A, B, C)
     if cutensor is not None:
         fns["cutensor"] = cutensor
-
-    def release():
-        cupy.get_default_memory_pool().free_all_blocks()
-        if use_torch:
-            torch.cuda.empty_cache()
 
     for key in sorted(fns, key=lambda k: k == "cogent"):  # COGENT, the slowest almost everywhere, last
         if key not in times:
@@ -481,7 +483,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", "--tccg", dest="cases", default=str(REPO / "benchmarks" / "tccg.json"),
                         help="contractions to check and time, in benchmarks/tccg.json's format (default: the 48 TCCG "
                              "cases)")
-    parser.add_argument("--out", required=True, help="JSON file for the results")
+    parser.add_argument("--out", required=True,
+                        help="JSON file for the results, written once every case has run (OUT.partial holds the rows "
+                             "of the cases run so far)")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     parser.add_argument("--ids", type=int, nargs="*", help="only these contraction ids")
@@ -504,6 +508,10 @@ def main(argv=None) -> int:
               "dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs(),
               "layout": "row-major: the last letter of each index string is stride-1"}
     jobs = [(case, s) for s in args.scales for case in cases]
+    # the rows so far go to OUT.partial after each case (a run stopped part way keeps them),
+    # OUT itself only once every case has run and the summary is made
+    out = Path(args.out)
+    partial = out.with_name(out.name + ".partial")
     t0 = time.perf_counter()
     search_s = []
 
@@ -546,13 +554,14 @@ def main(argv=None) -> int:
                   f"cutensor={row.get('cutensor_gflops', float('nan')):6.0f} GFLOP/s "
                   f"x{row['ratio_vs_best_library']:.2f} (at most x{row['ceiling_vs_best_library']:.2f}: "
                   f"bound {row['bound_gflops']:6.0f} GFLOP/s, {row['of_bound']:.0%} of it)", flush=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        atomicfile.write(partial, json.dumps(result, indent=1))
     tol = 1e-12 if args.dtype == "float64" else 1e-5
     bad = [r for r in result["rows"] if "skipped" not in r and (
         "error" in r or not r["rel_err"] <= tol or not r["rel_err_beta"] <= tol)]
     result["failures"] = [(r["id"], r["scale"]) for r in bad]
     result["summary"] = summary(result["rows"])
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    atomicfile.write(out, json.dumps(result, indent=1))
+    partial.unlink(missing_ok=True)
     for scale, groups in result["summary"].items():
         print(f"scale {scale}: " + "; ".join(f"{g} geomean {v['geomean']:.2f} (at most {v['ceiling_geomean']:.2f}) "
                                              f"min {v['min']:.2f} ({len(v['below_1'])} below 1 of {v['cases']}), "

@@ -76,12 +76,13 @@ def test_a_method_slower_than_hopeless_on_its_first_call_is_timed_once(hopeless,
 
 
 def _fake_cupy() -> SimpleNamespace:
-    """What :func:`time_together` uses of CuPy, on the host: events that record nothing and
-    elapsed times of 1 ms."""
+    """What :func:`time_together` and its stopwatch use of CuPy, on the host: a holding kernel
+    that does nothing, flags in plain memory, events that record nothing and elapsed times of
+    1 ms."""
     event = lambda: SimpleNamespace(record=lambda: None, synchronize=lambda: None)
     cuda = SimpleNamespace(Device=lambda: SimpleNamespace(synchronize=lambda: None), Event=event,
-                           get_elapsed_time=lambda start, stop: 1.0)
-    return SimpleNamespace(cuda=cuda)
+                           get_elapsed_time=lambda start, stop: 1.0, alloc_pinned_memory=bytearray)
+    return SimpleNamespace(cuda=cuda, RawKernel=lambda source, name: lambda grid, block, args: None)
 
 
 @pytest.mark.parametrize("warm,calls", [(False, 4), (True, 3)])
@@ -211,3 +212,50 @@ def test_any_list_of_contractions_loads_and_bad_files_fail_before_the_gpu(tmp_pa
     (tmp_path / "bad.json").write_text("[{")
     proc = run_cli("bench", "tccg", "--out", tmp_path / "r.json", "--cases", tmp_path / "bad.json")
     assert_refused(proc, "not JSON", "bad.json")
+
+
+@pytest.mark.parametrize("stop_at", [2, None])
+def test_results_are_written_whole_once_every_case_has_run(tmp_path, monkeypatch, stop_at):
+    """A run stopped part way (here by Ctrl-C during its second case) leaves the rows of the
+    cases it finished in ``OUT.partial`` and no ``OUT``; a finished run writes ``OUT`` with its
+    summary and removes ``OUT.partial``. The GPU's parts are stand-ins: the cases' rows are
+    skipped ones, which the summary leaves out."""
+    import importlib.util
+
+    import chainexec.bench as bench
+    from chainexec.kernels import kernelconf
+    from chainexec.runtime import launch
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(bench.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "cupy" else find_spec(name, *a))
+    pool = SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=lambda: pool))
+    monkeypatch.setattr(launch, "device_model",
+                        lambda: kernelconf.Device("H200", "90", 132, 48 * 1024, 228 * 1024, 255, 65536, 1024, 2048))
+    monkeypatch.setattr(launch, "get_kernel", lambda *a, **k: None)
+    monkeypatch.setattr(kernelconf, "choose_config", lambda *a, **k: None)
+    for name in ("environment", "dgemm_gflops", "copy_gbs"):
+        monkeypatch.setattr(bench, name, lambda: {})
+    ran = []
+
+    def run_case(case, scale, *rest):
+        ran.append(case["id"])
+        if len(ran) == stop_at:
+            raise KeyboardInterrupt
+        return {"id": case["id"], "name": case["name"], "scale": scale, "skipped": "a stand-in"}
+
+    monkeypatch.setattr(bench, "run_case", run_case)
+    out = tmp_path / "r.json"
+    argv = ["--out", str(out), "--scales", "1", "--ids", "1", "2", "3", "--no-torch"]
+    if stop_at:
+        with pytest.raises(KeyboardInterrupt):
+            bench.main(argv)
+        assert not out.exists()
+        rows = json.loads((tmp_path / "r.json.partial").read_text())["rows"]
+        assert [r["id"] for r in rows] == [1]
+    else:
+        bench.main(argv)
+        done = json.loads(out.read_text())
+        assert [r["id"] for r in done["rows"]] == [1, 2, 3] and done["failures"] == [] and "summary" in done
+        assert not (tmp_path / "r.json.partial").exists()

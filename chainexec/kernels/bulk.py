@@ -7,8 +7,9 @@ are GEMMs with a small A and a long B whose rows are contiguous along n. A tiled
 is bound by the latency of those small steps, not by DRAM or the tensor cores. Here a block
 holds its ``bm = 16·mma_m`` rows of A in shared memory for the whole sum (``bk`` at least K,
 loaded once) and walks ``span`` columns in chunks of ``8·mma_n·warps_n``: each row of a chunk of
-B is one bulk copy (``cp.async.bulk``) issued by the lanes of a copying warp and completing on
-the stage's mbarrier; ``stages`` chunks in flight, each stage refilled once every computing warp
+B is one bulk copy (``cp.async.bulk``), or ``copies`` of them where the chunk is made of that many
+contiguous runs (B's index of 72 along n in ``C[ab,c,d] = Σ_e A[e,c] B[ab,e,d]``), issued by the
+lanes of a copying warp and completing on the stage's mbarrier; ``stages`` chunks in flight, each stage refilled once every computing warp
 has arrived on its second mbarrier, so that the computing warps run free of one another (one
 warp's stores beside another's MMAs) with no block barrier in the loop. A's tile is gathered by
 cp.async while the first chunks are copied (:func:`chainexec.kernels.shortsum.a_tile`). Warps
@@ -17,9 +18,10 @@ shared memory and storing them from the fragments as GETT's short-sum kernel doe
 (:func:`chainexec.kernels.shortsum.tile_stores`), their column offsets read while they are
 summed.
 
-The bulk copies need B's rows of a chunk contiguous and 16-byte aligned: the problem's
+The bulk copies need each run of a chunk's row contiguous and 16-byte aligned: the problem's
 :attr:`~chainexec.kernels.gett.Problem.bulk_run` (B's elements contiguous along n in table order,
-every other stride of B even) a multiple of the chunk (checked by
+every other stride of B even) a multiple of the chunk, or the chunk whole runs of it
+(:func:`chainexec.kernels.gett.bulk_copies`, checked by
 :meth:`chainexec.runtime.launch.GettTables.launches`), and B's base 16-byte aligned (checked by
 :func:`chainexec.runtime.launch.launch_gett`). The configuration is a
 :class:`~chainexec.kernels.gett.GettConfig` with ``bulk`` set (its limits:
@@ -45,15 +47,15 @@ def source(cfg: GettConfig) -> str:
         raise ValueError(f"invalid bulk-copy configuration {cfg}")
     a_elems, b_stage = cfg.bulk_elems()
     pa, pb = cfg.bulk_pitches()
-    chunk, stages, steps = cfg.chunk(), cfg.stages, cfg.bk // 4
+    chunk, stages, steps, copies = cfg.chunk(), cfg.stages, cfg.bk // 4, cfg.copies
     head = "\n".join(signature(cfg))
     tile = "\n".join(block_tile(cfg))
     return f"""// chainexec bulk-copy GETT kernel: block {cfg.bm} rows x {cfg.span} columns; A's rows in shared memory for
-// the whole sum (K <= {cfg.bk}); B in chunks of {chunk} columns by bulk copies, {stages} stages; {cfg.warps_n} warps
+// the whole sum (K <= {cfg.bk}); B in chunks of {chunk} columns, {copies} bulk copies a row, {stages} stages; {cfg.warps_n} warps
 // along n, each {cfg.mma_m}x{cfg.mma_n} m16n8 tiles
 {head}
 {{
-  constexpr int B_STAGE = {b_stage}, PA = {pa}, PB = {pb}, CHUNK = {chunk};
+  constexpr int B_STAGE = {b_stage}, PA = {pa}, PB = {pb}, CHUNK = {chunk}, COPIES = {copies}, RUN = CHUNK / COPIES;
   extern __shared__ __align__(16) double smem[];
   double* sA = smem;
   double* sB = smem + {a_elems};
@@ -64,10 +66,10 @@ def source(cfg: GettConfig) -> str:
   const idx left = (N - bn + CHUNK - 1) / CHUNK;
   const int chunks = left < {cfg.span // chunk} ? (int)left : {cfg.span // chunk};
   // B's offsets in shared memory, so that issuing a chunk's copies waits for no table read: each
-  // row's (k) and each of the block's chunks' first column's (batch included)
-  __shared__ idx koff[{cfg.bk}], coff[{cfg.span // chunk}];
+  // row's (k) and the first column's of each run of the block's chunks (batch included)
+  __shared__ idx koff[{cfg.bk}], coff[{cfg.span // chunk * copies}];
   for (int k = tid; k < {cfg.bk}; k += {cfg.threads}) koff[k] = k < K ? offbk[k] : 0;
-  for (int c = tid; c < chunks; c += {cfg.threads}) coff[c] = bl + offbn[bn + (idx)c * CHUNK];
+  for (int r = tid; r < chunks * COPIES; r += {cfg.threads}) coff[r] = bl + offbn[bn + (idx)r * RUN];
   if (tid == 0) {{
     #pragma unroll
     for (int s = 0; s < {stages}; ++s) {{
@@ -85,7 +87,7 @@ def source(cfg: GettConfig) -> str:
                    : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   }};
   // chunk c into stage c % stages: lane 0 of the copying warp arms the stage's full barrier with
-  // the chunk's bytes, its lanes copy one row of K each
+  // the chunk's bytes, its lanes copy one run of one row of K each
   auto issue = [&](int c) {{
     if (c < chunks) {{
       const int s = c % {stages};
@@ -93,11 +95,12 @@ def source(cfg: GettConfig) -> str:
       if (lane == 0)
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n"
                      :: "r"(bar), "r"((unsigned)K * (unsigned)(CHUNK * 8)) : "memory");
-      const double* src = B + coff[c];
-      for (int k = lane; k < K; k += 32)
+      for (int e = lane; e < (int)K * COPIES; e += 32) {{
+        const int k = e / COPIES, r = e % COPIES;
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\\n"
-                     :: "r"((unsigned)__cvta_generic_to_shared(&sB[s * B_STAGE + k * PB])), "l"(src + koff[k]),
-                        "r"(CHUNK * 8), "r"(bar) : "memory");
+                     :: "r"((unsigned)__cvta_generic_to_shared(&sB[s * B_STAGE + k * PB + r * RUN])),
+                        "l"(B + coff[c * COPIES + r] + koff[k]), "r"(RUN * 8), "r"(bar) : "memory");
+      }}
     }}
   }};
   const bool copier = warp == {cfg.warps_n};  // the last warp copies B; the others compute

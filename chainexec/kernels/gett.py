@@ -113,7 +113,8 @@ class GettConfig:
     the whole sum (``bk`` at least K), ``warps_n`` warps side by side along n, each ``mma_m ×
     mma_n`` m16n8 tiles of a chunk of ``8·mma_n·warps_n`` columns, B's chunks copied row by row
     by the tensor memory accelerator into ``stages`` buffers by one more warp; for B whose rows of
-    a chunk are contiguous (:attr:`Problem.bulk_run`)."""
+    a chunk are contiguous (:attr:`Problem.bulk_run`), or made of ``copies`` contiguous runs of
+    equal length, each its own bulk copy (:func:`bulk_copies`)."""
 
     warps_m: int
     warps_n: int
@@ -128,6 +129,7 @@ class GettConfig:
     wide: bool = False
     span: int = 0
     bulk: bool = False
+    copies: int = 1
 
     @property
     def rows(self) -> int:
@@ -243,17 +245,20 @@ class GettConfig:
         """Whether a bulk-copy configuration exists on compute capability ``arch``: the tensor
         memory accelerator's bulk copies and m16n8k4 MMAs (sm_90), one warp along m, B loaded
         along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, at most
-        :data:`BULK_ACCUMULATORS` a lane, a span of whole chunks, at most :data:`BULK_CHUNKS`,
-        two or more stages, shared memory within the block's limit."""
+        :data:`BULK_ACCUMULATORS` a lane, a chunk of ``copies`` (up to :data:`BULK_COPIES`) equal
+        runs of an even number of columns (whole 16-byte copies), a span of whole chunks, at most
+        :data:`BULK_CHUNKS`, two or more stages, shared memory within the block's limit."""
         return (arch >= 90 and self.mma == "m16n8k4" and self.warps_m == 1 and self.b_n_fast and not self.staged
                 and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and 4 * self.mma_m * self.mma_n <= BULK_ACCUMULATORS
+                and 0 < self.copies <= BULK_COPIES and self.chunk() % (2 * self.copies) == 0
                 and 0 < self.span <= BULK_CHUNKS * self.chunk() and self.span % self.chunk() == 0
                 and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
 
     def name(self) -> str:
         if self.bulk:
             return (f"chainexec_bulk_w{self.warps_n}_t{self.mma_m}x{self.mma_n}_k{self.bk}_n{self.span}"
-                    f"_s{self.stages}_{'ak' if self.a_k_fast else 'am'}bn" + ("_i64" if self.wide else ""))
+                    f"_s{self.stages}_{'ak' if self.a_k_fast else 'am'}bn" + (f"_c{self.copies}" if self.copies > 1 else "")
+                    + ("_i64" if self.wide else ""))
         if self.span:
             return (f"chainexec_shortsum_w{self.warps_m}_t{self.mma_m}x{self.mma_n}_k{self.bk}_n{self.span}"
                     f"_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
@@ -588,10 +593,14 @@ def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
     return [cfg for cfg in out if cfg.valid(arch)] if K <= SHORT_TUNED else []
 
 
-BULK_TILES = ((8, 2, 2), (8, 1, 4))
+BULK_TILES = ((8, 2, 2), (8, 1, 4), (9, 2, 2), (9, 1, 4))
 """Bulk-copy shapes the autotuner times where they apply (:func:`bulk_configs`): (warps along n,
-n8 tiles a warp, stages). Eight warps a block, the only block of its SM (A's tile and B's
-stages fill its shared memory), chunks of 128 or 64 columns."""
+n8 tiles a warp, stages). Eight or nine warps a block, the only block of its SM (A's tile and
+B's stages fill its shared memory): chunks of 128 or 64 columns, or of 144 or 72, whole runs of
+the AO→MO transforms' extents of 72."""
+BULK_COPIES = 4
+"""Most bulk copies a row of a chunk takes (:attr:`GettConfig.copies`): each copy at least a
+quarter of the chunk, so that the copying warp's issue keeps pace with the computing warps."""
 BULK_WAVES = (1, 2)
 """Waves of blocks over the SMs a bulk-copy kernel's span is sized for (:func:`bulk_configs`):
 one block an SM reads A's tile once and has no tail; two leave the SMs that finish first less
@@ -600,10 +609,23 @@ BULK_ROWS = 6
 """Most m16 tiles a bulk-copy warp holds along m (96 rows, all of M: :func:`bulk_configs`)."""
 
 
+def bulk_copies(bulk_run: int, n: int, chunk: int) -> int:
+    """Bulk copies a row of a chunk of ``chunk`` columns of B takes, where B's elements are
+    contiguous along N in runs of ``bulk_run`` (:attr:`Problem.bulk_run`) and N is ``n``: one where
+    a run holds whole chunks; ``chunk // bulk_run`` (at most :data:`BULK_COPIES`) where a chunk is
+    whole runs and N whole chunks, each run its own copy from where its first column lies; else 0,
+    where no bulk-copy kernel of that chunk applies."""
+    if bulk_run and bulk_run % chunk == 0:
+        return 1
+    if bulk_run and chunk % bulk_run == 0 and n % chunk == 0 and chunk // bulk_run <= BULK_COPIES:
+        return chunk // bulk_run
+    return 0
+
+
 def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
     """The bulk-copy configurations (:attr:`GettConfig.bulk`) of :data:`BULK_TILES` for ``p`` on
-    compute capability ``arch``: where B's chunks are contiguous (:attr:`Problem.bulk_run` a
-    multiple of the chunk), the sum fits, one block row holds all of M (at most
+    compute capability ``arch``: where B's chunks are contiguous or whole runs
+    (:func:`bulk_copies`), the sum fits, one block row holds all of M (at most
     :data:`BULK_ROWS` m16 tiles: A is read once per block) and C's runs along n take a lane
     group's 8 columns whole (a kernel that reads B in whole rows and writes C in scattered
     elements is bound by the writes); a span of whole chunks that makes :data:`BULK_WAVES` waves
@@ -615,11 +637,13 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
     out = []
     for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES):
         chunk = 8 * mn * w
-        if p.bulk_run % chunk:
+        copies = bulk_copies(p.bulk_run, N, chunk)
+        if not copies:
             continue
         # one block row: a batch's columns spread over the waves' blocks
         span = chunk * min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * L) // (sm_count * waves))))
-        cfg = GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span, bulk=True)
+        cfg = GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span, bulk=True,
+                         copies=copies)
         if cfg.valid(arch) and cfg not in out:
             out.append(cfg)
     return out

@@ -169,8 +169,8 @@ class GettTables:
         scalars. Batches beyond gridDim.y's limit go in several launches, each with its slice
         of the batch tables. Raises ValueError for a short-sum or bulk-copy configuration whose
         sum is shorter than the tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`), and
-        for a bulk-copy one whose chunks of B are not contiguous
-        (:attr:`~chainexec.kernels.gett.Problem.bulk_run`)."""
+        for a bulk-copy one whose copies do not fit B's runs along n
+        (:func:`~chainexec.kernels.gett.bulk_copies`)."""
         import cupy
 
         key = (cfg, cupy.cuda.Device().id)
@@ -182,9 +182,9 @@ class GettTables:
             M, N, K, L = self.dims
             if run.span and K > run.bk:
                 raise ValueError(f"{run.name()} sums at most {run.bk} elements, not {K}")
-            if run.bulk and (self.bulk_run == 0 or self.bulk_run % run.chunk()):
-                raise ValueError(f"{run.name()} copies chunks of {run.chunk()} columns of B, "
-                                 f"which are not contiguous here (runs of {self.bulk_run})")
+            if run.bulk and gett.bulk_copies(self.bulk_run, N, run.chunk()) != run.copies:
+                raise ValueError(f"{run.name()} copies chunks of {run.chunk()} columns of B in {run.copies} "
+                                 f"runs, which B does not hold here (runs of {self.bulk_run}, N = {N})")
             fn, cubin = gett_function(run)
             index = np.int64 if run.wide else np.int32
             tiles_n = -(-N // run.bn)
@@ -237,11 +237,13 @@ BULK_ALIGN = 16
 """Bytes a bulk copy's source address must be aligned to (the bulk-copy kernel's B base)."""
 
 
-def bulk_fits(cfg, bulk_run: int, B) -> bool:
+def bulk_fits(cfg, problem, B) -> bool:
     """Whether the bulk-copy configuration ``cfg`` can copy the CuPy array or view ``B`` (the
-    operand playing B) of a problem whose :attr:`~chainexec.kernels.gett.Problem.bulk_run` is
-    ``bulk_run``: its chunks contiguous, its base on :data:`BULK_ALIGN` bytes."""
-    return bool(bulk_run) and bulk_run % cfg.chunk() == 0 and B.data.ptr % BULK_ALIGN == 0
+    operand playing B) of ``problem`` (a :class:`~chainexec.kernels.gett.Problem`): its copies
+    those B's runs along n take (:func:`~chainexec.kernels.gett.bulk_copies`), its base on
+    :data:`BULK_ALIGN` bytes."""
+    return (gett.bulk_copies(problem.bulk_run, problem.dims[1], cfg.chunk()) == cfg.copies
+            and B.data.ptr % BULK_ALIGN == 0)
 MAX_GRID_Y = 65535
 """CUDA's limit on gridDim.y (the batch dimension of a GETT launch)."""
 

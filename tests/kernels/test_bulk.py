@@ -40,6 +40,7 @@ def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n_and_one_warp_cop
     assert cfg.name().startswith("chainexec_bulk_") and cfg.name() != _bulk(span=512).name()
     assert replace(cfg, wide=True).name() == cfg.name() + "_i64"
     assert _bulk(a_k_fast=True).name() != cfg.name()
+    assert _bulk(copies=2).name() == cfg.name() + "_c2"
 
 
 @pytest.mark.parametrize("change, valid", [
@@ -59,6 +60,15 @@ def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n_and_one_warp_cop
     ({"span": 0}, False),
     ({"span": 128 * gett.BULK_CHUNKS}, True),
     ({"span": 128 * (gett.BULK_CHUNKS + 1)}, False),  # more chunk offsets than static shared memory holds
+    ({"copies": 2}, True),  # two runs of 64 a row of a chunk
+    ({"copies": gett.BULK_COPIES}, True),
+    ({"copies": 3}, False),  # 128 is not three equal runs
+    ({"copies": 2 * gett.BULK_COPIES}, False),  # runs of 16: more copies than the warp issues in time
+    ({"copies": 0}, False),
+    ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8}, True),  # a chunk of 72
+    ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8, "copies": 2}, True),  # two runs of 36
+    ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8, "copies": 4}, True),  # runs of 18: 144 bytes
+    ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8, "copies": 8}, False),
 ])
 def test_bulk_limits(change, valid):
     cfg = replace(_bulk(), **change)
@@ -109,7 +119,7 @@ def test_bulk_configs_hold_all_of_m_and_size_their_spans_for_whole_waves():
     found = gett.bulk_configs(p, 132)
     assert {(c.warps_n, c.mma_n, c.stages) for c in found} == set(gett.BULK_TILES)
     chunks = {c.chunk() for c in found}
-    assert chunks == {128, 64}
+    assert chunks == {128, 64, 144, 72} and {c.copies for c in found} == {1}
     for cfg in found:
         assert cfg.valid() and cfg.bm == 80 and cfg.bk == 72 and cfg.span % cfg.chunk() == 0
         blocks = -(-72 ** 3 // cfg.span)
@@ -120,6 +130,32 @@ def test_bulk_configs_hold_all_of_m_and_size_their_spans_for_whole_waves():
     huge = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), wide,
                         tuple(_strides(x, wide) for x in ("abcd", "ea", "ebcd")))
     assert {c.span // c.chunk() for c in gett.bulk_configs(huge, 132)} == {gett.BULK_CHUNKS}
+
+
+@pytest.mark.parametrize("run, n, chunk, copies", [
+    (72 ** 3, 72 ** 3, 128, 1),  # a run holds whole chunks
+    (72, 72 ** 3, 144, 2),  # a chunk is two runs
+    (72, 72 ** 3, 72, 1),
+    (72, 72 ** 3, 128, 0),  # neither divides the other
+    (72, 72 * 3, 288, 0),  # N not whole chunks: the last one's copies would pass B's end
+    (16, 16 * 64, 128, 0),  # eight runs a chunk: more copies than BULK_COPIES
+    (32, 32 * 64, 128, 4),
+    (0, 128, 128, 0),
+])
+def test_bulk_copies_a_row_of_a_chunk_takes(run, n, chunk, copies):
+    assert gett.bulk_copies(run, n, chunk) == copies
+
+
+def test_bulk_configs_copy_a_chunk_of_runs_where_b_holds_runs_of_72():
+    """AO→MO's third transform: B's index d (72) is its only one contiguous along n; the
+    nine-warp chunks of 144 and 72 are two runs and one, the eight-warp ones none."""
+    sizes = dict(a=72, b=72, c=72, d=72, e=72)
+    strides = tuple(_strides(x, sizes) for x in ("abcd", "ec", "abed"))
+    p = gett.problem(tuple("abcd"), tuple("ec"), tuple("abed"), sizes, strides)
+    assert p.bulk_run == 72
+    found = gett.bulk_configs(p, 132)
+    assert {(c.chunk(), c.copies) for c in found} == {(144, 2), (72, 1)}
+    assert all(c.valid() and c.warps_n == 9 and c.threads == 320 for c in found)
 
 
 @pytest.mark.parametrize("sizes, order, why", [
@@ -149,7 +185,7 @@ def _grid():
     A's load directions, both index widths."""
     out = []
     for (warps, mma_n, stages), mma_m, bk, ak in product(gett.BULK_TILES, (1, 2, 5, 6), (4, 32, 72, 96), (False, True)):
-        cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * 3, ak)
+        cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * 3, ak, copies=1 + len(out) % 3 % 2)
         if cfg.valid():
             out.append(replace(cfg, wide=len(out) % 2 == 1))
     return out
@@ -170,10 +206,10 @@ def test_bulk_kernels_compile_with_nvcc_without_spills(tmp_path):
     ("lab", "lkb", "lak", dict(l=2, a=32, b=10, k=4), 0),  # C's stride-1 index in the first operand: swapped
     ("abc", "bk", "bkac", dict(a=6, b=5, c=3, k=4), 0),  # two N indices merged, a batch index
 ])
-def test_every_chunk_that_divides_bulk_run_is_contiguous_and_starts_on_16_bytes(c, a, b, sizes, pad):
+def test_every_run_of_a_chunk_is_contiguous_and_starts_on_16_bytes(c, a, b, sizes, pad):
     """The property the bulk-copy kernel relies on, read off the tables themselves: for every even
-    chunk that divides ``bulk_run``, each chunk of B's N table is consecutive offsets from an even
-    one, and B's K and batch offsets are even."""
+    chunk that :func:`gett.bulk_copies` admits, each of its runs in B's N table is consecutive
+    offsets from an even one, and B's K and batch offsets are even."""
     strides = [_strides(x, sizes) for x in (c, a, b)]
     if pad:
         padded = {i: sizes[i] + pad for i in b}
@@ -182,7 +218,13 @@ def test_every_chunk_that_divides_bulk_run_is_contiguous_and_starts_on_16_bytes(
     assert p.bulk_run >= 2
     t = gett.tables(p, tuple(strides))
     assert all(t[key].size and (t[key] % 2 == 0).all() for key in ("bk", "bl"))
-    for chunk in range(2, p.bulk_run + 1, 2):
-        if p.bulk_run % chunk == 0:
-            rows = t["bn"].reshape(-1, chunk)
-            assert (rows[:, 0] % 2 == 0).all() and (rows - rows[:, :1] == range(chunk)).all(), chunk
+    N = p.dims[1]
+    admitted = 0
+    for chunk in range(2, gett.BULK_COPIES * p.bulk_run + 1, 2):
+        copies = gett.bulk_copies(p.bulk_run, N, chunk)
+        if copies and chunk % (2 * copies) == 0:
+            run = chunk // copies
+            rows = t["bn"].reshape(-1, run)
+            assert (rows[:, 0] % 2 == 0).all() and (rows - rows[:, :1] == range(run)).all(), chunk
+            admitted += copies > 1
+    assert admitted or N == p.bulk_run

@@ -271,37 +271,53 @@ def _bulk_views(host_arrays):
     return out
 
 
+BULK_LAYOUTS = [
+    # (C, B, extents of B's n indices, the copies a row of a chunk takes by tile): B's n index
+    # contiguous for 384 columns; runs of 72 (k between B's two n indices), two a chunk of 144;
+    # runs of 32, four a chunk of 128 and two of 64
+    ("lab", "lkb", dict(b=384), {(8, 2, 2): 1, (8, 1, 4): 1}),
+    ("labd", "lbkd", dict(b=6, d=72), {(9, 2, 2): 2, (9, 1, 4): 1}),
+    ("labd", "lbkd", dict(b=12, d=32), {(8, 2, 2): 4, (8, 1, 4): 2}),
+]
+
+
+@pytest.mark.parametrize("c, b, n, copies", BULK_LAYOUTS)
 @pytest.mark.parametrize("M", [20, 75])
 @pytest.mark.parametrize("K", [1, 7, 19, 72])
-def test_bulk_copy_kernels_are_correct(K, M):
-    """Every bulk-copy shape of :data:`gett.BULK_TILES` at spans of one and five chunks (a
+def test_bulk_copy_kernels_are_correct(K, M, c, b, n, copies):
+    """Every bulk-copy shape of :data:`gett.BULK_TILES` that B's runs along n admit (whole chunks
+    in a run, or a chunk of several runs copied one by one) at spans of one and five chunks (a
     block's span past N's last chunk), both of A's load directions, a batch index, strided views of
     larger buffers, alpha and beta, 32- and 64-bit offsets, and the autotuner's own bulk
     candidates: against NumPy."""
-    sizes = dict(l=2, a=M, b=384, k=K)
+    sizes = dict(l=2, a=M, k=K, **n)
     ran = 0
-    for n, (a, view) in enumerate(product(("lak", "lka"), (False, True))):
-        hC, hA, hB = _arrays("lab", a, "lkb", sizes, seed=K + M + n)
-        ref = np.einsum(f"{a},lkb->lab", hA, hB)
+    for i, (a, view) in enumerate(product(("lak", "lka"), (False, True))):
+        hC, hA, hB = _arrays(c, a, b, sizes, seed=K + M + i)
+        ref = np.einsum(f"{a},{b}->{c}", hA, hB)
         C, A, B = _bulk_views((hC, hA, hB)) if view else _device_views((hC, hA, hB), False)
-        strides = (_strides(C, "lab"), _strides(A, a), _strides(B, "lkb"))
-        p = gett.problem(("l", "a", "b"), tuple(a), ("l", "k", "b"), sizes, strides)
-        assert p.bulk_run == 384
+        strides = (_strides(C, c), _strides(A, a), _strides(B, b))
+        p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides)
         bk, mma_m = max(4, -(-K // 4) * 4), -(-M // 16)
+        tiles = {tile: gett.bulk_copies(p.bulk_run, p.dims[1], 8 * tile[0] * tile[1]) for tile in gett.BULK_TILES}
+        if view or K > 1:  # contiguous with K = 1, B's n indices merge into one run
+            assert {t: x for t, x in tiles.items() if x} == copies
         cfgs = [gett.GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, True, span=8 * mn * w * chunks,
-                                bulk=True) for (w, mn, st), chunks in product(gett.BULK_TILES, (1, 5))]
+                                bulk=True, copies=tiles[w, mn, st])
+                for (w, mn, st), chunks in product(gett.BULK_TILES, (1, 5)) if tiles[w, mn, st]]
         cfgs += gett.bulk_configs(p, 132)
+        assert cfgs
         for cfg in cfgs:
             assert cfg.valid(), cfg
             wide = ran % 2 == 1
             C[...] = cupy.nan
-            _run(cfg, "lab", a, "lkb", sizes, C, A, B, 1.0, 0.0, wide=wide)
+            _run(cfg, c, a, b, sizes, C, A, B, 1.0, 0.0, wide=wide)
             assert _relerr(C.get(), ref) <= 1e-12, cfg
             C[...] = cupy.asarray(hC)
-            _run(cfg, "lab", a, "lkb", sizes, C, A, B, 0.5, -1.25, wide=wide)
+            _run(cfg, c, a, b, sizes, C, A, B, 0.5, -1.25, wide=wide)
             assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
             ran += 1
-    assert ran >= 24
+    assert ran >= 16
 
 
 def test_a_bulk_copy_kernel_refuses_b_off_16_bytes_and_the_backend_falls_back():

@@ -171,7 +171,7 @@ class Gett(Method):
 
         def fits(order, cfg) -> bool:
             prob = probs[order][0]
-            return not cfg.bulk or bulk_fits(cfg, prob.bulk_run, a if prob.swap else b)
+            return not cfg.bulk or bulk_fits(cfg, prob, a if prob.swap else b)
 
         return self.named([(order, cfg) for order, cfg in cands if fits(order, cfg)])
 
@@ -678,7 +678,7 @@ class Methods:
         cfg = GettConfig(**fields)
         left, right = (b, a) if prob.swap else (a, b)
         if ((cfg.a_k_fast, cfg.b_n_fast) != (prob.a_k_fast, prob.b_n_fast) or (cfg.span and prob.dims[2] > cfg.bk)
-                or (cfg.bulk and not launch.bulk_fits(cfg, prob.bulk_run, right))):
+                or (cfg.bulk and not launch.bulk_fits(cfg, prob, right))):
             # chosen on a probe whose cut made another load direction win, or taken from a
             # classmate whose sum a short-sum kernel held and this one's it does not, or whose B
             # a bulk-copy kernel copied in whole aligned chunks and this one's it cannot: the
