@@ -130,7 +130,12 @@ def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int =
     for fn in () if warm else fns.values():
         fn()
     cupy.cuda.Device().synchronize()
-    return rounds(fns, Stopwatch(cupy).ms, budget_s, min_reps, max_reps, hopeless_ms)
+    watch = Stopwatch(cupy)
+    times = rounds(fns, watch.ms, budget_s, min_reps, max_reps, hopeless_ms)
+    for key, fn in fns.items():
+        if id(fn) in watch.unheld:
+            print(f"{key}: timed with the host's time to issue it (the call waits for the device)", file=sys.stderr)
+    return times
 
 
 def time_gpu(fn, budget_s: float, min_reps: int = 3, max_reps: int = 50,
