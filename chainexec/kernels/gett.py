@@ -171,12 +171,21 @@ class GettConfig:
         width = self.mma_n * 8
         return width + (3 - width) % 16
 
+    def short_pitch(self) -> int:
+        """Row pitch (elements) of the short-sum kernel's A tile (k fastest): ``bk + 4`` where A is
+        gathered along k (a warp's copies run along a row), ``bk + 1`` where along m: an odd pitch
+        puts a warp's copies into 32 rows of one column on all 16 eight-byte bank pairs twice,
+        where ``bk + 4`` (a multiple of 4) puts them on at most four, eight or more a pair, and the
+        shared-memory pipe the gather shares with every load and store of the kernel serves them
+        one pair at a time. The fragment reads, made once a warp, are what the pitch costs."""
+        return self.bk + (4 if self.a_k_fast else 1)
+
     def short_elems(self) -> tuple[int, int]:
-        """Elements of the short-sum kernel's shared memory: A's tile (``bm`` rows of ``bk + 4``,
-        k fastest, read into fragments once) and one stage of B's chunk (along the direction B
-        is loaded, with a pitch of 4 mod 16 doubles as :meth:`pitches`)."""
+        """Elements of the short-sum kernel's shared memory: A's tile (``bm`` rows at
+        :meth:`short_pitch`, k fastest, read into fragments once) and one stage of B's chunk
+        (along the direction B is loaded, with a pitch of 4 mod 16 doubles as :meth:`pitches`)."""
         chunk = 8 * self.mma_n
-        return self.bm * (self.bk + 4), (self.bk * (chunk + 4) if self.b_n_fast else chunk * (self.bk + 4))
+        return self.bm * self.short_pitch(), (self.bk * (chunk + 4) if self.b_n_fast else chunk * (self.bk + 4))
 
     def chunk(self) -> int:
         """Columns of C a short-sum or bulk-copy block computes per B chunk (a short-sum block has
@@ -570,11 +579,12 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
             + [(order, cfg) for order, p in problems.items() for cfg in bulk_configs(p, sm_count, arch)])
 
 
-SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2))
+SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2))
 """Short-sum shapes the autotuner times where the sum is short enough (:func:`short_configs`):
 (warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages). One m16 tile and a chunk of
 32 columns a warp hold the fewest registers a lane; the two spans suit outputs with many columns
-(fewer re-reads of A's tile) and with few (more blocks)."""
+(fewer re-reads of A's tile) and with few (more blocks); eight warps share each chunk of B among
+twice the rows, which some index orders of the (T) outputs reward and others do not."""
 
 SHORT_TUNED = 24
 """Longest sum (elements) for which the autotuner times short-sum kernels. Past it the pipelined

@@ -167,7 +167,7 @@ def source(cfg: GettConfig) -> str:
     if not cfg.short_valid():
         raise ValueError(f"invalid short-sum configuration {cfg}")
     a_elems, b_stage = cfg.short_elems()
-    pa, steps, chunk = cfg.bk + 4, cfg.bk // 4, 8 * cfg.mma_n
+    pa, steps, chunk = cfg.short_pitch(), cfg.bk // 4, 8 * cfg.mma_n
     pb = b_stage // (cfg.bk if cfg.b_n_fast else chunk)
     fb = (f"sB[cur + (ks * 4 + (lane & 3)) * {pb} + j * 8 + (lane >> 2)]" if cfg.b_n_fast
           else f"sB[cur + (j * 8 + (lane >> 2)) * {pb} + ks * 4 + (lane & 3)]")

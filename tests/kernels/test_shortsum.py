@@ -24,12 +24,22 @@ def test_a_short_sum_block_spans_its_columns_with_one_warp_along_n():
     cfg = _short()
     assert cfg.valid() and cfg.bm == 4 * 2 * 16 and cfg.bn == 256 and cfg.threads == 128
     a, b = cfg.short_elems()
-    assert (a, b) == (128 * 28, 24 * 68)  # A's rows of bk + 4; B's chunk of 64 columns, pitch 68
+    assert (a, b) == (128 * 25, 24 * 68)  # A's rows of bk + 1 (gathered along m); B's chunk of 64 columns, pitch 68
+    assert _short(a_k_fast=True).short_elems()[0] == 128 * 28  # gathered along k: bk + 4
     assert cfg.smem_bytes() == (a + 3 * b) * gett.ELEM
     along_k = _short(b_n_fast=False)
     assert along_k.short_elems()[1] == 64 * 28 and along_k.smem_bytes() == cfg.smem_bytes() - 3 * 24 * 68 * 8 + 3 * 64 * 28 * 8
     assert cfg.name().startswith("chainexec_shortsum_") and cfg.name() != _short(span=512).name()
     assert replace(cfg, wide=True).name() == cfg.name() + "_i64"
+
+
+@pytest.mark.parametrize("bk", range(4, gett.SHORT_SUM + 1, 4))
+def test_a_warp_gathering_a_along_m_writes_every_bank_pair_twice(bk):
+    """32 lanes copy one column of 32 consecutive rows of A's tile: with the pitch of A gathered
+    along m, no eight-byte bank pair (16 of them) takes more than two of the copies."""
+    pitch = _short(bk=bk, mma_m=1).short_pitch()
+    pairs = [(m * pitch) % 16 for m in range(32)]
+    assert max(pairs.count(p) for p in range(16)) == 2
 
 
 @pytest.mark.parametrize("change, valid", [
