@@ -81,8 +81,8 @@ BULK_SUM = 128
 """Longest summed range (elements) a bulk-copy kernel holds: A's tile and B's stages take
 ``bk`` rows of shared memory each."""
 BULK_CHUNKS = 64
-"""Most chunks a bulk-copy block walks: their first columns' offsets sit in static shared memory
-(8 bytes each at most), outside the dynamic shared memory :meth:`GettConfig.smem_bytes` counts."""
+"""Most chunks a bulk-copy block walks: their runs' first columns' offsets sit in static shared
+memory (:meth:`GettConfig.bulk_static_bytes`)."""
 BULK_ACCUMULATORS = 40
 """Most accumulators (doubles, ``4·mma_m·mma_n``) a lane of a bulk-copy kernel holds: with its
 copying warp a block of eight computing warps has 288 threads, for which ptxas gives a lane at
@@ -256,12 +256,23 @@ class GettConfig:
         along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, at most
         :data:`BULK_ACCUMULATORS` a lane, a chunk of ``copies`` (up to :data:`BULK_COPIES`) equal
         runs of an even number of columns (whole 16-byte copies), a span of whole chunks, at most
-        :data:`BULK_CHUNKS`, two or more stages, shared memory within the block's limit."""
+        :data:`BULK_CHUNKS`, two or more stages, its dynamic and static shared memory together
+        within the block's limit."""
         return (arch >= 90 and self.mma == "m16n8k4" and self.warps_m == 1 and self.b_n_fast and not self.staged
                 and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and 4 * self.mma_m * self.mma_n <= BULK_ACCUMULATORS
                 and 0 < self.copies <= BULK_COPIES and self.chunk() % (2 * self.copies) == 0
                 and 0 < self.span <= BULK_CHUNKS * self.chunk() and self.span % self.chunk() == 0
-                and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
+                and self.stages >= 2 and self.smem_bytes() + self.bulk_static_bytes() <= smem_limit(arch))
+
+    def bulk_static_bytes(self) -> int:
+        """Static shared memory (bytes) of the bulk-copy kernel beside :meth:`smem_bytes`: B's row
+        offsets (``bk``) and its runs' first columns' (``copies`` a chunk), in the index type, and
+        two mbarriers a stage, each array rounded up to 16 bytes (an upper bound of what ptxas
+        lays out; the block's limit holds dynamic and static shared memory together)."""
+        whole = lambda n: -(-n // 16) * 16
+        index = 8 if self.wide else 4
+        return (whole(self.bk * index) + whole(self.span // self.chunk() * self.copies * index)
+                + whole(2 * self.stages * 8))
 
     def name(self) -> str:
         if self.bulk:

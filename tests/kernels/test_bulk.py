@@ -14,7 +14,7 @@ from itertools import product
 import pytest
 
 from chainexec.kernels import gett
-from tests.conftest import gett_spills
+from tests.conftest import gett_spills, nvcc_reports
 
 
 def _bulk(warps=8, mma_m=5, mma_n=2, bk=72, stages=2, span=1024, a_k_fast=False, **kw):
@@ -65,6 +65,8 @@ def test_a_bulk_block_holds_all_its_rows_with_its_warps_along_n_and_one_warp_cop
     ({"copies": 3}, False),  # 128 is not three equal runs
     ({"copies": 2 * gett.BULK_COPIES}, False),  # runs of 16: more copies than the warp issues in time
     ({"copies": 0}, False),
+    # dynamic shared memory exactly the block's limit: the offsets and mbarriers do not fit beside
+    ({"warps_n": 9, "mma_m": 4, "bk": 80, "span": 144 * 3}, False),
     ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8}, True),  # a chunk of 72
     ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8, "copies": 2}, True),  # two runs of 36
     ({"warps_n": 9, "mma_n": 1, "stages": 4, "span": 72 * 8, "copies": 4}, True),  # runs of 18: 144 bytes
@@ -197,6 +199,32 @@ def test_bulk_kernels_compile_with_nvcc_without_spills(tmp_path):
     assert len(cfgs) >= 40
     assert max(gett_spills(tmp_path, cfgs)) == 0
     assert all(f"{c.name()}(" in gett.source(c) and "cp.async.bulk" in gett.source(c) for c in cfgs)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_static_shared_memory_is_counted_within_the_block_limit(tmp_path):
+    """ptxas's static shared memory of each bulk-copy kernel is at most
+    :meth:`GettConfig.bulk_static_bytes`, so a valid configuration's dynamic and static shared
+    memory together fit the block (the largest spans, both index widths, up to four copies)."""
+    import re
+
+    cfgs = []
+    for (warps, mma_n, stages), mma_m, bk in product(gett.BULK_TILES, (1, 5), (72, gett.BULK_SUM)):
+        for copies, wide in ((1, False), (2, True), (4, False)):
+            cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * gett.BULK_CHUNKS, copies=copies, wide=wide)
+            if cfg.valid():
+                cfgs.append(cfg)
+    assert len(cfgs) >= 12
+    # one source per index width (each declares its index type)
+    log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs if c.wide == wide)
+                                          for wide in (False, True)]))
+    # ptxas reports each entry function's properties after the line that names it
+    static = {name: int(smem) for name, smem in
+              re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes smem", log, flags=re.S)}
+    assert set(static) == {c.name() for c in cfgs}
+    for cfg in cfgs:
+        assert static[cfg.name()] <= cfg.bulk_static_bytes(), cfg.name()
+        assert cfg.smem_bytes() + static[cfg.name()] <= gett.smem_limit(90)
 
 
 @pytest.mark.parametrize("c, a, b, sizes, pad", [
