@@ -125,7 +125,7 @@ def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int =
     already: kernels loaded, memory pools filled)."""
     import cupy
 
-    from chainexec.runtime.devicetime import Stopwatch
+    from chainexec.runtime.devicetime import HOLD_S, Stopwatch
 
     for fn in () if warm else fns.values():
         fn()
@@ -134,7 +134,8 @@ def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int =
     times = rounds(fns, watch.ms, budget_s, min_reps, max_reps, hopeless_ms)
     for key, fn in fns.items():
         if id(fn) in watch.unheld:
-            print(f"{key}: timed with the host's time to issue it (the call waits for the device)", file=sys.stderr)
+            print(f"{key}: timed with the host's time to issue it (its work was not queued within "
+                  f"{HOLD_S} s: it waits for the device)", file=sys.stderr)
     return times
 
 
