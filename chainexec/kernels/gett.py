@@ -469,6 +469,17 @@ def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dic
     return out
 
 
+def packed_orders(c: tuple, a: tuple, b: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Index orders of A and B for the packed GETT (copies made before the kernel runs): each
+    operand's summed indices first, in the order A lists them, then its free indices in C's order
+    (stride-1 last). Both operands then hold K as one contiguous block per column of C's order,
+    and each free group's table order, whichever of :data:`ORDERS` a problem takes, is
+    contiguous in its operand along C's own order: the (T) outputs, whose A and B interleave
+    their stride-1 indices with C's, are read in whole sectors along every group."""
+    summed = list(dict.fromkeys(i for i in (*a, *b) if i not in c))
+    return tuple(tuple([i for i in summed if i in x] + [i for i in c if i in x]) for x in (a, b))
+
+
 BLOCK = SECTOR // ELEM
 """Elements per side of an interleaved group's blocks (:func:`enumeration`): one sector."""
 C_RUN = 2 * BLOCK
@@ -590,12 +601,14 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
             + [(order, cfg) for order, p in problems.items() for cfg in bulk_configs(p, sm_count, arch)])
 
 
-SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2))
+SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8, 256, 3), (4, 2, 16, 256, 2))
 """Short-sum shapes the autotuner times where the sum is short enough (:func:`short_configs`):
 (warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages). One m16 tile and a chunk of
 32 columns a warp hold the fewest registers a lane; the two spans suit outputs with many columns
 (fewer re-reads of A's tile) and with few (more blocks); eight warps share each chunk of B among
-twice the rows, which some index orders of the (T) outputs reward and others do not."""
+twice the rows, which some index orders of the (T) outputs reward and others do not. Where B's
+chunk rows are contiguous (packed operands, :func:`packed_orders`), its gathers cost little and
+wider chunks of 64 or 128 columns, over 256 rows or 128 rows of two m16 tiles a warp, win."""
 
 SHORT_TUNED = 24
 """Longest sum (elements) for which the autotuner times short-sum kernels. Past it the pipelined

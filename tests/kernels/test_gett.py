@@ -6,6 +6,7 @@ source of every configuration, and of a staged-epilogue twin of every epilogue s
 with nvcc for sm_90 (spills bounded) when nvcc is present.
 """
 
+import json
 import shutil
 from dataclasses import replace
 from itertools import product
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from chainexec.kernels import gett
-from tests.conftest import gett_spills
+from tests.conftest import TCCG, gett_spills
 
 CASES = [
     # (C, A, B, sizes): GEMM, TCCG-style 6-D (T) term, batch index, summed fastest index on both
@@ -80,6 +81,34 @@ def test_tables_describe_the_contraction(c, a, b, sizes, view, order):
     assert [tabs[t].size for t in ("am", "ak", "bn", "cl")] == [M, K, N, L]
     _emulate(p, tabs, C, A, B, 0.5, -1.5)
     assert np.linalg.norm(C - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("case", json.loads(TCCG.read_text()), ids=lambda case: str(case["id"]))
+def test_packed_operands_are_read_in_whole_runs_along_every_group(case):
+    """GETT on packed copies (:func:`~chainexec.kernels.gett.packed_orders`): whichever order a
+    problem takes, C's free indices are enumerated in one table order shared by all three
+    tensors, nothing is blocked, A's and B's free groups are each one run of stride 1 in the
+    copies and their summed group one run of a single stride, B's a bulk-copy run of all of N; the
+    tables still describe the contraction (emulated against einsum on a case shrunk to small
+    extents)."""
+    c, a, b = case["C"], case["A"], case["B"]
+    oa, ob = gett.packed_orders(tuple(c), tuple(a), tuple(b))
+    assert sorted(oa) == sorted(a) and sorted(ob) == sorted(b)
+    assert [i for i in oa if i in c] == [i for i in c if i in a]
+    assert [i for i in ob if i in c] == [i for i in c if i in b]
+    assert [i for i in oa if i not in c] == [i for i in ob if i not in c] == [i for i in a if i not in c]
+    sizes = {i: 2 + 2 * (n % 3) for n, i in enumerate(case["sizes"])}  # even: B's pieces on 16 bytes
+    C, A, B = _arrays(c, "".join(oa), "".join(ob), sizes, seed=case["id"])
+    strides = (_strides(C, c), _strides(A, oa), _strides(B, ob))
+    probs = gett.variants(tuple(c), oa, ob, sizes, strides)
+    for p in probs.values():
+        M, N, K, L = p.dims
+        tabs = gett.tables(p, strides)
+        assert p.blocked == () and p.bulk_run == (N if p.b_n_fast else 0)
+        assert all(np.all(np.diff(tabs[t]) == 1) for t in ("am", "bn"))
+        assert all(np.all(np.diff(tabs[t]) == tabs[t][1:2] - tabs[t][:1]) for t in ("ak", "bk"))
+        _emulate(p, tabs, C, A, B, 1.0, 0.0)
+        assert np.linalg.norm(C - np.einsum(f"{''.join(oa)},{''.join(ob)}->{c}", A, B)) <= 1e-12 * np.linalg.norm(C)
 
 
 def test_groups_and_coalescing_choices():

@@ -88,7 +88,7 @@ def _operands(rng, c, size, dtype, views: bool, step: bool):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("kind", ["plain", "batch", "unary", "scalar"])
-@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "relayout", "cutensor", "direct", "auto"])
+@pytest.mark.parametrize("method", ["ttgt", "kernel", "batched", "relayout", "packed", "cutensor", "direct", "auto"])
 def test_contract_matches_einsum(method, kind, dtype, monkeypatch, tmp_path):
     """Every method, random contractions, contiguous and strided operands; the padding around
     ``out``'s view stays untouched. Kernel-eligible cases (no batch index, non-scalar output) must
@@ -122,9 +122,10 @@ def test_contract_matches_einsum(method, kind, dtype, monkeypatch, tmp_path):
         untouched = np.ones(got.shape, bool)
         untouched[sl] = False
         assert np.array_equal(got[untouched], before[untouched])
-        if method in ("batched", "relayout") and b is not None and not c.pointwise():
-            # forced: batched GEMM (on copies) wherever it is a candidate, else TTGT
-            offered = method in backend._candidates(c, out, a, b)
+        if method in ("batched", "relayout", "packed") and b is not None and not c.pointwise():
+            # forced: batched GEMM (on copies), or GETT on packed copies, wherever it is a
+            # candidate, else TTGT
+            offered = any(m.split(":")[0] == method for m in backend._candidates(c, out, a, b))
             assert backend.choices[backend._kept_key(c, out, a, b)].method == (method if offered else "ttgt")
     for (out_idx, a_idx, b_idx, *_), choice in backend.choices.items():
         eligible = kind == "plain" and all((out_idx, a_idx, b_idx))  # no batch index, no 0-d tensor

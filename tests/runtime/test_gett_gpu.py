@@ -108,9 +108,11 @@ def test_every_configuration_is_correct(staged):
 
 
 SHORT_GRID = tuple(product((2, 4, 8), (1, 2), (4, 8), (128, 256), (2, 3)))
+SHORT_GRID += tuple(t for t in gett.SHORT_TILES if t not in SHORT_GRID)
 """(warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages) of the short-sum kernels
-checked: both chunk widths, spans that a block fills or leaves ragged, two and three stages,
-blocks whose rows of threads divide a chunk's rows or not (8 warps over sums of 4 and 20)."""
+checked: chunk widths of 32 and 64 columns, spans that a block fills or leaves ragged, two and
+three stages, blocks whose rows of threads divide a chunk's rows or not (8 warps over sums of 4
+and 20), and every shape the autotuner times (:data:`~chainexec.kernels.gett.SHORT_TILES`)."""
 
 
 @pytest.mark.parametrize("K", [1, 7, 19, 24, 45])
@@ -176,6 +178,35 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     fallback = {"kernel", "relayout"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
     assert (method in ("auto", *termruns.REGISTRY) or forced == method
             or (method in fallback and forced == "ttgt"))
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, monkeypatch):
+    """Forced ``packed`` on (T)-shaped terms (operands far smaller than the output, as the runtime
+    offers it), contiguous and as views of larger buffers: a fresh output (NaN in it) is written
+    as if it held zeros, otherwise the product is added; the GETT kernel runs on C-contiguous
+    copies in :func:`~chainexec.kernels.gett.packed_orders` (the copies the backend makes),
+    against NumPy; within a run of terms (:meth:`Methods._reusing`) a second term over the same
+    operand reuses its copy."""
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "packed")
+    be = device.select("cupy")
+    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=7, f=11)
+    hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=9, view=False)
+    W, A, B = _device_views((hW, hA, hB), view)
+    if fresh:
+        W[...] = cupy.nan
+    made = []
+    contiguous = CupyBackend._contiguous
+    monkeypatch.setattr(CupyBackend, "_contiguous", lambda self, v: made.append(v.shape) or contiguous(self, v))
+    c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=-0.5)
+    with be._reusing():
+        be.contract(c, W, A, B, fresh)
+        be.contract(replace(c, factor=2.0), W, A, B)
+    ref = 1.5 * np.einsum("iafb,kjcf->ijkabc", hA, hB) + (0.0 if fresh else hW)
+    assert _relerr(W.get(), ref) <= 1e-12
+    assert {choice.method for choice in be.choices.values()} == {"packed"}
+    assert made == [(11, 5, 9, 8), (11, 6, 4, 7)]  # f first, then i,a,b and j,k,c in W's order; once each
 
 
 @pytest.mark.parametrize("fresh", [False, True])

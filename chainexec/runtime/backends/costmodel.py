@@ -20,7 +20,8 @@ recorded on any machine, ``benchmarks/tuning_model.py``):
 - ``cutensor`` — the GEMM bound and the minimum traffic of the contraction, over
   :data:`CUTENSOR_SHARE`.
 - ``gett`` — the GETT kernel's own model (:func:`chainexec.kernels.gett.predicted_seconds`), the
-  one that ranks its configurations, over :data:`GETT_SHARE`.
+  one that ranks its configurations, over :data:`GETT_SHARE`; ``packed`` the same on C-contiguous
+  copies in :func:`~chainexec.kernels.gett.packed_orders`, plus the copies.
 - ``kernel`` (COGENT) and ``direct`` — the flops on the CUDA cores (half the tensor-core rate)
   at :data:`CORE_SHARE` and :data:`DIRECT_SHARE` of it, against the minimum traffic.
 
@@ -183,6 +184,12 @@ def _gett(config: dict, out: Operand, a: Operand, b: Operand, sm_count: int) -> 
     return gett.predicted_seconds(problem, gett.GettConfig(**fields), sm_count) / GETT_SHARE + LAUNCH
 
 
+def _packed(config: dict, out: Operand, a: Operand, b: Operand, itemsize: int, sm_count: int) -> float:
+    oa, ob = gett.packed_orders(out.indices, a.indices, b.indices)
+    copies = 2.0 * itemsize * (a.size + b.size) / BANDWIDTH + 2 * LAUNCH
+    return copies + _gett(config, out, _contiguous(a, oa), _contiguous(b, ob), sm_count)
+
+
 def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize: int, sm_count: int) -> float:
     """Predicted seconds of ``method`` (a name of
     :data:`~chainexec.runtime.backends.methods.REGISTRY`) with ``config`` (GETT's order and
@@ -200,6 +207,8 @@ def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize:
         return _least(out, a, b, itemsize, FLOPS * gemm_efficiency(*_ttgt_extents(out, a, b)[1:])) / CUTENSOR_SHARE
     if method == "gett":
         return _gett(config, out, a, b, sm_count)
+    if method == "packed":
+        return _packed(config, out, a, b, itemsize, sm_count)
     if method == "kernel":
         return _least(out, a, b, itemsize, FLOPS / 2 * CORE_SHARE)
     if method == "direct":

@@ -3,7 +3,8 @@ per method, in :data:`REGISTRY`) that says where it applies, which configuration
 times, the device temporaries it makes, and how it runs; and the state they share on the backend
 (:class:`Methods`: GETT's offset tables, batched-GEMM layouts, COGENT kernels, relayout copies).
 
-``gett`` (the generated GETT kernel on FP64 tensor cores), ``batched`` (cuBLAS batched GEMMs over
+``gett`` (the generated GETT kernel on FP64 tensor cores), ``packed`` (the same on copies of the
+operands packed in the output's order), ``batched`` (cuBLAS batched GEMMs over
 the operands as they lie, the strided-batched GEMM paper), ``relayout`` (the same on permuted
 copies of the operands), ``kernel`` (the generated COGENT kernel), ``ttgt``
 (transpose-transpose-GEMM-transpose), ``einsum`` (``cupy.einsum``, so the choice is never slower
@@ -11,9 +12,9 @@ than it), ``direct`` (a thread per output element: slow, but it applies to every
 needs no memory, so a plan that fills the device limit has a method that keeps within it) and
 ``cutensor`` (NVIDIA's cuTENSOR, where libcutensor is installed).
 
-Views: GETT, batched GEMM, cuTENSOR and the direct kernel work on the views as they lie; TTGT,
-``cupy.einsum`` and the COGENT kernel make contiguous copies and product temporaries, workspace
-outside the plan's buffers.
+Views: GETT, batched GEMM, cuTENSOR and the direct kernel work on the views as they lie; packed
+GETT and relayout copy the operands; TTGT, ``cupy.einsum`` and the COGENT kernel make contiguous
+copies and product temporaries, workspace outside the plan's buffers.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ times beside the plain one: fewer leave more of the first chunk's copy and the l
 alone, more make smaller GEMMs. On the CCSD contractions of the TCCG set (a 5184³ GEMM between
 three 215 MB copies) three chunks on two streams hide most of the copies
 (:file:`benchmarks/results/INDEX.md`)."""
+PACK_LIMIT = 1.0
+"""Largest ratio of the operands' bytes to the output's at which ``packed`` (GETT on packed
+copies, :class:`Packed`) is offered: beyond it the copies' pass over the operands costs more than
+the gathers they spare a kernel whose time is the output's."""
 HOLD_SHARE = 4
 """A loop with steady inputs (:meth:`Methods.steady`) sets 1/HOLD_SHARE of the room the plan
 leaves aside for the relayout copies and stacked terms' operand copies held from tile to tile."""
@@ -100,6 +105,23 @@ def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
     """``c`` over copies of its operands in :func:`~chainexec.kernels.batchedgemm.operand_orders`'
     index orders, and the permutations that make those copies from ``a`` and ``b``."""
     oa, ob, pa, pb = _relaid_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+    return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
+
+
+@lru_cache(maxsize=None)
+def _packed_orders(out: tuple, a: tuple, b: tuple) -> tuple:
+    """:func:`~chainexec.kernels.gett.packed_orders` and the permutations to them, per index
+    triple (asked again for every tile of a run)."""
+    from chainexec.kernels import gett
+
+    oa, ob = gett.packed_orders(out, a, b)
+    return oa, ob, tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
+
+
+def _packed(c: Contraction) -> tuple[Contraction, tuple, tuple]:
+    """``c`` over copies of its operands in :func:`~chainexec.kernels.gett.packed_orders`, and the
+    permutations that make those copies from ``a`` and ``b``."""
+    oa, ob, pa, pb = _packed_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
 
 
@@ -176,11 +198,11 @@ class Gett(Method):
         return self.named([(order, cfg) for order, cfg in cands if fits(order, cfg)])
 
     @staticmethod
-    def named(candidates) -> dict:
-        """Candidate name (``gett:<order>:<config>``) -> configuration (the order and the
+    def named(candidates, method: str = "gett") -> dict:
+        """Candidate name (``<method>:<order>:<config>``) -> configuration (the order and the
         :class:`~chainexec.kernels.gett.GettConfig` fields) of the GETT model's ranked
         (order, configuration) ``candidates``."""
-        return {f"gett:{order}:{cfg.name()}": {"order": order, **asdict(cfg)} for order, cfg in candidates}
+        return {f"{method}:{order}:{cfg.name()}": {"order": order, **asdict(cfg)} for order, cfg in candidates}
 
     def kernels(self, be, config, c, out, a, b) -> list:
         from chainexec.kernels import gett
@@ -200,6 +222,45 @@ class Gett(Method):
             if fresh:
                 be.clear(out)
             REGISTRY["direct"].add(be, None, c, out, a, b, c.factor)
+
+
+class Packed(Method):
+    """The GETT kernel on C-contiguous copies of both operands in
+    :func:`~chainexec.kernels.gett.packed_orders` (:func:`_packed`): summed indices first, free
+    ones in ``out``'s order. Where the operands interleave their stride-1 indices with ``out``'s,
+    as the (T) terms do, GETT gathers them in scattered sectors, and its loads, not its stores,
+    set its pace; the copies cost a pass over each operand, small beside the output. Offered
+    where the operands are no larger than ``out`` (:data:`PACK_LIMIT`) and a copy differs from
+    its operand. The copies are kept within a run of terms and held for steady inputs as
+    relayout's are (:meth:`Methods._relaid_copy`); making them can run out of memory, so the
+    method is not timed in place. A fresh output is written with ``beta = 0``."""
+
+    name = "packed"
+    writes_fresh = True
+    keeps_copies = True
+
+    def applies(self, be, c, out, a, b) -> bool:
+        return be._packed(c, out, a, b) is not None
+
+    def configurations(self, be, c, out, a, b) -> dict:
+        return Gett.named(be._packed(c, out, a, b)[1], self.name)
+
+    def workspace(self, out, a, b) -> int:
+        return a.nbytes + b.nbytes
+
+    def kernels(self, be, config, c, out, a, b) -> list:
+        return REGISTRY["gett"].kernels(be, config, c, out, a, b)
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        """GETT on the copies; GETT on the operands as they lie where the copies have no GETT
+        form here (chosen on a probe or for a classmate, or their tables do not fit the room)."""
+        if be._packed(c, out, a, b) is not None:
+            moved, pa, pb = _packed(c)
+            ca, cb = be._relaid_copy(0, a, pa, out), be._relaid_copy(1, b, pb, out)
+            if be._problem(moved, out, ca, cb) is not None:
+                be._gett_call(config, moved, out, ca, cb, c.factor, 0.0 if fresh else 1.0)
+                return
+        REGISTRY["gett"].run(be, config, c, out, a, b, fresh)
 
 
 class Batched(Method):
@@ -388,13 +449,14 @@ class Cutensor(Method):
         _cutensor(be.xp).contraction(c.factor, a, tuple(modes[0]), b, tuple(modes[1]), 1.0, out, tuple(modes[2]))
 
 
-REGISTRY = {m.name: m for m in (Gett(), Batched(), Relayout(), Kernel(), Ttgt(), Einsum(), Direct(), Cutensor())}
+REGISTRY = {m.name: m for m in (Gett(), Packed(), Batched(), Relayout(), Kernel(), Ttgt(), Einsum(), Direct(),
+                                Cutensor())}
 """The contraction methods by name, in the order the autotuner lists its candidates. Workspaces:
 TTGT and the COGENT kernel may copy both operands and make an output-sized product (or temporary
 output), ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the direct kernel
 make none (GETT's offset tables, kept for the process, are checked against the room by
 :meth:`Methods._problem`; batched GEMM's pointer tables, 24 bytes per GEMM of a pointer-array
-call, are not counted); ``relayout`` copies both operands; cuTENSOR's is counted as one output.
+call, are not counted); ``packed`` and ``relayout`` copy both operands; cuTENSOR's is counted as one output.
 (Where batched GEMM or relayout was chosen on a probe and the tile has no layout, the fallback's
 TTGT temporaries are not in this bound: a failed allocation then falls back to GETT,
 :meth:`chainexec.runtime.backends.tuning.Autotuner.contract`.)"""
@@ -635,6 +697,18 @@ class Methods:
         moved, pa, pb = _relaid(c)
         copies = [_Contiguous(tuple(x.shape[p] for p in perm), x.dtype) for x, perm in ((a, pa), (b, pb))]
         return self._batched(moved, out, *copies)
+
+    def _packed(self, c: Contraction, out, a, b):
+        """:meth:`_problem` for C-contiguous copies of ``a`` and ``b`` in the orders of
+        :func:`_packed` (described by shape, not made), or None where they are not offered: the
+        operands larger than :data:`PACK_LIMIT` times ``out``, or both already C-contiguous in
+        those orders."""
+        moved, pa, pb = _packed(c)
+        if (a.nbytes + b.nbytes > PACK_LIMIT * out.nbytes
+                or all(x.flags.c_contiguous and perm == tuple(range(x.ndim)) for x, perm in ((a, pa), (b, pb)))):
+            return None
+        return self._problem(moved, out, *(_Contiguous(tuple(x.shape[p] for p in perm), x.dtype)
+                                           for x, perm in ((a, pa), (b, pb))))
 
     def _contiguous(self, view):
         """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
