@@ -601,14 +601,17 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
             + [(order, cfg) for order, p in problems.items() for cfg in bulk_configs(p, sm_count, arch)])
 
 
-SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8, 256, 3), (4, 2, 16, 256, 2))
+SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8, 256, 3), (4, 2, 16, 256, 2),
+               (8, 1, 8, 768, 3))
 """Short-sum shapes the autotuner times where the sum is short enough (:func:`short_configs`):
 (warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages). One m16 tile and a chunk of
 32 columns a warp hold the fewest registers a lane; the two spans suit outputs with many columns
 (fewer re-reads of A's tile) and with few (more blocks); eight warps share each chunk of B among
 twice the rows, which some index orders of the (T) outputs reward and others do not. Where B's
 chunk rows are contiguous (packed operands, :func:`packed_orders`), its gathers cost little and
-wider chunks of 64 or 128 columns, over 256 rows or 128 rows of two m16 tiles a warp, win."""
+wider chunks of 64 or 128 columns, over 256 rows or 128 rows of two m16 tiles a warp, win; a
+span of 768 columns where C's rows lie apart and its columns run long (the (T) outputs whose
+stride-1 index comes from A: rows 384 elements apart, columns 384 contiguous)."""
 
 SHORT_TUNED = 24
 """Longest sum (elements) for which the autotuner times short-sum kernels. Past it the pipelined
