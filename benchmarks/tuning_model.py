@@ -60,12 +60,17 @@ def contraction(key: list) -> tuple | None:
 
 
 def gett_configs(c, out, a, b, sm_count: int) -> dict:
-    """Candidate name -> GETT configuration (order and fields), as the autotuner names them."""
+    """Candidate name -> GETT configuration (order and fields) on the operands and on their
+    packed copies, as the autotuner names them."""
     strides = tuple(dict(zip(i, [s // 8 for s in x.strides])) for i, x in
                     ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
     sizes = dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape)) | dict(zip(c.out_indices, out.shape))
     probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), sizes, strides)
-    return methods.Gett.named(gett.candidates(probs, sm_count, methods.TUNE_TOP))
+    oa, ob = gett.packed_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+    packed = gett.variants(tuple(c.out_indices), oa, ob, sizes, (strides[0], *(
+        {i: math.prod(sizes[j] for j in order[d + 1:]) for d, i in enumerate(order)} for order in (oa, ob))))
+    return (methods.Gett.named(gett.candidates(probs, sm_count, methods.TUNE_TOP))
+            | methods.Gett.named(gett.candidates(packed, sm_count, methods.TUNE_TOP), "packed"))
 
 
 def run_of_terms(key: list) -> termruns.Run | None:
@@ -133,7 +138,7 @@ def evaluate(decisions: list[dict], sm_count: int = 132) -> tuple[dict, list, li
         predicted = {}
         for name in measured:
             method = name.split(":")[0]
-            if method == "gett" and name not in configs:
+            if method in ("gett", "packed") and name not in configs:
                 continue
             predicted[name] = costmodel.predict(method, configs.get(name), *ops, 8, sm_count)
             ratios.setdefault(method, []).append(measured[name] / predicted[name])
@@ -170,9 +175,10 @@ def bench_rows(path: str, cutensor: bool = True, sm_count: int = 132) -> list[tu
         configs = gett_configs(c, *arrays, sm_count)
         measured = {m: row[f"{key}_ms"] / 1e3 for m, key in BENCH_METHODS.items()
                     if f"{key}_ms" in row and (cutensor or m != "cutensor")}
-        for g in row.get("gett", []):
-            if (name := f"gett:{g['order']}:{g['config']}") in configs:
-                measured[name] = g["ms"] / 1e3
+        for method in ("gett", "packed"):
+            for g in row.get(method, []):
+                if (name := f"{method}:{g['order']}:{g['config']}") in configs:
+                    measured[name] = g["ms"] / 1e3
         predicted = {m: costmodel.predict(m.split(":")[0], configs.get(m), *ops, 8, sm_count) for m in measured}
         out.append((measured, predicted))
     return out

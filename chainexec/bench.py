@@ -50,7 +50,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from statistics import geometric_mean
 
@@ -201,9 +201,10 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
 def packed_rows(backend, con: Contraction, A, B, C, ref, budget_s: float) -> tuple[list[dict], list]:
     """The runtime's packed GETT (:class:`~chainexec.runtime.backends.methods.Packed`) on this
     case, each of its candidates run as the runtime runs it (the operands' copies in every call,
-    a fresh C written with beta = 0), checked against ``ref`` in a NaN-poisoned C and timed; a
-    row per candidate and, in the same order, each one's call; none where it is not offered.
-    Their kernels are compiled first, together; the check is each one's warm-up."""
+    a fresh C written with beta = 0), checked against ``ref`` in a NaN-poisoned C, then adding
+    half the product to it (beta = 1, against ``1.5 · ref``), and timed fresh; a row per
+    candidate and, in the same order, each one's call; none where it is not offered. Their
+    kernels are compiled first, together; the checks are each one's warm-up."""
     import cupy
 
     method = REGISTRY["packed"]
@@ -217,9 +218,12 @@ def packed_rows(backend, con: Contraction, A, B, C, ref, budget_s: float) -> tup
         C[...] = cupy.nan
         calls[-1]()
         err = rel_error(C, ref)
+        method.run(backend, cfg, replace(con, factor=0.5), C, A, B, False)
+        err_beta = rel_error(C, 1.5 * ref)
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
                             hopeless_ms=GETT_CUT * min((r["ms"] for r in rows), default=math.inf))
-        rows.append({"config": name.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "ms": ms, "reps": reps})
+        rows.append({"config": name.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "rel_err_beta": err_beta,
+                     "ms": ms, "reps": reps})
     return rows, calls
 
 
@@ -385,6 +389,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
             times["packed"] = (row["packed"][best]["ms"], row["packed"][best]["reps"])
             fns["packed"] = calls[best]
             row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row["packed"]))
+            row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row["packed"]))
     # the runtime's TTGT method, its product copied into C by the runtime's own kernel, plain and
     # pipelined (``ttgt:<chunks>``) where the autotuner offers it
     for key, config in REGISTRY["ttgt"].configurations(backend, con, C, A, B).items():

@@ -471,13 +471,16 @@ def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dic
 
 def packed_orders(c: tuple, a: tuple, b: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Index orders of A and B for the packed GETT (copies made before the kernel runs): each
-    operand's summed indices first, in the order A lists them, then its free indices in C's order
-    (stride-1 last). Both operands then hold K as one contiguous block per column of C's order,
-    and each free group's table order, whichever of :data:`ORDERS` a problem takes, is
-    contiguous in its operand along C's own order: the (T) outputs, whose A and B interleave
-    their stride-1 indices with C's, are read in whole sectors along every group."""
+    operand's batch indices (those of all three tensors) first, in C's order, then its summed
+    indices in the order A lists them, then its other free indices in C's order (stride-1 last).
+    Each group of each copy is then one run of a single stride, its free group of stride 1, and
+    the group's table order, whichever of :data:`ORDERS` a problem takes, follows C's own: the
+    (T) outputs, whose A and B interleave their stride-1 indices with C's, are read in whole
+    lines along every group."""
+    batch = [i for i in c if i in a and i in b]
     summed = list(dict.fromkeys(i for i in (*a, *b) if i not in c))
-    return tuple(tuple([i for i in summed if i in x] + [i for i in c if i in x]) for x in (a, b))
+    return tuple(tuple(batch + [i for i in summed if i in x] + [i for i in c if i in x and i not in batch])
+                 for x in (a, b))
 
 
 BLOCK = SECTOR // ELEM
@@ -609,7 +612,8 @@ SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8
 (fewer re-reads of A's tile) and with few (more blocks); eight warps share each chunk of B among
 twice the rows, which some index orders of the (T) outputs reward and others do not. Where B's
 chunk rows are contiguous (packed operands, :func:`packed_orders`), its gathers cost little and
-wider chunks of 64 or 128 columns, over 256 rows or 128 rows of two m16 tiles a warp, win; a
+wider chunks win: 64 columns for eight warps of one m16 tile, or 128 for four warps of two,
+over a span of 256 columns; a
 span of 768 columns where C's rows lie apart and its columns run long (the (T) outputs whose
 stride-1 index comes from A: rows 384 elements apart, columns 384 contiguous)."""
 

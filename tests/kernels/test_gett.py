@@ -83,19 +83,27 @@ def test_tables_describe_the_contraction(c, a, b, sizes, view, order):
     assert np.linalg.norm(C - ref) <= 1e-12 * np.linalg.norm(ref)
 
 
-@pytest.mark.parametrize("case", json.loads(TCCG.read_text()), ids=lambda case: str(case["id"]))
+BATCHED = [{"id": 900, "C": "lab", "A": "lak", "B": "lkb", "sizes": dict(l=3, a=11, b=13, k=5)},
+           {"id": 901, "C": "bmla", "A": "kalm", "B": "blk", "sizes": dict(a=3, b=4, k=5, l=2, m=3)}]
+"""Contractions with batch indices (in all three tensors) for the packed orders: the TCCG set has none."""
+
+
+@pytest.mark.parametrize("case", json.loads(TCCG.read_text()) + BATCHED, ids=lambda case: str(case["id"]))
 def test_packed_operands_are_read_in_whole_runs_along_every_group(case):
     """GETT on packed copies (:func:`~chainexec.kernels.gett.packed_orders`): whichever order a
     problem takes, C's free indices are enumerated in one table order shared by all three
     tensors, nothing is blocked, A's and B's free groups are each one run of stride 1 in the
-    copies and their summed group one run of a single stride, B's a bulk-copy run of all of N; the
+    copies and their summed and batch groups one run of a single stride, B's a bulk-copy run of
+    all of N; the
     tables still describe the contraction (emulated against einsum on a case shrunk to small
     extents)."""
     c, a, b = case["C"], case["A"], case["B"]
     oa, ob = gett.packed_orders(tuple(c), tuple(a), tuple(b))
+    batch = tuple(i for i in c if i in a and i in b)
     assert sorted(oa) == sorted(a) and sorted(ob) == sorted(b)
-    assert [i for i in oa if i in c] == [i for i in c if i in a]
-    assert [i for i in ob if i in c] == [i for i in c if i in b]
+    assert oa[:len(batch)] == ob[:len(batch)] == batch
+    assert [i for i in oa[len(batch):] if i in c] == [i for i in c if i in a and i not in batch]
+    assert [i for i in ob[len(batch):] if i in c] == [i for i in c if i in b and i not in batch]
     assert [i for i in oa if i not in c] == [i for i in ob if i not in c] == [i for i in a if i not in c]
     sizes = {i: 2 + 2 * (n % 3) for n, i in enumerate(case["sizes"])}  # even: B's pieces on 16 bytes
     C, A, B = _arrays(c, "".join(oa), "".join(ob), sizes, seed=case["id"])
@@ -106,7 +114,7 @@ def test_packed_operands_are_read_in_whole_runs_along_every_group(case):
         tabs = gett.tables(p, strides)
         assert p.blocked == () and p.bulk_run == (N if p.b_n_fast else 0)
         assert all(np.all(np.diff(tabs[t]) == 1) for t in ("am", "bn"))
-        assert all(np.all(np.diff(tabs[t]) == tabs[t][1:2] - tabs[t][:1]) for t in ("ak", "bk"))
+        assert all(np.all(np.diff(tabs[t]) == tabs[t][1:2] - tabs[t][:1]) for t in ("ak", "bk", "al", "bl"))
         _emulate(p, tabs, C, A, B, 1.0, 0.0)
         assert np.linalg.norm(C - np.einsum(f"{''.join(oa)},{''.join(ob)}->{c}", A, B)) <= 1e-12 * np.linalg.norm(C)
 

@@ -68,10 +68,12 @@ def test_short_sums_need_sm_90():
 
 
 def _grid():
-    """Every short-sum shape the autotuner may time, both load directions, both widths."""
+    """Every short-sum shape the autotuner may time (:data:`~chainexec.kernels.gett.SHORT_TILES`
+    and a grid around them), both load directions, both widths."""
     out = []
+    grid = tuple(product((2, 4, 8), (1, 2), (4, 8), (128, 512), (2, 3)))
     for (warps, mma_m, mma_n, span, stages), ak, bn in product(
-            product((2, 4, 8), (1, 2), (4, 8), (128, 512), (2, 3)), (False, True), (False, True)):
+            grid + tuple(t for t in gett.SHORT_TILES if t not in grid), (False, True), (False, True)):
         cfg = _short(warps, mma_m, mma_n, (24 if mma_m == 2 else 48) - 4 * (warps == 8), stages, span, ak, bn)
         if cfg.valid():
             out.append(replace(cfg, wide=len(out) % 2 == 1))

@@ -147,6 +147,18 @@ def test_the_fastest_method_of_every_tccg_case_is_among_those_timed(cutensor):
         assert math.exp(sum(map(math.log, alone)) / len(alone)) > 1.15
 
 
+def test_gett_on_packed_copies_is_timed_where_it_is_fastest():
+    """On the 48 TCCG cases timed with GETT on packed copies beside every other method
+    (``tccg_h200_2026-12-04d_scale1_packed.json``, cuTENSOR installed): a packed candidate is the
+    fastest of every (T) case (31–48) and the candidates the models keep include the fastest of
+    every case, packed ones named as the autotuner names them."""
+    tm = _script()
+    rows = tm.bench_rows(str(RECORD.with_name("tccg_h200_2026-12-04d_scale1_packed.json")))
+    assert len(rows) == 48
+    assert all(min(measured, key=measured.get).startswith("packed:") for measured, _ in rows[30:])
+    assert all(tm.regret(measured, predicted, costmodel.MARGIN) == 1.0 for measured, predicted in rows)
+
+
 def test_the_script_reads_the_decisions_of_a_cache_folder_not_its_shape_classes(tmp_path):
     """A tuning cache folder holds the autotuner's decisions and the files of its shape classes
     (``key`` and ``shapes``, no ``choice``): ``tuning_model.entries`` returns the decisions only,

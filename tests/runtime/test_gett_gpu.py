@@ -187,8 +187,8 @@ def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, mo
     offers it), contiguous and as views of larger buffers: a fresh output (NaN in it) is written
     as if it held zeros, otherwise the product is added; the GETT kernel runs on C-contiguous
     copies in :func:`~chainexec.kernels.gett.packed_orders` (the copies the backend makes),
-    against NumPy; within a run of terms (:meth:`Methods._reusing`) a second term over the same
-    operand reuses its copy."""
+    against NumPy, with no clearing first; within a run of terms (:meth:`Methods._reusing`) a
+    second term over the same operands reuses their copies."""
     monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "packed")
     be = device.select("cupy")
     sizes = dict(i=5, j=6, k=4, a=9, b=8, c=7, f=11)
@@ -196,9 +196,12 @@ def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, mo
     W, A, B = _device_views((hW, hA, hB), view)
     if fresh:
         W[...] = cupy.nan
-    made = []
-    contiguous = CupyBackend._contiguous
+    made, ran, cleared = [], [], []
+    contiguous, call = CupyBackend._contiguous, CupyBackend._gett_call
     monkeypatch.setattr(CupyBackend, "_contiguous", lambda self, v: made.append(v.shape) or contiguous(self, v))
+    monkeypatch.setattr(CupyBackend, "_gett_call",
+                        lambda self, config, c, *args: ran.append((c.a_indices, c.b_indices)) or call(self, config, c, *args))
+    monkeypatch.setattr(CupyBackend, "clear", lambda self, out: cleared.append(out.shape))
     c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=-0.5)
     with be._reusing():
         be.contract(c, W, A, B, fresh)
@@ -207,6 +210,7 @@ def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, mo
     assert _relerr(W.get(), ref) <= 1e-12
     assert {choice.method for choice in be.choices.values()} == {"packed"}
     assert made == [(11, 5, 9, 8), (11, 6, 4, 7)]  # f first, then i,a,b and j,k,c in W's order; once each
+    assert ran == [(["f", "i", "a", "b"], ["f", "j", "k", "c"])] * 2 and not cleared
 
 
 @pytest.mark.parametrize("fresh", [False, True])

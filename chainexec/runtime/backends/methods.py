@@ -125,6 +125,23 @@ def _packed(c: Contraction) -> tuple[Contraction, tuple, tuple]:
     return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
 
 
+def _copyable(found, a, b) -> list:
+    """The (order, configuration) candidates of ``found`` (:meth:`Methods._problem`'s problems
+    and candidates), less the bulk-copy ones that cannot copy the operand playing B
+    (:func:`~chainexec.runtime.launch.bulk_fits`); an operand given as None is a fresh copy, on
+    16 bytes."""
+    from chainexec.runtime.launch import bulk_fits
+
+    probs, cands = found
+
+    def fits(order, cfg) -> bool:
+        prob = probs[order][0]
+        right = a if prob.swap else b
+        return not cfg.bulk or right is None or bulk_fits(cfg, prob, right)
+
+    return [(order, cfg) for order, cfg in cands if fits(order, cfg)]
+
+
 def _along(indices, index: str, lo: int, hi: int) -> tuple:
     """The key that takes elements ``lo:hi`` of ``index`` from an array over ``indices``."""
     return tuple(slice(lo, hi) if i == index else slice(None) for i in indices)
@@ -187,15 +204,7 @@ class Gett(Method):
         """The model's candidates, less the bulk-copy ones that cannot copy the operand playing B
         (:func:`~chainexec.runtime.launch.bulk_fits`: its base off 16 bytes): those would run the
         fallback (:meth:`Methods._gett_call`) and time it under their name."""
-        from chainexec.runtime.launch import bulk_fits
-
-        probs, cands = be._problem(c, out, a, b)
-
-        def fits(order, cfg) -> bool:
-            prob = probs[order][0]
-            return not cfg.bulk or bulk_fits(cfg, prob, a if prob.swap else b)
-
-        return self.named([(order, cfg) for order, cfg in cands if fits(order, cfg)])
+        return self.named(_copyable(be._problem(c, out, a, b), a, b))
 
     @staticmethod
     def named(candidates, method: str = "gett") -> dict:
@@ -226,16 +235,19 @@ class Gett(Method):
 
 class Packed(Method):
     """The GETT kernel on C-contiguous copies of both operands in
-    :func:`~chainexec.kernels.gett.packed_orders` (:func:`_packed`): summed indices first, free
-    ones in ``out``'s order. Where the operands interleave their stride-1 indices with ``out``'s,
-    as the (T) terms do, GETT gathers them in scattered sectors, and its loads, not its stores,
-    set its pace; the copies cost a pass over each operand, small beside the output. Offered
-    where the operands are no larger than ``out`` (:data:`PACK_LIMIT`) and a copy differs from
-    its operand. The copies are kept within a run of terms and held for steady inputs as
-    relayout's are (:meth:`Methods._relaid_copy`); making them can run out of memory, so the
-    method is not timed in place. A fresh output is written with ``beta = 0``."""
+    :func:`~chainexec.kernels.gett.packed_orders` (:func:`_packed`): batch indices first, then
+    summed ones, then free ones in ``out``'s order. Where the operands interleave their stride-1
+    indices with ``out``'s, as the (T) terms do, GETT gathers them in scattered sectors, and its
+    loads, not its stores, set its pace; the copies cost a pass over each operand, small beside
+    the output. Offered where the operands are no larger than ``out`` (:data:`PACK_LIMIT`; on a
+    probe, judged on the probe) and a copy differs from its operand. The copies are kept within
+    a run of terms and held for steady inputs as relayout's are (:meth:`Methods._relaid_copy`).
+    Timed in place, as GETT is, on the output's own strides; where making the copies runs out of
+    memory the contraction falls back to GETT on the operands. A fresh output is written with
+    ``beta = 0``."""
 
     name = "packed"
+    in_place = True
     writes_fresh = True
     keeps_copies = True
 
@@ -243,7 +255,13 @@ class Packed(Method):
         return be._packed(c, out, a, b) is not None
 
     def configurations(self, be, c, out, a, b) -> dict:
-        return Gett.named(be._packed(c, out, a, b)[1], self.name)
+        """GETT's candidates on the copies, less the bulk-copy ones that cannot copy an operand
+        already C-contiguous in its packed order (no copy is made of it, and its base may lie off
+        16 bytes; a fresh copy's never does)."""
+        moved, pa, pb = _packed(c)
+        return Gett.named(_copyable(be._packed(c, out, a, b), *(
+            x if x.transpose(perm).flags.c_contiguous else None for x, perm in ((a, pa), (b, pb)))),
+            self.name)
 
     def workspace(self, out, a, b) -> int:
         return a.nbytes + b.nbytes
@@ -251,16 +269,26 @@ class Packed(Method):
     def kernels(self, be, config, c, out, a, b) -> list:
         return REGISTRY["gett"].kernels(be, config, c, out, a, b)
 
-    def run(self, be, config, c, out, a, b, fresh) -> None:
-        """GETT on the copies; GETT on the operands as they lie where the copies have no GETT
-        form here (chosen on a probe or for a classmate, or their tables do not fit the room)."""
+    def add(self, be, config, c, out, a, b, factor: float, beta: float = 1.0) -> None:
+        """``out = factor · a·b + beta · out`` by the GETT kernel of ``config`` on the copies;
+        where they are not offered here (chosen on a probe or for a classmate) or their tables do
+        not fit the room, by GETT on the operands as they lie, else the direct kernel (``beta``
+        0 or 1 there)."""
         if be._packed(c, out, a, b) is not None:
             moved, pa, pb = _packed(c)
             ca, cb = be._relaid_copy(0, a, pa, out), be._relaid_copy(1, b, pb, out)
             if be._problem(moved, out, ca, cb) is not None:
-                be._gett_call(config, moved, out, ca, cb, c.factor, 0.0 if fresh else 1.0)
+                be._gett_call(config, moved, out, ca, cb, factor, beta)
                 return
-        REGISTRY["gett"].run(be, config, c, out, a, b, fresh)
+        if be._problem(c, out, a, b) is not None:
+            REGISTRY["gett"].add(be, config, c, out, a, b, factor, beta)
+            return
+        if beta == 0.0:
+            be.clear(out)
+        REGISTRY["direct"].add(be, None, c, out, a, b, factor)
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
 
 
 class Batched(Method):
@@ -705,7 +733,7 @@ class Methods:
         those orders."""
         moved, pa, pb = _packed(c)
         if (a.nbytes + b.nbytes > PACK_LIMIT * out.nbytes
-                or all(x.flags.c_contiguous and perm == tuple(range(x.ndim)) for x, perm in ((a, pa), (b, pb)))):
+                or all(x.transpose(perm).flags.c_contiguous for x, perm in ((a, pa), (b, pb)))):
             return None
         return self._problem(moved, out, *(_Contiguous(tuple(x.shape[p] for p in perm), x.dtype)
                                            for x, perm in ((a, pa), (b, pb))))
@@ -724,8 +752,9 @@ class Methods:
 
     def _candidates(self, c: Contraction, out, a, b) -> dict:
         """Candidate name -> configuration (plain data, or None), for every method of
-        :data:`REGISTRY` that applies: ``gett:<order>:<config>`` for the model's top GETT
-        candidates, else the method's name."""
+        :data:`REGISTRY` that applies: ``gett:<order>:<config>`` and ``packed:<order>:<config>``
+        for the model's top GETT candidates on the operands and on their packed copies, else the
+        method's name."""
         cands = {}
         for method in REGISTRY.values():
             if method.applies(self, c, out, a, b):

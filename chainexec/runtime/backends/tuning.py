@@ -118,13 +118,13 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
 @dataclass
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
-    is ``gett``, ``batched``, ``relayout``, ``kernel``, ``ttgt``, ``einsum``, ``cutensor`` or
-    ``direct``; for a run of contractions into
+    is ``gett``, ``packed``, ``batched``, ``relayout``, ``kernel``, ``ttgt``, ``einsum``,
+    ``cutensor`` or ``direct``; for a run of contractions into
     one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one), ``split`` (some terms in
     a sum kernel, the others one by one) or ``stack`` (the terms that stack as one contraction per
     stack, :mod:`chainexec.kernels.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
     compared (empty when the method was forced, the cost models left one, or a classmate's was
-    taken); ``config`` the GETT order
+    taken); ``config`` the GETT order (GETT's and packed GETT's)
     and configuration (:class:`~chainexec.kernels.gett.GettConfig` fields) or the sum kernel's
     (:class:`~chainexec.kernels.sumkernel.SumConfig`, :class:`~chainexec.kernels.summma.MmaConfig`),
     for ``split`` ``{"kind", "config", "terms"}`` (the kernel, its configuration, the positions of
@@ -135,7 +135,7 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 14
+TUNING_VERSION = 15
 """The tuning cache's format version, the first part of every key: raised when methods, GETT
 configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
 recorded by older code are not read back."""
@@ -505,7 +505,7 @@ class Autotuner:
             try:
                 self._run(how, c, out, a, b, fresh)
             except self.xp.cuda.memory.OutOfMemoryError:
-                if REGISTRY[how[0]].in_place:
+                if REGISTRY[how[0]].in_place and not REGISTRY[how[0]].workspace(out, a, b):
                     raise ChainexecError(f"device memory: none left for {c.out}[{','.join(c.out_indices)}] += "
                                          f"{c.a}·{c.b} ({how[0]}, tile {'x'.join(map(str, out.shape))}); "
                                          f"lower machine.device_memory") from None
