@@ -258,7 +258,7 @@ class Packed(Method):
         """GETT's candidates on the copies, less the bulk-copy ones that cannot copy an operand
         already C-contiguous in its packed order (no copy is made of it, and its base may lie off
         16 bytes; a fresh copy's never does)."""
-        moved, pa, pb = _packed(c)
+        _, pa, pb = _packed(c)
         return Gett.named(_copyable(be._packed(c, out, a, b), *(
             x if x.transpose(perm).flags.c_contiguous else None for x, perm in ((a, pa), (b, pb)))),
             self.name)
