@@ -180,6 +180,23 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
             or (method in fallback and forced == "ttgt"))
 
 
+def _triples_term(monkeypatch, method: str, seed: int, view: bool, fresh: bool):
+    """A backend with ``method`` forced, the (T)-shaped term ``W[ijkabc] += ovvv[iafb]·t2[kjcf]``
+    (W, ovvv, t2 on the device, views of larger buffers where ``view``; W NaN where ``fresh``),
+    their host copies, and the list of outputs the backend clears (none cleared for real)."""
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", method)
+    be = device.select("cupy")
+    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=7, f=11)
+    host = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=seed, view=False)
+    W, A, B = _device_views(host, view)
+    if fresh:
+        W[...] = cupy.nan
+    cleared = []
+    monkeypatch.setattr(CupyBackend, "clear", lambda self, out: cleared.append(out.shape))
+    term = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=1.5)
+    return be, (W, A, B), host, term, cleared
+
+
 @pytest.mark.parametrize("view", [False, True])
 @pytest.mark.parametrize("fresh", [False, True])
 def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, monkeypatch):
@@ -189,22 +206,14 @@ def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, mo
     copies in :func:`~chainexec.kernels.gett.packed_orders` (the copies the backend makes),
     against NumPy, with no clearing first; within a run of terms (:meth:`Methods._reusing`) a
     second term over the same operands reuses their copies."""
-    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "packed")
-    be = device.select("cupy")
-    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=7, f=11)
-    hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=9, view=False)
-    W, A, B = _device_views((hW, hA, hB), view)
-    if fresh:
-        W[...] = cupy.nan
-    made, ran, cleared = [], [], []
+    be, (W, A, B), (hW, hA, hB), c, cleared = _triples_term(monkeypatch, "packed", 9, view, fresh)
+    made, ran = [], []
     contiguous, call = CupyBackend._contiguous, CupyBackend._gett_call
     monkeypatch.setattr(CupyBackend, "_contiguous", lambda self, v: made.append(v.shape) or contiguous(self, v))
     monkeypatch.setattr(CupyBackend, "_gett_call",
                         lambda self, config, c, *args: ran.append((c.a_indices, c.b_indices)) or call(self, config, c, *args))
-    monkeypatch.setattr(CupyBackend, "clear", lambda self, out: cleared.append(out.shape))
-    c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=-0.5)
     with be._reusing():
-        be.contract(c, W, A, B, fresh)
+        be.contract(replace(c, factor=-0.5), W, A, B, fresh)
         be.contract(replace(c, factor=2.0), W, A, B)
     ref = 1.5 * np.einsum("iafb,kjcf->ijkabc", hA, hB) + (0.0 if fresh else hW)
     assert _relerr(W.get(), ref) <= 1e-12
@@ -217,16 +226,7 @@ def test_packed_gett_reads_copies_and_writes_the_output_in_place(fresh, view, mo
 def test_gett_writes_a_fresh_output_without_reading_it(fresh, monkeypatch):
     """Forced GETT on a (T)-shaped term: a fresh output (NaN in it) is written as if it held
     zeros, in one kernel with beta = 0 (no clearing first); otherwise the product is added."""
-    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "gett")
-    be = device.select("cupy")
-    sizes = dict(i=5, j=6, k=4, a=9, b=8, c=9, f=11)
-    hW, hA, hB = _arrays("ijkabc", "iafb", "kjcf", sizes, seed=5, view=False)
-    W, A, B = _device_views((hW, hA, hB), True)
-    if fresh:
-        W[...] = cupy.nan
-    cleared = []
-    monkeypatch.setattr(CupyBackend, "clear", lambda self, out: cleared.append(out.shape))
-    c = _contraction(("W", "ijkabc"), ("ovvv", "iafb"), ("t2", "kjcf"), factor=1.5)
+    be, (W, A, B), (hW, hA, hB), c, cleared = _triples_term(monkeypatch, "gett", 5, True, fresh)
     be.contract(c, W, A, B, fresh)
     ref = 1.5 * np.einsum("iafb,kjcf->ijkabc", hA, hB) + (0.0 if fresh else hW)
     assert _relerr(W.get(), ref) <= 1e-12

@@ -143,10 +143,14 @@ def _contiguous(x: Operand, order: list[str]) -> Operand:
     return Operand(tuple(order), shape, tuple(math.prod(shape[d + 1:]) for d in range(len(shape))))
 
 
+def _copies(a: Operand, b: Operand, itemsize: int) -> float:
+    """Both operands copied: each read and written once, one launch each."""
+    return 2.0 * itemsize * (a.size + b.size) / BANDWIDTH + 2 * LAUNCH
+
+
 def _relayout(out: Operand, a: Operand, b: Operand, itemsize: int) -> float:
     oa, ob = batchedgemm.operand_orders(out.indices, a.indices, b.indices)
-    copies = 2.0 * itemsize * (a.size + b.size) / BANDWIDTH + 2 * LAUNCH
-    return copies + _batched(out, _contiguous(a, oa), _contiguous(b, ob), itemsize)
+    return _copies(a, b, itemsize) + _batched(out, _contiguous(a, oa), _contiguous(b, ob), itemsize)
 
 
 def _ttgt_extents(out: Operand, a: Operand, b: Operand) -> tuple[int, int, int, int]:
@@ -186,8 +190,7 @@ def _gett(config: dict, out: Operand, a: Operand, b: Operand, sm_count: int) -> 
 
 def _packed(config: dict, out: Operand, a: Operand, b: Operand, itemsize: int, sm_count: int) -> float:
     oa, ob = gett.packed_orders(out.indices, a.indices, b.indices)
-    copies = 2.0 * itemsize * (a.size + b.size) / BANDWIDTH + 2 * LAUNCH
-    return copies + _gett(config, out, _contiguous(a, oa), _contiguous(b, ob), sm_count)
+    return _copies(a, b, itemsize) + _gett(config, out, _contiguous(a, oa), _contiguous(b, ob), sm_count)
 
 
 def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize: int, sm_count: int) -> float:

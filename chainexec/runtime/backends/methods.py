@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from chainexec.errors import ChainexecError
-from chainexec.kernels import batchedgemm
+from chainexec.kernels import batchedgemm, gett
 from chainexec.planner.plan import Contraction
 from chainexec.runtime import pointwise, uselog
 from chainexec.runtime.backends.common import (element_strides, index_extents, overlaps, span, ttgt_layout, ttgt_product,
@@ -94,35 +94,34 @@ class _Contiguous:
 
 
 @lru_cache(maxsize=None)
-def _relaid_orders(out: tuple, a: tuple, b: tuple) -> tuple:
-    """:func:`~chainexec.kernels.batchedgemm.operand_orders` and the permutations to them, per
-    index triple (asked again for every tile of a run)."""
-    oa, ob = batchedgemm.operand_orders(out, a, b)
+def _copy_orders(orders, out: tuple, a: tuple, b: tuple) -> tuple:
+    """``orders(out, a, b)`` (the index orders of the two operands' copies) and the permutations
+    to them, per function and index triple (asked again for every tile of a run)."""
+    oa, ob = orders(out, a, b)
     return tuple(oa), tuple(ob), tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
 
 
-def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
-    """``c`` over copies of its operands in :func:`~chainexec.kernels.batchedgemm.operand_orders`'
-    index orders, and the permutations that make those copies from ``a`` and ``b``."""
-    oa, ob, pa, pb = _relaid_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
+def _moved(c: Contraction, orders) -> tuple[Contraction, tuple, tuple]:
+    """``c`` over copies of its operands in the index orders ``orders`` gives, and the
+    permutations that make those copies from ``a`` and ``b``."""
+    oa, ob, pa, pb = _copy_orders(orders, tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
     return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
 
 
-@lru_cache(maxsize=None)
-def _packed_orders(out: tuple, a: tuple, b: tuple) -> tuple:
-    """:func:`~chainexec.kernels.gett.packed_orders` and the permutations to them, per index
-    triple (asked again for every tile of a run)."""
-    from chainexec.kernels import gett
-
-    oa, ob = gett.packed_orders(out, a, b)
-    return oa, ob, tuple(a.index(i) for i in oa), tuple(b.index(i) for i in ob)
+def _relaid(c: Contraction) -> tuple[Contraction, tuple, tuple]:
+    """:func:`_moved` to :func:`~chainexec.kernels.batchedgemm.operand_orders`: relayout's copies."""
+    return _moved(c, batchedgemm.operand_orders)
 
 
 def _packed(c: Contraction) -> tuple[Contraction, tuple, tuple]:
-    """``c`` over copies of its operands in :func:`~chainexec.kernels.gett.packed_orders`, and the
-    permutations that make those copies from ``a`` and ``b``."""
-    oa, ob, pa, pb = _packed_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
-    return replace(c, a_indices=list(oa), b_indices=list(ob)), pa, pb
+    """:func:`_moved` to :func:`~chainexec.kernels.gett.packed_orders`: packed GETT's copies."""
+    return _moved(c, gett.packed_orders)
+
+
+def _described(a, b, pa: tuple, pb: tuple) -> list:
+    """C-contiguous copies of ``a`` and ``b`` permuted by ``pa`` and ``pb``, described by shape
+    (:class:`_Contiguous`), not made."""
+    return [_Contiguous(tuple(x.shape[p] for p in perm), x.dtype) for x, perm in ((a, pa), (b, pb))]
 
 
 def _copyable(found, a, b) -> list:
@@ -214,7 +213,6 @@ class Gett(Method):
         return {f"{method}:{order}:{cfg.name()}": {"order": order, **asdict(cfg)} for order, cfg in candidates}
 
     def kernels(self, be, config, c, out, a, b) -> list:
-        from chainexec.kernels import gett
         from chainexec.runtime.kernelcache import OPTIONS
 
         cfg = gett.GettConfig(**{k: v for k, v in config.items() if k != "order"})
@@ -629,7 +627,6 @@ class Methods:
             return None
         key = self._key(c, out, a, b)
         if key not in self._gett:
-            from chainexec.kernels import gett
             from chainexec.runtime import launch
 
             strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
@@ -723,8 +720,7 @@ class Methods:
         """:meth:`_batched`'s layout for C-contiguous copies of ``a`` and ``b`` in the orders of
         :func:`_relaid`, or None (the copies are described by shape, not made)."""
         moved, pa, pb = _relaid(c)
-        copies = [_Contiguous(tuple(x.shape[p] for p in perm), x.dtype) for x, perm in ((a, pa), (b, pb))]
-        return self._batched(moved, out, *copies)
+        return self._batched(moved, out, *_described(a, b, pa, pb))
 
     def _packed(self, c: Contraction, out, a, b):
         """:meth:`_problem` for C-contiguous copies of ``a`` and ``b`` in the orders of
@@ -735,8 +731,7 @@ class Methods:
         if (a.nbytes + b.nbytes > PACK_LIMIT * out.nbytes
                 or all(x.transpose(perm).flags.c_contiguous for x, perm in ((a, pa), (b, pb)))):
             return None
-        return self._problem(moved, out, *(_Contiguous(tuple(x.shape[p] for p in perm), x.dtype)
-                                           for x, perm in ((a, pa), (b, pb))))
+        return self._problem(moved, out, *_described(a, b, pa, pb))
 
     def _contiguous(self, view):
         """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads
