@@ -605,7 +605,7 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
 
 
 SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8, 256, 3), (4, 2, 16, 256, 2),
-               (8, 1, 8, 768, 3))
+               (8, 1, 8, 768, 3), (8, 1, 8, 256, 2))
 """Short-sum shapes the autotuner times where the sum is short enough (:func:`short_configs`):
 (warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages). One m16 tile and a chunk of
 32 columns a warp hold the fewest registers a lane; the two spans suit outputs with many columns
@@ -615,23 +615,29 @@ chunk rows are contiguous (packed operands, :func:`packed_orders`), its gathers 
 wider chunks win: 64 columns for eight warps of one m16 tile, or 128 for four warps of two,
 over a span of 256 columns; a
 span of 768 columns where C's rows lie apart and its columns run long (the (T) outputs whose
-stride-1 index comes from A: rows 384 elements apart, columns 384 contiguous)."""
+stride-1 index comes from A: rows 384 elements apart, columns 384 contiguous); two stages of
+those chunks where a long sum (up to :data:`SHORT_SUM`) makes each stage twice as tall."""
 
 SHORT_TUNED = 24
-"""Longest sum (elements) for which the autotuner times short-sum kernels. Past it the pipelined
-GETT kernels are faster (``benchmarks/results/``): their k-loop amortizes its loads over the
-sum, while a short-sum warp's unrolled sum grows its registers."""
+"""Longest sum (elements) for which the autotuner times short-sum kernels on any problem, and
+for which C's runs are blocked for them (:data:`C_RUN`). Past it the pipelined GETT kernels are
+faster where B's chunk rows are gathered (``benchmarks/results/``): their k-loop amortizes its
+loads over the sum, while a short-sum warp's unrolled sum grows its registers. Where each row of
+B's chunks is one contiguous run (:attr:`Problem.bulk_run`, packed operands) the gathers cost
+little and short-sum kernels are timed up to :data:`SHORT_SUM`."""
 
 
 def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
     """The short-sum configurations (:attr:`GettConfig.span`) of :data:`SHORT_TILES` valid for
     ``p`` on compute capability ``arch``: each holds ``p``'s whole sum, rounded up to whole MMA
-    steps; none where the sum is longer than :data:`SHORT_TUNED`."""
+    steps, at most :data:`SHORT_TUNED`, or :data:`SHORT_SUM` where each row of B's chunks is one
+    contiguous run (:attr:`Problem.bulk_run` whole chunks)."""
     K = p.dims[2]
     bk = max(4, -(-K // 4) * 4)
     out = [GettConfig(w, 1, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span)
-           for w, mm, mn, span, st in SHORT_TILES]
-    return [cfg for cfg in out if cfg.valid(arch)] if K <= SHORT_TUNED else []
+           for w, mm, mn, span, st in SHORT_TILES
+           if K <= SHORT_TUNED or (K <= SHORT_SUM and p.bulk_run and p.bulk_run % (8 * mn) == 0)]
+    return [cfg for cfg in out if cfg.valid(arch)]
 
 
 BULK_TILES = ((8, 2, 2), (8, 1, 4), (9, 2, 2), (9, 1, 4))

@@ -87,15 +87,21 @@ def test_short_sum_kernels_compile_with_nvcc_without_spills(tmp_path):
     assert all(f"{c.name()}(" in gett.source(c) for c in cfgs)
 
 
-@pytest.mark.parametrize("K, bk", [(0, 4), (1, 4), (21, 24), (23, 24), (24, 24), (25, None), (45, None)])
-def test_short_configs_hold_the_whole_sum(K, bk):
-    """Each short-sum candidate sums ``K`` rounded up to whole MMA steps; none past
-    :data:`~chainexec.kernels.gett.SHORT_TUNED`, and only the shapes whose fragments fit."""
-    sizes = dict(a=40, b=72, k=K)
-    p = gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, ({"a": 72, "b": 1}, {"a": max(K, 1), "k": 1},
-                                                                   {"k": 72, "b": 1}))
+@pytest.mark.parametrize("contiguous", [False, True])
+@pytest.mark.parametrize("K, bk", [(0, 4), (1, 4), (21, 24), (23, 24), (24, 24), (25, 28), (45, 48), (48, 48),
+                                   (49, None)])
+def test_short_configs_hold_the_whole_sum(K, bk, contiguous):
+    """Each short-sum candidate sums ``K`` rounded up to whole MMA steps, and only the shapes whose
+    fragments fit; none past :data:`~chainexec.kernels.gett.SHORT_TUNED` where B's chunk rows are
+    gathered (B's columns interleaved with the summed index), none past
+    :data:`~chainexec.kernels.gett.SHORT_SUM` where each is one contiguous run."""
+    sizes = dict(a=40, b=64, c=2, k=K)
+    b = {"k": 128, "b": 2, "c": 1} if contiguous else {"b": 2 * max(K, 1), "k": 2, "c": 1}
+    p = gett.problem(("a", "b", "c"), ("a", "k"), ("k", "b", "c"), sizes,
+                     ({"a": 128, "b": 2, "c": 1}, {"a": max(K, 1), "k": 1}, b))
+    assert p.b_n_fast and (p.bulk_run == 128 if contiguous or K <= 1 else p.bulk_run < 32)
     found = gett.short_configs(p)
-    if bk is None:
+    if bk is None or (bk > gett.SHORT_TUNED and not contiguous):
         assert found == []
         return
     assert found and all(cfg.bk == bk and cfg.span and cfg.valid() for cfg in found)

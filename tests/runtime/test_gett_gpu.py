@@ -115,7 +115,7 @@ three stages, blocks whose rows of threads divide a chunk's rows or not (8 warps
 and 20), and every shape the autotuner times (:data:`~chainexec.kernels.gett.SHORT_TILES`)."""
 
 
-@pytest.mark.parametrize("K", [1, 7, 19, 24, 45])
+@pytest.mark.parametrize("K", [1, 7, 19, 24, 45, 48])
 def test_short_sum_kernels_are_correct(K):
     """Every short-sum shape of :data:`SHORT_GRID` that holds the sum, all four load directions,
     odd M and N (partial blocks and chunks), a batch index, strided views of larger buffers,
