@@ -653,7 +653,19 @@ BULK_WAVES = (1, 2)
 one block an SM reads A's tile once and has no tail; two leave the SMs that finish first less
 idle time at the end."""
 BULK_ROWS = 6
-"""Most m16 tiles a bulk-copy warp holds along m (96 rows, all of M: :func:`bulk_configs`)."""
+"""Most m16 tiles a bulk-copy warp holds along m where one block row holds all of M (96 rows:
+:func:`bulk_configs`)."""
+BULK_TALL = ((8, 8, 1), (4, 4, 1))
+"""Bulk-copy shapes the autotuner times where M takes several block rows (more than
+:data:`BULK_ROWS` m16 tiles: the (T) outputs on packed operands, :func:`packed_orders`): (warps
+along n, m16 tiles a warp, n8 tiles a warp), two stages, spans of :data:`BULK_TALL_CHUNKS`
+chunks. A warp of 128 or 64 rows reads each of B's fragments for eight or four MMAs, where the
+short-sum kernel reads it for one, and B's chunks arrive by bulk copies instead of one cp.async
+an element: at sums of 48 (the (T) cases at twice TCCG's extents) these are the faster kernels,
+at 24 the short-sum ones (``benchmarks/results/``)."""
+BULK_TALL_CHUNKS = 8
+"""Chunks a block of a tall bulk-copy shape (:data:`BULK_TALL`) walks: its A tile, loaded once,
+serves that many chunks of B."""
 
 
 def bulk_copies(bulk_run: int, n: int, chunk: int) -> int:
@@ -670,28 +682,32 @@ def bulk_copies(bulk_run: int, n: int, chunk: int) -> int:
 
 
 def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
-    """The bulk-copy configurations (:attr:`GettConfig.bulk`) of :data:`BULK_TILES` for ``p`` on
-    compute capability ``arch``: where B's chunks are contiguous or whole runs
-    (:func:`bulk_copies`), the sum fits, one block row holds all of M (at most
-    :data:`BULK_ROWS` m16 tiles: A is read once per block) and C's runs along n take a lane
-    group's 8 columns whole (a kernel that reads B in whole rows and writes C in scattered
-    elements is bound by the writes); a span of whole chunks that makes :data:`BULK_WAVES` waves
-    of blocks over ``sm_count`` SMs, at most :data:`BULK_CHUNKS` chunks."""
+    """The bulk-copy configurations (:attr:`GettConfig.bulk`) for ``p`` on compute capability
+    ``arch``, where B's chunks are contiguous or whole runs (:func:`bulk_copies`), the sum fits
+    and C's runs along n take a lane group's 8 columns whole (a kernel that reads B in whole rows
+    and writes C in scattered elements is bound by the writes). Where one block row holds all of
+    M (at most :data:`BULK_ROWS` m16 tiles: A is read once per block), the shapes of
+    :data:`BULK_TILES`, each with a span of whole chunks that makes :data:`BULK_WAVES` waves of
+    blocks over ``sm_count`` SMs, at most :data:`BULK_CHUNKS` chunks; elsewhere those of
+    :data:`BULK_TALL`, over spans of :data:`BULK_TALL_CHUNKS` chunks (fewer where N is
+    shorter), the block rows filling the waves."""
     M, N, K, L = p.dims
-    if not p.bulk_run or M > 16 * BULK_ROWS or p.runs[0] < 8:
+    if not p.bulk_run or p.runs[0] < 8:
         return []
-    bk, mma_m = max(4, -(-K // 4) * 4), -(-M // 16)
+    bk = max(4, -(-K // 4) * 4)
+    if M > 16 * BULK_ROWS:
+        shapes = [(w, mm, mn, 2, min(BULK_TALL_CHUNKS, -(-N // (8 * mn * w)))) for w, mm, mn in BULK_TALL]
+    else:
+        # one block row: a batch's columns spread over the waves' blocks
+        shapes = [(w, -(-M // 16), mn, st, min(BULK_CHUNKS, max(1, -(-(-(-N // (8 * mn * w)) * L) // (sm_count * waves)))))
+                  for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES)]
     out = []
-    for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES):
+    for w, mm, mn, st, chunks in shapes:
         chunk = 8 * mn * w
         copies = bulk_copies(p.bulk_run, N, chunk)
-        if not copies:
-            continue
-        # one block row: a batch's columns spread over the waves' blocks
-        span = chunk * min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * L) // (sm_count * waves))))
-        cfg = GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span, bulk=True,
-                         copies=copies)
-        if cfg.valid(arch) and cfg not in out:
+        cfg = GettConfig(1, w, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=chunk * chunks,
+                         bulk=True, copies=copies)
+        if copies and cfg.valid(arch) and cfg not in out:
             out.append(cfg)
     return out
 

@@ -161,7 +161,7 @@ def test_bulk_configs_copy_a_chunk_of_runs_where_b_holds_runs_of_72():
 
 
 @pytest.mark.parametrize("sizes, order, why", [
-    (dict(a=100, b=72, c=72, d=72, e=72), "load", "M of 100 takes two block rows"),
+    (dict(a=100, b=72, c=72, d=72, e=72), "load", "M of 100 takes two block rows: the tall shapes, kept"),
     (dict(a=72, b=72, c=72, d=72, e=132), "load", "a sum longer than a block holds"),
     (dict(a=72, b=72, c=72, d=36, e=72), "load", "runs of 72·72·36 = 186624: whole chunks of 128 and 64, kept"),
 ])
@@ -170,6 +170,20 @@ def test_bulk_configs_only_where_a_block_holds_m_and_the_sum(sizes, order, why):
     p = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides, order)
     found = gett.bulk_configs(p, 132)
     assert bool(found) == ("kept" in why), why
+
+
+@pytest.mark.parametrize("b, c, d, chunks", [(72, 8, 72, {64: gett.BULK_TALL_CHUNKS, 32: gett.BULK_TALL_CHUNKS}),
+                                              (1, 2, 96, {64: 3, 32: 6})])
+def test_bulk_configs_where_m_takes_several_block_rows_are_the_tall_shapes(b, c, d, chunks):
+    """M of 9·72 rows (past one block row of BULK_ROWS m16 tiles): the shapes of BULK_TALL, two
+    stages, spans of BULK_TALL_CHUNKS chunks, fewer where N (b·c·d columns) holds fewer."""
+    sizes = dict(a=72, b=b, c=c, d=d, e=48, f=9)
+    strides = tuple(_strides(x, sizes) for x in ("afbcd", "efa", "ebcd"))
+    p = gett.problem(tuple("afbcd"), tuple("efa"), tuple("ebcd"), sizes, strides)
+    assert p.dims[0] == 9 * 72 and p.bulk_run == b * c * d
+    found = gett.bulk_configs(p, 132)
+    assert {(x.warps_n, x.mma_m, x.mma_n) for x in found} == set(gett.BULK_TALL)
+    assert all(x.valid() and x.stages == 2 and x.bk == 48 and x.span == x.chunk() * chunks[x.chunk()] for x in found)
 
 
 def test_bulk_configs_are_offered_last_among_the_candidates():
@@ -183,10 +197,12 @@ def test_bulk_configs_are_offered_last_among_the_candidates():
 
 
 def _grid():
-    """Every bulk shape the autotuner may time, at sums of 4 to 96 and 1 to 6 m16 tiles, both of
-    A's load directions, both index widths."""
+    """Every bulk shape the autotuner may time, at sums of 4 to 96 and 1 to 6 m16 tiles, and the
+    tall ones (:data:`gett.BULK_TALL`), both of A's load directions, both index widths."""
     out = []
-    for (warps, mma_n, stages), mma_m, bk, ak in product(gett.BULK_TILES, (1, 2, 5, 6), (4, 32, 72, 96), (False, True)):
+    tiles = [(w, mm, mn, st) for (w, mn, st), mm in product(gett.BULK_TILES, (1, 2, 5, 6))]
+    for (warps, mma_m, mma_n, stages), bk, ak in product(tiles + [(w, mm, mn, 2) for w, mm, mn in gett.BULK_TALL],
+                                                         (4, 32, 72, 96), (False, True)):
         cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * 3, ak, copies=1 + len(out) % 3 % 2)
         if cfg.valid():
             out.append(replace(cfg, wide=len(out) % 2 == 1))

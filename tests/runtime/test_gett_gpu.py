@@ -316,15 +316,16 @@ BULK_LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("c, b, n, copies", BULK_LAYOUTS)
-@pytest.mark.parametrize("M", [20, 75])
+@pytest.mark.parametrize("c, b, n, copies, M", [(*x, M) for x in BULK_LAYOUTS for M in (20, 75)]
+                         + [(*BULK_LAYOUTS[0], 150), (*BULK_LAYOUTS[2], 150)])
 @pytest.mark.parametrize("K", [1, 7, 19, 72])
 def test_bulk_copy_kernels_are_correct(K, M, c, b, n, copies):
-    """Every bulk-copy shape of :data:`gett.BULK_TILES` that B's runs along n admit (whole chunks
-    in a run, or a chunk of several runs copied one by one) at spans of one and five chunks (a
-    block's span past N's last chunk), both of A's load directions, a batch index, strided views of
-    larger buffers, alpha and beta, 32- and 64-bit offsets, and the autotuner's own bulk
-    candidates: against NumPy."""
+    """Every bulk-copy shape of :data:`gett.BULK_TILES` (M in one block row) or
+    :data:`gett.BULK_TALL` (M of 150: two or three block rows, the last partial; B contiguous
+    along n, or in runs of 32, two a chunk of 64) that B's runs along n admit (whole chunks in a run, or a chunk of several runs copied one by one) at spans
+    of one and five chunks (a block's span past N's last chunk), both of A's load directions, a
+    batch index, strided views of larger buffers, alpha and beta, 32- and 64-bit offsets, and the
+    autotuner's own bulk candidates: against NumPy."""
     sizes = dict(l=2, a=M, k=K, **n)
     ran = 0
     for i, (a, view) in enumerate(product(("lak", "lka"), (False, True))):
@@ -333,13 +334,16 @@ def test_bulk_copy_kernels_are_correct(K, M, c, b, n, copies):
         C, A, B = _bulk_views((hC, hA, hB)) if view else _device_views((hC, hA, hB), False)
         strides = (_strides(C, c), _strides(A, a), _strides(B, b))
         p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides)
-        bk, mma_m = max(4, -(-K // 4) * 4), -(-M // 16)
+        bk = max(4, -(-K // 4) * 4)
         tiles = {tile: gett.bulk_copies(p.bulk_run, p.dims[1], 8 * tile[0] * tile[1]) for tile in gett.BULK_TILES}
-        if view or K > 1:  # contiguous with K = 1, B's n indices merge into one run
+        if (view or K > 1) and M <= 16 * gett.BULK_ROWS:  # contiguous with K = 1, B's n indices merge into one run
             assert {t: x for t, x in tiles.items() if x} == copies
-        cfgs = [gett.GettConfig(1, w, mma_m, mn, bk, st, "m16n8k4", p.a_k_fast, True, span=8 * mn * w * chunks,
-                                bulk=True, copies=tiles[w, mn, st])
-                for (w, mn, st), chunks in product(gett.BULK_TILES, (1, 5)) if tiles[w, mn, st]]
+        shapes = ([(w, -(-M // 16), mn, st) for w, mn, st in gett.BULK_TILES] if M <= 16 * gett.BULK_ROWS
+                  else [(w, mm, mn, 2) for w, mm, mn in gett.BULK_TALL])
+        cfgs = [gett.GettConfig(1, w, mm, mn, bk, st, "m16n8k4", p.a_k_fast, True, span=8 * mn * w * chunks,
+                                bulk=True, copies=gett.bulk_copies(p.bulk_run, p.dims[1], 8 * mn * w))
+                for (w, mm, mn, st), chunks in product(shapes, (1, 5))
+                if gett.bulk_copies(p.bulk_run, p.dims[1], 8 * mn * w)]
         cfgs += gett.bulk_configs(p, 132)
         assert cfgs
         for cfg in cfgs:
