@@ -615,8 +615,9 @@ chunk rows are contiguous (packed operands, :func:`packed_orders`), its gathers 
 wider chunks win: 64 columns for eight warps of one m16 tile, or 128 for four warps of two,
 over a span of 256 columns; a
 span of 768 columns where C's rows lie apart and its columns run long (the (T) outputs whose
-stride-1 index comes from A: rows 384 elements apart, columns 384 contiguous); two stages of
-those chunks where a long sum (up to :data:`SHORT_SUM`) makes each stage twice as tall."""
+stride-1 index comes from A: rows 384 elements apart, columns 384 contiguous). The 64-column
+chunks come in two stages and in three: at a sum of 48 a stage is twice as tall as at 24, and
+two of them leave room for more blocks an SM."""
 
 SHORT_TUNED = 24
 """Longest sum (elements) for which the autotuner times short-sum kernels on any problem, and
@@ -630,13 +631,14 @@ little and short-sum kernels are timed up to :data:`SHORT_SUM`."""
 def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
     """The short-sum configurations (:attr:`GettConfig.span`) of :data:`SHORT_TILES` valid for
     ``p`` on compute capability ``arch``: each holds ``p``'s whole sum, rounded up to whole MMA
-    steps, at most :data:`SHORT_TUNED`, or :data:`SHORT_SUM` where each row of B's chunks is one
-    contiguous run (:attr:`Problem.bulk_run` whole chunks)."""
+    steps, at most :data:`SHORT_TUNED`, or :data:`SHORT_SUM` (:meth:`GettConfig.short_valid`)
+    where each row of B's chunks is one contiguous run (:attr:`Problem.bulk_run` whole chunks: B
+    contiguous along N, its other strides even)."""
     K = p.dims[2]
     bk = max(4, -(-K // 4) * 4)
     out = [GettConfig(w, 1, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span)
            for w, mm, mn, span, st in SHORT_TILES
-           if K <= SHORT_TUNED or (K <= SHORT_SUM and p.bulk_run and p.bulk_run % (8 * mn) == 0)]
+           if K <= SHORT_TUNED or (p.bulk_run and p.bulk_run % (8 * mn) == 0)]
     return [cfg for cfg in out if cfg.valid(arch)]
 
 
@@ -653,15 +655,15 @@ BULK_WAVES = (1, 2)
 one block an SM reads A's tile once and has no tail; two leave the SMs that finish first less
 idle time at the end."""
 BULK_ROWS = 6
-"""Most m16 tiles a bulk-copy warp holds along m where one block row holds all of M (96 rows:
-:func:`bulk_configs`)."""
+"""Largest M (in m16 tiles: 96 rows) for which :func:`bulk_configs` offers the one-row shapes of
+:data:`BULK_TILES`, a warp holding all of M; past it, the tall shapes of :data:`BULK_TALL`."""
 BULK_TALL = ((8, 8, 1), (4, 4, 1))
-"""Bulk-copy shapes the autotuner times where M takes several block rows (more than
-:data:`BULK_ROWS` m16 tiles: the (T) outputs on packed operands, :func:`packed_orders`): (warps
-along n, m16 tiles a warp, n8 tiles a warp), two stages, spans of :data:`BULK_TALL_CHUNKS`
-chunks. A warp of 128 or 64 rows reads each of B's fragments for eight or four MMAs, where the
-short-sum kernel reads it for one, and B's chunks arrive by bulk copies instead of one cp.async
-an element: at sums of 48 (the (T) cases at twice TCCG's extents) these are the faster kernels,
+"""Bulk-copy shapes the autotuner times where M is more than :data:`BULK_ROWS` m16 tiles (the
+(T) outputs on packed operands, :func:`packed_orders`: many block rows): (warps along n, m16
+tiles a warp, n8 tiles a warp), two stages, spans of :data:`BULK_TALL_CHUNKS` chunks. A warp
+of 128 or 64 rows reads each of B's fragments for eight or four MMAs, where the short-sum kernel
+reads it for one, and B's chunks arrive by bulk copies instead of one cp.async an element: at
+sums of 48 (the (T) cases at twice TCCG's extents) these are the faster kernels,
 at 24 the short-sum ones (``benchmarks/results/``)."""
 BULK_TALL_CHUNKS = 8
 """Chunks a block of a tall bulk-copy shape (:data:`BULK_TALL`) walks: its A tile, loaded once,
@@ -695,15 +697,15 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
     if not p.bulk_run or p.runs[0] < 8:
         return []
     bk = max(4, -(-K // 4) * 4)
-    if M > 16 * BULK_ROWS:
-        shapes = [(w, mm, mn, 2, min(BULK_TALL_CHUNKS, -(-N // (8 * mn * w)))) for w, mm, mn in BULK_TALL]
-    else:
-        # one block row: a batch's columns spread over the waves' blocks
-        shapes = [(w, -(-M // 16), mn, st, min(BULK_CHUNKS, max(1, -(-(-(-N // (8 * mn * w)) * L) // (sm_count * waves)))))
-                  for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES)]
+    tall = M > 16 * BULK_ROWS
+    shapes = ([(w, mm, mn, 2, None) for w, mm, mn in BULK_TALL] if tall else
+              [(w, -(-M // 16), mn, st, waves) for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES)])
     out = []
-    for w, mm, mn, st, chunks in shapes:
+    for w, mm, mn, st, waves in shapes:
         chunk = 8 * mn * w
+        # tall: the block rows fill the waves; one row: a batch's columns spread over them
+        chunks = (min(BULK_TALL_CHUNKS, -(-N // chunk)) if tall
+                  else min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * L) // (sm_count * waves)))))
         copies = bulk_copies(p.bulk_run, N, chunk)
         cfg = GettConfig(1, w, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=chunk * chunks,
                          bulk=True, copies=copies)

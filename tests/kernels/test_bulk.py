@@ -161,11 +161,11 @@ def test_bulk_configs_copy_a_chunk_of_runs_where_b_holds_runs_of_72():
 
 
 @pytest.mark.parametrize("sizes, order, why", [
-    (dict(a=100, b=72, c=72, d=72, e=72), "load", "M of 100 takes two block rows: the tall shapes, kept"),
+    (dict(a=100, b=72, c=72, d=72, e=72), "load", "M of 100, more than BULK_ROWS m16 tiles: the tall shapes, kept"),
     (dict(a=72, b=72, c=72, d=72, e=132), "load", "a sum longer than a block holds"),
     (dict(a=72, b=72, c=72, d=36, e=72), "load", "runs of 72·72·36 = 186624: whole chunks of 128 and 64, kept"),
 ])
-def test_bulk_configs_only_where_a_block_holds_m_and_the_sum(sizes, order, why):
+def test_bulk_configs_only_where_a_block_holds_the_sum(sizes, order, why):
     strides = tuple(_strides(x, sizes) for x in ("abcd", "ea", "ebcd"))
     p = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides, order)
     found = gett.bulk_configs(p, 132)
@@ -175,7 +175,7 @@ def test_bulk_configs_only_where_a_block_holds_m_and_the_sum(sizes, order, why):
 @pytest.mark.parametrize("b, c, d, chunks", [(72, 8, 72, {64: gett.BULK_TALL_CHUNKS, 32: gett.BULK_TALL_CHUNKS}),
                                               (1, 2, 96, {64: 3, 32: 6})])
 def test_bulk_configs_where_m_takes_several_block_rows_are_the_tall_shapes(b, c, d, chunks):
-    """M of 9·72 rows (past one block row of BULK_ROWS m16 tiles): the shapes of BULK_TALL, two
+    """M of 9·72 rows (more than BULK_ROWS m16 tiles): the shapes of BULK_TALL, two
     stages, spans of BULK_TALL_CHUNKS chunks, fewer where N (b·c·d columns) holds fewer."""
     sizes = dict(a=72, b=b, c=c, d=d, e=48, f=9)
     strides = tuple(_strides(x, sizes) for x in ("afbcd", "efa", "ebcd"))

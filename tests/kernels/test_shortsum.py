@@ -69,7 +69,8 @@ def test_short_sums_need_sm_90():
 
 def _grid():
     """Every short-sum shape the autotuner may time (:data:`~chainexec.kernels.gett.SHORT_TILES`
-    and a grid around them), both load directions, both widths."""
+    and a grid around them), both load directions, both widths; and each shape of
+    :data:`~chainexec.kernels.gett.SHORT_TILES` at the longest sum its fragments hold."""
     out = []
     grid = tuple(product((2, 4, 8), (1, 2), (4, 8), (128, 512), (2, 3)))
     for (warps, mma_m, mma_n, span, stages), ak, bn in product(
@@ -77,6 +78,12 @@ def _grid():
         cfg = _short(warps, mma_m, mma_n, (24 if mma_m == 2 else 48) - 4 * (warps == 8), stages, span, ak, bn)
         if cfg.valid():
             out.append(replace(cfg, wide=len(out) % 2 == 1))
+    for i, (warps, mma_m, mma_n, span, stages) in enumerate(gett.SHORT_TILES):
+        bk = min(gett.SHORT_SUM, gett.FRAGMENT_REGISTERS // mma_m)
+        cfg = _short(warps, mma_m, mma_n, bk, stages, span, i % 2 == 1, True)
+        if cfg not in out and replace(cfg, wide=True) not in out:
+            out.append(replace(cfg, wide=len(out) % 2 == 1))
+    assert all(cfg.valid() for cfg in out)
     return out
 
 
@@ -107,4 +114,18 @@ def test_short_configs_hold_the_whole_sum(K, bk, contiguous):
     assert found and all(cfg.bk == bk and cfg.span and cfg.valid() for cfg in found)
     assert {(c.warps_m, c.mma_m, c.mma_n, c.span, c.stages) for c in found} == {
         t for t in gett.SHORT_TILES if t[1] * bk <= gett.FRAGMENT_REGISTERS}
+
+
+def test_short_configs_past_short_tuned_take_the_chunks_a_run_holds_whole():
+    """B contiguous along N in runs of 64 columns (its index of 64 inside an index of 2 lying
+    farther apart): past :data:`~chainexec.kernels.gett.SHORT_TUNED` only the shapes whose
+    chunks (32 or 64 columns) a run holds whole, not those of 128."""
+    sizes = dict(a=40, b=64, c=2, k=32)
+    p = gett.problem(("a", "c", "b"), ("a", "k"), ("c", "k", "b"), sizes,
+                     ({"a": 128, "c": 64, "b": 1}, {"a": 32, "k": 1}, {"c": 64 * 32, "k": 64, "b": 1}))
+    assert p.bulk_run == 64 and p.dims[2] == 32
+    found = gett.short_configs(p)
+    assert found and {8 * c.mma_n for c in found} == {32, 64}
+    assert {(c.warps_m, c.mma_m, c.mma_n, c.span, c.stages) for c in found} == {
+        t for t in gett.SHORT_TILES if 64 % (8 * t[2]) == 0}
     assert gett.short_configs(p, arch=80) == []

@@ -322,8 +322,8 @@ BULK_LAYOUTS = [
 def test_bulk_copy_kernels_are_correct(K, M, c, b, n, copies):
     """Every bulk-copy shape of :data:`gett.BULK_TILES` (M in one block row) or
     :data:`gett.BULK_TALL` (M of 150: two or three block rows, the last partial; B contiguous
-    along n, or in runs of 32, two a chunk of 64) that B's runs along n admit (whole chunks in a run, or a chunk of several runs copied one by one) at spans
-    of one and five chunks (a block's span past N's last chunk), both of A's load directions, a
+    along n, or in runs of 32, two a chunk of 64) that B's runs along n admit (whole chunks in a
+    run, or a chunk of several runs copied one by one) at spans of one and five chunks (a block's span past N's last chunk), both of A's load directions, a
     batch index, strided views of larger buffers, alpha and beta, 32- and 64-bit offsets, and the
     autotuner's own bulk candidates: against NumPy."""
     sizes = dict(l=2, a=M, k=K, **n)
@@ -335,15 +335,15 @@ def test_bulk_copy_kernels_are_correct(K, M, c, b, n, copies):
         strides = (_strides(C, c), _strides(A, a), _strides(B, b))
         p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides)
         bk = max(4, -(-K // 4) * 4)
-        tiles = {tile: gett.bulk_copies(p.bulk_run, p.dims[1], 8 * tile[0] * tile[1]) for tile in gett.BULK_TILES}
-        if (view or K > 1) and M <= 16 * gett.BULK_ROWS:  # contiguous with K = 1, B's n indices merge into one run
-            assert {t: x for t, x in tiles.items() if x} == copies
-        shapes = ([(w, -(-M // 16), mn, st) for w, mn, st in gett.BULK_TILES] if M <= 16 * gett.BULK_ROWS
+        one_row = M <= 16 * gett.BULK_ROWS
+        shapes = ([(w, -(-M // 16), mn, st) for w, mn, st in gett.BULK_TILES] if one_row
                   else [(w, mm, mn, 2) for w, mm, mn in gett.BULK_TALL])
+        tiles = {t: gett.bulk_copies(p.bulk_run, p.dims[1], 8 * t[0] * t[2]) for t in shapes}
+        if (view or K > 1) and one_row:  # contiguous with K = 1, B's n indices merge into one run
+            assert {(w, mn, st): x for (w, _, mn, st), x in tiles.items() if x} == copies
         cfgs = [gett.GettConfig(1, w, mm, mn, bk, st, "m16n8k4", p.a_k_fast, True, span=8 * mn * w * chunks,
-                                bulk=True, copies=gett.bulk_copies(p.bulk_run, p.dims[1], 8 * mn * w))
-                for (w, mm, mn, st), chunks in product(shapes, (1, 5))
-                if gett.bulk_copies(p.bulk_run, p.dims[1], 8 * mn * w)]
+                                bulk=True, copies=tiles[w, mm, mn, st])
+                for (w, mm, mn, st), chunks in product(shapes, (1, 5)) if tiles[w, mm, mn, st]]
         cfgs += gett.bulk_configs(p, 132)
         assert cfgs
         for cfg in cfgs:
