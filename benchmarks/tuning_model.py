@@ -61,16 +61,17 @@ def contraction(key: list) -> tuple | None:
 
 def gett_configs(c, out, a, b, sm_count: int) -> dict:
     """Candidate name -> GETT configuration (order and fields) on the operands and on their
-    packed copies, as the autotuner names them."""
-    strides = tuple(dict(zip(i, [s // 8 for s in x.strides])) for i, x in
-                    ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
-    sizes = dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape)) | dict(zip(c.out_indices, out.shape))
-    probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), sizes, strides)
-    oa, ob = gett.packed_orders(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices))
-    packed = gett.variants(tuple(c.out_indices), oa, ob, sizes, (strides[0], *(
-        {i: math.prod(sizes[j] for j in order[d + 1:]) for d, i in enumerate(order)} for order in (oa, ob))))
-    return (methods.Gett.named(gett.candidates(probs, sm_count, methods.TUNE_TOP))
-            | methods.Gett.named(gett.candidates(packed, sm_count, methods.TUNE_TOP), "packed"))
+    packed copies (described by shape, as the runtime describes them), as the autotuner names
+    them."""
+    def named(c, a, b, method: str) -> dict:
+        strides = tuple(dict(zip(i, [s // 8 for s in x.strides])) for i, x in
+                        ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+        sizes = dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape)) | dict(zip(c.out_indices, out.shape))
+        probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), sizes, strides)
+        return methods.Gett.named(gett.candidates(probs, sm_count, methods.TUNE_TOP), method)
+
+    moved, pa, pb = methods._packed(c)
+    return named(c, a, b, "gett") | named(moved, *methods._described(a, b, pa, pb), "packed")
 
 
 def run_of_terms(key: list) -> termruns.Run | None:
