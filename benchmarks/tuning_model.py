@@ -60,18 +60,23 @@ def contraction(key: list) -> tuple | None:
 
 
 def gett_configs(c, out, a, b, sm_count: int) -> dict:
-    """Candidate name -> GETT configuration (order and fields) on the operands and on their
-    packed copies (described by shape, as the runtime describes them), as the autotuner names
-    them."""
-    def named(c, a, b, method: str) -> dict:
+    """Candidate name -> GETT configuration (order and fields) on the operands, on their packed
+    copies (described by shape, as the runtime describes them) and with the sum split (on a C-contiguous
+    output), as the autotuner names them."""
+    def problems(c, out, a, b) -> dict:
         strides = tuple(dict(zip(i, [s // 8 for s in x.strides])) for i, x in
                         ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
         sizes = dict(zip(c.a_indices, a.shape)) | dict(zip(c.b_indices, b.shape)) | dict(zip(c.out_indices, out.shape))
-        probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), sizes, strides)
-        return methods.Gett.named(gett.candidates(probs, sm_count, methods.TUNE_TOP), method)
+        return gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), sizes, strides)
+
+    def named(c, a, b, method: str) -> dict:
+        return methods.Gett.named(gett.candidates(problems(c, out, a, b), sm_count, methods.TUNE_TOP), method)
 
     moved, pa, pb = methods._packed(c)
-    return named(c, a, b, "gett") | named(moved, *methods._described(a, b, pa, pb), "packed")
+    whole = methods._Contiguous(tuple(out.shape), np.float64)
+    splitk = methods.SplitK.named([(order, cfg, parts) for order, p in problems(c, whole, a, b).items()
+                                   for cfg, parts in gett.split_configs(p, sm_count)])
+    return named(c, a, b, "gett") | named(moved, *methods._described(a, b, pa, pb), "packed") | splitk
 
 
 def run_of_terms(key: list) -> termruns.Run | None:
@@ -139,7 +144,7 @@ def evaluate(decisions: list[dict], sm_count: int = 132) -> tuple[dict, list, li
         predicted = {}
         for name in measured:
             method = name.split(":")[0]
-            if method in ("gett", "packed") and name not in configs:
+            if method in ("gett", "packed", "splitk") and name not in configs:
                 continue
             predicted[name] = costmodel.predict(method, configs.get(name), *ops, 8, sm_count)
             ratios.setdefault(method, []).append(measured[name] / predicted[name])
@@ -176,7 +181,7 @@ def bench_rows(path: str, cutensor: bool = True, sm_count: int = 132) -> list[tu
         configs = gett_configs(c, *arrays, sm_count)
         measured = {m: row[f"{key}_ms"] / 1e3 for m, key in BENCH_METHODS.items()
                     if f"{key}_ms" in row and (cutensor or m != "cutensor")}
-        for method in ("gett", "packed"):
+        for method in ("gett", "packed", "splitk"):
             for g in row.get(method, []):
                 if (name := f"{method}:{g['order']}:{g['config']}") in configs:
                     measured[name] = g["ms"] / 1e3

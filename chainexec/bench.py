@@ -6,15 +6,16 @@ configuration and the GETT tensor-core kernels of the GETT model's top three con
 each checked against ``cupy.einsum`` on fresh
 random inputs (output poisoned with NaN first, so an unwritten element fails; relative Frobenius
 error; then the alpha/beta path), as are the batched-GEMM layouts (cuBLAS in place, and on
-permuted copies of the operands as the runtime's ``relayout`` makes them) and GETT on packed
-copies (the runtime's ``packed``, its copies timed with it), and timed
+permuted copies of the operands as the runtime's ``relayout`` makes them), GETT on packed
+copies (the runtime's ``packed``, its copies timed with it) and GETT with its sum split into
+parts (the runtime's ``splitk``, its parts' sum timed with it), and timed
 beside TTGT, ``cupy.einsum`` and, where importable,
 ``torch.einsum`` and cuTENSOR (``cupyx.cutensor``), with CUDA events around the device's work
 alone, the host's time to issue it left out for every method alike
 (:class:`~chainexec.runtime.devicetime.Stopwatch`; median of repeats after a warm-up;
 :data:`HOPELESS`). ``chainexec`` is what the runtime's selector takes (the fastest of
-GETT on the operands or on packed copies, batched GEMM in place or relaid, COGENT, TTGT plain or pipelined, cupy.einsum and
-cuTENSOR); its ratio to the best library is read from the two sides' near-fastest methods timed
+GETT on the operands, on packed copies or split, batched GEMM in place or relaid, COGENT, TTGT plain or
+pipelined, cupy.einsum and cuTENSOR); its ratio to the best library is read from the two sides' near-fastest methods timed
 again together in rounds (:func:`contenders`, :func:`time_together`). The measured cuBLAS DGEMM
 rate is recorded for scale.
 
@@ -198,22 +199,24 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
     return rows, calls
 
 
-def packed_rows(backend, con: Contraction, A, B, C, ref, budget_s: float) -> tuple[list[dict], list]:
-    """The runtime's packed GETT (:class:`~chainexec.runtime.backends.methods.Packed`) on this
-    case, each of its candidates run as the runtime runs it (the operands' copies in every call,
-    a fresh C written with beta = 0), checked against ``ref`` in a NaN-poisoned C, then adding
-    half the product to it (beta = 1, against ``1.5 · ref``), and timed fresh; a row per
-    candidate and, in the same order, each one's call; none where it is not offered. Their
-    kernels are compiled first, together; the checks are each one's warm-up."""
+def method_rows(backend, name: str, con: Contraction, A, B, C, ref, budget_s: float) -> tuple[list[dict], list]:
+    """The runtime's method ``name`` on this case, packed GETT
+    (:class:`~chainexec.runtime.backends.methods.Packed`) or split GETT
+    (:class:`~chainexec.runtime.backends.methods.SplitK`): each of its candidates run as the
+    runtime runs it (the operands' copies or the parts' sum in every call, a fresh C written),
+    checked against ``ref`` in a NaN-poisoned C, then adding half the product to it (against
+    ``1.5 · ref``), and timed fresh; a row per candidate and, in the same order, each one's call;
+    none where it is not offered. Their kernels are compiled first, together; the checks are
+    each one's warm-up."""
     import cupy
 
-    method = REGISTRY["packed"]
+    method = REGISTRY[name]
     if not method.applies(backend, con, C, A, B):
         return [], []
     cands = method.configurations(backend, con, C, A, B)
     backend._compile([k for cfg in cands.values() for k in method.kernels(backend, cfg, con, C, A, B)])
     rows, calls = [], []
-    for name, cfg in cands.items():
+    for key, cfg in cands.items():
         calls.append(lambda cfg=cfg: method.run(backend, cfg, con, C, A, B, True))
         C[...] = cupy.nan
         calls[-1]()
@@ -222,7 +225,7 @@ def packed_rows(backend, con: Contraction, A, B, C, ref, budget_s: float) -> tup
         err_beta = rel_error(C, 1.5 * ref)
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
                             hopeless_ms=GETT_CUT * min((r["ms"] for r in rows), default=math.inf))
-        rows.append({"config": name.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "rel_err_beta": err_beta,
+        rows.append({"config": key.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "rel_err_beta": err_beta,
                      "ms": ms, "reps": reps})
     return rows, calls
 
@@ -382,14 +385,14 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         row["relayout_rel_err"] = rel_error(C, ref)
         row["rel_err"] = worst(row["rel_err"], row["relayout_rel_err"])
         fns["relayout"] = relayout
-    if dtype == "float64":
-        row["packed"], calls = packed_rows(backend, con, A, B, C, ref, budget_s)
+    for name in ("packed", "splitk") if dtype == "float64" else ():
+        row[name], calls = method_rows(backend, name, con, A, B, C, ref, budget_s)
         if calls:
-            best = min(range(len(calls)), key=lambda i: row["packed"][i]["ms"])
-            times["packed"] = (row["packed"][best]["ms"], row["packed"][best]["reps"])
-            fns["packed"] = calls[best]
-            row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row["packed"]))
-            row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row["packed"]))
+            best = min(range(len(calls)), key=lambda i: row[name][i]["ms"])
+            times[name] = (row[name][best]["ms"], row[name][best]["reps"])
+            fns[name] = calls[best]
+            row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row[name]))
+            row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row[name]))
     # the runtime's TTGT method, its product copied into C by the runtime's own kernel, plain and
     # pipelined (``ttgt:<chunks>``) where the autotuner offers it
     for key, config in REGISTRY["ttgt"].configurations(backend, con, C, A, B).items():
@@ -433,16 +436,18 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
     # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT on the operands
-    # as they lie or on packed copies, batched GEMM in place or on permuted copies, COGENT, TTGT (plain or pipelined), cupy.einsum and
+    # as they lie, on packed copies or split, batched GEMM in place or on permuted copies, COGENT, TTGT (plain or
+    # pipelined), cupy.einsum and
     # cuTENSOR where installed;
     # the libraries it is compared with are the others (where it picks a library, its ratio to the
     # best library is at most 1). Each side's methods within CONTENDERS of its fastest alone are
     # timed again together (:func:`time_together`, five times the budget) and each side's
     # fastest there gives the ratio: alone, each is the least of several noisy medians.
     ours = {k: times[k][0] for k in times
-            if k.split(":")[0] in ("gett", "packed", "batched", "relayout", "cogent", "ttgt", "cupy_einsum", "cutensor")}
+            if k.split(":")[0] in ("gett", "packed", "splitk", "batched", "relayout", "cogent", "ttgt", "cupy_einsum",
+                                   "cutensor")}
     libs = {k: times[k][0] for k in ("cupy_einsum", "torch_einsum", "cutensor") if k in times}
-    row["generated_ms"] = min(times[k][0] for k in ("gett", "packed", "cogent") if k in times)
+    row["generated_ms"] = min(times[k][0] for k in ("gett", "packed", "splitk", "cogent") if k in times)
     row["generated_ratio_vs_best_library"] = min(libs.values()) / row["generated_ms"]
     close = contenders(ours, libs)
     try:
@@ -461,7 +466,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     row["bound_ms"] = bound_ms(flops, sum(nbytes.values()), *roof)
     row["ceiling_vs_best_library"] = row["library_ms"] / row["bound_ms"]
     row["of_bound"] = row["bound_ms"] / row["chainexec_ms"]
-    for key in ("bound", "chainexec", "library", "generated", "gett", "packed", "batched", "relayout", "cogent", *(
+    for key in ("bound", "chainexec", "library", "generated", "gett", "packed", "splitk", "batched", "relayout", "cogent", *(
             k for k in times if k.split(":")[0] == "ttgt"), "cupy_einsum", "torch_einsum", "cutensor", "ttgt_view",
                 "cupy_einsum_view", "torch_einsum_view"):
         if f"{key}_ms" in row:
@@ -591,6 +596,7 @@ def main(argv=None) -> int:
             print(f"{row['id']:2d} x{s} {row['name']:18s} err={row['rel_err']:.1e}/"
                   f"{row['rel_err_beta']:.1e} gett={row.get('gett_gflops', float('nan')):6.0f} "
                   f"packed={row.get('packed_gflops', float('nan')):6.0f} "
+                  f"splitk={row.get('splitk_gflops', float('nan')):6.0f} "
                   f"cogent={row['cogent_gflops']:6.0f} batched={row.get('batched_gflops', float('nan')):6.0f} "
                   f"relayout={row.get('relayout_gflops', float('nan')):6.0f} "
                   f"chainexec={row['chainexec_gflops']:6.0f} "

@@ -714,6 +714,60 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
     return out
 
 
+SPLIT_PARTS = (2, 3, 4, 6, 8, 12, 16)
+"""Parts a split sum may have (:func:`split_configs`): the workspace holds that many outputs."""
+SPLIT_MIN_TILES = 8
+"""K-tiles a part sums at least: fewer leave a block's pipeline mostly filling and draining."""
+SPLIT_ACCUMULATORS = 20
+"""m16n8 tiles a warp of a one-row split shape holds at most (80 accumulators a lane)."""
+SPLIT_TILES = ((2, 2, 4, 4, 16), (2, 2, 2, 8, 16))
+"""Block shapes (as :data:`TILES`) a split sum is offered with beside the one-row shapes: 64×64
+and 32×128 tiles of four warps."""
+
+
+def split_shapes(p: Problem, arch: int = 90) -> list[GettConfig]:
+    """The configurations a split sum of ``p`` is timed with: where one block row of
+    ``ceil(M/16)`` m16 tiles holds all of M, four warps along n of that many m16 tiles by 2 or 4
+    n8 tiles (at most :data:`SPLIT_ACCUMULATORS`: A's tile is then read once and each B fragment
+    feeds every m16 tile), and the shapes of :data:`SPLIT_TILES`; k-tiles of 16, m16 MMAs of
+    each k-step valid on compute capability ``arch``."""
+    rows = -(-p.dims[0] // 16)
+    shapes = [(1, 4, 2 * rows, mn, 16) for mn in (2, 4) if rows * mn <= SPLIT_ACCUMULATORS] + list(SPLIT_TILES)
+    out = []
+    for (wm, wn, mm, mn, bk), shape in itertools.product(shapes, ("m16n8k4", "m16n8k8")):
+        cfg = GettConfig(wm, wn, mm // 2, mn, bk, 3, shape, p.a_k_fast, p.b_n_fast, wide=p.wide)
+        if cfg.valid(arch):
+            out.append(cfg)
+    return out
+
+
+def split_configs(p: Problem, sm_count: int, arch: int = 90) -> list[tuple[GettConfig, int]]:
+    """(configuration, parts) pairs of a split sum of ``p`` (:func:`source`'s ``parts``): for each
+    of :func:`split_shapes`, where its blocks leave SMs idle, the most parts of
+    :data:`SPLIT_PARTS` that give every SM at most one block, and the most that fill the blocks
+    resident at once (the model's count of them), each part summing at least
+    :data:`SPLIT_MIN_TILES` k-tiles. A block count between one and two waves leaves the SMs of the
+    second half-empty wave idle (TCCG case 19 at 164 blocks of 80×128 on 132 SMs runs slower
+    than at 123 or 246), so the parts fill a wave and stop there. Where the output's blocks fill
+    the SMs already, none; nor more parts than offsets of the index type reach (``parts`` outputs
+    in the workspace)."""
+    M, N, K, L = p.dims
+    out = []
+    for cfg in split_shapes(p, arch):
+        blocks = -(-M // cfg.bm) * -(-N // cfg.bn) * L
+        most = min(-(-K // cfg.bk) // SPLIT_MIN_TILES, math.inf if p.wide else (NARROW - 1) // (M * N * L))
+        for room in (sm_count, sm_count * resident(cfg)):
+            parts = max((s for s in SPLIT_PARTS if blocks * s <= room and s <= most), default=0)
+            if parts and (cfg, parts) not in out:
+                out.append((cfg, parts))
+    return out
+
+
+def resident(cfg: GettConfig) -> int:
+    """Blocks of ``cfg`` the model lets an SM hold at once: as its shared memory and threads allow."""
+    return max(1, min(SMEM_LIMIT // cfg.smem_bytes(), 2048 // cfg.threads))
+
+
 def _amplification(run: int, along: int) -> float:
     """Bytes moved per useful byte for accesses whose contiguous run is ``run`` elements, of which
     ``along`` consecutive ones are touched together."""
@@ -727,20 +781,21 @@ DRAM_BYTES = 3.0e12
 SXM's HBM3)."""
 
 
-def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int) -> float:
+def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int, parts: int = 1) -> float:
     """Roofline estimate that ranks configurations (the model proposes, timing decides):
     padded flops over the peak, scaled by the wave quantization of blocks over SMs, against
     DRAM traffic, each stream inflated by the sectors its access pattern wastes (C is stored 8
     consecutive n at a time): C read and written once; each B tile read once per raster group
     (:data:`RASTER`: the group's blocks that read it run together); each A tile once where a
     group's row tiles fit in :data:`L2_SHARE` (they stay in L2 while the group's columns
-    pass), else once per block column."""
+    pass), else once per block column. A sum split into ``parts`` (:func:`split_configs`) has
+    that many times the blocks, and writes and reads back ``parts`` outputs besides."""
     M, N, K, L = p.dims
     tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
-    blocks = tm * tn * L
-    slots = sm_count * max(1, min(SMEM_LIMIT // cfg.smem_bytes(), 2048 // cfg.threads))
+    blocks = tm * tn * L * parts
+    slots = sm_count * resident(cfg)
     waves = -(-blocks // slots)
-    flops = 2.0 * tm * cfg.bm * tn * cfg.bn * tk * cfg.bk * L
+    flops = 2.0 * tm * cfg.bm * tn * cfg.bn * -(-tk // parts) * parts * cfg.bk * L
     compute = flops / PEAK_FLOPS * (waves * slots / blocks)
     run_c, run_a, run_b = p.runs
     amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
@@ -748,6 +803,8 @@ def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int) -> float:
     reads_a = 1 if RASTER * cfg.bm * K * ELEM <= L2_SHARE else tn
     reads_b = -(-tm // RASTER)
     traffic = ELEM * L * (M * K * reads_a * amp_a + K * N * reads_b * amp_b + 2 * M * N * _amplification(run_c, 8))
+    if parts > 1:
+        traffic += 2 * parts * ELEM * L * M * N
     return max(compute, traffic / DRAM_BYTES)
 
 
@@ -854,12 +911,14 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
 
 def signature(cfg: GettConfig) -> list[str]:
     """Source lines of a GETT-family kernel's index type and signature (:func:`source`): C, A
-    and B, the nine offset tables in :data:`TABLE_ORDER`, the extents and the scalars."""
+    and B, the nine offset tables in :data:`TABLE_ORDER`, the extents, ``part`` (elements between
+    the outputs of consecutive parts of a split sum, :func:`split_configs`; the short-sum and
+    bulk-copy kernels, never split, take and ignore it) and the scalars."""
     return [f"using idx = {INDEX[cfg.wide]};  // element offsets and extents",
             f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
             f"{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,",
             "    " + ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
-            "    const idx M, const idx N, const idx K, const idx tilesN,",
+            "    const idx M, const idx N, const idx K, const idx tilesN, const idx part,",
             "    const double alpha, const double beta)"]
 
 
@@ -881,10 +940,13 @@ def source(cfg: GettConfig) -> str:
     """CUDA C source of the kernel for ``cfg``.
 
     Signature: ``(C, A, B, offam, offak, offal, offbk, offbn, offbl, offcm, offcn, offcl,
-    M, N, K, tilesN, alpha, beta)``, tables and extents of type ``idx`` (``int``, or
-    ``long long`` where ``cfg.wide``); grid ``(ceil(M/bm) * tilesN, L)``, block ``cfg.threads``,
-    dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C not read when
-    ``beta == 0``). Every element of C is written by exactly one thread. A short-sum
+    M, N, K, tilesN, part, alpha, beta)``, tables and extents of type ``idx`` (``int``, or
+    ``long long`` where ``cfg.wide``); grid ``(ceil(M/bm) * tilesN, L, parts)``, block
+    ``cfg.threads``, dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C
+    not read when ``beta == 0``). Every element of C is written by exactly one thread. With
+    ``parts > 1`` (gridDim.z) the sum is split into parts of whole k-tiles, ``ceil(tiles /
+    parts)`` each (the last fewer, or none), and part ``z`` writes its partial product to
+    ``C + z·part`` (:func:`split_configs`: the caller adds the parts up). A short-sum
     configuration (``cfg.span``) gets :func:`chainexec.kernels.shortsum.source`'s kernel, a
     bulk-copy one (``cfg.bulk``) :func:`chainexec.kernels.bulk.source`'s."""
     if cfg.bulk:
@@ -941,20 +1003,23 @@ def source(cfg: GettConfig) -> str:
           f"    for (int j = 0; j < {cfg.mma_n}; ++j)",
           "      #pragma unroll",
           f"      for (int q = 0; q < {acc}; ++q) acc[i][j][q] = 0.0;",
-          f"  const idx tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
+          "  // the block's part of the sum: k-tiles t0 up to tiles, its partial product at C + z·part",
+          f"  const idx ktiles = (K + {cfg.bk - 1}) / {cfg.bk}, per = (ktiles + gridDim.z - 1) / gridDim.z;",
+          "  const idx t0 = (idx)blockIdx.z * per, tiles = t0 + per < ktiles ? t0 + per : ktiles;",
+          "  C += (idx)blockIdx.z * part;",
           f"  idx kA[{_k_reads(cfg, 'A')}], kB[{_k_reads(cfg, 'B')}];",
           f"  bool fA[{_k_reads(cfg, 'A')}], fB[{_k_reads(cfg, 'B')}];",
           "  // prologue: the first stages-1 tiles in flight, and the next tile's k offsets read",
           f"  for (int s = 0; s < {cfg.stages - 1}; ++s) {{"]
-    L += _fetch(cfg, "s", "    ") + _issue(cfg, "s", "s", "    ")
-    L += ["  }"] + _fetch(cfg, f"{cfg.stages - 1}", "  ")
-    L += ["  for (idx t = 0; t < tiles; ++t) {"]
-    L += _issue(cfg, f"t + {cfg.stages - 1}", f"(int)(nt % {cfg.stages})", "    ")
+    L += _fetch(cfg, "t0 + s", "    ") + _issue(cfg, "t0 + s", "s", "    ")
+    L += ["  }"] + _fetch(cfg, f"t0 + {cfg.stages - 1}", "  ")
+    L += ["  for (idx t = t0; t < tiles; ++t) {"]
+    L += _issue(cfg, f"t + {cfg.stages - 1}", f"(int)((nt - t0) % {cfg.stages})", "    ")
     L += ["    // the next tile's k offsets: their reads complete while this tile is computed"]
     L += _fetch(cfg, f"t + {cfg.stages}", "    ")
     L += [f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
           "    __syncthreads();",
-          f"    const int cur = (int)(t % {cfg.stages}) * A_STAGE, curb = (int)(t % {cfg.stages}) * B_STAGE;",
+          f"    const int cur = (int)((t - t0) % {cfg.stages}) * A_STAGE, curb = (int)((t - t0) % {cfg.stages}) * B_STAGE;",
           "    #pragma unroll",
           f"    for (int kk = 0; kk < {cfg.bk}; kk += {cfg.kstep}) {{",
           f"      double fa[{cfg.mma_m}][{len(fa_offs)}], fb[{cfg.mma_n}][{len(fb_offs)}];",

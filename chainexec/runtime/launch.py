@@ -162,18 +162,19 @@ class GettTables:
         self.bulk_run = problem.bulk_run
         self._launches: dict = {}
 
-    def launches(self, cfg) -> tuple:
-        """(function, CUBIN key, name, threads, shared memory bytes, [(grid, table and extent
-        arguments)] per launch) of ``cfg`` at the tables' index width, made at the first call and
-        kept per (configuration, device): a launch per tile then only adds the operands and
-        scalars. Batches beyond gridDim.y's limit go in several launches, each with its slice
-        of the batch tables. Raises ValueError for a short-sum or bulk-copy configuration whose
+    def launches(self, cfg, parts: int = 1) -> tuple:
+        """(function, CUBIN key, name, threads, shared memory bytes, index type, [(grid, table
+        and extent arguments)] per launch) of ``cfg`` with its sum split into ``parts``
+        (gridDim.z, :func:`chainexec.kernels.gett.split_configs`) at the tables' index width,
+        made at the first call and kept per (configuration, parts, device): a launch per tile
+        then only adds the operands, the parts' distance and the scalars. Batches beyond
+        gridDim.y's limit go in several launches, each with its slice of the batch tables. Raises ValueError for a short-sum or bulk-copy configuration whose
         sum is shorter than the tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`), and
         for a bulk-copy one whose copies do not fit B's runs along n
         (:func:`~chainexec.kernels.gett.bulk_copies`)."""
         import cupy
 
-        key = (cfg, cupy.cuda.Device().id)
+        key = (cfg, parts, cupy.cuda.Device().id)
         kept = self._launches.get(key)
         if kept is None:
             import numpy as np
@@ -191,8 +192,8 @@ class GettTables:
             blocks = -(-M // run.bm) * tiles_n
             am, ak, al, bk, bn, bl, cm, cn, cl = self.views
             extents = (index(M), index(N), index(K), index(tiles_n))
-            kept = self._launches[key] = (fn, cubin, run.name(), run.threads, run.smem_bytes(), [
-                ((blocks, min(L, l0 + MAX_GRID_Y) - l0),
+            kept = self._launches[key] = (fn, cubin, run.name(), run.threads, run.smem_bytes(), index, [
+                ((blocks, min(L, l0 + MAX_GRID_Y) - l0, parts),
                  (am, ak, al[l0:l0 + MAX_GRID_Y], bk, bn, bl[l0:l0 + MAX_GRID_Y], cm, cn, cl[l0:l0 + MAX_GRID_Y],
                   *extents))
                 for l0 in range(0, L, MAX_GRID_Y)])
@@ -248,18 +249,25 @@ MAX_GRID_Y = 65535
 """CUDA's limit on gridDim.y (the batch dimension of a GETT launch)."""
 
 
-def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float) -> None:
+def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float, parts: int = 1) -> None:
     """``C = alpha·A·B + beta·C`` over the tables' index groups, for CuPy float64 arrays or
     views (the tables already hold their strides; A and B as the tables were built, i.e.
-    swapped by the caller when the problem says so). The kernel's index width is the tables'
-    (``cfg.wide`` is set from them; :meth:`GettTables.launches`). Raises ValueError for a
-    bulk-copy configuration where B's base is not on :data:`BULK_ALIGN` bytes."""
+    swapped by the caller when the problem says so). With ``parts > 1`` the sum is split
+    (:func:`chainexec.kernels.gett.split_configs`): ``C`` is then a C-contiguous stack of
+    ``parts`` outputs, the tables built on the strides of one, and part ``z`` writes its partial
+    product into ``C[z]``. The kernel's index width is the tables' (``cfg.wide`` is set from them;
+    :meth:`GettTables.launches`). Raises ValueError for a bulk-copy configuration where B's base
+    is not on :data:`BULK_ALIGN` bytes, and for a split one that is not a GETT configuration
+    (the short-sum and bulk-copy kernels do not split) or whose ``C`` is not such a stack."""
     import numpy as np
 
-    fn, cubin, name, threads, smem, launches = tables.launches(cfg)
+    fn, cubin, name, threads, smem, index, launches = tables.launches(cfg, parts)
     if cfg.bulk and B.data.ptr % BULK_ALIGN:
         raise ValueError(f"{name} copies B by bulk copies, which need its base on {BULK_ALIGN} bytes")
+    if parts > 1 and (cfg.span or C.shape[0] != parts or not C.flags.c_contiguous):
+        raise ValueError(f"{name} split into {parts} parts needs a GETT configuration and a C-contiguous stack of "
+                         f"{parts} outputs, not shape {C.shape}")
     kernelcache.note(cubin, name)  # each call: the autotuner's first one is paused
-    scalars = (np.float64(alpha), np.float64(beta))
+    tail = (index(C.size // parts if parts > 1 else 0), np.float64(alpha), np.float64(beta))
     for grid, args in launches:
-        fn(grid, (threads,), (C, A, B, *args, *scalars), shared_mem=smem)
+        fn(grid, (threads,), (C, A, B, *args, *tail), shared_mem=smem)

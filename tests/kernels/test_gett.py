@@ -7,6 +7,7 @@ with nvcc for sm_90 (spills bounded) when nvcc is present.
 """
 
 import json
+import math
 import shutil
 from dataclasses import replace
 from itertools import product
@@ -373,6 +374,93 @@ def test_all_configurations_compile_with_nvcc(tmp_path):
     # along k); the autotuner times them like any other
     spills = gett_spills(tmp_path, cfgs)
     assert sum(s > 0 for s in spills) <= 2 and max(spills) <= 64
+
+
+def _contiguous_strides(idx, sizes):
+    strides, step = {}, 1
+    for i in reversed(idx):
+        strides[i], step = step, step * sizes[i]
+    return strides
+
+
+def _split_problems(c, a, b, sizes):
+    return gett.variants(tuple(c), tuple(a), tuple(b), sizes, tuple(_contiguous_strides(x, sizes) for x in (c, a, b)))
+
+
+SPLIT_CASES = [
+    # (C, A, B, sizes, split offered): TCCG case 19 (a 72×5184 output summed over 5184) at scale
+    # 1 and 2, case 13 (312×296 summed over 92352), case 19's indices at prime extents, a (T)
+    # term (a sum of 24) and a 512×512 GEMM summed over 4096 (its 64×64 tiles fill 64 of 132 SMs)
+    ("abc", "adec", "ebd", dict(a=72, b=72, c=72, d=72, e=72), True),
+    ("abc", "adec", "ebd", dict(a=144, b=144, c=144, d=144, e=144), False),
+    ("ab", "acd", "dbc", dict(a=312, b=296, c=296, d=312), True),
+    ("abc", "adec", "ebd", dict(a=71, b=73, c=67, d=79, e=61), True),
+    ("abcdef", "dega", "gfbc", dict(a=24, b=24, c=24, d=24, e=24, f=24, g=24), False),
+    ("ab", "ak", "kb", dict(a=512, b=512, k=4096), True),
+]
+
+
+@pytest.mark.parametrize("c, a, b, sizes, offered", SPLIT_CASES)
+def test_a_sum_is_split_where_its_blocks_leave_sms_idle(c, a, b, sizes, offered):
+    """Split sums (:func:`gett.split_configs`) on 132 SMs: each a configuration of
+    :func:`gett.split_shapes` with parts from SPLIT_PARTS whose blocks fit one block an SM, or the
+    model's resident blocks, and one more step of SPLIT_PARTS would not (or would leave a part
+    fewer than SPLIT_MIN_TILES k-tiles); none where the output's blocks fill the SMs or the sum is
+    short."""
+    found = []
+    for p in _split_problems(c, a, b, sizes).values():
+        M, N, K, L = p.dims
+        shapes = gett.split_shapes(p)
+        for cfg, parts in gett.split_configs(p, 132):
+            blocks = -(-M // cfg.bm) * -(-N // cfg.bn) * L
+            most = -(-K // cfg.bk) // gett.SPLIT_MIN_TILES
+            rooms = [r for r in (132, 132 * gett.resident(cfg)) if blocks * parts <= r]
+            assert cfg in shapes and parts in gett.SPLIT_PARTS and parts >= 2 and parts <= most and rooms
+            after = [s for s in gett.SPLIT_PARTS if s > parts]
+            assert not after or after[0] > most or blocks * after[0] > min(rooms)
+            found.append((cfg.name(), parts))
+    assert bool(found) == offered and len(set(found)) == len(found)
+
+
+def test_case_19s_fastest_split_is_offered():
+    """On TCCG case 19 the fastest split measured on an H200 (80×128 blocks of four warps of 5×4
+    m16n8k4 tiles, six parts: 246 blocks, two resident an SM) is among the candidates, and so is
+    the one-block-an-SM split of that shape (three parts)."""
+    p = _split_problems(*SPLIT_CASES[0][:4])["load"]
+    found = {(cfg.name(), parts) for cfg, parts in gett.split_configs(p, 132)}
+    assert {("chainexec_gett_w1x4_t5x4_m16n8k4_k16_s3_akbn", 6), ("chainexec_gett_w1x4_t5x4_m16n8k4_k16_s3_akbn", 3)} <= found
+
+
+def test_a_split_counts_its_blocks_and_its_parts_outputs(monkeypatch):
+    """The model of a split sum on case 19: ``parts`` times the blocks over the resident slots
+    (41 blocks of 80×128 fill 41 of 264; 6 parts fill 246), the same padded flops (324 k-tiles
+    in parts of 54), and ``parts`` outputs written and read back besides the traffic."""
+    p = _split_problems(*SPLIT_CASES[0][:4])["load"]
+    cfg = gett.GettConfig(1, 4, 5, 4, 16, 3, "m16n8k4", p.a_k_fast, p.b_n_fast)
+    M, N, K, L = p.dims
+    assert (-(-M // cfg.bm) * -(-N // cfg.bn), gett.resident(cfg), -(-K // cfg.bk)) == (41, 2, 324)
+    compute = 2.0 * cfg.bm * 41 * cfg.bn * 324 * cfg.bk / gett.PEAK_FLOPS
+    monkeypatch.setattr(gett, "DRAM_BYTES", math.inf)
+    assert gett.predicted_seconds(p, cfg, 132) == pytest.approx(compute * 264 / 41)
+    assert gett.predicted_seconds(p, cfg, 132, 6) == pytest.approx(compute * 264 / 246)
+    monkeypatch.setattr(gett, "DRAM_BYTES", 3.0e12)
+    monkeypatch.setattr(gett, "PEAK_FLOPS", math.inf)
+    whole, split = (gett.predicted_seconds(p, cfg, 132, n) for n in (1, 6))
+    assert split - whole == pytest.approx(2 * 6 * gett.ELEM * M * N * L / 3.0e12)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_split_shapes_compile_with_nvcc(tmp_path):
+    """Every split shape of the cases' problems (one-row shapes up to SPLIT_ACCUMULATORS tiles a
+    warp) compiles for sm_90; ptxas spills a few registers in at most one (the 32×128 tile of
+    m16n8k8 MMAs, 16 bytes, as among :data:`gett.TILES`), the one-row shapes none."""
+    cfgs = []
+    for c, a, b, sizes, _ in SPLIT_CASES:
+        for p in _split_problems(c, a, b, sizes).values():
+            cfgs += [cfg for cfg in gett.split_shapes(p) if cfg not in cfgs]
+    spills = gett_spills(tmp_path, _both_widths(cfgs))
+    assert sum(s > 0 for s in spills) <= 1 and max(spills) <= 16
+    assert all(s == 0 for cfg, s in zip(cfgs, spills) if cfg.warps_m == 1)
 
 
 def test_configurations_follow_the_compute_capability():

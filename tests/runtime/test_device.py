@@ -410,16 +410,16 @@ def test_no_module_outside_the_backends_asks_which_backend_it_runs_on():
 def test_every_method_is_registered_once_with_its_workspace():
     """The registry lists the methods in the order the autotuner names its candidates, and each
     bounds its temporaries as documented (bytes)."""
-    assert list(methods.REGISTRY) == ["gett", "packed", "batched", "relayout", "kernel", "ttgt", "einsum", "direct",
-                                      "cutensor"]
+    assert list(methods.REGISTRY) == ["gett", "packed", "splitk", "batched", "relayout", "kernel", "ttgt", "einsum",
+                                      "direct", "cutensor"]
     assert all(name == m.name for name, m in methods.REGISTRY.items())
     out, a, b = np.zeros(10), np.zeros(3), np.zeros(5)
     assert {name: m.workspace(out, a, b) for name, m in methods.REGISTRY.items()} == {
-        "gett": 0, "packed": 64, "batched": 0, "relayout": 64, "kernel": 144, "ttgt": 144, "einsum": 224, "direct": 0,
-        "cutensor": 80}
-    assert [name for name, m in methods.REGISTRY.items() if m.in_place] == ["gett", "packed", "direct"]
-    assert [name for name, m in methods.REGISTRY.items() if m.writes_fresh] == ["gett", "packed", "batched", "relayout",
-                                                                               "ttgt"]
+        "gett": 0, "packed": 64, "splitk": 16 * 80, "batched": 0, "relayout": 64, "kernel": 144, "ttgt": 144,
+        "einsum": 224, "direct": 0, "cutensor": 80}
+    assert [name for name, m in methods.REGISTRY.items() if m.in_place] == ["gett", "packed", "splitk", "direct"]
+    assert [name for name, m in methods.REGISTRY.items() if m.writes_fresh] == ["gett", "packed", "splitk", "batched",
+                                                                               "relayout", "ttgt"]
 
 
 @pytest.mark.parametrize("method", ["ttgt", "einsum"])

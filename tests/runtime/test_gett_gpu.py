@@ -173,9 +173,10 @@ def test_backend_methods_accumulate_into_views(method, monkeypatch):
     ref = hW - 0.75 * np.einsum("iafb,kjcf->ijkabc", hA, hB)
     assert _relerr(W.get(), ref) <= 1e-12
     forced = be.choices[next(iter(be.choices))].method
-    # the kernel has no layout here, nor relayout on padded views (no mode merges in W); cuTENSOR
-    # may be absent; a strategy of runs of terms (termruns), forced, tunes a lone contraction as auto does
-    fallback = {"kernel", "relayout"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
+    # the kernel has no layout here, nor relayout on padded views (no mode merges in W), nor a
+    # split a sum of 11; cuTENSOR may be absent; a strategy of runs of terms (termruns), forced,
+    # tunes a lone contraction as auto does
+    fallback = {"kernel", "relayout", "splitk"} | ({"cutensor"} if methods._cutensor(cupy) is None else set())
     assert (method in ("auto", *termruns.REGISTRY) or forced == method
             or (method in fallback and forced == "ttgt"))
 
@@ -231,6 +232,72 @@ def test_gett_writes_a_fresh_output_without_reading_it(fresh, monkeypatch):
     ref = 1.5 * np.einsum("iafb,kjcf->ijkabc", hA, hB) + (0.0 if fresh else hW)
     assert _relerr(W.get(), ref) <= 1e-12
     assert be.choices[next(iter(be.choices))].method == "gett" and not cleared
+
+
+SPLIT = [
+    # (C, A, B, sizes): TCCG case 19's indices at prime extents (the sum of 1073 in 68 k-tiles),
+    # case 13's (a sum of two indices, A's stride-1 index summed) and a sum of 15 (one k-tile:
+    # every part but the first empty)
+    ("abc", "adec", "ebd", dict(a=9, b=20, c=11, d=37, e=29)),
+    ("ab", "acd", "dbc", dict(a=23, b=17, c=31, d=41)),
+    ("abc", "adec", "ebd", dict(a=9, b=20, c=11, d=3, e=5)),
+]
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("c,a,b,sizes", SPLIT)
+def test_split_sums_are_correct(c, a, b, sizes, view):
+    """Every split candidate (:func:`gett.split_configs` on 132 SMs), and 2 and 16 parts of its
+    first shape: the parts' partial products, written into a NaN-poisoned stack of outputs,
+    add up to ``alpha·A·B`` against NumPy; a part past the last k-tile writes zeros. Operands
+    contiguous, or views of larger buffers."""
+    hA, hB = _arrays(c, a, b, sizes, seed=4, view=view)[1:]
+    A, B = _device_views((hA, hB), view)
+    ref = 0.5 * np.einsum(f"{a},{b}->{c}", hA, hB)
+    shape = tuple(sizes[i] for i in c)
+    strides = (_strides(np.empty(shape), c), _strides(A, a), _strides(B, b))
+    K = int(np.prod([sizes[i] for i in a if i in b]))
+    ran = 0
+    for order, p in gett.variants(tuple(c), tuple(a), tuple(b), sizes, strides).items():
+        tables = launch.GettTables(p, strides)
+        left, right = (B, A) if p.swap else (A, B)
+        shapes = gett.split_shapes(p)
+        for cfg, parts in gett.split_configs(p, 132) + [(shapes[0], 2), (shapes[0], 16)]:
+            W = cupy.full((parts,) + shape, cupy.nan)
+            launch.launch_gett(cfg, tables, W, left, right, 0.5, 0.0, parts)
+            assert _relerr(W.sum(axis=0).get(), ref) <= 1e-12, (order, cfg.name(), parts)
+            ktiles = -(-K // cfg.bk)
+            per = -(-ktiles // parts)
+            assert not cupy.any(W[-(-ktiles // per):]), (order, cfg.name(), parts)
+            ran += 1
+    assert ran >= 2
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_split_gett_writes_or_adds_the_parts_sum(fresh, view, monkeypatch):
+    """Forced ``splitk`` on a case-19-shaped contraction, contiguous and as views of larger
+    buffers: a fresh output (NaN in it) is written as the parts' sum, otherwise the sum is added;
+    the same bits on a second run; against NumPy, with no clearing first."""
+    monkeypatch.setenv("CHAINEXEC_GPU_METHOD", "splitk")
+    be = device.select("cupy")
+    sizes = dict(a=19, b=20, c=11, d=37, e=29)  # 4180 outputs: GETT_MIN_OUTPUT and more
+    host = _arrays("abc", "adec", "ebd", sizes, seed=6, view=False)
+    C, A, B = _device_views(host, view)
+    if fresh:
+        C[...] = cupy.nan
+    before = C.copy()
+    cleared = []
+    monkeypatch.setattr(CupyBackend, "clear", lambda self, out: cleared.append(out.shape))
+    term = _contraction(("C", "abc"), ("A", "adec"), ("B", "ebd"), factor=-1.25)
+    be.contract(term, C, A, B, fresh)
+    ref = -1.25 * np.einsum("adec,ebd->abc", host[1], host[2]) + (0.0 if fresh else host[0])
+    assert _relerr(C.get(), ref) <= 1e-12
+    assert {choice.method for choice in be.choices.values()} == {"splitk"} and not cleared
+    again = C.copy()
+    C[...] = before
+    be.contract(term, C, A, B, fresh)
+    assert cupy.array_equal(C, again)
 
 
 def test_elementwise_statements_make_no_temporaries():

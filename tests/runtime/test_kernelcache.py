@@ -6,6 +6,7 @@ uses logged for the next process's warm-up (:mod:`chainexec.runtime.uselog`), no
 
 import threading
 
+import numpy as np
 import pytest
 
 from chainexec.runtime import kernelcache, launch
@@ -186,10 +187,12 @@ def test_a_gett_batch_beyond_the_grid_limit_goes_in_several_launches(device, mon
     p = gett.problem(("l", "a", "b"), ("l", "a", "k"), ("l", "k", "b"), sizes, strides)
     tables = launch.GettTables(p, strides)
     cfg = gett.GettConfig(2, 2, 2, 2, 16, 2, next(iter(gett.MMA_SHAPES)), p.a_k_fast, p.b_n_fast)
-    fn, _, name, threads, smem, launches = tables.launches(cfg)
-    assert tables.launches(cfg)[5] is launches and (name, threads, smem) == (cfg.name(), 128, cfg.smem_bytes())
+    fn, _, name, threads, smem, index, launches = tables.launches(cfg)
+    assert tables.launches(cfg)[6] is launches and (name, threads, smem) == (cfg.name(), 128, cfg.smem_bytes())
+    assert index is np.int32
     blocks = -(-40 // cfg.bm) * -(-24 // cfg.bn)
-    assert [grid for grid, _ in launches] == [(blocks, 3), (blocks, 3), (blocks, 1)]
+    assert [grid for grid, _ in launches] == [(blocks, 3, 1), (blocks, 3, 1), (blocks, 1, 1)]
+    assert [grid for grid, _ in tables.launches(cfg, 4)[6]] == [(blocks, 3, 4), (blocks, 3, 4), (blocks, 1, 4)]
     am, ak, al, bk, bn, bl, cm, cn, cl = tables.views
     for n, (_, args) in enumerate(launches):
         assert all(x is y for x, y in zip(args[:2] + args[3:5] + args[6:8], (am, ak, bk, bn, cm, cn)))

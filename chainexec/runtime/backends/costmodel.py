@@ -21,7 +21,8 @@ recorded on any machine, ``benchmarks/tuning_model.py``):
   :data:`CUTENSOR_SHARE`.
 - ``gett`` — the GETT kernel's own model (:func:`chainexec.kernels.gett.predicted_seconds`), the
   one that ranks its configurations, over :data:`GETT_SHARE`; ``packed`` the same on C-contiguous
-  copies in :func:`~chainexec.kernels.gett.packed_orders`, plus the copies.
+  copies in :func:`~chainexec.kernels.gett.packed_orders`, plus the copies; ``splitk`` the same
+  with its parts' blocks and workspace, plus the launch of the parts' sum.
 - ``kernel`` (COGENT) and ``direct`` — the flops on the CUDA cores (half the tensor-core rate)
   at :data:`CORE_SHARE` and :data:`DIRECT_SHARE` of it, against the minimum traffic.
 
@@ -181,11 +182,16 @@ def _least(out: Operand, a: Operand, b: Operand, itemsize: int, rate: float) -> 
 
 
 def _gett(config: dict, out: Operand, a: Operand, b: Operand, sm_count: int) -> float:
-    fields = {k: v for k, v in config.items() if k != "order"}
+    """GETT's model over :data:`GETT_SHARE`; a split sum's (``parts``) on a C-contiguous output,
+    plus the launch of the parts' sum."""
+    fields = {k: v for k, v in config.items() if k not in ("order", "parts")}
+    parts = config.get("parts", 1)
+    strides = _contiguous(out, out.indices).stride_of() if parts > 1 else out.stride_of()
     problems = gett.variants(out.indices, a.indices, b.indices, _extents(out, a, b),
-                             (out.stride_of(), a.stride_of(), b.stride_of()))
+                             (strides, a.stride_of(), b.stride_of()))
     problem = problems.get(config["order"]) or next(iter(problems.values()))
-    return gett.predicted_seconds(problem, gett.GettConfig(**fields), sm_count) / GETT_SHARE + LAUNCH
+    return (gett.predicted_seconds(problem, gett.GettConfig(**fields), sm_count, parts) / GETT_SHARE
+            + LAUNCH * (1 + (parts > 1)))
 
 
 def _packed(config: dict, out: Operand, a: Operand, b: Operand, itemsize: int, sm_count: int) -> float:
@@ -208,7 +214,7 @@ def predict(method: str, config, out: Operand, a: Operand, b: Operand, itemsize:
         return _ttgt(out, a, b, itemsize, 4) + EINSUM_OVERHEAD
     if method == "cutensor":
         return _least(out, a, b, itemsize, FLOPS * gemm_efficiency(*_ttgt_extents(out, a, b)[1:])) / CUTENSOR_SHARE
-    if method == "gett":
+    if method in ("gett", "splitk"):
         return _gett(config, out, a, b, sm_count)
     if method == "packed":
         return _packed(config, out, a, b, itemsize, sm_count)

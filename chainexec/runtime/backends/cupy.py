@@ -121,6 +121,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         self._kernels: dict[tuple, object] = {}
         self._sources: dict[tuple, tuple | None] = {}  # COGENT (config, name, source) by contraction and extents
         self._gett: dict[tuple, tuple] = {}
+        self._splits: dict[tuple, list] = {}  # split-sum candidates by contraction, shapes and strides
         self._batches: dict[tuple, tuple | None] = {}
         self.workspace: int | None = None  # bytes beyond the plan's buffers; None: no limit
         self.table_bytes = 0  # device bytes of the GETT offset tables made so far (kept)

@@ -92,6 +92,10 @@ class _Contiguous:
     def strides(self) -> tuple[int, ...]:
         return tuple(math.prod(self.shape[d + 1:]) * self.itemsize for d in range(len(self.shape)))
 
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
 
 @lru_cache(maxsize=None)
 def _copy_orders(orders, out: tuple, a: tuple, b: tuple) -> tuple:
@@ -289,6 +293,69 @@ class Packed(Method):
         self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
 
 
+class SplitK(Method):
+    """The GETT kernel with its sum split into parts (:func:`~chainexec.kernels.gett.split_configs`),
+    where the output has too few tiles to fill the SMs and the sum is long (TCCG case 19: a
+    72×5184 output summed over 5184): each part's blocks write their partial products into a
+    workspace of ``parts`` C-contiguous outputs, then one point-wise kernel adds the parts, in
+    the same order every run, into ``out`` (so the same bits every run; the rounding differs from
+    GETT's by the split). Timed in place as GETT is (a factor of 0 adds zeros to ``out``); a
+    fresh output is written, not cleared first."""
+
+    name = "splitk"
+    in_place = True
+    writes_fresh = True
+
+    def applies(self, be, c, out, a, b) -> bool:
+        return bool(be._split(c, out, a, b))
+
+    def configurations(self, be, c, out, a, b) -> dict:
+        return self.named(be._split(c, out, a, b))
+
+    @staticmethod
+    def named(candidates) -> dict:
+        """Candidate name (``splitk:<order>:<config>:<parts>``) -> configuration (the order, the
+        :class:`~chainexec.kernels.gett.GettConfig` fields and the parts) of (order,
+        configuration, parts) ``candidates``."""
+        return {f"splitk:{order}:{cfg.name()}:{parts}": {"order": order, **asdict(cfg), "parts": parts}
+                for order, cfg, parts in candidates}
+
+    def workspace(self, out, a, b) -> int:
+        return max(gett.SPLIT_PARTS) * out.nbytes
+
+    def kernels(self, be, config, c, out, a, b) -> list:
+        from chainexec.runtime.kernelcache import OPTIONS, POINTWISE_OPTIONS
+
+        cfg = gett.GettConfig(**{k: v for k, v in config.items() if k not in ("order", "parts")})
+        parts = be.xp.empty((config["parts"],) + out.shape, out.dtype)
+        return [(cfg.name(), gett.source(cfg), OPTIONS)] + [
+            (name, text, POINTWISE_OPTIONS) for fresh in (True, False)
+            for name, text in pointwise.launch_kernels(be.xp, _parts_sum(config["parts"], fresh), list(parts), out)]
+
+    def add(self, be, config, c, out, a, b, factor: float, beta: float = 1.0) -> None:
+        """``out = factor · a·b + beta · out`` (``beta`` 0 or 1) by the split GETT of ``config``;
+        where no split is offered here (chosen on a probe or for a classmate), by GETT on the
+        whole sum, else the direct kernel."""
+        if be._split(c, out, a, b):
+            be._split_call(config, c, out, a, b, factor, beta)
+        elif be._problem(c, out, a, b) is not None:
+            REGISTRY["gett"].add(be, {k: v for k, v in config.items() if k != "parts"}, c, out, a, b, factor, beta)
+        else:
+            if beta == 0.0:
+                be.clear(out)
+            REGISTRY["direct"].add(be, None, c, out, a, b, factor)
+
+    def run(self, be, config, c, out, a, b, fresh) -> None:
+        self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
+
+
+def _parts_sum(parts: int, fresh: bool) -> str:
+    """Point-wise code that adds ``parts`` partial products (``p0``…) in order, onto ``out``'s
+    value (``y``) unless ``fresh``."""
+    terms = " + ".join(f"p{z}" for z in range(parts))
+    return terms if fresh else f"y + ({terms})"
+
+
 class Batched(Method):
     """cuBLAS batched GEMMs over the operands as they lie (:meth:`Methods.batched_gemm`); TTGT
     where the tile has no layout (chosen on a probe)."""
@@ -475,8 +542,8 @@ class Cutensor(Method):
         _cutensor(be.xp).contraction(c.factor, a, tuple(modes[0]), b, tuple(modes[1]), 1.0, out, tuple(modes[2]))
 
 
-REGISTRY = {m.name: m for m in (Gett(), Packed(), Batched(), Relayout(), Kernel(), Ttgt(), Einsum(), Direct(),
-                                Cutensor())}
+REGISTRY = {m.name: m for m in (Gett(), Packed(), SplitK(), Batched(), Relayout(), Kernel(), Ttgt(), Einsum(),
+                                Direct(), Cutensor())}
 """The contraction methods by name, in the order the autotuner lists its candidates. Workspaces:
 TTGT and the COGENT kernel may copy both operands and make an output-sized product (or temporary
 output), ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the direct kernel
@@ -732,6 +799,44 @@ class Methods:
                 or all(x.transpose(perm).flags.c_contiguous for x, perm in ((a, pa), (b, pb)))):
             return None
         return self._problem(moved, out, *_described(a, b, pa, pb))
+
+    def _split(self, c: Contraction, out, a, b) -> list:
+        """The (order, configuration, parts) candidates of a split sum for these operands
+        (:func:`~chainexec.kernels.gett.split_configs` on the problems of a C-contiguous output
+        of ``out``'s shape, the parts' workspace), cached with them; empty where GETT does not
+        apply or no split fills idle SMs."""
+        found = self._problem(c, _Contiguous(tuple(out.shape), out.dtype), a, b)
+        if found is None:
+            return []
+        key = self._key(c, out, a, b)
+        if key not in self._splits:
+            dev = self.xp.cuda.Device()
+            sms, arch = dev.attributes["MultiProcessorCount"], int(dev.compute_capability)
+            self._splits[key] = [(order, cfg, parts) for order, (p, _) in found[0].items()
+                                 for cfg, parts in gett.split_configs(p, sms, arch)]
+        return self._splits[key]
+
+    def _split_call(self, config: dict, c: Contraction, out, a, b, alpha: float, beta: float) -> None:
+        """``out = alpha · a·b + beta · out`` (``beta`` 0 or 1) by the split GETT of ``config``:
+        the parts' partial products into a workspace of ``parts`` C-contiguous outputs
+        (:func:`~chainexec.runtime.launch.launch_gett`), then added up into ``out``
+        (:func:`_parts_sum`)."""
+        from chainexec.runtime import launch
+
+        fields = dict(config)
+        order, parts = fields.pop("order"), fields.pop("parts")
+        cfg = gett.GettConfig(**fields)
+        probs, _ = self._problem(c, _Contiguous(tuple(out.shape), out.dtype), a, b)
+        if order not in probs or (cfg.a_k_fast, cfg.b_n_fast) != (probs[order][0].a_k_fast, probs[order][0].b_n_fast):
+            # chosen on a probe whose cut made another order or load direction win: the first
+            # split here of that order, else the first
+            cands = self._split(c, out, a, b)
+            order, cfg, parts = next((x for x in cands if x[0] == order), cands[0])
+        prob, tables = probs[order]
+        left, right = (b, a) if prob.swap else (a, b)
+        work = self.xp.empty((parts,) + tuple(out.shape), out.dtype)
+        launch.launch_gett(cfg, tables, work, left, right, alpha, 0.0, parts)
+        pointwise.launch(self.xp, _parts_sum(parts, beta == 0.0), list(work), out)
 
     def _contiguous(self, view):
         """A C-contiguous copy of a permuted view, by a generated point-wise kernel, which reads

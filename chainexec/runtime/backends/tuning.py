@@ -135,7 +135,7 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 17
+TUNING_VERSION = 18
 """The tuning cache's format version, the first part of every key: raised when methods, GETT
 configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
 recorded by older code are not read back."""
@@ -581,7 +581,7 @@ class Autotuner:
         """Candidate -> the cost model's seconds for these operands
         (:func:`chainexec.runtime.backends.costmodel.predict`)."""
         ops = [costmodel.operand(i, x) for i, x in ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b))]
-        gett = any(m.split(":")[0] in ("gett", "packed") for m in cands)  # only GETT's model counts the SMs
+        gett = any(m.split(":")[0] in ("gett", "packed", "splitk") for m in cands)  # only GETT's models count the SMs
         sm_count = self.xp.cuda.Device().attributes["MultiProcessorCount"] if gett else 0
         return {m: costmodel.predict(m.split(":")[0], cfg, *ops, out.itemsize, sm_count) for m, cfg in cands.items()}
 
