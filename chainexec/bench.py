@@ -15,7 +15,8 @@ alone, the host's time to issue it left out for every method alike
 (:class:`~chainexec.runtime.devicetime.Stopwatch`; median of repeats after a warm-up;
 :data:`HOPELESS`). ``chainexec`` is what the runtime's selector takes (the fastest of
 GETT on the operands, on packed copies or split, batched GEMM in place or relaid, COGENT, TTGT plain or
-pipelined, cupy.einsum and cuTENSOR); its ratio to the best library is read from the two sides' near-fastest methods timed
+pipelined, cupy.einsum and cuTENSOR); its ratio to the best library is read from the two sides'
+near-fastest methods timed
 again together in rounds (:func:`contenders`, :func:`time_together`). The measured cuBLAS DGEMM
 rate is recorded for scale.
 
@@ -466,7 +467,8 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     row["bound_ms"] = bound_ms(flops, sum(nbytes.values()), *roof)
     row["ceiling_vs_best_library"] = row["library_ms"] / row["bound_ms"]
     row["of_bound"] = row["bound_ms"] / row["chainexec_ms"]
-    for key in ("bound", "chainexec", "library", "generated", "gett", "packed", "splitk", "batched", "relayout", "cogent", *(
+    for key in ("bound", "chainexec", "library", "generated", "gett", "packed", "splitk", "batched", "relayout",
+                "cogent", *(
             k for k in times if k.split(":")[0] == "ttgt"), "cupy_einsum", "torch_einsum", "cutensor", "ttgt_view",
                 "cupy_einsum_view", "torch_einsum_view"):
         if f"{key}_ms" in row:

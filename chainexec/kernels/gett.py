@@ -1019,7 +1019,7 @@ def source(cfg: GettConfig) -> str:
     L += _fetch(cfg, f"t + {cfg.stages}", "    ")
     L += [f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
           "    __syncthreads();",
-          f"    const int cur = (int)((t - t0) % {cfg.stages}) * A_STAGE, curb = (int)((t - t0) % {cfg.stages}) * B_STAGE;",
+          f"    const int now = (int)((t - t0) % {cfg.stages}), cur = now * A_STAGE, curb = now * B_STAGE;",
           "    #pragma unroll",
           f"    for (int kk = 0; kk < {cfg.bk}; kk += {cfg.kstep}) {{",
           f"      double fa[{cfg.mma_m}][{len(fa_offs)}], fb[{cfg.mma_n}][{len(fb_offs)}];",

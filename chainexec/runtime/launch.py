@@ -168,10 +168,10 @@ class GettTables:
         (gridDim.z, :func:`chainexec.kernels.gett.split_configs`) at the tables' index width,
         made at the first call and kept per (configuration, parts, device): a launch per tile
         then only adds the operands, the parts' distance and the scalars. Batches beyond
-        gridDim.y's limit go in several launches, each with its slice of the batch tables. Raises ValueError for a short-sum or bulk-copy configuration whose
-        sum is shorter than the tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`), and
-        for a bulk-copy one whose copies do not fit B's runs along n
-        (:func:`~chainexec.kernels.gett.bulk_copies`)."""
+        gridDim.y's limit go in several launches, each with its slice of the batch tables.
+        Raises ValueError for a short-sum or bulk-copy configuration whose sum is shorter than the
+        tables' (:attr:`~chainexec.kernels.gett.GettConfig.span`), and for a bulk-copy one whose
+        copies do not fit B's runs along n (:func:`~chainexec.kernels.gett.bulk_copies`)."""
         import cupy
 
         key = (cfg, parts, cupy.cuda.Device().id)

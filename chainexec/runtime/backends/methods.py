@@ -803,17 +803,23 @@ class Methods:
     def _split(self, c: Contraction, out, a, b) -> list:
         """The (order, configuration, parts) candidates of a split sum for these operands
         (:func:`~chainexec.kernels.gett.split_configs` on the problems of a C-contiguous output
-        of ``out``'s shape, the parts' workspace), cached with them; empty where GETT does not
-        apply or no split fills idle SMs."""
-        found = self._problem(c, _Contiguous(tuple(out.shape), out.dtype), a, b)
-        if found is None:
+        of ``out``'s shape, the parts' workspace), cached by shapes and strides; empty where
+        GETT does not apply, no split fills idle SMs, or the split problems' tables (made here,
+        only where a split is offered) would not fit the room (:meth:`_problem`)."""
+        if out.dtype != np.float64 or out.size < GETT_MIN_OUTPUT:
             return []
         key = self._key(c, out, a, b)
         if key not in self._splits:
+            whole = _Contiguous(tuple(out.shape), out.dtype)
+            strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
+                            ((c.out_indices, whole), (c.a_indices, a), (c.b_indices, b)))
+            probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices),
+                                  index_extents(c, a, b), strides)
             dev = self.xp.cuda.Device()
             sms, arch = dev.attributes["MultiProcessorCount"], int(dev.compute_capability)
-            self._splits[key] = [(order, cfg, parts) for order, (p, _) in found[0].items()
-                                 for cfg, parts in gett.split_configs(p, sms, arch)]
+            found = [(order, cfg, parts) for order, p in probs.items()
+                     for cfg, parts in gett.split_configs(p, sms, arch)]
+            self._splits[key] = found if found and self._problem(c, whole, a, b) is not None else []
         return self._splits[key]
 
     def _split_call(self, config: dict, c: Contraction, out, a, b, alpha: float, beta: float) -> None:
