@@ -233,14 +233,15 @@ def nvcc_reports(tmp_path: Path, sources: list[str]) -> list[str]:
 
 def gett_spills(tmp_path: Path, cfgs: list) -> list[int]:
     """Bytes of spill stores ptxas reports for each GETT-family configuration's kernel
-    (:func:`chainexec.kernels.gett.source`), compiled for sm_90 in two sources; fails the test
-    where a kernel is missing from the report."""
+    (:func:`chainexec.kernels.gett.source`), in the order of ``cfgs`` (matched by kernel name:
+    ptxas reports the kernels in an order of its own), compiled for sm_90 in two sources; fails
+    the test where a kernel is missing from the report."""
     import re
 
     from chainexec.kernels import gett
 
     log = "".join(nvcc_reports(tmp_path, ["\n".join(gett.source(c) for c in cfgs[part::2]) for part in range(2)]))
-    assert len(re.findall(r"Compiling entry function", log)) == len(cfgs)
-    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-    assert len(spills) == len(cfgs)
-    return spills
+    found = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", log, re.S))
+    names = [c.name() for c in cfgs]
+    assert len(re.findall(r"Compiling entry function", log)) == len(cfgs) and set(found) == set(names)
+    return [int(found[n]) for n in names]

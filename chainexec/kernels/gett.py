@@ -918,7 +918,7 @@ def signature(cfg: GettConfig) -> list[str]:
             f'extern "C" __global__ void __launch_bounds__({cfg.threads}, 1)',
             f"{cfg.name()}(double* __restrict__ C, const double* __restrict__ A, const double* __restrict__ B,",
             "    " + ", ".join(f"const idx* __restrict__ off{t}" for t in TABLE_ORDER) + ",",
-            "    const idx M, const idx N, const idx K, const idx tilesN, const idx part,",
+            "    const idx M, const idx N, idx K, const idx tilesN, const idx part,",
             "    const double alpha, const double beta)"]
 
 
@@ -944,9 +944,12 @@ def source(cfg: GettConfig) -> str:
     ``long long`` where ``cfg.wide``); grid ``(ceil(M/bm) * tilesN, L, parts)``, block
     ``cfg.threads``, dynamic shared memory ``cfg.smem_bytes()``. ``C = alpha·A·B + beta·C`` (C
     not read when ``beta == 0``). Every element of C is written by exactly one thread. With
-    ``parts > 1`` (gridDim.z) the sum is split into parts of whole k-tiles, ``ceil(tiles /
-    parts)`` each (the last fewer, or none), and part ``z`` writes its partial product to
-    ``C + z·part`` (:func:`split_configs`: the caller adds the parts up). A short-sum
+    ``parts > 1`` (gridDim.z) the sum is split into parts of whole k-tiles, part ``z`` the
+    k-tiles ``z·T/parts`` up to ``(z+1)·T/parts`` of T (rounded down: every part ``T/parts``
+    k-tiles or one more, none empty while ``parts <= T``), and it writes its partial product
+    to ``C + z·part`` (:func:`split_configs`: the caller adds the parts up). A block of a part
+    shifts the k-tables past the parts before it and sums a shorter K, so that the main loop is
+    the same as unsplit. A short-sum
     configuration (``cfg.span``) gets :func:`chainexec.kernels.shortsum.source`'s kernel, a
     bulk-copy one (``cfg.bulk``) :func:`chainexec.kernels.bulk.source`'s."""
     if cfg.bulk:
@@ -1003,23 +1006,28 @@ def source(cfg: GettConfig) -> str:
           f"    for (int j = 0; j < {cfg.mma_n}; ++j)",
           "      #pragma unroll",
           f"      for (int q = 0; q < {acc}; ++q) acc[i][j][q] = 0.0;",
-          "  // the block's part of the sum: k-tiles t0 up to tiles, its partial product at C + z·part",
-          f"  const idx ktiles = (K + {cfg.bk - 1}) / {cfg.bk}, per = (ktiles + gridDim.z - 1) / gridDim.z;",
-          "  const idx t0 = (idx)blockIdx.z * per, tiles = t0 + per < ktiles ? t0 + per : ktiles;",
-          "  C += (idx)blockIdx.z * part;",
+          "  {  // the block's part z of the sum: k-tiles z*T/Z up to (z+1)*T/Z of T, its product at C + z*part",
+          f"    const idx ktiles = (K + {cfg.bk - 1}) / {cfg.bk};",
+          f"    const idx first = ktiles * blockIdx.z / gridDim.z * {cfg.bk};",
+          f"    const idx last = ktiles * (blockIdx.z + 1) / gridDim.z * {cfg.bk};",
+          "    offak += first; offbk += first;",
+          "    K = (last < K ? last : K) - first;",
+          "    C += (idx)blockIdx.z * part;",
+          "  }",
+          f"  const idx tiles = (K + {cfg.bk - 1}) / {cfg.bk};",
           f"  idx kA[{_k_reads(cfg, 'A')}], kB[{_k_reads(cfg, 'B')}];",
           f"  bool fA[{_k_reads(cfg, 'A')}], fB[{_k_reads(cfg, 'B')}];",
           "  // prologue: the first stages-1 tiles in flight, and the next tile's k offsets read",
           f"  for (int s = 0; s < {cfg.stages - 1}; ++s) {{"]
-    L += _fetch(cfg, "t0 + s", "    ") + _issue(cfg, "t0 + s", "s", "    ")
-    L += ["  }"] + _fetch(cfg, f"t0 + {cfg.stages - 1}", "  ")
-    L += ["  for (idx t = t0; t < tiles; ++t) {"]
-    L += _issue(cfg, f"t + {cfg.stages - 1}", f"(int)((nt - t0) % {cfg.stages})", "    ")
+    L += _fetch(cfg, "s", "    ") + _issue(cfg, "s", "s", "    ")
+    L += ["  }"] + _fetch(cfg, f"{cfg.stages - 1}", "  ")
+    L += ["  for (idx t = 0; t < tiles; ++t) {"]
+    L += _issue(cfg, f"t + {cfg.stages - 1}", f"(int)(nt % {cfg.stages})", "    ")
     L += ["    // the next tile's k offsets: their reads complete while this tile is computed"]
     L += _fetch(cfg, f"t + {cfg.stages}", "    ")
     L += [f'    asm volatile("cp.async.wait_group {cfg.stages - 1};\\n" ::);',
           "    __syncthreads();",
-          f"    const int now = (int)((t - t0) % {cfg.stages}), cur = now * A_STAGE, curb = now * B_STAGE;",
+          f"    const int cur = (int)(t % {cfg.stages}) * A_STAGE, curb = (int)(t % {cfg.stages}) * B_STAGE;",
           "    #pragma unroll",
           f"    for (int kk = 0; kk < {cfg.bk}; kk += {cfg.kstep}) {{",
           f"      double fa[{cfg.mma_m}][{len(fa_offs)}], fb[{cfg.mma_n}][{len(fb_offs)}];",

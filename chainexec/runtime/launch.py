@@ -258,15 +258,17 @@ def launch_gett(cfg, tables: GettTables, C, A, B, alpha: float, beta: float, par
     product into ``C[z]``. The kernel's index width is the tables' (``cfg.wide`` is set from them;
     :meth:`GettTables.launches`). Raises ValueError for a bulk-copy configuration where B's base
     is not on :data:`BULK_ALIGN` bytes, and for a split one that is not a GETT configuration
-    (the short-sum and bulk-copy kernels do not split) or whose ``C`` is not such a stack."""
+    (the short-sum and bulk-copy kernels do not split), whose ``C`` is not such a stack, or
+    whose stack 32-bit offsets do not reach (:data:`~chainexec.kernels.gett.NARROW`)."""
     import numpy as np
 
     fn, cubin, name, threads, smem, index, launches = tables.launches(cfg, parts)
     if cfg.bulk and B.data.ptr % BULK_ALIGN:
         raise ValueError(f"{name} copies B by bulk copies, which need its base on {BULK_ALIGN} bytes")
-    if parts > 1 and (cfg.span or C.shape[0] != parts or not C.flags.c_contiguous):
+    if parts > 1 and (cfg.span or C.shape[0] != parts or not C.flags.c_contiguous
+                      or (index is np.int32 and C.size >= gett.NARROW)):
         raise ValueError(f"{name} split into {parts} parts needs a GETT configuration and a C-contiguous stack of "
-                         f"{parts} outputs, not shape {C.shape}")
+                         f"{parts} outputs within its offsets' reach, not shape {C.shape}")
     kernelcache.note(cubin, name)  # each call: the autotuner's first one is paused
     tail = (index(C.size // parts if parts > 1 else 0), np.float64(alpha), np.float64(beta))
     for grid, args in launches:

@@ -236,27 +236,30 @@ def test_gett_writes_a_fresh_output_without_reading_it(fresh, monkeypatch):
 
 SPLIT = [
     # (C, A, B, sizes): TCCG case 19's indices at prime extents (the sum of 1073 in 68 k-tiles),
-    # case 13's (a sum of two indices, A's stride-1 index summed) and a sum of 15 (one k-tile:
-    # every part but the first empty)
+    # case 13's (a sum of two indices, A's stride-1 index summed), a sum of 15 (one k-tile: with
+    # 2 or 16 parts, every part but one empty) and a batch index l (the batch tables per part)
     ("abc", "adec", "ebd", dict(a=9, b=20, c=11, d=37, e=29)),
     ("ab", "acd", "dbc", dict(a=23, b=17, c=31, d=41)),
     ("abc", "adec", "ebd", dict(a=9, b=20, c=11, d=3, e=5)),
+    ("lab", "lak", "lkb", dict(l=5, a=19, b=13, k=301)),
 ]
 
 
 @pytest.mark.parametrize("view", [False, True])
 @pytest.mark.parametrize("c,a,b,sizes", SPLIT)
-def test_split_sums_are_correct(c, a, b, sizes, view):
+def test_split_sums_are_correct(c, a, b, sizes, view, monkeypatch):
     """Every split candidate (:func:`gett.split_configs` on 132 SMs), and 2 and 16 parts of its
     first shape: the parts' partial products, written into a NaN-poisoned stack of outputs,
-    add up to ``alpha·A·B`` against NumPy; a part past the last k-tile writes zeros. Operands
-    contiguous, or views of larger buffers."""
+    add up to ``alpha·A·B`` against NumPy, each part its k-tiles z·T/Z up to (z+1)·T/Z (a part
+    of none writes zeros). Operands contiguous, or views of larger buffers; a batch of 5 in
+    launches of 2 batches at most (gridDim.y's limit lowered)."""
+    monkeypatch.setattr(launch, "MAX_GRID_Y", 2)
     hA, hB = _arrays(c, a, b, sizes, seed=4, view=view)[1:]
     A, B = _device_views((hA, hB), view)
     ref = 0.5 * np.einsum(f"{a},{b}->{c}", hA, hB)
     shape = tuple(sizes[i] for i in c)
     strides = (_strides(np.empty(shape), c), _strides(A, a), _strides(B, b))
-    K = int(np.prod([sizes[i] for i in a if i in b]))
+    K = int(np.prod([sizes[i] for i in a if i in b and i not in c]))
     ran = 0
     for order, p in gett.variants(tuple(c), tuple(a), tuple(b), sizes, strides).items():
         tables = launch.GettTables(p, strides)
@@ -267,8 +270,8 @@ def test_split_sums_are_correct(c, a, b, sizes, view):
             launch.launch_gett(cfg, tables, W, left, right, 0.5, 0.0, parts)
             assert _relerr(W.sum(axis=0).get(), ref) <= 1e-12, (order, cfg.name(), parts)
             ktiles = -(-K // cfg.bk)
-            per = -(-ktiles // parts)
-            assert not cupy.any(W[-(-ktiles // per):]), (order, cfg.name(), parts)
+            empty = [z for z in range(parts) if ktiles * z // parts == ktiles * (z + 1) // parts]
+            assert len(empty) == max(0, parts - ktiles) and not cupy.any(W[empty]), (order, cfg.name(), parts)
             ran += 1
     assert ran >= 2
 
@@ -298,6 +301,33 @@ def test_split_gett_writes_or_adds_the_parts_sum(fresh, view, monkeypatch):
     C[...] = before
     be.contract(term, C, A, B, fresh)
     assert cupy.array_equal(C, again)
+
+
+def test_a_split_chosen_elsewhere_runs_the_first_split_here_and_another_beta_is_refused():
+    """A split configuration decided for another load direction or an order this problem lacks
+    (a classmate's, a probe's) runs the first split candidate of this problem, correctly; without
+    any split here (an output too small for GETT) the method runs the direct kernel; ``beta``
+    other than 0 or 1 is refused before anything runs."""
+    be = device.select("cupy")
+    sizes = dict(a=19, b=20, c=11, d=37, e=29)
+    hC, hA, hB = _arrays("abc", "adec", "ebd", sizes, seed=8, view=False)
+    C, A, B = _device_views((hC, hA, hB), False)
+    c = _contraction(("C", "abc"), ("A", "adec"), ("B", "ebd"), factor=2.0)
+    ref = 2.0 * np.einsum("adec,ebd->abc", hA, hB)
+    order, cfg, parts = be._split(c, C, A, B)[0]
+    for bad in ({"order": "elsewhere"}, {"a_k_fast": not cfg.a_k_fast, "parts": 16}):
+        config = {"order": order, **asdict(cfg), "parts": parts} | bad
+        C[...] = cupy.nan
+        methods.REGISTRY["splitk"].run(be, config, c, C, A, B, True)
+        assert _relerr(C.get(), ref) <= 1e-12
+    with pytest.raises(ValueError, match="beta 0 or 1"):
+        be._split_call({"order": order, **asdict(cfg), "parts": parts}, c, C, A, B, 1.0, 0.5)
+    small = dict(a=3, b=4, c=5, d=37, e=29)
+    hC, hA, hB = _arrays("abc", "adec", "ebd", small, seed=9, view=False)
+    C, A, B = _device_views((hC, hA, hB), False)
+    assert not be._split(c, C, A, B)
+    methods.REGISTRY["splitk"].run(be, {"order": order, **asdict(cfg), "parts": parts}, c, C, A, B, False)
+    assert _relerr(C.get(), hC + 2.0 * np.einsum("adec,ebd->abc", hA, hB)) <= 1e-12
 
 
 def test_elementwise_statements_make_no_temporaries():

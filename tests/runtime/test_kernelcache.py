@@ -107,15 +107,18 @@ LOADS: list[str] = []  # the CUBIN files modules were loaded from, in order
 
 
 class _Function:
-    """A loaded kernel as CuPy returns it: its dynamic shared memory limit, and its launches."""
+    """A loaded kernel as CuPy returns it: its dynamic shared memory limit, and its launches
+    (each one's grid and arguments kept)."""
 
     def __init__(self):
         self.max_dynamic_shared_size_bytes = 0
         self.launches = 0
         self.num_regs = 32
+        self.calls = []
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, grid, block, args, **kwargs):
         self.launches += 1
+        self.calls.append((grid, args))
 
 
 @pytest.fixture
@@ -201,6 +204,36 @@ def test_a_gett_batch_beyond_the_grid_limit_goes_in_several_launches(device, mon
         assert [int(x) for x in args[9:]] == [40, 24, 16, -(-24 // cfg.bn)]
     launch.launch_gett(cfg, tables, None, None, None, 1.0, 0.0)
     assert fn.launches == 3
+    # the scalars last, after the parts' distance (0 unsplit): C, A, B, 9 tables, 4 extents, 3 more
+    assert all(len(args) == 19 and [type(x) for x in args[-3:]] == [np.int32, np.float64, np.float64]
+               and [float(x) for x in args[-3:]] == [0, 1.0, 0.0] for _, args in fn.calls)
+
+
+def test_a_split_gett_launch_passes_the_parts_and_their_distance(device):
+    """A sum split into 4 parts launches gridDim.z = 4 with the distance between the parts'
+    outputs (the elements of one) before the scalars; a stack that is not C-contiguous, of
+    another count, or of a short-sum configuration is refused."""
+    from chainexec.kernels import gett
+
+    sizes = dict(a=40, b=24, k=160)
+    strides = ({"a": 24, "b": 1}, {"a": 160, "k": 1}, {"k": 24, "b": 1})
+    tables = launch.GettTables(gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, strides), strides)
+    cfg = gett.GettConfig(2, 2, 2, 2, 16, 2, "m16n8k4", True, True)
+    W = np.zeros((4, 40, 24))
+    launch.launch_gett(cfg, tables, W, None, None, 0.5, 0.0, parts=4)
+    fn, _ = launch.gett_function(cfg)
+    (grid, args), = fn.calls
+    assert grid[2] == 4 and [float(x) for x in args[-3:]] == [40 * 24, 0.5, 0.0]
+    for bad in (W[:, :, ::2], np.zeros((3, 40, 24))):
+        with pytest.raises(ValueError, match="split into 4 parts"):
+            launch.launch_gett(cfg, tables, bad, None, None, 0.5, 0.0, parts=4)
+    sizes["k"] = 16
+    strides[1]["a"] = 16
+    tables = launch.GettTables(gett.problem(("a", "b"), ("a", "k"), ("k", "b"), sizes, strides), strides)
+    short = gett.GettConfig(4, 1, 4, 4, 16, 2, "m16n8k4", True, True, span=128)
+    assert short.valid()
+    with pytest.raises(ValueError, match="split into 4 parts"):
+        launch.launch_gett(short, tables, W, None, None, 0.5, 0.0, parts=4)
 
 
 def test_loading_a_kernel_is_not_a_use(device):

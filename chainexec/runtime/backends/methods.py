@@ -4,7 +4,8 @@ times, the device temporaries it makes, and how it runs; and the state they shar
 (:class:`Methods`: GETT's offset tables, batched-GEMM layouts, COGENT kernels, relayout copies).
 
 ``gett`` (the generated GETT kernel on FP64 tensor cores), ``packed`` (the same on copies of the
-operands packed in the output's order), ``batched`` (cuBLAS batched GEMMs over
+operands packed in the output's order), ``splitk`` (the same with its sum split into parts
+added up after it, where the output's blocks leave SMs idle), ``batched`` (cuBLAS batched GEMMs over
 the operands as they lie, the strided-batched GEMM paper), ``relayout`` (the same on permuted
 copies of the operands), ``kernel`` (the generated COGENT kernel), ``ttgt``
 (transpose-transpose-GEMM-transpose), ``einsum`` (``cupy.einsum``, so the choice is never slower
@@ -12,8 +13,8 @@ than it), ``direct`` (a thread per output element: slow, but it applies to every
 needs no memory, so a plan that fills the device limit has a method that keeps within it) and
 ``cutensor`` (NVIDIA's cuTENSOR, where libcutensor is installed).
 
-Views: GETT, batched GEMM, cuTENSOR and the direct kernel work on the views as they lie; packed
-GETT and relayout copy the operands; TTGT, ``cupy.einsum`` and the COGENT kernel make contiguous
+Views: GETT, split GETT, batched GEMM, cuTENSOR and the direct kernel work on the views as they
+lie (split GETT writes its parts into a workspace); packed GETT and relayout copy the operands; TTGT, ``cupy.einsum`` and the COGENT kernel make contiguous
 copies and product temporaries, workspace outside the plan's buffers.
 """
 
@@ -327,10 +328,10 @@ class SplitK(Method):
         from chainexec.runtime.kernelcache import OPTIONS, POINTWISE_OPTIONS
 
         cfg = gett.GettConfig(**{k: v for k, v in config.items() if k not in ("order", "parts")})
-        parts = be.xp.empty((config["parts"],) + out.shape, out.dtype)
+        parts = [_Contiguous(tuple(out.shape), out.dtype)] * config["parts"]
         return [(cfg.name(), gett.source(cfg), OPTIONS)] + [
             (name, text, POINTWISE_OPTIONS) for fresh in (True, False)
-            for name, text in pointwise.launch_kernels(be.xp, _parts_sum(config["parts"], fresh), list(parts), out)]
+            for name, text in pointwise.launch_kernels(be.xp, _parts_sum(config["parts"], fresh), parts, out)]
 
     def add(self, be, config, c, out, a, b, factor: float, beta: float = 1.0) -> None:
         """``out = factor · a·b + beta · out`` (``beta`` 0 or 1) by the split GETT of ``config``;
@@ -549,7 +550,9 @@ TTGT and the COGENT kernel may copy both operands and make an output-sized produ
 output), ``cupy.einsum`` one more output-sized array; GETT, batched GEMM and the direct kernel
 make none (GETT's offset tables, kept for the process, are checked against the room by
 :meth:`Methods._problem`; batched GEMM's pointer tables, 24 bytes per GEMM of a pointer-array
-call, are not counted); ``packed`` and ``relayout`` copy both operands; cuTENSOR's is counted as one output.
+call, are not counted); ``packed`` and ``relayout`` copy both operands; ``splitk`` makes up to
+``max(SPLIT_PARTS)`` outputs (and keeps the offset tables of a C-contiguous output, as GETT's);
+cuTENSOR's is counted as one output.
 (Where batched GEMM or relayout was chosen on a probe and the tile has no layout, the fallback's
 TTGT temporaries are not in this bound: a failed allocation then falls back to GETT,
 :meth:`chainexec.runtime.backends.tuning.Autotuner.contract`.)"""
@@ -826,9 +829,11 @@ class Methods:
         """``out = alpha · a·b + beta · out`` (``beta`` 0 or 1) by the split GETT of ``config``:
         the parts' partial products into a workspace of ``parts`` C-contiguous outputs
         (:func:`~chainexec.runtime.launch.launch_gett`), then added up into ``out``
-        (:func:`_parts_sum`)."""
+        (:func:`_parts_sum`). Raises ValueError for another ``beta``."""
         from chainexec.runtime import launch
 
+        if beta not in (0.0, 1.0):
+            raise ValueError(f"a split sum adds into its output with beta 0 or 1, not {beta}")
         fields = dict(config)
         order, parts = fields.pop("order"), fields.pop("parts")
         cfg = gett.GettConfig(**fields)
@@ -859,8 +864,8 @@ class Methods:
     def _candidates(self, c: Contraction, out, a, b) -> dict:
         """Candidate name -> configuration (plain data, or None), for every method of
         :data:`REGISTRY` that applies: ``gett:<order>:<config>`` and ``packed:<order>:<config>``
-        for the model's top GETT candidates on the operands and on their packed copies, else the
-        method's name."""
+        for the model's top GETT candidates on the operands and on their packed copies,
+        ``splitk:<order>:<config>:<parts>`` for the split sums, else the method's name."""
         cands = {}
         for method in REGISTRY.values():
             if method.applies(self, c, out, a, b):

@@ -118,14 +118,15 @@ def _probe(c: Contraction, out, a, b, limit: int = TUNE_BYTES) -> tuple:
 @dataclass
 class Choice:
     """How :class:`CupyBackend` contracts one (contraction, shapes, strides, dtype): ``method``
-    is ``gett``, ``packed``, ``batched``, ``relayout``, ``kernel``, ``ttgt``, ``einsum``,
-    ``cutensor`` or ``direct``; for a run of contractions into
+    is ``gett``, ``packed``, ``splitk``, ``batched``, ``relayout``, ``kernel``, ``ttgt``,
+    ``einsum``, ``cutensor`` or ``direct``; for a run of contractions into
     one buffer ``sum`` or ``summma`` (a sum kernel), ``terms`` (one by one), ``split`` (some terms in
     a sum kernel, the others one by one) or ``stack`` (the terms that stack as one contraction per
     stack, :mod:`chainexec.kernels.stacking`, the others one by one); ``seconds`` the best timed run of every candidate
     compared (empty when the method was forced, the cost models left one, or a classmate's was
-    taken); ``config`` the GETT order (GETT's and packed GETT's)
-    and configuration (:class:`~chainexec.kernels.gett.GettConfig` fields) or the sum kernel's
+    taken); ``config`` the GETT order (GETT's, packed and split GETT's)
+    and configuration (:class:`~chainexec.kernels.gett.GettConfig` fields; split GETT's with its
+    ``parts``) or the sum kernel's
     (:class:`~chainexec.kernels.sumkernel.SumConfig`, :class:`~chainexec.kernels.summma.MmaConfig`),
     for ``split`` ``{"kind", "config", "terms"}`` (the kernel, its configuration, the positions of
     its terms), else None."""
