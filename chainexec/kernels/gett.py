@@ -787,8 +787,8 @@ def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int, parts: int = 1
     DRAM traffic, each stream inflated by the sectors its access pattern wastes (C is stored 8
     consecutive n at a time): C read and written once; each B tile read once per raster group
     (:data:`RASTER`: the group's blocks that read it run together); each A tile once where a
-    group's row tiles fit in :data:`L2_SHARE` (they stay in L2 while the group's columns
-    pass), else once per block column. A sum split into ``parts`` (:func:`split_configs`) has
+    group's row tiles (RASTER of them, or all of M's where fewer) fit in :data:`L2_SHARE` (they
+    stay in L2 while the group's columns pass), else once per block column. A sum split into ``parts`` (:func:`split_configs`) has
     that many times the blocks, and writes and reads back ``parts`` outputs besides."""
     M, N, K, L = p.dims
     tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
@@ -800,7 +800,7 @@ def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int, parts: int = 1
     run_c, run_a, run_b = p.runs
     amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
     amp_b = _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk)
-    reads_a = 1 if RASTER * cfg.bm * K * ELEM <= L2_SHARE else tn
+    reads_a = 1 if min(RASTER, tm) * cfg.bm * K * ELEM <= L2_SHARE else tn
     reads_b = -(-tm // RASTER)
     traffic = ELEM * L * (M * K * reads_a * amp_a + K * N * reads_b * amp_b + 2 * M * N * _amplification(run_c, 8))
     if parts > 1:

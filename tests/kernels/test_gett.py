@@ -449,6 +449,23 @@ def test_a_split_counts_its_blocks_and_its_parts_outputs(monkeypatch):
     assert split - whole == pytest.approx(2 * 6 * gett.ELEM * M * N * L / 3.0e12)
 
 
+def test_a_single_row_tile_of_a_is_read_once(monkeypatch):
+    """Case 19's A (the 72×5184 operand) in one block row of 80: the group of row tiles in L2 is
+    that one (3.3 MB), not RASTER of them, so A is read once however many block columns pass;
+    doubling N adds only B's and C's bytes of the new columns."""
+    monkeypatch.setattr(gett, "PEAK_FLOPS", math.inf)
+    sizes = dict(SPLIT_CASES[0][3])
+    cfg = None
+    seconds = []
+    for a in (72, 144):
+        p = _split_problems("abc", "adec", "ebd", sizes | {"a": a})["load"]
+        cfg = cfg or gett.GettConfig(1, 4, 5, 4, 16, 3, "m16n8k4", p.a_k_fast, p.b_n_fast)
+        seconds.append(gett.predicted_seconds(p, cfg, 132))
+    M, N, K, _ = _split_problems(*SPLIT_CASES[0][:4])["load"].dims
+    assert -(-M // cfg.bm) == 1 and p.runs[0] > 8
+    assert seconds[1] - seconds[0] == pytest.approx(gett.ELEM * (K * N + 2 * M * N) / gett.DRAM_BYTES)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_split_shapes_compile_with_nvcc(tmp_path):
     """Every split shape of the cases' problems (one-row shapes up to SPLIT_ACCUMULATORS tiles a

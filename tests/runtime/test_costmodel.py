@@ -171,3 +171,19 @@ def test_the_script_reads_the_decisions_of_a_cache_folder_not_its_shape_classes(
     (tmp_path / "class.json").write_text(json.dumps({"key": "[9]", "shapes": [[2, 3]]}))
     found = _script().entries(str(tmp_path))
     assert sorted(json.dumps(e, sort_keys=True) for e in found) == sorted(json.dumps(e, sort_keys=True) for e in decisions)
+
+
+def test_split_gett_is_timed_where_it_is_fastest():
+    """On the 48 TCCG cases timed with split GETT beside every other method
+    (``tccg_h200_2026-12-04f_scale1_splitk.json``, cuTENSOR installed): a split candidate is the
+    fastest of case 19 (a 72×5184 output summed over 5184), split candidates are offered on
+    cases 13, 14 and 19 alone, and the candidates the models keep include the fastest of every
+    case. (GETT's model counted A's one block row of 80 as eight of a raster group, 26 MB
+    against the 12 MB it lets A's tiles hold in L2: it read A once per block column and put the
+    fastest split past the margin, behind cuTENSOR.)"""
+    tm = _script()
+    rows = tm.bench_rows(str(RECORD.with_name("tccg_h200_2026-12-04f_scale1_splitk.json")))
+    assert len(rows) == 48
+    split = [n for n, (measured, _) in enumerate(rows, 1) if any(m.startswith("splitk:") for m in measured)]
+    assert split == [13, 14, 19] and min(rows[18][0], key=rows[18][0].get).startswith("splitk:")
+    assert all(tm.regret(measured, predicted, costmodel.MARGIN) == 1.0 for measured, predicted in rows)
