@@ -178,9 +178,9 @@ def test_split_gett_is_timed_where_it_is_fastest():
     (``tccg_h200_2026-12-04f_scale1_splitk.json``, cuTENSOR installed): a split candidate is the
     fastest of case 19 (a 72×5184 output summed over 5184), split candidates are offered on
     cases 13, 14 and 19 alone, and the candidates the models keep include the fastest of every
-    case. (GETT's model counted A's one block row of 80 as eight of a raster group, 26 MB
-    against the 12 MB it lets A's tiles hold in L2: it read A once per block column and put the
-    fastest split past the margin, behind cuTENSOR.)"""
+    case. (GETT's model counts A's one block row of 80 as the raster group's only row tile: as
+    eight, 26 MB against the 12 MB it lets A's tiles hold in L2, A would be read once per block
+    column and the fastest split predicted past the margin, behind cuTENSOR.)"""
     tm = _script()
     rows = tm.bench_rows(str(RECORD.with_name("tccg_h200_2026-12-04f_scale1_splitk.json")))
     assert len(rows) == 48
