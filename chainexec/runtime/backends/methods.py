@@ -14,8 +14,9 @@ needs no memory, so a plan that fills the device limit has a method that keeps w
 ``cutensor`` (NVIDIA's cuTENSOR, where libcutensor is installed).
 
 Views: GETT, split GETT, batched GEMM, cuTENSOR and the direct kernel work on the views as they
-lie (split GETT writes its parts into a workspace); packed GETT and relayout copy the operands; TTGT, ``cupy.einsum`` and the COGENT kernel make contiguous
-copies and product temporaries, workspace outside the plan's buffers.
+lie (split GETT writes its parts into a workspace); packed GETT and relayout copy the operands;
+TTGT, ``cupy.einsum`` and the COGENT kernel make contiguous copies and product temporaries,
+workspace outside the plan's buffers.
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ def _copyable(found, a, b) -> list:
     return [(order, cfg) for order, cfg in cands if fits(order, cfg)]
 
 
+def _variants(c: Contraction, out, a, b) -> tuple[dict, tuple]:
+    """GETT's problems by order (:func:`~chainexec.kernels.gett.variants`) for these operands
+    (arrays, or shapes and strides described without them), and their element strides by tensor
+    (C, A, B)."""
+    strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
+                    ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
+    return gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices), index_extents(c, a, b),
+                         strides), strides
+
+
 def _along(indices, index: str, lo: int, hi: int) -> tuple:
     """The key that takes elements ``lo:hi`` of ``index`` from an array over ``indices``."""
     return tuple(slice(lo, hi) if i == index else slice(None) for i in indices)
@@ -228,12 +239,19 @@ class Gett(Method):
         be._gett_call(config, c, out, a, b, factor, beta)
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
-        if be._problem(c, out, a, b) is not None:
-            self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
-        else:
-            if fresh:
-                be.clear(out)
-            REGISTRY["direct"].add(be, None, c, out, a, b, c.factor)
+        _gett_or_direct(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
+
+
+def _gett_or_direct(be, config, c: Contraction, out, a, b, factor: float, beta: float) -> None:
+    """``out = factor · a·b + beta · out`` by the GETT kernel of ``config`` on the operands as they
+    lie where GETT applies to them, else by the direct kernel (``beta`` 0 or 1 there: ``out``
+    cleared first where 0)."""
+    if be._problem(c, out, a, b) is not None:
+        be._gett_call(config, c, out, a, b, factor, beta)
+        return
+    if beta == 0.0:
+        be.clear(out)
+    REGISTRY["direct"].add(be, None, c, out, a, b, factor)
 
 
 class Packed(Method):
@@ -283,12 +301,7 @@ class Packed(Method):
             if be._problem(moved, out, ca, cb) is not None:
                 be._gett_call(config, moved, out, ca, cb, factor, beta)
                 return
-        if be._problem(c, out, a, b) is not None:
-            REGISTRY["gett"].add(be, config, c, out, a, b, factor, beta)
-            return
-        if beta == 0.0:
-            be.clear(out)
-        REGISTRY["direct"].add(be, None, c, out, a, b, factor)
+        _gett_or_direct(be, config, c, out, a, b, factor, beta)
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
         self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
@@ -339,12 +352,8 @@ class SplitK(Method):
         whole sum, else the direct kernel."""
         if be._split(c, out, a, b):
             be._split_call(config, c, out, a, b, factor, beta)
-        elif be._problem(c, out, a, b) is not None:
-            REGISTRY["gett"].add(be, {k: v for k, v in config.items() if k != "parts"}, c, out, a, b, factor, beta)
         else:
-            if beta == 0.0:
-                be.clear(out)
-            REGISTRY["direct"].add(be, None, c, out, a, b, factor)
+            _gett_or_direct(be, {k: v for k, v in config.items() if k != "parts"}, c, out, a, b, factor, beta)
 
     def run(self, be, config, c, out, a, b, fresh) -> None:
         self.add(be, config, c, out, a, b, c.factor, 0.0 if fresh else 1.0)
@@ -699,10 +708,7 @@ class Methods:
         if key not in self._gett:
             from chainexec.runtime import launch
 
-            strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
-                            ((c.out_indices, out), (c.a_indices, a), (c.b_indices, b)))
-            probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices),
-                                  index_extents(c, a, b), strides)
+            probs, strides = _variants(c, out, a, b)
             dev = self.xp.cuda.Device()
             cands = gett.candidates(probs, dev.attributes["MultiProcessorCount"], TUNE_TOP,
                                     int(dev.compute_capability))
@@ -814,10 +820,7 @@ class Methods:
         key = self._key(c, out, a, b)
         if key not in self._splits:
             whole = _Contiguous(tuple(out.shape), out.dtype)
-            strides = tuple(dict(zip(idx, element_strides(x))) for idx, x in
-                            ((c.out_indices, whole), (c.a_indices, a), (c.b_indices, b)))
-            probs = gett.variants(tuple(c.out_indices), tuple(c.a_indices), tuple(c.b_indices),
-                                  index_extents(c, a, b), strides)
+            probs, _ = _variants(c, whole, a, b)
             dev = self.xp.cuda.Device()
             sms, arch = dev.attributes["MultiProcessorCount"], int(dev.compute_capability)
             found = [(order, cfg, parts) for order, p in probs.items()
