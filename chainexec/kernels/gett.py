@@ -114,7 +114,15 @@ class GettConfig:
     mma_n`` m16n8 tiles of a chunk of ``8·mma_n·warps_n`` columns, B's chunks copied row by row
     by the tensor memory accelerator into ``stages`` buffers by one more warp; for B whose rows of
     a chunk are contiguous (:attr:`Problem.bulk_run`), or made of ``copies`` contiguous runs of
-    equal length, each its own bulk copy (:func:`bulk_copies`)."""
+    equal length, each its own bulk copy (:func:`bulk_copies`).
+
+    ``turn > 0`` (B loaded along n): B's tile columns come in groups of ``LINE · turn`` table
+    positions, ``turn`` of C's stride-1 index fastest by :data:`LINE` of B's (a problem of the
+    ``store-line`` order, :attr:`Problem.turn`); each warp's lanes load them transposed, along
+    B's stride-1 index, so that a copy instruction reads two whole 128-byte lines where in table
+    order it would read a sector of each of eight. The copies land in shared memory at column
+    ``p + p / LINE`` of position ``p`` (:meth:`column`), which keeps the transposed stores and the
+    fragment reads free of bank conflicts."""
 
     warps_m: int
     warps_n: int
@@ -130,6 +138,7 @@ class GettConfig:
     span: int = 0
     bulk: bool = False
     copies: int = 1
+    turn: int = 0
 
     @property
     def rows(self) -> int:
@@ -154,8 +163,17 @@ class GettConfig:
 
     def pitches(self) -> tuple[int, int]:
         """Shared-memory row pitch (elements) of the A and B tiles: the loaded direction's length
-        plus 4, i.e. 4 mod 16 doubles, so 4 rows of a fragment read fall into distinct banks."""
-        return (self.bk if self.a_k_fast else self.bm) + 4, (self.bn if self.b_n_fast else self.bk) + 4
+        plus 4, i.e. 4 mod 16 doubles, so 4 rows of a fragment read fall into distinct banks; B's
+        turned columns (:meth:`column`) spread over ``bn + bn / LINE``, rounded up to 4 mod 16."""
+        width = self.bn + self.bn // LINE if self.turn else (self.bn if self.b_n_fast else self.bk)
+        return (self.bk if self.a_k_fast else self.bm) + 4, width + (4 - width) % 16
+
+    def column(self, position: str) -> str:
+        """C expression of the shared-memory column of B's tile position ``position`` (a C
+        expression): the position itself, or with :attr:`turn` one column more per :data:`LINE`
+        before it, so that a half-warp's transposed copies (positions ``turn`` apart) fall on all
+        32 banks."""
+        return f"({position}) + ({position}) / {LINE}" if self.turn else position
 
     def stage_elems(self) -> tuple[int, int]:
         """Elements of one stage of the A and B tiles in shared memory."""
@@ -236,7 +254,8 @@ class GettConfig:
         # or width / 32 elements a lane
         width = self.mma_n * 8
         stageable = 32 % width == 0 or width % 32 == 0
-        return (self.mma in MMA_SHAPES and not heavy and (stageable or not self.staged)
+        turned = not self.turn or (self.b_n_fast and self.bn % (LINE * self.turn) == 0)
+        return (self.mma in MMA_SHAPES and not heavy and (stageable or not self.staged) and turned
                 and t % a_run == 0 and t % b_run == 0
                 and (self.bm * self.bk) % t == 0 and (self.bn * self.bk) % t == 0
                 and self.bk % self.kstep == 0 and self.smem_bytes() <= smem_limit(arch))
@@ -246,7 +265,7 @@ class GettConfig:
         along n, m16n8k4 MMAs (sm_90), no staged epilogue, a sum of at most :data:`SHORT_SUM` in
         whole MMA steps held in at most :data:`FRAGMENT_REGISTERS` registers a lane, a span of
         whole chunks, two or more stages, shared memory within the block's limit."""
-        return (arch >= 90 and self.mma == "m16n8k4" and self.warps_n == 1 and not self.staged
+        return (arch >= 90 and self.mma == "m16n8k4" and self.warps_n == 1 and not self.staged and not self.turn
                 and 0 < self.bk <= SHORT_SUM and self.bk % 4 == 0 and self.mma_m * self.bk <= FRAGMENT_REGISTERS
                 and self.span % (8 * self.mma_n) == 0 and self.stages >= 2 and self.smem_bytes() <= smem_limit(arch))
 
@@ -259,6 +278,7 @@ class GettConfig:
         :data:`BULK_CHUNKS`, two or more stages, its dynamic and static shared memory together
         within the block's limit."""
         return (arch >= 90 and self.mma == "m16n8k4" and self.warps_m == 1 and self.b_n_fast and not self.staged
+                and not self.turn
                 and 0 < self.bk <= BULK_SUM and self.bk % 4 == 0 and 4 * self.mma_m * self.mma_n <= BULK_ACCUMULATORS
                 and 0 < self.copies <= BULK_COPIES and self.chunk() % (2 * self.copies) == 0
                 and 0 < self.span <= BULK_CHUNKS * self.chunk() and self.span % self.chunk() == 0
@@ -285,7 +305,7 @@ class GettConfig:
                     + ("_i64" if self.wide else ""))
         return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
                 f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
-                + ("_st" if self.staged else "") + ("_i64" if self.wide else ""))
+                + (f"_l{self.turn}" if self.turn else "") + ("_st" if self.staged else "") + ("_i64" if self.wide else ""))
 
 
 RASTER = 8
@@ -314,10 +334,12 @@ class Problem:
     ``swap``: the caller's A and B were exchanged (B must hold C's stride-1 index). ``m, n, k, l``
     are the index names of each group in table order (last = fastest), ``sizes`` their extents.
     ``runs``: elements contiguous in memory along the direction C is stored and A and B are
-    loaded (for the cost model). ``blocked``: (group, x, y, run) for each group whose table order
-    interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the group's last
-    index, ``y`` the other tensor's stride-1 index, ``run`` the elements of ``x`` a block
-    walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short). ``wide``:
+    loaded (for the cost model). ``blocked``: (group, x, y, run, width) for each group whose
+    table order interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the
+    group's last index, ``y`` the other tensor's stride-1 index, ``run`` the elements of ``x`` a
+    block walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short),
+    ``width`` those of ``y`` (:data:`BLOCK`, or :data:`LINE` in the ``store-line`` order's N,
+    :attr:`turn`). ``wide``:
     some element offset or extent reaches :data:`NARROW` (2^31 less a margin), so the kernel
     indexes in 64 bits. ``bulk_run``: where B is loaded along an unblocked N, the elements of B
     contiguous along N in table order (the trailing indices of N whose strides chain from 1),
@@ -335,9 +357,15 @@ class Problem:
     a_k_fast: bool
     b_n_fast: bool
     runs: tuple[int, int, int]
-    blocked: tuple[tuple[str, str, str, int], ...] = ()
+    blocked: tuple[tuple[str, str, str, int, int], ...] = ()
     wide: bool = False
     bulk_run: int = 0
+
+    @property
+    def turn(self) -> int:
+        """C's run in N's blocks of a line of B's stride-1 index (:attr:`GettConfig.turn` of the
+        configurations that load them transposed), or 0 where N has no such blocks."""
+        return next((run for group, _, _, run, width in self.blocked if group == "n" and width == LINE), 0)
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -358,10 +386,12 @@ def _ordered(group, strides: dict) -> tuple[str, ...]:
     return tuple(sorted(group, key=lambda i: -strides[i]))
 
 
-ORDERS = ("load", "store", "store-n")
+ORDERS = ("load", "store", "store-n", "store-line")
 """How a problem orders its M and N groups: ``load`` puts each operand's stride-1 index last
 (coalesced loads), ``store`` follows C's strides (coalesced stores), ``store-n`` orders N by C
-and M by A. C is stored along N, so ``store-n`` keeps C's runs along N whole while A's tile is
+and M by A, ``store-line`` as ``store`` with N, where it interleaves C's and B's stride-1 indices,
+in blocks of a 128-byte line of B's (:data:`LINE`) that the kernel loads transposed
+(:attr:`GettConfig.turn`; the same problem as ``store`` elsewhere). C is stored along N, so ``store-n`` keeps C's runs along N whole while A's tile is
 read along A's own stride-1 index; where C interleaves A's and B's indices, as the (T) outputs
 do, ``store`` reads A in scattered elements. (M by C with N by B stores C across its runs.)
 Which wins depends on how often the operands are re-read against how much C is written, so the
@@ -403,9 +433,9 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
     kg = [i for i in a if i in b and i not in c]
     a_fast = _fastest(sa, [i for i in mg + kg if sizes[i] > 1] or mg + kg)
     k = _ordered(kg, sa if a_fast in kg else sb)
-    m = _ordered(mg, sc if order == "store" or a_fast in kg else sa)
+    m = _ordered(mg, sc if order in ("store", "store-line") or a_fast in kg else sa)
     b_fast = _fastest(sb, [i for i in ng + kg if sizes[i] > 1] or ng + kg)
-    n = _ordered(ng, sc if order in ("store", "store-n") or b_fast in kg else sb)
+    n = _ordered(ng, sb if order == "load" and b_fast not in kg else sc)
 
     def last(strides_, group):
         return strides_[group[-1]] if group else math.inf
@@ -432,9 +462,10 @@ def problem(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict
     y = _fastest(sb, [i for i in group if sizes[i] > 1])
     if blockable[name] and y is not None and y != group[-1] and sb[y] == 1:
         run = C_RUN if name == "n" and math.prod(sizes[i] for i in k) <= SHORT_TUNED else BLOCK
-        blocked.append((name, group[-1], y, run))
+        width = LINE if name == "n" and order == "store-line" else BLOCK
+        blocked.append((name, group[-1], y, run, width))
         other = 0 if name == "n" else 1  # C's run along N, or A's along K
-        runs[other], runs[2] = min(runs[other], run), min(sizes[y], BLOCK)
+        runs[other], runs[2] = min(runs[other], run), min(sizes[y], width)
     farthest = max(sum((sizes[i] - 1) * abs(st[i]) for i in st) for st in (sc, sa, sb))
     wide = max(farthest, *(math.prod(sizes[i] for i in g) for g in (m, n, k, lg))) >= NARROW
     bulk_run = _contiguous_run(n, sb, sizes) if b_n_fast and not blocked else 0
@@ -485,6 +516,9 @@ def packed_orders(c: tuple, a: tuple, b: tuple) -> tuple[tuple[str, ...], tuple[
 
 BLOCK = SECTOR // ELEM
 """Elements per side of an interleaved group's blocks (:func:`enumeration`): one sector."""
+LINE = 128 // ELEM
+"""Elements of B's stride-1 index in the ``store-line`` order's blocks: one 128-byte cache line
+(:attr:`GettConfig.turn`)."""
 C_RUN = 2 * BLOCK
 """Elements of C's stride-1 index an interleaved N group walks before B's where the sum is
 short (at most :data:`SHORT_TUNED`): two sectors, so that each row of a short-sum kernel's
@@ -494,12 +528,12 @@ lines. B's reads along the group, from L2 for a short sum, stay a sector each. E
 tiled kernels, whose tiles are read in BLOCK × BLOCK blocks, keep :data:`BLOCK`."""
 
 
-def enumeration(group, sizes: dict, blocked: tuple[str, str, int] | None = None) -> np.ndarray:
+def enumeration(group, sizes: dict, blocked: tuple[str, str, int, int] | None = None) -> np.ndarray:
     """Every multi-index of ``group`` in table order, as an int64 array (one row per index of
     ``group``, one column per position). Row-major over ``group``; with ``blocked = (x, y,
-    run)``, the other indices stay outermost in their order, then come ``y // BLOCK``,
-    ``x // run``, ``y % BLOCK``, ``x % run``: consecutive positions walk ``x`` in runs of up to
-    ``run`` and, over ``BLOCK`` runs, ``y`` in runs of up to ``BLOCK``, so a tensor whose
+    run, width)``, the other indices stay outermost in their order, then come ``y // width``,
+    ``x // run``, ``y % width``, ``x % run``: consecutive positions walk ``x`` in runs of up to
+    ``run`` and, over ``width`` runs, ``y`` in runs of up to ``width``, so a tensor whose
     stride-1 index is ``x`` and one whose stride-1 index is ``y`` both read whole sectors of a
     tile (a sum is indifferent to the order of its terms; C's rows and columns are addressed
     through the tables)."""
@@ -507,13 +541,13 @@ def enumeration(group, sizes: dict, blocked: tuple[str, str, int] | None = None)
     if blocked is None:
         return idx
     x, y = (group.index(i) for i in blocked[:2])
-    run = blocked[2]
+    run, width = blocked[2:]
     keys = [idx[g] for g in range(len(group)) if g not in (x, y)]
-    keys += [idx[y] // BLOCK, idx[x] // run, idx[y] % BLOCK, idx[x] % run]
+    keys += [idx[y] // width, idx[x] // run, idx[y] % width, idx[x] % run]
     return idx[:, np.lexsort(keys[::-1])]
 
 
-def _table(group, sizes: dict, strides: dict, blocked: tuple[str, str, int] | None = None) -> np.ndarray:
+def _table(group, sizes: dict, strides: dict, blocked: tuple[str, str, int, int] | None = None) -> np.ndarray:
     """Element offset of every multi-index of ``group`` in table order (:func:`enumeration`)."""
     if not group:
         return np.zeros(1, dtype=np.int64)
@@ -526,7 +560,7 @@ def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray
     sc, sa, sb = strides
     if p.swap:
         sa, sb = sb, sa
-    blocked = {g: (x, y, run) for g, x, y, run in p.blocked}
+    blocked = {g: rest for g, *rest in p.blocked}
     groups = {"m": p.m, "n": p.n, "k": p.k, "l": p.l}
     tensors = {"a": sa, "b": sb, "c": sc}
     dtype = np.int64 if p.wide else np.int32
@@ -545,12 +579,13 @@ INDEX = {False: "int", True: "long long"}
 
 def configs(p: Problem, stages: int = 3, arch: int = 90) -> list[GettConfig]:
     """Every configuration of :data:`TILES` × :data:`MMA_SHAPES` for ``p``'s load directions
-    that is valid on compute capability ``arch``."""
+    (and turned loads of B, :attr:`Problem.turn`) that is valid on compute capability ``arch``."""
     out = []
     for (wm, wn, mm, mn, bk), shape in itertools.product(TILES, MMA_SHAPES):
         rows = MMA_SHAPES[shape][0]
         if mm * 8 % rows == 0:
-            cfg = GettConfig(wm, wn, mm * 8 // rows, mn, bk, stages, shape, p.a_k_fast, p.b_n_fast, wide=p.wide)
+            cfg = GettConfig(wm, wn, mm * 8 // rows, mn, bk, stages, shape, p.a_k_fast, p.b_n_fast, wide=p.wide,
+                             turn=p.turn)
             if cfg.valid(arch):
                 out.append(cfg)
     return out
@@ -633,7 +668,10 @@ def short_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
     ``p`` on compute capability ``arch``: each holds ``p``'s whole sum, rounded up to whole MMA
     steps, at most :data:`SHORT_TUNED`, or :data:`SHORT_SUM` (:meth:`GettConfig.short_valid`)
     where each row of B's chunks is one contiguous run (:attr:`Problem.bulk_run` whole chunks: B
-    contiguous along N, its other strides even)."""
+    contiguous along N, its other strides even). None where B's blocks are for turned loads
+    (:attr:`Problem.turn`), which only the pipelined kernel makes."""
+    if p.turn:
+        return []
     K = p.dims[2]
     bk = max(4, -(-K // 4) * 4)
     out = [GettConfig(w, 1, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=span)
@@ -735,7 +773,7 @@ def split_shapes(p: Problem, arch: int = 90) -> list[GettConfig]:
     shapes = [(1, 4, 2 * rows, mn, 16) for mn in (2, 4) if rows * mn <= SPLIT_ACCUMULATORS] + list(SPLIT_TILES)
     out = []
     for (wm, wn, mm, mn, bk), shape in itertools.product(shapes, ("m16n8k4", "m16n8k8")):
-        cfg = GettConfig(wm, wn, mm // 2, mn, bk, 3, shape, p.a_k_fast, p.b_n_fast, wide=p.wide)
+        cfg = GettConfig(wm, wn, mm // 2, mn, bk, 3, shape, p.a_k_fast, p.b_n_fast, wide=p.wide, turn=p.turn)
         if cfg.valid(arch):
             out.append(cfg)
     return out
@@ -863,7 +901,8 @@ def _copies(cfg: GettConfig, side: str) -> list[str]:
     fast, _, step, count = _shape(cfg, side)
     pitch = cfg.pitches()[0 if side == "A" else 1]
     lo = side.lower()
-    dst = f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {lo}_fast]"
+    column = cfg.column(f"{lo}_fast") if side == "B" else f"{lo}_fast"
+    dst = f"&s{side}[st * {side}_STAGE + ({lo}_slow + r * {step}) * {pitch} + {column}]"
     if fast == "k":  # rows are the fixed direction; the k offset is shared by the thread's rows
         src, ok = f"{side} + (o{side}[r] + k{side}[0])", f"f{side}[0] && v{side}[r]"
     else:
@@ -894,6 +933,10 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
     base, bound, table = ("bm", "M", "offam") if side == "A" else ("bn", "N", "offbn")
     lo = side.lower()
     lines = [f"  const int {lo}_fast = tid % {run};", f"  const int {lo}_slow = tid / {run};"]
+    if side == "B" and cfg.turn:  # the lane loads position (lane % LINE)·turn + lane / LINE of its group
+        group = LINE * cfg.turn
+        lines[0] = (f"  const int b_fast = tid % {run} % {LINE} * {cfg.turn} + tid % {run} / {LINE} % {cfg.turn}"
+                    f" + tid % {run} / {group} * {group};")
     if fast == "k":  # rows (m or n) are the slow direction: one register offset per row loaded
         lines += [f"  idx o{side}[{count}]; bool v{side}[{count}];",
                   "  #pragma unroll",
@@ -984,8 +1027,8 @@ def source(cfg: GettConfig) -> str:
 
     frag_a = [f"fa[i][{q}] = {a_at(f'wm + i * {r} + {dr} + (lane >> 2)', f'kk + {dk} + (lane & 3)')};"
               for q, (dr, dk) in enumerate(fa_offs)]
-    frag_b = [f"fb[j][{q}] = {b_at(f'kk + {dk} + (lane & 3)', 'wn + j * 8 + (lane >> 2)')};"
-              for q, dk in enumerate(fb_offs)]
+    column = f"wn + j * 8 + (wn + j * 8) / {LINE} + (lane >> 2)" if cfg.turn else "wn + j * 8 + (lane >> 2)"
+    frag_b = [f"fb[j][{q}] = {b_at(f'kk + {dk} + (lane & 3)', column)};" for q, dk in enumerate(fb_offs)]
     L = [f"// chainexec GETT kernel on FP64 tensor cores ({cfg.mma}), cp.async {cfg.stages}-stage pipeline",
          f"// block {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps_m}x{cfg.warps_n} warps of {cfg.mma_m}x{cfg.mma_n} MMA tiles;"
          f" A along {'k' if cfg.a_k_fast else 'm'}, B along {'n' if cfg.b_n_fast else 'k'}",

@@ -150,34 +150,91 @@ def test_groups_read_by_two_tensors_along_different_indices_are_enumerated_in_se
     C, A, B = _arrays("abcd", "aebf", "dfce", sizes, 0)
     p = gett.problem(tuple("abcd"), tuple("aebf"), tuple("dfce"), sizes,
                      (_strides(C, "abcd"), _strides(A, "aebf"), _strides(B, "dfce")))
-    assert p.a_k_fast and not p.b_n_fast and p.blocked == (("k", "f", "e", gett.BLOCK),) and p.runs[1:] == (4, 4)
+    assert p.a_k_fast and not p.b_n_fast and p.blocked == (("k", "f", "e", gett.BLOCK, gett.BLOCK),) and p.runs[1:] == (4, 4)
     # N = (b, c, f) in C's order (f stride-1 in C) and B's stride-1 index c: B loaded along N
     sizes = dict(a=5, b=4, c=3, d=6, e=2, f=7, g=9)
     C, A, B = _arrays("abcdef", "dega", "gfbc", sizes, 0)
     q = gett.problem(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes,
                      (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")), "store-n")
     # the sum (g = 9) is short: C's f in runs of C_RUN (all 7 of them), B's c in runs of BLOCK
-    assert q.b_n_fast and q.n == ("b", "c", "f") and q.blocked == (("n", "f", "c", gett.C_RUN),) and q.runs == (7, 5, 3)
+    assert q.b_n_fast and q.n == ("b", "c", "f") and q.blocked == (("n", "f", "c", gett.C_RUN, gett.BLOCK),) and q.runs == (7, 5, 3)
     # a longer sum: f in runs of BLOCK
     sizes = dict(sizes, g=gett.SHORT_TUNED + 1)
     C, A, B = _arrays("abcdef", "dega", "gfbc", sizes, 0)
     q = gett.problem(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes,
                      (_strides(C, "abcdef"), _strides(A, "dega"), _strides(B, "gfbc")), "store-n")
-    assert q.blocked == (("n", "f", "c", gett.BLOCK),) and q.runs == (4, 5, 3)
+    assert q.blocked == (("n", "f", "c", gett.BLOCK, gett.BLOCK),) and q.runs == (4, 5, 3)
 
 
-@pytest.mark.parametrize("run", [gett.BLOCK, gett.C_RUN])
+@pytest.mark.parametrize("g, turn", [(9, gett.C_RUN), (gett.SHORT_TUNED + 1, gett.BLOCK)])
+def test_the_line_order_blocks_b_in_whole_lines_and_its_kernels_turn_them(g, turn):
+    """``store-line``: N as in ``store``, B's stride-1 index c in blocks of a line (LINE), C's f in
+    its runs; every configuration the model offers for it loads them turned, none of the
+    short-sum kernels (which do not turn) is offered for it; where N interleaves nothing, it is
+    the ``store`` problem."""
+    sizes = dict(a=5, b=4, c=37, d=6, e=2, f=11, g=g)
+    strides = tuple(_contiguous_strides(x, sizes) for x in ("abcdef", "dega", "gfbc"))
+    probs = gett.variants(tuple("abcdef"), tuple("dega"), tuple("gfbc"), sizes, strides)
+    p = probs["store-line"]
+    assert p.blocked == (("n", "f", "c", turn, gett.LINE),) and p.turn == turn
+    assert (p.runs[0], p.runs[2]) == (min(11, turn), 16) and (p.n, p.m) == (probs["store"].n, probs["store"].m)
+    cfgs = gett.configs(p)
+    assert cfgs and all(cfg.turn == turn and cfg.bn % (gett.LINE * turn) == 0 for cfg in cfgs)
+    assert gett.short_configs(p) == [] and all(cfg.turn == turn for cfg, _ in gett.split_configs(p, 132))
+    assert {o for o, cfg in gett.candidates(probs, 132) if cfg.turn} == {"store-line"}
+    plain = dict(a=5, b=4, k=6)
+    assert "store-line" not in gett.variants(("a", "b"), ("a", "k"), ("k", "b"), plain, tuple(
+        _contiguous_strides(x, plain) for x in ("ab", "ak", "kb")))
+
+
+def _turned_lanes(cfg):
+    """Table position and shared-memory column each thread of ``cfg`` loads B's tile into, as
+    :func:`gett.source` computes them (threads along n: ``tid % bn``)."""
+    line, turn, group = gett.LINE, cfg.turn, gett.LINE * cfg.turn
+    out = []
+    for tid in range(cfg.bn):
+        pos = tid % line * turn + tid // line % turn + tid // group * group
+        out.append((pos, pos + pos // line))
+    return out
+
+
+@pytest.mark.parametrize("turn", [gett.BLOCK, gett.C_RUN])
+def test_turned_lanes_read_whole_lines_into_distinct_banks(turn):
+    """A turned tile: the threads load every position once; a warp's copies read two 128-byte
+    lines of B (positions in blocks of LINE of B's index by ``turn`` of C's, as the line order
+    enumerates them), where table order reads a sector of each of eight; each half-warp's 8-byte
+    stores fall on all 32 banks; the fragment reads' columns (8 consecutive positions) stay
+    consecutive; the pitch holds every column."""
+    cfg = gett.GettConfig(2, turn // 2, 2, 4, 16, 3, "m16n8k4", True, True, turn=turn)
+    assert cfg.valid() and cfg.bn % (gett.LINE * turn) == 0
+    lanes = _turned_lanes(cfg)
+    assert sorted(p for p, _ in lanes) == list(range(cfg.bn))
+    assert max(col for _, col in lanes) < cfg.pitches()[1] and cfg.pitches()[1] % 16 == 4
+    for w in range(0, cfg.bn, 32):
+        positions = [p for p, _ in lanes[w:w + 32]]
+        lines = {(p // (gett.LINE * turn), p % turn) for p in positions}  # (block, C's index): one line of B
+        assert len(lines) == 2
+        for half in (lanes[w:w + 16], lanes[w + 16:w + 32]):
+            banks = [(2 * col + word) % 32 for _, col in half for word in (0, 1)]
+            assert sorted(banks) == list(range(32))
+    for first in range(0, cfg.bn, 8):
+        cols = [p + p // gett.LINE for p in range(first, first + 8)]
+        assert cols == list(range(cols[0], cols[0] + 8))
+
+
+@pytest.mark.parametrize("run,width", [(gett.BLOCK, gett.BLOCK), (gett.C_RUN, gett.BLOCK),
+                                       (gett.BLOCK, gett.LINE), (gett.C_RUN, gett.LINE)])
 @pytest.mark.parametrize("group,sizes", [(("p", "x", "q", "y"), dict(p=2, x=9, q=3, y=6)),
                                          (("y", "x"), dict(x=4, y=8)), (("x", "y"), dict(x=3, y=2)),
-                                         (("y", "x"), dict(x=19, y=11))])
-def test_blocked_enumeration_visits_every_multi_index_once(group, sizes, run):
+                                         (("y", "x"), dict(x=19, y=11)), (("y", "x"), dict(x=11, y=37))])
+def test_blocked_enumeration_visits_every_multi_index_once(group, sizes, run, width):
     plain = gett.enumeration(group, sizes)
-    idx = gett.enumeration(group, sizes, ("x", "y", run))
+    idx = gett.enumeration(group, sizes, ("x", "y", run, width))
     assert idx.shape == plain.shape
     assert sorted(map(tuple, idx.T)) == sorted(map(tuple, plain.T))  # a permutation of the plain order
     x, y = group.index("x"), group.index("y")
-    B = gett.BLOCK
-    # the first positions: x fastest in a run of up to `run`, then y in runs of up to BLOCK,
+    B = width
+    # the first positions: x fastest in a run of up to `run`, then y in runs of up to `width`,
     # within one block
     first = idx[:, :min(sizes["x"], run) * min(sizes["y"], B)]
     assert list(first[x][:min(sizes["x"], run)]) == list(range(min(sizes["x"], run)))
@@ -197,12 +254,14 @@ def test_invalid_contractions_raise(bad):
         gett.problem(c, a, b, sizes, tuple({i: 1 for i in x} for x in bad))
 
 
-def _all_configs():
+def _all_configs(turns=(0,)):
+    """Every valid configuration of TILES, of every load direction, turned by each of ``turns``."""
     out = []
-    for (wm, wn, mm, mn, bk), shape, ak, bn in product(gett.TILES, gett.MMA_SHAPES, (True, False), (True, False)):
+    for (wm, wn, mm, mn, bk), shape, ak, bn, turn in product(gett.TILES, gett.MMA_SHAPES, (True, False), (True, False),
+                                                              turns):
         rows = gett.MMA_SHAPES[shape][0]
         if mm * 8 % rows == 0:
-            cfg = gett.GettConfig(wm, wn, mm * 8 // rows, mn, bk, 3, shape, ak, bn)
+            cfg = gett.GettConfig(wm, wn, mm * 8 // rows, mn, bk, 3, shape, ak, bn, turn=turn)
             if cfg.valid():
                 out.append(cfg)
     return out
@@ -374,6 +433,18 @@ def test_all_configurations_compile_with_nvcc(tmp_path):
     # along k); the autotuner times them like any other
     spills = gett_spills(tmp_path, cfgs)
     assert sum(s > 0 for s in spills) <= 2 and max(spills) <= 64
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_turned_configurations_compile_with_nvcc(tmp_path):
+    """Every configuration that loads B's lines turned (:attr:`GettConfig.turn` 4 and 8, both
+    epilogues, both index widths) compiles; ptxas spills a few registers in at most four of them
+    (128-row tiles with A loaded along m, whose k offsets take a register each)."""
+    cfgs = _all_configs((gett.BLOCK, gett.C_RUN))
+    cfgs = _both_widths(cfgs + [replace(cfg, staged=True) for cfg in cfgs if replace(cfg, staged=True).valid()])
+    assert len(cfgs) >= 100 and all(cfg.turn for cfg in cfgs)
+    spills = gett_spills(tmp_path, cfgs)
+    assert sum(s > 0 for s in spills) <= 4 and max(spills) <= 64
 
 
 def _contiguous_strides(idx, sizes):

@@ -107,6 +107,36 @@ def test_every_configuration_is_correct(staged):
             assert _relerr(C.get(), ref) <= 1e-12, cfg
 
 
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("e,turn", [(29, gett.BLOCK), (9, gett.C_RUN)])
+def test_turned_loads_are_correct(e, turn, view):
+    """Every configuration of :data:`~chainexec.kernels.gett.TILES` and :data:`OFF_GRID` that loads
+    B's lines turned (the ``store-line`` order of a tensor-times-matrix product whose output's
+    stride-1 index d is not the tensor's, a): C's runs of 4 (a long sum) and of 8 (a short one),
+    ragged blocks of both indices (a = 37: two lines and 5; d = 11), each epilogue, alpha/beta."""
+    c, a, b, sizes = "abcd", "deca", "be", dict(a=37, b=20, c=3, d=11, e=e)
+    hC, hA, hB = _arrays(c, a, b, sizes, seed=e)
+    ref = np.einsum(f"{a},{b}->{c}", hA, hB)
+    C, A, B = _device_views((hC, hA, hB), view)
+    strides = (_strides(C, c), _strides(A, a), _strides(B, b))
+    p = gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides, "store-line")
+    assert p.turn == turn and p.swap and p.b_n_fast
+    ran = 0
+    for (wm, wn, mm, mn, bk), shape, staged in product(gett.TILES + OFF_GRID, gett.MMA_SHAPES, (False, True)):
+        rows = gett.MMA_SHAPES[shape][0]
+        cfg = gett.GettConfig(wm, wn, mm * 8 // rows, mn, bk, 3, shape, p.a_k_fast, True, staged, turn=turn)
+        if mm * 8 % rows or not cfg.valid():
+            continue
+        C[...] = cupy.nan
+        _run(cfg, c, a, b, sizes, C, A, B, 1.0, 0.0, "store-line")
+        assert _relerr(C.get(), ref) <= 1e-12, cfg
+        C[...] = cupy.asarray(hC)
+        _run(cfg, c, a, b, sizes, C, A, B, 0.5, -1.25, "store-line")
+        assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
+        ran += 1
+    assert ran >= 8
+
+
 SHORT_GRID = tuple(product((2, 4, 8), (1, 2), (4, 8), (128, 256), (2, 3)))
 SHORT_GRID += tuple(t for t in gett.SHORT_TILES if t not in SHORT_GRID)
 """(warps, m16 tiles a warp, n8 tiles a chunk, columns a block, stages) of the short-sum kernels
