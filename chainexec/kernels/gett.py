@@ -542,21 +542,24 @@ def enumeration(group, sizes: dict, blocked: tuple[str, str, int, int] | None = 
         return idx
     x, y = (group.index(i) for i in blocked[:2])
     run, width = blocked[2:]
-    keys = [idx[g] for g in range(len(group)) if g not in (x, y)]
-    keys += [idx[y] // width, idx[x] // run, idx[y] % width, idx[x] % run]
-    return idx[:, np.lexsort(keys[::-1])]
-
-
-def _table(group, sizes: dict, strides: dict, blocked: tuple[str, str, int, int] | None = None) -> np.ndarray:
-    """Element offset of every multi-index of ``group`` in table order (:func:`enumeration`)."""
-    if not group:
-        return np.zeros(1, dtype=np.int64)
-    return np.array([strides[i] for i in group], dtype=np.int64) @ enumeration(group, sizes, blocked)
+    # each multi-index's place as one mixed-radix number (the other indices, then the blocks'
+    # digits), unique and below the padded count, so the order is a scatter, not a sort
+    digits = [(idx[g], sizes[group[g]]) for g in range(len(group)) if g not in (x, y)]
+    digits += [(idx[y] // width, -(-sizes[group[y]] // width)), (idx[x] // run, -(-sizes[group[x]] // run)),
+               (idx[y] % width, width), (idx[x] % run, run)]
+    place = np.zeros(idx.shape[1], dtype=np.int64)
+    for digit, radix in digits:
+        place = place * radix + digit
+    slots = np.full(math.prod(radix for _, radix in digits), -1, dtype=np.int64)
+    slots[place] = np.arange(idx.shape[1])
+    return idx[:, slots[slots >= 0]]
 
 
 def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray]:
     """The nine offset tables of ``p`` for the caller's (C, A, B) ``strides``: keys
-    ``am ak al bk bn bl cm cn cl`` (A and B as in the kernel, i.e. after ``p.swap``)."""
+    ``am ak al bk bn bl cm cn cl`` (A and B as in the kernel, i.e. after ``p.swap``), each the
+    element offset of every multi-index of its group in table order (:func:`enumeration`, made
+    once per group for the two tensors that share it)."""
     sc, sa, sb = strides
     if p.swap:
         sa, sb = sb, sa
@@ -564,7 +567,9 @@ def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray
     groups = {"m": p.m, "n": p.n, "k": p.k, "l": p.l}
     tensors = {"a": sa, "b": sb, "c": sc}
     dtype = np.int64 if p.wide else np.int32
-    return {key: _table(groups[key[1]], p.sizes, tensors[key[0]], blocked.get(key[1])).astype(dtype)
+    orders = {g: enumeration(group, p.sizes, blocked.get(g)) for g, group in groups.items() if group}
+    return {key: (np.array([tensors[key[0]][i] for i in groups[key[1]]], dtype=np.int64) @ orders[key[1]]
+                  if groups[key[1]] else np.zeros(1, dtype=np.int64)).astype(dtype)
             for key in TABLE_ORDER}
 
 

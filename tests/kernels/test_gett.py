@@ -438,13 +438,13 @@ def test_all_configurations_compile_with_nvcc(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_turned_configurations_compile_with_nvcc(tmp_path):
     """Every configuration that loads B's lines turned (:attr:`GettConfig.turn` 4 and 8, both
-    epilogues, both index widths) compiles; ptxas spills a few registers in at most four of them
-    (128-row tiles with A loaded along m, whose k offsets take a register each)."""
-    cfgs = _all_configs((gett.BLOCK, gett.C_RUN))
-    cfgs = _both_widths(cfgs + [replace(cfg, staged=True) for cfg in cfgs if replace(cfg, staged=True).valid()])
-    assert len(cfgs) >= 100 and all(cfg.turn for cfg in cfgs)
+    index widths; the staged epilogue is the same code turned or not) compiles; ptxas spills a
+    few registers in at most two of them (128-row tiles with A loaded along m, whose k offsets
+    take a register each)."""
+    cfgs = _both_widths(_all_configs((gett.BLOCK, gett.C_RUN)))
+    assert len(cfgs) >= 60 and all(cfg.turn for cfg in cfgs)
     spills = gett_spills(tmp_path, cfgs)
-    assert sum(s > 0 for s in spills) <= 4 and max(spills) <= 64
+    assert sum(s > 0 for s in spills) <= 2 and max(spills) <= 64
 
 
 def _contiguous_strides(idx, sizes):
