@@ -244,6 +244,10 @@ def test_blocked_enumeration_visits_every_multi_index_once(group, sizes, run, wi
     plane = sizes["x"] * sizes["y"]
     for g in others:
         assert all(len(set(idx[g][s:s + plane])) == 1 for s in range(0, idx.shape[1], plane))
+    # the whole order: (other indices, y's block, x's block, y in its block, x in its run) rises
+    keys = [tuple(int(idx[g][p]) for g in others) + (int(idx[y][p]) // B, int(idx[x][p]) // run, int(idx[y][p]) % B,
+                                                     int(idx[x][p]) % run) for p in range(idx.shape[1])]
+    assert all(u < v for u, v in zip(keys, keys[1:]))
 
 
 @pytest.mark.parametrize("bad", [(("a", "a"), ("a", "k"), ("k", "a")), (("a", "b"), ("a", "k"), ("k",))])
