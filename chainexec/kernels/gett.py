@@ -305,7 +305,8 @@ class GettConfig:
                     + ("_i64" if self.wide else ""))
         return (f"chainexec_gett_w{self.warps_m}x{self.warps_n}_t{self.mma_m}x{self.mma_n}_{self.mma}"
                 f"_k{self.bk}_s{self.stages}_{'ak' if self.a_k_fast else 'am'}{'bn' if self.b_n_fast else 'bk'}"
-                + (f"_l{self.turn}" if self.turn else "") + ("_st" if self.staged else "") + ("_i64" if self.wide else ""))
+                + (f"_l{self.turn}" if self.turn else "") + ("_st" if self.staged else "")
+                + ("_i64" if self.wide else ""))
 
 
 RASTER = 8
@@ -389,13 +390,14 @@ def _ordered(group, strides: dict) -> tuple[str, ...]:
 ORDERS = ("load", "store", "store-n", "store-line")
 """How a problem orders its M and N groups: ``load`` puts each operand's stride-1 index last
 (coalesced loads), ``store`` follows C's strides (coalesced stores), ``store-n`` orders N by C
-and M by A, ``store-line`` as ``store`` with N, where it interleaves C's and B's stride-1 indices,
-in blocks of a 128-byte line of B's (:data:`LINE`) that the kernel loads transposed
-(:attr:`GettConfig.turn`; the same problem as ``store`` elsewhere). C is stored along N, so ``store-n`` keeps C's runs along N whole while A's tile is
-read along A's own stride-1 index; where C interleaves A's and B's indices, as the (T) outputs
-do, ``store`` reads A in scattered elements. (M by C with N by B stores C across its runs.)
-Which wins depends on how often the operands are re-read against how much C is written, so the
-distinct ones are offered to the autotuner (:func:`variants`)."""
+and M by A, ``store-line`` as ``store`` with N, where it interleaves C's and B's stride-1
+indices, in blocks of a 128-byte line of B's (:data:`LINE`) that the kernel loads transposed
+(:attr:`GettConfig.turn`; the same problem as ``store`` elsewhere). C is stored along N, so
+``store-n`` keeps C's runs along N whole while A's tile is read along A's own stride-1 index;
+where C interleaves A's and B's indices, as the (T) outputs do, ``store`` reads A in scattered
+elements. (M by C with N by B stores C across its runs.) Which wins depends on how often the
+operands are re-read against how much C is written, so the distinct ones are offered to the
+autotuner (:func:`variants`)."""
 
 
 def _run(strides: dict, group, sizes: dict) -> int:
