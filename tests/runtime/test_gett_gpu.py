@@ -267,11 +267,14 @@ def test_gett_writes_a_fresh_output_without_reading_it(fresh, monkeypatch):
 SPLIT = [
     # (C, A, B, sizes): TCCG case 19's indices at prime extents (the sum of 1073 in 68 k-tiles),
     # case 13's (a sum of two indices, A's stride-1 index summed), a sum of 15 (one k-tile: with
-    # 2 or 16 parts, every part but one empty) and a batch index l (the batch tables per part)
+    # 2 or 16 parts, every part but one empty), a batch index l (the batch tables per part) and
+    # a tensor times a matrix whose output's stride-1 index d is not the tensor's a (the
+    # store-line order's turned loads, split)
     ("abc", "adec", "ebd", dict(a=9, b=20, c=11, d=37, e=29)),
     ("ab", "acd", "dbc", dict(a=23, b=17, c=31, d=41)),
     ("abc", "adec", "ebd", dict(a=9, b=20, c=11, d=3, e=5)),
     ("lab", "lak", "lkb", dict(l=5, a=19, b=13, k=301)),
+    ("abcd", "deca", "be", dict(a=37, b=20, c=2, d=11, e=1201)),
 ]
 
 
