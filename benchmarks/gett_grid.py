@@ -28,7 +28,8 @@ def grid(problems: dict, sm_count: int) -> list[tuple[str, gett.GettConfig]]:
     :func:`chainexec.bench.gett_rows`' chooser signature)."""
     out = []
     for (order, p), (wm, wn, mm, mn, bk), staged in itertools.product(problems.items(), TILES, (False, True)):
-        cfg = gett.GettConfig(wm, wn, mm * 8 // 16, mn, bk, 2, "m16n8k4", p.a_k_fast, p.b_n_fast, staged)
+        cfg = gett.GettConfig(wm, wn, mm * 8 // 16, mn, bk, 2, "m16n8k4", p.a_k_fast, p.b_n_fast, staged, p.wide,
+                              turn=p.turn)
         if mm * 8 % 16 == 0 and cfg.valid():
             out.append((order, cfg))
     return out

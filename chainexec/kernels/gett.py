@@ -164,9 +164,12 @@ class GettConfig:
     def pitches(self) -> tuple[int, int]:
         """Shared-memory row pitch (elements) of the A and B tiles: the loaded direction's length
         plus 4, i.e. 4 mod 16 doubles, so 4 rows of a fragment read fall into distinct banks; B's
-        turned columns (:meth:`column`) spread over ``bn + bn / LINE``, rounded up to 4 mod 16."""
-        width = self.bn + self.bn // LINE if self.turn else (self.bn if self.b_n_fast else self.bk)
-        return (self.bk if self.a_k_fast else self.bm) + 4, width + (4 - width) % 16
+        turned columns (:meth:`column`) spread over ``bn + bn / LINE``, that rounded up to 4 mod 16."""
+        a = (self.bk if self.a_k_fast else self.bm) + 4
+        if self.turn:
+            width = self.bn + self.bn // LINE
+            return a, width + (4 - width) % 16
+        return a, (self.bn if self.b_n_fast else self.bk) + 4
 
     def column(self, position: str) -> str:
         """C expression of the shared-memory column of B's tile position ``position`` (a C
@@ -236,9 +239,10 @@ class GettConfig:
 
     def valid(self, arch: int = 90) -> bool:
         """Whether the cooperative loads divide evenly, a staged epilogue's lanes cover a warp's
-        rows (its width, ``8·mma_n``, divides 32 or is a multiple of it), and the shape and shared
-        memory exist on compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA needs 80 or
-        newer)."""
+        rows (its width, ``8·mma_n``, divides 32 or is a multiple of it), turned loads
+        (:attr:`turn`) have B loaded along n in whole groups of ``LINE · turn`` columns, and the
+        shape and shared memory exist on compute capability ``arch`` (e.g. 90 for sm_90; FP64 MMA
+        needs 80 or newer)."""
         if self.span:
             return self.bulk_valid(arch) if self.bulk else self.short_valid(arch)
         if arch < 80 or (arch < 90 and self.mma in SM90_SHAPES):
@@ -262,7 +266,7 @@ class GettConfig:
 
     def short_valid(self, arch: int = 90) -> bool:
         """Whether a short-sum configuration exists on compute capability ``arch``: one warp
-        along n, m16n8k4 MMAs (sm_90), no staged epilogue, a sum of at most :data:`SHORT_SUM` in
+        along n, m16n8k4 MMAs (sm_90), no staged epilogue and no turned loads, a sum of at most :data:`SHORT_SUM` in
         whole MMA steps held in at most :data:`FRAGMENT_REGISTERS` registers a lane, a span of
         whole chunks, two or more stages, shared memory within the block's limit."""
         return (arch >= 90 and self.mma == "m16n8k4" and self.warps_n == 1 and not self.staged and not self.turn
@@ -272,7 +276,7 @@ class GettConfig:
     def bulk_valid(self, arch: int = 90) -> bool:
         """Whether a bulk-copy configuration exists on compute capability ``arch``: the tensor
         memory accelerator's bulk copies and m16n8k4 MMAs (sm_90), one warp along m, B loaded
-        along n, no staged epilogue, a sum in whole MMA steps up to :data:`BULK_SUM`, at most
+        along n, no staged epilogue and no turned loads, a sum in whole MMA steps up to :data:`BULK_SUM`, at most
         :data:`BULK_ACCUMULATORS` a lane, a chunk of ``copies`` (up to :data:`BULK_COPIES`) equal
         runs of an even number of columns (whole 16-byte copies), a span of whole chunks, at most
         :data:`BULK_CHUNKS`, two or more stages, its dynamic and static shared memory together
@@ -493,7 +497,7 @@ def _contiguous_run(n: tuple, strides: dict, sizes: dict) -> int:
 
 
 def variants(c: tuple, a: tuple, b: tuple, sizes: dict, strides: tuple[dict, dict, dict]) -> dict[str, Problem]:
-    """Order -> problem for the distinct problems of :data:`ORDERS` (one to three)."""
+    """Order -> problem for the distinct problems of :data:`ORDERS` (one to four)."""
     out: dict[str, Problem] = {}
     for order in ORDERS:
         p = problem(c, a, b, sizes, strides, order)
@@ -547,6 +551,7 @@ def enumeration(group, sizes: dict, blocked: tuple[str, str, int, int] | None = 
     # each multi-index's place as one mixed-radix number (the other indices, then the blocks'
     # digits), unique and below the padded count, so the order is a scatter, not a sort
     digits = [(idx[g], sizes[group[g]]) for g in range(len(group)) if g not in (x, y)]
+    width, run = min(width, sizes[group[y]]), min(run, sizes[group[x]])  # the same order, less padding
     digits += [(idx[y] // width, -(-sizes[group[y]] // width)), (idx[x] // run, -(-sizes[group[x]] // run)),
                (idx[y] % width, width), (idx[x] % run, run)]
     place = np.zeros(idx.shape[1], dtype=np.int64)
@@ -940,7 +945,7 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
     base, bound, table = ("bm", "M", "offam") if side == "A" else ("bn", "N", "offbn")
     lo = side.lower()
     lines = [f"  const int {lo}_fast = tid % {run};", f"  const int {lo}_slow = tid / {run};"]
-    if side == "B" and cfg.turn:  # the lane loads position (lane % LINE)·turn + lane / LINE of its group
+    if side == "B" and cfg.turn:  # thread i of a group of LINE·turn loads position (i % LINE)·turn + i / LINE
         group = LINE * cfg.turn
         lines[0] = (f"  const int b_fast = tid % {run} % {LINE} * {cfg.turn} + tid % {run} / {LINE} % {cfg.turn}"
                     f" + tid % {run} / {group} * {group};")
