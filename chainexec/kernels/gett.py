@@ -944,11 +944,12 @@ def _setup(cfg: GettConfig, side: str) -> list[str]:
     fast, run, step, count = _shape(cfg, side)
     base, bound, table = ("bm", "M", "offam") if side == "A" else ("bn", "N", "offbn")
     lo = side.lower()
-    lines = [f"  const int {lo}_fast = tid % {run};", f"  const int {lo}_slow = tid / {run};"]
+    position = f"tid % {run}"
     if side == "B" and cfg.turn:  # thread i of a group of LINE·turn loads position (i % LINE)·turn + i / LINE
         group = LINE * cfg.turn
-        lines[0] = (f"  const int b_fast = tid % {run} % {LINE} * {cfg.turn} + tid % {run} / {LINE} % {cfg.turn}"
-                    f" + tid % {run} / {group} * {group};")
+        position = (f"tid % {run} % {LINE} * {cfg.turn} + tid % {run} / {LINE} % {cfg.turn}"
+                    f" + tid % {run} / {group} * {group}")
+    lines = [f"  const int {lo}_fast = {position};", f"  const int {lo}_slow = tid / {run};"]
     if fast == "k":  # rows (m or n) are the slow direction: one register offset per row loaded
         lines += [f"  idx o{side}[{count}]; bool v{side}[{count}];",
                   "  #pragma unroll",
@@ -1039,7 +1040,8 @@ def source(cfg: GettConfig) -> str:
 
     frag_a = [f"fa[i][{q}] = {a_at(f'wm + i * {r} + {dr} + (lane >> 2)', f'kk + {dk} + (lane & 3)')};"
               for q, (dr, dk) in enumerate(fa_offs)]
-    column = f"wn + j * 8 + (wn + j * 8) / {LINE} + (lane >> 2)" if cfg.turn else "wn + j * 8 + (lane >> 2)"
+    # a fragment's 8 columns lie in one line's block (wn + j·8 is a multiple of 8): one skew for all
+    column = f"{cfg.column('wn + j * 8')} + (lane >> 2)"
     frag_b = [f"fb[j][{q}] = {b_at(f'kk + {dk} + (lane & 3)', column)};" for q, dk in enumerate(fb_offs)]
     L = [f"// chainexec GETT kernel on FP64 tensor cores ({cfg.mma}), cp.async {cfg.stages}-stage pipeline",
          f"// block {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps_m}x{cfg.warps_n} warps of {cfg.mma_m}x{cfg.mma_n} MMA tiles;"
