@@ -340,7 +340,7 @@ class Problem:
     are the index names of each group in table order (last = fastest), ``sizes`` their extents.
     ``runs``: elements contiguous in memory along the direction C is stored and A and B are
     loaded (for the cost model). ``blocked``: (group, x, y, run, width) for each group whose
-    table order interleaves two tensors' stride-1 indices (:func:`enumeration`): ``x`` the
+    table order interleaves two tensors' stride-1 indices (:func:`offsets`): ``x`` the
     group's last index, ``y`` the other tensor's stride-1 index, ``run`` the elements of ``x`` a
     block walks (:data:`BLOCK`, or :data:`C_RUN` for C's index where the sum is short),
     ``width`` those of ``y`` (:data:`BLOCK`, or :data:`LINE` in the ``store-line`` order's N,
@@ -521,7 +521,7 @@ def packed_orders(c: tuple, a: tuple, b: tuple) -> tuple[tuple[str, ...], tuple[
 
 
 BLOCK = SECTOR // ELEM
-"""Elements per side of an interleaved group's blocks (:func:`enumeration`): one sector."""
+"""Elements per side of an interleaved group's blocks (:func:`offsets`): one sector."""
 LINE = 128 // ELEM
 """Elements of B's stride-1 index in the ``store-line`` order's blocks: one 128-byte cache line
 (:attr:`GettConfig.turn`)."""
@@ -534,50 +534,50 @@ lines. B's reads along the group, from L2 for a short sum, stay a sector each. E
 tiled kernels, whose tiles are read in BLOCK × BLOCK blocks, keep :data:`BLOCK`."""
 
 
-def enumeration(group, sizes: dict, blocked: tuple[str, str, int, int] | None = None) -> np.ndarray:
-    """Every multi-index of ``group`` in table order, as an int64 array (one row per index of
-    ``group``, one column per position). Row-major over ``group``; with ``blocked = (x, y,
-    run, width)``, the other indices stay outermost in their order, then come ``y // width``,
-    ``x // run``, ``y % width``, ``x % run``: consecutive positions walk ``x`` in runs of up to
-    ``run`` and, over ``width`` runs, ``y`` in runs of up to ``width``, so a tensor whose
-    stride-1 index is ``x`` and one whose stride-1 index is ``y`` both read whole sectors of a
-    tile (a sum is indifferent to the order of its terms; C's rows and columns are addressed
-    through the tables)."""
-    idx = np.indices([sizes[i] for i in group], dtype=np.int64).reshape(len(group), -1)
-    if blocked is None:
-        return idx
-    x, y = (group.index(i) for i in blocked[:2])
-    run, width = blocked[2:]
-    # each multi-index's place as one mixed-radix number (the other indices, then the blocks'
-    # digits), unique and below the padded count, so the order is a scatter, not a sort
-    digits = [(idx[g], sizes[group[g]]) for g in range(len(group)) if g not in (x, y)]
-    width, run = min(width, sizes[group[y]]), min(run, sizes[group[x]])  # the same order, less padding
-    digits += [(idx[y] // width, -(-sizes[group[y]] // width)), (idx[x] // run, -(-sizes[group[x]] // run)),
-               (idx[y] % width, width), (idx[x] % run, run)]
-    place = np.zeros(idx.shape[1], dtype=np.int64)
-    for digit, radix in digits:
-        place = place * radix + digit
-    slots = np.full(math.prod(radix for _, radix in digits), -1, dtype=np.int64)
-    slots[place] = np.arange(idx.shape[1])
-    return idx[:, slots[slots >= 0]]
+def offsets(group, sizes: dict, strides: dict, blocked: tuple[str, str, int, int] | None = None,
+            dtype=np.int64) -> np.ndarray:
+    """The element offset, in a tensor with ``strides`` (elements per index), of every
+    multi-index of ``group`` in table order, as an array of ``dtype`` (which must hold every
+    partial sum of offsets: int32 only below :data:`NARROW`). Row-major over ``group``; with
+    ``blocked = (x, y, run, width)``, the other indices stay outermost in their order, then come
+    ``y // width``, ``x // run``, ``y % width``, ``x % run``: consecutive positions walk ``x`` in
+    runs of up to ``run`` and, over ``width`` runs, ``y`` in runs of up to ``width``, so a tensor
+    whose stride-1 index is ``x`` and one whose stride-1 index is ``y`` both read whole sectors
+    of a tile (a sum is indifferent to the order of its terms; C's rows and columns are
+    addressed through the tables). Each digit of that mixed-radix order adds its step times its
+    value along one more axis of an outer sum, so a table of N offsets costs a few passes over N
+    elements; where a block is ragged the padded positions are dropped."""
+    axes = [(sizes[i], strides[i]) for i in group]
+    valid = None
+    if blocked is not None:
+        x, y, run, width = blocked
+        width, run = min(width, sizes[y]), min(run, sizes[x])  # the same order, less padding
+        ys, xs = -(-sizes[y] // width), -(-sizes[x] // run)
+        axes = [(sizes[i], strides[i]) for i in group if i not in (x, y)]
+        axes += [(ys, strides[y] * width), (xs, strides[x] * run), (width, strides[y]), (run, strides[x])]
+        if sizes[y] % width or sizes[x] % run:
+            in_y = np.arange(ys)[:, None] * width + np.arange(width) < sizes[y]
+            in_x = np.arange(xs)[:, None] * run + np.arange(run) < sizes[x]
+            valid = (in_y[:, None, :, None] & in_x[None, :, None, :]).ravel()
+    out = np.zeros(1, dtype=dtype)
+    for radix, step in axes:
+        out = (out[:, None] + step * np.arange(radix, dtype=dtype)).ravel()
+    return out if valid is None else out.reshape(-1, valid.size)[:, valid].ravel()
 
 
 def tables(p: Problem, strides: tuple[dict, dict, dict]) -> dict[str, np.ndarray]:
     """The nine offset tables of ``p`` for the caller's (C, A, B) ``strides``: keys
     ``am ak al bk bn bl cm cn cl`` (A and B as in the kernel, i.e. after ``p.swap``), each the
-    element offset of every multi-index of its group in table order (:func:`enumeration`, made
-    once per group for the two tensors that share it)."""
+    element offset of every multi-index of its group in table order (:func:`offsets`)."""
     sc, sa, sb = strides
     if p.swap:
         sa, sb = sb, sa
-    blocked = {g: rest for g, *rest in p.blocked}
+    blocked = {g: tuple(rest) for g, *rest in p.blocked}
     groups = {"m": p.m, "n": p.n, "k": p.k, "l": p.l}
     tensors = {"a": sa, "b": sb, "c": sc}
     dtype = np.int64 if p.wide else np.int32
-    orders = {g: enumeration(group, p.sizes, blocked.get(g)) for g, group in groups.items() if group}
-    return {key: (np.array([tensors[key[0]][i] for i in groups[key[1]]], dtype=np.int64) @ orders[key[1]]
-                  if groups[key[1]] else np.zeros(1, dtype=np.int64)).astype(dtype)
-            for key in TABLE_ORDER}
+    return {key: offsets(groups[key[1]], p.sizes, tensors[key[0]], blocked.get(key[1]), dtype)
+            if groups[key[1]] else np.zeros(1, dtype=dtype) for key in TABLE_ORDER}
 
 
 TABLE_ORDER = ("am", "ak", "al", "bk", "bn", "bl", "cm", "cn", "cl")

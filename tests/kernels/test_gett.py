@@ -231,8 +231,17 @@ def test_turned_lanes_read_whole_lines_into_distinct_banks(turn):
                                          (("y", "x"), dict(x=19, y=11)), (("y", "x"), dict(x=11, y=37)),
                                          (("y", "p", "x"), dict(x=1, y=2, p=3))])
 def test_blocked_enumeration_visits_every_multi_index_once(group, sizes, run, width):
-    plain = gett.enumeration(group, sizes)
-    idx = gett.enumeration(group, sizes, ("x", "y", run, width))
+    """The table order of a blocked group, read back as multi-indices from the offsets of a
+    tensor whose strides number them (row-major over the group)."""
+    shape = [sizes[i] for i in group]
+    numbering = dict(zip(group, (int(s) for s in np.cumprod([1] + shape[:0:-1])[::-1])))
+
+    def multi_indices(blocked):
+        return np.array(np.unravel_index(gett.offsets(group, sizes, numbering, blocked), shape))
+
+    plain = multi_indices(None)
+    assert np.array_equal(plain, np.indices(shape).reshape(len(group), -1))
+    idx = multi_indices(("x", "y", run, width))
     assert idx.shape == plain.shape
     assert sorted(map(tuple, idx.T)) == sorted(map(tuple, plain.T))  # a permutation of the plain order
     x, y = group.index("x"), group.index("y")
