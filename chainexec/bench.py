@@ -40,6 +40,9 @@ last letter of each string is the stride-1 index (the original TCCG strings are 
 Usage: ``chainexec bench tccg --out results.json [--scales 1 2] [--cases FILE]`` (or ``main([...])``
 from Python); ``--cases`` takes any list of contractions in ``benchmarks/tccg.json``'s format
 (:func:`load_cases`), and each case's line and row say its share of the bound (``of_bound``).
+``--resume`` continues a run stopped part way (a call's time limit, a lost machine) from the
+rows its ``OUT.partial`` holds (:func:`resume`), so that one result of every case can be made
+over several calls.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import numpy as np
 
 from chainexec import atomicfile
 from chainexec.errors import ChainexecError
+from chainexec.plancache import tree_digest
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
 from chainexec.runtime.backends.common import ttgt_product
@@ -529,6 +533,32 @@ def _case_problem(case, seen: set) -> str | None:
     return None
 
 
+def resume(partial: Path, result: dict, jobs: list) -> list:
+    """Continue the run that left ``partial`` (``OUT.partial``) in ``result``: its rows without
+    an error (every (id, scale) it finished, whichever ``--ids`` it ran), its measured DGEMM rate
+    and copy bandwidth (so that every row's bound comes from one measurement) and the
+    environments of the calls before go into ``result``; returns the ``(case, scale)`` jobs it
+    has no row for. Raises ChainexecError where ``partial`` is not a bench's JSON or was written
+    by other sources (:func:`~chainexec.plancache.tree_digest` of the package), on another device
+    or for another dtype: rows of two versions in one summary would measure neither."""
+    try:
+        earlier = json.loads(partial.read_text())
+        rows, gflops, gbs = earlier["rows"], earlier["dgemm_gflops"], earlier["copy_gbs"]
+        done = {(r["id"], r["scale"]): r for r in rows if "error" not in r}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ChainexecError(f"{partial}: not a bench run's rows to resume ({exc.__class__.__name__}: {exc})") from None
+    for what, then, now in (("sources", earlier.get("source"), result["source"]),
+                            ("device", earlier.get("environment", {}).get("device"), result["environment"].get("device")),
+                            ("dtype", earlier.get("dtype"), result["dtype"])):
+        if then != now:
+            raise ChainexecError(f"{partial}: written with other {what} ({then} against {now} here); remove it or run "
+                                 f"without --resume")
+    result |= {"rows": list(done.values()), "dgemm_gflops": gflops, "copy_gbs": gbs,
+               "earlier": earlier.get("earlier", []) + [earlier.get("environment")],
+               "max_search_s": earlier.get("max_search_s", 0.0)}
+    return [(case, s) for case, s in jobs if (case["id"], s) not in done]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="chainexec bench tccg", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", "--tccg", dest="cases", default=str(REPO / "benchmarks" / "tccg.json"),
@@ -543,6 +573,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=0.3,
                         help="seconds of timed repeats per method and case (at least 3 repeats)")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished rows of OUT.partial (a run stopped part way, on the same sources, "
+                             "device and dtype) and its DGEMM rate and copy bandwidth, and run only the cases it lacks")
     args = parser.parse_args(argv)
     cases = load_cases(args.cases)
     if importlib.util.find_spec("cupy") is None:
@@ -555,14 +588,19 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c["id"] in args.ids]
     use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     device = device_model()
-    result = {"environment": environment(), "device_model": asdict(device), "rows": [],
-              "dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs(),
+    result = {"environment": environment(), "device_model": asdict(device), "dtype": args.dtype,
+              "source": tree_digest(Path(__file__).resolve().parent), "rows": [],
               "layout": "row-major: the last letter of each index string is stride-1"}
     jobs = [(case, s) for s in args.scales for case in cases]
     # the rows so far go to OUT.partial after each case (a run stopped part way keeps them),
     # OUT itself only once every case has run and the summary is made
     out = Path(args.out)
     partial = out.with_name(out.name + ".partial")
+    if args.resume and partial.exists():
+        jobs = resume(partial, result, jobs)
+        print(f"resuming {partial}: {len(result['rows'])} rows kept, {len(jobs)} cases to run", flush=True)
+    else:
+        result |= {"dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs()}
     t0 = time.perf_counter()
     search_s = []
 
@@ -577,7 +615,7 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(16) as pool:
         kernels = list(pool.map(build, jobs))
     result["compile_s"] = time.perf_counter() - t0
-    result["max_search_s"] = max(search_s)
+    result["max_search_s"] = max([*search_s, result.get("max_search_s", 0.0)])
     print(f"configured and compiled {len(jobs)} kernels in {result['compile_s']:.1f} s",
           flush=True)
     for (case, s), kern in zip(jobs, kernels):
@@ -608,6 +646,7 @@ def main(argv=None) -> int:
                   f"x{row['ratio_vs_best_library']:.2f} (at most x{row['ceiling_vs_best_library']:.2f}: "
                   f"bound {row['bound_gflops']:6.0f} GFLOP/s, {row['of_bound']:.0%} of it)", flush=True)
         atomicfile.write(partial, json.dumps(result, indent=1))
+    result["rows"].sort(key=lambda r: (r["scale"], r["id"]))
     tol = 1e-12 if args.dtype == "float64" else 1e-5
     bad = [r for r in result["rows"] if "skipped" not in r and (
         "error" in r or not r["rel_err"] <= tol or not r["rel_err_beta"] <= tol)]

@@ -214,15 +214,12 @@ def test_any_list_of_contractions_loads_and_bad_files_fail_before_the_gpu(tmp_pa
     assert_refused(proc, "not JSON", "bad.json")
 
 
-@pytest.mark.parametrize("stop_at", [2, None])
-def test_results_are_written_whole_once_every_case_has_run(tmp_path, monkeypatch, stop_at):
-    """A run stopped part way (here by Ctrl-C during its second case) leaves the rows of the
-    cases it finished in ``OUT.partial`` and no ``OUT``; a finished run writes ``OUT`` with its
-    summary and removes ``OUT.partial``. The GPU's parts are stand-ins: the cases' rows are
-    skipped ones, which the summary leaves out."""
+def _stand_in_gpu(monkeypatch, bench, ran: list, stop_at=None, device="H200"):
+    """The bench's GPU parts replaced by stand-ins: each case's row is a skipped one (which the
+    summary leaves out), its id appended to ``ran``; the first call of case ``stop_at`` is
+    stopped by Ctrl-C."""
     import importlib.util
 
-    import chainexec.bench as bench
     from chainexec.kernels import kernelconf
     from chainexec.runtime import launch
 
@@ -235,17 +232,32 @@ def test_results_are_written_whole_once_every_case_has_run(tmp_path, monkeypatch
                         lambda: kernelconf.Device("H200", "90", 132, 48 * 1024, 228 * 1024, 255, 65536, 1024, 2048))
     monkeypatch.setattr(launch, "get_kernel", lambda *a, **k: None)
     monkeypatch.setattr(kernelconf, "choose_config", lambda *a, **k: None)
-    for name in ("environment", "dgemm_gflops", "copy_gbs"):
-        monkeypatch.setattr(bench, name, lambda: {})
-    ran = []
+    monkeypatch.setattr(bench, "environment", lambda: {"device": device})
+    rates = iter(range(100, 200))
+    monkeypatch.setattr(bench, "dgemm_gflops", lambda: next(rates))
+    monkeypatch.setattr(bench, "copy_gbs", lambda: 4000.0)
+
+    stops = [stop_at]
 
     def run_case(case, scale, *rest):
         ran.append(case["id"])
-        if len(ran) == stop_at:
+        if case["id"] in stops:
+            stops.remove(case["id"])
             raise KeyboardInterrupt
         return {"id": case["id"], "name": case["name"], "scale": scale, "skipped": "a stand-in"}
 
     monkeypatch.setattr(bench, "run_case", run_case)
+
+
+@pytest.mark.parametrize("stop_at", [2, None])
+def test_results_are_written_whole_once_every_case_has_run(tmp_path, monkeypatch, stop_at):
+    """A run stopped part way (here by Ctrl-C during its second case) leaves the rows of the
+    cases it finished in ``OUT.partial`` and no ``OUT``; a finished run writes ``OUT`` with its
+    summary and removes ``OUT.partial``."""
+    import chainexec.bench as bench
+
+    ran = []
+    _stand_in_gpu(monkeypatch, bench, ran, stop_at)
     out = tmp_path / "r.json"
     argv = ["--out", str(out), "--scales", "1", "--ids", "1", "2", "3", "--no-torch"]
     if stop_at:
@@ -259,3 +271,54 @@ def test_results_are_written_whole_once_every_case_has_run(tmp_path, monkeypatch
         done = json.loads(out.read_text())
         assert [r["id"] for r in done["rows"]] == [1, 2, 3] and done["failures"] == [] and "summary" in done
         assert not (tmp_path / "r.json.partial").exists()
+
+
+def test_a_stopped_run_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """``--resume`` keeps the finished rows of ``OUT.partial`` and the first call's DGEMM rate
+    (every row's bound from one measurement), runs only the cases it lacks (a case that failed
+    is run again, and cases beyond the first call's ``--ids`` are added) and writes one result of
+    them all, in case order."""
+    import chainexec.bench as bench
+
+    ran = []
+    _stand_in_gpu(monkeypatch, bench, ran, stop_at=3)
+    out = tmp_path / "r.json"
+    argv = ["--out", str(out), "--scales", "1", "--ids", "1", "2", "3", "4", "--no-torch"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv)
+    partial = tmp_path / "r.json.partial"
+    first = json.loads(partial.read_text())
+    assert [r["id"] for r in first["rows"]] == [1, 2] and first["dgemm_gflops"] == 100
+    first["rows"][1] = {"id": 2, "name": "x", "scale": 1, "error": "RuntimeError('out of memory')"}
+    partial.write_text(json.dumps(first))
+    ran.clear()
+    bench.main(argv[:-1] + ["5", "--no-torch", "--resume"])
+    assert ran == [2, 3, 4, 5]
+    done = json.loads(out.read_text())
+    assert [r["id"] for r in done["rows"]] == [1, 2, 3, 4, 5] and "error" not in done["rows"][1]
+    assert done["dgemm_gflops"] == 100 and done["earlier"] == [first["environment"]] and not partial.exists()
+
+
+@pytest.mark.parametrize("change", ["source", "device", "dtype", "torn"])
+def test_a_partial_run_of_other_sources_device_or_dtype_is_not_resumed(tmp_path, monkeypatch, change):
+    """Rows measured by other sources, on another device or in another dtype (or a file that is
+    not a bench's rows) are refused with one line naming the file, before any case runs."""
+    import chainexec.bench as bench
+
+    ran = []
+    _stand_in_gpu(monkeypatch, bench, ran, stop_at=2, device="H100" if change == "device" else "H200")
+    out = tmp_path / "r.json"
+    argv = ["--out", str(out), "--scales", "1", "--ids", "1", "2", "--no-torch"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv + (["--dtype", "float32"] if change == "dtype" else []))
+    partial = tmp_path / "r.json.partial"
+    earlier = json.loads(partial.read_text())
+    if change == "source":
+        earlier["source"] = "0" * 64
+    if change == "device":
+        earlier["environment"]["device"] = "H200"
+    partial.write_text(json.dumps(earlier)[:-20] if change == "torn" else json.dumps(earlier))
+    ran.clear()
+    with pytest.raises(ChainexecError) as err:
+        bench.main(argv + ["--resume"])
+    assert str(partial) in str(err.value) and "\n" not in str(err.value) and ran == [] and not out.exists()
