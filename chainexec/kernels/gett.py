@@ -624,7 +624,11 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     every order among them; then the best-ranked of every k-tile depth (bk) and of every block
     shape (rows, columns, threads) not among those, no larger than the best's block tile, since
     which of the ties is fastest depends on latency and occupancy the roofline does not see
-    (smaller tiles keep more blocks resident); then the staged-epilogue twin of each
+    (smaller tiles keep more blocks resident); where none of these holds all of M in one block
+    row, the best-ranked one-row configuration (:func:`row_configs`) of each order whose best
+    ranks in the first tier, since each block row loads B's tiles again, which the model's DRAM
+    bytes do not count (a second row finds them in L2) but the loads' shared-memory traffic,
+    the ML cases' bound, does; then the staged-epilogue twin of each
     (:attr:`GettConfig.staged`) where its shared memory fits. The model cannot tell the two
     epilogues apart (both store whole sectors; what differs is the number of store instructions
     and their order), the timing can. Last, for a short sum, the short-sum kernels of every order
@@ -644,6 +648,13 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
         for x in ranked:
             if all(shape(x[3]) != shape(y[3]) for y in best) and x[3].bm * x[3].bn <= area:
                 best.append(x)
+    M = next(iter(problems.values())).dims[0]
+    if all(x[3].bm < M for x in best):
+        tier = ranked[0][0][0]
+        for order, p in problems.items():
+            if next(x for x in ranked if x[1] == order)[0][0] == tier:
+                best += sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg) for cfg in row_configs(p, arch)),
+                               key=lambda x: x[:3])[:1]
     chosen = [(x[1], x[3]) for x in best]
     twins = [(order, replace(cfg, staged=True)) for order, cfg in chosen]
     return (chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
@@ -768,25 +779,45 @@ SPLIT_PARTS = (2, 3, 4, 6, 8, 12, 16)
 """Parts a split sum may have (:func:`split_configs`): the workspace holds that many outputs."""
 SPLIT_MIN_TILES = 8
 """K-tiles a part sums at least: fewer leave a block's pipeline mostly filling and draining."""
-SPLIT_ACCUMULATORS = 20
-"""m16n8 tiles a warp of a one-row split shape holds at most (80 accumulators a lane)."""
 SPLIT_TILES = ((2, 2, 4, 4, 16), (2, 2, 2, 8, 16))
-"""Block shapes (as :data:`TILES`) a split sum is offered with beside the one-row shapes: 64×64
-and 32×128 tiles of four warps."""
+"""Block shapes (as :data:`TILES`) a split sum is offered with beside the one-row shapes
+(:func:`row_configs`): 64×64 and 32×128 tiles of four warps."""
+ROW_ACCUMULATORS = 20
+"""m16n8 tiles a warp of a one-row shape (:func:`row_configs`) holds at most (80 accumulators a
+lane)."""
+ROW_SHAPES = ((4, 2, 16), (4, 4, 16), (2, 4, 8))
+"""One-row block shapes (:func:`row_configs`): (warps along n, n8 tiles a warp, bk). Four warps
+of 64 or 128 columns and k-tiles of 16, and two warps of 64 columns and k-tiles of 8, as the
+32×64 tiles that are fastest where all of M fits in one of them (TCCG's ML cases, M = 24)."""
+
+
+def row_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
+    """The one-row configurations of ``p``: for each of :data:`ROW_SHAPES` and each m16 MMA, one
+    warp along m of the fewest m16 tiles that hold all of M and whose loads divide evenly among
+    the block's threads (at most :data:`ROW_ACCUMULATORS` m16n8 tiles a warp), valid on compute
+    capability ``arch``. A is then read once, and B, whose tiles every block row loads into
+    shared memory again (from L2, where the rows of a raster group run together), passes through
+    the loads once: where M is a little more than the model's tied best tiles hold (M = 48 on
+    32-row tiles, TCCG's ML cases at twice their extents) the others load B twice."""
+    out = []
+    for (wn, mn, bk), shape in itertools.product(ROW_SHAPES, ("m16n8k4", "m16n8k8")):
+        for rows in range(-(-p.dims[0] // 16), ROW_ACCUMULATORS // mn + 1):
+            cfg = GettConfig(1, wn, rows, mn, bk, 3, shape, p.a_k_fast, p.b_n_fast, wide=p.wide, turn=p.turn)
+            if cfg.valid(arch):
+                out.append(cfg)
+                break
+    return out
 
 
 def split_shapes(p: Problem, arch: int = 90) -> list[GettConfig]:
-    """The configurations a split sum of ``p`` is timed with: where one block row of
-    ``ceil(M/16)`` m16 tiles holds all of M, four warps along n of that many m16 tiles by 2 or 4
-    n8 tiles (at most :data:`SPLIT_ACCUMULATORS`: A's tile is then read once and each B fragment
-    feeds every m16 tile), and the shapes of :data:`SPLIT_TILES`; k-tiles of 16, m16 MMAs of
-    each k-step valid on compute capability ``arch``."""
-    rows = -(-p.dims[0] // 16)
-    shapes = [(1, 4, 2 * rows, mn, 16) for mn in (2, 4) if rows * mn <= SPLIT_ACCUMULATORS] + list(SPLIT_TILES)
-    out = []
-    for (wm, wn, mm, mn, bk), shape in itertools.product(shapes, ("m16n8k4", "m16n8k8")):
+    """The configurations a split sum of ``p`` is timed with: the one-row shapes
+    (:func:`row_configs`: A's tile is read once and each B fragment feeds every m16 tile) and the
+    shapes of :data:`SPLIT_TILES` with k-tiles of 16, m16 MMAs of each k-step valid on compute
+    capability ``arch``."""
+    out = row_configs(p, arch)
+    for (wm, wn, mm, mn, bk), shape in itertools.product(SPLIT_TILES, ("m16n8k4", "m16n8k8")):
         cfg = GettConfig(wm, wn, mm // 2, mn, bk, 3, shape, p.a_k_fast, p.b_n_fast, wide=p.wide, turn=p.turn)
-        if cfg.valid(arch):
+        if cfg.valid(arch) and cfg not in out:
             out.append(cfg)
     return out
 

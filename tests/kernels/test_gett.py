@@ -32,6 +32,9 @@ CASES = [
     ("abcd", "eafc", "bfde", dict(a=4, b=5, c=3, d=6, e=7, f=2)),
     # A's and B's stride-1 indices both summed (f, e): K enumerated in blocks, ragged at 6 and 7
     ("abcd", "aebf", "dfce", dict(a=3, b=4, c=5, d=2, e=6, f=7)),
+    # TCCG's ML case 4 with M = 45 (one-row tiles of 48 offered beside the tied 32-row ones) and
+    # N interleaving C's and B's stride-1 indices in ragged blocks (turned loads)
+    ("abcd", "deca", "be", dict(a=17, b=45, c=3, d=19, e=40)),
 ]
 
 
@@ -554,6 +557,61 @@ def test_a_single_row_tile_of_a_is_read_once(monkeypatch):
     M, N, K, _ = _split_problems(*SPLIT_CASES[0][:4])["load"].dims
     assert -(-M // cfg.bm) == 1 and p.runs[0] > 8
     assert seconds[1] - seconds[0] == pytest.approx(gett.ELEM * (K * N + 2 * M * N) / gett.DRAM_BYTES)
+
+
+ML = [case for case in json.loads(TCCG.read_text()) if case["group"] == "ml"]
+
+
+def _scaled_problems(case, scale):
+    sizes = {i: n * scale for i, n in case["sizes"].items()}
+    return _split_problems(case["C"], case["A"], case["B"], sizes)
+
+
+@pytest.mark.parametrize("scale", [1, 2])
+@pytest.mark.parametrize("case", ML, ids=lambda case: str(case["id"]))
+def test_one_row_tiles_are_offered_where_the_tied_best_split_m(case, scale, monkeypatch):
+    """TCCG's ML cases: where none of the model's chosen tiles holds all of M in one block row
+    (M = 48 at scale 2 on the tied 32-row tiles, each row loading B again), each first-tier
+    order also offers its best-ranked one-row configuration and its staged twin: one warp along
+    m of the fewest m16 tiles at or above M whose loads divide evenly. At scale 1 (M = 24) the
+    chosen tiles hold M already and nothing is added; case 1's M is too large for one row."""
+    probs = _scaled_problems(case, scale)
+    M = next(iter(probs.values())).dims[0]
+    cands = gett.candidates(probs, 132)
+    with monkeypatch.context() as m:
+        m.setattr(gett, "row_configs", lambda p, arch=90: [])
+        without = gett.candidates(probs, 132)
+    added = [x for x in cands if x not in without]
+    assert [x for x in cands if x in without] == without
+    if scale == 1 or case["id"] == 1:
+        assert added == []
+        return
+    ranked = [(gett._rank(probs[o], cfg, 132)[0], o) for o, cfg in without if not cfg.span]
+    assert all(cfg.bm < M for o, cfg in without if not cfg.span)
+    assert {o for o, _ in added} == {o for tier, o in ranked if tier == min(ranked)[0]}
+    for order, cfg in added:
+        assert cfg.warps_m == 1 and cfg.bm >= M and cfg.mma_m * cfg.mma_n <= gett.ROW_ACCUMULATORS
+        fewer = replace(cfg, mma_m=cfg.mma_m - 1)
+        assert fewer.bm < M or not fewer.valid()
+        assert (order, replace(cfg, staged=not cfg.staged)) in added
+    assert len(added) == 2 * len({o for o, _ in added})
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_one_row_configurations_compile_with_nvcc(tmp_path):
+    """Every one-row configuration of the ML cases at scale 2 (M = 48: 48- and 64-row tiles,
+    turned and not) compiles for sm_90; with 32-bit offsets none spills, with 64-bit ones ptxas
+    spills a few registers of some warps of 12 or 16 m16n8 tiles."""
+    cfgs = []
+    for case in ML[1:]:
+        for p in _scaled_problems(case, 2).values():
+            cfgs += [replace(cfg, wide=False) for cfg in gett.row_configs(p) if replace(cfg, wide=False) not in cfgs]
+    assert len(cfgs) >= 12 and {cfg.bm for cfg in cfgs} == {48, 64} and any(cfg.turn for cfg in cfgs)
+    (tmp_path / "narrow").mkdir()
+    (tmp_path / "wide").mkdir()
+    assert gett_spills(tmp_path / "narrow", cfgs) == [0] * len(cfgs)
+    wide = gett_spills(tmp_path / "wide", [replace(cfg, wide=True) for cfg in cfgs])
+    assert all(s <= 64 and (s == 0 or cfg.mma_m * cfg.mma_n >= 12) for cfg, s in zip(cfgs, wide))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

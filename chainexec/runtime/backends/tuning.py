@@ -136,7 +136,7 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 20
+TUNING_VERSION = 21
 """The tuning cache's format version, the first part of every key: raised when methods, GETT
 configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
 recorded by older code are not read back."""
