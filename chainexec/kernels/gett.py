@@ -785,10 +785,12 @@ SPLIT_TILES = ((2, 2, 4, 4, 16), (2, 2, 2, 8, 16))
 ROW_ACCUMULATORS = 20
 """m16n8 tiles a warp of a one-row shape (:func:`row_configs`) holds at most (80 accumulators a
 lane)."""
-ROW_SHAPES = ((4, 2, 16), (4, 4, 16), (2, 4, 8))
+ROW_SHAPES = ((4, 2, 16), (4, 4, 16), (2, 4, 8), (9, 1, 16))
 """One-row block shapes (:func:`row_configs`): (warps along n, n8 tiles a warp, bk). Four warps
-of 64 or 128 columns and k-tiles of 16, and two warps of 64 columns and k-tiles of 8, as the
-32×64 tiles that are fastest where all of M fits in one of them (TCCG's ML cases, M = 24)."""
+of 64 or 128 columns and k-tiles of 16; two warps of 64 columns and k-tiles of 8, as the 32×64
+tiles that are fastest where all of M fits in one of them (TCCG's ML cases, M = 24); nine warps
+of 72 columns, whose 288 threads load rows of 144 along m (the AO→MO cases at twice
+TCCG's extents: M = 144, A's stride-1 index in M)."""
 
 
 def row_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
