@@ -1,0 +1,42 @@
+"""``benchmarks/gpu_tests.sh``: the tests marked ``gpu`` dealt round-robin to parallel pytest
+processes, each counted once in the summary, failures named; unmarked tests are not run."""
+
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tests.sh"
+
+TESTS = '''
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("n", range(5))
+def test_passes(n):
+    assert n < 5
+
+
+def test_fails():
+    assert 1 == 2
+
+
+def test_skips():
+    pytest.skip("no device")
+'''
+
+
+def test_shards_run_every_gpu_test_once_and_name_the_failures(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_device.py").write_text(TESTS)
+    (tmp_path / "tests" / "test_host.py").write_text("def test_unmarked():\n    assert False\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPT), str(out), "3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = (out / "summary.txt").read_text()
+    assert "all: 5 passed, 1 failed, 1 skipped" in summary
+    assert "FAILED" in summary and "test_fails" in summary and "test_unmarked" not in summary
+    ids = [(out / f"ids_{s}.txt").read_text().split() for s in range(3)]
+    assert sorted(sum(ids, [])) == sorted((out / "ids.txt").read_text().split()) and all(len(i) >= 2 for i in ids)
