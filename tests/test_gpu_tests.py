@@ -40,3 +40,12 @@ def test_shards_run_every_gpu_test_once_and_name_the_failures(tmp_path):
     assert "FAILED" in summary and "test_fails" in summary and "test_unmarked" not in summary
     ids = [(out / f"ids_{s}.txt").read_text().split() for s in range(3)]
     assert sorted(sum(ids, [])) == sorted((out / "ids.txt").read_text().split()) and all(len(i) >= 2 for i in ids)
+
+
+def test_every_module_that_needs_a_gpu_is_marked():
+    """A test module that skips without a GPU (``require_gpu()`` at module level) marks its tests
+    ``gpu``, so that the script runs them."""
+    root = Path(__file__).resolve().parent
+    needing = [p for p in root.rglob("test_*.py") if "\ncupy = require_gpu()" in p.read_text()]
+    assert len(needing) >= 9
+    assert [p.name for p in needing if "\npytestmark = pytest.mark.gpu" not in p.read_text()] == []

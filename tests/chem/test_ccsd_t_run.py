@@ -27,7 +27,7 @@ def molecule(request, tmp_path_factory):
         return folder, float(f.attrs["e_t"])
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cupy"])
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("ranks", [1, 4])
 def test_energy_equals_pyscf(molecule, ranks, backend):
     """On the NumPy backend (CI) and on the GPU (CuPy; skipped without one: 4 ranks share it)."""

@@ -19,6 +19,8 @@ cupy = require_gpu()
 
 from chainexec.runtime.devicetime import HOLD_S, Stopwatch  # noqa: E402
 
+pytestmark = pytest.mark.gpu
+
 SPIN = cupy.RawKernel(r"""
 extern "C" __global__ void spin(unsigned long long ns) {
     unsigned long long start, now;
