@@ -561,7 +561,8 @@ def offsets(group, sizes: dict, strides: dict, blocked: tuple[str, str, int, int
             valid = (in_y[:, None, :, None] & in_x[None, :, None, :]).ravel()
     out = np.zeros(1, dtype=dtype)
     for radix, step in axes:
-        out = (out[:, None] + step * np.arange(radix, dtype=dtype)).ravel()
+        # a digit of one value adds nothing (its step may exceed the dtype: an extent-1 index)
+        out = (out[:, None] + (step if radix > 1 else 0) * np.arange(radix, dtype=dtype)).ravel()
     return out if valid is None else out.reshape(-1, valid.size)[:, valid].ravel()
 
 
