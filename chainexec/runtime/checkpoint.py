@@ -137,6 +137,7 @@ def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
             raise ChainexecError("the checkpoint does not record its input files (remove the folder or choose "
                                  "another)", str(path))
     changed = False
+    recorded = dict(record or {})
     for file in files:
         stamp = _stamp(file)
         if record is not None and record[file]["stamp"] == stamp:
@@ -145,11 +146,10 @@ def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
         if record is not None and record[file]["sha256"] != digest:
             raise ChainexecError(f"the input file {file} changed since the checkpoint was written; its partial "
                                  "sums would mix with the new values: remove the folder or choose another", str(path))
-        record = record or {}
-        record[file] = {"stamp": stamp, "sha256": digest}
+        recorded[file] = {"stamp": stamp, "sha256": digest}
         changed = True
     if changed or record is None:
-        atomicfile.write(path, json.dumps(record or {}, indent=1))
+        atomicfile.write(path, json.dumps(recorded, indent=1))
 
 
 def _loops(plan: Plan) -> dict[tuple[int, int], tuple[str, int]]:
