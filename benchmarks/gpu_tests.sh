@@ -2,16 +2,26 @@
 # The GPU tests (marker `gpu`) in SHARDS pytest processes at once on one machine's GPUs, so that
 # they fit a device call's time limit: the test ids are collected once and dealt round-robin,
 # each shard writes its log and JUnit XML, and OUT/summary.txt gives each shard's passed,
-# failed and skipped counts and the failures' ids. Extra arguments go to every pytest (-k, -x).
+# failed and skipped counts and the failures' ids (a shard's tests that did not report count as
+# failed); it exits 1 where any failed, 2 where collection fails. Extra arguments are pytest
+# options for every process (-k, -x), not paths.
 # Usage on the GPU machine: bash benchmarks/gpu_tests.sh OUT [SHARDS] [PYTEST ARGS...]
 set -uo pipefail
 out=${1:?output folder}
 shards=${2:-4}
 shift $(( $# < 2 ? $# : 2 ))
+[[ $shards =~ ^[1-9][0-9]*$ ]] || { echo "SHARDS must be a positive whole number, not '$shards'" >&2; exit 2; }
 mkdir -p "$out"
+rm -f "$out"/ids*.txt "$out"/shard_*.log "$out"/shard_*.xml "$out/summary.txt"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider "$@" tests 2>/dev/null \
-    | grep '::' > "$out/ids.txt"
+python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider -p no:warnings "$@" tests > "$out/collect.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
+  echo "collection failed (exit $rc): see $out/collect.log" >&2
+  tail -5 "$out/collect.log" >&2
+  exit 2
+fi
+grep -E '^tests/[^ ]*::' "$out/collect.log" > "$out/ids.txt"
 total=$(wc -l < "$out/ids.txt")
 echo "$total GPU tests in $shards shards"
 for s in $(seq 0 $((shards - 1))); do
@@ -30,15 +40,22 @@ from pathlib import Path
 out, shards = Path(sys.argv[1]), int(sys.argv[2])
 totals = {"passed": 0, "failed": 0, "skipped": 0}
 for s in range(shards):
-    path = out / f"shard_{s}.xml"
+    path, ids = out / f"shard_{s}.xml", out / f"ids_{s}.txt"
+    given = len(ids.read_text().split("\n")) - 1 if ids.exists() else 0
     if not path.exists():
-        print(f"shard {s}: no results (see shard_{s}.log)")
+        if given:
+            print(f"shard {s}: no results for its {given} tests (see shard_{s}.log): counted failed")
+            totals["failed"] += given
         continue
     suite = ET.parse(path).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     skipped = int(suite.get("skipped", 0))
     passed = int(suite.get("tests", 0)) - failed - skipped
+    missing = max(0, given - int(suite.get("tests", 0)))
+    if missing:
+        print(f"shard {s}: {missing} of its tests did not report (see shard_{s}.log): counted failed")
+    failed += missing
     totals = {"passed": totals["passed"] + passed, "failed": totals["failed"] + failed,
               "skipped": totals["skipped"] + skipped}
     print(f"shard {s}: {passed} passed, {failed} failed, {skipped} skipped, {float(suite.get('time', 0)):.0f} s")
@@ -46,4 +63,5 @@ for s in range(shards):
         if case.find("failure") is not None or case.find("error") is not None:
             print(f"  FAILED {case.get('classname')}::{case.get('name')}")
 print(f"all: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+sys.exit(1 if totals["failed"] else 0)
 PY

@@ -34,7 +34,7 @@ def test_shards_run_every_gpu_test_once_and_name_the_failures(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(["bash", str(SCRIPT), str(out), "3"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a test failed
     summary = (out / "summary.txt").read_text()
     assert "all: 5 passed, 1 failed, 1 skipped" in summary
     assert "FAILED" in summary and "test_fails" in summary and "test_unmarked" not in summary
@@ -49,3 +49,15 @@ def test_every_module_that_needs_a_gpu_is_marked():
     needing = [p for p in root.rglob("test_*.py") if "\ncupy = require_gpu()" in p.read_text()]
     assert len(needing) >= 9
     assert [p.name for p in needing if "\npytestmark = pytest.mark.gpu" not in p.read_text()] == []
+
+
+def test_a_module_that_fails_to_collect_stops_the_run(tmp_path):
+    """A GPU module that cannot be imported is not dropped silently: exit 2, no shard runs."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_device.py").write_text(TESTS)
+    (tmp_path / "tests" / "test_broken.py").write_text("import no_such_module_here\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPT), str(out), "2"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "collection failed" in proc.stderr and not list(out.glob("shard_*"))

@@ -618,7 +618,7 @@ def test_one_row_configurations_compile_with_nvcc(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_split_shapes_compile_with_nvcc(tmp_path):
-    """Every split shape of the cases' problems (one-row shapes up to SPLIT_ACCUMULATORS tiles a
+    """Every split shape of the cases' problems (one-row shapes up to ROW_ACCUMULATORS tiles a
     warp) compiles for sm_90, with 32-bit offsets without spilling; with 64-bit ones (outputs
     or operands past 2^31 elements) ptxas spills some registers of the one-row shapes of 18 and
     20 m16n8 tiles a warp, as much as unsplit."""
