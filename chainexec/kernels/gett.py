@@ -786,25 +786,30 @@ SPLIT_TILES = ((2, 2, 4, 4, 16), (2, 2, 2, 8, 16))
 ROW_ACCUMULATORS = 20
 """m16n8 tiles a warp of a one-row shape (:func:`row_configs`) holds at most (80 accumulators a
 lane)."""
-ROW_SHAPES = ((4, 2, 16), (4, 4, 16), (2, 4, 8), (9, 1, 16))
+ROW_SHAPES = ((4, 2, 16), (4, 4, 16), (2, 4, 8))
 """One-row block shapes (:func:`row_configs`): (warps along n, n8 tiles a warp, bk). Four warps
-of 64 or 128 columns and k-tiles of 16; two warps of 64 columns and k-tiles of 8, as the 32×64
-tiles that are fastest where all of M fits in one of them (TCCG's ML cases, M = 24); nine warps
-of 72 columns, whose 288 threads load rows of 144 along m (the AO→MO cases at twice
-TCCG's extents: M = 144, A's stride-1 index in M)."""
+of 64 or 128 columns and k-tiles of 16, and two warps of 64 columns and k-tiles of 8, as the
+32×64 tiles that are fastest where all of M fits in one of them (TCCG's ML cases, M = 24)."""
+ROW_PADDING = 1.5
+"""Most rows a one-row tile may hold per row of M (:func:`row_configs`): where A is loaded along
+m the rows must divide the threads, so M = 48 takes 64 rows, but M = 72 would take 128, nearly
+twice the MMAs for nothing."""
 
 
 def row_configs(p: Problem, arch: int = 90) -> list[GettConfig]:
     """The one-row configurations of ``p``: for each of :data:`ROW_SHAPES` and each m16 MMA, one
     warp along m of the fewest m16 tiles that hold all of M and whose loads divide evenly among
-    the block's threads (at most :data:`ROW_ACCUMULATORS` m16n8 tiles a warp), valid on compute
-    capability ``arch``. A is then read once, and B, whose tiles every block row loads into
-    shared memory again (from L2, where the rows of a raster group run together), passes through
-    the loads once: where M is a little more than the model's tied best tiles hold (M = 48 on
-    32-row tiles, TCCG's ML cases at twice their extents) the others load B twice."""
+    the block's threads (at most :data:`ROW_ACCUMULATORS` m16n8 tiles a warp and
+    :data:`ROW_PADDING` rows per row of M beyond the fewest), valid on compute capability ``arch``. A is then read
+    once, and B, whose tiles every block row loads into shared memory again (from L2, where the
+    rows of a raster group run together), passes through the loads once: where M is a little
+    more than the model's tied best tiles hold (M = 48 on 32-row tiles, TCCG's ML cases at twice
+    their extents) the others load B twice."""
+    M = p.dims[0]
+    fewest = -(-M // 16)
     out = []
     for (wn, mn, bk), shape in itertools.product(ROW_SHAPES, ("m16n8k4", "m16n8k8")):
-        for rows in range(-(-p.dims[0] // 16), ROW_ACCUMULATORS // mn + 1):
+        for rows in range(fewest, min(ROW_ACCUMULATORS // mn, max(fewest, int(ROW_PADDING * M) // 16)) + 1):
             cfg = GettConfig(1, wn, rows, mn, bk, 3, shape, p.a_k_fast, p.b_n_fast, wide=p.wide, turn=p.turn)
             if cfg.valid(arch):
                 out.append(cfg)

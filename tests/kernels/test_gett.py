@@ -35,7 +35,7 @@ CASES = [
     # TCCG's ML case 4 with M = 45 (one-row tiles of 48 offered beside the tied 32-row ones) and
     # N interleaving C's and B's stride-1 indices in ragged blocks (turned loads)
     ("abcd", "deca", "be", dict(a=17, b=45, c=3, d=19, e=40)),
-    # an AO→MO step with M = 139 (one-row tiles of 144 rows by nine warps, A loaded along m)
+    # an AO→MO step with M = 139, A loaded along m: no one-row tile within ROW_PADDING
     ("abcd", "ea", "ebcd", dict(a=139, b=5, c=7, d=9, e=37)),
 ]
 
@@ -599,16 +599,31 @@ def test_one_row_tiles_are_offered_where_the_tied_best_split_m(case, scale, monk
     assert len(added) == 2 * len({o for o, _ in added})
 
 
+@pytest.mark.parametrize("M, a_k_fast, rows", [(48, True, {48}), (48, False, {64}), (17, True, {32}),
+                                               (72, True, {80}), (72, False, set()), (139, False, set())])
+def test_one_row_tiles_take_the_fewest_rows_within_the_padding(M, a_k_fast, rows):
+    """One-row tiles hold all of M in the fewest m16 tiles whose loads divide evenly, at most
+    ROW_PADDING rows per row of M beyond the fewest: A loaded along m needs rows that divide the
+    threads, 64 for M = 48, but 128 for M = 72 would nearly double the MMAs, so none."""
+    a = ("m", "k") if a_k_fast else ("k", "m")
+    sizes = dict(m=M, n=256, k=64)
+    p = gett.problem(("m", "n"), a, ("k", "n"), sizes, tuple(_contiguous_strides(x, sizes) for x in (("m", "n"), a,
+                                                                                                     ("k", "n"))))
+    assert p.a_k_fast == a_k_fast and p.dims[0] == M
+    cfgs = gett.row_configs(p)
+    assert {cfg.bm for cfg in cfgs} == rows and all(cfg.warps_m == 1 and cfg.valid() for cfg in cfgs)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_one_row_configurations_compile_with_nvcc(tmp_path):
-    """Every one-row configuration of the ML and AO→MO cases at scale 2 (M = 48 and 144: 48-,
-    64- and 144-row tiles, turned and not) compiles for sm_90; with 32-bit offsets none spills,
-    with 64-bit ones ptxas spills a few registers of some warps of 12 or more m16n8 tiles."""
+    """Every one-row configuration of the ML cases at scale 2 (M = 48: 48- and 64-row tiles,
+    turned and not) compiles for sm_90; with 32-bit offsets none spills, with 64-bit ones ptxas
+    spills a few registers of some warps of 12 or more m16n8 tiles."""
     cfgs = []
-    for case in ML[1:] + [case for case in json.loads(TCCG.read_text()) if case["group"] == "ao2mo"]:
+    for case in ML[1:]:
         for p in _scaled_problems(case, 2).values():
             cfgs += [replace(cfg, wide=False) for cfg in gett.row_configs(p) if replace(cfg, wide=False) not in cfgs]
-    assert len(cfgs) >= 12 and {cfg.bm for cfg in cfgs} == {48, 64, 144} and any(cfg.turn for cfg in cfgs)
+    assert len(cfgs) >= 12 and {cfg.bm for cfg in cfgs} == {48, 64} and any(cfg.turn for cfg in cfgs)
     (tmp_path / "narrow").mkdir()
     (tmp_path / "wide").mkdir()
     assert gett_spills(tmp_path / "narrow", cfgs) == [0] * len(cfgs)

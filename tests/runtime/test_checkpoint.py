@@ -594,3 +594,25 @@ def test_queued_accumulates_land_before_a_checkpoint(tmp_path):
     proc = run_cli("run", config, "--quiet", "--checkpoint", folder)
     assert proc.returncode == 0, proc.stderr
     _check_energy(tmp_path)
+
+
+def test_a_checkpoint_records_every_input_file(tmp_path):
+    """Inputs in two files: a new checkpoint records both (stamp and digest), the run stopped at
+    its first checkpoint resumes and finishes, and its output equals the einsum of the inputs."""
+    config = fourindex_config()
+    config["tensors"]["C"]["source"]["file"] = "c.h5"
+    path = write_config(tmp_path, config)
+    assert run_cli("generate", path).returncode == 0
+    stop = ("--checkpoint", tmp_path / "ck", "--checkpoint-every", 0)
+    proc = run_cli("run", path, *stop, "--stop-after", 0)
+    assert proc.returncode == 3, proc.stderr
+    recorded = json.loads((tmp_path / "ck" / checkpoint.INPUTS).read_text())
+    assert sorted(Path(f).name for f in recorded) == ["c.h5", "in.h5"]
+    assert all({"stamp", "sha256"} <= set(r) for r in recorded.values())
+    proc = run_cli("run", path, *stop)
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "in.h5") as fa, h5py.File(tmp_path / "c.h5") as fc, \
+            h5py.File(tmp_path / "out" / "result.h5") as fo:
+        C = fc["C"][()]
+        ref = np.einsum("pa,qb,rc,sd,pqrs->abcd", C, C, C, C, fa["A"][()])
+        assert np.linalg.norm(fo["B"][()] - ref) <= 1e-12 * np.linalg.norm(ref)
