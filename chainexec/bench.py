@@ -48,6 +48,7 @@ over several calls.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import math
@@ -480,6 +481,12 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     return row
 
 
+def cases_digest(cases: list[dict]) -> str:
+    """SHA-256 of a case file's contractions (ids, names, groups, index strings and extents, in
+    canonical JSON): the rows of one resumed run measure the same contractions."""
+    return hashlib.sha256(json.dumps(cases, sort_keys=True).encode()).hexdigest()
+
+
 def load_cases(path: str | Path) -> list[dict]:
     """The contractions of a case file in ``benchmarks/tccg.json``'s format: a JSON list of
     objects with ``id`` (a whole number, each once), ``name`` and ``group`` (strings), ``C``,
@@ -534,28 +541,35 @@ def _case_problem(case, seen: set) -> str | None:
 
 
 def resume(partial: Path, result: dict, jobs: list) -> list:
-    """Continue the run that left ``partial`` (``OUT.partial``) in ``result``: its rows without
-    an error (every (id, scale) it finished, whichever ``--ids`` it ran), its measured DGEMM rate
-    and copy bandwidth (so that every row's bound comes from one measurement) and the
-    environments of the calls before go into ``result``; returns the ``(case, scale)`` jobs it
-    has no row for. Raises ChainexecError where ``partial`` is not a bench's JSON or was written
-    by other sources (:func:`~chainexec.plancache.tree_digest` of the package), on another device
-    or for another dtype: rows of two versions in one summary would measure neither."""
+    """Continue the run that left ``partial`` (``OUT.partial``) in ``result``: its rows (every
+    (id, scale) it finished, whichever ``--ids`` it ran; a row with an error only where this run
+    does not run its case again), its measured DGEMM rate and copy bandwidth (so that every row's
+    bound comes from one measurement) and the environments of the calls before go into
+    ``result``; returns the ``(case, scale)`` jobs it has no row without an error for. Raises
+    ChainexecError where ``partial`` is not a bench's JSON or was written by other sources
+    (:func:`~chainexec.plancache.tree_digest` of the package), from another case file (its
+    contractions' digest), on another device or for another dtype: rows of two versions in one
+    summary would measure neither."""
     try:
         earlier = json.loads(partial.read_text())
-        rows, gflops, gbs = earlier["rows"], earlier["dgemm_gflops"], earlier["copy_gbs"]
+        rows, gflops, gbs, env = earlier["rows"], earlier["dgemm_gflops"], earlier["copy_gbs"], earlier["environment"]
+        if not (isinstance(env, dict) and isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+                and all(isinstance(x, (int, float)) and x > 0 for x in (gflops, gbs))):
+            raise TypeError("its environment, rows or rates are not what a bench writes")
         done = {(r["id"], r["scale"]): r for r in rows if "error" not in r}
+        again = {(case["id"], s) for case, s in jobs}
+        kept = [r for r in rows if "error" not in r or (r["id"], r["scale"]) not in again]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ChainexecError(f"{partial}: not a bench run's rows to resume ({exc.__class__.__name__}: {exc})") from None
     for what, then, now in (("sources", earlier.get("source"), result["source"]),
-                            ("device", earlier.get("environment", {}).get("device"), result["environment"].get("device")),
+                            ("cases", earlier.get("cases"), result["cases"]),
+                            ("device", env.get("device"), result["environment"].get("device")),
                             ("dtype", earlier.get("dtype"), result["dtype"])):
         if then != now:
             raise ChainexecError(f"{partial}: written with other {what} ({then} against {now} here); remove it or run "
                                  f"without --resume")
-    result |= {"rows": list(done.values()), "dgemm_gflops": gflops, "copy_gbs": gbs,
-               "earlier": earlier.get("earlier", []) + [earlier.get("environment")],
-               "max_search_s": earlier.get("max_search_s", 0.0)}
+    result |= {"rows": kept, "dgemm_gflops": gflops, "copy_gbs": gbs,
+               "earlier": earlier.get("earlier", []) + [env], "max_search_s": earlier.get("max_search_s", 0.0)}
     return [(case, s) for case, s in jobs if (case["id"], s) not in done]
 
 
@@ -584,14 +598,12 @@ def main(argv=None) -> int:
     from chainexec.kernels.kernelconf import choose_config
     from chainexec.runtime.launch import device_model, get_kernel
 
-    if args.ids:
-        cases = [c for c in cases if c["id"] in args.ids]
     use_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     device = device_model()
     result = {"environment": environment(), "device_model": asdict(device), "dtype": args.dtype,
-              "source": tree_digest(Path(__file__).resolve().parent), "rows": [],
+              "source": tree_digest(Path(__file__).resolve().parent), "cases": cases_digest(cases), "rows": [],
               "layout": "row-major: the last letter of each index string is stride-1"}
-    jobs = [(case, s) for s in args.scales for case in cases]
+    jobs = [(case, s) for s in args.scales for case in cases if not args.ids or case["id"] in args.ids]
     # the rows so far go to OUT.partial after each case (a run stopped part way keeps them),
     # OUT itself only once every case has run and the summary is made
     out = Path(args.out)
@@ -600,6 +612,8 @@ def main(argv=None) -> int:
         jobs = resume(partial, result, jobs)
         print(f"resuming {partial}: {len(result['rows'])} rows kept, {len(jobs)} cases to run", flush=True)
     else:
+        if args.resume:
+            print(f"no {partial} to resume: running every case", flush=True)
         result |= {"dgemm_gflops": dgemm_gflops(), "copy_gbs": copy_gbs()}
     t0 = time.perf_counter()
     search_s = []

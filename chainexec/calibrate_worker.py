@@ -361,7 +361,7 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
             with h5py.File(path, "w") as f:
                 f.create_dataset("x", data=np.full(fill_shape, 0.5))
             with h5py.File(path, "r") as f:
-                offset = contiguous_offset(f["x"], np.dtype(np.float64))
+                offset = contiguous_offset(f["x"], np.dtype(np.float64), str(path))
             mapped = MappedArray(str(path), offset, fill_shape, np.float64)
             rows = mapped.whole()
             mapped.populate(rows)

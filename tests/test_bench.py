@@ -290,19 +290,31 @@ def test_a_stopped_run_resumes_where_it_stopped(tmp_path, monkeypatch):
     first = json.loads(partial.read_text())
     assert [r["id"] for r in first["rows"]] == [1, 2] and first["dgemm_gflops"] == 100
     first["rows"][1] = {"id": 2, "name": "x", "scale": 1, "error": "RuntimeError('out of memory')"}
+    first["rows"].append({"id": 6, "name": "y", "scale": 1, "error": "RuntimeError('launch failed')"})
     partial.write_text(json.dumps(first))
     ran.clear()
     bench.main(argv[:-1] + ["5", "--no-torch", "--resume"])
     assert ran == [2, 3, 4, 5]
     done = json.loads(out.read_text())
-    assert [r["id"] for r in done["rows"]] == [1, 2, 3, 4, 5] and "error" not in done["rows"][1]
+    assert [r["id"] for r in done["rows"]] == [1, 2, 3, 4, 5, 6] and "error" not in done["rows"][1]
+    assert "error" in done["rows"][5] and done["failures"] == [[6, 1]]
     assert done["dgemm_gflops"] == 100 and done["earlier"] == [first["environment"]] and not partial.exists()
 
 
-@pytest.mark.parametrize("change", ["source", "device", "dtype", "torn"])
+def test_resume_without_a_partial_run_runs_every_case(tmp_path, monkeypatch, capsys):
+    import chainexec.bench as bench
+
+    ran = []
+    _stand_in_gpu(monkeypatch, bench, ran)
+    bench.main(["--out", str(tmp_path / "r.json"), "--scales", "1", "--ids", "1", "2", "--no-torch", "--resume"])
+    assert ran == [1, 2] and "no " + str(tmp_path / "r.json.partial") + " to resume" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change", ["source", "cases", "device", "dtype", "torn", "no environment"])
 def test_a_partial_run_of_other_sources_device_or_dtype_is_not_resumed(tmp_path, monkeypatch, change):
-    """Rows measured by other sources, on another device or in another dtype (or a file that is
-    not a bench's rows) are refused with one line naming the file, before any case runs."""
+    """Rows measured by other sources, of other contractions, on another device or in another
+    dtype (or a file that is not a bench's rows) are refused with one line naming the file,
+    before any case runs."""
     import chainexec.bench as bench
 
     ran = []
@@ -317,6 +329,10 @@ def test_a_partial_run_of_other_sources_device_or_dtype_is_not_resumed(tmp_path,
         earlier["source"] = "0" * 64
     if change == "device":
         earlier["environment"]["device"] = "H200"
+    if change == "cases":
+        earlier["cases"] = "0" * 64
+    if change == "no environment":
+        earlier["environment"] = None
     partial.write_text(json.dumps(earlier)[:-20] if change == "torn" else json.dumps(earlier))
     ran.clear()
     with pytest.raises(ChainexecError) as err:

@@ -44,6 +44,7 @@ import numpy as np
 from chainexec import atomicfile, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores, to_dict
+from chainexec.runtime import store
 from chainexec.runtime.store import version_base
 
 MANIFEST = "checkpoint.json"
@@ -88,7 +89,9 @@ def plan_digest(plan: Plan, ranks: int) -> str:
 
 
 def _input_files(plan: Plan) -> list[str]:
-    return sorted({t.source["file"] for t in plan.tensors.values() if t.from_file()})
+    """Every file the run's inputs read (:func:`chainexec.runtime.store.data_files`)."""
+    return sorted({file for t in plan.tensors.values() if t.from_file()
+                   for file in store.data_files(t.source["file"], t.source["dataset"])})
 
 
 def _stamp(path: str) -> list[int]:

@@ -59,13 +59,21 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
-def contiguous_offset(dataset: h5py.Dataset, dtype: np.dtype) -> int | None:
-    """The file offset (bytes) of ``dataset``'s elements where they lie there as a C-ordered
-    array of ``dtype`` in this machine's byte order, else None."""
+def contiguous_offset(dataset: h5py.Dataset, dtype: np.dtype, path: str) -> int | None:
+    """The offset (bytes) in the file at ``path`` of ``dataset``'s elements where they lie there
+    as a C-ordered array of ``dtype`` in this machine's byte order, else None: also where the
+    dataset, opened through ``path``, lies in another file (an external link: its offset is in
+    the linked file)."""
     if dataset.chunks is not None or dataset.external or dataset.dtype != dtype or not dtype.isnative:
         return None
     if dataset.id.get_storage_size() != dataset.size * dtype.itemsize:
         return None  # not (wholly) written: HDF5 would read its fill value there
+    try:
+        handle = h5py.h5i.get_file_id(dataset.id).get_vfd_handle()
+        if not os.path.samestat(os.fstat(handle), os.stat(path)):
+            return None
+    except (OSError, ValueError, TypeError):
+        return None  # a driver without a descriptor of its own: not a file to map
     return dataset.id.get_offset()
 
 
@@ -80,7 +88,7 @@ def cached_share(path: str, dataset: str, dtype: np.dtype) -> float:
     try:
         with h5py.File(path, "r") as f:
             ds = f[dataset]
-            offset, nbytes = contiguous_offset(ds, np.dtype(dtype)), ds.size * np.dtype(dtype).itemsize
+            offset, nbytes = contiguous_offset(ds, np.dtype(dtype), path), ds.size * np.dtype(dtype).itemsize
     except (OSError, KeyError, TypeError):
         return 0.0
     if offset is None or nbytes == 0:

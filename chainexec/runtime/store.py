@@ -78,9 +78,16 @@ def check_inputs(plan: Plan) -> None:
             raise ChainexecError(f"HDF5 file not found (input of tensor {t.name}; `chainexec generate` writes it)", path)
         try:
             with h5py.File(path, "r") as f:
-                if t.source["dataset"] not in f or not isinstance(f[t.source["dataset"]], h5py.Dataset):
+                try:
+                    ds = f[t.source["dataset"]] if t.source["dataset"] in f else None
+                except KeyError as err:
+                    raise ChainexecError(f"dataset {t.source['dataset']!r} (input of tensor {t.name}) cannot be "
+                                         f"opened ({err.args[0]}; an external link to a file not there?)", path) from None
+                if not isinstance(ds, h5py.Dataset):
                     raise ChainexecError(f"no dataset {t.source['dataset']!r} (input of tensor {t.name})", path)
-                ds = f[t.source["dataset"]]
+                if ds.shape is None:
+                    raise ChainexecError(f"dataset {t.source['dataset']!r} has no dataspace (an empty dataset) but "
+                                         f"tensor {t.name} has extents {tuple(t.shape)}", path)
                 if tuple(ds.shape) != tuple(t.shape):
                     raise ChainexecError(
                         f"dataset {t.source['dataset']!r} has shape {tuple(ds.shape)} but tensor {t.name}"
@@ -112,6 +119,41 @@ def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
             raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} (input of tensor {tensor}) is a virtual dataset whose "
                                  f"source {source.file_name}:{source.dset_name} is missing (copied without its "
                                  f"{os.path.basename(path)}.parts folder?)", path)
+
+
+def data_files(path: str, dataset: str) -> list[str]:
+    """Every file whose bytes a read of ``dataset`` in the file at ``path`` returns: ``path``
+    itself, the file an external link leads to, a virtual dataset's source files (and theirs, a
+    source being virtual itself), a dataset's external raw files; the others as absolute paths.
+    A checkpoint identifies its inputs by all of them (:mod:`chainexec.runtime.checkpoint`): a
+    changed source of a virtual dataset changes its values, not its file."""
+    files: dict[tuple[int, int] | str, str] = {}  # (device, inode), or the path where none: the path
+
+    def add(file: str) -> None:
+        try:
+            st = os.stat(file)
+            files.setdefault((st.st_dev, st.st_ino), file)
+        except OSError:
+            files.setdefault(file, file)
+
+    add(path)
+    todo = {path: {dataset}}  # file → its datasets whose files are still to be found
+    seen = {(os.path.abspath(path), dataset)}
+    while todo:
+        file, names = todo.popitem()
+        with h5py.File(file, "r") as f:
+            for name in names:
+                ds = f[name]
+                add(os.path.abspath(ds.file.filename))
+                for raw in ds.external or ():
+                    add(os.path.abspath(raw[0]))
+                for source in ds.virtual_sources() if ds.is_virtual else ():
+                    found = os.path.abspath(os.path.join(os.path.dirname(file), source.file_name))
+                    if source.file_name != "." and (found, source.dset_name) not in seen:
+                        seen.add((found, source.dset_name))
+                        add(found)
+                        todo.setdefault(found, set()).add(source.dset_name)
+    return list(files.values())
 
 
 def remove_outputs(files) -> None:
@@ -313,7 +355,7 @@ class Store:
             return None
         path = t.source["file"]
         dtype = np.dtype(t.dtype)
-        offset = contiguous_offset(self._dataset(path, t.source["dataset"]), dtype)
+        offset = contiguous_offset(self._dataset(path, t.source["dataset"]), dtype, path)
         if offset is None:
             return None
         row = math.prod(t.shape[1:]) * dtype.itemsize

@@ -32,7 +32,7 @@ def tile(tmp_path):
         f["pad"] = np.arange(333.0)
         f["x"] = values
     with h5py.File(path, "r") as f:
-        offset = contiguous_offset(f["x"], np.dtype(np.float64))
+        offset = contiguous_offset(f["x"], np.dtype(np.float64), str(path))
     mapped = MappedArray(str(path), offset, values.shape, np.float64)
     yield mapped, values
     mapped.free()

@@ -32,15 +32,21 @@ def data(tmp_path):
         f.create_dataset("big_endian", data=values.astype(">f8"))
         f.create_dataset("unwritten", shape=SHAPE, dtype="f8")
         f.create_dataset("single", data=values.astype(np.float32))
+        f["soft"] = h5py.SoftLink("/contiguous")
+        f["linked"] = h5py.ExternalLink("other.h5", "contiguous")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["contiguous"] = values
     return path, values
 
 
 @pytest.mark.parametrize("name, mappable", [("contiguous", True), ("chunked", False), ("compressed", False),
-                                            ("big_endian", False), ("unwritten", False), ("single", False)])
+                                            ("big_endian", False), ("unwritten", False), ("single", False),
+                                            ("soft", True), ("linked", False)])
 def test_only_datasets_laid_out_as_the_array_are_mapped(data, name, mappable):
+    """An external link's dataset lies in another file: its offset is not one in this file."""
     path, _ = data
     with h5py.File(path, "r") as f:
-        assert (contiguous_offset(f[name], np.dtype(np.float64)) is not None) == mappable
+        assert (contiguous_offset(f[name], np.dtype(np.float64), str(path)) is not None) == mappable
 
 
 @pytest.mark.parametrize("rows", [(0, 7), (0, 1), (2, 5), (6, 7)])
@@ -49,7 +55,7 @@ def test_mapped_rows_equal_the_dataset(data, rows):
     read-only."""
     path, values = data
     with h5py.File(path, "r") as f:
-        offset = contiguous_offset(f["contiguous"], np.dtype(np.float64))
+        offset = contiguous_offset(f["contiguous"], np.dtype(np.float64), str(path))
     row = 5 * 3 * 8
     tile = MappedArray(str(path), offset + rows[0] * row, (rows[1] - rows[0],) + SHAPE[1:], np.float64)
     expected = values[rows[0]:rows[1]]
@@ -81,7 +87,7 @@ def test_a_get_out_of_a_mapping_goes_over_threads_in_small_pieces(tmp_path, monk
     path = tmp_path / "t2.h5"
     with h5py.File(path, "w") as f:
         f["t2"] = values
-        offset = contiguous_offset(f["t2"], np.dtype(np.float64))
+        offset = contiguous_offset(f["t2"], np.dtype(np.float64), str(path))
     tile = MappedArray(str(path), offset, values.shape, np.float64)
     parts = []
     real = hostcopy._run
@@ -100,7 +106,7 @@ def test_ranks_of_one_host_share_the_rows_of_one_mapping(data, size):
     over the ranks the tile counts once (8 ranks over 7 rows: one rank holds none)."""
     path, values = data
     with h5py.File(path, "r") as f:
-        offset = contiguous_offset(f["contiguous"], np.dtype(np.float64))
+        offset = contiguous_offset(f["contiguous"], np.dtype(np.float64), str(path))
     tiles = [MappedArray(str(path), offset, SHAPE, np.float64, rank, size) for rank in range(size)]
     bounds = [r * SHAPE[0] // size for r in range(size + 1)]
     assert sum(t.nbytes_local for t in tiles) == values.nbytes

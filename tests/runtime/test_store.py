@@ -3,6 +3,7 @@ that are not finite, inputs whose virtual datasets lost their sources."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import h5py
@@ -266,3 +267,66 @@ def test_a_computed_tensors_rows_are_computed_into_the_buffer_they_load(region, 
     store.read("A", 0, region, out)
     assert len(source.given) == 1 and source.given[0] is (out if into is True else None)
     assert np.array_equal(out, source.stored[tuple(slice(a, b) for a, b in region)])
+
+
+def _linked_config(tmp_path):
+    """C[i] = A[i,j] * B[j] with A behind an external link of ``in.h5`` to ``a_store.h5`` (its
+    bytes lie there, at an offset that in ``in.h5`` holds other values)."""
+    rng = np.random.default_rng(17)
+    a, b = rng.standard_normal((13, 7)), rng.standard_normal(7)
+    with h5py.File(tmp_path / "a_store.h5", "w") as f:
+        f["A"] = a
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["pad"] = np.full(1000, 7.0)
+        f["B"] = b
+        f["A"] = h5py.ExternalLink("a_store.h5", "A")
+    cfg = {
+        "indices": {"i": 13, "j": 7},
+        "tensors": {"A": {"indices": ["i", "j"], "source": {"file": "in.h5", "dataset": "A"}},
+                    "B": {"indices": ["j"], "source": {"file": "in.h5", "dataset": "B"}}},
+        "statements": ["C[i] = A[i,j] * B[j]"],
+        "outputs": {"C": {"file": "out.h5", "dataset": "C"}},
+        "machine": {"global_memory": "1MiB", "device_memory": "64KiB"},
+    }
+    return write_config(tmp_path, cfg), a @ b
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_an_input_behind_an_external_link_reads_the_linked_values(tmp_path, ranks):
+    config, expected = _linked_config(tmp_path)
+    proc = run_cli("run", config, "--quiet", ranks=ranks, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert np.allclose(f["C"][()], expected, rtol=1e-12, atol=0)
+
+
+def test_an_external_link_to_a_missing_file_is_refused(tmp_path):
+    config, _ = _linked_config(tmp_path)
+    (tmp_path / "a_store.h5").unlink()
+    assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "'A'")
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_an_empty_dataset_is_refused(tmp_path):
+    config, _ = _linked_config(tmp_path)
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        del f["A"]
+        f["A"] = h5py.Empty("f8")
+    assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "'A'", "no dataspace")
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_the_data_files_of_an_output_are_its_shards(tmp_path):
+    """An output read as an input reads the shard files its virtual dataset joins: each is one
+    of its data files (:func:`data_files`), and the output's own file is the first."""
+    from chainexec.runtime.store import data_files
+
+    config = _generated(tmp_path)
+    assert run_cli("run", config, "--quiet").returncode == 0
+    result = tmp_path / "out" / "result.h5"
+    with h5py.File(result, "r") as f:
+        sources = {os.path.realpath(result.parent / s.file_name) for s in f["B"].virtual_sources()}
+    files = data_files(str(result), "B")
+    assert files[0] == str(result) and len(sources) > 0
+    assert {os.path.realpath(x) for x in files[1:]} == sources
+    assert data_files(str(tmp_path / "in.h5"), "A") == [str(tmp_path / "in.h5")]
