@@ -7,8 +7,35 @@ makes a file or a rename durable (checkpoints: a node crash after it must not un
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+
+
+TEMPORARY = ".XXXXXXXX.tmp"
+"""What a temporary file's name adds to the name of the file it replaces (and a dot before it)."""
+
+
+@contextmanager
+def replacing(path: str | os.PathLike):
+    """A new file beside ``path`` to write whole (``.NAME.XXXXXXXX.tmp``: made here, so never a
+    file that was there before, with the permissions a new file gets under the umask), renamed
+    onto ``path`` where the block ends without an exception and removed where it raises."""
+    path = Path(path)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write(path: Path, data: bytes | str, mode: int | None = None) -> None:

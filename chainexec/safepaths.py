@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chainexec import atomicfile
 from chainexec.errors import ChainexecError
 
 MARK = ".chainexec-owned"
@@ -32,8 +33,9 @@ MARK = ".chainexec-owned"
 NAME_MAX = 255
 """Bytes in one path component on the file systems chainexec runs on (ext4, XFS, Lustre, GPFS)."""
 
-WRITE_SUFFIXES = (".tmp", ".parts")
-"""What an output's file name gets for its temporary file and its parts folder."""
+WRITE_SUFFIXES = (".parts",)
+"""What an output's file name gets for its parts folder (its temporary file's name is new:
+:func:`chainexec.atomicfile.replacing`)."""
 
 ASIDE = ".old-"
 """What an older parts folder's name gets, with eight random characters, for the folder it is
@@ -190,7 +192,10 @@ class RunPaths:
         paths = cls(resolved(spec.path), scratch=resolved(spec.resolve(spec.scratch)))
         for t in spec.tensors.values():
             if t.source is not None and t.source.file is not None:
-                paths.inputs.setdefault(resolved(spec.resolve(t.source.file)), t.name)
+                file = spec.resolve(t.source.file)
+                paths.inputs.setdefault(resolved(file), t.name)
+                for other in _linked(file, t.source.dataset)[1:]:
+                    paths.inputs.setdefault(resolved(other), f"{t.name} (through {Path(file).name})")
         for o in spec.outputs:
             file = resolved(spec.resolve(o.file))
             paths.outputs[file] = ", ".join(filter(None, (paths.outputs.get(file), o.tensor)))
@@ -219,6 +224,18 @@ class RunPaths:
                 + [(f, f"the file of {o}") for f, o in self.reports.items()])
 
 
+def _linked(file, dataset: str | None) -> list[str]:
+    """The files the values of ``dataset`` in ``file`` come from (:func:`chainexec.datafiles.of`);
+    only ``file`` where they cannot be read yet (what is wrong with them is found and said when
+    the inputs are checked)."""
+    from chainexec import datafiles
+
+    try:
+        return datafiles.of(str(file), dataset) if dataset is not None and os.path.isfile(file) else [str(file)]
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+        return [str(file)]
+
+
 def parts_of(output_file: Path) -> Path:
     """The folder of an output's shard files, beside it."""
     return output_file.with_name(output_file.name + ".parts")
@@ -226,12 +243,19 @@ def parts_of(output_file: Path) -> Path:
 
 def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = None) -> RunPaths:
     """Refuse, before anything is written, every path of a run that would destroy what it must
-    not (a :class:`ChainexecError` naming the path): an output, its temporary file or its parts
-    folder equal to an input, the config, a report file or another output's; an existing output
-    that is not a file chainexec wrote; scratch, parts or checkpoint folders that exist with
+    not (a :class:`ChainexecError` naming the path): an output that is a symbolic link (the older
+    output removed would be the file it points to, the new one written in its place); an output
+    or its parts folder equal to an input or a file an input's values come from
+    (:func:`chainexec.datafiles.of`), the config, a report file or another output's; an existing
+    output that is not a file chainexec wrote; scratch, parts or checkpoint folders that exist with
     files chainexec did not make, that hold or lie inside one another, or that hold the config,
     an input, an output or a report file; a report file in a folder that does not exist; a file
     name too long for the file system. Returns the resolved paths."""
+    for o in spec.outputs:
+        if os.path.islink(spec.resolve(o.file)):
+            raise ChainexecError(f"the output of {o.tensor} is a symbolic link (to {os.readlink(spec.resolve(o.file))}); "
+                                 "chainexec replaces an output whole: name the file itself or another",
+                                 str(spec.resolve(o.file)))
     paths = RunPaths.of(spec, checkpoint, reports)
     kept = paths.kept()
     read = kept[:1 + len(paths.inputs)]
@@ -246,7 +270,8 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
                     raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
         if f.is_dir():
             raise ChainexecError(f"{what} is a folder, not a file", str(f))
-        _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE) if f in paths.outputs else (".tmp",))
+        _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE, "." + atomicfile.TEMPORARY) if f in paths.outputs
+                            else (".tmp",))
     for f, what in paths.outputs.items():
         if f.exists() and not _is_chainexec_output(f):
             raise ChainexecError(f"the output of {what} exists and is not an output chainexec wrote; "

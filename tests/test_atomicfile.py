@@ -40,3 +40,24 @@ def test_a_failure_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatc
     with pytest.raises(OSError, match="No space"):
         atomicfile.write(path, "new")
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["f"]
+
+
+def test_replacing_writes_a_new_file_and_renames_it_or_removes_it(tmp_path):
+    """The temporary file is new (a user's ``out.h5.tmp`` stays), gets the umask's permissions,
+    replaces the target when the block ends and is removed where it raises."""
+    target = tmp_path / "out.h5"
+    target.write_text("old")
+    (tmp_path / "out.h5.tmp").write_text("the user's")
+    old = os.umask(0o027)
+    try:
+        with atomicfile.replacing(target) as tmp:
+            assert tmp.exists() and tmp.parent == tmp_path and tmp.name.startswith(".out.h5.")
+            assert tmp.stat().st_mode & 0o777 == 0o640
+            tmp.write_text("new")
+    finally:
+        os.umask(old)
+    assert target.read_text() == "new" and (tmp_path / "out.h5.tmp").read_text() == "the user's"
+    with pytest.raises(RuntimeError), atomicfile.replacing(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("stopped")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out.h5", "out.h5.tmp"]

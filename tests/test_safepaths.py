@@ -91,8 +91,66 @@ def test_output_linked_to_the_input(kind, user_folder):
     (os.symlink if kind == "symlink" else os.link)(work / "in.h5", work / "alias.h5")
     config = _edit(user_folder, output="alias.h5")
     before = _snapshot(work)
-    assert_refused(run_cli("run", config, "--quiet"), "input of tensor A")
+    assert_refused(run_cli("run", config, "--quiet"), "symbolic link" if kind == "symlink" else "input of tensor A")
     assert _snapshot(work) == before
+
+
+def _reading_the_result(work: Path, file: str, dataset: str) -> Path:
+    """A config that reads ``file``:``dataset`` (the first run's result, 8⁴) as its input and
+    writes ``out/result.h5``, where that result lies."""
+    cfg = {
+        "name": "reread",
+        "indices": {i: 8 for i in "abcd"},
+        "tensors": {"X": {"indices": list("abcd"), "source": {"file": file, "dataset": dataset}}},
+        "statements": ["S[a,b] = X[a,b,c,d] * X[a,b,c,d]"],
+        "outputs": {"S": {"file": "out/result.h5", "dataset": "S"}},
+        "machine": {"global_memory": "1MiB", "device_memory": "64KiB"},
+    }
+    return write_config(work, cfg, "reread.yaml")
+
+
+@pytest.mark.parametrize("through", ["external link", "virtual copy"])
+def test_an_output_an_input_reads_through_hdf5_is_refused(through, user_folder):
+    """An input whose values lie in the output file (an external link to it) or in its parts
+    folder (a copy of its virtual dataset): refused before the older output is removed."""
+    import h5py
+
+    work = user_folder.parent
+    assert run_cli("run", user_folder, "--quiet").returncode == 0
+    if through == "external link":
+        with h5py.File(work / "link.h5", "w") as f:
+            f["X"] = h5py.ExternalLink("out/result.h5", "B")
+        config = _reading_the_result(work, "link.h5", "X")
+    else:
+        shutil.copy(work / "out" / "result.h5", work / "out" / "kept.h5")
+        config = _reading_the_result(work, "out/kept.h5", "B")
+    before = _snapshot(work)
+    assert_refused(run_cli("run", config, "--quiet"), "input of tensor X")
+    assert _snapshot(work) == before
+
+
+def test_an_output_that_is_a_symbolic_link_is_refused(user_folder):
+    """An output path linked to an older result elsewhere: removing "the older output" would
+    remove the file it points to."""
+    work = user_folder.parent
+    config = _edit(user_folder, output="archive/result.h5")
+    assert run_cli("run", config, "--quiet").returncode == 0
+    (work / "out").mkdir()
+    os.symlink("../archive/result.h5", work / "out" / "result.h5")
+    before = _snapshot(work)
+    assert_refused(run_cli("run", user_folder, "--quiet"), "symbolic link", "out/result.h5")
+    assert _snapshot(work) == before and (work / "out" / "result.h5").is_symlink()
+
+
+def test_a_file_named_like_the_temporary_output_stays(user_folder):
+    """The output is written under a new temporary name: a user's ``result.h5.tmp`` beside it
+    stays as it was."""
+    work = user_folder.parent
+    (work / "out").mkdir()
+    (work / "out" / "result.h5.tmp").write_text("my notes")
+    assert run_cli("run", user_folder, "--quiet").returncode == 0
+    assert (work / "out" / "result.h5.tmp").read_text() == "my notes"
+    assert sorted(p.name for p in (work / "out").iterdir()) == ["result.h5", "result.h5.parts", "result.h5.tmp"]
 
 
 def test_new_scratch_is_made_and_removed_and_only_it(user_folder):
@@ -212,6 +270,44 @@ def test_generate_keeps_other_datasets(user_folder):
     with h5py.File(work / "in.h5", "r") as f:
         assert sorted(f) == ["A", "C", "extra"] and f["extra"][()].tolist() == list(range(7))
     assert not [p for p in work.iterdir() if p.name.endswith(".tmp") and p.name != "notes.tmp"]
+
+
+@pytest.mark.parametrize("layout", ["group", "dataset above"])
+def test_generate_writes_no_dataset_over_a_group_or_below_a_dataset(layout, user_folder):
+    """The dataset ``g`` where ``g`` is a group of the user's datasets, or ``g/A`` where ``g`` is
+    a dataset: refused, the file as it was."""
+    import h5py
+    import numpy as np
+    import yaml
+
+    work = user_folder.parent
+    with h5py.File(work / "in.h5", "a") as f:
+        if layout == "group":
+            f["g/keep"] = np.arange(3.0)
+        else:
+            f["g"] = np.arange(3.0)
+    cfg = yaml.safe_load(user_folder.read_text())
+    cfg["tensors"]["C"]["source"]["dataset"] = "g" if layout == "group" else "g/A"
+    config = write_config(work, cfg, "edited.yaml")
+    before = _snapshot(work)
+    assert_refused(run_cli("generate", config), "in.h5", "'g")
+    assert _snapshot(work) == before
+
+
+def test_generate_writes_where_a_linked_input_points(user_folder):
+    """An input file that is a symbolic link: the file it points to is written, the link stays."""
+    import h5py
+    import yaml
+
+    work = user_folder.parent
+    (work / "store").mkdir()
+    os.symlink("store/real.h5", work / "linked.h5")
+    cfg = yaml.safe_load(user_folder.read_text())
+    cfg["tensors"]["C"]["source"]["file"] = "linked.h5"
+    assert run_cli("generate", write_config(work, cfg, "edited.yaml")).returncode == 0
+    assert (work / "linked.h5").is_symlink()
+    with h5py.File(work / "store" / "real.h5", "r") as f:
+        assert f["C"].shape == (10, 8)
 
 
 def _marked(folder: Path, files: int = 3) -> Path:

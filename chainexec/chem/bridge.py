@@ -23,8 +23,9 @@ results (``e_hf`` total RHF energy, ``e_ccsd`` CCSD correlation energy, ``e_t`` 
 ``mycc.ccsd_t()``, ``atoms``, ``basis``, ``frozen``) or, for random inputs, ``synthetic=True`` and
 ``seed``.
 
-Files are written to ``path + ".tmp"`` and renamed onto ``path`` with :func:`os.replace` only when
-complete, so a file at ``path`` is never partial; on any failure the temporary file is removed.
+Files are written under a new temporary name beside ``path`` and renamed onto it only when
+complete (:func:`chainexec.atomicfile.replacing`), so a file at ``path`` is never partial and no
+other file is written over; on any failure the temporary file is removed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
+from chainexec import atomicfile
 from chainexec.chem.layout import AO2MO_INDICES, INDICES
 from chainexec.runtime import hostcopy
 
@@ -246,21 +248,13 @@ def write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES, parts
     """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically;
     ``parts``: datasets written piece by piece, by name ``(shape, pieces)`` where ``pieces``
     yields ``(where, values)`` that together cover the shape (float64, contiguous layout)."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, array in arrays.items():
-                dset = f.create_dataset(name, data=np.asarray(array, dtype=np.float64))
-                dset.attrs["indices"] = indices[name]
-            for name, (shape, pieces) in (parts or {}).items():
-                dset = f.create_dataset(name, shape=shape, dtype=np.float64)
-                for where, values in pieces:
-                    dset[where] = values
-                dset.attrs["indices"] = indices[name]
-            f.attrs.update(attrs)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomicfile.replacing(path) as tmp, h5py.File(tmp, "w") as f:
+        for name, array in arrays.items():
+            dset = f.create_dataset(name, data=np.asarray(array, dtype=np.float64))
+            dset.attrs["indices"] = indices[name]
+        for name, (shape, pieces) in (parts or {}).items():
+            dset = f.create_dataset(name, shape=shape, dtype=np.float64)
+            for where, values in pieces:
+                dset[where] = values
+            dset.attrs["indices"] = indices[name]
+        f.attrs.update(attrs)

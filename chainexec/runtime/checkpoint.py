@@ -41,10 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from chainexec import atomicfile, safepaths
+from chainexec import atomicfile, datafiles, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores, to_dict
-from chainexec.runtime import store
 from chainexec.runtime.store import version_base
 
 MANIFEST = "checkpoint.json"
@@ -89,9 +88,9 @@ def plan_digest(plan: Plan, ranks: int) -> str:
 
 
 def _input_files(plan: Plan) -> list[str]:
-    """Every file the run's inputs read (:func:`chainexec.runtime.store.data_files`)."""
+    """Every file the run's inputs read (:func:`chainexec.datafiles.of`)."""
     return sorted({file for t in plan.tensors.values() if t.from_file()
-                   for file in store.data_files(t.source["file"], t.source["dataset"])})
+                   for file in datafiles.of(t.source["file"], t.source["dataset"])})
 
 
 def _stamp(path: str) -> list[int]:

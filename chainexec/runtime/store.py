@@ -104,10 +104,10 @@ def check_inputs(plan: Plan) -> None:
 def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
     """Every source of a virtual dataset exists (HDF5 would read a missing one as its fill
     value: an output copied without its ``.parts/`` folder reads as NaN)."""
-    folder = os.path.dirname(path)
+    holder = ds.file.filename  # the file an external link leads to, where one does
     names: dict[str, set[str] | None] = {}  # a source file's datasets (None: unreadable)
     for source in ds.virtual_sources():
-        file = path if source.file_name == "." else os.path.join(folder, source.file_name)
+        file = holder if source.file_name == "." else os.path.join(os.path.dirname(holder), source.file_name)
         if file not in names:
             try:
                 with h5py.File(file, "r") as f:
@@ -119,41 +119,6 @@ def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
             raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} (input of tensor {tensor}) is a virtual dataset whose "
                                  f"source {source.file_name}:{source.dset_name} is missing (copied without its "
                                  f"{os.path.basename(path)}.parts folder?)", path)
-
-
-def data_files(path: str, dataset: str) -> list[str]:
-    """Every file whose bytes a read of ``dataset`` in the file at ``path`` returns: ``path``
-    itself, the file an external link leads to, a virtual dataset's source files (and theirs, a
-    source being virtual itself), a dataset's external raw files; the others as absolute paths.
-    A checkpoint identifies its inputs by all of them (:mod:`chainexec.runtime.checkpoint`): a
-    changed source of a virtual dataset changes its values, not its file."""
-    files: dict[tuple[int, int] | str, str] = {}  # (device, inode), or the path where none: the path
-
-    def add(file: str) -> None:
-        try:
-            st = os.stat(file)
-            files.setdefault((st.st_dev, st.st_ino), file)
-        except OSError:
-            files.setdefault(file, file)
-
-    add(path)
-    todo = {path: {dataset}}  # file → its datasets whose files are still to be found
-    seen = {(os.path.abspath(path), dataset)}
-    while todo:
-        file, names = todo.popitem()
-        with h5py.File(file, "r") as f:
-            for name in names:
-                ds = f[name]
-                add(os.path.abspath(ds.file.filename))
-                for raw in ds.external or ():
-                    add(os.path.abspath(raw[0]))
-                for source in ds.virtual_sources() if ds.is_virtual else ():
-                    found = os.path.abspath(os.path.join(os.path.dirname(file), source.file_name))
-                    if source.file_name != "." and (found, source.dset_name) not in seen:
-                        seen.add((found, source.dset_name))
-                        add(found)
-                        todo.setdefault(found, set()).add(source.dset_name)
-    return list(files.values())
 
 
 def remove_outputs(files) -> None:
@@ -215,32 +180,38 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
         by_file.setdefault(t.source["file"], []).append(t)
     written = []
     for file, group in by_file.items():
-        path = Path(file)
+        path = Path(os.path.realpath(file))  # a link to the inputs: they are written where it points
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
+            with atomicfile.replacing(path) as tmp:
+                if path.exists():
+                    shutil.copyfile(path, tmp)
+                    shutil.copymode(path, tmp)
+                with h5py.File(tmp, "a") as f:
+                    for t in group:
+                        _write_random(f, t, rows_per_block)
         except OSError as err:
-            raise ChainexecError(f"cannot write here ({err.strerror or err})", file) from None
-        try:
-            if path.exists():
-                shutil.copyfile(path, tmp)
-            with h5py.File(tmp, "a") as f:
-                for t in group:
-                    _write_random(f, t, rows_per_block)
-            os.replace(tmp, path)
-        except OSError as err:
-            raise ChainexecError(f"cannot write the inputs ({err})", file) from None
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        written += [f"{path}:{t.source['dataset']}" for t in group]
+            raise ChainexecError(f"cannot write the inputs ({err.strerror or err})", file) from None
+        written += [f"{file}:{t.source['dataset']}" for t in group]
     return written
 
 
 def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
-    """Tensor ``t``'s seeded values into dataset ``t.source["dataset"]`` of the open file ``f``."""
-    if t.source["dataset"] in f:
-        del f[t.source["dataset"]]
+    """Tensor ``t``'s seeded values into dataset ``t.source["dataset"]`` of the open file ``f``,
+    in place of a dataset of that name; refused where the name is a group's (its datasets are the
+    user's) or lies below a dataset's."""
+    name = t.source["dataset"]
+    parts = name.strip("/").split("/")
+    for k in range(1, len(parts)):
+        above = f.get("/".join(parts[:k]))
+        if above is not None and not isinstance(above, h5py.Group):
+            raise ChainexecError(f"dataset {name!r} of tensor {t.name} would lie below {'/'.join(parts[:k])!r}, "
+                                 "which is a dataset", t.source["file"])
+    if name in f:
+        if not isinstance(f[name], h5py.Dataset):
+            raise ChainexecError(f"{name!r} (dataset of tensor {t.name}) is a group of this file; `chainexec "
+                                 "generate` writes only over datasets: name another", t.source["file"])
+        del f[name]
     ds = f.create_dataset(t.source["dataset"], shape=tuple(t.shape), dtype=t.dtype)
     ds.attrs["indices"] = ",".join(t.indices)
     rows = max(1, rows_per_block // max(1, int(np.prod(t.shape[1:], dtype=np.int64))))
@@ -532,8 +503,7 @@ class Store:
             for t in outputs:
                 by_file.setdefault(t.output["file"], []).append(t)
             for path, group in by_file.items():
-                tmp = path + ".tmp"
-                with h5py.File(tmp, "w") as f:
+                with atomicfile.replacing(path) as tmp, h5py.File(tmp, "w") as f:
                     for t in group:
                         base = self._version_base(t, self.last_version[t.name])
                         layout = _layout(t, self.joined[t.name], f"{base.parent.name}/{base.name}")
@@ -541,7 +511,6 @@ class Store:
                         ds.attrs["indices"] = ",".join(t.indices)
                         ds.attrs["extents"] = np.array(t.shape, dtype=np.int64)
                     f.attrs[COMPLETE] = True
-                os.replace(tmp, path)
             safepaths.remove_owned(Path(self.plan.scratch))
         barrier(self.comm)
 

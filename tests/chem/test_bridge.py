@@ -119,7 +119,7 @@ def test_failed_write_leaves_no_file_and_keeps_old_one(tmp_path, monkeypatch):
     monkeypatch.setattr(h5py.Group, "create_dataset", failing_create)
     with pytest.raises(OSError, match="simulated"):
         synthetic_inputs(3, 5, 1, path)
-    assert not path.exists() and not (tmp_path / "s.h5.tmp").exists()
+    assert list(tmp_path.iterdir()) == []  # no file, no temporary one
 
     monkeypatch.setattr(h5py.Group, "create_dataset", real_create)
     synthetic_inputs(3, 5, 1, path)
@@ -129,7 +129,7 @@ def test_failed_write_leaves_no_file_and_keeps_old_one(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="simulated"):
         synthetic_inputs(3, 5, 2, path)
     assert path.read_bytes() == old
-    assert not (tmp_path / "s.h5.tmp").exists()
+    assert list(tmp_path.iterdir()) == [path]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_not_converged_leaves_no_file(tmp_path, solver, options):
     with pytest.raises(bridge.NotConverged, match=f"{solver.upper()} did not converge") as caught:
         write_ccsd_inputs(molecule(H2O, "cc-pvdz"), path, **options)
     assert caught.value.solver == solver
-    assert not path.exists() and not (tmp_path / "h2o.h5.tmp").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name, basis, functions, electrons", [

@@ -315,18 +315,3 @@ def test_an_empty_dataset_is_refused(tmp_path):
     assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "'A'", "no dataspace")
     assert not (tmp_path / "out.h5").exists()
 
-
-def test_the_data_files_of_an_output_are_its_shards(tmp_path):
-    """An output read as an input reads the shard files its virtual dataset joins: each is one
-    of its data files (:func:`data_files`), and the output's own file is the first."""
-    from chainexec.runtime.store import data_files
-
-    config = _generated(tmp_path)
-    assert run_cli("run", config, "--quiet").returncode == 0
-    result = tmp_path / "out" / "result.h5"
-    with h5py.File(result, "r") as f:
-        sources = {os.path.realpath(result.parent / s.file_name) for s in f["B"].virtual_sources()}
-    files = data_files(str(result), "B")
-    assert files[0] == str(result) and len(sources) > 0
-    assert {os.path.realpath(x) for x in files[1:]} == sources
-    assert data_files(str(tmp_path / "in.h5"), "A") == [str(tmp_path / "in.h5")]

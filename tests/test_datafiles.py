@@ -1,0 +1,60 @@
+"""The files a dataset's values come from (:func:`chainexec.datafiles.of`), against the layouts
+that put them in other files, built here with h5py."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from chainexec import datafiles
+from tests.conftest import fourindex_config, run_cli, write_config
+
+
+def test_a_plain_dataset_and_a_soft_link_lie_in_their_file(tmp_path):
+    path = tmp_path / "in.h5"
+    with h5py.File(path, "w") as f:
+        f["A"] = np.random.default_rng(1).standard_normal(5)
+        f["S"] = h5py.SoftLink("/A")
+    assert datafiles.of(str(path), "A") == datafiles.of(str(path), "S") == [str(path)]
+
+
+def test_links_virtual_sources_and_raw_storage_lead_to_their_files(tmp_path):
+    """An external link to a virtual dataset whose sources are a plain dataset in a third file
+    and a dataset with external raw storage in a fourth: every file, each once."""
+    values = np.random.default_rng(2).standard_normal((2, 3))
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        f["P"] = values[0]
+    raw = tmp_path / "raw.bin"
+    values[1].tofile(raw)
+    with h5py.File(tmp_path / "ext.h5", "w") as f:
+        f.create_dataset("E", shape=(3,), dtype="f8", external=[(str(raw), 0, 24)])
+    layout = h5py.VirtualLayout(shape=(2, 3), dtype="f8")
+    layout[0] = h5py.VirtualSource("plain.h5", "P", shape=(3,))
+    layout[1] = h5py.VirtualSource("ext.h5", "E", shape=(3,))
+    with h5py.File(tmp_path / "vds.h5", "w") as f:
+        f.create_virtual_dataset("V", layout)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["L"] = h5py.ExternalLink("vds.h5", "V")
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        assert np.array_equal(f["L"][()], values)  # the layouts as built read the values
+    found = datafiles.of(str(tmp_path / "in.h5"), "L")
+    assert found[0] == str(tmp_path / "in.h5")
+    assert sorted(os.path.basename(x) for x in found) == ["ext.h5", "in.h5", "plain.h5", "raw.bin", "vds.h5"]
+    os.link(tmp_path / "plain.h5", tmp_path / "hard.h5")
+    assert sorted(os.path.basename(x) for x in datafiles.of(str(tmp_path / "hard.h5"), "P")) == ["hard.h5"]
+
+
+def test_the_data_files_of_an_output_are_its_shards(tmp_path):
+    """A chainexec output read as an input: its file and the shard files its virtual dataset
+    joins."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    assert run_cli("run", config, "--quiet").returncode == 0
+    result = tmp_path / "out" / "result.h5"
+    with h5py.File(result, "r") as f:
+        sources = {os.path.realpath(result.parent / s.file_name) for s in f["B"].virtual_sources()}
+    files = datafiles.of(str(result), "B")
+    assert files[0] == str(result) and len(sources) > 0
+    assert {os.path.realpath(x) for x in files[1:]} == sources
