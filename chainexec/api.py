@@ -148,6 +148,7 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
         ours["text"] = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
         ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
         ours["paths"] = safepaths.check_run(s, checkpoint, reports)
+        ours["paths"].lock()
         store.remove_outputs(ours["paths"].outputs)
         ours["rates"] = machinecache.named(machine)
         return bool(_missing(s))

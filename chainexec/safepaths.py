@@ -15,10 +15,12 @@ exists without the mark is used only where it is empty.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -79,9 +81,56 @@ def make_owned(folder: Path, what: str) -> None:
         (folder / MARK).write_text(f"made by chainexec: {what}; removed by chainexec when done\n")
 
 
+_held: dict[Path, int] = {}
+"""Marked folders this process has locked (:func:`lock_owned`), with their mark's descriptor."""
+
+
+def lock_owned(folder: Path, what: str) -> None:
+    """Lock the marked ``folder`` for this process until it exits or calls :func:`release_locks`
+    (a POSIX record lock on its mark file, which NFS and Lustre honour, and which goes with the
+    process also when it is killed): a second run given the same folder (a checkpoint, the
+    scratch or parts folder of a run whose config has the same name or output) is refused
+    instead of mixing its files with this run's. A folder made again since it was locked (moved
+    aside and marked anew) is locked again. Raises ChainexecError naming the folder and the
+    process that holds it."""
+    folder = resolved(folder)
+    mark = folder / MARK
+    held = _held.get(folder)
+    if held is not None:
+        if os.path.exists(mark) and os.fstat(held).st_ino == os.stat(mark).st_ino:
+            return
+        os.close(_held.pop(folder))
+    fd = os.open(mark, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").partition("held by ")[2].strip()
+        os.close(fd)
+        raise ChainexecError(f"{what} in use by another run{f' ({holder})' if holder else ''}", str(folder)) from None
+    os.pwrite(fd, f"\nheld by pid {os.getpid()} on {socket.gethostname()}\n".encode(), os.fstat(fd).st_size)
+    _held[folder] = fd
+
+
+def unlock(folder: Path) -> None:
+    """Let the lock on ``folder`` go (a folder about to be removed)."""
+    fd = _held.pop(resolved(folder), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def release_locks() -> None:
+    """Unlock every folder this process holds: a process that outlives its run
+    (:mod:`chainexec.server`) calls it after each, as a run's own process lets its locks go when
+    it exits."""
+    while _held:
+        os.close(_held.popitem()[1])
+
+
 def remove_owned(folder: Path) -> None:
-    """Remove ``folder`` with everything in it, only where it carries chainexec's mark."""
+    """Remove ``folder`` with everything in it, only where it carries chainexec's mark (its
+    lock let go first: a file held open on NFS would stay as a ``.nfs`` file and keep it)."""
     if is_owned(folder):
+        unlock(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -113,6 +162,7 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
     folder = resolved(folder)
     if not is_owned(folder):
         return None
+    unlock(folder)
     try:
         aside = Path(tempfile.mkdtemp(prefix=folder.name + ASIDE, dir=folder.parent))
         try:
@@ -214,6 +264,14 @@ class RunPaths:
         if self.checkpoint is not None:
             folders.append((self.checkpoint, "the checkpoint folder"))
         return folders
+
+    def lock(self) -> None:
+        """Lock each of :meth:`removed`'s folders that exists and is chainexec's
+        (:func:`lock_owned`), before anything is removed: a run whose folders another running
+        one holds is refused, and removes none of its files."""
+        for folder, what in self.removed():
+            if is_owned(folder):
+                lock_owned(folder, what)
 
     def kept(self) -> list[tuple[Path, str]]:
         """Files the run must leave as they are (config, inputs) or writes (outputs, reports),

@@ -372,7 +372,6 @@ def _run(argv: list[str]) -> tuple[int, bool]:
     may go on: not after an error the command let through (a defect), whose traceback the client
     gets as it would from its own process."""
     from chainexec import cli, safepaths
-    from chainexec.runtime import checkpoint
 
     go_on = True
     try:
@@ -393,7 +392,7 @@ def _run(argv: list[str]) -> tuple[int, bool]:
         except (OSError, ValueError):  # a reader that went away
             pass
     safepaths.wait_removals()
-    checkpoint.release()
+    safepaths.release_locks()
     _release()
     return status, go_on
 

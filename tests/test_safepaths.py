@@ -192,23 +192,29 @@ def test_checkpoint_keeps_what_it_did_not_write(user_folder):
     assert sorted(p.name for p in folder.iterdir()) == ["later.tmp", "rank0-1.npz.bak"]
 
 
-def test_checkpoint_folder_in_use(user_folder):
-    """A second run given a checkpoint folder that a running one holds is refused."""
-    folder = user_folder.parent / "ck"
+@pytest.mark.parametrize("held", ["checkpoint", "scratch", "parts"])
+def test_a_folder_a_running_run_holds_is_refused(held, user_folder):
+    """A second run given a checkpoint folder that a running one holds, or whose scratch or
+    parts folder a running one holds (a config of the same name and output folder), is refused
+    and changes nothing; once the holder has gone it runs."""
+    work = user_folder.parent
+    folder = {"checkpoint": work / "ck", "scratch": work / "out" / ".fourindex.scratch",
+              "parts": work / "out" / "result.h5.parts"}[held]
+    option = ("--checkpoint", work / "ck") if held == "checkpoint" else ()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from chainexec import safepaths; "
-         "from chainexec.runtime import checkpoint; f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); "
-         "checkpoint._lock(f); print('held', flush=True); sys.stdin.read()", str(folder)],
+         "f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); safepaths.lock_owned(f, 'test'); "
+         "print('held', flush=True); sys.stdin.read()", str(folder)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        before = _snapshot(user_folder.parent)
-        assert_refused(run_cli("run", user_folder, "--quiet", "--checkpoint", folder), "in use by another run",
-                 f"pid {holder.pid}")
-        assert _snapshot(user_folder.parent) == before
+        before = _snapshot(work)
+        assert_refused(run_cli("run", user_folder, "--quiet", *option), "in use by another run",
+                       f"pid {holder.pid}", str(folder.name))
+        assert _snapshot(work) == before
     finally:
         holder.communicate("")
-    proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder)
+    proc = run_cli("run", user_folder, "--quiet", *option)
     assert proc.returncode == 0, proc.stderr
 
 

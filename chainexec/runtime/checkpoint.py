@@ -29,13 +29,11 @@ No pickle: the rank files are plain ``.npz`` arrays read with ``allow_pickle=Fal
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
 import os
 import re
-import socket
 import time
 from pathlib import Path
 
@@ -50,8 +48,6 @@ MANIFEST = "checkpoint.json"
 INPUTS = "inputs.json"
 _PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
 """The names of the rank files and their temporary files."""
-_held: dict[Path, int] = {}
-"""Checkpoint folders this process has locked (:func:`_lock`), with the lock file's descriptor."""
 FORMAT = 4
 """Version of the manifest's layout, of the tile order its counts refer to and of its plan digest
 (a checkpoint of another version is refused: 3 digested the plan's records too
@@ -214,34 +210,6 @@ def _missing(saved: dict, plan: Plan) -> Path | None:
     return next((p for p in paths if not p.is_file()), None)
 
 
-def _lock(folder: Path) -> None:
-    """Lock ``folder`` for this process until it exits (a POSIX record lock on the mark file,
-    which NFS and Lustre honour): a second run given the same checkpoint folder is refused
-    instead of mixing its parts with this run's. The lock goes with the process, also when it
-    is killed."""
-    folder = safepaths.resolved(folder)
-    if folder in _held:
-        return
-    fd = os.open(folder / safepaths.MARK, os.O_RDWR)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 256, 0).decode(errors="replace").partition("held by ")[2].strip()
-        os.close(fd)
-        raise ChainexecError(f"checkpoint folder in use by another run{f' ({holder})' if holder else ''}",
-                             str(folder)) from None
-    os.pwrite(fd, f"\nheld by pid {os.getpid()} on {socket.gethostname()}\n".encode(), os.fstat(fd).st_size)
-    _held[folder] = fd
-
-
-def release() -> None:
-    """Unlock every checkpoint folder this process holds: a process that outlives its run
-    (:mod:`chainexec.server`) calls it after each, as a run's own process lets its locks go when it
-    exits."""
-    while _held:
-        os.close(_held.popitem()[1])
-
-
 class Checkpoint:
     """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints (of
     a resumable loop or at a nest's end), and a stop after the first checkpoint past
@@ -276,7 +244,7 @@ class Checkpoint:
         saved = None
         try:
             safepaths.make_owned(folder, "a run's checkpoint")
-            _lock(folder)
+            safepaths.lock_owned(folder, "checkpoint folder")
             if path.exists():
                 saved = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -376,6 +344,4 @@ class Checkpoint:
             if _PART.fullmatch(path.name) or path.name in (Path(MANIFEST).with_suffix(".tmp").name, INPUTS):
                 path.unlink(missing_ok=True)
         (self.folder / safepaths.MARK).unlink(missing_ok=True)
-        fd = _held.pop(safepaths.resolved(self.folder), None)
-        if fd is not None:
-            os.close(fd)
+        safepaths.unlock(self.folder)

@@ -139,8 +139,9 @@ def remove_outputs(files) -> None:
 
 
 def make_folders(files, scratch: Path, fresh: bool = False) -> None:
-    """Make each output's parts folder and the scratch folder, marked as chainexec's
-    (:func:`chainexec.safepaths.make_owned`; rank 0, once every check of the run has passed).
+    """Make each output's parts folder and the scratch folder, marked as chainexec's and locked
+    for this process (:func:`chainexec.safepaths.make_owned`, :func:`~chainexec.safepaths.lock_owned`;
+    rank 0, once every check of the run has passed).
     ``fresh`` (a run that resumes no checkpoint): first move the parts folders an older run left
     aside, removed there while this run goes on (:func:`chainexec.safepaths.remove_owned_aside`),
     so that their shards do not stay beside this run's."""
@@ -150,6 +151,7 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
             if fresh and folder != Path(scratch):
                 safepaths.remove_owned_aside(folder)
             safepaths.make_owned(folder, what)
+            safepaths.lock_owned(folder, what)
         except OSError as err:
             raise ChainexecError(f"cannot make this folder ({err.strerror or err})", str(folder)) from None
 
