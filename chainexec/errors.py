@@ -5,6 +5,12 @@ Every problem with a user's input (config, HDF5 files, memory limits, output pat
 traceback. Anything else escaping is a bug in chainexec and keeps its traceback.
 """
 
+import re
+
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+"""Line breaks and the blanks around them, which a message quoting another library's (HDF5's
+spans lines) would carry."""
+
 
 class ChainexecError(Exception):
     """A user-facing error: ``str(err)`` is one line naming the file (and line) and the problem.
@@ -17,8 +23,9 @@ class ChainexecError(Exception):
         self.collective = collective
         where = ""
         if path is not None:
-            where = f"{path}:{line}: " if line is not None else f"{path}: "
-        super().__init__(f"{where}{message}")
+            shown = str(path).replace("\n", "\\n").replace("\r", "\\r")  # a name with a line break stays on the line
+            where = f"{shown}:{line}: " if line is not None else f"{shown}: "
+        super().__init__(f"{where}{_LINE_BREAKS.sub(' ', message)}")
 
 
 class RankFailed(Exception):

@@ -97,6 +97,13 @@ def check_inputs(plan: Plan) -> None:
                         f"dataset {t.source['dataset']!r} has dtype {ds.dtype} but tensor {t.name} is {t.dtype}", path)
                 if ds.is_virtual:
                     _check_sources(ds, path, t.name)
+                remaining = ds.nbytes  # the bytes the external files' segments hold, in order
+                for raw, offset, size in ds.external or ():
+                    needed, remaining = min(size, remaining), remaining - min(size, remaining)
+                    if not os.path.isfile(raw) or os.path.getsize(raw) < offset + needed:
+                        raise ChainexecError(f"dataset {t.source['dataset']!r} (input of tensor {t.name}) keeps its "
+                                             f"values in the external file {os.fsdecode(raw)}, which is "
+                                             f"{'shorter than they are' if os.path.isfile(raw) else 'not there'}", path)
         except OSError as err:
             raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
 
@@ -299,8 +306,13 @@ class Store:
             return
         if version and region:
             self._read_blocks(path, self._dataset(path, name), region, out)
-        else:
+            return
+        try:
             _read(self._dataset(path, name), sel if sel else np.s_[()], out, ...)
+        except OSError as err:
+            if version:
+                raise
+            raise ChainexecError(f"cannot read dataset {name!r} (input of tensor {tensor}): {err}", path) from None
 
     def _dataset(self, path: str, name: str) -> h5py.Dataset:
         """Dataset ``name`` of the file at ``path``, opened once: an open costs about as much as a

@@ -315,3 +315,48 @@ def test_an_empty_dataset_is_refused(tmp_path):
     assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "'A'", "no dataspace")
     assert not (tmp_path / "out.h5").exists()
 
+
+
+def _unreadable(tmp_path, kind: str) -> None:
+    """``in.h5``'s A (13×7) made unreadable as ``kind`` says, its metadata intact."""
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        del f["A"]
+        if kind == "external file missing":
+            f.create_dataset("A", shape=(13, 7), dtype="f8", external=[(str(tmp_path / "missing.bin"), 0, 728)])
+        elif kind == "external file short":
+            (tmp_path / "short.bin").write_bytes(b"\0" * 100)
+            f.create_dataset("A", shape=(13, 7), dtype="f8", external=[(str(tmp_path / "short.bin"), 0, 728)])
+        elif kind == "corrupt chunk":
+            ds = f.create_dataset("A", shape=(13, 7), dtype="f8", chunks=(13, 7), compression="gzip")
+            ds.id.write_direct_chunk((0, 0), b"not deflate data" * 4)
+        else:  # a virtual dataset mapping more rows than its source has
+            with h5py.File(tmp_path / "src.h5", "w") as s:
+                s["X"] = np.ones((3, 7))
+            layout = h5py.VirtualLayout((13, 7), "f8")
+            layout[:, :] = h5py.VirtualSource("src.h5", "X", shape=(13, 7))
+            f.create_virtual_dataset("A", layout)
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("kind", ["external file missing", "external file short", "corrupt chunk",
+                                  "virtual source short"])
+def test_an_input_whose_values_cannot_be_read_is_refused(tmp_path, kind, ranks):
+    """Raw storage missing or short (found before the run), a chunk that does not decompress,
+    a virtual source smaller than its mapping (found by the read): one line naming the file and
+    the dataset, exit status 2, no output."""
+    config, _ = _linked_config(tmp_path)
+    _unreadable(tmp_path, kind)
+    proc = run_cli("run", config, "--quiet", ranks=ranks, cwd=tmp_path)
+    if ranks is None:
+        assert_refused(proc, "in.h5", "'A'")
+    else:  # each rank that meets it says so, and the launcher adds its own note
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "'A'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_an_input_path_that_is_a_folder_is_refused_in_one_line(tmp_path):
+    """HDF5's message for it spans lines; the error is one."""
+    config, _ = _linked_config(tmp_path)
+    (tmp_path / "in.h5").unlink()
+    (tmp_path / "in.h5").mkdir()
+    assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "cannot read as HDF5")
