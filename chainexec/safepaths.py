@@ -212,7 +212,12 @@ def _check_owned_folder(folder: Path, what: str) -> None:
         return
     if not folder.is_dir():
         raise ChainexecError(f"{what} must be a folder, and this is a file", str(folder))
-    if not is_owned(folder) and any(folder.iterdir()):
+    try:
+        foreign = not is_owned(folder) and any(folder.iterdir())
+    except OSError as err:
+        raise ChainexecError(f"{what} cannot be read ({err.strerror or err}): chainexec must see what it holds "
+                             "before it removes or fills it", str(folder)) from None
+    if foreign:
         raise ChainexecError(f"{what} exists and holds files chainexec did not make, which a run could remove "
                              "or write over: name a new or empty folder", str(folder))
 

@@ -94,17 +94,32 @@ def dense(values: np.ndarray, layout: str, shape: tuple[int, ...]) -> np.ndarray
     return values[:, :, cols]
 
 
+def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
+    """Output ``name``'s dataset in its open file ``f``: the file marked complete, the dataset
+    there, and (a dense output) of the tensor's shape, else a ChainexecError naming ``path``: an
+    array of another shape would be compared by broadcasting, or not at all."""
+    out = next(o for o in spec.outputs if o.tensor == name)
+    if not f.attrs.get(COMPLETE, False):
+        raise ChainexecError("output is not marked complete", path)
+    ds = f.get(out.dataset)
+    if not isinstance(ds, h5py.Dataset):
+        raise ChainexecError(f"no dataset {out.dataset!r} (output {name})", path)
+    if spec.tensors[name].layout == "dense" and ds.shape != spec.shape(name):
+        raise ChainexecError(f"dataset {out.dataset!r} has shape {ds.shape} but output {name} has extents "
+                             f"{spec.shape(name)}", path)
+    return ds
+
+
 def read_output(spec: Spec, name: str) -> np.ndarray:
     out = next(o for o in spec.outputs if o.tensor == name)
     path = spec.resolve(out.file)
     try:
         with h5py.File(path, "r") as f:
-            if not f.attrs.get(COMPLETE, False):
-                raise ChainexecError("output is not marked complete", path)
+            ds = _output(f, spec, name, path)
             t = spec.tensors[name]
             if t.layout != "dense":
-                return dense(f[out.dataset][...], t.layout, spec.shape(name))
-            return f[out.dataset][...]
+                return dense(ds[...], t.layout, spec.shape(name))
+            return ds[...]
     except OSError as err:
         raise ChainexecError(f"cannot read output ({err})", path) from None
 
@@ -181,9 +196,7 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
     values = {n: _input(spec, n) for n in inputs}
     worst = scale = size = 0.0
     with h5py.File(path, "r") as f:
-        if not f.attrs.get(COMPLETE, False):
-            raise ChainexecError("output is not marked complete", path)
-        ds = f[out.dataset]
+        ds = _output(f, spec, name, path)
         picks = {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)}
         for point in sorted(picks):
             ref = mag = 0.0

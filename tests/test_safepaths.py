@@ -475,3 +475,17 @@ def test_a_run_again_replaces_the_older_parts_and_leaves_none(ranks, user_folder
         assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (work / "out").iterdir()) == ["result.h5", "result.h5.parts"]
     assert run_cli("verify", user_folder).returncode == 0
+
+
+def test_a_folder_that_cannot_be_read_is_one_error(tmp_path, monkeypatch):
+    """A parts folder whose entries cannot be listed (no permission: root is not stopped by
+    mode bits, so the refusal is stood in for): one ChainexecError naming it."""
+    folder = tmp_path / "out.h5.parts"
+    folder.mkdir()
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "iterdir", refused)
+    with pytest.raises(ChainexecError, match="out.h5.parts: the parts folder cannot be read"):
+        safepaths._check_owned_folder(folder, "the parts folder")

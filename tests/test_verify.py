@@ -74,6 +74,27 @@ def test_refuses_incomplete_output(finished, tmp_path):
 
 
 @pytest.mark.parametrize("limit", [2 << 30, 0])
+@pytest.mark.parametrize("stored", ["broadcastable shape", "other shape", "group"])
+def test_refuses_an_output_of_another_shape_or_no_dataset(finished, tmp_path, stored, limit):
+    """An output marked complete whose dataset has another shape (one NumPy would broadcast
+    against the reference, or not) or is a group: one line naming the file, on both paths."""
+    from chainexec.errors import ChainexecError
+
+    with h5py.File(finished.parent / "out.h5", "r") as f:
+        r = f["R"][()]
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["chainexec_complete"] = True
+        if stored == "group":
+            f.create_group("R")
+        else:
+            f["R"] = r[None] if stored == "broadcastable shape" else r[0]
+    cfg = dict(CONFIG, outputs={"R": {"file": str(path), "dataset": "R"}})
+    with pytest.raises(ChainexecError, match="other.h5: (no dataset 'R'|dataset 'R' has shape)"):
+        verify(spec.load(write_config(tmp_path, cfg)), samples=50, limit=limit)
+
+
+@pytest.mark.parametrize("limit", [2 << 30, 0])
 def test_an_output_that_cancels_is_judged_against_its_terms(tmp_path, limit):
     """X - X computed in two orders is rounding alone (about 1e-16 of its terms): relative to a
     zero reference every correct run would fail; relative to the terms' magnitude it passes, and
