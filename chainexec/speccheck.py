@@ -215,6 +215,9 @@ def build(data, lines: dict, path: str) -> Spec:
             raise p.fail(f"output {oname!r} is an input (it has a source)", where)
         if not isinstance(odef.get("file"), str) or not odef["file"] or not isinstance(odef.get("dataset"), str):
             raise p.fail(f"output {oname!r} needs 'file' and 'dataset'", where)
+        if odef["file"].endswith(("/", "/.", "/..")) or odef["file"] in (".", ".."):
+            raise p.fail(f"output {oname!r}: file {odef['file']!r} names a folder; name the HDF5 file in it",
+                         where + ("file",))
         _dataset(p, odef["dataset"], f"output {oname!r}", where + ("dataset",), nested=False)
         place = (config_relative(path, odef["file"]), odef["dataset"])
         if place in written:

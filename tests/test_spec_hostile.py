@@ -124,6 +124,9 @@ CASES = {
                                   ("trailing_slash", "g/A/", "'g/A/'"), ("empty_group", "g//A", "'g//A'"),
                                   ("dot_group", "g/./A", "'g/./A'"), ("dot", ".", "'.'")]},
     "output_file_empty": (_replace("    file: out/result.h5", "    file: ''"), "  B:", "needs 'file' and 'dataset'"),
+    **{f"output_file_folder_{name}": (_replace("    file: out/result.h5", f"    file: {value}"), f"file: {value}",
+                                      f"output 'B': file '{value}' names a folder")
+       for name, value in [("slash", "out/"), ("dot", "."), ("dotdot", "out/..")]},
     # Extents and tensors beyond a signed 64-bit count (NumPy's and HDF5's; the planner's floats overflowed).
     "extent_2_63": (_replace("  p: 10\n", f"  p: {2**63}\n"), "  p:", "index 'p' must have a positive integer extent"),
     "extent_1e400": (_replace("  p: 10\n", f"  p: {10**400}\n"), "  p:", "(at most 2^63 - 1)"),
