@@ -134,10 +134,25 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     — of which, on a backend that compiles and tunes, ``compile`` and ``tune`` seconds
     (:meth:`~chainexec.runtime.device.Backend.startup_seconds`: what a run with warm caches does
     not pay) — and in all of this call; the rest of a process's wall time is the interpreter's
-    start and imports."""
+    start and imports.
+
+    The folders this run locks (:meth:`chainexec.safepaths.RunPaths.lock`) are let go when it
+    ends, however it ends: a process that runs again, or leaves a later run to another
+    process, holds none of them."""
+    ours: dict = {}  # rank 0's state from one step to the next
+    try:
+        return _run(ours, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every,
+                    stop_after, inline, plan_cache, reports)
+    finally:
+        if "paths" in ours:
+            ours["paths"].unlock()
+
+
+def _run(ours: dict, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every, stop_after,
+         inline, plan_cache, reports) -> dict:
+    """:func:`run`, with rank 0's state from one step to the next in ``ours``."""
     comm = world()
     started = time.perf_counter()
-    ours: dict = {}  # rank 0's state from one step to the next
     maps = maps_inputs(comm)  # the executor's loads map inputs' pages: priced by what the page cache holds
 
     def read() -> bool:

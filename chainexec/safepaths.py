@@ -86,7 +86,7 @@ _held: dict[Path, int] = {}
 
 
 def lock_owned(folder: Path, what: str) -> None:
-    """Lock the marked ``folder`` for this process until it exits or calls :func:`release_locks`
+    """Lock the marked ``folder`` for this process until it exits or calls :func:`unlock`
     (a POSIX record lock on its mark file, which NFS and Lustre honour, and which goes with the
     process also when it is killed): a second run given the same folder (a checkpoint, the
     scratch or parts folder of a run whose config has the same name or output) is refused
@@ -116,14 +116,6 @@ def unlock(folder: Path) -> None:
     fd = _held.pop(resolved(folder), None)
     if fd is not None:
         os.close(fd)
-
-
-def release_locks() -> None:
-    """Unlock every folder this process holds: a process that outlives its run
-    (:mod:`chainexec.server`) calls it after each, as a run's own process lets its locks go when
-    it exits."""
-    while _held:
-        os.close(_held.popitem()[1])
 
 
 def remove_owned(folder: Path) -> None:
@@ -277,6 +269,11 @@ class RunPaths:
         for folder, what in self.removed():
             if is_owned(folder):
                 lock_owned(folder, what)
+
+    def unlock(self) -> None:
+        """Let go the locks :meth:`lock` and the run took on :meth:`removed`'s folders."""
+        for folder, _ in self.removed():
+            unlock(folder)
 
     def kept(self) -> list[tuple[Path, str]]:
         """Files the run must leave as they are (config, inputs) or writes (outputs, reports),

@@ -392,7 +392,6 @@ def _run(argv: list[str]) -> tuple[int, bool]:
         except (OSError, ValueError):  # a reader that went away
             pass
     safepaths.wait_removals()
-    safepaths.release_locks()
     _release()
     return status, go_on
 
