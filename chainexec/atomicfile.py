@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,20 +38,14 @@ def replacing(path: str | os.PathLike):
 
 
 def write(path: Path, data: bytes | str, mode: int | None = None) -> None:
-    """Replace ``path`` by ``data`` (its folder made where missing). ``mode``: the permissions
-    (``tempfile.mkstemp`` makes the file private; a cache meant to be shared passes ``0o644``).
-    Raises :class:`OSError` as the file system does, leaving no temporary file behind."""
+    """Replace ``path`` by ``data`` (its folder made where missing; :func:`replacing`). ``mode``:
+    the permissions (private, ``0o600``, unless given; a cache meant to be shared passes
+    ``0o644``). Raises :class:`OSError` as the file system does, leaving no temporary file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+    with replacing(path) as tmp:
+        os.chmod(tmp, 0o600 if mode is None else mode)
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def sync(path: Path) -> None:
