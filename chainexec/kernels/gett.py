@@ -324,9 +324,10 @@ tutorial)."""
 
 TILES = ((2, 2, 4, 4, 16), (2, 2, 4, 4, 8), (2, 4, 4, 4, 16), (4, 2, 4, 4, 16), (2, 2, 8, 4, 16),
          (2, 2, 2, 8, 16), (4, 4, 4, 4, 16), (2, 2, 4, 4, 32), (1, 2, 4, 4, 8), (2, 2, 2, 4, 8),
-         (2, 2, 2, 4, 16), (2, 2, 2, 4, 32))
+         (2, 2, 2, 4, 16), (2, 2, 2, 4, 32), (1, 4, 6, 4, 16))
 """Candidate (warps_m, warps_n, mma_m, mma_n, bk) in units of 8-row MMA tiles: 32×64 to 128×128
-block tiles; bk 8 for short sums, 32 for long ones. The 32×64 tiles (two or four warps) keep
+block tiles, and 48×128 (four warps of three m16 tiles, all of M = 48 in one block row, as TCCG's
+ML cases at twice its extents); bk 8 for short sums, 32 for long ones. The 32×64 tiles (two or four warps) keep
 more blocks resident per SM: the memory-bound contractions (short sums, or outputs too small to
 fill the SMs with larger tiles) are bound by the latency of each block's loads and stores, not
 by the DRAM rate the model assumes."""
@@ -629,7 +630,11 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
     row, the best-ranked one-row configuration (:func:`row_configs`) of each order whose best
     ranks in the first tier, since each block row loads B's tiles again, which the model's DRAM
     bytes do not count (a second row finds them in L2) but the loads' shared-memory traffic,
-    the ML cases' bound, does; then the staged-epilogue twin of each
+    the ML cases' bound, does; then, of each first-tier order, the :data:`TIE_PICKS` first-tier
+    configurations of at most :data:`TIE_WARPS` warps that move the fewest bytes between L2 and
+    the SMs (:func:`l2_bytes`), which the roofline's DRAM bytes do not see and which the
+    times of ties with long sums follow (the AO→MO and ML cases at twice TCCG's extents, whose
+    ties the names break towards two-warp 32×64 tiles); then the staged-epilogue twin of each
     (:attr:`GettConfig.staged`) where its shared memory fits. The model cannot tell the two
     epilogues apart (both store whole sectors; what differs is the number of store instructions
     and their order), the timing can. Last, for a short sum, the short-sum kernels of every order
@@ -656,11 +661,40 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
             if next(x for x in ranked if x[1] == order)[0][0] == tier:
                 best += sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg) for cfg in row_configs(p, arch)),
                                key=lambda x: x[:3])[:1]
+    tier = ranked[0][0][0]
+    for order, p in problems.items():
+        near = sorted((key, l2_bytes(p, cfg), name, cfg) for key, o, name, cfg in ranked
+                      if o == order and key[0] == tier and cfg.warps_m * cfg.warps_n <= TIE_WARPS)
+        best += [(key, order, name, cfg) for key, _, name, cfg in near[:TIE_PICKS]
+                 if all(name != y[2] or order != y[1] for y in best)]
     chosen = [(x[1], x[3]) for x in best]
     twins = [(order, replace(cfg, staged=True)) for order, cfg in chosen]
     return (chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
             + [(order, cfg) for order, p in problems.items() for cfg in short_configs(p, arch)]
             + [(order, cfg) for order, p in problems.items() for cfg in bulk_configs(p, sm_count, arch)])
+
+
+TIE_WARPS = 4
+"""Most warps of a block among the configurations :func:`candidates` adds by their L2 bytes
+(:func:`l2_bytes`): the fewest L2 bytes come with the largest tiles, whose blocks are too few
+an SM to hide their latency; up to four warps, the ties' times follow the L2 bytes."""
+TIE_PICKS = 2
+"""Configurations of each first-tier order :func:`candidates` adds by their L2 bytes."""
+
+
+def l2_bytes(p: Problem, cfg: GettConfig) -> float:
+    """Bytes the blocks of ``cfg`` move between L2 and the SMs on ``p``: every block loads its
+    ``bm × bk`` tile of A and ``bk × bn`` tile of B for each k-tile, from L2 whether the line is
+    there or comes from DRAM (padding included, each stream inflated by the sectors its access
+    pattern wastes, as :func:`predicted_seconds`' DRAM bytes), and C is written once. Smaller
+    tiles read the operands more often: ``K·(M·tn + N·tm)`` elements against the DRAM bytes'
+    ``M·K + K·N``."""
+    M, N, K, L = p.dims
+    tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
+    run_c, run_a, run_b = p.runs
+    amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
+    amp_b = _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk)
+    return ELEM * L * (tm * tn * tk * cfg.bk * (cfg.bm * amp_a + cfg.bn * amp_b) + M * N * _amplification(run_c, 8))
 
 
 SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8, 256, 3), (4, 2, 16, 256, 2),
