@@ -654,19 +654,18 @@ def candidates(problems: dict[str, Problem], sm_count: int, top: int = 3,
         for x in ranked:
             if all(shape(x[3]) != shape(y[3]) for y in best) and x[3].bm * x[3].bn <= area:
                 best.append(x)
+    tier = ranked[0][0][0]
     M = next(iter(problems.values())).dims[0]
     if all(x[3].bm < M for x in best):
-        tier = ranked[0][0][0]
         for order, p in problems.items():
             if next(x for x in ranked if x[1] == order)[0][0] == tier:
                 best += sorted(((_rank(p, cfg, sm_count), order, cfg.name(), cfg) for cfg in row_configs(p, arch)),
                                key=lambda x: x[:3])[:1]
-    tier = ranked[0][0][0]
     for order, p in problems.items():
         near = sorted((key, l2_bytes(p, cfg), name, cfg) for key, o, name, cfg in ranked
                       if o == order and key[0] == tier and cfg.warps_m * cfg.warps_n <= TIE_WARPS)
-        best += [(key, order, name, cfg) for key, _, name, cfg in near[:TIE_PICKS]
-                 if all(name != y[2] or order != y[1] for y in best)]
+        taken = {(y[1], y[2]) for y in best}
+        best += [(key, order, name, cfg) for key, _, name, cfg in near[:TIE_PICKS] if (order, name) not in taken]
     chosen = [(x[1], x[3]) for x in best]
     twins = [(order, replace(cfg, staged=True)) for order, cfg in chosen]
     return (chosen + [(order, cfg) for order, cfg in twins if cfg.valid(arch)]
@@ -690,11 +689,8 @@ def l2_bytes(p: Problem, cfg: GettConfig) -> float:
     tiles read the operands more often: ``K·(M·tn + N·tm)`` elements against the DRAM bytes'
     ``M·K + K·N``."""
     M, N, K, L = p.dims
-    tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
-    run_c, run_a, run_b = p.runs
-    amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
-    amp_b = _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk)
-    return ELEM * L * (tm * tn * tk * cfg.bk * (cfg.bm * amp_a + cfg.bn * amp_b) + M * N * _amplification(run_c, 8))
+    (tm, tn, tk), (amp_c, amp_a, amp_b) = _tiles(p, cfg), _waste(p, cfg)
+    return ELEM * L * (tm * tn * tk * cfg.bk * (cfg.bm * amp_a + cfg.bn * amp_b) + M * N * amp_c)
 
 
 SHORT_TILES = ((4, 1, 4, 512, 2), (4, 1, 4, 128, 2), (8, 1, 4, 128, 2), (8, 1, 8, 256, 3), (4, 2, 16, 256, 2),
@@ -891,6 +887,20 @@ def resident(cfg: GettConfig) -> int:
     return max(1, min(SMEM_LIMIT // cfg.smem_bytes(), 2048 // cfg.threads))
 
 
+def _tiles(p: Problem, cfg: GettConfig) -> tuple[int, int, int]:
+    """Tiles of ``cfg`` along M, N and K of ``p`` (the last ones padded)."""
+    M, N, K, _ = p.dims
+    return -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
+
+
+def _waste(p: Problem, cfg: GettConfig) -> tuple[float, float, float]:
+    """Sector amplification (:func:`_amplification`) of C's stores (8 consecutive n at a time) and
+    of A's and B's tile loads in the directions ``cfg`` loads them."""
+    run_c, run_a, run_b = p.runs
+    return (_amplification(run_c, 8), _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm),
+            _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk))
+
+
 def _amplification(run: int, along: int) -> float:
     """Bytes moved per useful byte for accesses whose contiguous run is ``run`` elements, of which
     ``along`` consecutive ones are touched together."""
@@ -914,18 +924,15 @@ def predicted_seconds(p: Problem, cfg: GettConfig, sm_count: int, parts: int = 1
     stay in L2 while the group's columns pass), else once per block column. A sum split into ``parts`` (:func:`split_configs`) has
     that many times the blocks, and writes and reads back ``parts`` outputs besides."""
     M, N, K, L = p.dims
-    tm, tn, tk = -(-M // cfg.bm), -(-N // cfg.bn), -(-K // cfg.bk)
+    (tm, tn, tk), (amp_c, amp_a, amp_b) = _tiles(p, cfg), _waste(p, cfg)
     blocks = tm * tn * L * parts
     slots = sm_count * resident(cfg)
     waves = -(-blocks // slots)
     flops = 2.0 * tm * cfg.bm * tn * cfg.bn * -(-tk // parts) * parts * cfg.bk * L
     compute = flops / PEAK_FLOPS * (waves * slots / blocks)
-    run_c, run_a, run_b = p.runs
-    amp_a = _amplification(run_a, cfg.bk if cfg.a_k_fast else cfg.bm)
-    amp_b = _amplification(run_b, cfg.bn if cfg.b_n_fast else cfg.bk)
     reads_a = 1 if min(RASTER, tm) * cfg.bm * K * ELEM <= L2_SHARE else tn
     reads_b = -(-tm // RASTER)
-    traffic = ELEM * L * (M * K * reads_a * amp_a + K * N * reads_b * amp_b + 2 * M * N * _amplification(run_c, 8))
+    traffic = ELEM * L * (M * K * reads_a * amp_a + K * N * reads_b * amp_b + 2 * M * N * amp_c)
     if parts > 1:
         traffic += 2 * parts * ELEM * L * M * N
     return max(compute, traffic / DRAM_BYTES)
