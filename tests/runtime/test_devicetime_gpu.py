@@ -2,7 +2,8 @@
 device duration is timed at the kernel's duration, where plain events count the sleep too; a
 call that waits for the device itself is timed (without the hold) instead of hanging.
 
-Skipped without CuPy or a CUDA device. The reference durations are the device's own global
+Skipped without CuPy or a CUDA device; marked ``alone``: another process's kernels on the same
+GPU would stretch the timed spans. The reference durations are the device's own global
 timer read inside a spinning kernel, which shares no code with the stopwatch.
 """
 
@@ -19,7 +20,7 @@ cupy = require_gpu()
 
 from chainexec.runtime.devicetime import HOLD_S, Stopwatch  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.alone]  # timings: the device to itself
 
 SPIN = cupy.RawKernel(r"""
 extern "C" __global__ void spin(unsigned long long ns) {
