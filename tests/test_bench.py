@@ -3,6 +3,7 @@
 import json
 import math
 import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -338,3 +339,29 @@ def test_a_partial_run_of_other_sources_device_or_dtype_is_not_resumed(tmp_path,
     with pytest.raises(ChainexecError) as err:
         bench.main(argv + ["--resume"])
     assert str(partial) in str(err.value) and "\n" not in str(err.value) and ran == [] and not out.exists()
+
+
+def test_each_search_is_timed_on_its_own(tmp_path, monkeypatch):
+    """The kernel searches run one after another in the calling thread (in threads each one's
+    seconds would hold the others' turns of the interpreter), the compiles in threads; the
+    recorded ``max_search_s`` is the longest search."""
+    import threading
+
+    import chainexec.bench as bench
+    from chainexec.kernels import kernelconf
+    from chainexec.runtime import launch
+
+    _stand_in_gpu(monkeypatch, bench, [])
+    searched, compiled = [], []
+
+    def choose(*args, **kw):
+        searched.append(threading.current_thread())
+        time.sleep(0.02)
+
+    monkeypatch.setattr(kernelconf, "choose_config", choose)
+    monkeypatch.setattr(launch, "get_kernel", lambda *a, **k: compiled.append(threading.current_thread()))
+    out = tmp_path / "r.json"
+    bench.main(["--out", str(out), "--scales", "1", "2", "--ids", "1", "2", "3", "--no-torch"])
+    assert len(searched) == 6 and set(searched) == {threading.main_thread()}
+    assert len(compiled) == 6 and threading.main_thread() not in compiled
+    assert 0.02 <= json.loads(out.read_text())["max_search_s"] < 0.1
