@@ -80,10 +80,12 @@ CONTENDERS = 1.10
 #: fastest median timed before it in the case is timed once: it can be neither the best nor a
 #: contender, and at scale 2 the repeats of such methods would take most of a case's time.
 HOPELESS = 2.0
-#: A GETT configuration whose first timed call takes more than this factor of the fastest
-#: configuration's median before it is timed once: it cannot be the fastest configuration (the
-#: model ranks them, so the fastest comes early); at scale 2 a CCSD case's configurations take
-#: up to seconds a call, and repeating every one would take most of the case's time.
+#: A GETT (or packed, or split) configuration whose first timed call takes more than this factor
+#: of the fastest configuration's median before it, or of the fastest method timed before the
+#: configurations in the case, is timed once: it can be neither the case's fastest method nor a
+#: contender (:data:`CONTENDERS`), and only the fastest configuration of the method could be
+#: (the model ranks them, so the fastest comes early). At scale 2 a CCSD case's configurations
+#: take up to seconds a call, and repeating every one would take most of the case's time.
 GETT_CUT = 1.25
 
 
@@ -165,12 +167,14 @@ def environment() -> dict:
     return env
 
 
-def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tuple[list[dict], list]:
+def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
+              before_ms: float = math.inf) -> tuple[list[dict], list]:
     """The GETT model's top configurations for this case (``choose(problems, sm_count)``'s
     (order, configuration) pairs where given): each checked against ``ref`` (beta = 0 into a
     NaN-poisoned C, then alpha/beta) and timed with beta = 0; a row per configuration and, in the
     same order, each one's timed launch as a callable; one whose first timed call takes more than
-    :data:`GETT_CUT` times the fastest so far is timed once. Their kernels are compiled first,
+    :data:`GETT_CUT` times the fastest so far or ``before_ms`` (the fastest method timed
+    before them), is timed once. Their kernels are compiled first,
     together in threads; the checks' two launches are each one's warm-up."""
     import cupy
 
@@ -199,21 +203,22 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None) -> tup
         calls.append(lambda cfg=cfg, order=order, left=left, right=right:
                      launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0))
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
-                            hopeless_ms=GETT_CUT * min((r["ms"] for r in rows), default=math.inf))
+                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]))
         rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
                      "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
     return rows, calls
 
 
-def method_rows(backend, name: str, con: Contraction, A, B, C, ref, budget_s: float) -> tuple[list[dict], list]:
+def method_rows(backend, name: str, con: Contraction, A, B, C, ref, budget_s: float,
+                before_ms: float = math.inf) -> tuple[list[dict], list]:
     """The runtime's method ``name`` on this case, packed GETT
     (:class:`~chainexec.runtime.backends.methods.Packed`) or split GETT
     (:class:`~chainexec.runtime.backends.methods.SplitK`): each of its candidates run as the
     runtime runs it (the operands' copies or the parts' sum in every call, a fresh C written),
     checked against ``ref`` in a NaN-poisoned C, then adding half the product to it (against
     ``1.5 · ref``), and timed fresh; a row per candidate and, in the same order, each one's call;
-    none where it is not offered. Their kernels are compiled first, together; the checks are
-    each one's warm-up."""
+    none where it is not offered; cut as :func:`gett_rows` cuts. Their kernels are compiled
+    first, together; the checks are each one's warm-up."""
     import cupy
 
     method = REGISTRY[name]
@@ -230,7 +235,7 @@ def method_rows(backend, name: str, con: Contraction, A, B, C, ref, budget_s: fl
         method.run(backend, cfg, replace(con, factor=0.5), C, A, B, False)
         err_beta = rel_error(C, 1.5 * ref)
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
-                            hopeless_ms=GETT_CUT * min((r["ms"] for r in rows), default=math.inf))
+                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]))
         rows.append({"config": key.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "rel_err_beta": err_beta,
                      "ms": ms, "reps": reps})
     return rows, calls
@@ -360,16 +365,24 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
                                                   "trans_total")}}
     # every method's timed call, timed alone first (pools emptied after each, so that a case
     # that fits once fits every method), then the fastest of chainexec's against the fastest
-    # library head to head (:func:`time_together`)
+    # library head to head (:func:`time_together`). The library-backed methods are checked and
+    # timed first: a GETT configuration far slower than the fastest of them is timed once.
     fns = {"cogent": lambda: kernel(A, B, C)}
     times = {}
-    if dtype == "float64":
-        row["gett"], calls = gett_rows(c, a, b, sizes, A, B, C, ref, budget_s)
-        best = min(range(len(calls)), key=lambda i: row["gett"][i]["ms"])
-        times["gett"] = (row["gett"][best]["ms"], row["gett"][best]["reps"])
-        fns["gett"] = calls[best]
-        row["rel_err"] = worst(err, *(r["rel_err"] for r in row["gett"]))
-        row["rel_err_beta"] = worst(err_beta, *(r["rel_err_beta"] for r in row["gett"]))
+    if use_torch:
+        import torch
+
+    def release():
+        cupy.get_default_memory_pool().free_all_blocks()
+        if use_torch:
+            torch.cuda.empty_cache()
+
+    def time_alone(key):
+        # against whole methods only: a product left as a view (``*_view``) skips a pass
+        fastest = min((ms for k, (ms, _) in times.items() if not k.endswith("_view")), default=math.inf)
+        times[key] = time_gpu(fns[key], budget_s, hopeless_ms=HOPELESS * fastest)
+        release()
+
     con = Contraction(id=0, out="C", out_indices=list(c), a="A", a_indices=list(a), b="B", b_indices=list(b),
                       factor=1.0, accumulate=False, flops=flops, statement=0)
     backend = CupyBackend(cupy)
@@ -391,14 +404,6 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         row["relayout_rel_err"] = rel_error(C, ref)
         row["rel_err"] = worst(row["rel_err"], row["relayout_rel_err"])
         fns["relayout"] = relayout
-    for name in ("packed", "splitk") if dtype == "float64" else ():
-        row[name], calls = method_rows(backend, name, con, A, B, C, ref, budget_s)
-        if calls:
-            best = min(range(len(calls)), key=lambda i: row[name][i]["ms"])
-            times[name] = (row[name][best]["ms"], row[name][best]["reps"])
-            fns[name] = calls[best]
-            row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row[name]))
-            row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row[name]))
     # the runtime's TTGT method, its product copied into C by the runtime's own kernel, plain and
     # pipelined (``ttgt:<chunks>``) where the autotuner offers it
     for key, config in REGISTRY["ttgt"].configurations(backend, con, C, A, B).items():
@@ -406,6 +411,26 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
         backend._run(("ttgt", config), con, C, A, B, fresh=True)
         row["rel_err"] = worst(row["rel_err"], rel_error(C, ref))
         fns[key] = lambda config=config: backend._run(("ttgt", config), con, C, A, B, fresh=True)
+    for key in list(fns):
+        if key != "cogent":
+            time_alone(key)
+    if dtype == "float64":
+        before = min((ms for ms, _ in times.values()), default=math.inf)
+        row["gett"], calls = gett_rows(c, a, b, sizes, A, B, C, ref, budget_s, before_ms=before)
+        best = min(range(len(calls)), key=lambda i: row["gett"][i]["ms"])
+        times["gett"] = (row["gett"][best]["ms"], row["gett"][best]["reps"])
+        fns["gett"] = calls[best]
+        row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row["gett"]))
+        row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row["gett"]))
+    for name in ("packed", "splitk") if dtype == "float64" else ():
+        before = min((ms for ms, _ in times.values()), default=math.inf)
+        row[name], calls = method_rows(backend, name, con, A, B, C, ref, budget_s, before_ms=before)
+        if calls:
+            best = min(range(len(calls)), key=lambda i: row[name][i]["ms"])
+            times[name] = (row[name][best]["ms"], row[name][best]["reps"])
+            fns[name] = calls[best]
+            row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row[name]))
+            row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row[name]))
     del ref
     # TTGT and the einsums hand back the GEMM's product viewed in C's index order; C's layout
     # costs them one more pass (the view made contiguous), which is what the einsums are timed
@@ -414,14 +439,8 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     returned = {"ttgt": lambda: ttgt_product(backend, con, A, B),
                 "cupy_einsum": lambda: cupy.einsum(f"{a},{b}->{c}", A, B)}
     if use_torch:
-        import torch
-
         tA, tB = torch.from_dlpack(A), torch.from_dlpack(B)
         returned["torch_einsum"] = lambda: torch.einsum(f"{a},{b}->{c}", tA, tB)
-    def release():
-        cupy.get_default_memory_pool().free_all_blocks()
-        if use_torch:
-            torch.cuda.empty_cache()
 
     row["views"] = {}
     for key, fn in returned.items():
@@ -435,10 +454,7 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
 
     for key in sorted(fns, key=lambda k: k == "cogent"):  # COGENT, the slowest almost everywhere, last
         if key not in times:
-            # against whole methods only: a product left as a view (``*_view``) skips a pass
-            fastest = min((ms for k, (ms, _) in times.items() if not k.endswith("_view")), default=math.inf)
-            times[key] = time_gpu(fns[key], budget_s, hopeless_ms=HOPELESS * fastest)
-            release()
+            time_alone(key)
     for key, (ms, reps) in times.items():
         row[f"{key}_ms"], row[f"{key}_reps"] = ms, reps
     # The runtime's selector (CupyBackend) picks the fastest of its methods: GETT on the operands
