@@ -80,12 +80,13 @@ CONTENDERS = 1.10
 #: fastest median timed before it in the case is timed once: it can be neither the best nor a
 #: contender, and at scale 2 the repeats of such methods would take most of a case's time.
 HOPELESS = 2.0
-#: A GETT (or packed, or split) configuration whose first timed call takes more than this factor
-#: of the fastest configuration's median before it, or of the fastest method timed before the
-#: configurations in the case, is timed once: it can be neither the case's fastest method nor a
-#: contender (:data:`CONTENDERS`), and only the fastest configuration of the method could be
-#: (the model ranks them, so the fastest comes early). At scale 2 a CCSD case's configurations
-#: take up to seconds a call, and repeating every one would take most of the case's time.
+#: A GETT (or packed, or split) configuration after the model's first whose first timed call
+#: takes more than this factor of the fastest configuration's median before it, or of the fastest
+#: method timed before the configurations in the case, is timed once: it can be neither the
+#: case's fastest method nor a contender (:data:`CONTENDERS`), and only the fastest
+#: configuration of the method could be (the model ranks them, so the fastest comes early). At
+#: scale 2 a CCSD case's configurations take up to seconds a call, and repeating every one would
+#: take most of the case's time.
 GETT_CUT = 1.25
 
 
@@ -172,9 +173,10 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
     """The GETT model's top configurations for this case (``choose(problems, sm_count)``'s
     (order, configuration) pairs where given): each checked against ``ref`` (beta = 0 into a
     NaN-poisoned C, then alpha/beta) and timed with beta = 0; a row per configuration and, in the
-    same order, each one's timed launch as a callable; one whose first timed call takes more than
-    :data:`GETT_CUT` times the fastest so far or ``before_ms`` (the fastest method timed
-    before them), is timed once. Their kernels are compiled first,
+    same order, each one's timed launch as a callable; the first (the model's best) is timed in
+    full, and a later one whose first timed call takes more than :data:`GETT_CUT` times the
+    fastest so far or ``before_ms`` (the fastest method timed before them) is timed once. Their
+    kernels are compiled first,
     together in threads; the checks' two launches are each one's warm-up."""
     import cupy
 
@@ -203,7 +205,7 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
         calls.append(lambda cfg=cfg, order=order, left=left, right=right:
                      launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0))
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
-                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]))
+                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]) if rows else math.inf)
         rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
                      "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
     return rows, calls
@@ -235,7 +237,7 @@ def method_rows(backend, name: str, con: Contraction, A, B, C, ref, budget_s: fl
         method.run(backend, cfg, replace(con, factor=0.5), C, A, B, False)
         err_beta = rel_error(C, 1.5 * ref)
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
-                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]))
+                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]) if rows else math.inf)
         rows.append({"config": key.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "rel_err_beta": err_beta,
                      "ms": ms, "reps": reps})
     return rows, calls
