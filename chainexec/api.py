@@ -116,11 +116,13 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     that names them (``{"--report-json": path}``), checked with the run's own paths before
     anything runs.
 
-    Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) before it removes anything:
-    then the older outputs of this config (a run that fails later must not leave them looking
-    like its result), then the plan, the inputs and the checkpoint, and only then makes its
-    folders, moving the older outputs' parts folders aside first, removed while the run goes on,
-    unless a checkpoint resumes (its shards lie there). Where the config leaves a memory limit
+    Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) and that each output and
+    report file can be written, then the machine file, the plan, the inputs and the checkpoint;
+    every rank starts its backend; only then does rank 0 remove the older outputs of this config
+    (a run refused before then leaves them as they were; one that fails later must not leave
+    them looking like its result) and make its folders, moving the older outputs' parts folders
+    aside first, removed while the run goes on, unless a checkpoint resumes (its shards lie
+    there). Where the config leaves a memory limit
     out, every rank reads its machine's figures and rank 0 derives the limits
     (:func:`chainexec.detect.gather`, :func:`chainexec.detect.limits`); rank 0 notes ranks that
     Open MPI bound to one core (:func:`chainexec.runtime.hostcopy.bound_narrowly`); where no
@@ -164,7 +166,9 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
         ours["paths"] = safepaths.check_run(s, checkpoint, reports)
         ours["paths"].lock()
-        store.remove_outputs(ours["paths"].outputs)
+        store.check_writable(ours["paths"].outputs)
+        for path, option in ours["paths"].reports.items():
+            store.check_writable([path], f"{option} file")
         ours["rates"] = machinecache.named(machine)
         return bool(_missing(s))
 
@@ -209,8 +213,6 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
                     or any(nest.checkpoint_after for nest in p.nests[:-1])):
                 print(f"chainexec: note: no resumable loop or nest end in this plan (see `chainexec plan`); "
                       f"{checkpoint} will hold nothing until the run's end", file=sys.stderr)
-        paths = ours["paths"]
-        store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
         return text, kept, cached, _record(limits, record)
 
     text, kept, cached, record = on_rank0(comm, prepare)
@@ -219,6 +221,14 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     planned = time.perf_counter()
     uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
     chosen = select(backend, comm)
+
+    def land() -> None:
+        """The older outputs removed and the run's folders made: every check has passed."""
+        paths = ours["paths"]
+        store.remove_outputs(paths.outputs)
+        store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
+
+    on_rank0(comm, land)
     ready = time.perf_counter()
     ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=checkpoint_every, stop_after=stop_after)
     executor = Executor(p, comm, chosen, balance, progress, ck)

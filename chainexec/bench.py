@@ -47,7 +47,6 @@ over several calls.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
@@ -63,7 +62,7 @@ from statistics import geometric_mean
 import numpy as np
 
 from chainexec import atomicfile
-from chainexec.errors import ChainexecError
+from chainexec.errors import ArgumentParser, ChainexecError
 from chainexec.plancache import tree_digest
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
@@ -592,7 +591,7 @@ def resume(partial: Path, result: dict, jobs: list) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="chainexec bench tccg", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="chainexec bench tccg", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", "--tccg", dest="cases", default=str(REPO / "benchmarks" / "tccg.json"),
                         help="contractions to check and time, in benchmarks/tccg.json's format (default: the 48 TCCG "
                              "cases)")

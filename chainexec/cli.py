@@ -18,22 +18,15 @@ from typing import NoReturn
 from chainexec import atomicfile, calibrate, safepaths, server, stopsignals
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
-from chainexec.errors import ChainexecError, RankFailed
+from chainexec.errors import ArgumentParser, ChainexecError, RankFailed
 from chainexec.runtime import comm, fdtable, warmup
 
 
 NO_INLINE = "keep every point-wise intermediate in a device buffer of its own (no fused statements)"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors in one line (exit status 2), as every other bad input."""
-
-    def error(self, message: str):
-        self.exit(2, f"chainexec: {self.prog}: {message} (see {self.prog} -h)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="chainexec", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="chainexec", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="dry run: print the loop nest and the predicted movement")
     p.add_argument("config")

@@ -5,6 +5,7 @@ Every problem with a user's input (config, HDF5 files, memory limits, output pat
 traceback. Anything else escaping is a bug in chainexec and keeps its traceback.
 """
 
+import argparse
 import re
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
@@ -39,3 +40,11 @@ def quoted(value, limit: int = 80) -> str:
     and expressions can be megabytes long; the message stays one readable line)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors in one line (exit status 2), as every other bad input: the
+    command line of ``chainexec`` and of the subcommands that parse their own options."""
+
+    def error(self, message: str):
+        self.exit(2, f"chainexec: {self.prog}: {message} (see {self.prog} -h)\n")

@@ -61,11 +61,35 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
     path = spec.resolve(t.source.file)
     try:
         with h5py.File(path, "r") as f:
+            ds = f.get(t.source.dataset)
+            if not isinstance(ds, h5py.Dataset):
+                raise ChainexecError(f"no dataset {t.source.dataset!r} (input of tensor {name})", path)
+            stored = _stored(t.layout, shape)
+            if ds.shape != stored or ds.dtype != np.dtype(t.dtype):
+                raise ChainexecError(f"dataset {t.source.dataset!r} holds {ds.dtype} values of shape {ds.shape}, but "
+                                     f"tensor {name}[{','.join(t.indices)}] is {t.dtype} of shape {stored}"
+                                     + ("" if t.layout == "dense" else f" in layout {t.layout}"), path)
             if t.layout != "dense":  # read whole, unpacked here
-                return dense(f[t.source.dataset][()], t.layout, shape)[tuple(slice(a, b) for a, b in region)]
-            return f[t.source.dataset][tuple(slice(a, b) for a, b in region)]
+                return dense(ds[()], t.layout, shape)[tuple(slice(a, b) for a, b in region)]
+            return ds[tuple(slice(a, b) for a, b in region)]
     except (OSError, KeyError) as err:
         raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
+
+
+def _stored(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a tensor of ``shape`` stored in ``layout`` (PySCF's names): each packed pair
+    of indices of extent n one axis of n(n+1)/2, ``s8`` one axis over the pairs of pairs."""
+    def pairs(n: int) -> int:
+        return n * (n + 1) // 2
+
+    if layout == "dense":
+        return tuple(shape)
+    if layout == "s2":
+        return (pairs(shape[0]),)
+    if layout == "s8":
+        return (pairs(pairs(shape[0])),)
+    return ((pairs(shape[0]),) if layout in ("s2ij", "s4") else tuple(shape[:2])) + (
+        (pairs(shape[2]),) if layout in ("s2kl", "s4") else tuple(shape[2:]))
 
 
 def _pairs(n: int) -> np.ndarray:

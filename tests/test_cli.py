@@ -63,7 +63,8 @@ def test_yaml_error_names_the_line(tmp_path):
 
 def _with_inputs(tmp_path, mutate=None):
     """A generated config whose input file is then changed by ``mutate(h5file)``; an older complete
-    output is left in place to check that a failed run does not leave it looking like its result."""
+    output is left in place to check that a refused run leaves it as it was (:func:`_output_bytes`)
+    and that a run that fails once it has begun leaves it no more."""
     config = write_config(tmp_path, fourindex_config())
     assert run_cli("generate", config).returncode == 0
     assert run_cli("run", config).returncode == 0
@@ -72,6 +73,11 @@ def _with_inputs(tmp_path, mutate=None):
         with h5py.File(tmp_path / "in.h5", "a") as f:
             mutate(f)
     return config
+
+
+def _output_bytes(tmp_path) -> bytes:
+    """The older output's bytes, to compare before and after a refused run."""
+    return (tmp_path / "out" / "result.h5").read_bytes()
 
 
 def _replace(name, data):
@@ -92,17 +98,27 @@ INPUT_ERRORS = {
 def test_input_errors(case, tmp_path):
     mutate, needles = INPUT_ERRORS[case]
     config = _with_inputs(tmp_path, mutate)
+    older = _output_bytes(tmp_path)
     proc = run_cli("run", config, ranks=2)
     assert_refused(proc, *needles)
-    assert not (tmp_path / "out" / "result.h5").exists()
+    assert _output_bytes(tmp_path) == older
+
+
+@pytest.mark.parametrize("case, needle", [("shape", "shape (10, 9)"), ("dtype", "float32")])
+def test_verify_refuses_an_input_unlike_its_tensor(case, needle, tmp_path):
+    """``verify`` reads the inputs itself (sharing no code with the run): an input dataset of
+    another shape or dtype is one line naming the file, exit 2, as for ``run``."""
+    config = _with_inputs(tmp_path, INPUT_ERRORS[case][0])
+    assert_refused(run_cli("verify", config), "in.h5", "dataset 'C'", needle, "tensor C[p,a]")
 
 
 def test_missing_input_file(tmp_path):
     config = _with_inputs(tmp_path)
+    older = _output_bytes(tmp_path)
     (tmp_path / "in.h5").unlink()
     proc = run_cli("run", config)
     assert_refused(proc, "in.h5", "not found")
-    assert not (tmp_path / "out" / "result.h5").exists()
+    assert _output_bytes(tmp_path) == older
 
 
 def test_statement_dtype_mismatch(tmp_path):
@@ -212,13 +228,42 @@ def test_plan_for_several_ranks(tmp_path):
     assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_a_run_that_cannot_plan_leaves_no_older_output(tmp_path):
-    """The output of an earlier successful run is removed before planning: a run whose limits no
-    longer allow a plan exits 2 with one line and leaves nothing that looks like its result."""
+REFUSED_RUNS = {
+    "no_plan": (lambda config, tmp: config.write_text(config.read_text().replace("device_memory: 3KiB",
+                                                                                 "device_memory: 8")),
+                (), ["device_memory", "too small"]),
+    "schedule": (None, ("--schedule", "bogus"), ["no schedule named 'bogus'"]),
+    "machine_file": (None, ("--machine", "none.json"), ["none.json", "cannot read machine file"]),
+    "checkpoint_every": (None, ("--checkpoint", "ck", "--checkpoint-every", "-5"), ["checkpoint intervals"]),
+    "plot_not_writable": (None, ("--plot", "/sys/chainexec.png"), ["/sys/chainexec.png", "not writable"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_RUNS))
+def test_a_refused_run_leaves_the_older_output_as_it_was(case, tmp_path):
+    """A run refused before it computes anything (limits that allow no plan, a bad option, a
+    machine file not there, a report it could not write) exits 2 with one line and leaves the
+    output of an earlier run of the config as it was: a mistyped option does not cost a result."""
+    edit, options, needles = REFUSED_RUNS[case]
     config = _with_inputs(tmp_path)  # ran once: its output is there
-    config.write_text(config.read_text().replace("device_memory: 3KiB", "device_memory: 8"))
+    older = _output_bytes(tmp_path)
+    if edit:
+        edit(config, tmp_path)
+    proc = run_cli("run", config, "--quiet", *options, cwd=tmp_path)
+    assert_refused(proc, *needles)
+    assert _output_bytes(tmp_path) == older
+
+
+def test_a_run_that_fails_once_begun_leaves_no_older_output(tmp_path):
+    """A run that has begun (every check passed) removes the older output first: one whose
+    result holds NaN (from an input that does) exits 2 and leaves nothing that looks like its
+    result, neither its own nor the older one."""
+    def poison(f):
+        f["A"][0, 0] = np.nan
+    config = _with_inputs(tmp_path, poison)
     proc = run_cli("run", config, "--quiet")
-    assert_refused(proc, "device_memory", "too small")
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)
+    assert_refused(proc, "result.h5", "not finite")
     assert not (tmp_path / "out" / "result.h5").exists()
 
 

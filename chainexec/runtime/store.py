@@ -128,21 +128,32 @@ def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
                                  f"{os.path.basename(path)}.parts folder?)", path)
 
 
-def remove_outputs(files) -> None:
-    """Check that every output file can be written and remove the older outputs of these names
-    (rank 0, once :func:`chainexec.safepaths.check_run` has passed, so that every file removed is
-    one chainexec wrote, and before planning, so that a run that fails later leaves no older
-    result that looks like its own). Their parts folders go in :func:`make_folders`, once it is
-    known whether a checkpoint resumes from the shards they hold."""
+def check_writable(files, what: str = "output path") -> None:
+    """Check that a file can be made at each of these paths, their folders made where missing,
+    leaving nothing else there (rank 0, once :func:`chainexec.safepaths.check_run` has passed):
+    a run refused for a folder it cannot write is refused before it computes anything. ``what``
+    names the path in the error (``output path``, ``--report-json file``)."""
     for path in map(Path, files):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
             os.close(fd)
             os.unlink(probe)
+        except OSError as err:
+            raise ChainexecError(f"{what} is not writable ({err.strerror or err})", str(path)) from None
+
+
+def remove_outputs(files) -> None:
+    """Remove the older outputs of these names (rank 0, once every check of the run has passed
+    and its backend has started, just before it makes its folders). A run refused before then
+    (a bad option, input or plan) leaves them as they were; a run that fails after leaves no
+    older result that looks like its own. Every file removed is one chainexec wrote
+    (:func:`chainexec.safepaths.check_run`); their parts folders go in :func:`make_folders`."""
+    for path in map(Path, files):
+        try:
             path.unlink(missing_ok=True)
         except OSError as err:
-            raise ChainexecError(f"output path is not writable ({err.strerror or err})", str(path)) from None
+            raise ChainexecError(f"cannot remove the older output ({err.strerror or err})", str(path)) from None
 
 
 def make_folders(files, scratch: Path, fresh: bool = False) -> None:
