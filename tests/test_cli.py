@@ -213,6 +213,9 @@ def test_bench_tccg_needs_a_gpu_and_its_cases(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert ("CuPy" in r.stderr) or ("missing.json" in r.stderr)
     assert not out.exists()
+    for bad, needle in ((("--out", out, "--bogus"), "--bogus"), (("--out", out, "--scales", "abc"), "'abc'"),
+                        ((), "--out")):
+        assert_refused(run_cli("bench", "tccg", *bad), "chainexec bench tccg", needle)
 
 
 def test_plan_for_several_ranks(tmp_path):
