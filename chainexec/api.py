@@ -220,7 +220,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     p.machine = record
     planned = time.perf_counter()
     uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
-    chosen = select(backend, comm)
+    chosen = _selected(comm, backend)
 
     def land() -> None:
         """The older outputs removed and the run's folders made: every check has passed."""
@@ -283,6 +283,24 @@ def on_rank0(comm, step):
     if error is not None:
         raise ChainexecError(error)
     return result
+
+
+def _selected(comm, backend: str):
+    """Every rank's backend (:func:`~chainexec.runtime.device.select`), once every rank has one:
+    a rank that cannot start its backend (no GPU on its node) is an error raised on every rank
+    alike, naming that rank, before rank 0 removes any older output; a defect there ends the
+    whole job (:func:`_end_all`)."""
+    chosen = error = None
+    try:
+        chosen = select(backend, comm)
+    except ChainexecError as err:
+        error = f"rank {comm.rank}: {err}" if comm.size > 1 else str(err)
+    except Exception as err:
+        _end_all(comm, err)
+    failed = next(filter(None, comm.allgather(error)), None)
+    if failed is not None:
+        raise ChainexecError(failed, collective=True)
+    return chosen
 
 
 def _end_all(comm, err: Exception):

@@ -4,6 +4,7 @@ that looks complete."""
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 import types
@@ -254,6 +255,22 @@ def test_a_refused_run_leaves_the_older_output_as_it_was(case, tmp_path):
         edit(config, tmp_path)
     proc = run_cli("run", config, "--quiet", *options, cwd=tmp_path)
     assert_refused(proc, *needles)
+    assert _output_bytes(tmp_path) == older
+
+
+def test_a_rank_whose_backend_cannot_start_refuses_the_run_on_every_rank(tmp_path):
+    """Rank 1 of 2 cannot start its backend (here an unknown CHAINEXEC_GPU_METHOD in its
+    environment alone; on a cluster, a node without a GPU): every rank ends, exit 2, one line
+    naming the rank, and the older output stays as it was (rank 0 removes it only once every
+    rank's backend has started)."""
+    config = _with_inputs(tmp_path)
+    older = _output_bytes(tmp_path)
+    script = ('[ "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}" = 1 ] && export CHAINEXEC_GPU_METHOD=bogus; '
+              f'exec {sys.executable} -m chainexec.cli run {config} --quiet')
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.run([*launch(2), "sh", "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)
+    assert_refused(proc, "rank 1", "CHAINEXEC_GPU_METHOD='bogus'")
     assert _output_bytes(tmp_path) == older
 
 
