@@ -167,6 +167,13 @@ def environment() -> dict:
     return env
 
 
+def _cut_ms(before_ms: float, rows: list[dict]) -> float:
+    """Milliseconds beyond which the next configuration's first call has it timed once
+    (:data:`GETT_CUT`): none for the model's first; then the fastest of ``rows`` so far and of
+    ``before_ms`` (the fastest method timed before the configurations)."""
+    return GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]) if rows else math.inf
+
+
 def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
               before_ms: float = math.inf) -> tuple[list[dict], list]:
     """The GETT model's top configurations for this case (``choose(problems, sm_count)``'s
@@ -174,9 +181,9 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
     NaN-poisoned C, then alpha/beta) and timed with beta = 0; a row per configuration and, in the
     same order, each one's timed launch as a callable; the first (the model's best) is timed in
     full, and a later one whose first timed call takes more than :data:`GETT_CUT` times the
-    fastest so far or ``before_ms`` (the fastest method timed before them) is timed once. Their
-    kernels are compiled first,
-    together in threads; the checks' two launches are each one's warm-up."""
+    fastest so far or ``before_ms`` (the fastest method timed before them) is timed once
+    (:func:`_cut_ms`). Their kernels are compiled first, together in threads; the checks' two
+    launches are each one's warm-up."""
     import cupy
 
     from chainexec.kernels import gett
@@ -204,7 +211,7 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
         calls.append(lambda cfg=cfg, order=order, left=left, right=right:
                      launch_gett(cfg, tables[order], C, left, right, 1.0, 0.0))
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
-                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]) if rows else math.inf)
+                            hopeless_ms=_cut_ms(before_ms, rows))
         rows.append({"config": cfg.name(), "order": order, "predicted_ms": gett.predicted_seconds(prob, cfg, sms) * 1e3,
                      "rel_err": err, "rel_err_beta": err_beta, "ms": ms, "reps": reps, "model_s": model_s})
     return rows, calls
@@ -236,7 +243,7 @@ def method_rows(backend, name: str, con: Contraction, A, B, C, ref, budget_s: fl
         method.run(backend, cfg, replace(con, factor=0.5), C, A, B, False)
         err_beta = rel_error(C, 1.5 * ref)
         ms, reps = time_gpu(calls[-1], budget_s, warm=True,
-                            hopeless_ms=GETT_CUT * min([before_ms, *(r["ms"] for r in rows)]) if rows else math.inf)
+                            hopeless_ms=_cut_ms(before_ms, rows))
         rows.append({"config": key.split(":", 2)[2], "order": cfg["order"], "rel_err": err, "rel_err_beta": err_beta,
                      "ms": ms, "reps": reps})
     return rows, calls
@@ -415,17 +422,12 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     for key in list(fns):
         if key != "cogent":
             time_alone(key)
-    if dtype == "float64":
+    # GETT on the operands as they lie, packed and split: each its configurations' rows, cut
+    # against the fastest method timed before them, and its fastest configuration as the method
+    for name in ("gett", "packed", "splitk") if dtype == "float64" else ():
         before = min((ms for ms, _ in times.values()), default=math.inf)
-        row["gett"], calls = gett_rows(c, a, b, sizes, A, B, C, ref, budget_s, before_ms=before)
-        best = min(range(len(calls)), key=lambda i: row["gett"][i]["ms"])
-        times["gett"] = (row["gett"][best]["ms"], row["gett"][best]["reps"])
-        fns["gett"] = calls[best]
-        row["rel_err"] = worst(row["rel_err"], *(r["rel_err"] for r in row["gett"]))
-        row["rel_err_beta"] = worst(row["rel_err_beta"], *(r["rel_err_beta"] for r in row["gett"]))
-    for name in ("packed", "splitk") if dtype == "float64" else ():
-        before = min((ms for ms, _ in times.values()), default=math.inf)
-        row[name], calls = method_rows(backend, name, con, A, B, C, ref, budget_s, before_ms=before)
+        row[name], calls = (gett_rows(c, a, b, sizes, A, B, C, ref, budget_s, before_ms=before) if name == "gett"
+                            else method_rows(backend, name, con, A, B, C, ref, budget_s, before_ms=before))
         if calls:
             best = min(range(len(calls)), key=lambda i: row[name][i]["ms"])
             times[name] = (row[name][best]["ms"], row[name][best]["reps"])

@@ -129,9 +129,9 @@ def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
 
 
 def check_writable(files, what: str = "output path") -> None:
-    """Check that a file can be made at each of these paths, their folders made where missing
-    (the probe file made there is removed at once) (rank 0, once :func:`chainexec.safepaths.check_run` has passed):
-    a run refused for a folder it cannot write is refused before it computes anything. ``what``
+    """Check that a file can be made at each of these paths, their folders made where missing and
+    the probe file removed at once (rank 0, once :func:`chainexec.safepaths.check_run` has
+    passed): a run whose files cannot be written is refused before it computes anything. ``what``
     names the path in the error (``output path``, ``--report-json file``)."""
     for path in map(Path, files):
         try:
