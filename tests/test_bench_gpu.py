@@ -19,6 +19,7 @@ cupy = require_gpu()
 import chainexec.bench as bench  # noqa: E402
 from chainexec.kernels import gett  # noqa: E402
 from chainexec.kernels.kernelconf import choose_config  # noqa: E402
+from chainexec.runtime import launch  # noqa: E402
 from chainexec.runtime.launch import device_model, get_kernel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -58,9 +59,10 @@ def test_a_case_checks_every_method_and_cuts_against_those_timed_first(monkeypat
     assert befores["packed"] == min(first + [row["gett_ms"]])
 
 
-def test_a_configuration_far_slower_than_a_method_timed_before_is_timed_once():
+def test_a_configuration_far_slower_than_a_method_timed_before_is_timed_once(monkeypatch):
     """The model's first configuration is timed in full whatever came before; the same
-    configuration again is timed in full after it, but once where a method before was far faster."""
+    configuration again is timed in full after it, but once where a method before was far faster:
+    by its checked launch, two launches in all."""
     case = CASES[5]
     sizes = case["sizes"]
     rng = cupy.random.default_rng(5)
@@ -72,9 +74,17 @@ def test_a_configuration_far_slower_than_a_method_timed_before_is_timed_once():
     def twice(problems, sm_count):
         return gett.candidates(problems, sm_count, top=3)[:1] * 2
 
+    launches = []
+    launch_gett = launch.launch_gett
+    monkeypatch.setattr(launch, "launch_gett", lambda *a: launches.append(a[-2:]) or launch_gett(*a))
     args = (case["C"], case["A"], case["B"], sizes, A, B, C, ref, 0.05)
     cut, _ = bench.gett_rows(*args, choose=twice, before_ms=1e-6)
+    cut_launches, launches[:] = list(launches), []
     whole, _ = bench.gett_rows(*args, choose=twice, before_ms=math.inf)
     assert all(r["rel_err"] <= 1e-12 and r["rel_err_beta"] <= 1e-12 for r in cut + whole)
     assert [r["reps"] >= 3 for r in cut] == [True, False] and cut[1]["reps"] == 1
     assert all(r["reps"] >= 3 for r in whole)
+    # each configuration: its two checks (the first timed), then its repeats where not cut
+    assert cut_launches[-2:] == [(1.0, 0.0), (0.5, -2.0)]
+    assert len(cut_launches) == 2 + cut[0]["reps"] + 2
+    assert len(launches) == 2 + whole[0]["reps"] + 2 + whole[1]["reps"]
