@@ -138,6 +138,12 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     not pay) — and in all of this call; the rest of a process's wall time is the interpreter's
     start and imports.
 
+    A run that fails once it has begun (an error every rank raises alike, or any error on one
+    rank) and that no checkpoint resumes removes its outputs' parts folders and its scratch
+    folder as it ends (:func:`chainexec.runtime.store.discard_folders`): nothing can use them.
+    A process ended by a signal leaves what a killed one leaves (:mod:`chainexec.stopsignals`),
+    for the next run to replace.
+
     The folders this run locks (:meth:`chainexec.safepaths.RunPaths.lock`) are let go when it
     ends, however it ends: a process that runs again, or leaves a later run to another
     process, holds none of them."""
@@ -145,6 +151,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     try:
         return _run(ours, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every,
                     stop_after, inline, plan_cache, reports)
+    except BaseException:
+        if ours.get("landed") and checkpoint is None:
+            store.discard_folders(ours["paths"].outputs, ours["paths"].scratch)
+        raise
     finally:
         if "paths" in ours:
             ours["paths"].unlock()
@@ -225,6 +235,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     def land() -> None:
         """The older outputs removed and the run's folders made: every check has passed."""
         paths = ours["paths"]
+        ours["landed"] = True
         store.remove_outputs(paths.outputs)
         store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
 

@@ -174,6 +174,19 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
             raise ChainexecError(f"cannot make this folder ({err.strerror or err})", str(folder)) from None
 
 
+def discard_folders(files, scratch: Path) -> None:
+    """The parts folders of the output ``files`` and the ``scratch`` folder of a run that fails
+    after it has made them and that no checkpoint resumes (rank 0): each moved aside at once and
+    removed there (:func:`chainexec.safepaths.remove_owned_aside`), since no later run can use
+    their shards, which hold as many bytes as the outputs and intermediates. One that cannot be
+    moved (a mount point) stays, for the next run to replace as it replaces an older run's."""
+    for folder in [parts_dir(Path(f)) for f in files] + [Path(scratch)]:
+        try:
+            safepaths.remove_owned_aside(folder)
+        except ChainexecError:
+            continue
+
+
 def parts_dir(output_file: Path) -> Path:
     return safepaths.parts_of(Path(output_file))
 
