@@ -88,3 +88,19 @@ def test_a_configuration_far_slower_than_a_method_timed_before_is_timed_once(mon
     assert cut_launches[-2:] == [(1.0, 0.0), (0.5, -2.0)]
     assert len(cut_launches) == 2 + cut[0]["reps"] + 2
     assert len(launches) == 2 + whole[0]["reps"] + 2 + whole[1]["reps"]
+
+
+def test_a_method_whose_call_takes_longer_than_the_budget_is_timed_once():
+    """Alone, each method is timed once where its call takes longer than the whole budget (here
+    a microsecond), COGENT without a warm-up; the GETT model's first configuration is still
+    timed in full, and the contenders again together."""
+    case = CASES[3]
+    sizes = case["sizes"]
+    cfg = choose_config(case["C"], case["A"], case["B"], sizes, "float64", device_model())
+    kernel = get_kernel(case["C"], case["A"], case["B"], sizes, "float64", config=cfg)
+    row = bench.run_case(case, 1, kernel, 1e-6, False, (50_000.0, 3_000.0))
+    alone = [k[:-5] for k in row if k.endswith("_reps") and k[:-5] not in ("gett", "packed", "splitk")]
+    assert "cogent" in alone and "cupy_einsum" in alone
+    assert all(row[f"{k}_reps"] == 1 for k in alone), {k: row[f"{k}_reps"] for k in alone}
+    assert row["gett"][0]["reps"] >= 3
+    assert all(v["reps"] >= 5 for v in row["head_to_head"].values())
