@@ -614,7 +614,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     parser.add_argument("--ids", type=int, nargs="*", help="only these contraction ids")
     parser.add_argument("--budget", type=float, default=0.3,
-                        help="seconds of timed repeats per method and case (at least 3 repeats)")
+                        help="seconds of timed repeats per method and case (at least 3 repeats of a call "
+                             "shorter than it; one of a longer one, whose contenders are timed again together)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--resume", action="store_true",
                         help="keep the finished rows of OUT.partial (a run stopped part way, on the same sources, "
@@ -670,10 +671,12 @@ def main(argv=None) -> int:
     print(f"configured and compiled {len(jobs)} kernels in {result['compile_s']:.1f} s",
           flush=True)
     for (case, s), kern in zip(jobs, kernels):
+        t = time.perf_counter()
         try:
             row = run_case(case, s, kern, args.budget, use_torch, (result["dgemm_gflops"], result["copy_gbs"]))
         except Exception as exc:  # recorded, not hidden: one failing case must not lose the rest
             row = {"id": case["id"], "name": case["name"], "scale": s, "error": repr(exc)}
+        row["case_s"] = time.perf_counter() - t  # every check and timing of the case: what a device call spends
         # The case's arrays are gone with run_case's frame: hand their blocks back to the device
         # (without this, cases 32-48 at scale 2 find too little free memory and are skipped).
         import cupy
@@ -695,7 +698,8 @@ def main(argv=None) -> int:
                   f"torch={row.get('torch_einsum_gflops', float('nan')):6.0f} "
                   f"cutensor={row.get('cutensor_gflops', float('nan')):6.0f} GFLOP/s "
                   f"x{row['ratio_vs_best_library']:.2f} (at most x{row['ceiling_vs_best_library']:.2f}: "
-                  f"bound {row['bound_gflops']:6.0f} GFLOP/s, {row['of_bound']:.0%} of it)", flush=True)
+                  f"bound {row['bound_gflops']:6.0f} GFLOP/s, {row['of_bound']:.0%} of it) {row['case_s']:.0f} s",
+                  flush=True)
         atomicfile.write(partial, json.dumps(result, indent=1))
     result["rows"].sort(key=lambda r: (r["scale"], r["id"]))
     tol = 1e-12 if args.dtype == "float64" else 1e-5

@@ -271,6 +271,7 @@ def test_results_are_written_whole_once_every_case_has_run(tmp_path, monkeypatch
         bench.main(argv)
         done = json.loads(out.read_text())
         assert [r["id"] for r in done["rows"]] == [1, 2, 3] and done["failures"] == [] and "summary" in done
+        assert all(r["case_s"] >= 0 for r in done["rows"])  # each case's seconds, for planning device calls
         assert not (tmp_path / "r.json.partial").exists()
 
 
