@@ -11,6 +11,7 @@ calibration (:mod:`chainexec.machinecache`); a plan records where each came from
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -138,11 +139,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     not pay) — and in all of this call; the rest of a process's wall time is the interpreter's
     start and imports.
 
-    A run that fails once it has begun (an error every rank raises alike, or any error on one
-    rank) and that no checkpoint resumes removes its outputs' parts folders and its scratch
-    folder as it ends (:func:`chainexec.runtime.store.discard_folders`): nothing can use them.
-    A process ended by a signal leaves what a killed one leaves (:mod:`chainexec.stopsignals`),
-    for the next run to replace.
+    A run given no checkpoint that fails in its executor on every rank alike (or on its only
+    one) removes its shards' folders that nothing can use (:func:`_discard`); one that a
+    rank's own failure aborts, or that a signal ends (:mod:`chainexec.stopsignals`), leaves
+    them as a killed one would, for its next run to replace.
 
     The folders this run locks (:meth:`chainexec.safepaths.RunPaths.lock`) are let go when it
     ends, however it ends: a process that runs again, or leaves a later run to another
@@ -151,10 +151,6 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     try:
         return _run(ours, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every,
                     stop_after, inline, plan_cache, reports)
-    except BaseException:
-        if ours.get("landed") and checkpoint is None:
-            store.discard_folders(ours["paths"].outputs, ours["paths"].scratch)
-        raise
     finally:
         if "paths" in ours:
             ours["paths"].unlock()
@@ -235,9 +231,9 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     def land() -> None:
         """The older outputs removed and the run's folders made: every check has passed."""
         paths = ours["paths"]
-        ours["landed"] = True
         store.remove_outputs(paths.outputs)
         store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
+        ours["landed"] = True  # the folders are this run's, locked by it
 
     on_rank0(comm, land)
     ready = time.perf_counter()
@@ -256,6 +252,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     except Stopped:
         raise
     except Exception as err:
+        if ck is None and (comm.size == 1 or getattr(err, "collective", False)):
+            _discard(comm, ours, executor, p.scratch)
         _end_all(comm, err)
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
         barrier(comm)
@@ -271,6 +269,20 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
                     "checkpoints": executor.checkpoints,
                     "per_rank": executor.rank_times(measured["total_seconds"]),
                     "memory_limit": p.memory_limit, "machine": p.machine, "phases": phases}}
+
+
+def _discard(comm, ours: dict, executor, scratch: str) -> None:
+    """After a failure that every rank raised alike (or the only rank), in a run given no
+    checkpoint: each rank closes the files it reads, and once all have, rank 0 removes the
+    folders of the run's shards that nothing can use (:func:`chainexec.runtime.store.discard_folders`;
+    they hold as many bytes as its outputs and intermediates). A removal that fails leaves
+    them for the next run; the run's own error is what is reported."""
+    with contextlib.suppress(OSError):
+        executor.store.close()
+    barrier(comm)
+    if comm.rank == 0 and ours.get("landed"):
+        with contextlib.suppress(OSError):
+            store.discard_folders(ours["paths"].outputs, Path(scratch))
 
 
 def on_rank0(comm, step):

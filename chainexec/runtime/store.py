@@ -175,16 +175,21 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
 
 
 def discard_folders(files, scratch: Path) -> None:
-    """The parts folders of the output ``files`` and the ``scratch`` folder of a run that fails
-    after it has made them and that no checkpoint resumes (rank 0): each moved aside at once and
-    removed there (:func:`chainexec.safepaths.remove_owned_aside`), since no later run can use
-    their shards, which hold as many bytes as the outputs and intermediates. One that cannot be
-    moved (a mount point) stays, for the next run to replace as it replaces an older run's."""
-    for folder in [parts_dir(Path(f)) for f in files] + [Path(scratch)]:
-        try:
-            safepaths.remove_owned_aside(folder)
-        except ChainexecError:
-            continue
+    """What a run that failed once it had begun leaves that nothing can use (rank 0, once every
+    rank is past the failure; a run given no checkpoint): the parts folder of each output file
+    not written, moved aside and removed there
+    (:func:`chainexec.safepaths.remove_owned_aside`), and the scratch folder, removed as a
+    finished run removes it (:func:`chainexec.safepaths.remove_owned`, not through a symbolic
+    link). An output file that exists is this run's, complete (the older ones went before it
+    began), and its parts folder holds its values. A parts folder that cannot be moved (a
+    mount point) stays until the next run of the config moves it."""
+    for path in map(Path, files):
+        if not path.exists():
+            try:
+                safepaths.remove_owned_aside(parts_dir(path))
+            except ChainexecError:
+                continue
+    safepaths.remove_owned(Path(scratch))
 
 
 def parts_dir(output_file: Path) -> Path:
@@ -516,6 +521,16 @@ class Store:
                 shutil.rmtree(base, ignore_errors=True)
             Path(str(base) + ".h5").unlink(missing_ok=True)
 
+    def close(self) -> None:
+        """Close every file this rank reads (at the run's end, or a failed run's before its
+        folders are removed: a file held open on NFS stays as a ``.nfs`` file and keeps its
+        folder)."""
+        self.datasets = {}
+        self.maps = {}
+        for f in self.readers.values():
+            f.close()
+        self.readers = {}
+
     def finish(self) -> None:
         """Collective, after the last contraction: write each output file complete, then clean up.
         An output holding values that are not finite (inf, NaN: an input holds them, or a
@@ -532,10 +547,7 @@ class Store:
                 f"true on the output where they are expected)", t.output["file"], collective=True)
         for t in outputs:
             self._drop(t, self.last_version[t.name], keep_shards=True)
-        self.datasets = {}
-        for f in self.readers.values():
-            f.close()
-        self.readers = {}
+        self.close()
         if self.comm.rank == 0:
             by_file: dict[str, list[TensorInfo]] = {}
             for t in outputs:
