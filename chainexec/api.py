@@ -277,8 +277,7 @@ def _discard(comm, ours: dict, executor, scratch: str) -> None:
     folders of the run's shards that nothing can use (:func:`chainexec.runtime.store.discard_folders`;
     they hold as many bytes as its outputs and intermediates). A removal that fails leaves
     them for the next run; the run's own error is what is reported."""
-    with contextlib.suppress(OSError):
-        executor.store.close()
+    executor.store.close()
     barrier(comm)
     if comm.rank == 0 and ours.get("landed"):
         with contextlib.suppress(OSError):

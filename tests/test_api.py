@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
 
-from chainexec import api
+from chainexec import api, safepaths
 from chainexec.errors import ChainexecError
-from chainexec.runtime import uselog
+from chainexec.runtime import store, uselog
 from tests.conftest import fourindex_config, run_cli, write_config
 
 
 def test_a_failure_after_the_output_is_complete_keeps_its_values(tmp_path, monkeypatch):
     """An error raised once the executor has written the output complete (here by the run's
     last step, the warm-up log's flush) leaves that output whole: its values lie in its parts
-    folder, which stays; the scratch folder goes as a finished run's does."""
+    folder, which stays."""
     config = write_config(tmp_path, fourindex_config())
     assert run_cli("generate", config).returncode == 0
 
@@ -29,4 +33,40 @@ def test_a_failure_after_the_output_is_complete_keeps_its_values(tmp_path, monke
         assert f.attrs["chainexec_complete"]
         values = f["B"][...]
     assert values.size and np.isfinite(values).all()
-    assert not (tmp_path / "out" / ".fourindex.scratch").exists()
+
+
+def test_a_failure_in_the_executor_leaves_no_shards_and_no_open_file(tmp_path, monkeypatch):
+    """A write that fails part way through the run (the disk full at its third block) ends it
+    with that error, and the run's shards go with their folders, every file it wrote or read
+    closed first (none left open under the output folder)."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    write, done = store.Store.write, []
+
+    def full(self, *args):
+        done.append(1)
+        if len(done) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, *args)
+
+    monkeypatch.setattr(store.Store, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        api.run(config, backend="numpy")
+    out = tmp_path / "out"
+    assert len(done) == 3
+    safepaths.wait_removals()  # the parts folder moved aside is removed on a thread
+    assert not [p.name for p in out.iterdir()], list(out.iterdir())
+    assert not _open_under(out)
+
+
+def _open_under(folder: Path) -> list[str]:
+    """The files this process holds open below ``folder`` (Linux's ``/proc/self/fd``)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if target.startswith(str(folder)):
+            found.append(target)
+    return found

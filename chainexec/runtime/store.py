@@ -21,6 +21,7 @@ takes the sealed blocks and the closed versions back (:meth:`Store.resume`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -522,14 +523,16 @@ class Store:
             Path(str(base) + ".h5").unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Close every file this rank reads (at the run's end, or a failed run's before its
-        folders are removed: a file held open on NFS stays as a ``.nfs`` file and keeps its
-        folder)."""
+        """Close every file this rank reads or writes (at the run's end, or a failed run's
+        before its folders are removed: a file held open on NFS stays as a ``.nfs`` file and
+        keeps its folder); one that fails to close is let go."""
         self.datasets = {}
         self.maps = {}
-        for f in self.readers.values():
-            f.close()
-        self.readers = {}
+        files = [*self.readers.values(), *(f for shards in self.shards.values() for f in shards.values())]
+        self.readers, self.shards = {}, {}
+        for f in files:
+            with contextlib.suppress(Exception):
+                f.close()
 
     def finish(self) -> None:
         """Collective, after the last contraction: write each output file complete, then clean up.
