@@ -252,8 +252,11 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     except Stopped:
         raise
     except Exception as err:
-        if ck is None and (comm.size == 1 or getattr(err, "collective", False)):
-            _discard(comm, ours, executor, p.scratch)
+        if comm.size == 1 or getattr(err, "collective", False):
+            with contextlib.suppress(Exception):  # the run's own error is the one reported
+                executor.release()
+            if ck is None:
+                _discard(comm, ours, executor, p.scratch)
         _end_all(comm, err)
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
         barrier(comm)

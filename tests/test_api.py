@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -57,6 +59,38 @@ def test_a_failure_in_the_executor_leaves_no_shards_and_no_open_file(tmp_path, m
     safepaths.wait_removals()  # the parts folder moved aside is removed on a thread
     assert not [p.name for p in out.iterdir()], list(out.iterdir())
     assert not _open_under(out)
+
+
+FULL_AT_THIRD_WRITE = """
+import errno, sys
+from chainexec import api
+from chainexec.runtime import store
+write, done = store.Store.write, []
+def full(self, *args):
+    done.append(1)
+    if len(done) == 3:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return write(self, *args)
+store.Store.write = full
+try:
+    api.run(sys.argv[1], backend="numpy")
+except OSError as err:
+    print("raised:", err)
+"""
+
+
+def test_a_failed_run_frees_its_windows_before_mpi_ends(tmp_path):
+    """The same failure in a process of its own, which then ends through MPI's finalize: the
+    run's windows are freed as it fails, so that MPI's transport (UCX under MPICH) has none
+    left to warn of, where it printed a line for each (on stdout) beside the run's own error."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    script = tmp_path / "full.py"
+    script.write_text(FULL_AT_THIRD_WRITE)
+    proc = subprocess.run([sys.executable, str(script), str(config)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert proc.returncode == 0 and "raised: [Errno 28]" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "UCX" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
 
 
 def _open_under(folder: Path) -> list[str]:

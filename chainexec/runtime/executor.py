@@ -118,7 +118,7 @@ class Executor:
                     self.claims.close(k)
                 except Stopped:
                     self.disk.close()  # no streamed read may still write into a window freed here
-                    self._release()
+                    self.release()
                     raise
                 if self.show_progress:
                     self.counters.report(k + 1, self.progress)
@@ -132,9 +132,10 @@ class Executor:
         self.claims.free()
         return self.counters.measured(time.perf_counter() - start)
 
-    def _release(self) -> None:
+    def release(self) -> None:
         """Free every global buffer and the task counter (collective: every rank stops at the
-        same checkpoint), so that a stopped run ends as cleanly as a finished one."""
+        same checkpoint, or fails alike), so that a stopped or failed run ends as cleanly as a
+        finished one: MPI's transport warns at the process's end of each window left."""
         self.streams.done()  # no page given back after its window is freed
         self.buffers.release()
         self.claims.free()
