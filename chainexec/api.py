@@ -139,8 +139,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     not pay) — and in all of this call; the rest of a process's wall time is the interpreter's
     start and imports.
 
-    A run given no checkpoint that fails in its executor on every rank alike (or on its only
-    one) removes its shards' folders that nothing can use (:func:`_discard`); one that a
+    A run that fails in its executor on every rank alike (or on its only one) frees its
+    windows (:meth:`~chainexec.runtime.executor.Executor.release`) and, given no checkpoint,
+    removes its shards' folders that nothing can use (:func:`_discard`); one that a
     rank's own failure aborts, or that a signal ends (:mod:`chainexec.stopsignals`), leaves
     them as a killed one would, for its next run to replace.
 
@@ -276,7 +277,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
 
 def _discard(comm, ours: dict, executor, scratch: str) -> None:
     """After a failure that every rank raised alike (or the only rank), in a run given no
-    checkpoint: each rank closes the files it reads, and once all have, rank 0 removes the
+    checkpoint: each rank closes the files it reads and writes, and once all have, rank 0 removes the
     folders of the run's shards that nothing can use (:func:`chainexec.runtime.store.discard_folders`;
     they hold as many bytes as its outputs and intermediates). A removal that fails leaves
     them for the next run; the run's own error is what is reported."""

@@ -185,7 +185,7 @@ def gett_rows(c, a, b, sizes, A, B, C, ref, budget_s: float, choose=None,
     fastest so far or ``before_ms`` (the fastest method timed before them) is timed once
     (:func:`_cut_ms`): that call is the check's beta = 0 launch, timed (GETT writes C and
     allocates nothing, and its module is loaded before it), so that a configuration cut takes two
-    launches, not three (at scale 2 a CCSD case's 22 configurations take up to a second a launch).
+    launches, not three (a large case's configurations take up to a second a launch).
     Their kernels are compiled first, together in threads; a configuration timed in full has
     its checks' two launches as its warm-up."""
     import cupy
@@ -395,8 +395,8 @@ def run_case(case: dict, scale: int, kernel, budget_s: float, use_torch: bool,
     def time_alone(key, warm=False):
         # against whole methods only: a product left as a view (``*_view``) skips a pass. A call
         # longer than the whole budget is timed once: alone, a time only screens contenders
-        # (within CONTENDERS, timed again together) and cuts configurations, and a call longer
-        # than the budget (10 ms at the usual 0.01 s) varies by far less than that margin
+        # (within CONTENDERS, timed again together) and cuts configurations, and a call that long
+        # varies by far less than that margin
         fastest = min((ms for k, (ms, _) in times.items() if not k.endswith("_view")), default=math.inf)
         times[key] = time_gpu(fns[key], budget_s, hopeless_ms=min(HOPELESS * fastest, budget_s * 1e3), warm=warm)
         release()

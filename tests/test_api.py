@@ -1,4 +1,4 @@
-"""chainexec.api.run in this process (one rank, NumPy): what a failure leaves."""
+"""chainexec.api.run on one rank with NumPy: what a failure leaves (its output, folders, open files and MPI windows)."""
 
 from __future__ import annotations
 
