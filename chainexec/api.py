@@ -24,7 +24,7 @@ import numpy as np
 from chainexec import calibrate, detect, machinecache, plancache, safepaths
 from chainexec import spec as spec_mod
 from chainexec.detect import Limit
-from chainexec.errors import ChainexecError, RankFailed
+from chainexec.errors import ChainexecError, RankFailed, of_machine
 from chainexec.planner.machine import Machine
 from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
@@ -252,7 +252,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             raise ChainexecError(str(err), str(config), collective=err.collective) from None
     except Stopped:
         raise
-    except Exception as err:
+    except Exception as failure:
+        err = of_machine(failure) or failure  # a full disk or too little memory: one line, not a traceback
         if comm.size == 1 or getattr(err, "collective", False):
             with contextlib.suppress(Exception):  # the run's own error is the one reported
                 executor.release()
@@ -290,8 +291,9 @@ def _discard(comm, ours: dict, executor, scratch: str) -> None:
 
 def on_rank0(comm, step):
     """``step()`` on rank 0, its result on every rank. What it raises there is raised on every
-    rank: a :class:`ChainexecError` as one, a defect as itself on rank 0 and as
-    :class:`RankFailed` on the others (which must not wait for rank 0 for ever)."""
+    rank: a :class:`ChainexecError` as one (the machine's refusals too, :func:`of_machine`), a
+    defect as itself on rank 0 and as :class:`RankFailed` on the others (which must not wait for
+    rank 0 for ever)."""
     result = error = defect = None
     if comm.rank == 0:
         try:
@@ -299,7 +301,10 @@ def on_rank0(comm, step):
         except ChainexecError as err:
             error = str(err)
         except Exception as err:
-            defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
+            if of_machine(err) is not None:
+                error = str(of_machine(err))
+            else:
+                defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
     barrier(comm)  # the others wait for rank 0 here without keeping a core busy
     result, error, failed = comm.bcast((result, error, defect is not None), root=0)
     if defect is not None:

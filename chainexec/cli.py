@@ -18,7 +18,7 @@ from typing import NoReturn
 from chainexec import atomicfile, calibrate, safepaths, server, stopsignals
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
-from chainexec.errors import ArgumentParser, ChainexecError, RankFailed
+from chainexec.errors import ArgumentParser, ChainexecError, RankFailed, of_machine
 from chainexec.runtime import comm, fdtable, warmup
 
 
@@ -244,6 +244,11 @@ def _main(args) -> int:
     except ChainexecError as err:
         if args.command != "run" or _rank() == 0:
             print(f"chainexec: {err}", file=sys.stderr)
+        return 2
+    except (OSError, MemoryError) as err:  # a full disk or too little memory, outside a run's steps
+        if of_machine(err) is None:
+            raise
+        print(f"chainexec: {of_machine(err)}", file=sys.stderr)
         return 2
     except RankFailed:
         return 1

@@ -2,10 +2,13 @@
 
 Every problem with a user's input (config, HDF5 files, memory limits, output paths) is raised as a
 :class:`ChainexecError`; the CLI prints its one-line message and exits with status 2, without a
-traceback. Anything else escaping is a bug in chainexec and keeps its traceback.
+traceback. What the machine refuses a correct run (a full disk, a quota, a read-only file
+system, too little memory) is one too (:func:`of_machine`). Anything else escaping is a bug in
+chainexec and keeps its traceback.
 """
 
 import argparse
+import errno
 import re
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
@@ -27,6 +30,30 @@ class ChainexecError(Exception):
             shown = str(path).replace("\n", "\\n").replace("\r", "\\r")  # a name with a line break stays on the line
             where = f"{shown}:{line}: " if line is not None else f"{shown}: "
         super().__init__(f"{where}{_LINE_BREAKS.sub(' ', message)}")
+
+
+MACHINE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                  errno.EROFS: "the file system is read-only", errno.EIO: "the disk failed to read or write",
+                  errno.ENAMETOOLONG: "a file name is too long for the file system"}
+"""Errors of the operating system that say what the machine refused, not what chainexec did
+wrong, with the words a user reads for each."""
+
+_HDF5_FILE = re.compile(r"(?:filename|name) = '([^']*)'")
+"""Where HDF5's message of a failed read or write names the file."""
+
+
+def of_machine(err: BaseException) -> "ChainexecError | None":
+    """``err`` as the one-line error a user reads, where it is the machine's refusal rather than
+    a bug: an :class:`OSError` of :data:`MACHINE_ERRNOS` (naming the file: the error's own, or
+    the one HDF5's message names), or a :class:`MemoryError` (NumPy's arrays too large for the
+    host's free memory, with the size asked for). None for anything else."""
+    if isinstance(err, MemoryError):
+        return ChainexecError(f"out of host memory ({err or 'an allocation failed'}): lower the config's "
+                              "machine: global_memory, or run on more ranks or a host with more memory")
+    if not isinstance(err, OSError) or err.errno not in MACHINE_ERRNOS:
+        return None
+    named = err.filename or next(iter(_HDF5_FILE.findall(str(err))), None)
+    return ChainexecError(f"{MACHINE_ERRNOS[err.errno]} (errno {err.errno})", None if named is None else str(named))
 
 
 class RankFailed(Exception):

@@ -137,7 +137,7 @@ def wait_removals() -> None:
         _REMOVING.pop().join()
 
 
-def remove_owned_aside(folder: Path) -> threading.Thread | None:
+def remove_owned_aside(folder: Path, what: str = "the parts folder") -> threading.Thread | None:
     """:func:`remove_owned` without waiting for it: the marked ``folder`` (followed where it is
     a symbolic link) is renamed at once into a new marked folder beside it,
     ``<name>.old-XXXXXXXX``, and removed there by a thread that the process waits for before it
@@ -145,16 +145,19 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
     writing back waits for that writeback, and the run that replaces them goes on meanwhile.
     The thread removes this folder first, then what a process stopped during its removal left
     of earlier ones (folders of that pattern that still carry the mark, which goes last); one
-    it cannot remove stays for the next. Returns the thread, None where ``folder`` is not
-    chainexec's.
+    it cannot remove stays for the next. The folder is locked for this process until it is
+    moved (:func:`lock_owned`), so that a folder another running process holds (another
+    config's run writing the same output file, begun at the same moment) is refused, not moved
+    from under it (``what`` names it in the error). Returns the thread, None where ``folder`` is not chainexec's.
 
     Raises:
-        ChainexecError: the folder cannot be moved (a mount point, say); nothing is left beside it.
+        ChainexecError: another run holds the folder; or it cannot be moved (a mount point, a
+            full disk); nothing is left beside it.
     """
     folder = resolved(folder)
     if not is_owned(folder):
         return None
-    unlock(folder)
+    lock_owned(folder, what)
     try:
         aside = Path(tempfile.mkdtemp(prefix=folder.name + ASIDE, dir=folder.parent))
         try:
@@ -166,6 +169,8 @@ def remove_owned_aside(folder: Path) -> threading.Thread | None:
     except OSError as err:
         raise ChainexecError(f"cannot move the older parts folder aside to remove it ({err.strerror or err})",
                              str(folder)) from None
+    finally:
+        unlock(folder)
     found = [aside] + [p for p in folder.parent.glob(glob.escape(folder.name + ASIDE) + "*")
                        if p != aside and _left_aside(p, folder.name)]
 

@@ -4,6 +4,7 @@ before and after)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -201,6 +202,19 @@ def test_a_folder_a_running_run_holds_is_refused(held, user_folder):
     folder = {"checkpoint": work / "ck", "scratch": work / "out" / ".fourindex.scratch",
               "parts": work / "out" / "result.h5.parts"}[held]
     option = ("--checkpoint", work / "ck") if held == "checkpoint" else ()
+    with _held_by_another(folder) as pid:
+        before = _snapshot(work)
+        assert_refused(run_cli("run", user_folder, "--quiet", *option), "in use by another run",
+                       f"pid {pid}", str(folder.name))
+        assert _snapshot(work) == before
+    proc = run_cli("run", user_folder, "--quiet", *option)
+    assert proc.returncode == 0, proc.stderr
+
+
+@contextlib.contextmanager
+def _held_by_another(folder: Path):
+    """``folder`` marked (where it is not yet) and locked by another process while the block
+    runs (:func:`safepaths.lock_owned`, as a running run holds its folders); yields its pid."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from chainexec import safepaths; "
          "f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); safepaths.lock_owned(f, 'test'); "
@@ -208,14 +222,9 @@ def test_a_folder_a_running_run_holds_is_refused(held, user_folder):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        before = _snapshot(work)
-        assert_refused(run_cli("run", user_folder, "--quiet", *option), "in use by another run",
-                       f"pid {holder.pid}", str(folder.name))
-        assert _snapshot(work) == before
+        yield holder.pid
     finally:
         holder.communicate("")
-    proc = run_cli("run", user_folder, "--quiet", *option)
-    assert proc.returncode == 0, proc.stderr
 
 
 REPORTS = {
@@ -331,6 +340,21 @@ def test_owned_folder_is_moved_aside_then_removed(tmp_path):
     thread = safepaths.remove_owned_aside(folder)
     assert not folder.exists()
     thread.join()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_another_process_holds_is_not_moved_aside(tmp_path):
+    """A parts folder another running process holds (another config's run of the same output
+    file, which made it after this run's checks) is refused, not moved from under that run."""
+    folder = _marked(tmp_path / "out.h5.parts")
+    before = _snapshot(tmp_path)
+    with _held_by_another(folder) as pid:
+        with pytest.raises(ChainexecError, match=f"in use by another run .*pid {pid}"):
+            safepaths.remove_owned_aside(folder, "the parts folder")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out.h5.parts"]
+    assert {k: v for k, v in _snapshot(tmp_path).items() if not k.endswith(safepaths.MARK)} == {
+        k: v for k, v in before.items() if not k.endswith(safepaths.MARK)}
+    safepaths.remove_owned_aside(folder).join()
     assert list(tmp_path.iterdir()) == []
 
 

@@ -168,7 +168,7 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
             (Path(scratch), "scratch of a run")]:
         try:
             if fresh and folder != Path(scratch):
-                safepaths.remove_owned_aside(folder)
+                safepaths.remove_owned_aside(folder, what)
             safepaths.make_owned(folder, what)
             safepaths.lock_owned(folder, what)
         except OSError as err:
@@ -182,14 +182,14 @@ def discard_folders(files, scratch: Path) -> None:
     (:func:`chainexec.safepaths.remove_owned_aside`), and the scratch folder, removed as a
     finished run removes it (:func:`chainexec.safepaths.remove_owned`, not through a symbolic
     link). An output file that exists is this run's, complete (the older ones went before it
-    began), and its parts folder holds its values. A parts folder that cannot be moved (a
-    mount point) stays until the next run of the config moves it."""
+    began), and its parts folder holds its values. A parts folder that cannot be moved aside (a
+    full disk, where no folder can be made beside it; a mount point) is removed where it lies."""
     for path in map(Path, files):
         if not path.exists():
             try:
                 safepaths.remove_owned_aside(parts_dir(path))
             except ChainexecError:
-                continue
+                safepaths.remove_owned(parts_dir(path))
     safepaths.remove_owned(Path(scratch))
 
 

@@ -3,6 +3,7 @@ that are not finite, inputs whose virtual datasets lost their sources."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 
@@ -360,3 +361,22 @@ def test_an_input_path_that_is_a_folder_is_refused_in_one_line(tmp_path):
     (tmp_path / "in.h5").unlink()
     (tmp_path / "in.h5").mkdir()
     assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "cannot read as HDF5")
+
+
+def test_a_failed_runs_parts_folder_goes_where_none_can_be_made_beside_it(tmp_path, monkeypatch):
+    """A run that failed on a full disk: no folder can be made beside its parts folder to move it
+    aside, so it is removed where it lies, with its shards, and the scratch folder too."""
+    from chainexec import safepaths
+    from chainexec.runtime import store
+
+    out, scratch = tmp_path / "o.h5", tmp_path / ".scratch"
+    store.make_folders([out], scratch, fresh=True)
+    (store.parts_dir(out) / "B.v1").mkdir()
+    (store.parts_dir(out) / "B.v1" / "rank0.h5").write_bytes(os.urandom(4096))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safepaths.tempfile, "mkdtemp", full)
+    store.discard_folders([out], scratch)
+    assert list(tmp_path.iterdir()) == []
