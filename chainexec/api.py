@@ -38,7 +38,8 @@ from chainexec.verify import Check, verify as verify_spec
 
 
 def plan(config: str | Path, machine: str | None = None, schedule: str | None = None, ranks: int = 1,
-         inline: bool = True, plan_cache: bool = False, backend: str = "auto") -> Plan:
+         inline: bool = True, plan_cache: bool = False, backend: str = "auto",
+         reports: dict[str, str | None] | None = None) -> Plan:
     """Load and plan a config (pure apart from reading files and the machine's figures);
     ``schedule`` forces a named alternative, ``ranks`` spreads parallel loops over that many ranks,
     ``inline`` False keeps point-wise intermediates in buffers (see
@@ -51,9 +52,13 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
     ``backend`` (:func:`chainexec.detect.local`). The rates come from the machine file
     ``machine``, else as :mod:`chainexec.machinecache` says: this machine's calibration, made first
     where there is none (a quick one on ``ranks`` ranks, at most one per CPU). ``plan.machine``
-    says where each limit and rate came from."""
+    says where each limit and rate came from. ``reports``: files the caller writes from the plan,
+    by the option that names them (``--plot``), refused first where they would write over the
+    config, an input or an output (:func:`chainexec.safepaths.check_reports`)."""
     text = spec_mod.read(config)
     s = spec_mod.loads(text, str(config))
+    for path, option in safepaths.check_reports(s, reports or {}).reports.items():
+        store.check_writable([path], f"{option} file")
     rates = machinecache.named(machine)
     figures = detect.local(backend, ranks) if _missing(s) else None
     limits = _limits(s, figures)

@@ -166,7 +166,7 @@ def _main(args) -> int:
             if args.ranks < 1:
                 raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
             plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache,
-                            args.backend)
+                            args.backend, reports={"--plot": args.plot})
             if args.json:
                 print(json.dumps(_plan_json(plan), indent=1))
             else:

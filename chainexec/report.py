@@ -211,6 +211,10 @@ def _save(fig, path: str) -> None:
     try:
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)
+    except OSError as err:
+        from chainexec.errors import ChainexecError
+
+        raise ChainexecError(f"cannot write the plot ({err.strerror or err})", path) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -219,6 +219,25 @@ def _check_owned_folder(folder: Path, what: str) -> None:
                              "or write over: name a new or empty folder", str(folder))
 
 
+PATH_MAX = 4096
+"""Bytes in a whole path the operating system accepts (Linux's ``PATH_MAX``)."""
+
+
+def checked(path: str | os.PathLike, what: str) -> str | os.PathLike:
+    """``path`` as given, refused (naming ``what`` it is) where no file system could hold it: a
+    NUL byte, a component longer than :data:`NAME_MAX` bytes or the whole longer than
+    :data:`PATH_MAX`. Checked before anything looks the path up, where the operating system's
+    error would otherwise be the first word on it."""
+    text = os.fsencode(path)
+    shown = os.fsdecode(text).replace("\0", "\\0")
+    if b"\0" in text:
+        raise ChainexecError(f"{what}: the path holds a NUL byte, which no file name can", shown)
+    if len(text) > PATH_MAX or any(len(part) > NAME_MAX for part in text.split(b"/")):
+        raise ChainexecError(f"{what}: a file name in this path is longer than the file system's {NAME_MAX} bytes, "
+                             f"or the path longer than {PATH_MAX}", shown[:200] + ("..." if len(shown) > 200 else ""))
+    return path
+
+
 def _check_name_lengths(path: Path, suffixes: tuple[str, ...] = ()) -> None:
     """Every component of ``path``, and its last one with the longest of ``suffixes`` added, fits
     in :data:`NAME_MAX` bytes (found now, not when the run writes its first file)."""
@@ -241,21 +260,23 @@ class RunPaths:
 
     @classmethod
     def of(cls, spec, checkpoint=None, reports: dict[str, str | None] | None = None) -> "RunPaths":
-        paths = cls(resolved(spec.path), scratch=resolved(spec.resolve(spec.scratch)))
+        """The paths of ``spec``'s run, each refused first where no file system could hold it
+        (:func:`checked`)."""
+        paths = cls(resolved(spec.path), scratch=resolved(checked(spec.resolve(spec.scratch), "scratch")))
         for t in spec.tensors.values():
             if t.source is not None and t.source.file is not None:
-                file = spec.resolve(t.source.file)
+                file = checked(spec.resolve(t.source.file), f"the input of tensor {t.name}")
                 paths.inputs.setdefault(resolved(file), t.name)
                 for other in _linked(file, t.source.dataset)[1:]:
                     paths.inputs.setdefault(resolved(other), f"{t.name} (through {Path(file).name})")
         for o in spec.outputs:
-            file = resolved(spec.resolve(o.file))
+            file = resolved(checked(spec.resolve(o.file), f"the output of {o.tensor}"))
             paths.outputs[file] = ", ".join(filter(None, (paths.outputs.get(file), o.tensor)))
         if checkpoint is not None:
-            paths.checkpoint = resolved(checkpoint)
+            paths.checkpoint = resolved(checked(checkpoint, "--checkpoint"))
         for option, path in (reports or {}).items():
             if path is not None:
-                paths.reports[resolved(path)] = option
+                paths.reports[resolved(checked(path, option))] = option
         return paths
 
     def removed(self) -> list[tuple[Path, str]]:
@@ -316,34 +337,20 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
     files chainexec did not make, that hold or lie inside one another, or that hold the config,
     an input, an output or a report file; a report file in a folder that does not exist; a file
     name too long for the file system. Returns the resolved paths."""
+    paths = RunPaths.of(spec, checkpoint, reports)
     for o in spec.outputs:
         if os.path.islink(spec.resolve(o.file)):
             raise ChainexecError(f"the output of {o.tensor} is a symbolic link (to {os.readlink(spec.resolve(o.file))}); "
                                  "chainexec replaces an output whole: name the file itself or another",
                                  str(spec.resolve(o.file)))
-    paths = RunPaths.of(spec, checkpoint, reports)
     kept = paths.kept()
     read = kept[:1 + len(paths.inputs)]
-    written = kept[len(read):]
-    for k, (f, what) in enumerate(written):
-        for g, other in read + written[:k]:
-            if _same_file(f, g):
-                raise ChainexecError(f"{what} is also {other}: a run would write over it", str(f))
-        for g, other in read:
-            for suffix in WRITE_SUFFIXES:
-                if _same_file(f.with_name(f.name + suffix), g):
-                    raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
-        if f.is_dir():
-            raise ChainexecError(f"{what} is a folder, not a file", str(f))
-        _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE, "." + atomicfile.TEMPORARY) if f in paths.outputs
-                            else (".tmp",))
+    _check_written(kept[len(read):], read, paths.outputs)
     for f, what in paths.outputs.items():
         if f.exists() and not _is_chainexec_output(f):
             raise ChainexecError(f"the output of {what} exists and is not an output chainexec wrote; "
                                  "chainexec replaces only its own: move it or name another file", str(f))
-    for f, option in paths.reports.items():
-        if not f.parent.is_dir():
-            raise ChainexecError(f"{option}: the folder does not exist", str(f.parent))
+    _check_report_folders(paths)
     folders = paths.removed()
     for k, (folder, what) in enumerate(folders):
         _check_owned_folder(folder, what)
@@ -355,6 +362,42 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
             if j != k and (_within(other_folder, folder) or (j < k and other_folder == folder)):
                 raise ChainexecError(f"{what} would hold {other}", str(folder))
     return paths
+
+
+def check_reports(spec, reports: dict[str, str | None]) -> RunPaths:
+    """Refuse report files a command writes beside a config it does not run (``chainexec plan
+    --plot``) that would write over the config, an input, an output or one another, or that lie
+    in a folder that does not exist (as :func:`check_run` refuses a run's). Returns the
+    resolved paths."""
+    paths = RunPaths.of(spec, None, reports)
+    kept = paths.kept()
+    _check_written(kept[len(kept) - len(paths.reports):], kept[:len(kept) - len(paths.reports)], {})
+    _check_report_folders(paths)
+    return paths
+
+
+def _check_written(written: list[tuple[Path, str]], read: list[tuple[Path, str]], outputs: dict) -> None:
+    """Each file of ``written`` (with what it is) is none of ``read``'s or of those before it,
+    its parts folder (an output's, of ``outputs``) none of ``read``'s, not a folder, and its
+    name within the file system's limit with what chainexec adds to it."""
+    for k, (f, what) in enumerate(written):
+        for g, other in read + written[:k]:
+            if _same_file(f, g):
+                raise ChainexecError(f"{what} is also {other}, which writing it would destroy", str(f))
+        for g, other in read:
+            for suffix in WRITE_SUFFIXES:
+                if _same_file(f.with_name(f.name + suffix), g):
+                    raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
+        if f.is_dir():
+            raise ChainexecError(f"{what} is a folder, not a file", str(f))
+        _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE, "." + atomicfile.TEMPORARY) if f in outputs
+                            else (".tmp",))
+
+
+def _check_report_folders(paths: RunPaths) -> None:
+    for f, option in paths.reports.items():
+        if not f.parent.is_dir():
+            raise ChainexecError(f"{option}: the folder does not exist", str(f.parent))
 
 
 def _is_chainexec_output(path: Path) -> bool:

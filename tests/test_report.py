@@ -117,7 +117,7 @@ def test_failed_plot_write_leaves_no_file(tmp_path):
                 f.write(b"\x89PNG")
             raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ChainexecError, match="run.png: cannot write the plot \\(disk full\\)"):
         report._save(HalfWritten(), str(tmp_path / "run.png"))
     assert list(tmp_path.iterdir()) == []
 

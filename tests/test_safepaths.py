@@ -231,17 +231,27 @@ REPORTS = {
     "--report-json into a missing folder": (["--report-json", "nowhere/r.json"], "does not exist"),
     "--plot into a missing folder": (["--plot", "nowhere/r.png"], "does not exist"),
     "--report-json over the input": (["--report-json", "in.h5"], "input of tensor A"),
+    "--plot over the input": (["--plot", "in.h5"], "input of tensor A"),
     "--plot over the config": (["--plot", "chain.yaml"], "the config"),
+    "--plot over the output": (["--plot", "out/result.h5"], "output of B"),
+    "--plot into a folder": (["--plot", "."], "is a folder"),
+    "--plot with a name too long": (["--plot", "r" * 300 + ".png"], "longer than"),
     "--report-json over the output": (["--report-json", "out/result.h5"], "output of B"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(REPORTS))
-def test_report_paths(case, user_folder):
+@pytest.mark.parametrize("command, case", [("run", case) for case in sorted(REPORTS)]
+                         + [("plan", case) for case in sorted(REPORTS) if REPORTS[case][0][0] == "--plot"])
+def test_report_paths(command, case, user_folder):
+    """A report file that would write over the config, an input, an output or a folder, or
+    that no file system could name, is refused before anything is written: by ``run`` and by
+    ``plan`` (whose ``--plot`` wrote its picture over any of them), the run's finished output
+    left as it was."""
     options, needle = REPORTS[case]
     work = user_folder.parent
+    assert run_cli("run", user_folder, "--quiet", cwd=work).returncode == 0
     before = _snapshot(work)
-    proc = run_cli("run", user_folder, "--quiet", *options, cwd=work)
+    proc = run_cli(command, user_folder, *(["--quiet"] if command == "run" else []), *options, cwd=work)
     assert_refused(proc, needle)
     assert _snapshot(work) == before
 
@@ -513,3 +523,25 @@ def test_a_folder_that_cannot_be_read_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "iterdir", refused)
     with pytest.raises(ChainexecError, match="out.h5.parts: the parts folder cannot be read"):
         safepaths._check_owned_folder(folder, "the parts folder")
+
+
+@pytest.mark.parametrize("path, needle", [("in\0.h5", "NUL byte"), ("d/" + "x" * 256 + "/o.h5", "longer than"),
+                                          ("/".join(["d" * 200] * 21), "longer than")],
+                         ids=["NUL", "a name of 256 bytes", "a path of 4220 bytes"])
+def test_a_path_no_file_system_can_hold_is_refused_before_it_is_looked_up(path, needle, monkeypatch):
+    """Refused in one line naming what the path is, before anything stats it (where the
+    operating system's error, or Python's for a NUL, came first as a traceback)."""
+    looked = []
+    monkeypatch.setattr(os, "stat", lambda *a, **k: looked.append(a))
+    with pytest.raises(ChainexecError, match=f"the output of B: .*{needle}"):
+        safepaths.checked(path, "the output of B")
+    assert looked == [] and safepaths.checked("d/" + "x" * 255, "x") == "d/" + "x" * 255
+
+
+@pytest.mark.parametrize("command", ["generate", "run", "plan"])
+def test_a_config_naming_a_file_with_a_nul_byte_is_refused(command, tmp_path):
+    cfg = fourindex_config()
+    cfg["tensors"]["A"]["source"]["file"] = "in\0.h5"
+    config = write_config(tmp_path, cfg)
+    assert_refused(run_cli(command, config), "NUL byte", "input of tensor")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [config.name]
