@@ -416,10 +416,22 @@ def _is_chainexec_output(path: Path) -> bool:
 
 def check_generate(spec) -> list[Path]:
     """The files ``chainexec generate`` writes (the inputs with a file), refused where one of
-    them is the config, an output, or an existing file that is not HDF5."""
+    them is the config, an output, or an existing file that is not HDF5, or where two tensors
+    name one dataset of one file with other extents, type, layout or seed (one tensor's values
+    would be written over the other's)."""
     import h5py
 
     paths = RunPaths.of(spec)
+    written: dict[tuple[Path, str], tuple[str, tuple]] = {}
+    for t in spec.tensors.values():
+        if t.source is not None and t.source.file is not None:
+            where = (resolved(spec.resolve(t.source.file)), t.source.dataset)
+            made = (spec.shape(t.name), t.dtype, t.layout, t.source.seed)
+            first, theirs = written.setdefault(where, (t.name, made))
+            if theirs != made:
+                raise ChainexecError(f"tensors {first} and {t.name} both name dataset {t.source.dataset!r} with other "
+                                     "extents, type, layout or seed: generating one would write over the other",
+                                     str(where[0]))
     for f, tensor in paths.inputs.items():
         if _same_file(f, paths.config):
             raise ChainexecError(f"the input of tensor {tensor} is the config itself", str(f))

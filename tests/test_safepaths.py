@@ -256,6 +256,24 @@ def test_report_paths(command, case, user_folder):
     assert _snapshot(work) == before
 
 
+def test_generate_refuses_two_tensors_written_into_one_dataset(tmp_path):
+    """Two tensors naming one dataset with other extents or seeds: refused before anything is
+    written (generate wrote the second over the first, exit 0); alike in all, the one dataset is
+    written and the run reads it for both."""
+    cfg = fourindex_config()
+    cfg["tensors"]["C"]["source"] = {"file": "in.h5", "dataset": "A", "seed": 12}
+    assert_refused(run_cli("generate", write_config(tmp_path, cfg)), "tensors A and C both name dataset 'A'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.yaml"]
+    cfg = fourindex_config()
+    cfg["tensors"]["D"] = dict(cfg["tensors"]["C"])
+    cfg["statements"] = ["B[a,b,c,d] = C[p,a] * D[q,b] * C[r,c] * C[s,d] * A[p,q,r,s]"]
+    config = write_config(tmp_path, cfg)
+    proc = run_cli("generate", config)
+    assert proc.returncode == 0 and proc.stdout.count(":C") == 2, proc.stderr
+    assert run_cli("run", config, "--quiet").returncode == 0
+    assert "ok" in run_cli("verify", config).stdout
+
+
 def test_generate_without_every_seed_writes_nothing(user_folder):
     import yaml
 
