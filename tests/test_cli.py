@@ -556,6 +556,29 @@ def test_chem_config_describes_the_inputs_beside_it(tmp_path):
         assert set(f) == {"A", "C"}
 
 
+@pytest.mark.parametrize("mine", ["ao2mo.yaml", "ccsd_t.yaml", "inputs.h5"])
+def test_chem_leaves_a_users_files_in_out_as_they_are(mine, tmp_path):
+    """A file of the name of a job's config or inputs in --out that chainexec chem did not write
+    (a user's notes, their own inputs) is refused before anything is computed, byte for byte as
+    it was (chem removed or replaced it, exit 0); one an earlier chem wrote is replaced."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if mine.endswith(".h5"):
+        with h5py.File(out / mine, "w") as f:
+            f["mine"] = np.arange(5.0)
+    else:
+        (out / mine).write_text("name: my own\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert_refused(run_cli("chem", "x", "--synthetic", 2, 3, 1, "--out", out), str(out / mine),
+                   "not written by chainexec chem")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / mine).unlink()
+    for seed in (1, 2):
+        assert run_cli("chem", "x", "--synthetic", 2, 3, seed, "--out", out).returncode == 0
+    with h5py.File(out / "inputs.h5", "r") as f:
+        assert f.attrs["seed"] == 2
+
+
 def test_chem_configs_leave_the_memory_limits_to_the_machine(tmp_path):
     """A config `chainexec chem` writes from its shipped template carries no memory limit (the
     template's are its H2O example's), so that `plan` takes both from the machine and says so; a

@@ -244,10 +244,16 @@ def write_ao2mo_inputs(mol, path, *, layout: str = "s8", scf_conv_tol: float = 1
     return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
 
 
+MADE = "chainexec_inputs"
+"""The file attribute (true) that marks inputs chainexec wrote (:func:`write_atomic`): ``chainexec
+chem`` replaces an ``inputs.h5`` only where it carries it."""
+
+
 def write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES, parts: dict | None = None) -> None:
-    """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically;
-    ``parts``: datasets written piece by piece, by name ``(shape, pieces)`` where ``pieces``
-    yields ``(where, values)`` that together cover the shape (float64, contiguous layout)."""
+    """Write ``arrays`` (named as in ``indices``) and file ``attrs`` to ``path`` atomically,
+    marked as chainexec's (:data:`MADE`); ``parts``: datasets written piece by piece, by name
+    ``(shape, pieces)`` where ``pieces`` yields ``(where, values)`` that together cover the shape
+    (float64, contiguous layout)."""
     with atomicfile.replacing(path) as tmp, h5py.File(tmp, "w") as f:
         for name, array in arrays.items():
             dset = f.create_dataset(name, data=np.asarray(array, dtype=np.float64))
@@ -258,3 +264,4 @@ def write_atomic(path, arrays: dict, attrs: dict, indices: dict = INDICES, parts
                 dset[where] = values
             dset.attrs["indices"] = indices[name]
         f.attrs.update(attrs)
+        f.attrs[MADE] = True

@@ -15,7 +15,9 @@ of the shape the job writes it), the molecule and basis (built, not solved), ``f
 occupied orbitals (half the molecule's electrons), and the size of the inputs (:func:`check_size`).
 The inputs are written first, whole or not at all; then the configs in ``OUT`` (of an earlier job,
 which described the inputs replaced) are removed and the job's config is written, whole or not at
-all. A config in ``OUT`` thus always describes the inputs beside it.
+all. A config in ``OUT`` thus always describes the inputs beside it. Only files an earlier
+``chainexec chem`` wrote are replaced or removed (:func:`check_out`): a user's own ``inputs.h5``
+or config of those names in ``OUT`` is refused before anything is computed.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     source = None if mol is None else {"atoms": MOLECULES.get(molecule.lower(), molecule), "basis": basis}
     _config(cfg, kind, extents, template, lines, layout, source)
     out = Path(out)
+    check_out(out)
     check_size(out, _shapes(kind, extents, layout), what, in_memory=SYNTHETIC_IN_MEMORY if synthetic is not None else ())
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +157,42 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     except OSError as err:
         raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
     return summary | {"config": str(config)}
+
+
+HEADER = "# written by chainexec chem; the next chem run into this folder replaces it\n"
+"""The first line of every config ``chainexec chem`` writes: the mark of a config it may replace."""
+
+
+def check_out(out: Path) -> None:
+    """Refuse a folder ``out`` whose ``inputs.h5`` or job configs (:data:`JOBS`) exist and were
+    not written by ``chainexec chem`` (the inputs' mark :data:`chainexec.chem.bridge.MADE`, the
+    configs' first line :data:`HEADER`): the job replaces or removes those names."""
+    import h5py
+
+    from chainexec.chem.bridge import MADE
+
+    if out.exists() and not out.is_dir():
+        raise ChainexecError("--out is a file, not a folder", str(out))
+    inputs = out / "inputs.h5"
+    if inputs.exists():
+        try:
+            with h5py.File(inputs, "r") as f:
+                ours = bool(f.attrs.get(MADE, False))
+        except OSError:
+            ours = False
+        if not ours:
+            raise ChainexecError("exists and was not written by chainexec chem, which would replace it: "
+                                 "move it or name another --out folder", str(inputs))
+    for config in (out / kind.config for kind in JOBS.values()):
+        if config.exists():
+            try:
+                with open(config, encoding="utf-8", errors="replace") as f:
+                    ours = f.readline() == HEADER
+            except OSError:
+                ours = False
+            if not ours:
+                raise ChainexecError("exists and was not written by chainexec chem, which would remove or replace "
+                                     "it: move it or name another --out folder", str(config))
 
 
 def _check_options(kind: Job, options: dict, synthetic) -> None:
@@ -279,7 +318,7 @@ def _config(cfg: dict, kind: Job, extents: dict[str, int], template, lines: dict
     for o in cfg["outputs"].values():
         o["file"] = kind.output
     cfg["scratch"] = "scratch"
-    text = yaml.safe_dump(cfg, sort_keys=False)
+    text = HEADER + yaml.safe_dump(cfg, sort_keys=False)
     config, shapes = spec.loads(text, str(template)), _shapes(kind, extents)
     for name, t in config.tensors.items():
         if t.source is None or t.source.file is None:
