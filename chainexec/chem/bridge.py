@@ -57,20 +57,35 @@ def molecule(atoms: str, basis: str):
     """The PySCF molecule (``gto.Mole``, built, nothing solved) of ``atoms``, a PySCF atom string in
     Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``), in ``basis``, a PySCF basis name. Its
     ``nelectron`` and ``nao`` give the orbital counts before any SCF runs. Raises ``ValueError``
-    naming the basis PySCF lacks (for these elements), or the atom string it cannot read
+    naming the basis PySCF lacks (for these elements), the atom string it cannot read
     (PySCF's parser raises many kinds of error for those: a name, an index, an electron count that
-    no closed shell has)."""
+    no closed shell has), a coordinate that is not a finite number, or two atoms closer than
+    :data:`MIN_DISTANCE` (PySCF reads all of these, and its SCF then fails on a singular
+    overlap after warnings of its own)."""
     from pyscf import gto  # optional dependency: extra "chem"
     from pyscf.lib.exceptions import BasisNotFoundError
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PySCF's advice to install basis-set-exchange
-            return gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
+            mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
     except BasisNotFoundError as err:
         raise ValueError(f"PySCF has no basis {basis!r} for these atoms ({first_line(err)})") from None
     except Exception as err:  # what PySCF's parser raises on a malformed atom string varies
         raise ValueError(f"PySCF cannot read the atom string ({first_line(err)})") from None
+    where = mol.atom_coords(unit="Angstrom")
+    if not np.isfinite(where).all():
+        raise ValueError("an atom's coordinate is not a finite number")
+    apart = np.linalg.norm(where[:, None, :] - where[None, :, :], axis=-1) + np.eye(len(where)) * MIN_DISTANCE
+    if (apart < MIN_DISTANCE).any():
+        i, j = sorted(np.argwhere(apart < MIN_DISTANCE)[0])
+        raise ValueError(f"atoms {i + 1} ({mol.atom_symbol(i)}) and {j + 1} ({mol.atom_symbol(j)}) are "
+                         f"{apart[i, j]:.3g} Angstrom apart, closer than {MIN_DISTANCE}")
+    return mol
+
+
+MIN_DISTANCE = 0.1
+"""Angstrom two atoms of a molecule must be apart at least (the shortest bond, H2's, is 0.74)."""
 
 
 def first_line(err: Exception) -> str:

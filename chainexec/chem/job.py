@@ -22,6 +22,7 @@ or config of those names in ``OUT`` is refused before anything is computed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -139,11 +140,18 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     out = Path(out)
     check_out(out)
     check_size(out, _shapes(kind, extents, layout), what, in_memory=SYNTHETIC_IN_MEMORY if synthetic is not None else ())
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
-    summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
+    try:
+        summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
+    except ChainexecError:
+        if made:  # the folder this call made, empty: the failed job leaves nothing
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     if layout == "computed":
         from chainexec.chem import integrals
 
