@@ -18,7 +18,10 @@ JSON and the rank count; ``inputs.json`` beside it identifies the input files by
 nests before it are finished; ``position``: the resumable loop of that nest with ``done`` of its
 ``tiles`` tiles finished, or None at the nest's start); the closed versions (``stored``, the
 latest of each tensor; ``joined``, each output's blocks per rank) and the sealed blocks of the
-versions being written (``open``); what the finished work had counted (``banked``: the finished
+versions being written (``open``); the identity of every shard file sealed (``files``: stamp and
+content digest, :mod:`chainexec.runtime.fileid`), which a resumed run checks before it reads any,
+so that a file damaged or written over since is refused, not read into the results; what the
+finished work had counted (``banked``: the finished
 nests and store loops of the nest, which a resumed run skips; ``counts``: the loop's tiles done;
 bytes per category, flops, statements, streamed bytes and parallel tiles, all ranks), which a
 resumed run adds to its own, and the memory peaks reached, which it keeps (the tiles left may
@@ -42,15 +45,17 @@ import numpy as np
 from chainexec import atomicfile, datafiles, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores, to_dict
+from chainexec.runtime import fileid
 from chainexec.runtime.store import version_base
 
 MANIFEST = "checkpoint.json"
 INPUTS = "inputs.json"
 _PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
 """The names of the rank files and their temporary files."""
-FORMAT = 4
+FORMAT = 5
 """Version of the manifest's layout, of the tile order its counts refer to and of its plan digest
-(a checkpoint of another version is refused: 3 digested the plan's records too
+(a checkpoint of another version is refused: 4 did not identify its shard files; 3 digested the
+plan's records too
 (:data:`RECORDS`); 2 had no nest ends, store loops or block lists; 1 another order of symmetric
 loops' tuples)."""
 _SHARD = re.compile(r"rank[0-9]+(s[0-9]+)?(-[0-9]+)?\.h5")
@@ -89,46 +94,20 @@ def _input_files(plan: Plan) -> list[str]:
                    for file in datafiles.of(t.source["file"], t.source["dataset"])})
 
 
-def _stamp(path: str) -> list[int]:
-    """What changes whenever a file's bytes do: size, modification and change times (the change
-    time cannot be set back by a user), inode and device."""
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
-def content_digest(path: str, chunk: int = 64 << 20) -> str:
-    """SHA-256 over the SHA-256 of each ``chunk`` bytes of the file, the chunks hashed on as
-    many threads as there are CPUs (hashlib releases the GIL): a file's identity by content,
-    read once at disk or page-cache speed."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        def one(offset: int) -> bytes:
-            return hashlib.sha256(os.pread(fd, chunk, offset)).digest()
-
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            parts = list(pool.map(one, range(0, size, chunk)))
-    finally:
-        os.close(fd)
-    return hashlib.sha256(b"".join(parts) + str(size).encode()).hexdigest()
-
-
 def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
     """Identify the run's input files by content in ``folder/inputs.json``: a new checkpoint
-    records each file's stamp (:func:`_stamp`) and :func:`content_digest`; a resumed one accepts
-    a file whose stamp is unchanged, or whose content digest is (a copy, a touch: the new stamp
-    is recorded), and refuses one whose content differs, so that partial sums of other inputs
-    are never mixed in."""
+    records each file's stamp and content digest (:func:`chainexec.runtime.fileid.identity`); a
+    resumed one accepts a file whose stamp is unchanged, or whose content digest is (a copy, a
+    touch: the new stamp is recorded), and refuses one whose content differs, so that partial
+    sums of other inputs are never mixed in."""
     path = folder / INPUTS
     files = _input_files(plan)
     record = None
     if resuming:
         try:
             record = json.loads(path.read_text())
-            valid = isinstance(record, dict) and set(record) == set(files) and all(
-                isinstance(r, dict) and {"stamp", "sha256"} <= set(r) for r in record.values())
+            valid = (isinstance(record, dict) and set(record) == set(files)
+                     and all(fileid.is_record(r) for r in record.values()))
         except (OSError, ValueError):
             valid = False
         if not valid:
@@ -137,14 +116,13 @@ def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
     changed = False
     recorded = dict(record or {})
     for file in files:
-        stamp = _stamp(file)
-        if record is not None and record[file]["stamp"] == stamp:
+        if record is not None and fileid.stamp(file) == record[file]["stamp"]:
             continue
-        digest = content_digest(file)
-        if record is not None and record[file]["sha256"] != digest:
+        now = fileid.identity(file)
+        if record is not None and record[file]["sha256"] != now["sha256"]:
             raise ChainexecError(f"the input file {file} changed since the checkpoint was written; its partial "
                                  "sums would mix with the new values: remove the folder or choose another", str(path))
-        recorded[file] = {"stamp": stamp, "sha256": digest}
+        recorded[file] = now
         changed = True
     if changed or record is None:
         atomicfile.write(path, json.dumps(recorded, indent=1))
@@ -188,7 +166,9 @@ def _valid(saved: dict, plan: Plan, ranks: int) -> bool:
         loop = _loops(plan).get((nest, position)) if type(position) is int else None
         at = loop is not None and loop[1] == saved["tiles"] and saved["done"] < saved["tiles"]
     stored, joined, opened = saved.get("stored"), saved.get("joined"), saved.get("open")
-    if not (at and isinstance(stored, dict) and isinstance(joined, dict) and isinstance(opened, list)
+    files = saved.get("files")
+    if not (at and isinstance(stored, dict)
+            and isinstance(files, dict) and all(isinstance(f, str) and fileid.is_record(r) for f, r in files.items()) and isinstance(joined, dict) and isinstance(opened, list)
             and all(tensors.get(t) is not None and tensors[t].role != "input" and type(v) is int and v > 0
                     for t, v in stored.items())
             and set(joined) == {t for t in stored if tensors[t].role == "output"}
@@ -229,6 +209,7 @@ class Checkpoint:
         self.stop_after = stop_after
         self.saved = saved
         self.committed = saved["number"] if saved is not None else None
+        self.files: dict[str, dict] = dict(saved["files"]) if saved is not None else {}
         self.started = self.last = time.monotonic()
 
     @classmethod
@@ -252,7 +233,7 @@ class Checkpoint:
         ck = cls(folder, digest, None, every, stop_after)
         if saved is not None:
             ck._check(saved, path, plan, ranks)
-            ck.saved, ck.committed = saved, saved["number"]
+            ck.saved, ck.committed, ck.files = saved, saved["number"], dict(saved["files"])
         try:
             _check_inputs(folder, plan, saved is not None)
         except OSError as err:
@@ -274,6 +255,18 @@ class Checkpoint:
         missing = _missing(saved, plan)
         if missing is not None:
             raise ChainexecError("a shard file or stored version this checkpoint names is missing", str(missing))
+        for file, record in saved["files"].items():
+            if os.path.exists(file) and not fileid.unchanged(file, record):
+                raise ChainexecError("a shard file this checkpoint saved has changed since (damaged, or written "
+                                     "over): the results resumed from it would be wrong; remove the checkpoint "
+                                     "folder to start again", file)
+
+    def record_files(self, sealed: list[dict[str, dict]]) -> None:
+        """Take the identities of the shard files every rank sealed for the checkpoint being
+        committed (rank 0), and drop those of files no longer there (versions superseded)."""
+        for mine in sealed:
+            self.files.update(mine)
+        self.files = {file: record for file, record in self.files.items() if os.path.exists(file)}
 
     def due(self) -> bool:
         """Whether to checkpoint now (asked by rank 0 between tiles)."""

@@ -218,7 +218,8 @@ class Claims:
         rows, written), then rank 0 commits the manifest: the run goes on at ``at`` (nest, and
         the position of the loop with ``done`` of its ``tiles`` finished, which counted
         ``counts``; None: at the nest's start), with the closed versions, each rank's sealed
-        blocks of the nest's versions, the bank and the peaks. Afterwards the parts and
+        blocks of the nest's versions, the identities of the shard files sealed (checked when
+        the run resumes), the bank and the peaks. Afterwards the parts and
         versions it supersedes go. Whether every rank is to stop (``--stop-after``)."""
         ck = self.checkpoint
         number = (ck.committed or 0) + 1
@@ -229,14 +230,18 @@ class Claims:
         self.store.seal(number)
         writing = list(stores(self.plan.nests[at[0]].body).items()) if at[0] < len(self.plan.nests) else []
         blocks = self.comm.gather(self.store.open_blocks(writing), root=0)
+        sealed = self.comm.gather(self.store.sealed_files, root=0)
+        self.store.sealed_files = {}
         peaks = self.counters.peaks()
         stop = False
         if self.comm.rank == 0:
             joined = {t: b for t, b in self.store.joined.items() if self.plan.tensors[t].role == "output"}
+            ck.record_files(sealed)
             ck.commit({"nest": at[0], "position": at[1], "done": done, "tiles": tiles, "number": number,
                        "ranks": self.comm.size, "counts": counts.tolist(), "banked": self.bank.tolist(),
                        "peaks": peaks, "stored": self.store.last_version, "joined": joined,
-                       "open": [[t, v, [mine[j] for mine in blocks]] for j, (t, v) in enumerate(writing)]})
+                       "open": [[t, v, [mine[j] for mine in blocks]] for j, (t, v) in enumerate(writing)],
+                       "files": ck.files})
             stop = ck.stopping()
         stop = self.comm.bcast(stop, root=0)
         ck.supersede(self.comm.rank, number)

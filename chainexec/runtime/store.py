@@ -35,7 +35,7 @@ import numpy as np
 from chainexec import atomicfile, generator, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
-from chainexec.runtime import hostcopy
+from chainexec.runtime import fileid, hostcopy
 from chainexec.runtime.comm import barrier
 from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
 from chainexec.runtime.region import box_shape, whole_rows
@@ -302,6 +302,9 @@ class Store:
         self.blocks: dict[tuple[str, int], list[tuple[int, str, tuple[tuple[int, int], ...]]]] = {}
         # Blocks in sealed shard files, [file, dataset, region] each, per (tensor, version) being written.
         self.sealed: dict[tuple[str, int], list[list]] = {}
+        # The shard files this rank sealed since the last checkpoint took them, path -> record
+        # (fileid.identity): what a resumed run checks them against.
+        self.sealed_files: dict[str, dict] = {}
         self.last_version: dict[str, int] = {}
         self.joined: dict[str, list] = {}  # rank 0: each tensor's latest blocks, per rank, [file, dataset, region] each
         self.maps: dict[str, tuple] = {}  # a version's VDS file: its blocks' bounds, files and datasets
@@ -434,7 +437,9 @@ class Store:
     def seal(self, number: int) -> None:
         """Make this rank's blocks written so far durable, for checkpoint ``number``: close each
         open shard file, sync it and rename it to ``rank<R>[s<S>]-<number>.h5`` (synced in its
-        folder); the version's next block starts new shard files (:meth:`write`)."""
+        folder), and record its identity (:func:`chainexec.runtime.fileid.identity`, its bytes
+        read back once, from the page cache where they still are) in :attr:`sealed_files`; the
+        version's next block starts new shard files (:meth:`write`)."""
         for key in list(self.shards):
             base = self._version_base(self.plan.tensors[key[0]], key[1])
             names = {}
@@ -444,6 +449,7 @@ class Store:
                 names[stripe] = _shard_name(self.comm.rank, stripe, number)
                 atomicfile.sync(path)
                 os.replace(path, base / names[stripe])
+                self.sealed_files[str(base / names[stripe])] = fileid.identity(str(base / names[stripe]))
             atomicfile.sync(base)
             self.sealed.setdefault(key, []).extend([names[stripe], name, region]
                                                    for stripe, name, region in self.blocks.pop(key))

@@ -311,8 +311,8 @@ def test_fourindex_stop_and_resume(tmp_path, ranks, sizes, stops, uninterrupted)
     """Runs of a four-index transform each stop at their first checkpoint (``--stop-after 0``),
     the next going on from it, until one completes: on one rank two nests of store loops (4 and 3
     iterations, two parallel loops in each of the first: a stop after every iteration but the
-    last of each, and at the end of the first nest; a sealed shard file removed meanwhile is a
-    one-line error naming it); on two ranks one nest whose store loop (4 iterations) follows a
+    last of each, and at the end of the first nest; a sealed shard file removed, damaged or cut
+    short meanwhile is a one-line error naming it, and once put back resumes); on two ranks one nest whose store loop (4 iterations) follows a
     loop that fills a global intermediate, which every resumed run computes again. The output is
     an uninterrupted run's bit for bit, the movement and peaks the prediction."""
     config, expected, _ = uninterrupted(tmp_path, ranks, **sizes)
@@ -333,6 +333,13 @@ def test_fourindex_stop_and_resume(tmp_path, ranks, sizes, stops, uninterrupted)
             kept = shard.rename(shard.with_name("kept"))
             _one_line(run_cli("run", config, "--checkpoint", folder), str(shard), "missing")
             kept.rename(shard)
+            good = shard.read_bytes()
+            middle = len(good) // 2
+            for damaged in (good[:middle] + bytes(b ^ 0x7F for b in good[middle:middle + 64]) + good[middle + 64:],
+                            good[:1000]):  # bytes written over in the middle, of the same size; cut short
+                shard.write_bytes(damaged)
+                _one_line(run_cli("run", config, "--checkpoint", folder), str(shard), "has changed since")
+            shard.write_bytes(good)  # put back: its stamp changed, not its content
     assert proc.returncode == 0 and len(seen) == stops, seen
     report = _check_report(tmp_path / "r.json")
     assert report["measured"]["memory_peak"] == report["predicted"]["memory_peak"]
@@ -398,7 +405,8 @@ def test_errors(tmp_path):
     part.write_bytes(good)
     for damage in ({"done": -1}, {"done": 120}, {"tiles": 7}, {"position": 0}, {"counts": [1, 2]},
                    {"counts": [2**63] * 8}, {"format": 99}, {"format": 3}, {"position": None},
-                   {"stored": {"E": 1}}, {"open": [["E", 1, [[["../rank0-1.h5", "b0", []]]]]]}):
+                   {"stored": {"E": 1}}, {"open": [["E", 1, [[["../rank0-1.h5", "b0", []]]]]]},
+                   {"files": []}, {"files": {"x.h5": {"stamp": [1], "sha256": "y"}}}, {"files": None}):
         manifest.write_text(json.dumps(data | damage))
         _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
     manifest.write_text("{not json")
