@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chainexec import calibrate, detect, machinecache, plancache, safepaths
+from chainexec import calibrate, detect, machinecache, plancache, safepaths, stopsignals
 from chainexec import spec as spec_mod
 from chainexec.detect import Limit
 from chainexec.errors import ChainexecError, RankFailed, of_machine
@@ -167,6 +167,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     """:func:`run`, with rank 0's state from one step to the next in ``ours``."""
     comm = world()
     started = time.perf_counter()
+    stopsignals.forget_landed()  # a signal names only this run's outputs as completed
     maps = maps_inputs(comm)  # the executor's loads map inputs' pages: priced by what the page cache holds
 
     def read() -> bool:

@@ -13,7 +13,9 @@ limit (SIGKILL follows after its ``KillWait``) and what ``scancel`` sends by def
 handler, each of these ended a rank silently.
 
 What the process leaves is what a killed one leaves: no output renamed into place, and the last
-checkpoint of a run with ``--checkpoint``, from which the same command resumes.
+checkpoint of a run with ``--checkpoint``, from which the same command resumes; or, for a signal
+that comes while a run lands its outputs, those renamed into place before it (:func:`landed`),
+which the line names.
 """
 
 from __future__ import annotations
@@ -27,11 +29,29 @@ STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 NOTE = "no output was completed (a run with --checkpoint resumes from its last checkpoint)"
 
+_LANDED: list[str] = []
+"""The output files this process renamed into place complete (:func:`landed`)."""
+
+
+def landed(path: str) -> None:
+    """Note that output file ``path`` is in place, complete: a signal from now on says so."""
+    _LANDED.append(str(path))
+
+
+def forget_landed() -> None:
+    """Forget the outputs noted so far (a process that runs several runs, a server's, at the
+    start of each)."""
+    _LANDED.clear()
+
 
 def line(number: int) -> str:
-    """The one line a process ended by signal ``number`` writes to stderr."""
+    """The one line a process ended by signal ``number`` writes to stderr: what it completed
+    before (no output, or the output files it had renamed into place)."""
     what = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
-    return f"chainexec: {what}; {NOTE}\n"
+    if not _LANDED:
+        return f"chainexec: {what}; {NOTE}\n"
+    return (f"chainexec: {what} after it completed {', '.join(_LANDED)} (any other output of the run was not "
+            "completed; a run with --checkpoint resumes from its last checkpoint)\n")
 
 
 def watch(speaks: bool = True) -> None:

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from chainexec import stopsignals
-from tests.conftest import kill_job, launch
+from chainexec import api, stopsignals
+from tests.conftest import fourindex_config, kill_job, launch, run_cli, write_config
 
 RANK = """
 import os, sys, time
-from chainexec import stopsignals
+from chainexec import api, stopsignals
 from chainexec.runtime.comm import world
 rank = world().rank
 stopsignals.watch(speaks=rank == 0)
@@ -77,3 +77,16 @@ def test_line_names_the_signal(number, word):
     line = stopsignals.line(number)
     assert line.startswith(f"chainexec: {word}; ") and line.endswith("\n") and line.count("\n") == 1
     assert stopsignals.STATUS[number] == 128 + number
+
+
+def test_the_line_names_the_outputs_completed_before_the_signal(tmp_path):
+    """A signal that comes while a run lands its outputs: the line names those already in place
+    (it said no output was completed), and a process's next run starts with none noted."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    api.run(config, backend="numpy")
+    line = stopsignals.line(signal.SIGINT)
+    assert line == (f"chainexec: interrupted after it completed {tmp_path / 'out' / 'result.h5'} (any other output "
+                    "of the run was not completed; a run with --checkpoint resumes from its last checkpoint)\n")
+    stopsignals.forget_landed()
+    assert stopsignals.line(signal.SIGINT) == f"chainexec: interrupted; {stopsignals.NOTE}\n"

@@ -32,7 +32,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from chainexec import atomicfile, generator, safepaths
+from chainexec import atomicfile, generator, safepaths, stopsignals
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo
 from chainexec.runtime import fileid, hostcopy
@@ -570,6 +570,7 @@ class Store:
                         ds.attrs["indices"] = ",".join(t.indices)
                         ds.attrs["extents"] = np.array(t.shape, dtype=np.int64)
                     f.attrs[COMPLETE] = True
+                stopsignals.landed(path)
             safepaths.remove_owned(Path(self.plan.scratch))
         barrier(self.comm)
 
