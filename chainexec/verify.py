@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 
 import h5py
 import numpy as np
 
-from chainexec import expr, generator
+from chainexec import datafiles, expr, generator
 from chainexec.errors import ChainexecError
 from chainexec.runtime.store import COMPLETE
 from chainexec.spec import DTYPES, Ref, Spec
@@ -59,6 +60,7 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
         full = values if t.layout == "dense" else dense(values, t.layout, shape)
         return full.reshape(shape)[tuple(slice(a, b) for a, b in region)]
     path = spec.resolve(t.source.file)
+    _sources_there(path, t.source.dataset, f"input of tensor {name}")
     try:
         with h5py.File(path, "r") as f:
             ds = f.get(t.source.dataset)
@@ -74,6 +76,19 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
             return ds[tuple(slice(a, b) for a, b in region)]
     except (OSError, KeyError) as err:
         raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
+
+
+def _sources_there(path: str, dataset: str, what: str) -> None:
+    """Every file the values of ``dataset`` in ``path`` come from (:func:`chainexec.datafiles.of`:
+    a virtual dataset's sources, an external link's file) is there: where one is not, HDF5 reads
+    its fill value, and a comparison with it would blame the wrong file."""
+    try:
+        files = datafiles.of(path, dataset)
+    except (OSError, KeyError, ValueError, RuntimeError):
+        return  # the dataset itself cannot be read: the read says so
+    missing = next((f for f in files[1:] if not os.path.isfile(f)), None)
+    if missing is not None:
+        raise ChainexecError(f"the values of dataset {dataset!r} ({what}) lie in {missing}, which is not there", path)
 
 
 def _stored(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -131,6 +146,7 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
     if spec.tensors[name].layout == "dense" and ds.shape != spec.shape(name):
         raise ChainexecError(f"dataset {out.dataset!r} has shape {ds.shape} but output {name} has extents "
                              f"{spec.shape(name)}", path)
+    _sources_there(path, out.dataset, f"output {name}; its parts folder moved or removed?")
     return ds
 
 
@@ -219,12 +235,13 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
     inputs = {r.tensor for _, ops, _ in terms for r in ops}
     values = {n: _input(spec, n) for n in inputs}
     worst = scale = size = 0.0
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r") as f, np.errstate(all="ignore"):
         ds = _output(f, spec, name, path)
-        picks = {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)}
+        picks = (set(itertools.product(*map(range, shape))) if samples >= math.prod(shape)
+                 else {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)})
         for point in sorted(picks):
             ref = mag = 0.0
-            for factor, ops, kept in terms:
+            for factor, ops, kept in terms:  # inf or NaN inputs (allow_nonfinite) make a NaN reference
                 at = dict(zip(kept, point))
                 letters, arrays, free = {}, [], []
                 for op in ops:
@@ -238,10 +255,30 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
                 ref += factor * float(np.einsum(",".join(free) + "->", *arrays, optimize=True))
                 mag += abs(factor) * float(np.einsum(",".join(free) + "->", *map(np.abs, arrays), optimize=True))
             got = float(ds[point])
-            worst = max(worst, abs(got - ref))
+            if not math.isfinite(ref):  # where an output may hold inf or NaN: not finite either (_compared)
+                worst = math.inf if math.isfinite(got) else worst
+                continue
+            worst = max(worst, abs(got - ref) if math.isfinite(got) else math.inf)
             scale = max(scale, abs(ref))
             size = max(size, mag)
     return worst, scale, size, len(picks)
+
+
+def _compared(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray) -> tuple[float, float, float, int]:
+    """(largest error, largest reference value, largest term magnitude, elements) of an output
+    against its reference, over the elements whose reference is finite; where the reference is
+    not (an output allowed inf or NaN, ``allow_nonfinite``), the output must not be finite
+    either (inf and NaN alike: another order of the same terms turns one into the other), else
+    the error is inf."""
+    finite = np.isfinite(ref)
+    if np.isfinite(got[~finite]).any():
+        return math.inf, 0.0, 0.0, ref.size
+    if not finite.any():
+        return 0.0, 0.0, 0.0, ref.size
+    with np.errstate(all="ignore"):
+        error = np.abs(got[finite] - ref[finite])
+    return (float(np.max(np.where(np.isnan(error), np.inf, error))), float(np.max(np.abs(ref[finite]))),
+            float(np.max(magnitude[finite])), ref.size)
 
 
 def _check(tensor: str, method: str, dtype: str, error: float, value: float, size: float, elements: int) -> Check:
@@ -253,7 +290,7 @@ def _check(tensor: str, method: str, dtype: str, error: float, value: float, siz
     tolerance = TOLERANCE[dtype]
     relative = error / max(value, np.finfo(float).tiny)
     allowance = ROUNDING_ULPS * float(np.finfo(dtype).eps) * size
-    if relative > tolerance and error <= allowance:
+    if relative > tolerance and error <= allowance and math.isfinite(allowance):
         return Check(tensor, f"{method} (the output cancels: error within {ROUNDING_ULPS} units of rounding of its "
                      "terms' magnitude)", tolerance * error / allowance, tolerance, elements)
     return Check(tensor, method, relative, tolerance, elements)
@@ -284,12 +321,11 @@ def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) 
               if t.symmetry is not None and t.layout == "dense" and t.source is not None and t.source.file is not None
               and math.prod(spec.shape(n)) * DTYPES[t.dtype] <= limit]
     if total <= limit:
-        reference, magnitude = full_reference(spec), full_reference(spec, magnitude=True)
+        with np.errstate(all="ignore"):  # inputs an output allows to be inf or NaN (allow_nonfinite)
+            reference, magnitude = full_reference(spec), full_reference(spec, magnitude=True)
         for o in spec.outputs:
-            got = read_output(spec, o.tensor)
-            ref = reference[o.tensor]
-            checks.append(_check(o.tensor, "einsum", spec.tensors[o.tensor].dtype, float(np.max(np.abs(got - ref))),
-                                 float(np.max(np.abs(ref))), float(np.max(magnitude[o.tensor])), ref.size))
+            checks.append(_check(o.tensor, "einsum", spec.tensors[o.tensor].dtype,
+                                 *_compared(read_output(spec, o.tensor), reference[o.tensor], magnitude[o.tensor])))
     else:
         rng = np.random.default_rng(seed)
         for o in spec.outputs:

@@ -10,7 +10,7 @@ import pytest
 from chainexec import spec
 from chainexec.generator import block
 from chainexec.verify import expand, verify
-from tests.conftest import run_cli, write_config
+from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
 
 CONFIG = {
     "indices": {"i": 4, "j": 5, "k": 3, "l": 6, "m": 2},
@@ -153,3 +153,62 @@ def test_a_check_of_nothing_is_refused(finished, samples, limit, needle):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert needle in line and f"not {samples if samples < 1 else limit}" in line, line
+
+
+@pytest.mark.parametrize("limit", [None, 0], ids=["einsum", "sampled"])
+def test_an_output_allowed_inf_is_checked_where_finite_and_not_finite_where_numpys_is_not(tmp_path, limit):
+    """An output with ``allow_nonfinite`` whose input holds an inf: verify passes it without a
+    warning (it printed NumPy's RuntimeWarning and failed it, relative error nan), and fails it
+    where a value NumPy's reference has as inf or NaN is finite in the output."""
+    cfg = fourindex_config()
+    cfg["outputs"]["B"]["allow_nonfinite"] = True
+    config = write_config(tmp_path, cfg)
+    assert run_cli("generate", config).returncode == 0
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        f["C"][1, 1] = np.inf
+    assert run_cli("run", config, "--quiet").returncode == 0
+    options = [] if limit is None else ["--full-limit", limit, "--samples", 10**9]
+    proc = run_cli("verify", config, *options)
+    assert proc.returncode == 0 and proc.stderr == "" and " ok" in proc.stdout, proc.stdout + proc.stderr
+    shard = next((tmp_path / "out" / "result.h5.parts").rglob("rank0.h5"))
+    with h5py.File(shard, "a") as f:
+        name = next(n for n in f)
+        values = f[name][()]
+        assert not np.isfinite(values).all()
+        values[~np.isfinite(values)] = 1.0
+        f[name][...] = values
+    proc = run_cli("verify", config, *options)
+    assert proc.returncode == 1 and "relative error inf" in proc.stdout and "FAILED" in proc.stdout, proc.stdout
+
+
+def test_a_sampled_check_of_more_samples_than_elements_checks_each_element_once(finished):
+    """``--samples`` above the output's elements (120 here) checks each of them, not a billion picks."""
+    [check] = verify(spec.load(finished), samples=10**9, limit=0)
+    assert check.ok and check.elements == 4 * 2 * 5 and check.method == "sampled"
+
+
+@pytest.mark.parametrize("gone", ["an input's virtual source", "the output's parts folder"])
+def test_values_that_lie_in_a_file_not_there_are_named(tmp_path, gone):
+    """An input or output whose values lie in another file (a virtual dataset's source, the
+    output's shards in its parts folder) that is not there: one line naming that file, exit 2
+    (HDF5 read fill values: relative error inf or nan, blamed on the output)."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    if gone == "an input's virtual source":
+        with h5py.File(tmp_path / "in.h5", "r") as f:
+            values = f["A"][()]
+        with h5py.File(tmp_path / "src.h5", "w") as f:
+            f["A"] = values
+        layout = h5py.VirtualLayout(shape=values.shape, dtype=values.dtype)
+        layout[...] = h5py.VirtualSource(str(tmp_path / "src.h5"), "A", shape=values.shape)
+        with h5py.File(tmp_path / "in.h5", "a") as f:
+            del f["A"]
+            f.create_virtual_dataset("A", layout, fillvalue=0.0)
+    assert run_cli("run", config, "--quiet").returncode == 0
+    missing = tmp_path / "src.h5"
+    if gone == "an input's virtual source":
+        missing.unlink()
+    else:
+        missing = next((tmp_path / "out" / "result.h5.parts").rglob("rank0.h5"))
+        (tmp_path / "out" / "result.h5.parts").rename(tmp_path / "moved")
+    assert_refused(run_cli("verify", config), str(missing), "which is not there")
