@@ -216,6 +216,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         s, limits, (rates, record) = ours["spec"], ours["limits"], ours["rates"]
         p, text, cached = _planned(s, ours["text"], limits, rates, schedule, comm.size, inline, plan_cache)
         store.check_inputs(p)
+        store.check_space(p)
         if maps and _price_cached(p, rates, comm.size):
             text = p.to_json()
         kept = None

@@ -34,7 +34,8 @@ import numpy as np
 
 from chainexec import atomicfile, generator, safepaths, stopsignals
 from chainexec.errors import ChainexecError
-from chainexec.planner.plan import Plan, TensorInfo
+from chainexec.planner.plan import Plan, TensorInfo, stores
+from chainexec.spectypes import format_size
 from chainexec.runtime import fileid, hostcopy
 from chainexec.runtime.comm import barrier
 from chainexec.runtime.mapped import MappedArray, cached_share, contiguous_offset
@@ -142,6 +143,31 @@ def check_writable(files, what: str = "output path") -> None:
             os.unlink(probe)
         except OSError as err:
             raise ChainexecError(f"{what} is not writable ({err.strerror or err})", str(path)) from None
+
+
+def check_space(plan: Plan) -> None:
+    """Refuse a run whose stored tensors cannot fit the free space of the file systems they go to
+    (rank 0, once the plan is made, before anything is written): each tensor the plan stores on
+    disk, once (an output in its parts folder, an intermediate in scratch), against what is free
+    there and what this config's parts and scratch folders hold already (an older run's, which
+    this one replaces, or a checkpoint's, which it goes on from). A lower bound of what the run
+    writes, so a run it refuses would fill its disk for certain, after computing until then."""
+    need: dict[int, list] = {}  # device -> [bytes, a folder on it]
+    counted = set()
+    for name in sorted({name for nest in plan.nests for name in stores(nest.body)}):
+        t = plan.tensors[name]
+        folder = parts_dir(Path(t.output["file"])) if t.role == "output" else Path(plan.scratch)
+        there = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        held = need.setdefault(os.stat(there).st_dev, [0, there])
+        held[0] += math.prod(t.shape) * t.itemsize
+        if folder not in counted and safepaths.is_owned(folder):
+            counted.add(folder)
+            held[0] -= sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+    for wanted, there in need.values():
+        free = shutil.disk_usage(there).free
+        if wanted > free:
+            raise ChainexecError(f"the run stores {format_size(wanted)} of tensors on this file system and "
+                                 f"{format_size(free)} are free: it would fill the disk before it ends", str(there))
 
 
 def remove_outputs(files) -> None:

@@ -4,6 +4,7 @@ that are not finite, inputs whose virtual datasets lost their sources."""
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 
@@ -380,3 +381,32 @@ def test_a_failed_runs_parts_folder_goes_where_none_can_be_made_beside_it(tmp_pa
     monkeypatch.setattr(safepaths.tempfile, "mkdtemp", full)
     store.discard_folders([out], scratch)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_stored_tensors_cannot_fit_the_disk_is_refused_before_it_writes(tmp_path, monkeypatch):
+    """The tensors a plan stores on disk, each once, against the free space where they go: more
+    than is free is refused in one line before anything is written (the run filled the disk after
+    computing until then); a rerun counts the older shards it replaces as room."""
+    from chainexec import api
+    from chainexec.errors import ChainexecError
+    from chainexec.planner.plan import stores
+    from chainexec.runtime import store
+    from chainexec.spec import format_size
+
+    config = _generated(tmp_path)
+    plan = api.plan(config, backend="numpy")
+    need = sum(math.prod(plan.tensors[t].shape) * plan.tensors[t].itemsize
+               for t in {t for nest in plan.nests for t in stores(nest.body)})
+    free = {"bytes": need - 1}
+    real = shutil.disk_usage
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda path: real(path)._replace(free=free["bytes"]))
+    with pytest.raises(ChainexecError, match=f"stores {format_size(need)} of tensors on this file system and "
+                                             f"{format_size(need - 1)} are free"):
+        api.run(config, backend="numpy")
+    assert [p for p in (tmp_path / "out").rglob("*")] == []
+    free["bytes"] = need
+    api.run(config, backend="numpy")
+    parts = tmp_path / "out" / "result.h5.parts"
+    held = sum(f.stat().st_size for f in parts.rglob("*") if f.is_file())
+    free["bytes"] = need - held
+    api.run(config, backend="numpy")
