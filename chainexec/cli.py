@@ -133,7 +133,7 @@ def main(argv=None, own: bool = False) -> int:
     waits inside MPI or on the device."""
     args = _parser().parse_args(argv)
     if own and args.command != "serve":
-        stopsignals.watch(speaks=args.command != "run" or not comm.env_rank())
+        stopsignals.watch(speaks=args.command != "run" or not comm.env_rank(), run=args.command == "run")
     try:
         return _main(args)
     except BrokenPipeError:  # the reader of our output went away (`| head`): nothing left to say
@@ -143,7 +143,7 @@ def main(argv=None, own: bool = False) -> int:
         return 0
     except KeyboardInterrupt:
         if args.command != "run" or _rank() == 0:
-            print(stopsignals.line(signal.SIGINT), end="", file=sys.stderr, flush=True)
+            print(stopsignals.line(signal.SIGINT, args.command == "run"), end="", file=sys.stderr, flush=True)
         os._exit(130)  # not through the interpreter's exit, which would wait for the run's threads
 
 

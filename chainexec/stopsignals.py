@@ -44,33 +44,38 @@ def forget_landed() -> None:
     _LANDED.clear()
 
 
-def line(number: int) -> str:
-    """The one line a process ended by signal ``number`` writes to stderr: what it completed
-    before (no output, or the output files it had renamed into place)."""
+def line(number: int, run: bool = True) -> str:
+    """The one line a process ended by signal ``number`` writes to stderr: for a ``run``, what it
+    completed before (no output, or the output files it had renamed into place); another command
+    (``generate``, ``verify``, ``plan``: each file it writes appears whole or not at all) names
+    the signal alone."""
     what = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
+    if not run:
+        return f"chainexec: {what}\n"
     if not _LANDED:
         return f"chainexec: {what}; {NOTE}\n"
     return (f"chainexec: {what} after it completed {', '.join(_LANDED)} (any other output of the run was not "
             "completed; a run with --checkpoint resumes from its last checkpoint)\n")
 
 
-def watch(speaks: bool = True) -> None:
+def watch(speaks: bool = True, run: bool = True) -> None:
     """From now on, SIGINT and SIGTERM end this process at once with :data:`STATUS`, after
-    :func:`line` on stderr where ``speaks`` (rank 0 of a run, so that a launcher's many ranks
-    say it once). Call from the main thread (``set_wakeup_fd`` is its alone), once per process."""
+    :func:`line` (of a ``run`` or of another command) on stderr where ``speaks`` (rank 0 of a
+    run, so that a launcher's many ranks say it once). Call from the main thread
+    (``set_wakeup_fd`` is its alone), once per process."""
     read, write = os.pipe()
     os.set_blocking(write, False)
     for number in STATUS:
         signal.signal(number, _noted)
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    threading.Thread(target=_watch, args=(read, speaks), name="chainexec-signals", daemon=True).start()
+    threading.Thread(target=_watch, args=(read, speaks, run), name="chainexec-signals", daemon=True).start()
 
 
 def _noted(number, frame) -> None:
     """The Python handler of a watched signal: nothing (its C handler has woken :func:`_watch`)."""
 
 
-def _watch(descriptor: int, speaks: bool) -> None:
+def _watch(descriptor: int, speaks: bool, run: bool) -> None:
     """Wait for a watched signal's number on ``descriptor``; then the line, and the end. Written
     with ``os.write`` and ended with ``os._exit``: the main thread may hold ``sys.stderr``'s lock,
     and the interpreter's exit would wait for the run's threads."""
@@ -78,5 +83,5 @@ def _watch(descriptor: int, speaks: bool) -> None:
         for number in os.read(descriptor, 64):
             if number in STATUS:
                 if speaks:
-                    os.write(2, line(number).encode())
+                    os.write(2, line(number, run).encode())
                 os._exit(STATUS[number])

@@ -467,6 +467,8 @@ CHEM_ERRORS = {
     "synthetic_absurd": (("x", "--synthetic", 1000, 1000, 1),
                          ["--synthetic 1000 1000 1", "the inputs would take",
                           f"{_synthetic_bytes(1000, 1000) / 1024**4:.2f} TiB", "free here"]),
+    "synthetic_too_many_elements": (("x", "--synthetic", 100000, 100000, 1),
+                                    ["--synthetic 100000 100000 1", "would hold 1e+20 elements, more than 2^63 - 1"]),
     "synthetic_with_frozen": (("x", "--synthetic", 3, 7, 1, "--frozen", 1), ["--frozen does not apply to --synthetic"]),
     "synthetic_with_scf_option": (("x", "--synthetic", 3, 7, 1, "--scf-max-cycle", 9),
                                   ["--scf-max-cycle does not apply to --synthetic"]),

@@ -74,8 +74,11 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("number, word", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM")])
 def test_line_names_the_signal(number, word):
+    """A run's line says what it leaves; another command's (generate, verify) names the signal
+    alone (it spoke of a run's checkpoint)."""
     line = stopsignals.line(number)
     assert line.startswith(f"chainexec: {word}; ") and line.endswith("\n") and line.count("\n") == 1
+    assert stopsignals.line(number, run=False) == f"chainexec: {word}\n"
     assert stopsignals.STATUS[number] == 128 + number
 
 

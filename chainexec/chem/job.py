@@ -246,7 +246,12 @@ def _synthetic(kind: Job, synthetic: tuple[int, int, int]) -> dict[str, int]:
         raise ChainexecError(f"--synthetic makes (T) inputs; the {kind.name} job needs a molecule")
     if nocc < 1 or nvir < 1 or seed < 0:
         raise ChainexecError(f"--synthetic {nocc} {nvir} {seed}: NOCC and NVIR must be at least 1, SEED 0 or more")
-    return {"occ": nocc, "vir": nvir}
+    extents = {"occ": nocc, "vir": nvir}
+    largest = max(_shapes(kind, extents).items(), key=lambda item: math.prod(item[1]))
+    if math.prod(largest[1]) > spec.MAX_SIZE:
+        raise ChainexecError(f"--synthetic {nocc} {nvir} {seed}: dataset {largest[0]} would hold "
+                             f"{math.prod(largest[1]):.3g} elements, more than 2^63 - 1")
+    return extents
 
 
 def _molecule(molecule: str, basis: str):
