@@ -48,8 +48,8 @@ def of_machine(err: BaseException) -> "ChainexecError | None":
     the one HDF5's message names), or a :class:`MemoryError` (NumPy's arrays too large for the
     host's free memory, with the size asked for). None for anything else."""
     if isinstance(err, MemoryError):
-        return ChainexecError(f"out of host memory ({err or 'an allocation failed'}): lower the config's "
-                              "machine: global_memory, or run on more ranks or a host with more memory")
+        return ChainexecError(f"out of host memory ({err or 'an allocation failed'}; for a run: lower the config's "
+                              "machine: global_memory, or run on more ranks or hosts)")
     if not isinstance(err, OSError) or err.errno not in MACHINE_ERRNOS:
         return None
     named = err.filename or next(iter(_HDF5_FILE.findall(str(err))), None)

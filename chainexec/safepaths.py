@@ -46,10 +46,22 @@ moved into to be removed (:func:`remove_owned_aside`)."""
 PARTS_ASIDE = ".parts" + ASIDE + "XXXXXXXX"
 """The longest an output's file name gets in a run: its parts folder moved aside."""
 
+REPORT_TEMPORARY = "..XXXXXXXX.probe"
+"""The most a report file's name gets in a run: the probe that its folder is writable
+(``.<name>.XXXXXXXX.probe``, :func:`chainexec.runtime.store.check_writable`); its temporary file
+(``<name>.XXXXXXXX.tmp``) gets less."""
+
 
 def resolved(path: str | os.PathLike) -> Path:
     """``path`` made absolute with every symbolic link and ``..`` resolved (missing parts kept)."""
     return Path(os.path.realpath(os.path.abspath(path)))
+
+
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """``path`` made absolute, or its nearest parent that exists: where a file or folder not yet
+    made will lie (whose file system's free space counts)."""
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _within(inner: Path, outer: Path) -> bool:
@@ -167,7 +179,7 @@ def remove_owned_aside(folder: Path, what: str = "the parts folder") -> threadin
             shutil.rmtree(aside, ignore_errors=True)
             raise
     except OSError as err:
-        raise ChainexecError(f"cannot move the older parts folder aside to remove it ({err.strerror or err})",
+        raise ChainexecError(f"cannot move the parts folder aside to remove it ({err.strerror or err})",
                              str(folder)) from None
     finally:
         unlock(folder)
@@ -391,7 +403,7 @@ def _check_written(written: list[tuple[Path, str]], read: list[tuple[Path, str]]
         if f.is_dir():
             raise ChainexecError(f"{what} is a folder, not a file", str(f))
         _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE, "." + atomicfile.TEMPORARY) if f in outputs
-                            else (".tmp",))
+                            else (REPORT_TEMPORARY,))
 
 
 def _check_report_folders(paths: RunPaths) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from chainexec import datafiles, expr, generator
+from chainexec import datafiles, expr, generator, safepaths
 from chainexec.errors import ChainexecError
 from chainexec.runtime.store import COMPLETE
 from chainexec.spec import DTYPES, Ref, Spec
@@ -59,7 +59,7 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
         values = made.values((0, made.shape[0]))
         full = values if t.layout == "dense" else dense(values, t.layout, shape)
         return full.reshape(shape)[tuple(slice(a, b) for a, b in region)]
-    path = spec.resolve(t.source.file)
+    path = safepaths.checked(spec.resolve(t.source.file), f"the input of tensor {name}")
     _sources_there(path, t.source.dataset, f"input of tensor {name}")
     try:
         with h5py.File(path, "r") as f:
@@ -152,7 +152,7 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
 
 def read_output(spec: Spec, name: str) -> np.ndarray:
     out = next(o for o in spec.outputs if o.tensor == name)
-    path = spec.resolve(out.file)
+    path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
     try:
         with h5py.File(path, "r") as f:
             ds = _output(f, spec, name, path)
@@ -227,21 +227,22 @@ def expand(spec: Spec, name: str, upto: int | None = None) -> list[tuple[float, 
 
 def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[float, float, float, int]:
     """(largest error, largest reference value, largest term magnitude, elements checked) over
-    random elements of output ``name`` (magnitude: the sum of the absolute values of the terms)."""
+    random elements of output ``name`` (magnitude: the sum of the absolute values of the terms;
+    compared as :func:`_compared` compares a whole output)."""
     out = next(o for o in spec.outputs if o.tensor == name)
-    path = spec.resolve(out.file)
+    path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
     shape = spec.shape(name)
     terms = expand(spec, name)
     inputs = {r.tensor for _, ops, _ in terms for r in ops}
     values = {n: _input(spec, n) for n in inputs}
-    worst = scale = size = 0.0
-    with h5py.File(path, "r") as f, np.errstate(all="ignore"):
+    refs, sizes, gots = [], [], []
+    with h5py.File(path, "r") as f, np.errstate(all="ignore"):  # inf or NaN inputs (allow_nonfinite)
         ds = _output(f, spec, name, path)
         picks = (set(itertools.product(*map(range, shape))) if samples >= math.prod(shape)
                  else {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)})
         for point in sorted(picks):
             ref = mag = 0.0
-            for factor, ops, kept in terms:  # inf or NaN inputs (allow_nonfinite) make a NaN reference
+            for factor, ops, kept in terms:
                 at = dict(zip(kept, point))
                 letters, arrays, free = {}, [], []
                 for op in ops:
@@ -254,14 +255,10 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
                     arrays.append(values[op.tensor][sl])
                 ref += factor * float(np.einsum(",".join(free) + "->", *arrays, optimize=True))
                 mag += abs(factor) * float(np.einsum(",".join(free) + "->", *map(np.abs, arrays), optimize=True))
-            got = float(ds[point])
-            if not math.isfinite(ref):  # where an output may hold inf or NaN: not finite either (_compared)
-                worst = math.inf if math.isfinite(got) else worst
-                continue
-            worst = max(worst, abs(got - ref) if math.isfinite(got) else math.inf)
-            scale = max(scale, abs(ref))
-            size = max(size, mag)
-    return worst, scale, size, len(picks)
+            refs.append(ref)
+            sizes.append(mag)
+            gots.append(float(ds[point]))
+    return _compared(np.array(gots), np.array(refs), np.array(sizes))
 
 
 def _compared(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray) -> tuple[float, float, float, int]:

@@ -3,8 +3,9 @@ configs into a temporary folder."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -245,3 +246,19 @@ def gett_spills(tmp_path: Path, cfgs: list) -> list[int]:
     names = [c.name() for c in cfgs]
     assert len(re.findall(r"Compiling entry function", log)) == len(cfgs) and set(found) == set(names)
     return [int(found[n]) for n in names]
+
+
+@contextlib.contextmanager
+def held_by_another(folder: Path):
+    """``folder`` marked (where it is not yet) and locked by another process while the block
+    runs (:func:`chainexec.safepaths.lock_owned`, as a running run holds its folders); yields its pid."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from chainexec import safepaths; "
+         "f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); safepaths.lock_owned(f, 'test'); "
+         "print('held', flush=True); sys.stdin.read()", str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.communicate("")

@@ -4,7 +4,6 @@ before and after)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
@@ -17,7 +16,7 @@ import pytest
 
 from chainexec import safepaths
 from chainexec.errors import ChainexecError
-from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
+from tests.conftest import assert_refused, fourindex_config, held_by_another, run_cli, write_config
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -202,7 +201,7 @@ def test_a_folder_a_running_run_holds_is_refused(held, user_folder):
     folder = {"checkpoint": work / "ck", "scratch": work / "out" / ".fourindex.scratch",
               "parts": work / "out" / "result.h5.parts"}[held]
     option = ("--checkpoint", work / "ck") if held == "checkpoint" else ()
-    with _held_by_another(folder) as pid:
+    with held_by_another(folder) as pid:
         before = _snapshot(work)
         assert_refused(run_cli("run", user_folder, "--quiet", *option), "in use by another run",
                        f"pid {pid}", str(folder.name))
@@ -211,20 +210,6 @@ def test_a_folder_a_running_run_holds_is_refused(held, user_folder):
     assert proc.returncode == 0, proc.stderr
 
 
-@contextlib.contextmanager
-def _held_by_another(folder: Path):
-    """``folder`` marked (where it is not yet) and locked by another process while the block
-    runs (:func:`safepaths.lock_owned`, as a running run holds its folders); yields its pid."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from chainexec import safepaths; "
-         "f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); safepaths.lock_owned(f, 'test'); "
-         "print('held', flush=True); sys.stdin.read()", str(folder)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        yield holder.pid
-    finally:
-        holder.communicate("")
 
 
 REPORTS = {
@@ -237,6 +222,7 @@ REPORTS = {
     "--plot into a folder": (["--plot", "."], "is a folder"),
     "--plot with a name too long": (["--plot", "r" * 300 + ".png"], "longer than"),
     "--report-json over the output": (["--report-json", "out/result.h5"], "output of B"),
+    "--report-json whose probe's name is too long": (["--report-json", "r" * 240 + ".json"], "longer than"),
 }
 
 
@@ -376,7 +362,7 @@ def test_a_folder_another_process_holds_is_not_moved_aside(tmp_path):
     file, which made it after this run's checks) is refused, not moved from under that run."""
     folder = _marked(tmp_path / "out.h5.parts")
     before = _snapshot(tmp_path)
-    with _held_by_another(folder) as pid:
+    with held_by_another(folder) as pid:
         with pytest.raises(ChainexecError, match=f"in use by another run .*pid {pid}"):
             safepaths.remove_owned_aside(folder, "the parts folder")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out.h5.parts"]
@@ -546,17 +532,16 @@ def test_a_folder_that_cannot_be_read_is_one_error(tmp_path, monkeypatch):
 @pytest.mark.parametrize("path, needle", [("in\0.h5", "NUL byte"), ("d/" + "x" * 256 + "/o.h5", "longer than"),
                                           ("/".join(["d" * 200] * 21), "longer than")],
                          ids=["NUL", "a name of 256 bytes", "a path of 4220 bytes"])
-def test_a_path_no_file_system_can_hold_is_refused_before_it_is_looked_up(path, needle, monkeypatch):
-    """Refused in one line naming what the path is, before anything stats it (where the
-    operating system's error, or Python's for a NUL, came first as a traceback)."""
-    looked = []
-    monkeypatch.setattr(os, "stat", lambda *a, **k: looked.append(a))
+def test_a_path_no_file_system_can_hold_is_refused(path, needle):
+    """Refused in one line naming what the path is (the CLI's cases above: where the operating
+    system's error, or Python's for a NUL, came first as a traceback); a name of 255 bytes is
+    not."""
     with pytest.raises(ChainexecError, match=f"the output of B: .*{needle}"):
         safepaths.checked(path, "the output of B")
-    assert looked == [] and safepaths.checked("d/" + "x" * 255, "x") == "d/" + "x" * 255
+    assert safepaths.checked("d/" + "x" * 255, "x") == "d/" + "x" * 255
 
 
-@pytest.mark.parametrize("command", ["generate", "run", "plan"])
+@pytest.mark.parametrize("command", ["generate", "run", "plan", "verify"])
 def test_a_config_naming_a_file_with_a_nul_byte_is_refused(command, tmp_path):
     cfg = fourindex_config()
     cfg["tensors"]["A"]["source"]["file"] = "in\0.h5"

@@ -15,9 +15,16 @@ import pytest
 from chainexec import api, stopsignals
 from tests.conftest import fourindex_config, kill_job, launch, run_cli, write_config
 
+@pytest.fixture(autouse=True)
+def no_landed_outputs():
+    """Each test begins with no output noted as landed (:func:`stopsignals.landed`): runs of other
+    tests in this process may have noted theirs."""
+    stopsignals.forget_landed()
+
+
 RANK = """
 import os, sys, time
-from chainexec import api, stopsignals
+from chainexec import stopsignals
 from chainexec.runtime.comm import world
 rank = world().rank
 stopsignals.watch(speaks=rank == 0)
@@ -82,14 +89,33 @@ def test_line_names_the_signal(number, word):
     assert stopsignals.STATUS[number] == 128 + number
 
 
-def test_the_line_names_the_outputs_completed_before_the_signal(tmp_path):
-    """A signal that comes while a run lands its outputs: the line names those already in place
-    (it said no output was completed), and a process's next run starts with none noted."""
+LANDED = """
+import os, signal, sys, time
+from chainexec import api, stopsignals
+stopsignals.watch()
+api.run(sys.argv[1], backend="numpy")
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(60)
+"""
+
+
+def test_a_signal_after_a_run_landed_its_output_names_it(tmp_path):
+    """A process whose run has renamed its output into place, then interrupted: status 130 and
+    one line naming that output as completed (it said no output was completed)."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    proc = subprocess.run([sys.executable, "-c", LANDED, str(config)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == (f"chainexec: interrupted after it completed {tmp_path / 'out' / 'result.h5'} (any other "
+                           "output of the run was not completed; a run with --checkpoint resumes from its last "
+                           "checkpoint)\n")
+
+
+def test_a_run_forgets_the_outputs_an_earlier_run_of_its_process_landed(tmp_path):
+    """A process that runs several runs (a server's, a test's) names only the current run's."""
     config = write_config(tmp_path, fourindex_config())
     assert run_cli("generate", config).returncode == 0
     api.run(config, backend="numpy")
-    line = stopsignals.line(signal.SIGINT)
-    assert line == (f"chainexec: interrupted after it completed {tmp_path / 'out' / 'result.h5'} (any other output "
-                    "of the run was not completed; a run with --checkpoint resumes from its last checkpoint)\n")
+    assert str(tmp_path / "out" / "result.h5") in stopsignals.line(signal.SIGINT)
     stopsignals.forget_landed()
     assert stopsignals.line(signal.SIGINT) == f"chainexec: interrupted; {stopsignals.NOTE}\n"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from chainexec import atomicfile, spec
+from chainexec import atomicfile, safepaths, spec
 from chainexec.chem.layout import AO2MO_INDICES, INDICES, SYNTHETIC_IN_MEMORY
 from chainexec.pairs import npair
 from chainexec.errors import ChainexecError
@@ -140,17 +140,17 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     out = Path(out)
     check_out(out)
     check_size(out, _shapes(kind, extents, layout), what, in_memory=SYNTHETIC_IN_MEMORY if synthetic is not None else ())
-    made = not out.exists()
+    made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
     try:
         summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
-    except ChainexecError:
-        if made:  # the folder this call made, empty: the failed job leaves nothing
+    except BaseException:
+        for folder in made:  # the folders this call made, empty: the failed job leaves none
             with contextlib.suppress(OSError):
-                out.rmdir()
+                folder.rmdir()
         raise
     if layout == "computed":
         from chainexec.chem import integrals
@@ -300,8 +300,7 @@ def check_size(out: Path, shapes: dict[str, tuple[int, ...]], what: str, in_memo
     process's actual peak — would exceed this machine's physical memory."""
     sizes = [spec.DTYPES["float64"] * math.prod(shape) for shape in shapes.values()]
     made = [spec.DTYPES["float64"] * math.prod(shapes[name]) for name in in_memory if name in shapes]
-    folder = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    free = shutil.disk_usage(folder).free
+    free = shutil.disk_usage(safepaths.nearest_existing(out)).free
     if sum(sizes) > free:
         raise ChainexecError(f"{what}: the inputs would take {spec.format_size(sum(sizes))}, more than the "
                              f"{spec.format_size(free)} free here", str(out))

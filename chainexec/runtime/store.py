@@ -157,7 +157,7 @@ def check_space(plan: Plan) -> None:
     for name in sorted({name for nest in plan.nests for name in stores(nest.body)}):
         t = plan.tensors[name]
         folder = parts_dir(Path(t.output["file"])) if t.role == "output" else Path(plan.scratch)
-        there = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        there = safepaths.nearest_existing(folder)
         held = need.setdefault(os.stat(there).st_dev, [0, there])
         held[0] += math.prod(t.shape) * t.itemsize
         if folder not in counted and safepaths.is_owned(folder):
@@ -209,13 +209,17 @@ def discard_folders(files, scratch: Path) -> None:
     finished run removes it (:func:`chainexec.safepaths.remove_owned`, not through a symbolic
     link). An output file that exists is this run's, complete (the older ones went before it
     began), and its parts folder holds its values. A parts folder that cannot be moved aside (a
-    full disk, where no folder can be made beside it; a mount point) is removed where it lies."""
+    full disk, where no folder can be made beside it; a mount point) is removed where it lies,
+    if this process holds it still (:func:`chainexec.safepaths.lock_owned`)."""
     for path in map(Path, files):
         if not path.exists():
+            folder = parts_dir(path)
             try:
-                safepaths.remove_owned_aside(parts_dir(path))
+                safepaths.remove_owned_aside(folder)
             except ChainexecError:
-                safepaths.remove_owned(parts_dir(path))
+                with contextlib.suppress(ChainexecError, OSError):
+                    safepaths.lock_owned(folder, "the parts folder")
+                    safepaths.remove_owned(folder)
     safepaths.remove_owned(Path(scratch))
 
 

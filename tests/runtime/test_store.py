@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
+from tests.conftest import assert_refused, fourindex_config, held_by_another, run_cli, write_config
 
 
 def _generated(tmp_path, cfg=None):
@@ -410,3 +410,15 @@ def test_a_run_whose_stored_tensors_cannot_fit_the_disk_is_refused_before_it_wri
     held = sum(f.stat().st_size for f in parts.rglob("*") if f.is_file())
     free["bytes"] = need - held
     api.run(config, backend="numpy")
+
+
+def test_a_failed_runs_discard_leaves_a_parts_folder_another_process_holds(tmp_path):
+    """Where the parts folder cannot be moved aside because another process holds it, the
+    discard leaves it (its fallback removed it where it lay)."""
+    from chainexec.runtime import store
+
+    out = tmp_path / "o.h5"
+    with held_by_another(store.parts_dir(out)):
+        (store.parts_dir(out) / "rank0.h5").write_bytes(os.urandom(4096))
+        store.discard_folders([out], tmp_path / ".scratch")
+        assert (store.parts_dir(out) / "rank0.h5").stat().st_size == 4096
