@@ -305,20 +305,21 @@ def test_a_run_that_fails_with_a_checkpoint_keeps_its_shards(tmp_path):
 
 
 def test_memory_the_host_lacks_is_one_clear_error(tmp_path):
-    """A plan whose limits exceed the host's memory (here a 128 TiB output under a 1 PiB global
-    limit) stops at the allocation with one line naming the config, the tensor and the level,
-    exit 2, and no output file."""
+    """A plan whose limits exceed the host's memory (here a 128 TiB intermediate under 1 PiB
+    limits; its output, 32 MiB, fits the disk, which a larger one would not: refused before, see
+    test_store) stops at the allocation with one line naming the config, the tensor and the
+    level, exit 2, and no output file."""
     config = write_config(tmp_path, {
         "name": "too_big", "indices": {"i": 2**22, "j": 2**22},
         "tensors": {"A": {"indices": ["i"], "source": {"file": "in.h5", "dataset": "A", "seed": 1}},
                     "B": {"indices": ["j"], "source": {"file": "in.h5", "dataset": "B", "seed": 2}}},
-        "statements": ["C[i,j] = A[i] * B[j]"],
-        "outputs": {"C": {"file": "out.h5", "dataset": "C"}},
+        "statements": ["C[i,j] = A[i] * B[j]", "D[i] = C[i,j] * B[j]"],
+        "outputs": {"D": {"file": "out.h5", "dataset": "D"}},
         "machine": {"global_memory": "1048576GiB", "device_memory": "1048576GiB"}})
     assert run_cli("generate", config).returncode == 0
     proc = run_cli("run", config, "--quiet")
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)  # MPICH's transport chatter
-    assert_refused(proc, str(config), "C[i,j] at the global level", "could not allocate 128.00 TiB")
+    assert_refused(proc, str(config), "C[i,j] at the device level", "could not allocate 128.00 TiB")
     assert not (tmp_path / "out.h5").exists()
 
 

@@ -490,7 +490,7 @@ def test_a_folder_that_cannot_move_is_one_error_and_leaves_nothing(tmp_path, mon
         raise OSError(16, "Device or resource busy")
 
     monkeypatch.setattr(safepaths.os, "rename", busy)
-    with pytest.raises(ChainexecError, match="cannot move the older parts folder aside.*busy"):
+    with pytest.raises(ChainexecError, match="cannot move the parts folder aside.*busy"):
         safepaths.remove_owned_aside(folder)
     assert [p.name for p in tmp_path.iterdir()] == ["out.h5.parts"] and len(list(folder.iterdir())) == 5
 
