@@ -308,8 +308,9 @@ def on_rank0(comm, step):
         except ChainexecError as err:
             error = str(err)
         except Exception as err:
-            if of_machine(err) is not None:
-                error = str(of_machine(err))
+            refused = of_machine(err)
+            if refused is not None:
+                error = str(refused)
             else:
                 defect, error = err, f"rank 0 failed while planning ({type(err).__name__}: {err})"
     barrier(comm)  # the others wait for rank 0 here without keeping a core busy

@@ -160,7 +160,8 @@ def remove_owned_aside(folder: Path, what: str = "the parts folder") -> threadin
     it cannot remove stays for the next. The folder is locked for this process until it is
     moved (:func:`lock_owned`), so that a folder another running process holds (another
     config's run writing the same output file, begun at the same moment) is refused, not moved
-    from under it (``what`` names it in the error). Returns the thread, None where ``folder`` is not chainexec's.
+    from under it (``what`` names it in the error). Returns the thread, None where ``folder``
+    is not chainexec's.
 
     Raises:
         ChainexecError: another run holds the folder; or it cannot be moved (a mount point, a
@@ -383,7 +384,8 @@ def check_reports(spec, reports: dict[str, str | None]) -> RunPaths:
     resolved paths."""
     paths = RunPaths.of(spec, None, reports)
     kept = paths.kept()
-    _check_written(kept[len(kept) - len(paths.reports):], kept[:len(kept) - len(paths.reports)], {})
+    others = len(kept) - len(paths.reports)  # the reports come last
+    _check_written(kept[others:], kept[:others], {})
     _check_report_folders(paths)
     return paths
 

@@ -181,26 +181,23 @@ def check_out(out: Path) -> None:
 
     if out.exists() and not out.is_dir():
         raise ChainexecError("--out is a file, not a folder", str(out))
-    inputs = out / "inputs.h5"
-    if inputs.exists():
-        try:
-            with h5py.File(inputs, "r") as f:
-                ours = bool(f.attrs.get(MADE, False))
-        except OSError:
-            ours = False
-        if not ours:
-            raise ChainexecError("exists and was not written by chainexec chem, which would replace it: "
-                                 "move it or name another --out folder", str(inputs))
-    for config in (out / kind.config for kind in JOBS.values()):
-        if config.exists():
+    def marked(path: Path) -> bool:
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get(MADE, False))
+
+    def headed(path: Path) -> bool:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline() == HEADER
+
+    for path, ours in [(out / "inputs.h5", marked), *((out / kind.config, headed) for kind in JOBS.values())]:
+        if path.exists():
             try:
-                with open(config, encoding="utf-8", errors="replace") as f:
-                    ours = f.readline() == HEADER
+                mine = ours(path)
             except OSError:
-                ours = False
-            if not ours:
+                mine = False
+            if not mine:
                 raise ChainexecError("exists and was not written by chainexec chem, which would remove or replace "
-                                     "it: move it or name another --out folder", str(config))
+                                     "it: move it or name another --out folder", str(path))
 
 
 def _check_options(kind: Job, options: dict, synthetic) -> None:

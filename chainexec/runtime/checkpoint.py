@@ -113,19 +113,16 @@ def _check_inputs(folder: Path, plan: Plan, resuming: bool) -> None:
         if not valid:
             raise ChainexecError("the checkpoint does not record its input files (remove the folder or choose "
                                  "another)", str(path))
-    changed = False
-    recorded = dict(record or {})
+    if record is None:
+        atomicfile.write(path, json.dumps({file: fileid.identity(file) for file in files}, indent=1))
+        return
+    before = json.dumps(record)
     for file in files:
-        if record is not None and fileid.stamp(file) == record[file]["stamp"]:
-            continue
-        now = fileid.identity(file)
-        if record is not None and record[file]["sha256"] != now["sha256"]:
+        if not fileid.unchanged(file, record[file]):  # takes the new stamp where only that changed
             raise ChainexecError(f"the input file {file} changed since the checkpoint was written; its partial "
                                  "sums would mix with the new values: remove the folder or choose another", str(path))
-        recorded[file] = now
-        changed = True
-    if changed or record is None:
-        atomicfile.write(path, json.dumps(recorded, indent=1))
+    if json.dumps(record) != before:
+        atomicfile.write(path, json.dumps(record, indent=1))
 
 
 def _loops(plan: Plan) -> dict[tuple[int, int], tuple[str, int]]:
@@ -167,8 +164,8 @@ def _valid(saved: dict, plan: Plan, ranks: int) -> bool:
         at = loop is not None and loop[1] == saved["tiles"] and saved["done"] < saved["tiles"]
     stored, joined, opened = saved.get("stored"), saved.get("joined"), saved.get("open")
     files = saved.get("files")
-    if not (at and isinstance(stored, dict)
-            and isinstance(files, dict) and all(isinstance(f, str) and fileid.is_record(r) for f, r in files.items()) and isinstance(joined, dict) and isinstance(opened, list)
+    if not (at and isinstance(stored, dict) and isinstance(joined, dict) and isinstance(opened, list)
+            and isinstance(files, dict) and all(isinstance(f, str) and fileid.is_record(r) for f, r in files.items())
             and all(tensors.get(t) is not None and tensors[t].role != "input" and type(v) is int and v > 0
                     for t, v in stored.items())
             and set(joined) == {t for t in stored if tensors[t].role == "output"}
@@ -233,7 +230,7 @@ class Checkpoint:
         ck = cls(folder, digest, None, every, stop_after)
         if saved is not None:
             ck._check(saved, path, plan, ranks)
-            ck.saved, ck.committed, ck.files = saved, saved["number"], dict(saved["files"])
+            ck.saved, ck.committed = saved, saved["number"]
         try:
             _check_inputs(folder, plan, saved is not None)
         except OSError as err:

@@ -477,9 +477,10 @@ class Store:
                 f.close()
                 path = base / _shard_name(self.comm.rank, stripe)
                 names[stripe] = _shard_name(self.comm.rank, stripe, number)
+                sealed = str(base / names[stripe])
                 atomicfile.sync(path)
-                os.replace(path, base / names[stripe])
-                self.sealed_files[str(base / names[stripe])] = fileid.identity(str(base / names[stripe]))
+                os.replace(path, sealed)
+                self.sealed_files[sealed] = fileid.identity(sealed)
             atomicfile.sync(base)
             self.sealed.setdefault(key, []).extend([names[stripe], name, region]
                                                    for stripe, name, region in self.blocks.pop(key))
