@@ -308,7 +308,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     (``{"memory_peak": …}``): what fitting tiles to the limits asks of each step, at a third of
     the cost (the statements' movement and flops are not counted). A computed source's loads
     are priced at the ``bytes_per_second`` its config states. ``total_seconds`` is the sum
-    over the nests of :func:`wall` for one of ``ranks`` ranks. A global buffer's pages are
+    over the nests of :func:`wall` for one of ``ranks`` ranks, its compute level with the
+    statements' host time (:meth:`Machine.busy_seconds`). A global buffer's pages are
     touched once before its first use, by a zero fill (a buffer accumulated into, or one the
     backend page-locks) or by its first write: each allocation of one is priced at
     :attr:`Machine.global_fill`, but an input's tile read from its file (mapped where the file
@@ -346,7 +347,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0])
+        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0], statements[0])
         overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
@@ -479,6 +480,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             prepared = filled[0] - before[3]
             prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
                 (prepared + mapped[0] - before[5]) / machine.host_lock if locks and machine.host_lock else 0.0)
+            levels["compute"] = machine.busy_seconds(levels["compute"], statements[0] - before[6])
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:

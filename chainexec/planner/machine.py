@@ -132,6 +132,15 @@ class Machine:
             "compute": compute,
         }
 
+    def busy_seconds(self, compute: float, statements: float) -> float:
+        """Seconds the compute level keeps a run busy: the statements' ``compute`` seconds
+        (:meth:`compute_seconds` summed) with the host's :attr:`statement_seconds` for each of
+        ``statements``, added, or overlapped where the statements are queued on a device stream
+        (:attr:`async_statements`): many small tiles cost their bookkeeping even where their
+        flops are few."""
+        host = statements * self.statement_seconds
+        return max(compute, host) if self.async_statements else compute + host
+
     def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False) -> float:
         """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA
         from page-locked host memory where ``locked`` (at :attr:`host_to_device` /

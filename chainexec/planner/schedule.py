@@ -97,13 +97,11 @@ def movement_seconds(predicted: dict) -> float:
 
 
 def work_seconds(ctx: "Context", predicted: dict) -> float:
-    """Movement, compute and per-statement time: how :func:`fit` compares tilings of one group,
-    whose flops differ where a symmetric loop visits fewer tiles the smaller they are. The host's
-    per-statement time adds to compute, or overlaps it where statements are queued on a device
-    stream (``Machine.async_statements``)."""
-    compute = predicted["seconds"]["compute"]
-    host = predicted["statements"] * ctx.machine.statement_seconds
-    return movement_seconds(predicted) + (max(compute, host) if ctx.machine.async_statements else compute + host)
+    """Movement, compute and per-statement time (:meth:`Machine.busy_seconds`): how :func:`fit`
+    compares tilings of one group, whose flops differ where a symmetric loop visits fewer tiles
+    the smaller they are."""
+    return movement_seconds(predicted) + ctx.machine.busy_seconds(predicted["seconds"]["compute"],
+                                                                  predicted["statements"])
 
 
 def single_candidates(ctx: Context, k: int) -> list[tuple[str, DeviceGroup]]:

@@ -49,23 +49,45 @@ def _overlapped(body, extents: dict[str, int], around: int = 1) -> int | None:
 
 
 def test_one_tile_nest_runs_its_levels_one_after_the_other():
-    p = _plan("1GiB", "1GiB", Machine())
+    """One tile: the levels one after the other, the host's time per statement after the compute."""
+    machine = Machine()
+    p = _plan("1GiB", "1GiB", machine)
     assert len(p.nests) == 1 and _overlapped(p.nests[0].body, p.extents) is None
-    assert p.predicted["total_seconds"] == pytest.approx(sum(p.predicted["seconds"].values()), rel=1e-12)
+    host = p.predicted["statements"] * machine.statement_seconds
+    assert p.predicted["statements"] > 0
+    assert p.predicted["total_seconds"] == pytest.approx(sum(p.predicted["seconds"].values()) + host, rel=1e-12)
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_many_small_statements_cost_their_host_time(queued):
+    """Tiles far smaller than the limits force: thousands of statements whose flops take less than
+    their bookkeeping. The host's time per statement adds to the compute level's, or hides it
+    where statements are queued on a device stream (the larger of the two)."""
+    machine = Machine(statement_seconds=1.0e-3, async_statements=queued)
+    p = _plan("24KiB", "3KiB", machine)
+    host = p.predicted["statements"] * machine.statement_seconds
+    compute = p.predicted["seconds"]["compute"]
+    assert host > 10 * compute
+    busy = max(compute, host) if queued else compute + host
+    others = sum(t for level, t in p.predicted["seconds"].items() if level != "compute")
+    assert busy <= p.predicted["total_seconds"] <= busy + others + 1e-12
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_double_buffered_nests_are_pipelines(ranks):
     machine = Machine()
     p = _plan("24KiB", "3KiB", machine, ranks)
-    expected = 0.0
+    expected, busy = 0.0, dict(p.predicted["seconds"])
+    busy["compute"] += p.predicted["statements"] * machine.statement_seconds / ranks
     for nest in p.nests:
         n = _overlapped(nest.body, p.extents)
         assert n is not None and n > 1
-        levels = predict_nests([nest], p.tensors, p.extents, p.contractions, machine, ranks)["seconds"]
+        alone = predict_nests([nest], p.tensors, p.extents, p.contractions, machine, ranks)
+        levels = alone["seconds"] | {"compute": alone["seconds"]["compute"]
+                                     + alone["statements"] * machine.statement_seconds}
         expected += wall({k: v / ranks for k, v in levels.items()}, n)
     assert p.predicted["total_seconds"] == pytest.approx(expected, rel=1e-12)
-    assert max(p.predicted["seconds"].values()) < p.predicted["total_seconds"] < sum(p.predicted["seconds"].values())
+    assert max(busy.values()) < p.predicted["total_seconds"] < sum(busy.values())
 
 
 def test_global_buffers_are_prepared_but_inputs_read_from_files():
