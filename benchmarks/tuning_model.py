@@ -19,6 +19,7 @@ Usage: ``python3 benchmarks/tuning_model.py TUNING|BENCH.json [--sm-count 132] [
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import json
 import math
@@ -79,12 +80,36 @@ def gett_configs(c, out, a, b, sm_count: int) -> dict:
     return named(c, a, b, "gett") | named(moved, *methods._described(a, b, pa, pb), "packed") | splitk
 
 
+MADE = {"SumProblem": sumkernel.SumProblem, "View": sumkernel.View, "Term": sumkernel.Term}
+"""The classes a tuning cache's sum-kernel problem text may call (their ``repr``)."""
+
+
+def sum_problem(text: str) -> sumkernel.SumProblem:
+    """The sum-kernel problem whose ``repr`` is ``text``, read without running it: calls of the
+    classes of :data:`MADE` with literal arguments only (a cache file is data; anything else in
+    it is a ValueError)."""
+
+    def value(node):
+        if isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id in MADE):
+                raise ValueError(f"{ast.unparse(node.func)!r} is not one of {sorted(MADE)}")
+            return MADE[node.func.id](*map(value, node.args), **{k.arg: value(k.value) for k in node.keywords})
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return tuple(map(value, node.elts))
+        return ast.literal_eval(node)
+
+    found = value(ast.parse(text, mode="eval").body)
+    if not isinstance(found, sumkernel.SumProblem):
+        raise ValueError(f"not a sum-kernel problem: {text[:80]!r}")
+    return found
+
+
 def run_of_terms(key: list) -> termruns.Run | None:
     """The run of terms of a strategy decision's key (its sum-kernel problem's text), over views
     of no memory, or None for a single contraction."""
     if key[2] != "sum":
         return None
-    problem = eval(key[3], {"SumProblem": sumkernel.SumProblem, "View": sumkernel.View, "Term": sumkernel.Term})
+    problem = sum_problem(key[3])
     cs = [Contraction(n, "O", list(problem.out.indices), "A", list(t.a.indices), "B", list(t.b.indices), t.factor,
                       True, 0, 0) for n, t in enumerate(problem.terms)]
     operands = [(fake(t.a.shape, t.a.strides), fake(t.b.shape, t.b.strides)) for t in problem.terms]

@@ -25,9 +25,10 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from chainexec import diskstore
+from chainexec import diskstore, expr
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import FORMAT, Plan
+from chainexec.planner.plan import FORMAT, INTERMEDIATE, Plan, ops
+from chainexec.speccheck import check_identifier
 
 
 LIMIT = 256
@@ -97,10 +98,12 @@ def store(digest: str, text: str) -> None:
 def fits(plan: Plan, spec) -> bool:
     """Whether a plan read from the cache is one of ``spec`` (:class:`chainexec.spec.Spec`) in
     what the cache must not be trusted with: its name, the config's extents and scratch folder, every input's
-    source and output's file as the spec resolves them, and every tensor and index name an
-    identifier (names reach generated CUDA source; a config's are validated when it is read, a
-    cached plan's are not). A folder others may write to is otherwise trusted as the kernel
-    cache's compiled code is."""
+    source and output's file as the spec resolves them, and every tensor and index name
+    (:func:`_names`) either one a config may have (:func:`~chainexec.speccheck.check_identifier`)
+    or one the planner gives intermediates (:data:`~chainexec.planner.plan.INTERMEDIATE`): names
+    reach generated CUDA source, and a config's are validated when it is read, a cached plan's
+    are not. A folder others may write to is otherwise trusted as the kernel cache's compiled
+    code is."""
     if (plan.name != spec.name or any(plan.extents.get(i) != n for i, n in spec.extents.items())
             or plan.scratch != spec.resolve(spec.scratch)):
         return False
@@ -110,5 +113,33 @@ def fits(plan: Plan, spec) -> bool:
         if (t.source is not None and (not declared or t.source != spec.source_record(name))
                 or t.output is not None and t.output != outputs.get(name)):
             return False
-    names = [n for c in plan.contractions for n in (c.out, c.a, c.b, *c.indices()) if n is not None]
-    return all(n.isidentifier() and n.isascii() for n in names + list(plan.tensors) + list(plan.extents))
+    try:
+        for name in _names(plan):
+            if not INTERMEDIATE.fullmatch(name):
+                check_identifier(name, "name")
+    except ValueError:
+        return False
+    return True
+
+
+def _names(plan: Plan):
+    """Every tensor and index name of a plan that reaches generated source: its contractions', its
+    tensors' and extents' keys, and those of its fused expressions (output, domain, reused
+    producers and the references of their text)."""
+    for c in plan.contractions:
+        yield from (n for n in (c.out, c.a, c.b, *c.indices()) if n is not None)
+    yield from plan.tensors
+    yield from plan.extents
+    for nest in plan.nests:
+        for op, _ in ops(nest.body):
+            f = getattr(op, "expression", None)
+            if f is None:
+                continue
+            yield f.out
+            yield from f.out_indices
+            yield from f.domain
+            for name, indices, text in f.lets:
+                yield name
+                yield from indices
+                yield from (n for ref in expr.refs(expr.parse(text)) for n in (ref.tensor, *ref.indices))
+            yield from (n for ref in expr.refs(f.tree) for n in (ref.tensor, *ref.indices))

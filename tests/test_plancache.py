@@ -4,9 +4,11 @@ changes the key; a broken or unwritable cache only costs the planning."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 from chainexec import api, plancache, spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
+from chainexec.planner.plan import Plan
 from chainexec.planner.plan import FORMAT
 from tests.conftest import fourindex_config, run_cli, write_config
 
@@ -205,13 +208,29 @@ def test_a_cached_plan_must_match_its_config(fourindex, monkeypatch):
         assert kept.read_text() == good  # made again and kept in its place
 
 
+@pytest.mark.parametrize("old, new", [
+    ('"e_occ"', '"_e_occ"'),  # a leading underscore no config name has, not the planner's pattern
+    ('"e_occ"', '"int"'),  # a C keyword
+    ('["Z", ["i"', '["Z; x", ["i"'),  # a fused statement's reused producer
+    ("W[i,a,j,b,k,c] * (1.0", "W[i,a,j,b,k,c] * (1.0 * _Bad[i,a]"),  # a reference in its text
+    ('"domain": ["i"', '"domain": ["int"'),
+])
+def test_a_cached_plan_names_nothing_a_config_could_not(old, new):
+    """Every name of a cached plan that reaches generated source, a fused expression's included
+    (the (T) energy's), is one a config may hold or an intermediate the planner names; the
+    planner's own plan passes."""
+    s = spec.load(Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml")
+    text = json.dumps(json.loads(make_plan(s).to_json()))
+    assert plancache.fits(Plan.from_json(text), s)
+    assert old in text
+    assert not plancache.fits(Plan.from_json(text.replace(old, new, 1)), s)
+
+
 @pytest.mark.mpi
 def test_cli_plan_keeps_the_plan_a_run_of_as_many_ranks_reads(fourindex):
     """``chainexec plan --ranks 2`` keeps its plan in the cache, where a run of 2 ranks from the
     same folder finds it and does not plan again; read back, it prints what planning prints.
     ``--no-plan-cache`` plans and keeps nothing."""
-    import json
-
     fresh = run_cli("plan", fourindex, "--ranks", "2", "--no-plan-cache")
     assert fresh.returncode == 0, fresh.stderr
     assert _cached_files() == []

@@ -38,12 +38,13 @@ Deviations from the paper, each needed for correctness or to keep the space non-
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, fields
 from itertools import product
 from typing import Sequence
 
 import numpy as np
+
+from chainexec.speccheck import check_identifier
 
 TB_TARGETS = (4, 8, 16)
 """Target thread-block dimension sizes for TBx, TBy and TBk (Section IV-A-3)."""
@@ -53,8 +54,6 @@ BASE_REGISTERS = 32
 """32-bit registers a thread needs besides its tiles (addresses, loop counters, extents)."""
 ELEM_BYTES = {"float64": 8, "float32": 4}
 """Bytes per element of the supported dtypes."""
-
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -114,11 +113,11 @@ class Contraction:
 def split_indices(spec: str | Sequence[str]) -> tuple[str, ...]:
     """Index names of a tensor: one per character of a string, or the items of a sequence.
 
-    Every name must match ``^[A-Za-z][A-Za-z0-9_]*$`` (it becomes part of C identifiers)."""
+    Every name must be one a config may hold (:func:`~chainexec.speccheck.check_identifier`): it
+    becomes part of C identifiers."""
     names = tuple(spec)
     for name in names:
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise ValueError(f"invalid index name {name!r}: must match {_NAME_RE.pattern}")
+        check_identifier(name, "index name")
     if len(set(names)) != len(names):
         raise ValueError(f"repeated index in {''.join(names)!r}")
     return names

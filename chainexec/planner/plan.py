@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
@@ -449,6 +450,12 @@ def _node_from_dict(d: dict):
                                  tuple((name, tuple(ix), text) for name, ix, text in e["lets"]))
     return Op(**op)
 
+
+INTERMEDIATE = re.compile(r"_s[0-9]+_(?:p[0-9]+|d|[0-9]+)")
+"""Names the planner gives a statement's intermediates (:func:`chainexec.planner.build.make_plan`:
+``_s<statement>_<step>``, ``_s<statement>_p<step>`` of a packed transform, ``_s<statement>_d`` for
+a packed result computed dense): a leading ``_``, which no config's name has, so they never
+clash with one."""
 
 FORMAT = 4
 """Version of the plan's JSON layout: a plan of another version is not read

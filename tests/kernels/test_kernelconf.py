@@ -192,7 +192,7 @@ def test_config_json_round_trip():
 @pytest.mark.parametrize("c,a,b,sizes,msg", [
     ("abc", "acd", "bdc", dict(a=2, b=2, c=2, d=2), "all three"),       # batch index c
     ("ab", "ac", "cd", dict(a=2, b=2, c=2, d=2), "exactly two"),          # b only in C
-    ("ab", "a1", "1b", dict(a=2, b=2), "invalid index name"),
+    ("ab", "a1", "1b", dict(a=2, b=2), "not a plain identifier"),
     ("ab", "aac", "cb", dict(a=2, b=2, c=2), "repeated"),
     ("ab", "ac", "cb", dict(a=2, b=2), "extent"),
     ("ab", "ac", "cb", dict(a=2, b=0, c=2), "extent"),
@@ -208,7 +208,9 @@ def test_invalid_contractions_raise(c, a, b, sizes, msg):
 def test_sequences_of_names_and_dtype_checks():
     con = parse_contraction(["i1", "j_2"], ["i1", "k"], ["k", "j_2"], {"i1": 3, "j_2": 4, "k": 5})
     assert con.x_operand == "B" and con.internal == ("k",)
-    with pytest.raises(ValueError, match="invalid index name"):
+    with pytest.raises(ValueError, match="not a plain identifier"):
         parse_contraction(["1i"], ["1i", "k"], ["k"], {"1i": 2, "k": 2})
+    with pytest.raises(ValueError, match="not a plain identifier"):
+        parse_contraction(["int"], ["int", "k"], ["k"], {"int": 2, "k": 2})  # a C keyword
     with pytest.raises(ValueError, match="dtype"):
         enumerate_configs("ab", "ac", "cb", dict(a=2, b=2, c=2), "complex128", H100)

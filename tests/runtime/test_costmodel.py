@@ -6,6 +6,7 @@ timed), read through ``benchmarks/tuning_model.py``."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -187,3 +188,19 @@ def test_split_gett_is_timed_where_it_is_fastest():
     split = [n for n, (measured, _) in enumerate(rows, 1) if any(m.startswith("splitk:") for m in measured)]
     assert split == [13, 14, 19] and min(rows[18][0], key=rows[18][0].get).startswith("splitk:")
     assert all(tm.regret(measured, predicted, costmodel.MARGIN) == 1.0 for measured, predicted in rows)
+
+
+def test_the_script_reads_a_problem_without_running_its_text():
+    """A tuning cache is data: a sum-kernel problem's text is read as calls of the problem's own
+    classes with literal arguments (the recorded job's read back to the same ``repr``), and text
+    that calls anything else is refused, not run."""
+    tm = _script()
+    keys = [json.loads(e["key"]) for e in json.loads(RECORD.read_text())["entries"]]
+    texts = {key[3] for key in keys if key[2] == "sum"}
+    assert texts
+    for text in texts:
+        assert repr(tm.sum_problem(text)) == text
+    for hostile in ("__import__('os').system('true')", "SumProblem(out=open('/etc/passwd'), terms=(), dtype='x')",
+                    "View.__init__.__globals__", "(1, 2)"):
+        with pytest.raises(ValueError):
+            tm.sum_problem(hostile)
