@@ -60,7 +60,7 @@ class Chooser:
                                  f"(global {ctx.limits['global']} B, device {ctx.limits['device']} B): raise them")
         self.singles = {k: min(options, key=lambda o: (self._alone(o[1]), iterations(ctx, o[1])))[1]
                         for k, options in self.tilings.items()}
-        self.lists = fusion.fusable_lists(ctx.cs, ctx.tensors)
+        self.lists = fusion.fusable_lists(ctx.cs)
         self._fit = lru_cache(maxsize=None)(self._fit_uncached)
 
     def _alone(self, group: DeviceGroup) -> float:

@@ -32,11 +32,6 @@ import networkx as nx
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Contraction, TensorInfo
 
-# Λ per level at which a fusion saves traffic: disk-level fusion saves disk↔global transfers
-# (Λαβ), global-level fusion saves global↔device transfers (Λβγ).
-LEVEL_OF_FUSION = ("disk", "global")
-
-
 def graph(cs: list[Contraction]) -> nx.DiGraph:
     """Producer → consumer edges between contractions (edge attribute ``tensor``)."""
     g = nx.DiGraph()
@@ -50,7 +45,7 @@ def graph(cs: list[Contraction]) -> nx.DiGraph:
     return g
 
 
-def fusable_lists(cs: list[Contraction], tensors: dict[str, TensorInfo]) -> list[list[int]]:
+def fusable_lists(cs: list[Contraction]) -> list[list[int]]:
     """Maximal runs of consecutive contractions that stay linked: c_k+1 joins the run while some
     tensor written in the run is still to be read or accumulated into at c_k+1 or later. For a
     linear chain this is the paper's fusable list (each intermediate feeds the next contraction);

@@ -65,8 +65,7 @@ def applies(op, loops: list[Loop], contractions: list[Contraction], tensors: dic
     return all(sym <= set(contractions[k].indices()) for k in op.group)
 
 
-def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contraction],
-          tensors: dict[str, TensorInfo]) -> bool:
+def keeps(body: list, start: int, symmetric: list[str], contractions: list[Contraction]) -> bool:
     """Whether the symmetrized run starting at ``body[start]`` (in a loop over ordered tiles of
     ``symmetric``) may symmetrize its output at the ordered elements only: every other statement
     of ``body`` naming the output (loops inside included) is its allocation or release, a term
@@ -120,7 +119,7 @@ def mark(nests, contractions: list[Contraction], tensors: dict[str, TensorInfo])
         for k, node in enumerate(body):
             if isinstance(node, Loop):
                 runs(node.body, loops + [node])
-            elif sym and node.op == "compute" and node.symmetrized and keeps(body, k, sym, contractions, tensors):
+            elif sym and node.op == "compute" and node.symmetrized and keeps(body, k, sym, contractions):
                 node.ordered = True
 
     for nest in nests:

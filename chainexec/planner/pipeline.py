@@ -173,10 +173,6 @@ def streamed(body: list, contractions: list[Contraction], tensors: dict[str, Ten
     return (at, chosen) if chosen else None
 
 
-def arrange_nests(nests: list[Nest], extents: dict[str, int], overlap: bool = True) -> list[Nest]:
-    return [Nest(n.contractions, arrange(n.body, extents, overlap)) for n in nests]
-
-
 def deepen(nests: list[Nest], extents: dict[str, int], contractions: list[Contraction], fits,
            large=lambda op, loops: True) -> list[Nest]:
     """``nests`` with every device loop that fetches input tiles (:func:`_gets`) or accumulates

@@ -163,7 +163,7 @@ def grid_candidates(ctx: Context, k: int) -> list[DeviceGroup]:
             side = s * math.sqrt(m)
             start = spread(comp["i"], ctx.extents, side) | spread(comp["j"], ctx.extents, side)
             start |= spread(comp["k"], ctx.extents, t * math.sqrt(m / 3) if t else 1)
-            tiles = choose_tiles(c, ctx.extents, item, ctx.scheme_limit(), True, start)
+            tiles = choose_tiles(c, ctx.extents, item, ctx.scheme_limit(), start)
             if tiles is not None:
                 best = _with_device(ctx, k, tiles, [])
                 if best is not None:

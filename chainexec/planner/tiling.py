@@ -74,18 +74,18 @@ def footprint(c: Contraction, tiles: dict[str, int], itemsize: int, whole: dict[
                           for role, idx in zip(("out", "a", "b"), buffers(c)))
 
 
-def movement(c: Contraction, extents: dict[str, int], tiles: dict[str, int], passes: bool) -> int:
+def movement(c: Contraction, extents: dict[str, int], tiles: dict[str, int]) -> int:
     """Elements moved into and out of a level by the output-stationary nest:
 
         |A| · Π_{i ∈ out, i ∉ A} n_i + |B| · Π_{i ∈ out, i ∉ B} n_i + |C| · (1 + p · Π_{k ∉ out} n_k)
 
-    n_i = ⌈E_i / T_i⌉; an operand is re-read once per tile of each output index it lacks; with
-    ``passes`` (the global level) the output tile also takes one accumulation from the device per
-    contracted tile (eq. 4.5's q_k term)."""
+    n_i = ⌈E_i / T_i⌉; an operand is re-read once per tile of each output index it lacks, and the
+    output tile takes one accumulation from the device per contracted tile (p = Π_{k ∉ out} n_k,
+    eq. 4.5's q_k term)."""
     n = {i: tile_count(extents[i], tiles[i]) for i in tiles}
     out = set(c.out_indices)
     ks = [i for i in tiles if i not in out]
-    total = math.prod(extents[i] for i in c.out_indices) * (1 + (math.prod(n[i] for i in ks) if passes else 0))
+    total = math.prod(extents[i] for i in c.out_indices) * (1 + math.prod(n[i] for i in ks))
     for idx in buffers(c)[1:]:
         reloads = math.prod(n[i] for i in out - set(idx))
         total += math.prod(extents[i] for i in idx) * reloads
@@ -98,7 +98,7 @@ def minimal_footprint(c: Contraction, itemsize: int, extents: dict[str, int]) ->
     return footprint(c, {i: extents[i] if i in c.whole() else 1 for i in c.indices()}, itemsize)
 
 
-def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int, passes: bool,
+def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int,
                  start: dict[str, int] | None = None, free: list[str] | None = None,
                  whole: dict[str, int] | None = None) -> dict[str, int] | None:
     """Tiles (≤ ``extents``, from ``start`` or whole extents) shrunk until the three buffers fit
@@ -116,7 +116,7 @@ def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
     free = set(tiles if free is None else free) - set(c.whole())
     if footprint(c, {i: 1 if i in free else tiles[i] for i in tiles}, itemsize, whole) > budget:
         return None
-    mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles, passes)
+    mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles)
     while mem > budget:
         best = None
         for i in sorted(free, key=lambda j: (-tiles[j], j)):
@@ -127,13 +127,13 @@ def choose_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
             freed = mem - footprint(c, trial, itemsize, whole)
             if freed <= 0:
                 continue
-            score = (movement(c, extents, trial, passes) - cost) / freed
+            score = (movement(c, extents, trial) - cost) / freed
             if best is None or score < best[0]:
                 best = (score, trial)
         if best is None:
             return None
         tiles = best[1]
-        mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles, passes)
+        mem, cost = footprint(c, tiles, itemsize, whole), movement(c, extents, tiles)
     return tiles
 
 
@@ -152,15 +152,14 @@ def scheme_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget:
     eq. 4.10–4.12). ``greedy``: whole extents shrunk by :func:`choose_tiles`."""
     m = budget / itemsize
     comp = composites(c)
-    passes = True
     if scheme == "greedy":
-        tiles = choose_tiles(c, extents, itemsize, budget, passes)
+        tiles = choose_tiles(c, extents, itemsize, budget)
         return (tiles, []) if tiles is not None else None
     if scheme in ("streaming", "equal"):
         side = math.sqrt(m) if scheme == "streaming" else math.sqrt(m / 3)
         start = spread(comp["i"], extents, side) | spread(comp["j"], extents, side)
         start |= spread(comp["k"], extents, 1 if scheme == "streaming" else side)
-        tiles = choose_tiles(c, extents, itemsize, budget, passes, start)
+        tiles = choose_tiles(c, extents, itemsize, budget, start)
         return (tiles, []) if tiles is not None else None
     if scheme != "fits":
         raise ValueError(f"unknown tiling scheme {scheme!r}")
@@ -178,7 +177,7 @@ def _fits(c: Contraction, extents, itemsize, budget):
         return None
     free = [i for i in c.indices() if not (i in idx[smallest] and i in c.out_indices)]
     whole = {} if smallest == "out" else {smallest: sizes[smallest]}
-    tiles = choose_tiles(c, extents, itemsize, budget, True, free=free, whole=whole)
+    tiles = choose_tiles(c, extents, itemsize, budget, free=free, whole=whole)
     if tiles is None:
         return None
     return tiles, ([] if smallest == "out" else [c.a if smallest == "a" else c.b])

@@ -242,10 +242,6 @@ class GlobalArray:
             starts = (lo - self._bounds[rank], *(a for a, _ in bounds[1:]))
             yield rank, slice(lo - patch_lo, hi - patch_lo), starts, sizes
 
-    def patch_shape(self, region: Region) -> tuple[int, ...]:
-        """Shape of the patch ``region`` selects."""
-        return box_shape(self._normalise(region))
-
     def _check(self, box: tuple[tuple[int, int], ...], data: np.ndarray) -> None:
         """Raise unless ``data`` has the shape of the patch ``box`` (:meth:`_normalise`'s bounds)
         and the array's dtype."""

@@ -37,7 +37,7 @@ def links(s: spec.Spec):
 @pytest.mark.parametrize("name", "abcde")
 def test_disk_level_fusion_profitable_for_all(name):
     pairs, cs, tensors = links(load(name))
-    assert fusion.fusable_lists(cs, tensors) == [[c.id for c in cs]]
+    assert fusion.fusable_lists(cs) == [[c.id for c in cs]]
     assert all(fusion.profitable(p, q, t, "disk", PAPER) for p, q, t in pairs)
 
 
@@ -157,7 +157,7 @@ outputs:
   T: {file: t.h5, dataset: T}
 machine: {global_memory: 1MiB, device_memory: 64KiB}
 """
-    cs, tensors, _ = contractions(spec.loads(text, str(tmp_path / "c.yaml")))
+    cs, _, _ = contractions(spec.loads(text, str(tmp_path / "c.yaml")))
     # T feeds U, U takes a += and feeds V's product: one run; nothing written there is needed by
     # Q's product, which starts a new run.
-    assert fusion.fusable_lists(cs, tensors) == [[0, 1, 2, 3, 4], [5, 6]]
+    assert fusion.fusable_lists(cs) == [[0, 1, 2, 3, 4], [5, 6]]

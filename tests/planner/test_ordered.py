@@ -154,16 +154,16 @@ def test_the_triples_energy_and_w_run_are_marked(tmp_path):
     body = next(loops[-1].body for nest in plan.nests for op, loops in ops(nest.body) if op.symmetrized)
     start = next(k for k, op in enumerate(body) if isinstance(op, Op) and op.symmetrized)
     sym = ["i", "j", "k"]
-    assert ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
+    assert ordered.keeps(body, start, sym, plan.contractions)
     energy = next(op for op in body if isinstance(op, Op) and op.op == "fused")
     energy.ordered = None
-    assert not ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
+    assert not ordered.keeps(body, start, sym, plan.contractions)
     energy.ordered = True
     reader = Contraction(len(plan.contractions), "X", list("ijk"), "W", list("ijkabc"), None, None, 1.0, False, 0, 0)
     body.append(Op("compute", "device", contraction=reader.id))
-    assert not ordered.keeps(body, start, sym, plan.contractions + [reader], plan.tensors)
+    assert not ordered.keeps(body, start, sym, plan.contractions + [reader])
     body[-1] = Op("accumulate", "device", "W", list("ijkabc"))
-    assert not ordered.keeps(body, start, sym, plan.contractions, plan.tensors)
+    assert not ordered.keeps(body, start, sym, plan.contractions)
 
 
 @pytest.mark.parametrize("unmark", ["both", "kept symmetrization"])
