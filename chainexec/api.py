@@ -55,6 +55,8 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
     says where each limit and rate came from. ``reports``: files the caller writes from the plan,
     by the option that names them (``--plot``), refused first where they would write over the
     config, an input or an output (:func:`chainexec.safepaths.check_reports`)."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ChainexecError(f"ranks must be a whole number, at least 1, not {ranks!r}")
     text = spec_mod.read(config)
     s = spec_mod.loads(text, str(config))
     for path, option in safepaths.check_reports(s, reports or {}).reports.items():

@@ -104,19 +104,6 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _plan_json(plan) -> dict:
-    from chainexec.planner.plan import to_dict
-
-    def ref(name, idx):
-        return f"{name}[{','.join(idx)}]"
-
-    contractions = [{"id": c.id, "output": ref(c.out, c.out_indices),
-                     "inputs": [ref(n, ix) for n, ix in c.operands()],
-                     "flops": c.flops} for c in plan.contractions]
-    return {"predicted": plan.predicted, "contractions": contractions, "alternatives": plan.alternatives,
-            "machine": plan.machine, "plan": to_dict(plan)}
-
-
 def _write_json(path: str, data: dict) -> None:
     try:
         atomicfile.write(Path(path), json.dumps(data, indent=1), mode=0o644)
@@ -163,12 +150,10 @@ def _main(args) -> int:
 
     try:
         if args.command == "plan":
-            if args.ranks < 1:
-                raise ChainexecError(f"--ranks must be at least 1, not {args.ranks}")
             plan = api.plan(args.config, args.machine, args.schedule, args.ranks, args.inline, args.plan_cache,
                             args.backend, reports={"--plot": args.plot})
             if args.json:
-                print(json.dumps(_plan_json(plan), indent=1))
+                print(json.dumps(report.plan_json(plan), indent=1))
             else:
                 print(report.loop_nest(plan))
                 print()
@@ -239,7 +224,7 @@ def _main(args) -> int:
                     report.plot_run(result["predicted"], result["measured"], args.plot)
             if not report.matches(result["predicted"], result["measured"]):
                 if result["run"]["rank"] == 0:
-                        print("chainexec: measured movement, peaks, flops or streamed bytes differ from the prediction (a bug)", file=sys.stderr)
+                    print("chainexec: measured movement, peaks, flops or streamed bytes differ from the prediction (a bug)", file=sys.stderr)
                 return 1
     except ChainexecError as err:
         if args.command != "run" or _rank() == 0:

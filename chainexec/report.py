@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES, Loop, Plan
+from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES, Loop, Plan, to_dict
 from chainexec.spec import format_size
 
 _ARROW = {"load": "disk->global", "store": "global->disk", "get": "global->device", "accumulate": "device->global"}
@@ -162,6 +162,21 @@ def _exact(predicted: dict, measured: dict) -> list[tuple[str, int, int]]:
 def matches(predicted: dict, measured: dict) -> bool:
     """Whether every count of :func:`_exact` was predicted exactly."""
     return all(p == m for _, p, m in _exact(predicted, measured))
+
+
+def plan_json(plan: Plan) -> dict:
+    """What ``chainexec plan --json`` prints: the prediction, each binary contraction (its output,
+    inputs and flops), the alternatives priced, where each limit and rate came from, and the plan
+    itself (:func:`~chainexec.planner.plan.to_dict`)."""
+
+    def ref(name, idx):
+        return f"{name}[{','.join(idx)}]"
+
+    contractions = [{"id": c.id, "output": ref(c.out, c.out_indices),
+                     "inputs": [ref(n, ix) for n, ix in c.operands()],
+                     "flops": c.flops} for c in plan.contractions]
+    return {"predicted": plan.predicted, "contractions": contractions, "alternatives": plan.alternatives,
+            "machine": plan.machine, "plan": to_dict(plan)}
 
 
 def alternatives(plan: Plan) -> str:

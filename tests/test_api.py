@@ -79,3 +79,11 @@ def test_a_failure_in_the_executor_leaves_no_shards_no_open_file_and_no_window(t
     found = json.loads(proc.stdout.splitlines()[-1])
     assert found["status"] == 2 and found["writes"] == 3
     assert found["left"] == [] and found["open"] == [], found
+
+
+@pytest.mark.parametrize("ranks", [0, -2, 1.5, True, "2"])
+def test_plan_refuses_a_rank_count_that_is_not_a_whole_number_at_least_one(tmp_path, ranks):
+    """A Python caller's rank count is checked where the CLI's is: before the config is read."""
+    config = write_config(tmp_path, fourindex_config())
+    with pytest.raises(ChainexecError, match="ranks must be a whole number, at least 1"):
+        api.plan(config, ranks=ranks)
