@@ -7,6 +7,7 @@ makes a file or a rename durable (checkpoints: a node crash after it must not un
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,11 +17,25 @@ TEMPORARY = ".XXXXXXXX.tmp"
 """What a temporary file's name adds to the name of the file it replaces (and a dot before it)."""
 
 
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{8}\.tmp")
+
+
+def replaced(name: str) -> str | None:
+    """The name of the file a temporary file named ``name`` was to replace (:func:`replacing`),
+    or None where ``name`` is no such temporary file's: what a folder's clean-up removes after
+    a crash left one."""
+    found = _TEMPORARY.fullmatch(name)
+    return found.group(1) if found else None
+
+
 @contextmanager
-def replacing(path: str | os.PathLike):
+def replacing(path: str | os.PathLike, durable: bool = False):
     """A new file beside ``path`` to write whole (``.NAME.XXXXXXXX.tmp``: made here, so never a
     file that was there before, with the permissions a new file gets under the umask), renamed
-    onto ``path`` where the block ends without an exception and removed where it raises."""
+    onto ``path`` where the block ends without an exception and removed where it raises.
+    ``durable``: the file's contents reach the storage device before the rename, and the rename
+    before this returns (:func:`sync`), so that a node's crash leaves the old file or the whole
+    new one."""
     path = Path(path)
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -31,7 +46,11 @@ def replacing(path: str | os.PathLike):
             continue
     try:
         yield tmp
+        if durable:
+            sync(tmp)
         os.replace(tmp, path)
+        if durable:
+            sync(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
+from chainexec import atomicfile
 from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES, Loop, Plan, to_dict
 from chainexec.spec import format_size
 
@@ -214,25 +212,15 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> None:
-    """Write ``fig`` as PNG to ``path`` through a temporary file beside it: no partial file is left."""
+    """Write ``fig`` as PNG to ``path`` through a temporary file beside it
+    (:func:`~chainexec.atomicfile.replacing`): no partial file is left."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=os.path.dirname(os.path.abspath(path)))
+        with atomicfile.replacing(path) as tmp:
+            fig.savefig(tmp, format="png")
     except OSError as err:
         from chainexec.errors import ChainexecError
 
         raise ChainexecError(f"cannot write the plot ({err.strerror or err})", path) from None
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except OSError as err:
-        from chainexec.errors import ChainexecError
-
-        raise ChainexecError(f"cannot write the plot ({err.strerror or err})", path) from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def plot_alternatives(plan: Plan, path: str) -> None:

@@ -61,3 +61,22 @@ def test_replacing_writes_a_new_file_and_renames_it_or_removes_it(tmp_path):
         tmp.write_text("half")
         raise RuntimeError("stopped")
     assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out.h5", "out.h5.tmp"]
+
+
+def test_durable_replacing_syncs_the_file_then_the_rename(tmp_path, monkeypatch):
+    """With ``durable``, the new file's contents are flushed before the rename and the folder
+    after it; the temporary file's name tells which file it was to replace."""
+    synced = []
+    monkeypatch.setattr(atomicfile, "sync", lambda path: synced.append((path, (tmp_path / "f").exists())))
+    with atomicfile.replacing(tmp_path / "f", durable=True) as tmp:
+        tmp.write_text("new")
+        assert atomicfile.replaced(tmp.name) == "f"
+    assert synced == [(tmp, False), (tmp_path, True)]
+    with atomicfile.replacing(tmp_path / "g") as tmp:
+        tmp.write_text("new")
+    assert len(synced) == 2
+
+
+@pytest.mark.parametrize("name", ["f", "f.tmp", ".f.tmp", ".f.1234567.tmp", ".f.12345678.tmpx", ".f.ABCDEF12.tmp"])
+def test_other_names_are_no_temporary_files(name):
+    assert atomicfile.replaced(name) is None

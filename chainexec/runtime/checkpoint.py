@@ -50,8 +50,8 @@ from chainexec.runtime.store import version_base
 
 MANIFEST = "checkpoint.json"
 INPUTS = "inputs.json"
-_PART = re.compile(r"rank[0-9]+-[0-9]+\.(npz|tmp)")
-"""The names of the rank files and their temporary files."""
+_PART = re.compile(r"rank[0-9]+-[0-9]+\.npz")
+"""The names of the rank files."""
 FORMAT = 5
 """Version of the manifest's layout, of the tile order its counts refer to and of its plan digest
 (a checkpoint of another version is refused: 4 did not identify its shard files; 3 digested the
@@ -279,13 +279,9 @@ class Checkpoint:
     def write_rank(self, rank: int, number: int, arrays: list[np.ndarray]) -> None:
         """This rank's part of checkpoint ``number``, complete on disk when this returns."""
         path = self._rank_file(rank, number)
-        tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as f:
+            with atomicfile.replacing(path, durable=True) as tmp, open(tmp, "wb") as f:
                 np.savez(f, *arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
         except OSError as err:
             raise ChainexecError(f"cannot write a checkpoint part ({err})", str(path)) from None
 
@@ -305,14 +301,9 @@ class Checkpoint:
     def commit(self, manifest: dict) -> None:
         """Replace the manifest (rank 0, after every rank's part is on disk)."""
         path = self.folder / MANIFEST
-        tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "w") as f:
+            with atomicfile.replacing(path, durable=True) as tmp, open(tmp, "w") as f:
                 json.dump({"format": FORMAT, "plan": self.digest, **manifest}, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            atomicfile.sync(self.folder)
         except OSError as err:
             raise ChainexecError(f"cannot write the checkpoint manifest ({err})", str(path)) from None
         self.last = time.monotonic()
@@ -331,7 +322,8 @@ class Checkpoint:
         (self.folder / MANIFEST).unlink(missing_ok=True)
         atomicfile.sync(self.folder)
         for path in self.folder.iterdir():
-            if _PART.fullmatch(path.name) or path.name in (Path(MANIFEST).with_suffix(".tmp").name, INPUTS):
+            made = atomicfile.replaced(path.name)
+            if _PART.fullmatch(path.name) or path.name == INPUTS or made and (_PART.fullmatch(made) or made == MANIFEST):
                 path.unlink(missing_ok=True)
         (self.folder / safepaths.MARK).unlink(missing_ok=True)
         safepaths.unlock(self.folder)

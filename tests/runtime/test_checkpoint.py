@@ -653,3 +653,20 @@ def test_a_checkpoint_knows_the_file_an_external_link_reads(tmp_path):
         C = fi["C"][()]
         ref = np.einsum("pa,qb,rc,sd,pqrs->abcd", C, C, C, C, a)
         assert np.linalg.norm(fo["B"][()] - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+def test_clearing_removes_what_a_crash_left_and_nothing_else(tmp_path):
+    """A job killed while it wrote a rank's part or the manifest leaves their temporary files;
+    the clearing after the outputs are complete removes those with the parts, and keeps a user's
+    files, however alike their names."""
+    ck = checkpoint.Checkpoint(tmp_path, "digest", every=0.0)
+    ck.write_rank(0, 1, [np.arange(3.0)])
+    ck.commit({"number": 1})
+    crashed = [".rank1-2.npz.0123abcd.tmp", f".{checkpoint.MANIFEST}.89abcdef.tmp"]
+    kept = ["rank1-2.npz.bak", ".notes.0123abcd.tmp", "rank0-1.tmp", "mine.json"]
+    for name in crashed + kept + [safepaths.MARK]:
+        (tmp_path / name).write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(crashed + kept + [safepaths.MARK, "rank0-1.npz",
+                                                                                    checkpoint.MANIFEST])
+    ck.clear()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
