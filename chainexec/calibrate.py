@@ -77,7 +77,7 @@ FULL = Profile(256 << 20, 5, {"cupy": 2048, "numpy": 1024})
 # launch (most of it the launch, imports and fixed costs, which TINY pays too), with the full GEMM
 # order, since a small GEMM misses the BLAS's rate (order 256 reaches a small fraction of it).
 # Its statements are an eighth of the full profile's (144 a run): the
-# seconds per statement are a mean over many alike, and the executor runs were most of a quick
+# seconds per statement are a mean over many alike, and the executor runs are most of a quick
 # calibration's own time.
 QUICK = Profile(32 << 20, 3, FULL.gemm_n, 24)
 # What QUICK becomes where $CHAINEXEC_QUICK_CALIBRATION is "tiny" (tests): little more than the

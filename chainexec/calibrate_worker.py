@@ -179,8 +179,7 @@ def _stopwatch(xp):
 def _repeat(comm, reps: int, clock, fn) -> list[float]:
     """Seconds of ``reps`` calls of ``fn`` by ``clock``, every call started together on all ranks,
     after one untimed warm-up call: first touch of pages, MPI's per-target and per-datatype setup,
-    CUDA context and cuBLAS handle, BLAS thread start all fall there (without it, the first
-    accumulate here ran 4× slower than the rest)."""
+    CUDA context and cuBLAS handle, BLAS thread start all fall there, not in a timed call."""
     fn()
     samples = []
     for _ in range(reps):

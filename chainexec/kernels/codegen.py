@@ -207,8 +207,8 @@ def generate(c, a, b, sizes: dict, dtype: str, config: KernelConfig) -> tuple[st
          f"// x-input {config.x_operand}: TBx={list(config.tbx)} REGx={list(config.regx)}",
          f"// y-input: TBy={list(config.tby)} REGy={list(config.regy)} TBk={list(config.tbk)}",
          f"// threads={config.threads} shared={smem} bytes",
-         # min 1 block per SM: ptxas may use up to 255 registers (without it, it capped a
-         # 256-thread float32 8x8 kernel at 128 registers and spilled)
+         # min 1 block per SM: ptxas may use up to 255 registers, so large register tiles do
+         # not spill
          f'extern "C" __global__ void __launch_bounds__({config.threads}, 1)',
          f"{name}({ctype}* __restrict__ C, const {ctype}* __restrict__ A, "
          f"const {ctype}* __restrict__ B,",

@@ -2,8 +2,8 @@
 
 A term added on its own to an output reads and writes all of it: 2·itemsize bytes an element
 for 2·depth flops (depth: its summed length). In the (T) tile with occupied tiles of one, the six
-``ovoo·t2`` terms sum over m (o = 40 at #6's size), so each is a pass over W's 512 MB for little
-arithmetic: one by one, each takes about half the time of a ``ovvv·t2`` term with 10x its flops.
+``ovoo·t2`` terms sum over m (o of them), so each is a pass over all of W (hundreds of MB) for
+little arithmetic: one by one, each costs about its bytes, not its flops.
 Where two terms split the output's indices the same way between their operands (W[a,(bc)] from
 ``ovoo[i,a,j,m]·t2[m,k,b,c]`` and ``ovoo[i,a,k,m]·t2[m,j,c,b]``), they are one GEMM over the
 concatenated summed ranges, ``[A1 A2]·[B1; B2]``: copies of the operands (each small beside the

@@ -62,8 +62,8 @@ THREADS = (64, 128, 256)
 """Block sizes the search tries."""
 STAGES = 2
 """Shared-memory buffers per operand: step s+1's slices are copied (``cp.async``) while step s's
-are multiplied, so global-memory latency hides behind the FMAs (without it the first version of
-this kernel ran the (T) tile at 4.2 TFLOP/s, every step waiting for its loads)."""
+are multiplied, so global-memory latency hides behind the FMAs instead of every step waiting for
+its loads."""
 TOP = 3
 """Candidates the runtime times (the model ranks; measurements decide, as for GETT): the best
 thread mapping of each of the model's three best register tiles."""

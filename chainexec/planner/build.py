@@ -163,8 +163,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     relayout(nests, cs, tensors)
     # Host→device copies overlapped with work where the device limit leaves room for the second
     # buffers (the tiles stay those chosen), taking at most half that room: the rest stays for
-    # the contractions' temporaries (device.Backend.limit_memory; at 256 MiB the (T) job at
-    # o=16, v=120 ran 4.3-5.1 s with its room taken, 4.0-4.2 s without fetching ahead).
+    # the contractions' temporaries (device.Backend.limit_memory), whose lack would cost more
+    # than the overlap wins.
     room = (limits["device"] + predict_nests(nests, tensors, extents, cs, None)["memory_peak"]["device"]) // 2
 
     def fits(body) -> bool:

@@ -100,9 +100,8 @@ class Loops:
     """The loops around a statement (outermost first), read once for :func:`points`: for every
     looped index its (level, tile) per loop, the symmetric loop's indices, and the counts already
     asked for. Pricing a candidate asks for the same loops' counts for every statement and operand
-    inside them (85,000 calls planning (T) at o=21, v=93, a quarter of the planner's time when
-    each call read the loops again). The counts are kept by (indices, level) alone: one object
-    serves one plan's extents."""
+    inside them, tens of thousands of times for a (T) plan, so they are read once. The counts
+    are kept by (indices, level) alone: one object serves one plan's extents."""
 
     def __init__(self, loops: list[Loop]):
         self.sym = next((loop.symmetric for loop in loops if loop.symmetric), [])
@@ -531,9 +530,9 @@ def _symmetrized_runs(body: list, loop: Loop | None) -> dict[int, tuple]:
 def _run_tails(body: list, loop: Loop | None, contractions) -> set[int]:
     """Positions in ``body`` of compute statements that continue the point-wise run of an earlier
     one (:attr:`Op.run`). A run of contractions is priced term by term: on the GPU the runtime
-    adds its terms in one sum kernel or one by one, whichever it measures faster (on the (T)
-    tiles the terms one by one are; priced as one pass, the planner chose occupied tiles twice
-    as large, whose skipped work the sum kernel did not win back)."""
+    adds its terms in one sum kernel or one by one, whichever it measures faster, and priced as
+    one pass a run would make the planner take larger tiles, whose skipped symmetric work a sum
+    kernel does not win back."""
     tails = set()
     for run in runs(body, loop):
         if len(run) > 1 and contractions[body[run[0]].contraction].pointwise():

@@ -53,11 +53,9 @@ INPUTS = "inputs.json"
 _PART = re.compile(r"rank[0-9]+-[0-9]+\.npz")
 """The names of the rank files."""
 FORMAT = 5
-"""Version of the manifest's layout, of the tile order its counts refer to and of its plan digest
-(a checkpoint of another version is refused: 4 did not identify its shard files; 3 digested the
-plan's records too
-(:data:`RECORDS`); 2 had no nest ends, store loops or block lists; 1 another order of symmetric
-loops' tuples)."""
+"""Version of the manifest's layout (its shard files identified by stamp and digest), of the tile
+order its counts refer to and of its plan digest (the work, not :data:`RECORDS`): a checkpoint of
+another version is refused, since its counts or files cannot be read as this one's."""
 _SHARD = re.compile(r"rank[0-9]+(s[0-9]+)?(-[0-9]+)?\.h5")
 """The names of shard files (:class:`chainexec.runtime.store.Store`)."""
 COUNTS = len(CATEGORIES) + 4

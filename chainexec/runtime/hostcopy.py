@@ -27,9 +27,9 @@ PIECE_BYTES = 16 << 20
 it saves."""
 FILL_PIECE_BYTES = 2 << 20
 """Smallest piece (bytes) a thread is given a fill of. Fills are mostly first touches of fresh
-pages, at about 2 GB/s a thread (1 ms for 2 MiB, against some 0.05 ms to hand a piece to the
-pool); with 16 MiB pieces the rows of one (T) tile at benzene's sizes (9-39 MB per input) would
-go to one or two threads."""
+pages, slow per thread beside the cost of handing a piece to the pool, so smaller pieces than a
+copy's pay; with 16 MiB pieces the rows of one (T) tile of tens of MB per input would go to one
+or two threads."""
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -149,8 +149,7 @@ def write_files(jobs: list[tuple[int, int, np.ndarray]]) -> None:
     """Write each job's C-contiguous array into its open file from its byte offset on: ``jobs``
     holds (file descriptor, offset, array), one thread each (``os.pwrite``). Why one thread a
     file: buffered writes to one file take its inode's lock, so threads writing one file add
-    nothing (about 3.5 GB/s on ext4 whatever their number), while threads writing separate files
-    scale with them (about 30 GB/s over 16)."""
+    nothing whatever their number, while threads writing separate files scale with them."""
     def written(fd: int, offset: int, data: np.ndarray) -> None:
         view, at = memoryview(data.reshape(-1).view(np.uint8)), offset
         while view.nbytes:

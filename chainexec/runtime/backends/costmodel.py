@@ -33,8 +33,7 @@ strategy: the terms one by one at their best library method (:func:`library`), a
 The shares are set from the candidates' timings of a (T) job on an H200
 (``benchmarks/results/tuning_h200_benzene.json``; ``benchmarks/tuning_model.py`` prints each
 method's measured over predicted seconds and what model-first tuning would lose at each margin),
-cuTENSOR's from the TCCG cases (``benchmarks/results/tccg_h200_cutensor.json``, where it runs
-at 1.16–2.6 times its roofline).
+cuTENSOR's from the TCCG cases (``benchmarks/results/tccg_h200_cutensor.json``).
 
 A candidate is timed where its prediction is within :data:`MARGIN` of the best prediction, or
 within the margin of its own method's best where that is within :data:`WIDE` of the best

@@ -191,9 +191,9 @@ class CupyBackend(Autotuner, Methods, Backend):
         return self.xp.cuda.memory.OutOfMemoryError
 
     def upload(self, dst, host: np.ndarray) -> None:
-        """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (about
-        55 GB/s from page-locked memory, 9 GB/s through the driver's staging from pageable
-        memory), else through a contiguous temporary. A copy from page-locked
+        """Copy ``host`` into the device buffer ``dst``: one DMA when both are contiguous (from
+        page-locked memory at the link's rate, from pageable memory through the driver's slower
+        staging), else through a contiguous temporary. A copy from page-locked
         memory is queued on the current stream behind the work before it, and returns at once:
         ``host`` is kept until the copy is done (the pinned pool would otherwise hand its memory
         to another copy in flight), at most :data:`UPLOAD_BYTES` of them, beyond which the
@@ -217,8 +217,8 @@ class CupyBackend(Autotuner, Methods, Backend):
     def fetch(self, dst, read, view=None) -> None:
         """As :meth:`Backend.fetch`. In a run of plain host memory (not :attr:`pinned`), rows that
         ``view`` finds in host memory go to a contiguous ``dst`` in one copy from there: the
-        driver stages pageable memory itself, so a staging buffer of ours only added a copy on
-        one thread (4-5 GB/s, then the driver's 9 GB/s). Where the
+        driver stages pageable memory itself, so a staging buffer of ours would only add a copy
+        on one thread before the driver's. Where the
         warm-up made the page-locked arena (:mod:`chainexec.runtime.arena`), such rows go through
         it instead: copied into it over threads, then DMA'd without the host waiting. Rows in
         memory locked where it lies (:meth:`lock_host`: an input's mapped tile) skip both: one
