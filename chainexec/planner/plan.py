@@ -362,17 +362,23 @@ def statement_name(op: str, tensor: str | None = None, group: list[int] | None =
     return f"{op} {tensor}" + (f" #{group[0]}-#{group[-1]}" if group else "")
 
 
-def runs(body: list, loop: Loop | None) -> list[list[int]]:
-    """The positions in ``body`` (a nest's, or ``loop``'s) of each run of terms as
-    :attr:`Op.run` records them, in the order the executor meets them (:func:`executed`)."""
+def runs(body: list, loop: Loop | None, length=None) -> list[list[int]]:
+    """The positions in ``body`` (a nest's, or ``loop``'s) of each run of compute statements, in
+    the order the executor meets them (:func:`executed`: without the statements a
+    double-buffered loop runs one tile ahead, which may stand between two runs in the body).
+    A run starts at each compute statement and is as long as :attr:`Op.run` records, or, with
+    ``length``, as ``length(view, n)`` finds for the statement at ``n`` of that order (the
+    planner's :func:`term_run`, before the runs are recorded)."""
     view = executed(loop) if loop is not None else body
     position = {id(node): k for k, node in enumerate(body)}
     found, n = [], 0
     while n < len(view):
-        m = view[n].run if isinstance(view[n], Op) and view[n].op == "compute" else None
+        node, m = view[n], 0
+        if isinstance(node, Op) and node.op == "compute":
+            m = (length(view, n) if length is not None else node.run) or 0
         if m:
             found.append([position[id(op)] for op in view[n:n + m]])
-        n += m or 1
+        n += max(m, 1)
     return found
 
 

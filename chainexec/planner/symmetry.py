@@ -39,7 +39,8 @@ from collections import Counter
 from functools import lru_cache
 
 from chainexec.ordering import ordered_count
-from chainexec.planner.plan import Contraction, Loop, Op, executed, ops, pattern_key, term_run
+from chainexec.planner.plan import Contraction, Loop, Op, ops, pattern_key, term_run
+from chainexec.planner.plan import runs as plan_runs
 
 Term = tuple
 """A term as plain data: ``(a, a_indices, b, b_indices, factor)`` (``b`` None for a copy)."""
@@ -237,20 +238,10 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
 
 
 def runs(body: list, loop: Loop | None, contractions: list[Contraction]) -> list[list[int]]:
-    """The positions in ``body`` (a nest's, or ``loop``'s) of each run of compute statements
-    (:func:`chainexec.planner.plan.term_run`) as the executor meets them
-    (:func:`chainexec.planner.plan.executed`: without the statements a double-buffered loop
-    runs one tile ahead, which may stand between two runs in the body)."""
-    view = executed(loop) if loop is not None else body
-    position = {id(node): k for k, node in enumerate(body)}
-    kept = [position[id(op)] for op in view]
-    found, n = [], 0
-    while n < len(view):
-        m = term_run(view, n, contractions) if isinstance(view[n], Op) and view[n].op == "compute" else 0
-        if m:
-            found.append(kept[n:n + m])
-        n += max(m, 1)
-    return found
+    """The positions in ``body`` of each run of compute statements as the device adds them in
+    one pass (:func:`chainexec.planner.plan.term_run`), in the order the executor meets them
+    (:func:`chainexec.planner.plan.runs`)."""
+    return plan_runs(body, loop, lambda view, n: term_run(view, n, contractions))
 
 
 def free_indices(out: list[str], symmetric: list[str], loops, extents: dict[str, int]) -> set[str]:
