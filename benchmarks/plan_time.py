@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from chainexec import spec
+from chainexec import machinecache, spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.machine import Machine
 from chainexec.provenance import provenance
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--machine")
     ap.add_argument("--out")
     args = ap.parse_args()
-    machine = Machine.from_file(args.machine) if args.machine else Machine()
+    machine = machinecache.load(args.machine) if args.machine else Machine()
     rows = []
     for config in sorted((ROOT / "configs").glob("*.yaml")):
         s = spec.load(config)

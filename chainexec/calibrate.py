@@ -22,7 +22,7 @@ once, so that each rate is one rank's share while the others work too.
 
 Every rate is the median over repetitions of (bytes or flops of one rank) / (seconds of the
 slowest rank in that repetition). The file holds the :class:`Machine` fields plus a ``details``
-object (raw samples, methods, sizes, units) that :meth:`Machine.from_file` ignores.
+object (raw samples, methods, sizes, units) that :meth:`Machine.parse` ignores.
 
 How much is measured is a :class:`Profile`: :data:`FULL`, or :data:`QUICK` (seconds), what a plan
 or run measures on first use into the cache of calibrations (:mod:`chainexec.machinecache`): a

@@ -30,7 +30,7 @@ version instead of a store version, and keeps its own text). Two caches are not,
 what fits them: the use log is one file that each process merges its uses into (read, merge,
 replace whole), not an entry per key; the calibrations are machine files named for people (host,
 GPU model and a digest), read with the machine file's own errors
-(:meth:`chainexec.planner.machine.Machine.read`) and written by ``chainexec calibrate``, also to
+(:func:`chainexec.machinecache.read`) and written by ``chainexec calibrate``, also to
 paths outside the cache.
 """
 

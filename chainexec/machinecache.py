@@ -17,7 +17,7 @@ Each rate's origin is kept with the plan (:func:`record`).
 
 The calibrations are not a :class:`chainexec.diskstore.Store`: their files are machine files
 named for people (host and GPU model, then a digest), read with the machine file's own errors
-(:meth:`chainexec.planner.machine.Machine.read`) and written by ``chainexec calibrate``, which
+(:func:`read`) and written by ``chainexec calibrate``, which
 also writes them to paths outside the cache. They share the caches' folder
 (:func:`chainexec.diskstore.folder`), the key's digest (:func:`chainexec.diskstore.digest`) and the
 whole-file write (:mod:`chainexec.calibrate`).
@@ -99,18 +99,36 @@ def record(machine: Machine, given: frozenset[str], origin: str, detail: str) ->
                    "detail": detail if name in given else "built-in"} for name in RATE_FIELDS}
 
 
+def read(path: str | Path) -> tuple[Machine, frozenset[str]]:
+    """The machine of the machine file ``path`` and the fields it gives
+    (:meth:`~chainexec.planner.machine.Machine.parse`); a file that cannot be read or is not
+    UTF-8 text is a :class:`ChainexecError` naming it."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ChainexecError(f"cannot read machine file: {err.strerror}", str(path)) from None
+    except UnicodeDecodeError:
+        raise ChainexecError("machine file is not UTF-8 text", str(path)) from None
+    return Machine.parse(text, str(path))
+
+
+def load(path: str | Path) -> Machine:
+    """The machine of the machine file ``path`` (:func:`read`)."""
+    return read(path)[0]
+
+
 def named(machine: str | None) -> tuple[Machine, dict] | None:
     """The rates of ``machine`` (``--machine``) or ``$CHAINEXEC_MACHINE`` with their :func:`record`;
     None where neither names them (the cache's calibration serves)."""
     if machine is not None:
-        found, given = Machine.read(machine)
+        found, given = read(machine)
         return found, record(found, given, "machine file", machine)
     chosen = os.environ.get(MACHINE)
     if not chosen:
         return None
     if chosen == "defaults":
         return Machine(), record(Machine(), frozenset(RATE_FIELDS), "defaults", f"${MACHINE}=defaults")
-    found, given = Machine.read(chosen)
+    found, given = read(chosen)
     return found, record(found, given, "machine file", f"{chosen} (${MACHINE})")
 
 
@@ -119,7 +137,7 @@ def cached(ident: dict) -> tuple[Machine, dict] | None:
     or it cannot be read (a calibration then replaces it)."""
     where = path(ident)
     try:
-        found, given = Machine.read(where)
+        found, given = read(where)
     except ChainexecError:
         return None
     return found, record(found, given, "calibration cache", str(where))

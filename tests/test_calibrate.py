@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chainexec import calibrate_worker, spec
+from chainexec import calibrate_worker, machinecache, spec
 from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _launcher_reason, add_arguments, calibrate,
                                  settings, unbound)
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
@@ -43,7 +43,7 @@ def calibrated(tmp_path_factory):
 @pytest.mark.timeout(60)
 def test_file_round_trips_with_plausible_rates(calibrated):
     path, machine = calibrated
-    loaded = Machine.from_file(path)
+    loaded = machinecache.load(path)
     assert loaded == machine
     assert loaded.source.startswith("chainexec calibrate on ")
     for name in RATES:
@@ -116,7 +116,7 @@ def test_details_record_how_and_what_was_measured(calibrated):
 @pytest.mark.mpi
 def test_planner_predicts_with_the_calibrated_rates(calibrated):
     path, _ = calibrated
-    loaded = Machine.from_file(path)
+    loaded = machinecache.load(path)
     config = spec.load(REPO / "configs" / "fourindex.yaml")
     plan = make_plan(config, loaded)
     measured = plan.predicted

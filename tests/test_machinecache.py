@@ -10,7 +10,6 @@ import json
 import pytest
 
 from chainexec import api, machinecache
-from chainexec.planner.machine import Machine
 from chainexec.runtime import hostcopy
 from tests.conftest import assert_refused, fourindex_config, read_report, run_cli, write_config
 
@@ -45,7 +44,7 @@ def test_made_once_on_first_use_then_reused(tmp_path, calibrating):
     assert FIRST_USE not in second.stderr
     assert _kept(calibrating) == [kept] and kept.stat().st_mtime_ns == made
     record = read_report(tmp_path / "r.json")["run"]["machine"]
-    assert record["flop_rate"] == {"value": Machine.from_file(kept).flop_rate, "from": "calibration cache",
+    assert record["flop_rate"] == {"value": machinecache.load(kept).flop_rate, "from": "calibration cache",
                                    "detail": str(kept)}
 
 
@@ -139,7 +138,7 @@ def test_a_broken_calibration_is_made_again(tmp_path, calibrating):
     kept.write_text('{"disk_read": ')
     proc = run_cli("plan", config)
     assert proc.returncode == 0 and proc.stderr.count(FIRST_USE) == 1, proc.stderr
-    assert Machine.from_file(kept).flop_rate > 0
+    assert machinecache.load(kept).flop_rate > 0
 
 
 def test_machine_files_win_over_the_cache(tmp_path, calibrating, monkeypatch):

@@ -4,7 +4,7 @@ The plan's predicted time per level is bytes / bandwidth (for compute, the sum o
 the larger of flops / rate and streamed bytes / device bandwidth); movement at each level is
 costed separately (multi-level paper, section 4). How the levels of a nest overlap, and so the
 predicted wall time, is :func:`chainexec.planner.cost.predict`'s. The defaults are conservative figures
-for one node; a machine file (JSON, same field names, :meth:`Machine.from_file`) replaces them.
+for one node; a machine file (JSON, same field names, :meth:`Machine.parse`) replaces them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from chainexec.errors import ChainexecError
 
@@ -158,23 +157,13 @@ class Machine:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Machine":
-        """The machine of a machine file: a JSON object whose keys are this class's fields. The
-        rates of :data:`RATES` are required; the other fields keep their defaults where absent, and
-        ``details`` (what ``chainexec calibrate`` measured) is ignored. Any other key, and any
-        value :data:`FIELDS` refuses, is a :class:`ChainexecError` naming the file and the field,
-        as is a file that cannot be read or is not JSON."""
-        return cls.read(path)[0]
-
-    @classmethod
-    def read(cls, path: str | Path) -> tuple["Machine", frozenset[str]]:
-        """:meth:`from_file`'s machine and the fields the file gives (the others are defaults)."""
-        try:
-            text = Path(path).read_bytes().decode("utf-8")
-        except OSError as err:
-            raise ChainexecError(f"cannot read machine file: {err.strerror}", str(path)) from None
-        except UnicodeDecodeError:
-            raise ChainexecError("machine file is not UTF-8 text", str(path)) from None
+    def parse(cls, text: str, path: str) -> tuple["Machine", frozenset[str]]:
+        """The machine of a machine file's ``text`` (read from ``path``: :func:`chainexec.machinecache.read`)
+        and the fields it gives (the others are defaults): a JSON object whose keys are this
+        class's fields. The rates of :data:`RATES` are required; the other fields keep their
+        defaults where absent, and ``details`` (what ``chainexec calibrate`` measured) is
+        ignored. Any other key, and any value :data:`FIELDS` refuses, is a
+        :class:`ChainexecError` naming the file and the field, as is text that is not JSON."""
         try:
             data = json.loads(text, object_pairs_hook=_no_repeats)
         except json.JSONDecodeError as err:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chainexec import spec
+from chainexec import machinecache, spec
 from chainexec.planner.build import contractions, make_plan
 from chainexec.planner.choose import Chooser, compositions
 from chainexec.planner.machine import Machine
@@ -17,7 +17,7 @@ from chainexec.planner.schedule import Context, fit, movement_seconds
 from tests.conftest import fourindex_config, write_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-PAPER = Machine.from_file(CONFIGS / "machines" / "paper2010.json")
+PAPER = machinecache.load(CONFIGS / "machines" / "paper2010.json")
 NAMES = ["expr_a", "expr_b", "expr_c", "expr_d", "expr_e", "fourindex"]
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chainexec import spec
+from chainexec import machinecache, spec
 from chainexec.planner import fusion
 from chainexec.planner.build import contractions, make_plan
-from chainexec.planner.machine import Machine
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-PAPER = Machine.from_file(CONFIGS / "machines" / "paper2010.json")
+PAPER = machinecache.load(CONFIGS / "machines" / "paper2010.json")
 
 
 def load(name: str, n: int | None = None) -> spec.Spec:
