@@ -448,5 +448,7 @@ def _planned(s, text: str, limits: dict[str, Limit], machine: Machine, schedule:
 
 
 def verify(config: str | Path, samples: int = 300, limit: int = 2 << 30) -> list[Check]:
-    """Check a config's outputs independently (NumPy einsum or sampled explicit sums)."""
+    """Check a config's outputs independently: NumPy einsum over the whole chain where its inputs
+    and outputs take at most ``limit`` bytes, else explicit sums at ``samples`` output elements
+    of each output."""
     return verify_spec(spec_mod.load(config), samples=samples, limit=limit)

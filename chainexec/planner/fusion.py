@@ -1,7 +1,8 @@
 """Fusion over a chain of contractions: the multi-level paper, section 5.
 
-- :func:`fusable_lists` — the producer/consumer graph (networkx) cut into linear runs where each
-  intermediate is made by one contraction and read by the next one only.
+- :func:`fusable_lists` — the producer/consumer graph (networkx) cut into runs of consecutive
+  contractions that stay linked: each intermediate read by the next one (the paper's linear
+  fusable list), or a tensor built by several ``+=`` terms and read several times kept together.
 - :func:`link_ratio` / :func:`profitable` — eq. 5.1–5.3: fusing away intermediate I between
   producer p and consumer q pays at a level with per-element transfer time Λ when the flops each
   of them spends per element of I stay below 2Λ / (frac · Cflop); a link that fails is cut.

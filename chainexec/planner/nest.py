@@ -370,8 +370,8 @@ class Emitter:
         the same tensor over the same region share one buffer at each level.
 
         Shared between emitters (:meth:`_memo`): fitting a disk group's tiles emits all of its
-        single contractions after every halving of one of its groups (8,822 times for 34 of them
-        planning (T) at o=21, v=93), nearly always as before. The nest depends on the tiles, the
+        single contractions after every halving of one of its groups (thousands of times for a
+        (T) plan), nearly always as before. The nest depends on the tiles, the
         resident and kept operands, the enclosing loop's indices and the stored versions it loads
         or stores, which are all in the key; storing the output moves its version on, which a
         found nest must do too."""

@@ -41,12 +41,12 @@ class Context:
     machine: Machine
     overlap: bool = True
     inline: bool = True
-    # priced schedules by repr: the search prices the same one again and again (840 distinct of
-    # 1,348 for the (T) job at o=24, v=180; 1,721 of 2,920 for configs/fourindex.yaml)
+    # priced schedules by repr: the search prices the same one again and again (about half its
+    # pricings repeat an earlier one)
     _prices: dict = field(default_factory=dict, repr=False, compare=False)
     _peaks: dict = field(default_factory=dict, repr=False, compare=False)
     # what its emitters share (Emitter._memo): fitting one group's tiles emits its nest after every
-    # halving (8,356 times planning (T) at o=3, v=7 with 16 KiB of global memory, 2 ranks)
+    # halving, thousands of times where the limits are small
     _emitted: dict = field(default_factory=dict, repr=False, compare=False)
 
     def itemsize(self, k: int) -> int:

@@ -145,7 +145,8 @@ def equal_tiles_win(m_beta: float, lam_ab: float, lam_bg: float) -> bool:
 def scheme_tiles(c: Contraction, extents: dict[str, int], itemsize: int, budget: int,
                  scheme: str) -> tuple[dict[str, int], list[str]] | None:
     """Tiles for one level by the named scheme, and the operands it keeps resident; None when the
-    scheme does not apply (e.g. no array fits) or nothing fits at all.
+    scheme does not apply (e.g. no array fits) or nothing fits at all. ``budget``: the level's
+    bytes; ``itemsize``: bytes per element; M = budget / itemsize, the level's elements.
 
     ``streaming``: Ti = Tj = √M, Tk = 1 (eq. 4.4–4.7). ``equal``: Ti = Tj = Tk = √(M/3) (eq. 4.8).
     ``fits``: the smallest array whole and the others streamed so that it is read once (Fig. 1,

@@ -213,7 +213,9 @@ class Checkpoint:
         """Create the folder, or read its manifest and check it (rank 0, before anything runs):
         same plan, ranks and inputs; fields that name a place this plan checkpoints at and
         versions it writes (:func:`_valid`); every rank's part readable, every shard file it
-        names there. A one-line ChainexecError naming the file otherwise."""
+        names there. A one-line ChainexecError naming the file otherwise. ``every``: seconds
+        between checkpoints; ``stop_after``: seconds after which the run checkpoints and stops
+        (None: it runs to the end)."""
         folder = Path(folder)
         digest = plan_digest(plan, ranks)
         path = folder / MANIFEST
