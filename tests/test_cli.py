@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -62,14 +63,25 @@ def test_yaml_error_names_the_line(tmp_path):
     assert_refused(proc, f"chain.yaml:{at + 1}:", "unknown index 'zz'")
 
 
-def _with_inputs(tmp_path, mutate=None):
-    """A generated config whose input file is then changed by ``mutate(h5file)``; an older complete
-    output is left in place to check that a refused run leaves it as it was (:func:`_output_bytes`)
-    and that a run that fails once it has begun leaves it no more."""
-    config = write_config(tmp_path, fourindex_config())
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """A config, the inputs ``chainexec generate`` wrote for it and the complete output of a run
+    of it, made once per module (and worker): :func:`_with_inputs` copies the folder."""
+    work = tmp_path_factory.mktemp("ran")
+    config = write_config(work, fourindex_config())
     assert run_cli("generate", config).returncode == 0
     assert run_cli("run", config).returncode == 0
-    assert (tmp_path / "out" / "result.h5").exists()
+    assert (work / "out" / "result.h5").exists()
+    return work
+
+
+def _with_inputs(ran, tmp_path, mutate=None):
+    """A copy of the folder ``ran`` in ``tmp_path``: a generated config whose input file is then
+    changed by ``mutate(h5file)``; the older complete output is there to check that a refused run
+    leaves it as it was (:func:`_output_bytes`) and that a run that fails once it has begun leaves
+    it no more."""
+    shutil.copytree(ran, tmp_path, dirs_exist_ok=True)
+    config = tmp_path / "chain.yaml"
     if mutate:
         with h5py.File(tmp_path / "in.h5", "a") as f:
             mutate(f)
@@ -96,9 +108,9 @@ INPUT_ERRORS = {
 
 
 @pytest.mark.parametrize("case", sorted(INPUT_ERRORS))
-def test_input_errors(case, tmp_path):
+def test_input_errors(case, tmp_path, ran):
     mutate, needles = INPUT_ERRORS[case]
-    config = _with_inputs(tmp_path, mutate)
+    config = _with_inputs(ran, tmp_path, mutate)
     older = _output_bytes(tmp_path)
     proc = run_cli("run", config, ranks=2)
     assert_refused(proc, *needles)
@@ -106,15 +118,15 @@ def test_input_errors(case, tmp_path):
 
 
 @pytest.mark.parametrize("case, needle", [("shape", "shape (10, 9)"), ("dtype", "float32")])
-def test_verify_refuses_an_input_unlike_its_tensor(case, needle, tmp_path):
+def test_verify_refuses_an_input_unlike_its_tensor(case, needle, tmp_path, ran):
     """``verify`` reads the inputs itself (sharing no code with the run): an input dataset of
     another shape or dtype is one line naming the file, exit 2, as for ``run``."""
-    config = _with_inputs(tmp_path, INPUT_ERRORS[case][0])
+    config = _with_inputs(ran, tmp_path, INPUT_ERRORS[case][0])
     assert_refused(run_cli("verify", config), "in.h5", "dataset 'C'", needle, "tensor C[p,a]")
 
 
-def test_missing_input_file(tmp_path):
-    config = _with_inputs(tmp_path)
+def test_missing_input_file(tmp_path, ran):
+    config = _with_inputs(ran, tmp_path)
     older = _output_bytes(tmp_path)
     (tmp_path / "in.h5").unlink()
     proc = run_cli("run", config)
@@ -244,12 +256,12 @@ REFUSED_RUNS = {
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED_RUNS))
-def test_a_refused_run_leaves_the_older_output_as_it_was(case, tmp_path):
+def test_a_refused_run_leaves_the_older_output_as_it_was(case, tmp_path, ran):
     """A run refused before it computes anything (limits that allow no plan, a bad option, a
     machine file not there, a report it could not write) exits 2 with one line and leaves the
     output of an earlier run of the config as it was: a mistyped option does not cost a result."""
     edit, options, needles = REFUSED_RUNS[case]
-    config = _with_inputs(tmp_path)  # ran once: its output is there
+    config = _with_inputs(ran, tmp_path)  # ran once: its output is there
     older = _output_bytes(tmp_path)
     if edit:
         edit(config, tmp_path)
@@ -258,12 +270,12 @@ def test_a_refused_run_leaves_the_older_output_as_it_was(case, tmp_path):
     assert _output_bytes(tmp_path) == older
 
 
-def test_a_rank_whose_backend_cannot_start_refuses_the_run_on_every_rank(tmp_path):
+def test_a_rank_whose_backend_cannot_start_refuses_the_run_on_every_rank(tmp_path, ran):
     """Rank 1 of 2 cannot start its backend (here an unknown CHAINEXEC_GPU_METHOD in its
     environment alone; on a cluster, a node without a GPU): every rank ends, exit 2, one line
     naming the rank, and the older output stays as it was (rank 0 removes it only once every
     rank's backend has started)."""
-    config = _with_inputs(tmp_path)
+    config = _with_inputs(ran, tmp_path)
     older = _output_bytes(tmp_path)
     script = ('[ "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}" = 1 ] && export CHAINEXEC_GPU_METHOD=bogus; '
               f'exec {sys.executable} -m chainexec.cli run {config} --quiet')
@@ -279,12 +291,12 @@ def _poison(f):
 
 
 @pytest.mark.parametrize("ranks", [None, 2])
-def test_a_run_that_fails_once_begun_leaves_no_older_output(tmp_path, ranks):
+def test_a_run_that_fails_once_begun_leaves_no_older_output(tmp_path, ranks, ran):
     """A run that has begun (every check passed) removes the older output first: one whose
     result holds NaN (from an input that does) exits 2 and leaves nothing that looks like its
     result, neither its own nor the older one, and none of its shards (every rank raises the
     error alike): no parts or scratch folder, none moved aside."""
-    config = _with_inputs(tmp_path, _poison)
+    config = _with_inputs(ran, tmp_path, _poison)
     out = tmp_path / "out"
     assert [p.name for p in out.iterdir() if p.name.endswith(".parts")]  # the older run's
     proc = run_cli("run", config, "--quiet", ranks=ranks)
@@ -294,10 +306,10 @@ def test_a_run_that_fails_once_begun_leaves_no_older_output(tmp_path, ranks):
     assert not [p.name for p in out.iterdir() if ".parts" in p.name or ".scratch" in p.name], list(out.iterdir())
 
 
-def test_a_run_that_fails_with_a_checkpoint_keeps_its_shards(tmp_path):
+def test_a_run_that_fails_with_a_checkpoint_keeps_its_shards(tmp_path, ran):
     """The same failure under ``--checkpoint``: the parts folder, whose shards the checkpoint
     resumes from, stays with them."""
-    config = _with_inputs(tmp_path, _poison)
+    config = _with_inputs(ran, tmp_path, _poison)
     proc = run_cli("run", config, "--quiet", "--checkpoint", str(tmp_path / "ck"))
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)
     assert_refused(proc, "result.h5", "not finite")

@@ -35,18 +35,39 @@ def generated(tmp_path_factory):
     return work
 
 
-@pytest.fixture
-def user_folder(tmp_path, generated):
-    """A generated config with its inputs beside user files: a folder of data, a stray ``.tmp``
-    file, and a sibling folder of the config's folder."""
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, generated):
+    """The folder ``generated`` with the complete output of a run of its config, made once per
+    module (and worker)."""
+    work = tmp_path_factory.mktemp("finished")
+    shutil.copytree(generated, work, dirs_exist_ok=True)
+    assert run_cli("run", work / "chain.yaml", "--quiet", cwd=work).returncode == 0
+    return work
+
+
+def _beside_user_files(tmp_path, source: Path) -> Path:
+    """A copy of the folder ``source`` (a config and its inputs) beside user files: a folder of
+    data, a stray ``.tmp`` file, and a sibling folder of the config's folder; the copy's config."""
     work = tmp_path / "work"
-    shutil.copytree(generated, work)
+    shutil.copytree(source, work)
     (tmp_path / "sibling").mkdir()
     (tmp_path / "sibling" / "thesis.txt").write_text("four years")
     (work / "mydata").mkdir()
     (work / "mydata" / "measured.h5").write_bytes(os.urandom(64))
     (work / "notes.tmp").write_text("keep me")
     return work / "chain.yaml"
+
+
+@pytest.fixture
+def user_folder(tmp_path, generated):
+    """A generated config with its inputs beside user files (:func:`_beside_user_files`)."""
+    return _beside_user_files(tmp_path, generated)
+
+
+@pytest.fixture
+def finished_user_folder(tmp_path, finished):
+    """:func:`user_folder` where a run of the config has finished: its output is there."""
+    return _beside_user_files(tmp_path, finished)
 
 
 def _edit(config: Path, output: str | None = None, scratch: str | None = None) -> Path:
@@ -228,16 +249,16 @@ REPORTS = {
 
 @pytest.mark.parametrize("command, case", [("run", case) for case in sorted(REPORTS)]
                          + [("plan", case) for case in sorted(REPORTS) if REPORTS[case][0][0] == "--plot"])
-def test_report_paths(command, case, user_folder):
+def test_report_paths(command, case, finished_user_folder):
     """A report file that would write over the config, an input, an output or a folder, or
     that no file system could name, is refused before anything is written: by ``run`` and by
     ``plan`` (whose ``--plot`` wrote its picture over any of them), the run's finished output
     left as it was."""
     options, needle = REPORTS[case]
-    work = user_folder.parent
-    assert run_cli("run", user_folder, "--quiet", cwd=work).returncode == 0
+    work = finished_user_folder.parent
+    assert (work / "out" / "result.h5").exists()
     before = _snapshot(work)
-    proc = run_cli(command, user_folder, *(["--quiet"] if command == "run" else []), *options, cwd=work)
+    proc = run_cli(command, finished_user_folder, *(["--quiet"] if command == "run" else []), *options, cwd=work)
     assert_refused(proc, needle)
     assert _snapshot(work) == before
 
