@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the backend whose device memory a config without machine.device_memory plans for")
     p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
-    p.add_argument("--ranks", type=int, default=1, help="plan for this many MPI ranks (run plans for its own)")
+    p.add_argument("--ranks", type=_count, default=1, help="plan for this many MPI ranks (run plans for its own)")
     p.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
     p.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
                    help="plan again and keep nothing (by default the plan is read from, or kept in, the plan "
@@ -102,6 +102,17 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"end after this many seconds without a run (default {server.IDLE:g})")
     s.add_argument("--stop", action="store_true", help="end the server that answers, once its run in progress ends")
     return ap
+
+
+def _count(text: str) -> int:
+    """A command-line count: a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, at least 1, not {text!r}")
+    return value
 
 
 def _write_json(path: str, data: dict) -> None:
