@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from chainexec import atomicfile, calibrate, safepaths, server, stopsignals
+from chainexec import atomicfile, calibrate, server, stopsignals
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
 from chainexec.errors import ArgumentParser, ChainexecError, RankFailed, of_machine
@@ -252,56 +252,9 @@ def _main(args) -> int:
 
 
 def command() -> NoReturn:
-    """The ``chainexec`` program: :func:`main` in a process of its own, then :func:`end` with its status."""
-    end(main(own=True))
-
-
-def end(status: int) -> NoReturn:
-    """End the process with ``status`` once its output is flushed and MPI, where this process
-    started it, is finalized, without the interpreter's own exit: that frees CuPy's memory pools
-    block by block, tears the CUDA context down and collects every module, work a GPU run that
-    has nothing left to do waits for. By then a run has closed what it wrote and
-    renamed its outputs into place, and its threads have ended or hold nothing that must finish
-    (a kernel cache file is written whole or not at all). Through the interpreter's exit instead
-    (mpi4py finalizes MPI there): a rank of several under an MPI whose finalize does not wait for
-    every rank (:func:`fenced_finalize`), since one that leaves at once after its own finalize can
-    fail peers still finalizing (under MPICH over UCX the launcher reports the run killed, status
-    9); and a process under a profiler or coverage tracer, which writes its data at that exit.
-    Ranks of several under Open MPI finalize and leave at once: the launcher waits for the
-    slowest rank's exit, and the interpreter's is the longer by its teardown of CuPy and CUDA.
-    Older outputs' folders that a run moved aside are removed before it ends, once the output is
-    flushed (:func:`chainexec.safepaths.wait_removals`)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):  # a reader that went away, a stream already closed
-            pass
-    safepaths.wait_removals()
-    mpi = sys.modules.get("mpi4py.MPI")
-    started = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
-    if (started and mpi.COMM_WORLD.Get_size() > 1 and not fenced_finalize(mpi)) or _observed():
-        sys.exit(status)
-    if started:
-        mpi.Finalize()
-    os._exit(status)
-
-
-def fenced_finalize(mpi) -> bool:
-    """Whether ``mpi`` (the module ``mpi4py.MPI``) is an MPI whose ``MPI_Finalize`` returns only
-    once every rank has entered it, so that a rank may leave at once after it: Open MPI's, which
-    opens its finalize with a PMIx fence, unless its parameter ``async_mpi_finalize`` is set in
-    the environment (``OMPI_MCA_async_mpi_finalize``)."""
-    flag = os.environ.get("OMPI_MCA_async_mpi_finalize", "0").strip().lower()
-    return mpi.Get_library_version().startswith("Open MPI") and flag in ("0", "false", "no", "")
-
-
-def _observed() -> bool:
-    """Whether a tracer or profiler watches this process: ``sys.settrace``/``setprofile``'s, or
-    a tool registered with ``sys.monitoring`` (Python 3.12 on: cProfile and coverage use it)."""
-    monitoring = getattr(sys, "monitoring", None)
-    tools = [] if monitoring is None else [monitoring.get_tool(n) for n in range(6)]
-    return sys.gettrace() is not None or sys.getprofile() is not None or any(t is not None for t in tools)
+    """The ``chainexec`` program: :func:`main` in a process of its own, then
+    :func:`chainexec.runtime.comm.end` with its status."""
+    comm.end(main(own=True))
 
 
 def _rank() -> int:

@@ -144,7 +144,7 @@ _REMOVING: list[threading.Thread] = []
 
 def wait_removals() -> None:
     """Wait until every folder :func:`remove_owned_aside` moved aside is removed: a process that
-    ends without the interpreter's exit (:func:`chainexec.cli.end`) calls it first."""
+    ends without the interpreter's exit (:func:`chainexec.runtime.comm.end`) calls it first."""
     while _REMOVING:
         _REMOVING.pop().join()
 

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import h5py
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 import yaml
 
-from chainexec import cli
 from tests.conftest import assert_refused, fourindex_config, launch, open_mpi, run_cli, write_config
 
 
@@ -650,48 +648,3 @@ def test_usage_errors_are_one_line(args, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("ranks", [0, 1, 3], ids=["plain", "mpi-started", "three-ranks"])
-def test_the_program_ends_with_its_status_and_all_its_output(ranks, tmp_path):
-    """:func:`chainexec.cli.end`: output still in the buffers (a pipe is block-buffered) is
-    written, MPI is finalized where the process started it (by the process itself when it is the
-    only rank or its MPI's finalize waits for every rank, else by the interpreter's exit), and the
-    status is the program's. Three ranks end together, five times over: none leaves its peers
-    failing in their finalize."""
-    fenced = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; from chainexec import cli; "
-                             "print(cli.fenced_finalize(MPI))"], capture_output=True, text=True, check=True)
-    start = ("from mpi4py import MPI; f = MPI.Finalize; "
-             "MPI.Finalize = lambda: (print('finalized', file=sys.stderr), f())[1]; ") if ranks else ""
-    code = f"import sys; {start}from chainexec import cli; print('x' * 100000, end=''); cli.end(3)"
-    command = [sys.executable, "-c", code]
-    if ranks > 1:
-        command = [*launch(ranks), *command]
-    for _ in range(5 if ranks > 1 else 1):
-        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
-        assert done.returncode == 3 and done.stdout == "x" * 100000 * max(ranks, 1), done.stderr
-        assert ("finalized" in done.stderr) == (ranks == 1 or (ranks > 1 and fenced.stdout.strip() == "True")), \
-            done.stderr
-
-
-@pytest.mark.parametrize("library, flag, fenced", [
-    ("Open MPI v5.0.3, package: Open MPI", None, True), ("Open MPI v4.1.5", "0", True),
-    ("Open MPI v4.1.5", "1", False), ("Open MPI v4.1.5", "true", False),
-    ("MPICH Version:      4.2.0", None, False), ("Intel(R) MPI Library 2021.11", None, False)])
-def test_ranks_leave_at_once_where_finalize_waits_for_every_rank(library, flag, fenced, monkeypatch):
-    """:func:`chainexec.cli.fenced_finalize`: Open MPI's finalize opens with a fence unless its
-    ``async_mpi_finalize`` parameter is set; other MPIs' are not taken to wait."""
-    if flag is None:
-        monkeypatch.delenv("OMPI_MCA_async_mpi_finalize", raising=False)
-    else:
-        monkeypatch.setenv("OMPI_MCA_async_mpi_finalize", flag)
-    mpi = types.SimpleNamespace(Get_library_version=lambda: library)
-    assert cli.fenced_finalize(mpi) is fenced
-
-
-def test_a_profiled_program_keeps_its_profile(tmp_path):
-    """Under a profiler the program ends through the interpreter's exit, where cProfile writes
-    its data."""
-    script = tmp_path / "end.py"
-    script.write_text("from chainexec import cli\ncli.end(0)\n")
-    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "p.prof"), str(script)],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 0 and (tmp_path / "p.prof").stat().st_size > 0, done.stderr

@@ -465,15 +465,16 @@ def test_wait_removals_waits_for_a_slow_one(tmp_path, monkeypatch):
 
 
 def test_a_process_ends_once_its_removal_is_done(tmp_path):
-    """``chainexec.cli.end`` (which leaves without the interpreter's exit) waits for a removal
-    that outlasts the rest of the process."""
+    """``chainexec.runtime.comm.end`` (which leaves without the interpreter's exit) waits for a
+    removal that outlasts the rest of the process."""
     folder = _marked(tmp_path / "out.h5.parts")
     code = ("import shutil, sys, time\n"
-            "from chainexec import cli, safepaths\n"
+            "from chainexec import safepaths\n"
+            "from chainexec.runtime import comm\n"
             "rmtree = shutil.rmtree\n"
             "safepaths.shutil.rmtree = lambda path, *a, **k: (time.sleep(1), rmtree(path, *a, **k))\n"
             f"safepaths.remove_owned_aside({str(folder)!r})\n"
-            "cli.end(0)\n")
+            "comm.end(0)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert list(tmp_path.iterdir()) == []

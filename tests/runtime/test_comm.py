@@ -1,6 +1,7 @@
 """The MPI entry point (:func:`chainexec.runtime.comm.mpi`): a process no launcher started takes
 the singleton settings its environment leaves unset, a launched one takes none, and no module
-of the package imports mpi4py around it."""
+of the package imports mpi4py around it; the program ends with its status and all its output,
+leaving at once where MPI's finalize waits for every rank (:func:`chainexec.runtime.comm.end`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from chainexec.runtime import comm
+from tests.conftest import launch
 
 PACKAGE = Path(comm.__file__).resolve().parents[1]
 
@@ -114,8 +116,6 @@ def test_a_rank_waits_at_a_barrier_without_keeping_a_core_busy(tmp_path):
     """:func:`comm.barrier` on 2 ranks, one of which arrives 1.5 s late: the other waits the
     whole time, yet uses a small part of a core meanwhile (a blocking ``Barrier`` polls at full
     speed: its CPU time would equal the wait)."""
-    from tests.conftest import launch
-
     script = tmp_path / "quiet.py"
     script.write_text(QUIET)
     proc = subprocess.run([*launch(2), sys.executable, str(script), "1.5", str(tmp_path)], capture_output=True,
@@ -123,3 +123,50 @@ def test_a_rank_waits_at_a_barrier_without_keeping_a_core_busy(tmp_path):
     assert proc.returncode == 0, proc.stderr
     waited, busy = map(float, (tmp_path / "rank0").read_text().split())
     assert waited >= 1.4 and busy < 0.25 * waited, (waited, busy)
+
+
+@pytest.mark.parametrize("ranks", [0, 1, 3], ids=["plain", "mpi-started", "three-ranks"])
+def test_the_program_ends_with_its_status_and_all_its_output(ranks, tmp_path):
+    """:func:`chainexec.runtime.comm.end`: output still in the buffers (a pipe is block-buffered) is
+    written, MPI is finalized where the process started it (by the process itself when it is the
+    only rank or its MPI's finalize waits for every rank, else by the interpreter's exit), and the
+    status is the program's. Three ranks end together, five times over: none leaves its peers
+    failing in their finalize."""
+    fenced = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; from chainexec.runtime import comm; "
+                             "print(comm.fenced_finalize(MPI))"], capture_output=True, text=True, check=True)
+    start = ("from mpi4py import MPI; f = MPI.Finalize; "
+             "MPI.Finalize = lambda: (print('finalized', file=sys.stderr), f())[1]; ") if ranks else ""
+    code = f"import sys; {start}from chainexec.runtime import comm; print('x' * 100000, end=''); comm.end(3)"
+    command = [sys.executable, "-c", code]
+    if ranks > 1:
+        command = [*launch(ranks), *command]
+    for _ in range(5 if ranks > 1 else 1):
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 3 and done.stdout == "x" * 100000 * max(ranks, 1), done.stderr
+        assert ("finalized" in done.stderr) == (ranks == 1 or (ranks > 1 and fenced.stdout.strip() == "True")), \
+            done.stderr
+
+
+@pytest.mark.parametrize("library, flag, fenced", [
+    ("Open MPI v5.0.3, package: Open MPI", None, True), ("Open MPI v4.1.5", "0", True),
+    ("Open MPI v4.1.5", "1", False), ("Open MPI v4.1.5", "true", False),
+    ("MPICH Version:      4.2.0", None, False), ("Intel(R) MPI Library 2021.11", None, False)])
+def test_ranks_leave_at_once_where_finalize_waits_for_every_rank(library, flag, fenced, monkeypatch):
+    """:func:`chainexec.runtime.comm.fenced_finalize`: Open MPI's finalize opens with a fence unless its
+    ``async_mpi_finalize`` parameter is set; other MPIs' are not taken to wait."""
+    if flag is None:
+        monkeypatch.delenv("OMPI_MCA_async_mpi_finalize", raising=False)
+    else:
+        monkeypatch.setenv("OMPI_MCA_async_mpi_finalize", flag)
+    mpi = types.SimpleNamespace(Get_library_version=lambda: library)
+    assert comm.fenced_finalize(mpi) is fenced
+
+
+def test_a_profiled_program_keeps_its_profile(tmp_path):
+    """Under a profiler the program ends through the interpreter's exit, where cProfile writes
+    its data."""
+    script = tmp_path / "end.py"
+    script.write_text("from chainexec.runtime import comm\ncomm.end(0)\n")
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "p.prof"), str(script)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "p.prof").stat().st_size > 0, done.stderr
