@@ -98,7 +98,10 @@ def sum_problem(text: str) -> sumkernel.SumProblem:
             return tuple(map(value, node.elts))
         return ast.literal_eval(node)
 
-    found = value(ast.parse(text, mode="eval").body)
+    try:
+        found = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, TypeError) as err:  # not Python; a class called with arguments it lacks
+        raise ValueError(f"not a sum-kernel problem: {text[:80]!r} ({err})") from None
     if not isinstance(found, sumkernel.SumProblem):
         raise ValueError(f"not a sum-kernel problem: {text[:80]!r}")
     return found

@@ -235,7 +235,8 @@ def _main(args) -> int:
                     report.plot_run(result["predicted"], result["measured"], args.plot)
             if not report.matches(result["predicted"], result["measured"]):
                 if result["run"]["rank"] == 0:
-                    print("chainexec: measured movement, peaks, flops or streamed bytes differ from the prediction (a bug)", file=sys.stderr)
+                    print("chainexec: measured movement, peaks, flops or streamed bytes differ from the prediction "
+                          "(a bug)", file=sys.stderr)
                 return 1
     except ChainexecError as err:
         if args.command != "run" or _rank() == 0:

@@ -132,7 +132,7 @@ def _names(plan: Plan):
     yield from plan.extents
     for nest in plan.nests:
         for op, _ in ops(nest.body):
-            f = getattr(op, "expression", None)
+            f = op.expression
             if f is None:
                 continue
             yield f.out

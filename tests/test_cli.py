@@ -646,5 +646,3 @@ def test_chem_synthetic_larger_than_memory(tmp_path, per_vir):
 def test_usage_errors_are_one_line(args, tmp_path):
     assert_refused(run_cli(*args, cwd=tmp_path), "chainexec", "-h")
     assert list(tmp_path.iterdir()) == []
-
-

@@ -866,9 +866,9 @@ def split_configs(p: Problem, sm_count: int, arch: int = 90) -> list[tuple[GettC
     :data:`SPLIT_PARTS` that give every SM at most one block, and the most that fill the blocks
     resident at once (the model's count of them), each part summing at least
     :data:`SPLIT_MIN_TILES` k-tiles. A block count between one and two waves leaves the SMs of the
-    second half-empty wave idle, so the parts fill a wave and stop there. Where the output's blocks fill
-    the SMs already, none; nor more parts than offsets of the index type reach (``parts`` outputs
-    in the workspace)."""
+    second half-empty wave idle, so the parts fill a wave and stop there. Where the output's
+    blocks fill the SMs already, none; nor more parts than offsets of the index type reach
+    (``parts`` outputs in the workspace)."""
     M, N, K, L = p.dims
     out = []
     for cfg in split_shapes(p, arch):

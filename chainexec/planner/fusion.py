@@ -33,6 +33,7 @@ import networkx as nx
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Contraction, TensorInfo
 
+
 def graph(cs: list[Contraction]) -> nx.DiGraph:
     """Producer → consumer edges between contractions (edge attribute ``tensor``)."""
     g = nx.DiGraph()

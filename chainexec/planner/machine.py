@@ -158,9 +158,9 @@ class Machine:
 
     @classmethod
     def parse(cls, text: str, path: str) -> tuple["Machine", frozenset[str]]:
-        """The machine of a machine file's ``text`` (read from ``path``: :func:`chainexec.machinecache.read`)
-        and the fields it gives (the others are defaults): a JSON object whose keys are this
-        class's fields. The rates of :data:`RATES` are required; the other fields keep their
+        """The machine of a machine file's ``text`` (read from ``path`` by
+        :func:`chainexec.machinecache.read`) and the fields it gives (the others are defaults):
+        a JSON object whose keys are this class's fields. The rates of :data:`RATES` are required; the other fields keep their
         defaults where absent, and ``details`` (what ``chainexec calibrate`` measured) is
         ignored. Any other key, and any value :data:`FIELDS` refuses, is a
         :class:`ChainexecError` naming the file and the field, as is text that is not JSON."""

@@ -201,6 +201,6 @@ def test_the_script_reads_a_problem_without_running_its_text():
     for text in texts:
         assert repr(tm.sum_problem(text)) == text
     for hostile in ("__import__('os').system('true')", "SumProblem(out=open('/etc/passwd'), terms=(), dtype='x')",
-                    "View.__init__.__globals__", "(1, 2)"):
+                    "View.__init__.__globals__", "(1, 2)", "View(bogus=1)", "SumProblem(**x)", "View("):
         with pytest.raises(ValueError):
             tm.sum_problem(hostile)
