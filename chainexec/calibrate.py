@@ -18,7 +18,10 @@ once, so that each rate is one rank's share while the others work too.
 - compute: the backend's float64 GEMM (numpy.matmul or cupy.matmul), 2·n³ flops per call;
 - device bandwidth: one device buffer copied into another (bytes read + written), the rate at
   which a compute statement streams its tiles;
-- seconds per statement: the executor on a product in tiny tiles (its fixed cost per statement).
+- seconds per statement and per transfer call: the executor on a product in tiny tiles, its
+  wall seconds outside the transfer levels per compute statement (its fixed cost per statement),
+  and each transfer level's seconds beyond its bytes' per call (per get or accumulate, per load
+  or store).
 
 Every rate is the median over repetitions of (bytes or flops of one rank) / (seconds of the
 slowest rank in that repetition). The file holds the :class:`Machine` fields plus a ``details``
@@ -310,6 +313,24 @@ def _rate(amount: float, samples_per_rank: list[list[float]]) -> dict:
     return {"per_second": statistics.median(per_rep), "samples_per_second": per_rep}
 
 
+def _per_call(statement: dict, ranks: int, bytes_seconds: dict[str, float]) -> dict[str, float]:
+    """Seconds per transfer call of each level and per compute statement, from the statement
+    chain's runs (:func:`chainexec.calibrate_worker._statements`: each run's wall and per-level
+    seconds, the same on every rank, and the plan's calls and bytes of all ranks). A level's
+    seconds beyond its bytes' (``bytes_seconds``, all ranks' bytes at the measured rates) over its
+    calls; the wall's seconds outside both transfer levels over the compute statements, each of
+    ``ranks`` ranks making its share. Medians over the runs, none below 0."""
+    share = {level: n / ranks for level, n in statement["calls"].items()}
+    samples = {"statement": [], "disk": [], "global<->device": []}
+    for wall, levels in zip(statement["s"], statement["level_s"]):
+        for level in share:
+            extra = max(levels[level] - bytes_seconds[level] / ranks, 0.0)
+            samples[level].append(extra / share[level] if share[level] else 0.0)
+        outside = wall - levels["disk"] - levels["global<->device"]
+        samples["statement"].append(max(outside, 0.0) / (statement["statements"] / ranks))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     """The :class:`Machine` and the ``details`` record from every rank's raw timings."""
     first = raw[0]
@@ -331,8 +352,6 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     orbit = first.get("orbit") and _rate(first["orbit"]["points"] * first["orbit"]["bytes_per_point"],
                                          over_ranks("orbit", "s"))
     statement = first["statement"]
-    # Every rank runs its share of the statements in the same (slowest rank's) seconds.
-    per_statement = 1 / _rate(statement["statements"] / len(raw), over_ranks("statement", "s"))["per_second"]
 
     if first["host_device"] is not None:
         nbytes = first["host_device"]["bytes"]
@@ -347,6 +366,14 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
         # NumPy's "device" is host memory: the get's destination is the device buffer already.
         to_device, to_global = get["per_second"], acc["per_second"]
         host_device = None
+    def bytes_seconds(run: dict) -> dict[str, float]:
+        """Seconds of a statement-chain run's bytes per transfer level, all ranks', at the rates above."""
+        moved = run["bytes"]
+        return {"disk": moved["disk->global"] / read["per_second"] + moved["global->disk"] / cached["per_second"],
+                "global<->device": moved["global->device"] / to_device + moved["device->global"] / to_global}
+
+    per_call = _per_call(statement, len(raw), bytes_seconds(statement))
+    per_call["disk"] = _per_call(first["load"], len(raw), bytes_seconds(first["load"]))["disk"]
     locking = first["host_lock"] and _rate(first["host_lock"]["bytes"], over_ranks("host_lock", "s"))
     mapped = first["mapped_fetch"] and _rate(first["mapped_fetch"]["bytes"], over_ranks("mapped_fetch", "s"))
     direct = first.get("mapped_locked_fetch") and _rate(first["mapped_locked_fetch"]["bytes"],
@@ -356,7 +383,8 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
     host = platform.node()
     machine = Machine(disk_read=read["per_second"], disk_write=write["per_second"],
                       global_to_device=to_device, device_to_global=to_global, flop_rate=gemm_rate["per_second"],
-                      statement_seconds=per_statement, device_bandwidth=copy["per_second"],
+                      statement_seconds=per_call["statement"], transfer_call_seconds=per_call["global<->device"],
+                      disk_call_seconds=per_call["disk"], device_bandwidth=copy["per_second"],
                       orbit_bandwidth=orbit and orbit["per_second"],
                       async_statements=first["queued"], disk_write_cached=cached["per_second"],
                       write_cache_bytes=disk["write_cache_bytes"] // len(raw), global_fill=fill["per_second"],
@@ -406,8 +434,14 @@ def _summarise(raw: list[dict], quick: bool) -> tuple[Machine, dict]:
                                     "chainexec.kernels.orbits.point_bytes counts, over its seconds",
                             "points": first["orbit"]["points"], "bytes_per_point": first["orbit"]["bytes_per_point"],
                             **orbit},
-        "statement": {"what": f"executor wall seconds per compute statement of a {statement['n']}-cubed matrix "
-                      "product run in tiny device tiles (bookkeeping, tile copies, kernel launches; flops negligible)",
-                      "statements_per_run": statement["statements"], "seconds": per_statement},
+        "statement": {"what": f"a {statement['n']}-cubed matrix product run by the executor in tiny device tiles: "
+                      "per compute statement, the run's wall seconds outside its transfers' (bookkeeping, kernel "
+                      "launches; flops negligible); per get or accumulate and per load or store, the seconds of "
+                      "that level's statements beyond their bytes' time at the rates above",
+                      "statements_per_run": statement["statements"], "calls_per_run": statement["calls"],
+                      "seconds": per_call["statement"], "transfer_call_seconds": per_call["global<->device"]},
+        "load": {"what": f"the same product with global memory of {first['load']['global_memory']}: per load or store, "
+                 "the disk level's seconds beyond its bytes' time",
+                 "calls_per_run": first["load"]["calls"], "disk_call_seconds": per_call["disk"]},
     }
     return machine, details

@@ -29,7 +29,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-# A chain whose plan runs many tiny tiles: the per-statement measurement (``{n}``: each index's extent).
+# A chain whose plan runs many tiny tiles: the per-statement measurement (``{n}``: each index's
+# extent; ``{global_memory}``: the limit that decides how many loads and stores it makes).
 STATEMENT_CHAIN = """\
 name: statements
 indices: {{i: {n}, j: {n}, k: {n}}}
@@ -40,7 +41,7 @@ statements:
   - C[i,j] = A[i,k] * B[k,j]
 outputs:
   C: {{file: out.h5, dataset: C}}
-machine: {{global_memory: 1MiB, device_memory: 2KiB}}
+machine: {{global_memory: {global_memory}, device_memory: 2KiB}}
 scratch: scratch
 """
 
@@ -188,14 +189,23 @@ def _repeat(comm, reps: int, clock, fn) -> list[float]:
     return samples
 
 
-def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
-    """Run :data:`STATEMENT_CHAIN` of extent ``n`` through the executor ``reps`` times (after one
-    untimed run) in a folder under ``scratch``; returns the extent, the compute statements per run
-    (all ranks) and each run's wall seconds (slowest rank)."""
+# The global memory of the statement chain's two measurements: its operands whole in global
+# memory (each loaded once: the many gets and compute statements are measured), and a few rows of
+# them at a time (the many loads are).
+STATEMENT_GLOBAL, LOAD_GLOBAL = "1MiB", "2KiB"
+
+
+def _statements(comm, dev, scratch: str, reps: int, n: int, global_memory: str) -> dict:
+    """Run :data:`STATEMENT_CHAIN` of extent ``n`` and ``global_memory`` through the executor
+    ``reps`` times (after one untimed run) in a folder under ``scratch``; returns the extent, the compute statements per run
+    (all ranks), each run's wall seconds (slowest rank) and seconds per level (busiest rank), and
+    the plan's transfer calls and bytes per level (all ranks, :func:`chainexec.planner.cost.predict_nests`)."""
     import shutil
 
     from chainexec import spec
     from chainexec.planner.build import make_plan
+    from chainexec.planner.cost import predict_nests
+    from chainexec.planner.machine import Machine
     from chainexec.planner.plan import Plan
     from chainexec.runtime import store
     from chainexec.runtime.executor import Executor
@@ -204,7 +214,7 @@ def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
     text = None
     if comm.rank == 0:
         folder.mkdir()
-        chain = spec.loads(STATEMENT_CHAIN.format(n=n), str(folder / "chain.yaml"))
+        chain = spec.loads(STATEMENT_CHAIN.format(n=n, global_memory=global_memory), str(folder / "chain.yaml"))
         store.make_folders([chain.resolve(o.file) for o in chain.outputs], chain.resolve(chain.scratch))
         plan = make_plan(chain, ranks=comm.size)
         text = plan.to_json()
@@ -215,7 +225,10 @@ def _statements(comm, dev, scratch: str, reps: int, n: int) -> dict:
         comm.Barrier()
         if comm.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
-    return {"n": n, "statements": runs[0]["statements"], "s": [r["total_seconds"] for r in runs]}
+    counted = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, Machine(), comm.size)
+    return {"n": n, "global_memory": global_memory, "statements": runs[0]["statements"],
+            "s": [r["total_seconds"] for r in runs],
+            "level_s": [r["seconds"] for r in runs], "calls": counted["calls"], "bytes": counted["bytes"]}
 
 
 def _orbit(dev, rng, comm, reps: int, clock) -> dict:
@@ -405,7 +418,9 @@ def measure(comm, scratch: str, size: int, reps: int, gemm_n: dict, backend: str
 
     # One statement: the executor's wall time per compute statement on tiny tiles, where its own
     # bookkeeping, tile copies and kernel launches are all there is.
-    result["statement"] = _statements(comm, dev, scratch, reps, statement_n)
+    result["statement"] = _statements(comm, dev, scratch, reps, statement_n, STATEMENT_GLOBAL)
+    # One load or store: the same product in tiles of global memory too small for its operands.
+    result["load"] = _statements(comm, dev, scratch, reps, statement_n, LOAD_GLOBAL)
 
     # GEMM: float64 square matrices, the executor's contraction kernel on this backend.
     n = gemm_n[dev.name]

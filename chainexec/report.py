@@ -95,7 +95,7 @@ def _setting(name: str, value) -> str:
         return "-" if value is None else str(value).lower()
     if name.endswith("_memory") or name.endswith("_bytes"):
         return format_size(value)
-    unit = {"flop_rate": "flop/s", "statement_seconds": "s"}.get(name, "B/s")
+    unit = "flop/s" if name == "flop_rate" else "s" if name.endswith("_seconds") else "B/s"
     return f"{value:.3g} {unit}"
 
 

@@ -21,7 +21,7 @@ from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _launcher_re
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
-from chainexec.planner.cost import predict
+from chainexec.planner.cost import predict, predict_nests
 from chainexec.planner.machine import Machine
 from tests.conftest import mpiexec
 
@@ -59,8 +59,11 @@ def test_file_round_trips_with_plausible_rates(calibrated):
     assert 1e6 <= loaded.device_to_global <= 1e12
     # Memory copies: from a slow CPU node's DRAM to HBM (H100 about 3e12 bytes/s read + written).
     assert 1e8 <= loaded.device_bandwidth <= 2e13
-    # One tiny contraction: at least a microsecond of dispatch, far below a second.
+    # One tiny contraction, one transfer of a tiny tile: at least a microsecond of dispatch, far
+    # below a second.
     assert 1e-7 <= loaded.statement_seconds <= 1e-2
+    assert 1e-7 <= loaded.transfer_call_seconds <= 1e-2
+    assert 1e-7 <= loaded.disk_call_seconds <= 1e-1
     assert not path.with_name(path.name + ".tmp").exists()
 
 
@@ -77,6 +80,11 @@ def test_details_record_how_and_what_was_measured(calibrated):
     assert details["gemm"]["flops_per_call"] == 2 * details["gemm"]["n"] ** 3
     assert details["gemm"]["per_second"] == machine.flop_rate
     assert details["statement"]["seconds"] == machine.statement_seconds
+    assert details["statement"]["transfer_call_seconds"] == machine.transfer_call_seconds
+    assert details["load"]["disk_call_seconds"] == machine.disk_call_seconds
+    # the statement chain's gets and accumulates, and the loads of its run in little global memory
+    assert details["statement"]["calls_per_run"]["global<->device"] > details["statement"]["statements_per_run"]
+    assert details["load"]["calls_per_run"]["disk"] > 100
     # the quick profile's product, 24³ in tiles of 2 KiB: 144 compute statements a run
     assert "24-cubed" in details["statement"]["what"] and details["statement"]["statements_per_run"] == 144
     assert details["device_copy"]["per_second"] == machine.device_bandwidth
@@ -121,12 +129,14 @@ def test_planner_predicts_with_the_calibrated_rates(calibrated):
     plan = make_plan(config, loaded)
     measured = plan.predicted
     moved = measured["bytes"]
+    calls = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, loaded)["calls"]
+    assert calls["disk"] > 0 and calls["global<->device"] > 0
     cached = min(moved["global->disk"], loaded.write_cache_bytes)
     expected = {
         "disk": moved["disk->global"] / loaded.disk_read + cached / loaded.disk_write_cached
-        + (moved["global->disk"] - cached) / loaded.disk_write,
+        + (moved["global->disk"] - cached) / loaded.disk_write + calls["disk"] * loaded.disk_call_seconds,
         "global<->device": moved["global->device"] / loaded.global_to_device
-        + moved["device->global"] / loaded.device_to_global,
+        + moved["device->global"] / loaded.device_to_global + calls["global<->device"] * loaded.transfer_call_seconds,
     }
     assert {k: measured["seconds"][k] for k in expected} == pytest.approx(expected, rel=1e-12)
     # compute: per statement the larger of its flops' and its streamed bytes' time

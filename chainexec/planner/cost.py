@@ -167,8 +167,20 @@ def moved_bytes(node, loops: list[Loop], around: Loops, extents: dict[str, int],
     transfer to the device outside every parallel loop made by each of the ``ranks``; a tile the
     innermost loop keeps across groups (``Loop.kept``) once per group."""
     every = ranks if node.level == "device" and not any(loop.parallel for loop in loops) else 1
-    grouped = bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
-    return every * item * around.points(node.indices, extents, REGION_LEVEL[node.op], grouped)
+    return every * item * around.points(node.indices, extents, REGION_LEVEL[node.op], _kept(node, loops))
+
+
+def moved_calls(node, loops: list[Loop], around: Loops, extents: dict[str, int], ranks: int) -> int:
+    """Calls the ranks make of the moving statement ``node`` over all its iterations, one per
+    tile as :func:`moved_bytes` counts its bytes: outside every parallel loop each of the
+    ``ranks`` makes it (a get for the whole tile, a load or a store for its own rows)."""
+    every = 1 if any(loop.parallel for loop in loops) else ranks
+    return every * around.points([], extents, REGION_LEVEL[node.op], _kept(node, loops))
+
+
+def _kept(node, loops: list[Loop]) -> bool:
+    """Whether the innermost of ``loops`` keeps ``node``'s tile across groups (``Loop.kept``)."""
+    return bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
 
 
 def units(loop: Loop, extents: dict[str, int]) -> int:
@@ -224,6 +236,7 @@ def predict(plan: Plan, machine: Machine, ranks: int = 1, cached: dict[str, floa
     record = predict_nests(plan.nests, plan.tensors, plan.extents, plan.contractions, machine, ranks, cached,
                            plan.pinned, frozenset(plan.locked))
     record["seconds"] = {level: t / ranks for level, t in record["seconds"].items()}
+    del record["calls"]  # the record holds what the runtime measures: bytes, not calls
     return record
 
 
@@ -308,7 +321,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     the cost (the statements' movement and flops are not counted). A computed source's loads
     are priced at the ``bytes_per_second`` its config states. ``total_seconds`` is the sum
     over the nests of :func:`wall` for one of ``ranks`` ranks, its compute level with the
-    statements' host time (:meth:`Machine.busy_seconds`). A global buffer's pages are
+    statements' host time (:meth:`Machine.busy_seconds`); ``calls``, per level, the transfer
+    calls the ranks make (:func:`moved_calls`), each priced at the machine's per-call seconds
+    (:attr:`Machine.transfer_call_seconds`, :attr:`Machine.disk_call_seconds`) in its level's
+    seconds and its statement's. A global buffer's pages are
     touched once before its first use, by a zero fill (a buffer accumulated into, or one the
     backend page-locks) or by its first write: each allocation of one is priced at
     :attr:`Machine.global_fill`, but an input's tile read from its file (mapped where the file
@@ -327,6 +343,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
     priced, filled, mapped, total = [0, 0.0], [0], [0], 0.0
     transfers = [0.0]  # seconds of the global<->device level, statement by statement
+    calls = {"disk": 0, "global<->device": 0}  # the ranks' transfer calls per level (moved_calls)
     by_statement: dict[str, float] = {}
     stored: dict[str, int] = {}
 
@@ -346,7 +363,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0], statements[0])
+        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0], statements[0],
+                  dict(calls))
         overlapped = [0]
 
         def tile_bytes(tensor: str, indices, where) -> int:
@@ -455,6 +473,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                 else:
                     nbytes = moved_bytes(node, loops, around, extents, item, ranks)
                     moved[CATEGORY[node.op]] += nbytes
+                    made = moved_calls(node, loops, around, extents, ranks)
+                    if node.op in ("load", "store"):
+                        calls["disk"] += made
+                        spend(names[k], made * machine.disk_call_seconds)
                     if node.op == "load":
                         other, seconds = _priced_load(nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))
                         priced[0] += other
@@ -467,7 +489,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         direct = node.tensor in locked and whole_rows(node.indices, ranges, extents)
                         seconds = machine.transfer_seconds(
                             node.op, nbytes, locks and (not source.from_file() or direct),
-                            locks and node.tensor in cached)
+                            locks and node.tensor in cached, made)
+                        calls["global<->device"] += made
                         transfers[0] += seconds
                         spend(names[k], seconds)
 
@@ -475,21 +498,30 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
         if machine is not None:
             own = {k: moved[k] - before[0][k] for k in moved}
             levels = machine.seconds(own, compute[0] - before[1], transfers[0] - before[4], ranks,
-                                     (priced[0] - before[2][0], priced[1] - before[2][1]))
+                                     (priced[0] - before[2][0], priced[1] - before[2][1]),
+                                     calls["disk"] - before[7]["disk"])
             prepared = filled[0] - before[3]
             prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
                 (prepared + mapped[0] - before[5]) / machine.host_lock if locks and machine.host_lock else 0.0)
-            levels["compute"] = machine.busy_seconds(levels["compute"], statements[0] - before[6])
+            # the transfers' per-call seconds are the host thread's, with its statements' (not
+            # hidden behind other levels by the pipeline)
+            called = {"disk": (calls["disk"] - before[7]["disk"]) * machine.disk_call_seconds,
+                      "global<->device": (calls["global<->device"] - before[7]["global<->device"])
+                      * machine.transfer_call_seconds}
+            for level, seconds in called.items():
+                levels[level] = max(levels[level] - seconds, 0.0)
+            levels["compute"] = machine.busy_seconds(levels["compute"], statements[0] - before[6],
+                                                     sum(called.values()))
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], transfers[0], ranks, (priced[0], priced[1]))
+    seconds = machine.seconds(moved, compute[0], transfers[0], ranks, (priced[0], priced[1]), calls["disk"])
     writes = sum(stored.values())
     for name, nbytes in stored.items():  # the cached share of the writes spread over them by bytes
         spend(name, machine.write_seconds(writes, ranks) * nbytes / writes)
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
-            "memory_peak": peak, "seconds": seconds, "total_seconds": total,
+            "calls": calls, "memory_peak": peak, "seconds": seconds, "total_seconds": total,
             "by_statement": dict(sorted(by_statement.items(), key=lambda kv: -kv[1]))}
 
 

@@ -30,6 +30,13 @@ class Machine:
     # copies, kernel launch): what makes many small tiles slower than few large ones. `chainexec
     # calibrate` measures it.
     statement_seconds: float = 2.0e-4
+    # Seconds the runtime spends per transfer statement it runs beside the bytes' time: per get or
+    # accumulate (the global<->device level) and per load or store (the disk level), the tile's
+    # slicing, the bookkeeping and the call into the global array or the file. What makes many
+    # small tiles slow to move though their bytes are few. `chainexec calibrate` measures both on
+    # the run it measures statement_seconds on; 0, the default, leaves them unpriced.
+    transfer_call_seconds: float = 0.0
+    disk_call_seconds: float = 0.0
     # Bytes per second a compute statement reads and writes in device memory (its operands' and
     # output's tiles): a statement costs the larger of flops / flop_rate and streamed bytes /
     # device_bandwidth (:meth:`compute_seconds`), which is what makes point-wise statements over
@@ -116,32 +123,37 @@ class Machine:
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
     def seconds(self, moved: dict[str, int], compute: float, transfers: float, ranks: int = 1,
-                priced: tuple[int, float] = (0, 0.0)) -> dict[str, float]:
+                priced: tuple[int, float] = (0, 0.0), disk_calls: int = 0) -> dict[str, float]:
         """Seconds per level for the given bytes per category (all ``ranks`` ranks' together),
         compute seconds (the sum of :meth:`compute_seconds` over the statements) and transfer
         seconds (the sum of :meth:`transfer_seconds` over the gets and accumulates, each at the
-        rate of its kind of host memory), summed over the ranks. ``priced``: bytes of loads that
-        are not disk reads and their seconds (a computed source's at its rate; a mapped input's
-        pages the page cache holds move in none)."""
+        rate of its kind of host memory, with :attr:`transfer_call_seconds` per call), summed
+        over the ranks. ``priced``: bytes of loads that are not disk reads and their seconds (a
+        computed source's at its rate; a mapped input's pages the page cache holds move in
+        none). ``disk_calls``: the loads and stores the ranks make, at
+        :attr:`disk_call_seconds` each."""
         loads, seconds = priced
         return {
             "disk": (moved["disk->global"] - loads) / self.disk_read + seconds
-            + self.write_seconds(moved["global->disk"], ranks),
+            + self.write_seconds(moved["global->disk"], ranks) + disk_calls * self.disk_call_seconds,
             "global<->device": transfers,
             "compute": compute,
         }
 
-    def busy_seconds(self, compute: float, statements: float) -> float:
+    def busy_seconds(self, compute: float, statements: float, calls: float = 0.0) -> float:
         """Seconds the compute level keeps a run busy: the statements' ``compute`` seconds
         (:meth:`compute_seconds` summed) with the host's :attr:`statement_seconds` for each of
-        ``statements``, added, or overlapped where the statements are queued on a device stream
+        ``statements`` and the ``calls`` seconds of its transfers' per-call time (the same
+        thread's work), added, or overlapped where the statements are queued on a device stream
         (:attr:`async_statements`): many small tiles cost their bookkeeping even where their
         flops are few."""
-        host = statements * self.statement_seconds
+        host = statements * self.statement_seconds + calls
         return max(compute, host) if self.async_statements else compute + host
 
-    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False) -> float:
-        """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA
+    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False,
+                         calls: int = 0) -> float:
+        """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``) in
+        ``calls`` calls (:attr:`transfer_call_seconds` each): the bytes by DMA
         from page-locked host memory where ``locked`` (at :attr:`host_to_device` /
         :attr:`device_to_host` where measured; rows of a mapped input, ``mapped`` too, at
         :attr:`mapped_locked_to_device` where measured); rows of a pinned run's input mapped from
@@ -150,8 +162,9 @@ class Machine:
         if op == "get":
             dma = (self.mapped_locked_to_device if mapped else None) or self.host_to_device
             rate = (dma if locked else self.mapped_to_device if mapped else None) or self.global_to_device
-            return nbytes / rate
-        return nbytes / (self.device_to_host if locked and self.device_to_host else self.device_to_global)
+        else:
+            rate = self.device_to_host if locked and self.device_to_host else self.device_to_global
+        return nbytes / rate + calls * self.transfer_call_seconds
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -204,7 +217,8 @@ def _rate(value) -> bool:
 FIELDS = {
     **{name: (_rate, "a positive number of bytes per second") for name in RATES if name != "flop_rate"},
     "flop_rate": (_rate, "a positive number of flops per second"),
-    "statement_seconds": (lambda v: _number(v) and v >= 0, "a number of seconds, 0 or more"),
+    **{name: (lambda v: _number(v) and v >= 0, "a number of seconds, 0 or more")
+       for name in ("statement_seconds", "transfer_call_seconds", "disk_call_seconds")},
     "device_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "orbit_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "async_statements": (lambda v: isinstance(v, bool), "true or false"),

@@ -3,6 +3,7 @@ outermost double-buffered loop, global memory's preparation, and loads of page-c
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -71,6 +72,48 @@ def test_many_small_statements_cost_their_host_time(queued):
     busy = max(compute, host) if queued else compute + host
     others = sum(t for level, t in p.predicted["seconds"].items() if level != "compute")
     assert busy <= p.predicted["total_seconds"] <= busy + others + 1e-12
+
+
+def _calls(body, ranges: dict[str, int]) -> dict[str, int]:
+    """Transfer calls per level of one rank's run of ``body`` within tiles of ``ranges``
+    elements per index: each load, store, get and accumulate once per iteration of its enclosing
+    loops, every tile of each loop visited (the last one of an index the rest of its range; none
+    of the loops keeps a tile across groups)."""
+    level = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device"}
+    found = {"disk": 0, "global<->device": 0}
+    for node in body:
+        if isinstance(node, Loop):
+            assert not node.kept and not node.symmetric
+            sizes = {i: [min(t, ranges[i] - start) for start in range(0, ranges[i], t)] for i, t in node.tiles.items()}
+            for tile in itertools.product(*sizes.values()):
+                inner = _calls(node.body, ranges | dict(zip(sizes, tile)))
+                found = {k: found[k] + inner[k] for k in found}
+        elif node.op in level:
+            found[level[node.op]] += 1
+    return found
+
+
+@pytest.mark.parametrize("memory", [("24KiB", "3KiB"), ("1GiB", "1GiB")])
+def test_each_transfer_call_costs_its_host_time(memory):
+    """Per get or accumulate and per load or store, the machine's per-call seconds: a level's
+    seconds grow by its calls (counted here from the plan's loops) times them; the run's seconds
+    count them as the host thread's, with its statements': at least their sum."""
+    p = _plan(*memory, Machine())
+    calls = {"disk": 0, "global<->device": 0}
+    for nest in p.nests:
+        found = _calls(nest.body, p.extents)
+        calls = {k: calls[k] + found[k] for k in calls}
+    assert calls["disk"] > 0 and calls["global<->device"] > 0
+    per_call = {"disk": 2.0e-3, "global<->device": 1.0e-3}
+    plain = predict(p, Machine())
+    priced = predict(p, Machine(disk_call_seconds=per_call["disk"], transfer_call_seconds=per_call["global<->device"]))
+    assert predict_nests(p.nests, p.tensors, p.extents, p.contractions, Machine())["calls"] == calls
+    for level, n in calls.items():
+        assert priced["seconds"][level] - plain["seconds"][level] == pytest.approx(n * per_call[level], rel=1e-9)
+    assert priced["seconds"]["compute"] == plain["seconds"]["compute"]
+    host = sum(n * per_call[level] for level, n in calls.items())
+    host += priced["statements"] * Machine().statement_seconds
+    assert host <= priced["total_seconds"] <= host + sum(plain["seconds"].values()) + 1e-12
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
@@ -159,7 +202,8 @@ def test_statement_seconds_add_up_to_the_levels(memory, ranks, cached, pinned_fr
     """Each statement's predicted seconds (all ranks together), summed per level, are the level's
     seconds: the report sets them beside the statements the runtime times."""
     machine = Machine(device_bandwidth=5.0e10, disk_write_cached=4.0e9, write_cache_bytes=4096,
-                      host_to_device=3.0e10, device_to_host=2.0e10, pinned_from_bytes=pinned_from)
+                      host_to_device=3.0e10, device_to_host=2.0e10, pinned_from_bytes=pinned_from,
+                      transfer_call_seconds=3.0e-5, disk_call_seconds=7.0e-5)
     p = predict(_plan(*memory, machine, ranks), machine, ranks, cached={"A": cached})
     assert {name.split()[0] for name in p["by_statement"]} >= {"load", "store", "get", "accumulate"}
     assert _by_level(p["by_statement"]) == pytest.approx({k: v * ranks for k, v in p["seconds"].items()}, rel=1e-12)
