@@ -282,11 +282,11 @@ class Buffers:
         of the whole tensor) into ``out``, a view of the global buffer ``ga`` (key ``k``): for a
         tile mapped from its file, its pages made resident (:meth:`MappedArray.populate`); else an
         HDF5 read, into memory faulted in first where the buffer is fresh (:meth:`read_fresh`).
-        The worker's job number."""
+        The worker's job number (a small one run at once: :data:`chainexec.runtime.diskio.INLINE_BYTES`)."""
         if isinstance(ga, MappedArray):
-            return self.disk.submit(statement_name("load", tensor), ga.populate, out)
+            return self.disk.submit(statement_name("load", tensor), ga.populate, out, nbytes=out.nbytes)
         return self.disk.submit(statement_name("load", tensor), self.read_fresh if k in self.fresh else self.store.read, tensor,
-                                version, part, out)
+                                version, part, out, nbytes=out.nbytes)
 
     def read_fresh(self, tensor: str, version: int, part, out: np.ndarray) -> None:
         """Read ``part`` of ``tensor`` into ``out``, memory not touched since its allocation: its

@@ -7,6 +7,12 @@ and submission order is what makes the two slots of a double-buffered loop safe 
 is refilled only after every job submitted before it, among them the write of its previous
 contents, has finished. h5py releases the GIL while HDF5 reads and writes, so the main thread runs
 meanwhile. The worker makes no MPI calls: the executor hands it plain NumPy views of the windows.
+
+A job of fewer than :data:`INLINE_BYTES` submitted while nothing is pending runs at once on the
+calling thread: each h5py call of a job takes and gives back the GIL several times, and a worker
+waits for it while the main thread runs Python (the executor's bookkeeping, statements of tiny
+tiles), which makes a small job many times slower than its own work; overlapping it would save
+less than that.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ import itertools
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+
+#: Bytes below which a job submitted with nothing pending runs on the calling thread: a load or
+#: store of a small-tile run (a few KiB to hundreds of KiB), whose h5py calls cost about 0.1 ms
+#: alone and 1 to 1.5 ms on the worker beside the executor's thread; a 1 MiB read is itself about
+#: that long, so from there on overlapping it pays.
+INLINE_BYTES = 1 << 20
 
 
 def _timed(job, *args) -> float:
@@ -33,9 +45,19 @@ class DiskWorker:
         self.submitted = 0
         self._done = 0
 
-    def submit(self, name: str, job, *args) -> int:
-        """Queue ``job(*args)`` for the statement ``name`` (``load T``, ``store T``); its number."""
-        self._pending.append((name, self._pool.submit(_timed, job, *args)))
+    def submit(self, name: str, job, *args, nbytes: int | None = None) -> int:
+        """Queue ``job(*args)`` for the statement ``name`` (``load T``, ``store T``); its number.
+        A job of ``nbytes`` under :data:`INLINE_BYTES` runs here and now where every job before it
+        has finished (its seconds and its error, as a queued job's, at :meth:`wait`)."""
+        if nbytes is not None and nbytes < INLINE_BYTES and all(f.done() for _, f in self._pending):
+            future = Future()
+            try:
+                future.set_result(_timed(job, *args))
+            except Exception as err:
+                future.set_exception(err)
+        else:
+            future = self._pool.submit(_timed, job, *args)
+        self._pending.append((name, future))
         self.submitted += 1
         return self.submitted
 

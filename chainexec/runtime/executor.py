@@ -422,7 +422,8 @@ class Executor:
         part = own_rows(ga, self.buffers.regions[k])
         if part is not None:
             local = ga.local()
-            self.disk.submit(statement_name("store", op.tensor), self.store.write, op.tensor, op.version, part, local)
+            self.disk.submit(statement_name("store", op.tensor), self.store.write, op.tensor, op.version, part, local,
+                             nbytes=local.nbytes)
             self.counters.move(CATEGORY["store"], local.nbytes)
         if not (self.frame.behind and k in self.buffers.slots):
             self.counters.spend_disk(self.disk.wait())

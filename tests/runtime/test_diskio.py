@@ -1,4 +1,5 @@
-"""The disk worker runs jobs in submission order, waits up to a job number, times its jobs by the
+"""The disk worker runs jobs in submission order (a small one with nothing pending at once, on the
+calling thread), waits up to a job number, times its jobs by the
 statement each serves and raises a job's error where it is waited for."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from chainexec.runtime.diskio import DiskWorker
+from chainexec.runtime.diskio import INLINE_BYTES, DiskWorker
 
 
 def test_jobs_run_in_order_off_the_calling_thread():
@@ -42,4 +43,58 @@ def test_errors_surface_at_wait():
     worker.submit("store T", fail)
     with pytest.raises(OSError, match="disk gone"):
         worker.wait()
+    worker.close()
+
+
+def test_a_small_job_with_nothing_pending_runs_on_the_calling_thread():
+    """Under INLINE_BYTES and behind finished jobs only: run at once, here; counted and raised as
+    a queued job's at wait."""
+    worker = DiskWorker()
+    threads = []
+
+    def job():
+        threads.append(threading.get_ident())
+
+    def fail():
+        raise OSError("disk gone")
+
+    assert worker.submit("load A", job, nbytes=INLINE_BYTES - 1) == 1
+    assert threads == [threading.get_ident()] and worker.finished(1)
+    worker.submit("store T", fail, nbytes=8)
+    assert worker.submit("load A", job, nbytes=0) == 3  # the failed job before it is finished too
+    assert threads == [threading.get_ident()] * 2
+    with pytest.raises(OSError, match="disk gone"):
+        worker.wait()
+    assert set(worker.wait()) == {"load A"}
+    worker.close()
+
+
+@pytest.mark.parametrize("nbytes", [INLINE_BYTES, None])
+def test_large_and_unsized_jobs_go_to_the_worker(nbytes):
+    worker = DiskWorker()
+    threads = []
+    worker.submit("load A", lambda: threads.append(threading.get_ident()), nbytes=nbytes)
+    worker.wait()
+    assert threads and threads[0] != threading.get_ident()
+    worker.close()
+
+
+def test_a_small_job_behind_a_pending_one_keeps_its_place():
+    """A small job submitted while a large one runs is queued behind it, not run ahead of it."""
+    worker = DiskWorker()
+    seen, release = [], threading.Event()
+
+    def slow():
+        release.wait(5)
+        seen.append("large")
+
+    def small():
+        seen.append(("small", threading.get_ident()))
+
+    worker.submit("load A", slow, nbytes=INLINE_BYTES * 4)
+    worker.submit("store T", small, nbytes=16)
+    assert seen == []
+    release.set()
+    worker.wait()
+    assert seen[0] == "large" and seen[1][0] == "small" and seen[1][1] != threading.get_ident()
     worker.close()
