@@ -48,13 +48,11 @@ class DiskWorker:
     def submit(self, name: str, job, *args, nbytes: int | None = None) -> int:
         """Queue ``job(*args)`` for the statement ``name`` (``load T``, ``store T``); its number.
         A job of ``nbytes`` under :data:`INLINE_BYTES` runs here and now where every job before it
-        has finished (its seconds and its error, as a queued job's, at :meth:`wait`)."""
-        if nbytes is not None and nbytes < INLINE_BYTES and all(f.done() for _, f in self._pending):
+        has finished (its seconds at :meth:`wait`); its error, or that of a job before it, is
+        raised here: nothing runs after a failed job."""
+        if nbytes is not None and nbytes < INLINE_BYTES and self.finished(self.submitted):
             future = Future()
-            try:
-                future.set_result(_timed(job, *args))
-            except Exception as err:
-                future.set_exception(err)
+            future.set_result(_timed(job, *args))
         else:
             future = self._pool.submit(_timed, job, *args)
         self._pending.append((name, future))

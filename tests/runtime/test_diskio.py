@@ -47,8 +47,8 @@ def test_errors_surface_at_wait():
 
 
 def test_a_small_job_with_nothing_pending_runs_on_the_calling_thread():
-    """Under INLINE_BYTES and behind finished jobs only: run at once, here; counted and raised as
-    a queued job's at wait."""
+    """Under INLINE_BYTES and behind finished jobs only: run at once, here, its seconds counted
+    at wait; its error raised at once, and nothing run after it."""
     worker = DiskWorker()
     threads = []
 
@@ -60,12 +60,28 @@ def test_a_small_job_with_nothing_pending_runs_on_the_calling_thread():
 
     assert worker.submit("load A", job, nbytes=INLINE_BYTES - 1) == 1
     assert threads == [threading.get_ident()] and worker.finished(1)
-    worker.submit("store T", fail, nbytes=8)
-    assert worker.submit("load A", job, nbytes=0) == 3  # the failed job before it is finished too
-    assert threads == [threading.get_ident()] * 2
+    assert worker.submit("load A", job, nbytes=0) == 2
+    assert set(worker.wait()) == {"load A"} and threads == [threading.get_ident()] * 2
     with pytest.raises(OSError, match="disk gone"):
-        worker.wait()
-    assert set(worker.wait()) == {"load A"}
+        worker.submit("store T", fail, nbytes=8)
+    worker.close()
+
+
+def test_no_small_job_runs_after_a_failed_one():
+    """A queued job failed: the next small job raises its error instead of running."""
+    worker = DiskWorker()
+    ran = []
+
+    def fail():
+        raise OSError("disk gone")
+
+    worker.submit("store T", fail)
+    with pytest.raises(OSError, match="disk gone"):
+        while not worker.finished(1):
+            time.sleep(0.001)
+    with pytest.raises(OSError, match="disk gone"):
+        worker.submit("store T", ran.append, 1, nbytes=8)
+    assert ran == []
     worker.close()
 
 
