@@ -197,9 +197,10 @@ STATEMENT_GLOBAL, LOAD_GLOBAL = "1MiB", "2KiB"
 
 def _statements(comm, dev, scratch: str, reps: int, n: int, global_memory: str) -> dict:
     """Run :data:`STATEMENT_CHAIN` of extent ``n`` and ``global_memory`` through the executor
-    ``reps`` times (after one untimed run) in a folder under ``scratch``; returns the extent, the compute statements per run
-    (all ranks), each run's wall seconds (slowest rank) and seconds per level (busiest rank), and
-    the plan's transfer calls and bytes per level (all ranks, :func:`chainexec.planner.cost.predict_nests`)."""
+    ``reps`` times (after one untimed run) in a folder under ``scratch``; returns the extent, the
+    compute statements per run (all ranks), each run's wall seconds (slowest rank) and seconds
+    per level (busiest rank), and the plan's transfer calls and bytes per level (all ranks,
+    :func:`chainexec.planner.cost.predict_nests`)."""
     import shutil
 
     from chainexec import spec

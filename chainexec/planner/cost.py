@@ -33,8 +33,8 @@ from chainexec import expr
 from chainexec.kernels import orbits
 from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import (CATEGORIES, CATEGORY, LEVELS, Loop, Plan, key, pattern_of_key, runs, staged,
-                                     statement_name)
+from chainexec.planner.plan import (CATEGORIES, CATEGORY, LEVELS, MOVE_LEVEL, Loop, Plan, key, pattern_of_key, runs,
+                                     staged, statement_name)
 
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
 REGION_LEVEL = {"load": "global", "store": "global", "get": "device", "accumulate": "device",
@@ -473,10 +473,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                 else:
                     nbytes = moved_bytes(node, loops, around, extents, item, ranks)
                     moved[CATEGORY[node.op]] += nbytes
-                    made = moved_calls(node, loops, around, extents, ranks)
-                    if node.op in ("load", "store"):
-                        calls["disk"] += made
-                        spend(names[k], made * machine.disk_call_seconds)
+                    level, made = MOVE_LEVEL[node.op], moved_calls(node, loops, around, extents, ranks)
+                    calls[level] += made
+                    spend(names[k], machine.call_seconds({level: made})[level])
                     if node.op == "load":
                         other, seconds = _priced_load(nbytes, tensors[node.tensor], cached.get(node.tensor, 0.0))
                         priced[0] += other
@@ -489,8 +488,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         direct = node.tensor in locked and whole_rows(node.indices, ranges, extents)
                         seconds = machine.transfer_seconds(
                             node.op, nbytes, locks and (not source.from_file() or direct),
-                            locks and node.tensor in cached, made)
-                        calls["global<->device"] += made
+                            locks and node.tensor in cached)
                         transfers[0] += seconds
                         spend(names[k], seconds)
 
@@ -498,25 +496,22 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
         if machine is not None:
             own = {k: moved[k] - before[0][k] for k in moved}
             levels = machine.seconds(own, compute[0] - before[1], transfers[0] - before[4], ranks,
-                                     (priced[0] - before[2][0], priced[1] - before[2][1]),
-                                     calls["disk"] - before[7]["disk"])
+                                     (priced[0] - before[2][0], priced[1] - before[2][1]))
             prepared = filled[0] - before[3]
             prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
                 (prepared + mapped[0] - before[5]) / machine.host_lock if locks and machine.host_lock else 0.0)
             # the transfers' per-call seconds are the host thread's, with its statements' (not
             # hidden behind other levels by the pipeline)
-            called = {"disk": (calls["disk"] - before[7]["disk"]) * machine.disk_call_seconds,
-                      "global<->device": (calls["global<->device"] - before[7]["global<->device"])
-                      * machine.transfer_call_seconds}
-            for level, seconds in called.items():
-                levels[level] = max(levels[level] - seconds, 0.0)
+            called = machine.call_seconds({level: n - before[7][level] for level, n in calls.items()})
             levels["compute"] = machine.busy_seconds(levels["compute"], statements[0] - before[6],
                                                      sum(called.values()))
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
     if machine is None:
         return {"memory_peak": peak}
-    seconds = machine.seconds(moved, compute[0], transfers[0], ranks, (priced[0], priced[1]), calls["disk"])
+    seconds = machine.seconds(moved, compute[0], transfers[0], ranks, (priced[0], priced[1]))
+    for level, called in machine.call_seconds(calls).items():
+        seconds[level] += called
     writes = sum(stored.values())
     for name, nbytes in stored.items():  # the cached share of the writes spread over them by bytes
         spend(name, machine.write_seconds(writes, ranks) * nbytes / writes)

@@ -123,22 +123,28 @@ class Machine:
         return cached / self.disk_write_cached + (nbytes - cached) / self.disk_write
 
     def seconds(self, moved: dict[str, int], compute: float, transfers: float, ranks: int = 1,
-                priced: tuple[int, float] = (0, 0.0), disk_calls: int = 0) -> dict[str, float]:
+                priced: tuple[int, float] = (0, 0.0)) -> dict[str, float]:
         """Seconds per level for the given bytes per category (all ``ranks`` ranks' together),
         compute seconds (the sum of :meth:`compute_seconds` over the statements) and transfer
         seconds (the sum of :meth:`transfer_seconds` over the gets and accumulates, each at the
-        rate of its kind of host memory, with :attr:`transfer_call_seconds` per call), summed
-        over the ranks. ``priced``: bytes of loads that are not disk reads and their seconds (a
-        computed source's at its rate; a mapped input's pages the page cache holds move in
-        none). ``disk_calls``: the loads and stores the ranks make, at
-        :attr:`disk_call_seconds` each."""
+        rate of its kind of host memory), summed over the ranks. ``priced``: bytes of loads that
+        are not disk reads and their seconds (a computed source's at its rate; a mapped input's
+        pages the page cache holds move in none). The calls' own seconds are
+        :meth:`call_seconds`'."""
         loads, seconds = priced
         return {
             "disk": (moved["disk->global"] - loads) / self.disk_read + seconds
-            + self.write_seconds(moved["global->disk"], ranks) + disk_calls * self.disk_call_seconds,
+            + self.write_seconds(moved["global->disk"], ranks),
             "global<->device": transfers,
             "compute": compute,
         }
+
+    def call_seconds(self, calls: dict[str, int]) -> dict[str, float]:
+        """Seconds per transfer level of ``calls`` (per level given: the disk's loads and
+        stores, the global<->device level's gets and accumulates), at :attr:`disk_call_seconds`
+        and :attr:`transfer_call_seconds` each."""
+        each = {"disk": self.disk_call_seconds, "global<->device": self.transfer_call_seconds}
+        return {level: n * each[level] for level, n in calls.items()}
 
     def busy_seconds(self, compute: float, statements: float, calls: float = 0.0) -> float:
         """Seconds the compute level keeps a run busy: the statements' ``compute`` seconds
@@ -150,10 +156,8 @@ class Machine:
         host = statements * self.statement_seconds + calls
         return max(compute, host) if self.async_statements else compute + host
 
-    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False,
-                         calls: int = 0) -> float:
-        """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``) in
-        ``calls`` calls (:attr:`transfer_call_seconds` each): the bytes by DMA
+    def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False) -> float:
+        """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA
         from page-locked host memory where ``locked`` (at :attr:`host_to_device` /
         :attr:`device_to_host` where measured; rows of a mapped input, ``mapped`` too, at
         :attr:`mapped_locked_to_device` where measured); rows of a pinned run's input mapped from
@@ -162,9 +166,8 @@ class Machine:
         if op == "get":
             dma = (self.mapped_locked_to_device if mapped else None) or self.host_to_device
             rate = (dma if locked else self.mapped_to_device if mapped else None) or self.global_to_device
-        else:
-            rate = self.device_to_host if locked and self.device_to_host else self.device_to_global
-        return nbytes / rate + calls * self.transfer_call_seconds
+            return nbytes / rate
+        return nbytes / (self.device_to_host if locked and self.device_to_host else self.device_to_global)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -42,6 +42,8 @@ CATEGORY = {"load": "disk->global", "store": "global->disk", "get": "global->dev
 """The category of bytes each moving statement counts in (runtime and cost model alike)."""
 LEVEL_TIMES = ("disk", "global<->device", "compute")
 """The levels a plan's predicted and measured seconds are given for."""
+MOVE_LEVEL = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device"}
+"""The level of :data:`LEVEL_TIMES` whose seconds each moving statement counts in."""
 
 
 @dataclass

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from chainexec.client import process_start
-from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES
+from chainexec.planner.plan import CATEGORIES, LEVEL_TIMES, MOVE_LEVEL
 from chainexec.runtime.device import Backend
 from chainexec.runtime.progress import Progress
 
-OP_LEVEL = {"get": "global<->device", "accumulate": "global<->device", "compute": "compute", "eval": "compute",
-            "fused": "compute"}
+OP_LEVEL = {op: MOVE_LEVEL[op] for op in ("get", "accumulate")} | dict.fromkeys(("compute", "eval", "fused"), "compute")
 """The level whose busy time a statement counts toward (the keys of ``Machine.seconds``); the disk
 level's time is the disk worker's own time in its jobs."""
 

@@ -17,6 +17,8 @@ from chainexec.planner.plan import Loop
 from tests.conftest import fourindex_config
 
 LEVELS = {"disk": 3.0, "global<->device": 1.0, "compute": 2.0}
+# the level each moving statement's seconds count in
+MOVED = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device"}
 
 
 @pytest.mark.parametrize("overlapped, prepare, expected", [
@@ -79,7 +81,6 @@ def _calls(body, ranges: dict[str, int]) -> dict[str, int]:
     elements per index: each load, store, get and accumulate once per iteration of its enclosing
     loops, every tile of each loop visited (the last one of an index the rest of its range; none
     of the loops keeps a tile across groups)."""
-    level = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device"}
     found = {"disk": 0, "global<->device": 0}
     for node in body:
         if isinstance(node, Loop):
@@ -88,8 +89,8 @@ def _calls(body, ranges: dict[str, int]) -> dict[str, int]:
             for tile in itertools.product(*sizes.values()):
                 inner = _calls(node.body, ranges | dict(zip(sizes, tile)))
                 found = {k: found[k] + inner[k] for k in found}
-        elif node.op in level:
-            found[level[node.op]] += 1
+        elif node.op in MOVED:
+            found[MOVED[node.op]] += 1
     return found
 
 
@@ -188,10 +189,9 @@ def test_computed_source_loads_at_its_stated_rate():
 
 def _by_level(by_statement: dict[str, float]) -> dict[str, float]:
     """Per-statement seconds (:func:`predict`'s ``by_statement``) added up per level."""
-    level = {"load": "disk", "store": "disk", "get": "global<->device", "accumulate": "global<->device"}
     found = dict.fromkeys(LEVELS, 0.0)
     for name, seconds in by_statement.items():
-        found[level.get(name.split()[0], "compute")] += seconds
+        found[MOVED.get(name.split()[0], "compute")] += seconds
     return found
 
 
