@@ -23,9 +23,10 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 #: Bytes below which a job submitted with nothing pending runs on the calling thread: a load or
-#: store of a small-tile run (a few KiB to hundreds of KiB), whose h5py calls cost about 0.1 ms
-#: alone and 1 to 1.5 ms on the worker beside the executor's thread; a 1 MiB read is itself about
-#: that long, so from there on overlapping it pays.
+#: store of a small-tile run (a few KiB to hundreds of KiB), whose fixed cost on the worker (its
+#: h5py calls waiting for the GIL) is several times its own work; from about a MiB on, the
+#: bytes' time is as long as that wait, and overlapping the job pays (measurements:
+#: benchmarks/results/INDEX.md).
 INLINE_BYTES = 1 << 20
 
 
