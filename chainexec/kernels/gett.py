@@ -77,10 +77,9 @@ FRAGMENT_REGISTERS = 96
 chunk's accumulators, B's fragment and the offsets, 128-160 registers in all."""
 
 
-BULK_SUM = 144
+BULK_SUM = 128
 """Longest summed range (elements) a bulk-copy kernel holds: A's tile and B's stages take
-``bk`` rows of shared memory each, so that at 144 (the AO→MO transforms at twice TCCG's
-extents) a stage of 64 columns takes 74 KB and two of them fit beside a tile of 48 rows of A."""
+``bk`` rows of shared memory each."""
 BULK_CHUNKS = 64
 """Most chunks a bulk-copy block walks: their runs' first columns' offsets sit in static shared
 memory (:meth:`GettConfig.bulk_static_bytes`)."""
@@ -740,15 +739,6 @@ BULK_TILES = ((8, 2, 2), (8, 1, 4), (9, 2, 2), (9, 1, 4))
 n8 tiles a warp, stages). Eight or nine warps a block, the only block of its SM (A's tile and
 B's stages fill its shared memory): chunks of 128 or 64 columns, or of 144 or 72, whole runs of
 the AO→MO transforms' extents of 72."""
-BULK_LONG = ((8, 1, 2), (4, 2, 2), (4, 1, 3), (9, 1, 2), (6, 1, 2))
-"""Bulk-copy shapes (as :data:`BULK_TILES`) :func:`bulk_configs` offers where none of
-:data:`BULK_TILES` fits shared memory (sums past 96): chunks of 64 or 32 columns, or of 72 or
-48, whole runs of the AO→MO transforms' extents of 144."""
-BULK_SPLIT_ROWS = 4
-"""Most block rows of equal height (each at most :data:`BULK_ROWS` m16 tiles) into which
-:func:`bulk_configs` splits an M of more than :data:`BULK_ROWS` m16 tiles: M = 144 in three rows
-of 48, or two of 80, instead of the tall shapes' rows of 64 or 128 (a third of their MMAs on
-padding)."""
 BULK_COPIES = 4
 """Most bulk copies a row of a chunk takes (:attr:`GettConfig.copies`): each copy at least a
 quarter of the chunk, so that the copying warp's issue keeps pace with the computing warps."""
@@ -791,35 +781,23 @@ def bulk_configs(p: Problem, sm_count: int, arch: int = 90) -> list[GettConfig]:
     and C's runs along n take a lane group's 8 columns whole (a kernel that reads B in whole rows
     and writes C in scattered elements is bound by the writes). Where one block row holds all of
     M (at most :data:`BULK_ROWS` m16 tiles: A is read once per block), the shapes of
-    :data:`BULK_TILES` (those of :data:`BULK_LONG` where none of them fits the sum), each with a
-    span of whole chunks that makes :data:`BULK_WAVES` waves of blocks over ``sm_count`` SMs, at
-    most :data:`BULK_CHUNKS` chunks; where M takes up to :data:`BULK_SPLIT_ROWS` such rows, the
-    same shapes on rows of equal height; and where M takes more than one row, those of
+    :data:`BULK_TILES`, each with a span of whole chunks that makes :data:`BULK_WAVES` waves of
+    blocks over ``sm_count`` SMs, at most :data:`BULK_CHUNKS` chunks; elsewhere those of
     :data:`BULK_TALL`, over spans of :data:`BULK_TALL_CHUNKS` chunks (fewer where N is
     shorter), the block rows filling the waves."""
     M, N, K, L = p.dims
     if not p.bulk_run or p.runs[0] < 8:
         return []
     bk = max(4, -(-K // 4) * 4)
-    tiles = -(-M // 16)
-    heights = ([tiles] if tiles <= BULK_ROWS else
-               sorted({-(-tiles // r) for r in range(-(-tiles // BULK_ROWS), BULK_SPLIT_ROWS + 1)}, reverse=True))
-
-    def fits(mm, w, mn, st):
-        return GettConfig(1, w, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, span=8 * mn * w,
-                          bulk=True, copies=1).valid(arch)
-
-    shapes = [(w, mm, mn, st, waves) for mm in heights
-              for w, mn, st in ([t for t in BULK_TILES if fits(mm, *t)] or [t for t in BULK_LONG if fits(mm, *t)])
-              for waves in BULK_WAVES]
-    shapes += [(w, mm, mn, 2, None) for w, mm, mn in BULK_TALL] if tiles > BULK_ROWS else []
+    tall = M > 16 * BULK_ROWS
+    shapes = ([(w, mm, mn, 2, None) for w, mm, mn in BULK_TALL] if tall else
+              [(w, -(-M // 16), mn, st, waves) for (w, mn, st), waves in itertools.product(BULK_TILES, BULK_WAVES)])
     out = []
     for w, mm, mn, st, waves in shapes:
         chunk = 8 * mn * w
-        # tall: the block rows fill the waves; rows of equal height: their blocks spread a batch's
-        # columns over the waves
-        chunks = (min(BULK_TALL_CHUNKS, -(-N // chunk)) if waves is None
-                  else min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * L * -(-tiles // mm)) // (sm_count * waves)))))
+        # tall: the block rows fill the waves; one row: a batch's columns spread over them
+        chunks = (min(BULK_TALL_CHUNKS, -(-N // chunk)) if tall
+                  else min(BULK_CHUNKS, max(1, -(-(-(-N // chunk) * L) // (sm_count * waves)))))
         copies = bulk_copies(p.bulk_run, N, chunk)
         cfg = GettConfig(1, w, mm, mn, bk, st, "m16n8k4", p.a_k_fast, p.b_n_fast, wide=p.wide, span=chunk * chunks,
                          bulk=True, copies=copies)

@@ -162,8 +162,7 @@ def test_bulk_configs_copy_a_chunk_of_runs_where_b_holds_runs_of_72():
 
 @pytest.mark.parametrize("sizes, order, why", [
     (dict(a=100, b=72, c=72, d=72, e=72), "load", "M of 100, more than BULK_ROWS m16 tiles: the tall shapes, kept"),
-    (dict(a=72, b=72, c=72, d=72, e=148), "load", "a sum longer than a block holds"),
-    (dict(a=72, b=72, c=72, d=72, e=144), "load", "a sum of 144: the long shapes, kept"),
+    (dict(a=72, b=72, c=72, d=72, e=132), "load", "a sum longer than a block holds"),
     (dict(a=72, b=72, c=72, d=36, e=72), "load", "runs of 72·72·36 = 186624: whole chunks of 128 and 64, kept"),
 ])
 def test_bulk_configs_only_where_a_block_holds_the_sum(sizes, order, why):
@@ -187,28 +186,6 @@ def test_bulk_configs_where_m_takes_several_block_rows_are_the_tall_shapes(b, c,
     assert all(x.valid() and x.stages == 2 and x.bk == 48 and x.span == x.chunk() * chunks[x.chunk()] for x in found)
 
 
-@pytest.mark.parametrize("m, heights", [(144, {3, 5, 4}), (100, {2, 3, 4}), (384, {4})])
-def test_bulk_configs_split_a_few_block_rows_evenly_where_the_sum_is_long(m, heights):
-    """AO→MO at twice TCCG's extents (M = K = 144): no shape of BULK_TILES fits a stage of 144
-    rows, so the long shapes of BULK_LONG, on rows of equal height (three of 48, two of 80),
-    beside the tall ones (64 rows: three, the last a quarter full); every span whole chunks for
-    whole waves of all the block rows' blocks. M = 100: rows of 64, 48 or 32. M = 384: its four rows of
-    96 leave no room for the stages, so the tall shapes alone."""
-    sizes = dict(a=m, b=144, c=144, d=144, e=144)
-    strides = tuple(_strides(x, sizes) for x in ("abcd", "ea", "ebcd"))
-    p = gett.problem(tuple("abcd"), tuple("ea"), tuple("ebcd"), sizes, strides)
-    found = gett.bulk_configs(p, 132)
-    assert {c.mma_m for c in found} == heights
-    assert all(c.valid() and c.bk == 144 for c in found)
-    even = [c for c in found if (c.warps_n, c.mma_m, c.mma_n) not in gett.BULK_TALL]
-    assert bool(even) == (m != 384) and {(c.warps_n, c.mma_n, c.stages) for c in even} <= set(gett.BULK_LONG)
-    for c in even:
-        rows = -(-m // c.bm)
-        assert c.bm * rows - m < 16 * rows  # less than an m16 tile of padding a row
-        blocks = rows * -(-144 ** 3 // c.span)
-        assert c.span // c.chunk() == gett.BULK_CHUNKS or blocks <= 132 * max(gett.BULK_WAVES), c
-
-
 def test_bulk_configs_are_offered_last_among_the_candidates():
     sizes = dict(a=72, b=72, c=72, d=72, e=72)
     strides = tuple(_strides(x, sizes) for x in ("abcd", "ea", "ebcd"))
@@ -223,9 +200,9 @@ def _grid():
     """Every bulk shape the autotuner may time, at sums of 4 to 96 and 1 to 6 m16 tiles, and the
     tall ones (:data:`gett.BULK_TALL`), both of A's load directions, both index widths."""
     out = []
-    tiles = [(w, mm, mn, st) for (w, mn, st), mm in product(gett.BULK_TILES + gett.BULK_LONG, (1, 2, 3, 5, 6))]
+    tiles = [(w, mm, mn, st) for (w, mn, st), mm in product(gett.BULK_TILES, (1, 2, 5, 6))]
     for (warps, mma_m, mma_n, stages), bk, ak in product(tiles + [(w, mm, mn, 2) for w, mm, mn in gett.BULK_TALL],
-                                                         (4, 32, 72, 96, gett.BULK_SUM), (False, True)):
+                                                         (4, 32, 72, 96), (False, True)):
         cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * 3, ak, copies=1 + len(out) % 3 % 2)
         if cfg.valid():
             out.append(replace(cfg, wide=len(out) % 2 == 1))
@@ -248,7 +225,7 @@ def test_static_shared_memory_is_counted_within_the_block_limit(tmp_path):
     import re
 
     cfgs = []
-    for (warps, mma_n, stages), mma_m, bk in product(gett.BULK_TILES + gett.BULK_LONG, (1, 5), (72, gett.BULK_SUM)):
+    for (warps, mma_n, stages), mma_m, bk in product(gett.BULK_TILES, (1, 5), (72, gett.BULK_SUM)):
         for copies, wide in ((1, False), (2, True), (4, False)):
             cfg = _bulk(warps, mma_m, mma_n, bk, stages, 8 * mma_n * warps * gett.BULK_CHUNKS, copies=copies, wide=wide)
             if cfg.valid():

@@ -489,32 +489,6 @@ def test_bulk_copy_kernels_are_correct(K, M, c, b, n, copies):
     assert ran >= 16
 
 
-@pytest.mark.parametrize("c, b, n", [("lab", "lkb", dict(b=384)), ("labd", "lbkd", dict(b=12, d=32)),
-                                     ("labd", "lbkd", dict(b=4, d=144))])
-def test_long_sum_bulk_copy_kernels_are_correct(c, b, n):
-    """M = K = 144 (AO→MO at twice TCCG's extents): the autotuner's bulk candidates, the shapes
-    of :data:`gett.BULK_LONG` on rows of equal height and the tall ones, B contiguous along n or
-    in runs of 32 or 144, both of A's load directions, alpha and beta: against NumPy."""
-    sizes = dict(l=2, a=144, k=144, **n)
-    ran = 0
-    for i, a in enumerate(("lak", "lka")):
-        hC, hA, hB = _arrays(c, a, b, sizes, seed=144 + i)
-        ref = np.einsum(f"{a},{b}->{c}", hA, hB)
-        C, A, B = _device_views((hC, hA, hB), False)
-        strides = (_strides(C, c), _strides(A, a), _strides(B, b))
-        cfgs = gett.bulk_configs(gett.problem(tuple(c), tuple(a), tuple(b), sizes, strides), 132)
-        assert any((x.warps_n, x.mma_n, x.stages) in gett.BULK_LONG for x in cfgs)
-        for cfg in cfgs:
-            C[...] = cupy.nan
-            _run(cfg, c, a, b, sizes, C, A, B, 1.0, 0.0, wide=ran % 2 == 1)
-            assert _relerr(C.get(), ref) <= 1e-12, cfg
-            C[...] = cupy.asarray(hC)
-            _run(cfg, c, a, b, sizes, C, A, B, 0.5, -1.25)
-            assert _relerr(C.get(), 0.5 * ref - 1.25 * hC) <= 1e-12, cfg
-            ran += 1
-    assert ran >= 4
-
-
 def test_a_bulk_copy_kernel_refuses_b_off_16_bytes_and_the_backend_falls_back():
     """B one element past a 16-byte boundary: the launch refuses the bulk-copy kernel; the
     backend, handed that configuration (as a tuning cache would), runs the model's best GETT
