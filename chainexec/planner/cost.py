@@ -33,7 +33,7 @@ from chainexec import expr
 from chainexec.kernels import orbits
 from chainexec.planner import symmetry
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import (CATEGORIES, CATEGORY, LEVELS, MOVE_LEVEL, Loop, Plan, key, pattern_of_key, runs,
+from chainexec.planner.plan import (CATEGORIES, CATEGORY, LEVELS, MOVE_LEVEL, Loop, Op, Plan, key, pattern_of_key, runs,
                                      staged, statement_name)
 
 # The level whose ranges define the region an op moves: a transfer moves the smaller side's tile.
@@ -249,6 +249,26 @@ def whole_rows(indices, ranges: dict[str, dict[str, int]], extents: dict[str, in
     return all(ranges["device"].get(i, extents[i]) >= ranges["global"].get(i, extents[i]) for i in list(indices)[1:])
 
 
+def dma_transfer(node: Op, loops: list[Loop], ranges: dict[str, dict[str, int]], extents: dict[str, int],
+                 from_file: bool, locked: bool) -> bool:
+    """Whether a run of page-locked global arrays (:func:`pinned`) moves the tile of ``node`` (a
+    get or an accumulate inside ``loops``) by one DMA between the device and the locked host
+    memory where it lies, as the GPU backend does only where that memory is one piece: the tile
+    whole rows of its global tile (:func:`whole_rows`), of a global array (an input read from its
+    file only where its mapping is ``locked``, :attr:`Plan.locked`), and for an accumulate, the
+    only value its patch gets (``Op.fresh``: written, not added), outside a symmetric loop
+    (whose tuples' weights scale it on the host) and not copied back aside (``Loop.back``: into
+    a buffer of its own). Any other goes through a staging copy on the host, at
+    :attr:`Machine.global_to_device` / :attr:`Machine.device_to_global`
+    (:mod:`chainexec.runtime.landing`, :meth:`chainexec.runtime.backends.cupy.CupyBackend.fetch`)."""
+    if not whole_rows(node.indices, ranges, extents) or (from_file and not locked):
+        return False
+    if node.op == "get":
+        return True
+    aside = any((node.tensor, tuple(node.indices)) in {(t, tuple(ix)) for t, ix in loop.back} for loop in loops)
+    return bool(node.fresh) and not aside and not any(loop.symmetric for loop in loops)
+
+
 def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, float]) -> list[str]:
     """The inputs of a pinned plan whose loads map them (those in ``cached``,
     :mod:`chainexec.runtime.mapped`) that a run should lock where they lie, read-only, on every
@@ -330,7 +350,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     :attr:`Machine.global_fill`, but an input's tile read from its file (mapped where the file
     allows: :mod:`chainexec.runtime.mapped`). ``locks``: the run locks its global arrays
     (:func:`pinned`): each allocation of one is then page-locked, at :attr:`Machine.host_lock`,
-    and its transfers are priced at the page-locked rates (:meth:`Machine.transfer_seconds`);
+    and its transfers are priced at the page-locked rates (:meth:`Machine.transfer_seconds`)
+    where the backend moves them by one DMA (:func:`dma_transfer`: a tile in one piece of the
+    locked memory), others at the rates through a staging copy;
     an input's tiles read from its file are not locked and go through a staging copy, those of
     an input whose loads map it (one in ``cached``) at :attr:`Machine.mapped_to_device`, but
     those of an input in ``locked`` (:attr:`Plan.locked`), whose mapping every rank locks where
@@ -371,6 +393,9 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             """Bytes of ``tensor[indices]``'s device tiles over the iterations that ``where``
             (indices -> elements summed over them) counts."""
             return tensors[tensor].itemsize * where(indices)
+
+        def by_dma(node, loops, ranges):
+            return dma_transfer(node, loops, ranges, extents, tensors[node.tensor].from_file(), node.tensor in locked)
 
         def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:  # (the statements' movement and flops: not for peaks alone)
@@ -484,11 +509,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     elif node.op == "store":
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
-                        source = tensors[node.tensor]
-                        direct = node.tensor in locked and whole_rows(node.indices, ranges, extents)
                         seconds = machine.transfer_seconds(
-                            node.op, nbytes, locks and (not source.from_file() or direct),
-                            locks and node.tensor in cached)
+                            node.op, nbytes, locks and by_dma(node, loops, ranges), locks and node.tensor in cached)
                         transfers[0] += seconds
                         spend(names[k], seconds)
 

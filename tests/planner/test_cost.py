@@ -13,7 +13,7 @@ from chainexec import spec
 from chainexec.planner.build import make_plan
 from chainexec.planner.cost import predict, predict_nests, wall
 from chainexec.planner.machine import Machine
-from chainexec.planner.plan import Loop
+from chainexec.planner.plan import Loop, Op
 from tests.conftest import fourindex_config
 
 LEVELS = {"disk": 3.0, "global<->device": 1.0, "compute": 2.0}
@@ -246,6 +246,57 @@ def test_a_pinned_plan_moves_global_arrays_at_the_page_locked_rates():
     # a machine without measured page-locked rates prices a pinned run's transfers as staged
     unmeasured = _plan("1GiB", "1GiB", Machine(global_to_device=1.0e10, device_to_global=8.0e9, pinned_from_bytes=0))
     assert unmeasured.pinned and unmeasured.predicted["seconds"] == plain.predicted["seconds"]
+
+
+def test_a_pinned_plan_moves_by_dma_only_the_tiles_in_one_piece_of_host_memory():
+    """24 KiB / 3 KiB: the device tiles of ``_s0_1[c,d,p,q]`` and ``B[a,b,c,d]`` are cut along
+    an axis past the first (p of ``_s0_1`` in its first nest's global tiles of p; d in the
+    second's), so they are not one piece of their global tiles: the backend gathers each get
+    through its staging buffers and lands each accumulate from a buffer of its own, as unpinned,
+    at ``global_to_device`` / ``device_to_global``, as are the inputs ``A`` and ``C`` read from
+    their files. In one tile (1 GiB each) the accumulate of ``B`` is one piece: by DMA."""
+    rates = dict(global_to_device=1.0e10, device_to_global=8.0e9, host_to_device=4.0e10, device_to_host=3.0e10)
+    plain, locked = (_plan("24KiB", "3KiB", Machine(**rates, pinned_from_bytes=b)) for b in (1 << 50, 0))
+    assert (plain.pinned, locked.pinned) == (False, True)
+    tiles = [{i: t for loop in _loops(nest.body) for i, t in loop.tiles.items() if loop.level == "device"}
+             for nest in locked.nests]
+    assert tiles[0]["p"] < locked.extents["p"] and tiles[1]["d"] < locked.extents["d"]
+    staged, dma = plain.predicted["by_statement"], locked.predicted["by_statement"]
+    assert {name.split()[0] for name in dma} >= {"get", "accumulate"}
+    for name in (n for n in dma if n.split()[0] in ("get", "accumulate")):
+        assert dma[name] == pytest.approx(staged[name], rel=1e-12), name
+    whole = _plan("1GiB", "1GiB", Machine(**rates, pinned_from_bytes=0)).predicted["by_statement"]
+    assert whole["accumulate B"] == pytest.approx(8 ** 4 * 8 / 3.0e10, rel=1e-12)
+
+
+@pytest.mark.parametrize("op, fresh, loop, from_file, locked, dma", [
+    ("accumulate", True, {}, False, False, True),
+    ("accumulate", None, {}, False, False, False),  # added to what the patch holds: on the host
+    ("accumulate", True, {"symmetric": ["i", "j"]}, False, False, False),  # scaled by the tuple's weight
+    ("accumulate", True, {"back": [["T", ["i", "j", "k"]]], "depth": 2}, False, False, False),  # copied aside
+    ("get", None, {}, False, False, True),
+    ("get", None, {}, True, False, False),  # an input's tile read from its file
+    ("get", None, {}, True, True, True),  # ... whose mapping the run locks
+])
+def test_dma_transfers_are_the_tiles_the_backend_copies_in_one_piece(op, fresh, loop, from_file, locked, dma):
+    """:func:`chainexec.planner.cost.dma_transfer` for a device tile of whole rows (tiled along its
+    first index alone) and, for each case, the same tile cut along its second index: never."""
+    from chainexec.planner.cost import dma_transfer
+
+    node = Op(op, "device", "T", ["i", "j", "k"], fresh=fresh)
+    extents = {"i": 8, "j": 6, "k": 4}
+    loops = [Loop("device", {"i": 2}, parallel=True, **loop)]
+    rows = {"global": {}, "device": {"i": 2}}
+    assert dma_transfer(node, loops, rows, extents, from_file, locked) is dma
+    assert dma_transfer(node, loops, {"global": {}, "device": {"i": 2, "j": 3}}, extents, from_file, locked) is False
+
+
+def _loops(body):
+    """Every loop in ``body``, outermost first."""
+    for node in body:
+        if isinstance(node, Loop):
+            yield node
+            yield from _loops(node.body)
 
 
 def test_a_pinned_plan_locks_its_global_arrays_once_each():
