@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,11 +29,30 @@ def replaced(name: str) -> str | None:
     return found.group(1) if found else None
 
 
+_PENDING: set[Path] = set()
+"""The temporary files of :func:`replacing` blocks not yet ended in this process."""
+_PENDING_LOCK = threading.Lock()
+
+
+def remove_pending() -> None:
+    """Remove every temporary file of a :func:`replacing` block not yet ended: what a process
+    ended at once by a signal (:mod:`chainexec.stopsignals`) would leave, with a name nothing
+    else removes."""
+    with _PENDING_LOCK:
+        pending = list(_PENDING)
+    for tmp in pending:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            continue
+
+
 @contextmanager
 def replacing(path: str | os.PathLike, durable: bool = False):
     """A new file beside ``path`` to write whole (``.NAME.XXXXXXXX.tmp``: made here, so never a
     file that was there before, with the permissions a new file gets under the umask), renamed
-    onto ``path`` where the block ends without an exception and removed where it raises.
+    onto ``path`` where the block ends without an exception and removed where it raises, or
+    where a signal ends the process first (:func:`remove_pending`).
     ``durable``: the file's contents reach the storage device before the rename, and the rename
     before this returns (:func:`sync`), so that a node's crash leaves the old file or the whole
     new one."""
@@ -40,7 +60,9 @@ def replacing(path: str | os.PathLike, durable: bool = False):
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            with _PENDING_LOCK:
+                os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                _PENDING.add(tmp.absolute())
             break
         except FileExistsError:
             continue
@@ -54,6 +76,9 @@ def replacing(path: str | os.PathLike, durable: bool = False):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        with _PENDING_LOCK:
+            _PENDING.discard(tmp.absolute())
 
 
 def write(path: Path, data: bytes | str, mode: int | None = None) -> None:

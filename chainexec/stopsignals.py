@@ -15,7 +15,9 @@ handler, each of these ended a rank silently.
 What the process leaves is what a killed one leaves: no output renamed into place, and the last
 checkpoint of a run with ``--checkpoint``, from which the same command resumes; or, for a signal
 that comes while a run lands its outputs, those renamed into place before it (:func:`landed`),
-which the line names.
+which the line names. The temporary files of files being replaced whole
+(:func:`chainexec.atomicfile.replacing`: ``generate``'s inputs, the caches' files) are removed
+first: their names hold a random part, and nothing else would remove them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+
+from chainexec import atomicfile
 
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """Exit status per signal: 128 + its number, as a shell reports a process it ended."""
@@ -82,6 +86,7 @@ def _watch(descriptor: int, speaks: bool, run: bool) -> None:
     while True:
         for number in os.read(descriptor, 64):
             if number in STATUS:
+                atomicfile.remove_pending()
                 if speaks:
                     os.write(2, line(number, run).encode())
                 os._exit(STATUS[number])

@@ -119,3 +119,30 @@ def test_a_run_forgets_the_outputs_an_earlier_run_of_its_process_landed(tmp_path
     assert str(tmp_path / "out" / "result.h5") in stopsignals.line(signal.SIGINT)
     stopsignals.forget_landed()
     assert stopsignals.line(signal.SIGINT) == f"chainexec: interrupted; {stopsignals.NOTE}\n"
+
+
+REPLACING = """
+import os, signal, sys, time
+from chainexec import atomicfile, stopsignals
+stopsignals.watch(run=False)
+with atomicfile.replacing(sys.argv[1]) as tmp:
+    with open(tmp, "wb") as f:
+        f.write(os.urandom(1 << 20))
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(60)
+"""
+
+
+def test_a_signal_removes_the_temporary_file_of_a_file_being_replaced(tmp_path):
+    """A signal while a file is written whole (``chainexec generate``'s inputs, the caches'
+    files): status 130, one line, and neither the file nor its temporary one (named at random,
+    which nothing later removes) is left; an older file of that name stays as it was."""
+    target = tmp_path / "in.h5"
+    for older in (None, b"older"):
+        if older is not None:
+            target.write_bytes(older)
+        proc = subprocess.run([sys.executable, "-c", REPLACING, str(target)], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 130 and proc.stderr == "chainexec: interrupted\n", proc.stderr
+        assert [p.name for p in tmp_path.iterdir()] == ([] if older is None else ["in.h5"])
+        assert older is None or target.read_bytes() == older
