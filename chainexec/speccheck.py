@@ -140,7 +140,13 @@ def build(data, lines: dict, path: str) -> Spec:
         if key not in data:
             raise p.fail(f"missing required section {key!r}")
 
-    name = p.ident(data.get("name", Path(path).stem), "config name", ("name",))
+    if "name" in data:
+        name = p.ident(data["name"], "config name", ("name",))
+    else:  # the file's name stands for it: no line of the config gave it
+        try:
+            name = check_identifier(Path(path).stem, "the config has no `name:`, and its file name")
+        except ValueError as err:
+            raise ChainexecError(f"{err}: add one", path) from None
     default_dtype = _dtype(p, data.get("dtype", "float64"), "", ("dtype",))
 
     ranges = p.mapping(data.get("ranges", {}), ("ranges",), None, "ranges")

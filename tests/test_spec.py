@@ -115,6 +115,22 @@ def test_errors_name_file_and_line(edit, message, line):
     assert str(err.value).startswith(f"t.yaml:{line}:")
 
 
+@pytest.mark.parametrize("file, accepted", [("my-config.yaml", False), ("1.yaml", False), ("for.yaml", False),
+                                            ("my_config.yaml", True)])
+def test_a_config_without_a_name_takes_its_file_names_where_that_is_an_identifier(file, accepted):
+    """No ``name:``: the file's name stands for it; one that is no identifier is refused naming
+    the file alone (no line of the config gave it) and asking for a ``name:``."""
+    text = BASE.replace("name: t\n", "")
+    assert "name:" not in text
+    if accepted:
+        assert spec.loads(text, file).name == "my_config"
+        return
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(text, file)
+    assert str(err.value).startswith(f"{file}: the config has no `name:`, and its file name")
+    assert str(err.value).endswith("add one")
+
+
 @pytest.mark.parametrize("value, message", [
     ("[i, j]", "symmetric index 'i' is one of its own indices"),
     ("[a]", "symmetric must list two or more index names"),
