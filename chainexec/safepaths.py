@@ -79,14 +79,37 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+SCRATCH = "scratch of a run"
+"""What a run's scratch folder is made as (:func:`make_owned`)."""
+CHECKPOINT = "a run's checkpoint"
+"""What a checkpoint folder is made as."""
+
+
+def parts_made(output_file: Path) -> str:
+    """What the parts folder of ``output_file`` is made as."""
+    return f"the shard files of {Path(output_file).name}"
+
+
 def is_owned(folder: Path) -> bool:
     return (Path(folder) / MARK).is_file()
 
 
+def owner(folder: Path) -> str | None:
+    """What chainexec made the marked ``folder`` as (``what`` of :func:`make_owned`: :data:`SCRATCH`,
+    :data:`CHECKPOINT`, :func:`parts_made`), from its mark's first line; None where the mark is
+    missing, cannot be read or is not one :func:`make_owned` wrote."""
+    try:
+        first = (Path(folder) / MARK).read_text(errors="replace").partition("\n")[0]
+    except OSError:
+        return None
+    head, ended, _ = first.partition("; removed by chainexec when done")
+    return head.removeprefix("made by chainexec: ") if ended and head.startswith("made by chainexec: ") else None
+
+
 def make_owned(folder: Path, what: str) -> None:
     """Create ``folder`` (and its parents; where it is a symbolic link, the folder it names) and
-    mark it as chainexec's; an existing folder must carry the mark already or be empty
-    (:func:`check_run` has checked this)."""
+    mark it as chainexec's, made as ``what`` (:func:`owner`); an existing folder must carry the
+    mark already or be empty (:func:`check_run` has checked this)."""
     folder = resolved(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if not is_owned(folder):
@@ -215,21 +238,34 @@ def _left_aside(path: Path, name: str) -> bool:
         return False
 
 
-def _check_owned_folder(folder: Path, what: str) -> None:
-    """A folder chainexec will fill and remove or empty: absent, or a folder that is marked as
-    chainexec's or empty."""
+def _check_owned_folder(folder: Path, what: str, made_as: str) -> None:
+    """A folder chainexec will fill and remove or empty: absent, or a folder that is empty or
+    that chainexec marked as made for this use (``made_as``, :func:`owner`): not another run's
+    folder of another kind (a checkpoint given as scratch, an output's parts folder as another's
+    checkpoint), which the run would remove with what it holds."""
     if not folder.exists():
         return
     if not folder.is_dir():
         raise ChainexecError(f"{what} must be a folder, and this is a file", str(folder))
     try:
-        foreign = not is_owned(folder) and any(folder.iterdir())
+        owned, empty = is_owned(folder), not any(folder.iterdir())
     except OSError as err:
         raise ChainexecError(f"{what} cannot be read ({err.strerror or err}): chainexec must see what it holds "
                              "before it removes or fills it", str(folder)) from None
-    if foreign:
+    if not owned and not empty:
         raise ChainexecError(f"{what} exists and holds files chainexec did not make, which a run could remove "
                              "or write over: name a new or empty folder", str(folder))
+    if owned and owner(folder) != made_as:
+        made = owner(folder)
+        raise ChainexecError(f"{what} is a folder chainexec made "
+                             + (f"as {made}" if made else "for another use (its mark cannot be read)")
+                             + ", which this run would remove or write over: name a new or empty folder", str(folder))
+
+
+def _inside_owned(path: Path) -> Path | None:
+    """The nearest folder above ``path`` that chainexec marked as its own (:func:`is_owned`), which
+    the run or config that made it removes with everything in it; None where there is none."""
+    return next((p for p in path.parents if is_owned(p)), None)
 
 
 PATH_MAX = 4096
@@ -292,26 +328,28 @@ class RunPaths:
                 paths.reports[resolved(checked(path, option))] = option
         return paths
 
-    def removed(self) -> list[tuple[Path, str]]:
+    def removed(self) -> list[tuple[Path, str, str]]:
         """Folders the run removes whole (each output's parts folder, scratch) or fills and
-        empties (the checkpoint), each with what it is."""
-        folders = [(resolved(parts_of(f)), f"the parts folder of output {t}") for f, t in self.outputs.items()]
-        folders.append((self.scratch, "the scratch folder"))
+        empties (the checkpoint), each with what it is and what chainexec makes it as
+        (:func:`make_owned`)."""
+        folders = [(resolved(parts_of(f)), f"the parts folder of output {t}", parts_made(f))
+                   for f, t in self.outputs.items()]
+        folders.append((self.scratch, "the scratch folder", SCRATCH))
         if self.checkpoint is not None:
-            folders.append((self.checkpoint, "the checkpoint folder"))
+            folders.append((self.checkpoint, "the checkpoint folder", CHECKPOINT))
         return folders
 
     def lock(self) -> None:
         """Lock each of :meth:`removed`'s folders that exists and is chainexec's
         (:func:`lock_owned`), before anything is removed: a run whose folders another running
         one holds is refused, and removes none of its files."""
-        for folder, what in self.removed():
+        for folder, what, _ in self.removed():
             if is_owned(folder):
                 lock_owned(folder, what)
 
     def unlock(self) -> None:
         """Let go the locks :meth:`lock` and the run took on :meth:`removed`'s folders."""
-        for folder, _ in self.removed():
+        for folder, _, _ in self.removed():
             unlock(folder)
 
     def kept(self) -> list[tuple[Path, str]]:
@@ -347,9 +385,11 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
     or its parts folder equal to an input or a file an input's values come from
     (:func:`chainexec.datafiles.of`), the config, a report file or another output's; an existing
     output that is not a file chainexec wrote; scratch, parts or checkpoint folders that exist with
-    files chainexec did not make, that hold or lie inside one another, or that hold the config,
-    an input, an output or a report file; a report file in a folder that does not exist; a file
-    name too long for the file system. Returns the resolved paths."""
+    files chainexec did not make or that chainexec made for another use, that hold or lie inside
+    one another, or that hold the config, an input, an output or a report file; an output, a
+    report file or one of those folders inside a folder chainexec made (another run's parts,
+    scratch or checkpoint folder, removed with what it holds); a report file in a folder that
+    does not exist; a file name too long for the file system. Returns the resolved paths."""
     paths = RunPaths.of(spec, checkpoint, reports)
     for o in spec.outputs:
         if os.path.islink(spec.resolve(o.file)):
@@ -365,28 +405,44 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
                                  "chainexec replaces only its own: move it or name another file", str(f))
     _check_report_folders(paths)
     folders = paths.removed()
-    for k, (folder, what) in enumerate(folders):
-        _check_owned_folder(folder, what)
+    for k, (folder, what, made_as) in enumerate(folders):
+        _check_owned_folder(folder, what, made_as)
         _check_name_lengths(folder)
         for g, other in kept:
             if _within(g, folder) or _within(folder, g):
                 raise ChainexecError(f"{what} would hold {other} ({g}); chainexec empties it", str(folder))
-        for j, (other_folder, other) in enumerate(folders):
+        for j, (other_folder, other, _) in enumerate(folders):
             if j != k and (_within(other_folder, folder) or (j < k and other_folder == folder)):
                 raise ChainexecError(f"{what} would hold {other}", str(folder))
+    written = [(f, what) for f, what in kept[len(read):]] + [(folder, what) for folder, what, _ in folders]
+    _check_not_inside_owned(written)
     return paths
+
+
+def _check_not_inside_owned(written: list[tuple[Path, str]]) -> None:
+    """Each file or folder of ``written`` (with what it is) lies in no folder chainexec marked as
+    its own (:func:`_inside_owned`): the run or config that made that folder removes it whole,
+    and this one's file with it."""
+    for path, what in written:
+        folder = _inside_owned(path)
+        if folder is not None:
+            made = owner(folder)
+            raise ChainexecError(f"{what} would lie inside {folder}, a folder chainexec made"
+                                 + (f" as {made}" if made else "")
+                                 + " and removes with everything in it: name a path outside it", str(path))
 
 
 def check_reports(spec, reports: dict[str, str | None]) -> RunPaths:
     """Refuse report files a command writes beside a config it does not run (``chainexec plan
     --plot``) that would write over the config, an input, an output or one another, or that lie
-    in a folder that does not exist (as :func:`check_run` refuses a run's). Returns the
-    resolved paths."""
+    in a folder that does not exist or in one chainexec made (as :func:`check_run` refuses a
+    run's). Returns the resolved paths."""
     paths = RunPaths.of(spec, None, reports)
     kept = paths.kept()
     others = len(kept) - len(paths.reports)  # the reports come last
     _check_written(kept[others:], kept[:others], {})
     _check_report_folders(paths)
+    _check_not_inside_owned(kept[others:])
     return paths
 
 
@@ -430,7 +486,8 @@ def _is_chainexec_output(path: Path) -> bool:
 
 def check_generate(spec) -> list[Path]:
     """The files ``chainexec generate`` writes (the inputs with a file), refused where one of
-    them is the config, an output, or an existing file that is not HDF5, or where two tensors
+    them is the config, an output, or an existing file that is not HDF5, or lies in a folder
+    chainexec made (which its run removes with everything in it), or where two tensors
     name one dataset of one file with other extents, type, layout or seed (one tensor's values
     would be written over the other's)."""
     import h5py
@@ -458,4 +515,5 @@ def check_generate(spec) -> list[Path]:
             raise ChainexecError(f"exists and is not HDF5; `chainexec generate` writes only into HDF5 files "
                                  f"(input of tensor {tensor})", str(f))
         _check_name_lengths(f, (".tmp",))
+    _check_not_inside_owned([(f, f"the input of tensor {tensor}") for f, tensor in paths.inputs.items()])
     return list(paths.inputs)

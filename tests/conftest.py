@@ -249,13 +249,14 @@ def gett_spills(tmp_path: Path, cfgs: list) -> list[int]:
 
 
 @contextlib.contextmanager
-def held_by_another(folder: Path):
-    """``folder`` marked (where it is not yet) and locked by another process while the block
-    runs (:func:`chainexec.safepaths.lock_owned`, as a running run holds its folders); yields its pid."""
+def held_by_another(folder: Path, made_as: str = "test"):
+    """``folder`` marked as made as ``made_as`` (where it is not yet) and locked by another
+    process while the block runs (:func:`chainexec.safepaths.lock_owned`, as a running run holds
+    its folders); yields its pid."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from chainexec import safepaths; "
-         "f = Path(sys.argv[1]); safepaths.make_owned(f, 'test'); safepaths.lock_owned(f, 'test'); "
-         "print('held', flush=True); sys.stdin.read()", str(folder)],
+         "f = Path(sys.argv[1]); safepaths.make_owned(f, sys.argv[2]); safepaths.lock_owned(f, 'test'); "
+         "print('held', flush=True); sys.stdin.read()", str(folder), made_as],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -106,6 +106,54 @@ def test_path_that_would_destroy_user_files(case, ranks, user_folder):
     assert _snapshot(user_folder.parent.parent) == before
 
 
+ANOTHER_RUNS = {
+    # (what the second config changes, the refusal's words)
+    "scratch: another output's parts": (dict(scratch="out/result.h5.parts"), "made as the shard files of result.h5"),
+    "scratch: a checkpoint left": (dict(scratch="ck"), "made as a run's checkpoint"),
+    "checkpoint: another output's parts": (dict(checkpoint="out/result.h5.parts"), "made as the shard files of"),
+    "checkpoint: a scratch left": (dict(checkpoint="out/.left.scratch"), "made as scratch of a run"),
+    "output: inside another output's parts": (dict(output="out/result.h5.parts/mine.h5"), "would lie inside"),
+    "output: inside a checkpoint left": (dict(output="ck/mine.h5"), "would lie inside"),
+    "scratch: inside another output's parts": (dict(scratch="out/result.h5.parts/s"), "would lie inside"),
+    "report: inside another output's parts": (dict(report="out/result.h5.parts/r.json"), "would lie inside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ANOTHER_RUNS))
+def test_a_folder_another_run_made_is_neither_used_nor_written_into(case, finished_user_folder):
+    """Folders chainexec made for another config (the finished run's parts folder, the checkpoint
+    and scratch folders of stopped runs) given to a second config as its scratch or checkpoint
+    folder, or as the folder of its output or report: the second run would remove them whole,
+    or their owner's next run would remove its files with them. Refused, everything as it was,
+    the finished output still whole."""
+    work = finished_user_folder.parent
+    for folder, made_as in ((work / "ck", safepaths.CHECKPOINT), (work / "out" / ".left.scratch", safepaths.SCRATCH)):
+        safepaths.make_owned(folder, made_as)
+        (folder / "rank0-1.npz").write_bytes(os.urandom(256))
+    change, needle = ANOTHER_RUNS[case]
+    config = _edit(finished_user_folder, output=change.get("output", "out/second.h5"), scratch=change.get("scratch"))
+    options = (["--checkpoint", work / change["checkpoint"]] if "checkpoint" in change else []) + (
+        ["--report-json", work / change["report"]] if "report" in change else [])
+    before = _snapshot(work.parent)
+    assert_refused(run_cli("run", config, "--quiet", *options), needle)
+    assert _snapshot(work.parent) == before
+    assert run_cli("verify", finished_user_folder).returncode == 0
+
+
+def test_generate_writes_no_input_inside_a_folder_chainexec_made(finished_user_folder):
+    """An input file placed in another output's parts folder would go when that output is
+    written again: ``chainexec generate`` refuses it."""
+    work = finished_user_folder.parent
+    import yaml
+
+    cfg = yaml.safe_load(finished_user_folder.read_text())
+    cfg["tensors"]["A"]["source"]["file"] = "out/result.h5.parts/in.h5"
+    config = write_config(work, cfg, "inside.yaml")
+    before = _snapshot(work)
+    assert_refused(run_cli("generate", config), "would lie inside", "tensor A")
+    assert _snapshot(work) == before
+
+
 @pytest.mark.parametrize("kind", ["symlink", "hardlink"])
 def test_output_linked_to_the_input(kind, user_folder):
     work = user_folder.parent
@@ -205,7 +253,7 @@ def test_checkpoint_keeps_what_it_did_not_write(user_folder):
     proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder, "--checkpoint-every", 0)
     assert proc.returncode == 0, proc.stderr
     assert list(folder.iterdir()) == []
-    (folder / safepaths.MARK).write_text("")
+    safepaths.make_owned(folder, safepaths.CHECKPOINT)
     (folder / "later.tmp").write_text("mine")
     (folder / "rank0-1.npz.bak").write_text("mine too")
     proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder)
@@ -222,7 +270,9 @@ def test_a_folder_a_running_run_holds_is_refused(held, user_folder):
     folder = {"checkpoint": work / "ck", "scratch": work / "out" / ".fourindex.scratch",
               "parts": work / "out" / "result.h5.parts"}[held]
     option = ("--checkpoint", work / "ck") if held == "checkpoint" else ()
-    with held_by_another(folder) as pid:
+    made_as = {"checkpoint": safepaths.CHECKPOINT, "scratch": safepaths.SCRATCH,
+               "parts": safepaths.parts_made(work / "out" / "result.h5")}[held]
+    with held_by_another(folder, made_as) as pid:
         before = _snapshot(work)
         assert_refused(run_cli("run", user_folder, "--quiet", *option), "in use by another run",
                        f"pid {pid}", str(folder.name))
@@ -320,6 +370,30 @@ def test_generate_keeps_other_datasets(user_folder):
     with h5py.File(work / "in.h5", "r") as f:
         assert sorted(f) == ["A", "C", "extra"] and f["extra"][()].tolist() == list(range(7))
     assert not [p for p in work.iterdir() if p.name.endswith(".tmp") and p.name != "notes.tmp"]
+
+
+def test_generate_again_with_other_seeds_writes_over_the_values(user_folder):
+    """Inputs generated again with new seeds: new values, the file no larger (HDF5 keeps a
+    deleted dataset's space, so one made anew each time would grow by the inputs); an input of
+    another shape is made anew, its values right."""
+    import h5py
+    import numpy as np
+    import yaml
+
+    work = user_folder.parent
+    size = (work / "in.h5").stat().st_size
+    with h5py.File(work / "in.h5", "r") as f:
+        first = f["A"][()]
+    cfg = yaml.safe_load(user_folder.read_text())
+    cfg["tensors"]["A"]["source"]["seed"] += 1
+    config = write_config(work, cfg, "reseeded.yaml")
+    for _ in range(2):
+        assert run_cli("generate", config).returncode == 0
+    assert (work / "in.h5").stat().st_size == size
+    with h5py.File(work / "in.h5", "r") as f:
+        again = f["A"][()]
+    assert again.shape == first.shape and not np.array_equal(again, first)
+    assert run_cli("run", config, "--quiet").returncode == 0 and run_cli("verify", config).returncode == 0
 
 
 @pytest.mark.parametrize("layout", ["group", "dataset above"])
@@ -548,7 +622,7 @@ def test_a_folder_that_cannot_be_read_is_one_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "iterdir", refused)
     with pytest.raises(ChainexecError, match="out.h5.parts: the parts folder cannot be read"):
-        safepaths._check_owned_folder(folder, "the parts folder")
+        safepaths._check_owned_folder(folder, "the parts folder", safepaths.parts_made(tmp_path / "out.h5"))
 
 
 @pytest.mark.parametrize("path, needle", [("in\0.h5", "NUL byte"), ("d/" + "x" * 256 + "/o.h5", "longer than"),

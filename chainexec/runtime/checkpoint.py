@@ -221,7 +221,7 @@ class Checkpoint:
         path = folder / MANIFEST
         saved = None
         try:
-            safepaths.make_owned(folder, "a run's checkpoint")
+            safepaths.make_owned(folder, safepaths.CHECKPOINT)
             safepaths.lock_owned(folder, "checkpoint folder")
             if path.exists():
                 saved = json.loads(path.read_text())

@@ -190,8 +190,8 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
     ``fresh`` (a run that resumes no checkpoint): first move the parts folders an older run left
     aside, removed there while this run goes on (:func:`chainexec.safepaths.remove_owned_aside`),
     so that their shards do not stay beside this run's."""
-    for folder, what in [(parts_dir(Path(f)), f"the shard files of {Path(f).name}") for f in files] + [
-            (Path(scratch), "scratch of a run")]:
+    for folder, what in [(parts_dir(Path(f)), safepaths.parts_made(Path(f))) for f in files] + [
+            (Path(scratch), safepaths.SCRATCH)]:
         try:
             if fresh and folder != Path(scratch):
                 safepaths.remove_owned_aside(folder, what)
@@ -266,8 +266,10 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
 
 
 def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
-    """Tensor ``t``'s seeded values into dataset ``t.source["dataset"]`` of the open file ``f``,
-    in place of a dataset of that name; refused where the name is a group's (its datasets are the
+    """Tensor ``t``'s seeded values into dataset ``t.source["dataset"]`` of the open file ``f``:
+    over the values of a dataset of that name and of ``t``'s shape and type (HDF5 does not reuse
+    a deleted dataset's space, and a file generated again with new seeds would grow by its inputs
+    each time), else in place of it; refused where the name is a group's (its datasets are the
     user's) or lies below a dataset's."""
     name = t.source["dataset"]
     parts = name.strip("/").split("/")
@@ -280,9 +282,14 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
         if not isinstance(f[name], h5py.Dataset):
             raise ChainexecError(f"{name!r} (dataset of tensor {t.name}) is a group of this file; `chainexec "
                                  "generate` writes only over datasets: name another", t.source["file"])
+    ds = f.get(name)
+    if ds is not None and (ds.shape, ds.dtype) != (tuple(t.shape), np.dtype(t.dtype)):
         del f[name]
-    ds = f.create_dataset(t.source["dataset"], shape=tuple(t.shape), dtype=t.dtype)
-    ds.attrs["indices"] = ",".join(t.indices)
+        ds = None
+    if ds is None:
+        ds = f.create_dataset(name, shape=tuple(t.shape), dtype=t.dtype)
+    if ds.attrs.get("indices") != ",".join(t.indices):  # (an attribute set again takes new space too)
+        ds.attrs["indices"] = ",".join(t.indices)
     rows = max(1, rows_per_block // max(1, int(np.prod(t.shape[1:], dtype=np.int64))))
     first = t.shape[0] if t.shape else 1
     for lo in range(0, first, rows):
