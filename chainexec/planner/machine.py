@@ -81,9 +81,10 @@ class Machine:
     # Host<->device bytes per rank from which a run uses page-locked host buffers (:attr:`Plan.pinned`):
     # its global arrays are then locked where they lie and their tiles move by DMA, without the
     # staging copy on the host. The first page-locked allocation of a process waits for the
-    # device; DMA from page-locked memory runs several times faster than the staged copies, which
-    # repays that wait from a few GB on (the measurements: benchmarks/results/INDEX.md).
-    pinned_from_bytes: int = 4 << 30
+    # device; DMA from page-locked memory runs faster than the staged copies, which repays that
+    # wait from about a GB on: a four-index run moving a few GB per rank is faster pinned, one
+    # moving a few hundred MB is not (the measurements: benchmarks/results/INDEX.md).
+    pinned_from_bytes: int = 1 << 30
     # Bytes per second of those DMA copies between page-locked host memory and the device, each
     # way: the rate of a pinned run's transfers of global arrays. `chainexec calibrate` measures
     # them on a GPU; None prices every transfer at global_to_device / device_to_global.
