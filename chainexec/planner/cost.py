@@ -254,7 +254,9 @@ def dma_transfer(node: Op, loops: list[Loop], ranges: dict[str, dict[str, int]],
     """Whether a run of page-locked global arrays (:func:`pinned`) moves the tile of ``node`` (a
     get or an accumulate inside ``loops``) by one DMA between the device and the locked host
     memory where it lies, as the GPU backend does only where that memory is one piece: the tile
-    whole rows of its global tile (:func:`whole_rows`), of a global array (an input read from its
+    whole rows of its global buffer (:func:`whole_rows`, ``ranges["global"]`` the tiles the buffer
+    was allocated with: a buffer allocated outside a global loop is whole, however that loop
+    tiles it), of a global array (an input read from its
     file only where its mapping is ``locked``, :attr:`Plan.locked`), and for an accumulate, the
     only value its patch gets (``Op.fresh``: written, not added), outside a symmetric loop
     (whose tuples' weights scale it on the host) and not copied back aside (``Loop.back``: into
@@ -368,6 +370,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     calls = {"disk": 0, "global<->device": 0}  # the ranks' transfer calls per level (moved_calls)
     by_statement: dict[str, float] = {}
     stored: dict[str, int] = {}
+    allocated: dict[tuple, dict[str, int]] = {}  # each buffer's tiles where it was last allocated (_narrowed)
 
     def spend(name: str, seconds: float) -> None:
         by_statement[name] = by_statement.get(name, 0.0) + seconds
@@ -395,7 +398,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             return tensors[tensor].itemsize * where(indices)
 
         def by_dma(node, loops, ranges):
-            return dma_transfer(node, loops, ranges, extents, tensors[node.tensor].from_file(), node.tensor in locked)
+            # against the global buffer as it was allocated (outside a global loop: whole), not the loop's tile
+            held = {"device": ranges["device"],
+                    "global": allocated.get((node.tensor, tuple(node.indices), "global"), ranges["global"])}
+            return dma_transfer(node, loops, held, extents, tensors[node.tensor].from_file(), node.tensor in locked)
 
         def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:  # (the statements' movement and flops: not for peaks alone)
@@ -487,6 +493,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         [], extents, "global")
                 if node.op in ("alloc", "free"):
                     buffer = key(node)
+                    if node.op == "alloc":
+                        allocated[buffer] = ranges[node.level]
                     if buffer in slotted:
                         continue
                     if node.op == "alloc":

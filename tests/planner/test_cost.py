@@ -248,23 +248,45 @@ def test_a_pinned_plan_moves_global_arrays_at_the_page_locked_rates():
     assert unmeasured.pinned and unmeasured.predicted["seconds"] == plain.predicted["seconds"]
 
 
-def test_a_pinned_plan_moves_by_dma_only_the_tiles_in_one_piece_of_host_memory():
-    """24 KiB / 3 KiB: the device tiles of ``_s0_1[c,d,p,q]`` and ``B[a,b,c,d]`` are cut along
-    an axis past the first (p of ``_s0_1`` in its first nest's global tiles of p; d in the
-    second's), so they are not one piece of their global tiles: the backend gathers each get
-    through its staging buffers and lands each accumulate from a buffer of its own, as unpinned,
-    at ``global_to_device`` / ``device_to_global``, as are the inputs ``A`` and ``C`` read from
-    their files. In one tile (1 GiB each) the accumulate of ``B`` is one piece: by DMA."""
+@pytest.mark.parametrize("global_memory, device_memory, n, nmo", [("24KiB", "3KiB", 10, 8), ("64KiB", "64KiB", 10, 8),
+                                                               ("128KiB", "32KiB", 12, 10)])
+def test_a_pinned_plan_moves_by_dma_only_the_tiles_in_one_piece_of_host_memory(global_memory, device_memory, n, nmo):
+    """Each get and accumulate of a pinned plan is priced at the page-locked DMA rates where its
+    device tile is one piece of its global buffer, found here from the plan's loops: every index
+    past the first whole in the tile, the buffer's extents those of the global loop it is
+    allocated in (a buffer allocated outside the global loops is whole: ``_s0_1`` in the
+    transform's first nest, whose global loop tiles it), an accumulate fresh, not an input read
+    from its file. Any other at the staged rates, as a plain plan prices them all."""
     rates = dict(global_to_device=1.0e10, device_to_global=8.0e9, host_to_device=4.0e10, device_to_host=3.0e10)
-    plain, locked = (_plan("24KiB", "3KiB", Machine(**rates, pinned_from_bytes=b)) for b in (1 << 50, 0))
+    config = fourindex_config(n=n, nmo=nmo, global_memory=global_memory, device_memory=device_memory)
+    plain, locked = (make_plan(spec.loads(yaml.safe_dump(config), "/tmp/fourindex.yaml"),
+                               Machine(**rates, pinned_from_bytes=b)) for b in (1 << 50, 0))
     assert (plain.pinned, locked.pinned) == (False, True)
-    tiles = [{i: t for loop in _loops(nest.body) for i, t in loop.tiles.items() if loop.level == "device"}
-             for nest in locked.nests]
-    assert tiles[0]["p"] < locked.extents["p"] and tiles[1]["d"] < locked.extents["d"]
+    one_piece = {}
+
+    def walk(body, tiles, held):
+        for node in body:
+            if isinstance(node, Loop):
+                inner = {i: min(tiles.get(i, locked.extents[i]), t) for i, t in node.tiles.items()}
+                walk(node.body, {**tiles, **inner}, held)
+            elif node.op == "alloc" and node.level == "global":
+                held[node.tensor, tuple(node.indices)] = {i: tiles.get(i, locked.extents[i]) for i in node.indices}
+            elif node.op in ("get", "accumulate"):
+                buffer = held[node.tensor, tuple(node.indices)]
+                whole = all(tiles.get(i, locked.extents[i]) >= buffer[i] for i in node.indices[1:])
+                piece = whole and not locked.tensors[node.tensor].from_file() and (node.op == "get" or node.fresh)
+                one_piece.setdefault(f"{node.op} {node.tensor}", set()).add(piece)
+
+    for nest in locked.nests:
+        walk(nest.body, {}, {})
+    assert {name.split()[0] for name in one_piece} >= {"get", "accumulate"}
     staged, dma = plain.predicted["by_statement"], locked.predicted["by_statement"]
-    assert {name.split()[0] for name in dma} >= {"get", "accumulate"}
-    for name in (n for n in dma if n.split()[0] in ("get", "accumulate")):
-        assert dma[name] == pytest.approx(staged[name], rel=1e-12), name
+    for name, pieces in one_piece.items():
+        assert len(pieces) == 1, name  # (each statement once in these plans)
+        ratio = (1.0e10 / 4.0e10 if name.startswith("get") else 8.0e9 / 3.0e10) if pieces == {True} else 1.0
+        assert dma[name] == pytest.approx(staged[name] * ratio, rel=1e-12), name
+    if (global_memory, device_memory) == ("64KiB", "64KiB"):  # the case the global loop's tiles hid
+        assert one_piece["accumulate _s0_1"] == {False} and one_piece["get _s0_1"] == {False}
     whole = _plan("1GiB", "1GiB", Machine(**rates, pinned_from_bytes=0)).predicted["by_statement"]
     assert whole["accumulate B"] == pytest.approx(8 ** 4 * 8 / 3.0e10, rel=1e-12)
 
