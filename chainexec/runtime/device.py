@@ -50,7 +50,8 @@ the seconds its first uses cost in :meth:`Backend.startup_seconds`."""
 
 CAPABILITIES = {
     QUEUED: ("stamp", "elapsed", "reach", "wait", "arrived", "reach_copy", "wait_for", "fetch_aside", "fetch_waits"),
-    SEPARATE_MEMORY: ("out_of_memory", "host_empty", "expect_transfers", "limit_memory", "pool_bytes", "make_room"),
+    SEPARATE_MEMORY: ("out_of_memory", "host_empty", "recycle_host", "expect_transfers", "limit_memory", "pool_bytes",
+                      "make_room"),
     HOST_LOCKS: ("locks_host", "lock_host", "unlock_host", "settle_locks", "holds_host", "to_host_into"),
     STEADY: ("steady",),
     TUNED: ("choices", "startup_seconds"),
@@ -311,6 +312,11 @@ class Backend(abc.ABC):
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device (here: plain memory)."""
         return np.empty(shape, dtype)
+
+    def recycle_host(self, host: np.ndarray) -> None:
+        """``host``, an array :meth:`to_host_async` returned, is no longer read: the backend may
+        return it from a later :meth:`to_host_async` (here nothing: the result is the device
+        array itself)."""
 
     def expect_transfers(self, pinned: bool) -> None:
         """Whether the run uses page-locked host buffers and locks its global arrays

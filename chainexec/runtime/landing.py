@@ -149,6 +149,7 @@ class Landing:
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d tile into 1-d)
             host = host.copy(order="C")
         (r.ga.put if r.fresh else r.ga.accumulate)(r.patch, host)
+        self.backend.recycle_host(r.host)  # (written into the global array: free for the next result)
         return r.name
 
     def land_all(self) -> None:

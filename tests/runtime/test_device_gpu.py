@@ -743,6 +743,38 @@ def test_pinned_buffers_can_be_reused_at_once():
     assert [float(c.max()) for c in copies] == list(range(12))
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_landed_results_host_arrays_serve_the_next_results(pinned):
+    """A result's host array given back (:meth:`CupyBackend.recycle_host`, as landing does once
+    it is written into its global array) is the next result's of the same bytes, page-locked in
+    a pinned run, and holds that result's values; one of other bytes gets an array of its own;
+    arrays beyond ``SPARE_BYTES`` are not kept, and a new run keeps none of the last's."""
+    backend = CupyBackend(cupy)
+    backend.expect_transfers(pinned)
+    rng = np.random.default_rng(5)
+    first = cupy.asarray(rng.standard_normal((128, 96)))  # past DEFERRED_BYTES: copied into an array of its own
+    host, token = backend.to_host_async(first)
+    backend.reach_copy(token)
+    assert np.array_equal(host, cupy.asnumpy(first))
+    where = host.ctypes.data
+    backend.recycle_host(host)
+    for shape in ((96, 128), (12288,)):  # the same bytes in another shape
+        nxt = cupy.asarray(rng.standard_normal(shape))
+        again, token = backend.to_host_async(nxt)
+        backend.reach_copy(token)
+        assert again.ctypes.data == where and again.shape == shape and np.array_equal(again, cupy.asnumpy(nxt))
+        assert backend._pinned(again) == pinned
+        backend.recycle_host(again)
+    other, token = backend.to_host_async(cupy.ones((100, 100)))
+    backend.reach_copy(token)
+    assert other.ctypes.data != where and np.all(other == 1.0)
+    big = backend.host_empty((cupy_backend.SPARE_BYTES // 8 + 1,), np.float64)
+    backend.recycle_host(big)
+    assert backend._spare_bytes == 128 * 96 * 8
+    backend.expect_transfers(pinned)
+    assert backend._spare_bytes == 0 and not backend._spare
+
+
 def test_memory_limit_falls_back_to_gett():
     """When no device memory is left for TTGT's temporaries (here: a pool limit), a contraction
     forced to TTGT runs through GETT instead, correctly; the pool never exceeds the limit."""

@@ -44,6 +44,10 @@ energy back once per tile: copied on the current stream, each such copy would le
 waiting while the device drains its queue, with nothing queued behind it."""
 UPLOAD_BYTES = 256 << 20
 """Page-locked host bytes of copies to the device kept in flight (:meth:`CupyBackend.upload`)."""
+SPARE_BYTES = 256 << 20
+"""Host bytes of landed results' arrays kept for the next results (:meth:`CupyBackend.recycle_host`):
+as many as the results queued on their way back hold (``chainexec.runtime.landing.LANDING_BYTES``),
+so that a loop's tiles land in the arrays of the tiles before them."""
 STAGE_BYTES = 64 << 20
 """Bytes of each of the two staging buffers that tiles reach the device through (host memory,
 outside the plan's levels, kept for the backend's life). Rows the source holds in host memory
@@ -133,6 +137,8 @@ class CupyBackend(Autotuner, Methods, Backend):
         self._timing = 0  # depth of :meth:`_timed` calls (a stack's timing runs its terms' own)
         self._stages: list[np.ndarray] | None = None
         self._uploads: collections.deque = collections.deque()  # (page-locked host array, its copy's event)
+        self._spare: dict[int, list[np.ndarray]] = {}  # landed results' host arrays by bytes (recycle_host)
+        self._spare_bytes = 0
         # relayout copies kept from one term of a run to the next: operand position -> (key, copy)
         # while a run executes (:meth:`_reusing`), else None
         self._kept: dict | None = None
@@ -394,7 +400,7 @@ class CupyBackend(Autotuner, Methods, Backend):
             copy = _Deferred(self.copy(array), main.record(), np.empty(array.shape, array.dtype))
             self._deferred.append(copy)
             return copy.host, copy
-        host = self.host_empty(array.shape, array.dtype)
+        host = self._result_host(array.shape, array.dtype)
         if not aside:
             self.contiguous(array).get(stream=main, out=host, blocking=False)
             return host, main.record()
@@ -520,6 +526,27 @@ class CupyBackend(Autotuner, Methods, Backend):
         self._uploads.clear()
         self._returning.clear()
 
+    def _result_host(self, shape, dtype) -> np.ndarray:
+        """A host array for :meth:`to_host_async`: one :meth:`recycle_host` kept, of the same
+        bytes, else :meth:`host_empty`'s. Results land tile after tile in arrays of a few sizes:
+        a new page-locked array each time waits for ``cudaHostAlloc`` (tens of ms for tens of
+        MB), and a new plain one takes a page fault per page while the device copies into it, at
+        a fraction of the link's rate."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        spare = self._spare.get(nbytes)
+        if not spare:
+            return self.host_empty(shape, dtype)
+        self._spare_bytes -= nbytes
+        return spare.pop().view(dtype).reshape(shape)
+
+    def recycle_host(self, host: np.ndarray) -> None:
+        """As :meth:`Backend.recycle_host`: kept for :meth:`_result_host` while the kept arrays
+        hold at most :data:`SPARE_BYTES`."""
+        if host.nbytes == 0 or not host.flags.c_contiguous or self._spare_bytes + host.nbytes > SPARE_BYTES:
+            return
+        self._spare.setdefault(host.nbytes, []).append(host.reshape(-1).view(np.uint8))
+        self._spare_bytes += host.nbytes
+
     def host_empty(self, shape, dtype) -> np.ndarray:
         """A host array for copies to and from the device: page-locked from CuPy's pinned pool
         (DMA'd by :meth:`upload`) when :attr:`pinned`, else plain memory. Not through
@@ -559,6 +586,7 @@ class CupyBackend(Autotuner, Methods, Backend):
         locked instead. Locks are made from this thread's device."""
         self.pinned = pinned
         self._locks = hostlock.Locks(self.xp)
+        self._spare, self._spare_bytes = {}, 0  # (another run's arrays may be the other kind of memory)
 
     def contract_terms(self, cs: list[Contraction], out, operands: list[tuple], fresh: bool = False) -> None:
         """As :meth:`Backend.contract_terms`, in one generated point-wise kernel
