@@ -528,10 +528,9 @@ class CupyBackend(Autotuner, Methods, Backend):
 
     def _result_host(self, shape, dtype) -> np.ndarray:
         """A host array for :meth:`to_host_async`: one :meth:`recycle_host` kept, of the same
-        bytes, else :meth:`host_empty`'s. Results land tile after tile in arrays of a few sizes:
-        a new page-locked array each time waits for ``cudaHostAlloc`` (tens of ms for tens of
-        MB), and a new plain one takes a page fault per page while the device copies into it, at
-        a fraction of the link's rate."""
+        bytes, else :meth:`host_empty`'s. Results land tile after tile in arrays of a few sizes,
+        and a new plain array takes a page fault per page while the device copies into it, at a
+        fraction of the link's rate."""
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         spare = self._spare.get(nbytes)
         if not spare:
@@ -540,9 +539,12 @@ class CupyBackend(Autotuner, Methods, Backend):
         return spare.pop().view(dtype).reshape(shape)
 
     def recycle_host(self, host: np.ndarray) -> None:
-        """As :meth:`Backend.recycle_host`: kept for :meth:`_result_host` while the kept arrays
-        hold at most :data:`SPARE_BYTES`."""
-        if host.nbytes == 0 or not host.flags.c_contiguous or self._spare_bytes + host.nbytes > SPARE_BYTES:
+        """As :meth:`Backend.recycle_host`: in a run of plain host memory, kept for
+        :meth:`_result_host` while the kept arrays hold at most :data:`SPARE_BYTES`. A pinned
+        run's arrays go back to CuPy's pool of page-locked memory, which serves them again: kept
+        here too, they made its four-index transform no faster (``benchmarks/results/``)."""
+        if (self.pinned or host.nbytes == 0 or not host.flags.c_contiguous
+                or self._spare_bytes + host.nbytes > SPARE_BYTES):
             return
         self._spare.setdefault(host.nbytes, []).append(host.reshape(-1).view(np.uint8))
         self._spare_bytes += host.nbytes
