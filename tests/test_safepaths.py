@@ -140,6 +140,15 @@ def test_a_folder_another_run_made_is_neither_used_nor_written_into(case, finish
     assert run_cli("verify", finished_user_folder).returncode == 0
 
 
+def test_a_plot_inside_a_folder_chainexec_made_is_refused(finished_user_folder):
+    """``chainexec plan --plot`` into another output's parts folder: refused, nothing written."""
+    work = finished_user_folder.parent
+    before = _snapshot(work)
+    assert_refused(run_cli("plan", finished_user_folder, "--plot", work / "out" / "result.h5.parts" / "plan.png"),
+                   "would lie inside", "result.h5.parts")
+    assert _snapshot(work) == before
+
+
 def test_generate_writes_no_input_inside_a_folder_chainexec_made(finished_user_folder):
     """An input file placed in another output's parts folder would go when that output is
     written again: ``chainexec generate`` refuses it."""
