@@ -271,6 +271,14 @@ def dma_transfer(node: Op, loops: list[Loop], ranges: dict[str, dict[str, int]],
     return bool(node.fresh) and not aside and not any(loop.symmetric for loop in loops)
 
 
+def as_allocated(node: Op, ranges: dict[str, dict[str, int]], allocated: dict[tuple, dict[str, int]]) -> dict:
+    """``ranges`` at a get or accumulate of ``node``'s tile with the global level's replaced by the
+    tiles its global buffer was allocated with (``allocated``, by buffer key): a buffer
+    allocated outside a global loop is whole, however that loop tiles the statements in it."""
+    return {"device": ranges["device"], "global": allocated.get((node.tensor, tuple(node.indices), "global"),
+                                                                ranges["global"])}
+
+
 def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, float]) -> list[str]:
     """The inputs of a pinned plan whose loads map them (those in ``cached``,
     :mod:`chainexec.runtime.mapped`) that a run should lock where they lie, read-only, on every
@@ -287,6 +295,7 @@ def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, fl
         return []
     fetched: dict[str, int] = {}
     held: dict[str, int] = {}
+    allocated: dict[tuple, dict[str, int]] = {}
 
     def walk(body, loops, ranges):
         for node in body:
@@ -295,7 +304,10 @@ def locked_inputs(plan: Plan, machine: Machine, ranks: int, cached: dict[str, fl
             elif node.tensor in cached and node.op in ("get", "alloc"):
                 around = Loops(loops)
                 item = plan.tensors[node.tensor].itemsize
-                if node.op == "get" and whole_rows(node.indices, ranges, plan.extents):
+                if node.op == "alloc":
+                    allocated[key(node)] = ranges[node.level]
+                if node.op == "get" and dma_transfer(node, loops, as_allocated(node, ranges, allocated), plan.extents,
+                                                     True, True):
                     fetched[node.tensor] = fetched.get(node.tensor, 0) + moved_bytes(
                         node, loops, around, plan.extents, item, ranks)
                 elif node.level == "global":
@@ -398,10 +410,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             return tensors[tensor].itemsize * where(indices)
 
         def by_dma(node, loops, ranges):
-            # against the global buffer as it was allocated (outside a global loop: whole), not the loop's tile
-            held = {"device": ranges["device"],
-                    "global": allocated.get((node.tensor, tuple(node.indices), "global"), ranges["global"])}
-            return dma_transfer(node, loops, held, extents, tensors[node.tensor].from_file(), node.tensor in locked)
+            return dma_transfer(node, loops, as_allocated(node, ranges, allocated), extents,
+                                tensors[node.tensor].from_file(), node.tensor in locked)
 
         def walk(body, loops, ranges, slotted=frozenset()):
             if machine is not None:  # (the statements' movement and flops: not for peaks alone)
