@@ -93,12 +93,24 @@ def _price_cached(p: Plan, machine: Machine, ranks: int) -> bool:
     return True
 
 
-def generate(config: str | Path) -> list[str]:
+def generate(config: str | Path, missing: bool = False) -> list[str]:
     """Write the seeded random inputs of a config to its HDF5 files; returns ``file:dataset`` names.
     Every file is checked (:func:`chainexec.safepaths.check_generate`) and every input's seed
-    found before any file is written; each file is written anew and renamed into place."""
+    found before any file is written; each file is written anew and renamed into place.
+    ``missing``: only where none of the input files exists (a batch job's first run); where all
+    do, nothing is written (``[]``: ``run`` checks them), and where some do, a
+    :class:`ChainexecError` names the missing ones: generating would write over the others,
+    which may be a user's real inputs."""
     s = spec_mod.load(config)
-    safepaths.check_generate(s)
+    files = safepaths.check_generate(s)
+    present = [f for f in files if f.exists()]
+    if missing and present:
+        absent = [str(f) for f in files if not f.exists()]
+        if not absent:
+            return []
+        raise ChainexecError(f"some of the config's input files exist and {', '.join(absent)} does not; generating "
+                             "would write over the others: generate without --missing, or supply the missing ones",
+                             str(s.path))
     # The plan only lists the inputs: limits the config leaves out need no detecting.
     limits = {level: getattr(s.machine, f"{level}_memory") or spec_mod.MAX_SIZE for level in ("global", "device")}
     return store.write_random_inputs(_make_plan(_within(s, limits), Machine(), None, 1, True))

@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop at the first checkpoint after SECONDS and exit with status 3 (run again to resume)")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
+    g.add_argument("--missing", action="store_true",
+                   help="only where none of the input files exists (nothing where all do; refused where some do)")
     v = sub.add_parser("verify", help="check a config's outputs against NumPy, independently of the runtime")
     v.add_argument("config")
     v.add_argument("--samples", type=int, default=300, help="output elements checked when too large for einsum")
@@ -198,8 +200,11 @@ def _main(args) -> int:
             else:
                 server.serve(idle=args.idle)
         elif args.command == "generate":
-            for name in api.generate(args.config):
+            written = api.generate(args.config, missing=args.missing)
+            for name in written:
                 print(f"wrote {name}")
+            if args.missing and not written:
+                print("the inputs exist: nothing written")
         elif args.command == "verify":
             checks = api.verify(args.config, samples=args.samples, limit=args.full_limit)
             for c in checks:

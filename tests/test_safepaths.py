@@ -381,6 +381,37 @@ def test_generate_keeps_other_datasets(user_folder):
     assert not [p for p in work.iterdir() if p.name.endswith(".tmp") and p.name != "notes.tmp"]
 
 
+def test_generate_missing_writes_only_where_no_input_exists(tmp_path):
+    """``generate --missing`` (the batch job's step): inputs written where none exists; nothing
+    where all do (a user's real data stays, even of another shape or with other values: ``run``
+    checks them); refused, naming the missing file, where some exist; and a config it cannot
+    read refused as ``generate`` refuses it, not taken for missing inputs."""
+    import h5py
+    import numpy as np
+
+    cfg = fourindex_config()
+    cfg["tensors"]["C"]["source"]["file"] = "coefficients.h5"
+    config = write_config(tmp_path, cfg)
+    proc = run_cli("generate", "--missing", config)
+    assert proc.returncode == 0 and "wrote" in proc.stdout, proc.stderr
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        del f["A"]
+        f["A"] = np.ones((3, 3))  # the user's own data, of another shape
+    before = _snapshot(tmp_path)
+    proc = run_cli("generate", "--missing", config)
+    assert proc.returncode == 0 and proc.stdout == "the inputs exist: nothing written\n", proc.stderr
+    assert _snapshot(tmp_path) == before
+    assert_refused(run_cli("run", config, "--quiet"), "in.h5")
+    (tmp_path / "coefficients.h5").unlink()
+    before = _snapshot(tmp_path)
+    assert_refused(run_cli("generate", "--missing", config), "coefficients.h5", "write over")
+    assert _snapshot(tmp_path) == before
+    (tmp_path / "bad.yaml").write_text(config.read_text().replace("statements:", "statement:"))
+    before = _snapshot(tmp_path)
+    assert_refused(run_cli("generate", "--missing", tmp_path / "bad.yaml"), "bad.yaml")
+    assert _snapshot(tmp_path) == before
+
+
 def test_generate_again_with_other_seeds_writes_over_the_values(user_folder):
     """Inputs generated again with new seeds: new values, the file no larger (HDF5 keeps a
     deleted dataset's space, so one made anew each time would grow by the inputs); an input of
