@@ -29,7 +29,7 @@ from chainexec.planner.machine import Machine
 from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
-from chainexec.runtime.checkpoint import Checkpoint, Stopped
+from chainexec.runtime.checkpoint import Checkpoint, Stopped, check_intervals
 from chainexec.runtime.comm import barrier, world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
@@ -189,6 +189,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
         if checkpoint is not None and balance != "dynamic":
             raise ChainexecError("checkpoints need --balance dynamic")
+        if checkpoint is not None:
+            check_intervals(checkpoint_every, stop_after)
         ours["text"] = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
         ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
         ours["paths"] = safepaths.check_run(s, checkpoint, reports)

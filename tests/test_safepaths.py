@@ -254,6 +254,19 @@ def test_checkpoint_folder_with_user_files(folder, user_folder):
     assert _snapshot(work) == before
 
 
+@pytest.mark.parametrize("options", [("--checkpoint-every", "-1"), ("--checkpoint-every", "nan"),
+                                     ("--stop-after", "inf"), ("--stop-after", "-5")])
+def test_a_run_refused_for_its_checkpoint_options_makes_no_folder(options, user_folder):
+    """Intervals that are not finite, or negative: refused in one line before the run makes its
+    checkpoint, scratch or parts folders."""
+    work = user_folder.parent
+    before = _snapshot(work)
+    folders = sorted(p for p in work.rglob("*") if p.is_dir())
+    assert_refused(run_cli("run", user_folder, "--quiet", "--checkpoint", work / "ck", *options),
+                   "finite and not negative")
+    assert _snapshot(work) == before and sorted(p for p in work.rglob("*") if p.is_dir()) == folders
+
+
 def test_checkpoint_keeps_what_it_did_not_write(user_folder):
     """An empty folder of the user's serves as a checkpoint folder; a completed run removes its
     own files from it and nothing else (a file put there meanwhile stays)."""

@@ -185,6 +185,14 @@ def _missing(saved: dict, plan: Plan) -> Path | None:
     return next((p for p in paths if not p.is_file()), None)
 
 
+def check_intervals(every: float, stop_after: float | None) -> None:
+    """Refuse (:class:`ChainexecError`) intervals between checkpoints, or a time to stop after,
+    that are not finite or are negative: checked before a run makes its folders."""
+    if not (math.isfinite(every) and every >= 0) or (
+            stop_after is not None and not (math.isfinite(stop_after) and stop_after >= 0)):
+        raise ChainexecError("checkpoint intervals must be finite and not negative")
+
+
 class Checkpoint:
     """Where and how often a run checkpoints: ``every`` seconds at most between checkpoints (of
     a resumable loop or at a nest's end), and a stop after the first checkpoint past
@@ -195,9 +203,7 @@ class Checkpoint:
 
     def __init__(self, folder: str | Path, digest: str, saved: dict | None = None, every: float = 600.0,
                  stop_after: float | None = None):
-        if not (math.isfinite(every) and every >= 0) or (
-                stop_after is not None and not (math.isfinite(stop_after) and stop_after >= 0)):
-            raise ChainexecError("checkpoint intervals must be finite and not negative")
+        check_intervals(every, stop_after)
         self.folder = Path(folder)
         self.digest = digest
         self.every = every
