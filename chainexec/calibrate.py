@@ -212,9 +212,16 @@ def _tmp(path: Path) -> Path:
 
 def _check_writable(path: Path) -> None:
     """Raise :class:`ChainexecError` naming ``path`` unless the atomic write can succeed there: the
-    temporary file beside it can be created and ``path`` is not a directory."""
+    temporary file beside it can be created and ``path`` is not a directory, nor a file other
+    than a machine file (:meth:`Machine.parse` reads it), which the calibration would replace."""
     if path.is_dir():
         raise ChainexecError("cannot write the machine file: it is a directory", str(path))
+    if path.exists():
+        try:
+            Machine.parse(path.read_text(), str(path))
+        except (ChainexecError, OSError, UnicodeDecodeError):
+            raise ChainexecError("exists and is not a machine file; calibrate replaces only a machine file: "
+                                 "move it or name another file", str(path)) from None
     try:
         _tmp(path).open("w").close()
         _tmp(path).unlink()

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from chainexec import calibrate_worker, machinecache, spec
-from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _launcher_reason, add_arguments, calibrate,
-                                 settings, unbound)
+from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _check_writable, _launcher_reason, add_arguments,
+                                 calibrate, settings, unbound)
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
@@ -156,6 +156,28 @@ def test_unwritable_path_fails_before_measuring(tmp_path):
         calibrate(tmp_path, quick=True)
     assert str(tmp_path) in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text", ["important notes\n", '{"disk_read": 1.0}', "\xff\xfe", '{"source": "mine"}'])
+def test_a_file_that_is_not_a_machine_file_is_not_replaced(tmp_path, text):
+    """An existing file calibrate would replace that is not a machine file (the user's notes,
+    JSON that is no machine file): refused before measuring, left as it was."""
+    path = tmp_path / "notes.txt"
+    path.write_text(text, errors="surrogateescape")
+    before = path.read_bytes()
+    with pytest.raises(ChainexecError, match="not a machine file") as err:
+        calibrate(path, quick=True)
+    assert str(path) in str(err.value)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_machine_file_is_replaced_by_a_new_calibration(calibrated, tmp_path):
+    """A machine file (here the shared calibration's) is what ``calibrate PATH`` replaces."""
+    path = tmp_path / "machine.json"
+    path.write_text(calibrated[0].read_text())
+    _check_writable(path)
 
 
 def test_unwritable_scratch(tmp_path):
