@@ -477,6 +477,7 @@ CHEM_ERRORS = {
     "synthetic_zero_nocc": (("x", "--synthetic", 0, 7, 1), ["--synthetic 0 7 1", "at least 1"]),
     "synthetic_negative_nvir": (("x", "--synthetic", 3, -7, 1), ["--synthetic 3 -7 1", "at least 1"]),
     "synthetic_negative_seed": (("x", "--synthetic", 3, 7, -1), ["--synthetic 3 7 -1", "SEED 0 or more"]),
+    "synthetic_seed_of_65_bits": (("x", "--synthetic", 3, 7, 1 << 64), [f"--synthetic 3 7 {1 << 64}", "below 2^64"]),
     "synthetic_absurd": (("x", "--synthetic", 1000, 1000, 1),
                          ["--synthetic 1000 1000 1", "the inputs would take",
                           f"{_synthetic_bytes(1000, 1000) / 1024**4:.2f} TiB", "free here"]),
@@ -548,6 +549,13 @@ def test_chem_errors(case, tmp_path):
     proc = run_cli("chem", *args, "--out", out, timeout=CHEM_TIMEOUT)
     assert_refused(proc, *needles)
     assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_chem_refuses_an_empty_out(tmp_path):
+    """``--out ''`` is no folder (it would write into the current one): refused, nothing written."""
+    proc = run_cli("chem", "x", "--synthetic", 3, 7, 1, "--out", "", cwd=tmp_path, timeout=CHEM_TIMEOUT)
+    assert_refused(proc, "--out ''", "empty path")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_chem_config_describes_the_inputs_beside_it(tmp_path):

@@ -137,6 +137,8 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     layout = options.get("layout", "s8") if kind.name == "ao2mo" else None
     source = None if mol is None else {"atoms": MOLECULES.get(molecule.lower(), molecule), "basis": basis}
     _config(cfg, kind, extents, template, lines, layout, source)
+    if isinstance(out, str) and not out.strip():
+        raise ChainexecError(f"--out {out!r}: an empty path; name the folder (. for this one)")
     out = Path(out)
     check_out(out)
     check_size(out, _shapes(kind, extents, layout), what, in_memory=SYNTHETIC_IN_MEMORY if synthetic is not None else ())
@@ -241,8 +243,9 @@ def _synthetic(kind: Job, synthetic: tuple[int, int, int]) -> dict[str, int]:
     nocc, nvir, seed = synthetic
     if kind.name != "ccsd_t":
         raise ChainexecError(f"--synthetic makes (T) inputs; the {kind.name} job needs a molecule")
-    if nocc < 1 or nvir < 1 or seed < 0:
-        raise ChainexecError(f"--synthetic {nocc} {nvir} {seed}: NOCC and NVIR must be at least 1, SEED 0 or more")
+    if nocc < 1 or nvir < 1 or not 0 <= seed < 1 << 64:
+        raise ChainexecError(f"--synthetic {nocc} {nvir} {seed}: NOCC and NVIR must be at least 1, SEED 0 or more "
+                             "and below 2^64 (it is stored as an unsigned 64-bit integer)")
     extents = {"occ": nocc, "vir": nvir}
     largest = max(_shapes(kind, extents).items(), key=lambda item: math.prod(item[1]))
     if math.prod(largest[1]) > spec.MAX_SIZE:
