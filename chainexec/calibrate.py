@@ -130,6 +130,10 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
         raise ChainexecError("scratch folder for the disk measurement is not a writable directory", str(scratch))
     if ranks < 1:
         raise ChainexecError(f"ranks must be at least 1, got {ranks}")
+    cores = len(os.sched_getaffinity(0))
+    if ranks > cores:
+        raise ChainexecError(f"ranks: {ranks} is more than the {cores} cores this process may run on; a run's "
+                             "ranks on this node are at most as many (one per GPU)")
     if size is not None and size < 1:
         raise ChainexecError(f"size must be a positive number of bytes, got {size}")
     return keep(path, _launch(settings(scratch, quick, backend, size), ranks), quick, ident)

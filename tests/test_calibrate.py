@@ -180,6 +180,15 @@ def test_a_machine_file_is_replaced_by_a_new_calibration(calibrated, tmp_path):
     _check_writable(path)
 
 
+def test_more_ranks_than_cores_are_refused_before_measuring(tmp_path):
+    """A calibration's ranks stand for a run's on this node: more than the cores this process
+    may use would only measure oversubscription (and, at hundreds, launch for minutes)."""
+    cores = len(os.sched_getaffinity(0))
+    with pytest.raises(ChainexecError, match=f"{cores + 1} is more than the {cores} cores"):
+        calibrate(tmp_path / "machine.json", quick=True, ranks=cores + 1)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unwritable_scratch(tmp_path):
     scratch = tmp_path / "not-a-folder"
     scratch.write_text("")
