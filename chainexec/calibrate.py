@@ -124,7 +124,7 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
     if path is None:
         path, ident = cache_file(backend)
     path = Path(path)
-    _check_writable(path)
+    _check_writable(path, own=ident is not None)
     scratch = Path(scratch) if scratch is not None else path.parent
     if not (scratch.is_dir() and os.access(scratch, os.W_OK)):
         raise ChainexecError("scratch folder for the disk measurement is not a writable directory", str(scratch))
@@ -155,7 +155,7 @@ def writable(ident: dict) -> Path:
     except OSError as err:
         raise ChainexecError(f"cannot make the calibration cache folder ({err.strerror or err}): set "
                              f"${machinecache.CACHE} to a writable folder, or give --machine", str(where.parent)) from None
-    _check_writable(where)
+    _check_writable(where, own=True)
     return where
 
 
@@ -214,13 +214,14 @@ def _tmp(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, own: bool = False) -> None:
     """Raise :class:`ChainexecError` naming ``path`` unless the atomic write can succeed there: the
     temporary file beside it can be created and ``path`` is not a directory, nor a file other
-    than a machine file (:meth:`Machine.parse` reads it), which the calibration would replace."""
+    than a machine file (:meth:`Machine.parse` reads it), which the calibration would replace;
+    but the cache's ``own`` file, which a broken one is made again in place of."""
     if path.is_dir():
         raise ChainexecError("cannot write the machine file: it is a directory", str(path))
-    if path.exists():
+    if path.exists() and not own:
         try:
             Machine.parse(path.read_text(), str(path))
         except (ChainexecError, OSError, UnicodeDecodeError):
