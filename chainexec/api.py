@@ -103,9 +103,8 @@ def generate(config: str | Path, missing: bool = False) -> list[str]:
     which may be a user's real inputs."""
     s = spec_mod.load(config)
     files = safepaths.check_generate(s)
-    present = [f for f in files if f.exists()]
-    if missing and present:
-        absent = [str(f) for f in files if not f.exists()]
+    absent = [str(f) for f in files if not f.exists()]
+    if missing and len(absent) < len(files):
         if not absent:
             return []
         raise ChainexecError(f"some of the config's input files exist and {', '.join(absent)} does not; generating "

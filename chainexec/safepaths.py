@@ -255,8 +255,8 @@ def _check_owned_folder(folder: Path, what: str, made_as: str) -> None:
     if not owned and not empty:
         raise ChainexecError(f"{what} exists and holds files chainexec did not make, which a run could remove "
                              "or write over: name a new or empty folder", str(folder))
-    if owned and owner(folder) != made_as:
-        made = owner(folder)
+    made = owner(folder) if owned else made_as
+    if made != made_as:
         raise ChainexecError(f"{what} is a folder chainexec made "
                              + (f"as {made}" if made else "for another use (its mark cannot be read)")
                              + ", which this run would remove or write over: name a new or empty folder", str(folder))

@@ -254,9 +254,8 @@ def dma_transfer(node: Op, loops: list[Loop], ranges: dict[str, dict[str, int]],
     """Whether a run of page-locked global arrays (:func:`pinned`) moves the tile of ``node`` (a
     get or an accumulate inside ``loops``) by one DMA between the device and the locked host
     memory where it lies, as the GPU backend does only where that memory is one piece: the tile
-    whole rows of its global buffer (:func:`whole_rows`, ``ranges["global"]`` the tiles the buffer
-    was allocated with: a buffer allocated outside a global loop is whole, however that loop
-    tiles it), of a global array (an input read from its
+    whole rows of its global buffer (:func:`whole_rows`; ``ranges["global"]`` the tiles the
+    buffer was allocated with, :func:`as_allocated`), of a global array (an input read from its
     file only where its mapping is ``locked``, :attr:`Plan.locked`), and for an accumulate, the
     only value its patch gets (``Op.fresh``: written, not added), outside a symmetric loop
     (whose tuples' weights scale it on the host) and not copied back aside (``Loop.back``: into
