@@ -30,6 +30,7 @@ are emptied after each run; the CUDA context and the loaded kernels stay.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import queue
 import select
@@ -269,7 +270,9 @@ def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int])
         _answer(conn, {"accepted": True, "pid": os.getpid()})
         _log(state, f"began {what} in {request['cwd']}")
         done, wake = os.pipe()
-        watcher = threading.Thread(target=_watch, args=(conn, done), name="chainexec-serve-watch", daemon=True)
+        gone = functools.partial(_log, state, f"the client of {what} went away: the run is interrupted, as by "
+                                 "Ctrl-C, and the server ends with it")
+        watcher = threading.Thread(target=_watch, args=(conn, done, gone), name="chainexec-serve-watch", daemon=True)
         try:
             with _client(request, fds):
                 watcher.start()
@@ -405,16 +408,18 @@ def _release() -> None:
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
-def _watch(conn: socket.socket, done: int) -> None:
+def _watch(conn: socket.socket, done: int, gone) -> None:
     """Interrupt the main thread's run (SIGINT, as Ctrl-C would) where the client goes away
-    before it ends: the client sends nothing after its request, so the connection turning
-    readable means it closed. Returns without a signal once the descriptor ``done`` turns
-    readable (the run has ended)."""
+    before it ends, after ``gone()`` (the server's log line: the run's own line goes to the
+    client's standard error, which no one reads any more): the client sends nothing after its
+    request, so the connection turning readable means it closed. Returns without a signal once
+    the descriptor ``done`` turns readable (the run has ended)."""
     poller = select.poll()
     poller.register(conn, select.POLLIN | select.POLLHUP | select.POLLERR)
     poller.register(done, select.POLLIN)
     ready = {fd for fd, _ in poller.poll()}
     if done not in ready:
+        gone()
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 

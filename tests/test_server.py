@@ -266,6 +266,7 @@ def test_a_second_client_runs_itself_while_one_is_served_and_a_client_that_goes_
     third.send_signal(signal.SIGKILL)  # a batch system's kill: the client is gone at once
     third.wait()
     assert server.proc.wait(60) == 130, server.text()  # the run interrupted as by Ctrl-C, the server with it
+    assert "went away: the run is interrupted" in server.text()
     assert not result.exists() and served(server) == 1
 
 
