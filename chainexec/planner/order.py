@@ -150,7 +150,7 @@ def _greedy(operands: list[tuple[str, ...]], keep: tuple[str, ...], extents: dic
         flops, _, x, y, kept = heapq.heappop(heap)
         if x not in left or y not in left:
             continue
-        for i in set(left.pop(x)) | set(left.pop(y)):
+        for i in [*set(left.pop(x)), *set(left.pop(y))]:  # an index of both leaves with two holders
             holders[i] -= 1
         for i in kept:
             holders[i] += 1

@@ -90,6 +90,9 @@ def _by_steps(steps, operands, keep, arrays):
     used = []
     for step in steps:
         (a_ix, a), (b_ix, b) = values[step.left], values[step.right]
+        others = {i for k, (ix, _) in enumerate(values) if k not in used + [step.left, step.right] for i in ix}
+        # a step keeps exactly the indices of its pair still needed: held by a tensor left or kept
+        assert set(step.indices) == {i for i in a_ix + b_ix if i in others or i in keep}, step
         used += [step.left, step.right]
         a_s, b_s, out = ("".join(map(letters.get, ix)) for ix in (a_ix, b_ix, step.indices))
         values.append((step.indices, np.einsum(f"{a_s},{b_s}->{out}", a, b)))
@@ -108,6 +111,7 @@ def test_many_operands_get_a_greedy_order_that_computes_the_product(n, seed):
     operands = [(f"i{k}", f"i{k + 1}") + (("x",) if k % 5 == 0 else ()) + (("y",) if k % 7 == 3 else ())
                 for k in range(n)]
     keep = ("i0", f"i{n}", "x")
+    operands.insert(1, ("i1",))  # a vector on the chain: i1 held by three operands
     arrays = [rng.standard_normal([extents[i] for i in ix]) for ix in operands]
     steps = binarize(operands, keep, extents)
     got, letters = _by_steps(steps, operands, keep, arrays)
