@@ -61,7 +61,7 @@ from statistics import geometric_mean
 
 import numpy as np
 
-from chainexec import atomicfile
+from chainexec import atomicfile, jsontext, safepaths
 from chainexec.errors import ArgumentParser, ChainexecError
 from chainexec.plancache import tree_digest
 from chainexec.planner.plan import Contraction
@@ -523,12 +523,7 @@ def load_cases(path: str | Path) -> list[dict]:
     the generated CUDA source) and ``sizes`` (each index's extent, a positive whole number).
     Every index of ``C`` is in ``A`` or ``B``, and an index not in ``C`` is summed, so in both.
     Anything else is a ChainexecError naming the file and the case."""
-    try:
-        cases = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise ChainexecError(f"cannot read the cases ({err.strerror or err})", str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ChainexecError(f"the cases are not JSON ({err})", str(path)) from None
+    cases = jsontext.loads(jsontext.read(path, "case file"), "case file", str(path))
     if not isinstance(cases, list) or not cases:
         raise ChainexecError("the cases must be a non-empty JSON list of contractions", str(path))
     seen = set()
@@ -567,6 +562,47 @@ def _case_problem(case, seen: set) -> str | None:
     if not summed <= set(case["A"]) & set(case["B"]):
         return "a summed index (not in C) must be in both A and B"
     return None
+
+
+RESULT_KEYS = {"environment", "source", "cases", "rows"}
+"""Keys every result file of the bench holds: an existing ``--out`` without them is not one, and
+is not written over."""
+
+
+def check_options(args, cases: list[dict]) -> None:
+    """Refuse, before anything needs a GPU, options that would fail or lose a file later: a scale
+    or budget that is not a positive number, an ``--ids`` no case has, and an ``--out`` that cannot
+    be written or is a file other than a result of the bench (the case file, a folder, a user's
+    own file), which the finished run would replace."""
+    if any(s < 1 for s in args.scales):
+        raise ChainexecError(f"--scales must be positive whole numbers, not {' '.join(map(str, args.scales))}")
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        raise ChainexecError(f"--budget must be a positive number of seconds, not {args.budget}")
+    missing = sorted(set(args.ids or ()) - {case["id"] for case in cases})
+    if missing:
+        raise ChainexecError(f"--ids: no case has the id {', '.join(map(str, missing))}", args.cases)
+    out = Path(safepaths.checked(args.out, "--out"))
+    if not out.parent.is_dir():
+        raise ChainexecError("--out: the folder to write the results in does not exist", str(out))
+    if out.is_dir():
+        raise ChainexecError("--out names a folder; give the results' file", str(out))
+    if out.exists() and safepaths.same_file(out.resolve(), Path(args.cases).resolve()):
+        raise ChainexecError("--out is the case file, which the results would replace", str(out))
+    if out.exists() and not _is_result(out):
+        raise ChainexecError("--out exists and is not a result of `chainexec bench tccg`: it is not written over; "
+                             "give another name or remove it", str(out))
+
+
+def _is_result(path: Path) -> bool:
+    """Whether ``path`` holds a result of the bench (:data:`RESULT_KEYS`), read whole (a result
+    of every case at two scales is about a megabyte; a file 64 times that is not one)."""
+    try:
+        if path.stat().st_size > 64 * jsontext.MAX_BYTES:
+            return False
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and RESULT_KEYS <= set(data)
 
 
 def resume(partial: Path, result: dict, jobs: list) -> list:
@@ -622,6 +658,7 @@ def main(argv=None) -> int:
                              "device and dtype) and its DGEMM rate and copy bandwidth, and run only the cases it lacks")
     args = parser.parse_args(argv)
     cases = load_cases(args.cases)
+    check_options(args, cases)
     if importlib.util.find_spec("cupy") is None:
         raise ChainexecError("bench tccg needs CuPy and a GPU (cupy is not installed here)")
 

@@ -48,7 +48,7 @@ def of_machine(err: BaseException) -> "ChainexecError | None":
     the one HDF5's message names), or a :class:`MemoryError` (NumPy's arrays too large for the
     host's free memory, with the size asked for). None for anything else."""
     if isinstance(err, MemoryError):
-        return ChainexecError(f"out of host memory ({err or 'an allocation failed'}; for a run: lower the config's "
+        return ChainexecError(f"out of host memory ({str(err) or 'an allocation failed'}; for a run: lower the config's "
                               "machine: global_memory, or run on more ranks or hosts)")
     if not isinstance(err, OSError) or err.errno not in MACHINE_ERRNOS:
         return None

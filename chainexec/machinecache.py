@@ -33,7 +33,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from chainexec import diskstore
+from chainexec import diskstore, jsontext
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 
@@ -103,13 +103,7 @@ def read(path: str | Path) -> tuple[Machine, frozenset[str]]:
     """The machine of the machine file ``path`` and the fields it gives
     (:meth:`~chainexec.planner.machine.Machine.parse`); a file that cannot be read or is not
     UTF-8 text is a :class:`ChainexecError` naming it."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except OSError as err:
-        raise ChainexecError(f"cannot read machine file: {err.strerror}", str(path)) from None
-    except UnicodeDecodeError:
-        raise ChainexecError("machine file is not UTF-8 text", str(path)) from None
-    return Machine.parse(text, str(path))
+    return Machine.parse(jsontext.read(path, "machine file"), str(path))
 
 
 def load(path: str | Path) -> Machine:

@@ -69,7 +69,7 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     """Whether two resolved paths name one file: equal, or hard links of one existing file."""
     if a == b:
         return True
@@ -452,11 +452,11 @@ def _check_written(written: list[tuple[Path, str]], read: list[tuple[Path, str]]
     name within the file system's limit with what chainexec adds to it."""
     for k, (f, what) in enumerate(written):
         for g, other in read + written[:k]:
-            if _same_file(f, g):
+            if same_file(f, g):
                 raise ChainexecError(f"{what} is also {other}, which writing it would destroy", str(f))
         for g, other in read:
             for suffix in WRITE_SUFFIXES:
-                if _same_file(f.with_name(f.name + suffix), g):
+                if same_file(f.with_name(f.name + suffix), g):
                     raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
         if f.is_dir():
             raise ChainexecError(f"{what} is a folder, not a file", str(f))
@@ -504,10 +504,10 @@ def check_generate(spec) -> list[Path]:
                                      "extents, type, layout or seed: generating one would write over the other",
                                      str(where[0]))
     for f, tensor in paths.inputs.items():
-        if _same_file(f, paths.config):
+        if same_file(f, paths.config):
             raise ChainexecError(f"the input of tensor {tensor} is the config itself", str(f))
         for g, what in paths.outputs.items():
-            if _same_file(f, g):
+            if same_file(f, g):
                 raise ChainexecError(f"the input of tensor {tensor} is also the output of {what}", str(f))
         if f.is_dir():
             raise ChainexecError(f"the input of tensor {tensor} is a folder, not a file", str(f))

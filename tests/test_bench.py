@@ -215,6 +215,65 @@ def test_any_list_of_contractions_loads_and_bad_files_fail_before_the_gpu(tmp_pa
     assert_refused(proc, "not JSON", "bad.json")
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("[" * 100000 + "]" * 100000, "nests its lists or objects deeper"),
+    ("[" + " " * (1 << 20) + "]", "longer than 1048576 bytes"),
+    ('[{"id": 1, "id": 2}]', "field 'id' is given twice"),
+    ("[{]", "case file is not JSON"),
+])
+def test_a_case_file_too_deep_too_long_or_with_a_key_twice_is_one_error(tmp_path, text, needle):
+    path = tmp_path / "cases.json"
+    path.write_text(text)
+    with pytest.raises(ChainexecError) as err:
+        load_cases(path)
+    assert needle in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["--scales", "0"], "--scales must be positive"),
+    (["--scales", "1", "-1"], "--scales must be positive"),
+    (["--budget", "-1"], "--budget must be a positive"),
+    (["--budget", "nan"], "--budget must be a positive"),
+    (["--budget", "inf"], "--budget must be a positive"),
+    (["--ids", "1", "99"], "no case has the id 99"),
+    (["--out", "{tmp}/none/r.json"], "does not exist"),
+    (["--out", "{tmp}"], "names a folder"),
+    (["--out", "{tmp}/cases.json"], "is the case file"),
+    (["--out", "{tmp}/notes.json"], "is not a result of `chainexec bench tccg`"),
+])
+def test_options_that_would_fail_or_lose_a_file_are_refused_before_the_gpu(tmp_path, options, needle):
+    """Each refused by :func:`chainexec.bench.check_options` before any GPU is asked for (here
+    there is none: checks passed would end at "needs CuPy")."""
+    import chainexec.bench as bench
+
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([GOOD]))
+    (tmp_path / "notes.json").write_text('{"my": "notes"}')
+    argv = ["--cases", str(cases), "--out", str(tmp_path / "r.json")] + [o.format(tmp=tmp_path) for o in options]
+    with pytest.raises(ChainexecError) as err:
+        bench.main(argv)
+    assert needle in str(err.value)
+    assert (tmp_path / "notes.json").read_text() == '{"my": "notes"}'
+
+
+def test_an_earlier_result_may_be_written_over(tmp_path, monkeypatch):
+    """The checks pass an ``--out`` that holds a result of the bench (the run that follows
+    replaces it), and a new name."""
+    import chainexec.bench as bench
+
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([GOOD]))
+    earlier = tmp_path / "r.json"
+    earlier.write_text(json.dumps(dict.fromkeys(bench.RESULT_KEYS, [])))
+    for out in (earlier, tmp_path / "new.json"):
+        bench.check_options(bench_args(cases, out), [GOOD])
+
+
+def bench_args(cases, out):
+    """The parsed options of ``bench tccg --cases CASES --out OUT``."""
+    return SimpleNamespace(cases=str(cases), out=str(out), scales=[1, 2], budget=0.3, ids=None)
+
+
 def _stand_in_gpu(monkeypatch, bench, ran: list, stop_at=None, device="H200"):
     """The bench's GPU parts replaced by stand-ins: each case's row is a skipped one (which the
     summary leaves out), its id appended to ``ran``; the first call of case ``stop_at`` is

@@ -412,6 +412,8 @@ MACHINE_ERRORS = {
     "string": ('"fast"', ["JSON object", "not a string"]),
     "not_json": ('{"flop_rate": 1e9,\n "disk_read": }', ["machine.json:2:", "not JSON"]),
     "not_utf8": (b'{"source": "\xff"}', ["not UTF-8"]),
+    "deep": ("[" * 100000 + "]" * 100000, ["nests its lists or objects deeper"]),
+    "long": ("{" + " " * (1 << 20) + "}", ["longer than 1048576 bytes"]),
     "folder": (None, ["cannot read machine file", "directory"]),
     "missing_file": ("", ["cannot read machine file", "No such file"]),
 }

@@ -37,6 +37,10 @@ def test_numpys_allocation_failure_is_one_line():
     assert isinstance(err, ChainexecError) and "out of host memory" in str(err) and "\n" not in str(err)
 
 
+def test_a_memory_error_without_words_says_an_allocation_failed():
+    assert "out of host memory (an allocation failed; for a run" in str(of_machine(MemoryError()))
+
+
 @pytest.mark.parametrize("err", [OSError(errno.ENOENT, "No such file", "x.h5"), OSError("no errno"),
                                  ValueError("a defect"), KeyError("B")], ids=repr)
 def test_anything_else_is_not_the_machines(err):

@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
+from chainexec import jsontext
 from chainexec.errors import ChainexecError
 
 
@@ -181,12 +182,7 @@ class Machine:
         defaults where absent, and ``details`` (what ``chainexec calibrate`` measured) is
         ignored. Any other key, and any value :data:`FIELDS` refuses, is a
         :class:`ChainexecError` naming the file and the field, as is text that is not JSON."""
-        try:
-            data = json.loads(text, object_pairs_hook=_no_repeats)
-        except json.JSONDecodeError as err:
-            raise ChainexecError(f"machine file is not JSON: {err.msg}", str(path), err.lineno) from None
-        except ValueError as err:
-            raise ChainexecError(f"machine file: {err}", str(path)) from None
+        data = jsontext.loads(text, "machine file", path)
         if not isinstance(data, dict):
             raise ChainexecError(f"a machine file holds a JSON object of fields, not {_json_type(data)}", str(path))
         for key, value in data.items():
@@ -241,16 +237,6 @@ FIELDS = {
     "mapped_locked_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
     "source": (lambda v: isinstance(v, str), "a string"),
 }
-
-
-def _no_repeats(pairs: list) -> dict:
-    """A JSON object's pairs as a dict; a key given twice (the first value would be lost) is refused."""
-    data = {}
-    for key, value in pairs:
-        if key in data:
-            raise ValueError(f"field {key!r} is given twice")
-        data[key] = value
-    return data
 
 
 def _json_type(value) -> str:
