@@ -578,6 +578,19 @@ def test_chem_config_describes_the_inputs_beside_it(tmp_path):
         assert set(f) == {"A", "C"}
 
 
+def test_chem_refuses_a_folder_holding_a_result_of_the_inputs_it_would_replace(tmp_path):
+    """A finished (T) run's energy.h5 in --out stays, and stays beside the inputs it was computed
+    from: chem refuses to write new inputs there until the result is moved."""
+    out = tmp_path / "out"
+    assert run_cli("chem", "x", "--synthetic", 2, 3, 1, "--out", out).returncode == 0
+    assert run_cli("run", out / "ccsd_t.yaml", "--quiet").returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert "energy.h5" in before
+    assert_refused(run_cli("chem", "x", "--synthetic", 2, 3, 2, "--out", out), str(out), "holds energy.h5")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert run_cli("verify", out / "ccsd_t.yaml").returncode == 0
+
+
 @pytest.mark.parametrize("mine", ["ao2mo.yaml", "ccsd_t.yaml", "inputs.h5"])
 def test_chem_leaves_a_users_files_in_out_as_they_are(mine, tmp_path):
     """A file of the name of a job's config or inputs in --out that chainexec chem did not write

@@ -176,7 +176,9 @@ HEADER = "# written by chainexec chem; the next chem run into this folder replac
 def check_out(out: Path) -> None:
     """Refuse a folder ``out`` whose ``inputs.h5`` or job configs (:data:`JOBS`) exist and were
     not written by ``chainexec chem`` (the inputs' mark :data:`chainexec.chem.bridge.MADE`, the
-    configs' first line :data:`HEADER`): the job replaces or removes those names."""
+    configs' first line :data:`HEADER`): the job replaces or removes those names. Refuse one that
+    holds a job's output (``energy.h5``, ``output.h5``) too: a run's result on the inputs the job
+    replaces, which would lie beside the new inputs marked complete."""
     import h5py
 
     from chainexec.chem.bridge import MADE
@@ -200,6 +202,11 @@ def check_out(out: Path) -> None:
             if not mine:
                 raise ChainexecError("exists and was not written by chainexec chem, which would remove or replace "
                                      "it: move it or name another --out folder", str(path))
+    for kind in JOBS.values():
+        if (out / kind.output).exists():
+            raise ChainexecError(f"holds {kind.output}, a result of the inputs this job replaces, which would lie "
+                                 "beside the new ones: move it (with its .parts folder) or name another --out folder",
+                                 str(out))
 
 
 def _check_options(kind: Job, options: dict, synthetic) -> None:
