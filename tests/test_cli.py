@@ -495,7 +495,7 @@ CHEM_ERRORS = {
     "coordinate_not_a_number": (("O 0 0 x",), ["'O 0 0 x'", "cannot read the atom string"]),
     "unknown_element": (("Qq 0 0 0",), ["'Qq 0 0 0'", "cannot read the atom string"]),
     "no_atoms": (("",), ["''", "cannot read the atom string"]),
-    "odd_electrons": (("O 0 0 0; H 0 0 0.96",), ["cannot read the atom string", "Electron number 9"]),
+    "odd_electrons": (("O 0 0 0; H 0 0 0.96",), ["has 9 electrons", "closed-shell molecules"]),
     "no_virtual_orbital": (("He 0 0 0", "--basis", "sto-3g"), ["no virtual orbital", "1 occupied"]),
     "atoms_in_one_place": (("H 0 0 0; H 0 0 0", "--basis", "sto-3g"), ["atoms 1 (H) and 2 (H) are 0 Angstrom apart"]),
     "atoms_too_close": (("O 0 0 0; H 0 0 0.05; H 0 0.757 0.587",), ["atoms 1 (O) and 2 (H) are 0.05 Angstrom"]),

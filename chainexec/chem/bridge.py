@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +60,7 @@ def molecule(atoms: str, basis: str):
     ``nelectron`` and ``nao`` give the orbital counts before any SCF runs. Raises ``ValueError``
     naming the basis PySCF lacks (for these elements), the atom string it cannot read
     (PySCF's parser raises many kinds of error for those: a name, an index, an electron count that
-    no closed shell has), a coordinate that is not a finite number, or two atoms closer than
+    no closed shell has, told as such), a coordinate that is not a finite number, or two atoms closer than
     :data:`MIN_DISTANCE` (PySCF reads all of these, and its SCF then fails on a singular
     overlap after warnings of its own)."""
     from pyscf import gto  # optional dependency: extra "chem"
@@ -72,6 +73,10 @@ def molecule(atoms: str, basis: str):
     except BasisNotFoundError as err:
         raise ValueError(f"PySCF has no basis {basis!r} for these atoms ({first_line(err)})") from None
     except Exception as err:  # what PySCF's parser raises on a malformed atom string varies
+        odd = re.match(r"Electron number (\d+) and spin 0 are not consistent", first_line(err))
+        if odd:
+            raise ValueError(f"the molecule has {odd[1]} electrons: the jobs take closed-shell molecules (restricted "
+                             "Hartree-Fock, CCSD), with an even number") from None
         raise ValueError(f"PySCF cannot read the atom string ({first_line(err)})") from None
     where = mol.atom_coords(unit="Angstrom")
     if not np.isfinite(where).all():
