@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--ccsd-conv-tol", type=float, metavar="HARTREE",
                     help="CCSD energy convergence threshold; the amplitudes' to its square root (default 1e-12)")
     ch.add_argument("--ccsd-max-cycle", type=int, metavar="N", help="CCSD iterations at most (default 50)")
+    ch.add_argument("--missing", action="store_true",
+                    help="only where --out holds neither inputs.h5 nor the config (a batch job submitted again); "
+                         "where it holds both, they are kept once found made for this molecule, basis and template")
     b = sub.add_parser("bench", help="GPU benchmarks: 'tccg' checks and times the generated kernels on the "
                        "48 TCCG contractions (options: chainexec bench tccg -h)")
     b.add_argument("suite", choices=("tccg",))
@@ -181,9 +184,13 @@ def _main(args) -> int:
             options = {k: getattr(args, k) for k in job.OPTIONS if getattr(args, k) is not None}
             summary = job.prepare(args.molecule, args.out, basis=args.basis, job=args.job,
                                   template=args.template or job.TEMPLATES[args.job],
-                                  synthetic=tuple(args.synthetic) if args.synthetic else None, **options)
-            print(json.dumps({k: v for k, v in summary.items() if k not in ("path", "config")}))
-            print(f"wrote {summary['path']} and {summary['config']}")
+                                  synthetic=tuple(args.synthetic) if args.synthetic else None,
+                                  missing=args.missing, **options)
+            if summary.get("kept"):
+                print(f"kept {summary['path']} and {summary['config']}: made for this job; nothing written")
+            else:
+                print(json.dumps({k: v for k, v in summary.items() if k not in ("path", "config")}))
+                print(f"wrote {summary['path']} and {summary['config']}")
         elif args.command == "bench":
             from chainexec import bench
 

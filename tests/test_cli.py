@@ -591,6 +591,29 @@ def test_chem_refuses_a_folder_holding_a_result_of_the_inputs_it_would_replace(t
     assert run_cli("verify", out / "ccsd_t.yaml").returncode == 0
 
 
+def test_chem_missing_keeps_inputs_made_for_the_job_and_refuses_others(tmp_path):
+    """``chem --missing`` (a batch job submitted again) writes where --out holds neither file,
+    keeps both byte for byte where they were made for the same job, and refuses, one line each,
+    inputs made for another job, a config another template gives, or one file without the other."""
+    out = tmp_path / "out"
+    synthetic = ("chem", "x", "--synthetic", 2, 3, 1, "--out", out, "--missing")
+    assert run_cli(*synthetic).stdout.splitlines()[-1].startswith("wrote ")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    kept = run_cli(*synthetic)
+    assert kept.returncode == 0 and "nothing written" in kept.stdout, kept.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert_refused(run_cli("chem", "x", "--synthetic", 2, 3, 2, "--out", out, "--missing"), "seed 1 (here 2)")
+    assert_refused(run_cli("chem", "x", "--synthetic", 3, 3, 1, "--out", out, "--missing"), "nocc 2 (here 3)")
+    template = tmp_path / "mine.yaml"
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "ccsd_t.yaml").read_text())
+    cfg["machine"] = {"global_memory": "3MiB", "device_memory": "1MiB"}
+    template.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert_refused(run_cli(*synthetic, "--template", template), "not the config the template gives")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / "ccsd_t.yaml").unlink()
+    assert_refused(run_cli(*synthetic), "ccsd_t.yaml is missing beside the other")
+
+
 @pytest.mark.parametrize("mine", ["ao2mo.yaml", "ccsd_t.yaml", "inputs.h5"])
 def test_chem_leaves_a_users_files_in_out_as_they_are(mine, tmp_path):
     """A file of the name of a job's config or inputs in --out that chainexec chem did not write

@@ -118,12 +118,15 @@ def flag(option: str) -> str:
 
 
 def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = "ccsd_t", basis: str = "cc-pvdz",
-            synthetic: tuple[int, int, int] | None = None, **options) -> dict:
+            synthetic: tuple[int, int, int] | None = None, missing: bool = False, **options) -> dict:
     """Write the inputs and the config of ``job`` for ``molecule`` (a name or an atom string) in
     ``basis`` into folder ``out``, the config made from ``template``; with ``synthetic=(nocc,
     nvir, seed)`` seeded random (T) inputs instead of PySCF's. ``options``: keywords of
     :data:`OPTIONS` for the job's PySCF writer (its defaults where not given). Returns the
-    writer's summary with ``config``, the config's path."""
+    writer's summary with ``config``, the config's path. ``missing`` (a batch job submitted
+    again): where the inputs and the config are both in ``out`` already, nothing is written once
+    they are found made for this job (:func:`check_made`; the summary then says ``kept``), and
+    where only one of them is, that is refused."""
     if job not in JOBS:
         raise ChainexecError(f"unknown chem job {job!r} ({', '.join(JOBS)})")
     kind = JOBS[job]
@@ -140,6 +143,14 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     if isinstance(out, str) and not out.strip():
         raise ChainexecError(f"--out {out!r}: an empty path; name the folder (. for this one)")
     out = Path(out)
+    config = out / kind.config
+    if missing and ((out / "inputs.h5").exists() or config.exists()):
+        made_for = ({"synthetic": True, "nocc": synthetic[0], "nvir": synthetic[1], "seed": synthetic[2]}
+                    if synthetic is not None else
+                    {"atoms": source["atoms"], "basis": basis}
+                    | ({"layout": layout} if layout is not None else {"frozen": options.get("frozen", 0)}))
+        check_made(out, kind, made_for, _config(cfg, kind, extents, template, lines, layout, source))
+        return {"path": str(out / "inputs.h5"), "config": str(config), "kept": True}
     check_out(out)
     check_size(out, _shapes(kind, extents, layout), what, in_memory=SYNTHETIC_IN_MEMORY if synthetic is not None else ())
     made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
@@ -160,7 +171,6 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         source["bytes_per_second"] = float(f"{integrals.rate(mol):.3g}")
     for other in JOBS.values():
         (out / other.config).unlink(missing_ok=True)
-    config = out / kind.config
     text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
     try:
         atomicfile.write(config, text, 0o644)
@@ -171,6 +181,44 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
 
 HEADER = "# written by chainexec chem; the next chem run into this folder replaces it\n"
 """The first line of every config ``chainexec chem`` writes: the mark of a config it may replace."""
+
+
+def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
+    """Refuse ``out``'s inputs and config unless both exist, the inputs carry ``made_for`` as their
+    file attributes (the molecule's atom string, the basis, ``frozen`` or the layout; a synthetic
+    job's extents and seed) and the config is ``text`` (the template's copy for them; a computed
+    source's measured rate aside): a job submitted again with another molecule, basis or
+    template would otherwise run on the first one's inputs, and check the energy against theirs."""
+    import h5py
+
+    inputs, config = out / "inputs.h5", out / kind.config
+    absent = [str(p) for p in (inputs, config) if not p.exists()]
+    if absent:
+        raise ChainexecError(f"{absent[0]} is missing beside the other: remove both for new ones, or name another "
+                             "--out folder", str(out))
+    try:
+        with h5py.File(inputs, "r") as f:
+            found = {name: f.attrs.get(name) for name in made_for}
+    except OSError as err:
+        raise ChainexecError(f"the inputs cannot be read ({err})", str(inputs)) from None
+    found = {name: value.item() if hasattr(value, "item") else value for name, value in found.items()}
+    differ = [name for name, value in made_for.items() if found[name] != value]
+    if differ:
+        shown = ", ".join(f"{name} {found[name]!r} (here {made_for[name]!r})" for name in differ)
+        raise ChainexecError(f"the inputs there were made for another job: {shown}; remove them and the config, or "
+                             "name another --out folder", str(inputs))
+    if _rateless(config.read_text(encoding="utf-8", errors="replace")) != _rateless(text):
+        raise ChainexecError(f"is not the config the template gives for these inputs (the template changed?): remove "
+                             f"it for a new one, or name another --out folder", str(config))
+
+
+def _rateless(text: str):
+    """A config's data without a computed source's ``bytes_per_second`` (measured each time)."""
+    data = yaml.safe_load(text)
+    for tensor in (data.get("tensors") or {}).values() if isinstance(data, dict) else ():
+        if isinstance(tensor, dict) and isinstance(tensor.get("source"), dict):
+            tensor["source"].pop("bytes_per_second", None)
+    return data
 
 
 def check_out(out: Path) -> None:

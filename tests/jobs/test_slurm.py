@@ -152,3 +152,56 @@ def test_ccsd_t_job_on_slurm(tmp_path):
     with h5py.File(tmp_path / "h2o" / "energy.h5", "r") as f, h5py.File(tmp_path / "h2o" / "inputs.h5", "r") as g:
         assert f.attrs["chainexec_complete"]
         assert abs(float(f["E"][()]) - float(g.attrs["e_t"])) <= 1e-10
+
+
+def _stand_in_job(script: str, tmp_path: Path, srun: str, **variables) -> subprocess.CompletedProcess:
+    """``jobs/SCRIPT`` run as SLURM would on one node of 2 tasks, with ``srun`` a stand-in script
+    (its text) and the NumPy backend; no SLURM needed."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "srun").write_text(srun)
+    (fake / "srun").chmod(0o755)
+    venv = Path(sys.executable).parent.parent
+    env = {"PATH": f"{fake}:{venv / 'bin'}:/usr/bin:/bin", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path), "CHAINEXEC_HOME": str(REPO), "VENV": str(venv),
+           "BACKEND": "numpy", "HOME": str(tmp_path)} | variables
+    return subprocess.run(["bash", str(REPO / "jobs" / script)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+
+
+FAILING_SRUN = """#!/usr/bin/env bash
+echo "srun: error: Couldn't find the specified plugin name for mpi/pmix looking at all files" >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("script", ["fourindex.sbatch", "ccsd_t.sbatch"])
+def test_a_job_whose_srun_fails_says_so_and_exits_3(tmp_path, script):
+    """An srun that cannot start the ranks (a PMI plugin the cluster lacks) ends the job with the
+    status and the hint the world-size check promises, not with the shell's own exit."""
+    if script == "ccsd_t.sbatch":
+        pytest.importorskip("pyscf")
+    variables = ({"CONFIG": str(write_config(tmp_path, fourindex_config()))} if script == "fourindex.sbatch"
+                 else {"MOLECULE": "h2o", "BASIS": "sto-3g", "WORKDIR": str(tmp_path / "w")})
+    proc = _stand_in_job(script, tmp_path, FAILING_SRUN, SRUN_MPI="pmix", **variables)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "gives MPI world size(s): none (srun failed)" in proc.stdout
+    assert "set SRUN_MPI" in proc.stderr
+
+
+def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
+    """The second submission into one WORKDIR names another molecule: its inputs are not the
+    molecule's, and the job stops before running anything on them (it used to compute the first
+    molecule's energy and check it against that molecule's PySCF energy)."""
+    pytest.importorskip("pyscf")
+    srun = "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
+    work = tmp_path / "w"
+    first = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", WORKDIR=str(work))
+    assert first.returncode == 0 and "energy check passed" in first.stdout, first.stdout + first.stderr
+    again = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", WORKDIR=str(work))
+    assert again.returncode == 0 and "kept" in again.stdout and "energy check passed" in again.stdout, again.stderr
+    energy = (work / "energy.h5").read_bytes()
+    other = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="n2", BASIS="sto-3g", WORKDIR=str(work))
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "made for another job: atoms" in other.stderr and "energy check" not in other.stdout
+    assert (work / "energy.h5").read_bytes() == energy
