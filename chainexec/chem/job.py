@@ -208,13 +208,17 @@ def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
         raise ChainexecError(f"the inputs there were made for another job: {shown}; remove them and the config, or "
                              "name another --out folder", str(inputs))
     if _rateless(config.read_text(encoding="utf-8", errors="replace")) != _rateless(text):
-        raise ChainexecError(f"is not the config the template gives for these inputs (the template changed?): remove "
-                             f"it for a new one, or name another --out folder", str(config))
+        raise ChainexecError("is not the config the template gives for these inputs (the template changed?): remove "
+                             "it for a new one, or name another --out folder", str(config))
 
 
 def _rateless(text: str):
-    """A config's data without a computed source's ``bytes_per_second`` (measured each time)."""
-    data = yaml.safe_load(text)
+    """A config's data without a computed source's ``bytes_per_second`` (measured each time); text
+    that is not YAML as it is (then unequal to any config chem writes)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
     for tensor in (data.get("tensors") or {}).values() if isinstance(data, dict) else ():
         if isinstance(tensor, dict) and isinstance(tensor.get("source"), dict):
             tensor["source"].pop("bytes_per_second", None)
