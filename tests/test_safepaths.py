@@ -697,3 +697,28 @@ def test_a_config_naming_a_file_with_a_nul_byte_is_refused(command, tmp_path):
     config = write_config(tmp_path, cfg)
     assert_refused(run_cli(command, config), "NUL byte", "input of tensor")
     assert sorted(p.name for p in tmp_path.iterdir()) == [config.name]
+
+
+def test_a_stopped_runs_scratch_is_not_taken_by_another_config_of_its_name(user_folder):
+    """Two configs of one ``name:`` share the default scratch folder. While a run of the first is
+    stopped at a checkpoint, its stored versions lie there; a run of the second (without that
+    checkpoint, or with another) is refused instead of removing them, and the first resumes to
+    its result."""
+    work = user_folder.parent
+    checkpoint = work / "ck"
+    stopped = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, "--checkpoint-every", 0,
+                      "--stop-after", 0, cwd=work)
+    assert stopped.returncode == 3, stopped.stderr
+    other = _edit(user_folder, output="out/other.h5")
+    scratch = work / "out" / ".fourindex.scratch"
+    held = _snapshot(scratch)
+    assert any(name.endswith(".h5") for name in held), held
+    for extra in ([], ["--checkpoint", work / "ck2"]):
+        assert_refused(run_cli("run", other, "--quiet", *extra, cwd=work), str(scratch),
+                       f"stored versions of the stopped run checkpointed in {checkpoint}")
+        assert _snapshot(scratch) == held
+    resumed = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, cwd=work)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_cli("verify", user_folder, cwd=work).returncode == 0
+    assert not scratch.exists()
+    assert run_cli("run", other, "--quiet", cwd=work).returncode == 0
