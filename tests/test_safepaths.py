@@ -231,6 +231,24 @@ def test_a_file_named_like_the_temporary_output_stays(user_folder):
     assert sorted(p.name for p in (work / "out").iterdir()) == ["result.h5", "result.h5.parts", "result.h5.tmp"]
 
 
+def test_a_killed_runs_temporary_output_goes_with_the_next_run(user_folder):
+    """A run killed at once (SIGKILL) while writing its output leaves ``.result.h5.XXXXXXXX.tmp``
+    (an HDF5 file, or an empty one); the next run of the output removes it, and leaves a user's
+    file of such a name that is not HDF5."""
+    import h5py
+
+    work = user_folder.parent
+    (work / "out").mkdir()
+    with h5py.File(work / "out" / ".result.h5.0123abcd.tmp", "w") as f:
+        f["B"] = [1.0]
+    (work / "out" / ".result.h5.89abcdef.tmp").write_bytes(b"")
+    (work / "out" / ".result.h5.deadbeef.tmp").write_text("my notes")
+    (work / "out" / ".other.h5.0123abcd.tmp").write_bytes(b"")
+    assert run_cli("run", user_folder, "--quiet", cwd=work).returncode == 0
+    assert sorted(p.name for p in (work / "out").iterdir()) == [
+        ".other.h5.0123abcd.tmp", ".result.h5.deadbeef.tmp", "result.h5", "result.h5.parts"]
+
+
 def test_new_scratch_is_made_and_removed_and_only_it(user_folder):
     """A scratch folder chainexec makes is marked while the run lasts and removed at its end;
     the files beside it stay."""

@@ -199,6 +199,32 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
             safepaths.lock_owned(folder, what)
         except OSError as err:
             raise ChainexecError(f"cannot make this folder ({err.strerror or err})", str(folder)) from None
+    for f in map(Path, files):
+        remove_stale_temporaries(f)
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def remove_stale_temporaries(output_file: Path) -> None:
+    """Remove the temporary files an earlier run killed at once (SIGKILL, a node's loss) left
+    beside ``output_file`` while writing it (``.NAME.XXXXXXXX.tmp``,
+    :func:`chainexec.atomicfile.replacing`), which nothing else removes: called once this run
+    holds the output's parts folder, so no other run is writing it. Only HDF5 files of that
+    name go (or empty ones, killed before their first byte): a user's file is neither."""
+    try:
+        entries = list(os.scandir(output_file.parent))
+    except OSError:
+        return
+    for entry in entries:
+        if atomicfile.replaced(entry.name) != output_file.name or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            with open(entry.path, "rb") as f:
+                if f.read(len(HDF5_SIGNATURE)) in (HDF5_SIGNATURE, b""):
+                    os.unlink(entry.path)
+        except OSError:
+            continue
 
 
 def discard_folders(files, scratch: Path) -> None:
