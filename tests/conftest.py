@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -263,3 +265,28 @@ def held_by_another(folder: Path, made_as: str = "test"):
         yield holder.pid
     finally:
         holder.communicate("")
+
+
+def busiest_counted(nest_body, extents: dict[str, int], ranks: int) -> float:
+    """The busiest rank's share of a nest's one parallel loop, counted by walking its runs: each
+    run's device tiles (the outer loops' ranges, over whole extents, cut into the loop's tiles),
+    ⌈T/R⌉·R/T at their mean T."""
+    from chainexec.planner.plan import Loop
+
+    def walk(body, runs):
+        for node in body:
+            if isinstance(node, Loop):
+                if node.parallel:
+                    counts = [math.prod(-(-(hi - lo) // node.tiles[i]) if i in node.tiles else 1
+                                        for i, (lo, hi) in r.items()) * math.prod(
+                        -(-extents[i] // t) for i, t in node.tiles.items() if i not in r) for r in runs]
+                    return sum(counts) / len(counts)
+                spans = {i: [(a, min(a + t, extents[i])) for a in range(0, extents[i], t)] for i, t in node.tiles.items()}
+                inner = [dict(r) | dict(zip(spans, combo)) for r in runs for combo in itertools.product(*spans.values())]
+                found = walk(node.body, inner)
+                if found is not None:
+                    return found
+        return None
+
+    handed = walk(nest_body, [{}])
+    return math.ceil(handed / ranks) * ranks / handed

@@ -18,6 +18,11 @@ indices the factors are summed jointly over the tuples it visits (:func:`points`
 counted the same way, statement by statement. A reduction marked :attr:`Op.ordered` counts its
 flops at the ordered elements of tiles with equal positions (:mod:`chainexec.planner.ordered`).
 
+Seconds on several ranks are the busiest rank's: a parallel loop's run hands its tiles to the
+ranks and ends at a barrier, so the statements inside it are priced at :func:`busiest_share`
+(⌈T/R⌉·R/T for T tiles a run on R ranks) times their share of the mean; bytes, flops and
+statements stay exact.
+
 Memory peaks: at the first iteration of every loop all tiles are full-size, so the peak per level
 is the largest sum of live full-size buffers at any point of the nest (global: the whole global
 array, all ranks together; device: one rank's device). A double-buffered loop's own buffers
@@ -27,6 +32,7 @@ fetched input tiles) are held as ``depth`` full-size slots from loop entry to ex
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from chainexec import expr
@@ -181,6 +187,19 @@ def moved_calls(node, loops: list[Loop], around: Loops, extents: dict[str, int],
 def _kept(node, loops: list[Loop]) -> bool:
     """Whether the innermost of ``loops`` keeps ``node``'s tile across groups (``Loop.kept``)."""
     return bool(loops) and [node.tensor, list(node.indices)] in loops[-1].kept
+
+
+def busiest_share(loop: Loop, loops: list[Loop], extents: dict[str, int], ranks: int) -> float:
+    """The busiest rank's work in the parallel ``loop`` (inside ``loops``) over the ranks' mean:
+    each run of the loop hands its units (:func:`units`) to the ``ranks`` and ends at a barrier,
+    so a rank takes ⌈T/R⌉ of a run's T units where the mean is T/R; T is the tiles a run hands
+    out on average (its edge runs' fewer are not told apart, nor a loop's groups of kept tiles
+    from its tiles). 1 for one rank; R where a run has a single tile (the others wait)."""
+    if ranks <= 1:
+        return 1.0
+    runs = Loops(loops).points([], extents, "device")
+    handed = Loops(loops + [loop]).points([], extents, "device") / runs
+    return math.ceil(handed / ranks) * ranks / handed if handed > 0 else 1.0
 
 
 def units(loop: Loop, extents: dict[str, int]) -> int:
@@ -376,6 +395,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
     flops, statements, streamed, compute = [0], [0], [0], [0.0]
+    busy = [0.0]  # the statements weighted by their parallel loops' busiest share (busiest_share)
     priced, filled, mapped, total = [0, 0.0], [0], [0], 0.0
     transfers = [0.0]  # seconds of the global<->device level, statement by statement
     calls = {"disk": 0, "global<->device": 0}  # the ranks' transfer calls per level (moved_calls)
@@ -386,20 +406,21 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     def spend(name: str, seconds: float) -> None:
         by_statement[name] = by_statement.get(name, 0.0) + seconds
 
-    def count(work: int, bytes_: int, name: str, floor: float = 0.0) -> None:
+    def count(work: int, bytes_: int, name: str, floor: float = 0.0, share: float = 1.0) -> None:
         """One compute statement's flops and streamed bytes over all its iterations; ``floor``:
         seconds it takes at least (an orbit kernel's,
-        :func:`chainexec.kernels.orbits.fused_point_bytes`)."""
+        :func:`chainexec.kernels.orbits.fused_point_bytes`); ``share``: its parallel loops'
+        :func:`busiest_share`, by which its seconds are the busiest rank's."""
         flops[0] += work
         streamed[0] += bytes_
-        seconds = max(machine.compute_seconds(work, bytes_), floor)
+        seconds = share * max(machine.compute_seconds(work, bytes_), floor)
         compute[0] += seconds
         spend(name, seconds)
 
     for nest in nests:
         live = {"global": 0, "device": 0}
         sizes: dict[tuple, int] = {}
-        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0], statements[0],
+        before = (dict(moved), compute[0], tuple(priced), filled[0], transfers[0], mapped[0], busy[0],
                   dict(calls))
         overlapped = [0]
 
@@ -412,7 +433,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             return dma_transfer(node, loops, as_allocated(node, ranges, allocated), extents,
                                 tensors[node.tensor].from_file(), node.tensor in locked)
 
-        def walk(body, loops, ranges, slotted=frozenset()):
+        def walk(body, loops, ranges, slotted=frozenset(), share=1.0):
             if machine is not None:  # (the statements' movement and flops: not for peaks alone)
                 tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
                 symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
@@ -423,12 +444,13 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
+                    within = share * busiest_share(node, loops, extents, ranks) if node.parallel else share
                     own = staged(node)
                     if own and not overlapped[0] and machine is not None:
                         runs_on = ranks if node.parallel or any(loop.parallel for loop in loops) else 1
                         overlapped[0] = max(1, points([], loops + [node], extents, "global") // runs_on)
                     if not own:
-                        walk(node.body, loops + [node], inner, slotted)
+                        walk(node.body, loops + [node], inner, slotted, within)
                         continue
                     slots = dict.fromkeys(live, 0)
                     for op in own:
@@ -437,7 +459,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     for level, nbytes in slots.items():
                         live[level] += nbytes
                         peak[level] = max(peak[level], live[level])
-                    walk(node.body, loops + [node], inner, slotted | {key(op) for op in own})
+                    walk(node.body, loops + [node], inner, slotted | {key(op) for op in own}, within)
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
                     continue
@@ -468,6 +490,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     work = sum((2 if c.b is not None else 1) * summed(c.space())
                                for c in (contractions[j] for j in group))
                     statements[0] += len(group) * where([])
+                    busy[0] += share * len(group) * where([])
                     if node.op == "fused":
                         reads = node.expression.leaves
                         bytes_ = 2 * tile_bytes(node.tensor, node.indices, where) + sum(
@@ -483,14 +506,14 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         floor = summed(list(f.domain)) * orbits.fused_point_bytes(
                             f, {i: ranges["device"].get(i, extents[i]) for i in f.domain},
                             {t: info.dtype for t, info in tensors.items()}) / machine.orbit_bandwidth
-                    count(work, bytes_ + passes, names[k], floor)
+                    count(work, bytes_ + passes, names[k], floor, share)
                     continue
                 if node.op == "eval":
                     t = tensors[node.tensor]
                     rename = dict(zip(t.indices, node.indices))
                     count(0, tile_bytes(node.tensor, node.indices, all_tiles) + sum(
                         tile_bytes(r.tensor, [rename[i] for i in r.indices], all_tiles)
-                        for r in expr.text_refs(t.source["expr"])), names[k])
+                        for r in expr.text_refs(t.source["expr"])), names[k], share=share)
                     continue
                 item = tensors[node.tensor].itemsize
                 if machine is not None and node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
@@ -526,7 +549,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     elif node.op == "store":
                         stored[names[k]] = stored.get(names[k], 0) + nbytes
                     else:
-                        seconds = machine.transfer_seconds(
+                        seconds = share * machine.transfer_seconds(
                             node.op, nbytes, locks and by_dma(node, loops, ranges), locks and node.tensor in cached)
                         transfers[0] += seconds
                         spend(names[k], seconds)
@@ -542,7 +565,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             # the transfers' per-call seconds are the host thread's, with its statements' (not
             # hidden behind other levels by the pipeline)
             called = machine.call_seconds({level: n - before[7][level] for level, n in calls.items()})
-            levels["compute"] = machine.busy_seconds(levels["compute"], statements[0] - before[6],
+            levels["compute"] = machine.busy_seconds(levels["compute"], busy[0] - before[6],
                                                      sum(called.values()))
             total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 

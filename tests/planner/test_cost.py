@@ -14,7 +14,7 @@ from chainexec.planner.build import make_plan
 from chainexec.planner.cost import predict, predict_nests, wall
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, Op
-from tests.conftest import fourindex_config
+from tests.conftest import busiest_counted, fourindex_config
 
 LEVELS = {"disk": 3.0, "global<->device": 1.0, "compute": 2.0}
 # the level each moving statement's seconds count in
@@ -122,13 +122,14 @@ def test_double_buffered_nests_are_pipelines(ranks):
     machine = Machine()
     p = _plan("24KiB", "3KiB", machine, ranks)
     expected, busy = 0.0, dict(p.predicted["seconds"])
-    busy["compute"] += p.predicted["statements"] * machine.statement_seconds / ranks
     for nest in p.nests:
         n = _overlapped(nest.body, p.extents)
         assert n is not None and n > 1
         alone = predict_nests([nest], p.tensors, p.extents, p.contractions, machine, ranks)
-        levels = alone["seconds"] | {"compute": alone["seconds"]["compute"]
-                                     + alone["statements"] * machine.statement_seconds}
+        # the statements (each inside the nest's parallel loop) at the busiest rank's share
+        host = alone["statements"] * busiest_counted(nest.body, p.extents, ranks) * machine.statement_seconds
+        busy["compute"] += host / ranks
+        levels = alone["seconds"] | {"compute": alone["seconds"]["compute"] + host}
         expected += wall({k: v / ranks for k, v in levels.items()}, n)
     assert p.predicted["total_seconds"] == pytest.approx(expected, rel=1e-12)
     assert max(busy.values()) < p.predicted["total_seconds"] < sum(busy.values())
@@ -426,3 +427,17 @@ def test_an_orbit_kernel_costs_its_points_bytes_at_the_orbit_bandwidth(tmp_path,
     assert slow[name] > base[name]
     assert {k: v for k, v in slow.items() if k != name} == {k: v for k, v in base.items() if k != name}
     assert predict(p, dataclasses.replace(machine, orbit_bandwidth=1.0e30))["by_statement"] == base
+
+
+@pytest.mark.parametrize("extent, outer, inner, ranks, expected", [
+    (16, 8, 2, 4, 1.0),  # 4 tiles a run: one each
+    (14, 7, 1, 4, 8 / 7),  # 7 tiles a run: the busiest rank takes 2 where the mean is 7/4
+    (8, 2, 2, 4, 4.0),  # 1 tile a run: three ranks wait at its barrier
+    (12, 12, 4, 1, 1.0),  # one rank
+])
+def test_a_parallel_loops_busiest_rank_takes_the_ceiling_of_a_runs_tiles(extent, outer, inner, ranks, expected):
+    from chainexec.planner.cost import busiest_share
+
+    loop = Loop("device", {"i": inner}, parallel=True)
+    assert busiest_share(loop, [Loop("global", {"i": outer}, body=[loop])], {"i": extent}, ranks) == pytest.approx(
+        expected, rel=1e-12)

@@ -13,9 +13,10 @@ import pytest
 from chainexec import spec
 from chainexec.planner import build
 from chainexec.planner.build import make_plan
+from chainexec.planner.cost import predict_nests
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Loop, ops
-from tests.conftest import read_report, run_cli
+from tests.conftest import busiest_counted, read_report, run_cli
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -93,21 +94,32 @@ def test_triples_on_four_ranks_is_split_and_everyone_works(tmp_path):
     assert all(r["tiles"] >= 1 for r in report["run"]["per_rank"])
 
 
-def test_predicted_seconds_are_shared_by_the_ranks():
-    """Bytes and flops are totals over the ranks; each level's predicted seconds are the bound of
-    the ranks working at once at the machine's per-rank rates: the one-rank time of the same
-    amounts divided by the rank count."""
+def test_predicted_seconds_are_the_busiest_ranks():
+    """Bytes and flops are totals over the ranks; each level's predicted seconds are the ranks
+    working at once at the machine's per-rank rates, the busiest rank's: a nest's one-rank time
+    of the same amounts divided by the rank count, times its parallel loop's ⌈T/R⌉·R/T for T
+    tiles a run (counted here by walking the runs)."""
     s = spec.load(CONFIGS / "fourindex.yaml")
     machine = Machine()
     plan = make_plan(s, machine, ranks=3)
     p = plan.predicted
-    # the defaults have no device bandwidth: compute is the flops' time, totals alike
-    moves = (p["bytes"]["global->device"] / machine.global_to_device
-             + p["bytes"]["device->global"] / machine.device_to_global)
-    one_rank = machine.seconds(p["bytes"], machine.compute_seconds(p["flops"], p["streamed"]), moves)
-    assert p["seconds"] == pytest.approx({k: v / 3 for k, v in one_rank.items()}, rel=1e-12)
-    # the run's seconds: each nest's levels as a pipeline, between the slowest level and their sum
-    assert max(one_rank.values()) / 3 * (1 - 1e-12) <= p["total_seconds"] <= sum(one_rank.values()) / 3 * (1 + 1e-12)
+    expected = dict.fromkeys(("global<->device", "compute"), 0.0)
+    shares = []
+    for nest in plan.nests:
+        one = predict_nests([nest], plan.tensors, plan.extents, plan.contractions, machine, 3)
+        alone = predict_nests([nest], plan.tensors, plan.extents, plan.contractions, machine, 1)
+        # the defaults have no device bandwidth: compute is the flops' time
+        moves = (one["bytes"]["global->device"] / machine.global_to_device
+                 + one["bytes"]["device->global"] / machine.device_to_global)
+        assert alone["seconds"]["global<->device"] == pytest.approx(
+            (alone["bytes"]["global->device"] / machine.global_to_device
+             + alone["bytes"]["device->global"] / machine.device_to_global), rel=1e-12)
+        share = busiest_counted(nest.body, plan.extents, 3)
+        shares.append(share)
+        expected["global<->device"] += share * moves / 3
+        expected["compute"] += share * machine.compute_seconds(one["flops"], one["streamed"]) / 3
+    assert max(shares) > 1  # a run whose tiles the 3 ranks do not share evenly
+    assert {k: p["seconds"][k] for k in expected} == pytest.approx(expected, rel=1e-12)
 
 
 def test_split_that_would_overflow_the_device_is_not_taken():
