@@ -8,6 +8,8 @@ communication, and ``chainexec generate`` and on-the-fly ``random:`` sources agr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -23,15 +25,21 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def block(seed: int, shape: tuple[int, ...], region: tuple[tuple[int, int], ...], dtype) -> np.ndarray:
-    """Values of ``region`` (one (start, stop) per dimension) of the seeded tensor of ``shape``."""
-    flat = np.zeros((), dtype=np.uint64)
-    stride = 1
-    for d in reversed(range(len(shape))):
-        lo, hi = region[d]
-        coord = np.arange(lo, hi, dtype=np.uint64) * np.uint64(stride)
-        flat = coord.reshape((-1,) + (1,) * (len(shape) - 1 - d)) + flat
-        stride *= shape[d]
+def block(seed: int, shape: tuple[int, ...], region: tuple[tuple[int, int], ...], dtype,
+          permutations=()) -> np.ndarray:
+    """Values of ``region`` (one (start, stop) per dimension) of the seeded tensor of ``shape``.
+    ``permutations``: orders of the index positions the tensor is declared symmetric under (a
+    dense tensor's ``symmetry``, :meth:`chainexec.pairs.Symmetry.permutations` without the
+    identity): each element then takes the value of the lowest flat position among its images,
+    so the values have the symmetry the run exploits (the permuted dimensions are of equal
+    extent)."""
+    coords = [np.arange(lo, hi, dtype=np.uint64).reshape((-1,) + (1,) * (len(shape) - 1 - d))
+              for d, (lo, hi) in enumerate(region)]
+    strides = [np.uint64(math.prod(shape[d + 1:])) for d in range(len(shape))]
+    flat = sum((c * s for c, s in zip(coords, strides)), np.zeros((), dtype=np.uint64))
+    for order in permutations:
+        flat = np.minimum(flat, sum((coords[order[d]] * strides[d] for d in range(len(shape))),
+                                    np.zeros((), dtype=np.uint64)))
     z = _splitmix64(flat + np.uint64((seed << 40) % (1 << 64)))
     unit = (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
     return (2.0 * unit - 1.0).astype(dtype)

@@ -42,6 +42,9 @@ def loads(text: str, what: str, path: str):
         raise ChainexecError(f"{what} nests its lists or objects deeper than a JSON file of its kind can",
                              str(path)) from None
     except ValueError as err:
+        if "integer string conversion" in str(err):
+            raise ChainexecError(f"{what} holds a whole number of more digits than any field takes",
+                                 str(path)) from None
         raise ChainexecError(f"{what}: {err}", str(path)) from None
 
 

@@ -138,7 +138,23 @@ class Spec:
         record = {k: dict(v) if k == "parameters" else v for k, v in vars(source).items() if v is not None}
         if "file" in record:
             record["file"] = self.resolve(record["file"])
+        permutations = self.dense_symmetry(tensor)
+        if permutations:
+            record["permutations"] = [list(p) for p in permutations]
         return record
+
+    def dense_symmetry(self, tensor: str) -> list[tuple[int, ...]]:
+        """The index orders (:meth:`chainexec.pairs.Symmetry.permutations`, the identity left out)
+        a dense input ``tensor`` read from a file or made by a ``random`` source is declared
+        symmetric under: its seeded values are made so (:func:`chainexec.generator.block`), and a
+        run checks a file's values at sampled elements (the run exploits the symmetry and would
+        be wrong without it). None where it is packed (its values are the stored ones alone),
+        computed or declares none."""
+        t = self.tensors[tensor]
+        if t.symmetry is None or t.layout != "dense" or t.source is None or (t.source.file is None
+                                                                           and t.source.random is None):
+            return []
+        return t.symmetry.permutations(len(t.indices))[1:]
 
     def output_records(self) -> dict[str, dict]:
         """How a plan records the outputs: tensor -> ``{file (resolved), dataset}``."""

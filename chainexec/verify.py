@@ -45,7 +45,7 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
     shape = spec.shape(name)
     region = region or tuple((0, n) for n in shape)
     if t.source.random is not None:
-        return generator.block(t.source.random, shape, region, t.dtype)
+        return generator.block(t.source.random, shape, region, t.dtype, spec.dense_symmetry(name))
     if t.source.expr is not None:
         tree = expr.parse(t.source.expr)
         at = dict(zip(t.indices, region))

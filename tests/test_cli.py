@@ -387,8 +387,13 @@ def _machine_text(**changes) -> str:
 
 
 MACHINE_ERRORS = {
-    "zero_rate": (_machine_text(flop_rate=0), ["'flop_rate'", "positive", "not 0"]),
-    "negative_rate": (_machine_text(disk_read=-1.0e9), ["'disk_read'", "positive", "-1"]),
+    "zero_rate": (_machine_text(flop_rate=0), ["'flop_rate'", "from 1 to 1e+18", "not 0"]),
+    "negative_rate": (_machine_text(disk_read=-1.0e9), ["'disk_read'", "from 1 to 1e+18", "-1"]),
+    "tiny_rate": (_machine_text(disk_read=5e-324), ["'disk_read'", "from 1 to 1e+18", "5e-324"]),
+    "huge_rate": (_machine_text(global_fill=1e300), ["'global_fill'", "from 1 to 1e+18", "1e+300"]),
+    "huge_statement_seconds": (_machine_text(statement_seconds=1e308), ["'statement_seconds'", "at most 10000"]),
+    "huge_bytes": (_machine_text(aside_copy_bytes=10**30), ["'aside_copy_bytes'", "at most 2^63 - 1"]),
+    "many_digits": ('{"aside_copy_bytes": ' + "9" * 5000 + "}", ["more digits than any field takes"]),
     "nan_rate": (_machine_text(disk_write=float("nan")), ["'disk_write'", "not NaN"]),
     "infinite_rate": (_machine_text(global_to_device=float("inf")), ["'global_to_device'", "not Infinity"]),
     "text_rate": (_machine_text(device_to_global="fast"), ["'device_to_global'", '"fast"']),
@@ -694,3 +699,40 @@ def test_chem_synthetic_larger_than_memory(tmp_path, per_vir):
 def test_usage_errors_are_one_line(args, tmp_path):
     assert_refused(run_cli(*args, cwd=tmp_path), "chainexec", "-h")
     assert list(tmp_path.iterdir()) == []
+
+
+SYMMETRIC_INPUT = """name: symgen
+ranges: {ao: 7, mo: 5}
+indices: {p: ao, q: ao, r: ao, s: ao, a: mo, b: mo, c: mo, d: mo}
+tensors:
+  A:
+    indices: [p, q, r, s]
+    symmetry: {pairs: [[p, q], [r, s]], exchange: true}
+    source: SOURCE
+  C: {indices: [p, a], source: {file: in.h5, dataset: C, seed: 4}}
+  B:
+    indices: [a, b, c, d]
+    symmetry: {pairs: [[a, b], [c, d]], exchange: true}
+    layout: s4
+statements:
+  - B[a,b,c,d] = C[p,a] * C[q,b] * C[r,c] * C[s,d] * A[p,q,r,s]
+outputs:
+  B: {file: out.h5, dataset: B}
+"""
+
+
+@pytest.mark.parametrize("source", ["{file: in.h5, dataset: A, seed: 3}", "{random: 3}"])
+def test_a_dense_input_declared_symmetric_is_generated_so_and_checked(tmp_path, source):
+    """A dense input declared symmetric gets seeded values with that symmetry (``generate``, or a
+    ``random`` source), so the run's result is verify's; a file whose values lack it is refused
+    before the run (the run reads part of it and takes the rest as its images)."""
+    config = tmp_path / "sym.yaml"
+    config.write_text(SYMMETRIC_INPUT.replace("SOURCE", source))
+    assert run_cli("generate", config).returncode == 0
+    assert run_cli("run", config, "--quiet").returncode == 0
+    check = run_cli("verify", config)
+    assert check.returncode == 0 and "FAILED" not in check.stdout, check.stdout
+    if "file" in source:
+        with h5py.File(tmp_path / "in.h5", "a") as f:
+            f["A"][...] = np.random.default_rng(1).standard_normal(f["A"].shape)
+        assert_refused(run_cli("run", config, "--quiet"), str(tmp_path / "in.h5"), "tensor A is declared symmetric")

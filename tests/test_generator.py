@@ -27,3 +27,27 @@ def test_values_spread_and_seeds_differ():
     assert -1 <= a.min() < -0.9 and 0.9 < a.max() < 1
     assert abs(a.mean()) < 0.1 and not np.array_equal(a, b)
     assert len(np.unique(a)) == 1000
+
+
+SYMMETRIES = {  # (pairs, exchange) of a four-index tensor, and a two-index one
+    "s2ij": ((0,), False), "s2kl": ((2,), False), "s4": ((0, 2), False), "s8": ((0, 2), True),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYMMETRIES))
+def test_values_declared_symmetric_have_the_symmetry_and_tiles_agree(kind):
+    """Values made under a declared symmetry's permutations are equal at every element's images
+    (numpy transposes, independently of the generator's flat positions), differ otherwise, and
+    any tile equals the same region of the whole."""
+    from chainexec.pairs import Symmetry
+
+    shape = (5, 5, 5, 5)
+    permutations = Symmetry(*SYMMETRIES[kind]).permutations(4)[1:]
+    whole = block(7, shape, tuple((0, n) for n in shape), np.float64, permutations)
+    for order in permutations:
+        assert np.array_equal(whole, whole.transpose(order))
+    assert len(np.unique(whole)) == len({min(tuple(ix[o] for o in order) for order in [(0, 1, 2, 3), *permutations])
+                                          for ix in np.ndindex(*shape)})
+    region = ((1, 4), (0, 2), (3, 5), (2, 3))
+    assert np.array_equal(block(7, shape, region, np.float64, permutations), whole[1:4, 0:2, 3:5, 2:3])
+    assert np.array_equal(block(7, shape, ((0, 1),) * 4, np.float64, ()), whole[:1, :1, :1, :1])

@@ -209,32 +209,49 @@ def _number(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
 
-def _rate(value) -> bool:
-    return _number(value) and value > 0
+RATE_RANGE = (1.0, 1e18)
+"""Rates a machine file may give (bytes or flops per second): one a second to an exa- a second,
+past any machine's, so that no predicted time over- or underflows to infinity or NaN."""
 
+SECONDS_MAX = 1e4
+"""Seconds a machine file may give per statement or call."""
+
+BYTES_MAX = 2**63 - 1
+"""Bytes a machine file may give (as every byte count of a config)."""
+
+
+def _rate(value) -> bool:
+    return _number(value) and RATE_RANGE[0] <= value <= RATE_RANGE[1]
+
+
+def _bytes(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= BYTES_MAX
+
+
+_PER_SECOND = f"a number of bytes per second from {RATE_RANGE[0]:g} to {RATE_RANGE[1]:g}"
+_WHOLE = "a whole number of bytes, 0 or more and at most 2^63 - 1"
+_OR_NULL = (lambda v: v is None or _rate(v), f"{_PER_SECOND}, or null")
 
 #: Each field of :class:`Machine`: whether a machine file's value is valid, and what a valid one is.
 FIELDS = {
-    **{name: (_rate, "a positive number of bytes per second") for name in RATES if name != "flop_rate"},
-    "flop_rate": (_rate, "a positive number of flops per second"),
-    **{name: (lambda v: _number(v) and v >= 0, "a number of seconds, 0 or more")
+    **{name: (_rate, _PER_SECOND) for name in RATES if name != "flop_rate"},
+    "flop_rate": (_rate, f"a number of flops per second from {RATE_RANGE[0]:g} to {RATE_RANGE[1]:g}"),
+    **{name: (lambda v: _number(v) and 0 <= v <= SECONDS_MAX,
+              f"a number of seconds, 0 or more and at most {SECONDS_MAX:g}")
        for name in ("statement_seconds", "transfer_call_seconds", "disk_call_seconds")},
-    "device_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "orbit_bandwidth": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "device_bandwidth": _OR_NULL,
+    "orbit_bandwidth": _OR_NULL,
     "async_statements": (lambda v: isinstance(v, bool), "true or false"),
-    "aside_copy_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                         "a whole number of bytes, 0 or more"),
-    "disk_write_cached": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "write_cache_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                    "a whole number of bytes, 0 or more"),
-    "global_fill": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "pinned_from_bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                          "a whole number of bytes, 0 or more"),
-    "host_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "device_to_host": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "host_lock": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "mapped_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
-    "mapped_locked_to_device": (lambda v: v is None or _rate(v), "a positive number of bytes per second, or null"),
+    "aside_copy_bytes": (_bytes, _WHOLE),
+    "disk_write_cached": _OR_NULL,
+    "write_cache_bytes": (_bytes, _WHOLE),
+    "global_fill": _OR_NULL,
+    "pinned_from_bytes": (_bytes, _WHOLE),
+    "host_to_device": _OR_NULL,
+    "device_to_host": _OR_NULL,
+    "host_lock": _OR_NULL,
+    "mapped_to_device": _OR_NULL,
+    "mapped_locked_to_device": _OR_NULL,
     "source": (lambda v: isinstance(v, str), "a string"),
 }
 

@@ -106,8 +106,37 @@ def check_inputs(plan: Plan) -> None:
                         raise ChainexecError(f"dataset {t.source['dataset']!r} (input of tensor {t.name}) keeps its "
                                              f"values in the external file {os.fsdecode(raw)}, which is "
                                              f"{'shorter than they are' if os.path.isfile(raw) else 'not there'}", path)
+                if t.source.get("permutations"):
+                    _check_symmetric(ds, t, path)
         except OSError as err:
             raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
+
+
+SYMMETRY_SAMPLES = 64
+"""Elements of a dense input declared symmetric that a run compares with their images
+(:func:`_check_symmetric`): a few hundred single-element reads, against a run's hours."""
+
+
+def _check_symmetric(ds: h5py.Dataset, t: TensorInfo, path: str) -> None:
+    """Refuse a dense input whose values lack its declared symmetry (``source["permutations"]``,
+    :meth:`chainexec.spec.Spec.dense_symmetry`) at :data:`SYMMETRY_SAMPLES` elements drawn with
+    a fixed seed: the run reads only part of such a tensor and takes the rest as its images, so
+    values that differ would give a result that is neither. Equal within 1e-12 (float64) or
+    1e-5 (float32) of the largest value sampled."""
+    rng = np.random.default_rng(0)
+    tolerance = 1e-12 if np.dtype(t.dtype) == np.float64 else 1e-5
+    points = {tuple(int(rng.integers(n)) for n in t.shape) for _ in range(SYMMETRY_SAMPLES)}
+    pairs = [(point, tuple(point[order[d]] for d in range(len(point))))
+             for point in sorted(points) for order in t.source["permutations"]]
+    values = {p: float(ds[p]) for p in {p for pair in pairs for p in pair}}
+    largest = max(abs(v) for v in values.values())
+    for point, image in pairs:
+        if abs(values[point] - values[image]) > tolerance * largest:
+            show = ",".join
+            raise ChainexecError(
+                f"tensor {t.name} is declared symmetric, but dataset {t.source['dataset']!r} is not: "
+                f"{t.name}[{show(map(str, point))}] = {values[point]!r} and {t.name}[{show(map(str, image))}] = "
+                f"{values[image]!r}; the run would take one for the other: fix the values or the declaration", path)
 
 
 def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
@@ -320,7 +349,8 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
     first = t.shape[0] if t.shape else 1
     for lo in range(0, first, rows):
         region = ((lo, min(lo + rows, first)),) + tuple((0, n) for n in t.shape[1:])
-        data = generator.block(t.source["seed"], tuple(t.shape), region[: len(t.shape)], t.dtype)
+        data = generator.block(t.source["seed"], tuple(t.shape), region[: len(t.shape)], t.dtype,
+                               t.source.get("permutations", ()))
         ds[tuple(slice(a, b) for a, b in region[: len(t.shape)])] = data
 
 
@@ -381,7 +411,8 @@ class Store:
     def read(self, tensor: str, version: int, region: tuple[tuple[int, int], ...], out: np.ndarray) -> None:
         t = self.plan.tensors[tensor]
         if version == 0 and "random" in t.source:
-            out[...] = generator.block(t.source["random"], tuple(t.shape), region, t.dtype)
+            out[...] = generator.block(t.source["random"], tuple(t.shape), region, t.dtype,
+                                       t.source.get("permutations", ()))
             return
         if version == 0 and "compute" in t.source:
             source = self.sources.get(tensor)
