@@ -571,9 +571,9 @@ is not written over."""
 
 def check_options(args, cases: list[dict]) -> None:
     """Refuse, before anything needs a GPU, options that would fail or lose a file later: a scale
-    or budget that is not a positive number, an ``--ids`` no case has, and an ``--out`` that cannot
-    be written or is a file other than a result of the bench (the case file, a folder, a user's
-    own file), which the finished run would replace."""
+    or budget that is not a positive number, an ``--ids`` no case has, and an ``--out`` in a folder
+    that does not exist or that is a file other than a result of the bench (the case file, a
+    folder, a user's own file), which the finished run would replace."""
     if any(s < 1 for s in args.scales):
         raise ChainexecError(f"--scales must be positive whole numbers, not {' '.join(map(str, args.scales))}")
     if not (math.isfinite(args.budget) and args.budget > 0):

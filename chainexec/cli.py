@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("config")
     v.add_argument("--samples", type=int, default=300, help="output elements checked when too large for einsum")
     v.add_argument("--full-limit", type=int, help="bytes of the chain's tensors up to which the whole chain is "
-                   "einsum'd (default: a third of the host memory available)")
+                   "einsum'd (default: a fifth of the host memory available)")
     ch = sub.add_parser("chem", help="prepare a CCSD(T) job: PySCF inputs (HDF5) and the config that reads them")
     ch.add_argument("molecule", help=f"one of {', '.join(MOLECULES)}, or a PySCF atom string (Angstrom)")
     ch.add_argument("--basis", default="cc-pvdz")

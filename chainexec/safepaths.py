@@ -515,8 +515,9 @@ def check_generate(spec) -> list[Path]:
     """The files ``chainexec generate`` writes (the inputs with a file), refused where one of
     them is the config, an output, or an existing file that is not HDF5, or lies in a folder
     chainexec made (which its run removes with everything in it), or where two tensors
-    name one dataset of one file with other extents, type, layout or seed (one tensor's values
-    would be written over the other's)."""
+    name one dataset of one file with other extents, type, layout, seed or symmetry of their
+    seeded values (:meth:`chainexec.spec.Spec.dense_symmetry`; one tensor's values would be written
+    over the other's)."""
     import h5py
 
     paths = RunPaths.of(spec)
@@ -524,11 +525,12 @@ def check_generate(spec) -> list[Path]:
     for t in spec.tensors.values():
         if t.source is not None and t.source.file is not None:
             where = (resolved(spec.resolve(t.source.file)), t.source.dataset)
-            made = (spec.shape(t.name), t.dtype, t.layout, t.source.seed)
+            made = (spec.shape(t.name), t.dtype, t.layout, t.source.seed, spec.dense_symmetry(t.name))
             first, theirs = written.setdefault(where, (t.name, made))
             if theirs != made:
                 raise ChainexecError(f"tensors {first} and {t.name} both name dataset {t.source.dataset!r} with other "
-                                     "extents, type, layout or seed: generating one would write over the other",
+                                     "extents, type, layout, seed or declared symmetry: generating one would write "
+                                     "over the other",
                                      str(where[0]))
     for f, tensor in paths.inputs.items():
         if same_file(f, paths.config):

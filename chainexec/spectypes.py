@@ -148,8 +148,8 @@ class Spec:
         a dense input ``tensor`` read from a file or made by a ``random`` source is declared
         symmetric under: its seeded values are made so (:func:`chainexec.generator.block`), and a
         run checks a file's values at sampled elements (the run exploits the symmetry and would
-        be wrong without it). None where it is packed (its values are the stored ones alone),
-        computed or declares none."""
+        be wrong without it). None (``[]``) where it is packed (its values are the stored ones
+        alone), computed or declares none."""
         t = self.tensors[tensor]
         if t.symmetry is None or t.layout != "dense" or t.source is None or (t.source.file is None
                                                                            and t.source.random is None):

@@ -736,3 +736,31 @@ def test_a_dense_input_declared_symmetric_is_generated_so_and_checked(tmp_path, 
         with h5py.File(tmp_path / "in.h5", "a") as f:
             f["A"][...] = np.random.default_rng(1).standard_normal(f["A"].shape)
         assert_refused(run_cli("run", config, "--quiet"), str(tmp_path / "in.h5"), "tensor A is declared symmetric")
+        # symmetric up to rounding far below the largest value (PySCF's MO integrals' 1e-13): accepted
+        with h5py.File(tmp_path / "in.h5", "a") as f:
+            values = 1e-3 * np.random.default_rng(2).standard_normal(f["A"].shape)
+            for order in ((1, 0, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1)):
+                values = values + values.transpose(order)
+            values[0, 0, 0, 0] = 5.0
+            f["A"][...] = values + 1e-13 * np.random.default_rng(3).standard_normal(values.shape)
+        assert run_cli("run", config, "--quiet").returncode == 0
+
+
+def test_generate_refuses_one_dataset_seeded_with_and_without_a_symmetry(tmp_path):
+    """Two tensors of one dataset and seed, one declared symmetric (its seeded values symmetric)
+    and one not, would get other values: refused, as other seeds are."""
+    config = tmp_path / "two.yaml"
+    config.write_text("""name: two
+indices: {p: 4, q: 4, r: 4, s: 4}
+tensors:
+  A:
+    indices: [p, q, r, s]
+    symmetry: {pairs: [[p, q], [r, s]], exchange: true}
+    source: {file: in.h5, dataset: A, seed: 3}
+  A2: {indices: [p, q, r, s], source: {file: in.h5, dataset: A, seed: 3}}
+statements:
+  - D[p,q,r,s] = A[p,q,r,s] * A2[p,q,r,s]
+outputs:
+  D: {file: out.h5, dataset: D}
+""")
+    assert_refused(run_cli("generate", config), "both name dataset 'A'", "declared symmetry")

@@ -215,8 +215,8 @@ def test_values_that_lie_in_a_file_not_there_are_named(tmp_path, gone):
 
 
 @pytest.mark.parametrize("memory, method", [("3KiB", "sampled"), ("1GiB", "einsum")])
-def test_the_default_full_limit_is_a_third_of_the_host_memory(finished, memory, method):
-    """Without ``--full-limit`` the whole chain is einsum'd where its tensors take at most a third
+def test_the_default_full_limit_is_a_fifth_of_the_host_memory(finished, memory, method):
+    """Without ``--full-limit`` the whole chain is einsum'd where its tensors take at most a fifth
     of the host memory available (here set through ``CHAINEXEC_HOST_MEMORY``), else sampled."""
     proc = run_cli("verify", finished, env={"CHAINEXEC_HOST_MEMORY": memory})
     assert proc.returncode == 0 and f": {method} over " in proc.stdout, proc.stdout + proc.stderr

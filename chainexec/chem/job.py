@@ -202,7 +202,9 @@ def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
     except OSError as err:
         raise ChainexecError(f"the inputs cannot be read ({err})", str(inputs)) from None
     found = {name: value.item() if hasattr(value, "item") else value for name, value in found.items()}
-    differ = [name for name, value in made_for.items() if found[name] != value]
+    same = {name: (found[name].lower() == value.lower() if name == "basis" and isinstance(found[name], str)
+                   else found[name] == value) for name, value in made_for.items()}  # PySCF's basis names ignore case
+    differ = [name for name, ok in same.items() if not ok]
     if differ:
         shown = ", ".join(f"{name} {found[name]!r} (here {made_for[name]!r})" for name in differ)
         raise ChainexecError(f"the inputs there were made for another job: {shown}; remove them and the config, or "

@@ -191,7 +191,7 @@ def _kept(node, loops: list[Loop]) -> bool:
 
 def busiest_share(loop: Loop, loops: list[Loop], extents: dict[str, int], ranks: int) -> float:
     """The busiest rank's work in the parallel ``loop`` (inside ``loops``) over the ranks' mean:
-    each run of the loop hands its units (:func:`units`) to the ``ranks`` and ends at a barrier,
+    each run of the loop hands its tiles to the ``ranks`` and ends at a barrier,
     so a rank takes ⌈T/R⌉ of a run's T units where the mean is T/R; T is the tiles a run hands
     out on average (its edge runs' fewer are not told apart, nor a loop's groups of kept tiles
     from its tiles). 1 for one rank; R where a run has a single tile (the others wait)."""

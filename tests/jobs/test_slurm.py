@@ -191,8 +191,8 @@ def test_a_job_whose_srun_fails_says_so_and_exits_3(tmp_path, script):
 
 def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     """The second submission into one WORKDIR names another molecule: its inputs are not the
-    molecule's, and the job stops before running anything on them (it used to compute the first
-    molecule's energy and check it against that molecule's PySCF energy)."""
+    molecule's, and the job stops before running anything on them, where it would compute the
+    first molecule's energy and check it against that molecule's PySCF energy."""
     pytest.importorskip("pyscf")
     srun = "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
     work = tmp_path / "w"
