@@ -468,9 +468,9 @@ def verify(config: str | Path, samples: int = 300, limit: int | None = None) -> 
     each output. ``limit`` None: a fifth of the host memory available to this process
     (:func:`chainexec.detect.host_memory`), since the check holds the chain's tensors about three
     times over (the values, their magnitudes, the output read and einsum's temporaries): the
-    explicit sums expand every
-    intermediate into products of inputs, and a scalar output such as a (T) energy then costs
-    the whole chain once per product term, hours where einsum takes a minute."""
+    explicit sums expand every intermediate into products of inputs, and a scalar output such as
+    a (T) energy then costs the whole chain once per product term, hours where einsum takes a
+    minute."""
     if limit is None:
         limit = detect.host_memory()[0] // 5
     return verify_spec(spec_mod.load(config), samples=samples, limit=limit)

@@ -61,7 +61,7 @@ from statistics import geometric_mean
 
 import numpy as np
 
-from chainexec import atomicfile, jsontext, safepaths
+from chainexec import atomicfile, safepaths, userfiles
 from chainexec.errors import ArgumentParser, ChainexecError
 from chainexec.plancache import tree_digest
 from chainexec.planner.plan import Contraction
@@ -523,7 +523,7 @@ def load_cases(path: str | Path) -> list[dict]:
     the generated CUDA source) and ``sizes`` (each index's extent, a positive whole number).
     Every index of ``C`` is in ``A`` or ``B``, and an index not in ``C`` is summed, so in both.
     Anything else is a ChainexecError naming the file and the case."""
-    cases = jsontext.loads(jsontext.read(path, "case file"), "case file", str(path))
+    cases = userfiles.loads(userfiles.read(path, "case file"), "case file", str(path))
     if not isinstance(cases, list) or not cases:
         raise ChainexecError("the cases must be a non-empty JSON list of contractions", str(path))
     seen = set()
@@ -597,7 +597,7 @@ def _is_result(path: Path) -> bool:
     """Whether ``path`` holds a result of the bench (:data:`RESULT_KEYS`), read whole (a result
     of every case at two scales is about a megabyte; a file 64 times that is not one)."""
     try:
-        if path.stat().st_size > 64 * jsontext.MAX_BYTES:
+        if path.stat().st_size > 64 * userfiles.MAX_BYTES:
             return False
         data = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):

@@ -33,7 +33,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from chainexec import diskstore, jsontext
+from chainexec import diskstore, userfiles
 from chainexec.errors import ChainexecError
 from chainexec.planner.machine import Machine
 
@@ -103,7 +103,7 @@ def read(path: str | Path) -> tuple[Machine, frozenset[str]]:
     """The machine of the machine file ``path`` and the fields it gives
     (:meth:`~chainexec.planner.machine.Machine.parse`); a file that cannot be read or is not
     UTF-8 text is a :class:`ChainexecError` naming it."""
-    return Machine.parse(jsontext.read(path, "machine file"), str(path))
+    return Machine.parse(userfiles.read(path, "machine file"), str(path))
 
 
 def load(path: str | Path) -> Machine:

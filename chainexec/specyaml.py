@@ -13,12 +13,13 @@ from pathlib import Path
 
 import yaml
 
+from chainexec import userfiles
 from chainexec.errors import ChainexecError
 
 # Bytes in a config file, YAML nodes it stands for (each alias counted as the nodes it refers to)
 # and nodes nested in one another: far above any chain's (the (T) job's config: 3.5 KiB, 199 nodes,
 # 5 deep), and a bound on the work of reading any config, hostile ones included.
-MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_BYTES = userfiles.MAX_BYTES
 MAX_NODES = 10_000
 MAX_DEPTH = 32
 
@@ -111,20 +112,9 @@ def _line_map(node, prefix=()) -> dict:
 
 
 def read(path: str | Path) -> str:
-    """A config file's text (UTF-8, at most :data:`MAX_CONFIG_BYTES`); raises
-    :class:`ChainexecError` where it cannot be read, is longer or is not UTF-8."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as err:
-        raise ChainexecError(f"cannot read config: {err.strerror}", str(path)) from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ChainexecError(f"config is longer than {MAX_CONFIG_BYTES} bytes", str(path))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ChainexecError(f"config is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
-                             str(path), data.count(b"\n", 0, err.start) + 1) from None
+    """A config file's text (UTF-8, at most :data:`MAX_CONFIG_BYTES`, :func:`chainexec.userfiles.read`);
+    raises :class:`ChainexecError` where it cannot be read, is longer or is not UTF-8."""
+    return userfiles.read(path, "config")
 
 
 def compose(text: str, path: str) -> tuple[object, dict]:

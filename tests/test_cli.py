@@ -701,33 +701,16 @@ def test_usage_errors_are_one_line(args, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-SYMMETRIC_INPUT = """name: symgen
-ranges: {ao: 7, mo: 5}
-indices: {p: ao, q: ao, r: ao, s: ao, a: mo, b: mo, c: mo, d: mo}
-tensors:
-  A:
-    indices: [p, q, r, s]
-    symmetry: {pairs: [[p, q], [r, s]], exchange: true}
-    source: SOURCE
-  C: {indices: [p, a], source: {file: in.h5, dataset: C, seed: 4}}
-  B:
-    indices: [a, b, c, d]
-    symmetry: {pairs: [[a, b], [c, d]], exchange: true}
-    layout: s4
-statements:
-  - B[a,b,c,d] = C[p,a] * C[q,b] * C[r,c] * C[s,d] * A[p,q,r,s]
-outputs:
-  B: {file: out.h5, dataset: B}
-"""
-
-
-@pytest.mark.parametrize("source", ["{file: in.h5, dataset: A, seed: 3}", "{random: 3}"])
+@pytest.mark.parametrize("source", [{"file": "in.h5", "dataset": "A", "seed": 3}, {"random": 3}])
 def test_a_dense_input_declared_symmetric_is_generated_so_and_checked(tmp_path, source):
     """A dense input declared symmetric gets seeded values with that symmetry (``generate``, or a
-    ``random`` source), so the run's result is verify's; a file whose values lack it is refused
-    before the run (the run reads part of it and takes the rest as its images)."""
-    config = tmp_path / "sym.yaml"
-    config.write_text(SYMMETRIC_INPUT.replace("SOURCE", source))
+    ``random`` source), so the run's result, packed as s4, is verify's; a file whose values lack it
+    is refused before the run (the run reads part of it and takes the rest as its images)."""
+    cfg = fourindex_config(n=7, nmo=5)
+    cfg["tensors"]["A"] |= {"symmetry": {"pairs": [["p", "q"], ["r", "s"]], "exchange": True}, "source": source}
+    cfg["tensors"]["B"] = {"indices": list("abcd"), "symmetry": {"pairs": [["a", "b"], ["c", "d"]], "exchange": True},
+                           "layout": "s4"}
+    config = write_config(tmp_path, cfg)
     assert run_cli("generate", config).returncode == 0
     assert run_cli("run", config, "--quiet").returncode == 0
     check = run_cli("verify", config)
@@ -749,18 +732,10 @@ def test_a_dense_input_declared_symmetric_is_generated_so_and_checked(tmp_path, 
 def test_generate_refuses_one_dataset_seeded_with_and_without_a_symmetry(tmp_path):
     """Two tensors of one dataset and seed, one declared symmetric (its seeded values symmetric)
     and one not, would get other values: refused, as other seeds are."""
-    config = tmp_path / "two.yaml"
-    config.write_text("""name: two
-indices: {p: 4, q: 4, r: 4, s: 4}
-tensors:
-  A:
-    indices: [p, q, r, s]
-    symmetry: {pairs: [[p, q], [r, s]], exchange: true}
-    source: {file: in.h5, dataset: A, seed: 3}
-  A2: {indices: [p, q, r, s], source: {file: in.h5, dataset: A, seed: 3}}
-statements:
-  - D[p,q,r,s] = A[p,q,r,s] * A2[p,q,r,s]
-outputs:
-  D: {file: out.h5, dataset: D}
-""")
+    cfg = fourindex_config(n=4)
+    cfg["tensors"]["A"]["symmetry"] = {"pairs": [["p", "q"], ["r", "s"]], "exchange": True}
+    cfg["tensors"]["A2"] = {k: v for k, v in cfg["tensors"]["A"].items() if k != "symmetry"}
+    cfg["statements"] = ["D[p,q,r,s] = A[p,q,r,s] * A2[p,q,r,s]"]
+    cfg["outputs"] = {"D": {"file": "out.h5", "dataset": "D"}}
+    config = write_config(tmp_path, cfg)
     assert_refused(run_cli("generate", config), "both name dataset 'A'", "declared symmetry")

@@ -202,9 +202,11 @@ def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
     except OSError as err:
         raise ChainexecError(f"the inputs cannot be read ({err})", str(inputs)) from None
     found = {name: value.item() if hasattr(value, "item") else value for name, value in found.items()}
-    same = {name: (found[name].lower() == value.lower() if name == "basis" and isinstance(found[name], str)
-                   else found[name] == value) for name, value in made_for.items()}  # PySCF's basis names ignore case
-    differ = [name for name, ok in same.items() if not ok]
+
+    def named(name, value):  # PySCF's basis names ignore case
+        return value.lower() if name == "basis" and isinstance(value, str) else value
+
+    differ = [name for name, value in made_for.items() if named(name, found[name]) != named(name, value)]
     if differ:
         shown = ", ".join(f"{name} {found[name]!r} (here {made_for[name]!r})" for name in differ)
         raise ChainexecError(f"the inputs there were made for another job: {shown}; remove them and the config, or "

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from chainexec import jsontext
+from chainexec import userfiles
 from chainexec.errors import ChainexecError
 
 
@@ -182,7 +182,7 @@ class Machine:
         defaults where absent, and ``details`` (what ``chainexec calibrate`` measured) is
         ignored. Any other key, and any value :data:`FIELDS` refuses, is a
         :class:`ChainexecError` naming the file and the field, as is text that is not JSON."""
-        data = jsontext.loads(text, "machine file", path)
+        data = userfiles.loads(text, "machine file", path)
         if not isinstance(data, dict):
             raise ChainexecError(f"a machine file holds a JSON object of fields, not {_json_type(data)}", str(path))
         for key, value in data.items():

@@ -136,13 +136,12 @@ def _check_symmetric(ds: h5py.Dataset, t: TensorInfo, path: str) -> None:
     values = {p: float(ds[p]) for p in {p for pair in pairs for p in pair}}
     largest = max(abs(v) for v in values.values())
     for point, image in pairs:
-        if abs(values[point] - values[image]) > tolerance * max(largest, abs(values[point]), abs(values[image])):
-            show = ",".join
+        a, b = values[point], values[image]
+        if abs(a - b) > tolerance * max(largest, abs(a), abs(b)):
             raise ChainexecError(
                 f"tensor {t.name} is declared symmetric, but dataset {t.source['dataset']!r} is not: "
-                f"{t.name}[{show(map(str, point))}] = {values[point]!r} and {t.name}[{show(map(str, image))}] = "
-                f"{values[image]!r}; the run would take one for the other: fix the values (seeded ones: `chainexec "
-                f"generate` again) or the declaration", path)
+                f"{t.name}{list(point)} = {a!r} and {t.name}{list(image)} = {b!r}; the run would take one for the "
+                "other: fix the values (seeded ones: `chainexec generate` again) or the declaration", path)
 
 
 def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
@@ -239,6 +238,7 @@ def make_folders(files, scratch: Path, fresh: bool = False) -> None:
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""The bytes every HDF5 file begins with."""
 
 
 def remove_stale_temporaries(output_file: Path) -> None:

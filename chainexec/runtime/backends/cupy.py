@@ -541,8 +541,8 @@ class CupyBackend(Autotuner, Methods, Backend):
     def recycle_host(self, host: np.ndarray) -> None:
         """As :meth:`Backend.recycle_host`: in a run of plain host memory, kept for
         :meth:`_result_host` while the kept arrays hold at most :data:`SPARE_BYTES`. A pinned
-        run's arrays go back to CuPy's pool of page-locked memory, which serves them again: kept
-        here too, they made its four-index transform no faster (``benchmarks/results/``)."""
+        run's arrays go back to CuPy's pool of page-locked memory, which serves them again
+        already paged in."""
         if (self.pinned or host.nbytes == 0 or not host.flags.c_contiguous
                 or self._spare_bytes + host.nbytes > SPARE_BYTES):
             return

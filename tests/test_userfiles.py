@@ -2,13 +2,13 @@
 
 import pytest
 
-from chainexec import jsontext
+from chainexec import userfiles
 from chainexec.errors import ChainexecError
 
 
 @pytest.mark.parametrize("content, needle", [
     (None, "cannot read the file: No such file"),
-    (b"x" * (jsontext.MAX_BYTES + 1), "the file is longer than"),
+    (b"x" * (userfiles.MAX_BYTES + 1), "the file is longer than"),
     (b'{"a":\n "\xe9"}', "the file is not UTF-8 text (byte 0xe9 at offset 8)"),
 ])
 def test_a_file_that_cannot_be_read_as_text_is_refused(tmp_path, content, needle):
@@ -16,15 +16,15 @@ def test_a_file_that_cannot_be_read_as_text_is_refused(tmp_path, content, needle
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(ChainexecError) as err:
-        jsontext.read(path, "the file")
+        userfiles.read(path, "the file")
     assert needle in str(err.value) and str(path) in str(err.value)
 
 
 def test_a_file_of_the_largest_size_is_read_whole(tmp_path):
     path = tmp_path / "f.json"
-    text = "[" + " " * (jsontext.MAX_BYTES - 2) + "]"
+    text = "[" + " " * (userfiles.MAX_BYTES - 2) + "]"
     path.write_text(text)
-    assert jsontext.read(path, "the file") == text and jsontext.loads(text, "the file", str(path)) == []
+    assert userfiles.read(path, "the file") == text and userfiles.loads(text, "the file", str(path)) == []
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -35,9 +35,9 @@ def test_a_file_of_the_largest_size_is_read_whole(tmp_path):
 ])
 def test_json_that_would_lose_a_value_or_cannot_be_parsed_is_refused(text, needle):
     with pytest.raises(ChainexecError) as err:
-        jsontext.loads(text, "the file", "f.json")
+        userfiles.loads(text, "the file", "f.json")
     assert needle in str(err.value) and "f.json" in str(err.value)
 
 
 def test_objects_nested_within_the_parsers_depth_load():
-    assert jsontext.loads('{"a": [{"b": [1, 2]}, {"c": null}]}', "the file", "f.json") == {"a": [{"b": [1, 2]}, {"c": None}]}
+    assert userfiles.loads('{"a": [{"b": [1, 2]}, {"c": null}]}', "the file", "f.json") == {"a": [{"b": [1, 2]}, {"c": None}]}

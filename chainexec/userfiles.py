@@ -1,6 +1,6 @@
-"""JSON files a user hands chainexec (machine files, ``bench tccg`` case files): read whole up to a
-size no such file needs to pass, parsed with every object key given once, and every way they can
-be wrong one :class:`~chainexec.errors.ChainexecError` naming the file, as a config's are."""
+"""Files a user hands chainexec (configs, machine files, ``bench tccg`` case files): read whole up
+to a size no such file needs to pass, JSON parsed with every object key given once, and every way
+they can be wrong one :class:`~chainexec.errors.ChainexecError` naming the file."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from chainexec.errors import ChainexecError
 
 MAX_BYTES = 1 << 20
-"""Bytes a JSON file chainexec reads may hold: far more than a machine file or the 48 TCCG cases
-need, and a bound on what a wrong path (``/dev/zero``, a data file) makes the process read."""
+"""Bytes such a file may hold: far more than a config, a machine file or the 48 TCCG cases need,
+and a bound on what a wrong path (``/dev/zero``, a data file) makes the process read."""
 
 
 def read(path: str | Path, what: str) -> str:
