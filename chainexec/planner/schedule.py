@@ -220,7 +220,13 @@ def fit(ctx: Context, disk: list[list[int]], singles: dict[int, DeviceGroup]) ->
 def _finer(ctx: Context, group: DiskGroup) -> list[DiskGroup]:
     """``group`` with the device tiles of a symmetric group's indices halved again and again (while
     it fits): the loop visits only ordered tuples of them, so smaller tiles skip more of the
-    computation (up to 1/k! of it for k indices) at the price of more statements."""
+    computation (up to 1/k! of it for k indices) at the price of more statements.
+
+    Priced before :func:`chainexec.planner.symmetry.mark` runs one term per orbit on the tuples
+    whose positions coincide (:func:`chainexec.planner.build.make_plan` marks the chosen nests),
+    so such tuples count their terms whole and larger tiles look dearer than the flops they run.
+    Measured, they are dearer still: on the (T) job larger tiles run W's GEMMs slower per flop
+    (``benchmarks/results/INDEX.md``), which pricing them as run would not see."""
     found = []
     for pos, g in enumerate(group.groups):
         sym = g.symmetric
