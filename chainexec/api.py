@@ -257,7 +257,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         store.remove_outputs(paths.outputs)
         store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
         if checkpoint is not None:
-            safepaths.note_checkpoint(paths.scratch, paths.checkpoint)
+            for folder in [paths.scratch, *(store.parts_dir(Path(f)) for f in paths.outputs)]:
+                safepaths.note_checkpoint(folder, paths.checkpoint)
         ours["landed"] = True  # the folders are this run's, locked by it
 
     on_rank0(comm, land)

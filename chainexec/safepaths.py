@@ -85,30 +85,33 @@ CHECKPOINT = "a run's checkpoint"
 """What a checkpoint folder is made as."""
 
 CHECKPOINTED = ".chainexec-checkpoint"
-"""The file in a scratch folder that names the checkpoint folder of the run that made it
-(:func:`note_checkpoint`): a stopped run's stored versions lie in its scratch, and its checkpoint
-names them there."""
+"""The file in a scratch or parts folder that names the checkpoint folder of the run that made it
+(:func:`note_checkpoint`): a stopped run's stored versions lie in its scratch and the sealed
+shards of its outputs in their parts folders, and its checkpoint names them there."""
 
 
-def note_checkpoint(scratch: Path, checkpoint: Path) -> None:
-    """Record in ``scratch`` that the run checkpointed in ``checkpoint`` stores its versions there
-    (rank 0, once the folder is made): another config's run given the same scratch folder (one
-    of the same ``name:``) would remove them, and the checkpoint would name missing files."""
-    atomicfile.write(Path(scratch) / CHECKPOINTED, str(resolved(checkpoint)) + "\n")
+def note_checkpoint(folder: Path, checkpoint: Path) -> None:
+    """Record in ``folder`` (the scratch or an output's parts folder) that the run checkpointed in
+    ``checkpoint`` keeps files there (rank 0, once the folder is made): another config's run
+    given the same folder (one of the same ``name:``, or writing the same output) would remove
+    them, and the checkpoint would name missing files."""
+    atomicfile.write(Path(folder) / CHECKPOINTED, str(resolved(checkpoint)) + "\n")
 
 
-def _check_scratch_free(paths: "RunPaths") -> None:
-    """Refuse a scratch folder that holds the versions of a stopped run other than this one's
-    (:func:`note_checkpoint`), while that run's checkpoint folder is there to resume from."""
-    try:
-        noted = Path((paths.scratch / CHECKPOINTED).read_text().strip())
-    except (OSError, UnicodeDecodeError):
-        return
-    if noted != paths.checkpoint and is_owned(noted) and owner(noted) == CHECKPOINT:
-        raise ChainexecError(f"the scratch folder holds the stored versions of the stopped run checkpointed in "
-                             f"{noted}, which this run would remove: resume that run (--checkpoint {noted}), remove "
-                             "that checkpoint folder, or give this config another name: or scratch:",
-                             str(paths.scratch))
+def _check_folders_free(paths: "RunPaths") -> None:
+    """Refuse a scratch or parts folder that holds the files of a stopped run other than this
+    one's (:func:`note_checkpoint`), while that run's checkpoint folder is there to resume from."""
+    for folder, what, made in paths.removed():
+        try:
+            noted = Path((folder / CHECKPOINTED).read_text().strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if made != CHECKPOINT and noted != paths.checkpoint and is_owned(noted) and owner(noted) == CHECKPOINT:
+            held, instead = (("stored versions", "give this config another name: or scratch:") if made == SCRATCH
+                             else ("output shards", "name another output file"))
+            raise ChainexecError(f"{what} holds the {held} of the stopped run checkpointed in {noted}, which this run "
+                                 f"would remove: resume that run (--checkpoint {noted}), remove that checkpoint "
+                                 f"folder, or {instead}", str(folder))
 
 
 def parts_made(output_file: Path) -> str:
@@ -442,7 +445,7 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
                 raise ChainexecError(f"{what} would hold {other}", str(folder))
     written = [(f, what) for f, what in kept[len(read):]] + [(folder, what) for folder, what, _ in folders]
     _check_not_inside_owned(written)
-    _check_scratch_free(paths)
+    _check_folders_free(paths)
     return paths
 
 

@@ -717,6 +717,38 @@ def test_a_config_naming_a_file_with_a_nul_byte_is_refused(command, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [config.name]
 
 
+def test_a_stopped_runs_output_shards_are_not_taken_by_another_config_writing_its_output(user_folder):
+    """A config with another scratch that writes the same output file shares its parts folder.
+    While a run of the first is stopped at a checkpoint with sealed shards of its output there,
+    a run of the second (without that checkpoint, or with another) is refused instead of
+    removing them (the checkpoint would name missing shards, and the finished nests would be
+    lost), and the first resumes to its result."""
+    import yaml
+
+    work = user_folder.parent
+    cfg = yaml.safe_load(user_folder.read_text())
+    cfg["machine"]["global_memory"] = "48KiB"  # 8 tiles in the first nest, 4 in the second
+    user_folder.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    checkpoint, parts = work / "ck", work / "out" / "result.h5.parts"
+    for _ in range(12):  # stopped at each checkpoint until the output's first shards are sealed
+        stopped = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, "--checkpoint-every", 0,
+                          "--stop-after", 0, cwd=work)
+        assert stopped.returncode == 3, stopped.stderr
+        if any(name.endswith(".h5") for name in _snapshot(parts)):
+            break
+    held = _snapshot(parts)
+    assert any(name.endswith(".h5") for name in held), held
+    other = _edit(user_folder, scratch="elsewhere")
+    for extra in ([], ["--checkpoint", work / "ck2"]):
+        assert_refused(run_cli("run", other, "--quiet", *extra, cwd=work), str(parts),
+                       f"output shards of the stopped run checkpointed in {checkpoint}")
+        assert _snapshot(parts) == held
+    resumed = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, cwd=work)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_cli("verify", user_folder, cwd=work).returncode == 0
+    assert run_cli("run", other, "--quiet", cwd=work).returncode == 0
+
+
 def test_a_stopped_runs_scratch_is_not_taken_by_another_config_of_its_name(user_folder):
     """Two configs of one ``name:`` share the default scratch folder. While a run of the first is
     stopped at a checkpoint, its stored versions lie there; a run of the second (without that
