@@ -29,7 +29,7 @@ from chainexec.planner.machine import Machine
 from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
-from chainexec.runtime.checkpoint import Checkpoint, Stopped, check_intervals
+from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals
 from chainexec.runtime.comm import barrier, world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
@@ -117,7 +117,7 @@ def generate(config: str | Path, missing: bool = False) -> list[str]:
 
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
         balance: str = "dynamic", progress: bool = False, checkpoint: str | Path | None = None,
-        checkpoint_every: float = 600.0, stop_after: float | None = None, inline: bool = True,
+        checkpoint_every: float | None = None, stop_after: float | None = None, inline: bool = True,
         plan_cache: bool = True, reports: dict[str, str | None] | None = None) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the bytes per level planned for, for
@@ -125,8 +125,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     as ``Plan.machine``).
 
     ``checkpoint``: a folder where resumable loops and finished nests save the run's progress at
-    most every ``checkpoint_every`` seconds and from which a later run of the same plan resumes
-    (:mod:`chainexec.runtime.checkpoint`); it is emptied when the run completes. ``stop_after``:
+    most every ``checkpoint_every`` seconds (None: :data:`~chainexec.runtime.checkpoint.EVERY`)
+    and from which a later run of the same plan resumes (:mod:`chainexec.runtime.checkpoint`);
+    it is emptied when the run completes. An interval without a checkpoint is refused, as is
+    ``stop_after``: it would checkpoint nothing. ``stop_after``:
     stop at the first checkpoint after that many seconds, raising :class:`Stopped` on every rank
     (a batch job's way to end before its time limit and go on in the next one). ``inline``: as
     in :func:`plan`. ``plan_cache``: read the plan from :mod:`chainexec.plancache` where this
@@ -182,14 +184,16 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     started = time.perf_counter()
     stopsignals.forget_landed()  # a signal names only this run's outputs as completed
     maps = maps_inputs(comm)  # the executor's loads map inputs' pages: priced by what the page cache holds
+    every = EVERY if checkpoint_every is None else checkpoint_every
 
     def read() -> bool:
-        if stop_after is not None and checkpoint is None:
-            raise ChainexecError("--stop-after needs --checkpoint (where the run goes on from)")
+        for option, value in (("--stop-after", stop_after), ("--checkpoint-every", checkpoint_every)):
+            if value is not None and checkpoint is None:
+                raise ChainexecError(f"{option} needs --checkpoint (where the run goes on from)")
         if checkpoint is not None and balance != "dynamic":
             raise ChainexecError("checkpoints need --balance dynamic")
         if checkpoint is not None:
-            check_intervals(checkpoint_every, stop_after)
+            check_intervals(every, stop_after)
         ours["text"] = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
         ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
         ours["paths"] = safepaths.check_run(s, checkpoint, reports)
@@ -236,7 +240,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             text = p.to_json()
         kept = None
         if checkpoint is not None:
-            ck = Checkpoint.open(checkpoint, p, comm.size, checkpoint_every, stop_after)
+            ck = Checkpoint.open(checkpoint, p, comm.size, every, stop_after)
             kept = (ck.digest, ck.saved)
             if not (any(isinstance(node, Loop) and node.resume for nest in p.nests for node in nest.body)
                     or any(nest.checkpoint_after for nest in p.nests[:-1])):
@@ -263,7 +267,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
 
     on_rank0(comm, land)
     ready = time.perf_counter()
-    ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=checkpoint_every, stop_after=stop_after)
+    ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=every, stop_after=stop_after)
     executor = Executor(p, comm, chosen, balance, progress, ck)
     try:
         try:

@@ -61,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint", metavar="DIR",
                    help="save the progress of resumable loops and finished nests in DIR (on a file system every "
                         "rank sees) and resume from it; emptied when the run completes")
-    r.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
-                   help="seconds at most between checkpoints (default 600)")
+    r.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                   help="with --checkpoint: seconds at most between checkpoints (default 600)")
     r.add_argument("--stop-after", type=float, metavar="SECONDS",
                    help="stop at the first checkpoint after SECONDS and exit with status 3 (run again to resume)")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")

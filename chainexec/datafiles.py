@@ -1,13 +1,57 @@
 """The files an HDF5 dataset's values come from: the file that names it, and through HDF5's
 links and layouts other files too (an external link's file, a virtual dataset's sources, external
 raw storage). A run must not write or remove any of them (:mod:`chainexec.safepaths`), and a
-checkpoint identifies its inputs by all of them (:mod:`chainexec.runtime.checkpoint`)."""
+checkpoint identifies its inputs by all of them (:mod:`chainexec.runtime.checkpoint`). Also what
+makes an input file or dataset unfit to read before anything is computed from it: a path that is
+not a regular file, a dataset whose values were never (wholly) written."""
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 
 import h5py
+
+from chainexec.errors import ChainexecError
+
+
+def check_regular(path: str, what: str) -> None:
+    """Refuse ``path`` unless it is a regular file (or a link to one), naming what it is instead:
+    HDF5 opens a FIFO by waiting for a writer that may never come (the run, plan or check would
+    hang), and a folder, device or socket holds no HDF5 file. A path that is not there passes:
+    the open that follows says so."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise ChainexecError(f"is {kind}, not a file ({what})", path)
+
+
+def check_written(ds: h5py.Dataset, path: str, what: str) -> None:
+    """Refuse a dataset stored in its file (not virtual, not in external raw files) whose
+    storage was never written, or, chunked, some of whose chunks were not: HDF5 returns its fill
+    value there, and a run would take those for the input's values and finish with a result
+    that looks complete (what a writer stopped part way, or a dataset made and never filled,
+    leaves). Contiguous storage is allocated whole by the first write, compact storage with
+    the dataset; a chunk when first written."""
+    if ds.size == 0 or ds.is_virtual or ds.external:
+        return
+    name, fill = ds.name.lstrip("/"), getattr(ds.fillvalue, "item", lambda: ds.fillvalue)()
+    if ds.chunks is None:
+        if ds.id.get_storage_size() == 0:
+            raise ChainexecError(f"dataset {name!r} ({what}) was never written: HDF5 would read its fill value "
+                                 f"{fill!r} for every element", path)
+        return
+    chunks = math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks))
+    written = ds.id.get_num_chunks()
+    if written < chunks:
+        raise ChainexecError(f"dataset {name!r} ({what}) is not wholly written: {chunks - written} of its {chunks} "
+                             f"chunks never were, where HDF5 would read its fill value {fill!r} "
+                             "(a writer stopped part way?)", path)
 
 
 def of(path: str, dataset: str) -> list[str]:
@@ -26,6 +70,8 @@ def of(path: str, dataset: str) -> list[str]:
             files.setdefault(file, file)
 
     add(path)
+    if not os.path.isfile(path):
+        return list(files.values())  # nothing to open (a FIFO would block the open): the read says so
     todo = {path: {dataset}}  # file → its datasets whose files are still to be found
     seen = {(os.path.abspath(path), dataset)}
     while todo:

@@ -60,12 +60,14 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
         full = values if t.layout == "dense" else dense(values, t.layout, shape)
         return full.reshape(shape)[tuple(slice(a, b) for a, b in region)]
     path = safepaths.checked(spec.resolve(t.source.file), f"the input of tensor {name}")
+    datafiles.check_regular(path, f"input of tensor {name}")
     _sources_there(path, t.source.dataset, f"input of tensor {name}")
     try:
         with h5py.File(path, "r") as f:
             ds = f.get(t.source.dataset)
             if not isinstance(ds, h5py.Dataset):
                 raise ChainexecError(f"no dataset {t.source.dataset!r} (input of tensor {name})", path)
+            datafiles.check_written(ds, path, f"input of tensor {name}")
             stored = _stored(t.layout, shape)
             if ds.shape != stored or ds.dtype != np.dtype(t.dtype):
                 raise ChainexecError(f"dataset {t.source.dataset!r} holds {ds.dtype} values of shape {ds.shape}, but "

@@ -185,6 +185,10 @@ def _missing(saved: dict, plan: Plan) -> Path | None:
     return next((p for p in paths if not p.is_file()), None)
 
 
+EVERY = 600.0
+"""Seconds at most between a run's checkpoints where ``--checkpoint-every`` is not given."""
+
+
 def check_intervals(every: float, stop_after: float | None) -> None:
     """Refuse (:class:`ChainexecError`) intervals between checkpoints, or a time to stop after,
     that are not finite or are negative: checked before a run makes its folders."""

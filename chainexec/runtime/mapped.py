@@ -85,6 +85,8 @@ def cached_share(path: str, dataset: str, dtype: np.dtype) -> float:
     loads map them (:func:`contiguous_offset`); 0 for a dataset they read through HDF5, an empty
     one, or a file that cannot be read or mapped. Asked of the kernel page by page (``mincore`` over a
     read-only mapping of the range: nothing is read)."""
+    if not os.path.isfile(path):
+        return 0.0  # nothing to map (a FIFO would block the open): the run's check of its inputs says what
     try:
         with h5py.File(path, "r") as f:
             ds = f[dataset]

@@ -32,7 +32,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from chainexec import atomicfile, generator, safepaths, stopsignals
+from chainexec import atomicfile, datafiles, generator, safepaths, stopsignals
 from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Plan, TensorInfo, stores
 from chainexec.spectypes import format_size
@@ -78,6 +78,7 @@ def check_inputs(plan: Plan) -> None:
         path = t.source["file"]
         if not os.path.exists(path):
             raise ChainexecError(f"HDF5 file not found (input of tensor {t.name}; `chainexec generate` writes it)", path)
+        datafiles.check_regular(path, f"input of tensor {t.name}")
         try:
             with h5py.File(path, "r") as f:
                 try:
@@ -99,6 +100,7 @@ def check_inputs(plan: Plan) -> None:
                         f"dataset {t.source['dataset']!r} has dtype {ds.dtype} but tensor {t.name} is {t.dtype}", path)
                 if ds.is_virtual:
                     _check_sources(ds, path, t.name)
+                datafiles.check_written(ds, path, f"input of tensor {t.name}")
                 remaining = ds.nbytes  # the bytes the external files' segments hold, in order
                 for raw, offset, size in ds.external or ():
                     needed, remaining = min(size, remaining), remaining - min(size, remaining)

@@ -395,6 +395,9 @@ def test_errors(tmp_path):
     other = _job(tmp_path / "other", machine={"global_memory": "1GiB", "device_memory": "1MiB"})
     _one_line(run_cli("run", other, "--checkpoint", folder), str(manifest), "another plan")
     _one_line(run_cli("run", config, "--stop-after", 5), "--stop-after needs --checkpoint")
+    # an interval without a checkpoint checkpoints nothing: a user who thinks it does loses the run
+    for every in (600, "nan", -5):
+        _one_line(run_cli("run", config, "--checkpoint-every", every), "--checkpoint-every needs --checkpoint")
     _one_line(run_cli("run", config, "--checkpoint", folder, "--balance", "static"), "--balance dynamic")
     _one_line(run_cli("run", config, "--checkpoint", folder, "--checkpoint-every", "nan"), "finite")
     data = json.loads(manifest.read_text())

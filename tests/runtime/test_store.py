@@ -356,12 +356,54 @@ def test_an_input_whose_values_cannot_be_read_is_refused(tmp_path, kind, ranks):
     assert not (tmp_path / "out.h5").exists()
 
 
-def test_an_input_path_that_is_a_folder_is_refused_in_one_line(tmp_path):
-    """HDF5's message for it spans lines; the error is one."""
+@pytest.mark.parametrize("kind", ["folder", "FIFO"])
+@pytest.mark.parametrize("command", ["run", "verify"])
+def test_an_input_path_that_is_not_a_file_is_refused_in_one_line(tmp_path, kind, command):
+    """HDF5's message for a folder spans lines, and it opens a FIFO by waiting for a writer (the
+    command hung): one line naming what the path is, exit status 2; ``plan``, which does not
+    read inputs, ends."""
     config, _ = _linked_config(tmp_path)
     (tmp_path / "in.h5").unlink()
-    (tmp_path / "in.h5").mkdir()
-    assert_refused(run_cli("run", config, "--quiet", cwd=tmp_path), "in.h5", "cannot read as HDF5")
+    (tmp_path / "in.h5").mkdir() if kind == "folder" else os.mkfifo(tmp_path / "in.h5")
+    assert_refused(run_cli(command, config, *(["--quiet"] if command == "run" else []), cwd=tmp_path, timeout=60),
+                   "in.h5", f"is a {kind}, not a file (input of tensor A)")
+    assert run_cli("plan", config, cwd=tmp_path, timeout=60).returncode == 0
+    assert not (tmp_path / "out.h5").exists()
+
+
+def _written_part_way(tmp_path, rows: int, chunks: bool) -> np.ndarray:
+    """``in.h5``'s A (13×7) stored in the file, its first ``rows`` rows written, as a writer stopped
+    there leaves it (chunked: one row a chunk; contiguous: written only where ``rows`` > 0)."""
+    with h5py.File(tmp_path / "a_store.h5", "r") as f:
+        a = f["A"][()]
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        del f["A"]
+        ds = f.create_dataset("A", shape=a.shape, dtype="f8", chunks=(1, 7) if chunks else None)
+        if rows:
+            ds[:rows] = a[:rows]
+    return a
+
+
+@pytest.mark.parametrize("command", ["run", "verify"])
+@pytest.mark.parametrize("rows, chunks, needle", [(0, False, "was never written"), (0, True, "13 of its 13 chunks"),
+                                                  (5, True, "8 of its 13 chunks")],
+                         ids=["contiguous, never written", "chunked, never written", "chunked, 5 of 13 rows"])
+def test_an_input_not_wholly_written_is_refused(tmp_path, command, rows, chunks, needle):
+    """HDF5 reads the fill value where a dataset's storage was never written: the run took those
+    zeros for the input and ended with a result marked complete, and ``verify``, reading the same
+    zeros, passed it. Both refuse such an input in one line; written whole, the same dataset runs
+    to the right result."""
+    config, expected = _linked_config(tmp_path)
+    assert run_cli("run", config, "--quiet", cwd=tmp_path).returncode == 0
+    a = _written_part_way(tmp_path, rows, chunks)
+    assert_refused(run_cli(command, config, *(["--quiet"] if command == "run" else []), cwd=tmp_path),
+                   "in.h5", "'A' (input of tensor A)", needle)
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        f["A"][rows:] = a[rows:]
+    assert run_cli("run", config, "--quiet", cwd=tmp_path).returncode == 0
+    assert run_cli("verify", config, cwd=tmp_path).returncode == 0
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert np.allclose(f["C"][()], expected, rtol=1e-12, atol=0)
 
 
 def test_a_failed_runs_parts_folder_goes_where_none_can_be_made_beside_it(tmp_path, monkeypatch):
