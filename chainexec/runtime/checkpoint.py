@@ -176,12 +176,16 @@ def _valid(saved: dict, plan: Plan, ranks: int) -> bool:
 
 def _missing(saved: dict, plan: Plan) -> Path | None:
     """The first file that a valid manifest names and a resumed run reads but that is not there:
-    a shard file of a block it records, or (where nests are left to run) a closed version's VDS."""
+    a shard file of a block it records, or (where nests are left to run) a closed version's VDS
+    or a shard file that VDS maps (a scratch file system that purges files one by one leaves
+    the VDS without them, and the read of the version would fail mid-run)."""
     named = [(t, v, b[0]) for t, v, blocks in saved["open"] for rank in blocks for b in rank]
     named += [(t, saved["stored"][t], b[0]) for t, blocks in saved["joined"].items() for rank in blocks for b in rank]
     paths = [version_base(plan, plan.tensors[t], v) / file for t, v, file in named]
     if saved["nest"] < len(plan.nests):
-        paths += [Path(f"{version_base(plan, plan.tensors[t], v)}.h5") for t, v in saved["stored"].items()]
+        for t, v in saved["stored"].items():
+            vds = Path(f"{version_base(plan, plan.tensors[t], v)}.h5")
+            paths += [vds] + ([Path(f) for f in datafiles.of(str(vds), "data")[1:]] if vds.is_file() else [])
     return next((p for p in paths if not p.is_file()), None)
 
 

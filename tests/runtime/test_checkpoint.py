@@ -629,6 +629,33 @@ def test_a_checkpoint_records_every_input_file(tmp_path):
         assert np.linalg.norm(fo["B"][()] - ref) <= 1e-12 * np.linalg.norm(ref)
 
 
+def test_a_shard_gone_from_a_closed_version_is_found_before_the_resumed_run(tmp_path):
+    """A scratch file system that purges files one by one removes a shard of an intermediate the
+    first nest closed (its VDS stays): the resumed run says which file is missing in one line
+    before it runs (the read of the version ended in a traceback mid-run), and with the shard
+    back it finishes with the einsum of the inputs."""
+    path = write_config(tmp_path, fourindex_config(global_memory="48KiB"))
+    assert run_cli("generate", path).returncode == 0
+    stop = ("--checkpoint", tmp_path / "ck", "--checkpoint-every", 0)
+    scratch = tmp_path / "out" / ".fourindex.scratch"
+    for _ in range(12):  # stopped at each checkpoint until the first nest has closed a version
+        assert run_cli("run", path, *stop, "--stop-after", 0).returncode == 3
+        closed = sorted(scratch.glob("*.v*.h5"))
+        if closed:
+            break
+    shard = sorted(closed[0].with_suffix("").iterdir())[0]
+    kept = shard.read_bytes()
+    shard.unlink()
+    _one_line(run_cli("run", path, *stop), str(shard), "is missing")
+    shard.write_bytes(kept)
+    proc = run_cli("run", path, *stop)
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "in.h5") as fi, h5py.File(tmp_path / "out" / "result.h5") as fo:
+        C = fi["C"][()]
+        ref = np.einsum("pa,qb,rc,sd,pqrs->abcd", C, C, C, C, fi["A"][()])
+        assert np.linalg.norm(fo["B"][()] - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
 def test_a_checkpoint_knows_the_file_an_external_link_reads(tmp_path):
     """An input behind an external link: the checkpoint records the linked file too, a resumed
     run whose linked values changed (the linking file unchanged) is refused, and one whose
