@@ -432,6 +432,10 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
         if f.exists() and not _is_chainexec_output(f):
             raise ChainexecError(f"the output of {what} exists and is not an output chainexec wrote; "
                                  "chainexec replaces only its own: move it or name another file", str(f))
+        added = _added(f) if f.exists() else None
+        if added is not None:
+            raise ChainexecError(f"the output of {what} is one chainexec wrote, and holds {added} that chainexec did "
+                                 "not write, which replacing the file would lose: move it or name another file", str(f))
     _check_report_folders(paths)
     folders = paths.removed()
     for k, (folder, what, made_as) in enumerate(folders):
@@ -498,6 +502,38 @@ def _check_report_folders(paths: RunPaths) -> None:
     for f, option in paths.reports.items():
         if not f.parent.is_dir():
             raise ChainexecError(f"{option}: the folder does not exist", str(f.parent))
+
+
+OUTPUT_ATTRIBUTES = {"indices", "extents"}
+"""The attributes chainexec writes on each dataset of an output file (besides the file's
+``chainexec_complete``): the output's index letters and extents."""
+
+
+def _added(path: Path) -> str | None:
+    """What an output file chainexec wrote holds that it did not write, where a user added to it
+    (a dataset, group, link or attribute; chainexec writes its outputs as virtual datasets with
+    :data:`OUTPUT_ATTRIBUTES`, and the file's ``chainexec_complete``); None where nothing is."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            extra = [k for k in f.attrs if k != "chainexec_complete"]
+            if extra:
+                return f"the attribute {extra[0]!r}"
+            for name in f:
+                if not isinstance(f.get(name, getlink=True), h5py.HardLink):
+                    return f"the link {name!r}"
+                item = f[name]
+                if not isinstance(item, h5py.Dataset):
+                    return f"the group {name!r}"
+                if not item.is_virtual:
+                    return f"the dataset {name!r}"
+                extra = sorted(set(item.attrs) - OUTPUT_ATTRIBUTES)
+                if extra:
+                    return f"the attribute {extra[0]!r} of dataset {name!r}"
+    except (OSError, KeyError):
+        return None
+    return None
 
 
 def _is_chainexec_output(path: Path) -> bool:

@@ -717,6 +717,34 @@ def test_a_config_naming_a_file_with_a_nul_byte_is_refused(command, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [config.name]
 
 
+@pytest.mark.parametrize("added", ["dataset", "group", "file attribute", "dataset attribute"])
+def test_an_output_a_user_added_to_is_not_replaced(finished_user_folder, added):
+    """A finished output a user added a dataset, group or attribute to (their analysis beside the
+    result): a new run of the config is refused instead of replacing the file with what it holds,
+    and once the addition is moved away the run replaces it."""
+    import h5py
+
+    work = finished_user_folder.parent
+    output = work / "out" / "result.h5"
+    with h5py.File(output, "a") as f:
+        if added == "dataset":
+            f["mine"] = [0.0, 1.0, 2.0]
+        elif added == "group":
+            f.create_group("mine")
+        elif added == "file attribute":
+            f.attrs["mine"] = "notes"
+        else:
+            f["B"].attrs["mine"] = "units"
+    held = output.read_bytes()
+    assert_refused(run_cli("run", finished_user_folder, "--quiet", cwd=work), str(output), "'mine'",
+                   "that chainexec did not write")
+    assert output.read_bytes() == held
+    with h5py.File(output, "a") as f:
+        del (f["B"].attrs if added == "dataset attribute" else f.attrs if added == "file attribute" else f)["mine"]
+    assert run_cli("run", finished_user_folder, "--quiet", cwd=work).returncode == 0
+    assert run_cli("verify", finished_user_folder, cwd=work).returncode == 0
+
+
 def test_a_stopped_runs_output_shards_are_not_taken_by_another_config_writing_its_output(user_folder):
     """A config with another scratch that writes the same output file shares its parts folder.
     While a run of the first is stopped at a checkpoint with sealed shards of its output there,
