@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import stat
 import struct
@@ -268,6 +269,10 @@ def forward(argv: list[str]) -> int | None:
             return None
         if not answer or not answer.get("accepted"):
             return None
+        # SIGINT interrupts the served run as it does a run in its own process (which watches it,
+        # :func:`chainexec.stopsignals.watch`), also where this process began with it ignored (a
+        # non-interactive shell's background job), where Python would leave it ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             done, _ = receive(sock)
         except KeyboardInterrupt:

@@ -270,6 +270,26 @@ def test_a_second_client_runs_itself_while_one_is_served_and_a_client_that_goes_
     assert not result.exists() and served(server) == 1
 
 
+@pytest.mark.parametrize("ignored", [False, True], ids=["SIGINT handled", "SIGINT ignored at start"])
+def test_sigint_stops_a_served_run_as_it_stops_its_own(server, tmp_path, ignored):
+    """A client sent SIGINT ends with status 130 and its run interrupted (no output), as a run in
+    its own process does, also where it began with SIGINT ignored, as a non-interactive shell
+    starts its background jobs (the served run went on to its end, status 0)."""
+    slow = fourindex(tmp_path, "slow", ao=80, mo=77)
+    assert server.command("generate", slow, cwd=tmp_path).returncode == 0
+    start = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
+    proc = subprocess.Popen([sys.executable, "-m", "chainexec.client", "run", str(slow), "--quiet"], cwd=tmp_path,
+                            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=start)
+    began(server, proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert server.proc.wait(60) == 130, server.text()
+    assert not (tmp_path / "slow-files" / "output.h5").exists() and served(server) == 0
+
+
 def test_one_server_per_socket_and_stop_without_one(server, tmp_path):
     again = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=server.env, capture_output=True,
                            text=True, timeout=120)
