@@ -13,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from chainexec import expr, pairs
+from chainexec import expr, generator, pairs
 from chainexec.errors import ChainexecError, quoted
 from chainexec.spectypes import (DTYPES, MAX_SIZE, Machine, Output, Ref, Source, Spec, Statement, Tensor,
                                  config_relative, parse_size)
@@ -287,6 +287,9 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
     for key in ("seed", "random"):
         if key in sdef and (not isinstance(sdef[key], int) or isinstance(sdef[key], bool) or sdef[key] < 0):
             raise p.fail(f"{key} of {tname!r} must be a non-negative integer", where + (key,))
+        if key in sdef and sdef[key] >= generator.SEEDS:
+            raise p.fail(f"{key} of {tname!r} must be below {generator.SEEDS} (2**24): the generator makes seed "
+                         f"{sdef[key] % generator.SEEDS}'s values for it", where + (key,))
     if "random" in sdef:
         if set(sdef) != {"random"}:
             raise p.fail(f"source of {tname!r}: 'random' stands alone (no file, dataset or seed)", where)

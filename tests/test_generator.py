@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chainexec.generator import block
+from chainexec.generator import SEEDS, block
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (4, 1, 6), (2, 3, 2, 5)])
@@ -27,6 +27,10 @@ def test_values_spread_and_seeds_differ():
     assert -1 <= a.min() < -0.9 and 0.9 < a.max() < 1
     assert abs(a.mean()) < 0.1 and not np.array_equal(a, b)
     assert len(np.unique(a)) == 1000
+    # the seeds a config may give (below SEEDS) differ from each other; SEEDS apart they do not
+    last = block(SEEDS - 1, (1000,), ((0, 1000),), np.float64)
+    assert not np.array_equal(last, block(0, (1000,), ((0, 1000),), np.float64))
+    assert np.array_equal(a, block(1 + SEEDS, (1000,), ((0, 1000),), np.float64))
 
 
 SYMMETRIES = {  # (pairs, exchange) of a four-index tensor, and a two-index one

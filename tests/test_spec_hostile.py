@@ -60,6 +60,9 @@ CASES = {
     "duplicate_source_key": (_replace("      seed: 11\n", "      seed: 11\n      seed: 99\n"), "seed: 99",
                              "key 'seed' repeats"),
     "duplicate_index": (_replace("  p: 10\n", "  p: 10\n  p: 12\n"), "p: 12", "key 'p' repeats"),
+    # a seed the generator does not tell apart from a smaller one (it made seed 11's values)
+    "seed_beyond_the_generator": (_replace("      seed: 11\n", f"      seed: {11 + (1 << 24)}\n"), "seed: 16777227",
+                                  "must be below 16777216 (2**24): the generator makes seed 11's values"),
     "duplicate_output_key": (_replace("    dataset: B\n", "    dataset: B\n    file: other.h5\n"), "other.h5",
                              "key 'file' repeats"),
     # 3. Not UTF-8.
