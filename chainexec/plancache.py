@@ -13,9 +13,12 @@ the SHA-256 of everything planning reads: the store's version, which is :func:`s
 (the plan's format and the bytes of the sources that make plans, :data:`PLANNING`, so that any
 change to the planner makes new keys), the config's text, the path it was given by and the
 working folder (paths in a plan are resolved from them), the memory limits (a config without them
-plans for the limits detected on the machine), the machine model and the options. A file that
-does not parse is a miss and is replaced. The cache keeps at most :data:`LIMIT` plans: every
-change to the planner makes new keys, so old plans would otherwise pile up.
+plans for the limits detected on the machine), the machine model and the options. An entry that
+does not match the digest written with it (:meth:`chainexec.diskstore.Store.find`), whose plan
+cannot be read back (any error) or that does not fit the config (:func:`fits`) is a miss, planned
+again and replaced: a damaged plan that still parses would otherwise fail every later run. The
+cache keeps at most :data:`LIMIT` plans: every change to the planner makes new keys, so old plans
+would otherwise pile up.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from chainexec import diskstore, expr
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import FORMAT, INTERMEDIATE, Plan, ops
 from chainexec.speccheck import check_identifier
+from chainexec.spectypes import DTYPES
 
 
 LIMIT = 256
@@ -41,20 +45,25 @@ def cache_dir() -> Path:
     return diskstore.folder("plans", "CHAINEXEC_PLAN_CACHE")
 
 
-PLANNING = ("planner", "spec.py", "specyaml.py", "speccheck.py", "spectypes.py", "pairs.py", "expr.py", "ordering.py",
-            "errors.py")
-"""The parts of the ``chainexec`` package a plan is made by (the spec's reading and the
-planner): a change anywhere else (the runtime, the kernels, the CLI) keeps the cached plans."""
+PLANNING = ("planner", "__init__.py", "spec.py", "specyaml.py", "speccheck.py", "spectypes.py", "pairs.py", "expr.py",
+            "ordering.py", "errors.py", "packing.py", "sources.py", "userfiles.py", "generator.py", "kernels/__init__.py",
+            "kernels/orbits.py", "kernels/elementwise.py")
+"""The parts of the ``chainexec`` package a plan is made by: the spec's reading, the planner and
+every module they import (the cost model prices fused statements by the orbit kernels' bytes,
+:mod:`chainexec.kernels.orbits`; the tests keep the list whole). A change anywhere else (the
+runtime, the other kernels, the CLI) keeps the cached plans."""
 
 
 def tree_digest(root: str | Path, parts: tuple[str, ...] | None = None) -> str:
-    """SHA-256 of the Python sources under ``root`` (only those under ``parts``, paths relative
-    to it, where given): their relative paths and bytes, in path order."""
+    """SHA-256 of the Python sources under ``root`` (only those that are, or lie under, one of
+    ``parts``, paths relative to it, where given): their relative paths and bytes, in path
+    order."""
     root = Path(root)
+    wanted = None if parts is None else [Path(part).parts for part in parts]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         name = path.relative_to(root)
-        if parts is None or name.parts[0] in parts:
+        if wanted is None or any(name.parts[:len(part)] == part for part in wanted):
             h.update(str(name).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -81,9 +90,17 @@ def key(config: str | Path, text: str, limits: dict[str, int], machine: Machine,
 
 
 def load(digest: str) -> tuple[Plan, str] | None:
-    """The cached plan of key ``digest`` and its JSON text, or None where there is none or its
-    file does not parse; a plan found is marked as just used (:data:`LIMIT`)."""
-    return _store().load(digest, lambda text: (Plan.from_json(text), text))
+    """The cached plan of key ``digest`` and its JSON text, or None where there is none, its entry
+    is damaged (:meth:`chainexec.diskstore.Store.load`) or reading its plan raises anything: a
+    cache only saves work, so no error in it ends a run. A plan found is marked as just used
+    (:data:`LIMIT`)."""
+    def parse(text: str) -> tuple[Plan, str] | None:
+        try:
+            return Plan.from_json(text), text
+        except Exception:  # an entry of another version or program, whatever its reading raises
+            return None
+
+    return _store().load(digest, parse)
 
 
 def store(digest: str, text: str) -> None:
@@ -98,7 +115,8 @@ def store(digest: str, text: str) -> None:
 def fits(plan: Plan, spec) -> bool:
     """Whether a plan read from the cache is one of ``spec`` (:class:`chainexec.spec.Spec`) in
     what the cache must not be trusted with: its name, the config's extents and scratch folder, every input's
-    source and output's file as the spec resolves them, and every tensor and index name
+    source and output's file as the spec resolves them, every tensor's dtype and item size
+    (:func:`_dtype`: a run trusts them to read, allocate and write), and every tensor and index name
     (:func:`_names`) either one a config may have (:func:`~chainexec.speccheck.check_identifier`)
     or one the planner gives intermediates (:data:`~chainexec.planner.plan.INTERMEDIATE`): names
     reach generated CUDA source, and a config's are validated when it is read, a cached plan's
@@ -111,7 +129,8 @@ def fits(plan: Plan, spec) -> bool:
     for name, t in plan.tensors.items():
         declared = name in spec.tensors
         if (t.source is not None and (not declared or t.source != spec.source_record(name))
-                or t.output is not None and t.output != outputs.get(name)):
+                or t.output is not None and t.output != outputs.get(name)
+                or t.dtype != _dtype(spec, name) or t.itemsize != DTYPES.get(t.dtype)):
             return False
     try:
         for name in _names(plan):
@@ -120,6 +139,19 @@ def fits(plan: Plan, spec) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _dtype(spec, name: str) -> str | None:
+    """The dtype the planner gives tensor ``name`` of ``spec``: a declared tensor's own, an
+    intermediate's (:data:`~chainexec.planner.plan.INTERMEDIATE`, ``_s<statement>_…``) that of its
+    statement's result (:func:`chainexec.planner.build.contractions`); None for any other name, which
+    no plan of ``spec`` holds."""
+    if name in spec.tensors:
+        return spec.tensors[name].dtype
+    if not INTERMEDIATE.fullmatch(name):
+        return None
+    statement = int(name[2:].split("_")[0])
+    return spec.tensors[spec.statements[statement].lhs.tensor].dtype if statement < len(spec.statements) else None
 
 
 def _names(plan: Plan):

@@ -1,7 +1,8 @@
 """The caches' common store (:mod:`chainexec.diskstore`): an entry read back as written; another
-version's entries, and missing, damaged or foreign files, are absent, never an error; writers of
-one key at once leave one whole file; a store with a limit keeps the entries used last; each
-cache's folder is its variable's, else under the user's cache folder."""
+version's entries, and missing, damaged (also where they still parse) or foreign files, are
+absent, never an error; writers of one key at once leave one whole file; a store with a limit
+keeps the entries used last; each cache's folder is its variable's, else under the user's cache
+folder."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from hashlib import sha256
 
 import pytest
 
@@ -25,9 +27,11 @@ def test_an_entry_round_trips(tmp_path):
     assert store.save(name, json.dumps({"method": "gett"})) == store.path(name)
     assert store.load(name, json.loads) == {"method": "gett"}
     assert os.listdir(store.folder) == [f"{name}.json"]  # no temporary file left
-    cubins = Store(tmp_path / "b", suffix=".cubin")
-    assert cubins.save(name, b"\x7fELF\x00").read_bytes() == b"\x7fELF\x00"
-    assert cubins.path(name).name == f"{name}.cubin"
+    cubins = Store(tmp_path / "b", suffix=".cubin", plain=True)
+    assert cubins.save(name, b"\x7fELF\x00").read_bytes() == b"\x7fELF\x00"  # the bytes alone, for CUDA
+    assert cubins.path(name).name == f"{name}.cubin" and cubins.find(name) == b"\x7fELF\x00"
+    assert sorted(os.listdir(cubins.folder)) == [f"{name}.cubin", f"{name}.cubin.sha256"]
+    assert cubins.check(name).read_text() == sha256(b"\x7fELF\x00").hexdigest()
 
 
 def test_a_key_begins_with_the_version():
@@ -51,13 +55,40 @@ def _entry(text: str) -> dict:
 @pytest.mark.parametrize("data", [b"", b'{"choice": {"meth', b"\xff\xfe not text", b"[1, 2]", b'{"other": 1}',
                                   b'{"choice": 3}'],
                          ids=["empty", "half", "binary", "list", "foreign", "wrong-type"])
-def test_a_damaged_or_foreign_entry_is_absent(tmp_path, data):
+def test_a_foreign_entry_is_absent(tmp_path, data):
+    """An entry whose digest matches but that its reader refuses: not text, or not what it
+    parses."""
     store = Store(tmp_path)
     store.save("e", b'{"choice": {"method": "ttgt"}}')
     assert store.load("e", _entry) == {"method": "ttgt"}
-    store.path("e").write_bytes(data)
-    assert store.load("e", _entry) is None
+    store.save("e", data)
+    assert store.find("e") == data and store.load("e", _entry) is None
     store.save("e", b'{"choice": {"method": "einsum"}}')  # replaced by the next save
+    assert store.load("e", _entry) == {"method": "einsum"}
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["digest-first", "digest-beside"])
+@pytest.mark.parametrize("damage", ["edited", "truncated", "emptied", "digest-lost", "digest-edited"])
+def test_an_entry_changed_after_it_was_written_is_absent(tmp_path, plain, damage):
+    """An entry whose bytes are not those its digest was made of, even one edited so that it still
+    parses as its reader wants, is absent, as is one without its digest (a file written by hand, or
+    by a version that wrote none); the next save replaces it."""
+    store = Store(tmp_path, plain=plain)
+    store.save("e", b'{"choice": {"method": "ttgt"}}')
+    path, check = store.path("e"), store.check("e") if plain else None
+    data = path.read_bytes()
+    if damage == "edited":
+        path.write_bytes(data.replace(b"ttgt", b"gett"))  # still the JSON its reader takes
+    elif damage == "truncated":
+        path.write_bytes(data[:-1])
+    elif damage == "emptied":
+        path.write_bytes(b"")
+    elif damage == "digest-lost":
+        check.unlink() if plain else path.write_bytes(data.partition(b"\n")[2])
+    else:
+        (check or path).write_bytes(b"0" * 64 + (b"" if plain else data[64:]))
+    assert store.find("e") is None and store.load("e", _entry) is None
+    store.save("e", b'{"choice": {"method": "einsum"}}')
     assert store.load("e", _entry) == {"method": "einsum"}
 
 
@@ -110,6 +141,15 @@ def test_a_limited_store_keeps_the_entries_used_last(tmp_path):
     assert store.load(a, json.loads) == 1 and store.path(a).stat().st_mtime > time.time() - 60  # marked as used
     store.save(c, "1")
     assert sorted(os.listdir(tmp_path)) == sorted([f"{a}.json", f"{c}.json", "notes.json", "fresh.tmp"])
+
+
+def test_a_limited_plain_store_removes_an_entry_with_its_digest(tmp_path):
+    store = Store(tmp_path, suffix=".cubin", limit=1, plain=True)
+    a, b = digest("a"), digest("b")
+    store.save(a, b"1")
+    os.utime(store.path(a), (1000, 1000))
+    store.save(b, b"2")
+    assert sorted(os.listdir(tmp_path)) == [f"{b}.cubin", f"{b}.cubin.sha256"]
 
 
 def test_a_store_without_a_limit_does_not_touch_what_it_reads(tmp_path):

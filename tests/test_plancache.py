@@ -4,6 +4,7 @@ changes the key; a broken or unwritable cache only costs the planning."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -44,12 +45,17 @@ def _cached_files():
     return sorted(plancache.cache_dir().glob("*.json"))
 
 
+def _entry(kept: Path) -> str:
+    """The plan a cache file holds, where it matches the digest written with it."""
+    return plancache._store().find(kept.stem).decode()
+
+
 def test_second_run_reads_the_plan_the_first_made(fourindex):
     first = api.run(fourindex, backend="numpy")
     assert first["run"]["plan_cached"] is False
     out1 = _result(fourindex)
     [kept] = _cached_files()
-    assert kept.read_text() == make_plan(spec.load(fourindex)).to_json()
+    assert _entry(kept) == make_plan(spec.load(fourindex)).to_json()
     second = api.run(fourindex, backend="numpy")
     assert second["run"]["plan_cached"] is True
     assert second["predicted"] == first["predicted"]
@@ -99,6 +105,63 @@ def test_the_working_folder_changes_a_plan_of_a_relative_config(tmp_path, monkey
     assert keys[0] != keys[1]
 
 
+def test_tree_digest_takes_single_files_of_a_folder(tmp_path):
+    """A part may name one file of a folder (``kernels/orbits.py``): its changes change the
+    digest, the folder's other files' do not."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "orbits.py").write_text("x = 1\n")
+    (tmp_path / "kernels" / "gett.py").write_text("y = 1\n")
+    first = plancache.tree_digest(tmp_path, ("kernels/orbits.py",))
+    (tmp_path / "kernels" / "gett.py").write_text("y = 2\n")
+    assert plancache.tree_digest(tmp_path, ("kernels/orbits.py",)) == first
+    (tmp_path / "kernels" / "orbits.py").write_text("x = 2\n")
+    assert plancache.tree_digest(tmp_path, ("kernels/orbits.py",)) != first
+
+
+def _imports(path: Path, package: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """What the source file ``path`` of package ``package`` imports anywhere in it, absolutely or
+    relatively: each module, and each name imported from one (a module or not), as dotted parts."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {tuple(alias.name.split(".")) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else ()
+            module = base + tuple(node.module.split(".") if node.module else ())
+            found |= {module} | {module + (alias.name,) for alias in node.names}
+    return found
+
+
+def test_planning_holds_every_module_the_planner_imports():
+    """Every ``chainexec`` module that the spec's reading and the planner import, at any depth
+    and wherever in a file (a function's own imports too), with the packages they lie in, is a
+    part of :data:`~chainexec.plancache.PLANNING`, which the plan cache's key digests: a change to
+    any of them can change a plan (the cost model prices fused plans by the orbit kernels' bytes),
+    so a plan made before it must not be read back."""
+    root = Path(plancache.__file__).resolve().parent
+    planning = plancache.PLANNING
+
+    def covered(name: Path) -> bool:
+        return any(name.parts[:len(Path(part).parts)] == Path(part).parts for part in planning)
+
+    todo = [root / "spec.py", *(root / "planner").glob("*.py")]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        name = path.relative_to(root)
+        package = ("chainexec", *name.parent.parts)
+        for module in _imports(path, package):
+            if module[0] != "chainexec":
+                continue
+            folder = root.joinpath(*module[1:])
+            todo += [p for p in (folder.with_suffix(".py"), folder / "__init__.py") if p.is_file()]
+    assert root / "kernels" / "orbits.py" in seen  # the cost model's import (fused_point_bytes)
+    assert sorted(str(p.relative_to(root)) for p in seen if not covered(p.relative_to(root))) == []
+
+
 def test_tree_digest_changes_with_any_source_file(tmp_path):
     (tmp_path / "planner").mkdir()
     (tmp_path / "a.py").write_text("x = 1\n")
@@ -125,8 +188,39 @@ def test_a_broken_cache_file_is_planned_again_and_replaced(fourindex):
     kept.write_text('{"name": "half a pl')
     again = api.run(fourindex, backend="numpy")
     assert again["run"]["plan_cached"] is False
-    assert kept.read_text() == make_plan(spec.load(fourindex)).to_json()
+    assert _entry(kept) == make_plan(spec.load(fourindex)).to_json()
     assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is True
+
+
+@pytest.mark.parametrize("old, new", [('"dtype": "float64"', '"dtype": "float63"'),
+                                      ('"itemsize": 8', '"itemsize": 4'),
+                                      ('"name": "fourindex"', '"name": "fourindex", "colour": 1')])
+def test_a_damaged_cache_file_that_still_parses_is_planned_again_and_replaced(fourindex, old, new):
+    """A cache file changed after it was written, still valid JSON (a dtype no run knows, a wrong
+    item size, a field no plan has), does not match its digest: a miss, planned again and
+    replaced, where trusted it failed every later run; the CLI's run then exits 0 and verifies."""
+    api.run(fourindex, backend="numpy")
+    [kept] = _cached_files()
+    text = kept.read_text()
+    assert old in text
+    kept.write_text(text.replace(old, new))
+    proc = run_cli("run", fourindex, "--report")
+    assert proc.returncode == 0, proc.stderr
+    assert "plan read from the plan cache" not in proc.stdout
+    assert _entry(kept) == make_plan(spec.load(fourindex)).to_json()
+    assert run_cli("verify", fourindex).returncode == 0
+
+
+@pytest.mark.parametrize("broken", [{"tensors": []}, {"nests": [{"body": 3}]}, {"extents": 5}])
+def test_a_cached_plan_whose_reading_raises_anything_is_a_miss(fourindex, broken):
+    """An entry that matches its digest but whose plan cannot be read back, whatever the reading
+    raises (here AttributeError and the like, not only JSON's errors): a miss, planned again."""
+    api.run(fourindex, backend="numpy")
+    [kept] = _cached_files()
+    plancache.store(kept.stem, json.dumps(json.loads(_entry(kept)) | broken))
+    assert plancache.load(kept.stem) is None
+    assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is False
+    assert _entry(kept) == make_plan(spec.load(fourindex)).to_json()
 
 
 def test_an_unwritable_cache_costs_only_the_planning(fourindex, tmp_path, monkeypatch):
@@ -189,23 +283,44 @@ def test_the_cache_keeps_the_plans_used_last(fourindex, monkeypatch):
 
 
 def test_a_cached_plan_must_match_its_config(fourindex, monkeypatch):
-    """A plan in the cache that disagrees with the config on its outputs, inputs, extents or
-    names (a cache folder someone else wrote to) is made again, not run."""
+    """A plan in the cache, with its digest, that disagrees with the config on its outputs,
+    inputs, extents, names or tensors' dtypes and item sizes (a cache folder someone else wrote
+    to) is made again, not run."""
     api.run(fourindex, backend="numpy")
     [kept] = _cached_files()
     s = spec.load(fourindex)
-    good = kept.read_text()
+    good = _entry(kept)
     assert plancache.fits(plancache.load(kept.stem)[0], s)
+    single = json.loads(good)
+    for t in single["tensors"].values():
+        if t["role"] != "input":
+            t.update(dtype="float32", itemsize=4)
     tampered = [good.replace(str(fourindex.parent / "out" / "result.h5"), "/tmp/elsewhere.h5"),
                 good.replace(str(fourindex.parent / "in.h5"), "/tmp/other.h5"),
                 good.replace('"a": 8', '"a": 7', 1),
-                good.replace('"B"', '"B; system(0)"')]
+                good.replace('"B"', '"B; system(0)"'),
+                good.replace('"dtype": "float64"', '"dtype": "float63"', 1),
+                good.replace('"itemsize": 8', '"itemsize": 4', 1),
+                json.dumps(single, indent=1),  # every tensor but the inputs float32
+                good.replace('"dtype": "float64"', '"dtype": "float32"', 1)]
     for text in tampered:
         assert text != good
-        kept.write_text(text)
+        plancache.store(kept.stem, text)
         assert not plancache.fits(plancache.load(kept.stem)[0], s)
         assert api.run(fourindex, backend="numpy")["run"]["plan_cached"] is False
-        assert kept.read_text() == good  # made again and kept in its place
+        assert _entry(kept) == good  # made again and kept in its place
+
+
+def test_a_float32_chains_intermediates_fit_only_as_float32(tmp_path):
+    """A planner's intermediate (``_s<statement>_…``) has its statement's result's dtype: a plan
+    of a float32 chain fits with its intermediates float32, not float64."""
+    s = spec.load(write_config(tmp_path, fourindex_config() | {"dtype": "float32"}))
+    plan = make_plan(s)
+    made = [t for name, t in plan.tensors.items() if name not in s.tensors]
+    assert made and all(t.dtype == "float32" and t.itemsize == 4 for t in made)
+    assert plancache.fits(plan, s)
+    made[0].dtype, made[0].itemsize = "float64", 8
+    assert not plancache.fits(plan, s)
 
 
 @pytest.mark.parametrize("old, new", [

@@ -8,7 +8,10 @@ Every generated kernel goes through :func:`function`: the contraction kernels
 ``~/.cache/chainexec/kernels``), in a file named by :func:`cache_key`, the SHA-256 of its source,
 the architecture (``sm_<compute capability>``), the compiler options and the NVRTC version: the
 compiler's version in the key does what a store's format version does, so the store has none of
-its own. Files are written whole, so concurrent processes never read half of one. In the process,
+its own. Files are written whole, so concurrent processes never read half of one, each with its
+SHA-256 in a file beside it (a :attr:`~chainexec.diskstore.Store.plain` store: CUDA loads a CUBIN
+from its path): a CUBIN that does not match it (emptied, damaged) is compiled again and replaced,
+not loaded (CUDA would refuse it in every later run). In the process,
 each device loads a CUBIN's module once, and a per-device table holds each function loaded from
 it by (key, name, device): a source may hold several kernels. CuPy is imported where a kernel
 is compiled or loaded: the module imports on machines without it.
@@ -23,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from chainexec import diskstore
+from chainexec.errors import ChainexecError
 from chainexec.runtime import uselog
 
 OPTIONS = ("--std=c++17",)
@@ -46,15 +50,32 @@ def compiled() -> tuple[float, int]:
         return _COMPILED[0], _COMPILED[1]
 
 
+CACHE = "CHAINEXEC_KERNEL_CACHE"
+"""The environment variable naming the kernel cache's folder."""
+
+
 def cache_dir() -> Path:
-    """Folder of the kernel cache (created on first use): CUBINs, the autotuner's decisions
-    (``tuning/``) and the warm-up's use log (``uses.json``)."""
-    return diskstore.folder("kernels", "CHAINEXEC_KERNEL_CACHE")
+    """Folder of the kernel cache (created on first use, :func:`made`): CUBINs, the autotuner's
+    decisions (``tuning/``) and the warm-up's use log (``uses.json``)."""
+    return diskstore.folder("kernels", CACHE)
+
+
+def made() -> Path:
+    """:func:`cache_dir`, made where missing; a :class:`ChainexecError` naming it where it cannot
+    be (a file there, or a folder above it that cannot be written)."""
+    where = cache_dir()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ChainexecError(f"cannot make the kernel cache folder ({err.strerror or err}): set ${CACHE} to a "
+                             "writable folder", str(where)) from None
+    return where
 
 
 def _store() -> diskstore.Store:
-    """The CUBINs' store: ``<key>.cubin`` files in :func:`cache_dir`, private to the user."""
-    return diskstore.Store(cache_dir(), suffix=".cubin")
+    """The CUBINs' store: ``<key>.cubin`` files in :func:`cache_dir` (:func:`made`), each with its
+    digest beside it, private to the user."""
+    return diskstore.Store(made(), suffix=".cubin", plain=True)
 
 
 @lru_cache(maxsize=1)
@@ -97,11 +118,11 @@ def _key(source: str, compute_capability: str, options: tuple[str, ...]) -> str:
 
 
 def _cached_cubin(name: str, source: str, compute_capability: str, options: tuple[str, ...]) -> Path:
-    """The disk cache's CUBIN of ``source``, compiled on a miss."""
+    """The disk cache's CUBIN of ``source``, compiled on a miss (none, or one that does not match
+    its digest, :meth:`~chainexec.diskstore.Store.find`)."""
     store, key = _store(), _key(source, compute_capability, options)
-    path = store.path(key)
-    if path.exists():
-        return path
+    if store.find(key) is not None:
+        return store.path(key)
     start = time.perf_counter()
     cubin = compile_cubin(source, name, compute_capability, options)
     with _LOCK:
@@ -124,7 +145,7 @@ def precompile(kernels: list[tuple[str, str]], compute_capability: str, options:
 
     store = _store()
     missing = list({_key(src, compute_capability, options): (name, src) for name, src in kernels
-                    if not store.path(_key(src, compute_capability, options)).exists()}.values())
+                    if store.find(_key(src, compute_capability, options)) is None}.values())
     if len(missing) < 2:
         return
 
@@ -181,11 +202,12 @@ def note(key: str, name: str) -> None:
 
 def preload(name: str, key: str) -> None:
     """Load kernel ``name`` of the cached CUBIN ``key`` on the current device into the per-device
-    table where the disk cache holds it: the function itself, not only its module. The warm-up's
-    way to load a logged kernel before :func:`function` asks for it."""
+    table where the disk cache holds it intact (:meth:`~chainexec.diskstore.Store.find`): the
+    function itself, not only its module. The warm-up's way to load a logged kernel before
+    :func:`function` asks for it."""
     import cupy
 
-    path = _store().path(key)
+    store = _store()
     dev = cupy.cuda.Device()
-    if (key, name, dev.id) not in _LOADED and path.exists():
-        _ = _kept(name, path, key, dev.id).num_regs  # reading an attribute makes lazy loading load it
+    if (key, name, dev.id) not in _LOADED and store.find(key) is not None:
+        _ = _kept(name, store.path(key), key, dev.id).num_regs  # reading an attribute makes lazy loading load it

@@ -200,28 +200,51 @@ def test_tuning_cache_keeps_a_file_per_decision_and_reads_only_those_looked_up(t
     decisions are per device."""
     folder = tmp_path / "tuning"
     writer, reader = tuning.TuningCache("GPU A", folder), tuning.TuningCache("GPU A", folder)
-    assert reader.get(("c1",)) is None
+    assert reader.get(("c1",), methods.REGISTRY) is None
     writer.put(("c1",), tuning.Choice("batched", {"batched": 1.0}))
     writer.put(("c2",), tuning.Choice("gett", {}, {"order": [1]}))
-    assert [reader.get(k) for k in [("c1",), ("c2",), ("c1",)]] == [
+    assert [reader.get(k, methods.REGISTRY) for k in [("c1",), ("c2",), ("c1",)]] == [
         tuning.Choice("batched", {"batched": 1.0}), tuning.Choice("gett", {}, {"order": [1]}),
         tuning.Choice("batched", {"batched": 1.0})]
     writer.put(("c1",), tuning.Choice("ttgt"))  # decided again
-    assert reader.get(("c1",)) == tuning.Choice("ttgt")
-    assert tuning.TuningCache("GPU B", folder).get(("c1",)) is None
+    assert reader.get(("c1",), methods.REGISTRY) == tuning.Choice("ttgt")
+    assert tuning.TuningCache("GPU B", folder).get(("c1",), methods.REGISTRY) is None
     assert sorted(p.suffix for p in folder.iterdir()) == [".json", ".json"]  # no temporary file left
 
 
 @pytest.mark.parametrize("text", ["", "not json", "[1]", '{"key": "other", "choice": {"method": "ttgt"}}',
-                                  '{"choice": {"method": "ttgt"}}', '{"key": "%s", "choice": {"nonsense": 1}}'])
-def test_a_damaged_decision_is_none_and_decided_again(tmp_path, text):
+                                  '{"choice": {"method": "ttgt"}}', '{"key": "%s", "choice": {"nonsense": 1}}',
+                                  '{"key": "%s", "choice": {"method": "bogus"}}',
+                                  '{"key": "%s", "choice": {"method": "sum"}}',
+                                  '{"key": "%s", "choice": {"method": ["gett"]}}',
+                                  '{"key": "%s", "choice": {"method": "gett", "config": 3}}',
+                                  '{"key": "%s", "choice": {"method": "gett", "seconds": []}}',
+                                  '{"key": "%s", "choice": "gett"}'])
+def test_a_foreign_decision_is_none_and_decided_again(tmp_path, text):
+    """A decision file with its digest whose decision is not one of this contraction's methods
+    (an unknown one, a run's strategy) or does not fit a :class:`~tuning.Choice` is none: the
+    contraction is tuned again, where trusted it failed every later run."""
     cache = tuning.TuningCache("GPU", tmp_path / "tuning")
     cache.put(("c",), tuning.Choice("batched"))
     (file,) = (tmp_path / "tuning").iterdir()
-    file.write_text(text.replace("%s", cache._key(("c",)).replace('"', '\\"')))
-    assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",)) is None
+    cache.store.save(file.stem, text.replace("%s", cache._key(("c",)).replace('"', '\\"')))
+    assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",), methods.REGISTRY) is None
     cache.put(("c",), tuning.Choice("einsum"))
-    assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",)) == tuning.Choice("einsum")
+    assert tuning.TuningCache("GPU", tmp_path / "tuning").get(("c",), methods.REGISTRY) == tuning.Choice("einsum")
+
+
+def test_a_decision_changed_after_it_was_written_is_none(tmp_path):
+    """A decision file edited so that it still parses (``bogus``, a method no backend has) does
+    not match its digest: none, and tuned again; a run's strategy is found among the strategies,
+    not the contraction methods."""
+    cache = tuning.TuningCache("GPU", tmp_path / "tuning")
+    cache.put(("c",), tuning.Choice("batched"))
+    cache.put(("run",), tuning.Choice("sum", config={"kind": "sum"}))
+    assert cache.get(("run",), termruns.REGISTRY) == tuning.Choice("sum", config={"kind": "sum"})
+    assert cache.get(("run",), methods.REGISTRY) is None
+    file = cache.store.path(tuning.diskstore.digest(cache._key(("c",))))
+    file.write_text(file.read_text().replace('"batched"', '"bogus"'))
+    assert cache.get(("c",), methods.REGISTRY) is None
 
 
 def test_a_class_file_keeps_what_every_process_adds(tmp_path):
@@ -252,14 +275,15 @@ def test_a_decision_of_the_older_single_file_is_moved_to_its_own(tmp_path, monke
     old = tuning.TuningCache("GPU", tmp_path / "tuning")
     (tmp_path / "tuning.json").write_text(json.dumps({
         old._key(("c1",)): {"method": "gett", "seconds": {}, "config": {"order": [0]}},
-        old._key(("c2",)): {"method": "nonsense-field-set", "colour": "red"}}))
-    assert old.get(("c1",)) == tuning.Choice("gett", {}, {"order": [0]})
-    assert old.get(("c2",)) is None and old.get(("c3",)) is None
+        old._key(("c2",)): {"method": "nonsense-field-set", "colour": "red"},
+        old._key(("c4",)): {"method": "bogus", "seconds": {}, "config": None}}))
+    assert old.get(("c1",), methods.REGISTRY) == tuning.Choice("gett", {}, {"order": [0]})
+    assert all(old.get((k,), methods.REGISTRY) is None for k in ("c2", "c3", "c4"))
     reads = []
     real = json.loads
     monkeypatch.setattr(tuning.json, "loads", lambda text: reads.append(len(text)) or real(text))
     fresh = tuning.TuningCache("GPU", tmp_path / "tuning")
-    assert fresh.get(("c1",)) == tuning.Choice("gett", {}, {"order": [0]})
+    assert fresh.get(("c1",), methods.REGISTRY) == tuning.Choice("gett", {}, {"order": [0]})
     assert len(reads) == 1  # its own file only: the older one is not read again
 
 

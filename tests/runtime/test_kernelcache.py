@@ -86,6 +86,59 @@ def test_a_single_missing_source_is_left_to_load_function(nvrtc):
     assert calls == [] and not _cubin("src a").exists()
 
 
+@pytest.mark.parametrize("damage", ["emptied", "edited", "digest-lost", "unsealed"])
+def test_a_damaged_cubin_is_compiled_again_and_replaced(nvrtc, damage):
+    """A cached CUBIN that does not match the digest written beside it (emptied, changed, its
+    digest gone, or one kept without a digest) is a miss: compiled again and replaced, by a
+    kernel's load and by :func:`kernelcache.precompile`, not handed to CUDA (which refused it
+    with CUDA_ERROR_INVALID_IMAGE in every later run)."""
+    calls, _ = nvrtc
+    kernelcache.precompile([("a", "src a"), ("b", "src b")], "90")
+    cubin = _cubin("src a")
+    check = cubin.with_name(cubin.name + ".sha256")
+    assert check.is_file() and sorted(calls) == ["src a", "src b"]
+    if damage == "emptied":
+        cubin.write_bytes(b"")
+    elif damage == "edited":
+        cubin.write_bytes(b"90:src A")
+    elif damage == "digest-lost":
+        check.unlink()
+    else:
+        check.write_text("0" * 64)
+    assert kernelcache._cached_cubin("a", "src a", "90", kernelcache.OPTIONS) == cubin
+    assert sorted(calls) == ["src a", "src a", "src b"] and cubin.read_bytes() == b"90:src a"
+    assert kernelcache._cached_cubin("a", "src a", "90", kernelcache.OPTIONS) == cubin  # whole again: a hit
+    assert len(calls) == 3
+    cubin.write_bytes(b"")
+    kernelcache.precompile([("a", "src a"), ("b", "src b"), ("c", "src c")], "90")
+    assert sorted(calls[3:]) == ["src a", "src c"] and cubin.read_bytes() == b"90:src a"
+
+
+def test_a_kernel_cache_that_is_a_file_is_one_line_naming_it(device, nvrtc, monkeypatch, tmp_path):
+    """``$CHAINEXEC_KERNEL_CACHE`` naming a regular file (or a path under one): a
+    :class:`ChainexecError` naming it and the variable, as the calibration cache's is, from
+    compiling a kernel and from the autotuner's cache, not the file system's traceback."""
+    import sys
+
+    from chainexec.errors import ChainexecError
+    from chainexec.runtime.backends import tuning
+
+    blocker = tmp_path / "kernels"
+    blocker.write_text("")
+    for where in (blocker, blocker / "below"):
+        monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(where))
+        with pytest.raises(ChainexecError) as err:
+            kernelcache._cached_cubin("a", "src a", "90", kernelcache.OPTIONS)
+        assert err.value.path == str(where) and "\n" not in str(err.value)
+        assert str(err.value).startswith(f"{where}: cannot make the kernel cache folder (")
+        assert "set $CHAINEXEC_KERNEL_CACHE to a writable folder" in str(err.value)
+        with pytest.raises(ChainexecError, match="cannot make the kernel cache folder"):
+            tuning.TuningCache.for_device(sys.modules["cupy"])
+    assert nvrtc[0] == [] and blocker.read_text() == ""
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(tmp_path / "new" / "kernels"))
+    assert kernelcache.made() == tmp_path / "new" / "kernels" and kernelcache.made().is_dir()
+
+
 def test_the_key_is_source_architecture_options_and_compiler(nvrtc, monkeypatch):
     """Two CUBINs share a file only where source, architecture, options and NVRTC version agree."""
     keys = {kernelcache.cache_key("src", "90"), kernelcache.cache_key("src k", "90"),

@@ -136,10 +136,27 @@ class Choice:
     config: dict | None = None
 
 
-TUNING_VERSION = 21
+TUNING_VERSION = 22
 """The tuning cache's format version, the first part of every key: raised when methods, GETT
-configurations or the probes decisions are made on (:func:`_probe`) change, so that decisions
-recorded by older code are not read back."""
+configurations, the probes decisions are made on (:func:`_probe`) or the layout of the store's
+files (:class:`chainexec.diskstore.Store`) change, so that decisions recorded by older code are
+not read back (nor, in a cache shared with older code, written over by it)."""
+
+
+def _choice(found, methods) -> Choice | None:
+    """The decision ``found`` (a :class:`Choice`'s fields, as its JSON holds them) where it names
+    one of ``methods`` (names) with its seconds a mapping and its configuration a mapping or None;
+    else None: a decision of another version or program, which a lookup takes as none (the
+    contraction is tuned again) rather than fail on later."""
+    if not isinstance(found, dict):
+        return None
+    try:
+        choice = Choice(**found)
+    except TypeError:
+        return None
+    fits = (isinstance(choice.method, str) and choice.method in methods and isinstance(choice.seconds, dict)
+            and (choice.config is None or isinstance(choice.config, dict)))
+    return choice if fits else None
 
 
 class TuningCache:
@@ -149,7 +166,8 @@ class TuningCache:
     strides, dtype and room), holding the key and the :class:`Choice`. A lookup reads one small
     file: its cost does not grow with the decisions kept, a process reads only the decisions it
     needs, and another process's decision is seen at once. A file whose key is not the one looked
-    up, or that does not parse, is no decision. A decision found only in the older one-file layout
+    up, that is damaged (:meth:`chainexec.diskstore.Store.load`) or whose decision does not fit
+    (:func:`_choice`) is no decision. A decision found only in the older one-file layout
     (``tuning.json`` beside the folder, read once, on the first miss) is moved to a file of its
     own. Beside them, one file per class of shapes (:mod:`~chainexec.runtime.backends.shapeclass`)
     holds the class's decided shapes (:meth:`classmates`, :meth:`classify`)."""
@@ -167,19 +185,22 @@ class TuningCache:
     @classmethod
     def for_device(cls, cupy) -> "TuningCache":
         """The cache of the current CuPy device, in the kernel cache's folder."""
-        from chainexec.runtime.kernelcache import cache_dir
+        from chainexec.runtime.kernelcache import made
 
-        return cls(uselog.device_name(cupy), cache_dir() / "tuning")
+        return cls(uselog.device_name(cupy), made() / "tuning")
 
     def _key(self, key: tuple) -> str:
         return self.store.key(self.device, *key)
 
-    def get(self, key: tuple) -> Choice | None:
+    def get(self, key: tuple, methods) -> Choice | None:
+        """The decision kept for ``key`` where it names one of ``methods`` (the contraction
+        methods, or the strategies of a run of terms: :func:`_choice`); else None."""
         text = self._key(key)
 
         def decision(raw: str) -> Choice | None:
             entry = json.loads(raw)
-            return Choice(**entry["choice"]) if isinstance(entry, dict) and entry.get("key") == text else None
+            ours = isinstance(entry, dict) and entry.get("key") == text
+            return _choice(entry.get("choice"), methods) if ours else None
 
         choice = self.store.load(diskstore.digest(text), decision)
         if choice is not None:
@@ -187,11 +208,9 @@ class TuningCache:
         if self._legacy is None:
             found = diskstore.read(self.path.parent / "tuning.json", json.loads)
             self._legacy = found if isinstance(found, dict) else {}
-        try:
-            choice = Choice(**self._legacy.get(text))
-        except TypeError:  # not there, or not a decision
-            return None
-        self.put(key, choice)
+        choice = _choice(self._legacy.get(text), methods)
+        if choice is not None:
+            self.put(key, choice)
         return choice
 
     def put(self, key: tuple, choice: Choice) -> None:
@@ -257,7 +276,7 @@ class Autotuner:
         key = (("sum", repr(prob), termruns.TIMED_SUM_KINDS, "stack")
                + (() if self.workspace is None else (self.workspace,)))
         run = termruns.Run(cs, out, operands, prob, key)
-        choice = self.choices.get(key) or (self.tuning.get(key) if self.method == "auto" else None)
+        choice = self.choices.get(key) or (self.tuning.get(key, termruns.REGISTRY) if self.method == "auto" else None)
         done = False
         if choice is None:
             if self.method != "auto":
@@ -467,7 +486,7 @@ class Autotuner:
         for key, c, (a, b) in zip(keys, cs, operands):
             if key in self.choices or key in pending:
                 continue
-            found = self.tuning.get(key)
+            found = self.tuning.get(key, REGISTRY)
             if found is not None:
                 self.choices[key] = found
             else:
@@ -535,7 +554,7 @@ class Autotuner:
                 forced = [m for m in cands if m.split(":")[0] == self.method] or ["ttgt"]
                 choice = Choice(forced[0].split(":")[0], config=cands[forced[0]])
             else:
-                choice = None if prepared is not None else self.tuning.get(kept)
+                choice = None if prepared is not None else self.tuning.get(kept, REGISTRY)
                 if choice is None:
                     self._drop_kept()  # no relayout copy of an earlier term held while tuning this one
                     if prepared is None:
