@@ -68,9 +68,12 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
         rates, ident = _cache_lookup(figures, backend)
         if rates is None:
             calibrate.writable(ident)
-            machinecache.announce(ident)
-            calibrate.calibrate(quick=True, backend=backend, ranks=min(ranks, os.cpu_count() or 1))
-            rates = _calibrated(ident)
+            with machinecache.held(ident):
+                rates = machinecache.cached(ident)  # made by another process while this one waited
+                if rates is None:
+                    machinecache.announce(ident)
+                    calibrate.calibrate(quick=True, backend=backend, ranks=min(ranks, os.cpu_count() or 1))
+                    rates = _calibrated(ident)
     p = _planned(s, text, limits, rates[0], schedule, ranks, inline, plan_cache)[0]
     _price_cached(p, rates[0], ranks)
     p.machine = _record(limits, rates[1])
@@ -207,14 +210,20 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     figures = detect.gather(comm, backend) if on_rank0(comm, read) else None
 
     def limits_and_rates() -> tuple[Path, dict] | None:
-        """The calibration file to make and the identity it is for, where one must be made first."""
+        """The calibration file to make and the identity it is for, where one must be made first
+        (held by rank 0 until it is made, :func:`chainexec.machinecache.held`)."""
         ours["limits"] = _limits(ours["spec"], figures)
         if ours["rates"] is None:
             ours["rates"], ident = _cache_lookup(figures, backend)
             if ours["rates"] is None:
                 where = calibrate.writable(ident)
-                machinecache.announce(ident)
-                return where, ident
+                ours["held"] = held = contextlib.ExitStack()
+                held.enter_context(machinecache.held(ident))
+                ours["rates"] = machinecache.cached(ident)  # made by another process while this one waited
+                if ours["rates"] is None:
+                    machinecache.announce(ident)
+                    return where, ident
+                ours.pop("held").close()
         return None
 
     bound = sum(comm.gather(hostcopy.bound_narrowly(), root=0) or [])
@@ -227,6 +236,9 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             calibrate.in_process(comm, calibration[0], backend, calibration[1])
         except Exception as err:
             _end_all(comm, err)
+        finally:
+            if "held" in ours:
+                ours.pop("held").close()
     calibrated = time.perf_counter()
 
     def prepare() -> tuple:

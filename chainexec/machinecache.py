@@ -25,6 +25,8 @@ whole-file write (:mod:`chainexec.calibrate`).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -135,6 +137,23 @@ def cached(ident: dict) -> tuple[Machine, dict] | None:
     except ChainexecError:
         return None
     return found, record(found, given, "calibration cache", str(where))
+
+
+@contextlib.contextmanager
+def held(ident: dict):
+    """Hold the first-use calibration of ``ident`` for this process (an exclusive lock on
+    ``<file>.lock`` beside its file, the folder made): processes that meet no calibration at the
+    same time (a job array's first runs on a fresh node) measure one after another, and the
+    ones after the first find its calibration (:func:`cached`, asked again inside) instead of
+    measuring while loading each other, each keeping other rates. Released when the process
+    ends, however it ends."""
+    lock = path(ident).with_name(path(ident).name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def announce(ident: dict) -> None:

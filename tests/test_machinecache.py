@@ -6,6 +6,8 @@ model); refreshed by ``chainexec calibrate`` with no path; ``--machine`` and
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -46,6 +48,27 @@ def test_made_once_on_first_use_then_reused(tmp_path, calibrating):
     record = read_report(tmp_path / "r.json")["run"]["machine"]
     assert record["flop_rate"] == {"value": machinecache.load(kept).flop_rate, "from": "calibration cache",
                                    "detail": str(kept)}
+
+
+def test_first_uses_at_once_make_one_calibration(tmp_path, calibrating):
+    """Three plans and a run started together on a machine with no calibration (a job array's
+    first runs on a fresh node): one measures, the others wait for it and read what it made
+    (each measured while loading the others and the last one kept its rates); all plan with
+    the same rates."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    command = [sys.executable, "-m", "chainexec.cli"]
+    procs = [subprocess.Popen([*command, "plan", config, "--json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs.append(subprocess.Popen([*command, "run", config, "--quiet", "--report-json", tmp_path / "r.json"],
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    ended = [(p.wait(300), *p.communicate()) for p in procs]
+    assert all(status == 0 for status, _, _ in ended), ended
+    assert sum(err.count(FIRST_USE) for _, _, err in ended) == 1, [err for _, _, err in ended]
+    [kept] = _kept(calibrating)
+    rate = machinecache.load(kept).flop_rate
+    assert all(json.loads(out)["machine"]["flop_rate"]["value"] == rate for _, out, _ in ended[:3])
+    assert read_report(tmp_path / "r.json")["run"]["machine"]["flop_rate"]["value"] == rate
 
 
 @pytest.mark.mpi
