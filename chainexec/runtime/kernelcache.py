@@ -128,7 +128,11 @@ def _cached_cubin(name: str, source: str, compute_capability: str, options: tupl
     with _LOCK:
         _COMPILED[0] += time.perf_counter() - start
         _COMPILED[1] += 1
-    return store.save(key, cubin)
+    try:
+        return store.save(key, cubin)
+    except OSError as err:  # CUDA loads a CUBIN from its file: without one the kernel cannot run
+        raise ChainexecError(f"cannot keep a compiled kernel in the kernel cache ({err.strerror or err}): set "
+                             f"${CACHE} to a writable folder", str(store.path(key).parent)) from None
 
 
 def precompile(kernels: list[tuple[str, str]], compute_capability: str, options: tuple[str, ...] = OPTIONS) -> None:

@@ -139,6 +139,29 @@ def test_a_kernel_cache_that_is_a_file_is_one_line_naming_it(device, nvrtc, monk
     assert kernelcache.made() == tmp_path / "new" / "kernels" and kernelcache.made().is_dir()
 
 
+def test_a_kernel_cache_that_cannot_be_written_is_one_line_naming_it(device, nvrtc, monkeypatch, tmp_path):
+    """A kernel cache folder that exists but cannot be written (read-only, another user's): a
+    kernel compiled on a miss cannot be kept, and CUDA loads a CUBIN from its file only, so it is
+    a :class:`ChainexecError` naming the folder and the variable, not the file system's traceback;
+    a kernel already kept there is read as before."""
+    from chainexec.errors import ChainexecError
+
+    folder = tmp_path / "kernels"
+    monkeypatch.setenv("CHAINEXEC_KERNEL_CACHE", str(folder))
+    kept = kernelcache._cached_cubin("a", "src a", "90", kernelcache.OPTIONS)
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(kernelcache.diskstore.atomicfile, "write", refused)
+    with pytest.raises(ChainexecError) as err:
+        kernelcache._cached_cubin("b", "src b", "90", kernelcache.OPTIONS)
+    assert err.value.path == str(folder) and "\n" not in str(err.value)
+    assert "cannot keep a compiled kernel in the kernel cache (Permission denied)" in str(err.value)
+    assert "set $CHAINEXEC_KERNEL_CACHE to a writable folder" in str(err.value)
+    assert kernelcache._cached_cubin("a", "src a", "90", kernelcache.OPTIONS) == kept
+
+
 def test_the_key_is_source_architecture_options_and_compiler(nvrtc, monkeypatch):
     """Two CUBINs share a file only where source, architecture, options and NVRTC version agree."""
     keys = {kernelcache.cache_key("src", "90"), kernelcache.cache_key("src k", "90"),
