@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals
-from chainexec.runtime.comm import barrier, world
+from chainexec.runtime.comm import SIMULATE_HOSTS, barrier, world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
 from chainexec.runtime.buffers import maps_inputs
@@ -186,7 +187,13 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     comm = world()
     started = time.perf_counter()
     stopsignals.forget_landed()  # a signal names only this run's outputs as completed
-    maps = maps_inputs(comm)  # the executor's loads map inputs' pages: priced by what the page cache holds
+    _agreed(comm, {"the config": str(config), "--backend": backend, "--machine": machine, "--schedule": schedule,
+                   "--balance": balance, "--checkpoint": None if checkpoint is None else str(checkpoint),
+                   "--checkpoint-every": checkpoint_every, "--stop-after": stop_after, "--no-inline": not inline,
+                   "--no-plan-cache": not plan_cache, "chainexec": _package_digest(),
+                   f"${SIMULATE_HOSTS}": os.environ.get(SIMULATE_HOSTS)})
+    # the executor's loads map inputs' pages: priced by what the page cache holds
+    maps = _on_each(comm, lambda: maps_inputs(comm))
     every = EVERY if checkpoint_every is None else checkpoint_every
 
     def read() -> bool:
@@ -261,7 +268,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         return text, kept, cached, _record(limits, record)
 
     text, kept, cached, record = on_rank0(comm, prepare)
-    p = Plan.from_json(text)
+    p = _on_each(comm, lambda: Plan.from_json(text))
     p.machine = record
     planned = time.perf_counter()
     uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
@@ -280,7 +287,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     on_rank0(comm, land)
     ready = time.perf_counter()
     ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=every, stop_after=stop_after)
-    executor = Executor(p, comm, chosen, balance, progress, ck)
+    executor = _on_each(comm, lambda: Executor(p, comm, chosen, balance, progress, ck))
     try:
         try:
             with np.errstate(all="ignore"):  # values that are not finite are counted at the output (Store)
@@ -374,6 +381,40 @@ def _selected(comm, backend: str):
     if failed is not None:
         raise ChainexecError(failed, collective=True)
     return chosen
+
+
+def _agreed(comm, started: dict) -> None:
+    """Refuse, on every rank alike (a collective :class:`ChainexecError`), a run whose ranks were
+    started differently: ``started`` is what this rank was given (options, config path, this
+    chainexec's sources, the simulated hosts), gathered before anything else the ranks do
+    together. Rank 0 decides the config's text alone, but each rank runs its own options and
+    code: where they differ the ranks met different collectives and waited for each other until
+    the job's time limit."""
+    if comm.size == 1:
+        return
+    found = comm.allgather(started)
+    for rank, theirs in enumerate(found):
+        for what, value in theirs.items():
+            if value != found[0][what]:
+                shown = "other sources" if what == "chainexec" else repr(value)
+                raise ChainexecError(f"rank {rank} was started with {what} {shown} where rank 0 has "
+                                     f"{'its own' if what == 'chainexec' else repr(found[0][what])}: every rank of a "
+                                     "run takes the same command, chainexec and environment", collective=True)
+
+
+@lru_cache(maxsize=1)
+def _package_digest() -> str:
+    """SHA-256 of this chainexec's Python sources (:func:`chainexec.plancache.tree_digest`)."""
+    return plancache.tree_digest(Path(__file__).resolve().parent)
+
+
+def _on_each(comm, make):
+    """``make()`` on this rank, where the other ranks may go on to a collective: an error on this
+    rank alone ends every rank (:func:`_end_all`) instead of leaving them waiting for it."""
+    try:
+        return make()
+    except Exception as err:
+        _end_all(comm, of_machine(err) or err)
 
 
 def _end_all(comm, err: Exception):

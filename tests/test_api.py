@@ -1,4 +1,5 @@
-"""chainexec.api.run on one rank with NumPy: what a failure leaves (its output, folders, open files and MPI windows)."""
+"""chainexec.api.run with NumPy: what a failure leaves (its output, folders, open files and MPI
+windows), and ranks started differently."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import errno
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -87,3 +89,48 @@ def test_plan_refuses_a_rank_count_that_is_not_a_whole_number_at_least_one(tmp_p
     config = write_config(tmp_path, fourindex_config())
     with pytest.raises(ChainexecError, match="ranks must be a whole number, at least 1"):
         api.plan(config, ranks=ranks)
+
+
+def _mpmd(tmp_path, *ranks: tuple[dict, list]) -> subprocess.CompletedProcess:
+    """One job of several ranks, each started with its own environment additions and ``run``
+    arguments (``mpiexec -n 1 … : -n 1 …``), as a batch script's per-node mistake starts them."""
+    import os
+
+    from tests.conftest import launch
+
+    base, command = launch(1), []
+    for k, (env, args) in enumerate(ranks):
+        command += (base if k == 0 else [":", *base[1:]]) + ["env", *(f"{n}={v}" for n, v in env.items()),
+                                                             sys.executable, "-m", "chainexec.cli", "run", *map(str, args)]
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["--balance", "$CHAINEXEC_SIMULATE_HOSTS", "chainexec"])
+def test_ranks_started_differently_are_refused_at_once(tmp_path, case):
+    """A rank given other options, another simulated host count or another chainexec than rank 0
+    (the job waited in mismatched collectives until its time limit, saying nothing): every rank
+    refuses it in one line naming the rank and what differs, status 2, within the call's time,
+    before any output or folder is made; started alike, the same job runs."""
+    import shutil
+
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    first, second = ({}, [config, "--quiet"]), ({}, [config, "--quiet"])
+    if case == "--balance":
+        second = ({}, [config, "--quiet", "--balance", "static"])
+    elif case == "$CHAINEXEC_SIMULATE_HOSTS":
+        second = ({"CHAINEXEC_SIMULATE_HOSTS": "2"}, [config, "--quiet"])
+    else:  # a copy of the package with one file changed, first on rank 1's path
+        copy = tmp_path / "other"
+        shutil.copytree(Path(api.__file__).parent, copy / "chainexec")
+        with open(copy / "chainexec" / "errors.py", "a") as f:
+            f.write("\n# another version\n")
+        second = ({"PYTHONPATH": copy}, [config, "--quiet"])
+    proc = _mpmd(tmp_path, first, second)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("chainexec: ")]
+    assert lines and f"rank 1 was started with {case}" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert _mpmd(tmp_path, first, first).returncode == 0
