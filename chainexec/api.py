@@ -190,8 +190,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     _agreed(comm, {"the config": str(config), "--backend": backend, "--machine": machine, "--schedule": schedule,
                    "--balance": balance, "--checkpoint": None if checkpoint is None else str(checkpoint),
                    "--checkpoint-every": checkpoint_every, "--stop-after": stop_after, "--no-inline": not inline,
-                   "--no-plan-cache": not plan_cache, "chainexec": _package_digest(),
-                   f"${SIMULATE_HOSTS}": os.environ.get(SIMULATE_HOSTS)})
+                   "--no-plan-cache": not plan_cache, f"${SIMULATE_HOSTS}": os.environ.get(SIMULATE_HOSTS)})
     # the executor's loads map inputs' pages: priced by what the page cache holds
     maps = _on_each(comm, lambda: maps_inputs(comm))
     every = EVERY if checkpoint_every is None else checkpoint_every
@@ -385,14 +384,14 @@ def _selected(comm, backend: str):
 
 def _agreed(comm, started: dict) -> None:
     """Refuse, on every rank alike (a collective :class:`ChainexecError`), a run whose ranks were
-    started differently: ``started`` is what this rank was given (options, config path, this
-    chainexec's sources, the simulated hosts), gathered before anything else the ranks do
+    started differently: ``started`` is what this rank was given (options, config path, the
+    simulated hosts), gathered with this chainexec's sources before anything else the ranks do
     together. Rank 0 decides the config's text alone, but each rank runs its own options and
     code: where they differ the ranks met different collectives and waited for each other until
     the job's time limit."""
     if comm.size == 1:
         return
-    found = comm.allgather(started)
+    found = comm.allgather({**started, "chainexec": _package_digest()})
     for rank, theirs in enumerate(found):
         for what, value in theirs.items():
             if value != found[0][what]:
