@@ -5,13 +5,19 @@
 # can run PYTHON (the venv's) and sees, in every FOLDER, a file this script has just left there
 # from the first node: so each FOLDER is one folder of a file system that every node mounts, not
 # a node's own folder of the same name. Prints what it checked; on a node that fails, names the
-# node and what it lacks and returns 2. On one node it does nothing.
+# node and what it lacks and returns 2, as where the first node cannot write in a FOLDER (the
+# marks it left are removed). On one node it does nothing.
 check_nodes() {
-    local python=$1 nodes=${SLURM_JOB_NUM_NODES:-1} folder marks=() status=0
+    local python=$1 nodes=${SLURM_JOB_NUM_NODES:-1} folder mark marks=() status=0
     shift
     [ "$nodes" -gt 1 ] || return 0
     for folder in "$@"; do
-        marks+=("$(mktemp "$folder/.chainexec-shared-XXXXXX")") || return 2
+        if ! mark=$(mktemp "$folder/.chainexec-shared-XXXXXX" 2>/dev/null); then
+            echo "chainexec-job: cannot write in $folder (the job writes there)" >&2
+            rm -f ${marks[@]+"${marks[@]}"}
+            return 2
+        fi
+        marks+=("$mark")
     done
     srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 bash -c '
         [ -x "$1" ] || { echo "chainexec-job: node $(hostname) cannot run $1" >&2; exit 2; }

@@ -65,12 +65,14 @@ exec "$@"
     ("2", "b", sys.executable, 2, "does not see {b} (not on a shared file system)"),
     ("2", "", "/nonexistent/python", 2, "cannot run /nonexistent/python"),
     ("1", "b", "/nonexistent/python", 0, ""),
-], ids=["shared", "not shared", "no venv", "one node"])
+    ("2", "", sys.executable, 2, "chainexec-job: cannot write in {b} (the job writes there)"),
+], ids=["shared", "not shared", "no venv", "one node", "second folder not writable"])
 def test_check_nodes(tmp_path, nodes, hide, python, status, said):
     """jobs/nodes.sh's ``check_nodes`` with a stand-in srun whose "node" sees both folders, or
-    another folder in place of the second, or cannot run the venv's Python: status 0 with a line
-    naming what every node sees, else 2 naming what a node lacks; no mark left behind. On one
-    node it does nothing (no srun)."""
+    another folder in place of the second, or cannot run the venv's Python, or where the second
+    folder cannot be written (a file in its place: root writes in a read-only folder): status 0
+    with a line naming what every node sees, else 2 naming what a node lacks or the folder; no
+    mark left behind. On one node it does nothing (no srun)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text(FAKE_SRUN if nodes != "1" else "#!/bin/sh\nexit 9\n")
@@ -78,12 +80,16 @@ def test_check_nodes(tmp_path, nodes, hide, python, status, said):
     folders = {name: tmp_path / name for name in "ab"}
     for folder in folders.values():
         folder.mkdir()
+    if "cannot write" in said:
+        folders["b"].rmdir()
+        folders["b"].write_text("")
+        folders = {"a": folders["a"], "b": folders["b"]}
     env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NUM_NODES": nodes, "HIDE": str(folders[hide]) if hide else ""}
     proc = subprocess.run(["bash", "-c", f'set -euo pipefail; . {REPO}/jobs/nodes.sh; check_nodes "$@" || exit $?',
                            "job", python, *map(str, folders.values())], capture_output=True, text=True, env=env)
     assert proc.returncode == status, proc.stdout + proc.stderr
     assert said.format(**folders) in proc.stdout + proc.stderr
-    assert not [p for folder in folders.values() for p in folder.iterdir()]
+    assert not [p for folder in folders.values() if folder.is_dir() for p in folder.iterdir()]
 
 
 def _sinfo_states() -> list[str]:
@@ -205,3 +211,24 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     assert other.returncode == 2, other.stdout + other.stderr
     assert "made for another job: atoms" in other.stderr and "energy check" not in other.stdout
     assert (work / "energy.h5").read_bytes() == energy
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("STOP_AFTER", "1h", "STOP_AFTER=1h is not a whole number of seconds"),
+    ("STOP_AFTER", "1.5e3", "STOP_AFTER=1.5e3 is not a whole number of seconds"),
+    ("CHECKPOINT_EVERY", "10m", "CHECKPOINT_EVERY=10m is not a number of seconds"),
+    ("TOLERANCE", "1e-10Eh", "TOLERANCE=1e-10Eh is not a number of Hartree"),
+    ("CHAINEXEC_HOME", "/nonexistent", "/nonexistent/jobs/nodes.sh not found (set CHAINEXEC_HOME"),
+])
+def test_a_ccsd_t_job_with_a_setting_it_cannot_read_stops_before_it_runs(tmp_path, variable, value, said):
+    """A STOP_AFTER with a unit was dropped by bash's arithmetic without a word (the job then ran
+    into its time limit and never requeued), a TOLERANCE Python cannot read failed as a traceback
+    with status 1 after the whole run, a CHAINEXEC_HOME without the job's helper failed with the
+    shell's status 1: each ends the job with one line and status 2 before PySCF or srun runs."""
+    srun = "#!/bin/sh\necho srun ran >&2\nexit 9\n"
+    template = {"TEMPLATE": str(REPO / "configs" / "ccsd_t.yaml")} if variable == "CHAINEXEC_HOME" else {}
+    proc = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g",
+                         WORKDIR=str(tmp_path / "w"), **template, **{variable: value})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"chainexec-job: {said}" in proc.stderr and "srun ran" not in proc.stderr
+    assert not (tmp_path / "w" / "inputs.h5").exists()
