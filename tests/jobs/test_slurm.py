@@ -196,17 +196,22 @@ def test_a_job_whose_srun_fails_says_so_and_exits_3(tmp_path, script):
 
 
 def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
-    """The second submission into one WORKDIR names another molecule: its inputs are not the
-    molecule's, and the job stops before running anything on them, where it would compute the
+    """Submitted again for the same molecule once finished, the job checks the energy it made
+    without running again; for another molecule into the same WORKDIR, whose inputs are not
+    that molecule's, it stops before running anything on them, where it would compute the
     first molecule's energy and check it against that molecule's PySCF energy."""
     pytest.importorskip("pyscf")
     srun = "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
     work = tmp_path / "w"
     first = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", WORKDIR=str(work))
     assert first.returncode == 0 and "energy check passed" in first.stdout, first.stdout + first.stderr
+    energy = (work / "energy.h5").read_bytes()
+    # submitted again once finished: the energy is checked, not made again (a run would first
+    # remove it and redo the whole (T))
     again = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", WORKDIR=str(work))
     assert again.returncode == 0 and "kept" in again.stdout and "energy check passed" in again.stdout, again.stderr
-    energy = (work / "energy.h5").read_bytes()
+    assert "energy.h5 is complete and newer than its inputs and config: checking it" in again.stdout
+    assert "gives MPI world size" not in again.stdout and (work / "energy.h5").read_bytes() == energy
     other = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="n2", BASIS="sto-3g", WORKDIR=str(work))
     assert other.returncode == 2, other.stdout + other.stderr
     assert "made for another job: atoms" in other.stderr and "energy check" not in other.stdout
