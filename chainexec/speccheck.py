@@ -277,6 +277,13 @@ def _symmetry(p: _Parser, tdef: dict, tname: str, indices: tuple[str, ...], exte
     if kind not in symmetry.layouts(len(indices)):
         raise p.fail(f"tensor {tname!r}: layout {kind} packs what its symmetry does not declare (it allows "
                      f"{', '.join(symmetry.layouts(len(indices)))})", where + ("layout",))
+    whole = symmetry.kind(len(indices))
+    if source is not None and source.seed is not None and kind != whole:
+        # `generate` makes each stored value on its own: values the symmetry equates but the
+        # layout stores twice would differ, and a run that takes one for the other is wrong
+        raise p.fail(f"tensor {tname!r}: seeded values stored as {kind} would lack the symmetry it declares "
+                     f"beyond {kind} (generate makes each stored value on its own): store it as {whole}, or declare "
+                     f"only what {kind} packs", where + ("layout",))
     return symmetry, kind
 
 

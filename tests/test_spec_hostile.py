@@ -60,6 +60,10 @@ CASES = {
     "duplicate_source_key": (_replace("      seed: 11\n", "      seed: 11\n      seed: 99\n"), "seed: 99",
                              "key 'seed' repeats"),
     "duplicate_index": (_replace("  p: 10\n", "  p: 10\n  p: 12\n"), "p: 12", "key 'p' repeats"),
+    # a seeded input whose layout stores values its symmetry equates: generate made them differ
+    "seeded_layout_narrower_than_symmetry": (
+        _replace("  A:\n", "  A:\n    symmetry: {pairs: [[p, q], [r, s]], exchange: true}\n    layout: s4\n"),
+        "layout: s4", "tensor 'A': seeded values stored as s4 would lack the symmetry it declares beyond s4"),
     # a seed the generator does not tell apart from a smaller one (it made seed 11's values)
     "seed_beyond_the_generator": (_replace("      seed: 11\n", f"      seed: {11 + (1 << 24)}\n"), "seed: 16777227",
                                   "must be below 16777216 (2**24): the generator makes seed 11's values"),

@@ -131,3 +131,23 @@ def test_long_random_chain_fused_whole(seed, tmp_path, ranks):
     plan = make_plan(spec.load(config))
     assert [a["name"] for a in plan.alternatives if a["kind"] == "schedule" and a["chosen"]] == ["fused"]
     _run_equals_reference(cfg, config, tmp_path, ranks)
+
+
+@pytest.mark.parametrize("statement, expected", [("T[] = 2 * A[] * B[]", lambda a, b: 2 * a * b),
+                                                 ("T[] = -0.5 * A[] * A[]", lambda a, b: -0.5 * a * a),
+                                                 ("T[] = A[] * B[]", lambda a, b: a * b)])
+def test_a_product_of_scalars_with_a_factor(statement, expected, tmp_path):
+    """Two 0-d operands and a factor (NumPy's product of two 0-d arrays is a scalar, which the
+    factor could not scale in place: a traceback, status 1): the product of the stored values."""
+    a, b = np.random.default_rng(3).uniform(-2, 2, 2)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["A"], f["B"] = a, b
+    config = write_config(tmp_path, {
+        "indices": {}, "statements": [statement], "outputs": {"T": {"file": "out.h5", "dataset": "T"}},
+        "tensors": {name: {"indices": [], "source": {"file": "in.h5", "dataset": name}} for name in "AB"}})
+    proc = run_cli("run", config, "--quiet", "--report-json", tmp_path / "r.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert abs(float(f["T"][()]) - expected(a, b)) <= 1e-15 * abs(expected(a, b))
+    report = read_report(tmp_path / "r.json")
+    assert report["measured"]["bytes"] == report["predicted"]["bytes"]

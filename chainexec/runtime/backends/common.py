@@ -53,9 +53,11 @@ def ttgt_product(be, c: Contraction, a, b):
     left, right = (b, a) if swap else (a, b)
     if not ks:
         # Nothing summed (Hadamard or outer product): an element-wise broadcast, not a batch of
-        # 1×1 GEMMs.
-        product = (left.transpose(pl).reshape([size[i] for i in batch + lext] + [1] * len(rext))
-                   * right.transpose(pr).reshape([size[i] for i in batch] + [1] * len(lext) + [size[i] for i in rext]))
+        # 1×1 GEMMs; an array also where both operands are scalars (NumPy's product of two 0-d
+        # arrays is a scalar, which the factor cannot scale in place).
+        product = xp.asarray(left.transpose(pl).reshape([size[i] for i in batch + lext] + [1] * len(rext))
+                             * right.transpose(pr).reshape([size[i] for i in batch] + [1] * len(lext)
+                                                           + [size[i] for i in rext]))
         if c.factor != 1.0:
             be.assign(product, product, c.factor)
         return product.transpose(pout)
