@@ -13,9 +13,9 @@ import math
 import re
 from pathlib import Path
 
-from chainexec import expr, generator, pairs
+from chainexec import expr, pairs
 from chainexec.errors import ChainexecError, quoted
-from chainexec.spectypes import (DTYPES, MAX_SIZE, Machine, Output, Ref, Source, Spec, Statement, Tensor,
+from chainexec.spectypes import (DTYPES, MAX_SIZE, SEEDS, Machine, Output, Ref, Source, Spec, Statement, Tensor,
                                  config_relative, parse_size)
 
 # The largest finite value of each dtype: a statement's factor must be one (it scales every term).
@@ -294,9 +294,9 @@ def _parse_source(p: _Parser, sdef, where, tname) -> Source:
     for key in ("seed", "random"):
         if key in sdef and (not isinstance(sdef[key], int) or isinstance(sdef[key], bool) or sdef[key] < 0):
             raise p.fail(f"{key} of {tname!r} must be a non-negative integer", where + (key,))
-        if key in sdef and sdef[key] >= generator.SEEDS:
-            raise p.fail(f"{key} of {tname!r} must be below {generator.SEEDS} (2**24): the generator makes seed "
-                         f"{sdef[key] % generator.SEEDS}'s values for it", where + (key,))
+        if key in sdef and sdef[key] >= SEEDS:
+            raise p.fail(f"{key} of {tname!r} must be below {SEEDS} (2**24): the generator makes seed "
+                         f"{sdef[key] % SEEDS}'s values for it", where + (key,))
     if "random" in sdef:
         if set(sdef) != {"random"}:
             raise p.fail(f"source of {tname!r}: 'random' stands alone (no file, dataset or seed)", where)

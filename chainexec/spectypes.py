@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from chainexec import pairs
 from chainexec.errors import quoted
 
+SEEDS = 1 << 24
+"""Seeds the generator tells apart (:mod:`chainexec.generator`: ``s·2⁴⁰`` wraps at 2⁶⁴, so seed
+``s + SEEDS`` makes ``s``'s values); a config's seed is below it. Here, not in the generator, so
+that reading a config imports no NumPy (a process's first thread count matters to
+:func:`chainexec.runtime.fdtable.reserve`)."""
+
 DTYPES = {"float64": 8, "float32": 4}
 # Bytes in a memory limit, elements along an index and elements of a tensor: a signed 64-bit
 # count (what NumPy and HDF5 index with; the planner's float arithmetic stays finite).

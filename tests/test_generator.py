@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chainexec.generator import SEEDS, block
+from chainexec.generator import block
+from chainexec.spectypes import SEEDS
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (4, 1, 6), (2, 3, 2, 5)])
