@@ -144,7 +144,7 @@ class Spec:
         record = {k: dict(v) if k == "parameters" else v for k, v in vars(source).items() if v is not None}
         if "file" in record:
             record["file"] = self.resolve(record["file"])
-        permutations = self.dense_symmetry(tensor)
+        permutations = self.dense_symmetry(tensor) or self.stored_symmetry(tensor)
         if permutations:
             record["permutations"] = [list(p) for p in permutations]
         return record
@@ -161,6 +161,20 @@ class Spec:
                                                                            and t.source.random is None):
             return []
         return t.symmetry.permutations(len(t.indices))[1:]
+
+    def stored_symmetry(self, tensor: str) -> list[tuple[int, ...]]:
+        """The orders of the stored axes of a file input in a packed layout narrower than its
+        declared symmetry that the rest of the symmetry maps it onto itself by, where they are
+        orders of axes: ``s4`` with the exchange, the two pair axes; ``s2ij`` with both pairs, the
+        last two; ``s2kl``, the first two. The layout stores such values twice and the run takes
+        one for the other, so a run checks them at sampled elements as a dense input's
+        (PySCF's integrals hold them equal; other data may not). None (``[]``) elsewhere (a
+        seeded input in such a layout is refused, :mod:`chainexec.speccheck`)."""
+        t = self.tensors[tensor]
+        if t.symmetry is None or t.layout == "dense" or t.source is None or t.source.file is None:
+            return []
+        leftover = {("s4", "s8"): [(1, 0)], ("s2ij", "s4"): [(0, 2, 1)], ("s2kl", "s4"): [(1, 0, 2)]}
+        return leftover.get((t.layout, t.symmetry.kind(len(t.indices))), [])
 
     def output_records(self) -> dict[str, dict]:
         """How a plan records the outputs: tensor -> ``{file (resolved), dataset}``."""

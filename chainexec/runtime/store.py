@@ -123,8 +123,10 @@ SYMMETRY_TOLERANCE = {"float64": 1e-6, "float32": 1e-3}
 
 
 def _check_symmetric(ds: h5py.Dataset, t: TensorInfo, path: str) -> None:
-    """Refuse a dense input whose values lack its declared symmetry (``source["permutations"]``,
-    :meth:`chainexec.spec.Spec.dense_symmetry`) at :data:`SYMMETRY_SAMPLES` elements drawn with
+    """Refuse a dense input, or a packed one in a layout narrower than its symmetry, whose stored
+    values lack its declared symmetry (``source["permutations"]``, orders of its stored axes:
+    :meth:`chainexec.spec.Spec.dense_symmetry`, :meth:`~chainexec.spec.Spec.stored_symmetry`) at
+    :data:`SYMMETRY_SAMPLES` elements drawn with
     a fixed seed: the run reads only part of such a tensor and takes the rest as its images, so
     values that differ would give a result that is neither. A check for values made without the
     symmetry, not for rounding (PySCF's MO integrals keep theirs to about 1e-13): an element and

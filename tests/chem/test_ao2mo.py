@@ -114,6 +114,24 @@ def test_a_symmetry_the_data_lacks_is_caught_by_verify(tmp_path):
     assert [line.split(":")[0] for line in check.stdout.splitlines() if "FAILED" in line] == ["A (its declared symmetry)"]
 
 
+def test_packed_integrals_lacking_the_exchange_they_declare_are_refused(tmp_path):
+    """PySCF's integrals stored as s4 (two pairs) with the exchange declared: the layout stores
+    (pq|rs) and (rs|pq) both and the run reads one for the other. PySCF's hold them equal and
+    run to verify's ok; with one stored element changed the run refuses them in one line naming
+    the two that differ (it ended with status 0 and a result that was neither). The run samples
+    64 elements: a check for values made without the symmetry (here: every element moved by its
+    own amount), not for one changed element (verify's full check finds that)."""
+    assert run_cli("chem", "h2o", "--job", "ao2mo", "--layout", "s4", "--out", tmp_path).returncode == 0
+    config = tmp_path / "ao2mo.yaml"
+    assert run_cli("run", config, "--quiet").returncode == 0
+    assert run_cli("verify", config).returncode == 0
+    with h5py.File(tmp_path / "inputs.h5", "a") as f:
+        a = f["A"][()]
+        assert a.ndim == 2 and a.shape[0] == a.shape[1]
+        f["A"][...] = a + np.random.default_rng(5).uniform(0.1, 0.2, a.shape)
+    assert_refused(run_cli("run", config, "--quiet"), "inputs.h5", "tensor A is declared symmetric, but dataset 'A'")
+
+
 BAD = {
     "packed dataset of the wrong length": (lambda f: (f.__delitem__("A"), f.create_dataset("A", data=np.ones(17))),
                                            ["inputs.h5", "shape (17,)"]),
