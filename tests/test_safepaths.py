@@ -745,58 +745,40 @@ def test_an_output_a_user_added_to_is_not_replaced(finished_user_folder, added):
     assert run_cli("verify", finished_user_folder, cwd=work).returncode == 0
 
 
-def test_a_stopped_runs_output_shards_are_not_taken_by_another_config_writing_its_output(user_folder):
-    """A config with another scratch that writes the same output file shares its parts folder.
-    While a run of the first is stopped at a checkpoint with sealed shards of its output there,
-    a run of the second (without that checkpoint, or with another) is refused instead of
-    removing them (the checkpoint would name missing shards, and the finished nests would be
-    lost), and the first resumes to its result."""
+@pytest.mark.parametrize("shared", ["scratch", "parts folder"])
+def test_a_stopped_runs_files_are_not_taken_by_another_config_sharing_their_folder(user_folder, shared):
+    """Two configs of one ``name:`` share the default scratch folder, two writing one output file
+    its parts folder. While a run of the first is stopped at a checkpoint, its stored versions
+    (its output's sealed shards) lie there; a run of the second (without that checkpoint, or
+    with another) is refused instead of removing them (the checkpoint would name missing files,
+    and the finished nests would be lost), and the first resumes to its result."""
     import yaml
 
     work = user_folder.parent
     cfg = yaml.safe_load(user_folder.read_text())
     cfg["machine"]["global_memory"] = "48KiB"  # 8 tiles in the first nest, 4 in the second
     user_folder.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    checkpoint, parts = work / "ck", work / "out" / "result.h5.parts"
-    for _ in range(12):  # stopped at each checkpoint until the output's first shards are sealed
+    checkpoint = work / "ck"
+    if shared == "scratch":
+        folder, held_as = work / "out" / ".fourindex.scratch", "stored versions"
+        other = _edit(user_folder, output="out/other.h5")
+    else:
+        folder, held_as = work / "out" / "result.h5.parts", "output shards"
+        other = _edit(user_folder, scratch="elsewhere")
+    for _ in range(12):  # stopped at each checkpoint until the folder holds the run's first files
         stopped = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, "--checkpoint-every", 0,
                           "--stop-after", 0, cwd=work)
         assert stopped.returncode == 3, stopped.stderr
-        if any(name.endswith(".h5") for name in _snapshot(parts)):
+        if any(name.endswith(".h5") for name in _snapshot(folder)):
             break
-    held = _snapshot(parts)
+    held = _snapshot(folder)
     assert any(name.endswith(".h5") for name in held), held
-    other = _edit(user_folder, scratch="elsewhere")
     for extra in ([], ["--checkpoint", work / "ck2"]):
-        assert_refused(run_cli("run", other, "--quiet", *extra, cwd=work), str(parts),
-                       f"output shards of the stopped run checkpointed in {checkpoint}")
-        assert _snapshot(parts) == held
+        assert_refused(run_cli("run", other, "--quiet", *extra, cwd=work), str(folder),
+                       f"{held_as} of the stopped run checkpointed in {checkpoint}")
+        assert _snapshot(folder) == held
     resumed = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, cwd=work)
     assert resumed.returncode == 0, resumed.stderr
     assert run_cli("verify", user_folder, cwd=work).returncode == 0
-    assert run_cli("run", other, "--quiet", cwd=work).returncode == 0
-
-
-def test_a_stopped_runs_scratch_is_not_taken_by_another_config_of_its_name(user_folder):
-    """Two configs of one ``name:`` share the default scratch folder. While a run of the first is
-    stopped at a checkpoint, its stored versions lie there; a run of the second (without that
-    checkpoint, or with another) is refused instead of removing them, and the first resumes to
-    its result."""
-    work = user_folder.parent
-    checkpoint = work / "ck"
-    stopped = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, "--checkpoint-every", 0,
-                      "--stop-after", 0, cwd=work)
-    assert stopped.returncode == 3, stopped.stderr
-    other = _edit(user_folder, output="out/other.h5")
-    scratch = work / "out" / ".fourindex.scratch"
-    held = _snapshot(scratch)
-    assert any(name.endswith(".h5") for name in held), held
-    for extra in ([], ["--checkpoint", work / "ck2"]):
-        assert_refused(run_cli("run", other, "--quiet", *extra, cwd=work), str(scratch),
-                       f"stored versions of the stopped run checkpointed in {checkpoint}")
-        assert _snapshot(scratch) == held
-    resumed = run_cli("run", user_folder, "--quiet", "--checkpoint", checkpoint, cwd=work)
-    assert resumed.returncode == 0, resumed.stderr
-    assert run_cli("verify", user_folder, cwd=work).returncode == 0
-    assert not scratch.exists()
+    assert shared != "scratch" or not folder.exists()
     assert run_cli("run", other, "--quiet", cwd=work).returncode == 0
