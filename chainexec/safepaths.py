@@ -354,7 +354,11 @@ class RunPaths:
             paths.checkpoint = resolved(checked(checkpoint, "--checkpoint"))
         for option, path in (reports or {}).items():
             if path is not None:
-                paths.reports[resolved(checked(path, option))] = option
+                file = resolved(checked(path, option))
+                if file in paths.reports:
+                    raise ChainexecError(f"{option} names the file {paths.reports[file]} names: one would replace "
+                                         "the other", str(file))
+                paths.reports[file] = option
         return paths
 
     def removed(self) -> list[tuple[Path, str, str]]:

@@ -8,6 +8,7 @@ computed from the inputs alone, every intermediate expanded into the products th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -59,25 +60,40 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
         values = made.values((0, made.shape[0]))
         full = values if t.layout == "dense" else dense(values, t.layout, shape)
         return full.reshape(shape)[tuple(slice(a, b) for a, b in region)]
-    path = safepaths.checked(spec.resolve(t.source.file), f"the input of tensor {name}")
-    datafiles.check_regular(path, f"input of tensor {name}")
-    _sources_there(path, t.source.dataset, f"input of tensor {name}")
+    path = _input_path(spec, name)
     try:
         with h5py.File(path, "r") as f:
-            ds = f.get(t.source.dataset)
-            if not isinstance(ds, h5py.Dataset):
-                raise ChainexecError(f"no dataset {t.source.dataset!r} (input of tensor {name})", path)
-            datafiles.check_written(ds, path, f"input of tensor {name}")
-            stored = _stored(t.layout, shape)
-            if ds.shape != stored or ds.dtype != np.dtype(t.dtype):
-                raise ChainexecError(f"dataset {t.source.dataset!r} holds {ds.dtype} values of shape {ds.shape}, but "
-                                     f"tensor {name}[{','.join(t.indices)}] is {t.dtype} of shape {stored}"
-                                     + ("" if t.layout == "dense" else f" in layout {t.layout}"), path)
+            ds = _input_dataset(spec, name, f, path)
             if t.layout != "dense":  # read whole, unpacked here
-                return dense(ds[()], t.layout, shape)[tuple(slice(a, b) for a, b in region)]
+                return dense(ds[()], t.layout, shape, tuple(slice(a, b) for a, b in region))
             return ds[tuple(slice(a, b) for a, b in region)]
     except (OSError, KeyError) as err:
         raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
+
+
+def _input_path(spec: Spec, name: str) -> str:
+    """The file of input ``name``, a regular file whose dataset's values all lie where it says."""
+    t = spec.tensors[name]
+    path = safepaths.checked(spec.resolve(t.source.file), f"the input of tensor {name}")
+    datafiles.check_regular(path, f"input of tensor {name}")
+    _sources_there(path, t.source.dataset, f"input of tensor {name}")
+    return path
+
+
+def _input_dataset(spec: Spec, name: str, f: h5py.File, path: str) -> h5py.Dataset:
+    """Input ``name``'s dataset in its open file ``f`` (at ``path``): there, written, and of the
+    tensor's dtype and stored shape, else a ChainexecError naming ``path``."""
+    t = spec.tensors[name]
+    ds = f.get(t.source.dataset)
+    if not isinstance(ds, h5py.Dataset):
+        raise ChainexecError(f"no dataset {t.source.dataset!r} (input of tensor {name})", path)
+    datafiles.check_written(ds, path, f"input of tensor {name}")
+    stored = _stored(t.layout, spec.shape(name))
+    if ds.shape != stored or ds.dtype != np.dtype(t.dtype):
+        raise ChainexecError(f"dataset {t.source.dataset!r} holds {ds.dtype} values of shape {ds.shape}, but "
+                             f"tensor {name}[{','.join(t.indices)}] is {t.dtype} of shape {stored}"
+                             + ("" if t.layout == "dense" else f" in layout {t.layout}"), path)
+    return ds
 
 
 def _sources_there(path: str, dataset: str, what: str) -> None:
@@ -109,45 +125,58 @@ def _stored(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         (pairs(shape[2]),) if layout in ("s2kl", "s4") else tuple(shape[2:]))
 
 
-def _pairs(n: int) -> np.ndarray:
-    """``(n, n)``: the position of each pair ``(p, q)`` in a row-major lower triangle (both
-    orders), from ``numpy.tril_indices``."""
-    at = np.zeros((n, n), dtype=np.int64)
-    rows, cols = np.tril_indices(n)
-    at[rows, cols] = np.arange(len(rows))
-    at[cols, rows] = np.arange(len(rows))
-    return at
+def _pair(p, q):
+    """The position of the pair ``(p, q)`` (either order; NumPy integers or arrays, broadcast) in
+    a row-major lower triangle, ``numpy.tril_indices``'s order: ``max·(max + 1)/2 + min``."""
+    hi, lo = np.maximum(p, q), np.minimum(p, q)
+    return hi * (hi + 1) // 2 + lo
 
 
-def dense(values: np.ndarray, layout: str, shape: tuple[int, ...]) -> np.ndarray:
+def stored_at(layout: str, shape: tuple[int, ...], at: tuple) -> tuple:
+    """Where the dense elements ``at`` (per dimension of ``shape`` an integer or a slice) of a
+    tensor stored in ``layout`` (PySCF's names) lie in the stored array: one index per stored
+    axis, integer arrays broadcast over the sliced dimensions in their order (an integer tuple
+    where ``at`` holds only integers), independently of :mod:`chainexec.packing`."""
+    sliced = [d for d, a in enumerate(at) if isinstance(a, slice)]
+    dims = [np.int64(a) if not isinstance(a, slice) else
+            np.arange(shape[d], dtype=np.int64)[a].reshape((-1,) + (1,) * (len(sliced) - 1 - sliced.index(d)))
+            for d, a in enumerate(at)]
+    if layout == "dense":
+        coords = tuple(dims)
+    elif layout == "s2":
+        coords = (_pair(*dims),)
+    elif layout == "s8":
+        coords = (_pair(_pair(dims[0], dims[1]), _pair(dims[2], dims[3])),)
+    else:
+        coords = ((_pair(dims[0], dims[1]),) if layout in ("s2ij", "s4") else tuple(dims[:2])) + (
+            (_pair(dims[2], dims[3]),) if layout in ("s2kl", "s4") else tuple(dims[2:]))
+    return tuple(int(c) for c in coords) if not sliced else coords
+
+
+def dense(values: np.ndarray, layout: str, shape: tuple[int, ...], at: tuple | None = None) -> np.ndarray:
     """The dense tensor of ``shape`` that a packed array in ``layout`` (PySCF's names) stands for,
-    independently of :mod:`chainexec.packing`: each pair's triangle read at both orders."""
-    if layout == "s2":
-        return values[_pairs(shape[0])]
-    if layout == "s8":
-        values = values[_pairs(math.isqrt(8 * len(values) + 1) // 2)]
-    rows, cols = (_pairs(shape[0]) if layout in ("s2ij", "s4", "s8") else None,
-                  _pairs(shape[2]) if layout in ("s2kl", "s4", "s8") else None)
-    if rows is not None and cols is not None:
-        return values[rows[:, :, None, None], cols[None, None, :, :]]
-    if rows is not None:
-        return values[rows]
-    return values[:, :, cols]
+    or its elements ``at`` (:func:`stored_at`): each pair's triangle read at both orders."""
+    return values[stored_at(layout, shape, at if at is not None else (slice(None),) * len(shape))]
 
 
 def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
     """Output ``name``'s dataset in its open file ``f``: the file marked complete, the dataset
-    there, and (a dense output) of the tensor's shape, else a ChainexecError naming ``path``: an
-    array of another shape would be compared by broadcasting, or not at all."""
+    there, of the tensor's dtype and stored shape (:func:`_stored`), else a ChainexecError naming
+    ``path``: an array of another shape or dtype is another config's output, which would be
+    compared by broadcasting, by its first values, or not at all."""
     out = next(o for o in spec.outputs if o.tensor == name)
     if not f.attrs.get(COMPLETE, False):
         raise ChainexecError("output is not marked complete", path)
     ds = f.get(out.dataset)
     if not isinstance(ds, h5py.Dataset):
         raise ChainexecError(f"no dataset {out.dataset!r} (output {name})", path)
-    if spec.tensors[name].layout == "dense" and ds.shape != spec.shape(name):
-        raise ChainexecError(f"dataset {out.dataset!r} has shape {ds.shape} but output {name} has extents "
-                             f"{spec.shape(name)}", path)
+    t = spec.tensors[name]
+    stored = _stored(t.layout, spec.shape(name))
+    if ds.shape != stored or ds.dtype != np.dtype(t.dtype):
+        raise ChainexecError(f"dataset {out.dataset!r} holds {ds.dtype} values of shape {ds.shape}, but output "
+                             f"{name}[{','.join(t.indices)}] is {t.dtype} of shape {stored}"
+                             + ("" if t.layout == "dense" else f" in layout {t.layout}") + ": not this config's output",
+                             path)
     _sources_there(path, out.dataset, f"output {name}; its parts folder moved or removed?")
     return ds
 
@@ -227,19 +256,61 @@ def expand(spec: Spec, name: str, upto: int | None = None) -> list[tuple[float, 
     return terms
 
 
-def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[float, float, float, int]:
-    """(largest error, largest reference value, largest term magnitude, elements checked) over
-    random elements of output ``name`` (magnitude: the sum of the absolute values of the terms;
-    compared as :func:`_compared` compares a whole output)."""
+class _Reader:
+    """Input ``name``'s values at one sample's elements (:meth:`at`), read where they lie: a dense
+    file input's from its dataset, open for the whole check; a seeded or expression input's made
+    for that region alone; a packed file input's from its stored values (read once, packed); a
+    computed input's from its values (made once). The sampled check exists for chains larger
+    than memory: it never holds a file or seeded input's dense values whole."""
+
+    def __init__(self, spec: Spec, name: str, files: contextlib.ExitStack):
+        self.spec, self.name = spec, name
+        t = spec.tensors[name]
+        self.whole = self.ds = self.packed = None
+        self.path = None
+        if t.source.file is not None and t.source.random is None:
+            self.path = _input_path(spec, name)
+            try:
+                self.ds = _input_dataset(spec, name, files.enter_context(h5py.File(self.path, "r")), self.path)
+                if t.layout != "dense":
+                    self.packed = self.ds[()]
+            except (OSError, KeyError) as err:
+                raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", self.path) from None
+        elif t.source.compute is not None:
+            self.whole = _input(spec, name)
+
+    def at(self, at: tuple) -> np.ndarray:
+        """The elements ``at`` (per dimension an integer or ``slice(None)``), integer dimensions
+        dropped."""
+        t = self.spec.tensors[self.name]
+        if self.packed is not None:
+            return dense(self.packed, t.layout, self.spec.shape(self.name), at)
+        if self.ds is not None:
+            try:
+                return np.asarray(self.ds[at])
+            except (OSError, KeyError) as err:
+                raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", self.path) from None
+        if self.whole is not None:
+            return self.whole[at]
+        region = tuple((a, a + 1) if not isinstance(a, slice) else (0, n) for a, n in zip(at, self.spec.shape(self.name)))
+        return np.asarray(_input(self.spec, self.name, region))[tuple(0 if not isinstance(a, slice) else a for a in at)]
+
+
+def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(output values, reference values, term magnitudes) at random elements of output ``name``
+    (magnitude: the sum of the absolute values of the terms), each element computed from the
+    inputs alone, read where it needs them (:class:`_Reader`)."""
     out = next(o for o in spec.outputs if o.tensor == name)
     path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
-    shape = spec.shape(name)
+    shape, layout = spec.shape(name), spec.tensors[name].layout
     terms = expand(spec, name)
-    inputs = {r.tensor for _, ops, _ in terms for r in ops}
-    values = {n: _input(spec, n) for n in inputs}
     refs, sizes, gots = [], [], []
-    with h5py.File(path, "r") as f, np.errstate(all="ignore"):  # inf or NaN inputs (allow_nonfinite)
-        ds = _output(f, spec, name, path)
+    with contextlib.ExitStack() as files, np.errstate(all="ignore"):  # inf or NaN inputs (allow_nonfinite)
+        values = {n: _Reader(spec, n, files) for n in sorted({r.tensor for _, ops, _ in terms for r in ops})}
+        try:
+            ds = _output(files.enter_context(h5py.File(path, "r")), spec, name, path)
+        except OSError as err:
+            raise ChainexecError(f"cannot read output ({err})", path) from None
         picks = (set(itertools.product(*map(range, shape))) if samples >= math.prod(shape)
                  else {tuple(int(rng.integers(n)) for n in shape) for _ in range(samples)})
         for point in sorted(picks):
@@ -254,45 +325,49 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> t
                         letters.setdefault(i, chr(ord("a") + len(letters)) if len(letters) < 26
                                            else chr(ord("A") + len(letters) - 26))
                     free.append("".join(letters[i] for i in rest))
-                    arrays.append(values[op.tensor][sl])
+                    arrays.append(values[op.tensor].at(sl))
                 ref += factor * float(np.einsum(",".join(free) + "->", *arrays, optimize=True))
                 mag += abs(factor) * float(np.einsum(",".join(free) + "->", *map(np.abs, arrays), optimize=True))
             refs.append(ref)
             sizes.append(mag)
-            gots.append(float(ds[point]))
-    return _compared(np.array(gots), np.array(refs), np.array(sizes))
+            try:
+                gots.append(float(ds[stored_at(layout, shape, point)]))
+            except OSError as err:
+                raise ChainexecError(f"cannot read output ({err})", path) from None
+    return np.array(gots), np.array(refs), np.array(sizes)
 
 
-def _compared(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray) -> tuple[float, float, float, int]:
-    """(largest error, largest reference value, largest term magnitude, elements) of an output
-    against its reference, over the elements whose reference is finite; where the reference is
-    not (an output allowed inf or NaN, ``allow_nonfinite``), the output must not be finite
-    either (inf and NaN alike: another order of the same terms turns one into the other), else
-    the error is inf."""
+def _check(tensor: str, method: str, dtype: str, got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray) -> Check:
+    """An output's values ``got`` against their ``ref``erence: each element's error relative to
+    the largest reference value; an element above the tolerance that is still within
+    :data:`ROUNDING_ULPS` units of rounding of its own terms' ``magnitude`` passes as rounding
+    (an element whose terms cancel, X - X or a value far below its terms, cannot be exact to the
+    tolerance relative to the output's values, and relative to zero any rounding would fail a
+    correct result): where every element above the tolerance is such, the check reports the
+    largest of their errors relative to their allowances (scaled to the tolerance) and is named
+    so. Each element is held to its own terms: one element's large terms allow no other element
+    more. Where the reference is not finite (an output allowed inf or NaN, ``allow_nonfinite``),
+    the output must not be finite either (inf and NaN alike: another order of the same terms
+    turns one into the other), else the error is inf."""
+    tolerance = TOLERANCE[dtype]
+    got, ref, magnitude = (np.asarray(x, dtype=np.float64).ravel() for x in (got, ref, magnitude))
     finite = np.isfinite(ref)
     if np.isfinite(got[~finite]).any():
-        return math.inf, 0.0, 0.0, ref.size
+        return Check(tensor, method, math.inf, tolerance, ref.size)
     if not finite.any():
-        return 0.0, 0.0, 0.0, ref.size
+        return Check(tensor, method, 0.0, tolerance, ref.size)
     with np.errstate(all="ignore"):
         error = np.abs(got[finite] - ref[finite])
-    return (float(np.max(np.where(np.isnan(error), np.inf, error))), float(np.max(np.abs(ref[finite]))),
-            float(np.max(magnitude[finite])), ref.size)
-
-
-def _check(tensor: str, method: str, dtype: str, error: float, value: float, size: float, elements: int) -> Check:
-    """Largest ``error`` relative to the largest reference ``value``; an error above the tolerance
-    that is still within :data:`ROUNDING_ULPS` units of rounding of the terms' ``size`` passes as
-    rounding, reported relative to that allowance (scaled to the tolerance) and named so: an output
-    whose terms cancel (X - X, or a value far below its terms) cannot be exact to the tolerance
-    relative to its value, and relative to zero any rounding would fail a correct result."""
-    tolerance = TOLERANCE[dtype]
-    relative = error / max(value, np.finfo(float).tiny)
-    allowance = ROUNDING_ULPS * float(np.finfo(dtype).eps) * size
-    if relative > tolerance and error <= allowance and math.isfinite(allowance):
+        error = np.where(np.isnan(error), np.inf, error)
+        relative = error / max(float(np.max(np.abs(ref[finite]))), np.finfo(float).tiny)
+        allowance = ROUNDING_ULPS * float(np.finfo(dtype).eps) * magnitude[finite]
+    rounding = (relative > tolerance) & (error <= allowance) & np.isfinite(allowance)
+    worst = float(np.max(relative[~rounding], initial=0.0))
+    if rounding.any() and worst <= tolerance:
         return Check(tensor, f"{method} (the output cancels: error within {ROUNDING_ULPS} units of rounding of its "
-                     "terms' magnitude)", tolerance * error / allowance, tolerance, elements)
-    return Check(tensor, method, relative, tolerance, elements)
+                     "terms' magnitude)", tolerance * float(np.max(error[rounding] / allowance[rounding])),
+                     tolerance, ref.size)
+    return Check(tensor, method, worst, tolerance, ref.size)
 
 
 def _symmetric(spec: Spec, name: str) -> Check:
@@ -324,7 +399,7 @@ def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) 
             reference, magnitude = full_reference(spec), full_reference(spec, magnitude=True)
         for o in spec.outputs:
             checks.append(_check(o.tensor, "einsum", spec.tensors[o.tensor].dtype,
-                                 *_compared(read_output(spec, o.tensor), reference[o.tensor], magnitude[o.tensor])))
+                                 read_output(spec, o.tensor), reference[o.tensor], magnitude[o.tensor]))
     else:
         rng = np.random.default_rng(seed)
         for o in spec.outputs:

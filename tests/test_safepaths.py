@@ -334,6 +334,7 @@ REPORTS = {
     "--plot with a name too long": (["--plot", "r" * 300 + ".png"], "longer than"),
     "--report-json over the output": (["--report-json", "out/result.h5"], "output of B"),
     "--report-json whose probe's name is too long": (["--report-json", "r" * 240 + ".json"], "longer than"),
+    "--plot over --report-json": (["--report-json", "r.json", "--plot", "./r.json"], "--plot names the file --report-json"),
 }
 
 

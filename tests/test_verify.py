@@ -3,6 +3,8 @@ computation, and both catch a corrupted output."""
 
 from __future__ import annotations
 
+import shutil
+
 import h5py
 import numpy as np
 import pytest
@@ -90,7 +92,7 @@ def test_refuses_an_output_of_another_shape_or_no_dataset(finished, tmp_path, st
         else:
             f["R"] = r[None] if stored == "broadcastable shape" else r[0]
     cfg = dict(CONFIG, outputs={"R": {"file": str(path), "dataset": "R"}})
-    with pytest.raises(ChainexecError, match="other.h5: (no dataset 'R'|dataset 'R' has shape)"):
+    with pytest.raises(ChainexecError, match="other.h5: (no dataset 'R'|dataset 'R' holds float64 values of shape)"):
         verify(spec.load(write_config(tmp_path, cfg)), samples=50, limit=limit)
 
 
@@ -220,3 +222,111 @@ def test_the_default_full_limit_is_a_fifth_of_the_host_memory(finished, memory, 
     of the host memory available (here set through ``CHAINEXEC_HOST_MEMORY``), else sampled."""
     proc = run_cli("verify", finished, env={"CHAINEXEC_HOST_MEMORY": memory})
     assert proc.returncode == 0 and f": {method} over " in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("limit", [2 << 30, 0], ids=["einsum", "sampled"])
+def test_one_element_whose_terms_cancel_allows_no_other_element_more(tmp_path, limit):
+    """``y = A·x`` with one row of terms ±1e14 that cancel: its element may be off by the rounding
+    of 1e14, but the other elements (terms of order 1) are held to theirs. Two of them changed by
+    1.5 and 2 fail (they passed as cancellation, relative error 8.8e-13), the correct output
+    passes."""
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["A"] = np.array([[1e14, -1e14], [1.0, 0.5], [0.25, 2.0], [3.0, 1.0]])
+        f["x"] = np.ones(2)
+    cfg = {"indices": {"i": 4, "k": 2},
+           "tensors": {"A": {"indices": ["i", "k"], "source": {"file": "in.h5", "dataset": "A"}},
+                       "x": {"indices": ["k"], "source": {"file": "in.h5", "dataset": "x"}}},
+           "statements": ["y[i] = A[i,k] * x[k]"], "outputs": {"y": {"file": "out.h5", "dataset": "y"}}}
+    config = write_config(tmp_path, cfg)
+    assert run_cli("run", config, "--quiet").returncode == 0
+    s = spec.load(config)
+    (check,) = verify(s, samples=10, limit=limit)
+    assert check.ok, check
+    part = next((tmp_path / "out.h5.parts").rglob("rank0.h5"))
+    with h5py.File(part, "a") as f:
+        name = next(iter(f))
+        f[name][1] = -1.0
+        f[name][3] = 6.0
+    (check,) = verify(s, samples=10, limit=limit)
+    assert not check.ok and check.relative_error > 1e-13, check
+
+
+def _packed_output(folder, extent: int):
+    """A run of ``C = A·Aᵀ`` written packed (s2) in ``folder``: its config."""
+    cfg = {"indices": {"i": extent, "j": extent, "k": 3},
+           "tensors": {"A": {"indices": ["i", "k"], "source": {"random": 1}},
+                       "C": {"indices": ["i", "j"], "symmetry": {"pairs": [["i", "j"]]}, "layout": "s2"}},
+           "statements": ["C[i,j] = A[i,k] * A[j,k]"], "outputs": {"C": {"file": "out.h5", "dataset": "C"}}}
+    folder.mkdir()
+    config = write_config(folder, cfg)
+    assert run_cli("run", config, "--quiet").returncode == 0
+    return config
+
+
+@pytest.mark.parametrize("limit", [2 << 30, 0], ids=["einsum", "sampled"])
+def test_a_packed_output_is_checked_at_its_stored_elements(tmp_path, limit):
+    """A packed (s2) output: both paths read its stored elements (the sampled one failed on any
+    packed output, PySCF's AO→MO s4 included: 2 indexing arguments for 1 dimension), pass it, and
+    fail it with one stored element changed."""
+    config = _packed_output(tmp_path / "five", 5)
+    s = spec.load(config)
+    (check,) = verify(s, samples=10**9, limit=limit)
+    assert check.ok and check.elements == 25, check
+    part = next((tmp_path / "five" / "out.h5.parts").rglob("rank0.h5"))
+    with h5py.File(part, "a") as f:
+        name = next(iter(f))
+        f[name][7] += 1e-6
+    (check,) = verify(s, samples=10**9, limit=limit)
+    assert not check.ok, check
+
+
+@pytest.mark.parametrize("limit", [2 << 30, 0], ids=["einsum", "sampled"])
+@pytest.mark.parametrize("other", [4, 6])
+def test_a_packed_output_of_other_extents_is_refused(tmp_path, other, limit):
+    """The s2 output of a run at extent 4 or 6 read under the extent-5 config: one line naming
+    the file (extent 6 passed: its first 15 stored values read as the 5×5 triangle; extent 4
+    crashed with an IndexError)."""
+    from chainexec.errors import ChainexecError
+
+    config = _packed_output(tmp_path / "five", 5)
+    _packed_output(tmp_path / "other", other)
+    (tmp_path / "five" / "out.h5").unlink()
+    shutil.rmtree(tmp_path / "five" / "out.h5.parts")
+    shutil.copy(tmp_path / "other" / "out.h5", tmp_path / "five" / "out.h5")
+    shutil.copytree(tmp_path / "other" / "out.h5.parts", tmp_path / "five" / "out.h5.parts")
+    with pytest.raises(ChainexecError, match="five/out.h5: dataset 'C' holds float64 values of shape "
+                                             rf"\({other * (other + 1) // 2},\).*not this config's output"):
+        verify(spec.load(config), samples=50, limit=limit)
+
+
+@pytest.mark.parametrize("limit", [2 << 30, 0], ids=["einsum", "sampled"])
+def test_an_output_of_another_dtype_is_refused(finished, tmp_path, limit):
+    """The float64 run's output read under the same chain in float32: not its output (it passed)."""
+    from chainexec.errors import ChainexecError
+
+    cfg = dict(CONFIG, dtype="float32", outputs={"R": {"file": str(finished.parent / "out.h5"), "dataset": "R"}})
+    with pytest.raises(ChainexecError, match="out.h5: dataset 'R' holds float64 values .* is float32"):
+        verify(spec.load(write_config(tmp_path, cfg)), samples=50, limit=limit)
+
+
+def test_a_missing_output_is_named_by_the_sampled_check(tmp_path):
+    """The sampled check of an output never written: one line naming it, exit 2, as the full
+    check's (a FileNotFoundError traceback)."""
+    cfg = dict(CONFIG, outputs={"R": {"file": "never.h5", "dataset": "R"}})
+    assert_refused(run_cli("verify", write_config(tmp_path, cfg), "--full-limit", 0), "never.h5")
+
+
+def test_the_sampled_check_reads_inputs_where_its_samples_need_them(tmp_path):
+    """A seeded input of 10^11 elements (800 GB) checked by samples: each sample makes the one row
+    it needs (the check made every input whole first: out of memory). The output, zeros written
+    by hand, fails."""
+    cfg = {"indices": {"i": 10**6, "k": 10**5},
+           "tensors": {"A": {"indices": ["i", "k"], "source": {"random": 1}},
+                       "x": {"indices": ["k"], "source": {"random": 2}}},
+           "statements": ["y[i] = A[i,k] * x[k]"], "outputs": {"y": {"file": "out.h5", "dataset": "y"}}}
+    config = write_config(tmp_path, cfg)
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f.attrs["chainexec_complete"] = True
+        f.create_dataset("y", data=np.zeros(10**6))
+    (check,) = verify(spec.load(config), samples=20, limit=0)
+    assert check.method == "sampled" and check.elements == 20 and not check.ok, check
