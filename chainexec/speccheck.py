@@ -371,7 +371,8 @@ def _dataset(p: _Parser, name: str, what: str, where, nested: bool) -> str:
 
 
 def _check_expr(p: _Parser, t: Tensor, tensors: dict, extents) -> None:
-    """A computed tensor reads inputs with a file or random source, over its own indices."""
+    """A computed tensor reads dense inputs with a file or random source, over its own indices,
+    each index once per reference."""
     where = ("tensors", t.name, "source", "expr")
     for ref in expr.text_refs(t.source.expr):
         other = tensors.get(ref.tensor)
@@ -381,6 +382,13 @@ def _check_expr(p: _Parser, t: Tensor, tensors: dict, extents) -> None:
         if len(ref.indices) != len(other.indices):
             raise p.fail(f"tensor {t.name!r}: {ref.tensor} has {len(other.indices)} indices, the expression "
                          f"gives {len(ref.indices)}", where)
+        if len(set(ref.indices)) != len(ref.indices):
+            raise p.fail(f"tensor {t.name!r}: {ref.tensor}[{','.join(ref.indices)}] in its expression repeats an "
+                         "index (diagonals are not supported)", where)
+        if other.layout != "dense":
+            raise p.fail(f"tensor {t.name!r}: {ref.tensor} in its expression is stored packed (layout "
+                         f"{other.layout}); an expression reads dense inputs: store {ref.tensor} dense, or use it "
+                         "in a statement", where)
         for mine, theirs in zip(ref.indices, other.indices):
             if mine not in t.indices:
                 raise p.fail(f"tensor {t.name!r}: index {mine!r} in its expression is not one of its indices", where)

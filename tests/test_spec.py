@@ -196,6 +196,21 @@ def test_symmetry_errors(edits, message, line):
     assert str(err.value).startswith(f"ao2mo.yaml:{line}: ") and message in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("tensor, message", [
+    ("G: {indices: [p], source: {expr: 'C[p,p]'}}", "G': C[p,p] in its expression repeats an index"),
+    ("G: {indices: [p, q, r, s], source: {expr: '2 * A[p,q,r,s]'}}",
+     "G': A in its expression is stored packed (layout s8); an expression reads dense inputs"),
+])
+def test_an_expression_reads_each_index_once_from_dense_inputs(tensor, message):
+    """An expression that takes a diagonal or reads a packed input: refused at its line (``plan``
+    passed both, and the run crashed reading them: an axes mismatch, a 4-D box of a packed
+    dataset)."""
+    text = AO2MO.replace("  B: {indices", f"  {tensor}\n  B: {{indices").replace("{ao: 7, mo: 5}", "{ao: 5, mo: 5}")
+    with pytest.raises(ChainexecError) as err:
+        spec.loads(text, "ao2mo.yaml")
+    assert str(err.value).startswith("ao2mo.yaml:9: ") and message in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize("value", ["0", "-1.0e+9", "fast", "true", ".nan"])
 def test_computed_source_rate_is_a_positive_number(value):
     """``bytes_per_second`` of a computed source: one line naming the tensor and the key."""
