@@ -139,15 +139,18 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
     if unset:
         raise ChainexecError(f"{' and '.join(unset)} not set: the planner needs both memory limits in bytes "
                              "(chainexec.api.plan takes them from the machine where the config has none)", spec.path)
-    for c in cs:
-        item = tensors[c.out].itemsize
-        for level in ("global", "device"):
-            need = minimal_footprint(c, item, extents)
-            if limits[level] < need:
-                raise ChainexecError(
-                    f"machine.{level}_memory = {format_size(limits[level])} is too small for any plan: "
-                    f"contraction {c.einsum()} needs at least {format_size(need)}",
-                    spec.path, spec.lines.get(("machine", f"{level}_memory")))
+    # The contraction whose smallest tiling needs the most: a limit below it fits no plan, and
+    # naming a smaller contraction's need would send the user through one refusal per contraction.
+    need, largest = max((minimal_footprint(c, tensors[c.out].itemsize, extents), -k) for k, c in enumerate(cs))
+    for level in ("global", "device"):
+        if limits[level] < need:
+            shown = [format_size(limits[level]), format_size(need)]
+            if shown[0] == shown[1]:  # equal once rounded: the bytes themselves
+                shown = [f"{limits[level]:,} B", f"{need:,} B"]
+            raise ChainexecError(
+                f"machine.{level}_memory = {shown[0]} is too small for any plan: contraction "
+                f"{cs[-largest].einsum()} needs at least {shown[1]}",
+                spec.path, spec.lines.get(("machine", f"{level}_memory")))
     # Disk traffic overlapped with work where the limits leave room for the second buffers;
     # otherwise (only the single-buffered plans fit) the sequential plan.
     for overlap in (True, False):

@@ -138,6 +138,34 @@ def test_a_limit_left_to_detection_is_refused_by_the_pure_planner(tmp_path, miss
     assert str(err.value).startswith(str(config)) and "\n" not in str(err.value)
 
 
+PACKED_CHAIN = {
+    "indices": {"p": 13, "a": 7, "b": 7, "c": 7, "d": 7},
+    "tensors": {"C": {"indices": ["p", "a"], "source": {"random": 3}},
+                "B": {"indices": ["a", "b"], "symmetry": {"pairs": [["a", "b"]]}, "layout": "s2"},
+                "G": {"indices": ["a", "b", "c", "d"], "symmetry": {"pairs": [["a", "b"], ["c", "d"]], "exchange": True},
+                      "layout": "packed"}},
+    "statements": ["B[a,b] = C[p,a] * C[p,b]", "G[a,b,c,d] = B[a,b] * B[c,d]", "H[a,d] = B[b,c] * G[a,b,c,d]"],
+    "outputs": {"B": {"file": "o.h5", "dataset": "B"}, "G": {"file": "o.h5", "dataset": "G"},
+                "H": {"file": "o.h5", "dataset": "H"}},
+}
+
+
+def test_a_limit_too_small_for_any_plan_names_what_the_plan_needs(tmp_path):
+    """A device limit below the smallest tiling of a chain's contractions: the refusal names
+    the largest of their needs, in bytes where the two sizes round alike, and that limit plans
+    (it named the first contraction's need, 24 B, then the next's, 400 B, before 6,280 B)."""
+    def plan(device):
+        return make_plan(spec.load(write_config(tmp_path, dict(PACKED_CHAIN, machine={
+            "global_memory": "64KiB", "device_memory": device}))))
+
+    with pytest.raises(ChainexecError, match=r"device_memory = 24 B is too small for any plan: .* needs at least "
+                                             r"6\.13 KiB"):
+        plan("24B")
+    with pytest.raises(ChainexecError, match="device_memory = 6,279 B is too small .* needs at least 6,280 B"):
+        plan("6279B")
+    assert plan("6280B").predicted["memory_peak"]["device"] <= 6280
+
+
 def test_flops_and_contractions(tmp_path):
     plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(n=10, nmo=8))))
     assert len(plan.contractions) == 4
