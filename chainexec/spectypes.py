@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from chainexec import pairs
 from chainexec.errors import quoted
@@ -195,19 +196,22 @@ _UNITS = {
 
 
 def parse_size(value, what: str) -> int:
-    """``8GiB``, ``512 MiB``, ``1e9``, ``1000000`` → bytes, a whole number from 1 to
+    """``8GiB``, ``512 MiB``, ``1e9``, ``1e-3GiB``, ``1000000`` → bytes, a whole number from 1 to
     :data:`MAX_SIZE` (fractions of a byte are dropped); ValueError for anything else, infinities
     and NaN among it."""
+    given = value
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"{what}: expected a size such as 8GiB or 512MiB, got {quoted(value)}")
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if 1 <= value <= 2 * MAX_SIZE:  # exact where in range (2^63 - 1 stays itself); a float first,
+            value = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]  # so 1e999999999 costs nothing
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what}: expected a size such as 8GiB, got {quoted(value)}")
     # Comparisons with NaN are false: NaN fails this as the infinities do.
     if not 1 <= value <= MAX_SIZE:
-        raise ValueError(f"{what}: size must be a finite number of bytes from 1 to 2^63 - 1, got {quoted(value)}")
+        raise ValueError(f"{what}: size must be a finite number of bytes from 1 to 2^63 - 1, got {quoted(given)}")
     return int(value)
 
 

@@ -47,13 +47,18 @@ def test_statement_forms(text, factor, operands):
 
 @pytest.mark.parametrize("value, expected", [("8GiB", 8 * 2**30), ("1.5 MiB", 3 * 2**19), ("1e6", 10**6),
                                              (4096, 4096), ("2GB", 2 * 10**9), (2**63 - 1, 2**63 - 1),
-                                             ("8388607 TiB", (2**23 - 1) * 2**40), (1.9, 1)])
+                                             ("8388607 TiB", (2**23 - 1) * 2**40), (1.9, 1),
+                                             (str(2**63 - 1), 2**63 - 1), (str(2**53 + 1), 2**53 + 1),
+                                             ("1e-3GiB", 2**30 // 1000), ("1e+3", 1000)])
 def test_sizes(value, expected):
+    """Sizes as written, exact to the byte where given as text (2^63 - 1 was refused as
+    9.223372036854776e+18 and 2^53 + 1 read as 2^53), signed exponents included."""
     assert spec.parse_size(value, "x") == expected
 
 
 @pytest.mark.parametrize("value", ["-1", "eight", 0, True, "3 parsecs", 0.5, float("inf"), float("-inf"), float("nan"),
-                                   "1e400", "inf GiB", "nan", 2**63, 10**400, "8 EiB", "8388608 TiB", [1], None])
+                                   "1e400", "inf GiB", "nan", 2**63, 10**400, "8 EiB", "8388608 TiB", [1], None,
+                                   str(2**63), "0.9999999999999999999", "1e999999999", "1e-999999999"])
 def test_bad_sizes(value):
     with pytest.raises(ValueError):
         spec.parse_size(value, "x")
