@@ -154,9 +154,20 @@ class Machine:
         ``statements`` and the ``calls`` seconds of its transfers' per-call time (the same
         thread's work), added, or overlapped where the statements are queued on a device stream
         (:attr:`async_statements`): many small tiles cost their bookkeeping even where their
-        flops are few."""
+        flops are few.
+
+        Overlapped, the two are priced as the Euclidean norm ``√(compute² + host²)``, not their
+        maximum: the queue between host and device drains at every wait for the device (pending
+        stamps read, room made in the memory pool, a result landed), and the calibrated
+        :attr:`statement_seconds` is a tiny matrix product's, below what a statement with
+        several launches costs, so where the two times are alike neither hides the other. The
+        norm is their maximum where one dominates and √2 times it where they are equal. On the
+        (T) job at occupied tiles of one (o=40, v=400, an H100: compute 90 s, host 79 s at the
+        calibrated rate) the compute level ran in 115 s: the norm gives 120 s, the maximum
+        90 s, under which the planner took those tiles over tiles of two, which ran 13 % faster
+        (``benchmarks/results/INDEX.md``)."""
         host = statements * self.statement_seconds + calls
-        return max(compute, host) if self.async_statements else compute + host
+        return math.hypot(compute, host) if self.async_statements else compute + host
 
     def transfer_seconds(self, op: str, nbytes: int, locked: bool = False, mapped: bool = False) -> float:
         """Seconds of ``nbytes`` moved to the device (``get``) or back (``accumulate``): by DMA

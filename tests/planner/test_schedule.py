@@ -265,8 +265,9 @@ def test_shared_single_contractions_equal_a_fresh_emitters():
 
 
 def test_host_time_adds_to_compute_or_overlaps_it():
-    """``work_seconds``: per-statement host seconds add to compute (NumPy) or hide behind it when
-    statements are queued on a device stream (``async_statements``), whichever is longer."""
+    """``work_seconds``: per-statement host seconds add to compute (NumPy) or overlap it when
+    statements are queued on a device stream (``async_statements``): the norm of the two, the
+    longer where one dominates, √2 times it where they are alike."""
     from dataclasses import replace
 
     from chainexec.planner.schedule import work_seconds
@@ -276,9 +277,11 @@ def test_host_time_adds_to_compute_or_overlaps_it():
     ctx = type("Ctx", (), {"machine": machine})
     assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 10 + 4)
     ctx.machine = replace(machine, async_statements=True)
-    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 10)
-    ctx.machine = replace(machine, async_statements=True, statement_seconds=0.02)
-    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 20)
+    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + (10**2 + 4**2) ** 0.5)
+    ctx.machine = replace(machine, async_statements=True, statement_seconds=0.01)
+    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 10 * 2**0.5)
+    ctx.machine = replace(machine, async_statements=True, statement_seconds=1e-4)
+    assert work_seconds(ctx, predicted) == pytest.approx(1 + 2 + 10, rel=1e-3)
 
 
 H100 = Machine(disk_read=1.77e9, disk_write=1.0e9, global_to_device=5.28e9, device_to_global=7.16e9,
@@ -311,18 +314,33 @@ def test_overlapped_host_time_lets_triples_take_smaller_tiles(monkeypatch):
     assert overlapped.predicted["statements"] > 6 * added.predicted["statements"]
 
 
-def test_roofline_keeps_the_triples_tiles_of_one():
-    """The measured case (H100, 2026-11-24, thirteenth session): (T) at o=40 v=400 with 40 GiB
-    of device memory. With a statement's flop time and streamed-byte time added, occupied tiles of
-    2 (7.3 % more flops, half the operand reads per point) were priced below tiles of 1; on the
-    GPU they ran in 180.9 s against 135.4 s (both at 40 GiB, warm). Priced by the roofline, the
-    larger of the two per statement, the planner keeps tiles of 1 however much memory is set."""
-    from dataclasses import replace
+H100_QUICK = Machine(disk_read=1.22e9, disk_write=9.52e8, global_to_device=2.08e10, device_to_global=1.28e10,
+                     flop_rate=5.57e13, statement_seconds=2.52e-4, transfer_call_seconds=6.54e-5,
+                     disk_call_seconds=6.48e-5, device_bandwidth=2.63e12, orbit_bandwidth=1.71e13,
+                     async_statements=True)
+"""A quick calibration's rates on an H100 (``tiles_ccsd_t_h100_2026-12-06b.json``)."""
 
-    machine = replace(H100, async_statements=True)
-    for device in ("26GiB", "40GiB", "78GiB"):
-        plan = make_plan(_triples(40, 400, device), machine)
-        assert [t for _, t in parallel_loops(plan)] == [{"i": 1, "j": 1, "k": 1}], device
+
+def test_overlap_of_host_and_device_takes_the_triples_tiles_that_ran_faster():
+    """The measured case (``tiles_ccsd_t_h100_2026-12-06b.json``): (T) at o=40 v=400 with 40 GiB
+    of device memory, the H100's own quick calibration. Occupied tiles of one (311,680
+    statements, 79 s of host time at the calibrated rate against 90 s of compute) ran in 115.9 s,
+    tiles of two (40,640 statements) in 100.8 s. With host and device time overlapped as their
+    maximum the planner took the tiles of one; as their norm it takes the tiles of two, and
+    keeps them where more memory would allow larger ones (which ran slower still)."""
+    from chainexec.planner import machine as machine_module
+
+    for device in ("40GiB", "78GiB"):
+        plan = make_plan(_triples(40, 400, device), H100_QUICK)
+        assert [t for _, t in parallel_loops(plan)] == [{"i": 2, "j": 2, "k": 2}], device
+
+    def maximum(self, compute, statements, calls=0.0):
+        return max(compute, statements * self.statement_seconds + calls)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(machine_module.Machine, "busy_seconds", maximum)
+        plan = make_plan(_triples(40, 400, "40GiB"), H100_QUICK)
+    assert [t for _, t in parallel_loops(plan)] == [{"i": 1, "j": 1, "k": 1}]
 
 
 @pytest.mark.parametrize("config", ["fourindex", "triples"])
