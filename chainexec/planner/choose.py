@@ -28,6 +28,7 @@ is strictly better.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations
 
@@ -35,8 +36,29 @@ from chainexec.planner import fusion
 from chainexec.planner.nest import DeviceGroup, DiskGroup, Schedule
 from chainexec.planner.schedule import (Context, fit, grid_candidates, iterations, movement_seconds,
                                         prescribed_scheme, single_candidates)
+from chainexec.spectypes import MAX_SIZE, format_size
 
 SEARCH_LIMIT = 5
+
+
+def least_limit(ctx: Context, k: int, level: str) -> int | None:
+    """The least ``level`` limit (bytes) at which contraction ``k`` has a tiling
+    (:func:`single_candidates`), the other level's kept; None where none has one below
+    :data:`~chainexec.spectypes.MAX_SIZE`. Doubled from the limit until one fits, then halved
+    back by bisection: a refusal names what would plan (one single-contraction search per step,
+    about twice the bits of the ratio, on the error path only)."""
+    def fits(limit: int) -> bool:
+        return bool(single_candidates(replace(ctx, limits={**ctx.limits, level: limit}), k))
+
+    low, high = ctx.limits[level], max(1, ctx.limits[level])
+    while not fits(high):
+        if high >= MAX_SIZE:
+            return None
+        low, high = high, min(2 * high, MAX_SIZE)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high
 
 
 def compositions(items: list[int]) -> list[list[list[int]]]:
@@ -54,10 +76,20 @@ class Chooser:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.tilings = {c.id: single_candidates(ctx, c.id) for c in ctx.cs}
-        for c in ctx.cs:
-            if not self.tilings[c.id]:
-                raise ValueError(f"no tiling of contraction #{c.id} ({c.out} = {c.einsum()}) fits the memory limits "
-                                 f"(global {ctx.limits['global']} B, device {ctx.limits['device']} B): raise them")
+        failed = [c for c in ctx.cs if not self.tilings[c.id]]
+        if failed:
+            needs = []
+            for level in ("global", "device"):
+                least = [least_limit(ctx, c.id, level) for c in failed]
+                if None not in least:
+                    size = max(least)
+                    needs.append(f"machine.{level}_memory to {format_size(size)}"
+                                 + (f" ({size:,} B)" if size >= 1024 else ""))
+            c = failed[0]
+            raise ValueError(f"no tiling of contraction #{c.id} ({c.out} = {c.einsum()})"
+                             + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
+                             + f" fits the memory limits (global {ctx.limits['global']:,} B, device "
+                             f"{ctx.limits['device']:,} B): raise " + (" or ".join(needs) if needs else "both"))
         self.singles = {k: min(options, key=lambda o: (self._alone(o[1]), iterations(ctx, o[1])))[1]
                         for k, options in self.tilings.items()}
         self.lists = fusion.fusable_lists(ctx.cs)

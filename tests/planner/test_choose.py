@@ -73,3 +73,30 @@ def _products(options):
     for head in options[0]:
         for tail in _products(options[1:]):
             yield [head] + tail
+
+
+EXPRESSIONS = {
+    "indices": {"i": 7, "j": 7, "a": 5, "b": 5},
+    "tensors": {"e": {"indices": ["i"], "source": {"random": 1}}, "f": {"indices": ["a"], "source": {"random": 2}},
+                "D": {"indices": ["i", "a"], "source": {"expr": "1 / (3 + e[i] - f[a])"}},
+                "W": {"indices": ["i", "j", "a", "b"], "source": {"expr": "e[i] * f[b] - e[j] + f[a] * 0.25"}}},
+    "statements": ["T[i,j] = D[i,a] * D[j,a]", "U[i,j] = W[i,j,a,b] * D[i,a] * D[j,b]", "V[a,b] = W[j,i,b,a] * T[i,j]"],
+    "outputs": {t: {"file": "o.h5", "dataset": t} for t in "TUV"},
+}
+
+
+@pytest.mark.parametrize("limits, needle, fits", [
+    ({"global_memory": "47B", "device_memory": "512B"}, "raise machine.global_memory to 48 B",
+     {"global_memory": "48B", "device_memory": "512B"}),
+    ({"global_memory": "1MiB", "device_memory": "40B"}, "and 1 more fits the memory limits (global 1,048,576 B, "
+     "device 40 B): raise machine.device_memory to 48 B", {"global_memory": "1MiB", "device_memory": "48B"}),
+])
+def test_a_limit_no_tiling_fits_is_refused_with_the_limit_that_would(limits, needle, fits, tmp_path):
+    """Limits above every contraction's smallest tiling but below what the tiling schemes can
+    place (expression inputs): the refusal names the least limit at which every contraction has a
+    tiling (it named none: "raise them"), and that limit plans."""
+    from chainexec.errors import ChainexecError
+
+    with pytest.raises(ChainexecError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        make_plan(spec.load(write_config(tmp_path, dict(EXPRESSIONS, machine=limits))))
+    assert make_plan(spec.load(write_config(tmp_path, dict(EXPRESSIONS, machine=fits)))).predicted["flops"] > 0
