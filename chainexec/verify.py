@@ -257,18 +257,25 @@ def expand(spec: Spec, name: str, upto: int | None = None) -> list[tuple[float, 
 
 
 class _Reader:
-    """Input ``name``'s values at one sample's elements (:meth:`at`), read where they lie: a dense
-    file input's from its dataset, open for the whole check; a seeded or expression input's made
-    for that region alone; a packed file input's from its stored values (read once, packed); a
-    computed input's from its values (made once). The sampled check exists for chains larger
-    than memory: it never holds a file or seeded input's dense values whole."""
+    """Input ``name``'s values at one sample's elements (:meth:`at`): held whole where they fit
+    the bytes ``room`` has left (a one-element list, shared by a check's readers and taken from
+    as each holds its values: a sample that sums over a whole input then reads it once, not once
+    per sample), else read where they lie: a dense file input's from its dataset, open for the
+    whole check, a seeded or expression input's made for that region alone. A packed file input
+    is held packed (its stored values, read once), a computed one whole. The sampled check
+    exists for chains larger than memory: past ``room`` it holds no file or seeded input's dense
+    values whole."""
 
-    def __init__(self, spec: Spec, name: str, files: contextlib.ExitStack):
+    def __init__(self, spec: Spec, name: str, files: contextlib.ExitStack, room: list[int]):
         self.spec, self.name = spec, name
         t = spec.tensors[name]
         self.whole = self.ds = self.packed = None
         self.path = None
-        if t.source.file is not None and t.source.random is None:
+        size = math.prod(spec.shape(name)) * DTYPES[t.dtype]
+        if t.source.compute is not None or size <= room[0]:
+            room[0] -= size
+            self.whole = _input(spec, name)
+        elif t.source.file is not None and t.source.random is None:
             self.path = _input_path(spec, name)
             try:
                 self.ds = _input_dataset(spec, name, files.enter_context(h5py.File(self.path, "r")), self.path)
@@ -276,8 +283,6 @@ class _Reader:
                     self.packed = self.ds[()]
             except (OSError, KeyError) as err:
                 raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", self.path) from None
-        elif t.source.compute is not None:
-            self.whole = _input(spec, name)
 
     def at(self, at: tuple) -> np.ndarray:
         """The elements ``at`` (per dimension an integer or ``slice(None)``), integer dimensions
@@ -296,17 +301,20 @@ class _Reader:
         return np.asarray(_input(self.spec, self.name, region))[tuple(0 if not isinstance(a, slice) else a for a in at)]
 
 
-def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator,
+             limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(output values, reference values, term magnitudes) at random elements of output ``name``
     (magnitude: the sum of the absolute values of the terms), each element computed from the
-    inputs alone, read where it needs them (:class:`_Reader`)."""
+    inputs alone, held whole within ``limit`` bytes, else read where it needs them
+    (:class:`_Reader`)."""
     out = next(o for o in spec.outputs if o.tensor == name)
     path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
     shape, layout = spec.shape(name), spec.tensors[name].layout
     terms = expand(spec, name)
     refs, sizes, gots = [], [], []
     with contextlib.ExitStack() as files, np.errstate(all="ignore"):  # inf or NaN inputs (allow_nonfinite)
-        values = {n: _Reader(spec, n, files) for n in sorted({r.tensor for _, ops, _ in terms for r in ops})}
+        room = [limit]
+        values = {n: _Reader(spec, n, files, room) for n in sorted({r.tensor for _, ops, _ in terms for r in ops})}
         try:
             ds = _output(files.enter_context(h5py.File(path, "r")), spec, name, path)
         except OSError as err:
@@ -403,5 +411,5 @@ def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) 
     else:
         rng = np.random.default_rng(seed)
         for o in spec.outputs:
-            checks.append(_check(o.tensor, "sampled", spec.tensors[o.tensor].dtype, *_sampled(spec, o.tensor, samples, rng)))
+            checks.append(_check(o.tensor, "sampled", spec.tensors[o.tensor].dtype, *_sampled(spec, o.tensor, samples, rng, limit)))
     return checks
