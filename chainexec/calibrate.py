@@ -124,10 +124,6 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
     if path is None:
         path, ident = cache_file(backend)
     path = Path(path)
-    _check_writable(path, own=ident is not None)
-    scratch = Path(scratch) if scratch is not None else path.parent
-    if not (scratch.is_dir() and os.access(scratch, os.W_OK)):
-        raise ChainexecError("scratch folder for the disk measurement is not a writable directory", str(scratch))
     if ranks < 1:
         raise ChainexecError(f"ranks must be at least 1, got {ranks}")
     cores = len(os.sched_getaffinity(0))
@@ -136,6 +132,10 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
                              "ranks on this node are at most as many (one per GPU)")
     if size is not None and size < 1:
         raise ChainexecError(f"size must be a positive number of bytes, got {size}")
+    _check_writable(path, own=ident is not None)
+    scratch = Path(scratch) if scratch is not None else path.parent
+    if not (scratch.is_dir() and os.access(scratch, os.W_OK)):
+        raise ChainexecError("scratch folder for the disk measurement is not a writable directory", str(scratch))
     return keep(path, _launch(settings(scratch, quick, backend, size), ranks), quick, ident)
 
 
@@ -210,15 +210,12 @@ def _size_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
-
-
 def _check_writable(path: Path, own: bool = False) -> None:
-    """Raise :class:`ChainexecError` naming ``path`` unless the atomic write can succeed there: the
-    temporary file beside it can be created and ``path`` is not a directory, nor a file other
-    than a machine file (:meth:`Machine.parse` reads it), which the calibration would replace;
-    but the cache's ``own`` file, which a broken one is made again in place of."""
+    """Raise :class:`ChainexecError` naming ``path`` unless the atomic write can succeed there: a
+    file of a fresh name beside it can be created (and is removed: no file of the user's is
+    touched) and ``path`` is not a directory, nor a file other than a machine file
+    (:meth:`Machine.parse` reads it), which the calibration would replace; but the cache's
+    ``own`` file, which a broken one is made again in place of."""
     if path.is_dir():
         raise ChainexecError("cannot write the machine file: it is a directory", str(path))
     if path.exists() and not own:
@@ -228,8 +225,9 @@ def _check_writable(path: Path, own: bool = False) -> None:
             raise ChainexecError("exists and is not a machine file; calibrate replaces only a machine file: "
                                  "move it or name another file", str(path)) from None
     try:
-        _tmp(path).open("w").close()
-        _tmp(path).unlink()
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         raise ChainexecError(f"cannot write the machine file ({err.strerror or err})", str(path)) from None
 

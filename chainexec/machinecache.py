@@ -146,9 +146,14 @@ def held(ident: dict):
     same time (a job array's first runs on a fresh node) measure one after another, and the
     ones after the first find its calibration (:func:`cached`, asked again inside) instead of
     measuring while loading each other, each keeping other rates. Released when the process
-    ends, however it ends."""
+    ends, however it ends. A lock that cannot be opened (a folder there, another user's lock in a
+    shared cache) is a :class:`ChainexecError` naming it."""
     lock = path(ident).with_name(path(ident).name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:  # a folder there, another user's lock in a shared cache
+        raise ChainexecError(f"cannot open the calibration lock ({err.strerror or err}): give a machine file "
+                             f"(--machine) or set ${CACHE} to a folder of your own", str(lock)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -180,6 +180,24 @@ def test_a_machine_file_is_replaced_by_a_new_calibration(calibrated, tmp_path):
     _check_writable(path)
 
 
+@pytest.mark.parametrize("ranks", [0, 1])
+def test_the_files_beside_the_machine_file_are_left_as_they_were(tmp_path, ranks):
+    """``m.json.tmp`` (the user's) and ``v.json.tmp`` (a link to another file) beside the machine
+    files: the writability probe takes a fresh name (it emptied and removed the fixed name
+    PATH.tmp, through the link too), and a bad argument is refused before the probe."""
+    (tmp_path / "m.json.tmp").write_text("notes\n")
+    (tmp_path / "victim.txt").write_text("precious\n")
+    (tmp_path / "v.json.tmp").symlink_to(tmp_path / "victim.txt")
+    if ranks < 1:
+        with pytest.raises(ChainexecError, match="ranks must be at least 1"):
+            calibrate(tmp_path / "m.json", quick=True, ranks=ranks)
+    else:
+        for name in ("m.json", "v.json"):
+            _check_writable(tmp_path / name)
+    assert (tmp_path / "m.json.tmp").read_text() == "notes\n" and (tmp_path / "victim.txt").read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json.tmp", "v.json.tmp", "victim.txt"]
+
+
 def test_more_ranks_than_cores_are_refused_before_measuring(tmp_path):
     """A calibration's ranks stand for a run's on this node: more than the cores this process
     may use would only measure oversubscription (and, at hundreds, launch for minutes)."""

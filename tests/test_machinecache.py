@@ -189,3 +189,28 @@ def test_a_cache_that_cannot_be_written_is_one_line(tmp_path, calibrating, monke
     assert run_cli("generate", config).returncode == 0
     for proc in (run_cli("plan", config), run_cli("run", config, ranks=3)):
         assert_refused(proc, str(blocker / "machines"), "cannot make the calibration cache folder", "--machine")
+
+
+def test_a_lock_that_cannot_be_opened_is_one_line(tmp_path, calibrating):
+    """The first-use calibration's lock a folder (or, in a cache shared between users, another
+    user's file): one line naming it, exit 2 (an IsADirectoryError traceback)."""
+    ident = machinecache.identity(None)
+    lock = machinecache.path(ident).with_name(machinecache.path(ident).name + ".lock")
+    lock.mkdir(parents=True)
+    config = write_config(tmp_path, fourindex_config())
+    assert_refused(run_cli("plan", config), str(lock), "cannot open the calibration lock", "--machine")
+
+
+def test_a_first_use_under_fewer_cores_than_ranks_calibrates_on_the_cores_it_may_use(tmp_path, calibrating):
+    """``plan --ranks 2`` in a process allowed one core (a SLURM job given part of a node) and no
+    calibration yet: the quick calibration runs on one rank and the plan is made (refused: 2 is
+    more than the 1 cores, the cap being the machine's core count)."""
+    config = write_config(tmp_path, fourindex_config())
+    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from chainexec.cli import command; sys.argv = ['chainexec', 'plan', sys.argv[1], '--ranks', '2']; "
+            "command()")
+    proc = subprocess.run([sys.executable, "-c", code, str(config)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stderr.count(FIRST_USE) == 1, proc.stderr
+    [kept] = _kept(calibrating)
+    assert json.loads(kept.read_text())["details"]["ranks"] == 1
