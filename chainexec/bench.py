@@ -521,8 +521,8 @@ def load_cases(path: str | Path) -> list[dict]:
     objects with ``id`` (a whole number, each once), ``name`` and ``group`` (strings), ``C``,
     ``A`` and ``B`` (index strings, one lower-case ASCII letter per index: they name variables of
     the generated CUDA source) and ``sizes`` (each index's extent, a positive whole number).
-    Every index of ``C`` is in ``A`` or ``B``, and an index not in ``C`` is summed, so in both.
-    Anything else is a ChainexecError naming the file and the case."""
+    Every index of ``C`` is in ``A`` or ``B`` (not both: no batch index), and an index not in
+    ``C`` is summed, so in both. Anything else is a ChainexecError naming the file and the case."""
     cases = userfiles.loads(userfiles.read(path, "case file"), "case file", str(path))
     if not isinstance(cases, list) or not cases:
         raise ChainexecError("the cases must be a non-empty JSON list of contractions", str(path))
@@ -558,6 +558,8 @@ def _case_problem(case, seen: set) -> str | None:
         return "each size must be a positive whole number"
     if not set(case["C"]) <= set(case["A"]) | set(case["B"]):
         return "an index of C is in neither A nor B"
+    if set(case["A"]) & set(case["B"]) & set(case["C"]):
+        return "an index in all of C, A and B (a batch index) is not a contraction the kernels generate"
     summed = (set(case["A"]) | set(case["B"])) - set(case["C"])
     if not summed <= set(case["A"]) & set(case["B"]):
         return "a summed index (not in C) must be in both A and B"
@@ -573,7 +575,8 @@ def check_options(args, cases: list[dict]) -> None:
     """Refuse, before anything needs a GPU, options that would fail or lose a file later: a scale
     or budget that is not a positive number, an ``--ids`` no case has, and an ``--out`` in a folder
     that does not exist or that is a file other than a result of the bench (the case file, a
-    folder, a user's own file), which the finished run would replace."""
+    folder, a user's own file), which the finished run would replace, or whose ``OUT.partial``
+    is such a file (written after each case, removed at the end)."""
     if any(s < 1 for s in args.scales):
         raise ChainexecError(f"--scales must be positive whole numbers, not {' '.join(map(str, args.scales))}")
     if not (math.isfinite(args.budget) and args.budget > 0):
@@ -591,6 +594,10 @@ def check_options(args, cases: list[dict]) -> None:
     if out.exists() and not _is_result(out):
         raise ChainexecError("--out exists and is not a result of `chainexec bench tccg`: it is not written over; "
                              "give another name or remove it", str(out))
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists() and (safepaths.same_file(partial.resolve(), Path(args.cases).resolve()) or not _is_result(partial)):
+        raise ChainexecError("exists and is not a bench run's rows, which the run writes there after each case and "
+                             "removes at its end: give another --out or move it", str(partial))
 
 
 def _is_result(path: Path) -> bool:
@@ -689,14 +696,22 @@ def main(argv=None) -> int:
         case, s = job
         sizes = {i: n * s for i, n in case["sizes"].items()}
         t = time.perf_counter()
-        cfg = choose_config(case["C"], case["A"], case["B"], sizes, args.dtype, device)
+        try:
+            cfg = choose_config(case["C"], case["A"], case["B"], sizes, args.dtype, device)
+        except Exception as exc:  # the case's row records it: one case must not lose the rest
+            return exc
         search_s.append(time.perf_counter() - t)
         return sizes, cfg
 
     def build(job, found):
         case, _ = job
+        if isinstance(found, Exception):
+            return found
         sizes, cfg = found
-        return get_kernel(case["C"], case["A"], case["B"], sizes, args.dtype, config=cfg)
+        try:
+            return get_kernel(case["C"], case["A"], case["B"], sizes, args.dtype, config=cfg)
+        except Exception as exc:  # likewise
+            return exc
 
     # the searches one after another, so that each one's seconds are its own (searches in threads
     # would count each other's turns of the interpreter), then the compiles in threads
@@ -704,12 +719,14 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(16) as pool:
         kernels = list(pool.map(build, jobs, found))
     result["compile_s"] = time.perf_counter() - t0
-    result["max_search_s"] = max([*search_s, result.get("max_search_s", 0.0)])
+    result["max_search_s"] = max([*search_s, result.get("max_search_s", 0.0)], default=0.0)
     print(f"configured and compiled {len(jobs)} kernels in {result['compile_s']:.1f} s",
           flush=True)
     for (case, s), kern in zip(jobs, kernels):
         t = time.perf_counter()
         try:
+            if isinstance(kern, Exception):  # its search or its compile failed
+                raise kern
             row = run_case(case, s, kern, args.budget, use_torch, (result["dgemm_gflops"], result["copy_gbs"]))
         except Exception as exc:  # recorded, not hidden: one failing case must not lose the rest
             row = {"id": case["id"], "name": case["name"], "scale": s, "error": repr(exc)}

@@ -256,6 +256,47 @@ def test_options_that_would_fail_or_lose_a_file_are_refused_before_the_gpu(tmp_p
     assert (tmp_path / "notes.json").read_text() == '{"my": "notes"}'
 
 
+@pytest.mark.parametrize("partial", ["notes", "cases"])
+def test_an_out_partial_that_is_not_a_bench_run_s_rows_is_refused(tmp_path, partial):
+    """``OUT.partial``, which the bench writes after each case and removes at its end, holding a
+    user's notes or being the case file itself: refused before the GPU, the file left as it was
+    (it was written over, then removed)."""
+    import chainexec.bench as bench
+
+    if partial == "notes":
+        cases, out = tmp_path / "cases.json", tmp_path / "r.json"
+        (tmp_path / "r.json.partial").write_text("notes\n")
+    else:
+        cases, out = tmp_path / "c.json.partial", tmp_path / "c.json"
+    cases.write_text(json.dumps([GOOD]))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ChainexecError, match=r"\.partial: exists and is not a bench run's rows"):
+        bench.main(["--cases", str(cases), "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_case_whose_kernel_cannot_be_made_is_a_row_with_its_error(tmp_path, monkeypatch):
+    """A case the kernel search or its compile fails on: its row records the error, the other
+    cases run and the results are written (the error ended the bench with a traceback)."""
+    import chainexec.bench as bench
+    from chainexec.kernels import kernelconf
+
+    ran = []
+    _stand_in_gpu(monkeypatch, bench, ran)
+
+    def choose_config(c, a, b, sizes, *rest):
+        if sizes.get("d") == 3 * 10**28:
+            raise OverflowError("Python int too large to convert to C long")
+
+    monkeypatch.setattr(kernelconf, "choose_config", choose_config)
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([GOOD, dict(GOOD, id=2, sizes={"a": 7, "b": 11, "c": 13, "d": 3 * 10**28})]))
+    out = tmp_path / "r.json"
+    assert bench.main(["--cases", str(cases), "--out", str(out), "--scales", "1", "--no-torch"]) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert ran == [1] and [r["id"] for r in rows] == [1, 2] and "OverflowError" in rows[1]["error"]
+
+
 def test_an_earlier_result_may_be_written_over(tmp_path, monkeypatch):
     """The checks pass an ``--out`` that holds a result of the bench (the run that follows
     replaces it), and a new name."""
