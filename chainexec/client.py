@@ -12,9 +12,11 @@ file the command was given, as it would itself) and ends with the run's exit sta
 runs the command itself (:func:`chainexec.cli.command`), with the same result: serving only
 saves the start. A command under a launcher (one of several ranks) is never handed over.
 
-The protocol (:func:`send`, :func:`receive`): one request, a JSON object with the standard
-streams' descriptors attached; the server's answer, ``accepted`` or ``refused`` with a reason;
-then, once the run has ended, its ``status``. A client that goes away during the run (Ctrl-C,
+The protocol (:func:`send`, :func:`receive`): one request, a JSON object; the server's
+answer, ``accepted`` or ``refused`` with a reason; where accepted, the client's standard streams'
+descriptors attached to a second message (never to a server that has not answered: a stopped
+one would hold them, and a pipeline would not end); then, once the run has ended, its
+``status``. A client that goes away during the run (Ctrl-C,
 a batch system's kill) stops the run as an interrupt stops a run of its own, and the server
 with it (:mod:`chainexec.server`).
 """
@@ -262,12 +264,15 @@ def forward(argv: list[str]) -> int | None:
     with sock:
         try:
             sock.settimeout(ANSWER)
-            send(sock, request, [0, 1, 2])
+            send(sock, request)
             answer, _ = receive(sock)
+            if not answer or not answer.get("accepted"):
+                return None
+            # the streams only to a server that has accepted: one that never answers (stopped,
+            # wedged) would otherwise hold them, and a pipe this command writes to, after it gave up
+            send(sock, {"streams": True}, [0, 1, 2])
             sock.settimeout(None)
         except (OSError, ValueError):
-            return None
-        if not answer or not answer.get("accepted"):
             return None
         # SIGINT interrupts the served run as it does a run in its own process (which watches it,
         # :func:`chainexec.stopsignals.watch`), also where this process began with it ignored (a

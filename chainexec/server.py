@@ -223,7 +223,7 @@ def _take(conn: socket.socket, state: _State) -> None:
         conn.close()
         return
     conn.settimeout(RECEIVE)
-    request, fds = client.receive(conn, fds=3)
+    request, _ = client.receive(conn)
     conn.settimeout(None)
     if request is None:
         conn.close()
@@ -235,17 +235,14 @@ def _take(conn: socket.socket, state: _State) -> None:
         state.queue.put(None)
         return
     with state.lock:
-        taken = not state.busy and len(fds) == 3
-        state.busy = state.busy or taken
+        taken = not state.busy
+        state.busy = True
     if not taken:
-        reason = "busy with another run" if len(fds) == 3 else "no standard streams"
-        _answer(conn, {"refused": reason})
-        _log(state, f"refused {_label(request)}: {reason}")
-        for fd in fds:
-            os.close(fd)
+        _answer(conn, {"refused": "busy with another run"})
+        _log(state, f"refused {_label(request)}: busy with another run")
         conn.close()
         return
-    state.queue.put((conn, request, fds))
+    state.queue.put((conn, request))
 
 
 def _label(request: dict) -> str:
@@ -255,12 +252,15 @@ def _label(request: dict) -> str:
     return f"{words[:200]} for pid {str(request.get('pid'))[:20]}"
 
 
-def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int]) -> bool:
+def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
     """Run one request on this (the main) thread, answer its status and close the connection;
-    False where the server must end (a run that did not end normally)."""
+    False where the server must end (a run that did not end normally). The client's standard
+    streams come once it has been told its request is accepted (:func:`_streams`): a client
+    that gave up waiting for the answer holds its own, and a pipe it writes to ends with it."""
     go_on = True
     begun = time.perf_counter()
     what = _label(request)
+    fds: list[int] = []
     try:
         reason = _refusal(state, request)
         if reason:
@@ -268,6 +268,10 @@ def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int])
             _log(state, f"refused {what}: {reason}")
             return True
         _answer(conn, {"accepted": True, "pid": os.getpid()})
+        fds = _streams(conn)
+        if len(fds) != 3:
+            _log(state, f"dropped {what}: its client sent no standard streams (it had gone)")
+            return True
         _log(state, f"began {what} in {request['cwd']}")
         done, wake = os.pipe()
         gone = functools.partial(_log, state, f"the client of {what} went away: the run is interrupted, as by "
@@ -291,6 +295,22 @@ def serve_one(state: _State, conn: socket.socket, request: dict, fds: list[int])
         with state.lock:
             state.busy = False
     return go_on
+
+
+def _streams(conn: socket.socket) -> list[int]:
+    """The client's standard streams, the three descriptors of its message after the answer
+    (within :data:`RECEIVE` seconds); fewer (none) where it sent no such message."""
+    try:
+        conn.settimeout(RECEIVE)
+        message, fds = client.receive(conn, fds=3)
+        conn.settimeout(None)
+    except (OSError, ValueError):
+        return []
+    if message is None or not message.get("streams") or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return []
+    return fds
 
 
 def _refusal(state: _State, request: dict) -> str | None:

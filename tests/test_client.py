@@ -169,9 +169,10 @@ def test_without_a_server_the_command_runs_itself(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("attempt", range(5))
 def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch, attempt):
-    """The client sends its request with its three standard streams and, refused, runs itself:
-    it reads the refusal (the server's answer is sent whole, and the client's request was too,
-    however soon the server closes after answering; five attempts, as the two race)."""
+    """The client sends its request (without its standard streams, which go only to a server
+    that accepts) and, refused, runs itself: it reads the refusal (the server's answer is sent
+    whole, and the client's request was too, however soon the server closes after answering;
+    five attempts, as the two race)."""
     tmp_path.chmod(0o700)
     monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
     answers = []
@@ -196,10 +197,37 @@ def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch, attem
         thread.join()
     assert seen["answered"] and answers[-1] == ({"refused": "busy with another run"}, [])
     request = seen["request"]
-    assert seen["fds"] == 3
+    assert seen["fds"] == 0
     assert request["argv"] == ["run", "x.yaml", "--quiet"] and request["cwd"] == os.getcwd()
     assert request["env"] == dict(os.environ) and request["pid"] == os.getpid()
     assert request["code"] == client.code() and request["identity"] == client.identity()
+
+
+def test_a_server_that_never_answers_gets_no_standard_streams(tmp_path, monkeypatch):
+    """A server that takes the connection and never answers (stopped, wedged): the client gives up
+    after ``ANSWER`` seconds and runs itself, having sent none of its standard streams (it sent
+    them with the request, and the server held them: a pipeline the command wrote to never ended)."""
+    tmp_path.chmod(0o700)
+    monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
+    monkeypatch.setattr(client, "ANSWER", 0.5)
+    with _listening(tmp_path / "serve.sock") as listener:
+        seen = {}
+
+        def silent():
+            conn, _ = listener.accept()
+            with conn:
+                seen["request"], fds = client.receive(conn, fds=3)
+                seen["fds"] = len(fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.settimeout(5)
+                seen["after"] = conn.recv(1)  # the client closes without sending its streams
+
+        thread = threading.Thread(target=silent)
+        thread.start()
+        assert client.forward(["run", "x.yaml", "--quiet"]) is None
+        thread.join()
+    assert seen["request"]["argv"] == ["run", "x.yaml", "--quiet"] and seen["fds"] == 0 and seen["after"] == b""
 
 
 def test_the_code_changes_with_any_file_of_the_package(tmp_path, monkeypatch):
