@@ -274,6 +274,11 @@ def forward(argv: list[str]) -> int | None:
             sock.settimeout(None)
         except (OSError, ValueError):
             return None
+        except KeyboardInterrupt:  # before the server had the streams: nothing of the run began
+            from chainexec import stopsignals
+
+            print(stopsignals.line(signal.SIGINT, argv[0] == "run"), end="", file=sys.stderr, flush=True)
+            return 130
         # SIGINT interrupts the served run as it does a run in its own process (which watches it,
         # :func:`chainexec.stopsignals.watch`), also where this process began with it ignored (a
         # non-interactive shell's background job), where Python would leave it ignored

@@ -230,6 +230,23 @@ def test_a_server_that_never_answers_gets_no_standard_streams(tmp_path, monkeypa
     assert seen["request"]["argv"] == ["run", "x.yaml", "--quiet"] and seen["fds"] == 0 and seen["after"] == b""
 
 
+def test_ctrl_c_while_waiting_for_the_answer_is_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the client waits for a server's first answer (up to ``ANSWER`` seconds): status
+    130 and the one line a run interrupted before any output writes (a KeyboardInterrupt
+    traceback)."""
+    tmp_path.chmod(0o700)
+    monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
+
+    def interrupted(sock, fds=0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client, "receive", interrupted)
+    with _listening(tmp_path / "serve.sock"):
+        assert client.forward(["run", "x.yaml", "--quiet"]) == 130
+    assert capsys.readouterr().err == "chainexec: interrupted; no output was completed (a run with --checkpoint " \
+                                      "resumes from its last checkpoint)\n"
+
+
 def test_the_code_changes_with_any_file_of_the_package(tmp_path, monkeypatch):
     copy = tmp_path / "chainexec"
     shutil.copytree(Path(client.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
