@@ -90,6 +90,35 @@ CHECKPOINTED = ".chainexec-checkpoint"
 shards of its outputs in their parts folders, and its checkpoint names them there."""
 
 
+LANDED = "chainexec_landed"
+"""The attribute of an output file that holds the token its parts folder's :data:`LANDED_FILE`
+holds (:meth:`chainexec.runtime.store.Store.finish`, a fresh one per finished run): a copy of
+the output file alone still reads the parts folder its datasets name, which a later run fills
+with its own values; :func:`landed_elsewhere` tells them apart."""
+
+LANDED_FILE = ".chainexec-landed"
+"""The file in an output's parts folder holding the token of the run that filled it (:data:`LANDED`)."""
+
+
+def landed_elsewhere(token, sources: list[str]) -> Path | None:
+    """The parts folder among the folders above ``sources`` (the files an output's datasets
+    read) whose :data:`LANDED_FILE` holds another token than ``token`` (the output file's
+    :data:`LANDED` attribute): a run after the one that wrote the file put its values there.
+    None where they match, or where either holds no token."""
+    if token is None:
+        return None
+    for source in sources:
+        for folder in list(Path(source).parents)[:3]:
+            try:
+                found = (folder / LANDED_FILE).read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if found != str(token):
+                return folder
+            break
+    return None
+
+
 def note_checkpoint(folder: Path, checkpoint: Path) -> None:
     """Record in ``folder`` (the scratch or an output's parts folder) that the run checkpointed in
     ``checkpoint`` keeps files there (rank 0, once the folder is made): another config's run
@@ -516,12 +545,13 @@ OUTPUT_ATTRIBUTES = {"indices", "extents"}
 def _added(path: Path) -> str | None:
     """What an output file chainexec wrote holds that it did not write, where a user added to it
     (a dataset, group, link or attribute; chainexec writes its outputs as virtual datasets with
-    :data:`OUTPUT_ATTRIBUTES`, and the file's ``chainexec_complete``); None where nothing is."""
+    :data:`OUTPUT_ATTRIBUTES`, and the file's ``chainexec_complete`` and :data:`LANDED`); None
+    where nothing is."""
     import h5py
 
     try:
         with h5py.File(path, "r") as f:
-            extra = [k for k in f.attrs if k != "chainexec_complete"]
+            extra = [k for k in f.attrs if k not in ("chainexec_complete", LANDED)]
             if extra:
                 return f"the attribute {extra[0]!r}"
             for name in f:

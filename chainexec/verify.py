@@ -161,9 +161,11 @@ def dense(values: np.ndarray, layout: str, shape: tuple[int, ...], at: tuple | N
 
 def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
     """Output ``name``'s dataset in its open file ``f``: the file marked complete, the dataset
-    there, of the tensor's dtype and stored shape (:func:`_stored`), else a ChainexecError naming
-    ``path``: an array of another shape or dtype is another config's output, which would be
-    compared by broadcasting, by its first values, or not at all."""
+    there, of the tensor's dtype and stored shape (:func:`_stored`), its values where it says
+    and written by the run that wrote it (:func:`chainexec.safepaths.landed_elsewhere`), else a
+    ChainexecError naming ``path``: an array of another shape or dtype is another config's
+    output, which would be compared by broadcasting, by its first values, or not at all, and a
+    copy of an earlier output reads a later run's values."""
     out = next(o for o in spec.outputs if o.tensor == name)
     if not f.attrs.get(COMPLETE, False):
         raise ChainexecError("output is not marked complete", path)
@@ -178,6 +180,15 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
                              + ("" if t.layout == "dense" else f" in layout {t.layout}") + ": not this config's output",
                              path)
     _sources_there(path, out.dataset, f"output {name}; its parts folder moved or removed?")
+    try:
+        sources = datafiles.of(path, out.dataset)[1:]
+    except (OSError, KeyError, ValueError, RuntimeError):
+        sources = []
+    elsewhere = safepaths.landed_elsewhere(f.attrs.get(safepaths.LANDED), sources)
+    if elsewhere is not None:
+        raise ChainexecError(f"the values of output {name} lie in {elsewhere}, which a later run filled with its own: "
+                             "this file is a copy of an earlier output, whose values are gone (copy an output with "
+                             "its parts folder)", path)
     return ds
 
 

@@ -332,3 +332,19 @@ def test_the_sampled_check_reads_inputs_where_its_samples_need_them(tmp_path):
         f.create_dataset("y", data=np.zeros(10**6))
     (check,) = verify(spec.load(config), samples=20, limit=0)
     assert check.method == "sampled" and check.elements == 20 and not check.ok, check
+
+
+def test_a_copy_of_an_earlier_output_is_not_checked_against_a_later_run_s_values(tmp_path):
+    """``out.h5`` copied to ``backup.h5`` (the file alone), then the chain run again with another
+    seed: the copy's datasets read the parts folder the new run filled, so it held the new values
+    and verified against the new config. Verified under the old config now, it is one line naming
+    the parts folder, exit 2; the new output verifies."""
+    config = write_config(tmp_path, dict(CONFIG, outputs={"R": {"file": "out.h5", "dataset": "R"}}))
+    assert run_cli("run", config, "--quiet").returncode == 0
+    shutil.copy(tmp_path / "out.h5", tmp_path / "backup.h5")
+    old = write_config(tmp_path, dict(CONFIG, outputs={"R": {"file": "backup.h5", "dataset": "R"}}), "old.yaml")
+    assert run_cli("verify", old).returncode == 0
+    tensors = dict(CONFIG["tensors"], A={"indices": ["i", "k"], "source": {"random": 9}})
+    assert run_cli("run", write_config(tmp_path, dict(CONFIG, tensors=tensors)), "--quiet").returncode == 0
+    assert_refused(run_cli("verify", old), "backup.h5", "out.h5.parts", "a later run filled with its own")
+    assert run_cli("verify", config).returncode == 0

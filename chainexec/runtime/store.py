@@ -25,6 +25,7 @@ import contextlib
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -667,7 +668,12 @@ class Store:
             for t in outputs:
                 by_file.setdefault(t.output["file"], []).append(t)
             for path, group in by_file.items():
+                # the token in the parts folder before the file that names it appears
+                token = secrets.token_hex(16)
+                if parts_dir(Path(path)).is_dir():
+                    atomicfile.write(parts_dir(Path(path)) / safepaths.LANDED_FILE, token + "\n")
                 with atomicfile.replacing(path) as tmp, h5py.File(tmp, "w") as f:
+                    f.attrs[safepaths.LANDED] = token
                     for t in group:
                         base = self._version_base(t, self.last_version[t.name])
                         layout = _layout(t, self.joined[t.name], f"{base.parent.name}/{base.name}")
