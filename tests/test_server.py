@@ -333,8 +333,9 @@ def test_a_file_that_is_not_a_socket_is_left_alone(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert_refused(proc, "other than a socket", str(notes))
         assert notes.read_text() == "precious"
-        proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--idle", "nan"], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert_refused(proc, "--idle")
+        for idle in ("nan", "inf", "1e9"):
+            proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--idle", idle], env=env,
+                                  capture_output=True, text=True, timeout=120)
+            assert_refused(proc, "--idle must be a positive number of seconds below 1e9")
     finally:
         shutil.rmtree(folder)
