@@ -177,6 +177,8 @@ def _folder() -> Path:
             pass
         except OSError as err:
             raise ChainexecError(f"cannot make the socket's folder ({err.strerror or err})", path.parent) from None
+    if not path.parent.is_dir():
+        raise ChainexecError("the socket's folder does not exist", path.parent)
     if not client.private(path.parent):
         raise ChainexecError("the socket's folder must be a folder of this user that no one else may write in",
                              path.parent)

@@ -318,6 +318,10 @@ def test_a_socket_folder_others_may_write_in_is_refused(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=env, capture_output=True,
                               text=True, timeout=120)
         assert_refused(proc, "no one else may write", str(folder))
+        env = dict(os.environ, CHAINEXEC_SERVE_SOCKET=str(folder / "none" / "serve.sock"))
+        proc = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert_refused(proc, "the socket's folder does not exist", str(folder / "none"))
     finally:
         shutil.rmtree(folder)
 
