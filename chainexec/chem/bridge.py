@@ -56,8 +56,11 @@ class NotConverged(RuntimeError):
 
 def molecule(atoms: str, basis: str):
     """The PySCF molecule (``gto.Mole``, built, nothing solved) of ``atoms``, a PySCF atom string in
-    Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``), in ``basis``, a PySCF basis name. Its
-    ``nelectron`` and ``nao`` give the orbital counts before any SCF runs. Raises ``ValueError``
+    Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``), in ``basis``, a PySCF basis name, with the
+    basis's effective core potentials for the elements it defines them for (def2 bases beyond
+    Kr, as quantum chemistry programs apply them: the basis describes the valence electrons
+    alone). Its ``nelectron`` (the electrons the potentials leave) and ``nao`` give the orbital
+    counts before any SCF runs. Raises ``ValueError``
     naming the basis PySCF lacks (for these elements), the atom string it cannot read
     (PySCF's parser raises many kinds of error for those: a name, an index, an electron count that
     no closed shell has, told as such), a coordinate that is not a finite number, or two atoms closer than
@@ -78,6 +81,12 @@ def molecule(atoms: str, basis: str):
             raise ValueError(f"the molecule has {odd[1]} electrons: the jobs take closed-shell molecules (restricted "
                              "Hartree-Fock, CCSD), with an even number") from None
         raise ValueError(f"PySCF cannot read the atom string ({first_line(err)})") from None
+    # the basis's effective core potentials where it defines them (def2 beyond Kr): its functions
+    # are made for the valence electrons alone, and without them the core would be in the molecule
+    ecp = {symbol: basis for symbol in sorted({mol.atom_pure_symbol(i) for i in range(mol.natm) if mol.atom_charge(i)})
+           if isinstance(basis, str) and gto.basis.load_ecp(basis, symbol)}
+    if ecp:
+        mol = gto.M(atom=atoms, basis=basis, ecp=ecp, unit="Angstrom", verbose=0)
     where = mol.atom_coords(unit="Angstrom")
     if not np.isfinite(where).all():
         raise ValueError("an atom's coordinate is not a finite number")

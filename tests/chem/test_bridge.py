@@ -189,3 +189,15 @@ def test_named_molecules_build_with_their_size_and_no_atoms_closer_than_a_bond(n
     xyz = mol.atom_coords(unit="Angstrom")
     apart = np.linalg.norm(xyz[:, None] - xyz[None], axis=-1) + np.eye(len(xyz)) * 10
     assert apart.min() > 0.95
+
+
+@pytest.mark.parametrize("atoms, basis, electrons, ecp", [
+    ("I 0 0 0; H 0 0 1.61", "def2-svp", 26, ["I"]), ("I 0 0 0; H 0 0 1.61", "sto-3g", 54, []),
+    ("Br 0 0 0; H 0 0 1.41", "def2-svp", 36, []), ("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", "def2-svp", 10, [])])
+def test_a_basis_with_core_potentials_applies_them(atoms, basis, electrons, ecp):
+    """HI in def2-SVP: iodine's 28 core electrons are an ECP of the basis, applied (26 electrons
+    left; it ran with all 54 in functions made for the valence); an all-electron basis (STO-3G),
+    bromine (no ECP in def2) and water keep every electron."""
+    pytest.importorskip("pyscf")
+    mol = molecule(atoms, basis)
+    assert mol.nelectron == electrons and sorted(mol._ecp) == ecp
