@@ -155,8 +155,16 @@ def stored_at(layout: str, shape: tuple[int, ...], at: tuple) -> tuple:
 
 def dense(values: np.ndarray, layout: str, shape: tuple[int, ...], at: tuple | None = None) -> np.ndarray:
     """The dense tensor of ``shape`` that a packed array in ``layout`` (PySCF's names) stands for,
-    or its elements ``at`` (:func:`stored_at`): each pair's triangle read at both orders."""
-    return values[stored_at(layout, shape, at if at is not None else (slice(None),) * len(shape))]
+    or its elements ``at`` (:func:`stored_at`): each pair's triangle read at both orders. More
+    elements of an ``s8`` array than it has pairs of pairs go through ``s4`` (its pairs of pairs
+    unpacked first): indexed at once, each element's position would be an array as large as
+    the result, several times over."""
+    at = at if at is not None else (slice(None),) * len(shape)
+    pairs = shape[0] * (shape[0] + 1) // 2 if layout == "s8" else 0
+    if pairs and math.prod(len(range(*a.indices(n))) for a, n in zip(at, shape) if isinstance(a, slice)) > pairs**2:
+        every = np.arange(pairs, dtype=np.int64)
+        values, layout = values[_pair(every[:, None], every[None, :])], "s4"
+    return values[stored_at(layout, shape, at)]
 
 
 def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
