@@ -234,8 +234,11 @@ def test_ctrl_c_while_waiting_for_the_answer_is_one_line(tmp_path, monkeypatch, 
     """Ctrl-C while the client waits for a server's first answer (up to ``ANSWER`` seconds): status
     130 and the one line a run interrupted before any output writes (a KeyboardInterrupt
     traceback)."""
+    from chainexec import stopsignals
+
     tmp_path.chmod(0o700)
     monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
+    monkeypatch.setattr(stopsignals, "_LANDED", [])  # a client lands nothing: not this test process's runs
 
     def interrupted(sock, fds=0):
         raise KeyboardInterrupt
