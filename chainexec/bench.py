@@ -595,7 +595,8 @@ def check_options(args, cases: list[dict]) -> None:
         raise ChainexecError("--out exists and is not a result of `chainexec bench tccg`: it is not written over; "
                              "give another name or remove it", str(out))
     partial = out.with_name(out.name + ".partial")
-    if partial.exists() and (safepaths.same_file(partial.resolve(), Path(args.cases).resolve()) or not _is_result(partial)):
+    if partial.exists() and (safepaths.same_file(partial.resolve(), Path(args.cases).resolve())
+                             or not _is_result(partial)):
         raise ChainexecError("exists and is not a bench run's rows, which the run writes there after each case and "
                              "removes at its end: give another --out or move it", str(partial))
 

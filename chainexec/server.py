@@ -55,9 +55,10 @@ def serve(idle: float = IDLE, path: Path | None = None) -> None:
     """Serve runs at ``path`` (default :func:`chainexec.client.socket_path`, its folder made
     where missing) until ``idle`` seconds pass without a request, a stop request arrives or
     SIGTERM or SIGINT; returns then, the socket removed. Raises ChainexecError where ``idle`` is
-    not a positive number of seconds below 1e9 (the queue's wait takes no more), the folder is not this user's alone, something other than a
-    socket is at ``path``, or a server already serves there (it holds ``<path>.lock`` for its
-    life: two servers started at once cannot both bind)."""
+    not a positive number of seconds below 1e9 (the queue's wait takes no more), the folder is
+    missing or not this user's alone, something other than a socket is at ``path``, or a server
+    already serves there (it holds ``<path>.lock`` for its life: two servers started at once
+    cannot both bind)."""
     if not 0 < idle < 1e9:
         raise ChainexecError(f"--idle must be a positive number of seconds below 1e9 (about 32 years), not {idle:g}")
     path = path or _folder()

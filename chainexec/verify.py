@@ -96,17 +96,19 @@ def _input_dataset(spec: Spec, name: str, f: h5py.File, path: str) -> h5py.Datas
     return ds
 
 
-def _sources_there(path: str, dataset: str, what: str) -> None:
-    """Every file the values of ``dataset`` in ``path`` come from (:func:`chainexec.datafiles.of`:
-    a virtual dataset's sources, an external link's file) is there: where one is not, HDF5 reads
-    its fill value, and a comparison with it would blame the wrong file."""
+def _sources_there(path: str, dataset: str, what: str) -> list[str]:
+    """The files the values of ``dataset`` in ``path`` come from besides ``path``
+    (:func:`chainexec.datafiles.of`: a virtual dataset's sources, an external link's file), each
+    there: where one is not, HDF5 reads its fill value, and a comparison with it would blame the
+    wrong file. None listed where the dataset itself cannot be read (the read says so)."""
     try:
-        files = datafiles.of(path, dataset)
+        files = datafiles.of(path, dataset)[1:]
     except (OSError, KeyError, ValueError, RuntimeError):
-        return  # the dataset itself cannot be read: the read says so
-    missing = next((f for f in files[1:] if not os.path.isfile(f)), None)
+        return []
+    missing = next((f for f in files if not os.path.isfile(f)), None)
     if missing is not None:
         raise ChainexecError(f"the values of dataset {dataset!r} ({what}) lie in {missing}, which is not there", path)
+    return files
 
 
 def _stored(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -187,11 +189,7 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
                              f"{name}[{','.join(t.indices)}] is {t.dtype} of shape {stored}"
                              + ("" if t.layout == "dense" else f" in layout {t.layout}") + ": not this config's output",
                              path)
-    _sources_there(path, out.dataset, f"output {name}; its parts folder moved or removed?")
-    try:
-        sources = datafiles.of(path, out.dataset)[1:]
-    except (OSError, KeyError, ValueError, RuntimeError):
-        sources = []
+    sources = _sources_there(path, out.dataset, f"output {name}; its parts folder moved or removed?")
     elsewhere = safepaths.landed_elsewhere(f.attrs.get(safepaths.LANDED), sources)
     if elsewhere is not None:
         raise ChainexecError(f"the values of output {name} lie in {elsewhere}, which a later run filled with its own: "
@@ -316,7 +314,8 @@ class _Reader:
                 raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", self.path) from None
         if self.whole is not None:
             return self.whole[at]
-        region = tuple((a, a + 1) if not isinstance(a, slice) else (0, n) for a, n in zip(at, self.spec.shape(self.name)))
+        region = tuple((a, a + 1) if not isinstance(a, slice) else (0, n)
+                       for a, n in zip(at, self.spec.shape(self.name)))
         return np.asarray(_input(self.spec, self.name, region))[tuple(0 if not isinstance(a, slice) else a for a in at)]
 
 
@@ -430,5 +429,6 @@ def verify(spec: Spec, samples: int = 300, limit: int = 2 << 30, seed: int = 0) 
     else:
         rng = np.random.default_rng(seed)
         for o in spec.outputs:
-            checks.append(_check(o.tensor, "sampled", spec.tensors[o.tensor].dtype, *_sampled(spec, o.tensor, samples, rng, limit)))
+            checks.append(_check(o.tensor, "sampled", spec.tensors[o.tensor].dtype,
+                                 *_sampled(spec, o.tensor, samples, rng, limit)))
     return checks

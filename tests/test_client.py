@@ -167,34 +167,46 @@ def test_without_a_server_the_command_runs_itself(tmp_path, monkeypatch):
     assert client.forward(["run", "x.yaml"]) is None
 
 
-@pytest.mark.parametrize("attempt", range(5))
-def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch, attempt):
-    """The client sends its request (without its standard streams, which go only to a server
-    that accepts) and, refused, runs itself: it reads the refusal (the server's answer is sent
-    whole, and the client's request was too, however soon the server closes after answering;
-    five attempts, as the two race)."""
+def _forwarded(tmp_path, monkeypatch, then) -> tuple[int | None, dict]:
+    """``client.forward`` of a run against a stand-in server that takes one connection, reads the
+    request (``seen["request"]``) and counts the descriptors attached to it (``seen["fds"]``,
+    closed), then does ``then(conn, seen)``: the forward's result and ``seen``."""
     tmp_path.chmod(0o700)
     monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
-    answers = []
-    receive = client.receive
-    monkeypatch.setattr(client, "receive", lambda sock, fds=0: answers.append(receive(sock, fds)) or answers[-1])
+    seen = {}
     with _listening(tmp_path / "serve.sock") as listener:
-        seen = {}
-
-        def refuse():
+        def serve():
             conn, _ = listener.accept()
             with conn:
                 seen["request"], fds = client.receive(conn, fds=3)
                 seen["fds"] = len(fds)
                 for fd in fds:
                     os.close(fd)
-                client.send(conn, {"refused": "busy with another run"})
-                seen["answered"] = True
+                then(conn, seen)
 
-        thread = threading.Thread(target=refuse)
+        thread = threading.Thread(target=serve)
         thread.start()
-        assert client.forward(["run", "x.yaml", "--quiet"]) is None
+        status = client.forward(["run", "x.yaml", "--quiet"])
         thread.join()
+    return status, seen
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_refusal_leaves_the_command_to_run_itself(tmp_path, monkeypatch, attempt):
+    """The client sends its request (without its standard streams, which go only to a server
+    that accepts) and, refused, runs itself: it reads the refusal (the server's answer is sent
+    whole, and the client's request was too, however soon the server closes after answering;
+    five attempts, as the two race)."""
+    answers = []
+    receive = client.receive
+    monkeypatch.setattr(client, "receive", lambda sock, fds=0: answers.append(receive(sock, fds)) or answers[-1])
+
+    def refuse(conn, seen):
+        client.send(conn, {"refused": "busy with another run"})
+        seen["answered"] = True
+
+    status, seen = _forwarded(tmp_path, monkeypatch, refuse)
+    assert status is None
     assert seen["answered"] and answers[-1] == ({"refused": "busy with another run"}, [])
     request = seen["request"]
     assert seen["fds"] == 0
@@ -207,26 +219,14 @@ def test_a_server_that_never_answers_gets_no_standard_streams(tmp_path, monkeypa
     """A server that takes the connection and never answers (stopped, wedged): the client gives up
     after ``ANSWER`` seconds and runs itself, having sent none of its standard streams (it sent
     them with the request, and the server held them: a pipeline the command wrote to never ended)."""
-    tmp_path.chmod(0o700)
-    monkeypatch.setenv(client.SOCKET, str(tmp_path / "serve.sock"))
     monkeypatch.setattr(client, "ANSWER", 0.5)
-    with _listening(tmp_path / "serve.sock") as listener:
-        seen = {}
 
-        def silent():
-            conn, _ = listener.accept()
-            with conn:
-                seen["request"], fds = client.receive(conn, fds=3)
-                seen["fds"] = len(fds)
-                for fd in fds:
-                    os.close(fd)
-                conn.settimeout(5)
-                seen["after"] = conn.recv(1)  # the client closes without sending its streams
+    def silent(conn, seen):
+        conn.settimeout(5)
+        seen["after"] = conn.recv(1)  # the client closes without sending its streams
 
-        thread = threading.Thread(target=silent)
-        thread.start()
-        assert client.forward(["run", "x.yaml", "--quiet"]) is None
-        thread.join()
+    status, seen = _forwarded(tmp_path, monkeypatch, silent)
+    assert status is None
     assert seen["request"]["argv"] == ["run", "x.yaml", "--quiet"] and seen["fds"] == 0 and seen["after"] == b""
 
 

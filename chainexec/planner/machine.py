@@ -161,11 +161,10 @@ class Machine:
         stamps read, room made in the memory pool, a result landed), and the calibrated
         :attr:`statement_seconds` is a tiny matrix product's, below what a statement with
         several launches costs, so where the two times are alike neither hides the other. The
-        norm is their maximum where one dominates and √2 times it where they are equal. On the
-        (T) job at occupied tiles of one (o=40, v=400, an H100: compute 90 s, host 79 s at the
-        calibrated rate) the compute level ran in 115 s: the norm gives 120 s, the maximum
-        90 s, under which the planner took those tiles over tiles of two, which ran 13 % faster
-        (``benchmarks/results/INDEX.md``)."""
+        norm is their maximum where one dominates and √2 times it where they are equal. Priced
+        as their maximum, (T)'s small occupied tiles, whose host time nearly equals their
+        compute, looked as cheap as larger ones and ran slower (measured in
+        ``benchmarks/results/INDEX.md``)."""
         host = statements * self.statement_seconds + calls
         return math.hypot(compute, host) if self.async_statements else compute + host
 

@@ -669,9 +669,9 @@ class Store:
                 by_file.setdefault(t.output["file"], []).append(t)
             for path, group in by_file.items():
                 # the token in the parts folder before the file that names it appears
-                token = secrets.token_hex(16)
-                if parts_dir(Path(path)).is_dir():
-                    atomicfile.write(parts_dir(Path(path)) / safepaths.LANDED_FILE, token + "\n")
+                token, parts = secrets.token_hex(16), parts_dir(Path(path))
+                if parts.is_dir():
+                    atomicfile.write(parts / safepaths.LANDED_FILE, token + "\n")
                 with atomicfile.replacing(path) as tmp, h5py.File(tmp, "w") as f:
                     f.attrs[safepaths.LANDED] = token
                     for t in group:
