@@ -207,6 +207,7 @@ class Machine:
         if missing:
             raise ChainexecError(f"missing field{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}", str(path))
         data.pop("details", None)
+        data.update({key: int(value) for key, value in data.items() if FIELDS[key][0] is _bytes})
         return cls(**{"source": str(path), **data}), frozenset(data)
 
 
@@ -235,7 +236,9 @@ def _rate(value) -> bool:
 
 
 def _bytes(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= BYTES_MAX
+    """A whole number of bytes in range, written as an integer or as a float with no fraction
+    (``1e9``, which JSON writers and hand-edited files give for a round size)."""
+    return _number(value) and float(value).is_integer() and 0 <= value <= BYTES_MAX
 
 
 _PER_SECOND = f"a number of bytes per second from {RATE_RANGE[0]:g} to {RATE_RANGE[1]:g}"

@@ -1,6 +1,6 @@
 """The machine model's writes (:meth:`Machine.write_seconds`): the page cache takes each rank's
 first ``write_cache_bytes`` bytes at ``disk_write_cached``, the rest goes at ``disk_write``; without a
-cached rate every byte goes at ``disk_write``."""
+cached rate every byte goes at ``disk_write``. A machine file's byte counts (:meth:`Machine.parse`)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,23 @@ def test_without_a_cached_rate_every_write_goes_at_the_disks_rate(cache):
     machine = Machine(disk_write=200 * MB, write_cache_bytes=cache)
     assert machine.write_seconds(1500 * MB, 2) == pytest.approx(1500 / 200, rel=1e-12)
     assert Machine(disk_write=200 * MB, disk_write_cached=3000 * MB).write_seconds(1500 * MB) == pytest.approx(1500 / 200)
+
+
+@pytest.mark.parametrize("written, expected", [("1e9", 10**9), ("1073741824.0", 1 << 30), ("4096", 4096),
+                                               ("9.2e18", 9_200_000_000_000_000_000), ("1e19", None)])
+def test_a_machine_files_byte_counts_may_be_written_as_floats_with_no_fraction(written, expected):
+    """``1e9`` bytes is a whole number: it reads as the integer (a byte count the planner divides
+    into tiles stays an ``int``); past 2^63 - 1 it is refused as any other size out of range."""
+    import json
+
+    from chainexec.errors import ChainexecError
+
+    text = json.dumps(json.loads(Machine().to_json()) | {"write_cache_bytes": 0}).replace(
+        '"write_cache_bytes": 0', f'"write_cache_bytes": {written}')
+    if expected is None:
+        with pytest.raises(ChainexecError, match="'write_cache_bytes'.*at most 2\\^63 - 1"):
+            Machine.parse(text, "m.json")
+        return
+    machine, given = Machine.parse(text, "m.json")
+    assert machine.write_cache_bytes == expected and type(machine.write_cache_bytes) is int
+    assert "write_cache_bytes" in given
