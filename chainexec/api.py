@@ -73,7 +73,7 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
                 rates = machinecache.cached(ident)  # made by another process while this one waited
                 if rates is None:
                     machinecache.announce(ident)
-                    calibrate.calibrate(quick=True, backend=backend, ranks=min(ranks, len(os.sched_getaffinity(0))))
+                    calibrate.first_use(ident, backend, min(ranks, len(os.sched_getaffinity(0))))
                     rates = _calibrated(ident)
     p = _planned(s, text, limits, rates[0], schedule, ranks, inline, plan_cache)[0]
     _price_cached(p, rates[0], ranks)

@@ -98,13 +98,17 @@ def profile(quick: bool) -> Profile:
 
 
 def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = None, size: int | None = None,
-              backend: str = "auto", ranks: int = 2, quick: bool = False) -> Machine:
-    """Measure this machine, write the machine file ``path`` (JSON, atomically) and return it.
+              backend: str = "auto", ranks: int = 2, quick: bool = False) -> tuple[Machine, Path]:
+    """Measure this machine, write the machine file ``path`` (JSON, atomically) and return it
+    with the file written.
 
     Args:
         path: machine file to write; its folder must exist and be writable (checked before any
             measurement, so a typo costs no time). None: this machine's calibration in the cache
-            (:func:`cache_file`), which plans and runs without ``--machine`` read.
+            (:func:`cache_file`), which plans and runs without ``--machine`` read; it is made
+            holding the cache's lock (:func:`chainexec.machinecache.held`), so a run's first-use
+            calibration and this one measure one after the other, not at once, each loading
+            the other's measurement.
         scratch: folder for the disk test files, default ``path``'s folder. Put it on the
             filesystem that holds the HDF5 inputs and outputs: that is the disk being modelled.
         size: bytes per rank per repetition for the disk and global-array measurements
@@ -120,10 +124,6 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
     """
     if backend not in ("auto", "numpy", "cupy"):
         raise ChainexecError(f"unknown backend {backend!r} (auto, numpy or cupy)")
-    ident = None
-    if path is None:
-        path, ident = cache_file(backend)
-    path = Path(path)
     if ranks < 1:
         raise ChainexecError(f"ranks must be at least 1, got {ranks}")
     cores = len(os.sched_getaffinity(0))
@@ -132,6 +132,23 @@ def calibrate(path: str | Path | None = None, *, scratch: str | Path | None = No
                              "ranks on this node are at most as many (one per GPU)")
     if size is not None and size < 1:
         raise ChainexecError(f"size must be a positive number of bytes, got {size}")
+    if path is not None:
+        path = Path(path)
+        return _measured(path, None, scratch, size, backend, ranks, quick), path
+    path, ident = cache_file(backend)
+    with machinecache.held(ident):
+        return _measured(path, ident, scratch, size, backend, ranks, quick), path
+
+
+def first_use(ident: dict, backend: str, ranks: int) -> Machine:
+    """A quick calibration of this machine on ``ranks`` ranks into the cache for ``ident``, made
+    by a plan that found none there; the caller holds the cache's lock."""
+    return _measured(writable(ident), ident, None, None, backend, ranks, True)
+
+
+def _measured(path: Path, ident: dict | None, scratch: str | Path | None, size: int | None, backend: str,
+              ranks: int, quick: bool) -> Machine:
+    """:func:`calibrate`'s measurement into ``path``, kept for ``ident`` where in the cache."""
     _check_writable(path, own=ident is not None)
     scratch = Path(scratch) if scratch is not None else path.parent
     if not (scratch.is_dir() and os.access(scratch, os.W_OK)):

@@ -198,9 +198,9 @@ def _main(args) -> int:
             return bench.main(args.options)
         elif args.command == "calibrate":
             options = {k: v for k, v in vars(args).items() if k != "command"}
-            machine = calibrate.calibrate(**options)
+            machine, written = calibrate.calibrate(**options)
             print(machine.to_json())
-            print(f"wrote {args.path or calibrate.cache_file(args.backend)[0]}")
+            print(f"wrote {written}")
         elif args.command == "serve":
             if args.stop:
                 pid = server.stop()

@@ -36,7 +36,9 @@ def calibrated(tmp_path_factory):
     if mpiexec() is None:
         pytest.skip("no mpiexec")
     path = tmp_path_factory.mktemp("calibrate") / "machine.json"
-    return path, calibrate(path, quick=True, ranks=2)
+    machine, written = calibrate(path, quick=True, ranks=2)
+    assert written == path
+    return path, machine
 
 
 @pytest.mark.mpi

@@ -153,6 +153,36 @@ def test_calibrate_without_a_path_refreshes_the_cache(tmp_path, calibrating):
     assert again.returncode == 0 and FIRST_USE not in again.stderr
 
 
+def test_calibrate_without_a_path_waits_for_a_first_use_calibration(tmp_path, calibrating):
+    """``chainexec calibrate`` refreshing the cache while a run's first-use calibration holds it
+    (its lock, :func:`chainexec.machinecache.held`) measures after it, not at once: until the
+    lock is let go it has measured nothing and written nothing; then it writes the cache."""
+    import time
+
+    from chainexec import calibrate
+
+    ident = machinecache.identity(None)
+    where = calibrate.writable(ident)
+    command = [sys.executable, "-m", "chainexec.cli", "calibrate", "--quick", "--ranks", "1", "--backend", "numpy"]
+    with machinecache.held(ident):
+        proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not _waits_for_a_lock(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "calibrate did not wait for the lock"
+            time.sleep(0.05)
+        assert not where.exists() and not list(tmp_path.iterdir())
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert out.strip().splitlines()[-1] == f"wrote {where}"
+    assert machinecache.load(where).flop_rate > 0
+
+
+def _waits_for_a_lock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked on a file lock (a ``->`` line of ``/proc/locks``)."""
+    with open("/proc/locks") as locks:
+        return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in locks)
+
+
 @pytest.mark.mpi
 def test_a_broken_calibration_is_made_again(tmp_path, calibrating):
     config = write_config(tmp_path, fourindex_config())
