@@ -60,7 +60,7 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
         raise ChainexecError(f"ranks must be a whole number, at least 1, not {ranks!r}")
     text = spec_mod.read(config)
     s = spec_mod.loads(text, str(config))
-    for path, option in safepaths.check_reports(s, reports or {}).reports.items():
+    for path, option in safepaths.check_reports(s, reports or {}, machinecache.named_file(machine)).reports.items():
         store.check_writable([path], f"{option} file")
     rates = machinecache.named(machine)
     figures = detect.local(backend, ranks) if _missing(s) else None
@@ -205,7 +205,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             check_intervals(every, stop_after)
         ours["text"] = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
         ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
-        ours["paths"] = safepaths.check_run(s, checkpoint, reports)
+        ours["paths"] = safepaths.check_run(s, checkpoint, reports, machinecache.named_file(machine))
         ours["paths"].lock()
         store.check_writable(ours["paths"].outputs)
         for path, option in ours["paths"].reports.items():

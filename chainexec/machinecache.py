@@ -113,6 +113,13 @@ def load(path: str | Path) -> Machine:
     return read(path)[0]
 
 
+def named_file(machine: str | None) -> str | None:
+    """The machine file :func:`named` reads: ``machine`` (``--machine``), else the one
+    ``$CHAINEXEC_MACHINE`` names; None where neither names one."""
+    chosen = machine if machine is not None else os.environ.get(MACHINE)
+    return chosen if chosen and (machine is not None or chosen != "defaults") else None
+
+
 def named(machine: str | None) -> tuple[Machine, dict] | None:
     """The rates of ``machine`` (``--machine``) or ``$CHAINEXEC_MACHINE`` with their :func:`record`;
     None where neither names them (the cache's calibration serves)."""

@@ -364,12 +364,16 @@ class RunPaths:
     scratch: Path = Path()
     checkpoint: Path | None = None
     reports: dict[Path, str] = field(default_factory=dict)  # file -> the option that names it
+    machine: Path | None = None  # the machine file read for its rates
 
     @classmethod
-    def of(cls, spec, checkpoint=None, reports: dict[str, str | None] | None = None) -> "RunPaths":
-        """The paths of ``spec``'s run, each refused first where no file system could hold it
-        (:func:`checked`)."""
+    def of(cls, spec, checkpoint=None, reports: dict[str, str | None] | None = None,
+           machine: str | None = None) -> "RunPaths":
+        """The paths of ``spec``'s run (and of the machine file it reads, ``machine``), each
+        refused first where no file system could hold it (:func:`checked`)."""
         paths = cls(resolved(spec.path), scratch=resolved(checked(spec.resolve(spec.scratch), "scratch")))
+        if machine is not None:
+            paths.machine = resolved(checked(machine, "the machine file"))
         for t in spec.tensors.values():
             if t.source is not None and t.source.file is not None:
                 file = checked(spec.resolve(t.source.file), f"the input of tensor {t.name}")
@@ -414,13 +418,22 @@ class RunPaths:
         for folder, _, _ in self.removed():
             unlock(folder)
 
-    def kept(self) -> list[tuple[Path, str]]:
-        """Files the run must leave as they are (config, inputs) or writes (outputs, reports),
-        each with what it is (one file may stand in several roles: that is what is checked)."""
+    def read(self) -> list[tuple[Path, str]]:
+        """Files the run must leave as they are (config, inputs, machine file), each with what
+        it is."""
         return ([(self.config, "the config")]
                 + [(f, f"the input of tensor {t}") for f, t in self.inputs.items()]
-                + [(f, f"the output of {t}") for f, t in self.outputs.items()]
+                + [(self.machine, "the machine file")] * (self.machine is not None))
+
+    def written(self) -> list[tuple[Path, str]]:
+        """Files the run writes (outputs, then reports), each with what it is."""
+        return ([(f, f"the output of {t}") for f, t in self.outputs.items()]
                 + [(f, f"the file of {o}") for f, o in self.reports.items()])
+
+    def kept(self) -> list[tuple[Path, str]]:
+        """:meth:`read` then :meth:`written` (one file may stand in several roles: that is what is
+        checked)."""
+        return self.read() + self.written()
 
 
 def _linked(file, dataset: str | None) -> list[str]:
@@ -440,27 +453,28 @@ def parts_of(output_file: Path) -> Path:
     return output_file.with_name(output_file.name + ".parts")
 
 
-def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = None) -> RunPaths:
+def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = None,
+              machine: str | None = None) -> RunPaths:
     """Refuse, before anything is written, every path of a run that would destroy what it must
     not (a :class:`ChainexecError` naming the path): an output that is a symbolic link (the older
     output removed would be the file it points to, the new one written in its place); an output
     or its parts folder equal to an input or a file an input's values come from
-    (:func:`chainexec.datafiles.of`), the config, a report file or another output's; an existing
+    (:func:`chainexec.datafiles.of`), the config, the machine file ``machine``, a report file or
+    another output's; an existing
     output that is not a file chainexec wrote; scratch, parts or checkpoint folders that exist with
     files chainexec did not make or that chainexec made for another use, that hold or lie inside
     one another, or that hold the config, an input, an output or a report file; an output, a
     report file or one of those folders inside a folder chainexec made (another run's parts,
     scratch or checkpoint folder, removed with what it holds); a report file in a folder that
     does not exist; a file name too long for the file system. Returns the resolved paths."""
-    paths = RunPaths.of(spec, checkpoint, reports)
+    paths = RunPaths.of(spec, checkpoint, reports, machine)
     for o in spec.outputs:
         if os.path.islink(spec.resolve(o.file)):
             raise ChainexecError(f"the output of {o.tensor} is a symbolic link (to {os.readlink(spec.resolve(o.file))}); "
                                  "chainexec replaces an output whole: name the file itself or another",
                                  str(spec.resolve(o.file)))
     kept = paths.kept()
-    read = kept[:1 + len(paths.inputs)]
-    _check_written(kept[len(read):], read, paths.outputs)
+    _check_written(paths.written(), paths.read(), paths.outputs)
     for f, what in paths.outputs.items():
         if f.exists() and not _is_chainexec_output(f):
             raise ChainexecError(f"the output of {what} exists and is not an output chainexec wrote; "
@@ -480,7 +494,7 @@ def check_run(spec, checkpoint=None, reports: dict[str, str | None] | None = Non
         for j, (other_folder, other, _) in enumerate(folders):
             if j != k and (_within(other_folder, folder) or (j < k and other_folder == folder)):
                 raise ChainexecError(f"{what} would hold {other}", str(folder))
-    written = [(f, what) for f, what in kept[len(read):]] + [(folder, what) for folder, what, _ in folders]
+    written = paths.written() + [(folder, what) for folder, what, _ in folders]
     _check_not_inside_owned(written)
     _check_folders_free(paths)
     return paths
@@ -499,17 +513,17 @@ def _check_not_inside_owned(written: list[tuple[Path, str]]) -> None:
                                  + " and removes with everything in it: name a path outside it", str(path))
 
 
-def check_reports(spec, reports: dict[str, str | None]) -> RunPaths:
+def check_reports(spec, reports: dict[str, str | None], machine: str | None = None) -> RunPaths:
     """Refuse report files a command writes beside a config it does not run (``chainexec plan
-    --plot``) that would write over the config, an input, an output or one another, or that lie
-    in a folder that does not exist or in one chainexec made (as :func:`check_run` refuses a
-    run's). Returns the resolved paths."""
-    paths = RunPaths.of(spec, None, reports)
-    kept = paths.kept()
-    others = len(kept) - len(paths.reports)  # the reports come last
-    _check_written(kept[others:], kept[:others], {})
+    --plot``) that would write over the config, an input, an output, the machine file
+    ``machine`` or one another, or that lie in a folder that does not exist or in one chainexec
+    made (as :func:`check_run` refuses a run's). Returns the resolved paths."""
+    paths = RunPaths.of(spec, None, reports, machine)
+    written = paths.written()
+    reports_written = written[len(paths.outputs):]
+    _check_written(reports_written, paths.read() + written[:len(paths.outputs)], {})
     _check_report_folders(paths)
-    _check_not_inside_owned(kept[others:])
+    _check_not_inside_owned(reports_written)
     return paths
 
 

@@ -354,6 +354,24 @@ def test_report_paths(command, case, finished_user_folder):
     assert _snapshot(work) == before
 
 
+@pytest.mark.parametrize("command, option", [("run", "--report-json"), ("plan", "--plot")])
+@pytest.mark.parametrize("named_by", ["--machine", "$CHAINEXEC_MACHINE"])
+def test_a_report_over_the_machine_file_is_refused(command, option, named_by, finished_user_folder):
+    """A report file that is the machine file the command reads its rates from (``--machine``
+    or ``$CHAINEXEC_MACHINE``): refused before anything is written (the report replaced the
+    machine file, and the next run with it failed on the report's fields)."""
+    from chainexec.planner.machine import Machine
+
+    work = finished_user_folder.parent
+    (work / "m.json").write_text(Machine(statement_seconds=0).to_json())
+    before = _snapshot(work)
+    by = (["--machine", "m.json"], None) if named_by == "--machine" else ([], {"CHAINEXEC_MACHINE": "./m.json"})
+    proc = run_cli(command, finished_user_folder, *(["--quiet"] if command == "run" else []), *by[0],
+                   option, work / "m.json", cwd=work, env=by[1])
+    assert_refused(proc, "the machine file", option)
+    assert _snapshot(work) == before
+
+
 def test_generate_refuses_two_tensors_written_into_one_dataset(tmp_path):
     """Two tensors naming one dataset with other extents or seeds: refused before anything is
     written (generate wrote the second over the first, exit 0); alike in all, the one dataset is
