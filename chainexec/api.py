@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chainexec import calibrate, detect, machinecache, plancache, safepaths, stopsignals
+from chainexec import calibrate, detect, machinecache, plancache, report, safepaths, stopsignals
 from chainexec import spec as spec_mod
 from chainexec.detect import Limit
 from chainexec.errors import ChainexecError, RankFailed, of_machine
@@ -60,8 +60,7 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
         raise ChainexecError(f"ranks must be a whole number, at least 1, not {ranks!r}")
     text = spec_mod.read(config)
     s = spec_mod.loads(text, str(config))
-    for path, option in safepaths.check_reports(s, reports or {}, machinecache.named_file(machine)).reports.items():
-        store.check_writable([path], f"{option} file")
+    _check_reports(safepaths.check_reports(s, reports or {}, machinecache.named_file(machine)))
     rates = machinecache.named(machine)
     figures = detect.local(backend, ranks) if _missing(s) else None
     limits = _limits(s, figures)
@@ -79,6 +78,15 @@ def plan(config: str | Path, machine: str | None = None, schedule: str | None = 
     _price_cached(p, rates[0], ranks)
     p.machine = _record(limits, rates[1])
     return p
+
+
+def _check_reports(paths: safepaths.RunPaths) -> None:
+    """Each report file of ``paths`` can be written, and matplotlib is there where one is a
+    picture (``--plot``): found before the plan or run, not after it."""
+    for path, option in paths.reports.items():
+        store.check_writable([path], f"{option} file")
+    if "--plot" in paths.reports.values():
+        report.pyplot()
 
 
 def _price_cached(p: Plan, machine: Machine, ranks: int) -> bool:
@@ -208,8 +216,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         ours["paths"] = safepaths.check_run(s, checkpoint, reports, machinecache.named_file(machine))
         ours["paths"].lock()
         store.check_writable(ours["paths"].outputs)
-        for path, option in ours["paths"].reports.items():
-            store.check_writable([path], f"{option} file")
+        _check_reports(ours["paths"])
         ours["rates"] = machinecache.named(machine)
         return bool(_missing(s))
 

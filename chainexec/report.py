@@ -197,8 +197,10 @@ def alternatives(plan: Plan) -> str:
     return "\n".join(rows)
 
 
-def _pyplot():
-    """matplotlib's pyplot on the file-only Agg backend; a one-line error without the optional extra."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend; a one-line error without the optional
+    extra (asked before a command computes anything where it draws, so a missing extra costs no
+    run)."""
     try:
         import matplotlib
 
@@ -225,7 +227,7 @@ def _save(fig, path: str) -> None:
 
 def plot_alternatives(plan: Plan, path: str) -> None:
     """Bar chart of predicted seconds per level for each alternative (matplotlib, optional extra)."""
-    plt = _pyplot()
+    plt = pyplot()
     shown = [a for a in plan.alternatives if a["kind"] == "schedule"]
     names = [f"{a['name']}{' *' if a['chosen'] else ''}" for a in shown]
     levels = list(shown[0]["seconds"]) if shown else []
@@ -337,7 +339,7 @@ def plot_run(predicted: dict, measured: dict, path: str) -> None:
     """PNG of :func:`run_report`'s comparison: achieved vs bound rate per level (GB/s; GFLOP/s for
     compute; undefined rates drawn as 0), and predicted vs measured busy seconds per level
     (matplotlib, optional extra)."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = level_rates(predicted, measured)
     levels = [r["level"] for r in rows]
 

@@ -110,6 +110,27 @@ def test_plot_without_matplotlib(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_plot_without_matplotlib_is_refused_before_the_run(command, tmp_path):
+    """``--plot`` where matplotlib cannot be imported: refused before planning or running (the
+    run went to its end, its output marked complete, and the plan was printed, then the command
+    exited 2): nothing printed, no file written."""
+    import os
+
+    from tests.conftest import assert_refused, fourindex_config, run_cli, write_config
+
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    blocked = tmp_path / "blocked" / "matplotlib"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('matplotlib blocked by the test')\n")
+    before = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    path = os.pathsep.join(filter(None, [str(blocked.parent), os.environ.get("PYTHONPATH")]))
+    proc = run_cli(command, config, "--plot", tmp_path / "p.png", env={"PYTHONPATH": path})
+    assert_refused(proc, "--plot needs matplotlib")
+    assert proc.stdout == "" and sorted(p for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
 def test_failed_plot_write_leaves_no_file(tmp_path):
     class HalfWritten:
         def savefig(self, path, format):
