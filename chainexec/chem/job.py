@@ -158,24 +158,28 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
+    written = False
     try:
         summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
+        written = True
+        if layout == "computed":
+            from chainexec.chem import integrals
+
+            source["bytes_per_second"] = float(f"{integrals.rate(mol):.3g}")
+        for other in JOBS.values():
+            (out / other.config).unlink(missing_ok=True)
+        text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
+        try:
+            atomicfile.write(config, text, 0o644)
+        except OSError as err:
+            raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
     except BaseException:
+        if written:  # inputs without their config: a job submitted again would refuse the folder
+            (out / "inputs.h5").unlink(missing_ok=True)
         for folder in made:  # the folders this call made, empty: the failed job leaves none
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
-    if layout == "computed":
-        from chainexec.chem import integrals
-
-        source["bytes_per_second"] = float(f"{integrals.rate(mol):.3g}")
-    for other in JOBS.values():
-        (out / other.config).unlink(missing_ok=True)
-    text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
-    try:
-        atomicfile.write(config, text, 0o644)
-    except OSError as err:
-        raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
     return summary | {"config": str(config)}
 
 

@@ -303,8 +303,10 @@ def version_base(plan: Plan, t: TensorInfo, version: int) -> Path:
 def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
     """``chainexec generate``: write every input that has a file and a seed, block by block.
     Every seed is checked first; each file is then written as a copy under a temporary name
-    (keeping the datasets the config does not write) and renamed into place, so that a failure
-    leaves every file as it was."""
+    (keeping the datasets the config does not write), and once every file is written they are
+    renamed into place, so that a failure (a full disk at the last file, a bad dataset name)
+    leaves every file as it was: no config's inputs half there, which ``generate --missing``
+    refuses to complete."""
     inputs = [t for t in plan.tensors.values() if t.from_file()]
     for t in inputs:
         if "seed" not in t.source:
@@ -314,20 +316,22 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
     for t in inputs:
         by_file.setdefault(t.source["file"], []).append(t)
     written = []
-    for file, group in by_file.items():
-        path = Path(os.path.realpath(file))  # a link to the inputs: they are written where it points
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomicfile.replacing(path) as tmp:
+    file = None
+    try:
+        with contextlib.ExitStack() as renamed:  # every file renamed into place once all are written
+            for file, group in by_file.items():
+                path = Path(os.path.realpath(file))  # a link to the inputs: they are written where it points
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = renamed.enter_context(atomicfile.replacing(path))
                 if path.exists():
                     shutil.copyfile(path, tmp)
                     shutil.copymode(path, tmp)
                 with h5py.File(tmp, "a") as f:
                     for t in group:
                         _write_random(f, t, rows_per_block)
-        except OSError as err:
-            raise ChainexecError(f"cannot write the inputs ({err.strerror or err})", file) from None
-        written += [f"{file}:{t.source['dataset']}" for t in group]
+                written += [f"{file}:{t.source['dataset']}" for t in group]
+    except OSError as err:
+        raise ChainexecError(f"cannot write the inputs ({err.strerror or err})", file) from None
     return written
 
 

@@ -86,6 +86,23 @@ def test_expression_dividing_by_zero(tmp_path):
     assert not (tmp_path / "out.h5").exists()
 
 
+def test_generate_that_fails_at_a_later_file_leaves_the_earlier_ones_unwritten(tmp_path):
+    """Inputs in two files, the second refused as it is written (its dataset would lie below
+    one of the user's): the first file, already written whole, is not put in place either (it
+    was, and ``generate --missing`` then refused every later attempt, some of the inputs being
+    there), and the second is as it was."""
+    cfg = fourindex_config()
+    cfg["tensors"]["A"]["source"]["file"] = "a.h5"
+    cfg["tensors"]["C"]["source"].update(file="c.h5", dataset="X/C")
+    config = write_config(tmp_path, cfg)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["X"] = np.arange(3.0)
+    before = (tmp_path / "c.h5").read_bytes()
+    assert_refused(run_cli("generate", config), "would lie below 'X'")
+    assert not (tmp_path / "a.h5").exists() and (tmp_path / "c.h5").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", "chain.yaml"]
+
+
 def test_output_copied_without_its_parts_is_refused_as_input(tmp_path):
     """An output read as the input of another config: fine with its parts folder beside it,
     refused (not read as NaN) where only the file was copied."""
