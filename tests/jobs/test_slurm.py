@@ -40,13 +40,14 @@ def test_job_script_shape(script):
     assert {"--job-name", "--nodes", "--ntasks-per-node", "--gpus-per-task", "--time", "--output"} <= options
     assert "--gpus-per-task=1" in directives  # one rank per GPU
     assert lines[first_command] == "set -euo pipefail"
-    assert re.search(r'^srun --mpi="\$SRUN_MPI" "\$CHAINEXEC" run "\$CONFIG"', text, re.M)
+    # one world's ranks, all ended where one fails (a rank left waiting on it held the job to its limit)
+    assert re.search(r'^srun --mpi="\$SRUN_MPI" --kill-on-bad-exit=1 "\$CHAINEXEC" run "\$CONFIG"', text, re.M)
     assert re.search(r"^SRUN_MPI=\$\{SRUN_MPI:-pmi2\}", text, re.M)
     # several nodes: every node's view of the folders is checked before anything runs or is written
-    assert re.search(r'^\. "\$CHAINEXEC_HOME/jobs/nodes\.sh"$', text, re.M)
+    assert re.search(r'^\. "\$CHAINEXEC_HOME/jobs/steps\.sh"$', text, re.M)
     checked = re.search(r'^check_nodes "\$(VENV/bin/python|PYTHON)" .*\|\| exit 2$', text, re.M)
     assert checked
-    steps = ("\nworld=$(srun", '"$CHAINEXEC" generate', '"$CHAINEXEC" chem')
+    steps = ("\ncheck_world ", '"$CHAINEXEC" generate', '"$CHAINEXEC" chem')
     later = [text.index(step) for step in steps if step in text]
     assert len(later) == 2 and checked.start() < min(later)
 
@@ -68,7 +69,7 @@ exec "$@"
     ("2", "", sys.executable, 2, "chainexec-job: cannot write in {b} (the job writes there)"),
 ], ids=["shared", "not shared", "no venv", "one node", "second folder not writable"])
 def test_check_nodes(tmp_path, nodes, hide, python, status, said):
-    """jobs/nodes.sh's ``check_nodes`` with a stand-in srun whose "node" sees both folders, or
+    """jobs/steps.sh's ``check_nodes`` with a stand-in srun whose "node" sees both folders, or
     another folder in place of the second, or cannot run the venv's Python, or where the second
     folder cannot be written (a file in its place: root writes in a read-only folder): status 0
     with a line naming what every node sees, else 2 naming what a node lacks or the folder; no
@@ -85,7 +86,7 @@ def test_check_nodes(tmp_path, nodes, hide, python, status, said):
         folders["b"].write_text("")
         folders = {"a": folders["a"], "b": folders["b"]}
     env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NUM_NODES": nodes, "HIDE": str(folders[hide]) if hide else ""}
-    proc = subprocess.run(["bash", "-c", f'set -euo pipefail; . {REPO}/jobs/nodes.sh; check_nodes "$@" || exit $?',
+    proc = subprocess.run(["bash", "-c", f'set -euo pipefail; . {REPO}/jobs/steps.sh; check_nodes "$@" || exit $?',
                            "job", python, *map(str, folders.values())], capture_output=True, text=True, env=env)
     assert proc.returncode == status, proc.stdout + proc.stderr
     assert said.format(**folders) in proc.stdout + proc.stderr
@@ -182,15 +183,16 @@ exit 1
 
 
 @pytest.mark.parametrize("script", ["fourindex.sbatch", "ccsd_t.sbatch"])
-def test_a_job_whose_srun_fails_says_so_and_exits_3(tmp_path, script):
+def test_a_job_whose_srun_fails_says_so_and_exits_2(tmp_path, script):
     """An srun that cannot start the ranks (a PMI plugin the cluster lacks) ends the job with the
-    status and the hint the world-size check promises, not with the shell's own exit."""
+    status and the hint the world-size check promises, not with the shell's own exit: 2, a
+    setting to change (3 is a run stopped at a checkpoint, which a wrapper submits again)."""
     if script == "ccsd_t.sbatch":
         pytest.importorskip("pyscf")
     variables = ({"CONFIG": str(write_config(tmp_path, fourindex_config()))} if script == "fourindex.sbatch"
                  else {"MOLECULE": "h2o", "BASIS": "sto-3g", "WORKDIR": str(tmp_path / "w")})
     proc = _stand_in_job(script, tmp_path, FAILING_SRUN, SRUN_MPI="pmix", **variables)
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "gives MPI world size(s): none (srun failed)" in proc.stdout
     assert "set SRUN_MPI" in proc.stderr
 
@@ -223,7 +225,7 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     ("STOP_AFTER", "1.5e3", "STOP_AFTER=1.5e3 is not a whole number of seconds"),
     ("CHECKPOINT_EVERY", "10m", "CHECKPOINT_EVERY=10m is not a number of seconds"),
     ("TOLERANCE", "1e-10Eh", "TOLERANCE=1e-10Eh is not a number of Hartree"),
-    ("CHAINEXEC_HOME", "/nonexistent", "/nonexistent/jobs/nodes.sh not found (set CHAINEXEC_HOME"),
+    ("CHAINEXEC_HOME", "/nonexistent", "/nonexistent/jobs/steps.sh not found (set CHAINEXEC_HOME"),
 ])
 def test_a_ccsd_t_job_with_a_setting_it_cannot_read_stops_before_it_runs(tmp_path, variable, value, said):
     """A STOP_AFTER with a unit was dropped by bash's arithmetic without a word (the job then ran
@@ -237,3 +239,33 @@ def test_a_ccsd_t_job_with_a_setting_it_cannot_read_stops_before_it_runs(tmp_pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"chainexec-job: {said}" in proc.stderr and "srun ran" not in proc.stderr
     assert not (tmp_path / "w" / "inputs.h5").exists()
+
+
+MPIEXEC_SRUN = "#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
+"""srun's stand-in that starts one world of ``SLURM_NTASKS`` ranks through the venv's mpiexec."""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scontrol_status", [0, 1])
+def test_a_fourindex_job_stopped_at_a_checkpoint_goes_on_when_submitted_again(tmp_path, scontrol_status):
+    """``STOP_AFTER=0``: the run stops at its first checkpoint and the job ends with status 3
+    (not finished), requeued with ``REQUEUE=1`` or, where the cluster refuses (``scontrol``
+    fails), saying so with the same status (it ended with the shell's 1, which the docs give to
+    measured ≠ predicted); submitted again it goes on from the checkpoint, its output verified
+    (the job had no checkpoint and began again from nothing)."""
+    config = write_config(tmp_path, fourindex_config())
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"scontrol $*\" >> {tmp_path}/scontrol.log\nexit {scontrol_status}\n")
+    (fake / "scontrol").chmod(0o755)
+    first = _stand_in_job("fourindex.sbatch", tmp_path, MPIEXEC_SRUN, CONFIG=str(config), STOP_AFTER="0", REQUEUE="1")
+    assert first.returncode == 3, first.stdout + first.stderr
+    checkpoint = tmp_path / "chain.checkpoint"
+    assert f"stopped at a checkpoint in {checkpoint}; requeueing job 7" in first.stdout
+    assert (tmp_path / "scontrol.log").read_text() == "scontrol requeue 7\n"
+    assert ("scontrol requeue 7 failed" in first.stderr) == bool(scontrol_status), first.stderr
+    assert checkpoint.is_dir() and not (tmp_path / "out" / "result.h5").exists()
+    again = _stand_in_job("fourindex.sbatch", tmp_path, MPIEXEC_SRUN, CONFIG=str(config))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.rstrip().endswith("verify passed")
+    assert json.loads((tmp_path / "chainexec-fourindex-7.json").read_text())["run"]["resumed_tiles"] > 0
