@@ -163,3 +163,25 @@ def test_ranks_table_has_a_row_per_rank_with_its_start_and_transfer_seconds():
     assert text.splitlines()[0].split() == ["rank", "start", "s", "busy", "s", "idle", "s", "g<->d", "s", "tiles"]
     assert _row(text, "0") == ["0", "1.250", "3.500", "0.125", "0.750", "7"]
     assert _row(text, "1") == ["1", "-", "3.000", "0.500", "0.250", "6"]
+
+
+def test_alternatives_end_with_the_finished_plans_prediction():
+    """The (T) chain's chosen schedule as the search weighed it differs from the finished plan
+    (its tiles evaluated per orbit afterwards): the table's last row is the prediction the run is
+    measured against, bytes per level and movement seconds."""
+    from pathlib import Path
+
+    from chainexec import spec
+    from chainexec.planner.build import make_plan
+    from chainexec.planner.machine import Machine
+
+    plan = make_plan(spec.load(Path(__file__).parents[1] / "configs" / "ccsd_t.yaml"), Machine())
+    rows = report.alternatives(plan).splitlines()
+    [finished] = [row for row in rows if row.startswith("finished plan")]
+    p = plan.predicted
+    moving = p["seconds"]["disk"] + p["seconds"]["global<->device"]
+    assert finished.split()[2:] == [*format_size(report.level_amount(p, "disk")).split(),
+                                    *format_size(report.level_amount(p, "global<->device")).split(),
+                                    f"{moving:.3g}", "the", "prediction"]
+    [chosen] = [a for a in plan.alternatives if a["chosen"] and a["kind"] == "schedule"]
+    assert chosen["seconds"]["compute"] != p["seconds"]["compute"]
