@@ -81,13 +81,20 @@ def replacing(path: str | os.PathLike, durable: bool = False):
             _PENDING.discard(tmp.absolute())
 
 
+USER_FILE = -1
+"""The ``mode`` of a file a user asked for (a report, a config, a benchmark's results): the
+permissions a new file gets under the umask, as any program's output."""
+
+
 def write(path: Path, data: bytes | str, mode: int | None = None) -> None:
     """Replace ``path`` by ``data`` (its folder made where missing; :func:`replacing`). ``mode``:
     the permissions (private, ``0o600``, unless given; a cache meant to be shared passes
-    ``0o644``). Raises :class:`OSError` as the file system does, leaving no temporary file behind."""
+    ``0o644``; :data:`USER_FILE` those of the umask). Raises :class:`OSError` as the file system
+    does, leaving no temporary file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path) as tmp:
-        os.chmod(tmp, 0o600 if mode is None else mode)
+        if mode != USER_FILE:
+            os.chmod(tmp, 0o600 if mode is None else mode)
         with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
 

@@ -755,14 +755,14 @@ def main(argv=None) -> int:
                   f"x{row['ratio_vs_best_library']:.2f} (at most x{row['ceiling_vs_best_library']:.2f}: "
                   f"bound {row['bound_gflops']:6.0f} GFLOP/s, {row['of_bound']:.0%} of it) {row['case_s']:.0f} s",
                   flush=True)
-        atomicfile.write(partial, json.dumps(result, indent=1))
+        atomicfile.write(partial, json.dumps(result, indent=1), atomicfile.USER_FILE)
     result["rows"].sort(key=lambda r: (r["scale"], r["id"]))
     tol = 1e-12 if args.dtype == "float64" else 1e-5
     bad = [r for r in result["rows"] if "skipped" not in r and (
         "error" in r or not r["rel_err"] <= tol or not r["rel_err_beta"] <= tol)]
     result["failures"] = [(r["id"], r["scale"]) for r in bad]
     result["summary"] = summary(result["rows"])
-    atomicfile.write(out, json.dumps(result, indent=1))
+    atomicfile.write(out, json.dumps(result, indent=1), atomicfile.USER_FILE)
     partial.unlink(missing_ok=True)
     for scale, groups in result["summary"].items():
         print(f"scale {scale}: " + "; ".join(f"{g} geomean {v['geomean']:.2f} (at most {v['ceiling_geomean']:.2f}) "

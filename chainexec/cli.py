@@ -123,7 +123,7 @@ def _count(text: str) -> int:
 
 def _write_json(path: str, data: dict) -> None:
     try:
-        atomicfile.write(Path(path), json.dumps(data, indent=1), mode=0o644)
+        atomicfile.write(Path(path), json.dumps(data, indent=1), atomicfile.USER_FILE)
     except OSError as err:
         raise ChainexecError(f"cannot write the report ({err.strerror or err})", path) from None
 

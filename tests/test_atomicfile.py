@@ -1,5 +1,6 @@
 """Files replaced whole: the new content or the old one, never half of one and no temporary file
-left, whatever fails; the permissions asked for (the shared caches' 0o644)."""
+left, whatever fails; the permissions asked for (the shared caches' 0o644, a user's files the
+umask's)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ def test_a_file_is_written_whole_in_a_new_folder(tmp_path, data):
 def test_the_mode_asked_for(tmp_path):
     atomicfile.write(tmp_path / "f", "x", 0o644)
     assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_users_file_gets_the_umasks_permissions(tmp_path, umask):
+    """A report or config a user asked for is readable by others as the umask allows, no more
+    (a report was 0o644 under umask 077) and no less."""
+    old = os.umask(umask)
+    try:
+        atomicfile.write(tmp_path / "r.json", "{}", atomicfile.USER_FILE)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o666 & ~umask
 
 
 @pytest.mark.parametrize("where", ["write", "replace"])

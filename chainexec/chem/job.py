@@ -170,7 +170,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
             (out / other.config).unlink(missing_ok=True)
         text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
         try:
-            atomicfile.write(config, text, 0o644)
+            atomicfile.write(config, text, atomicfile.USER_FILE)
         except OSError as err:
             raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
     except BaseException:
@@ -436,4 +436,4 @@ def write_config(template: str | Path, path: Path, nocc: int, nvir: int, detecte
     ``detected``: without the template's memory limits (:func:`_template`)."""
     kind = JOBS["ccsd_t"]
     cfg, lines = _template(template, kind, detected)
-    atomicfile.write(path, _config(cfg, kind, {"occ": nocc, "vir": nvir}, template, lines), 0o644)
+    atomicfile.write(path, _config(cfg, kind, {"occ": nocc, "vir": nvir}, template, lines), atomicfile.USER_FILE)
