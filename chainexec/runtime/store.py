@@ -419,6 +419,7 @@ class Store:
         # Elements of each output that this rank wrote and that are not finite (inf, NaN).
         self.nonfinite: dict[str, int] = {t: 0 for t, info in plan.tensors.items() if info.role == "output"}
         self.superseded: list[tuple[str, int]] = []  # closed durably, dropped after the next checkpoint
+        self.committed: dict[str, int] = {}  # the version of each tensor the last committed checkpoint names
 
     def _version_base(self, t: TensorInfo, version: int) -> Path:
         return version_base(self.plan, t, version)
@@ -567,8 +568,10 @@ class Store:
     def close_version(self, tensor: str, version: int, durable: bool = False) -> None:
         """Collective: join every rank's blocks of this version into ``<version>.h5`` (a VDS).
         ``durable`` (a run that checkpoints, its blocks sealed): the VDS is synced, and the
-        version it supersedes is kept until :meth:`drop_superseded`, since the last committed
-        checkpoint may still name it."""
+        version it supersedes is kept until :meth:`drop_superseded` where the last committed
+        checkpoint names it (a run resumed from it reads that version); one no checkpoint names
+        is dropped at once, as without checkpoints: a run that closes many versions between two
+        checkpoints holds two of each tensor on disk, not every one."""
         key = (tensor, version)
         for shard in self.shards.pop(key, {}).values():
             shard.close()
@@ -589,17 +592,18 @@ class Store:
         barrier(self.comm)
         old = self.last_version.get(tensor)
         self.last_version[tensor] = version
-        if old is not None and durable:
+        if old is not None and durable and self.committed.get(tensor) == old:
             self.superseded.append((tensor, old))
         elif old is not None:
             self._drop(t, old)
 
     def drop_superseded(self) -> None:
-        """Collective: drop the versions :meth:`close_version` kept (after a checkpoint that no
-        longer names them)."""
+        """Collective, after a checkpoint is committed (naming the versions now closed): drop the
+        versions :meth:`close_version` kept, which it no longer names."""
         for tensor, version in self.superseded:
             self._drop(self.plan.tensors[tensor], version)
         self.superseded = []
+        self.committed = dict(self.last_version)
 
     def open_blocks(self, stored: list[tuple[str, int]]) -> list[list]:
         """This rank's sealed blocks of each version in ``stored`` (the versions being written), in
@@ -614,6 +618,7 @@ class Store:
         file the checkpoint does not name (written after it, or superseded before it), so that
         the folders hold only what the resumed run joins."""
         self.last_version = dict(last_version)
+        self.committed = dict(last_version)
         for tensor, version, blocks in opened:
             self.sealed[(tensor, version)] = [list(b) for b in blocks[self.comm.rank]]
         if self.comm.rank == 0:

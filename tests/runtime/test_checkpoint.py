@@ -700,3 +700,40 @@ def test_clearing_removes_what_a_crash_left_and_nothing_else(tmp_path):
                                                                                     checkpoint.MANIFEST])
     ck.clear()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_versions_closed_between_checkpoints_are_not_kept(tmp_path, monkeypatch):
+    """A run that checkpoints keeps a superseded version of a stored intermediate only where the
+    last committed checkpoint names it. A chain that accumulates X over five unfused statements,
+    with no checkpoint due for the whole run: after every close each tensor has its current
+    version on disk and no other (every version was kept until the next checkpoint: a (T) run
+    kept W.v1 … W.v12 and filled a disk that check_space had passed); Y equals NumPy's."""
+    from chainexec import api
+    from chainexec.runtime import store
+
+    cfg = {"name": "accumulated", "indices": {"i": 40, "j": 40, "k": 5},
+           "tensors": {t: {"indices": ix, "source": {"file": "in.h5", "dataset": t, "seed": seed}}
+                       for t, ix, seed in (("A", ["i", "k"], 1), ("B", ["k", "j"], 2))},
+           "statements": ["X[i,j] = A[i,k] * B[k,j]"] + [f"X[i,j] += {r} * A[i,k] * B[k,j]" for r in (2, 3, 5, 7)]
+                         + ["Y[j,i] = X[i,j] * X[i,j]"],
+           "outputs": {"Y": {"file": "out.h5", "dataset": "Y"}},
+           "machine": {"global_memory": "8KiB", "device_memory": "4KiB"}}
+    config = write_config(tmp_path, cfg)
+    assert run_cli("generate", config).returncode == 0
+    on_disk = []
+    close = store.Store.close_version
+
+    def counted(self, tensor, version, durable=False):
+        close(self, tensor, version, durable)
+        folder = self._version_base(self.plan.tensors[tensor], version).parent
+        on_disk.append((tensor, version, sorted(p.name for p in folder.glob(f"{tensor}.v*.h5"))))
+
+    monkeypatch.setattr(store.Store, "close_version", counted)
+    api.run(config, backend="numpy", schedule="unfused", checkpoint=tmp_path / "ck", checkpoint_every=1e6,
+            plan_cache=False)
+    assert [v for t, v, _ in on_disk if t == "X"] == [1, 2, 3, 4, 5]
+    assert all(files == [f"{tensor}.v{version}.h5"] for tensor, version, files in on_disk), on_disk
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        x = 18 * f["A"][()] @ f["B"][()]
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert np.abs(f["Y"][()] - (x * x).T).max() <= 1e-12 * np.abs(x * x).max()
