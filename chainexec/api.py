@@ -30,7 +30,7 @@ from chainexec.planner.machine import Machine
 from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
-from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals
+from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals, saved_planning
 from chainexec.runtime.comm import SIMULATE_HOSTS, barrier, world
 from chainexec.runtime.device import select
 from chainexec.runtime.executor import Executor
@@ -226,6 +226,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         """The calibration file to make and the identity it is for, where one must be made first
         (held by rank 0 until it is made, :func:`chainexec.machinecache.held`)."""
         ours["limits"] = _limits(ours["spec"], figures)
+        if checkpoint is not None:
+            _as_checkpointed(ours, checkpoint)
         if ours["rates"] is None:
             ours["rates"], ident = _cache_lookup(figures, backend)
             if ours["rates"] is None:
@@ -259,6 +261,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             ours["rates"] = _calibrated(calibration[1])
         s, limits, (rates, record) = ours["spec"], ours["limits"], ours["rates"]
         p, text, cached = _planned(s, ours["text"], limits, rates, schedule, comm.size, inline, plan_cache)
+        _check_fits_here(p, ours.get("here", {}), limits)
         store.check_inputs(p)
         store.check_space(p)
         if maps and _price_cached(p, rates, comm.size):
@@ -460,6 +463,38 @@ def _limits(s, figures: list | None) -> dict[str, Limit]:
             raise ChainexecError(failed[0])
         found |= detect.limits(figures, _missing(s))
     return {level: found[level] for level in ("global", "device")}
+
+
+def _as_checkpointed(ours: dict, folder) -> None:
+    """A resumed run's limits and rates (in ``ours``): those its checkpoint's plan was made with
+    (:func:`chainexec.runtime.checkpoint.saved_planning`), so that it plans the same work where
+    the memory detected on this node, or this node's calibration, differ from the one that
+    made it (a job submitted again runs on other nodes). A level whose limit the config sets
+    keeps it (another config is another plan, which the checkpoint refuses); a detected one takes
+    the saved limit, the figure detected here kept in ``ours["here"]`` for :func:`_check_fits_here`."""
+    saved = saved_planning(folder)
+    if saved is None:
+        return
+    sizes, rates, path = saved
+    machine, given = Machine.parse(rates, str(path))
+    ours["here"] = {level: limit for level, limit in ours["limits"].items() if limit.origin == "detected"}
+    ours["limits"] = {level: Limit(sizes[level], "checkpoint", str(path)) if level in ours["here"] else limit
+                      for level, limit in ours["limits"].items()}
+    ours["rates"] = machine, machinecache.record(machine, given, "checkpoint", str(path))
+
+
+def _check_fits_here(p: Plan, here: dict[str, Limit], limits: dict[str, Limit]) -> None:
+    """A plan made with a checkpoint's memory limits (:func:`_as_checkpointed`) that needs more
+    memory of a level than this node has (``here``, detected) is a :class:`ChainexecError`
+    naming both: the run would fail for memory part way."""
+    for level, limit in here.items():
+        peak = p.predicted["memory_peak"][level]
+        if peak > limit.bytes:
+            raise ChainexecError(
+                f"the checkpoint's plan needs {spec_mod.format_size(peak)} of {level} memory per rank (planned with "
+                f"{spec_mod.format_size(limits[level].bytes)}); this node has {spec_mod.format_size(limit.bytes)} "
+                f"({limit.detail}): free memory here, or remove the checkpoint folder to start again",
+                limits[level].detail)
 
 
 def _within(s, limits: dict[str, int]):

@@ -86,6 +86,32 @@ def plan_digest(plan: Plan, ranks: int) -> str:
     return hashlib.sha256("\0".join([json.dumps(work, sort_keys=True), f"ranks={ranks}"]).encode()).hexdigest()
 
 
+def planned_with(plan: Plan) -> dict:
+    """What ``plan`` was made with, for a manifest (``planned_with``): the memory limit of each
+    level (bytes) and the machine model's rates (:attr:`Plan.machine`'s values, by field): a
+    resumed run plans with them (:func:`saved_planning`) where memory it detects or a calibration
+    of another node would otherwise make another plan, which the checkpoint does not fit."""
+    return {"limits": dict(plan.memory_limit),
+            "rates": {name: record["value"] for name, record in plan.machine.items() if not name.endswith("_memory")}}
+
+
+def saved_planning(folder: str | Path) -> tuple[dict[str, int], dict, Path] | None:
+    """The memory limits (bytes per level) and the machine file's text of rates that the plan of
+    the checkpoint in ``folder`` was made with (:func:`planned_with`), and its manifest's path;
+    None where there is no manifest there, or it names none that can be read (the run then plans
+    as a new one, and :meth:`Checkpoint.open` says what is wrong with the folder)."""
+    path = Path(folder) / MANIFEST
+    try:
+        saved = json.loads(path.read_text()).get("planned_with")
+        limits, rates = saved["limits"], saved["rates"]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+    if not (isinstance(limits, dict) and set(limits) == {"global", "device"}
+            and all(type(v) is int and v > 0 for v in limits.values()) and isinstance(rates, dict) and rates):
+        return None
+    return limits, json.dumps(rates), path
+
+
 def _input_files(plan: Plan) -> list[str]:
     """Every file the run's inputs read (:func:`chainexec.datafiles.of`)."""
     return sorted({file for t in plan.tensors.values() if t.from_file()
@@ -254,6 +280,9 @@ class Checkpoint:
     def _check(self, saved, path: Path, plan: Plan, ranks: int) -> None:
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ChainexecError("not a chainexec checkpoint of this version", str(path))
+        if type(saved.get("ranks")) is int and saved["ranks"] != ranks:
+            raise ChainexecError(f"a checkpoint of a run on {saved['ranks']} rank{'s' * (saved['ranks'] != 1)}; this "
+                                 f"one has {ranks}: run it on {saved['ranks']} to go on, or remove the folder", str(path))
         if saved.get("plan") != self.digest:
             raise ChainexecError("a checkpoint of another plan (config, machine, rank count or input files "
                                  "differ); remove the folder or choose another", str(path))

@@ -18,7 +18,7 @@ from chainexec.errors import ChainexecError
 from chainexec.planner.plan import Loop, Plan, ops, stores
 from chainexec.runtime.accounting import Counters
 from chainexec.runtime.buffers import Buffers
-from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped
+from chainexec.runtime.checkpoint import COUNTS, Checkpoint, Stopped, planned_with
 from chainexec.runtime.comm import barrier
 from chainexec.runtime.diskio import DiskWorker
 from chainexec.runtime.frame import Frame
@@ -241,7 +241,7 @@ class Claims:
                        "ranks": self.comm.size, "counts": counts.tolist(), "banked": self.bank.tolist(),
                        "peaks": peaks, "stored": self.store.last_version, "joined": joined,
                        "open": [[t, v, [mine[j] for mine in blocks]] for j, (t, v) in enumerate(writing)],
-                       "files": ck.files})
+                       "files": ck.files, "planned_with": planned_with(self.plan)})
             stop = ck.stopping()
         stop = self.comm.bcast(stop, root=0)
         ck.supersede(self.comm.rank, number)

@@ -391,7 +391,8 @@ def test_errors(tmp_path):
                    "--stop-after", 0).returncode == 3
     manifest = folder / "checkpoint.json"
     # the same job on more ranks, or with another machine, is another plan
-    _one_line(run_cli("run", config, "--checkpoint", folder, ranks=2), str(manifest), "another plan", launcher=True)
+    _one_line(run_cli("run", config, "--checkpoint", folder, ranks=2), str(manifest),
+              "a checkpoint of a run on 1 rank; this one has 2: run it on 1 to go on", launcher=True)
     other = _job(tmp_path / "other", machine={"global_memory": "1GiB", "device_memory": "1MiB"})
     _one_line(run_cli("run", other, "--checkpoint", folder), str(manifest), "another plan")
     _one_line(run_cli("run", config, "--stop-after", 5), "--stop-after needs --checkpoint")
@@ -737,3 +738,62 @@ def test_versions_closed_between_checkpoints_are_not_kept(tmp_path, monkeypatch)
         x = 18 * f["A"][()] @ f["B"][()]
     with h5py.File(tmp_path / "out.h5", "r") as f:
         assert np.abs(f["Y"][()] - (x * x).T).max() <= 1e-12 * np.abs(x * x).max()
+
+
+def _detected_fourindex(tmp_path) -> Path:
+    """configs/fourindex.yaml (64 AO, 60 MO) without its memory limits, its files here: limits
+    detected from the host memory, whose tiles change with a few MiB of it."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "configs" / "fourindex.yaml").read_text())
+    del cfg["machine"]
+    for t in cfg["tensors"].values():
+        t["source"]["file"] = "input.h5"
+    cfg["outputs"]["B"]["file"] = "output.h5"
+    config = write_config(tmp_path, cfg)
+    assert run_cli("generate", config).returncode == 0
+    return config
+
+
+def test_a_run_resumed_where_more_memory_is_detected_plans_as_its_checkpoint(tmp_path):
+    """Stopped where 1090 MiB of host memory were available and resumed where 1200 MiB are (a job
+    submitted again lands on another node) with another machine file: the run plans with the
+    limits and rates its checkpoint's plan was made with, so it does the same work and goes on
+    (it planned larger tiles and refused the checkpoint as another plan's); the report says where
+    they came from, and the output equals NumPy's."""
+    from chainexec.planner.machine import Machine
+
+    config = _detected_fourindex(tmp_path)
+    folder = tmp_path / "ck"
+    stop = run_cli("run", config, "--quiet", "--checkpoint", folder, "--stop-after", 0,
+                   env={"CHAINEXEC_HOST_MEMORY": "1090MiB"})
+    assert stop.returncode == 3, stop.stderr
+    (tmp_path / "fast.json").write_text(Machine(flop_rate=7e13, statement_seconds=0).to_json())
+    report = tmp_path / "r.json"
+    resumed = run_cli("run", config, "--quiet", "--checkpoint", folder, "--machine", tmp_path / "fast.json",
+                      "--report-json", report, env={"CHAINEXEC_HOST_MEMORY": "1200MiB"})
+    assert resumed.returncode == 0, resumed.stderr
+    run = _check_report(report)["run"]
+    assert run["resumed_tiles"] > 0
+    manifest = str(folder / "checkpoint.json")
+    assert {name: (r["from"], r["detail"]) for name, r in run["machine"].items()} == dict.fromkeys(
+        run["machine"], ("checkpoint", manifest))
+    with h5py.File(tmp_path / "input.h5", "r") as f:
+        a, c = f["A"][()], f["C"][()]
+    expected = np.einsum("pa,qb,rc,sd,pqrs->abcd", c, c, c, c, a, optimize=True)
+    with h5py.File(tmp_path / "output.h5", "r") as f:
+        assert np.abs(f["B"][()] - expected).max() <= 1e-12 * np.abs(expected).max()
+
+
+def test_a_run_resumed_where_its_checkpoints_plan_does_not_fit_is_refused(tmp_path):
+    """Stopped where 1100 MiB were available, resumed where 1090 MiB are: the checkpoint's plan
+    needs more global memory per rank than this node has; one line names both, nothing runs."""
+    config = _detected_fourindex(tmp_path)
+    folder = tmp_path / "ck"
+    assert run_cli("run", config, "--quiet", "--checkpoint", folder, "--stop-after", 0,
+                   env={"CHAINEXEC_HOST_MEMORY": "1100MiB"}).returncode == 3
+    before = (folder / "checkpoint.json").read_bytes()
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, env={"CHAINEXEC_HOST_MEMORY": "1090MiB"})
+    _one_line(proc, "ck/checkpoint.json: the checkpoint's plan needs", "of global memory per rank (planned with 38.00 MiB)",
+              "this node has 32.00 MiB", "remove the checkpoint folder")
+    assert (folder / "checkpoint.json").read_bytes() == before and not (tmp_path / "output.h5").exists()
