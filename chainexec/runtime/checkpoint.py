@@ -204,14 +204,19 @@ def _missing(saved: dict, plan: Plan) -> Path | None:
     """The first file that a valid manifest names and a resumed run reads but that is not there:
     a shard file of a block it records, or (where nests are left to run) a closed version's VDS
     or a shard file that VDS maps (a scratch file system that purges files one by one leaves
-    the VDS without them, and the read of the version would fail mid-run)."""
+    the VDS without them, and the read of the version would fail mid-run). A VDS that cannot be
+    read (damaged) is a :class:`ChainexecError` naming it."""
     named = [(t, v, b[0]) for t, v, blocks in saved["open"] for rank in blocks for b in rank]
     named += [(t, saved["stored"][t], b[0]) for t, blocks in saved["joined"].items() for rank in blocks for b in rank]
     paths = [version_base(plan, plan.tensors[t], v) / file for t, v, file in named]
     if saved["nest"] < len(plan.nests):
         for t, v in saved["stored"].items():
             vds = Path(f"{version_base(plan, plan.tensors[t], v)}.h5")
-            paths += [vds] + ([Path(f) for f in datafiles.of(str(vds), "data")[1:]] if vds.is_file() else [])
+            try:
+                paths += [vds] + ([Path(f) for f in datafiles.of(str(vds), "data")[1:]] if vds.is_file() else [])
+            except OSError as err:
+                raise ChainexecError(f"a stored version this checkpoint names cannot be read ({err}): remove the "
+                                     "checkpoint folder to start again", str(vds)) from None
     return next((p for p in paths if not p.is_file()), None)
 
 
@@ -292,14 +297,14 @@ class Checkpoint:
         if saved["position"] is not None and _loops(plan)[saved["nest"], saved["position"]][0] == "accumulate":
             for rank in range(ranks):
                 self.read_rank(rank, saved["number"])
-        missing = _missing(saved, plan)
-        if missing is not None:
-            raise ChainexecError("a shard file or stored version this checkpoint names is missing", str(missing))
         for file, record in saved["files"].items():
             if os.path.exists(file) and not fileid.unchanged(file, record):
                 raise ChainexecError("a shard file this checkpoint saved has changed since (damaged, or written "
                                      "over): the results resumed from it would be wrong; remove the checkpoint "
                                      "folder to start again", file)
+        missing = _missing(saved, plan)
+        if missing is not None:
+            raise ChainexecError("a shard file or stored version this checkpoint names is missing", str(missing))
 
     def record_files(self, sealed: list[dict[str, dict]]) -> None:
         """Take the identities of the shard files every rank sealed for the checkpoint being

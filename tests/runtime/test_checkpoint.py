@@ -633,8 +633,8 @@ def test_a_checkpoint_records_every_input_file(tmp_path):
 def test_a_shard_gone_from_a_closed_version_is_found_before_the_resumed_run(tmp_path):
     """A scratch file system that purges files one by one removes a shard of an intermediate the
     first nest closed (its VDS stays): the resumed run says which file is missing in one line
-    before it runs (the read of the version ended in a traceback mid-run), and with the shard
-    back it finishes with the einsum of the inputs."""
+    before it runs (the read of the version ended in a traceback mid-run); a shard cut short or a
+    VDS written over, the same; and with the files back it finishes with the einsum of the inputs."""
     path = write_config(tmp_path, fourindex_config(global_memory="48KiB"))
     assert run_cli("generate", path).returncode == 0
     stop = ("--checkpoint", tmp_path / "ck", "--checkpoint-every", 0)
@@ -648,7 +648,14 @@ def test_a_shard_gone_from_a_closed_version_is_found_before_the_resumed_run(tmp_
     kept = shard.read_bytes()
     shard.unlink()
     _one_line(run_cli("run", path, *stop), str(shard), "is missing")
+    # damaged rather than gone: the shard cut short, the VDS written over (tracebacks, status 1)
+    shard.write_bytes(kept[:-100])
+    _one_line(run_cli("run", path, *stop), str(shard), "has changed since")
     shard.write_bytes(kept)
+    vds = closed[0].read_bytes()
+    closed[0].write_text("x\n")
+    _one_line(run_cli("run", path, *stop), str(closed[0]), "stored version this checkpoint names cannot be read")
+    closed[0].write_bytes(vds)
     proc = run_cli("run", path, *stop)
     assert proc.returncode == 0, proc.stderr
     with h5py.File(tmp_path / "in.h5") as fi, h5py.File(tmp_path / "out" / "result.h5") as fo:
