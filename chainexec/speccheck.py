@@ -50,7 +50,7 @@ def check_identifier(name, what: str) -> str:
 
 
 _REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[([^\[\]]*)\]\s*$")
-_NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+_NUMBER = re.compile(r"^\s*[-+]?\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
 
 
 def _parse_ref(text: str) -> Ref:
@@ -83,7 +83,11 @@ def parse_statement(text: str, line: int | None = None) -> Statement:
     operands = []
     for term in rhs.split("*"):
         if _NUMBER.match(term):
-            factor *= float(term)
+            factor *= float("".join(term.split()))
+        elif "[" not in term and term.strip():
+            raise ValueError(f"statement {text!r}: cannot read the factor {term.strip()!r}: a product holds tensor "
+                             "references such as A[i,j] and decimal numbers such as 0.5 or -2e-3 (write a fraction "
+                             "by its decimal value)")
         elif term.strip():
             operands.append(_parse_ref(term))
         else:

@@ -101,6 +101,8 @@ def _replace(name, data):
 INPUT_ERRORS = {
     "shape": (_replace("C", np.random.default_rng(1).random((10, 9))), ["in.h5", "shape (10, 9)", "(10, 8)"]),
     "dtype": (_replace("C", np.random.default_rng(2).random((10, 8)).astype(np.float32)), ["in.h5", "dtype float32"]),
+    "byte_order": (_replace("C", np.random.default_rng(3).random((10, 8)).astype(">f8")),
+                   ["in.h5", "holds float64 of the other byte order (>f8)", "in this machine's order"]),
     "missing_dataset": (lambda f: f.__delitem__("A"), ["in.h5", "no dataset 'A'"]),
 }
 

@@ -39,10 +39,20 @@ def test_parses_a_complete_config():
     ("C[i,j] += -2 * A[i,k] * 0.25 * B[k,j]", -0.5, 2),
     ("C[] = A[i,k] * B[i,k]", 1.0, 2),
     ("C[j,i] = A[i,j]", 1.0, 1),
+    ("C[i,j] = A[i,k] * B[k,j] * - 2", -2.0, 2),
 ])
 def test_statement_forms(text, factor, operands):
     st = spec.parse_statement(text)
     assert st.factor == factor and len(st.operands) == operands
+
+
+@pytest.mark.parametrize("factor", ["1/3", "1_000", "0x10", "two"])
+def test_a_factor_that_is_no_decimal_number_is_named(factor):
+    """A fraction or another spelling of a number is named as a factor that is no decimal
+    number (it was "cannot read ... as a tensor reference", which sent users looking for a
+    tensor), with how to write it."""
+    with pytest.raises(ValueError, match=f"cannot read the factor '{factor}'.*decimal numbers such as 0.5"):
+        spec.parse_statement(f"X[i] = A[i,j] * B[j] * {factor}")
 
 
 @pytest.mark.parametrize("value, expected", [("8GiB", 8 * 2**30), ("1.5 MiB", 3 * 2**19), ("1e6", 10**6),

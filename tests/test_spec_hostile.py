@@ -112,8 +112,8 @@ CASES = {
          "its factor -inf is not a finite float64"),
         ("float32", lambda text: "dtype: float32\n" + text.replace(" = C[p,a]", " = 1e39 * C[p,a]"),
          "its factor 1e+39 is not a finite float32"),
-        ("nan", _replace(" = C[p,a]", " = nan * C[p,a]"), "cannot read 'nan'"),
-        ("inf", _replace(" = C[p,a]", " = inf * C[p,a]"), "cannot read 'inf'"),
+        ("nan", _replace(" = C[p,a]", " = nan * C[p,a]"), "cannot read the factor 'nan'"),
+        ("inf", _replace(" = C[p,a]", " = inf * C[p,a]"), "cannot read the factor 'inf'"),
     ]},
     # 8. Outputs that overwrite each other; dataset names that are empty or mean something else to HDF5.
     "two_outputs_one_dataset": (

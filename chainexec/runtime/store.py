@@ -97,7 +97,12 @@ def check_inputs(plan: Plan) -> None:
                         f"dataset {t.source['dataset']!r} has shape {tuple(ds.shape)} but tensor {t.name}"
                         f"[{','.join(t.indices)}] has extents {tuple(t.shape)}", path)
                 if ds.dtype != np.dtype(t.dtype):
+                    swapped = ds.dtype.newbyteorder() == np.dtype(t.dtype)
                     raise ChainexecError(
+                        f"dataset {t.source['dataset']!r} holds {t.dtype} of the other byte order ({ds.dtype}), which "
+                        "chainexec reads as it lies: store it in this machine's order (h5py: "
+                        "f.create_dataset(name, data=values.astype(values.dtype.newbyteorder('=')))"
+                        if swapped else
                         f"dataset {t.source['dataset']!r} has dtype {ds.dtype} but tensor {t.name} is {t.dtype}", path)
                 if ds.is_virtual:
                     _check_sources(ds, path, t.name)
