@@ -61,6 +61,23 @@ def least_limit(ctx: Context, k: int, level: str) -> int | None:
     return high
 
 
+def _raised(ctx: Context, failed: list, levels: set[str]) -> str | None:
+    """What to raise ``levels`` to (the config's settings, sizes) for every contraction of
+    ``failed`` to have a tiling (:func:`least_limit`): one level with the other kept; both, the
+    device's least with global memory unbounded, then global memory's least with that. None
+    where no limit below :data:`~chainexec.spectypes.MAX_SIZE` does."""
+    least = {}
+    for level in sorted(levels, reverse=True):  # device first
+        other = {"global": "device", "device": "global"}[level]
+        kept = ctx.limits[other] if other not in levels else least.get(other, MAX_SIZE)
+        sizes = [least_limit(replace(ctx, limits={level: ctx.limits[level], other: kept}), c.id, level) for c in failed]
+        if None in sizes:
+            return None
+        least[level] = max(sizes)
+    return " and ".join(f"machine.{level}_memory to {format_size(size)}" + (f" ({size:,} B)" if size >= 1024 else "")
+                        for level, size in sorted(least.items()))
+
+
 def compositions(items: list[int]) -> list[list[list[int]]]:
     """Every way to cut a list into consecutive non-empty parts."""
     n = len(items)
@@ -78,18 +95,13 @@ class Chooser:
         self.tilings = {c.id: single_candidates(ctx, c.id) for c in ctx.cs}
         failed = [c for c in ctx.cs if not self.tilings[c.id]]
         if failed:
-            needs = []
-            for level in ("global", "device"):
-                least = [least_limit(ctx, c.id, level) for c in failed]
-                if None not in least:
-                    size = max(least)
-                    needs.append(f"machine.{level}_memory to {format_size(size)}"
-                                 + (f" ({size:,} B)" if size >= 1024 else ""))
+            needs = [need for level in ("global", "device") for need in [_raised(ctx, failed, {level})] if need]
             c = failed[0]
             raise ValueError(f"no tiling of contraction #{c.id} ({c.out} = {c.einsum()})"
                              + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
                              + f" fits the memory limits (global {ctx.limits['global']:,} B, device "
-                             f"{ctx.limits['device']:,} B): raise " + (" or ".join(needs) if needs else "both"))
+                             f"{ctx.limits['device']:,} B): raise "
+                             + (" or ".join(needs) or _raised(ctx, failed, {"global", "device"}) or "both"))
         self.singles = {k: min(options, key=lambda o: (self._alone(o[1]), iterations(ctx, o[1])))[1]
                         for k, options in self.tilings.items()}
         self.lists = fusion.fusable_lists(ctx.cs)

@@ -90,6 +90,9 @@ EXPRESSIONS = {
      {"global_memory": "48B", "device_memory": "512B"}),
     ({"global_memory": "1MiB", "device_memory": "40B"}, "and 1 more fits the memory limits (global 1,048,576 B, "
      "device 40 B): raise machine.device_memory to 48 B", {"global_memory": "1MiB", "device_memory": "48B"}),
+    # neither level alone is enough: both named (it said "raise both", with no sizes)
+    ({"global_memory": "40B", "device_memory": "40B"}, "raise machine.device_memory to 48 B and "
+     "machine.global_memory to 48 B", {"global_memory": "48B", "device_memory": "48B"}),
 ])
 def test_a_limit_no_tiling_fits_is_refused_with_the_limit_that_would(limits, needle, fits, tmp_path):
     """Limits above every contraction's smallest tiling but below what the tiling schemes can
