@@ -245,7 +245,7 @@ class Claims:
             stop = ck.stopping()
         stop = self.comm.bcast(stop, root=0)
         ck.supersede(self.comm.rank, number)
-        self.store.drop_superseded()
+        self.store.drop_superseded(writing)
         self.checkpoints += 1
         return stop
 

@@ -424,7 +424,9 @@ class Store:
         # Elements of each output that this rank wrote and that are not finite (inf, NaN).
         self.nonfinite: dict[str, int] = {t: 0 for t, info in plan.tensors.items() if info.role == "output"}
         self.superseded: list[tuple[str, int]] = []  # closed durably, dropped after the next checkpoint
-        self.committed: dict[str, int] = {}  # the version of each tensor the last committed checkpoint names
+        # The versions the last committed checkpoint names: each tensor's latest closed one, and
+        # those it records as being written (their sealed blocks).
+        self.committed: set[tuple[str, int]] = set()
 
     def _version_base(self, t: TensorInfo, version: int) -> Path:
         return version_base(self.plan, t, version)
@@ -597,18 +599,19 @@ class Store:
         barrier(self.comm)
         old = self.last_version.get(tensor)
         self.last_version[tensor] = version
-        if old is not None and durable and self.committed.get(tensor) == old:
+        if old is not None and durable and (tensor, old) in self.committed:
             self.superseded.append((tensor, old))
         elif old is not None:
             self._drop(t, old)
 
-    def drop_superseded(self) -> None:
-        """Collective, after a checkpoint is committed (naming the versions now closed): drop the
-        versions :meth:`close_version` kept, which it no longer names."""
+    def drop_superseded(self, writing: list[tuple[str, int]] = ()) -> None:
+        """Collective, after a checkpoint is committed (naming the versions now closed and those
+        being written, ``writing``): drop the versions :meth:`close_version` kept, which it no
+        longer names."""
         for tensor, version in self.superseded:
             self._drop(self.plan.tensors[tensor], version)
         self.superseded = []
-        self.committed = dict(self.last_version)
+        self.committed = set(self.last_version.items()) | set(writing)
 
     def open_blocks(self, stored: list[tuple[str, int]]) -> list[list]:
         """This rank's sealed blocks of each version in ``stored`` (the versions being written), in
@@ -623,7 +626,7 @@ class Store:
         file the checkpoint does not name (written after it, or superseded before it), so that
         the folders hold only what the resumed run joins."""
         self.last_version = dict(last_version)
-        self.committed = dict(last_version)
+        self.committed = set(last_version.items()) | {(tensor, version) for tensor, version, _ in opened}
         for tensor, version, blocks in opened:
             self.sealed[(tensor, version)] = [list(b) for b in blocks[self.comm.rank]]
         if self.comm.rank == 0:

@@ -710,23 +710,34 @@ def test_clearing_removes_what_a_crash_left_and_nothing_else(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
+ACCUMULATED = {"name": "accumulated", "indices": {"i": 40, "j": 40, "k": 5},
+               "tensors": {t: {"indices": ix, "source": {"file": "in.h5", "dataset": t, "seed": seed}}
+                           for t, ix, seed in (("A", ["i", "k"], 1), ("B", ["k", "j"], 2))},
+               "statements": ["X[i,j] = A[i,k] * B[k,j]"] + [f"X[i,j] += {r} * A[i,k] * B[k,j]" for r in (2, 3, 5, 7)]
+                             + ["Y[j,i] = X[i,j] * X[i,j]"],
+               "outputs": {"Y": {"file": "out.h5", "dataset": "Y"}},
+               "machine": {"global_memory": "8KiB", "device_memory": "4KiB"}}
+"""X accumulated over five statements, each its own nest where unfused (``--schedule unfused``):
+five versions of X stored one after the other."""
+
+
+def _check_accumulated(tmp_path) -> None:
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        x = 18 * f["A"][()] @ f["B"][()]
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert np.abs(f["Y"][()] - (x * x).T).max() <= 1e-12 * np.abs(x * x).max()
+
+
 def test_versions_closed_between_checkpoints_are_not_kept(tmp_path, monkeypatch):
     """A run that checkpoints keeps a superseded version of a stored intermediate only where the
-    last committed checkpoint names it. A chain that accumulates X over five unfused statements,
-    with no checkpoint due for the whole run: after every close each tensor has its current
-    version on disk and no other (every version was kept until the next checkpoint: a (T) run
-    kept W.v1 … W.v12 and filled a disk that check_space had passed); Y equals NumPy's."""
+    last committed checkpoint names it. :data:`ACCUMULATED` with no checkpoint due for the whole
+    run: after every close each tensor has its current version on disk and no other (every
+    version was kept until the next checkpoint: a (T) run kept W.v1 … W.v12 and filled a disk
+    that check_space had passed); Y equals NumPy's."""
     from chainexec import api
     from chainexec.runtime import store
 
-    cfg = {"name": "accumulated", "indices": {"i": 40, "j": 40, "k": 5},
-           "tensors": {t: {"indices": ix, "source": {"file": "in.h5", "dataset": t, "seed": seed}}
-                       for t, ix, seed in (("A", ["i", "k"], 1), ("B", ["k", "j"], 2))},
-           "statements": ["X[i,j] = A[i,k] * B[k,j]"] + [f"X[i,j] += {r} * A[i,k] * B[k,j]" for r in (2, 3, 5, 7)]
-                         + ["Y[j,i] = X[i,j] * X[i,j]"],
-           "outputs": {"Y": {"file": "out.h5", "dataset": "Y"}},
-           "machine": {"global_memory": "8KiB", "device_memory": "4KiB"}}
-    config = write_config(tmp_path, cfg)
+    config = write_config(tmp_path, ACCUMULATED)
     assert run_cli("generate", config).returncode == 0
     on_disk = []
     close = store.Store.close_version
@@ -741,10 +752,50 @@ def test_versions_closed_between_checkpoints_are_not_kept(tmp_path, monkeypatch)
             plan_cache=False)
     assert [v for t, v, _ in on_disk if t == "X"] == [1, 2, 3, 4, 5]
     assert all(files == [f"{tensor}.v{version}.h5"] for tensor, version, files in on_disk), on_disk
-    with h5py.File(tmp_path / "in.h5", "r") as f:
-        x = 18 * f["A"][()] @ f["B"][()]
-    with h5py.File(tmp_path / "out.h5", "r") as f:
-        assert np.abs(f["Y"][()] - (x * x).T).max() <= 1e-12 * np.abs(x * x).max()
+    _check_accumulated(tmp_path)
+
+
+CRASH_AFTER_A_CHECKPOINT_IN_A_VERSION = """
+import os
+from chainexec import api
+from chainexec.runtime import checkpoint, store
+
+closed, asked = [], [0]
+close = store.Store.close_version
+
+
+def close_version(self, tensor, version, durable=False):
+    close(self, tensor, version, durable)
+    closed.append((tensor, version))
+    if (tensor, version) == ("X", 3):
+        os._exit(9)  # the node fails
+
+
+def due(self):
+    asked[0] += closed == [("X", 1)]
+    return closed == [("X", 1)] and asked[0] == 3  # one checkpoint, while X.v2 is being written
+
+
+store.Store.close_version = close_version
+checkpoint.Checkpoint.due = due
+api.run("chain.yaml", backend="numpy", schedule="unfused", checkpoint="ck", checkpoint_every=1e6, plan_cache=False)
+"""
+
+
+def test_a_version_a_checkpoint_records_as_being_written_is_kept_until_the_next(tmp_path):
+    """The one checkpoint is committed while X.v2 is being written (its sealed blocks recorded);
+    X.v2 and X.v3 close after it and the process dies: the resumed run reads X.v2's blocks the
+    checkpoint names, which must still be there (they were dropped as X.v3 closed, and the
+    resume was refused as missing a shard); it finishes with NumPy's Y."""
+    config = write_config(tmp_path, ACCUMULATED)
+    assert run_cli("generate", config).returncode == 0
+    (tmp_path / "crash.py").write_text(CRASH_AFTER_A_CHECKPOINT_IN_A_VERSION)
+    crashed = subprocess.run([sys.executable, "crash.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 9, crashed.stderr
+    assert json.loads((tmp_path / "ck" / "checkpoint.json").read_text())["open"][0][:2] == ["X", 2]
+    resumed = run_cli("run", config, "--quiet", "--schedule", "unfused", "--checkpoint", tmp_path / "ck")
+    assert resumed.returncode == 0, resumed.stderr
+    _check_accumulated(tmp_path)
 
 
 def _detected_fourindex(tmp_path) -> Path:
