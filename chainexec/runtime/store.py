@@ -317,15 +317,15 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
         if "seed" not in t.source:
             raise ChainexecError(f"tensor {t.name} has no seed, so `chainexec generate` cannot write it",
                                  t.source["file"])
-    by_file: dict[str, list[TensorInfo]] = {}
+    by_file: dict[Path, list[TensorInfo]] = {}  # a link to the inputs: they are written where it points
     for t in inputs:
-        by_file.setdefault(t.source["file"], []).append(t)
+        by_file.setdefault(Path(os.path.realpath(t.source["file"])), []).append(t)
     written = []
     file = None
     try:
         with contextlib.ExitStack() as renamed:  # every file renamed into place once all are written
-            for file, group in by_file.items():
-                path = Path(os.path.realpath(file))  # a link to the inputs: they are written where it points
+            for path, group in by_file.items():
+                file = group[0].source["file"]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = renamed.enter_context(atomicfile.replacing(path))
                 if path.exists():
@@ -334,7 +334,7 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
                 with h5py.File(tmp, "a") as f:
                     for t in group:
                         _write_random(f, t, rows_per_block)
-                written += [f"{file}:{t.source['dataset']}" for t in group]
+                written += [f"{t.source['file']}:{t.source['dataset']}" for t in group]
     except OSError as err:
         raise ChainexecError(f"cannot write the inputs ({err.strerror or err})", file) from None
     return written

@@ -103,6 +103,22 @@ def test_generate_that_fails_at_a_later_file_leaves_the_earlier_ones_unwritten(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", "chain.yaml"]
 
 
+def test_generate_writes_every_dataset_of_one_file_named_twice(tmp_path):
+    """Two tensors' files are two names of one file (``link.h5`` a symbolic link to ``in.h5``):
+    both datasets land in it (two copies of the file were written and the last renamed over the
+    first, losing A while saying it was written); the run reads both."""
+    cfg = fourindex_config()
+    cfg["tensors"]["C"]["source"]["file"] = "link.h5"
+    config = write_config(tmp_path, cfg)
+    (tmp_path / "link.h5").symlink_to("in.h5")
+    proc = run_cli("generate", config)
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        assert sorted(f) == ["A", "C"]
+    assert (tmp_path / "link.h5").is_symlink()
+    assert run_cli("run", config, "--quiet").returncode == 0
+
+
 def test_output_copied_without_its_parts_is_refused_as_input(tmp_path):
     """An output read as the input of another config: fine with its parts folder beside it,
     refused (not read as NaN) where only the file was copied."""
