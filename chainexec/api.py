@@ -227,7 +227,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         (held by rank 0 until it is made, :func:`chainexec.machinecache.held`)."""
         ours["limits"] = _limits(ours["spec"], figures)
         if checkpoint is not None:
-            _as_checkpointed(ours, checkpoint)
+            _as_checkpointed(ours, checkpoint, comm.size)
         if ours["rates"] is None:
             ours["rates"], ident = _cache_lookup(figures, backend)
             if ours["rates"] is None:
@@ -465,14 +465,15 @@ def _limits(s, figures: list | None) -> dict[str, Limit]:
     return {level: found[level] for level in ("global", "device")}
 
 
-def _as_checkpointed(ours: dict, folder) -> None:
+def _as_checkpointed(ours: dict, folder, ranks: int) -> None:
     """A resumed run's limits and rates (in ``ours``): those its checkpoint's plan was made with
     (:func:`chainexec.runtime.checkpoint.saved_planning`), so that it plans the same work where
     the memory detected on this node, or this node's calibration, differ from the one that
     made it (a job submitted again runs on other nodes). A level whose limit the config sets
     keeps it (another config is another plan, which the checkpoint refuses); a detected one takes
-    the saved limit, the figure detected here kept in ``ours["here"]`` for :func:`_check_fits_here`."""
-    saved = saved_planning(folder)
+    the saved limit, the figure detected here kept in ``ours["here"]`` for :func:`_check_fits_here`.
+    A checkpoint of another rank count is left to :meth:`Checkpoint.open`, which names it."""
+    saved = saved_planning(folder, ranks)
     if saved is None:
         return
     sizes, rates, path = saved

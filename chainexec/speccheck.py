@@ -20,6 +20,7 @@ from chainexec.spectypes import (DTYPES, MAX_SIZE, SEEDS, Machine, Output, Ref, 
 
 # The largest finite value of each dtype: a statement's factor must be one (it scales every term).
 _LARGEST = {"float64": (2 - 2.0**-52) * 2.0**1023, "float32": (2 - 2.0**-23) * 2.0**127}
+_SMALLEST = {"float64": 2.0**-1074, "float32": 2.0**-149}  # the least positive (subnormal) values
 
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # Characters in a name: names reach file names (``<tensor>.v<k>`` folders) and generated CUDA source.
@@ -50,7 +51,7 @@ def check_identifier(name, what: str) -> str:
 
 
 _REF = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[([^\[\]]*)\]\s*$")
-_NUMBER = re.compile(r"^\s*[-+]?\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+_NUMBER = re.compile(r"^\s*[-+]?\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$", re.ASCII)
 
 
 def _parse_ref(text: str) -> Ref:
@@ -81,9 +82,12 @@ def parse_statement(text: str, line: int | None = None) -> Statement:
     if rhs.startswith("-"):
         factor, rhs = -factor, rhs[1:]
     operands = []
+    zero = False  # a factor written as zero
     for term in rhs.split("*"):
         if _NUMBER.match(term):
-            factor *= float("".join(term.split()))
+            value = float("".join(term.split()))
+            zero = zero or not re.search(r"[1-9]", term.split("e")[0].split("E")[0])
+            factor *= value
         elif "[" not in term and term.strip():
             raise ValueError(f"statement {text!r}: cannot read the factor {term.strip()!r}: a product holds tensor "
                              "references such as A[i,j] and decimal numbers such as 0.5 or -2e-3 (write a fraction "
@@ -94,6 +98,9 @@ def parse_statement(text: str, line: int | None = None) -> Statement:
             raise ValueError(f"statement {text!r}: empty factor in the product")
     if not operands:
         raise ValueError(f"statement {text!r} has no tensor on its right-hand side")
+    if factor == 0 and not zero:
+        raise ValueError(f"statement {text!r}: its factors' product is below the smallest float64 and "
+                         "would be 0 (every value of the result 0)")
     return Statement(lhs, op != "=", factor, tuple(operands), text.strip(), line)
 
 
@@ -470,6 +477,9 @@ def _check_statements(p: _Parser, statements: list[Statement], extents, tensors:
         _check_shape(p, st.lhs, lhs, extents, st, where)
         if not abs(st.factor) <= _LARGEST[lhs.dtype]:  # false for NaN too
             raise p.fail(f"'{st.text}': its factor {st.factor!r} is not a finite {lhs.dtype}", where)
+        if 0 < abs(st.factor) < _SMALLEST[lhs.dtype]:
+            raise p.fail(f"'{st.text}': its factor {st.factor!r} is below the smallest {lhs.dtype} and would be 0 "
+                         "(every value of the result 0)", where)
         if st.accumulate and st.lhs.tensor not in assigned:
             raise p.fail(f"'{st.text}' accumulates into {st.lhs.tensor!r} before any '=' assigns it", where)
         # Each tensor has one value (the planner fuses and stores by name): a second '=' would

@@ -28,11 +28,12 @@ check_nodes() {
     return "$status"
 }
 
-# check_stop_settings: STOP_AFTER is empty or a whole number of seconds, CHECKPOINT_EVERY a
-# number of seconds; otherwise one line and status 2, before anything runs (bash's arithmetic
-# dropped a STOP_AFTER with a unit, "1h", without a word, and the job ran into its time limit).
+# check_stop_settings: STOP_AFTER is empty or a whole number of seconds (at most 9 digits: bash's
+# arithmetic wraps larger ones), CHECKPOINT_EVERY a number of seconds; otherwise one line and
+# status 2, before anything runs (bash's arithmetic dropped a STOP_AFTER with a unit, "1h",
+# without a word, and the job ran into its time limit).
 check_stop_settings() {
-    [[ "$STOP_AFTER" =~ ^[0-9]*$ ]] || { echo "chainexec-job: STOP_AFTER=$STOP_AFTER is not a whole number of seconds" >&2; return 2; }
+    [[ "$STOP_AFTER" =~ ^[0-9]{0,9}$ ]] || { echo "chainexec-job: STOP_AFTER=$STOP_AFTER is not a whole number of seconds (at most 9 digits)" >&2; return 2; }
     [[ "$CHECKPOINT_EVERY" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "chainexec-job: CHECKPOINT_EVERY=$CHECKPOINT_EVERY is not a number of seconds" >&2; return 2; }
 }
 

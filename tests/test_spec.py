@@ -46,6 +46,18 @@ def test_statement_forms(text, factor, operands):
     assert st.factor == factor and len(st.operands) == operands
 
 
+@pytest.mark.parametrize("factors, needle", [
+    ("1e-400", "below the smallest float64"), ("1e-200 * 1e-200", "below the smallest float64"),
+    ("\u0663", "cannot read the factor '\u0663'"),  # an Arabic-Indic 3 was read as 3
+])
+def test_a_factor_that_would_be_zero_or_is_no_ascii_number_is_refused(factors, needle):
+    """Factors whose product underflows to 0 (the result was all zeros, exit 0) and digits of
+    other scripts are refused; a factor written as zero stays allowed."""
+    with pytest.raises(ValueError, match=needle):
+        spec.parse_statement(f"X[i] = A[i,j] * B[j] * {factors}")
+    assert spec.parse_statement("X[i] = 0.0 * A[i,j] * B[j] * 1e-300").factor == 0
+
+
 @pytest.mark.parametrize("factor", ["1/3", "1_000", "0x10", "two"])
 def test_a_factor_that_is_no_decimal_number_is_named(factor):
     """A fraction or another spelling of a number is named as a factor that is no decimal

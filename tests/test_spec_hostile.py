@@ -112,6 +112,8 @@ CASES = {
          "its factor -inf is not a finite float64"),
         ("float32", lambda text: "dtype: float32\n" + text.replace(" = C[p,a]", " = 1e39 * C[p,a]"),
          "its factor 1e+39 is not a finite float32"),
+        ("float32_underflow", lambda text: "dtype: float32\n" + text.replace(" = C[p,a]", " = 1e-50 * C[p,a]"),
+         "its factor 1e-50 is below the smallest float32"),
         ("nan", _replace(" = C[p,a]", " = nan * C[p,a]"), "cannot read the factor 'nan'"),
         ("inf", _replace(" = C[p,a]", " = inf * C[p,a]"), "cannot read the factor 'inf'"),
     ]},

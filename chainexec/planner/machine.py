@@ -238,7 +238,7 @@ def _rate(value) -> bool:
 def _bytes(value) -> bool:
     """A whole number of bytes in range, written as an integer or as a float with no fraction
     (``1e9``, which JSON writers and hand-edited files give for a round size)."""
-    return _number(value) and float(value).is_integer() and 0 <= value <= BYTES_MAX
+    return _number(value) and 0 <= value <= BYTES_MAX and float(value).is_integer()
 
 
 _PER_SECOND = f"a number of bytes per second from {RATE_RANGE[0]:g} to {RATE_RANGE[1]:g}"

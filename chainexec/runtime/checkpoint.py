@@ -40,10 +40,12 @@ import re
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from chainexec import atomicfile, datafiles, safepaths
 from chainexec.errors import ChainexecError
+from chainexec.spectypes import MAX_SIZE
 from chainexec.planner.plan import CATEGORIES, Plan, TensorInfo, stores, to_dict
 from chainexec.runtime import fileid
 from chainexec.runtime.store import version_base
@@ -95,19 +97,21 @@ def planned_with(plan: Plan) -> dict:
             "rates": {name: record["value"] for name, record in plan.machine.items() if not name.endswith("_memory")}}
 
 
-def saved_planning(folder: str | Path) -> tuple[dict[str, int], dict, Path] | None:
+def saved_planning(folder: str | Path, ranks: int) -> tuple[dict[str, int], str, Path] | None:
     """The memory limits (bytes per level) and the machine file's text of rates that the plan of
     the checkpoint in ``folder`` was made with (:func:`planned_with`), and its manifest's path;
-    None where there is no manifest there, or it names none that can be read (the run then plans
-    as a new one, and :meth:`Checkpoint.open` says what is wrong with the folder)."""
+    None where there is no manifest there, it was made on other than ``ranks`` ranks, or it
+    names none that can be read (the run then plans as a new one, and :meth:`Checkpoint.open`
+    says what is wrong with the folder)."""
     path = Path(folder) / MANIFEST
     try:
-        saved = json.loads(path.read_text()).get("planned_with")
-        limits, rates = saved["limits"], saved["rates"]
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        manifest = json.loads(path.read_text())
+        limits, rates = manifest["planned_with"]["limits"], manifest["planned_with"]["rates"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not (isinstance(limits, dict) and set(limits) == {"global", "device"}
-            and all(type(v) is int and v > 0 for v in limits.values()) and isinstance(rates, dict) and rates):
+    if not (manifest.get("ranks") == ranks and isinstance(limits, dict) and set(limits) == {"global", "device"}
+            and all(type(v) is int and 0 < v <= MAX_SIZE for v in limits.values()) and isinstance(rates, dict)
+            and rates):
         return None
     return limits, json.dumps(rates), path
 
@@ -205,18 +209,30 @@ def _missing(saved: dict, plan: Plan) -> Path | None:
     a shard file of a block it records, or (where nests are left to run) a closed version's VDS
     or a shard file that VDS maps (a scratch file system that purges files one by one leaves
     the VDS without them, and the read of the version would fail mid-run). A VDS that cannot be
-    read (damaged) is a :class:`ChainexecError` naming it."""
+    read or holds no virtual dataset ``data`` (damaged, written over) is a :class:`ChainexecError`
+    naming it."""
     named = [(t, v, b[0]) for t, v, blocks in saved["open"] for rank in blocks for b in rank]
     named += [(t, saved["stored"][t], b[0]) for t, blocks in saved["joined"].items() for rank in blocks for b in rank]
     paths = [version_base(plan, plan.tensors[t], v) / file for t, v, file in named]
     if saved["nest"] < len(plan.nests):
         for t, v in saved["stored"].items():
             vds = Path(f"{version_base(plan, plan.tensors[t], v)}.h5")
+            if not vds.is_file():
+                paths.append(vds)
+                continue
+            problem = None
             try:
-                paths += [vds] + ([Path(f) for f in datafiles.of(str(vds), "data")[1:]] if vds.is_file() else [])
+                with h5py.File(vds, "r") as f:
+                    data = f.get("data")
+                    if not (isinstance(data, h5py.Dataset) and data.is_virtual):
+                        problem = "its dataset 'data' is not the virtual dataset chainexec writes"
+                if problem is None:
+                    paths += [vds] + [Path(f) for f in datafiles.of(str(vds), "data")[1:]]
             except OSError as err:
-                raise ChainexecError(f"a stored version this checkpoint names cannot be read ({err}): remove the "
-                                     "checkpoint folder to start again", str(vds)) from None
+                problem = str(err)
+            if problem is not None:
+                raise ChainexecError(f"a stored version this checkpoint names cannot be read ({problem}): remove "
+                                     "the checkpoint folder to start again", str(vds))
     return next((p for p in paths if not p.is_file()), None)
 
 
@@ -285,7 +301,7 @@ class Checkpoint:
     def _check(self, saved, path: Path, plan: Plan, ranks: int) -> None:
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ChainexecError("not a chainexec checkpoint of this version", str(path))
-        if type(saved.get("ranks")) is int and saved["ranks"] != ranks:
+        if type(saved.get("ranks")) is int and saved["ranks"] >= 1 and saved["ranks"] != ranks:
             raise ChainexecError(f"a checkpoint of a run on {saved['ranks']} rank{'s' * (saved['ranks'] != 1)}; this "
                                  f"one has {ranks}: run it on {saved['ranks']} to go on, or remove the folder", str(path))
         if saved.get("plan") != self.digest:

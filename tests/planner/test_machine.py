@@ -33,10 +33,11 @@ def test_without_a_cached_rate_every_write_goes_at_the_disks_rate(cache):
 
 
 @pytest.mark.parametrize("written, expected", [("1e9", 10**9), ("1073741824.0", 1 << 30), ("4096", 4096),
-                                               ("9.2e18", 9_200_000_000_000_000_000), ("1e19", None)])
+                                               ("9.2e18", 9_200_000_000_000_000_000), ("1e19", None), ("1" + "0" * 400, None)])
 def test_a_machine_files_byte_counts_may_be_written_as_floats_with_no_fraction(written, expected):
     """``1e9`` bytes is a whole number: it reads as the integer (a byte count the planner divides
-    into tiles stays an ``int``); past 2^63 - 1 it is refused as any other size out of range."""
+    into tiles stays an ``int``); past 2^63 - 1 it is refused as any other size out of range, an
+    integer too large for a float too (it ended in a traceback)."""
     import json
 
     from chainexec.errors import ChainexecError

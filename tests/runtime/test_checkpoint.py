@@ -409,7 +409,7 @@ def test_errors(tmp_path):
     part.write_bytes(good)
     for damage in ({"done": -1}, {"done": 120}, {"tiles": 7}, {"position": 0}, {"counts": [1, 2]},
                    {"counts": [2**63] * 8}, {"format": 99}, {"format": 3}, {"position": None},
-                   {"stored": {"E": 1}}, {"open": [["E", 1, [[["../rank0-1.h5", "b0", []]]]]]},
+                   {"stored": {"E": 1}}, {"ranks": 0}, {"open": [["E", 1, [[["../rank0-1.h5", "b0", []]]]]]},
                    {"files": []}, {"files": {"x.h5": {"stamp": [1], "sha256": "y"}}}, {"files": None}):
         manifest.write_text(json.dumps(data | damage))
         _one_line(run_cli("run", config, "--checkpoint", folder), str(manifest))
@@ -655,6 +655,13 @@ def test_a_shard_gone_from_a_closed_version_is_found_before_the_resumed_run(tmp_
     vds = closed[0].read_bytes()
     closed[0].write_text("x\n")
     _one_line(run_cli("run", path, *stop), str(closed[0]), "stored version this checkpoint names cannot be read")
+    for data in ("dataset", None, "group"):  # another HDF5 file in its place
+        with h5py.File(closed[0], "w") as f:
+            if data == "group":
+                f.create_group("data")
+            elif data == "dataset":
+                f["data"] = np.zeros(3)
+        _one_line(run_cli("run", path, *stop), str(closed[0]), "not the virtual dataset chainexec writes")
     closed[0].write_bytes(vds)
     proc = run_cli("run", path, *stop)
     assert proc.returncode == 0, proc.stderr
