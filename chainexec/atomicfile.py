@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,15 @@ def replacing(path: str | os.PathLike, durable: bool = False):
     finally:
         with _PENDING_LOCK:
             _PENDING.discard(tmp.absolute())
+
+
+def probe(path: Path) -> None:
+    """Make a file of a fresh name beside ``path`` and remove it at once (no file of the user's
+    is touched): an :class:`OSError` where no file can be written in its folder, found before
+    a command computes what it would write there."""
+    fd, made = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+    os.close(fd)
+    os.unlink(made)
 
 
 USER_FILE = -1

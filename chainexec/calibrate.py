@@ -242,9 +242,7 @@ def _check_writable(path: Path, own: bool = False) -> None:
             raise ChainexecError("exists and is not a machine file; calibrate replaces only a machine file: "
                                  "move it or name another file", str(path)) from None
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
-        os.close(fd)
-        os.unlink(probe)
+        atomicfile.probe(path)
     except OSError as err:
         raise ChainexecError(f"cannot write the machine file ({err.strerror or err})", str(path)) from None
 

@@ -84,10 +84,10 @@ def parse_statement(text: str, line: int | None = None) -> Statement:
     operands = []
     zero = False  # a factor written as zero
     for term in rhs.split("*"):
-        if _NUMBER.match(term):
-            value = float("".join(term.split()))
-            zero = zero or not re.search(r"[1-9]", term.split("e")[0].split("E")[0])
-            factor *= value
+        number = _NUMBER.match(term)
+        if number:
+            factor *= float("".join(term.split()))
+            zero = zero or not re.search(r"[1-9]", number.group(1))
         elif "[" not in term and term.strip():
             raise ValueError(f"statement {text!r}: cannot read the factor {term.strip()!r}: a product holds tensor "
                              "references such as A[i,j] and decimal numbers such as 0.5 or -2e-3 (write a fraction "

@@ -217,23 +217,25 @@ def _missing(saved: dict, plan: Plan) -> Path | None:
     if saved["nest"] < len(plan.nests):
         for t, v in saved["stored"].items():
             vds = Path(f"{version_base(plan, plan.tensors[t], v)}.h5")
-            if not vds.is_file():
-                paths.append(vds)
-                continue
-            problem = None
-            try:
-                with h5py.File(vds, "r") as f:
-                    data = f.get("data")
-                    if not (isinstance(data, h5py.Dataset) and data.is_virtual):
-                        problem = "its dataset 'data' is not the virtual dataset chainexec writes"
-                if problem is None:
-                    paths += [vds] + [Path(f) for f in datafiles.of(str(vds), "data")[1:]]
-            except OSError as err:
-                problem = str(err)
-            if problem is not None:
-                raise ChainexecError(f"a stored version this checkpoint names cannot be read ({problem}): remove "
-                                     "the checkpoint folder to start again", str(vds))
+            paths += _version_files(vds) if vds.is_file() else [vds]
     return next((p for p in paths if not p.is_file()), None)
+
+
+def _version_files(vds: Path) -> list[Path]:
+    """A closed version's VDS file and the shard files its dataset ``data`` maps; a
+    :class:`ChainexecError` naming it where it cannot be read or ``data`` is not a virtual
+    dataset (damaged, or another file written in its place)."""
+    try:
+        with h5py.File(vds, "r") as f:
+            data = f.get("data")
+            joined = isinstance(data, h5py.Dataset) and data.is_virtual
+        if joined:
+            return [vds] + [Path(f) for f in datafiles.of(str(vds), "data")[1:]]
+        problem = "its dataset 'data' is not the virtual dataset chainexec writes"
+    except OSError as err:
+        problem = str(err)
+    raise ChainexecError(f"a stored version this checkpoint names cannot be read ({problem}): remove the "
+                         "checkpoint folder to start again", str(vds))
 
 
 EVERY = 600.0

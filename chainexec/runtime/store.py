@@ -27,7 +27,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -182,9 +181,7 @@ def check_writable(files, what: str = "output path") -> None:
     for path in map(Path, files):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
-            os.close(fd)
-            os.unlink(probe)
+            atomicfile.probe(path)
         except OSError as err:
             raise ChainexecError(f"{what} is not writable ({err.strerror or err})", str(path)) from None
 
