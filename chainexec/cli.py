@@ -25,8 +25,22 @@ from chainexec.runtime import comm, fdtable, warmup
 NO_INLINE = "keep every point-wise intermediate in a device buffer of its own (no fused statements)"
 
 
+DESCRIPTION = "Out-of-core chains of tensor contractions on one or many GPUs and nodes."
+
+
+def _parse(argv) -> argparse.Namespace:
+    """The command line's arguments; an option its subcommand does not know is refused by that
+    subcommand's parser, so that the line names it and its help (``chainexec run -h``)."""
+    ap = _parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        commands = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog="chainexec", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="chainexec", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="dry run: print the loop nest and the predicted movement")
     p.add_argument("config")
@@ -135,7 +149,7 @@ def main(argv=None, own: bool = False) -> int:
     command), every command but ``serve`` (which handles its signals itself) has SIGINT and SIGTERM
     watched by a thread (:mod:`chainexec.stopsignals`): they end it even while its main thread
     waits inside MPI or on the device."""
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if own and args.command != "serve":
         stopsignals.watch(speaks=args.command != "run" or not comm.env_rank(), run=args.command == "run")
     try:

@@ -71,7 +71,8 @@ def quoted(value, limit: int = 80) -> str:
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with its errors in one line (exit status 2), as every other bad input: the
-    command line of ``chainexec`` and of the subcommands that parse their own options."""
+    command line of ``chainexec`` and of the subcommands that parse their own options. The line
+    begins with the program's name (``chainexec``, ``chainexec run``), as every error's does."""
 
     def error(self, message: str):
-        self.exit(2, f"chainexec: {self.prog}: {message} (see {self.prog} -h)\n")
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} -h)\n")

@@ -15,6 +15,7 @@ exists without the mark is used only where it is empty.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import os
@@ -160,18 +161,38 @@ def owner(folder: Path) -> str | None:
         first = (Path(folder) / MARK).read_text(errors="replace").partition("\n")[0]
     except OSError:
         return None
-    head, ended, _ = first.partition("; removed by chainexec when done")
-    return head.removeprefix("made by chainexec: ") if ended and head.startswith("made by chainexec: ") else None
+    for ending in (_REMOVED, _EMPTIED):
+        head, ended, _ = first.partition(ending)
+        if ended and head.startswith("made by chainexec: "):
+            return head.removeprefix("made by chainexec: ")
+    return None
+
+
+_REMOVED = "; removed by chainexec when done"
+"""How a mark ends on a folder chainexec created: :func:`remove_owned` removes the folder."""
+_EMPTIED = "; emptied by chainexec when done"
+"""How a mark ends on a user's empty folder that chainexec was given (a scratch folder the user
+made, a mount point, a job's ``$TMPDIR``): :func:`remove_owned` empties it and leaves it."""
+
+
+def adopted(folder: Path) -> bool:
+    """Whether the marked ``folder`` is a user's, given empty (:data:`_EMPTIED`)."""
+    try:
+        return (Path(folder) / MARK).read_text(errors="replace").partition("\n")[0].endswith(_EMPTIED)
+    except OSError:
+        return False
 
 
 def make_owned(folder: Path, what: str) -> None:
     """Create ``folder`` (and its parents; where it is a symbolic link, the folder it names) and
     mark it as chainexec's, made as ``what`` (:func:`owner`); an existing folder must carry the
-    mark already or be empty (:func:`check_run` has checked this)."""
+    mark already or be empty (:func:`check_run` has checked this): an empty one is the user's,
+    marked to be emptied, not removed, when done."""
     folder = resolved(folder)
+    existed = folder.is_dir()
     folder.mkdir(parents=True, exist_ok=True)
     if not is_owned(folder):
-        (folder / MARK).write_text(f"made by chainexec: {what}; removed by chainexec when done\n")
+        (folder / MARK).write_text(f"made by chainexec: {what}{_EMPTIED if existed else _REMOVED}\n")
 
 
 _held: dict[Path, int] = {}
@@ -213,10 +234,24 @@ def unlock(folder: Path) -> None:
 
 def remove_owned(folder: Path) -> None:
     """Remove ``folder`` with everything in it, only where it carries chainexec's mark (its
-    lock let go first: a file held open on NFS would stay as a ``.nfs`` file and keep it)."""
-    if is_owned(folder):
-        unlock(folder)
+    lock let go first: a file held open on NFS would stay as a ``.nfs`` file and keep it); a
+    user's folder given empty (:func:`adopted`) is emptied, its mark last, and stays."""
+    if not is_owned(folder):
+        return
+    unlock(folder)
+    if not adopted(folder) or Path(folder).is_symlink():  # rmtree leaves a link, and what it names
         shutil.rmtree(folder, ignore_errors=True)
+        return
+    for entry in Path(folder).iterdir():
+        if entry.name == MARK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    with contextlib.suppress(OSError):
+        (Path(folder) / MARK).unlink()
 
 
 _REMOVING: list[threading.Thread] = []
@@ -241,8 +276,9 @@ def remove_owned_aside(folder: Path, what: str = "the parts folder") -> threadin
     it cannot remove stays for the next. The folder is locked for this process until it is
     moved (:func:`lock_owned`), so that a folder another running process holds (another
     config's run writing the same output file, begun at the same moment) is refused, not moved
-    from under it (``what`` names it in the error). Returns the thread, None where ``folder``
-    is not chainexec's.
+    from under it (``what`` names it in the error). A user's folder given empty
+    (:func:`adopted`) is emptied where it is instead. Returns the thread, None where ``folder``
+    is not chainexec's or was emptied in place.
 
     Raises:
         ChainexecError: another run holds the folder; or it cannot be moved (a mount point, a
@@ -252,6 +288,9 @@ def remove_owned_aside(folder: Path, what: str = "the parts folder") -> threadin
     if not is_owned(folder):
         return None
     lock_owned(folder, what)
+    if adopted(folder):
+        remove_owned(folder)
+        return None
     try:
         aside = Path(tempfile.mkdtemp(prefix=folder.name + ASIDE, dir=folder.parent))
         try:

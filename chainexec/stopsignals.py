@@ -22,9 +22,11 @@ first: their names hold a random part, and nothing else would remove them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 from chainexec import atomicfile
 
@@ -35,6 +37,22 @@ NOTE = "no output was completed (a run with --checkpoint resumes from its last c
 
 _LANDED: list[str] = []
 """The output files this process renamed into place complete (:func:`landed`)."""
+
+
+_UNDO: list[Callable[[], None]] = []
+"""What a signal undoes before the process ends (:func:`undone_on_stop`), innermost last."""
+
+
+@contextlib.contextmanager
+def undone_on_stop(undo: Callable[[], None]):
+    """While the block runs, a watched signal calls ``undo`` (after the pending temporary files
+    are removed) before it ends the process: what a command made that a failure would remove
+    (``chem``'s folders and its inputs without their config) goes as it goes on an error."""
+    _UNDO.append(undo)
+    try:
+        yield
+    finally:
+        _UNDO.remove(undo)
 
 
 def landed(path: str) -> None:
@@ -87,6 +105,9 @@ def _watch(descriptor: int, speaks: bool, run: bool) -> None:
         for number in os.read(descriptor, 64):
             if number in STATUS:
                 atomicfile.remove_pending()
+                for undo in reversed(_UNDO):
+                    with contextlib.suppress(Exception):
+                        undo()
                 if speaks:
                     os.write(2, line(number, run).encode())
                 os._exit(STATUS[number])

@@ -250,7 +250,8 @@ REFUSED_RUNS = {
                 (), ["device_memory", "too small"]),
     "schedule": (None, ("--schedule", "bogus"), ["no schedule named 'bogus'"]),
     "machine_file": (None, ("--machine", "none.json"), ["none.json", "cannot read machine file"]),
-    "checkpoint_every": (None, ("--checkpoint", "ck", "--checkpoint-every", "-5"), ["checkpoint intervals"]),
+    "checkpoint_every": (None, ("--checkpoint", "ck", "--checkpoint-every", "-5"),
+                         ["--checkpoint-every must be a finite number of seconds"]),
     "plot_not_writable": (None, ("--plot", "/sys/chainexec.png"), ["/sys/chainexec.png", "not writable"]),
 }
 

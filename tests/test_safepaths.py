@@ -12,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 
 from chainexec import safepaths
@@ -281,7 +283,7 @@ def test_a_run_refused_for_its_checkpoint_options_makes_no_folder(options, user_
     before = _snapshot(work)
     folders = sorted(p for p in work.rglob("*") if p.is_dir())
     assert_refused(run_cli("run", user_folder, "--quiet", "--checkpoint", work / "ck", *options),
-                   "finite and not negative")
+                   f"{options[0]} must be a finite number of seconds, not negative, not {float(options[1]):g}")
     assert _snapshot(work) == before and sorted(p for p in work.rglob("*") if p.is_dir()) == folders
 
 
@@ -299,6 +301,39 @@ def test_checkpoint_keeps_what_it_did_not_write(user_folder):
     proc = run_cli("run", user_folder, "--quiet", "--checkpoint", folder)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["later.tmp", "rank0-1.npz.bak"]
+
+
+def test_a_users_empty_scratch_folder_is_emptied_not_removed(user_folder):
+    """An empty folder of the user's named as scratch (one they made, a mount point, a job's
+    $TMPDIR) serves the run and is left, empty, with its permissions: the run removes what it put
+    there and its mark, not the folder; a second run uses it again. A scratch folder the run
+    made itself is removed."""
+    folder = user_folder.parent / "myscratch"
+    folder.mkdir(mode=0o750)
+    config = _edit(user_folder, scratch="myscratch")
+    for _ in range(2):
+        proc = run_cli("run", config, "--quiet")
+        assert proc.returncode == 0, proc.stderr
+        assert folder.is_dir() and list(folder.iterdir()) == []
+        assert folder.stat().st_mode & 0o777 == 0o750
+    assert run_cli("verify", config).returncode == 0
+    folder.rmdir()
+    assert run_cli("run", config, "--quiet").returncode == 0
+    assert not folder.exists()
+
+
+def test_a_users_folder_left_marked_by_a_killed_run_is_emptied_in_place(tmp_path):
+    """The mark a killed run left in a user's folder says to empty it: the next run's removal
+    (here a parts folder moved aside) empties it where it is and leaves it."""
+    folder = tmp_path / "given"
+    folder.mkdir()
+    safepaths.make_owned(folder, "a test's parts")
+    assert safepaths.adopted(folder) and safepaths.owner(folder) == "a test's parts"
+    (folder / "sub").mkdir()
+    (folder / "sub" / "s0.h5").write_bytes(b"x")
+    (folder / "rank0.h5").write_bytes(os.urandom(100))
+    assert safepaths.remove_owned_aside(folder) is None
+    assert folder.is_dir() and list(folder.iterdir()) == [] and list(tmp_path.iterdir()) == [folder]
 
 
 @pytest.mark.parametrize("held", ["checkpoint", "scratch", "parts"])
@@ -801,3 +836,66 @@ def test_a_stopped_runs_files_are_not_taken_by_another_config_sharing_their_fold
     assert run_cli("verify", user_folder, cwd=work).returncode == 0
     assert shared != "scratch" or not folder.exists()
     assert run_cli("run", other, "--quiet", cwd=work).returncode == 0
+
+
+def _small(source_file: str, outputs: dict) -> dict:
+    """A two-statement chain: input A read from ``source_file``, B random; ``outputs`` by tensor."""
+    return {"name": "small", "indices": {"i": 6, "j": 7, "k": 5},
+            "tensors": {"A": {"indices": ["i", "k"], "source": {"file": source_file, "dataset": "A", "seed": 1}},
+                        "B": {"indices": ["k", "j"], "source": {"random": 2}}},
+            "statements": ["C[i,j] = A[i,k] * B[k,j]", "D[i,j] = 2 * C[i,j]"],
+            "outputs": outputs}
+
+
+def test_two_outputs_one_dataset_through_a_linked_folder_are_refused(tmp_path):
+    """``lnk/out.h5`` where ``lnk`` links to the config's own folder is ``out.h5``: two outputs
+    naming one dataset that way are refused as ``./out.h5`` and ``out.h5`` are (one would be lost);
+    two datasets of one file that way both land in it."""
+    (tmp_path / "lnk").symlink_to(tmp_path)
+    same = write_config(tmp_path, _small("in.h5", {"C": {"file": "out.h5", "dataset": "X"},
+                                                   "D": {"file": "lnk/out.h5", "dataset": "X"}}))
+    assert_refused(run_cli("plan", same), "output 'D' goes to the dataset lnk/out.h5:X, as output 'C' does")
+    both = write_config(tmp_path, _small("in.h5", {"C": {"file": "out.h5", "dataset": "C"},
+                                                   "D": {"file": "lnk/out.h5", "dataset": "D"}}), "both.yaml")
+    assert run_cli("generate", both).returncode == 0
+    proc = run_cli("run", both, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert run_cli("verify", both).returncode == 0
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert sorted(f) == ["C", "D"]
+        np.testing.assert_array_equal(f["D"][()], 2 * f["C"][()])
+
+
+def test_dotdot_after_a_linked_folder_is_where_the_file_system_puts_it(tmp_path):
+    """A config reached through a linked folder (``L`` → ``real/sub``) names ``../in.h5``: that is
+    ``real/in.h5``, as the shell, ``open`` and the config's own folder find it, not the file
+    beside the link (a user's, whose dataset ``generate`` replaced when ``..`` was read as text)."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "L").symlink_to(tmp_path / "real" / "sub")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["A"] = np.full((6, 5), 42.0)
+    before = _snapshot(tmp_path)
+    config = write_config(tmp_path / "real" / "sub", _small("../in.h5", {"C": {"file": "../out.h5", "dataset": "C"}}))
+    proc = run_cli("generate", tmp_path / "L" / config.name)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {tmp_path / 'real' / 'in.h5'}" in proc.stdout
+    proc = run_cli("run", tmp_path / "L" / config.name, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "real" / "out.h5").is_file() and not (tmp_path / "out.h5").exists()
+    assert {k: v for k, v in _snapshot(tmp_path).items() if not k.startswith("real")} == before
+
+
+def test_a_refused_run_makes_no_folder(tmp_path):
+    """An output in folders not made yet (``sub/deeper/out.h5``): a run refused (its input is
+    missing) leaves none of them; one under a file is refused as not writable; the run that
+    passes makes them."""
+    config = write_config(tmp_path, _small("in.h5", {"C": {"file": "sub/deeper/out.h5", "dataset": "C"}}))
+    assert_refused(run_cli("run", config, "--quiet"), "in.h5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.yaml"]
+    (tmp_path / "sub").write_text("a file of the user's")
+    assert_refused(run_cli("run", config, "--quiet"), "output path is not writable (Not a directory)")
+    (tmp_path / "sub").unlink()
+    assert run_cli("generate", config).returncode == 0
+    proc = run_cli("run", config, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "sub" / "deeper" / "out.h5").is_file()

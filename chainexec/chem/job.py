@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import math
 import os
 import shutil
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from chainexec import atomicfile, safepaths, spec
+from chainexec import atomicfile, safepaths, spec, stopsignals
 from chainexec.chem.layout import AO2MO_INDICES, INDICES, SYNTHETIC_IN_MEMORY
 from chainexec.pairs import npair
 from chainexec.errors import ChainexecError
@@ -159,26 +160,34 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
     written = False
-    try:
-        summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
-        written = True
-        if layout == "computed":
-            from chainexec.chem import integrals
 
-            source["bytes_per_second"] = float(f"{integrals.rate(mol):.3g}")
-        for other in JOBS.values():
-            (out / other.config).unlink(missing_ok=True)
-        text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout, source)
-        try:
-            atomicfile.write(config, text, atomicfile.USER_FILE)
-        except OSError as err:
-            raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
-    except BaseException:
+    def undo() -> None:
+        """What a failed or stopped job leaves: nothing of its own."""
         if written:  # inputs without their config: a job submitted again would refuse the folder
             (out / "inputs.h5").unlink(missing_ok=True)
-        for folder in made:  # the folders this call made, empty: the failed job leaves none
+        for folder in made:  # the folders this call made, empty once its files are gone
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+    try:
+        with stopsignals.undone_on_stop(undo):
+            summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
+            written = True
+            if layout == "computed":
+                from chainexec.chem import integrals
+
+                source["bytes_per_second"] = float(f"{integrals.rate(mol):.3g}")
+            for other in JOBS.values():
+                (out / other.config).unlink(missing_ok=True)
+            text = _config(cfg, kind, {r: summary[key] for r, key in kind.sizes.items()}, template, lines, layout,
+                           source)
+            try:
+                atomicfile.write(config, text, atomicfile.USER_FILE)
+            except OSError as err:
+                raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
+            written, made = False, []  # the job is complete: a signal from now on undoes nothing
+    except BaseException:
+        undo()
         raise
     return summary | {"config": str(config)}
 
@@ -245,6 +254,15 @@ def check_out(out: Path) -> None:
 
     if out.exists() and not out.is_dir():
         raise ChainexecError("--out is a file, not a folder", str(out))
+    if not out.exists():  # its folders are made where nothing can be written: said as such, first
+        there = safepaths.nearest_existing(out)
+        try:
+            if not there.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            atomicfile.probe(there / out.name)
+        except OSError as err:
+            raise ChainexecError(f"cannot create folder ({err.strerror or err})", str(out)) from None
+
     def marked(path: Path) -> bool:
         with h5py.File(path, "r") as f:
             return bool(f.attrs.get(MADE, False))

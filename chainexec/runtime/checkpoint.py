@@ -244,10 +244,11 @@ EVERY = 600.0
 
 def check_intervals(every: float, stop_after: float | None) -> None:
     """Refuse (:class:`ChainexecError`) intervals between checkpoints, or a time to stop after,
-    that are not finite or are negative: checked before a run makes its folders."""
-    if not (math.isfinite(every) and every >= 0) or (
-            stop_after is not None and not (math.isfinite(stop_after) and stop_after >= 0)):
-        raise ChainexecError("checkpoint intervals must be finite and not negative")
+    that are not finite or are negative, naming the option: checked before a run makes its
+    folders."""
+    for option, seconds in (("--checkpoint-every", every), ("--stop-after", stop_after)):
+        if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+            raise ChainexecError(f"{option} must be a finite number of seconds, not negative, not {seconds:g}")
 
 
 class Checkpoint:

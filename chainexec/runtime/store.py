@@ -22,6 +22,7 @@ takes the sealed blocks and the closed versions back (:meth:`Store.resume`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import re
@@ -174,14 +175,18 @@ def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
 
 
 def check_writable(files, what: str = "output path") -> None:
-    """Check that a file can be made at each of these paths, their folders made where missing and
-    the probe file removed at once (rank 0, once :func:`chainexec.safepaths.check_run` has
-    passed): a run whose files cannot be written is refused before it computes anything. ``what``
-    names the path in the error (``output path``, ``--report-json file``)."""
+    """Check that a file can be made at each of these paths (rank 0, once
+    :func:`chainexec.safepaths.check_run` has passed): a probe file made and removed at once in
+    its folder or, where that does not exist yet, in the nearest folder that does, where the
+    run will make it (:func:`make_folders`, once every check has passed: a run refused before
+    leaves no folder behind). A run whose files cannot be written is refused before it computes
+    anything. ``what`` names the path in the error (``output path``, ``--report-json file``)."""
     for path in map(Path, files):
+        there = safepaths.nearest_existing(path.parent)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomicfile.probe(path)
+            if not there.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(there))
+            atomicfile.probe(there / path.name)
         except OSError as err:
             raise ChainexecError(f"{what} is not writable ({err.strerror or err})", str(path)) from None
 

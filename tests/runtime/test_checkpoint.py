@@ -400,7 +400,10 @@ def test_errors(tmp_path):
     for every in (600, "nan", -5):
         _one_line(run_cli("run", config, "--checkpoint-every", every), "--checkpoint-every needs --checkpoint")
     _one_line(run_cli("run", config, "--checkpoint", folder, "--balance", "static"), "--balance dynamic")
-    _one_line(run_cli("run", config, "--checkpoint", folder, "--checkpoint-every", "nan"), "finite")
+    _one_line(run_cli("run", config, "--checkpoint", folder, "--checkpoint-every", "nan"),
+              "--checkpoint-every must be a finite number of seconds, not negative, not nan")
+    _one_line(run_cli("run", config, "--checkpoint", folder, "--stop-after", "-5"),
+              "--stop-after must be a finite number of seconds, not negative, not -5")
     data = json.loads(manifest.read_text())
     part = folder / f"rank0-{data['number']}.npz"
     good = part.read_bytes()
