@@ -32,10 +32,13 @@ def _parse(argv) -> argparse.Namespace:
     """The command line's arguments; an option its subcommand does not know is refused by that
     subcommand's parser, so that the line names it and its help (``chainexec run -h``)."""
     ap = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = ap.parse_known_args(argv)
     if extra:
+        before = argv[:argv.index(args.command)]  # options before the command are chainexec's own
         commands = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
-        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        (ap if any(e in before for e in extra) else commands[args.command]).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 

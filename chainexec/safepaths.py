@@ -54,8 +54,10 @@ REPORT_TEMPORARY = "..XXXXXXXX.probe"
 
 
 def resolved(path: str | os.PathLike) -> Path:
-    """``path`` made absolute with every symbolic link and ``..`` resolved (missing parts kept)."""
-    return Path(os.path.realpath(os.path.abspath(path)))
+    """``path`` made absolute with every symbolic link and ``..`` resolved (missing parts kept),
+    each ``..`` after the link before it (``realpath`` of the path as given: ``abspath`` first
+    would read ``link/..`` as text)."""
+    return Path(os.path.realpath(path))
 
 
 def nearest_existing(path: str | os.PathLike) -> Path:
@@ -192,7 +194,12 @@ def make_owned(folder: Path, what: str) -> None:
     existed = folder.is_dir()
     folder.mkdir(parents=True, exist_ok=True)
     if not is_owned(folder):
-        (folder / MARK).write_text(f"made by chainexec: {what}{_EMPTIED if existed else _REMOVED}\n")
+        _mark(folder, what, _EMPTIED if existed else _REMOVED)
+
+
+def _mark(folder: Path, what: str, ending: str) -> None:
+    """Write ``folder``'s mark: made as ``what``, removed or emptied when done (``ending``)."""
+    (folder / MARK).write_text(f"made by chainexec: {what}{ending}\n")
 
 
 _held: dict[Path, int] = {}
@@ -294,7 +301,7 @@ def remove_owned_aside(folder: Path, what: str = "the parts folder") -> threadin
     try:
         aside = Path(tempfile.mkdtemp(prefix=folder.name + ASIDE, dir=folder.parent))
         try:
-            make_owned(aside, f"an older {folder.name} being removed")
+            _mark(aside, f"an older {folder.name} being removed", _REMOVED)  # made by mkdtemp: removed whole
             os.rename(folder, aside / folder.name)
         except OSError:
             shutil.rmtree(aside, ignore_errors=True)

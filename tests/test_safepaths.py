@@ -899,3 +899,18 @@ def test_a_refused_run_makes_no_folder(tmp_path):
     proc = run_cli("run", config, "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "sub" / "deeper" / "out.h5").is_file()
+
+
+def test_a_config_named_through_dotdot_after_a_link_reads_beside_itself(tmp_path):
+    """A config named ``L/../c.yaml`` (``L`` → ``real/sub``) is ``real/c.yaml``, as ``open``
+    finds it: its paths are relative to ``real``, not to the folder beside the link."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "L").symlink_to(tmp_path / "real" / "sub")
+    write_config(tmp_path / "real", _small("in.h5", {"C": {"file": "out.h5", "dataset": "C"}}), "c.yaml")
+    proc = run_cli("generate", "L/../c.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {tmp_path / 'real' / 'in.h5'}" in proc.stdout
+    proc = run_cli("run", "L/../c.yaml", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "real" / "out.h5").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["L", "real"]

@@ -159,20 +159,28 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ChainexecError(f"cannot create folder ({err.strerror})", str(out)) from None
-    written = False
+    inputs = out / "inputs.h5"
+    before = {path: _identity(path) for path in (inputs, config)}
 
     def undo() -> None:
-        """What a failed or stopped job leaves: nothing of its own."""
-        if written:  # inputs without their config: a job submitted again would refuse the folder
-            (out / "inputs.h5").unlink(missing_ok=True)
-        for folder in made:  # the folders this call made, empty once its files are gone
+        """What a failed or stopped job leaves: nothing of its own, judged by the files in place,
+        not by flags (a signal's undo runs beside the main thread, whose flags lag its renames):
+        with its config in place the job is complete; else its inputs, where in place, go with
+        every job config there (they described the inputs these replaced), then the folders it
+        made, empty by then."""
+        if _identity(config) not in (None, before[config]) and _identity(inputs) != before[inputs]:
+            return
+        if _identity(inputs) != before[inputs]:
+            inputs.unlink(missing_ok=True)
+            for other in JOBS.values():
+                (out / other.config).unlink(missing_ok=True)
+        for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
     try:
         with stopsignals.undone_on_stop(undo):
-            summary = _write_inputs(kind, out / "inputs.h5", mol, synthetic, options, what)
-            written = True
+            summary = _write_inputs(kind, inputs, mol, synthetic, options, what)
             if layout == "computed":
                 from chainexec.chem import integrals
 
@@ -185,11 +193,19 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
                 atomicfile.write(config, text, atomicfile.USER_FILE)
             except OSError as err:
                 raise ChainexecError(f"cannot write the config ({err.strerror})", str(config)) from None
-            written, made = False, []  # the job is complete: a signal from now on undoes nothing
     except BaseException:
         undo()
         raise
     return summary | {"config": str(config)}
+
+
+def _identity(path: Path) -> tuple | None:
+    """Which file is at ``path`` (device, inode, modification time, size); None where none is."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 HEADER = "# written by chainexec chem; the next chem run into this folder replaces it\n"

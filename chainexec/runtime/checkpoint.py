@@ -308,8 +308,9 @@ class Checkpoint:
             raise ChainexecError(f"a checkpoint of a run on {saved['ranks']} rank{'s' * (saved['ranks'] != 1)}; this "
                                  f"one has {ranks}: run it on {saved['ranks']} to go on, or remove the folder", str(path))
         if saved.get("plan") != self.digest:
-            raise ChainexecError("a checkpoint of another plan (config, machine, rank count or input files "
-                                 "differ); remove the folder or choose another", str(path))
+            raise ChainexecError("a checkpoint of another plan (the config, its files' paths as resolved, the "
+                                 "machine, the input files or chainexec's version differ); remove the folder or "
+                                 "choose another", str(path))
         if not _valid(saved, plan, ranks):
             raise ChainexecError("damaged checkpoint manifest (a field is missing, out of range or names "
                                  "no place this plan checkpoints at)", str(path))

@@ -46,8 +46,21 @@ def config_once_written(*args):  # its first call checks the template, before an
     calls.append(args)
     return real(*args) if len(calls) == 1 else wait()
 
-if sys.argv[3] == "inputs written":
+def write_then_wait(path, data, mode=None):
+    written(path, data, mode)
+    wait()
+
+def inputs_then_wait(*args):  # the inputs renamed into place, the call not yet returned
+    made_inputs(*args)
+    wait()
+
+written, made_inputs = job.atomicfile.write, job._write_inputs
+if sys.argv[3] == "inputs renamed":
+    job._write_inputs = inputs_then_wait
+elif sys.argv[3] == "inputs written":
     job._config = config_once_written
+elif sys.argv[3] == "config written":
+    job.atomicfile.write = write_then_wait
 else:
     job._write_inputs = wait
 job.prepare("x", sys.argv[1], template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7))
@@ -55,11 +68,12 @@ job.prepare("x", sys.argv[1], template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5,
 
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("when", ["computing", "inputs written"])
+@pytest.mark.parametrize("when", ["computing", "inputs written", "config written"])
 def test_a_stopped_job_leaves_nothing(tmp_path, number, when):
     """Ctrl-C or a batch system's SIGTERM while a job computes its inputs, or once they are
     written and before the config is: the process ends with 128 + the signal's number and the
-    folders it made (``out/job``) are gone with what it wrote in them, as after a failure."""
+    folders it made (``out/job``) are gone with what it wrote in them, as after a failure. Once
+    its config is written the job is complete, and a signal takes nothing of it."""
     ready = tmp_path / "ready"
     proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(tmp_path / "out" / "job"), str(ready), when],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -74,7 +88,37 @@ def test_a_stopped_job_leaves_nothing(tmp_path, number, when):
     finally:
         proc.kill()
     assert proc.returncode == 128 + number, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
+    if when == "config written":
+        assert sorted(p.name for p in (tmp_path / "out" / "job").iterdir()) == ["ccsd_t.yaml", "inputs.h5"]
+        assert job.prepare("x", tmp_path / "out" / "job", template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7),
+                           missing=True).get("kept")
+    else:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
+
+
+def test_a_stopped_job_leaves_no_stale_config(tmp_path):
+    """A job run again into a folder of an earlier one, stopped once its new inputs replaced the
+    earlier ones: neither the new inputs nor the earlier config (which described the inputs they
+    replaced) stay, so the next ``chem --missing`` makes the job afresh instead of refusing half
+    a job."""
+    out = tmp_path / "job"
+    job.prepare("x", out, template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7))
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(out), str(ready), "inputs renamed"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), proc.communicate(timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert list(out.iterdir()) == []
+    made = job.prepare("x", out, template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7), missing=True)
+    assert not made.get("kept") and sorted(p.name for p in out.iterdir()) == ["ccsd_t.yaml", "inputs.h5"]
 
 
 @pytest.mark.parametrize("where", ["below a file", "in /proc"])
