@@ -67,15 +67,10 @@ job.prepare("x", sys.argv[1], template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5,
 """
 
 
-@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("when", ["computing", "inputs written", "config written"])
-def test_a_stopped_job_leaves_nothing(tmp_path, number, when):
-    """Ctrl-C or a batch system's SIGTERM while a job computes its inputs, or once they are
-    written and before the config is: the process ends with 128 + the signal's number and the
-    folders it made (``out/job``) are gone with what it wrote in them, as after a failure. Once
-    its config is written the job is complete, and a signal takes nothing of it."""
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(tmp_path / "out" / "job"), str(ready), when],
+def _stopped(out: Path, ready: Path, when: str, number: int) -> subprocess.CompletedProcess:
+    """The job :data:`STOPPED` into ``out``, sent signal ``number`` once it waits at ``when``
+    (it makes the file ``ready`` then)."""
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(out), str(ready), when],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=os.getcwd()))
     try:
@@ -84,16 +79,28 @@ def test_a_stopped_job_leaves_nothing(tmp_path, number, when):
             time.sleep(0.02)
         assert ready.exists(), proc.communicate(timeout=10)
         proc.send_signal(number)
-        _, err = proc.communicate(timeout=60)
+        out_text, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + number, err
+    ready.unlink()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err)
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("when", ["computing", "inputs written", "config written"])
+def test_a_stopped_job_leaves_nothing(tmp_path, number, when):
+    """Ctrl-C or a batch system's SIGTERM while a job computes its inputs, or once they are
+    written and before the config is: the process ends with 128 + the signal's number and the
+    folders it made (``out/job``) are gone with what it wrote in them, as after a failure. Once
+    its config is written the job is complete, and a signal takes nothing of it."""
+    out = tmp_path / "out" / "job"
+    proc = _stopped(out, tmp_path / "ready", when, number)
+    assert proc.returncode == 128 + number, proc.stderr
     if when == "config written":
-        assert sorted(p.name for p in (tmp_path / "out" / "job").iterdir()) == ["ccsd_t.yaml", "inputs.h5"]
-        assert job.prepare("x", tmp_path / "out" / "job", template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7),
-                           missing=True).get("kept")
+        assert sorted(p.name for p in out.iterdir()) == ["ccsd_t.yaml", "inputs.h5"]
+        assert job.prepare("x", out, template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7), missing=True).get("kept")
     else:
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_a_stopped_job_leaves_no_stale_config(tmp_path):
@@ -103,19 +110,7 @@ def test_a_stopped_job_leaves_no_stale_config(tmp_path):
     a job."""
     out = tmp_path / "job"
     job.prepare("x", out, template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7))
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(out), str(ready), "inputs renamed"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert ready.exists(), proc.communicate(timeout=10)
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    assert _stopped(out, tmp_path / "ready", "inputs renamed", signal.SIGTERM).returncode == 143
     assert list(out.iterdir()) == []
     made = job.prepare("x", out, template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7), missing=True)
     assert not made.get("kept") and sorted(p.name for p in out.iterdir()) == ["ccsd_t.yaml", "inputs.h5"]
