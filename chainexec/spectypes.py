@@ -186,9 +186,9 @@ class Spec:
 def config_relative(config: str, relpath: str) -> str:
     """``relpath`` made absolute against the folder of the config file ``config``, its folders
     resolved as the file system resolves them: a symbolic link before the ``..`` that follows it
-    (``link/../in.h5``, or a config named ``link/../c.yaml``, is beside the folder the link names,
-    as the shell and ``open`` find it; a text-only ``normpath`` or ``abspath`` would name another
-    file), so that two paths to one file are one path.
+    (a ``..`` after a linked folder, in ``relpath`` or in the config's own name, climbs from the
+    folder the link names, as the shell and ``open`` do; a text-only ``normpath`` or ``abspath``
+    would name another file), so that two paths to one file are one path.
     The last component stays as written (an input or output that is itself a link is the link:
     :func:`chainexec.safepaths.check_run` and the input checks judge it)."""
     path = os.path.join(os.path.dirname(os.path.join(os.getcwd(), config)), relpath)  # no ``..`` read as text
