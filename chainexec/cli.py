@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -163,9 +162,11 @@ def main(argv=None, own: bool = False) -> int:
         os.close(null)
         return 0
     except KeyboardInterrupt:
+        number = stopsignals.stopping()  # SIGINT, or the signal a served run's client was stopped by
         if args.command != "run" or _rank() == 0:
-            print(stopsignals.line(signal.SIGINT, args.command == "run"), end="", file=sys.stderr, flush=True)
-        os._exit(130)  # not through the interpreter's exit, which would wait for the run's threads
+            print(stopsignals.line(number, args.command == "run"), end="", file=sys.stderr, flush=True)
+        # not through the interpreter's exit, which would wait for the run's threads
+        os._exit(stopsignals.STATUS[number])
 
 
 def _main(args) -> int:

@@ -279,14 +279,22 @@ def forward(argv: list[str]) -> int | None:
 
             print(stopsignals.line(signal.SIGINT, argv[0] == "run"), end="", file=sys.stderr, flush=True)
             return 130
-        # SIGINT interrupts the served run as it does a run in its own process (which watches it,
-        # :func:`chainexec.stopsignals.watch`), also where this process began with it ignored (a
-        # non-interactive shell's background job), where Python would leave it ignored
+        # SIGINT and SIGTERM interrupt the served run as they do a run in its own process (which
+        # watches them, :func:`chainexec.stopsignals.watch`), also where this process began with
+        # SIGINT ignored (a non-interactive shell's background job), where Python would leave it
+        # ignored; the server is told which came
+        stopped = [signal.SIGINT]
+
+        def terminated(number, frame):
+            stopped[0] = number
+            raise KeyboardInterrupt
+
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, terminated)
         try:
             done, _ = receive(sock)
         except KeyboardInterrupt:
-            return _interrupted(sock)
+            return _interrupted(sock, stopped[0])
         except (OSError, ValueError):
             done = None
     if done is None or not isinstance(done.get("status"), int):
@@ -296,18 +304,22 @@ def forward(argv: list[str]) -> int | None:
     return done["status"]
 
 
-def _interrupted(sock: socket.socket) -> int:
-    """Status 130 once the server has stopped the run (it sees this end close for writing and
-    interrupts it, then ends; at most :data:`STOPPING` seconds), so that the next command does
-    not begin beside the run."""
+def _interrupted(sock: socket.socket, number: int) -> int:
+    """128 + the signal's ``number`` (130 for SIGINT, 143 for SIGTERM) once the server has
+    stopped the run (it reads the signal, sees this end close for writing and interrupts the
+    run as that signal would, then ends; at most :data:`STOPPING` seconds), so that the next
+    command does not begin beside the run."""
+    from chainexec import stopsignals
+
     try:
+        send(sock, {"signal": int(number)})
         sock.shutdown(socket.SHUT_WR)
         sock.settimeout(STOPPING)
         while sock.recv(1 << 12):
             pass
     except (OSError, KeyboardInterrupt):
         pass
-    return 130
+    return stopsignals.STATUS[number]
 
 
 def _umask() -> int:

@@ -19,9 +19,10 @@ edited since the server started), or whose environment differs in a variable rea
 library's start (:func:`chainexec.client.differences`).
 
 How it ends: after ``idle`` seconds without a request; at ``chainexec serve --stop``; at
-SIGTERM or SIGINT; and whenever a run does not end normally. A client that goes away during its
-run (Ctrl-C, a batch system's kill) interrupts the run as Ctrl-C interrupts a run of its own: no
-output renamed into place, the last checkpoint kept, and the process ends with it. An error the
+SIGTERM or SIGINT; and whenever a run does not end normally. A client stopped during its run
+(Ctrl-C, a batch system's SIGTERM, which it names to the server) or gone (SIGKILL) interrupts the
+run as that signal (Ctrl-C for a client gone) interrupts a run of its own: no output renamed into
+place, the last checkpoint kept, and the process ends with it. An error the
 command does not turn into an exit status (a defect) is printed to the client and ends the server
 too: what it leaves in memory is not trusted for the next run. Memory between runs: CuPy's pools
 are emptied after each run; the CUDA context and the loaded kernels stay.
@@ -30,7 +31,6 @@ are emptied after each run; the CUDA context and the loaded kernels stay.
 from __future__ import annotations
 
 import fcntl
-import functools
 import os
 import queue
 import select
@@ -44,7 +44,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from chainexec import client
+from chainexec import client, stopsignals
 from chainexec.errors import ChainexecError
 
 IDLE = 900.0
@@ -277,8 +277,9 @@ def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
             return True
         _log(state, f"began {what} in {request['cwd']}")
         done, wake = os.pipe()
-        gone = functools.partial(_log, state, f"the client of {what} went away: the run is interrupted, as by "
-                                 "Ctrl-C, and the server ends with it")
+        def gone(number: int) -> None:
+            _log(state, f"the client of {what} went away: the run is interrupted, as by "
+                 f"{'Ctrl-C' if number == signal.SIGINT else signal.Signals(number).name}, and the server ends with it")
         watcher = threading.Thread(target=_watch, args=(conn, done, gone), name="chainexec-serve-watch", daemon=True)
         try:
             with _client(request, fds):
@@ -432,18 +433,35 @@ def _release() -> None:
 
 
 def _watch(conn: socket.socket, done: int, gone) -> None:
-    """Interrupt the main thread's run (SIGINT, as Ctrl-C would) where the client goes away
-    before it ends, after ``gone()`` (the server's log line: the run's own line goes to the
-    client's standard error, which no one reads any more): the client sends nothing after its
-    request, so the connection turning readable means it closed. Returns without a signal once
-    the descriptor ``done`` turns readable (the run has ended)."""
+    """Interrupt the main thread's run where the client goes away before it ends, after
+    ``gone(number)`` (the server's log line: the run's own line goes to the client's standard
+    error, which no one reads any more): the client sends nothing after its request but, when
+    a signal stops it, that signal's number (:func:`chainexec.client._interrupted`), so the
+    connection turning readable means it was stopped or closed. The run is interrupted as
+    that signal (SIGINT where none came: a client killed at once) would interrupt it in its own
+    process (:func:`chainexec.stopsignals.served`). Returns without a signal once the
+    descriptor ``done`` turns readable (the run has ended)."""
     poller = select.poll()
     poller.register(conn, select.POLLIN | select.POLLHUP | select.POLLERR)
     poller.register(done, select.POLLIN)
     ready = {fd for fd, _ in poller.poll()}
-    if done not in ready:
-        gone()
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    if done in ready:
+        return
+    number = signal.SIGINT
+    try:
+        conn.settimeout(STOP_NOTE)
+        note, _ = client.receive(conn)
+        if isinstance(note, dict) and note.get("signal") in stopsignals.STATUS:
+            number = note["signal"]
+    except (OSError, ValueError):
+        pass
+    gone(number)
+    stopsignals.served(number)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+STOP_NOTE = 5.0
+"""Seconds the server waits for a stopped client's note of its signal once it has begun to send."""
 
 
 def _log(state: _State, line: str) -> None:

@@ -55,6 +55,22 @@ def undone_on_stop(undo: Callable[[], None]):
         _UNDO.remove(undo)
 
 
+_SERVED: list[int] = []
+"""The signal that stopped the client of the run this server process serves (:func:`served`)."""
+
+
+def served(number: int) -> None:
+    """Note that the client of the run this process serves was stopped by signal ``number``: the
+    run is interrupted as that signal would interrupt it in its own process (:func:`stopping`)."""
+    _SERVED[:] = [number]
+
+
+def stopping() -> int:
+    """The signal an interrupted run stops as: its served client's (:func:`served`), else SIGINT
+    (Ctrl-C, the one signal Python turns into ``KeyboardInterrupt``)."""
+    return _SERVED[0] if _SERVED else signal.SIGINT
+
+
 def landed(path: str) -> None:
     """Note that output file ``path`` is in place, complete: a signal from now on says so."""
     _LANDED.append(str(path))

@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 import pytest
 
+from chainexec import stopsignals
 from chainexec.planner.machine import Machine
 from tests.conftest import assert_refused
 
@@ -270,11 +271,13 @@ def test_a_second_client_runs_itself_while_one_is_served_and_a_client_that_goes_
     assert not result.exists() and served(server) == 1
 
 
-@pytest.mark.parametrize("ignored", [False, True], ids=["SIGINT handled", "SIGINT ignored at start"])
-def test_sigint_stops_a_served_run_as_it_stops_its_own(server, tmp_path, ignored):
-    """A client sent SIGINT ends with status 130 and its run interrupted (no output), as a run in
-    its own process does, also where it began with SIGINT ignored, as a non-interactive shell
-    starts its background jobs (the served run went on to its end, status 0)."""
+@pytest.mark.parametrize("number, ignored", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["SIGINT handled", "SIGINT ignored at start", "SIGTERM"])
+def test_a_signal_stops_a_served_run_as_it_stops_its_own(server, tmp_path, number, ignored):
+    """A client sent SIGINT or SIGTERM ends with 128 + the signal's number and its run stopped
+    (no output) with the line a run in its own process writes for that signal, also where it
+    began with SIGINT ignored, as a non-interactive shell starts its background jobs (the served
+    run went on to its end, status 0)."""
     slow = fourindex(tmp_path, "slow", ao=80, mo=77)
     assert server.command("generate", slow, cwd=tmp_path).returncode == 0
     start = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
@@ -283,10 +286,11 @@ def test_sigint_stops_a_served_run_as_it_stops_its_own(server, tmp_path, ignored
                             preexec_fn=start)
     began(server, proc)
     time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(number)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (proc.returncode, err)
-    assert server.proc.wait(60) == 130, server.text()
+    assert proc.returncode == 128 + number, (proc.returncode, err)
+    assert err.strip() == stopsignals.line(number).strip(), err
+    assert server.proc.wait(60) == 128 + number, server.text()
     assert not (tmp_path / "slow-files" / "output.h5").exists() and served(server) == 0
 
 
