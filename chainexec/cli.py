@@ -8,6 +8,7 @@ prediction exits with status 1 (that is a bug in chainexec); a run stopped at a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -164,7 +165,8 @@ def main(argv=None, own: bool = False) -> int:
     except KeyboardInterrupt:
         number = stopsignals.stopping()  # SIGINT, or the signal a served run's client was stopped by
         if args.command != "run" or _rank() == 0:
-            print(stopsignals.line(number, args.command == "run"), end="", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # a reader that has gone (a served client's pipe)
+                print(stopsignals.line(number, args.command == "run"), end="", file=sys.stderr, flush=True)
         # not through the interpreter's exit, which would wait for the run's threads
         os._exit(stopsignals.STATUS[number])
 

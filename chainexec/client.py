@@ -289,14 +289,17 @@ def forward(argv: list[str]) -> int | None:
             stopped[0] = number
             raise KeyboardInterrupt
 
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, terminated)
+        previous = [signal.signal(signal.SIGINT, signal.default_int_handler),
+                    signal.signal(signal.SIGTERM, terminated)]
         try:
             done, _ = receive(sock)
         except KeyboardInterrupt:
             return _interrupted(sock, stopped[0])
         except (OSError, ValueError):
             done = None
+        finally:
+            for number, handler in zip((signal.SIGINT, signal.SIGTERM), previous):
+                signal.signal(number, handler)
     if done is None or not isinstance(done.get("status"), int):
         print(f"chainexec: the server (pid {answer.get('pid')}) ended during the run; no output was "
               "completed (its own output says why)", file=sys.stderr)
@@ -308,16 +311,20 @@ def _interrupted(sock: socket.socket, number: int) -> int:
     """128 + the signal's ``number`` (130 for SIGINT, 143 for SIGTERM) once the server has
     stopped the run (it reads the signal, sees this end close for writing and interrupts the
     run as that signal would, then ends; at most :data:`STOPPING` seconds), so that the next
-    command does not begin beside the run."""
+    command does not begin beside the run; the run's own status where the server answers one
+    (the command had returned, its outputs in place, when the signal came)."""
     from chainexec import stopsignals
 
     try:
         send(sock, {"signal": int(number)})
         sock.shutdown(socket.SHUT_WR)
         sock.settimeout(STOPPING)
+        done, _ = receive(sock)
+        if isinstance(done, dict) and isinstance(done.get("status"), int):
+            return done["status"]
         while sock.recv(1 << 12):
             pass
-    except (OSError, KeyboardInterrupt):
+    except (OSError, ValueError, KeyboardInterrupt):
         pass
     return stopsignals.STATUS[number]
 

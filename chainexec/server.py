@@ -107,8 +107,9 @@ def _serve(idle: float, path: Path) -> None:
     state = _State(started, client.code(), client.identity())
     acceptor = threading.Thread(target=_accept, args=(listener, state), name="chainexec-serve-accept", daemon=True)
     acceptor.start()
-    # both interrupt (a shell starts a background job with SIGINT ignored; _watch sends it)
-    previous = [signal.signal(n, signal.default_int_handler) for n in (signal.SIGINT, signal.SIGTERM)]
+    # both interrupt (a shell starts a background job with SIGINT ignored; _watch sends it), a
+    # run in progress as that signal interrupts a run of its own (stopsignals.served)
+    previous = [signal.signal(n, _interrupt) for n in (signal.SIGINT, signal.SIGTERM)]
     print(f"chainexec: serving runs at {path} (pid {os.getpid()}); ends after {idle:g} s without one, "
           "or at `chainexec serve --stop`", file=sys.stderr, flush=True)
     try:
@@ -255,6 +256,13 @@ def _label(request: dict) -> str:
     return f"{words[:200]} for pid {str(request.get('pid'))[:20]}"
 
 
+def _interrupt(number, frame) -> None:
+    """The server's handler of SIGINT and SIGTERM: a run in progress stops as that signal stops
+    a run of its own (its line, 128 + its number); between runs the server ends."""
+    stopsignals.served(number)
+    raise KeyboardInterrupt
+
+
 def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
     """Run one request on this (the main) thread, answer its status and close the connection;
     False where the server must end (a run that did not end normally). The client's standard
@@ -284,8 +292,7 @@ def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
         try:
             with _client(request, fds):
                 watcher.start()
-                status, go_on = _run(request["argv"])
-                os.write(wake, b"!")
+                status, go_on = _run(request["argv"], lambda: os.write(wake, b"!"))
             watcher.join()
         finally:
             os.close(done)
@@ -394,19 +401,23 @@ def _set_per_run(values: dict[str, str]) -> None:
             os.environ[name] = value
 
 
-def _run(argv: list[str]) -> tuple[int, bool]:
+def _run(argv: list[str], returned) -> tuple[int, bool]:
     """The command's exit status as its own process would end with it, and whether the server
     may go on: not after an error the command let through (a defect), whose traceback the client
-    gets as it would from its own process."""
+    gets as it would from its own process. ``returned()`` is called as soon as the command has
+    returned (its outputs in place): a client stopped later no longer interrupts it (:func:`_watch`)."""
     from chainexec import cli, safepaths
 
     go_on = True
     try:
-        status = cli.main(argv)
+        try:
+            status = cli.main(argv)
+        finally:
+            returned()
     except SystemExit as leave:  # argparse: -h (0), a bad argument (2)
         status = leave.code if isinstance(leave.code, int) else (0 if leave.code is None else 1)
     except KeyboardInterrupt:  # outside the command's own handler, which ends the process as this does
-        os._exit(130)
+        os._exit(stopsignals.STATUS[stopsignals.stopping()])
     except Exception:
         try:
             traceback.print_exc()
@@ -439,8 +450,8 @@ def _watch(conn: socket.socket, done: int, gone) -> None:
     a signal stops it, that signal's number (:func:`chainexec.client._interrupted`), so the
     connection turning readable means it was stopped or closed. The run is interrupted as
     that signal (SIGINT where none came: a client killed at once) would interrupt it in its own
-    process (:func:`chainexec.stopsignals.served`). Returns without a signal once the
-    descriptor ``done`` turns readable (the run has ended)."""
+    process: the signal is sent to the main thread (:func:`_interrupt`). Returns without a
+    signal once the descriptor ``done`` turns readable (the command has returned)."""
     poller = select.poll()
     poller.register(conn, select.POLLIN | select.POLLHUP | select.POLLERR)
     poller.register(done, select.POLLIN)
@@ -456,8 +467,7 @@ def _watch(conn: socket.socket, done: int, gone) -> None:
     except (OSError, ValueError):
         pass
     gone(number)
-    stopsignals.served(number)
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    signal.pthread_kill(threading.main_thread().ident, number)  # to _interrupt, as the server's own
 
 
 STOP_NOTE = 5.0

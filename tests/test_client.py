@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -291,3 +292,28 @@ def test_the_peer_of_a_socket_is_this_user():
     left, right = socket.socketpair()
     with left, right:
         assert client.peer_uid(left) == client.peer_uid(right) == os.getuid()
+
+
+@pytest.mark.parametrize("case", ["served", "stopped by SIGTERM", "SIGTERM after the run returned"])
+def test_a_served_client_names_its_signal_and_restores_its_handlers(tmp_path, monkeypatch, case):
+    """A served client sent SIGTERM tells the server which signal came and ends with 143 once the
+    server has stopped the run, or with the run's status where the server answers one (the
+    command had returned, its outputs in place); its handlers of SIGINT and SIGTERM are the
+    process's own again once it returns."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    def serve(conn, seen):
+        client.send(conn, {"accepted": True, "pid": 1})
+        _, fds = client.receive(conn, fds=3)
+        for fd in fds:
+            os.close(fd)
+        if case != "served":
+            os.kill(os.getpid(), signal.SIGTERM)
+            seen["note"], _ = client.receive(conn)
+        if case != "stopped by SIGTERM":
+            client.send(conn, {"status": 0})
+
+    status, seen = _forwarded(tmp_path, monkeypatch, serve)
+    assert status == (143 if case == "stopped by SIGTERM" else 0)
+    assert seen.get("note") == (None if case == "served" else {"signal": signal.SIGTERM})
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

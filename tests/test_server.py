@@ -294,6 +294,38 @@ def test_a_signal_stops_a_served_run_as_it_stops_its_own(server, tmp_path, numbe
     assert not (tmp_path / "slow-files" / "output.h5").exists() and served(server) == 0
 
 
+@pytest.mark.parametrize("stopped", ["the server", "a client whose reader has gone"])
+def test_sigterm_stops_a_served_run_as_sigterm(server, tmp_path, stopped):
+    """SIGTERM to the server during a run (a batch system ending the job that holds it), or to a
+    client whose standard error's reader has gone with it (``chainexec run … | cat`` ended as a
+    process group): the run stops as SIGTERM stops a run of its own, and the server ends with
+    143, not as Ctrl-C and not with a status of a run that went on (its line to the gone reader
+    failed)."""
+    slow = fourindex(tmp_path, "slow", ao=80, mo=77)
+    assert server.command("generate", slow, cwd=tmp_path).returncode == 0
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "chainexec.client", "run", str(slow), "--quiet"], cwd=tmp_path,
+                            env=server.env, stdout=subprocess.DEVNULL, stderr=write, text=True)
+    os.close(write)
+    began(server, proc)
+    time.sleep(0.3)
+    if stopped == "the server":
+        server.proc.send_signal(signal.SIGTERM)
+    else:
+        os.close(read)
+        proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+    assert server.proc.wait(60) == 143, server.text()
+    if stopped == "the server":
+        with os.fdopen(read) as f:
+            err = f.read()
+        assert err.startswith(stopsignals.line(signal.SIGTERM)), err
+        assert "the server (pid" in err and proc.returncode == 1, (proc.returncode, err)
+    else:
+        assert proc.returncode == 143 and "went away: the run is interrupted, as by SIGTERM" in server.text()
+    assert not (tmp_path / "slow-files" / "output.h5").exists() and served(server) == 0
+
+
 def test_one_server_per_socket_and_stop_without_one(server, tmp_path):
     again = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=server.env, capture_output=True,
                            text=True, timeout=120)
