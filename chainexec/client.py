@@ -261,45 +261,54 @@ def forward(argv: list[str]) -> int | None:
     sock = connect(path)
     if sock is None:
         return None
-    with sock:
-        try:
-            sock.settimeout(ANSWER)
-            send(sock, request)
-            answer, _ = receive(sock)
-            if not answer or not answer.get("accepted"):
+    # SIGINT and SIGTERM stop the command as they stop a run in its own process (which watches
+    # them, :func:`chainexec.stopsignals.watch`), also where this process began with SIGINT
+    # ignored (a non-interactive shell's background job), where Python would leave it ignored;
+    # a served run's server is told which came
+    stopped = [signal.SIGINT]
+
+    def terminated(number, frame):
+        stopped[0] = number
+        raise KeyboardInterrupt
+
+    previous = [signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, terminated)]
+    handed = False  # the streams sent: the run is the server's to stop from then on
+    try:
+        with sock:
+            try:
+                sock.settimeout(ANSWER)
+                send(sock, request)
+                answer, _ = receive(sock)
+                if not answer or not answer.get("accepted"):
+                    return None
+                # the streams only to a server that has accepted: one that never answers (stopped,
+                # wedged) would otherwise hold them, and a pipe this command writes to, after it
+                # gave up; a signal waits until ``handed`` says whether they went
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+                try:
+                    send(sock, {"streams": True}, [0, 1, 2])
+                    handed = True
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                sock.settimeout(None)
+            except (OSError, ValueError):
                 return None
-            # the streams only to a server that has accepted: one that never answers (stopped,
-            # wedged) would otherwise hold them, and a pipe this command writes to, after it gave up
-            send(sock, {"streams": True}, [0, 1, 2])
-            sock.settimeout(None)
-        except (OSError, ValueError):
-            return None
-        except KeyboardInterrupt:  # before the server had the streams: nothing of the run began
-            from chainexec import stopsignals
+            except KeyboardInterrupt:
+                if handed:
+                    return _interrupted(sock, stopped[0])
+                from chainexec import stopsignals  # before the server had the streams: nothing began
 
-            print(stopsignals.line(signal.SIGINT, argv[0] == "run"), end="", file=sys.stderr, flush=True)
-            return 130
-        # SIGINT and SIGTERM interrupt the served run as they do a run in its own process (which
-        # watches them, :func:`chainexec.stopsignals.watch`), also where this process began with
-        # SIGINT ignored (a non-interactive shell's background job), where Python would leave it
-        # ignored; the server is told which came
-        stopped = [signal.SIGINT]
-
-        def terminated(number, frame):
-            stopped[0] = number
-            raise KeyboardInterrupt
-
-        previous = [signal.signal(signal.SIGINT, signal.default_int_handler),
-                    signal.signal(signal.SIGTERM, terminated)]
-        try:
-            done, _ = receive(sock)
-        except KeyboardInterrupt:
-            return _interrupted(sock, stopped[0])
-        except (OSError, ValueError):
-            done = None
-        finally:
-            for number, handler in zip((signal.SIGINT, signal.SIGTERM), previous):
-                signal.signal(number, handler)
+                print(stopsignals.line(stopped[0], argv[0] == "run"), end="", file=sys.stderr, flush=True)
+                return stopsignals.STATUS[stopped[0]]
+            try:
+                done, _ = receive(sock)
+            except KeyboardInterrupt:
+                return _interrupted(sock, stopped[0])
+            except (OSError, ValueError):
+                done = None
+    finally:
+        for number, handler in zip((signal.SIGINT, signal.SIGTERM), previous):
+            signal.signal(number, handler)
     if done is None or not isinstance(done.get("status"), int):
         print(f"chainexec: the server (pid {answer.get('pid')}) ended during the run; no output was "
               "completed (its own output says why)", file=sys.stderr)

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -294,26 +295,46 @@ def test_the_peer_of_a_socket_is_this_user():
         assert client.peer_uid(left) == client.peer_uid(right) == os.getuid()
 
 
+FORWARD = """
+import signal, sys
+from chainexec import client
+before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+status = client.forward(["run", "x.yaml", "--quiet"])
+print((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before)
+sys.exit(status)
+"""
+
+
 @pytest.mark.parametrize("case", ["served", "stopped by SIGTERM", "SIGTERM after the run returned"])
-def test_a_served_client_names_its_signal_and_restores_its_handlers(tmp_path, monkeypatch, case):
-    """A served client sent SIGTERM tells the server which signal came and ends with 143 once the
-    server has stopped the run, or with the run's status where the server answers one (the
-    command had returned, its outputs in place); its handlers of SIGINT and SIGTERM are the
-    process's own again once it returns."""
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-
-    def serve(conn, seen):
-        client.send(conn, {"accepted": True, "pid": 1})
-        _, fds = client.receive(conn, fds=3)
-        for fd in fds:
-            os.close(fd)
-        if case != "served":
-            os.kill(os.getpid(), signal.SIGTERM)
-            seen["note"], _ = client.receive(conn)
-        if case != "stopped by SIGTERM":
-            client.send(conn, {"status": 0})
-
-    status, seen = _forwarded(tmp_path, monkeypatch, serve)
-    assert status == (143 if case == "stopped by SIGTERM" else 0)
+def test_a_served_client_names_its_signal_and_restores_its_handlers(tmp_path, case):
+    """A served client (a process of its own) sent SIGTERM tells the server which signal came and
+    ends with 143 once the server has stopped the run, or with the run's status where the server
+    answers one (the command had returned, its outputs in place); its handlers of SIGINT and
+    SIGTERM are the process's own again once ``forward`` returns."""
+    tmp_path.chmod(0o700)
+    seen = {}
+    with _listening(tmp_path / "serve.sock") as listener:
+        proc = subprocess.Popen([sys.executable, "-c", FORWARD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=dict(os.environ, **{client.SOCKET: str(tmp_path / "serve.sock")},
+                                                    PYTHONPATH=os.getcwd()))
+        try:
+            listener.settimeout(60)
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(60)
+                client.receive(conn, fds=3)
+                client.send(conn, {"accepted": True, "pid": 1})
+                _, fds = client.receive(conn, fds=3)
+                for fd in fds:
+                    os.close(fd)
+                if case != "served":
+                    proc.send_signal(signal.SIGTERM)
+                    seen["note"], _ = client.receive(conn)
+                if case != "stopped by SIGTERM":
+                    client.send(conn, {"status": 0})
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == (143 if case == "stopped by SIGTERM" else 0), err
     assert seen.get("note") == (None if case == "served" else {"signal": signal.SIGTERM})
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert out.strip() == "True", (out, err)
