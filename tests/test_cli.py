@@ -742,3 +742,17 @@ def test_generate_refuses_one_dataset_seeded_with_and_without_a_symmetry(tmp_pat
     cfg["outputs"] = {"D": {"file": "out.h5", "dataset": "D"}}
     config = write_config(tmp_path, cfg)
     assert_refused(run_cli("generate", config), "both name dataset 'A'", "declared symmetry")
+
+
+@pytest.mark.parametrize("args, line", [
+    (("run", "--frob", "x.yaml"), "chainexec run: unrecognized arguments: --frob (see chainexec run -h)"),
+    (("--frob", "run", "x.yaml"), "chainexec: unrecognized arguments: --frob (see chainexec -h)"),
+    (("run",), "chainexec run: the following arguments are required: config (see chainexec run -h)"),
+    (("frob",), "chainexec: argument command: invalid choice: 'frob'"),
+])
+def test_a_bad_command_line_is_named_once_with_its_help(args, line):
+    """A command line argparse refuses: one line, status 2, the program named once (not
+    ``chainexec: chainexec run:``) with the help of the subcommand the option belongs to."""
+    proc = run_cli(*args)
+    assert_refused(proc, line)
+    assert proc.stderr.startswith(line.split(":")[0] + ":") and "chainexec: chainexec" not in proc.stderr
