@@ -6,6 +6,7 @@ makes a file or a rename durable (checkpoints: a node crash after it must not un
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -82,11 +83,18 @@ def replacing(path: str | os.PathLike, durable: bool = False):
             _PENDING.discard(tmp.absolute())
 
 
-def probe(path: Path) -> None:
+def probe(path: Path, folders_made: bool = False) -> None:
     """Make a file of a fresh name beside ``path`` and remove it at once (no file of the user's
     is touched): an :class:`OSError` where no file can be written in its folder, found before
-    a command computes what it would write there."""
-    fd, made = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+    a command computes what it would write there. ``folders_made``: the command makes ``path``'s
+    missing folders itself, so the nearest folder that exists is probed (where they would be
+    made; one that is a file is ``NotADirectoryError``)."""
+    folder = Path(path).absolute().parent
+    if folders_made:
+        folder = next(p for p in (folder, *folder.parents) if p.exists())
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+    fd, made = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
     os.close(fd)
     os.unlink(made)
 

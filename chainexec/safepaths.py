@@ -159,9 +159,8 @@ def owner(folder: Path) -> str | None:
     """What chainexec made the marked ``folder`` as (``what`` of :func:`make_owned`: :data:`SCRATCH`,
     :data:`CHECKPOINT`, :func:`parts_made`), from its mark's first line; None where the mark is
     missing, cannot be read or is not one :func:`make_owned` wrote."""
-    try:
-        first = (Path(folder) / MARK).read_text(errors="replace").partition("\n")[0]
-    except OSError:
+    first = _mark_line(folder)
+    if first is None:
         return None
     for ending in (_REMOVED, _EMPTIED):
         head, ended, _ = first.partition(ending)
@@ -179,10 +178,15 @@ made, a mount point, a job's ``$TMPDIR``): :func:`remove_owned` empties it and l
 
 def adopted(folder: Path) -> bool:
     """Whether the marked ``folder`` is a user's, given empty (:data:`_EMPTIED`)."""
+    return (_mark_line(folder) or "").endswith(_EMPTIED)
+
+
+def _mark_line(folder: Path) -> str | None:
+    """The first line of ``folder``'s mark; None where it cannot be read."""
     try:
-        return (Path(folder) / MARK).read_text(errors="replace").partition("\n")[0].endswith(_EMPTIED)
+        return (Path(folder) / MARK).read_text(errors="replace").partition("\n")[0]
     except OSError:
-        return False
+        return None
 
 
 def make_owned(folder: Path, what: str) -> None:

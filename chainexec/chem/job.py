@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
 import math
 import os
 import shutil
@@ -271,11 +270,8 @@ def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ChainexecError("--out is a file, not a folder", str(out))
     if not out.exists():  # its folders are made where nothing can be written: said as such, first
-        there = safepaths.nearest_existing(out)
         try:
-            if not there.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-            atomicfile.probe(there / out.name)
+            atomicfile.probe(out, folders_made=True)
         except OSError as err:
             raise ChainexecError(f"cannot create folder ({err.strerror or err})", str(out)) from None
 

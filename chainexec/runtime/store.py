@@ -22,7 +22,6 @@ takes the sealed blocks and the closed versions back (:meth:`Store.resume`).
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import os
 import re
@@ -182,11 +181,8 @@ def check_writable(files, what: str = "output path") -> None:
     leaves no folder behind). A run whose files cannot be written is refused before it computes
     anything. ``what`` names the path in the error (``output path``, ``--report-json file``)."""
     for path in map(Path, files):
-        there = safepaths.nearest_existing(path.parent)
         try:
-            if not there.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(there))
-            atomicfile.probe(there / path.name)
+            atomicfile.probe(path, folders_made=True)
         except OSError as err:
             raise ChainexecError(f"{what} is not writable ({err.strerror or err})", str(path)) from None
 
