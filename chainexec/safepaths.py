@@ -246,14 +246,17 @@ def unlock(folder: Path) -> None:
 def remove_owned(folder: Path) -> None:
     """Remove ``folder`` with everything in it, only where it carries chainexec's mark (its
     lock let go first: a file held open on NFS would stay as a ``.nfs`` file and keep it); a
-    user's folder given empty (:func:`adopted`) is emptied, its mark last, and stays."""
+    user's folder given empty (:func:`adopted`) is emptied, its mark last, and stays. A
+    symbolic link is followed, as :func:`make_owned` follows it to mark the folder it names:
+    that folder is removed or emptied, and the link stays."""
+    folder = resolved(folder)
     if not is_owned(folder):
         return
     unlock(folder)
-    if not adopted(folder) or Path(folder).is_symlink():  # rmtree leaves a link, and what it names
+    if not adopted(folder):
         shutil.rmtree(folder, ignore_errors=True)
         return
-    for entry in Path(folder).iterdir():
+    for entry in folder.iterdir():
         if entry.name == MARK:
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -262,7 +265,7 @@ def remove_owned(folder: Path) -> None:
             with contextlib.suppress(OSError):
                 entry.unlink()
     with contextlib.suppress(OSError):
-        (Path(folder) / MARK).unlink()
+        (folder / MARK).unlink()
 
 
 _REMOVING: list[threading.Thread] = []

@@ -322,6 +322,28 @@ def test_a_users_empty_scratch_folder_is_emptied_not_removed(user_folder):
     assert not folder.exists()
 
 
+@pytest.mark.parametrize("target", ["empty", "missing"])
+def test_a_scratch_folder_named_through_a_link_is_left_as_found(target, user_folder):
+    """Scratch named as a symbolic link: the folder it names serves the run and is left as it
+    was before, the link too. A user's empty folder is emptied, its mark with it (a mark left
+    there would make the next run take the folder, and what the user puts in it, for
+    chainexec's own); a folder the run made where the link pointed at nothing is removed."""
+    work = user_folder.parent
+    folder = work / "mytmp"
+    if target == "empty":
+        folder.mkdir()
+    (work / "sc").symlink_to("mytmp")
+    config = _edit(user_folder, scratch="sc")
+    proc = run_cli("run", config, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "sc").is_symlink()
+    assert (folder.is_dir() and list(folder.iterdir()) == []) if target == "empty" else not folder.exists()
+    if target == "empty":
+        (folder / "results.txt").write_text("precious")
+        assert_refused(run_cli("run", _edit(user_folder, scratch="mytmp"), "--quiet"), "holds files chainexec did not make")
+        assert (folder / "results.txt").read_text() == "precious"
+
+
 def test_a_users_folder_left_marked_by_a_killed_run_is_emptied_in_place(tmp_path):
     """The mark a killed run left in a user's folder says to empty it: the next run's removal
     (here a parts folder moved aside) empties it where it is and leaves it."""
