@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the backend whose device memory a config without machine.device_memory plans for")
     p.add_argument("--plot", metavar="FILE.png", help="draw the alternatives weighed (needs matplotlib)")
     p.add_argument("--schedule", help="use this alternative instead of the cheapest, e.g. 'unfused'")
-    p.add_argument("--ranks", type=_count, default=1, help="plan for this many MPI ranks (run plans for its own)")
+    p.add_argument("--ranks", type=_ranks, default=1,
+                   help=f"plan for this many MPI ranks, at most {MAX_RANKS:,} (run plans for its own)")
     p.add_argument("--no-inline", dest="inline", action="store_false", help=NO_INLINE)
     p.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
                    help="plan again and keep nothing (by default the plan is read from, or kept in, the plan "
@@ -125,6 +126,19 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"end after this many seconds without a run (default {server.IDLE:g})")
     s.add_argument("--stop", action="store_true", help="end the server that answers, once its run in progress ends")
     return ap
+
+
+MAX_RANKS = 1 << 20
+"""Ranks ``plan --ranks`` plans for at most: beyond any machine's GPUs, and a bound on the
+planning's work and memory, which grow with the ranks."""
+
+
+def _ranks(text: str) -> int:
+    """``plan --ranks``: a count (:func:`_count`) of at most :data:`MAX_RANKS`."""
+    value = _count(text)
+    if value > MAX_RANKS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_RANKS:,}, not {text!r}")
+    return value
 
 
 def _count(text: str) -> int:

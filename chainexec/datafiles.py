@@ -31,27 +31,102 @@ def check_regular(path: str, what: str) -> None:
         raise ChainexecError(f"is {kind}, not a file ({what})", path)
 
 
+LOCKED = ("is open for writing in another program (HDF5's file lock): let it finish or close the file, "
+          "then run again")
+"""What a file another process holds open for writing is told as (:func:`locked`)."""
+
+
+def locked(err: OSError) -> bool:
+    """Whether HDF5 refused to open a file because another process holds it (its file lock:
+    a writer's, or a reader's where this open writes)."""
+    return "unable to lock file" in str(err)
+
+
+def _fill(ds: h5py.Dataset) -> str:
+    """The fill value HDF5 reads where ``ds`` was never written, as shown in messages; a dataset
+    made without one (``H5Pset_fill_value`` given NULL) reads undefined values there."""
+    try:
+        return repr(getattr(ds.fillvalue, "item", lambda: ds.fillvalue)())
+    except (RuntimeError, OSError):
+        return "(undefined)"
+
+
+def find(f: h5py.Group, name: str, path: str):
+    """The object ``name`` in the open file ``f`` (at ``path``), None where there is none; a
+    ChainexecError where the file's metadata cannot be read (h5py's ``get`` reads damage as
+    absence)."""
+    try:
+        return f[name] if name in f else None
+    except (KeyError, RuntimeError) as err:
+        raise ChainexecError(f"cannot open {name!r}: the file is damaged or holds what h5py cannot read "
+                             f"({err.args[0] if err.args else err})", path) from None
+
+
 def check_written(ds: h5py.Dataset, path: str, what: str) -> None:
     """Refuse a dataset stored in its file (not virtual, not in external raw files) whose
     storage was never written, or, chunked, some of whose chunks were not: HDF5 returns its fill
     value there, and a run would take those for the input's values and finish with a result
     that looks complete (what a writer stopped part way, or a dataset made and never filled,
-    leaves). Contiguous storage is allocated whole by the first write, compact storage with
-    the dataset; a chunk when first written."""
+    leaves). Contiguous storage is allocated whole by the first write (or by the dataset's
+    creation, where it asks for early allocation), compact storage with the dataset; a chunk
+    when first written. A contiguous or compact dataset written in part cannot be told from
+    one written whole: its storage holds the fill value where nothing was written."""
     if ds.size == 0 or ds.is_virtual or ds.external:
         return
-    name, fill = ds.name.lstrip("/"), getattr(ds.fillvalue, "item", lambda: ds.fillvalue)()
+    name = ds.name.lstrip("/")
     if ds.chunks is None:
         if ds.id.get_storage_size() == 0:
             raise ChainexecError(f"dataset {name!r} ({what}) was never written: HDF5 would read its fill value "
-                                 f"{fill!r} for every element", path)
+                                 f"{_fill(ds)} for every element", path)
         return
     chunks = math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks))
     written = ds.id.get_num_chunks()
     if written < chunks:
         raise ChainexecError(f"dataset {name!r} ({what}) is not wholly written: {chunks - written} of its {chunks} "
-                             f"chunks never were, where HDF5 would read its fill value {fill!r} "
+                             f"chunks never were, where HDF5 would read its fill value {_fill(ds)} "
                              "(a writer stopped part way?)", path)
+
+
+def check_mapped(ds: h5py.Dataset, path: str, what: str) -> None:
+    """Refuse a virtual dataset whose mappings select fewer elements than it holds: HDF5 reads
+    its fill value where no source is mapped (a layout made for a larger set of sources, or
+    with none). Mappings that overlap and leave a gap between them are not told apart."""
+    mapped = sum(source.vspace.get_select_npoints() for source in ds.virtual_sources())
+    if mapped < ds.size:
+        raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} ({what}) is a virtual dataset whose sources map "
+                             f"{mapped} of its {ds.size} elements, where HDF5 would read its fill value {_fill(ds)}",
+                             path)
+
+
+def check_virtual(ds: h5py.Dataset, path: str, what: str, seen: set | None = None) -> None:
+    """Refuse a virtual dataset where HDF5 would read its fill value for some elements: where
+    they are not mapped (:func:`check_mapped`), where a source is missing (an output copied
+    without its ``.parts/`` folder reads as NaN) or not wholly written (:func:`check_written`:
+    a source whose writer stopped part way reads as zeros); a virtual source's own sources
+    likewise."""
+    seen = set() if seen is None else seen
+    name = ds.name.lstrip("/")
+    check_mapped(ds, path, what)
+    holder = ds.file.filename  # the file an external link leads to, where one does
+    for source in ds.virtual_sources():
+        file = holder if source.file_name == "." else os.path.join(os.path.dirname(holder), source.file_name)
+        where = (os.path.realpath(file), source.dset_name.lstrip("/"))
+        if where in seen:
+            continue
+        seen.add(where)
+        missing = ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset whose source "
+                                 f"{source.file_name}:{source.dset_name} is missing (copied without its "
+                                 f"{os.path.basename(path)}.parts folder?)", path)
+        try:
+            with h5py.File(file, "r") as f:
+                found = f[where[1]] if where[1] in f else None
+                if not isinstance(found, h5py.Dataset):
+                    raise missing
+                check_written(found, file, f"a source of dataset {name!r}, {what}")
+                if found.is_virtual:
+                    check_virtual(found, file, f"a source of dataset {name!r}, {what}", seen)
+        except (OSError, RuntimeError, KeyError):
+            raise missing from None
 
 
 def of(path: str, dataset: str) -> list[str]:

@@ -218,7 +218,8 @@ def local(backend: str, ranks: int) -> list[Figures]:
     """The figures of ``ranks`` ranks all on this host, for planning without MPI: this process's,
     each rank on the GPU its local rank takes (their free memory taken to be this one's)."""
     mine = here(backend, 0, ranks)
-    return [mine if mine.gpu is None else replace(mine, gpu_index=r % mine.gpus) for r in range(ranks)]
+    alike = [mine] if mine.gpu is None else [replace(mine, gpu_index=g) for g in range(mine.gpus)]
+    return [alike[r % len(alike)] for r in range(ranks)]
 
 
 def gather(comm, backend: str) -> list[Figures | str] | None:
@@ -299,7 +300,7 @@ def _device(figures: list[Figures], usable: dict[str, int]) -> Limit:
         if f.gpu is not None:
             sharing[f.host, f.gpu_index] = sharing.get((f.host, f.gpu_index), 0) + 1
     shares = []
-    for f in figures:
+    for f in dict.fromkeys(figures):  # ranks alike (a plan's for many on one host) have one share
         if f.gpu is None:
             share = int(usable[f.host] * NUMPY_DEVICE_SHARE) // f.host_ranks
             detail = (f"{format_size(f.host_memory)} host memory available ({f.host_memory_from}) on {f.host}, less "

@@ -639,15 +639,19 @@ def _added(path: Path) -> str | None:
 
 def _is_chainexec_output(path: Path) -> bool:
     """Whether ``path`` is an HDF5 file chainexec wrote complete (its ``chainexec_complete``
-    attribute set)."""
+    attribute set); one another program holds open for writing is refused."""
     import h5py
+
+    from chainexec import datafiles
 
     try:
         if not h5py.is_hdf5(path):
             return False
         with h5py.File(path, "r") as f:
             return bool(f.attrs.get("chainexec_complete", False))
-    except OSError:
+    except OSError as err:
+        if datafiles.locked(err):
+            raise ChainexecError(f"the output {datafiles.LOCKED}", str(path)) from None
         return False
 
 

@@ -9,6 +9,7 @@ item's line (:func:`compose`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -40,7 +41,15 @@ class _Loader(yaml.SafeLoader):
     - a mapping that repeats a key (``yaml.safe_load`` keeps the last value silently), keys
       compared as the values they stand for (``1`` and ``0x1`` are one key); ``<<`` merge keys
       and the keys they merge in are YAML's overriding, not repeats.
+
+    Booleans are YAML 1.2's: ``true`` and ``false`` alone. YAML 1.1's others (``yes``, ``no``,
+    ``on``, ``off``) are text, so that names such as ``no`` (occupied orbitals) and ``on`` are
+    names, not ``False`` and ``True``; a flag written ``yes`` is refused as not true or false.
     """
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -81,6 +90,10 @@ class _Loader(yaml.SafeLoader):
                                    key.start_mark)
                 first[value] = key.start_mark.line + 1
         return node
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 
 
 def _compose(text: str):

@@ -84,10 +84,12 @@ def _input_dataset(spec: Spec, name: str, f: h5py.File, path: str) -> h5py.Datas
     """Input ``name``'s dataset in its open file ``f`` (at ``path``): there, written, and of the
     tensor's dtype and stored shape, else a ChainexecError naming ``path``."""
     t = spec.tensors[name]
-    ds = f.get(t.source.dataset)
+    ds = datafiles.find(f, t.source.dataset, path)
     if not isinstance(ds, h5py.Dataset):
         raise ChainexecError(f"no dataset {t.source.dataset!r} (input of tensor {name})", path)
     datafiles.check_written(ds, path, f"input of tensor {name}")
+    if ds.is_virtual:
+        datafiles.check_virtual(ds, path, f"input of tensor {name}")
     stored = _stored(t.layout, spec.shape(name))
     if ds.shape != stored or ds.dtype != np.dtype(t.dtype):
         raise ChainexecError(f"dataset {t.source.dataset!r} holds {ds.dtype} values of shape {ds.shape}, but "
@@ -179,7 +181,7 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
     out = next(o for o in spec.outputs if o.tensor == name)
     if not f.attrs.get(COMPLETE, False):
         raise ChainexecError("output is not marked complete", path)
-    ds = f.get(out.dataset)
+    ds = datafiles.find(f, out.dataset, path)
     if not isinstance(ds, h5py.Dataset):
         raise ChainexecError(f"no dataset {out.dataset!r} (output {name})", path)
     t = spec.tensors[name]

@@ -267,6 +267,22 @@ def held_by_another(folder: Path, made_as: str = "test"):
         holder.communicate("")
 
 
+@contextlib.contextmanager
+def h5_held_for_writing(path: Path):
+    """The HDF5 file at ``path`` open for writing in another process while the block runs (as a
+    writer that has not finished), a dataset ``mine`` of 1000 values written into it; the file is
+    closed, with ``mine`` in it, when the block ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, h5py, numpy as np; f = h5py.File(sys.argv[1], 'a'); "
+         "f['mine'] = np.arange(1000.0); f.flush(); print('held', flush=True); sys.stdin.read(); f.close()",
+         str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.communicate("")
+
+
 def busiest_counted(nest_body, extents: dict[str, int], ranks: int) -> float:
     """The busiest rank's share of a nest's one parallel loop, counted by walking its runs: each
     run's device tiles (the outer loops' ranges, over whole extents, cut into the loop's tiles),

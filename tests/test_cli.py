@@ -244,6 +244,19 @@ def test_plan_for_several_ranks(tmp_path):
     assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_plan_for_a_million_ranks_detects_limits_once_per_kind_of_rank(tmp_path):
+    """Memory detected for ``plan --ranks N``: the ranks alike are one figure, not N (a
+    hundred million ranks took the host's memory); more than MAX_RANKS is refused in one line."""
+    from chainexec import cli
+
+    cfg = fourindex_config()
+    del cfg["machine"]
+    config = write_config(tmp_path, cfg)
+    r = run_cli("plan", config, "--ranks", cli.MAX_RANKS, "--no-plan-cache", timeout=120)
+    assert r.returncode == 0 and f"{cli.MAX_RANKS} ranks: disk" in r.stdout, r.stderr
+    assert_refused(run_cli("plan", config, "--ranks", cli.MAX_RANKS + 1), "--ranks", "at most 1,048,576")
+
+
 REFUSED_RUNS = {
     "no_plan": (lambda config, tmp: config.write_text(config.read_text().replace("device_memory: 3KiB",
                                                                                  "device_memory: 8")),

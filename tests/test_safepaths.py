@@ -18,7 +18,7 @@ import pytest
 
 from chainexec import safepaths
 from chainexec.errors import ChainexecError
-from tests.conftest import assert_refused, fourindex_config, held_by_another, run_cli, write_config
+from tests.conftest import assert_refused, fourindex_config, h5_held_for_writing, held_by_another, run_cli, write_config
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -140,6 +140,17 @@ def test_a_folder_another_run_made_is_neither_used_nor_written_into(case, finish
     assert_refused(run_cli("run", config, "--quiet", *options), needle)
     assert _snapshot(work.parent) == before
     assert run_cli("verify", finished_user_folder).returncode == 0
+
+
+def test_an_output_another_program_is_writing_is_named_so(finished_user_folder):
+    """An earlier output that another program holds open for writing (HDF5's file lock): the
+    run is refused as before, and the line says why, not that chainexec did not write the file;
+    the file keeps what the other program wrote."""
+    output = finished_user_folder.parent / "out" / "result.h5"
+    with h5_held_for_writing(output):
+        assert_refused(run_cli("run", finished_user_folder, "--quiet"), "result.h5", "open for writing in another program")
+    with h5py.File(output, "r") as f:
+        assert f["mine"][999] == 999.0
 
 
 def test_a_plot_inside_a_folder_chainexec_made_is_refused(finished_user_folder):

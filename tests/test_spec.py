@@ -255,3 +255,21 @@ def test_computed_source_rate_is_kept_apart_from_its_parameters():
     s = spec.loads(COMPUTED % ", bytes_per_second: 3200000000.0", "/tmp/computed.yaml")
     source = s.tensors["A"].source
     assert source.bytes_per_second == 3.2e9 and "bytes_per_second" not in dict(source.parameters)
+
+
+@pytest.mark.parametrize("word", ["no", "on", "off", "yes", "NO", "On"])
+def test_yaml_1_1_booleans_are_names(word):
+    """YAML 1.1 reads ``no``, ``on``, ``off`` and ``yes`` as booleans, so a range named ``no``
+    (occupied orbitals) was refused as "range name False"; the config is read with YAML 1.2's
+    booleans, and they are names."""
+    s = spec.loads(BASE.replace("ranges: {occ: 3", f"ranges: {{{word}: 3").replace("i: occ, j: occ",
+                                                                                 f"i: {word}, j: {word}"), "c.yaml")
+    assert s.extents == {"i": 3, "j": 3, "a": 5, "b": 5, "k": 4}
+
+
+def test_a_flag_written_yes_is_refused_as_not_true_or_false():
+    text = BASE.replace("T: {file: out.h5, dataset: T}", "T: {file: out.h5, dataset: T, allow_nonfinite: yes}")
+    with pytest.raises(ChainexecError, match="allow_nonfinite is true or false, not 'yes'"):
+        spec.loads(text, "c.yaml")
+    assert spec.loads(text.replace(": yes}", ": True}"), "c.yaml").outputs[0].allow_nonfinite
+

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from chainexec import atomicfile, safepaths, spec, stopsignals
+from chainexec import atomicfile, safepaths, spec, specyaml, stopsignals
 from chainexec.chem.layout import AO2MO_INDICES, INDICES, SYNTHETIC_IN_MEMORY
 from chainexec.pairs import npair
 from chainexec.errors import ChainexecError
@@ -323,7 +323,7 @@ def _template(template: str | Path, kind: Job, detected: bool = False) -> tuple[
     except UnicodeDecodeError:
         raise ChainexecError("the config template is not UTF-8 text", where) from None
     lines = spec.loads(text, where).lines
-    cfg = yaml.safe_load(text)
+    cfg = specyaml.compose(text, where)[0]
     ranges, wanted = list(cfg.get("ranges", {})), sorted(set(kind.ranges.values()))
     if sorted(ranges) != wanted:
         raise ChainexecError(f"the template's ranges ({', '.join(ranges) or 'none'}) are not the {kind.name} job's "

@@ -16,7 +16,7 @@ from chainexec.planner.layout import relayout
 from chainexec.planner.machine import Machine
 from chainexec.planner import ordered, packed, record, resume
 from chainexec.planner.order import binarize, strategy
-from chainexec.planner.choose import choose
+from chainexec.planner.choose import choose, least_limit
 from chainexec.planner.keep import keep
 from chainexec.planner.pipeline import deepen
 from chainexec.planner.plan import Contraction, Nest, Plan, TensorInfo
@@ -24,6 +24,7 @@ from chainexec.planner.schedule import Context, split_for_ranks
 from chainexec.planner.symmetry import mark
 from chainexec.planner.tiling import minimal_footprint
 from chainexec.spec import DTYPES, Spec, format_size
+from chainexec.spectypes import MAX_SIZE
 
 
 def contractions(spec: Spec) -> tuple[list[Contraction], dict[str, TensorInfo], dict[str, int]]:
@@ -141,9 +142,14 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
                              "(chainexec.api.plan takes them from the machine where the config has none)", spec.path)
     # The contraction whose smallest tiling needs the most: a limit below it fits no plan, and
     # naming a smaller contraction's need would send the user through one refusal per contraction.
-    need, largest = max((minimal_footprint(c, tensors[c.out].itemsize, extents), -k) for k, c in enumerate(cs))
+    bound, _ = max((minimal_footprint(c, tensors[c.out].itemsize, extents), -k) for k, c in enumerate(cs))
     for level in ("global", "device"):
-        if limits[level] < need:
+        if limits[level] < bound:
+            # the bound leaves out the buffers a computed operand's inputs take: the need named is
+            # the least limit with a tiling of every contraction, the other level unbounded
+            other = {"global": "device", "device": "global"}[level]
+            ctx = Context(cs, tensors, extents, {level: limits[level], other: MAX_SIZE}, machine, False, inline)
+            need, largest = max(((least_limit(ctx, c.id, level) or MAX_SIZE), -k) for k, c in enumerate(cs))
             shown = [format_size(limits[level]), format_size(need)]
             if shown[0] == shown[1]:  # equal once rounded: the bytes themselves
                 shown = [f"{limits[level]:,} B", f"{need:,} B"]

@@ -104,7 +104,7 @@ def check_inputs(plan: Plan) -> None:
                         if swapped else
                         f"dataset {t.source['dataset']!r} has dtype {ds.dtype} but tensor {t.name} is {t.dtype}", path)
                 if ds.is_virtual:
-                    _check_sources(ds, path, t.name)
+                    datafiles.check_virtual(ds, path, f"input of tensor {t.name}")
                 datafiles.check_written(ds, path, f"input of tensor {t.name}")
                 remaining = ds.nbytes  # the bytes the external files' segments hold, in order
                 for raw, offset, size in ds.external or ():
@@ -116,7 +116,11 @@ def check_inputs(plan: Plan) -> None:
                 if t.source.get("permutations"):
                     _check_symmetric(ds, t, path)
         except OSError as err:
-            raise ChainexecError(f"cannot read as HDF5 ({err})", path) from None
+            raise ChainexecError(datafiles.LOCKED if datafiles.locked(err) else f"cannot read as HDF5 ({err})",
+                                 path) from None
+        except RuntimeError as err:  # h5py's word for damaged metadata, or an undefined value it reads
+            raise ChainexecError(f"cannot read as HDF5: the file is damaged or holds what h5py cannot read ({err})",
+                                 path) from None
 
 
 SYMMETRY_SAMPLES = 64
@@ -151,26 +155,6 @@ def _check_symmetric(ds: h5py.Dataset, t: TensorInfo, path: str) -> None:
                 f"tensor {t.name} is declared symmetric, but dataset {t.source['dataset']!r} is not: "
                 f"{t.name}{list(point)} = {a!r} and {t.name}{list(image)} = {b!r}; the run would take one for the "
                 "other: fix the values (seeded ones: `chainexec generate` again) or the declaration", path)
-
-
-def _check_sources(ds: h5py.Dataset, path: str, tensor: str) -> None:
-    """Every source of a virtual dataset exists (HDF5 would read a missing one as its fill
-    value: an output copied without its ``.parts/`` folder reads as NaN)."""
-    holder = ds.file.filename  # the file an external link leads to, where one does
-    names: dict[str, set[str] | None] = {}  # a source file's datasets (None: unreadable)
-    for source in ds.virtual_sources():
-        file = holder if source.file_name == "." else os.path.join(os.path.dirname(holder), source.file_name)
-        if file not in names:
-            try:
-                with h5py.File(file, "r") as f:
-                    names[file] = set()
-                    f.visit(names[file].add)
-            except OSError:
-                names[file] = None
-        if names[file] is None or source.dset_name.lstrip("/") not in names[file]:
-            raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} (input of tensor {tensor}) is a virtual dataset whose "
-                                 f"source {source.file_name}:{source.dset_name} is missing (copied without its "
-                                 f"{os.path.basename(path)}.parts folder?)", path)
 
 
 def check_writable(files, what: str = "output path") -> None:
@@ -308,7 +292,9 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
     (keeping the datasets the config does not write), and once every file is written they are
     renamed into place, so that a failure (a full disk at the last file, a bad dataset name)
     leaves every file as it was: no config's inputs half there, which ``generate --missing``
-    refuses to complete."""
+    refuses to complete. An existing file is held open for reading from before its copy until
+    its copy has replaced it: HDF5's file lock then refuses a writer meanwhile (whose writes the
+    copy would not hold), and a file a writer holds already is refused."""
     inputs = [t for t in plan.tensors.values() if t.from_file()]
     for t in inputs:
         if "seed" not in t.source:
@@ -324,8 +310,9 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
             for path, group in by_file.items():
                 file = group[0].source["file"]
                 path.parent.mkdir(parents=True, exist_ok=True)
+                held = renamed.enter_context(h5py.File(path, "r")) if path.exists() else None
                 tmp = renamed.enter_context(atomicfile.replacing(path))
-                if path.exists():
+                if held is not None:
                     shutil.copyfile(path, tmp)
                     shutil.copymode(path, tmp)
                 with h5py.File(tmp, "a") as f:
@@ -333,6 +320,8 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
                         _write_random(f, t, rows_per_block)
                 written += [f"{t.source['file']}:{t.source['dataset']}" for t in group]
     except OSError as err:
+        if datafiles.locked(err):
+            raise ChainexecError(datafiles.LOCKED, file) from None
         raise ChainexecError(f"cannot write the inputs ({err.strerror or err})", file) from None
     return written
 

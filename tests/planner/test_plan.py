@@ -166,6 +166,29 @@ def test_a_limit_too_small_for_any_plan_names_what_the_plan_needs(tmp_path):
     assert plan("6280B").predicted["memory_peak"]["device"] <= 6280
 
 
+@pytest.mark.parametrize("level", ["device", "global"])
+def test_a_limit_too_small_names_what_a_computed_operands_inputs_need_too(tmp_path, level):
+    """A computed operand's own inputs take buffers beside the contraction's three: the refusal
+    named the three's need (24 B), and that limit was refused again (32 B); it names the limit
+    that plans."""
+    def plan(size):
+        return make_plan(spec.load(write_config(tmp_path, {
+            "indices": {"m": 2, "p": 7, "b": 2},
+            "tensors": {"I0": {"indices": ["m", "b"], "source": {"random": 20}},
+                        "I2": {"indices": ["m"], "source": {"random": 52}},
+                        "X": {"indices": ["m", "p"], "source": {"expr": "-1 * I2[m]"}}},
+            "statements": ["T0[p,b] = I0[m,b] * X[m,p]"], "outputs": {"T0": {"file": "out.h5", "dataset": "T0"}},
+            "machine": {"global_memory": "1GiB", "device_memory": "1GiB", f"{level}_memory": size}})))
+
+    with pytest.raises(ChainexecError, match=rf"{level}_memory = 1 B is too small for any plan: .* needs at least "
+                                             r"(\d+) B") as refused:
+        plan("1B")
+    need = int(refused.value.args[0].rpartition("at least ")[2].split()[0])
+    assert plan(f"{need}B").predicted["memory_peak"][level] <= need
+    with pytest.raises(ChainexecError, match=f"(raise machine.{level}_memory to|needs at least) {need} B"):
+        plan(f"{need - 1}B")
+
+
 def test_flops_and_contractions(tmp_path):
     plan = make_plan(spec.load(write_config(tmp_path, fourindex_config(n=10, nmo=8))))
     assert len(plan.contractions) == 4
