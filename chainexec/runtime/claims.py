@@ -50,6 +50,9 @@ class Claims:
         self.streams = streams
         self.settle = settle
         self.counter: TaskCounter | None = None
+        # the counter's value where the next parallel loop's tiles begin, the same on every rank;
+        # None after a resumable loop, whose fences leave it unknown (the next loop resets it)
+        self.base: int | None = 0
         self.checkpoints = 0  # checkpoints written by this run
         # where a resumed run goes on: (nest, position of the loop, -1 at the nest's start)
         self.resume_at = (0, -1)
@@ -60,9 +63,10 @@ class Claims:
         self.early = np.zeros(COUNTS, np.int64)
 
     def start(self) -> None:
-        """Make the task counter (collective), with dynamic balance."""
+        """Make the task counter (collective), with dynamic balance: it starts at 0."""
         if self.balance == "dynamic":
             self.counter = TaskCounter(self.comm)
+            self.base = 0
 
     def free(self) -> None:
         """Free the task counter (collective)."""
@@ -81,18 +85,28 @@ class Claims:
         in ``frame``), with checkpoints where it checkpoints (:meth:`resumable`)."""
         if self.checkpointed(loop, where):
             return self.resumable(loop, where, count, frame)
-        if self.counter is not None:
+        if self.counter is not None and self.base is None:
             self.counter.reset()
+            self.base = 0
         return self.claim(count)
 
     def claim(self, count: int):
         """This rank's iterations of a parallel loop of ``count``: from the shared counter as it
-        frees up (dynamic), or every size-th one (static)."""
+        frees up (dynamic), or every size-th one (static).
+
+        The counter is not reset between loops (a reset is two barriers, thousands of them in a
+        plan of small tiles): every rank takes tiles until its claim returns one past the last,
+        so a loop moves the counter by its ``count`` plus one claim per rank, and every rank
+        knows where the next loop's tiles begin. The barrier before each parallel loop
+        (:meth:`chainexec.runtime.executor.Executor._wait`) keeps one loop's claims from
+        mixing with the next's."""
         if self.counter is None:
             yield from range(self.comm.rank, count, self.comm.size)
             return
-        while (n := self.counter.next()) < count:
+        base = self.base
+        while (n := self.counter.next() - base) < count:
             yield n
+        self.base = base + count + self.comm.size
 
     def checkpointed(self, loop: Loop, where: tuple[int, int] | None) -> bool:
         """Whether ``loop`` (at ``where``) checkpoints: a resumable loop (``Loop.resume``), not
@@ -134,6 +148,7 @@ class Claims:
                 mine[...] = kept
             start, prior = saved["done"], np.array(saved["counts"], np.int64)
         self.counter.reset(start)
+        self.base = None  # its fences leave the counter where no rank can tell
         base = self.counters.counts()
         taken = 0  # tiles rank 0 took since the last checkpoint: each checkpoint follows progress
         while True:
