@@ -25,7 +25,7 @@ import numpy as np
 from chainexec import calibrate, detect, machinecache, plancache, report, safepaths, stopsignals
 from chainexec import spec as spec_mod
 from chainexec.detect import Limit
-from chainexec.errors import ChainexecError, RankFailed, of_machine
+from chainexec.errors import ChainexecError, RankFailed, of_machine, say
 from chainexec.planner.machine import Machine
 from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
@@ -243,7 +243,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
 
     bound = sum(comm.gather(hostcopy.bound_narrowly(), root=0) or [])
     if bound:
-        print(f"chainexec: note: {hostcopy.narrow_note(bound, comm.size)}", file=sys.stderr, flush=True)
+        say(f"chainexec: note: {hostcopy.narrow_note(bound, comm.size)}")
     calibration = on_rank0(comm, limits_and_rates)
     calibrating = time.perf_counter()
     if calibration is not None:
@@ -272,8 +272,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             kept = (ck.digest, ck.saved)
             if not (any(isinstance(node, Loop) and node.resume for nest in p.nests for node in nest.body)
                     or any(nest.checkpoint_after for nest in p.nests[:-1])):
-                print(f"chainexec: note: no resumable loop or nest end in this plan (see `chainexec plan`); "
-                      f"{checkpoint} will hold nothing until the run's end", file=sys.stderr)
+                say(f"chainexec: note: no resumable loop or nest end in this plan (see `chainexec plan`); "
+                    f"{checkpoint} will hold nothing until the run's end")
         return text, kept, cached, _record(limits, record)
 
     text, kept, cached, record = on_rank0(comm, prepare)
@@ -434,7 +434,7 @@ def _end_all(comm, err: Exception):
     if comm.size == 1 or getattr(err, "collective", False):
         raise err
     if isinstance(err, ChainexecError):
-        print(f"chainexec: rank {comm.rank}: {err}", file=sys.stderr, flush=True)
+        say(f"chainexec: rank {comm.rank}: {err}")
     else:
         traceback.print_exc()
         sys.stderr.flush()

@@ -62,7 +62,7 @@ from statistics import geometric_mean
 import numpy as np
 
 from chainexec import atomicfile, safepaths, userfiles
-from chainexec.errors import ArgumentParser, ChainexecError
+from chainexec.errors import ArgumentParser, ChainexecError, say
 from chainexec.plancache import tree_digest
 from chainexec.planner.plan import Contraction
 from chainexec.provenance import provenance
@@ -145,8 +145,8 @@ def time_together(fns: dict, budget_s: float, min_reps: int = 3, max_reps: int =
     times = rounds(fns, watch.ms, budget_s, min_reps, max_reps, hopeless_ms)
     for key, fn in fns.items():
         if id(fn) in watch.unheld:
-            print(f"{key}: timed with the host's time to issue it (its work was not queued within "
-                  f"{HOLD_S} s: it waits for the device)", file=sys.stderr)
+            say(f"{key}: timed with the host's time to issue it (its work was not queued within "
+                f"{HOLD_S} s: it waits for the device)")
     return times
 
 

@@ -18,7 +18,7 @@ from typing import NoReturn
 from chainexec import atomicfile, calibrate, server, stopsignals
 from chainexec.chem import job
 from chainexec.chem.job import MOLECULES
-from chainexec.errors import ArgumentParser, ChainexecError, RankFailed, of_machine
+from chainexec.errors import ArgumentParser, ChainexecError, RankFailed, of_machine, say
 from chainexec.runtime import comm, fdtable, warmup
 
 
@@ -263,7 +263,7 @@ def _main(args) -> int:
                                  reports={"--report-json": args.report_json, "--plot": args.plot})
             except Stopped as stop:
                 if _rank() == 0:
-                    print(f"chainexec: {stop}", file=sys.stderr)
+                    say(f"chainexec: {stop}")
                 return 3
             if result["run"]["rank"] == 0:
                 print(report.comparison(result["predicted"], result["measured"]))
@@ -282,17 +282,17 @@ def _main(args) -> int:
                     report.plot_run(result["predicted"], result["measured"], args.plot)
             if not report.matches(result["predicted"], result["measured"]):
                 if result["run"]["rank"] == 0:
-                    print("chainexec: measured movement, peaks, flops or streamed bytes differ from the prediction "
-                          "(a bug)", file=sys.stderr)
+                    say("chainexec: measured movement, peaks, flops or streamed bytes differ from the prediction "
+                        "(a bug)")
                 return 1
     except ChainexecError as err:
         if args.command != "run" or _rank() == 0:
-            print(f"chainexec: {err}", file=sys.stderr)
+            say(f"chainexec: {err}")
         return 2
     except (OSError, MemoryError) as err:  # a full disk or too little memory, outside a run's steps
         if of_machine(err) is None:
             raise
-        print(f"chainexec: {of_machine(err)}", file=sys.stderr)
+        say(f"chainexec: {of_machine(err)}")
         return 2
     except RankFailed:
         return 1

@@ -10,10 +10,20 @@ chainexec and keeps its traceback.
 import argparse
 import errno
 import re
+import sys
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 """Line breaks and the blanks around them, which a message quoting another library's (HDF5's
 spans lines) would carry."""
+
+
+def say(line: str) -> None:
+    """``line`` on stderr, with its newline, in one write, flushed: the lines of several ranks
+    that fail at once each stay whole where the launcher joins their streams, also where
+    Python's streams are unbuffered (``PYTHONUNBUFFERED``, ``python -u``), under which ``print``
+    writes a text and its newline apart."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 class ChainexecError(Exception):

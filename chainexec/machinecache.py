@@ -31,12 +31,11 @@ import json
 import os
 import platform
 import re
-import sys
 from dataclasses import fields
 from pathlib import Path
 
 from chainexec import diskstore, userfiles
-from chainexec.errors import ChainexecError
+from chainexec.errors import ChainexecError, say
 from chainexec.planner.machine import Machine
 
 MACHINE = "CHAINEXEC_MACHINE"
@@ -172,6 +171,5 @@ def announce(ident: dict) -> None:
     """Say on stderr, in one line, that this machine has no calibration yet and a quick one is
     made now."""
     where = path(ident)
-    print(f"chainexec: no calibration of {ident['host']} ({ident['gpu']}) for this software in {where.parent}: "
-          f"measuring a quick one (up to 10 s) into {where.name}; `chainexec calibrate` refreshes it",
-          file=sys.stderr, flush=True)
+    say(f"chainexec: no calibration of {ident['host']} ({ident['gpu']}) for this software in {where.parent}: "
+        f"measuring a quick one (up to 10 s) into {where.name}; `chainexec calibrate` refreshes it")

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from chainexec import client, stopsignals
-from chainexec.errors import ChainexecError
+from chainexec.errors import ChainexecError, say
 
 IDLE = 900.0
 """Seconds without a request after which a server ends, by default."""
@@ -110,8 +110,8 @@ def _serve(idle: float, path: Path) -> None:
     # both interrupt (a shell starts a background job with SIGINT ignored; _watch sends it), a
     # run in progress as that signal interrupts a run of its own (stopsignals.served)
     previous = [signal.signal(n, _interrupt) for n in (signal.SIGINT, signal.SIGTERM)]
-    print(f"chainexec: serving runs at {path} (pid {os.getpid()}); ends after {idle:g} s without one, "
-          "or at `chainexec serve --stop`", file=sys.stderr, flush=True)
+    say(f"chainexec: serving runs at {path} (pid {os.getpid()}); ends after {idle:g} s without one, "
+        "or at `chainexec serve --stop`")
     try:
         while True:
             try:
@@ -137,7 +137,7 @@ def _serve(idle: float, path: Path) -> None:
             state.log.close()
         except OSError:
             pass
-    print("chainexec: the server ended", file=sys.stderr, flush=True)
+    say("chainexec: the server ended")
 
 
 def stop(path: Path | None = None) -> int | None:

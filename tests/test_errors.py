@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from chainexec.errors import MACHINE_ERRNOS, ChainexecError, of_machine
+from chainexec.errors import MACHINE_ERRNOS, ChainexecError, of_machine, say
 
 
 @pytest.mark.parametrize("code", sorted(MACHINE_ERRNOS))
@@ -53,3 +53,31 @@ def test_hdf5_errors_on_a_file_keep_their_errno(tmp_path):
     with pytest.raises(OSError) as failed:
         h5py.File(tmp_path / "sub" / ("x" * 300 + ".h5"), "w")
     assert failed.value.errno == errno.ENAMETOOLONG and of_machine(failed.value) is not None
+
+
+def test_a_line_said_is_one_write_where_the_stream_is_unbuffered(monkeypatch):
+    """Under PYTHONUNBUFFERED (or ``python -u``, as batch scripts often run Python) ``print``
+    writes a line's text and its newline in two writes, and the lines of ranks that fail at
+    once ran together where the launcher joins their streams; a line said is one write."""
+    import io
+    import sys
+
+    class Raw(io.RawIOBase):
+        def __init__(self):
+            self.writes = []
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes.append(bytes(b))
+            return len(b)
+
+    raw = Raw()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))
+    print("chainexec: rank 1: printed", file=sys.stderr, flush=True)
+    assert len(raw.writes) == 2  # what an unbuffered stream does with print
+    raw.writes.clear()
+    say("chainexec: rank 1: said")
+    assert raw.writes == [b"chainexec: rank 1: said\n"]
+
