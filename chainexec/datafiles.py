@@ -7,6 +7,8 @@ not a regular file, a dataset whose values were never (wholly) written."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 import stat
@@ -33,13 +35,21 @@ def check_regular(path: str, what: str) -> None:
 
 LOCKED = ("is open for writing in another program (HDF5's file lock): let it finish or close the file, "
           "then run again")
-"""What a file another process holds open for writing is told as (:func:`locked`)."""
+"""What a file another process holds open for writing is told as (:func:`lock_refusal`)."""
 
 
-def locked(err: OSError) -> bool:
-    """Whether HDF5 refused to open a file because another process holds it (its file lock:
-    a writer's, or a reader's where this open writes)."""
-    return "unable to lock file" in str(err)
+def lock_refusal(err: OSError) -> str | None:
+    """What to tell of HDF5's refusal to open a file for its file lock, None where ``err`` is
+    not one: another process holds the file (its lock: a writer's, or a reader's where this
+    open writes; errno 11), or the file system takes no locks (NFS without its lock daemon:
+    errno 37 or 38), where HDF5 must be told not to lock."""
+    text = str(err)
+    if "unable to lock file" not in text:
+        return None
+    if "errno = 11," in text:
+        return LOCKED
+    return (f"the file system refuses HDF5's file lock ({text.partition('unable to lock file, ')[2].rstrip(')')}): "
+            "where it takes no locks, set HDF5_USE_FILE_LOCKING=FALSE")
 
 
 def _fill(ds: h5py.Dataset) -> str:
@@ -62,7 +72,8 @@ def find(f: h5py.Group, name: str, path: str):
                              f"({err.args[0] if err.args else err})", path) from None
 
 
-def check_written(ds: h5py.Dataset, path: str, what: str) -> None:
+def check_written(ds: h5py.Dataset, path: str, what: str, within: tuple | None = None,
+                  chunks: dict | None = None) -> None:
     """Refuse a dataset stored in its file (not virtual, not in external raw files) whose
     storage was never written, or, chunked, some of whose chunks were not: HDF5 returns its fill
     value there, and a run would take those for the input's values and finish with a result
@@ -70,7 +81,11 @@ def check_written(ds: h5py.Dataset, path: str, what: str) -> None:
     leaves). Contiguous storage is allocated whole by the first write (or by the dataset's
     creation, where it asks for early allocation), compact storage with the dataset; a chunk
     when first written. A contiguous or compact dataset written in part cannot be told from
-    one written whole: its storage holds the fill value where nothing was written."""
+    one written whole: its storage holds the fill value where nothing was written.
+
+    ``within``: only the box of elements (first and last index per axis) that a read takes (a
+    virtual dataset's mapping of this source) must be written; ``chunks``: where the written
+    chunks of partly written datasets are kept between calls (:func:`_written_chunks`)."""
     if ds.size == 0 or ds.is_virtual or ds.external:
         return
     name = ds.name.lstrip("/")
@@ -79,54 +94,102 @@ def check_written(ds: h5py.Dataset, path: str, what: str) -> None:
             raise ChainexecError(f"dataset {name!r} ({what}) was never written: HDF5 would read its fill value "
                                  f"{_fill(ds)} for every element", path)
         return
-    chunks = math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks))
+    needed = math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks))
     written = ds.id.get_num_chunks()
-    if written < chunks:
-        raise ChainexecError(f"dataset {name!r} ({what}) is not wholly written: {chunks - written} of its {chunks} "
-                             f"chunks never were, where HDF5 would read its fill value {_fill(ds)} "
-                             "(a writer stopped part way?)", path)
+    if written == needed:
+        return
+    if within is not None:
+        box = [(a // c, b // c) for a, b, c in zip(*within, ds.chunks)]
+        needed = math.prod(b - a + 1 for a, b in box)
+        found = _written_chunks(ds, chunks if chunks is not None else {})
+        written = (sum(index in found for index in itertools.product(*(range(a, b + 1) for a, b in box)))
+                   if needed <= len(found) else
+                   sum(all(a <= k <= b for k, (a, b) in zip(index, box)) for index in found))
+    if written < needed:
+        raise ChainexecError(f"dataset {name!r} ({what}) is not wholly written: {needed - written} of its "
+                             f"{needed} chunks {'that a read takes ' if within is not None else ''}never were, where "
+                             f"HDF5 would read its fill value {_fill(ds)} (a writer stopped part way?)", path)
+
+
+def _written_chunks(ds: h5py.Dataset, kept: dict) -> set:
+    """The chunks of ``ds`` written (each its index per axis), kept in ``kept`` under the
+    dataset's file and name: a virtual dataset maps parts of one source many times."""
+    key = (ds.file.filename, ds.name)
+    if key not in kept:
+        offsets = []
+        try:
+            ds.id.chunk_iter(lambda info: offsets.append(info.chunk_offset))
+        except NotImplementedError:  # HDF5 before 1.14: one call a chunk
+            offsets = [ds.id.get_chunk_info(k).chunk_offset for k in range(ds.id.get_num_chunks())]
+        kept[key] = {tuple(o // c for o, c in zip(offset, ds.chunks)) for offset in offsets}
+    return kept[key]
 
 
 def check_mapped(ds: h5py.Dataset, path: str, what: str) -> None:
     """Refuse a virtual dataset whose mappings select fewer elements than it holds: HDF5 reads
     its fill value where no source is mapped (a layout made for a larger set of sources, or
-    with none). Mappings that overlap and leave a gap between them are not told apart."""
-    mapped = sum(source.vspace.get_select_npoints() for source in ds.virtual_sources())
+    with none). Mappings that overlap and leave a gap between them are not told apart, nor
+    those of unlimited extent (HDF5 cannot count what they select)."""
+    try:
+        mapped = sum(source.vspace.get_select_npoints() for source in ds.virtual_sources())
+    except (RuntimeError, ValueError):  # an unlimited selection
+        return
     if mapped < ds.size:
         raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} ({what}) is a virtual dataset whose sources map "
                              f"{mapped} of its {ds.size} elements, where HDF5 would read its fill value {_fill(ds)}",
                              path)
 
 
-def check_virtual(ds: h5py.Dataset, path: str, what: str, seen: set | None = None) -> None:
+def check_virtual(ds: h5py.Dataset, path: str, what: str) -> None:
     """Refuse a virtual dataset where HDF5 would read its fill value for some elements: where
     they are not mapped (:func:`check_mapped`), where a source is missing (an output copied
-    without its ``.parts/`` folder reads as NaN) or not wholly written (:func:`check_written`:
-    a source whose writer stopped part way reads as zeros); a virtual source's own sources
-    likewise."""
-    seen = set() if seen is None else seen
+    without its ``.parts/`` folder reads as NaN) or not written where it is mapped
+    (:func:`check_written`: a source whose writer stopped part way reads as zeros); a virtual
+    source's own sources likewise. Each source file is opened once, however many of its
+    datasets are mapped (an output's shard holds one dataset per block)."""
+    with contextlib.ExitStack() as files:
+        _check_virtual(ds, path, what, {}, files, {}, set())
+
+
+def _check_virtual(ds: h5py.Dataset, path: str, what: str, opened: dict, files: contextlib.ExitStack,
+                   chunks: dict, seen: set) -> None:
+    """:func:`check_virtual` of ``ds``, its source files kept open in ``opened`` (their real path
+    → the open file, None where it cannot be opened) until ``files`` closes them; ``seen``: the
+    (file, dataset, box) mappings checked, ``chunks`` as for :func:`check_written`."""
     name = ds.name.lstrip("/")
     check_mapped(ds, path, what)
     holder = ds.file.filename  # the file an external link leads to, where one does
     for source in ds.virtual_sources():
         file = holder if source.file_name == "." else os.path.join(os.path.dirname(holder), source.file_name)
-        where = (os.path.realpath(file), source.dset_name.lstrip("/"))
-        if where in seen:
+        real, dataset = os.path.realpath(file), source.dset_name.lstrip("/")
+        try:
+            box = source.src_space.get_select_bounds()
+        except (RuntimeError, ValueError):  # an unlimited selection: the source's whole
+            box = None
+        if (real, dataset, box) in seen:
             continue
-        seen.add(where)
+        seen.add((real, dataset, box))
         missing = ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset whose source "
                                  f"{source.file_name}:{source.dset_name} is missing (copied without its "
                                  f"{os.path.basename(path)}.parts folder?)", path)
+        if real not in opened:
+            try:
+                opened[real] = files.enter_context(h5py.File(file, "r"))
+            except (OSError, RuntimeError) as err:
+                refusal = lock_refusal(err) if isinstance(err, OSError) else None
+                if refusal is not None:
+                    raise ChainexecError(refusal, file) from None
+                opened[real] = None
         try:
-            with h5py.File(file, "r") as f:
-                found = f[where[1]] if where[1] in f else None
-                if not isinstance(found, h5py.Dataset):
-                    raise missing
-                check_written(found, file, f"a source of dataset {name!r}, {what}")
-                if found.is_virtual:
-                    check_virtual(found, file, f"a source of dataset {name!r}, {what}", seen)
-        except (OSError, RuntimeError, KeyError):
-            raise missing from None
+            found = None if opened[real] is None else opened[real][dataset]
+        except (KeyError, RuntimeError):
+            found = None
+        if not isinstance(found, h5py.Dataset):
+            raise missing
+        source_of = f"a source of dataset {name!r}, {what}"
+        check_written(found, file, source_of, box, chunks)
+        if found.is_virtual:
+            _check_virtual(found, file, source_of, opened, files, chunks, seen)
 
 
 def of(path: str, dataset: str) -> list[str]:

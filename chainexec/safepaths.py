@@ -650,8 +650,9 @@ def _is_chainexec_output(path: Path) -> bool:
         with h5py.File(path, "r") as f:
             return bool(f.attrs.get("chainexec_complete", False))
     except OSError as err:
-        if datafiles.locked(err):
-            raise ChainexecError(f"the output {datafiles.LOCKED}", str(path)) from None
+        refusal = datafiles.lock_refusal(err)
+        if refusal is not None:
+            raise ChainexecError(f"the output: {refusal}", str(path)) from None
         return False
 
 

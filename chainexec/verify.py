@@ -67,8 +67,9 @@ def _input(spec: Spec, name: str, region=None) -> np.ndarray:
             if t.layout != "dense":  # read whole, unpacked here
                 return dense(ds[()], t.layout, shape, tuple(slice(a, b) for a, b in region))
             return ds[tuple(slice(a, b) for a, b in region)]
-    except (OSError, KeyError) as err:
-        raise ChainexecError(f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
+    except (OSError, KeyError, RuntimeError) as err:
+        raise ChainexecError(datafiles.lock_refusal(err) if isinstance(err, OSError) and datafiles.lock_refusal(err)
+                             else f"cannot read dataset {t.source.dataset!r} ({err})", path) from None
 
 
 def _input_path(spec: Spec, name: str) -> str:

@@ -267,15 +267,20 @@ def held_by_another(folder: Path, made_as: str = "test"):
         holder.communicate("")
 
 
+HDF5_LOCKING = {"HDF5_USE_FILE_LOCKING": "TRUE"}
+"""HDF5's file locking on, as it is by default, whatever the environment the tests run in says:
+the tests of files held by another program need it."""
+
+
 @contextlib.contextmanager
 def h5_held_for_writing(path: Path):
     """The HDF5 file at ``path`` open for writing in another process while the block runs (as a
-    writer that has not finished), a dataset ``mine`` of 1000 values written into it; the file is
-    closed, with ``mine`` in it, when the block ends."""
+    writer that has not finished; HDF5's file locking on), a dataset ``mine`` of 1000 values
+    written into it; the file is closed, with ``mine`` in it, when the block ends."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, h5py, numpy as np; f = h5py.File(sys.argv[1], 'a'); "
          "f['mine'] = np.arange(1000.0); f.flush(); print('held', flush=True); sys.stdin.read(); f.close()",
-         str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+         str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ, **HDF5_LOCKING))
     try:
         assert holder.stdout.readline().strip() == "held"
         yield holder.pid

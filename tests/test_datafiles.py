@@ -7,6 +7,7 @@ import os
 
 import h5py
 import numpy as np
+import pytest
 
 from chainexec import datafiles
 from tests.conftest import fourindex_config, run_cli, write_config
@@ -58,3 +59,17 @@ def test_the_data_files_of_an_output_are_its_shards(tmp_path):
     files = datafiles.of(str(result), "B")
     assert files[0] == str(result) and len(sources) > 0
     assert {os.path.realpath(x) for x in files[1:]} == sources
+
+
+@pytest.mark.parametrize("text, said", [
+    ("Unable to synchronously open file (unable to lock file, errno = 11, error message = 'Resource temporarily "
+     "unavailable')", "open for writing in another program"),
+    ("Unable to synchronously open file (unable to lock file, errno = 37, error message = 'No locks available')",
+     "errno = 37, error message = 'No locks available'): where it takes no locks, set HDF5_USE_FILE_LOCKING=FALSE"),
+    ("Unable to synchronously open file (file signature not found)", None)])
+def test_a_refused_lock_is_told_by_its_errno(text, said):
+    """HDF5 refuses a file for its lock where another program holds it (errno 11), and where the
+    file system takes no locks (NFS without its lock daemon, errno 37 or 38), which no waiting
+    mends: each is told as what it is, and any other error is left to its own message."""
+    got = datafiles.lock_refusal(OSError(text))
+    assert got is None if said is None else said in got

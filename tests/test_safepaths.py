@@ -18,7 +18,8 @@ import pytest
 
 from chainexec import safepaths
 from chainexec.errors import ChainexecError
-from tests.conftest import assert_refused, fourindex_config, h5_held_for_writing, held_by_another, run_cli, write_config
+from tests.conftest import (HDF5_LOCKING, assert_refused, fourindex_config, h5_held_for_writing, held_by_another,
+                            run_cli, write_config)
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -148,7 +149,8 @@ def test_an_output_another_program_is_writing_is_named_so(finished_user_folder):
     the file keeps what the other program wrote."""
     output = finished_user_folder.parent / "out" / "result.h5"
     with h5_held_for_writing(output):
-        assert_refused(run_cli("run", finished_user_folder, "--quiet"), "result.h5", "open for writing in another program")
+        assert_refused(run_cli("run", finished_user_folder, "--quiet", env=HDF5_LOCKING), "result.h5",
+                       "open for writing in another program")
     with h5py.File(output, "r") as f:
         assert f["mine"][999] == 999.0
 

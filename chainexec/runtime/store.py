@@ -116,8 +116,7 @@ def check_inputs(plan: Plan) -> None:
                 if t.source.get("permutations"):
                     _check_symmetric(ds, t, path)
         except OSError as err:
-            raise ChainexecError(datafiles.LOCKED if datafiles.locked(err) else f"cannot read as HDF5 ({err})",
-                                 path) from None
+            raise ChainexecError(datafiles.lock_refusal(err) or f"cannot read as HDF5 ({err})", path) from None
         except RuntimeError as err:  # h5py's word for damaged metadata, or an undefined value it reads
             raise ChainexecError(f"cannot read as HDF5: the file is damaged or holds what h5py cannot read ({err})",
                                  path) from None
@@ -320,8 +319,9 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
                         _write_random(f, t, rows_per_block)
                 written += [f"{t.source['file']}:{t.source['dataset']}" for t in group]
     except OSError as err:
-        if datafiles.locked(err):
-            raise ChainexecError(datafiles.LOCKED, file) from None
+        refusal = datafiles.lock_refusal(err)
+        if refusal is not None:
+            raise ChainexecError(refusal, file) from None
         raise ChainexecError(f"cannot write the inputs ({err.strerror or err})", file) from None
     return written
 
