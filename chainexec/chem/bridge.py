@@ -69,6 +69,12 @@ def molecule(atoms: str, basis: str):
     from pyscf import gto  # optional dependency: extra "chem"
     from pyscf.lib.exceptions import BasisNotFoundError
 
+    if isinstance(basis, str) and os.path.exists(basis):
+        raise ValueError(f"the basis {basis!r} is a file here, which PySCF would read in place of its own basis of "
+                         "that name, and a run (the computed layout) reads again where it starts: give a basis name "
+                         "PySCF knows")
+    if re.fullmatch(r"\S+\.(xyz|zmat)", atoms, re.IGNORECASE) and not os.path.isfile(atoms):
+        raise ValueError("no such geometry file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PySCF's advice to install basis-set-exchange
@@ -100,6 +106,14 @@ def molecule(atoms: str, basis: str):
 
 MIN_DISTANCE = 0.1
 """Angstrom two atoms of a molecule must be apart at least (the shortest bond, H2's, is 0.74)."""
+
+
+def atom_text(mol) -> str:
+    """``mol``'s atoms as a PySCF atom string in Angstrom, each coordinate as Python writes a
+    float exactly: what a geometry file gave, written into a job's config and inputs, so that
+    a run does not read the file again (from where it starts, or after it changed)."""
+    return "; ".join(f"{mol.atom_symbol(i)} " + " ".join(map(repr, map(float, xyz)))
+                     for i, xyz in enumerate(mol.atom_coords(unit="Angstrom")))
 
 
 def first_line(err: Exception) -> str:

@@ -138,7 +138,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         mol, what = _molecule(molecule, basis), f"{molecule!r} in {basis}"
         extents = _extents(kind, mol, options.get("frozen", 0), what)
     layout = options.get("layout", "s8") if kind.name == "ao2mo" else None
-    source = None if mol is None else {"atoms": MOLECULES.get(molecule.lower(), molecule), "basis": basis}
+    source = None if mol is None else {"atoms": mol.atom, "basis": basis}
     _config(cfg, kind, extents, template, lines, layout, source)
     if isinstance(out, str) and not out.strip():
         raise ChainexecError(f"--out {out!r}: an empty path; name the folder (. for this one)")
@@ -352,11 +352,15 @@ def _synthetic(kind: Job, synthetic: tuple[int, int, int]) -> dict[str, int]:
 
 
 def _molecule(molecule: str, basis: str):
-    """PySCF's molecule (built, not solved; :func:`chainexec.chem.bridge.molecule`)."""
+    """PySCF's molecule (built, not solved; :func:`chainexec.chem.bridge.molecule`) of a name, an
+    atom string or a geometry file (which PySCF reads); a file's atoms are made an atom string
+    (:func:`chainexec.chem.bridge.atom_text`), the molecule's, config's and inputs'."""
     try:
         from chainexec.chem import bridge
 
-        return bridge.molecule(MOLECULES.get(molecule.lower(), molecule), basis)
+        atoms = MOLECULES.get(molecule.lower(), molecule)
+        mol = bridge.molecule(atoms, basis)
+        return bridge.molecule(bridge.atom_text(mol), basis) if os.path.isfile(atoms) else mol
     except ImportError:
         raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
     except ValueError as err:

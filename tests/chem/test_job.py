@@ -126,3 +126,56 @@ def test_an_out_folder_that_cannot_be_made_is_named_as_such(tmp_path, where):
     with pytest.raises(ChainexecError, match=r"cannot create folder \((Not a directory|No such file or directory)\)"):
         job.prepare("x", out, template=job.TEMPLATES["ccsd_t"], synthetic=(3, 5, 7))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+GEOMETRY = "3\nwater\nO 0 0 0.1173\nH 0 0.7572 -0.4692\nH 0 -0.7572 -0.4692\n"
+"""An XYZ file of water, as a user gives the molecule to `chainexec chem`."""
+
+
+def test_a_geometry_file_is_written_into_the_job_as_atoms(tmp_path, monkeypatch):
+    """PySCF reads a geometry file; the job kept its path, which the computed layout's run read
+    again from where it started (another file there: integrals of another molecule, exit 0),
+    and ``--missing`` compared paths (an edited file: the old inputs kept). The file's atoms are
+    the config's and the inputs'; run from another folder, the transform equals PySCF's of the
+    file's molecule within 1e-12; the file edited, ``--missing`` refuses the old inputs."""
+    h5py = pytest.importorskip("h5py")
+    pytest.importorskip("pyscf")
+    import numpy as np
+    from pyscf import ao2mo, gto
+
+    from tests.conftest import run_cli
+
+    (tmp_path / "geo").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "geo" / "w.xyz").write_text(GEOMETRY)
+    (tmp_path / "elsewhere" / "w.xyz").write_text(GEOMETRY.replace("0.7572 -0.4692", "0.9 -0.5"))
+    monkeypatch.chdir(tmp_path / "geo")
+    out = tmp_path / "job"
+    job.prepare("w.xyz", out, template=job.TEMPLATES["ao2mo"], job="ao2mo", basis="sto-3g", layout="computed")
+    assert "w.xyz" not in (out / "ao2mo.yaml").read_text()
+    proc = run_cli("run", out / "ao2mo.yaml", "--quiet", cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0, proc.stderr
+    mol = gto.M(atom=GEOMETRY.split("\n", 2)[2].replace("\n", "; ").strip("; "), basis="sto-3g", unit="Angstrom")
+    with h5py.File(out / "inputs.h5") as f, h5py.File(out / "output.h5") as g:
+        expected = ao2mo.full(mol, f["C"][()], compact=True)
+        assert np.max(np.abs(g["B"][()] - expected)) <= 1e-12 * np.max(np.abs(expected))
+    (tmp_path / "geo" / "w.xyz").write_text((tmp_path / "elsewhere" / "w.xyz").read_text())
+    with pytest.raises(ChainexecError, match="made for another job: atoms"):
+        job.prepare("w.xyz", out, template=job.TEMPLATES["ao2mo"], job="ao2mo", basis="sto-3g", layout="computed",
+                    missing=True)
+
+
+@pytest.mark.parametrize("given, needle", [("basis", "is a file here"), ("geometry", "no such geometry file")])
+def test_a_basis_file_or_a_missing_geometry_file_is_one_line(tmp_path, monkeypatch, given, needle):
+    """A basis given as a file (read again by a run from where it starts, and in place of
+    PySCF's own basis of that name) is refused; a geometry file that is not there is named as
+    such (PySCF read its name as an atom symbol)."""
+    pytest.importorskip("pyscf")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sto-3g").write_text("O    S\n      1.0   1.0\n")
+    molecule, basis = ("h2o", "sto-3g") if given == "basis" else ("gone.xyz", "sto-3g")
+    if given == "geometry":
+        (tmp_path / "sto-3g").unlink()
+    with pytest.raises(ChainexecError, match=needle):
+        job.prepare(molecule, tmp_path / "out", template=job.TEMPLATES["ao2mo"], job="ao2mo", basis=basis)
+    assert not (tmp_path / "out").exists()
