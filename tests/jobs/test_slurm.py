@@ -220,6 +220,21 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     assert (work / "energy.h5").read_bytes() == energy
 
 
+def test_a_ccsd_t_job_leaves_out_the_core_orbitals_it_is_told_to(tmp_path):
+    """FROZEN reaches ``chainexec chem --frozen`` (the job had no way to freeze the core without
+    editing the script): the inputs are made with that many core orbitals left out, and the
+    energy equals PySCF's frozen-core (T) energy of the same arrays."""
+    pytest.importorskip("pyscf")
+    import h5py
+
+    srun = "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
+    work = tmp_path / "w"
+    proc = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", FROZEN="1", WORKDIR=str(work))
+    assert proc.returncode == 0 and "energy check passed" in proc.stdout, proc.stdout + proc.stderr
+    with h5py.File(work / "inputs.h5") as f:
+        assert int(f.attrs["frozen"]) == 1
+
+
 @pytest.mark.parametrize("variable, value, said", [
     ("STOP_AFTER", "1h", "STOP_AFTER=1h is not a whole number of seconds"),
     ("STOP_AFTER", "1.5e3", "STOP_AFTER=1.5e3 is not a whole number of seconds"),
