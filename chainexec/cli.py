@@ -237,8 +237,9 @@ def _main(args) -> int:
             print(f"wrote {written}")
         elif args.command == "serve":
             if args.stop:
-                pid = server.stop()
-                print("no server answers" if pid is None else f"the server (pid {pid}) ends once its run ends")
+                stopped = server.stop()
+                print("no server answers" if stopped is None else
+                      f"the server (pid {stopped[0]}) ends " + ("once its run ends" if stopped[1] else "now"))
             else:
                 server.serve(idle=args.idle)
         elif args.command == "generate":

@@ -140,16 +140,17 @@ def _serve(idle: float, path: Path) -> None:
     say("chainexec: the server ended")
 
 
-def stop(path: Path | None = None) -> int | None:
+def stop(path: Path | None = None) -> tuple[int, bool] | None:
     """Ask the server at ``path`` (default :func:`chainexec.client.socket_path`) to end once its
-    run in progress, if any, has ended; its process id, or None where no server answers."""
+    run in progress, if any, has ended; its process id and whether a run was in progress, or
+    None where no server answers."""
     sock = client.connect(path)
     if sock is None:
         return None
     with sock:
         client.send(sock, {"stop": True})
         answer, _ = client.receive(sock)
-    return None if answer is None else answer.get("pid")
+    return None if answer is None else (answer.get("pid"), bool(answer.get("busy")))
 
 
 class _State:
@@ -233,7 +234,9 @@ def _take(conn: socket.socket, state: _State) -> None:
         conn.close()
         return
     if request.get("stop"):
-        _answer(conn, {"pid": os.getpid()})
+        with state.lock:
+            busy = state.busy
+        _answer(conn, {"pid": os.getpid(), "busy": busy})
         conn.close()
         _log(state, "asked to stop")
         state.queue.put(None)

@@ -332,6 +332,10 @@ def test_one_server_per_socket_and_stop_without_one(server, tmp_path):
     again = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve"], env=server.env, capture_output=True,
                            text=True, timeout=120)
     assert_refused(again, "already serves")
+    idle = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=server.env,
+                          capture_output=True, text=True, timeout=60)
+    assert idle.returncode == 0 and f"the server (pid {server.proc.pid}) ends now" in idle.stdout, idle.stdout
+    assert server.proc.wait(60) == 0
     server.close()
     stop = subprocess.run([sys.executable, "-m", "chainexec.cli", "serve", "--stop"], env=server.env,
                           capture_output=True, text=True, timeout=60)
