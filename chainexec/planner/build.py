@@ -153,6 +153,8 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
             shown = [format_size(limits[level]), format_size(need)]
             if shown[0] == shown[1]:  # equal once rounded: the bytes themselves
                 shown = [f"{limits[level]:,} B", f"{need:,} B"]
+            elif need >= 1024:  # the rounded size may be below the need: the bytes that plan too
+                shown[1] += f" ({need:,} B)"
             raise ChainexecError(
                 f"machine.{level}_memory = {shown[0]} is too small for any plan: contraction "
                 f"{cs[-largest].einsum()} needs at least {shown[1]}",
