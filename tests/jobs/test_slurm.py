@@ -201,38 +201,31 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     """Submitted again for the same molecule once finished, the job checks the energy it made
     without running again; for another molecule into the same WORKDIR, whose inputs are not
     that molecule's, it stops before running anything on them, where it would compute the
-    first molecule's energy and check it against that molecule's PySCF energy."""
-    pytest.importorskip("pyscf")
-    srun = "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
-    work = tmp_path / "w"
-    first = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", WORKDIR=str(work))
-    assert first.returncode == 0 and "energy check passed" in first.stdout, first.stdout + first.stderr
-    energy = (work / "energy.h5").read_bytes()
-    # submitted again once finished: the energy is checked, not made again (a run would first
-    # remove it and redo the whole (T))
-    again = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", WORKDIR=str(work))
-    assert again.returncode == 0 and "kept" in again.stdout and "energy check passed" in again.stdout, again.stderr
-    assert "energy.h5 is complete and newer than its inputs and config: checking it" in again.stdout
-    assert "gives MPI world size" not in again.stdout and (work / "energy.h5").read_bytes() == energy
-    other = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="n2", BASIS="sto-3g", WORKDIR=str(work))
-    assert other.returncode == 2, other.stdout + other.stderr
-    assert "made for another job: atoms" in other.stderr and "energy check" not in other.stdout
-    assert (work / "energy.h5").read_bytes() == energy
-
-
-def test_a_ccsd_t_job_leaves_out_the_core_orbitals_it_is_told_to(tmp_path):
-    """FROZEN reaches ``chainexec chem --frozen`` (the job had no way to freeze the core without
-    editing the script): the inputs are made with that many core orbitals left out, and the
-    energy equals PySCF's frozen-core (T) energy of the same arrays."""
+    first molecule's energy and check it against that molecule's PySCF energy. FROZEN reaches
+    ``chainexec chem --frozen`` (the job had no way to freeze the core)."""
     pytest.importorskip("pyscf")
     import h5py
 
     srun = "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
     work = tmp_path / "w"
-    proc = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", FROZEN="1", WORKDIR=str(work))
-    assert proc.returncode == 0 and "energy check passed" in proc.stdout, proc.stdout + proc.stderr
-    with h5py.File(work / "inputs.h5") as f:
+    first = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", FROZEN="1",
+                          WORKDIR=str(work))
+    assert first.returncode == 0 and "energy check passed" in first.stdout, first.stdout + first.stderr
+    with h5py.File(work / "inputs.h5") as f:  # FROZEN reached chem --frozen: the core left out
         assert int(f.attrs["frozen"]) == 1
+    energy = (work / "energy.h5").read_bytes()
+    # submitted again once finished: the energy is checked, not made again (a run would first
+    # remove it and redo the whole (T))
+    again = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", FROZEN="1",
+                          WORKDIR=str(work))
+    assert again.returncode == 0 and "kept" in again.stdout and "energy check passed" in again.stdout, again.stderr
+    assert "energy.h5 is complete and newer than its inputs and config: checking it" in again.stdout
+    assert "gives MPI world size" not in again.stdout and (work / "energy.h5").read_bytes() == energy
+    other = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="n2", BASIS="sto-3g", FROZEN="1",
+                          WORKDIR=str(work))
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "made for another job: atoms" in other.stderr and "energy check" not in other.stdout
+    assert (work / "energy.h5").read_bytes() == energy
 
 
 @pytest.mark.parametrize("variable, value, said", [
