@@ -268,7 +268,9 @@ def _interrupt(number, frame) -> None:
 
 def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
     """Run one request on this (the main) thread, answer its status and close the connection;
-    False where the server must end (a run that did not end normally). The client's standard
+    False where the server must end (a run that did not end normally, or a client of this
+    package whose files changed since the server started: no client of it can be served any
+    more). The client's standard
     streams come once it has been told its request is accepted (:func:`_streams`): a client
     that gave up waiting for the answer holds its own, and a pipe it writes to ends with it."""
     go_on = True
@@ -280,6 +282,9 @@ def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
         if reason:
             _answer(conn, {"refused": reason})
             _log(state, f"refused {what}: {reason}")
+            if request.get("code") != state.code and request.get("package") == client.package():
+                _log(state, "this package changed since the server started, which it can no longer serve: it ends")
+                return False
             return True
         _answer(conn, {"accepted": True, "pid": os.getpid()})
         fds = _streams(conn)

@@ -213,7 +213,8 @@ def test_a_client_in_another_environment_runs_itself(server, tmp_path):
 
 
 def test_other_code_runs_itself(tmp_path):
-    """A server started from a copy of the package refuses a client once a file of it changes."""
+    """A server started from a copy of the package refuses a client once a file of it changes,
+    and ends."""
     copy = tmp_path / "pkg"
     shutil.copytree(ROOT / "chainexec", copy / "chainexec", ignore=shutil.ignore_patterns("__pycache__"))
     srv = Server(python_path=str(copy))
@@ -228,6 +229,8 @@ def test_other_code_runs_itself(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "the package or Python differs" in srv.wait_for(lambda text: "refused" in text)
         assert served(srv) == 1
+        # the server can serve no client of this package any more: it ends (it refused every one)
+        assert srv.proc.wait(60) == 0 and "this package changed since the server started" in srv.text()
     finally:
         srv.close()
 
