@@ -7,7 +7,6 @@ not a regular file, a dataset whose values were never (wholly) written."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
@@ -72,8 +71,7 @@ def find(f: h5py.Group, name: str, path: str):
                              f"({err.args[0] if err.args else err})", path) from None
 
 
-def check_written(ds: h5py.Dataset, path: str, what: str, within: tuple | None = None,
-                  chunks: dict | None = None) -> None:
+def check_written(ds: h5py.Dataset, path: str, what: str, within=None, chunks: dict | None = None) -> None:
     """Refuse a dataset stored in its file (not virtual, not in external raw files) whose
     storage was never written, or, chunked, some of whose chunks were not: HDF5 returns its fill
     value there, and a run would take those for the input's values and finish with a result
@@ -83,9 +81,10 @@ def check_written(ds: h5py.Dataset, path: str, what: str, within: tuple | None =
     when first written. A contiguous or compact dataset written in part cannot be told from
     one written whole: its storage holds the fill value where nothing was written.
 
-    ``within``: only the box of elements (first and last index per axis) that a read takes (a
-    virtual dataset's mapping of this source) must be written; ``chunks``: where the written
-    chunks of partly written datasets are kept between calls (:func:`_written_chunks`)."""
+    ``within``: only the chunks that this selection of the dataset (a virtual dataset's mapping
+    of this source, an h5py dataspace) touches must be written (:func:`_touched`); ``chunks``:
+    where the written chunks of partly written datasets are kept between calls
+    (:func:`_written_chunks`)."""
     if ds.size == 0 or ds.is_virtual or ds.external:
         return
     name = ds.name.lstrip("/")
@@ -98,17 +97,32 @@ def check_written(ds: h5py.Dataset, path: str, what: str, within: tuple | None =
     written = ds.id.get_num_chunks()
     if written == needed:
         return
-    if within is not None:
-        box = [(a // c, b // c) for a, b, c in zip(*within, ds.chunks)]
-        needed = math.prod(b - a + 1 for a, b in box)
+    touched = None if within is None else _touched(within, ds.chunks)
+    if touched is not None:
+        needed = math.prod(map(len, touched))
         found = _written_chunks(ds, chunks if chunks is not None else {})
-        written = (sum(index in found for index in itertools.product(*(range(a, b + 1) for a, b in box)))
-                   if needed <= len(found) else
-                   sum(all(a <= k <= b for k, (a, b) in zip(index, box)) for index in found))
+        written = (sum(index in found for index in itertools.product(*touched)) if needed <= len(found) else
+                   sum(all(k in axis for k, axis in zip(index, touched)) for index in found))
     if written < needed:
         raise ChainexecError(f"dataset {name!r} ({what}) is not wholly written: {needed - written} of its "
-                             f"{needed} chunks {'that a read takes ' if within is not None else ''}never were, where "
-                             f"HDF5 would read its fill value {_fill(ds)} (a writer stopped part way?)", path)
+                             f"{needed} chunks {'that a read takes ' if touched is not None else ''}never were, "
+                             f"where HDF5 would read its fill value {_fill(ds)} (a writer stopped part way?)", path)
+
+
+def _touched(space, chunks: tuple[int, ...]) -> list[set[int]] | None:
+    """The chunk indices per axis that the selection ``space`` touches: exact for a regular
+    hyperslab (a product of one selection per axis: blocks of ``block`` every ``stride``), the
+    bounding box's for others; None where it cannot be told (an unlimited selection)."""
+    try:
+        if space.is_regular_hyperslab():
+            start, stride, count, block = space.get_regular_hyperslab()
+            return [{i // c for k in range(n) for i in range(s + k * step, s + k * step + b, c)}
+                    | {(s + k * step + b - 1) // c for k in range(n)}
+                    for s, step, n, b, c in zip(start, stride, count, block, chunks)]
+        lo, hi = space.get_select_bounds()
+    except (RuntimeError, ValueError, OverflowError):
+        return None
+    return [set(range(a // c, b // c + 1)) for a, b, c in zip(lo, hi, chunks)]
 
 
 def _written_chunks(ds: h5py.Dataset, kept: dict) -> set:
@@ -140,56 +154,49 @@ def check_mapped(ds: h5py.Dataset, path: str, what: str) -> None:
                              path)
 
 
-def check_virtual(ds: h5py.Dataset, path: str, what: str) -> None:
+def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = None,
+                  seen: set | None = None) -> None:
     """Refuse a virtual dataset where HDF5 would read its fill value for some elements: where
     they are not mapped (:func:`check_mapped`), where a source is missing (an output copied
     without its ``.parts/`` folder reads as NaN) or not written where it is mapped
     (:func:`check_written`: a source whose writer stopped part way reads as zeros); a virtual
-    source's own sources likewise. Each source file is opened once, however many of its
-    datasets are mapped (an output's shard holds one dataset per block)."""
-    with contextlib.ExitStack() as files:
-        _check_virtual(ds, path, what, {}, files, {}, set())
-
-
-def _check_virtual(ds: h5py.Dataset, path: str, what: str, opened: dict, files: contextlib.ExitStack,
-                   chunks: dict, seen: set) -> None:
-    """:func:`check_virtual` of ``ds``, its source files kept open in ``opened`` (their real path
-    → the open file, None where it cannot be opened) until ``files`` closes them; ``seen``: the
-    (file, dataset, box) mappings checked, ``chunks`` as for :func:`check_written`."""
+    source's own sources likewise. Each source file is opened once, for all of its datasets
+    that are mapped (an output's shard holds one dataset per block), and closed before the
+    next: a dataset over thousands of files holds no more of them open than it nests.
+    ``chunks``: as for :func:`check_written`; ``seen``: the virtual sources checked already."""
+    chunks, seen = ({} if chunks is None else chunks), (set() if seen is None else seen)
     name = ds.name.lstrip("/")
     check_mapped(ds, path, what)
     holder = ds.file.filename  # the file an external link leads to, where one does
+    by_file: dict[str, list] = {}
     for source in ds.virtual_sources():
         file = holder if source.file_name == "." else os.path.join(os.path.dirname(holder), source.file_name)
-        real, dataset = os.path.realpath(file), source.dset_name.lstrip("/")
+        by_file.setdefault(file, []).append(source)
+    source_of = f"a source of dataset {name!r}, {what}"
+    for file, sources in by_file.items():
+        def missing(source) -> ChainexecError:
+            return ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset whose source "
+                                  f"{source.file_name}:{source.dset_name} is missing (copied without its "
+                                  f"{os.path.basename(path)}.parts folder?)", path)
         try:
-            box = source.src_space.get_select_bounds()
-        except (RuntimeError, ValueError):  # an unlimited selection: the source's whole
-            box = None
-        if (real, dataset, box) in seen:
-            continue
-        seen.add((real, dataset, box))
-        missing = ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset whose source "
-                                 f"{source.file_name}:{source.dset_name} is missing (copied without its "
-                                 f"{os.path.basename(path)}.parts folder?)", path)
-        if real not in opened:
-            try:
-                opened[real] = files.enter_context(h5py.File(file, "r"))
-            except (OSError, RuntimeError) as err:
-                refusal = lock_refusal(err) if isinstance(err, OSError) else None
-                if refusal is not None:
-                    raise ChainexecError(refusal, file) from None
-                opened[real] = None
-        try:
-            found = None if opened[real] is None else opened[real][dataset]
-        except (KeyError, RuntimeError):
-            found = None
-        if not isinstance(found, h5py.Dataset):
-            raise missing
-        source_of = f"a source of dataset {name!r}, {what}"
-        check_written(found, file, source_of, box, chunks)
-        if found.is_virtual:
-            _check_virtual(found, file, source_of, opened, files, chunks, seen)
+            opened = h5py.File(file, "r")
+        except (OSError, RuntimeError) as err:
+            refusal = lock_refusal(err) if isinstance(err, OSError) else None
+            if refusal is not None:
+                raise ChainexecError(refusal, file) from None
+            raise missing(sources[0]) from None
+        with opened:
+            for source in sources:
+                try:
+                    found = opened[source.dset_name]
+                except (KeyError, RuntimeError):
+                    found = None
+                if not isinstance(found, h5py.Dataset):
+                    raise missing(source)
+                check_written(found, file, source_of, source.src_space, chunks)
+                if found.is_virtual and (os.path.realpath(file), found.name) not in seen:
+                    seen.add((os.path.realpath(file), found.name))
+                    check_virtual(found, file, source_of, chunks, seen)
 
 
 def of(path: str, dataset: str) -> list[str]:

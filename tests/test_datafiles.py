@@ -73,3 +73,28 @@ def test_a_refused_lock_is_told_by_its_errno(text, said):
     mends: each is told as what it is, and any other error is left to its own message."""
     got = datafiles.lock_refusal(OSError(text))
     assert got is None if said is None else said in got
+
+
+def test_a_virtual_dataset_over_more_files_than_a_process_may_open_is_checked(tmp_path):
+    """A virtual dataset over 300 source files (an output of many ranks and stripes), checked by
+    a process that may open 200 files: each file is closed once its mappings are checked (all of
+    them held open, the check ran out of descriptors and called the sources missing)."""
+    import subprocess
+    import sys
+
+    layout = h5py.VirtualLayout((300, 4), "f8")
+    for k in range(300):
+        with h5py.File(tmp_path / f"p{k}.h5", "w") as f:
+            f["a"] = np.full((1, 4), float(k))
+        layout[k:k + 1] = h5py.VirtualSource(f"p{k}.h5", "a", shape=(1, 4))
+    with h5py.File(tmp_path / "many.h5", "w") as f:
+        f.create_virtual_dataset("A", layout, fillvalue=np.nan)
+    check = ("import resource, sys, h5py; from chainexec import datafiles; "
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)); "
+             "f = h5py.File(sys.argv[1], 'r'); datafiles.check_virtual(f['A'], sys.argv[1], 'a test'); "
+             "print('checked')")
+    proc = subprocess.run([sys.executable, "-c", check, str(tmp_path / "many.h5")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "checked", proc.stderr
+    with h5py.File(tmp_path / "many.h5", "r") as f:
+        assert f["A"][()].sum() == 4 * sum(range(300))

@@ -41,6 +41,7 @@ import h5py
 import numpy as np
 
 from chainexec import atomicfile
+from chainexec.chem.integrals import files_read
 from chainexec.chem.layout import AO2MO_INDICES, INDICES
 from chainexec.runtime import hostcopy
 
@@ -69,10 +70,8 @@ def molecule(atoms: str, basis: str):
     from pyscf import gto  # optional dependency: extra "chem"
     from pyscf.lib.exceptions import BasisNotFoundError
 
-    if isinstance(basis, str) and os.path.exists(basis):
-        raise ValueError(f"the basis {basis!r} is a file here, which PySCF would read in place of its own basis of "
-                         "that name, and a run (the computed layout) reads again where it starts: give a basis name "
-                         "PySCF knows")
+    if isinstance(basis, str) and os.path.isfile(basis):
+        raise ValueError(files_read("", basis))
     if re.fullmatch(r"\S+\.(xyz|zmat)", atoms, re.IGNORECASE) and not os.path.isfile(atoms):
         raise ValueError("no such geometry file")
     try:

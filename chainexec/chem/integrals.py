@@ -29,6 +29,8 @@ PySCF is imported only where a molecule is built (:class:`Int2e`); the functions
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from chainexec import packing
@@ -130,6 +132,21 @@ def rate(mol, blocks: int = 4, target: int = 1 << 26) -> float:
     return max(rates)
 
 
+def files_read(atoms: str, basis: str) -> str | None:
+    """Why PySCF would build the molecule of ``atoms`` in ``basis`` from a file where it starts,
+    or None: a geometry file given as the atoms, or a file named as the basis (PySCF reads one of
+    the basis's name in the working folder in place of its own basis). A run started elsewhere,
+    or after the file changed, would compute the integrals of another molecule than its inputs'
+    orbitals are, without a word."""
+    if isinstance(basis, str) and os.path.isfile(basis):
+        return (f"the basis {basis!r} is a file here, which PySCF would read in place of its own basis of that name: "
+                "give a basis name PySCF knows, and run where no file has that name")
+    if isinstance(atoms, str) and os.path.isfile(atoms):
+        return (f"the atoms {atoms!r} name a geometry file, which PySCF reads from where the run starts: give "
+                "them as an atom string (chainexec chem writes a file's atoms so)")
+    return None
+
+
 @register("pyscf.int2e")
 class Int2e:
     """Source of the AO two-electron integrals of a molecule, in a packed layout.
@@ -147,6 +164,9 @@ class Int2e:
             raise ChainexecError(f"source {self.name!r} needs PySCF: pip install 'chainexec[chem]'") from None
         if layout not in packing.KINDS:
             raise ChainexecError(f"source {self.name!r}: unknown layout {layout!r} ({', '.join(packing.KINDS)})")
+        read = files_read(atoms, basis)
+        if read is not None:
+            raise ChainexecError(f"source {self.name!r}: {read}")
         try:
             self.mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", spin=None, verbose=0)
         except (RuntimeError, ValueError, KeyError, TypeError) as err:

@@ -159,6 +159,10 @@ def test_a_geometry_file_is_written_into_the_job_as_atoms(tmp_path, monkeypatch)
     with h5py.File(out / "inputs.h5") as f, h5py.File(out / "output.h5") as g:
         expected = ao2mo.full(mol, f["C"][()], compact=True)
         assert np.max(np.abs(g["B"][()] - expected)) <= 1e-12 * np.max(np.abs(expected))
+    (tmp_path / "elsewhere" / "sto-3g").write_text("O    S\n      3.9   1.0\n")  # PySCF would read it as the basis
+    from tests.conftest import assert_refused
+
+    assert_refused(run_cli("run", out / "ao2mo.yaml", "--quiet", cwd=tmp_path / "elsewhere"), "'sto-3g' is a file here")
     (tmp_path / "geo" / "w.xyz").write_text((tmp_path / "elsewhere" / "w.xyz").read_text())
     with pytest.raises(ChainexecError, match="made for another job: atoms"):
         job.prepare("w.xyz", out, template=job.TEMPLATES["ao2mo"], job="ao2mo", basis="sto-3g", layout="computed",
@@ -179,3 +183,8 @@ def test_a_basis_file_or_a_missing_geometry_file_is_one_line(tmp_path, monkeypat
     with pytest.raises(ChainexecError, match=needle):
         job.prepare(molecule, tmp_path / "out", template=job.TEMPLATES["ao2mo"], job="ao2mo", basis=basis)
     assert not (tmp_path / "out").exists()
+    if given == "basis":  # a folder of that name PySCF does not read: the job is made
+        (tmp_path / "sto-3g").unlink()
+        (tmp_path / "sto-3g").mkdir()
+        job.prepare(molecule, tmp_path / "out", template=job.TEMPLATES["ao2mo"], job="ao2mo", basis=basis)
+        assert (tmp_path / "out" / "ao2mo.yaml").is_file()

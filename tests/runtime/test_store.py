@@ -487,12 +487,14 @@ def test_a_virtual_input_hdf5_would_fill_is_refused(tmp_path, command, kind, nee
         assert np.allclose(f["C"][()], expected, rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["unlimited", "mapped part of a source written part way", "blocks of one file"])
+@pytest.mark.parametrize("kind", ["unlimited", "mapped part of a source written part way", "blocks of one file",
+                                  "strided past unwritten chunks"])
 def test_a_virtual_input_hdf5_reads_whole_runs(tmp_path, kind):
     """Virtual inputs whose every element a source gives: a mapping of unlimited extent (HDF5
     cannot count what it selects: it was refused as a damaged file, and ``verify`` failed with a
     traceback); the written rows of a chunked source that is written no further (it was refused
-    as not wholly written); 91 blocks, each a dataset of one source file (opened once). ``run``
+    as not wholly written), and the rows of a strided mapping past chunks never written (it
+    took the box around them); 91 blocks, each a dataset of one source file (opened once). ``run``
     and ``verify`` take them, and the result equals numpy's within 1e-12."""
     config, expected = _linked_config(tmp_path)
     with h5py.File(tmp_path / "a_store.h5", "r") as f:
@@ -507,6 +509,10 @@ def test_a_virtual_input_hdf5_reads_whole_runs(tmp_path, kind):
             s.create_dataset("X", shape=(40, 7), chunks=(1, 7), dtype="f8")[:13] = a
             layout = h5py.VirtualLayout(a.shape, "f8")
             layout[:, :] = h5py.VirtualSource("src.h5", "X", shape=(40, 7))[:13]
+        elif kind.startswith("strided"):  # rows 0, 2, 4, ... of a source whose odd chunks were never written
+            s.create_dataset("X", shape=(26, 7), chunks=(1, 7), dtype="f8")[::2] = a
+            layout = h5py.VirtualLayout(a.shape, "f8")
+            layout[:, :] = h5py.VirtualSource("src.h5", "X", shape=(26, 7))[0:26:2]
         else:
             layout = h5py.VirtualLayout(a.shape, "f8")
             for k, (i, j) in enumerate(itertools.product(range(13), range(7))):
