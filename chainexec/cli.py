@@ -187,6 +187,7 @@ def main(argv=None, own: bool = False) -> int:
 
 def _main(args) -> int:
     if args.command in ("run", "serve"):
+        fdtable.raise_limit()  # every rank may open a virtual input's every source file
         fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
     if args.command == "run":
         warmup.start(args.config, args.backend)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import resource
 import stat
 
 import h5py
@@ -154,6 +155,11 @@ def check_mapped(ds: h5py.Dataset, path: str, what: str) -> None:
                              path)
 
 
+SPARE_FILES = 256
+"""Open files a run keeps for its own beside a virtual input's sources (CUDA's, MPI's, its other
+inputs and outputs)."""
+
+
 def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = None,
                   seen: set | None = None) -> None:
     """Refuse a virtual dataset where HDF5 would read its fill value for some elements: where
@@ -164,6 +170,7 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
     that are mapped (an output's shard holds one dataset per block), and closed before the
     next: a dataset over thousands of files holds no more of them open than it nests.
     ``chunks``: as for :func:`check_written`; ``seen``: the virtual sources checked already."""
+    top = seen is None
     chunks, seen = ({} if chunks is None else chunks), (set() if seen is None else seen)
     name = ds.name.lstrip("/")
     check_mapped(ds, path, what)
@@ -172,6 +179,15 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
     for source in ds.virtual_sources():
         file = holder if source.file_name == "." else os.path.join(os.path.dirname(holder), source.file_name)
         by_file.setdefault(file, []).append(source)
+    if top:
+        from chainexec.runtime import fdtable
+
+        limit = fdtable.raise_limit()
+        if limit != resource.RLIM_INFINITY and len(by_file) + SPARE_FILES > limit:
+            raise ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset over {len(by_file)} source files, "
+                                 f"which HDF5 holds open while it reads it, more than the {limit} files a process may "
+                                 f"open here less {SPARE_FILES} for the run's own (ulimit -n): a source it cannot open "
+                                 "reads as the fill value; raise the limit", path)
     source_of = f"a source of dataset {name!r}, {what}"
     for file, sources in by_file.items():
         def missing(source) -> ChainexecError:

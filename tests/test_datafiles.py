@@ -75,10 +75,13 @@ def test_a_refused_lock_is_told_by_its_errno(text, said):
     assert got is None if said is None else said in got
 
 
-def test_a_virtual_dataset_over_more_files_than_a_process_may_open_is_checked(tmp_path):
-    """A virtual dataset over 300 source files (an output of many ranks and stripes), checked by
-    a process that may open 200 files: each file is closed once its mappings are checked (all of
-    them held open, the check ran out of descriptors and called the sources missing)."""
+@pytest.mark.parametrize("files, refused", [(400, True), (1024, False)])
+def test_a_virtual_dataset_over_more_files_than_a_process_may_open_is_refused(tmp_path, files, refused):
+    """HDF5 holds a virtual dataset's source files open while it reads it and reads a source it
+    cannot open as the fill value: over 300 files, a process that may open 200 reads NaN for a
+    third of them. The check raises the soft limit to the hard one and refuses a dataset over
+    more files than that leaves beside the run's own; under a limit that holds them, it passes,
+    and the values read are the sources'."""
     import subprocess
     import sys
 
@@ -89,12 +92,15 @@ def test_a_virtual_dataset_over_more_files_than_a_process_may_open_is_checked(tm
         layout[k:k + 1] = h5py.VirtualSource(f"p{k}.h5", "a", shape=(1, 4))
     with h5py.File(tmp_path / "many.h5", "w") as f:
         f.create_virtual_dataset("A", layout, fillvalue=np.nan)
-    check = ("import resource, sys, h5py; from chainexec import datafiles; "
-             "resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)); "
-             "f = h5py.File(sys.argv[1], 'r'); datafiles.check_virtual(f['A'], sys.argv[1], 'a test'); "
-             "print('checked')")
-    proc = subprocess.run([sys.executable, "-c", check, str(tmp_path / "many.h5")], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "checked", proc.stderr
-    with h5py.File(tmp_path / "many.h5", "r") as f:
-        assert f["A"][()].sum() == 4 * sum(range(300))
+    check = ("import resource, sys, h5py; from chainexec import datafiles, errors; "
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2]))); "
+             "f = h5py.File(sys.argv[1], 'r')\n"
+             "try:\n    datafiles.check_virtual(f['A'], sys.argv[1], 'a test')\n"
+             "except errors.ChainexecError as err:\n    print(err); sys.exit(2)\n"
+             "print(f['A'][()].sum())")
+    proc = subprocess.run([sys.executable, "-c", check, str(tmp_path / "many.h5"), str(files)], capture_output=True,
+                          text=True, timeout=120)
+    if refused:
+        assert proc.returncode == 2 and "over 300 source files" in proc.stdout and "(ulimit -n)" in proc.stdout
+    else:
+        assert proc.returncode == 0 and float(proc.stdout) == 4 * sum(range(300)), proc.stdout + proc.stderr

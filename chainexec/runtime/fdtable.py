@@ -25,6 +25,22 @@ SLOTS = 1024
 CUDA's, MPI's and its inputs' together."""
 
 
+def raise_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit and return the soft limit
+    now (its largest count of open files; RLIM_INFINITY as it is): HDF5 holds a virtual
+    dataset's source files open while it reads it, and a source it cannot open reads as the
+    fill value, so an input over more files than the soft limit (often 1024) would read wrong
+    (:func:`chainexec.datafiles.check_virtual` refuses one over more than this)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def reserve(slots: int = SLOTS) -> int:
     """Grow this process's descriptor table to at least ``slots`` entries (at most the soft
     ``RLIMIT_NOFILE``), by duplicating a descriptor onto the lowest free number at or above
