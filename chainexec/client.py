@@ -115,16 +115,11 @@ def private(folder: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def package() -> str:
-    """The folder this package is imported from."""
-    return str(Path(__file__).resolve().parent)
-
-
 def code() -> str:
     """What a server and its client must share: the interpreter, its version and every Python
     file of this package as it is now on disk (path, size and modification time), as a
     SHA-256 hex digest. A package edited or reinstalled since the server started differs."""
-    root = package()
+    root = Path(__file__).resolve().parent
     digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{root}".encode())
     for folder, dirs, files in os.walk(root):
         dirs.sort()
@@ -262,8 +257,7 @@ def forward(argv: list[str]) -> int | None:
     if path is None or not os.path.exists(path):
         return None
     request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
-               "code": code(), "package": package(), "identity": identity(), "started": process_start(),
-               "pid": os.getpid()}
+               "code": code(), "identity": identity(), "started": process_start(), "pid": os.getpid()}
     sock = connect(path)
     if sock is None:
         return None

@@ -98,7 +98,7 @@ def check_written(ds: h5py.Dataset, path: str, what: str, within=None, chunks: d
     written = ds.id.get_num_chunks()
     if written == needed:
         return
-    touched = None if within is None else _touched(within, ds.chunks)
+    touched = None if within is None else _touched(within, ds.chunks, ds.shape)
     if touched is not None:
         needed = math.prod(map(len, touched))
         found = _written_chunks(ds, chunks if chunks is not None else {})
@@ -110,20 +110,24 @@ def check_written(ds: h5py.Dataset, path: str, what: str, within=None, chunks: d
                              f"where HDF5 would read its fill value {_fill(ds)} (a writer stopped part way?)", path)
 
 
-def _touched(space, chunks: tuple[int, ...]) -> list[set[int]] | None:
-    """The chunk indices per axis that the selection ``space`` touches: exact for a regular
-    hyperslab (a product of one selection per axis: blocks of ``block`` every ``stride``), the
-    bounding box's for others; None where it cannot be told (an unlimited selection)."""
+def _touched(space, chunks: tuple[int, ...], shape: tuple[int, ...]) -> list[set[int]] | None:
+    """The chunk indices per axis that the selection ``space`` of a dataset of ``shape`` touches:
+    exact for a regular hyperslab (a product of one selection per axis: blocks of ``block``
+    every ``stride``; an unlimited count, HDF5's 2⁶⁴ - 1, as far as the dataset reaches), the
+    bounding box's for others; None where it cannot be told."""
     try:
         if space.is_regular_hyperslab():
             start, stride, count, block = space.get_regular_hyperslab()
-            return [{i // c for k in range(n) for i in range(s + k * step, s + k * step + b, c)}
-                    | {(s + k * step + b - 1) // c for k in range(n)}
-                    for s, step, n, b, c in zip(start, stride, count, block, chunks)]
+            touched = []
+            for s, step, n, b, c, extent in zip(start, stride, count, block, chunks, shape):
+                n = min(n, max(0, -(-(extent - s) // max(step, 1))))  # blocks that begin inside
+                touched.append({i // c for k in range(n) for i in range(s + k * step, min(s + k * step + b, extent), c)}
+                               | {(min(s + k * step + b, extent) - 1) // c for k in range(n)})
+            return touched
         lo, hi = space.get_select_bounds()
     except (RuntimeError, ValueError, OverflowError):
         return None
-    return [set(range(a // c, b // c + 1)) for a, b, c in zip(lo, hi, chunks)]
+    return [set(range(a // c, min(b, extent - 1) // c + 1)) for a, b, c, extent in zip(lo, hi, chunks, shape)]
 
 
 def _written_chunks(ds: h5py.Dataset, kept: dict) -> set:

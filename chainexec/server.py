@@ -268,9 +268,9 @@ def _interrupt(number, frame) -> None:
 
 def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
     """Run one request on this (the main) thread, answer its status and close the connection;
-    False where the server must end (a run that did not end normally, or a client of this
-    package whose files changed since the server started: no client of it can be served any
-    more). The client's standard
+    False where the server must end (a run that did not end normally, or a client refused
+    because the package's files changed since the server started: no client of it can be
+    served any more; a client of other code, another checkout or interpreter, leaves it be). The client's standard
     streams come once it has been told its request is accepted (:func:`_streams`): a client
     that gave up waiting for the answer holds its own, and a pipe it writes to ends with it."""
     go_on = True
@@ -282,7 +282,7 @@ def serve_one(state: _State, conn: socket.socket, request: dict) -> bool:
         if reason:
             _answer(conn, {"refused": reason})
             _log(state, f"refused {what}: {reason}")
-            if request.get("code") != state.code and request.get("package") == client.package():
+            if request.get("code") != state.code and client.code() != state.code:
                 _log(state, "this package changed since the server started, which it can no longer serve: it ends")
                 return False
             return True

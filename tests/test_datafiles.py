@@ -104,3 +104,14 @@ def test_a_virtual_dataset_over_more_files_than_a_process_may_open_is_refused(tm
         assert proc.returncode == 2 and "over 300 source files" in proc.stdout and "(ulimit -n)" in proc.stdout
     else:
         assert proc.returncode == 0 and float(proc.stdout) == 4 * sum(range(300)), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("count, expected", [(h5py.h5s.UNLIMITED, [{0}, {0, 2, 4, 6, 8}]), (3, [{0}, {0, 2, 4}]),
+                                             (1, [{0}, {0}])])
+def test_the_chunks_a_strided_mapping_touches(count, expected):
+    """A regular hyperslab's chunks, axis by axis: blocks of 2 columns every 4 over chunks of
+    2 touch every other chunk; an unlimited count (HDF5's 2⁶⁴ - 1) reaches as far as the
+    dataset's 20 columns (it was taken as that many blocks: the check never ended)."""
+    space = h5py.h5s.create_simple((4, 20), (4, h5py.h5s.UNLIMITED))
+    space.select_hyperslab((0, 0), (1, count), (1, 4), (4, 2))
+    assert datafiles._touched(space, (4, 2), (4, 20)) == expected

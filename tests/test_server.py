@@ -235,6 +235,27 @@ def test_other_code_runs_itself(tmp_path):
         srv.close()
 
 
+def test_a_client_of_another_interpreter_leaves_the_server_serving(server, tmp_path):
+    """A client that runs the same package through another path to the interpreter (a venv's
+    python3 beside its python) is refused, as other code is, and runs itself; the server, whose
+    package has not changed, goes on serving (it ended, logging that its package changed)."""
+    here = Path(sys.executable)
+    other = next((here.parent / name for name in ("python3", "python", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+                  if name != here.name and (here.parent / name).exists()), None)
+    if other is None:
+        pytest.skip(f"no other name of this interpreter beside {here}")
+    config = fourindex(tmp_path)
+    assert server.command("generate", config, cwd=tmp_path).returncode == 0
+    proc = subprocess.run([str(other), "-m", "chainexec.client", "plan", str(config)], cwd=tmp_path, env=server.env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "the package or Python differs" in server.wait_for(lambda text: "refused" in text)
+    assert server.proc.poll() is None and "package changed" not in server.text()
+    before = served(server)
+    assert server.command("run", config, "--quiet", cwd=tmp_path).returncode == 0
+    assert served(server, before + 1) == before + 1
+
+
 def began(srv: Server, proc: subprocess.Popen) -> None:
     """Wait until the server has begun ``proc``'s run."""
     deadline = time.monotonic() + 60
