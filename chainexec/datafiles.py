@@ -193,11 +193,13 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
                                  f"open here less {SPARE_FILES} for the run's own (ulimit -n): a source it cannot open "
                                  "reads as the fill value; raise the limit", path)
     source_of = f"a source of dataset {name!r}, {what}"
+
+    def missing(source) -> ChainexecError:
+        return ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset whose source "
+                              f"{source.file_name}:{source.dset_name} is missing (copied without its "
+                              f"{os.path.basename(path)}.parts folder?)", path)
+
     for file, sources in by_file.items():
-        def missing(source) -> ChainexecError:
-            return ChainexecError(f"dataset {name!r} ({what}) is a virtual dataset whose source "
-                                  f"{source.file_name}:{source.dset_name} is missing (copied without its "
-                                  f"{os.path.basename(path)}.parts folder?)", path)
         try:
             opened = h5py.File(file, "r")
         except (OSError, RuntimeError) as err:

@@ -41,7 +41,7 @@ import h5py
 import numpy as np
 
 from chainexec import atomicfile
-from chainexec.chem.integrals import files_read
+from chainexec.chem.integrals import basis_read
 from chainexec.chem.layout import AO2MO_INDICES, INDICES
 from chainexec.runtime import hostcopy
 
@@ -70,8 +70,8 @@ def molecule(atoms: str, basis: str):
     from pyscf import gto  # optional dependency: extra "chem"
     from pyscf.lib.exceptions import BasisNotFoundError
 
-    if isinstance(basis, str) and os.path.isfile(basis):
-        raise ValueError(files_read("", basis))
+    if (reason := basis_read(basis)) is not None:
+        raise ValueError(reason)
     if re.fullmatch(r"\S+\.(xyz|zmat)", atoms, re.IGNORECASE) and not os.path.isfile(atoms):
         raise ValueError("no such geometry file")
     try:

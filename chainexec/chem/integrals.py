@@ -132,15 +132,22 @@ def rate(mol, blocks: int = 4, target: int = 1 << 26) -> float:
     return max(rates)
 
 
-def files_read(atoms: str, basis: str) -> str | None:
-    """Why PySCF would build the molecule of ``atoms`` in ``basis`` from a file where it starts,
-    or None: a geometry file given as the atoms, or a file named as the basis (PySCF reads one of
-    the basis's name in the working folder in place of its own basis). A run started elsewhere,
-    or after the file changed, would compute the integrals of another molecule than its inputs'
-    orbitals are, without a word."""
+def basis_read(basis: str) -> str | None:
+    """Why PySCF would read ``basis`` from a file, or None: a file of the basis's name in the
+    working folder, which PySCF reads in place of its own basis of that name."""
     if isinstance(basis, str) and os.path.isfile(basis):
         return (f"the basis {basis!r} is a file here, which PySCF would read in place of its own basis of that name: "
                 "give a basis name PySCF knows, and run where no file has that name")
+    return None
+
+
+def files_read(atoms: str, basis: str) -> str | None:
+    """Why PySCF would build the molecule of ``atoms`` in ``basis`` from a file where it starts,
+    or None: a file read as the basis (:func:`basis_read`), or a geometry file given as the
+    atoms. A run started elsewhere, or after the file changed, would compute the integrals of
+    another molecule than its inputs' orbitals are, without a word."""
+    if (reason := basis_read(basis)) is not None:
+        return reason
     if isinstance(atoms, str) and os.path.isfile(atoms):
         return (f"the atoms {atoms!r} name a geometry file, which PySCF reads from where the run starts: give "
                 "them as an atom string (chainexec chem writes a file's atoms so)")

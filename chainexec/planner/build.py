@@ -142,7 +142,7 @@ def make_plan(spec: Spec, machine: Machine | None = None, schedule: str | None =
                              "(chainexec.api.plan takes them from the machine where the config has none)", spec.path)
     # The contraction whose smallest tiling needs the most: a limit below it fits no plan, and
     # naming a smaller contraction's need would send the user through one refusal per contraction.
-    bound, _ = max((minimal_footprint(c, tensors[c.out].itemsize, extents), -k) for k, c in enumerate(cs))
+    bound = max(minimal_footprint(c, tensors[c.out].itemsize, extents) for c in cs)
     for level in ("global", "device"):
         if limits[level] < bound:
             # the bound leaves out the buffers a computed operand's inputs take: the need named is

@@ -258,8 +258,9 @@ def discard_folders(files, scratch: Path) -> None:
     rank is past the failure; a run given no checkpoint): the parts folder of each output file
     not written, moved aside and removed there
     (:func:`chainexec.safepaths.remove_owned_aside`), and the scratch folder, removed (or
-    emptied) as a finished run removes it (:func:`chainexec.safepaths.remove_owned`). An output file that exists is this run's, complete (the older ones went before it
-    began), and its parts folder holds its values. A parts folder that cannot be moved aside (a
+    emptied) as a finished run removes it (:func:`chainexec.safepaths.remove_owned`). An output
+    file that exists is this run's, complete (the older ones went before it began), and its
+    parts folder holds its values. A parts folder that cannot be moved aside (a
     full disk, where no folder can be made beside it; a mount point) is removed where it lies,
     if this process holds it still (:func:`chainexec.safepaths.lock_owned`)."""
     for path in map(Path, files):
