@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("chem", help="prepare a CCSD(T) job: PySCF inputs (HDF5) and the config that reads them")
     ch.add_argument("molecule", help=f"one of {', '.join(MOLECULES)}, or a PySCF atom string (Angstrom)")
     ch.add_argument("--basis", default="cc-pvdz")
+    ch.add_argument("--charge", type=int, help="the molecule's charge (default 0): an ion, closed-shell like every "
+                    "molecule the jobs take (an even number of electrons)")
     ch.add_argument("--frozen", type=int, help="frozen core orbitals, fewer than the occupied ones (default 0)")
     ch.add_argument("--out", required=True, help="folder for inputs.h5 and the job's config (ccsd_t.yaml or ao2mo.yaml)")
     ch.add_argument("--job", default="ccsd_t", choices=tuple(job.TEMPLATES),

@@ -518,6 +518,13 @@ CHEM_ERRORS = {
     "no_atoms": (("",), ["''", "cannot read the atom string"]),
     "odd_electrons": (("O 0 0 0; H 0 0 0.96",), ["has 9 electrons", "closed-shell molecules"]),
     "no_virtual_orbital": (("He 0 0 0", "--basis", "sto-3g"), ["no virtual orbital", "1 occupied"]),
+    # --charge: an ion's electrons, closed-shell and at least one pair
+    "charge_odd_electrons": (("h2o", "--charge", 1), ["'h2o'", "has 9 electrons at charge +1",
+                                                       "closed-shell molecules"]),
+    "charge_no_electrons": (("H 0 0 0; H 0 0 0.74", "--charge", 2, "--basis", "sto-3g"),
+                            ["has 0 electrons at charge +2", "need an occupied orbital"]),
+    "charge_not_whole": (("h2o", "--charge", "0.5"), ["--charge", "invalid int value"]),
+    "synthetic_with_charge": (("x", "--synthetic", 3, 7, 1, "--charge", -2), ["--charge does not apply to --synthetic"]),
     "atoms_in_one_place": (("H 0 0 0; H 0 0 0", "--basis", "sto-3g"), ["atoms 1 (H) and 2 (H) are 0 Angstrom apart"]),
     "atoms_too_close": (("O 0 0 0; H 0 0 0.05; H 0 0.757 0.587",), ["atoms 1 (O) and 2 (H) are 0.05 Angstrom"]),
     "coordinate_nan": (("H 0 0 0; H 0 0 nan", "--basis", "sto-3g"), ["coordinate is not a finite number"]),

@@ -20,7 +20,7 @@ f_vo       (v, o)          ``ai``       virtual-occupied Fock block f_ai (Hartre
 ``o`` and ``v`` count *active* orbitals (frozen core removed). Each dataset carries the attribute
 ``indices`` (:data:`chainexec.chem.layout.INDICES`). File attributes: ``nocc``, ``nvir``, ``units`` ("Hartree") and either the PySCF
 results (``e_hf`` total RHF energy, ``e_ccsd`` CCSD correlation energy, ``e_t`` PySCF's own
-``mycc.ccsd_t()``, ``atoms``, ``basis``, ``frozen``) or, for random inputs, ``synthetic=True`` and
+``mycc.ccsd_t()``, ``atoms``, ``basis``, ``charge``, ``frozen``) or, for random inputs, ``synthetic=True`` and
 ``seed``.
 
 Files are written under a new temporary name beside ``path`` and renamed onto it only when
@@ -55,16 +55,17 @@ class NotConverged(RuntimeError):
         self.solver = solver
 
 
-def molecule(atoms: str, basis: str):
+def molecule(atoms: str, basis: str, charge: int = 0):
     """The PySCF molecule (``gto.Mole``, built, nothing solved) of ``atoms``, a PySCF atom string in
-    Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``), in ``basis``, a PySCF basis name, with the
+    Angstrom (e.g. ``"O 0 0 0; H 0 0.757 0.587; ..."``), in ``basis``, a PySCF basis name, of
+    ``charge`` (elementary charges: -1 holds one electron more than its nuclei's), with the
     basis's effective core potentials for the elements it defines them for (def2 bases beyond
     Kr, as quantum chemistry programs apply them: the basis describes the valence electrons
     alone). Its ``nelectron`` (the electrons the potentials leave) and ``nao`` give the orbital
     counts before any SCF runs. Raises ``ValueError``
     naming the basis PySCF lacks (for these elements), the atom string it cannot read
     (PySCF's parser raises many kinds of error for those: a name, an index, an electron count that
-    no closed shell has, told as such), a coordinate that is not a finite number, or two atoms closer than
+    no closed shell has, or none at all, told as such), a coordinate that is not a finite number, or two atoms closer than
     :data:`MIN_DISTANCE` (PySCF reads all of these, and its SCF then fails on a singular
     overlap after warnings of its own)."""
     from pyscf import gto  # optional dependency: extra "chem"
@@ -77,21 +78,23 @@ def molecule(atoms: str, basis: str):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PySCF's advice to install basis-set-exchange
-            mol = gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0)
+            mol = gto.M(atom=atoms, basis=basis, charge=charge, unit="Angstrom", verbose=0)
     except BasisNotFoundError as err:
         raise ValueError(f"PySCF has no basis {basis!r} for these atoms ({first_line(err)})") from None
     except Exception as err:  # what PySCF's parser raises on a malformed atom string varies
         odd = re.match(r"Electron number (\d+) and spin 0 are not consistent", first_line(err))
         if odd:
-            raise ValueError(f"the molecule has {odd[1]} electrons: the jobs take closed-shell molecules (restricted "
-                             "Hartree-Fock, CCSD), with an even number") from None
+            raise ValueError(f"the molecule has {odd[1]} electrons{_of(charge)}: the jobs take closed-shell molecules "
+                             "(restricted Hartree-Fock, CCSD), with an even number") from None
         raise ValueError(f"PySCF cannot read the atom string ({first_line(err)})") from None
     # the basis's effective core potentials where it defines them (def2 beyond Kr): its functions
     # are made for the valence electrons alone, and without them the core would be in the molecule
     ecp = {symbol: basis for symbol in sorted({mol.atom_pure_symbol(i) for i in range(mol.natm) if mol.atom_charge(i)})
            if isinstance(basis, str) and gto.basis.load_ecp(basis, symbol)}
     if ecp:
-        mol = gto.M(atom=atoms, basis=basis, ecp=ecp, unit="Angstrom", verbose=0)
+        mol = gto.M(atom=atoms, basis=basis, ecp=ecp, charge=charge, unit="Angstrom", verbose=0)
+    if mol.nelectron < 2:
+        raise ValueError(f"the molecule has {mol.nelectron} electrons{_of(charge)}: the jobs need an occupied orbital")
     where = mol.atom_coords(unit="Angstrom")
     if not np.isfinite(where).all():
         raise ValueError("an atom's coordinate is not a finite number")
@@ -101,6 +104,11 @@ def molecule(atoms: str, basis: str):
         raise ValueError(f"atoms {i + 1} ({mol.atom_symbol(i)}) and {j + 1} ({mol.atom_symbol(j)}) are "
                          f"{apart[i, j]:.3g} Angstrom apart, closer than {MIN_DISTANCE}")
     return mol
+
+
+def _of(charge: int) -> str:
+    """The charge beside an electron count, where the molecule is an ion."""
+    return f" at charge {charge:+d}" if charge else ""
 
 
 MIN_DISTANCE = 0.1
@@ -165,7 +173,7 @@ def write_ccsd_inputs(mol, path, *, frozen: int = 0, scf_conv_tol: float = 1e-12
                "e_hf": float(mf.e_tot), "e_ccsd": float(mycc.e_corr), "e_t": e_t}
     attrs = {"nocc": nocc, "nvir": nvir, "units": "Hartree", "e_hf": summary["e_hf"],
              "e_ccsd": summary["e_ccsd"], "e_t": e_t, "e_t_seconds": e_t_seconds, "atoms": mol.atom,
-             "basis": mol.basis, "frozen": frozen}
+             "basis": mol.basis, "charge": mol.charge, "frozen": frozen}
     write_atomic(path, arrays, attrs)
     return summary
 
@@ -272,7 +280,7 @@ def write_ao2mo_inputs(mol, path, *, layout: str = "s8", scf_conv_tol: float = 1
     (``mf.mo_coeff``). ``configs/ao2mo.yaml`` then computes ``(ab|cd) = Σ C_pa C_qb C_rc C_sd
     (pq|rs)``, what ``pyscf.ao2mo.full(mol, C)`` returns. ``scf_conv_tol`` (Hartree) and
     ``scf_max_cycle``: as for :func:`write_ccsd_inputs`. File attributes: ``nao``, ``nmo``,
-    ``atoms``, ``basis``, ``e_hf``, ``units``, ``layout``. Written atomically."""
+    ``atoms``, ``basis``, ``charge``, ``e_hf``, ``units``, ``layout``. Written atomically."""
     from pyscf import scf
 
     mf = _solve("scf", scf.RHF(mol), scf_conv_tol, scf_max_cycle)
@@ -281,7 +289,8 @@ def write_ao2mo_inputs(mol, path, *, layout: str = "s8", scf_conv_tol: float = 1
         arrays["A"] = mol.intor("int2e", aosym="s1" if layout == "dense" else layout)
     nao, nmo = mf.mo_coeff.shape
     write_atomic(path, arrays,
-                  {"nao": nao, "nmo": nmo, "atoms": mol.atom, "basis": mol.basis, "e_hf": float(mf.e_tot),
+                  {"nao": nao, "nmo": nmo, "atoms": mol.atom, "basis": mol.basis, "charge": mol.charge,
+                   "e_hf": float(mf.e_tot),
                    "units": "Hartree", "layout": layout}, AO2MO_INDICES)
     return {"path": os.fspath(path), "nao": int(nao), "nmo": int(nmo), "e_hf": float(mf.e_tot)}
 

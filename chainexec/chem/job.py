@@ -86,9 +86,10 @@ def _range_of(**letters: str) -> dict[str, str]:
 JOBS = {
     "ccsd_t": Job("ccsd_t", "ccsd_t.yaml", "energy.h5", INDICES, _range_of(occ="ijkm", vir="abcf"),
                   {"occ": "nocc", "vir": "nvir"}, "write_ccsd_inputs",
-                  ("frozen", "scf_conv_tol", "scf_max_cycle", "ccsd_conv_tol", "ccsd_max_cycle")),
+                  ("charge", "frozen", "scf_conv_tol", "scf_max_cycle", "ccsd_conv_tol", "ccsd_max_cycle")),
     "ao2mo": Job("ao2mo", "ao2mo.yaml", "output.h5", AO2MO_INDICES, _range_of(ao="pqrs", mo="a"),
-                 {"ao": "nao", "mo": "nmo"}, "write_ao2mo_inputs", ("scf_conv_tol", "scf_max_cycle", "layout")),
+                 {"ao": "nao", "mo": "nmo"}, "write_ao2mo_inputs",
+                 ("charge", "scf_conv_tol", "scf_max_cycle", "layout")),
 }
 """What ``chainexec chem`` prepares."""
 
@@ -103,6 +104,7 @@ def _tolerance(value) -> bool:
 #: The PySCF options of :func:`prepare` (``chainexec chem --frozen``, ``--scf-conv-tol``, ...):
 #: whether a value is valid, and what a valid one is.
 OPTIONS = {
+    "charge": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number of elementary charges"),
     "frozen": (lambda v: v >= 0, "0 or more orbitals"),
     "scf_conv_tol": (_tolerance, "a positive number of Hartree"),
     "scf_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
@@ -122,7 +124,8 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     """Write the inputs and the config of ``job`` for ``molecule`` (a name or an atom string) in
     ``basis`` into folder ``out``, the config made from ``template``; with ``synthetic=(nocc,
     nvir, seed)`` seeded random (T) inputs instead of PySCF's. ``options``: keywords of
-    :data:`OPTIONS` for the job's PySCF writer (its defaults where not given). Returns the
+    :data:`OPTIONS`: ``charge`` the molecule's (0 where not given), the others for the job's PySCF
+    writer (its defaults where not given). Returns the
     writer's summary with ``config``, the config's path. ``missing`` (a batch job submitted
     again): where the inputs and the config are both in ``out`` already, nothing is written once
     they are found made for this job (:func:`check_made`; the summary then says ``kept``), and
@@ -131,11 +134,13 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         raise ChainexecError(f"unknown chem job {job!r} ({', '.join(JOBS)})")
     kind = JOBS[job]
     _check_options(kind, options, synthetic)
+    charge = options.pop("charge", 0)
     cfg, lines = _template(template, kind, detected=Path(template).resolve() == TEMPLATES[job])
     if synthetic is not None:
         extents, what, mol = _synthetic(kind, synthetic), "--synthetic " + " ".join(map(str, synthetic)), None
     else:
-        mol, what = _molecule(molecule, basis), f"{molecule!r} in {basis}"
+        mol = _molecule(molecule, basis, charge)
+        what = f"{molecule!r}{f' of charge {charge:+d}' if charge else ''} in {basis}"
         extents = _extents(kind, mol, options.get("frozen", 0), what)
     layout = options.get("layout", "s8") if kind.name == "ao2mo" else None
     source = None if mol is None else {"atoms": mol.atom, "basis": basis}
@@ -147,7 +152,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
     if missing and ((out / "inputs.h5").exists() or config.exists()):
         made_for = ({"synthetic": True, "nocc": synthetic[0], "nvir": synthetic[1], "seed": synthetic[2]}
                     if synthetic is not None else
-                    {"atoms": source["atoms"], "basis": basis}
+                    {"atoms": source["atoms"], "basis": basis, "charge": charge}
                     | ({"layout": layout} if layout is not None else {"frozen": options.get("frozen", 0)}))
         check_made(out, kind, made_for, _config(cfg, kind, extents, template, lines, layout, source))
         return {"path": str(out / "inputs.h5"), "config": str(config), "kept": True}
@@ -213,7 +218,7 @@ HEADER = "# written by chainexec chem; the next chem run into this folder replac
 
 def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
     """Refuse ``out``'s inputs and config unless both exist, the inputs carry ``made_for`` as their
-    file attributes (the molecule's atom string, the basis, ``frozen`` or the layout; a synthetic
+    file attributes (the molecule's atom string and charge, the basis, ``frozen`` or the layout; a synthetic
     job's extents and seed) and the config is ``text`` (the template's copy for them; a computed
     source's measured rate aside): a job submitted again with another molecule, basis or
     template would otherwise run on the first one's inputs, and check the energy against theirs."""
@@ -226,7 +231,7 @@ def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
                              "--out folder", str(out))
     try:
         with h5py.File(inputs, "r") as f:
-            found = {name: f.attrs.get(name) for name in made_for}
+            found = {name: f.attrs.get(name, ABSENT.get(name)) for name in made_for}
     except OSError as err:
         raise ChainexecError(f"the inputs cannot be read ({err})", str(inputs)) from None
     found = {name: value.item() if hasattr(value, "item") else value for name, value in found.items()}
@@ -242,6 +247,11 @@ def check_made(out: Path, kind: Job, made_for: dict, text: str) -> None:
     if _rateless(config.read_text(encoding="utf-8", errors="replace")) != _rateless(text):
         raise ChainexecError("is not the config the template gives for these inputs (the template changed?): remove "
                              "it for a new one, or name another --out folder", str(config))
+
+
+ABSENT = {"charge": 0}
+"""The value an attribute of :func:`check_made` has where the inputs lack it: inputs written
+without their molecule's charge are a neutral molecule's."""
 
 
 def _rateless(text: str):
@@ -351,16 +361,16 @@ def _synthetic(kind: Job, synthetic: tuple[int, int, int]) -> dict[str, int]:
     return extents
 
 
-def _molecule(molecule: str, basis: str):
-    """PySCF's molecule (built, not solved; :func:`chainexec.chem.bridge.molecule`) of a name, an
-    atom string or a geometry file (which PySCF reads); a file's atoms are made an atom string
+def _molecule(molecule: str, basis: str, charge: int = 0):
+    """PySCF's molecule of ``charge`` (built, not solved; :func:`chainexec.chem.bridge.molecule`) of a
+    name, an atom string or a geometry file (which PySCF reads); a file's atoms are made an atom string
     (:func:`chainexec.chem.bridge.atom_text`), the molecule's, config's and inputs'."""
     try:
         from chainexec.chem import bridge
 
         atoms = MOLECULES.get(molecule.lower(), molecule)
-        mol = bridge.molecule(atoms, basis)
-        return bridge.molecule(bridge.atom_text(mol), basis) if os.path.isfile(atoms) else mol
+        mol = bridge.molecule(atoms, basis, charge)
+        return bridge.molecule(bridge.atom_text(mol), basis, charge) if os.path.isfile(atoms) else mol
     except ImportError:
         raise ChainexecError("`chainexec chem` needs PySCF: pip install 'chainexec[chem]'") from None
     except ValueError as err:

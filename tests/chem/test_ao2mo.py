@@ -151,3 +151,32 @@ def test_bad_packed_input(case, tmp_path):
 def test_ao2mo_refuses_synthetic(tmp_path):
     r = run_cli("chem", "h2o", "--job", "ao2mo", "--synthetic", 2, 3, 1, "--out", tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "ao2mo" in r.stderr
+
+
+def test_an_ion_equals_pyscf(tmp_path):
+    """``--charge``: H3O+ (10 electrons) transformed with its own RHF orbitals; its SCF energy equals
+    PySCF's for the ion, built here, and the output its ``ao2mo.full``. ``--missing`` keeps inputs
+    made for the same charge, refuses another, and takes inputs written without a charge as a
+    neutral molecule's."""
+    from pyscf import ao2mo, gto, scf
+
+    atoms = "O 0 0 0.1; H 0 0.94 -0.22; H 0.81 -0.47 -0.22; H -0.81 -0.47 -0.22"
+    prep = ("chem", atoms, "--job", "ao2mo", "--out", tmp_path, "--charge", 1)
+    assert run_cli(*prep).returncode == 0
+    assert run_cli("run", tmp_path / "ao2mo.yaml", "--quiet", ranks=2).returncode == 0
+    mol = gto.M(atom=atoms, basis="cc-pvdz", charge=1, unit="Angstrom", verbose=0)
+    mf = scf.RHF(mol)
+    mf.conv_tol = 1e-10
+    e_hf = mf.kernel()
+    with h5py.File(tmp_path / "inputs.h5") as f:
+        C, attrs = f["C"][...], dict(f.attrs)
+    assert attrs["charge"] == 1 and abs(attrs["e_hf"] - e_hf) <= 1e-8
+    ref = ao2mo.full(mol, C)
+    with h5py.File(tmp_path / "output.h5") as f:
+        assert np.abs(f["B"][...] - ref).max() <= 1e-12 * np.abs(ref).max()
+    assert "nothing written" in run_cli(*prep, "--missing").stdout
+    other = ("chem", atoms, "--job", "ao2mo", "--out", tmp_path, "--missing")
+    assert_refused(run_cli(*other, "--charge", -1), "made for another job: charge 1 (here -1)")
+    with h5py.File(tmp_path / "inputs.h5", "a") as f:
+        del f.attrs["charge"]
+    assert_refused(run_cli(*prep, "--missing"), "made for another job: charge 0 (here 1)")

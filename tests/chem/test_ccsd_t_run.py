@@ -44,6 +44,29 @@ def test_energy_equals_pyscf(molecule, ranks, backend):
     assert e_pyscf < -1e-4  # a real correction, not a vacuous comparison
 
 
+def test_an_ion_equals_pyscf(tmp_path):
+    """``chem --charge -1``: OH- (10 electrons, 5 occupied orbitals) on 2 ranks equals the (T) energy
+    PySCF computes for the ion, built here."""
+    pytest.importorskip("pyscf")
+    from pyscf import cc, gto, scf
+
+    atoms = "O 0 0 0; H 0 0 0.97"
+    assert run_cli("chem", atoms, "--charge", -1, "--out", tmp_path, timeout=600, env=ONE_THREAD).returncode == 0
+    mol = gto.M(atom=atoms, basis="cc-pvdz", charge=-1, unit="Angstrom", verbose=0)
+    mf = scf.RHF(mol)
+    mf.conv_tol = 1e-12
+    mf.kernel()
+    mycc = cc.RCCSD(mf)
+    mycc.conv_tol, mycc.conv_tol_normt = 1e-12, 1e-6
+    mycc.kernel()
+    e_t = mycc.ccsd_t()
+    proc = run_cli("run", tmp_path / "ccsd_t.yaml", ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "inputs.h5", "r") as f:
+        assert f.attrs["charge"] == -1 and (f.attrs["nocc"], f.attrs["nvir"]) == (5, 19 - 5)
+    assert abs(_energy(tmp_path) - e_t) <= 1e-10 and e_t < -1e-4
+
+
 @pytest.mark.parametrize("nocc, nvir, seed, ranks, global_memory", [
     (3, 7, 11, 1, None), (4, 9, 12, 2, None),
     # The global loop over i, j, k tiles: E sums over its tiles (one tile alone used to survive).

@@ -202,7 +202,7 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     without running again; for another molecule into the same WORKDIR, whose inputs are not
     that molecule's, it stops before running anything on them, where it would compute the
     first molecule's energy and check it against that molecule's PySCF energy. FROZEN reaches
-    ``chainexec chem --frozen`` (the job had no way to freeze the core)."""
+    ``chainexec chem --frozen`` (the job had no way to freeze the core), CHARGE ``--charge``."""
     pytest.importorskip("pyscf")
     import h5py
 
@@ -225,6 +225,10 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
                           WORKDIR=str(work))
     assert other.returncode == 2, other.stdout + other.stderr
     assert "made for another job: atoms" in other.stderr and "energy check" not in other.stdout
+    ion = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g", FROZEN="1", CHARGE="2",
+                        WORKDIR=str(work))
+    assert ion.returncode == 2, ion.stdout + ion.stderr
+    assert "made for another job: charge 0 (here 2)" in ion.stderr and "energy check" not in ion.stdout
     assert (work / "energy.h5").read_bytes() == energy
 
 
