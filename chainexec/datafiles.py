@@ -14,6 +14,7 @@ import resource
 import stat
 
 import h5py
+import numpy as np
 
 from chainexec.errors import ChainexecError
 
@@ -145,18 +146,63 @@ def _written_chunks(ds: h5py.Dataset, kept: dict) -> set:
 
 
 def check_mapped(ds: h5py.Dataset, path: str, what: str) -> None:
-    """Refuse a virtual dataset whose mappings select fewer elements than it holds: HDF5 reads
-    its fill value where no source is mapped (a layout made for a larger set of sources, or
-    with none). Mappings that overlap and leave a gap between them are not told apart, nor
-    those of unlimited extent (HDF5 cannot count what they select)."""
+    """Refuse a virtual dataset whose mappings leave elements unmapped: HDF5 reads its fill value
+    where no source is mapped (a layout made for a larger set of sources, or with none, or
+    mappings that overlap and leave a gap): the elements the mappings cover together are counted
+    (:func:`_covered`), else, where the union is too fine to count, the elements they select.
+    Mappings of unlimited extent are taken as they are (HDF5 cannot count what they select)."""
+    sources = ds.virtual_sources()
     try:
-        mapped = sum(source.vspace.get_select_npoints() for source in ds.virtual_sources())
+        mapped = sum(source.vspace.get_select_npoints() for source in sources)
     except (RuntimeError, ValueError):  # an unlimited selection
         return
+    covered = _covered([source.vspace for source in sources], ds.shape)
+    if covered is not None:
+        mapped = covered
     if mapped < ds.size:
         raise ChainexecError(f"dataset {ds.name.lstrip('/')!r} ({what}) is a virtual dataset whose sources map "
                              f"{mapped} of its {ds.size} elements, where HDF5 would read its fill value {_fill(ds)}",
                              path)
+
+
+COVER_BLOCKS = 1 << 16
+"""Blocks and points at most whose union :func:`_covered` counts."""
+COVER_CELLS = 1 << 22
+"""Cells at most of the grid :func:`_covered` marks (a byte each)."""
+
+
+def _covered(spaces: list, shape: tuple[int, ...]) -> int | None:
+    """Elements of a dataset of ``shape`` that the union of the selections ``spaces`` (HDF5
+    dataspaces: all, none, points or hyperslabs) covers, counted on the grid the blocks' edges
+    cut each axis into (each cell inside or outside every block); None where the selections hold
+    more than :data:`COVER_BLOCKS` blocks and points or the grid more than :data:`COVER_CELLS`
+    cells."""
+    blocks = []  # (first, last) corners, inclusive
+    for space in spaces:
+        kind = space.get_select_type()
+        if kind == h5py.h5s.SEL_ALL:
+            return math.prod(shape)
+        if kind == h5py.h5s.SEL_POINTS:
+            if len(blocks) + space.get_select_elem_npoints() > COVER_BLOCKS:
+                return None
+            blocks += [(p, p) for p in space.get_select_elem_pointlist()]
+        elif kind == h5py.h5s.SEL_HYPERSLABS:
+            if len(blocks) + space.get_select_hyper_nblocks() > COVER_BLOCKS:
+                return None
+            blocks += [(b[0], b[1]) for b in space.get_select_hyper_blocklist()]
+    if not blocks:
+        return 0
+    edges = [np.unique(np.concatenate([[0, n], [b[0][a] for b in blocks], [b[1][a] + 1 for b in blocks]]))
+             for a, n in enumerate(shape)]
+    if math.prod(len(e) - 1 for e in edges) > COVER_CELLS:
+        return None
+    inside = np.zeros([len(e) - 1 for e in edges], dtype=np.uint8)
+    for first, last in blocks:
+        inside[tuple(slice(np.searchsorted(e, lo), np.searchsorted(e, hi + 1))
+                     for e, lo, hi in zip(edges, first, last))] = 1
+    for e in edges:  # each cell weighed by its elements, one axis at a time
+        inside = np.tensordot(np.diff(e), inside, axes=(0, 0))
+    return int(inside)
 
 
 SPARE_FILES = 256

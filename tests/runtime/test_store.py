@@ -452,6 +452,9 @@ def _virtual_part_way(tmp_path, kind: str) -> np.ndarray:
     layout = h5py.VirtualLayout(a.shape, "f8")
     if kind == "rows not mapped":
         layout[:5] = h5py.VirtualSource("src.h5", "X", shape=a.shape)[:5]
+    elif kind == "mapped with overlaps and a gap":  # rows 0-7 and 5-11: as many elements as A holds, row 12 unmapped
+        layout[:8] = h5py.VirtualSource("src.h5", "X", shape=a.shape)[:8]
+        layout[5:12] = h5py.VirtualSource("src.h5", "X", shape=a.shape)[5:12]
     elif kind != "nothing mapped":
         layout[:, :] = h5py.VirtualSource("src.h5", "X", shape=a.shape)
     with h5py.File(tmp_path / "in.h5", "a") as f:
@@ -463,9 +466,11 @@ def _virtual_part_way(tmp_path, kind: str) -> np.ndarray:
 @pytest.mark.parametrize("command", ["run", "verify"])
 @pytest.mark.parametrize("kind, needle", [("rows not mapped", "map 35 of its 91 elements"),
                                           ("nothing mapped", "map 0 of its 91 elements"),
+                                          ("mapped with overlaps and a gap", "map 84 of its 91 elements"),
                                           ("a source written part way", "8 of its 13 chunks")])
 def test_a_virtual_input_hdf5_would_fill_is_refused(tmp_path, command, kind, needle):
-    """A virtual dataset reads its fill value where no source is mapped or a source was never
+    """A virtual dataset reads its fill value where no source is mapped (mappings that overlap
+    may leave a gap while they select as many elements as it holds) or a source was never
     written there: the run took those zeros for the input and ended complete, and ``verify``,
     reading the same, passed it. Both refuse it in one line; mapped whole over a source written
     whole, it runs to the right result."""
@@ -488,13 +493,14 @@ def test_a_virtual_input_hdf5_would_fill_is_refused(tmp_path, command, kind, nee
 
 
 @pytest.mark.parametrize("kind", ["unlimited", "mapped part of a source written part way", "blocks of one file",
-                                  "strided past unwritten chunks"])
+                                  "strided past unwritten chunks", "overlapping"])
 def test_a_virtual_input_hdf5_reads_whole_runs(tmp_path, kind):
     """Virtual inputs whose every element a source gives: a mapping of unlimited extent (HDF5
     cannot count what it selects: it was refused as a damaged file, and ``verify`` failed with a
     traceback); the written rows of a chunked source that is written no further (it was refused
     as not wholly written), and the rows of a strided mapping past chunks never written (it
-    took the box around them); 91 blocks, each a dataset of one source file (opened once). ``run``
+    took the box around them); 91 blocks, each a dataset of one source file (opened once);
+    mappings that overlap and together cover it. ``run``
     and ``verify`` take them, and the result equals numpy's within 1e-12."""
     config, expected = _linked_config(tmp_path)
     with h5py.File(tmp_path / "a_store.h5", "r") as f:
@@ -509,6 +515,11 @@ def test_a_virtual_input_hdf5_reads_whole_runs(tmp_path, kind):
             s.create_dataset("X", shape=(40, 7), chunks=(1, 7), dtype="f8")[:13] = a
             layout = h5py.VirtualLayout(a.shape, "f8")
             layout[:, :] = h5py.VirtualSource("src.h5", "X", shape=(40, 7))[:13]
+        elif kind == "overlapping":  # rows 0-7 and 5-12, the overlap mapped twice
+            s["X"] = a
+            layout = h5py.VirtualLayout(a.shape, "f8")
+            layout[:8] = h5py.VirtualSource("src.h5", "X", shape=a.shape)[:8]
+            layout[5:] = h5py.VirtualSource("src.h5", "X", shape=a.shape)[5:]
         elif kind.startswith("strided"):  # rows 0, 2, 4, ... of a source whose odd chunks were never written
             s.create_dataset("X", shape=(26, 7), chunks=(1, 7), dtype="f8")[::2] = a
             layout = h5py.VirtualLayout(a.shape, "f8")
