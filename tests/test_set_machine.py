@@ -23,10 +23,10 @@ def test_a_chem_config_keeps_its_header(tmp_path):
     cfg = {"tensors": {"t": {"indices": "ab", "source": "random"}}, "machine": {"global_memory": "1GiB"},
            "ranges": {"a": 7, "b": 11}}
     config = tmp_path / job.JOBS["ccsd_t"].config
-    config.write_text(job.HEADER + "# second comment\n" + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    config.write_text(job.HEADER + "\n# after a blank line\n" + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     _set(config, "16GiB", "40GiB")
     text = config.read_text(encoding="utf-8")
-    assert text.startswith(job.HEADER + "# second comment\n")
+    assert text.startswith(job.HEADER + "\n# after a blank line\n")
     assert yaml.safe_load(text) == dict(cfg, machine={"global_memory": "16GiB", "device_memory": "40GiB"})
     job.check_out(tmp_path)
 

@@ -62,12 +62,12 @@ def molecule(atoms: str, basis: str, charge: int = 0):
     basis's effective core potentials for the elements it defines them for (def2 bases beyond
     Kr, as quantum chemistry programs apply them: the basis describes the valence electrons
     alone). Its ``nelectron`` (the electrons the potentials leave) and ``nao`` give the orbital
-    counts before any SCF runs. Raises ``ValueError``
-    naming the basis PySCF lacks (for these elements), the atom string it cannot read
-    (PySCF's parser raises many kinds of error for those: a name, an index, an electron count that
-    no closed shell has, or none at all, told as such), a coordinate that is not a finite number, or two atoms closer than
-    :data:`MIN_DISTANCE` (PySCF reads all of these, and its SCF then fails on a singular
-    overlap after warnings of its own)."""
+    counts before any SCF runs. Raises ``ValueError`` naming the basis PySCF lacks (for these
+    elements), the atom string it cannot read (PySCF's parser raises many kinds of error for
+    those: a name, an index), an electron count that no closed shell has or one below two (the
+    electrons the potentials and the charge leave), a coordinate that is not a finite number, or
+    two atoms closer than :data:`MIN_DISTANCE` (PySCF reads all of these, and its SCF then fails
+    on a singular overlap after warnings of its own)."""
     from pyscf import gto  # optional dependency: extra "chem"
     from pyscf.lib.exceptions import BasisNotFoundError
 
@@ -75,26 +75,31 @@ def molecule(atoms: str, basis: str, charge: int = 0):
         raise ValueError(reason)
     if re.fullmatch(r"\S+\.(xyz|zmat)", atoms, re.IGNORECASE) and not os.path.isfile(atoms):
         raise ValueError("no such geometry file")
-    try:
+    def build(**options):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PySCF's advice to install basis-set-exchange
-            mol = gto.M(atom=atoms, basis=basis, charge=charge, unit="Angstrom", verbose=0)
+            return gto.M(atom=atoms, basis=basis, unit="Angstrom", verbose=0, **options)
+
+    try:  # neutral and of either parity first: its electrons are counted here, not by PySCF's assertions
+        mol = build(spin=None)
     except BasisNotFoundError as err:
         raise ValueError(f"PySCF has no basis {basis!r} for these atoms ({first_line(err)})") from None
     except Exception as err:  # what PySCF's parser raises on a malformed atom string varies
-        odd = re.match(r"Electron number (\d+) and spin 0 are not consistent", first_line(err))
-        if odd:
-            raise ValueError(f"the molecule has {odd[1]} electrons{_of(charge)}: the jobs take closed-shell molecules "
-                             "(restricted Hartree-Fock, CCSD), with an even number") from None
         raise ValueError(f"PySCF cannot read the atom string ({first_line(err)})") from None
     # the basis's effective core potentials where it defines them (def2 beyond Kr): its functions
     # are made for the valence electrons alone, and without them the core would be in the molecule
     ecp = {symbol: basis for symbol in sorted({mol.atom_pure_symbol(i) for i in range(mol.natm) if mol.atom_charge(i)})
            if isinstance(basis, str) and gto.basis.load_ecp(basis, symbol)}
     if ecp:
-        mol = gto.M(atom=atoms, basis=basis, ecp=ecp, charge=charge, unit="Angstrom", verbose=0)
-    if mol.nelectron < 2:
-        raise ValueError(f"the molecule has {mol.nelectron} electrons{_of(charge)}: the jobs need an occupied orbital")
+        mol = build(spin=None, ecp=ecp)
+    electrons = mol.nelectron - charge
+    if electrons < 2:
+        raise ValueError(f"the molecule has {electrons} electrons{_of(charge, ecp)}: the jobs need an occupied orbital")
+    if electrons % 2:
+        raise ValueError(f"the molecule has {electrons} electrons{_of(charge, ecp)}: the jobs take closed-shell "
+                         "molecules (restricted Hartree-Fock, CCSD), with an even number")
+    if charge:
+        mol = build(charge=charge, **({"ecp": ecp} if ecp else {}))
     where = mol.atom_coords(unit="Angstrom")
     if not np.isfinite(where).all():
         raise ValueError("an atom's coordinate is not a finite number")
@@ -106,9 +111,12 @@ def molecule(atoms: str, basis: str, charge: int = 0):
     return mol
 
 
-def _of(charge: int) -> str:
-    """The charge beside an electron count, where the molecule is an ion."""
-    return f" at charge {charge:+d}" if charge else ""
+def _of(charge: int, ecp: dict) -> str:
+    """What an electron count is of, where it is not plain: an ion's charge, the core electrons
+    the effective core potentials of ``ecp`` (elements by symbol) leave out."""
+    said = ([f"at charge {charge:+d}"] if charge else []) + (
+        [f"beside the cores the potentials of {', '.join(ecp)} hold"] if ecp else [])
+    return " " + " and ".join(said) if said else ""
 
 
 MIN_DISTANCE = 0.1

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import numbers
 import os
 import shutil
 from dataclasses import dataclass
@@ -104,7 +105,8 @@ def _tolerance(value) -> bool:
 #: The PySCF options of :func:`prepare` (``chainexec chem --frozen``, ``--scf-conv-tol``, ...):
 #: whether a value is valid, and what a valid one is.
 OPTIONS = {
-    "charge": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number of elementary charges"),
+    "charge": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
+               "a whole number of elementary charges"),
     "frozen": (lambda v: v >= 0, "0 or more orbitals"),
     "scf_conv_tol": (_tolerance, "a positive number of Hartree"),
     "scf_max_cycle": (lambda v: v >= 1, "at least 1 iteration"),
@@ -134,7 +136,7 @@ def prepare(molecule: str, out: str | Path, *, template: str | Path, job: str = 
         raise ChainexecError(f"unknown chem job {job!r} ({', '.join(JOBS)})")
     kind = JOBS[job]
     _check_options(kind, options, synthetic)
-    charge = options.pop("charge", 0)
+    charge = int(options.pop("charge", 0))
     cfg, lines = _template(template, kind, detected=Path(template).resolve() == TEMPLATES[job])
     if synthetic is not None:
         extents, what, mol = _synthetic(kind, synthetic), "--synthetic " + " ".join(map(str, synthetic)), None
@@ -316,7 +318,7 @@ def _check_options(kind: Job, options: dict, synthetic) -> None:
                                  + ("--synthetic inputs" if synthetic is not None else f"the {kind.name} job"))
         valid, what = OPTIONS[name]
         if not valid(value):
-            raise ChainexecError(f"{flag(name)} must be {what}, not {value}")
+            raise ChainexecError(f"{flag(name)} must be {what}, not {value!r}")
 
 
 def _template(template: str | Path, kind: Job, detected: bool = False) -> tuple[dict, dict]:
@@ -379,10 +381,13 @@ def _molecule(molecule: str, basis: str, charge: int = 0):
 
 def _extents(kind: Job, mol, frozen: int, what: str) -> dict[str, int]:
     """The job's range extents for ``mol``, known before any SCF: a closed shell fills half its
-    electrons' count of orbitals, and RHF makes as many orbitals as the basis has functions."""
-    if kind.name == "ao2mo":
-        return {"ao": mol.nao, "mo": mol.nao}
+    electrons' count of orbitals, and RHF makes as many orbitals as the basis has functions
+    (refused where they are fewer than the occupied ones)."""
     occupied = mol.nelectron // 2
+    if kind.name == "ao2mo":
+        if occupied > mol.nao:
+            raise ChainexecError(f"{what} has {occupied} occupied orbitals, more than its {mol.nao} orbitals")
+        return {"ao": mol.nao, "mo": mol.nao}
     if frozen >= occupied:
         raise ChainexecError(f"--frozen {frozen} must be fewer than the {occupied} occupied orbitals of {what}")
     if mol.nao <= occupied:

@@ -165,13 +165,16 @@ then spends seconds at barriers. Spinning this long keeps that latency near the 
 lets a rank that shares the core with the waiter run (more ranks than cores)."""
 NAP_SECONDS = (5e-5, 1e-3)
 """The first and the longest sleep between two tests of a request in :func:`wait` (seconds; each
-nap twice the last): a wait ends at most a millisecond after its request completes."""
+nap twice the last): a long wait ends within a few naps of the last rank's arrival (a barrier of
+P ranks progresses in about log2 P steps, each where its ranks test it)."""
 
 
 def wait(request) -> None:
-    """Complete the MPI ``request`` without keeping a core busy: tested back to back, the core
-    yielded between tests, for :data:`SPIN_SECONDS`, then with sleeps of growing length
-    (:data:`NAP_SECONDS`) between tests, each of which also lets MPI progress."""
+    """Complete the MPI ``request`` without keeping a core busy for long: tested back to back, the
+    core yielded between tests, for :data:`SPIN_SECONDS`, then with sleeps of growing length
+    (:data:`NAP_SECONDS`) between tests, each of which also lets MPI progress. Where ranks
+    outnumber cores, the spin takes a share of them (a wait shorter than the spin costs its
+    whole length of a core, given up to any process that is ready to run)."""
     start = time.perf_counter()
     while not request.Test():
         if time.perf_counter() - start > SPIN_SECONDS:

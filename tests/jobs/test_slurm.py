@@ -238,12 +238,15 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     ("CHECKPOINT_EVERY", "10m", "CHECKPOINT_EVERY=10m is not a number of seconds"),
     ("TOLERANCE", "1e-10Eh", "TOLERANCE=1e-10Eh is not a number of Hartree"),
     ("CHAINEXEC_HOME", "/nonexistent", "/nonexistent/jobs/steps.sh not found (set CHAINEXEC_HOME"),
+    ("CHARGE", "1.0", "CHARGE=1.0 is not a whole number"),
+    ("FROZEN", "x", "FROZEN=x is not a whole number"),
 ])
 def test_a_ccsd_t_job_with_a_setting_it_cannot_read_stops_before_it_runs(tmp_path, variable, value, said):
     """A STOP_AFTER with a unit was dropped by bash's arithmetic without a word (the job then ran
     into its time limit and never requeued), a TOLERANCE Python cannot read failed as a traceback
     with status 1 after the whole run, a CHAINEXEC_HOME without the job's helper failed with the
-    shell's status 1: each ends the job with one line and status 2 before PySCF or srun runs."""
+    shell's status 1, a CHARGE chem could not read left the folder it names: each ends the job
+    with one line and status 2 before PySCF or srun runs, and before any folder is made."""
     srun = "#!/bin/sh\necho srun ran >&2\nexit 9\n"
     template = {"TEMPLATE": str(REPO / "configs" / "ccsd_t.yaml")} if variable == "CHAINEXEC_HOME" else {}
     proc = _stand_in_job("ccsd_t.sbatch", tmp_path, srun, MOLECULE="h2o", BASIS="sto-3g",
@@ -251,6 +254,8 @@ def test_a_ccsd_t_job_with_a_setting_it_cannot_read_stops_before_it_runs(tmp_pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"chainexec-job: {said}" in proc.stderr and "srun ran" not in proc.stderr
     assert not (tmp_path / "w" / "inputs.h5").exists()
+    if variable in ("CHARGE", "FROZEN"):
+        assert not (tmp_path / "w").exists()
 
 
 MPIEXEC_SRUN = "#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift; done\nexec mpiexec -n \"$SLURM_NTASKS\" \"$@\"\n"
