@@ -33,8 +33,6 @@ from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals, saved_planning
 from chainexec.runtime.comm import SIMULATE_HOSTS, barrier, world
 from chainexec.runtime.device import select
-from chainexec.runtime.executor import Executor
-from chainexec.runtime.buffers import maps_inputs
 from chainexec.verify import Check, verify as verify_spec
 
 
@@ -192,6 +190,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
 def _run(ours: dict, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every, stop_after,
          inline, plan_cache, reports) -> dict:
     """:func:`run`, with rank 0's state from one step to the next in ``ours``."""
+    # imported here: the global arrays start MPI as they are imported, which plan and verify never need
+    from chainexec.runtime.buffers import maps_inputs
+    from chainexec.runtime.executor import Executor
+
     comm = world()
     started = time.perf_counter()
     stopsignals.forget_landed()  # a signal names only this run's outputs as completed

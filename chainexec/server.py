@@ -192,6 +192,7 @@ def _warm() -> None:
     """Import what a run imports and start MPI, so that the first run does not pay for them; the
     GPU's warm-up is the first run's (it knows the job)."""
     from chainexec import api, cli, report  # noqa: F401
+    from chainexec.runtime import executor  # noqa: F401 (api imports it at a run's start)
     from chainexec.runtime.comm import world
 
     world()

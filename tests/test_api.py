@@ -134,3 +134,28 @@ def test_ranks_started_differently_are_refused_at_once(tmp_path, case):
     assert lines and f"rank 1 was started with {case}" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
     assert _mpmd(tmp_path, first, first).returncode == 0
+
+
+NO_MPI = """
+import sys
+from chainexec import cli
+try:
+    cli.main(sys.argv[1:])
+except SystemExit as end:
+    assert not end.code, end.code
+print("mpi4py.MPI" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("command", ["generate", "plan", "verify"])
+def test_commands_that_run_nothing_do_not_start_mpi(tmp_path, command):
+    """``generate``, ``plan`` and ``verify`` never import mpi4py's MPI (which starts MPI as it is
+    imported: a singleton start on every such command, the global arrays' import in ``plan``'s
+    path); ``run`` does."""
+    config = write_config(tmp_path, fourindex_config())
+    for step in {"verify": (("generate",), ("run", "--quiet"))}.get(command, ()):
+        assert run_cli(step[0], config, *step[1:], cwd=tmp_path).returncode == 0
+    done = subprocess.run([sys.executable, "-c", NO_MPI, command, str(config)], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "False", done.stdout
