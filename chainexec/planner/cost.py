@@ -369,8 +369,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     """:func:`predict` for loose parts of a plan (used to price candidate schedules, for one rank).
     A transfer to the device outside every parallel loop (a fused group's inputs fetched once per
     global tile) is made by each of the ``ranks``. With no ``machine``, only the memory peaks
-    (``{"memory_peak": …}``): what fitting tiles to the limits asks of each step, at a third of
-    the cost (the statements' movement and flops are not counted). A computed source's loads
+    (``{"memory_peak": …}``, :func:`memory_peaks`): what fitting tiles to the limits asks of
+    each step (the statements' movement and flops are not counted). A computed source's loads
     are priced at the ``bytes_per_second`` its config states. ``total_seconds`` is the sum
     over the nests of :func:`wall` for one of ``ranks`` ranks, its compute level with the
     statements' host time (:meth:`Machine.busy_seconds`); ``calls``, per level, the transfer
@@ -391,6 +391,8 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     it lies (at :attr:`Machine.host_lock`, before its first get), by DMA from the locked pages
     (:attr:`Machine.mapped_locked_to_device`) where the tile is whole rows of the mapping
     (:func:`whole_rows`; others still through the staging copy)."""
+    if machine is None:
+        return {"memory_peak": memory_peaks(nests, tensors, extents)}
     cached = cached or {}
     moved = dict.fromkeys(CATEGORIES, 0)
     peak = {"global": 0, "device": 0}
@@ -434,19 +436,18 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                                 tensors[node.tensor].from_file(), node.tensor in locked)
 
         def walk(body, loops, ranges, slotted=frozenset(), share=1.0):
-            if machine is not None:  # (the statements' movement and flops: not for peaks alone)
-                tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
-                symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
-                names = _statement_names(body, loops[-1] if loops else None)
+            tails, around = _run_tails(body, loops[-1] if loops else None, contractions), Loops(loops)
+            symmetrized = _symmetrized_runs(body, loops[-1] if loops else None)
+            names = _statement_names(body, loops[-1] if loops else None)
 
-                def all_tiles(ix):
-                    return around.points(ix, extents, "device")
+            def all_tiles(ix):
+                return around.points(ix, extents, "device")
             for k, node in enumerate(body):
                 if isinstance(node, Loop):
                     inner = _narrowed(ranges, node, extents)
                     within = share * busiest_share(node, loops, extents, ranks) if node.parallel else share
                     own = staged(node)
-                    if own and not overlapped[0] and machine is not None:
+                    if own and not overlapped[0]:
                         runs_on = ranks if node.parallel or any(loop.parallel for loop in loops) else 1
                         overlapped[0] = max(1, points([], loops + [node], extents, "global") // runs_on)
                     if not own:
@@ -462,8 +463,6 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     walk(node.body, loops + [node], inner, slotted | {key(op) for op in own}, within)
                     for level, nbytes in slots.items():
                         live[level] -= nbytes
-                    continue
-                if machine is None and node.op not in ("alloc", "free"):
                     continue
                 if node.op in ("compute", "fused"):
                     where, passes = all_tiles, 0
@@ -516,10 +515,10 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         for r in expr.text_refs(t.source["expr"])), names[k], share=share)
                     continue
                 item = tensors[node.tensor].itemsize
-                if machine is not None and node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
+                if node.op == "alloc" and node.level == "global" and not tensors[node.tensor].from_file():
                     filled[0] += item * _elements(node.indices, ranges["global"], extents) * around.points(
                         [], extents, "global")
-                if machine is not None and node.op == "alloc" and node.level == "global" and node.tensor in locked:
+                if node.op == "alloc" and node.level == "global" and node.tensor in locked:
                     # every rank locks the whole mapped tile (its gets read any of its rows)
                     mapped[0] += ranks * item * _elements(node.indices, ranges["global"], extents) * around.points(
                         [], extents, "global")
@@ -555,22 +554,19 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                         spend(names[k], seconds)
 
         walk(nest.body, [], {level: {} for level in live})
-        if machine is not None:
-            own = {k: moved[k] - before[0][k] for k in moved}
-            levels = machine.seconds(own, compute[0] - before[1], transfers[0] - before[4], ranks,
-                                     (priced[0] - before[2][0], priced[1] - before[2][1]))
-            prepared = filled[0] - before[3]
-            prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
-                (prepared + mapped[0] - before[5]) / machine.host_lock if locks and machine.host_lock else 0.0)
-            # the transfers' per-call seconds are the host thread's, with its statements' (not
-            # hidden behind other levels by the pipeline)
-            called = machine.call_seconds({level: n - before[7][level] for level, n in calls.items()})
-            levels["compute"] = machine.busy_seconds(levels["compute"], busy[0] - before[6],
-                                                     sum(called.values()))
-            total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
+        own = {k: moved[k] - before[0][k] for k in moved}
+        levels = machine.seconds(own, compute[0] - before[1], transfers[0] - before[4], ranks,
+                                 (priced[0] - before[2][0], priced[1] - before[2][1]))
+        prepared = filled[0] - before[3]
+        prepare = (prepared / machine.global_fill if machine.global_fill else 0.0) + (
+            (prepared + mapped[0] - before[5]) / machine.host_lock if locks and machine.host_lock else 0.0)
+        # the transfers' per-call seconds are the host thread's, with its statements' (not
+        # hidden behind other levels by the pipeline)
+        called = machine.call_seconds({level: n - before[7][level] for level, n in calls.items()})
+        levels["compute"] = machine.busy_seconds(levels["compute"], busy[0] - before[6],
+                                                 sum(called.values()))
+        total += wall({level: t / ranks for level, t in levels.items()}, overlapped[0] or 1, prepare / ranks)
 
-    if machine is None:
-        return {"memory_peak": peak}
     seconds = machine.seconds(moved, compute[0], transfers[0], ranks, (priced[0], priced[1]))
     for level, called in machine.call_seconds(calls).items():
         seconds[level] += called
@@ -580,6 +576,51 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
     return {"bytes": moved, "flops": flops[0], "statements": statements[0], "streamed": streamed[0],
             "calls": calls, "memory_peak": peak, "seconds": seconds, "total_seconds": total,
             "by_statement": dict(sorted(by_statement.items(), key=lambda kv: -kv[1]))}
+
+
+def memory_peaks(nests, tensors, extents: dict[str, int]) -> dict[str, int]:
+    """Memory peak per level of loose nests (bytes; module docstring): the largest sum of live
+    full-size buffers, a double-buffered loop's own buffers held in ``depth`` slots from its entry
+    to its exit. What :func:`predict_nests` records as ``memory_peak``, walked alone: fitting tiles
+    asks for it after every halving (thousands of nests for a (T) plan), and it reads only the
+    loops and the ``alloc`` and ``free`` statements."""
+    peak = {"global": 0, "device": 0}
+    for nest in nests:
+        live = {"global": 0, "device": 0}
+        sizes: dict[tuple, int] = {}
+
+        def walk(body, ranges, slotted):
+            for node in body:
+                if isinstance(node, Loop):
+                    inner = _narrowed(ranges, node, extents)
+                    own = staged(node)
+                    if not own:
+                        walk(node.body, inner, slotted)
+                        continue
+                    slots = {"global": 0, "device": 0}
+                    for op in own:
+                        slots[op.level] += node.depth * tensors[op.tensor].itemsize * _elements(
+                            op.indices, inner[op.level], extents)
+                    for level, nbytes in slots.items():
+                        live[level] += nbytes
+                        peak[level] = max(peak[level], live[level])
+                    walk(node.body, inner, slotted | {key(op) for op in own})
+                    for level, nbytes in slots.items():
+                        live[level] -= nbytes
+                elif node.op == "alloc":
+                    buffer = key(node)
+                    if buffer not in slotted:
+                        sizes[buffer] = tensors[node.tensor].itemsize * _elements(node.indices, ranges[node.level],
+                                                                                   extents)
+                        live[node.level] += sizes[buffer]
+                        peak[node.level] = max(peak[node.level], live[node.level])
+                elif node.op == "free":
+                    buffer = key(node)
+                    if buffer not in slotted:
+                        live[node.level] -= sizes.pop(buffer)
+
+        walk(nest.body, {"global": {}, "device": {}}, frozenset())
+    return peak
 
 
 def _priced_load(nbytes: int, tensor, cached: float) -> tuple[int, float]:
