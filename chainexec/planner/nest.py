@@ -125,11 +125,19 @@ def same_region(ix, iy, tiled) -> bool:
     """Whether two references to one tensor cover the same region in every iteration of loops that
     tile the indices ``tiled``: position by position the same index, or two indices neither of
     which is tiled (both span the whole extent). Positions, not names, decide."""
-    return len(ix) == len(iy) and all(x == y or (x not in tiled and y not in tiled) for x, y in zip(ix, iy))
+    if len(ix) != len(iy):
+        return False
+    for x, y in zip(ix, iy):
+        if x != y and (x in tiled or y in tiled):
+            return False
+    return True
 
 
 def _covered(refs, name: str, ix, tiled) -> bool:
-    return any(n == name and same_region(i, ix, tiled) for n, i in refs)
+    for n, i in refs:
+        if n == name and same_region(i, ix, tiled):
+            return True
+    return False
 
 
 class Emitter:
@@ -171,9 +179,11 @@ class Emitter:
 
     def _leaves(self, name, ix) -> list[tuple[str, list[str]]]:
         """The stored tensors ``name[ix]`` needs at the global level: itself, or, for a computed
-        tensor, what its expression reads (it is made on the device, where it is used)."""
+        tensor, what its expression reads (it is made on the device, where it is used; read from
+        :meth:`_memo`, the expression parsed once per reference). Callers must not change it."""
         if self.tensors[name].computed():
-            return [leaf for n, i in self._inputs_of(name, ix) for leaf in self._leaves(n, i)]
+            return self._memo(("leaves", name, tuple(ix)), lambda: [
+                leaf for n, i in self._inputs_of(name, ix) for leaf in self._leaves(n, i)])
         return [(name, list(ix))]
 
     def _loads(self, refs, tiled: set[str], alone=(), present=()) -> tuple[list[Op], list[Op]]:
@@ -206,20 +216,33 @@ class Emitter:
         get each, or get a computed tensor's expression inputs, evaluate it and free them. A
         reference whose region equals that of a live device buffer of the same tensor — one in
         ``live`` or fetched before it here — reuses that buffer. Tensors in ``alone`` never share;
-        tensors in ``held`` are on the device already over a region containing any of theirs."""
+        tensors in ``held`` are on the device already over a region containing any of theirs.
+
+        Which buffers those are is shared between emitters (:meth:`_memo`): a fused group's
+        fetches are worked out again for every halving of its tiles, nearly always alike."""
+        at = ("fetches", tuple((n, tuple(ix)) for n, ix in refs), tuple(sorted(tiled)),
+              tuple((n, tuple(ix)) for n, ix in live), tuple(sorted(alone)), tuple(sorted(held)))
+        fetch, free = self._memo(at, lambda: tuple(map(tuple, self._fetched(refs, tiled, live, alone, held))))
+        return [_ref(op, "device", n, ix) for op, n, ix in fetch], [_ref("free", "device", n, ix) for n, ix in free]
+
+    def _fetched(self, refs, tiled: set[str], live, alone, held) -> tuple[list[tuple], list[tuple]]:
+        """:meth:`_fetches` as (statement, tensor, indices) of each fetch and (tensor, indices)
+        of each free, all tuples (kept in the memo, they hold nothing the garbage collector
+        walks)."""
         live = list(live)
-        fetch: list[Op] = []
-        free: list[Op] = []
+        fetch: list[tuple] = []
+        free: list[tuple] = []
         for name, ix in refs:
             if name in held or (name, list(ix)) in live or (name not in alone and _covered(live, name, ix, tiled)):
                 continue
             if self.tensors[name].computed():
-                inputs, done = self._fetches(self._inputs_of(name, ix), tiled, live, alone, held)
-                fetch += inputs + [_ref("alloc", "device", name, ix), _ref("eval", "device", name, ix)] + done
+                inputs, done = self._fetched(self._inputs_of(name, ix), tiled, live, alone, held)
+                fetch += inputs + [("alloc", name, tuple(ix)), ("eval", name, tuple(ix))] + [
+                    ("free", n, i) for n, i in done]
             else:
-                fetch += [_ref("alloc", "device", name, ix), _ref("get", "device", name, ix)]
+                fetch += [("alloc", name, tuple(ix)), ("get", name, tuple(ix))]
             live.append((name, list(ix)))
-            free.append(_ref("free", "device", name, ix))
+            free.append((name, tuple(ix)))
         return fetch, free
 
     def _store(self, c: Contraction) -> list[Op]:
