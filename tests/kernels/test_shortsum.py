@@ -68,22 +68,15 @@ def test_short_sums_need_sm_90():
 
 
 def _grid():
-    """Every short-sum shape the autotuner may time (:data:`~chainexec.kernels.gett.SHORT_TILES`
-    and a grid around them), both load directions, both widths; and each shape of
-    :data:`~chainexec.kernels.gett.SHORT_TILES` at the longest sum its fragments hold."""
+    """Every short-sum shape the autotuner may time (:data:`~chainexec.kernels.gett.SHORT_TILES`),
+    at the shortest sum and at the longest its fragments hold (the registers a lane gives them
+    grow with the sum), with each load direction of A and of B, the index widths alternating."""
     out = []
-    grid = tuple(product((2, 4, 8), (1, 2), (4, 8), (128, 512), (2, 3)))
-    for (warps, mma_m, mma_n, span, stages), ak, bn in product(
-            grid + tuple(t for t in gett.SHORT_TILES if t not in grid), (False, True), (False, True)):
-        cfg = _short(warps, mma_m, mma_n, (24 if mma_m == 2 else 48) - 4 * (warps == 8), stages, span, ak, bn)
-        if cfg.valid():
-            out.append(replace(cfg, wide=len(out) % 2 == 1))
-    for i, (warps, mma_m, mma_n, span, stages) in enumerate(gett.SHORT_TILES):
-        bk = min(gett.SHORT_SUM, gett.FRAGMENT_REGISTERS // mma_m)
-        cfg = _short(warps, mma_m, mma_n, bk, stages, span, i % 2 == 1, True)
-        if cfg not in out and replace(cfg, wide=True) not in out:
-            out.append(replace(cfg, wide=len(out) % 2 == 1))
-    assert all(cfg.valid() for cfg in out)
+    for (warps, mma_m, mma_n, span, stages), (ak, bn) in product(gett.SHORT_TILES, product((False, True), repeat=2)):
+        for bk in (4, min(gett.SHORT_SUM, gett.FRAGMENT_REGISTERS // mma_m)):
+            cfg = _short(warps, mma_m, mma_n, bk, stages, span, ak, bn)
+            if cfg.valid():
+                out.append(replace(cfg, wide=len(out) % 2 == 1))
     return out
 
 
