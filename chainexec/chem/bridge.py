@@ -75,6 +75,7 @@ def molecule(atoms: str, basis: str, charge: int = 0):
         raise ValueError(reason)
     if re.fullmatch(r"\S+\.(xyz|zmat)", atoms, re.IGNORECASE) and not os.path.isfile(atoms):
         raise ValueError("no such geometry file")
+
     def build(**options):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PySCF's advice to install basis-set-exchange

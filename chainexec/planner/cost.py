@@ -453,10 +453,7 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
                     if not own:
                         walk(node.body, loops + [node], inner, slotted, within)
                         continue
-                    slots = dict.fromkeys(live, 0)
-                    for op in own:
-                        slots[op.level] += node.depth * tensors[op.tensor].itemsize * _elements(
-                            op.indices, inner[op.level], extents)
+                    slots = _slot_bytes(node, own, inner, tensors, extents)
                     for level, nbytes in slots.items():
                         live[level] += nbytes
                         peak[level] = max(peak[level], live[level])
@@ -578,6 +575,16 @@ def predict_nests(nests, tensors, extents, contractions, machine: Machine | None
             "by_statement": dict(sorted(by_statement.items(), key=lambda kv: -kv[1]))}
 
 
+def _slot_bytes(loop: Loop, own: list, inner: dict, tensors, extents: dict[str, int]) -> dict[str, int]:
+    """Bytes per level a double-buffered ``loop`` holds for its own buffers ``own``
+    (:func:`~chainexec.planner.plan.staged`) from its entry to its exit: ``depth`` full-size
+    slots of each, as the buffers' level sees the tiles inside it (``inner``, :func:`_narrowed`)."""
+    slots = {"global": 0, "device": 0}
+    for op in own:
+        slots[op.level] += loop.depth * tensors[op.tensor].itemsize * _elements(op.indices, inner[op.level], extents)
+    return slots
+
+
 def memory_peaks(nests, tensors, extents: dict[str, int]) -> dict[str, int]:
     """Memory peak per level of loose nests (bytes; module docstring): the largest sum of live
     full-size buffers, a double-buffered loop's own buffers held in ``depth`` slots from its entry
@@ -597,10 +604,7 @@ def memory_peaks(nests, tensors, extents: dict[str, int]) -> dict[str, int]:
                     if not own:
                         walk(node.body, inner, slotted)
                         continue
-                    slots = {"global": 0, "device": 0}
-                    for op in own:
-                        slots[op.level] += node.depth * tensors[op.tensor].itemsize * _elements(
-                            op.indices, inner[op.level], extents)
+                    slots = _slot_bytes(node, own, inner, tensors, extents)
                     for level, nbytes in slots.items():
                         live[level] += nbytes
                         peak[level] = max(peak[level], live[level])
