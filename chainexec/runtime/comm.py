@@ -158,11 +158,11 @@ SPIN_SECONDS = 1e-2
 """How long :func:`wait` tests a request back to back, yielding the core between tests, before it
 starts to sleep between them (seconds). A barrier completes only once every rank has tested it
 several times (its messages progress inside MPI calls alone): with naps that begin at once, ranks
-that arrive within microseconds of each other leapfrog each other's naps, and a barrier of two
-ranks takes 1.6 ms where a blocking one takes 15 µs; a plan of a thousand small parallel loops
-then spends seconds at barriers. Spinning this long keeps that latency near the blocking one
-(single-digit µs on two ranks of an idle host) and costs a long wait 10 ms of a core; the yield
-lets a rank that shares the core with the waiter run (more ranks than cores)."""
+that arrive within microseconds of each other leapfrog each other's naps, and each barrier costs
+a sum of naps, a hundred times a blocking one's latency; a plan of a thousand small parallel loops
+then spends seconds at barriers. Spinning this long keeps that latency near the blocking one and
+costs a long wait 10 ms of a core; the yield lets a rank that shares the core with the waiter run
+(more ranks than cores). ``benchmarks/results/INDEX.md`` has the measured latencies."""
 NAP_SECONDS = (5e-5, 1e-3)
 """The first and the longest sleep between two tests of a request in :func:`wait` (seconds; each
 nap twice the last): a long wait ends within a few naps of the last rank's arrival (a barrier of

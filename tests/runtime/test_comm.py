@@ -142,8 +142,7 @@ with open(f"{sys.argv[2]}/rank{world.rank}", "w") as f:
 
 def test_ranks_that_arrive_together_pass_a_barrier_without_a_nap(tmp_path):
     """500 barriers of 2 ranks that arrive together: a rank sleeps at hardly any of them (a nap
-    delays the other rank's progress too: with naps after 20 µs of tests every barrier slept,
-    1.6 ms each where a blocking one takes 15 µs)."""
+    delays the other rank's progress too: with naps after 20 µs of tests every barrier slept)."""
     script = tmp_path / "together.py"
     script.write_text(TOGETHER)
     proc = subprocess.run([*launch(2), sys.executable, str(script), "500", str(tmp_path)], capture_output=True,
