@@ -31,7 +31,7 @@ from chainexec.planner.cost import locked_inputs, predict
 from chainexec.planner.plan import Loop, Plan
 from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals, saved_planning
-from chainexec.runtime.comm import SIMULATE_HOSTS, barrier, world
+from chainexec.runtime.comm import SIMULATE_HOSTS, abort, barrier, world
 from chainexec.runtime.device import select
 from chainexec.verify import Check, verify as verify_spec
 
@@ -440,9 +440,7 @@ def _end_all(comm, err: Exception):
     else:
         traceback.print_exc()
         sys.stderr.flush()
-    code = 2 if isinstance(err, ChainexecError) else 1
-    comm.Abort(code)
-    raise SystemExit(code) from None  # Abort may return before the launcher ends this process
+    abort(comm, 2 if isinstance(err, ChainexecError) else 1)
 
 
 def _missing(s) -> tuple[str, ...]:

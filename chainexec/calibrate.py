@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from chainexec import atomicfile, detect, diskstore, machinecache
@@ -299,7 +300,8 @@ def _launch(config: dict, ranks: int) -> list[dict]:
     # The worker imports this package: make that work from a source checkout that is not installed.
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory(prefix="chainexec-calibrate-") as error_dir:
+    error_dir = tempfile.mkdtemp(prefix="chainexec-calibrate-")
+    try:
         launcher = _mpiexec()
         cmd = [launcher, "-n", str(ranks), *launch_options(launcher, env), sys.executable, "-m",
                "chainexec.calibrate_worker", json.dumps(config), error_dir]
@@ -311,7 +313,22 @@ def _launch(config: dict, ranks: int) -> list[dict]:
             reports = [text for text in (f.read_text().strip() for f in files) if text]
             reason = reports[0] if reports else _launcher_reason(proc.stderr)
             raise ChainexecError(f"measurement failed under {cmd[0]} -n {ranks} (exit {proc.returncode}): {reason}")
+    finally:
+        _remove_late(Path(error_dir))
     return json.loads(lines[-1])["ranks"]
+
+
+def _remove_late(folder: Path, seconds: float = 5.0) -> None:
+    """Remove ``folder`` and what it holds, into which ranks of a failed launch may still write
+    their reports after the launcher has returned (MPICH's Hydra ends the other ranks of an
+    aborted job without waiting for them): tried again every 0.1 s for ``seconds``, then left
+    to the temporary folder's cleaner, since the run's own error is what is reported."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
 
 
 def _launcher_reason(stderr: str) -> str:

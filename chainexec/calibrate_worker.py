@@ -435,16 +435,15 @@ def main(argv: list[str]) -> int:
     """Run :func:`measure` with the JSON keyword arguments in ``argv[1]``; rank 0 prints
     ``{"ranks": [result of rank 0, rank 1, …]}`` as one line. A failing rank writes
     ``"<exception type>: <message>"`` to ``<argv[2]>/rank<N>`` before aborting."""
-    from chainexec.runtime.comm import world
+    from chainexec.runtime.comm import abort, world
 
     comm = world()
     try:
         result = measure(comm, **json.loads(argv[1]))
     except BaseException as err:
         traceback.print_exc()
-        sys.stderr.flush()
         (Path(argv[2]) / f"rank{comm.rank}").write_text(f"{type(err).__name__}: {err}\n")
-        comm.Abort(1)
+        abort(comm, 1)
     results = comm.gather(result, root=0)
     if comm.rank == 0:
         print(json.dumps({"ranks": results}))

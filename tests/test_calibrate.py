@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from chainexec import calibrate_worker, machinecache, spec
-from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _check_writable, _launcher_reason, add_arguments,
-                                 calibrate, settings, unbound)
+from chainexec.calibrate import (FULL, QUICK, QUICK_VARIABLE, TINY, _check_writable, _launcher_reason, _remove_late,
+                                 add_arguments, calibrate, settings, unbound)
 from chainexec.calibrate_worker import DIRECT, FADVISE, read_method, read_seconds, write_seconds
 from chainexec.errors import ChainexecError
 from chainexec.planner.build import make_plan
@@ -250,6 +250,37 @@ def test_worker_failure_is_one_clear_error(tmp_path):
     with pytest.raises(ChainexecError, match="backend cupy is not usable here"):
         calibrate(tmp_path / "machine.json", quick=True, backend="cupy")
     assert not (tmp_path / "machine.json").exists()
+
+
+def test_the_error_folder_is_removed_while_a_late_rank_still_writes_into_it(tmp_path):
+    """Ranks the launcher has not yet ended may write their reports into the error folder while
+    it is being removed (``shutil.rmtree`` then fails on a folder not empty): here a stand-in
+    writes reports for 0.3 s, then ends; the folder is removed all the same."""
+    import threading
+    import time
+
+    folder = tmp_path / "errors"
+    folder.mkdir()
+    first = threading.Event()
+
+    def late_ranks():
+        n, until = 0, time.monotonic() + 0.3
+        while time.monotonic() < until:
+            try:
+                (folder / f"rank{n % 64}").write_text("ChainexecError: late\n")
+            except OSError:  # the folder is gone
+                return
+            first.set()
+            n += 1
+
+    writer = threading.Thread(target=late_ranks)
+    writer.start()
+    first.wait()
+    try:
+        _remove_late(folder)
+    finally:
+        writer.join()
+    assert not folder.exists()
 
 
 OPEN_MPI_ROOT = """--------------------------------------------------------------------------

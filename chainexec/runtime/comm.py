@@ -30,8 +30,11 @@ planning broadcast, the executor's barriers and those of the global arrays and t
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
 import sys
+import termios
 import time
 from typing import NoReturn
 
@@ -239,6 +242,37 @@ def end(status: int) -> NoReturn:
     if started:
         mpi.Finalize()
     os._exit(status)
+
+
+HEARD_SECONDS = 2.0
+"""How long :func:`abort` waits at most for the launcher to read this rank's stderr (seconds)."""
+
+
+def abort(comm, status: int) -> NoReturn:
+    """End every rank of ``comm``'s job with ``status`` (``MPI_Abort``) once the launcher has
+    read what this rank wrote to stderr (:func:`heard`): its error line is the only account the
+    user gets, and MPICH's Hydra, ending its proxies on an abort, drops what they have not yet
+    read from the ranks' pipes (a 2-rank run whose ranks both refused an input then printed
+    nothing at all)."""
+    heard(sys.stderr, HEARD_SECONDS)
+    comm.Abort(status)
+    raise SystemExit(status) from None  # Abort may return before the launcher ends this process
+
+
+def heard(stream, seconds: float) -> None:
+    """Wait until the reader of ``stream`` (flushed first) has taken every byte this process
+    wrote to it, for up to ``seconds``. Only a pipe tells (Linux's ``FIONREAD`` counts the bytes
+    a pipe holds, from either end); a file or terminal holds nothing for a reader to take."""
+    try:
+        stream.flush()
+        fd = stream.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        deadline = time.monotonic() + seconds
+        while int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder) and time.monotonic() < deadline:
+            time.sleep(1e-3)
+    except (OSError, ValueError, AttributeError):  # a closed stream, one without a descriptor
+        return
 
 
 def fenced_finalize(mpi) -> bool:

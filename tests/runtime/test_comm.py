@@ -197,3 +197,31 @@ def test_a_profiled_program_keeps_its_profile(tmp_path):
     done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "p.prof"), str(script)],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0 and (tmp_path / "p.prof").stat().st_size > 0, done.stderr
+
+
+def test_heard_waits_until_the_reader_has_taken_what_was_written():
+    """:func:`chainexec.runtime.comm.heard` returns once a pipe's reader has read every byte
+    written to it (what :func:`chainexec.runtime.comm.abort` waits for, so that a launcher that
+    ends its ranks on an abort has the rank's error line), and after ``seconds`` where nothing
+    reads; a file has no reader to wait for."""
+    import threading
+    import time
+
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as writer, os.fdopen(r, "rb") as reader:
+        writer.write("x" * 50000)
+        taken = []
+        late = threading.Timer(0.3, lambda: taken.append(len(reader.read(50000))))
+        started = time.monotonic()
+        late.start()
+        comm.heard(writer, 30)
+        late.join()
+        assert 0.3 <= time.monotonic() - started < 30 and taken == [50000]
+        writer.write("y" * 1000)
+        started = time.monotonic()
+        comm.heard(writer, 0.2)
+        assert time.monotonic() - started >= 0.2
+    with open(os.devnull, "w") as devnull:
+        started = time.monotonic()
+        comm.heard(devnull, 30)
+        assert time.monotonic() - started < 1
