@@ -528,8 +528,8 @@ def _calibrated(ident: dict) -> tuple[Machine, dict]:
 
 def _make_plan(s, machine: Machine, schedule: str | None, ranks: int, inline: bool) -> Plan:
     """:func:`chainexec.planner.build.make_plan`, imported on first use: a run whose plan is in
-    the plan cache never loads the planner's search, whose imports (networkx among them) are a
-    large part of a short run's start."""
+    the plan cache never loads the planner's search, whose imports are a large part of a short
+    run's start."""
     from chainexec.planner.build import make_plan
 
     return make_plan(s, machine, schedule, ranks, inline)

@@ -1,6 +1,6 @@
 """Fusion over a chain of contractions: the multi-level paper, section 5.
 
-- :func:`fusable_lists` — the producer/consumer graph (networkx) cut into runs of consecutive
+- :func:`fusable_lists` — the producer/consumer links cut into runs of consecutive
   contractions that stay linked: each intermediate read by the next one (the paper's linear
   fusable list), or a tensor built by several ``+=`` terms and read several times kept together.
 - :func:`link_ratio` / :func:`profitable` — eq. 5.1–5.3: fusing away intermediate I between
@@ -28,23 +28,23 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-import networkx as nx
-
 from chainexec.planner.machine import Machine
 from chainexec.planner.plan import Contraction, TensorInfo
 
 
-def graph(cs: list[Contraction]) -> nx.DiGraph:
-    """Producer → consumer edges between contractions (edge attribute ``tensor``)."""
-    g = nx.DiGraph()
-    g.add_nodes_from(c.id for c in cs)
+def links(cs: list[Contraction]) -> set[tuple[int, int]]:
+    """The producer → consumer edges of the chain's graph, as pairs of contraction ids: the
+    consumer reads (as an operand) the tensor the producer is the last to write before it. A set
+    of pairs is all the search asks of the graph (whether an edge is there); a graph library's
+    import alone would cost every planning process more than its whole search on most chains."""
+    edges = set()
     last_writer: dict[str, int] = {}
     for c in cs:
         for name in [c.a] + ([c.b] if c.b is not None else []):
             if name in last_writer:
-                g.add_edge(last_writer[name], c.id, tensor=name)
+                edges.add((last_writer[name], c.id))
         last_writer[c.out] = c.id
-    return g
+    return edges
 
 
 def fusable_lists(cs: list[Contraction]) -> list[list[int]]:
@@ -53,21 +53,22 @@ def fusable_lists(cs: list[Contraction]) -> list[list[int]]:
     linear chain this is the paper's fusable list (each intermediate feeds the next contraction);
     it also keeps together a tensor built by several ``+=`` terms and read several times (the
     (T) chain's W, Z and R). Outputs may be written inside a run; they are stored from it."""
-    g = graph(cs)
+    edges = links(cs)
     runs: list[list[int]] = []
     for c in cs:
-        if runs and _open(runs[-1], c.id, cs, g):
+        if runs and _open(runs[-1], c.id, cs, edges):
             runs[-1].append(c.id)
         else:
             runs.append([c.id])
     return runs
 
 
-def _open(run: list[int], k: int, cs: list[Contraction], g: nx.DiGraph) -> bool:
-    """Whether a tensor written in ``run`` is read (a graph edge) or accumulated into from k on."""
+def _open(run: list[int], k: int, cs: list[Contraction], edges: set[tuple[int, int]]) -> bool:
+    """Whether a tensor written in ``run`` is read (an edge of :func:`links`) or accumulated into
+    from k on."""
     written = {cs[j].out for j in run}
     for c in cs[k:]:
-        if any(g.has_edge(j, c.id) for j in run) or (c.accumulate and c.out in written):
+        if any((j, c.id) in edges for j in run) or (c.accumulate and c.out in written):
             return True
     return False
 
