@@ -74,8 +74,8 @@ def invariances(run: tuple[Term, ...], out: tuple[str, ...], symmetric: tuple[st
     index neither operand of it holds stays where it is)."""
     extent = dict(extents)
     identity = (tuple((i, i) for i in out),)
-    if not set(symmetric) <= set(out) or len(set(map(_key, run))) < len(run):
-        return identity  # a symmetric index the output lacks, or a term twice: left as it is
+    if not set(symmetric) <= set(out):
+        return identity  # a symmetric index the output lacks: left as it is
     found = []
     wanted = Counter(_key(t) for t in run)
     a, ai, b, bi, factor = run[0]
@@ -222,11 +222,15 @@ def schedule(cs: list[Contraction], symmetric: list[str], free, extents: dict[st
     tuples of ``symmetric`` (loop order), per pattern of equal positions (:func:`patterns`): the
     terms to run there and the axis permutations the output is then summed over, ``(((position, scale), …),
     axes)``, or None where every term runs as it is. None for the whole run where no pattern
-    runs fewer terms (or it is no run of contractions). ``free``: the output's other indices
-    that every tile sees whole. The planner, the cost model and the executor all ask this."""
+    runs fewer terms (or it is no run of contractions, or one that holds a term twice: an orbit
+    counts its terms once, and such a run adds that term as often as it holds it). ``free``: the
+    output's other indices that every tile sees whole. The planner, the cost model and the
+    executor all ask this."""
     if len(cs) < 2 or cs[0].pointwise():
         return None
     run, out = terms(cs), tuple(cs[0].out_indices)
+    if len(set(map(_key, run))) < len(run):
+        return None
     group = invariances(run, out, tuple(symmetric), frozenset(free),
                         tuple(sorted((i, extents[i]) for c in cs for i in c.indices())))
     found = {}

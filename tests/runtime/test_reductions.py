@@ -1,8 +1,9 @@
 """Outputs summed over a tiled loop: chains whose result lacks indices that a fused loop tiles (a
 scalar energy from a 3-index intermediate, a vector, two vectors from one matrix, a scalar that a
-later statement reads back) equal numpy.einsum at memory limits that tile every level, on 1 and 3
-ranks, and move exactly the predicted bytes. Before the fix, such an output was stored once per tile
-of the loop and only the last tile's partial sum survived."""
+later statement reads back, an intermediate that adds one term three times) equal numpy.einsum at
+memory limits that tile every level, on 1 and 3 ranks, and move exactly the predicted bytes. Before
+the fixes, such an output was stored once per tile of the loop and only the last tile's partial sum
+survived, and a term added several times into one tensor was added once."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ CHAINS = {
         [("T", "=", "ijk,kl", "ijl"), ("T", "+=", "jik,kl", "ijl"), ("E", "=", "ijl,ijl", ""),
          ("F", "=", ",ijl", "ijl"), ("G", "=", "ijl,ijl", "")],
         ["A", "B", "A", "B", "T", "C", "E", "T", "F", "C"], ["E", "G"]),
+    "a term added three times": (
+        [("T", "=", "ijk,kl", "ijl"), ("T", "+=", "ijk,kl", "ijl"), ("T", "+=", "kl,ijk", "ijl"),
+         ("E", "=", "ijl,ijl", "")],
+        ["A", "B", "A", "B", "B", "A", "T", "C"], ["E", "T"]),
 }
 
 
