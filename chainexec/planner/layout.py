@@ -8,12 +8,14 @@ a cut index is the last one (the four-index transform read its stored intermedia
 time). The binarization chose index orders without knowing the loops; here, once the nests exist,
 each such intermediate's indices are reordered: those its consumers' global loops cut (outermost
 loop first), then those its producer's cut, then the others as they were. Every reference to the
-tensor — contractions and statements — is permuted alike; bytes and memory do not change.
+tensor — contractions, statements and the expressions of fused statements — is permuted alike;
+bytes and memory do not change.
 Outputs keep the order the config gives them.
 """
 
 from __future__ import annotations
 
+from chainexec.planner.inline import expression
 from chainexec.planner.plan import Contraction, Nest, TensorInfo, ops
 
 
@@ -68,3 +70,5 @@ def relayout(nests: list[Nest], contractions: list[Contraction], tensors: dict[s
             for op, _ in ops(nest.body):
                 if op.tensor == name:
                     op.indices = permuted(op.indices)
+                if op.op == "fused":  # its expression names the references as they are now
+                    op.expression = expression(op, contractions, tensors)

@@ -1,8 +1,9 @@
 """Fused statements (``planner/inline.py``) executed: chains whose point-wise intermediates are
 computed where they are read — a (T)-like epilogue reduced to a scalar through a computed tensor
-and permuted reads of a reused value (Z, computed once per element), and a point-wise output reading a permuted producer — equal a NumPy
-evaluation written out by hand, with and without inlining, on 1 and 2 ranks, at memory limits
-that tile and that do not; every counted quantity equals the prediction."""
+and permuted reads of a reused value (Z, computed once per element), a point-wise output reading
+a permuted producer, and one reading an intermediate whose file layout the planner reordered —
+equal a NumPy evaluation written out by hand, with and without inlining, on 1 and 2 ranks, at
+memory limits that tile and that do not; every counted quantity equals the prediction."""
 
 from __future__ import annotations
 
@@ -128,3 +129,33 @@ def test_fused_statements_equal_numpy(tmp_path, name, limits, ranks):
 @pytest.mark.parametrize("limits", LIMITS, ids=["untiled", "tiled"])
 def test_unfused_run_of_the_same_chain_agrees(tmp_path, limits):
     run_chain(tmp_path, "epilogue", limits, inline=False)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_fused_statement_reads_an_intermediate_whose_file_layout_was_reordered(tmp_path, ranks):
+    """T0 is stored between nests (a statement in between, the global memory one tile of
+    elements), so its indices are reordered for its file (:mod:`chainexec.planner.layout`); the
+    fused statement that reads it twice reads it under the new order (it named the old one, and
+    found no buffer)."""
+    sizes = {"i": 2, "j": 3, "k": 2}
+    config = write_config(tmp_path, {
+        "indices": sizes,
+        "tensors": {"A": {"indices": ["i"], "source": {"random": 1}},
+                    "B": {"indices": ["k", "j"], "source": {"random": 2}}},
+        "statements": ["T0[k,i,j] = A[i] * B[k,j]", "T1[i] = 2 * A[i]", "T2[j,i,k] = T0[k,i,j] * B[k,j] * T0[k,i,j]"],
+        "outputs": {"T2": {"file": "out.h5", "dataset": "T2"}},
+        "machine": {"global_memory": 64, "device_memory": "1GiB"},
+    })
+    plan = make_plan(spec.load(config), ranks=ranks)
+    assert [op.inlined for nest in plan.nests for op, _ in ops(nest.body) if op.op == "fused"] == [["_s2_0"]]
+    proc = run_cli("run", config, "--report-json", tmp_path / "r.json", ranks=ranks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = read_report(tmp_path / "r.json")
+    for key in ("bytes", "flops", "statements", "streamed", "memory_peak"):
+        assert report["measured"][key] == report["predicted"][key], key
+    a = block(1, (2,), ((0, 2),), "float64")
+    b = block(2, (2, 3), ((0, 2), (0, 3)), "float64")
+    t0 = a[None, :, None] * b[:, None, :]
+    expected = (t0 * b[:, None, :] * t0).transpose(2, 1, 0)
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert np.max(np.abs(f["T2"][()] - expected)) <= 1e-12 * np.max(np.abs(expected))
