@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import time
 import traceback
 from functools import lru_cache
@@ -439,7 +438,6 @@ def _end_all(comm, err: Exception):
         say(f"chainexec: rank {comm.rank}: {err}")
     else:
         traceback.print_exc()
-        sys.stderr.flush()
     abort(comm, 2 if isinstance(err, ChainexecError) else 1)
 
 

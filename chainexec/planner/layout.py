@@ -47,6 +47,7 @@ def stream_order(nests: list[Nest], tensor: str, rank: int) -> list[int]:
 def relayout(nests: list[Nest], contractions: list[Contraction], tensors: dict[str, TensorInfo]) -> None:
     """Reorder the indices of every stored intermediate (module docstring), in place."""
     stored = {op.tensor for nest in nests for op, _ in ops(nest.body) if op.op == "store"}
+    reordered = False
     for name in sorted(stored):
         t = tensors[name]
         if t.role != "intermediate":
@@ -58,6 +59,7 @@ def relayout(nests: list[Nest], contractions: list[Contraction], tensors: dict[s
         def permuted(ix: list[str]) -> list[str]:
             return [ix[p] for p in perm]
 
+        reordered = True
         t.indices, t.shape = permuted(t.indices), [t.shape[p] for p in perm]
         for c in contractions:
             if c.out == name:
@@ -70,5 +72,8 @@ def relayout(nests: list[Nest], contractions: list[Contraction], tensors: dict[s
             for op, _ in ops(nest.body):
                 if op.tensor == name:
                     op.indices = permuted(op.indices)
-                if op.op == "fused":  # its expression names the references as they are now
+    if reordered:  # a fused statement's expression names its references as they are now
+        for nest in nests:
+            for op, _ in ops(nest.body):
+                if op.op == "fused":
                     op.expression = expression(op, contractions, tensors)
