@@ -248,6 +248,7 @@ def build(data, lines: dict, path: str) -> Spec:
         outputs.append(Output(oname, odef["file"], odef["dataset"], symmetric, allow))
     if not outputs:
         raise p.fail("outputs must name at least one tensor", ("outputs",))
+    _check_used(p, statements, {o.tensor for o in outputs})
 
     mdef = p.mapping(data.get("machine", {}), ("machine",), _MACHINE_KEYS, "machine")
     sizes = {}
@@ -508,6 +509,18 @@ def _check_statements(p: _Parser, statements: list[Statement], extents, tensors:
                     where,
                 )
         assigned.add(st.lhs.tensor)
+
+
+def _check_used(p: _Parser, statements: list[Statement], outputs: set[str]) -> None:
+    """Every statement's result is an output or read by a later statement: a result nothing
+    reads (a forgotten output, a misspelt name) would be computed and thrown away."""
+    read: set[str] = set()
+    for k in reversed(range(len(statements))):
+        st = statements[k]
+        if st.lhs.tensor not in outputs and st.lhs.tensor not in read:
+            raise p.fail(f"'{st.text}' computes {st.lhs.tensor!r}, which no output names and no later statement "
+                         f"reads: add {st.lhs.tensor} to outputs or remove the statement", ("statements", k))
+        read.update(ref.tensor for ref in st.operands)
 
 
 def _check_shape(p, ref: Ref, t: Tensor, extents, st: Statement, where) -> None:

@@ -910,7 +910,7 @@ def test_dotdot_after_a_linked_folder_is_where_the_file_system_puts_it(tmp_path)
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f["A"] = np.full((6, 5), 42.0)
     before = _snapshot(tmp_path)
-    config = write_config(tmp_path / "real" / "sub", _small("../in.h5", {"C": {"file": "../out.h5", "dataset": "C"}}))
+    config = write_config(tmp_path / "real" / "sub", _small("../in.h5", {"D": {"file": "../out.h5", "dataset": "D"}}))
     proc = run_cli("generate", tmp_path / "L" / config.name)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {tmp_path / 'real' / 'in.h5'}" in proc.stdout
@@ -924,7 +924,7 @@ def test_a_refused_run_makes_no_folder(tmp_path):
     """An output in folders not made yet (``sub/deeper/out.h5``): a run refused (its input is
     missing) leaves none of them; one under a file is refused as not writable; the run that
     passes makes them."""
-    config = write_config(tmp_path, _small("in.h5", {"C": {"file": "sub/deeper/out.h5", "dataset": "C"}}))
+    config = write_config(tmp_path, _small("in.h5", {"D": {"file": "sub/deeper/out.h5", "dataset": "D"}}))
     assert_refused(run_cli("run", config, "--quiet"), "in.h5")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.yaml"]
     (tmp_path / "sub").write_text("a file of the user's")
@@ -941,7 +941,7 @@ def test_a_config_named_through_dotdot_after_a_link_reads_beside_itself(tmp_path
     finds it: its paths are relative to ``real``, not to the folder beside the link."""
     (tmp_path / "real" / "sub").mkdir(parents=True)
     (tmp_path / "L").symlink_to(tmp_path / "real" / "sub")
-    write_config(tmp_path / "real", _small("in.h5", {"C": {"file": "out.h5", "dataset": "C"}}), "c.yaml")
+    write_config(tmp_path / "real", _small("in.h5", {"D": {"file": "out.h5", "dataset": "D"}}), "c.yaml")
     proc = run_cli("generate", "L/../c.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {tmp_path / 'real' / 'in.h5'}" in proc.stdout

@@ -134,6 +134,14 @@ machine: {{global_memory: 1MiB, device_memory: 64KiB}}
     # A second '=' or a term reading its own target: refused (each used to give wrong numbers or crash).
     (("T[i,j] -= X[i,b]", "T[i,j] = X[i,b]"), "assigns 'T' a second time", 9),
     (("T[i,j] -= X[i,b] * Y[b,j]", "T[i,j] += T[j,i]"), "reads 'T', the tensor it assigns", 9),
+    # A result nothing reads (computed, then thrown away): an intermediate, a term added after the
+    # last read of its tensor, an output's name misspelt where a statement reads it.
+    (("  - T[i,j] -= X[i,b] * Y[b,j]\n", "  - T[i,j] -= X[i,b] * Y[b,j]\n  - U[i,j] = X[i,a] * X[j,a]\n"),
+     "'U[i,j] = X[i,a] * X[j,a]' computes 'U', which no output names and no later statement reads", 10),
+    (("  - T[i,j] -= X[i,b] * Y[b,j]\n", "  - S[i,j] = X[i,b] * Y[b,j]\n  - T[i,j] -= S[j,i]\n"
+      "  - S[i,j] += X[i,a] * Y[a,j]\n"), "'S[i,j] += X[i,a] * Y[a,j]' computes 'S', which no output names", 11),
+    (("  - T[i,j] -= X[i,b] * Y[b,j]\n", "  - S[i,j] = X[i,b] * Y[b,j]\n  - T[i,j] += S[i,j]\n"
+      "  - T2[i,j] = S[j,i]\n"), "'T2[i,j] = S[j,i]' computes 'T2'", 11),
 ])
 def test_errors_name_file_and_line(edit, message, line):
     with pytest.raises(ChainexecError) as err:

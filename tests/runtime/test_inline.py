@@ -143,7 +143,7 @@ def test_a_fused_statement_reads_an_intermediate_whose_file_layout_was_reordered
         "tensors": {"A": {"indices": ["i"], "source": {"random": 1}},
                     "B": {"indices": ["k", "j"], "source": {"random": 2}}},
         "statements": ["T0[k,i,j] = A[i] * B[k,j]", "T1[i] = 2 * A[i]", "T2[j,i,k] = T0[k,i,j] * B[k,j] * T0[k,i,j]"],
-        "outputs": {"T2": {"file": "out.h5", "dataset": "T2"}},
+        "outputs": {"T1": {"file": "out.h5", "dataset": "T1"}, "T2": {"file": "out.h5", "dataset": "T2"}},
         "machine": {"global_memory": 64, "device_memory": "1GiB"},
     })
     plan = make_plan(spec.load(config), ranks=ranks)
@@ -159,3 +159,4 @@ def test_a_fused_statement_reads_an_intermediate_whose_file_layout_was_reordered
     expected = (t0 * b[:, None, :] * t0).transpose(2, 1, 0)
     with h5py.File(tmp_path / "out.h5", "r") as f:
         assert np.max(np.abs(f["T2"][()] - expected)) <= 1e-12 * np.max(np.abs(expected))
+        assert np.max(np.abs(f["T1"][()] - 2 * a)) <= 1e-12 * np.max(np.abs(a))
