@@ -1,5 +1,5 @@
-"""Shared helpers: run the real CLI in a subprocess (under mpiexec for several ranks), write
-configs into a temporary folder."""
+"""Shared helpers: run the real CLI in a process of its own (forked from a warm interpreter,
+:mod:`tests.forkcli`; under mpiexec for several ranks), write configs into a temporary folder."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests import forkcli
 
 BIN = Path(sys.executable).parent
 # The 48 TCCG contractions, kept in the repository so that CI's clean clone checks them too.
@@ -130,13 +132,18 @@ other."""
 def run_cli(*args, ranks: int | None = None, timeout: float = 300, cwd=None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``chainexec ARGS`` as a user runs it; ``ranks`` launches it under ``mpiexec -n ranks``;
-    ``env`` adds to the environment."""
+    ``env`` adds to the environment. A call of one process without ``env`` runs in a child
+    forked from a warm interpreter (:mod:`tests.forkcli`): the same process, without the
+    interpreter's start and imports."""
     cmd = [sys.executable, "-m", "chainexec.cli", *map(str, args)]
     if ranks is not None:
         cmd = [*launch(ranks), *cmd]
+    warm = forkcli.zygote() if ranks is None and env is None else None
     # Open MPI (the GPU machines' system MPI) refuses to start as root without these; MPICH ignores them.
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                **(env or {}))
+    if warm is not None:
+        return warm.run(cmd, cmd[3:], env, cwd, timeout)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
