@@ -11,7 +11,8 @@ any call: modules' code and constants (no module of the package reads the enviro
 file or starts a thread when imported), and the settings an interpreter takes at its start
 (``PYTHONUNBUFFERED`` on, as :func:`tests.conftest.run_cli` sets it for every call). mpi4py's
 ``MPI``, whose import starts MPI, is not imported by the zygote (nor the modules that import it):
-each child starts its own. :func:`tests.conftest.run_cli` runs a call with an environment of its
+each child starts its own. PySCF, where installed, is (the chemistry jobs import it when they
+run: 0.7 s a call); its OpenMP threads start at its first parallel loop, in a child. :func:`tests.conftest.run_cli` runs a call with an environment of its
 own (``env=``), whose variables an interpreter or a library may read at its start, and a
 launcher's ranks as real subprocesses; ``CHAINEXEC_TESTS_SUBPROCESS=1`` runs every call so."""
 
@@ -44,6 +45,10 @@ for found in pkgutil.walk_packages(chainexec.__path__, "chainexec."):
     except ImportError:
         pass
 sys.meta_path.pop(0)
+try:  # the chemistry jobs' optional dependency, imported by the CLI when a job needs it
+    import pyscf.cc, pyscf.gto, pyscf.scf
+except ImportError:
+    pass
 del sys.modules["chainexec.cli"], sys.modules["chainexec"].cli  # run as __main__, as `python -m` runs it
 assert "mpi4py.MPI" not in sys.modules
 requests, replies = os.dup(0), os.dup(1)
