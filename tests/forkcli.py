@@ -28,7 +28,7 @@ import tempfile
 import threading
 
 ZYGOTE = r"""
-import importlib, os, pkgutil, select, signal, sys, json, runpy
+import importlib, os, pkgutil, select, signal, sys, json, runpy, warnings
 import chainexec
 
 
@@ -38,17 +38,22 @@ class NoMPI:  # refuses mpi4py.MPI, whose import starts MPI: each child starts i
             raise ImportError("not in the zygote")
 
 
-sys.meta_path.insert(0, NoMPI())
-for found in pkgutil.walk_packages(chainexec.__path__, "chainexec."):
-    try:
-        importlib.import_module(found.name)
+# A warning an import shows (on stderr) would be shown once here and never in a child, where a
+# fresh interpreter shows it in every call: the zygote then ends, and the calls run as subprocesses.
+with warnings.catch_warnings(record=True) as shown:
+    sys.meta_path.insert(0, NoMPI())
+    for found in pkgutil.walk_packages(chainexec.__path__, "chainexec."):
+        try:
+            importlib.import_module(found.name)
+        except ImportError:
+            pass
+    sys.meta_path.pop(0)
+    try:  # the chemistry jobs' optional dependency, imported by the CLI when a job needs it
+        import pyscf.cc, pyscf.gto, pyscf.scf
     except ImportError:
         pass
-sys.meta_path.pop(0)
-try:  # the chemistry jobs' optional dependency, imported by the CLI when a job needs it
-    import pyscf.cc, pyscf.gto, pyscf.scf
-except ImportError:
-    pass
+if shown:
+    sys.exit(f"forkcli: an import warned ({shown[0].message}): the CLI's calls run as subprocesses")
 del sys.modules["chainexec.cli"], sys.modules["chainexec"].cli  # run as __main__, as `python -m` runs it
 assert "mpi4py.MPI" not in sys.modules
 requests, replies = os.dup(0), os.dup(1)
