@@ -4,6 +4,7 @@ that fitting tiles counts alone (``Context.peaks``) against the full price's.
 Iterations are counted on the emitted plan, independently of the planner: each parallel loop's
 tiles against the range its enclosing global loops leave (their first, full tile)."""
 
+import functools
 import itertools
 import math
 from pathlib import Path
@@ -49,6 +50,18 @@ def parallel_iterations(plan) -> list[int]:
     return [n for n, _ in parallel_loops(plan)]
 
 
+@functools.cache
+def _one_rank(config: str, marked: bool):
+    """A config's plan for one rank, its runs symmetrized (``marked``) or not (``build.mark`` a
+    no-op): the same for every rank count it is compared with, so planned once per worker."""
+    s = spec.load(CONFIGS / config)
+    if marked:
+        return make_plan(s)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(build, "mark", lambda *args: None)
+        return make_plan(s)
+
+
 @pytest.mark.parametrize("config", ["ccsd_t.yaml", "fourindex.yaml", "expr_d.yaml"])
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_parallel_loops_get_a_tile_per_rank(config, ranks, monkeypatch):
@@ -59,9 +72,9 @@ def test_parallel_loops_get_a_tile_per_rank(config, ranks, monkeypatch):
     the (T) plan of one tile symmetrizes W over the whole cube, the cut one cannot where the cut
     splits a, b, c); symmetrizing never adds flops."""
     s = spec.load(CONFIGS / config)
-    marked = make_plan(s), make_plan(s, ranks=ranks)
+    marked = _one_rank(config, True), make_plan(s, ranks=ranks)
     monkeypatch.setattr(build, "mark", lambda *args: None)
-    one, many = make_plan(s), make_plan(s, ranks=ranks)
+    one, many = _one_rank(config, False), make_plan(s, ranks=ranks)
     assert all(m.predicted["flops"] <= p.predicted["flops"] for m, p in zip(marked, (one, many)))
     pairs = list(zip(parallel_iterations(one), parallel_loops(many)))
     assert len(pairs) == len(parallel_iterations(many)) > 0
