@@ -1,9 +1,9 @@
 """``python -m chainexec.cli ARGS`` of one process (no launcher) in a child forked from a warm
 interpreter: each pytest worker starts one interpreter (the *zygote*) that imports the package's
 modules once, and for each call forks a child that takes the call's environment, folder,
-arguments and output files and runs the CLI module as ``python -m`` does. A call costs the fork
-(milliseconds) instead of an interpreter's start and the imports (about 0.3 s of CPU), and the
-suite makes about a thousand such calls.
+arguments and output files and runs the CLI module as ``python -m`` does. A call costs a fork
+instead of an interpreter's start and the package's imports, which the suite's many one-process
+calls would each pay.
 
 The child is a process of its own, as ``python -m`` starts one: its exit status, stdout, stderr,
 files and failures are its own. What it shares with the zygote is what the imports made before
@@ -12,9 +12,10 @@ file or starts a thread when imported), and the settings an interpreter takes at
 (``PYTHONUNBUFFERED`` on, as :func:`tests.conftest.run_cli` sets it for every call). mpi4py's
 ``MPI``, whose import starts MPI, is not imported by the zygote (nor the modules that import it):
 each child starts its own. PySCF, where installed, is (the chemistry jobs import it when they
-run: 0.7 s a call); its OpenMP threads start at its first parallel loop, in a child. :func:`tests.conftest.run_cli` runs a call with an environment of its
-own (``env=``), whose variables an interpreter or a library may read at its start, and a
-launcher's ranks as real subprocesses; ``CHAINEXEC_TESTS_SUBPROCESS=1`` runs every call so."""
+run); its OpenMP threads start at its first parallel loop, in a child.
+:func:`tests.conftest.run_cli` runs a call with an environment of its own (``env=``), whose
+variables an interpreter or a library may read at its start, and a launcher's ranks as real
+subprocesses; ``CHAINEXEC_TESTS_SUBPROCESS=1`` runs every call so."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -177,7 +179,7 @@ class Zygote:
         with self.changed:
             ended = self.changed.wait_for(lambda: pid in self.exits or not self.alive, timeout)
         if not ended:
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
             with self.changed:
                 self.changed.wait_for(lambda: pid in self.exits or not self.alive)
         if pid not in self.exits:
