@@ -15,6 +15,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from chainexec.calibrate import QUICK_VARIABLE
 from tests.conftest import fourindex_config, write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +164,9 @@ def test_ccsd_t_job_on_slurm(tmp_path):
 
 def _stand_in_job(script: str, tmp_path: Path, srun: str, **variables) -> subprocess.CompletedProcess:
     """``jobs/SCRIPT`` run as SLURM would on one node of 2 tasks, with ``srun`` a stand-in script
-    (its text) and the NumPy backend; no SLURM needed."""
+    (its text) and the NumPy backend; no SLURM needed. Its environment is its own (a fresh HOME),
+    so the job's first run calibrates the machine into HOME's cache, as on a fresh cluster: the
+    tiny calibration (``CHAINEXEC_QUICK_CALIBRATION=tiny``), as everywhere in the tests."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "srun").write_text(srun)
@@ -171,7 +174,7 @@ def _stand_in_job(script: str, tmp_path: Path, srun: str, **variables) -> subpro
     venv = Path(sys.executable).parent.parent
     env = {"PATH": f"{fake}:{venv / 'bin'}:/usr/bin:/bin", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
            "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path), "CHAINEXEC_HOME": str(REPO), "VENV": str(venv),
-           "BACKEND": "numpy", "HOME": str(tmp_path)} | variables
+           "BACKEND": "numpy", "HOME": str(tmp_path), QUICK_VARIABLE: "tiny"} | variables
     return subprocess.run(["bash", str(REPO / "jobs" / script)], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=600)
 
