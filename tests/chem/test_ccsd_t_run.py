@@ -69,8 +69,8 @@ def test_an_ion_equals_pyscf(tmp_path):
 
 @pytest.mark.parametrize("nocc, nvir, seed, ranks, global_memory", [
     (3, 7, 11, 1, None), (4, 9, 12, 2, None),
-    # Out of core: a global memory too small for more than a few tiles of the inputs, which
-    # stream from disk tile by tile (thousands of tiles), and E summed over the tiles.
+    # Out of core: a global memory smaller than the inputs, which stream from disk tile by tile
+    # and are read many times over (over a thousand parallel tiles), and E summed over the tiles.
     (3, 7, 11, 2, "16KiB")])
 def test_synthetic_equals_numpy_reference(tmp_path, nocc, nvir, seed, ranks, global_memory):
     import yaml
