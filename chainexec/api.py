@@ -32,6 +32,7 @@ from chainexec.runtime import hostcopy, store, uselog
 from chainexec.runtime.checkpoint import EVERY, Checkpoint, Stopped, check_intervals, saved_planning
 from chainexec.runtime.comm import SIMULATE_HOSTS, abort, barrier, world
 from chainexec.runtime.device import select
+from chainexec.runtime.watchdog import Watchdog, check_timeout
 from chainexec.verify import Check, verify as verify_spec
 
 
@@ -127,7 +128,8 @@ def generate(config: str | Path, missing: bool = False) -> list[str]:
 def run(config: str | Path, backend: str = "auto", machine: str | None = None, schedule: str | None = None,
         balance: str = "dynamic", progress: bool = False, checkpoint: str | Path | None = None,
         checkpoint_every: float | None = None, stop_after: float | None = None, inline: bool = True,
-        plan_cache: bool = True, reports: dict[str, str | None] | None = None) -> dict:
+        plan_cache: bool = True, reports: dict[str, str | None] | None = None,
+        stall_timeout: float | None = None) -> dict:
     """Execute a config on all ranks; returns ``{"predicted", "measured", "run"}`` on every rank
     (``run["memory_limit"]``: the bytes per level planned for, for
     :func:`chainexec.report.run_report`; ``run["machine"]``: where each limit and rate came from,
@@ -144,7 +146,9 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     config, limits, machine, options and source were planned before (``run["plan_cached"]``),
     and keep a new one there. ``reports``: files the caller writes after the run, by the option
     that names them (``{"--report-json": path}``), checked with the run's own paths before
-    anything runs.
+    anything runs. ``stall_timeout``: seconds after which a rank that has finished no statement
+    ends every rank with status :data:`~chainexec.runtime.watchdog.STALLED`
+    (:mod:`chainexec.runtime.watchdog`; None: never).
 
     Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) and that each output and
     report file can be written, then the machine file, the plan, the inputs and the checkpoint;
@@ -180,14 +184,16 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     ours: dict = {}  # rank 0's state from one step to the next
     try:
         return _run(ours, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every,
-                    stop_after, inline, plan_cache, reports)
+                    stop_after, inline, plan_cache, reports, stall_timeout)
     finally:
+        if "watch" in ours:
+            ours["watch"].stop()
         if "paths" in ours:
             ours["paths"].unlock()
 
 
 def _run(ours: dict, config, backend, machine, schedule, balance, progress, checkpoint, checkpoint_every, stop_after,
-         inline, plan_cache, reports) -> dict:
+         inline, plan_cache, reports, stall_timeout) -> dict:
     """:func:`run`, with rank 0's state from one step to the next in ``ours``."""
     # imported here: the global arrays start MPI as they are imported, which plan and verify never need
     from chainexec.runtime.buffers import maps_inputs
@@ -199,7 +205,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     _agreed(comm, {"the config": str(config), "--backend": backend, "--machine": machine, "--schedule": schedule,
                    "--balance": balance, "--checkpoint": None if checkpoint is None else str(checkpoint),
                    "--checkpoint-every": checkpoint_every, "--stop-after": stop_after, "--no-inline": not inline,
-                   "--no-plan-cache": not plan_cache, f"${SIMULATE_HOSTS}": os.environ.get(SIMULATE_HOSTS)})
+                   "--no-plan-cache": not plan_cache, "--stall-timeout": stall_timeout,
+                   f"${SIMULATE_HOSTS}": os.environ.get(SIMULATE_HOSTS)})
     # the executor's loads map inputs' pages: priced by what the page cache holds
     maps = _on_each(comm, lambda: maps_inputs(comm))
     every = EVERY if checkpoint_every is None else checkpoint_every
@@ -212,6 +219,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             raise ChainexecError("checkpoints need --balance dynamic")
         if checkpoint is not None:
             check_intervals(every, stop_after)
+        check_timeout(stall_timeout)
         ours["text"] = spec_mod.read(config)  # read once: the plan cache's key is of the text planned
         ours["spec"] = s = spec_mod.loads(ours["text"], str(config))
         ours["paths"] = safepaths.check_run(s, checkpoint, reports, machinecache.named_file(machine))
@@ -281,8 +289,13 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     p = _on_each(comm, lambda: Plan.from_json(text))
     p.machine = record
     planned = time.perf_counter()
+    # every rank watches its progress from here (the plan made: rank 0's planning, which the
+    # others wait for, may take longer than a stall timeout) to the executor's end
+    ours["watch"] = watch = Watchdog(stall_timeout, comm)
+    watch.start()
     uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
     chosen = _selected(comm, backend)
+    watch.beat("the backend's start")
 
     def land() -> None:
         """The older outputs removed and the run's folders made: every check has passed."""
@@ -295,9 +308,10 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         ours["landed"] = True  # the folders are this run's, locked by it
 
     on_rank0(comm, land)
+    watch.beat("the outputs' folders made")
     ready = time.perf_counter()
     ck = None if checkpoint is None else Checkpoint(checkpoint, *kept, every=every, stop_after=stop_after)
-    executor = _on_each(comm, lambda: Executor(p, comm, chosen, balance, progress, ck))
+    executor = _on_each(comm, lambda: Executor(p, comm, chosen, balance, progress, ck, watch))
     try:
         try:
             with np.errstate(all="ignore"):  # values that are not finite are counted at the output (Store)
@@ -318,6 +332,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             if ck is None:
                 _discard(comm, ours, executor, p.scratch)
         _end_all(comm, err)
+    watch.stop()
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
         barrier(comm)
         if comm.rank == 0:

@@ -2,7 +2,8 @@
 
 User errors print one line and exit with status 2; a run whose measured movement differs from the
 prediction exits with status 1 (that is a bug in chainexec); a run stopped at a checkpoint
-(``--stop-after``) exits with status 3.
+(``--stop-after``) exits with status 3; a run a stalled rank held past ``--stall-timeout`` exits
+with status 4 (:mod:`chainexec.runtime.watchdog`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --checkpoint: seconds at most between checkpoints (default 600)")
     r.add_argument("--stop-after", type=float, metavar="SECONDS",
                    help="stop at the first checkpoint after SECONDS and exit with status 3 (run again to resume)")
+    r.add_argument("--stall-timeout", type=float, metavar="SECONDS",
+                   help="end every rank with status 4 where one has finished no statement for SECONDS (a rank "
+                        "stalled, or waiting for one that is), instead of waiting until the job's time limit; "
+                        "longer than any one statement takes (default: never)")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
     g.add_argument("--missing", action="store_true",
@@ -264,7 +269,8 @@ def _main(args) -> int:
                                  balance=args.balance, progress=not args.quiet, checkpoint=args.checkpoint,
                                  checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
                                  inline=args.inline, plan_cache=args.plan_cache,
-                                 reports={"--report-json": args.report_json, "--plot": args.plot})
+                                 reports={"--report-json": args.report_json, "--plot": args.plot},
+                                 stall_timeout=args.stall_timeout)
             except Stopped as stop:
                 if _rank() == 0:
                     say(f"chainexec: {stop}")

@@ -29,12 +29,15 @@ check_nodes() {
 }
 
 # check_stop_settings: STOP_AFTER is empty or a whole number of seconds (at most 9 digits: bash's
-# arithmetic wraps larger ones), CHECKPOINT_EVERY a number of seconds; otherwise one line and
-# status 2, before anything runs (bash's arithmetic dropped a STOP_AFTER with a unit, "1h",
-# without a word, and the job ran into its time limit).
+# arithmetic wraps larger ones), CHECKPOINT_EVERY a number of seconds, STALL_TIMEOUT empty or a
+# positive number of seconds; otherwise one line and status 2, before anything runs (bash's
+# arithmetic dropped a STOP_AFTER with a unit, "1h", without a word, and the job ran into its
+# time limit).
 check_stop_settings() {
     [[ "$STOP_AFTER" =~ ^[0-9]{0,9}$ ]] || { echo "chainexec-job: STOP_AFTER=$STOP_AFTER is not a whole number of seconds (at most 9 digits)" >&2; return 2; }
     [[ "$CHECKPOINT_EVERY" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "chainexec-job: CHECKPOINT_EVERY=$CHECKPOINT_EVERY is not a number of seconds" >&2; return 2; }
+    [[ -z "$STALL_TIMEOUT" || ( "$STALL_TIMEOUT" =~ ^[0-9]+([.][0-9]+)?$ && "$STALL_TIMEOUT" =~ [1-9] ) ]] \
+        || { echo "chainexec-job: STALL_TIMEOUT=$STALL_TIMEOUT is not a positive number of seconds (empty: no stall timeout)" >&2; return 2; }
 }
 
 # check_world PYTHON: srun (--mpi=$SRUN_MPI) starts one MPI world of SLURM_NTASKS ranks. If srun
@@ -54,11 +57,13 @@ check_world() {
 }
 
 # run_options CHECKPOINT: the run's checkpoint options into the array RUN_OPTIONS: the folder
-# CHECKPOINT, every CHECKPOINT_EVERY seconds, and with STOP_AFTER a stop that many seconds after
-# the job's start (bash's SECONDS: the steps before the run took some).
+# CHECKPOINT, every CHECKPOINT_EVERY seconds, with STOP_AFTER a stop that many seconds after
+# the job's start (bash's SECONDS: the steps before the run took some), and with STALL_TIMEOUT
+# the run's stall timeout.
 run_options() {
     RUN_OPTIONS=(--checkpoint "$1" --checkpoint-every "$CHECKPOINT_EVERY")
     [ -z "$STOP_AFTER" ] || RUN_OPTIONS+=(--stop-after "$(( 10#$STOP_AFTER > SECONDS ? 10#$STOP_AFTER - SECONDS : 0 ))")
+    [ -z "$STALL_TIMEOUT" ] || RUN_OPTIONS+=(--stall-timeout "$STALL_TIMEOUT")
 }
 
 # stopped CHECKPOINT: after a run that stopped at a checkpoint (its status 3, STOP_AFTER): says

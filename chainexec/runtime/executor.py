@@ -47,6 +47,7 @@ from chainexec.runtime.progress import Progress
 from chainexec.runtime.region import box_shape
 from chainexec.runtime.store import Store
 from chainexec.runtime.streaming import Streams
+from chainexec.runtime.watchdog import Watchdog
 
 # Statements the backend may still be running when it returns: timed between backend stamps
 # (CUDA events on a GPU) and added up later (Executor._settle), so the host prepares the next
@@ -63,12 +64,13 @@ class Executor:
     """The interpreter of one plan on one rank; every rank makes one and runs it (collective)."""
 
     def __init__(self, plan: Plan, comm, backend: Backend, balance: str = "dynamic", progress: bool = False,
-                 checkpoint: Checkpoint | None = None):
+                 checkpoint: Checkpoint | None = None, watch: Watchdog | None = None):
         """``balance``: ``dynamic`` hands the iterations of each parallel loop out through a shared
         counter (NWChem's nxtval: a rank takes the next tile when it is free); ``static`` deals
         them round-robin. Either way every tile moves the same bytes, so the prediction holds.
         ``checkpoint``: save the progress of resumable loops and finished nests there, and resume
-        from it (:class:`Claims`; needs dynamic balance)."""
+        from it (:class:`Claims`; needs dynamic balance). ``watch``: the rank's
+        :class:`~chainexec.runtime.watchdog.Watchdog`, told of every statement finished."""
         if balance not in ("dynamic", "static"):
             raise ValueError(f"balance must be dynamic or static, not {balance!r}")
         if checkpoint is not None and balance != "dynamic":
@@ -91,6 +93,7 @@ class Executor:
         self.claims = Claims(plan, comm, balance, checkpoint, self.store, self.disk, self.counters, self.buffers,
                              self.streams, self._settle)
         self.frame = Frame(plan.extents)  # the innermost loop's being run
+        self.watch = watch or Watchdog(None, comm)
         self.unsynced = False  # loads since the last barrier (other ranks' rows may still be landing)
         backend.expect_transfers(plan.pinned)
         backend.limit_memory(plan.memory_limit["device"], plan.predicted["memory_peak"]["device"])
@@ -181,6 +184,7 @@ class Executor:
                 self._statement(node)
                 k += 1
                 name = statement_name(node.op, node.tensor, node.group)
+            self.watch.beat(name)
             if queued:
                 self.counters.queue(name, start, self.backend.stamp(), OP_LEVEL[node.op])
                 if len(self.counters.pending) >= PENDING:

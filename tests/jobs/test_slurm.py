@@ -239,6 +239,8 @@ def test_a_ccsd_t_job_submitted_again_for_another_molecule_is_refused(tmp_path):
     ("STOP_AFTER", "1h", "STOP_AFTER=1h is not a whole number of seconds"),
     ("STOP_AFTER", "1.5e3", "STOP_AFTER=1.5e3 is not a whole number of seconds"),
     ("CHECKPOINT_EVERY", "10m", "CHECKPOINT_EVERY=10m is not a number of seconds"),
+    ("STALL_TIMEOUT", "1h", "STALL_TIMEOUT=1h is not a positive number of seconds"),
+    ("STALL_TIMEOUT", "0.0", "STALL_TIMEOUT=0.0 is not a positive number of seconds"),
     ("TOLERANCE", "1e-10Eh", "TOLERANCE=1e-10Eh is not a number of Hartree"),
     ("CHAINEXEC_HOME", "/nonexistent", "/nonexistent/jobs/steps.sh not found (set CHAINEXEC_HOME"),
     ("CHARGE", "1.0", "CHARGE=1.0 is not a whole number"),

@@ -304,6 +304,48 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
     assert list(folder.iterdir()) == []
 
 
+def test_fourindex_stalled_rank_ends_the_run_and_it_resumes(tmp_path, uninterrupted):
+    """The four-index transform of the killed-rank test on two ranks with ``--stall-timeout 5``:
+    one rank stopped (SIGSTOP, as a rank that hangs in a device call or a read) once a third of
+    the flops is checkpointed, the other finishes no statement while it waits for it, and within
+    the timeout (and the watch's period) says so in one line and ends the run with status 4, the
+    stopped rank ended by the launcher; the same command then finishes from the last checkpoint
+    with the uninterrupted run's output bit for bit and the predicted movement."""
+    config, expected, flops = uninterrupted(tmp_path, 2)
+    folder = tmp_path / "ck"
+    cmd = [*launch(2), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
+           "--checkpoint", str(folder), "--checkpoint-every", "0", "--stall-timeout", "5"]
+    for _ in range(3):  # on a loaded machine the run may end between two looks: run it again
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < 0.3:
+            time.sleep(0.002)
+        victims = ranks_of(proc.pid)
+        if proc.poll() is None and len(victims) == 2:
+            break
+        proc.communicate()
+    else:
+        pytest.fail("the run ended before a rank could be stopped, three times")
+    os.kill(victims[-1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            kill_job(proc.pid)
+            proc.wait()
+    assert proc.returncode == 4, err
+    assert time.monotonic() - stopped >= 5
+    said = [line for line in err.splitlines() if "has finished no statement for" in line]
+    assert len(said) == 1 and "--stall-timeout 5;" in said[0] and "status 4" in said[0], err
+    assert not (tmp_path / "out" / "result.h5").exists()
+    proc = run_cli("run", config, "--quiet", "--checkpoint", folder, "--report-json", tmp_path / "r.json", ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    assert _check_report(tmp_path / "r.json")["run"]["resumed_tiles"] > 0
+    _check_transformed(tmp_path, expected)
+
+
 @pytest.mark.parametrize("ranks, sizes, stops", [
     (1, {"n": 8, "nmo": 5, "global_memory": "12KiB", "device_memory": "2KiB"}, 6),
     (2, {"global_memory": "80KiB", "device_memory": "8KiB"}, 3)], ids=["1-two-nests", "2-loop-before"])
