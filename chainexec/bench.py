@@ -114,13 +114,17 @@ def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int
     once in turn (``measure(fn)`` gives one call's milliseconds): methods compared with each other
     run under the same clocks and power state. A device that throttles under a long DGEMM drifts
     by 10 % or more between runs of the same kernel; methods timed one after another would carry
-    that drift into their ratio. Rounds stop at ``max_reps``, or once every callable has
+    that drift into their ratio. Each round starts one callable further on (round r calls them
+    from the (r mod n)-th of the n in turn): a drift within rounds, or a device rested between
+    them, favours no place in the order. Rounds stop at ``max_reps``, or once every callable has
     ``min_reps`` and the next round would pass ``budget_s`` per callable, or after the first
     where every call took longer than ``hopeless_ms``."""
     times = {key: [] for key in fns}
+    keys = list(fns)
     while True:
-        for key, fn in fns.items():
-            times[key].append(measure(fn))
+        turn = len(times[keys[0]]) % len(keys)
+        for key in keys[turn:] + keys[:turn]:
+            times[key].append(measure(fns[key]))
         done = len(next(iter(times.values())))
         spent = sum(map(sum, times.values())) / 1e3
         if (done >= max_reps or (done >= min_reps and spent * (done + 1) / done > budget_s * len(fns))

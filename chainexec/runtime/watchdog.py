@@ -42,7 +42,7 @@ def check_timeout(seconds: float | None) -> None:
 class Watchdog:
     """The watch of one rank: :meth:`beat` after every statement; between :meth:`start` and
     :meth:`stop` a daemon thread looks at the time since the last beat every ``seconds / 8``
-    (at most every 10 s) and, past ``seconds``, ends the run (:meth:`stalled`). With ``seconds``
+    (within 10 ms and 10 s) and, past ``seconds``, ends the run (:meth:`stalled`). With ``seconds``
     None nothing is watched and :meth:`beat` only notes the time."""
 
     def __init__(self, seconds: float | None, comm, clock=time.monotonic):
@@ -79,7 +79,7 @@ class Watchdog:
         return self.clock() - self.last
 
     def _watch(self) -> None:
-        period = min(self.seconds / 8, 10.0)
+        period = min(max(self.seconds / 8, 0.01), 10.0)
         while not self._stop.wait(period):
             if self.idle() > self.seconds:
                 self.stalled()
