@@ -290,7 +290,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     p.machine = record
     planned = time.perf_counter()
     # every rank watches its progress from here (the plan made: rank 0's planning, which the
-    # others wait for, may take longer than a stall timeout) to the executor's end
+    # others wait for, may take longer than a stall timeout) to the executor's last nest
     ours["watch"] = watch = Watchdog(stall_timeout, comm)
     watch.start()
     uselog.set_job(uselog.job_of(config))  # what a warm-up of this config's next run replays
@@ -325,6 +325,7 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     except Stopped:
         raise
     except Exception as failure:
+        watch.stop()  # what follows cleans up, and the failure's own line must not give way to a stall's
         err = of_machine(failure) or failure  # a full disk or too little memory: one line, not a traceback
         if comm.size == 1 or getattr(err, "collective", False):
             with contextlib.suppress(Exception):  # the run's own error is the one reported
@@ -332,7 +333,6 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
             if ck is None:
                 _discard(comm, ours, executor, p.scratch)
         _end_all(comm, err)
-    watch.stop()
     if ck is not None:  # the outputs are complete: the progress saved is no longer needed
         barrier(comm)
         if comm.rank == 0:

@@ -115,19 +115,21 @@ def rounds(fns: dict, measure, budget_s: float, min_reps: int = 3, max_reps: int
     run under the same clocks and power state. A device that throttles under a long DGEMM drifts
     by 10 % or more between runs of the same kernel; methods timed one after another would carry
     that drift into their ratio. Each round starts one callable further on (round r calls them
-    from the (r mod n)-th of the n in turn): a drift within rounds, or a device rested between
+    from the (r mod n)-th of the n in turn) and rounds end only after whole cycles of n, in which
+    each callable has been at each place once: a drift within rounds, or a device rested between
     them, favours no place in the order. Rounds stop at ``max_reps``, or once every callable has
-    ``min_reps`` and the next round would pass ``budget_s`` per callable, or after the first
-    where every call took longer than ``hopeless_ms``."""
+    ``min_reps`` and the next cycle would pass ``budget_s`` per callable (both rounded up to
+    whole cycles), or after the first round where every call took longer than ``hopeless_ms``."""
     times = {key: [] for key in fns}
     keys = list(fns)
+    n = len(keys)
     while True:
-        turn = len(times[keys[0]]) % len(keys)
+        turn = len(times[keys[0]]) % n
         for key in keys[turn:] + keys[:turn]:
             times[key].append(measure(fns[key]))
-        done = len(next(iter(times.values())))
+        done = len(times[keys[0]])
         spent = sum(map(sum, times.values())) / 1e3
-        if (done >= max_reps or (done >= min_reps and spent * (done + 1) / done > budget_s * len(fns))
+        if ((done % n == 0 and (done >= max_reps or (done >= min_reps and spent * (done + n) / done > budget_s * n)))
                 or (done == 1 and min(t[0] for t in times.values()) > hopeless_ms)):
             return {key: (float(np.median(t)), len(t)) for key, t in times.items()}
 

@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--stall-timeout", type=float, metavar="SECONDS",
                    help="end every rank with status 4 where one has finished no statement for SECONDS (a rank "
                         "stalled, or waiting for one that is), instead of waiting until the job's time limit; "
-                        "longer than any one statement takes (default: never)")
+                        "longer than a healthy rank goes without finishing one, waits for the others' last "
+                        "tiles included (default: never)")
     g = sub.add_parser("generate", help="write a config's seeded random inputs to HDF5")
     g.add_argument("config")
     g.add_argument("--missing", action="store_true",

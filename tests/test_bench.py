@@ -58,13 +58,16 @@ class _DriftingClock:
 def test_methods_are_timed_in_turn_within_the_budget():
     clock = _DriftingClock()
     times = rounds({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, clock.measure, 0.0048, min_reps=3)
-    # each round starts one further on; a fifth would pass 4.8 ms per method
-    assert clock.calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
-    assert times["a"] == (pytest.approx(1.0 + 0.01 * 7), 4) and times["c"] == (pytest.approx(1.0 + 0.01 * 6), 4)
+    # each round starts one further on, in whole cycles of three; a second cycle would pass 4.8 ms a method
+    assert clock.calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert times["a"] == (pytest.approx(1.0 + 0.01 * 6), 3) and times["c"] == (pytest.approx(1.0 + 0.01 * 5), 3)
 
 
-@pytest.mark.parametrize("budget,min_reps,max_reps,reps", [(0.0, 3, 50, 3), (0.0, 7, 50, 7), (1e9, 3, 11, 11)])
+@pytest.mark.parametrize("budget,min_reps,max_reps,reps", [(0.0, 4, 50, 4), (0.0, 7, 50, 8), (1e9, 3, 12, 12),
+                                                          (1e9, 3, 11, 12)])
 def test_rounds_stop_at_the_fewest_or_the_most_repeats(budget, min_reps, max_reps, reps):
+    """Two methods: at least ``min_reps`` rounds, at most ``max_reps``, each rounded up to whole
+    cycles of two."""
     times = rounds({"a": lambda: "a", "b": lambda: "b"}, _DriftingClock().measure, budget, min_reps, max_reps)
     assert [n for _, n in times.values()] == [reps, reps]
 
@@ -121,8 +124,10 @@ def test_equal_methods_on_a_device_rested_between_rounds_time_equal():
             return 0.99 if (self.calls - 1) % self.methods == 0 else 1.0
 
     same = lambda: "x"
-    times = rounds({"a": same, "b": same, "c": same}, Rested(3).measure, 0.0, min_reps=21)
-    assert times["a"] == times["b"] == times["c"] == (1.0, 21)
+    times = rounds({"a": same, "b": same, "c": same}, Rested(3).measure, 0.0, min_reps=4)
+    assert times["a"] == times["b"] == times["c"] == (1.0, 6)
+    times = rounds({"a": same, "b": same}, Rested(2).measure, 0.0, min_reps=5)
+    assert times["a"] == times["b"] == (0.995, 6)
 
 
 @pytest.mark.parametrize("ours,libs,expected", [

@@ -70,7 +70,8 @@ class Executor:
         them round-robin. Either way every tile moves the same bytes, so the prediction holds.
         ``checkpoint``: save the progress of resumable loops and finished nests there, and resume
         from it (:class:`Claims`; needs dynamic balance). ``watch``: the rank's
-        :class:`~chainexec.runtime.watchdog.Watchdog`, told of every statement finished."""
+        :class:`~chainexec.runtime.watchdog.Watchdog`, told of every statement finished and
+        stopped once the nests are done (or stopped at a checkpoint)."""
         if balance not in ("dynamic", "static"):
             raise ValueError(f"balance must be dynamic or static, not {balance!r}")
         if checkpoint is not None and balance != "dynamic":
@@ -120,11 +121,15 @@ class Executor:
                     self._settle()
                     self.claims.close(k)
                 except Stopped:
+                    self.watch.stop()  # every rank is at the checkpoint: what is left is cleaning up
                     self.disk.close()  # no streamed read may still write into a window freed here
                     self.release()
                     raise
                 if self.show_progress:
                     self.counters.report(k + 1, self.progress)
+            # the nests are done: removing older versions and scratch may take long on one rank
+            # while the others wait, with no statement finished
+            self.watch.stop()
             self.store.drop_superseded()
         finally:
             self.disk.close()

@@ -11,19 +11,27 @@ that is. It then says so in one line and ends the whole run (``MPI_Abort``) with
 :data:`STALLED`; the launcher ends the other ranks, the stalled one among them. A run with
 ``--checkpoint`` goes on from its last checkpoint when run again, as after any other failure.
 
-The statements' own length bounds the timeout from below: a statement that takes longer than it
-(one load of a large tile from a slow file system; the first call of a kernel, which compiles and
-tunes it) ends a healthy run, and so does a wait at a barrier for another rank's long statement.
-The watch runs from the plan's arrival on every rank (rank 0's planning, which the others wait
-for, is not watched) through the backend's start, the outputs' folders, the executor's nests
-and the outputs' completion. A run that ``chainexec serve`` runs ends the
-server with it (its client says the server ended during the run, status 1).
+The timeout must exceed the longest a rank of a healthy run goes without finishing a statement,
+or the run ends: its own longest statement (one load of a large tile from a slow file system;
+the first call of a kernel, which compiles and tunes it), a checkpoint's commit, and its waits
+for the other ranks, at a parallel loop's end for their last tiles (with ``--balance static``
+the loop's whole imbalance) or at a barrier for their long statements. The watch runs from the
+plan's arrival on every rank (rank 0's planning, which the others wait for, is not watched)
+through the backend's start, the outputs' folders and the executor's nests; the cleaning up
+after the last nest, a checkpoint's stop or a failure is not watched. A run that
+``chainexec serve`` runs ends the server with it (its client says the server ended during the
+run, status 1).
+
+``MPI_Abort`` is called from the watch's thread while the main thread may be inside MPI: where
+the MPI library gives less than ``MPI_THREAD_MULTIPLE``, the rank ends alone (``os._exit``) and
+the launcher ends the others (``srun --kill-on-bad-exit``, ``mpiexec``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 
@@ -92,12 +100,16 @@ class Watchdog:
                 "nodes until the time limit (run again: with --checkpoint it goes on from its last checkpoint)")
 
     def stalled(self) -> None:
-        """Say :meth:`message` and end every rank (``MPI_Abort``); this process ends with
-        :data:`STALLED` even where ``MPI_Abort`` returns (a single rank's)."""
+        """Say :meth:`message` and end every rank (``MPI_Abort``, where the MPI library allows
+        calls from several threads at once); this process ends with :data:`STALLED` even where
+        ``MPI_Abort`` returns (a single rank's) or is not called."""
         from chainexec.runtime import comm as comm_mod
 
         try:
             say(self.message())
-            comm_mod.abort(self.comm, STALLED)
+            mpi = comm_mod.mpi()
+            if mpi.Query_thread() == mpi.THREAD_MULTIPLE:
+                comm_mod.abort(self.comm, STALLED)
+            comm_mod.heard(sys.stderr, comm_mod.HEARD_SECONDS)
         finally:
             os._exit(STALLED)

@@ -56,23 +56,28 @@ def test_the_message_names_the_rank_the_time_and_the_last_statement():
 
 
 def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
-    watch = Recorded(0.2, SimpleNamespace(rank=0))
+    """On the watch's own clock (a fake one, so that a loaded host's pauses do not count): beats
+    0.1 s apart for 4 s keep a 1 s watch quiet; 1.5 s without one ends the run, once."""
+    now = [0.0]
+    watch = Recorded(1.0, SimpleNamespace(rank=0), clock=lambda: now[0])
     watch.start()
     try:
-        beating = time.monotonic() + 0.8
-        while time.monotonic() < beating:
+        for _ in range(40):
+            now[0] += 0.1
             watch.beat("#0")
-            time.sleep(0.01)
+            time.sleep(0.01)  # the thread looks every 0.125 s
         assert watch.fired == []
-        deadline = time.monotonic() + 5
+        now[0] += 1.5
+        deadline = time.monotonic() + 10
         while not watch.fired and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert watch.fired and "the last one finished: #0)" in watch.fired[0]
+        assert watch.fired and "for 2 s (--stall-timeout 1; the last one finished: #0)" in watch.fired[0]
     finally:
         watch.stop()
     fired = len(watch.fired)
+    now[0] += 5
     time.sleep(0.5)
-    assert len(watch.fired) == fired  # stopped: it watches no more
+    assert len(watch.fired) == fired == 1  # stopped: it watches no more
     assert not any(t.name == "chainexec-watchdog" for t in threading.enumerate())
 
 
@@ -84,9 +89,10 @@ def test_no_timeout_starts_no_thread():
 
 
 def test_a_run_watches_its_statements(tmp_path, monkeypatch):
-    """A run with a stall timeout of 0.3 s whose first statement other than a contraction takes
-    1.5 s: its watch sees the stall while it runs, naming what finished before it; the same run with its
-    statements at their own pace sees none, and neither leaves a watch running."""
+    """A run with a stall timeout of 0.5 s whose first 40 statements other than contractions take
+    0.05 s each longer (2 s in all) sees no stall: every statement beats. The same run whose fifth
+    such statement takes 1.5 s sees one while it runs, naming the statement finished before it.
+    Neither leaves a watch running."""
     config = write_config(tmp_path, fourindex_config())
     assert run_cli("generate", config).returncode == 0
     made: list[Recorded] = []
@@ -96,19 +102,65 @@ def test_a_run_watches_its_statements(tmp_path, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(api, "Watchdog", recorded)
-    api.run(config, backend="numpy", stall_timeout=30)
+    statement, calls = Executor._statement, []
+
+    def slowed(pause: float, which):
+        def slow(self, op):
+            calls.append(op)
+            if which(len(calls)):
+                time.sleep(pause)
+            return statement(self, op)
+        return slow
+
+    monkeypatch.setattr(Executor, "_statement", slowed(0.05, lambda n: n <= 40))
+    api.run(config, backend="numpy", stall_timeout=0.5)
+    assert len(calls) > 40 and made[-1].fired == []
+
+    calls.clear()
+    monkeypatch.setattr(Executor, "_statement", slowed(1.5, lambda n: n == 5))
+    api.run(config, backend="numpy", stall_timeout=0.5)
+    assert made[-1].fired  # (a record per timeout passed: two fit in the pause)
+    finished = made[-1].fired[0].split("the last one finished: ")[1].split(")")[0]
+    assert finished not in ("none yet", "the backend's start", "the outputs' folders made"), finished
+    assert not any(t.name == "chainexec-watchdog" for t in threading.enumerate())
+
+
+def test_the_cleaning_up_after_the_nests_or_a_failure_is_not_watched(tmp_path, monkeypatch):
+    """A rank's long removal of scratch after the last nest, or of a failed run's shards, waits
+    for no stalled rank: with a 0.3 s stall timeout, a finish that takes 1 s more and a failed
+    run's removal that takes 1 s more end as they would (the output complete; the failure's own
+    error), the watch quiet."""
+    from chainexec.runtime.store import Store
+
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    made: list[Recorded] = []
+    monkeypatch.setattr(api, "Watchdog", lambda seconds, comm: made.append(Recorded(seconds, comm)) or made[-1])
+    finish, discard = Store.finish, api._discard
+
+    def slow_finish(self):
+        time.sleep(1.0)
+        return finish(self)
+
+    def slow_discard(*args):
+        time.sleep(1.0)
+        return discard(*args)
+
+    monkeypatch.setattr(Store, "finish", slow_finish)
+    api.run(config, backend="numpy", stall_timeout=0.3)
     assert made[-1].fired == []
+    assert (tmp_path / "out" / "result.h5").exists()
 
-    statement, slowed = Executor._statement, []
+    statement, calls = Executor._statement, []
 
-    def slow(self, op):
-        if not slowed:
-            slowed.append(op)
-            time.sleep(1.5)
+    def failing(self, op):
+        calls.append(op)
+        if len(calls) == 5:
+            raise ChainexecError("an input went away", collective=True)
         return statement(self, op)
 
-    monkeypatch.setattr(Executor, "_statement", slow)
-    api.run(config, backend="numpy", stall_timeout=0.3)
-    assert slowed and made[-1].fired
-    assert "(--stall-timeout 0.3; the last one finished: " in made[-1].fired[0]
-    assert not any(t.name == "chainexec-watchdog" for t in threading.enumerate())
+    monkeypatch.setattr(Executor, "_statement", failing)
+    monkeypatch.setattr(api, "_discard", slow_discard)
+    with pytest.raises(ChainexecError, match="an input went away"):
+        api.run(config, backend="numpy", stall_timeout=0.3)
+    assert made[-1].fired == []
