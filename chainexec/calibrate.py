@@ -237,6 +237,9 @@ def _check_writable(path: Path, own: bool = False) -> None:
     if path.is_dir():
         raise ChainexecError("cannot write the machine file: it is a directory", str(path))
     if path.exists() and not own:
+        if not path.is_file():  # a FIFO (whose read would wait for a writer), a device, a socket
+            raise ChainexecError("exists and is not a file; calibrate replaces only a machine file: "
+                                 "move it or name another file", str(path))
         try:
             Machine.parse(path.read_text(), str(path))
         except (ChainexecError, OSError, UnicodeDecodeError):

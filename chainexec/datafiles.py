@@ -246,6 +246,7 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
                               f"{os.path.basename(path)}.parts folder?)", path)
 
     for file, sources in by_file.items():
+        check_regular(file, source_of)  # a FIFO's open would wait for a writer, holding h5py's lock
         try:
             opened = h5py.File(file, "r")
         except (OSError, RuntimeError) as err:
@@ -265,6 +266,28 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
                 if found.is_virtual and (os.path.realpath(file), found.name) not in seen:
                     seen.add((os.path.realpath(file), found.name))
                     check_virtual(found, file, source_of, chunks, seen)
+
+
+def check_linked(f: h5py.Group, name: str, path: str) -> None:
+    """Refuse an external link on the way to ``name`` in the open file ``f`` (at ``path``) that
+    leads to a FIFO, device or socket (:func:`check_regular`), before anything follows it: HDF5
+    opens the file a link names when the link is followed, and a FIFO's open waits for a writer
+    that may never come, holding h5py's lock (and the interpreter's), so that not even SIGTERM
+    ends the process. Links HDF5 cannot follow pass: the read that follows says so."""
+    parts = name.strip("/").split("/")
+    for k in range(1, len(parts) + 1):
+        try:
+            link = f.get("/".join(parts[:k]), getlink=True)
+        except (KeyError, RuntimeError, OSError):
+            return
+        if not isinstance(link, h5py.ExternalLink):
+            continue
+        target = link.filename
+        if not os.path.isabs(target):
+            beside = os.path.join(os.path.dirname(os.path.abspath(path)), target)
+            target = beside if os.path.lexists(beside) else target
+        check_regular(target, f"the file external link {'/'.join(parts[:k])!r} of {path} leads to")
+        return  # the link's own file is checked as a file of its own when it is opened
 
 
 def of(path: str, dataset: str) -> list[str]:
@@ -293,6 +316,7 @@ def of(path: str, dataset: str) -> list[str]:
             continue  # a virtual dataset's source not there: HDF5 reads its fill value
         with h5py.File(file, "r") as f:
             for name in names:
+                check_linked(f, name, file)
                 ds = f.get(name)
                 if not isinstance(ds, h5py.Dataset):
                     continue  # not there, or a group: no values to come from anywhere

@@ -44,7 +44,9 @@ class ChainexecError(Exception):
 
 MACHINE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
                   errno.EROFS: "the file system is read-only", errno.EIO: "the disk failed to read or write",
-                  errno.ENAMETOOLONG: "a file name is too long for the file system"}
+                  errno.ENAMETOOLONG: "a file name is too long for the file system",
+                  errno.EFBIG: "the file is larger than the file system or the process's file size limit "
+                               "(ulimit -f) allows"}
 """Errors of the operating system that say what the machine refused, not what chainexec did
 wrong, with the words a user reads for each."""
 

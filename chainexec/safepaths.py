@@ -594,6 +594,12 @@ def _check_written(written: list[tuple[Path, str]], read: list[tuple[Path, str]]
                     raise ChainexecError(f"{what} would write {f.name + suffix}, which is {other}", str(g))
         if f.is_dir():
             raise ChainexecError(f"{what} is a folder, not a file", str(f))
+        if f.exists() and not f.is_file():
+            # a FIFO, device or socket: renaming the written file onto its name would replace it
+            # (/dev/null itself, for a user allowed to write /dev), and a FIFO's check would block
+            from chainexec import datafiles
+
+            datafiles.check_regular(str(f), what)
         _check_name_lengths(f, (*WRITE_SUFFIXES, PARTS_ASIDE, "." + atomicfile.TEMPORARY) if f in outputs
                             else (REPORT_TEMPORARY,))
 
@@ -685,7 +691,13 @@ def check_generate(spec) -> list[Path]:
                 raise ChainexecError(f"the input of tensor {tensor} is also the output of {what}", str(f))
         if f.is_dir():
             raise ChainexecError(f"the input of tensor {tensor} is a folder, not a file", str(f))
-        if f.exists() and not h5py.is_hdf5(f):
+        try:
+            foreign = f.exists() and not h5py.is_hdf5(f)
+        except OSError as err:  # a file that cannot be read (its permissions), whose copy would fail
+            raise ChainexecError(f"cannot read it ({os.strerror(err.errno) if err.errno else err}; input of tensor "
+                                 f"{tensor}), and `chainexec generate` keeps the datasets the config does not name "
+                                 "in a copy of it", str(f)) from None
+        if foreign:
             raise ChainexecError(f"exists and is not HDF5; `chainexec generate` writes only into HDF5 files "
                                  f"(input of tensor {tensor})", str(f))
         _check_name_lengths(f, (".tmp",))

@@ -214,6 +214,7 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
 def read_output(spec: Spec, name: str) -> np.ndarray:
     out = next(o for o in spec.outputs if o.tensor == name)
     path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
+    datafiles.check_regular(path, f"output of {name}")  # a FIFO's open would wait for a writer
     try:
         with h5py.File(path, "r") as f:
             ds = _output(f, spec, name, path)
@@ -340,6 +341,7 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator,
     (:class:`_Reader`)."""
     out = next(o for o in spec.outputs if o.tensor == name)
     path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
+    datafiles.check_regular(path, f"output of {name}")  # a FIFO's open would wait for a writer
     shape, layout = spec.shape(name), spec.tensors[name].layout
     terms = expand(spec, name)
     refs, sizes, gots = [], [], []

@@ -135,7 +135,12 @@ def atom_text(mol) -> str:
 def first_line(err: Exception) -> str:
     """The first line of an error's message (PySCF's run over several), or its type's name."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Error on thread"):
+        # PySCF's error of a background thread (lib.call_in_background): "Error on thread <...>:"
+        # and, on the lines after it, the thread's own error (HDF5's spans two), which is what went wrong
+        return " ".join(line.strip() for line in lines[1:])
+    return lines[0] if lines else type(err).__name__
 
 
 def _solve(solver: str, method, conv_tol: float, max_cycle: int, **kernel):

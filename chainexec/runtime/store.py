@@ -319,7 +319,12 @@ def write_random_inputs(plan: Plan, rows_per_block: int = 1 << 16) -> list[str]:
                     for t in group:
                         _write_random(f, t, rows_per_block)
                 written += [f"{t.source['file']}:{t.source['dataset']}" for t in group]
-    except OSError as err:
+    except (OSError, RuntimeError) as failed:
+        # h5py's close of a file whose write failed (a full disk, the file size limit) can raise a
+        # RuntimeError of its own ("unable to extend file properly") over the OSError that says why
+        err = failed if isinstance(failed, OSError) else failed.__context__
+        if not isinstance(err, OSError):
+            raise
         refusal = datafiles.lock_refusal(err)
         if refusal is not None:
             raise ChainexecError(refusal, file) from None
@@ -335,6 +340,24 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
     user's) or lies below a dataset's."""
     name = t.source["dataset"]
     parts = name.strip("/").split("/")
+    for k in range(1, len(parts) + 1):
+        # a link HDF5 cannot follow (to a file or object not there) reads as a KeyError; one to
+        # another file would have the values written there in place, outside the copy renamed
+        # into place (a failure later would leave that file half written)
+        at = "/".join(parts[:k])
+        where = f"{at!r} (on the way to dataset {name!r} of tensor {t.name})"
+        try:
+            link = f.get(at, getlink=True)
+            if link is not None and not isinstance(link, (h5py.HardLink, h5py.ExternalLink)):
+                f[at]  # a soft link: followed here, where it leads nowhere
+        except (KeyError, RuntimeError) as err:
+            raise ChainexecError(f"{where} is a link HDF5 cannot follow ({err.args[0] if err.args else err}); "
+                                 "`chainexec generate` writes only over datasets: remove the link or name another "
+                                 "dataset", t.source["file"]) from None
+        if isinstance(link, h5py.ExternalLink):
+            raise ChainexecError(f"{where} is an external link to {link.filename}:{link.path}, whose file `chainexec "
+                                 "generate` would write in place, not as a copy renamed into place: name that file "
+                                 "as the source", t.source["file"])
     for k in range(1, len(parts)):
         above = f.get("/".join(parts[:k]))
         if above is not None and not isinstance(above, h5py.Group):
