@@ -664,8 +664,8 @@ def _is_chainexec_output(path: Path) -> bool:
 
 def check_generate(spec) -> list[Path]:
     """The files ``chainexec generate`` writes (the inputs with a file), refused where one of
-    them is the config, an output, or an existing file that is not HDF5, or lies in a folder
-    chainexec made (which its run removes with everything in it), or where two tensors
+    them is the config, an output, or an existing file that is not HDF5, or lies below a file or
+    in a folder chainexec made (which its run removes with everything in it), or where two tensors
     name one dataset of one file with other extents, type, layout, seed or symmetry of their
     seeded values (:meth:`chainexec.spec.Spec.dense_symmetry`; one tensor's values would be written
     over the other's)."""
@@ -691,6 +691,10 @@ def check_generate(spec) -> list[Path]:
                 raise ChainexecError(f"the input of tensor {tensor} is also the output of {what}", str(f))
         if f.is_dir():
             raise ChainexecError(f"the input of tensor {tensor} is a folder, not a file", str(f))
+        above = nearest_existing(f.parent)
+        if not above.is_dir():
+            raise ChainexecError(f"the input of tensor {tensor} lies below {above}, which is a file, not a folder",
+                                 str(f))
         try:
             foreign = f.exists() and not h5py.is_hdf5(f)
         except OSError as err:  # a file that cannot be read (its permissions), whose copy would fail

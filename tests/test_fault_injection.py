@@ -178,3 +178,14 @@ def test_pyscfs_error_of_a_background_thread_names_what_went_wrong():
     line = bridge.first_line(err)
     assert "\n" not in line and "File too large" in line and "/tmp/udyl3g16" in line
     assert bridge.first_line(RuntimeError("one\ntwo")) == "one"
+
+
+def test_generate_refuses_an_input_below_a_file(tmp_path):
+    """An input named below a file (``chain.yaml/in.h5``): the folder it would be made in could
+    not be, and the line said 'File exists'."""
+    config = fourindex_config()
+    for t in ("A", "C"):
+        config["tensors"][t]["source"]["file"] = "chain.yaml/in.h5"
+    config = write_config(tmp_path, config)
+    assert_refused(run_cli("generate", config), "chain.yaml/in.h5", "lies below", "which is a file, not a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.yaml"]
