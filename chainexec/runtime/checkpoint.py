@@ -192,6 +192,11 @@ def _valid(saved: dict, plan: Plan, ranks: int) -> bool:
         at = loop is not None and loop[1] == saved["tiles"] and saved["done"] < saved["tiles"]
     stored, joined, opened = saved.get("stored"), saved.get("joined"), saved.get("open")
     files = saved.get("files")
+    nonfinite = saved.get("nonfinite", {})  # absent from a manifest of before it: none counted
+    outputs = {t for t, info in tensors.items() if info.role == "output"}
+    if not (isinstance(nonfinite, dict) and set(nonfinite) <= outputs
+            and all(type(n) is int and 0 <= n < 2**63 for n in nonfinite.values())):
+        return False
     if not (at and isinstance(stored, dict) and isinstance(joined, dict) and isinstance(opened, list)
             and isinstance(files, dict) and all(isinstance(f, str) and fileid.is_record(r) for f, r in files.items())
             and all(tensors.get(t) is not None and tensors[t].role != "input" and type(v) is int and v > 0

@@ -246,6 +246,11 @@ class Claims:
         writing = list(stores(self.plan.nests[at[0]].body).items()) if at[0] < len(self.plan.nests) else []
         blocks = self.comm.gather(self.store.open_blocks(writing), root=0)
         sealed = self.comm.gather(self.store.sealed_files, root=0)
+        # the values that are not finite in every block the checkpoint names (rank 0's counts
+        # hold those of the checkpoint it resumed, :meth:`restore`): the blocks' writers are gone
+        # when a resumed run lands the outputs (Store.finish)
+        outputs = sorted(self.store.nonfinite)
+        nonfinite = self.comm.allreduce(np.array([self.store.nonfinite[t] for t in outputs], np.int64))
         self.store.sealed_files = {}
         peaks = self.counters.peaks()
         stop = False
@@ -256,7 +261,8 @@ class Claims:
                        "ranks": self.comm.size, "counts": counts.tolist(), "banked": self.bank.tolist(),
                        "peaks": peaks, "stored": self.store.last_version, "joined": joined,
                        "open": [[t, v, [mine[j] for mine in blocks]] for j, (t, v) in enumerate(writing)],
-                       "files": ck.files, "planned_with": planned_with(self.plan)})
+                       "files": ck.files, "planned_with": planned_with(self.plan),
+                       "nonfinite": dict(zip(outputs, nonfinite.tolist()))})
             stop = ck.stopping()
         stop = self.comm.bcast(stop, root=0)
         ck.supersede(self.comm.rank, number)
@@ -280,6 +286,8 @@ class Claims:
         self.counters.resumed = int(skipped[-1])
         if self.comm.rank == 0:
             self.counters.add(skipped)
+            for tensor, count in saved.get("nonfinite", {}).items():
+                self.store.nonfinite[tensor] += count  # written before the checkpoint: summed in Store.finish
         for level, peak in saved["peaks"].items():
             self.counters.peak[level] = max(self.counters.peak[level], peak)
         return saved["nest"]
