@@ -18,7 +18,10 @@ for the other ranks, at a parallel loop's end for their last tiles (with ``--bal
 the loop's whole imbalance) or at a barrier for their long statements. The watch runs from the
 plan's arrival on every rank (rank 0's planning, which the others wait for, is not watched)
 through the backend's start, the outputs' folders and the executor's nests; the cleaning up
-after the last nest, a checkpoint's stop or a failure is not watched. A run that
+after the last nest, a checkpoint's stop or a failure is not watched. Time in which the watch
+itself cannot run does not count: a rank stopped (SIGSTOP) and continued later, as Open MPI
+continues a stopped rank before it ends it and as a job goes on after Ctrl-Z and ``fg``, does not
+say it stalled. A run that
 ``chainexec serve`` runs ends the server with it (its client says the server ended during the
 run, status 1).
 
@@ -50,8 +53,10 @@ def check_timeout(seconds: float | None) -> None:
 class Watchdog:
     """The watch of one rank: :meth:`beat` after every statement; between :meth:`start` and
     :meth:`stop` a daemon thread looks at the time since the last beat every ``seconds / 8``
-    (within 10 ms and 10 s) and, past ``seconds``, ends the run (:meth:`stalled`). With ``seconds``
-    None nothing is watched and :meth:`beat` only notes the time."""
+    (within 10 ms and 10 s) and, past ``seconds``, ends the run (:meth:`stalled`). Where two looks
+    are more than two periods apart, the thread itself did not run for the excess (its process was
+    stopped), and the excess does not count as time without a beat. With ``seconds`` None nothing
+    is watched and :meth:`beat` only notes the time."""
 
     def __init__(self, seconds: float | None, comm, clock=time.monotonic):
         check_timeout(seconds)
@@ -88,7 +93,14 @@ class Watchdog:
 
     def _watch(self) -> None:
         period = min(max(self.seconds / 8, 0.01), 10.0)
+        looked = self.clock()
         while not self._stop.wait(period):
+            now = self.clock()
+            # Time in which this thread could not look (the process stopped by SIGSTOP and
+            # continued, as Open MPI continues a stopped rank before it ends it, or its host
+            # suspended) is no stall of this rank's statements: it does not count.
+            self.last += max(0.0, now - looked - 2 * period)
+            looked = now
             if self.idle() > self.seconds:
                 self.stalled()
 

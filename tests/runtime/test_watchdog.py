@@ -55,6 +55,14 @@ def test_the_message_names_the_rank_the_time_and_the_last_statement():
     assert "\n" not in line
 
 
+def _pass(now: list[float], seconds: float) -> None:
+    """Move the fake clock ``now`` on by ``seconds`` no faster than real time, so that the watch
+    looks (every 0.125 s of real time for a 1 s timeout) at every stretch of it."""
+    for _ in range(round(seconds / 0.01)):
+        now[0] += 0.01
+        time.sleep(0.01)
+
+
 def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
     """On the watch's own clock (a fake one, so that a loaded host's pauses do not count): beats
     0.1 s apart for 4 s keep a 1 s watch quiet; 1.5 s without one ends the run, once."""
@@ -65,13 +73,13 @@ def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
         for _ in range(40):
             now[0] += 0.1
             watch.beat("#0")
-            time.sleep(0.01)  # the thread looks every 0.125 s
+            time.sleep(0.01)
         assert watch.fired == []
-        now[0] += 1.5
+        _pass(now, 1.5)
         deadline = time.monotonic() + 10
         while not watch.fired and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert watch.fired and "for 2 s (--stall-timeout 1; the last one finished: #0)" in watch.fired[0]
+        assert watch.fired and "s (--stall-timeout 1; the last one finished: #0)" in watch.fired[0]
     finally:
         watch.stop()
     fired = len(watch.fired)
@@ -79,6 +87,28 @@ def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
     time.sleep(0.5)
     assert len(watch.fired) == fired == 1  # stopped: it watches no more
     assert not any(t.name == "chainexec-watchdog" for t in threading.enumerate())
+
+
+def test_time_the_watch_could_not_look_is_no_stall():
+    """A rank stopped (SIGSTOP) long past its timeout and then continued (as Open MPI continues a
+    stopped rank before it ends it, or a job continued after Ctrl-Z) does not say it stalled: the
+    100 s in which its watch could not look do not count. Time without a beat while the watch
+    looks still does: 1.5 s more ends the run."""
+    now = [0.0]
+    watch = Recorded(1.0, SimpleNamespace(rank=1), clock=lambda: now[0])
+    watch.start()
+    try:
+        watch.beat("#7")
+        now[0] += 100.0  # between two looks
+        time.sleep(0.5)  # four looks
+        assert watch.fired == []
+        _pass(now, 1.5)
+        deadline = time.monotonic() + 10
+        while not watch.fired and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch.fired and "the last one finished: #7)" in watch.fired[0]
+    finally:
+        watch.stop()
 
 
 def test_no_timeout_starts_no_thread():
