@@ -268,26 +268,38 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
                     check_virtual(found, file, source_of, chunks, seen)
 
 
+def links_on_the_way(f: h5py.Group, name: str):
+    """``(path, link)`` for each name on the way to ``name`` in the open file ``f``, outermost
+    first: the path up to and including it, and the link that names it (``h5py.HardLink``,
+    ``SoftLink`` or ``ExternalLink``; None where nothing of that name is there). Where HDF5 cannot
+    go that far (a link on the way leads to a file or object not there), the last pair carries the
+    error h5py raises in place of a link. No link is followed: an external link's file is not
+    opened."""
+    parts = name.strip("/").split("/")
+    for k in range(1, len(parts) + 1):
+        at = "/".join(parts[:k])
+        try:
+            link = f.get(at, getlink=True)
+        except (KeyError, RuntimeError, OSError) as err:
+            yield at, err
+            return
+        yield at, link
+
+
 def check_linked(f: h5py.Group, name: str, path: str) -> None:
     """Refuse an external link on the way to ``name`` in the open file ``f`` (at ``path``) that
     leads to a FIFO, device or socket (:func:`check_regular`), before anything follows it: HDF5
     opens the file a link names when the link is followed, and a FIFO's open waits for a writer
     that may never come, holding h5py's lock (and the interpreter's), so that not even SIGTERM
     ends the process. Links HDF5 cannot follow pass: the read that follows says so."""
-    parts = name.strip("/").split("/")
-    for k in range(1, len(parts) + 1):
-        try:
-            link = f.get("/".join(parts[:k]), getlink=True)
-        except (KeyError, RuntimeError, OSError):
-            return
-        if not isinstance(link, h5py.ExternalLink):
-            continue
-        target = link.filename
-        if not os.path.isabs(target):
-            beside = os.path.join(os.path.dirname(os.path.abspath(path)), target)
-            target = beside if os.path.lexists(beside) else target
-        check_regular(target, f"the file external link {'/'.join(parts[:k])!r} of {path} leads to")
-        return  # the link's own file is checked as a file of its own when it is opened
+    for at, link in links_on_the_way(f, name):
+        if isinstance(link, h5py.ExternalLink):
+            target = link.filename
+            if not os.path.isabs(target):
+                beside = os.path.join(os.path.dirname(os.path.abspath(path)), target)
+                target = beside if os.path.lexists(beside) else target
+            check_regular(target, f"the file external link {at!r} of {path} leads to")
+            return  # the link's own file is checked as a file of its own when it is opened
 
 
 def of(path: str, dataset: str) -> list[str]:

@@ -339,30 +339,30 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
     each time), else in place of it; refused where the name is a group's (its datasets are the
     user's) or lies below a dataset's."""
     name = t.source["dataset"]
-    parts = name.strip("/").split("/")
-    for k in range(1, len(parts) + 1):
+    on_the_way = list(datafiles.links_on_the_way(f, name))
+    for at, link in on_the_way:
         # a link HDF5 cannot follow (to a file or object not there) reads as a KeyError; one to
         # another file would have the values written there in place, outside the copy renamed
         # into place (a failure later would leave that file half written)
-        at = "/".join(parts[:k])
         where = f"{at!r} (on the way to dataset {name!r} of tensor {t.name})"
-        try:
-            link = f.get(at, getlink=True)
-            if link is not None and not isinstance(link, (h5py.HardLink, h5py.ExternalLink)):
-                f[at]  # a soft link: followed here, where it leads nowhere
-        except (KeyError, RuntimeError) as err:
-            raise ChainexecError(f"{where} is a link HDF5 cannot follow ({err.args[0] if err.args else err}); "
+        if isinstance(link, h5py.SoftLink):
+            try:
+                f[at]  # followed here, where it leads nowhere
+            except (KeyError, RuntimeError, OSError) as err:
+                link = err
+        if isinstance(link, Exception):
+            raise ChainexecError(f"{where} is a link HDF5 cannot follow ({link.args[0] if link.args else link}); "
                                  "`chainexec generate` writes only over datasets: remove the link or name another "
                                  "dataset", t.source["file"]) from None
         if isinstance(link, h5py.ExternalLink):
             raise ChainexecError(f"{where} is an external link to {link.filename}:{link.path}, whose file `chainexec "
                                  "generate` would write in place, not as a copy renamed into place: name that file "
                                  "as the source", t.source["file"])
-    for k in range(1, len(parts)):
-        above = f.get("/".join(parts[:k]))
+    for at, _ in on_the_way[:-1]:
+        above = f.get(at)
         if above is not None and not isinstance(above, h5py.Group):
-            raise ChainexecError(f"dataset {name!r} of tensor {t.name} would lie below {'/'.join(parts[:k])!r}, "
-                                 "which is a dataset", t.source["file"])
+            raise ChainexecError(f"dataset {name!r} of tensor {t.name} would lie below {at!r}, which is a dataset",
+                                 t.source["file"])
     if name in f:
         if not isinstance(f[name], h5py.Dataset):
             raise ChainexecError(f"{name!r} (dataset of tensor {t.name}) is a group of this file; `chainexec "
