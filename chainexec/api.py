@@ -153,8 +153,8 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     Rank 0 checks every path (:func:`chainexec.safepaths.check_run`) and that each output and
     report file can be written, then the machine file, the plan, the inputs and the checkpoint;
     every rank starts its backend; only then does rank 0 remove the older outputs of this config
-    (a run refused before then leaves them as they were; one that fails later must not leave
-    them looking like its result) and make its folders, moving the older outputs' parts folders
+    and the older report files (a run refused before then leaves them as they were; one that
+    fails or stops later must not leave them looking like its result) and make its folders, moving the older outputs' parts folders
     aside first, removed while the run goes on, unless a checkpoint resumes (its shards lie
     there). Where the config leaves a memory limit out, every rank reads its machine's figures
     and rank 0 derives the limits
@@ -298,9 +298,10 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
     watch.beat("the backend's start")
 
     def land() -> None:
-        """The older outputs removed and the run's folders made: every check has passed."""
+        """The older outputs and report files removed and the run's folders made: every check
+        has passed."""
         paths = ours["paths"]
-        store.remove_outputs(paths.outputs)
+        store.remove_outputs([*paths.outputs, *paths.reports])
         store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
         if checkpoint is not None:
             for folder in [paths.scratch, *(store.parts_dir(Path(f)) for f in paths.outputs)]:

@@ -196,11 +196,12 @@ def check_space(plan: Plan) -> None:
 
 
 def remove_outputs(files) -> None:
-    """Remove the older outputs of these names (rank 0, once every check of the run has passed
-    and its backend has started, just before it makes its folders). A run refused before then
-    (a bad option, input or plan) leaves them as they were; a run that fails after leaves no
-    older result that looks like its own. Every file removed is one chainexec wrote
-    (:func:`chainexec.safepaths.check_run`); their parts folders go in :func:`make_folders`."""
+    """Remove the older outputs and report files of these names (rank 0, once every check of the
+    run has passed and its backend has started, just before it makes its folders). A run refused
+    before then (a bad option, input or plan) leaves them as they were; a run that fails or stops
+    after leaves no older result or report that looks like its own. Every file removed is one
+    the run writes when it completes, and none the run reads (:func:`chainexec.safepaths.check_run`);
+    the outputs' parts folders go in :func:`make_folders`."""
     for path in map(Path, files):
         try:
             path.unlink(missing_ok=True)
