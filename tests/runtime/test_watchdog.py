@@ -55,12 +55,17 @@ def test_the_message_names_the_rank_the_time_and_the_last_statement():
     assert "\n" not in line
 
 
-def _pass(now: list[float], seconds: float) -> None:
-    """Move the fake clock ``now`` on by ``seconds`` no faster than real time, so that the watch
-    looks (every 0.125 s of real time for a 1 s timeout) at every stretch of it."""
-    for _ in range(round(seconds / 0.01)):
+def _stalled(watch: Recorded, now: list[float]) -> list[str]:
+    """The records of ``watch`` (a 1 s timeout) once its fake clock ``now`` has passed 1.5 s
+    without a beat, no faster than real time, so that the watch looks (every 0.125 s of real
+    time) at every stretch of it; waits up to 10 s for the first record."""
+    for _ in range(150):
         now[0] += 0.01
         time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while not watch.fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return watch.fired
 
 
 def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
@@ -75,17 +80,14 @@ def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
             watch.beat("#0")
             time.sleep(0.01)
         assert watch.fired == []
-        _pass(now, 1.5)
-        deadline = time.monotonic() + 10
-        while not watch.fired and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert watch.fired and "s (--stall-timeout 1; the last one finished: #0)" in watch.fired[0]
+        fired = _stalled(watch, now)
+        assert fired and "s (--stall-timeout 1; the last one finished: #0)" in fired[0]
     finally:
         watch.stop()
-    fired = len(watch.fired)
+    count = len(watch.fired)
     now[0] += 5
     time.sleep(0.5)
-    assert len(watch.fired) == fired == 1  # stopped: it watches no more
+    assert len(watch.fired) == count == 1  # stopped: it watches no more
     assert not any(t.name == "chainexec-watchdog" for t in threading.enumerate())
 
 
@@ -102,11 +104,8 @@ def test_time_the_watch_could_not_look_is_no_stall():
         now[0] += 100.0  # between two looks
         time.sleep(0.5)  # four looks
         assert watch.fired == []
-        _pass(now, 1.5)
-        deadline = time.monotonic() + 10
-        while not watch.fired and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert watch.fired and "the last one finished: #7)" in watch.fired[0]
+        fired = _stalled(watch, now)
+        assert fired and "the last one finished: #7)" in fired[0]
     finally:
         watch.stop()
 
