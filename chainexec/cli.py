@@ -8,6 +8,13 @@ with status 4 (:mod:`chainexec.runtime.watchdog`).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # ``python -m chainexec.cli``: a signal from here on ends it as one later does
+    import sys
+
+    from chainexec import stopsignals
+
+    stopsignals.starting(sys.argv[1:])
+
 import argparse
 import contextlib
 import json
@@ -176,7 +183,7 @@ def main(argv=None, own: bool = False) -> int:
     waits inside MPI or on the device."""
     args = _parse(argv)
     if own and args.command != "serve":
-        stopsignals.watch(speaks=args.command != "run" or not comm.env_rank(), run=args.command == "run")
+        stopsignals.watch(speaks=stopsignals.speaks(args.command), run=args.command == "run")
     try:
         return _main(args)
     except BrokenPipeError:  # the reader of our output went away (`| head`): nothing left to say

@@ -346,7 +346,11 @@ def _umask() -> int:
 
 def command() -> None:
     """The ``chainexec`` program: the command handed to a server (:func:`forward`), else run here
-    (:func:`chainexec.cli.command`)."""
+    (:func:`chainexec.cli.command`); a signal from its start on ends it as one later does
+    (:func:`chainexec.stopsignals.starting`)."""
+    from chainexec import stopsignals
+
+    stopsignals.starting(sys.argv[1:])
     status = forward(sys.argv[1:])
     if status is None:
         from chainexec.cli import command as here

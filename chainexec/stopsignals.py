@@ -12,6 +12,9 @@ MPI's launcher sends every rank when it is interrupted itself, what SLURM sends 
 limit (SIGKILL follows after its ``KillWait``) and what ``scancel`` sends by default: without a
 handler, each of these ended a rank silently.
 
+When: from the ``chainexec`` program's first step on (:func:`starting`, before it imports its
+modules), by a handler on the main thread; from :func:`watch` on, by the thread.
+
 What the process leaves is what a killed one leaves: no output renamed into place, and the last
 checkpoint of a run with ``--checkpoint``, from which the same command resumes; or, for a signal
 that comes while a run lands its outputs, those renamed into place before it (:func:`landed`),
@@ -23,12 +26,15 @@ first: their names hold a random part, and nothing else would remove them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 from chainexec import atomicfile
+from chainexec.runtime import comm
 
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """Exit status per signal: 128 + its number, as a shell reports a process it ended."""
@@ -96,6 +102,32 @@ def line(number: int, run: bool = True) -> str:
             "completed; a run with --checkpoint resumes from its last checkpoint)\n")
 
 
+def speaks(command: str) -> bool:
+    """Whether a process of ``command`` writes :func:`line`: all but the ranks other than 0 of a
+    ``run``, so that a launcher's many ranks, each signalled, say it once."""
+    return command != "run" or not comm.env_rank()
+
+
+def starting(argv: list[str]) -> None:
+    """The first step of the ``chainexec`` program (:func:`chainexec.client.command`, ``python -m
+    chainexec.cli``), before it imports the rest: from here on SIGINT and SIGTERM end the process
+    for the command ``argv`` names (its first word) with the line and status they give once
+    :func:`watch` runs (``serve``, which is not watched: until it handles them itself). Why:
+    until then Python's own handling applies, which ends a process during its imports and the
+    parsing of its command line with a ``KeyboardInterrupt``'s traceback (SIGINT) or without a
+    word (SIGTERM). The handler runs on the main thread, between two bytecodes: until
+    :func:`watch`, the process makes no long call into C that would hold it back."""
+    command = argv[0] if argv else ""
+    handler = functools.partial(_started, speaks=speaks(command), run=command == "run")
+    for number in STATUS:
+        signal.signal(number, handler)
+
+
+def _started(number, frame, speaks: bool, run: bool) -> None:
+    """The handler :func:`starting` installs."""
+    _end(number, speaks, run)
+
+
 def watch(speaks: bool = True, run: bool = True) -> None:
     """From now on, SIGINT and SIGTERM end this process at once with :data:`STATUS`, after
     :func:`line` (of a ``run`` or of another command) on stderr where ``speaks`` (rank 0 of a
@@ -114,16 +146,22 @@ def _noted(number, frame) -> None:
 
 
 def _watch(descriptor: int, speaks: bool, run: bool) -> None:
-    """Wait for a watched signal's number on ``descriptor``; then the line, and the end. Written
-    with ``os.write`` and ended with ``os._exit``: the main thread may hold ``sys.stderr``'s lock,
-    and the interpreter's exit would wait for the run's threads."""
+    """Wait for a watched signal's number on ``descriptor``; then :func:`_end`."""
     while True:
         for number in os.read(descriptor, 64):
             if number in STATUS:
-                atomicfile.remove_pending()
-                for undo in reversed(_UNDO):
-                    with contextlib.suppress(Exception):
-                        undo()
-                if speaks:
-                    os.write(2, line(number, run).encode())
-                os._exit(STATUS[number])
+                _end(number, speaks, run)
+
+
+def _end(number: int, speaks: bool, run: bool) -> NoReturn:
+    """End the process for signal ``number``: the pending temporary files removed, what
+    :func:`undone_on_stop` holds undone, :func:`line` where ``speaks``, then :data:`STATUS`.
+    Written with ``os.write`` and ended with ``os._exit``: the main thread may hold
+    ``sys.stderr``'s lock, and the interpreter's exit would wait for the run's threads."""
+    atomicfile.remove_pending()
+    for undo in reversed(_UNDO):
+        with contextlib.suppress(Exception):
+            undo()
+    if speaks:
+        os.write(2, line(number, run).encode())
+    os._exit(STATUS[number])

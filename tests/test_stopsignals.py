@@ -146,3 +146,46 @@ def test_a_signal_removes_the_temporary_file_of_a_file_being_replaced(tmp_path):
         assert proc.returncode == 130 and proc.stderr == "chainexec: interrupted\n", proc.stderr
         assert [p.name for p in tmp_path.iterdir()] == ([] if older is None else ["in.h5"])
         assert older is None or target.read_bytes() == older
+
+
+AT_IMPORT = """
+import importlib.abc, os, runpy, signal, sys
+
+
+class Signalled(importlib.abc.MetaPathFinder):
+    '''Sends this process the signal as the module named goes to be imported, once.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), number)
+
+
+number, module, entry, sys.argv = int(sys.argv[1]), sys.argv[2], sys.argv[3], ["chainexec", *sys.argv[4:]]
+sys.meta_path.insert(0, Signalled())
+if entry == "client":
+    from chainexec.client import command
+    command()
+else:
+    runpy.run_module("chainexec.cli", run_name="__main__", alter_sys=True)
+"""
+"""The ``chainexec`` program through one of its entry points (``client``: the installed command's,
+:func:`chainexec.client.command`; ``cli``: ``python -m chainexec.cli``), sent a signal as it goes to
+import a module: argv is the signal's number, the module's name, the entry point and the
+command line."""
+
+
+@pytest.mark.parametrize("entry", ["cli", "client"])
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("command", ["run", "generate"])
+def test_a_signal_during_the_imports_ends_the_program_with_its_line(tmp_path, entry, number, command):
+    """A signal as the program imports the command line's modules (``chainexec.calibrate``, before
+    the command line is parsed and :func:`stopsignals.watch` runs) ends it with the line and
+    status a later one gives: no ``KeyboardInterrupt`` traceback (SIGINT), no silent end
+    (SIGTERM)."""
+    env = dict(os.environ, CHAINEXEC_SERVE_SOCKET=str(tmp_path / "none.sock"),
+               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", AT_IMPORT, str(int(number)), "chainexec.calibrate", entry, command,
+                           str(tmp_path / "chain.yaml")], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (stopsignals.STATUS[number], stopsignals.line(number, command == "run"))

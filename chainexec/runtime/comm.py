@@ -38,7 +38,6 @@ import termios
 import time
 from typing import NoReturn
 
-from chainexec import safepaths
 from chainexec.client import LAUNCHER
 from chainexec.errors import ChainexecError
 
@@ -234,6 +233,8 @@ def end(status: int) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):  # a reader that went away, a stream already closed
             pass
+    from chainexec import safepaths  # here: the program imports this module before it handles signals
+
     safepaths.wait_removals()
     mpi = sys.modules.get("mpi4py.MPI")
     started = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
