@@ -13,7 +13,13 @@ limit (SIGKILL follows after its ``KillWait``) and what ``scancel`` sends by def
 handler, each of these ended a rank silently.
 
 When: from the ``chainexec`` program's first step on (:func:`starting`, before it imports its
-modules), by a handler on the main thread; from :func:`watch` on, by the thread.
+modules), by a handler on the main thread; from :func:`watch` on, by the thread. A rank of a run
+that a launcher started ends only once its MPI has started (:func:`_waits`): MPICH's launcher
+takes a rank that ends with a status before its MPI's start for one that never takes part in the
+job, and leaves the others waiting for it inside their own start, for ever (pmodels/mpich#6124);
+a rank that ends after it with a status other than 0, or one ended by a signal other than SIGKILL
+(which it takes for its own), ends the job. The other commands never start MPI: their ranks end
+at once.
 
 What the process leaves is what a killed one leaves: no output renamed into place, and the last
 checkpoint of a run with ``--checkpoint``, from which the same command resumes; or, for a signal
@@ -31,7 +37,6 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import NoReturn
 
 from chainexec import atomicfile
 from chainexec.runtime import comm
@@ -40,6 +45,9 @@ STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """Exit status per signal: 128 + its number, as a shell reports a process it ended."""
 
 NOTE = "no output was completed (a run with --checkpoint resumes from its last checkpoint)"
+
+HOLD = 10.0
+"""Seconds a signalled rank waits at most for its MPI's start before it ends (:func:`_waits`)."""
 
 _LANDED: list[str] = []
 """The output files this process renamed into place complete (:func:`landed`)."""
@@ -124,8 +132,12 @@ def starting(argv: list[str]) -> None:
 
 
 def _started(number, frame, speaks: bool, run: bool) -> None:
-    """The handler :func:`starting` installs."""
-    _end(number, speaks, run)
+    """The handler :func:`starting` installs: :func:`_end`; where it :func:`_waits`, on a thread
+    of its own, which waits for MPI's start while the main thread goes on to it."""
+    if _waits(run):
+        threading.Thread(target=_end, args=(number, speaks, run), name="chainexec-signals", daemon=True).start()
+    else:
+        _end(number, speaks, run)
 
 
 def watch(speaks: bool = True, run: bool = True) -> None:
@@ -153,15 +165,46 @@ def _watch(descriptor: int, speaks: bool, run: bool) -> None:
                 _end(number, speaks, run)
 
 
-def _end(number: int, speaks: bool, run: bool) -> NoReturn:
-    """End the process for signal ``number``: the pending temporary files removed, what
-    :func:`undone_on_stop` holds undone, :func:`line` where ``speaks``, then :data:`STATUS`.
-    Written with ``os.write`` and ended with ``os._exit``: the main thread may hold
-    ``sys.stderr``'s lock, and the interpreter's exit would wait for the run's threads."""
+_ENDING = threading.Lock()
+"""Held by the :func:`_end` that ends the process: one line, whichever signals come."""
+
+
+def _end(number: int, speaks: bool, run: bool) -> None:
+    """End the process for signal ``number``, unless another call is ending it: :func:`line`
+    where ``speaks``, the pending temporary files removed, what :func:`undone_on_stop` holds
+    undone, then :data:`STATUS`. Written with ``os.write`` and ended with ``os._exit``: the main
+    thread may hold ``sys.stderr``'s lock, and the interpreter's exit would wait for the run's
+    threads. Where the process :func:`_waits`, it ends once its MPI has started, its line said
+    before it waits (the other ranks, signalled too, may end as soon as theirs has started, and
+    the launcher then ends this one); a rank whose MPI has not started within :data:`HOLD`
+    seconds ends by the signal itself instead."""
+    if not _ENDING.acquire(blocking=False):
+        return
+    if speaks:
+        os.write(2, line(number, run).encode())
+    started = not _waits(run) or comm.STARTED.wait(HOLD)
     atomicfile.remove_pending()
     for undo in reversed(_UNDO):
         with contextlib.suppress(Exception):
             undo()
-    if speaks:
-        os.write(2, line(number, run).encode())
+    if not started:
+        _killed(number)
     os._exit(STATUS[number])
+
+
+def _killed(number: int) -> None:
+    """End the process by signal ``number`` itself, its default action put back first through
+    the C library (``signal.signal`` is the main thread's alone, and this runs on another): a
+    rank a signal ended is a failed one to every launcher, also before its MPI has started; to
+    MPICH's, one ended by SIGKILL is not (it takes it for one it killed itself)."""
+    import ctypes
+
+    ctypes.CDLL(None).signal(number, None)  # None: SIG_DFL
+    os.kill(os.getpid(), number)
+
+
+def _waits(run: bool) -> bool:
+    """Whether this process, signalled, waits for its MPI's start before it ends: a rank of a
+    ``run`` that a launcher started (:func:`chainexec.runtime.comm.launched`), whose MPI has not
+    started yet (:data:`chainexec.runtime.comm.STARTED`); see the module's text for why."""
+    return run and comm.launched() and not comm.STARTED.is_set()

@@ -161,8 +161,10 @@ class Signalled(importlib.abc.MetaPathFinder):
             os.kill(os.getpid(), number)
 
 
-number, module, entry, sys.argv = int(sys.argv[1]), sys.argv[2], sys.argv[3], ["chainexec", *sys.argv[4:]]
-sys.meta_path.insert(0, Signalled())
+number, module, rank, entry = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+sys.argv = ["chainexec", *sys.argv[5:]]
+if rank in ("any", os.environ.get("PMI_RANK"), os.environ.get("OMPI_COMM_WORLD_RANK")):
+    sys.meta_path.insert(0, Signalled())
 if entry == "client":
     from chainexec.client import command
     command()
@@ -171,8 +173,19 @@ else:
 """
 """The ``chainexec`` program through one of its entry points (``client``: the installed command's,
 :func:`chainexec.client.command`; ``cli``: ``python -m chainexec.cli``), sent a signal as it goes to
-import a module: argv is the signal's number, the module's name, the entry point and the
-command line."""
+import a module: argv is the signal's number, the module's name, the rank sent it (``any``: every
+process), the entry point and the command line."""
+
+
+def _program_env(tmp_path) -> dict[str, str]:
+    """The environment of :data:`AT_IMPORT`: this checkout's package, no server to hand the
+    command to, and none of a launcher's variables (a test run inside a SLURM allocation has
+    some), which a launcher sets itself."""
+    from chainexec.client import LAUNCHER
+
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    return dict(env, CHAINEXEC_SERVE_SOCKET=str(tmp_path / "none.sock"),
+                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize("entry", ["cli", "client"])
@@ -183,9 +196,68 @@ def test_a_signal_during_the_imports_ends_the_program_with_its_line(tmp_path, en
     the command line is parsed and :func:`stopsignals.watch` runs) ends it with the line and
     status a later one gives: no ``KeyboardInterrupt`` traceback (SIGINT), no silent end
     (SIGTERM)."""
-    env = dict(os.environ, CHAINEXEC_SERVE_SOCKET=str(tmp_path / "none.sock"),
-               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", AT_IMPORT, str(int(number)), "chainexec.calibrate", entry, command,
-                           str(tmp_path / "chain.yaml")], capture_output=True, text=True, timeout=120, env=env,
-                          cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", AT_IMPORT, str(int(number)), "chainexec.calibrate", "any", entry,
+                           command, str(tmp_path / "chain.yaml")], capture_output=True, text=True, timeout=120,
+                          env=_program_env(tmp_path), cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (stopsignals.STATUS[number], stopsignals.line(number, command == "run"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("module", ["chainexec.calibrate", "mpi4py.MPI"], ids=["importing", "starting_MPI"])
+@pytest.mark.parametrize("rank", ["0", "1", "any"], ids=["rank0", "rank1", "every_rank"])
+def test_a_rank_signalled_as_a_run_starts_ends_the_job(tmp_path, rank, module):
+    """SIGINT to one rank of a 2-rank run, or to each (Ctrl-C), as it imports the command line's
+    modules (before :func:`stopsignals.watch`) or as it starts MPI (after it): the job ends, with
+    a status not 0 and no traceback. Under MPICH, a rank that ends before its MPI has started
+    leaves the other waiting inside MPI's start for ever: a signalled rank of a run ends once its
+    MPI has started. What it says: rank 0's line where rank 0 alone was signalled; where rank 1
+    was, nothing, or the line of the SIGTERM with which a launcher (Open MPI's) ends rank 0; where
+    each was, rank 0's line, unless the launcher ended rank 0 for rank 1's end before it spoke."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    cmd = [*launch(2), sys.executable, "-c", AT_IMPORT, str(int(signal.SIGINT)), module, rank, "cli", "run",
+           str(config), "--quiet"]
+    # Three tries: MPICH's launcher now and then leaves the other ranks of a job running where one
+    # ended with a status after its MPI's start, at any point of a run (not what this test is about).
+    for _ in range(3):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env=_program_env(tmp_path), cwd=tmp_path)
+        try:
+            _, err = proc.communicate(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            kill_job(proc.pid)
+            _, err = proc.communicate()
+    else:
+        pytest.fail(f"the job did not end, three times: {err}")
+    ours = [line for line in err.splitlines() if line.startswith("chainexec:")]
+    assert proc.returncode != 0 and "Traceback" not in err, (proc.returncode, err)
+    interrupted, terminated = (stopsignals.line(number).strip() for number in (signal.SIGINT, signal.SIGTERM))
+    assert ours in {"0": [[interrupted]], "1": [[], [terminated]], "any": [[], [interrupted]]}[rank], err
+    assert not (tmp_path / "out" / "result.h5").exists()
+
+
+NO_MPI = """
+import os, signal, sys, time
+from chainexec import stopsignals
+stopsignals.HOLD = 0.5
+stopsignals.watch(run=sys.argv[1] == "run")
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "generate"])
+def test_a_launched_rank_whose_mpi_does_not_start(tmp_path, command):
+    """A rank a launcher started (here, its variables alone) whose MPI does not start, signalled:
+    a run's waits :data:`stopsignals.HOLD` seconds for that start, then writes its line and ends
+    by the signal itself, which every launcher counts as a failed rank (to MPICH's, one that ends
+    with a status before its MPI's start never took part); another command's, whose ranks never
+    start MPI, ends at once with its status."""
+    env = dict(_program_env(tmp_path), PMI_RANK="0", PMI_SIZE="1")
+    proc = subprocess.run([sys.executable, "-c", NO_MPI, command], capture_output=True, text=True, timeout=120,
+                          env=env)
+    if command == "run":
+        assert (proc.returncode, proc.stderr) == (-signal.SIGINT, stopsignals.line(signal.SIGINT))
+    else:
+        assert (proc.returncode, proc.stderr) == (130, stopsignals.line(signal.SIGINT, run=False))

@@ -35,6 +35,7 @@ import os
 import stat
 import sys
 import termios
+import threading
 import time
 from typing import NoReturn
 
@@ -48,6 +49,10 @@ launcher, its singleton start forks a daemon (``orted``) that a rank never uses 
 processes, which chainexec never does; that fork and the daemon's wire-up are a third of the MPI
 start of a one-rank run. Other MPI libraries ignore these variables."""
 
+STARTED = threading.Event()
+"""Set once :func:`mpi` has started MPI in this process (:mod:`chainexec.stopsignals` waits for
+it before a launched rank ends)."""
+
 
 def mpi():
     """mpi4py's ``MPI`` module, MPI initialised by its first import. A process no launcher
@@ -55,7 +60,8 @@ def mpi():
     user's own values win) for MPI's start only: they are removed once MPI has started, so the
     processes it starts later (a launcher among them) do not inherit them. Every module of the
     package imports MPI through this, never before it is needed: planning never initialises MPI.
-    Once MPI has started, the module is returned as it is (the environment is left alone)."""
+    Once MPI has started (:data:`STARTED`), the module is returned as it is (the environment is
+    left alone)."""
     started = sys.modules.get("mpi4py.MPI")
     if started is not None:
         return started
@@ -66,6 +72,7 @@ def mpi():
     finally:
         for name in added:
             os.environ.pop(name, None)
+    STARTED.set()
     return MPI
 
 
