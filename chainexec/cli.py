@@ -182,6 +182,9 @@ def main(argv=None, own: bool = False) -> int:
     watched by a thread (:mod:`chainexec.stopsignals`): they end it even while its main thread
     waits inside MPI or on the device."""
     args = _parse(argv)
+    if args.command in ("run", "serve"):
+        fdtable.raise_limit()  # every rank may open a virtual input's every source file
+        fdtable.reserve()  # while the process has one thread (before the signals' watch): no RCU grace period
     if own and args.command != "serve":
         stopsignals.watch(speaks=stopsignals.speaks(args.command), run=args.command == "run")
     try:
@@ -201,9 +204,6 @@ def main(argv=None, own: bool = False) -> int:
 
 
 def _main(args) -> int:
-    if args.command in ("run", "serve"):
-        fdtable.raise_limit()  # every rank may open a virtual input's every source file
-        fdtable.reserve()  # while the process has one thread: no RCU grace period (fdtable.py)
     if args.command == "run":
         warmup.start(args.config, args.backend)
     # Imported after the GPU warm-up began, so that its CUDA context is made beside these imports
