@@ -147,9 +147,11 @@ def watch(speaks: bool = True, run: bool = True) -> None:
     (``set_wakeup_fd`` is its alone), once per process."""
     read, write = os.pipe()
     os.set_blocking(write, False)
+    # the wake-up first: a signal between the two steps meets the handler before (starting's, or
+    # Python's own), never _noted without a wake-up, which would lose it
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     for number in STATUS:
         signal.signal(number, _noted)
-    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     threading.Thread(target=_watch, args=(read, speaks, run), name="chainexec-signals", daemon=True).start()
 
 
