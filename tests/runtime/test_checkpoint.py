@@ -259,6 +259,26 @@ def _progress(folder, flops: int) -> float:
     return (manifest["banked"][len(CATEGORIES)] + manifest["counts"][len(CATEGORIES)]) / flops
 
 
+def _running_at(cmd: list[str], folder, flops: int, fraction: float, ranks: int, **popen):
+    """``cmd`` (a launcher's run of ``ranks`` ranks checkpointing into ``folder``) started, and
+    its ranks' process ids, once the checkpoint shows ``fraction`` of the plan's ``flops`` done
+    while the run goes on. The ranks are found as they start, so that only a read of the
+    manifest lies between the look that sees ``fraction`` and the signal the caller sends (on a
+    fast host the rest of the run takes a tenth of a second, less than a look through /proc for
+    the ranks). Where the run ends between two looks, it runs again, up to five times."""
+    for _ in range(5):
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, **popen)
+        deadline, victims = time.monotonic() + 120, []
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(victims) < ranks:
+                victims = ranks_of(proc.pid)
+            elif _progress(folder, flops) >= fraction:
+                return proc, victims
+            time.sleep(0.002)
+        proc.communicate()
+    pytest.fail(f"the run ended before it reached {fraction:.0%} of its flops with {ranks} ranks running, five times")
+
+
 @pytest.mark.parametrize("fraction, ranks", [(0.3, 2), (0.6, 2), (0.6, 4), (0.9, 4)],
                          ids=["0.3-2", "0.6-2", "0.6-4", "0.9-4"])
 def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted):
@@ -273,17 +293,7 @@ def test_fourindex_killed_rank_resumes(tmp_path, ranks, fraction, uninterrupted)
     folder = tmp_path / "ck"
     cmd = [*launch(ranks), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
            "--checkpoint", str(folder), "--checkpoint-every", "0"]
-    for _ in range(5):  # on a loaded or fast machine the run may end between two looks: run it again
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < fraction:
-            time.sleep(0.002)
-        victims = ranks_of(proc.pid)
-        if proc.poll() is None and len(victims) == ranks:
-            break
-        proc.wait()
-    else:
-        pytest.fail("the run ended before it could be killed, five times")
+    proc, victims = _running_at(cmd, folder, flops, fraction, ranks, stderr=subprocess.DEVNULL)
     os.kill(victims[-1], signal.SIGKILL)
     try:
         proc.wait(timeout=60)
@@ -315,18 +325,7 @@ def test_fourindex_stalled_rank_ends_the_run_and_it_resumes(tmp_path, uninterrup
     folder = tmp_path / "ck"
     cmd = [*launch(2), sys.executable, "-m", "chainexec.cli", "run", str(config), "--quiet",
            "--checkpoint", str(folder), "--checkpoint-every", "0", "--stall-timeout", "5"]
-    for _ in range(5):  # on a loaded or fast machine the run may end between two looks: run it again
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None and _progress(folder, flops) < 0.3:
-            time.sleep(0.002)
-        victims = ranks_of(proc.pid)
-        if proc.poll() is None and len(victims) == 2:
-            break
-        proc.communicate()
-    else:
-        pytest.fail("the run ended before a rank could be stopped, five times")
+    proc, victims = _running_at(cmd, folder, flops, 0.3, 2, stderr=subprocess.PIPE, text=True)
     os.kill(victims[-1], signal.SIGSTOP)
     stopped = time.monotonic()
     try:
