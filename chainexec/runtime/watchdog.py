@@ -55,8 +55,8 @@ class Watchdog:
     :meth:`stop` a daemon thread looks at the time since the last beat every ``seconds / 8``
     (within 10 ms and 10 s) and, past ``seconds``, ends the run (:meth:`stalled`). Where two looks
     are more than two periods apart, the thread itself did not run for the excess (its process was
-    stopped), and the excess does not count as time without a beat. With ``seconds`` None nothing
-    is watched and :meth:`beat` only notes the time."""
+    stopped), and the excess does not count as time without a beat (where no beat came between
+    them). With ``seconds`` None nothing is watched and :meth:`beat` only notes the time."""
 
     def __init__(self, seconds: float | None, comm, clock=time.monotonic):
         check_timeout(seconds)
@@ -98,8 +98,11 @@ class Watchdog:
             now = self.clock()
             # Time in which this thread could not look (the process stopped by SIGSTOP and
             # continued, as Open MPI continues a stopped rank before it ends it, or its host
-            # suspended) is no stall of this rank's statements: it does not count.
-            self.last += max(0.0, now - looked - 2 * period)
+            # suspended) is no stall of this rank's statements: it does not count, unless a beat
+            # has come since the last look (then the time since that beat is all that counts).
+            excess = now - looked - 2 * period
+            if excess > 0 and self.last <= looked:
+                self.last += excess
             looked = now
             if self.idle() > self.seconds:
                 self.stalled()

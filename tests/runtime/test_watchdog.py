@@ -68,9 +68,14 @@ def _stalled(watch: Recorded, now: list[float]) -> list[str]:
     return watch.fired
 
 
-def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
+@pytest.mark.parametrize("step", [0.01, 0.012])
+def test_beats_keep_the_watch_quiet_and_a_stall_ends_it(step):
     """On the watch's own clock (a fake one, so that a loaded host's pauses do not count): beats
-    0.1 s apart for 4 s keep a 1 s watch quiet; 1.5 s without one ends the run, once."""
+    0.1 s apart for 4 s keep a 1 s watch quiet; 1.5 s without one ends the run, once. The beats
+    come every ``step`` seconds of real time, ten times faster than the fake clock's, so that the
+    watch's looks lie more than two periods apart on it: the time between two looks with a beat
+    between them is no time the watch could not look (at 12 ms a step, counting it pushed the
+    last beat past its time, and the stall that follows went unseen)."""
     now = [0.0]
     watch = Recorded(1.0, SimpleNamespace(rank=0), clock=lambda: now[0])
     watch.start()
@@ -78,7 +83,7 @@ def test_beats_keep_the_watch_quiet_and_a_stall_ends_it():
         for _ in range(40):
             now[0] += 0.1
             watch.beat("#0")
-            time.sleep(0.01)
+            time.sleep(step)
         assert watch.fired == []
         fired = _stalled(watch, now)
         assert fired and "s (--stall-timeout 1; the last one finished: #0)" in fired[0]
