@@ -301,7 +301,8 @@ def _run(ours: dict, config, backend, machine, schedule, balance, progress, chec
         """The older outputs and report files removed and the run's folders made: every check
         has passed."""
         paths = ours["paths"]
-        store.remove_outputs([*paths.outputs, *paths.reports])
+        # a report as named, not as resolved: where it is a link, the write replaces the link
+        store.remove_outputs([*paths.outputs, *(os.path.abspath(f) for f in (reports or {}).values() if f)])
         store.make_folders(paths.outputs, paths.scratch, fresh=kept is None or kept[1] is None)
         if checkpoint is not None:
             for folder in [paths.scratch, *(store.parts_dir(Path(f)) for f in paths.outputs)]:

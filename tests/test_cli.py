@@ -308,16 +308,21 @@ def _poison(f):
 def test_a_run_that_fails_once_begun_leaves_no_older_output(tmp_path, ranks, ran):
     """A run that has begun (every check passed) removes the older output first: one whose
     result holds NaN (from an input that does) exits 2 and leaves nothing that looks like its
-    result, neither its own nor the older one, nor the older run's report, and none of its
-    shards (every rank raises the error alike): no parts or scratch folder, none moved aside."""
+    result, neither its own nor the older one, nor the older run's reports (a report that is a
+    link: the link, not the file it leads to), and none of its shards (every rank raises the
+    error alike): no parts or scratch folder, none moved aside."""
     config = _with_inputs(ran, tmp_path, _poison)
     out = tmp_path / "out"
     assert [p.name for p in out.iterdir() if p.name.endswith(".parts")]  # the older run's
     (tmp_path / "r.json").write_text('{"older": "report"}')
-    proc = run_cli("run", config, "--quiet", "--report-json", tmp_path / "r.json", ranks=ranks)
+    (tmp_path / "kept.json").write_text('{"kept": "report"}')
+    (tmp_path / "latest.json").symlink_to("kept.json")  # a link's target is the user's: the write replaces the link
+    proc = run_cli("run", config, "--quiet", "--report-json", tmp_path / "r.json", "--plot",
+                   tmp_path / "latest.json", ranks=ranks)
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if " UCX " not in line)
     assert_refused(proc, "result.h5", "not finite")
     assert not (out / "result.h5").exists() and not (tmp_path / "r.json").exists()
+    assert not (tmp_path / "latest.json").is_symlink() and (tmp_path / "kept.json").read_text() == '{"kept": "report"}'
     assert not [p.name for p in out.iterdir() if ".parts" in p.name or ".scratch" in p.name], list(out.iterdir())
 
 

@@ -206,7 +206,7 @@ def remove_outputs(files) -> None:
         try:
             path.unlink(missing_ok=True)
         except OSError as err:
-            raise ChainexecError(f"cannot remove the older output ({err.strerror or err})", str(path)) from None
+            raise ChainexecError(f"cannot remove the older file ({err.strerror or err})", str(path)) from None
 
 
 def make_folders(files, scratch: Path, fresh: bool = False) -> None:
