@@ -271,10 +271,11 @@ def check_virtual(ds: h5py.Dataset, path: str, what: str, chunks: dict | None = 
 def links_on_the_way(f: h5py.Group, name: str):
     """``(path, link)`` for each name on the way to ``name`` in the open file ``f``, outermost
     first: the path up to and including it, and the link that names it (``h5py.HardLink``,
-    ``SoftLink`` or ``ExternalLink``; None where nothing of that name is there). Where HDF5 cannot
-    go that far (a link on the way leads to a file or object not there), the last pair carries the
-    error h5py raises in place of a link. No link is followed: an external link's file is not
-    opened."""
+    ``SoftLink`` or ``ExternalLink``; None where nothing of that name is there, also where a link
+    before it leads nowhere). Where h5py raises instead (a link on the way it cannot resolve), the
+    last pair carries its error in place of a link. The walk ends at an external link: a look
+    past it would open the file it names (read-write, where ``f`` is), which nothing here
+    follows."""
     parts = name.strip("/").split("/")
     for k in range(1, len(parts) + 1):
         at = "/".join(parts[:k])
@@ -284,6 +285,8 @@ def links_on_the_way(f: h5py.Group, name: str):
             yield at, err
             return
         yield at, link
+        if isinstance(link, h5py.ExternalLink):
+            return
 
 
 def check_linked(f: h5py.Group, name: str, path: str) -> None:

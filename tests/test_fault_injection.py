@@ -153,6 +153,23 @@ def test_generate_does_not_write_through_an_external_link(tmp_path):
     assert hashlib.sha256((tmp_path / "other.h5").read_bytes()).hexdigest() == digest
 
 
+def test_generate_opens_no_file_an_external_link_on_the_way_names(tmp_path):
+    """A dataset ``e/A`` where ``e`` is an external link to a group of another file: refused at
+    ``e``, and that file is not opened (the walk along the path looked past the link, which opened
+    the linked file read-write and changed its modification time)."""
+    config = fourindex_config()
+    config["tensors"]["A"]["source"]["dataset"] = "e/A"
+    config = write_config(tmp_path, config)
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_group("g")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["e"] = h5py.ExternalLink("other.h5", "g")
+    os.utime(tmp_path / "other.h5", (1577836800, 1577836800))
+    assert_refused(run_cli("generate", config), "in.h5",
+                   "'e' (on the way to dataset 'e/A' of tensor A) is an external link")
+    assert (tmp_path / "other.h5").stat().st_mtime == 1577836800
+
+
 def test_generate_refuses_an_input_it_cannot_read_in_one_line(generated, monkeypatch):
     """An existing input file that cannot be read (its permissions; root reads any, so the
     refusal is simulated): ``h5py.is_hdf5`` raised PermissionError, a traceback."""

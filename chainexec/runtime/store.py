@@ -340,8 +340,9 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
     each time), else in place of it; refused where the name is a group's (its datasets are the
     user's) or lies below a dataset's."""
     name = t.source["dataset"]
-    on_the_way = list(datafiles.links_on_the_way(f, name))
-    for at, link in on_the_way:
+    on_the_way = []
+    for at, link in datafiles.links_on_the_way(f, name):  # each checked before the walk goes on
+        on_the_way.append(at)
         # a link HDF5 cannot follow (to a file or object not there) reads as a KeyError; one to
         # another file would have the values written there in place, outside the copy renamed
         # into place (a failure later would leave that file half written)
@@ -359,7 +360,7 @@ def _write_random(f: h5py.File, t: TensorInfo, rows_per_block: int) -> None:
             raise ChainexecError(f"{where} is an external link to {link.filename}:{link.path}, whose file `chainexec "
                                  "generate` would write in place, not as a copy renamed into place: name that file "
                                  "as the source", t.source["file"])
-    for at, _ in on_the_way[:-1]:
+    for at in on_the_way[:-1]:
         above = f.get(at)
         if above is not None and not isinstance(above, h5py.Group):
             raise ChainexecError(f"dataset {name!r} of tensor {t.name} would lie below {at!r}, which is a dataset",
