@@ -179,30 +179,37 @@ def _end(number: int, speaks: bool, run: bool) -> None:
     threads. Where the process :func:`_waits`, it ends once its MPI has started, its line said
     before it waits (the other ranks, signalled too, may end as soon as theirs has started, and
     the launcher then ends this one); a rank whose MPI has not started within :data:`HOLD`
-    seconds ends by the signal itself instead."""
+    seconds is ended by SIGALRM from a timer of the kernel's, which needs no interpreter lock:
+    mpi4py starts MPI holding it, and a start that waits for a rank that never starts waits for
+    ever (where SIGALRM is blocked, the rank ends by the signal itself a second later)."""
     if not _ENDING.acquire(blocking=False):
         return
     if speaks:
         os.write(2, line(number, run).encode())
-    started = not _waits(run) or comm.STARTED.wait(HOLD)
+    started = True
+    if _waits(run):
+        _default(signal.SIGALRM)
+        signal.setitimer(signal.ITIMER_REAL, HOLD)
+        started = comm.STARTED.wait(HOLD + 1.0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
     atomicfile.remove_pending()
     for undo in reversed(_UNDO):
         with contextlib.suppress(Exception):
             undo()
     if not started:
-        _killed(number)
+        _default(number)
+        os.kill(os.getpid(), number)
     os._exit(STATUS[number])
 
 
-def _killed(number: int) -> None:
-    """End the process by signal ``number`` itself, its default action put back first through
-    the C library (``signal.signal`` is the main thread's alone, and this runs on another): a
-    rank a signal ended is a failed one to every launcher, also before its MPI has started; to
-    MPICH's, one ended by SIGKILL is not (it takes it for one it killed itself)."""
+def _default(number: int) -> None:
+    """Put signal ``number``'s default action back (it ends the process), through the C library:
+    ``signal.signal`` is the main thread's alone, and this runs on another. A rank a signal
+    ended is a failed one to every launcher, also before its MPI has started; to MPICH's, one
+    ended by SIGKILL is not (it takes it for one it killed itself)."""
     import ctypes
 
     ctypes.CDLL(None).signal(number, None)  # None: SIG_DFL
-    os.kill(os.getpid(), number)
 
 
 def _waits(run: bool) -> bool:

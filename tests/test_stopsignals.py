@@ -250,14 +250,36 @@ time.sleep(60)
 @pytest.mark.parametrize("command", ["run", "generate"])
 def test_a_launched_rank_whose_mpi_does_not_start(tmp_path, command):
     """A rank a launcher started (here, its variables alone) whose MPI does not start, signalled:
-    a run's waits :data:`stopsignals.HOLD` seconds for that start, then writes its line and ends
-    by the signal itself, which every launcher counts as a failed rank (to MPICH's, one that ends
-    with a status before its MPI's start never took part); another command's, whose ranks never
-    start MPI, ends at once with its status."""
+    a run's writes its line and waits :data:`stopsignals.HOLD` seconds for that start, then ends
+    by SIGALRM, which every launcher counts as a failed rank (to MPICH's, one that ends with a
+    status before its MPI's start never took part); another command's, whose ranks never start
+    MPI, ends at once with its status."""
     env = dict(_program_env(tmp_path), PMI_RANK="0", PMI_SIZE="1")
     proc = subprocess.run([sys.executable, "-c", NO_MPI, command], capture_output=True, text=True, timeout=120,
                           env=env)
     if command == "run":
-        assert (proc.returncode, proc.stderr) == (-signal.SIGINT, stopsignals.line(signal.SIGINT))
+        assert (proc.returncode, proc.stderr) == (-signal.SIGALRM, stopsignals.line(signal.SIGINT))
     else:
         assert (proc.returncode, proc.stderr) == (130, stopsignals.line(signal.SIGINT, run=False))
+
+
+@pytest.mark.mpi
+def test_a_signalled_rank_whose_mpi_start_waits_for_ever_ends(tmp_path):
+    """Rank 0 of a run signalled as it imports the runtime, whose other rank ends before its MPI
+    starts (a node that failed): rank 0's MPI start waits for ever, holding the interpreter's
+    lock (mpi4py starts MPI holding it), so that no Python code of the rank runs again; it says
+    its line and the kernel's timer ends it :data:`stopsignals.HOLD` seconds on, and the job with
+    it (it waited for ever before the timer)."""
+    config = write_config(tmp_path, fourindex_config())
+    assert run_cli("generate", config).returncode == 0
+    cmd = [*launch(1), sys.executable, "-c", AT_IMPORT, str(int(signal.SIGINT)), "chainexec.api", "0", "cli", "run",
+           str(config), "--quiet", ":", "-n", "1", sys.executable, "-c", "import sys; sys.exit(1)"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=_program_env(tmp_path), cwd=tmp_path)
+    try:
+        _, err = proc.communicate(timeout=stopsignals.HOLD + 50)
+    except subprocess.TimeoutExpired:
+        kill_job(proc.pid)
+        pytest.fail(f"the job did not end: {proc.communicate()[1]}")
+    assert proc.returncode != 0 and "Traceback" not in err, (proc.returncode, err)
+    assert stopsignals.line(signal.SIGINT).strip() in err.splitlines(), err
