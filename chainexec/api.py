@@ -154,10 +154,10 @@ def run(config: str | Path, backend: str = "auto", machine: str | None = None, s
     report file can be written, then the machine file, the plan, the inputs and the checkpoint;
     every rank starts its backend; only then does rank 0 remove the older outputs of this config
     and the older report files (a run refused before then leaves them as they were; one that
-    fails or stops later must not leave them looking like its result) and make its folders, moving the older outputs' parts folders
-    aside first, removed while the run goes on, unless a checkpoint resumes (its shards lie
-    there). Where the config leaves a memory limit out, every rank reads its machine's figures
-    and rank 0 derives the limits
+    fails or stops later must not leave them looking like its result) and make its folders,
+    moving the older outputs' parts folders aside first, removed while the run goes on, unless a
+    checkpoint resumes (its shards lie there). Where the config leaves a memory limit out, every
+    rank reads its machine's figures and rank 0 derives the limits
     (:func:`chainexec.detect.gather`, :func:`chainexec.detect.limits`); rank 0 notes ranks that
     Open MPI bound to one core (:func:`chainexec.runtime.hostcopy.bound_narrowly`); where no
     machine file names the rates and this machine has no calibration in the cache, all ranks

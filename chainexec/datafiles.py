@@ -295,14 +295,13 @@ def check_linked(f: h5py.Group, name: str, path: str) -> None:
     opens the file a link names when the link is followed, and a FIFO's open waits for a writer
     that may never come, holding h5py's lock (and the interpreter's), so that not even SIGTERM
     ends the process. Links HDF5 cannot follow pass: the read that follows says so."""
-    for at, link in links_on_the_way(f, name):
-        if isinstance(link, h5py.ExternalLink):
+    for at, link in links_on_the_way(f, name):  # the walk ends at the first external link: the
+        if isinstance(link, h5py.ExternalLink):  # linked file's own links are checked when it is opened
             target = link.filename
             if not os.path.isabs(target):
                 beside = os.path.join(os.path.dirname(os.path.abspath(path)), target)
                 target = beside if os.path.lexists(beside) else target
             check_regular(target, f"the file external link {at!r} of {path} leads to")
-            return  # the link's own file is checked as a file of its own when it is opened
 
 
 def of(path: str, dataset: str) -> list[str]:

@@ -211,10 +211,18 @@ def _output(f: h5py.File, spec: Spec, name: str, path: str) -> h5py.Dataset:
     return ds
 
 
-def read_output(spec: Spec, name: str) -> np.ndarray:
+def _output_file(spec: Spec, name: str) -> str:
+    """The file of output ``name``, refused where it is not one of a run's outputs
+    (:func:`chainexec.safepaths.checked`) or not a regular file: a FIFO's open would wait for a
+    writer."""
     out = next(o for o in spec.outputs if o.tensor == name)
     path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
-    datafiles.check_regular(path, f"output of {name}")  # a FIFO's open would wait for a writer
+    datafiles.check_regular(path, f"output of {name}")
+    return path
+
+
+def read_output(spec: Spec, name: str) -> np.ndarray:
+    path = _output_file(spec, name)
     try:
         with h5py.File(path, "r") as f:
             ds = _output(f, spec, name, path)
@@ -339,9 +347,7 @@ def _sampled(spec: Spec, name: str, samples: int, rng: np.random.Generator,
     (magnitude: the sum of the absolute values of the terms), each element computed from the
     inputs alone, held whole within ``limit`` bytes, else read where it needs them
     (:class:`_Reader`)."""
-    out = next(o for o in spec.outputs if o.tensor == name)
-    path = safepaths.checked(spec.resolve(out.file), f"the output of {name}")
-    datafiles.check_regular(path, f"output of {name}")  # a FIFO's open would wait for a writer
+    path = _output_file(spec, name)
     shape, layout = spec.shape(name), spec.tensors[name].layout
     terms = expand(spec, name)
     refs, sizes, gots = [], [], []

@@ -41,8 +41,8 @@ def _large_config(tmp_path):
 
 
 def test_generate_beyond_the_file_size_limit_is_one_line(tmp_path):
-    """h5py's close of the file whose write failed raised a RuntimeError of its own over the
-    OSError (EFBIG): a traceback, status 1."""
+    """``generate`` past the file size limit: h5py's close of the file whose write failed raises
+    a RuntimeError of its own over the OSError (EFBIG); the line says the file is too large, status 2."""
     config = _large_config(tmp_path)
     proc = _limited("generate", config, cwd=tmp_path)
     assert_refused(proc, "in.h5", "cannot write the inputs", "File too large")
@@ -50,8 +50,8 @@ def test_generate_beyond_the_file_size_limit_is_one_line(tmp_path):
 
 
 def test_a_run_beyond_the_file_size_limit_is_one_line(tmp_path):
-    """EFBIG was no error of the machine's (:data:`chainexec.errors.MACHINE_ERRNOS`): a
-    traceback and status 1."""
+    """A run past the file size limit: EFBIG is one of the machine's errors
+    (:data:`chainexec.errors.MACHINE_ERRNOS`), one line and status 2."""
     config = _large_config(tmp_path)
     assert run_cli("generate", config).returncode == 0
     proc = _limited("run", config, "--quiet", cwd=tmp_path)
@@ -76,7 +76,7 @@ def _no_wait(*args, cwd=None) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("option", ["--report-json", "--plot"])
 def test_a_report_file_that_is_a_fifo_is_refused_and_kept(option, generated, tmp_path):
     """A report file is renamed onto its name: a FIFO (or, for a user who may write ``/dev``, a
-    device such as ``/dev/null``) there was replaced by a regular file, status 0."""
+    device such as ``/dev/null``) there is refused before the run, not replaced by a file."""
     fifo = tmp_path / "report"
     os.mkfifo(fifo)
     assert_refused(_no_wait("run", generated, "--quiet", option, fifo), str(fifo), "is a FIFO, not a file", option)
@@ -92,15 +92,16 @@ def test_calibrate_into_a_fifo_is_refused(tmp_path):
 
 
 def test_verify_refuses_an_output_that_is_a_fifo(generated, tmp_path):
-    """``verify`` opened the output without checking what it is: HDF5's open of a FIFO waited
-    for a writer for ever."""
+    """``verify`` of an output that is a FIFO: refused before HDF5's open, which would wait for a
+    writer for ever."""
     (tmp_path / "out").mkdir()
     os.mkfifo(tmp_path / "out" / "result.h5")
     assert_refused(_no_wait("verify", generated), "result.h5", "is a FIFO, not a file", "output of B")
 
 
 def test_a_virtual_input_whose_source_is_a_fifo_is_refused(generated, tmp_path):
-    """The check of a virtual input's sources opened each: a FIFO's open waited for ever."""
+    """A virtual input whose source is a FIFO: refused before the check opens the source, an
+    open that would wait for ever."""
     with h5py.File(tmp_path / "in.h5", "a") as f:
         a = f["A"][()]
         del f["A"]
@@ -114,7 +115,8 @@ def test_a_virtual_input_whose_source_is_a_fifo_is_refused(generated, tmp_path):
 @pytest.mark.parametrize("command", ["plan", "run", "verify", "generate"])
 def test_an_input_behind_an_external_link_to_a_fifo_is_refused(command, generated, tmp_path):
     """Every command follows an input's external link (:func:`chainexec.datafiles.of`): one to a
-    FIFO waited for a writer for ever, deaf to SIGTERM."""
+    FIFO is refused before it is followed, an open that would wait for a writer for ever, deaf to
+    SIGTERM."""
     with h5py.File(tmp_path / "in.h5", "a") as f:
         del f["A"]
         f["A"] = h5py.ExternalLink("linked.h5", "A")
@@ -125,7 +127,8 @@ def test_an_input_behind_an_external_link_to_a_fifo_is_refused(command, generate
 
 @pytest.mark.parametrize("link", ["soft", "external"])
 def test_generate_refuses_a_link_it_cannot_follow(link, generated, tmp_path):
-    """A dangling link where the dataset is to be written was a KeyError's traceback."""
+    """A dangling link where the dataset is to be written: one line naming it, no KeyError's
+    traceback, the file as it was."""
     with h5py.File(tmp_path / "in.h5", "a") as f:
         del f["A"]
         f["A"] = h5py.SoftLink("/nowhere") if link == "soft" else h5py.ExternalLink("nowhere.h5", "A")
@@ -135,9 +138,9 @@ def test_generate_refuses_a_link_it_cannot_follow(link, generated, tmp_path):
 
 
 def test_generate_does_not_write_through_an_external_link(tmp_path):
-    """``generate`` wrote the values of a dataset behind an external link into the linked file in
-    place, outside the copy it renames into place: a failure at a later file (here a group where
-    a dataset is to be written) left that file changed, where every file is to be left as it was."""
+    """``generate`` does not write a dataset behind an external link, whose values would go into
+    the linked file in place, outside the copy it renames into place: a failure at a later file
+    (here a group where a dataset is to be written) leaves every file as it was."""
     config = fourindex_config()
     config["tensors"]["C"]["source"]["file"] = "in2.h5"
     config = write_config(tmp_path, config)
@@ -155,8 +158,8 @@ def test_generate_does_not_write_through_an_external_link(tmp_path):
 
 def test_generate_opens_no_file_an_external_link_on_the_way_names(tmp_path):
     """A dataset ``e/A`` where ``e`` is an external link to a group of another file: refused at
-    ``e``, and that file is not opened (the walk along the path looked past the link, which opened
-    the linked file read-write and changed its modification time)."""
+    ``e``, and that file is not opened (a look past the link would open it read-write and change
+    its modification time)."""
     config = fourindex_config()
     config["tensors"]["A"]["source"]["dataset"] = "e/A"
     config = write_config(tmp_path, config)
@@ -172,7 +175,7 @@ def test_generate_opens_no_file_an_external_link_on_the_way_names(tmp_path):
 
 def test_generate_refuses_an_input_it_cannot_read_in_one_line(generated, monkeypatch):
     """An existing input file that cannot be read (its permissions; root reads any, so the
-    refusal is simulated): ``h5py.is_hdf5`` raised PermissionError, a traceback."""
+    refusal is simulated): ``h5py.is_hdf5``'s PermissionError is one line, no traceback."""
     from chainexec import safepaths, spec
 
     def unreadable(path):
@@ -186,7 +189,7 @@ def test_generate_refuses_an_input_it_cannot_read_in_one_line(generated, monkeyp
 
 def test_pyscfs_error_of_a_background_thread_names_what_went_wrong():
     """PySCF's error of a background thread is ``Error on thread <...>:`` and, below it, the
-    thread's error: the first line alone named no file and no problem."""
+    thread's error: the line shows the thread's error, which names the file and the problem."""
     from chainexec.chem import bridge
 
     err = RuntimeError("Error on thread <pyscf.lib.misc.call_in_background object at 0x7f>:\n"
@@ -198,8 +201,8 @@ def test_pyscfs_error_of_a_background_thread_names_what_went_wrong():
 
 
 def test_generate_refuses_an_input_below_a_file(tmp_path):
-    """An input named below a file (``chain.yaml/in.h5``): the folder it would be made in could
-    not be, and the line said 'File exists'."""
+    """An input named below a file (``chain.yaml/in.h5``): refused naming the file it would lie
+    below, not with the folder's 'File exists'."""
     config = fourindex_config()
     for t in ("A", "C"):
         config["tensors"][t]["source"]["file"] = "chain.yaml/in.h5"

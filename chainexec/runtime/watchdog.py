@@ -21,9 +21,8 @@ through the backend's start, the outputs' folders and the executor's nests; the 
 after the last nest, a checkpoint's stop or a failure is not watched. Time in which the watch
 itself cannot run does not count: a rank stopped (SIGSTOP) and continued later, as Open MPI
 continues a stopped rank before it ends it and as a job goes on after Ctrl-Z and ``fg``, does not
-say it stalled. A run that
-``chainexec serve`` runs ends the server with it (its client says the server ended during the
-run, status 1).
+say it stalled. A run that ``chainexec serve`` runs ends the server with it (its client says the
+server ended during the run, status 1).
 
 ``MPI_Abort`` is called from the watch's thread while the main thread may be inside MPI: where
 the MPI library gives less than ``MPI_THREAD_MULTIPLE``, the rank ends alone (``os._exit``) and

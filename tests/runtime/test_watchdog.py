@@ -74,8 +74,8 @@ def test_beats_keep_the_watch_quiet_and_a_stall_ends_it(step):
     0.1 s apart for 4 s keep a 1 s watch quiet; 1.5 s without one ends the run, once. The beats
     come every ``step`` seconds of real time, ten times faster than the fake clock's, so that the
     watch's looks lie more than two periods apart on it: the time between two looks with a beat
-    between them is no time the watch could not look (at 12 ms a step, counting it pushed the
-    last beat past its time, and the stall that follows went unseen)."""
+    between them is no time the watch could not look (at 12 ms a step, counting it would push
+    the last beat past its time, and the stall that follows would go unseen)."""
     now = [0.0]
     watch = Recorded(1.0, SimpleNamespace(rank=0), clock=lambda: now[0])
     watch.start()
